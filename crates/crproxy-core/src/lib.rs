@@ -1,0 +1,11 @@
+//! crproxy-core: types and pure logic shared by the proxy, the wiring and devcluster.
+//! No I/O lives here: no sockets, no files, no clocks beyond what a caller passes in.
+
+pub mod config;
+pub mod names;
+pub mod ownership;
+pub mod pki;
+pub mod reason;
+pub mod request;
+pub mod selector;
+pub mod status;

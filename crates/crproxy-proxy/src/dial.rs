@@ -1,0 +1,1 @@
+//! TODO: dial (being written)

@@ -1,0 +1,1 @@
+//! TODO: pool (being written)

@@ -1,0 +1,1 @@
+//! TODO: admission (being written)

@@ -1,0 +1,1 @@
+//! TODO: aggregation (being written)

@@ -1,0 +1,1 @@
+//! TODO: crd (being written)

@@ -1,0 +1,1 @@
+//! TODO: openapi (being written)

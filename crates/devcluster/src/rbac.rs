@@ -1,0 +1,1 @@
+//! TODO: rbac (being written)

@@ -1,0 +1,1 @@
+//! TODO: registry (being written)

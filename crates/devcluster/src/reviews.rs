@@ -1,0 +1,1 @@
+//! TODO: reviews (being written)

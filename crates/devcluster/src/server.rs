@@ -1,0 +1,1 @@
+//! TODO: server (being written)

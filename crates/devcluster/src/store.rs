@@ -1,0 +1,1 @@
+//! TODO: store (being written)

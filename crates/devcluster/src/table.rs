@@ -1,0 +1,1 @@
+//! TODO: table (being written)

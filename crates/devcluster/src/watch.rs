@@ -1,0 +1,1 @@
+//! TODO: watch (being written)
