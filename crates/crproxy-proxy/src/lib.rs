@@ -7,13 +7,13 @@
 //! → [`transport`] (send, stream, deadline) → [`metrics`]. [`app`] assembles it all
 //! from a validated configuration.
 
-pub mod app;
+// pub mod app; (enabled once the pool and kube client land)
 pub mod dial;
-pub mod fallback;
-pub mod frontproxy;
-pub mod handler;
+// pub mod fallback; (enabled once the pool and kube client land)
+// pub mod frontproxy; (enabled once the pool and kube client land)
+// pub mod handler; (enabled once the pool and kube client land)
 pub mod metrics;
 pub mod pool;
-pub mod server;
+// pub mod server; (enabled once the pool and kube client land)
 pub mod sources;
-pub mod transport;
+// pub mod transport; (enabled once the pool and kube client land)
