@@ -1,7 +1,7 @@
 //! The `crproxy` command line: assembles the library crates, nothing more.
 
-// mod dev;
-// mod run;
+mod dev;
+use crproxy::run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
