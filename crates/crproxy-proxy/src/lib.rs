@@ -10,10 +10,10 @@
 // pub mod app; (enabled once the pool and kube client land)
 pub mod dial;
 // pub mod fallback; (enabled once the pool and kube client land)
-// pub mod frontproxy; (enabled once the pool and kube client land)
+pub mod frontproxy;
 // pub mod handler; (enabled once the pool and kube client land)
 pub mod metrics;
 pub mod pool;
 // pub mod server; (enabled once the pool and kube client land)
 pub mod sources;
-// pub mod transport; (enabled once the pool and kube client land)
+pub mod transport;

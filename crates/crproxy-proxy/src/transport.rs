@@ -2,6 +2,7 @@
 //! enforce the proxy's rules while they stream: the 60 s cap on non-watch requests
 //! and the watch accounting.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -182,7 +183,7 @@ pub fn clean_response_headers(headers: &mut HeaderMap) {
 pub async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ForwardError>
 where
     B: Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
+    B::Error: Into<BoxError>,
 {
     let limited = http_body_util::Limited::new(body, limit);
     match limited.collect().await {
