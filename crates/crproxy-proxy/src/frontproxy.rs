@@ -159,7 +159,7 @@ impl FrontProxyTrust {
         let cert = peer_cert?;
         if !settings.allowed_names.is_empty() {
             let name = common_name(cert)?;
-            if !settings.allowed_names.iter().any(|allowed| *allowed == name) {
+            if !settings.allowed_names.contains(&name) {
                 return None;
             }
         }
