@@ -23,3 +23,6 @@ pub use kubeconfig::{
     KubeCluster, KubeContext, KubeUser, Kubeconfig, NamedCluster, NamedContext, NamedUser,
 };
 pub use watch::WatchEvent;
+
+#[cfg(feature = "fake")]
+pub mod fake;
