@@ -20,12 +20,19 @@ pub enum PreconditionError {
 }
 
 /// Adds `uid` as a precondition to a PUT or PATCH body of the given type.
-pub fn pin_write(body_type: BodyType, body: &[u8], uid: &str) -> Result<Vec<u8>, PreconditionError> {
+pub fn pin_write(
+    body_type: BodyType,
+    body: &[u8],
+    uid: &str,
+) -> Result<Vec<u8>, PreconditionError> {
     match body_type {
         BodyType::JsonPatch => {
             let mut ops: Vec<Value> = serde_json::from_slice(body)
                 .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
-            ops.insert(0, json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+            ops.insert(
+                0,
+                json!({"op": "test", "path": "/metadata/uid", "value": uid}),
+            );
             serde_json::to_vec(&ops).map_err(|e| PreconditionError::Unparsable(e.to_string()))
         }
         BodyType::ApplyPatchYaml | BodyType::Yaml => {
@@ -94,8 +101,12 @@ mod tests {
 
     #[test]
     fn json_patch_gets_a_leading_uid_test() {
-        let out = pin_write(BodyType::JsonPatch, br#"[{"op":"replace","path":"/spec/a","value":1}]"#, "u1")
-            .expect("pin");
+        let out = pin_write(
+            BodyType::JsonPatch,
+            br#"[{"op":"replace","path":"/spec/a","value":1}]"#,
+            "u1",
+        )
+        .expect("pin");
         assert_eq!(
             parsed(out),
             json!([{"op":"test","path":"/metadata/uid","value":"u1"},{"op":"replace","path":"/spec/a","value":1}])
@@ -104,25 +115,46 @@ mod tests {
 
     #[test]
     fn object_bodies_get_metadata_uid_overriding_the_callers() {
-        for body_type in [BodyType::Json, BodyType::MergePatch, BodyType::StrategicMergePatch] {
-            let out = pin_write(body_type, br#"{"metadata":{"uid":"evil","name":"a"}}"#, "u1").expect("pin");
+        for body_type in [
+            BodyType::Json,
+            BodyType::MergePatch,
+            BodyType::StrategicMergePatch,
+        ] {
+            let out = pin_write(
+                body_type,
+                br#"{"metadata":{"uid":"evil","name":"a"}}"#,
+                "u1",
+            )
+            .expect("pin");
             assert_eq!(parsed(out), json!({"metadata":{"uid":"u1","name":"a"}}));
         }
-        let out = pin_write(BodyType::MergePatch, br#"{"metadata":null,"spec":{}}"#, "u1").expect("pin");
+        let out = pin_write(
+            BodyType::MergePatch,
+            br#"{"metadata":null,"spec":{}}"#,
+            "u1",
+        )
+        .expect("pin");
         assert_eq!(parsed(out), json!({"metadata":{"uid":"u1"},"spec":{}}));
     }
 
     #[test]
     fn apply_yaml_is_rewritten_as_json() {
-        let out = pin_write(BodyType::ApplyPatchYaml, b"apiVersion: v1\nkind: X\nmetadata:\n  name: a\n", "u1")
-            .expect("pin");
+        let out = pin_write(
+            BodyType::ApplyPatchYaml,
+            b"apiVersion: v1\nkind: X\nmetadata:\n  name: a\n",
+            "u1",
+        )
+        .expect("pin");
         assert_eq!(parsed(out)["metadata"], json!({"name":"a","uid":"u1"}));
     }
 
     #[test]
     fn delete_options_keep_the_callers_fields() {
-        let out = pin_delete(br#"{"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"5"}}"#, "u1")
-            .expect("pin");
+        let out = pin_delete(
+            br#"{"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"5"}}"#,
+            "u1",
+        )
+        .expect("pin");
         assert_eq!(
             parsed(out),
             json!({"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"5","uid":"u1"}})

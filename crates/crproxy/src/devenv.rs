@@ -314,7 +314,10 @@ async fn install_example_crd(target: &crproxy_kube::Client) -> Result<()> {
         }
     });
     match target
-        .create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", &crd)
+        .create(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            &crd,
+        )
         .await
     {
         Ok(_) => {}
@@ -332,7 +335,9 @@ async fn install_example_crd(target: &crproxy_kube::Client) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(anyhow!("the Widget CRD did not become Established on the target"))
+    Err(anyhow!(
+        "the Widget CRD did not become Established on the target"
+    ))
 }
 
 /// What the client identity may do on the target: the proxied resource, and
@@ -348,7 +353,12 @@ async fn grant_target_access(target: &crproxy_kube::Client, identity: &str) -> R
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch", "create"]}
         ]
     });
-    create_or_keep(target, "/apis/rbac.authorization.k8s.io/v1/clusterroles", &role).await?;
+    create_or_keep(
+        target,
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        &role,
+    )
+    .await?;
     let binding = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",

@@ -9,7 +9,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "crproxy", version, about = "Use custom resources stored in another Kubernetes cluster")]
+#[command(
+    name = "crproxy",
+    version,
+    about = "Use custom resources stored in another Kubernetes cluster"
+)]
 struct Cli {
     /// Log as human-readable lines instead of JSON.
     #[arg(long, global = true)]
@@ -53,7 +57,10 @@ fn main() -> ExitCode {
     // One crypto provider for the whole process: rustls panics when it has to pick
     // between several.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("crproxy: cannot start the async runtime: {error}");

@@ -32,7 +32,11 @@ pub fn load(path: &Path) -> Result<Loaded> {
     let config = config::parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let plan = config.validate().map_err(|errors| {
         let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-        anyhow!("{}: invalid configuration: {}", path.display(), lines.join("; "))
+        anyhow!(
+            "{}: invalid configuration: {}",
+            path.display(),
+            lines.join("; ")
+        )
     })?;
     let base_dir = path
         .parent()
@@ -115,7 +119,11 @@ impl Serving {
         // The aggregator verifies `<service>.<namespace>.svc`; service names depend
         // on the group/version, so the certificate carries a wildcard for
         // kube-system services as well as the loopback names.
-        let names = ["localhost", "*.kube-system.svc", "*.kube-system.svc.cluster.local"];
+        let names = [
+            "localhost",
+            "*.kube-system.svc",
+            "*.kube-system.svc.cluster.local",
+        ];
         let ips = ["127.0.0.1".parse()?, "::1".parse()?];
         let leaf = ca.issue_server(&names, &ips)?;
         self.identity = ServingIdentity {
@@ -164,14 +172,21 @@ fn cluster_from(base: &Path, kubeconfig: Option<&str>) -> Result<crproxy_kube::C
 }
 
 /// Turns a loaded configuration into what the proxy library starts from.
-pub fn setup(loaded: &Loaded, serving: ServingIdentity, metrics: Arc<Metrics>) -> Result<ProxySetup> {
+pub fn setup(
+    loaded: &Loaded,
+    serving: ServingIdentity,
+    metrics: Arc<Metrics>,
+) -> Result<ProxySetup> {
     let config = &loaded.config;
     let client_cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())
         .context("client cluster")?;
     let client = crproxy_kube::Client::new(client_cluster)?;
     let mut targets = Vec::new();
     for target in &config.targets {
-        let project = target.project.clone().unwrap_or_else(|| config.client.project.clone());
+        let project = target
+            .project
+            .clone()
+            .unwrap_or_else(|| config.client.project.clone());
         let cluster = cluster_from(&loaded.base_dir, Some(&target.kubeconfig))
             .with_context(|| format!("target {project}/{}", target.name))?;
         let peers = peer_source(&loaded.base_dir, &target.peers, &cluster)?;

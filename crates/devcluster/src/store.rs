@@ -102,8 +102,15 @@ struct State {
 }
 
 enum PersistOp {
-    Put { key: String, bytes: Vec<u8>, rv: u64 },
-    Delete { key: String, rv: u64 },
+    Put {
+        key: String,
+        bytes: Vec<u8>,
+        rv: u64,
+    },
+    Delete {
+        key: String,
+        rv: u64,
+    },
     Flush(std::sync::mpsc::Sender<()>),
 }
 
@@ -398,7 +405,13 @@ impl Store {
         let floor = state
             .resources
             .get(gr)
-            .map(|d| if d.floor == 0 { state.start_rv } else { d.floor })
+            .map(|d| {
+                if d.floor == 0 {
+                    state.start_rv
+                } else {
+                    d.floor
+                }
+            })
             .unwrap_or(state.start_rv);
         if rv < floor {
             return Err(TooOld {

@@ -60,8 +60,8 @@ async fn a_complete_body_passes_and_is_measured_once() {
     );
     let bytes = body.collect().await.expect("body").to_bytes();
     assert_eq!(&bytes[..], b"{\"a\":1}");
-    let count = scrape_line(&metrics, "vcluster_proxy_request_duration_seconds_count")
-        .expect("histogram");
+    let count =
+        scrape_line(&metrics, "vcluster_proxy_request_duration_seconds_count").expect("histogram");
     assert!(count.ends_with(" 1"), "{count}");
     assert!(scrape_line(&metrics, "vcluster_proxy_request_terminations_total").is_none());
 }
@@ -71,7 +71,11 @@ async fn json_watch_events_are_counted_per_line_even_across_chunks() {
     let metrics = Metrics::new();
     let target = metrics.target("default/target");
     let body = WatchBody::new(
-        chunks(&["{\"type\":\"ADDED\"}\n{\"type\":", "\"MODIFIED\"}\n", "{\"type\":\"DELETED\"}\n"]),
+        chunks(&[
+            "{\"type\":\"ADDED\"}\n{\"type\":",
+            "\"MODIFIED\"}\n",
+            "{\"type\":\"DELETED\"}\n",
+        ]),
         target.clone(),
         WatchFraming::JsonLines,
     );
@@ -87,9 +91,15 @@ async fn json_watch_events_are_counted_per_line_even_across_chunks() {
 #[test]
 fn only_uncompressed_json_watches_are_counted() {
     let mut headers = HeaderMap::new();
-    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     assert_eq!(WatchFraming::of(&headers), WatchFraming::JsonLines);
-    headers.insert(http::header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    headers.insert(
+        http::header::CONTENT_ENCODING,
+        HeaderValue::from_static("gzip"),
+    );
     assert_eq!(WatchFraming::of(&headers), WatchFraming::Uncounted);
     let mut protobuf = HeaderMap::new();
     protobuf.insert(
@@ -113,9 +123,21 @@ fn caller_identity_and_hop_headers_never_reach_the_target() {
         "host",
         "x-forwarded-for",
     ] {
-        assert!(!keep_request_header(&HeaderName::from_static(dropped)), "{dropped}");
+        assert!(
+            !keep_request_header(&HeaderName::from_static(dropped)),
+            "{dropped}"
+        );
     }
-    for kept in ["accept", "content-type", "user-agent", "audit-id", "kubectl-command"] {
-        assert!(keep_request_header(&HeaderName::from_static(kept)), "{kept}");
+    for kept in [
+        "accept",
+        "content-type",
+        "user-agent",
+        "audit-id",
+        "kubectl-command",
+    ] {
+        assert!(
+            keep_request_header(&HeaderName::from_static(kept)),
+            "{kept}"
+        );
     }
 }
