@@ -109,3 +109,25 @@ async fn a_dead_cached_connection_is_replaced_transparently() {
         assert_eq!(s.dial_failures("error"), 0.0, "{protocols:?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn pings_retire_a_connection_to_a_peer_that_stopped_answering() {
+    let h = Harness::with_options(crproxy_proxy::pool::PoolOptions::default());
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    h.get().await.expect("first request");
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
+
+    // The peer goes silent on the open connection; the next ping goes unanswered.
+    peer.freeze_connections();
+    tokio::time::sleep(
+        crproxy_proxy::pool::H2_KEEPALIVE_INTERVAL + crproxy_proxy::pool::H2_KEEPALIVE_TIMEOUT * 2,
+    )
+    .await;
+    // Bounded: without pings the request would wait on the dead connection.
+    tokio::time::timeout(std::time::Duration::from_secs(60), h.get())
+        .await
+        .expect("not stuck on the frozen connection")
+        .expect("served on a fresh connection");
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 2);
+}
