@@ -511,3 +511,35 @@ fn display_names_the_key() {
     let first = parse("client: {nmae: x}").expect_err("unknown key");
     assert_eq!(first.key, "client.nmae");
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn never_panics(yaml in "[a-zA-Z:{}\\[\\], \\n\\-\"'*./0-9]{0,80}") {
+            let _ = load(&yaml);
+        }
+
+        /// Ports are consecutive from basePort in alphabetical group/version order,
+        /// whatever order the keys were written in.
+        #[test]
+        fn ports_follow_alphabetical_order(groups in prop::collection::btree_set("[a-z]{1,3}\\.(io|com)", 1..6), base in 1024u16..60000) {
+            let mut yaml = BASE.replace("proxy: {}", &format!("proxy: {{basePort: {base}}}"));
+            for g in groups.iter().rev() {
+                yaml.push_str(&format!("      r.{g}/v1:\n        enabled: true\n        targetVirtualCluster: {{name: target}}\n"));
+            }
+            let (_, plan) = load(&yaml).expect("valid");
+            let names: Vec<String> = plan.group_versions.iter().map(|g| format!("{}/{}", g.group, g.version)).collect();
+            let mut sorted = names.clone();
+            sorted.sort();
+            prop_assert_eq!(&names, &sorted);
+            for (i, g) in plan.group_versions.iter().enumerate() {
+                prop_assert_eq!(u32::from(g.port), u32::from(base) + i as u32);
+            }
+        }
+    }
+}
