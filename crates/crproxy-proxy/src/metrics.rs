@@ -30,6 +30,9 @@ use crate::pool::PeerPool;
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The content type to serve [`Metrics::encode_prometheus_text`] output with.
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
 /// Request latency buckets: fine-grained below a second, then up to the 60 s cap on
 /// non-watch requests, so requests killed by the deadline land in the last bucket.
 pub const REQUEST_DURATION_BUCKETS: [f64; 14] = [
@@ -143,64 +146,65 @@ impl Metrics {
         let f = &families;
         // Counters are registered without the `_total` suffix: the OpenMetrics encoder
         // appends it to the sample name, which gives the documented series names.
+        // Help texts have no final period because the registry adds one.
         registry.register(
             "vcluster_proxy_request",
-            "Proxied requests by group/version, verb, HTTP status code and outcome reason.",
+            "Proxied requests by group/version, verb, HTTP status code and outcome reason",
             f.request.clone(),
         );
         registry.register(
             "vcluster_proxy_request_duration_seconds",
-            "Latency of non-watch proxied requests, up to the 60 second request cap.",
+            "Latency of non-watch proxied requests, up to the 60 second request cap",
             f.request_duration.clone(),
         );
         registry.register(
             "vcluster_proxy_request_terminations",
-            "Requests ended by the proxy itself (deadline, upgrade_rejected) rather than the target.",
+            "Requests ended by the proxy itself (deadline, upgrade_rejected) rather than the target",
             f.terminations.clone(),
         );
         registry.register(
             "vcluster_proxy_inflight_requests",
-            "Non-watch requests being served right now.",
+            "Non-watch requests being served right now",
             f.inflight.clone(),
         );
         registry.register(
             "vcluster_proxy_discovery_fallbacks",
-            "Discovery requests answered with the locally built fallback document.",
+            "Discovery requests answered with the locally built fallback document",
             f.discovery_fallbacks.clone(),
         );
         registry.register(
             "vcluster_proxy_active_watches",
-            "Watch streams open right now.",
+            "Watch streams open right now",
             f.active_watches.clone(),
         );
         registry.register(
             "vcluster_proxy_watch_events",
-            "Events relayed on JSON and CBOR-sequence watch streams.",
+            "Events relayed on JSON and CBOR-sequence watch streams",
             f.watch_events.clone(),
         );
         registry.register(
             "vcluster_proxy_peer_quarantines",
-            "Times a peer left rotation after consecutive dial failures (including failed trial dials).",
+            "Times a peer left rotation after consecutive dial failures (including failed trial dials)",
             f.peer_quarantines.clone(),
         );
         registry.register(
             "vcluster_proxy_target_all_peers_quarantined",
-            "Times a quarantine left the target with no selectable peer.",
+            "Times a quarantine left the target with no selectable peer",
             f.all_peers_quarantined.clone(),
         );
         registry.register(
             "vcluster_proxy_peer_recoveries",
-            "Times a peer that had failed dials was dialled successfully again.",
+            "Times a peer that had failed dials was dialled successfully again",
             f.peer_recoveries.clone(),
         );
         registry.register(
             "vcluster_proxy_peer_dial_failures",
-            "Failed peer dials, plus requests rejected before any peer was dialled, by reason.",
+            "Failed peer dials, plus requests rejected before any peer was dialled, by reason",
             f.dial_failures.clone(),
         );
         registry.register(
             "vcluster_proxy_peer_dial_duration_seconds",
-            "Latency of attempted peer dials (TCP connect and TLS handshake), up to the 5 second dial timeout.",
+            "Latency of attempted peer dials (TCP connect and TLS handshake), up to the 5 second dial timeout",
             f.dial_duration.clone(),
         );
         let pools = Arc::new(PoolCollector::default());
@@ -239,6 +243,64 @@ impl Metrics {
         }
         out
     }
+
+    /// The same series in the Prometheus text format (0.0.4), for scrapers and tools
+    /// that do not speak OpenMetrics (`promtool check metrics`, plain `curl | grep`).
+    /// Sample lines are identical; only the metadata differs: counter families are
+    /// named with their `_total` suffix, and the OpenMetrics-only `# UNIT` and
+    /// `# EOF` lines are dropped.
+    pub fn encode_prometheus_text(&self) -> String {
+        openmetrics_to_prometheus_text(&self.encode())
+    }
+
+    /// Picks the format from an `Accept` header: OpenMetrics when the scraper asks
+    /// for it, the Prometheus text format otherwise. Returns the body and its
+    /// content type.
+    pub fn encode_for_accept(&self, accept: Option<&str>) -> (String, &'static str) {
+        let wants_openmetrics = accept.is_some_and(|a| a.contains("application/openmetrics-text"));
+        if wants_openmetrics {
+            (self.encode(), OPENMETRICS_CONTENT_TYPE)
+        } else {
+            (self.encode_prometheus_text(), PROMETHEUS_TEXT_CONTENT_TYPE)
+        }
+    }
+}
+
+/// Rewrites OpenMetrics text from [`Metrics::encode`] into the Prometheus text format.
+fn openmetrics_to_prometheus_text(openmetrics: &str) -> String {
+    let mut counters = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if let Some(name) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|rest| rest.strip_suffix(" counter"))
+        {
+            counters.insert(name.to_owned());
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|prefix| line.strip_prefix(prefix).map(|rest| (prefix, rest)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                out.push(' ');
+                out.push_str(tail);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// A per-target handle on [`Metrics`]. Clone it freely.

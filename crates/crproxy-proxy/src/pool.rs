@@ -127,6 +127,10 @@ pub enum SendError {
         /// hyper's error.
         #[source]
         source: hyper::Error,
+        /// Whether the connection came from the cache. A failure on a cached
+        /// connection that was provably unsent, or safe to replay, was already
+        /// retried on another connection before this error was returned.
+        reused: bool,
     },
 }
 
@@ -851,6 +855,11 @@ impl PeerSender {
                 }))
             }
         };
+        let replay = if self.reused {
+            ReplayableHead::capture(&req)
+        } else {
+            None
+        };
         let PeerSender {
             peer,
             peer_id,
@@ -861,17 +870,7 @@ impl PeerSender {
         match conn {
             Conn::H2(mut sender) => match sender.try_send_request(req).await {
                 Ok(resp) => Attempt::Done(Ok(resp)),
-                Err(mut err) => {
-                    let unsent = err.take_message();
-                    let error = SendError::Http {
-                        peer,
-                        source: err.into_error(),
-                    };
-                    match unsent {
-                        Some(req) if reused => Attempt::Unsent(req, error),
-                        _ => Attempt::Done(Err(error)),
-                    }
-                }
+                Err(err) => failed(err, peer, reused, replay),
             },
             Conn::Http1(mut sender) => match sender.try_send_request(req).await {
                 Ok(resp) => {
@@ -886,19 +885,80 @@ impl PeerSender {
                     });
                     Attempt::Done(Ok(resp))
                 }
-                Err(mut err) => {
-                    let unsent = err.take_message();
-                    let error = SendError::Http {
-                        peer,
-                        source: err.into_error(),
-                    };
-                    match unsent {
-                        Some(req) if reused => Attempt::Unsent(req, error),
-                        _ => Attempt::Done(Err(error)),
-                    }
-                }
+                Err(err) => failed(err, peer, reused, replay),
             },
         }
+    }
+}
+
+/// Classifies a failed exchange: on a cached connection, a request hyper handed back
+/// unsent, or one that is safe to replay, goes out again on another connection.
+fn failed(
+    mut err: hyper::client::conn::TrySendError<Request<ProxyBody>>,
+    peer: String,
+    reused: bool,
+    replay: Option<ReplayableHead>,
+) -> Attempt {
+    let unsent = err.take_message();
+    let error = SendError::Http {
+        peer,
+        source: err.into_error(),
+        reused,
+    };
+    if !reused {
+        return Attempt::Done(Err(error));
+    }
+    match (unsent, replay) {
+        (Some(req), _) => Attempt::Unsent(req, error),
+        (None, Some(head)) => Attempt::Unsent(head.rebuild(), error),
+        (None, None) => Attempt::Done(Err(error)),
+    }
+}
+
+/// The head of a bodiless safe request, kept so it can be sent again when a cached
+/// connection dies under it. HTTP/2 never says whether a request made it onto the
+/// wire before the connection failed, so only requests that are harmless to repeat
+/// (GET, HEAD, OPTIONS without a body: the same rule Go's transport applies) are
+/// replayed in that case.
+struct ReplayableHead {
+    method: http::Method,
+    uri: Uri,
+    version: Version,
+    headers: http::HeaderMap,
+    extensions: http::Extensions,
+}
+
+impl ReplayableHead {
+    fn capture(req: &Request<ProxyBody>) -> Option<ReplayableHead> {
+        use http_body::Body as _;
+        let safe = matches!(
+            *req.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        );
+        if !safe || !req.body().is_end_stream() {
+            return None;
+        }
+        Some(ReplayableHead {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            headers: req.headers().clone(),
+            extensions: req.extensions().clone(),
+        })
+    }
+
+    fn rebuild(self) -> Request<ProxyBody> {
+        use http_body_util::BodyExt as _;
+        let body = http_body_util::Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed();
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers;
+        *req.extensions_mut() = self.extensions;
+        req
     }
 }
 

@@ -285,17 +285,20 @@ pub fn empty() -> ProxyBody {
         .boxed()
 }
 
+/// Samples of one series name: label set → value.
+pub type Samples = Vec<(BTreeMap<String, String>, f64)>;
+
 /// Parsed samples of one scrape: `name` → sorted label pairs → value.
 pub struct Scrape {
     pub text: String,
-    pub samples: BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>>,
+    pub samples: BTreeMap<String, Samples>,
     /// `# TYPE` lines: family name → type.
     pub types: BTreeMap<String, String>,
 }
 
 impl Scrape {
     pub fn parse(text: &str) -> Scrape {
-        let mut samples: BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>> = BTreeMap::new();
+        let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
         let mut types = BTreeMap::new();
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
