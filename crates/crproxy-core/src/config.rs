@@ -687,6 +687,8 @@ pub struct EntryKey {
     pub version: String,
 }
 
+const DNS_LABEL_RULE: &str = "is not a valid name: use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit";
+
 const KEY_FORMAT: &str = "the key must look like <resource>.<group>/<version> or *.<group>/<version>, for example widgets.example.com/v1";
 
 fn is_dns_label(s: &str) -> bool {
@@ -785,17 +787,19 @@ impl Config {
         ] {
             if value.is_empty() {
                 err(key.into(), format!("is required: set it to {what}"));
-            } else {
-                let problems = label_value_errors(value);
-                if !problems.is_empty() {
-                    err(
-                        key.into(),
-                        format!(
-                            "{value:?} cannot be used as an ownership label value: {}",
-                            problems.join("; ")
-                        ),
-                    );
-                }
+            } else if !is_dns_label(value) {
+                // Both end up in ownership label values and in the target identity,
+                // and virtual cluster and project names are DNS labels anyway.
+                let extra = label_value_errors(value);
+                let extra = if extra.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; it also cannot be an ownership label value: {}",
+                        extra.join("; ")
+                    )
+                };
+                err(key.into(), format!("{value:?} {DNS_LABEL_RULE}{extra}"));
             }
         }
         if self.client.project_namespace.is_empty() {
@@ -833,11 +837,22 @@ impl Config {
             let p = format!("targets[{i}]");
             if t.name.is_empty() {
                 err(format!("{p}.name"), "is required".into());
+            } else if !is_dns_label(&t.name) {
+                // The name is part of the placeholder upstream host name.
+                err(
+                    format!("{p}.name"),
+                    format!("{:?} {DNS_LABEL_RULE}", t.name),
+                );
             }
             if t.project.is_empty() {
                 err(
                     format!("{p}.project"),
                     "is required (it defaults to client.project, which is empty)".into(),
+                );
+            } else if !is_dns_label(&t.project) {
+                err(
+                    format!("{p}.project"),
+                    format!("{:?} {DNS_LABEL_RULE}", t.project),
                 );
             }
             if t.kubeconfig.is_empty() {

@@ -370,7 +370,16 @@ fn validation_rules() {
             ("client.project", "is required"),
             ("targets[0].project", "is required"),
         ]),
-        (edit("  name: client", "  name: Bad_Name!"), vec![("client.name", "cannot be used as an ownership label value")]),
+        (edit("  name: client", "  name: Bad_Name!"), vec![("client.name", "starting and ending with a letter or digit; it also cannot be an ownership label value: a valid label must be")]),
+        (edit("  name: client", "  name: Client"), vec![("client.name", "\"Client\" is not a valid name")]),
+        (edit("  project: default", "  project: my.project"), vec![
+            ("client.project", "is not a valid name"),
+            ("targets[0].project", "is not a valid name"),
+        ]),
+        (edit("  - name: target", "  - name: tar_get"), vec![
+            ("targets[0].name", "is not a valid name"),
+            (leak(format!("{w}.targetVirtualCluster")), "no entry in targets"),
+        ]),
         (edit("  name: client", "  name: client\n  projectNamespace: ''"), vec![("client.projectNamespace", "must not be empty")]),
         // proxy
         (edit("proxy: {}", "proxy: {bindAddress: localhost}"), vec![("proxy.bindAddress", "is not an IP address")]),
