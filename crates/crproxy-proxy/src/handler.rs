@@ -166,7 +166,7 @@ impl GroupVersionProxy {
                 Reason::Upstream,
             ),
             Some(_caller) => match kind {
-                Err(error) => path_error(error.status_code()),
+                Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
                 Ok(RequestKind::Discovery) => self.discovery(&exchange).await,
                 Ok(RequestKind::Resource { verb, path }) => {
@@ -718,8 +718,8 @@ async fn read_request(body: hyper::body::Incoming) -> Result<Bytes, Outcome> {
         })
 }
 
-fn path_error(code: u16) -> Outcome {
-    if code == 404 {
+fn path_error(error: &request::PathError) -> Outcome {
+    if matches!(error, request::PathError::NotFound) {
         // What an API server answers for a path it does not serve.
         let response = Response::builder()
             .status(StatusCode::NOT_FOUND)
@@ -729,10 +729,11 @@ fn path_error(code: u16) -> Outcome {
             .unwrap_or_else(|_| fallback_500());
         return Outcome::new(response, Reason::Upstream);
     }
+    let code = StatusCode::from_u16(error.status_code()).unwrap_or(StatusCode::BAD_REQUEST);
     Outcome::new(
         json_response(
-            StatusCode::BAD_REQUEST,
-            &status::bad_request("the request path is not a valid resource path for this proxy"),
+            code,
+            &status::status(code.as_u16(), error.reason(), error.to_string()),
         ),
         Reason::Upstream,
     )
