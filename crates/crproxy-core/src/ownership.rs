@@ -208,7 +208,14 @@ fn parse_yaml_or_json(body: &[u8]) -> Result<Value, InjectError> {
     }
     let text =
         std::str::from_utf8(body).map_err(|e| InjectError::Yaml(format!("not UTF-8: {e}")))?;
-    serde_saphyr::from_str::<Value>(text).map_err(|e| InjectError::Yaml(e.to_string()))
+    // Read scalars the way kube-apiserver's YAML-to-JSON step (go-yaml v2, YAML 1.1)
+    // does, so the JSON we forward means what the caller's YAML meant to the target:
+    // `yes`/`on` are booleans and `0755` is octal. Duplicate keys stay an error.
+    let mut options = serde_saphyr::Options::default();
+    options.legacy_octal_numbers = true;
+    options.strict_booleans = false;
+    serde_saphyr::from_str_with_options::<Value>(text, options)
+        .map_err(|e| InjectError::Yaml(e.to_string()))
 }
 
 fn is_list(obj: &Map<String, Value>) -> bool {

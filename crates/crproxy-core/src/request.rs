@@ -323,6 +323,13 @@ pub fn classify(
 
     let named = path_parts.name.is_some();
     let has_sub = path_parts.subresource.is_some();
+    if legacy_watch && has_sub {
+        // kube has no watch of a subresource; refuse rather than guess what the
+        // target would do with it.
+        return Err(bad(format!(
+            "invalid request path {path:?}: subresources cannot be watched"
+        )));
+    }
     if legacy_watch && method != "GET" {
         return Err(PathError::MethodNotAllowed(format!(
             "the server does not allow this method on the requested resource: {method} {path}"

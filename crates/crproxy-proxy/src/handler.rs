@@ -27,8 +27,8 @@ use crate::frontproxy::FrontProxyTrust;
 use crate::metrics::TargetMetrics;
 use crate::pool::ProxyBody;
 use crate::transport::{
-    self, DeadlineBody, ForwardError, TargetConnection, WatchBody, WatchFraming,
-    MAX_BUFFERED_BODY, REQUEST_DEADLINE,
+    self, DeadlineBody, ForwardError, TargetConnection, WatchBody, WatchFraming, MAX_BUFFERED_BODY,
+    REQUEST_DEADLINE,
 };
 
 /// Everything one group/version server needs to serve requests.
@@ -166,7 +166,7 @@ impl GroupVersionProxy {
                 Reason::Upstream,
             ),
             Some(_caller) => match kind {
-                Err(error) => path_error(error.status_code()),
+                Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
                 Ok(RequestKind::Discovery) => self.discovery(&exchange).await,
                 Ok(RequestKind::Resource { verb, path }) => {
@@ -233,7 +233,9 @@ impl GroupVersionProxy {
         )
         .await;
         let response = match attempt {
-            Err(_elapsed) => return self.discovery_fallback(Reason::Deadline, Reason::UpstreamError),
+            Err(_elapsed) => {
+                return self.discovery_fallback(Reason::Deadline, Reason::UpstreamError)
+            }
             Ok(Err(ForwardError::Pool(e))) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
             }
@@ -296,24 +298,27 @@ impl GroupVersionProxy {
         }
         match verb {
             Verb::List | Verb::Watch | Verb::DeleteCollection if owned => {
-                let query = match ownership::scoped_query(exchange.query.as_deref(), &self.owner)
-                {
+                let query = match ownership::scoped_query(exchange.query.as_deref(), &self.owner) {
                     Ok(query) => query,
                     Err(e) => {
                         return Outcome::new(
                             json_response(
                                 StatusCode::BAD_REQUEST,
-                                &status::bad_request(format!(
-                                    "unable to parse requirement: {e}"
-                                )),
+                                // The selector error carries kube's own prefix.
+                                &status::bad_request(e.to_string()),
                             ),
                             Reason::Upstream,
-                        )
+                        );
                     }
                 };
                 let target_path = with_query(&exchange.path, &query);
-                self.forward(exchange, &target_path, transport::stream(body), verb == Verb::Watch)
-                    .await
+                self.forward(
+                    exchange,
+                    &target_path,
+                    transport::stream(body),
+                    verb == Verb::Watch,
+                )
+                .await
             }
             Verb::Get if owned => self.named_get(exchange, path).await,
             Verb::Create => {
@@ -324,16 +329,26 @@ impl GroupVersionProxy {
                     Err(outcome) => return outcome,
                 };
                 let stamped = self.stamp_labels(&exchange.headers, bytes);
-                self.forward(exchange, &exchange.path_and_query(), transport::full(stamped), false)
-                    .await
+                self.forward(
+                    exchange,
+                    &exchange.path_and_query(),
+                    transport::full(stamped),
+                    false,
+                )
+                .await
             }
             Verb::Update | Verb::Patch | Verb::Delete if owned => {
                 self.owned_mutation(exchange, verb, path, body).await
             }
             _ => {
                 let watch = verb == Verb::Watch;
-                self.forward(exchange, &exchange.path_and_query(), transport::stream(body), watch)
-                    .await
+                self.forward(
+                    exchange,
+                    &exchange.path_and_query(),
+                    transport::stream(body),
+                    watch,
+                )
+                .await
             }
         }
     }
@@ -447,8 +462,13 @@ impl GroupVersionProxy {
                 }
             }
         };
-        self.forward(exchange, &exchange.path_and_query(), transport::full(body), false)
-            .await
+        self.forward(
+            exchange,
+            &exchange.path_and_query(),
+            transport::full(body),
+            false,
+        )
+        .await
     }
 
     /// The preliminary GET of an owned-mode mutation. `Ok(Some(uid))` for an owned
@@ -479,8 +499,7 @@ impl GroupVersionProxy {
             return Ok(uid);
         }
         if code == StatusCode::NOT_FOUND {
-            let is_apply = content_type(&exchange.headers)
-                .and_then(BodyType::from_content_type)
+            let is_apply = content_type(&exchange.headers).and_then(BodyType::from_content_type)
                 == Some(BodyType::ApplyPatchYaml);
             if exchange.method == Method::PATCH && is_apply {
                 return Ok(None);
@@ -542,7 +561,10 @@ impl GroupVersionProxy {
             Err(_) => return Err(self.unavailable(ForwardError::Deadline)),
             Ok(Err(e)) if e.is_not_found() => {
                 return Err(Outcome::new(
-                    json_response(StatusCode::NOT_FOUND, &status::namespace_not_found(namespace)),
+                    json_response(
+                        StatusCode::NOT_FOUND,
+                        &status::namespace_not_found(namespace),
+                    ),
                     Reason::NamespaceMissing,
                 ))
             }
@@ -560,11 +582,9 @@ impl GroupVersionProxy {
         if lock(&self.target_namespaces).contains(namespace) {
             return Ok(());
         }
-        let attempt = tokio::time::timeout_at(
-            deadline,
-            self.target.call(Method::GET, &client_path, None),
-        )
-        .await;
+        let attempt =
+            tokio::time::timeout_at(deadline, self.target.call(Method::GET, &client_path, None))
+                .await;
         let (code, _) = flatten(attempt).map_err(|e| self.unavailable(e))?;
         if code == StatusCode::NOT_FOUND {
             tracing::info!(%namespace, target = %self.target_name, "creating namespace on target cluster");
@@ -711,15 +731,19 @@ async fn read_request(body: hyper::body::Incoming) -> Result<Bytes, Outcome> {
             Outcome::new(
                 json_response(
                     code,
-                    &status::status(code.as_u16(), reason, format!("reading the request body: {e}")),
+                    &status::status(
+                        code.as_u16(),
+                        reason,
+                        format!("reading the request body: {e}"),
+                    ),
                 ),
                 Reason::Upstream,
             )
         })
 }
 
-fn path_error(code: u16) -> Outcome {
-    if code == 404 {
+fn path_error(error: &request::PathError) -> Outcome {
+    if matches!(error, request::PathError::NotFound) {
         // What an API server answers for a path it does not serve.
         let response = Response::builder()
             .status(StatusCode::NOT_FOUND)
@@ -729,10 +753,11 @@ fn path_error(code: u16) -> Outcome {
             .unwrap_or_else(|_| fallback_500());
         return Outcome::new(response, Reason::Upstream);
     }
+    let code = StatusCode::from_u16(error.status_code()).unwrap_or(StatusCode::BAD_REQUEST);
     Outcome::new(
         json_response(
-            StatusCode::BAD_REQUEST,
-            &status::bad_request("the request path is not a valid resource path for this proxy"),
+            code,
+            &status::status(code.as_u16(), error.reason(), error.to_string()),
         ),
         Reason::Upstream,
     )
@@ -812,7 +837,9 @@ fn namespace_of(path: &str) -> Option<&str> {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
@@ -823,7 +850,10 @@ mod tests {
     fn upgrade_is_detected_from_either_header() {
         let mut headers = HeaderMap::new();
         assert!(!wants_upgrade(&headers));
-        headers.insert(http::header::CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
+        headers.insert(
+            http::header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
         assert!(wants_upgrade(&headers));
         let mut headers = HeaderMap::new();
         headers.insert(http::header::UPGRADE, HeaderValue::from_static("SPDY/3.1"));

@@ -9,11 +9,11 @@
 
 // pub mod app; (enabled once the pool and kube client land)
 pub mod dial;
-// pub mod fallback; (enabled once the pool and kube client land)
+pub mod fallback;
 pub mod frontproxy;
-// pub mod handler; (enabled once the pool and kube client land)
+pub mod handler;
 pub mod metrics;
 pub mod pool;
-// pub mod server; (enabled once the pool and kube client land)
+pub mod server;
 pub mod sources;
 pub mod transport;

@@ -1,7 +1,8 @@
 //! `crproxy run` and `crproxy check-config`: from a configuration file to a running
 //! proxy with its control-plane wiring.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,6 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crproxy_core::config::{self, Config, ProxyPlan};
-use crproxy_core::names;
 use crproxy_core::ownership::Owner;
 use crproxy_core::pki::{CertPem, CertificateAuthority};
 use crproxy_proxy::app::{ProxySetup, RunningProxy, TargetSetup};
@@ -53,8 +53,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
 pub fn check_config(path: &Path) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = config::parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    match config.validate() {
+    match config::load(&text).map(|(_, plan)| plan) {
         Ok(plan) => {
             for gv in &plan.group_versions {
                 println!(
@@ -197,8 +196,12 @@ pub fn setup(
             peers,
         });
     }
-    let bind = config.proxy.bind_address;
-    let metrics_addr: SocketAddr = config.proxy.metrics_address;
+    let bind: IpAddr = config.proxy.bind_address.parse().with_context(|| {
+        format!("proxy.bindAddress: {:?} is not an IP address", config.proxy.bind_address)
+    })?;
+    let metrics_addr: SocketAddr = config.proxy.metrics_address.parse().with_context(|| {
+        format!("proxy.metricsAddress: {:?} is not host:port", config.proxy.metrics_address)
+    })?;
     Ok(ProxySetup {
         owner: Owner {
             name: config.client.name.clone(),
@@ -221,30 +224,21 @@ fn peer_source(
 ) -> Result<PeerSourceConfig> {
     Ok(match peers {
         config::PeerSource::Static(list) => PeerSourceConfig::Static(list.clone()),
-        config::PeerSource::Dns {
-            name,
-            port,
-            interval_seconds,
-        } => PeerSourceConfig::Dns {
-            name: name.clone(),
-            port: *port,
-            interval: Duration::from_secs(*interval_seconds),
+        config::PeerSource::Dns(dns) => PeerSourceConfig::Dns {
+            name: dns.name.clone(),
+            port: dns.port,
+            interval: Duration::from_secs(dns.interval_seconds),
         },
-        config::PeerSource::EndpointSlices {
-            kubeconfig,
-            namespace,
-            service,
-            port_name,
-        } => {
-            let cluster = match kubeconfig {
+        config::PeerSource::EndpointSlices(slices) => {
+            let cluster = match &slices.kubeconfig {
                 Some(path) => cluster_from(base, Some(path))?,
                 None => target_cluster.clone(),
             };
             PeerSourceConfig::EndpointSlices {
                 client: crproxy_kube::Client::new(cluster)?,
-                namespace: namespace.clone(),
-                service: service.clone(),
-                port_name: port_name.clone(),
+                namespace: slices.namespace.clone(),
+                service: slices.service.clone(),
+                port_name: slices.port_name.clone(),
             }
         }
         config::PeerSource::File(path) => PeerSourceConfig::File(resolve(base, path)),
@@ -277,7 +271,7 @@ pub async fn start_wiring(
     let config = &loaded.config;
     let cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())?;
     let client = crproxy_kube::Client::new(cluster)?;
-    let holder = format!("{identity}-{}", uuid_like());
+    let holder = format!("{identity}-{}", crproxy_wiring::default_identity());
     let leader = crproxy_wiring::LeaderElector::spawn(
         client.clone(),
         crproxy_wiring::LeaseConfig {
@@ -306,7 +300,10 @@ pub async fn start_wiring(
             external_name: registration.external_name.clone(),
         },
         config::ServiceType::ClusterIP => crproxy_wiring::ServiceMode::ClusterIP {
-            selector: registration.selector.clone(),
+            selector: BTreeMap::from([(
+                "app.kubernetes.io/name".to_string(),
+                "crproxy".to_string(),
+            )]),
         },
     };
     let registrar = crproxy_wiring::spawn_registrar(
@@ -321,18 +318,7 @@ pub async fn start_wiring(
         leader.clone(),
         Duration::from_secs(10),
     );
-    let _ = names::POLICY_NAME;
     Ok(WiringHandle { leader, registrar })
-}
-
-/// A process-unique suffix for the Lease holder identity.
-fn uuid_like() -> String {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!("{:x}-{:x}", std::process::id(), nanos & 0xffff_ffff)
 }
 
 /// `crproxy run --config FILE`: serve until SIGTERM or Ctrl-C, then shut down

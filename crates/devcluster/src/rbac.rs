@@ -422,8 +422,10 @@ fn cluster_role_binding(name: &str, role: &str, subjects: &[(&str, &str)]) -> Va
 }
 
 /// The default ClusterRoles and ClusterRoleBindings (a subset of kube's bootstrap
-/// policy) devcluster creates on first start. Order matters only for the order of
-/// rules in SelfSubjectRulesReview, which follows the recorded server (reference 153).
+/// policy) devcluster creates on first start. Binding order decides which binding an
+/// access review names as the reason and the order of SelfSubjectRulesReview rules;
+/// kube's order is its informer's (unordered), ours is alphabetical, which matches
+/// reference 148.
 pub fn bootstrap_objects() -> Vec<Value> {
     let read = json!(["get", "list", "watch"]);
     let write = json!(["create", "delete", "deletecollection", "patch", "update"]);
@@ -534,17 +536,17 @@ pub fn bootstrap_objects() -> Vec<Value> {
             &[("Group", "system:authenticated")],
         ),
         cluster_role_binding(
+            "system:discovery",
+            "system:discovery",
+            &[("Group", "system:authenticated")],
+        ),
+        cluster_role_binding(
             "system:public-info-viewer",
             "system:public-info-viewer",
             &[
                 ("Group", "system:authenticated"),
                 ("Group", "system:unauthenticated"),
             ],
-        ),
-        cluster_role_binding(
-            "system:discovery",
-            "system:discovery",
-            &[("Group", "system:authenticated")],
         ),
     ]
 }

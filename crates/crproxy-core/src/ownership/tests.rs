@@ -475,3 +475,102 @@ fn accept_rewriting() {
         assert_eq!(inspectable_accept(input), want, "{input:?}");
     }
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    const FRAGMENTS: [&str; 12] = [
+        "vcluster.com/owner-vcluster!=client",
+        "vcluster.com/owner-vcluster in (client,other)",
+        "vcluster.com/owner-vcluster notin (client)",
+        "vcluster.com/owner-vcluster=other",
+        "vcluster.com/owner-vcluster",
+        "!vcluster.com/owner-vcluster",
+        "vcluster.com/owner-project in (default,x)",
+        "!vcluster.com/owner-project",
+        "app=web",
+        "app",
+        "!app",
+        "app notin (web)",
+    ];
+
+    fn labels_strategy() -> impl Strategy<Value = BTreeMap<String, String>> {
+        (
+            prop::option::of(prop::sample::select(vec!["client", "other", ""])),
+            prop::option::of(prop::sample::select(vec!["default", "x", ""])),
+            prop::option::of(prop::sample::select(vec!["web", "db"])),
+        )
+            .prop_map(|(vc, project, app)| {
+                let mut m = BTreeMap::new();
+                if let Some(v) = vc {
+                    m.insert(OWNER_VCLUSTER_LABEL.to_owned(), v.to_owned());
+                }
+                if let Some(p) = project {
+                    m.insert(OWNER_PROJECT_LABEL.to_owned(), p.to_owned());
+                }
+                if let Some(a) = app {
+                    m.insert("app".to_owned(), a.to_owned());
+                }
+                m
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Whatever selectors the caller sends (one or several parameters), the
+        /// scoped query matches exactly the caller's matches that this owner owns.
+        #[test]
+        fn scoped_query_never_widens(
+            params in prop::collection::vec(prop::collection::vec(prop::sample::select(FRAGMENTS.to_vec()), 0..3), 0..3),
+            labels in labels_strategy(),
+        ) {
+            let o = owner();
+            let mut query = vec!["limit=5".to_owned()];
+            let mut caller = LabelSelector::everything();
+            for p in &params {
+                let text = p.join(",");
+                caller = caller.and(LabelSelector::parse(&text).expect("fragments are valid"));
+                query.push(format!(
+                    "labelSelector={}",
+                    percent_encoding::utf8_percent_encode(&text, percent_encoding::NON_ALPHANUMERIC)
+                ));
+            }
+            let scoped = scoped_query(Some(&query.join("&")), &o).expect("valid");
+            let pairs = crate::request::query_pairs(Some(&scoped));
+            let selectors: Vec<&(String, String)> = pairs.iter().filter(|(k, _)| k == "labelSelector").collect();
+            prop_assert_eq!(selectors.len(), 1);
+            prop_assert_eq!(&pairs[0], &("limit".to_owned(), "5".to_owned()));
+            let sel = LabelSelector::parse(&selectors[0].1).expect("canonical");
+            let object = serde_json::json!({"metadata": {"labels": labels}});
+            prop_assert_eq!(sel.matches(&labels), caller.matches(&labels) && o.owns(&object));
+        }
+
+        #[test]
+        fn never_panics_on_arbitrary_input(body in prop::collection::vec(any::<u8>(), 0..64), text in ".{0,48}") {
+            let o = owner();
+            for bt in [BodyType::Json, BodyType::Yaml, BodyType::MergePatch, BodyType::JsonPatch, BodyType::ApplyPatchYaml, BodyType::StrategicMergePatch] {
+                let _ = inject_owner_labels(&o, bt, &body);
+                let _ = inject_owner_labels(&o, bt, text.as_bytes());
+            }
+            let _ = response_visibility(&o, &body);
+            let _ = scoped_query(Some(&text), &o);
+            let _ = inspectable_accept(Some(&text));
+            let _ = BodyType::from_content_type(&text);
+        }
+
+        /// A successful injection always yields a body whose every object is owned.
+        #[test]
+        fn injected_documents_are_owned(text in "\\{(\"metadata\":(null|\\{\\}|\\{\"labels\":(null|\\{\\}|\\{\"vcluster\\.com/owner-vcluster\":(null|\"x\")\\})\\}))?\\}") {
+            let o = owner();
+            if let Ok(out) = inject_owner_labels(&o, BodyType::MergePatch, text.as_bytes()) {
+                let v: Value = serde_json::from_slice(&out).expect("json");
+                prop_assert!(o.owns(&v), "{}", text);
+            } else {
+                prop_assert!(false, "valid JSON object rejected: {}", text);
+            }
+        }
+    }
+}

@@ -587,3 +587,26 @@ fn query_decoding() {
     );
     assert!(query_pairs(None).is_empty());
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn never_panics(method in "(GET|POST|PUT|PATCH|DELETE|HEAD|X)", path in "[/a-z.%2fFeE0-9]{0,40}", query in prop::option::of(".{0,30}"), up in any::<bool>()) {
+            let _ = classify(&method, &path, query.as_deref(), up, G, V);
+        }
+
+        /// Only paths under our own group/version are ever classified as forwardable.
+        #[test]
+        fn forwarded_paths_stay_under_the_prefix(path in "/(apis|api|x)(/(example\\.com|other|v1|v2|\\.\\.|\\.|%2e|%2F|namespaces|ns|widgets|a|watch|status)){0,7}") {
+            if let Ok(kind) = classify("GET", &path, None, false, G, V) {
+                prop_assert!(path.starts_with("/apis/example.com/v1"), "{} -> {:?}", path, kind);
+                prop_assert!(!path.contains("/..") && !path.contains("/./") && !path.ends_with("/.") && !path.to_ascii_lowercase().contains("%2"), "{}", path);
+            }
+        }
+    }
+}

@@ -646,8 +646,8 @@ fn rules_for_lists_cluster_then_namespace_rules() {
         vec![
             "Some(String(\"selfsubjectaccessreviews\"))",
             "Some(String(\"selfsubjectreviews\"))",
-            "Some(String(\"/healthz\"))",
             "Some(String(\"/api\"))",
+            "Some(String(\"/healthz\"))",
             "Some(String(\"crontabs\"))",
         ]
     );
