@@ -9,7 +9,7 @@
 //! Counters live in label families, so a counter series only exists after its first
 //! event (the guide tells operators not to alert on counter absence). The peer gauges
 //! are different: they are computed from the live pools at scrape time by
-//! [`PoolCollector`], so an expired quarantine already shows as `half_open` without any
+//! a custom collector, so an expired quarantine already shows as `half_open` without any
 //! request having touched the pool.
 
 use std::sync::{Arc, Mutex, Weak};

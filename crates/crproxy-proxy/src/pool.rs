@@ -6,7 +6,7 @@
 //! the next peer in round-robin order or dials a new one. Health is tracked per host
 //! with the spec's fixed thresholds:
 //!
-//! * a dial (TCP + TLS) gives up after [`DIAL_TIMEOUT`](crate::dial::DIAL_TIMEOUT);
+//! * a dial (TCP + TLS) gives up after [`crate::dial::DIAL_TIMEOUT`];
 //! * [`QUARANTINE_THRESHOLD`] consecutive failed dials take the host out of rotation
 //!   for [`QUARANTINE_DURATION`]; afterwards exactly one request makes a trial dial:
 //!   success brings the host back, failure quarantines it again;
@@ -909,7 +909,7 @@ impl PeerSender {
     /// The request may use an absolute URI or origin form with a `Host` header; it is
     /// adapted to the connection's protocol. If a cached connection turns out dead
     /// before the request was written, the pool drops it and the request goes out on
-    /// another connection (at most [`SEND_ATTEMPTS`] tries), so callers need not
+    /// another connection (at most three tries), so callers need not
     /// retry that case themselves.
     pub async fn send(self, req: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
         let mut sender = self;
