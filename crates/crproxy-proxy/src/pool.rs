@@ -544,10 +544,21 @@ impl PeerPool {
         }
         let n = st.peers.len();
         let start = st.next;
+        // The retry after a failed dial goes to a healthy peer if there is one: a
+        // trial there could fail too, and the caller would see an error although a
+        // healthy peer was available. First requests take trials in turn.
+        let healthy_first = exclude.is_some()
+            && st
+                .peers
+                .iter()
+                .any(|p| Some(p.id) != exclude && p.health == Health::Healthy);
         for i in 0..n {
             let idx = (start + i) % n;
             let peer = &mut st.peers[idx];
             if Some(peer.id) == exclude || !peer.selectable(now) {
+                continue;
+            }
+            if healthy_first && peer.health != Health::Healthy {
                 continue;
             }
             let trial = peer.health != Health::Healthy;

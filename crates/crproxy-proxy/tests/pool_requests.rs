@@ -131,3 +131,28 @@ async fn pings_retire_a_connection_to_a_peer_that_stopped_answering() {
         .expect("served on a fresh connection");
     assert_eq!(peer.connections.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_prefers_a_healthy_peer_over_a_second_trial() {
+    let h = Harness::new();
+    let dead_a = refused_addr().await.to_string();
+    let dead_b = refused_addr().await.to_string();
+    let live = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![dead_a, dead_b, live.host()]);
+    // Warm-up: until both dead peers are quarantined some requests may fail (two
+    // dead peers in a row exhaust the single retry); bounded by the attempts.
+    for _ in 0..10 {
+        let _ = h.get().await;
+    }
+    assert_eq!(h.scrape().peers("quarantined"), 2.0);
+
+    // Both quarantines expire together: every request must still succeed, even
+    // the one whose first pick is a failing trial.
+    tokio::time::sleep(crproxy_proxy::pool::QUARANTINE_DURATION).await;
+    assert_eq!(h.scrape().peers("half_open"), 2.0);
+    for i in 0..10 {
+        h.get()
+            .await
+            .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
+    }
+}
