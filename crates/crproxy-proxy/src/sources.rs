@@ -148,7 +148,15 @@ pub fn spawn(config: PeerSourceConfig, pools: Vec<Arc<PeerPool>>) -> JoinHandle<
     let publisher = Publisher::new(pools);
     match config {
         PeerSourceConfig::Static(list) => tokio::spawn(async move {
-            publisher.publish(normalize(list));
+            let list = normalize(list);
+            for entry in &list {
+                // Kept anyway: a bad entry fails its dials and is quarantined, which
+                // the metrics show; the line says why.
+                if let Err(err) = validate_peer(entry) {
+                    tracing::warn!(error = %err, "static peer list entry is not host:port");
+                }
+            }
+            publisher.publish(list);
         }),
         PeerSourceConfig::Dns {
             name,
