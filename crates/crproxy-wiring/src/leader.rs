@@ -32,7 +32,7 @@ pub struct LeaseConfig {
     /// How long a record stays valid without renewal (`leaseDurationSeconds`, whole
     /// seconds on the wire, at least 1).
     pub lease_duration: Duration,
-    /// How often the leader renews. Must be well below `lease_duration`.
+    /// How often the leader renews. Capped at half of `lease_duration`.
     pub renew_interval: Duration,
     /// How often a non-leader (or a leader whose renewal failed) tries again.
     pub retry_interval: Duration,
@@ -138,7 +138,14 @@ impl LeaderElector {
         Self::spawn_with(store, cfg)
     }
 
-    pub(crate) fn spawn_with<S: LeaseStore>(store: S, cfg: LeaseConfig) -> LeaderHandle {
+    pub(crate) fn spawn_with<S: LeaseStore>(store: S, mut cfg: LeaseConfig) -> LeaderHandle {
+        // Renewing no more often than the lease lasts would lose the lease between
+        // renewals; keep at least two renewals per lease duration.
+        let max_renew = cfg.lease_duration / 2;
+        if cfg.renew_interval > max_renew {
+            tracing::warn!(renew_interval = ?cfg.renew_interval, lease_duration = ?cfg.lease_duration, "renew interval too long for the lease duration, using half the duration");
+            cfg.renew_interval = max_renew;
+        }
         let (leader_tx, leader_rx) = watch::channel(false);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let elector = Elector {
