@@ -507,6 +507,11 @@ users:
 - name: half
   user:
     client-certificate-data: {cert}
+- name: plugin
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: aws
 contexts:
 - {{name: a, context: {{cluster: data, user: certs}}}}
 - {{name: b, context: {{cluster: insecure, user: tok}}}}
@@ -514,6 +519,7 @@ contexts:
 - {{name: d, context: {{cluster: data, user: nobody}}}}
 - {{name: e, context: {{cluster: data, user: half}}}}
 - {{name: f, context: {{cluster: missing, user: tok}}}}
+- {{name: g, context: {{cluster: data, user: plugin}}}}
 current-context: b
 users2: null
 "#,
@@ -565,6 +571,7 @@ users2: null
         ("e", "not both"),
         ("f", "\"missing\""),
         ("zzz", "context \"zzz\" not found"),
+        ("g", "exec plugin"),
     ] {
         let err = ClusterConfig::from_kubeconfig(&kc, Some(ctx)).expect_err(ctx);
         assert!(err.to_string().contains(needle), "{ctx}: {err}");
