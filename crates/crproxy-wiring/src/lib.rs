@@ -8,6 +8,7 @@
 mod error;
 mod leader;
 mod register;
+mod wiring;
 
 use crproxy_core::names;
 
@@ -18,3 +19,4 @@ pub use register::{
     register_all, spawn_registrar, RegistrarConfig, Registration, ServiceMode,
     GROUP_PRIORITY_MINIMUM, VERSION_PRIORITY,
 };
+pub use wiring::{spawn_wiring, WiringHandle};
