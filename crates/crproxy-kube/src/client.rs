@@ -12,7 +12,7 @@ use http::{Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -79,7 +79,15 @@ impl Client {
             DEFAULT_CONNECT_TIMEOUT,
         );
         let http = HyperClient::builder(TokioExecutor::new())
+            // The idle timeout only takes effect with a pool timer.
+            .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
+            // HTTP/2 pings find connections that died silently (a rebooted node, a
+            // dropped NAT entry), which would otherwise hang a watch forever.
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_timeout(Duration::from_secs(10))
+            .http2_keep_alive_while_idle(true)
             .build(connector);
         let auth_header = match &config.auth {
             Auth::Token(t) => {
