@@ -9,8 +9,8 @@
 //!
 //! Safety argument: a leader counts its term from the instant it *sent* the successful
 //! write and steps down `lease_duration` later unless it renewed; any other replica
-//! observed that record no earlier than it was written, so it cannot take over before
-//! the old leader has stepped down.
+//! timestamps a record when its GET *returns*, which is no earlier than the write, so
+//! it cannot take over before the old leader has stepped down.
 
 use chrono::{DateTime, Utc};
 use crproxy_kube::{Client, Error};
@@ -404,7 +404,10 @@ impl<S: LeaseStore> Elector<S> {
                 Err(e) => Err(e),
             };
         };
-        self.observe(&current, started);
+        // Observed when the answer arrived, not when we asked: the record may have been
+        // written after our request left, and counting from before that write would
+        // let us take over before its writer's term ends.
+        self.observe(&current, Instant::now());
         let spec = current.get("spec").cloned().unwrap_or_else(|| json!({}));
         let holder = spec
             .get("holderIdentity")
