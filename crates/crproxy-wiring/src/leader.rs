@@ -8,7 +8,8 @@
 //! replicas does not matter. `renewTime`/`acquireTime` are written for humans.
 //!
 //! Safety argument: a leader counts its term from the instant it *sent* the successful
-//! write and steps down `lease_duration` later unless it renewed; any other replica
+//! write and steps down `lease_duration` (minus a small margin) later unless it
+//! renewed; any other replica
 //! timestamps a record when its GET *returns*, which is no earlier than the write, so
 //! it cannot take over before the old leader has stepped down.
 
@@ -59,6 +60,13 @@ impl LeaseConfig {
     /// loop from stepping down in time.
     fn attempt_timeout(&self) -> Duration {
         (self.lease_duration / 3).max(Duration::from_millis(100))
+    }
+
+    /// How long a leader may act on one successful write: the lease minus a margin
+    /// (a tenth, at most 1 s) for timer lateness and clock-rate differences between
+    /// replicas, so it stops strictly before anyone else may start.
+    fn term(&self) -> Duration {
+        self.lease_duration - (self.lease_duration / 10).min(Duration::from_secs(1))
     }
 }
 
@@ -355,7 +363,7 @@ impl<S: LeaseStore> Elector<S> {
         if !self.is_leader() {
             return None;
         }
-        self.last_renew.map(|t| t + self.cfg.lease_duration)
+        self.last_renew.map(|t| t + self.cfg.term())
     }
 
     fn observe(&mut self, lease: &Value, at: Instant) {
