@@ -40,6 +40,9 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
     "transfer-encoding",
     "upgrade",
     "host",
+    // Bodies may be rewritten (ownership labels, preconditions); hyper derives the
+    // length from the body it actually sends.
+    "content-length",
 ];
 
 /// Identity prefixes the aggregator uses for the caller. The target must judge the
