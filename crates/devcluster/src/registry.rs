@@ -192,7 +192,15 @@ const BUILT_INS: &[BuiltIn] = &[
         .short(&["ns"])
         .status(),
     b("", "v1", "secrets", "secret", "Secret", true),
-    b("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true).short(&["sa"]),
+    b(
+        "",
+        "v1",
+        "serviceaccounts",
+        "serviceaccount",
+        "ServiceAccount",
+        true,
+    )
+    .short(&["sa"]),
     b("", "v1", "services", "service", "Service", true)
         .short(&["svc"])
         .cat(&["all"])
@@ -240,11 +248,18 @@ const BUILT_INS: &[BuiltIn] = &[
     )
     .cat(&["api-extensions"])
     .status(),
-    b("apps", "v1", "deployments", "deployment", "Deployment", true)
-        .short(&["deploy"])
-        .cat(&["all"])
-        .status()
-        .generation(),
+    b(
+        "apps",
+        "v1",
+        "deployments",
+        "deployment",
+        "Deployment",
+        true,
+    )
+    .short(&["deploy"])
+    .cat(&["all"])
+    .status()
+    .generation(),
     b(
         "authentication.k8s.io",
         "v1",
@@ -299,7 +314,14 @@ const BUILT_INS: &[BuiltIn] = &[
         false,
     )
     .review(),
-    b("coordination.k8s.io", "v1", "leases", "lease", "Lease", true),
+    b(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "lease",
+        "Lease",
+        true,
+    ),
     b(
         "discovery.k8s.io",
         "v1",
@@ -332,7 +354,14 @@ const BUILT_INS: &[BuiltIn] = &[
         "RoleBinding",
         true,
     ),
-    b("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", true),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "roles",
+        "role",
+        "Role",
+        true,
+    ),
 ];
 
 fn built_in_info(bi: &BuiltIn) -> ResourceInfo {

@@ -58,6 +58,9 @@ pub struct Event {
     pub prev: Option<Arc<Value>>,
 }
 
+/// Live events of every resource.
+pub type EventReceiver = broadcast::Receiver<Arc<Event>>;
+
 /// What a mutation closure decided.
 pub enum Mutation {
     /// Store this object (create or update). The store sets `resourceVersion`.
@@ -102,8 +105,15 @@ struct State {
 }
 
 enum PersistOp {
-    Put { key: String, bytes: Vec<u8>, rv: u64 },
-    Delete { key: String, rv: u64 },
+    Put {
+        key: String,
+        bytes: Vec<u8>,
+        rv: u64,
+    },
+    Delete {
+        key: String,
+        rv: u64,
+    },
     Flush(std::sync::mpsc::Sender<()>),
 }
 
@@ -393,12 +403,18 @@ impl Store {
         &self,
         gr: &GroupResource,
         rv: u64,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), TooOld> {
+    ) -> Result<(Vec<Arc<Event>>, EventReceiver), TooOld> {
         let state = self.read();
         let floor = state
             .resources
             .get(gr)
-            .map(|d| if d.floor == 0 { state.start_rv } else { d.floor })
+            .map(|d| {
+                if d.floor == 0 {
+                    state.start_rv
+                } else {
+                    d.floor
+                }
+            })
             .unwrap_or(state.start_rv);
         if rv < floor {
             return Err(TooOld {

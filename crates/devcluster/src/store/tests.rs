@@ -8,7 +8,9 @@ fn gr(r: &str) -> GroupResource {
 fn put(store: &Store, r: &str, ns: &str, name: &str, v: i64) -> Written {
     store
         .mutate::<()>(&gr(r), ns, name, false, |_| {
-            Ok(Mutation::Put(json!({"metadata": {"name": name, "namespace": ns}, "v": v})))
+            Ok(Mutation::Put(
+                json!({"metadata": {"name": name, "namespace": ns}, "v": v}),
+            ))
         })
         .expect("put")
 }
@@ -48,7 +50,9 @@ fn watch_replays_history_after_the_requested_version_only() {
     put(&store, "things", "ns", "b", 1);
     put(&store, "others", "ns", "x", 1);
     put(&store, "things", "ns", "a", 2);
-    let (replay, _rx) = store.watch_from(&gr("things"), start + 1).expect("in window");
+    let (replay, _rx) = store
+        .watch_from(&gr("things"), start + 1)
+        .expect("in window");
     let rvs: Vec<u64> = replay.iter().map(|e| e.rv).collect();
     assert_eq!(rvs, vec![start + 2, start + 4]);
     assert_eq!(replay[1].kind, EventType::Modified);
