@@ -834,7 +834,12 @@ pub fn update_managed_fields(
     let old_plain = old.map(without_managed_fields).unwrap_or(empty);
     let new_plain = without_managed_fields(new);
     let cmp = compare(&old_plain, &new_plain, ctx);
-    let changed: FieldSet = cmp.added.union(&cmp.modified).cloned().collect();
+    let mut changed: FieldSet = cmp.added.union(&cmp.modified).cloned().collect();
+    if ctx.builtin {
+        // Built-in types compare against their zero value, in which the
+        // `spec`/`status` structs already exist; so they are never "added".
+        changed.retain(|p| !matches!(p.as_slice(), [Pe::Field(f)] if f == "spec" || f == "status"));
+    }
 
     for e in entries.iter_mut() {
         e.set

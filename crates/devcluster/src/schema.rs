@@ -321,7 +321,9 @@ impl StructuralSchema {
         pruned
     }
 
-    /// Fills in `default` values of absent (or null, non-nullable) fields.
+    /// Fills in `default` values of absent fields, and of null fields that are
+    /// not nullable. Null non-nullable fields without a default are removed, as
+    /// kube's decoder does, so validation then reports them as missing.
     pub fn apply_defaults(&self, object: &mut Value) {
         self.root.default_into(object);
     }
@@ -702,8 +704,16 @@ impl Node {
                         Some(_) => false,
                     };
                     if absent {
-                        if let Some(d) = &sub.default {
-                            m.insert(k.clone(), d.clone());
+                        match &sub.default {
+                            Some(d) => {
+                                m.insert(k.clone(), d.clone());
+                            }
+                            // kube drops nulls of non-nullable fields without a
+                            // default, so they read as absent (`Required value`
+                            // rather than a type error).
+                            None => {
+                                m.remove(k);
+                            }
                         }
                     }
                     if let Some(child) = m.get_mut(k) {
@@ -711,6 +721,9 @@ impl Node {
                     }
                 }
                 if let Some(add) = &self.additional {
+                    if !add.nullable {
+                        m.retain(|k, v| self.properties.contains_key(k) || !v.is_null());
+                    }
                     for (k, child) in m.iter_mut() {
                         if !self.properties.contains_key(k) {
                             add.default_into(child);

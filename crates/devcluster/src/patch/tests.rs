@@ -474,6 +474,36 @@ fn update_of_preserved_fields_and_removals() {
 }
 
 #[test]
+fn update_of_builtin_spec_is_not_a_member() {
+    // A Lease created by POST: its spec struct exists in the zero value, so kube
+    // lists only the leaves under f:spec.
+    let mut lease = json!({"apiVersion": LEASE, "kind": "Lease", "metadata": {"name": "l", "namespace": "n"},
+        "spec": {"holderIdentity": "a"}});
+    update_managed_fields(None, &mut lease, "kubectl", "Update", LEASE, None, T);
+    assert_eq!(
+        managed(&lease),
+        json!([entry(
+            "kubectl",
+            "Update",
+            LEASE,
+            json!({"f:spec": {"f:holderIdentity": {}}})
+        )])
+    );
+    // A ConfigMap's data is a map that did not exist: it is a member.
+    let mut cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "v"}});
+    update_managed_fields(None, &mut cm, "kubectl", "Update", "v1", None, T);
+    assert_eq!(
+        managed(&cm),
+        json!([entry(
+            "kubectl",
+            "Update",
+            "v1",
+            json!({"f:data": {".": {}, "f:k": {}}})
+        )])
+    );
+}
+
+#[test]
 fn user_agent_manager_names() {
     for (ua, want) in [
         ("reference-recorder/1.0", "reference-recorder"),

@@ -354,8 +354,11 @@ fn defaults() {
     "properties": {
         "replicas": {"type": "integer", "default": 1},
         "mode": {"type": "string", "default": "auto"},
-        "ports": {"type": "array", "items": {"type": "object", "properties": {"protocol": {"type": "string", "default": "TCP"}}}}
-    }}}});
+        "ports": {"type": "array", "items": {"type": "object", "properties": {"protocol": {"type": "string", "default": "TCP"}}}},
+        "note": {"type": "string"},
+        "keep": {"type": "string", "nullable": true}
+    }},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}}}});
     let s = match StructuralSchema::from_json(&schema) {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
@@ -366,11 +369,27 @@ fn defaults() {
             json!({"spec": {"replicas": 3, "mode": null, "ports": [{}]}}),
             json!({"spec": {"replicas": 3, "mode": "auto", "ports": [{"protocol": "TCP"}]}}),
         ),
+        // null without a default disappears; nullable nulls stay
+        (
+            json!({"spec": {"note": null, "keep": null}, "labels": {"a": null, "b": "x"}}),
+            json!({"spec": {"replicas": 1, "mode": "auto", "keep": null}, "labels": {"b": "x"}}),
+        ),
     ];
     for (mut input, want) in cases {
         s.apply_defaults(&mut input);
         assert_eq!(input, want);
     }
+
+    // After defaulting, a null required field reads as missing (as in kube).
+    let ct = match StructuralSchema::from_json(&crontab()) {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let mut obj = json!({"spec": {"cronSpec": null}});
+    ct.apply_defaults(&mut obj);
+    let causes = ct.validate(&obj);
+    assert_eq!(causes.len(), 1);
+    assert_eq!(causes[0].full_message(), "spec.cronSpec: Required value");
 }
 
 #[test]
