@@ -252,6 +252,7 @@ pub struct StructuralSchema {
 #[derive(Clone, Debug, Default)]
 struct Node {
     type_: Option<String>,
+    format: Option<String>,
     nullable: bool,
     int_or_string: bool,
     preserve_unknown: bool,
@@ -374,6 +375,7 @@ impl Node {
             .ok_or_else(|| SchemaError::NotAnObject { path: path.into() })?;
         let mut n = Node {
             type_: m.get("type").and_then(Value::as_str).map(str::to_string),
+            format: m.get("format").and_then(Value::as_str).map(str::to_string),
             nullable: get_bool(m, "nullable"),
             int_or_string: get_bool(m, "x-kubernetes-int-or-string"),
             preserve_unknown: get_bool(m, "x-kubernetes-preserve-unknown-fields"),
@@ -520,6 +522,19 @@ impl Node {
                     v,
                     &format!("{path} in body should match '{src}'"),
                 ));
+            }
+        }
+        if let Some(f) = &self.format {
+            if !format_ok(f, s) {
+                out.push(Cause {
+                    reason: "FieldValueTypeInvalid".into(),
+                    message: format!(
+                        "Invalid value: {}: {path} in body must be of type {f}: {}",
+                        go_quote(s),
+                        go_quote(s)
+                    ),
+                    field: path.into(),
+                });
             }
         }
     }
@@ -740,6 +755,34 @@ impl Node {
             }
             _ => {}
         }
+    }
+}
+
+/// Checks the string formats kube validates for custom resources; other
+/// formats are accepted as kube ignores them.
+fn format_ok(format: &str, s: &str) -> bool {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match format {
+        "date-time" | "datetime" => {
+            chrono::DateTime::parse_from_rfc3339(s).is_ok()
+                || chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f").is_ok()
+        }
+        "date" => chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").is_ok(),
+        "uuid" | "uuid3" | "uuid4" | "uuid5" => uuid::Uuid::try_parse(s).is_ok(),
+        "byte" => {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.decode(s).is_ok()
+        }
+        "ipv4" => s.parse::<Ipv4Addr>().is_ok(),
+        "ipv6" => s.parse::<Ipv6Addr>().is_ok(),
+        "cidr" => s.split_once('/').is_some_and(|(ip, bits)| {
+            match (ip.parse::<IpAddr>(), bits.parse::<u8>()) {
+                (Ok(IpAddr::V4(_)), Ok(b)) => b <= 32,
+                (Ok(IpAddr::V6(_)), Ok(b)) => b <= 128,
+                _ => false,
+            }
+        }),
+        _ => true,
     }
 }
 

@@ -238,6 +238,27 @@ fn validation_messages_match_kube() {
             "port",
         )],
     );
+    // string formats
+    let fmt =
+        |f: &str| json!({"type": "object", "properties": {"v": {"type": "string", "format": f}}});
+    for (f, good, bad) in [
+        ("date-time", "2024-11-20T10:00:00.000000Z", "yesterday"),
+        ("date", "2024-11-20", "2024-13-01"),
+        ("uuid", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "not-a-uuid"),
+        ("byte", "aGVsbG8=", "***"),
+        ("ipv4", "10.0.0.1", "10.0.0.256"),
+        ("ipv6", "fd00::1", "fd00:::1"),
+        ("cidr", "10.0.0.0/8", "10.0.0.0/33"),
+    ] {
+        check(fmt(f), json!({"v": good}), &[]);
+        let msg = format!("Invalid value: \"{bad}\": v in body must be of type {f}: \"{bad}\"");
+        check(
+            fmt(f),
+            json!({"v": bad}),
+            &[("FieldValueTypeInvalid", &msg, "v")],
+        );
+    }
+    check(fmt("k8s-custom"), json!({"v": "anything"}), &[]);
     // wrong container type stops deeper checks
     check(
         crontab(),
