@@ -25,6 +25,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Map, Value};
 
+use crate::schema::StructuralSchema;
+
 /// Why a patch or an apply could not be carried out.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PatchError {
@@ -93,7 +95,7 @@ enum ListType {
     /// A set of scalars (`finalizers`).
     Set,
     /// A list of objects identified by these keys (`containers` by `name`).
-    Map(&'static [&'static str]),
+    Map(Vec<String>),
 }
 
 /// Whether `api_version` belongs to a built-in API group (core, `apps`,
@@ -107,10 +109,14 @@ fn is_builtin(api_version: &str) -> bool {
 
 /// The list type of the list at `fields` (field names from the root, list
 /// positions left out).
+fn keys(k: &[&str]) -> ListType {
+    ListType::Map(k.iter().map(|s| s.to_string()).collect())
+}
+
 fn list_type(fields: &[&str], builtin: bool, kind: &str) -> ListType {
     match fields {
         ["metadata", "finalizers"] => return ListType::Set,
-        ["metadata", "ownerReferences"] => return ListType::Map(&["uid"]),
+        ["metadata", "ownerReferences"] => return keys(&["uid"]),
         _ => {}
     }
     if !builtin {
@@ -127,14 +133,12 @@ fn list_type(fields: &[&str], builtin: bool, kind: &str) -> ListType {
         | "initContainers"
         | "ephemeralContainers"
         | "volumes"
-        | "imagePullSecrets" => ListType::Map(&["name"]),
-        "env" if parent.ends_with("ontainers") => ListType::Map(&["name"]),
-        "volumeMounts" => ListType::Map(&["mountPath"]),
-        "conditions" => ListType::Map(&["type"]),
-        "ports" if parent.ends_with("ontainers") => ListType::Map(&["containerPort", "protocol"]),
-        "ports" if kind == "Service" && fields == ["spec", "ports"] => {
-            ListType::Map(&["port", "protocol"])
-        }
+        | "imagePullSecrets" => keys(&["name"]),
+        "env" if parent.ends_with("ontainers") => keys(&["name"]),
+        "volumeMounts" => keys(&["mountPath"]),
+        "conditions" => keys(&["type"]),
+        "ports" if parent.ends_with("ontainers") => keys(&["containerPort", "protocol"]),
+        "ports" if kind == "Service" && fields == ["spec", "ports"] => keys(&["port", "protocol"]),
         _ => ListType::Atomic,
     }
 }
@@ -143,7 +147,7 @@ fn list_type(fields: &[&str], builtin: bool, kind: &str) -> ListType {
 fn smp_list(fields: &[&str], kind: &str) -> ListType {
     match list_type(fields, true, kind) {
         // SMP merges these by a single key.
-        ListType::Map(keys) if keys.len() > 1 => ListType::Map(&keys[..1]),
+        ListType::Map(keys) if keys.len() > 1 => ListType::Map(keys[..1].to_vec()),
         other => other,
     }
 }
@@ -282,7 +286,7 @@ fn smp_list_merge(
         }
         ListType::Map(keys) => {
             for item in plain {
-                let key = keys[0];
+                let key = keys[0].as_str();
                 let Some(kv) = item.get(key).cloned() else {
                     return Err(PatchError::Malformed(format!(
                         "map: {item} does not contain declared merge key: {key}"
@@ -474,9 +478,9 @@ fn item_pe(lt: &ListType, item: &Value, index: usize) -> Pe {
         ListType::Set => Pe::Value(item.to_string()),
         ListType::Map(keys) => {
             let mut k = Map::new();
-            for key in keys.iter() {
-                if let Some(v) = item.get(*key) {
-                    k.insert((*key).to_string(), v.clone());
+            for key in keys {
+                if let Some(v) = item.get(key.as_str()) {
+                    k.insert(key.clone(), v.clone());
                 }
             }
             if k.is_empty() {
@@ -494,10 +498,15 @@ fn item_pe(lt: &ListType, item: &Value, index: usize) -> Pe {
 struct Ctx<'a> {
     builtin: bool,
     kind: &'a str,
+    schema: Option<&'a StructuralSchema>,
 }
 
 impl Ctx<'_> {
-    fn of<'a>(obj: &'a Value, api_version: &'a str) -> Ctx<'a> {
+    fn of<'a>(
+        obj: &'a Value,
+        api_version: &'a str,
+        schema: Option<&'a StructuralSchema>,
+    ) -> Ctx<'a> {
         let av = obj
             .get("apiVersion")
             .and_then(Value::as_str)
@@ -505,11 +514,22 @@ impl Ctx<'_> {
         Ctx {
             builtin: is_builtin(av),
             kind: obj.get("kind").and_then(Value::as_str).unwrap_or(""),
+            schema,
         }
     }
 
     fn list_type(&self, path: &FPath) -> ListType {
-        list_type(&field_names(path), self.builtin, self.kind)
+        let fields = field_names(path);
+        if fields.first() != Some(&"metadata") {
+            if let Some((t, k)) = self.schema.and_then(|s| s.list_type(&fields)) {
+                return match t {
+                    "set" => ListType::Set,
+                    "map" if !k.is_empty() => ListType::Map(k.to_vec()),
+                    _ => ListType::Atomic,
+                };
+            }
+        }
+        list_type(&fields, self.builtin, self.kind)
     }
 }
 
@@ -823,7 +843,46 @@ pub fn update_managed_fields(
     subresource: Option<&str>,
     now: &str,
 ) {
-    let ctx = Ctx::of(new, api_version);
+    update_managed_fields_with(
+        old,
+        new,
+        &UpdateOptions {
+            manager,
+            operation,
+            api_version,
+            subresource,
+            now,
+            schema: None,
+        },
+    );
+}
+
+/// The parameters of [`update_managed_fields_with`].
+#[derive(Clone, Copy, Debug)]
+pub struct UpdateOptions<'a> {
+    pub manager: &'a str,
+    /// `"Update"`.
+    pub operation: &'a str,
+    pub api_version: &'a str,
+    pub subresource: Option<&'a str>,
+    /// RFC 3339 time of the write.
+    pub now: &'a str,
+    /// The custom resource's schema, whose `x-kubernetes-list-type`s decide how
+    /// lists are tracked (atomic when absent).
+    pub schema: Option<&'a StructuralSchema>,
+}
+
+/// [`update_managed_fields`] with a schema for list types.
+pub fn update_managed_fields_with(old: Option<&Value>, new: &mut Value, o: &UpdateOptions) {
+    let UpdateOptions {
+        manager,
+        operation,
+        api_version,
+        subresource,
+        now,
+        schema,
+    } = *o;
+    let ctx = Ctx::of(new, api_version, schema);
     let sent = decode_entries(Some(new));
     let mut entries = if !sent.is_empty() && subresource.is_none() {
         sent
@@ -973,11 +1032,54 @@ pub fn apply(
     subresource: Option<&str>,
     now: &str,
 ) -> Result<Value, ApplyError> {
+    apply_with(
+        live,
+        applied,
+        &ApplyOptions {
+            manager,
+            force,
+            api_version,
+            subresource,
+            now,
+            schema: None,
+        },
+    )
+}
+
+/// The parameters of [`apply_with`].
+#[derive(Clone, Copy, Debug)]
+pub struct ApplyOptions<'a> {
+    pub manager: &'a str,
+    /// `force=true`: take over conflicting fields instead of failing.
+    pub force: bool,
+    pub api_version: &'a str,
+    pub subresource: Option<&'a str>,
+    /// RFC 3339 time of the write.
+    pub now: &'a str,
+    /// The custom resource's schema, whose `x-kubernetes-list-type`s decide how
+    /// lists merge and are owned (atomic when absent).
+    pub schema: Option<&'a StructuralSchema>,
+}
+
+/// [`apply`] with a schema for list types.
+pub fn apply_with(
+    live: Option<&Value>,
+    applied: &Value,
+    o: &ApplyOptions,
+) -> Result<Value, ApplyError> {
+    let ApplyOptions {
+        manager,
+        force,
+        api_version,
+        subresource,
+        now,
+        schema,
+    } = *o;
     if !applied.is_object() {
         return Err(ApplyError::NotAnObject);
     }
     let config = without_managed_fields(applied);
-    let ctx = Ctx::of(&config, api_version);
+    let ctx = Ctx::of(&config, api_version, schema);
     let live_plain = live
         .map(without_managed_fields)
         .unwrap_or_else(|| json!({}));

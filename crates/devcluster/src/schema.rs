@@ -279,6 +279,8 @@ struct Node {
     max_properties: Option<u64>,
     min_properties: Option<u64>,
     default: Option<Value>,
+    list_type: Option<String>,
+    list_map_keys: Vec<String>,
 }
 
 impl StructuralSchema {
@@ -327,6 +329,26 @@ impl StructuralSchema {
     /// kube's decoder does, so validation then reports them as missing.
     pub fn apply_defaults(&self, object: &mut Value) {
         self.root.default_into(object);
+    }
+
+    /// `x-kubernetes-list-type` (`atomic`, `set` or `map`) and
+    /// `x-kubernetes-list-map-keys` of the list reached by the field names
+    /// `fields` (list positions left out: `["status", "conditions"]`). None when
+    /// the path leaves the schema or the list declares no type.
+    pub fn list_type(&self, fields: &[&str]) -> Option<(&str, &[String])> {
+        let mut node = &self.root;
+        for f in fields {
+            while let Some(items) = &node.items {
+                node = items;
+            }
+            node = match node.properties.get(*f) {
+                Some(n) => n,
+                None => node.additional.as_deref()?,
+            };
+        }
+        node.list_type
+            .as_deref()
+            .map(|t| (t, node.list_map_keys.as_slice()))
     }
 
     /// Whether the root keeps arbitrary fields (`x-kubernetes-preserve-unknown-fields`
@@ -429,6 +451,20 @@ impl Node {
         }
         if let Some(req) = m.get("required").and_then(Value::as_array) {
             n.required = req
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect();
+        }
+        n.list_type = m
+            .get("x-kubernetes-list-type")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Some(keys) = m
+            .get("x-kubernetes-list-map-keys")
+            .and_then(Value::as_array)
+        {
+            n.list_map_keys = keys
                 .iter()
                 .filter_map(Value::as_str)
                 .map(str::to_string)

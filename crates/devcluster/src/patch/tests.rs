@@ -815,3 +815,76 @@ fn apply_keyed_lists_of_builtins() {
         Err(ApplyError::NotAnObject)
     );
 }
+
+#[test]
+fn schema_list_types_for_custom_resources() {
+    let schema = match StructuralSchema::from_json(&json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+            "plain": {"type": "array", "items": {"type": "string"}}}},
+        "status": {"type": "object", "properties": {
+            "conditions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                "items": {"type": "object", "properties": {"type": {"type": "string"}, "status": {"type": "string"}}}}}}}}))
+    {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let av = "example.com/v1";
+    let opts = |manager: &'static str| ApplyOptions {
+        manager,
+        force: false,
+        api_version: av,
+        subresource: Some("status"),
+        now: T,
+        schema: Some(&schema),
+    };
+    let cfg = |cond: Value| json!({"apiVersion": av, "kind": "Thing", "metadata": {"name": "t"}, "status": {"conditions": [cond]}});
+    let live = json!({"apiVersion": av, "kind": "Thing", "metadata": {"name": "t"}, "spec": {"tags": ["a"], "plain": ["x"]}});
+    let a = match apply_with(
+        Some(&live),
+        &cfg(json!({"type": "Ready", "status": "True"})),
+        &opts("a"),
+    ) {
+        Ok(v) => v,
+        Err(e) => panic!("{e:?}"),
+    };
+    let b = match apply_with(
+        Some(&a),
+        &cfg(json!({"type": "Synced", "status": "False"})),
+        &opts("b"),
+    ) {
+        Ok(v) => v,
+        Err(e) => panic!("{e:?}"),
+    };
+    assert_eq!(
+        b["status"]["conditions"],
+        json!([{"type": "Ready", "status": "True"}, {"type": "Synced", "status": "False"}])
+    );
+    let mf = managed(&b);
+    assert_eq!(
+        mf[0]["fieldsV1"],
+        json!({"f:status": {"f:conditions": {"k:{\"type\":\"Ready\"}": {".": {}, "f:status": {}, "f:type": {}}}}})
+    );
+    assert_eq!(mf[0]["subresource"], "status");
+
+    // Update tracking with the schema: set items by value, plain lists atomic.
+    let mut changed = live.clone();
+    changed["spec"]["tags"] = json!(["a", "b"]);
+    changed["spec"]["plain"] = json!(["y"]);
+    update_managed_fields_with(
+        Some(&live),
+        &mut changed,
+        &UpdateOptions {
+            manager: "m",
+            operation: "Update",
+            api_version: av,
+            subresource: None,
+            now: T,
+            schema: Some(&schema),
+        },
+    );
+    assert_eq!(
+        managed(&changed)[0]["fieldsV1"],
+        json!({"f:spec": {"f:plain": {}, "f:tags": {"v:\"b\"": {}}}})
+    );
+}

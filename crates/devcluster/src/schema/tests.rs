@@ -428,3 +428,29 @@ fn bad_schemas_are_rejected() {
         Err(SchemaError::BadKeyword { .. })
     ));
 }
+
+#[test]
+fn list_types_from_the_schema() {
+    let s = match StructuralSchema::from_json(&json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "groups": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                "items": {"type": "object", "properties": {
+                    "members": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}},
+            "byName": {"type": "object", "additionalProperties": {"type": "array", "x-kubernetes-list-type": "atomic", "items": {"type": "string"}}}}}}}))
+    {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let keys = vec!["name".to_string()];
+    type ListTypeCase<'a> = (&'a [&'a str], Option<(&'a str, &'a [String])>);
+    let cases: Vec<ListTypeCase> = vec![
+        (&["spec", "groups"], Some(("map", &keys))),
+        (&["spec", "groups", "members"], Some(("set", &[]))),
+        (&["spec", "byName", "x"], Some(("atomic", &[]))),
+        (&["spec"], None),
+        (&["spec", "nope"], None),
+    ];
+    for (path, want) in cases {
+        assert_eq!(s.list_type(path), want, "{path:?}");
+    }
+}
