@@ -285,8 +285,11 @@ fn smp_list_merge(
             }
         }
         ListType::Map(keys) => {
+            let Some(key) = keys.first().map(String::as_str) else {
+                *target = Value::Array(plain);
+                return Ok(());
+            };
             for item in plain {
-                let key = keys[0].as_str();
                 let Some(kv) = item.get(key).cloned() else {
                     return Err(PatchError::Malformed(format!(
                         "map: {item} does not contain declared merge key: {key}"

@@ -627,6 +627,12 @@ impl Node {
     }
 
     fn validate_array(&self, items: &[Value], _v: &Value, path: &str, out: &mut Vec<Cause>) {
+        // Items first, then the list's own bounds, as kube-openapi orders them.
+        if let Some(item_schema) = &self.items {
+            for (i, item) in items.iter().enumerate() {
+                item_schema.validate(item, &format!("{path}[{i}]"), out);
+            }
+        }
         let n = items.len() as u64;
         if let Some(min) = self.min_items {
             if n < min {
@@ -653,11 +659,6 @@ impl Node {
                     &json!(""),
                     &format!("{path} in body shouldn't contain duplicates"),
                 ));
-            }
-        }
-        if let Some(item_schema) = &self.items {
-            for (i, item) in items.iter().enumerate() {
-                item_schema.validate(item, &format!("{path}[{i}]"), out);
             }
         }
     }

@@ -174,14 +174,14 @@ fn validation_messages_match_kube() {
         json!({"l": [1, 5, 2]}),
         &[
             (
-                "FieldValueTooMany",
-                "Too many: 3: must have at most 2 items",
-                "l",
-            ),
-            (
                 "FieldValueInvalid",
                 "Invalid value: 5: l[1] in body should be less than or equal to 3",
                 "l[1]",
+            ),
+            (
+                "FieldValueTooMany",
+                "Too many: 3: must have at most 2 items",
+                "l",
             ),
         ],
     );
