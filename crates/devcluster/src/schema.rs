@@ -477,33 +477,17 @@ impl Node {
     }
 
     fn validate(&self, v: &Value, path: &str, out: &mut Vec<Cause>) {
-        // Type first: on a type mismatch kube reports only that for the node.
-        if v.is_null() {
-            if self.nullable || (self.type_.is_none() && !self.int_or_string) {
-                return;
+        // kube-openapi's order: type, string, format, number, list, enum, object.
+        // Value checks only apply to values of the right type, but the enum check
+        // runs even after a type error.
+        let type_ok = self.check_type(v, path, out);
+        if type_ok {
+            match v {
+                Value::String(s) => self.validate_string(s, v, path, out),
+                Value::Number(_) => self.validate_number(v, path, out),
+                Value::Array(items) => self.validate_array(items, v, path, out),
+                _ => {}
             }
-            let want = self.type_name();
-            out.push(type_cause(path, &want, "null"));
-            return;
-        }
-        let actual = json_type(v);
-        if self.int_or_string {
-            if actual != "integer" && actual != "string" {
-                out.push(type_cause(path, "integer-or-string", actual));
-                return;
-            }
-        } else if let Some(t) = &self.type_ {
-            let ok = t == actual || (t == "number" && actual == "integer");
-            if !ok {
-                out.push(type_cause(path, t, actual));
-                return;
-            }
-        }
-        match v {
-            Value::String(s) => self.validate_string(s, v, path, out),
-            Value::Number(_) => self.validate_number(v, path, out),
-            Value::Array(items) => self.validate_array(items, v, path, out),
-            _ => {}
         }
         if let Some(allowed) = &self.enum_ {
             if !allowed.iter().any(|a| json_equal(a, v)) {
@@ -517,9 +501,34 @@ impl Node {
                 out.push(Cause::not_supported(path, v, &names));
             }
         }
-        if let Value::Object(m) = v {
+        if let (true, Value::Object(m)) = (type_ok, v) {
             self.validate_object(m, path, out);
         }
+    }
+
+    /// Pushes a type cause and returns false when `v` does not have the
+    /// schema's type (null counts as a type unless the node is nullable).
+    fn check_type(&self, v: &Value, path: &str, out: &mut Vec<Cause>) -> bool {
+        if v.is_null() {
+            if self.nullable || (self.type_.is_none() && !self.int_or_string) {
+                return true;
+            }
+            out.push(type_cause(path, &self.type_name(), "null"));
+            return false;
+        }
+        let actual = json_type(v);
+        let ok = if self.int_or_string {
+            actual == "integer" || actual == "string"
+        } else {
+            match &self.type_ {
+                Some(t) => t == actual || (t == "number" && actual == "integer"),
+                None => true,
+            }
+        };
+        if !ok {
+            out.push(type_cause(path, &self.type_name(), actual));
+        }
+        ok
     }
 
     fn type_name(&self) -> String {

@@ -121,6 +121,23 @@ fn validation_messages_match_kube() {
             "mode",
         )],
     );
+    // a type error does not stop the enum check
+    check(
+        json!({"type": "object", "properties": {"mode": {"type": "string", "enum": ["a"]}}}),
+        json!({"mode": 1}),
+        &[
+            (
+                "FieldValueTypeInvalid",
+                "Invalid value: \"integer\": mode in body must be of type string: \"integer\"",
+                "mode",
+            ),
+            (
+                "FieldValueNotSupported",
+                "Unsupported value: 1: supported values: \"a\"",
+                "mode",
+            ),
+        ],
+    );
     // exclusive bounds and multipleOf
     check(
         json!({"type": "object", "properties": {"n": {"type": "number", "maximum": 5, "exclusiveMaximum": true,
