@@ -688,11 +688,18 @@ pub fn v3_group_version(group: &str, version: &str, resources: &[CrdResource]) -
     })
 }
 
-/// The swagger 2.0 document of `/openapi/v2` for all `resources`.
+/// The swagger 2.0 document of `/openapi/v2` for the `resources` that have a
+/// schema.
+///
+/// Resources without a schema are left out on purpose: client-side `kubectl
+/// apply` builds strategic merge patches for built-in kinds from this document
+/// when it lists them, and a schema-less entry would make every list atomic.
+/// Absent, kubectl uses the patch strategies compiled into it. (The v3 PATCH
+/// operations never offer strategic merge patch for the same reason.)
 pub fn v2_document(resources: &[CrdResource]) -> Value {
     let mut paths = Map::new();
     let mut definitions = Map::new();
-    for r in resources {
+    for r in resources.iter().filter(|r| r.schema.is_some()) {
         for (p, item) in resource_paths(r, false) {
             paths.insert(p, item);
         }

@@ -293,11 +293,15 @@ fn swagger_v2_document() {
         ct["properties"]["metadata"]["$ref"],
         "#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
     );
+    // Schema-less resources are not published in v2.
     assert!(doc["definitions"]
         .get("io.k8s.api.coordination.v1.Lease")
-        .is_some());
+        .is_none());
+    assert!(doc["definitions"]
+        .get("io.example.stable.v1.ClusterThing")
+        .is_none());
     let patch =
-        &doc["paths"]["/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"]["patch"];
+        &doc["paths"]["/apis/stable.example.io/v1/namespaces/{namespace}/crontabs/{name}"]["patch"];
     let params = patch["parameters"].as_array().cloned().unwrap_or_default();
     assert!(params
         .iter()
