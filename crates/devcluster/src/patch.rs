@@ -1026,6 +1026,11 @@ pub fn apply_conflict_status(conflicts: &[Conflict]) -> Value {
 /// carries: kube reports field conflicts first (reference 138) and the stale
 /// version only once conflicts are forced (139). The returned object keeps the
 /// configuration's `metadata.resourceVersion` for that check.
+///
+/// For resources with a status subresource, reset what the endpoint may not
+/// change before calling (drop `status` from a main-resource configuration,
+/// everything but `status` and metadata from a `/status` one), as kube's
+/// strategies do; otherwise the ignored part would be owned and merged.
 pub fn apply(
     live: Option<&Value>,
     applied: &Value,

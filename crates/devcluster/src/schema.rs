@@ -110,6 +110,28 @@ impl Cause {
         )
     }
 
+    /// `FieldValueTooLong`: `Too long: may not be more than <max> bytes` (kube
+    /// leaves the value out).
+    pub fn too_long(field: &str, max: u64) -> Cause {
+        let unit = if max == 1 { "byte" } else { "bytes" };
+        Cause::without_value(
+            "FieldValueTooLong",
+            "Too long",
+            field,
+            &format!("may not be more than {max} {unit}"),
+        )
+    }
+
+    /// `FieldValueDuplicate`: `Duplicate value: <value>`.
+    pub fn duplicate(field: &str, value: &Value) -> Cause {
+        Cause::with_value("FieldValueDuplicate", "Duplicate value", field, value, "")
+    }
+
+    /// `FieldValueNotFound`: `Not found: <value>`.
+    pub fn not_found(field: &str, value: &Value) -> Cause {
+        Cause::with_value("FieldValueNotFound", "Not found", field, value, "")
+    }
+
     fn with_value(reason: &str, kind: &str, field: &str, value: &Value, detail: &str) -> Cause {
         let mut message = format!("{kind}: {}", go_value(value));
         if !detail.is_empty() {
@@ -543,12 +565,7 @@ impl Node {
         let len = s.chars().count() as u64;
         if let Some(max) = self.max_length {
             if len > max {
-                let unit = if max == 1 { "byte" } else { "bytes" };
-                out.push(Cause {
-                    reason: "FieldValueTooLong".into(),
-                    message: format!("Too long: may not be more than {max} {unit}"),
-                    field: path.into(),
-                });
+                out.push(Cause::too_long(path, max));
             }
         }
         if let Some(min) = self.min_length {

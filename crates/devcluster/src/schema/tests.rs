@@ -368,6 +368,69 @@ fn pruning() {
 }
 
 #[test]
+fn cause_constructors() {
+    let cases = [
+        (
+            Cause::required("metadata.name", ""),
+            "FieldValueRequired",
+            "metadata.name: Required value",
+        ),
+        (
+            Cause::required("fieldManager", "is required for apply patch"),
+            "FieldValueRequired",
+            "fieldManager: Required value: is required for apply patch",
+        ),
+        (
+            Cause::invalid(
+                "spec.leaseDurationSeconds",
+                &json!(0),
+                "must be greater than 0",
+            ),
+            "FieldValueInvalid",
+            "spec.leaseDurationSeconds: Invalid value: 0: must be greater than 0",
+        ),
+        (
+            Cause::invalid(
+                "metadata.name",
+                &json!("Bad_Name"),
+                "a lowercase RFC 1123 subdomain",
+            ),
+            "FieldValueInvalid",
+            "metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain",
+        ),
+        (
+            Cause::forbidden("spec", "no"),
+            "FieldValueForbidden",
+            "spec: Forbidden: no",
+        ),
+        (
+            Cause::too_long("metadata.annotations", 1),
+            "FieldValueTooLong",
+            "metadata.annotations: Too long: may not be more than 1 byte",
+        ),
+        (
+            Cause::duplicate("spec.ports[1]", &json!({"port": 80})),
+            "FieldValueDuplicate",
+            "spec.ports[1]: Duplicate value: {\"port\":80}",
+        ),
+        (
+            Cause::not_found("spec.x", &json!(true)),
+            "FieldValueNotFound",
+            "spec.x: Not found: true",
+        ),
+        (
+            Cause::not_supported("spec.type", &json!("X"), &[]),
+            "FieldValueNotSupported",
+            "spec.type: Unsupported value: \"X\"",
+        ),
+    ];
+    for (c, reason, full) in cases {
+        assert_eq!(c.reason, reason);
+        assert_eq!(c.full_message(), full);
+    }
+}
+
+#[test]
 fn strict_error_and_warning_text() {
     let s = strict_decoding_error(
         "CronTab",
