@@ -474,8 +474,8 @@ fn field_names(path: &FPath) -> Vec<&str> {
         .collect()
 }
 
-/// The path element of a list item, or None when the item lacks its keys (it is
-/// then tracked by position).
+/// The path element of a list item: its value in a set, its keys in a keyed
+/// list (its position when it has none of them), its position otherwise.
 fn item_pe(lt: &ListType, item: &Value, index: usize) -> Pe {
     match lt {
         ListType::Set => Pe::Value(item.to_string()),
