@@ -888,3 +888,78 @@ fn schema_list_types_for_custom_resources() {
         json!({"f:spec": {"f:plain": {}, "f:tags": {"v:\"b\"": {}}}})
     );
 }
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{json, Map, Value};
+
+    use super::super::*;
+
+    fn scalar() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            any::<bool>().prop_map(Value::Bool),
+            (0i64..100).prop_map(|i| json!(i)),
+            "[a-c]{0,3}".prop_map(Value::String),
+        ]
+    }
+
+    fn spec() -> impl Strategy<Value = Value> {
+        let leaf = scalar();
+        leaf.prop_recursive(3, 24, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                prop::collection::btree_map("[a-d]", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect::<Map<String, Value>>())),
+            ]
+        })
+    }
+
+    fn obj(spec: Value) -> Value {
+        json!({"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": "t"}, "spec": spec})
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Re-applying the same configuration changes nothing.
+        #[test]
+        fn apply_is_idempotent(a in spec(), b in spec()) {
+            let first = apply(None, &obj(a), "m", false, "example.com/v1", None, "2024-11-20T10:00:00Z")
+                .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+            let second = apply(Some(&first), &obj(b.clone()), "m", false, "example.com/v1", None, "2024-11-20T10:00:01Z")
+                .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+            let third = apply(Some(&second), &obj(b), "m", false, "example.com/v1", None, "2024-11-20T10:00:02Z")
+                .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+            prop_assert_eq!(third, second);
+        }
+
+        /// managedFields survive encoding and decoding unchanged.
+        #[test]
+        fn fields_v1_round_trips(a in spec()) {
+            let mut o = obj(a);
+            update_managed_fields(None, &mut o, "m", "Update", "example.com/v1", None, "2024-11-20T10:00:00Z");
+            if let Some(fields) = o.pointer("/metadata/managedFields/0/fieldsV1") {
+                prop_assert_eq!(&encode_set(&decode_set(fields)), fields);
+            }
+        }
+
+        /// A merge patch computed as "set every field of b" turns any a into a
+        /// document containing b.
+        #[test]
+        fn merge_patch_applies_values(a in spec(), b in spec()) {
+            let mut t = obj(a);
+            merge_patch(&mut t, &json!({"spec": b.clone()}));
+            match (&b, t.get("spec")) {
+                (Value::Object(bm), Some(Value::Object(tm))) => {
+                    for (k, v) in bm {
+                        if !v.is_null() && !v.is_object() {
+                            prop_assert_eq!(tm.get(k), Some(v));
+                        }
+                    }
+                }
+                (Value::Object(_), other) => prop_assert!(false, "spec became {:?}", other),
+                (_, got) => prop_assert_eq!(got, Some(&b)),
+            }
+        }
+    }
+}

@@ -534,3 +534,47 @@ fn list_types_from_the_schema() {
         assert_eq!(s.list_type(path), want, "{path:?}");
     }
 }
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{json, Map, Value};
+
+    use super::super::StructuralSchema;
+    use super::crontab;
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|i| json!(i)),
+            (-1.0e6f64..1.0e6).prop_map(|f| json!(f)),
+            "[a-z*/ 0-9]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    "(spec|status|cronSpec|replicas|image|metadata|name|x)",
+                    inner,
+                    0..5
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect::<Map<String, Value>>())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Pruning twice finds nothing the second time, and validation never panics.
+        #[test]
+        fn prune_is_idempotent(mut obj in any_json()) {
+            let s = StructuralSchema::from_json(&crontab()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            s.prune(&mut obj);
+            let again = s.prune(&mut obj);
+            prop_assert!(again.is_empty(), "second prune removed {:?}", again);
+            s.apply_defaults(&mut obj);
+            let _ = s.validate(&obj);
+        }
+    }
+}

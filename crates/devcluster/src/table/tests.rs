@@ -315,3 +315,19 @@ fn partial_metadata_list_matches_reference_021() {
     assert_eq!(IncludeObject::parse("None"), Some(IncludeObject::None));
     assert_eq!(IncludeObject::parse("bogus"), None);
 }
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::super::jsonpath;
+
+    proptest! {
+        /// Arbitrary expressions never panic.
+        #[test]
+        fn jsonpath_never_panics(expr in "[.\\[\\]a-z0-9*?@=!'\"(){}$-]{0,24}") {
+            let doc = json!({"a": [{"b": 1}, {"b": "x"}], "c": {"d": null}});
+            let _ = jsonpath(&expr, &doc);
+        }
+    }
+}
