@@ -31,6 +31,51 @@ pub struct CrdResource {
     pub schema: Option<Value>,
 }
 
+impl CrdResource {
+    /// One resource per served version of a CustomResourceDefinition object.
+    pub fn from_crd(crd: &Value) -> Vec<CrdResource> {
+        let spec = crd.get("spec");
+        let s = |path: &str| {
+            spec.and_then(|v| v.pointer(path))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let kind = s("/names/kind");
+        let list_kind = match s("/names/listKind") {
+            l if l.is_empty() => format!("{kind}List"),
+            l => l,
+        };
+        let singular = match s("/names/singular") {
+            l if l.is_empty() => kind.to_lowercase(),
+            l => l,
+        };
+        let versions = spec
+            .and_then(|v| v.get("versions"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        versions
+            .iter()
+            .filter(|v| v.get("served").and_then(Value::as_bool).unwrap_or(false))
+            .map(|v| CrdResource {
+                group: s("/group"),
+                version: v
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                kind: kind.clone(),
+                list_kind: list_kind.clone(),
+                plural: s("/names/plural"),
+                singular: singular.clone(),
+                namespaced: s("/scope") != "Cluster",
+                schema: v.pointer("/schema/openAPIV3Schema").cloned(),
+            })
+            .collect()
+    }
+}
+
 /// The `/openapi/v3` index. `group_versions` pairs a path such as
 /// `apis/stable.example.io/v1` or `api/v1` with the hash of its document (any
 /// string that changes when the document does; kubectl uses it for caching).

@@ -316,6 +316,16 @@ impl StructuralSchema {
         })
     }
 
+    /// The schema of one element of a CRD's `spec.versions`
+    /// (`schema.openAPIV3Schema`); a version without one accepts and keeps
+    /// everything.
+    pub fn from_crd_version(version: &Value) -> Result<Self, SchemaError> {
+        match version.pointer("/schema/openAPIV3Schema") {
+            Some(s) => StructuralSchema::from_json(s),
+            None => Ok(StructuralSchema::preserve_all()),
+        }
+    }
+
     /// A schema that accepts and keeps everything (CRDs without a schema).
     pub fn preserve_all() -> Self {
         StructuralSchema {

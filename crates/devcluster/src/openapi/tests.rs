@@ -317,3 +317,27 @@ fn swagger_v2_document() {
         assert!(doc["definitions"].get(name).is_some(), "dangling {r}");
     }
 }
+
+#[test]
+fn resources_from_a_crd() {
+    let crd = json!({"spec": {"group": "stable.example.io", "scope": "Cluster",
+    "names": {"plural": "clusterthings", "singular": "clusterthing", "kind": "ClusterThing"},
+    "versions": [
+        {"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object"}}},
+        {"name": "v0", "served": false, "storage": false}
+    ]}});
+    assert_eq!(
+        CrdResource::from_crd(&crd),
+        vec![CrdResource {
+            group: "stable.example.io".into(),
+            version: "v1".into(),
+            kind: "ClusterThing".into(),
+            list_kind: "ClusterThingList".into(),
+            plural: "clusterthings".into(),
+            singular: "clusterthing".into(),
+            namespaced: false,
+            schema: Some(json!({"type": "object"})),
+        }]
+    );
+    assert!(CrdResource::from_crd(&json!({})).is_empty());
+}

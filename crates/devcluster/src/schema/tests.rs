@@ -494,6 +494,23 @@ fn defaults() {
 }
 
 #[test]
+fn schema_of_a_crd_version() {
+    let with = json!({"name": "v1", "schema": {"openAPIV3Schema": crontab()}});
+    let without = json!({"name": "v1"});
+    let cases = [(with, 1), (without, 0)];
+    for (version, causes) in cases {
+        let s = match StructuralSchema::from_crd_version(&version) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        let mut obj = json!({"kind": "CronTab", "spec": {"x": 1}, "extra": true});
+        assert_eq!(s.validate(&obj).len(), causes, "{version}");
+        let pruned = s.prune(&mut obj);
+        assert_eq!(pruned.is_empty(), causes == 0, "{version}");
+    }
+}
+
+#[test]
 fn bad_schemas_are_rejected() {
     assert!(matches!(
         StructuralSchema::from_json(&json!({"type": "string", "pattern": "("})),
