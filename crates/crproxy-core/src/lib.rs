@@ -5,6 +5,7 @@ pub mod config;
 pub mod names;
 pub mod ownership;
 pub mod pki;
+pub mod precondition;
 pub mod reason;
 pub mod request;
 pub mod selector;

@@ -1,1 +1,405 @@
-//! TODO(helper): ownership
+//! The owned-mode rules (`accessResources: owned`): which objects belong to a client,
+//! how the ownership labels get into write bodies, how list/watch queries are narrowed
+//! to owned objects, and how a named GET response is judged before it is shown.
+//!
+//! Invariant: a caller can narrow what it sees but never widen it. Selectors are ANDed
+//! with the owner selector, never replaced by the caller's; write bodies get the labels
+//! set last, overriding whatever the caller sent; a response we cannot read is treated
+//! as not owned.
+
+use serde_json::{Map, Value};
+
+use crate::request::form_decode;
+use crate::selector::{LabelSelector, Operator, Requirement, SelectorError};
+
+#[cfg(test)]
+mod tests;
+
+/// Label naming the client virtual cluster that owns an object on the target.
+pub const OWNER_VCLUSTER_LABEL: &str = "vcluster.com/owner-vcluster";
+/// Label naming the client's Platform project (the project name, not its namespace).
+pub const OWNER_PROJECT_LABEL: &str = "vcluster.com/owner-project";
+
+/// The client on whose behalf the proxy acts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Owner {
+    /// Client virtual cluster name.
+    pub name: String,
+    /// Client Platform project name.
+    pub project: String,
+}
+
+impl Owner {
+    pub fn new(name: impl Into<String>, project: impl Into<String>) -> Owner {
+        Owner {
+            name: name.into(),
+            project: project.into(),
+        }
+    }
+
+    /// `vcluster.com/owner-project=<project>,vcluster.com/owner-vcluster=<name>`.
+    ///
+    /// Built without validation so an odd name still yields a selector that matches
+    /// nothing else; the config validation rejects such names up front.
+    pub fn selector(&self) -> LabelSelector {
+        LabelSelector::from_requirements(vec![
+            Requirement {
+                key: OWNER_VCLUSTER_LABEL.to_owned(),
+                operator: Operator::Equals,
+                values: vec![self.name.clone()],
+            },
+            Requirement {
+                key: OWNER_PROJECT_LABEL.to_owned(),
+                operator: Operator::Equals,
+                values: vec![self.project.clone()],
+            },
+        ])
+    }
+
+    /// True when the object carries both ownership labels with exactly this owner's
+    /// values.
+    pub fn owns(&self, object: &Value) -> bool {
+        let labels = object.get("metadata").and_then(|m| m.get("labels"));
+        let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        label(OWNER_VCLUSTER_LABEL) == Some(self.name.as_str())
+            && label(OWNER_PROJECT_LABEL) == Some(self.project.as_str())
+    }
+}
+
+/// How a request body is encoded, from its `Content-Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BodyType {
+    /// `application/json` (create, update).
+    Json,
+    /// `application/yaml` (create, update).
+    Yaml,
+    /// `application/merge-patch+json`.
+    MergePatch,
+    /// `application/json-patch+json`.
+    JsonPatch,
+    /// `application/apply-patch+yaml` (server-side apply; YAML or JSON text).
+    ApplyPatchYaml,
+    /// `application/strategic-merge-patch+json`.
+    StrategicMergePatch,
+}
+
+impl BodyType {
+    /// Parses a `Content-Type` value; parameters (`; charset=utf-8`) and case are
+    /// ignored. Protobuf, CBOR and anything else give `None`: the proxy cannot read
+    /// them, so it cannot stamp ownership labels into them.
+    pub fn from_content_type(ct: &str) -> Option<BodyType> {
+        let essence = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        Some(match essence.as_str() {
+            "application/json" => BodyType::Json,
+            "application/yaml" => BodyType::Yaml,
+            "application/merge-patch+json" => BodyType::MergePatch,
+            "application/json-patch+json" => BodyType::JsonPatch,
+            "application/apply-patch+yaml" => BodyType::ApplyPatchYaml,
+            "application/strategic-merge-patch+json" => BodyType::StrategicMergePatch,
+            _ => return None,
+        })
+    }
+
+    /// The canonical media type.
+    pub fn media_type(self) -> &'static str {
+        match self {
+            BodyType::Json => "application/json",
+            BodyType::Yaml => "application/yaml",
+            BodyType::MergePatch => "application/merge-patch+json",
+            BodyType::JsonPatch => "application/json-patch+json",
+            BodyType::ApplyPatchYaml => "application/apply-patch+yaml",
+            BodyType::StrategicMergePatch => "application/strategic-merge-patch+json",
+        }
+    }
+}
+
+/// Same as [`BodyType::from_content_type`].
+pub fn from_content_type(ct: &str) -> Option<BodyType> {
+    BodyType::from_content_type(ct)
+}
+
+/// Why ownership labels could not be put into a body.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    /// The body is not valid JSON for a JSON media type.
+    #[error("request body is not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    /// The body is neither JSON nor a single valid YAML document.
+    #[error("request body is not valid YAML: {0}")]
+    Yaml(String),
+    /// The body parsed, but its shape cannot carry labels (for example a JSON array
+    /// for a create, or `metadata` that is a string).
+    #[error("request body has an unexpected shape: {0}")]
+    Shape(String),
+}
+
+/// Returns the body with both ownership labels set to `owner`'s values.
+///
+/// - JSON, YAML, merge patch and strategic merge patch: `metadata.labels` is created
+///   when missing or `null` and both labels are set, overriding any caller value
+///   (including `null`, which in a patch would delete the label). A `*List` with
+///   `items` gets the labels on every item. YAML input is re-emitted as JSON, which is
+///   valid YAML, so the content type can stay as it is.
+/// - Server-side apply: the YAML or JSON document is handled like a JSON body and
+///   re-emitted as JSON.
+/// - JSON patch: two `add` operations are appended, so they win over any earlier
+///   operation of the caller. They do not create `/metadata/labels`: the proxy only
+///   sends a named PATCH after its ownership GET found both labels on the object, so
+///   the map exists; if the caller's own operations remove it, the target rejects the
+///   patch, which fails closed.
+///
+/// Anything unparsable is an error; the caller decides what to do with the request.
+pub fn inject_owner_labels(
+    owner: &Owner,
+    body_type: BodyType,
+    body: &[u8],
+) -> Result<Vec<u8>, InjectError> {
+    match body_type {
+        BodyType::Json | BodyType::MergePatch | BodyType::StrategicMergePatch => {
+            let mut v: Value = serde_json::from_slice(body).map_err(InjectError::Json)?;
+            label_document(owner, &mut v)?;
+            serde_json::to_vec(&v).map_err(InjectError::Json)
+        }
+        BodyType::Yaml | BodyType::ApplyPatchYaml => {
+            let mut v = parse_yaml_or_json(body)?;
+            label_document(owner, &mut v)?;
+            serde_json::to_vec(&v).map_err(InjectError::Json)
+        }
+        BodyType::JsonPatch => {
+            let mut v: Value = serde_json::from_slice(body).map_err(InjectError::Json)?;
+            let Some(ops) = v.as_array_mut() else {
+                return Err(InjectError::Shape(
+                    "a JSON patch must be an array of operations".into(),
+                ));
+            };
+            for (key, value) in owner_labels(owner) {
+                ops.push(serde_json::json!({
+                    "op": "add",
+                    "path": format!("/metadata/labels/{}", escape_pointer(key)),
+                    "value": value,
+                }));
+            }
+            serde_json::to_vec(&v).map_err(InjectError::Json)
+        }
+    }
+}
+
+fn owner_labels(owner: &Owner) -> [(&'static str, &str); 2] {
+    [
+        (OWNER_VCLUSTER_LABEL, owner.name.as_str()),
+        (OWNER_PROJECT_LABEL, owner.project.as_str()),
+    ]
+}
+
+/// RFC 6901 escaping of one reference token.
+fn escape_pointer(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
+}
+
+fn parse_yaml_or_json(body: &[u8]) -> Result<Value, InjectError> {
+    // JSON first: it is the common case and avoids YAML's looser reading of scalars.
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        return Ok(v);
+    }
+    let text =
+        std::str::from_utf8(body).map_err(|e| InjectError::Yaml(format!("not UTF-8: {e}")))?;
+    // Read scalars the way kube-apiserver's YAML-to-JSON step (go-yaml v2, YAML 1.1)
+    // does, so the JSON we forward means what the caller's YAML meant to the target:
+    // `yes`/`on` are booleans and `0755` is octal. Duplicate keys stay an error.
+    let mut options = serde_saphyr::Options::default();
+    options.legacy_octal_numbers = true;
+    options.strict_booleans = false;
+    serde_saphyr::from_str_with_options::<Value>(text, options)
+        .map_err(|e| InjectError::Yaml(e.to_string()))
+}
+
+fn is_list(obj: &Map<String, Value>) -> bool {
+    obj.get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| k.ends_with("List"))
+        && obj.get("items").is_some_and(Value::is_array)
+}
+
+fn label_document(owner: &Owner, doc: &mut Value) -> Result<(), InjectError> {
+    let Some(obj) = doc.as_object_mut() else {
+        return Err(InjectError::Shape("the body must be a JSON object".into()));
+    };
+    if is_list(obj) {
+        if let Some(Value::Array(items)) = obj.get_mut("items") {
+            for (i, item) in items.iter_mut().enumerate() {
+                let Some(item) = item.as_object_mut() else {
+                    return Err(InjectError::Shape(format!("items[{i}] is not an object")));
+                };
+                label_object(owner, item, &format!("items[{i}]."))?;
+            }
+        }
+        return Ok(());
+    }
+    label_object(owner, obj, "")
+}
+
+fn label_object(owner: &Owner, obj: &mut Map<String, Value>, at: &str) -> Result<(), InjectError> {
+    let metadata = obj
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if metadata.is_null() {
+        *metadata = Value::Object(Map::new());
+    }
+    let Some(metadata) = metadata.as_object_mut() else {
+        return Err(InjectError::Shape(format!("{at}metadata is not an object")));
+    };
+    let labels = metadata
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if labels.is_null() {
+        *labels = Value::Object(Map::new());
+    }
+    let Some(labels) = labels.as_object_mut() else {
+        return Err(InjectError::Shape(format!(
+            "{at}metadata.labels is not an object"
+        )));
+    };
+    for (key, value) in owner_labels(owner) {
+        labels.insert(key.to_owned(), Value::from(value));
+    }
+    Ok(())
+}
+
+/// Characters left alone when encoding a query value: RFC 3986 unreserved.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Rewrites a query so every list or watch only sees this owner's objects.
+///
+/// All `labelSelector` parameters (kube ANDs them) are parsed, ANDed together with the
+/// owner selector and replaced by one `labelSelector` at the position of the first;
+/// without one, it is appended. Other parameters keep their order and their original
+/// encoding. A caller selector that fails to parse is returned as the error kube would
+/// give (a 400 for the caller), never dropped.
+pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, SelectorError> {
+    let mut combined = owner.selector();
+    let mut parts: Vec<Option<&str>> = Vec::new();
+    let mut slot: Option<usize> = None;
+    for raw in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = raw.split_once('=').unwrap_or((raw, ""));
+        if form_decode(k) == "labelSelector" {
+            combined = combined.and(LabelSelector::parse(&form_decode(v))?);
+            if slot.is_none() {
+                slot = Some(parts.len());
+                parts.push(None);
+            }
+        } else {
+            parts.push(Some(raw));
+        }
+    }
+    let encoded = format!(
+        "labelSelector={}",
+        percent_encoding::utf8_percent_encode(&combined.to_string(), QUERY_VALUE)
+    );
+    if slot.is_none() {
+        parts.push(None);
+    }
+    let out: Vec<&str> = parts
+        .iter()
+        .map(|p| p.unwrap_or(encoded.as_str()))
+        .collect();
+    Ok(out.join("&"))
+}
+
+/// Whether a named GET response may be shown to the owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visibility {
+    /// Carries both ownership labels with this owner's values.
+    Owned,
+    /// Readable, but not this owner's: mask as 404.
+    NotOwned,
+    /// Could not be judged (not JSON, no metadata, a Table without row objects):
+    /// mask as 404 as well.
+    Undecodable,
+}
+
+/// Judges a JSON named-GET response: a plain object, a `PartialObjectMetadata`, or a
+/// `meta.k8s.io` `Table` whose rows carry `object.metadata` (kubectl's default
+/// `includeObject=Metadata`). Every row must be owned.
+pub fn response_visibility(owner: &Owner, body: &[u8]) -> Visibility {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return Visibility::Undecodable;
+    };
+    let Some(obj) = v.as_object() else {
+        return Visibility::Undecodable;
+    };
+    let is_table = obj.get("kind").and_then(Value::as_str) == Some("Table")
+        && obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|a| a.starts_with("meta.k8s.io/"));
+    if is_table {
+        let Some(rows) = obj.get("rows").and_then(Value::as_array) else {
+            return Visibility::Undecodable;
+        };
+        if rows.is_empty() {
+            return Visibility::Undecodable;
+        }
+        let mut all_owned = true;
+        for row in rows {
+            let Some(object) = row.get("object").filter(|o| o.is_object()) else {
+                return Visibility::Undecodable;
+            };
+            if !object.get("metadata").is_some_and(Value::is_object) {
+                return Visibility::Undecodable;
+            }
+            all_owned &= owner.owns(object);
+        }
+        return if all_owned {
+            Visibility::Owned
+        } else {
+            Visibility::NotOwned
+        };
+    }
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        return Visibility::Undecodable;
+    }
+    if owner.owns(&v) {
+        Visibility::Owned
+    } else {
+        Visibility::NotOwned
+    }
+}
+
+/// Rewrites an `Accept` header so the target answers a named GET in JSON the proxy
+/// can inspect: JSON media ranges (including the `as=Table` and
+/// `as=PartialObjectMetadata` forms) are kept in order, everything else (protobuf,
+/// CBOR, YAML, wildcards) is dropped, and `application/json` is used when nothing
+/// remains.
+pub fn inspectable_accept(accept: Option<&str>) -> String {
+    let kept: Vec<&str> = accept
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|range| {
+            let mut params = range.split(';').map(str::trim);
+            let essence = params.next().unwrap_or("");
+            // `q=0` means "not acceptable"; keeping it would leave nothing usable.
+            let refused = params.any(|p| {
+                p.split_once('=').is_some_and(|(k, v)| {
+                    k.trim().eq_ignore_ascii_case("q")
+                        && v.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
+                })
+            });
+            essence.eq_ignore_ascii_case("application/json") && !refused
+        })
+        .collect();
+    if kept.is_empty() {
+        "application/json".to_owned()
+    } else {
+        kept.join(",")
+    }
+}

@@ -1,1 +1,376 @@
-//! TODO(helper): request
+//! Classification of a request that reached one per-group/version proxy server.
+//!
+//! The aggregation layer only routes `/apis/<group>/<version>/...` here, but the proxy
+//! listens on a socket and must not trust that: anything outside its own group/version
+//! is 404, and anything whose meaning could differ between us and the target
+//! (dot segments, encoded slashes, empty segments, unclear `watch` values) is refused
+//! with 400 instead of being forwarded. The URL grammar follows kube-apiserver's
+//! `RequestInfoFactory` for resource requests.
+
+use std::fmt;
+
+use percent_encoding::percent_decode_str;
+
+#[cfg(test)]
+mod tests;
+
+/// What the caller wants to do, in kube-apiserver's vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    /// The `verb` label value used by `apiserver_request_total` (HTTP-style, upper case).
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Verb::Get => "GET",
+            Verb::List => "LIST",
+            Verb::Watch => "WATCH",
+            Verb::Create => "POST",
+            Verb::Update => "PUT",
+            Verb::Patch => "PATCH",
+            Verb::Delete => "DELETE",
+            Verb::DeleteCollection => "DELETECOLLECTION",
+        }
+    }
+
+    /// Lower-case kube verb (`get`, `list`, ..., `deletecollection`), as RBAC names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+            Verb::DeleteCollection => "deletecollection",
+        }
+    }
+
+    /// Whether the verb streams indefinitely (exempt from the non-watch deadline).
+    pub fn is_watch(self) -> bool {
+        self == Verb::Watch
+    }
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The resource part of a URL, percent-decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResourcePath {
+    pub namespace: Option<String>,
+    pub resource: String,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+}
+
+impl ResourcePath {
+    /// True for a collection URL (no object name).
+    pub fn is_collection(&self) -> bool {
+        self.name.is_none()
+    }
+}
+
+/// What a request is, for the proxy's purposes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestKind {
+    /// `GET /apis/<group>/<version>`: the APIResourceList.
+    Discovery,
+    /// A resource request under this group/version.
+    Resource { verb: Verb, path: ResourcePath },
+    /// A connection upgrade or a connect-style subresource (exec, attach,
+    /// portforward, proxy); the proxy refuses these with 501.
+    Upgrade,
+}
+
+/// Why a request was not classified. [`PathError::status_code`] is the HTTP status to
+/// answer with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// Not under `/apis/<group>/<version>` of this server, or not a URL shape this
+    /// group serves. kube-apiserver answers these with a plain `404 page not found`.
+    #[error("404 page not found")]
+    NotFound,
+    /// Malformed or ambiguous URL, or a method that needs a name on a collection URL.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A method this URL never accepts (for example POST on discovery or on a
+    /// subresource).
+    #[error("{0}")]
+    MethodNotAllowed(String),
+}
+
+impl PathError {
+    /// The HTTP status code for this error.
+    pub fn status_code(&self) -> u16 {
+        match self {
+            PathError::NotFound => 404,
+            PathError::BadRequest(_) => 400,
+            PathError::MethodNotAllowed(_) => 405,
+        }
+    }
+
+    /// The kube `Status.reason` matching [`PathError::status_code`].
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PathError::NotFound => "NotFound",
+            PathError::BadRequest(_) => "BadRequest",
+            PathError::MethodNotAllowed(_) => "MethodNotAllowed",
+        }
+    }
+}
+
+/// Subresources that open a stream to a container or a port rather than read or
+/// write an object. They only ever work over an upgraded connection.
+const CONNECT_SUBRESOURCES: [&str; 4] = ["exec", "attach", "portforward", "proxy"];
+
+fn bad(msg: impl Into<String>) -> PathError {
+    PathError::BadRequest(msg.into())
+}
+
+/// Splits a raw (still percent-encoded) path into decoded segments, refusing every
+/// form whose meaning depends on who normalises it.
+fn segments(path: &str) -> Result<Vec<String>, PathError> {
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(bad(format!(
+            "invalid request path {path:?}: must start with '/'"
+        )));
+    };
+    if rest.is_empty() {
+        return Err(PathError::NotFound);
+    }
+    let mut out = Vec::new();
+    for raw in rest.split('/') {
+        if raw.is_empty() {
+            return Err(bad(format!(
+                "invalid request path {path:?}: empty path segment"
+            )));
+        }
+        let lower = raw.to_ascii_lowercase();
+        for (enc, what) in [
+            ("%2f", "an encoded '/'"),
+            ("%5c", "an encoded '\\'"),
+            ("%2e", "an encoded '.'"),
+            ("%00", "an encoded NUL"),
+            ("%25", "an encoded '%'"),
+        ] {
+            if lower.contains(enc) {
+                return Err(bad(format!(
+                    "invalid request path {path:?}: contains {what}"
+                )));
+            }
+        }
+        if raw.contains('\\') {
+            return Err(bad(format!("invalid request path {path:?}: contains '\\'")));
+        }
+        let decoded = percent_decode_str(raw)
+            .decode_utf8()
+            .map_err(|_| bad(format!("invalid request path {path:?}: not UTF-8")))?
+            .into_owned();
+        if decoded == "." || decoded == ".." {
+            return Err(bad(format!(
+                "invalid request path {path:?}: '.' and '..' segments are not allowed"
+            )));
+        }
+        if decoded.chars().any(char::is_control) {
+            return Err(bad(format!(
+                "invalid request path {path:?}: control character in path"
+            )));
+        }
+        out.push(decoded);
+    }
+    Ok(out)
+}
+
+/// Decodes `application/x-www-form-urlencoded` text (`+` is a space).
+pub fn form_decode(s: &str) -> String {
+    let spaced = s.replace('+', " ");
+    percent_decode_str(&spaced).decode_utf8_lossy().into_owned()
+}
+
+/// The decoded `(name, value)` pairs of a query string, in order.
+pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (form_decode(k), form_decode(v)),
+            None => (form_decode(p), String::new()),
+        })
+        .collect()
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether the query asks for a watch. Values kube would read leniently (`yes`) or
+/// repeated parameters that disagree are refused rather than guessed.
+fn watch_param(query: Option<&str>) -> Result<bool, PathError> {
+    let mut result: Option<bool> = None;
+    for (k, v) in query_pairs(query) {
+        if k != "watch" {
+            continue;
+        }
+        let Some(b) = parse_go_bool(&v) else {
+            return Err(bad(format!(
+                "invalid value {v:?} for query parameter \"watch\": use true or false"
+            )));
+        };
+        match result {
+            Some(prev) if prev != b => {
+                return Err(bad("conflicting values for query parameter \"watch\""));
+            }
+            _ => result = Some(b),
+        }
+    }
+    Ok(result.unwrap_or(false))
+}
+
+/// Classifies one request for the server of `group`/`version`.
+///
+/// `path` is the raw request path (percent-encoded as received, without the query);
+/// `query` is the raw query string without `?`; `wants_upgrade` is true when the
+/// request carries `Connection: upgrade` or an `Upgrade` header.
+pub fn classify(
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+    wants_upgrade: bool,
+    group: &str,
+    version: &str,
+) -> Result<RequestKind, PathError> {
+    let segs = segments(path)?;
+    let rest = match segs.as_slice() {
+        [apis, g, v, rest @ ..] if apis == "apis" && g == group && v == version => rest,
+        _ => return Err(PathError::NotFound),
+    };
+
+    if rest.is_empty() {
+        if wants_upgrade {
+            return Ok(RequestKind::Upgrade);
+        }
+        return match method {
+            "GET" => Ok(RequestKind::Discovery),
+            _ => Err(PathError::MethodNotAllowed(format!(
+                "the server does not allow this method on the requested resource: {method} {path}"
+            ))),
+        };
+    }
+
+    // kube's legacy verb prefixes: `/watch/...` and `/proxy/...`.
+    let (legacy_watch, rest) = match rest.first().map(String::as_str) {
+        Some("watch") => (true, &rest[1..]),
+        Some("proxy") => {
+            return Err(bad(format!(
+                "invalid request path {path:?}: legacy proxy paths are not supported"
+            )))
+        }
+        _ => (false, rest),
+    };
+
+    let (namespace, tail) = match rest {
+        [ns_kw, ..] if ns_kw == "namespaces" => match rest {
+            // `/namespaces` and `/namespaces/<ns>[/status|/finalize]` address core
+            // Namespaces, which this group does not serve.
+            [_] | [_, _] => return Err(PathError::NotFound),
+            [_, _, sub] if sub == "status" || sub == "finalize" => return Err(PathError::NotFound),
+            [_, ns, tail @ ..] => (Some(ns.clone()), tail),
+            [] => return Err(PathError::NotFound),
+        },
+        _ => (None, rest),
+    };
+
+    let (resource, name, subresource) = match tail {
+        [r] => (r.clone(), None, None),
+        [r, n] => (r.clone(), Some(n.clone()), None),
+        [r, n, s] => (r.clone(), Some(n.clone()), Some(s.clone())),
+        _ => return Err(PathError::NotFound),
+    };
+    let path_parts = ResourcePath {
+        namespace,
+        resource,
+        name,
+        subresource,
+    };
+
+    let connect_sub = path_parts
+        .subresource
+        .as_deref()
+        .is_some_and(|s| CONNECT_SUBRESOURCES.contains(&s));
+    if wants_upgrade || connect_sub {
+        return Ok(RequestKind::Upgrade);
+    }
+
+    let named = path_parts.name.is_some();
+    let has_sub = path_parts.subresource.is_some();
+    if legacy_watch && has_sub {
+        // kube has no watch of a subresource; refuse rather than guess what the
+        // target would do with it.
+        return Err(bad(format!(
+            "invalid request path {path:?}: subresources cannot be watched"
+        )));
+    }
+    if legacy_watch && method != "GET" {
+        return Err(PathError::MethodNotAllowed(format!(
+            "the server does not allow this method on the requested resource: {method} {path}"
+        )));
+    }
+    let verb = match method {
+        "GET" if legacy_watch => Verb::Watch,
+        "GET" if named => Verb::Get,
+        "GET" => {
+            if watch_param(query)? {
+                Verb::Watch
+            } else {
+                Verb::List
+            }
+        }
+        // A POST to a named custom-resource path is a create (kube answers 201 or
+        // 409 AlreadyExists); subresources of custom resources cannot be created.
+        "POST" if has_sub => {
+            return Err(PathError::MethodNotAllowed(format!(
+                "the server does not allow this method on the requested resource: {method} {path}"
+            )))
+        }
+        "POST" => Verb::Create,
+        "PUT" | "PATCH" if !named => return Err(bad("name must be provided")),
+        "PUT" => Verb::Update,
+        "PATCH" => Verb::Patch,
+        "DELETE" if has_sub => {
+            return Err(PathError::MethodNotAllowed(format!(
+                "the server does not allow this method on the requested resource: {method} {path}"
+            )))
+        }
+        "DELETE" if named => Verb::Delete,
+        "DELETE" => Verb::DeleteCollection,
+        _ => {
+            return Err(PathError::MethodNotAllowed(format!(
+                "the server does not allow this method on the requested resource: {method} {path}"
+            )))
+        }
+    };
+    Ok(RequestKind::Resource {
+        verb,
+        path: path_parts,
+    })
+}

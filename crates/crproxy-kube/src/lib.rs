@@ -1,1 +1,28 @@
-//! crproxy-kube
+//! A small async Kubernetes REST client over JSON values.
+//!
+//! crproxy deliberately avoids kube-rs and k8s-openapi: they dominate compile time, and
+//! the proxy needs byte-level control of bodies anyway. What is here is what the proxy,
+//! the control-plane wiring and the tests need: load a kubeconfig or the in-cluster
+//! service account ([`ClusterConfig`]), CRUD and PATCH on any path with
+//! [`serde_json::Value`] bodies, raw requests, and watch streams ([`Client`]).
+//!
+//! TLS uses rustls with the ring provider passed explicitly, so nothing here depends on
+//! a process-wide default provider being installed.
+
+mod client;
+mod cluster;
+mod connector;
+mod error;
+mod kubeconfig;
+mod watch;
+
+pub use client::{Client, PatchType, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+pub use cluster::{Auth, ClusterConfig, InsecureAcceptAnyServerCert};
+pub use error::{reason_for_status, Error};
+pub use kubeconfig::{
+    KubeCluster, KubeContext, KubeUser, Kubeconfig, NamedCluster, NamedContext, NamedUser,
+};
+pub use watch::WatchEvent;
+
+#[cfg(feature = "fake")]
+pub mod fake;

@@ -2,11 +2,18 @@
 //! spreads requests over the target's API server replicas, and the metrics that
 //! report on both.
 //!
-//! The request path reads top to bottom: `handler` (classify → ownership → namespaces)
-//! → `pool` (pick and dial a peer) → `transport` (send, stream, map the response) →
-//! `metrics`.
+//! The request path reads top to bottom: [`frontproxy`] (who is calling) →
+//! [`handler`] (classify → ownership → namespaces) → [`pool`] (pick and dial a peer)
+//! → [`transport`] (send, stream, deadline) → [`metrics`]. [`app`] assembles it all
+//! from a validated configuration.
 
+// pub mod app; (enabled once the pool and kube client land)
 pub mod dial;
+pub mod fallback;
+pub mod frontproxy;
+pub mod handler;
 pub mod metrics;
 pub mod pool;
+pub mod server;
 pub mod sources;
+pub mod transport;

@@ -1,1 +1,1032 @@
-//! TODO: pool (being written)
+//! The peer pool of one proxied group/version: which target API server replica a
+//! request goes to, and whether it may go anywhere at all.
+//!
+//! A peer source publishes complete peer lists ([`PeerPool::publish`]). Requests
+//! [`acquire`](PeerPool::acquire) a [`PeerSender`], which reuses a live connection to
+//! the next peer in round-robin order or dials a new one. Health is tracked per host
+//! with the spec's fixed thresholds:
+//!
+//! * a dial (TCP + TLS) gives up after [`DIAL_TIMEOUT`](crate::dial::DIAL_TIMEOUT);
+//! * [`QUARANTINE_THRESHOLD`] consecutive failed dials take the host out of rotation
+//!   for [`QUARANTINE_DURATION`]; afterwards exactly one request makes a trial dial:
+//!   success brings the host back, failure quarantines it again;
+//! * when the source's subscription drops, the cached list is trusted for
+//!   [`STALENESS_TOLERANCE`] measured from the drop; a publication resets the clock.
+//!
+//! A failed dial never reached the target, so the request is retried once on another
+//! selectable peer: with one healthy peer left, a dead peer costs callers nothing.
+//!
+//! Locking: one `std::sync::Mutex` per pool, never held across an `.await`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use crproxy_core::reason::Reason;
+use http::{header, HeaderValue, Request, Response, Uri, Version};
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::dial::{DialError, Dialer, PeerConnection, DIAL_TIMEOUT};
+use crate::metrics::TargetMetrics;
+
+/// Consecutive failed dials that take a peer out of rotation.
+pub const QUARANTINE_THRESHOLD: u32 = 3;
+/// How long a quarantined peer stays out of rotation before one trial dial.
+pub const QUARANTINE_DURATION: Duration = Duration::from_secs(20);
+/// How long after the peer subscription drops the cached list is still trusted.
+pub const STALENESS_TOLERANCE: Duration = Duration::from_secs(60);
+/// Idle HTTP/1.1 connections kept per peer (HTTP/2 needs only one).
+const MAX_IDLE_HTTP1: usize = 8;
+/// Attempts `PeerSender::send` makes when cached connections turn out dead.
+const SEND_ATTEMPTS: usize = 3;
+
+/// The boxed error type of request bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type requests are sent with.
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// Why [`PeerPool::acquire`] could not provide a connection.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// No peer list has been published since start, or the latest list is empty.
+    #[error("no peer host is available for the proxy target: {detail}")]
+    NoPeer {
+        /// Which of the two cases it is.
+        detail: &'static str,
+    },
+    /// The peer subscription has been down longer than [`STALENESS_TOLERANCE`].
+    #[error("the peer list is stale: the peer subscription has been down for {down_for:?}")]
+    StalePeers {
+        /// How long the subscription has been down.
+        down_for: Duration,
+    },
+    /// Every peer is quarantined, or the only candidate is in its trial dial.
+    #[error("all peer hosts of the proxy target are quarantined")]
+    AllQuarantined,
+    /// The peer was removed from the peer list while it was being dialled.
+    #[error("peer {peer} left the peer list while it was being dialled")]
+    PeerDeparted {
+        /// The departed peer.
+        peer: String,
+    },
+    /// The dial failed (and so did the retry on another peer, if there was one).
+    #[error(transparent)]
+    Dial(#[from] DialError),
+    /// The pool was dropped while a request still held a sender from it.
+    #[error("the peer pool was shut down")]
+    Closed,
+}
+
+impl PoolError {
+    /// The `reason` label for this failure.
+    pub fn reason(&self) -> Reason {
+        match self {
+            PoolError::NoPeer { .. } => Reason::NoPeer,
+            PoolError::StalePeers { .. } => Reason::StalePeers,
+            PoolError::AllQuarantined => Reason::AllQuarantined,
+            PoolError::PeerDeparted { .. } => Reason::PeerDeparted,
+            PoolError::Dial(e) => e.reason(),
+            PoolError::Closed => Reason::Error,
+        }
+    }
+
+    /// The text for the caller-facing error message.
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// Why [`PeerSender::send`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Cached connections were dead and getting a fresh one failed.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// The request could not be turned into a valid request for the peer (bad URI
+    /// or `Host`).
+    #[error("invalid request for peer {peer}: {source}")]
+    InvalidRequest {
+        /// The chosen peer.
+        peer: String,
+        /// What was wrong.
+        #[source]
+        source: http::Error,
+    },
+    /// The HTTP exchange with the peer failed after the connection was set up.
+    /// The request may have reached the target.
+    #[error("request to peer {peer} failed: {source}")]
+    Http {
+        /// The peer the request was sent to.
+        peer: String,
+        /// hyper's error.
+        #[source]
+        source: hyper::Error,
+        /// Whether the connection came from the cache. A failure on a cached
+        /// connection that was provably unsent, or safe to replay, was already
+        /// retried on another connection before this error was returned.
+        reused: bool,
+    },
+}
+
+impl SendError {
+    /// The `reason` label: a pool failure keeps its own reason; an HTTP failure after
+    /// the connection was up is not a dial failure and reports `upstream`.
+    pub fn reason(&self) -> Reason {
+        match self {
+            SendError::Pool(e) => e.reason(),
+            SendError::InvalidRequest { .. } | SendError::Http { .. } => Reason::Upstream,
+        }
+    }
+}
+
+/// Peer counts and list state for the scrape-time gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    /// Peers in rotation (including ones with fewer failures than the threshold).
+    pub healthy: usize,
+    /// Peers whose quarantine has not expired yet.
+    pub quarantined: usize,
+    /// Peers whose quarantine expired, waiting for or in their trial dial.
+    pub half_open: usize,
+    /// Whether the pool holds a current, trusted list (possibly empty).
+    pub synced: bool,
+    /// Time since the last publication; `None` before the first one.
+    pub list_age: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    /// In rotation.
+    Healthy,
+    /// Out of rotation until `until`; afterwards the next request makes a trial.
+    Quarantined { until: Instant },
+    /// The single trial dial is in flight; nobody else may use the peer.
+    Trial,
+}
+
+struct Peer {
+    id: u64,
+    host: String,
+    consecutive_failures: u32,
+    health: Health,
+    /// Never sent on: dropping it (when the peer leaves the list) wakes every
+    /// in-flight dial to this peer so it fails with `peer_departed`.
+    departed: watch::Sender<()>,
+    h2: Option<http2::SendRequest<ProxyBody>>,
+    idle_http1: Vec<http1::SendRequest<ProxyBody>>,
+}
+
+impl Peer {
+    fn new(id: u64, host: String) -> Peer {
+        Peer {
+            id,
+            host,
+            consecutive_failures: 0,
+            health: Health::Healthy,
+            departed: watch::channel(()).0,
+            h2: None,
+            idle_http1: Vec::new(),
+        }
+    }
+
+    fn selectable(&self, now: Instant) -> bool {
+        match self.health {
+            Health::Healthy => true,
+            Health::Quarantined { until } => until <= now,
+            Health::Trial => false,
+        }
+    }
+
+    fn drop_connections(&mut self) {
+        self.h2 = None;
+        self.idle_http1.clear();
+    }
+}
+
+#[derive(Default)]
+struct State {
+    peers: Vec<Peer>,
+    /// Round-robin cursor into `peers`.
+    next: usize,
+    next_id: u64,
+    last_publish: Option<Instant>,
+    /// When the subscription dropped; `None` while it is up.
+    down_since: Option<Instant>,
+    /// Inside an episode where a quarantine left no selectable peer; ends when a
+    /// peer is dialled successfully or a publication brings a selectable one.
+    all_quarantined: bool,
+    /// The stale-list log line was written for the current outage.
+    stale_logged: bool,
+}
+
+impl State {
+    fn down_for(&self, now: Instant) -> Option<Duration> {
+        self.down_since.map(|t| now.saturating_duration_since(t))
+    }
+
+    fn is_stale(&self, now: Instant) -> bool {
+        self.down_for(now)
+            .is_some_and(|down| down > STALENESS_TOLERANCE)
+    }
+
+    fn any_selectable(&self, now: Instant) -> bool {
+        self.peers.iter().any(|p| p.selectable(now))
+    }
+
+    fn peer_mut(&mut self, id: u64) -> Option<&mut Peer> {
+        self.peers.iter_mut().find(|p| p.id == id)
+    }
+}
+
+/// The peers of one proxied group/version and their health.
+pub struct PeerPool {
+    group_version: String,
+    dialer: Dialer,
+    metrics: TargetMetrics,
+    /// The authority for requests that carry neither an absolute URI nor `Host`.
+    default_authority: String,
+    state: Mutex<State>,
+    listed: watch::Sender<bool>,
+    self_ref: Weak<PeerPool>,
+}
+
+impl std::fmt::Debug for PeerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerPool")
+            .field("target", &self.metrics.target_label())
+            .field("group_version", &self.group_version)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Selection {
+    Cached(PeerSender),
+    Dial(DialTicket),
+    Rejected(PoolError),
+}
+
+impl PeerPool {
+    /// A pool with no peer list yet; requests fail with `no_peer` until the first
+    /// publication. The pool registers itself for the scrape-time peer gauges.
+    pub fn new(group_version: String, dialer: Dialer, metrics: TargetMetrics) -> Arc<PeerPool> {
+        let default_authority = dialer.server_name().to_str().into_owned();
+        let pool = Arc::new_cyclic(|me| PeerPool {
+            group_version,
+            dialer,
+            metrics,
+            default_authority,
+            state: Mutex::new(State::default()),
+            listed: watch::channel(false).0,
+            self_ref: me.clone(),
+        });
+        pool.metrics
+            .register_pool(&pool.group_version, Arc::downgrade(&pool));
+        pool
+    }
+
+    /// The group/version this pool serves.
+    pub fn group_version(&self) -> &str {
+        &self.group_version
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent-enough state (every
+        // mutation is a few field writes); keep serving rather than poisoning
+        // every later request.
+        match self.state.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    // ---- publication side -------------------------------------------------------
+
+    /// Replaces the peer list with `peers` (complete, `host:port` each). Hosts that
+    /// stay keep their health and connections, new hosts start healthy, and dials in
+    /// flight to removed hosts fail with `peer_departed`. Marks the subscription up
+    /// and resets the staleness clock.
+    pub fn publish(&self, peers: Vec<String>) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let mut old: HashMap<String, Peer> =
+            st.peers.drain(..).map(|p| (p.host.clone(), p)).collect();
+        let mut fresh = Vec::with_capacity(peers.len());
+        for host in peers {
+            if fresh.iter().any(|p: &Peer| p.host == host) {
+                continue;
+            }
+            let peer = match old.remove(&host) {
+                Some(peer) => peer,
+                None => {
+                    st.next_id += 1;
+                    Peer::new(st.next_id, host)
+                }
+            };
+            fresh.push(peer);
+        }
+        let removed: Vec<String> = old.into_keys().collect();
+        st.next = if fresh.is_empty() {
+            0
+        } else {
+            st.next % fresh.len()
+        };
+        st.peers = fresh;
+        st.last_publish = Some(now);
+        st.down_since = None;
+        st.stale_logged = false;
+        if st.all_quarantined && st.any_selectable(now) {
+            st.all_quarantined = false;
+        }
+        let count = st.peers.len();
+        drop(st);
+        tracing::debug!(
+            target = self.metrics.target_label(),
+            group_version = %self.group_version,
+            peers = count,
+            removed = ?removed,
+            "peer list published"
+        );
+        self.listed.send_replace(true);
+    }
+
+    /// The peer subscription dropped: the cached list stays trusted for
+    /// [`STALENESS_TOLERANCE`] from now. Repeated calls keep the first drop time.
+    pub fn subscription_dropped(&self) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        if st.down_since.is_none() {
+            st.down_since = Some(now);
+            drop(st);
+            tracing::warn!(
+                target = self.metrics.target_label(),
+                group_version = %self.group_version,
+                "peer subscription dropped; the cached peer list stays in use for 60s"
+            );
+        }
+    }
+
+    /// The peer subscription is back; the cached list is trusted again. Sources
+    /// normally follow this with a [`publish`](Self::publish).
+    pub fn subscription_restored(&self) {
+        let mut st = self.lock();
+        st.down_since = None;
+        st.stale_logged = false;
+    }
+
+    /// Waits until the first peer list is published or `timeout` passes; returns
+    /// whether a list arrived.
+    pub async fn wait_for_first_list(&self, timeout: Duration) -> bool {
+        let mut rx = self.listed.subscribe();
+        let arrived = matches!(
+            tokio::time::timeout(timeout, rx.wait_for(|listed| *listed)).await,
+            Ok(Ok(_))
+        );
+        arrived
+    }
+
+    /// Current peer counts and list state, with expired quarantines as `half_open`.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let now = Instant::now();
+        let st = self.lock();
+        let mut snap = PoolSnapshot {
+            healthy: 0,
+            quarantined: 0,
+            half_open: 0,
+            synced: st.last_publish.is_some() && !st.is_stale(now),
+            list_age: st.last_publish.map(|t| now.saturating_duration_since(t)),
+        };
+        for peer in &st.peers {
+            match peer.health {
+                Health::Healthy => snap.healthy += 1,
+                Health::Quarantined { until } if until > now => snap.quarantined += 1,
+                Health::Quarantined { .. } | Health::Trial => snap.half_open += 1,
+            }
+        }
+        snap
+    }
+
+    /// The hosts of the current list, in publication order.
+    pub fn hosts(&self) -> Vec<String> {
+        self.lock().peers.iter().map(|p| p.host.clone()).collect()
+    }
+
+    // ---- request side -----------------------------------------------------------
+
+    /// A sender on a connection to the next selectable peer: a cached live one, or a
+    /// fresh dial. A failed dial is retried once on another selectable peer.
+    ///
+    /// Rejections and failed dials are counted in
+    /// `vcluster_proxy_peer_dial_failures_total`; the caller records the request.
+    pub async fn acquire(&self) -> Result<PeerSender, PoolError> {
+        let ticket = match self.select(None) {
+            Selection::Cached(sender) => return Ok(sender),
+            Selection::Dial(ticket) => ticket,
+            Selection::Rejected(err) => {
+                self.metrics.dial_failure(err.reason());
+                return Err(err);
+            }
+        };
+        let failed_peer = ticket.peer_id;
+        let first_error = match self.dial(ticket).await {
+            Ok(sender) => return Ok(sender),
+            Err(err) => err,
+        };
+        // The request never reached a target, so another peer can take it.
+        match self.select(Some(failed_peer)) {
+            Selection::Cached(sender) => Ok(sender),
+            Selection::Dial(ticket) => self.dial(ticket).await,
+            // No other candidate: the caller sees the failure that actually happened.
+            Selection::Rejected(_) => Err(first_error),
+        }
+    }
+
+    /// Picks the next peer under the lock. Never waits.
+    fn select(&self, exclude: Option<u64>) -> Selection {
+        let now = Instant::now();
+        let mut st = self.lock();
+        if st.last_publish.is_none() {
+            return Selection::Rejected(PoolError::NoPeer {
+                detail: "no peer list has arrived yet",
+            });
+        }
+        if st.is_stale(now) {
+            let down_for = st.down_for(now).unwrap_or_default();
+            if !st.stale_logged {
+                st.stale_logged = true;
+                let age = st
+                    .last_publish
+                    .map(|t| now.saturating_duration_since(t))
+                    .unwrap_or_default();
+                tracing::error!(
+                    target = self.metrics.target_label(),
+                    group_version = %self.group_version,
+                    lastNetmapAge = %format_age(age),
+                    "peer watch subscription is down and no fresh netmap is available"
+                );
+            }
+            return Selection::Rejected(PoolError::StalePeers { down_for });
+        }
+        if st.peers.is_empty() {
+            return Selection::Rejected(PoolError::NoPeer {
+                detail: "the peer list is empty",
+            });
+        }
+        let n = st.peers.len();
+        let start = st.next;
+        for i in 0..n {
+            let idx = (start + i) % n;
+            let peer = &mut st.peers[idx];
+            if Some(peer.id) == exclude || !peer.selectable(now) {
+                continue;
+            }
+            let trial = peer.health != Health::Healthy;
+            if trial {
+                peer.health = Health::Trial;
+            } else if let Some(conn) = take_cached(peer) {
+                let sender = PeerSender {
+                    peer: peer.host.clone(),
+                    peer_id: peer.id,
+                    conn,
+                    reused: true,
+                    pool: self.self_ref.clone(),
+                };
+                st.next = idx + 1;
+                return Selection::Cached(sender);
+            }
+            let ticket = DialTicket {
+                pool: self.self_ref.clone(),
+                peer_id: peer.id,
+                host: peer.host.clone(),
+                trial,
+                departed: peer.departed.subscribe(),
+                armed: true,
+            };
+            st.next = idx + 1;
+            return Selection::Dial(ticket);
+        }
+        Selection::Rejected(PoolError::AllQuarantined)
+    }
+
+    /// Dials the ticket's peer, records the outcome and builds the HTTP connection.
+    async fn dial(&self, mut ticket: DialTicket) -> Result<PeerSender, PoolError> {
+        let started = Instant::now();
+        let mut departed = ticket.departed.clone();
+        let outcome = tokio::select! {
+            // A departure wins over a simultaneous result: the host is gone either way.
+            biased;
+            _ = departed.changed() => None,
+            result = self.connect(&ticket.host) => Some(result),
+        };
+        ticket.armed = false;
+        let elapsed = started.elapsed().as_secs_f64();
+        match outcome {
+            None => {
+                // Never observed in the duration histogram: it is not a dial result.
+                self.metrics.dial_failure(Reason::PeerDeparted);
+                Err(PoolError::PeerDeparted {
+                    peer: ticket.host.clone(),
+                })
+            }
+            Some(Err(err)) => {
+                self.metrics.dial_duration(elapsed);
+                self.metrics.dial_failure(err.reason());
+                self.record_failure(ticket.peer_id, ticket.trial, &err);
+                Err(PoolError::Dial(err))
+            }
+            Some(Ok(conn)) => {
+                self.metrics.dial_duration(elapsed);
+                if !self.record_success(ticket.peer_id, &conn) {
+                    // The list changed between the handshake and now.
+                    self.metrics.dial_failure(Reason::PeerDeparted);
+                    return Err(PoolError::PeerDeparted {
+                        peer: ticket.host.clone(),
+                    });
+                }
+                Ok(PeerSender {
+                    peer: ticket.host.clone(),
+                    peer_id: ticket.peer_id,
+                    conn,
+                    reused: false,
+                    pool: self.self_ref.clone(),
+                })
+            }
+        }
+    }
+
+    /// TLS dial plus the HTTP handshake, within one dial budget.
+    async fn connect(&self, host: &str) -> Result<Conn, DialError> {
+        let started = Instant::now();
+        let tls = self.dialer.dial(host).await?;
+        let remaining = DIAL_TIMEOUT.saturating_sub(started.elapsed());
+        match tokio::time::timeout(remaining, http_handshake(tls)).await {
+            Ok(result) => result,
+            Err(_) => Err(DialError::Timeout {
+                peer: host.to_owned(),
+                timeout: DIAL_TIMEOUT,
+            }),
+        }
+    }
+
+    /// Applies a failed dial to the peer's health. Returns nothing: the metrics and
+    /// logs are the observable effect.
+    fn record_failure(&self, peer_id: u64, trial: bool, err: &DialError) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let Some(peer) = st.peer_mut(peer_id) else {
+            return;
+        };
+        let quarantine = match peer.health {
+            Health::Trial if trial => {
+                peer.consecutive_failures += 1;
+                true
+            }
+            Health::Healthy => {
+                peer.consecutive_failures += 1;
+                peer.consecutive_failures >= QUARANTINE_THRESHOLD
+            }
+            // A result from a dial that started before the peer was quarantined (or
+            // a non-trial dial finishing during the trial): the decision is made.
+            Health::Quarantined { .. } | Health::Trial => false,
+        };
+        if !quarantine {
+            return;
+        }
+        peer.health = Health::Quarantined {
+            until: now + QUARANTINE_DURATION,
+        };
+        peer.drop_connections();
+        let host = peer.host.clone();
+        let failures = peer.consecutive_failures;
+        let all_now = !st.all_quarantined && !st.any_selectable(now);
+        if all_now {
+            st.all_quarantined = true;
+        }
+        drop(st);
+        self.metrics.peer_quarantined();
+        tracing::warn!(
+            host = %host,
+            consecutiveFailures = failures,
+            target = self.metrics.target_label(),
+            group_version = %self.group_version,
+            error = %err,
+            "quarantining proxy target peer host after consecutive dial failures"
+        );
+        if all_now {
+            self.metrics.all_peers_quarantined();
+            tracing::error!(
+                target = self.metrics.target_label(),
+                group_version = %self.group_version,
+                "all peer hosts for the proxy target are quarantined"
+            );
+        }
+    }
+
+    /// Applies a successful dial. Returns false when the peer left the list.
+    fn record_success(&self, peer_id: u64, conn: &Conn) -> bool {
+        let mut st = self.lock();
+        let Some(peer) = st.peer_mut(peer_id) else {
+            return false;
+        };
+        let recovered = peer.consecutive_failures > 0 || peer.health != Health::Healthy;
+        peer.consecutive_failures = 0;
+        peer.health = Health::Healthy;
+        if let Conn::H2(sender) = conn {
+            // One multiplexed connection per peer is enough; later requests reuse it.
+            peer.h2 = Some(sender.clone());
+        }
+        let host = peer.host.clone();
+        st.all_quarantined = false;
+        drop(st);
+        if recovered {
+            self.metrics.peer_recovered();
+            tracing::info!(
+                host = %host,
+                target = self.metrics.target_label(),
+                group_version = %self.group_version,
+                "proxy target peer host is dialable again"
+            );
+        }
+        true
+    }
+
+    /// Drops the cached connections of a peer after one of them turned out dead.
+    fn forget_connections(&self, peer_id: u64) {
+        if let Some(peer) = self.lock().peer_mut(peer_id) {
+            peer.drop_connections();
+        }
+    }
+
+    /// Returns an HTTP/1.1 connection that finished its exchange to the idle list.
+    fn return_idle(&self, peer_id: u64, sender: http1::SendRequest<ProxyBody>) {
+        let mut st = self.lock();
+        if let Some(peer) = st.peer_mut(peer_id) {
+            if peer.health == Health::Healthy && peer.idle_http1.len() < MAX_IDLE_HTTP1 {
+                peer.idle_http1.push(sender);
+            }
+        }
+    }
+
+    /// A trial dial was abandoned (the caller went away): let the next request
+    /// make the trial instead of leaving the peer stuck in `Trial`.
+    fn abandon_trial(&self, peer_id: u64) {
+        let now = Instant::now();
+        if let Some(peer) = self.lock().peer_mut(peer_id) {
+            if peer.health == Health::Trial {
+                peer.health = Health::Quarantined { until: now };
+            }
+        }
+    }
+}
+
+fn take_cached(peer: &mut Peer) -> Option<Conn> {
+    if let Some(h2) = &peer.h2 {
+        if !h2.is_closed() {
+            return Some(Conn::H2(h2.clone()));
+        }
+        peer.h2 = None;
+    }
+    while let Some(sender) = peer.idle_http1.pop() {
+        if sender.is_ready() {
+            return Some(Conn::Http1(sender));
+        }
+    }
+    None
+}
+
+/// Formats an age the way operators read it in logs, e.g. `75.3s`.
+fn format_age(age: Duration) -> String {
+    format!(
+        "{:?}",
+        Duration::from_millis(age.as_millis().try_into().unwrap_or(u64::MAX))
+    )
+}
+
+async fn http_handshake(tls: PeerConnection) -> Result<Conn, DialError> {
+    let peer = tls.peer.clone();
+    let h2 = tls.is_h2();
+    let io = TokioIo::new(tls.stream);
+    if h2 {
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .handshake(io)
+            .await
+            .map_err(|source| DialError::Http {
+                peer: peer.clone(),
+                source,
+            })?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(peer = %peer, error = %err, "peer HTTP/2 connection ended");
+            }
+        });
+        Ok(Conn::H2(sender))
+    } else {
+        let (sender, connection) = http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(|source| DialError::Http {
+                peer: peer.clone(),
+                source,
+            })?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(peer = %peer, error = %err, "peer HTTP/1.1 connection ended");
+            }
+        });
+        Ok(Conn::Http1(sender))
+    }
+}
+
+/// A dial in progress. If the caller drops the request mid-dial, the drop counts
+/// the dial as `canceled` and frees a trial slot.
+struct DialTicket {
+    pool: Weak<PeerPool>,
+    peer_id: u64,
+    host: String,
+    trial: bool,
+    departed: watch::Receiver<()>,
+    armed: bool,
+}
+
+impl Drop for DialTicket {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(pool) = self.pool.upgrade() {
+            pool.metrics.dial_failure(Reason::Canceled);
+            if self.trial {
+                pool.abandon_trial(self.peer_id);
+            }
+        }
+    }
+}
+
+enum Conn {
+    H2(http2::SendRequest<ProxyBody>),
+    Http1(http1::SendRequest<ProxyBody>),
+}
+
+/// A connection to one peer, ready for one request.
+pub struct PeerSender {
+    /// The peer (`host:port`) the request goes to.
+    pub peer: String,
+    peer_id: u64,
+    conn: Conn,
+    /// Whether the connection came from the cache (and so may have died unnoticed).
+    reused: bool,
+    pool: Weak<PeerPool>,
+}
+
+impl std::fmt::Debug for PeerSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerSender")
+            .field("peer", &self.peer)
+            .field("reused", &self.reused)
+            .field("h2", &matches!(self.conn, Conn::H2(_)))
+            .finish_non_exhaustive()
+    }
+}
+
+enum Attempt {
+    Done(Result<Response<Incoming>, SendError>),
+    /// The cached connection was dead and the request was handed back unsent.
+    Unsent(Request<ProxyBody>, SendError),
+}
+
+impl PeerSender {
+    /// Whether the connection speaks HTTP/2.
+    pub fn is_h2(&self) -> bool {
+        matches!(self.conn, Conn::H2(_))
+    }
+
+    /// Whether the connection was reused from the cache rather than freshly dialled.
+    pub fn is_reused(&self) -> bool {
+        self.reused
+    }
+
+    /// Sends `req` and returns the response head; the body streams from the peer.
+    ///
+    /// The request may use an absolute URI or origin form with a `Host` header; it is
+    /// adapted to the connection's protocol. If a cached connection turns out dead
+    /// before the request was written, the pool drops it and the request goes out on
+    /// another connection (at most [`SEND_ATTEMPTS`] tries), so callers need not
+    /// retry that case themselves.
+    pub async fn send(self, req: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
+        let mut sender = self;
+        let mut req = req;
+        for attempt in 1..=SEND_ATTEMPTS {
+            let (pool, peer_id) = (sender.pool.clone(), sender.peer_id);
+            match sender.send_once(req).await {
+                Attempt::Done(result) => return result,
+                Attempt::Unsent(unsent, err) => {
+                    let Some(pool) = pool.upgrade() else {
+                        return Err(err);
+                    };
+                    pool.forget_connections(peer_id);
+                    if attempt == SEND_ATTEMPTS {
+                        return Err(err);
+                    }
+                    tracing::debug!(error = %err, "cached peer connection was dead; resending on another connection");
+                    req = unsent;
+                    sender = pool.acquire().await?;
+                }
+            }
+        }
+        Err(PoolError::Closed.into())
+    }
+
+    async fn send_once(self, req: Request<ProxyBody>) -> Attempt {
+        let fallback = match self.pool.upgrade() {
+            Some(pool) => pool.default_authority.clone(),
+            None => return Attempt::Done(Err(PoolError::Closed.into())),
+        };
+        let req = match adapt_request(req, self.is_h2(), &fallback) {
+            Ok(req) => req,
+            Err(source) => {
+                return Attempt::Done(Err(SendError::InvalidRequest {
+                    peer: self.peer,
+                    source,
+                }))
+            }
+        };
+        let replay = if self.reused {
+            ReplayableHead::capture(&req)
+        } else {
+            None
+        };
+        let PeerSender {
+            peer,
+            peer_id,
+            conn,
+            reused,
+            pool,
+        } = self;
+        match conn {
+            Conn::H2(mut sender) => match sender.try_send_request(req).await {
+                Ok(resp) => Attempt::Done(Ok(resp)),
+                Err(err) => failed(err, peer, reused, replay),
+            },
+            Conn::Http1(mut sender) => match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    // The connection becomes ready again once the response body has
+                    // been read to the end; then it can serve the next request.
+                    tokio::spawn(async move {
+                        if sender.ready().await.is_ok() {
+                            if let Some(pool) = pool.upgrade() {
+                                pool.return_idle(peer_id, sender);
+                            }
+                        }
+                    });
+                    Attempt::Done(Ok(resp))
+                }
+                Err(err) => failed(err, peer, reused, replay),
+            },
+        }
+    }
+}
+
+/// Classifies a failed exchange: on a cached connection, a request hyper handed back
+/// unsent, or one that is safe to replay, goes out again on another connection.
+fn failed(
+    mut err: hyper::client::conn::TrySendError<Request<ProxyBody>>,
+    peer: String,
+    reused: bool,
+    replay: Option<ReplayableHead>,
+) -> Attempt {
+    let unsent = err.take_message();
+    let error = SendError::Http {
+        peer,
+        source: err.into_error(),
+        reused,
+    };
+    if !reused {
+        return Attempt::Done(Err(error));
+    }
+    match (unsent, replay) {
+        (Some(req), _) => Attempt::Unsent(req, error),
+        (None, Some(head)) => Attempt::Unsent(head.rebuild(), error),
+        (None, None) => Attempt::Done(Err(error)),
+    }
+}
+
+/// The head of a bodiless safe request, kept so it can be sent again when a cached
+/// connection dies under it. HTTP/2 never says whether a request made it onto the
+/// wire before the connection failed, so only requests that are harmless to repeat
+/// (GET, HEAD, OPTIONS without a body: the same rule Go's transport applies) are
+/// replayed in that case.
+struct ReplayableHead {
+    method: http::Method,
+    uri: Uri,
+    version: Version,
+    headers: http::HeaderMap,
+    extensions: http::Extensions,
+}
+
+impl ReplayableHead {
+    fn capture(req: &Request<ProxyBody>) -> Option<ReplayableHead> {
+        use http_body::Body as _;
+        let safe = matches!(
+            *req.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        );
+        if !safe || !req.body().is_end_stream() {
+            return None;
+        }
+        Some(ReplayableHead {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            headers: req.headers().clone(),
+            extensions: req.extensions().clone(),
+        })
+    }
+
+    fn rebuild(self) -> Request<ProxyBody> {
+        use http_body_util::BodyExt as _;
+        let body = http_body_util::Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed();
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers;
+        *req.extensions_mut() = self.extensions;
+        req
+    }
+}
+
+/// Hop-by-hop headers HTTP/2 forbids (RFC 9113 §8.2.2).
+const CONNECTION_HEADERS: [header::HeaderName; 4] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::HeaderName::from_static("keep-alive"),
+];
+
+/// Rewrites the request for the connection: HTTP/2 needs an absolute URI (it becomes
+/// the `:scheme`/`:authority` pseudo headers) and no connection-specific headers;
+/// HTTP/1.1 needs origin form and a `Host` header.
+fn adapt_request(
+    req: Request<ProxyBody>,
+    h2: bool,
+    fallback_authority: &str,
+) -> Result<Request<ProxyBody>, http::Error> {
+    let (mut parts, body) = req.into_parts();
+    let authority = match parts.uri.authority() {
+        Some(a) => a.as_str().to_owned(),
+        None => match parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+        {
+            Some(host) => host.to_owned(),
+            None => fallback_authority.to_owned(),
+        },
+    };
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str().to_owned())
+        .unwrap_or_else(|| "/".to_owned());
+    if h2 {
+        parts.uri = Uri::builder()
+            .scheme("https")
+            .authority(authority.as_str())
+            .path_and_query(path_and_query.as_str())
+            .build()?;
+        parts.version = Version::HTTP_2;
+        for name in &CONNECTION_HEADERS {
+            parts.headers.remove(name);
+        }
+        parts.headers.remove("proxy-connection");
+        parts.headers.remove(header::HOST);
+        if parts
+            .headers
+            .get(header::TE)
+            .is_some_and(|te| te.as_bytes() != b"trailers")
+        {
+            parts.headers.remove(header::TE);
+        }
+    } else {
+        parts.uri = Uri::builder()
+            .path_and_query(path_and_query.as_str())
+            .build()?;
+        parts.version = Version::HTTP_11;
+        if !parts.headers.contains_key(header::HOST) {
+            parts
+                .headers
+                .insert(header::HOST, HeaderValue::from_str(&authority)?);
+        }
+    }
+    Ok(Request::from_parts(parts, body))
+}
+
+#[cfg(test)]
+mod tests;

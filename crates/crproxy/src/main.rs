@@ -1,1 +1,103 @@
-fn main() {}
+//! The `crproxy` command line: assembles the library crates, nothing more.
+
+mod dev;
+use crproxy::run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "crproxy",
+    version,
+    about = "Use custom resources stored in another Kubernetes cluster"
+)]
+struct Cli {
+    /// Log as human-readable lines instead of JSON.
+    #[arg(long, global = true)]
+    human_logs: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a client and a target devcluster with the proxy wired between them.
+    Dev(dev::DevArgs),
+    /// Run the proxy against real clusters.
+    Run {
+        /// The crproxy configuration file (YAML).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Validate a configuration file and print every problem found.
+    CheckConfig {
+        /// The crproxy configuration file (YAML).
+        file: PathBuf,
+    },
+    /// Run one embedded Kubernetes-compatible API server.
+    Devcluster {
+        /// Where the CA, tokens, kubeconfig and database live.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Port on 127.0.0.1 (0 picks a free one).
+        #[arg(long, default_value_t = 6443)]
+        port: u16,
+        /// Cluster name, used in the kubeconfig.
+        #[arg(long, default_value = "devcluster")]
+        name: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.human_logs);
+    // One crypto provider for the whole process: rustls panics when it has to pick
+    // between several.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("crproxy: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Dev(args) => dev::run(args).await,
+            Command::Run { config } => run::run(&config).await,
+            Command::CheckConfig { file } => run::check_config(&file),
+            Command::Devcluster {
+                data_dir,
+                port,
+                name,
+            } => dev::run_devcluster(data_dir, port, name).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One readable line: the error and its causes.
+            eprintln!("crproxy: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(human: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CRPROXY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if human {
+        builder.init();
+    } else {
+        builder.json().flatten_event(true).init();
+    }
+}

@@ -32,3 +32,6 @@ pub mod reviews;
 
 // Forwarding to extension API servers behind APIServices.
 pub mod aggregation;
+
+pub use error::{ApiError, Error};
+// pub use server::{start, DevCluster, DevClusterConfig};

@@ -1,1 +1,1 @@
-//! TODO: server (being written)
+//! TODO: server

@@ -1,0 +1,612 @@
+use super::*;
+
+const G: &str = "example.com";
+const V: &str = "v1";
+
+/// Expected outcome: a kind, or an HTTP status code.
+enum Want {
+    Discovery,
+    Upgrade,
+    Res(
+        Verb,
+        Option<&'static str>,
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+    ),
+    Code(u16),
+}
+
+type Input<'a> = (&'a str, &'a str, Option<&'a str>, bool);
+
+fn check(input: Input, expected: Want) {
+    let (method, path, query, upgrade) = input;
+    let got = classify(method, path, query, upgrade, G, V);
+    let ctx = format!("{method} {path}?{query:?} upgrade={upgrade}: got {got:?}");
+    match expected {
+        Want::Discovery => assert_eq!(got, Ok(RequestKind::Discovery), "{ctx}"),
+        Want::Upgrade => assert_eq!(got, Ok(RequestKind::Upgrade), "{ctx}"),
+        Want::Res(verb, ns, resource, name, sub) => assert_eq!(
+            got,
+            Ok(RequestKind::Resource {
+                verb,
+                path: ResourcePath {
+                    namespace: ns.map(str::to_owned),
+                    resource: resource.to_owned(),
+                    name: name.map(str::to_owned),
+                    subresource: sub.map(str::to_owned),
+                },
+            }),
+            "{ctx}"
+        ),
+        Want::Code(code) => match got {
+            Err(e) => assert_eq!(e.status_code(), code, "{ctx}"),
+            Ok(_) => panic!("expected {code}: {ctx}"),
+        },
+    }
+}
+
+#[test]
+fn classification_table() {
+    use Verb::*;
+    use Want::*;
+    let ns = Some("ns");
+    let rows: Vec<(Input, Want)> = vec![
+        // Discovery.
+        (("GET", "/apis/example.com/v1", None, false), Discovery),
+        (
+            ("GET", "/apis/example.com/v1", Some("timeout=32s"), false),
+            Discovery,
+        ),
+        (("POST", "/apis/example.com/v1", None, false), Code(405)),
+        (("GET", "/apis/example.com/v1/", None, false), Code(400)),
+        // Not ours: 404.
+        (("GET", "/", None, false), Code(404)),
+        (("GET", "/apis", None, false), Code(404)),
+        (("GET", "/apis/example.com", None, false), Code(404)),
+        (("GET", "/apis/example.com/v2", None, false), Code(404)),
+        (
+            ("GET", "/apis/other.com/v1/widgets", None, false),
+            Code(404),
+        ),
+        (("GET", "/apis/Example.com/v1", None, false), Code(404)),
+        (("GET", "/api/v1/pods", None, false), Code(404)),
+        (("GET", "/api/v1", None, false), Code(404)),
+        (("GET", "/version", None, false), Code(404)),
+        (
+            ("GET", "/apis/example.com/v1/namespaces", None, false),
+            Code(404),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/namespaces/ns", None, false),
+            Code(404),
+        ),
+        (
+            (
+                "PUT",
+                "/apis/example.com/v1/namespaces/ns/finalize",
+                None,
+                false,
+            ),
+            Code(404),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/status",
+                None,
+                false,
+            ),
+            Code(404),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/status/x",
+                None,
+                false,
+            ),
+            Code(404),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets/a/status/x",
+                None,
+                false,
+            ),
+            Code(404),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/watch", None, false),
+            Code(404),
+        ),
+        // Ambiguous or malformed: 400.
+        (
+            ("GET", "/apis/example.com/v1/../v2/widgets", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/./widgets", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/%2e%2e", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/%2E", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/a%2Fb", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/a%2fb", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/a%5Cb", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/a%252Fb", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/a%00", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/a\\b", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/%ff", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1//widgets", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "//apis/example.com/v1/widgets", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/../apis/example.com/v1/widgets", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "apis/example.com/v1/widgets", None, false),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/proxy/widgets/a", None, false),
+            Code(400),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets",
+                Some("watch=yes"),
+                false,
+            ),
+            Code(400),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets",
+                Some("watch=true&watch=false"),
+                false,
+            ),
+            Code(400),
+        ),
+        // Reads.
+        (
+            ("GET", "/apis/example.com/v1/widgets", None, false),
+            Res(List, None, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                None,
+                false,
+            ),
+            Res(List, ns, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                Some("limit=500&watch=false"),
+                false,
+            ),
+            Res(List, ns, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                Some("watch=0"),
+                false,
+            ),
+            Res(List, ns, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                Some("watch=true"),
+                false,
+            ),
+            Res(Watch, ns, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                Some("watch=1&resourceVersion=0"),
+                false,
+            ),
+            Res(Watch, ns, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets",
+                Some("allowWatchBookmarks=true&watch=True"),
+                false,
+            ),
+            Res(Watch, None, "widgets", None, None),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/watch/widgets", None, false),
+            Res(Watch, None, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/watch/namespaces/ns/widgets",
+                None,
+                false,
+            ),
+            Res(Watch, ns, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/watch/namespaces/ns/widgets/a",
+                None,
+                false,
+            ),
+            Res(Watch, ns, "widgets", Some("a"), None),
+        ),
+        (
+            ("POST", "/apis/example.com/v1/watch/widgets", None, false),
+            Code(405),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/a", None, false),
+            Res(Get, None, "widgets", Some("a"), None),
+        ),
+        // A named GET stays a GET even with watch=true (kube ignores it there).
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets/a",
+                Some("watch=true"),
+                false,
+            ),
+            Res(Get, ns, "widgets", Some("a"), None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/status",
+                None,
+                false,
+            ),
+            Res(Get, ns, "widgets", Some("a"), Some("status")),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/scale",
+                None,
+                false,
+            ),
+            Res(Get, ns, "widgets", Some("a"), Some("scale")),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets/my%2Dname",
+                None,
+                false,
+            ),
+            Res(Get, ns, "widgets", Some("my-name"), None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/namespaces/widgets",
+                None,
+                false,
+            ),
+            Res(List, Some("namespaces"), "widgets", None, None),
+        ),
+        // Writes.
+        (
+            (
+                "POST",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                None,
+                false,
+            ),
+            Res(Create, ns, "widgets", None, None),
+        ),
+        (
+            (
+                "POST",
+                "/apis/example.com/v1/widgets",
+                Some("dryRun=All"),
+                false,
+            ),
+            Res(Create, None, "widgets", None, None),
+        ),
+        (
+            (
+                "POST",
+                "/apis/example.com/v1/namespaces/ns/widgets/a",
+                None,
+                false,
+            ),
+            Res(Create, ns, "widgets", Some("a"), None),
+        ),
+        (
+            (
+                "POST",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/status",
+                None,
+                false,
+            ),
+            Code(405),
+        ),
+        (
+            (
+                "PUT",
+                "/apis/example.com/v1/namespaces/ns/widgets/a",
+                None,
+                false,
+            ),
+            Res(Update, ns, "widgets", Some("a"), None),
+        ),
+        (
+            (
+                "PUT",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/status",
+                None,
+                false,
+            ),
+            Res(Update, ns, "widgets", Some("a"), Some("status")),
+        ),
+        (
+            (
+                "PUT",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                None,
+                false,
+            ),
+            Code(400),
+        ),
+        (
+            ("PUT", "/apis/example.com/v1/widgets", None, false),
+            Code(400),
+        ),
+        (
+            (
+                "PATCH",
+                "/apis/example.com/v1/namespaces/ns/widgets/a",
+                None,
+                false,
+            ),
+            Res(Patch, ns, "widgets", Some("a"), None),
+        ),
+        (
+            (
+                "PATCH",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/scale",
+                None,
+                false,
+            ),
+            Res(Patch, ns, "widgets", Some("a"), Some("scale")),
+        ),
+        (
+            (
+                "PATCH",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                None,
+                false,
+            ),
+            Code(400),
+        ),
+        (
+            (
+                "DELETE",
+                "/apis/example.com/v1/namespaces/ns/widgets/a",
+                None,
+                false,
+            ),
+            Res(Delete, ns, "widgets", Some("a"), None),
+        ),
+        (
+            (
+                "DELETE",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                Some("labelSelector=a%3Db"),
+                false,
+            ),
+            Res(DeleteCollection, ns, "widgets", None, None),
+        ),
+        (
+            ("DELETE", "/apis/example.com/v1/widgets", None, false),
+            Res(DeleteCollection, None, "widgets", None, None),
+        ),
+        (
+            (
+                "DELETE",
+                "/apis/example.com/v1/widgets/a/status",
+                None,
+                false,
+            ),
+            Code(405),
+        ),
+        (
+            ("HEAD", "/apis/example.com/v1/widgets", None, false),
+            Code(405),
+        ),
+        (
+            ("OPTIONS", "/apis/example.com/v1/widgets/a", None, false),
+            Code(405),
+        ),
+        (
+            ("CONNECT", "/apis/example.com/v1/widgets/a", None, false),
+            Code(405),
+        ),
+        (
+            ("get", "/apis/example.com/v1/widgets", None, false),
+            Code(405),
+        ),
+        // Upgrades.
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets/a",
+                None,
+                true,
+            ),
+            Upgrade,
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets",
+                Some("watch=true"),
+                true,
+            ),
+            Upgrade,
+        ),
+        (("GET", "/apis/example.com/v1", None, true), Upgrade),
+        (
+            (
+                "POST",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/exec",
+                Some("command=sh"),
+                true,
+            ),
+            Upgrade,
+        ),
+        (
+            (
+                "POST",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/exec",
+                None,
+                false,
+            ),
+            Upgrade,
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/attach",
+                None,
+                false,
+            ),
+            Upgrade,
+        ),
+        (
+            (
+                "POST",
+                "/apis/example.com/v1/namespaces/ns/widgets/a/portforward",
+                None,
+                false,
+            ),
+            Upgrade,
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets/a/proxy", None, false),
+            Upgrade,
+        ),
+        // An upgrade outside our group is still 404, and a malformed one still 400.
+        (
+            ("GET", "/api/v1/namespaces/ns/pods/p/exec", None, true),
+            Code(404),
+        ),
+        (("GET", "/apis/example.com/v1/../x", None, true), Code(400)),
+    ];
+    assert!(rows.len() > 80);
+    for (input, want) in rows {
+        check(input, want);
+    }
+}
+
+#[test]
+fn metric_labels() {
+    let rows = [
+        (Verb::Get, "GET"),
+        (Verb::List, "LIST"),
+        (Verb::Watch, "WATCH"),
+        (Verb::Create, "POST"),
+        (Verb::Update, "PUT"),
+        (Verb::Patch, "PATCH"),
+        (Verb::Delete, "DELETE"),
+        (Verb::DeleteCollection, "DELETECOLLECTION"),
+    ];
+    for (verb, label) in rows {
+        assert_eq!(verb.metric_label(), label);
+    }
+}
+
+#[test]
+fn query_decoding() {
+    assert_eq!(
+        query_pairs(Some("a=1&labelSelector=x+in+%28a%2Cb%29&&flag")),
+        vec![
+            ("a".to_owned(), "1".to_owned()),
+            ("labelSelector".to_owned(), "x in (a,b)".to_owned()),
+            ("flag".to_owned(), String::new()),
+        ]
+    );
+    assert!(query_pairs(None).is_empty());
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn never_panics(method in "(GET|POST|PUT|PATCH|DELETE|HEAD|X)", path in "[/a-z.%2fFeE0-9]{0,40}", query in prop::option::of(".{0,30}"), up in any::<bool>()) {
+            let _ = classify(&method, &path, query.as_deref(), up, G, V);
+        }
+
+        /// Only paths under our own group/version are ever classified as forwardable.
+        #[test]
+        fn forwarded_paths_stay_under_the_prefix(path in "/(apis|api|x)(/(example\\.com|other|v1|v2|\\.\\.|\\.|%2e|%2F|namespaces|ns|widgets|a|watch|status)){0,7}") {
+            if let Ok(kind) = classify("GET", &path, None, false, G, V) {
+                prop_assert!(path.starts_with("/apis/example.com/v1"), "{} -> {:?}", path, kind);
+                prop_assert!(!path.contains("/..") && !path.contains("/./") && !path.ends_with("/.") && !path.to_ascii_lowercase().contains("%2"), "{}", path);
+            }
+        }
+    }
+}

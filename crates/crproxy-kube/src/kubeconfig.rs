@@ -1,0 +1,166 @@
+//! The kubeconfig file format, the subset crproxy needs.
+//!
+//! Unknown keys (`preferences`, `extensions`, exec plugins, ...) are ignored rather than
+//! rejected so kubeconfigs written by other tools load; what we cannot honour (an exec
+//! credential plugin, say) simply yields a config without credentials.
+
+use crate::Error;
+use serde::{Deserialize, Deserializer, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A parsed kubeconfig. Relative file paths inside it are resolved against `base_dir`
+/// (the directory of the file it was loaded from) when a [`crate::ClusterConfig`] is
+/// built from it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Kubeconfig {
+    #[serde(default, deserialize_with = "null_default")]
+    pub clusters: Vec<NamedCluster>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub users: Vec<NamedUser>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub contexts: Vec<NamedContext>,
+    #[serde(
+        rename = "current-context",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub current_context: Option<String>,
+    /// Directory relative paths are resolved against; `None` means the process's
+    /// working directory.
+    #[serde(skip)]
+    pub base_dir: Option<PathBuf>,
+}
+
+/// `clusters[]` entry.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct NamedCluster {
+    pub name: String,
+    #[serde(default)]
+    pub cluster: KubeCluster,
+}
+
+/// `clusters[].cluster`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct KubeCluster {
+    #[serde(default)]
+    pub server: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_authority: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_authority_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub insecure_skip_tls_verify: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_server_name: Option<String>,
+}
+
+/// `users[]` entry.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct NamedUser {
+    pub name: String,
+    #[serde(default)]
+    pub user: KubeUser,
+}
+
+/// `users[].user`. Key spellings follow kubectl (`tokenFile` is camelCase there).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct KubeUser {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    #[serde(rename = "tokenFile", default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    #[serde(
+        rename = "client-certificate",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub client_certificate: Option<String>,
+    #[serde(
+        rename = "client-certificate-data",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub client_certificate_data: Option<String>,
+    #[serde(
+        rename = "client-key",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub client_key: Option<String>,
+    #[serde(
+        rename = "client-key-data",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub client_key_data: Option<String>,
+}
+
+/// `contexts[]` entry.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct NamedContext {
+    pub name: String,
+    #[serde(default)]
+    pub context: KubeContext,
+}
+
+/// `contexts[].context`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct KubeContext {
+    #[serde(default)]
+    pub cluster: String,
+    #[serde(default)]
+    pub user: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+impl Kubeconfig {
+    /// Reads and parses a kubeconfig file; relative paths in it resolve against the
+    /// file's directory.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Kubeconfig(format!("cannot read {}: {e}", path.display())))?;
+        let mut cfg = Self::from_yaml(&text)
+            .map_err(|e| Error::Kubeconfig(format!("{}: {e}", path.display())))?;
+        cfg.base_dir = path.parent().map(Path::to_path_buf);
+        Ok(cfg)
+    }
+
+    /// Parses kubeconfig YAML (or JSON). Relative paths resolve against the working
+    /// directory unless `base_dir` is set afterwards.
+    pub fn from_yaml(text: &str) -> Result<Self, Error> {
+        serde_saphyr::from_str(text).map_err(|e| Error::Kubeconfig(format!("bad YAML: {e}")))
+    }
+
+    /// The context named `name`, or the current context when `None`.
+    pub fn context(&self, name: Option<&str>) -> Result<&NamedContext, Error> {
+        let name = match name {
+            Some(n) => n,
+            None => self.current_context.as_deref().ok_or_else(|| {
+                Error::Kubeconfig("no context given and current-context is not set".into())
+            })?,
+        };
+        self.contexts
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| Error::Kubeconfig(format!("context {name:?} not found")))
+    }
+
+    /// Resolves a path from the file against `base_dir`.
+    pub fn resolve(&self, path: &str) -> PathBuf {
+        let p = Path::new(path);
+        match &self.base_dir {
+            Some(base) if p.is_relative() => base.join(p),
+            _ => p.to_path_buf(),
+        }
+    }
+}
+
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}

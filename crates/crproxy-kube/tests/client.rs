@@ -1,0 +1,568 @@
+//! The client against a small in-process HTTPS API server on 127.0.0.1.
+
+use anyhow::{anyhow, Context as _, Result};
+use base64::Engine as _;
+use bytes::Bytes;
+use crproxy_core::pki::{CertPem, CertificateAuthority};
+use crproxy_kube::{Auth, Client, ClusterConfig, Error, Kubeconfig, PatchType};
+use futures_util::StreamExt;
+use http::{Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+const TOKEN: &str = "secret-token";
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// What the server saw of one request.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    path_and_query: String,
+    content_type: Option<String>,
+    body: Value,
+    version: http::Version,
+}
+
+struct Pki {
+    server_ca: CertificateAuthority,
+    client_ca: CertificateAuthority,
+    client: CertPem,
+}
+
+struct Server {
+    addr: std::net::SocketAddr,
+    pki: Pki,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// Lines the watch handler streams out, one chunk per message.
+    watch_tx: mpsc::UnboundedSender<String>,
+}
+
+fn pki() -> Result<Pki> {
+    let server_ca = CertificateAuthority::generate("server-ca")?;
+    let client_ca = CertificateAuthority::generate("client-ca")?;
+    let client = client_ca.issue_client("alice", &["devs"])?;
+    Ok(Pki {
+        server_ca,
+        client_ca,
+        client,
+    })
+}
+
+/// Answers like a tiny kube-apiserver: only the caller authenticated by token or by a
+/// client certificate from the client CA gets anything but 401.
+async fn handle(
+    req: Request<Incoming>,
+    cert_ok: bool,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    watch_rx: Arc<Mutex<Option<mpsc::UnboundedReceiver<String>>>>,
+) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    seen.lock().expect("lock").push(Seen {
+        method: parts.method.to_string(),
+        path_and_query: pq.clone(),
+        content_type: parts
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        version: parts.version,
+    });
+    let token_ok = parts
+        .headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        == Some(&format!("Bearer {TOKEN}"));
+    if !token_ok && !cert_ok {
+        return status(401, "Unauthorized", "Unauthorized");
+    }
+    let path = parts.uri.path();
+    match (parts.method.as_str(), path) {
+        ("GET", "/api/v1/namespaces/default/configmaps") if pq.contains("watch=true") => {
+            let rx = watch_rx.lock().expect("lock").take();
+            let Some(rx) = rx else {
+                return status(500, "InternalError", "one watch per test");
+            };
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                let line = rx.recv().await?;
+                Some((Ok::<_, Infallible>(Frame::data(Bytes::from(line))), rx))
+            });
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(BodyExt::boxed(StreamBody::new(stream)))
+                .expect("response")
+        }
+        ("GET", "/api/v1/namespaces/default/configmaps/cm") => ok(
+            200,
+            json!({"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"cm","namespace":"default"},"data":{"k":"v"}}),
+        ),
+        ("GET", _) => status(
+            404,
+            "NotFound",
+            &format!(
+                "configmaps \"{}\" not found",
+                path.rsplit('/').next().unwrap_or("")
+            ),
+        ),
+        ("POST", _) => {
+            let mut obj: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            obj["metadata"]["resourceVersion"] = json!("1");
+            ok(201, obj)
+        }
+        ("PUT", _) => status(409, "Conflict", "the object has been modified"),
+        ("PATCH", _) => ok(200, json!({"patched": true})),
+        ("DELETE", _) => ok(200, json!({"kind":"Status","status":"Success"})),
+        _ => status(405, "MethodNotAllowed", "no"),
+    }
+}
+
+fn ok(code: u16, v: Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed())
+        .expect("response")
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+    ok(
+        code,
+        json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":message,"reason":reason,"code":code}),
+    )
+}
+
+async fn start(alpn: &[&[u8]]) -> Result<Server> {
+    let pki = pki()?;
+    let serving = pki
+        .server_ca
+        .issue_server(&["localhost"], &["127.0.0.1".parse()?])?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(
+        pki.client_ca.pem().cert.as_bytes(),
+    )?)?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(serving.cert.as_bytes())?],
+            PrivateKeyDer::from_pem_slice(serving.key.as_bytes())?,
+        )?;
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (watch_tx, watch_rx) = mpsc::unbounded_channel();
+    let watch_rx = Arc::new(Mutex::new(Some(watch_rx)));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let seen = seen2.clone();
+            let watch_rx = watch_rx.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let cert_ok = tls.get_ref().1.peer_certificates().is_some();
+                let svc = hyper::service::service_fn(move |req| {
+                    let seen = seen.clone();
+                    let watch_rx = watch_rx.clone();
+                    async move { Ok::<_, Infallible>(handle(req, cert_ok, seen, watch_rx).await) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(Server {
+        addr,
+        pki,
+        seen,
+        watch_tx,
+    })
+}
+
+impl Server {
+    fn config(&self, auth: Auth) -> Result<ClusterConfig> {
+        Ok(ClusterConfig {
+            server: format!("https://127.0.0.1:{}", self.addr.port()).parse()?,
+            ca_pem: Some(self.pki.server_ca.pem().cert.clone().into_bytes()),
+            tls_server_name: None,
+            insecure_skip_tls_verify: false,
+            auth,
+        })
+    }
+
+    fn last(&self) -> Result<Seen> {
+        self.seen
+            .lock()
+            .map_err(|_| anyhow!("poisoned"))?
+            .last()
+            .cloned()
+            .context("no request seen")
+    }
+}
+
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(TIMEOUT, f).await.context("timed out")
+}
+
+#[tokio::test]
+async fn token_auth_and_crud() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    let client = Client::new(srv.config(Auth::Token(TOKEN.into()))?)?;
+    let cm = timed(client.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    assert_eq!(cm["data"]["k"], "v");
+    // ALPN offered h2 and the server took it.
+    assert_eq!(srv.last()?.version, http::Version::HTTP_2);
+
+    let created = timed(client.create(
+        "/api/v1/namespaces/default/configmaps",
+        &json!({"metadata": {"name": "new"}}),
+    ))
+    .await??;
+    assert_eq!(created["metadata"]["resourceVersion"], "1");
+    let seen = srv.last()?;
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.content_type.as_deref(), Some("application/json"));
+    assert_eq!(seen.body["metadata"]["name"], "new");
+
+    let err = timed(client.replace(
+        "/api/v1/namespaces/default/configmaps/new",
+        &json!({"metadata": {"name": "new", "resourceVersion": "7"}}),
+    ))
+    .await?
+    .expect_err("PUT conflicts");
+    assert!(err.is_conflict() && !err.is_already_exists(), "{err}");
+
+    timed(client.patch(
+        "/api/v1/namespaces/default/configmaps/new",
+        PatchType::Apply {
+            field_manager: "crproxy wiring".into(),
+            force: true,
+        },
+        &json!({"data": {}}),
+    ))
+    .await??;
+    let seen = srv.last()?;
+    assert_eq!(
+        seen.path_and_query,
+        "/api/v1/namespaces/default/configmaps/new?fieldManager=crproxy%20wiring&force=true"
+    );
+    assert_eq!(
+        seen.content_type.as_deref(),
+        Some("application/apply-patch+yaml")
+    );
+    timed(client.patch("/x", PatchType::Merge, &json!({}))).await??;
+    assert_eq!(
+        srv.last()?.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+
+    let deleted = timed(client.delete("/api/v1/namespaces/default/configmaps/new")).await??;
+    assert_eq!(deleted["status"], "Success");
+    Ok(())
+}
+
+#[tokio::test]
+async fn not_found_is_an_api_error() -> Result<()> {
+    let srv = start(&[b"http/1.1"]).await?;
+    let client = Client::new(srv.config(Auth::Token(TOKEN.into()))?)?;
+    let err = timed(client.get("/api/v1/namespaces/default/configmaps/missing"))
+        .await?
+        .expect_err("404");
+    assert!(err.is_not_found(), "{err}");
+    match &err {
+        Error::Api {
+            status,
+            reason,
+            message,
+            body,
+        } => {
+            assert_eq!((*status, reason.as_str()), (404, "NotFound"));
+            assert_eq!(message, "configmaps \"missing\" not found");
+            assert_eq!(body["kind"], "Status");
+        }
+        other => panic!("expected Api, got {other:?}"),
+    }
+    assert_eq!(srv.last()?.version, http::Version::HTTP_11);
+    Ok(())
+}
+
+#[tokio::test]
+async fn client_certificate_auth() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    let anonymous = Client::new(srv.config(Auth::None)?)?;
+    let err = timed(anonymous.get("/api/v1/namespaces/default/configmaps/cm"))
+        .await?
+        .expect_err("anonymous is refused");
+    assert_eq!(err.status(), Some(401));
+
+    let client = Client::new(srv.config(Auth::ClientCert {
+        cert_pem: srv.pki.client.cert.clone().into_bytes(),
+        key_pem: srv.pki.client.key.clone().into_bytes(),
+    })?)?;
+    let cm = timed(client.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    assert_eq!(cm["metadata"]["name"], "cm");
+    Ok(())
+}
+
+#[tokio::test]
+async fn server_certificate_is_verified_unless_insecure() -> Result<()> {
+    let srv = start(&[b"http/1.1"]).await?;
+    let mut cfg = srv.config(Auth::Token(TOKEN.into()))?;
+    // A CA that did not sign the serving certificate.
+    cfg.ca_pem = Some(srv.pki.client_ca.pem().cert.clone().into_bytes());
+    let err = timed(Client::new(cfg.clone())?.get("/api/v1/namespaces/default/configmaps/cm"))
+        .await?
+        .expect_err("untrusted server");
+    assert!(matches!(err, Error::Transport(_)), "{err:?}");
+
+    cfg.ca_pem = None;
+    cfg.insecure_skip_tls_verify = true;
+    let cm = timed(Client::new(cfg)?.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    assert_eq!(cm["metadata"]["name"], "cm");
+
+    // Verification against a configured name instead of the URL host.
+    let mut cfg = srv.config(Auth::Token(TOKEN.into()))?;
+    cfg.tls_server_name = Some("localhost".into());
+    timed(Client::new(cfg.clone())?.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    cfg.tls_server_name = Some("elsewhere.example".into());
+    let err = timed(Client::new(cfg)?.get("/api/v1/namespaces/default/configmaps/cm"))
+        .await?
+        .expect_err("name mismatch");
+    assert!(matches!(err, Error::Transport(_)), "{err:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn raw_request_returns_any_status() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    let client = Client::new(srv.config(Auth::Token(TOKEN.into()))?)?;
+    let resp = timed(client.request(
+        Request::get("/api/v1/namespaces/default/configmaps/nope?x=1").body(Bytes::new())?,
+    ))
+    .await??;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let v: Value = serde_json::from_slice(resp.body())?;
+    assert_eq!(v["reason"], "NotFound");
+    assert_eq!(
+        srv.last()?.path_and_query,
+        "/api/v1/namespaces/default/configmaps/nope?x=1"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn watch_yields_events_as_they_are_written() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    let client = Client::new(srv.config(Auth::Token(TOKEN.into()))?)?;
+    let stream =
+        timed(client.watch("/api/v1/namespaces/default/configmaps?resourceVersion=0")).await??;
+    let mut stream = Box::pin(stream);
+    assert_eq!(
+        srv.last()?.path_and_query,
+        "/api/v1/namespaces/default/configmaps?resourceVersion=0&watch=true"
+    );
+    let ev = |t: &str, n: &str| json!({"type": t, "object": {"metadata": {"name": n}}}).to_string();
+
+    // One event per write, and nothing is held back waiting for more data.
+    srv.watch_tx.send(format!("{}\n", ev("ADDED", "a")))?;
+    let got = timed(stream.next()).await?.context("ended")??;
+    assert_eq!(
+        (got.event_type.as_str(), &got.object["metadata"]["name"]),
+        ("ADDED", &json!("a"))
+    );
+
+    // An event split over two writes arrives once complete.
+    let line = format!("{}\n", ev("MODIFIED", "b"));
+    let (head, tail) = line.split_at(10);
+    srv.watch_tx.send(head.to_owned())?;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), stream.next())
+            .await
+            .is_err(),
+        "half an event must not be yielded"
+    );
+    srv.watch_tx.send(tail.to_owned())?;
+    let got = timed(stream.next()).await?.context("ended")??;
+    assert_eq!(got.event_type, "MODIFIED");
+
+    srv.watch_tx.send(
+        "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"status\":\"Failure\",\"message\":\"too old resource version: 1 (5)\",\"reason\":\"Expired\",\"code\":410}}\n".into(),
+    )?;
+    let err = timed(stream.next())
+        .await?
+        .context("ended")?
+        .expect_err("ERROR event");
+    assert_eq!((err.status(), err.reason()), (Some(410), Some("Expired")));
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubeconfig_with_relative_files_connects() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir(dir.path().join("pki"))?;
+    std::fs::write(dir.path().join("pki/ca.crt"), &srv.pki.server_ca.pem().cert)?;
+    std::fs::write(dir.path().join("pki/alice.crt"), &srv.pki.client.cert)?;
+    std::fs::write(dir.path().join("pki/alice.key"), &srv.pki.client.key)?;
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\npreferences: {{}}\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{}\n    certificate-authority: pki/ca.crt\nusers:\n- name: alice\n  user:\n    client-certificate: pki/alice.crt\n    client-key: pki/alice.key\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: alice\ncurrent-context: ctx\n",
+        srv.addr.port()
+    );
+    let path = dir.path().join("kubeconfig.yaml");
+    std::fs::write(&path, yaml)?;
+    let kc = Kubeconfig::load(&path)?;
+    let cfg = ClusterConfig::from_kubeconfig(&kc, None)?;
+    assert!(matches!(cfg.auth, Auth::ClientCert { .. }));
+    let cm = timed(Client::new(cfg)?.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    assert_eq!(cm["metadata"]["name"], "cm");
+    Ok(())
+}
+
+#[test]
+fn kubeconfig_data_and_file_forms() -> Result<()> {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("token"), "file-token\n")?;
+    let yaml = format!(
+        r#"
+apiVersion: v1
+kind: Config
+clusters:
+- name: data
+  cluster:
+    server: https://10.0.0.1:6443
+    certificate-authority-data: {ca}
+    tls-server-name: kubernetes.default
+- name: insecure
+  cluster:
+    server: https://[::1]:8443/prefix
+    insecure-skip-tls-verify: true
+users:
+- name: certs
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+- name: tok
+  user:
+    token: inline-token
+- name: tokfile
+  user:
+    tokenFile: token
+- name: half
+  user:
+    client-certificate-data: {cert}
+contexts:
+- {{name: a, context: {{cluster: data, user: certs}}}}
+- {{name: b, context: {{cluster: insecure, user: tok}}}}
+- {{name: c, context: {{cluster: insecure, user: tokfile}}}}
+- {{name: d, context: {{cluster: data, user: nobody}}}}
+- {{name: e, context: {{cluster: data, user: half}}}}
+- {{name: f, context: {{cluster: missing, user: tok}}}}
+current-context: b
+users2: null
+"#,
+        ca = b64("CA PEM"),
+        cert = b64("CERT PEM"),
+        key = b64("KEY PEM"),
+    );
+    let mut kc = Kubeconfig::from_yaml(&yaml)?;
+    kc.base_dir = Some(dir.path().to_path_buf());
+
+    let a = ClusterConfig::from_kubeconfig(&kc, Some("a"))?;
+    assert_eq!(a.server.as_str(), "https://10.0.0.1:6443/");
+    assert_eq!(a.ca_pem.as_deref(), Some(&b"CA PEM"[..]));
+    assert_eq!(a.tls_server_name.as_deref(), Some("kubernetes.default"));
+    assert_eq!(
+        a.auth,
+        Auth::ClientCert {
+            cert_pem: b"CERT PEM".to_vec(),
+            key_pem: b"KEY PEM".to_vec()
+        }
+    );
+    assert_eq!(
+        format!("{:?}", a.server_name()?),
+        format!(
+            "{:?}",
+            rustls_pki_types::ServerName::try_from("kubernetes.default")?
+        )
+    );
+    assert_eq!(a.bearer_token(), None);
+
+    let b = ClusterConfig::from_kubeconfig(&kc, None)?;
+    assert!(b.insecure_skip_tls_verify && b.ca_pem.is_none());
+    assert_eq!(b.bearer_token(), Some("inline-token"));
+    assert_eq!(
+        format!("{:?}", b.server_name()?),
+        format!("{:?}", rustls_pki_types::ServerName::try_from("::1")?)
+    );
+    assert!(
+        !format!("{b:?}").contains("inline-token"),
+        "tokens are redacted"
+    );
+
+    let c = ClusterConfig::from_kubeconfig(&kc, Some("c"))?;
+    assert_eq!(c.bearer_token(), Some("file-token"));
+    let d = ClusterConfig::from_kubeconfig(&kc, Some("d"))?;
+    assert_eq!(d.auth, Auth::None);
+
+    for (ctx, needle) in [
+        ("e", "not both"),
+        ("f", "\"missing\""),
+        ("zzz", "context \"zzz\" not found"),
+    ] {
+        let err = ClusterConfig::from_kubeconfig(&kc, Some(ctx)).expect_err(ctx);
+        assert!(err.to_string().contains(needle), "{ctx}: {err}");
+    }
+    let err = Kubeconfig::load(&dir.path().join("absent")).expect_err("missing file");
+    assert!(matches!(err, Error::Kubeconfig(_)), "{err:?}");
+    assert!(Kubeconfig::from_yaml("clusters: [").is_err());
+    Ok(())
+}
+
+#[test]
+fn in_cluster_reads_the_service_account() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("token"), "sa-token\n")?;
+    std::fs::write(dir.path().join("ca.crt"), "CA")?;
+    let cfg = ClusterConfig::in_cluster_from(Some("fd00::1"), Some("443"), dir.path())?;
+    assert_eq!(cfg.server.as_str(), "https://[fd00::1]/");
+    assert_eq!(cfg.bearer_token(), Some("sa-token"));
+    let cfg = ClusterConfig::in_cluster_from(Some("10.96.0.1"), Some("6443"), dir.path())?;
+    assert_eq!(cfg.server.as_str(), "https://10.96.0.1:6443/");
+    assert!(ClusterConfig::in_cluster_from(None, Some("443"), dir.path()).is_err());
+    Ok(())
+}

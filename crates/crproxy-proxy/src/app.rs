@@ -1,0 +1,243 @@
+//! Assembling a running proxy from a validated plan: one pool, one server and one
+//! startup probe per group/version; one peer source per target feeding the pools of
+//! every group/version routed to it; one metrics listener.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crproxy_core::config::GroupVersionPlan;
+use crproxy_core::names;
+use crproxy_core::ownership::Owner;
+
+use crate::dial::Dialer;
+use crate::frontproxy::{self, FrontProxyTrust};
+use crate::handler::GroupVersionProxy;
+use crate::metrics::Metrics;
+use crate::pool::PeerPool;
+use crate::server::{self, ServerError, ServingIdentity};
+use crate::sources::{self, PeerSourceConfig};
+use crate::transport::{self, TargetConnection};
+
+/// How long the startup probe waits for the first peer list.
+pub const STARTUP_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// A listener could not be opened.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// A group/version names a target that has no connection settings.
+    #[error("group/version {group_version} is routed to target {target:?}, which has no entry under targets")]
+    UnknownTarget { group_version: String, target: String },
+    /// The target's TLS or credential settings are unusable.
+    #[error("target {target:?}: {message}")]
+    Target { target: String, message: String },
+}
+
+/// How to reach one target cluster.
+pub struct TargetSetup {
+    pub name: String,
+    pub project: String,
+    /// TLS and credentials of the client's identity on the target.
+    pub cluster: crproxy_kube::ClusterConfig,
+    pub peers: PeerSourceConfig,
+}
+
+/// Everything a proxy process needs.
+pub struct ProxySetup {
+    pub owner: Owner,
+    /// Validated group/version plans, in port order.
+    pub plan: Vec<GroupVersionPlan>,
+    pub bind: IpAddr,
+    pub metrics_addr: SocketAddr,
+    /// The client cluster (front-proxy trust, namespaces).
+    pub client: crproxy_kube::Client,
+    pub targets: Vec<TargetSetup>,
+    pub serving: ServingIdentity,
+    /// Shared by every proxy in the process (several clients in `crproxy dev`).
+    pub metrics: Arc<Metrics>,
+}
+
+/// A started proxy.
+pub struct RunningProxy {
+    /// `group/version` → listening address, in port order.
+    pub servers: Vec<(String, SocketAddr)>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub pools: Vec<Arc<PeerPool>>,
+    shutdown: watch::Sender<bool>,
+    servers_done: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl RunningProxy {
+    /// Stops accepting, lets in-flight requests finish within the grace period,
+    /// then stops the background tasks.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for handle in self.servers_done {
+            let _ = handle.await;
+        }
+        for handle in self.background {
+            handle.abort();
+        }
+    }
+}
+
+/// Starts every group/version server of `setup`. When `serve_metrics` is false the
+/// caller serves `setup.metrics` itself (several proxies in one process).
+pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProxy, AppError> {
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let trust = FrontProxyTrust::new();
+    if !frontproxy::load_trust(&setup.client, &trust).await {
+        tracing::warn!("front-proxy trust not loaded yet; callers get 401 until it is");
+    }
+    let mut background = vec![frontproxy::spawn_trust_refresh(
+        setup.client.clone(),
+        Arc::clone(&trust),
+    )];
+    let tls = server::proxy_tls_config(&setup.serving, &trust)?;
+
+    let mut servers = Vec::new();
+    let mut servers_done = Vec::new();
+    let mut pools = Vec::new();
+    let mut pools_by_target: Vec<(usize, Arc<PeerPool>)> = Vec::new();
+    for plan in &setup.plan {
+        let group_version = format!("{}/{}", plan.group, plan.version);
+        let target_index = setup
+            .targets
+            .iter()
+            .position(|t| t.name == plan.target.name && t.project == plan.target.project)
+            .ok_or_else(|| AppError::UnknownTarget {
+                group_version: group_version.clone(),
+                target: format!("{}/{}", plan.target.project, plan.target.name),
+            })?;
+        let target = &setup.targets[target_index];
+        let target_label = names::target_label(&target.project, &target.name);
+        let metrics = setup.metrics.target(&target_label);
+        let target_error = |message: String| AppError::Target {
+            target: target_label.clone(),
+            message,
+        };
+        let tls_client = target
+            .cluster
+            .rustls_config(&[b"h2", b"http/1.1"])
+            .map_err(|e| target_error(e.to_string()))?;
+        let server_name = target
+            .cluster
+            .server_name()
+            .map_err(|e| target_error(e.to_string()))?;
+        let authority = target
+            .cluster
+            .server
+            .host_str()
+            .unwrap_or("localhost")
+            .to_string();
+
+        tracing::info!(group_version = %group_version, target = %target_label, port = plan.port, "Starting proxy server");
+        let pool = PeerPool::new(
+            group_version.clone(),
+            Dialer::new(Arc::new(tls_client), server_name),
+            metrics.clone(),
+        );
+        setup.metrics.register_pool(&target_label, &group_version, &pool);
+        let connection = TargetConnection {
+            pool: Arc::clone(&pool),
+            authority,
+            bearer_token: target.cluster.bearer_token().map(str::to_string),
+        };
+        tracing::info!(group_version = %group_version, target = %target_label, upstream = %names::placeholder_host(&target.name, &target.project), "Starting target transport");
+        let proxy = GroupVersionProxy::new(
+            plan.group.clone(),
+            plan.version.clone(),
+            plan.resources.clone(),
+            plan.access,
+            setup.owner.clone(),
+            target.name.clone(),
+            connection,
+            metrics,
+            setup.client.clone(),
+            Arc::clone(&trust),
+        );
+        let addr = SocketAddr::new(setup.bind, plan.port);
+        let listener = server::bind(addr).await?;
+        let addr = listener.local_addr().unwrap_or(addr);
+        servers.push((group_version.clone(), addr));
+        servers_done.push(server::serve_proxy(
+            listener,
+            Arc::clone(&tls),
+            Arc::clone(&proxy),
+            shutdown_rx.clone(),
+        ));
+        background.push(spawn_startup_probe(proxy));
+        pools.push(Arc::clone(&pool));
+        pools_by_target.push((target_index, pool));
+    }
+
+    for (index, target) in setup.targets.into_iter().enumerate() {
+        let target_pools: Vec<Arc<PeerPool>> = pools_by_target
+            .iter()
+            .filter(|(i, _)| *i == index)
+            .map(|(_, pool)| Arc::clone(pool))
+            .collect();
+        if !target_pools.is_empty() {
+            background.push(sources::spawn(target.peers, target_pools));
+        }
+    }
+
+    let metrics_addr = if serve_metrics {
+        let listener = server::bind(setup.metrics_addr).await?;
+        let addr = listener.local_addr().unwrap_or(setup.metrics_addr);
+        servers_done.push(server::serve_metrics(
+            listener,
+            Arc::clone(&setup.metrics),
+            shutdown_rx.clone(),
+        ));
+        Some(addr)
+    } else {
+        None
+    };
+
+    Ok(RunningProxy {
+        servers,
+        metrics_addr,
+        pools,
+        shutdown,
+        servers_done,
+        background,
+    })
+}
+
+/// Probes the target once at start so an operator sees at once whether the proxy
+/// can reach it; serving does not wait for the probe.
+fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let group_version = proxy.group_version.clone();
+        if !proxy.target.pool.wait_for_first_list(STARTUP_SYNC_TIMEOUT).await {
+            tracing::warn!(group_version = %group_version, target = %proxy.target_name, "peer cache did not sync in time for the startup probe, requests fail with 503 until the first netmap arrives");
+            return;
+        }
+        let path = format!("/apis/{group_version}");
+        let probe = proxy
+            .target
+            .send(Method::GET, &path, &HeaderMap::new(), transport::full(Bytes::new()))
+            .await;
+        match probe {
+            Ok(response) if response.status() == StatusCode::OK => {
+                tracing::debug!(group_version = %group_version, target = %proxy.target_name, "Connected to target");
+            }
+            Ok(response) => {
+                tracing::warn!(group_version = %group_version, target = %proxy.target_name, code = response.status().as_u16(), "initial probe of proxy target failed, requests will keep retrying");
+            }
+            Err(error) => {
+                tracing::warn!(group_version = %group_version, target = %proxy.target_name, %error, "initial probe of proxy target failed, requests will keep retrying");
+            }
+        }
+    })
+}

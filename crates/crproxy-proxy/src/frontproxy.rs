@@ -1,0 +1,328 @@
+//! Who is calling: only the client cluster's aggregation layer may use the proxy.
+//!
+//! The aggregator presents a front-proxy client certificate and names the real caller
+//! in `X-Remote-*` headers. Both the CA that signs that certificate and the header
+//! names are published by the client API server in
+//! `kube-system/extension-apiserver-authentication`; [`FrontProxyTrust`] holds the
+//! current values and [`spawn_trust_refresh`] keeps them in step with the ConfigMap.
+//!
+//! The TLS layer verifies the certificate chain (so a connection without a valid
+//! front-proxy certificate never carries identity headers we believe); the HTTP
+//! layer then checks the certificate's common name against the allowed names and
+//! reads the caller from the headers. Anything else is answered 401.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use http::HeaderMap;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, UnixTime};
+use serde_json::Value;
+
+/// Namespace and name of the ConfigMap the client API server publishes.
+pub const AUTHENTICATION_CONFIGMAP_PATH: &str =
+    "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication";
+
+/// How often the ConfigMap is re-read. The CA rotates rarely; a minute keeps the
+/// window in which a rotated CA is refused short without polling hard.
+pub const TRUST_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The ConfigMap could not be turned into a trust configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    /// `requestheader-client-ca-file` is missing: the client API server has no
+    /// front-proxy configured, so no request can be trusted.
+    #[error("ConfigMap kube-system/extension-apiserver-authentication has no requestheader-client-ca-file: the client API server has no front-proxy (aggregation) CA configured")]
+    NoRequestHeaderCa,
+    /// The CA bundle holds no usable certificate.
+    #[error("requestheader-client-ca-file holds no usable certificate: {0}")]
+    BadCa(String),
+    /// A header-name list is not a JSON array of strings.
+    #[error("{key} is not a JSON list of strings: {source}")]
+    BadList {
+        key: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What the aggregation layer told us about the caller.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+/// The front-proxy trust settings in force.
+#[derive(Clone, Debug)]
+pub struct TrustSettings {
+    /// Empty means any certificate signed by the CA is accepted (as Kubernetes does).
+    pub allowed_names: Vec<String>,
+    pub username_headers: Vec<String>,
+    pub group_headers: Vec<String>,
+    pub extra_prefixes: Vec<String>,
+    verifier: Arc<dyn ClientCertVerifier>,
+}
+
+impl TrustSettings {
+    /// Parses the data of `extension-apiserver-authentication`.
+    pub fn from_configmap(configmap: &Value) -> Result<Self, TrustError> {
+        let data = configmap.get("data").cloned().unwrap_or(Value::Null);
+        let field = |key: &str| data.get(key).and_then(Value::as_str);
+        let ca_pem = field("requestheader-client-ca-file").ok_or(TrustError::NoRequestHeaderCa)?;
+        let list = |key: &'static str, default: &[&str]| -> Result<Vec<String>, TrustError> {
+            match field(key) {
+                None | Some("") => Ok(default.iter().map(|s| s.to_string()).collect()),
+                Some(raw) => {
+                    serde_json::from_str(raw).map_err(|source| TrustError::BadList { key, source })
+                }
+            }
+        };
+        Ok(Self {
+            allowed_names: list("requestheader-allowed-names", &[])?,
+            username_headers: list("requestheader-username-headers", &["X-Remote-User"])?,
+            group_headers: list("requestheader-group-headers", &["X-Remote-Group"])?,
+            extra_prefixes: list("requestheader-extra-headers-prefix", &["X-Remote-Extra-"])?,
+            verifier: webpki_verifier(ca_pem)?,
+        })
+    }
+}
+
+fn webpki_verifier(ca_pem: &str) -> Result<Arc<dyn ClientCertVerifier>, TrustError> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        let cert = cert.map_err(|e| TrustError::BadCa(e.to_string()))?;
+        roots
+            .add(cert)
+            .map_err(|e| TrustError::BadCa(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(TrustError::BadCa("no PEM certificate found".into()));
+    }
+    WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| TrustError::BadCa(e.to_string()))
+}
+
+/// The current trust settings, shared by the TLS verifier and the request handler
+/// and replaced as a whole when the ConfigMap changes.
+#[derive(Debug, Default)]
+pub struct FrontProxyTrust {
+    current: RwLock<Option<Arc<TrustSettings>>>,
+}
+
+impl FrontProxyTrust {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Installs new settings; connections made from now on use them.
+    pub fn set(&self, settings: TrustSettings) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(settings));
+    }
+
+    fn get(&self) -> Option<Arc<TrustSettings>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A rustls verifier that always consults the latest settings.
+    pub fn verifier(self: &Arc<Self>) -> Arc<dyn ClientCertVerifier> {
+        Arc::new(DynamicVerifier {
+            trust: Arc::clone(self),
+            schemes: rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes(),
+        })
+    }
+
+    /// The caller of a request whose connection presented `peer_cert` (already
+    /// chain-verified by TLS), or `None` when the request must be refused with 401.
+    pub fn authenticate(
+        &self,
+        peer_cert: Option<&CertificateDer<'_>>,
+        headers: &HeaderMap,
+    ) -> Option<Caller> {
+        let settings = self.get()?;
+        let cert = peer_cert?;
+        if !settings.allowed_names.is_empty() {
+            let name = common_name(cert)?;
+            if !settings.allowed_names.contains(&name) {
+                return None;
+            }
+        }
+        let user = settings
+            .username_headers
+            .iter()
+            .find_map(|h| headers.get(h.as_str()).and_then(|v| v.to_str().ok()))
+            .filter(|u| !u.is_empty())?
+            .to_string();
+        let groups = settings
+            .group_headers
+            .iter()
+            .flat_map(|h| headers.get_all(h.as_str()).iter())
+            .filter_map(|v| v.to_str().ok().map(str::to_string))
+            .collect();
+        let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, value) in headers {
+            let lower = name.as_str();
+            for prefix in &settings.extra_prefixes {
+                if let Some(key) = lower.strip_prefix(prefix.to_ascii_lowercase().as_str()) {
+                    let key = percent_encoding::percent_decode_str(key)
+                        .decode_utf8_lossy()
+                        .to_lowercase();
+                    if let Ok(v) = value.to_str() {
+                        extra.entry(key).or_default().push(v.to_string());
+                    }
+                }
+            }
+        }
+        Some(Caller {
+            user,
+            groups,
+            extra,
+        })
+    }
+}
+
+fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let cn = parsed
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    Some(cn)
+}
+
+/// Delegates to whatever verifier the current settings hold. Client certificates are
+/// optional at the TLS layer so that a caller without one gets a readable 401 rather
+/// than a handshake failure.
+#[derive(Debug)]
+struct DynamicVerifier {
+    trust: Arc<FrontProxyTrust>,
+    schemes: Vec<SignatureScheme>,
+}
+
+impl ClientCertVerifier for DynamicVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        // Hints are optional; aggregators send their one certificate regardless.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        match self.trust.get() {
+            Some(settings) => settings
+                .verifier
+                .verify_client_cert(end_entity, intermediates, now),
+            None => Err(rustls::Error::General(
+                "front-proxy CA not loaded yet from the client cluster".into(),
+            )),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &rustls::crypto::ring::default_provider().signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &rustls::crypto::ring::default_provider().signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.schemes.clone()
+    }
+}
+
+/// Loads the trust settings from the client cluster once, then keeps re-reading
+/// them. The first load is awaited so the proxy never serves with no trust at all
+/// for longer than it must; failures are logged and retried.
+pub async fn load_trust(client: &crproxy_kube::Client, trust: &FrontProxyTrust) -> bool {
+    match client.get(AUTHENTICATION_CONFIGMAP_PATH).await {
+        Ok(configmap) => match TrustSettings::from_configmap(&configmap) {
+            Ok(settings) => {
+                trust.set(settings);
+                true
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot use the client's front-proxy trust settings");
+                false
+            }
+        },
+        Err(error) => {
+            tracing::warn!(%error, "reading kube-system/extension-apiserver-authentication from the client cluster failed");
+            false
+        }
+    }
+}
+
+/// Re-reads the ConfigMap every [`TRUST_REFRESH_INTERVAL`] (faster until the first
+/// success) so a rotated front-proxy CA is picked up without a restart.
+pub fn spawn_trust_refresh(
+    client: crproxy_kube::Client,
+    trust: Arc<FrontProxyTrust>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut loaded = false;
+        loop {
+            loaded = load_trust(&client, &trust).await || loaded;
+            let wait = if loaded {
+                TRUST_REFRESH_INTERVAL
+            } else {
+                Duration::from_secs(1)
+            };
+            tokio::time::sleep(wait).await;
+        }
+    })
+}
+
+#[cfg(test)]
+#[path = "frontproxy/tests.rs"]
+mod tests;

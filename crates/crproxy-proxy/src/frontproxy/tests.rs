@@ -1,0 +1,98 @@
+use super::*;
+use crproxy_core::pki::CertificateAuthority;
+use http::HeaderValue;
+
+fn configmap(ca_pem: &str, allowed: &str) -> Value {
+    serde_json::json!({
+        "data": {
+            "requestheader-client-ca-file": ca_pem,
+            "requestheader-allowed-names": allowed,
+            "requestheader-username-headers": "[\"X-Remote-User\"]",
+            "requestheader-group-headers": "[\"X-Remote-Group\"]",
+            "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]",
+        }
+    })
+}
+
+fn der(pem: &str) -> CertificateDer<'static> {
+    CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem")
+}
+
+fn identity_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("x-remote-user", HeaderValue::from_static("alice"));
+    headers.append("x-remote-group", HeaderValue::from_static("developers"));
+    headers.append(
+        "x-remote-group",
+        HeaderValue::from_static("system:authenticated"),
+    );
+    headers.append(
+        "x-remote-extra-acme.com%2fproject",
+        HeaderValue::from_static("p1"),
+    );
+    headers
+}
+
+#[test]
+fn caller_comes_from_headers_when_the_certificate_name_is_allowed() {
+    let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
+    let cert = ca.issue_client("front-proxy-client", &[]).expect("cert");
+    let trust = FrontProxyTrust::new();
+    trust.set(
+        TrustSettings::from_configmap(&configmap(&ca.pem().cert, "[\"front-proxy-client\"]"))
+            .expect("settings"),
+    );
+    let caller = trust
+        .authenticate(Some(&der(&cert.cert)), &identity_headers())
+        .expect("caller");
+    assert_eq!(caller.user, "alice");
+    assert_eq!(caller.groups, ["developers", "system:authenticated"]);
+    assert_eq!(caller.extra["acme.com/project"], ["p1"]);
+}
+
+#[test]
+fn refused_without_certificate_with_wrong_name_or_without_user() {
+    let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
+    let wrong = ca.issue_client("someone-else", &[]).expect("cert");
+    let right = ca.issue_client("front-proxy-client", &[]).expect("cert");
+    let trust = FrontProxyTrust::new();
+    // Nothing loaded yet: nobody is trusted.
+    assert!(trust
+        .authenticate(Some(&der(&right.cert)), &identity_headers())
+        .is_none());
+    trust.set(
+        TrustSettings::from_configmap(&configmap(&ca.pem().cert, "[\"front-proxy-client\"]"))
+            .expect("settings"),
+    );
+    assert!(trust.authenticate(None, &identity_headers()).is_none());
+    assert!(trust
+        .authenticate(Some(&der(&wrong.cert)), &identity_headers())
+        .is_none());
+    assert!(trust
+        .authenticate(Some(&der(&right.cert)), &HeaderMap::new())
+        .is_none());
+}
+
+#[test]
+fn empty_allowed_names_accepts_any_name_signed_by_the_ca() {
+    let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
+    let cert = ca.issue_client("anything", &[]).expect("cert");
+    let trust = FrontProxyTrust::new();
+    trust.set(TrustSettings::from_configmap(&configmap(&ca.pem().cert, "")).expect("settings"));
+    assert!(trust
+        .authenticate(Some(&der(&cert.cert)), &identity_headers())
+        .is_some());
+}
+
+#[test]
+fn configmap_errors_name_the_problem() {
+    let missing = TrustSettings::from_configmap(&serde_json::json!({"data": {}}));
+    assert!(matches!(missing, Err(TrustError::NoRequestHeaderCa)));
+    let ca = CertificateAuthority::generate("ca").expect("ca");
+    let bad_list = TrustSettings::from_configmap(&configmap(&ca.pem().cert, "not json"));
+    assert!(
+        matches!(bad_list, Err(TrustError::BadList { key, .. }) if key == "requestheader-allowed-names")
+    );
+    let bad_ca = TrustSettings::from_configmap(&configmap("garbage", "[]"));
+    assert!(matches!(bad_ca, Err(TrustError::BadCa(_))));
+}

@@ -1,0 +1,127 @@
+use super::*;
+use http_body_util::{BodyExt, Empty};
+
+fn empty() -> ProxyBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// Builds a request from `uri` and an optional Host header, adapts it, and renders
+/// the parts that matter: version, URI, Host header.
+fn check(uri: &str, host: Option<&str>, h2: bool, expected: (&str, &str, Option<&str>)) {
+    let mut builder = Request::builder()
+        .uri(uri)
+        .header("connection", "keep-alive");
+    if let Some(host) = host {
+        builder = builder.header(header::HOST, host);
+    }
+    let req = builder.body(empty()).expect("request");
+    let adapted = adapt_request(req, h2, "target.example").expect("adapt");
+    let version = format!("{:?}", adapted.version());
+    let host = adapted
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().expect("ascii").to_owned());
+    assert_eq!(
+        (
+            version.as_str(),
+            adapted.uri().to_string().as_str(),
+            host.as_deref()
+        ),
+        expected,
+        "{uri} host={host:?} h2={h2}"
+    );
+    if h2 {
+        assert!(adapted.headers().get(header::CONNECTION).is_none());
+    }
+}
+
+#[test]
+fn requests_are_adapted_to_the_connection_protocol() {
+    // Origin form with Host.
+    check(
+        "/apis/example.com/v1?watch=1",
+        Some("api.example:6443"),
+        true,
+        (
+            "HTTP/2.0",
+            "https://api.example:6443/apis/example.com/v1?watch=1",
+            None,
+        ),
+    );
+    check(
+        "/apis/example.com/v1?watch=1",
+        Some("api.example:6443"),
+        false,
+        (
+            "HTTP/1.1",
+            "/apis/example.com/v1?watch=1",
+            Some("api.example:6443"),
+        ),
+    );
+    // Absolute form: the URI's authority wins.
+    check(
+        "https://kube.t.p.vcluster.invalid:443/apis",
+        None,
+        true,
+        (
+            "HTTP/2.0",
+            "https://kube.t.p.vcluster.invalid:443/apis",
+            None,
+        ),
+    );
+    check(
+        "https://kube.t.p.vcluster.invalid:443/apis",
+        None,
+        false,
+        ("HTTP/1.1", "/apis", Some("kube.t.p.vcluster.invalid:443")),
+    );
+    // Neither: the TLS server name.
+    check(
+        "/apis",
+        None,
+        true,
+        ("HTTP/2.0", "https://target.example/apis", None),
+    );
+    check(
+        "/apis",
+        None,
+        false,
+        ("HTTP/1.1", "/apis", Some("target.example")),
+    );
+}
+
+#[test]
+fn only_bodiless_safe_requests_are_replayable() {
+    let with = |method: http::Method, body: ProxyBody| {
+        let req = Request::builder()
+            .method(method)
+            .uri("/x")
+            .body(body)
+            .expect("request");
+        ReplayableHead::capture(&req).is_some()
+    };
+    let full = || {
+        http_body_util::Full::new(Bytes::from_static(b"{}"))
+            .map_err(|never| match never {})
+            .boxed()
+    };
+    assert!(with(http::Method::GET, empty()));
+    assert!(with(http::Method::HEAD, empty()));
+    assert!(!with(http::Method::GET, full()));
+    assert!(!with(http::Method::DELETE, empty()));
+    assert!(!with(http::Method::POST, full()));
+    assert!(!with(http::Method::PATCH, full()));
+}
+
+#[test]
+fn ages_read_like_durations() {
+    for (age, expected) in [
+        (Duration::from_millis(75_300), "75.3s"),
+        (Duration::from_secs(61), "61s"),
+        (Duration::from_micros(1_500), "1ms"),
+    ] {
+        assert_eq!(format_age(age), expected);
+    }
+}

@@ -1,0 +1,194 @@
+//! The HTTPS listeners: one per proxied group/version, plus the metrics listener.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+
+use crate::frontproxy::FrontProxyTrust;
+use crate::handler::GroupVersionProxy;
+use crate::metrics::Metrics;
+use crate::pool::ProxyBody;
+use crate::transport;
+
+/// How long in-flight requests may take to finish once shutdown starts. Watches
+/// are closed when it expires so their clients re-list elsewhere.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// A listener could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The address is taken or not local.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The serving certificate or key is unusable.
+    #[error("serving certificate: {0}")]
+    Certificate(String),
+}
+
+/// A PEM serving certificate (with its chain) and key.
+#[derive(Clone, Debug)]
+pub struct ServingIdentity {
+    pub cert_chain_pem: String,
+    pub key_pem: String,
+}
+
+/// TLS settings for a proxy listener: our certificate, and optional client
+/// certificates checked against the client cluster's front-proxy CA.
+pub fn proxy_tls_config(
+    identity: &ServingIdentity,
+    trust: &Arc<FrontProxyTrust>,
+) -> Result<Arc<ServerConfig>, ServerError> {
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(identity.cert_chain_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| ServerError::Certificate(e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes())
+        .map_err(|e| ServerError::Certificate(e.to_string()))?;
+    let mut config =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ServerError::Certificate(e.to_string()))?
+            .with_client_cert_verifier(trust.verifier())
+            .with_single_cert(chain, key)
+            .map_err(|e| ServerError::Certificate(e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Binds a listener, reporting the address in the error.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Serves one group/version until `shutdown` turns true, then lets in-flight
+/// requests finish for up to [`SHUTDOWN_GRACE`].
+pub fn serve_proxy(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    proxy: Arc<GroupVersionProxy>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let acceptor = TlsAcceptor::from(tls);
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            };
+            let (tcp, remote) = match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a proxy connection failed");
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let proxy = Arc::clone(&proxy);
+            let watcher = graceful.watcher();
+            tokio::spawn(async move {
+                let tls = match acceptor.accept(tcp).await {
+                    Ok(tls) => tls,
+                    Err(error) => {
+                        tracing::debug!(%remote, %error, "TLS handshake with a caller failed");
+                        return;
+                    }
+                };
+                let peer_cert = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|cert| cert.clone().into_owned());
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let proxy = Arc::clone(&proxy);
+                    let peer_cert = peer_cert.clone();
+                    async move { Ok::<_, Infallible>(proxy.handle(request, peer_cert).await) }
+                });
+                let connection = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .into_owned();
+                if let Err(error) = watcher.watch(connection).await {
+                    tracing::debug!(%remote, %error, "proxy connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::info!("closing connections still open after the shutdown grace period");
+        }
+    })
+}
+
+/// Serves `/metrics` and `/metrics/syncer` (the same registry) plus `/healthz`
+/// and `/readyz` over plain HTTP on a local address.
+pub fn serve_metrics(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            };
+            let Ok((tcp, _)) = accepted else { continue };
+            let metrics = Arc::clone(&metrics);
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let metrics = Arc::clone(&metrics);
+                    async move { Ok::<_, Infallible>(metrics_response(&metrics, request.uri().path())) }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    })
+}
+
+fn metrics_response(metrics: &Metrics, path: &str) -> Response<ProxyBody> {
+    let (code, content_type, body): (StatusCode, &str, Bytes) = match path {
+        "/metrics" | "/metrics/syncer" => (
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode().into(),
+        ),
+        "/healthz" | "/readyz" | "/livez" => (StatusCode::OK, "text/plain", "ok".into()),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "404 page not found\n".into(),
+        ),
+    };
+    Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, content_type)
+        .body(transport::full(body))
+        .unwrap_or_else(|_| Response::new(transport::full(Bytes::new())))
+}

@@ -1,0 +1,380 @@
+//! Sending a request to one of the target's peers, and the response bodies that
+//! enforce the proxy's rules while they stream: the 60 s cap on non-watch requests
+//! and the watch accounting.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+use tokio::time::{Instant, Sleep};
+
+use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
+use crate::pool::{BoxError, PeerPool, PoolError, ProxyBody};
+use crproxy_core::reason::Reason;
+use std::sync::Arc;
+
+/// Hard cap on one non-watch request, end to end.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Upper bound for request bodies the proxy must read whole (owned-mode writes) and
+/// for responses it must inspect (owned-mode named GET). kube-apiserver refuses
+/// request bodies above 3 MiB; responses of one object are far below the cap.
+pub const MAX_BUFFERED_BODY: usize = 16 * 1024 * 1024;
+
+/// Headers that describe one hop, or the caller's identity on the client side; none
+/// of them may reach the target.
+const DROPPED_REQUEST_HEADERS: &[&str] = &[
+    "authorization",
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// Identity prefixes the aggregator uses for the caller. The target must judge the
+/// client's own identity, never the caller's, so these are dropped.
+const DROPPED_REQUEST_PREFIXES: &[&str] = &["x-remote-", "impersonate-"];
+
+const DROPPED_RESPONSE_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// A request could not be completed against the target.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// No peer could be used: the pool's precheck or every dial failed.
+    #[error("{0}")]
+    Pool(#[from] PoolError),
+    /// The request reached a connection but the exchange failed.
+    #[error("{0}")]
+    Send(String),
+    /// The 60 s deadline expired before the response headers arrived.
+    #[error("context deadline exceeded")]
+    Deadline,
+    /// A response body the proxy had to read was larger than it will hold.
+    #[error("response body larger than {MAX_BUFFERED_BODY} bytes")]
+    TooLarge,
+}
+
+impl ForwardError {
+    /// The outcome reason a failed request is counted under.
+    pub fn reason(&self) -> Reason {
+        match self {
+            ForwardError::Pool(e) => e.reason(),
+            ForwardError::Deadline => Reason::Deadline,
+            // A failure on an established connection is not a dial failure; the
+            // vocabulary's catch-all for unattributed proxy-local failures is upstream.
+            ForwardError::Send(_) | ForwardError::TooLarge => Reason::Upstream,
+        }
+    }
+}
+
+/// How the proxy reaches one target: its peers and its credentials.
+pub struct TargetConnection {
+    pub pool: Arc<PeerPool>,
+    /// Value of the Host header: the name the target's certificate is issued for.
+    pub authority: String,
+    /// Bearer token of the client identity on the target, when it authenticates by
+    /// token (a client certificate is presented during the dial instead).
+    pub bearer_token: Option<String>,
+}
+
+impl TargetConnection {
+    /// Sends a request to the next selectable peer. `parts` carries the caller's
+    /// method, URI (path and query only) and headers; they are filtered here.
+    pub async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        caller_headers: &HeaderMap,
+        body: ProxyBody,
+    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path_and_query)
+            .body(body)
+            .map_err(|e| ForwardError::Send(e.to_string()))?;
+        let headers = request.headers_mut();
+        for (name, value) in caller_headers {
+            if keep_request_header(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        self.stamp(headers)?;
+        let sender = self.pool.acquire().await?;
+        sender
+            .send(request)
+            .await
+            .map_err(|e| ForwardError::Send(e.to_string()))
+    }
+
+    /// A small request of the proxy's own (ownership check, namespace mirroring):
+    /// the response body is read whole.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<(StatusCode, Bytes), ForwardError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("application/json"),
+        );
+        if body.is_some() {
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        let body = full(body.unwrap_or_default());
+        let response = self.send(method, path, &headers, body).await?;
+        let status = response.status();
+        let bytes = read_limited(response.into_body(), MAX_BUFFERED_BODY).await?;
+        Ok((status, bytes))
+    }
+
+    fn stamp(&self, headers: &mut HeaderMap) -> Result<(), ForwardError> {
+        let host = HeaderValue::from_str(&self.authority)
+            .map_err(|e| ForwardError::Send(format!("invalid target host: {e}")))?;
+        headers.insert(http::header::HOST, host);
+        if let Some(token) = &self.bearer_token {
+            let value = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|e| ForwardError::Send(format!("invalid target token: {e}")))?;
+            headers.insert(http::header::AUTHORIZATION, value);
+        }
+        Ok(())
+    }
+}
+
+fn keep_request_header(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    !DROPPED_REQUEST_HEADERS.contains(&name)
+        && !DROPPED_REQUEST_PREFIXES.iter().any(|p| name.starts_with(p))
+        // The aggregator's own forwarding headers describe the client side.
+        && !name.starts_with("x-forwarded-")
+}
+
+/// Removes hop-by-hop headers from a target response before it goes back.
+pub fn clean_response_headers(headers: &mut HeaderMap) {
+    for name in DROPPED_RESPONSE_HEADERS {
+        headers.remove(*name);
+    }
+}
+
+/// Reads a body whole, refusing anything larger than `limit`.
+pub async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ForwardError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let limited = http_body_util::Limited::new(body, limit);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ForwardError::TooLarge),
+        Err(e) => Err(ForwardError::Send(e.to_string())),
+    }
+}
+
+/// A complete in-memory body.
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| -> BoxError { match never {} })
+        .boxed()
+}
+
+/// The caller's request body, streamed through unchanged.
+pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
+    body.map_err(|e| -> BoxError { Box::new(e) }).boxed()
+}
+
+/// A non-watch response body: stops at the request deadline, and keeps the request
+/// counted as in flight (and unmeasured) until it has been sent whole.
+pub struct DeadlineBody {
+    inner: ProxyBody,
+    sleep: Pin<Box<Sleep>>,
+    metrics: TargetMetrics,
+    verb: &'static str,
+    started: Instant,
+    finished: bool,
+    _inflight: InflightGuard,
+}
+
+impl DeadlineBody {
+    pub fn new(
+        inner: ProxyBody,
+        deadline: Instant,
+        started: Instant,
+        metrics: TargetMetrics,
+        verb: &'static str,
+        inflight: InflightGuard,
+    ) -> Self {
+        Self {
+            inner,
+            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            metrics,
+            verb,
+            started,
+            finished: false,
+            _inflight: inflight,
+        }
+    }
+
+    fn finish(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            self.metrics
+                .request_duration(self.verb, self.started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+impl Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                self.finish();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.finish();
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Pending => match self.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    self.metrics.termination(Reason::Deadline);
+                    self.finish();
+                    Poll::Ready(Some(Err("proxy request deadline of 60s exceeded".into())))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.finished || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for DeadlineBody {
+    fn drop(&mut self) {
+        // A caller that hung up mid-body still took this long.
+        self.finish();
+    }
+}
+
+/// How watch events are framed, which decides whether they can be counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchFraming {
+    /// Newline-delimited JSON: one event per line.
+    JsonLines,
+    /// Compressed, protobuf or anything else: not counted (as documented).
+    Uncounted,
+}
+
+impl WatchFraming {
+    pub fn of(headers: &HeaderMap) -> Self {
+        if headers.contains_key(http::header::CONTENT_ENCODING) {
+            return WatchFraming::Uncounted;
+        }
+        let content_type = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let media = content_type.split(';').next().unwrap_or("").trim();
+        if media.eq_ignore_ascii_case("application/json") {
+            WatchFraming::JsonLines
+        } else {
+            WatchFraming::Uncounted
+        }
+    }
+}
+
+/// A watch response body: no deadline, counted as an active watch while open, and
+/// each JSON event that passes is counted.
+pub struct WatchBody {
+    inner: ProxyBody,
+    metrics: TargetMetrics,
+    framing: WatchFraming,
+    _active: WatchGuard,
+}
+
+impl WatchBody {
+    pub fn new(inner: ProxyBody, metrics: TargetMetrics, framing: WatchFraming) -> Self {
+        let active = metrics.active_watch();
+        Self {
+            inner,
+            metrics,
+            framing,
+            _active: active,
+        }
+    }
+}
+
+impl Body for WatchBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if self.framing == WatchFraming::JsonLines {
+                if let Some(data) = frame.data_ref() {
+                    // kube-apiserver ends every JSON watch event with a newline and
+                    // escapes newlines inside strings, so lines are events.
+                    let events = data.iter().filter(|b| **b == b'\n').count() as u64;
+                    if events > 0 {
+                        self.metrics.watch_events(events);
+                    }
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+#[path = "transport/tests.rs"]
+mod tests;

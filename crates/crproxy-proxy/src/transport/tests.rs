@@ -1,0 +1,143 @@
+use super::*;
+use crate::metrics::Metrics;
+use futures_util::stream;
+use http_body_util::{BodyExt, StreamBody};
+
+fn pending_body() -> ProxyBody {
+    StreamBody::new(stream::pending::<Result<Frame<Bytes>, BoxError>>()).boxed()
+}
+
+fn chunks(parts: &[&'static str]) -> ProxyBody {
+    let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
+        .iter()
+        .map(|p| Ok(Frame::data(Bytes::from_static(p.as_bytes()))))
+        .collect();
+    StreamBody::new(stream::iter(frames)).boxed()
+}
+
+fn scrape_line(metrics: &Metrics, prefix: &str) -> Option<String> {
+    metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_string)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_non_watch_body_is_cut_at_the_deadline_and_counted() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    let body = DeadlineBody::new(
+        pending_body(),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "LIST",
+        target.inflight(),
+    );
+    let collected = body.collect().await;
+    assert!(collected.is_err(), "the body must end with an error");
+    assert!(started.elapsed() >= REQUEST_DEADLINE);
+    let line = scrape_line(&metrics, "vcluster_proxy_request_terminations_total").expect("counted");
+    assert!(line.contains("reason=\"deadline\""), "{line}");
+    let inflight = scrape_line(&metrics, "vcluster_proxy_inflight_requests").expect("gauge");
+    assert!(inflight.ends_with(" 0"), "inflight released: {inflight}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_complete_body_passes_and_is_measured_once() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    let body = DeadlineBody::new(
+        chunks(&["{\"a\":", "1}"]),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "GET",
+        target.inflight(),
+    );
+    let bytes = body.collect().await.expect("body").to_bytes();
+    assert_eq!(&bytes[..], b"{\"a\":1}");
+    let count =
+        scrape_line(&metrics, "vcluster_proxy_request_duration_seconds_count").expect("histogram");
+    assert!(count.ends_with(" 1"), "{count}");
+    assert!(scrape_line(&metrics, "vcluster_proxy_request_terminations_total").is_none());
+}
+
+#[tokio::test]
+async fn json_watch_events_are_counted_per_line_even_across_chunks() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let body = WatchBody::new(
+        chunks(&[
+            "{\"type\":\"ADDED\"}\n{\"type\":",
+            "\"MODIFIED\"}\n",
+            "{\"type\":\"DELETED\"}\n",
+        ]),
+        target.clone(),
+        WatchFraming::JsonLines,
+    );
+    let active = scrape_line(&metrics, "vcluster_proxy_active_watches").expect("gauge");
+    assert!(active.ends_with(" 1"), "{active}");
+    body.collect().await.expect("body");
+    let events = scrape_line(&metrics, "vcluster_proxy_watch_events_total").expect("counter");
+    assert!(events.ends_with(" 3"), "{events}");
+    let active = scrape_line(&metrics, "vcluster_proxy_active_watches").expect("gauge");
+    assert!(active.ends_with(" 0"), "{active}");
+}
+
+#[test]
+fn only_uncompressed_json_watches_are_counted() {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    assert_eq!(WatchFraming::of(&headers), WatchFraming::JsonLines);
+    headers.insert(
+        http::header::CONTENT_ENCODING,
+        HeaderValue::from_static("gzip"),
+    );
+    assert_eq!(WatchFraming::of(&headers), WatchFraming::Uncounted);
+    let mut protobuf = HeaderMap::new();
+    protobuf.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/vnd.kubernetes.protobuf;stream=watch"),
+    );
+    assert_eq!(WatchFraming::of(&protobuf), WatchFraming::Uncounted);
+}
+
+#[test]
+fn caller_identity_and_hop_headers_never_reach_the_target() {
+    for dropped in [
+        "authorization",
+        "x-remote-user",
+        "x-remote-group",
+        "x-remote-extra-scopes",
+        "impersonate-user",
+        "impersonate-group",
+        "connection",
+        "upgrade",
+        "host",
+        "x-forwarded-for",
+    ] {
+        assert!(
+            !keep_request_header(&HeaderName::from_static(dropped)),
+            "{dropped}"
+        );
+    }
+    for kept in [
+        "accept",
+        "content-type",
+        "user-agent",
+        "audit-id",
+        "kubectl-command",
+    ] {
+        assert!(
+            keep_request_header(&HeaderName::from_static(kept)),
+            "{kept}"
+        );
+    }
+}

@@ -1,0 +1,111 @@
+//! The request side: round robin, retry on another peer after a failed dial, and
+//! connection reuse over HTTP/2 and HTTP/1.1.
+
+mod pool_support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+use pool_support::*;
+
+#[tokio::test]
+async fn one_refusing_peer_of_three_costs_callers_nothing() {
+    let h = Harness::new();
+    let dead = refused_addr().await;
+    let b = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    let c = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![dead.to_string(), b.host(), c.host()]);
+
+    let mut served_by = BTreeSet::new();
+    for i in 0..30 {
+        let body = h
+            .get()
+            .await
+            .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
+        served_by.insert(body.split(' ').nth(1).unwrap_or_default().to_owned());
+    }
+    assert_eq!(
+        served_by,
+        BTreeSet::from([b.addr.port().to_string(), c.addr.port().to_string()]),
+        "round robin spreads requests over the live peers"
+    );
+    let s = h.scrape();
+    assert_eq!(s.dial_failures("error"), 3.0);
+    assert_eq!(s.value("vcluster_proxy_peer_quarantines_total", &[]), 1.0);
+    assert_eq!(
+        s.value("vcluster_proxy_target_all_peers_quarantined_total", &[]),
+        0.0
+    );
+    assert_eq!((s.peers("healthy"), s.peers("quarantined")), (2.0, 1.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_silent_peer_of_three_costs_callers_nothing() {
+    let h = Harness::new();
+    let silent = SilentPeer::start().await;
+    let b = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    let c = TlsPeer::start(&h.pki, Protocols::Http1Only).await;
+    h.pool.publish(vec![b.host(), silent.host(), c.host()]);
+    for i in 0..12 {
+        h.get()
+            .await
+            .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
+    }
+    let s = h.scrape();
+    assert_eq!(s.dial_failures("timeout"), 3.0);
+    assert_eq!(s.peers("quarantined"), 1.0);
+}
+
+#[tokio::test]
+async fn http2_peers_share_one_connection() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    for _ in 0..5 {
+        let body = h.get().await.expect("request");
+        assert!(body.contains("HTTP/2.0 /apis/example.com/v1"), "{body}");
+        assert!(body.ends_with("host=target.example"), "{body}");
+    }
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 5);
+    assert_eq!(h.scrape().dial_observations(), 1.0);
+}
+
+#[tokio::test]
+async fn http1_peers_reuse_idle_connections() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::Http1Only).await;
+    h.pool.publish(vec![peer.host()]);
+    for _ in 0..5 {
+        let body = h.get().await.expect("request");
+        assert!(body.contains("HTTP/1.1 /apis/example.com/v1"), "{body}");
+        assert!(body.ends_with("host=target.example"), "{body}");
+        // The connection goes back to the idle list from a background task once the
+        // body is read; let it run.
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn a_dead_cached_connection_is_replaced_transparently() {
+    for protocols in [Protocols::H2AndHttp1, Protocols::Http1Only] {
+        let h = Harness::new();
+        let peer = TlsPeer::start(&h.pki, protocols).await;
+        h.pool.publish(vec![peer.host()]);
+        h.get().await.expect("first request");
+        tokio::task::yield_now().await;
+
+        peer.kill_connections();
+        // Bounded: each request either succeeds or fails; no loop on our side.
+        let body = h
+            .get()
+            .await
+            .expect("second request after the peer dropped it");
+        assert!(body.starts_with("peer "), "{body}");
+        assert_eq!(peer.connections.load(Ordering::SeqCst), 2, "{protocols:?}");
+        let s = h.scrape();
+        assert_eq!(s.dial_failures("error"), 0.0, "{protocols:?}");
+    }
+}

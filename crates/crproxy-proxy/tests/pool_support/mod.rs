@@ -1,0 +1,408 @@
+//! Shared harness for the peer-pool tests: real TLS peers on 127.0.0.1, peers that
+//! refuse or hang, and a parser for the metrics exposition.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use crproxy_core::pki::CertificateAuthority;
+use crproxy_proxy::dial::Dialer;
+use crproxy_proxy::metrics::{Metrics, TargetMetrics};
+use crproxy_proxy::pool::{PeerPool, ProxyBody};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// The name every test peer's certificate carries, like a kubeconfig server host.
+pub const SERVER_NAME: &str = "target.example";
+pub const TARGET: &str = "p-default/target";
+pub const GROUP_VERSION: &str = "example.com/v1";
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// One CA for the test, issuing the peers' certificates and trusted by the dialer.
+pub struct Pki {
+    pub ca: CertificateAuthority,
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        Pki {
+            ca: CertificateAuthority::generate("pool-test-ca").expect("ca"),
+        }
+    }
+
+    pub fn client_config(&self) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = CertificateDer::from_pem_slice(self.ca.pem().cert.as_bytes()).expect("ca pem");
+        roots.add(ca).expect("add root");
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Arc::new(config)
+    }
+
+    pub fn dialer(&self) -> Dialer {
+        Dialer::new(
+            self.client_config(),
+            ServerName::try_from(SERVER_NAME).expect("name"),
+        )
+    }
+
+    pub fn server_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
+        let leaf = self
+            .ca
+            .issue_server(&[SERVER_NAME], &["127.0.0.1".parse().expect("ip")])
+            .expect("leaf");
+        let cert = CertificateDer::from_pem_slice(leaf.cert.as_bytes()).expect("cert pem");
+        let key = PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).expect("key pem");
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .expect("server config");
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+}
+
+/// Which HTTP versions a test peer offers through ALPN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocols {
+    H2AndHttp1,
+    Http1Only,
+}
+
+/// A TLS + HTTP peer answering every request with `peer <port>`.
+pub struct TlsPeer {
+    pub addr: SocketAddr,
+    /// TCP connections accepted so far.
+    pub connections: Arc<AtomicUsize>,
+    /// Requests served so far.
+    pub requests: Arc<AtomicUsize>,
+    kill: tokio::sync::watch::Sender<u64>,
+    task: JoinHandle<()>,
+}
+
+impl TlsPeer {
+    pub async fn start(pki: &Pki, protocols: Protocols) -> TlsPeer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::serve(listener, pki, protocols)
+    }
+
+    /// Serves on an address a test reserved earlier (see [`refused_addr`]).
+    pub async fn start_on(addr: SocketAddr, pki: &Pki, protocols: Protocols) -> TlsPeer {
+        let listener = TcpListener::bind(addr).await.expect("rebind reserved port");
+        Self::serve(listener, pki, protocols)
+    }
+
+    fn serve(listener: TcpListener, pki: &Pki, protocols: Protocols) -> TlsPeer {
+        let addr = listener.local_addr().expect("addr");
+        let alpn: &[&[u8]] = match protocols {
+            Protocols::H2AndHttp1 => &[b"h2", b"http/1.1"],
+            Protocols::Http1Only => &[b"http/1.1"],
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config(alpn));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let (conns, reqs) = (connections.clone(), requests.clone());
+        let kill = tokio::sync::watch::channel(0u64).0;
+        let killed = kill.clone();
+        let task = tokio::spawn(async move {
+            // Bounded: the task is aborted when the TlsPeer drops.
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                conns.fetch_add(1, Ordering::SeqCst);
+                let acceptor = acceptor.clone();
+                let reqs = reqs.clone();
+                let mut killed = killed.subscribe();
+                let generation = *killed.borrow();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        reqs.fetch_add(1, Ordering::SeqCst);
+                        let host = req
+                            .headers()
+                            .get(http::header::HOST)
+                            .and_then(|h| h.to_str().ok())
+                            .map(str::to_owned)
+                            .or_else(|| req.uri().authority().map(|a| a.to_string()))
+                            .unwrap_or_default();
+                        let body = format!(
+                            "peer {} {:?} {} host={}",
+                            addr.port(),
+                            req.version(),
+                            req.uri().path(),
+                            host
+                        );
+                        async move {
+                            Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(body))))
+                        }
+                    });
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(tls), service);
+                    // Killing drops the connection without a goodbye, like a crashed peer.
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = killed.wait_for(|g| *g != generation) => {}
+                    }
+                });
+            }
+        });
+        TlsPeer {
+            addr,
+            connections,
+            requests,
+            kill,
+            task,
+        }
+    }
+
+    /// Drops every open connection (the listener keeps accepting).
+    pub fn kill_connections(&self) {
+        self.kill.send_modify(|g| *g += 1);
+    }
+
+    pub fn host(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for TlsPeer {
+    fn drop(&mut self) {
+        self.kill.send_modify(|g| *g += 1);
+        self.task.abort();
+    }
+}
+
+/// An address nobody listens on: connecting is refused at once.
+pub async fn refused_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    addr
+}
+
+/// A peer that accepts TCP and then never says anything, so TLS never completes.
+pub struct SilentPeer {
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl SilentPeer {
+    pub async fn start() -> SilentPeer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            // Bounded by the abort in Drop.
+            while let Ok((tcp, _)) = listener.accept().await {
+                held.push(tcp);
+            }
+        });
+        SilentPeer { addr, task }
+    }
+
+    pub fn host(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for SilentPeer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub struct Harness {
+    pub pki: Pki,
+    pub metrics: Arc<Metrics>,
+    pub target: TargetMetrics,
+    pub pool: Arc<PeerPool>,
+}
+
+impl Harness {
+    pub fn new() -> Harness {
+        let pki = Pki::new();
+        let metrics = Metrics::new();
+        let target = metrics.target(TARGET);
+        let pool = PeerPool::new(GROUP_VERSION.to_owned(), pki.dialer(), target.clone());
+        Harness {
+            pki,
+            metrics,
+            target,
+            pool,
+        }
+    }
+
+    pub fn scrape(&self) -> Scrape {
+        Scrape::parse(&self.metrics.encode())
+    }
+
+    /// Acquires a peer and sends `GET /apis/example.com/v1`, returning the body.
+    pub async fn get(&self) -> Result<String, String> {
+        let sender = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| e.reason().to_string())?;
+        let req = http::Request::builder()
+            .uri("/apis/example.com/v1")
+            .header(http::header::HOST, SERVER_NAME)
+            .body(empty())
+            .expect("request");
+        let resp = sender.send(req).await.map_err(|e| format!("send: {e}"))?;
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?;
+        Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+    }
+}
+
+pub fn empty() -> ProxyBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// Samples of one series name: label set → value.
+pub type Samples = Vec<(BTreeMap<String, String>, f64)>;
+
+/// Parsed samples of one scrape: `name` → sorted label pairs → value.
+pub struct Scrape {
+    pub text: String,
+    pub samples: BTreeMap<String, Samples>,
+    /// `# TYPE` lines: family name → type.
+    pub types: BTreeMap<String, String>,
+}
+
+impl Scrape {
+    pub fn parse(text: &str) -> Scrape {
+        let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
+        let mut types = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut parts = rest.split(' ');
+                if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                    types.insert(name.to_owned(), kind.to_owned());
+                }
+                continue;
+            }
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').expect("sample line");
+            let value: f64 = match value {
+                "+Inf" => f64::INFINITY,
+                v => v.parse().expect("sample value"),
+            };
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => (name, parse_labels(rest.trim_end_matches('}'))),
+                None => (series, BTreeMap::new()),
+            };
+            samples
+                .entry(name.to_owned())
+                .or_default()
+                .push((labels, value));
+        }
+        Scrape {
+            text: text.to_owned(),
+            samples,
+            types,
+        }
+    }
+
+    /// The value of the sample `name` whose labels are exactly `labels`.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self.samples
+            .get(name)?
+            .iter()
+            .find(|(l, _)| *l == want)
+            .map(|(_, v)| *v)
+    }
+
+    /// Like [`get`](Self::get) with `target` added, and absent counted as zero.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let mut all = vec![("target", TARGET)];
+        all.extend_from_slice(labels);
+        self.get(name, &all).unwrap_or(0.0)
+    }
+
+    pub fn dial_failures(&self, reason: &str) -> f64 {
+        self.value(
+            "vcluster_proxy_peer_dial_failures_total",
+            &[("reason", reason)],
+        )
+    }
+
+    pub fn dial_observations(&self) -> f64 {
+        self.value("vcluster_proxy_peer_dial_duration_seconds_count", &[])
+    }
+
+    pub fn peers(&self, state: &str) -> f64 {
+        self.get(
+            "vcluster_proxy_peers",
+            &[
+                ("target", TARGET),
+                ("group_version", GROUP_VERSION),
+                ("state", state),
+            ],
+        )
+        .expect("peer gauge is always present")
+    }
+}
+
+fn parse_labels(s: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut rest = s;
+    // Bounded by the input length: each round consumes at least `k="`.
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, n)) = chars.next() {
+                        value.push(match n {
+                            'n' => '\n',
+                            other => other,
+                        });
+                    }
+                }
+                '"' => {
+                    end = i;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        out.insert(key.trim_start_matches(',').to_owned(), value);
+        rest = &after[(end + 1).min(after.len())..];
+    }
+    out
+}

@@ -1,0 +1,477 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease in the client cluster.
+//!
+//! The algorithm is client-go's: read the Lease, and write it back (PUT carrying the
+//! `resourceVersion` just read, so of two concurrent writers exactly one wins with the
+//! other getting 409) when it is free, ours, or expired. Expiry is judged on this
+//! process's monotonic clock: a Lease is expired when its record has not changed for
+//! `leaseDurationSeconds` since *we first observed* that record, so clock skew between
+//! replicas does not matter. `renewTime`/`acquireTime` are written for humans.
+//!
+//! Safety argument: a leader counts its term from the instant it *sent* the successful
+//! write and steps down `lease_duration` later unless it renewed; any other replica
+//! observed that record no earlier than it was written, so it cannot take over before
+//! the old leader has stepped down.
+
+use chrono::{DateTime, Utc};
+use crproxy_kube::{Client, Error};
+use serde_json::{json, Value};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Where the Lease lives and how this replica uses it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseConfig {
+    pub namespace: String,
+    pub name: String,
+    /// This replica's `holderIdentity`; unique per process (see [`default_identity`]).
+    pub identity: String,
+    /// How long a record stays valid without renewal (`leaseDurationSeconds`, whole
+    /// seconds on the wire, at least 1).
+    pub lease_duration: Duration,
+    /// How often the leader renews. Must be well below `lease_duration`.
+    pub renew_interval: Duration,
+    /// How often a non-leader (or a leader whose renewal failed) tries again.
+    pub retry_interval: Duration,
+}
+
+impl LeaseConfig {
+    /// Defaults as in client-go: 15 s lease, renew every 5 s, retry every 2 s.
+    pub fn new(namespace: &str, name: &str, identity: &str) -> LeaseConfig {
+        LeaseConfig {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(5),
+            retry_interval: Duration::from_secs(2),
+        }
+    }
+
+    fn duration_seconds(&self) -> u64 {
+        self.lease_duration.as_secs().max(1)
+    }
+
+    /// Upper bound for one read-modify-write, so a hanging API server cannot keep the
+    /// loop from stepping down in time.
+    fn attempt_timeout(&self) -> Duration {
+        (self.lease_duration / 3).max(Duration::from_millis(100))
+    }
+}
+
+/// A unique holder identity: `$POD_NAME` (or `$HOSTNAME`) plus a random suffix, so a
+/// restarted pod with the same name is a new holder.
+pub fn default_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "crproxy".to_owned());
+    format!("{host}_{}", uuid::Uuid::new_v4())
+}
+
+/// Formats a time as a Kubernetes MicroTime: `2024-01-01T00:00:00.000000Z`.
+pub fn micro_time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// Read and write access to the one Lease object. The elector is written against this
+/// so its state machine can be tested under paused time with an in-memory store.
+pub(crate) trait LeaseStore: Send + Sync + 'static {
+    /// The Lease, or `None` when it does not exist.
+    fn get(&self) -> impl Future<Output = Result<Option<Value>, Error>> + Send;
+    /// POST; `AlreadyExists` when another replica created it first.
+    fn create(&self, lease: Value) -> impl Future<Output = Result<Value, Error>> + Send;
+    /// PUT with the `resourceVersion` inside `lease`; `Conflict` when stale.
+    fn replace(&self, lease: Value) -> impl Future<Output = Result<Value, Error>> + Send;
+}
+
+/// [`LeaseStore`] over the Kubernetes API.
+struct KubeLeases {
+    client: Client,
+    collection: String,
+    object: String,
+}
+
+impl KubeLeases {
+    fn new(client: Client, cfg: &LeaseConfig) -> Self {
+        let collection = format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{}/leases",
+            cfg.namespace
+        );
+        let object = format!("{collection}/{}", cfg.name);
+        KubeLeases {
+            client,
+            collection,
+            object,
+        }
+    }
+}
+
+impl LeaseStore for KubeLeases {
+    async fn get(&self) -> Result<Option<Value>, Error> {
+        match self.client.get(&self.object).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn create(&self, lease: Value) -> Result<Value, Error> {
+        self.client.create(&self.collection, &lease).await
+    }
+
+    async fn replace(&self, lease: Value) -> Result<Value, Error> {
+        self.client.replace(&self.object, &lease).await
+    }
+}
+
+/// Starts leader election tasks.
+pub struct LeaderElector;
+
+impl LeaderElector {
+    /// Spawns the election loop for `cfg` on the current tokio runtime. The replica
+    /// starts as a follower; watch [`LeaderHandle::changes`] for the outcome.
+    pub fn spawn(client: Client, cfg: LeaseConfig) -> LeaderHandle {
+        let store = KubeLeases::new(client, &cfg);
+        Self::spawn_with(store, cfg)
+    }
+
+    pub(crate) fn spawn_with<S: LeaseStore>(store: S, cfg: LeaseConfig) -> LeaderHandle {
+        let (leader_tx, leader_rx) = watch::channel(false);
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let elector = Elector {
+            store,
+            cfg,
+            observed: None,
+            last_renew: None,
+            leader_tx,
+        };
+        let task = tokio::spawn(elector.run(shutdown_rx));
+        LeaderHandle {
+            shared: Arc::new(Shared {
+                shutdown: shutdown_tx,
+                leader: leader_rx,
+                _fixed: None,
+                task: Mutex::new(Some(task)),
+            }),
+        }
+    }
+}
+
+/// Observes and ends one election loop. Clones share the loop; when the last clone is
+/// dropped the loop releases the Lease and ends, as [`LeaderHandle::release`] does.
+#[derive(Clone)]
+pub struct LeaderHandle {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    shutdown: watch::Sender<bool>,
+    leader: watch::Receiver<bool>,
+    /// Keeps the sender of a [`LeaderHandle::fixed`] handle alive.
+    _fixed: Option<watch::Sender<bool>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for LeaderHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderHandle")
+            .field("is_leader", &self.is_leader())
+            .finish()
+    }
+}
+
+impl LeaderHandle {
+    /// A handle with fixed leadership and no election, for single-replica setups and
+    /// tests: `fixed(true)` always leads.
+    pub fn fixed(is_leader: bool) -> LeaderHandle {
+        let (tx, rx) = watch::channel(is_leader);
+        let (shutdown, _) = watch::channel(false);
+        LeaderHandle {
+            shared: Arc::new(Shared {
+                shutdown,
+                leader: rx,
+                _fixed: Some(tx),
+                task: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Whether this replica currently leads.
+    pub fn is_leader(&self) -> bool {
+        *self.shared.leader.borrow()
+    }
+
+    /// Leadership as a watch channel; it closes when the election loop ends.
+    pub fn changes(&self) -> watch::Receiver<bool> {
+        self.shared.leader.clone()
+    }
+
+    /// Steps down and, if this replica held the Lease, clears its `holderIdentity` so
+    /// another replica takes over at its next retry instead of waiting for expiry.
+    /// Returns when the loop has ended.
+    pub async fn release(self) {
+        let _ = self.shared.shutdown.send(true);
+        let task = self
+            .shared
+            .task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    /// Stops the loop at once without touching the Lease, as a crashed process would:
+    /// the others take over only once the Lease expires. For tests and emergencies.
+    pub fn abort(self) {
+        let task = self
+            .shared
+            .task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+}
+
+enum Attempt {
+    /// We hold the Lease now.
+    Holding,
+    /// Another live holder has it.
+    HeldByOther,
+    /// Someone wrote between our read and our write.
+    LostRace,
+}
+
+struct Elector<S> {
+    store: S,
+    cfg: LeaseConfig,
+    /// The last Lease spec seen and when we first saw it.
+    observed: Option<(Value, Instant)>,
+    /// While leading: when the last successful write was sent.
+    last_renew: Option<Instant>,
+    leader_tx: watch::Sender<bool>,
+}
+
+impl<S: LeaseStore> Elector<S> {
+    async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let lease = format!("{}/{}", self.cfg.namespace, self.cfg.name);
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            if let Some(deadline) = self.deadline() {
+                if Instant::now() >= deadline {
+                    tracing::warn!(%lease, identity = %self.cfg.identity, "could not renew the leader lease in time, stepping down");
+                    self.set_leader(false);
+                }
+            }
+            let started = Instant::now();
+            let mut limit = started + self.cfg.attempt_timeout();
+            if let Some(deadline) = self.deadline() {
+                limit = limit.min(deadline);
+            }
+            let outcome = tokio::select! {
+                r = tokio::time::timeout_at(limit, self.attempt()) => r,
+                _ = shutdown.changed() => break,
+            };
+            let healthy = match outcome {
+                Ok(Ok(Attempt::Holding)) => {
+                    self.last_renew = Some(started);
+                    if !self.is_leader() {
+                        tracing::info!(%lease, identity = %self.cfg.identity, "acquired the leader lease");
+                    }
+                    self.set_leader(true);
+                    true
+                }
+                Ok(Ok(Attempt::HeldByOther)) => {
+                    if self.is_leader() {
+                        tracing::warn!(%lease, identity = %self.cfg.identity, "another replica holds the leader lease, stepping down");
+                    }
+                    self.set_leader(false);
+                    true
+                }
+                Ok(Ok(Attempt::LostRace)) => {
+                    tracing::debug!(%lease, "leader lease changed while writing it, retrying");
+                    false
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(%lease, error = %e, "leader lease request failed");
+                    false
+                }
+                Err(_) => {
+                    tracing::warn!(%lease, "leader lease request timed out");
+                    false
+                }
+            };
+            let wait = if self.is_leader() && healthy {
+                self.cfg.renew_interval
+            } else {
+                self.cfg.retry_interval
+            };
+            let mut wake = Instant::now() + wait;
+            if let Some(deadline) = self.deadline() {
+                // Wake at the deadline at the latest, so a failing leader steps down on
+                // time rather than up to one interval late.
+                wake = wake.min(deadline);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = shutdown.changed() => break,
+            }
+        }
+        self.release().await;
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.leader_tx.borrow()
+    }
+
+    fn set_leader(&mut self, leader: bool) {
+        if !leader {
+            self.last_renew = None;
+        }
+        self.leader_tx.send_if_modified(|cur| {
+            let changed = *cur != leader;
+            *cur = leader;
+            changed
+        });
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.last_renew.map(|t| t + self.cfg.lease_duration)
+    }
+
+    fn observe(&mut self, lease: &Value, at: Instant) {
+        let spec = lease.get("spec").cloned().unwrap_or(Value::Null);
+        match &self.observed {
+            Some((seen, _)) if *seen == spec => {}
+            _ => self.observed = Some((spec, at)),
+        }
+    }
+
+    fn expired(&self, spec: &Value) -> bool {
+        let duration = spec
+            .get("leaseDurationSeconds")
+            .and_then(Value::as_u64)
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs)
+            .unwrap_or(self.cfg.lease_duration);
+        match &self.observed {
+            Some((_, at)) => Instant::now() >= *at + duration,
+            None => false,
+        }
+    }
+
+    async fn attempt(&mut self) -> Result<Attempt, Error> {
+        let started = Instant::now();
+        let now = micro_time(Utc::now());
+        let Some(current) = self.store.get().await? else {
+            let lease = json!({
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace},
+                "spec": {
+                    "holderIdentity": self.cfg.identity,
+                    "leaseDurationSeconds": self.cfg.duration_seconds(),
+                    "acquireTime": now,
+                    "renewTime": now,
+                    "leaseTransitions": 0,
+                },
+            });
+            return match self.store.create(lease).await {
+                Ok(created) => {
+                    self.observe(&created, started);
+                    Ok(Attempt::Holding)
+                }
+                Err(e) if e.is_already_exists() || e.is_conflict() => Ok(Attempt::LostRace),
+                Err(e) => Err(e),
+            };
+        };
+        self.observe(&current, started);
+        let spec = current.get("spec").cloned().unwrap_or_else(|| json!({}));
+        let holder = spec
+            .get("holderIdentity")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let mine = holder == self.cfg.identity;
+        if !mine && !holder.is_empty() && !self.expired(&spec) {
+            return Ok(Attempt::HeldByOther);
+        }
+        let transitions = spec
+            .get("leaseTransitions")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        let mut next = current;
+        if !next.get("spec").is_some_and(Value::is_object) {
+            next["spec"] = json!({});
+        }
+        let s = &mut next["spec"];
+        s["holderIdentity"] = json!(self.cfg.identity);
+        s["leaseDurationSeconds"] = json!(self.cfg.duration_seconds());
+        s["renewTime"] = json!(now);
+        if !mine {
+            s["acquireTime"] = json!(now);
+            s["leaseTransitions"] = json!(transitions + 1);
+        }
+        match self.store.replace(next).await {
+            Ok(updated) => {
+                self.observe(&updated, started);
+                Ok(Attempt::Holding)
+            }
+            Err(e) if e.is_conflict() => Ok(Attempt::LostRace),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Steps down and gives the Lease back if we still hold it.
+    async fn release(&mut self) {
+        let was_leader = self.is_leader();
+        self.set_leader(false);
+        if !was_leader {
+            return;
+        }
+        let lease = format!("{}/{}", self.cfg.namespace, self.cfg.name);
+        let result = tokio::time::timeout(self.cfg.attempt_timeout(), async {
+            let Some(mut current) = self.store.get().await? else {
+                return Ok(false);
+            };
+            if current["spec"]["holderIdentity"].as_str() != Some(&self.cfg.identity) {
+                return Ok(false);
+            }
+            let now = json!(micro_time(Utc::now()));
+            let s = &mut current["spec"];
+            // As client-go: an empty holder lets the next retry take over at once.
+            s["holderIdentity"] = json!("");
+            s["leaseDurationSeconds"] = json!(1);
+            s["renewTime"] = now.clone();
+            s["acquireTime"] = now;
+            self.store.replace(current).await.map(|_| true)
+        })
+        .await;
+        match result {
+            Ok(Ok(true)) => {
+                tracing::info!(%lease, identity = %self.cfg.identity, "released the leader lease")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(%lease, error = %e, "could not release the leader lease; it expires on its own")
+            }
+            Err(_) => {
+                tracing::warn!(%lease, "releasing the leader lease timed out; it expires on its own")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,485 @@
+//! Registration of the proxy in the client cluster's aggregation layer.
+//!
+//! Per group/version: a Service in `kube-system` and the APIService `<version>.<group>`
+//! pointing at it, both carrying the protection label; once: the
+//! ValidatingAdmissionPolicy and its binding that deny deleting labelled objects.
+//!
+//! Reconciliation is create-if-missing, replace-if-drifted (PUT with the
+//! `resourceVersion` just read, so a concurrent writer makes us retry rather than
+//! clobber), never delete: removing a group/version from the config leaves its
+//! objects for an operator to remove on purpose.
+//!
+//! Drift is judged only on what we own: our label, and the spec fields we set.
+//! Server-defaulted fields (`clusterIP`, `sessionAffinity`, policy defaults) are not
+//! drift, and a replace starts from the live object so they are kept.
+
+use crate::leader::LeaderHandle;
+use crate::names;
+use crate::WiringError;
+use base64::Engine as _;
+use crproxy_kube::Client;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// `spec.groupPriorityMinimum` of every proxied APIService.
+pub const GROUP_PRIORITY_MINIMUM: u32 = 1000;
+/// `spec.versionPriority` of every proxied APIService.
+pub const VERSION_PRIORITY: u32 = 15;
+
+/// CEL over the object being deleted: deny only when it carries the protection label.
+/// The binding's object selector already limits the policy to labelled objects; the
+/// expression repeats the condition so the policy stays correct if the binding is
+/// edited or bound more widely.
+pub fn protection_expression() -> String {
+    format!(
+        "!has(oldObject.metadata.labels) || !('{key}' in oldObject.metadata.labels) || oldObject.metadata.labels['{key}'] != '{value}'",
+        key = names::PROTECTION_LABEL_KEY,
+        value = names::PROTECTION_LABEL_VALUE,
+    )
+}
+
+/// How the Service routes to the proxy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceMode {
+    /// `type: ExternalName` to a host name, normally `localhost`: the proxy runs in
+    /// the API server's pod, as in vCluster.
+    ExternalName { external_name: String },
+    /// `type: ClusterIP` selecting the proxy pods, for in-cluster deployments.
+    ClusterIP { selector: BTreeMap<String, String> },
+}
+
+/// One proxied group/version and the port its proxy listens on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registration {
+    pub group: String,
+    pub version: String,
+    pub port: u16,
+}
+
+/// Settings shared by all registrations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegistrarConfig {
+    pub service_mode: ServiceMode,
+    /// Namespace of the Services, `kube-system`.
+    pub service_namespace: String,
+    /// PEM of the CA that signed the proxy's serving certificate (APIService
+    /// `caBundle`).
+    pub ca_bundle_pem: Vec<u8>,
+    /// Set `insecureSkipTLSVerify` instead of a `caBundle`. Development only.
+    pub insecure_skip_tls_verify: bool,
+}
+
+impl RegistrarConfig {
+    /// ExternalName `localhost` Services in `kube-system`, verified with `ca_bundle_pem`.
+    pub fn local(ca_bundle_pem: Vec<u8>) -> RegistrarConfig {
+        RegistrarConfig {
+            service_mode: ServiceMode::ExternalName {
+                external_name: "localhost".to_owned(),
+            },
+            service_namespace: "kube-system".to_owned(),
+            ca_bundle_pem,
+            insecure_skip_tls_verify: false,
+        }
+    }
+}
+
+fn protection_labels() -> Value {
+    json!({ names::PROTECTION_LABEL_KEY: names::PROTECTION_LABEL_VALUE })
+}
+
+/// The Service for one registration.
+pub fn desired_service(cfg: &RegistrarConfig, reg: &Registration) -> Value {
+    let mut spec = Map::new();
+    match &cfg.service_mode {
+        ServiceMode::ExternalName { external_name } => {
+            spec.insert("type".into(), json!("ExternalName"));
+            spec.insert("externalName".into(), json!(external_name));
+        }
+        ServiceMode::ClusterIP { selector } => {
+            spec.insert("type".into(), json!("ClusterIP"));
+            spec.insert("selector".into(), json!(selector));
+        }
+    }
+    spec.insert(
+        "ports".into(),
+        json!([{"name": "https", "protocol": "TCP", "port": reg.port, "targetPort": reg.port}]),
+    );
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names::service_name(&reg.group, &reg.version),
+            "namespace": cfg.service_namespace,
+            "labels": protection_labels(),
+        },
+        "spec": spec,
+    })
+}
+
+/// The APIService for one registration.
+pub fn desired_apiservice(cfg: &RegistrarConfig, reg: &Registration) -> Value {
+    let mut spec = json!({
+        "group": reg.group,
+        "version": reg.version,
+        "service": {
+            "namespace": cfg.service_namespace,
+            "name": names::service_name(&reg.group, &reg.version),
+            "port": reg.port,
+        },
+        "groupPriorityMinimum": GROUP_PRIORITY_MINIMUM,
+        "versionPriority": VERSION_PRIORITY,
+    });
+    // The API server rejects a caBundle together with insecureSkipTLSVerify.
+    if cfg.insecure_skip_tls_verify {
+        spec["insecureSkipTLSVerify"] = json!(true);
+    } else {
+        spec["caBundle"] =
+            json!(base64::engine::general_purpose::STANDARD.encode(&cfg.ca_bundle_pem));
+    }
+    json!({
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {
+            "name": names::apiservice_name(&reg.group, &reg.version),
+            "labels": protection_labels(),
+        },
+        "spec": spec,
+    })
+}
+
+/// The ValidatingAdmissionPolicy denying deletion of protected APIServices and
+/// Services.
+pub fn desired_policy() -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": names::POLICY_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["apiregistration.k8s.io"],
+                        "apiVersions": ["*"],
+                        "operations": ["DELETE"],
+                        "resources": ["apiservices"],
+                    },
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["*"],
+                        "operations": ["DELETE"],
+                        "resources": ["services"],
+                    },
+                ],
+            },
+            "validations": [{
+                "expression": protection_expression(),
+                "message": names::DELETION_DENIED_MESSAGE,
+            }],
+        },
+    })
+}
+
+/// The binding that enforces [`desired_policy`] on labelled objects.
+pub fn desired_binding() -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": names::POLICY_BINDING_NAME},
+        "spec": {
+            "policyName": names::POLICY_NAME,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "objectSelector": {"matchLabels": protection_labels()},
+            },
+        },
+    })
+}
+
+/// The kinds we reconcile; each knows its paths and what counts as drift.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Service,
+    ApiService,
+    Policy,
+    Binding,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::ApiService => "APIService",
+            Kind::Policy => "ValidatingAdmissionPolicy",
+            Kind::Binding => "ValidatingAdmissionPolicyBinding",
+        }
+    }
+
+    fn collection(self, namespace: &str) -> String {
+        match self {
+            Kind::Service => format!("/api/v1/namespaces/{namespace}/services"),
+            Kind::ApiService => "/apis/apiregistration.k8s.io/v1/apiservices".to_owned(),
+            Kind::Policy => {
+                "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies".to_owned()
+            }
+            Kind::Binding => {
+                "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings".to_owned()
+            }
+        }
+    }
+}
+
+/// Whether `live` differs from `desired` in anything we own.
+fn drifted(kind: Kind, desired: &Value, live: &Value) -> bool {
+    let labels_ok = desired["metadata"]["labels"]
+        .as_object()
+        .map(|want| {
+            want.iter()
+                .all(|(k, v)| live["metadata"]["labels"].get(k) == Some(v))
+        })
+        .unwrap_or(true);
+    if !labels_ok {
+        return true;
+    }
+    match kind {
+        Kind::ApiService => {
+            normalized_apiservice_spec(&desired["spec"])
+                != normalized_apiservice_spec(&live["spec"])
+        }
+        Kind::Service => {
+            !is_subset(&desired["spec"], &live["spec"])
+                // Extra selector keys would select other pods (or none): exact match.
+                || (desired["spec"].get("selector").is_some()
+                    && desired["spec"]["selector"] != live["spec"]["selector"])
+                || (desired["spec"]["type"] == "ExternalName"
+                    && live["spec"].get("selector").is_some_and(|s| !s.is_null()))
+        }
+        Kind::Policy | Kind::Binding => !is_subset(&desired["spec"], &live["spec"]),
+    }
+}
+
+/// The whole APIService spec is ours; absent fields mean their zero value (the API
+/// server omits `insecureSkipTLSVerify: false`) and the port defaults to 443.
+fn normalized_apiservice_spec(spec: &Value) -> Value {
+    let svc = &spec["service"];
+    json!({
+        "group": spec["group"].as_str().unwrap_or(""),
+        "version": spec["version"].as_str().unwrap_or(""),
+        "service": {
+            "namespace": svc["namespace"].as_str().unwrap_or(""),
+            "name": svc["name"].as_str().unwrap_or(""),
+            "port": svc["port"].as_u64().unwrap_or(443),
+        },
+        "caBundle": spec["caBundle"].as_str().unwrap_or(""),
+        "insecureSkipTLSVerify": spec["insecureSkipTLSVerify"].as_bool().unwrap_or(false),
+        "groupPriorityMinimum": spec["groupPriorityMinimum"].as_u64().unwrap_or(0),
+        "versionPriority": spec["versionPriority"].as_u64().unwrap_or(0),
+    })
+}
+
+/// `want` is contained in `have`: every object key of `want` is present with a
+/// contained value; arrays have the same length and contained elements; scalars equal.
+fn is_subset(want: &Value, have: &Value) -> bool {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => w
+            .iter()
+            .all(|(k, v)| h.get(k).is_some_and(|hv| is_subset(v, hv))),
+        (Value::Array(w), Value::Array(h)) => {
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| is_subset(a, b))
+        }
+        (w, h) => w == h,
+    }
+}
+
+/// The PUT body repairing `live`: live metadata (resourceVersion, other labels and
+/// annotations) plus our labels, and our spec over the live one.
+fn repaired(kind: Kind, desired: &Value, live: &Value) -> Value {
+    let mut out = live.clone();
+    if !out["metadata"]["labels"].is_object() {
+        out["metadata"]["labels"] = json!({});
+    }
+    if let Some(want) = desired["metadata"]["labels"].as_object() {
+        for (k, v) in want {
+            out["metadata"]["labels"][k] = v.clone();
+        }
+    }
+    match kind {
+        Kind::ApiService | Kind::Policy | Kind::Binding => {
+            // Wholly ours; the server re-applies its defaults.
+            out["spec"] = desired["spec"].clone();
+        }
+        Kind::Service => {
+            if !out["spec"].is_object() {
+                out["spec"] = json!({});
+            }
+            if let (Some(spec), Some(want)) =
+                (out["spec"].as_object_mut(), desired["spec"].as_object())
+            {
+                if want.get("type") == Some(&json!("ExternalName")) {
+                    // ExternalName Services must not keep cluster IPs or a selector.
+                    for k in [
+                        "clusterIP",
+                        "clusterIPs",
+                        "selector",
+                        "ipFamilies",
+                        "ipFamilyPolicy",
+                        "internalTrafficPolicy",
+                    ] {
+                        spec.remove(k);
+                    }
+                } else {
+                    spec.remove("externalName");
+                }
+                for (k, v) in want {
+                    spec.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What one reconcile did to an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+async fn reconcile(
+    client: &Client,
+    kind: Kind,
+    namespace: &str,
+    desired: &Value,
+) -> Result<Outcome, WiringError> {
+    let name = desired["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    let collection = kind.collection(namespace);
+    let path = format!("{collection}/{name}");
+    let err = |action: &'static str, source| WiringError::Object {
+        action,
+        kind: kind.name(),
+        name: name.clone(),
+        source: Box::new(source),
+    };
+    let live = match client.get(&path).await {
+        Ok(v) => Some(v),
+        Err(e) if e.is_not_found() => None,
+        Err(e) => return Err(err("reading", e)),
+    };
+    let outcome = match live {
+        None => {
+            client
+                .create(&collection, desired)
+                .await
+                .map_err(|e| err("creating", e))?;
+            Outcome::Created
+        }
+        Some(live) if drifted(kind, desired, &live) => {
+            client
+                .replace(&path, &repaired(kind, desired, &live))
+                .await
+                .map_err(|e| err("updating", e))?;
+            Outcome::Updated
+        }
+        Some(_) => Outcome::Unchanged,
+    };
+    match outcome {
+        Outcome::Created => tracing::info!(kind = kind.name(), %name, "registered"),
+        Outcome::Updated => {
+            tracing::info!(kind = kind.name(), %name, "repaired drifted registration")
+        }
+        Outcome::Unchanged => tracing::debug!(kind = kind.name(), %name, "registration up to date"),
+    }
+    Ok(outcome)
+}
+
+fn validate(regs: &[Registration]) -> Result<(), WiringError> {
+    for r in regs {
+        if r.group.is_empty() || r.version.is_empty() || r.port == 0 {
+            return Err(WiringError::Invalid(format!(
+                "group {:?} version {:?} port {}: group and version must be set and the port non-zero",
+                r.group, r.version, r.port
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Creates or repairs the policy, its binding, and every registration's Service and
+/// APIService. Every object is attempted even if an earlier one fails; the first
+/// failure is returned after all were tried. Never deletes anything.
+pub async fn register_all(
+    client: &Client,
+    cfg: &RegistrarConfig,
+    regs: &[Registration],
+) -> Result<(), WiringError> {
+    validate(regs)?;
+    // Protection first, so the objects are never unprotected once they exist; the
+    // Service before the APIService that points at it.
+    let mut work = vec![
+        (Kind::Policy, desired_policy()),
+        (Kind::Binding, desired_binding()),
+    ];
+    for reg in regs {
+        work.push((Kind::Service, desired_service(cfg, reg)));
+        work.push((Kind::ApiService, desired_apiservice(cfg, reg)));
+    }
+    let mut failures = Vec::new();
+    for (kind, desired) in &work {
+        if let Err(e) = reconcile(client, *kind, &cfg.service_namespace, desired).await {
+            tracing::warn!(error = %e, "registration failed, will retry");
+            failures.push(e);
+        }
+    }
+    let count = failures.len();
+    match failures.into_iter().next() {
+        None => Ok(()),
+        Some(first) if count == 1 => Err(first),
+        Some(first) => Err(WiringError::Several {
+            count,
+            first: Box::new(first),
+        }),
+    }
+}
+
+/// Runs [`register_all`] whenever this replica becomes leader and then every
+/// `interval` while it leads (sooner after a failure). Ends when the leader's election
+/// loop ends.
+pub fn spawn_registrar(
+    client: Client,
+    cfg: RegistrarConfig,
+    regs: Vec<Registration>,
+    leader: LeaderHandle,
+    interval: Duration,
+) -> JoinHandle<()> {
+    let retry = interval.min(Duration::from_secs(5));
+    tokio::spawn(async move {
+        // Only the receiver: holding a handle clone would keep the election alive
+        // after the owner dropped its handles.
+        let mut changes = leader.changes();
+        drop(leader);
+        loop {
+            let leading = *changes.borrow_and_update();
+            let mut wait = interval;
+            if leading {
+                if let Err(e) = register_all(&client, &cfg, &regs).await {
+                    tracing::warn!(error = %e, "registration pass failed");
+                    wait = retry;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait), if leading => {}
+                r = changes.changed() => if r.is_err() { break },
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;

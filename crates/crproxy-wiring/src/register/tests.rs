@@ -1,0 +1,282 @@
+use super::*;
+
+fn cfg() -> RegistrarConfig {
+    RegistrarConfig::local(b"-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".to_vec())
+}
+
+fn reg() -> Registration {
+    Registration {
+        group: "example.com".into(),
+        version: "v1".into(),
+        port: 9100,
+    }
+}
+
+#[test]
+fn desired_objects() {
+    let svc = desired_service(&cfg(), &reg());
+    assert_eq!(svc["metadata"]["name"], "proxy-example-com-v1");
+    assert_eq!(svc["metadata"]["namespace"], "kube-system");
+    assert_eq!(
+        svc["metadata"]["labels"]["vcluster.loft.sh/protected"],
+        "resource-proxy"
+    );
+    assert_eq!(svc["spec"]["type"], "ExternalName");
+    assert_eq!(svc["spec"]["externalName"], "localhost");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9100);
+
+    let api = desired_apiservice(&cfg(), &reg());
+    assert_eq!(api["metadata"]["name"], "v1.example.com");
+    assert_eq!(
+        api["metadata"]["labels"]["vcluster.loft.sh/protected"],
+        "resource-proxy"
+    );
+    assert_eq!(
+        api["spec"],
+        json!({
+            "group": "example.com", "version": "v1",
+            "service": {"namespace": "kube-system", "name": "proxy-example-com-v1", "port": 9100},
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(&cfg().ca_bundle_pem),
+            "groupPriorityMinimum": 1000, "versionPriority": 15,
+        })
+    );
+    let insecure = RegistrarConfig {
+        insecure_skip_tls_verify: true,
+        ..cfg()
+    };
+    let api = desired_apiservice(&insecure, &reg());
+    assert_eq!(api["spec"]["insecureSkipTLSVerify"], true);
+    assert!(
+        api["spec"].get("caBundle").is_none(),
+        "rejected together by the API server"
+    );
+
+    let cip = RegistrarConfig {
+        service_mode: ServiceMode::ClusterIP {
+            selector: BTreeMap::from([("app".to_owned(), "crproxy".to_owned())]),
+        },
+        ..cfg()
+    };
+    let svc = desired_service(&cip, &reg());
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert_eq!(svc["spec"]["selector"], json!({"app": "crproxy"}));
+    assert!(svc["spec"].get("externalName").is_none());
+
+    let policy = desired_policy();
+    assert_eq!(policy["metadata"]["name"], "vcluster-protected-apiservices");
+    assert_eq!(
+        policy["spec"]["validations"][0]["message"],
+        names::DELETION_DENIED_MESSAGE
+    );
+    let binding = desired_binding();
+    assert_eq!(
+        binding["metadata"]["name"],
+        "vcluster-protected-resource-proxy"
+    );
+    assert_eq!(
+        binding["spec"]["policyName"],
+        "vcluster-protected-apiservices"
+    );
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert_eq!(
+        binding["spec"]["matchResources"]["objectSelector"]["matchLabels"],
+        json!({"vcluster.loft.sh/protected": "resource-proxy"})
+    );
+}
+
+/// Applies `edit` to what the server would hold for `desired` and checks drift.
+fn check(kind: Kind, desired: Value, edit: impl Fn(&mut Value), expected_drift: bool) {
+    let mut live = desired.clone();
+    live["metadata"]["resourceVersion"] = json!("42");
+    edit(&mut live);
+    assert_eq!(
+        drifted(kind, &desired, &live),
+        expected_drift,
+        "{kind:?} live {live}"
+    );
+    // A repair always yields something that is no longer drifted and keeps the
+    // resourceVersion for optimistic concurrency.
+    let fixed = repaired(kind, &desired, &live);
+    assert!(
+        !drifted(kind, &desired, &fixed),
+        "repair of {live} gave {fixed}"
+    );
+    assert_eq!(fixed["metadata"]["resourceVersion"], "42");
+}
+
+#[test]
+fn drift() {
+    let svc = || desired_service(&cfg(), &reg());
+    let api = || desired_apiservice(&cfg(), &reg());
+    // Server defaults and foreign metadata are not drift.
+    check(Kind::Service, svc(), |_| {}, false);
+    check(
+        Kind::Service,
+        svc(),
+        |v| {
+            v["spec"]["sessionAffinity"] = json!("None");
+            v["metadata"]["labels"]["team"] = json!("x");
+            v["metadata"]["annotations"] = json!({"a": "b"});
+        },
+        false,
+    );
+    check(
+        Kind::Service,
+        svc(),
+        |v| v["spec"]["externalName"] = json!("evil"),
+        true,
+    );
+    check(
+        Kind::Service,
+        svc(),
+        |v| v["spec"]["ports"][0]["port"] = json!(9101),
+        true,
+    );
+    check(
+        Kind::Service,
+        svc(),
+        |v| v["spec"]["ports"] = json!([v["spec"]["ports"][0].clone(), {"port": 1}]),
+        true,
+    );
+    check(
+        Kind::Service,
+        svc(),
+        |v| {
+            v["metadata"]["labels"]
+                .as_object_mut()
+                .map(|l| l.remove("vcluster.loft.sh/protected"));
+        },
+        true,
+    );
+    check(
+        Kind::Service,
+        svc(),
+        |v| v["metadata"]["labels"] = Value::Null,
+        true,
+    );
+    // Switching a ClusterIP Service to ExternalName drops its cluster IP.
+    check(
+        Kind::Service,
+        svc(),
+        |v| {
+            v["spec"]["type"] = json!("ClusterIP");
+            v["spec"]["clusterIP"] = json!("10.0.0.7");
+            v["spec"]["selector"] = json!({"app": "x"});
+        },
+        true,
+    );
+
+    check(Kind::ApiService, api(), |_| {}, false);
+    check(
+        Kind::ApiService,
+        api(),
+        |v| v["spec"]["caBundle"] = json!("b2xk"),
+        true,
+    );
+    check(
+        Kind::ApiService,
+        api(),
+        |v| v["spec"]["insecureSkipTLSVerify"] = json!(false),
+        false,
+    );
+    check(
+        Kind::ApiService,
+        api(),
+        |v| v["spec"]["insecureSkipTLSVerify"] = json!(true),
+        true,
+    );
+    check(
+        Kind::ApiService,
+        api(),
+        |v| v["spec"]["versionPriority"] = json!(100),
+        true,
+    );
+    check(
+        Kind::ApiService,
+        api(),
+        |v| v["spec"]["service"]["name"] = json!("other"),
+        true,
+    );
+    check(
+        Kind::ApiService,
+        api(),
+        |v| v["status"] = json!({"conditions": [{"type": "Available", "status": "True"}]}),
+        false,
+    );
+
+    // Policy: server defaults added to rules are fine; a changed expression is not.
+    check(
+        Kind::Policy,
+        desired_policy(),
+        |v| {
+            v["spec"]["matchConstraints"]["resourceRules"][0]["scope"] = json!("*");
+            v["spec"]["matchConstraints"]["matchPolicy"] = json!("Equivalent");
+        },
+        false,
+    );
+    check(
+        Kind::Policy,
+        desired_policy(),
+        |v| v["spec"]["validations"][0]["expression"] = json!("true"),
+        true,
+    );
+    check(
+        Kind::Binding,
+        desired_binding(),
+        |v| v["spec"]["validationActions"] = json!(["Warn"]),
+        true,
+    );
+    check(
+        Kind::Binding,
+        desired_binding(),
+        |v| v["spec"]["matchResources"]["namespaceSelector"] = json!({}),
+        false,
+    );
+}
+
+#[test]
+fn cluster_ip_repairs_keep_the_allocated_ip() {
+    let cip = RegistrarConfig {
+        service_mode: ServiceMode::ClusterIP {
+            selector: BTreeMap::from([("app".to_owned(), "crproxy".to_owned())]),
+        },
+        ..cfg()
+    };
+    let desired = desired_service(&cip, &reg());
+    let mut live = desired.clone();
+    live["spec"]["clusterIP"] = json!("10.0.0.9");
+    live["spec"]["selector"] = json!({"app": "crproxy", "extra": "x"});
+    assert!(
+        drifted(Kind::Service, &desired, &live),
+        "extra selector keys are drift"
+    );
+    let fixed = repaired(Kind::Service, &desired, &live);
+    assert_eq!(fixed["spec"]["clusterIP"], "10.0.0.9");
+    assert_eq!(fixed["spec"]["selector"], json!({"app": "crproxy"}));
+}
+
+#[test]
+fn invalid_registrations_are_refused() {
+    for bad in [
+        Registration { port: 0, ..reg() },
+        Registration {
+            group: String::new(),
+            ..reg()
+        },
+        Registration {
+            version: String::new(),
+            ..reg()
+        },
+    ] {
+        assert!(matches!(validate(&[bad]), Err(WiringError::Invalid(_))));
+    }
+    assert!(validate(&[reg()]).is_ok());
+}
+
+#[test]
+fn the_protection_expression_names_the_label() {
+    assert_eq!(
+        protection_expression(),
+        "!has(oldObject.metadata.labels) || !('vcluster.loft.sh/protected' in oldObject.metadata.labels) || oldObject.metadata.labels['vcluster.loft.sh/protected'] != 'resource-proxy'"
+    );
+}

@@ -1,0 +1,115 @@
+//! `crproxy dev` and `crproxy devcluster`.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crproxy::devenv::{DevEnv, DevOptions};
+
+#[derive(Args, Debug)]
+pub struct DevArgs {
+    /// Where kubeconfigs, dev.json and cluster state are written.
+    #[arg(long, default_value = ".crproxy/dev")]
+    dir: PathBuf,
+    /// Client clusters sharing the one target.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// Listeners the target serves its one store on; each is a peer.
+    #[arg(long, default_value_t = 1)]
+    target_replicas: usize,
+    /// First target listener port (replicas take the next ones).
+    #[arg(long, default_value_t = 7443)]
+    target_port: u16,
+    /// First client API port (further clients take the next ones).
+    #[arg(long, default_value_t = 6443)]
+    client_port: u16,
+    /// First proxy port; each further client starts 10 higher.
+    #[arg(long, default_value_t = 9100)]
+    proxy_port: u16,
+    /// Metrics port of the first client's proxy; further clients take the next ones.
+    #[arg(long, default_value_t = 9090)]
+    metrics_port: u16,
+}
+
+pub async fn run(args: DevArgs) -> Result<()> {
+    let env = DevEnv::start(DevOptions {
+        dir: args.dir.clone(),
+        clients: args.clients,
+        target_replicas: args.target_replicas,
+        target_port: args.target_port,
+        client_port: args.client_port,
+        proxy_base_port: args.proxy_port,
+        metrics_port: args.metrics_port,
+        persistent: true,
+    })
+    .await?;
+    print_tour(&env);
+    crproxy::run::wait_for_signal().await;
+    println!("\nstopping: proxies first, then the clusters");
+    env.shutdown().await;
+    Ok(())
+}
+
+fn print_tour(env: &DevEnv) {
+    let dir = env.options.dir.display();
+    let described = env.describe();
+    println!("crproxy dev is up. Everything is in {dir}:");
+    println!("  client.kubeconfig  the client cluster (where callers work)");
+    println!("  target.kubeconfig  the target cluster (where objects are stored)");
+    println!("  dev.json           every URL and port");
+    println!();
+    println!("  target API:  {}", env.target.url());
+    for addr in &env.target_replicas {
+        println!("  target peer: https://{addr}");
+    }
+    for client in &env.clients {
+        println!("  {} API: {}", client.name, client.cluster.url());
+        for (gv, addr) in &client.proxy.servers {
+            println!("  {} proxy for {gv}: https://{addr}", client.name);
+        }
+        println!("  {} metrics: {}", client.name, client.metrics_url);
+    }
+    let metrics = described["metrics_url"].as_str().unwrap_or("");
+    println!(
+        r#"
+Try it:
+  export KUBECONFIG={dir}/client.kubeconfig
+  kubectl get apiservice v1.example.com
+  kubectl api-resources --api-group=example.com
+  kubectl create namespace demo
+  kubectl -n demo create -f - <<'EOF'
+apiVersion: example.com/v1
+kind: Widget
+metadata: {{name: hello}}
+spec: {{size: 3}}
+EOF
+  kubectl -n demo get widgets
+  kubectl --kubeconfig {dir}/target.kubeconfig -n demo get widgets --show-labels
+  curl -s {metrics} | grep vcluster_proxy_request_total
+  kubectl delete apiservice v1.example.com     # denied: the proxy objects are protected
+
+Press Ctrl-C to stop."#
+    );
+}
+
+/// `crproxy devcluster`: one API server until Ctrl-C.
+pub async fn run_devcluster(data_dir: PathBuf, port: u16, name: String) -> Result<()> {
+    let cluster = devcluster::start(devcluster::DevClusterConfig {
+        name,
+        data_dir: Some(data_dir.clone()),
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port,
+    })
+    .await
+    .with_context(|| format!("starting devcluster in {}", data_dir.display()))?;
+    println!("devcluster serving at {}", cluster.url());
+    println!(
+        "kubeconfig: {}",
+        data_dir.join("admin.kubeconfig").display()
+    );
+    crproxy::run::wait_for_signal().await;
+    cluster.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,5 @@
+//! Library side of the `crproxy` command: the pieces the end-to-end tests start
+//! exactly as the command does.
+
+pub mod devenv;
+pub mod run;

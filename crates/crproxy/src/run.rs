@@ -1,0 +1,354 @@
+//! `crproxy run` and `crproxy check-config`: from a configuration file to a running
+//! proxy with its control-plane wiring.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crproxy_core::config::{self, Config, ProxyPlan};
+use crproxy_core::ownership::Owner;
+use crproxy_core::pki::{CertPem, CertificateAuthority};
+use crproxy_proxy::app::{ProxySetup, RunningProxy, TargetSetup};
+use crproxy_proxy::metrics::Metrics;
+use crproxy_proxy::server::ServingIdentity;
+use crproxy_proxy::sources::PeerSourceConfig;
+
+/// A configuration file, parsed and validated, with the directory relative paths
+/// in it are resolved against.
+pub struct Loaded {
+    pub config: Config,
+    pub plan: ProxyPlan,
+    pub base_dir: PathBuf,
+}
+
+/// Reads and validates a configuration file; every validation error is reported.
+pub fn load(path: &Path) -> Result<Loaded> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = config::parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let plan = config.validate().map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        anyhow!(
+            "{}: invalid configuration: {}",
+            path.display(),
+            lines.join("; ")
+        )
+    })?;
+    let base_dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    Ok(Loaded {
+        config,
+        plan,
+        base_dir,
+    })
+}
+
+/// `crproxy check-config FILE`: prints each problem on its own line.
+pub fn check_config(path: &Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    match config::load(&text).map(|(_, plan)| plan) {
+        Ok(plan) => {
+            for gv in &plan.group_versions {
+                println!(
+                    "ok: {}/{} -> target {}/{} ({:?}), port {}",
+                    gv.group, gv.version, gv.target.project, gv.target.name, gv.access, gv.port
+                );
+            }
+            Ok(())
+        }
+        Err(errors) => {
+            for error in &errors {
+                println!("{error}");
+            }
+            bail!(
+                "{}: {} configuration error(s)",
+                path.display(),
+                errors.len()
+            )
+        }
+    }
+}
+
+/// The proxy's serving certificate and the CA the APIService `caBundle` carries.
+pub struct Serving {
+    pub identity: ServingIdentity,
+    pub ca_pem: String,
+}
+
+/// Loads the serving CA from `dir` (or creates it there), then issues a serving
+/// certificate for every name the aggregator may use to reach the proxy. Replicas
+/// that share the directory share the CA, so one `caBundle` trusts them all.
+pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
+    let cert_path = dir.join("ca.crt");
+    let key_path = dir.join("ca.key");
+    let ca = if cert_path.exists() && key_path.exists() {
+        let pem = CertPem {
+            cert: std::fs::read_to_string(&cert_path)?,
+            key: std::fs::read_to_string(&key_path)?,
+        };
+        CertificateAuthority::from_pem(&pem).context("loading the serving CA")?
+    } else {
+        let ca = CertificateAuthority::generate("crproxy-serving-ca")?;
+        if persist {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(&cert_path, &ca.pem().cert)?;
+            write_private(&key_path, &ca.pem().key)?;
+        }
+        ca
+    };
+    Ok(Serving {
+        identity: ServingIdentity {
+            cert_chain_pem: String::new(),
+            key_pem: String::new(),
+        },
+        ca_pem: ca.pem().cert.clone(),
+    }
+    .issue(&ca)?)
+}
+
+impl Serving {
+    fn issue(mut self, ca: &CertificateAuthority) -> Result<Self> {
+        // The aggregator verifies `<service>.<namespace>.svc`; service names depend
+        // on the group/version, so the certificate carries a wildcard for
+        // kube-system services as well as the loopback names.
+        let names = [
+            "localhost",
+            "*.kube-system.svc",
+            "*.kube-system.svc.cluster.local",
+        ];
+        let ips = ["127.0.0.1".parse()?, "::1".parse()?];
+        let leaf = ca.issue_server(&names, &ips)?;
+        self.identity = ServingIdentity {
+            cert_chain_pem: format!("{}{}", leaf.cert, ca.pem().cert),
+            key_pem: leaf.key,
+        };
+        Ok(self)
+    }
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(contents.as_bytes())?;
+    Ok(())
+}
+
+fn resolve(base: &Path, path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    if p.is_absolute() {
+        p
+    } else {
+        base.join(p)
+    }
+}
+
+fn cluster_from(base: &Path, kubeconfig: Option<&str>) -> Result<crproxy_kube::ClusterConfig> {
+    match kubeconfig {
+        Some(path) => {
+            let path = resolve(base, path);
+            let loaded = crproxy_kube::Kubeconfig::load(&path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Ok(crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
+                .with_context(|| format!("using kubeconfig {}", path.display()))?)
+        }
+        None => Ok(crproxy_kube::ClusterConfig::in_cluster()
+            .context("no kubeconfig given and not running in a cluster")?),
+    }
+}
+
+/// Turns a loaded configuration into what the proxy library starts from.
+pub fn setup(
+    loaded: &Loaded,
+    serving: ServingIdentity,
+    metrics: Arc<Metrics>,
+) -> Result<ProxySetup> {
+    let config = &loaded.config;
+    let client_cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())
+        .context("client cluster")?;
+    let client = crproxy_kube::Client::new(client_cluster)?;
+    let mut targets = Vec::new();
+    for target in &config.targets {
+        let project = target
+            .project
+            .clone()
+            .unwrap_or_else(|| config.client.project.clone());
+        let cluster = cluster_from(&loaded.base_dir, Some(&target.kubeconfig))
+            .with_context(|| format!("target {project}/{}", target.name))?;
+        let peers = peer_source(&loaded.base_dir, &target.peers, &cluster)?;
+        targets.push(TargetSetup {
+            name: target.name.clone(),
+            project,
+            cluster,
+            peers,
+        });
+    }
+    let bind: IpAddr = config.proxy.bind_address.parse().with_context(|| {
+        format!("proxy.bindAddress: {:?} is not an IP address", config.proxy.bind_address)
+    })?;
+    let metrics_addr: SocketAddr = config.proxy.metrics_address.parse().with_context(|| {
+        format!("proxy.metricsAddress: {:?} is not host:port", config.proxy.metrics_address)
+    })?;
+    Ok(ProxySetup {
+        owner: Owner {
+            name: config.client.name.clone(),
+            project: config.client.project.clone(),
+        },
+        plan: loaded.plan.group_versions.clone(),
+        bind,
+        metrics_addr,
+        client,
+        targets,
+        serving,
+        metrics,
+    })
+}
+
+fn peer_source(
+    base: &Path,
+    peers: &config::PeerSource,
+    target_cluster: &crproxy_kube::ClusterConfig,
+) -> Result<PeerSourceConfig> {
+    Ok(match peers {
+        config::PeerSource::Static(list) => PeerSourceConfig::Static(list.clone()),
+        config::PeerSource::Dns(dns) => PeerSourceConfig::Dns {
+            name: dns.name.clone(),
+            port: dns.port,
+            interval: Duration::from_secs(dns.interval_seconds),
+        },
+        config::PeerSource::EndpointSlices(slices) => {
+            let cluster = match &slices.kubeconfig {
+                Some(path) => cluster_from(base, Some(path))?,
+                None => target_cluster.clone(),
+            };
+            PeerSourceConfig::EndpointSlices {
+                client: crproxy_kube::Client::new(cluster)?,
+                namespace: slices.namespace.clone(),
+                service: slices.service.clone(),
+                port_name: slices.port_name.clone(),
+            }
+        }
+        config::PeerSource::File(path) => PeerSourceConfig::File(resolve(base, path)),
+    })
+}
+
+/// Leader election and registration for one proxy process.
+pub struct WiringHandle {
+    leader: crproxy_wiring::LeaderHandle,
+    registrar: tokio::task::JoinHandle<()>,
+}
+
+impl WiringHandle {
+    /// Stops registering and hands leadership back so another replica takes over
+    /// at once.
+    pub async fn stop(self) {
+        self.registrar.abort();
+        self.leader.release().await;
+    }
+}
+
+/// Starts leader election in the client cluster and, while leader, keeps the
+/// Service, APIService and protection policy of every group/version in place.
+pub async fn start_wiring(
+    loaded: &Loaded,
+    proxy: &RunningProxy,
+    serving_ca_pem: &str,
+    identity: &str,
+) -> Result<WiringHandle> {
+    let config = &loaded.config;
+    let cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())?;
+    let client = crproxy_kube::Client::new(cluster)?;
+    let holder = format!("{identity}-{}", crproxy_wiring::default_identity());
+    let leader = crproxy_wiring::LeaderElector::spawn(
+        client.clone(),
+        crproxy_wiring::LeaseConfig {
+            namespace: "kube-system".into(),
+            name: format!("crproxy-{}", config.client.name),
+            identity: holder,
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(2),
+            retry_interval: Duration::from_secs(2),
+        },
+    );
+    let registrations: Vec<crproxy_wiring::Registration> = loaded
+        .plan
+        .group_versions
+        .iter()
+        .zip(proxy.servers.iter())
+        .map(|(gv, (_, addr))| crproxy_wiring::Registration {
+            group: gv.group.clone(),
+            version: gv.version.clone(),
+            port: addr.port(),
+        })
+        .collect();
+    let registration = &config.proxy.registration;
+    let service_mode = match registration.service_type {
+        config::ServiceType::ExternalName => crproxy_wiring::ServiceMode::ExternalName {
+            external_name: registration.external_name.clone(),
+        },
+        config::ServiceType::ClusterIP => crproxy_wiring::ServiceMode::ClusterIP {
+            selector: BTreeMap::from([(
+                "app.kubernetes.io/name".to_string(),
+                "crproxy".to_string(),
+            )]),
+        },
+    };
+    let registrar = crproxy_wiring::spawn_registrar(
+        client,
+        crproxy_wiring::RegistrarConfig {
+            service_mode,
+            service_namespace: "kube-system".into(),
+            ca_bundle_pem: serving_ca_pem.as_bytes().to_vec(),
+            insecure_skip_tls_verify: registration.insecure_skip_tls_verify,
+        },
+        registrations,
+        leader.clone(),
+        Duration::from_secs(10),
+    );
+    Ok(WiringHandle { leader, registrar })
+}
+
+/// `crproxy run --config FILE`: serve until SIGTERM or Ctrl-C, then shut down
+/// gracefully.
+pub async fn run(path: &Path) -> Result<()> {
+    let loaded = load(path)?;
+    let serving_dir = loaded.base_dir.join("serving-ca");
+    let serving = serving_identity(&serving_dir, true)?;
+    let metrics = Metrics::new();
+    let setup = setup(&loaded, serving.identity.clone(), metrics)?;
+    let proxy = crproxy_proxy::app::start(setup, true).await?;
+    let wiring = start_wiring(&loaded, &proxy, &serving.ca_pem, &loaded.config.client.name).await?;
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections, in-flight requests may finish");
+    wiring.stop().await;
+    proxy.shutdown().await;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(signal) => signal,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

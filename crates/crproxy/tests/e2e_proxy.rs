@@ -1,0 +1,431 @@
+//! End to end: real kubectl → client devcluster → aggregation → crproxy → target
+//! devcluster, started exactly as `crproxy dev` starts them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crproxy::devenv::{DevEnv, DevOptions};
+
+const OWNER_VCLUSTER: &str = "vcluster.com/owner-vcluster";
+const OWNER_PROJECT: &str = "vcluster.com/owner-project";
+
+async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempDir)> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let env = DevEnv::start(DevOptions {
+        dir: dir.path().to_path_buf(),
+        clients,
+        target_replicas: replicas,
+        target_port: 0,
+        client_port: 0,
+        proxy_base_port: 0,
+        metrics_port: 0,
+        persistent: false,
+    })
+    .await?;
+    Ok((env, dir))
+}
+
+/// Runs kubectl off the runtime and returns (success, stdout, stderr).
+async fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let kubeconfig = kubeconfig.to_path_buf();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let stdin = stdin.map(str::to_string);
+    tokio::task::spawn_blocking(move || {
+        test_support::kubectl_with_input(&kubeconfig, &args, stdin.as_deref())
+    })
+    .await
+    .map(|o| (o.success, o.stdout, o.stderr))
+    .unwrap_or((false, String::new(), "kubectl task panicked".into()))
+}
+
+async fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> Result<String> {
+    let (ok, out, err) = kubectl(kubeconfig, args, None).await;
+    anyhow::ensure!(ok, "kubectl {args:?} failed: {err}");
+    Ok(out)
+}
+
+async fn kubectl_apply(kubeconfig: &Path, namespace: &str, manifest: &Value) -> Result<String> {
+    let text = manifest.to_string();
+    let (ok, out, err) = kubectl(
+        kubeconfig,
+        &["-n", namespace, "create", "-f", "-"],
+        Some(&text),
+    )
+    .await;
+    anyhow::ensure!(ok, "kubectl create failed: {err}");
+    Ok(out)
+}
+
+fn widget(name: &str, size: i64) -> Value {
+    json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": {"size": size}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crud_through_the_client_lands_on_the_target_with_owner_labels() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let client = &env.clients[0].kubeconfig;
+    let target = &env.target_kubeconfig;
+    kubectl_ok(client, &["create", "namespace", "demo"]).await?;
+    kubectl_apply(client, "demo", &widget("w1", 1)).await?;
+
+    // On the target, with both labels.
+    let on_target: Value = serde_json::from_str(
+        &kubectl_ok(
+            target,
+            &["-n", "demo", "get", "widgets", "w1", "-o", "json"],
+        )
+        .await?,
+    )?;
+    assert_eq!(on_target["metadata"]["labels"][OWNER_VCLUSTER], "client");
+    assert_eq!(on_target["metadata"]["labels"][OWNER_PROJECT], "default");
+
+    // get, list (Table), merge and json patch, label, delete through the client.
+    let got = kubectl_ok(
+        client,
+        &[
+            "-n",
+            "demo",
+            "get",
+            "widget",
+            "w1",
+            "-o",
+            "jsonpath={.spec.size}",
+        ],
+    )
+    .await?;
+    assert_eq!(got, "1");
+    let table = kubectl_ok(client, &["-n", "demo", "get", "widgets"]).await?;
+    assert!(table.contains("w1"), "{table}");
+    kubectl_ok(
+        client,
+        &[
+            "-n",
+            "demo",
+            "patch",
+            "widget",
+            "w1",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"size":2}}"#,
+        ],
+    )
+    .await?;
+    kubectl_ok(
+        client,
+        &[
+            "-n",
+            "demo",
+            "patch",
+            "widget",
+            "w1",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/size","value":3}]"#,
+        ],
+    )
+    .await?;
+    kubectl_ok(
+        client,
+        &["-n", "demo", "label", "widget", "w1", "color=blue"],
+    )
+    .await?;
+    let labelled = kubectl_ok(
+        client,
+        &[
+            "-n",
+            "demo",
+            "get",
+            "widgets",
+            "-l",
+            "color=blue",
+            "-o",
+            "name",
+        ],
+    )
+    .await?;
+    assert_eq!(labelled.trim(), "widget.example.com/w1");
+    // A caller cannot strip ownership: the labels come back on every write.
+    kubectl_ok(
+        client,
+        &[
+            "-n",
+            "demo",
+            "label",
+            "widget",
+            "w1",
+            &format!("{OWNER_VCLUSTER}=someone-else"),
+            "--overwrite",
+        ],
+    )
+    .await?;
+    let relabelled: Value = serde_json::from_str(
+        &kubectl_ok(
+            target,
+            &["-n", "demo", "get", "widgets", "w1", "-o", "json"],
+        )
+        .await?,
+    )?;
+    assert_eq!(relabelled["metadata"]["labels"][OWNER_VCLUSTER], "client");
+    assert_eq!(relabelled["spec"]["size"], 3);
+
+    kubectl_ok(
+        client,
+        &["-n", "demo", "delete", "widget", "w1", "--wait=false"],
+    )
+    .await?;
+    let (gone, _, err) = kubectl(target, &["-n", "demo", "get", "widgets", "w1"], None).await;
+    assert!(!gone && err.contains("NotFound"), "{err}");
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_the_client_does_not_own_are_invisible_and_immutable() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let client = &env.clients[0].kubeconfig;
+    let target = &env.target_kubeconfig;
+    kubectl_ok(client, &["create", "namespace", "demo"]).await?;
+    kubectl_ok(target, &["create", "namespace", "demo"]).await?;
+    kubectl_apply(target, "demo", &widget("foreign", 7)).await?;
+    kubectl_apply(client, "demo", &widget("mine", 1)).await?;
+
+    let listed = kubectl_ok(client, &["-n", "demo", "get", "widgets", "-o", "name"]).await?;
+    assert_eq!(
+        listed.trim(),
+        "widget.example.com/mine",
+        "list must hide foreign objects"
+    );
+    for args in [
+        vec!["-n", "demo", "get", "widget", "foreign"],
+        vec!["-n", "demo", "get", "widget", "foreign", "-o", "json"],
+        vec![
+            "-n",
+            "demo",
+            "patch",
+            "widget",
+            "foreign",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"size":1}}"#,
+        ],
+        vec!["-n", "demo", "label", "widget", "foreign", "x=y"],
+        vec!["-n", "demo", "delete", "widget", "foreign"],
+    ] {
+        let (ok, _, err) = kubectl(client, &args, None).await;
+        assert!(!ok && err.contains("NotFound"), "{args:?}: {err}");
+    }
+    // Untouched on the target.
+    let foreign: Value = serde_json::from_str(
+        &kubectl_ok(
+            target,
+            &["-n", "demo", "get", "widget", "foreign", "-o", "json"],
+        )
+        .await?,
+    )?;
+    assert_eq!(foreign["spec"]["size"], 7);
+    assert!(foreign["metadata"]["labels"].get("x").is_none());
+    // Creating a name that exists on the target surfaces the target's conflict.
+    let (ok, _, err) = kubectl(
+        client,
+        &["-n", "demo", "create", "-f", "-"],
+        Some(&widget("foreign", 1).to_string()),
+    )
+    .await;
+    assert!(!ok && err.contains("AlreadyExists"), "{err}");
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_on_one_target_see_only_their_own_objects() -> Result<()> {
+    let (env, _dir) = env(2, 1).await?;
+    let first = &env.clients[0].kubeconfig;
+    let second = &env.clients[1].kubeconfig;
+    for kubeconfig in [first, second] {
+        kubectl_ok(kubeconfig, &["create", "namespace", "shared"]).await?;
+    }
+    kubectl_apply(first, "shared", &widget("from-first", 1)).await?;
+    kubectl_apply(second, "shared", &widget("from-second", 2)).await?;
+    let seen_by_first =
+        kubectl_ok(first, &["-n", "shared", "get", "widgets", "-o", "name"]).await?;
+    let seen_by_second =
+        kubectl_ok(second, &["-n", "shared", "get", "widgets", "-o", "name"]).await?;
+    assert_eq!(seen_by_first.trim(), "widget.example.com/from-first");
+    assert_eq!(seen_by_second.trim(), "widget.example.com/from-second");
+    let (ok, _, err) = kubectl(
+        second,
+        &["-n", "shared", "get", "widget", "from-first"],
+        None,
+    )
+    .await;
+    assert!(!ok && err.contains("NotFound"), "{err}");
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_must_exist_on_the_client_and_are_mirrored_to_the_target() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let client = &env.clients[0].kubeconfig;
+    let target = &env.target_kubeconfig;
+    // Missing on the client: 404, nothing created on the target.
+    let (ok, _, err) = kubectl(
+        client,
+        &["-n", "nowhere", "create", "-f", "-"],
+        Some(&widget("w", 1).to_string()),
+    )
+    .await;
+    assert!(!ok && err.contains("NotFound"), "{err}");
+    let (exists, _, _) = kubectl(target, &["get", "namespace", "nowhere"], None).await;
+    assert!(!exists, "namespace must not be created on the target");
+    // Present on the client only: created on the target by the proxy.
+    kubectl_ok(client, &["create", "namespace", "mirrored"]).await?;
+    kubectl_apply(client, "mirrored", &widget("w", 1)).await?;
+    kubectl_ok(target, &["get", "namespace", "mirrored"]).await?;
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_through_the_client_sees_added_modified_deleted() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let client = env.clients[0].kubeconfig.clone();
+    kubectl_ok(&client, &["create", "namespace", "watched"]).await?;
+    let watcher = {
+        let client = client.clone();
+        tokio::task::spawn_blocking(move || {
+            test_support::kubectl_with_input(
+                &client,
+                &[
+                    "-n",
+                    "watched",
+                    "get",
+                    "widgets",
+                    "-w",
+                    "--output-watch-events",
+                    "-o",
+                    "custom-columns=EVENT:.type,NAME:.object.metadata.name",
+                    "--request-timeout=8s",
+                ]
+                .map(String::from),
+                None,
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    kubectl_apply(&client, "watched", &widget("w", 1)).await?;
+    kubectl_ok(
+        &client,
+        &[
+            "-n",
+            "watched",
+            "patch",
+            "widget",
+            "w",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"size":9}}"#,
+        ],
+    )
+    .await?;
+    kubectl_ok(&client, &["-n", "watched", "delete", "widget", "w"]).await?;
+    let output = watcher.await.context("watch task")?;
+    for event in ["ADDED", "MODIFIED", "DELETED"] {
+        assert!(
+            output.stdout.contains(event),
+            "missing {event}: {}",
+            output.stdout
+        );
+    }
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_down_keeps_discovery_and_fails_requests_with_retryable_503() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let client = &env.clients[0].kubeconfig;
+    kubectl_ok(client, &["create", "namespace", "demo"]).await?;
+    env.target.stop_listener(env.target_replicas[0]).await;
+    let resources = kubectl_ok(
+        client,
+        &["api-resources", "--api-group=example.com", "-o", "name"],
+    )
+    .await?;
+    assert!(resources.contains("widgets.example.com"), "{resources}");
+    let (ok, _, err) = kubectl(client, &["-n", "demo", "get", "widgets", "-v=6"], None).await;
+    assert!(!ok, "get must fail while the target is down");
+    assert!(err.contains("503"), "{err}");
+    let raw = kubectl(
+        client,
+        &[
+            "get",
+            "--raw",
+            "/apis/example.com/v1/namespaces/demo/widgets",
+        ],
+        None,
+    )
+    .await;
+    assert!(
+        raw.2
+            .contains("target tenant cluster \\\"target\\\" for example.com/v1 is unavailable")
+            || raw.2.contains("is unavailable"),
+        "{}",
+        raw.2
+    );
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_callers_without_the_front_proxy_certificate_get_401() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let (_, addr) = &env.clients[0].proxy.servers[0];
+    let url = format!("https://{addr}/apis/example.com/v1/namespaces/demo/widgets");
+    let output = std::process::Command::new("curl")
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "X-Remote-User: admin",
+            "-H",
+            "X-Remote-Group: system:masters",
+            &url,
+        ])
+        .output()?;
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "401");
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_without_client_rbac_are_refused_by_the_client_api_server() -> Result<()> {
+    let (env, dir) = env(1, 1).await?;
+    let cluster = &env.clients[0].cluster;
+    let token = cluster.issue_token("mallory", &[]);
+    let kubeconfig = dir.path().join("mallory.kubeconfig");
+    let admin = std::fs::read_to_string(&env.clients[0].kubeconfig)?;
+    let mut doc: Value = serde_saphyr_or_json(&admin)?;
+    doc["users"][0]["user"] = json!({"token": token});
+    std::fs::write(&kubeconfig, doc.to_string())?;
+    let (ok, _, err) = kubectl(&kubeconfig, &["-n", "default", "get", "widgets"], None).await;
+    assert!(
+        !ok && err.contains("Forbidden") && err.contains("mallory"),
+        "{err}"
+    );
+    env.shutdown().await;
+    Ok(())
+}
+
+fn serde_saphyr_or_json(text: &str) -> Result<Value> {
+    serde_json::from_str(text)
+        .or_else(|_| test_support::yaml_to_json(text))
+        .context("parsing kubeconfig")
+}

@@ -1,0 +1,390 @@
+use serde_json::{json, Value};
+
+use super::*;
+
+/// The CronTab schema of the reference recordings (004-crd-create-crontabs).
+fn crontab() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "cronSpec": {"type": "string", "pattern": "^(\\d+|\\*)(/\\d+)?(\\s+(\\d+|\\*)(/\\d+)?){4}$"},
+                    "replicas": {"type": "integer", "minimum": 1, "maximum": 10},
+                    "image": {"type": "string"}
+                },
+                "required": ["cronSpec"]
+            },
+            "status": {
+                "type": "object",
+                "properties": {"replicas": {"type": "integer"}, "labelSelector": {"type": "string"}}
+            }
+        }
+    })
+}
+
+fn check(schema: Value, object: Value, expected: &[(&str, &str, &str)]) {
+    let s = match StructuralSchema::from_json(&schema) {
+        Ok(s) => s,
+        Err(e) => panic!("schema did not parse: {e}"),
+    };
+    let got: Vec<(String, String, String)> = s
+        .validate(&object)
+        .into_iter()
+        .map(|c| (c.reason, c.message, c.field))
+        .collect();
+    let want: Vec<(String, String, String)> = expected
+        .iter()
+        .map(|(r, m, f)| (r.to_string(), m.to_string(), f.to_string()))
+        .collect();
+    assert_eq!(got, want, "object: {object}");
+}
+
+#[test]
+fn validation_messages_match_kube() {
+    let pattern_msg = "Invalid value: \"every minute\": spec.cronSpec in body should match '^(\\d+|\\*)(/\\d+)?(\\s+(\\d+|\\*)(/\\d+)?){4}$'";
+    check(
+        crontab(),
+        json!({"spec": {"cronSpec": "* * * * */5", "replicas": 3, "image": "x"}}),
+        &[],
+    );
+    // reference 047
+    check(
+        crontab(),
+        json!({"apiVersion": "stable.example.io/v1", "kind": "CronTab", "metadata": {"name": "bad-crontab"},
+               "spec": {"cronSpec": "every minute", "replicas": 11}}),
+        &[
+            ("FieldValueInvalid", pattern_msg, "spec.cronSpec"),
+            (
+                "FieldValueInvalid",
+                "Invalid value: 11: spec.replicas in body should be less than or equal to 10",
+                "spec.replicas",
+            ),
+        ],
+    );
+    // reference 048
+    check(
+        crontab(),
+        json!({"spec": {"replicas": 0, "image": 7}}),
+        &[
+            (
+                "FieldValueTypeInvalid",
+                "Invalid value: \"integer\": spec.image in body must be of type string: \"integer\"",
+                "spec.image",
+            ),
+            (
+                "FieldValueInvalid",
+                "Invalid value: 0: spec.replicas in body should be greater than or equal to 1",
+                "spec.replicas",
+            ),
+            ("FieldValueRequired", "Required value", "spec.cronSpec"),
+        ],
+    );
+    // number where integer expected; integral float accepted
+    check(
+        crontab(),
+        json!({"spec": {"cronSpec": "* * * * *", "replicas": 1.5}}),
+        &[(
+            "FieldValueTypeInvalid",
+            "Invalid value: \"number\": spec.replicas in body must be of type integer: \"number\"",
+            "spec.replicas",
+        )],
+    );
+    check(
+        crontab(),
+        json!({"spec": {"cronSpec": "* * * * *", "replicas": 2.0}}),
+        &[],
+    );
+    // null for a non-nullable field
+    check(
+        crontab(),
+        json!({"spec": {"cronSpec": null}}),
+        &[(
+            "FieldValueTypeInvalid",
+            "Invalid value: \"null\": spec.cronSpec in body must be of type string: \"null\"",
+            "spec.cronSpec",
+        )],
+    );
+    check(
+        json!({"type": "object", "properties": {"a": {"type": "string", "nullable": true}}}),
+        json!({"a": null}),
+        &[],
+    );
+    // enum
+    check(
+        json!({"type": "object", "properties": {"mode": {"type": "string", "enum": ["a", "b"]}}}),
+        json!({"mode": "x"}),
+        &[(
+            "FieldValueNotSupported",
+            "Unsupported value: \"x\": supported values: \"a\", \"b\"",
+            "mode",
+        )],
+    );
+    // exclusive bounds and multipleOf
+    check(
+        json!({"type": "object", "properties": {"n": {"type": "number", "maximum": 5, "exclusiveMaximum": true,
+               "minimum": 0.5, "exclusiveMinimum": true, "multipleOf": 2}}}),
+        json!({"n": 5}),
+        &[
+            (
+                "FieldValueInvalid",
+                "Invalid value: 5: n in body should be a multiple of 2",
+                "n",
+            ),
+            (
+                "FieldValueInvalid",
+                "Invalid value: 5: n in body should be less than 5",
+                "n",
+            ),
+        ],
+    );
+    check(
+        json!({"type": "object", "properties": {"n": {"type": "number", "minimum": 0.5, "exclusiveMinimum": true}}}),
+        json!({"n": 0.5}),
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: 0.5: n in body should be greater than 0.5",
+            "n",
+        )],
+    );
+    // string lengths
+    check(
+        json!({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3, "minLength": 2}}}),
+        json!({"s": "abcd"}),
+        &[(
+            "FieldValueTooLong",
+            "Too long: may not be more than 3 bytes",
+            "s",
+        )],
+    );
+    check(
+        json!({"type": "object", "properties": {"s": {"type": "string", "minLength": 2}}}),
+        json!({"s": "a"}),
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"a\": s in body should be at least 2 chars long",
+            "s",
+        )],
+    );
+    // arrays: bounds, items, uniqueness
+    check(
+        json!({"type": "object", "properties": {"l": {"type": "array", "maxItems": 2,
+               "items": {"type": "integer", "maximum": 3}}}}),
+        json!({"l": [1, 5, 2]}),
+        &[
+            (
+                "FieldValueTooMany",
+                "Too many: 3: must have at most 2 items",
+                "l",
+            ),
+            (
+                "FieldValueInvalid",
+                "Invalid value: 5: l[1] in body should be less than or equal to 3",
+                "l[1]",
+            ),
+        ],
+    );
+    check(
+        json!({"type": "object", "properties": {"l": {"type": "array", "minItems": 1, "items": {"type": "string"}}}}),
+        json!({"l": []}),
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: 0: l in body should have at least 1 items",
+            "l",
+        )],
+    );
+    check(
+        json!({"type": "object", "properties": {"l": {"type": "array", "uniqueItems": true, "items": {"type": "string"}}}}),
+        json!({"l": ["a", "a"]}),
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"\": l in body shouldn't contain duplicates",
+            "l",
+        )],
+    );
+    // maps: maxProperties and additionalProperties schemas
+    check(
+        json!({"type": "object", "properties": {"m": {"type": "object", "maxProperties": 1,
+               "additionalProperties": {"type": "string"}}}}),
+        json!({"m": {"a": "x", "b": "y"}}),
+        &[(
+            "FieldValueTooMany",
+            "Too many: 2: must have at most 1 item",
+            "m",
+        )],
+    );
+    check(
+        json!({"type": "object", "properties": {"m": {"type": "object", "additionalProperties": {"type": "string"}}}}),
+        json!({"m": {"a": "x", "b": 1}}),
+        &[(
+            "FieldValueTypeInvalid",
+            "Invalid value: \"integer\": m.b in body must be of type string: \"integer\"",
+            "m.b",
+        )],
+    );
+    // int-or-string
+    check(
+        json!({"type": "object", "properties": {"port": {"x-kubernetes-int-or-string": true}}}),
+        json!({"port": "http"}),
+        &[],
+    );
+    check(
+        json!({"type": "object", "properties": {"port": {"x-kubernetes-int-or-string": true}}}),
+        json!({"port": true}),
+        &[(
+            "FieldValueTypeInvalid",
+            "Invalid value: \"boolean\": port in body must be of type integer-or-string: \"boolean\"",
+            "port",
+        )],
+    );
+    // wrong container type stops deeper checks
+    check(
+        crontab(),
+        json!({"spec": "nope"}),
+        &[(
+            "FieldValueTypeInvalid",
+            "Invalid value: \"string\": spec in body must be of type object: \"string\"",
+            "spec",
+        )],
+    );
+}
+
+#[test]
+fn invalid_status_matches_reference() {
+    let causes = StructuralSchema::from_json(&crontab())
+        .map(|s| s.validate(&json!({"spec": {"cronSpec": "every minute", "replicas": 11}})))
+        .unwrap_or_default();
+    let status = invalid_status("CronTab", "stable.example.io", "bad-crontab", &causes);
+    let want = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "CronTab.stable.example.io \"bad-crontab\" is invalid: [spec.cronSpec: Invalid value: \"every minute\": spec.cronSpec in body should match '^(\\d+|\\*)(/\\d+)?(\\s+(\\d+|\\*)(/\\d+)?){4}$', spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10]",
+        "reason": "Invalid",
+        "details": {"name": "bad-crontab", "group": "stable.example.io", "kind": "CronTab", "causes": [
+            {"reason": "FieldValueInvalid", "message": "Invalid value: \"every minute\": spec.cronSpec in body should match '^(\\d+|\\*)(/\\d+)?(\\s+(\\d+|\\*)(/\\d+)?){4}$'", "field": "spec.cronSpec"},
+            {"reason": "FieldValueInvalid", "message": "Invalid value: 11: spec.replicas in body should be less than or equal to 10", "field": "spec.replicas"}]},
+        "code": 422});
+    assert_eq!(status, want);
+
+    // One cause (listed twice, reference 061): no brackets, both causes kept.
+    let c = Cause::forbidden("metadata.finalizers", "no new finalizers");
+    let status = invalid_status("Lease", "", "leader", &[c.clone(), c]);
+    assert_eq!(
+        status["message"],
+        "Lease \"leader\" is invalid: metadata.finalizers: Forbidden: no new finalizers"
+    );
+    assert_eq!(
+        status["details"]["causes"].as_array().map(Vec::len),
+        Some(2)
+    );
+    assert!(status["details"].get("group").is_none());
+}
+
+fn check_prune(schema: Value, mut object: Value, want_object: Value, want_pruned: &[&str]) {
+    let s = match StructuralSchema::from_json(&schema) {
+        Ok(s) => s,
+        Err(e) => panic!("schema did not parse: {e}"),
+    };
+    let pruned = s.prune(&mut object);
+    assert_eq!(object, want_object);
+    assert_eq!(pruned, want_pruned);
+}
+
+#[test]
+fn pruning() {
+    // reference 044/045: spec.colour and metadata.bogus are unknown
+    check_prune(
+        crontab(),
+        json!({"apiVersion": "stable.example.io/v1", "kind": "CronTab", "metadata": {"name": "x", "bogus": 1},
+               "spec": {"cronSpec": "* * * * */5", "colour": "blue"}}),
+        json!({"apiVersion": "stable.example.io/v1", "kind": "CronTab", "metadata": {"name": "x"},
+               "spec": {"cronSpec": "* * * * */5"}}),
+        &["metadata.bogus", "spec.colour"],
+    );
+    // reference 076: preserve-unknown-fields spec keeps everything, top level does not
+    let clusterthing = json!({"type": "object", "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}});
+    check_prune(
+        clusterthing,
+        json!({"kind": "ClusterThing", "spec": {"anything": {"nested": [1, 2, {"x": true}]}, "size": "large"}, "extra": "pruned"}),
+        json!({"kind": "ClusterThing", "spec": {"anything": {"nested": [1, 2, {"x": true}]}, "size": "large"}}),
+        &["extra"],
+    );
+    // lists of objects, additionalProperties maps, embedded resources
+    check_prune(
+        json!({"type": "object", "properties": {
+            "items": {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}}}},
+            "labels": {"type": "object", "additionalProperties": {"type": "object", "properties": {"k": {"type": "string"}}}},
+            "template": {"type": "object", "x-kubernetes-embedded-resource": true, "properties": {"spec": {"type": "object"}}}
+        }}),
+        json!({"items": [{"a": "1", "b": 2}], "labels": {"x": {"k": "v", "z": 1}},
+               "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "oops": 1}, "spec": {"q": 1}, "w": 1}}),
+        json!({"items": [{"a": "1"}], "labels": {"x": {"k": "v"}},
+               "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}}),
+        &[
+            "items[0].b",
+            "labels.x.z",
+            "template.metadata.oops",
+            "template.spec.q",
+            "template.w",
+        ],
+    );
+}
+
+#[test]
+fn strict_error_and_warning_text() {
+    let s = strict_decoding_error(
+        "CronTab",
+        "v1",
+        &["metadata.bogus".to_string(), "spec.colour".to_string()],
+    );
+    assert_eq!(
+        s,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "CronTab in version \"v1\" cannot be handled as a CronTab: strict decoding error: unknown field \"metadata.bogus\", unknown field \"spec.colour\"",
+            "reason": "BadRequest", "code": 400})
+    );
+    assert_eq!(
+        unknown_field_warning("spec.colour"),
+        "299 - \"unknown field \\\"spec.colour\\\"\""
+    );
+}
+
+#[test]
+fn defaults() {
+    let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "default": {},
+    "properties": {
+        "replicas": {"type": "integer", "default": 1},
+        "mode": {"type": "string", "default": "auto"},
+        "ports": {"type": "array", "items": {"type": "object", "properties": {"protocol": {"type": "string", "default": "TCP"}}}}
+    }}}});
+    let s = match StructuralSchema::from_json(&schema) {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let cases = [
+        (json!({}), json!({"spec": {"replicas": 1, "mode": "auto"}})),
+        (
+            json!({"spec": {"replicas": 3, "mode": null, "ports": [{}]}}),
+            json!({"spec": {"replicas": 3, "mode": "auto", "ports": [{"protocol": "TCP"}]}}),
+        ),
+    ];
+    for (mut input, want) in cases {
+        s.apply_defaults(&mut input);
+        assert_eq!(input, want);
+    }
+}
+
+#[test]
+fn bad_schemas_are_rejected() {
+    assert!(matches!(
+        StructuralSchema::from_json(&json!({"type": "string", "pattern": "("})),
+        Err(SchemaError::BadPattern { .. })
+    ));
+    assert!(matches!(
+        StructuralSchema::from_json(&json!({"properties": {"a": 1}})),
+        Err(SchemaError::NotAnObject { .. })
+    ));
+    assert!(matches!(
+        StructuralSchema::from_json(&json!({"type": "integer", "maximum": "ten"})),
+        Err(SchemaError::BadKeyword { .. })
+    ));
+}
