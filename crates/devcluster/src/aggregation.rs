@@ -69,6 +69,8 @@ pub const FRONT_PROXY_CLIENT_NAME: &str = "front-proxy-client";
 pub const AVAILABILITY_INTERVAL: Duration = Duration::from_secs(30);
 /// How often backend discovery is re-fetched without a store change.
 pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(60);
+/// Availability probes sent at once per check (kube's number).
+pub const DISCOVERY_ATTEMPTS: usize = 5;
 /// Time limit of one availability or discovery request.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The Accept header of the aggregated-discovery fetch (v2, then v2beta1).
@@ -627,33 +629,34 @@ impl Aggregator {
             spec["version"].as_str().unwrap_or_default()
         );
         let url = target.url(&path);
-        match self
-            .own_get(
+        // kube sends DISCOVERY_ATTEMPTS probes at once and is satisfied by any one;
+        // the last failure is the one reported.
+        let probes = (0..DISCOVERY_ATTEMPTS).map(|_| {
+            self.own_get(
                 &target,
                 &path,
                 &["system:masters"],
                 "system:kube-aggregator",
                 None,
             )
-            .await
-        {
-            Ok((status, _, _)) if status.is_success() || status.is_redirection() => {
-                (true, "Passed".into(), "all checks passed".into())
+        });
+        let mut last_error = String::new();
+        for result in futures_util::future::join_all(probes).await {
+            match result {
+                Ok((status, _, _)) if status.is_success() || status.is_redirection() => {
+                    return (true, "Passed".into(), "all checks passed".into());
+                }
+                Ok((status, _, _)) => {
+                    last_error = format!("bad status from {url}: {}", status.as_u16());
+                }
+                Err(e) => last_error = e.to_string(),
             }
-            Ok((status, _, _)) => (
-                false,
-                "FailedDiscoveryCheck".into(),
-                format!(
-                    "failing or missing response from {url}: bad status from {url}: {}",
-                    status.as_u16()
-                ),
-            ),
-            Err(e) => (
-                false,
-                "FailedDiscoveryCheck".into(),
-                format!("failing or missing response from {url}: {e}"),
-            ),
         }
+        (
+            false,
+            "FailedDiscoveryCheck".into(),
+            format!("failing or missing response from {url}: {last_error}"),
+        )
     }
 
     /// One pass of the discovery fetcher over every Available APIService with a
@@ -708,6 +711,21 @@ impl Aggregator {
         group: &str,
         version: &str,
     ) -> Option<FetchedDiscovery> {
+        // kube's OpenAPI aggregation polls these on the same period; devcluster does
+        // not merge the documents but makes the same requests, so a backend sees
+        // the traffic a real client cluster sends. The answers are not needed.
+        let _ = self
+            .own_get(
+                target,
+                "/openapi/v2",
+                &[],
+                "system:aggregator",
+                Some("application/json"),
+            )
+            .await;
+        let _ = self
+            .own_get(target, "/openapi/v3", &[], "system:aggregator", None)
+            .await;
         if let Ok((status, headers, body)) = self
             .own_get(
                 target,

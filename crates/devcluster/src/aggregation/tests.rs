@@ -453,16 +453,23 @@ async fn proxied_request_carries_identity_and_not_credentials() {
         assert_eq!(resp.status(), StatusCode::OK);
 
         let seen = s.backend.seen();
-        let probe = &seen[0];
-        assert_eq!(probe.uri, "/apis/example.com/v1");
-        assert_eq!(
-            values(&probe.headers, "x-remote-user"),
-            vec!["system:kube-aggregator"]
-        );
-        assert_eq!(
-            values(&probe.headers, "x-remote-group"),
-            vec!["system:masters"]
-        );
+        let probes: Vec<&Seen> = seen
+            .iter()
+            .filter(|r| r.uri == "/apis/example.com/v1")
+            .collect();
+        assert_eq!(probes.len(), DISCOVERY_ATTEMPTS);
+        for probe in probes {
+            assert_eq!(
+                values(&probe.headers, "x-remote-user"),
+                vec!["system:kube-aggregator"]
+            );
+            assert_eq!(
+                values(&probe.headers, "x-remote-group"),
+                vec!["system:masters"]
+            );
+            assert!(probe.headers.get(header::ACCEPT).is_none());
+            assert_eq!(probe.client_cn, "front-proxy-client");
+        }
 
         let got = seen
             .iter()
@@ -711,6 +718,13 @@ async fn discovery_falls_back_to_legacy_and_merges_groups() {
             .expect("legacy fetch");
         assert_eq!(values(&legacy_fetch.headers, "accept"), vec!["application/json"]);
         assert_eq!(values(&legacy_fetch.headers, "x-remote-user"), vec!["system:kube-aggregator"]);
+        // OpenAPI is polled as system:aggregator, without groups.
+        let v2 = seen.iter().find(|r| r.uri == "/openapi/v2").expect("openapi v2");
+        assert_eq!(values(&v2.headers, "x-remote-user"), vec!["system:aggregator"]);
+        assert_eq!(values(&v2.headers, "accept"), vec!["application/json"]);
+        assert!(v2.headers.get("x-remote-group").is_none());
+        let v3 = seen.iter().find(|r| r.uri == "/openapi/v3").expect("openapi v3");
+        assert!(v3.headers.get(header::ACCEPT).is_none());
         // The aggregated backend was not asked for the legacy document by the fetcher.
         assert!(other
             .seen()
