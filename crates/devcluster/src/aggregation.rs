@@ -69,6 +69,8 @@ pub const FRONT_PROXY_CLIENT_NAME: &str = "front-proxy-client";
 pub const AVAILABILITY_INTERVAL: Duration = Duration::from_secs(30);
 /// How often backend discovery is re-fetched without a store change.
 pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(60);
+/// Limit of the TLS handshake with a backend.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Availability probes sent at once per check (kube's number).
 pub const DISCOVERY_ATTEMPTS: usize = 5;
 /// Time limit of one availability or discovery request.
@@ -480,10 +482,18 @@ impl Aggregator {
         let server_name = ServerName::try_from(target.server_name.clone()).map_err(|e| {
             AggregationError::Tls(format!("server name {}: {e}", target.server_name))
         })?;
-        let tls = tokio_rustls::TlsConnector::from(config)
-            .connect(server_name, tcp)
-            .await
-            .map_err(|e| AggregationError::Transport(format!("tls: {e}")))?;
+        // A backend that accepts TCP but never completes TLS must not hold the
+        // request forever (Go's TLS handshake timeout is 10 s).
+        let handshake = tokio_rustls::TlsConnector::from(config).connect(server_name, tcp);
+        let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => return Err(AggregationError::Transport(format!("tls: {e}"))),
+            Err(_) => {
+                return Err(AggregationError::Transport(
+                    "net/http: TLS handshake timeout".into(),
+                ))
+            }
+        };
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|e| AggregationError::Transport(e.to_string()))?;

@@ -366,3 +366,21 @@ fn wiring_protection_expression() {
         assert_eq!(got.is_ok(), allowed, "{old}: {got:?}");
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Policies are user input: no expression text may panic the evaluator.
+    #[test]
+    fn arbitrary_expressions_never_panic(expr in "([ -~]|[()\\[\\]{}.,!?:'\"a-c0-9 +*/%<>=|&-]){0,40}", msg in "[ -~]{0,20}") {
+        let s = single_policy(
+            json!({"matchConstraints": crontab_rules(),
+                   "matchConditions": [{"name": "c", "expression": expr.clone()}],
+                   "validations": [{"expression": expr, "messageExpression": msg}]}),
+            json!({"validationActions": ["Deny", "Warn"]}),
+        );
+        let a = attrs("stable.example.io", "crontabs", "", "apps", "c1");
+        let obj = object("c1", json!({"a": "b"}));
+        let _ = run(&s, "CREATE", &a, ("stable.example.io", "v1", "CronTab"), Some(&obj), None);
+    }
+}

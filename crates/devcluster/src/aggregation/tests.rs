@@ -908,3 +908,31 @@ fn extension_apiserver_authentication_keys() {
         })
     );
 }
+
+/// A backend that accepts TCP and then says nothing: the probe gives up after the
+/// 5 s limit (paused time, so no real waiting) and the APIService is unavailable.
+#[tokio::test(start_paused = true)]
+async fn silent_backend_times_out() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let held = Arc::new(StdMutex::new(Vec::new()));
+    let held2 = held.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            held2.lock().expect("lock").push(tcp);
+        }
+    });
+    let view = FakeView::new();
+    let ca = CertificateAuthority::generate("ca").expect("ca");
+    view.add_apiservice("example.com", Some(("ns1", "widgets")), &ca);
+    view.set_external_service("ns1", "widgets", port);
+    let client_pem = ca
+        .issue_client(FRONT_PROXY_CLIENT_NAME, &[])
+        .expect("client");
+    let agg = Aggregator::new(view.clone(), client_pem).expect("aggregator");
+    agg.check_availability().await;
+    let cond = view.condition("v1.example.com");
+    assert_eq!(cond["reason"], "FailedDiscoveryCheck", "{cond}");
+    let message = cond["message"].as_str().unwrap_or_default();
+    assert!(message.contains("Client.Timeout exceeded"), "{message}");
+}

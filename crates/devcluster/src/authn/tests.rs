@@ -230,3 +230,11 @@ fn impersonation_without_user_is_an_error_and_no_headers_is_identity() {
         Ok(alice())
     );
 }
+
+proptest::proptest! {
+    /// The token file is operator input: bad content is an error, never a panic.
+    #[test]
+    fn token_files_never_panic(text in "[ -~\n\"]{0,200}") {
+        let _ = Authenticator::new(&text, true);
+    }
+}

@@ -694,3 +694,21 @@ fn label_selectors() {
         );
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// URLs come from any client: resolution never panics and keeps the path.
+    #[test]
+    fn request_resolution_never_panics(
+        method in "(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|[A-Z]{1,6})",
+        path in "(/(api|apis|watch|namespaces|v1|g\\.io|x|%2F|)){0,8}/?",
+        query in proptest::option::of("[ -~]{0,30}"),
+    ) {
+        let a = authorize_attributes_from_request(&method, &path, query.as_deref(), alice());
+        proptest::prop_assert_eq!(a.path, path);
+        if a.resource_request {
+            proptest::prop_assert!(!a.api_version.is_empty());
+        }
+    }
+}
