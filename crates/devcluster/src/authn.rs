@@ -66,7 +66,9 @@ impl Authenticator {
         let mut tokens = HashMap::new();
         for (index, line) in tokens_csv.lines().enumerate() {
             let line_no = index + 1;
-            if line.trim().is_empty() {
+            // Blank lines carry no record for Go's csv reader; `#` lines are accepted
+            // as comments so generated files can explain themselves.
+            if line.trim().is_empty() || line.trim_start().starts_with('#') {
                 continue;
             }
             let fields = split_csv_line(line).map_err(|reason| AuthnError::TokenFile {
@@ -84,10 +86,12 @@ impl Authenticator {
             }
             let token = fields[0].trim().to_string();
             if token.is_empty() {
-                return Err(AuthnError::TokenFile {
-                    line: line_no,
-                    reason: "the token column is empty".into(),
-                });
+                // kube warns and skips such a record.
+                tracing::warn!(
+                    line = line_no,
+                    "empty token in the token file; record ignored"
+                );
+                continue;
             }
             let groups = fields
                 .get(3)
@@ -123,6 +127,17 @@ impl Authenticator {
         // still a valid map, so keep serving.
         let mut tokens = self.tokens.write().unwrap_or_else(|e| e.into_inner());
         tokens.insert(token.into(), user);
+    }
+
+    /// The first token (in sort order) of a user, for writing kubeconfigs.
+    pub fn token_of(&self, user: &str) -> Option<String> {
+        let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
+        tokens
+            .iter()
+            .filter(|(_, u)| u.name == user)
+            .map(|(t, _)| t)
+            .min()
+            .cloned()
     }
 
     /// Sets the audiences reported by TokenReview (kube's `--api-audiences`).

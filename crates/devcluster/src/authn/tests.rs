@@ -99,6 +99,14 @@ fn runtime_tokens_are_added() {
 }
 
 #[test]
+fn comments_and_empty_tokens_are_skipped() {
+    let authn =
+        Authenticator::new("# generated\n,nobody,x\nt2,b,u2\nt1,b,u1\n", true).expect("file");
+    assert_eq!(authn.token_of("b").as_deref(), Some("t1"));
+    assert_eq!(authn.token_of("nobody"), None);
+}
+
+#[test]
 fn malformed_token_files_name_the_line() {
     let err = Authenticator::new("a,b,c\nonly,two\n", true).err();
     assert!(
