@@ -152,6 +152,10 @@ impl Target {
 struct FetchedDiscovery {
     /// APIGroupDiscovery version entry (`{version, resources, freshness}`).
     version_entry: Value,
+    /// The APIService spec it was fetched for (a changed spec means refetch).
+    spec: Value,
+    /// False once a refetch failed: the entry is served as Stale.
+    current: bool,
 }
 
 /// Forwards aggregated API requests and maintains APIService status.
@@ -211,7 +215,7 @@ impl Aggregator {
                         // Coalesce bursts of store events into one pass.
                         while changed.try_recv().is_ok() {}
                         this.check_availability().await;
-                        this.refresh_discovery().await;
+                        this.refresh_changed_discovery().await;
                     }
                 }
             }
@@ -554,12 +558,16 @@ impl Aggregator {
 
     /// One pass of the availability controller over every APIService.
     pub async fn check_availability(&self) {
-        for apiservice in self.view.apiservices() {
+        let apiservices = self.view.apiservices();
+        // Concurrently: one silent backend must not delay the others by its timeout.
+        let results =
+            futures_util::future::join_all(apiservices.iter().map(|a| self.availability_of(a)))
+                .await;
+        for (apiservice, (available, reason, message)) in apiservices.into_iter().zip(results) {
             let name = apiservice["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            let (available, reason, message) = self.availability_of(&apiservice).await;
             let old = apiservice["status"]["conditions"]
                 .as_array()
                 .and_then(|c| c.iter().find(|c| c["type"] == "Available"))
@@ -673,40 +681,66 @@ impl Aggregator {
     /// backend: aggregated discovery first, the legacy group-version document as the
     /// fallback.
     pub async fn refresh_discovery(&self) {
+        self.refresh(false).await
+    }
+
+    /// Fetches discovery only where it is missing, stale or for a changed spec: what
+    /// a store change calls for, without re-polling every backend on every write.
+    pub async fn refresh_changed_discovery(&self) {
+        self.refresh(true).await
+    }
+
+    async fn refresh(&self, only_needed: bool) {
         let apiservices: Vec<Value> = self
             .view
             .apiservices()
             .into_iter()
             .filter(|a| a["spec"]["service"].is_object())
             .collect();
+        let previous = self
+            .discovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let mut fetched = HashMap::new();
         for apiservice in &apiservices {
             let name = apiservice["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            let group = apiservice["spec"]["group"].as_str().unwrap_or_default();
-            let version = apiservice["spec"]["version"].as_str().unwrap_or_default();
-            let result = match self.resolve(apiservice) {
-                Ok(target) if is_available(apiservice) => {
-                    self.fetch_discovery(&target, group, version).await
+            let spec = &apiservice["spec"];
+            let old = previous.get(&name);
+            let available = is_available(apiservice);
+            let needed =
+                !only_needed || old.is_none_or(|o| o.spec != *spec || (available && !o.current));
+            if !needed {
+                if let Some(o) = old {
+                    fetched.insert(name, o.clone());
                 }
+                continue;
+            }
+            let group = spec["group"].as_str().unwrap_or_default();
+            let version = spec["version"].as_str().unwrap_or_default();
+            let result = match self.resolve(apiservice) {
+                Ok(target) if available => self.fetch_discovery(&target, group, version).await,
                 _ => None,
             };
             match result {
-                Some(entry) => {
-                    fetched.insert(name, entry);
+                Some(version_entry) => {
+                    fetched.insert(
+                        name,
+                        FetchedDiscovery {
+                            version_entry,
+                            spec: spec.clone(),
+                            current: true,
+                        },
+                    );
                 }
                 None => {
                     // Keep what we had, marked stale, as kube does.
-                    let previous = self
-                        .discovery
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get(&name)
-                        .cloned();
-                    if let Some(mut entry) = previous {
+                    if let Some(mut entry) = old.cloned() {
                         entry.version_entry["freshness"] = json!("Stale");
+                        entry.current = false;
                         fetched.insert(name, entry);
                     }
                 }
@@ -715,12 +749,7 @@ impl Aggregator {
         *self.discovery.lock().unwrap_or_else(|e| e.into_inner()) = fetched;
     }
 
-    async fn fetch_discovery(
-        &self,
-        target: &Target,
-        group: &str,
-        version: &str,
-    ) -> Option<FetchedDiscovery> {
+    async fn fetch_discovery(&self, target: &Target, group: &str, version: &str) -> Option<Value> {
         // kube's OpenAPI aggregation polls these on the same period; devcluster does
         // not merge the documents but makes the same requests, so a backend sees
         // the traffic a real client cluster sends. The answers are not needed.
@@ -760,9 +789,7 @@ impl Aggregator {
                     .find(|v| v["version"] == version)?;
                 let mut entry = entry;
                 entry["freshness"] = json!("Current");
-                return Some(FetchedDiscovery {
-                    version_entry: entry,
-                });
+                return Some(entry);
             }
         }
         let path = format!("/apis/{group}/{version}");
@@ -780,9 +807,7 @@ impl Aggregator {
             return None;
         }
         let list: Value = serde_json::from_slice(&body).ok()?;
-        Some(FetchedDiscovery {
-            version_entry: version_entry_from_resource_list(&list, group, version),
-        })
+        Some(version_entry_from_resource_list(&list, group, version))
     }
 
     /// Legacy `/apis` entries (APIGroup) for groups served by backends, versions in

@@ -936,3 +936,31 @@ async fn silent_backend_times_out() {
     let message = cond["message"].as_str().unwrap_or_default();
     assert!(message.contains("Client.Timeout exceeded"), "{message}");
 }
+
+/// A store change refetches discovery only where something changed; the periodic
+/// refresh always refetches.
+#[tokio::test]
+async fn change_triggered_discovery_refetches_only_what_changed() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let s = setup(false).await;
+        let apis_fetches = || s.backend.seen().iter().filter(|r| r.uri == "/apis").count();
+        s.agg.check_availability().await;
+        s.agg.refresh_changed_discovery().await;
+        assert_eq!(apis_fetches(), 1, "missing entry is fetched");
+        s.agg.refresh_changed_discovery().await;
+        assert_eq!(apis_fetches(), 1, "nothing changed");
+        for a in s.view.apiservices.lock().expect("lock").iter_mut() {
+            a["spec"]["versionPriority"] = json!(20);
+        }
+        s.agg.refresh_changed_discovery().await;
+        assert_eq!(apis_fetches(), 2, "spec changed");
+        s.agg.refresh_discovery().await;
+        assert_eq!(apis_fetches(), 3, "periodic refresh");
+        // A deleted APIService leaves discovery.
+        s.view.apiservices.lock().expect("lock").clear();
+        s.agg.refresh_changed_discovery().await;
+        assert!(s.agg.aggregated_discovery().is_empty());
+    })
+    .await
+    .expect("test timed out");
+}
