@@ -681,6 +681,42 @@ pub fn authorize_attributes_from_request(
     }
 }
 
+/// The whole "who is it and may they" front of the request pipeline, in kube's
+/// order: authenticate (401), apply `Impersonate-*` headers (403/500), resolve the
+/// request attributes and authorize them (403). `Ok` carries the attributes of the
+/// effective (possibly impersonated) user; `Err` the HTTP code and Status body.
+///
+/// The caller must not forward `Authorization` or `Impersonate-*` anywhere after
+/// this (the aggregation proxy drops them).
+pub fn check_request(
+    authn: &crate::authn::Authenticator,
+    snapshot: &RbacSnapshot,
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+    headers: &http::HeaderMap,
+    peer_cert: Option<&rustls_pki_types::CertificateDer<'_>>,
+) -> Result<RequestAttributes, (u16, Value)> {
+    let user = authn
+        .authenticate(headers, peer_cert)
+        .map_err(|_| (401, crate::authn::unauthorized_status()))?;
+    let user = crate::authn::impersonate(&user, headers, |a| {
+        authorize(snapshot, a) == Decision::Allow
+    })
+    .map_err(|status| {
+        let code = status["code"]
+            .as_u64()
+            .and_then(|c| u16::try_from(c).ok())
+            .unwrap_or(403);
+        (code, status)
+    })?;
+    let attrs = authorize_attributes_from_request(method, path, query, user);
+    match authorize(snapshot, &attrs) {
+        Decision::Allow => Ok(attrs),
+        Decision::Deny => Err((403, forbidden_status(&attrs))),
+    }
+}
+
 #[cfg(test)]
 #[path = "rbac/tests.rs"]
 mod tests;

@@ -712,3 +712,66 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn check_request_runs_authn_impersonation_and_rbac_in_order() {
+    let authn = crate::authn::Authenticator::new(
+        "admin-token,admin,admin-uid,system:masters\nalice-token,alice,alice-uid,developers\n",
+        true,
+    )
+    .expect("tokens");
+    let s = snapshot();
+    let headers = |pairs: &[(&str, &str)]| {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                http::HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        h
+    };
+    let list = "/apis/stable.example.io/v1/namespaces/ref-crud/crontabs";
+    let run = |h: &[(&str, &str)], path: &str| {
+        super::check_request(&authn, &s, "GET", path, None, &headers(h), None)
+            .map(|a| a.user.name)
+            .map_err(|(code, body)| {
+                (
+                    code,
+                    body["message"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+    };
+    assert_eq!(
+        run(&[("authorization", "Bearer nope")], "/version"),
+        Err((401, "Unauthorized".into()))
+    );
+    assert_eq!(run(&[], "/version"), Ok("system:anonymous".into()));
+    assert_eq!(
+        run(&[], list),
+        Err((403, "crontabs.stable.example.io is forbidden: User \"system:anonymous\" cannot list resource \"crontabs\" in API group \"stable.example.io\" in the namespace \"ref-crud\"".into()))
+    );
+    assert_eq!(
+        run(&[("authorization", "Bearer admin-token")], list),
+        Ok("admin".into())
+    );
+    // Reference 091 and 093.
+    assert_eq!(
+        run(&[("authorization", "Bearer alice-token"), ("impersonate-user", "bob")], list),
+        Err((403, "users \"bob\" is forbidden: User \"alice\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope".into()))
+    );
+    assert_eq!(
+        run(&[("authorization", "Bearer admin-token"), ("impersonate-user", "alice")], list),
+        Err((403, "crontabs.stable.example.io is forbidden: User \"alice\" cannot list resource \"crontabs\" in API group \"stable.example.io\" in the namespace \"ref-crud\"".into()))
+    );
+    assert_eq!(
+        run(
+            &[
+                ("authorization", "Bearer admin-token"),
+                ("impersonate-user", "alice")
+            ],
+            "/apis/stable.example.io/v1/namespaces/ref-rbac/crontabs"
+        ),
+        Ok("alice".into())
+    );
+}
