@@ -352,9 +352,14 @@ pub fn impersonate(
             .map(String::from)
             .collect()
     };
-    let target_user = header_values(IMPERSONATE_USER).into_iter().next();
+    // Empty values count as absent, as Go's `Header.Get` + length checks do.
+    let target_user = header_values(IMPERSONATE_USER)
+        .into_iter()
+        .find(|v| !v.is_empty());
     let groups = header_values(IMPERSONATE_GROUP);
-    let uid = header_values(IMPERSONATE_UID).into_iter().next();
+    let uid = header_values(IMPERSONATE_UID)
+        .into_iter()
+        .find(|v| !v.is_empty());
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in headers {
         if let Some(raw_key) = name.as_str().strip_prefix(IMPERSONATE_EXTRA_PREFIX) {
@@ -367,6 +372,9 @@ pub fn impersonate(
         }
     }
 
+    if target_user.is_none() && groups.is_empty() && extra.is_empty() && uid.is_none() {
+        return Ok(user.clone());
+    }
     let Some(target_user) = target_user else {
         let mut requested = Vec::new();
         requested.extend(groups.iter().map(|g| format!("group {g:?}")));
