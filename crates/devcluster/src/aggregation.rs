@@ -45,7 +45,7 @@ use crproxy_core::pki::CertPem;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::{BoxBody as HttpBoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Empty, Full};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -314,14 +314,14 @@ impl Aggregator {
         };
         *out.headers_mut() = headers;
 
-        let mut sender = match self.connect(&target).await {
+        let mut sender = match self.connect(&target, upgrade).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(apiservice = %route.apiservice, error = %e, "aggregated API backend unreachable");
                 return proxy_error(&e.to_string());
             }
         };
-        let mut resp = match sender.send_request(out).await {
+        let mut resp = match sender.send(out).await {
             Ok(r) => r,
             Err(e) => return proxy_error(&format!("error trying to reach service: {e}")),
         };
@@ -438,7 +438,11 @@ impl Aggregator {
         )))
     }
 
-    fn tls_config(&self, target: &Target) -> Result<Arc<rustls::ClientConfig>, AggregationError> {
+    fn tls_config(
+        &self,
+        target: &Target,
+        http1_only: bool,
+    ) -> Result<Arc<rustls::ClientConfig>, AggregationError> {
         let builder = rustls::ClientConfig::builder_with_provider(self.provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| AggregationError::Tls(e.to_string()))?;
@@ -459,20 +463,19 @@ impl Aggregator {
         let mut config = builder
             .with_client_auth_cert(self.client_chain.clone(), self.client_key.clone_key())
             .map_err(|e| AggregationError::Tls(e.to_string()))?;
-        // HTTP/1.1 only: it carries upgrades and streams watch bodies just as well.
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // Like Go's transport: HTTP/2 when the backend offers it, HTTP/1.1 otherwise,
+        // and HTTP/1.1 only for upgrades (which HTTP/2 cannot carry).
+        config.alpn_protocols = if http1_only {
+            vec![b"http/1.1".to_vec()]
+        } else {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        };
         Ok(Arc::new(config))
     }
 
-    /// Dials the backend and performs the TLS and HTTP/1.1 handshakes.
-    async fn connect(
-        &self,
-        target: &Target,
-    ) -> Result<
-        hyper::client::conn::http1::SendRequest<UnsyncBoxBody<Bytes, BoxError>>,
-        AggregationError,
-    > {
-        let config = self.tls_config(target)?;
+    /// Dials the backend and performs the TLS and HTTP handshakes.
+    async fn connect(&self, target: &Target, http1_only: bool) -> Result<Sender, AggregationError> {
+        let config = self.tls_config(target, http1_only)?;
         let authority = target.authority();
         let tcp = match tokio::time::timeout(CHECK_TIMEOUT, TcpStream::connect(&authority)).await {
             Ok(Ok(tcp)) => tcp,
@@ -498,6 +501,19 @@ impl Aggregator {
                 ))
             }
         };
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        if h2 {
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                    .await
+                    .map_err(|e| AggregationError::Transport(e.to_string()))?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "aggregated API backend connection ended");
+                }
+            });
+            return Ok(Sender::Http2(sender, target.authority()));
+        }
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|e| AggregationError::Transport(e.to_string()))?;
@@ -506,7 +522,7 @@ impl Aggregator {
                 tracing::debug!(error = %e, "aggregated API backend connection ended");
             }
         });
-        Ok(sender)
+        Ok(Sender::Http1(sender))
     }
 
     /// One GET the aggregator makes on its own behalf, with a 5 s limit.
@@ -520,7 +536,7 @@ impl Aggregator {
     ) -> Result<(StatusCode, HeaderMap, Bytes), AggregationError> {
         let url = target.url(path);
         let exchange = async {
-            let mut sender = self.connect(target).await?;
+            let mut sender = self.connect(target, false).await?;
             let mut req = Request::builder()
                 .method("GET")
                 .uri(path)
@@ -536,7 +552,7 @@ impl Aggregator {
                 .body(Empty::<Bytes>::new().map_err(|e| match e {}).boxed_unsync())
                 .map_err(|e| AggregationError::Transport(e.to_string()))?;
             let resp = sender
-                .send_request(req)
+                .send(req)
                 .await
                 .map_err(|e| AggregationError::Transport(e.to_string()))?;
             let (parts, body) = resp.into_parts();
@@ -905,6 +921,41 @@ impl Aggregator {
                 }
                 g
             })
+    }
+}
+
+/// Request bodies sent to backends.
+type RequestBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// One backend connection, HTTP/1.1 or HTTP/2 as ALPN decided.
+enum Sender {
+    Http1(hyper::client::conn::http1::SendRequest<RequestBody>),
+    /// With the `host:port` the requests' URIs must carry.
+    Http2(hyper::client::conn::http2::SendRequest<RequestBody>, String),
+}
+
+impl Sender {
+    async fn send(
+        &mut self,
+        mut req: Request<RequestBody>,
+    ) -> Result<Response<hyper::body::Incoming>, hyper::Error> {
+        match self {
+            Sender::Http1(s) => s.send_request(req).await,
+            Sender::Http2(s, authority) => {
+                // HTTP/2 names the target in :scheme/:authority, not in Host.
+                let path = req
+                    .uri()
+                    .path_and_query()
+                    .map(|p| p.as_str().to_string())
+                    .unwrap_or_else(|| "/".into());
+                if let Ok(uri) = format!("https://{authority}{path}").parse() {
+                    *req.uri_mut() = uri;
+                }
+                req.headers_mut().remove(header::HOST);
+                *req.version_mut() = http::Version::HTTP_2;
+                s.send_request(req).await
+            }
+        }
     }
 }
 

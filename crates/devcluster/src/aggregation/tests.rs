@@ -18,6 +18,9 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// What the backend saw.
 #[derive(Clone, Debug)]
 struct Seen {
+    version: http::Version,
+    /// `Host` (HTTP/1.1) or `:authority` (HTTP/2).
+    authority: String,
     method: String,
     uri: String,
     headers: HeaderMap,
@@ -93,6 +96,13 @@ async fn start_backend(pki: &Pki, group: &'static str, aggregated: bool) -> Back
             PrivateKeyDer::from_pem_slice(server_pem.key.as_bytes()).expect("key"),
         )
         .expect("server config");
+    let mut config = config;
+    // The aggregated backend speaks HTTP/1.1 only, the other both (as crproxy does).
+    config.alpn_protocols = if aggregated {
+        vec![b"http/1.1".to_vec()]
+    } else {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    };
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -133,10 +143,11 @@ async fn start_backend(pki: &Pki, group: &'static str, aggregated: bool) -> Back
                         )
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), service)
-                    .with_upgrades()
-                    .await;
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                .await;
             });
         }
     });
@@ -156,8 +167,24 @@ async fn backend_handler(
     aggregated: bool,
 ) -> Response<BoxBody> {
     seen.lock().expect("lock").push(Seen {
+        version: req.version(),
+        authority: req
+            .uri()
+            .authority()
+            .map(|a| a.to_string())
+            .or_else(|| {
+                req.headers()
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(String::from)
+            })
+            .unwrap_or_default(),
         method: req.method().to_string(),
-        uri: req.uri().to_string(),
+        uri: req
+            .uri()
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
         headers: req.headers().clone(),
         client_cn,
     });
@@ -477,6 +504,11 @@ async fn proxied_request_carries_identity_and_not_credentials() {
             .expect("forwarded");
         assert_eq!(got.method, "GET");
         assert_eq!(
+            got.version,
+            http::Version::HTTP_2,
+            "h2 when the backend offers it"
+        );
+        assert_eq!(
             got.uri,
             "/apis/example.com/v1/namespaces/ns1/widgets?limit=1"
         );
@@ -504,8 +536,8 @@ async fn proxied_request_carries_identity_and_not_credentials() {
         assert_eq!(values(h, "x-forwarded-host"), vec!["devcluster.local:6443"]);
         assert_eq!(values(h, "x-forwarded-for"), vec!["127.0.0.1"]);
         assert_eq!(
-            values(h, "host"),
-            vec![format!("127.0.0.1:{}", s.backend.addr.port())]
+            got.authority,
+            format!("127.0.0.1:{}", s.backend.addr.port())
         );
         assert_eq!(values(h, "audit-id").len(), 1);
     })
@@ -655,6 +687,7 @@ async fn upgrades_are_bridged() {
             .find(|r| r.uri == "/upgrade")
             .expect("upgrade request");
         assert_eq!(values(&up.headers, "upgrade"), vec!["test-proto"]);
+        assert_eq!(up.version, http::Version::HTTP_11, "upgrades need HTTP/1.1");
         assert_eq!(values(&up.headers, "x-remote-user"), vec!["alice"]);
     })
     .await
@@ -725,6 +758,8 @@ async fn discovery_falls_back_to_legacy_and_merges_groups() {
         assert!(v2.headers.get("x-remote-group").is_none());
         let v3 = seen.iter().find(|r| r.uri == "/openapi/v3").expect("openapi v3");
         assert!(v3.headers.get(header::ACCEPT).is_none());
+        // The HTTP/1.1-only backend was reached over HTTP/1.1.
+        assert!(other.seen().iter().all(|r| r.version == http::Version::HTTP_11));
         // The aggregated backend was not asked for the legacy document by the fetcher.
         assert!(other
             .seen()
