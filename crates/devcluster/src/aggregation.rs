@@ -21,7 +21,8 @@
 //!   endpoint of the Service's EndpointSlices; the server certificate is verified
 //!   against the APIService `caBundle` for the name `<service>.<namespace>.svc`
 //!   (kube's choice, even for ExternalName) unless `insecureSkipTLSVerify`; the
-//!   front-proxy client certificate is presented.
+//!   front-proxy client certificate is presented. HTTP/2 is used when the backend
+//!   offers it (as Go's transport does), HTTP/1.1 otherwise and for upgrades.
 //! - The caller's identity as `X-Remote-User`, one `X-Remote-Group` per group,
 //!   `X-Remote-Uid`, `X-Remote-Extra-<percent-encoded key>` (one header per value),
 //!   plus `X-Forwarded-For/Host/Proto/Uri` and `Audit-Id`. The caller's
