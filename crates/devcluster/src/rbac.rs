@@ -143,6 +143,17 @@ fn visit_rules(
     }
 }
 
+/// The rules kube's ClusterRole aggregation controller would write into `name`:
+/// `Some` for a ClusterRole with an `aggregationRule`, `None` otherwise. Lets the
+/// server keep stored aggregated roles readable (`kubectl get clusterrole admin`);
+/// authorization resolves aggregation itself and does not depend on it.
+pub fn aggregated_rules(s: &RbacSnapshot, name: &str) -> Option<Vec<Value>> {
+    let role = s.cluster_roles.iter().find(|r| name_of(r) == name)?;
+    role["aggregationRule"]
+        .is_object()
+        .then(|| cluster_role_rules(s, name))
+}
+
 /// The rules of a ClusterRole, resolving aggregation (cycles and depth bounded).
 fn cluster_role_rules(s: &RbacSnapshot, name: &str) -> Vec<Value> {
     let mut seen = BTreeSet::new();

@@ -775,3 +775,17 @@ fn check_request_runs_authn_impersonation_and_rbac_in_order() {
         Ok("alice".into())
     );
 }
+
+#[test]
+fn aggregated_rules_for_stored_roles() {
+    let s = snapshot();
+    let view = aggregated_rules(&s, "view").expect("aggregated");
+    assert!(
+        view.iter().any(|r| r["resources"] == json!(["crontabs"])),
+        "{view:?}"
+    );
+    let admin = aggregated_rules(&s, "admin").expect("aggregated");
+    assert!(admin.len() > view.len());
+    assert_eq!(aggregated_rules(&s, "cluster-admin"), None);
+    assert_eq!(aggregated_rules(&s, "missing"), None);
+}
