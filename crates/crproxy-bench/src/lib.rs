@@ -7,5 +7,6 @@
 
 pub mod driver;
 pub mod nginx;
+pub mod report;
 pub mod rss;
 pub mod stats;
