@@ -10,3 +10,5 @@ pub mod nginx;
 pub mod report;
 pub mod rss;
 pub mod stats;
+pub mod watch;
+pub mod workload;
