@@ -47,8 +47,14 @@ pub fn bootstrap(state: &Arc<State>) {
 }
 
 /// Aggregated groups to add to discovery (APIServices with a service).
-fn extra_discovery(_state: &State) -> Extra {
-    Extra::default()
+fn extra_discovery(state: &State) -> Extra {
+    match state.aggregator.get() {
+        Some(aggregator) => Extra {
+            groups: aggregator.discovery_groups(),
+            discovery: aggregator.aggregated_discovery(),
+        },
+        None => Extra::default(),
+    }
 }
 
 pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Response<Body> {
@@ -142,6 +148,27 @@ async fn route(
     let user = auth::authenticate(&state.tokens, &parts.headers, certs)?;
     let user = auth::impersonate(user, &parts.headers, auth::authorize)?;
     let path = parts.uri.path().to_string();
+
+    // Groups served by an APIService with a service go to their backend, after the
+    // caller has been authorized here (kube-apiserver never forwards a request the
+    // caller may not make).
+    if let Some(aggregator) = state.aggregator.get() {
+        if let Some(api_route) = aggregator.route(&path) {
+            let attrs = crate::rbac::authorize_attributes_from_request(
+                parts.method.as_str(),
+                &path,
+                parts.uri.query(),
+                user.clone(),
+            );
+            auth::authorize(&attrs)?;
+            let response = aggregator
+                .proxy(api_route, Request::from_parts(parts, body), &user)
+                .await;
+            return Ok(
+                response.map(|b| b.map_err(|e| std::io::Error::other(e.to_string())).boxed())
+            );
+        }
+    }
     let query = query_map(parts.uri.query());
     let segs: Vec<String> = path
         .split('/')
