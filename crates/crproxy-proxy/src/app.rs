@@ -98,12 +98,17 @@ impl RunningProxy {
 pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProxy, AppError> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let trust = FrontProxyTrust::new();
-    if !frontproxy::load_trust(&setup.client, &trust).await {
-        tracing::warn!("front-proxy trust not loaded yet; callers get 401 until it is");
-    }
+    let loaded = match frontproxy::load_trust(&setup.client, &trust).await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "front-proxy trust not loaded yet; callers get 401 until it is");
+            false
+        }
+    };
     let mut background = vec![frontproxy::spawn_trust_refresh(
         setup.client.clone(),
         Arc::clone(&trust),
+        loaded,
     )];
     let tls = server::proxy_tls_config(&setup.serving, &trust)?;
 
