@@ -277,6 +277,31 @@ impl ApiError {
         )
     }
 
+    /// A failure given as a `Status` object (what the authn, RBAC, schema and
+    /// admission modules return).
+    pub fn from_status(status: &Value) -> Self {
+        let code = status
+            .get("code")
+            .and_then(Value::as_u64)
+            .and_then(|c| u16::try_from(c).ok())
+            .unwrap_or(500);
+        ApiError {
+            code,
+            reason: status
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            message: status
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            details: status.get("details").and_then(Value::as_object).cloned(),
+            headers: Vec::new(),
+        }
+    }
+
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_string(), value.to_string()));
         self

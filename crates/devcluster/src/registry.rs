@@ -53,6 +53,8 @@ pub struct VersionInfo {
     pub schema: Option<Value>,
     /// CRD `additionalPrinterColumns`.
     pub printer_columns: Vec<Value>,
+    /// The compiled schema used for pruning, defaulting and validation.
+    pub structural: Option<Arc<crate::schema::StructuralSchema>>,
 }
 
 /// How the server implements a resource.
@@ -391,6 +393,7 @@ fn built_in_info(bi: &BuiltIn) -> ResourceInfo {
             deprecation_warning: None,
             schema: None,
             printer_columns: Vec::new(),
+            structural: None,
         }],
         resource: bi.resource.to_string(),
         singular: bi.singular.to_string(),

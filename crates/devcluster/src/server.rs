@@ -59,7 +59,8 @@ pub(crate) struct State {
     pub name: String,
     pub store: Arc<Store>,
     pub registry: Arc<Registry>,
-    pub tokens: auth::TokenUsers,
+    pub authn: crate::authn::Authenticator,
+    pub policy: auth::PolicyCache,
     pub token_file: Option<PathBuf>,
     /// `host:port` of the first listener, for `/api`'s serverAddressByClientCIDRs.
     pub server_address: Mutex<String>,
@@ -219,22 +220,25 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
     let tls = tls_config(&serving, &[ca.pem(), front_proxy_ca.pem()])?;
 
     // Tokens.
-    let tokens = auth::TokenUsers::default();
     let token_file = dir.as_ref().map(|d| d.join("tokens.csv"));
     let mut admin_token = None;
+    let mut token_text = String::new();
     if let Some(tf) = token_file.as_ref().filter(|p| p.exists()) {
-        let text = std::fs::read_to_string(tf).map_err(|e| Error::io(tf, e))?;
-        let users = auth::parse_token_file(&text).map_err(|message| Error::Format {
+        token_text = std::fs::read_to_string(tf).map_err(|e| Error::io(tf, e))?;
+        let users = auth::parse_token_file(&token_text).map_err(|message| Error::Format {
             path: tf.clone(),
             message,
         })?;
-        for (t, u) in users {
-            if u.name == "admin" && admin_token.is_none() {
-                admin_token = Some(t.clone());
-            }
-            tokens.insert(&t, u);
-        }
+        admin_token = users
+            .into_iter()
+            .find(|(_, u)| u.name == "admin")
+            .map(|(t, _)| t);
     }
+    let tokens =
+        crate::authn::Authenticator::new(&token_text, true).map_err(|e| Error::Format {
+            path: token_file.clone().unwrap_or_default(),
+            message: e.to_string(),
+        })?;
     let admin_token = match admin_token {
         Some(t) => t,
         None => {
@@ -250,7 +254,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
                 text.push_str(&auth::token_file_line(&t, &user));
                 write_file(tf, &text)?;
             }
-            tokens.insert(&t, user);
+            tokens.add_token(t.clone(), user);
             t
         }
     };
@@ -264,7 +268,8 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
         name: cfg.name.clone(),
         store,
         registry: Arc::new(Registry::new()),
-        tokens,
+        authn: tokens,
+        policy: auth::PolicyCache::default(),
         token_file,
         server_address: Mutex::new(String::new()),
         shutdown: shutdown_rx,
@@ -463,7 +468,7 @@ impl DevCluster {
             text.push_str(&auth::token_file_line(&token, &info));
             write_file(tf, &text)?;
         }
-        self.inner.state.tokens.insert(&token, info);
+        self.inner.state.authn.add_token(token.clone(), info);
         Ok(token)
     }
 

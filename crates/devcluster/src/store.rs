@@ -398,6 +398,26 @@ impl Store {
         let _ = self.events.send(event);
     }
 
+    /// The resourceVersion of the last change to a resource (or the version the
+    /// store opened at): caches of derived data compare it to know when to rebuild.
+    pub fn last_change(&self, gr: &GroupResource) -> u64 {
+        let state = self.read();
+        state
+            .resources
+            .get(gr)
+            .and_then(|d| d.history.back().map(|e| e.rv).or(Some(d.floor)))
+            .unwrap_or(state.start_rv)
+    }
+
+    /// Number of objects of a resource.
+    pub fn count(&self, gr: &GroupResource) -> usize {
+        self.read()
+            .resources
+            .get(gr)
+            .map(|d| d.objects.len())
+            .unwrap_or(0)
+    }
+
     /// Subscribes to live events after replaying the retained ones newer than `rv`.
     pub fn watch_from(
         &self,

@@ -9,7 +9,7 @@ use crate::discovery::{self, Extra};
 use crate::error::ApiError;
 use crate::registry::Source;
 use crate::store::{meta_str, Mutation};
-use crate::types::{RequestAttributes, UserInfo};
+use crate::types::RequestAttributes;
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
@@ -22,8 +22,38 @@ const MAX_BODY: usize = 3 * 1024 * 1024;
 /// kube's default for watches without timeoutSeconds is 30-60 minutes.
 const DEFAULT_WATCH_TIMEOUT: u64 = 1800;
 
-/// Objects every cluster starts with.
+/// Objects every cluster starts with: the system namespaces and kube's bootstrap
+/// RBAC policy (created when missing, never overwritten).
 pub fn bootstrap(state: &Arc<State>) {
+    for obj in crate::rbac::bootstrap_objects() {
+        let resource = match obj.get("kind").and_then(Value::as_str) {
+            Some("ClusterRole") => "clusterroles",
+            Some("ClusterRoleBinding") => "clusterrolebindings",
+            Some("Role") => "roles",
+            Some("RoleBinding") => "rolebindings",
+            _ => continue,
+        };
+        let gr = (
+            "rbac.authorization.k8s.io".to_string(),
+            resource.to_string(),
+        );
+        let ns = meta_str(&obj, "namespace").to_string();
+        let name = meta_str(&obj, "name").to_string();
+        let _ = state
+            .store
+            .mutate::<ApiError>(&gr, &ns, &name, false, |cur| {
+                if let Some(cur) = cur {
+                    return Ok(Mutation::Unchanged(cur.clone()));
+                }
+                let mut obj = obj.clone();
+                if let Some(meta) = super::objects::metadata_mut(&mut obj) {
+                    meta.insert("uid".into(), json!(super::objects::new_uid()));
+                    meta.insert("creationTimestamp".into(), json!(super::objects::now()));
+                }
+                Ok(Mutation::Put(obj))
+            });
+    }
+
     let ns_gr = (String::new(), "namespaces".to_string());
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let _ = state
@@ -145,8 +175,6 @@ async fn route(
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = req.into_parts();
     let certs = parts.extensions.get::<auth::PeerCertificates>();
-    let user = auth::authenticate(&state.tokens, &parts.headers, certs)?;
-    let user = auth::impersonate(user, &parts.headers, auth::authorize)?;
     let path = parts.uri.path().to_string();
 
     // Groups served by an APIService with a service go to their backend, after the
@@ -185,8 +213,9 @@ async fn route(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
 
-    if let Some(rp) = parse_resource_path(&segs) {
-        let verb = match parts.method {
+    let resource_path = parse_resource_path(&segs);
+    let verb = match &resource_path {
+        Some(rp) => match parts.method {
             Method::GET | Method::HEAD => {
                 if rp.watch_prefix || (rp.name.is_empty() && is_watch(&query)) {
                     "watch"
@@ -199,53 +228,59 @@ async fn route(
             Method::POST => "create",
             Method::PUT => "update",
             Method::PATCH => "patch",
-            Method::DELETE => {
-                if rp.name.is_empty() {
-                    "deletecollection"
-                } else {
-                    "delete"
-                }
-            }
+            Method::DELETE if rp.name.is_empty() => "deletecollection",
+            Method::DELETE => "delete",
             _ => return Err(ApiError::method_not_allowed()),
-        };
-        let attrs = RequestAttributes {
-            user: user.clone(),
-            verb: verb.to_string(),
-            resource_request: true,
-            api_group: rp.group.clone(),
-            api_version: rp.version.clone(),
-            resource: rp.resource.clone(),
-            subresource: rp.subresource.clone(),
-            namespace: rp.namespace.clone(),
-            name: rp.name.clone(),
-            path: path.clone(),
-        };
-        auth::authorize(&attrs)?;
-        let body = read_body(body).await?;
-        return resource_request(
-            &state,
-            rp,
-            verb,
-            parts.method,
-            parts.headers,
-            query,
-            accept,
-            user,
-            body,
-        )
-        .await;
-    }
-
-    // Non-resource paths.
-    let attrs = RequestAttributes {
-        user: user.clone(),
-        verb: parts.method.as_str().to_ascii_lowercase(),
-        resource_request: false,
-        path: path.clone(),
-        ..Default::default()
+        }
+        .to_string(),
+        None => parts.method.as_str().to_ascii_lowercase(),
     };
-    auth::authorize(&attrs)?;
-    non_resource(&state, &segs, &parts.headers, accept.as_deref())
+    let attrs = auth::check(
+        &state.authn,
+        &state.policy,
+        &state.store,
+        &parts.headers,
+        certs,
+        |user| match &resource_path {
+            Some(rp) => RequestAttributes {
+                user,
+                verb: verb.clone(),
+                resource_request: true,
+                api_group: rp.group.clone(),
+                api_version: rp.version.clone(),
+                resource: rp.resource.clone(),
+                subresource: rp.subresource.clone(),
+                namespace: rp.namespace.clone(),
+                name: rp.name.clone(),
+                path: path.clone(),
+            },
+            None => RequestAttributes {
+                user,
+                verb: verb.clone(),
+                resource_request: false,
+                path: path.clone(),
+                ..Default::default()
+            },
+        },
+    )?;
+    match resource_path {
+        Some(rp) => {
+            let body = read_body(body).await?;
+            resource_request(
+                &state,
+                rp,
+                &verb,
+                parts.method,
+                parts.headers,
+                query,
+                accept,
+                attrs,
+                body,
+            )
+            .await
+        }
+        None => non_resource(&state, &segs, &parts.headers, accept.as_deref()),
+    }
 }
 
 fn discovery_response(
@@ -461,7 +496,7 @@ async fn resource_request(
     headers: http::HeaderMap,
     query: HashMap<String, String>,
     accept: Option<String>,
-    user: UserInfo,
+    attrs: RequestAttributes,
     body: Bytes,
 ) -> Result<Response<Body>, ApiError> {
     let not_found = |core: bool| {
@@ -503,7 +538,8 @@ async fn resource_request(
         subresource: rp.subresource.clone(),
         query,
         output,
-        user,
+        user: attrs.user.clone(),
+        attrs,
         headers,
     };
     if info.source == Source::Review {
@@ -581,12 +617,19 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
     let version = ctx.version.clone();
     let api_version = ctx.api_version();
     let output = ctx.output;
+    let include = ctx.include_object();
     let filter_sel = selectors.clone();
     let render: crate::watch::Render = Arc::new(move |obj: &Value| match output {
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
             super::output::partial(obj)
         }
-        Output::Table => super::output::table(&info, &version, &[Arc::new(obj.clone())], None),
+        Output::Table => super::output::table(
+            &info,
+            &version,
+            &[Arc::new(obj.clone())],
+            json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
+            include,
+        ),
         _ => super::output::convert(obj, &api_version),
     });
     let spec = WatchSpec {
@@ -621,97 +664,20 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
     Ok(resp)
 }
 
-/// The create-only review resources (stand-ins until the reviews module lands).
+/// The create-only review resources.
 fn reviews(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Result<Response<Body>, ApiError> {
     let format = h::body_format(&ctx.headers)?;
     let mut obj = h::decode_body(body, format, &ctx.info.kind)?;
-    let user_json = |u: &UserInfo| json!({"username": u.name, "uid": u.uid, "groups": u.groups});
-    let status = match ctx.info.resource.as_str() {
-        "selfsubjectreviews" => json!({"userInfo": user_json(&ctx.user)}),
-        "tokenreviews" => {
-            let token = obj
-                .get("spec")
-                .and_then(|s| s.get("token"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            match state.tokens.lookup(token) {
-                Some(mut u) => {
-                    u.groups.push("system:authenticated".into());
-                    json!({"authenticated": true, "user": user_json(&u), "audiences": []})
-                }
-                None => json!({"user": {}, "error": "invalid bearer token"}),
-            }
-        }
-        r => {
-            let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
-            let user = if r == "selfsubjectaccessreviews" || r == "selfsubjectrulesreviews" {
-                ctx.user.clone()
-            } else {
-                UserInfo {
-                    name: spec
-                        .get("user")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .into(),
-                    groups: spec
-                        .get("groups")
-                        .and_then(Value::as_array)
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|g| g.as_str().map(str::to_string))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    ..Default::default()
-                }
-            };
-            if r == "selfsubjectrulesreviews" {
-                json!({"resourceRules": [], "nonResourceRules": [], "incomplete": false})
-            } else {
-                let attrs = match (spec.get("resourceAttributes"), spec.get("nonResourceAttributes")) {
-                    (Some(ra), _) => RequestAttributes {
-                        user,
-                        verb: ra.get("verb").and_then(Value::as_str).unwrap_or("").into(),
-                        resource_request: true,
-                        api_group: ra.get("group").and_then(Value::as_str).unwrap_or("").into(),
-                        resource: ra.get("resource").and_then(Value::as_str).unwrap_or("").into(),
-                        subresource: ra.get("subresource").and_then(Value::as_str).unwrap_or("").into(),
-                        namespace: ra.get("namespace").and_then(Value::as_str).unwrap_or("").into(),
-                        name: ra.get("name").and_then(Value::as_str).unwrap_or("").into(),
-                        ..Default::default()
-                    },
-                    (None, Some(nr)) => RequestAttributes {
-                        user,
-                        verb: nr.get("verb").and_then(Value::as_str).unwrap_or("").into(),
-                        path: nr.get("path").and_then(Value::as_str).unwrap_or("").into(),
-                        ..Default::default()
-                    },
-                    (None, None) => {
-                        return Err(ApiError::invalid(
-                            &ctx.info.group,
-                            "",
-                            "",
-                            vec![crate::error::Cause::new(
-                                "FieldValueInvalid",
-                                "Invalid value: \"null\": exactly one of nonResourceAttributes or resourceAttributes must be specified",
-                                "spec.resourceAttributes",
-                            )],
-                        ))
-                    }
-                };
-                json!({"allowed": auth::authorize(&attrs).is_ok()})
-            }
-        }
-    };
-    if let Some(m) = obj.as_object_mut() {
-        m.insert("status".into(), status);
-        let meta = m.entry("metadata").or_insert_with(|| json!({}));
-        if let Some(mm) = meta.as_object_mut() {
-            mm.insert("creationTimestamp".into(), Value::Null);
+    if ctx.info.namespaced {
+        if let Some(meta) = super::objects::metadata_mut(&mut obj) {
+            meta.insert("namespace".into(), json!(ctx.namespace));
         }
     }
-    let _ = meta_str(&obj, "name");
-    Ok(h::json_response(201, &obj))
+    let rbac = state.policy.rbac(&state.store);
+    match crate::reviews::handle_review(&ctx.info.resource, &obj, &ctx.user, &rbac, &state.authn) {
+        Ok(answer) => Ok(h::json_response(201, &answer)),
+        Err(status) => Err(ApiError::from_status(&status)),
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use super::seams;
 use super::State;
 use crate::error::{qualified, ApiError, Cause, Details};
 use crate::registry::{GroupResource, ResourceInfo};
-use crate::store::{meta_str, object_rv, Mutation, Written};
+use crate::store::{meta_str, Mutation, Written};
 use crate::types::UserInfo;
 use base64::Engine;
 use bytes::Bytes;
@@ -27,6 +27,8 @@ pub struct ReqCtx {
     pub query: HashMap<String, String>,
     pub output: Output,
     pub user: UserInfo,
+    /// The authorized request attributes (admission needs them).
+    pub attrs: crate::types::RequestAttributes,
     pub headers: HeaderMap,
 }
 
@@ -45,6 +47,12 @@ impl ReqCtx {
 
     pub fn dry_run(&self) -> bool {
         self.query.get("dryRun").is_some_and(|v| v == "All")
+    }
+
+    /// `includeObject` of Table requests (kube's default: metadata only).
+    pub fn include_object(&self) -> crate::table::IncludeObject {
+        crate::table::IncludeObject::parse(self.q("includeObject").unwrap_or(""))
+            .unwrap_or_default()
     }
 
     pub fn q(&self, key: &str) -> Option<&str> {
@@ -81,7 +89,8 @@ fn respond(ctx: &ReqCtx, status: u16, obj: &Value, extra_warnings: &[String]) ->
             &ctx.info,
             &ctx.version,
             &[Arc::new(obj.clone())],
-            Some(object_rv(obj)),
+            json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
+            ctx.include_object(),
         ),
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => output::partial(obj),
         _ => output::convert(obj, &ctx.api_version()),
@@ -135,7 +144,7 @@ pub struct Selectors {
 
 impl Selectors {
     pub fn parse(ctx: &ReqCtx) -> Result<Self, ApiError> {
-        let label = seams::LabelSelector::parse(ctx.q("labelSelector").unwrap_or(""))
+        let label = seams::parse_label_selector(ctx.q("labelSelector").unwrap_or(""))
             .map_err(ApiError::bad_request)?;
         let mut fields = Vec::new();
         for req in seams::parse_field_selector(ctx.q("fieldSelector").unwrap_or(""))
@@ -313,10 +322,21 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
     let meta = output::list_metadata(rv, &cont, remaining);
     let mut resp = match ctx.output {
         Output::Table => {
-            let mut t = output::table(&ctx.info, &ctx.version, &items, Some(rv));
+            let mut tm = serde_json::Map::new();
             if !cont.is_empty() {
-                t["metadata"]["continue"] = json!(cont);
+                tm.insert("continue".into(), json!(cont));
             }
+            if let Some(r) = remaining {
+                tm.insert("remainingItemCount".into(), json!(r));
+            }
+            tm.insert("resourceVersion".into(), json!(rv.to_string()));
+            let t = output::table(
+                &ctx.info,
+                &ctx.version,
+                &items,
+                Value::Object(tm),
+                ctx.include_object(),
+            );
             h::json_response(200, &t)
         }
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
@@ -530,7 +550,15 @@ pub fn prepare_create(
 
 pub fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Option<&str>) -> Resp {
     let obj = decode(ctx, body)?;
-    let (obj, warnings) = prepare_create(state, ctx, obj, url_name)?;
+    let (obj, mut warnings) = prepare_create(state, ctx, obj, url_name)?;
+    let adm = state.policy.admission(&state.store);
+    warnings.extend(seams::admit(
+        adm.as_deref(),
+        ctx,
+        "CREATE",
+        Some(&obj),
+        None,
+    )?);
     let name = meta_str(&obj, "name").to_string();
     check_namespace(state, ctx, &name)?;
     let written = insert_new(state, ctx, obj)?;
@@ -567,6 +595,7 @@ fn commit_update(
     mut new: Value,
     subresource: &str,
     require_rv: bool,
+    adm: Option<&crate::admission::AdmissionSnapshot>,
 ) -> Result<(Mutation, Vec<String>), ApiError> {
     let info = &ctx.info;
     let body_rv = meta_str(&new, "resourceVersion").to_string();
@@ -619,7 +648,8 @@ fn commit_update(
         _ => {}
     }
     o::prepare_update(info, current, &mut new)?;
-    let warnings = seams::validate(ctx, &mut new, Some(current))?;
+    let mut warnings = seams::validate(ctx, &mut new, Some(current))?;
+    warnings.extend(seams::admit(adm, ctx, "UPDATE", Some(&new), Some(current))?);
     seams::managed_fields_update(ctx, Some(current), &mut new, subresource);
     if o::is_deleting(&new) && !o::has_finalizers(&new) {
         return Ok((Mutation::Delete, warnings));
@@ -657,13 +687,14 @@ pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     }
     let mut warnings = Vec::new();
     let sub = ctx.subresource.clone();
+    let adm = state.policy.admission(&state.store);
     let written = state
         .store
         .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
             let Some(cur) = cur else {
                 return Err(ctx.not_found());
             };
-            let (m, w) = commit_update(ctx, cur, obj, &sub, true)?;
+            let (m, w) = commit_update(ctx, cur, obj, &sub, true, adm.as_deref())?;
             warnings = w;
             Ok(m)
         })?;
@@ -701,7 +732,15 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     {
         let applied = h::decode_yaml(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-        let (mut obj, warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
+        let (mut obj, mut warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
+        let adm = state.policy.admission(&state.store);
+        warnings.extend(seams::admit(
+            adm.as_deref(),
+            ctx,
+            "CREATE",
+            Some(&obj),
+            None,
+        )?);
         seams::managed_fields_apply_create(ctx, &mut obj);
         check_namespace(state, ctx, &ctx.name)?;
         match insert_new(state, ctx, obj) {
@@ -716,6 +755,7 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     }
     let mut warnings = Vec::new();
     let sub = ctx.subresource.clone();
+    let adm = state.policy.admission(&state.store);
     let written = state
         .store
         .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
@@ -734,7 +774,7 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
                     );
                 }
             }
-            let (m, w) = commit_update(ctx, cur, patched, &sub, false)?;
+            let (m, w) = commit_update(ctx, cur, patched, &sub, false, adm.as_deref())?;
             warnings = w;
             Ok(m)
         })?;
@@ -797,6 +837,7 @@ fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
     let Some(spec) = ctx.info.scale.clone() else {
         return Err(ApiError::resource_not_found());
     };
+    let adm = state.policy.admission(&state.store);
     let written = state
         .store
         .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
@@ -825,7 +866,7 @@ fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
                 .unwrap_or(json!(0));
             let mut new = (**cur).clone();
             o::set_path(&mut new, &spec.spec_replicas_path, replicas);
-            let (m, _) = commit_update(ctx, cur, new, "scale", false)?;
+            let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
             Ok(m)
         })?;
     Ok(h::json_response(200, &scale_of(ctx, &written.object)?))
@@ -874,12 +915,14 @@ pub fn delete_one(
     opts: &DeleteOptions,
 ) -> Result<Written, ApiError> {
     let info = &ctx.info;
+    let adm = state.policy.admission(&state.store);
     state
         .store
         .mutate(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found(&info.group, &info.resource, name));
             };
+            seams::admit(adm.as_deref(), ctx, "DELETE", None, Some(cur))?;
             let precondition = |what: &str, want: &str, have: &str, tail: &str| {
                 ApiError::new(
                     409,
@@ -1011,6 +1054,7 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
             query: ctx.query.clone(),
             output: ctx.output,
             user: ctx.user.clone(),
+            attrs: ctx.attrs.clone(),
             headers: ctx.headers.clone(),
         };
         match delete_one(state, &sub, &name, &opts) {

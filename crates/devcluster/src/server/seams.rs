@@ -8,168 +8,26 @@ use super::rest::ReqCtx;
 use crate::error::{ApiError, Cause};
 use crate::registry::ResourceInfo;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 
 // ---------- selectors ----------
 
-#[derive(Clone, Debug, PartialEq)]
-enum Req {
-    Eq(String, String),
-    NotEq(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    NotExists(String),
-}
+/// Label selectors: the one parser shared with the proxy.
+pub use crproxy_core::selector::LabelSelector;
 
-/// A label selector (stand-in until `crproxy_core::selector` is merged).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LabelSelector {
-    reqs: Vec<Req>,
-}
-
-fn split_top(s: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut depth = 0;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
-fn valid_value(v: &str) -> bool {
-    v.len() <= 63
-        && v.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-}
-
-fn valid_key(k: &str) -> bool {
-    !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' || c == '/')
-}
-
-impl LabelSelector {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let mut reqs = Vec::new();
-        if s.trim().is_empty() {
-            return Ok(LabelSelector { reqs });
-        }
-        for part in split_top(s) {
-            let part = part.trim();
-            if part.is_empty() {
-                return Err(format!("found '', expected: identifier in '{s}'"));
-            }
-            let req = if let Some(k) = part.strip_prefix('!') {
-                Req::NotExists(k.trim().to_string())
-            } else if let Some((k, v)) = part.split_once("!=") {
-                Req::NotEq(k.trim().to_string(), v.trim().to_string())
-            } else if let Some((k, v)) = part.split_once("==") {
-                Req::Eq(k.trim().to_string(), v.trim().to_string())
-            } else if let Some((k, v)) = part.split_once('=') {
-                Req::Eq(k.trim().to_string(), v.trim().to_string())
-            } else if let Some((k, rest)) = part.split_once(" notin ") {
-                Req::NotIn(k.trim().to_string(), set(rest)?)
-            } else if let Some((k, rest)) = part.split_once(" in ") {
-                Req::In(k.trim().to_string(), set(rest)?)
-            } else {
-                Req::Exists(part.to_string())
-            };
-            let (key, values): (&str, Vec<&str>) = match &req {
-                Req::Eq(k, v) | Req::NotEq(k, v) => (k, vec![v.as_str()]),
-                Req::In(k, vs) | Req::NotIn(k, vs) => (k, vs.iter().map(String::as_str).collect()),
-                Req::Exists(k) | Req::NotExists(k) => (k, vec![]),
-            };
-            if !valid_key(key) {
-                return Err(format!(
-                    "unable to parse requirement: invalid label key {key:?}"
-                ));
-            }
-            if let Some(bad) = values.iter().find(|v| !valid_value(v)) {
-                let word = bad.split_whitespace().nth(1).unwrap_or(bad);
-                return Err(format!("found '{word}', expected: ',' or 'end of string'"));
-            }
-            reqs.push(req);
-        }
-        Ok(LabelSelector { reqs })
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.reqs.is_empty()
-    }
-
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.reqs.iter().all(|r| match r {
-            Req::Eq(k, v) => labels.get(k) == Some(v),
-            Req::NotEq(k, v) => labels.get(k) != Some(v),
-            Req::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
-            Req::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
-            Req::Exists(k) => labels.contains_key(k),
-            Req::NotExists(k) => !labels.contains_key(k),
-        })
-    }
-
-    pub fn matches_json(&self, labels: Option<&Value>) -> bool {
-        if self.reqs.is_empty() {
-            return true;
-        }
-        let map: BTreeMap<String, String> = labels
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
-        self.matches(&map)
-    }
-}
-
-fn set(rest: &str) -> Result<Vec<String>, String> {
-    let rest = rest.trim();
-    let inner = rest
-        .strip_prefix('(')
-        .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| "unable to parse requirement: found '', expected: ',' or ')'".to_string())?;
-    Ok(inner
-        .split(',')
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect())
+/// Parses a label selector into kube's 400 message on error.
+pub fn parse_label_selector(s: &str) -> Result<LabelSelector, String> {
+    LabelSelector::parse(s).map_err(|e| e.message().to_string())
 }
 
 /// Field selector terms `(field, equal?, value)`.
 pub fn parse_field_selector(s: &str) -> Result<Vec<(String, bool, String)>, String> {
-    let mut out = Vec::new();
-    if s.trim().is_empty() {
-        return Ok(out);
-    }
-    for part in s.split(',') {
-        let part = part.trim();
-        let (f, eq, v) = if let Some((f, v)) = part.split_once("!=") {
-            (f, false, v)
-        } else if let Some((f, v)) = part.split_once("==") {
-            (f, true, v)
-        } else if let Some((f, v)) = part.split_once('=') {
-            (f, true, v)
-        } else {
-            return Err(format!(
-                "invalid selector: '{s}'; can't understand '{part}'"
-            ));
-        };
-        out.push((f.trim().to_string(), eq, v.trim().to_string()));
-    }
-    Ok(out)
+    let sel =
+        crproxy_core::selector::FieldSelector::parse(s).map_err(|e| e.message().to_string())?;
+    Ok(sel
+        .requirements()
+        .iter()
+        .map(|r| (r.field.clone(), !r.negated, r.value.clone()))
+        .collect())
 }
 
 // ---------- patches ----------
@@ -275,6 +133,34 @@ pub fn validate(
 ) -> Result<Vec<String>, ApiError> {
     let info = &ctx.info;
     let name = crate::store::meta_str(obj, "name").to_string();
+    let mut warnings = Vec::new();
+    if let Some(schema) = info
+        .version(&ctx.version)
+        .and_then(|v| v.structural.clone())
+    {
+        let unknown = schema.prune(obj);
+        if !unknown.is_empty() {
+            match ctx.q("fieldValidation").unwrap_or("Warn") {
+                "Strict" => {
+                    return Err(ApiError::from_status(
+                        &crate::schema::strict_decoding_error(&info.kind, &ctx.version, &unknown),
+                    ))
+                }
+                "Ignore" => {}
+                _ => warnings.extend(unknown.iter().map(|f| format!("unknown field {f:?}"))),
+            }
+        }
+        schema.apply_defaults(obj);
+        let causes = schema.validate(obj);
+        if !causes.is_empty() {
+            return Err(ApiError::from_status(&crate::schema::invalid_status(
+                &info.kind,
+                &info.group,
+                &name,
+                &causes,
+            )));
+        }
+    }
     let mut causes = Vec::new();
     match (info.group.as_str(), info.resource.as_str()) {
         ("coordination.k8s.io", "leases") => {
@@ -300,7 +186,29 @@ pub fn validate(
     if !causes.is_empty() {
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
-    Ok(Vec::new())
+    Ok(warnings)
+}
+
+/// Runs ValidatingAdmissionPolicies (when any exist) for a write. Returns their
+/// warnings, or the denial.
+pub fn admit(
+    snapshot: Option<&crate::admission::AdmissionSnapshot>,
+    ctx: &ReqCtx,
+    operation: &str,
+    object: Option<&Value>,
+    old: Option<&Value>,
+) -> Result<Vec<String>, ApiError> {
+    let Some(snapshot) = snapshot else {
+        return Ok(Vec::new());
+    };
+    let req = crate::admission::AdmissionRequest {
+        operation,
+        attrs: &ctx.attrs,
+        kind: (&ctx.info.group, &ctx.version, &ctx.info.kind),
+        object,
+        old_object: old,
+    };
+    crate::admission::validate(snapshot, &req).map_err(|s| ApiError::from_status(&s))
 }
 
 /// Records the writer in managedFields for an Update operation (stand-in: keeps
@@ -313,27 +221,6 @@ pub fn managed_fields_apply_create(_ctx: &ReqCtx, _obj: &mut Value) {}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn label_selectors_match() {
-        let labels: BTreeMap<String, String> = [("app", "cron"), ("tier", "backend")]
-            .into_iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect();
-        let check = |sel: &str, want: bool| {
-            let s = LabelSelector::parse(sel).expect(sel);
-            assert_eq!(s.matches(&labels), want, "{sel}");
-        };
-        check("", true);
-        check("app=cron", true);
-        check("app==cron,tier!=frontend", true);
-        check("app in (cron,other),tier notin (frontend),!env", true);
-        check("app in (other)", false);
-        check("env", false);
-        check("!app", false);
-        assert!(LabelSelector::parse("app in (cron").is_err());
-        assert!(LabelSelector::parse("app=bad value!").is_err());
-    }
 
     #[test]
     fn field_selectors_parse() {
