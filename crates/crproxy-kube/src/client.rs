@@ -7,12 +7,12 @@ use crate::watch::{LineDecoder, WatchEvent};
 use crate::Error;
 use bytes::Bytes;
 use futures_util::Stream;
-use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use http::{Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,6 +20,8 @@ use std::time::Duration;
 
 /// How long a non-watch request (including reading its body) may take by default.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// `User-Agent` sent unless the request sets one, so API server audit logs name us.
+pub const USER_AGENT_VALUE: &str = concat!("crproxy/", env!("CARGO_PKG_VERSION"));
 /// How long TCP connect and the TLS handshake may each take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -77,7 +79,15 @@ impl Client {
             DEFAULT_CONNECT_TIMEOUT,
         );
         let http = HyperClient::builder(TokioExecutor::new())
+            // The idle timeout only takes effect with a pool timer.
+            .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
+            // HTTP/2 pings find connections that died silently (a rebooted node, a
+            // dropped NAT entry), which would otherwise hang a watch forever.
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_timeout(Duration::from_secs(10))
+            .http2_keep_alive_while_idle(true)
             .build(connector);
         let auth_header = match &config.auth {
             Auth::Token(t) => {
@@ -113,6 +123,15 @@ impl Client {
     /// GET an object.
     pub async fn get(&self, path: &str) -> Result<Value, Error> {
         self.json(Method::GET, path, None).await
+    }
+
+    /// GET an object; `None` when it does not exist (404).
+    pub async fn get_opt(&self, path: &str) -> Result<Option<Value>, Error> {
+        match self.get(path).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// GET a list.
@@ -297,6 +316,10 @@ impl Client {
             .headers
             .entry(ACCEPT)
             .or_insert(HeaderValue::from_static("application/json"));
+        parts
+            .headers
+            .entry(USER_AGENT)
+            .or_insert(HeaderValue::from_static(USER_AGENT_VALUE));
         let req = Request::from_parts(parts, Full::new(body));
         self.http
             .request(req)

@@ -129,6 +129,12 @@ impl ClusterConfig {
                 )))
             }
             (None, None, Some(t)) => Auth::Token(t),
+            (None, None, None) if user.exec.is_some() || user.auth_provider.is_some() => {
+                return Err(Error::Kubeconfig(format!(
+                    "user {:?} authenticates with an exec plugin or auth provider, which crproxy does not support; use a token, tokenFile or client certificate",
+                    ctx.context.user
+                )))
+            }
             (None, None, None) => Auth::None,
         };
         Ok(ClusterConfig {
@@ -138,6 +144,15 @@ impl ClusterConfig {
             insecure_skip_tls_verify: cluster.insecure_skip_tls_verify.unwrap_or(false),
             auth,
         })
+    }
+
+    /// The kubeconfig kubectl would use (see [`Kubeconfig::load_default`]) with its
+    /// current context, else the in-cluster service account.
+    pub fn infer() -> Result<Self, Error> {
+        match Kubeconfig::load_default()? {
+            Some(kc) => Self::from_kubeconfig(&kc, None),
+            None => Self::in_cluster(),
+        }
     }
 
     /// The pod's service account: `KUBERNETES_SERVICE_HOST`/`_PORT` and the mounted

@@ -75,10 +75,15 @@ fn parse_path(path: &str) -> Option<Target> {
 
 #[derive(Clone, Debug)]
 struct Event {
+    rv: u64,
     key: Key,
     event_type: &'static str,
     object: Value,
 }
+
+/// Events kept for watches that start from a resourceVersion; older ones are answered
+/// with 410 Expired, as etcd compaction makes kube-apiserver do.
+const HISTORY: usize = 10_000;
 
 #[derive(Default)]
 struct State {
@@ -86,6 +91,30 @@ struct State {
     rv: u64,
     log: Vec<String>,
     unavailable: bool,
+    history: std::collections::VecDeque<Event>,
+}
+
+impl State {
+    /// Records and publishes an event for `object` (whose resourceVersion is current).
+    fn emit(
+        &mut self,
+        events: &broadcast::Sender<Event>,
+        key: Key,
+        event_type: &'static str,
+        object: Value,
+    ) {
+        let ev = Event {
+            rv: self.rv,
+            key,
+            event_type,
+            object,
+        };
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(ev.clone());
+        let _ = events.send(ev);
+    }
 }
 
 /// A running fake API server; stops when dropped.
@@ -195,11 +224,7 @@ impl FakeApiServer {
         };
         let mut st = lock(&self.state);
         let stored = store(&mut st, &key, object);
-        let _ = self.events.send(Event {
-            key,
-            event_type: "ADDED",
-            object: stored.clone(),
-        });
+        st.emit(&self.events, key, "ADDED", stored.clone());
         Some(stored)
     }
 
@@ -303,17 +328,21 @@ async fn handle(
         );
     };
     let kind = qualified(&t.prefix, &t.resource);
-    let is_watch = query
-        .split('&')
-        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let params = Params::parse(&query);
+    let selector = match Selector::parse(params.label_selector.as_deref().unwrap_or("")) {
+        Ok(sel) => sel,
+        Err(msg) => return status(400, "BadRequest", &msg),
+    };
     match (parts.method.clone(), t.name.clone()) {
-        (Method::GET, None) if is_watch => watch(&t, state, events),
+        (Method::GET, None) if params.watch => {
+            watch(t, selector, params.resource_version, state, events)
+        }
         (Method::GET, None) => {
             let st = lock(state);
             let items: Vec<Value> = st
                 .objects
                 .iter()
-                .filter(|(k, _)| in_collection(k, &t))
+                .filter(|(k, v)| in_collection(k, &t) && selector.matches(v))
                 .map(|(_, v)| v.clone())
                 .collect();
             ok(
@@ -345,11 +374,7 @@ async fn handle(
                 );
             }
             let stored = store(&mut st, &key, obj);
-            let _ = events.send(Event {
-                key,
-                event_type: "ADDED",
-                object: stored.clone(),
-            });
+            st.emit(events, key, "ADDED", stored.clone());
             ok(201, stored)
         }
         (Method::PUT, Some(name)) => {
@@ -376,23 +401,18 @@ async fn handle(
                 obj["metadata"][keep] = current["metadata"][keep].clone();
             }
             let stored = store(&mut st, &key, obj);
-            let _ = events.send(Event {
-                key,
-                event_type: "MODIFIED",
-                object: stored.clone(),
-            });
+            st.emit(events, key, "MODIFIED", stored.clone());
             ok(200, stored)
         }
         (Method::DELETE, Some(name)) => {
             let key = key_of(&t, name.clone());
             let mut st = lock(state);
             match st.objects.remove(&key) {
-                Some(obj) => {
-                    let _ = events.send(Event {
-                        key,
-                        event_type: "DELETED",
-                        object: obj.clone(),
-                    });
+                Some(mut obj) => {
+                    // A deletion is a write: it gets its own resourceVersion.
+                    st.rv += 1;
+                    obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+                    st.emit(events, key, "DELETED", obj.clone());
                     ok(200, obj)
                 }
                 None => not_found(&kind, &name),
@@ -422,42 +442,141 @@ fn in_collection(k: &Key, t: &Target) -> bool {
         && (t.namespace.is_none() || k.namespace == t.namespace)
 }
 
-fn watch(t: &Target, state: &Mutex<State>, events: &broadcast::Sender<Event>) -> Response<Body> {
-    // Subscribe before taking the snapshot so nothing falls between the two; the
-    // snapshot is sent as ADDED events, like a watch without a resourceVersion.
+fn watch(
+    t: Target,
+    selector: Selector,
+    from_rv: Option<u64>,
+    state: &Mutex<State>,
+    events: &broadcast::Sender<Event>,
+) -> Response<Body> {
+    // Subscribe before reading the state so nothing falls in between; duplicates
+    // between the replay and the live feed are dropped by resourceVersion.
     let rx = events.subscribe();
-    let initial: Vec<Bytes> = lock(state)
-        .objects
-        .iter()
-        .filter(|(k, _)| in_collection(k, t))
-        .map(|(_, v)| line("ADDED", v))
-        .collect();
-    let filter = Target {
-        prefix: t.prefix.clone(),
-        namespace: t.namespace.clone(),
-        resource: t.resource.clone(),
-        name: None,
-    };
-    let initial = futures_util::stream::iter(initial.into_iter().map(|b| Ok(Frame::data(b))));
-    let live = futures_util::stream::unfold((rx, filter), |(mut rx, filter)| async move {
-        loop {
-            match rx.recv().await {
-                Ok(ev) if in_collection(&ev.key, &filter) => {
-                    return Some((
-                        Ok(Frame::data(line(ev.event_type, &ev.object))),
-                        (rx, filter),
-                    ))
-                }
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(broadcast::error::RecvError::Closed) => return None,
+    let st = lock(state);
+    let replay: Vec<(u64, Bytes)> = match from_rv {
+        // No (or "0") resourceVersion: the current objects as ADDED, as kube does.
+        None | Some(0) => st
+            .objects
+            .iter()
+            .filter(|(k, v)| in_collection(k, &t) && selector.matches(v))
+            .map(|(_, v)| (st.rv, line("ADDED", v)))
+            .collect(),
+        Some(rv) => {
+            let oldest = st.history.front().map(|e| e.rv).unwrap_or(st.rv + 1);
+            if st.history.len() == HISTORY && rv < oldest {
+                let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": format!("too old resource version: {rv} ({})", oldest - 1), "reason": "Expired", "code": 410});
+                vec![(st.rv, line("ERROR", &status))]
+            } else {
+                st.history
+                    .iter()
+                    .filter(|e| {
+                        e.rv > rv && in_collection(&e.key, &t) && selector.matches(&e.object)
+                    })
+                    .map(|e| (e.rv, line(e.event_type, &e.object)))
+                    .collect()
             }
         }
-    });
+    };
+    let seen = st.rv;
+    drop(st);
+    let replay = futures_util::stream::iter(replay.into_iter().map(|(_, b)| Ok(Frame::data(b))));
+    let live =
+        futures_util::stream::unfold((rx, t, selector), move |(mut rx, t, selector)| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(ev)
+                        if ev.rv > seen
+                            && in_collection(&ev.key, &t)
+                            && selector.matches(&ev.object) =>
+                    {
+                        return Some((
+                            Ok(Frame::data(line(ev.event_type, &ev.object))),
+                            (rx, t, selector),
+                        ))
+                    }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
     use futures_util::StreamExt as _;
     Response::builder()
         .header(http::header::CONTENT_TYPE, "application/json")
-        .body(BodyExt::boxed(StreamBody::new(initial.chain(live))))
+        .body(BodyExt::boxed(StreamBody::new(replay.chain(live))))
         .unwrap_or_else(|_| Response::new(empty()))
+}
+
+/// The query parameters the fake honours.
+#[derive(Default)]
+struct Params {
+    watch: bool,
+    resource_version: Option<u64>,
+    label_selector: Option<String>,
+}
+
+impl Params {
+    fn parse(query: &str) -> Params {
+        let mut p = Params::default();
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let v = percent_encoding::percent_decode_str(&v.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned();
+            match k {
+                "watch" => p.watch = v == "true" || v == "1",
+                "resourceVersion" => p.resource_version = v.parse().ok(),
+                "labelSelector" => p.label_selector = Some(v),
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+/// Equality-based label selectors: `k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-separated.
+/// Set-based terms (`in`, `notin`) are refused with 400 rather than misread.
+struct Selector(Vec<Term>);
+
+enum Term {
+    Eq(String, String),
+    Ne(String, String),
+    Exists(String),
+    Absent(String),
+}
+
+impl Selector {
+    fn parse(s: &str) -> Result<Selector, String> {
+        let mut terms = Vec::new();
+        for raw in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            if raw.contains(" in ") || raw.contains(" notin ") || raw.contains('(') {
+                return Err(format!(
+                    "the fake API server supports only equality-based selectors, not {raw:?}"
+                ));
+            }
+            let term = if let Some((k, v)) = raw.split_once("!=") {
+                Term::Ne(k.trim().to_owned(), v.trim().to_owned())
+            } else if let Some((k, v)) = raw.split_once("==").or_else(|| raw.split_once('=')) {
+                Term::Eq(k.trim().to_owned(), v.trim().to_owned())
+            } else if let Some(k) = raw.strip_prefix('!') {
+                Term::Absent(k.trim().to_owned())
+            } else {
+                Term::Exists(raw.to_owned())
+            };
+            terms.push(term);
+        }
+        Ok(Selector(terms))
+    }
+
+    fn matches(&self, obj: &Value) -> bool {
+        let labels = &obj["metadata"]["labels"];
+        let get = |k: &str| labels.get(k).and_then(Value::as_str);
+        self.0.iter().all(|t| match t {
+            Term::Eq(k, v) => get(k) == Some(v.as_str()),
+            Term::Ne(k, v) => get(k) != Some(v.as_str()),
+            Term::Exists(k) => get(k).is_some(),
+            Term::Absent(k) => get(k).is_none(),
+        })
+    }
 }
 
 fn line(event_type: &str, object: &Value) -> Bytes {

@@ -94,6 +94,17 @@ pub struct KubeUser {
         skip_serializing_if = "Option::is_none"
     )]
     pub client_key_data: Option<String>,
+    /// An exec credential plugin. Not supported: kept only to say so clearly instead
+    /// of silently connecting anonymously.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<serde_json::Value>,
+    /// A legacy auth provider (gcp, oidc, ...). Not supported, as `exec`.
+    #[serde(
+        rename = "auth-provider",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub auth_provider: Option<serde_json::Value>,
 }
 
 /// `contexts[]` entry.
@@ -127,6 +138,16 @@ impl Kubeconfig {
         Ok(cfg)
     }
 
+    /// The kubeconfig kubectl would use: the first existing file in `$KUBECONFIG`
+    /// (merging several files is not supported), else `$HOME/.kube/config`. `None`
+    /// when there is none.
+    pub fn load_default() -> Result<Option<Self>, Error> {
+        match default_path() {
+            Some(p) => Self::load(&p).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Parses kubeconfig YAML (or JSON). Relative paths resolve against the working
     /// directory unless `base_dir` is set afterwards.
     pub fn from_yaml(text: &str) -> Result<Self, Error> {
@@ -155,6 +176,17 @@ impl Kubeconfig {
             _ => p.to_path_buf(),
         }
     }
+}
+
+fn default_path() -> Option<PathBuf> {
+    if let Some(list) = std::env::var_os("KUBECONFIG") {
+        if let Some(p) = std::env::split_paths(&list).find(|p| p.is_file()) {
+            return Some(p);
+        }
+    }
+    let home = std::env::var_os("HOME")?;
+    let p = Path::new(&home).join(".kube").join("config");
+    p.is_file().then_some(p)
 }
 
 fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>

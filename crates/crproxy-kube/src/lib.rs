@@ -16,7 +16,9 @@ mod error;
 mod kubeconfig;
 mod watch;
 
-pub use client::{Client, PatchType, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+pub use client::{
+    Client, PatchType, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, USER_AGENT_VALUE,
+};
 pub use cluster::{Auth, ClusterConfig, InsecureAcceptAnyServerCert};
 pub use error::{reason_for_status, Error};
 pub use kubeconfig::{

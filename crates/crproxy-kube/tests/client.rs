@@ -33,6 +33,7 @@ struct Seen {
     content_type: Option<String>,
     body: Value,
     version: http::Version,
+    user_agent: Option<String>,
 }
 
 struct Pki {
@@ -89,6 +90,11 @@ async fn handle(
             .map(str::to_owned),
         body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         version: parts.version,
+        user_agent: parts
+            .headers
+            .get("user-agent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
     });
     let token_ok = parts
         .headers
@@ -246,6 +252,20 @@ async fn token_auth_and_crud() -> Result<()> {
     assert_eq!(cm["data"]["k"], "v");
     // ALPN offered h2 and the server took it.
     assert_eq!(srv.last()?.version, http::Version::HTTP_2);
+    assert!(srv
+        .last()?
+        .user_agent
+        .is_some_and(|ua| ua.starts_with("crproxy/")));
+    assert!(
+        timed(client.get_opt("/api/v1/namespaces/default/configmaps/gone"))
+            .await??
+            .is_none()
+    );
+    assert!(
+        timed(client.get_opt("/api/v1/namespaces/default/configmaps/cm"))
+            .await??
+            .is_some()
+    );
 
     let created = timed(client.create(
         "/api/v1/namespaces/default/configmaps",
@@ -348,6 +368,8 @@ async fn server_certificate_is_verified_unless_insecure() -> Result<()> {
         .await?
         .expect_err("untrusted server");
     assert!(matches!(err, Error::Transport(_)), "{err:?}");
+    // The cause chain reaches the log line, not just hyper's "client error (Connect)".
+    assert!(err.to_string().contains("UnknownIssuer"), "{err}");
 
     cfg.ca_pem = None;
     cfg.insecure_skip_tls_verify = true;
@@ -485,6 +507,11 @@ users:
 - name: half
   user:
     client-certificate-data: {cert}
+- name: plugin
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: aws
 contexts:
 - {{name: a, context: {{cluster: data, user: certs}}}}
 - {{name: b, context: {{cluster: insecure, user: tok}}}}
@@ -492,6 +519,7 @@ contexts:
 - {{name: d, context: {{cluster: data, user: nobody}}}}
 - {{name: e, context: {{cluster: data, user: half}}}}
 - {{name: f, context: {{cluster: missing, user: tok}}}}
+- {{name: g, context: {{cluster: data, user: plugin}}}}
 current-context: b
 users2: null
 "#,
@@ -543,6 +571,7 @@ users2: null
         ("e", "not both"),
         ("f", "\"missing\""),
         ("zzz", "context \"zzz\" not found"),
+        ("g", "exec plugin"),
     ] {
         let err = ClusterConfig::from_kubeconfig(&kc, Some(ctx)).expect_err(ctx);
         assert!(err.to_string().contains(needle), "{ctx}: {err}");

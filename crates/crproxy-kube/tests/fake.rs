@@ -95,3 +95,54 @@ async fn watch_all_namespaces_sees_existing_then_live_events() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn list_then_watch_from_its_resource_version_with_a_selector() -> Result<()> {
+    let srv = FakeApiServer::start()
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let c = srv.client();
+    let col = "/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices";
+    let slice = |name: &str, svc: &str| json!({"metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc}}});
+    timed(c.create(col, &slice("a-1", "a"))).await??;
+    timed(c.create(col, &slice("b-1", "b"))).await??;
+    let sel = "labelSelector=kubernetes.io%2Fservice-name%3Da";
+    let list = timed(c.list(&format!("{col}?{sel}"))).await??;
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .context("items")?
+        .iter()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a-1"]);
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .context("rv")?
+        .to_owned();
+
+    // Written between the list and the watch: must still be seen, exactly once.
+    timed(c.create(col, &slice("a-2", "a"))).await??;
+    let mut w = Box::pin(timed(c.watch(&format!("{col}?{sel}&resourceVersion={rv}"))).await??);
+    timed(c.create(col, &slice("b-2", "b"))).await??;
+    timed(c.create(col, &slice("a-3", "a"))).await??;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let ev = timed(w.next()).await?.context("ended")??;
+        got.push(format!(
+            "{} {}",
+            ev.event_type,
+            ev.object["metadata"]["name"].as_str().unwrap_or("?")
+        ));
+    }
+    assert_eq!(got, ["ADDED a-2", "ADDED a-3"]);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), w.next())
+            .await
+            .is_err(),
+        "no duplicates, nothing from other services"
+    );
+
+    let bad = timed(c.list(&format!("{col}?labelSelector=env%20in%20(a)"))).await?;
+    assert_eq!(bad.expect_err("set-based").status(), Some(400));
+    Ok(())
+}

@@ -224,7 +224,8 @@ impl GroupVersionProxy {
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
         let attempt = tokio::time::timeout_at(
             exchange.deadline,
-            self.target.send(
+            self.target.send_before(
+                Some(exchange.deadline),
                 Method::GET,
                 &exchange.path_and_query(),
                 &exchange.headers,
@@ -377,7 +378,8 @@ impl GroupVersionProxy {
         headers.remove(http::header::ACCEPT_ENCODING);
         let attempt = tokio::time::timeout_at(
             exchange.deadline,
-            self.target.send(
+            self.target.send_before(
+                Some(exchange.deadline),
                 Method::GET,
                 &exchange.path_and_query(),
                 &headers,
@@ -482,7 +484,8 @@ impl GroupVersionProxy {
         let object_path = object_path(&self.group, &self.version, path);
         let attempt = tokio::time::timeout_at(
             exchange.deadline,
-            self.target.call(Method::GET, &object_path, None),
+            self.target
+                .call(exchange.deadline, Method::GET, &object_path, None),
         )
         .await;
         let (code, bytes) = flatten(attempt).map_err(|e| self.unavailable(e))?;
@@ -582,9 +585,11 @@ impl GroupVersionProxy {
         if lock(&self.target_namespaces).contains(namespace) {
             return Ok(());
         }
-        let attempt =
-            tokio::time::timeout_at(deadline, self.target.call(Method::GET, &client_path, None))
-                .await;
+        let attempt = tokio::time::timeout_at(
+            deadline,
+            self.target.call(deadline, Method::GET, &client_path, None),
+        )
+        .await;
         let (code, _) = flatten(attempt).map_err(|e| self.unavailable(e))?;
         if code == StatusCode::NOT_FOUND {
             tracing::info!(%namespace, target = %self.target_name, "creating namespace on target cluster");
@@ -596,6 +601,7 @@ impl GroupVersionProxy {
             let attempt = tokio::time::timeout_at(
                 deadline,
                 self.target.call(
+                    deadline,
                     Method::POST,
                     "/api/v1/namespaces",
                     Some(Bytes::from(manifest.to_string())),
@@ -630,7 +636,8 @@ impl GroupVersionProxy {
         body: ProxyBody,
         watch: bool,
     ) -> Outcome {
-        let sent = self.target.send(
+        let sent = self.target.send_before(
+            (!watch).then_some(exchange.deadline),
             exchange.method.clone(),
             path_and_query,
             &exchange.headers,
@@ -675,7 +682,7 @@ impl GroupVersionProxy {
     }
 
     fn unavailable(&self, error: ForwardError) -> Outcome {
-        if matches!(error, ForwardError::Deadline) {
+        if error.reason() == Reason::Deadline {
             self.metrics.termination(Reason::Deadline);
         }
         let cause = match &error {

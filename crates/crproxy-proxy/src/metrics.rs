@@ -9,7 +9,7 @@
 //! Counters live in label families, so a counter series only exists after its first
 //! event (the guide tells operators not to alert on counter absence). The peer gauges
 //! are different: they are computed from the live pools at scrape time by
-//! [`PoolCollector`], so an expired quarantine already shows as `half_open` without any
+//! a custom collector, so an expired quarantine already shows as `half_open` without any
 //! request having touched the pool.
 
 use std::sync::{Arc, Mutex, Weak};
@@ -232,6 +232,15 @@ impl Metrics {
         handle
     }
 
+    /// Reports `pool` in the scrape-time peer gauges. [`PeerPool::new`] already
+    /// registers every pool under its own target and group/version, so this is only
+    /// needed for a pool built some other way; registering the same pool twice is
+    /// harmless (it is listed once).
+    pub fn register_pool(&self, target: &str, group_version: &str, pool: &Arc<PeerPool>) {
+        self.pools
+            .register(target, group_version, Arc::downgrade(pool));
+    }
+
     /// The OpenMetrics text exposition of every series, ending with `# EOF`.
     /// Serve it with [`OPENMETRICS_CONTENT_TYPE`].
     pub fn encode(&self) -> String {
@@ -444,16 +453,7 @@ impl TargetMetrics {
     /// `group_version`. [`PeerPool::new`] calls this itself; the registration ends
     /// when the pool is dropped.
     pub fn register_pool(&self, group_version: &str, pool: Weak<PeerPool>) {
-        let mut pools = match self.pools.pools.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        pools.retain(|p| p.pool.strong_count() > 0);
-        pools.push(RegisteredPool {
-            target: self.target.clone(),
-            group_version: group_version.to_owned(),
-            pool,
-        });
+        self.pools.register(&self.target, group_version, pool);
     }
 }
 
@@ -492,6 +492,26 @@ struct RegisteredPool {
 #[derive(Debug, Default)]
 struct PoolCollector {
     pools: Mutex<Vec<RegisteredPool>>,
+}
+
+impl PoolCollector {
+    fn register(&self, target: &str, group_version: &str, pool: Weak<PeerPool>) {
+        let mut pools = match self.pools.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        pools.retain(|p| p.pool.strong_count() > 0);
+        let known = pools.iter().any(|p| {
+            p.pool.ptr_eq(&pool) && p.target == target && p.group_version == group_version
+        });
+        if !known {
+            pools.push(RegisteredPool {
+                target: target.to_owned(),
+                group_version: group_version.to_owned(),
+                pool,
+            });
+        }
+    }
 }
 
 impl Collector for PoolCollector {

@@ -6,7 +6,7 @@
 //! the next peer in round-robin order or dials a new one. Health is tracked per host
 //! with the spec's fixed thresholds:
 //!
-//! * a dial (TCP + TLS) gives up after [`DIAL_TIMEOUT`](crate::dial::DIAL_TIMEOUT);
+//! * a dial (TCP + TLS) gives up after [`crate::dial::DIAL_TIMEOUT`];
 //! * [`QUARANTINE_THRESHOLD`] consecutive failed dials take the host out of rotation
 //!   for [`QUARANTINE_DURATION`]; afterwards exactly one request makes a trial dial:
 //!   success brings the host back, failure quarantines it again;
@@ -28,7 +28,7 @@ use http::{header, HeaderValue, Request, Response, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -43,6 +43,10 @@ pub const QUARANTINE_DURATION: Duration = Duration::from_secs(20);
 pub const STALENESS_TOLERANCE: Duration = Duration::from_secs(60);
 /// Idle HTTP/1.1 connections kept per peer (HTTP/2 needs only one).
 const MAX_IDLE_HTTP1: usize = 8;
+/// Default HTTP/2 ping interval on peer connections.
+pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// Default time to wait for a ping answer before the connection is closed.
+pub const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attempts `PeerSender::send` makes when cached connections turn out dead.
 const SEND_ATTEMPTS: usize = 3;
 
@@ -78,6 +82,13 @@ pub enum PoolError {
     /// The dial failed (and so did the retry on another peer, if there was one).
     #[error(transparent)]
     Dial(#[from] DialError),
+    /// The caller's deadline (see [`PeerPool::acquire_before`]) expired while a
+    /// dial was in flight.
+    #[error("context deadline exceeded while dialling peer {peer}")]
+    Deadline {
+        /// The peer being dialled.
+        peer: String,
+    },
     /// The pool was dropped while a request still held a sender from it.
     #[error("the peer pool was shut down")]
     Closed,
@@ -92,6 +103,7 @@ impl PoolError {
             PoolError::AllQuarantined => Reason::AllQuarantined,
             PoolError::PeerDeparted { .. } => Reason::PeerDeparted,
             PoolError::Dial(e) => e.reason(),
+            PoolError::Deadline { .. } => Reason::Deadline,
             PoolError::Closed => Reason::Error,
         }
     }
@@ -141,6 +153,27 @@ impl SendError {
         match self {
             SendError::Pool(e) => e.reason(),
             SendError::InvalidRequest { .. } | SendError::Http { .. } => Reason::Upstream,
+        }
+    }
+}
+
+/// Tunables of a pool that are not fixed by the spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Ping interval on HTTP/2 peer connections, so a peer that vanished without
+    /// closing its connections (partition, node loss) is noticed by a missing ping
+    /// answer rather than by every request on the cached connection running into
+    /// its deadline. `None` disables pings.
+    pub h2_keepalive_interval: Option<Duration>,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub h2_keepalive_timeout: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            h2_keepalive_interval: Some(H2_KEEPALIVE_INTERVAL),
+            h2_keepalive_timeout: H2_KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -247,6 +280,7 @@ impl State {
 /// The peers of one proxied group/version and their health.
 pub struct PeerPool {
     group_version: String,
+    options: PoolOptions,
     dialer: Dialer,
     metrics: TargetMetrics,
     /// The authority for requests that carry neither an absolute URI nor `Host`.
@@ -265,6 +299,12 @@ impl std::fmt::Debug for PeerPool {
     }
 }
 
+enum DialOutcome {
+    Departed,
+    Deadline,
+    Done(Result<Conn, DialError>),
+}
+
 enum Selection {
     Cached(PeerSender),
     Dial(DialTicket),
@@ -275,9 +315,20 @@ impl PeerPool {
     /// A pool with no peer list yet; requests fail with `no_peer` until the first
     /// publication. The pool registers itself for the scrape-time peer gauges.
     pub fn new(group_version: String, dialer: Dialer, metrics: TargetMetrics) -> Arc<PeerPool> {
+        Self::with_options(group_version, dialer, metrics, PoolOptions::default())
+    }
+
+    /// [`new`](Self::new) with explicit [`PoolOptions`].
+    pub fn with_options(
+        group_version: String,
+        dialer: Dialer,
+        metrics: TargetMetrics,
+        options: PoolOptions,
+    ) -> Arc<PeerPool> {
         let default_authority = dialer.server_name().to_str().into_owned();
         let pool = Arc::new_cyclic(|me| PeerPool {
             group_version,
+            options,
             dialer,
             metrics,
             default_authority,
@@ -340,7 +391,7 @@ impl PeerPool {
         st.last_publish = Some(now);
         st.down_since = None;
         st.stale_logged = false;
-        if st.all_quarantined && st.any_selectable(now) {
+        if st.all_quarantined && st.peers.iter().any(|p| p.health == Health::Healthy) {
             st.all_quarantined = false;
         }
         let count = st.peers.len();
@@ -424,6 +475,18 @@ impl PeerPool {
     /// Rejections and failed dials are counted in
     /// `vcluster_proxy_peer_dial_failures_total`; the caller records the request.
     pub async fn acquire(&self) -> Result<PeerSender, PoolError> {
+        self.acquire_inner(None).await
+    }
+
+    /// Like [`acquire`](Self::acquire), but a dial still running at `deadline` (the
+    /// request's own deadline) is abandoned and counted as `deadline` rather than
+    /// `canceled`. Use it where the request deadline would otherwise drop the
+    /// future.
+    pub async fn acquire_before(&self, deadline: Instant) -> Result<PeerSender, PoolError> {
+        self.acquire_inner(Some(deadline)).await
+    }
+
+    async fn acquire_inner(&self, deadline: Option<Instant>) -> Result<PeerSender, PoolError> {
         let ticket = match self.select(None) {
             Selection::Cached(sender) => return Ok(sender),
             Selection::Dial(ticket) => ticket,
@@ -433,14 +496,16 @@ impl PeerPool {
             }
         };
         let failed_peer = ticket.peer_id;
-        let first_error = match self.dial(ticket).await {
+        let first_error = match self.dial(ticket, deadline).await {
             Ok(sender) => return Ok(sender),
+            // Out of time: no point in another peer.
+            Err(err @ PoolError::Deadline { .. }) => return Err(err),
             Err(err) => err,
         };
         // The request never reached a target, so another peer can take it.
         match self.select(Some(failed_peer)) {
             Selection::Cached(sender) => Ok(sender),
-            Selection::Dial(ticket) => self.dial(ticket).await,
+            Selection::Dial(ticket) => self.dial(ticket, deadline).await,
             // No other candidate: the caller sees the failure that actually happened.
             Selection::Rejected(_) => Err(first_error),
         }
@@ -479,10 +544,21 @@ impl PeerPool {
         }
         let n = st.peers.len();
         let start = st.next;
+        // The retry after a failed dial goes to a healthy peer if there is one: a
+        // trial there could fail too, and the caller would see an error although a
+        // healthy peer was available. First requests take trials in turn.
+        let healthy_first = exclude.is_some()
+            && st
+                .peers
+                .iter()
+                .any(|p| Some(p.id) != exclude && p.health == Health::Healthy);
         for i in 0..n {
             let idx = (start + i) % n;
             let peer = &mut st.peers[idx];
             if Some(peer.id) == exclude || !peer.selectable(now) {
+                continue;
+            }
+            if healthy_first && peer.health != Health::Healthy {
                 continue;
             }
             let trial = peer.health != Health::Healthy;
@@ -514,17 +590,42 @@ impl PeerPool {
     }
 
     /// Dials the ticket's peer, records the outcome and builds the HTTP connection.
-    async fn dial(&self, mut ticket: DialTicket) -> Result<PeerSender, PoolError> {
+    async fn dial(
+        &self,
+        mut ticket: DialTicket,
+        deadline: Option<Instant>,
+    ) -> Result<PeerSender, PoolError> {
         let started = Instant::now();
         let mut departed = ticket.departed.clone();
+        let expired = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
         let outcome = tokio::select! {
             // A departure wins over a simultaneous result: the host is gone either way.
             biased;
-            _ = departed.changed() => None,
-            result = self.connect(&ticket.host) => Some(result),
+            _ = departed.changed() => DialOutcome::Departed,
+            _ = expired => DialOutcome::Deadline,
+            result = self.connect(&ticket.host) => DialOutcome::Done(result),
         };
         ticket.armed = false;
         let elapsed = started.elapsed().as_secs_f64();
+        let outcome = match outcome {
+            DialOutcome::Deadline => {
+                // Like a cancellation: says nothing about the peer's health.
+                self.metrics.dial_failure(Reason::Deadline);
+                if ticket.trial {
+                    self.abandon_trial(ticket.peer_id);
+                }
+                return Err(PoolError::Deadline {
+                    peer: ticket.host.clone(),
+                });
+            }
+            DialOutcome::Departed => None,
+            DialOutcome::Done(result) => Some(result),
+        };
         match outcome {
             None => {
                 // Never observed in the duration histogram: it is not a dial result.
@@ -564,7 +665,7 @@ impl PeerPool {
         let started = Instant::now();
         let tls = self.dialer.dial(host).await?;
         let remaining = DIAL_TIMEOUT.saturating_sub(started.elapsed());
-        match tokio::time::timeout(remaining, http_handshake(tls)).await {
+        match tokio::time::timeout(remaining, http_handshake(tls, &self.options)).await {
             Ok(result) => result,
             Err(_) => Err(DialError::Timeout {
                 peer: host.to_owned(),
@@ -707,12 +808,16 @@ fn format_age(age: Duration) -> String {
     )
 }
 
-async fn http_handshake(tls: PeerConnection) -> Result<Conn, DialError> {
+async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Conn, DialError> {
     let peer = tls.peer.clone();
     let h2 = tls.is_h2();
     let io = TokioIo::new(tls.stream);
     if h2 {
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(options.h2_keepalive_interval)
+            .keep_alive_timeout(options.h2_keepalive_timeout)
+            .keep_alive_while_idle(true)
             .handshake(io)
             .await
             .map_err(|source| DialError::Http {
@@ -815,7 +920,7 @@ impl PeerSender {
     /// The request may use an absolute URI or origin form with a `Host` header; it is
     /// adapted to the connection's protocol. If a cached connection turns out dead
     /// before the request was written, the pool drops it and the request goes out on
-    /// another connection (at most [`SEND_ATTEMPTS`] tries), so callers need not
+    /// another connection (at most three tries), so callers need not
     /// retry that case themselves.
     pub async fn send(self, req: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
         let mut sender = self;

@@ -265,3 +265,34 @@ async fn an_abandoned_trial_frees_the_slot_and_counts_as_canceled() {
     let err = h.pool.acquire().await.expect_err("trial times out");
     assert_eq!(err.reason(), Reason::Timeout);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_deadline_mid_dial_counts_as_deadline() {
+    let h = Harness::new();
+    let silent = SilentPeer::start().await;
+    h.pool.publish(vec![silent.host()]);
+
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(2);
+    let err = h.pool.acquire_before(deadline).await.expect_err("deadline");
+    assert_eq!(err.reason(), Reason::Deadline);
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    let s = h.scrape();
+    assert_eq!(s.dial_failures("deadline"), 1.0);
+    assert_eq!(s.dial_failures("canceled"), 0.0);
+    assert_eq!(s.dial_failures("timeout"), 0.0);
+    assert_eq!(
+        s.dial_observations(),
+        0.0,
+        "an abandoned dial has no duration"
+    );
+    assert_eq!(s.peers("healthy"), 1.0, "says nothing about the peer");
+
+    // A deadline later than the dial timeout leaves the timeout in charge.
+    let err = h
+        .pool
+        .acquire_before(Instant::now() + Duration::from_secs(30))
+        .await
+        .expect_err("timeout");
+    assert_eq!(err.reason(), Reason::Timeout);
+}

@@ -253,6 +253,13 @@ async fn targets_and_pools_are_kept_apart() {
     assert_eq!(synced(TARGET, GROUP_VERSION), Some(0.0));
     assert_eq!(synced("p-other/second", "other.example.com/v1"), Some(1.0));
 
+    // Registering again (as an assembler might) does not duplicate series.
+    h.metrics
+        .register_pool("p-other/second", "other.example.com/v1", &second_pool);
+    let s = h.scrape();
+    let peer_series = s.samples["vcluster_proxy_peers"].len();
+    assert_eq!(peer_series, 6, "three states for each of two pools");
+
     // A dropped pool leaves the scrape.
     drop(second_pool);
     let s = h.scrape();

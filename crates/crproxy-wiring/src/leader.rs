@@ -8,9 +8,10 @@
 //! replicas does not matter. `renewTime`/`acquireTime` are written for humans.
 //!
 //! Safety argument: a leader counts its term from the instant it *sent* the successful
-//! write and steps down `lease_duration` later unless it renewed; any other replica
-//! observed that record no earlier than it was written, so it cannot take over before
-//! the old leader has stepped down.
+//! write and steps down `lease_duration` (minus a small margin) later unless it
+//! renewed; any other replica
+//! timestamps a record when its GET *returns*, which is no earlier than the write, so
+//! it cannot take over before the old leader has stepped down.
 
 use chrono::{DateTime, Utc};
 use crproxy_kube::{Client, Error};
@@ -32,7 +33,7 @@ pub struct LeaseConfig {
     /// How long a record stays valid without renewal (`leaseDurationSeconds`, whole
     /// seconds on the wire, at least 1).
     pub lease_duration: Duration,
-    /// How often the leader renews. Must be well below `lease_duration`.
+    /// How often the leader renews. Capped at half of `lease_duration`.
     pub renew_interval: Duration,
     /// How often a non-leader (or a leader whose renewal failed) tries again.
     pub retry_interval: Duration,
@@ -59,6 +60,13 @@ impl LeaseConfig {
     /// loop from stepping down in time.
     fn attempt_timeout(&self) -> Duration {
         (self.lease_duration / 3).max(Duration::from_millis(100))
+    }
+
+    /// How long a leader may act on one successful write: the lease minus a margin
+    /// (a tenth, at most 1 s) for timer lateness and clock-rate differences between
+    /// replicas, so it stops strictly before anyone else may start.
+    fn term(&self) -> Duration {
+        self.lease_duration - (self.lease_duration / 10).min(Duration::from_secs(1))
     }
 }
 
@@ -138,7 +146,14 @@ impl LeaderElector {
         Self::spawn_with(store, cfg)
     }
 
-    pub(crate) fn spawn_with<S: LeaseStore>(store: S, cfg: LeaseConfig) -> LeaderHandle {
+    pub(crate) fn spawn_with<S: LeaseStore>(store: S, mut cfg: LeaseConfig) -> LeaderHandle {
+        // Renewing no more often than the lease lasts would lose the lease between
+        // renewals; keep at least two renewals per lease duration.
+        let max_renew = cfg.lease_duration / 2;
+        if cfg.renew_interval > max_renew {
+            tracing::warn!(renew_interval = ?cfg.renew_interval, lease_duration = ?cfg.lease_duration, "renew interval too long for the lease duration, using half the duration");
+            cfg.renew_interval = max_renew;
+        }
         let (leader_tx, leader_rx) = watch::channel(false);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let elector = Elector {
@@ -348,7 +363,7 @@ impl<S: LeaseStore> Elector<S> {
         if !self.is_leader() {
             return None;
         }
-        self.last_renew.map(|t| t + self.cfg.lease_duration)
+        self.last_renew.map(|t| t + self.cfg.term())
     }
 
     fn observe(&mut self, lease: &Value, at: Instant) {
@@ -397,7 +412,10 @@ impl<S: LeaseStore> Elector<S> {
                 Err(e) => Err(e),
             };
         };
-        self.observe(&current, started);
+        // Observed when the answer arrived, not when we asked: the record may have been
+        // written after our request left, and counting from before that write would
+        // let us take over before its writer's term ends.
+        self.observe(&current, Instant::now());
         let spec = current.get("spec").cloned().unwrap_or_else(|| json!({}));
         let holder = spec
             .get("holderIdentity")

@@ -78,7 +78,7 @@ impl RegistrarConfig {
             service_mode: ServiceMode::ExternalName {
                 external_name: "localhost".to_owned(),
             },
-            service_namespace: "kube-system".to_owned(),
+            service_namespace: names::SERVICE_NAMESPACE.to_owned(),
             ca_bundle_pem,
             insecure_skip_tls_verify: false,
         }

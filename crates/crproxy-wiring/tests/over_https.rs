@@ -6,8 +6,8 @@
 use anyhow::{anyhow, Context as _, Result};
 use crproxy_kube::fake::FakeApiServer;
 use crproxy_wiring::{
-    register_all, spawn_registrar, LeaderElector, LeaderHandle, LeaseConfig, RegistrarConfig,
-    Registration,
+    register_all, spawn_registrar, spawn_wiring, LeaderElector, LeaderHandle, LeaseConfig,
+    RegistrarConfig, Registration,
 };
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -303,5 +303,37 @@ async fn only_the_leader_registers() -> Result<()> {
     tokio::time::timeout(Duration::from_secs(2), registrar)
         .await
         .context("registrar outlived the election")??;
+    Ok(())
+}
+
+#[tokio::test]
+async fn wiring_stops_registering_before_it_releases() -> Result<()> {
+    let srv = start().await?;
+    let wiring = spawn_wiring(
+        srv.client(),
+        lease_config("replica-a"),
+        RegistrarConfig::local(b"CA".to_vec()),
+        regs(),
+        Duration::from_millis(100),
+    );
+    wait_leader(wiring.leader(), Duration::from_secs(5)).await?;
+    let path = format!("{APISERVICES}/v1.example.com");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while srv.object(&path).is_none() {
+        anyhow::ensure!(Instant::now() < deadline, "not registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wiring.stop().await;
+    assert_eq!(
+        srv.object(LEASE).context("lease")?["spec"]["holderIdentity"],
+        ""
+    );
+    srv.clear_requests();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        srv.requests(),
+        Vec::<String>::new(),
+        "nothing runs after stop"
+    );
     Ok(())
 }

@@ -226,7 +226,9 @@ async fn start_client(
 
     // The client's identity on the target, with just the rights the proxy needs.
     let identity = names::target_identity(project_namespace, &name);
-    let token = target.issue_token(&identity, &[]);
+    let token = target
+        .issue_token(&identity, &[])
+        .context("issuing the client identity's token on the target")?;
     grant_target_access(&admin_client(target)?, &identity).await?;
     let identity_kubeconfig = dir.join("target-identity.kubeconfig");
     std::fs::write(

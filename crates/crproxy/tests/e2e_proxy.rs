@@ -350,7 +350,7 @@ async fn target_down_keeps_discovery_and_fails_requests_with_retryable_503() -> 
     let (env, _dir) = env(1, 1).await?;
     let client = &env.clients[0].kubeconfig;
     kubectl_ok(client, &["create", "namespace", "demo"]).await?;
-    env.target.stop_listener(env.target_replicas[0]).await;
+    env.target.stop_listener(env.target_replicas[0])?;
     let resources = kubectl_ok(
         client,
         &["api-resources", "--api-group=example.com", "-o", "name"],
@@ -409,7 +409,7 @@ async fn direct_callers_without_the_front_proxy_certificate_get_401() -> Result<
 async fn users_without_client_rbac_are_refused_by_the_client_api_server() -> Result<()> {
     let (env, dir) = env(1, 1).await?;
     let cluster = &env.clients[0].cluster;
-    let token = cluster.issue_token("mallory", &[]);
+    let token = cluster.issue_token("mallory", &[])?;
     let kubeconfig = dir.path().join("mallory.kubeconfig");
     let admin = std::fs::read_to_string(&env.clients[0].kubeconfig)?;
     let mut doc: Value = serde_saphyr_or_json(&admin)?;

@@ -36,6 +36,9 @@ pub enum Error {
     #[error("{path}: {message}")]
     Format { path: PathBuf, message: String },
     /// The named listener does not exist (already stopped, or never added).
+    /// The aggregation layer could not start (its front-proxy certificate is unusable).
+    #[error("aggregation: {0}")]
+    Aggregation(String),
     #[error("no listener on {0}")]
     NoListener(std::net::SocketAddr),
 }
@@ -226,16 +229,18 @@ impl ApiError {
     /// `[c1, c2]` with several causes. `kind` is the Kind (or plural, as the caller
     /// needs: kube is not consistent).
     pub fn invalid(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
-        let rendered: Vec<String> = causes
-            .iter()
-            .map(|c| {
-                if c.field.is_empty() {
-                    c.message.clone()
-                } else {
-                    format!("{}: {}", c.field, c.message)
-                }
-            })
-            .collect();
+        // kube's aggregate error prints identical causes once.
+        let mut rendered: Vec<String> = Vec::new();
+        for c in &causes {
+            let r = if c.field.is_empty() {
+                c.message.clone()
+            } else {
+                format!("{}: {}", c.field, c.message)
+            };
+            if !rendered.contains(&r) {
+                rendered.push(r);
+            }
+        }
         let list = if rendered.len() == 1 {
             rendered[0].clone()
         } else {

@@ -34,4 +34,4 @@ pub mod reviews;
 pub mod aggregation;
 
 pub use error::{ApiError, Error};
-// pub use server::{start, DevCluster, DevClusterConfig};
+pub use server::{start, DevCluster, DevClusterConfig};

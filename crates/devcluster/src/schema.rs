@@ -110,6 +110,28 @@ impl Cause {
         )
     }
 
+    /// `FieldValueTooLong`: `Too long: may not be more than <max> bytes` (kube
+    /// leaves the value out).
+    pub fn too_long(field: &str, max: u64) -> Cause {
+        let unit = if max == 1 { "byte" } else { "bytes" };
+        Cause::without_value(
+            "FieldValueTooLong",
+            "Too long",
+            field,
+            &format!("may not be more than {max} {unit}"),
+        )
+    }
+
+    /// `FieldValueDuplicate`: `Duplicate value: <value>`.
+    pub fn duplicate(field: &str, value: &Value) -> Cause {
+        Cause::with_value("FieldValueDuplicate", "Duplicate value", field, value, "")
+    }
+
+    /// `FieldValueNotFound`: `Not found: <value>`.
+    pub fn not_found(field: &str, value: &Value) -> Cause {
+        Cause::with_value("FieldValueNotFound", "Not found", field, value, "")
+    }
+
     fn with_value(reason: &str, kind: &str, field: &str, value: &Value, detail: &str) -> Cause {
         let mut message = format!("{kind}: {}", go_value(value));
         if !detail.is_empty() {
@@ -252,6 +274,7 @@ pub struct StructuralSchema {
 #[derive(Clone, Debug, Default)]
 struct Node {
     type_: Option<String>,
+    format: Option<String>,
     nullable: bool,
     int_or_string: bool,
     preserve_unknown: bool,
@@ -278,6 +301,8 @@ struct Node {
     max_properties: Option<u64>,
     min_properties: Option<u64>,
     default: Option<Value>,
+    list_type: Option<String>,
+    list_map_keys: Vec<String>,
 }
 
 impl StructuralSchema {
@@ -289,6 +314,16 @@ impl StructuralSchema {
         Ok(StructuralSchema {
             root: Node::parse(schema, "")?,
         })
+    }
+
+    /// The schema of one element of a CRD's `spec.versions`
+    /// (`schema.openAPIV3Schema`); a version without one accepts and keeps
+    /// everything.
+    pub fn from_crd_version(version: &Value) -> Result<Self, SchemaError> {
+        match version.pointer("/schema/openAPIV3Schema") {
+            Some(s) => StructuralSchema::from_json(s),
+            None => Ok(StructuralSchema::preserve_all()),
+        }
     }
 
     /// A schema that accepts and keeps everything (CRDs without a schema).
@@ -321,9 +356,31 @@ impl StructuralSchema {
         pruned
     }
 
-    /// Fills in `default` values of absent (or null, non-nullable) fields.
+    /// Fills in `default` values of absent fields, and of null fields that are
+    /// not nullable. Null non-nullable fields without a default are removed, as
+    /// kube's decoder does, so validation then reports them as missing.
     pub fn apply_defaults(&self, object: &mut Value) {
         self.root.default_into(object);
+    }
+
+    /// `x-kubernetes-list-type` (`atomic`, `set` or `map`) and
+    /// `x-kubernetes-list-map-keys` of the list reached by the field names
+    /// `fields` (list positions left out: `["status", "conditions"]`). None when
+    /// the path leaves the schema or the list declares no type.
+    pub fn list_type(&self, fields: &[&str]) -> Option<(&str, &[String])> {
+        let mut node = &self.root;
+        for f in fields {
+            while let Some(items) = &node.items {
+                node = items;
+            }
+            node = match node.properties.get(*f) {
+                Some(n) => n,
+                None => node.additional.as_deref()?,
+            };
+        }
+        node.list_type
+            .as_deref()
+            .map(|t| (t, node.list_map_keys.as_slice()))
     }
 
     /// Whether the root keeps arbitrary fields (`x-kubernetes-preserve-unknown-fields`
@@ -372,6 +429,7 @@ impl Node {
             .ok_or_else(|| SchemaError::NotAnObject { path: path.into() })?;
         let mut n = Node {
             type_: m.get("type").and_then(Value::as_str).map(str::to_string),
+            format: m.get("format").and_then(Value::as_str).map(str::to_string),
             nullable: get_bool(m, "nullable"),
             int_or_string: get_bool(m, "x-kubernetes-int-or-string"),
             preserve_unknown: get_bool(m, "x-kubernetes-preserve-unknown-fields"),
@@ -430,6 +488,20 @@ impl Node {
                 .map(str::to_string)
                 .collect();
         }
+        n.list_type = m
+            .get("x-kubernetes-list-type")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Some(keys) = m
+            .get("x-kubernetes-list-map-keys")
+            .and_then(Value::as_array)
+        {
+            n.list_map_keys = keys
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect();
+        }
         if let Some(e) = m.get("enum").and_then(Value::as_array) {
             n.enum_ = Some(e.clone());
         }
@@ -437,33 +509,17 @@ impl Node {
     }
 
     fn validate(&self, v: &Value, path: &str, out: &mut Vec<Cause>) {
-        // Type first: on a type mismatch kube reports only that for the node.
-        if v.is_null() {
-            if self.nullable || (self.type_.is_none() && !self.int_or_string) {
-                return;
+        // kube-openapi's order: type, string, format, number, list, enum, object.
+        // Value checks only apply to values of the right type, but the enum check
+        // runs even after a type error.
+        let type_ok = self.check_type(v, path, out);
+        if type_ok {
+            match v {
+                Value::String(s) => self.validate_string(s, v, path, out),
+                Value::Number(_) => self.validate_number(v, path, out),
+                Value::Array(items) => self.validate_array(items, v, path, out),
+                _ => {}
             }
-            let want = self.type_name();
-            out.push(type_cause(path, &want, "null"));
-            return;
-        }
-        let actual = json_type(v);
-        if self.int_or_string {
-            if actual != "integer" && actual != "string" {
-                out.push(type_cause(path, "integer-or-string", actual));
-                return;
-            }
-        } else if let Some(t) = &self.type_ {
-            let ok = t == actual || (t == "number" && actual == "integer");
-            if !ok {
-                out.push(type_cause(path, t, actual));
-                return;
-            }
-        }
-        match v {
-            Value::String(s) => self.validate_string(s, v, path, out),
-            Value::Number(_) => self.validate_number(v, path, out),
-            Value::Array(items) => self.validate_array(items, v, path, out),
-            _ => {}
         }
         if let Some(allowed) = &self.enum_ {
             if !allowed.iter().any(|a| json_equal(a, v)) {
@@ -477,9 +533,34 @@ impl Node {
                 out.push(Cause::not_supported(path, v, &names));
             }
         }
-        if let Value::Object(m) = v {
+        if let (true, Value::Object(m)) = (type_ok, v) {
             self.validate_object(m, path, out);
         }
+    }
+
+    /// Pushes a type cause and returns false when `v` does not have the
+    /// schema's type (null counts as a type unless the node is nullable).
+    fn check_type(&self, v: &Value, path: &str, out: &mut Vec<Cause>) -> bool {
+        if v.is_null() {
+            if self.nullable || (self.type_.is_none() && !self.int_or_string) {
+                return true;
+            }
+            out.push(type_cause(path, &self.type_name(), "null"));
+            return false;
+        }
+        let actual = json_type(v);
+        let ok = if self.int_or_string {
+            actual == "integer" || actual == "string"
+        } else {
+            match &self.type_ {
+                Some(t) => t == actual || (t == "number" && actual == "integer"),
+                None => true,
+            }
+        };
+        if !ok {
+            out.push(type_cause(path, &self.type_name(), actual));
+        }
+        ok
     }
 
     fn type_name(&self) -> String {
@@ -494,12 +575,7 @@ impl Node {
         let len = s.chars().count() as u64;
         if let Some(max) = self.max_length {
             if len > max {
-                let unit = if max == 1 { "byte" } else { "bytes" };
-                out.push(Cause {
-                    reason: "FieldValueTooLong".into(),
-                    message: format!("Too long: may not be more than {max} {unit}"),
-                    field: path.into(),
-                });
+                out.push(Cause::too_long(path, max));
             }
         }
         if let Some(min) = self.min_length {
@@ -518,6 +594,19 @@ impl Node {
                     v,
                     &format!("{path} in body should match '{src}'"),
                 ));
+            }
+        }
+        if let Some(f) = &self.format {
+            if !format_ok(f, s) {
+                out.push(Cause {
+                    reason: "FieldValueTypeInvalid".into(),
+                    message: format!(
+                        "Invalid value: {}: {path} in body must be of type {f}: {}",
+                        go_quote(s),
+                        go_quote(s)
+                    ),
+                    field: path.into(),
+                });
             }
         }
     }
@@ -574,6 +663,12 @@ impl Node {
     }
 
     fn validate_array(&self, items: &[Value], _v: &Value, path: &str, out: &mut Vec<Cause>) {
+        // Items first, then the list's own bounds, as kube-openapi orders them.
+        if let Some(item_schema) = &self.items {
+            for (i, item) in items.iter().enumerate() {
+                item_schema.validate(item, &format!("{path}[{i}]"), out);
+            }
+        }
         let n = items.len() as u64;
         if let Some(min) = self.min_items {
             if n < min {
@@ -600,11 +695,6 @@ impl Node {
                     &json!(""),
                     &format!("{path} in body shouldn't contain duplicates"),
                 ));
-            }
-        }
-        if let Some(item_schema) = &self.items {
-            for (i, item) in items.iter().enumerate() {
-                item_schema.validate(item, &format!("{path}[{i}]"), out);
             }
         }
     }
@@ -702,8 +792,16 @@ impl Node {
                         Some(_) => false,
                     };
                     if absent {
-                        if let Some(d) = &sub.default {
-                            m.insert(k.clone(), d.clone());
+                        match &sub.default {
+                            Some(d) => {
+                                m.insert(k.clone(), d.clone());
+                            }
+                            // kube drops nulls of non-nullable fields without a
+                            // default, so they read as absent (`Required value`
+                            // rather than a type error).
+                            None => {
+                                m.remove(k);
+                            }
                         }
                     }
                     if let Some(child) = m.get_mut(k) {
@@ -711,6 +809,9 @@ impl Node {
                     }
                 }
                 if let Some(add) = &self.additional {
+                    if !add.nullable {
+                        m.retain(|k, v| self.properties.contains_key(k) || !v.is_null());
+                    }
                     for (k, child) in m.iter_mut() {
                         if !self.properties.contains_key(k) {
                             add.default_into(child);
@@ -727,6 +828,34 @@ impl Node {
             }
             _ => {}
         }
+    }
+}
+
+/// Checks the string formats kube validates for custom resources; other
+/// formats are accepted as kube ignores them.
+fn format_ok(format: &str, s: &str) -> bool {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match format {
+        "date-time" | "datetime" => {
+            chrono::DateTime::parse_from_rfc3339(s).is_ok()
+                || chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f").is_ok()
+        }
+        "date" => chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").is_ok(),
+        "uuid" | "uuid3" | "uuid4" | "uuid5" => uuid::Uuid::try_parse(s).is_ok(),
+        "byte" => {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.decode(s).is_ok()
+        }
+        "ipv4" => s.parse::<Ipv4Addr>().is_ok(),
+        "ipv6" => s.parse::<Ipv6Addr>().is_ok(),
+        "cidr" => s.split_once('/').is_some_and(|(ip, bits)| {
+            match (ip.parse::<IpAddr>(), bits.parse::<u8>()) {
+                (Ok(IpAddr::V4(_)), Ok(b)) => b <= 32,
+                (Ok(IpAddr::V6(_)), Ok(b)) => b <= 128,
+                _ => false,
+            }
+        }),
+        _ => true,
     }
 }
 

@@ -58,6 +58,9 @@ pub struct Event {
     pub prev: Option<Arc<Value>>,
 }
 
+/// Live events of every resource.
+pub type EventReceiver = broadcast::Receiver<Arc<Event>>;
+
 /// What a mutation closure decided.
 pub enum Mutation {
     /// Store this object (create or update). The store sets `resourceVersion`.
@@ -400,7 +403,7 @@ impl Store {
         &self,
         gr: &GroupResource,
         rv: u64,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), TooOld> {
+    ) -> Result<(Vec<Arc<Event>>, EventReceiver), TooOld> {
         let state = self.read();
         let floor = state
             .resources

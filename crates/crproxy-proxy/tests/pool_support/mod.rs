@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crproxy_core::pki::CertificateAuthority;
 use crproxy_proxy::dial::Dialer;
 use crproxy_proxy::metrics::{Metrics, TargetMetrics};
-use crproxy_proxy::pool::{PeerPool, ProxyBody};
+use crproxy_proxy::pool::{PeerPool, PoolOptions, ProxyBody};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -94,6 +94,7 @@ pub struct TlsPeer {
     /// Requests served so far.
     pub requests: Arc<AtomicUsize>,
     kill: tokio::sync::watch::Sender<u64>,
+    freeze: tokio::sync::watch::Sender<u64>,
     task: JoinHandle<()>,
 }
 
@@ -121,6 +122,8 @@ impl TlsPeer {
         let (conns, reqs) = (connections.clone(), requests.clone());
         let kill = tokio::sync::watch::channel(0u64).0;
         let killed = kill.clone();
+        let freeze = tokio::sync::watch::channel(0u64).0;
+        let frozen = freeze.clone();
         let task = tokio::spawn(async move {
             // Bounded: the task is aborted when the TlsPeer drops.
             loop {
@@ -132,6 +135,8 @@ impl TlsPeer {
                 let reqs = reqs.clone();
                 let mut killed = killed.subscribe();
                 let generation = *killed.borrow();
+                let mut frozen = frozen.subscribe();
+                let frozen_generation = *frozen.borrow();
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
@@ -158,11 +163,18 @@ impl TlsPeer {
                     });
                     let builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let conn = builder.serve_connection(TokioIo::new(tls), service);
-                    // Killing drops the connection without a goodbye, like a crashed peer.
-                    tokio::select! {
-                        _ = conn => {}
-                        _ = killed.wait_for(|g| *g != generation) => {}
+                    let mut conn =
+                        std::pin::pin!(builder.serve_connection(TokioIo::new(tls), service));
+                    // Killing drops the connection without a goodbye, like a crashed
+                    // peer. Freezing keeps the socket open but never reads or writes
+                    // it again, like a peer behind a partition.
+                    let froze = tokio::select! {
+                        _ = conn.as_mut() => false,
+                        _ = killed.wait_for(|g| *g != generation) => false,
+                        _ = frozen.wait_for(|g| *g != frozen_generation) => true,
+                    };
+                    if froze {
+                        let _ = killed.wait_for(|g| *g != generation).await.map(|_| ());
                     }
                 });
             }
@@ -172,8 +184,15 @@ impl TlsPeer {
             connections,
             requests,
             kill,
+            freeze,
             task,
         }
+    }
+
+    /// Stops serving every open connection without closing it (the listener keeps
+    /// accepting and serving new ones).
+    pub fn freeze_connections(&self) {
+        self.freeze.send_modify(|g| *g += 1);
     }
 
     /// Drops every open connection (the listener keeps accepting).
@@ -240,11 +259,26 @@ pub struct Harness {
 }
 
 impl Harness {
+    /// A pool without HTTP/2 pings. Paused-time tests need that: a pending ping
+    /// timer lets the runtime jump the clock whenever a loopback exchange is
+    /// momentarily not ready, which would make measured times arbitrary.
     pub fn new() -> Harness {
+        Self::with_options(PoolOptions {
+            h2_keepalive_interval: None,
+            ..PoolOptions::default()
+        })
+    }
+
+    pub fn with_options(options: PoolOptions) -> Harness {
         let pki = Pki::new();
         let metrics = Metrics::new();
         let target = metrics.target(TARGET);
-        let pool = PeerPool::new(GROUP_VERSION.to_owned(), pki.dialer(), target.clone());
+        let pool = PeerPool::with_options(
+            GROUP_VERSION.to_owned(),
+            pki.dialer(),
+            target.clone(),
+            options,
+        );
         Harness {
             pki,
             metrics,

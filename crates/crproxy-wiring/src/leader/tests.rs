@@ -20,6 +20,8 @@ struct View {
     who: &'static str,
     store: Arc<Mutex<Store>>,
     cut: Arc<AtomicBool>,
+    /// Time a GET spends in flight before the store reads the object (a slow link).
+    read_delay: Duration,
 }
 
 fn api(status: u16, reason: &str) -> Error {
@@ -46,6 +48,7 @@ impl View {
 impl LeaseStore for View {
     async fn get(&self) -> Result<Option<Value>, Error> {
         self.check_cut()?;
+        tokio::time::sleep(self.read_delay).await;
         let v = self.lock().lease.clone();
         // Let the other replica run between our read and our write, so both can read
         // the same resourceVersion and the store has to arbitrate.
@@ -117,12 +120,16 @@ impl Cluster {
                 who,
                 store: store.clone(),
                 cut: Arc::new(AtomicBool::new(false)),
+                read_delay: Duration::ZERO,
             })
             .collect();
         Cluster { store, views }
     }
     fn spawn(&self, i: usize) -> LeaderHandle {
         LeaderElector::spawn_with(self.views[i].clone(), config(self.views[i].who))
+    }
+    fn spawn_with(&self, i: usize, cfg: LeaseConfig) -> LeaderHandle {
+        LeaderElector::spawn_with(self.views[i].clone(), cfg)
     }
     fn writes(&self) -> Vec<String> {
         self.store
@@ -292,6 +299,32 @@ async fn a_partitioned_leader_steps_down_before_the_other_takes_over() {
     tokio::time::sleep(30 * SECOND).await;
     assert!(!a.is_leader() && b.is_leader());
     assert_exclusive(&log.lock().unwrap_or_else(|p| p.into_inner()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_read_does_not_backdate_the_observation() {
+    // b's GETs spend 1.9 s in flight before the store answers, so a's renewals land
+    // while b's request is on its way. b must time the record from when it saw it,
+    // whatever the phase of b's attempts relative to a's renewals.
+    for offset_ms in (0u64..2000).step_by(100) {
+        let mut c = Cluster::new(None);
+        c.views[1].read_delay = Duration::from_millis(1900);
+        let a = c.spawn(0);
+        tokio::time::sleep(SECOND + Duration::from_millis(offset_ms)).await;
+        let b = c.spawn_with(
+            1,
+            LeaseConfig {
+                retry_interval: Duration::from_millis(100),
+                ..config("b")
+            },
+        );
+        let log = monitor(&[("a", &a), ("b", &b)]);
+        tokio::time::sleep(11 * SECOND).await;
+        c.views[0].cut.store(true, Ordering::SeqCst);
+        tokio::time::sleep(30 * SECOND).await;
+        assert!(b.is_leader(), "offset {offset_ms}");
+        assert_exclusive(&log.lock().unwrap_or_else(|p| p.into_inner()));
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,116 @@
+use super::*;
+use serde_json::json;
+use std::path::Path;
+
+fn slice(address_type: &str, ports: Value, endpoints: Value) -> Value {
+    json!({
+        "metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "kube"}},
+        "addressType": address_type,
+        "ports": ports,
+        "endpoints": endpoints,
+    })
+}
+
+fn check_slices(slices: &[Value], port_name: Option<&str>, expected: &[&str]) {
+    assert_eq!(peers_from_slices(slices, port_name), expected, "{slices:?}");
+}
+
+#[test]
+fn ready_endpoints_on_the_chosen_port() {
+    let ports = json!([{"name": "metrics", "port": 9090}, {"name": "https", "port": 6443}]);
+    let endpoints = json!([
+        {"addresses": ["10.0.0.2"], "conditions": {"ready": true}},
+        {"addresses": ["10.0.0.1"]},
+        {"addresses": ["10.0.0.3"], "conditions": {"ready": false}},
+        {"addresses": ["10.0.0.4"], "conditions": {"ready": null, "serving": true}},
+    ]);
+    let v4 = slice("IPv4", ports.clone(), endpoints);
+    check_slices(
+        std::slice::from_ref(&v4),
+        Some("https"),
+        &["10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.4:6443"],
+    );
+    check_slices(
+        std::slice::from_ref(&v4),
+        None,
+        &["10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.4:9090"],
+    );
+    check_slices(std::slice::from_ref(&v4), Some("nope"), &[]);
+
+    let v6 = slice(
+        "IPv6",
+        json!([{"port": 443}]),
+        json!([{"addresses": ["fd00::1"]}]),
+    );
+    check_slices(
+        &[v4.clone(), v6],
+        Some("https"),
+        &["10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.4:6443"],
+    );
+    let v6 = slice(
+        "IPv6",
+        json!([{"port": 443}]),
+        json!([{"addresses": ["fd00::1"]}]),
+    );
+    check_slices(&[v6], None, &["[fd00::1]:443"]);
+
+    // No ports or no endpoints: nothing, and no panic on odd shapes.
+    check_slices(
+        &[slice(
+            "IPv4",
+            json!([]),
+            json!([{"addresses": ["10.0.0.1"]}]),
+        )],
+        None,
+        &[],
+    );
+    check_slices(
+        &[slice("IPv4", json!([{"port": 1}]), Value::Null)],
+        None,
+        &[],
+    );
+    check_slices(&[json!("not an object")], None, &[]);
+}
+
+fn check_file(content: &str, expected: Result<&[&str], &str>) {
+    let got = parse_peer_file(Path::new("peers.yaml"), content.as_bytes());
+    match (got, expected) {
+        (Ok(list), Ok(want)) => assert_eq!(list, want, "{content:?}"),
+        (Err(err), Err(fragment)) => {
+            assert!(err.to_string().contains(fragment), "{content:?}: {err}")
+        }
+        (got, want) => panic!("{content:?}: got {got:?}, want {want:?}"),
+    }
+}
+
+#[test]
+fn peer_files_are_json_or_yaml_lists() {
+    check_file(
+        r#"["10.0.0.2:443", "10.0.0.1:443"]"#,
+        Ok(&["10.0.0.1:443", "10.0.0.2:443"]),
+    );
+    check_file(
+        "- 10.0.0.1:443\n- \"[fd00::1]:6443\"\n",
+        Ok(&["10.0.0.1:443", "[fd00::1]:6443"]),
+    );
+    check_file("[]", Ok(&[]));
+    check_file("", Ok(&[]));
+    check_file(
+        "- api.example:443\n- api.example:443\n",
+        Ok(&["api.example:443"]),
+    );
+    check_file("peers: [a:1]", Err("not a JSON or YAML list"));
+    check_file("[1, 2]", Err("is not \"host:port\""));
+    check_file(r#"["10.0.0.1"]"#, Err("\"10.0.0.1\" is not \"host:port\""));
+    check_file(r#"["10.0.0.1:https"]"#, Err("numeric port"));
+    check_file(r#"["fd00::1:443"]"#, Err("is not \"host:port\""));
+    check_file(r#"[":443"]"#, Err("is not \"host:port\""));
+}
+
+#[test]
+fn the_slice_path_selects_by_service_label() {
+    assert_eq!(
+        endpoint_slices_path("kube-system", "kubernetes"),
+        "/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes"
+    );
+}

@@ -1,0 +1,769 @@
+//! Request routing: authentication, request attributes, authorization, then
+//! non-resource paths (discovery, health, OpenAPI) or the resource verbs.
+
+use super::auth;
+use super::http::{self as h, Body, DiscoveryVersion, Output};
+use super::rest::{self, ReqCtx};
+use super::State;
+use crate::discovery::{self, Extra};
+use crate::error::ApiError;
+use crate::registry::Source;
+use crate::store::{meta_str, Mutation};
+use crate::types::{RequestAttributes, UserInfo};
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// kube-apiserver's default request body limit.
+const MAX_BODY: usize = 3 * 1024 * 1024;
+/// kube's default for watches without timeoutSeconds is 30-60 minutes.
+const DEFAULT_WATCH_TIMEOUT: u64 = 1800;
+
+/// Objects every cluster starts with.
+pub fn bootstrap(state: &Arc<State>) {
+    let ns_gr = (String::new(), "namespaces".to_string());
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let _ = state
+            .store
+            .mutate::<ApiError>(&ns_gr, "", ns, false, |cur| {
+                if let Some(cur) = cur {
+                    return Ok(Mutation::Unchanged(cur.clone()));
+                }
+                Ok(Mutation::Put(json!({
+                    "apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {
+                        "name": ns, "uid": super::objects::new_uid(),
+                        "creationTimestamp": super::objects::now(),
+                        "labels": {"kubernetes.io/metadata.name": ns},
+                    },
+                    "spec": {"finalizers": ["kubernetes"]},
+                    "status": {"phase": "Active"},
+                })))
+            });
+    }
+}
+
+/// Aggregated groups to add to discovery (APIServices with a service).
+fn extra_discovery(state: &State) -> Extra {
+    match state.aggregator.get() {
+        Some(aggregator) => Extra {
+            groups: aggregator.discovery_groups(),
+            discovery: aggregator.aggregated_discovery(),
+        },
+        None => Extra::default(),
+    }
+}
+
+pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    match route(state, req).await {
+        Ok(r) => r,
+        Err(e) => h::error_response(&e),
+    }
+}
+
+fn query_map(q: Option<&str>) -> HashMap<String, String> {
+    q.map(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// The parsed path of a resource request.
+struct ResourcePath {
+    core: bool,
+    group: String,
+    version: String,
+    namespace: String,
+    resource: String,
+    name: String,
+    subresource: String,
+    watch_prefix: bool,
+    extra_segments: bool,
+}
+
+fn parse_resource_path(segs: &[String]) -> Option<ResourcePath> {
+    let (core, group, version, rest) = match segs.first().map(String::as_str) {
+        Some("api") if segs.len() >= 3 => (true, String::new(), segs[1].clone(), &segs[2..]),
+        Some("apis") if segs.len() >= 4 => (false, segs[1].clone(), segs[2].clone(), &segs[3..]),
+        _ => return None,
+    };
+    let mut rest = rest.to_vec();
+    let mut watch_prefix = false;
+    if rest.first().map(String::as_str) == Some("watch") {
+        watch_prefix = true;
+        rest.remove(0);
+    }
+    let mut namespace = String::new();
+    if rest.first().map(String::as_str) == Some("namespaces") && rest.len() > 1 {
+        namespace = rest[1].clone();
+        if rest.len() > 2 && rest[2] != "status" && rest[2] != "finalize" {
+            rest.drain(..2);
+        }
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    Some(ResourcePath {
+        core,
+        group,
+        version,
+        namespace,
+        resource: rest[0].clone(),
+        name: rest.get(1).cloned().unwrap_or_default(),
+        subresource: rest.get(2).cloned().unwrap_or_default(),
+        watch_prefix,
+        extra_segments: rest.len() > 3,
+    })
+}
+
+fn is_watch(query: &HashMap<String, String>) -> bool {
+    query
+        .get("watch")
+        .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(body, MAX_BODY);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(_) => Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            "Request entity too large: limit is 3145728",
+        )),
+    }
+}
+
+async fn route(
+    state: Arc<State>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let (parts, body) = req.into_parts();
+    let certs = parts.extensions.get::<auth::PeerCertificates>();
+    let user = auth::authenticate(&state.tokens, &parts.headers, certs)?;
+    let user = auth::impersonate(user, &parts.headers, auth::authorize)?;
+    let path = parts.uri.path().to_string();
+
+    // Groups served by an APIService with a service go to their backend, after the
+    // caller has been authorized here (kube-apiserver never forwards a request the
+    // caller may not make).
+    if let Some(aggregator) = state.aggregator.get() {
+        if let Some(api_route) = aggregator.route(&path) {
+            let attrs = crate::rbac::authorize_attributes_from_request(
+                parts.method.as_str(),
+                &path,
+                parts.uri.query(),
+                user.clone(),
+            );
+            auth::authorize(&attrs)?;
+            let response = aggregator
+                .proxy(api_route, Request::from_parts(parts, body), &user)
+                .await;
+            return Ok(
+                response.map(|b| b.map_err(|e| std::io::Error::other(e.to_string())).boxed())
+            );
+        }
+    }
+    let query = query_map(parts.uri.query());
+    let segs: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect();
+    let accept = parts
+        .headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+
+    if let Some(rp) = parse_resource_path(&segs) {
+        let verb = match parts.method {
+            Method::GET | Method::HEAD => {
+                if rp.watch_prefix || (rp.name.is_empty() && is_watch(&query)) {
+                    "watch"
+                } else if rp.name.is_empty() {
+                    "list"
+                } else {
+                    "get"
+                }
+            }
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE => {
+                if rp.name.is_empty() {
+                    "deletecollection"
+                } else {
+                    "delete"
+                }
+            }
+            _ => return Err(ApiError::method_not_allowed()),
+        };
+        let attrs = RequestAttributes {
+            user: user.clone(),
+            verb: verb.to_string(),
+            resource_request: true,
+            api_group: rp.group.clone(),
+            api_version: rp.version.clone(),
+            resource: rp.resource.clone(),
+            subresource: rp.subresource.clone(),
+            namespace: rp.namespace.clone(),
+            name: rp.name.clone(),
+            path: path.clone(),
+        };
+        auth::authorize(&attrs)?;
+        let body = read_body(body).await?;
+        return resource_request(
+            &state,
+            rp,
+            verb,
+            parts.method,
+            parts.headers,
+            query,
+            accept,
+            user,
+            body,
+        )
+        .await;
+    }
+
+    // Non-resource paths.
+    let attrs = RequestAttributes {
+        user: user.clone(),
+        verb: parts.method.as_str().to_ascii_lowercase(),
+        resource_request: false,
+        path: path.clone(),
+        ..Default::default()
+    };
+    auth::authorize(&attrs)?;
+    non_resource(&state, &segs, &parts.headers, accept.as_deref())
+}
+
+fn discovery_response(
+    doc: &Value,
+    version: DiscoveryVersion,
+    headers: &http::HeaderMap,
+) -> Response<Body> {
+    use sha2::Digest;
+    let mut doc = doc.clone();
+    let (api_version, ct) = match version {
+        DiscoveryVersion::V2 => (
+            "apidiscovery.k8s.io/v2",
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        ),
+        DiscoveryVersion::V2Beta1 => (
+            "apidiscovery.k8s.io/v2beta1",
+            "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+        ),
+    };
+    doc["apiVersion"] = json!(api_version);
+    let bytes = serde_json::to_vec(&doc).unwrap_or_default();
+    let etag = format!(
+        "\"{}\"",
+        sha2::Sha512::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02X}"))
+            .collect::<String>()
+    );
+    let matches = headers
+        .get(http::header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == etag);
+    let mut resp = if matches {
+        let mut r = Response::new(h::empty());
+        *r.status_mut() = http::StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        let mut r = Response::new(h::full(bytes));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(ct),
+        );
+        r
+    };
+    let hs = resp.headers_mut();
+    if let Ok(v) = http::HeaderValue::from_str(&etag) {
+        hs.insert(http::header::ETAG, v);
+    }
+    hs.insert(http::header::VARY, http::HeaderValue::from_static("Accept"));
+    hs.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("public"),
+    );
+    resp
+}
+
+fn non_resource(
+    state: &Arc<State>,
+    segs: &[String],
+    headers: &http::HeaderMap,
+    accept: Option<&str>,
+) -> Result<Response<Body>, ApiError> {
+    let s: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let output = h::negotiate(accept);
+    let extra = extra_discovery(state);
+    match s.as_slice() {
+        [] => Ok(h::json_response(
+            200,
+            &json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]}),
+        )),
+        ["version"] => Ok(h::json_response(200, &discovery::version_info())),
+        ["healthz" | "livez" | "readyz", ..] => Ok(h::text_response(200, "ok")),
+        ["api"] => match output {
+            Some(Output::Discovery(v)) => Ok(discovery_response(
+                &discovery::aggregated(&state.registry, true, "", &extra),
+                v,
+                headers,
+            )),
+            _ => {
+                let addr = state
+                    .server_address
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                Ok(h::json_response(200, &discovery::api_versions(&addr)))
+            }
+        },
+        ["apis"] => match output {
+            Some(Output::Discovery(v)) => Ok(discovery_response(
+                &discovery::aggregated(&state.registry, false, "", &extra),
+                v,
+                headers,
+            )),
+            _ => Ok(h::json_response(
+                200,
+                &discovery::api_group_list(&state.registry, &extra),
+            )),
+        },
+        ["api", v] => match discovery::api_resource_list(&state.registry, "", v) {
+            Some(doc) => Ok(h::json_response(200, &doc)),
+            None => Ok(h::plain_not_found()),
+        },
+        ["apis", g] => match discovery::api_group_doc(&state.registry, g, &extra) {
+            Some(doc) => Ok(h::json_response(200, &doc)),
+            None => Ok(h::plain_not_found()),
+        },
+        ["apis", g, v] => match discovery::api_resource_list(&state.registry, g, v) {
+            Some(doc) => Ok(h::json_response(200, &doc)),
+            None => Ok(h::plain_not_found()),
+        },
+        ["openapi", "v2"] => Ok(h::json_response(
+            200,
+            &json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": {}, "definitions": {}}),
+        )),
+        ["openapi", "v3"] => {
+            let mut r = h::json_response(200, &openapi_v3_index(state));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            Ok(r)
+        }
+        ["openapi", "v3", "api", v] => match openapi_v3_gv(state, "", v) {
+            Some(doc) => Ok(h::json_response(200, &doc)),
+            None => Ok(h::plain_not_found()),
+        },
+        ["openapi", "v3", "apis", g, v] => match openapi_v3_gv(state, g, v) {
+            Some(doc) => Ok(h::json_response(200, &doc)),
+            None => Ok(h::plain_not_found()),
+        },
+        _ => Ok(h::plain_not_found()),
+    }
+}
+
+/// `/openapi/v3`: one entry per served group/version.
+fn openapi_v3_index(state: &State) -> Value {
+    let mut paths = serde_json::Map::new();
+    for info in state.registry.all() {
+        for v in &info.versions {
+            let key = if info.group.is_empty() {
+                format!("api/{}", v.name)
+            } else {
+                format!("apis/{}/{}", info.group, v.name)
+            };
+            let hash = state.registry.generation();
+            paths.insert(
+                key.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash:016X}")}),
+            );
+        }
+    }
+    json!({"paths": paths})
+}
+
+/// A minimal OpenAPI v3 document for a group/version: enough for kubectl to see
+/// that writes accept `fieldValidation` (so it validates on the server).
+fn openapi_v3_gv(state: &State, group: &str, version: &str) -> Option<Value> {
+    let infos: Vec<_> = state
+        .registry
+        .all()
+        .into_iter()
+        .filter(|i| i.group == group && i.version(version).is_some())
+        .collect();
+    if infos.is_empty() {
+        return None;
+    }
+    let prefix = if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    };
+    let mut paths = serde_json::Map::new();
+    for info in infos {
+        let gvk = json!({"group": group, "version": version, "kind": info.kind});
+        let ns = if info.namespaced {
+            "/namespaces/{namespace}"
+        } else {
+            ""
+        };
+        let param = |n: &str| json!({"name": n, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
+        let op = |action: &str| {
+            json!({
+                "operationId": format!("{action}{}", info.kind),
+                "parameters": [param("dryRun"), param("fieldManager"), param("fieldValidation")],
+                "responses": {"200": {"description": "OK"}},
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk,
+            })
+        };
+        paths.insert(
+            format!("{prefix}{ns}/{}", info.resource),
+            json!({"post": op("post")}),
+        );
+        paths.insert(
+            format!("{prefix}{ns}/{}/{{name}}", info.resource),
+            json!({"put": op("put"), "patch": op("patch")}),
+        );
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.32.0"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn resource_request(
+    state: &Arc<State>,
+    rp: ResourcePath,
+    verb: &str,
+    method: Method,
+    headers: http::HeaderMap,
+    query: HashMap<String, String>,
+    accept: Option<String>,
+    user: UserInfo,
+    body: Bytes,
+) -> Result<Response<Body>, ApiError> {
+    let not_found = |core: bool| {
+        if core {
+            Err(ApiError::resource_not_found())
+        } else {
+            Ok(h::plain_not_found())
+        }
+    };
+    let Some(info) = state.registry.lookup(&rp.group, &rp.version, &rp.resource) else {
+        return not_found(rp.core);
+    };
+    if rp.extra_segments {
+        return not_found(rp.core);
+    }
+    // A cluster-scoped resource under a namespace path does not exist (the
+    // namespace object's own path is the exception).
+    if !info.namespaced && !rp.namespace.is_empty() && info.resource != "namespaces" {
+        return not_found(rp.core);
+    }
+    if info.namespaced && rp.namespace.is_empty() && !rp.name.is_empty() {
+        return not_found(rp.core);
+    }
+    let output = h::negotiate(accept.as_deref()).ok_or_else(h::not_acceptable)?;
+    let output = match output {
+        Output::Discovery(_) => return Err(h::not_acceptable()),
+        o => o,
+    };
+    let namespace = if info.resource == "namespaces" && info.group.is_empty() {
+        String::new()
+    } else {
+        rp.namespace.clone()
+    };
+    let ctx = ReqCtx {
+        info: info.clone(),
+        version: rp.version.clone(),
+        namespace,
+        name: rp.name.clone(),
+        subresource: rp.subresource.clone(),
+        query,
+        output,
+        user,
+        headers,
+    };
+    if info.source == Source::Review {
+        if method != Method::POST || !rp.name.is_empty() {
+            return Err(ApiError::method_not_allowed());
+        }
+        return reviews(state, &ctx, &body);
+    }
+    let allowed = |v: &str| -> Result<(), ApiError> {
+        if info.has_verb(v) {
+            Ok(())
+        } else {
+            Err(ApiError::method_not_allowed())
+        }
+    };
+    match verb {
+        "watch" => {
+            allowed("watch")?;
+            watch(state, &ctx)
+        }
+        "list" => {
+            allowed("list")?;
+            rest::list(state, &ctx).await
+        }
+        "get" => rest::get(state, &ctx),
+        "create" => {
+            if rp.name.is_empty() {
+                rest::create(state, &ctx, &body, None)
+            } else if info.is_crd() && rp.subresource.is_empty() {
+                rest::create(state, &ctx, &body, Some(&rp.name))
+            } else {
+                Err(ApiError::method_not_allowed())
+            }
+        }
+        "update" => {
+            if rp.name.is_empty() {
+                return Err(ApiError::bad_request("name must be provided"));
+            }
+            rest::update(state, &ctx, &body)
+        }
+        "patch" => {
+            if rp.name.is_empty() {
+                return Err(ApiError::method_not_allowed());
+            }
+            rest::patch(state, &ctx, &body)
+        }
+        "delete" => rest::delete(state, &ctx, &body),
+        "deletecollection" => {
+            allowed("deletecollection")?;
+            rest::delete_collection(state, &ctx, &body).await
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
+    use crate::watch::{Start, WatchSpec};
+    let selectors = Arc::new(rest::Selectors::parse(ctx)?);
+    let rv = rest::parse_rv(ctx.q("resourceVersion"))?;
+    let send_initial = ctx.q("sendInitialEvents").is_some_and(|v| v == "true");
+    let start = if send_initial {
+        Start::InitialEvents
+    } else {
+        match rv {
+            None | Some(0) => Start::CurrentState,
+            Some(n) => Start::From(n),
+        }
+    };
+    let timeout = ctx
+        .q("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(DEFAULT_WATCH_TIMEOUT);
+    let info = ctx.info.clone();
+    let version = ctx.version.clone();
+    let api_version = ctx.api_version();
+    let output = ctx.output;
+    let filter_sel = selectors.clone();
+    let render: crate::watch::Render = Arc::new(move |obj: &Value| match output {
+        Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
+            super::output::partial(obj)
+        }
+        Output::Table => super::output::table(&info, &version, &[Arc::new(obj.clone())], None),
+        _ => super::output::convert(obj, &api_version),
+    });
+    let spec = WatchSpec {
+        group: ctx.info.group.clone(),
+        resource: ctx.info.resource.clone(),
+        namespace: (ctx.info.namespaced && !ctx.namespace.is_empty())
+            .then(|| ctx.namespace.clone()),
+        start,
+        allow_bookmarks: ctx.q("allowWatchBookmarks").is_some_and(|v| v == "true"),
+        timeout: std::time::Duration::from_secs(timeout),
+        api_version: ctx.api_version(),
+        kind: ctx.info.kind.clone(),
+        list_kind: ctx.info.list_kind.clone(),
+        filter: Arc::new(move |o: &Value| filter_sel.matches(o)),
+        render,
+    };
+    let rx = crate::watch::start(state.store.clone(), spec, state.shutdown.clone());
+    use futures_util::StreamExt;
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
+        .map(|b| Ok::<_, std::io::Error>(hyper::body::Frame::data(b)));
+    let body = http_body_util::StreamBody::new(stream);
+    let mut resp = Response::new(http_body_util::BodyExt::boxed(body));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache, private"),
+    );
+    h::add_warnings(&mut resp, &ctx.warnings());
+    Ok(resp)
+}
+
+/// The create-only review resources (stand-ins until the reviews module lands).
+fn reviews(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Result<Response<Body>, ApiError> {
+    let format = h::body_format(&ctx.headers)?;
+    let mut obj = h::decode_body(body, format, &ctx.info.kind)?;
+    let user_json = |u: &UserInfo| json!({"username": u.name, "uid": u.uid, "groups": u.groups});
+    let status = match ctx.info.resource.as_str() {
+        "selfsubjectreviews" => json!({"userInfo": user_json(&ctx.user)}),
+        "tokenreviews" => {
+            let token = obj
+                .get("spec")
+                .and_then(|s| s.get("token"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            match state.tokens.lookup(token) {
+                Some(mut u) => {
+                    u.groups.push("system:authenticated".into());
+                    json!({"authenticated": true, "user": user_json(&u), "audiences": []})
+                }
+                None => json!({"user": {}, "error": "invalid bearer token"}),
+            }
+        }
+        r => {
+            let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+            let user = if r == "selfsubjectaccessreviews" || r == "selfsubjectrulesreviews" {
+                ctx.user.clone()
+            } else {
+                UserInfo {
+                    name: spec
+                        .get("user")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .into(),
+                    groups: spec
+                        .get("groups")
+                        .and_then(Value::as_array)
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|g| g.as_str().map(str::to_string))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    ..Default::default()
+                }
+            };
+            if r == "selfsubjectrulesreviews" {
+                json!({"resourceRules": [], "nonResourceRules": [], "incomplete": false})
+            } else {
+                let attrs = match (spec.get("resourceAttributes"), spec.get("nonResourceAttributes")) {
+                    (Some(ra), _) => RequestAttributes {
+                        user,
+                        verb: ra.get("verb").and_then(Value::as_str).unwrap_or("").into(),
+                        resource_request: true,
+                        api_group: ra.get("group").and_then(Value::as_str).unwrap_or("").into(),
+                        resource: ra.get("resource").and_then(Value::as_str).unwrap_or("").into(),
+                        subresource: ra.get("subresource").and_then(Value::as_str).unwrap_or("").into(),
+                        namespace: ra.get("namespace").and_then(Value::as_str).unwrap_or("").into(),
+                        name: ra.get("name").and_then(Value::as_str).unwrap_or("").into(),
+                        ..Default::default()
+                    },
+                    (None, Some(nr)) => RequestAttributes {
+                        user,
+                        verb: nr.get("verb").and_then(Value::as_str).unwrap_or("").into(),
+                        path: nr.get("path").and_then(Value::as_str).unwrap_or("").into(),
+                        ..Default::default()
+                    },
+                    (None, None) => {
+                        return Err(ApiError::invalid(
+                            &ctx.info.group,
+                            "",
+                            "",
+                            vec![crate::error::Cause::new(
+                                "FieldValueInvalid",
+                                "Invalid value: \"null\": exactly one of nonResourceAttributes or resourceAttributes must be specified",
+                                "spec.resourceAttributes",
+                            )],
+                        ))
+                    }
+                };
+                json!({"allowed": auth::authorize(&attrs).is_ok()})
+            }
+        }
+    };
+    if let Some(m) = obj.as_object_mut() {
+        m.insert("status".into(), status);
+        let meta = m.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(mm) = meta.as_object_mut() {
+            mm.insert("creationTimestamp".into(), Value::Null);
+        }
+    }
+    let _ = meta_str(&obj, "name");
+    Ok(h::json_response(201, &obj))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segs(p: &str) -> Vec<String> {
+        p.split('/')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn resource_paths_parse_like_kube_request_info() {
+        let check = |p: &str, want: Option<(&str, &str, &str, &str, &str)>| {
+            let got = parse_resource_path(&segs(p))
+                .map(|r| (r.group, r.namespace, r.resource, r.name, r.subresource));
+            let want = want.map(|(g, n, r, name, s)| {
+                (
+                    g.to_string(),
+                    n.to_string(),
+                    r.to_string(),
+                    name.to_string(),
+                    s.to_string(),
+                )
+            });
+            assert_eq!(got, want, "{p}");
+        };
+        check("/api/v1/namespaces", Some(("", "", "namespaces", "", "")));
+        check(
+            "/api/v1/namespaces/foo",
+            Some(("", "foo", "namespaces", "foo", "")),
+        );
+        check(
+            "/api/v1/namespaces/foo/finalize",
+            Some(("", "foo", "namespaces", "foo", "finalize")),
+        );
+        check(
+            "/api/v1/namespaces/foo/configmaps/x",
+            Some(("", "foo", "configmaps", "x", "")),
+        );
+        check(
+            "/apis/stable.example.io/v1/namespaces/ns/crontabs/c/scale",
+            Some(("stable.example.io", "ns", "crontabs", "c", "scale")),
+        );
+        check(
+            "/apis/g/v1/clusterthings",
+            Some(("g", "", "clusterthings", "", "")),
+        );
+        check("/apis/g/v1", None);
+        check("/api/v1", None);
+        check("/version", None);
+    }
+}

@@ -1,0 +1,254 @@
+//! What kube's controllers would do after a write, done inline: CRDs become served
+//! and Established, terminating namespaces are emptied and removed, and the
+//! garbage collector's `foregroundDeletion`/`orphan` finalizers are released (no
+//! object here tracks dependents, so there is nothing to wait for).
+
+use super::objects::{self as o, metadata_mut};
+use super::rest::ReqCtx;
+use super::State;
+use crate::error::ApiError;
+use crate::registry::GroupResource;
+use crate::store::{meta_str, Mutation, Written};
+use http::Response;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn crd_gr() -> GroupResource {
+    (
+        "apiextensions.k8s.io".to_string(),
+        "customresourcedefinitions".to_string(),
+    )
+}
+
+fn ns_gr() -> GroupResource {
+    (String::new(), "namespaces".to_string())
+}
+
+/// Runs after every successful (non-dry-run) write through the REST verbs.
+pub fn after_write(state: &Arc<State>, ctx: &ReqCtx, written: &Written) {
+    if ctx.dry_run() {
+        return;
+    }
+    let gr = ctx.gr();
+    if gr == crd_gr() {
+        crd_changed(state, &written.object, written.deleted);
+        return;
+    }
+    if gr == ns_gr() && o::is_deleting(&written.object) && !written.deleted {
+        spawn_namespace_cleanup(state.clone(), meta_str(&written.object, "name").to_string());
+    }
+    if !written.deleted && o::is_deleting(&written.object) {
+        let holds_gc = written
+            .object
+            .get("metadata")
+            .and_then(|m| m.get("finalizers"))
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|f| f == "foregroundDeletion" || f == "orphan"));
+        if holds_gc {
+            spawn_gc_release(
+                state.clone(),
+                gr,
+                meta_str(&written.object, "namespace").to_string(),
+                meta_str(&written.object, "name").to_string(),
+            );
+        }
+    }
+}
+
+/// Serves (or stops serving) a CRD's resource and marks it Established.
+pub fn crd_changed(state: &Arc<State>, crd: &Value, deleted: bool) {
+    let name = meta_str(crd, "name").to_string();
+    if deleted {
+        if let Some(info) = state.registry.remove_crd(&name) {
+            // Deleting a CRD deletes its objects.
+            let gr = (info.group.clone(), info.resource.clone());
+            let (items, _) = state.store.list(&gr, None);
+            for obj in items {
+                let _ = state.store.mutate::<ApiError>(
+                    &gr,
+                    meta_str(&obj, "namespace"),
+                    meta_str(&obj, "name"),
+                    false,
+                    |_| Ok(Mutation::Delete),
+                );
+            }
+        }
+        state.discovery_changed();
+        return;
+    }
+    if o::is_deleting(crd) {
+        return;
+    }
+    match crate::crd::resource_info(crd) {
+        Some(info) => state.registry.put_crd(info),
+        None => {
+            state.registry.remove_crd(&name);
+        }
+    }
+    state.discovery_changed();
+    if !crate::crd::is_established(crd) {
+        // kube answers the POST before its controllers accept the names; do the
+        // same, a moment later.
+        let state = state.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let now = o::now();
+            let _ = state
+                .store
+                .mutate::<ApiError>(&crd_gr(), "", &name, false, |cur| match cur {
+                    Some(cur) if !crate::crd::is_established(cur) && !o::is_deleting(cur) => {
+                        Ok(Mutation::Put(crate::crd::established(cur, &now)))
+                    }
+                    Some(cur) => Ok(Mutation::Unchanged(cur.clone())),
+                    None => Ok(Mutation::Unchanged(Arc::new(Value::Null))),
+                });
+        });
+    }
+}
+
+/// Registers every stored CRD (at start).
+pub fn load_crds(state: &Arc<State>) {
+    let (crds, _) = state.store.list(&crd_gr(), None);
+    for crd in crds {
+        if let Some(info) = crate::crd::resource_info(&crd) {
+            state.registry.put_crd(info);
+        }
+    }
+    state.discovery_changed();
+}
+
+/// Resumes cleanup of namespaces that were terminating when the server stopped.
+pub fn resume_namespace_cleanup(state: &Arc<State>) {
+    let (all, _) = state.store.list(&ns_gr(), None);
+    for ns in all.iter().filter(|n| o::is_deleting(n)) {
+        spawn_namespace_cleanup(state.clone(), meta_str(ns, "name").to_string());
+    }
+}
+
+fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: String) {
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = state
+            .store
+            .mutate::<ApiError>(&gr, &ns, &name, false, |cur| {
+                let Some(cur) = cur else {
+                    return Ok(Mutation::Unchanged(Arc::new(Value::Null)));
+                };
+                let mut new = (**cur).clone();
+                if let Some(meta) = metadata_mut(&mut new) {
+                    if let Some(a) = meta.get_mut("finalizers").and_then(Value::as_array_mut) {
+                        a.retain(|f| f != "foregroundDeletion" && f != "orphan");
+                        if a.is_empty() {
+                            meta.remove("finalizers");
+                        }
+                    }
+                }
+                if !o::has_finalizers(&new) {
+                    return Ok(Mutation::Delete);
+                }
+                Ok(Mutation::Put(new))
+            });
+    });
+}
+
+/// The namespace controller: delete everything in the namespace, wait for
+/// finalizers, then remove the namespace.
+fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
+    {
+        let mut running = state.ns_cleanups.lock().unwrap_or_else(|p| p.into_inner());
+        if !running.insert(ns.clone()) {
+            return;
+        }
+    }
+    tokio::spawn(async move {
+        let mut shutdown = state.shutdown.clone();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while let Some(current) = state.store.get(&ns_gr(), "", &ns) {
+            if !o::is_deleting(&current) {
+                break;
+            }
+            let contents = state.store.objects_in_namespace(&ns);
+            for (gr, name) in &contents {
+                let _ = state.store.mutate::<ApiError>(gr, &ns, name, false, |cur| {
+                    let Some(cur) = cur else {
+                        return Ok(Mutation::Unchanged(Arc::new(Value::Null)));
+                    };
+                    if !o::has_finalizers(cur) {
+                        return Ok(Mutation::Delete);
+                    }
+                    if o::is_deleting(cur) {
+                        return Ok(Mutation::Unchanged(cur.clone()));
+                    }
+                    let mut new = (**cur).clone();
+                    if let Some(meta) = metadata_mut(&mut new) {
+                        meta.insert("deletionTimestamp".into(), json!(o::now()));
+                        meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+                    }
+                    Ok(Mutation::Put(new))
+                });
+            }
+            if contents.is_empty() || state.store.objects_in_namespace(&ns).is_empty() {
+                let _ = state
+                    .store
+                    .mutate::<ApiError>(&ns_gr(), "", &ns, false, |cur| match cur {
+                        Some(cur) if o::is_deleting(cur) => Ok(Mutation::Delete),
+                        Some(cur) => Ok(Mutation::Unchanged(cur.clone())),
+                        None => Ok(Mutation::Unchanged(Arc::new(Value::Null))),
+                    });
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = shutdown.changed() => break,
+            }
+        }
+        state
+            .ns_cleanups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ns);
+    });
+}
+
+/// `PUT /api/v1/namespaces/<name>/finalize`: sets `spec.finalizers`; a terminating
+/// namespace with none left is removed.
+pub fn finalize_namespace(
+    state: &Arc<State>,
+    ctx: &ReqCtx,
+    body: Value,
+) -> Result<Response<super::http::Body>, ApiError> {
+    let finalizers = body
+        .get("spec")
+        .and_then(|s| s.get("finalizers"))
+        .cloned()
+        .unwrap_or_else(|| json!([]));
+    let written = state
+        .store
+        .mutate(&ns_gr(), "", &ctx.name, ctx.dry_run(), |cur| {
+            let Some(cur) = cur else {
+                return Err(ApiError::not_found("", "namespaces", &ctx.name));
+            };
+            let mut new = (**cur).clone();
+            if let Some(m) = new.as_object_mut() {
+                let empty = finalizers.as_array().is_none_or(Vec::is_empty);
+                let spec = if empty {
+                    json!({})
+                } else {
+                    json!({"finalizers": finalizers})
+                };
+                m.insert("spec".into(), spec);
+                if empty && o::is_deleting(cur) && !o::has_finalizers(cur) {
+                    return Ok(Mutation::Delete);
+                }
+            }
+            Ok(Mutation::Put(new))
+        })?;
+    let mut obj = (*written.object).clone();
+    if written.deleted {
+        if let Some(m) = obj.as_object_mut() {
+            m.insert("spec".into(), json!({}));
+        }
+    }
+    Ok(super::http::json_response(200, &obj))
+}

@@ -1,0 +1,330 @@
+//! HTTP plumbing: body types, response builders, content negotiation and request
+//! body decoding, with kube-apiserver's error texts.
+
+use crate::error::ApiError;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use serde_json::Value;
+
+/// Every response body: a full buffer or a stream (watches).
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+pub fn empty() -> Body {
+    full(Bytes::new())
+}
+
+/// The representation a client asked for with `Accept`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Json,
+    Yaml,
+    Table,
+    PartialObjectMetadata,
+    PartialObjectMetadataList,
+    /// Aggregated discovery (`as=APIGroupDiscoveryList`), v2 or v2beta1.
+    Discovery(DiscoveryVersion),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiscoveryVersion {
+    V2,
+    V2Beta1,
+}
+
+struct MediaRange<'a> {
+    essence: String,
+    params: Vec<(&'a str, &'a str)>,
+}
+
+fn parse_accept(accept: &str) -> Vec<MediaRange<'_>> {
+    accept
+        .split(',')
+        .filter_map(|part| {
+            let mut pieces = part.split(';');
+            let essence = pieces.next()?.trim().to_ascii_lowercase();
+            if essence.is_empty() {
+                return None;
+            }
+            let params = pieces
+                .filter_map(|p| {
+                    let (k, v) = p.split_once('=')?;
+                    Some((k.trim(), v.trim().trim_matches('"')))
+                })
+                .collect();
+            Some(MediaRange { essence, params })
+        })
+        .collect()
+}
+
+/// Picks the response representation; `None` means nothing acceptable (406).
+/// Protobuf is answered with JSON, as kube's clients all accept JSON too.
+pub fn negotiate(accept: Option<&str>) -> Option<Output> {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Some(Output::Json);
+    };
+    let mut protobuf = false;
+    for range in parse_accept(accept) {
+        let param = |name: &str| {
+            range
+                .params
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| *v)
+        };
+        let out = match range.essence.as_str() {
+            "application/json" | "application/*" | "*/*" => match param("as") {
+                None => Some(Output::Json),
+                Some("Table") if param("g") == Some("meta.k8s.io") => Some(Output::Table),
+                Some("PartialObjectMetadata") if param("g") == Some("meta.k8s.io") => {
+                    Some(Output::PartialObjectMetadata)
+                }
+                Some("PartialObjectMetadataList") if param("g") == Some("meta.k8s.io") => {
+                    Some(Output::PartialObjectMetadataList)
+                }
+                Some("APIGroupDiscoveryList") if param("g") == Some("apidiscovery.k8s.io") => {
+                    match param("v") {
+                        Some("v2") => Some(Output::Discovery(DiscoveryVersion::V2)),
+                        Some("v2beta1") => Some(Output::Discovery(DiscoveryVersion::V2Beta1)),
+                        _ => None,
+                    }
+                }
+                Some(_) => None,
+            },
+            "application/yaml" => param("as").is_none().then_some(Output::Yaml),
+            "application/vnd.kubernetes.protobuf" => {
+                protobuf = true;
+                None
+            }
+            _ => None,
+        };
+        if out.is_some() {
+            return out;
+        }
+    }
+    protobuf.then_some(Output::Json)
+}
+
+pub fn not_acceptable() -> ApiError {
+    ApiError::new(
+        406,
+        "NotAcceptable",
+        "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf",
+    )
+}
+
+/// The format of a request body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyFormat {
+    Json,
+    Yaml,
+    /// Kubernetes protobuf (only the few types kubectl's typed clients send).
+    Protobuf,
+}
+
+/// Reads `Content-Type` for create/update bodies.
+pub fn body_format(headers: &HeaderMap) -> Result<BodyFormat, ApiError> {
+    let ct = content_type(headers);
+    match ct.as_str() {
+        "" | "application/json" => Ok(BodyFormat::Json),
+        "application/yaml" => Ok(BodyFormat::Yaml),
+        "application/vnd.kubernetes.protobuf" => Ok(BodyFormat::Protobuf),
+        _ => Err(ApiError::unsupported_media_type(
+            "application/json, application/yaml, application/vnd.kubernetes.protobuf",
+        )),
+    }
+}
+
+/// The media type of `Content-Type` without parameters, lower-cased.
+pub fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default()
+}
+
+/// Parses a JSON or YAML body into a value. `kind` names the expected kind in the
+/// error message as kube does.
+pub fn decode_body(bytes: &[u8], format: BodyFormat, kind: &str) -> Result<Value, ApiError> {
+    match format {
+        BodyFormat::Json => serde_json::from_slice(bytes).map_err(|e| {
+            let text = String::from_utf8_lossy(bytes);
+            let excerpt: String = text.chars().take(100).collect();
+            ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e} ({excerpt})"
+            ))
+        }),
+        BodyFormat::Protobuf => super::protobuf::decode(bytes).map_err(|e| {
+            ApiError::unsupported_media_type(&format!(
+                "application/json, application/yaml ({e})"
+            ))
+        }),
+        BodyFormat::Yaml => decode_yaml(bytes).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; yaml parse error: {e}"
+            ))
+        }),
+    }
+}
+
+/// YAML (which includes JSON) into a JSON value.
+pub fn decode_yaml(bytes: &[u8]) -> Result<Value, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
+    // JSON is valid YAML, but the JSON parser keeps numbers exact.
+    if let Ok(v) = serde_json::from_str::<Value>(text) {
+        return Ok(v);
+    }
+    serde_saphyr::from_str::<Value>(text).map_err(|e| e.to_string())
+}
+
+/// A JSON or YAML response with the given status.
+pub fn object_response(status: u16, value: &Value, output: Output) -> Response<Body> {
+    let (bytes, ct) = match output {
+        Output::Yaml => (
+            serde_saphyr::to_string(value)
+                .map(Bytes::from)
+                .unwrap_or_else(|_| Bytes::from(value.to_string())),
+            "application/yaml",
+        ),
+        _ => (
+            Bytes::from(serde_json::to_vec(value).unwrap_or_default()),
+            "application/json",
+        ),
+    };
+    let mut resp = Response::new(full(bytes));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    resp.headers_mut()
+        .insert(http::header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    resp.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    resp
+}
+
+pub fn json_response(status: u16, value: &Value) -> Response<Body> {
+    object_response(status, value, Output::Json)
+}
+
+/// A `Status` failure.
+pub fn error_response(err: &ApiError) -> Response<Body> {
+    let mut resp = json_response(err.code, &err.to_status());
+    if err.code == 403 {
+        resp.headers_mut().insert(
+            "x-content-type-options",
+            HeaderValue::from_static("nosniff"),
+        );
+    }
+    for (k, v) in &err.headers {
+        if let (Ok(name), Ok(value)) = (
+            http::header::HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
+            resp.headers_mut().append(name, value);
+        }
+    }
+    resp
+}
+
+/// kube's plain-text 404 for paths nothing is registered at.
+pub fn plain_not_found() -> Response<Body> {
+    let mut resp = Response::new(full("404 page not found\n"));
+    *resp.status_mut() = StatusCode::NOT_FOUND;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+pub fn text_response(status: u16, text: &str) -> Response<Body> {
+    let mut resp = Response::new(full(text.to_string()));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Adds a `Warning: 299 - "..."` header per message.
+pub fn add_warnings(resp: &mut Response<Body>, warnings: &[String]) {
+    for w in warnings {
+        let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+            resp.headers_mut().append(http::header::WARNING, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(accept: Option<&str>, expected: Option<Output>) {
+        assert_eq!(negotiate(accept), expected, "{accept:?}");
+    }
+
+    #[test]
+    fn accept_headers_pick_kube_representations() {
+        check(None, Some(Output::Json));
+        check(Some("application/json"), Some(Output::Json));
+        check(Some("*/*"), Some(Output::Json));
+        check(Some("application/yaml"), Some(Output::Yaml));
+        check(
+            Some("application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"),
+            Some(Output::Table),
+        );
+        check(
+            Some("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"),
+            Some(Output::PartialObjectMetadataList),
+        );
+        check(
+            Some("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"),
+            Some(Output::Discovery(DiscoveryVersion::V2)),
+        );
+        check(
+            Some("application/vnd.kubernetes.protobuf, */*"),
+            Some(Output::Json),
+        );
+        check(
+            Some("application/vnd.kubernetes.protobuf"),
+            Some(Output::Json),
+        );
+        check(Some("text/html"), None);
+        check(Some("application/json;as=Bogus;g=x"), None);
+    }
+
+    #[test]
+    fn yaml_and_json_bodies_decode() {
+        assert_eq!(
+            decode_yaml(b"a: 1\nb: [x]\n").expect("yaml"),
+            serde_json::json!({"a": 1, "b": ["x"]})
+        );
+        assert_eq!(
+            decode_yaml(b"{\"a\": 1}").expect("json"),
+            serde_json::json!({"a": 1})
+        );
+        let err = decode_body(b"{not json", BodyFormat::Json, "CronTab").expect_err("bad");
+        assert!(err.message.starts_with(
+            "the object provided is unrecognized (must be of type CronTab): couldn't get version/kind; json parse error:"
+        ));
+    }
+}

@@ -1,0 +1,331 @@
+//! Pure object rules shared by the verbs: name validation, system metadata on
+//! create, what an update may change, generation, finalizers.
+
+use crate::error::{ApiError, Cause};
+use crate::registry::ResourceInfo;
+use serde_json::{json, Map, Value};
+
+pub fn now() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+pub fn new_uid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+
+fn is_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+fn is_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_label)
+}
+
+/// Messages for an invalid object name of this resource (empty when valid).
+pub fn name_errors(info: &ResourceInfo, name: &str) -> Vec<String> {
+    if info.group == "rbac.authorization.k8s.io" {
+        // RBAC objects accept any path segment name (system:masters-like names).
+        if name == "." || name == ".." {
+            return vec![format!("may not be '{name}'")];
+        }
+        if let Some(c) = ['/', '%'].into_iter().find(|c| name.contains(*c)) {
+            return vec![format!("may not contain '{c}'")];
+        }
+        return vec![];
+    }
+    if info.resource == "namespaces" || info.resource == "services" {
+        let mut out = Vec::new();
+        if name.len() > 63 {
+            out.push("must be no more than 63 characters".to_string());
+        }
+        if !is_label(name) {
+            out.push(LABEL_MSG.to_string());
+        }
+        return out;
+    }
+    let mut out = Vec::new();
+    if name.len() > 253 {
+        out.push("must be no more than 253 characters".to_string());
+    }
+    if !is_subdomain(name) {
+        out.push(SUBDOMAIN_MSG.to_string());
+    }
+    out
+}
+
+/// The random suffix kube appends to `generateName`.
+pub fn generate_name(prefix: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let bytes = uuid::Uuid::new_v4();
+    let suffix: String = bytes
+        .as_bytes()
+        .iter()
+        .take(5)
+        .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
+        .collect();
+    let max = 63 - 5;
+    let prefix = if prefix.len() > max {
+        &prefix[..max]
+    } else {
+        prefix
+    };
+    format!("{prefix}{suffix}")
+}
+
+/// `metadata` of an object as a mutable map (created when missing); `None` only
+/// when the object itself is not a JSON object.
+pub fn metadata_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    let m = obj.as_object_mut()?;
+    let meta = m.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    meta.as_object_mut()
+}
+
+/// Everything outside `metadata` (and `status` when it has its own subresource):
+/// a change here bumps `generation`.
+pub fn spec_part(info: &ResourceInfo, obj: &Value) -> Value {
+    let mut v = obj.clone();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("metadata");
+        m.remove("apiVersion");
+        m.remove("kind");
+        if info.status_subresource || !info.is_crd() {
+            m.remove("status");
+        }
+    }
+    v
+}
+
+fn finalizers(obj: &Value) -> Vec<String> {
+    obj.get("metadata")
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn has_finalizers(obj: &Value) -> bool {
+    !finalizers(obj).is_empty()
+}
+
+pub fn is_deleting(obj: &Value) -> bool {
+    obj.get("metadata")
+        .and_then(|m| m.get("deletionTimestamp"))
+        .is_some_and(|v| !v.is_null())
+}
+
+/// Copies the fields only the server sets from the stored object into an update,
+/// bumps generation when the spec changed, and refuses new finalizers on an object
+/// that is being deleted.
+pub fn prepare_update(
+    info: &ResourceInfo,
+    current: &Value,
+    new: &mut Value,
+) -> Result<(), ApiError> {
+    if !new.is_object() {
+        return Err(ApiError::bad_request("the object must be a JSON object"));
+    }
+    let cur_meta = current
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    if let Some(meta) = metadata_mut(new) {
+        for key in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "name",
+            "namespace",
+        ] {
+            match cur_meta.get(key) {
+                Some(v) => {
+                    meta.insert(key.into(), v.clone());
+                }
+                None => {
+                    meta.remove(key);
+                }
+            }
+        }
+        if meta.get("managedFields").is_none() {
+            if let Some(mf) = cur_meta.get("managedFields") {
+                meta.insert("managedFields".into(), mf.clone());
+            }
+        }
+    }
+    if is_deleting(current) {
+        let old = finalizers(current);
+        let added: Vec<String> = finalizers(new)
+            .into_iter()
+            .filter(|f| !old.contains(f))
+            .collect();
+        if !added.is_empty() {
+            let list = added
+                .iter()
+                .map(|f| format!("{f:?}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let msg = format!(
+                "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{{list}}}"
+            );
+            let cause = Cause::new("FieldValueForbidden", msg, "metadata.finalizers");
+            return Err(ApiError::invalid(
+                &info.group,
+                &info.kind,
+                crate::store::meta_str(current, "name"),
+                vec![cause.clone(), cause],
+            ));
+        }
+    }
+    if info.has_generation || info.is_crd() {
+        let cur_gen = cur_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let bumped = spec_part(info, current) != spec_part(info, new);
+        if let Some(meta) = metadata_mut(new) {
+            meta.insert(
+                "generation".into(),
+                json!(if bumped { cur_gen + 1 } else { cur_gen }),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether two versions of an object differ in anything but resourceVersion and
+/// managedFields timestamps (an update that changes nothing is not written).
+pub fn same_object(a: &Value, b: &Value) -> bool {
+    strip_volatile(a) == strip_volatile(b)
+}
+
+fn strip_volatile(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+        m.remove("managedFields");
+    }
+    v
+}
+
+/// Reads a JSON path like `.spec.replicas`.
+pub fn get_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = obj;
+    for seg in path.trim_start_matches('.').split('.') {
+        if seg.is_empty() {
+            continue;
+        }
+        cur = cur.get(seg)?;
+    }
+    Some(cur)
+}
+
+/// Writes a JSON path like `.spec.replicas`, creating objects on the way.
+pub fn set_path(obj: &mut Value, path: &str, value: Value) {
+    let segs: Vec<&str> = path
+        .trim_start_matches('.')
+        .split('.')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mut cur = obj;
+    for (i, seg) in segs.iter().enumerate() {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let Some(m) = cur.as_object_mut() else { return };
+        if i == segs.len() - 1 {
+            m.insert(seg.to_string(), value);
+            return;
+        }
+        cur = m.entry(seg.to_string()).or_insert_with(|| json!({}));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+
+    #[test]
+    fn names_are_validated_per_resource() {
+        let r = Registry::new();
+        let cm = r.get("", "configmaps").expect("cm");
+        let ns = r.get("", "namespaces").expect("ns");
+        let role = r.get("rbac.authorization.k8s.io", "roles").expect("role");
+        let check = |info: &ResourceInfo, name: &str, ok: bool| {
+            assert_eq!(
+                name_errors(info, name).is_empty(),
+                ok,
+                "{}/{name}",
+                info.resource
+            )
+        };
+        check(&cm, "my.config-1", true);
+        check(&cm, "Not_A_Valid_Name", false);
+        check(&cm, "-x", false);
+        check(&ns, "a.b", false);
+        check(&ns, "team-a", true);
+        check(&role, "system:controller:x", true);
+        check(&role, "a/b", false);
+        assert_eq!(name_errors(&cm, "Bad")[0], SUBDOMAIN_MSG);
+    }
+
+    #[test]
+    fn generation_bumps_only_on_spec_changes() {
+        let r = Registry::new();
+        let deploy = r.get("apps", "deployments").expect("deploy");
+        let cur = json!({"metadata": {"name": "d", "generation": 3, "uid": "u"}, "spec": {"replicas": 1}, "status": {"x": 1}});
+        let mut labels_only = json!({"metadata": {"name": "d", "labels": {"a": "b"}}, "spec": {"replicas": 1}, "status": {"x": 2}});
+        prepare_update(&deploy, &cur, &mut labels_only).expect("ok");
+        assert_eq!(labels_only["metadata"]["generation"], 3);
+        assert_eq!(labels_only["metadata"]["uid"], "u");
+        let mut spec = json!({"metadata": {"name": "d"}, "spec": {"replicas": 2}});
+        prepare_update(&deploy, &cur, &mut spec).expect("ok");
+        assert_eq!(spec["metadata"]["generation"], 4);
+    }
+
+    #[test]
+    fn new_finalizers_are_refused_while_deleting() {
+        let r = Registry::new();
+        let cm = r.get("", "configmaps").expect("cm");
+        let cur = json!({"metadata": {"name": "c", "deletionTimestamp": "t", "finalizers": ["a"]}});
+        let mut new = json!({"metadata": {"name": "c", "finalizers": ["a", "b"]}});
+        let err = prepare_update(&cm, &cur, &mut new).expect_err("refused");
+        assert_eq!(err.code, 422);
+        assert!(
+            err.message
+                .ends_with("found new finalizers []string{\"b\"}"),
+            "{}",
+            err.message
+        );
+        let mut fewer = json!({"metadata": {"name": "c", "finalizers": []}});
+        prepare_update(&cm, &cur, &mut fewer).expect("removing is fine");
+    }
+
+    #[test]
+    fn paths_read_and_write() {
+        let mut v = json!({"spec": {}});
+        set_path(&mut v, ".spec.replicas", json!(3));
+        set_path(&mut v, ".status.replicas", json!(1));
+        assert_eq!(get_path(&v, ".spec.replicas"), Some(&json!(3)));
+        assert_eq!(get_path(&v, ".status.replicas"), Some(&json!(1)));
+        assert_eq!(get_path(&v, ".status.nope"), None);
+    }
+}

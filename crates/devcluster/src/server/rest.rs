@@ -1,0 +1,1033 @@
+//! The verbs of a stored resource: get, list, create, update, patch, delete,
+//! deletecollection, and the status and scale subresources.
+
+use super::http::{self as h, Body, Output};
+use super::objects::{self as o, metadata_mut};
+use super::output;
+use super::seams;
+use super::State;
+use crate::error::{qualified, ApiError, Cause, Details};
+use crate::registry::{GroupResource, ResourceInfo};
+use crate::store::{meta_str, object_rv, Mutation, Written};
+use crate::types::UserInfo;
+use base64::Engine;
+use bytes::Bytes;
+use http::{HeaderMap, Response};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One resource request, parsed.
+pub struct ReqCtx {
+    pub info: Arc<ResourceInfo>,
+    pub version: String,
+    pub namespace: String,
+    pub name: String,
+    pub subresource: String,
+    pub query: HashMap<String, String>,
+    pub output: Output,
+    pub user: UserInfo,
+    pub headers: HeaderMap,
+}
+
+impl ReqCtx {
+    pub fn gr(&self) -> GroupResource {
+        (self.info.group.clone(), self.info.resource.clone())
+    }
+
+    pub fn api_version(&self) -> String {
+        self.info.api_version(&self.version)
+    }
+
+    pub fn storage_api_version(&self) -> String {
+        self.info.api_version(self.info.storage_version())
+    }
+
+    pub fn dry_run(&self) -> bool {
+        self.query.get("dryRun").is_some_and(|v| v == "All")
+    }
+
+    pub fn q(&self, key: &str) -> Option<&str> {
+        self.query.get(key).map(String::as_str)
+    }
+
+    /// The store namespace key ("" for cluster-scoped resources).
+    pub fn ns(&self) -> &str {
+        if self.info.namespaced {
+            &self.namespace
+        } else {
+            ""
+        }
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        self.info
+            .version(&self.version)
+            .and_then(|v| v.deprecation_warning.clone())
+            .into_iter()
+            .collect()
+    }
+
+    fn not_found(&self) -> ApiError {
+        ApiError::not_found(&self.info.group, &self.info.resource, &self.name)
+    }
+}
+
+type Resp = Result<Response<Body>, ApiError>;
+
+fn respond(ctx: &ReqCtx, status: u16, obj: &Value, extra_warnings: &[String]) -> Response<Body> {
+    let body = match ctx.output {
+        Output::Table => output::table(
+            &ctx.info,
+            &ctx.version,
+            &[Arc::new(obj.clone())],
+            Some(object_rv(obj)),
+        ),
+        Output::PartialObjectMetadata | Output::PartialObjectMetadataList => output::partial(obj),
+        _ => output::convert(obj, &ctx.api_version()),
+    };
+    let mut resp = h::object_response(status, &body, ctx.output);
+    let mut warnings = ctx.warnings();
+    warnings.extend_from_slice(extra_warnings);
+    h::add_warnings(&mut resp, &warnings);
+    resp
+}
+
+/// Parses `resourceVersion` as kube does (500 without a reason when malformed).
+pub fn parse_rv(v: Option<&str>) -> Result<Option<u64>, ApiError> {
+    match v {
+        None | Some("") => Ok(None),
+        Some(s) => s.parse::<u64>().map(Some).map_err(|_| {
+            ApiError::new(
+                500,
+                "",
+                format!("resourceVersion: Invalid value: {s:?}: strconv.ParseUint: parsing {s:?}: invalid syntax"),
+            )
+        }),
+    }
+}
+
+// ---------- get ----------
+
+pub fn get(state: &State, ctx: &ReqCtx) -> Resp {
+    parse_rv(ctx.q("resourceVersion"))?;
+    let obj = state
+        .store
+        .get(&ctx.gr(), ctx.ns(), &ctx.name)
+        .ok_or_else(|| ctx.not_found())?;
+    match ctx.subresource.as_str() {
+        "" | "status" => Ok(respond(ctx, 200, &obj, &[])),
+        "scale" => {
+            let scale = scale_of(ctx, &obj)?;
+            Ok(h::json_response(200, &scale))
+        }
+        _ => Err(ApiError::resource_not_found()),
+    }
+}
+
+// ---------- list ----------
+
+/// Label and field selectors of a list or watch.
+pub struct Selectors {
+    pub label: seams::LabelSelector,
+    pub fields: Vec<(String, bool, String)>,
+}
+
+impl Selectors {
+    pub fn parse(ctx: &ReqCtx) -> Result<Self, ApiError> {
+        let label = seams::LabelSelector::parse(ctx.q("labelSelector").unwrap_or(""))
+            .map_err(ApiError::bad_request)?;
+        let mut fields = Vec::new();
+        for req in seams::parse_field_selector(ctx.q("fieldSelector").unwrap_or(""))
+            .map_err(ApiError::bad_request)?
+        {
+            let (field, eq, value) = req;
+            if field != "metadata.name" && field != "metadata.namespace" {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {field}"
+                )));
+            }
+            fields.push((field, eq, value));
+        }
+        Ok(Selectors { label, fields })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.label.is_empty() && self.fields.is_empty()
+    }
+
+    pub fn matches(&self, obj: &Value) -> bool {
+        if !self.label.matches_json(crate::store::labels(obj)) {
+            return false;
+        }
+        self.fields.iter().all(|(field, eq, value)| {
+            let actual = match field.as_str() {
+                "metadata.name" => meta_str(obj, "name"),
+                _ => meta_str(obj, "namespace"),
+            };
+            (actual == value) == *eq
+        })
+    }
+}
+
+fn encode_continue(rv: u64, start: &str) -> String {
+    let token = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": start});
+    base64::engine::general_purpose::STANDARD.encode(token.to_string())
+}
+
+fn decode_continue(token: &str) -> Result<(u64, String), ApiError> {
+    let bad = || {
+        ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(token)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(token))
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+    let rv = v.get("rv").and_then(Value::as_u64).ok_or_else(bad)?;
+    let start = v
+        .get("start")
+        .and_then(Value::as_str)
+        .ok_or_else(bad)?
+        .to_string();
+    Ok((rv, start))
+}
+
+/// Validates `resourceVersion`/`resourceVersionMatch` of a list and waits (up to
+/// 3 s, as kube) for a future resourceVersion.
+pub async fn check_list_rv(state: &State, ctx: &ReqCtx) -> Result<(), ApiError> {
+    let rv = parse_rv(ctx.q("resourceVersion"))?;
+    let matching = ctx.q("resourceVersionMatch").unwrap_or("");
+    if !matching.is_empty() && rv.is_none() {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            vec![Cause::new(
+                "FieldValueForbidden",
+                "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+                "resourceVersionMatch",
+            )],
+        ));
+    }
+    let Some(rv) = rv else { return Ok(()) };
+    if matching == "Exact" && rv < state.store.current_rv() {
+        return Err(ApiError::new(
+            410,
+            "Expired",
+            "The resourceVersion for the provided list is too old.",
+        ));
+    }
+    if rv > state.store.current_rv() {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+        let mut rx = state.store.subscribe();
+        while state.store.current_rv() < rv {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+                _ => break,
+            }
+        }
+        let current = state.store.current_rv();
+        if current < rv {
+            return Err(too_large_rv(rv, current));
+        }
+    }
+    Ok(())
+}
+
+pub fn too_large_rv(rv: u64, current: u64) -> ApiError {
+    let mut e = ApiError::new(
+        504,
+        "Timeout",
+        format!("Timeout: Too large resource version: {rv}, current: {current}"),
+    )
+    .header("Retry-After", "1");
+    let mut details = Details {
+        causes: vec![Cause::new(
+            "ResourceVersionTooLarge",
+            "Too large resource version",
+            "",
+        )],
+        ..Default::default()
+    }
+    .to_map();
+    details.insert("retryAfterSeconds".into(), json!(1));
+    e.details = Some(details);
+    e
+}
+
+pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
+    let selectors = Selectors::parse(ctx)?;
+    check_list_rv(state, ctx).await?;
+    let ns = if ctx.info.namespaced && !ctx.namespace.is_empty() {
+        Some(ctx.namespace.as_str())
+    } else {
+        None
+    };
+    let (all, mut rv) = state.store.list(&ctx.gr(), ns);
+    let mut start_key: Option<String> = None;
+    if let Some(token) = ctx.q("continue").filter(|t| !t.is_empty()) {
+        let (token_rv, start) = decode_continue(token)?;
+        rv = token_rv;
+        start_key = Some(start);
+    }
+    let key_of = |o: &Value| -> String {
+        if ns.is_some() || !ctx.info.namespaced {
+            format!("{}\u{0}", meta_str(o, "name"))
+        } else {
+            format!("{}/{}\u{0}", meta_str(o, "namespace"), meta_str(o, "name"))
+        }
+    };
+    let limit: usize = ctx
+        .q("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut items: Vec<Arc<Value>> = Vec::new();
+    let mut cont = String::new();
+    let mut remaining = None;
+    let mut iter = all
+        .iter()
+        .filter(|o| match &start_key {
+            // Keys end in NUL, so ">=" on the next key means "after the last one".
+            Some(start) => key_of(o).as_str() >= start.as_str(),
+            None => true,
+        })
+        .filter(|o| selectors.matches(o));
+    for obj in iter.by_ref() {
+        items.push(obj.clone());
+        if limit > 0 && items.len() >= limit {
+            break;
+        }
+    }
+    if limit > 0 && items.len() >= limit {
+        let rest = iter.count();
+        if rest > 0 {
+            if let Some(last) = items.last() {
+                cont = encode_continue(rv, &key_of(last));
+            }
+            if selectors.is_empty() {
+                remaining = Some(rest);
+            }
+        }
+    }
+    let meta = output::list_metadata(rv, &cont, remaining);
+    let mut resp = match ctx.output {
+        Output::Table => {
+            let mut t = output::table(&ctx.info, &ctx.version, &items, Some(rv));
+            if !cont.is_empty() {
+                t["metadata"]["continue"] = json!(cont);
+            }
+            h::json_response(200, &t)
+        }
+        Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
+            h::json_response(200, &output::partial_list(&items, meta))
+        }
+        Output::Yaml => h::object_response(
+            200,
+            &output::list_value(&ctx.api_version(), &ctx.info.list_kind, &items, meta),
+            Output::Yaml,
+        ),
+        _ => {
+            let bytes = output::list_bytes(&ctx.api_version(), &ctx.info.list_kind, &items, &meta);
+            let mut r = Response::new(h::full(Bytes::from(bytes)));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            r.headers_mut().insert(
+                http::header::CACHE_CONTROL,
+                http::HeaderValue::from_static("no-cache, private"),
+            );
+            r
+        }
+    };
+    h::add_warnings(&mut resp, &ctx.warnings());
+    Ok(resp)
+}
+
+// ---------- create ----------
+
+/// Checks apiVersion/kind of a body against the resource.
+fn check_type(
+    ctx: &ReqCtx,
+    obj: &mut Value,
+    kind: &str,
+    api_version: &str,
+) -> Result<(), ApiError> {
+    let Some(m) = obj.as_object_mut() else {
+        return Err(ApiError::bad_request(format!(
+            "the object provided is unrecognized (must be of type {kind})"
+        )));
+    };
+    match m.get("apiVersion").and_then(Value::as_str) {
+        Some(v) if v != api_version => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({api_version})"
+            )))
+        }
+        Some(_) => {}
+        None => {
+            m.insert("apiVersion".into(), json!(api_version));
+        }
+    }
+    match m.get("kind").and_then(Value::as_str) {
+        Some(k) if k != kind => {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({kind})"
+            )))
+        }
+        Some(_) => {}
+        None => {
+            m.insert("kind".into(), json!(kind));
+        }
+    }
+    let _ = ctx;
+    Ok(())
+}
+
+/// The namespace of a new namespaced object must exist and not be terminating.
+pub fn check_namespace(state: &State, ctx: &ReqCtx, name: &str) -> Result<(), ApiError> {
+    if !ctx.info.namespaced {
+        return Ok(());
+    }
+    let ns_gr = (String::new(), "namespaces".to_string());
+    let Some(ns) = state.store.get(&ns_gr, "", &ctx.namespace) else {
+        return Err(ApiError::not_found("", "namespaces", &ctx.namespace));
+    };
+    if o::is_deleting(&ns) {
+        let nsname = &ctx.namespace;
+        return Err(ApiError::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {nsname} because it is being terminated",
+                qualified(&ctx.info.resource, &ctx.info.group)
+            ),
+        )
+        .with_details(Details {
+            name,
+            group: &ctx.info.group,
+            kind: &ctx.info.resource,
+            causes: vec![Cause::new(
+                "NamespaceTerminating",
+                format!("namespace {nsname} is being terminated"),
+                "metadata.namespace",
+            )],
+            ..Default::default()
+        }));
+    }
+    Ok(())
+}
+
+fn decode(ctx: &ReqCtx, body: &[u8]) -> Result<Value, ApiError> {
+    let format = h::body_format(&ctx.headers)?;
+    h::decode_body(body, format, &ctx.info.kind)
+}
+
+/// Fills in everything a new object gets from the server, validates it, and
+/// returns it with the warnings to send.
+pub fn prepare_create(
+    state: &State,
+    ctx: &ReqCtx,
+    mut obj: Value,
+    url_name: Option<&str>,
+) -> Result<(Value, Vec<String>), ApiError> {
+    let info = &ctx.info;
+    check_type(ctx, &mut obj, &info.kind, &ctx.api_version())?;
+    let storage_av = ctx.storage_api_version();
+    if let Some(m) = obj.as_object_mut() {
+        m.insert("apiVersion".into(), json!(storage_av));
+    }
+    let Some(meta) = metadata_mut(&mut obj) else {
+        return Err(ApiError::bad_request("metadata must be an object"));
+    };
+    if info.namespaced {
+        match meta.get("namespace").and_then(Value::as_str) {
+            Some(ns) if !ns.is_empty() && ns != ctx.namespace => {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ))
+            }
+            _ => {
+                meta.insert("namespace".into(), json!(ctx.namespace));
+            }
+        }
+    } else {
+        meta.remove("namespace");
+    }
+    let mut name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if let Some(url) = url_name {
+        if name.is_empty() {
+            name = url.to_string();
+        } else if name != url {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({name}) does not match the name on the URL ({url})"
+            )));
+        }
+    }
+    if name.is_empty() {
+        if let Some(prefix) = meta
+            .get("generateName")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+        {
+            name = o::generate_name(prefix);
+        }
+    }
+    if name.is_empty() {
+        return Err(ApiError::invalid(
+            &info.group,
+            &info.kind,
+            "",
+            vec![Cause::new(
+                "FieldValueRequired",
+                "Required value: name or generateName is required",
+                "metadata.name",
+            )],
+        ));
+    }
+    let errs = o::name_errors(info, &name);
+    if !errs.is_empty() {
+        let causes = errs
+            .into_iter()
+            .map(|e| {
+                Cause::new(
+                    "FieldValueInvalid",
+                    format!("Invalid value: {name:?}: {e}"),
+                    "metadata.name",
+                )
+            })
+            .collect();
+        return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
+    }
+    meta.insert("name".into(), json!(name));
+    meta.insert("uid".into(), json!(o::new_uid()));
+    meta.insert("creationTimestamp".into(), json!(o::now()));
+    meta.remove("resourceVersion");
+    meta.remove("deletionTimestamp");
+    meta.remove("deletionGracePeriodSeconds");
+    meta.remove("selfLink");
+    if info.has_generation || info.is_crd() {
+        meta.insert("generation".into(), json!(1));
+    } else {
+        meta.remove("generation");
+    }
+    if info.status_subresource && info.is_crd() {
+        if let Some(m) = obj.as_object_mut() {
+            m.remove("status");
+        }
+    }
+    seams::defaults_on_create(info, &mut obj);
+    let warnings = seams::validate(ctx, &mut obj, None)?;
+    seams::managed_fields_update(ctx, None, &mut obj, "");
+    let _ = state;
+    Ok((obj, warnings))
+}
+
+pub fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Option<&str>) -> Resp {
+    let obj = decode(ctx, body)?;
+    let (obj, warnings) = prepare_create(state, ctx, obj, url_name)?;
+    let name = meta_str(&obj, "name").to_string();
+    check_namespace(state, ctx, &name)?;
+    let written = insert_new(state, ctx, obj)?;
+    super::hooks::after_write(state, ctx, &written);
+    let mut obj = (*written.object).clone();
+    if ctx.dry_run() {
+        if let Some(m) = metadata_mut(&mut obj) {
+            m.remove("resourceVersion");
+        }
+    }
+    Ok(respond(ctx, 201, &obj, &warnings))
+}
+
+fn insert_new(state: &State, ctx: &ReqCtx, obj: Value) -> Result<Written, ApiError> {
+    let name = meta_str(&obj, "name").to_string();
+    let info = &ctx.info;
+    state
+        .store
+        .mutate(&ctx.gr(), ctx.ns(), &name, ctx.dry_run(), |cur| {
+            if cur.is_some() {
+                return Err(ApiError::already_exists(&info.group, &info.resource, &name));
+            }
+            Ok(Mutation::Put(obj))
+        })
+}
+
+// ---------- update ----------
+
+/// Finishes an update of `current` into `new` under the store lock: conflicts,
+/// server-owned fields, generation, finalizer completion, validation.
+fn commit_update(
+    ctx: &ReqCtx,
+    current: &Arc<Value>,
+    mut new: Value,
+    subresource: &str,
+    require_rv: bool,
+) -> Result<(Mutation, Vec<String>), ApiError> {
+    let info = &ctx.info;
+    let body_rv = meta_str(&new, "resourceVersion").to_string();
+    if body_rv.is_empty() {
+        if require_rv && !info.unconditional_update {
+            return Err(ApiError::invalid(
+                &info.group,
+                &info.resource,
+                &ctx.name,
+                vec![Cause::new(
+                    "FieldValueInvalid",
+                    "Invalid value: 0x0: must be specified for an update",
+                    "metadata.resourceVersion",
+                )],
+            ));
+        }
+    } else if body_rv != meta_str(current, "resourceVersion") {
+        return Err(ApiError::conflict_modified(
+            &info.group,
+            &info.resource,
+            &ctx.name,
+        ));
+    }
+    if let Some(m) = new.as_object_mut() {
+        m.insert("apiVersion".into(), json!(ctx.storage_api_version()));
+        m.insert("kind".into(), json!(info.kind));
+    }
+    match subresource {
+        "status" => {
+            // Only status changes through /status.
+            let status = new.get("status").cloned();
+            let mut merged = (**current).clone();
+            if let Some(m) = merged.as_object_mut() {
+                match status {
+                    Some(s) => m.insert("status".into(), s),
+                    None => m.remove("status"),
+                };
+            }
+            new = merged;
+        }
+        _ if info.status_subresource => {
+            // The main resource ignores status changes.
+            if let Some(m) = new.as_object_mut() {
+                match current.get("status") {
+                    Some(s) => m.insert("status".into(), s.clone()),
+                    None => m.remove("status"),
+                };
+            }
+        }
+        _ => {}
+    }
+    o::prepare_update(info, current, &mut new)?;
+    let warnings = seams::validate(ctx, &mut new, Some(current))?;
+    seams::managed_fields_update(ctx, Some(current), &mut new, subresource);
+    if o::is_deleting(&new) && !o::has_finalizers(&new) {
+        return Ok((Mutation::Delete, warnings));
+    }
+    if o::same_object(current, &new) {
+        return Ok((Mutation::Unchanged(current.clone()), warnings));
+    }
+    Ok((Mutation::Put(new), warnings))
+}
+
+pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
+    let mut obj = decode(ctx, body)?;
+    check_type(ctx, &mut obj, &ctx.info.kind, &ctx.api_version())?;
+    if ctx.subresource == "scale" {
+        return update_scale(state, ctx, ScaleChange::Replace(obj));
+    }
+    if !matches!(ctx.subresource.as_str(), "" | "status" | "finalize") {
+        return Err(ApiError::resource_not_found());
+    }
+    let body_name = meta_str(&obj, "name");
+    if !body_name.is_empty() && body_name != ctx.name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({})",
+            ctx.name
+        )));
+    }
+    let body_ns = meta_str(&obj, "namespace");
+    if ctx.info.namespaced && !body_ns.is_empty() && body_ns != ctx.namespace {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    if ctx.subresource == "finalize" {
+        return super::hooks::finalize_namespace(state, ctx, obj);
+    }
+    let mut warnings = Vec::new();
+    let sub = ctx.subresource.clone();
+    let written = state
+        .store
+        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+            let Some(cur) = cur else {
+                return Err(ctx.not_found());
+            };
+            let (m, w) = commit_update(ctx, cur, obj, &sub, true)?;
+            warnings = w;
+            Ok(m)
+        })?;
+    super::hooks::after_write(state, ctx, &written);
+    Ok(respond(ctx, 200, &written.object, &warnings))
+}
+
+// ---------- patch ----------
+
+pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
+    let ct = h::content_type(&ctx.headers);
+    let kind = seams::PatchKind::from_content_type(&ct, ctx.info.is_crd())?;
+    if kind == seams::PatchKind::Apply && ctx.q("fieldManager").is_none_or(str::is_empty) {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "PatchOptions",
+            "",
+            vec![Cause::new(
+                "FieldValueRequired",
+                "Required value: is required for apply patch",
+                "fieldManager",
+            )],
+        ));
+    }
+    if ctx.subresource == "scale" {
+        return update_scale(state, ctx, ScaleChange::Patch(kind, body.to_vec()));
+    }
+    if !matches!(ctx.subresource.as_str(), "" | "status") {
+        return Err(ApiError::resource_not_found());
+    }
+    // Apply to a missing object creates it.
+    if kind == seams::PatchKind::Apply
+        && state.store.get(&ctx.gr(), ctx.ns(), &ctx.name).is_none()
+        && ctx.subresource.is_empty()
+    {
+        let applied = h::decode_yaml(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+        let (mut obj, warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
+        seams::managed_fields_apply_create(ctx, &mut obj);
+        check_namespace(state, ctx, &ctx.name)?;
+        match insert_new(state, ctx, obj) {
+            Ok(written) => {
+                super::hooks::after_write(state, ctx, &written);
+                return Ok(respond(ctx, 201, &written.object, &warnings));
+            }
+            // Lost a race with another creator: patch the winner instead.
+            Err(e) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut warnings = Vec::new();
+    let sub = ctx.subresource.clone();
+    let written = state
+        .store
+        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+            let Some(cur) = cur else {
+                return Err(ctx.not_found());
+            };
+            let as_requested = output::convert(cur, &ctx.api_version());
+            let patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
+            let mut patched = patched;
+            // A patch that does not mention resourceVersion is unconditional.
+            if meta_str(&patched, "resourceVersion").is_empty() {
+                if let Some(m) = metadata_mut(&mut patched) {
+                    m.insert(
+                        "resourceVersion".into(),
+                        json!(meta_str(cur, "resourceVersion")),
+                    );
+                }
+            }
+            let (m, w) = commit_update(ctx, cur, patched, &sub, false)?;
+            warnings = w;
+            Ok(m)
+        })?;
+    super::hooks::after_write(state, ctx, &written);
+    Ok(respond(ctx, 200, &written.object, &warnings))
+}
+
+// ---------- scale ----------
+
+enum ScaleChange {
+    Replace(Value),
+    Patch(seams::PatchKind, Vec<u8>),
+}
+
+fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
+    let Some(spec) = &ctx.info.scale else {
+        return Err(ApiError::resource_not_found());
+    };
+    let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    let pick = |k: &str| meta.get(k).cloned();
+    let mut m = serde_json::Map::new();
+    for k in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+    ] {
+        if let Some(v) = pick(k) {
+            m.insert(k.into(), v);
+        }
+    }
+    let replicas = o::get_path(obj, &spec.spec_replicas_path)
+        .cloned()
+        .unwrap_or(json!(0));
+    let mut status = serde_json::Map::new();
+    status.insert(
+        "replicas".into(),
+        o::get_path(obj, &spec.status_replicas_path)
+            .cloned()
+            .unwrap_or(json!(0)),
+    );
+    if let Some(sel) = spec
+        .label_selector_path
+        .as_ref()
+        .and_then(|p| o::get_path(obj, p))
+    {
+        status.insert("selector".into(), sel.clone());
+    }
+    Ok(json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": m,
+        "spec": {"replicas": replicas},
+        "status": status,
+    }))
+}
+
+fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
+    let Some(spec) = ctx.info.scale.clone() else {
+        return Err(ApiError::resource_not_found());
+    };
+    let written = state
+        .store
+        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+            let Some(cur) = cur else {
+                return Err(ctx.not_found());
+            };
+            let scale = scale_of(ctx, cur)?;
+            let new_scale = match &change {
+                ScaleChange::Replace(v) => {
+                    let rv = meta_str(v, "resourceVersion");
+                    if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
+                        return Err(ApiError::conflict_modified(
+                            &ctx.info.group,
+                            &ctx.info.resource,
+                            &ctx.name,
+                        ));
+                    }
+                    v.clone()
+                }
+                ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
+            };
+            let replicas = new_scale
+                .get("spec")
+                .and_then(|s| s.get("replicas"))
+                .cloned()
+                .unwrap_or(json!(0));
+            let mut new = (**cur).clone();
+            o::set_path(&mut new, &spec.spec_replicas_path, replicas);
+            let (m, _) = commit_update(ctx, cur, new, "scale", false)?;
+            Ok(m)
+        })?;
+    Ok(h::json_response(200, &scale_of(ctx, &written.object)?))
+}
+
+// ---------- delete ----------
+
+/// DeleteOptions from the body and the query.
+#[derive(Default)]
+pub struct DeleteOptions {
+    pub uid: Option<String>,
+    pub rv: Option<String>,
+    pub propagation: String,
+}
+
+pub fn delete_options(ctx: &ReqCtx, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+    let mut opts = DeleteOptions {
+        propagation: ctx.q("propagationPolicy").unwrap_or("").to_string(),
+        ..Default::default()
+    };
+    if body.iter().any(|b| !b.is_ascii_whitespace()) {
+        let v = h::decode_body(body, h::body_format(&ctx.headers)?, "DeleteOptions")?;
+        if let Some(p) = v.get("preconditions") {
+            opts.uid = p.get("uid").and_then(Value::as_str).map(str::to_string);
+            opts.rv = p
+                .get("resourceVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+        }
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            opts.propagation = p.to_string();
+        }
+        if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
+            opts.propagation = "Orphan".into();
+        }
+    }
+    Ok(opts)
+}
+
+/// Deletes one object (or marks it, when finalizers hold it). Returns the store
+/// outcome.
+pub fn delete_one(
+    state: &State,
+    ctx: &ReqCtx,
+    name: &str,
+    opts: &DeleteOptions,
+) -> Result<Written, ApiError> {
+    let info = &ctx.info;
+    state
+        .store
+        .mutate(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
+            let Some(cur) = cur else {
+                return Err(ApiError::not_found(&info.group, &info.resource, name));
+            };
+            let precondition = |what: &str, want: &str, have: &str, tail: &str| {
+                ApiError::new(
+                    409,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": the {what} in the precondition ({want}) does not match the {what} in record ({have}). {tail}",
+                        qualified(&info.kind, &info.group)
+                    ),
+                )
+                .with_details(Details {
+                    name,
+                    group: &info.group,
+                    kind: &info.kind,
+                    ..Default::default()
+                })
+            };
+            if let Some(uid) = &opts.uid {
+                let have = meta_str(cur, "uid");
+                if uid != have {
+                    return Err(precondition(
+                        "UID",
+                        uid,
+                        have,
+                        "The object might have been deleted and then recreated",
+                    ));
+                }
+            }
+            if let Some(rv) = &opts.rv {
+                let have = meta_str(cur, "resourceVersion");
+                if rv != have {
+                    return Err(precondition(
+                        "ResourceVersion",
+                        rv,
+                        have,
+                        "The object might have been modified",
+                    ));
+                }
+            }
+            let extra_finalizer = match opts.propagation.as_str() {
+                "Foreground" => Some("foregroundDeletion"),
+                "Orphan" => Some("orphan"),
+                _ => None,
+            };
+            let namespace = info.group.is_empty() && info.resource == "namespaces";
+            if !namespace && !o::has_finalizers(cur) && extra_finalizer.is_none() {
+                return Ok(Mutation::Delete);
+            }
+            if o::is_deleting(cur) {
+                return Ok(Mutation::Unchanged(cur.clone()));
+            }
+            let mut new = (**cur).clone();
+            if let Some(meta) = metadata_mut(&mut new) {
+                meta.insert("deletionTimestamp".into(), json!(o::now()));
+                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+                if let Some(f) = extra_finalizer {
+                    let list = meta
+                        .entry("finalizers")
+                        .or_insert_with(|| json!([]));
+                    if let Some(a) = list.as_array_mut() {
+                        if !a.iter().any(|v| v == f) {
+                            a.push(json!(f));
+                        }
+                    }
+                }
+                if info.has_generation || info.is_crd() {
+                    let g = meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
+                    meta.insert("generation".into(), json!(g + 1));
+                }
+            }
+            if namespace {
+                if let Some(meta) = metadata_mut(&mut new) {
+                    meta.remove("deletionGracePeriodSeconds");
+                }
+                if let Some(m) = new.as_object_mut() {
+                    m.insert("status".into(), json!({"phase": "Terminating"}));
+                }
+            }
+            Ok(Mutation::Put(new))
+        })
+}
+
+pub fn delete(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
+    if !ctx.subresource.is_empty() {
+        return Err(ApiError::method_not_allowed());
+    }
+    let opts = delete_options(ctx, body)?;
+    let written = delete_one(state, ctx, &ctx.name, &opts)?;
+    super::hooks::after_write(state, ctx, &written);
+    if written.deleted {
+        let uid = meta_str(&written.object, "uid");
+        let status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": Details {
+                name: &ctx.name,
+                group: &ctx.info.group,
+                kind: &ctx.info.resource,
+                uid,
+                ..Default::default()
+            }.to_map(),
+        });
+        let mut resp = h::json_response(200, &status);
+        h::add_warnings(&mut resp, &ctx.warnings());
+        return Ok(resp);
+    }
+    Ok(respond(ctx, 200, &written.object, &[]))
+}
+
+pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
+    let selectors = Selectors::parse(ctx)?;
+    let opts = delete_options(ctx, body)?;
+    let ns = if ctx.info.namespaced && !ctx.namespace.is_empty() {
+        Some(ctx.namespace.as_str())
+    } else {
+        None
+    };
+    let (items, _) = state.store.list(&ctx.gr(), ns);
+    let mut out = Vec::new();
+    for obj in items.iter().filter(|o| selectors.matches(o)) {
+        let name = meta_str(obj, "name").to_string();
+        let sub = ReqCtx {
+            info: ctx.info.clone(),
+            version: ctx.version.clone(),
+            namespace: meta_str(obj, "namespace").to_string(),
+            name: name.clone(),
+            subresource: String::new(),
+            query: ctx.query.clone(),
+            output: ctx.output,
+            user: ctx.user.clone(),
+            headers: ctx.headers.clone(),
+        };
+        match delete_one(state, &sub, &name, &opts) {
+            Ok(w) => {
+                super::hooks::after_write(state, &sub, &w);
+                out.push(Arc::new((**obj).clone()));
+            }
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let rv = state.store.current_rv();
+    let body = output::list_value(
+        &ctx.api_version(),
+        &ctx.info.list_kind,
+        &out,
+        output::list_metadata(rv, "", None),
+    );
+    Ok(h::object_response(200, &body, Output::Json))
+}

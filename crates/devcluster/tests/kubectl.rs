@@ -1,0 +1,277 @@
+//! devcluster driven by the real kubectl.
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use test_support::{devcluster, kubectl_async, kubectl_json_async, kubectl_stdin_async};
+
+const CRONTAB_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: crontabs.stable.example.io
+spec:
+  group: stable.example.io
+  scope: Namespaced
+  names: {plural: crontabs, singular: crontab, kind: CronTab, shortNames: [ct]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              cronSpec: {type: string}
+              replicas: {type: integer, minimum: 1, maximum: 10}
+              image: {type: string}
+          status:
+            type: object
+            properties:
+              replicas: {type: integer}
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}
+    additionalPrinterColumns:
+    - {name: Spec, type: string, jsonPath: .spec.cronSpec}
+"#;
+
+fn crontab(name: &str, app: &str) -> String {
+    format!(
+        "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: {name}\n  namespace: demo\n  labels:\n    app: {app}\nspec:\n  cronSpec: '* * * * */5'\n  image: img\n  replicas: 1\n"
+    )
+}
+
+async fn ok(kc: &std::path::Path, args: &[&str]) -> String {
+    let out = kubectl_async(kc, args).await;
+    assert!(out.success(), "kubectl {args:?}: {out:?}");
+    out.stdout
+}
+
+async fn apply(kc: &std::path::Path, yaml: &str) {
+    let out = kubectl_stdin_async(kc, &["apply", "-f", "-"], yaml, Duration::from_secs(60)).await;
+    assert!(out.success(), "apply: {out:?}");
+}
+
+async fn install_crd(kc: &std::path::Path) {
+    apply(kc, CRONTAB_CRD).await;
+    ok(
+        kc,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=20s",
+            "crd/crontabs.stable.example.io",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crud_with_kubectl() {
+    let tc = devcluster("target").await;
+    let kc = &tc.kubeconfig;
+    ok(kc, &["create", "namespace", "demo"]).await;
+    install_crd(kc).await;
+
+    apply(kc, &crontab("one", "cron")).await;
+    apply(kc, &crontab("two", "other")).await;
+
+    let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "one"])
+        .await
+        .expect("get");
+    assert_eq!(got["spec"]["image"], "img");
+    assert_eq!(got["metadata"]["generation"], 1);
+
+    let listed = kubectl_json_async(kc, &["-n", "demo", "get", "ct", "-l", "app=cron"])
+        .await
+        .expect("list");
+    let names: Vec<&str> = listed["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["one"]);
+
+    // The default (Table) output shows the printer column.
+    let table = ok(kc, &["-n", "demo", "get", "crontabs"]).await;
+    assert!(table.contains("SPEC"), "{table}");
+    assert!(table.contains("one") && table.contains("two"), "{table}");
+
+    let yaml = ok(kc, &["-n", "demo", "get", "crontab", "one", "-o", "yaml"]).await;
+    assert!(yaml.contains("kind: CronTab"), "{yaml}");
+
+    ok(
+        kc,
+        &[
+            "-n",
+            "demo",
+            "patch",
+            "crontab",
+            "one",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"replicas":3}}"#,
+        ],
+    )
+    .await;
+    ok(
+        kc,
+        &[
+            "-n",
+            "demo",
+            "patch",
+            "crontab",
+            "one",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/image","value":"img2"}]"#,
+        ],
+    )
+    .await;
+    ok(
+        kc,
+        &["-n", "demo", "label", "crontab", "one", "tier=backend"],
+    )
+    .await;
+    let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "one"])
+        .await
+        .expect("get");
+    assert_eq!(got["spec"]["replicas"], 3);
+    assert_eq!(got["spec"]["image"], "img2");
+    assert_eq!(got["metadata"]["labels"]["tier"], "backend");
+    assert_eq!(
+        got["metadata"]["generation"], 3,
+        "labels do not bump generation"
+    );
+
+    // replace with the current object works; with a stale resourceVersion it conflicts.
+    let mut stale = got.clone();
+    stale["spec"]["replicas"] = json!(4);
+    let out = kubectl_stdin_async(
+        kc,
+        &["replace", "-f", "-"],
+        &stale.to_string(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(out.success(), "replace: {out:?}");
+    let out = kubectl_stdin_async(
+        kc,
+        &["replace", "-f", "-"],
+        &stale.to_string(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("the object has been modified"),
+        "{}",
+        out.stderr
+    );
+
+    // scale subresource
+    ok(
+        kc,
+        &["-n", "demo", "scale", "crontab", "one", "--replicas=5"],
+    )
+    .await;
+    let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "one"])
+        .await
+        .expect("get");
+    assert_eq!(got["spec"]["replicas"], 5);
+
+    ok(kc, &["-n", "demo", "delete", "crontab", "one"]).await;
+    ok(
+        kc,
+        &["-n", "demo", "delete", "crontab", "two", "--wait=false"],
+    )
+    .await;
+    ok(
+        kc,
+        &[
+            "-n",
+            "demo",
+            "wait",
+            "--for=delete",
+            "--timeout=10s",
+            "crontab/two",
+        ],
+    )
+    .await;
+    let out = kubectl_async(kc, &["-n", "demo", "get", "crontab", "one"]).await;
+    assert!(!out.success());
+    assert!(out.stderr.contains("not found"), "{}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_watch_sees_added_modified_deleted() {
+    let tc = devcluster("target").await;
+    let kc = tc.kubeconfig.clone();
+    ok(&kc, &["create", "namespace", "demo"]).await;
+    install_crd(&kc).await;
+    let watcher = {
+        let kc = kc.clone();
+        tokio::task::spawn_blocking(move || {
+            test_support::kubectl_with_timeout(
+                &kc,
+                &[
+                    "-n",
+                    "demo",
+                    "get",
+                    "crontabs",
+                    "-w",
+                    "--output-watch-events",
+                    "-o",
+                    "json",
+                ],
+                Duration::from_secs(6),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    apply(&kc, &crontab("w", "cron")).await;
+    ok(&kc, &["-n", "demo", "label", "crontab", "w", "x=y"]).await;
+    ok(&kc, &["-n", "demo", "delete", "crontab", "w"]).await;
+    let out = watcher.await.expect("watcher");
+    let types: Vec<String> = serde_json::Deserializer::from_str(&out.stdout)
+        .into_iter::<Value>()
+        .filter_map(Result::ok)
+        .filter_map(|v| v["type"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(types, vec!["ADDED", "MODIFIED", "DELETED"], "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_resources_and_namespace_deletion() {
+    let tc = devcluster("target").await;
+    let kc = &tc.kubeconfig;
+    install_crd(kc).await;
+    let out = ok(kc, &["api-resources"]).await;
+    assert!(out.contains("crontabs"), "{out}");
+    assert!(out.contains("leases"), "{out}");
+    ok(kc, &["create", "namespace", "doomed"]).await;
+    ok(
+        kc,
+        &[
+            "-n",
+            "doomed",
+            "create",
+            "configmap",
+            "c1",
+            "--from-literal=a=b",
+        ],
+    )
+    .await;
+    ok(kc, &["delete", "namespace", "doomed", "--timeout=20s"]).await;
+    let out = kubectl_async(kc, &["get", "namespace", "doomed"]).await;
+    assert!(out.stderr.contains("not found"), "{out:?}");
+    let out = kubectl_async(kc, &["-n", "nowhere", "create", "configmap", "c1"]).await;
+    assert!(
+        out.stderr.contains("namespaces \"nowhere\" not found"),
+        "{out:?}"
+    );
+}
