@@ -353,19 +353,22 @@ pub struct LoopResult {
 /// Runs `total` requests with one worker per state (and sender), or fewer when
 /// `limit` passes first. Workers pick sequence numbers from a shared counter, so
 /// a slow worker does not hold the others back.
+///
+/// The workers (connections and states) are handed back, so later rounds reuse
+/// warm connections and, for updates, the latest resourceVersions. A worker whose
+/// task panicked is missing from the returned list.
 pub async fn closed_loop<W: Workload>(
     endpoint: Arc<Endpoint>,
     workload: Arc<W>,
-    senders: Vec<Sender>,
-    states: Vec<W::State>,
+    workers: Vec<(Sender, W::State)>,
     total: usize,
     limit: Duration,
-) -> LoopResult {
+) -> (LoopResult, Vec<(Sender, W::State)>) {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let deadline = started + limit;
     let mut tasks = Vec::new();
-    for (worker, (mut sender, mut state)) in senders.into_iter().zip(states).enumerate() {
+    for (worker, (mut sender, mut state)) in workers.into_iter().enumerate() {
         let next = Arc::clone(&next);
         let endpoint = Arc::clone(&endpoint);
         let workload = Arc::clone(&workload);
@@ -417,12 +420,14 @@ pub async fn closed_loop<W: Workload>(
                     }
                 }
             }
-            result
+            (result, sender, state)
         }));
     }
     let mut total_result = LoopResult::default();
+    let mut returned = Vec::with_capacity(tasks.len());
     for task in tasks {
-        if let Ok(result) = task.await {
+        if let Ok((result, sender, state)) = task.await {
+            returned.push((sender, state));
             total_result.latencies.extend(result.latencies);
             total_result.errors += result.errors;
             if total_result.first_error.is_none() {
@@ -431,7 +436,7 @@ pub async fn closed_loop<W: Workload>(
         }
     }
     total_result.wall = started.elapsed();
-    total_result
+    (total_result, returned)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! CPU from `/proc`), [`driver`] (the one load driver all paths share),
 //! [`nginx`] (the comparison proxy), [`report`] (table and JSON).
 
+pub mod child;
 pub mod driver;
 pub mod nginx;
 pub mod report;

@@ -233,15 +233,18 @@ async fn the_closed_loop_runs_exactly_the_requested_count() {
         .expect("endpoint"),
     );
     let senders = endpoint.senders(4).await.expect("senders");
-    let result = closed_loop(
+    let workers = senders.into_iter().map(|s| (s, 0)).collect();
+    let (result, workers) = closed_loop(
         Arc::clone(&endpoint),
         Arc::new(Counting),
-        senders,
-        vec![0; 4],
+        workers,
         50,
         Duration::from_secs(30),
     )
     .await;
+    assert_eq!(workers.len(), 4);
+    let counted: usize = workers.iter().map(|(_, n)| *n).sum();
+    assert_eq!(counted, 50, "every request went through a worker state");
     assert_eq!(result.latencies.len(), 40);
     assert_eq!(result.errors, 10);
     assert!(result
