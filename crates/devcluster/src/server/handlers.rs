@@ -182,15 +182,25 @@ async fn route(
     // caller may not make).
     if let Some(aggregator) = state.aggregator.get() {
         if let Some(api_route) = aggregator.route(&path) {
-            let attrs = crate::rbac::authorize_attributes_from_request(
-                parts.method.as_str(),
-                &path,
-                parts.uri.query(),
-                user.clone(),
-            );
-            auth::authorize(&attrs)?;
+            let method = parts.method.as_str().to_string();
+            let query = parts.uri.query().map(str::to_string);
+            let attrs = auth::check(
+                &state.authn,
+                &state.policy,
+                &state.store,
+                &parts.headers,
+                certs,
+                |user| {
+                    crate::rbac::authorize_attributes_from_request(
+                        &method,
+                        &path,
+                        query.as_deref(),
+                        user,
+                    )
+                },
+            )?;
             let response = aggregator
-                .proxy(api_route, Request::from_parts(parts, body), &user)
+                .proxy(api_route, Request::from_parts(parts, body), &attrs.user)
                 .await;
             return Ok(
                 response.map(|b| b.map_err(|e| std::io::Error::other(e.to_string())).boxed())
