@@ -165,6 +165,16 @@ impl GroupVersionProxy {
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
             ),
+            Some(_caller)
+                if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) =>
+            {
+                self.openapi_index()
+            }
+            Some(_caller)
+                if exchange.method == Method::GET && self.is_openapi_document(&exchange.path) =>
+            {
+                self.openapi_document(&exchange).await
+            }
             Some(_caller) => match kind {
                 Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
@@ -264,6 +274,58 @@ impl GroupVersionProxy {
             Response::from_parts(parts, transport::full(bytes)),
             Reason::Upstream,
         )
+    }
+
+    // ---------------------------------------------------------------- OpenAPI
+
+    fn is_openapi_index(&self, path: &str) -> bool {
+        path == "/openapi/v3"
+    }
+
+    fn is_openapi_document(&self, path: &str) -> bool {
+        path.strip_prefix("/openapi/v3")
+            == Some(format!("/apis/{}/{}", self.group, self.version).as_str())
+    }
+
+    /// `/openapi/v3`: the aggregator asks which documents this server has; it has
+    /// exactly one, its own group/version's.
+    fn openapi_index(&self) -> Outcome {
+        let key = format!("apis/{}/{}", self.group, self.version);
+        let document = serde_json::json!({
+            "paths": { key.clone(): {"serverRelativeURL": format!("/openapi/v3/{key}")} }
+        });
+        Outcome::new(json_response(StatusCode::OK, &document), Reason::Upstream)
+    }
+
+    /// `/openapi/v3/apis/<group>/<version>`: the target's schema document, so
+    /// clients of the client cluster validate and explain proxied kinds exactly as
+    /// the target defines them. Schemas describe types, not objects, so nothing is
+    /// masked.
+    async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
+        let mut headers = exchange.headers.clone();
+        headers.remove(http::header::ACCEPT_ENCODING);
+        let attempt = tokio::time::timeout_at(
+            exchange.deadline,
+            self.target.send_before(
+                Some(exchange.deadline),
+                Method::GET,
+                &exchange.path_and_query(),
+                &headers,
+                transport::full(Bytes::new()),
+            ),
+        )
+        .await;
+        match flatten(attempt) {
+            Ok(response) if response.status().is_server_error() => self.upstream_failure(),
+            Ok(response) => {
+                let (parts, body) = response.into_parts();
+                Outcome::new(
+                    Response::from_parts(parts, transport::stream(body)),
+                    Reason::Upstream,
+                )
+            }
+            Err(e) => self.unavailable(e),
+        }
     }
 
     fn discovery_fallback(&self, request_reason: Reason, fallback_reason: Reason) -> Outcome {

@@ -181,7 +181,14 @@ async fn route(
     // caller has been authorized here (kube-apiserver never forwards a request the
     // caller may not make).
     if let Some(aggregator) = state.aggregator.get() {
-        if let Some(api_route) = aggregator.route(&path) {
+        // `/openapi/v3/apis/<g>/<v>` of an aggregated group is the backend's
+        // document, fetched as the caller (as kube-apiserver does).
+        let routed = match path.strip_prefix("/openapi/v3") {
+            Some(rest) if rest.starts_with("/apis/") => aggregator.route(rest),
+            Some(_) => None,
+            None => aggregator.route(&path),
+        };
+        if let Some(api_route) = routed {
             let method = parts.method.as_str().to_string();
             let query = parts.uri.query().map(str::to_string);
             let attrs = auth::check(
@@ -440,6 +447,24 @@ fn openapi_v3_index(state: &State) -> Value {
                 key.clone(),
                 json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash:016X}")}),
             );
+        }
+    }
+    // Aggregated group/versions are listed too; their documents come from the
+    // backend when a client asks for them.
+    if let Some(aggregator) = state.aggregator.get() {
+        for group in aggregator.discovery_groups() {
+            let name = group["name"].as_str().unwrap_or_default();
+            for version in group["versions"].as_array().into_iter().flatten() {
+                let Some(v) = version["version"].as_str() else {
+                    continue;
+                };
+                let key = format!("apis/{name}/{v}");
+                let hash = state.registry.generation();
+                paths.insert(
+                    key.clone(),
+                    json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash:016X}")}),
+                );
+            }
         }
     }
     json!({"paths": paths})
