@@ -31,15 +31,14 @@ async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempD
 
 /// Runs kubectl off the runtime and returns (success, stdout, stderr).
 async fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let kubeconfig = kubeconfig.to_path_buf();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let stdin = stdin.map(str::to_string);
-    tokio::task::spawn_blocking(move || {
-        test_support::kubectl_with_input(&kubeconfig, &args, stdin.as_deref())
-    })
-    .await
-    .map(|o| (o.success, o.stdout, o.stderr))
-    .unwrap_or((false, String::new(), "kubectl task panicked".into()))
+    let output = match stdin {
+        Some(input) => {
+            test_support::kubectl_stdin_async(kubeconfig, args, input, Duration::from_secs(30))
+                .await
+        }
+        None => test_support::kubectl_async(kubeconfig, args).await,
+    };
+    (output.success(), output.stdout, output.stderr)
 }
 
 async fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> Result<String> {
@@ -298,7 +297,7 @@ async fn watch_through_the_client_sees_added_modified_deleted() -> Result<()> {
     let watcher = {
         let client = client.clone();
         tokio::task::spawn_blocking(move || {
-            test_support::kubectl_with_input(
+            test_support::kubectl_with_timeout(
                 &client,
                 &[
                     "-n",
@@ -309,10 +308,8 @@ async fn watch_through_the_client_sees_added_modified_deleted() -> Result<()> {
                     "--output-watch-events",
                     "-o",
                     "custom-columns=EVENT:.type,NAME:.object.metadata.name",
-                    "--request-timeout=8s",
-                ]
-                .map(String::from),
-                None,
+                ],
+                Duration::from_secs(8),
             )
         })
     };
@@ -412,7 +409,7 @@ async fn users_without_client_rbac_are_refused_by_the_client_api_server() -> Res
     let token = cluster.issue_token("mallory", &[])?;
     let kubeconfig = dir.path().join("mallory.kubeconfig");
     let admin = std::fs::read_to_string(&env.clients[0].kubeconfig)?;
-    let mut doc: Value = serde_saphyr_or_json(&admin)?;
+    let mut doc: Value = parse_kubeconfig(&admin)?;
     doc["users"][0]["user"] = json!({"token": token});
     std::fs::write(&kubeconfig, doc.to_string())?;
     let (ok, _, err) = kubectl(&kubeconfig, &["-n", "default", "get", "widgets"], None).await;
@@ -424,8 +421,8 @@ async fn users_without_client_rbac_are_refused_by_the_client_api_server() -> Res
     Ok(())
 }
 
-fn serde_saphyr_or_json(text: &str) -> Result<Value> {
+fn parse_kubeconfig(text: &str) -> Result<Value> {
     serde_json::from_str(text)
-        .or_else(|_| test_support::yaml_to_json(text))
+        .or_else(|_| serde_saphyr::from_str(text))
         .context("parsing kubeconfig")
 }
