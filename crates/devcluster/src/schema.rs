@@ -6,8 +6,14 @@
 //!    `Warning: 299` header or, with `fieldValidation=Strict`, as a 400
 //!    ([`strict_decoding_error`]),
 //! 2. applies `default`s ([`StructuralSchema::apply_defaults`]),
-//! 3. validates ([`StructuralSchema::validate`]) and answers 422 with
-//!    [`invalid_status`] when causes remain.
+//! 3. validates ([`StructuralSchema::validate`] on create,
+//!    [`StructuralSchema::validate_update`] with the stored object on update, so
+//!    CEL transition rules see `oldSelf`) and answers 422 with [`invalid_status`]
+//!    when causes remain.
+//!
+//! Validation covers the OpenAPI keywords structural schemas allow, string
+//! formats, `x-kubernetes-list-type` uniqueness and `x-kubernetes-validations`
+//! CEL rules (see the `cel` submodule).
 //!
 //! Messages follow kube-apiserver 1.32 byte for byte where a client can see them
 //! (kubectl prints them verbatim), which is why the formatting helpers below mimic
