@@ -583,6 +583,17 @@ mod properties {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+        /// Any JSON given as a schema either parses or is rejected; a parsed
+        /// one validates, prunes and defaults arbitrary documents without panicking.
+        #[test]
+        fn arbitrary_schemas_never_panic(schema in any_json(), mut obj in any_json()) {
+            if let Ok(s) = StructuralSchema::from_json(&schema) {
+                s.prune(&mut obj);
+                s.apply_defaults(&mut obj);
+                let _ = s.validate_update(&obj, Some(&obj.clone()));
+            }
+        }
+
         /// Pruning twice finds nothing the second time, and validation never panics.
         #[test]
         fn prune_is_idempotent(mut obj in any_json()) {
