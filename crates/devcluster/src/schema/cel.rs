@@ -105,6 +105,21 @@ impl Rule {
 
     /// Evaluates the rule; `Ok(())` when it holds.
     pub(super) fn check(&self, value: &Value, old: Option<&Value>) -> Result<(), Failure> {
+        // The CEL crate is young and the values come from clients: a panic
+        // anywhere in building the activation or evaluating becomes an
+        // evaluation error instead of a failed request.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.check_inner(value, old)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Failure::Error(format!(
+                "internal error evaluating rule: {}",
+                self.rule.trim()
+            )))
+        })
+    }
+
+    fn check_inner(&self, value: &Value, old: Option<&Value>) -> Result<(), Failure> {
         let env = env();
         let mut ctx = Context::with_env(env);
         ctx.add_variable_from_value("self", to_cel(value));
