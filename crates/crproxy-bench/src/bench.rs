@@ -165,6 +165,8 @@ struct Lane {
 /// What one scenario row produced, plus errors worth a note.
 struct Measured {
     summary: Option<Summary>,
+    /// Failed requests, including rounds where nothing succeeded.
+    errors: u64,
     cpu_us: Option<f64>,
     first_error: Option<String>,
 }
@@ -235,25 +237,53 @@ async fn measure_all(
         .parent()
         .map(|d| d.join("target-identity.kubeconfig"))
         .ok_or_else(|| anyhow!("the client's config has no directory"))?;
-    let token = crproxy_kube::Kubeconfig::load(&identity_kubeconfig)
+    let (user, token) = crproxy_kube::Kubeconfig::load(&identity_kubeconfig)
         .ok()
-        .and_then(|k| crproxy_kube::ClusterConfig::from_kubeconfig(&k, None).ok())
-        .and_then(|c| c.bearer_token().map(str::to_string))
+        .and_then(|k| {
+            let user = k.context(None).ok()?.context.user.clone();
+            let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&k, None).ok()?;
+            Some((user, cluster.bearer_token()?.to_string()))
+        })
         .ok_or_else(|| {
             anyhow!(
                 "no bearer token for the client identity in {}",
                 identity_kubeconfig.display()
             )
         })?;
-    let bearer = Identity::Bearer(token);
     let target_addr = env.target.addr();
-    let direct = Arc::new(Endpoint::new(
-        "direct",
-        target_addr,
-        Some(&env.target.ca_pem()),
-        &bearer,
-        options.protocol,
-    )?);
+    let target_ca = env.target.ca_pem();
+    let endpoint = |token: &str| {
+        Endpoint::new(
+            "direct",
+            target_addr,
+            Some(&target_ca),
+            &Identity::Bearer(token.to_string()),
+            options.protocol,
+        )
+    };
+    let mut direct = Arc::new(endpoint(&token)?);
+    let mut bearer = Identity::Bearer(token);
+    let mut child_replacements = Vec::new();
+    if !may_use_widgets(&direct).await? {
+        // The target does not authorize the identity (its authorizer does not
+        // evaluate RBAC yet): give the same user system:masters, on every path,
+        // so authorization costs the same everywhere.
+        let token = env
+            .target
+            .issue_token(&user, &["system:masters"])
+            .context("issuing a token on the target")?;
+        let kubeconfig = dir.join("bench-identity.kubeconfig");
+        std::fs::write(&kubeconfig, env.target.kubeconfig(&user, &token))?;
+        child_replacements.push((
+            identity_kubeconfig.display().to_string(),
+            kubeconfig.display().to_string(),
+        ));
+        direct = Arc::new(endpoint(&token)?);
+        bearer = Identity::Bearer(token);
+        notes.push(format!(
+            "the target refused {user} the widgets resource (its RBAC is not evaluated yet); every path used {user} in group system:masters instead, so only the child crproxy process could be measured"
+        ));
+    }
 
     // crproxy: a child process when the binary is there, else the in-process one.
     let front_proxy = Identity::FrontProxy {
@@ -271,7 +301,12 @@ async fn measure_all(
         match &binary {
             Some(binary) => {
                 eprintln!("starting {} run as a child process...", binary.display());
-                match ChildProxy::start(binary, &client.config_path, &dir.join("crproxy-child"))
+                match ChildProxy::start(
+                    binary,
+                    &client.config_path,
+                    &dir.join("crproxy-child"),
+                    &child_replacements,
+                )
                     .await
                 {
                     Ok(c) => child_proxy = Some(c),
@@ -679,6 +714,7 @@ where
     let mut rounds: Vec<Vec<RoundStats>> = vec![Vec::new(); lanes.len()];
     let mut cpu: Vec<(Duration, usize)> = vec![(Duration::ZERO, 0); lanes.len()];
     let mut first_errors: Vec<Option<String>> = vec![None; lanes.len()];
+    let mut errors = vec![0u64; lanes.len()];
     for round in 0..plan.rounds {
         for (i, lane) in lanes.iter().enumerate() {
             let lane_workers = std::mem::take(&mut workers[i]);
@@ -700,6 +736,7 @@ where
             if first_errors[i].is_none() {
                 first_errors[i] = result.first_error.clone();
             }
+            errors[i] += result.errors;
             if let Some(stats) =
                 RoundStats::from_samples(result.latencies, result.errors, Some(result.wall))
             {
@@ -710,6 +747,7 @@ where
     let measured: Vec<Measured> = (0..lanes.len())
         .map(|i| Measured {
             summary: Summary::of(&rounds[i]),
+            errors: errors[i],
             cpu_us: (cpu[i].1 > 0).then(|| cpu[i].0.as_secs_f64() * 1e6 / cpu[i].1 as f64),
             first_error: first_errors[i].take(),
         })
@@ -725,7 +763,7 @@ fn row_from(
     notes: &mut Vec<String>,
 ) -> Row {
     for (lane, m) in lanes.iter().zip(&measured) {
-        let errors = m.summary.as_ref().map(|s| s.errors).unwrap_or(0);
+        let errors = m.errors;
         if errors > 0 || m.summary.is_none() {
             notes.push(format!(
                 "{scenario} c={concurrency} on {}: {errors} errors; first: {}",
@@ -740,6 +778,7 @@ fn row_from(
                 &mut measured[i],
                 Measured {
                     summary: None,
+                    errors: 0,
                     cpu_us: None,
                     first_error: None,
                 },
@@ -834,7 +873,9 @@ async fn watch_row(
             ));
         }
         set.close();
+        let errors = rounds.iter().map(|r| r.errors).sum();
         measured.push(Measured {
+            errors,
             summary: Summary::of(&rounds),
             cpu_us: None,
             first_error,
@@ -943,6 +984,14 @@ async fn memory_phase(
         _ => None,
     };
     Ok((figures, idle, lists))
+}
+
+/// Whether the endpoint's identity may list widgets across namespaces.
+async fn may_use_widgets(direct: &Endpoint) -> Result<bool> {
+    let mut sender = direct.connect().await?;
+    let request = direct.request(Method::GET, "/apis/example.com/v1/widgets?limit=1", None)?;
+    let answer = driver::exchange(&mut sender, request, false).await?;
+    Ok(answer.status != http::StatusCode::FORBIDDEN)
 }
 
 /// Waits until a discovery request through the endpoint answers 200 (front-proxy
