@@ -106,13 +106,21 @@ pub struct ChildProxy {
 }
 
 impl ChildProxy {
-    /// Copies `config` into `dir` with free ports and starts `binary run` on it.
-    /// Returns once the proxy port accepts TCP connections; the caller checks
-    /// that requests go through.
-    pub async fn start(binary: &Path, config: &Path, dir: &Path) -> Result<Self, ChildError> {
+    /// Copies `config` into `dir` with free ports (and each `(from, to)` text
+    /// replacement applied) and starts `binary run` on it. Returns once the proxy
+    /// port accepts TCP connections; the caller checks that requests go through.
+    pub async fn start(
+        binary: &Path,
+        config: &Path,
+        dir: &Path,
+        replacements: &[(String, String)],
+    ) -> Result<Self, ChildError> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-        let text =
+        let mut text =
             std::fs::read_to_string(config).map_err(io(format!("reading {}", config.display())))?;
+        for (from, to) in replacements {
+            text = text.replace(from.as_str(), to);
+        }
         let port = free_port().map_err(io("finding a free port"))?;
         let metrics_port = free_port().map_err(io("finding a free port"))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
