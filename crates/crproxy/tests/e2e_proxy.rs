@@ -24,6 +24,7 @@ async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempD
         proxy_base_port: 0,
         metrics_port: 0,
         persistent: false,
+        share_ports: false,
     })
     .await?;
     Ok((env, dir))
@@ -381,7 +382,7 @@ async fn target_down_keeps_discovery_and_fails_requests_with_retryable_503() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_callers_without_the_front_proxy_certificate_get_401() -> Result<()> {
     let (env, _dir) = env(1, 1).await?;
-    let (_, addr) = &env.clients[0].proxy.servers[0];
+    let (_, addr) = &env.clients[0].proxy().expect("proxy running").servers[0];
     let url = format!("https://{addr}/apis/example.com/v1/namespaces/demo/widgets");
     let output = std::process::Command::new("curl")
         .args([
