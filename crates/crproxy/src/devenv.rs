@@ -320,7 +320,7 @@ impl DevEnv {
                     .ok()
                     .and_then(|s| condition_status(&s, "Available"))
                     == Some("True".into());
-                if available {
+                if available && lists_resource_in_discovery(&api, EXAMPLE_PLURAL).await {
                     break;
                 }
                 if tokio::time::Instant::now() >= deadline {
@@ -453,6 +453,33 @@ async fn start_client(
         link,
         replica: Some(replica),
     })
+}
+
+/// Whether the cluster's aggregated discovery (what kubectl reads) lists
+/// `plural` in the example group: the aggregator fetches a backend's discovery
+/// asynchronously, a moment after the APIService turns Available.
+async fn lists_resource_in_discovery(api: &crproxy_kube::Client, plural: &str) -> bool {
+    let request = http::Request::get("/apis")
+        .header(
+            http::header::ACCEPT,
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        )
+        .body(bytes::Bytes::new());
+    let Ok(request) = request else { return false };
+    let Ok(response) = api.request(request).await else {
+        return false;
+    };
+    let Ok(document) = serde_json::from_slice::<Value>(response.body()) else {
+        return false;
+    };
+    document["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g.pointer("/metadata/name").and_then(Value::as_str) == Some(EXAMPLE_GROUP))
+        .flat_map(|g| g["versions"].as_array().cloned().unwrap_or_default())
+        .flat_map(|v| v["resources"].as_array().cloned().unwrap_or_default())
+        .any(|r| r["resource"] == plural)
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
