@@ -275,6 +275,8 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
     handlers::bootstrap(&state);
     hooks::load_crds(&state);
     hooks::resume_namespace_cleanup(&state);
+    // Bootstrap writes are not watchable history, as on a compacted etcd.
+    state.store.compact_history();
 
     let addr = SocketAddr::new(cfg.bind, cfg.port);
     let (bound, listener) = bind(addr, state.clone(), tls.clone()).await?;

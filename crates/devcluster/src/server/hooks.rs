@@ -109,7 +109,11 @@ pub fn crd_changed(state: &Arc<State>, crd: &Value, deleted: bool) {
 
 /// Registers every stored CRD (at start).
 pub fn load_crds(state: &Arc<State>) {
-    let (crds, _) = state.store.list(&crd_gr(), None);
+    let (mut crds, _) = state.store.list(&crd_gr(), None);
+    crds.sort_by(|a, b| {
+        (meta_str(a, "creationTimestamp"), meta_str(a, "name"))
+            .cmp(&(meta_str(b, "creationTimestamp"), meta_str(b, "name")))
+    });
     for crd in crds {
         if let Some(info) = crate::crd::resource_info(&crd) {
             state.registry.put_crd(info);
