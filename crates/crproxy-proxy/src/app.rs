@@ -35,7 +35,10 @@ pub enum AppError {
     Server(#[from] ServerError),
     /// A group/version names a target that has no connection settings.
     #[error("group/version {group_version} is routed to target {target:?}, which has no entry under targets")]
-    UnknownTarget { group_version: String, target: String },
+    UnknownTarget {
+        group_version: String,
+        target: String,
+    },
     /// The target's TLS or credential settings are unusable.
     #[error("target {target:?}: {message}")]
     Target { target: String, message: String },
@@ -95,12 +98,17 @@ impl RunningProxy {
 pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProxy, AppError> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let trust = FrontProxyTrust::new();
-    if !frontproxy::load_trust(&setup.client, &trust).await {
-        tracing::warn!("front-proxy trust not loaded yet; callers get 401 until it is");
-    }
+    let loaded = match frontproxy::load_trust(&setup.client, &trust).await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "front-proxy trust not loaded yet; callers get 401 until it is");
+            false
+        }
+    };
     let mut background = vec![frontproxy::spawn_trust_refresh(
         setup.client.clone(),
         Arc::clone(&trust),
+        loaded,
     )];
     let tls = server::proxy_tls_config(&setup.serving, &trust)?;
 
@@ -146,7 +154,6 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             Dialer::new(Arc::new(tls_client), server_name),
             metrics.clone(),
         );
-        setup.metrics.register_pool(&target_label, &group_version, &pool);
         let connection = TargetConnection {
             pool: Arc::clone(&pool),
             authority,
@@ -219,14 +226,24 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
 fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let group_version = proxy.group_version.clone();
-        if !proxy.target.pool.wait_for_first_list(STARTUP_SYNC_TIMEOUT).await {
+        if !proxy
+            .target
+            .pool
+            .wait_for_first_list(STARTUP_SYNC_TIMEOUT)
+            .await
+        {
             tracing::warn!(group_version = %group_version, target = %proxy.target_name, "peer cache did not sync in time for the startup probe, requests fail with 503 until the first netmap arrives");
             return;
         }
         let path = format!("/apis/{group_version}");
         let probe = proxy
             .target
-            .send(Method::GET, &path, &HeaderMap::new(), transport::full(Bytes::new()))
+            .send(
+                Method::GET,
+                &path,
+                &HeaderMap::new(),
+                transport::full(Bytes::new()),
+            )
             .await;
         match probe {
             Ok(response) if response.status() == StatusCode::OK => {

@@ -165,6 +165,16 @@ impl GroupVersionProxy {
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
             ),
+            Some(_caller)
+                if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) =>
+            {
+                self.openapi_index()
+            }
+            Some(_caller)
+                if exchange.method == Method::GET && self.is_openapi_document(&exchange.path) =>
+            {
+                self.openapi_document(&exchange).await
+            }
             Some(_caller) => match kind {
                 Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
@@ -224,7 +234,8 @@ impl GroupVersionProxy {
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
         let attempt = tokio::time::timeout_at(
             exchange.deadline,
-            self.target.send(
+            self.target.send_before(
+                Some(exchange.deadline),
                 Method::GET,
                 &exchange.path_and_query(),
                 &exchange.headers,
@@ -263,6 +274,58 @@ impl GroupVersionProxy {
             Response::from_parts(parts, transport::full(bytes)),
             Reason::Upstream,
         )
+    }
+
+    // ---------------------------------------------------------------- OpenAPI
+
+    fn is_openapi_index(&self, path: &str) -> bool {
+        path == "/openapi/v3"
+    }
+
+    fn is_openapi_document(&self, path: &str) -> bool {
+        path.strip_prefix("/openapi/v3")
+            == Some(format!("/apis/{}/{}", self.group, self.version).as_str())
+    }
+
+    /// `/openapi/v3`: the aggregator asks which documents this server has; it has
+    /// exactly one, its own group/version's.
+    fn openapi_index(&self) -> Outcome {
+        let key = format!("apis/{}/{}", self.group, self.version);
+        let document = serde_json::json!({
+            "paths": { key.clone(): {"serverRelativeURL": format!("/openapi/v3/{key}")} }
+        });
+        Outcome::new(json_response(StatusCode::OK, &document), Reason::Upstream)
+    }
+
+    /// `/openapi/v3/apis/<group>/<version>`: the target's schema document, so
+    /// clients of the client cluster validate and explain proxied kinds exactly as
+    /// the target defines them. Schemas describe types, not objects, so nothing is
+    /// masked.
+    async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
+        let mut headers = exchange.headers.clone();
+        headers.remove(http::header::ACCEPT_ENCODING);
+        let attempt = tokio::time::timeout_at(
+            exchange.deadline,
+            self.target.send_before(
+                Some(exchange.deadline),
+                Method::GET,
+                &exchange.path_and_query(),
+                &headers,
+                transport::full(Bytes::new()),
+            ),
+        )
+        .await;
+        match flatten(attempt) {
+            Ok(response) if response.status().is_server_error() => self.upstream_failure(),
+            Ok(response) => {
+                let (parts, body) = response.into_parts();
+                Outcome::new(
+                    Response::from_parts(parts, transport::stream(body)),
+                    Reason::Upstream,
+                )
+            }
+            Err(e) => self.unavailable(e),
+        }
     }
 
     fn discovery_fallback(&self, request_reason: Reason, fallback_reason: Reason) -> Outcome {
@@ -377,7 +440,8 @@ impl GroupVersionProxy {
         headers.remove(http::header::ACCEPT_ENCODING);
         let attempt = tokio::time::timeout_at(
             exchange.deadline,
-            self.target.send(
+            self.target.send_before(
+                Some(exchange.deadline),
                 Method::GET,
                 &exchange.path_and_query(),
                 &headers,
@@ -482,7 +546,8 @@ impl GroupVersionProxy {
         let object_path = object_path(&self.group, &self.version, path);
         let attempt = tokio::time::timeout_at(
             exchange.deadline,
-            self.target.call(Method::GET, &object_path, None),
+            self.target
+                .call(exchange.deadline, Method::GET, &object_path, None),
         )
         .await;
         let (code, bytes) = flatten(attempt).map_err(|e| self.unavailable(e))?;
@@ -582,9 +647,11 @@ impl GroupVersionProxy {
         if lock(&self.target_namespaces).contains(namespace) {
             return Ok(());
         }
-        let attempt =
-            tokio::time::timeout_at(deadline, self.target.call(Method::GET, &client_path, None))
-                .await;
+        let attempt = tokio::time::timeout_at(
+            deadline,
+            self.target.call(deadline, Method::GET, &client_path, None),
+        )
+        .await;
         let (code, _) = flatten(attempt).map_err(|e| self.unavailable(e))?;
         if code == StatusCode::NOT_FOUND {
             tracing::info!(%namespace, target = %self.target_name, "creating namespace on target cluster");
@@ -596,6 +663,7 @@ impl GroupVersionProxy {
             let attempt = tokio::time::timeout_at(
                 deadline,
                 self.target.call(
+                    deadline,
                     Method::POST,
                     "/api/v1/namespaces",
                     Some(Bytes::from(manifest.to_string())),
@@ -630,7 +698,8 @@ impl GroupVersionProxy {
         body: ProxyBody,
         watch: bool,
     ) -> Outcome {
-        let sent = self.target.send(
+        let sent = self.target.send_before(
+            (!watch).then_some(exchange.deadline),
             exchange.method.clone(),
             path_and_query,
             &exchange.headers,
@@ -675,7 +744,7 @@ impl GroupVersionProxy {
     }
 
     fn unavailable(&self, error: ForwardError) -> Outcome {
-        if matches!(error, ForwardError::Deadline) {
+        if error.reason() == Reason::Deadline {
             self.metrics.termination(Reason::Deadline);
         }
         let cause = match &error {

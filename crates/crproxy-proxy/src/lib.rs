@@ -7,7 +7,7 @@
 //! → [`transport`] (send, stream, deadline) → [`metrics`]. [`app`] assembles it all
 //! from a validated configuration.
 
-// pub mod app; (enabled once the pool and kube client land)
+pub mod app;
 pub mod dial;
 pub mod fallback;
 pub mod frontproxy;

@@ -162,7 +162,7 @@ pub fn serve_metrics(
             tokio::spawn(async move {
                 let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                     let metrics = Arc::clone(&metrics);
-                    async move { Ok::<_, Infallible>(metrics_response(&metrics, request.uri().path())) }
+                    async move { Ok::<_, Infallible>(metrics_response(&metrics, &request)) }
                 });
                 let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tcp), service)
@@ -172,13 +172,17 @@ pub fn serve_metrics(
     })
 }
 
-fn metrics_response(metrics: &Metrics, path: &str) -> Response<ProxyBody> {
-    let (code, content_type, body): (StatusCode, &str, Bytes) = match path {
-        "/metrics" | "/metrics/syncer" => (
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode().into(),
-        ),
+fn metrics_response<B>(metrics: &Metrics, request: &Request<B>) -> Response<ProxyBody> {
+    let accept = request
+        .headers()
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let (code, content_type, body): (StatusCode, &str, Bytes) = match request.uri().path() {
+        "/metrics" | "/metrics/syncer" => {
+            // OpenMetrics for scrapers that ask for it, Prometheus text otherwise.
+            let (body, content_type) = metrics.encode_for_accept(accept);
+            (StatusCode::OK, content_type, body.into())
+        }
         "/healthz" | "/readyz" | "/livez" => (StatusCode::OK, "text/plain", "ok".into()),
         _ => (
             StatusCode::NOT_FOUND,

@@ -40,6 +40,9 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
     "transfer-encoding",
     "upgrade",
     "host",
+    // Bodies may be rewritten (ownership labels, preconditions); hyper derives the
+    // length from the body it actually sends.
+    "content-length",
 ];
 
 /// Identity prefixes the aggregator uses for the caller. The target must judge the
@@ -106,6 +109,20 @@ impl TargetConnection {
         caller_headers: &HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
+        self.send_before(None, method, path_and_query, caller_headers, body)
+            .await
+    }
+
+    /// [`TargetConnection::send`] for a request with a deadline: a dial still
+    /// running when it expires is counted as `deadline`, not `canceled`.
+    pub async fn send_before(
+        &self,
+        deadline: Option<Instant>,
+        method: Method,
+        path_and_query: &str,
+        caller_headers: &HeaderMap,
+        body: ProxyBody,
+    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
         let mut request = Request::builder()
             .method(method)
             .uri(path_and_query)
@@ -118,7 +135,10 @@ impl TargetConnection {
             }
         }
         self.stamp(headers)?;
-        let sender = self.pool.acquire().await?;
+        let sender = match deadline {
+            Some(deadline) => self.pool.acquire_before(deadline).await?,
+            None => self.pool.acquire().await?,
+        };
         sender
             .send(request)
             .await
@@ -129,6 +149,7 @@ impl TargetConnection {
     /// the response body is read whole.
     pub async fn call(
         &self,
+        deadline: Instant,
         method: Method,
         path: &str,
         body: Option<Bytes>,
@@ -145,7 +166,9 @@ impl TargetConnection {
             );
         }
         let body = full(body.unwrap_or_default());
-        let response = self.send(method, path, &headers, body).await?;
+        let response = self
+            .send_before(Some(deadline), method, path, &headers, body)
+            .await?;
         let status = response.status();
         let bytes = read_limited(response.into_body(), MAX_BUFFERED_BODY).await?;
         Ok((status, bytes))

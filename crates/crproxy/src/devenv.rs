@@ -226,7 +226,9 @@ async fn start_client(
 
     // The client's identity on the target, with just the rights the proxy needs.
     let identity = names::target_identity(project_namespace, &name);
-    let token = target.issue_token(&identity, &[]);
+    let token = target
+        .issue_token(&identity, &[])
+        .context("issuing the client identity's token on the target")?;
     grant_target_access(&admin_client(target)?, &identity).await?;
     let identity_kubeconfig = dir.join("target-identity.kubeconfig");
     std::fs::write(
@@ -235,7 +237,9 @@ async fn start_client(
     )?;
 
     let proxy_base_port = if options.proxy_base_port == 0 {
-        0
+        // The configuration requires a real port (replicas must agree on it), so
+        // "any free port" is resolved here.
+        free_port()?
     } else {
         options.proxy_base_port + (index as u16) * 10
     };
@@ -281,6 +285,12 @@ async fn start_client(
         config_path,
         wiring,
     })
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
 }
 
 fn admin_client(cluster: &devcluster::DevCluster) -> Result<crproxy_kube::Client> {

@@ -182,13 +182,16 @@ pub fn setup(
     let client = crproxy_kube::Client::new(client_cluster)?;
     let mut targets = Vec::new();
     for target in &config.targets {
-        let project = target
-            .project
-            .clone()
-            .unwrap_or_else(|| config.client.project.clone());
+        let project = target.project.clone();
         let cluster = cluster_from(&loaded.base_dir, Some(&target.kubeconfig))
             .with_context(|| format!("target {project}/{}", target.name))?;
-        let peers = peer_source(&loaded.base_dir, &target.peers, &cluster)?;
+        let source = target.peers.source().ok_or_else(|| {
+            anyhow!(
+                "target {project}/{}: exactly one peer source is required",
+                target.name
+            )
+        })?;
+        let peers = peer_source(&loaded.base_dir, &source, &cluster)?;
         targets.push(TargetSetup {
             name: target.name.clone(),
             project,
@@ -197,10 +200,16 @@ pub fn setup(
         });
     }
     let bind: IpAddr = config.proxy.bind_address.parse().with_context(|| {
-        format!("proxy.bindAddress: {:?} is not an IP address", config.proxy.bind_address)
+        format!(
+            "proxy.bindAddress: {:?} is not an IP address",
+            config.proxy.bind_address
+        )
     })?;
     let metrics_addr: SocketAddr = config.proxy.metrics_address.parse().with_context(|| {
-        format!("proxy.metricsAddress: {:?} is not host:port", config.proxy.metrics_address)
+        format!(
+            "proxy.metricsAddress: {:?} is not host:port",
+            config.proxy.metrics_address
+        )
     })?;
     Ok(ProxySetup {
         owner: Owner {
@@ -245,21 +254,6 @@ fn peer_source(
     })
 }
 
-/// Leader election and registration for one proxy process.
-pub struct WiringHandle {
-    leader: crproxy_wiring::LeaderHandle,
-    registrar: tokio::task::JoinHandle<()>,
-}
-
-impl WiringHandle {
-    /// Stops registering and hands leadership back so another replica takes over
-    /// at once.
-    pub async fn stop(self) {
-        self.registrar.abort();
-        self.leader.release().await;
-    }
-}
-
 /// Starts leader election in the client cluster and, while leader, keeps the
 /// Service, APIService and protection policy of every group/version in place.
 pub async fn start_wiring(
@@ -267,7 +261,7 @@ pub async fn start_wiring(
     proxy: &RunningProxy,
     serving_ca_pem: &str,
     identity: &str,
-) -> Result<WiringHandle> {
+) -> Result<crproxy_wiring::WiringHandle> {
     let config = &loaded.config;
     let cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())?;
     let client = crproxy_kube::Client::new(cluster)?;
@@ -318,7 +312,7 @@ pub async fn start_wiring(
         leader.clone(),
         Duration::from_secs(10),
     );
-    Ok(WiringHandle { leader, registrar })
+    Ok(crproxy_wiring::WiringHandle::new(leader, registrar))
 }
 
 /// `crproxy run --config FILE`: serve until SIGTERM or Ctrl-C, then shut down

@@ -31,15 +31,14 @@ async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempD
 
 /// Runs kubectl off the runtime and returns (success, stdout, stderr).
 async fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let kubeconfig = kubeconfig.to_path_buf();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let stdin = stdin.map(str::to_string);
-    tokio::task::spawn_blocking(move || {
-        test_support::kubectl_with_input(&kubeconfig, &args, stdin.as_deref())
-    })
-    .await
-    .map(|o| (o.success, o.stdout, o.stderr))
-    .unwrap_or((false, String::new(), "kubectl task panicked".into()))
+    let output = match stdin {
+        Some(input) => {
+            test_support::kubectl_stdin_async(kubeconfig, args, input, Duration::from_secs(30))
+                .await
+        }
+        None => test_support::kubectl_async(kubeconfig, args).await,
+    };
+    (output.success(), output.stdout, output.stderr)
 }
 
 async fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> Result<String> {
@@ -298,7 +297,7 @@ async fn watch_through_the_client_sees_added_modified_deleted() -> Result<()> {
     let watcher = {
         let client = client.clone();
         tokio::task::spawn_blocking(move || {
-            test_support::kubectl_with_input(
+            test_support::kubectl_with_timeout(
                 &client,
                 &[
                     "-n",
@@ -309,10 +308,8 @@ async fn watch_through_the_client_sees_added_modified_deleted() -> Result<()> {
                     "--output-watch-events",
                     "-o",
                     "custom-columns=EVENT:.type,NAME:.object.metadata.name",
-                    "--request-timeout=8s",
-                ]
-                .map(String::from),
-                None,
+                ],
+                Duration::from_secs(8),
             )
         })
     };
@@ -350,7 +347,7 @@ async fn target_down_keeps_discovery_and_fails_requests_with_retryable_503() -> 
     let (env, _dir) = env(1, 1).await?;
     let client = &env.clients[0].kubeconfig;
     kubectl_ok(client, &["create", "namespace", "demo"]).await?;
-    env.target.stop_listener(env.target_replicas[0]).await;
+    env.target.stop_listener(env.target_replicas[0])?;
     let resources = kubectl_ok(
         client,
         &["api-resources", "--api-group=example.com", "-o", "name"],
@@ -409,10 +406,10 @@ async fn direct_callers_without_the_front_proxy_certificate_get_401() -> Result<
 async fn users_without_client_rbac_are_refused_by_the_client_api_server() -> Result<()> {
     let (env, dir) = env(1, 1).await?;
     let cluster = &env.clients[0].cluster;
-    let token = cluster.issue_token("mallory", &[]);
+    let token = cluster.issue_token("mallory", &[])?;
     let kubeconfig = dir.path().join("mallory.kubeconfig");
     let admin = std::fs::read_to_string(&env.clients[0].kubeconfig)?;
-    let mut doc: Value = serde_saphyr_or_json(&admin)?;
+    let mut doc: Value = parse_kubeconfig(&admin)?;
     doc["users"][0]["user"] = json!({"token": token});
     std::fs::write(&kubeconfig, doc.to_string())?;
     let (ok, _, err) = kubectl(&kubeconfig, &["-n", "default", "get", "widgets"], None).await;
@@ -424,8 +421,8 @@ async fn users_without_client_rbac_are_refused_by_the_client_api_server() -> Res
     Ok(())
 }
 
-fn serde_saphyr_or_json(text: &str) -> Result<Value> {
+fn parse_kubeconfig(text: &str) -> Result<Value> {
     serde_json::from_str(text)
-        .or_else(|_| test_support::yaml_to_json(text))
+        .or_else(|_| serde_saphyr::from_str(text))
         .context("parsing kubeconfig")
 }

@@ -153,8 +153,13 @@ fn evaluate_policy(
     );
 
     let eval = |ctx: &Context, expression: &str| -> Result<CelValue, String> {
-        let program = env.compile(expression).map_err(|e| e.to_string())?;
-        program.execute(ctx).map_err(|e| e.to_string())
+        // Expressions are user input and the CEL crate is young: a panic inside it
+        // becomes an evaluation error (handled by failurePolicy), not a dead request.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let program = env.compile(expression).map_err(|e| e.to_string())?;
+            program.execute(ctx).map_err(|e| e.to_string())
+        }))
+        .unwrap_or_else(|_| Err("internal error evaluating the expression".to_string()))
     };
 
     for condition in spec["matchConditions"].as_array().into_iter().flatten() {

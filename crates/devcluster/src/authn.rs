@@ -66,7 +66,9 @@ impl Authenticator {
         let mut tokens = HashMap::new();
         for (index, line) in tokens_csv.lines().enumerate() {
             let line_no = index + 1;
-            if line.trim().is_empty() {
+            // Blank lines carry no record for Go's csv reader; `#` lines are accepted
+            // as comments so generated files can explain themselves.
+            if line.trim().is_empty() || line.trim_start().starts_with('#') {
                 continue;
             }
             let fields = split_csv_line(line).map_err(|reason| AuthnError::TokenFile {
@@ -84,10 +86,12 @@ impl Authenticator {
             }
             let token = fields[0].trim().to_string();
             if token.is_empty() {
-                return Err(AuthnError::TokenFile {
-                    line: line_no,
-                    reason: "the token column is empty".into(),
-                });
+                // kube warns and skips such a record.
+                tracing::warn!(
+                    line = line_no,
+                    "empty token in the token file; record ignored"
+                );
+                continue;
             }
             let groups = fields
                 .get(3)
@@ -123,6 +127,17 @@ impl Authenticator {
         // still a valid map, so keep serving.
         let mut tokens = self.tokens.write().unwrap_or_else(|e| e.into_inner());
         tokens.insert(token.into(), user);
+    }
+
+    /// The first token (in sort order) of a user, for writing kubeconfigs.
+    pub fn token_of(&self, user: &str) -> Option<String> {
+        let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
+        tokens
+            .iter()
+            .filter(|(_, u)| u.name == user)
+            .map(|(t, _)| t)
+            .min()
+            .cloned()
     }
 
     /// Sets the audiences reported by TokenReview (kube's `--api-audiences`).
@@ -337,9 +352,14 @@ pub fn impersonate(
             .map(String::from)
             .collect()
     };
-    let target_user = header_values(IMPERSONATE_USER).into_iter().next();
+    // Empty values count as absent, as Go's `Header.Get` + length checks do.
+    let target_user = header_values(IMPERSONATE_USER)
+        .into_iter()
+        .find(|v| !v.is_empty());
     let groups = header_values(IMPERSONATE_GROUP);
-    let uid = header_values(IMPERSONATE_UID).into_iter().next();
+    let uid = header_values(IMPERSONATE_UID)
+        .into_iter()
+        .find(|v| !v.is_empty());
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in headers {
         if let Some(raw_key) = name.as_str().strip_prefix(IMPERSONATE_EXTRA_PREFIX) {
@@ -352,6 +372,9 @@ pub fn impersonate(
         }
     }
 
+    if target_user.is_none() && groups.is_empty() && extra.is_empty() && uid.is_none() {
+        return Ok(user.clone());
+    }
     let Some(target_user) = target_user else {
         let mut requested = Vec::new();
         requested.extend(groups.iter().map(|g| format!("group {g:?}")));

@@ -36,6 +36,9 @@ pub enum Error {
     #[error("{path}: {message}")]
     Format { path: PathBuf, message: String },
     /// The named listener does not exist (already stopped, or never added).
+    /// The aggregation layer could not start (its front-proxy certificate is unusable).
+    #[error("aggregation: {0}")]
+    Aggregation(String),
     #[error("no listener on {0}")]
     NoListener(std::net::SocketAddr),
 }

@@ -143,6 +143,17 @@ fn visit_rules(
     }
 }
 
+/// The rules kube's ClusterRole aggregation controller would write into `name`:
+/// `Some` for a ClusterRole with an `aggregationRule`, `None` otherwise. Lets the
+/// server keep stored aggregated roles readable (`kubectl get clusterrole admin`);
+/// authorization resolves aggregation itself and does not depend on it.
+pub fn aggregated_rules(s: &RbacSnapshot, name: &str) -> Option<Vec<Value>> {
+    let role = s.cluster_roles.iter().find(|r| name_of(r) == name)?;
+    role["aggregationRule"]
+        .is_object()
+        .then(|| cluster_role_rules(s, name))
+}
+
 /// The rules of a ClusterRole, resolving aggregation (cycles and depth bounded).
 fn cluster_role_rules(s: &RbacSnapshot, name: &str) -> Vec<Value> {
     let mut seen = BTreeSet::new();
@@ -678,6 +689,42 @@ pub fn authorize_attributes_from_request(
         namespace,
         name,
         path: path.to_string(),
+    }
+}
+
+/// The whole "who is it and may they" front of the request pipeline, in kube's
+/// order: authenticate (401), apply `Impersonate-*` headers (403/500), resolve the
+/// request attributes and authorize them (403). `Ok` carries the attributes of the
+/// effective (possibly impersonated) user; `Err` the HTTP code and Status body.
+///
+/// The caller must not forward `Authorization` or `Impersonate-*` anywhere after
+/// this (the aggregation proxy drops them).
+pub fn check_request(
+    authn: &crate::authn::Authenticator,
+    snapshot: &RbacSnapshot,
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+    headers: &http::HeaderMap,
+    peer_cert: Option<&rustls_pki_types::CertificateDer<'_>>,
+) -> Result<RequestAttributes, (u16, Value)> {
+    let user = authn
+        .authenticate(headers, peer_cert)
+        .map_err(|_| (401, crate::authn::unauthorized_status()))?;
+    let user = crate::authn::impersonate(&user, headers, |a| {
+        authorize(snapshot, a) == Decision::Allow
+    })
+    .map_err(|status| {
+        let code = status["code"]
+            .as_u64()
+            .and_then(|c| u16::try_from(c).ok())
+            .unwrap_or(403);
+        (code, status)
+    })?;
+    let attrs = authorize_attributes_from_request(method, path, query, user);
+    match authorize(snapshot, &attrs) {
+        Decision::Allow => Ok(attrs),
+        Decision::Deny => Err((403, forbidden_status(&attrs))),
     }
 }
 

@@ -6,14 +6,21 @@
 //!    `Warning: 299` header or, with `fieldValidation=Strict`, as a 400
 //!    ([`strict_decoding_error`]),
 //! 2. applies `default`s ([`StructuralSchema::apply_defaults`]),
-//! 3. validates ([`StructuralSchema::validate`]) and answers 422 with
-//!    [`invalid_status`] when causes remain.
+//! 3. validates ([`StructuralSchema::validate`] on create,
+//!    [`StructuralSchema::validate_update`] with the stored object on update, so
+//!    CEL transition rules see `oldSelf`) and answers 422 with [`invalid_status`]
+//!    when causes remain.
+//!
+//! Validation covers the OpenAPI keywords structural schemas allow, string
+//! formats, `x-kubernetes-list-type` uniqueness and `x-kubernetes-validations`
+//! CEL rules (see the `cel` submodule).
 //!
 //! Messages follow kube-apiserver 1.32 byte for byte where a client can see them
 //! (kubectl prints them verbatim), which is why the formatting helpers below mimic
 //! Go's `%v`/`%q` rendering of values.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use regex::Regex;
 use serde_json::{json, Map, Value};
@@ -28,6 +35,14 @@ pub enum SchemaError {
     /// A keyword has a value of the wrong JSON type (for example `maximum: "ten"`).
     #[error("schema at {path:?}: keyword {keyword:?} has a value of the wrong type")]
     BadKeyword { path: String, keyword: String },
+    /// An `x-kubernetes-validations` rule (or message expression) is not valid
+    /// CEL. Fix the rule in the CRD.
+    #[error("schema at {path:?}: validation rule {rule:?} does not compile: {message}")]
+    BadRule {
+        path: String,
+        rule: String,
+        message: String,
+    },
     /// A `pattern` is not a regular expression the server can evaluate.
     #[error("schema at {path:?}: pattern {pattern:?} does not compile")]
     BadPattern {
@@ -108,6 +123,28 @@ impl Cause {
             value,
             &detail,
         )
+    }
+
+    /// `FieldValueTooLong`: `Too long: may not be more than <max> bytes` (kube
+    /// leaves the value out).
+    pub fn too_long(field: &str, max: u64) -> Cause {
+        let unit = if max == 1 { "byte" } else { "bytes" };
+        Cause::without_value(
+            "FieldValueTooLong",
+            "Too long",
+            field,
+            &format!("may not be more than {max} {unit}"),
+        )
+    }
+
+    /// `FieldValueDuplicate`: `Duplicate value: <value>`.
+    pub fn duplicate(field: &str, value: &Value) -> Cause {
+        Cause::with_value("FieldValueDuplicate", "Duplicate value", field, value, "")
+    }
+
+    /// `FieldValueNotFound`: `Not found: <value>`.
+    pub fn not_found(field: &str, value: &Value) -> Cause {
+        Cause::with_value("FieldValueNotFound", "Not found", field, value, "")
     }
 
     fn with_value(reason: &str, kind: &str, field: &str, value: &Value, detail: &str) -> Cause {
@@ -247,11 +284,14 @@ const OBJECT_META_FIELDS: &[&str] = &[
 #[derive(Clone, Debug, Default)]
 pub struct StructuralSchema {
     root: Node,
+    /// Whether any node carries `x-kubernetes-validations`.
+    has_rules: bool,
 }
 
 #[derive(Clone, Debug, Default)]
 struct Node {
     type_: Option<String>,
+    format: Option<String>,
     nullable: bool,
     int_or_string: bool,
     preserve_unknown: bool,
@@ -278,6 +318,9 @@ struct Node {
     max_properties: Option<u64>,
     min_properties: Option<u64>,
     default: Option<Value>,
+    list_type: Option<String>,
+    list_map_keys: Vec<String>,
+    rules: Vec<Arc<cel::Rule>>,
 }
 
 impl StructuralSchema {
@@ -286,9 +329,21 @@ impl StructuralSchema {
     /// Keywords devcluster does not evaluate (`allOf`, `x-kubernetes-validations`,
     /// `description`, ...) are accepted and ignored.
     pub fn from_json(schema: &Value) -> Result<Self, SchemaError> {
+        let root = Node::parse(schema, "")?;
         Ok(StructuralSchema {
-            root: Node::parse(schema, "")?,
+            has_rules: root.has_rules(),
+            root,
         })
+    }
+
+    /// The schema of one element of a CRD's `spec.versions`
+    /// (`schema.openAPIV3Schema`); a version without one accepts and keeps
+    /// everything.
+    pub fn from_crd_version(version: &Value) -> Result<Self, SchemaError> {
+        match version.pointer("/schema/openAPIV3Schema") {
+            Some(s) => StructuralSchema::from_json(s),
+            None => Ok(StructuralSchema::preserve_all()),
+        }
     }
 
     /// A schema that accepts and keeps everything (CRDs without a schema).
@@ -299,14 +354,48 @@ impl StructuralSchema {
                 preserve_unknown: true,
                 ..Node::default()
             },
+            has_rules: false,
         }
     }
 
     /// Validates `object` (a whole custom resource) and returns kube's causes in
     /// kube's order. An empty vector means valid.
     pub fn validate(&self, object: &Value) -> Vec<Cause> {
+        self.validate_update(object, None)
+    }
+
+    /// [`validate`](Self::validate) for an update from `old`: transition rules
+    /// (`x-kubernetes-validations` reading `oldSelf`) run too, with `oldSelf`
+    /// taken from the same field of `old`.
+    ///
+    /// Order as in kube: schema errors, duplicate items of `set`/`map` lists,
+    /// then rule failures. Rules are skipped, with a single `<nil>` cause saying
+    /// so, when a type, required, enum or size error was found first.
+    pub fn validate_update(&self, object: &Value, old: Option<&Value>) -> Vec<Cause> {
         let mut out = Vec::new();
         self.root.validate(object, "", &mut out);
+        self.root.validate_list_types(object, "", &mut out);
+        if self.has_rules {
+            let blocking = out.iter().any(|c| {
+                matches!(
+                    c.reason.as_str(),
+                    "FieldValueNotSupported"
+                        | "FieldValueRequired"
+                        | "FieldValueTooLong"
+                        | "FieldValueTooMany"
+                        | "FieldValueTypeInvalid"
+                )
+            });
+            if blocking {
+                out.push(Cause::invalid(
+                    "<nil>",
+                    &Value::Null,
+                    "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+                ));
+            } else {
+                self.root.validate_rules(object, old, "", &mut out);
+            }
+        }
         out
     }
 
@@ -321,9 +410,31 @@ impl StructuralSchema {
         pruned
     }
 
-    /// Fills in `default` values of absent (or null, non-nullable) fields.
+    /// Fills in `default` values of absent fields, and of null fields that are
+    /// not nullable. Null non-nullable fields without a default are removed, as
+    /// kube's decoder does, so validation then reports them as missing.
     pub fn apply_defaults(&self, object: &mut Value) {
         self.root.default_into(object);
+    }
+
+    /// `x-kubernetes-list-type` (`atomic`, `set` or `map`) and
+    /// `x-kubernetes-list-map-keys` of the list reached by the field names
+    /// `fields` (list positions left out: `["status", "conditions"]`). None when
+    /// the path leaves the schema or the list declares no type.
+    pub fn list_type(&self, fields: &[&str]) -> Option<(&str, &[String])> {
+        let mut node = &self.root;
+        for f in fields {
+            while let Some(items) = &node.items {
+                node = items;
+            }
+            node = match node.properties.get(*f) {
+                Some(n) => n,
+                None => node.additional.as_deref()?,
+            };
+        }
+        node.list_type
+            .as_deref()
+            .map(|t| (t, node.list_map_keys.as_slice()))
     }
 
     /// Whether the root keeps arbitrary fields (`x-kubernetes-preserve-unknown-fields`
@@ -372,6 +483,7 @@ impl Node {
             .ok_or_else(|| SchemaError::NotAnObject { path: path.into() })?;
         let mut n = Node {
             type_: m.get("type").and_then(Value::as_str).map(str::to_string),
+            format: m.get("format").and_then(Value::as_str).map(str::to_string),
             nullable: get_bool(m, "nullable"),
             int_or_string: get_bool(m, "x-kubernetes-int-or-string"),
             preserve_unknown: get_bool(m, "x-kubernetes-preserve-unknown-fields"),
@@ -430,6 +542,24 @@ impl Node {
                 .map(str::to_string)
                 .collect();
         }
+        n.list_type = m
+            .get("x-kubernetes-list-type")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Some(keys) = m
+            .get("x-kubernetes-list-map-keys")
+            .and_then(Value::as_array)
+        {
+            n.list_map_keys = keys
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect();
+        }
+        n.rules = cel::Rule::parse_all(m.get("x-kubernetes-validations"), path)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
         if let Some(e) = m.get("enum").and_then(Value::as_array) {
             n.enum_ = Some(e.clone());
         }
@@ -437,33 +567,17 @@ impl Node {
     }
 
     fn validate(&self, v: &Value, path: &str, out: &mut Vec<Cause>) {
-        // Type first: on a type mismatch kube reports only that for the node.
-        if v.is_null() {
-            if self.nullable || (self.type_.is_none() && !self.int_or_string) {
-                return;
+        // kube-openapi's order: type, string, format, number, list, enum, object.
+        // Value checks only apply to values of the right type, but the enum check
+        // runs even after a type error.
+        let type_ok = self.check_type(v, path, out);
+        if type_ok {
+            match v {
+                Value::String(s) => self.validate_string(s, v, path, out),
+                Value::Number(_) => self.validate_number(v, path, out),
+                Value::Array(items) => self.validate_array(items, v, path, out),
+                _ => {}
             }
-            let want = self.type_name();
-            out.push(type_cause(path, &want, "null"));
-            return;
-        }
-        let actual = json_type(v);
-        if self.int_or_string {
-            if actual != "integer" && actual != "string" {
-                out.push(type_cause(path, "integer-or-string", actual));
-                return;
-            }
-        } else if let Some(t) = &self.type_ {
-            let ok = t == actual || (t == "number" && actual == "integer");
-            if !ok {
-                out.push(type_cause(path, t, actual));
-                return;
-            }
-        }
-        match v {
-            Value::String(s) => self.validate_string(s, v, path, out),
-            Value::Number(_) => self.validate_number(v, path, out),
-            Value::Array(items) => self.validate_array(items, v, path, out),
-            _ => {}
         }
         if let Some(allowed) = &self.enum_ {
             if !allowed.iter().any(|a| json_equal(a, v)) {
@@ -477,8 +591,156 @@ impl Node {
                 out.push(Cause::not_supported(path, v, &names));
             }
         }
-        if let Value::Object(m) = v {
+        if let (true, Value::Object(m)) = (type_ok, v) {
             self.validate_object(m, path, out);
+        }
+    }
+
+    /// Pushes a type cause and returns false when `v` does not have the
+    /// schema's type (null counts as a type unless the node is nullable).
+    fn check_type(&self, v: &Value, path: &str, out: &mut Vec<Cause>) -> bool {
+        if v.is_null() {
+            if self.nullable || (self.type_.is_none() && !self.int_or_string) {
+                return true;
+            }
+            out.push(type_cause(path, &self.type_name(), "null"));
+            return false;
+        }
+        let actual = json_type(v);
+        let ok = if self.int_or_string {
+            actual == "integer" || actual == "string"
+        } else {
+            match &self.type_ {
+                Some(t) => t == actual || (t == "number" && actual == "integer"),
+                None => true,
+            }
+        };
+        if !ok {
+            out.push(type_cause(path, &self.type_name(), actual));
+        }
+        ok
+    }
+
+    fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
+            || self.properties.values().any(Node::has_rules)
+            || self.additional.as_ref().is_some_and(|n| n.has_rules())
+            || self.items.as_ref().is_some_and(|n| n.has_rules())
+    }
+
+    /// Children of an object value with their schemas, properties first (in
+    /// name order), then `additionalProperties` entries.
+    fn children<'v>(&'v self, m: &'v Map<String, Value>) -> Vec<(&'v String, &'v Node, &'v Value)> {
+        let mut out: Vec<(&String, &Node, &Value)> = self
+            .properties
+            .iter()
+            .filter_map(|(k, n)| m.get(k).map(|v| (k, n, v)))
+            .collect();
+        if let Some(add) = &self.additional {
+            out.extend(
+                m.iter()
+                    .filter(|(k, _)| !self.properties.contains_key(*k))
+                    .map(|(k, v)| (k, add.as_ref(), v)),
+            );
+        }
+        out
+    }
+
+    /// Duplicate items of `x-kubernetes-list-type: set` lists and duplicate
+    /// keys of `map` lists.
+    fn validate_list_types(&self, v: &Value, path: &str, out: &mut Vec<Cause>) {
+        match v {
+            Value::Object(m) => {
+                for (k, n, c) in self.children(m) {
+                    n.validate_list_types(c, &child_path(path, k), out);
+                }
+            }
+            Value::Array(items) => {
+                let identity = |item: &Value| -> Option<Value> {
+                    match self.list_type.as_deref() {
+                        Some("set") => Some(item.clone()),
+                        Some("map") => {
+                            let mut key = Map::new();
+                            for k in &self.list_map_keys {
+                                if let Some(x) = item.get(k.as_str()) {
+                                    key.insert(k.clone(), x.clone());
+                                }
+                            }
+                            Some(Value::Object(key))
+                        }
+                        _ => None,
+                    }
+                };
+                let ids: Vec<Option<Value>> = items.iter().map(identity).collect();
+                for (i, id) in ids.iter().enumerate() {
+                    if let Some(id) = id {
+                        if ids[..i]
+                            .iter()
+                            .any(|p| p.as_ref().is_some_and(|p| json_equal(p, id)))
+                        {
+                            out.push(Cause::duplicate(&format!("{path}[{i}]"), id));
+                        }
+                    }
+                }
+                if let Some(item_schema) = &self.items {
+                    for (i, item) in items.iter().enumerate() {
+                        item_schema.validate_list_types(item, &format!("{path}[{i}]"), out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Runs `x-kubernetes-validations` rules, the node's own before its
+    /// children's.
+    fn validate_rules(&self, v: &Value, old: Option<&Value>, path: &str, out: &mut Vec<Cause>) {
+        if v.is_null() {
+            return;
+        }
+        let type_value = Value::String(
+            self.type_
+                .clone()
+                .unwrap_or_else(|| json_type(v).to_string()),
+        );
+        for rule in &self.rules {
+            if rule.transition && old.is_none() {
+                continue;
+            }
+            let Err(failure) = rule.check(v, old) else {
+                continue;
+            };
+            // kube's root field path is nil, printed `<nil>`.
+            let field = match &rule.field_path {
+                Some(fp) => child_path(path, fp.trim().trim_start_matches('.')),
+                None if path.is_empty() => "<nil>".to_string(),
+                None => path.to_string(),
+            };
+            out.push(match failure {
+                cel::Failure::Error(msg) => Cause::invalid(&field, &type_value, &msg),
+                cel::Failure::False(detail) => match rule.reason.as_deref() {
+                    Some("FieldValueForbidden") => Cause::forbidden(&field, &detail),
+                    Some("FieldValueRequired") => Cause::required(&field, &detail),
+                    Some("FieldValueDuplicate") => Cause::duplicate(&field, &type_value),
+                    _ => Cause::invalid(&field, &type_value, &detail),
+                },
+            });
+        }
+        match v {
+            Value::Object(m) => {
+                for (k, n, c) in self.children(m) {
+                    let old_child = old.and_then(|o| o.get(k.as_str()));
+                    n.validate_rules(c, old_child, &child_path(path, k), out);
+                }
+            }
+            Value::Array(items) => {
+                if let Some(item_schema) = &self.items {
+                    for (i, item) in items.iter().enumerate() {
+                        item_schema.validate_rules(item, None, &format!("{path}[{i}]"), out);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 
@@ -494,12 +756,7 @@ impl Node {
         let len = s.chars().count() as u64;
         if let Some(max) = self.max_length {
             if len > max {
-                let unit = if max == 1 { "byte" } else { "bytes" };
-                out.push(Cause {
-                    reason: "FieldValueTooLong".into(),
-                    message: format!("Too long: may not be more than {max} {unit}"),
-                    field: path.into(),
-                });
+                out.push(Cause::too_long(path, max));
             }
         }
         if let Some(min) = self.min_length {
@@ -518,6 +775,19 @@ impl Node {
                     v,
                     &format!("{path} in body should match '{src}'"),
                 ));
+            }
+        }
+        if let Some(f) = &self.format {
+            if !format_ok(f, s) {
+                out.push(Cause {
+                    reason: "FieldValueTypeInvalid".into(),
+                    message: format!(
+                        "Invalid value: {}: {path} in body must be of type {f}: {}",
+                        go_quote(s),
+                        go_quote(s)
+                    ),
+                    field: path.into(),
+                });
             }
         }
     }
@@ -574,6 +844,12 @@ impl Node {
     }
 
     fn validate_array(&self, items: &[Value], _v: &Value, path: &str, out: &mut Vec<Cause>) {
+        // Items first, then the list's own bounds, as kube-openapi orders them.
+        if let Some(item_schema) = &self.items {
+            for (i, item) in items.iter().enumerate() {
+                item_schema.validate(item, &format!("{path}[{i}]"), out);
+            }
+        }
         let n = items.len() as u64;
         if let Some(min) = self.min_items {
             if n < min {
@@ -600,11 +876,6 @@ impl Node {
                     &json!(""),
                     &format!("{path} in body shouldn't contain duplicates"),
                 ));
-            }
-        }
-        if let Some(item_schema) = &self.items {
-            for (i, item) in items.iter().enumerate() {
-                item_schema.validate(item, &format!("{path}[{i}]"), out);
             }
         }
     }
@@ -702,8 +973,16 @@ impl Node {
                         Some(_) => false,
                     };
                     if absent {
-                        if let Some(d) = &sub.default {
-                            m.insert(k.clone(), d.clone());
+                        match &sub.default {
+                            Some(d) => {
+                                m.insert(k.clone(), d.clone());
+                            }
+                            // kube drops nulls of non-nullable fields without a
+                            // default, so they read as absent (`Required value`
+                            // rather than a type error).
+                            None => {
+                                m.remove(k);
+                            }
                         }
                     }
                     if let Some(child) = m.get_mut(k) {
@@ -711,6 +990,9 @@ impl Node {
                     }
                 }
                 if let Some(add) = &self.additional {
+                    if !add.nullable {
+                        m.retain(|k, v| self.properties.contains_key(k) || !v.is_null());
+                    }
                     for (k, child) in m.iter_mut() {
                         if !self.properties.contains_key(k) {
                             add.default_into(child);
@@ -727,6 +1009,34 @@ impl Node {
             }
             _ => {}
         }
+    }
+}
+
+/// Checks the string formats kube validates for custom resources; other
+/// formats are accepted as kube ignores them.
+fn format_ok(format: &str, s: &str) -> bool {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match format {
+        "date-time" | "datetime" => {
+            chrono::DateTime::parse_from_rfc3339(s).is_ok()
+                || chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f").is_ok()
+        }
+        "date" => chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").is_ok(),
+        "uuid" | "uuid3" | "uuid4" | "uuid5" => uuid::Uuid::try_parse(s).is_ok(),
+        "byte" => {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.decode(s).is_ok()
+        }
+        "ipv4" => s.parse::<Ipv4Addr>().is_ok(),
+        "ipv6" => s.parse::<Ipv6Addr>().is_ok(),
+        "cidr" => s.split_once('/').is_some_and(|(ip, bits)| {
+            match (ip.parse::<IpAddr>(), bits.parse::<u8>()) {
+                (Ok(IpAddr::V4(_)), Ok(b)) => b <= 32,
+                (Ok(IpAddr::V6(_)), Ok(b)) => b <= 128,
+                _ => false,
+            }
+        }),
+        _ => true,
     }
 }
 
@@ -833,6 +1143,8 @@ pub(crate) fn go_value(v: &Value) -> String {
         other => other.to_string(),
     }
 }
+
+mod cel;
 
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,7 @@
 //! kubeconfig, database), TLS listeners (HTTP/1.1 and HTTP/2 by ALPN, optional
 //! client certificates), and the handle the embedding code and tests use.
 
+mod aggregated;
 mod auth;
 mod handlers;
 mod hooks;
@@ -66,6 +67,8 @@ pub(crate) struct State {
     /// Flips to true at shutdown; watches and controllers stop.
     pub shutdown: watch::Receiver<bool>,
     pub ns_cleanups: Mutex<HashSet<String>>,
+    /// Forwards requests for APIServices backed by a service; set once at start.
+    pub aggregator: std::sync::OnceLock<Arc<crate::aggregation::Aggregator>>,
 }
 
 impl State {
@@ -271,8 +274,17 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
         server_address: Mutex::new(String::new()),
         shutdown: shutdown_rx,
         ns_cleanups: Mutex::new(HashSet::new()),
+        aggregator: std::sync::OnceLock::new(),
     });
     handlers::bootstrap(&state);
+    aggregated::publish_authentication_configmap(
+        &state,
+        &front_proxy_ca.pem().cert,
+        &ca.pem().cert,
+    );
+    let aggregator = aggregated::start(&state, front_proxy_client.clone())
+        .map_err(|e| Error::Aggregation(e.to_string()))?;
+    let _ = state.aggregator.set(aggregator);
     hooks::load_crds(&state);
     hooks::resume_namespace_cleanup(&state);
     // Bootstrap writes are not watchable history, as on a compacted etcd.

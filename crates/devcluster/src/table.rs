@@ -143,7 +143,7 @@ pub fn builtin_columns(resource: &str) -> Vec<PrinterColumn> {
         ],
         "services" => vec![
             col("Type", "string", "type determines how the Service is exposed.", ".spec.type"),
-            col("Cluster-IP", "string", "clusterIP is the IP address of the service and is usually assigned randomly.", ".spec.clusterIP"),
+            col("Cluster-IP", "string", "clusterIP is the IP address of the service and is usually assigned randomly.", "#or-none:.spec.clusterIP"),
             col("External-IP", "string", "externalIPs is a list of IP addresses for which nodes in the cluster will also accept traffic for this service.", "#service-external-ip"),
             col("Port(s)", "string", "The list of ports that are exposed by this service.", "#service-ports"),
             age_column(),
@@ -161,6 +161,16 @@ pub fn builtin_columns(resource: &str) -> Vec<PrinterColumn> {
         "apiservices" => vec![
             col("Service", "string", "The reference to the service that hosts this API endpoint.", "#apiservice-service"),
             col("Available", "string", "Whether this service is available.", "#apiservice-available"),
+            age_column(),
+        ],
+        "validatingadmissionpolicies" => vec![
+            col("Validations", "integer", "Validations is the number of validation rules of the policy.", "#len:.spec.validations"),
+            col("ParamKind", "string", "ParamKind is the kind of the parameter resource of the policy.", "#vap-paramkind"),
+            age_column(),
+        ],
+        "validatingadmissionpolicybindings" => vec![
+            col("PolicyName", "string", "PolicyName references a ValidatingAdmissionPolicy name which the binding binds to.", ".spec.policyName"),
+            col("ParamRef", "string", "ParamRef specifies the parameter resource used to configure the policy.", "#vapb-paramref"),
             age_column(),
         ],
         "rolebindings" | "clusterrolebindings" => vec![
@@ -381,6 +391,19 @@ fn builtin_cell(special: &str, obj: &Value, now: DateTime<Utc>) -> Value {
             .and_then(|r| r.first().map(|v| go_print(v)));
         return text(v.unwrap_or_default());
     }
+    if let Some(path) = special.strip_prefix("or-none:") {
+        let v = jsonpath(path, obj)
+            .ok()
+            .and_then(|r| r.first().map(|v| go_print(v)));
+        return text(none_if_empty(v.unwrap_or_default()));
+    }
+    if let Some(path) = special.strip_prefix("len:") {
+        let n = jsonpath(path, obj)
+            .ok()
+            .and_then(|r| r.first().and_then(|v| v.as_array().map(Vec::len)))
+            .unwrap_or(0);
+        return Value::from(n as i64);
+    }
     if let Some(path) = special.strip_prefix("selector:") {
         let sel = jsonpath(path, obj)
             .ok()
@@ -517,6 +540,36 @@ fn builtin_cell(special: &str, obj: &Value, now: DateTime<Utc>) -> Value {
                     match c.get("reason").and_then(Value::as_str) {
                         Some(r) if status != "True" && !r.is_empty() => format!("{status} ({r})"),
                         _ => status.to_string(),
+                    }
+                }
+            })
+        }
+        "vap-paramkind" => {
+            let pk = spec
+                .and_then(|s| s.get("paramKind"))
+                .filter(|p| p.is_object());
+            text(match pk {
+                Some(p) => format!(
+                    "{}/{}",
+                    p.get("apiVersion").and_then(Value::as_str).unwrap_or(""),
+                    p.get("kind").and_then(Value::as_str).unwrap_or("")
+                ),
+                None => "<unset>".into(),
+            })
+        }
+        "vapb-paramref" => {
+            let pr = spec
+                .and_then(|s| s.get("paramRef"))
+                .filter(|p| p.is_object());
+            text(match pr {
+                None => "<unset>".into(),
+                Some(p) => {
+                    let name = p.get("name").and_then(Value::as_str).unwrap_or("");
+                    let ns = p.get("namespace").and_then(Value::as_str).unwrap_or("");
+                    match (name.is_empty(), ns.is_empty()) {
+                        (false, false) => format!("{ns}/{name}"),
+                        (false, true) => format!("*/{name}"),
+                        (true, _) => "*".into(),
                     }
                 }
             })

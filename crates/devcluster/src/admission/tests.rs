@@ -329,3 +329,58 @@ fn resource_rule_patterns() {
     check(json!(["crontabs/*"]), "crontabs", "scale", true);
     check(json!(["services"]), "crontabs", "", false);
 }
+
+/// The expression crproxy-wiring registers (kept literally here: devcluster must not
+/// depend on the wiring crate) evaluates as intended on its own, without the
+/// binding's objectSelector narrowing it.
+#[test]
+fn wiring_protection_expression() {
+    let key = crproxy_core::names::PROTECTION_LABEL_KEY;
+    let value = crproxy_core::names::PROTECTION_LABEL_VALUE;
+    let expression = format!(
+        "!has(oldObject.metadata.labels) || !('{key}' in oldObject.metadata.labels) || oldObject.metadata.labels['{key}'] != '{value}'"
+    );
+    let s = single_policy(
+        json!({"failurePolicy": "Fail",
+               "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["*"],
+                                    "operations": ["DELETE"], "resources": ["services"]}]},
+               "validations": [{"expression": expression, "message": "protected"}]}),
+        json!({"validationActions": ["Deny"]}),
+    );
+    let a = attrs("", "services", "", "kube-system", "svc");
+    let kind = ("", "v1", "Service");
+    let cases = [
+        (json!({"metadata": {"name": "svc"}}), true),
+        (json!({"metadata": {"name": "svc", "labels": {}}}), true),
+        (
+            json!({"metadata": {"name": "svc", "labels": {key: "other"}}}),
+            true,
+        ),
+        (
+            json!({"metadata": {"name": "svc", "labels": {key: value}}}),
+            false,
+        ),
+    ];
+    for (old, allowed) in cases {
+        let got = run(&s, "DELETE", &a, kind, None, Some(&old));
+        assert_eq!(got.is_ok(), allowed, "{old}: {got:?}");
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Policies are user input: no expression text may panic the evaluator.
+    #[test]
+    fn arbitrary_expressions_never_panic(expr in "([ -~]|[()\\[\\]{}.,!?:'\"a-c0-9 +*/%<>=|&-]){0,40}", msg in "[ -~]{0,20}") {
+        let s = single_policy(
+            json!({"matchConstraints": crontab_rules(),
+                   "matchConditions": [{"name": "c", "expression": expr.clone()}],
+                   "validations": [{"expression": expr, "messageExpression": msg}]}),
+            json!({"validationActions": ["Deny", "Warn"]}),
+        );
+        let a = attrs("stable.example.io", "crontabs", "", "apps", "c1");
+        let obj = object("c1", json!({"a": "b"}));
+        let _ = run(&s, "CREATE", &a, ("stable.example.io", "v1", "CronTab"), Some(&obj), None);
+    }
+}

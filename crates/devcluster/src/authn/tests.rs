@@ -99,6 +99,14 @@ fn runtime_tokens_are_added() {
 }
 
 #[test]
+fn comments_and_empty_tokens_are_skipped() {
+    let authn =
+        Authenticator::new("# generated\n,nobody,x\nt2,b,u2\nt1,b,u1\n", true).expect("file");
+    assert_eq!(authn.token_of("b").as_deref(), Some("t1"));
+    assert_eq!(authn.token_of("nobody"), None);
+}
+
+#[test]
 fn malformed_token_files_name_the_line() {
     let err = Authenticator::new("a,b,c\nonly,two\n", true).err();
     assert!(
@@ -229,4 +237,12 @@ fn impersonation_without_user_is_an_error_and_no_headers_is_identity() {
         impersonate(&alice(), &HeaderMap::new(), |_| false),
         Ok(alice())
     );
+}
+
+proptest::proptest! {
+    /// The token file is operator input: bad content is an error, never a panic.
+    #[test]
+    fn token_files_never_panic(text in "[ -~\n\"]{0,200}") {
+        let _ = Authenticator::new(&text, true);
+    }
 }

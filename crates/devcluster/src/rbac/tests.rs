@@ -694,3 +694,98 @@ fn label_selectors() {
         );
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// URLs come from any client: resolution never panics and keeps the path.
+    #[test]
+    fn request_resolution_never_panics(
+        method in "(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|[A-Z]{1,6})",
+        path in "(/(api|apis|watch|namespaces|v1|g\\.io|x|%2F|)){0,8}/?",
+        query in proptest::option::of("[ -~]{0,30}"),
+    ) {
+        let a = authorize_attributes_from_request(&method, &path, query.as_deref(), alice());
+        proptest::prop_assert_eq!(a.path, path);
+        if a.resource_request {
+            proptest::prop_assert!(!a.api_version.is_empty());
+        }
+    }
+}
+
+#[test]
+fn check_request_runs_authn_impersonation_and_rbac_in_order() {
+    let authn = crate::authn::Authenticator::new(
+        "admin-token,admin,admin-uid,system:masters\nalice-token,alice,alice-uid,developers\n",
+        true,
+    )
+    .expect("tokens");
+    let s = snapshot();
+    let headers = |pairs: &[(&str, &str)]| {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::header::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                http::HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        h
+    };
+    let list = "/apis/stable.example.io/v1/namespaces/ref-crud/crontabs";
+    let run = |h: &[(&str, &str)], path: &str| {
+        super::check_request(&authn, &s, "GET", path, None, &headers(h), None)
+            .map(|a| a.user.name)
+            .map_err(|(code, body)| {
+                (
+                    code,
+                    body["message"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+    };
+    assert_eq!(
+        run(&[("authorization", "Bearer nope")], "/version"),
+        Err((401, "Unauthorized".into()))
+    );
+    assert_eq!(run(&[], "/version"), Ok("system:anonymous".into()));
+    assert_eq!(
+        run(&[], list),
+        Err((403, "crontabs.stable.example.io is forbidden: User \"system:anonymous\" cannot list resource \"crontabs\" in API group \"stable.example.io\" in the namespace \"ref-crud\"".into()))
+    );
+    assert_eq!(
+        run(&[("authorization", "Bearer admin-token")], list),
+        Ok("admin".into())
+    );
+    // Reference 091 and 093.
+    assert_eq!(
+        run(&[("authorization", "Bearer alice-token"), ("impersonate-user", "bob")], list),
+        Err((403, "users \"bob\" is forbidden: User \"alice\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope".into()))
+    );
+    assert_eq!(
+        run(&[("authorization", "Bearer admin-token"), ("impersonate-user", "alice")], list),
+        Err((403, "crontabs.stable.example.io is forbidden: User \"alice\" cannot list resource \"crontabs\" in API group \"stable.example.io\" in the namespace \"ref-crud\"".into()))
+    );
+    assert_eq!(
+        run(
+            &[
+                ("authorization", "Bearer admin-token"),
+                ("impersonate-user", "alice")
+            ],
+            "/apis/stable.example.io/v1/namespaces/ref-rbac/crontabs"
+        ),
+        Ok("alice".into())
+    );
+}
+
+#[test]
+fn aggregated_rules_for_stored_roles() {
+    let s = snapshot();
+    let view = aggregated_rules(&s, "view").expect("aggregated");
+    assert!(
+        view.iter().any(|r| r["resources"] == json!(["crontabs"])),
+        "{view:?}"
+    );
+    let admin = aggregated_rules(&s, "admin").expect("aggregated");
+    assert!(admin.len() > view.len());
+    assert_eq!(aggregated_rules(&s, "cluster-admin"), None);
+    assert_eq!(aggregated_rules(&s, "missing"), None);
+}

@@ -121,6 +121,23 @@ fn validation_messages_match_kube() {
             "mode",
         )],
     );
+    // a type error does not stop the enum check
+    check(
+        json!({"type": "object", "properties": {"mode": {"type": "string", "enum": ["a"]}}}),
+        json!({"mode": 1}),
+        &[
+            (
+                "FieldValueTypeInvalid",
+                "Invalid value: \"integer\": mode in body must be of type string: \"integer\"",
+                "mode",
+            ),
+            (
+                "FieldValueNotSupported",
+                "Unsupported value: 1: supported values: \"a\"",
+                "mode",
+            ),
+        ],
+    );
     // exclusive bounds and multipleOf
     check(
         json!({"type": "object", "properties": {"n": {"type": "number", "maximum": 5, "exclusiveMaximum": true,
@@ -174,14 +191,14 @@ fn validation_messages_match_kube() {
         json!({"l": [1, 5, 2]}),
         &[
             (
-                "FieldValueTooMany",
-                "Too many: 3: must have at most 2 items",
-                "l",
-            ),
-            (
                 "FieldValueInvalid",
                 "Invalid value: 5: l[1] in body should be less than or equal to 3",
                 "l[1]",
+            ),
+            (
+                "FieldValueTooMany",
+                "Too many: 3: must have at most 2 items",
+                "l",
             ),
         ],
     );
@@ -238,6 +255,27 @@ fn validation_messages_match_kube() {
             "port",
         )],
     );
+    // string formats
+    let fmt =
+        |f: &str| json!({"type": "object", "properties": {"v": {"type": "string", "format": f}}});
+    for (f, good, bad) in [
+        ("date-time", "2024-11-20T10:00:00.000000Z", "yesterday"),
+        ("date", "2024-11-20", "2024-13-01"),
+        ("uuid", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "not-a-uuid"),
+        ("byte", "aGVsbG8=", "***"),
+        ("ipv4", "10.0.0.1", "10.0.0.256"),
+        ("ipv6", "fd00::1", "fd00:::1"),
+        ("cidr", "10.0.0.0/8", "10.0.0.0/33"),
+    ] {
+        check(fmt(f), json!({"v": good}), &[]);
+        let msg = format!("Invalid value: \"{bad}\": v in body must be of type {f}: \"{bad}\"");
+        check(
+            fmt(f),
+            json!({"v": bad}),
+            &[("FieldValueTypeInvalid", &msg, "v")],
+        );
+    }
+    check(fmt("k8s-custom"), json!({"v": "anything"}), &[]);
     // wrong container type stops deeper checks
     check(
         crontab(),
@@ -330,6 +368,69 @@ fn pruning() {
 }
 
 #[test]
+fn cause_constructors() {
+    let cases = [
+        (
+            Cause::required("metadata.name", ""),
+            "FieldValueRequired",
+            "metadata.name: Required value",
+        ),
+        (
+            Cause::required("fieldManager", "is required for apply patch"),
+            "FieldValueRequired",
+            "fieldManager: Required value: is required for apply patch",
+        ),
+        (
+            Cause::invalid(
+                "spec.leaseDurationSeconds",
+                &json!(0),
+                "must be greater than 0",
+            ),
+            "FieldValueInvalid",
+            "spec.leaseDurationSeconds: Invalid value: 0: must be greater than 0",
+        ),
+        (
+            Cause::invalid(
+                "metadata.name",
+                &json!("Bad_Name"),
+                "a lowercase RFC 1123 subdomain",
+            ),
+            "FieldValueInvalid",
+            "metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain",
+        ),
+        (
+            Cause::forbidden("spec", "no"),
+            "FieldValueForbidden",
+            "spec: Forbidden: no",
+        ),
+        (
+            Cause::too_long("metadata.annotations", 1),
+            "FieldValueTooLong",
+            "metadata.annotations: Too long: may not be more than 1 byte",
+        ),
+        (
+            Cause::duplicate("spec.ports[1]", &json!({"port": 80})),
+            "FieldValueDuplicate",
+            "spec.ports[1]: Duplicate value: {\"port\":80}",
+        ),
+        (
+            Cause::not_found("spec.x", &json!(true)),
+            "FieldValueNotFound",
+            "spec.x: Not found: true",
+        ),
+        (
+            Cause::not_supported("spec.type", &json!("X"), &[]),
+            "FieldValueNotSupported",
+            "spec.type: Unsupported value: \"X\"",
+        ),
+    ];
+    for (c, reason, full) in cases {
+        assert_eq!(c.reason, reason);
+        assert_eq!(c.full_message(), full);
+    }
+}
+
+#[test]
 fn strict_error_and_warning_text() {
     let s = strict_decoding_error(
         "CronTab",
@@ -354,8 +455,11 @@ fn defaults() {
     "properties": {
         "replicas": {"type": "integer", "default": 1},
         "mode": {"type": "string", "default": "auto"},
-        "ports": {"type": "array", "items": {"type": "object", "properties": {"protocol": {"type": "string", "default": "TCP"}}}}
-    }}}});
+        "ports": {"type": "array", "items": {"type": "object", "properties": {"protocol": {"type": "string", "default": "TCP"}}}},
+        "note": {"type": "string"},
+        "keep": {"type": "string", "nullable": true}
+    }},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}}}});
     let s = match StructuralSchema::from_json(&schema) {
         Ok(s) => s,
         Err(e) => panic!("{e}"),
@@ -366,10 +470,43 @@ fn defaults() {
             json!({"spec": {"replicas": 3, "mode": null, "ports": [{}]}}),
             json!({"spec": {"replicas": 3, "mode": "auto", "ports": [{"protocol": "TCP"}]}}),
         ),
+        // null without a default disappears; nullable nulls stay
+        (
+            json!({"spec": {"note": null, "keep": null}, "labels": {"a": null, "b": "x"}}),
+            json!({"spec": {"replicas": 1, "mode": "auto", "keep": null}, "labels": {"b": "x"}}),
+        ),
     ];
     for (mut input, want) in cases {
         s.apply_defaults(&mut input);
         assert_eq!(input, want);
+    }
+
+    // After defaulting, a null required field reads as missing (as in kube).
+    let ct = match StructuralSchema::from_json(&crontab()) {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let mut obj = json!({"spec": {"cronSpec": null}});
+    ct.apply_defaults(&mut obj);
+    let causes = ct.validate(&obj);
+    assert_eq!(causes.len(), 1);
+    assert_eq!(causes[0].full_message(), "spec.cronSpec: Required value");
+}
+
+#[test]
+fn schema_of_a_crd_version() {
+    let with = json!({"name": "v1", "schema": {"openAPIV3Schema": crontab()}});
+    let without = json!({"name": "v1"});
+    let cases = [(with, 1), (without, 0)];
+    for (version, causes) in cases {
+        let s = match StructuralSchema::from_crd_version(&version) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        let mut obj = json!({"kind": "CronTab", "spec": {"x": 1}, "extra": true});
+        assert_eq!(s.validate(&obj).len(), causes, "{version}");
+        let pruned = s.prune(&mut obj);
+        assert_eq!(pruned.is_empty(), causes == 0, "{version}");
     }
 }
 
@@ -386,5 +523,251 @@ fn bad_schemas_are_rejected() {
     assert!(matches!(
         StructuralSchema::from_json(&json!({"type": "integer", "maximum": "ten"})),
         Err(SchemaError::BadKeyword { .. })
+    ));
+}
+
+#[test]
+fn list_types_from_the_schema() {
+    let s = match StructuralSchema::from_json(&json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "groups": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                "items": {"type": "object", "properties": {
+                    "members": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}},
+            "byName": {"type": "object", "additionalProperties": {"type": "array", "x-kubernetes-list-type": "atomic", "items": {"type": "string"}}}}}}}))
+    {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    };
+    let keys = vec!["name".to_string()];
+    type ListTypeCase<'a> = (&'a [&'a str], Option<(&'a str, &'a [String])>);
+    let cases: Vec<ListTypeCase> = vec![
+        (&["spec", "groups"], Some(("map", &keys))),
+        (&["spec", "groups", "members"], Some(("set", &[]))),
+        (&["spec", "byName", "x"], Some(("atomic", &[]))),
+        (&["spec"], None),
+        (&["spec", "nope"], None),
+    ];
+    for (path, want) in cases {
+        assert_eq!(s.list_type(path), want, "{path:?}");
+    }
+}
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{json, Map, Value};
+
+    use super::super::StructuralSchema;
+    use super::crontab;
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|i| json!(i)),
+            (-1.0e6f64..1.0e6).prop_map(|f| json!(f)),
+            "[a-z*/ 0-9]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    "(spec|status|cronSpec|replicas|image|metadata|name|x)",
+                    inner,
+                    0..5
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect::<Map<String, Value>>())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Any JSON given as a schema either parses or is rejected; a parsed
+        /// one validates, prunes and defaults arbitrary documents without panicking.
+        #[test]
+        fn arbitrary_schemas_never_panic(schema in any_json(), mut obj in any_json()) {
+            if let Ok(s) = StructuralSchema::from_json(&schema) {
+                s.prune(&mut obj);
+                s.apply_defaults(&mut obj);
+                let _ = s.validate_update(&obj, Some(&obj.clone()));
+            }
+        }
+
+        /// Pruning twice finds nothing the second time, and validation never panics.
+        #[test]
+        fn prune_is_idempotent(mut obj in any_json()) {
+            let s = StructuralSchema::from_json(&crontab()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            s.prune(&mut obj);
+            let again = s.prune(&mut obj);
+            prop_assert!(again.is_empty(), "second prune removed {:?}", again);
+            s.apply_defaults(&mut obj);
+            let _ = s.validate(&obj);
+        }
+    }
+}
+
+fn rules_schema() -> Value {
+    json!({"type": "object",
+    "x-kubernetes-validations": [{"rule": "has(self.spec)", "message": "spec is required"}],
+    "properties": {
+    "spec": {"type": "object",
+        "x-kubernetes-validations": [
+            {"rule": "!has(self.replicas) || !has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+             "message": "replicas must not exceed maxReplicas"},
+            {"rule": "!has(self.image) || self.image != 'forbidden'", "fieldPath": ".image",
+             "reason": "FieldValueForbidden", "message": "this image may not be used"},
+            {"rule": "!has(self.replicas) || self.replicas != 7",
+             "messageExpression": "'replicas may not be ' + string(self.replicas)"},
+            {"rule": "!has(self.mode) || !has(oldSelf.mode) || self.mode == oldSelf.mode", "message": "mode is immutable"}
+        ],
+        "properties": {
+            "replicas": {"type": "integer"},
+            "maxReplicas": {"type": "integer"},
+            "image": {"type": "string", "x-kubernetes-validations": [{"rule": "self.size() >= 3"}]},
+            "mode": {"type": "string"},
+            "note": {"type": "string", "nullable": true},
+            "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+            "ports": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["port"],
+                      "items": {"type": "object", "properties": {"port": {"type": "integer"}, "name": {"type": "string"}},
+                                "x-kubernetes-validations": [{"rule": "self.port > 0", "message": "port must be positive"}]}}
+        }}}})
+}
+
+fn check_update(schema: Value, object: Value, old: Option<Value>, expected: &[(&str, &str, &str)]) {
+    let s = match StructuralSchema::from_json(&schema) {
+        Ok(s) => s,
+        Err(e) => panic!("schema did not parse: {e}"),
+    };
+    let got: Vec<(String, String, String)> = s
+        .validate_update(&object, old.as_ref())
+        .into_iter()
+        .map(|c| (c.reason, c.message, c.field))
+        .collect();
+    let want: Vec<(String, String, String)> = expected
+        .iter()
+        .map(|(r, m, f)| (r.to_string(), m.to_string(), f.to_string()))
+        .collect();
+    assert_eq!(got, want, "object: {object}");
+}
+
+#[test]
+fn validation_rules() {
+    check_update(
+        rules_schema(),
+        json!({"spec": {"replicas": 2, "maxReplicas": 3, "image": "abc", "note": null}}),
+        None,
+        &[],
+    );
+    check_update(
+        rules_schema(),
+        json!({"spec": {"replicas": 5, "maxReplicas": 3}}),
+        None,
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"object\": replicas must not exceed maxReplicas",
+            "spec",
+        )],
+    );
+    check_update(
+        rules_schema(),
+        json!({"spec": {"image": "forbidden"}}),
+        None,
+        &[(
+            "FieldValueForbidden",
+            "Forbidden: this image may not be used",
+            "spec.image",
+        )],
+    );
+    check_update(
+        rules_schema(),
+        json!({"spec": {"replicas": 7}}),
+        None,
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"object\": replicas may not be 7",
+            "spec",
+        )],
+    );
+    // A scalar rule without a message, and a rule on list items.
+    check_update(
+        rules_schema(),
+        json!({"spec": {"image": "ab", "ports": [{"port": 80}, {"port": 0}]}}),
+        None,
+        &[
+            (
+                "FieldValueInvalid",
+                "Invalid value: \"string\": failed rule: self.size() >= 3",
+                "spec.image",
+            ),
+            (
+                "FieldValueInvalid",
+                "Invalid value: \"object\": port must be positive",
+                "spec.ports[1]",
+            ),
+        ],
+    );
+    // The root rule reports at kube's nil path.
+    check_update(
+        rules_schema(),
+        json!({"kind": "X"}),
+        None,
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"object\": spec is required",
+            "<nil>",
+        )],
+    );
+    // Transition rules run only on updates.
+    check_update(rules_schema(), json!({"spec": {"mode": "b"}}), None, &[]);
+    check_update(
+        rules_schema(),
+        json!({"spec": {"mode": "b"}}),
+        Some(json!({"spec": {"mode": "b"}})),
+        &[],
+    );
+    check_update(
+        rules_schema(),
+        json!({"spec": {"mode": "b"}}),
+        Some(json!({"spec": {"mode": "a"}})),
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"object\": mode is immutable",
+            "spec",
+        )],
+    );
+    // Blocking schema errors stop the rules.
+    check_update(
+        rules_schema(),
+        json!({"spec": {"replicas": "many", "maxReplicas": 3}}),
+        None,
+        &[
+            ("FieldValueTypeInvalid", "Invalid value: \"string\": spec.replicas in body must be of type integer: \"string\"", "spec.replicas"),
+            ("FieldValueInvalid", "Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation", "<nil>"),
+        ],
+    );
+    // Duplicates in set and map lists.
+    check_update(
+        rules_schema(),
+        json!({"spec": {"tags": ["a", "b", "a"], "ports": [{"port": 80, "name": "x"}, {"port": 80, "name": "y"}]}}),
+        None,
+        &[
+            (
+                "FieldValueDuplicate",
+                "Duplicate value: {\"port\":80}",
+                "spec.ports[1]",
+            ),
+            (
+                "FieldValueDuplicate",
+                "Duplicate value: \"a\"",
+                "spec.tags[2]",
+            ),
+        ],
+    );
+    assert!(matches!(
+        StructuralSchema::from_json(
+            &json!({"type": "object", "x-kubernetes-validations": [{"rule": "self.a ==="}]})
+        ),
+        Err(SchemaError::BadRule { .. })
     ));
 }

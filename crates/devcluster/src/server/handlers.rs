@@ -77,8 +77,14 @@ pub fn bootstrap(state: &Arc<State>) {
 }
 
 /// Aggregated groups to add to discovery (APIServices with a service).
-fn extra_discovery(_state: &State) -> Extra {
-    Extra::default()
+fn extra_discovery(state: &State) -> Extra {
+    match state.aggregator.get() {
+        Some(aggregator) => Extra {
+            groups: aggregator.discovery_groups(),
+            discovery: aggregator.aggregated_discovery(),
+        },
+        None => Extra::default(),
+    }
 }
 
 pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Response<Body> {
@@ -170,6 +176,44 @@ async fn route(
     let (parts, body) = req.into_parts();
     let certs = parts.extensions.get::<auth::PeerCertificates>();
     let path = parts.uri.path().to_string();
+
+    // Groups served by an APIService with a service go to their backend, after the
+    // caller has been authorized here (kube-apiserver never forwards a request the
+    // caller may not make).
+    if let Some(aggregator) = state.aggregator.get() {
+        // `/openapi/v3/apis/<g>/<v>` of an aggregated group is the backend's
+        // document, fetched as the caller (as kube-apiserver does).
+        let routed = match path.strip_prefix("/openapi/v3") {
+            Some(rest) if rest.starts_with("/apis/") => aggregator.route(rest),
+            Some(_) => None,
+            None => aggregator.route(&path),
+        };
+        if let Some(api_route) = routed {
+            let method = parts.method.as_str().to_string();
+            let query = parts.uri.query().map(str::to_string);
+            let attrs = auth::check(
+                &state.authn,
+                &state.policy,
+                &state.store,
+                &parts.headers,
+                certs,
+                |user| {
+                    crate::rbac::authorize_attributes_from_request(
+                        &method,
+                        &path,
+                        query.as_deref(),
+                        user,
+                    )
+                },
+            )?;
+            let response = aggregator
+                .proxy(api_route, Request::from_parts(parts, body), &attrs.user)
+                .await;
+            return Ok(
+                response.map(|b| b.map_err(|e| std::io::Error::other(e.to_string())).boxed())
+            );
+        }
+    }
     let query = query_map(parts.uri.query());
     let segs: Vec<String> = path
         .split('/')
@@ -403,6 +447,24 @@ fn openapi_v3_index(state: &State) -> Value {
                 key.clone(),
                 json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash:016X}")}),
             );
+        }
+    }
+    // Aggregated group/versions are listed too; their documents come from the
+    // backend when a client asks for them.
+    if let Some(aggregator) = state.aggregator.get() {
+        for group in aggregator.discovery_groups() {
+            let name = group["name"].as_str().unwrap_or_default();
+            for version in group["versions"].as_array().into_iter().flatten() {
+                let Some(v) = version["version"].as_str() else {
+                    continue;
+                };
+                let key = format!("apis/{name}/{v}");
+                let hash = state.registry.generation();
+                paths.insert(
+                    key.clone(),
+                    json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash:016X}")}),
+                );
+            }
         }
     }
     json!({"paths": paths})

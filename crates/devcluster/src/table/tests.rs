@@ -253,6 +253,38 @@ fn builtin_tables() {
             json!({"metadata": {"name": "w"}}),
             json!(["w", "<unknown>"]),
         ),
+        (
+            "services",
+            json!({"metadata": {"name": "ext", "creationTimestamp": created},
+            "spec": {"type": "ExternalName", "externalName": "example.com"}}),
+            json!([
+                "ext",
+                "ExternalName",
+                "<none>",
+                "example.com",
+                "<none>",
+                "60m",
+                "<none>"
+            ]),
+        ),
+        (
+            "validatingadmissionpolicies",
+            json!({"metadata": {"name": "vap", "creationTimestamp": created},
+            "spec": {"validations": [{"expression": "true"}, {"expression": "false"}]}}),
+            json!(["vap", 2, "<unset>", "60m"]),
+        ),
+        (
+            "validatingadmissionpolicybindings",
+            json!({"metadata": {"name": "b", "creationTimestamp": created},
+            "spec": {"policyName": "vap", "paramRef": {"name": "p", "namespace": "ns"}}}),
+            json!(["b", "vap", "ns/p", "60m"]),
+        ),
+        (
+            "rolebindings",
+            json!({"metadata": {"name": "rb", "creationTimestamp": created},
+            "roleRef": {"kind": "ClusterRole", "name": "view"}}),
+            json!(["rb", "ClusterRole/view", "60m"]),
+        ),
     ];
     for (resource, obj, want) in cases {
         let cols = builtin_columns(resource);
@@ -282,4 +314,20 @@ fn partial_metadata_list_matches_reference_021() {
     assert_eq!(IncludeObject::parse(""), Some(IncludeObject::Metadata));
     assert_eq!(IncludeObject::parse("None"), Some(IncludeObject::None));
     assert_eq!(IncludeObject::parse("bogus"), None);
+}
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::super::jsonpath;
+
+    proptest! {
+        /// Arbitrary expressions never panic.
+        #[test]
+        fn jsonpath_never_panics(expr in "[.\\[\\]a-z0-9*?@=!'\"(){}$-]{0,24}") {
+            let doc = json!({"a": [{"b": 1}, {"b": "x"}], "c": {"d": null}});
+            let _ = jsonpath(&expr, &doc);
+        }
+    }
 }

@@ -1,0 +1,1156 @@
+//! One benchmark run: bring the system up, seed the target, measure every scenario
+//! on every path, measure crproxy's memory, and build the report.
+//!
+//! Paths are interleaved round by round (direct, crproxy, nginx, direct, ...), so
+//! slow drift on the machine (another process, thermal state) spreads over all
+//! columns instead of landing on one.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use http::Method;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::child::{self, ChildProxy};
+use crate::driver::{self, closed_loop, Endpoint, Identity, Protocol, Sender, Workload};
+use crate::nginx::{self, Nginx};
+use crate::report::{self, MemoryFigure, Report, Row};
+use crate::rss;
+use crate::stats::{RoundStats, Summary};
+use crate::watch::WatchSet;
+use crate::workload::{
+    collection_path, object_path, resource_version, widget, CreateObjects, DeleteObjects,
+    GetObject, ListObjects, Owned, Owner, PatchObjects, UpdateObjects,
+};
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// A short run: fewer rounds and requests, smaller memory phases.
+    pub quick: bool,
+    /// Where the JSON report goes.
+    pub out: PathBuf,
+    pub protocol: Protocol,
+    /// The `crproxy` binary to run as a child; default: next to this executable.
+    pub proxy_binary: Option<PathBuf>,
+    /// Measure the dev environment's in-process proxy instead of a child process
+    /// (no separate memory or CPU figures then).
+    pub in_process: bool,
+    pub skip_nginx: bool,
+    /// Run only scenarios whose name contains this.
+    pub only: Option<String>,
+    pub skip_memory: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            quick: false,
+            out: default_out(),
+            protocol: Protocol::Http2,
+            proxy_binary: None,
+            in_process: false,
+            skip_nginx: false,
+            only: None,
+            skip_memory: false,
+        }
+    }
+}
+
+/// `<workspace>/target/crproxy-bench.json`, wherever the command runs from
+/// (`cargo bench` runs in the package directory).
+pub fn default_out() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = manifest.parent().and_then(Path::parent).unwrap_or(manifest);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    target.join("crproxy-bench.json")
+}
+
+/// Sizes of a run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Plan {
+    pub rounds: usize,
+    pub concurrency: Vec<usize>,
+    /// Requests per round for single-object verbs.
+    pub requests: usize,
+    /// Requests per round for the small and the large list.
+    pub small_list_requests: usize,
+    pub large_list_requests: usize,
+    pub small_list: usize,
+    pub large_list: usize,
+    /// Watch counts, and events per round for each.
+    pub watches: Vec<(usize, usize)>,
+    pub idle_watches: usize,
+    /// Object counts of the two lists whose peak RSS is compared.
+    pub memory_lists: (usize, usize),
+    /// Cap on one round of one path.
+    pub round_limit_secs: u64,
+}
+
+impl Plan {
+    pub fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                rounds: 2,
+                concurrency: vec![1, 16, 64],
+                requests: 300,
+                small_list_requests: 100,
+                large_list_requests: 8,
+                small_list: 100,
+                large_list: 10_000,
+                watches: vec![(1, 15), (1000, 3)],
+                idle_watches: 10_000,
+                memory_lists: (10_000, 30_000),
+                round_limit_secs: 30,
+            }
+        } else {
+            Self {
+                rounds: 5,
+                concurrency: vec![1, 16, 64],
+                requests: 1500,
+                small_list_requests: 400,
+                large_list_requests: 24,
+                small_list: 100,
+                large_list: 10_000,
+                watches: vec![(1, 40), (1000, 6)],
+                idle_watches: 10_000,
+                memory_lists: (10_000, 100_000),
+                round_limit_secs: 60,
+            }
+        }
+    }
+
+    fn limit(&self) -> Duration {
+        Duration::from_secs(self.round_limit_secs)
+    }
+
+    /// At least two requests per worker, so every worker is measured.
+    fn count(&self, base: usize, concurrency: usize) -> usize {
+        base.max(2 * concurrency)
+    }
+
+    fn warmup(&self, base: usize, concurrency: usize) -> usize {
+        (base / 5).max(concurrency)
+    }
+}
+
+const NS_GET: &str = "bench-get";
+const NS_RW: &str = "bench-rw";
+const NS_WATCH: &str = "bench-watch";
+const NS_IDLE: &str = "bench-idle";
+const NS_BIG: &str = "bench-list-big";
+
+fn list_ns(n: usize) -> String {
+    format!("bench-list-{n}")
+}
+
+/// One way to the target.
+struct Lane {
+    label: &'static str,
+    endpoint: Arc<Endpoint>,
+    /// The process whose CPU is charged to this path, when it is a separate one.
+    pid: Option<u32>,
+    /// Whether bodies carry the ownership labels (direct and nginx) or the proxy
+    /// adds them (crproxy).
+    owner: Option<Owner>,
+}
+
+/// What one scenario row produced, plus errors worth a note.
+struct Measured {
+    summary: Option<Summary>,
+    /// Failed requests, including rounds where nothing succeeded.
+    errors: u64,
+    cpu_us: Option<f64>,
+    first_error: Option<String>,
+}
+
+/// The whole run.
+pub async fn run(options: &Options) -> Result<Report> {
+    let plan = Plan::new(options.quick);
+    let mut notes = Vec::new();
+    if cfg!(debug_assertions) {
+        notes.push("built without --release: figures are not representative".to_string());
+    }
+    let tmp = tempfile::tempdir().context("creating a temporary directory")?;
+    let dir = tmp.path().to_path_buf();
+
+    eprintln!("starting the dev environment (target devcluster, client devcluster, crproxy)...");
+    let env = crproxy::devenv::DevEnv::start(crproxy::devenv::DevOptions {
+        dir: dir.join("dev"),
+        clients: 1,
+        target_replicas: 1,
+        target_port: 0,
+        client_port: 0,
+        // The configuration validator wants a real port, so pick free ones.
+        proxy_base_port: child::free_port()?,
+        metrics_port: child::free_port()?,
+        persistent: false,
+    })
+    .await
+    .context("starting the dev environment")?;
+    let result = measure_all(options, &plan, &env, &dir, &mut notes).await;
+    env.shutdown().await;
+    let (rows, memory, targets, settings) = result?;
+    Ok(Report {
+        finished_at_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        commit: git_commit(),
+        machine: report::Machine::detect(),
+        settings,
+        rows,
+        memory,
+        targets,
+        notes,
+    })
+}
+
+type Measurements = (Vec<Row>, Vec<MemoryFigure>, Vec<report::TargetCheck>, Value);
+
+async fn measure_all(
+    options: &Options,
+    plan: &Plan,
+    env: &crproxy::devenv::DevEnv,
+    dir: &Path,
+    notes: &mut Vec<String>,
+) -> Result<Measurements> {
+    let client = env
+        .clients
+        .first()
+        .ok_or_else(|| anyhow!("the dev environment has no client"))?;
+    let owner = Owner {
+        name: client.name.clone(),
+        project: "default".into(),
+    };
+    // The direct path uses the client's own identity on the target, the one the
+    // proxy forwards with, so authorization costs the same on both paths.
+    let identity_kubeconfig = client
+        .config_path
+        .parent()
+        .map(|d| d.join("target-identity.kubeconfig"))
+        .ok_or_else(|| anyhow!("the client's config has no directory"))?;
+    let (user, token) = crproxy_kube::Kubeconfig::load(&identity_kubeconfig)
+        .ok()
+        .and_then(|k| {
+            let user = k.context(None).ok()?.context.user.clone();
+            let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&k, None).ok()?;
+            Some((user, cluster.bearer_token()?.to_string()))
+        })
+        .ok_or_else(|| {
+            anyhow!(
+                "no bearer token for the client identity in {}",
+                identity_kubeconfig.display()
+            )
+        })?;
+    let target_addr = env.target.addr();
+    let target_ca = env.target.ca_pem();
+    let endpoint = |token: &str| {
+        Endpoint::new(
+            "direct",
+            target_addr,
+            Some(&target_ca),
+            &Identity::Bearer(token.to_string()),
+            options.protocol,
+        )
+    };
+    let mut direct = Arc::new(endpoint(&token)?);
+    let mut bearer = Identity::Bearer(token);
+    let mut child_replacements = Vec::new();
+    if !may_use_widgets(&direct).await? {
+        // The target does not authorize the identity (its authorizer does not
+        // evaluate RBAC yet): give the same user system:masters, on every path,
+        // so authorization costs the same everywhere.
+        let token = env
+            .target
+            .issue_token(&user, &["system:masters"])
+            .context("issuing a token on the target")?;
+        let kubeconfig = dir.join("bench-identity.kubeconfig");
+        std::fs::write(&kubeconfig, env.target.kubeconfig(&user, &token))?;
+        child_replacements.push((
+            identity_kubeconfig.display().to_string(),
+            kubeconfig.display().to_string(),
+        ));
+        direct = Arc::new(endpoint(&token)?);
+        bearer = Identity::Bearer(token);
+        notes.push(format!(
+            "the target refused {user} the widgets resource (its RBAC is not evaluated yet); every path used {user} in group system:masters instead, so only the child crproxy process could be measured"
+        ));
+    }
+
+    // crproxy: a child process when the binary is there, else the in-process one.
+    let front_proxy = Identity::FrontProxy {
+        cert: client.cluster.front_proxy_client(),
+        user: "bench-user".into(),
+        groups: vec!["system:masters".into(), "system:authenticated".into()],
+    };
+    let binary = options
+        .proxy_binary
+        .clone()
+        .or_else(child::sibling_binary)
+        .or_else(|| build_proxy_binary(notes));
+    let mut child_proxy = None;
+    if !options.in_process {
+        match &binary {
+            Some(binary) => {
+                eprintln!("starting {} run as a child process...", binary.display());
+                match ChildProxy::start(
+                    binary,
+                    &client.config_path,
+                    &dir.join("crproxy-child"),
+                    &child_replacements,
+                )
+                    .await
+                {
+                    Ok(c) => child_proxy = Some(c),
+                    Err(e) => notes.push(format!(
+                        "crproxy child process did not start ({e}); measured the in-process proxy"
+                    )),
+                }
+            }
+            None => notes.push(
+                "no crproxy binary found next to the benchmark (cargo build --release -p crproxy); measured the in-process proxy".into(),
+            ),
+        }
+    }
+    let (proxy_addr, proxy_ca, proxy_pid) = match &child_proxy {
+        Some(c) => (c.addr, Some(c.ca_pem.clone()), Some(c.pid)),
+        None => {
+            let addr = client
+                .proxy
+                .servers
+                .first()
+                .map(|(_, a)| *a)
+                .ok_or_else(|| anyhow!("the in-process proxy serves nothing"))?;
+            (addr, None, None)
+        }
+    };
+    let crproxy = Arc::new(Endpoint::new(
+        "crproxy",
+        proxy_addr,
+        proxy_ca.as_deref(),
+        &front_proxy,
+        options.protocol,
+    )?);
+    let idle_kib = match proxy_pid {
+        Some(pid) => {
+            wait_until_serving(&crproxy).await?;
+            rss::memory(pid).map(|m| m.rss_kib)
+        }
+        None => {
+            wait_until_serving(&crproxy).await?;
+            None
+        }
+    };
+
+    let mut nginx_proc = None;
+    if options.skip_nginx {
+        notes.push("nginx column skipped (--no-nginx)".into());
+    } else if let Some(binary) = nginx::find_binary() {
+        let listen = SocketAddr::from(([127, 0, 0, 1], child::free_port()?));
+        let workers = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        match Nginx::start(&binary, &dir.join("nginx"), listen, target_addr, workers).await {
+            Ok(n) => nginx_proc = Some(n),
+            Err(e) => notes.push(format!("nginx column skipped: {e}")),
+        }
+    } else {
+        let note = "nginx is not installed (Debian package nginx): nginx column skipped";
+        eprintln!("note: {note}");
+        notes.push(note.into());
+    }
+
+    let mut lanes = vec![
+        Lane {
+            label: "direct",
+            endpoint: Arc::clone(&direct),
+            pid: None,
+            owner: Some(owner.clone()),
+        },
+        Lane {
+            label: "crproxy",
+            endpoint: Arc::clone(&crproxy),
+            pid: proxy_pid,
+            owner: None,
+        },
+    ];
+    if let Some(n) = &nginx_proc {
+        lanes.push(Lane {
+            label: "nginx",
+            endpoint: Arc::new(Endpoint::new(
+                "nginx",
+                n.addr,
+                Some(&n.ca_pem),
+                &bearer,
+                options.protocol,
+            )?),
+            pid: Some(n.pid),
+            owner: Some(owner.clone()),
+        });
+    }
+    let nginx_sampler = nginx_proc
+        .as_ref()
+        .map(|n| rss::Sampler::start(n.pid, Duration::from_millis(200), Duration::from_secs(7200)));
+
+    eprintln!("seeding the target...");
+    let admin_target = kube_client(&env.target_kubeconfig)?;
+    let admin_client = kube_client(&client.kubeconfig)?;
+    for ns in [NS_GET, NS_RW, NS_WATCH, NS_IDLE, NS_BIG]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([list_ns(plan.small_list), list_ns(plan.large_list)])
+    {
+        create_namespace(&admin_client, &ns).await?;
+        create_namespace(&admin_target, &ns).await?;
+    }
+    seed(&direct, NS_GET, &["obj-0".to_string()], &owner).await?;
+    for n in [plan.small_list, plan.large_list] {
+        let names: Vec<String> = (0..n).map(|i| format!("o-{i}")).collect();
+        seed(&direct, &list_ns(n), &names, &owner).await?;
+    }
+    // One object per worker, path and concurrency for updates and patches.
+    let mut update_rvs = HashMap::new();
+    let mut patch_names = Vec::new();
+    for lane in &lanes {
+        for &c in &plan.concurrency {
+            let names: Vec<String> = (0..c)
+                .map(|w| format!("u-{}-{c}-{w}", lane.label))
+                .collect();
+            update_rvs.extend(seed(&direct, NS_RW, &names, &owner).await?);
+            let names: Vec<String> = (0..c)
+                .map(|w| format!("p-{}-{c}-{w}", lane.label))
+                .collect();
+            seed(&direct, NS_RW, &names, &owner).await?;
+            patch_names.extend(names);
+        }
+    }
+
+    let wanted = |scenario: &str| {
+        options
+            .only
+            .as_deref()
+            .is_none_or(|only| scenario.contains(only))
+    };
+    let mut rows = Vec::new();
+    let limit = plan.limit();
+    for &c in &plan.concurrency {
+        if wanted("get") {
+            let total = plan.count(plan.requests, c);
+            let row = run_row(
+                "get",
+                c,
+                &lanes,
+                plan,
+                total,
+                plan.warmup(plan.requests, c),
+                limit,
+                |_, _| {
+                    Arc::new(GetObject {
+                        path: object_path(NS_GET, "obj-0"),
+                    })
+                },
+                |_| vec![(); c],
+                notes,
+            )
+            .await?;
+            rows.push(row);
+        }
+        for (n, base) in [
+            (plan.small_list, plan.small_list_requests),
+            (plan.large_list, plan.large_list_requests),
+        ] {
+            let name = format!("list {n}");
+            if !wanted(&name) {
+                continue;
+            }
+            let row = run_row(
+                &name,
+                c,
+                &lanes,
+                plan,
+                plan.count(base, c),
+                plan.warmup(base, c).min(2 * c),
+                limit,
+                |_, _| {
+                    Arc::new(ListObjects {
+                        path: collection_path(&list_ns(n)),
+                        min_bytes: 100 * n as u64,
+                    })
+                },
+                |_| vec![(); c],
+                notes,
+            )
+            .await?;
+            rows.push(row);
+        }
+        if wanted("create") || wanted("delete") {
+            let total = plan.count(plan.requests, c);
+            let warm = plan.warmup(plan.requests, c);
+            let prefix = |lane: &Lane, tag: &str| format!("c-{}-{c}-{tag}", lane.label);
+            let create = run_row(
+                "create",
+                c,
+                &lanes,
+                plan,
+                total,
+                warm,
+                limit,
+                |lane, tag| {
+                    Arc::new(CreateObjects {
+                        namespace: NS_RW.into(),
+                        prefix: prefix(lane, tag),
+                        owner: lane.owner.clone(),
+                    })
+                },
+                |_| vec![(); c],
+                notes,
+            )
+            .await?;
+            // Deletes remove exactly what the creates made, round by round.
+            let delete = run_row(
+                "delete",
+                c,
+                &lanes,
+                plan,
+                total,
+                warm,
+                limit,
+                |lane, tag| {
+                    Arc::new(DeleteObjects {
+                        namespace: NS_RW.into(),
+                        prefix: prefix(lane, tag),
+                    })
+                },
+                |_| vec![(); c],
+                notes,
+            )
+            .await?;
+            rows.push(create);
+            rows.push(delete);
+        }
+        if wanted("update") {
+            let total = plan.count(plan.requests, c);
+            let row = run_row(
+                "update (PUT)",
+                c,
+                &lanes,
+                plan,
+                total,
+                plan.warmup(plan.requests, c),
+                limit,
+                |lane, _| {
+                    Arc::new(UpdateObjects {
+                        namespace: NS_RW.into(),
+                        owner: lane.owner.clone(),
+                    })
+                },
+                |lane| {
+                    (0..c)
+                        .map(|w| {
+                            let name = format!("u-{}-{c}-{w}", lane.label);
+                            Owned {
+                                resource_version: update_rvs
+                                    .get(&name)
+                                    .cloned()
+                                    .unwrap_or_default(),
+                                name,
+                            }
+                        })
+                        .collect()
+                },
+                notes,
+            )
+            .await?;
+            rows.push(row);
+        }
+        if wanted("patch") {
+            let total = plan.count(plan.requests, c);
+            let row = run_row(
+                "patch (merge)",
+                c,
+                &lanes,
+                plan,
+                total,
+                plan.warmup(plan.requests, c),
+                limit,
+                |_, _| {
+                    Arc::new(PatchObjects {
+                        namespace: NS_RW.into(),
+                    })
+                },
+                |lane| {
+                    (0..c)
+                        .map(|w| format!("p-{}-{c}-{w}", lane.label))
+                        .collect()
+                },
+                notes,
+            )
+            .await?;
+            rows.push(row);
+        }
+    }
+    for &(watches, events) in &plan.watches {
+        if wanted(&format!("watch {watches}")) {
+            rows.push(watch_row(watches, events, &lanes, plan, &direct, &owner, notes).await?);
+        }
+    }
+
+    // Memory of crproxy itself.
+    let mut memory = Vec::new();
+    let mut idle_watch_mib = None;
+    let mut list_peaks = None;
+    if let Some(kib) = idle_kib {
+        memory.push(MemoryFigure {
+            name: "crproxy RSS after start, idle".into(),
+            mib: rss::mib(kib),
+            note: String::new(),
+        });
+    }
+    if let Some(pid) = proxy_pid {
+        if let Some(m) = rss::memory(pid) {
+            memory.push(MemoryFigure {
+                name: "crproxy peak RSS during the latency scenarios".into(),
+                mib: rss::mib(m.peak_kib),
+                note: "VmHWM of the crproxy process".into(),
+            });
+        }
+        if !options.skip_memory && options.only.is_none() {
+            let (figures, idle, lists) =
+                memory_phase(plan, pid, &crproxy, &direct, &owner, notes).await?;
+            memory.extend(figures);
+            idle_watch_mib = idle;
+            list_peaks = lists;
+        }
+    } else {
+        notes.push(
+            "crproxy ran inside the benchmark process: no separate memory or CPU figures".into(),
+        );
+    }
+    if let Some(sampler) = nginx_sampler {
+        memory.push(MemoryFigure {
+            name: "nginx peak RSS (master + workers, sampled)".into(),
+            mib: rss::mib(sampler.stop().await),
+            note: String::new(),
+        });
+    }
+    if let Some(m) = rss::memory(std::process::id()) {
+        memory.push(MemoryFigure {
+            name: "benchmark process peak RSS".into(),
+            mib: rss::mib(m.peak_kib),
+            note: "load driver + both devclusters + the dev environment's own proxy".into(),
+        });
+    }
+
+    let mut targets = report::latency_targets(&rows);
+    targets.extend(report::memory_targets(idle_watch_mib, list_peaks));
+    let settings = json!({
+        "mode": if options.quick { "quick" } else { "full" },
+        "protocol": options.protocol,
+        "crproxy": if proxy_pid.is_some() { "child process (crproxy run)" } else { "in-process" },
+        "access": "owned",
+        "nginx": nginx_proc.as_ref().map(|_| nginx_version()),
+        "plan": plan,
+    });
+    if let Some(n) = nginx_proc {
+        n.stop().await;
+    }
+    if let Some(c) = child_proxy {
+        c.stop().await;
+    }
+    Ok((rows, memory, targets, settings))
+}
+
+/// One scenario at one concurrency on every lane: connect, warm up, then the
+/// rounds, interleaving lanes.
+#[allow(clippy::too_many_arguments)]
+async fn run_row<W, F, S>(
+    scenario: &str,
+    concurrency: usize,
+    lanes: &[Lane],
+    plan: &Plan,
+    total: usize,
+    warmup: usize,
+    limit: Duration,
+    workload: F,
+    states: S,
+    notes: &mut Vec<String>,
+) -> Result<Row>
+where
+    W: Workload,
+    F: Fn(&Lane, &str) -> Arc<W>,
+    S: Fn(&Lane) -> Vec<W::State>,
+{
+    eprintln!("{scenario} c={concurrency}");
+    let mut workers = Vec::new();
+    for lane in lanes {
+        let senders = lane.endpoint.senders(concurrency).await?;
+        let lane_workers: Vec<(Sender, W::State)> = senders.into_iter().zip(states(lane)).collect();
+        let (warm, lane_workers) = closed_loop(
+            Arc::clone(&lane.endpoint),
+            workload(lane, "warm"),
+            lane_workers,
+            warmup,
+            limit,
+        )
+        .await;
+        if warm.errors > 0 {
+            eprintln!(
+                "  warm-up on {}: {} errors, first: {}",
+                lane.label,
+                warm.errors,
+                warm.first_error.as_deref().unwrap_or("")
+            );
+        }
+        workers.push(lane_workers);
+    }
+    let mut rounds: Vec<Vec<RoundStats>> = vec![Vec::new(); lanes.len()];
+    let mut cpu: Vec<(Duration, usize)> = vec![(Duration::ZERO, 0); lanes.len()];
+    let mut first_errors: Vec<Option<String>> = vec![None; lanes.len()];
+    let mut errors = vec![0u64; lanes.len()];
+    for round in 0..plan.rounds {
+        for (i, lane) in lanes.iter().enumerate() {
+            let lane_workers = std::mem::take(&mut workers[i]);
+            let cpu_before = lane.pid.and_then(rss::tree_cpu);
+            let (result, back) = closed_loop(
+                Arc::clone(&lane.endpoint),
+                workload(lane, &format!("r{round}")),
+                lane_workers,
+                total,
+                limit,
+            )
+            .await;
+            let cpu_after = lane.pid.and_then(rss::tree_cpu);
+            workers[i] = back;
+            if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
+                cpu[i].0 += after.saturating_sub(before);
+                cpu[i].1 += result.latencies.len();
+            }
+            if first_errors[i].is_none() {
+                first_errors[i] = result.first_error.clone();
+            }
+            errors[i] += result.errors;
+            if let Some(stats) =
+                RoundStats::from_samples(result.latencies, result.errors, Some(result.wall))
+            {
+                rounds[i].push(stats);
+            }
+        }
+    }
+    let measured: Vec<Measured> = (0..lanes.len())
+        .map(|i| Measured {
+            summary: Summary::of(&rounds[i]),
+            errors: errors[i],
+            cpu_us: (cpu[i].1 > 0).then(|| cpu[i].0.as_secs_f64() * 1e6 / cpu[i].1 as f64),
+            first_error: first_errors[i].take(),
+        })
+        .collect();
+    Ok(row_from(scenario, concurrency, lanes, measured, notes))
+}
+
+fn row_from(
+    scenario: &str,
+    concurrency: usize,
+    lanes: &[Lane],
+    mut measured: Vec<Measured>,
+    notes: &mut Vec<String>,
+) -> Row {
+    for (lane, m) in lanes.iter().zip(&measured) {
+        let errors = m.errors;
+        if errors > 0 || m.summary.is_none() {
+            notes.push(format!(
+                "{scenario} c={concurrency} on {}: {errors} errors; first: {}",
+                lane.label,
+                m.first_error.as_deref().unwrap_or("no successful request")
+            ));
+        }
+    }
+    let mut take = |label: &str| {
+        lanes.iter().position(|l| l.label == label).map(|i| {
+            std::mem::replace(
+                &mut measured[i],
+                Measured {
+                    summary: None,
+                    errors: 0,
+                    cpu_us: None,
+                    first_error: None,
+                },
+            )
+        })
+    };
+    let direct = take("direct");
+    let crproxy = take("crproxy");
+    let nginx = take("nginx");
+    let mut row = Row::new(
+        scenario,
+        concurrency,
+        direct.and_then(|m| m.summary),
+        crproxy.as_ref().and_then(|m| m.summary.clone()),
+        nginx.as_ref().and_then(|m| m.summary.clone()),
+    );
+    row.crproxy_cpu_us = crproxy.and_then(|m| m.cpu_us);
+    row.nginx_cpu_us = nginx.and_then(|m| m.cpu_us);
+    row
+}
+
+/// Watch delivery: `watches` watches through each lane, `events` writes on the
+/// target per round, each timed from just before the write until it arrives on
+/// each watch.
+async fn watch_row(
+    watches: usize,
+    events: usize,
+    lanes: &[Lane],
+    plan: &Plan,
+    direct: &Arc<Endpoint>,
+    owner: &Owner,
+    notes: &mut Vec<String>,
+) -> Result<Row> {
+    let scenario = format!("watch {watches}");
+    eprintln!("{scenario}");
+    let mut writer = direct.connect().await?;
+    let mut measured = Vec::new();
+    for lane in lanes {
+        let rv = collection_rv(&mut writer, direct, NS_WATCH).await?;
+        let marker = format!("ev-{}-{watches}-", lane.label);
+        let path = format!("{}?watch=1&resourceVersion={rv}", collection_path(NS_WATCH));
+        let mut set = WatchSet::open(
+            Arc::clone(&lane.endpoint),
+            &path,
+            watches,
+            &marker,
+            Duration::from_secs(60),
+        )
+        .await?;
+        let mut first_error = set.first_error.clone();
+        let mut rounds = Vec::new();
+        if set.established > 0 {
+            for round in 0..plan.rounds {
+                let mut delays = Vec::new();
+                let mut missing = 0;
+                for k in 0..events {
+                    let seq = (round * events + k) as u64;
+                    let name = format!("{marker}{seq}");
+                    let object = widget(NS_WATCH, &name, k, Some(owner), None);
+                    let request = direct.request(
+                        Method::POST,
+                        &collection_path(NS_WATCH),
+                        Some(("application/json", bytes::Bytes::from(object.to_string()))),
+                    )?;
+                    let sent_at = Instant::now();
+                    let written = driver::exchange(&mut writer, request, false).await;
+                    if !written.as_ref().is_ok_and(|e| e.status.is_success()) {
+                        first_error.get_or_insert(format!("writing {name} on the target failed"));
+                        continue;
+                    }
+                    let (got, lost) = set
+                        .collect(seq, set.established, sent_at, Duration::from_secs(10))
+                        .await;
+                    if lost > 0 {
+                        first_error.get_or_insert(format!(
+                            "{lost} of {} watches did not deliver {name} within 10s",
+                            set.established
+                        ));
+                    }
+                    delays.extend(got);
+                    missing += lost as u64;
+                }
+                if let Some(stats) = RoundStats::from_samples(delays, missing, None) {
+                    rounds.push(stats);
+                }
+            }
+        }
+        if set.established < watches {
+            notes.push(format!(
+                "{scenario} on {}: only {} of {watches} watches opened",
+                lane.label, set.established
+            ));
+        }
+        set.close();
+        let errors = rounds.iter().map(|r| r.errors).sum();
+        measured.push(Measured {
+            errors,
+            summary: Summary::of(&rounds),
+            cpu_us: None,
+            first_error,
+        });
+    }
+    Ok(row_from(&scenario, watches, lanes, measured, notes))
+}
+
+type MemoryOutcome = (
+    Vec<MemoryFigure>,
+    Option<(usize, f64)>,
+    Option<((usize, f64), (usize, f64))>,
+);
+
+/// crproxy's RSS with many idle watches, and its peak while listing a large and
+/// a ten times larger collection.
+async fn memory_phase(
+    plan: &Plan,
+    pid: u32,
+    crproxy: &Arc<Endpoint>,
+    direct: &Arc<Endpoint>,
+    owner: &Owner,
+    notes: &mut Vec<String>,
+) -> Result<MemoryOutcome> {
+    let mut figures = Vec::new();
+    eprintln!("memory: {} idle watches through crproxy", plan.idle_watches);
+    let mut writer = direct.connect().await?;
+    let rv = collection_rv(&mut writer, direct, NS_IDLE).await?;
+    let before = rss::memory(pid).map(|m| m.rss_kib).unwrap_or(0);
+    let path = format!("{}?watch=1&resourceVersion={rv}", collection_path(NS_IDLE));
+    let set = WatchSet::open(
+        Arc::clone(crproxy),
+        &path,
+        plan.idle_watches,
+        "none-",
+        Duration::from_secs(120),
+    )
+    .await?;
+    // Let allocations settle (connection buffers, timers) before reading.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let with = rss::memory(pid).map(|m| m.rss_kib).unwrap_or(0);
+    let established = set.established;
+    if established < plan.idle_watches {
+        notes.push(format!(
+            "idle watches: only {established} of {} opened through crproxy; first problem: {}",
+            plan.idle_watches,
+            set.first_error.as_deref().unwrap_or("none reported")
+        ));
+    }
+    set.close();
+    figures.push(MemoryFigure {
+        name: format!("crproxy RSS with {established} idle watches"),
+        mib: rss::mib(with),
+        note: format!("{:.1} MiB before opening them", rss::mib(before)),
+    });
+    let idle = Some((established, rss::mib(with)));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let (small, large) = plan.memory_lists;
+    eprintln!("memory: seeding {large} objects for the large list");
+    let names: Vec<String> = (0..large).map(|i| format!("o-{i}")).collect();
+    seed(direct, NS_BIG, &names, owner).await?;
+    let mut peaks = Vec::new();
+    for (n, ns) in [(small, list_ns(small)), (large, NS_BIG.to_string())] {
+        // The small list reuses the large list scenario's namespace when sizes match.
+        let ns = if n == small && small != plan.large_list {
+            let names: Vec<String> = (0..n).map(|i| format!("o-{i}")).collect();
+            let ns = list_ns(n);
+            seed(direct, &ns, &names, owner).await?;
+            ns
+        } else {
+            ns
+        };
+        eprintln!("memory: listing {n} objects through crproxy");
+        if !rss::reset_peak(pid) {
+            notes.push(
+                "could not reset crproxy's peak RSS; list peaks include earlier phases".into(),
+            );
+        }
+        let mut sender = crproxy.connect().await?;
+        let mut bytes = 0;
+        for _ in 0..3 {
+            let request = crproxy.request(Method::GET, &collection_path(&ns), None)?;
+            let answer = driver::exchange(&mut sender, request, false).await?;
+            if !answer.status.is_success() {
+                bail!(
+                    "listing {n} objects through crproxy answered {}",
+                    answer.status
+                );
+            }
+            bytes = answer.bytes;
+        }
+        let peak = rss::memory(pid).map(|m| m.peak_kib).unwrap_or(0);
+        figures.push(MemoryFigure {
+            name: format!("crproxy peak RSS listing {n} objects"),
+            mib: rss::mib(peak),
+            note: format!(
+                "3 sequential lists of {:.1} MiB each",
+                bytes as f64 / 1048576.0
+            ),
+        });
+        peaks.push((n, rss::mib(peak)));
+    }
+    let lists = match peaks.as_slice() {
+        [a, b] => Some((*a, *b)),
+        _ => None,
+    };
+    Ok((figures, idle, lists))
+}
+
+/// Whether the endpoint's identity may list widgets across namespaces.
+async fn may_use_widgets(direct: &Endpoint) -> Result<bool> {
+    let mut sender = direct.connect().await?;
+    let request = direct.request(Method::GET, "/apis/example.com/v1/widgets?limit=1", None)?;
+    let answer = driver::exchange(&mut sender, request, false).await?;
+    Ok(answer.status != http::StatusCode::FORBIDDEN)
+}
+
+/// Waits until a discovery request through the endpoint answers 200 (front-proxy
+/// trust loaded, peers known).
+async fn wait_until_serving(endpoint: &Endpoint) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match endpoint.connect().await {
+            Ok(mut sender) => {
+                let request = endpoint.request(Method::GET, "/apis/example.com/v1", None)?;
+                match driver::exchange(&mut sender, request, true).await {
+                    Ok(answer) if answer.status.is_success() => return Ok(()),
+                    Ok(answer) => last = format!("answered {}", answer.status),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("{} did not serve within 30s: {last}", endpoint.label)
+}
+
+/// The collection's current resourceVersion, so a watch starts after everything
+/// already there.
+async fn collection_rv(writer: &mut Sender, direct: &Endpoint, namespace: &str) -> Result<String> {
+    let request = direct.request(
+        Method::GET,
+        &format!("{}?limit=1", collection_path(namespace)),
+        None,
+    )?;
+    let answer = driver::exchange(writer, request, true).await?;
+    answer
+        .body
+        .as_deref()
+        .and_then(resource_version)
+        .ok_or_else(|| {
+            anyhow!(
+                "listing {namespace} gave no resourceVersion ({})",
+                answer.status
+            )
+        })
+}
+
+/// Creates named objects (with the ownership labels) directly on the target, 32
+/// at a time; returns each name's resourceVersion. Existing objects are kept.
+async fn seed(
+    direct: &Arc<Endpoint>,
+    namespace: &str,
+    names: &[String],
+    owner: &Owner,
+) -> Result<Vec<(String, String)>> {
+    const PARALLEL: usize = 32;
+    let senders = direct.senders(PARALLEL.min(names.len().max(1))).await?;
+    let chunk = names.len().div_ceil(senders.len()).max(1);
+    let mut tasks = Vec::new();
+    for (mut sender, names) in senders.into_iter().zip(names.chunks(chunk)) {
+        let direct = Arc::clone(direct);
+        let names = names.to_vec();
+        let namespace = namespace.to_string();
+        let owner = owner.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::with_capacity(names.len());
+            for name in names {
+                let object = widget(&namespace, &name, 0, Some(&owner), None);
+                let request = direct.request(
+                    Method::POST,
+                    &collection_path(&namespace),
+                    Some(("application/json", bytes::Bytes::from(object.to_string()))),
+                )?;
+                let mut answer = driver::exchange(&mut sender, request, true).await?;
+                if answer.status == http::StatusCode::CONFLICT {
+                    let request =
+                        direct.request(Method::GET, &object_path(&namespace, &name), None)?;
+                    answer = driver::exchange(&mut sender, request, true).await?;
+                }
+                if !answer.status.is_success() {
+                    bail!(
+                        "seeding {namespace}/{name} answered {}: {}",
+                        answer.status,
+                        answer
+                            .body
+                            .as_deref()
+                            .map(String::from_utf8_lossy)
+                            .unwrap_or_default()
+                    );
+                }
+                let rv = answer
+                    .body
+                    .as_deref()
+                    .and_then(resource_version)
+                    .unwrap_or_default();
+                out.push((name, rv));
+            }
+            Ok::<_, anyhow::Error>(out)
+        }));
+    }
+    let mut all = Vec::with_capacity(names.len());
+    for task in tasks {
+        all.extend(task.await.context("a seeding task panicked")??);
+    }
+    Ok(all)
+}
+
+fn kube_client(kubeconfig: &Path) -> Result<crproxy_kube::Client> {
+    let loaded = crproxy_kube::Kubeconfig::load(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)?;
+    Ok(crproxy_kube::Client::new(cluster)?)
+}
+
+async fn create_namespace(client: &crproxy_kube::Client, name: &str) -> Result<()> {
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    match client.create("/api/v1/namespaces", &namespace).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_already_exists() => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
+    }
+}
+
+/// `cargo build --release -p crproxy` when the benchmark runs under cargo and the
+/// binary is missing, so `cargo run -p crproxy-bench` is enough.
+fn build_proxy_binary(notes: &mut Vec<String>) -> Option<PathBuf> {
+    let cargo = std::env::var_os("CARGO")?;
+    let mut command = std::process::Command::new(cargo);
+    command.args(["build", "-p", "crproxy"]);
+    if !cfg!(debug_assertions) {
+        command.arg("--release");
+    }
+    eprintln!("building the crproxy binary ({command:?})...");
+    match command.status() {
+        Ok(status) if status.success() => child::sibling_binary(),
+        Ok(status) => {
+            notes.push(format!("building crproxy failed ({status})"));
+            None
+        }
+        Err(e) => {
+            notes.push(format!("could not run cargo to build crproxy: {e}"));
+            None
+        }
+    }
+}
+
+fn nginx_version() -> Option<String> {
+    let binary = nginx::find_binary()?;
+    let output = std::process::Command::new(binary).arg("-v").output().ok()?;
+    let text = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    Some(text.trim_start_matches("nginx version: ").to_string())
+}
+
+fn git_commit() -> Option<String> {
+    let output = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}

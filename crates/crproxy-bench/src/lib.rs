@@ -1,0 +1,39 @@
+//! crproxy-bench: how much crproxy costs compared with talking to the target
+//! directly and with a plain reverse proxy (nginx), on one machine, in one run.
+//!
+//! The pieces, bottom up: [`stats`] (percentiles, medians), [`rss`] (memory and
+//! CPU from `/proc`), [`driver`] (the one load driver all paths share),
+//! [`nginx`] (the comparison proxy), [`report`] (table and JSON).
+
+pub mod bench;
+pub mod child;
+pub mod driver;
+pub mod nginx;
+pub mod report;
+pub mod rss;
+pub mod stats;
+pub mod watch;
+pub mod workload;
+
+/// Runs the benchmark, prints the table and writes the JSON report.
+pub fn run_and_report(options: &bench::Options) -> anyhow::Result<()> {
+    use anyhow::Context;
+    // One crypto provider for the whole process: the proxy, the devclusters and
+    // the driver all use rustls with ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let report = runtime.block_on(bench::run(options))?;
+    print!("{}", report::render_table(&report));
+    if let Some(parent) = options.out.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let json = serde_json::to_string_pretty(&report)?;
+    std::fs::write(&options.out, json)
+        .with_context(|| format!("writing {}", options.out.display()))?;
+    println!("\nJSON report: {}", options.out.display());
+    Ok(())
+}

@@ -1,0 +1,78 @@
+use super::*;
+
+fn config() -> NginxConfig {
+    NginxConfig {
+        dir: PathBuf::from("/tmp/bench-nginx"),
+        listen: "127.0.0.1:18443".parse().expect("addr"),
+        upstream: "127.0.0.1:16443".parse().expect("addr"),
+        workers: 2,
+        as_root: false,
+    }
+}
+
+#[test]
+fn the_config_streams_and_keeps_upstream_connections_alive() {
+    let text = config().render();
+    for expected in [
+        "listen 127.0.0.1:18443 ssl http2;",
+        "server 127.0.0.1:16443;",
+        "proxy_pass https://target;",
+        "proxy_http_version 1.1;",
+        "proxy_set_header Connection \"\";",
+        "keepalive 256;",
+        "proxy_buffering off;",
+        "proxy_request_buffering off;",
+        "worker_processes 2;",
+        "pid /tmp/bench-nginx/nginx.pid;",
+        "ssl_certificate /tmp/bench-nginx/tls.crt;",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    assert!(!text.contains("daemon"), "daemon off is passed with -g");
+    assert!(!text.contains("user root"));
+    let root = NginxConfig {
+        as_root: true,
+        ..config()
+    };
+    assert!(root.render().starts_with("# Written by crproxy-bench"));
+    assert!(root.render().contains("\nuser root;\n"));
+}
+
+#[test]
+fn the_braces_balance() {
+    let text = config().render();
+    let open = text.matches('{').count();
+    let close = text.matches('}').count();
+    assert_eq!(open, close, "{text}");
+}
+
+#[test]
+fn tail_keeps_the_end_on_a_char_boundary() {
+    assert_eq!(tail("abc", 10), "abc");
+    assert_eq!(tail("0123456789", 3), "789");
+    assert_eq!(tail("ééé", 3), "é");
+}
+
+/// Runs only where nginx is installed; the suite never requires it.
+#[tokio::test]
+async fn nginx_starts_and_stops_when_installed() {
+    let Some(binary) = find_binary() else {
+        eprintln!("nginx not installed: skipping");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listen = listener.local_addr().expect("addr");
+    drop(listener);
+    let upstream: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let nginx = Nginx::start(&binary, dir.path(), listen, upstream, 1)
+        .await
+        .expect("nginx starts");
+    assert!(nginx.ca_pem.contains("BEGIN CERTIFICATE"));
+    let pid = nginx.pid;
+    nginx.stop().await;
+    assert!(
+        crate::rss::memory(pid).is_none(),
+        "nginx master still running"
+    );
+}

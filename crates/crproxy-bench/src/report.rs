@@ -1,0 +1,329 @@
+//! The result of a run: one row per scenario and concurrency, memory figures, the
+//! targets on record and whether they were met; printed as a table and written as
+//! JSON so runs on different commits can be compared.
+
+use serde::Serialize;
+
+use crate::stats::{ratio, Summary};
+
+/// Targets on record (issue 7), for owned mode.
+pub const TARGET_P50_RATIO: f64 = 1.10;
+pub const TARGET_P99_RATIO: f64 = 1.25;
+pub const TARGET_THROUGHPUT_RATIO: f64 = 0.90;
+pub const TARGET_IDLE_WATCHES_MIB: f64 = 150.0;
+/// "Flat" RSS for large lists: listing ten times as many objects may raise the
+/// proxy's peak by at most this factor.
+pub const TARGET_LIST_GROWTH: f64 = 1.25;
+
+/// One path's figures relative to direct access.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Ratios {
+    pub p50: f64,
+    pub p99: f64,
+    pub throughput: Option<f64>,
+}
+
+impl Ratios {
+    /// `path / direct`; `None` when either side has no figures.
+    pub fn of(path: Option<&Summary>, direct: Option<&Summary>) -> Option<Self> {
+        let (path, direct) = (path?, direct?);
+        Some(Self {
+            p50: ratio(Some(path.p50_ms), Some(direct.p50_ms))?,
+            p99: ratio(Some(path.p99_ms), Some(direct.p99_ms))?,
+            throughput: ratio(path.throughput, direct.throughput),
+        })
+    }
+}
+
+/// One scenario at one concurrency.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub scenario: String,
+    pub concurrency: usize,
+    pub direct: Option<Summary>,
+    pub crproxy: Option<Summary>,
+    pub nginx: Option<Summary>,
+    pub crproxy_ratio: Option<Ratios>,
+    pub nginx_ratio: Option<Ratios>,
+    /// CPU the crproxy process spent per request (µs), when it runs as its own
+    /// process.
+    pub crproxy_cpu_us: Option<f64>,
+    pub nginx_cpu_us: Option<f64>,
+}
+
+impl Row {
+    pub fn new(
+        scenario: &str,
+        concurrency: usize,
+        direct: Option<Summary>,
+        crproxy: Option<Summary>,
+        nginx: Option<Summary>,
+    ) -> Self {
+        Self {
+            crproxy_ratio: Ratios::of(crproxy.as_ref(), direct.as_ref()),
+            nginx_ratio: Ratios::of(nginx.as_ref(), direct.as_ref()),
+            scenario: scenario.to_string(),
+            concurrency,
+            direct,
+            crproxy,
+            nginx,
+            crproxy_cpu_us: None,
+            nginx_cpu_us: None,
+        }
+    }
+}
+
+/// A memory figure of the crproxy process (or of the benchmark process).
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryFigure {
+    pub name: String,
+    pub mib: f64,
+    pub note: String,
+}
+
+/// One target on record and the measurement it is judged by.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TargetCheck {
+    pub what: String,
+    pub target: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+/// Where and how the run was made.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: Option<String>,
+    pub kernel: Option<String>,
+}
+
+impl Machine {
+    pub fn detect() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        Self {
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            cpu_model: cpuinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|rest| rest.trim_start_matches([' ', '\t', ':']).trim().to_string()),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .ok()
+                .map(|s| s.trim().to_string()),
+        }
+    }
+}
+
+/// Everything a run produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Seconds since the Unix epoch.
+    pub finished_at_unix: u64,
+    pub commit: Option<String>,
+    pub machine: Machine,
+    /// Settings of the run (mode, rounds, protocol, how crproxy ran, nginx version).
+    pub settings: serde_json::Value,
+    pub rows: Vec<Row>,
+    pub memory: Vec<MemoryFigure>,
+    pub targets: Vec<TargetCheck>,
+    pub notes: Vec<String>,
+}
+
+/// Judges the latency and throughput targets over every row with crproxy figures.
+/// Watch delivery has no throughput, so only its latencies are judged.
+pub fn latency_targets(rows: &[Row]) -> Vec<TargetCheck> {
+    let mut worst_p50: Option<(f64, String)> = None;
+    let mut worst_p99: Option<(f64, String)> = None;
+    let mut worst_tp: Option<(f64, String)> = None;
+    let mut below_nginx = Vec::new();
+    let worse =
+        |slot: &mut Option<(f64, String)>, value: f64, at: String, higher_is_worse: bool| {
+            let replace = match slot {
+                None => true,
+                Some((current, _)) => {
+                    if higher_is_worse {
+                        value > *current
+                    } else {
+                        value < *current
+                    }
+                }
+            };
+            if replace {
+                *slot = Some((value, at));
+            }
+        };
+    for row in rows {
+        let Some(r) = &row.crproxy_ratio else {
+            continue;
+        };
+        let at = format!("{} c={}", row.scenario, row.concurrency);
+        worse(&mut worst_p50, r.p50, at.clone(), true);
+        worse(&mut worst_p99, r.p99, at.clone(), true);
+        if let Some(tp) = r.throughput {
+            worse(&mut worst_tp, tp, at.clone(), false);
+            if let Some(nginx_tp) = row.nginx_ratio.as_ref().and_then(|n| n.throughput) {
+                if tp < nginx_tp {
+                    below_nginx.push(format!("{at} ({tp:.2}x < nginx {nginx_tp:.2}x)"));
+                }
+            }
+        }
+    }
+    let mut checks = Vec::new();
+    if let Some((value, at)) = worst_p50 {
+        checks.push(TargetCheck {
+            what: "p50 latency vs direct, every scenario".into(),
+            target: format!("<= {TARGET_P50_RATIO:.2}x"),
+            measured: format!("worst {value:.2}x ({at})"),
+            met: value <= TARGET_P50_RATIO,
+        });
+    }
+    if let Some((value, at)) = worst_p99 {
+        checks.push(TargetCheck {
+            what: "p99 latency vs direct, every scenario".into(),
+            target: format!("<= {TARGET_P99_RATIO:.2}x"),
+            measured: format!("worst {value:.2}x ({at})"),
+            met: value <= TARGET_P99_RATIO,
+        });
+    }
+    if let Some((value, at)) = worst_tp {
+        checks.push(TargetCheck {
+            what: "throughput vs direct, every scenario".into(),
+            target: format!(">= {TARGET_THROUGHPUT_RATIO:.2}x"),
+            measured: format!("worst {value:.2}x ({at})"),
+            met: value >= TARGET_THROUGHPUT_RATIO,
+        });
+        let nginx_measured = rows.iter().any(|r| r.nginx_ratio.is_some());
+        if nginx_measured {
+            checks.push(TargetCheck {
+                what: "throughput at least nginx's, every scenario".into(),
+                target: ">= nginx".into(),
+                measured: if below_nginx.is_empty() {
+                    "met everywhere".into()
+                } else {
+                    format!("below in {}", below_nginx.join(", "))
+                },
+                met: below_nginx.is_empty(),
+            });
+        }
+    }
+    checks
+}
+
+/// The memory targets, from the idle-watch RSS and the two list peaks (MiB).
+pub fn memory_targets(
+    idle_watches: Option<(usize, f64)>,
+    lists: Option<((usize, f64), (usize, f64))>,
+) -> Vec<TargetCheck> {
+    let mut checks = Vec::new();
+    if let Some((count, mib)) = idle_watches {
+        checks.push(TargetCheck {
+            what: format!("crproxy RSS with {count} idle watches"),
+            target: format!("<= {TARGET_IDLE_WATCHES_MIB:.0} MiB"),
+            measured: format!("{mib:.1} MiB"),
+            met: mib <= TARGET_IDLE_WATCHES_MIB,
+        });
+    }
+    if let Some(((small_n, small), (large_n, large))) = lists {
+        let growth = if small > 0.0 {
+            large / small
+        } else {
+            f64::INFINITY
+        };
+        checks.push(TargetCheck {
+            what: format!("crproxy peak RSS listing {large_n} vs {small_n} objects"),
+            target: format!("flat (<= {TARGET_LIST_GROWTH:.2}x)"),
+            measured: format!("{large:.1} vs {small:.1} MiB ({growth:.2}x)"),
+            met: growth <= TARGET_LIST_GROWTH,
+        });
+    }
+    checks
+}
+
+fn num(value: Option<f64>, width: usize, decimals: usize) -> String {
+    match value {
+        Some(v) if v.is_finite() => format!("{v:>width$.decimals$}"),
+        _ => format!("{:>width$}", "-"),
+    }
+}
+
+/// The report as a fixed-width text table with the memory figures and targets.
+pub fn render_table(report: &Report) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "{:<18} {:>3} | {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6} | {:>6} {:>6} {:>6} | {:>7} {:>7}\n",
+        "scenario",
+        "c",
+        "p50 ms",
+        "p99 ms",
+        "req/s",
+        "p50 x",
+        "p99 x",
+        "tput x",
+        "p50 x",
+        "p99 x",
+        "tput x",
+        "crp us",
+        "ngx us"
+    ));
+    out.push_str(&format!(
+        "{:<22} | {:^26} | {:^20} | {:^20} | {:^15}\n",
+        "", "direct", "crproxy / direct", "nginx / direct", "CPU per request"
+    ));
+    out.push_str(&"-".repeat(124));
+    out.push('\n');
+    for row in &report.rows {
+        let direct = row.direct.as_ref();
+        let crproxy = row.crproxy_ratio.as_ref();
+        let nginx = row.nginx_ratio.as_ref();
+        out.push_str(&format!(
+            "{:<18} {:>3} | {} {} {} | {} {} {} | {} {} {} | {} {}\n",
+            row.scenario,
+            row.concurrency,
+            num(direct.map(|d| d.p50_ms), 8, 2),
+            num(direct.map(|d| d.p99_ms), 8, 2),
+            num(direct.and_then(|d| d.throughput), 8, 0),
+            num(crproxy.map(|r| r.p50), 6, 2),
+            num(crproxy.map(|r| r.p99), 6, 2),
+            num(crproxy.and_then(|r| r.throughput), 6, 2),
+            num(nginx.map(|r| r.p50), 6, 2),
+            num(nginx.map(|r| r.p99), 6, 2),
+            num(nginx.and_then(|r| r.throughput), 6, 2),
+            num(row.crproxy_cpu_us, 7, 0),
+            num(row.nginx_cpu_us, 7, 0),
+        ));
+    }
+    if !report.memory.is_empty() {
+        out.push_str("\nmemory\n");
+        for figure in &report.memory {
+            out.push_str(&format!(
+                "  {:<52} {:>8.1} MiB  {}\n",
+                figure.name, figure.mib, figure.note
+            ));
+        }
+    }
+    if !report.targets.is_empty() {
+        out.push_str("\ntargets (owned mode)\n");
+        for check in &report.targets {
+            out.push_str(&format!(
+                "  [{}] {:<48} {:<16} {}\n",
+                if check.met { "met" } else { "MISSED" },
+                check.what,
+                check.target,
+                check.measured
+            ));
+        }
+    }
+    if !report.notes.is_empty() {
+        out.push_str("\nnotes\n");
+        for note in &report.notes {
+            out.push_str(&format!("  - {note}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "report/tests.rs"]
+mod tests;

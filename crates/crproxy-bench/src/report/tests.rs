@@ -1,0 +1,136 @@
+use super::*;
+
+fn summary(p50: f64, p99: f64, tp: Option<f64>) -> Summary {
+    Summary {
+        p50_ms: p50,
+        p99_ms: p99,
+        throughput: tp,
+        rounds: 5,
+        samples: 100,
+        errors: 0,
+    }
+}
+
+fn row(scenario: &str, direct: Summary, crproxy: Summary, nginx: Option<Summary>) -> Row {
+    Row::new(scenario, 16, Some(direct), Some(crproxy), nginx)
+}
+
+#[test]
+fn ratios_are_relative_to_direct() {
+    let r = Ratios::of(
+        Some(&summary(2.0, 5.0, Some(800.0))),
+        Some(&summary(1.0, 4.0, Some(1000.0))),
+    )
+    .expect("ratios");
+    assert_eq!(r.p50, 2.0);
+    assert_eq!(r.p99, 1.25);
+    assert_eq!(r.throughput, Some(0.8));
+    assert_eq!(Ratios::of(None, Some(&summary(1.0, 1.0, None))), None);
+    let watch = Ratios::of(
+        Some(&summary(2.0, 2.0, None)),
+        Some(&summary(1.0, 1.0, None)),
+    )
+    .expect("ratios");
+    assert_eq!(watch.throughput, None);
+}
+
+fn check_latency(rows: &[Row], expected: &[(&str, bool, &str)]) {
+    let checks = latency_targets(rows);
+    let got: Vec<(&str, bool, &str)> = checks
+        .iter()
+        .map(|c| (c.target.as_str(), c.met, c.measured.as_str()))
+        .collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn the_worst_row_decides_each_latency_target() {
+    let direct = summary(1.0, 2.0, Some(1000.0));
+    check_latency(
+        &[
+            row("get", direct.clone(), summary(1.05, 2.2, Some(950.0)), None),
+            row(
+                "create",
+                direct.clone(),
+                summary(1.5, 2.4, Some(700.0)),
+                None,
+            ),
+        ],
+        &[
+            ("<= 1.10x", false, "worst 1.50x (create c=16)"),
+            ("<= 1.25x", true, "worst 1.20x (create c=16)"),
+            (">= 0.90x", false, "worst 0.70x (create c=16)"),
+        ],
+    );
+    check_latency(
+        &[row(
+            "get",
+            direct.clone(),
+            summary(1.0, 2.0, Some(950.0)),
+            Some(summary(1.0, 2.0, Some(990.0))),
+        )],
+        &[
+            ("<= 1.10x", true, "worst 1.00x (get c=16)"),
+            ("<= 1.25x", true, "worst 1.00x (get c=16)"),
+            (">= 0.90x", true, "worst 0.95x (get c=16)"),
+            (">= nginx", false, "below in get c=16 (0.95x < nginx 0.99x)"),
+        ],
+    );
+    check_latency(&[], &[]);
+}
+
+#[test]
+fn memory_targets_judge_idle_watches_and_list_growth() {
+    let checks = memory_targets(
+        Some((10_000, 120.0)),
+        Some(((10_000, 40.0), (100_000, 60.0))),
+    );
+    assert_eq!(checks.len(), 2);
+    assert!(checks[0].met, "{:?}", checks[0]);
+    assert!(!checks[1].met, "{:?}", checks[1]);
+    assert_eq!(checks[1].measured, "60.0 vs 40.0 MiB (1.50x)");
+    let flat = memory_targets(None, Some(((10_000, 40.0), (100_000, 44.0))));
+    assert!(flat[0].met);
+    assert!(!memory_targets(Some((10_000, 151.0)), None)[0].met);
+}
+
+#[test]
+fn the_table_shows_missing_columns_as_dashes() {
+    let report = Report {
+        finished_at_unix: 0,
+        commit: None,
+        machine: Machine {
+            cpus: 2,
+            cpu_model: None,
+            kernel: None,
+        },
+        settings: serde_json::json!({}),
+        rows: vec![row(
+            "get",
+            summary(0.5, 1.0, Some(2000.0)),
+            summary(0.75, 1.5, Some(1500.0)),
+            None,
+        )],
+        memory: vec![MemoryFigure {
+            name: "crproxy idle".into(),
+            mib: 12.5,
+            note: String::new(),
+        }],
+        targets: memory_targets(Some((10, 1.0)), None),
+        notes: vec!["nginx not installed".into()],
+    };
+    let table = render_table(&report);
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("get"))
+        .expect("get row");
+    assert!(line.contains("0.50     1.00     2000"), "{line}");
+    assert!(line.contains("1.50   1.50   0.75"), "{line}");
+    assert!(line.contains("-      -      -"), "{line}");
+    assert!(table.contains("crproxy idle"));
+    assert!(table.contains("[met] crproxy RSS with 10 idle watches"));
+    assert!(table.contains("- nginx not installed"));
+    let json = serde_json::to_value(&report).expect("json");
+    assert_eq!(json["rows"][0]["crproxy_ratio"]["p50"], 1.5);
+    assert!(json["rows"][0]["nginx"].is_null());
+}

@@ -1,0 +1,183 @@
+//! Memory and CPU of processes, read from `/proc` (Linux only, like the rest of the
+//! benchmark's measurements).
+//!
+//! Peak RSS comes from the kernel's own high-water mark (`VmHWM`), which catches
+//! spikes a sampler would miss; writing `5` to `/proc/<pid>/clear_refs` resets it,
+//! so one phase (listing 100 000 objects) can be measured on its own. Processes
+//! with children (nginx: a master and workers) are measured as the sum over the
+//! tree, by sampling.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Resident memory of one process, in KiB as the kernel reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    /// `VmRSS`: resident now.
+    pub rss_kib: u64,
+    /// `VmHWM`: the peak since start or since the last [`reset_peak`].
+    pub peak_kib: u64,
+}
+
+impl std::ops::Add for Memory {
+    type Output = Memory;
+    fn add(self, other: Memory) -> Memory {
+        Memory {
+            rss_kib: self.rss_kib + other.rss_kib,
+            peak_kib: self.peak_kib + other.peak_kib,
+        }
+    }
+}
+
+/// Reads `VmRSS` and `VmHWM` from the text of `/proc/<pid>/status`.
+pub fn parse_status(text: &str) -> Option<Memory> {
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim_start_matches(':').split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    };
+    Some(Memory {
+        rss_kib: field("VmRSS")?,
+        peak_kib: field("VmHWM")?,
+    })
+}
+
+/// The memory of `pid`, `None` when it is gone (or is a zombie, which has none).
+pub fn memory(pid: u32) -> Option<Memory> {
+    parse_status(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// The memory of `pid` and all its descendants, summed.
+pub fn tree_memory(pid: u32) -> Option<Memory> {
+    let mut total = memory(pid)?;
+    for child in descendants(pid) {
+        if let Some(m) = memory(child) {
+            total = total + m;
+        }
+    }
+    Some(total)
+}
+
+/// Resets the peak-RSS mark of a process we own; false when the kernel refused.
+pub fn reset_peak(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// User plus system CPU time from the text of `/proc/<pid>/stat`, in clock ticks.
+///
+/// The command name (field 2) may hold spaces and parentheses, so fields are
+/// counted from the last `)`.
+pub fn parse_stat_ticks(text: &str) -> Option<u64> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, utime field 14, stime field 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Linux reports CPU times in USER_HZ ticks, which is 100 on every architecture
+/// this runs on.
+const TICKS_PER_SECOND: u64 = 100;
+
+/// CPU time used so far by `pid` and its descendants.
+pub fn tree_cpu(pid: u32) -> Option<Duration> {
+    let ticks = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|t| parse_stat_ticks(&t))
+    };
+    let mut total = ticks(pid)?;
+    for child in descendants(pid) {
+        total += ticks(child).unwrap_or(0);
+    }
+    Some(Duration::from_millis(total * 1000 / TICKS_PER_SECOND))
+}
+
+/// Child pids listed by the kernel for each thread of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+/// All descendants, breadth first; bounded so a fork bomb cannot hang the sampler.
+fn descendants(pid: u32) -> Vec<u32> {
+    const LIMIT: usize = 1024;
+    let mut found = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(next) = queue.pop() {
+        for child in children(next) {
+            if found.len() >= LIMIT {
+                return found;
+            }
+            if !found.contains(&child) {
+                found.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// Samples the summed RSS of a process tree until stopped and keeps the maximum.
+pub struct Sampler {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<u64>,
+}
+
+impl Sampler {
+    /// Starts sampling `pid`'s tree every `interval`. Sampling ends when stopped or
+    /// after `limit`, whichever comes first.
+    pub fn start(pid: u32, interval: Duration, limit: Duration) -> Self {
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + limit;
+            let mut max = 0;
+            loop {
+                if let Some(m) = tree_memory(pid) {
+                    max = max.max(m.rss_kib);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = stopped.wait_for(|s| *s) => break,
+                    _ = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            if let Some(m) = tree_memory(pid) {
+                max = max.max(m.rss_kib);
+            }
+            max
+        });
+        Self { stop, task }
+    }
+
+    /// Stops sampling; the largest summed RSS seen, in KiB.
+    pub async fn stop(self) -> u64 {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or(0)
+    }
+}
+
+/// KiB as MiB, for reports.
+pub fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+#[cfg(test)]
+#[path = "rss/tests.rs"]
+mod tests;

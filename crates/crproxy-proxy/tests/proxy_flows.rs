@@ -1,0 +1,457 @@
+//! The proxy's request flows over real TLS, with in-memory fake API servers as the
+//! client and target clusters and the test acting as the client's aggregation layer
+//! (front-proxy client certificate + `X-Remote-*` headers).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crproxy_core::config::{AccessMode, GroupVersionPlan, ResourceSet, TargetRef};
+use crproxy_core::ownership::Owner;
+use crproxy_core::pki::CertificateAuthority;
+use crproxy_kube::fake::FakeApiServer;
+use crproxy_kube::{Auth, Client, ClusterConfig};
+use crproxy_proxy::app::{self, ProxySetup, RunningProxy, TargetSetup};
+use crproxy_proxy::metrics::Metrics;
+use crproxy_proxy::server::ServingIdentity;
+use crproxy_proxy::sources::PeerSourceConfig;
+
+const WIDGETS: &str = "/apis/example.com/v1/namespaces/demo/widgets";
+
+struct Harness {
+    client_api: FakeApiServer,
+    target: FakeApiServer,
+    proxy: RunningProxy,
+    metrics: Arc<Metrics>,
+    /// The aggregator: presents the front-proxy certificate.
+    aggregator: Client,
+    /// A caller that reached the proxy port without the front-proxy certificate.
+    stranger: Client,
+}
+
+struct Options {
+    access: AccessMode,
+    peers: Option<Vec<String>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            access: AccessMode::Owned,
+            peers: None,
+        }
+    }
+}
+
+async fn harness(options: Options) -> Harness {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client_api = FakeApiServer::start().await.expect("client api");
+    let target = FakeApiServer::start().await.expect("target api");
+    let front_proxy_ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
+    let front_proxy_client = front_proxy_ca
+        .issue_client("front-proxy-client", &[])
+        .expect("front-proxy client cert");
+    client_api.insert(
+        "/api/v1/namespaces/kube-system/configmaps",
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+            "data": {
+                "requestheader-client-ca-file": front_proxy_ca.pem().cert,
+                "requestheader-allowed-names": "[\"front-proxy-client\"]",
+                "requestheader-username-headers": "[\"X-Remote-User\"]",
+                "requestheader-group-headers": "[\"X-Remote-Group\"]",
+                "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"
+            }
+        }),
+    );
+    client_api.insert(
+        "/api/v1/namespaces",
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
+    );
+
+    let serving_ca = CertificateAuthority::generate("serving-ca").expect("ca");
+    let serving = serving_ca
+        .issue_server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+        .expect("serving cert");
+    let metrics = Metrics::new();
+    let peers = options
+        .peers
+        .unwrap_or_else(|| vec![target.addr().to_string()]);
+    let setup = ProxySetup {
+        owner: Owner::new("client", "default"),
+        plan: vec![GroupVersionPlan {
+            group: "example.com".into(),
+            version: "v1".into(),
+            resources: ResourceSet::Explicit(vec!["widgets".into()]),
+            target: TargetRef {
+                name: "target".into(),
+                project: "default".into(),
+            },
+            access: options.access,
+            port: 0,
+        }],
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        client: client_api.client(),
+        targets: vec![TargetSetup {
+            name: "target".into(),
+            project: "default".into(),
+            cluster: target.config(),
+            peers: PeerSourceConfig::Static(peers),
+        }],
+        serving: ServingIdentity {
+            cert_chain_pem: serving.cert.clone(),
+            key_pem: serving.key.clone(),
+        },
+        metrics: Arc::clone(&metrics),
+    };
+    let proxy = app::start(setup, true).await.expect("proxy starts");
+    let addr = proxy.servers[0].1;
+    let url = url::Url::parse(&format!("https://{addr}")).expect("url");
+    let mut aggregator = ClusterConfig::new(url.clone());
+    aggregator.ca_pem = Some(serving_ca.pem().cert.clone().into_bytes());
+    aggregator.auth = Auth::ClientCert {
+        cert_pem: front_proxy_client.cert.into_bytes(),
+        key_pem: front_proxy_client.key.into_bytes(),
+    };
+    let mut stranger = ClusterConfig::new(url);
+    stranger.ca_pem = Some(serving_ca.pem().cert.clone().into_bytes());
+    Harness {
+        client_api,
+        target,
+        proxy,
+        metrics,
+        aggregator: Client::new(aggregator).expect("aggregator client"),
+        stranger: Client::new(stranger).expect("stranger client"),
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Value,
+}
+
+async fn call(client: &Client, method: &str, path: &str, body: Option<Value>) -> Reply {
+    call_as(client, method, path, body, "application/json").await
+}
+
+async fn call_as(
+    client: &Client,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    content_type: &str,
+) -> Reply {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+        .header("content-type", content_type)
+        .header("accept", "application/json")
+        .body(Bytes::from(body.map(|b| b.to_string()).unwrap_or_default()))
+        .expect("request");
+    let response = client.request(request).await.expect("response");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = serde_json::from_slice(response.body()).unwrap_or(Value::Null);
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn widget(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "example.com/v1", "kind": "Widget",
+           "metadata": {"name": name, "namespace": "demo", "labels": labels}, "spec": {"size": 1}})
+}
+
+fn series(metrics: &Metrics, name: &str, needle: &str) -> bool {
+    metrics
+        .encode()
+        .lines()
+        .any(|l| l.starts_with(name) && l.contains(needle))
+}
+
+fn target_saw(h: &Harness, needle: &str) -> bool {
+    h.target.requests().iter().any(|r| r.contains(needle))
+}
+
+#[tokio::test]
+async fn callers_without_the_front_proxy_certificate_get_401_and_reach_nothing() {
+    let h = harness(Options::default()).await;
+    let reply = call(&h.stranger, "GET", WIDGETS, None).await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(reply.body["reason"], "Unauthorized");
+    assert!(!target_saw(&h, "widgets"), "{:?}", h.target.requests());
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn creates_are_stamped_and_the_namespace_is_mirrored() {
+    let h = harness(Options::default()).await;
+    let sent = widget(
+        "w1",
+        json!({"vcluster.com/owner-vcluster": "someone-else", "app": "x"}),
+    );
+    let reply = call(&h.aggregator, "POST", WIDGETS, Some(sent)).await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    let stored = h
+        .target
+        .object(&format!("{WIDGETS}/w1"))
+        .expect("stored on the target");
+    let labels = &stored["metadata"]["labels"];
+    assert_eq!(labels["vcluster.com/owner-vcluster"], "client");
+    assert_eq!(labels["vcluster.com/owner-project"], "default");
+    assert_eq!(labels["app"], "x");
+    assert!(
+        h.target.object("/api/v1/namespaces/demo").is_some(),
+        "namespace mirrored"
+    );
+    // The caller's identity never reaches the target; the proxy's own does.
+    assert!(series(
+        &h.metrics,
+        "vcluster_proxy_request_total",
+        "verb=\"POST\""
+    ));
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn objects_without_both_labels_are_masked_for_every_named_verb() {
+    let h = harness(Options::default()).await;
+    h.target.insert(
+        WIDGETS,
+        widget("foreign", json!({"vcluster.com/owner-vcluster": "client"})),
+    );
+    let path = format!("{WIDGETS}/foreign");
+    let get = call(&h.aggregator, "GET", &path, None).await;
+    assert_eq!(get.status, 404);
+    assert_eq!(get.body["reason"], "NotFound");
+    assert_eq!(
+        get.body["message"],
+        "widgets.example.com \"foreign\" not found"
+    );
+    h.target.clear_requests();
+    let put = call(
+        &h.aggregator,
+        "PUT",
+        &path,
+        Some(widget("foreign", json!({}))),
+    )
+    .await;
+    assert_eq!(put.status, 404);
+    let patch = call_as(
+        &h.aggregator,
+        "PATCH",
+        &path,
+        Some(json!({"spec": {"size": 9}})),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!(patch.status, 404);
+    let delete = call(&h.aggregator, "DELETE", &path, None).await;
+    assert_eq!(delete.status, 404);
+    assert!(
+        !h.target
+            .requests()
+            .iter()
+            .any(|r| !r.starts_with("GET") && r != "POST /api/v1/namespaces"),
+        "only ownership GETs (and namespace mirroring) may reach the target: {:?}",
+        h.target.requests()
+    );
+    assert!(series(
+        &h.metrics,
+        "vcluster_proxy_request_total",
+        "reason=\"ownership_masked\""
+    ));
+    assert_eq!(
+        h.target.object(&path).expect("still there")["spec"]["size"],
+        1
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn owned_objects_can_be_read_and_deleted() {
+    let h = harness(Options::default()).await;
+    let created = call(
+        &h.aggregator,
+        "POST",
+        WIDGETS,
+        Some(widget("mine", json!({}))),
+    )
+    .await;
+    assert_eq!(created.status, 201);
+    let path = format!("{WIDGETS}/mine");
+    let got = call(&h.aggregator, "GET", &path, None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body["metadata"]["name"], "mine");
+    let deleted = call(&h.aggregator, "DELETE", &path, None).await;
+    assert!(
+        deleted.status == 200 || deleted.status == 202,
+        "{}",
+        deleted.status
+    );
+    assert!(h.target.object(&path).is_none());
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn lists_carry_the_owner_selector_merged_with_the_callers() {
+    let h = harness(Options::default()).await;
+    let reply = call(
+        &h.aggregator,
+        "GET",
+        &format!("{WIDGETS}?labelSelector=app%3Dx"),
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let list = h
+        .target
+        .requests()
+        .into_iter()
+        .find(|r| r.starts_with("GET") && r.contains("/widgets?"))
+        .expect("list forwarded");
+    let decoded = percent_encoding::percent_decode_str(&list)
+        .decode_utf8_lossy()
+        .replace('+', " ");
+    assert!(decoded.contains("app=x"), "{decoded}");
+    assert!(
+        decoded.contains("vcluster.com/owner-vcluster=client"),
+        "{decoded}"
+    );
+    assert!(
+        decoded.contains("vcluster.com/owner-project=default"),
+        "{decoded}"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn all_mode_forwards_without_masking() {
+    let h = harness(Options {
+        access: AccessMode::All,
+        peers: None,
+    })
+    .await;
+    h.target.insert(WIDGETS, widget("foreign", json!({})));
+    let got = call(&h.aggregator, "GET", &format!("{WIDGETS}/foreign"), None).await;
+    assert_eq!(got.status, 200);
+    let list = call(&h.aggregator, "GET", WIDGETS, None).await;
+    assert_eq!(list.status, 200);
+    assert!(
+        !target_saw(&h, "owner-vcluster"),
+        "{:?}",
+        h.target.requests()
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn writes_into_a_namespace_missing_on_the_client_are_404() {
+    let h = harness(Options::default()).await;
+    let path = "/apis/example.com/v1/namespaces/nowhere/widgets";
+    let reply = call(&h.aggregator, "POST", path, Some(widget("w", json!({})))).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.body["message"], "namespaces \"nowhere\" not found");
+    assert!(!target_saw(&h, "POST"), "{:?}", h.target.requests());
+    assert!(series(
+        &h.metrics,
+        "vcluster_proxy_request_total",
+        "reason=\"namespace_missing\""
+    ));
+    let _ = &h.client_api;
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn connection_upgrades_are_refused_with_501() {
+    let h = harness(Options::default()).await;
+    let reply = call(&h.aggregator, "POST", &format!("{WIDGETS}/w/exec"), None).await;
+    assert_eq!(reply.status, 501);
+    assert_eq!(
+        reply.body["message"],
+        "resource proxy does not support connection upgrades"
+    );
+    assert!(series(
+        &h.metrics,
+        "vcluster_proxy_request_terminations_total",
+        "reason=\"upgrade_rejected\""
+    ));
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn target_errors_become_a_retryable_503() {
+    let h = harness(Options::default()).await;
+    h.target.set_unavailable(true);
+    let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(
+        reply
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert_eq!(
+        reply.body["message"],
+        "target tenant cluster \"target\" for example.com/v1 is unavailable"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn discovery_falls_back_locally_when_no_peer_answers() {
+    // A port nobody listens on: every dial is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = closed.local_addr().expect("addr").to_string();
+    drop(closed);
+    let h = harness(Options {
+        access: AccessMode::Owned,
+        peers: Some(vec![dead]),
+    })
+    .await;
+    let reply = call(&h.aggregator, "GET", "/apis/example.com/v1", None).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body["kind"], "APIResourceList");
+    assert_eq!(reply.body["resources"][0]["name"], "widgets");
+    assert_eq!(reply.body["resources"][0]["verbs"], json!(["get"]));
+    assert!(series(
+        &h.metrics,
+        "vcluster_proxy_discovery_fallbacks_total",
+        "group_version=\"example.com/v1\""
+    ));
+    // Resource requests fail with the retryable 503 meanwhile.
+    let list = call(&h.aggregator, "GET", WIDGETS, None).await;
+    assert_eq!(list.status, 503);
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn paths_outside_the_group_version_never_reach_the_target() {
+    let h = harness(Options::default()).await;
+    h.target.insert(
+        "/api/v1/namespaces/demo/secrets",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "demo"}}),
+    );
+    for (path, expected) in [
+        ("/api/v1/namespaces/demo/secrets/s", 404),
+        ("/apis/example.com/v2/namespaces/demo/widgets", 404),
+        ("/apis/other.io/v1/namespaces/demo/widgets", 404),
+        ("/apis/example.com/v1/namespaces/demo/widgets/..%2F..%2F..%2Fapi%2Fv1%2Fnamespaces%2Fdemo%2Fsecrets%2Fs", 400),
+        ("/apis/example.com/v1/namespaces/demo/widgets/../../../../api/v1/namespaces/demo/secrets/s", 400),
+    ] {
+        let reply = call(&h.aggregator, "GET", path, None).await;
+        assert_eq!(reply.status, expected, "{path}");
+    }
+    assert!(!target_saw(&h, "secrets"), "{:?}", h.target.requests());
+    h.proxy.shutdown().await;
+}
