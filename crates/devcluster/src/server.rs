@@ -245,7 +245,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
             let t = random_token();
             let user = UserInfo {
                 name: "admin".into(),
-                uid: "admin".into(),
+                uid: "admin-uid".into(),
                 groups: vec!["system:masters".into()],
                 extra: Default::default(),
             };
@@ -377,7 +377,8 @@ async fn serve_connection(
             async move { Ok::<_, std::convert::Infallible>(handlers::handle(state, req).await) }
         });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    // Upgrades are bridged to aggregated API servers (exec-style requests).
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
     tokio::pin!(conn);
     let mut shutdown = state.shutdown.clone();
     tokio::select! {
@@ -461,7 +462,7 @@ impl DevCluster {
         let token = random_token();
         let info = UserInfo {
             name: user.to_string(),
-            uid: user.to_string(),
+            uid: format!("{user}-uid"),
             groups: groups.iter().map(|g| g.to_string()).collect(),
             extra: Default::default(),
         };

@@ -68,6 +68,19 @@ impl ReqCtx {
         }
     }
 
+    /// `fieldManager`, or the program name of the User-Agent, as kube defaults it.
+    pub fn field_manager(&self) -> String {
+        if let Some(m) = self.q("fieldManager").filter(|m| !m.is_empty()) {
+            return m.to_string();
+        }
+        let ua = self
+            .headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        crate::patch::manager_from_user_agent(ua)
+    }
+
     pub fn warnings(&self) -> Vec<String> {
         self.info
             .version(&self.version)
@@ -553,9 +566,12 @@ pub fn prepare_create(
             m.remove("status");
         }
     }
-    seams::defaults_on_create(info, &mut obj);
+    // kube's order: scheme defaults, field manager, then the strategy's own
+    // changes (which managedFields therefore do not claim).
+    seams::scheme_defaults(info, &mut obj);
     let warnings = seams::validate(ctx, &mut obj, None)?;
     seams::managed_fields_update(ctx, None, &mut obj, "");
+    seams::prepare_for_create(info, &mut obj);
     let _ = state;
     Ok((obj, warnings))
 }
@@ -743,9 +759,8 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         && state.store.get(&ctx.gr(), ctx.ns(), &ctx.name).is_none()
         && ctx.subresource.is_empty()
     {
-        let applied = h::decode_yaml(body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-        let (mut obj, mut warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
+        let applied = seams::server_side_apply(ctx, None, body)?;
+        let (obj, mut warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
         let adm = state.policy.admission(&state.store);
         warnings.extend(seams::admit(
             adm.as_deref(),
@@ -754,7 +769,6 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
             Some(&obj),
             None,
         )?);
-        seams::managed_fields_apply_create(ctx, &mut obj);
         check_namespace(state, ctx, &ctx.name)?;
         match insert_new(state, ctx, obj) {
             Ok(written) => {
