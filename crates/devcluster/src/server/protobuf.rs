@@ -105,6 +105,61 @@ const ROLE_BINDING: Schema = &[
     ),
 ];
 
+const RESOURCE_ATTRIBUTES: Schema = &[
+    (1, "namespace", F::Str),
+    (2, "verb", F::Str),
+    (3, "group", F::Str),
+    (4, "version", F::Str),
+    (5, "resource", F::Str),
+    (6, "subresource", F::Str),
+    (7, "name", F::Str),
+];
+
+const NON_RESOURCE_ATTRIBUTES: Schema = &[(1, "path", F::Str), (2, "verb", F::Str)];
+
+const SELF_SUBJECT_ACCESS_REVIEW: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[
+            (1, "resourceAttributes", F::Msg(RESOURCE_ATTRIBUTES)),
+            (2, "nonResourceAttributes", F::Msg(NON_RESOURCE_ATTRIBUTES)),
+        ]),
+    ),
+];
+
+const SUBJECT_ACCESS_REVIEW: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[
+            (1, "resourceAttributes", F::Msg(RESOURCE_ATTRIBUTES)),
+            (2, "nonResourceAttributes", F::Msg(NON_RESOURCE_ATTRIBUTES)),
+            (3, "user", F::Str),
+            (4, "groups", F::RepStr),
+            (6, "uid", F::Str),
+        ]),
+    ),
+];
+
+const SELF_SUBJECT_RULES_REVIEW: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (2, "spec", F::Msg(&[(1, "namespace", F::Str)])),
+];
+
+const TOKEN_REVIEW: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[(1, "token", F::Str), (2, "audiences", F::RepStr)]),
+    ),
+];
+
+const SELF_SUBJECT_REVIEW: Schema = &[(1, "metadata", F::Msg(OBJECT_META))];
+
 fn schema_for(api_version: &str, kind: &str) -> Option<Schema> {
     Some(match (api_version, kind) {
         ("v1", "Namespace") => NAMESPACE,
@@ -113,6 +168,13 @@ fn schema_for(api_version: &str, kind: &str) -> Option<Schema> {
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
         ("rbac.authorization.k8s.io/v1", "Role" | "ClusterRole") => ROLE,
         ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => ROLE_BINDING,
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => SELF_SUBJECT_ACCESS_REVIEW,
+        ("authorization.k8s.io/v1", "SubjectAccessReview" | "LocalSubjectAccessReview") => {
+            SUBJECT_ACCESS_REVIEW
+        }
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => SELF_SUBJECT_RULES_REVIEW,
+        ("authentication.k8s.io/v1", "TokenReview") => TOKEN_REVIEW,
+        ("authentication.k8s.io/v1", "SelfSubjectReview") => SELF_SUBJECT_REVIEW,
         _ => return None,
     })
 }
