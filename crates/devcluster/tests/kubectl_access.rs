@@ -307,3 +307,82 @@ async fn objects_survive_a_restart_and_listeners_share_the_store() {
     );
     second.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_subcommands_work_with_protobuf_bodies() {
+    let tc = devcluster("target").await;
+    let kc = &tc.kubeconfig;
+    ok(kc, &["create", "namespace", "apps"]).await;
+    ok(
+        kc,
+        &[
+            "-n",
+            "apps",
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx",
+            "--replicas=2",
+            "--port=80",
+        ],
+    )
+    .await;
+    let d = kubectl_json_async(kc, &["-n", "apps", "get", "deployment", "web"])
+        .await
+        .expect("deployment");
+    assert_eq!(d["spec"]["replicas"], 2);
+    assert_eq!(
+        d["spec"]["template"]["spec"]["containers"][0]["image"],
+        "nginx"
+    );
+    assert_eq!(
+        d["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"],
+        80
+    );
+    ok(
+        kc,
+        &[
+            "-n",
+            "apps",
+            "create",
+            "service",
+            "clusterip",
+            "web",
+            "--tcp=80:8080",
+        ],
+    )
+    .await;
+    let s = kubectl_json_async(kc, &["-n", "apps", "get", "service", "web"])
+        .await
+        .expect("service");
+    assert_eq!(s["spec"]["ports"][0]["port"], 80);
+    assert_eq!(s["spec"]["ports"][0]["targetPort"], 8080);
+    ok(
+        kc,
+        &[
+            "-n",
+            "apps",
+            "create",
+            "secret",
+            "generic",
+            "s1",
+            "--from-literal=k=v",
+        ],
+    )
+    .await;
+    let secret = kubectl_json_async(kc, &["-n", "apps", "get", "secret", "s1"])
+        .await
+        .expect("secret");
+    assert_eq!(secret["data"]["k"], "dg==");
+    assert_eq!(secret["type"], "Opaque");
+    ok(kc, &["-n", "apps", "create", "serviceaccount", "robot"]).await;
+    ok(
+        kc,
+        &["-n", "apps", "scale", "deployment", "web", "--replicas=3"],
+    )
+    .await;
+    let d = kubectl_json_async(kc, &["-n", "apps", "get", "deployment", "web"])
+        .await
+        .expect("deployment");
+    assert_eq!(d["spec"]["replicas"], 3);
+}
