@@ -35,10 +35,10 @@ pub enum Error {
     /// A stored file had unexpected content (for example a malformed tokens.csv line).
     #[error("{path}: {message}")]
     Format { path: PathBuf, message: String },
-    /// The named listener does not exist (already stopped, or never added).
     /// The aggregation layer could not start (its front-proxy certificate is unusable).
     #[error("aggregation: {0}")]
     Aggregation(String),
+    /// The named listener does not exist (already stopped, or never added).
     #[error("no listener on {0}")]
     NoListener(std::net::SocketAddr),
 }

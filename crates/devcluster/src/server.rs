@@ -245,7 +245,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
             let t = random_token();
             let user = UserInfo {
                 name: "admin".into(),
-                uid: "admin".into(),
+                uid: "admin-uid".into(),
                 groups: vec!["system:masters".into()],
                 extra: Default::default(),
             };
@@ -287,6 +287,8 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
     let _ = state.aggregator.set(aggregator);
     hooks::load_crds(&state);
     hooks::resume_namespace_cleanup(&state);
+    // Bootstrap writes are not watchable history, as on a compacted etcd.
+    state.store.compact_history();
 
     let addr = SocketAddr::new(cfg.bind, cfg.port);
     let (bound, listener) = bind(addr, state.clone(), tls.clone()).await?;
@@ -375,7 +377,8 @@ async fn serve_connection(
             async move { Ok::<_, std::convert::Infallible>(handlers::handle(state, req).await) }
         });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    // Upgrades are bridged to aggregated API servers (exec-style requests).
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
     tokio::pin!(conn);
     let mut shutdown = state.shutdown.clone();
     tokio::select! {
@@ -459,7 +462,7 @@ impl DevCluster {
         let token = random_token();
         let info = UserInfo {
             name: user.to_string(),
-            uid: user.to_string(),
+            uid: format!("{user}-uid"),
             groups: groups.iter().map(|g| g.to_string()).collect(),
             extra: Default::default(),
         };

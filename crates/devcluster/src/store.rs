@@ -67,6 +67,9 @@ pub enum Mutation {
     Put(Value),
     /// Remove the object.
     Delete,
+    /// Remove the object; this is its final state (an update that removed the last
+    /// finalizer of an object being deleted).
+    DeleteFinal(Value),
     /// Change nothing; answer with this object.
     Unchanged(Arc<Value>),
 }
@@ -316,7 +319,11 @@ impl Store {
                     deleted: false,
                 })
             }
-            Mutation::Delete => {
+            Mutation::Delete | Mutation::DeleteFinal(_) => {
+                let final_state = match decision {
+                    Mutation::DeleteFinal(v) => Some(v),
+                    _ => None,
+                };
                 let Some(prev) = current else {
                     // Nothing to delete: the closure should have refused; answer with
                     // an empty object rather than panic.
@@ -328,14 +335,14 @@ impl Store {
                 };
                 if dry_run {
                     return Ok(Written {
-                        object: prev,
+                        object: final_state.map(Arc::new).unwrap_or(prev),
                         created: false,
                         deleted: true,
                     });
                 }
                 let rv = state.rv + 1;
                 state.rv = rv;
-                let mut last = (*prev).clone();
+                let mut last = final_state.unwrap_or_else(|| (*prev).clone());
                 set_rv(&mut last, rv);
                 let last = Arc::new(last);
                 if let Some(data) = state.resources.get_mut(gr) {
@@ -396,6 +403,18 @@ impl Store {
         }
         // No receivers is fine: nobody watches.
         let _ = self.events.send(event);
+    }
+
+    /// Forgets the watch history: watches must start at the current version or later
+    /// (used after bootstrap writes, so a fresh cluster behaves like a compacted one).
+    pub fn compact_history(&self) {
+        let mut state = self.write();
+        let rv = state.rv;
+        state.start_rv = rv;
+        for data in state.resources.values_mut() {
+            data.history.clear();
+            data.floor = rv;
+        }
     }
 
     /// The resourceVersion of the last change to a resource (or the version the

@@ -410,7 +410,7 @@ fn non_resource(
         },
         ["openapi", "v2"] => Ok(h::json_response(
             200,
-            &json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": {}, "definitions": {}}),
+            &crate::openapi::v2_document(&openapi_resources(state)),
         )),
         ["openapi", "v3"] => {
             let mut r = h::json_response(200, &openapi_v3_index(state));
@@ -432,23 +432,52 @@ fn non_resource(
     }
 }
 
-/// `/openapi/v3`: one entry per served group/version.
-fn openapi_v3_index(state: &State) -> Value {
-    let mut paths = serde_json::Map::new();
+/// Every served resource version, as the OpenAPI builder describes it.
+fn openapi_resources(state: &State) -> Vec<crate::openapi::CrdResource> {
+    let mut out = Vec::new();
     for info in state.registry.all() {
+        if info.source == Source::Review {
+            continue;
+        }
         for v in &info.versions {
-            let key = if info.group.is_empty() {
-                format!("api/{}", v.name)
-            } else {
-                format!("apis/{}/{}", info.group, v.name)
+            let schema = match info.source {
+                Source::Crd(_) => v.schema.clone(),
+                _ => crate::openapi::builtin_schema(&info.group, &v.name, &info.kind),
             };
-            let hash = state.registry.generation();
-            paths.insert(
-                key.clone(),
-                json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash:016X}")}),
-            );
+            out.push(crate::openapi::CrdResource {
+                group: info.group.clone(),
+                version: v.name.clone(),
+                kind: info.kind.clone(),
+                list_kind: info.list_kind.clone(),
+                plural: info.resource.clone(),
+                singular: info.singular.clone(),
+                namespaced: info.namespaced,
+                schema,
+            });
         }
     }
+    out
+}
+
+/// `/openapi/v3`: one entry per served group/version, hashed by content.
+fn openapi_v3_index(state: &State) -> Value {
+    let resources = openapi_resources(state);
+    let mut gvs: Vec<(String, String)> = resources
+        .iter()
+        .map(|r| (r.group.clone(), r.version.clone()))
+        .collect();
+    gvs.sort();
+    gvs.dedup();
+    let mut entries: Vec<(String, String)> = gvs
+        .iter()
+        .map(|(g, v)| {
+            let doc = crate::openapi::v3_group_version(g, v, &resources);
+            (
+                crate::openapi::group_version_path(g, v),
+                crate::openapi::document_hash(&doc),
+            )
+        })
+        .collect();
     // Aggregated group/versions are listed too; their documents come from the
     // backend when a client asks for them.
     if let Some(aggregator) = state.aggregator.get() {
@@ -458,68 +487,21 @@ fn openapi_v3_index(state: &State) -> Value {
                 let Some(v) = version["version"].as_str() else {
                     continue;
                 };
-                let key = format!("apis/{name}/{v}");
-                let hash = state.registry.generation();
-                paths.insert(
-                    key.clone(),
-                    json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash:016X}")}),
-                );
+                let hash = format!("{:016X}", state.registry.generation());
+                entries.push((crate::openapi::group_version_path(name, v), hash));
             }
         }
     }
-    json!({"paths": paths})
+    crate::openapi::v3_index(&entries)
 }
 
-/// A minimal OpenAPI v3 document for a group/version: enough for kubectl to see
-/// that writes accept `fieldValidation` (so it validates on the server).
+/// `/openapi/v3/api/v1` or `/openapi/v3/apis/<g>/<v>`.
 fn openapi_v3_gv(state: &State, group: &str, version: &str) -> Option<Value> {
-    let infos: Vec<_> = state
-        .registry
-        .all()
-        .into_iter()
-        .filter(|i| i.group == group && i.version(version).is_some())
-        .collect();
-    if infos.is_empty() {
-        return None;
-    }
-    let prefix = if group.is_empty() {
-        format!("/api/{version}")
-    } else {
-        format!("/apis/{group}/{version}")
-    };
-    let mut paths = serde_json::Map::new();
-    for info in infos {
-        let gvk = json!({"group": group, "version": version, "kind": info.kind});
-        let ns = if info.namespaced {
-            "/namespaces/{namespace}"
-        } else {
-            ""
-        };
-        let param = |n: &str| json!({"name": n, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
-        let op = |action: &str| {
-            json!({
-                "operationId": format!("{action}{}", info.kind),
-                "parameters": [param("dryRun"), param("fieldManager"), param("fieldValidation")],
-                "responses": {"200": {"description": "OK"}},
-                "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": gvk,
-            })
-        };
-        paths.insert(
-            format!("{prefix}{ns}/{}", info.resource),
-            json!({"post": op("post")}),
-        );
-        paths.insert(
-            format!("{prefix}{ns}/{}/{{name}}", info.resource),
-            json!({"put": op("put"), "patch": op("patch")}),
-        );
-    }
-    Some(json!({
-        "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v1.32.0"},
-        "paths": paths,
-        "components": {"schemas": {}},
-    }))
+    let resources = openapi_resources(state);
+    resources
+        .iter()
+        .any(|r| r.group == group && r.version == version)
+        .then(|| crate::openapi::v3_group_version(group, version, &resources))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -710,7 +692,18 @@ fn reviews(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Result<Response<Bod
     }
     let rbac = state.policy.rbac(&state.store);
     match crate::reviews::handle_review(&ctx.info.resource, &obj, &ctx.user, &rbac, &state.authn) {
-        Ok(answer) => Ok(h::json_response(201, &answer)),
+        Ok(mut answer) => {
+            // kube's field manager records the review's writer like any create.
+            let mut tracked = obj.clone();
+            super::seams::managed_fields_update(ctx, None, &mut tracked, "");
+            if let (Some(mf), Some(meta)) = (
+                tracked.pointer("/metadata/managedFields").cloned(),
+                super::objects::metadata_mut(&mut answer),
+            ) {
+                meta.insert("managedFields".into(), mf);
+            }
+            Ok(h::json_response(201, &answer))
+        }
         Err(status) => Err(ApiError::from_status(&status)),
     }
 }

@@ -98,7 +98,17 @@ pub fn crd_changed(state: &Arc<State>, crd: &Value, deleted: bool) {
                 .store
                 .mutate::<ApiError>(&crd_gr(), "", &name, false, |cur| match cur {
                     Some(cur) if !crate::crd::is_established(cur) && !o::is_deleting(cur) => {
-                        Ok(Mutation::Put(crate::crd::established(cur, &now)))
+                        let mut new = crate::crd::established(cur, &now);
+                        crate::patch::update_managed_fields(
+                            Some(cur),
+                            &mut new,
+                            "kube-apiserver",
+                            "Update",
+                            "apiextensions.k8s.io/v1",
+                            Some("status"),
+                            &now,
+                        );
+                        Ok(Mutation::Put(new))
                     }
                     Some(cur) => Ok(Mutation::Unchanged(cur.clone())),
                     None => Ok(Mutation::Unchanged(Arc::new(Value::Null))),
@@ -109,7 +119,11 @@ pub fn crd_changed(state: &Arc<State>, crd: &Value, deleted: bool) {
 
 /// Registers every stored CRD (at start).
 pub fn load_crds(state: &Arc<State>) {
-    let (crds, _) = state.store.list(&crd_gr(), None);
+    let (mut crds, _) = state.store.list(&crd_gr(), None);
+    crds.sort_by(|a, b| {
+        (meta_str(a, "creationTimestamp"), meta_str(a, "name"))
+            .cmp(&(meta_str(b, "creationTimestamp"), meta_str(b, "name")))
+    });
     for crd in crds {
         if let Some(info) = crate::crd::resource_info(&crd) {
             state.registry.put_crd(info);

@@ -210,8 +210,9 @@ pub fn prepare_update(
     Ok(())
 }
 
-/// Whether two versions of an object differ in anything but resourceVersion and
-/// managedFields timestamps (an update that changes nothing is not written).
+/// Whether two versions of an object differ in anything but resourceVersion (an
+/// update that changes nothing is not written; managedFields only change when
+/// something else did, or when a new manager takes ownership).
 pub fn same_object(a: &Value, b: &Value) -> bool {
     strip_volatile(a) == strip_volatile(b)
 }
@@ -220,7 +221,6 @@ fn strip_volatile(v: &Value) -> Value {
     let mut v = v.clone();
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
-        m.remove("managedFields");
     }
     v
 }

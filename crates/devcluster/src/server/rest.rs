@@ -68,6 +68,19 @@ impl ReqCtx {
         }
     }
 
+    /// `fieldManager`, or the program name of the User-Agent, as kube defaults it.
+    pub fn field_manager(&self) -> String {
+        if let Some(m) = self.q("fieldManager").filter(|m| !m.is_empty()) {
+            return m.to_string();
+        }
+        let ua = self
+            .headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        crate::patch::manager_from_user_agent(ua)
+    }
+
     pub fn warnings(&self) -> Vec<String> {
         self.info
             .version(&self.version)
@@ -282,9 +295,9 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
     }
     let key_of = |o: &Value| -> String {
         if ns.is_some() || !ctx.info.namespaced {
-            format!("{}\u{0}", meta_str(o, "name"))
+            meta_str(o, "name").to_string()
         } else {
-            format!("{}/{}\u{0}", meta_str(o, "namespace"), meta_str(o, "name"))
+            format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name"))
         }
     };
     let limit: usize = ctx
@@ -297,7 +310,7 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
     let mut iter = all
         .iter()
         .filter(|o| match &start_key {
-            // Keys end in NUL, so ">=" on the next key means "after the last one".
+            // The token's start is the last key plus NUL: the first key after it.
             Some(start) => key_of(o).as_str() >= start.as_str(),
             None => true,
         })
@@ -312,14 +325,20 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
         let rest = iter.count();
         if rest > 0 {
             if let Some(last) = items.last() {
-                cont = encode_continue(rv, &key_of(last));
+                cont = encode_continue(rv, &format!("{}\u{0}", key_of(last)));
             }
             if selectors.is_empty() {
                 remaining = Some(rest);
             }
         }
     }
-    let meta = output::list_metadata(rv, &cont, remaining);
+    let mut meta = output::list_metadata(rv, &cont, remaining);
+    // Typed (built-in) lists omit an empty continue; unstructured CR lists send "".
+    if cont.is_empty() && !ctx.info.is_crd() {
+        if let Some(m) = meta.as_object_mut() {
+            m.remove("continue");
+        }
+    }
     let mut resp = match ctx.output {
         Output::Table => {
             let mut tm = serde_json::Map::new();
@@ -340,6 +359,12 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
             h::json_response(200, &t)
         }
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
+            let mut meta = meta;
+            if cont.is_empty() {
+                if let Some(m) = meta.as_object_mut() {
+                    m.remove("continue");
+                }
+            }
             h::json_response(200, &output::partial_list(&items, meta))
         }
         Output::Yaml => h::object_response(
@@ -541,9 +566,12 @@ pub fn prepare_create(
             m.remove("status");
         }
     }
-    seams::defaults_on_create(info, &mut obj);
+    // kube's order: scheme defaults, field manager, then the strategy's own
+    // changes (which managedFields therefore do not claim).
+    seams::scheme_defaults(info, &mut obj);
     let warnings = seams::validate(ctx, &mut obj, None)?;
     seams::managed_fields_update(ctx, None, &mut obj, "");
+    seams::prepare_for_create(info, &mut obj);
     let _ = state;
     Ok((obj, warnings))
 }
@@ -652,7 +680,7 @@ fn commit_update(
     warnings.extend(seams::admit(adm, ctx, "UPDATE", Some(&new), Some(current))?);
     seams::managed_fields_update(ctx, Some(current), &mut new, subresource);
     if o::is_deleting(&new) && !o::has_finalizers(&new) {
-        return Ok((Mutation::Delete, warnings));
+        return Ok((Mutation::DeleteFinal(new), warnings));
     }
     if o::same_object(current, &new) {
         return Ok((Mutation::Unchanged(current.clone()), warnings));
@@ -662,10 +690,11 @@ fn commit_update(
 
 pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut obj = decode(ctx, body)?;
-    check_type(ctx, &mut obj, &ctx.info.kind, &ctx.api_version())?;
     if ctx.subresource == "scale" {
+        check_type(ctx, &mut obj, "Scale", "autoscaling/v1")?;
         return update_scale(state, ctx, ScaleChange::Replace(obj));
     }
+    check_type(ctx, &mut obj, &ctx.info.kind, &ctx.api_version())?;
     if !matches!(ctx.subresource.as_str(), "" | "status" | "finalize") {
         return Err(ApiError::resource_not_found());
     }
@@ -730,9 +759,8 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         && state.store.get(&ctx.gr(), ctx.ns(), &ctx.name).is_none()
         && ctx.subresource.is_empty()
     {
-        let applied = h::decode_yaml(body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-        let (mut obj, mut warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
+        let applied = seams::server_side_apply(ctx, None, body)?;
+        let (obj, mut warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
         let adm = state.policy.admission(&state.store);
         warnings.extend(seams::admit(
             adm.as_deref(),
@@ -741,7 +769,6 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
             Some(&obj),
             None,
         )?);
-        seams::managed_fields_apply_create(ctx, &mut obj);
         check_namespace(state, ctx, &ctx.name)?;
         match insert_new(state, ctx, obj) {
             Ok(written) => {

@@ -57,47 +57,101 @@ impl PatchKind {
     }
 }
 
-fn rejected() -> ApiError {
-    ApiError::new(
-        422,
-        "Invalid",
-        "the server rejected our request due to an error in our request",
-    )
-    .with_empty_details()
+fn patch_error(e: crate::patch::PatchError) -> ApiError {
+    ApiError::from_status(&e.status())
 }
 
-/// Applies a patch body to the current object.
+fn decode_patch(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
+}
+
+/// The applied configuration of a server-side apply, minus what the endpoint may
+/// not change (status through the main resource; everything but status through
+/// `/status`), as kube's strategies reset it before tracking ownership.
+pub fn applied_config(ctx: &ReqCtx, body: &[u8]) -> Result<Value, ApiError> {
+    let mut applied = h::decode_yaml(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    if let Some(m) = applied.as_object_mut() {
+        match ctx.subresource.as_str() {
+            "status" => {
+                m.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status"))
+            }
+            _ if ctx.info.status_subresource => {
+                m.remove("status");
+            }
+            _ => {}
+        }
+    }
+    Ok(applied)
+}
+
+fn schema_of(ctx: &ReqCtx) -> Option<std::sync::Arc<crate::schema::StructuralSchema>> {
+    ctx.info
+        .version(&ctx.version)
+        .and_then(|v| v.structural.clone())
+}
+
+fn subresource(ctx: &ReqCtx) -> Option<&str> {
+    (!ctx.subresource.is_empty()).then_some(ctx.subresource.as_str())
+}
+
+/// Server-side apply of `body` onto `live` (None: create).
+pub fn server_side_apply(
+    ctx: &ReqCtx,
+    live: Option<&Value>,
+    body: &[u8],
+) -> Result<Value, ApiError> {
+    let applied = applied_config(ctx, body)?;
+    let schema = schema_of(ctx);
+    let manager = ctx.field_manager();
+    let api_version = ctx.api_version();
+    let now = super::objects::now();
+    let opts = crate::patch::ApplyOptions {
+        manager: &manager,
+        force: ctx.q("force").is_some_and(|f| f == "true"),
+        api_version: &api_version,
+        subresource: subresource(ctx),
+        now: &now,
+        schema: schema.as_deref(),
+    };
+    crate::patch::apply_with(live, &applied, &opts).map_err(|e| match e {
+        crate::patch::ApplyError::Conflicts(c) => {
+            ApiError::from_status(&crate::patch::apply_conflict_status(&c))
+        }
+        crate::patch::ApplyError::NotAnObject => {
+            ApiError::bad_request("the applied configuration must be an object")
+        }
+    })
+}
+
+/// Applies a patch body to the current object (in the requested version).
 pub fn apply_patch(
-    _ctx: &ReqCtx,
+    ctx: &ReqCtx,
     kind: PatchKind,
     current: &Value,
     body: &[u8],
 ) -> Result<Value, ApiError> {
     let mut doc = current.clone();
     match kind {
-        PatchKind::Merge | PatchKind::Strategic => {
-            let patch: Value = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::merge(&mut doc, &patch);
+        PatchKind::Merge => crate::patch::merge_patch(&mut doc, &decode_patch(body)?),
+        PatchKind::Strategic => {
+            crate::patch::strategic_merge_patch(&mut doc, &decode_patch(body)?, &ctx.info.kind)
+                .map_err(patch_error)?
         }
         PatchKind::Json => {
-            let patch: json_patch::Patch = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::patch(&mut doc, &patch).map_err(|_| rejected())?;
+            crate::patch::json_patch(&mut doc, &decode_patch(body)?).map_err(patch_error)?
         }
-        PatchKind::Apply => {
-            let applied = h::decode_yaml(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-            json_patch::merge(&mut doc, &applied);
-        }
+        PatchKind::Apply => return server_side_apply(ctx, Some(current), body),
     }
     Ok(doc)
 }
 
 // ---------- defaults, validation, managedFields ----------
 
-/// Server-side defaults that kube's built-in strategies set on create.
-pub fn defaults_on_create(info: &ResourceInfo, obj: &mut Value) {
+/// Defaults kube's scheme applies while decoding (before managedFields are
+/// computed, so the writer owns them).
+pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
     let Some(m) = obj.as_object_mut() else { return };
     match (info.group.as_str(), info.resource.as_str()) {
         ("", "namespaces") => {
@@ -112,11 +166,32 @@ pub fn defaults_on_create(info: &ResourceInfo, obj: &mut Value) {
                     l.insert("kubernetes.io/metadata.name".into(), name);
                 }
             }
-            m.insert("spec".into(), json!({"finalizers": ["kubernetes"]}));
-            m.insert("status".into(), json!({"phase": "Active"}));
         }
         ("", "secrets") => {
-            m.entry("type").or_insert_with(|| json!("Opaque"));
+            if m.get("type")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                m.insert("type".into(), json!("Opaque"));
+            }
+        }
+        ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            if let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.entry("conversion")
+                    .or_insert_with(|| json!({"strategy": "None"}));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What kube's registry strategies set on create (not owned by the writer).
+pub fn prepare_for_create(info: &ResourceInfo, obj: &mut Value) {
+    let Some(m) = obj.as_object_mut() else { return };
+    match (info.group.as_str(), info.resource.as_str()) {
+        ("", "namespaces") => {
+            m.insert("spec".into(), json!({"finalizers": ["kubernetes"]}));
+            m.insert("status".into(), json!({"phase": "Active"}));
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             crate::crd::defaults_on_create(obj);
@@ -211,12 +286,29 @@ pub fn admit(
     crate::admission::validate(snapshot, &req).map_err(|s| ApiError::from_status(&s))
 }
 
-/// Records the writer in managedFields for an Update operation (stand-in: keeps
-/// whatever the object had).
-pub fn managed_fields_update(_ctx: &ReqCtx, _old: Option<&Value>, _new: &mut Value, _sub: &str) {}
-
-/// Records the applier in managedFields for an apply that creates the object.
-pub fn managed_fields_apply_create(_ctx: &ReqCtx, _obj: &mut Value) {}
+/// Records the writer in managedFields for an Update operation (apply requests
+/// have their ownership computed by the apply itself).
+pub fn managed_fields_update(ctx: &ReqCtx, old: Option<&Value>, new: &mut Value, sub: &str) {
+    if super::http::content_type(&ctx.headers) == "application/apply-patch+yaml" {
+        return;
+    }
+    let schema = schema_of(ctx);
+    let manager = ctx.field_manager();
+    let api_version = ctx.api_version();
+    let now = super::objects::now();
+    crate::patch::update_managed_fields_with(
+        old,
+        new,
+        &crate::patch::UpdateOptions {
+            manager: &manager,
+            operation: "Update",
+            api_version: &api_version,
+            subresource: (!sub.is_empty()).then_some(sub),
+            now: &now,
+            schema: schema.as_deref(),
+        },
+    );
+}
 
 #[cfg(test)]
 mod tests {
