@@ -167,13 +167,12 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
                 }
             }
         }
-        ("", "secrets") => {
+        ("", "secrets")
             if m.get("type")
                 .and_then(Value::as_str)
-                .is_none_or(str::is_empty)
-            {
-                m.insert("type".into(), json!("Opaque"));
-            }
+                .is_none_or(str::is_empty) =>
+        {
+            m.insert("type".into(), json!("Opaque"));
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             if let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) {
