@@ -22,7 +22,7 @@ use crate::nginx::{self, Nginx};
 use crate::report::{self, MemoryFigure, Report, Row};
 use crate::rss;
 use crate::stats::{RoundStats, Summary};
-use crate::watch::WatchSet;
+use crate::watch::{WatchSet, PRIME_SEQ};
 use crate::workload::{
     collection_path, object_path, resource_version, widget, CreateObjects, DeleteObjects,
     GetObject, ListObjects, Owned, Owner, PatchObjects, UpdateObjects,
@@ -192,6 +192,7 @@ pub async fn run(options: &Options) -> Result<Report> {
         proxy_base_port: child::free_port()?,
         metrics_port: child::free_port()?,
         persistent: false,
+        share_ports: false,
     })
     .await
     .context("starting the dev environment")?;
@@ -233,6 +234,7 @@ async fn measure_all(
     // The direct path uses the client's own identity on the target, the one the
     // proxy forwards with, so authorization costs the same on both paths.
     let identity_kubeconfig = client
+        .link
         .config_path
         .parent()
         .map(|d| d.join("target-identity.kubeconfig"))
@@ -303,7 +305,7 @@ async fn measure_all(
                 eprintln!("starting {} run as a child process...", binary.display());
                 match ChildProxy::start(
                     binary,
-                    &client.config_path,
+                    &client.link.config_path,
                     &dir.join("crproxy-child"),
                     &child_replacements,
                 )
@@ -324,7 +326,8 @@ async fn measure_all(
         Some(c) => (c.addr, Some(c.ca_pem.clone()), Some(c.pid)),
         None => {
             let addr = client
-                .proxy
+                .proxy()
+                .ok_or_else(|| anyhow!("the in-process proxy is not running"))?
                 .servers
                 .first()
                 .map(|(_, a)| *a)
@@ -766,7 +769,7 @@ fn row_from(
         let errors = m.errors;
         if errors > 0 || m.summary.is_none() {
             notes.push(format!(
-                "{scenario} c={concurrency} on {}: {errors} errors; first: {}",
+                "{scenario} c={concurrency} on {}: {errors} failed requests; first problem: {}",
                 lane.label,
                 m.first_error.as_deref().unwrap_or("no successful request")
             ));
@@ -819,6 +822,7 @@ async fn watch_row(
     for lane in lanes {
         let rv = collection_rv(&mut writer, direct, NS_WATCH).await?;
         let marker = format!("ev-{}-{watches}-", lane.label);
+        eprintln!("  {}: opening {watches} watches", lane.label);
         let path = format!("{}?watch=1&resourceVersion={rv}", collection_path(NS_WATCH));
         let mut set = WatchSet::open(
             Arc::clone(&lane.endpoint),
@@ -828,6 +832,13 @@ async fn watch_row(
             Duration::from_secs(60),
         )
         .await?;
+        if set.established < watches {
+            let name = format!("{marker}{PRIME_SEQ}");
+            let sent_at = Instant::now();
+            write_widget(&mut writer, direct, NS_WATCH, &name, owner).await?;
+            set.prime(PRIME_SEQ, watches, sent_at, Duration::from_secs(15))
+                .await;
+        }
         let mut first_error = set.first_error.clone();
         let mut rounds = Vec::new();
         if set.established > 0 {
@@ -837,16 +848,10 @@ async fn watch_row(
                 for k in 0..events {
                     let seq = (round * events + k) as u64;
                     let name = format!("{marker}{seq}");
-                    let object = widget(NS_WATCH, &name, k, Some(owner), None);
-                    let request = direct.request(
-                        Method::POST,
-                        &collection_path(NS_WATCH),
-                        Some(("application/json", bytes::Bytes::from(object.to_string()))),
-                    )?;
                     let sent_at = Instant::now();
-                    let written = driver::exchange(&mut writer, request, false).await;
-                    if !written.as_ref().is_ok_and(|e| e.status.is_success()) {
-                        first_error.get_or_insert(format!("writing {name} on the target failed"));
+                    if let Err(e) = write_widget(&mut writer, direct, NS_WATCH, &name, owner).await
+                    {
+                        first_error.get_or_insert(e.to_string());
                         continue;
                     }
                     let (got, lost) = set
@@ -868,7 +873,7 @@ async fn watch_row(
         }
         if set.established < watches {
             notes.push(format!(
-                "{scenario} on {}: only {} of {watches} watches opened",
+                "{scenario} on {}: only {} of {watches} watches opened; its latencies cover those only, so its ratios are not like for like",
                 lane.label, set.established
             ));
         }
@@ -914,6 +919,19 @@ async fn memory_phase(
         Duration::from_secs(120),
     )
     .await?;
+    let mut set = set;
+    if set.established < plan.idle_watches {
+        let name = format!("none-{PRIME_SEQ}");
+        let sent_at = Instant::now();
+        write_widget(&mut writer, direct, NS_IDLE, &name, owner).await?;
+        set.prime(
+            PRIME_SEQ,
+            plan.idle_watches,
+            sent_at,
+            Duration::from_secs(30),
+        )
+        .await;
+    }
     // Let allocations settle (connection buffers, timers) before reading.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let with = rss::memory(pid).map(|m| m.rss_kib).unwrap_or(0);
@@ -984,6 +1002,30 @@ async fn memory_phase(
         _ => None,
     };
     Ok((figures, idle, lists))
+}
+
+/// Creates one Widget on the target (the write a watch is timed against).
+async fn write_widget(
+    writer: &mut Sender,
+    direct: &Endpoint,
+    namespace: &str,
+    name: &str,
+    owner: &Owner,
+) -> Result<()> {
+    let object = widget(namespace, name, 0, Some(owner), None);
+    let request = direct.request(
+        Method::POST,
+        &collection_path(namespace),
+        Some(("application/json", bytes::Bytes::from(object.to_string()))),
+    )?;
+    let answer = driver::exchange(writer, request, false).await?;
+    if !answer.status.is_success() {
+        bail!(
+            "writing {namespace}/{name} on the target answered {}",
+            answer.status
+        );
+    }
+    Ok(())
 }
 
 /// Whether the endpoint's identity may list widgets across namespaces.

@@ -17,6 +17,13 @@ use tokio::time::Instant;
 
 use crate::driver::{DriverError, Endpoint};
 
+/// How long [`WatchSet::open`] waits for further response heads before it
+/// leaves the rest to an event.
+pub const HEAD_QUIET: Duration = Duration::from_secs(3);
+
+/// The sequence number of the event that primes watches whose heads were held.
+pub const PRIME_SEQ: u64 = 999_999_999;
+
 /// Splits a byte stream into newline-terminated lines across frame boundaries.
 #[derive(Default)]
 pub struct LineSplitter {
@@ -68,7 +75,10 @@ pub struct WatchSet {
 
 impl WatchSet {
     /// Opens `count` watches of `path_and_query` and waits (up to `limit`) until
-    /// every one has its response head.
+    /// every one has its response head, or until no head arrived for
+    /// [`HEAD_QUIET`]: some proxies (nginx over HTTP/2) hold the head of a
+    /// streaming response back until its first data, so the caller primes such
+    /// watches with an event (see [`WatchSet::prime`]).
     pub async fn open(
         endpoint: Arc<Endpoint>,
         path_and_query: &str,
@@ -128,25 +138,43 @@ impl WatchSet {
             first_error: None,
         };
         let deadline = Instant::now() + limit;
+        let mut quiet_until = Instant::now() + HEAD_QUIET;
         while set.established + set.failed < count {
-            match tokio::time::timeout_at(deadline, heads.recv()).await {
-                Ok(Some(Ok(()))) => set.established += 1,
+            match tokio::time::timeout_at(deadline.min(quiet_until), heads.recv()).await {
+                Ok(Some(Ok(()))) => {
+                    set.established += 1;
+                    quiet_until = Instant::now() + HEAD_QUIET;
+                }
                 Ok(Some(Err(e))) => {
                     set.failed += 1;
                     set.first_error.get_or_insert(e);
                 }
                 Ok(None) => break,
-                Err(_) => {
-                    let missing = count - set.established - set.failed;
-                    set.first_error.get_or_insert(format!(
-                        "{missing} watches had no response head after {}s",
-                        limit.as_secs()
-                    ));
-                    break;
-                }
+                Err(_) => break,
             }
         }
         Ok(set)
+    }
+
+    /// Counts as established every watch that delivers event `seq` (written by
+    /// the caller just before) within `limit`, for watches whose head was held
+    /// back. Returns how many watches are established now.
+    pub async fn prime(
+        &mut self,
+        seq: u64,
+        count: usize,
+        sent_at: Instant,
+        limit: Duration,
+    ) -> usize {
+        let (arrived, _) = self.collect(seq, count, sent_at, limit).await;
+        self.established = self.established.max(arrived.len());
+        if self.established < count {
+            self.first_error.get_or_insert(format!(
+                "{} of {count} watches neither answered nor delivered an event",
+                count - self.established
+            ));
+        }
+        self.established
     }
 
     /// Waits for event `seq` on `expected` watches (up to `limit`), and returns

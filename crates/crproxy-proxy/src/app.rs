@@ -66,6 +66,8 @@ pub struct ProxySetup {
     pub serving: ServingIdentity,
     /// Shared by every proxy in the process (several clients in `crproxy dev`).
     pub metrics: Arc<Metrics>,
+    /// Let other replicas on this host listen on the same proxy ports.
+    pub share_ports: bool,
 }
 
 /// A started proxy.
@@ -173,7 +175,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             Arc::clone(&trust),
         );
         let addr = SocketAddr::new(setup.bind, plan.port);
-        let listener = server::bind(addr).await?;
+        let listener = server::bind(addr, setup.share_ports).await?;
         let addr = listener.local_addr().unwrap_or(addr);
         servers.push((group_version.clone(), addr));
         servers_done.push(server::serve_proxy(
@@ -199,7 +201,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
     }
 
     let metrics_addr = if serve_metrics {
-        let listener = server::bind(setup.metrics_addr).await?;
+        let listener = server::bind(setup.metrics_addr, false).await?;
         let addr = listener.local_addr().unwrap_or(setup.metrics_addr);
         servers_done.push(server::serve_metrics(
             listener,

@@ -107,6 +107,7 @@ async fn harness(options: Options) -> Harness {
             key_pem: serving.key.clone(),
         },
         metrics: Arc::clone(&metrics),
+        share_ports: false,
     };
     let proxy = app::start(setup, true).await.expect("proxy starts");
     let addr = proxy.servers[0].1;

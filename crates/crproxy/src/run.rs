@@ -212,6 +212,7 @@ pub fn setup(
         targets,
         serving,
         metrics,
+        share_ports: false,
     })
 }
 

@@ -24,6 +24,7 @@ async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempD
         proxy_base_port: 0,
         metrics_port: 0,
         persistent: false,
+        share_ports: false,
     })
     .await?;
     Ok((env, dir))
@@ -381,7 +382,7 @@ async fn target_down_keeps_discovery_and_fails_requests_with_retryable_503() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_callers_without_the_front_proxy_certificate_get_401() -> Result<()> {
     let (env, _dir) = env(1, 1).await?;
-    let (_, addr) = &env.clients[0].proxy.servers[0];
+    let (_, addr) = &env.clients[0].proxy().expect("proxy running").servers[0];
     let url = format!("https://{addr}/apis/example.com/v1/namespaces/demo/widgets");
     let output = std::process::Command::new("curl")
         .args([
@@ -425,4 +426,78 @@ fn parse_kubeconfig(text: &str) -> Result<Value> {
     serde_json::from_str(text)
         .or_else(|_| serde_saphyr::from_str(text))
         .context("parsing kubeconfig")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_one_of_three_target_replicas_under_load_costs_callers_nothing() -> Result<()> {
+    let (env, _dir) = env(1, 3).await?;
+    let api = crproxy::devenv::admin_client(&env.clients[0].cluster)?;
+    api.create(
+        "/api/v1/namespaces",
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "load"}}),
+    )
+    .await?;
+    let path = "/apis/example.com/v1/namespaces/load/widgets";
+    api.create(path, &widget("w", 1)).await?;
+
+    // Four callers, each making requests back to back for six seconds.
+    let stop_at = tokio::time::Instant::now() + Duration::from_secs(6);
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let api = api.clone();
+        workers.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while tokio::time::Instant::now() < stop_at {
+                match api.get(path).await {
+                    Ok(_) => ok += 1,
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.target.stop_listener(env.target_replicas[1])?;
+    let (mut total_ok, mut failures) = (0, Vec::new());
+    for worker in workers {
+        let (ok, failed) = worker.await?;
+        total_ok += ok;
+        failures.extend(failed);
+    }
+    assert!(
+        total_ok > 20,
+        "the load must actually run: {total_ok} requests"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} caller-visible errors: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_client_namespace_removes_only_the_clients_objects() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let client = &env.clients[0].kubeconfig;
+    let target = &env.target_kubeconfig;
+    kubectl_ok(client, &["create", "namespace", "doomed"]).await?;
+    kubectl_apply(client, "doomed", &widget("mine", 1)).await?;
+    // Mirrored by the write above; another tenant's object lives beside ours.
+    kubectl_apply(target, "doomed", &widget("theirs", 2)).await?;
+    // The namespace controller lists proxied resources as metadata and deletes
+    // what it sees: only the client's own objects.
+    kubectl_ok(client, &["delete", "namespace", "doomed", "--timeout=60s"]).await?;
+    let (exists, _, _) = kubectl(client, &["get", "namespace", "doomed"], None).await;
+    assert!(!exists, "the namespace is gone from the client");
+    let left = kubectl_ok(target, &["-n", "doomed", "get", "widgets", "-o", "name"]).await?;
+    assert_eq!(
+        left.trim(),
+        "widget.example.com/theirs",
+        "only the client's object is deleted"
+    );
+    env.shutdown().await;
+    Ok(())
 }

@@ -202,7 +202,10 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
                     Ok(Mutation::Put(new))
                 });
             }
-            if contents.is_empty() || state.store.objects_in_namespace(&ns).is_empty() {
+            let aggregated_gone = super::aggregated::empty_aggregated_resources(&state, &ns).await;
+            if aggregated_gone
+                && (contents.is_empty() || state.store.objects_in_namespace(&ns).is_empty())
+            {
                 let _ = state
                     .store
                     .mutate::<ApiError>(&ns_gr(), "", &ns, false, |cur| match cur {
