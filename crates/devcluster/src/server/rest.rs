@@ -717,16 +717,17 @@ pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut warnings = Vec::new();
     let sub = ctx.subresource.clone();
     let adm = state.policy.admission(&state.store);
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let (m, w) = commit_update(ctx, cur, obj, &sub, true, adm.as_deref())?;
-            warnings = w;
-            Ok(m)
-        })?;
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let (m, w) = commit_update(ctx, cur, obj.clone(), &sub, true, adm.as_deref())?;
+                warnings = w;
+                Ok(m)
+            })?;
     super::hooks::after_write(state, ctx, &written);
     Ok(respond(ctx, 200, &written.object, &warnings))
 }
@@ -783,28 +784,29 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut warnings = Vec::new();
     let sub = ctx.subresource.clone();
     let adm = state.policy.admission(&state.store);
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let as_requested = output::convert(cur, &ctx.api_version());
-            let patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
-            let mut patched = patched;
-            // A patch that does not mention resourceVersion is unconditional.
-            if meta_str(&patched, "resourceVersion").is_empty() {
-                if let Some(m) = metadata_mut(&mut patched) {
-                    m.insert(
-                        "resourceVersion".into(),
-                        json!(meta_str(cur, "resourceVersion")),
-                    );
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let as_requested = output::convert(cur, &ctx.api_version());
+                let patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
+                let mut patched = patched;
+                // A patch that does not mention resourceVersion is unconditional.
+                if meta_str(&patched, "resourceVersion").is_empty() {
+                    if let Some(m) = metadata_mut(&mut patched) {
+                        m.insert(
+                            "resourceVersion".into(),
+                            json!(meta_str(cur, "resourceVersion")),
+                        );
+                    }
                 }
-            }
-            let (m, w) = commit_update(ctx, cur, patched, &sub, false, adm.as_deref())?;
-            warnings = w;
-            Ok(m)
-        })?;
+                let (m, w) = commit_update(ctx, cur, patched, &sub, false, adm.as_deref())?;
+                warnings = w;
+                Ok(m)
+            })?;
     super::hooks::after_write(state, ctx, &written);
     Ok(respond(ctx, 200, &written.object, &warnings))
 }
@@ -865,37 +867,38 @@ fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
         return Err(ApiError::resource_not_found());
     };
     let adm = state.policy.admission(&state.store);
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let scale = scale_of(ctx, cur)?;
-            let new_scale = match &change {
-                ScaleChange::Replace(v) => {
-                    let rv = meta_str(v, "resourceVersion");
-                    if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
-                        return Err(ApiError::conflict_modified(
-                            &ctx.info.group,
-                            &ctx.info.resource,
-                            &ctx.name,
-                        ));
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let scale = scale_of(ctx, cur)?;
+                let new_scale = match &change {
+                    ScaleChange::Replace(v) => {
+                        let rv = meta_str(v, "resourceVersion");
+                        if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
+                            return Err(ApiError::conflict_modified(
+                                &ctx.info.group,
+                                &ctx.info.resource,
+                                &ctx.name,
+                            ));
+                        }
+                        v.clone()
                     }
-                    v.clone()
-                }
-                ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
-            };
-            let replicas = new_scale
-                .get("spec")
-                .and_then(|s| s.get("replicas"))
-                .cloned()
-                .unwrap_or(json!(0));
-            let mut new = (**cur).clone();
-            o::set_path(&mut new, &spec.spec_replicas_path, replicas);
-            let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
-            Ok(m)
-        })?;
+                    ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
+                };
+                let replicas = new_scale
+                    .get("spec")
+                    .and_then(|s| s.get("replicas"))
+                    .cloned()
+                    .unwrap_or(json!(0));
+                let mut new = (**cur).clone();
+                o::set_path(&mut new, &spec.spec_replicas_path, replicas);
+                let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
+                Ok(m)
+            })?;
     Ok(h::json_response(200, &scale_of(ctx, &written.object)?))
 }
 
@@ -945,7 +948,7 @@ pub fn delete_one(
     let adm = state.policy.admission(&state.store);
     state
         .store
-        .mutate(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
+        .mutate_optimistic(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found(&info.group, &info.resource, name));
             };
