@@ -653,14 +653,20 @@ fn commit_update(
     }
     match subresource {
         "status" => {
-            // Only status changes through /status.
+            // Only status changes through /status. The request's metadata stays
+            // until managedFields are computed (kube credits label edits sent to
+            // /status to the status manager although it drops them).
             let status = new.get("status").cloned();
+            let request_meta = new.get("metadata").cloned();
             let mut merged = (**current).clone();
             if let Some(m) = merged.as_object_mut() {
                 match status {
                     Some(s) => m.insert("status".into(), s),
                     None => m.remove("status"),
                 };
+                if let Some(meta) = request_meta {
+                    m.insert("metadata".into(), meta);
+                }
             }
             new = merged;
         }
@@ -679,6 +685,20 @@ fn commit_update(
     let mut warnings = seams::validate(ctx, &mut new, Some(current))?;
     warnings.extend(seams::admit(adm, ctx, "UPDATE", Some(&new), Some(current))?);
     seams::managed_fields_update(ctx, Some(current), &mut new, subresource);
+    if subresource == "status" {
+        // Everything in metadata but the new ownership comes from the stored object.
+        let managed = new.pointer("/metadata/managedFields").cloned();
+        let mut meta = current
+            .get("metadata")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        if let (Some(mf), Some(m)) = (managed, meta.as_object_mut()) {
+            m.insert("managedFields".into(), mf);
+        }
+        if let Some(m) = new.as_object_mut() {
+            m.insert("metadata".into(), meta);
+        }
+    }
     if o::is_deleting(&new) && !o::has_finalizers(&new) {
         return Ok((Mutation::DeleteFinal(new), warnings));
     }
@@ -1071,7 +1091,8 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
     } else {
         None
     };
-    let (items, _) = state.store.list(&ctx.gr(), ns);
+    // The answer carries the resourceVersion of the list the deletions started from.
+    let (items, rv) = state.store.list(&ctx.gr(), ns);
     let mut out = Vec::new();
     for obj in items.iter().filter(|o| selectors.matches(o)) {
         let name = meta_str(obj, "name").to_string();
@@ -1096,7 +1117,6 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
             Err(e) => return Err(e),
         }
     }
-    let rv = state.store.current_rv();
     let body = output::list_value(
         &ctx.api_version(),
         &ctx.info.list_kind,
