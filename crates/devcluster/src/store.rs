@@ -530,6 +530,11 @@ impl Store {
         (items, state.rv, self.events.subscribe())
     }
 
+    /// How many live subscriptions (watches, controllers) exist.
+    pub fn subscriber_count(&self) -> usize {
+        self.events.receiver_count()
+    }
+
     /// A subscription to all live events (controllers use it to wake up).
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
         self.events.subscribe()
