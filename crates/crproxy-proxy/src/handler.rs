@@ -232,26 +232,12 @@ impl GroupVersionProxy {
     /// Forwards `/apis/<group>/<version>`; serves the local document when no peer
     /// is usable or the target answers 401, 404 or 5xx.
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
-        let attempt = tokio::time::timeout_at(
-            exchange.deadline,
-            self.target.send_before(
-                Some(exchange.deadline),
-                Method::GET,
-                &exchange.path_and_query(),
-                &exchange.headers,
-                transport::full(Bytes::new()),
-            ),
-        )
-        .await;
-        let response = match attempt {
-            Err(_elapsed) => {
-                return self.discovery_fallback(Reason::Deadline, Reason::UpstreamError)
-            }
-            Ok(Err(ForwardError::Pool(e))) if is_availability(e.reason()) => {
+        let response = match self.get_from_target(exchange, &exchange.headers).await {
+            Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
             }
-            Ok(Err(e)) => return self.discovery_fallback(e.reason(), Reason::UpstreamError),
-            Ok(Ok(response)) => response,
+            Err(e) => return self.discovery_fallback(e.reason(), Reason::UpstreamError),
+            Ok(response) => response,
         };
         let code = response.status();
         if code == StatusCode::UNAUTHORIZED
@@ -304,18 +290,7 @@ impl GroupVersionProxy {
     async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
         let mut headers = exchange.headers.clone();
         headers.remove(http::header::ACCEPT_ENCODING);
-        let attempt = tokio::time::timeout_at(
-            exchange.deadline,
-            self.target.send_before(
-                Some(exchange.deadline),
-                Method::GET,
-                &exchange.path_and_query(),
-                &headers,
-                transport::full(Bytes::new()),
-            ),
-        )
-        .await;
-        match flatten(attempt) {
+        match self.get_from_target(exchange, &headers).await {
             Ok(response) if response.status().is_server_error() => self.upstream_failure(),
             Ok(response) => {
                 let (parts, body) = response.into_parts();
@@ -438,18 +413,7 @@ impl GroupVersionProxy {
         }
         // The body is inspected, so it must arrive uncompressed.
         headers.remove(http::header::ACCEPT_ENCODING);
-        let attempt = tokio::time::timeout_at(
-            exchange.deadline,
-            self.target.send_before(
-                Some(exchange.deadline),
-                Method::GET,
-                &exchange.path_and_query(),
-                &headers,
-                transport::full(Bytes::new()),
-            ),
-        )
-        .await;
-        let response = match flatten(attempt) {
+        let response = match self.get_from_target(exchange, &headers).await {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
         };
@@ -688,6 +652,24 @@ impl GroupVersionProxy {
     }
 
     // ---------------------------------------------------------------- forwarding
+
+    /// GETs the request's own path and query from the target with `headers`,
+    /// within the request deadline; the response body is left to the caller.
+    async fn get_from_target(
+        &self,
+        exchange: &Exchange,
+        headers: &HeaderMap,
+    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
+        let path_and_query = exchange.path_and_query();
+        let sent = self.target.send_before(
+            Some(exchange.deadline),
+            Method::GET,
+            &path_and_query,
+            headers,
+            transport::full(Bytes::new()),
+        );
+        flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
+    }
 
     /// Sends a request to the target and maps its response: 5xx on non-watch
     /// requests becomes the retryable 503; everything else streams back unchanged.
