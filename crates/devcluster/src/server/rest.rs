@@ -682,6 +682,7 @@ fn commit_update(
         _ => {}
     }
     o::prepare_update(info, current, &mut new)?;
+    seams::prepare_for_update(info, current, &mut new);
     let mut warnings = seams::validate(ctx, &mut new, Some(current))?;
     warnings.extend(seams::admit(adm, ctx, "UPDATE", Some(&new), Some(current))?);
     seams::managed_fields_update(ctx, Some(current), &mut new, subresource);
