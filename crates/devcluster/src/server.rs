@@ -376,7 +376,10 @@ async fn serve_connection(
             let state = svc_state.clone();
             async move { Ok::<_, std::convert::Infallible>(handlers::handle(state, req).await) }
         });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // client-go multiplexes every watch of a process over one HTTP/2 connection;
+    // kube-apiserver allows 1000 streams per connection.
+    builder.http2().max_concurrent_streams(1000);
     // Upgrades are bridged to aggregated API servers (exec-style requests).
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
     tokio::pin!(conn);

@@ -285,20 +285,70 @@ impl Store {
             .and_then(|d| d.objects.get(&key))
             .cloned();
         let decision = f(current.as_ref())?;
+        Ok(self.apply_locked(&mut state, gr, ns, name, dry_run, current, decision))
+    }
+
+    /// Like [`Store::mutate`], but runs `f` outside the lock: it reads the current
+    /// object, decides, and commits only if nobody wrote the object meanwhile
+    /// (retrying a few times, then deciding under the lock). Use it where deciding
+    /// is expensive (patches, schema validation, admission), so reads and other
+    /// writes are not held up.
+    pub fn mutate_optimistic<E>(
+        &self,
+        gr: &GroupResource,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        mut f: impl FnMut(Option<&Arc<Value>>) -> Result<Mutation, E>,
+    ) -> Result<Written, E> {
+        let key = (ns.to_string(), name.to_string());
+        for _ in 0..3 {
+            let current = self.get(gr, ns, name);
+            let decision = f(current.as_ref())?;
+            let mut state = self.write();
+            let now = state
+                .resources
+                .get(gr)
+                .and_then(|d| d.objects.get(&key))
+                .cloned();
+            let unchanged = match (&current, &now) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if unchanged {
+                return Ok(self.apply_locked(&mut state, gr, ns, name, dry_run, current, decision));
+            }
+        }
+        self.mutate(gr, ns, name, dry_run, f)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_locked(
+        &self,
+        state: &mut State,
+        gr: &GroupResource,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        current: Option<Arc<Value>>,
+        decision: Mutation,
+    ) -> Written {
+        let key = (ns.to_string(), name.to_string());
         match decision {
-            Mutation::Unchanged(obj) => Ok(Written {
+            Mutation::Unchanged(obj) => Written {
                 object: obj,
                 created: false,
                 deleted: false,
-            }),
+            },
             Mutation::Put(mut obj) => {
                 let created = current.is_none();
                 if dry_run {
-                    return Ok(Written {
+                    return Written {
                         object: Arc::new(obj),
                         created,
                         deleted: false,
-                    });
+                    };
                 }
                 let rv = state.rv + 1;
                 state.rv = rv;
@@ -312,12 +362,12 @@ impl Store {
                 let data = state.resources.entry(gr.clone()).or_default();
                 data.objects.insert(key, obj.clone());
                 self.persist_put(gr, ns, name, &obj, rv);
-                self.emit(&mut state, gr, ns, name, kind, obj.clone(), current, rv);
-                Ok(Written {
+                self.emit(state, gr, ns, name, kind, obj.clone(), current, rv);
+                Written {
                     object: obj,
                     created,
                     deleted: false,
-                })
+                }
             }
             Mutation::Delete | Mutation::DeleteFinal(_) => {
                 let final_state = match decision {
@@ -327,18 +377,18 @@ impl Store {
                 let Some(prev) = current else {
                     // Nothing to delete: the closure should have refused; answer with
                     // an empty object rather than panic.
-                    return Ok(Written {
+                    return Written {
                         object: Arc::new(Value::Null),
                         created: false,
                         deleted: false,
-                    });
+                    };
                 };
                 if dry_run {
-                    return Ok(Written {
+                    return Written {
                         object: final_state.map(Arc::new).unwrap_or(prev),
                         created: false,
                         deleted: true,
-                    });
+                    };
                 }
                 let rv = state.rv + 1;
                 state.rv = rv;
@@ -350,7 +400,7 @@ impl Store {
                 }
                 self.persist_delete(gr, ns, name, rv);
                 self.emit(
-                    &mut state,
+                    state,
                     gr,
                     ns,
                     name,
@@ -359,11 +409,11 @@ impl Store {
                     Some(prev),
                     rv,
                 );
-                Ok(Written {
+                Written {
                     object: last,
                     created: false,
                     deleted: true,
-                })
+                }
             }
         }
     }
@@ -478,6 +528,11 @@ impl Store {
         let state = self.read();
         let items = list_locked(&state, gr, ns);
         (items, state.rv, self.events.subscribe())
+    }
+
+    /// How many live subscriptions (watches, controllers) exist.
+    pub fn subscriber_count(&self) -> usize {
+        self.events.receiver_count()
     }
 
     /// A subscription to all live events (controllers use it to wake up).

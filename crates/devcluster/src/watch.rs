@@ -174,6 +174,8 @@ pub fn start(
                 }
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = shutdown.changed() => return,
+                // The client went away: stop now rather than at the next event.
+                _ = tx.closed() => return,
             }
         }
     });

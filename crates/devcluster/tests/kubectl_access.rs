@@ -357,6 +357,13 @@ async fn kubectl_create_subcommands_work_with_protobuf_bodies() {
         .expect("service");
     assert_eq!(s["spec"]["ports"][0]["port"], 80);
     assert_eq!(s["spec"]["ports"][0]["targetPort"], 8080);
+    assert_eq!(s["spec"]["ports"][0]["protocol"], "TCP");
+    assert!(
+        s["spec"]["clusterIP"]
+            .as_str()
+            .is_some_and(|ip| ip.starts_with("10.96.")),
+        "{s}"
+    );
     ok(
         kc,
         &[

@@ -240,12 +240,14 @@ pub fn finalize_namespace(
         .and_then(|s| s.get("finalizers"))
         .cloned()
         .unwrap_or_else(|| json!([]));
+    let mut previous_rv: Option<String> = None;
     let written = state
         .store
         .mutate(&ns_gr(), "", &ctx.name, ctx.dry_run(), |cur| {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found("", "namespaces", &ctx.name));
             };
+            previous_rv = Some(meta_str(cur, "resourceVersion").to_string());
             let mut new = (**cur).clone();
             if let Some(m) = new.as_object_mut() {
                 let empty = finalizers.as_array().is_none_or(Vec::is_empty);
@@ -263,6 +265,10 @@ pub fn finalize_namespace(
         })?;
     let mut obj = (*written.object).clone();
     if written.deleted {
+        // kube answers with the finalized object as it was just before removal.
+        if let Some(prev) = &previous_rv {
+            crate::store::set_rv(&mut obj, prev.parse().unwrap_or(0));
+        }
         if let Some(m) = obj.as_object_mut() {
             m.insert("spec".into(), json!({}));
         }

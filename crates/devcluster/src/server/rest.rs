@@ -653,14 +653,20 @@ fn commit_update(
     }
     match subresource {
         "status" => {
-            // Only status changes through /status.
+            // Only status changes through /status. The request's metadata stays
+            // until managedFields are computed (kube credits label edits sent to
+            // /status to the status manager although it drops them).
             let status = new.get("status").cloned();
+            let request_meta = new.get("metadata").cloned();
             let mut merged = (**current).clone();
             if let Some(m) = merged.as_object_mut() {
                 match status {
                     Some(s) => m.insert("status".into(), s),
                     None => m.remove("status"),
                 };
+                if let Some(meta) = request_meta {
+                    m.insert("metadata".into(), meta);
+                }
             }
             new = merged;
         }
@@ -676,9 +682,24 @@ fn commit_update(
         _ => {}
     }
     o::prepare_update(info, current, &mut new)?;
+    seams::prepare_for_update(info, current, &mut new);
     let mut warnings = seams::validate(ctx, &mut new, Some(current))?;
     warnings.extend(seams::admit(adm, ctx, "UPDATE", Some(&new), Some(current))?);
     seams::managed_fields_update(ctx, Some(current), &mut new, subresource);
+    if subresource == "status" {
+        // Everything in metadata but the new ownership comes from the stored object.
+        let managed = new.pointer("/metadata/managedFields").cloned();
+        let mut meta = current
+            .get("metadata")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        if let (Some(mf), Some(m)) = (managed, meta.as_object_mut()) {
+            m.insert("managedFields".into(), mf);
+        }
+        if let Some(m) = new.as_object_mut() {
+            m.insert("metadata".into(), meta);
+        }
+    }
     if o::is_deleting(&new) && !o::has_finalizers(&new) {
         return Ok((Mutation::DeleteFinal(new), warnings));
     }
@@ -717,16 +738,17 @@ pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut warnings = Vec::new();
     let sub = ctx.subresource.clone();
     let adm = state.policy.admission(&state.store);
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let (m, w) = commit_update(ctx, cur, obj, &sub, true, adm.as_deref())?;
-            warnings = w;
-            Ok(m)
-        })?;
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let (m, w) = commit_update(ctx, cur, obj.clone(), &sub, true, adm.as_deref())?;
+                warnings = w;
+                Ok(m)
+            })?;
     super::hooks::after_write(state, ctx, &written);
     Ok(respond(ctx, 200, &written.object, &warnings))
 }
@@ -783,28 +805,29 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut warnings = Vec::new();
     let sub = ctx.subresource.clone();
     let adm = state.policy.admission(&state.store);
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let as_requested = output::convert(cur, &ctx.api_version());
-            let patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
-            let mut patched = patched;
-            // A patch that does not mention resourceVersion is unconditional.
-            if meta_str(&patched, "resourceVersion").is_empty() {
-                if let Some(m) = metadata_mut(&mut patched) {
-                    m.insert(
-                        "resourceVersion".into(),
-                        json!(meta_str(cur, "resourceVersion")),
-                    );
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let as_requested = output::convert(cur, &ctx.api_version());
+                let patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
+                let mut patched = patched;
+                // A patch that does not mention resourceVersion is unconditional.
+                if meta_str(&patched, "resourceVersion").is_empty() {
+                    if let Some(m) = metadata_mut(&mut patched) {
+                        m.insert(
+                            "resourceVersion".into(),
+                            json!(meta_str(cur, "resourceVersion")),
+                        );
+                    }
                 }
-            }
-            let (m, w) = commit_update(ctx, cur, patched, &sub, false, adm.as_deref())?;
-            warnings = w;
-            Ok(m)
-        })?;
+                let (m, w) = commit_update(ctx, cur, patched, &sub, false, adm.as_deref())?;
+                warnings = w;
+                Ok(m)
+            })?;
     super::hooks::after_write(state, ctx, &written);
     Ok(respond(ctx, 200, &written.object, &warnings))
 }
@@ -865,37 +888,38 @@ fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
         return Err(ApiError::resource_not_found());
     };
     let adm = state.policy.admission(&state.store);
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let scale = scale_of(ctx, cur)?;
-            let new_scale = match &change {
-                ScaleChange::Replace(v) => {
-                    let rv = meta_str(v, "resourceVersion");
-                    if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
-                        return Err(ApiError::conflict_modified(
-                            &ctx.info.group,
-                            &ctx.info.resource,
-                            &ctx.name,
-                        ));
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let scale = scale_of(ctx, cur)?;
+                let new_scale = match &change {
+                    ScaleChange::Replace(v) => {
+                        let rv = meta_str(v, "resourceVersion");
+                        if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
+                            return Err(ApiError::conflict_modified(
+                                &ctx.info.group,
+                                &ctx.info.resource,
+                                &ctx.name,
+                            ));
+                        }
+                        v.clone()
                     }
-                    v.clone()
-                }
-                ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
-            };
-            let replicas = new_scale
-                .get("spec")
-                .and_then(|s| s.get("replicas"))
-                .cloned()
-                .unwrap_or(json!(0));
-            let mut new = (**cur).clone();
-            o::set_path(&mut new, &spec.spec_replicas_path, replicas);
-            let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
-            Ok(m)
-        })?;
+                    ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
+                };
+                let replicas = new_scale
+                    .get("spec")
+                    .and_then(|s| s.get("replicas"))
+                    .cloned()
+                    .unwrap_or(json!(0));
+                let mut new = (**cur).clone();
+                o::set_path(&mut new, &spec.spec_replicas_path, replicas);
+                let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
+                Ok(m)
+            })?;
     Ok(h::json_response(200, &scale_of(ctx, &written.object)?))
 }
 
@@ -945,7 +969,7 @@ pub fn delete_one(
     let adm = state.policy.admission(&state.store);
     state
         .store
-        .mutate(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
+        .mutate_optimistic(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found(&info.group, &info.resource, name));
             };
@@ -1068,7 +1092,8 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
     } else {
         None
     };
-    let (items, _) = state.store.list(&ctx.gr(), ns);
+    // The answer carries the resourceVersion of the list the deletions started from.
+    let (items, rv) = state.store.list(&ctx.gr(), ns);
     let mut out = Vec::new();
     for obj in items.iter().filter(|o| selectors.matches(o)) {
         let name = meta_str(obj, "name").to_string();
@@ -1093,7 +1118,6 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
             Err(e) => return Err(e),
         }
     }
-    let rv = state.store.current_rv();
     let body = output::list_value(
         &ctx.api_version(),
         &ctx.info.list_kind,

@@ -174,6 +174,26 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
         {
             m.insert("type".into(), json!("Opaque"));
         }
+        ("", "services") => {
+            let spec = m.entry("spec").or_insert_with(|| json!({}));
+            if let Some(spec) = spec.as_object_mut() {
+                spec.entry("type").or_insert_with(|| json!("ClusterIP"));
+                if spec.get("type") != Some(&json!("ExternalName")) {
+                    spec.entry("sessionAffinity")
+                        .or_insert_with(|| json!("None"));
+                    spec.entry("internalTrafficPolicy")
+                        .or_insert_with(|| json!("Cluster"));
+                }
+                if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+                    for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+                        p.entry("protocol").or_insert_with(|| json!("TCP"));
+                        if let Some(port) = p.get("port").cloned() {
+                            p.entry("targetPort").or_insert(port);
+                        }
+                    }
+                }
+            }
+        }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             if let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) {
                 spec.entry("conversion")
@@ -195,7 +215,59 @@ pub fn prepare_for_create(info: &ResourceInfo, obj: &mut Value) {
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             crate::crd::defaults_on_create(obj);
         }
+        ("", "services") => allocate_cluster_ip(m),
         _ => {}
+    }
+}
+
+/// What kube's update strategies keep from the stored object (a Service keeps
+/// its allocated cluster IPs when an update leaves them out).
+pub fn prepare_for_update(info: &ResourceInfo, current: &Value, new: &mut Value) {
+    if !(info.group.is_empty() && info.resource == "services") {
+        return;
+    }
+    let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for key in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
+        if spec.get(key).is_none() {
+            if let Some(v) = current.get("spec").and_then(|s| s.get(key)) {
+                spec.insert(key.into(), v.clone());
+            }
+        }
+    }
+}
+
+/// Gives a Service a cluster IP from 10.96.0.0/16 (derived from its uid: unique
+/// enough for a development cluster, which routes nothing to it), as kube's
+/// allocator does for every type but ExternalName.
+fn allocate_cluster_ip(m: &mut serde_json::Map<String, Value>) {
+    let uid = m
+        .get("metadata")
+        .and_then(|x| x.get("uid"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if spec.get("type") == Some(&json!("ExternalName")) {
+        return;
+    }
+    let ip = match spec.get("clusterIP").and_then(Value::as_str) {
+        Some(ip) if !ip.is_empty() => ip.to_string(),
+        _ => {
+            let h = uid
+                .bytes()
+                .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+            format!("10.96.{}.{}", (h >> 8) & 0xff, (h & 0xff).max(1))
+        }
+    };
+    spec.insert("clusterIP".into(), json!(ip));
+    spec.insert("clusterIPs".into(), json!([ip]));
+    if ip != "None" {
+        spec.insert("ipFamilies".into(), json!(["IPv4"]));
+        spec.insert("ipFamilyPolicy".into(), json!("SingleStack"));
     }
 }
 

@@ -207,3 +207,22 @@ async fn watch_list_ends_initial_events_with_an_annotated_bookmark() {
     );
     assert_eq!(types(&collect(&mut plain, 5).await), vec!["ADDED", "ADDED"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_ends_when_its_client_goes_away() {
+    let store = Arc::new(Store::in_memory());
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let before = store.subscriber_count();
+    let rx = start(
+        store.clone(),
+        spec(Start::CurrentState, false, 1800, None),
+        stop,
+    );
+    tokio::task::yield_now().await;
+    drop(rx);
+    // The task notices without any event arriving and drops its subscription.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.subscriber_count(), before);
+}
