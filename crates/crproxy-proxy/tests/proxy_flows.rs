@@ -456,3 +456,43 @@ async fn paths_outside_the_group_version_never_reach_the_target() {
     assert!(!target_saw(&h, "secrets"), "{:?}", h.target.requests());
     h.proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_namespace_deleted_on_the_client_stops_writes() {
+    let h = harness(Options::default()).await;
+    let first = call(
+        &h.aggregator,
+        "POST",
+        WIDGETS,
+        Some(widget("w1", json!({}))),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    h.client_api
+        .client()
+        .delete("/api/v1/namespaces/demo")
+        .await
+        .expect("delete namespace on the client");
+    // The namespace cache follows the client's watch; allow it a moment.
+    let mut status = 0;
+    for attempt in 0..40 {
+        let reply = call(
+            &h.aggregator,
+            "POST",
+            WIDGETS,
+            Some(widget(&format!("late-{attempt}"), json!({}))),
+        )
+        .await;
+        status = reply.status;
+        if status == 404 {
+            assert_eq!(reply.body["message"], "namespaces \"demo\" not found");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        status, 404,
+        "writes into a namespace deleted on the client must stop"
+    );
+    h.proxy.shutdown().await;
+}
