@@ -299,10 +299,7 @@ impl GroupVersionProxy {
             Ok(response) if response.status().is_server_error() => self.upstream_failure(),
             Ok(response) => {
                 let (parts, body) = response.into_parts();
-                Outcome::new(
-                    Response::from_parts(parts, transport::stream(body)),
-                    Reason::Upstream,
-                )
+                Outcome::new(Response::from_parts(parts, body), Reason::Upstream)
             }
             Err(e) => self.unavailable(e),
         }
@@ -687,7 +684,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         headers: &HeaderMap,
-    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let path_and_query = exchange.path_and_query();
         let sent = self.target.send_before(
             Some(exchange.deadline),
@@ -734,10 +731,7 @@ impl GroupVersionProxy {
             }
         }
         let (parts, body) = response.into_parts();
-        Outcome::new(
-            Response::from_parts(parts, transport::stream(body)),
-            Reason::Upstream,
-        )
+        Outcome::new(Response::from_parts(parts, body), Reason::Upstream)
     }
 
     // ---------------------------------------------------------------- responses
@@ -800,7 +794,7 @@ fn flatten<T>(
 }
 
 async fn read_request(body: hyper::body::Incoming) -> Result<Bytes, Outcome> {
-    transport::read_limited(body, MAX_BUFFERED_BODY)
+    transport::read_limited(transport::stream(body), MAX_BUFFERED_BODY)
         .await
         .map_err(|e| {
             let (code, reason) = match e {
