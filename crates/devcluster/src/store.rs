@@ -56,6 +56,17 @@ pub struct Event {
     /// The object before the change (MODIFIED and DELETED), so watches with selectors
     /// can tell objects that leave or enter the selection.
     pub prev: Option<Arc<Value>>,
+    /// `object` serialized once, shared by every watcher that sends it as is.
+    pub object_json: std::sync::OnceLock<bytes::Bytes>,
+}
+
+impl Event {
+    /// The object as JSON bytes (serialized on first use).
+    pub fn object_bytes(&self) -> &bytes::Bytes {
+        self.object_json.get_or_init(|| {
+            bytes::Bytes::from(serde_json::to_vec(self.object.as_ref()).unwrap_or_default())
+        })
+    }
 }
 
 /// Live events of every resource.
@@ -440,6 +451,7 @@ impl Store {
             name: name.to_string(),
             object,
             prev,
+            object_json: std::sync::OnceLock::new(),
         });
         let data = state.resources.entry(gr.clone()).or_default();
         if data.floor == 0 {

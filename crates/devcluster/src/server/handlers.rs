@@ -662,6 +662,7 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
         list_kind: ctx.info.list_kind.clone(),
         filter: Arc::new(move |o: &Value| filter_sel.matches(o)),
         render,
+        render_is_identity: matches!(output, Output::Json | Output::Yaml),
     };
     let rx = crate::watch::start(state.store.clone(), spec, state.shutdown.clone());
     use futures_util::StreamExt;
