@@ -45,6 +45,9 @@ pub struct Row {
     pub nginx: Option<Summary>,
     pub crproxy_ratio: Option<Ratios>,
     pub nginx_ratio: Option<Ratios>,
+    /// crproxy's p50 minus direct's, in µs: the latency the proxy adds, which
+    /// says more than a ratio when the direct path takes tens of µs.
+    pub crproxy_added_p50_us: Option<f64>,
     /// CPU the crproxy process spent per request (µs), when it runs as its own
     /// process.
     pub crproxy_cpu_us: Option<f64>,
@@ -61,6 +64,10 @@ impl Row {
     ) -> Self {
         Self {
             crproxy_ratio: Ratios::of(crproxy.as_ref(), direct.as_ref()),
+            crproxy_added_p50_us: match (&crproxy, &direct) {
+                (Some(c), Some(d)) => Some((c.p50_ms - d.p50_ms) * 1000.0),
+                _ => None,
+            },
             nginx_ratio: Ratios::of(nginx.as_ref(), direct.as_ref()),
             scenario: scenario.to_string(),
             concurrency,
@@ -278,7 +285,7 @@ pub fn render_table(report: &Report) -> String {
         let crproxy = row.crproxy_ratio.as_ref();
         let nginx = row.nginx_ratio.as_ref();
         out.push_str(&format!(
-            "{:<18} {:>3} | {} {} {} | {} {} {} | {} {} {} | {} {}\n",
+            "{:<18} {:>4} | {} {} {} | {} {} {} {} | {} {} {} | {} {}\n",
             row.scenario,
             row.concurrency,
             num(direct.map(|d| d.p50_ms), 8, 2),
@@ -287,6 +294,7 @@ pub fn render_table(report: &Report) -> String {
             num(crproxy.map(|r| r.p50), 6, 2),
             num(crproxy.map(|r| r.p99), 6, 2),
             num(crproxy.and_then(|r| r.throughput), 6, 2),
+            num(row.crproxy_added_p50_us, 7, 0),
             num(nginx.map(|r| r.p50), 6, 2),
             num(nginx.map(|r| r.p99), 6, 2),
             num(nginx.and_then(|r| r.throughput), 6, 2),

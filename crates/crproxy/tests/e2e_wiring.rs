@@ -259,3 +259,89 @@ async fn scrape(url: &str) -> Result<String> {
     .await??;
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_objects_cannot_be_deleted_but_can_be_updated() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let env = DevEnv::start(DevOptions {
+        dir: dir.path().to_path_buf(),
+        clients: 1,
+        target_replicas: 1,
+        target_port: 0,
+        client_port: 0,
+        proxy_base_port: 0,
+        metrics_port: 0,
+        persistent: false,
+        share_ports: false,
+    })
+    .await?;
+    let kubeconfig = &env.clients[0].kubeconfig;
+    let denied = "deletion of vCluster-protected resources is denied; remove the corresponding entry from your vCluster configuration";
+    for args in [
+        vec!["delete", "apiservice", "v1.example.com"],
+        vec![
+            "-n",
+            "kube-system",
+            "delete",
+            "service",
+            "proxy-example-com-v1",
+        ],
+    ] {
+        let out = test_support::kubectl_async(kubeconfig, &args).await;
+        assert!(!out.success(), "{args:?} must be denied");
+        assert!(out.stderr.contains(denied), "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("ValidatingAdmissionPolicy 'vcluster-protected-apiservices' with binding 'vcluster-protected-resource-proxy' denied request"),
+            "{}",
+            out.stderr
+        );
+    }
+    let update = test_support::kubectl_async(
+        kubeconfig,
+        &["annotate", "apiservice", "v1.example.com", "team=platform"],
+    )
+    .await;
+    assert!(update.success(), "updates stay allowed: {}", update.stderr);
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_backend_turns_the_apiservice_unavailable_and_requests_503() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let mut env = DevEnv::start(DevOptions {
+        dir: dir.path().to_path_buf(),
+        clients: 1,
+        target_replicas: 1,
+        target_port: 0,
+        client_port: 0,
+        proxy_base_port: 0,
+        metrics_port: 0,
+        persistent: false,
+        share_ports: false,
+    })
+    .await?;
+    let api = admin_client(&env.clients[0].cluster)?;
+    env.clients[0].stop_proxy().await;
+    // The availability controller re-checks every 30 s (and on changes).
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        let apiservice = api.get(APISERVICE).await?;
+        if condition_status(&apiservice, "Available").as_deref() == Some("False") {
+            let reason = apiservice["status"]["conditions"][0]["reason"].clone();
+            assert_eq!(reason, "FailedDiscoveryCheck", "{apiservice}");
+            break;
+        }
+        ensure!(Instant::now() < deadline, "the APIService stayed Available");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let err = api
+        .get("/apis/example.com/v1/namespaces/default/widgets")
+        .await
+        .expect_err("requests fail while the backend is down");
+    assert_eq!(err.status(), Some(503), "{err}");
+    env.shutdown().await;
+    Ok(())
+}

@@ -125,7 +125,7 @@ fn the_table_shows_missing_columns_as_dashes() {
         .find(|l| l.starts_with("get"))
         .expect("get row");
     assert!(line.contains("0.50     1.00     2000"), "{line}");
-    assert!(line.contains("1.50   1.50   0.75"), "{line}");
+    assert!(line.contains("1.50   1.50   0.75     250"), "{line}");
     assert!(line.contains("-      -      -"), "{line}");
     assert!(table.contains("crproxy idle"));
     assert!(table.contains("[met] crproxy RSS with 10 idle watches"));
