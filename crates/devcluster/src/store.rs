@@ -119,9 +119,10 @@ struct State {
 }
 
 enum PersistOp {
+    /// Serialized on the writer thread, not under the store lock.
     Put {
         key: String,
-        bytes: Vec<u8>,
+        object: Arc<Value>,
         rv: u64,
     },
     Delete {
@@ -552,15 +553,13 @@ impl Store {
         self.events.subscribe()
     }
 
-    fn persist_put(&self, gr: &GroupResource, ns: &str, name: &str, obj: &Value, rv: u64) {
+    fn persist_put(&self, gr: &GroupResource, ns: &str, name: &str, obj: &Arc<Value>, rv: u64) {
         if let Some(p) = &self.persister {
-            if let Ok(bytes) = serde_json::to_vec(obj) {
-                p.send(PersistOp::Put {
-                    key: db_key(gr, ns, name),
-                    bytes,
-                    rv,
-                });
-            }
+            p.send(PersistOp::Put {
+                key: db_key(gr, ns, name),
+                object: obj.clone(),
+                rv,
+            });
         }
     }
 
@@ -642,7 +641,8 @@ fn persist_loop(db: redb::Database, rx: std::sync::mpsc::Receiver<PersistOp>) {
                 let mut max_rv = 0;
                 for op in batch {
                     match op {
-                        PersistOp::Put { key, bytes, rv } => {
+                        PersistOp::Put { key, object, rv } => {
+                            let bytes = serde_json::to_vec(object.as_ref()).unwrap_or_default();
                             objects.insert(key.as_str(), bytes.as_slice())?;
                             max_rv = max_rv.max(rv);
                         }
