@@ -629,7 +629,9 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
         .q("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
         .filter(|t| *t > 0)
-        .unwrap_or(DEFAULT_WATCH_TIMEOUT);
+        .unwrap_or(DEFAULT_WATCH_TIMEOUT)
+        // Bounded so deadline arithmetic cannot overflow on absurd values.
+        .min(7 * 24 * 3600);
     let info = ctx.info.clone();
     let version = ctx.version.clone();
     let api_version = ctx.api_version();
