@@ -278,6 +278,41 @@ impl Store {
         out
     }
 
+    /// Objects whose `metadata.ownerReferences` name `owner_uid`: in `namespace`
+    /// (a namespaced owner), or anywhere (a cluster-scoped owner).
+    pub fn dependents_of(
+        &self,
+        owner_uid: &str,
+        namespace: Option<&str>,
+    ) -> Vec<(GroupResource, String, String)> {
+        let state = self.read();
+        let mut out = Vec::new();
+        for (gr, data) in &state.resources {
+            let objects: Box<dyn Iterator<Item = (&ObjectKey, &Arc<Value>)>> = match namespace {
+                Some(ns) => Box::new(
+                    data.objects
+                        .range((ns.to_string(), String::new())..)
+                        .take_while(move |(k, _)| k.0 == ns),
+                ),
+                None => Box::new(data.objects.iter()),
+            };
+            for (key, obj) in objects {
+                let owned = obj
+                    .get("metadata")
+                    .and_then(|m| m.get("ownerReferences"))
+                    .and_then(Value::as_array)
+                    .is_some_and(|refs| {
+                        refs.iter()
+                            .any(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))
+                    });
+                if owned {
+                    out.push((gr.clone(), key.0.clone(), key.1.clone()));
+                }
+            }
+        }
+        out
+    }
+
     /// Atomically reads the current object, lets `f` decide, and applies the decision.
     /// `f` runs under the store lock: keep it short and synchronous. With `dry_run`
     /// nothing is stored and the returned object has no new resourceVersion.
