@@ -12,7 +12,7 @@
 //!   `handlers` (routing, authn → impersonation → RBAC, discovery, OpenAPI,
 //!   watch, reviews), `rest` (the verbs), `objects` (metadata rules), `hooks`
 //!   (what kube's controllers would do: CRD establishment, namespace cleanup,
-//!   releasing GC finalizers), `seams` (calls into schema/patch/admission),
+//!   garbage collection), `seams` (calls into schema/patch/admission),
 //!   `protobuf` (the few protobuf bodies kubectl's typed clients send).
 //! - [`store`]: all objects in memory behind one short lock, written through to
 //!   redb; one global resourceVersion; a broadcast change feed plus a bounded
@@ -23,7 +23,8 @@
 //! # Behaviour
 //! Shapes follow `../shared/reference/kube-apiserver-1.32`; the
 //! `reference_replay` test replays that recording and lists the few accepted
-//! differences. Deliberate simplifications: no garbage collector (the
+//! differences. Deliberate simplifications: the garbage collector is a simple
+//! inline one (dependents named by ownerReferences are deleted in the background;
 //! `foregroundDeletion`/`orphan` finalizers are released at once), namespaces are
 //! emptied and removed inline shortly after deletion (kube needs
 //! kube-controller-manager for that), built-in objects are not schema-validated

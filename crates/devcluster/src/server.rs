@@ -67,6 +67,9 @@ pub(crate) struct State {
     /// Flips to true at shutdown; watches and controllers stop.
     pub shutdown: watch::Receiver<bool>,
     pub ns_cleanups: Mutex<HashSet<String>>,
+    /// Set once any object with ownerReferences was written: only then do
+    /// deletions look for dependents to collect.
+    pub owners_seen: std::sync::atomic::AtomicBool,
     /// Forwards requests for APIServices backed by a service; set once at start.
     pub aggregator: std::sync::OnceLock<Arc<crate::aggregation::Aggregator>>,
 }
@@ -274,6 +277,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
         server_address: Mutex::new(String::new()),
         shutdown: shutdown_rx,
         ns_cleanups: Mutex::new(HashSet::new()),
+        owners_seen: std::sync::atomic::AtomicBool::new(false),
         aggregator: std::sync::OnceLock::new(),
     });
     handlers::bootstrap(&state);

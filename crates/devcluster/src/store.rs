@@ -56,6 +56,17 @@ pub struct Event {
     /// The object before the change (MODIFIED and DELETED), so watches with selectors
     /// can tell objects that leave or enter the selection.
     pub prev: Option<Arc<Value>>,
+    /// `object` serialized once, shared by every watcher that sends it as is.
+    pub object_json: std::sync::OnceLock<bytes::Bytes>,
+}
+
+impl Event {
+    /// The object as JSON bytes (serialized on first use).
+    pub fn object_bytes(&self) -> &bytes::Bytes {
+        self.object_json.get_or_init(|| {
+            bytes::Bytes::from(serde_json::to_vec(self.object.as_ref()).unwrap_or_default())
+        })
+    }
 }
 
 /// Live events of every resource.
@@ -108,9 +119,10 @@ struct State {
 }
 
 enum PersistOp {
+    /// Serialized on the writer thread, not under the store lock.
     Put {
         key: String,
-        bytes: Vec<u8>,
+        object: Arc<Value>,
         rv: u64,
     },
     Delete {
@@ -261,6 +273,41 @@ impl Store {
                 .take_while(|(k, _)| k.0 == ns)
             {
                 out.push((gr.clone(), k.1.clone()));
+            }
+        }
+        out
+    }
+
+    /// Objects whose `metadata.ownerReferences` name `owner_uid`: in `namespace`
+    /// (a namespaced owner), or anywhere (a cluster-scoped owner).
+    pub fn dependents_of(
+        &self,
+        owner_uid: &str,
+        namespace: Option<&str>,
+    ) -> Vec<(GroupResource, String, String)> {
+        let state = self.read();
+        let mut out = Vec::new();
+        for (gr, data) in &state.resources {
+            let objects: Box<dyn Iterator<Item = (&ObjectKey, &Arc<Value>)>> = match namespace {
+                Some(ns) => Box::new(
+                    data.objects
+                        .range((ns.to_string(), String::new())..)
+                        .take_while(move |(k, _)| k.0 == ns),
+                ),
+                None => Box::new(data.objects.iter()),
+            };
+            for (key, obj) in objects {
+                let owned = obj
+                    .get("metadata")
+                    .and_then(|m| m.get("ownerReferences"))
+                    .and_then(Value::as_array)
+                    .is_some_and(|refs| {
+                        refs.iter()
+                            .any(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))
+                    });
+                if owned {
+                    out.push((gr.clone(), key.0.clone(), key.1.clone()));
+                }
             }
         }
         out
@@ -440,6 +487,7 @@ impl Store {
             name: name.to_string(),
             object,
             prev,
+            object_json: std::sync::OnceLock::new(),
         });
         let data = state.resources.entry(gr.clone()).or_default();
         if data.floor == 0 {
@@ -540,15 +588,13 @@ impl Store {
         self.events.subscribe()
     }
 
-    fn persist_put(&self, gr: &GroupResource, ns: &str, name: &str, obj: &Value, rv: u64) {
+    fn persist_put(&self, gr: &GroupResource, ns: &str, name: &str, obj: &Arc<Value>, rv: u64) {
         if let Some(p) = &self.persister {
-            if let Ok(bytes) = serde_json::to_vec(obj) {
-                p.send(PersistOp::Put {
-                    key: db_key(gr, ns, name),
-                    bytes,
-                    rv,
-                });
-            }
+            p.send(PersistOp::Put {
+                key: db_key(gr, ns, name),
+                object: obj.clone(),
+                rv,
+            });
         }
     }
 
@@ -630,7 +676,8 @@ fn persist_loop(db: redb::Database, rx: std::sync::mpsc::Receiver<PersistOp>) {
                 let mut max_rv = 0;
                 for op in batch {
                     match op {
-                        PersistOp::Put { key, bytes, rv } => {
+                        PersistOp::Put { key, object, rv } => {
+                            let bytes = serde_json::to_vec(object.as_ref()).unwrap_or_default();
                             objects.insert(key.as_str(), bytes.as_slice())?;
                             max_rv = max_rv.max(rv);
                         }

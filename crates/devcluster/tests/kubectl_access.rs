@@ -393,3 +393,69 @@ async fn kubectl_create_subcommands_work_with_protobuf_bodies() {
         .expect("deployment");
     assert_eq!(d["spec"]["replicas"], 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_an_owner_collects_its_dependents_unless_orphaned() {
+    let tc = devcluster("target").await;
+    let kc = &tc.kubeconfig;
+    ok(kc, &["create", "namespace", "gc"]).await;
+    for owner in ["owner-a", "owner-b"] {
+        ok(kc, &["-n", "gc", "create", "configmap", owner]).await;
+        let uid = kubectl_json_async(kc, &["-n", "gc", "get", "configmap", owner])
+            .await
+            .expect("owner")["metadata"]["uid"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let dependent = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("{owner}-dep"), "namespace": "gc",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner, "uid": uid}]},
+        });
+        let out = apply(kc, &[], &dependent.to_string()).await;
+        assert!(out.success(), "{out:?}");
+    }
+    ok(kc, &["-n", "gc", "delete", "configmap", "owner-a"]).await;
+    ok(
+        kc,
+        &[
+            "-n",
+            "gc",
+            "wait",
+            "--for=delete",
+            "--timeout=10s",
+            "configmap/owner-a-dep",
+        ],
+    )
+    .await;
+
+    ok(
+        kc,
+        &[
+            "-n",
+            "gc",
+            "delete",
+            "configmap",
+            "owner-b",
+            "--cascade=orphan",
+        ],
+    )
+    .await;
+    ok(
+        kc,
+        &[
+            "-n",
+            "gc",
+            "wait",
+            "--for=delete",
+            "--timeout=10s",
+            "configmap/owner-b",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let kept = kubectl_json_async(kc, &["-n", "gc", "get", "configmap", "owner-b-dep"])
+        .await
+        .expect("an orphaned dependent stays");
+    assert_eq!(kept["metadata"]["name"], "owner-b-dep");
+}

@@ -629,7 +629,9 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
         .q("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
         .filter(|t| *t > 0)
-        .unwrap_or(DEFAULT_WATCH_TIMEOUT);
+        .unwrap_or(DEFAULT_WATCH_TIMEOUT)
+        // Bounded so deadline arithmetic cannot overflow on absurd values.
+        .min(7 * 24 * 3600);
     let info = ctx.info.clone();
     let version = ctx.version.clone();
     let api_version = ctx.api_version();
@@ -662,6 +664,7 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
         list_kind: ctx.info.list_kind.clone(),
         filter: Arc::new(move |o: &Value| filter_sel.matches(o)),
         render,
+        render_is_identity: matches!(output, Output::Json | Output::Yaml),
     };
     let rx = crate::watch::start(state.store.clone(), spec, state.shutdown.clone());
     use futures_util::StreamExt;

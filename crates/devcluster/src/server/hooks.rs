@@ -35,6 +35,20 @@ pub fn after_write(state: &Arc<State>, ctx: &ReqCtx, written: &Written) {
         crd_changed(state, &written.object, written.deleted);
         return;
     }
+    let has_owners = written
+        .object
+        .get("metadata")
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty());
+    if has_owners {
+        state
+            .owners_seen
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    if written.deleted {
+        collect_dependents(state, &written.object);
+    }
     if gr == ns_gr() && o::is_deleting(&written.object) && !written.deleted {
         spawn_namespace_cleanup(state.clone(), meta_str(&written.object, "name").to_string());
     }
@@ -54,6 +68,75 @@ pub fn after_write(state: &Arc<State>, ctx: &ReqCtx, written: &Written) {
             );
         }
     }
+}
+
+/// The garbage collector's background propagation: objects owned by a deleted
+/// object lose that owner reference, and are deleted when it was their last.
+pub fn collect_dependents(state: &Arc<State>, deleted: &Value) {
+    if !state.owners_seen.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let uid = meta_str(deleted, "uid").to_string();
+    let ns = meta_str(deleted, "namespace").to_string();
+    if uid.is_empty() {
+        return;
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        // Deleted dependents may own objects too: work through a queue.
+        let mut queue = vec![(uid, ns)];
+        let mut budget = 100_000usize;
+        while let Some((owner, ns)) = queue.pop() {
+            let scope = (!ns.is_empty()).then_some(ns.as_str());
+            for (gr, dns, name) in state.store.dependents_of(&owner, scope) {
+                budget = budget.saturating_sub(1);
+                if budget == 0 {
+                    return;
+                }
+                let written = state
+                    .store
+                    .mutate::<ApiError>(&gr, &dns, &name, false, |cur| {
+                        let Some(cur) = cur else {
+                            return Ok(Mutation::Unchanged(Arc::new(Value::Null)));
+                        };
+                        let mut new = (**cur).clone();
+                        let mut remaining = 0;
+                        if let Some(meta) = metadata_mut(&mut new) {
+                            if let Some(refs) = meta
+                                .get_mut("ownerReferences")
+                                .and_then(Value::as_array_mut)
+                            {
+                                refs.retain(|r| {
+                                    r.get("uid").and_then(Value::as_str) != Some(&owner)
+                                });
+                                remaining = refs.len();
+                            }
+                            if remaining == 0 {
+                                meta.remove("ownerReferences");
+                            }
+                        }
+                        if remaining > 0 {
+                            return Ok(Mutation::Put(new));
+                        }
+                        if !o::has_finalizers(&new) {
+                            return Ok(Mutation::Delete);
+                        }
+                        if !o::is_deleting(&new) {
+                            if let Some(meta) = metadata_mut(&mut new) {
+                                meta.insert("deletionTimestamp".into(), json!(o::now()));
+                                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+                            }
+                        }
+                        Ok(Mutation::Put(new))
+                    });
+                if let Ok(w) = written {
+                    if w.deleted {
+                        queue.push((meta_str(&w.object, "uid").to_string(), dns.clone()));
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// Serves (or stops serving) a CRD's resource and marks it Established.
@@ -143,7 +226,8 @@ pub fn resume_namespace_cleanup(state: &Arc<State>) {
 fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: String) {
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let _ = state
+        let mut foreground = false;
+        let released = state
             .store
             .mutate::<ApiError>(&gr, &ns, &name, false, |cur| {
                 let Some(cur) = cur else {
@@ -152,6 +236,7 @@ fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: Stri
                 let mut new = (**cur).clone();
                 if let Some(meta) = metadata_mut(&mut new) {
                     if let Some(a) = meta.get_mut("finalizers").and_then(Value::as_array_mut) {
+                        foreground = a.iter().any(|f| f == "foregroundDeletion");
                         a.retain(|f| f != "foregroundDeletion" && f != "orphan");
                         if a.is_empty() {
                             meta.remove("finalizers");
@@ -163,6 +248,12 @@ fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: Stri
                 }
                 Ok(Mutation::Put(new))
             });
+        // Foreground deletion removes the dependents too (orphaning keeps them).
+        if let Ok(w) = &released {
+            if w.deleted && foreground {
+                collect_dependents(&state, &w.object);
+            }
+        }
     });
 }
 

@@ -72,12 +72,9 @@ pub fn generate_name(prefix: &str) -> String {
         .take(5)
         .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
         .collect();
-    let max = 63 - 5;
-    let prefix = if prefix.len() > max {
-        &prefix[..max]
-    } else {
-        prefix
-    };
+    // kube keeps at most 58 characters of the prefix (63 minus the suffix); cut on
+    // a character boundary, the prefix comes from the client.
+    let prefix: String = prefix.chars().take(63 - 5).collect();
     format!("{prefix}{suffix}")
 }
 
@@ -317,6 +314,14 @@ mod tests {
         );
         let mut fewer = json!({"metadata": {"name": "c", "finalizers": []}});
         prepare_update(&cm, &cur, &mut fewer).expect("removing is fine");
+    }
+
+    #[test]
+    fn generated_names_keep_a_bounded_prefix() {
+        let name = generate_name("web-");
+        assert!(name.starts_with("web-") && name.len() == 9, "{name}");
+        let long = generate_name(&"é".repeat(100));
+        assert_eq!(long.chars().count(), 63);
     }
 
     #[test]

@@ -518,4 +518,22 @@ mod tests {
         );
         assert!(decode(b"{}").is_err());
     }
+
+    proptest::proptest! {
+        /// Bodies come from clients: no input may panic the decoder.
+        #[test]
+        fn arbitrary_bodies_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let mut body = b"k8s\x00".to_vec();
+            body.extend_from_slice(&bytes);
+            let _ = decode(&body);
+            // Also with a valid envelope around arbitrary object bytes.
+            let type_meta = [field(1, b"v1"), field(2, b"ConfigMap")].concat();
+            let mut framed = b"k8s\x00".to_vec();
+            framed.extend(field(1, &type_meta));
+            framed.push(0x12);
+            framed.push(bytes.len().min(127) as u8);
+            framed.extend_from_slice(&bytes[..bytes.len().min(127)]);
+            let _ = decode(&framed);
+        }
+    }
 }
