@@ -19,6 +19,7 @@ use crate::dial::Dialer;
 use crate::frontproxy::{self, FrontProxyTrust};
 use crate::handler::GroupVersionProxy;
 use crate::metrics::Metrics;
+use crate::namespaces::ClientNamespaces;
 use crate::pool::PeerPool;
 use crate::server::{self, ServerError, ServingIdentity};
 use crate::sources::{self, PeerSourceConfig};
@@ -113,6 +114,8 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
         loaded,
     )];
     let tls = server::proxy_tls_config(&setup.serving, &trust)?;
+    let client_namespaces = ClientNamespaces::new();
+    background.push(client_namespaces.spawn_sync(setup.client.clone()));
 
     let mut servers = Vec::new();
     let mut servers_done = Vec::new();
@@ -172,6 +175,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             connection,
             metrics,
             setup.client.clone(),
+            Arc::clone(&client_namespaces),
             Arc::clone(&trust),
         );
         let addr = SocketAddr::new(setup.bind, plan.port);

@@ -25,6 +25,7 @@ use crproxy_core::status;
 use crate::fallback;
 use crate::frontproxy::FrontProxyTrust;
 use crate::metrics::TargetMetrics;
+use crate::namespaces::ClientNamespaces;
 use crate::pool::ProxyBody;
 use crate::transport::{
     self, DeadlineBody, ForwardError, TargetConnection, WatchBody, WatchFraming, MAX_BUFFERED_BODY,
@@ -48,6 +49,8 @@ pub struct GroupVersionProxy {
     pub metrics: TargetMetrics,
     /// The client cluster, for namespace existence checks.
     pub client: crproxy_kube::Client,
+    /// The client's namespaces as a watch last saw them.
+    pub client_namespaces: Arc<ClientNamespaces>,
     pub trust: Arc<FrontProxyTrust>,
     /// The target's last successful discovery answer, so the fallback can keep
     /// kinds and scopes.
@@ -98,6 +101,7 @@ impl GroupVersionProxy {
         target: TargetConnection,
         metrics: TargetMetrics,
         client: crproxy_kube::Client,
+        client_namespaces: Arc<ClientNamespaces>,
         trust: Arc<FrontProxyTrust>,
     ) -> Arc<Self> {
         let group_version = format!("{group}/{version}");
@@ -112,6 +116,7 @@ impl GroupVersionProxy {
             target,
             metrics,
             client,
+            client_namespaces,
             trust,
             last_discovery: Mutex::new(None),
             target_namespaces: Mutex::new(HashSet::new()),
@@ -294,10 +299,7 @@ impl GroupVersionProxy {
             Ok(response) if response.status().is_server_error() => self.upstream_failure(),
             Ok(response) => {
                 let (parts, body) = response.into_parts();
-                Outcome::new(
-                    Response::from_parts(parts, transport::stream(body)),
-                    Reason::Upstream,
-                )
+                Outcome::new(Response::from_parts(parts, body), Reason::Upstream)
             }
             Err(e) => self.unavailable(e),
         }
@@ -586,34 +588,57 @@ impl GroupVersionProxy {
     /// onto the target when missing there.
     async fn ensure_namespace(&self, namespace: &str, deadline: Instant) -> Result<(), Outcome> {
         let client_path = format!("/api/v1/namespaces/{namespace}");
-        match tokio::time::timeout_at(deadline, self.client.get(&client_path)).await {
-            Err(_) => return Err(self.unavailable(ForwardError::Deadline)),
-            Ok(Err(e)) if e.is_not_found() => {
-                return Err(Outcome::new(
-                    json_response(
-                        StatusCode::NOT_FOUND,
-                        &status::namespace_not_found(namespace),
-                    ),
-                    Reason::NamespaceMissing,
-                ))
-            }
+        // The watch-fed cache answers "exists" from memory; a miss may only mean the
+        // namespace was created a moment ago, so it is confirmed with a GET.
+        if self.client_namespaces.exists(namespace) != Some(true) {
+            self.confirm_client_namespace(namespace, &client_path, deadline)
+                .await?;
+        }
+        self.ensure_target_namespace(namespace, &client_path, deadline)
+            .await
+    }
+
+    async fn confirm_client_namespace(
+        &self,
+        namespace: &str,
+        client_path: &str,
+        deadline: Instant,
+    ) -> Result<(), Outcome> {
+        match tokio::time::timeout_at(deadline, self.client.get(client_path)).await {
+            Err(_) => Err(self.unavailable(ForwardError::Deadline)),
+            Ok(Err(e)) if e.is_not_found() => Err(Outcome::new(
+                json_response(
+                    StatusCode::NOT_FOUND,
+                    &status::namespace_not_found(namespace),
+                ),
+                Reason::NamespaceMissing,
+            )),
             Ok(Err(e)) => {
                 tracing::warn!(%namespace, error = %e, "checking the namespace on the client cluster failed");
-                return Err(Outcome::new(
+                Err(Outcome::new(
                     self.unavailable_response(Some(&format!(
                         "checking namespace {namespace:?} on the client cluster: {e}"
                     ))),
                     Reason::Upstream,
-                ));
+                ))
             }
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => Ok(()),
         }
+    }
+
+    /// Mirrors the namespace onto the target unless it is known to be there.
+    async fn ensure_target_namespace(
+        &self,
+        namespace: &str,
+        client_path: &str,
+        deadline: Instant,
+    ) -> Result<(), Outcome> {
         if lock(&self.target_namespaces).contains(namespace) {
             return Ok(());
         }
         let attempt = tokio::time::timeout_at(
             deadline,
-            self.target.call(deadline, Method::GET, &client_path, None),
+            self.target.call(deadline, Method::GET, client_path, None),
         )
         .await;
         let (code, _) = flatten(attempt).map_err(|e| self.unavailable(e))?;
@@ -659,7 +684,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         headers: &HeaderMap,
-    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let path_and_query = exchange.path_and_query();
         let sent = self.target.send_before(
             Some(exchange.deadline),
@@ -706,10 +731,7 @@ impl GroupVersionProxy {
             }
         }
         let (parts, body) = response.into_parts();
-        Outcome::new(
-            Response::from_parts(parts, transport::stream(body)),
-            Reason::Upstream,
-        )
+        Outcome::new(Response::from_parts(parts, body), Reason::Upstream)
     }
 
     // ---------------------------------------------------------------- responses
@@ -772,7 +794,7 @@ fn flatten<T>(
 }
 
 async fn read_request(body: hyper::body::Incoming) -> Result<Bytes, Outcome> {
-    transport::read_limited(body, MAX_BUFFERED_BODY)
+    transport::read_limited(transport::stream(body), MAX_BUFFERED_BODY)
         .await
         .map_err(|e| {
             let (code, reason) = match e {

@@ -13,6 +13,7 @@ pub mod fallback;
 pub mod frontproxy;
 pub mod handler;
 pub mod metrics;
+pub mod namespaces;
 pub mod pool;
 pub mod server;
 pub mod sources;
