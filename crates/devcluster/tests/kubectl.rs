@@ -228,7 +228,8 @@ async fn get_watch_sees_added_modified_deleted() {
                     "-o",
                     "json",
                 ],
-                Duration::from_secs(6),
+                // Long enough for the writes below even on a loaded machine.
+                Duration::from_secs(12),
             )
         })
     };
