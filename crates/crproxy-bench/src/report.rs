@@ -259,7 +259,7 @@ fn num(value: Option<f64>, width: usize, decimals: usize) -> String {
 pub fn render_table(report: &Report) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<18} {:>3} | {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6} | {:>6} {:>6} {:>6} | {:>7} {:>7}\n",
+        "{:<18} {:>4} | {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6} {:>7} | {:>6} {:>6} {:>6} | {:>7} {:>7}\n",
         "scenario",
         "c",
         "p50 ms",
@@ -268,17 +268,18 @@ pub fn render_table(report: &Report) -> String {
         "p50 x",
         "p99 x",
         "tput x",
+        "+p50us",
         "p50 x",
         "p99 x",
         "tput x",
-        "crp us",
-        "ngx us"
+        "crproxy",
+        "nginx"
     ));
     out.push_str(&format!(
-        "{:<22} | {:^26} | {:^20} | {:^20} | {:^15}\n",
-        "", "direct", "crproxy / direct", "nginx / direct", "CPU per request"
+        "{:<23} | {:^26} | {:^28} | {:^20} | {:^15}\n",
+        "", "direct", "crproxy vs direct", "nginx / direct", "CPU us/request"
     ));
-    out.push_str(&"-".repeat(124));
+    out.push_str(&"-".repeat(133));
     out.push('\n');
     for row in &report.rows {
         let direct = row.direct.as_ref();

@@ -8,6 +8,7 @@
 //! from a validated configuration.
 
 pub mod app;
+pub mod cbor;
 pub mod dial;
 pub mod fallback;
 pub mod frontproxy;

@@ -363,6 +363,8 @@ impl Drop for DeadlineBody {
 pub enum WatchFraming {
     /// Newline-delimited JSON: one event per line.
     JsonLines,
+    /// A CBOR sequence: one event per data item.
+    CborSequence,
     /// Compressed, protobuf or anything else: not counted (as documented).
     Uncounted,
 }
@@ -379,6 +381,8 @@ impl WatchFraming {
         let media = content_type.split(';').next().unwrap_or("").trim();
         if media.eq_ignore_ascii_case("application/json") {
             WatchFraming::JsonLines
+        } else if media.eq_ignore_ascii_case("application/cbor-seq") {
+            WatchFraming::CborSequence
         } else {
             WatchFraming::Uncounted
         }
@@ -391,6 +395,7 @@ pub struct WatchBody {
     inner: ProxyBody,
     metrics: TargetMetrics,
     framing: WatchFraming,
+    cbor: crate::cbor::ItemCounter,
     _active: WatchGuard,
 }
 
@@ -401,6 +406,7 @@ impl WatchBody {
             inner,
             metrics,
             framing,
+            cbor: crate::cbor::ItemCounter::default(),
             _active: active,
         }
     }
@@ -416,14 +422,16 @@ impl Body for WatchBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if self.framing == WatchFraming::JsonLines {
-                if let Some(data) = frame.data_ref() {
+            if let Some(data) = frame.data_ref() {
+                let events = match self.framing {
                     // kube-apiserver ends every JSON watch event with a newline and
                     // escapes newlines inside strings, so lines are events.
-                    let events = data.iter().filter(|b| **b == b'\n').count() as u64;
-                    if events > 0 {
-                        self.metrics.watch_events(events);
-                    }
+                    WatchFraming::JsonLines => data.iter().filter(|b| **b == b'\n').count() as u64,
+                    WatchFraming::CborSequence => self.cbor.push(data),
+                    WatchFraming::Uncounted => 0,
+                };
+                if events > 0 {
+                    self.metrics.watch_events(events);
                 }
             }
         }

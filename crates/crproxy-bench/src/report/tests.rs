@@ -128,6 +128,13 @@ fn the_table_shows_missing_columns_as_dashes() {
     assert!(line.contains("1.50   1.50   0.75     250"), "{line}");
     assert!(line.contains("-      -      -"), "{line}");
     assert!(table.contains("crproxy idle"));
+    let header = table.lines().next().expect("header");
+    assert_eq!(
+        header.find(" | "),
+        line.find(" | "),
+        "header and rows line up:\n{header}\n{line}"
+    );
+    assert!(header.contains("+p50us"));
     assert!(table.contains("[met] crproxy RSS with 10 idle watches"));
     assert!(table.contains("- nginx not installed"));
     let json = serde_json::to_value(&report).expect("json");
