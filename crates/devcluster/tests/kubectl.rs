@@ -270,6 +270,11 @@ async fn api_resources_and_namespace_deletion() {
     ok(kc, &["delete", "namespace", "doomed", "--timeout=20s"]).await;
     let out = kubectl_async(kc, &["get", "namespace", "doomed"]).await;
     assert!(out.stderr.contains("not found"), "{out:?}");
+    let out = kubectl_async(kc, &["delete", "namespace", "default"]).await;
+    assert!(
+        out.stderr.contains("this namespace may not be deleted"),
+        "{out:?}"
+    );
     let out = kubectl_async(kc, &["-n", "nowhere", "create", "configmap", "c1"]).await;
     assert!(
         out.stderr.contains("namespaces \"nowhere\" not found"),

@@ -974,6 +974,22 @@ pub fn delete_one(
     opts: &DeleteOptions,
 ) -> Result<Written, ApiError> {
     let info = &ctx.info;
+    // kube's namespace lifecycle admission protects the system namespaces.
+    if info.group.is_empty()
+        && info.resource == "namespaces"
+        && matches!(name, "default" | "kube-system" | "kube-public")
+    {
+        return Err(ApiError::new(
+            403,
+            "Forbidden",
+            format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted"),
+        )
+        .with_details(Details {
+            name,
+            kind: "namespaces",
+            ..Default::default()
+        }));
+    }
     let adm = state.policy.admission(&state.store);
     state
         .store
