@@ -258,26 +258,15 @@ async fn route(
         &state.store,
         &parts.headers,
         certs,
-        |user| match &resource_path {
-            Some(rp) => RequestAttributes {
+        // Authorization sees the request as kube's RequestInfo resolver does
+        // (for example, a list with fieldSelector=metadata.name=x names x).
+        |user| {
+            crate::rbac::authorize_attributes_from_request(
+                parts.method.as_str(),
+                &path,
+                parts.uri.query(),
                 user,
-                verb: verb.clone(),
-                resource_request: true,
-                api_group: rp.group.clone(),
-                api_version: rp.version.clone(),
-                resource: rp.resource.clone(),
-                subresource: rp.subresource.clone(),
-                namespace: rp.namespace.clone(),
-                name: rp.name.clone(),
-                path: path.clone(),
-            },
-            None => RequestAttributes {
-                user,
-                verb: verb.clone(),
-                resource_request: false,
-                path: path.clone(),
-                ..Default::default()
-            },
+            )
         },
     )?;
     match resource_path {

@@ -106,6 +106,14 @@ fn respond(ctx: &ReqCtx, status: u16, obj: &Value, extra_warnings: &[String]) ->
             ctx.include_object(),
         ),
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => output::partial(obj),
+        _ if obj.get("apiVersion").and_then(Value::as_str) == Some(&ctx.api_version()) => {
+            // Already in the requested version: serialize the stored object as is.
+            let mut resp = h::object_response(status, obj, ctx.output);
+            let mut warnings = ctx.warnings();
+            warnings.extend_from_slice(extra_warnings);
+            h::add_warnings(&mut resp, &warnings);
+            return resp;
+        }
         _ => output::convert(obj, &ctx.api_version()),
     };
     let mut resp = h::object_response(status, &body, ctx.output);
@@ -966,6 +974,22 @@ pub fn delete_one(
     opts: &DeleteOptions,
 ) -> Result<Written, ApiError> {
     let info = &ctx.info;
+    // kube's namespace lifecycle admission protects the system namespaces.
+    if info.group.is_empty()
+        && info.resource == "namespaces"
+        && matches!(name, "default" | "kube-system" | "kube-public")
+    {
+        return Err(ApiError::new(
+            403,
+            "Forbidden",
+            format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted"),
+        )
+        .with_details(Details {
+            name,
+            kind: "namespaces",
+            ..Default::default()
+        }));
+    }
     let adm = state.policy.admission(&state.store);
     state
         .store

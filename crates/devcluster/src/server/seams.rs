@@ -223,6 +223,10 @@ pub fn prepare_for_create(info: &ResourceInfo, obj: &mut Value) {
 /// What kube's update strategies keep from the stored object (a Service keeps
 /// its allocated cluster IPs when an update leaves them out).
 pub fn prepare_for_update(info: &ResourceInfo, current: &Value, new: &mut Value) {
+    if info.group == "apiextensions.k8s.io" && info.resource == "customresourcedefinitions" {
+        record_stored_version(new);
+        return;
+    }
     if !(info.group.is_empty() && info.resource == "services") {
         return;
     }
@@ -234,6 +238,33 @@ pub fn prepare_for_update(info: &ResourceInfo, current: &Value, new: &mut Value)
             if let Some(v) = current.get("spec").and_then(|s| s.get(key)) {
                 spec.insert(key.into(), v.clone());
             }
+        }
+    }
+}
+
+/// A CRD's `status.storedVersions` gains its (new) storage version, as kube's
+/// strategy records every version objects may have been stored in.
+fn record_stored_version(crd: &mut Value) {
+    let storage = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .and_then(|vs| {
+            vs.iter()
+                .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        })
+        .and_then(|v| v.get("name"))
+        .cloned();
+    let (Some(storage), Some(m)) = (storage, crd.as_object_mut()) else {
+        return;
+    };
+    let status = m.entry("status").or_insert_with(|| json!({}));
+    let Some(status) = status.as_object_mut() else {
+        return;
+    };
+    let stored = status.entry("storedVersions").or_insert_with(|| json!([]));
+    if let Some(a) = stored.as_array_mut() {
+        if !a.contains(&storage) {
+            a.push(storage);
         }
     }
 }
@@ -384,6 +415,17 @@ pub fn managed_fields_update(ctx: &ReqCtx, old: Option<&Value>, new: &mut Value,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_storage_version_is_recorded_once() {
+        let mut crd = json!({
+            "spec": {"versions": [{"name": "v1", "storage": false}, {"name": "v2", "storage": true}]},
+            "status": {"storedVersions": ["v1"]},
+        });
+        record_stored_version(&mut crd);
+        record_stored_version(&mut crd);
+        assert_eq!(crd["status"]["storedVersions"], json!(["v1", "v2"]));
+    }
 
     #[test]
     fn field_selectors_parse() {
