@@ -194,6 +194,15 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
                 }
             }
         }
+        ("apiregistration.k8s.io", "apiservices") => {
+            if let Some(service) = m
+                .get_mut("spec")
+                .and_then(|s| s.get_mut("service"))
+                .and_then(Value::as_object_mut)
+            {
+                service.entry("port").or_insert_with(|| json!(443));
+            }
+        }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             if let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) {
                 spec.entry("conversion")
@@ -358,12 +367,98 @@ pub fn validate(
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             causes.extend(crate::crd::validate(obj));
         }
+        ("apiregistration.k8s.io", "apiservices") => causes.extend(validate_apiservice(obj)),
         _ => {}
     }
     if !causes.is_empty() {
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
     Ok(warnings)
+}
+
+/// kube-aggregator's APIService validation (the checks a client can trip).
+fn validate_apiservice(obj: &Value) -> Vec<Cause> {
+    let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let text = |k: &str| {
+        spec.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (group, version) = (text("group"), text("version"));
+    let mut causes = Vec::new();
+    let name = crate::store::meta_str(obj, "name");
+    let required = format!("{version}.{group}");
+    if name != required {
+        causes.push(Cause::new(
+            "FieldValueInvalid",
+            format!(
+                "Invalid value: {name:?}: must be `spec.version+\".\"+spec.group`: {required:?}"
+            ),
+            "metadata.name",
+        ));
+    }
+    if group.is_empty() && version != "v1" {
+        causes.push(Cause::new(
+            "FieldValueRequired",
+            "Required value: only v1 may have an empty group and it better be legacy kube",
+            "spec.group",
+        ));
+    }
+    let int = |k: &str| spec.get(k).and_then(Value::as_i64).unwrap_or(0);
+    for (field, max) in [("groupPriorityMinimum", 20000), ("versionPriority", 1000)] {
+        let v = int(field);
+        if v <= 0 || v > max {
+            causes.push(Cause::new(
+                "FieldValueInvalid",
+                format!("Invalid value: {v}: must be positive and less than {max}"),
+                format!("spec.{field}"),
+            ));
+        }
+    }
+    let insecure = spec.get("insecureSkipTLSVerify").and_then(Value::as_bool) == Some(true);
+    let ca_len = text("caBundle").len();
+    match spec.get("service").filter(|s| !s.is_null()) {
+        None => {
+            if ca_len > 0 {
+                causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    format!("Invalid value: \"{ca_len} bytes\": local APIServices may not have a caBundle"),
+                    "spec.caBundle",
+                ));
+            }
+            if insecure {
+                causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    "Invalid value: true: local APIServices may not have insecureSkipTLSVerify",
+                    "spec.insecureSkipTLSVerify",
+                ));
+            }
+        }
+        Some(service) => {
+            for key in ["namespace", "name"] {
+                if service
+                    .get(key)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(Cause::new(
+                        "FieldValueRequired",
+                        "Required value",
+                        format!("spec.service.{key}"),
+                    ));
+                }
+            }
+            if insecure && ca_len > 0 {
+                causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    "Invalid value: true: may not be true if caBundle is present",
+                    "spec.insecureSkipTLSVerify",
+                ));
+            }
+        }
+    }
+    causes
 }
 
 /// Runs ValidatingAdmissionPolicies (when any exist) for a write. Returns their
@@ -425,6 +520,32 @@ mod tests {
         record_stored_version(&mut crd);
         record_stored_version(&mut crd);
         assert_eq!(crd["status"]["storedVersions"], json!(["v1", "v2"]));
+    }
+
+    #[test]
+    fn apiservices_are_validated_like_kube_aggregator() {
+        let good = json!({"metadata": {"name": "v1.example.com"}, "spec": {
+            "group": "example.com", "version": "v1", "groupPriorityMinimum": 1000,
+            "versionPriority": 15, "service": {"namespace": "kube-system", "name": "p"},
+            "caBundle": "Zm9v"}});
+        assert!(validate_apiservice(&good).is_empty());
+        let bad = json!({"metadata": {"name": "v2.example.com"}, "spec": {
+            "group": "example.com", "version": "v1", "groupPriorityMinimum": 0,
+            "versionPriority": 15, "service": {"namespace": "kube-system"},
+            "insecureSkipTLSVerify": true, "caBundle": "Zm9v"}});
+        let fields: Vec<String> = validate_apiservice(&bad)
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                "metadata.name",
+                "spec.groupPriorityMinimum",
+                "spec.service.name",
+                "spec.insecureSkipTLSVerify"
+            ]
+        );
     }
 
     #[test]
