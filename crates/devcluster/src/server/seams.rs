@@ -368,6 +368,93 @@ pub fn validate(
             causes.extend(crate::crd::validate(obj));
         }
         ("apiregistration.k8s.io", "apiservices") => causes.extend(validate_apiservice(obj)),
+        ("rbac.authorization.k8s.io", "rolebindings" | "clusterrolebindings") => {
+            let kinds: &[&str] = if info.resource == "rolebindings" {
+                &["Role", "ClusterRole"]
+            } else {
+                &["ClusterRole"]
+            };
+            let role_ref = obj.get("roleRef").cloned().unwrap_or_else(|| json!({}));
+            let kind = role_ref.get("kind").and_then(Value::as_str).unwrap_or("");
+            if !kinds.contains(&kind) {
+                let supported: Vec<String> = kinds.iter().map(|k| format!("{k:?}")).collect();
+                causes.push(Cause::new(
+                    "FieldValueNotSupported",
+                    format!(
+                        "Unsupported value: {kind:?}: supported values: {}",
+                        supported.join(", ")
+                    ),
+                    "roleRef.kind",
+                ));
+            }
+            if role_ref
+                .get("name")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                causes.push(Cause::new(
+                    "FieldValueRequired",
+                    "Required value",
+                    "roleRef.name",
+                ));
+            }
+        }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings") => {
+            let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+            if spec
+                .get("policyName")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                causes.push(Cause::new(
+                    "FieldValueRequired",
+                    "Required value",
+                    "spec.policyName",
+                ));
+            }
+            if spec
+                .get("validationActions")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty)
+            {
+                causes.push(Cause::new(
+                    "FieldValueRequired",
+                    "Required value: at least one validation action is required",
+                    "spec.validationActions",
+                ));
+            }
+        }
+        ("", "services") => {
+            let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+            let ty = spec
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("ClusterIP");
+            let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
+            let no_ports = spec
+                .get("ports")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty);
+            if ty == "ExternalName" {
+                if spec
+                    .get("externalName")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(Cause::new(
+                        "FieldValueRequired",
+                        "Required value",
+                        "spec.externalName",
+                    ));
+                }
+            } else if no_ports && !headless {
+                causes.push(Cause::new(
+                    "FieldValueRequired",
+                    "Required value",
+                    "spec.ports",
+                ));
+            }
+        }
         _ => {}
     }
     if !causes.is_empty() {
