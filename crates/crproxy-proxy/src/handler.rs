@@ -396,6 +396,21 @@ impl GroupVersionProxy {
     /// Named GET in owned mode: the object itself decides whether the caller may
     /// see it, in whichever JSON representation the caller asked for.
     async fn named_get(&self, exchange: &Exchange, path: &ResourcePath) -> Outcome {
+        if path.subresource.is_some() {
+            // A subresource (a Scale, say) carries no ownership labels of its own:
+            // ownership is the object's, checked first.
+            if let Err(outcome) = self.check_ownership(exchange, path).await {
+                return outcome;
+            }
+            return self
+                .forward(
+                    exchange,
+                    &exchange.path_and_query(),
+                    transport::full(Bytes::new()),
+                    false,
+                )
+                .await;
+        }
         let mut headers = exchange.headers.clone();
         let accept = headers
             .get(http::header::ACCEPT)
@@ -530,6 +545,10 @@ impl GroupVersionProxy {
             return Ok(uid);
         }
         if code == StatusCode::NOT_FOUND {
+            // Only server-side apply creates a missing object. Nothing was checked,
+            // so nothing can be pinned: a concurrent create of the same name by
+            // another client in the instant between this GET and the apply is the
+            // one window the uid precondition cannot close.
             let is_apply = content_type(&exchange.headers).and_then(BodyType::from_content_type)
                 == Some(BodyType::ApplyPatchYaml);
             if exchange.method == Method::PATCH && is_apply {

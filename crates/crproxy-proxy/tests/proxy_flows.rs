@@ -557,3 +557,40 @@ async fn more_watches_than_one_http2_connection_allows_all_open() {
     drop(responses);
     h.proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn subresources_follow_the_objects_ownership() {
+    let h = harness(Options::default()).await;
+    let created = call(
+        &h.aggregator,
+        "POST",
+        WIDGETS,
+        Some(widget("mine", json!({}))),
+    )
+    .await;
+    assert_eq!(created.status, 201);
+    h.target.insert(WIDGETS, widget("foreign", json!({})));
+    // The fake stores no subresources, so an owned object's /status answers
+    // whatever the target says; what matters is that it is not masked.
+    let owned = call(
+        &h.aggregator,
+        "GET",
+        &format!("{WIDGETS}/mine/status"),
+        None,
+    )
+    .await;
+    assert_eq!(owned.status, 200, "{}", owned.body);
+    let foreign = call(
+        &h.aggregator,
+        "GET",
+        &format!("{WIDGETS}/foreign/status"),
+        None,
+    )
+    .await;
+    assert_eq!(foreign.status, 404);
+    assert_eq!(
+        foreign.body["message"],
+        "widgets.example.com \"foreign\" not found"
+    );
+    h.proxy.shutdown().await;
+}

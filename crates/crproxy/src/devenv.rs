@@ -517,7 +517,10 @@ pub async fn install_crd(cluster: &crproxy_kube::Client, resource: &ProxiedResou
                 "name": version,
                 "served": true,
                 "storage": true,
-                "subresources": {"status": {}},
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}
+                },
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
                     "properties": {

@@ -172,6 +172,49 @@ async fn crud_through_the_client_lands_on_the_target_with_owner_labels() -> Resu
     assert_eq!(relabelled["metadata"]["labels"][OWNER_VCLUSTER], "client");
     assert_eq!(relabelled["spec"]["size"], 3);
 
+    // The status subresource of an owned object is readable (a subresource has
+    // no labels of its own; ownership is the object's).
+    kubectl_ok(
+        client,
+        &[
+            "-n",
+            "demo",
+            "get",
+            "widget",
+            "w1",
+            "--subresource=status",
+            "-o",
+            "name",
+        ],
+    )
+    .await?;
+    // A Scale carries no labels at all: reading and writing it must still work.
+    kubectl_ok(
+        client,
+        &["-n", "demo", "scale", "widget", "w1", "--replicas=4"],
+    )
+    .await?;
+    let scaled: Value = serde_json::from_str(
+        &kubectl_ok(
+            target,
+            &["-n", "demo", "get", "widgets", "w1", "-o", "json"],
+        )
+        .await?,
+    )?;
+    assert_eq!(scaled["spec"]["replicas"], 4);
+    let scale: Value = serde_json::from_str(
+        &kubectl_ok(
+            client,
+            &[
+                "get",
+                "--raw",
+                "/apis/example.com/v1/namespaces/demo/widgets/w1/scale",
+            ],
+        )
+        .await?,
+    )?;
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["spec"]["replicas"], 4);
     kubectl_ok(
         client,
         &["-n", "demo", "delete", "widget", "w1", "--wait=false"],
