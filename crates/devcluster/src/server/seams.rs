@@ -399,6 +399,9 @@ pub fn validate(
                 ));
             }
         }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies") => {
+            causes.extend(validate_admission_policy(obj));
+        }
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings") => {
             let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
             if spec
@@ -461,6 +464,70 @@ pub fn validate(
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
     Ok(warnings)
+}
+
+/// The parts of kube's ValidatingAdmissionPolicy validation a client trips most:
+/// match constraints present, at least one validation or audit annotation, and
+/// CEL expressions that compile.
+fn validate_admission_policy(obj: &Value) -> Vec<Cause> {
+    let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let mut causes = Vec::new();
+    if spec.get("matchConstraints").is_none_or(Value::is_null) {
+        causes.push(Cause::new(
+            "FieldValueRequired",
+            "Required value",
+            "spec.matchConstraints",
+        ));
+    }
+    let validations = spec
+        .get("validations")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let audits = spec
+        .get("auditAnnotations")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    if validations.is_empty() && audits == 0 {
+        causes.push(Cause::new(
+            "FieldValueRequired",
+            "Required value: validations or auditAnnotations must contain at least one item",
+            "spec.validations",
+        ));
+    }
+    let mut check = |expr: Option<&str>, field: String| {
+        let Some(expr) = expr else {
+            causes.push(Cause::new("FieldValueRequired", "Required value", field));
+            return;
+        };
+        if let Err(e) = cel::Program::compile(expr) {
+            let detail = e.to_string().lines().next().unwrap_or("").to_string();
+            causes.push(Cause::new(
+                "FieldValueInvalid",
+                format!("Invalid value: {expr:?}: compilation failed: {detail}"),
+                field,
+            ));
+        }
+    };
+    for (i, v) in validations.iter().enumerate() {
+        check(
+            v.get("expression").and_then(Value::as_str),
+            format!("spec.validations[{i}].expression"),
+        );
+    }
+    for (i, c) in spec
+        .get("matchConditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        check(
+            c.get("expression").and_then(Value::as_str),
+            format!("spec.matchConditions[{i}].expression"),
+        );
+    }
+    causes
 }
 
 /// kube-aggregator's APIService validation (the checks a client can trip).
@@ -632,6 +699,22 @@ mod tests {
                 "spec.service.name",
                 "spec.insecureSkipTLSVerify"
             ]
+        );
+    }
+
+    #[test]
+    fn admission_policies_need_constraints_and_compiling_expressions() {
+        let good = json!({"spec": {"matchConstraints": {"resourceRules": []},
+            "validations": [{"expression": "object.metadata.name != 'x'"}]}});
+        assert!(validate_admission_policy(&good).is_empty());
+        let bad = json!({"spec": {"validations": [{"expression": "object.("}]}});
+        let fields: Vec<String> = validate_admission_policy(&bad)
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec!["spec.matchConstraints", "spec.validations[0].expression"]
         );
     }
 
