@@ -319,6 +319,15 @@ pub fn validate(
 ) -> Result<Vec<String>, ApiError> {
     let info = &ctx.info;
     let name = crate::store::meta_str(obj, "name").to_string();
+    let meta_causes = metadata_causes(obj);
+    if !meta_causes.is_empty() {
+        return Err(ApiError::invalid(
+            &info.group,
+            &info.kind,
+            &name,
+            meta_causes,
+        ));
+    }
     let mut warnings = Vec::new();
     if let Some(schema) = info
         .version(&ctx.version)
@@ -464,6 +473,40 @@ pub fn validate(
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
     Ok(warnings)
+}
+
+/// kube's ObjectMeta checks on labels and annotations (every kind).
+fn metadata_causes(obj: &Value) -> Vec<Cause> {
+    use crproxy_core::selector::{label_value_errors, qualified_name_errors};
+    let mut causes = Vec::new();
+    let map = |key: &str| {
+        obj.get("metadata")
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let invalid = |field: &str, value: &str, msg: String| {
+        Cause::new(
+            "FieldValueInvalid",
+            format!("Invalid value: {value:?}: {msg}"),
+            field,
+        )
+    };
+    for (k, v) in map("labels") {
+        for e in qualified_name_errors(&k) {
+            causes.push(invalid("metadata.labels", &k, e));
+        }
+        for e in label_value_errors(v.as_str().unwrap_or("")) {
+            causes.push(invalid("metadata.labels", v.as_str().unwrap_or(""), e));
+        }
+    }
+    for (k, _) in map("annotations") {
+        for e in qualified_name_errors(&k.to_ascii_lowercase()) {
+            causes.push(invalid("metadata.annotations", &k, e));
+        }
+    }
+    causes
 }
 
 /// The parts of kube's ValidatingAdmissionPolicy validation a client trips most:
@@ -715,6 +758,23 @@ mod tests {
         assert_eq!(
             fields,
             vec!["spec.matchConstraints", "spec.validations[0].expression"]
+        );
+    }
+
+    #[test]
+    fn labels_and_annotations_must_be_valid() {
+        let ok = json!({"metadata": {"labels": {"app.kubernetes.io/name": "x", "empty": ""},
+            "annotations": {"example.com/Note": "anything at all"}}});
+        assert!(metadata_causes(&ok).is_empty());
+        let bad = json!({"metadata": {"labels": {"bad key": "v", "k": "bad value!"}}});
+        let causes = metadata_causes(&bad);
+        assert_eq!(causes.len(), 2, "{causes:?}");
+        assert!(causes.iter().all(|c| c.field == "metadata.labels"));
+        assert!(
+            causes[1]
+                .message
+                .starts_with("Invalid value: \"bad value!\": a valid label must be"),
+            "{causes:?}"
         );
     }
 
