@@ -192,6 +192,7 @@ pub async fn run(options: &Options) -> Result<Report> {
         proxy_base_port: child::free_port()?,
         metrics_port: child::free_port()?,
         persistent: false,
+        share_ports: false,
     })
     .await
     .context("starting the dev environment")?;
@@ -233,6 +234,7 @@ async fn measure_all(
     // The direct path uses the client's own identity on the target, the one the
     // proxy forwards with, so authorization costs the same on both paths.
     let identity_kubeconfig = client
+        .link
         .config_path
         .parent()
         .map(|d| d.join("target-identity.kubeconfig"))
@@ -303,7 +305,7 @@ async fn measure_all(
                 eprintln!("starting {} run as a child process...", binary.display());
                 match ChildProxy::start(
                     binary,
-                    &client.config_path,
+                    &client.link.config_path,
                     &dir.join("crproxy-child"),
                     &child_replacements,
                 )
@@ -324,7 +326,8 @@ async fn measure_all(
         Some(c) => (c.addr, Some(c.ca_pem.clone()), Some(c.pid)),
         None => {
             let addr = client
-                .proxy
+                .proxy()
+                .ok_or_else(|| anyhow!("the in-process proxy is not running"))?
                 .servers
                 .first()
                 .map(|(_, a)| *a)

@@ -16,7 +16,10 @@ async fn main() -> anyhow::Result<()> {
     if watch {
         args.remove(0);
     }
-    let path = args.first().cloned().unwrap_or_else(|| "/version".to_owned());
+    let path = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "/version".to_owned());
     let client = Client::new(ClusterConfig::infer().context("loading cluster config")?)?;
     if watch {
         let mut events = Box::pin(client.watch(&path).await?);

@@ -19,6 +19,7 @@ use crate::dial::Dialer;
 use crate::frontproxy::{self, FrontProxyTrust};
 use crate::handler::GroupVersionProxy;
 use crate::metrics::Metrics;
+use crate::namespaces::ClientNamespaces;
 use crate::pool::PeerPool;
 use crate::server::{self, ServerError, ServingIdentity};
 use crate::sources::{self, PeerSourceConfig};
@@ -66,6 +67,8 @@ pub struct ProxySetup {
     pub serving: ServingIdentity,
     /// Shared by every proxy in the process (several clients in `crproxy dev`).
     pub metrics: Arc<Metrics>,
+    /// Let other replicas on this host listen on the same proxy ports.
+    pub share_ports: bool,
 }
 
 /// A started proxy.
@@ -98,14 +101,21 @@ impl RunningProxy {
 pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProxy, AppError> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let trust = FrontProxyTrust::new();
-    if !frontproxy::load_trust(&setup.client, &trust).await {
-        tracing::warn!("front-proxy trust not loaded yet; callers get 401 until it is");
-    }
+    let loaded = match frontproxy::load_trust(&setup.client, &trust).await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "front-proxy trust not loaded yet; callers get 401 until it is");
+            false
+        }
+    };
     let mut background = vec![frontproxy::spawn_trust_refresh(
         setup.client.clone(),
         Arc::clone(&trust),
+        loaded,
     )];
     let tls = server::proxy_tls_config(&setup.serving, &trust)?;
+    let client_namespaces = ClientNamespaces::new();
+    background.push(client_namespaces.spawn_sync(setup.client.clone()));
 
     let mut servers = Vec::new();
     let mut servers_done = Vec::new();
@@ -165,10 +175,11 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             connection,
             metrics,
             setup.client.clone(),
+            Arc::clone(&client_namespaces),
             Arc::clone(&trust),
         );
         let addr = SocketAddr::new(setup.bind, plan.port);
-        let listener = server::bind(addr).await?;
+        let listener = server::bind(addr, setup.share_ports).await?;
         let addr = listener.local_addr().unwrap_or(addr);
         servers.push((group_version.clone(), addr));
         servers_done.push(server::serve_proxy(
@@ -194,7 +205,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
     }
 
     let metrics_addr = if serve_metrics {
-        let listener = server::bind(setup.metrics_addr).await?;
+        let listener = server::bind(setup.metrics_addr, false).await?;
         let addr = listener.local_addr().unwrap_or(setup.metrics_addr);
         servers_done.push(server::serve_metrics(
             listener,

@@ -281,44 +281,53 @@ impl ClientCertVerifier for DynamicVerifier {
     }
 }
 
-/// Loads the trust settings from the client cluster once, then keeps re-reading
-/// them. The first load is awaited so the proxy never serves with no trust at all
-/// for longer than it must; failures are logged and retried.
-pub async fn load_trust(client: &crproxy_kube::Client, trust: &FrontProxyTrust) -> bool {
-    match client.get(AUTHENTICATION_CONFIGMAP_PATH).await {
-        Ok(configmap) => match TrustSettings::from_configmap(&configmap) {
-            Ok(settings) => {
-                trust.set(settings);
-                true
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot use the client's front-proxy trust settings");
-                false
-            }
-        },
-        Err(error) => {
-            tracing::warn!(%error, "reading kube-system/extension-apiserver-authentication from the client cluster failed");
-            false
-        }
-    }
+/// Reads the trust settings from the client cluster once and installs them.
+pub async fn load_trust(
+    client: &crproxy_kube::Client,
+    trust: &FrontProxyTrust,
+) -> Result<(), String> {
+    let configmap = client
+        .get(AUTHENTICATION_CONFIGMAP_PATH)
+        .await
+        .map_err(|e| format!("reading kube-system/extension-apiserver-authentication from the client cluster: {e}"))?;
+    let settings = TrustSettings::from_configmap(&configmap).map_err(|e| e.to_string())?;
+    trust.set(settings);
+    Ok(())
 }
 
-/// Re-reads the ConfigMap every [`TRUST_REFRESH_INTERVAL`] (faster until the first
-/// success) so a rotated front-proxy CA is picked up without a restart.
+/// Re-reads the ConfigMap every [`TRUST_REFRESH_INTERVAL`] (every second until the
+/// first success) so a rotated front-proxy CA is picked up without a restart. Logs
+/// only when the outcome changes, so a client cluster that is slow to publish the
+/// ConfigMap does not flood the log.
 pub fn spawn_trust_refresh(
     client: crproxy_kube::Client,
     trust: Arc<FrontProxyTrust>,
+    mut loaded: bool,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut loaded = false;
+        let mut failing = false;
         loop {
-            loaded = load_trust(&client, &trust).await || loaded;
             let wait = if loaded {
                 TRUST_REFRESH_INTERVAL
             } else {
                 Duration::from_secs(1)
             };
             tokio::time::sleep(wait).await;
+            match load_trust(&client, &trust).await {
+                Ok(()) => {
+                    if failing || !loaded {
+                        tracing::info!("front-proxy trust loaded from the client cluster");
+                    }
+                    loaded = true;
+                    failing = false;
+                }
+                Err(error) => {
+                    if !failing {
+                        tracing::warn!(%error, "cannot refresh the client's front-proxy trust; keeping the last settings");
+                    }
+                    failing = true;
+                }
+            }
         }
     })
 }

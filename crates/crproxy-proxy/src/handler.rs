@@ -25,6 +25,7 @@ use crproxy_core::status;
 use crate::fallback;
 use crate::frontproxy::FrontProxyTrust;
 use crate::metrics::TargetMetrics;
+use crate::namespaces::ClientNamespaces;
 use crate::pool::ProxyBody;
 use crate::transport::{
     self, DeadlineBody, ForwardError, TargetConnection, WatchBody, WatchFraming, MAX_BUFFERED_BODY,
@@ -48,6 +49,8 @@ pub struct GroupVersionProxy {
     pub metrics: TargetMetrics,
     /// The client cluster, for namespace existence checks.
     pub client: crproxy_kube::Client,
+    /// The client's namespaces as a watch last saw them.
+    pub client_namespaces: Arc<ClientNamespaces>,
     pub trust: Arc<FrontProxyTrust>,
     /// The target's last successful discovery answer, so the fallback can keep
     /// kinds and scopes.
@@ -98,6 +101,7 @@ impl GroupVersionProxy {
         target: TargetConnection,
         metrics: TargetMetrics,
         client: crproxy_kube::Client,
+        client_namespaces: Arc<ClientNamespaces>,
         trust: Arc<FrontProxyTrust>,
     ) -> Arc<Self> {
         let group_version = format!("{group}/{version}");
@@ -112,6 +116,7 @@ impl GroupVersionProxy {
             target,
             metrics,
             client,
+            client_namespaces,
             trust,
             last_discovery: Mutex::new(None),
             target_namespaces: Mutex::new(HashSet::new()),
@@ -165,6 +170,16 @@ impl GroupVersionProxy {
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
             ),
+            Some(_caller)
+                if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) =>
+            {
+                self.openapi_index()
+            }
+            Some(_caller)
+                if exchange.method == Method::GET && self.is_openapi_document(&exchange.path) =>
+            {
+                self.openapi_document(&exchange).await
+            }
             Some(_caller) => match kind {
                 Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
@@ -222,26 +237,12 @@ impl GroupVersionProxy {
     /// Forwards `/apis/<group>/<version>`; serves the local document when no peer
     /// is usable or the target answers 401, 404 or 5xx.
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
-        let attempt = tokio::time::timeout_at(
-            exchange.deadline,
-            self.target.send_before(
-                Some(exchange.deadline),
-                Method::GET,
-                &exchange.path_and_query(),
-                &exchange.headers,
-                transport::full(Bytes::new()),
-            ),
-        )
-        .await;
-        let response = match attempt {
-            Err(_elapsed) => {
-                return self.discovery_fallback(Reason::Deadline, Reason::UpstreamError)
-            }
-            Ok(Err(ForwardError::Pool(e))) if is_availability(e.reason()) => {
+        let response = match self.get_from_target(exchange, &exchange.headers).await {
+            Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
             }
-            Ok(Err(e)) => return self.discovery_fallback(e.reason(), Reason::UpstreamError),
-            Ok(Ok(response)) => response,
+            Err(e) => return self.discovery_fallback(e.reason(), Reason::UpstreamError),
+            Ok(response) => response,
         };
         let code = response.status();
         if code == StatusCode::UNAUTHORIZED
@@ -264,6 +265,44 @@ impl GroupVersionProxy {
             Response::from_parts(parts, transport::full(bytes)),
             Reason::Upstream,
         )
+    }
+
+    // ---------------------------------------------------------------- OpenAPI
+
+    fn is_openapi_index(&self, path: &str) -> bool {
+        path == "/openapi/v3"
+    }
+
+    fn is_openapi_document(&self, path: &str) -> bool {
+        path.strip_prefix("/openapi/v3")
+            == Some(format!("/apis/{}/{}", self.group, self.version).as_str())
+    }
+
+    /// `/openapi/v3`: the aggregator asks which documents this server has; it has
+    /// exactly one, its own group/version's.
+    fn openapi_index(&self) -> Outcome {
+        let key = format!("apis/{}/{}", self.group, self.version);
+        let document = serde_json::json!({
+            "paths": { key.clone(): {"serverRelativeURL": format!("/openapi/v3/{key}")} }
+        });
+        Outcome::new(json_response(StatusCode::OK, &document), Reason::Upstream)
+    }
+
+    /// `/openapi/v3/apis/<group>/<version>`: the target's schema document, so
+    /// clients of the client cluster validate and explain proxied kinds exactly as
+    /// the target defines them. Schemas describe types, not objects, so nothing is
+    /// masked.
+    async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
+        let mut headers = exchange.headers.clone();
+        headers.remove(http::header::ACCEPT_ENCODING);
+        match self.get_from_target(exchange, &headers).await {
+            Ok(response) if response.status().is_server_error() => self.upstream_failure(),
+            Ok(response) => {
+                let (parts, body) = response.into_parts();
+                Outcome::new(Response::from_parts(parts, body), Reason::Upstream)
+            }
+            Err(e) => self.unavailable(e),
+        }
     }
 
     fn discovery_fallback(&self, request_reason: Reason, fallback_reason: Reason) -> Outcome {
@@ -357,6 +396,21 @@ impl GroupVersionProxy {
     /// Named GET in owned mode: the object itself decides whether the caller may
     /// see it, in whichever JSON representation the caller asked for.
     async fn named_get(&self, exchange: &Exchange, path: &ResourcePath) -> Outcome {
+        if path.subresource.is_some() {
+            // A subresource (a Scale, say) carries no ownership labels of its own:
+            // ownership is the object's, checked first.
+            if let Err(outcome) = self.check_ownership(exchange, path).await {
+                return outcome;
+            }
+            return self
+                .forward(
+                    exchange,
+                    &exchange.path_and_query(),
+                    transport::full(Bytes::new()),
+                    false,
+                )
+                .await;
+        }
         let mut headers = exchange.headers.clone();
         let accept = headers
             .get(http::header::ACCEPT)
@@ -376,18 +430,7 @@ impl GroupVersionProxy {
         }
         // The body is inspected, so it must arrive uncompressed.
         headers.remove(http::header::ACCEPT_ENCODING);
-        let attempt = tokio::time::timeout_at(
-            exchange.deadline,
-            self.target.send_before(
-                Some(exchange.deadline),
-                Method::GET,
-                &exchange.path_and_query(),
-                &headers,
-                transport::full(Bytes::new()),
-            ),
-        )
-        .await;
-        let response = match flatten(attempt) {
+        let response = match self.get_from_target(exchange, &headers).await {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
         };
@@ -502,6 +545,10 @@ impl GroupVersionProxy {
             return Ok(uid);
         }
         if code == StatusCode::NOT_FOUND {
+            // Only server-side apply creates a missing object. Nothing was checked,
+            // so nothing can be pinned: a concurrent create of the same name by
+            // another client in the instant between this GET and the apply is the
+            // one window the uid precondition cannot close.
             let is_apply = content_type(&exchange.headers).and_then(BodyType::from_content_type)
                 == Some(BodyType::ApplyPatchYaml);
             if exchange.method == Method::PATCH && is_apply {
@@ -560,34 +607,57 @@ impl GroupVersionProxy {
     /// onto the target when missing there.
     async fn ensure_namespace(&self, namespace: &str, deadline: Instant) -> Result<(), Outcome> {
         let client_path = format!("/api/v1/namespaces/{namespace}");
-        match tokio::time::timeout_at(deadline, self.client.get(&client_path)).await {
-            Err(_) => return Err(self.unavailable(ForwardError::Deadline)),
-            Ok(Err(e)) if e.is_not_found() => {
-                return Err(Outcome::new(
-                    json_response(
-                        StatusCode::NOT_FOUND,
-                        &status::namespace_not_found(namespace),
-                    ),
-                    Reason::NamespaceMissing,
-                ))
-            }
+        // The watch-fed cache answers "exists" from memory; a miss may only mean the
+        // namespace was created a moment ago, so it is confirmed with a GET.
+        if self.client_namespaces.exists(namespace) != Some(true) {
+            self.confirm_client_namespace(namespace, &client_path, deadline)
+                .await?;
+        }
+        self.ensure_target_namespace(namespace, &client_path, deadline)
+            .await
+    }
+
+    async fn confirm_client_namespace(
+        &self,
+        namespace: &str,
+        client_path: &str,
+        deadline: Instant,
+    ) -> Result<(), Outcome> {
+        match tokio::time::timeout_at(deadline, self.client.get(client_path)).await {
+            Err(_) => Err(self.unavailable(ForwardError::Deadline)),
+            Ok(Err(e)) if e.is_not_found() => Err(Outcome::new(
+                json_response(
+                    StatusCode::NOT_FOUND,
+                    &status::namespace_not_found(namespace),
+                ),
+                Reason::NamespaceMissing,
+            )),
             Ok(Err(e)) => {
                 tracing::warn!(%namespace, error = %e, "checking the namespace on the client cluster failed");
-                return Err(Outcome::new(
+                Err(Outcome::new(
                     self.unavailable_response(Some(&format!(
                         "checking namespace {namespace:?} on the client cluster: {e}"
                     ))),
                     Reason::Upstream,
-                ));
+                ))
             }
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => Ok(()),
         }
+    }
+
+    /// Mirrors the namespace onto the target unless it is known to be there.
+    async fn ensure_target_namespace(
+        &self,
+        namespace: &str,
+        client_path: &str,
+        deadline: Instant,
+    ) -> Result<(), Outcome> {
         if lock(&self.target_namespaces).contains(namespace) {
             return Ok(());
         }
         let attempt = tokio::time::timeout_at(
             deadline,
-            self.target.call(deadline, Method::GET, &client_path, None),
+            self.target.call(deadline, Method::GET, client_path, None),
         )
         .await;
         let (code, _) = flatten(attempt).map_err(|e| self.unavailable(e))?;
@@ -627,6 +697,24 @@ impl GroupVersionProxy {
 
     // ---------------------------------------------------------------- forwarding
 
+    /// GETs the request's own path and query from the target with `headers`,
+    /// within the request deadline; the response body is left to the caller.
+    async fn get_from_target(
+        &self,
+        exchange: &Exchange,
+        headers: &HeaderMap,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
+        let path_and_query = exchange.path_and_query();
+        let sent = self.target.send_before(
+            Some(exchange.deadline),
+            Method::GET,
+            &path_and_query,
+            headers,
+            transport::full(Bytes::new()),
+        );
+        flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
+    }
+
     /// Sends a request to the target and maps its response: 5xx on non-watch
     /// requests becomes the retryable 503; everything else streams back unchanged.
     async fn forward(
@@ -662,10 +750,7 @@ impl GroupVersionProxy {
             }
         }
         let (parts, body) = response.into_parts();
-        Outcome::new(
-            Response::from_parts(parts, transport::stream(body)),
-            Reason::Upstream,
-        )
+        Outcome::new(Response::from_parts(parts, body), Reason::Upstream)
     }
 
     // ---------------------------------------------------------------- responses
@@ -728,7 +813,7 @@ fn flatten<T>(
 }
 
 async fn read_request(body: hyper::body::Incoming) -> Result<Bytes, Outcome> {
-    transport::read_limited(body, MAX_BUFFERED_BODY)
+    transport::read_limited(transport::stream(body), MAX_BUFFERED_BODY)
         .await
         .map_err(|e| {
             let (code, reason) = match e {

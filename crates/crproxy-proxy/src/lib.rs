@@ -8,11 +8,13 @@
 //! from a validated configuration.
 
 pub mod app;
+pub mod cbor;
 pub mod dial;
 pub mod fallback;
 pub mod frontproxy;
 pub mod handler;
 pub mod metrics;
+pub mod namespaces;
 pub mod pool;
 pub mod server;
 pub mod sources;

@@ -19,6 +19,7 @@
 //! Locking: one `std::sync::Mutex` per pool, never held across an `.await`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -41,7 +42,13 @@ pub const QUARANTINE_THRESHOLD: u32 = 3;
 pub const QUARANTINE_DURATION: Duration = Duration::from_secs(20);
 /// How long after the peer subscription drops the cached list is still trusted.
 pub const STALENESS_TOLERANCE: Duration = Duration::from_secs(60);
-/// Idle HTTP/1.1 connections kept per peer (HTTP/2 needs only one).
+/// Streams this pool opens at once on one HTTP/2 connection. Servers cap
+/// concurrent streams per connection (Go's HTTP/2 server, so kube-apiserver, at
+/// 250; hyper at 200); a request beyond the cap would wait inside the connection
+/// until its deadline, and a watch indefinitely. Like Go's transport, the pool
+/// opens another connection instead. Kept under both limits.
+pub const MAX_STREAMS_PER_CONNECTION: usize = 100;
+/// Idle HTTP/1.1 connections kept per peer.
 const MAX_IDLE_HTTP1: usize = 8;
 /// Default HTTP/2 ping interval on peer connections.
 pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -211,8 +218,37 @@ struct Peer {
     /// Never sent on: dropping it (when the peer leaves the list) wakes every
     /// in-flight dial to this peer so it fails with `peer_departed`.
     departed: watch::Sender<()>,
-    h2: Option<http2::SendRequest<ProxyBody>>,
+    /// Multiplexed connections, each with the number of streams open on it.
+    h2: Vec<H2Conn>,
     idle_http1: Vec<http1::SendRequest<ProxyBody>>,
+}
+
+/// One HTTP/2 connection to a peer and its open-stream count.
+struct H2Conn {
+    sender: http2::SendRequest<ProxyBody>,
+    streams: Arc<AtomicUsize>,
+}
+
+/// One stream reserved on an HTTP/2 connection. The response carries it in its
+/// extensions; whoever streams the body keeps it until the body ends, which frees
+/// the stream for the next request.
+#[derive(Clone, Debug)]
+pub struct StreamSlot(Arc<SlotRelease>);
+
+#[derive(Debug)]
+struct SlotRelease(Arc<AtomicUsize>);
+
+impl Drop for SlotRelease {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl StreamSlot {
+    fn reserve(streams: &Arc<AtomicUsize>) -> StreamSlot {
+        streams.fetch_add(1, Ordering::AcqRel);
+        StreamSlot(Arc::new(SlotRelease(Arc::clone(streams))))
+    }
 }
 
 impl Peer {
@@ -223,7 +259,7 @@ impl Peer {
             consecutive_failures: 0,
             health: Health::Healthy,
             departed: watch::channel(()).0,
-            h2: None,
+            h2: Vec::new(),
             idle_http1: Vec::new(),
         }
     }
@@ -237,7 +273,7 @@ impl Peer {
     }
 
     fn drop_connections(&mut self) {
-        self.h2 = None;
+        self.h2.clear();
         self.idle_http1.clear();
     }
 }
@@ -737,9 +773,12 @@ impl PeerPool {
         let recovered = peer.consecutive_failures > 0 || peer.health != Health::Healthy;
         peer.consecutive_failures = 0;
         peer.health = Health::Healthy;
-        if let Conn::H2(sender) = conn {
-            // One multiplexed connection per peer is enough; later requests reuse it.
-            peer.h2 = Some(sender.clone());
+        if let Conn::H2(sender, slot) = conn {
+            // Later requests share this connection until its streams are used up.
+            peer.h2.push(H2Conn {
+                sender: sender.clone(),
+                streams: Arc::clone(&(slot.0).0),
+            });
         }
         let host = peer.host.clone();
         st.all_quarantined = false;
@@ -786,11 +825,17 @@ impl PeerPool {
 }
 
 fn take_cached(peer: &mut Peer) -> Option<Conn> {
-    if let Some(h2) = &peer.h2 {
-        if !h2.is_closed() {
-            return Some(Conn::H2(h2.clone()));
-        }
-        peer.h2 = None;
+    peer.h2.retain(|c| !c.sender.is_closed());
+    if let Some(c) = peer
+        .h2
+        .iter()
+        .find(|c| c.streams.load(Ordering::Acquire) < MAX_STREAMS_PER_CONNECTION)
+    {
+        return Some(Conn::H2(c.sender.clone(), StreamSlot::reserve(&c.streams)));
+    }
+    if !peer.h2.is_empty() {
+        // Every HTTP/2 connection is full: the caller dials another.
+        return None;
     }
     while let Some(sender) = peer.idle_http1.pop() {
         if sender.is_ready() {
@@ -829,7 +874,9 @@ async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Co
                 tracing::debug!(peer = %peer, error = %err, "peer HTTP/2 connection ended");
             }
         });
-        Ok(Conn::H2(sender))
+        let streams = Arc::new(AtomicUsize::new(0));
+        let slot = StreamSlot::reserve(&streams);
+        Ok(Conn::H2(sender, slot))
     } else {
         let (sender, connection) = http1::Builder::new()
             .handshake(io)
@@ -873,7 +920,7 @@ impl Drop for DialTicket {
 }
 
 enum Conn {
-    H2(http2::SendRequest<ProxyBody>),
+    H2(http2::SendRequest<ProxyBody>, StreamSlot),
     Http1(http1::SendRequest<ProxyBody>),
 }
 
@@ -893,7 +940,7 @@ impl std::fmt::Debug for PeerSender {
         f.debug_struct("PeerSender")
             .field("peer", &self.peer)
             .field("reused", &self.reused)
-            .field("h2", &matches!(self.conn, Conn::H2(_)))
+            .field("h2", &matches!(self.conn, Conn::H2(..)))
             .finish_non_exhaustive()
     }
 }
@@ -907,7 +954,7 @@ enum Attempt {
 impl PeerSender {
     /// Whether the connection speaks HTTP/2.
     pub fn is_h2(&self) -> bool {
-        matches!(self.conn, Conn::H2(_))
+        matches!(self.conn, Conn::H2(..))
     }
 
     /// Whether the connection was reused from the cache rather than freshly dialled.
@@ -973,8 +1020,11 @@ impl PeerSender {
             pool,
         } = self;
         match conn {
-            Conn::H2(mut sender) => match sender.try_send_request(req).await {
-                Ok(resp) => Attempt::Done(Ok(resp)),
+            Conn::H2(mut sender, slot) => match sender.try_send_request(req).await {
+                Ok(mut resp) => {
+                    resp.extensions_mut().insert(slot);
+                    Attempt::Done(Ok(resp))
+                }
                 Err(err) => failed(err, peer, reused, replay),
             },
             Conn::Http1(mut sender) => match sender.try_send_request(req).await {

@@ -73,11 +73,24 @@ pub fn proxy_tls_config(
     Ok(Arc::new(config))
 }
 
-/// Binds a listener, reporting the address in the error.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { addr, source })
+/// Binds a listener, reporting the address in the error. With `share_port`,
+/// several replicas on one host listen on the same port (SO_REUSEPORT) and the
+/// kernel spreads connections over them, as a Service spreads them over pods.
+pub async fn bind(addr: SocketAddr, share_port: bool) -> Result<TcpListener, ServerError> {
+    let error = |source| ServerError::Bind { addr, source };
+    if !share_port {
+        return TcpListener::bind(addr).await.map_err(error);
+    }
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(error)?;
+    socket.set_reuseaddr(true).map_err(error)?;
+    socket.set_reuseport(true).map_err(error)?;
+    socket.bind(addr).map_err(error)?;
+    socket.listen(1024).map_err(error)
 }
 
 /// Serves one group/version until `shutdown` turns true, then lets in-flight

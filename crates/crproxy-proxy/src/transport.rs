@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
-use crate::pool::{BoxError, PeerPool, PoolError, ProxyBody};
+use crate::pool::{BoxError, PeerPool, PoolError, ProxyBody, StreamSlot};
 use crproxy_core::reason::Reason;
 use std::sync::Arc;
 
@@ -108,7 +108,7 @@ impl TargetConnection {
         path_and_query: &str,
         caller_headers: &HeaderMap,
         body: ProxyBody,
-    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         self.send_before(None, method, path_and_query, caller_headers, body)
             .await
     }
@@ -122,7 +122,7 @@ impl TargetConnection {
         path_and_query: &str,
         caller_headers: &HeaderMap,
         body: ProxyBody,
-    ) -> Result<Response<hyper::body::Incoming>, ForwardError> {
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let mut request = Request::builder()
             .method(method)
             .uri(path_and_query)
@@ -139,10 +139,18 @@ impl TargetConnection {
             Some(deadline) => self.pool.acquire_before(deadline).await?,
             None => self.pool.acquire().await?,
         };
-        sender
+        let mut response = sender
             .send(request)
             .await
-            .map_err(|e| ForwardError::Send(e.to_string()))
+            .map_err(|e| ForwardError::Send(e.to_string()))?;
+        // The HTTP/2 stream stays reserved until the body has been streamed.
+        let slot = response.extensions_mut().remove::<StreamSlot>();
+        let (parts, body) = response.into_parts();
+        let body = SlotBody {
+            inner: body,
+            _slot: slot,
+        };
+        Ok(Response::from_parts(parts, BodyExt::boxed(body)))
     }
 
     /// A small request of the proxy's own (ownership check, namespace mirroring):
@@ -203,16 +211,49 @@ pub fn clean_response_headers(headers: &mut HeaderMap) {
 }
 
 /// Reads a body whole, refusing anything larger than `limit`.
-pub async fn read_limited<B>(body: B, limit: usize) -> Result<Bytes, ForwardError>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let limited = http_body_util::Limited::new(body, limit);
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ForwardError::TooLarge),
-        Err(e) => Err(ForwardError::Send(e.to_string())),
+pub async fn read_limited(mut body: ProxyBody, limit: usize) -> Result<Bytes, ForwardError> {
+    let mut buffer = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ForwardError::Send(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if buffer.len() + data.len() > limit {
+                return Err(ForwardError::TooLarge);
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok(buffer.freeze())
+}
+
+/// A peer's response body that holds its HTTP/2 stream reservation while it
+/// streams; dropping it (body done or caller gone) frees the stream.
+struct SlotBody {
+    inner: hyper::body::Incoming,
+    _slot: Option<StreamSlot>,
+}
+
+impl Body for SlotBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -322,6 +363,8 @@ impl Drop for DeadlineBody {
 pub enum WatchFraming {
     /// Newline-delimited JSON: one event per line.
     JsonLines,
+    /// A CBOR sequence: one event per data item.
+    CborSequence,
     /// Compressed, protobuf or anything else: not counted (as documented).
     Uncounted,
 }
@@ -338,6 +381,8 @@ impl WatchFraming {
         let media = content_type.split(';').next().unwrap_or("").trim();
         if media.eq_ignore_ascii_case("application/json") {
             WatchFraming::JsonLines
+        } else if media.eq_ignore_ascii_case("application/cbor-seq") {
+            WatchFraming::CborSequence
         } else {
             WatchFraming::Uncounted
         }
@@ -350,6 +395,7 @@ pub struct WatchBody {
     inner: ProxyBody,
     metrics: TargetMetrics,
     framing: WatchFraming,
+    cbor: crate::cbor::ItemCounter,
     _active: WatchGuard,
 }
 
@@ -360,6 +406,7 @@ impl WatchBody {
             inner,
             metrics,
             framing,
+            cbor: crate::cbor::ItemCounter::default(),
             _active: active,
         }
     }
@@ -375,14 +422,16 @@ impl Body for WatchBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if self.framing == WatchFraming::JsonLines {
-                if let Some(data) = frame.data_ref() {
+            if let Some(data) = frame.data_ref() {
+                let events = match self.framing {
                     // kube-apiserver ends every JSON watch event with a newline and
                     // escapes newlines inside strings, so lines are events.
-                    let events = data.iter().filter(|b| **b == b'\n').count() as u64;
-                    if events > 0 {
-                        self.metrics.watch_events(events);
-                    }
+                    WatchFraming::JsonLines => data.iter().filter(|b| **b == b'\n').count() as u64,
+                    WatchFraming::CborSequence => self.cbor.push(data),
+                    WatchFraming::Uncounted => 0,
+                };
+                if events > 0 {
+                    self.metrics.watch_events(events);
                 }
             }
         }

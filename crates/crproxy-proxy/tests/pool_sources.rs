@@ -135,12 +135,13 @@ async fn a_failing_dns_lookup_drops_the_subscription() {
 // ---- EndpointSlices over a scripted feed -------------------------------------------
 
 type Events = mpsc::UnboundedSender<Result<WatchEvent, KubeError>>;
+type EventStream = mpsc::UnboundedReceiver<Result<WatchEvent, KubeError>>;
 
 /// A feed whose list answers and watch streams the test hands out one by one.
 #[derive(Clone, Default)]
 struct ScriptedFeed {
     lists: Arc<Mutex<Vec<Result<Value, KubeError>>>>,
-    watches: Arc<Mutex<Vec<mpsc::UnboundedReceiver<Result<WatchEvent, KubeError>>>>>,
+    watches: Arc<Mutex<Vec<EventStream>>>,
     requests: Arc<Mutex<Vec<String>>>,
 }
 

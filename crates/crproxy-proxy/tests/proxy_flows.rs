@@ -107,6 +107,7 @@ async fn harness(options: Options) -> Harness {
             key_pem: serving.key.clone(),
         },
         metrics: Arc::clone(&metrics),
+        share_ports: false,
     };
     let proxy = app::start(setup, true).await.expect("proxy starts");
     let addr = proxy.servers[0].1;
@@ -453,5 +454,143 @@ async fn paths_outside_the_group_version_never_reach_the_target() {
         assert_eq!(reply.status, expected, "{path}");
     }
     assert!(!target_saw(&h, "secrets"), "{:?}", h.target.requests());
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_namespace_deleted_on_the_client_stops_writes() {
+    let h = harness(Options::default()).await;
+    let first = call(
+        &h.aggregator,
+        "POST",
+        WIDGETS,
+        Some(widget("w1", json!({}))),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    h.client_api
+        .client()
+        .delete("/api/v1/namespaces/demo")
+        .await
+        .expect("delete namespace on the client");
+    // The namespace cache follows the client's watch; allow it a moment.
+    let mut status = 0;
+    for attempt in 0..40 {
+        let reply = call(
+            &h.aggregator,
+            "POST",
+            WIDGETS,
+            Some(widget(&format!("late-{attempt}"), json!({}))),
+        )
+        .await;
+        status = reply.status;
+        if status == 404 {
+            assert_eq!(reply.body["message"], "namespaces \"demo\" not found");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        status, 404,
+        "writes into a namespace deleted on the client must stop"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_watches_than_one_http2_connection_allows_all_open() {
+    // The fake target (hyper) allows 200 concurrent streams per connection, as
+    // kube-apiserver allows 250: the proxy must spread 250 watches over several
+    // connections instead of queueing the excess forever.
+    let h = harness(Options::default()).await;
+    let addr = h.proxy.servers[0].1;
+    let tls = h
+        .aggregator
+        .config()
+        .rustls_config(&[b"h2"])
+        .expect("aggregator TLS");
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let mut senders = Vec::new();
+    for _ in 0..5 {
+        // Separate caller connections, so the caller side is not the limit.
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+        let stream = connector.connect(name, tcp).await.expect("tls");
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .expect("h2 handshake");
+        tokio::spawn(connection);
+        senders.push(sender);
+    }
+    let mut opened = Vec::new();
+    for i in 0..250 {
+        let mut sender = senders[i % senders.len()].clone();
+        opened.push(tokio::spawn(async move {
+            let request = http::Request::get(format!(
+                "https://localhost{WIDGETS}?watch=true&labelSelector=n%3D{i}"
+            ))
+            .header("x-remote-user", "alice")
+            .header("x-remote-group", "system:authenticated")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request");
+            let response = tokio::time::timeout(
+                std::time::Duration::from_secs(20),
+                sender.send_request(request),
+            )
+            .await;
+            match response {
+                Ok(Ok(response)) if response.status() == 200 => Some(response),
+                _ => None,
+            }
+        }));
+    }
+    let mut responses = Vec::new();
+    for task in opened {
+        responses.push(task.await.expect("task"));
+    }
+    let open = responses.iter().filter(|r| r.is_some()).count();
+    assert_eq!(open, 250, "every watch must get its response");
+    assert!(series(&h.metrics, "vcluster_proxy_active_watches", " 250"));
+    drop(responses);
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn subresources_follow_the_objects_ownership() {
+    let h = harness(Options::default()).await;
+    let created = call(
+        &h.aggregator,
+        "POST",
+        WIDGETS,
+        Some(widget("mine", json!({}))),
+    )
+    .await;
+    assert_eq!(created.status, 201);
+    h.target.insert(WIDGETS, widget("foreign", json!({})));
+    // The fake stores no subresources, so an owned object's /status answers
+    // whatever the target says; what matters is that it is not masked.
+    let owned = call(
+        &h.aggregator,
+        "GET",
+        &format!("{WIDGETS}/mine/status"),
+        None,
+    )
+    .await;
+    assert_eq!(owned.status, 200, "{}", owned.body);
+    let foreign = call(
+        &h.aggregator,
+        "GET",
+        &format!("{WIDGETS}/foreign/status"),
+        None,
+    )
+    .await;
+    assert_eq!(foreign.status, 404);
+    assert_eq!(
+        foreign.body["message"],
+        "widgets.example.com \"foreign\" not found"
+    );
     h.proxy.shutdown().await;
 }

@@ -31,6 +31,13 @@ impl WiringHandle {
         let _ = self.registrar.await;
         self.leader.release().await;
     }
+
+    /// Stops like a crashed process: registration ends and the lease is left to
+    /// expire, so another replica takes over only after the lease duration.
+    pub fn abort(self) {
+        self.registrar.abort();
+        self.leader.abort();
+    }
 }
 
 /// Starts leader election with `lease` and a registrar that, while leading, keeps

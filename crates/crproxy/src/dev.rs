@@ -43,6 +43,7 @@ pub async fn run(args: DevArgs) -> Result<()> {
         proxy_base_port: args.proxy_port,
         metrics_port: args.metrics_port,
         persistent: true,
+        share_ports: false,
     })
     .await?;
     print_tour(&env);
@@ -66,10 +67,14 @@ fn print_tour(env: &DevEnv) {
     }
     for client in &env.clients {
         println!("  {} API: {}", client.name, client.cluster.url());
-        for (gv, addr) in &client.proxy.servers {
+        for (gv, addr) in client
+            .proxy()
+            .map(|p| p.servers.as_slice())
+            .unwrap_or_default()
+        {
             println!("  {} proxy for {gv}: https://{addr}", client.name);
         }
-        println!("  {} metrics: {}", client.name, client.metrics_url);
+        println!("  {} metrics: {}", client.name, client.metrics_url());
     }
     let metrics = described["metrics_url"].as_str().unwrap_or("");
     println!(

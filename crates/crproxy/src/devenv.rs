@@ -36,6 +36,8 @@ pub struct DevOptions {
     pub metrics_port: u16,
     /// Keep state in `dir` across restarts (the CLI); tests use in-memory stores.
     pub persistent: bool,
+    /// Open proxy ports so further replicas on this host can share them (HA tests).
+    pub share_ports: bool,
 }
 
 /// One client cluster and its proxy.
@@ -43,10 +45,206 @@ pub struct DevClient {
     pub name: String,
     pub cluster: devcluster::DevCluster,
     pub kubeconfig: PathBuf,
-    pub proxy: RunningProxy,
-    pub metrics_url: String,
+    pub link: Link,
+    /// The proxy replica this environment started (None once stopped).
+    pub replica: Option<ProxyReplica>,
+}
+
+impl DevClient {
+    /// The running replica's proxy.
+    pub fn proxy(&self) -> Option<&RunningProxy> {
+        self.replica.as_ref().map(|r| &r.proxy)
+    }
+
+    /// The running replica's metrics URL.
+    pub fn metrics_url(&self) -> String {
+        self.replica
+            .as_ref()
+            .map(|r| r.metrics_url.clone())
+            .unwrap_or_default()
+    }
+
+    /// Stops this client's proxy replica (releasing leadership).
+    pub async fn stop_proxy(&mut self) {
+        if let Some(replica) = self.replica.take() {
+            replica.stop().await;
+        }
+    }
+}
+
+/// A proxied resource: what the target stores and the client uses.
+#[derive(Clone, Debug)]
+pub struct ProxiedResource {
+    pub group: String,
+    pub version: String,
+    pub plural: String,
+    pub kind: String,
+}
+
+impl ProxiedResource {
+    /// `widgets.example.com/v1`, the resource `crproxy dev` proxies.
+    pub fn example() -> Self {
+        Self {
+            group: EXAMPLE_GROUP.into(),
+            version: EXAMPLE_VERSION.into(),
+            plural: EXAMPLE_PLURAL.into(),
+            kind: "Widget".into(),
+        }
+    }
+}
+
+/// One direction of proxying: a client cluster using a resource stored on a
+/// target cluster. Preparing it writes the configuration a proxy replica runs from.
+pub struct Link {
+    pub client_name: String,
     pub config_path: PathBuf,
-    wiring: crproxy_wiring::WiringHandle,
+    serving_dir: PathBuf,
+    persistent: bool,
+}
+
+/// Everything a link needs to be prepared.
+pub struct LinkSpec<'a> {
+    /// Where the link's configuration, kubeconfigs and serving CA are written.
+    pub dir: PathBuf,
+    pub client_name: String,
+    pub client_kubeconfig: PathBuf,
+    pub target_name: String,
+    pub target: &'a devcluster::DevCluster,
+    pub target_peers: Vec<SocketAddr>,
+    pub resource: ProxiedResource,
+    /// 0 picks a free port.
+    pub proxy_port: u16,
+    /// 0 picks a free port.
+    pub metrics_port: u16,
+    pub persistent: bool,
+}
+
+impl Link {
+    /// Grants the client's identity its rights on the target, installs the
+    /// resource's CRD there, and writes the proxy configuration.
+    pub async fn prepare(spec: LinkSpec<'_>) -> Result<Link> {
+        std::fs::create_dir_all(&spec.dir)
+            .with_context(|| format!("creating {}", spec.dir.display()))?;
+        let project = "default";
+        let project_namespace = "p-default";
+        let target_admin = admin_client(spec.target)?;
+        install_crd(&target_admin, &spec.resource).await?;
+        let identity = names::target_identity(project_namespace, &spec.client_name);
+        let token = spec
+            .target
+            .issue_token(&identity, &[])
+            .context("issuing the client identity's token on the target")?;
+        grant_target_access(&target_admin, &identity, &spec.resource.group).await?;
+        let identity_kubeconfig = spec.dir.join("target-identity.kubeconfig");
+        std::fs::write(
+            &identity_kubeconfig,
+            token_kubeconfig(
+                &spec.target_name,
+                &spec.target.url(),
+                &spec.target.ca_pem(),
+                &identity,
+                &token,
+            ),
+        )?;
+        let proxy_port = match spec.proxy_port {
+            // The configuration needs a real port (replicas must agree on it).
+            0 => free_port()?,
+            port => port,
+        };
+        let peers: Vec<String> = spec.target_peers.iter().map(|a| a.to_string()).collect();
+        let config_path = spec.dir.join("crproxy.yaml");
+        std::fs::write(
+            &config_path,
+            config_yaml(&ConfigValues {
+                name: &spec.client_name,
+                project,
+                project_namespace,
+                client_kubeconfig: &spec.client_kubeconfig,
+                target_name: &spec.target_name,
+                target_kubeconfig: &identity_kubeconfig,
+                peers: &peers,
+                base_port: proxy_port,
+                metrics_port: spec.metrics_port,
+                resource: &spec.resource,
+            }),
+        )?;
+        Ok(Link {
+            client_name: spec.client_name,
+            config_path,
+            serving_dir: spec.dir.join("serving-ca"),
+            persistent: spec.persistent,
+        })
+    }
+
+    /// Starts one proxy replica from the link's configuration, with leader
+    /// election and registration. Several replicas of one link share the serving
+    /// CA and the listening port (the port is opened with SO_REUSEPORT).
+    pub async fn start_replica(&self) -> Result<ProxyReplica> {
+        self.start_replica_with(ReplicaOptions::default()).await
+    }
+
+    /// [`Link::start_replica`] with options for tests of several replicas.
+    pub async fn start_replica_with(&self, options: ReplicaOptions) -> Result<ProxyReplica> {
+        let metrics = Metrics::new();
+        let mut loaded = crate::run::load(&self.config_path)?;
+        if let Some(metrics_address) = options.metrics_address {
+            loaded.config.proxy.metrics_address = metrics_address;
+        }
+        let serving = crate::run::serving_identity(&self.serving_dir, true)?;
+        let mut setup = crate::run::setup(&loaded, serving.identity.clone(), Arc::clone(&metrics))?;
+        setup.share_ports = options.share_ports;
+        let proxy = crproxy_proxy::app::start(setup, true)
+            .await
+            .with_context(|| format!("starting the proxy for {}", self.client_name))?;
+        let metrics_url = proxy
+            .metrics_addr
+            .map(|a| format!("http://{a}/metrics"))
+            .unwrap_or_default();
+        let wiring =
+            crate::run::start_wiring(&loaded, &proxy, &serving.ca_pem, &self.client_name).await?;
+        let _ = self.persistent;
+        Ok(ProxyReplica {
+            proxy,
+            wiring,
+            metrics_url,
+        })
+    }
+}
+
+/// How a replica differs from the link's configuration.
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaOptions {
+    /// Listen on the proxy ports alongside other replicas on this host.
+    pub share_ports: bool,
+    /// Another metrics address (two replicas cannot share one).
+    pub metrics_address: Option<String>,
+}
+
+/// One running proxy process-equivalent: servers, metrics, leader election and
+/// registration.
+pub struct ProxyReplica {
+    pub proxy: RunningProxy,
+    pub wiring: crproxy_wiring::WiringHandle,
+    pub metrics_url: String,
+}
+
+impl ProxyReplica {
+    /// Whether this replica currently holds the registration lease.
+    pub fn is_leader(&self) -> bool {
+        self.wiring.leader().is_leader()
+    }
+
+    /// A clean stop: hand leadership back, then drain the servers.
+    pub async fn stop(self) {
+        self.wiring.stop().await;
+        self.proxy.shutdown().await;
+    }
+
+    /// A crash: stop everything without handing the lease back.
+    pub async fn crash(self) {
+        self.wiring.abort();
+        self.proxy.shutdown().await;
+    }
 }
 
 /// A running environment.
@@ -90,8 +288,6 @@ impl DevEnv {
         let target_kubeconfig = dir.join("target.kubeconfig");
         std::fs::write(&target_kubeconfig, target.admin_kubeconfig())
             .with_context(|| format!("writing {}", target_kubeconfig.display()))?;
-        let target_admin = admin_client(&target)?;
-        install_example_crd(&target_admin).await?;
 
         let mut clients = Vec::new();
         for index in 0..options.clients.max(1) {
@@ -124,7 +320,7 @@ impl DevEnv {
                     .ok()
                     .and_then(|s| condition_status(&s, "Available"))
                     == Some("True".into());
-                if available {
+                if available && lists_resource_in_discovery(&api, EXAMPLE_PLURAL).await {
                     break;
                 }
                 if tokio::time::Instant::now() >= deadline {
@@ -150,11 +346,11 @@ impl DevEnv {
                     "name": c.name,
                     "api_url": c.cluster.url(),
                     "kubeconfig": c.kubeconfig,
-                    "config": c.config_path,
-                    "proxy_ports": c.proxy.servers.iter()
+                    "config": c.link.config_path,
+                    "proxy_ports": c.proxy().map(|p| p.servers.iter()
                         .map(|(gv, addr)| json!({"group_version": gv, "address": addr.to_string()}))
-                        .collect::<Vec<_>>(),
-                    "metrics_url": c.metrics_url,
+                        .collect::<Vec<_>>()).unwrap_or_default(),
+                    "metrics_url": c.metrics_url(),
                 })
             })
             .collect();
@@ -167,7 +363,7 @@ impl DevEnv {
             },
             "clients": clients,
             "client_kubeconfig": self.clients.first().map(|c| c.kubeconfig.clone()),
-            "metrics_url": self.clients.first().map(|c| c.metrics_url.clone()),
+            "metrics_url": self.clients.first().map(DevClient::metrics_url),
         })
     }
 
@@ -179,9 +375,8 @@ impl DevEnv {
 
     /// Stops the proxies first (so their watches end cleanly), then the clusters.
     pub async fn shutdown(self) {
-        for client in self.clients {
-            client.wiring.stop().await;
-            client.proxy.shutdown().await;
+        for mut client in self.clients {
+            client.stop_proxy().await;
             client.cluster.shutdown().await;
         }
         self.target.shutdown().await;
@@ -199,8 +394,6 @@ async fn start_client(
     } else {
         format!("client-{}", index + 1)
     };
-    let project = "default";
-    let project_namespace = "p-default";
     let dir = options.dir.join(&name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let port = if options.client_port == 0 {
@@ -224,87 +417,110 @@ async fn start_client(
     std::fs::write(&kubeconfig, cluster.admin_kubeconfig())
         .with_context(|| format!("writing {}", kubeconfig.display()))?;
 
-    // The client's identity on the target, with just the rights the proxy needs.
-    let identity = names::target_identity(project_namespace, &name);
-    let token = target
-        .issue_token(&identity, &[])
-        .context("issuing the client identity's token on the target")?;
-    grant_target_access(&admin_client(target)?, &identity).await?;
-    let identity_kubeconfig = dir.join("target-identity.kubeconfig");
-    std::fs::write(
-        &identity_kubeconfig,
-        token_kubeconfig("target", &target.url(), &target.ca_pem(), &identity, &token),
-    )?;
-
-    let proxy_base_port = if options.proxy_base_port == 0 {
+    let metrics_port = if options.metrics_port == 0 {
+        free_port()?
+    } else {
+        options.metrics_port + index as u16
+    };
+    let proxy_port = if options.proxy_base_port == 0 {
         0
     } else {
         options.proxy_base_port + (index as u16) * 10
     };
-    let metrics_port = if options.metrics_port == 0 {
-        0
-    } else {
-        options.metrics_port + index as u16
-    };
-    let peers: Vec<String> = target_replicas.iter().map(|a| a.to_string()).collect();
-    let config_path = dir.join("crproxy.yaml");
-    std::fs::write(
-        &config_path,
-        config_yaml(
-            &name,
-            project,
-            project_namespace,
-            &kubeconfig,
-            &identity_kubeconfig,
-            &peers,
-            proxy_base_port,
-            metrics_port,
-        ),
-    )?;
-
-    let metrics = Metrics::new();
-    let loaded = crate::run::load(&config_path)?;
-    let serving = crate::run::serving_identity(&dir.join("serving-ca"), options.persistent)?;
-    let setup = crate::run::setup(&loaded, serving.identity.clone(), Arc::clone(&metrics))?;
-    let proxy = crproxy_proxy::app::start(setup, true)
-        .await
-        .with_context(|| format!("starting the proxy for {name}"))?;
-    let metrics_url = proxy
-        .metrics_addr
-        .map(|a| format!("http://{a}/metrics"))
-        .unwrap_or_default();
-    let wiring = crate::run::start_wiring(&loaded, &proxy, &serving.ca_pem, &name).await?;
+    let link = Link::prepare(LinkSpec {
+        dir: dir.clone(),
+        client_name: name.clone(),
+        client_kubeconfig: kubeconfig.clone(),
+        target_name: "target".into(),
+        target,
+        target_peers: target_replicas.to_vec(),
+        resource: ProxiedResource::example(),
+        proxy_port,
+        metrics_port,
+        persistent: options.persistent,
+    })
+    .await?;
+    let replica = link
+        .start_replica_with(ReplicaOptions {
+            share_ports: options.share_ports,
+            metrics_address: None,
+        })
+        .await?;
     Ok(DevClient {
         name,
         cluster,
         kubeconfig,
-        proxy,
-        metrics_url,
-        config_path,
-        wiring,
+        link,
+        replica: Some(replica),
     })
 }
 
-fn admin_client(cluster: &devcluster::DevCluster) -> Result<crproxy_kube::Client> {
+/// Whether the cluster's aggregated discovery (what kubectl reads) lists
+/// `plural` in the example group: the aggregator fetches a backend's discovery
+/// asynchronously, a moment after the APIService turns Available.
+async fn lists_resource_in_discovery(api: &crproxy_kube::Client, plural: &str) -> bool {
+    let request = http::Request::get("/apis")
+        .header(
+            http::header::ACCEPT,
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        )
+        .body(bytes::Bytes::new());
+    let Ok(request) = request else { return false };
+    let Ok(response) = api.request(request).await else {
+        return false;
+    };
+    let Ok(document) = serde_json::from_slice::<Value>(response.body()) else {
+        return false;
+    };
+    document["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g.pointer("/metadata/name").and_then(Value::as_str) == Some(EXAMPLE_GROUP))
+        .flat_map(|g| g["versions"].as_array().cloned().unwrap_or_default())
+        .flat_map(|v| v["resources"].as_array().cloned().unwrap_or_default())
+        .any(|r| r["resource"] == plural)
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A client for a devcluster with its admin credentials.
+pub fn admin_client(cluster: &devcluster::DevCluster) -> Result<crproxy_kube::Client> {
     let config = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&config, None)?;
     Ok(crproxy_kube::Client::new(cluster)?)
 }
 
-async fn install_example_crd(target: &crproxy_kube::Client) -> Result<()> {
+/// Installs the resource's CRD on a cluster (namespaced, any `spec`, a status
+/// subresource) and waits until it is Established.
+pub async fn install_crd(cluster: &crproxy_kube::Client, resource: &ProxiedResource) -> Result<()> {
+    let ProxiedResource {
+        group,
+        version,
+        plural,
+        kind,
+    } = resource;
+    let singular = kind.to_lowercase();
     let crd = json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{EXAMPLE_PLURAL}.{EXAMPLE_GROUP}")},
+        "metadata": {"name": format!("{plural}.{group}")},
         "spec": {
-            "group": EXAMPLE_GROUP,
+            "group": group,
             "scope": "Namespaced",
-            "names": {"plural": EXAMPLE_PLURAL, "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "names": {"plural": plural, "singular": singular, "kind": kind, "listKind": format!("{kind}List")},
             "versions": [{
-                "name": EXAMPLE_VERSION,
+                "name": version,
                 "served": true,
                 "storage": true,
-                "subresources": {"status": {}},
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}
+                },
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
                     "properties": {
@@ -315,7 +531,7 @@ async fn install_example_crd(target: &crproxy_kube::Client) -> Result<()> {
             }]
         }
     });
-    match target
+    match cluster
         .create(
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
             &crd,
@@ -324,34 +540,34 @@ async fn install_example_crd(target: &crproxy_kube::Client) -> Result<()> {
     {
         Ok(_) => {}
         Err(e) if e.is_already_exists() => {}
-        Err(e) => return Err(e).context("installing the Widget CRD on the target"),
+        Err(e) => return Err(e).with_context(|| format!("installing the {kind} CRD")),
     }
-    let path = format!(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{EXAMPLE_PLURAL}.{EXAMPLE_GROUP}"
-    );
+    let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{group}");
     for _ in 0..100 {
-        if let Ok(crd) = target.get(&path).await {
+        if let Ok(crd) = cluster.get(&path).await {
             if condition_status(&crd, "Established").as_deref() == Some("True") {
                 return Ok(());
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(anyhow!(
-        "the Widget CRD did not become Established on the target"
-    ))
+    Err(anyhow!("the {kind} CRD did not become Established"))
 }
 
 /// What the client identity may do on the target: the proxied resource, and
 /// namespaces so the proxy can mirror them.
-async fn grant_target_access(target: &crproxy_kube::Client, identity: &str) -> Result<()> {
-    let role_name = "crproxy-client";
+async fn grant_target_access(
+    target: &crproxy_kube::Client,
+    identity: &str,
+    group: &str,
+) -> Result<()> {
+    let role_name = format!("crproxy-client-{}", sanitize(group));
     let role = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": role_name},
         "rules": [
-            {"apiGroups": [EXAMPLE_GROUP], "resources": ["*"], "verbs": ["*"]},
+            {"apiGroups": [group], "resources": ["*"], "verbs": ["*"]},
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch", "create"]}
         ]
     });
@@ -364,7 +580,7 @@ async fn grant_target_access(target: &crproxy_kube::Client, identity: &str) -> R
     let binding = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
-        "metadata": {"name": format!("crproxy-client-{}", sanitize(identity))},
+        "metadata": {"name": format!("{role_name}-{}", sanitize(identity))},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": identity}]
     });
@@ -392,7 +608,8 @@ fn sanitize(identity: &str) -> String {
         .to_lowercase()
 }
 
-fn condition_status(object: &Value, condition: &str) -> Option<String> {
+/// The status of a condition of an object, e.g. `Available` of an APIService.
+pub fn condition_status(object: &Value, condition: &str) -> Option<String> {
     object
         .pointer("/status/conditions")?
         .as_array()?
@@ -418,29 +635,43 @@ fn token_kubeconfig(name: &str, server: &str, ca_pem: &str, user: &str, token: &
     serde_json::to_string_pretty(&doc).unwrap_or_default()
 }
 
-#[allow(clippy::too_many_arguments)]
-fn config_yaml(
-    name: &str,
-    project: &str,
-    project_namespace: &str,
-    client_kubeconfig: &Path,
-    target_kubeconfig: &Path,
-    peers: &[String],
+/// The values a link's configuration file is written from.
+struct ConfigValues<'a> {
+    name: &'a str,
+    project: &'a str,
+    project_namespace: &'a str,
+    client_kubeconfig: &'a Path,
+    target_name: &'a str,
+    target_kubeconfig: &'a Path,
+    peers: &'a [String],
     base_port: u16,
     metrics_port: u16,
-) -> String {
-    let peers = peers
+    resource: &'a ProxiedResource,
+}
+
+fn config_yaml(v: &ConfigValues<'_>) -> String {
+    let peers = v
+        .peers
         .iter()
         .map(|p| format!("\"{p}\""))
         .collect::<Vec<_>>()
         .join(", ");
     format!(
         "# Written by `crproxy dev`. The same file works with `crproxy run --config`.\n\
-client:\n  name: {name}\n  project: {project}\n  projectNamespace: {project_namespace}\n  kubeconfig: {client}\n\
-proxy:\n  bindAddress: 127.0.0.1\n  basePort: {base_port}\n  metricsAddress: 127.0.0.1:{metrics_port}\n  registration:\n    serviceType: ExternalName\n    externalName: localhost\n\
-targets:\n  - name: target\n    project: {project}\n    kubeconfig: {target}\n    peers:\n      static: [{peers}]\n\
-experimental:\n  proxy:\n    customResources:\n      {EXAMPLE_PLURAL}.{EXAMPLE_GROUP}/{EXAMPLE_VERSION}:\n        enabled: true\n        targetVirtualCluster:\n          name: target\n          project: {project}\n        accessResources: owned\n",
-        client = client_kubeconfig.display(),
-        target = target_kubeconfig.display(),
+client:\n  name: \"{name}\"\n  project: \"{project}\"\n  projectNamespace: \"{project_namespace}\"\n  kubeconfig: \"{client}\"\n\
+proxy:\n  bindAddress: 127.0.0.1\n  basePort: {base_port}\n  metricsAddress: \"127.0.0.1:{metrics_port}\"\n  registration:\n    serviceType: ExternalName\n    externalName: localhost\n\
+targets:\n  - name: \"{target_name}\"\n    project: \"{project}\"\n    kubeconfig: \"{target}\"\n    peers:\n      static: [{peers}]\n\
+experimental:\n  proxy:\n    customResources:\n      \"{plural}.{group}/{version}\":\n        enabled: true\n        targetVirtualCluster:\n          name: \"{target_name}\"\n          project: \"{project}\"\n        accessResources: owned\n",
+        name = v.name,
+        project = v.project,
+        project_namespace = v.project_namespace,
+        client = v.client_kubeconfig.display(),
+        base_port = v.base_port,
+        metrics_port = v.metrics_port,
+        target_name = v.target_name,
+        target = v.target_kubeconfig.display(),
+        plural = v.resource.plural,
+        group = v.resource.group,
+        version = v.resource.version,
     )
 }

@@ -103,34 +103,23 @@ pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
         }
         ca
     };
+    // The aggregator verifies `<service>.<namespace>.svc`; service names depend on
+    // the group/version, so the certificate carries a wildcard for kube-system
+    // services as well as the loopback names.
+    let names = [
+        "localhost",
+        "*.kube-system.svc",
+        "*.kube-system.svc.cluster.local",
+    ];
+    let ips = ["127.0.0.1".parse()?, "::1".parse()?];
+    let leaf = ca.issue_server(&names, &ips)?;
     Ok(Serving {
         identity: ServingIdentity {
-            cert_chain_pem: String::new(),
-            key_pem: String::new(),
-        },
-        ca_pem: ca.pem().cert.clone(),
-    }
-    .issue(&ca)?)
-}
-
-impl Serving {
-    fn issue(mut self, ca: &CertificateAuthority) -> Result<Self> {
-        // The aggregator verifies `<service>.<namespace>.svc`; service names depend
-        // on the group/version, so the certificate carries a wildcard for
-        // kube-system services as well as the loopback names.
-        let names = [
-            "localhost",
-            "*.kube-system.svc",
-            "*.kube-system.svc.cluster.local",
-        ];
-        let ips = ["127.0.0.1".parse()?, "::1".parse()?];
-        let leaf = ca.issue_server(&names, &ips)?;
-        self.identity = ServingIdentity {
             cert_chain_pem: format!("{}{}", leaf.cert, ca.pem().cert),
             key_pem: leaf.key,
-        };
-        Ok(self)
-    }
+        },
+        ca_pem: ca.pem().cert.clone(),
+    })
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<()> {
@@ -223,6 +212,7 @@ pub fn setup(
         targets,
         serving,
         metrics,
+        share_ports: false,
     })
 }
 

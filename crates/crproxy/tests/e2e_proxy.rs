@@ -24,6 +24,7 @@ async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempD
         proxy_base_port: 0,
         metrics_port: 0,
         persistent: false,
+        share_ports: false,
     })
     .await?;
     Ok((env, dir))
@@ -31,15 +32,14 @@ async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempD
 
 /// Runs kubectl off the runtime and returns (success, stdout, stderr).
 async fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let kubeconfig = kubeconfig.to_path_buf();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let stdin = stdin.map(str::to_string);
-    tokio::task::spawn_blocking(move || {
-        test_support::kubectl_with_input(&kubeconfig, &args, stdin.as_deref())
-    })
-    .await
-    .map(|o| (o.success, o.stdout, o.stderr))
-    .unwrap_or((false, String::new(), "kubectl task panicked".into()))
+    let output = match stdin {
+        Some(input) => {
+            test_support::kubectl_stdin_async(kubeconfig, args, input, Duration::from_secs(30))
+                .await
+        }
+        None => test_support::kubectl_async(kubeconfig, args).await,
+    };
+    (output.success(), output.stdout, output.stderr)
 }
 
 async fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> Result<String> {
@@ -172,6 +172,49 @@ async fn crud_through_the_client_lands_on_the_target_with_owner_labels() -> Resu
     assert_eq!(relabelled["metadata"]["labels"][OWNER_VCLUSTER], "client");
     assert_eq!(relabelled["spec"]["size"], 3);
 
+    // The status subresource of an owned object is readable (a subresource has
+    // no labels of its own; ownership is the object's).
+    kubectl_ok(
+        client,
+        &[
+            "-n",
+            "demo",
+            "get",
+            "widget",
+            "w1",
+            "--subresource=status",
+            "-o",
+            "name",
+        ],
+    )
+    .await?;
+    // A Scale carries no labels at all: reading and writing it must still work.
+    kubectl_ok(
+        client,
+        &["-n", "demo", "scale", "widget", "w1", "--replicas=4"],
+    )
+    .await?;
+    let scaled: Value = serde_json::from_str(
+        &kubectl_ok(
+            target,
+            &["-n", "demo", "get", "widgets", "w1", "-o", "json"],
+        )
+        .await?,
+    )?;
+    assert_eq!(scaled["spec"]["replicas"], 4);
+    let scale: Value = serde_json::from_str(
+        &kubectl_ok(
+            client,
+            &[
+                "get",
+                "--raw",
+                "/apis/example.com/v1/namespaces/demo/widgets/w1/scale",
+            ],
+        )
+        .await?,
+    )?;
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["spec"]["replicas"], 4);
     kubectl_ok(
         client,
         &["-n", "demo", "delete", "widget", "w1", "--wait=false"],
@@ -298,7 +341,7 @@ async fn watch_through_the_client_sees_added_modified_deleted() -> Result<()> {
     let watcher = {
         let client = client.clone();
         tokio::task::spawn_blocking(move || {
-            test_support::kubectl_with_input(
+            test_support::kubectl_with_timeout(
                 &client,
                 &[
                     "-n",
@@ -309,10 +352,8 @@ async fn watch_through_the_client_sees_added_modified_deleted() -> Result<()> {
                     "--output-watch-events",
                     "-o",
                     "custom-columns=EVENT:.type,NAME:.object.metadata.name",
-                    "--request-timeout=8s",
-                ]
-                .map(String::from),
-                None,
+                ],
+                Duration::from_secs(8),
             )
         })
     };
@@ -384,7 +425,7 @@ async fn target_down_keeps_discovery_and_fails_requests_with_retryable_503() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_callers_without_the_front_proxy_certificate_get_401() -> Result<()> {
     let (env, _dir) = env(1, 1).await?;
-    let (_, addr) = &env.clients[0].proxy.servers[0];
+    let (_, addr) = &env.clients[0].proxy().expect("proxy running").servers[0];
     let url = format!("https://{addr}/apis/example.com/v1/namespaces/demo/widgets");
     let output = std::process::Command::new("curl")
         .args([
@@ -412,7 +453,7 @@ async fn users_without_client_rbac_are_refused_by_the_client_api_server() -> Res
     let token = cluster.issue_token("mallory", &[])?;
     let kubeconfig = dir.path().join("mallory.kubeconfig");
     let admin = std::fs::read_to_string(&env.clients[0].kubeconfig)?;
-    let mut doc: Value = serde_saphyr_or_json(&admin)?;
+    let mut doc: Value = parse_kubeconfig(&admin)?;
     doc["users"][0]["user"] = json!({"token": token});
     std::fs::write(&kubeconfig, doc.to_string())?;
     let (ok, _, err) = kubectl(&kubeconfig, &["-n", "default", "get", "widgets"], None).await;
@@ -424,8 +465,82 @@ async fn users_without_client_rbac_are_refused_by_the_client_api_server() -> Res
     Ok(())
 }
 
-fn serde_saphyr_or_json(text: &str) -> Result<Value> {
+fn parse_kubeconfig(text: &str) -> Result<Value> {
     serde_json::from_str(text)
-        .or_else(|_| test_support::yaml_to_json(text))
+        .or_else(|_| serde_saphyr::from_str(text))
         .context("parsing kubeconfig")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_one_of_three_target_replicas_under_load_costs_callers_nothing() -> Result<()> {
+    let (env, _dir) = env(1, 3).await?;
+    let api = crproxy::devenv::admin_client(&env.clients[0].cluster)?;
+    api.create(
+        "/api/v1/namespaces",
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "load"}}),
+    )
+    .await?;
+    let path = "/apis/example.com/v1/namespaces/load/widgets";
+    api.create(path, &widget("w", 1)).await?;
+
+    // Four callers, each making requests back to back for six seconds.
+    let stop_at = tokio::time::Instant::now() + Duration::from_secs(6);
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let api = api.clone();
+        workers.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while tokio::time::Instant::now() < stop_at {
+                match api.get(path).await {
+                    Ok(_) => ok += 1,
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.target.stop_listener(env.target_replicas[1])?;
+    let (mut total_ok, mut failures) = (0, Vec::new());
+    for worker in workers {
+        let (ok, failed) = worker.await?;
+        total_ok += ok;
+        failures.extend(failed);
+    }
+    assert!(
+        total_ok > 20,
+        "the load must actually run: {total_ok} requests"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} caller-visible errors: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    env.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_client_namespace_removes_only_the_clients_objects() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let client = &env.clients[0].kubeconfig;
+    let target = &env.target_kubeconfig;
+    kubectl_ok(client, &["create", "namespace", "doomed"]).await?;
+    kubectl_apply(client, "doomed", &widget("mine", 1)).await?;
+    // Mirrored by the write above; another tenant's object lives beside ours.
+    kubectl_apply(target, "doomed", &widget("theirs", 2)).await?;
+    // The namespace controller lists proxied resources as metadata and deletes
+    // what it sees: only the client's own objects.
+    kubectl_ok(client, &["delete", "namespace", "doomed", "--timeout=60s"]).await?;
+    let (exists, _, _) = kubectl(client, &["get", "namespace", "doomed"], None).await;
+    assert!(!exists, "the namespace is gone from the client");
+    let left = kubectl_ok(target, &["-n", "doomed", "get", "widgets", "-o", "name"]).await?;
+    assert_eq!(
+        left.trim(),
+        "widget.example.com/theirs",
+        "only the client's object is deleted"
+    );
+    env.shutdown().await;
+    Ok(())
 }

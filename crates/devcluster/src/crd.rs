@@ -4,6 +4,7 @@
 
 use crate::error::Cause;
 use crate::registry::{ResourceInfo, ScaleSpec, Source, VersionInfo, CR_VERBS};
+use crate::schema::StructuralSchema;
 use serde_json::{json, Value};
 
 fn s<'a>(v: &'a Value, path: &[&str]) -> &'a str {
@@ -115,6 +116,17 @@ pub fn validate(crd: &Value) -> Vec<Cause> {
             ));
         }
     }
+    for (i, v) in vs.iter().enumerate() {
+        if let Some(schema) = v.get("schema").and_then(|s| s.get("openAPIV3Schema")) {
+            if let Err(e) = StructuralSchema::from_json(schema) {
+                causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    format!("Invalid value: \"object\": {e}"),
+                    format!("spec.versions[{i}].schema.openAPIV3Schema"),
+                ));
+            }
+        }
+    }
     causes
 }
 
@@ -183,7 +195,13 @@ pub fn resource_info(crd: &Value) -> Option<ResourceInfo> {
                         None => format!("{group}/{vname} {kind} is deprecated"),
                     },
                 );
+            let schema = v.get("schema").and_then(|s| s.get("openAPIV3Schema"));
+            let structural = match schema {
+                Some(s) => StructuralSchema::from_json(s).ok(),
+                None => Some(StructuralSchema::preserve_all()),
+            };
             VersionInfo {
+                structural: structural.map(std::sync::Arc::new),
                 name: vname,
                 storage: v.get("storage").and_then(Value::as_bool) == Some(true),
                 deprecation_warning: warning,

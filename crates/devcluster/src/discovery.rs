@@ -177,6 +177,12 @@ fn resource_entries(info: &ResourceInfo) -> Vec<Value> {
     if !info.categories.is_empty() {
         main.insert("categories".into(), json!(info.categories));
     }
+    if info.source != Source::Review {
+        main.insert(
+            "storageVersionHash".into(),
+            json!(storage_version_hash(info)),
+        );
+    }
     let mut out = vec![Value::Object(main)];
     if info.status_subresource {
         out.push(json!({
@@ -198,6 +204,20 @@ fn resource_entries(info: &ResourceInfo) -> Vec<Value> {
         }));
     }
     out
+}
+
+/// kube's `storageVersionHash`: base64 of the first 8 bytes of
+/// sha256("<group>/<storage version>/<Kind>").
+fn storage_version_hash(info: &ResourceInfo) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!(
+        "{}/{}/{}",
+        info.group,
+        info.storage_version(),
+        info.kind
+    ));
+    base64::engine::general_purpose::STANDARD.encode(&digest[..8])
 }
 
 /// `/api/v1` or `/apis/<g>/<v>` (`None`: not served).

@@ -35,10 +35,10 @@ pub enum Error {
     /// A stored file had unexpected content (for example a malformed tokens.csv line).
     #[error("{path}: {message}")]
     Format { path: PathBuf, message: String },
-    /// The named listener does not exist (already stopped, or never added).
     /// The aggregation layer could not start (its front-proxy certificate is unusable).
     #[error("aggregation: {0}")]
     Aggregation(String),
+    /// The named listener does not exist (already stopped, or never added).
     #[error("no listener on {0}")]
     NoListener(std::net::SocketAddr),
 }
@@ -275,6 +275,31 @@ impl ApiError {
             "UnsupportedMediaType",
             format!("the body of the request was in an unknown format - accepted media types include: {accepted}"),
         )
+    }
+
+    /// A failure given as a `Status` object (what the authn, RBAC, schema and
+    /// admission modules return).
+    pub fn from_status(status: &Value) -> Self {
+        let code = status
+            .get("code")
+            .and_then(Value::as_u64)
+            .and_then(|c| u16::try_from(c).ok())
+            .unwrap_or(500);
+        ApiError {
+            code,
+            reason: status
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            message: status
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            details: status.get("details").and_then(Value::as_object).cloned(),
+            headers: Vec::new(),
+        }
     }
 
     pub fn header(mut self, name: &str, value: &str) -> Self {

@@ -5,6 +5,32 @@
 //! 1.32 does (see `../shared/reference/kube-apiserver-1.32`).
 //!
 //! Architecture invariant: the proxy and sync crates never import devcluster.
+//!
+//! # Map
+//! - [`server`]: [`start`] / [`DevCluster`] (data directory, PKI, token file,
+//!   kubeconfig, TLS listeners), and the request pipeline in `server/`:
+//!   `handlers` (routing, authn → impersonation → RBAC, discovery, OpenAPI,
+//!   watch, reviews), `rest` (the verbs), `objects` (metadata rules), `hooks`
+//!   (what kube's controllers would do: CRD establishment, namespace cleanup,
+//!   garbage collection), `seams` (calls into schema/patch/admission),
+//!   `protobuf` (the few protobuf bodies kubectl's typed clients send).
+//! - [`store`]: all objects in memory behind one short lock, written through to
+//!   redb; one global resourceVersion; a broadcast change feed plus a bounded
+//!   per-resource history for watches that resume.
+//! - [`watch`]: watch streams (initial state, replay, bookmarks, selectors).
+//! - [`registry`] and [`crd`]: what is served; [`discovery`]: its documents.
+//!
+//! # Behaviour
+//! Shapes follow `../shared/reference/kube-apiserver-1.32`; the
+//! `reference_replay` test replays that recording and lists the few accepted
+//! differences. Deliberate simplifications: the garbage collector is a simple
+//! inline one (dependents named by ownerReferences are deleted in the background;
+//! `foregroundDeletion`/`orphan` finalizers are released at once), namespaces are
+//! emptied and removed inline shortly after deletion (kube needs
+//! kube-controller-manager for that), built-in objects are not schema-validated
+//! (unknown fields in them are kept), protobuf is read only for the kinds kubectl
+//! creates with typed clients and never written, CBOR is refused, and writes are
+//! persisted asynchronously (a crash can lose the last few milliseconds).
 
 // Request pipeline and storage.
 pub mod error;

@@ -76,6 +76,169 @@ impl CrdResource {
     }
 }
 
+/// A minimal schema for the built-in kinds devcluster serves, so that `kubectl
+/// explain` has something to show for them. Only the commonly used fields are
+/// described; everything else is still accepted by the server. None for kinds
+/// not covered. Publication only: these schemas list a subset of each kind's
+/// fields, so never prune or validate built-in objects with them.
+pub fn builtin_schema(group: &str, version: &str, kind: &str) -> Option<Value> {
+    let s = |d: &str| json!({"description": d, "type": "string"});
+    let i = |d: &str| json!({"description": d, "type": "integer", "format": "int32"});
+    let b = |d: &str| json!({"description": d, "type": "boolean"});
+    let t = |d: &str| json!({"description": d, "type": "string", "format": "date-time"});
+    let smap = |d: &str| json!({"description": d, "type": "object", "additionalProperties": {"type": "string", "default": ""}});
+    let strings = |d: &str| json!({"description": d, "type": "array", "items": {"type": "string", "default": ""}, "x-kubernetes-list-type": "atomic"});
+    let obj =
+        |d: &str, props: Value| json!({"description": d, "type": "object", "properties": props});
+    let conditions = json!({
+        "description": "Current service state of the object.",
+        "type": "array",
+        "items": {"type": "object", "required": ["type", "status"], "properties": {
+            "type": s("Type of the condition."),
+            "status": s("Status of the condition: True, False or Unknown."),
+            "reason": s("A one-word CamelCase reason for the last transition."),
+            "message": s("A human-readable message about the last transition."),
+            "lastTransitionTime": t("When the condition last changed status."),
+        }},
+        "x-kubernetes-list-map-keys": ["type"],
+        "x-kubernetes-list-type": "map",
+    });
+    let schema = match (group, version, kind) {
+        ("", "v1", "Namespace") => obj(
+            "Namespace provides a scope for names.",
+            json!({
+                "spec": obj("Spec defines the behavior of the namespace.", json!({
+                    "finalizers": strings("Values that must be removed before the namespace is deleted.")})),
+                "status": obj("Status describes the current status of the namespace.", json!({
+                    "phase": s("Phase of the namespace: Active or Terminating."),
+                    "conditions": conditions})),
+            }),
+        ),
+        ("", "v1", "ConfigMap") => obj(
+            "ConfigMap holds configuration data for pods to consume.",
+            json!({
+                "data": smap("Configuration data; keys are alphanumeric, '-', '_' or '.'."),
+                "binaryData": {"description": "Binary configuration data, base64 encoded.", "type": "object",
+                               "additionalProperties": {"type": "string", "format": "byte"}},
+                "immutable": b("If true, the data cannot be changed after creation."),
+            }),
+        ),
+        ("", "v1", "Secret") => obj(
+            "Secret holds secret data of a certain type.",
+            json!({
+                "data": {"description": "Secret data, base64 encoded.", "type": "object",
+                         "additionalProperties": {"type": "string", "format": "byte"}},
+                "stringData": smap("Write-only convenience field: merged into data on write."),
+                "type": s("Used to facilitate programmatic handling of secret data."),
+                "immutable": b("If true, the data cannot be changed after creation."),
+            }),
+        ),
+        ("", "v1", "ServiceAccount") => obj(
+            "ServiceAccount binds together a name understood by users and other principals.",
+            json!({"automountServiceAccountToken": b("Whether pods using this account get a token mounted automatically.")}),
+        ),
+        ("", "v1", "Service") => obj(
+            "Service is a named abstraction of a software service.",
+            json!({
+                "spec": obj("Spec defines the behavior of the service.", json!({
+                    "type": s("How the service is exposed: ClusterIP, NodePort, LoadBalancer or ExternalName."),
+                    "clusterIP": s("The IP address of the service."),
+                    "externalName": s("The external reference for ExternalName services."),
+                    "selector": smap("Routes traffic to pods whose labels match."),
+                    "ports": {"description": "The ports exposed by the service.", "type": "array",
+                              "items": obj("A port of the service.", json!({
+                                  "name": s("Name of the port."),
+                                  "port": i("The port the service exposes."),
+                                  "targetPort": {"description": "Number or name of the port on the pods.", "x-kubernetes-int-or-string": true},
+                                  "protocol": s("TCP, UDP or SCTP."),
+                                  "nodePort": i("The port on each node, for NodePort and LoadBalancer services."),
+                                  "appProtocol": s("The application protocol of the port.")})),
+                              "x-kubernetes-list-map-keys": ["port", "protocol"],
+                              "x-kubernetes-list-type": "map"},
+                })),
+                "status": obj("Most recently observed status of the service.", json!({
+                    "loadBalancer": obj("The load balancer, if any.", json!({}))})),
+            }),
+        ),
+        ("coordination.k8s.io", "v1", "Lease") => obj(
+            "Lease defines a lease concept.",
+            json!({
+                "spec": obj("Spec contains the specification of the Lease.", json!({
+                    "holderIdentity": s("The identity of the holder of the current lease."),
+                    "leaseDurationSeconds": i("Seconds candidates wait before acquiring an unrenewed lease."),
+                    "acquireTime": {"description": "When the current lease was acquired.", "type": "string", "format": "date-time"},
+                    "renewTime": {"description": "When the current holder last renewed the lease.", "type": "string", "format": "date-time"},
+                    "leaseTransitions": i("How many times the lease changed holders."),
+                })),
+            }),
+        ),
+        ("discovery.k8s.io", "v1", "EndpointSlice") => obj(
+            "EndpointSlice represents a subset of the endpoints that implement a service.",
+            json!({
+                "addressType": s("The type of address carried: IPv4, IPv6 or FQDN."),
+                "endpoints": {"description": "The endpoints in this slice.", "type": "array", "x-kubernetes-list-type": "atomic",
+                              "items": obj("One endpoint.", json!({
+                                  "addresses": strings("The addresses of this endpoint."),
+                                  "conditions": obj("The current conditions of the endpoint.", json!({
+                                      "ready": b("Whether the endpoint is ready."),
+                                      "serving": b("Whether the endpoint is serving."),
+                                      "terminating": b("Whether the endpoint is terminating.")})),
+                                  "hostname": s("Hostname of this endpoint."),
+                                  "nodeName": s("The node hosting this endpoint.")}))},
+                "ports": {"description": "The network ports exposed by each endpoint.", "type": "array", "x-kubernetes-list-type": "atomic",
+                          "items": obj("A port.", json!({
+                              "name": s("Name of the port."),
+                              "port": i("The port number."),
+                              "protocol": s("TCP, UDP or SCTP."),
+                              "appProtocol": s("The application protocol.")}))},
+            }),
+        ),
+        ("apiregistration.k8s.io", "v1", "APIService") => obj(
+            "APIService represents a server for a particular GroupVersion.",
+            json!({
+                "spec": obj("Spec contains information for locating and communicating with a server.", json!({
+                    "group": s("The API group name this server hosts."),
+                    "version": s("The API version this server hosts."),
+                    "service": obj("A reference to the service of this API server; empty for local APIs.", json!({
+                        "namespace": s("Namespace of the service."),
+                        "name": s("Name of the service."),
+                        "port": i("Port of the service, 443 by default.")})),
+                    "caBundle": {"description": "PEM encoded CA bundle to validate the server's certificate.", "type": "string", "format": "byte"},
+                    "insecureSkipTLSVerify": b("Disables TLS certificate verification; strongly discouraged."),
+                    "groupPriorityMinimum": i("Priority of this group among all groups."),
+                    "versionPriority": i("Priority of this version within its group."),
+                })),
+                "status": obj("Status contains derived information about the API server.", json!({"conditions": conditions})),
+            }),
+        ),
+        ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy") => obj(
+            "ValidatingAdmissionPolicy describes CEL validations applied to requests.",
+            json!({
+                "spec": obj("Spec of the policy.", json!({
+                    "failurePolicy": s("What to do when the policy fails to evaluate: Fail or Ignore."),
+                    "matchConstraints": obj("Which requests the policy applies to.", json!({})),
+                    "validations": {"description": "CEL expressions that must hold.", "type": "array", "x-kubernetes-list-type": "atomic",
+                                    "items": obj("One validation.", json!({
+                                        "expression": s("The CEL expression."),
+                                        "message": s("The message when the expression is false."),
+                                        "reason": s("The reason returned to the client.")}))},
+                })),
+            }),
+        ),
+        ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding") => obj(
+            "ValidatingAdmissionPolicyBinding binds a policy to parametrized resources.",
+            json!({
+                "spec": obj("Spec of the binding.", json!({
+                    "policyName": s("The policy this binding binds."),
+                    "validationActions": strings("How failed validations are enforced: Deny, Warn or Audit."),
+                })),
+            }),
+        ),
+        _ => return None,
+    };
+    Some(schema)
+}
+
 /// The `/openapi/v3` index. `group_versions` pairs a path such as
 /// `apis/stable.example.io/v1` or `api/v1` with the hash of its document (any
 /// string that changes when the document does; kubectl uses it for caching).

@@ -84,7 +84,24 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), PatchError> {
     let ops: json_patch::Patch = serde_json::from_value(patch.clone())
         .map_err(|e| PatchError::Malformed(format!("invalid JSON patch: {e}")))?;
-    json_patch::patch(target, &ops.0).map_err(|e| PatchError::OperationFailed(e.to_string()))
+    // Work on a copy instead of using the crate's undo-on-failure: undoing a
+    // `move` into its own parent hits an `unreachable!` in json-patch 4.2, and
+    // the operations come straight from clients. The panic guard covers any
+    // other such path.
+    let mut work = target.clone();
+    let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        json_patch::patch_unsafe(&mut work, &ops.0)
+    }));
+    match applied {
+        Ok(Ok(())) => {
+            *target = work;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(PatchError::OperationFailed(e.to_string())),
+        Err(_) => Err(PatchError::OperationFailed(
+            "the patch could not be applied".into(),
+        )),
+    }
 }
 
 /// How a list is merged and tracked.

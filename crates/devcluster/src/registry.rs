@@ -53,6 +53,8 @@ pub struct VersionInfo {
     pub schema: Option<Value>,
     /// CRD `additionalPrinterColumns`.
     pub printer_columns: Vec<Value>,
+    /// The compiled schema used for pruning, defaulting and validation.
+    pub structural: Option<Arc<crate::schema::StructuralSchema>>,
 }
 
 /// How the server implements a resource.
@@ -391,6 +393,7 @@ fn built_in_info(bi: &BuiltIn) -> ResourceInfo {
             deprecation_warning: None,
             schema: None,
             printer_columns: Vec::new(),
+            structural: None,
         }],
         resource: bi.resource.to_string(),
         singular: bi.singular.to_string(),
@@ -420,7 +423,10 @@ pub type GroupResource = (String, String);
 /// The table of served resources.
 pub struct Registry {
     builtins: BTreeMap<GroupResource, Arc<ResourceInfo>>,
-    crds: RwLock<BTreeMap<GroupResource, Arc<ResourceInfo>>>,
+    /// CRD resources with the order they were first served in (legacy discovery
+    /// lists CRD resources in that order, as kube does).
+    crds: RwLock<BTreeMap<GroupResource, (u64, Arc<ResourceInfo>)>>,
+    next_seq: std::sync::atomic::AtomicU64,
     /// Bumped on every CRD change so discovery caches know to rebuild.
     generation: std::sync::atomic::AtomicU64,
 }
@@ -445,6 +451,7 @@ impl Registry {
         Registry {
             builtins,
             crds: RwLock::new(BTreeMap::new()),
+            next_seq: std::sync::atomic::AtomicU64::new(0),
             generation: std::sync::atomic::AtomicU64::new(1),
         }
     }
@@ -466,19 +473,21 @@ impl Registry {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
-            .cloned()
+            .map(|(_, i)| i.clone())
     }
 
     /// Every served resource, built-ins first, then CRDs by group and name.
     pub fn all(&self) -> Vec<Arc<ResourceInfo>> {
         let mut out: Vec<Arc<ResourceInfo>> = self.builtins.values().cloned().collect();
-        out.extend(
-            self.crds
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .cloned(),
-        );
+        let mut crds: Vec<(u64, Arc<ResourceInfo>)> = self
+            .crds
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        crds.sort_by_key(|(seq, _)| *seq);
+        out.extend(crds.into_iter().map(|(_, i)| i));
         out
     }
 
@@ -490,10 +499,15 @@ impl Registry {
     /// Serves (or re-serves, after an update) a CRD's resource.
     pub fn put_crd(&self, info: ResourceInfo) {
         let key = (info.group.clone(), info.resource.clone());
-        self.crds
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, Arc::new(info));
+        let mut crds = self.crds.write().unwrap_or_else(|p| p.into_inner());
+        let seq = match crds.get(&key) {
+            Some((seq, _)) => *seq,
+            None => self
+                .next_seq
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+        };
+        crds.insert(key, (seq, Arc::new(info)));
+        drop(crds);
         self.bump();
     }
 
@@ -502,9 +516,9 @@ impl Registry {
         let mut crds = self.crds.write().unwrap_or_else(|p| p.into_inner());
         let key = crds
             .iter()
-            .find(|(_, v)| v.source == Source::Crd(crd_name.to_string()))
+            .find(|(_, (_, v))| v.source == Source::Crd(crd_name.to_string()))
             .map(|(k, _)| k.clone())?;
-        let removed = crds.remove(&key);
+        let removed = crds.remove(&key).map(|(_, i)| i);
         drop(crds);
         self.bump();
         removed

@@ -6,14 +6,21 @@
 //!    `Warning: 299` header or, with `fieldValidation=Strict`, as a 400
 //!    ([`strict_decoding_error`]),
 //! 2. applies `default`s ([`StructuralSchema::apply_defaults`]),
-//! 3. validates ([`StructuralSchema::validate`]) and answers 422 with
-//!    [`invalid_status`] when causes remain.
+//! 3. validates ([`StructuralSchema::validate`] on create,
+//!    [`StructuralSchema::validate_update`] with the stored object on update, so
+//!    CEL transition rules see `oldSelf`) and answers 422 with [`invalid_status`]
+//!    when causes remain.
+//!
+//! Validation covers the OpenAPI keywords structural schemas allow, string
+//! formats, `x-kubernetes-list-type` uniqueness and `x-kubernetes-validations`
+//! CEL rules (see the `cel` submodule).
 //!
 //! Messages follow kube-apiserver 1.32 byte for byte where a client can see them
 //! (kubectl prints them verbatim), which is why the formatting helpers below mimic
 //! Go's `%v`/`%q` rendering of values.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use regex::Regex;
 use serde_json::{json, Map, Value};
@@ -28,6 +35,14 @@ pub enum SchemaError {
     /// A keyword has a value of the wrong JSON type (for example `maximum: "ten"`).
     #[error("schema at {path:?}: keyword {keyword:?} has a value of the wrong type")]
     BadKeyword { path: String, keyword: String },
+    /// An `x-kubernetes-validations` rule (or message expression) is not valid
+    /// CEL. Fix the rule in the CRD.
+    #[error("schema at {path:?}: validation rule {rule:?} does not compile: {message}")]
+    BadRule {
+        path: String,
+        rule: String,
+        message: String,
+    },
     /// A `pattern` is not a regular expression the server can evaluate.
     #[error("schema at {path:?}: pattern {pattern:?} does not compile")]
     BadPattern {
@@ -269,6 +284,8 @@ const OBJECT_META_FIELDS: &[&str] = &[
 #[derive(Clone, Debug, Default)]
 pub struct StructuralSchema {
     root: Node,
+    /// Whether any node carries `x-kubernetes-validations`.
+    has_rules: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -303,6 +320,7 @@ struct Node {
     default: Option<Value>,
     list_type: Option<String>,
     list_map_keys: Vec<String>,
+    rules: Vec<Arc<cel::Rule>>,
 }
 
 impl StructuralSchema {
@@ -311,8 +329,10 @@ impl StructuralSchema {
     /// Keywords devcluster does not evaluate (`allOf`, `x-kubernetes-validations`,
     /// `description`, ...) are accepted and ignored.
     pub fn from_json(schema: &Value) -> Result<Self, SchemaError> {
+        let root = Node::parse(schema, "")?;
         Ok(StructuralSchema {
-            root: Node::parse(schema, "")?,
+            has_rules: root.has_rules(),
+            root,
         })
     }
 
@@ -334,14 +354,48 @@ impl StructuralSchema {
                 preserve_unknown: true,
                 ..Node::default()
             },
+            has_rules: false,
         }
     }
 
     /// Validates `object` (a whole custom resource) and returns kube's causes in
     /// kube's order. An empty vector means valid.
     pub fn validate(&self, object: &Value) -> Vec<Cause> {
+        self.validate_update(object, None)
+    }
+
+    /// [`validate`](Self::validate) for an update from `old`: transition rules
+    /// (`x-kubernetes-validations` reading `oldSelf`) run too, with `oldSelf`
+    /// taken from the same field of `old`.
+    ///
+    /// Order as in kube: schema errors, duplicate items of `set`/`map` lists,
+    /// then rule failures. Rules are skipped, with a single `<nil>` cause saying
+    /// so, when a type, required, enum or size error was found first.
+    pub fn validate_update(&self, object: &Value, old: Option<&Value>) -> Vec<Cause> {
         let mut out = Vec::new();
         self.root.validate(object, "", &mut out);
+        self.root.validate_list_types(object, "", &mut out);
+        if self.has_rules {
+            let blocking = out.iter().any(|c| {
+                matches!(
+                    c.reason.as_str(),
+                    "FieldValueNotSupported"
+                        | "FieldValueRequired"
+                        | "FieldValueTooLong"
+                        | "FieldValueTooMany"
+                        | "FieldValueTypeInvalid"
+                )
+            });
+            if blocking {
+                out.push(Cause::invalid(
+                    "<nil>",
+                    &Value::Null,
+                    "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+                ));
+            } else {
+                self.root.validate_rules(object, old, "", &mut out);
+            }
+        }
         out
     }
 
@@ -502,6 +556,10 @@ impl Node {
                 .map(str::to_string)
                 .collect();
         }
+        n.rules = cel::Rule::parse_all(m.get("x-kubernetes-validations"), path)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
         if let Some(e) = m.get("enum").and_then(Value::as_array) {
             n.enum_ = Some(e.clone());
         }
@@ -561,6 +619,129 @@ impl Node {
             out.push(type_cause(path, &self.type_name(), actual));
         }
         ok
+    }
+
+    fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
+            || self.properties.values().any(Node::has_rules)
+            || self.additional.as_ref().is_some_and(|n| n.has_rules())
+            || self.items.as_ref().is_some_and(|n| n.has_rules())
+    }
+
+    /// Children of an object value with their schemas, properties first (in
+    /// name order), then `additionalProperties` entries.
+    fn children<'v>(&'v self, m: &'v Map<String, Value>) -> Vec<(&'v String, &'v Node, &'v Value)> {
+        let mut out: Vec<(&String, &Node, &Value)> = self
+            .properties
+            .iter()
+            .filter_map(|(k, n)| m.get(k).map(|v| (k, n, v)))
+            .collect();
+        if let Some(add) = &self.additional {
+            out.extend(
+                m.iter()
+                    .filter(|(k, _)| !self.properties.contains_key(*k))
+                    .map(|(k, v)| (k, add.as_ref(), v)),
+            );
+        }
+        out
+    }
+
+    /// Duplicate items of `x-kubernetes-list-type: set` lists and duplicate
+    /// keys of `map` lists.
+    fn validate_list_types(&self, v: &Value, path: &str, out: &mut Vec<Cause>) {
+        match v {
+            Value::Object(m) => {
+                for (k, n, c) in self.children(m) {
+                    n.validate_list_types(c, &child_path(path, k), out);
+                }
+            }
+            Value::Array(items) => {
+                let identity = |item: &Value| -> Option<Value> {
+                    match self.list_type.as_deref() {
+                        Some("set") => Some(item.clone()),
+                        Some("map") => {
+                            let mut key = Map::new();
+                            for k in &self.list_map_keys {
+                                if let Some(x) = item.get(k.as_str()) {
+                                    key.insert(k.clone(), x.clone());
+                                }
+                            }
+                            Some(Value::Object(key))
+                        }
+                        _ => None,
+                    }
+                };
+                let ids: Vec<Option<Value>> = items.iter().map(identity).collect();
+                for (i, id) in ids.iter().enumerate() {
+                    if let Some(id) = id {
+                        if ids[..i]
+                            .iter()
+                            .any(|p| p.as_ref().is_some_and(|p| json_equal(p, id)))
+                        {
+                            out.push(Cause::duplicate(&format!("{path}[{i}]"), id));
+                        }
+                    }
+                }
+                if let Some(item_schema) = &self.items {
+                    for (i, item) in items.iter().enumerate() {
+                        item_schema.validate_list_types(item, &format!("{path}[{i}]"), out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Runs `x-kubernetes-validations` rules, the node's own before its
+    /// children's.
+    fn validate_rules(&self, v: &Value, old: Option<&Value>, path: &str, out: &mut Vec<Cause>) {
+        if v.is_null() {
+            return;
+        }
+        let type_value = Value::String(
+            self.type_
+                .clone()
+                .unwrap_or_else(|| json_type(v).to_string()),
+        );
+        for rule in &self.rules {
+            if rule.transition && old.is_none() {
+                continue;
+            }
+            let Err(failure) = rule.check(v, old) else {
+                continue;
+            };
+            // kube's root field path is nil, printed `<nil>`.
+            let field = match &rule.field_path {
+                Some(fp) => child_path(path, fp.trim().trim_start_matches('.')),
+                None if path.is_empty() => "<nil>".to_string(),
+                None => path.to_string(),
+            };
+            out.push(match failure {
+                cel::Failure::Error(msg) => Cause::invalid(&field, &type_value, &msg),
+                cel::Failure::False(detail) => match rule.reason.as_deref() {
+                    Some("FieldValueForbidden") => Cause::forbidden(&field, &detail),
+                    Some("FieldValueRequired") => Cause::required(&field, &detail),
+                    Some("FieldValueDuplicate") => Cause::duplicate(&field, &type_value),
+                    _ => Cause::invalid(&field, &type_value, &detail),
+                },
+            });
+        }
+        match v {
+            Value::Object(m) => {
+                for (k, n, c) in self.children(m) {
+                    let old_child = old.and_then(|o| o.get(k.as_str()));
+                    n.validate_rules(c, old_child, &child_path(path, k), out);
+                }
+            }
+            Value::Array(items) => {
+                if let Some(item_schema) = &self.items {
+                    for (i, item) in items.iter().enumerate() {
+                        item_schema.validate_rules(item, None, &format!("{path}[{i}]"), out);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 
     fn type_name(&self) -> String {
@@ -962,6 +1143,8 @@ pub(crate) fn go_value(v: &Value) -> String {
         other => other.to_string(),
     }
 }
+
+mod cel;
 
 #[cfg(test)]
 mod tests;

@@ -59,13 +59,17 @@ pub(crate) struct State {
     pub name: String,
     pub store: Arc<Store>,
     pub registry: Arc<Registry>,
-    pub tokens: auth::TokenUsers,
+    pub authn: crate::authn::Authenticator,
+    pub policy: auth::PolicyCache,
     pub token_file: Option<PathBuf>,
     /// `host:port` of the first listener, for `/api`'s serverAddressByClientCIDRs.
     pub server_address: Mutex<String>,
     /// Flips to true at shutdown; watches and controllers stop.
     pub shutdown: watch::Receiver<bool>,
     pub ns_cleanups: Mutex<HashSet<String>>,
+    /// Set once any object with ownerReferences was written: only then do
+    /// deletions look for dependents to collect.
+    pub owners_seen: std::sync::atomic::AtomicBool,
     /// Forwards requests for APIServices backed by a service; set once at start.
     pub aggregator: std::sync::OnceLock<Arc<crate::aggregation::Aggregator>>,
 }
@@ -219,29 +223,32 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
     let tls = tls_config(&serving, &[ca.pem(), front_proxy_ca.pem()])?;
 
     // Tokens.
-    let tokens = auth::TokenUsers::default();
     let token_file = dir.as_ref().map(|d| d.join("tokens.csv"));
     let mut admin_token = None;
+    let mut token_text = String::new();
     if let Some(tf) = token_file.as_ref().filter(|p| p.exists()) {
-        let text = std::fs::read_to_string(tf).map_err(|e| Error::io(tf, e))?;
-        let users = auth::parse_token_file(&text).map_err(|message| Error::Format {
+        token_text = std::fs::read_to_string(tf).map_err(|e| Error::io(tf, e))?;
+        let users = auth::parse_token_file(&token_text).map_err(|message| Error::Format {
             path: tf.clone(),
             message,
         })?;
-        for (t, u) in users {
-            if u.name == "admin" && admin_token.is_none() {
-                admin_token = Some(t.clone());
-            }
-            tokens.insert(&t, u);
-        }
+        admin_token = users
+            .into_iter()
+            .find(|(_, u)| u.name == "admin")
+            .map(|(t, _)| t);
     }
+    let tokens =
+        crate::authn::Authenticator::new(&token_text, true).map_err(|e| Error::Format {
+            path: token_file.clone().unwrap_or_default(),
+            message: e.to_string(),
+        })?;
     let admin_token = match admin_token {
         Some(t) => t,
         None => {
             let t = random_token();
             let user = UserInfo {
                 name: "admin".into(),
-                uid: "admin".into(),
+                uid: "admin-uid".into(),
                 groups: vec!["system:masters".into()],
                 extra: Default::default(),
             };
@@ -250,7 +257,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
                 text.push_str(&auth::token_file_line(&t, &user));
                 write_file(tf, &text)?;
             }
-            tokens.insert(&t, user);
+            tokens.add_token(t.clone(), user);
             t
         }
     };
@@ -264,11 +271,13 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
         name: cfg.name.clone(),
         store,
         registry: Arc::new(Registry::new()),
-        tokens,
+        authn: tokens,
+        policy: auth::PolicyCache::default(),
         token_file,
         server_address: Mutex::new(String::new()),
         shutdown: shutdown_rx,
         ns_cleanups: Mutex::new(HashSet::new()),
+        owners_seen: std::sync::atomic::AtomicBool::new(false),
         aggregator: std::sync::OnceLock::new(),
     });
     handlers::bootstrap(&state);
@@ -282,6 +291,8 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
     let _ = state.aggregator.set(aggregator);
     hooks::load_crds(&state);
     hooks::resume_namespace_cleanup(&state);
+    // Bootstrap writes are not watchable history, as on a compacted etcd.
+    state.store.compact_history();
 
     let addr = SocketAddr::new(cfg.bind, cfg.port);
     let (bound, listener) = bind(addr, state.clone(), tls.clone()).await?;
@@ -369,8 +380,12 @@ async fn serve_connection(
             let state = svc_state.clone();
             async move { Ok::<_, std::convert::Infallible>(handlers::handle(state, req).await) }
         });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // client-go multiplexes every watch of a process over one HTTP/2 connection;
+    // kube-apiserver allows 1000 streams per connection.
+    builder.http2().max_concurrent_streams(1000);
+    // Upgrades are bridged to aggregated API servers (exec-style requests).
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
     tokio::pin!(conn);
     let mut shutdown = state.shutdown.clone();
     tokio::select! {
@@ -454,7 +469,7 @@ impl DevCluster {
         let token = random_token();
         let info = UserInfo {
             name: user.to_string(),
-            uid: user.to_string(),
+            uid: format!("{user}-uid"),
             groups: groups.iter().map(|g| g.to_string()).collect(),
             extra: Default::default(),
         };
@@ -463,7 +478,7 @@ impl DevCluster {
             text.push_str(&auth::token_file_line(&token, &info));
             write_file(tf, &text)?;
         }
-        self.inner.state.tokens.insert(&token, info);
+        self.inner.state.authn.add_token(token.clone(), info);
         Ok(token)
     }
 

@@ -56,6 +56,17 @@ pub struct Event {
     /// The object before the change (MODIFIED and DELETED), so watches with selectors
     /// can tell objects that leave or enter the selection.
     pub prev: Option<Arc<Value>>,
+    /// `object` serialized once, shared by every watcher that sends it as is.
+    pub object_json: std::sync::OnceLock<bytes::Bytes>,
+}
+
+impl Event {
+    /// The object as JSON bytes (serialized on first use).
+    pub fn object_bytes(&self) -> &bytes::Bytes {
+        self.object_json.get_or_init(|| {
+            bytes::Bytes::from(serde_json::to_vec(self.object.as_ref()).unwrap_or_default())
+        })
+    }
 }
 
 /// Live events of every resource.
@@ -67,6 +78,9 @@ pub enum Mutation {
     Put(Value),
     /// Remove the object.
     Delete,
+    /// Remove the object; this is its final state (an update that removed the last
+    /// finalizer of an object being deleted).
+    DeleteFinal(Value),
     /// Change nothing; answer with this object.
     Unchanged(Arc<Value>),
 }
@@ -105,9 +119,10 @@ struct State {
 }
 
 enum PersistOp {
+    /// Serialized on the writer thread, not under the store lock.
     Put {
         key: String,
-        bytes: Vec<u8>,
+        object: Arc<Value>,
         rv: u64,
     },
     Delete {
@@ -263,6 +278,41 @@ impl Store {
         out
     }
 
+    /// Objects whose `metadata.ownerReferences` name `owner_uid`: in `namespace`
+    /// (a namespaced owner), or anywhere (a cluster-scoped owner).
+    pub fn dependents_of(
+        &self,
+        owner_uid: &str,
+        namespace: Option<&str>,
+    ) -> Vec<(GroupResource, String, String)> {
+        let state = self.read();
+        let mut out = Vec::new();
+        for (gr, data) in &state.resources {
+            let objects: Box<dyn Iterator<Item = (&ObjectKey, &Arc<Value>)>> = match namespace {
+                Some(ns) => Box::new(
+                    data.objects
+                        .range((ns.to_string(), String::new())..)
+                        .take_while(move |(k, _)| k.0 == ns),
+                ),
+                None => Box::new(data.objects.iter()),
+            };
+            for (key, obj) in objects {
+                let owned = obj
+                    .get("metadata")
+                    .and_then(|m| m.get("ownerReferences"))
+                    .and_then(Value::as_array)
+                    .is_some_and(|refs| {
+                        refs.iter()
+                            .any(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))
+                    });
+                if owned {
+                    out.push((gr.clone(), key.0.clone(), key.1.clone()));
+                }
+            }
+        }
+        out
+    }
+
     /// Atomically reads the current object, lets `f` decide, and applies the decision.
     /// `f` runs under the store lock: keep it short and synchronous. With `dry_run`
     /// nothing is stored and the returned object has no new resourceVersion.
@@ -282,20 +332,70 @@ impl Store {
             .and_then(|d| d.objects.get(&key))
             .cloned();
         let decision = f(current.as_ref())?;
+        Ok(self.apply_locked(&mut state, gr, ns, name, dry_run, current, decision))
+    }
+
+    /// Like [`Store::mutate`], but runs `f` outside the lock: it reads the current
+    /// object, decides, and commits only if nobody wrote the object meanwhile
+    /// (retrying a few times, then deciding under the lock). Use it where deciding
+    /// is expensive (patches, schema validation, admission), so reads and other
+    /// writes are not held up.
+    pub fn mutate_optimistic<E>(
+        &self,
+        gr: &GroupResource,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        mut f: impl FnMut(Option<&Arc<Value>>) -> Result<Mutation, E>,
+    ) -> Result<Written, E> {
+        let key = (ns.to_string(), name.to_string());
+        for _ in 0..3 {
+            let current = self.get(gr, ns, name);
+            let decision = f(current.as_ref())?;
+            let mut state = self.write();
+            let now = state
+                .resources
+                .get(gr)
+                .and_then(|d| d.objects.get(&key))
+                .cloned();
+            let unchanged = match (&current, &now) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if unchanged {
+                return Ok(self.apply_locked(&mut state, gr, ns, name, dry_run, current, decision));
+            }
+        }
+        self.mutate(gr, ns, name, dry_run, f)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_locked(
+        &self,
+        state: &mut State,
+        gr: &GroupResource,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        current: Option<Arc<Value>>,
+        decision: Mutation,
+    ) -> Written {
+        let key = (ns.to_string(), name.to_string());
         match decision {
-            Mutation::Unchanged(obj) => Ok(Written {
+            Mutation::Unchanged(obj) => Written {
                 object: obj,
                 created: false,
                 deleted: false,
-            }),
+            },
             Mutation::Put(mut obj) => {
                 let created = current.is_none();
                 if dry_run {
-                    return Ok(Written {
+                    return Written {
                         object: Arc::new(obj),
                         created,
                         deleted: false,
-                    });
+                    };
                 }
                 let rv = state.rv + 1;
                 state.rv = rv;
@@ -309,33 +409,37 @@ impl Store {
                 let data = state.resources.entry(gr.clone()).or_default();
                 data.objects.insert(key, obj.clone());
                 self.persist_put(gr, ns, name, &obj, rv);
-                self.emit(&mut state, gr, ns, name, kind, obj.clone(), current, rv);
-                Ok(Written {
+                self.emit(state, gr, ns, name, kind, obj.clone(), current, rv);
+                Written {
                     object: obj,
                     created,
                     deleted: false,
-                })
+                }
             }
-            Mutation::Delete => {
+            Mutation::Delete | Mutation::DeleteFinal(_) => {
+                let final_state = match decision {
+                    Mutation::DeleteFinal(v) => Some(v),
+                    _ => None,
+                };
                 let Some(prev) = current else {
                     // Nothing to delete: the closure should have refused; answer with
                     // an empty object rather than panic.
-                    return Ok(Written {
+                    return Written {
                         object: Arc::new(Value::Null),
                         created: false,
                         deleted: false,
-                    });
+                    };
                 };
                 if dry_run {
-                    return Ok(Written {
-                        object: prev,
+                    return Written {
+                        object: final_state.map(Arc::new).unwrap_or(prev),
                         created: false,
                         deleted: true,
-                    });
+                    };
                 }
                 let rv = state.rv + 1;
                 state.rv = rv;
-                let mut last = (*prev).clone();
+                let mut last = final_state.unwrap_or_else(|| (*prev).clone());
                 set_rv(&mut last, rv);
                 let last = Arc::new(last);
                 if let Some(data) = state.resources.get_mut(gr) {
@@ -343,7 +447,7 @@ impl Store {
                 }
                 self.persist_delete(gr, ns, name, rv);
                 self.emit(
-                    &mut state,
+                    state,
                     gr,
                     ns,
                     name,
@@ -352,11 +456,11 @@ impl Store {
                     Some(prev),
                     rv,
                 );
-                Ok(Written {
+                Written {
                     object: last,
                     created: false,
                     deleted: true,
-                })
+                }
             }
         }
     }
@@ -383,6 +487,7 @@ impl Store {
             name: name.to_string(),
             object,
             prev,
+            object_json: std::sync::OnceLock::new(),
         });
         let data = state.resources.entry(gr.clone()).or_default();
         if data.floor == 0 {
@@ -396,6 +501,38 @@ impl Store {
         }
         // No receivers is fine: nobody watches.
         let _ = self.events.send(event);
+    }
+
+    /// Forgets the watch history: watches must start at the current version or later
+    /// (used after bootstrap writes, so a fresh cluster behaves like a compacted one).
+    pub fn compact_history(&self) {
+        let mut state = self.write();
+        let rv = state.rv;
+        state.start_rv = rv;
+        for data in state.resources.values_mut() {
+            data.history.clear();
+            data.floor = rv;
+        }
+    }
+
+    /// The resourceVersion of the last change to a resource (or the version the
+    /// store opened at): caches of derived data compare it to know when to rebuild.
+    pub fn last_change(&self, gr: &GroupResource) -> u64 {
+        let state = self.read();
+        state
+            .resources
+            .get(gr)
+            .and_then(|d| d.history.back().map(|e| e.rv).or(Some(d.floor)))
+            .unwrap_or(state.start_rv)
+    }
+
+    /// Number of objects of a resource.
+    pub fn count(&self, gr: &GroupResource) -> usize {
+        self.read()
+            .resources
+            .get(gr)
+            .map(|d| d.objects.len())
+            .unwrap_or(0)
     }
 
     /// Subscribes to live events after replaying the retained ones newer than `rv`.
@@ -441,20 +578,23 @@ impl Store {
         (items, state.rv, self.events.subscribe())
     }
 
+    /// How many live subscriptions (watches, controllers) exist.
+    pub fn subscriber_count(&self) -> usize {
+        self.events.receiver_count()
+    }
+
     /// A subscription to all live events (controllers use it to wake up).
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
         self.events.subscribe()
     }
 
-    fn persist_put(&self, gr: &GroupResource, ns: &str, name: &str, obj: &Value, rv: u64) {
+    fn persist_put(&self, gr: &GroupResource, ns: &str, name: &str, obj: &Arc<Value>, rv: u64) {
         if let Some(p) = &self.persister {
-            if let Ok(bytes) = serde_json::to_vec(obj) {
-                p.send(PersistOp::Put {
-                    key: db_key(gr, ns, name),
-                    bytes,
-                    rv,
-                });
-            }
+            p.send(PersistOp::Put {
+                key: db_key(gr, ns, name),
+                object: obj.clone(),
+                rv,
+            });
         }
     }
 
@@ -536,7 +676,8 @@ fn persist_loop(db: redb::Database, rx: std::sync::mpsc::Receiver<PersistOp>) {
                 let mut max_rv = 0;
                 for op in batch {
                     match op {
-                        PersistOp::Put { key, bytes, rv } => {
+                        PersistOp::Put { key, object, rv } => {
+                            let bytes = serde_json::to_vec(object.as_ref()).unwrap_or_default();
                             objects.insert(key.as_str(), bytes.as_slice())?;
                             max_rv = max_rv.max(rv);
                         }

@@ -44,6 +44,10 @@ pub struct WatchSpec {
     pub list_kind: String,
     pub filter: Filter,
     pub render: Render,
+    /// The rendering is the stored object itself whenever its apiVersion is
+    /// `api_version` (plain JSON watches): events are then serialized once and
+    /// shared by all such watchers.
+    pub render_is_identity: bool,
 }
 
 /// How often a long watch gets a progress bookmark.
@@ -174,6 +178,8 @@ pub fn start(
                 }
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = shutdown.changed() => return,
+                // The client went away: stop now rather than at the next event.
+                _ = tx.closed() => return,
             }
         }
     });
@@ -202,6 +208,18 @@ fn encode(spec: &WatchSpec, e: &Event) -> Option<Bytes> {
         },
         EventType::Deleted => (was_in || now_in).then_some("DELETED"),
     }?;
+    let same_version =
+        e.object.get("apiVersion").and_then(Value::as_str) == Some(spec.api_version.as_str());
+    if spec.render_is_identity && same_version {
+        let object = e.object_bytes();
+        let mut out = Vec::with_capacity(object.len() + 32);
+        out.extend_from_slice(b"{\"type\":\"");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\",\"object\":");
+        out.extend_from_slice(object);
+        out.extend_from_slice(b"}\n");
+        return Some(Bytes::from(out));
+    }
     Some(line(kind, &(spec.render)(&e.object)))
 }
 

@@ -228,7 +228,8 @@ async fn get_watch_sees_added_modified_deleted() {
                     "-o",
                     "json",
                 ],
-                Duration::from_secs(6),
+                // Long enough for the writes below even on a loaded machine.
+                Duration::from_secs(12),
             )
         })
     };
@@ -269,6 +270,11 @@ async fn api_resources_and_namespace_deletion() {
     ok(kc, &["delete", "namespace", "doomed", "--timeout=20s"]).await;
     let out = kubectl_async(kc, &["get", "namespace", "doomed"]).await;
     assert!(out.stderr.contains("not found"), "{out:?}");
+    let out = kubectl_async(kc, &["delete", "namespace", "default"]).await;
+    assert!(
+        out.stderr.contains("this namespace may not be deleted"),
+        "{out:?}"
+    );
     let out = kubectl_async(kc, &["-n", "nowhere", "create", "configmap", "c1"]).await;
     assert!(
         out.stderr.contains("namespaces \"nowhere\" not found"),

@@ -35,6 +35,39 @@ impl TestCluster {
         self.cluster.write_kubeconfig(&path, user, groups)?;
         Ok(path)
     }
+
+    /// A kubeconfig that authenticates `user` (in `groups`) with a client
+    /// certificate signed by the cluster CA.
+    pub fn kubeconfig_with_cert(&self, user: &str, groups: &[&str]) -> anyhow::Result<PathBuf> {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let cert = self.cluster.client_cert(user, groups)?;
+        let name = self.cluster.name();
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {user}\ncurrent-context: {name}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\n",
+            url = self.cluster.url(),
+            ca = b64(&self.cluster.ca_pem()),
+            crt = b64(&cert.cert),
+            key = b64(&cert.key),
+        );
+        let path = self.dir.path().join(format!("{user}-cert.kubeconfig"));
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// The admin kubeconfig pointed at another listener of the same cluster.
+    pub fn kubeconfig_at(&self, addr: std::net::SocketAddr) -> anyhow::Result<PathBuf> {
+        let text = self
+            .cluster
+            .admin_kubeconfig()
+            .replace(&self.cluster.url(), &format!("https://{addr}"));
+        let path = self
+            .dir
+            .path()
+            .join(format!("admin-{}.kubeconfig", addr.port()));
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
 }
 
 /// Installs the ring crypto provider once (rustls needs exactly one).

@@ -141,3 +141,33 @@ fn caller_identity_and_hop_headers_never_reach_the_target() {
         );
     }
 }
+
+#[tokio::test]
+async fn cbor_sequence_watch_events_are_counted_per_item() {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/cbor-seq"),
+    );
+    assert_eq!(WatchFraming::of(&headers), WatchFraming::CborSequence);
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    // Three events: {"t": 1}, {"t": 2} split across chunks, then {"t": 3}.
+    let parts: [&'static [u8]; 3] = [
+        &[0xa1, 0x61, b't', 0x01],
+        &[0xa1, 0x61],
+        &[b't', 0x02, 0xa1, 0x61, b't', 0x03],
+    ];
+    let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
+        .iter()
+        .map(|p| Ok(Frame::data(Bytes::from_static(p))))
+        .collect();
+    let body = WatchBody::new(
+        StreamBody::new(stream::iter(frames)).boxed(),
+        target.clone(),
+        WatchFraming::of(&headers),
+    );
+    body.collect().await.expect("body");
+    let events = scrape_line(&metrics, "vcluster_proxy_watch_events_total").expect("counter");
+    assert!(events.ends_with(" 3"), "{events}");
+}

@@ -341,3 +341,61 @@ fn resources_from_a_crd() {
     );
     assert!(CrdResource::from_crd(&json!({})).is_empty());
 }
+
+#[test]
+fn builtin_schemas_explain_and_validate() {
+    let kinds = [
+        ("", "Namespace", "namespaces", true),
+        ("", "ConfigMap", "configmaps", true),
+        ("", "Secret", "secrets", true),
+        ("", "ServiceAccount", "serviceaccounts", true),
+        ("", "Service", "services", true),
+        ("coordination.k8s.io", "Lease", "leases", true),
+        ("discovery.k8s.io", "EndpointSlice", "endpointslices", true),
+        ("apiregistration.k8s.io", "APIService", "apiservices", false),
+        (
+            "admissionregistration.k8s.io",
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+            false,
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+            false,
+        ),
+    ];
+    for (group, kind, plural, namespaced) in kinds {
+        let schema = builtin_schema(group, "v1", kind);
+        assert!(schema.is_some(), "{kind}");
+        // The schemas are structural: they parse and accept an empty object.
+        let parsed = schema
+            .as_ref()
+            .map(crate::schema::StructuralSchema::from_json);
+        assert!(matches!(parsed, Some(Ok(_))), "{kind}");
+        let r = CrdResource {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            list_kind: format!("{kind}List"),
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            namespaced,
+            schema,
+        };
+        let doc = v3_group_version(group, "v1", &[r]);
+        let prefix = format!("/{}", group_version_path(group, "v1"));
+        let found = explain_lookup(&doc, &prefix, plural);
+        assert!(
+            found.is_some_and(|s| s["properties"]["metadata"].is_object()),
+            "{kind}"
+        );
+    }
+    assert!(builtin_schema("apps", "v1", "Deployment").is_none());
+    let lease = builtin_schema("coordination.k8s.io", "v1", "Lease").unwrap_or_default();
+    assert_eq!(
+        lease["properties"]["spec"]["properties"]["holderIdentity"]["type"],
+        "string"
+    );
+}

@@ -97,6 +97,12 @@ fn json_patch_rfc6902() {
             json!([{"op": "remove", "path": "/spec/missing"}]),
             Err("failed"),
         ),
+        // Found by the property test: json-patch's own undo of this panics.
+        (
+            json!([{"op": "move", "from": "/spec/replicas", "path": "/spec"},
+                   {"op": "add", "path": "/spec/", "value": false}]),
+            Err("failed"),
+        ),
         (json!({"op": "add"}), Err("malformed")),
         (
             json!([{"op": "frobnicate", "path": "/a"}]),
@@ -931,6 +937,26 @@ mod properties {
             let third = apply(Some(&second), &obj(b), "m", false, "example.com/v1", None, "2024-11-20T10:00:02Z")
                 .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
             prop_assert_eq!(third, second);
+        }
+
+        /// Strategic merge patches and JSON patches of any shape never panic,
+        /// and a failed JSON patch leaves the target as it was.
+        #[test]
+        fn patches_never_panic(a in spec(), p in spec(), ops in prop::collection::vec(
+            (prop_oneof![Just("add"), Just("remove"), Just("replace"), Just("test"), Just("move"), Just("copy")],
+             "(/[a-d0-9-]{0,2}){0,3}", scalar()), 0..4)) {
+            let mut t = obj(a.clone());
+            let _ = strategic_merge_patch(&mut t, &json!({"spec": p.clone()}), "Pod");
+            let _ = strategic_merge_patch(&mut t, &p, "Service");
+            let patch: Vec<Value> = ops
+                .into_iter()
+                .map(|(op, path, value)| json!({"op": op, "path": format!("/spec{path}"), "from": "/spec/a", "value": value}))
+                .collect();
+            let before = obj(a);
+            let mut target = before.clone();
+            if json_patch(&mut target, &Value::Array(patch)).is_err() {
+                prop_assert_eq!(target, before);
+            }
         }
 
         /// managedFields survive encoding and decoding unchanged.

@@ -583,6 +583,17 @@ mod properties {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+        /// Any JSON given as a schema either parses or is rejected; a parsed
+        /// one validates, prunes and defaults arbitrary documents without panicking.
+        #[test]
+        fn arbitrary_schemas_never_panic(schema in any_json(), mut obj in any_json()) {
+            if let Ok(s) = StructuralSchema::from_json(&schema) {
+                s.prune(&mut obj);
+                s.apply_defaults(&mut obj);
+                let _ = s.validate_update(&obj, Some(&obj.clone()));
+            }
+        }
+
         /// Pruning twice finds nothing the second time, and validation never panics.
         #[test]
         fn prune_is_idempotent(mut obj in any_json()) {
@@ -594,4 +605,169 @@ mod properties {
             let _ = s.validate(&obj);
         }
     }
+}
+
+fn rules_schema() -> Value {
+    json!({"type": "object",
+    "x-kubernetes-validations": [{"rule": "has(self.spec)", "message": "spec is required"}],
+    "properties": {
+    "spec": {"type": "object",
+        "x-kubernetes-validations": [
+            {"rule": "!has(self.replicas) || !has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+             "message": "replicas must not exceed maxReplicas"},
+            {"rule": "!has(self.image) || self.image != 'forbidden'", "fieldPath": ".image",
+             "reason": "FieldValueForbidden", "message": "this image may not be used"},
+            {"rule": "!has(self.replicas) || self.replicas != 7",
+             "messageExpression": "'replicas may not be ' + string(self.replicas)"},
+            {"rule": "!has(self.mode) || !has(oldSelf.mode) || self.mode == oldSelf.mode", "message": "mode is immutable"}
+        ],
+        "properties": {
+            "replicas": {"type": "integer"},
+            "maxReplicas": {"type": "integer"},
+            "image": {"type": "string", "x-kubernetes-validations": [{"rule": "self.size() >= 3"}]},
+            "mode": {"type": "string"},
+            "note": {"type": "string", "nullable": true},
+            "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+            "ports": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["port"],
+                      "items": {"type": "object", "properties": {"port": {"type": "integer"}, "name": {"type": "string"}},
+                                "x-kubernetes-validations": [{"rule": "self.port > 0", "message": "port must be positive"}]}}
+        }}}})
+}
+
+fn check_update(schema: Value, object: Value, old: Option<Value>, expected: &[(&str, &str, &str)]) {
+    let s = match StructuralSchema::from_json(&schema) {
+        Ok(s) => s,
+        Err(e) => panic!("schema did not parse: {e}"),
+    };
+    let got: Vec<(String, String, String)> = s
+        .validate_update(&object, old.as_ref())
+        .into_iter()
+        .map(|c| (c.reason, c.message, c.field))
+        .collect();
+    let want: Vec<(String, String, String)> = expected
+        .iter()
+        .map(|(r, m, f)| (r.to_string(), m.to_string(), f.to_string()))
+        .collect();
+    assert_eq!(got, want, "object: {object}");
+}
+
+#[test]
+fn validation_rules() {
+    check_update(
+        rules_schema(),
+        json!({"spec": {"replicas": 2, "maxReplicas": 3, "image": "abc", "note": null}}),
+        None,
+        &[],
+    );
+    check_update(
+        rules_schema(),
+        json!({"spec": {"replicas": 5, "maxReplicas": 3}}),
+        None,
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"object\": replicas must not exceed maxReplicas",
+            "spec",
+        )],
+    );
+    check_update(
+        rules_schema(),
+        json!({"spec": {"image": "forbidden"}}),
+        None,
+        &[(
+            "FieldValueForbidden",
+            "Forbidden: this image may not be used",
+            "spec.image",
+        )],
+    );
+    check_update(
+        rules_schema(),
+        json!({"spec": {"replicas": 7}}),
+        None,
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"object\": replicas may not be 7",
+            "spec",
+        )],
+    );
+    // A scalar rule without a message, and a rule on list items.
+    check_update(
+        rules_schema(),
+        json!({"spec": {"image": "ab", "ports": [{"port": 80}, {"port": 0}]}}),
+        None,
+        &[
+            (
+                "FieldValueInvalid",
+                "Invalid value: \"string\": failed rule: self.size() >= 3",
+                "spec.image",
+            ),
+            (
+                "FieldValueInvalid",
+                "Invalid value: \"object\": port must be positive",
+                "spec.ports[1]",
+            ),
+        ],
+    );
+    // The root rule reports at kube's nil path.
+    check_update(
+        rules_schema(),
+        json!({"kind": "X"}),
+        None,
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"object\": spec is required",
+            "<nil>",
+        )],
+    );
+    // Transition rules run only on updates.
+    check_update(rules_schema(), json!({"spec": {"mode": "b"}}), None, &[]);
+    check_update(
+        rules_schema(),
+        json!({"spec": {"mode": "b"}}),
+        Some(json!({"spec": {"mode": "b"}})),
+        &[],
+    );
+    check_update(
+        rules_schema(),
+        json!({"spec": {"mode": "b"}}),
+        Some(json!({"spec": {"mode": "a"}})),
+        &[(
+            "FieldValueInvalid",
+            "Invalid value: \"object\": mode is immutable",
+            "spec",
+        )],
+    );
+    // Blocking schema errors stop the rules.
+    check_update(
+        rules_schema(),
+        json!({"spec": {"replicas": "many", "maxReplicas": 3}}),
+        None,
+        &[
+            ("FieldValueTypeInvalid", "Invalid value: \"string\": spec.replicas in body must be of type integer: \"string\"", "spec.replicas"),
+            ("FieldValueInvalid", "Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation", "<nil>"),
+        ],
+    );
+    // Duplicates in set and map lists.
+    check_update(
+        rules_schema(),
+        json!({"spec": {"tags": ["a", "b", "a"], "ports": [{"port": 80, "name": "x"}, {"port": 80, "name": "y"}]}}),
+        None,
+        &[
+            (
+                "FieldValueDuplicate",
+                "Duplicate value: {\"port\":80}",
+                "spec.ports[1]",
+            ),
+            (
+                "FieldValueDuplicate",
+                "Duplicate value: \"a\"",
+                "spec.tags[2]",
+            ),
+        ],
+    );
+    assert!(matches!(
+        StructuralSchema::from_json(
+            &json!({"type": "object", "x-kubernetes-validations": [{"rule": "self.a ==="}]})
+        ),
+        Err(SchemaError::BadRule { .. })
+    ));
 }

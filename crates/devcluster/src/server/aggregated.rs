@@ -161,3 +161,93 @@ pub(crate) fn publish_authentication_configmap(
         },
     );
 }
+
+/// Who the namespace controller acts as when it empties aggregated resources.
+fn namespace_controller() -> crate::types::UserInfo {
+    crate::types::UserInfo {
+        name: "system:serviceaccount:kube-system:namespace-controller".into(),
+        uid: String::new(),
+        groups: vec![
+            "system:serviceaccounts".into(),
+            "system:serviceaccounts:kube-system".into(),
+            "system:authenticated".into(),
+        ],
+        extra: Default::default(),
+    }
+}
+
+/// Deletes the objects of aggregated (APIService-served) namespaced resources in a
+/// terminating namespace, as kube-controller-manager's namespace controller does:
+/// list them as `PartialObjectMetadataList`, then delete them one by one. Returns
+/// true once every aggregated resource reports none left; a backend that cannot
+/// answer keeps the namespace terminating, as on a real cluster.
+pub(crate) async fn empty_aggregated_resources(state: &Arc<State>, ns: &str) -> bool {
+    let Some(aggregator) = state.aggregator.get() else {
+        return true;
+    };
+    let user = namespace_controller();
+    let mut all_gone = true;
+    for group in aggregator.aggregated_discovery() {
+        let group_name = group
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        for version in group["versions"].as_array().into_iter().flatten() {
+            let version_name = version["version"].as_str().unwrap_or_default();
+            for resource in version["resources"].as_array().into_iter().flatten() {
+                let namespaced = resource["scope"] == "Namespaced";
+                let verbs = resource["verbs"].as_array().cloned().unwrap_or_default();
+                let can = |verb: &str| verbs.iter().any(|v| v == verb);
+                if !namespaced || !can("list") || !can("delete") {
+                    continue;
+                }
+                let plural = resource["resource"].as_str().unwrap_or_default();
+                let collection =
+                    format!("/apis/{group_name}/{version_name}/namespaces/{ns}/{plural}");
+                let Some(route) = aggregator.route(&collection) else {
+                    continue;
+                };
+                let list = http::Request::get(&collection)
+                    .header(
+                        http::header::ACCEPT,
+                        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json",
+                    )
+                    .body(http_body_util::Empty::<bytes::Bytes>::new());
+                let Ok(list) = list else { continue };
+                let response = aggregator.proxy(route.clone(), list, &user).await;
+                if !response.status().is_success() {
+                    all_gone = false;
+                    continue;
+                }
+                let body = match http_body_util::BodyExt::collect(response.into_body()).await {
+                    Ok(collected) => collected.to_bytes(),
+                    Err(_) => {
+                        all_gone = false;
+                        continue;
+                    }
+                };
+                let items: Vec<String> = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["items"].as_array().cloned())
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|i| {
+                        i.pointer("/metadata/name")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    })
+                    .collect();
+                for name in items {
+                    all_gone = false;
+                    let delete = http::Request::delete(format!("{collection}/{name}"))
+                        .header(http::header::ACCEPT, "application/json")
+                        .body(http_body_util::Empty::<bytes::Bytes>::new());
+                    if let Ok(delete) = delete {
+                        let _ = aggregator.proxy(route.clone(), delete, &user).await;
+                    }
+                }
+            }
+        }
+    }
+    all_gone
+}

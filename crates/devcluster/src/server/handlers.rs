@@ -9,7 +9,7 @@ use crate::discovery::{self, Extra};
 use crate::error::ApiError;
 use crate::registry::Source;
 use crate::store::{meta_str, Mutation};
-use crate::types::{RequestAttributes, UserInfo};
+use crate::types::RequestAttributes;
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
@@ -22,8 +22,38 @@ const MAX_BODY: usize = 3 * 1024 * 1024;
 /// kube's default for watches without timeoutSeconds is 30-60 minutes.
 const DEFAULT_WATCH_TIMEOUT: u64 = 1800;
 
-/// Objects every cluster starts with.
+/// Objects every cluster starts with: the system namespaces and kube's bootstrap
+/// RBAC policy (created when missing, never overwritten).
 pub fn bootstrap(state: &Arc<State>) {
+    for obj in crate::rbac::bootstrap_objects() {
+        let resource = match obj.get("kind").and_then(Value::as_str) {
+            Some("ClusterRole") => "clusterroles",
+            Some("ClusterRoleBinding") => "clusterrolebindings",
+            Some("Role") => "roles",
+            Some("RoleBinding") => "rolebindings",
+            _ => continue,
+        };
+        let gr = (
+            "rbac.authorization.k8s.io".to_string(),
+            resource.to_string(),
+        );
+        let ns = meta_str(&obj, "namespace").to_string();
+        let name = meta_str(&obj, "name").to_string();
+        let _ = state
+            .store
+            .mutate::<ApiError>(&gr, &ns, &name, false, |cur| {
+                if let Some(cur) = cur {
+                    return Ok(Mutation::Unchanged(cur.clone()));
+                }
+                let mut obj = obj.clone();
+                if let Some(meta) = super::objects::metadata_mut(&mut obj) {
+                    meta.insert("uid".into(), json!(super::objects::new_uid()));
+                    meta.insert("creationTimestamp".into(), json!(super::objects::now()));
+                }
+                Ok(Mutation::Put(obj))
+            });
+    }
+
     let ns_gr = (String::new(), "namespaces".to_string());
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let _ = state
@@ -145,24 +175,39 @@ async fn route(
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = req.into_parts();
     let certs = parts.extensions.get::<auth::PeerCertificates>();
-    let user = auth::authenticate(&state.tokens, &parts.headers, certs)?;
-    let user = auth::impersonate(user, &parts.headers, auth::authorize)?;
     let path = parts.uri.path().to_string();
 
     // Groups served by an APIService with a service go to their backend, after the
     // caller has been authorized here (kube-apiserver never forwards a request the
     // caller may not make).
     if let Some(aggregator) = state.aggregator.get() {
-        if let Some(api_route) = aggregator.route(&path) {
-            let attrs = crate::rbac::authorize_attributes_from_request(
-                parts.method.as_str(),
-                &path,
-                parts.uri.query(),
-                user.clone(),
-            );
-            auth::authorize(&attrs)?;
+        // `/openapi/v3/apis/<g>/<v>` of an aggregated group is the backend's
+        // document, fetched as the caller (as kube-apiserver does).
+        let routed = match path.strip_prefix("/openapi/v3") {
+            Some(rest) if rest.starts_with("/apis/") => aggregator.route(rest),
+            Some(_) => None,
+            None => aggregator.route(&path),
+        };
+        if let Some(api_route) = routed {
+            let method = parts.method.as_str().to_string();
+            let query = parts.uri.query().map(str::to_string);
+            let attrs = auth::check(
+                &state.authn,
+                &state.policy,
+                &state.store,
+                &parts.headers,
+                certs,
+                |user| {
+                    crate::rbac::authorize_attributes_from_request(
+                        &method,
+                        &path,
+                        query.as_deref(),
+                        user,
+                    )
+                },
+            )?;
             let response = aggregator
-                .proxy(api_route, Request::from_parts(parts, body), &user)
+                .proxy(api_route, Request::from_parts(parts, body), &attrs.user)
                 .await;
             return Ok(
                 response.map(|b| b.map_err(|e| std::io::Error::other(e.to_string())).boxed())
@@ -185,8 +230,9 @@ async fn route(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
 
-    if let Some(rp) = parse_resource_path(&segs) {
-        let verb = match parts.method {
+    let resource_path = parse_resource_path(&segs);
+    let verb = match &resource_path {
+        Some(rp) => match parts.method {
             Method::GET | Method::HEAD => {
                 if rp.watch_prefix || (rp.name.is_empty() && is_watch(&query)) {
                     "watch"
@@ -199,53 +245,48 @@ async fn route(
             Method::POST => "create",
             Method::PUT => "update",
             Method::PATCH => "patch",
-            Method::DELETE => {
-                if rp.name.is_empty() {
-                    "deletecollection"
-                } else {
-                    "delete"
-                }
-            }
+            Method::DELETE if rp.name.is_empty() => "deletecollection",
+            Method::DELETE => "delete",
             _ => return Err(ApiError::method_not_allowed()),
-        };
-        let attrs = RequestAttributes {
-            user: user.clone(),
-            verb: verb.to_string(),
-            resource_request: true,
-            api_group: rp.group.clone(),
-            api_version: rp.version.clone(),
-            resource: rp.resource.clone(),
-            subresource: rp.subresource.clone(),
-            namespace: rp.namespace.clone(),
-            name: rp.name.clone(),
-            path: path.clone(),
-        };
-        auth::authorize(&attrs)?;
-        let body = read_body(body).await?;
-        return resource_request(
-            &state,
-            rp,
-            verb,
-            parts.method,
-            parts.headers,
-            query,
-            accept,
-            user,
-            body,
-        )
-        .await;
-    }
-
-    // Non-resource paths.
-    let attrs = RequestAttributes {
-        user: user.clone(),
-        verb: parts.method.as_str().to_ascii_lowercase(),
-        resource_request: false,
-        path: path.clone(),
-        ..Default::default()
+        }
+        .to_string(),
+        None => parts.method.as_str().to_ascii_lowercase(),
     };
-    auth::authorize(&attrs)?;
-    non_resource(&state, &segs, &parts.headers, accept.as_deref())
+    let attrs = auth::check(
+        &state.authn,
+        &state.policy,
+        &state.store,
+        &parts.headers,
+        certs,
+        // Authorization sees the request as kube's RequestInfo resolver does
+        // (for example, a list with fieldSelector=metadata.name=x names x).
+        |user| {
+            crate::rbac::authorize_attributes_from_request(
+                parts.method.as_str(),
+                &path,
+                parts.uri.query(),
+                user,
+            )
+        },
+    )?;
+    match resource_path {
+        Some(rp) => {
+            let body = read_body(body).await?;
+            resource_request(
+                &state,
+                rp,
+                &verb,
+                parts.method,
+                parts.headers,
+                query,
+                accept,
+                attrs,
+                body,
+            )
+            .await
+        }
+        None => non_resource(&state, &segs, &parts.headers, accept.as_deref()),
+    }
 }
 
 fn discovery_response(
@@ -358,7 +399,7 @@ fn non_resource(
         },
         ["openapi", "v2"] => Ok(h::json_response(
             200,
-            &json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": {}, "definitions": {}}),
+            &crate::openapi::v2_document(&openapi_resources(state)),
         )),
         ["openapi", "v3"] => {
             let mut r = h::json_response(200, &openapi_v3_index(state));
@@ -380,76 +421,76 @@ fn non_resource(
     }
 }
 
-/// `/openapi/v3`: one entry per served group/version.
-fn openapi_v3_index(state: &State) -> Value {
-    let mut paths = serde_json::Map::new();
+/// Every served resource version, as the OpenAPI builder describes it.
+fn openapi_resources(state: &State) -> Vec<crate::openapi::CrdResource> {
+    let mut out = Vec::new();
     for info in state.registry.all() {
+        if info.source == Source::Review {
+            continue;
+        }
         for v in &info.versions {
-            let key = if info.group.is_empty() {
-                format!("api/{}", v.name)
-            } else {
-                format!("apis/{}/{}", info.group, v.name)
+            let schema = match info.source {
+                Source::Crd(_) => v.schema.clone(),
+                _ => crate::openapi::builtin_schema(&info.group, &v.name, &info.kind),
             };
-            let hash = state.registry.generation();
-            paths.insert(
-                key.clone(),
-                json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash:016X}")}),
-            );
+            out.push(crate::openapi::CrdResource {
+                group: info.group.clone(),
+                version: v.name.clone(),
+                kind: info.kind.clone(),
+                list_kind: info.list_kind.clone(),
+                plural: info.resource.clone(),
+                singular: info.singular.clone(),
+                namespaced: info.namespaced,
+                schema,
+            });
         }
     }
-    json!({"paths": paths})
+    out
 }
 
-/// A minimal OpenAPI v3 document for a group/version: enough for kubectl to see
-/// that writes accept `fieldValidation` (so it validates on the server).
-fn openapi_v3_gv(state: &State, group: &str, version: &str) -> Option<Value> {
-    let infos: Vec<_> = state
-        .registry
-        .all()
-        .into_iter()
-        .filter(|i| i.group == group && i.version(version).is_some())
+/// `/openapi/v3`: one entry per served group/version, hashed by content.
+fn openapi_v3_index(state: &State) -> Value {
+    let resources = openapi_resources(state);
+    let mut gvs: Vec<(String, String)> = resources
+        .iter()
+        .map(|r| (r.group.clone(), r.version.clone()))
         .collect();
-    if infos.is_empty() {
-        return None;
+    gvs.sort();
+    gvs.dedup();
+    let mut entries: Vec<(String, String)> = gvs
+        .iter()
+        .map(|(g, v)| {
+            let doc = crate::openapi::v3_group_version(g, v, &resources);
+            (
+                crate::openapi::group_version_path(g, v),
+                crate::openapi::document_hash(&doc),
+            )
+        })
+        .collect();
+    // Aggregated group/versions are listed too; their documents come from the
+    // backend when a client asks for them.
+    if let Some(aggregator) = state.aggregator.get() {
+        for group in aggregator.discovery_groups() {
+            let name = group["name"].as_str().unwrap_or_default();
+            for version in group["versions"].as_array().into_iter().flatten() {
+                let Some(v) = version["version"].as_str() else {
+                    continue;
+                };
+                let hash = format!("{:016X}", state.registry.generation());
+                entries.push((crate::openapi::group_version_path(name, v), hash));
+            }
+        }
     }
-    let prefix = if group.is_empty() {
-        format!("/api/{version}")
-    } else {
-        format!("/apis/{group}/{version}")
-    };
-    let mut paths = serde_json::Map::new();
-    for info in infos {
-        let gvk = json!({"group": group, "version": version, "kind": info.kind});
-        let ns = if info.namespaced {
-            "/namespaces/{namespace}"
-        } else {
-            ""
-        };
-        let param = |n: &str| json!({"name": n, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
-        let op = |action: &str| {
-            json!({
-                "operationId": format!("{action}{}", info.kind),
-                "parameters": [param("dryRun"), param("fieldManager"), param("fieldValidation")],
-                "responses": {"200": {"description": "OK"}},
-                "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": gvk,
-            })
-        };
-        paths.insert(
-            format!("{prefix}{ns}/{}", info.resource),
-            json!({"post": op("post")}),
-        );
-        paths.insert(
-            format!("{prefix}{ns}/{}/{{name}}", info.resource),
-            json!({"put": op("put"), "patch": op("patch")}),
-        );
-    }
-    Some(json!({
-        "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v1.32.0"},
-        "paths": paths,
-        "components": {"schemas": {}},
-    }))
+    crate::openapi::v3_index(&entries)
+}
+
+/// `/openapi/v3/api/v1` or `/openapi/v3/apis/<g>/<v>`.
+fn openapi_v3_gv(state: &State, group: &str, version: &str) -> Option<Value> {
+    let resources = openapi_resources(state);
+    resources
+        .iter()
+        .any(|r| r.group == group && r.version == version)
+        .then(|| crate::openapi::v3_group_version(group, version, &resources))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -461,7 +502,7 @@ async fn resource_request(
     headers: http::HeaderMap,
     query: HashMap<String, String>,
     accept: Option<String>,
-    user: UserInfo,
+    attrs: RequestAttributes,
     body: Bytes,
 ) -> Result<Response<Body>, ApiError> {
     let not_found = |core: bool| {
@@ -503,7 +544,8 @@ async fn resource_request(
         subresource: rp.subresource.clone(),
         query,
         output,
-        user,
+        user: attrs.user.clone(),
+        attrs,
         headers,
     };
     if info.source == Source::Review {
@@ -576,17 +618,26 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
         .q("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
         .filter(|t| *t > 0)
-        .unwrap_or(DEFAULT_WATCH_TIMEOUT);
+        .unwrap_or(DEFAULT_WATCH_TIMEOUT)
+        // Bounded so deadline arithmetic cannot overflow on absurd values.
+        .min(7 * 24 * 3600);
     let info = ctx.info.clone();
     let version = ctx.version.clone();
     let api_version = ctx.api_version();
     let output = ctx.output;
+    let include = ctx.include_object();
     let filter_sel = selectors.clone();
     let render: crate::watch::Render = Arc::new(move |obj: &Value| match output {
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
             super::output::partial(obj)
         }
-        Output::Table => super::output::table(&info, &version, &[Arc::new(obj.clone())], None),
+        Output::Table => super::output::table(
+            &info,
+            &version,
+            &[Arc::new(obj.clone())],
+            json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
+            include,
+        ),
         _ => super::output::convert(obj, &api_version),
     });
     let spec = WatchSpec {
@@ -602,6 +653,7 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
         list_kind: ctx.info.list_kind.clone(),
         filter: Arc::new(move |o: &Value| filter_sel.matches(o)),
         render,
+        render_is_identity: matches!(output, Output::Json | Output::Yaml),
     };
     let rx = crate::watch::start(state.store.clone(), spec, state.shutdown.clone());
     use futures_util::StreamExt;
@@ -621,97 +673,35 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
     Ok(resp)
 }
 
-/// The create-only review resources (stand-ins until the reviews module lands).
+/// The create-only review resources.
 fn reviews(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Result<Response<Body>, ApiError> {
     let format = h::body_format(&ctx.headers)?;
     let mut obj = h::decode_body(body, format, &ctx.info.kind)?;
-    let user_json = |u: &UserInfo| json!({"username": u.name, "uid": u.uid, "groups": u.groups});
-    let status = match ctx.info.resource.as_str() {
-        "selfsubjectreviews" => json!({"userInfo": user_json(&ctx.user)}),
-        "tokenreviews" => {
-            let token = obj
-                .get("spec")
-                .and_then(|s| s.get("token"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            match state.tokens.lookup(token) {
-                Some(mut u) => {
-                    u.groups.push("system:authenticated".into());
-                    json!({"authenticated": true, "user": user_json(&u), "audiences": []})
-                }
-                None => json!({"user": {}, "error": "invalid bearer token"}),
-            }
-        }
-        r => {
-            let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
-            let user = if r == "selfsubjectaccessreviews" || r == "selfsubjectrulesreviews" {
-                ctx.user.clone()
-            } else {
-                UserInfo {
-                    name: spec
-                        .get("user")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .into(),
-                    groups: spec
-                        .get("groups")
-                        .and_then(Value::as_array)
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|g| g.as_str().map(str::to_string))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    ..Default::default()
-                }
-            };
-            if r == "selfsubjectrulesreviews" {
-                json!({"resourceRules": [], "nonResourceRules": [], "incomplete": false})
-            } else {
-                let attrs = match (spec.get("resourceAttributes"), spec.get("nonResourceAttributes")) {
-                    (Some(ra), _) => RequestAttributes {
-                        user,
-                        verb: ra.get("verb").and_then(Value::as_str).unwrap_or("").into(),
-                        resource_request: true,
-                        api_group: ra.get("group").and_then(Value::as_str).unwrap_or("").into(),
-                        resource: ra.get("resource").and_then(Value::as_str).unwrap_or("").into(),
-                        subresource: ra.get("subresource").and_then(Value::as_str).unwrap_or("").into(),
-                        namespace: ra.get("namespace").and_then(Value::as_str).unwrap_or("").into(),
-                        name: ra.get("name").and_then(Value::as_str).unwrap_or("").into(),
-                        ..Default::default()
-                    },
-                    (None, Some(nr)) => RequestAttributes {
-                        user,
-                        verb: nr.get("verb").and_then(Value::as_str).unwrap_or("").into(),
-                        path: nr.get("path").and_then(Value::as_str).unwrap_or("").into(),
-                        ..Default::default()
-                    },
-                    (None, None) => {
-                        return Err(ApiError::invalid(
-                            &ctx.info.group,
-                            "",
-                            "",
-                            vec![crate::error::Cause::new(
-                                "FieldValueInvalid",
-                                "Invalid value: \"null\": exactly one of nonResourceAttributes or resourceAttributes must be specified",
-                                "spec.resourceAttributes",
-                            )],
-                        ))
-                    }
-                };
-                json!({"allowed": auth::authorize(&attrs).is_ok()})
-            }
-        }
-    };
-    if let Some(m) = obj.as_object_mut() {
-        m.insert("status".into(), status);
-        let meta = m.entry("metadata").or_insert_with(|| json!({}));
-        if let Some(mm) = meta.as_object_mut() {
-            mm.insert("creationTimestamp".into(), Value::Null);
+    if ctx.info.namespaced {
+        if let Some(meta) = super::objects::metadata_mut(&mut obj) {
+            meta.insert("namespace".into(), json!(ctx.namespace));
         }
     }
-    let _ = meta_str(&obj, "name");
-    Ok(h::json_response(201, &obj))
+    let rbac = state.policy.rbac(&state.store);
+    match crate::reviews::handle_review(&ctx.info.resource, &obj, &ctx.user, &rbac, &state.authn) {
+        Ok(mut answer) => {
+            // kube's field manager records the review's writer like any create
+            // (except for SelfSubjectRulesReviews, reference 153).
+            let mut tracked = obj.clone();
+            if ctx.info.resource == "selfsubjectrulesreviews" {
+                return Ok(h::json_response(201, &answer));
+            }
+            super::seams::managed_fields_update(ctx, None, &mut tracked, "");
+            if let (Some(mf), Some(meta)) = (
+                tracked.pointer("/metadata/managedFields").cloned(),
+                super::objects::metadata_mut(&mut answer),
+            ) {
+                meta.insert("managedFields".into(), mf);
+            }
+            Ok(h::json_response(201, &answer))
+        }
+        Err(status) => Err(ApiError::from_status(&status)),
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,20 @@ pub fn after_write(state: &Arc<State>, ctx: &ReqCtx, written: &Written) {
         crd_changed(state, &written.object, written.deleted);
         return;
     }
+    let has_owners = written
+        .object
+        .get("metadata")
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty());
+    if has_owners {
+        state
+            .owners_seen
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    if written.deleted {
+        collect_dependents(state, &written.object);
+    }
     if gr == ns_gr() && o::is_deleting(&written.object) && !written.deleted {
         spawn_namespace_cleanup(state.clone(), meta_str(&written.object, "name").to_string());
     }
@@ -54,6 +68,75 @@ pub fn after_write(state: &Arc<State>, ctx: &ReqCtx, written: &Written) {
             );
         }
     }
+}
+
+/// The garbage collector's background propagation: objects owned by a deleted
+/// object lose that owner reference, and are deleted when it was their last.
+pub fn collect_dependents(state: &Arc<State>, deleted: &Value) {
+    if !state.owners_seen.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let uid = meta_str(deleted, "uid").to_string();
+    let ns = meta_str(deleted, "namespace").to_string();
+    if uid.is_empty() {
+        return;
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        // Deleted dependents may own objects too: work through a queue.
+        let mut queue = vec![(uid, ns)];
+        let mut budget = 100_000usize;
+        while let Some((owner, ns)) = queue.pop() {
+            let scope = (!ns.is_empty()).then_some(ns.as_str());
+            for (gr, dns, name) in state.store.dependents_of(&owner, scope) {
+                budget = budget.saturating_sub(1);
+                if budget == 0 {
+                    return;
+                }
+                let written = state
+                    .store
+                    .mutate::<ApiError>(&gr, &dns, &name, false, |cur| {
+                        let Some(cur) = cur else {
+                            return Ok(Mutation::Unchanged(Arc::new(Value::Null)));
+                        };
+                        let mut new = (**cur).clone();
+                        let mut remaining = 0;
+                        if let Some(meta) = metadata_mut(&mut new) {
+                            if let Some(refs) = meta
+                                .get_mut("ownerReferences")
+                                .and_then(Value::as_array_mut)
+                            {
+                                refs.retain(|r| {
+                                    r.get("uid").and_then(Value::as_str) != Some(&owner)
+                                });
+                                remaining = refs.len();
+                            }
+                            if remaining == 0 {
+                                meta.remove("ownerReferences");
+                            }
+                        }
+                        if remaining > 0 {
+                            return Ok(Mutation::Put(new));
+                        }
+                        if !o::has_finalizers(&new) {
+                            return Ok(Mutation::Delete);
+                        }
+                        if !o::is_deleting(&new) {
+                            if let Some(meta) = metadata_mut(&mut new) {
+                                meta.insert("deletionTimestamp".into(), json!(o::now()));
+                                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+                            }
+                        }
+                        Ok(Mutation::Put(new))
+                    });
+                if let Ok(w) = written {
+                    if w.deleted {
+                        queue.push((meta_str(&w.object, "uid").to_string(), dns.clone()));
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// Serves (or stops serving) a CRD's resource and marks it Established.
@@ -98,7 +181,17 @@ pub fn crd_changed(state: &Arc<State>, crd: &Value, deleted: bool) {
                 .store
                 .mutate::<ApiError>(&crd_gr(), "", &name, false, |cur| match cur {
                     Some(cur) if !crate::crd::is_established(cur) && !o::is_deleting(cur) => {
-                        Ok(Mutation::Put(crate::crd::established(cur, &now)))
+                        let mut new = crate::crd::established(cur, &now);
+                        crate::patch::update_managed_fields(
+                            Some(cur),
+                            &mut new,
+                            "kube-apiserver",
+                            "Update",
+                            "apiextensions.k8s.io/v1",
+                            Some("status"),
+                            &now,
+                        );
+                        Ok(Mutation::Put(new))
                     }
                     Some(cur) => Ok(Mutation::Unchanged(cur.clone())),
                     None => Ok(Mutation::Unchanged(Arc::new(Value::Null))),
@@ -109,7 +202,11 @@ pub fn crd_changed(state: &Arc<State>, crd: &Value, deleted: bool) {
 
 /// Registers every stored CRD (at start).
 pub fn load_crds(state: &Arc<State>) {
-    let (crds, _) = state.store.list(&crd_gr(), None);
+    let (mut crds, _) = state.store.list(&crd_gr(), None);
+    crds.sort_by(|a, b| {
+        (meta_str(a, "creationTimestamp"), meta_str(a, "name"))
+            .cmp(&(meta_str(b, "creationTimestamp"), meta_str(b, "name")))
+    });
     for crd in crds {
         if let Some(info) = crate::crd::resource_info(&crd) {
             state.registry.put_crd(info);
@@ -129,7 +226,8 @@ pub fn resume_namespace_cleanup(state: &Arc<State>) {
 fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: String) {
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let _ = state
+        let mut foreground = false;
+        let released = state
             .store
             .mutate::<ApiError>(&gr, &ns, &name, false, |cur| {
                 let Some(cur) = cur else {
@@ -138,6 +236,7 @@ fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: Stri
                 let mut new = (**cur).clone();
                 if let Some(meta) = metadata_mut(&mut new) {
                     if let Some(a) = meta.get_mut("finalizers").and_then(Value::as_array_mut) {
+                        foreground = a.iter().any(|f| f == "foregroundDeletion");
                         a.retain(|f| f != "foregroundDeletion" && f != "orphan");
                         if a.is_empty() {
                             meta.remove("finalizers");
@@ -149,6 +248,12 @@ fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: Stri
                 }
                 Ok(Mutation::Put(new))
             });
+        // Foreground deletion removes the dependents too (orphaning keeps them).
+        if let Ok(w) = &released {
+            if w.deleted && foreground {
+                collect_dependents(&state, &w.object);
+            }
+        }
     });
 }
 
@@ -188,7 +293,10 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
                     Ok(Mutation::Put(new))
                 });
             }
-            if contents.is_empty() || state.store.objects_in_namespace(&ns).is_empty() {
+            let aggregated_gone = super::aggregated::empty_aggregated_resources(&state, &ns).await;
+            if aggregated_gone
+                && (contents.is_empty() || state.store.objects_in_namespace(&ns).is_empty())
+            {
                 let _ = state
                     .store
                     .mutate::<ApiError>(&ns_gr(), "", &ns, false, |cur| match cur {
@@ -223,12 +331,14 @@ pub fn finalize_namespace(
         .and_then(|s| s.get("finalizers"))
         .cloned()
         .unwrap_or_else(|| json!([]));
+    let mut previous_rv: Option<String> = None;
     let written = state
         .store
         .mutate(&ns_gr(), "", &ctx.name, ctx.dry_run(), |cur| {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found("", "namespaces", &ctx.name));
             };
+            previous_rv = Some(meta_str(cur, "resourceVersion").to_string());
             let mut new = (**cur).clone();
             if let Some(m) = new.as_object_mut() {
                 let empty = finalizers.as_array().is_none_or(Vec::is_empty);
@@ -246,6 +356,10 @@ pub fn finalize_namespace(
         })?;
     let mut obj = (*written.object).clone();
     if written.deleted {
+        // kube answers with the finalized object as it was just before removal.
+        if let Some(prev) = &previous_rv {
+            crate::store::set_rv(&mut obj, prev.parse().unwrap_or(0));
+        }
         if let Some(m) = obj.as_object_mut() {
             m.insert("spec".into(), json!({}));
         }

@@ -1,5 +1,10 @@
 //! HTTP plumbing: body types, response builders, content negotiation and request
 //! body decoding, with kube-apiserver's error texts.
+//!
+//! Formats: JSON and YAML both ways; Kubernetes protobuf only as a request body
+//! for the kinds kubectl's typed clients send (see `protobuf.rs`), answered in
+//! JSON; CBOR (`application/cbor`) not at all: such bodies get 415, and an
+//! `Accept` that lists nothing but CBOR gets 406.
 
 use crate::error::ApiError;
 use bytes::Bytes;
@@ -164,7 +169,8 @@ pub fn decode_body(bytes: &[u8], format: BodyFormat, kind: &str) -> Result<Value
             let text = String::from_utf8_lossy(bytes);
             let excerpt: String = text.chars().take(100).collect();
             ApiError::bad_request(format!(
-                "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e} ({excerpt})"
+                "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {} ({excerpt})",
+                go_json_error(&e, bytes)
             ))
         }),
         BodyFormat::Protobuf => super::protobuf::decode(bytes).map_err(|e| {
@@ -177,6 +183,33 @@ pub fn decode_body(bytes: &[u8], format: BodyFormat, kind: &str) -> Result<Value
                 "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; yaml parse error: {e}"
             ))
         }),
+    }
+}
+
+/// Go's encoding/json wording for the common syntax errors (clients and tests
+/// match on it); other errors keep serde's text.
+fn go_json_error(e: &serde_json::Error, bytes: &[u8]) -> String {
+    use serde_json::error::Category;
+    if e.classify() == Category::Eof {
+        return "unexpected end of JSON input".into();
+    }
+    // serde reports 1-based line/column; find the offending character.
+    let offset = bytes
+        .split(|b| *b == b'\n')
+        .take(e.line().saturating_sub(1))
+        .map(|l| l.len() + 1)
+        .sum::<usize>()
+        + e.column().saturating_sub(1);
+    let ch = bytes.get(offset).map(|b| *b as char);
+    let text = e.to_string();
+    match ch {
+        Some(c) if text.starts_with("key must be a string") => {
+            format!("invalid character '{c}' looking for beginning of object key string")
+        }
+        Some(c) if text.starts_with("expected value") => {
+            format!("invalid character '{c}' looking for beginning of value")
+        }
+        _ => text,
     }
 }
 
@@ -323,8 +356,13 @@ mod tests {
             serde_json::json!({"a": 1})
         );
         let err = decode_body(b"{not json", BodyFormat::Json, "CronTab").expect_err("bad");
-        assert!(err.message.starts_with(
-            "the object provided is unrecognized (must be of type CronTab): couldn't get version/kind; json parse error:"
-        ));
+        assert_eq!(
+            err.message,
+            "the object provided is unrecognized (must be of type CronTab): couldn't get version/kind; json parse error: invalid character 'n' looking for beginning of object key string ({not json)"
+        );
+        let err = decode_body(b"{\"a\": ", BodyFormat::Json, "K").expect_err("eof");
+        assert!(err
+            .message
+            .contains("json parse error: unexpected end of JSON input"));
     }
 }

@@ -72,12 +72,9 @@ pub fn generate_name(prefix: &str) -> String {
         .take(5)
         .map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char)
         .collect();
-    let max = 63 - 5;
-    let prefix = if prefix.len() > max {
-        &prefix[..max]
-    } else {
-        prefix
-    };
+    // kube keeps at most 58 characters of the prefix (63 minus the suffix); cut on
+    // a character boundary, the prefix comes from the client.
+    let prefix: String = prefix.chars().take(63 - 5).collect();
     format!("{prefix}{suffix}")
 }
 
@@ -210,8 +207,9 @@ pub fn prepare_update(
     Ok(())
 }
 
-/// Whether two versions of an object differ in anything but resourceVersion and
-/// managedFields timestamps (an update that changes nothing is not written).
+/// Whether two versions of an object differ in anything but resourceVersion (an
+/// update that changes nothing is not written; managedFields only change when
+/// something else did, or when a new manager takes ownership).
 pub fn same_object(a: &Value, b: &Value) -> bool {
     strip_volatile(a) == strip_volatile(b)
 }
@@ -220,7 +218,6 @@ fn strip_volatile(v: &Value) -> Value {
     let mut v = v.clone();
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");
-        m.remove("managedFields");
     }
     v
 }
@@ -317,6 +314,14 @@ mod tests {
         );
         let mut fewer = json!({"metadata": {"name": "c", "finalizers": []}});
         prepare_update(&cm, &cur, &mut fewer).expect("removing is fine");
+    }
+
+    #[test]
+    fn generated_names_keep_a_bounded_prefix() {
+        let name = generate_name("web-");
+        assert!(name.starts_with("web-") && name.len() == 9, "{name}");
+        let long = generate_name(&"é".repeat(100));
+        assert_eq!(long.chars().count(), 63);
     }
 
     #[test]

@@ -18,6 +18,8 @@ enum F {
     RepMsg(&'static [(u32, &'static str, F)]),
     MapStr,
     MapBytes,
+    /// `intstr.IntOrString`: a number or a string in JSON.
+    IntOrStr,
 }
 
 type Schema = &'static [(u32, &'static str, F)];
@@ -105,14 +107,173 @@ const ROLE_BINDING: Schema = &[
     ),
 ];
 
+const RESOURCE_ATTRIBUTES: Schema = &[
+    (1, "namespace", F::Str),
+    (2, "verb", F::Str),
+    (3, "group", F::Str),
+    (4, "version", F::Str),
+    (5, "resource", F::Str),
+    (6, "subresource", F::Str),
+    (7, "name", F::Str),
+];
+
+const NON_RESOURCE_ATTRIBUTES: Schema = &[(1, "path", F::Str), (2, "verb", F::Str)];
+
+const SELF_SUBJECT_ACCESS_REVIEW: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[
+            (1, "resourceAttributes", F::Msg(RESOURCE_ATTRIBUTES)),
+            (2, "nonResourceAttributes", F::Msg(NON_RESOURCE_ATTRIBUTES)),
+        ]),
+    ),
+];
+
+const SUBJECT_ACCESS_REVIEW: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[
+            (1, "resourceAttributes", F::Msg(RESOURCE_ATTRIBUTES)),
+            (2, "nonResourceAttributes", F::Msg(NON_RESOURCE_ATTRIBUTES)),
+            (3, "user", F::Str),
+            (4, "groups", F::RepStr),
+            (6, "uid", F::Str),
+        ]),
+    ),
+];
+
+const SELF_SUBJECT_RULES_REVIEW: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (2, "spec", F::Msg(&[(1, "namespace", F::Str)])),
+];
+
+const TOKEN_REVIEW: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[(1, "token", F::Str), (2, "audiences", F::RepStr)]),
+    ),
+];
+
+const SELF_SUBJECT_REVIEW: Schema = &[(1, "metadata", F::Msg(OBJECT_META))];
+
+const LABEL_SELECTOR: Schema = &[
+    (1, "matchLabels", F::MapStr),
+    (
+        2,
+        "matchExpressions",
+        F::RepMsg(&[
+            (1, "key", F::Str),
+            (2, "operator", F::Str),
+            (3, "values", F::RepStr),
+        ]),
+    ),
+];
+
+const SERVICE_PORT: Schema = &[
+    (1, "name", F::Str),
+    (2, "protocol", F::Str),
+    (3, "port", F::Int),
+    (4, "targetPort", F::IntOrStr),
+    (5, "nodePort", F::Int),
+    (6, "appProtocol", F::Str),
+];
+
+const SERVICE: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[
+            (1, "ports", F::RepMsg(SERVICE_PORT)),
+            (2, "selector", F::MapStr),
+            (3, "clusterIP", F::Str),
+            (4, "type", F::Str),
+            (5, "externalIPs", F::RepStr),
+            (7, "sessionAffinity", F::Str),
+            (10, "externalName", F::Str),
+        ]),
+    ),
+];
+
+const CONTAINER: Schema = &[
+    (1, "name", F::Str),
+    (2, "image", F::Str),
+    (3, "command", F::RepStr),
+    (4, "args", F::RepStr),
+    (5, "workingDir", F::Str),
+    (
+        6,
+        "ports",
+        F::RepMsg(&[
+            (1, "name", F::Str),
+            (2, "hostPort", F::Int),
+            (3, "containerPort", F::Int),
+            (4, "protocol", F::Str),
+        ]),
+    ),
+    (
+        7,
+        "env",
+        F::RepMsg(&[(1, "name", F::Str), (2, "value", F::Str)]),
+    ),
+    (14, "imagePullPolicy", F::Str),
+];
+
+const POD_TEMPLATE: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[
+            (2, "containers", F::RepMsg(CONTAINER)),
+            (3, "restartPolicy", F::Str),
+            (7, "nodeSelector", F::MapStr),
+            (8, "serviceAccountName", F::Str),
+        ]),
+    ),
+];
+
+const DEPLOYMENT: Schema = &[
+    (1, "metadata", F::Msg(OBJECT_META)),
+    (
+        2,
+        "spec",
+        F::Msg(&[
+            (1, "replicas", F::Int),
+            (2, "selector", F::Msg(LABEL_SELECTOR)),
+            (3, "template", F::Msg(POD_TEMPLATE)),
+            (4, "strategy", F::Msg(&[(1, "type", F::Str)])),
+            (5, "minReadySeconds", F::Int),
+            (6, "revisionHistoryLimit", F::Int),
+            (7, "paused", F::Bool),
+            (9, "progressDeadlineSeconds", F::Int),
+        ]),
+    ),
+];
+
 fn schema_for(api_version: &str, kind: &str) -> Option<Schema> {
     Some(match (api_version, kind) {
         ("v1", "Namespace") => NAMESPACE,
         ("v1", "ConfigMap") => CONFIG_MAP,
         ("v1", "Secret") => SECRET,
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
+        ("v1", "Service") => SERVICE,
+        ("apps/v1", "Deployment") => DEPLOYMENT,
         ("rbac.authorization.k8s.io/v1", "Role" | "ClusterRole") => ROLE,
         ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => ROLE_BINDING,
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => SELF_SUBJECT_ACCESS_REVIEW,
+        ("authorization.k8s.io/v1", "SubjectAccessReview" | "LocalSubjectAccessReview") => {
+            SUBJECT_ACCESS_REVIEW
+        }
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => SELF_SUBJECT_RULES_REVIEW,
+        ("authentication.k8s.io/v1", "TokenReview") => TOKEN_REVIEW,
+        ("authentication.k8s.io/v1", "SelfSubjectReview") => SELF_SUBJECT_REVIEW,
         _ => return None,
     })
 }
@@ -197,6 +358,20 @@ fn map_entry(b: &[u8], bytes_value: bool) -> Option<(String, Value)> {
     Some((k, v))
 }
 
+fn int_or_string(b: &[u8]) -> Option<Value> {
+    let mut r = Reader { buf: b, pos: 0 };
+    let (mut is_string, mut int, mut string) = (false, 0i64, String::new());
+    while let Some((num, wire)) = r.key() {
+        match (num, wire) {
+            (1, 0) => is_string = r.varint()? == 1,
+            (2, 0) => int = r.varint()? as i64,
+            (3, 2) => string = String::from_utf8_lossy(r.bytes()?).into_owned(),
+            (_, w) => r.skip(w)?,
+        }
+    }
+    Some(if is_string { json!(string) } else { json!(int) })
+}
+
 fn time(b: &[u8]) -> Option<Value> {
     let mut r = Reader { buf: b, pos: 0 };
     let mut secs = 0i64;
@@ -221,7 +396,11 @@ fn message(b: &[u8], schema: Schema) -> Option<Value> {
         let name = name.to_string();
         match (*kind, wire) {
             (F::Str, 2) => {
-                out.insert(name, string(r.bytes()?));
+                // Go's JSON leaves empty strings out (omitempty); protobuf sends them.
+                let v = r.bytes()?;
+                if !v.is_empty() {
+                    out.insert(name, string(v));
+                }
             }
             (F::Int, 0) => {
                 out.insert(name, json!(r.varint()? as i64));
@@ -244,6 +423,9 @@ fn message(b: &[u8], schema: Schema) -> Option<Value> {
             (F::RepMsg(s), 2) => {
                 let v = message(r.bytes()?, s)?;
                 push(&mut out, name, v);
+            }
+            (F::IntOrStr, 2) => {
+                out.insert(name, int_or_string(r.bytes()?)?);
             }
             (F::MapStr | F::MapBytes, 2) => {
                 let (k, v) = map_entry(r.bytes()?, matches!(kind, F::MapBytes))?;
@@ -335,5 +517,23 @@ mod tests {
                    "metadata": {"name": "cm1", "labels": {"app": "x"}}, "data": {"k": "v"}})
         );
         assert!(decode(b"{}").is_err());
+    }
+
+    proptest::proptest! {
+        /// Bodies come from clients: no input may panic the decoder.
+        #[test]
+        fn arbitrary_bodies_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let mut body = b"k8s\x00".to_vec();
+            body.extend_from_slice(&bytes);
+            let _ = decode(&body);
+            // Also with a valid envelope around arbitrary object bytes.
+            let type_meta = [field(1, b"v1"), field(2, b"ConfigMap")].concat();
+            let mut framed = b"k8s\x00".to_vec();
+            framed.extend(field(1, &type_meta));
+            framed.push(0x12);
+            framed.push(bytes.len().min(127) as u8);
+            framed.extend_from_slice(&bytes[..bytes.len().min(127)]);
+            let _ = decode(&framed);
+        }
     }
 }

@@ -8,7 +8,7 @@ use super::seams;
 use super::State;
 use crate::error::{qualified, ApiError, Cause, Details};
 use crate::registry::{GroupResource, ResourceInfo};
-use crate::store::{meta_str, object_rv, Mutation, Written};
+use crate::store::{meta_str, Mutation, Written};
 use crate::types::UserInfo;
 use base64::Engine;
 use bytes::Bytes;
@@ -27,6 +27,8 @@ pub struct ReqCtx {
     pub query: HashMap<String, String>,
     pub output: Output,
     pub user: UserInfo,
+    /// The authorized request attributes (admission needs them).
+    pub attrs: crate::types::RequestAttributes,
     pub headers: HeaderMap,
 }
 
@@ -47,6 +49,12 @@ impl ReqCtx {
         self.query.get("dryRun").is_some_and(|v| v == "All")
     }
 
+    /// `includeObject` of Table requests (kube's default: metadata only).
+    pub fn include_object(&self) -> crate::table::IncludeObject {
+        crate::table::IncludeObject::parse(self.q("includeObject").unwrap_or(""))
+            .unwrap_or_default()
+    }
+
     pub fn q(&self, key: &str) -> Option<&str> {
         self.query.get(key).map(String::as_str)
     }
@@ -58,6 +66,19 @@ impl ReqCtx {
         } else {
             ""
         }
+    }
+
+    /// `fieldManager`, or the program name of the User-Agent, as kube defaults it.
+    pub fn field_manager(&self) -> String {
+        if let Some(m) = self.q("fieldManager").filter(|m| !m.is_empty()) {
+            return m.to_string();
+        }
+        let ua = self
+            .headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        crate::patch::manager_from_user_agent(ua)
     }
 
     pub fn warnings(&self) -> Vec<String> {
@@ -81,9 +102,18 @@ fn respond(ctx: &ReqCtx, status: u16, obj: &Value, extra_warnings: &[String]) ->
             &ctx.info,
             &ctx.version,
             &[Arc::new(obj.clone())],
-            Some(object_rv(obj)),
+            json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
+            ctx.include_object(),
         ),
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => output::partial(obj),
+        _ if obj.get("apiVersion").and_then(Value::as_str) == Some(&ctx.api_version()) => {
+            // Already in the requested version: serialize the stored object as is.
+            let mut resp = h::object_response(status, obj, ctx.output);
+            let mut warnings = ctx.warnings();
+            warnings.extend_from_slice(extra_warnings);
+            h::add_warnings(&mut resp, &warnings);
+            return resp;
+        }
         _ => output::convert(obj, &ctx.api_version()),
     };
     let mut resp = h::object_response(status, &body, ctx.output);
@@ -135,7 +165,7 @@ pub struct Selectors {
 
 impl Selectors {
     pub fn parse(ctx: &ReqCtx) -> Result<Self, ApiError> {
-        let label = seams::LabelSelector::parse(ctx.q("labelSelector").unwrap_or(""))
+        let label = seams::parse_label_selector(ctx.q("labelSelector").unwrap_or(""))
             .map_err(ApiError::bad_request)?;
         let mut fields = Vec::new();
         for req in seams::parse_field_selector(ctx.q("fieldSelector").unwrap_or(""))
@@ -273,9 +303,9 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
     }
     let key_of = |o: &Value| -> String {
         if ns.is_some() || !ctx.info.namespaced {
-            format!("{}\u{0}", meta_str(o, "name"))
+            meta_str(o, "name").to_string()
         } else {
-            format!("{}/{}\u{0}", meta_str(o, "namespace"), meta_str(o, "name"))
+            format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name"))
         }
     };
     let limit: usize = ctx
@@ -288,7 +318,7 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
     let mut iter = all
         .iter()
         .filter(|o| match &start_key {
-            // Keys end in NUL, so ">=" on the next key means "after the last one".
+            // The token's start is the last key plus NUL: the first key after it.
             Some(start) => key_of(o).as_str() >= start.as_str(),
             None => true,
         })
@@ -303,23 +333,46 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
         let rest = iter.count();
         if rest > 0 {
             if let Some(last) = items.last() {
-                cont = encode_continue(rv, &key_of(last));
+                cont = encode_continue(rv, &format!("{}\u{0}", key_of(last)));
             }
             if selectors.is_empty() {
                 remaining = Some(rest);
             }
         }
     }
-    let meta = output::list_metadata(rv, &cont, remaining);
+    let mut meta = output::list_metadata(rv, &cont, remaining);
+    // Typed (built-in) lists omit an empty continue; unstructured CR lists send "".
+    if cont.is_empty() && !ctx.info.is_crd() {
+        if let Some(m) = meta.as_object_mut() {
+            m.remove("continue");
+        }
+    }
     let mut resp = match ctx.output {
         Output::Table => {
-            let mut t = output::table(&ctx.info, &ctx.version, &items, Some(rv));
+            let mut tm = serde_json::Map::new();
             if !cont.is_empty() {
-                t["metadata"]["continue"] = json!(cont);
+                tm.insert("continue".into(), json!(cont));
             }
+            if let Some(r) = remaining {
+                tm.insert("remainingItemCount".into(), json!(r));
+            }
+            tm.insert("resourceVersion".into(), json!(rv.to_string()));
+            let t = output::table(
+                &ctx.info,
+                &ctx.version,
+                &items,
+                Value::Object(tm),
+                ctx.include_object(),
+            );
             h::json_response(200, &t)
         }
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
+            let mut meta = meta;
+            if cont.is_empty() {
+                if let Some(m) = meta.as_object_mut() {
+                    m.remove("continue");
+                }
+            }
             h::json_response(200, &output::partial_list(&items, meta))
         }
         Output::Yaml => h::object_response(
@@ -521,16 +574,27 @@ pub fn prepare_create(
             m.remove("status");
         }
     }
-    seams::defaults_on_create(info, &mut obj);
+    // kube's order: scheme defaults, field manager, then the strategy's own
+    // changes (which managedFields therefore do not claim).
+    seams::scheme_defaults(info, &mut obj);
     let warnings = seams::validate(ctx, &mut obj, None)?;
     seams::managed_fields_update(ctx, None, &mut obj, "");
+    seams::prepare_for_create(info, &mut obj);
     let _ = state;
     Ok((obj, warnings))
 }
 
 pub fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Option<&str>) -> Resp {
     let obj = decode(ctx, body)?;
-    let (obj, warnings) = prepare_create(state, ctx, obj, url_name)?;
+    let (obj, mut warnings) = prepare_create(state, ctx, obj, url_name)?;
+    let adm = state.policy.admission(&state.store);
+    warnings.extend(seams::admit(
+        adm.as_deref(),
+        ctx,
+        "CREATE",
+        Some(&obj),
+        None,
+    )?);
     let name = meta_str(&obj, "name").to_string();
     check_namespace(state, ctx, &name)?;
     let written = insert_new(state, ctx, obj)?;
@@ -567,6 +631,7 @@ fn commit_update(
     mut new: Value,
     subresource: &str,
     require_rv: bool,
+    adm: Option<&crate::admission::AdmissionSnapshot>,
 ) -> Result<(Mutation, Vec<String>), ApiError> {
     let info = &ctx.info;
     let body_rv = meta_str(&new, "resourceVersion").to_string();
@@ -596,14 +661,20 @@ fn commit_update(
     }
     match subresource {
         "status" => {
-            // Only status changes through /status.
+            // Only status changes through /status. The request's metadata stays
+            // until managedFields are computed (kube credits label edits sent to
+            // /status to the status manager although it drops them).
             let status = new.get("status").cloned();
+            let request_meta = new.get("metadata").cloned();
             let mut merged = (**current).clone();
             if let Some(m) = merged.as_object_mut() {
                 match status {
                     Some(s) => m.insert("status".into(), s),
                     None => m.remove("status"),
                 };
+                if let Some(meta) = request_meta {
+                    m.insert("metadata".into(), meta);
+                }
             }
             new = merged;
         }
@@ -619,10 +690,26 @@ fn commit_update(
         _ => {}
     }
     o::prepare_update(info, current, &mut new)?;
-    let warnings = seams::validate(ctx, &mut new, Some(current))?;
+    seams::prepare_for_update(info, current, &mut new);
+    let mut warnings = seams::validate(ctx, &mut new, Some(current))?;
+    warnings.extend(seams::admit(adm, ctx, "UPDATE", Some(&new), Some(current))?);
     seams::managed_fields_update(ctx, Some(current), &mut new, subresource);
+    if subresource == "status" {
+        // Everything in metadata but the new ownership comes from the stored object.
+        let managed = new.pointer("/metadata/managedFields").cloned();
+        let mut meta = current
+            .get("metadata")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        if let (Some(mf), Some(m)) = (managed, meta.as_object_mut()) {
+            m.insert("managedFields".into(), mf);
+        }
+        if let Some(m) = new.as_object_mut() {
+            m.insert("metadata".into(), meta);
+        }
+    }
     if o::is_deleting(&new) && !o::has_finalizers(&new) {
-        return Ok((Mutation::Delete, warnings));
+        return Ok((Mutation::DeleteFinal(new), warnings));
     }
     if o::same_object(current, &new) {
         return Ok((Mutation::Unchanged(current.clone()), warnings));
@@ -632,10 +719,11 @@ fn commit_update(
 
 pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut obj = decode(ctx, body)?;
-    check_type(ctx, &mut obj, &ctx.info.kind, &ctx.api_version())?;
     if ctx.subresource == "scale" {
+        check_type(ctx, &mut obj, "Scale", "autoscaling/v1")?;
         return update_scale(state, ctx, ScaleChange::Replace(obj));
     }
+    check_type(ctx, &mut obj, &ctx.info.kind, &ctx.api_version())?;
     if !matches!(ctx.subresource.as_str(), "" | "status" | "finalize") {
         return Err(ApiError::resource_not_found());
     }
@@ -657,16 +745,18 @@ pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     }
     let mut warnings = Vec::new();
     let sub = ctx.subresource.clone();
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let (m, w) = commit_update(ctx, cur, obj, &sub, true)?;
-            warnings = w;
-            Ok(m)
-        })?;
+    let adm = state.policy.admission(&state.store);
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let (m, w) = commit_update(ctx, cur, obj.clone(), &sub, true, adm.as_deref())?;
+                warnings = w;
+                Ok(m)
+            })?;
     super::hooks::after_write(state, ctx, &written);
     Ok(respond(ctx, 200, &written.object, &warnings))
 }
@@ -699,10 +789,16 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         && state.store.get(&ctx.gr(), ctx.ns(), &ctx.name).is_none()
         && ctx.subresource.is_empty()
     {
-        let applied = h::decode_yaml(body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-        let (mut obj, warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
-        seams::managed_fields_apply_create(ctx, &mut obj);
+        let applied = seams::server_side_apply(ctx, None, body)?;
+        let (obj, mut warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
+        let adm = state.policy.admission(&state.store);
+        warnings.extend(seams::admit(
+            adm.as_deref(),
+            ctx,
+            "CREATE",
+            Some(&obj),
+            None,
+        )?);
         check_namespace(state, ctx, &ctx.name)?;
         match insert_new(state, ctx, obj) {
             Ok(written) => {
@@ -716,28 +812,30 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     }
     let mut warnings = Vec::new();
     let sub = ctx.subresource.clone();
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let as_requested = output::convert(cur, &ctx.api_version());
-            let patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
-            let mut patched = patched;
-            // A patch that does not mention resourceVersion is unconditional.
-            if meta_str(&patched, "resourceVersion").is_empty() {
-                if let Some(m) = metadata_mut(&mut patched) {
-                    m.insert(
-                        "resourceVersion".into(),
-                        json!(meta_str(cur, "resourceVersion")),
-                    );
+    let adm = state.policy.admission(&state.store);
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let as_requested = output::convert(cur, &ctx.api_version());
+                let patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
+                let mut patched = patched;
+                // A patch that does not mention resourceVersion is unconditional.
+                if meta_str(&patched, "resourceVersion").is_empty() {
+                    if let Some(m) = metadata_mut(&mut patched) {
+                        m.insert(
+                            "resourceVersion".into(),
+                            json!(meta_str(cur, "resourceVersion")),
+                        );
+                    }
                 }
-            }
-            let (m, w) = commit_update(ctx, cur, patched, &sub, false)?;
-            warnings = w;
-            Ok(m)
-        })?;
+                let (m, w) = commit_update(ctx, cur, patched, &sub, false, adm.as_deref())?;
+                warnings = w;
+                Ok(m)
+            })?;
     super::hooks::after_write(state, ctx, &written);
     Ok(respond(ctx, 200, &written.object, &warnings))
 }
@@ -797,37 +895,39 @@ fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
     let Some(spec) = ctx.info.scale.clone() else {
         return Err(ApiError::resource_not_found());
     };
-    let written = state
-        .store
-        .mutate(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-            let Some(cur) = cur else {
-                return Err(ctx.not_found());
-            };
-            let scale = scale_of(ctx, cur)?;
-            let new_scale = match &change {
-                ScaleChange::Replace(v) => {
-                    let rv = meta_str(v, "resourceVersion");
-                    if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
-                        return Err(ApiError::conflict_modified(
-                            &ctx.info.group,
-                            &ctx.info.resource,
-                            &ctx.name,
-                        ));
+    let adm = state.policy.admission(&state.store);
+    let written =
+        state
+            .store
+            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let scale = scale_of(ctx, cur)?;
+                let new_scale = match &change {
+                    ScaleChange::Replace(v) => {
+                        let rv = meta_str(v, "resourceVersion");
+                        if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
+                            return Err(ApiError::conflict_modified(
+                                &ctx.info.group,
+                                &ctx.info.resource,
+                                &ctx.name,
+                            ));
+                        }
+                        v.clone()
                     }
-                    v.clone()
-                }
-                ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
-            };
-            let replicas = new_scale
-                .get("spec")
-                .and_then(|s| s.get("replicas"))
-                .cloned()
-                .unwrap_or(json!(0));
-            let mut new = (**cur).clone();
-            o::set_path(&mut new, &spec.spec_replicas_path, replicas);
-            let (m, _) = commit_update(ctx, cur, new, "scale", false)?;
-            Ok(m)
-        })?;
+                    ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
+                };
+                let replicas = new_scale
+                    .get("spec")
+                    .and_then(|s| s.get("replicas"))
+                    .cloned()
+                    .unwrap_or(json!(0));
+                let mut new = (**cur).clone();
+                o::set_path(&mut new, &spec.spec_replicas_path, replicas);
+                let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
+                Ok(m)
+            })?;
     Ok(h::json_response(200, &scale_of(ctx, &written.object)?))
 }
 
@@ -874,12 +974,30 @@ pub fn delete_one(
     opts: &DeleteOptions,
 ) -> Result<Written, ApiError> {
     let info = &ctx.info;
+    // kube's namespace lifecycle admission protects the system namespaces.
+    if info.group.is_empty()
+        && info.resource == "namespaces"
+        && matches!(name, "default" | "kube-system" | "kube-public")
+    {
+        return Err(ApiError::new(
+            403,
+            "Forbidden",
+            format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted"),
+        )
+        .with_details(Details {
+            name,
+            kind: "namespaces",
+            ..Default::default()
+        }));
+    }
+    let adm = state.policy.admission(&state.store);
     state
         .store
-        .mutate(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
+        .mutate_optimistic(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found(&info.group, &info.resource, name));
             };
+            seams::admit(adm.as_deref(), ctx, "DELETE", None, Some(cur))?;
             let precondition = |what: &str, want: &str, have: &str, tail: &str| {
                 ApiError::new(
                     409,
@@ -998,7 +1116,8 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
     } else {
         None
     };
-    let (items, _) = state.store.list(&ctx.gr(), ns);
+    // The answer carries the resourceVersion of the list the deletions started from.
+    let (items, rv) = state.store.list(&ctx.gr(), ns);
     let mut out = Vec::new();
     for obj in items.iter().filter(|o| selectors.matches(o)) {
         let name = meta_str(obj, "name").to_string();
@@ -1011,6 +1130,7 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
             query: ctx.query.clone(),
             output: ctx.output,
             user: ctx.user.clone(),
+            attrs: ctx.attrs.clone(),
             headers: ctx.headers.clone(),
         };
         match delete_one(state, &sub, &name, &opts) {
@@ -1022,7 +1142,6 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
             Err(e) => return Err(e),
         }
     }
-    let rv = state.store.current_rv();
     let body = output::list_value(
         &ctx.api_version(),
         &ctx.info.list_kind,

@@ -8,168 +8,26 @@ use super::rest::ReqCtx;
 use crate::error::{ApiError, Cause};
 use crate::registry::ResourceInfo;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 
 // ---------- selectors ----------
 
-#[derive(Clone, Debug, PartialEq)]
-enum Req {
-    Eq(String, String),
-    NotEq(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    NotExists(String),
-}
+/// Label selectors: the one parser shared with the proxy.
+pub use crproxy_core::selector::LabelSelector;
 
-/// A label selector (stand-in until `crproxy_core::selector` is merged).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LabelSelector {
-    reqs: Vec<Req>,
-}
-
-fn split_top(s: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut depth = 0;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
-fn valid_value(v: &str) -> bool {
-    v.len() <= 63
-        && v.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-}
-
-fn valid_key(k: &str) -> bool {
-    !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' || c == '/')
-}
-
-impl LabelSelector {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let mut reqs = Vec::new();
-        if s.trim().is_empty() {
-            return Ok(LabelSelector { reqs });
-        }
-        for part in split_top(s) {
-            let part = part.trim();
-            if part.is_empty() {
-                return Err(format!("found '', expected: identifier in '{s}'"));
-            }
-            let req = if let Some(k) = part.strip_prefix('!') {
-                Req::NotExists(k.trim().to_string())
-            } else if let Some((k, v)) = part.split_once("!=") {
-                Req::NotEq(k.trim().to_string(), v.trim().to_string())
-            } else if let Some((k, v)) = part.split_once("==") {
-                Req::Eq(k.trim().to_string(), v.trim().to_string())
-            } else if let Some((k, v)) = part.split_once('=') {
-                Req::Eq(k.trim().to_string(), v.trim().to_string())
-            } else if let Some((k, rest)) = part.split_once(" notin ") {
-                Req::NotIn(k.trim().to_string(), set(rest)?)
-            } else if let Some((k, rest)) = part.split_once(" in ") {
-                Req::In(k.trim().to_string(), set(rest)?)
-            } else {
-                Req::Exists(part.to_string())
-            };
-            let (key, values): (&str, Vec<&str>) = match &req {
-                Req::Eq(k, v) | Req::NotEq(k, v) => (k, vec![v.as_str()]),
-                Req::In(k, vs) | Req::NotIn(k, vs) => (k, vs.iter().map(String::as_str).collect()),
-                Req::Exists(k) | Req::NotExists(k) => (k, vec![]),
-            };
-            if !valid_key(key) {
-                return Err(format!(
-                    "unable to parse requirement: invalid label key {key:?}"
-                ));
-            }
-            if let Some(bad) = values.iter().find(|v| !valid_value(v)) {
-                let word = bad.split_whitespace().nth(1).unwrap_or(bad);
-                return Err(format!("found '{word}', expected: ',' or 'end of string'"));
-            }
-            reqs.push(req);
-        }
-        Ok(LabelSelector { reqs })
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.reqs.is_empty()
-    }
-
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.reqs.iter().all(|r| match r {
-            Req::Eq(k, v) => labels.get(k) == Some(v),
-            Req::NotEq(k, v) => labels.get(k) != Some(v),
-            Req::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
-            Req::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
-            Req::Exists(k) => labels.contains_key(k),
-            Req::NotExists(k) => !labels.contains_key(k),
-        })
-    }
-
-    pub fn matches_json(&self, labels: Option<&Value>) -> bool {
-        if self.reqs.is_empty() {
-            return true;
-        }
-        let map: BTreeMap<String, String> = labels
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
-        self.matches(&map)
-    }
-}
-
-fn set(rest: &str) -> Result<Vec<String>, String> {
-    let rest = rest.trim();
-    let inner = rest
-        .strip_prefix('(')
-        .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| "unable to parse requirement: found '', expected: ',' or ')'".to_string())?;
-    Ok(inner
-        .split(',')
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect())
+/// Parses a label selector into kube's 400 message on error.
+pub fn parse_label_selector(s: &str) -> Result<LabelSelector, String> {
+    LabelSelector::parse(s).map_err(|e| e.message().to_string())
 }
 
 /// Field selector terms `(field, equal?, value)`.
 pub fn parse_field_selector(s: &str) -> Result<Vec<(String, bool, String)>, String> {
-    let mut out = Vec::new();
-    if s.trim().is_empty() {
-        return Ok(out);
-    }
-    for part in s.split(',') {
-        let part = part.trim();
-        let (f, eq, v) = if let Some((f, v)) = part.split_once("!=") {
-            (f, false, v)
-        } else if let Some((f, v)) = part.split_once("==") {
-            (f, true, v)
-        } else if let Some((f, v)) = part.split_once('=') {
-            (f, true, v)
-        } else {
-            return Err(format!(
-                "invalid selector: '{s}'; can't understand '{part}'"
-            ));
-        };
-        out.push((f.trim().to_string(), eq, v.trim().to_string()));
-    }
-    Ok(out)
+    let sel =
+        crproxy_core::selector::FieldSelector::parse(s).map_err(|e| e.message().to_string())?;
+    Ok(sel
+        .requirements()
+        .iter()
+        .map(|r| (r.field.clone(), !r.negated, r.value.clone()))
+        .collect())
 }
 
 // ---------- patches ----------
@@ -199,47 +57,101 @@ impl PatchKind {
     }
 }
 
-fn rejected() -> ApiError {
-    ApiError::new(
-        422,
-        "Invalid",
-        "the server rejected our request due to an error in our request",
-    )
-    .with_empty_details()
+fn patch_error(e: crate::patch::PatchError) -> ApiError {
+    ApiError::from_status(&e.status())
 }
 
-/// Applies a patch body to the current object.
+fn decode_patch(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
+}
+
+/// The applied configuration of a server-side apply, minus what the endpoint may
+/// not change (status through the main resource; everything but status through
+/// `/status`), as kube's strategies reset it before tracking ownership.
+pub fn applied_config(ctx: &ReqCtx, body: &[u8]) -> Result<Value, ApiError> {
+    let mut applied = h::decode_yaml(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    if let Some(m) = applied.as_object_mut() {
+        match ctx.subresource.as_str() {
+            "status" => {
+                m.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status"))
+            }
+            _ if ctx.info.status_subresource => {
+                m.remove("status");
+            }
+            _ => {}
+        }
+    }
+    Ok(applied)
+}
+
+fn schema_of(ctx: &ReqCtx) -> Option<std::sync::Arc<crate::schema::StructuralSchema>> {
+    ctx.info
+        .version(&ctx.version)
+        .and_then(|v| v.structural.clone())
+}
+
+fn subresource(ctx: &ReqCtx) -> Option<&str> {
+    (!ctx.subresource.is_empty()).then_some(ctx.subresource.as_str())
+}
+
+/// Server-side apply of `body` onto `live` (None: create).
+pub fn server_side_apply(
+    ctx: &ReqCtx,
+    live: Option<&Value>,
+    body: &[u8],
+) -> Result<Value, ApiError> {
+    let applied = applied_config(ctx, body)?;
+    let schema = schema_of(ctx);
+    let manager = ctx.field_manager();
+    let api_version = ctx.api_version();
+    let now = super::objects::now();
+    let opts = crate::patch::ApplyOptions {
+        manager: &manager,
+        force: ctx.q("force").is_some_and(|f| f == "true"),
+        api_version: &api_version,
+        subresource: subresource(ctx),
+        now: &now,
+        schema: schema.as_deref(),
+    };
+    crate::patch::apply_with(live, &applied, &opts).map_err(|e| match e {
+        crate::patch::ApplyError::Conflicts(c) => {
+            ApiError::from_status(&crate::patch::apply_conflict_status(&c))
+        }
+        crate::patch::ApplyError::NotAnObject => {
+            ApiError::bad_request("the applied configuration must be an object")
+        }
+    })
+}
+
+/// Applies a patch body to the current object (in the requested version).
 pub fn apply_patch(
-    _ctx: &ReqCtx,
+    ctx: &ReqCtx,
     kind: PatchKind,
     current: &Value,
     body: &[u8],
 ) -> Result<Value, ApiError> {
     let mut doc = current.clone();
     match kind {
-        PatchKind::Merge | PatchKind::Strategic => {
-            let patch: Value = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::merge(&mut doc, &patch);
+        PatchKind::Merge => crate::patch::merge_patch(&mut doc, &decode_patch(body)?),
+        PatchKind::Strategic => {
+            crate::patch::strategic_merge_patch(&mut doc, &decode_patch(body)?, &ctx.info.kind)
+                .map_err(patch_error)?
         }
         PatchKind::Json => {
-            let patch: json_patch::Patch = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::patch(&mut doc, &patch).map_err(|_| rejected())?;
+            crate::patch::json_patch(&mut doc, &decode_patch(body)?).map_err(patch_error)?
         }
-        PatchKind::Apply => {
-            let applied = h::decode_yaml(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-            json_patch::merge(&mut doc, &applied);
-        }
+        PatchKind::Apply => return server_side_apply(ctx, Some(current), body),
     }
     Ok(doc)
 }
 
 // ---------- defaults, validation, managedFields ----------
 
-/// Server-side defaults that kube's built-in strategies set on create.
-pub fn defaults_on_create(info: &ResourceInfo, obj: &mut Value) {
+/// Defaults kube's scheme applies while decoding (before managedFields are
+/// computed, so the writer owns them).
+pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
     let Some(m) = obj.as_object_mut() else { return };
     match (info.group.as_str(), info.resource.as_str()) {
         ("", "namespaces") => {
@@ -254,16 +166,139 @@ pub fn defaults_on_create(info: &ResourceInfo, obj: &mut Value) {
                     l.insert("kubernetes.io/metadata.name".into(), name);
                 }
             }
+        }
+        ("", "secrets")
+            if m.get("type")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty) =>
+        {
+            m.insert("type".into(), json!("Opaque"));
+        }
+        ("", "services") => {
+            let spec = m.entry("spec").or_insert_with(|| json!({}));
+            if let Some(spec) = spec.as_object_mut() {
+                spec.entry("type").or_insert_with(|| json!("ClusterIP"));
+                if spec.get("type") != Some(&json!("ExternalName")) {
+                    spec.entry("sessionAffinity")
+                        .or_insert_with(|| json!("None"));
+                    spec.entry("internalTrafficPolicy")
+                        .or_insert_with(|| json!("Cluster"));
+                }
+                if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+                    for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+                        p.entry("protocol").or_insert_with(|| json!("TCP"));
+                        if let Some(port) = p.get("port").cloned() {
+                            p.entry("targetPort").or_insert(port);
+                        }
+                    }
+                }
+            }
+        }
+        ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            if let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.entry("conversion")
+                    .or_insert_with(|| json!({"strategy": "None"}));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What kube's registry strategies set on create (not owned by the writer).
+pub fn prepare_for_create(info: &ResourceInfo, obj: &mut Value) {
+    let Some(m) = obj.as_object_mut() else { return };
+    match (info.group.as_str(), info.resource.as_str()) {
+        ("", "namespaces") => {
             m.insert("spec".into(), json!({"finalizers": ["kubernetes"]}));
             m.insert("status".into(), json!({"phase": "Active"}));
-        }
-        ("", "secrets") => {
-            m.entry("type").or_insert_with(|| json!("Opaque"));
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             crate::crd::defaults_on_create(obj);
         }
+        ("", "services") => allocate_cluster_ip(m),
         _ => {}
+    }
+}
+
+/// What kube's update strategies keep from the stored object (a Service keeps
+/// its allocated cluster IPs when an update leaves them out).
+pub fn prepare_for_update(info: &ResourceInfo, current: &Value, new: &mut Value) {
+    if info.group == "apiextensions.k8s.io" && info.resource == "customresourcedefinitions" {
+        record_stored_version(new);
+        return;
+    }
+    if !(info.group.is_empty() && info.resource == "services") {
+        return;
+    }
+    let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for key in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
+        if spec.get(key).is_none() {
+            if let Some(v) = current.get("spec").and_then(|s| s.get(key)) {
+                spec.insert(key.into(), v.clone());
+            }
+        }
+    }
+}
+
+/// A CRD's `status.storedVersions` gains its (new) storage version, as kube's
+/// strategy records every version objects may have been stored in.
+fn record_stored_version(crd: &mut Value) {
+    let storage = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .and_then(|vs| {
+            vs.iter()
+                .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        })
+        .and_then(|v| v.get("name"))
+        .cloned();
+    let (Some(storage), Some(m)) = (storage, crd.as_object_mut()) else {
+        return;
+    };
+    let status = m.entry("status").or_insert_with(|| json!({}));
+    let Some(status) = status.as_object_mut() else {
+        return;
+    };
+    let stored = status.entry("storedVersions").or_insert_with(|| json!([]));
+    if let Some(a) = stored.as_array_mut() {
+        if !a.contains(&storage) {
+            a.push(storage);
+        }
+    }
+}
+
+/// Gives a Service a cluster IP from 10.96.0.0/16 (derived from its uid: unique
+/// enough for a development cluster, which routes nothing to it), as kube's
+/// allocator does for every type but ExternalName.
+fn allocate_cluster_ip(m: &mut serde_json::Map<String, Value>) {
+    let uid = m
+        .get("metadata")
+        .and_then(|x| x.get("uid"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if spec.get("type") == Some(&json!("ExternalName")) {
+        return;
+    }
+    let ip = match spec.get("clusterIP").and_then(Value::as_str) {
+        Some(ip) if !ip.is_empty() => ip.to_string(),
+        _ => {
+            let h = uid
+                .bytes()
+                .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+            format!("10.96.{}.{}", (h >> 8) & 0xff, (h & 0xff).max(1))
+        }
+    };
+    spec.insert("clusterIP".into(), json!(ip));
+    spec.insert("clusterIPs".into(), json!([ip]));
+    if ip != "None" {
+        spec.insert("ipFamilies".into(), json!(["IPv4"]));
+        spec.insert("ipFamilyPolicy".into(), json!("SingleStack"));
     }
 }
 
@@ -275,6 +310,34 @@ pub fn validate(
 ) -> Result<Vec<String>, ApiError> {
     let info = &ctx.info;
     let name = crate::store::meta_str(obj, "name").to_string();
+    let mut warnings = Vec::new();
+    if let Some(schema) = info
+        .version(&ctx.version)
+        .and_then(|v| v.structural.clone())
+    {
+        let unknown = schema.prune(obj);
+        if !unknown.is_empty() {
+            match ctx.q("fieldValidation").unwrap_or("Warn") {
+                "Strict" => {
+                    return Err(ApiError::from_status(
+                        &crate::schema::strict_decoding_error(&info.kind, &ctx.version, &unknown),
+                    ))
+                }
+                "Ignore" => {}
+                _ => warnings.extend(unknown.iter().map(|f| format!("unknown field {f:?}"))),
+            }
+        }
+        schema.apply_defaults(obj);
+        let causes = schema.validate(obj);
+        if !causes.is_empty() {
+            return Err(ApiError::from_status(&crate::schema::invalid_status(
+                &info.kind,
+                &info.group,
+                &name,
+                &causes,
+            )));
+        }
+    }
     let mut causes = Vec::new();
     match (info.group.as_str(), info.resource.as_str()) {
         ("coordination.k8s.io", "leases") => {
@@ -300,39 +363,68 @@ pub fn validate(
     if !causes.is_empty() {
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
-    Ok(Vec::new())
+    Ok(warnings)
 }
 
-/// Records the writer in managedFields for an Update operation (stand-in: keeps
-/// whatever the object had).
-pub fn managed_fields_update(_ctx: &ReqCtx, _old: Option<&Value>, _new: &mut Value, _sub: &str) {}
+/// Runs ValidatingAdmissionPolicies (when any exist) for a write. Returns their
+/// warnings, or the denial.
+pub fn admit(
+    snapshot: Option<&crate::admission::AdmissionSnapshot>,
+    ctx: &ReqCtx,
+    operation: &str,
+    object: Option<&Value>,
+    old: Option<&Value>,
+) -> Result<Vec<String>, ApiError> {
+    let Some(snapshot) = snapshot else {
+        return Ok(Vec::new());
+    };
+    let req = crate::admission::AdmissionRequest {
+        operation,
+        attrs: &ctx.attrs,
+        kind: (&ctx.info.group, &ctx.version, &ctx.info.kind),
+        object,
+        old_object: old,
+    };
+    crate::admission::validate(snapshot, &req).map_err(|s| ApiError::from_status(&s))
+}
 
-/// Records the applier in managedFields for an apply that creates the object.
-pub fn managed_fields_apply_create(_ctx: &ReqCtx, _obj: &mut Value) {}
+/// Records the writer in managedFields for an Update operation (apply requests
+/// have their ownership computed by the apply itself).
+pub fn managed_fields_update(ctx: &ReqCtx, old: Option<&Value>, new: &mut Value, sub: &str) {
+    if super::http::content_type(&ctx.headers) == "application/apply-patch+yaml" {
+        return;
+    }
+    let schema = schema_of(ctx);
+    let manager = ctx.field_manager();
+    let api_version = ctx.api_version();
+    let now = super::objects::now();
+    crate::patch::update_managed_fields_with(
+        old,
+        new,
+        &crate::patch::UpdateOptions {
+            manager: &manager,
+            operation: "Update",
+            api_version: &api_version,
+            subresource: (!sub.is_empty()).then_some(sub),
+            now: &now,
+            schema: schema.as_deref(),
+        },
+    );
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn label_selectors_match() {
-        let labels: BTreeMap<String, String> = [("app", "cron"), ("tier", "backend")]
-            .into_iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect();
-        let check = |sel: &str, want: bool| {
-            let s = LabelSelector::parse(sel).expect(sel);
-            assert_eq!(s.matches(&labels), want, "{sel}");
-        };
-        check("", true);
-        check("app=cron", true);
-        check("app==cron,tier!=frontend", true);
-        check("app in (cron,other),tier notin (frontend),!env", true);
-        check("app in (other)", false);
-        check("env", false);
-        check("!app", false);
-        assert!(LabelSelector::parse("app in (cron").is_err());
-        assert!(LabelSelector::parse("app=bad value!").is_err());
+    fn a_new_storage_version_is_recorded_once() {
+        let mut crd = json!({
+            "spec": {"versions": [{"name": "v1", "storage": false}, {"name": "v2", "storage": true}]},
+            "status": {"storedVersions": ["v1"]},
+        });
+        record_stored_version(&mut crd);
+        record_stored_version(&mut crd);
+        assert_eq!(crd["status"]["storedVersions"], json!(["v1", "v2"]));
     }
 
     #[test]

@@ -117,3 +117,26 @@ fn objects_and_resource_version_survive_reopen() {
     let (items, _) = store.list(&gr("things"), Some("ns"));
     assert_eq!(items.len(), 1);
 }
+
+#[test]
+fn optimistic_mutations_retry_when_someone_else_wrote_meanwhile() {
+    let store = Store::in_memory();
+    put(&store, "things", "ns", "a", 1);
+    let mut calls = 0;
+    let w = store
+        .mutate_optimistic::<()>(&gr("things"), "ns", "a", false, |cur| {
+            calls += 1;
+            let seen = cur.map(|c| c["v"].as_i64().unwrap_or(0)).unwrap_or(0);
+            if calls == 1 {
+                // A concurrent writer sneaks in between decide and commit.
+                put(&store, "things", "ns", "a", 10);
+            }
+            Ok(Mutation::Put(
+                json!({"metadata": {"name": "a"}, "v": seen + 1}),
+            ))
+        })
+        .expect("mutate");
+    assert_eq!(calls, 2, "the first decision was made on a stale object");
+    assert_eq!(w.object["v"], 11);
+    assert_eq!(store.get(&gr("things"), "ns", "a").expect("a")["v"], 11);
+}

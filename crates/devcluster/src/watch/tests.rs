@@ -37,6 +37,7 @@ fn spec(start: Start, bookmarks: bool, timeout_s: u64, app: Option<&'static str>
             None => true,
         }),
         render: Arc::new(|o: &Value| o.clone()),
+        render_is_identity: false,
     }
 }
 
@@ -206,4 +207,49 @@ async fn watch_list_ends_initial_events_with_an_annotated_bookmark() {
         stop,
     );
     assert_eq!(types(&collect(&mut plain, 5).await), vec!["ADDED", "ADDED"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_ends_when_its_client_goes_away() {
+    let store = Arc::new(Store::in_memory());
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let before = store.subscriber_count();
+    let rx = start(
+        store.clone(),
+        spec(Start::CurrentState, false, 1800, None),
+        stop,
+    );
+    tokio::task::yield_now().await;
+    drop(rx);
+    // The task notices without any event arriving and drops its subscription.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.subscriber_count(), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shared_serialization_sends_the_same_events() {
+    let store = Arc::new(Store::in_memory());
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let mut identity = spec(Start::CurrentState, false, 30, None);
+    identity.render_is_identity = true;
+    let mut shared = start(store.clone(), identity, stop.clone());
+    let mut rendered = start(
+        store.clone(),
+        spec(Start::CurrentState, false, 30, None),
+        stop,
+    );
+    tokio::task::yield_now().await;
+    let obj = json!({"apiVersion": "g/v1", "kind": "Thing", "metadata": {"name": "a", "namespace": "ns"}});
+    store
+        .mutate::<()>(&("g".into(), "things".into()), "ns", "a", false, |_| {
+            Ok(Mutation::Put(obj.clone()))
+        })
+        .expect("put");
+    let a = collect(&mut shared, 1).await;
+    let b = collect(&mut rendered, 1).await;
+    assert_eq!(a, b);
+    assert_eq!(types(&a), vec!["ADDED"]);
+    assert_eq!(a[0].1["metadata"]["name"], "a");
 }

@@ -1,0 +1,202 @@
+//! `crproxy run --config FILE` as an operator runs it: a separate process that
+//! registers itself, serves, and on SIGTERM stops cleanly and hands its lease back.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use tokio::time::Instant;
+
+use crproxy::devenv::{admin_client, condition_status, Link, LinkSpec, ProxiedResource};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let start = |name: &str| {
+        devcluster::start(devcluster::DevClusterConfig {
+            name: name.into(),
+            data_dir: None,
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+        })
+    };
+    let client = start("client").await?;
+    let target = start("target").await?;
+    let client_kubeconfig = dir.path().join("client.kubeconfig");
+    std::fs::write(&client_kubeconfig, client.admin_kubeconfig())?;
+    let link = Link::prepare(LinkSpec {
+        dir: dir.path().join("link"),
+        client_name: "client".into(),
+        client_kubeconfig,
+        target_name: "target".into(),
+        target: &target,
+        target_peers: vec![target.addr()],
+        resource: ProxiedResource::example(),
+        proxy_port: 0,
+        metrics_port: 0,
+        persistent: false,
+    })
+    .await?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .env("CRPROXY_LOG", "info,crproxy_proxy=debug")
+        .args(["run", "--config"])
+        .arg(&link.config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr_reader = drain(child.stderr.take());
+
+    let api = admin_client(&client)?;
+    let apiservice = "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let available = api
+            .get(apiservice)
+            .await
+            .ok()
+            .and_then(|a| condition_status(&a, "Available"))
+            .as_deref()
+            == Some("True");
+        if available {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "crproxy run never became Available"
+        );
+        ensure!(child.try_wait()?.is_none(), "crproxy run exited early");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let listed = api
+        .get("/apis/example.com/v1/namespaces/default/widgets")
+        .await?;
+    assert_eq!(listed["kind"], "WidgetList");
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -TERM failed");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = child.try_wait()? {
+            break exit;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "crproxy run did not stop within 20s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let stderr = stderr_reader.join().unwrap_or_default();
+    assert!(exit.success(), "exit {exit:?}: {stderr}");
+    assert!(stderr.contains("Starting proxy server"), "{stderr}");
+    assert!(stderr.contains("Starting target transport"), "{stderr}");
+    assert!(stderr.contains("Connected to target"), "{stderr}");
+    // The lease was handed back so another replica can lead at once.
+    let lease = api
+        .get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/crproxy-client")
+        .await?;
+    let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default();
+    assert!(holder.is_empty(), "lease still held by {holder:?}");
+    client.shutdown().await;
+    target.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let client = devcluster::start(devcluster::DevClusterConfig {
+        name: "client".into(),
+        data_dir: None,
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port: 0,
+    })
+    .await?;
+    let target = devcluster::start(devcluster::DevClusterConfig {
+        name: "target".into(),
+        data_dir: None,
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port: 0,
+    })
+    .await?;
+    let client_kubeconfig = dir.path().join("client.kubeconfig");
+    std::fs::write(&client_kubeconfig, client.admin_kubeconfig())?;
+    // The only peer is a port nobody listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let dead_peer = closed.local_addr()?;
+    drop(closed);
+    let link = Link::prepare(LinkSpec {
+        dir: dir.path().join("link"),
+        client_name: "client".into(),
+        client_kubeconfig,
+        target_name: "target".into(),
+        target: &target,
+        target_peers: vec![dead_peer],
+        resource: ProxiedResource::example(),
+        proxy_port: 0,
+        metrics_port: 0,
+        persistent: false,
+    })
+    .await?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["run", "--config"])
+        .arg(&link.config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr_reader = drain(child.stderr.take());
+    // Discovery keeps working from the local fallback, so the APIService turns
+    // Available even though the target is unreachable.
+    let api = admin_client(&client)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let available = api
+            .get("/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com")
+            .await
+            .ok()
+            .and_then(|a| condition_status(&a, "Available"))
+            .as_deref()
+            == Some("True");
+        if available {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "fallback discovery kept the APIService unavailable"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait()?.is_none() {
+        ensure!(Instant::now() < deadline, "crproxy run did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stderr = stderr_reader.join().unwrap_or_default();
+    assert!(
+        stderr.contains("initial probe of proxy target failed, requests will keep retrying"),
+        "{stderr}"
+    );
+    client.shutdown().await;
+    target.shutdown().await;
+    Ok(())
+}
+
+/// Reads a child's stderr as it is written, so a chatty child never blocks on a
+/// full pipe; the text is returned when the child closes it.
+fn drain(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut text = String::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    })
+}
