@@ -499,7 +499,7 @@ async fn measure_all(
         // The large list again with the owner selector on every path, so the
         // direct column pays the target's label filtering too and the crproxy
         // ratio is the proxy's own cost (crproxy ANDs the same selector again).
-        let selected = format!("list {} (owner selector)", plan.large_list);
+        let selected = format!("list {} +selector", plan.large_list);
         if c <= 16 && wanted(&selected) {
             let base = plan.large_list_requests;
             let selector = format!(
