@@ -50,6 +50,88 @@ fn fallback_resource(name: &str, last_good: Option<&Value>) -> Value {
     })
 }
 
+/// The aggregated-discovery media type parameters a request asks for, if any:
+/// `Some("v2")` or `Some("v2beta1")` for an `APIGroupDiscoveryList` request.
+pub fn aggregated_discovery_version(accept: Option<&str>) -> Option<&'static str> {
+    let accept = accept?;
+    accept.split(',').find_map(|range| {
+        let params: Vec<&str> = range.split(';').map(str::trim).collect();
+        let has = |p: &str| params.iter().any(|x| x.eq_ignore_ascii_case(p));
+        if !has("as=APIGroupDiscoveryList") || !has("g=apidiscovery.k8s.io") {
+            return None;
+        }
+        if has("v=v2") {
+            Some("v2")
+        } else if has("v=v2beta1") {
+            Some("v2beta1")
+        } else {
+            None
+        }
+    })
+}
+
+/// The content type of an aggregated-discovery answer of `version`.
+pub fn aggregated_discovery_content_type(version: &str) -> String {
+    format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList")
+}
+
+/// Keeps only this proxy's group and version of a target's aggregated discovery
+/// document. `None` when the target does not serve them.
+pub fn filter_aggregated(document: &Value, group: &str, version: &str) -> Option<Value> {
+    let item = document["items"]
+        .as_array()?
+        .iter()
+        .find(|g| g.pointer("/metadata/name").and_then(Value::as_str) == Some(group))?;
+    let versions: Vec<Value> = item["versions"]
+        .as_array()?
+        .iter()
+        .filter(|v| v["version"] == version)
+        .cloned()
+        .collect();
+    if versions.is_empty() {
+        return None;
+    }
+    let mut item = item.clone();
+    item["versions"] = Value::Array(versions);
+    let mut filtered = document.clone();
+    filtered["items"] = Value::Array(vec![item]);
+    Some(filtered)
+}
+
+/// The aggregated-discovery form of [`fallback_document`].
+pub fn aggregated_fallback_document(
+    group: &str,
+    version: &str,
+    discovery_version: &str,
+    resources: &ResourceSet,
+    last_good: Option<&Value>,
+) -> Value {
+    let legacy = fallback_document(group, version, resources, last_good);
+    let listed: Vec<Value> = legacy["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            json!({
+                "resource": r["name"],
+                "responseKind": {"group": "", "version": "", "kind": r["kind"]},
+                "scope": if r["namespaced"] == json!(false) { "Cluster" } else { "Namespaced" },
+                "singularResource": r["singularName"],
+                "verbs": r["verbs"],
+            })
+        })
+        .collect();
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": format!("apidiscovery.k8s.io/{discovery_version}"),
+        "metadata": {},
+        "items": [{
+            "metadata": {"name": group, "creationTimestamp": null},
+            "versions": [{"version": version, "resources": listed, "freshness": "Current"}],
+        }],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,6 +147,55 @@ mod tests {
         assert_eq!(doc["groupVersion"], "example.com/v1");
         assert_eq!(doc["resources"][0]["name"], "widgets");
         assert_eq!(doc["resources"][0]["verbs"], json!(["get"]));
+    }
+
+    #[test]
+    fn aggregated_discovery_requests_are_recognised() {
+        let aggregator = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+        assert_eq!(aggregated_discovery_version(Some(aggregator)), Some("v2"));
+        assert_eq!(
+            aggregated_discovery_version(Some(
+                "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
+            )),
+            Some("v2beta1")
+        );
+        assert_eq!(aggregated_discovery_version(Some("application/json")), None);
+        assert_eq!(aggregated_discovery_version(None), None);
+    }
+
+    #[test]
+    fn only_this_group_version_survives_the_filter() {
+        let document = json!({"kind": "APIGroupDiscoveryList", "items": [
+            {"metadata": {"name": "apps"}, "versions": [{"version": "v1"}]},
+            {"metadata": {"name": "example.com"}, "versions": [
+                {"version": "v2", "resources": []},
+                {"version": "v1", "resources": [{"resource": "widgets"}]}
+            ]}
+        ]});
+        let filtered = filter_aggregated(&document, "example.com", "v1").expect("served");
+        assert_eq!(filtered["items"].as_array().map(Vec::len), Some(1));
+        assert_eq!(
+            filtered["items"][0]["versions"],
+            json!([{"version": "v1", "resources": [{"resource": "widgets"}]}])
+        );
+        assert!(filter_aggregated(&document, "example.com", "v3").is_none());
+        assert!(filter_aggregated(&document, "other.io", "v1").is_none());
+    }
+
+    #[test]
+    fn aggregated_fallback_lists_get_only() {
+        let doc = aggregated_fallback_document(
+            "example.com",
+            "v1",
+            "v2",
+            &ResourceSet::Explicit(vec!["widgets".into()]),
+            None,
+        );
+        assert_eq!(doc["apiVersion"], "apidiscovery.k8s.io/v2");
+        let resource = &doc["items"][0]["versions"][0]["resources"][0];
+        assert_eq!(resource["resource"], "widgets");
+        assert_eq!(resource["scope"], "Namespaced");
+        assert_eq!(resource["verbs"], json!(["get"]));
     }
 
     #[test]

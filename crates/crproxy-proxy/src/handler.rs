@@ -170,6 +170,14 @@ impl GroupVersionProxy {
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
             ),
+            Some(_caller) if exchange.method == Method::GET && exchange.path == "/apis" => {
+                match fallback::aggregated_discovery_version(accept_of(&exchange.headers)) {
+                    Some(version) => self.aggregated_discovery(&exchange, version).await,
+                    // Only aggregated discovery is answered here; the legacy group
+                    // list is the client API server's own.
+                    None => path_error(&request::PathError::NotFound),
+                }
+            }
             Some(_caller)
                 if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) =>
             {
@@ -303,6 +311,76 @@ impl GroupVersionProxy {
             }
             Err(e) => self.unavailable(e),
         }
+    }
+
+    /// `GET /apis` asking for aggregated discovery (what an aggregator sends every
+    /// 60 s): the target's entry for this group/version, or the local fallback in
+    /// aggregated form under the same rules as `/apis/<group>/<version>`.
+    async fn aggregated_discovery(&self, exchange: &Exchange, version: &'static str) -> Outcome {
+        let mut headers = exchange.headers.clone();
+        headers.remove(http::header::ACCEPT_ENCODING);
+        // The filtered document differs from the target's, so its ETag would lie.
+        headers.remove(http::header::IF_NONE_MATCH);
+        let response = match self.get_from_target(exchange, &headers).await {
+            Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
+                return self.aggregated_fallback(version, e.reason(), e.reason())
+            }
+            Err(e) => return self.aggregated_fallback(version, e.reason(), Reason::UpstreamError),
+            Ok(response) => response,
+        };
+        let code = response.status();
+        if code != StatusCode::OK {
+            return self.aggregated_fallback(version, Reason::UpstreamError, Reason::UpstreamError);
+        }
+        let filtered = match transport::read_limited(response.into_body(), MAX_BUFFERED_BODY).await
+        {
+            Ok(bytes) => serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|doc| fallback::filter_aggregated(&doc, &self.group, &self.version)),
+            Err(e) => return self.aggregated_fallback(version, e.reason(), Reason::UpstreamError),
+        };
+        match filtered {
+            Some(document) => {
+                let mut response = json_response(StatusCode::OK, &document);
+                if let Ok(value) =
+                    HeaderValue::from_str(&fallback::aggregated_discovery_content_type(version))
+                {
+                    response
+                        .headers_mut()
+                        .insert(http::header::CONTENT_TYPE, value);
+                }
+                Outcome::new(response, Reason::Upstream)
+            }
+            // The target does not serve this group/version (yet): the same as a 404.
+            None => self.aggregated_fallback(version, Reason::UpstreamError, Reason::UpstreamError),
+        }
+    }
+
+    fn aggregated_fallback(
+        &self,
+        version: &'static str,
+        request_reason: Reason,
+        fallback_reason: Reason,
+    ) -> Outcome {
+        self.metrics
+            .discovery_fallback(&self.group_version, fallback_reason);
+        let last_good = lock(&self.last_discovery).clone();
+        let document = fallback::aggregated_fallback_document(
+            &self.group,
+            &self.version,
+            version,
+            &self.resources,
+            last_good.as_ref(),
+        );
+        let mut response = json_response(StatusCode::OK, &document);
+        if let Ok(value) =
+            HeaderValue::from_str(&fallback::aggregated_discovery_content_type(version))
+        {
+            response
+                .headers_mut()
+                .insert(http::header::CONTENT_TYPE, value);
+        }
+        Outcome::new(response, request_reason)
     }
 
     fn discovery_fallback(&self, request_reason: Reason, fallback_reason: Reason) -> Outcome {
@@ -890,6 +968,12 @@ fn method_label(method: &Method) -> &'static str {
         Method::OPTIONS => "OPTIONS",
         _ => "OTHER",
     }
+}
+
+fn accept_of(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
 }
 
 fn content_type(headers: &HeaderMap) -> Option<&str> {

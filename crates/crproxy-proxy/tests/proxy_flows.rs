@@ -594,3 +594,40 @@ async fn subresources_follow_the_objects_ownership() {
     );
     h.proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn aggregated_discovery_falls_back_when_the_target_cannot_answer() {
+    let h = harness(Options::default()).await;
+    let request = http::Request::get("/apis")
+        .header("x-remote-user", "system:kube-aggregator")
+        .header("x-remote-group", "system:masters")
+        .header(
+            "accept",
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+        )
+        .body(Bytes::new())
+        .expect("request");
+    let response = h.aggregator.request(request).await.expect("response");
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"].to_str().expect("ascii");
+    assert!(
+        content_type.contains("as=APIGroupDiscoveryList"),
+        "{content_type}"
+    );
+    let doc: Value = serde_json::from_slice(response.body()).expect("json");
+    assert_eq!(doc["kind"], "APIGroupDiscoveryList");
+    assert_eq!(doc["items"][0]["metadata"]["name"], "example.com");
+    let resource = &doc["items"][0]["versions"][0]["resources"][0];
+    assert_eq!(resource["resource"], "widgets");
+    assert_eq!(resource["verbs"], json!(["get"]));
+    // The fake target has no aggregated discovery: counted as a fallback.
+    assert!(series(
+        &h.metrics,
+        "vcluster_proxy_discovery_fallbacks_total",
+        "reason=\"upstream_error\""
+    ));
+    // Plain /apis is the client API server's own business.
+    let plain = call(&h.aggregator, "GET", "/apis", None).await;
+    assert_eq!(plain.status, 404);
+    h.proxy.shutdown().await;
+}

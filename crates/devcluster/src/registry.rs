@@ -370,7 +370,12 @@ fn built_in_info(bi: &BuiltIn) -> ResourceInfo {
     let verbs: Vec<String> = if bi.review {
         vec!["create".to_string()]
     } else {
-        CRUD_VERBS.iter().map(|s| s.to_string()).collect()
+        CRUD_VERBS
+            .iter()
+            // kube's namespace storage has no collection delete.
+            .filter(|v| !(bi.resource == "namespaces" && **v == "deletecollection"))
+            .map(|s| s.to_string())
+            .collect()
     };
     let mut extra = Vec::new();
     if bi.resource == "namespaces" {
@@ -555,5 +560,11 @@ mod tests {
         check("coordination.k8s.io", "v2", "leases", None);
         check("", "v1", "foos", None);
         assert!(!r.get("", "namespaces").is_some_and(|i| i.namespaced));
+        assert!(r
+            .get("", "namespaces")
+            .is_some_and(|i| !i.has_verb("deletecollection")));
+        assert!(r
+            .get("", "configmaps")
+            .is_some_and(|i| i.has_verb("deletecollection")));
     }
 }

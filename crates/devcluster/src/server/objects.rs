@@ -16,6 +16,8 @@ pub fn new_uid() -> String {
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
+const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+
 fn is_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -42,7 +44,17 @@ pub fn name_errors(info: &ResourceInfo, name: &str) -> Vec<String> {
         }
         return vec![];
     }
-    if info.resource == "namespaces" || info.resource == "services" {
+    if info.group.is_empty() && info.resource == "services" {
+        let mut out = Vec::new();
+        if name.len() > 63 {
+            out.push("must be no more than 63 characters".to_string());
+        }
+        if !is_label(name) || !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            out.push(DNS1035_MSG.to_string());
+        }
+        return out;
+    }
+    if info.resource == "namespaces" {
         let mut out = Vec::new();
         if name.len() > 63 {
             out.push("must be no more than 63 characters".to_string());
@@ -280,6 +292,10 @@ mod tests {
         check(&ns, "a.b", false);
         check(&ns, "team-a", true);
         check(&role, "system:controller:x", true);
+        let svc = r.get("", "services").expect("svc");
+        check(&svc, "proxy-example-com-v1", true);
+        check(&svc, "1proxy", false);
+        check(&svc, &"a".repeat(64), false);
         check(&role, "a/b", false);
         assert_eq!(name_errors(&cm, "Bad")[0], SUBDOMAIN_MSG);
     }

@@ -194,6 +194,15 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
                 }
             }
         }
+        ("apiregistration.k8s.io", "apiservices") => {
+            if let Some(service) = m
+                .get_mut("spec")
+                .and_then(|s| s.get_mut("service"))
+                .and_then(Value::as_object_mut)
+            {
+                service.entry("port").or_insert_with(|| json!(443));
+            }
+        }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             if let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) {
                 spec.entry("conversion")
@@ -310,6 +319,15 @@ pub fn validate(
 ) -> Result<Vec<String>, ApiError> {
     let info = &ctx.info;
     let name = crate::store::meta_str(obj, "name").to_string();
+    let meta_causes = metadata_causes(obj);
+    if !meta_causes.is_empty() {
+        return Err(ApiError::invalid(
+            &info.group,
+            &info.kind,
+            &name,
+            meta_causes,
+        ));
+    }
     let mut warnings = Vec::new();
     if let Some(schema) = info
         .version(&ctx.version)
@@ -358,12 +376,286 @@ pub fn validate(
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             causes.extend(crate::crd::validate(obj));
         }
+        ("apiregistration.k8s.io", "apiservices") => causes.extend(validate_apiservice(obj)),
+        ("rbac.authorization.k8s.io", "rolebindings" | "clusterrolebindings") => {
+            let kinds: &[&str] = if info.resource == "rolebindings" {
+                &["Role", "ClusterRole"]
+            } else {
+                &["ClusterRole"]
+            };
+            let role_ref = obj.get("roleRef").cloned().unwrap_or_else(|| json!({}));
+            let kind = role_ref.get("kind").and_then(Value::as_str).unwrap_or("");
+            if !kinds.contains(&kind) {
+                let supported: Vec<String> = kinds.iter().map(|k| format!("{k:?}")).collect();
+                causes.push(Cause::new(
+                    "FieldValueNotSupported",
+                    format!(
+                        "Unsupported value: {kind:?}: supported values: {}",
+                        supported.join(", ")
+                    ),
+                    "roleRef.kind",
+                ));
+            }
+            if role_ref
+                .get("name")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                causes.push(Cause::new(
+                    "FieldValueRequired",
+                    "Required value",
+                    "roleRef.name",
+                ));
+            }
+        }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies") => {
+            causes.extend(validate_admission_policy(obj));
+        }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings") => {
+            let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+            if spec
+                .get("policyName")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                causes.push(Cause::new(
+                    "FieldValueRequired",
+                    "Required value",
+                    "spec.policyName",
+                ));
+            }
+            if spec
+                .get("validationActions")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty)
+            {
+                causes.push(Cause::new(
+                    "FieldValueRequired",
+                    "Required value: at least one validation action is required",
+                    "spec.validationActions",
+                ));
+            }
+        }
+        ("", "services") => {
+            let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+            let ty = spec
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("ClusterIP");
+            let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
+            let no_ports = spec
+                .get("ports")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty);
+            if ty == "ExternalName" {
+                if spec
+                    .get("externalName")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(Cause::new(
+                        "FieldValueRequired",
+                        "Required value",
+                        "spec.externalName",
+                    ));
+                }
+            } else if no_ports && !headless {
+                causes.push(Cause::new(
+                    "FieldValueRequired",
+                    "Required value",
+                    "spec.ports",
+                ));
+            }
+        }
         _ => {}
     }
     if !causes.is_empty() {
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
     Ok(warnings)
+}
+
+/// kube's ObjectMeta checks on labels and annotations (every kind).
+fn metadata_causes(obj: &Value) -> Vec<Cause> {
+    use crproxy_core::selector::{label_value_errors, qualified_name_errors};
+    let mut causes = Vec::new();
+    let map = |key: &str| {
+        obj.get("metadata")
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let invalid = |field: &str, value: &str, msg: String| {
+        Cause::new(
+            "FieldValueInvalid",
+            format!("Invalid value: {value:?}: {msg}"),
+            field,
+        )
+    };
+    for (k, v) in map("labels") {
+        for e in qualified_name_errors(&k) {
+            causes.push(invalid("metadata.labels", &k, e));
+        }
+        for e in label_value_errors(v.as_str().unwrap_or("")) {
+            causes.push(invalid("metadata.labels", v.as_str().unwrap_or(""), e));
+        }
+    }
+    for (k, _) in map("annotations") {
+        for e in qualified_name_errors(&k.to_ascii_lowercase()) {
+            causes.push(invalid("metadata.annotations", &k, e));
+        }
+    }
+    causes
+}
+
+/// The parts of kube's ValidatingAdmissionPolicy validation a client trips most:
+/// match constraints present, at least one validation or audit annotation, and
+/// CEL expressions that compile.
+fn validate_admission_policy(obj: &Value) -> Vec<Cause> {
+    let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let mut causes = Vec::new();
+    if spec.get("matchConstraints").is_none_or(Value::is_null) {
+        causes.push(Cause::new(
+            "FieldValueRequired",
+            "Required value",
+            "spec.matchConstraints",
+        ));
+    }
+    let validations = spec
+        .get("validations")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let audits = spec
+        .get("auditAnnotations")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    if validations.is_empty() && audits == 0 {
+        causes.push(Cause::new(
+            "FieldValueRequired",
+            "Required value: validations or auditAnnotations must contain at least one item",
+            "spec.validations",
+        ));
+    }
+    let mut check = |expr: Option<&str>, field: String| {
+        let Some(expr) = expr else {
+            causes.push(Cause::new("FieldValueRequired", "Required value", field));
+            return;
+        };
+        if let Err(e) = cel::Program::compile(expr) {
+            let detail = e.to_string().lines().next().unwrap_or("").to_string();
+            causes.push(Cause::new(
+                "FieldValueInvalid",
+                format!("Invalid value: {expr:?}: compilation failed: {detail}"),
+                field,
+            ));
+        }
+    };
+    for (i, v) in validations.iter().enumerate() {
+        check(
+            v.get("expression").and_then(Value::as_str),
+            format!("spec.validations[{i}].expression"),
+        );
+    }
+    for (i, c) in spec
+        .get("matchConditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        check(
+            c.get("expression").and_then(Value::as_str),
+            format!("spec.matchConditions[{i}].expression"),
+        );
+    }
+    causes
+}
+
+/// kube-aggregator's APIService validation (the checks a client can trip).
+fn validate_apiservice(obj: &Value) -> Vec<Cause> {
+    let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let text = |k: &str| {
+        spec.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (group, version) = (text("group"), text("version"));
+    let mut causes = Vec::new();
+    let name = crate::store::meta_str(obj, "name");
+    let required = format!("{version}.{group}");
+    if name != required {
+        causes.push(Cause::new(
+            "FieldValueInvalid",
+            format!(
+                "Invalid value: {name:?}: must be `spec.version+\".\"+spec.group`: {required:?}"
+            ),
+            "metadata.name",
+        ));
+    }
+    if group.is_empty() && version != "v1" {
+        causes.push(Cause::new(
+            "FieldValueRequired",
+            "Required value: only v1 may have an empty group and it better be legacy kube",
+            "spec.group",
+        ));
+    }
+    let int = |k: &str| spec.get(k).and_then(Value::as_i64).unwrap_or(0);
+    for (field, max) in [("groupPriorityMinimum", 20000), ("versionPriority", 1000)] {
+        let v = int(field);
+        if v <= 0 || v > max {
+            causes.push(Cause::new(
+                "FieldValueInvalid",
+                format!("Invalid value: {v}: must be positive and less than {max}"),
+                format!("spec.{field}"),
+            ));
+        }
+    }
+    let insecure = spec.get("insecureSkipTLSVerify").and_then(Value::as_bool) == Some(true);
+    let ca_len = text("caBundle").len();
+    match spec.get("service").filter(|s| !s.is_null()) {
+        None => {
+            if ca_len > 0 {
+                causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    format!("Invalid value: \"{ca_len} bytes\": local APIServices may not have a caBundle"),
+                    "spec.caBundle",
+                ));
+            }
+            if insecure {
+                causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    "Invalid value: true: local APIServices may not have insecureSkipTLSVerify",
+                    "spec.insecureSkipTLSVerify",
+                ));
+            }
+        }
+        Some(service) => {
+            for key in ["namespace", "name"] {
+                if service
+                    .get(key)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(Cause::new(
+                        "FieldValueRequired",
+                        "Required value",
+                        format!("spec.service.{key}"),
+                    ));
+                }
+            }
+            if insecure && ca_len > 0 {
+                causes.push(Cause::new(
+                    "FieldValueInvalid",
+                    "Invalid value: true: may not be true if caBundle is present",
+                    "spec.insecureSkipTLSVerify",
+                ));
+            }
+        }
+    }
+    causes
 }
 
 /// Runs ValidatingAdmissionPolicies (when any exist) for a write. Returns their
@@ -425,6 +717,65 @@ mod tests {
         record_stored_version(&mut crd);
         record_stored_version(&mut crd);
         assert_eq!(crd["status"]["storedVersions"], json!(["v1", "v2"]));
+    }
+
+    #[test]
+    fn apiservices_are_validated_like_kube_aggregator() {
+        let good = json!({"metadata": {"name": "v1.example.com"}, "spec": {
+            "group": "example.com", "version": "v1", "groupPriorityMinimum": 1000,
+            "versionPriority": 15, "service": {"namespace": "kube-system", "name": "p"},
+            "caBundle": "Zm9v"}});
+        assert!(validate_apiservice(&good).is_empty());
+        let bad = json!({"metadata": {"name": "v2.example.com"}, "spec": {
+            "group": "example.com", "version": "v1", "groupPriorityMinimum": 0,
+            "versionPriority": 15, "service": {"namespace": "kube-system"},
+            "insecureSkipTLSVerify": true, "caBundle": "Zm9v"}});
+        let fields: Vec<String> = validate_apiservice(&bad)
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                "metadata.name",
+                "spec.groupPriorityMinimum",
+                "spec.service.name",
+                "spec.insecureSkipTLSVerify"
+            ]
+        );
+    }
+
+    #[test]
+    fn admission_policies_need_constraints_and_compiling_expressions() {
+        let good = json!({"spec": {"matchConstraints": {"resourceRules": []},
+            "validations": [{"expression": "object.metadata.name != 'x'"}]}});
+        assert!(validate_admission_policy(&good).is_empty());
+        let bad = json!({"spec": {"validations": [{"expression": "object.("}]}});
+        let fields: Vec<String> = validate_admission_policy(&bad)
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec!["spec.matchConstraints", "spec.validations[0].expression"]
+        );
+    }
+
+    #[test]
+    fn labels_and_annotations_must_be_valid() {
+        let ok = json!({"metadata": {"labels": {"app.kubernetes.io/name": "x", "empty": ""},
+            "annotations": {"example.com/Note": "anything at all"}}});
+        assert!(metadata_causes(&ok).is_empty());
+        let bad = json!({"metadata": {"labels": {"bad key": "v", "k": "bad value!"}}});
+        let causes = metadata_causes(&bad);
+        assert_eq!(causes.len(), 2, "{causes:?}");
+        assert!(causes.iter().all(|c| c.field == "metadata.labels"));
+        assert!(
+            causes[1]
+                .message
+                .starts_with("Invalid value: \"bad value!\": a valid label must be"),
+            "{causes:?}"
+        );
     }
 
     #[test]
