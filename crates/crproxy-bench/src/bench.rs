@@ -17,6 +17,8 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::child::{self, ChildProxy};
+use crproxy_core::ownership::{OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
+
 use crate::driver::{self, closed_loop, Endpoint, Identity, Protocol, Sender, Workload};
 use crate::nginx::{self, Nginx};
 use crate::report::{self, MemoryFigure, Report, Row};
@@ -486,6 +488,41 @@ async fn measure_all(
                     Arc::new(ListObjects {
                         path: collection_path(&list_ns(n)),
                         min_bytes: 100 * n as u64,
+                    })
+                },
+                |_| vec![(); c],
+                notes,
+            )
+            .await?;
+            rows.push(row);
+        }
+        // The large list again with the owner selector on every path, so the
+        // direct column pays the target's label filtering too and the crproxy
+        // ratio is the proxy's own cost (crproxy ANDs the same selector again).
+        let selected = format!("list {} +selector", plan.large_list);
+        if c <= 16 && wanted(&selected) {
+            let base = plan.large_list_requests;
+            let selector = format!(
+                "{OWNER_VCLUSTER_LABEL}={},{OWNER_PROJECT_LABEL}={}",
+                owner.name, owner.project
+            );
+            let path = format!(
+                "{}?labelSelector={}",
+                collection_path(&list_ns(plan.large_list)),
+                query_escape(&selector)
+            );
+            let row = run_row(
+                &selected,
+                c,
+                &lanes,
+                plan,
+                plan.count(base, c),
+                plan.warmup(base, c).min(2 * c),
+                limit,
+                |_, _| {
+                    Arc::new(ListObjects {
+                        path: path.clone(),
+                        min_bytes: 100 * plan.large_list as u64,
                     })
                 },
                 |_| vec![(); c],
@@ -1004,6 +1041,19 @@ async fn memory_phase(
     Ok((figures, idle, lists))
 }
 
+/// Percent-encodes a query parameter value (RFC 3986 unreserved characters stay).
+fn query_escape(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Creates one Widget on the target (the write a watch is timed against).
 async fn write_widget(
     writer: &mut Sender,
@@ -1195,4 +1245,27 @@ fn git_commit() -> Option<String> {
         .status
         .success()
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_escaped() {
+        assert_eq!(
+            query_escape("vcluster.com/owner-vcluster=client,x=y z"),
+            "vcluster.com%2Fowner-vcluster%3Dclient%2Cx%3Dy%20z"
+        );
+    }
+
+    #[test]
+    fn the_quick_plan_is_smaller_than_the_full_one() {
+        let quick = Plan::new(true);
+        let full = Plan::new(false);
+        assert!(quick.rounds < full.rounds && quick.requests < full.requests);
+        assert_eq!(full.concurrency, [1, 16, 64]);
+        assert_eq!(full.memory_lists, (10_000, 100_000));
+        assert_eq!(full.count(16, 64), 128, "two requests per worker at least");
+    }
 }

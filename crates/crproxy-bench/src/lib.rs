@@ -25,7 +25,17 @@ pub fn run_and_report(options: &bench::Options) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let report = runtime.block_on(bench::run(options))?;
+    // On Ctrl-C or SIGTERM the run is dropped, and with it the crproxy child
+    // (killed) and nginx (asked to stop), so nothing outlives the benchmark.
+    let report = runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("listening for SIGTERM")?;
+        tokio::select! {
+            report = bench::run(options) => report,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            _ = term.recv() => Err(anyhow::anyhow!("terminated")),
+        }
+    })?;
     print!("{}", report::render_table(&report));
     if let Some(parent) = options.out.parent() {
         std::fs::create_dir_all(parent)

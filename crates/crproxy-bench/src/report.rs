@@ -259,7 +259,7 @@ fn num(value: Option<f64>, width: usize, decimals: usize) -> String {
 pub fn render_table(report: &Report) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<18} {:>4} | {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6} {:>7} | {:>6} {:>6} {:>6} | {:>7} {:>7}\n",
+        "{:<21} {:>4} | {:>8} {:>8} {:>8} | {:>6} {:>6} {:>6} {:>7} | {:>6} {:>6} {:>6} | {:>7} {:>7}\n",
         "scenario",
         "c",
         "p50 ms",
@@ -276,17 +276,17 @@ pub fn render_table(report: &Report) -> String {
         "nginx"
     ));
     out.push_str(&format!(
-        "{:<23} | {:^26} | {:^28} | {:^20} | {:^15}\n",
+        "{:<26} | {:^26} | {:^28} | {:^20} | {:^15}\n",
         "", "direct", "crproxy vs direct", "nginx / direct", "CPU us/request"
     ));
-    out.push_str(&"-".repeat(133));
+    out.push_str(&"-".repeat(136));
     out.push('\n');
     for row in &report.rows {
         let direct = row.direct.as_ref();
         let crproxy = row.crproxy_ratio.as_ref();
         let nginx = row.nginx_ratio.as_ref();
         out.push_str(&format!(
-            "{:<18} {:>4} | {} {} {} | {} {} {} {} | {} {} {} | {} {}\n",
+            "{:<21} {:>4} | {} {} {} | {} {} {} {} | {} {} {} | {} {}\n",
             row.scenario,
             row.concurrency,
             num(direct.map(|d| d.p50_ms), 8, 2),
