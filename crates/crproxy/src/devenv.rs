@@ -304,9 +304,13 @@ pub struct DevEnv {
 
 impl DevEnv {
     /// Starts everything and waits until each client's APIService is Available.
-    pub async fn start(options: DevOptions) -> Result<Self> {
+    pub async fn start(mut options: DevOptions) -> Result<Self> {
         std::fs::create_dir_all(&options.dir)
             .with_context(|| format!("creating {}", options.dir.display()))?;
+        // The configuration files written below name other files by path and are
+        // read relative to their own directory: only absolute paths survive that.
+        options.dir = std::fs::canonicalize(&options.dir)
+            .with_context(|| format!("resolving {}", options.dir.display()))?;
         let dir = options.dir.clone();
 
         let target = devcluster::start(devcluster::DevClusterConfig {

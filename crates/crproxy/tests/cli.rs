@@ -86,3 +86,47 @@ fn a_missing_file_is_one_readable_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("/nonexistent/crproxy.yaml"), "{stderr}");
 }
+
+/// `crproxy dev` with the README's default, relative `--dir`: the generated
+/// configuration must still find its kubeconfigs.
+#[test]
+fn dev_starts_with_a_relative_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port().to_string())
+            .expect("free port")
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .current_dir(dir.path())
+        .args(["dev", "--dir", "rel/dev"])
+        .args(["--target-port", &free(), "--client-port", &free()])
+        .args(["--proxy-port", &free(), "--metrics-port", &free()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let dev_json = dir.path().join("rel/dev/dev.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !dev_json.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                use std::io::Read;
+                let _ = pipe.read_to_string(&mut stderr);
+            }
+            panic!("crproxy dev exited early ({status}): {stderr}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dev.json never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "clean shutdown on Ctrl-C: {status}");
+}
