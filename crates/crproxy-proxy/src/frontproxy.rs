@@ -148,18 +148,19 @@ impl FrontProxyTrust {
         })
     }
 
-    /// The caller of a request whose connection presented `peer_cert` (already
-    /// chain-verified by TLS), or `None` when the request must be refused with 401.
+    /// The caller of a request whose connection presented the client certificate
+    /// `peer` (already chain-verified by TLS; `None` when it presented none), or
+    /// `None` when the request must be refused with 401.
     pub fn authenticate(
         &self,
-        peer_cert: Option<&CertificateDer<'_>>,
+        peer: Option<&PeerCertificate>,
         headers: &HeaderMap,
     ) -> Option<Caller> {
         let settings = self.get()?;
-        let cert = peer_cert?;
+        let peer = peer?;
         if !settings.allowed_names.is_empty() {
-            let name = common_name(cert)?;
-            if !settings.allowed_names.contains(&name) {
+            let name = peer.common_name.as_deref()?;
+            if !settings.allowed_names.iter().any(|allowed| allowed == name) {
                 return None;
             }
         }
@@ -194,6 +195,21 @@ impl FrontProxyTrust {
             groups,
             extra,
         })
+    }
+}
+
+/// What the proxy keeps of a connection's verified client certificate: read once
+/// per connection, not per request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerCertificate {
+    pub common_name: Option<String>,
+}
+
+impl PeerCertificate {
+    pub fn from_der(cert: &CertificateDer<'_>) -> Self {
+        Self {
+            common_name: common_name(cert),
+        }
     }
 }
 

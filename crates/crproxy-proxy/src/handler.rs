@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use rustls_pki_types::CertificateDer;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -23,7 +22,7 @@ use crproxy_core::request::{self, RequestKind, ResourcePath, Verb};
 use crproxy_core::status;
 
 use crate::fallback;
-use crate::frontproxy::FrontProxyTrust;
+use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
 use crate::metrics::TargetMetrics;
 use crate::namespaces::ClientNamespaces;
 use crate::pool::ProxyBody;
@@ -123,11 +122,12 @@ impl GroupVersionProxy {
         })
     }
 
-    /// Serves one request that arrived on a connection which presented `peer_cert`.
+    /// Serves one request that arrived on a connection which presented the client
+    /// certificate `peer` (if any).
     pub async fn handle(
         self: Arc<Self>,
         request: Request<hyper::body::Incoming>,
-        peer_cert: Option<CertificateDer<'static>>,
+        peer: Option<Arc<PeerCertificate>>,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
@@ -162,10 +162,7 @@ impl GroupVersionProxy {
             headers: parts.headers,
             deadline: started + REQUEST_DEADLINE,
         };
-        let outcome = match self
-            .trust
-            .authenticate(peer_cert.as_ref(), &exchange.headers)
-        {
+        let outcome = match self.trust.authenticate(peer.as_deref(), &exchange.headers) {
             None => Outcome::new(
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,

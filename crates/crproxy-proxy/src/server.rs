@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
-use crate::frontproxy::FrontProxyTrust;
+use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
 use crate::handler::GroupVersionProxy;
 use crate::metrics::Metrics;
 use crate::pool::ProxyBody;
@@ -128,16 +128,17 @@ pub fn serve_proxy(
                         return;
                     }
                 };
-                let peer_cert = tls
+                // Parsed once per connection: every request on it shares the result.
+                let peer = tls
                     .get_ref()
                     .1
                     .peer_certificates()
                     .and_then(|chain| chain.first())
-                    .map(|cert| cert.clone().into_owned());
+                    .map(|cert| Arc::new(PeerCertificate::from_der(cert)));
                 let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                     let proxy = Arc::clone(&proxy);
-                    let peer_cert = peer_cert.clone();
-                    async move { Ok::<_, Infallible>(proxy.handle(request, peer_cert).await) }
+                    let peer = peer.clone();
+                    async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
                 });
                 let connection = auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tls), service)

@@ -40,6 +40,51 @@ pub struct DevOptions {
     pub share_ports: bool,
 }
 
+impl DevOptions {
+    /// In-memory clusters on free ports under `dir`: what tests start.
+    pub fn ephemeral(dir: &Path, clients: usize, target_replicas: usize) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            clients,
+            target_replicas,
+            target_port: 0,
+            client_port: 0,
+            proxy_base_port: 0,
+            metrics_port: 0,
+            persistent: false,
+            share_ports: false,
+        }
+    }
+}
+
+/// Polls the APIService at `path` until its `Available` condition is True.
+pub async fn wait_for_available(
+    api: &crproxy_kube::Client,
+    path: &str,
+    limit: Duration,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let available = api
+            .get(path)
+            .await
+            .ok()
+            .and_then(|s| condition_status(&s, "Available"))
+            .as_deref()
+            == Some("True");
+        if available {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(anyhow!(
+                "{path} did not become Available within {}s",
+                limit.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// One client cluster and its proxy.
 pub struct DevClient {
     pub name: String,

@@ -15,18 +15,7 @@ const OWNER_PROJECT: &str = "vcluster.com/owner-project";
 async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempDir)> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
-    let env = DevEnv::start(DevOptions {
-        dir: dir.path().to_path_buf(),
-        clients,
-        target_replicas: replicas,
-        target_port: 0,
-        client_port: 0,
-        proxy_base_port: 0,
-        metrics_port: 0,
-        persistent: false,
-        share_ports: false,
-    })
-    .await?;
+    let env = DevEnv::start(DevOptions::ephemeral(dir.path(), clients, replicas)).await?;
     Ok((env, dir))
 }
 

@@ -10,8 +10,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crproxy::devenv::{
-    self, admin_client, condition_status, DevEnv, DevOptions, Link, LinkSpec, ProxiedResource,
-    ReplicaOptions,
+    self, admin_client, condition_status, wait_for_available, DevEnv, DevOptions, Link, LinkSpec,
+    ProxiedResource, ReplicaOptions,
 };
 
 const APISERVICE: &str = "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com";
@@ -32,15 +32,8 @@ async fn only_the_leader_registers_and_leadership_moves_when_it_dies() -> Result
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
     let mut env = DevEnv::start(DevOptions {
-        dir: dir.path().to_path_buf(),
-        clients: 1,
-        target_replicas: 1,
-        target_port: 0,
-        client_port: 0,
-        proxy_base_port: 0,
-        metrics_port: 0,
-        persistent: false,
         share_ports: true,
+        ..DevOptions::ephemeral(dir.path(), 1, 1)
     })
     .await?;
     let api = admin_client(&env.clients[0].cluster)?;
@@ -183,20 +176,13 @@ async fn two_clusters_can_proxy_each_other() -> Result<()> {
     let y_proxy = y_to_x.start_replica().await?;
     let x_api = admin_client(&x)?;
     let y_api = admin_client(&y)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !(available(&x_api, APISERVICE).await
-        && available(
-            &y_api,
-            "/apis/apiregistration.k8s.io/v1/apiservices/v1.other.io",
-        )
-        .await)
-    {
-        ensure!(
-            Instant::now() < deadline,
-            "APIServices did not become Available"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_available(&x_api, APISERVICE, Duration::from_secs(30)).await?;
+    wait_for_available(
+        &y_api,
+        "/apis/apiregistration.k8s.io/v1/apiservices/v1.other.io",
+        Duration::from_secs(30),
+    )
+    .await?;
     for api in [&x_api, &y_api] {
         api.create(
             "/api/v1/namespaces",
@@ -264,18 +250,7 @@ async fn scrape(url: &str) -> Result<String> {
 async fn proxy_objects_cannot_be_deleted_but_can_be_updated() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
-    let env = DevEnv::start(DevOptions {
-        dir: dir.path().to_path_buf(),
-        clients: 1,
-        target_replicas: 1,
-        target_port: 0,
-        client_port: 0,
-        proxy_base_port: 0,
-        metrics_port: 0,
-        persistent: false,
-        share_ports: false,
-    })
-    .await?;
+    let env = DevEnv::start(DevOptions::ephemeral(dir.path(), 1, 1)).await?;
     let kubeconfig = &env.clients[0].kubeconfig;
     let denied = "deletion of vCluster-protected resources is denied; remove the corresponding entry from your vCluster configuration";
     for args in [
@@ -311,18 +286,7 @@ async fn proxy_objects_cannot_be_deleted_but_can_be_updated() -> Result<()> {
 async fn an_unreachable_backend_turns_the_apiservice_unavailable_and_requests_503() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
-    let mut env = DevEnv::start(DevOptions {
-        dir: dir.path().to_path_buf(),
-        clients: 1,
-        target_replicas: 1,
-        target_port: 0,
-        client_port: 0,
-        proxy_base_port: 0,
-        metrics_port: 0,
-        persistent: false,
-        share_ports: false,
-    })
-    .await?;
+    let mut env = DevEnv::start(DevOptions::ephemeral(dir.path(), 1, 1)).await?;
     let api = admin_client(&env.clients[0].cluster)?;
     env.clients[0].stop_proxy().await;
     // The availability controller re-checks every 30 s (and on changes).

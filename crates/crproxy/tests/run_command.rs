@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use tokio::time::Instant;
 
-use crproxy::devenv::{admin_client, condition_status, Link, LinkSpec, ProxiedResource};
+use crproxy::devenv::{admin_client, wait_for_available, Link, LinkSpec, ProxiedResource};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<()> {
@@ -50,25 +50,8 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
 
     let api = admin_client(&client)?;
     let apiservice = "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let available = api
-            .get(apiservice)
-            .await
-            .ok()
-            .and_then(|a| condition_status(&a, "Available"))
-            .as_deref()
-            == Some("True");
-        if available {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "crproxy run never became Available"
-        );
-        ensure!(child.try_wait()?.is_none(), "crproxy run exited early");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_available(&api, apiservice, Duration::from_secs(30)).await?;
+    ensure!(child.try_wait()?.is_none(), "crproxy run exited early");
     let listed = api
         .get("/apis/example.com/v1/namespaces/default/widgets")
         .await?;
@@ -152,24 +135,12 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     // Discovery keeps working from the local fallback, so the APIService turns
     // Available even though the target is unreachable.
     let api = admin_client(&client)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let available = api
-            .get("/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com")
-            .await
-            .ok()
-            .and_then(|a| condition_status(&a, "Available"))
-            .as_deref()
-            == Some("True");
-        if available {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "fallback discovery kept the APIService unavailable"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_available(
+        &api,
+        "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com",
+        Duration::from_secs(30),
+    )
+    .await?;
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()?;

@@ -14,8 +14,8 @@ fn configmap(ca_pem: &str, allowed: &str) -> Value {
     })
 }
 
-fn der(pem: &str) -> CertificateDer<'static> {
-    CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem")
+fn der(pem: &str) -> PeerCertificate {
+    PeerCertificate::from_der(&CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem"))
 }
 
 fn identity_headers() -> HeaderMap {
