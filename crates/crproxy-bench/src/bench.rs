@@ -190,9 +190,8 @@ pub async fn run(options: &Options) -> Result<Report> {
         target_replicas: 1,
         target_port: 0,
         client_port: 0,
-        // The configuration validator wants a real port, so pick free ones.
-        proxy_base_port: child::free_port()?,
-        metrics_port: child::free_port()?,
+        proxy_base_port: 0,
+        metrics_port: 0,
         persistent: false,
         share_ports: false,
     })
@@ -676,10 +675,18 @@ async fn measure_all(
     }
     if let Some(sampler) = nginx_sampler {
         memory.push(MemoryFigure {
-            name: "nginx peak RSS (master + workers, sampled)".into(),
+            name: "nginx peak RSS over the latency scenarios (master + workers, sampled)".into(),
             mib: rss::mib(sampler.stop().await),
             note: String::new(),
         });
+    }
+    if let (Some(n), Some(lane)) = (&nginx_proc, lanes.iter().find(|l| l.label == "nginx")) {
+        if !options.skip_memory && options.only.is_none() {
+            // For scale: what a plain proxy needs for the same idle watches.
+            let (figure, _) =
+                idle_watches("nginx", &lane.endpoint, n.pid, plan, &direct, &owner, notes).await?;
+            memory.push(figure);
+        }
     }
     if let Some(m) = rss::memory(std::process::id()) {
         memory.push(MemoryFigure {
@@ -992,53 +999,61 @@ async fn memory_phase(
         _ => None,
     };
 
-    eprintln!("memory: {} idle watches through crproxy", plan.idle_watches);
+    let (figure, mib) = idle_watches("crproxy", crproxy, pid, plan, direct, owner, notes).await?;
+    figures.push(figure);
+    Ok((figures, Some((plan.idle_watches, mib)), lists))
+}
+
+/// The RSS of `pid` and its children with `plan.idle_watches` watches open
+/// through `endpoint`, in MiB, as a figure for the report.
+async fn idle_watches(
+    label: &str,
+    endpoint: &Arc<Endpoint>,
+    pid: u32,
+    plan: &Plan,
+    direct: &Arc<Endpoint>,
+    owner: &Owner,
+    notes: &mut Vec<String>,
+) -> Result<(MemoryFigure, f64)> {
+    let count = plan.idle_watches;
+    eprintln!("memory: {count} idle watches through {label}");
+    let marker = format!("idle-{label}-");
     let mut writer = direct.connect().await?;
     let rv = collection_rv(&mut writer, direct, NS_IDLE).await?;
-    let before = rss::memory(pid).map(|m| m.rss_kib).unwrap_or(0);
+    let before = rss::tree_memory(pid).map(|m| m.rss_kib).unwrap_or(0);
     let path = format!("{}?watch=1&resourceVersion={rv}", collection_path(NS_IDLE));
     let mut set = WatchSet::open(
-        Arc::clone(crproxy),
+        Arc::clone(endpoint),
         &path,
-        plan.idle_watches,
-        "none-",
+        count,
+        &marker,
         Duration::from_secs(120),
     )
     .await?;
-    if set.established < plan.idle_watches {
-        let name = format!("none-{PRIME_SEQ}");
+    if set.established < count {
+        let name = format!("{marker}{PRIME_SEQ}");
         let sent_at = Instant::now();
         write_widget(&mut writer, direct, NS_IDLE, &name, owner).await?;
-        set.prime(
-            PRIME_SEQ,
-            plan.idle_watches,
-            sent_at,
-            Duration::from_secs(30),
-        )
-        .await;
+        set.prime(PRIME_SEQ, count, sent_at, Duration::from_secs(30))
+            .await;
     }
     // Let allocations settle (connection buffers, timers) before reading.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let with = rss::memory(pid).map(|m| m.rss_kib).unwrap_or(0);
+    let with = rss::tree_memory(pid).map(|m| m.rss_kib).unwrap_or(0);
     let established = set.established;
-    if established < plan.idle_watches {
+    if established < count {
         notes.push(format!(
-            "idle watches: only {established} of {} were established through crproxy (the rest stayed pending inside it, and count in its RSS); first problem: {}",
-            plan.idle_watches,
+            "idle watches: only {established} of {count} were established through {label} (the rest stayed pending inside it, and count in its RSS); first problem: {}",
             set.first_error.as_deref().unwrap_or("none reported")
         ));
     }
     set.close();
-    figures.push(MemoryFigure {
-        name: format!(
-            "crproxy RSS with {} idle watch requests ({established} established)",
-            plan.idle_watches
-        ),
+    let figure = MemoryFigure {
+        name: format!("{label} RSS with {count} idle watches ({established} established)"),
         mib: rss::mib(with),
         note: format!("{:.1} MiB before opening them", rss::mib(before)),
-    });
-    let idle = Some((plan.idle_watches, rss::mib(with)));
-    Ok((figures, idle, lists))
+    };
+    Ok((figure, rss::mib(with)))
 }
 
 /// Percent-encodes a query parameter value (RFC 3986 unreserved characters stay).
