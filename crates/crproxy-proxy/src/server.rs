@@ -24,6 +24,10 @@ use crate::metrics::Metrics;
 use crate::pool::ProxyBody;
 use crate::transport;
 
+/// Concurrent streams one caller connection may carry (as Kubernetes' own
+/// aggregated API servers allow).
+pub const CALLER_STREAMS_PER_CONNECTION: u32 = 1000;
+
 /// How long in-flight requests may take to finish once shutdown starts. Watches
 /// are closed when it expires so their clients re-list elsewhere.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -140,7 +144,11 @@ pub fn serve_proxy(
                     let peer = peer.clone();
                     async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
                 });
-                let connection = auto::Builder::new(TokioExecutor::new())
+                let mut builder = auto::Builder::new(TokioExecutor::new());
+                // An aggregator multiplexes many callers' watches over one connection;
+                // hyper's default of 200 streams would queue the rest.
+                builder.http2().max_concurrent_streams(CALLER_STREAMS_PER_CONNECTION);
+                let connection = builder
                     .serve_connection(TokioIo::new(tls), service)
                     .into_owned();
                 if let Err(error) = watcher.watch(connection).await {
