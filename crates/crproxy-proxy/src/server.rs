@@ -147,7 +147,9 @@ pub fn serve_proxy(
                 let mut builder = auto::Builder::new(TokioExecutor::new());
                 // An aggregator multiplexes many callers' watches over one connection;
                 // hyper's default of 200 streams would queue the rest.
-                builder.http2().max_concurrent_streams(CALLER_STREAMS_PER_CONNECTION);
+                builder
+                    .http2()
+                    .max_concurrent_streams(CALLER_STREAMS_PER_CONNECTION);
                 let connection = builder
                     .serve_connection(TokioIo::new(tls), service)
                     .into_owned();
