@@ -69,6 +69,9 @@ pub struct ProxySetup {
     pub metrics: Arc<Metrics>,
     /// Let other replicas on this host listen on the same proxy ports.
     pub share_ports: bool,
+    /// How long the startup probe waits for the first peer list
+    /// ([`STARTUP_SYNC_TIMEOUT`] in production).
+    pub startup_sync_timeout: Duration,
 }
 
 /// A started proxy.
@@ -188,7 +191,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             Arc::clone(&proxy),
             shutdown_rx.clone(),
         ));
-        background.push(spawn_startup_probe(proxy));
+        background.push(spawn_startup_probe(proxy, setup.startup_sync_timeout));
         pools.push(Arc::clone(&pool));
         pools_by_target.push((target_index, pool));
     }
@@ -229,15 +232,10 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
 
 /// Probes the target once at start so an operator sees at once whether the proxy
 /// can reach it; serving does not wait for the probe.
-fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>) -> JoinHandle<()> {
+fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>, sync_timeout: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
         let group_version = proxy.group_version.clone();
-        if !proxy
-            .target
-            .pool
-            .wait_for_first_list(STARTUP_SYNC_TIMEOUT)
-            .await
-        {
+        if !proxy.target.pool.wait_for_first_list(sync_timeout).await {
             tracing::warn!(group_version = %group_version, target = %proxy.target_name, "peer cache did not sync in time for the startup probe, requests fail with 503 until the first netmap arrives");
             return;
         }

@@ -34,6 +34,9 @@ struct Harness {
 struct Options {
     access: AccessMode,
     peers: Option<Vec<String>>,
+    /// A peer source that never publishes (a missing file).
+    silent_peer_source: bool,
+    startup_sync_timeout: std::time::Duration,
 }
 
 impl Default for Options {
@@ -41,6 +44,8 @@ impl Default for Options {
         Self {
             access: AccessMode::Owned,
             peers: None,
+            silent_peer_source: false,
+            startup_sync_timeout: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -100,7 +105,11 @@ async fn harness(options: Options) -> Harness {
             name: "target".into(),
             project: "default".into(),
             cluster: target.config(),
-            peers: PeerSourceConfig::Static(peers),
+            peers: if options.silent_peer_source {
+                PeerSourceConfig::File("/nonexistent/crproxy-peers.yaml".into())
+            } else {
+                PeerSourceConfig::Static(peers)
+            },
         }],
         serving: ServingIdentity {
             cert_chain_pem: serving.cert.clone(),
@@ -108,6 +117,7 @@ async fn harness(options: Options) -> Harness {
         },
         metrics: Arc::clone(&metrics),
         share_ports: false,
+        startup_sync_timeout: options.startup_sync_timeout,
     };
     let proxy = app::start(setup, true).await.expect("proxy starts");
     let addr = proxy.servers[0].1;
@@ -339,7 +349,7 @@ async fn lists_carry_the_owner_selector_merged_with_the_callers() {
 async fn all_mode_forwards_without_masking() {
     let h = harness(Options {
         access: AccessMode::All,
-        peers: None,
+        ..Options::default()
     })
     .await;
     h.target.insert(WIDGETS, widget("foreign", json!({})));
@@ -416,8 +426,8 @@ async fn discovery_falls_back_locally_when_no_peer_answers() {
     let dead = closed.local_addr().expect("addr").to_string();
     drop(closed);
     let h = harness(Options {
-        access: AccessMode::Owned,
         peers: Some(vec![dead]),
+        ..Options::default()
     })
     .await;
     let reply = call(&h.aggregator, "GET", "/apis/example.com/v1", None).await;
@@ -629,5 +639,66 @@ async fn aggregated_discovery_falls_back_when_the_target_cannot_answer() {
     // Plain /apis is the client API server's own business.
     let plain = call(&h.aggregator, "GET", "/apis", None).await;
     assert_eq!(plain.status, 404);
+    h.proxy.shutdown().await;
+}
+
+/// Collects formatted log output in memory.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer() {
+    let logs = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let h = harness(Options {
+        silent_peer_source: true,
+        startup_sync_timeout: std::time::Duration::from_millis(200),
+        ..Options::default()
+    })
+    .await;
+    let list = call(&h.aggregator, "GET", WIDGETS, None).await;
+    assert_eq!(list.status, 503);
+    assert!(series(
+        &h.metrics,
+        "vcluster_proxy_request_total",
+        "reason=\"no_peer\""
+    ));
+    assert!(series(&h.metrics, "vcluster_proxy_peer_cache_synced", " 0"));
+    let mut logged = String::new();
+    for _ in 0..50 {
+        logged = String::from_utf8_lossy(&logs.0.lock().expect("log")).into_owned();
+        if logged.contains("peer cache did not sync in time for the startup probe") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        logged.contains("peer cache did not sync in time for the startup probe"),
+        "{logged}"
+    );
+    // "Starting proxy server" and friends are checked on the real binary's output
+    // (tests/run_command.rs in the crproxy crate): with tests running in parallel
+    // threads, only a callsite this test alone reaches is reliably captured here.
     h.proxy.shutdown().await;
 }

@@ -213,6 +213,7 @@ pub fn setup(
         serving,
         metrics,
         share_ports: false,
+        startup_sync_timeout: crproxy_proxy::app::STARTUP_SYNC_TIMEOUT,
     })
 }
 
