@@ -98,7 +98,7 @@ fn dev_starts_with_a_relative_directory() {
             .map(|a| a.port().to_string())
             .expect("free port")
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+    let child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
         .current_dir(dir.path())
         .args(["dev", "--dir", "rel/dev"])
         .args(["--target-port", &free(), "--client-port", &free()])
@@ -107,6 +107,7 @@ fn dev_starts_with_a_relative_directory() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
+    let mut child = test_support::KillOnDrop(child);
     let dev_json = dir.path().join("rel/dev/dev.json");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !dev_json.exists() {

@@ -47,6 +47,7 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
         .stderr(Stdio::piped())
         .spawn()?;
     let stderr_reader = drain(child.stderr.take());
+    let mut child = test_support::KillOnDrop(child);
 
     let api = admin_client(&client)?;
     let apiservice = "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com";
@@ -132,6 +133,7 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
         .stderr(Stdio::piped())
         .spawn()?;
     let stderr_reader = drain(child.stderr.take());
+    let mut child = test_support::KillOnDrop(child);
     // Discovery keeps working from the local fallback, so the APIService turns
     // Available even though the target is unreachable.
     let api = admin_client(&client)?;

@@ -254,3 +254,29 @@ pub async fn kubectl_json_async(kubeconfig: &Path, args: &[&str]) -> anyhow::Res
     })
     .await?
 }
+
+/// A child process that is killed if the test ends before it does (a failed
+/// assertion), so no server started by a test outlives it.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
