@@ -301,6 +301,13 @@ pub struct InsecureAcceptAnyServerCert {
     provider: Arc<CryptoProvider>,
 }
 
+impl InsecureAcceptAnyServerCert {
+    /// A verifier that checks handshake signatures with `provider`'s algorithms.
+    pub fn new(provider: Arc<CryptoProvider>) -> Self {
+        Self { provider }
+    }
+}
+
 impl ServerCertVerifier for InsecureAcceptAnyServerCert {
     fn verify_server_cert(
         &self,

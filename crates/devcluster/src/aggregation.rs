@@ -47,10 +47,8 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, Status
 use http_body_util::combinators::{BoxBody as HttpBoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -450,7 +448,10 @@ impl Aggregator {
         let builder = if target.insecure {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoVerification(self.provider.clone())))
+                // insecureSkipTLSVerify: the one verifier the project has for that.
+                .with_custom_certificate_verifier(Arc::new(
+                    crproxy_kube::InsecureAcceptAnyServerCert::new(self.provider.clone()),
+                ))
         } else {
             let mut roots = rustls::RootCertStore::empty();
             for cert in CertificateDer::pem_slice_iter(&target.ca_bundle) {
@@ -1255,56 +1256,6 @@ pub fn extension_apiserver_authentication_configmap(
             "requestheader-username-headers": "[\"X-Remote-User\"]",
         },
     })
-}
-
-/// Accepts any server certificate (APIService `insecureSkipTLSVerify: true`), while
-/// still checking handshake signatures so the session keys belong to the peer.
-#[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]
