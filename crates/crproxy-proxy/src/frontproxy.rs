@@ -88,7 +88,11 @@ impl TrustSettings {
             allowed_names: list("requestheader-allowed-names", &[])?,
             username_headers: list("requestheader-username-headers", &["X-Remote-User"])?,
             group_headers: list("requestheader-group-headers", &["X-Remote-Group"])?,
-            extra_prefixes: list("requestheader-extra-headers-prefix", &["X-Remote-Extra-"])?,
+            // Header names arrive lower-cased; compare against lower-cased prefixes.
+            extra_prefixes: list("requestheader-extra-headers-prefix", &["X-Remote-Extra-"])?
+                .into_iter()
+                .map(|prefix| prefix.to_ascii_lowercase())
+                .collect(),
             verifier: webpki_verifier(ca_pem)?,
         })
     }
@@ -180,7 +184,7 @@ impl FrontProxyTrust {
         for (name, value) in headers {
             let lower = name.as_str();
             for prefix in &settings.extra_prefixes {
-                if let Some(key) = lower.strip_prefix(prefix.to_ascii_lowercase().as_str()) {
+                if let Some(key) = lower.strip_prefix(prefix.as_str()) {
                     let key = percent_encoding::percent_decode_str(key)
                         .decode_utf8_lossy()
                         .to_lowercase();

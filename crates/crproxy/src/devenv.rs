@@ -358,23 +358,18 @@ impl DevEnv {
     /// Polls each client's APIService until it reports Available=True.
     pub async fn wait_until_available(&self, limit: Duration) -> Result<()> {
         let name = names::apiservice_name(EXAMPLE_GROUP, EXAMPLE_VERSION);
+        let path = format!("/apis/apiregistration.k8s.io/v1/apiservices/{name}");
         for client in &self.clients {
             let api = admin_client(&client.cluster)?;
-            let path = format!("/apis/apiregistration.k8s.io/v1/apiservices/{name}");
             let deadline = tokio::time::Instant::now() + limit;
-            loop {
-                let available = api
-                    .get(&path)
-                    .await
-                    .ok()
-                    .and_then(|s| condition_status(&s, "Available"))
-                    == Some("True".into());
-                if available && lists_resource_in_discovery(&api, EXAMPLE_PLURAL).await {
-                    break;
-                }
+            wait_for_available(&api, &path, limit)
+                .await
+                .with_context(|| format!("client {}", client.name))?;
+            // The aggregator fetches the backend's discovery a moment later.
+            while !lists_resource_in_discovery(&api, EXAMPLE_PLURAL).await {
                 if tokio::time::Instant::now() >= deadline {
                     return Err(anyhow!(
-                        "APIService {name} in client {} did not become Available within {}s",
+                        "client {}: discovery did not list {EXAMPLE_PLURAL} within {}s",
                         client.name,
                         limit.as_secs()
                     ));
