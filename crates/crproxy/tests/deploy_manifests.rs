@@ -1,50 +1,590 @@
-//! deploy/ renders with kustomize and a server-side dry run of the result is
-//! accepted by an API server.
+//! deploy/: every kustomization renders and passes a server-side dry run against
+//! devcluster; the cluster-ip overlay's pods are the ones the registered Service
+//! selects, so the APIService reaches them; the monitoring kit matches the tested
+//! rule files and the metrics crproxy exposes.
 
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+use crproxy::devenv::{self, LinkSpec, ProxiedResource};
+use crproxy_core::names;
+
+/// Every kustomization under deploy/, and whether it is applied to the client or
+/// the target cluster (both are the same devcluster here: a dry run stores nothing).
+const KUSTOMIZATIONS: &[&str] = &[
+    "base",
+    "overlays/cluster-ip",
+    "overlays/beside-apiserver",
+    "target",
+    "monitoring",
+];
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+fn standin_crds() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/deploy_manifests/standin-crds.yaml")
+}
+
+async fn render(kubeconfig: &Path, dir: &str) -> Result<String> {
+    let path = deploy_dir().join(dir);
+    let out = test_support::kubectl_async(
+        kubeconfig,
+        &["kustomize", path.to_str().context("utf8 path")?],
+    )
+    .await;
+    if !out.success() {
+        bail!("kubectl kustomize {dir}: {}", out.stderr);
+    }
+    Ok(out.stdout)
+}
+
+fn documents(yaml: &str) -> Result<Vec<Value>> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).context("parsing YAML")?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> Result<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .ok_or_else(|| anyhow!("no {kind} rendered"))
+}
+
+/// Installs the stand-in CRDs for kinds devcluster does not serve and waits until
+/// the API server serves them.
+async fn install_standins(kubeconfig: &Path) -> Result<()> {
+    let path = standin_crds();
+    let out = test_support::kubectl_async(
+        kubeconfig,
+        &["apply", "-f", path.to_str().context("utf8 path")?],
+    )
+    .await;
+    if !out.success() {
+        bail!("installing stand-in CRDs: {}", out.stderr);
+    }
+    let text = std::fs::read_to_string(&path)?;
+    for crd in documents(&text)? {
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let mut established = false;
+        for _ in 0..100 {
+            let got = test_support::kubectl_json_async(kubeconfig, &["get", "crd", &name]).await?;
+            if devenv::condition_status(&got, "Established").as_deref() == Some("True") {
+                established = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if !established {
+            bail!("stand-in CRD {name} did not become Established");
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rendered_manifests_pass_a_server_side_dry_run() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+async fn every_kustomization_passes_a_server_side_dry_run() -> Result<()> {
     let cluster = test_support::devcluster("deploy-check").await;
-    let rendered = test_support::kubectl_async(
-        &cluster.kubeconfig,
-        &["kustomize", deploy.to_str().expect("utf8 path")],
-    )
-    .await;
-    assert!(rendered.success(), "kustomize failed: {}", rendered.stderr);
-    assert!(rendered.stdout.contains("kind: Deployment"));
-    assert!(rendered.stdout.contains("replicas: 2"));
-    // A dry run creates nothing, so the namespace the manifests live in must
-    // exist first, as on any cluster.
-    let namespace = test_support::kubectl_async(
-        &cluster.kubeconfig,
-        &["create", "namespace", "crproxy-system"],
-    )
-    .await;
-    assert!(namespace.success(), "{}", namespace.stderr);
-    let applied = test_support::kubectl_stdin_async(
-        &cluster.kubeconfig,
-        &["apply", "--dry-run=server", "-f", "-"],
-        &rendered.stdout,
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(applied.success(), "dry run failed: {}", applied.stderr);
-    assert!(
-        applied
+    install_standins(&cluster.kubeconfig).await?;
+    for dir in KUSTOMIZATIONS {
+        let rendered = render(&cluster.kubeconfig, dir).await?;
+        let objects = documents(&rendered)?;
+        assert!(!objects.is_empty(), "{dir} renders nothing");
+        let applied = test_support::kubectl_stdin_async(
+            &cluster.kubeconfig,
+            &["apply", "--dry-run=server", "-f", "-"],
+            &rendered,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert!(
+            applied.success(),
+            "{dir}: dry run failed: {}",
+            applied.stderr
+        );
+        // Every object was accepted, not just the first few.
+        let accepted = applied
             .stdout
-            .contains("deployment.apps/crproxy created (server dry run)"),
-        "{}",
-        applied.stdout
-    );
-    // Nothing was stored.
+            .lines()
+            .filter(|l| l.ends_with("created (server dry run)"))
+            .count();
+        assert_eq!(accepted, objects.len(), "{dir}: {}", applied.stdout);
+    }
+    // A dry run stores nothing.
     let get = test_support::kubectl_async(
         &cluster.kubeconfig,
-        &["-n", "crproxy-system", "get", "deployment", "crproxy"],
+        &["-n", "kube-system", "get", "deployment", "crproxy"],
     )
     .await;
     assert!(!get.success(), "a dry run must not create objects");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dry_run_catches_a_broken_manifest() -> Result<()> {
+    // The stand-ins are only worth having if they reject what the real API would.
+    let cluster = test_support::devcluster("deploy-broken").await;
+    install_standins(&cluster.kubeconfig).await?;
+    let cases = [
+        ("monitoring", "for: 2m", "for: 2 minutes"),
+        (
+            "monitoring",
+            "concurrencyPolicy: Forbid",
+            "concurrencyPolicy: Never",
+        ),
+        ("overlays/cluster-ip", "minAvailable: 1", "minAvailabel: 1"),
+        (
+            "overlays/beside-apiserver",
+            "rollingUpdate:",
+            "rolingUpdate:",
+        ),
+    ];
+    for (dir, good, bad) in cases {
+        let rendered = render(&cluster.kubeconfig, dir).await?;
+        assert!(rendered.contains(good), "{dir} has no {good:?}");
+        let broken = rendered.replacen(good, bad, 1);
+        let applied = test_support::kubectl_stdin_async(
+            &cluster.kubeconfig,
+            &["apply", "--dry-run=server", "-f", "-"],
+            &broken,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert!(!applied.success(), "{dir} with {bad:?} was accepted");
+    }
+    Ok(())
+}
+
+/// The Kubernetes endpoints controller's rule: a Service selects the pods of its
+/// own namespace whose labels contain every pair of its selector.
+fn selects(service: &Value, pod_namespace: &str, pod_labels: &Value) -> bool {
+    let Some(selector) = service["spec"]["selector"].as_object() else {
+        return false;
+    };
+    service["metadata"]["namespace"] == pod_namespace
+        && !selector.is_empty()
+        && selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_ip_overlay_is_highly_available_and_locked_down() -> Result<()> {
+    let cluster = test_support::devcluster("deploy-shape").await;
+    let docs = documents(&render(&cluster.kubeconfig, "overlays/cluster-ip").await?)?;
+    let deployment = find(&docs, "Deployment")?;
+    let pod = &deployment["spec"]["template"];
+    let labels = &pod["metadata"]["labels"];
+    assert_eq!(
+        deployment["metadata"]["namespace"],
+        names::SERVICE_NAMESPACE
+    );
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pdb = find(&docs, "PodDisruptionBudget")?;
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert!(pdb["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .context("pdb selector")?
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v)));
+    let anti = &pod["spec"]["affinity"]["podAntiAffinity"];
+    assert!(anti.is_object(), "no pod anti-affinity");
+    let security = &pod["spec"]["securityContext"];
+    assert_eq!(security["runAsNonRoot"], true);
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(
+        container["securityContext"]["allowPrivilegeEscalation"],
+        false
+    );
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    assert!(container["resources"]["limits"]["memory"].is_string());
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        assert!(container[probe]["httpGet"]["path"].is_string(), "{probe}");
+    }
+    // The metrics Service selects the same pods.
+    let metrics = find(&docs, "Service")?;
+    assert!(selects(metrics, names::SERVICE_NAMESPACE, labels));
+    // The mounted layout is the one config.yaml names: the target kubeconfig and
+    // the serving CA directory `crproxy run` loads from next to its config.
+    let config = find(&docs, "ConfigMap")?["data"]["config.yaml"]
+        .as_str()
+        .context("config.yaml")?
+        .to_owned();
+    let config: Value = serde_saphyr::from_str(&config)?;
+    let args = container["args"].as_array().context("args")?;
+    assert_eq!(args.last(), Some(&json!("/etc/crproxy/config.yaml")));
+    let mount = &container["volumeMounts"][0];
+    assert_eq!(mount["mountPath"], "/etc/crproxy");
+    let sources = pod["spec"]["volumes"][0]["projected"]["sources"]
+        .as_array()
+        .context("projected volume")?;
+    let paths: BTreeSet<String> = sources
+        .iter()
+        .flat_map(|s| {
+            ["configMap", "secret"]
+                .into_iter()
+                .flat_map(move |k| s[k]["items"].as_array().cloned().unwrap_or_default())
+        })
+        .filter_map(|item| item["path"].as_str().map(|p| format!("/etc/crproxy/{p}")))
+        .collect();
+    let expected: BTreeSet<String> = [
+        "/etc/crproxy/config.yaml".to_owned(),
+        config["targets"][0]["kubeconfig"]
+            .as_str()
+            .context("target kubeconfig")?
+            .to_owned(),
+        "/etc/crproxy/serving-ca/ca.crt".to_owned(),
+        "/etc/crproxy/serving-ca/ca.key".to_owned(),
+    ]
+    .into();
+    assert_eq!(paths, expected);
+    assert_eq!(config["proxy"]["registration"]["serviceType"], "ClusterIP");
+    let base_port = config["proxy"]["basePort"].as_u64().context("basePort")?;
+    assert!(container["ports"]
+        .as_array()
+        .context("ports")?
+        .iter()
+        .any(|p| p["containerPort"].as_u64() == Some(base_port)));
+    Ok(())
+}
+
+/// Plays the endpoints controller for `service`: one ready endpoint per
+/// Deployment in the client cluster whose pods the Service selects, pointing at
+/// `addr` (the proxy replica that stands in for those pods on this machine).
+async fn publish_endpoints(
+    api: &crproxy_kube::Client,
+    service: &Value,
+    addr: std::net::SocketAddr,
+) -> Result<usize> {
+    let namespace = service["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default();
+    let name = service["metadata"]["name"].as_str().unwrap_or_default();
+    let deployments = api.list("/apis/apps/v1/deployments").await?;
+    let mut selected = 0;
+    for deployment in deployments["items"].as_array().into_iter().flatten() {
+        let pod_namespace = deployment["metadata"]["namespace"].as_str().unwrap_or("");
+        if !selects(
+            service,
+            pod_namespace,
+            &deployment["spec"]["template"]["metadata"]["labels"],
+        ) {
+            continue;
+        }
+        selected += 1;
+        let slice = json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": format!("{name}-{selected}"),
+                "namespace": namespace,
+                "labels": {"kubernetes.io/service-name": name},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [addr.ip().to_string()], "conditions": {"ready": true}}],
+            "ports": [{"name": "https", "protocol": "TCP", "port": addr.port()}],
+        });
+        api.create(
+            &format!("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"),
+            &slice,
+        )
+        .await?;
+    }
+    Ok(selected)
+}
+
+/// The names a PromQL expression uses that look like crproxy metrics.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(start) = rest.find("vcluster_proxy_") {
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// Metric families of a Prometheus text exposition, by `# TYPE` line.
+fn families(exposition: &str) -> BTreeMap<String, String> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            Some((parts.next()?.to_owned(), parts.next()?.to_owned()))
+        })
+        .collect()
+}
+
+/// Whether `name` is a series of a family: counters gain `_total`, histograms
+/// `_bucket`, `_sum` and `_count`.
+fn exposed(name: &str, families: &BTreeMap<String, String>) -> bool {
+    if families.contains_key(name) {
+        return true;
+    }
+    let counter = name
+        .strip_suffix("_total")
+        .is_some_and(|base| families.get(base).map(String::as_str) == Some("counter"));
+    let histogram = ["_bucket", "_sum", "_count"].iter().any(|suffix| {
+        name.strip_suffix(suffix)
+            .is_some_and(|base| families.get(base).map(String::as_str) == Some("histogram"))
+    });
+    counter || histogram
+}
+
+fn dashboard_expressions() -> Result<Vec<String>> {
+    let path = deploy_dir().join("monitoring/crproxy-dashboard.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let mut exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .context("panels")?
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+        .collect();
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(query) = variable["definition"].as_str() {
+            exprs.push(query.to_owned());
+        }
+    }
+    Ok(exprs)
+}
+
+#[test]
+fn the_dashboard_covers_what_the_issue_asks_for() -> Result<()> {
+    let used: BTreeSet<String> = dashboard_expressions()?
+        .iter()
+        .flat_map(|e| metric_names(e))
+        .collect();
+    for name in [
+        "vcluster_proxy_request_total",
+        "vcluster_proxy_request_duration_seconds_bucket",
+        "vcluster_proxy_request_terminations_total",
+        "vcluster_proxy_peers",
+        "vcluster_proxy_peer_cache_synced",
+        "vcluster_proxy_peer_list_age_seconds",
+        "vcluster_proxy_peer_quarantines_total",
+        "vcluster_proxy_target_all_peers_quarantined_total",
+        "vcluster_proxy_peer_dial_failures_total",
+        "vcluster_proxy_discovery_fallbacks_total",
+        "vcluster_proxy_active_watches",
+        "vcluster_proxy_watch_events_total",
+    ] {
+        assert!(used.contains(name), "the dashboard does not show {name}");
+    }
+    Ok(())
+}
+
+/// The issue's registration bug, end to end: the leader registers its ClusterIP
+/// Service in kube-system with the code's pod selector; the cluster-ip overlay's
+/// Deployment must be what that Service selects, so the API server's aggregation
+/// reaches a proxy and the APIService turns Available. Also checks the dashboard
+/// against the live metrics of the same proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
+    test_support::init_crypto();
+    let dir = tempfile::tempdir()?;
+    let root = std::fs::canonicalize(dir.path())?;
+    let target = test_support::devcluster("target").await;
+    let client = test_support::devcluster("client").await;
+    let link = devenv::Link::prepare(LinkSpec {
+        dir: root.join("client"),
+        client_name: "client".into(),
+        client_kubeconfig: client.kubeconfig.clone(),
+        target_name: "target".into(),
+        target: &target.cluster,
+        target_peers: vec![target.cluster.addr()],
+        resource: ProxiedResource::example(),
+        proxy_port: 0,
+        metrics_port: devenv::free_port()?,
+        persistent: false,
+    })
+    .await?;
+    // Registration as the overlay's config.yaml asks for it.
+    let config = std::fs::read_to_string(&link.config_path)?;
+    let clusterip = config.replace(
+        "serviceType: ExternalName\n    externalName: localhost",
+        "serviceType: ClusterIP",
+    );
+    assert_ne!(config, clusterip, "the dev configuration changed shape");
+    std::fs::write(&link.config_path, clusterip)?;
+
+    // Install the overlay in the client, as `kubectl apply -k` would (the
+    // PodDisruptionBudget needs its stand-in kind).
+    install_standins(&client.kubeconfig).await?;
+    let rendered = render(&client.kubeconfig, "overlays/cluster-ip").await?;
+    let applied = test_support::kubectl_stdin_async(
+        &client.kubeconfig,
+        &["apply", "-f", "-"],
+        &rendered,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(applied.success(), "apply -k: {}", applied.stderr);
+
+    let replica = link.start_replica().await?;
+    let api = devenv::admin_client(&client.cluster)?;
+    let service_path = format!(
+        "/api/v1/namespaces/{}/services/{}",
+        names::SERVICE_NAMESPACE,
+        names::service_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
+    );
+    let mut service = None;
+    for _ in 0..200 {
+        if let Ok(found) = api.get(&service_path).await {
+            service = Some(found);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let service = service.context("the leader did not register the Service")?;
+    assert_eq!(service["spec"]["type"], "ClusterIP");
+    let addr = replica
+        .proxy
+        .servers
+        .first()
+        .map(|(_, addr)| *addr)
+        .context("no proxy server")?;
+    let selected = publish_endpoints(&api, &service, addr).await?;
+    assert_eq!(
+        selected, 1,
+        "the registered Service selects no overlay pods"
+    );
+    let apiservice = format!(
+        "/apis/apiregistration.k8s.io/v1/apiservices/{}",
+        names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
+    );
+    devenv::wait_for_available(&api, &apiservice, Duration::from_secs(30)).await?;
+    let list = test_support::kubectl_async(
+        &client.kubeconfig,
+        &[
+            "get",
+            "--raw",
+            "/apis/example.com/v1/namespaces/default/widgets?limit=1",
+        ],
+    )
+    .await;
+    assert!(
+        list.success(),
+        "list through the APIService: {}",
+        list.stderr
+    );
+
+    // Every metric the dashboard queries is one this proxy exposes. Counters
+    // only appear after their first event, and this quiet proxy has had none of
+    // most: those are taken from the same registry code after one event of each
+    // kind. Gauges and histograms must be in the live scrape.
+    let exposition = fetch(&replica.metrics_url).await?;
+    let live = families(&exposition);
+    for gauge in ["vcluster_proxy_peers", "vcluster_proxy_peer_cache_synced"] {
+        assert!(
+            live.contains_key(gauge),
+            "live scrape lacks {gauge}:\n{exposition}"
+        );
+    }
+    let mut families = live;
+    families.extend(self::families(&counters_after_one_event_each()));
+    for expr in dashboard_expressions()? {
+        for name in metric_names(&expr) {
+            assert!(
+                exposed(&name, &families),
+                "dashboard query uses {name}, not exposed: {expr}"
+            );
+        }
+    }
+    replica.stop().await;
+    Ok(())
+}
+
+/// The exposition of a fresh metrics registry after one event of every counter.
+fn counters_after_one_event_each() -> String {
+    use crproxy_core::reason::Reason;
+    let metrics = crproxy_proxy::metrics::Metrics::new();
+    let target = metrics.target("default/target");
+    target.request("example.com/v1", "list", 503, Reason::NoPeer);
+    target.termination(Reason::Deadline);
+    target.discovery_fallback("example.com/v1", Reason::NoPeer);
+    target.watch_events(1);
+    target.peer_quarantined();
+    target.all_peers_quarantined();
+    target.peer_recovered();
+    target.dial_failure(Reason::Timeout);
+    metrics.encode_prometheus_text()
+}
+
+async fn fetch(url: &str) -> Result<String> {
+    let url = url.strip_prefix("http://").context("http URL")?;
+    let (host, path) = url.split_once('/').context("URL path")?;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(host).await?;
+    stream
+        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut body)).await??;
+    Ok(body)
+}
+
+#[test]
+fn the_prometheus_rule_carries_exactly_the_tested_rule_files() -> Result<()> {
+    let read = |p: &str| -> Result<Value> {
+        Ok(serde_saphyr::from_str(&std::fs::read_to_string(
+            deploy_dir().join(p),
+        )?)?)
+    };
+    let rule = read("monitoring/prometheusrule.yaml")?;
+    let mut groups = Vec::new();
+    for file in ["prometheus/alerts.yaml", "prometheus/probe-alerts.yaml"] {
+        groups.extend(read(file)?["groups"].as_array().cloned().context(file)?);
+    }
+    assert_eq!(rule["spec"]["groups"], Value::Array(groups.clone()));
+
+    // Every alert has a promtool test where it fires and one where it stays quiet.
+    let mut fires = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    for entry in std::fs::read_dir(deploy_dir().join("prometheus"))? {
+        let path = entry?.path();
+        if !path.to_string_lossy().ends_with("_test.yaml") {
+            continue;
+        }
+        let tests: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path)?)?;
+        for case in tests["tests"].as_array().into_iter().flatten() {
+            for check in case["alert_rule_test"].as_array().into_iter().flatten() {
+                let name = check["alertname"].as_str().unwrap_or_default().to_owned();
+                let expected = check["exp_alerts"].as_array().map(Vec::len).unwrap_or(0);
+                if expected == 0 {
+                    quiet.insert(name);
+                } else {
+                    fires.insert(name);
+                }
+            }
+        }
+    }
+    for group in &groups {
+        for rule in group["rules"].as_array().into_iter().flatten() {
+            let Some(alert) = rule["alert"].as_str() else {
+                continue;
+            };
+            assert!(fires.contains(alert), "no promtool test makes {alert} fire");
+            assert!(
+                quiet.contains(alert),
+                "no promtool test keeps {alert} quiet"
+            );
+        }
+    }
+    Ok(())
 }
