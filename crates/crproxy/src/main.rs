@@ -32,6 +32,8 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Check a running installation piece by piece and print the verdict table.
+    Doctor(crproxy::doctor::DoctorArgs),
     /// Validate a configuration file and print every problem found.
     CheckConfig {
         /// The crproxy configuration file (YAML).
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
             Command::Dev(args) => dev::run(args).await,
             Command::Run { config } => run::run(&config).await,
             Command::CheckConfig { file } => run::check_config(&file),
+            Command::Doctor(args) => crproxy::doctor::run(args).await,
             Command::Devcluster {
                 data_dir,
                 port,

@@ -1,0 +1,1058 @@
+//! `crproxy doctor`: the troubleshooting verdict table of the operations guide,
+//! computed instead of read.
+//!
+//! Given the client cluster (and optionally the proxy's credentials on the target
+//! and its metrics URL), every proxied group/version — found by the protection
+//! label on its APIService — is checked piece by piece along the path a request
+//! takes: APIService, Service and endpoints, protection, leader, discovery, target
+//! credentials, peers, quarantines, request outcomes. Each check reports ok, warn
+//! or fail with the evidence and the runbook step that applies; any fail makes the
+//! command exit non-zero.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crproxy_core::names;
+
+/// How long any single request of the doctor may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `crproxy doctor` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DoctorArgs {
+    /// Kubeconfig of the client cluster (admin or read-only view of APIServices,
+    /// Services, EndpointSlices, Leases and admission policies).
+    #[arg(long)]
+    pub kubeconfig: PathBuf,
+    /// Kubeconfig the proxy uses for the target (the crproxy-target-kubeconfig
+    /// Secret): checks that the target accepts it and what it may do.
+    #[arg(long)]
+    pub target_kubeconfig: Option<PathBuf>,
+    /// The proxy's metrics URL, e.g. http://10.0.0.7:9090/metrics/syncer.
+    #[arg(long)]
+    pub metrics_url: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// The verdict of one check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
+        }
+    }
+}
+
+/// One row of the verdict table.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    /// `<group>/<version>`, or empty for checks that are not per group/version.
+    pub group_version: String,
+    /// Which piece was checked (`apiservice`, `service`, `peers`, ...).
+    pub check: &'static str,
+    pub status: Status,
+    /// What was observed.
+    pub evidence: String,
+    /// What to do about it; empty when there is nothing to do.
+    pub runbook: String,
+}
+
+/// Everything the doctor found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The worst status of all checks.
+    pub status: Status,
+    /// The triage verdict of the operations guide that the checks point to.
+    pub verdict: String,
+    pub checks: Vec<Check>,
+    /// Checks that were not run, and why (an optional input was not given).
+    pub skipped: Vec<String>,
+}
+
+impl Report {
+    /// The checks of one kind, for one group/version.
+    pub fn find(&self, group_version: &str, check: &str) -> Option<&Check> {
+        self.checks
+            .iter()
+            .find(|c| c.group_version == group_version && c.check == check)
+    }
+
+    /// Human-readable table: one line per check, the runbook step under each
+    /// check that is not ok.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for c in &self.checks {
+            let scope = if c.group_version.is_empty() {
+                "-".to_owned()
+            } else {
+                c.group_version.clone()
+            };
+            out.push_str(&format!(
+                "{:<4}  {:<22} {:<20} {}\n",
+                c.status.as_str(),
+                scope,
+                c.check,
+                c.evidence
+            ));
+            if c.status != Status::Ok && !c.runbook.is_empty() {
+                out.push_str(&format!("      -> {}\n", c.runbook));
+            }
+        }
+        for s in &self.skipped {
+            out.push_str(&format!("skip  {s}\n"));
+        }
+        let failed = self
+            .checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .count();
+        out.push_str(&format!(
+            "verdict: {} ({} check(s), {} failed): {}\n",
+            self.status.as_str(),
+            self.checks.len(),
+            failed,
+            self.verdict
+        ));
+        out
+    }
+}
+
+/// What the doctor looks at.
+pub struct Inputs {
+    pub client: crproxy_kube::Client,
+    pub target: Option<crproxy_kube::Client>,
+    pub metrics_url: Option<String>,
+}
+
+impl Inputs {
+    /// Loads the kubeconfigs named by the arguments.
+    pub fn from_args(args: &DoctorArgs) -> Result<Inputs> {
+        Ok(Inputs {
+            client: client_from(&args.kubeconfig).context("--kubeconfig")?,
+            target: args
+                .target_kubeconfig
+                .as_deref()
+                .map(client_from)
+                .transpose()
+                .context("--target-kubeconfig")?,
+            metrics_url: args.metrics_url.clone(),
+        })
+    }
+}
+
+fn client_from(path: &Path) -> Result<crproxy_kube::Client> {
+    let kubeconfig = crproxy_kube::Kubeconfig::load(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None)
+        .with_context(|| format!("using {}", path.display()))?;
+    Ok(crproxy_kube::Client::new(cluster)?.with_request_timeout(Some(REQUEST_TIMEOUT)))
+}
+
+/// `crproxy doctor`: prints the table (or JSON); fails when any check fails.
+pub async fn run(args: DoctorArgs) -> Result<()> {
+    let inputs = Inputs::from_args(&args)?;
+    let report = diagnose(&inputs).await?;
+    match args.output {
+        Format::Text => print!("{}", report.to_text()),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    if report.status == Status::Fail {
+        let failed: Vec<String> = report
+            .checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .map(|c| format!("{} {}", c.group_version, c.check).trim().to_owned())
+            .collect();
+        bail!("doctor: failing checks: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Runs every check that the inputs allow.
+pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
+    let client = &inputs.client;
+    let selector = format!(
+        "{}={}",
+        names::PROTECTION_LABEL_KEY,
+        names::PROTECTION_LABEL_VALUE
+    );
+    let apiservices = client
+        .list(&format!(
+            "/apis/apiregistration.k8s.io/v1/apiservices?labelSelector={}",
+            selector.replace('/', "%2F").replace('=', "%3D")
+        ))
+        .await
+        .context("listing APIServices in the client cluster")?;
+    let apiservices: Vec<Value> = apiservices["items"].as_array().cloned().unwrap_or_default();
+    let mut checks = Vec::new();
+    let mut skipped = Vec::new();
+    if apiservices.is_empty() {
+        checks.push(Check {
+            group_version: String::new(),
+            check: "apiservice",
+            status: Status::Fail,
+            evidence: format!("no APIService labelled {selector}"),
+            runbook: "no proxy leader has ever registered here: check that the crproxy pods run \
+                      (kubectl -n kube-system get pods -l app.kubernetes.io/name=crproxy) and \
+                      their logs for configuration or RBAC errors"
+                .into(),
+        });
+    }
+    checks.extend(check_protection(client).await);
+    checks.push(check_leader(client).await);
+    let metrics = match &inputs.metrics_url {
+        Some(url) => match fetch_metrics(url).await {
+            Ok(text) => Some(parse_exposition(&text)),
+            Err(error) => {
+                checks.push(Check {
+                    group_version: String::new(),
+                    check: "metrics",
+                    status: Status::Fail,
+                    evidence: format!("{url}: {error:#}"),
+                    runbook: "the proxy's metrics listener does not answer: the pod is down \
+                              or proxy.metricsAddress differs"
+                        .into(),
+                });
+                None
+            }
+        },
+        None => {
+            skipped.push("metrics checks: no --metrics-url".into());
+            None
+        }
+    };
+    if inputs.target.is_none() {
+        skipped.push("target checks: no --target-kubeconfig".into());
+    }
+    for apiservice in &apiservices {
+        let group = apiservice["spec"]["group"].as_str().unwrap_or_default();
+        let version = apiservice["spec"]["version"].as_str().unwrap_or_default();
+        let gv = format!("{group}/{version}");
+        checks.push(check_apiservice(&gv, apiservice));
+        checks.push(check_service(client, &gv, apiservice).await);
+        checks.push(check_discovery(client, &gv).await);
+        if let Some(target) = &inputs.target {
+            checks.extend(check_target(target, &gv).await);
+        }
+        if let Some(samples) = &metrics {
+            checks.extend(check_metrics(samples, &gv));
+        }
+    }
+    let status = checks.iter().map(|c| c.status).max().unwrap_or(Status::Ok);
+    Ok(Report {
+        status,
+        verdict: triage(&checks),
+        checks,
+        skipped,
+    })
+}
+
+/// The quick-triage verdict: the first broken piece along a request's path
+/// decides, from the registration in the client to the peers on the target.
+fn triage(checks: &[Check]) -> String {
+    let failing = |name: &str| {
+        checks
+            .iter()
+            .any(|c| c.check == name && c.status == Status::Fail)
+    };
+    let verdicts: [(&str, &str); 11] = [
+        ("apiservice", "registration: the APIService does not reach a proxy"),
+        ("service", "registration: the proxy Service has no usable backend"),
+        ("leader", "no leader: nothing keeps the registration in place"),
+        ("protection", "registration objects are not protected against deletion"),
+        ("discovery", "the client's aggregation layer does not reach the proxy"),
+        ("metrics", "the proxy's metrics are unreachable: the pod is down or misconfigured"),
+        (
+            "target-credentials",
+            "the target is down or refuses the proxy's credentials: fix the target or the Secret",
+        ),
+        ("target-rbac", "the target's RBAC denies the client identity what the proxy needs"),
+        (
+            "peer-cache",
+            "the proxy has no current peer snapshot: restore its peer source first",
+        ),
+        (
+            "peers",
+            "proxy-path degradation: the target's endpoints are stale or unreachable from the proxy",
+        ),
+        ("peer-list-age", "no peer list has arrived yet"),
+    ];
+    if let Some((_, verdict)) = verdicts.iter().find(|(name, _)| failing(name)) {
+        return (*verdict).to_owned();
+    }
+    if checks.iter().any(|c| c.status == Status::Warn) {
+        return "serving, with warnings: read the runbook step of each warning".to_owned();
+    }
+    "healthy".to_owned()
+}
+
+fn check(gv: &str, check: &'static str, status: Status, evidence: String, runbook: &str) -> Check {
+    Check {
+        group_version: gv.to_owned(),
+        check,
+        status,
+        evidence,
+        runbook: if status == Status::Ok {
+            String::new()
+        } else {
+            runbook.to_owned()
+        },
+    }
+}
+
+fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+// ---------------------------------------------------------------- client side
+
+fn check_apiservice(gv: &str, apiservice: &Value) -> Check {
+    let Some(available) = condition(apiservice, "Available") else {
+        return check(
+            gv,
+            "apiservice",
+            Status::Warn,
+            "no Available condition yet".into(),
+            "the aggregator has not evaluated the APIService yet; run again in a few seconds",
+        );
+    };
+    let reason = available["reason"].as_str().unwrap_or("");
+    let message = available["message"].as_str().unwrap_or("");
+    if available["status"] == "True" {
+        return check(
+            gv,
+            "apiservice",
+            Status::Ok,
+            format!("Available=True ({reason})"),
+            "",
+        );
+    }
+    let runbook = match reason {
+        "ServiceNotFound" => {
+            "the Service the APIService names is missing; the leader re-creates it within \
+             seconds, so a lasting absence means no leader (see the leader check)"
+        }
+        "MissingEndpoints" | "EndpointsNotFound" => {
+            "the Service selects no ready proxy pod: the pods must run in kube-system with the \
+             label app.kubernetes.io/name=crproxy (deploy/overlays/cluster-ip) and be Ready"
+        }
+        "FailedDiscoveryCheck" => {
+            "the API server reached the Service but the proxy did not answer discovery: check \
+             that the pods listen on proxy.basePort, that the serving CA Secret is the one in \
+             caBundle, and the proxy logs"
+        }
+        _ => "read the message; the proxy logs show why it does not serve",
+    };
+    check(
+        gv,
+        "apiservice",
+        Status::Fail,
+        format!("Available=False ({reason}): {message}"),
+        runbook,
+    )
+}
+
+async fn check_service(client: &crproxy_kube::Client, gv: &str, apiservice: &Value) -> Check {
+    let namespace = apiservice["spec"]["service"]["namespace"]
+        .as_str()
+        .unwrap_or_default();
+    let name = apiservice["spec"]["service"]["name"]
+        .as_str()
+        .unwrap_or_default();
+    let runbook_missing = "the leader re-creates its Service within seconds; a lasting absence \
+                           means no leader holds the Lease (see the leader check)";
+    let service = match client
+        .get_opt(&format!("/api/v1/namespaces/{namespace}/services/{name}"))
+        .await
+    {
+        Ok(Some(service)) => service,
+        Ok(None) => {
+            return check(
+                gv,
+                "service",
+                Status::Fail,
+                format!("Service {namespace}/{name} does not exist"),
+                runbook_missing,
+            )
+        }
+        Err(error) => {
+            return check(
+                gv,
+                "service",
+                Status::Fail,
+                format!("reading Service {namespace}/{name}: {error}"),
+                "the doctor's credentials must be able to read Services in kube-system",
+            )
+        }
+    };
+    if service["spec"]["type"] == "ExternalName" {
+        let host = service["spec"]["externalName"].as_str().unwrap_or("");
+        return check(
+            gv,
+            "service",
+            Status::Ok,
+            format!(
+                "{namespace}/{name}: ExternalName {host} (the proxy runs beside the API server)"
+            ),
+            "",
+        );
+    }
+    let slices = client
+        .list(&crproxy_proxy::sources::endpoint_slices_path(
+            namespace, name,
+        ))
+        .await;
+    let slices = match slices {
+        Ok(list) => list["items"].as_array().cloned().unwrap_or_default(),
+        Err(error) => {
+            return check(
+                gv,
+                "service",
+                Status::Fail,
+                format!("listing EndpointSlices of {namespace}/{name}: {error}"),
+                "the doctor's credentials must be able to list EndpointSlices in kube-system",
+            )
+        }
+    };
+    let ready = slices
+        .iter()
+        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter(|e| e["conditions"]["ready"] != false)
+        .count();
+    let selector = serde_json::to_string(&service["spec"]["selector"]).unwrap_or_default();
+    if ready == 0 {
+        return check(
+            gv,
+            "service",
+            Status::Fail,
+            format!("{namespace}/{name}: ClusterIP selecting {selector}, no ready endpoint"),
+            "no ready proxy pod matches the selector in the Service's namespace: run the pods \
+             in kube-system with app.kubernetes.io/name=crproxy (deploy/overlays/cluster-ip) \
+             and check their readiness",
+        );
+    }
+    check(
+        gv,
+        "service",
+        Status::Ok,
+        format!("{namespace}/{name}: ClusterIP selecting {selector}, {ready} ready endpoint(s)"),
+        "",
+    )
+}
+
+async fn check_protection(client: &crproxy_kube::Client) -> Vec<Check> {
+    let runbook = "the leader re-creates the policy and binding within seconds; a lasting \
+                   absence means no leader (see the leader check) or missing RBAC on \
+                   validatingadmissionpolicies(bindings) (deploy/base/rbac.yaml)";
+    let policy_path = format!(
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{}",
+        names::POLICY_NAME
+    );
+    let binding_path = format!(
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{}",
+        names::POLICY_BINDING_NAME
+    );
+    let policy = client.get_opt(&policy_path).await;
+    let binding = client.get_opt(&binding_path).await;
+    let mut problems = Vec::new();
+    match &policy {
+        Ok(Some(_)) => {}
+        Ok(None) => problems.push(format!("policy {} missing", names::POLICY_NAME)),
+        Err(e) => problems.push(format!("reading policy {}: {e}", names::POLICY_NAME)),
+    }
+    match &binding {
+        Ok(Some(binding)) => {
+            let spec = &binding["spec"];
+            if spec["policyName"] != names::POLICY_NAME {
+                problems.push(format!(
+                    "binding {} points at policy {}",
+                    names::POLICY_BINDING_NAME,
+                    spec["policyName"]
+                ));
+            }
+            let denies = spec["validationActions"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v == "Deny"));
+            if !denies {
+                problems.push(format!(
+                    "binding {} does not Deny",
+                    names::POLICY_BINDING_NAME
+                ));
+            }
+            let selects_label = spec["matchResources"]["objectSelector"]["matchLabels"]
+                [names::PROTECTION_LABEL_KEY]
+                == names::PROTECTION_LABEL_VALUE;
+            if !selects_label {
+                problems.push(format!(
+                    "binding {} does not select {}={}",
+                    names::POLICY_BINDING_NAME,
+                    names::PROTECTION_LABEL_KEY,
+                    names::PROTECTION_LABEL_VALUE
+                ));
+            }
+        }
+        Ok(None) => problems.push(format!("binding {} missing", names::POLICY_BINDING_NAME)),
+        Err(e) => problems.push(format!(
+            "reading binding {}: {e}",
+            names::POLICY_BINDING_NAME
+        )),
+    }
+    let evidence = if problems.is_empty() {
+        format!(
+            "policy {} bound by {} to {}={}",
+            names::POLICY_NAME,
+            names::POLICY_BINDING_NAME,
+            names::PROTECTION_LABEL_KEY,
+            names::PROTECTION_LABEL_VALUE
+        )
+    } else {
+        problems.join("; ")
+    };
+    let status = if problems.is_empty() {
+        Status::Ok
+    } else {
+        Status::Fail
+    };
+    vec![check("", "protection", status, evidence, runbook)]
+}
+
+async fn check_leader(client: &crproxy_kube::Client) -> Check {
+    let runbook = "no replica holds the registration Lease: check that the crproxy pods run \
+                   and may update leases in kube-system (deploy/base/rbac.yaml)";
+    let leases = match client
+        .list("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases")
+        .await
+    {
+        Ok(list) => list["items"].as_array().cloned().unwrap_or_default(),
+        Err(error) => {
+            return check(
+                "",
+                "leader",
+                Status::Fail,
+                format!("listing Leases in kube-system: {error}"),
+                "the doctor's credentials must be able to list Leases in kube-system",
+            )
+        }
+    };
+    let ours: Vec<&Value> = leases
+        .iter()
+        .filter(|l| {
+            l["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("crproxy-"))
+        })
+        .collect();
+    let Some(lease) = ours.first() else {
+        return check(
+            "",
+            "leader",
+            Status::Fail,
+            "no Lease kube-system/crproxy-<client name>".into(),
+            runbook,
+        );
+    };
+    let name = lease["metadata"]["name"].as_str().unwrap_or_default();
+    let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or("");
+    let duration = lease["spec"]["leaseDurationSeconds"].as_i64().unwrap_or(0);
+    let renewed = lease["spec"]["renewTime"]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+    let age = renewed.map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds());
+    match (holder.is_empty(), age) {
+        (false, Some(age)) if age <= duration => check(
+            "",
+            "leader",
+            Status::Ok,
+            format!("Lease kube-system/{name} held by {holder}, renewed {age}s ago"),
+            "",
+        ),
+        (true, _) => check(
+            "",
+            "leader",
+            Status::Fail,
+            format!("Lease kube-system/{name} has no holder"),
+            runbook,
+        ),
+        (false, age) => check(
+            "",
+            "leader",
+            Status::Fail,
+            format!(
+                "Lease kube-system/{name} held by {holder} but not renewed for {}s (duration {duration}s)",
+                age.map(|a| a.to_string()).unwrap_or_else(|| "?".into())
+            ),
+            runbook,
+        ),
+    }
+}
+
+/// Whether a discovery document looks like the proxy's fallback: every resource
+/// has only `get`, or there are none.
+fn is_fallback(document: &Value) -> bool {
+    let resources = document["resources"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    resources.is_empty()
+        || resources
+            .iter()
+            .all(|r| r["verbs"].as_array().is_some_and(|v| v == &[json!("get")]))
+}
+
+async fn check_discovery(client: &crproxy_kube::Client, gv: &str) -> Check {
+    match client.get(&format!("/apis/{gv}")).await {
+        Ok(document) if is_fallback(&document) => check(
+            gv,
+            "discovery",
+            Status::Warn,
+            "served from the fallback document (resources with only get, or none)".into(),
+            "the proxy cannot reach the target right now; real requests fail with 503: \
+             triage with the peers and target checks",
+        ),
+        Ok(document) => {
+            let count = document["resources"].as_array().map(Vec::len).unwrap_or(0);
+            check(
+                gv,
+                "discovery",
+                Status::Ok,
+                format!("{count} resource(s) from the target"),
+                "",
+            )
+        }
+        Err(error) => check(
+            gv,
+            "discovery",
+            Status::Fail,
+            format!("GET /apis/{gv} through the client: {error}"),
+            "the aggregation layer does not reach the proxy: see the apiservice and service checks",
+        ),
+    }
+}
+
+// ---------------------------------------------------------------- target side
+
+async fn check_target(target: &crproxy_kube::Client, gv: &str) -> Vec<Check> {
+    let document = match target.get(&format!("/apis/{gv}")).await {
+        Ok(document) => document,
+        Err(error) => {
+            let runbook = match error.status() {
+                Some(401) => {
+                    "the target rejected the proxy's credentials: renew the client identity's \
+                     certificate or token and update the crproxy-target-kubeconfig Secret"
+                }
+                Some(403) => {
+                    "the target denies discovery to the client identity: check its RBAC \
+                     (deploy/target/rbac.yaml)"
+                }
+                Some(404) => "the group/version is not served on the target: install its CRD there",
+                _ => {
+                    "the target's API server is unreachable with these credentials: check the \
+                     server URL and CA in the crproxy-target-kubeconfig Secret and the network"
+                }
+            };
+            return vec![check(
+                gv,
+                "target-credentials",
+                Status::Fail,
+                format!("GET /apis/{gv} on the target: {error}"),
+                runbook,
+            )];
+        }
+    };
+    let mut checks = vec![check(
+        gv,
+        "target-credentials",
+        Status::Ok,
+        "the target accepts the proxy's credentials".into(),
+        "",
+    )];
+    let (group, _) = gv.split_once('/').unwrap_or((gv, ""));
+    let resources: Vec<String> = document["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["name"].as_str())
+        .filter(|n| !n.contains('/'))
+        .map(str::to_owned)
+        .collect();
+    let mut denied = Vec::new();
+    for resource in &resources {
+        for verb in [
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ] {
+            match can_i(target, group, resource, verb).await {
+                Ok(true) => {}
+                Ok(false) => denied.push(format!("{verb} {resource}")),
+                Err(error) => denied.push(format!("{verb} {resource} ({error})")),
+            }
+        }
+    }
+    for verb in ["get", "create"] {
+        match can_i(target, "", "namespaces", verb).await {
+            Ok(true) => {}
+            Ok(false) => denied.push(format!("{verb} namespaces")),
+            Err(error) => denied.push(format!("{verb} namespaces ({error})")),
+        }
+    }
+    checks.push(if denied.is_empty() {
+        check(
+            gv,
+            "target-rbac",
+            Status::Ok,
+            format!("the identity may use {}", resources.join(", ")),
+            "",
+        )
+    } else {
+        check(
+            gv,
+            "target-rbac",
+            Status::Fail,
+            format!("denied on the target: {}", denied.join(", ")),
+            "grant the client identity the proxied verbs and namespaces get/create on the \
+             target (deploy/target/rbac.yaml)",
+        )
+    });
+    checks
+}
+
+async fn can_i(
+    client: &crproxy_kube::Client,
+    group: &str,
+    resource: &str,
+    verb: &str,
+) -> Result<bool> {
+    let review = json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"group": group, "resource": resource, "verb": verb}},
+    });
+    let answer = client
+        .create(
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            &review,
+        )
+        .await?;
+    Ok(answer["status"]["allowed"] == true)
+}
+
+// ---------------------------------------------------------------- metrics
+
+async fn fetch_metrics(url: &str) -> Result<String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("only http:// metrics URLs are supported"))?;
+    let (host, path) = match rest.split_once('/') {
+        Some((host, path)) => (host, format!("/{path}")),
+        None => (rest, "/metrics".to_owned()),
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(host).await?;
+        // HTTP/1.0: the body ends with the connection, no chunked encoding.
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        .await
+        .map_err(|_| anyhow!("no answer within {}s", REQUEST_TIMEOUT.as_secs()))??;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("not an HTTP response"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if !status.contains(" 200") {
+        bail!("answered {status}");
+    }
+    Ok(body.to_owned())
+}
+
+/// One sample of a text exposition.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Parses the sample lines of a Prometheus or OpenMetrics text exposition;
+/// lines it cannot read are skipped.
+pub fn parse_exposition(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(parse_sample)
+        .collect()
+}
+
+fn parse_sample(line: &str) -> Option<Sample> {
+    let Some(open) = line.find('{') else {
+        let mut parts = line.split_whitespace();
+        return Some(Sample {
+            name: parts.next()?.to_owned(),
+            labels: BTreeMap::new(),
+            value: parts.next()?.parse().ok()?,
+        });
+    };
+    let (labels, after) = parse_labels(&line[open + 1..])?;
+    Some(Sample {
+        name: line[..open].to_owned(),
+        labels,
+        value: after.split_whitespace().next()?.parse().ok()?,
+    })
+}
+
+/// Reads `k="v",...}` and returns the labels and what follows the `}`.
+fn parse_labels(mut rest: &str) -> Option<(BTreeMap<String, String>, &str)> {
+    let mut labels = BTreeMap::new();
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        if let Some(after) = rest.strip_prefix('}') {
+            return Some((labels, after));
+        }
+        let (key, tail) = rest.split_once("=\"")?;
+        let mut value = String::new();
+        let mut escaped = false;
+        let mut consumed = None;
+        for (i, c) in tail.char_indices() {
+            match (escaped, c) {
+                (true, 'n') => value.push('\n'),
+                (true, c) => value.push(c),
+                (false, '\\') => {
+                    escaped = true;
+                    continue;
+                }
+                (false, '"') => {
+                    consumed = Some(i + 1);
+                    break;
+                }
+                (false, c) => value.push(c),
+            }
+            escaped = false;
+        }
+        labels.insert(key.trim().to_owned(), value);
+        rest = &tail[consumed?..];
+    }
+}
+
+fn sum(samples: &[Sample], name: &str, filter: impl Fn(&Sample) -> bool) -> Option<f64> {
+    let matching: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.name == name && filter(s))
+        .map(|s| s.value)
+        .collect();
+    (!matching.is_empty()).then(|| matching.iter().sum())
+}
+
+fn check_metrics(samples: &[Sample], gv: &str) -> Vec<Check> {
+    let of_gv = |s: &Sample| s.labels.get("group_version").map(String::as_str) == Some(gv);
+    let mut checks = Vec::new();
+
+    // Peer snapshot: the condition that fails requests outright.
+    checks.push(match sum(samples, "vcluster_proxy_peer_cache_synced", of_gv) {
+        Some(v) if v >= 1.0 => check(gv, "peer-cache", Status::Ok, "peer list synced".into(), ""),
+        Some(_) => check(
+            gv,
+            "peer-cache",
+            Status::Fail,
+            "vcluster_proxy_peer_cache_synced is 0: no trusted peer list".into(),
+            "resource requests fail with 503 and discovery is the fallback: restore the peer \
+             source (the target's EndpointSlices, DNS or file) and look for 'peer cache did \
+             not sync in time' or 'peer watch subscription is down' in the logs",
+        ),
+        None => check(
+            gv,
+            "peer-cache",
+            Status::Fail,
+            "this proxy serves no such group/version".into(),
+            "the metrics URL belongs to a proxy without this group/version in its configuration",
+        ),
+    });
+
+    let state = |st: &'static str| {
+        move |s: &Sample| of_gv(s) && s.labels.get("state").map(String::as_str) == Some(st)
+    };
+    let healthy = sum(samples, "vcluster_proxy_peers", state("healthy")).unwrap_or(0.0);
+    let quarantined = sum(samples, "vcluster_proxy_peers", state("quarantined")).unwrap_or(0.0);
+    let half_open = sum(samples, "vcluster_proxy_peers", state("half_open")).unwrap_or(0.0);
+    let evidence = format!("healthy={healthy} quarantined={quarantined} half_open={half_open}");
+    checks.push(
+        if healthy >= 1.0 && quarantined == 0.0 && half_open == 0.0 {
+            check(gv, "peers", Status::Ok, evidence, "")
+        } else if healthy >= 1.0 {
+            check(
+                gv,
+                "peers",
+                Status::Warn,
+                evidence,
+                "some target endpoints fail their dials and are out of rotation; normal during a \
+             target restart, otherwise check reachability of those endpoints",
+            )
+        } else {
+            check(
+                gv,
+                "peers",
+                Status::Fail,
+                evidence,
+                "no healthy peer: if the target's API servers are up, the endpoints are stale or \
+             unreachable from the proxy (network, firewall, peer publication); if they are \
+             down, fix the target and the proxy recovers on its own",
+            )
+        },
+    );
+
+    let age = sum(samples, "vcluster_proxy_peer_list_age_seconds", of_gv);
+    checks.push(match age {
+        Some(age) => check(
+            gv,
+            "peer-list-age",
+            Status::Ok,
+            format!("last peer list {age:.0}s ago (event-driven, high values are normal)"),
+            "",
+        ),
+        None => check(
+            gv,
+            "peer-list-age",
+            Status::Warn,
+            "no peer list published yet".into(),
+            "the peer source has not delivered a list: check the source's configuration and \
+             its RBAC on the target",
+        ),
+    });
+
+    let all = |_: &Sample| true;
+    let quarantines = sum(samples, "vcluster_proxy_peer_quarantines_total", all).unwrap_or(0.0);
+    let all_quarantined = sum(
+        samples,
+        "vcluster_proxy_target_all_peers_quarantined_total",
+        all,
+    )
+    .unwrap_or(0.0);
+    let evidence = format!(
+        "{quarantines} quarantine(s), {all_quarantined} time(s) no peer left (since start)"
+    );
+    checks.push(if all_quarantined > 0.0 {
+        check(
+            gv,
+            "quarantines",
+            Status::Warn,
+            evidence,
+            "at some point every peer was quarantined; if the peers check is not ok now, \
+             triage as proxy-path degradation",
+        )
+    } else if quarantines > 0.0 {
+        check(
+            gv,
+            "quarantines",
+            Status::Warn,
+            evidence,
+            "peers failed 3 dials in a row at some point; expected during target restarts",
+        )
+    } else {
+        check(gv, "quarantines", Status::Ok, evidence, "")
+    });
+
+    let mut failures: BTreeMap<String, f64> = BTreeMap::new();
+    for s in samples.iter().filter(|s| {
+        s.name == "vcluster_proxy_request_total"
+            && of_gv(s)
+            && s.labels.get("code").is_some_and(|c| c.starts_with('5'))
+    }) {
+        let reason = s.labels.get("reason").cloned().unwrap_or_default();
+        *failures.entry(reason).or_default() += s.value;
+    }
+    let fallbacks = sum(samples, "vcluster_proxy_discovery_fallbacks_total", of_gv).unwrap_or(0.0);
+    checks.push(if failures.is_empty() && fallbacks == 0.0 {
+        check(
+            gv,
+            "request-reasons",
+            Status::Ok,
+            "no 5xx and no fallback discovery since start".into(),
+            "",
+        )
+    } else {
+        let list: Vec<String> = failures.iter().map(|(r, n)| format!("{r}={n}")).collect();
+        let runbook = if failures.contains_key("no_peer") || failures.contains_key("stale_peers") {
+            "no_peer/stale_peers: the proxy has no usable peer list; restore the peer source"
+        } else if failures.contains_key("all_quarantined") {
+            "all_quarantined: every peer failed 3 dials; see the peers check"
+        } else if failures.contains_key("timeout") || failures.contains_key("error") {
+            "timeout/error: dials to the target fail; check network reachability of the peers"
+        } else if failures.contains_key("upstream") {
+            "upstream: the target answered 5xx (or an unclassified proxy failure); check the \
+             target API server and the proxy logs"
+        } else {
+            "look up each reason in the runbook table of docs/operations.md"
+        };
+        check(
+            gv,
+            "request-reasons",
+            Status::Warn,
+            format!(
+                "5xx by reason since start: {}; discovery fallbacks: {fallbacks}",
+                if list.is_empty() {
+                    "none".to_owned()
+                } else {
+                    list.join(", ")
+                }
+            ),
+            runbook,
+        )
+    });
+    checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_labels_values_and_escapes() {
+        let samples = parse_exposition(
+            "# TYPE x gauge\nx{a=\"1\",b=\"q\\\"uote\"} 2\ny 3.5\nz{a=\"1\",} 4 1700000000\n",
+        );
+        assert_eq!(samples.len(), 3);
+        assert_eq!(samples[0].labels["b"], "q\"uote");
+        assert_eq!(samples[0].value, 2.0);
+        assert_eq!(samples[1].name, "y");
+        assert_eq!(samples[2].value, 4.0);
+    }
+
+    #[test]
+    fn fallback_discovery_is_recognised() {
+        assert!(is_fallback(&json!({"resources": []})));
+        assert!(is_fallback(
+            &json!({"resources": [{"name": "widgets", "verbs": ["get"]}]})
+        ));
+        assert!(!is_fallback(
+            &json!({"resources": [{"name": "widgets", "verbs": ["get", "list"]}]})
+        ));
+    }
+}

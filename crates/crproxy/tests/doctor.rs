@@ -1,0 +1,303 @@
+//! `crproxy doctor` against a dev environment: all green when everything works,
+//! then each piece broken on purpose, one at a time, and the doctor must name it
+//! (its check fails, the JSON says so, the exit code is non-zero).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crproxy::devenv::{self, DevEnv, DevOptions, LinkSpec, ProxiedResource};
+use crproxy_core::names;
+
+/// What one run of the binary produced.
+struct Run {
+    success: bool,
+    report: Value,
+    stderr: String,
+}
+
+impl Run {
+    fn status_of(&self, group_version: &str, check: &str) -> String {
+        self.report["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["group_version"] == group_version && c["check"] == check)
+            .and_then(|c| c["status"].as_str())
+            .unwrap_or("absent")
+            .to_owned()
+    }
+
+    fn not_ok(&self) -> Vec<String> {
+        self.report["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["status"] != "ok")
+            .map(|c| format!("{} {}: {}", c["group_version"], c["check"], c["evidence"]))
+            .collect()
+    }
+}
+
+/// Runs `crproxy doctor -o json` with the given inputs.
+async fn doctor(kubeconfig: &Path, target: Option<&Path>, metrics: Option<&str>) -> Result<Run> {
+    let mut args: Vec<String> = vec![
+        "doctor".into(),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "-o".into(),
+        "json".into(),
+    ];
+    if let Some(target) = target {
+        args.extend(["--target-kubeconfig".into(), target.display().to_string()]);
+    }
+    if let Some(url) = metrics {
+        args.extend(["--metrics-url".into(), url.to_owned()]);
+    }
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_crproxy"))
+            .args(&args)
+            .env("CRPROXY_LOG", "error")
+            .output()
+    })
+    .await??;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: Value = serde_json::from_str(&stdout)
+        .with_context(|| format!("doctor printed no JSON: {stdout}"))?;
+    Ok(Run {
+        success: output.status.success(),
+        report,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })
+}
+
+fn gv() -> String {
+    format!("{}/{}", devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
+}
+
+fn identity_kubeconfig(config_path: &Path) -> PathBuf {
+    config_path
+        .parent()
+        .map(|d| d.join("target-identity.kubeconfig"))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_green_then_each_broken_piece_is_named() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut env = DevEnv::start(DevOptions::ephemeral(dir.path(), 1, 1)).await?;
+    let client_kubeconfig = env.clients[0].kubeconfig.clone();
+    let identity = identity_kubeconfig(&env.clients[0].link.config_path);
+    let metrics = env.clients[0].metrics_url();
+    let gv = gv();
+
+    // Everything works: every check ok, exit 0, nothing skipped.
+    let run = doctor(&client_kubeconfig, Some(&identity), Some(&metrics)).await?;
+    assert!(run.success, "{}\n{:?}", run.stderr, run.not_ok());
+    assert_eq!(run.report["status"], "ok", "{:?}", run.not_ok());
+    assert!(run.not_ok().is_empty(), "{:?}", run.not_ok());
+    assert_eq!(run.report["skipped"], json!([]));
+    for check in [
+        "apiservice",
+        "service",
+        "discovery",
+        "target-credentials",
+        "target-rbac",
+        "peer-cache",
+        "peers",
+        "peer-list-age",
+        "quarantines",
+        "request-reasons",
+    ] {
+        assert_eq!(run.status_of(&gv, check), "ok", "{check}");
+    }
+    assert_eq!(run.status_of("", "leader"), "ok");
+    assert_eq!(run.status_of("", "protection"), "ok");
+
+    // The text form carries the same verdict.
+    let text = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["doctor", "--kubeconfig"])
+        .arg(&client_kubeconfig)
+        .output()?;
+    let text_out = String::from_utf8_lossy(&text.stdout);
+    assert!(text.status.success());
+    assert!(text_out.contains("verdict: ok"), "{text_out}");
+    assert_eq!(run.report["verdict"], "healthy");
+    assert!(text_out.contains("skip  metrics checks"), "{text_out}");
+
+    // Target credentials: a token the target does not know.
+    let mut bad: Value = serde_json::from_str(&std::fs::read_to_string(&identity)?)?;
+    bad["users"][0]["user"] = json!({"token": "not-a-valid-token"});
+    let bad_path = dir.path().join("bad-target.kubeconfig");
+    std::fs::write(&bad_path, bad.to_string())?;
+    let run = doctor(&client_kubeconfig, Some(&bad_path), None).await?;
+    assert!(!run.success);
+    assert!(run.stderr.contains("target-credentials"), "{}", run.stderr);
+    assert_eq!(run.status_of(&gv, "target-credentials"), "fail");
+    assert_eq!(run.status_of(&gv, "apiservice"), "ok");
+    assert!(
+        run.report["verdict"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("credentials"),
+        "{}",
+        run.report["verdict"]
+    );
+
+    // Target RBAC: the identity's binding is gone.
+    let target_admin = devenv::admin_client(&env.target)?;
+    let binding = format!(
+        "crproxy-client-example-com-{}",
+        names::target_identity("p-default", "client").replace(':', "-")
+    );
+    target_admin
+        .delete(&format!(
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}"
+        ))
+        .await
+        .context("deleting the identity's binding")?;
+    let run = doctor(&client_kubeconfig, Some(&identity), None).await?;
+    assert!(!run.success);
+    assert_eq!(run.status_of(&gv, "target-credentials"), "ok");
+    assert_eq!(run.status_of(&gv, "target-rbac"), "fail");
+
+    // No leader: the wiring stops (the Lease is handed back) while the proxy
+    // keeps serving, so nothing repairs what is broken next.
+    let replica = env.clients[0].replica.take().context("replica")?;
+    let devenv::ProxyReplica { proxy, wiring, .. } = replica;
+    wiring.stop().await;
+    let run = doctor(&client_kubeconfig, None, None).await?;
+    assert!(!run.success);
+    assert_eq!(run.status_of("", "leader"), "fail", "{:?}", run.not_ok());
+    assert_eq!(run.status_of(&gv, "service"), "ok");
+
+    // The protection policy's binding is deleted.
+    let client_admin = devenv::admin_client(&env.clients[0].cluster)?;
+    client_admin
+        .delete(&format!(
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{}",
+            names::POLICY_BINDING_NAME
+        ))
+        .await?;
+    let run = doctor(&client_kubeconfig, None, None).await?;
+    assert_eq!(run.status_of("", "protection"), "fail");
+    assert_eq!(run.status_of(&gv, "service"), "ok");
+
+    // The Service is deleted (the runbook's way: label off, then delete).
+    let service = format!(
+        "/api/v1/namespaces/{}/services/{}",
+        names::SERVICE_NAMESPACE,
+        names::service_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
+    );
+    let mut live = client_admin.get(&service).await?;
+    if let Some(labels) = live["metadata"]["labels"].as_object_mut() {
+        labels.remove(names::PROTECTION_LABEL_KEY);
+    }
+    client_admin.replace(&service, &live).await?;
+    client_admin.delete(&service).await?;
+    let run = doctor(&client_kubeconfig, None, None).await?;
+    assert!(!run.success);
+    assert_eq!(run.status_of(&gv, "service"), "fail", "{:?}", run.not_ok());
+    let evidence = run.report["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["check"] == "service")
+        .map(|c| c["evidence"].to_string())
+        .unwrap_or_default();
+    assert!(evidence.contains("does not exist"), "{evidence}");
+
+    proxy.shutdown().await;
+    env.shutdown().await;
+    Ok(())
+}
+
+/// A proxy whose only peer never answers: after three failed dials the peer is
+/// quarantined, and the doctor names the peers (and the fallback discovery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_peers_are_named() -> Result<()> {
+    test_support::init_crypto();
+    let dir = tempfile::tempdir()?;
+    let root = std::fs::canonicalize(dir.path())?;
+    let target = test_support::devcluster("target").await;
+    let client = test_support::devcluster("client").await;
+    // A port that was free a moment ago: dials are refused at once.
+    let dead = std::net::SocketAddr::from(([127, 0, 0, 1], devenv::free_port()?));
+    let link = devenv::Link::prepare(LinkSpec {
+        dir: root.join("client"),
+        client_name: "client".into(),
+        client_kubeconfig: client.kubeconfig.clone(),
+        target_name: "target".into(),
+        target: &target.cluster,
+        target_peers: vec![dead],
+        resource: ProxiedResource::example(),
+        proxy_port: 0,
+        metrics_port: devenv::free_port()?,
+        persistent: false,
+    })
+    .await?;
+    let replica = link.start_replica().await?;
+    let api = devenv::admin_client(&client.cluster)?;
+    let apiservice = format!(
+        "/apis/apiregistration.k8s.io/v1/apiservices/{}",
+        names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
+    );
+    // Discovery falls back locally, so the APIService still turns Available.
+    devenv::wait_for_available(&api, &apiservice, Duration::from_secs(30)).await?;
+    // Requests dial the dead peer until it is quarantined (3 failures).
+    for _ in 0..4 {
+        let _ = test_support::kubectl_async(
+            &client.kubeconfig,
+            &[
+                "get",
+                "--raw",
+                "/apis/example.com/v1/namespaces/default/widgets",
+            ],
+        )
+        .await;
+    }
+    let identity = identity_kubeconfig(&link.config_path);
+    let run = doctor(
+        &client.kubeconfig,
+        Some(&identity),
+        Some(&replica.metrics_url),
+    )
+    .await?;
+    let gv = gv();
+    assert!(!run.success);
+    assert_eq!(run.status_of(&gv, "peers"), "fail", "{:?}", run.not_ok());
+    assert!(
+        run.report["verdict"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("proxy-path degradation"),
+        "{}",
+        run.report["verdict"]
+    );
+    assert_eq!(run.status_of(&gv, "quarantines"), "warn");
+    assert_eq!(run.status_of(&gv, "request-reasons"), "warn");
+    assert_eq!(run.status_of(&gv, "discovery"), "warn");
+    // The target itself is fine: the doctor does not blame it.
+    assert_eq!(run.status_of(&gv, "target-credentials"), "ok");
+    assert_eq!(run.status_of(&gv, "peer-cache"), "ok");
+    replica.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_metrics_url_fails_and_a_bare_cluster_has_nothing_registered() -> Result<()>
+{
+    let cluster = test_support::devcluster("bare").await;
+    let unused = format!("http://127.0.0.1:{}/metrics", devenv::free_port()?);
+    let run = doctor(&cluster.kubeconfig, None, Some(&unused)).await?;
+    assert!(!run.success);
+    assert_eq!(run.report["status"], "fail");
+    assert_eq!(run.status_of("", "apiservice"), "fail");
+    assert_eq!(run.status_of("", "metrics"), "fail");
+    assert_eq!(run.status_of("", "leader"), "fail");
+    assert_eq!(run.status_of("", "protection"), "fail");
+    Ok(())
+}
