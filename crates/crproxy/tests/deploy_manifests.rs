@@ -588,3 +588,371 @@ fn the_prometheus_rule_carries_exactly_the_tested_rule_files() -> Result<()> {
     }
     Ok(())
 }
+
+/// Runs one of deploy/secrets/*.sh.
+async fn script(name: &str, args: &[&str]) -> Result<String> {
+    let path = deploy_dir().join("secrets").join(name);
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("/bin/sh")
+            .arg(path)
+            .args(&args)
+            .output()
+    })
+    .await??;
+    if !out.status.success() {
+        bail!("{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The data of a Secret or ConfigMap in kube-system, decoded.
+async fn object_data(
+    kubeconfig: &Path,
+    kind: &str,
+    name: &str,
+) -> Result<BTreeMap<String, Vec<u8>>> {
+    use base64::Engine as _;
+    let object =
+        test_support::kubectl_json_async(kubeconfig, &["-n", "kube-system", "get", kind, name])
+            .await?;
+    let mut out = BTreeMap::new();
+    for (key, value) in object["data"].as_object().into_iter().flatten() {
+        let text = value.as_str().unwrap_or_default();
+        let bytes = if kind == "secret" {
+            base64::engine::general_purpose::STANDARD.decode(text)?
+        } else {
+            text.as_bytes().to_vec()
+        };
+        out.insert(key.clone(), bytes);
+    }
+    Ok(out)
+}
+
+/// The walk-through of docs/operations.md, "Deploy on real clusters", on two
+/// devclusters with only deploy/'s files: target RBAC from deploy/target, the
+/// identity's kubeconfig and the serving CA from deploy/secrets, the Secrets and
+/// the cluster-ip overlay in the client. The pod is played by the `crproxy`
+/// binary running from exactly what the pod would mount (the ConfigMap and the
+/// two Secrets read back from the cluster), with its service account's
+/// identity; the only changes are the ones a process outside the cluster needs
+/// (loopback addresses, a kubeconfig instead of the in-cluster token). Then
+/// `crproxy doctor` is all green, and names the Service, the target credentials
+/// and the peers when they are broken one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walkthrough_on_two_devclusters() -> Result<()> {
+    test_support::init_crypto();
+    let work = tempfile::tempdir()?;
+    let work_dir = std::fs::canonicalize(work.path())?;
+    let target = test_support::devcluster("target").await;
+    let client = test_support::devcluster("client").await;
+    let target_admin = devenv::admin_client(&target.cluster)?;
+    let client_admin = devenv::admin_client(&client.cluster)?;
+
+    // Target: the CRD, the identity's rights, and the EndpointSlice of its
+    // `kubernetes` Service that a real cluster keeps (the peer source).
+    devenv::install_crd(&target_admin, &ProxiedResource::example()).await?;
+    let rendered = render(&target.kubeconfig, "target").await?;
+    let applied = test_support::kubectl_stdin_async(
+        &target.kubeconfig,
+        &["apply", "-f", "-"],
+        &rendered,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(applied.success(), "target RBAC: {}", applied.stderr);
+    let target_slice = json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "kubernetes", "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "protocol": "TCP", "port": target.cluster.addr().port()}],
+    });
+    let slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
+    target_admin.create(slices, &target_slice).await?;
+
+    // The identity's credentials: a client certificate for
+    // loft:vcluster:p-default:client (devcluster signs it; a real target signs
+    // the CSR of target-identity.sh), assembled by target-kubeconfig.sh.
+    let identity = names::target_identity("p-default", "client");
+    let cert = target.cluster.client_cert(&identity, &[])?;
+    let secrets = work_dir.join("secrets");
+    std::fs::create_dir_all(&secrets)?;
+    std::fs::write(secrets.join("target-ca.crt"), target.cluster.ca_pem())?;
+    std::fs::write(secrets.join("client.crt"), &cert.cert)?;
+    std::fs::write(secrets.join("client.key"), &cert.key)?;
+    let target_kubeconfig = secrets.join("target.kubeconfig");
+    let path = |p: &Path| p.display().to_string();
+    script(
+        "target-kubeconfig.sh",
+        &[
+            &target.cluster.url(),
+            &path(&secrets.join("target-ca.crt")),
+            &path(&secrets.join("client.crt")),
+            &path(&secrets.join("client.key")),
+            &identity,
+            &path(&target_kubeconfig),
+        ],
+    )
+    .await?;
+    let can = test_support::kubectl_async(
+        &target_kubeconfig,
+        &["auth", "can-i", "list", "widgets.example.com"],
+    )
+    .await;
+    assert_eq!(can.stdout.trim(), "yes", "{}", can.stderr);
+    script("serving-ca.sh", &[&path(&secrets.join("serving-ca"))]).await?;
+
+    // Client: the two Secrets, then the overlay.
+    for args in [
+        vec![
+            "-n".to_owned(),
+            "kube-system".into(),
+            "create".into(),
+            "secret".into(),
+            "generic".into(),
+            "crproxy-target-kubeconfig".into(),
+            format!("--from-file=kubeconfig={}", path(&target_kubeconfig)),
+        ],
+        vec![
+            "-n".to_owned(),
+            "kube-system".into(),
+            "create".into(),
+            "secret".into(),
+            "generic".into(),
+            "crproxy-serving-ca".into(),
+            format!(
+                "--from-file=ca.crt={}",
+                path(&secrets.join("serving-ca/ca.crt"))
+            ),
+            format!(
+                "--from-file=ca.key={}",
+                path(&secrets.join("serving-ca/ca.key"))
+            ),
+        ],
+    ] {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = test_support::kubectl_async(&client.kubeconfig, &refs).await;
+        assert!(out.success(), "{}", out.stderr);
+    }
+    install_standins(&client.kubeconfig).await?;
+    let rendered = render(&client.kubeconfig, "overlays/cluster-ip").await?;
+    let applied = test_support::kubectl_stdin_async(
+        &client.kubeconfig,
+        &["apply", "-f", "-"],
+        &rendered,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(applied.success(), "overlay: {}", applied.stderr);
+
+    // The pod's /etc/crproxy, from what the cluster holds.
+    let config_map = find(&documents(&rendered)?, "ConfigMap")?["metadata"]["name"]
+        .as_str()
+        .context("ConfigMap name")?
+        .to_owned();
+    let etc = work_dir.join("etc-crproxy");
+    std::fs::create_dir_all(etc.join("target"))?;
+    std::fs::create_dir_all(etc.join("serving-ca"))?;
+    let config = object_data(&client.kubeconfig, "configmap", &config_map).await?;
+    let target_secret =
+        object_data(&client.kubeconfig, "secret", "crproxy-target-kubeconfig").await?;
+    let ca_secret = object_data(&client.kubeconfig, "secret", "crproxy-serving-ca").await?;
+    std::fs::write(etc.join("target/kubeconfig"), &target_secret["kubeconfig"])?;
+    std::fs::write(etc.join("serving-ca/ca.crt"), &ca_secret["ca.crt"])?;
+    std::fs::write(etc.join("serving-ca/ca.key"), &ca_secret["ca.key"])?;
+    let service_account = client.kubeconfig_for(
+        "system:serviceaccount:kube-system:crproxy",
+        &[
+            "system:serviceaccounts",
+            "system:serviceaccounts:kube-system",
+        ],
+    )?;
+    let proxy_port = devenv::free_port()?;
+    let metrics_port = devenv::free_port()?;
+    let mut text = String::from_utf8(config["config.yaml"].clone())?;
+    for (from, to) in [
+        (
+            "  # No kubeconfig: the pod's service account (deploy/base/rbac.yaml) is used.\n"
+                .to_owned(),
+            format!("  kubeconfig: {}\n", path(&service_account)),
+        ),
+        (
+            "bindAddress: 0.0.0.0".to_owned(),
+            "bindAddress: 127.0.0.1".to_owned(),
+        ),
+        (
+            "basePort: 9100".to_owned(),
+            format!("basePort: {proxy_port}"),
+        ),
+        (
+            "metricsAddress: 0.0.0.0:9090".to_owned(),
+            format!("metricsAddress: 127.0.0.1:{metrics_port}"),
+        ),
+        (
+            "/etc/crproxy/target/kubeconfig".to_owned(),
+            path(&etc.join("target/kubeconfig")),
+        ),
+    ] {
+        assert!(text.contains(&from), "config.yaml lost {from:?}");
+        text = text.replace(&from, &to);
+    }
+    std::fs::write(etc.join("config.yaml"), text)?;
+    let log = std::fs::File::create(work_dir.join("crproxy.log"))?;
+    let _pod = test_support::KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_crproxy"))
+            .args(["run", "--config"])
+            .arg(etc.join("config.yaml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()?,
+    );
+    let logs = || std::fs::read_to_string(work_dir.join("crproxy.log")).unwrap_or_default();
+
+    // The leader registers; the endpoints controller's part is played here.
+    let service_path = format!(
+        "/api/v1/namespaces/{}/services/{}",
+        names::SERVICE_NAMESPACE,
+        names::service_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
+    );
+    let mut service = None;
+    for _ in 0..300 {
+        if let Ok(found) = client_admin.get(&service_path).await {
+            service = Some(found);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let service = service.with_context(|| format!("no Service registered; logs:\n{}", logs()))?;
+    let pod_addr = std::net::SocketAddr::from(([127, 0, 0, 1], proxy_port));
+    assert_eq!(
+        publish_endpoints(&client_admin, &service, pod_addr).await?,
+        1
+    );
+    let apiservice = format!(
+        "/apis/apiregistration.k8s.io/v1/apiservices/{}",
+        names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
+    );
+    devenv::wait_for_available(&client_admin, &apiservice, Duration::from_secs(30))
+        .await
+        .with_context(logs)?;
+
+    // A write through the client lands on the target with the ownership labels.
+    let widget = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w1\n  namespace: default\nspec:\n  size: 1\n";
+    let created = test_support::kubectl_stdin_async(
+        &client.kubeconfig,
+        &["apply", "-f", "-"],
+        widget,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(created.success(), "{}\n{}", created.stderr, logs());
+    let stored = target_admin
+        .get("/apis/example.com/v1/namespaces/default/widgets/w1")
+        .await?;
+    assert_eq!(
+        stored["metadata"]["labels"]["vcluster.com/owner-vcluster"],
+        "client"
+    );
+
+    // The doctor: all green, then each piece broken on purpose.
+    let metrics = format!("http://127.0.0.1:{metrics_port}/metrics/syncer");
+    let target_path = etc.join("target/kubeconfig");
+    let doctor = |client_kubeconfig: PathBuf, target_kubeconfig: PathBuf, metrics: String| async move {
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_crproxy"))
+                .arg("doctor")
+                .arg("--kubeconfig")
+                .arg(client_kubeconfig)
+                .arg("--target-kubeconfig")
+                .arg(target_kubeconfig)
+                .args(["--metrics-url", &metrics, "-o", "json"])
+                .output()
+        })
+        .await??;
+        let report: Value = serde_json::from_slice(&out.stdout)?;
+        anyhow::Ok((out.status.success(), report))
+    };
+    let status = |report: &Value, check: &str| -> String {
+        report["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["check"] == check && c["group_version"] != "")
+            .or_else(|| {
+                report["checks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["check"] == check)
+            })
+            .and_then(|c| c["status"].as_str())
+            .unwrap_or("absent")
+            .to_owned()
+    };
+    let run = || {
+        doctor(
+            client.kubeconfig.clone(),
+            target_path.clone(),
+            metrics.clone(),
+        )
+    };
+    let (ok, report) = run().await?;
+    assert!(ok, "{report:#}");
+    assert_eq!(report["status"], "ok", "{report:#}");
+    assert_eq!(status(&report, "service"), "ok");
+
+    // 1. The Service loses its endpoints (as when the pods run elsewhere).
+    let kube_system_slices = format!(
+        "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices",
+        names::SERVICE_NAMESPACE
+    );
+    let listed = client_admin.list(&kube_system_slices).await?;
+    for slice in listed["items"].as_array().into_iter().flatten() {
+        let name = slice["metadata"]["name"].as_str().unwrap_or_default();
+        client_admin
+            .delete(&format!("{kube_system_slices}/{name}"))
+            .await?;
+    }
+    let (ok, report) = run().await?;
+    assert!(!ok);
+    assert_eq!(status(&report, "service"), "fail", "{report:#}");
+    publish_endpoints(&client_admin, &service, pod_addr).await?;
+    devenv::wait_for_available(&client_admin, &apiservice, Duration::from_secs(30)).await?;
+
+    // 2. The target no longer grants the identity its rights.
+    target_admin
+        .delete("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/crproxy-client")
+        .await?;
+    let (ok, report) = run().await?;
+    assert!(!ok);
+    assert_eq!(status(&report, "target-rbac"), "fail", "{report:#}");
+    assert_eq!(status(&report, "service"), "ok", "{report:#}");
+    let restored = test_support::kubectl_stdin_async(
+        &target.kubeconfig,
+        &["apply", "-f", "-"],
+        &render(&target.kubeconfig, "target").await?,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(restored.success(), "{}", restored.stderr);
+
+    // 3. The target's endpoints disappear: the peer list becomes empty.
+    target_admin
+        .delete("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes")
+        .await?;
+    let mut named = false;
+    for _ in 0..100 {
+        let (ok, report) = run().await?;
+        if !ok && status(&report, "peers") == "fail" {
+            assert_eq!(status(&report, "target-credentials"), "ok", "{report:#}");
+            named = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(named, "the doctor never named the peers");
+    Ok(())
+}
