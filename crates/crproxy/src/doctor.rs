@@ -199,14 +199,19 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
         names::PROTECTION_LABEL_KEY,
         names::PROTECTION_LABEL_VALUE
     );
+    // The proxy's APIServices: labelled by the leader, or (label removed by hand)
+    // still pointing at a proxy Service in kube-system.
     let apiservices = client
-        .list(&format!(
-            "/apis/apiregistration.k8s.io/v1/apiservices?labelSelector={}",
-            selector.replace('/', "%2F").replace('=', "%3D")
-        ))
+        .list("/apis/apiregistration.k8s.io/v1/apiservices")
         .await
         .context("listing APIServices in the client cluster")?;
-    let apiservices: Vec<Value> = apiservices["items"].as_array().cloned().unwrap_or_default();
+    let apiservices: Vec<Value> = apiservices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| is_protected(a) || points_at_proxy_service(a))
+        .cloned()
+        .collect();
     let mut checks = Vec::new();
     let mut skipped = Vec::new();
     if apiservices.is_empty() {
@@ -214,7 +219,10 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
             group_version: String::new(),
             check: "apiservice",
             status: Status::Fail,
-            evidence: format!("no APIService labelled {selector}"),
+            evidence: format!(
+                "no APIService labelled {selector} or served by {}/proxy-*",
+                names::SERVICE_NAMESPACE
+            ),
             runbook: "no proxy leader has ever registered here: check that the crproxy pods run \
                       (kubectl -n kube-system get pods -l app.kubernetes.io/name=crproxy) and \
                       their logs for configuration or RBAC errors"
@@ -252,7 +260,9 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
         let version = apiservice["spec"]["version"].as_str().unwrap_or_default();
         let gv = format!("{group}/{version}");
         checks.push(check_apiservice(&gv, apiservice));
-        checks.push(check_service(client, &gv, apiservice).await);
+        let service = check_service(client, &gv, apiservice).await;
+        checks.push(check_protection_labels(client, &gv, apiservice).await);
+        checks.push(service);
         checks.push(check_discovery(client, &gv).await);
         if let Some(target) = &inputs.target {
             checks.extend(check_target(target, &gv).await);
@@ -278,11 +288,15 @@ fn triage(checks: &[Check]) -> String {
             .iter()
             .any(|c| c.check == name && c.status == Status::Fail)
     };
-    let verdicts: [(&str, &str); 11] = [
+    let verdicts: [(&str, &str); 12] = [
         ("apiservice", "registration: the APIService does not reach a proxy"),
         ("service", "registration: the proxy Service has no usable backend"),
         ("leader", "no leader: nothing keeps the registration in place"),
         ("protection", "registration objects are not protected against deletion"),
+        (
+            "protection-label",
+            "registration objects lack the protection label",
+        ),
         ("discovery", "the client's aggregation layer does not reach the proxy"),
         ("metrics", "the proxy's metrics are unreachable: the pod is down or misconfigured"),
         (
@@ -331,6 +345,70 @@ fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
 }
 
 // ---------------------------------------------------------------- client side
+
+fn is_protected(object: &Value) -> bool {
+    object["metadata"]["labels"][names::PROTECTION_LABEL_KEY] == names::PROTECTION_LABEL_VALUE
+}
+
+fn points_at_proxy_service(apiservice: &Value) -> bool {
+    let service = &apiservice["spec"]["service"];
+    service["namespace"] == names::SERVICE_NAMESPACE
+        && service["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("proxy-"))
+}
+
+/// Both registration objects carry the protection label the policy matches.
+async fn check_protection_labels(
+    client: &crproxy_kube::Client,
+    gv: &str,
+    apiservice: &Value,
+) -> Check {
+    let namespace = apiservice["spec"]["service"]["namespace"]
+        .as_str()
+        .unwrap_or_default();
+    let name = apiservice["spec"]["service"]["name"]
+        .as_str()
+        .unwrap_or_default();
+    let mut unlabelled = Vec::new();
+    if !is_protected(apiservice) {
+        unlabelled.push(format!(
+            "APIService {}",
+            apiservice["metadata"]["name"].as_str().unwrap_or_default()
+        ));
+    }
+    if let Ok(Some(service)) = client
+        .get_opt(&format!("/api/v1/namespaces/{namespace}/services/{name}"))
+        .await
+    {
+        if !is_protected(&service) {
+            unlabelled.push(format!("Service {namespace}/{name}"));
+        }
+    }
+    let label = format!(
+        "{}={}",
+        names::PROTECTION_LABEL_KEY,
+        names::PROTECTION_LABEL_VALUE
+    );
+    if unlabelled.is_empty() {
+        check(
+            gv,
+            "protection-label",
+            Status::Ok,
+            format!("APIService and Service labelled {label}"),
+            "",
+        )
+    } else {
+        check(
+            gv,
+            "protection-label",
+            Status::Fail,
+            format!("without {label}: {}", unlabelled.join(", ")),
+            "these objects can be deleted by mistake; the leader labels them again within \
+             seconds, so a lasting absence means no leader (see the leader check)",
+        )
+    }
+}
 
 fn check_apiservice(gv: &str, apiservice: &Value) -> Check {
     let Some(available) = condition(apiservice, "Available") else {

@@ -104,6 +104,7 @@ async fn all_green_then_each_broken_piece_is_named() -> Result<()> {
         "apiservice",
         "service",
         "discovery",
+        "protection-label",
         "target-credentials",
         "target-rbac",
         "peer-cache",
@@ -197,6 +198,10 @@ async fn all_green_then_each_broken_piece_is_named() -> Result<()> {
         labels.remove(names::PROTECTION_LABEL_KEY);
     }
     client_admin.replace(&service, &live).await?;
+    let run = doctor(&client_kubeconfig, None, None).await?;
+    assert!(!run.success);
+    assert_eq!(run.status_of(&gv, "protection-label"), "fail");
+    assert_eq!(run.status_of(&gv, "service"), "ok");
     client_admin.delete(&service).await?;
     let run = doctor(&client_kubeconfig, None, None).await?;
     assert!(!run.success);
@@ -248,16 +253,12 @@ async fn dead_peers_are_named() -> Result<()> {
     // Discovery falls back locally, so the APIService still turns Available.
     devenv::wait_for_available(&api, &apiservice, Duration::from_secs(30)).await?;
     // Requests dial the dead peer until it is quarantined (3 failures).
+    // (Not kubectl: it retries every 503 after its Retry-After.)
     for _ in 0..4 {
-        let _ = test_support::kubectl_async(
-            &client.kubeconfig,
-            &[
-                "get",
-                "--raw",
-                "/apis/example.com/v1/namespaces/default/widgets",
-            ],
-        )
-        .await;
+        let failed = api
+            .get("/apis/example.com/v1/namespaces/default/widgets")
+            .await;
+        assert!(failed.is_err(), "a request to a dead peer succeeded");
     }
     let identity = identity_kubeconfig(&link.config_path);
     let run = doctor(
