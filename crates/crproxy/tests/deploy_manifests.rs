@@ -314,6 +314,26 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
+/// The label names a PromQL expression groups by or matches on.
+fn referenced_labels(expr: &str) -> BTreeSet<String> {
+    let mut labels = BTreeSet::new();
+    for keyword in ["by (", "without ("] {
+        for part in expr.split(keyword).skip(1) {
+            let inside = part.split(')').next().unwrap_or_default();
+            labels.extend(inside.split(',').map(|l| l.trim().to_owned()));
+        }
+    }
+    for part in expr.split('{').skip(1) {
+        let inside = part.split('}').next().unwrap_or_default();
+        for matcher in inside.split(',') {
+            let key = matcher.split(['=', '!', '~']).next().unwrap_or_default();
+            labels.insert(key.trim().to_owned());
+        }
+    }
+    labels.retain(|l| !l.is_empty());
+    labels
+}
+
 /// Metric families of a Prometheus text exposition, by `# TYPE` line.
 fn families(exposition: &str) -> BTreeMap<String, String> {
     exposition
@@ -496,13 +516,30 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
             "live scrape lacks {gauge}:\n{exposition}"
         );
     }
+    let evented = counters_after_one_event_each();
     let mut families = live;
-    families.extend(self::families(&counters_after_one_event_each()));
+    families.extend(self::families(&evented));
+    let mut samples = crproxy::doctor::parse_exposition(&exposition);
+    samples.extend(crproxy::doctor::parse_exposition(&evented));
     for expr in dashboard_expressions()? {
+        let mut labels: BTreeSet<String> = ["pod".to_owned()].into();
         for name in metric_names(&expr) {
             assert!(
                 exposed(&name, &families),
                 "dashboard query uses {name}, not exposed: {expr}"
+            );
+            labels.extend(
+                samples
+                    .iter()
+                    .filter(|s| s.name == name)
+                    .flat_map(|s| s.labels.keys().cloned()),
+            );
+        }
+        // A label the series do not carry would leave the panel empty.
+        for label in referenced_labels(&expr) {
+            assert!(
+                labels.contains(&label),
+                "dashboard query uses label {label} its series lack: {expr}"
             );
         }
     }
@@ -523,6 +560,8 @@ fn counters_after_one_event_each() -> String {
     target.all_peers_quarantined();
     target.peer_recovered();
     target.dial_failure(Reason::Timeout);
+    target.request_duration("list", 0.1);
+    target.dial_duration(0.1);
     metrics.encode_prometheus_text()
 }
 
