@@ -671,15 +671,14 @@ async fn object_data(
 /// The walk-through of docs/operations.md, "Deploy on real clusters", on two
 /// devclusters with only deploy/'s files: target RBAC from deploy/target, the
 /// identity's kubeconfig and the serving CA from deploy/secrets, the Secrets and
-/// the cluster-ip overlay in the client. The pod is played by the `crproxy`
+/// an overlay in the client. The pod is played by the `crproxy`
 /// binary running from exactly what the pod would mount (the ConfigMap and the
 /// two Secrets read back from the cluster), with its service account's
 /// identity; the only changes are the ones a process outside the cluster needs
 /// (loopback addresses, a kubeconfig instead of the in-cluster token). Then
-/// `crproxy doctor` is all green, and names the Service, the target credentials
-/// and the peers when they are broken one at a time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn walkthrough_on_two_devclusters() -> Result<()> {
+/// `crproxy doctor` is all green, and names the Service (ClusterIP), the target
+/// credentials and the peers when they are broken one at a time.
+async fn walkthrough(overlay: &str) -> Result<()> {
     test_support::init_crypto();
     let work = tempfile::tempdir()?;
     let work_dir = std::fs::canonicalize(work.path())?;
@@ -777,7 +776,7 @@ async fn walkthrough_on_two_devclusters() -> Result<()> {
         assert!(out.success(), "{}", out.stderr);
     }
     install_standins(&client.kubeconfig).await?;
-    let rendered = render(&client.kubeconfig, "overlays/cluster-ip").await?;
+    let rendered = render(&client.kubeconfig, overlay).await?;
     let applied = test_support::kubectl_stdin_async(
         &client.kubeconfig,
         &["apply", "-f", "-"],
@@ -811,16 +810,15 @@ async fn walkthrough_on_two_devclusters() -> Result<()> {
     )?;
     let proxy_port = devenv::free_port()?;
     let metrics_port = devenv::free_port()?;
-    let mut text = String::from_utf8(config["config.yaml"].clone())?;
+    // Loopback only (beside-apiserver already listens there).
+    let mut text = String::from_utf8(config["config.yaml"].clone())?
+        .replace("bindAddress: 0.0.0.0", "bindAddress: 127.0.0.1");
+    assert!(text.contains("bindAddress: 127.0.0.1"), "{text}");
     for (from, to) in [
         (
             "  # No kubeconfig: the pod's service account (deploy/base/rbac.yaml) is used.\n"
                 .to_owned(),
             format!("  kubeconfig: {}\n", path(&service_account)),
-        ),
-        (
-            "bindAddress: 0.0.0.0".to_owned(),
-            "bindAddress: 127.0.0.1".to_owned(),
         ),
         (
             "basePort: 9100".to_owned(),
@@ -866,10 +864,18 @@ async fn walkthrough_on_two_devclusters() -> Result<()> {
     }
     let service = service.with_context(|| format!("no Service registered; logs:\n{}", logs()))?;
     let pod_addr = std::net::SocketAddr::from(([127, 0, 0, 1], proxy_port));
-    assert_eq!(
-        publish_endpoints(&client_admin, &service, pod_addr).await?,
-        1
-    );
+    let cluster_ip = overlay.ends_with("cluster-ip");
+    if cluster_ip {
+        assert_eq!(service["spec"]["type"], "ClusterIP");
+        assert_eq!(
+            publish_endpoints(&client_admin, &service, pod_addr).await?,
+            1
+        );
+    } else {
+        // Each API server reaches the proxy on its own node.
+        assert_eq!(service["spec"]["type"], "ExternalName");
+        assert_eq!(service["spec"]["externalName"], "localhost");
+    }
     let apiservice = format!(
         "/apis/apiregistration.k8s.io/v1/apiservices/{}",
         names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
@@ -944,22 +950,24 @@ async fn walkthrough_on_two_devclusters() -> Result<()> {
     assert_eq!(status(&report, "service"), "ok");
 
     // 1. The Service loses its endpoints (as when the pods run elsewhere).
-    let kube_system_slices = format!(
-        "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices",
-        names::SERVICE_NAMESPACE
-    );
-    let listed = client_admin.list(&kube_system_slices).await?;
-    for slice in listed["items"].as_array().into_iter().flatten() {
-        let name = slice["metadata"]["name"].as_str().unwrap_or_default();
-        client_admin
-            .delete(&format!("{kube_system_slices}/{name}"))
-            .await?;
+    if cluster_ip {
+        let kube_system_slices = format!(
+            "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices",
+            names::SERVICE_NAMESPACE
+        );
+        let listed = client_admin.list(&kube_system_slices).await?;
+        for slice in listed["items"].as_array().into_iter().flatten() {
+            let name = slice["metadata"]["name"].as_str().unwrap_or_default();
+            client_admin
+                .delete(&format!("{kube_system_slices}/{name}"))
+                .await?;
+        }
+        let (ok, report) = run().await?;
+        assert!(!ok);
+        assert_eq!(status(&report, "service"), "fail", "{report:#}");
+        publish_endpoints(&client_admin, &service, pod_addr).await?;
+        devenv::wait_for_available(&client_admin, &apiservice, Duration::from_secs(30)).await?;
     }
-    let (ok, report) = run().await?;
-    assert!(!ok);
-    assert_eq!(status(&report, "service"), "fail", "{report:#}");
-    publish_endpoints(&client_admin, &service, pod_addr).await?;
-    devenv::wait_for_available(&client_admin, &apiservice, Duration::from_secs(30)).await?;
 
     // 2. The target no longer grants the identity its rights.
     target_admin
@@ -994,4 +1002,14 @@ async fn walkthrough_on_two_devclusters() -> Result<()> {
     }
     assert!(named, "the doctor never named the peers");
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walkthrough_cluster_ip_on_two_devclusters() -> Result<()> {
+    walkthrough("overlays/cluster-ip").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walkthrough_beside_apiserver_on_two_devclusters() -> Result<()> {
+    walkthrough("overlays/beside-apiserver").await
 }
