@@ -229,7 +229,7 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
                 .into(),
         });
     }
-    checks.extend(check_protection(client).await);
+    checks.push(check_protection(client).await);
     checks.push(check_leader(client).await);
     let metrics = match &inputs.metrics_url {
         Some(url) => match fetch_metrics(url).await {
@@ -260,9 +260,8 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
         let version = apiservice["spec"]["version"].as_str().unwrap_or_default();
         let gv = format!("{group}/{version}");
         checks.push(check_apiservice(&gv, apiservice));
-        let service = check_service(client, &gv, apiservice).await;
+        checks.push(check_service(client, &gv, apiservice).await);
         checks.push(check_protection_labels(client, &gv, apiservice).await);
-        checks.push(service);
         checks.push(check_discovery(client, &gv).await);
         if let Some(target) = &inputs.target {
             checks.extend(check_target(target, &gv).await);
@@ -544,7 +543,7 @@ async fn check_service(client: &crproxy_kube::Client, gv: &str, apiservice: &Val
     )
 }
 
-async fn check_protection(client: &crproxy_kube::Client) -> Vec<Check> {
+async fn check_protection(client: &crproxy_kube::Client) -> Check {
     let runbook = "the leader re-creates the policy and binding within seconds; a lasting \
                    absence means no leader (see the leader check) or missing RBAC on \
                    validatingadmissionpolicies(bindings) (deploy/base/rbac.yaml)";
@@ -617,7 +616,7 @@ async fn check_protection(client: &crproxy_kube::Client) -> Vec<Check> {
     } else {
         Status::Fail
     };
-    vec![check("", "protection", status, evidence, runbook)]
+    check("", "protection", status, evidence, runbook)
 }
 
 async fn check_leader(client: &crproxy_kube::Client) -> Check {
