@@ -141,8 +141,11 @@ impl Endpoint {
             Protocol::Http2 => &[b"h2"],
             Protocol::Http1 => &[b"http/1.1"],
         };
+        let credentials = cluster
+            .credentials()
+            .map_err(|e| tls_error(e.to_string()))?;
         let config = cluster
-            .rustls_config(alpn)
+            .rustls_config(alpn, &credentials)
             .map_err(|e| tls_error(e.to_string()))?;
         let server_name = cluster
             .server_name()

@@ -1,7 +1,8 @@
 //! The HTTP client: JSON in, JSON out, plus a raw escape hatch and watch streams.
 
-use crate::cluster::{Auth, ClusterConfig};
+use crate::cluster::ClusterConfig;
 use crate::connector::Connector;
+use crate::credentials::Credentials;
 use crate::error::chain;
 use crate::watch::{LineDecoder, WatchEvent};
 use crate::Error;
@@ -56,7 +57,7 @@ pub struct Client {
     http: HyperClient<Connector, Full<Bytes>>,
     /// Server URL without a trailing slash; request paths are appended to it.
     base: Arc<str>,
-    auth_header: Option<HeaderValue>,
+    credentials: Arc<Credentials>,
     request_timeout: Option<Duration>,
     config: Arc<ClusterConfig>,
 }
@@ -72,7 +73,17 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// A client for `config`. Does not contact the server.
     pub fn new(config: ClusterConfig) -> Result<Client, Error> {
-        let tls = config.rustls_config(&[b"h2", b"http/1.1"])?;
+        let credentials = config.credentials()?;
+        Self::with_credentials(config, credentials)
+    }
+
+    /// A client for `config` that authenticates with `credentials` (shared with other
+    /// clients or pools of the same identity, so a rotation is read once).
+    pub fn with_credentials(
+        config: ClusterConfig,
+        credentials: Arc<Credentials>,
+    ) -> Result<Client, Error> {
+        let tls = config.rustls_config(&[b"h2", b"http/1.1"], &credentials)?;
         let connector = Connector::new(
             Arc::new(tls),
             config.server_name()?,
@@ -89,21 +100,11 @@ impl Client {
             .http2_keep_alive_timeout(Duration::from_secs(10))
             .http2_keep_alive_while_idle(true)
             .build(connector);
-        let auth_header = match &config.auth {
-            Auth::Token(t) => {
-                let mut v = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
-                    Error::Kubeconfig("the bearer token is not a valid header value".into())
-                })?;
-                v.set_sensitive(true);
-                Some(v)
-            }
-            Auth::None | Auth::ClientCert { .. } => None,
-        };
         let base: Arc<str> = config.server.as_str().trim_end_matches('/').into();
         Ok(Client {
             http,
             base,
-            auth_header,
+            credentials,
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             config: Arc::new(config),
         })
@@ -118,6 +119,11 @@ impl Client {
     /// The configuration this client was built from.
     pub fn config(&self) -> &ClusterConfig {
         &self.config
+    }
+
+    /// The credentials this client authenticates with.
+    pub fn credentials(&self) -> &Arc<Credentials> {
+        &self.credentials
     }
 
     /// GET an object.
@@ -309,8 +315,10 @@ impl Client {
         parts.uri = format!("{}{}", self.base, pq)
             .parse::<Uri>()
             .map_err(|e| Error::Transport(format!("invalid request path {pq:?}: {e}")))?;
-        if let Some(auth) = &self.auth_header {
-            parts.headers.entry(AUTHORIZATION).or_insert(auth.clone());
+        if !parts.headers.contains_key(AUTHORIZATION) {
+            if let Some(auth) = self.credentials.authorization().await? {
+                parts.headers.insert(AUTHORIZATION, auth);
+            }
         }
         parts
             .headers
@@ -321,10 +329,16 @@ impl Client {
             .entry(USER_AGENT)
             .or_insert(HeaderValue::from_static(USER_AGENT_VALUE));
         let req = Request::from_parts(parts, Full::new(body));
-        self.http
+        let resp = self
+            .http
             .request(req)
             .await
-            .map_err(|e| Error::Transport(chain(&e)))
+            .map_err(|e| Error::Transport(chain(&e)))?;
+        if resp.status() == http::StatusCode::UNAUTHORIZED {
+            // Read rotated files or run the plugin again for the next request.
+            self.credentials.invalidate().await;
+        }
+        Ok(resp)
     }
 
     async fn json(

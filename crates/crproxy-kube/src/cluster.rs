@@ -2,6 +2,7 @@
 //! the proxy can dial a target's peers with the same TLS material the [`crate::Client`]
 //! uses.
 
+use crate::credentials::Credentials;
 use crate::kubeconfig::Kubeconfig;
 use crate::Error;
 use base64::Engine as _;
@@ -9,20 +10,29 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// How requests authenticate.
+/// How requests authenticate. The file and plugin variants are sources, read by
+/// [`Credentials`] while crproxy runs so rotated credentials are picked up.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Auth {
     /// Anonymous.
     None,
-    /// `Authorization: Bearer <token>`.
+    /// `Authorization: Bearer <token>` with a fixed token.
     Token(String),
+    /// `Authorization: Bearer <token>` with the token currently in this file (a
+    /// kubeconfig `tokenFile`, the in-cluster service-account token).
+    TokenFile(PathBuf),
     /// A TLS client certificate (PEM) and its private key (PEM).
     ClientCert { cert_pem: Vec<u8>, key_pem: Vec<u8> },
+    /// The TLS client certificate and key currently in these PEM files.
+    ClientCertFiles { cert: PathBuf, key: PathBuf },
+    /// Whatever an exec credential plugin prints (a token, a client certificate or
+    /// both), run again before its credential expires.
+    Exec(ExecConfig),
 }
 
 // Hand-written so tokens and keys never end up in logs.
@@ -31,9 +41,31 @@ impl fmt::Debug for Auth {
         match self {
             Auth::None => f.write_str("None"),
             Auth::Token(_) => f.write_str("Token(<redacted>)"),
+            Auth::TokenFile(path) => write!(f, "TokenFile({})", path.display()),
             Auth::ClientCert { .. } => f.write_str("ClientCert { <redacted> }"),
+            Auth::ClientCertFiles { cert, key } => {
+                write!(f, "ClientCertFiles({}, {})", cert.display(), key.display())
+            }
+            Auth::Exec(exec) => write!(f, "Exec({})", exec.command.display()),
         }
     }
+}
+
+/// A kubeconfig `users[].user.exec` entry: the plugin to run for credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExecConfig {
+    /// The program; a relative path with a directory part resolves against the
+    /// kubeconfig's directory, a bare name is looked up in `PATH`.
+    pub command: PathBuf,
+    pub args: Vec<String>,
+    /// Extra environment variables for the plugin (values may be secrets).
+    pub env: Vec<(String, String)>,
+    /// The `client.authentication.k8s.io` version the plugin speaks.
+    pub api_version: Option<String>,
+    /// Whether `KUBERNETES_EXEC_INFO` carries the cluster's server and CA.
+    pub provide_cluster_info: bool,
+    /// Shown when the plugin cannot be started, to say how to install it.
+    pub install_hint: Option<String>,
 }
 
 /// One API server endpoint and the credentials for it.
@@ -105,38 +137,8 @@ impl ClusterConfig {
             .find(|u| u.name == ctx.context.user)
             .map(|u| u.user.clone())
             .unwrap_or_default();
-        let cert = match (&user.client_certificate_data, &user.client_certificate) {
-            (Some(data), _) => Some(decode_b64("client-certificate-data", data)?),
-            (None, Some(path)) => Some(read_file(&kc.resolve(path))?),
-            (None, None) => None,
-        };
-        let key = match (&user.client_key_data, &user.client_key) {
-            (Some(data), _) => Some(decode_b64("client-key-data", data)?),
-            (None, Some(path)) => Some(read_file(&kc.resolve(path))?),
-            (None, None) => None,
-        };
-        let token = match (&user.token, &user.token_file) {
-            (Some(t), _) if !t.is_empty() => Some(t.clone()),
-            (_, Some(path)) => Some(read_token(&kc.resolve(path))?),
-            _ => None,
-        };
-        let auth = match (cert, key, token) {
-            (Some(cert_pem), Some(key_pem), _) => Auth::ClientCert { cert_pem, key_pem },
-            (Some(_), None, _) | (None, Some(_), _) => {
-                return Err(Error::Kubeconfig(format!(
-                    "user {:?} has a client certificate or key but not both",
-                    ctx.context.user
-                )))
-            }
-            (None, None, Some(t)) => Auth::Token(t),
-            (None, None, None) if user.exec.is_some() || user.auth_provider.is_some() => {
-                return Err(Error::Kubeconfig(format!(
-                    "user {:?} authenticates with an exec plugin or auth provider, which crproxy does not support; use a token, tokenFile or client certificate",
-                    ctx.context.user
-                )))
-            }
-            (None, None, None) => Auth::None,
-        };
+        let user_name = &ctx.context.user;
+        let auth = user_auth(kc, user_name, &user)?;
         Ok(ClusterConfig {
             server,
             ca_pem,
@@ -184,18 +186,38 @@ impl ClusterConfig {
         let server = url::Url::parse(&format!("https://{host}:{port}")).map_err(|e| {
             Error::Kubeconfig(format!("invalid in-cluster address {host}:{port}: {e}"))
         })?;
-        let token = read_token(&sa_dir.join("token"))?;
+        // The kubelet rotates the projected token in place: read it per refresh, but
+        // check now that it is there so a misconfigured pod fails at startup.
+        let token_path = sa_dir.join("token");
+        read_token(&token_path)?;
         let ca = read_file(&sa_dir.join("ca.crt"))?;
         Ok(ClusterConfig {
             server,
             ca_pem: Some(ca),
             tls_server_name: None,
             insecure_skip_tls_verify: false,
-            auth: Auth::Token(token),
+            auth: Auth::TokenFile(token_path),
         })
     }
 
-    /// The bearer token, when authenticating by token.
+    /// The provider of this identity's current credentials, to share between every
+    /// client and pool that talks to this cluster as this identity.
+    pub fn credentials(&self) -> Result<Arc<Credentials>, Error> {
+        let mut info = serde_json::json!({
+            "server": self.server.as_str(),
+            "insecure-skip-tls-verify": self.insecure_skip_tls_verify,
+        });
+        if let Some(ca) = &self.ca_pem {
+            info["certificate-authority-data"] =
+                base64::engine::general_purpose::STANDARD.encode(ca).into();
+        }
+        if let Some(name) = &self.tls_server_name {
+            info["tls-server-name"] = name.clone().into();
+        }
+        Ok(Arc::new(Credentials::new(self.auth.clone(), info)?))
+    }
+
+    /// The fixed bearer token, when authenticating by an inline token.
     pub fn bearer_token(&self) -> Option<&str> {
         match &self.auth {
             Auth::Token(t) => Some(t),
@@ -223,8 +245,13 @@ impl ClusterConfig {
     }
 
     /// A rustls client config for this cluster with the given ALPN protocols, built on
-    /// the ring provider explicitly so no process-wide default provider is needed.
-    pub fn rustls_config(&self, alpn: &[&[u8]]) -> Result<rustls::ClientConfig, Error> {
+    /// the ring provider explicitly so no process-wide default provider is needed. The
+    /// client certificate, if any, comes from `credentials` at each handshake.
+    pub fn rustls_config(
+        &self,
+        alpn: &[&[u8]],
+        credentials: &Credentials,
+    ) -> Result<rustls::ClientConfig, Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -247,20 +274,113 @@ impl ClusterConfig {
             }
             builder.with_root_certificates(roots)
         };
-        let mut config = match &self.auth {
-            Auth::ClientCert { cert_pem, key_pem } => {
-                let certs = parse_certs(cert_pem, "client certificate")?;
-                let key = PrivateKeyDer::from_pem_slice(key_pem)
-                    .map_err(|e| Error::Tls(format!("cannot parse the client key PEM: {e}")))?;
-                builder
-                    .with_client_auth_cert(certs, key)
-                    .map_err(|e| Error::Tls(format!("client certificate rejected: {e}")))?
-            }
-            Auth::None | Auth::Token(_) => builder.with_no_client_auth(),
-        };
+        let mut config = builder.with_client_cert_resolver(credentials.client_cert_resolver());
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(config)
     }
+}
+
+/// The identity of a kubeconfig user. Files are checked now, so a typo fails at
+/// startup, and read again while running.
+fn user_auth(kc: &Kubeconfig, name: &str, user: &crate::KubeUser) -> Result<Auth, Error> {
+    let cert_data = user.client_certificate_data.as_deref();
+    let key_data = user.client_key_data.as_deref();
+    let cert_file = user.client_certificate.as_deref();
+    let key_file = user.client_key.as_deref();
+    let has_cert = cert_data.is_some() || cert_file.is_some();
+    let has_key = key_data.is_some() || key_file.is_some();
+    if has_cert != has_key {
+        return Err(Error::Kubeconfig(format!(
+            "user {name:?} has a client certificate or key but not both"
+        )));
+    }
+    if has_cert {
+        return match (cert_data, key_data, cert_file, key_file) {
+            (Some(cert), Some(key), _, _) => Ok(Auth::ClientCert {
+                cert_pem: decode_b64("client-certificate-data", cert)?,
+                key_pem: decode_b64("client-key-data", key)?,
+            }),
+            (None, None, Some(cert), Some(key)) => {
+                let (cert, key) = (kc.resolve(cert), kc.resolve(key));
+                read_file(&cert)?;
+                read_file(&key)?;
+                Ok(Auth::ClientCertFiles { cert, key })
+            }
+            _ => Err(Error::Kubeconfig(format!(
+                "user {name:?} mixes inline and file client certificate and key; give both the same way"
+            ))),
+        };
+    }
+    if let Some(token) = user.token.as_deref().filter(|t| !t.is_empty()) {
+        return Ok(Auth::Token(token.to_owned()));
+    }
+    if let Some(path) = &user.token_file {
+        let path = kc.resolve(path);
+        read_token(&path)?;
+        return Ok(Auth::TokenFile(path));
+    }
+    if let Some(exec) = &user.exec {
+        return exec_config(kc, name, exec).map(Auth::Exec);
+    }
+    if user.auth_provider.is_some() {
+        return Err(Error::Kubeconfig(format!(
+            "user {name:?} authenticates with a legacy auth provider, which crproxy does not support; use an exec plugin, a token, tokenFile or client certificate"
+        )));
+    }
+    Ok(Auth::None)
+}
+
+fn exec_config(kc: &Kubeconfig, name: &str, exec: &serde_json::Value) -> Result<ExecConfig, Error> {
+    let bad = |what: &str| Error::Kubeconfig(format!("user {name:?}: exec {what}"));
+    let text = |key: &str| exec.get(key).and_then(serde_json::Value::as_str);
+    let command = text("command")
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| bad("has no command"))?;
+    // As kubectl: a bare name is looked up in PATH, a relative path with a directory
+    // is relative to the kubeconfig.
+    let command = if command.contains('/') {
+        kc.resolve(command)
+    } else {
+        PathBuf::from(command)
+    };
+    let args = match exec.get("args") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(items)) => items
+            .iter()
+            .map(|a| a.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("args must be strings"))?,
+        Some(_) => return Err(bad("args must be a list")),
+    };
+    let env = match exec.get("env") {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(items)) => items
+            .iter()
+            .map(|e| {
+                let name = e.get("name")?.as_str()?.to_owned();
+                let value = e.get("value")?.as_str()?.to_owned();
+                Some((name, value))
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("env entries need a name and a value"))?,
+        Some(_) => return Err(bad("env must be a list")),
+    };
+    if text("interactiveMode") == Some("Always") {
+        return Err(bad(
+            "has interactiveMode Always, but crproxy runs without a terminal",
+        ));
+    }
+    Ok(ExecConfig {
+        command,
+        args,
+        env,
+        api_version: text("apiVersion").map(str::to_owned),
+        provide_cluster_info: exec
+            .get("provideClusterInfo")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false),
+        install_hint: text("installHint").map(str::to_owned),
+    })
 }
 
 fn parse_certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, Error> {

@@ -32,6 +32,10 @@ pub enum Error {
     /// that does not match, or an invalid server name.
     #[error("invalid TLS configuration: {0}")]
     Tls(String),
+    /// The current credentials could not be obtained: a token or certificate file
+    /// became unreadable, or an exec plugin failed or printed no usable credential.
+    #[error("cannot get credentials: {0}")]
+    Credentials(String),
     /// A response (or a watch event) was not the JSON we expected.
     #[error("cannot decode the API server response: {0}")]
     Decode(String),

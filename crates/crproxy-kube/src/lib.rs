@@ -3,7 +3,8 @@
 //! crproxy deliberately avoids kube-rs and k8s-openapi: they dominate compile time, and
 //! the proxy needs byte-level control of bodies anyway. What is here is what the proxy,
 //! the control-plane wiring and the tests need: load a kubeconfig or the in-cluster
-//! service account ([`ClusterConfig`]), CRUD and PATCH on any path with
+//! service account ([`ClusterConfig`]), keep its credentials current as tokens rotate,
+//! certificate files are renewed and exec plugins issue new tokens ([`Credentials`]), CRUD and PATCH on any path with
 //! [`serde_json::Value`] bodies, raw requests, and watch streams ([`Client`]).
 //!
 //! TLS uses rustls with the ring provider passed explicitly, so nothing here depends on
@@ -12,6 +13,7 @@
 mod client;
 mod cluster;
 mod connector;
+mod credentials;
 mod error;
 mod kubeconfig;
 mod watch;
@@ -19,7 +21,8 @@ mod watch;
 pub use client::{
     Client, PatchType, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, USER_AGENT_VALUE,
 };
-pub use cluster::{Auth, ClusterConfig, InsecureAcceptAnyServerCert};
+pub use cluster::{Auth, ClusterConfig, ExecConfig, InsecureAcceptAnyServerCert};
+pub use credentials::{Credentials, DEFAULT_FILE_RECHECK};
 pub use error::{reason_for_status, Error};
 pub use kubeconfig::{
     KubeCluster, KubeContext, KubeUser, Kubeconfig, NamedCluster, NamedContext, NamedUser,

@@ -4,7 +4,7 @@ use anyhow::{anyhow, Context as _, Result};
 use base64::Engine as _;
 use bytes::Bytes;
 use crproxy_core::pki::{CertPem, CertificateAuthority};
-use crproxy_kube::{Auth, Client, ClusterConfig, Error, Kubeconfig, PatchType};
+use crproxy_kube::{Auth, Client, ClusterConfig, Credentials, Error, Kubeconfig, PatchType};
 use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
@@ -34,6 +34,9 @@ struct Seen {
     body: Value,
     version: http::Version,
     user_agent: Option<String>,
+    authorization: Option<String>,
+    /// DER of the client certificate the connection presented.
+    client_cert: Option<Vec<u8>>,
 }
 
 struct Pki {
@@ -48,6 +51,8 @@ struct Server {
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Lines the watch handler streams out, one chunk per message.
     watch_tx: mpsc::UnboundedSender<String>,
+    /// The bearer tokens the server accepts; tests rotate them.
+    tokens: Arc<Mutex<Vec<String>>>,
 }
 
 fn pki() -> Result<Pki> {
@@ -65,8 +70,9 @@ fn pki() -> Result<Pki> {
 /// client certificate from the client CA gets anything but 401.
 async fn handle(
     req: Request<Incoming>,
-    cert_ok: bool,
+    client_cert: Option<Vec<u8>>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    tokens: Arc<Mutex<Vec<String>>>,
     watch_rx: Arc<Mutex<Option<mpsc::UnboundedReceiver<String>>>>,
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
@@ -95,13 +101,20 @@ async fn handle(
             .get("user-agent")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
+        authorization: parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        client_cert: client_cert.clone(),
     });
-    let token_ok = parts
+    let presented = parts
         .headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        == Some(&format!("Bearer {TOKEN}"));
-    if !token_ok && !cert_ok {
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let token_ok = presented.is_some_and(|t| tokens.lock().expect("lock").iter().any(|k| k == t));
+    if !token_ok && client_cert.is_none() {
         return status(401, "Unauthorized", "Unauthorized");
     }
     let path = parts.uri.path();
@@ -190,20 +203,32 @@ async fn start(alpn: &[&[u8]]) -> Result<Server> {
     let (watch_tx, watch_rx) = mpsc::unbounded_channel();
     let watch_rx = Arc::new(Mutex::new(Some(watch_rx)));
     let seen2 = seen.clone();
+    let tokens = Arc::new(Mutex::new(vec![TOKEN.to_owned()]));
+    let tokens2 = tokens.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             let seen = seen2.clone();
+            let tokens = tokens2.clone();
             let watch_rx = watch_rx.clone();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
-                let cert_ok = tls.get_ref().1.peer_certificates().is_some();
+                let client_cert = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|cert| cert.to_vec());
                 let svc = hyper::service::service_fn(move |req| {
                     let seen = seen.clone();
+                    let tokens = tokens.clone();
                     let watch_rx = watch_rx.clone();
-                    async move { Ok::<_, Infallible>(handle(req, cert_ok, seen, watch_rx).await) }
+                    let client_cert = client_cert.clone();
+                    async move {
+                        Ok::<_, Infallible>(handle(req, client_cert, seen, tokens, watch_rx).await)
+                    }
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tls), svc)
@@ -216,6 +241,7 @@ async fn start(alpn: &[&[u8]]) -> Result<Server> {
         pki,
         seen,
         watch_tx,
+        tokens,
     })
 }
 
@@ -468,7 +494,13 @@ async fn kubeconfig_with_relative_files_connects() -> Result<()> {
     std::fs::write(&path, yaml)?;
     let kc = Kubeconfig::load(&path)?;
     let cfg = ClusterConfig::from_kubeconfig(&kc, None)?;
-    assert!(matches!(cfg.auth, Auth::ClientCert { .. }));
+    assert_eq!(
+        cfg.auth,
+        Auth::ClientCertFiles {
+            cert: dir.path().join("pki/alice.crt"),
+            key: dir.path().join("pki/alice.key"),
+        }
+    );
     let cm = timed(Client::new(cfg)?.get("/api/v1/namespaces/default/configmaps/cm")).await??;
     assert_eq!(cm["metadata"]["name"], "cm");
     Ok(())
@@ -512,6 +544,14 @@ users:
     exec:
       apiVersion: client.authentication.k8s.io/v1
       command: aws
+      args: [eks, get-token]
+      env: [{{name: AWS_PROFILE, value: dev}}]
+- name: provider
+  user:
+    auth-provider: {{name: gcp}}
+- name: gonefile
+  user:
+    tokenFile: absent-token
 contexts:
 - {{name: a, context: {{cluster: data, user: certs}}}}
 - {{name: b, context: {{cluster: insecure, user: tok}}}}
@@ -520,6 +560,8 @@ contexts:
 - {{name: e, context: {{cluster: data, user: half}}}}
 - {{name: f, context: {{cluster: missing, user: tok}}}}
 - {{name: g, context: {{cluster: data, user: plugin}}}}
+- {{name: h, context: {{cluster: data, user: provider}}}}
+- {{name: i, context: {{cluster: data, user: gonefile}}}}
 current-context: b
 users2: null
 "#,
@@ -563,7 +605,18 @@ users2: null
     );
 
     let c = ClusterConfig::from_kubeconfig(&kc, Some("c"))?;
-    assert_eq!(c.bearer_token(), Some("file-token"));
+    assert_eq!(c.auth, Auth::TokenFile(dir.path().join("token")));
+    let g = ClusterConfig::from_kubeconfig(&kc, Some("g"))?;
+    let Auth::Exec(exec) = &g.auth else {
+        panic!("an exec user: {:?}", g.auth)
+    };
+    assert_eq!(exec.command, std::path::PathBuf::from("aws"));
+    assert_eq!(exec.args, ["eks", "get-token"]);
+    assert_eq!(exec.env, [("AWS_PROFILE".to_owned(), "dev".to_owned())]);
+    assert_eq!(
+        exec.api_version.as_deref(),
+        Some("client.authentication.k8s.io/v1")
+    );
     let d = ClusterConfig::from_kubeconfig(&kc, Some("d"))?;
     assert_eq!(d.auth, Auth::None);
 
@@ -571,7 +624,8 @@ users2: null
         ("e", "not both"),
         ("f", "\"missing\""),
         ("zzz", "context \"zzz\" not found"),
-        ("g", "exec plugin"),
+        ("h", "legacy auth provider"),
+        ("i", "absent-token"),
     ] {
         let err = ClusterConfig::from_kubeconfig(&kc, Some(ctx)).expect_err(ctx);
         assert!(err.to_string().contains(needle), "{ctx}: {err}");
@@ -589,9 +643,211 @@ fn in_cluster_reads_the_service_account() -> Result<()> {
     std::fs::write(dir.path().join("ca.crt"), "CA")?;
     let cfg = ClusterConfig::in_cluster_from(Some("fd00::1"), Some("443"), dir.path())?;
     assert_eq!(cfg.server.as_str(), "https://[fd00::1]/");
-    assert_eq!(cfg.bearer_token(), Some("sa-token"));
+    // The kubelet rotates the projected token: it is read again while running.
+    assert_eq!(cfg.auth, Auth::TokenFile(dir.path().join("token")));
     let cfg = ClusterConfig::in_cluster_from(Some("10.96.0.1"), Some("6443"), dir.path())?;
     assert_eq!(cfg.server.as_str(), "https://10.96.0.1:6443/");
     assert!(ClusterConfig::in_cluster_from(None, Some("443"), dir.path()).is_err());
+    std::fs::remove_file(dir.path().join("token"))?;
+    let err = ClusterConfig::in_cluster_from(Some("10.96.0.1"), Some("443"), dir.path())
+        .expect_err("no token");
+    assert!(err.to_string().contains("token"), "{err}");
+    Ok(())
+}
+
+/// Replaces `path` the way the kubelet and cert managers do: a new file renamed over
+/// the old, so a reader sees either whole version.
+fn replace_file(path: &std::path::Path, contents: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rotated_token_file_is_sent_without_a_failed_request() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    *srv.tokens.lock().map_err(|_| anyhow!("poisoned"))? = vec!["old-token".into()];
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("token");
+    replace_file(&path, b"old-token\n")?;
+    let cfg = srv.config(Auth::TokenFile(path.clone()))?;
+    let recheck = Duration::from_millis(200);
+    let credentials = Credentials::new(cfg.auth.clone(), Value::Null)?.with_file_recheck(recheck);
+    let client = Client::with_credentials(cfg, Arc::new(credentials))?;
+    // 60 requests 20 ms apart: the token rotates at the 10th, the old one is revoked
+    // at the 30th (400 ms later, two rechecks), as a projected token outlives its
+    // replacement's issue.
+    for i in 0..60 {
+        if i == 10 {
+            srv.tokens
+                .lock()
+                .map_err(|_| anyhow!("poisoned"))?
+                .push("new-token".into());
+            replace_file(&path, b"new-token\n")?;
+        }
+        if i == 30 {
+            srv.tokens
+                .lock()
+                .map_err(|_| anyhow!("poisoned"))?
+                .retain(|t| t != "old-token");
+        }
+        timed(client.get("/api/v1/namespaces/default/configmaps/cm"))
+            .await?
+            .with_context(|| format!("request {i}"))?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        srv.last()?.authorization.as_deref(),
+        Some("Bearer new-token")
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn renewed_client_certificate_files_are_presented_by_new_connections() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    let renewed = srv.pki.client_ca.issue_client("alice", &["devs"])?;
+    let dir = tempfile::tempdir()?;
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    replace_file(&cert, srv.pki.client.cert.as_bytes())?;
+    replace_file(&key, srv.pki.client.key.as_bytes())?;
+    let der = |pem: &str| -> Result<Vec<u8>> {
+        Ok(CertificateDer::from_pem_slice(pem.as_bytes())?.to_vec())
+    };
+    let cfg = srv.config(Auth::ClientCertFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+    })?;
+    let credentials = Arc::new(
+        Credentials::new(cfg.auth.clone(), Value::Null)?
+            .with_file_recheck(Duration::from_millis(100)),
+    );
+    let first = Client::with_credentials(cfg.clone(), credentials.clone())?;
+    timed(first.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    assert_eq!(srv.last()?.client_cert, Some(der(&srv.pki.client.cert)?));
+
+    replace_file(&cert, renewed.cert.as_bytes())?;
+    replace_file(&key, renewed.key.as_bytes())?;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // A new connection (a second client) presents the renewed certificate; the open
+    // connection keeps working.
+    let second = Client::with_credentials(cfg, credentials)?;
+    timed(second.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    assert_eq!(srv.last()?.client_cert, Some(der(&renewed.cert)?));
+    timed(first.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    Ok(())
+}
+
+/// A kubeconfig whose user runs `./plugin.sh` (relative to the kubeconfig) with the
+/// given script body.
+fn exec_kubeconfig(srv: &Server, dir: &std::path::Path, script: &str) -> Result<ClusterConfig> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let plugin = dir.join("plugin.sh");
+    std::fs::write(&plugin, script)?;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))?;
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: ./plugin.sh\n      args: [--state, {state}]\n      env: [{{name: PLUGIN_PREFIX, value: exec}}]\n      provideClusterInfo: true\n      installHint: install the plugin\n      interactiveMode: Never\ncontexts:\n- name: ctx\n  context: {{cluster: c, user: u}}\ncurrent-context: ctx\n",
+        port = srv.addr.port(),
+        ca = base64::engine::general_purpose::STANDARD.encode(srv.pki.server_ca.pem().cert.as_bytes()),
+        state = dir.display(),
+    );
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, yaml)?;
+    Ok(ClusterConfig::from_kubeconfig(
+        &Kubeconfig::load(&path)?,
+        None,
+    )?)
+}
+
+/// Counts its runs in `$2/count`, keeps `KUBERNETES_EXEC_INFO` in `$2/info`, and
+/// prints token `$PLUGIN_PREFIX-<run>` valid for `lifetime` (`none`: no expiry).
+fn counting_plugin(lifetime: &str) -> String {
+    let expiry = if lifetime == "none" {
+        String::new()
+    } else {
+        format!(
+            ",\\\"expirationTimestamp\\\":\\\"$(date -u -d '{lifetime}' +%Y-%m-%dT%H:%M:%SZ)\\\""
+        )
+    };
+    format!(
+        "#!/bin/sh\nset -e\nn=$(cat \"$2/count\" 2>/dev/null || echo 0)\nn=$((n+1))\necho $n > \"$2/count\"\nprintf '%s' \"$KUBERNETES_EXEC_INFO\" > \"$2/info\"\necho \"{{\\\"apiVersion\\\":\\\"client.authentication.k8s.io/v1\\\",\\\"kind\\\":\\\"ExecCredential\\\",\\\"status\\\":{{\\\"token\\\":\\\"$PLUGIN_PREFIX-$n\\\"{expiry}}}}}\"\n"
+    )
+}
+
+#[tokio::test]
+async fn exec_plugin_tokens_are_renewed_before_they_expire() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    *srv.tokens.lock().map_err(|_| anyhow!("poisoned"))? = vec!["exec-1".into(), "exec-2".into()];
+    let dir = tempfile::tempdir()?;
+    // Expiring in 5 s, within the renewal margin: every request runs the plugin again.
+    let cfg = exec_kubeconfig(&srv, dir.path(), &counting_plugin("+5 seconds"))?;
+    let client = Client::new(cfg.clone())?;
+    for want in ["Bearer exec-1", "Bearer exec-2"] {
+        timed(client.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+        assert_eq!(srv.last()?.authorization.as_deref(), Some(want));
+    }
+    let info: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("info"))?)?;
+    assert_eq!(info["kind"], "ExecCredential");
+    assert_eq!(info["apiVersion"], "client.authentication.k8s.io/v1");
+    assert_eq!(info["spec"]["interactive"], false);
+    assert_eq!(info["spec"]["cluster"]["server"], cfg.server.as_str());
+    Ok(())
+}
+
+#[tokio::test]
+async fn exec_plugin_tokens_without_expiry_are_kept_until_refused() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    *srv.tokens.lock().map_err(|_| anyhow!("poisoned"))? = vec!["exec-1".into()];
+    let dir = tempfile::tempdir()?;
+    let cfg = exec_kubeconfig(&srv, dir.path(), &counting_plugin("none"))?;
+    let client = Client::new(cfg)?;
+    for _ in 0..3 {
+        timed(client.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("count"))?.trim(),
+        "1"
+    );
+    // The server revokes the token: one request is refused, the next runs the
+    // plugin again and succeeds.
+    *srv.tokens.lock().map_err(|_| anyhow!("poisoned"))? = vec!["exec-2".into()];
+    let err = timed(client.get("/api/v1/namespaces/default/configmaps/cm"))
+        .await?
+        .expect_err("revoked");
+    assert_eq!(err.status(), Some(401));
+    timed(client.get("/api/v1/namespaces/default/configmaps/cm")).await??;
+    assert_eq!(srv.last()?.authorization.as_deref(), Some("Bearer exec-2"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failing_exec_plugin_is_a_credentials_error_with_its_output() -> Result<()> {
+    let srv = start(&[b"h2", b"http/1.1"]).await?;
+    let dir = tempfile::tempdir()?;
+    let cfg = exec_kubeconfig(
+        &srv,
+        dir.path(),
+        "#!/bin/sh\necho 'please log in first' >&2\nexit 3\n",
+    )?;
+    let err = timed(Client::new(cfg)?.get("/api/v1/namespaces/default/configmaps/cm"))
+        .await?
+        .expect_err("plugin fails");
+    assert!(matches!(err, Error::Credentials(_)), "{err:?}");
+    assert!(err.to_string().contains("please log in first"), "{err}");
+
+    let missing = exec_kubeconfig(&srv, dir.path(), "")?;
+    let Auth::Exec(mut exec) = missing.auth.clone() else {
+        panic!("exec user");
+    };
+    exec.command = dir.path().join("not-installed");
+    let missing = ClusterConfig {
+        auth: Auth::Exec(exec),
+        ..missing
+    };
+    let err = timed(Client::new(missing)?.get("/api/v1/namespaces/default/configmaps/cm"))
+        .await?
+        .expect_err("plugin missing");
+    assert!(err.to_string().contains("install the plugin"), "{err}");
     Ok(())
 }

@@ -124,6 +124,18 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
     let mut servers_done = Vec::new();
     let mut pools = Vec::new();
     let mut pools_by_target: Vec<(usize, Arc<PeerPool>)> = Vec::new();
+    // One credential provider per target identity, shared by all its group versions,
+    // so a rotated file is read and a plugin run once per target.
+    let target_credentials = setup
+        .targets
+        .iter()
+        .map(|target| {
+            target.cluster.credentials().map_err(|e| AppError::Target {
+                target: names::target_label(&target.project, &target.name),
+                message: e.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     for plan in &setup.plan {
         let group_version = format!("{}/{}", plan.group, plan.version);
         let target_index = setup
@@ -141,9 +153,10 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             target: target_label.clone(),
             message,
         };
+        let credentials = Arc::clone(&target_credentials[target_index]);
         let tls_client = target
             .cluster
-            .rustls_config(&[b"h2", b"http/1.1"])
+            .rustls_config(&[b"h2", b"http/1.1"], &credentials)
             .map_err(|e| target_error(e.to_string()))?;
         let server_name = target
             .cluster
@@ -165,7 +178,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
         let connection = TargetConnection {
             pool: Arc::clone(&pool),
             authority,
-            bearer_token: target.cluster.bearer_token().map(str::to_string),
+            credentials,
         };
         tracing::info!(group_version = %group_version, target = %target_label, upstream = %names::placeholder_host(&target.name, &target.project), "Starting target transport");
         let proxy = GroupVersionProxy::new(

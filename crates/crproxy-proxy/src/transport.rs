@@ -74,6 +74,10 @@ pub enum ForwardError {
     /// A response body the proxy had to read was larger than it will hold.
     #[error("response body larger than {MAX_BUFFERED_BODY} bytes")]
     TooLarge,
+    /// The client identity's current credentials could not be read (a token file
+    /// gone, an exec plugin failing).
+    #[error("{0}")]
+    Credentials(#[source] crproxy_kube::Error),
 }
 
 impl ForwardError {
@@ -84,7 +88,9 @@ impl ForwardError {
             ForwardError::Deadline => Reason::Deadline,
             // A failure on an established connection is not a dial failure; the
             // vocabulary's catch-all for unattributed proxy-local failures is upstream.
-            ForwardError::Send(_) | ForwardError::TooLarge => Reason::Upstream,
+            ForwardError::Send(_) | ForwardError::TooLarge | ForwardError::Credentials(_) => {
+                Reason::Upstream
+            }
         }
     }
 }
@@ -94,9 +100,10 @@ pub struct TargetConnection {
     pub pool: Arc<PeerPool>,
     /// Value of the Host header: the name the target's certificate is issued for.
     pub authority: String,
-    /// Bearer token of the client identity on the target, when it authenticates by
-    /// token (a client certificate is presented during the dial instead).
-    pub bearer_token: Option<String>,
+    /// The client identity on the target. Asked before every request, so a rotated
+    /// token is sent at once and a renewed client certificate is presented by the
+    /// next connection the pool dials.
+    pub credentials: Arc<crproxy_kube::Credentials>,
 }
 
 impl TargetConnection {
@@ -134,7 +141,7 @@ impl TargetConnection {
                 headers.append(name.clone(), value.clone());
             }
         }
-        self.stamp(headers)?;
+        self.stamp(headers).await?;
         let sender = match deadline {
             Some(deadline) => self.pool.acquire_before(deadline).await?,
             None => self.pool.acquire().await?,
@@ -143,6 +150,11 @@ impl TargetConnection {
             .send(request)
             .await
             .map_err(|e| ForwardError::Send(e.to_string()))?;
+        if response.status() == StatusCode::UNAUTHORIZED {
+            // The identity's token was refused: read its file or run its plugin again
+            // for the next request instead of waiting for the next recheck.
+            self.credentials.invalidate().await;
+        }
         // The HTTP/2 stream stays reserved until the body has been streamed.
         let slot = response.extensions_mut().remove::<StreamSlot>();
         let (parts, body) = response.into_parts();
@@ -182,13 +194,16 @@ impl TargetConnection {
         Ok((status, bytes))
     }
 
-    fn stamp(&self, headers: &mut HeaderMap) -> Result<(), ForwardError> {
+    async fn stamp(&self, headers: &mut HeaderMap) -> Result<(), ForwardError> {
         let host = HeaderValue::from_str(&self.authority)
             .map_err(|e| ForwardError::Send(format!("invalid target host: {e}")))?;
         headers.insert(http::header::HOST, host);
-        if let Some(token) = &self.bearer_token {
-            let value = HeaderValue::from_str(&format!("Bearer {token}"))
-                .map_err(|e| ForwardError::Send(format!("invalid target token: {e}")))?;
+        let authorization = self
+            .credentials
+            .authorization()
+            .await
+            .map_err(ForwardError::Credentials)?;
+        if let Some(value) = authorization {
             headers.insert(http::header::AUTHORIZATION, value);
         }
         Ok(())

@@ -517,7 +517,7 @@ async fn more_watches_than_one_http2_connection_allows_all_open() {
     let tls = h
         .aggregator
         .config()
-        .rustls_config(&[b"h2"])
+        .rustls_config(&[b"h2"], h.aggregator.credentials())
         .expect("aggregator TLS");
     let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
     let mut senders = Vec::new();
