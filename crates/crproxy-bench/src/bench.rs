@@ -245,7 +245,14 @@ async fn measure_all(
         .and_then(|k| {
             let user = k.context(None).ok()?.context.user.clone();
             let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&k, None).ok()?;
-            Some((user, cluster.bearer_token()?.to_string()))
+            let token = match cluster.auth {
+                crproxy_kube::Auth::Token(token) => token,
+                crproxy_kube::Auth::TokenFile(path) => {
+                    std::fs::read_to_string(path).ok()?.trim().to_string()
+                }
+                _ => return None,
+            };
+            Some((user, token))
         })
         .ok_or_else(|| {
             anyhow!(

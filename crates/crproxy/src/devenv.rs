@@ -180,15 +180,20 @@ impl Link {
             .issue_token(&identity, &[])
             .context("issuing the client identity's token on the target")?;
         grant_target_access(&target_admin, &identity, &spec.resource.group).await?;
+        // The token lives in its own file, as a projected service-account token
+        // does, so the proxy reads it again when it is rotated.
+        let identity_token = spec.dir.join(IDENTITY_TOKEN_FILE);
+        std::fs::write(&identity_token, format!("{token}\n"))
+            .with_context(|| format!("writing {}", identity_token.display()))?;
         let identity_kubeconfig = spec.dir.join("target-identity.kubeconfig");
         std::fs::write(
             &identity_kubeconfig,
-            token_kubeconfig(
+            token_file_kubeconfig(
                 &spec.target_name,
                 &spec.target.url(),
                 &spec.target.ca_pem(),
                 &identity,
-                &token,
+                &identity_token,
             ),
         )?;
         let proxy_port = match spec.proxy_port {
@@ -664,14 +669,24 @@ pub fn condition_status(object: &Value, condition: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-fn token_kubeconfig(name: &str, server: &str, ca_pem: &str, user: &str, token: &str) -> String {
+/// The file, beside a link's configuration, that holds the client identity's token on
+/// the target.
+pub const IDENTITY_TOKEN_FILE: &str = "target-identity.token";
+
+fn token_file_kubeconfig(
+    name: &str,
+    server: &str,
+    ca_pem: &str,
+    user: &str,
+    token_file: &Path,
+) -> String {
     use base64::Engine;
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     let doc = json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority-data": ca}}],
-        "users": [{"name": user, "user": {"token": token}}],
+        "users": [{"name": user, "user": {"tokenFile": token_file}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
         "current-context": name,
     });

@@ -533,3 +533,47 @@ async fn deleting_a_client_namespace_removes_only_the_clients_objects() -> Resul
     env.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_target_token_file_costs_callers_nothing() -> Result<()> {
+    // The client identity authenticates to the target with a token file, as a
+    // projected service-account token: the kubelet writes a new token well before the
+    // old one expires. The proxy must switch to the new token before the old one is
+    // revoked.
+    let (env, _dir) = env(1, 1).await?;
+    let client = &env.clients[0].kubeconfig;
+    let token_file = env.clients[0]
+        .link
+        .config_path
+        .parent()
+        .context("link directory")?
+        .join(crproxy::devenv::IDENTITY_TOKEN_FILE);
+    let identity = crproxy_core::names::target_identity("p-default", &env.clients[0].name);
+    kubectl_ok(client, &["create", "namespace", "demo"]).await?;
+    kubectl_apply(client, "demo", &widget("w1", 1)).await?;
+
+    let old_token = std::fs::read_to_string(&token_file)?.trim().to_string();
+    let new_token = env.target.issue_token(&identity, &[])?;
+    let tmp = token_file.with_extension("new");
+    std::fs::write(&tmp, format!("{new_token}\n"))?;
+    std::fs::rename(&tmp, &token_file)?;
+
+    // Requests keep flowing while the proxy's next recheck picks the new token up.
+    let mut requests = 0;
+    let rechecked =
+        tokio::time::Instant::now() + crproxy_kube::DEFAULT_FILE_RECHECK + Duration::from_secs(2);
+    while tokio::time::Instant::now() < rechecked && requests < 200 {
+        kubectl_ok(client, &["-n", "demo", "get", "widgets", "w1"])
+            .await
+            .with_context(|| format!("request {requests} before the old token is revoked"))?;
+        requests += 1;
+    }
+    env.target.revoke_token(&old_token)?;
+    for i in 0..5 {
+        kubectl_ok(client, &["-n", "demo", "get", "widgets", "w1"])
+            .await
+            .with_context(|| format!("request {i} after the old token was revoked"))?;
+        kubectl_apply(client, "demo", &widget(&format!("after-{i}"), i)).await?;
+    }
+    Ok(())
+}

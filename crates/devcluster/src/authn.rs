@@ -129,6 +129,12 @@ impl Authenticator {
         tokens.insert(token.into(), user);
     }
 
+    /// Forgets a bearer token: later requests with it are 401.
+    pub fn remove_token(&self, token: &str) {
+        let mut tokens = self.tokens.write().unwrap_or_else(|e| e.into_inner());
+        tokens.remove(token);
+    }
+
     /// The first token (in sort order) of a user, for writing kubeconfigs.
     pub fn token_of(&self, user: &str) -> Option<String> {
         let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());

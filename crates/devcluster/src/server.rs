@@ -482,6 +482,23 @@ impl DevCluster {
         Ok(token)
     }
 
+    /// Stops accepting a bearer token (as an expired or revoked token stops working),
+    /// also removing it from tokens.csv when there is a data directory.
+    pub fn revoke_token(&self, token: &str) -> Result<(), Error> {
+        if let Some(tf) = &self.inner.state.token_file {
+            let text = std::fs::read_to_string(tf).unwrap_or_default();
+            let prefix = format!("{token},");
+            let kept: String = text
+                .lines()
+                .filter(|line| !line.starts_with(&prefix))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            write_file(tf, &kept)?;
+        }
+        self.inner.state.authn.remove_token(token);
+        Ok(())
+    }
+
     /// A client certificate for `user` in `groups`, signed by the cluster CA.
     pub fn client_cert(&self, user: &str, groups: &[&str]) -> Result<CertPem, Error> {
         Ok(self.inner.ca.issue_client(user, groups)?)
