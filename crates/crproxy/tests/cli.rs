@@ -131,3 +131,35 @@ fn dev_starts_with_a_relative_directory() {
     let status = child.wait().expect("wait");
     assert!(status.success(), "clean shutdown on Ctrl-C: {status}");
 }
+
+/// `--human-logs` into a pipe or a file: plain text, no colour codes.
+#[test]
+fn human_logs_have_no_colour_codes_off_a_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["--human-logs", "devcluster", "--port", "0", "--data-dir"])
+        .arg(dir.path().join("cluster"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut child = test_support::KillOnDrop(child);
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines, first_line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(stderr).read_line(&mut first);
+        let _ = lines.send(first);
+    });
+    // The first line is the "devcluster started" record.
+    let first = first_line
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("a log line within 30s");
+    let _ = child.kill();
+    assert!(first.contains("devcluster started"), "{first:?}");
+    assert!(
+        !first.contains('\u{1b}'),
+        "colour codes in a pipe: {first:?}"
+    );
+}

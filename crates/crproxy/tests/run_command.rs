@@ -78,6 +78,16 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     assert!(stderr.contains("Starting proxy server"), "{stderr}");
     assert!(stderr.contains("Starting target transport"), "{stderr}");
     assert!(stderr.contains("Connected to target"), "{stderr}");
+    // Every line is one JSON object whose `target` key is the spec's field (the
+    // target cluster), never also the module path.
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(line.matches("\"target\":").count() <= 1, "{line}");
+        let parsed: serde_json::Value = serde_json::from_str(line)?;
+        assert!(parsed["logger"].is_string(), "{line}");
+        if parsed["message"] == "Starting proxy server" {
+            assert_eq!(parsed["target"], "default/target", "{line}");
+        }
+    }
     // The lease was handed back so another replica can lead at once.
     let lease = api
         .get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/crproxy-client")
