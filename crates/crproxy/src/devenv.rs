@@ -57,6 +57,96 @@ impl DevOptions {
     }
 }
 
+/// What a fixed port of the environment is for; each has its own flag of
+/// `crproxy dev`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortRole {
+    Target,
+    Client,
+    Proxy,
+    Metrics,
+}
+
+impl PortRole {
+    /// The `crproxy dev` flag that moves this port.
+    pub fn flag(self) -> &'static str {
+        match self {
+            PortRole::Target => "--target-port",
+            PortRole::Client => "--client-port",
+            PortRole::Proxy => "--proxy-port",
+            PortRole::Metrics => "--metrics-port",
+        }
+    }
+}
+
+/// Ports of the environment that were already in use, found before anything was
+/// started or written.
+#[derive(Debug)]
+pub struct PortsInUse(pub Vec<(PortRole, u16)>);
+
+impl std::fmt::Display for PortsInUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ports: Vec<String> = self
+            .0
+            .iter()
+            .map(|(role, port)| format!("{port} (move it with {})", role.flag()))
+            .collect();
+        write!(
+            f,
+            "port{} already in use on 127.0.0.1: {}; nothing was started or written",
+            if ports.len() == 1 { "" } else { "s" },
+            ports.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for PortsInUse {}
+
+impl DevOptions {
+    /// Every port the environment will listen on that is not picked freely, in
+    /// the order they are opened.
+    pub fn fixed_ports(&self) -> Vec<(PortRole, u16)> {
+        let mut ports = Vec::new();
+        let mut add = |role, base: u16, offset: usize| {
+            if base != 0 {
+                if let Some(port) = u16::try_from(offset)
+                    .ok()
+                    .and_then(|offset| base.checked_add(offset))
+                {
+                    ports.push((role, port));
+                }
+            }
+        };
+        for replica in 0..self.target_replicas.max(1) {
+            add(PortRole::Target, self.target_port, replica);
+        }
+        for index in 0..self.clients.max(1) {
+            add(PortRole::Client, self.client_port, index);
+            add(PortRole::Proxy, self.proxy_base_port, index * 10);
+            add(PortRole::Metrics, self.metrics_port, index);
+        }
+        ports
+    }
+
+    /// Tries every fixed port at once, so a conflict names all busy ports (and
+    /// ports given twice) before any cluster starts or any file is written.
+    pub fn check_ports(&self) -> std::result::Result<(), PortsInUse> {
+        let mut held = Vec::new();
+        let mut busy = Vec::new();
+        for (role, port) in self.fixed_ports() {
+            match std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+                Ok(listener) => held.push(listener),
+                Err(_) => busy.push((role, port)),
+            }
+        }
+        if busy.is_empty() {
+            Ok(())
+        } else {
+            Err(PortsInUse(busy))
+        }
+    }
+}
+
 /// Polls the APIService at `path` until its `Available` condition is True.
 pub async fn wait_for_available(
     api: &crproxy_kube::Client,
@@ -305,6 +395,7 @@ pub struct DevEnv {
 impl DevEnv {
     /// Starts everything and waits until each client's APIService is Available.
     pub async fn start(mut options: DevOptions) -> Result<Self> {
+        options.check_ports()?;
         std::fs::create_dir_all(&options.dir)
             .with_context(|| format!("creating {}", options.dir.display()))?;
         // The configuration files written below name other files by path and are
