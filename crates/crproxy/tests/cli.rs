@@ -163,3 +163,24 @@ fn human_logs_have_no_colour_codes_off_a_terminal() {
         "colour codes in a pipe: {first:?}"
     );
 }
+
+/// The README's documentation list links every document in docs/.
+#[test]
+fn readme_links_every_document() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let mut documents: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .collect();
+    documents.sort();
+    assert!(!documents.is_empty());
+    for name in documents {
+        assert!(
+            readme.contains(&format!("](docs/{name})")),
+            "README.md does not link docs/{name}"
+        );
+    }
+}
