@@ -73,10 +73,126 @@ experimental:
 "#,
     )
     .expect("write");
+    std::fs::write(dir.path().join("target.kubeconfig"), KUBECONFIG).expect("write");
     let (ok, stdout, stderr) = crproxy(&["check-config", path.to_str().expect("utf8")]);
-    assert!(ok, "{stderr}");
+    assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("example.com/v1"), "{stdout}");
     assert!(stdout.contains("9100"), "{stdout}");
+}
+
+/// A kubeconfig `check-config` can use (nothing connects to it).
+const KUBECONFIG: &str = r#"
+apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: "https://127.0.0.1:7443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: abc}}]
+contexts: [{name: t, context: {cluster: t, user: u}}]
+current-context: t
+"#;
+
+/// The issue's broken file: several mistakes of different kinds, all reported in
+/// one run, each as `FILE:LINE:COLUMN: key: message`, in file order.
+#[test]
+fn check_config_reports_every_problem_with_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crproxy.yaml");
+    std::fs::write(
+        &path,
+        r#"client:
+  name: Client
+  project: default
+  kubeconfig: missing.kubeconfig
+proxy:
+  basePort: 9100
+  basePort: 9200
+  metricsAdress: 127.0.0.1:9090
+targets:
+  - name: target
+    kubeconfig: broken.kubeconfig
+    peers:
+      static: ["127.0.0.1:7443"]
+experimental:
+  proxy:
+    customResources:
+      widgets.example.com/v1:
+        enabled: true
+        targetVirtualCluster: {name: other}
+"#,
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("broken.kubeconfig"), "clusters: [oops\n").expect("write");
+    let file = path.to_str().expect("utf8");
+    let (ok, stdout, stderr) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let expected = [
+        ("2:3", "client.name", "\"Client\" is not a valid name"),
+        (
+            "4:3",
+            "client.kubeconfig",
+            "missing.kubeconfig does not exist",
+        ),
+        (
+            "7:3",
+            "proxy.basePort",
+            "written twice in the same mapping (also on line 6)",
+        ),
+        ("8:3", "proxy.metricsAdress", "unknown key"),
+        (
+            "11:5",
+            "targets[0].kubeconfig",
+            "broken.kubeconfig is not a kubeconfig",
+        ),
+        (
+            "19:9",
+            "experimental.proxy.customResources[\"widgets.example.com/v1\"].targetVirtualCluster",
+            "no entry in targets has name \"other\"",
+        ),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stdout}");
+    for (line, (position, key, fragment)) in lines.iter().zip(expected) {
+        let prefix = format!("{file}:{position}: {key}: ");
+        assert!(
+            line.starts_with(&prefix),
+            "{line:?} should start with {prefix:?}"
+        );
+        assert!(line.contains(fragment), "{line:?} lacks {fragment:?}");
+    }
+    assert_eq!(
+        stderr.trim(),
+        format!("crproxy: {file}: 6 configuration error(s)")
+    );
+}
+
+/// A syntax error: where the mistake is, in crproxy's words, with no empty key
+/// and no parser advice; a duplicate key is a configuration error like any other.
+#[test]
+fn check_config_reports_yaml_mistakes_in_its_own_words() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crproxy.yaml");
+    let file = path.to_str().expect("utf8");
+    std::fs::write(
+        &path,
+        "client: {name: client, project: default\nproxy: {}\n",
+    )
+    .expect("write");
+    let (ok, stdout, stderr) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    assert_eq!(
+        stdout.trim_end(),
+        format!("{file}:1:9: invalid YAML: this '{{' is never closed; add the '}}'")
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    std::fs::write(&path, "client:\n  name: a\n  name: b\n").expect("write");
+    let (ok, stdout, _) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    assert!(
+        stdout.contains(&format!("\n{file}:3:3: client.name: is written twice")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("DuplicateKeyPolicy"), "{stdout}");
+    assert!(!stdout.contains(": : "), "no empty key: {stdout}");
 }
 
 #[test]
