@@ -26,6 +26,7 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     let target = start("target").await?;
     let client_kubeconfig = dir.path().join("client.kubeconfig");
     std::fs::write(&client_kubeconfig, client.admin_kubeconfig())?;
+    let metrics_port = crproxy::devenv::free_port()?;
     let link = Link::prepare(LinkSpec {
         dir: dir.path().join("link"),
         client_name: "client".into(),
@@ -35,7 +36,7 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
         target_peers: vec![target.addr()],
         resource: ProxiedResource::example(),
         proxy_port: 0,
-        metrics_port: 0,
+        metrics_port,
         persistent: false,
     })
     .await?;
@@ -57,6 +58,10 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
         .get("/apis/example.com/v1/namespaces/default/widgets")
         .await?;
     assert_eq!(listed["kind"], "WidgetList");
+    // Trust loaded and peers listed: ready.
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    assert_eq!(http_get(&metrics, "/readyz")?, (200, "ok".to_string()));
+    assert_eq!(http_get(&metrics, "/healthz")?, (200, "ok".to_string()));
 
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -169,6 +174,92 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     client.shutdown().await;
     target.shutdown().await;
     Ok(())
+}
+
+/// Neither cluster reachable: the process runs, but `/readyz` and `/healthz`
+/// answer 503 and say why; `/livez` says it is alive.
+#[test]
+fn run_is_not_ready_while_neither_cluster_is_reachable() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let nobody = closed.local_addr()?;
+    drop(closed);
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\n\
+         clusters: [{{name: c, cluster: {{server: \"https://{nobody}\", insecure-skip-tls-verify: true}}}}]\n\
+         users: [{{name: u, user: {{token: t}}}}]\n\
+         contexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n"
+    );
+    std::fs::write(dir.path().join("cluster.kubeconfig"), kubeconfig)?;
+    let metrics_port = crproxy::devenv::free_port()?;
+    let proxy_port = crproxy::devenv::free_port()?;
+    let config = dir.path().join("crproxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "client: {{name: client, project: default, kubeconfig: cluster.kubeconfig}}\n\
+             proxy: {{basePort: {proxy_port}, metricsAddress: \"127.0.0.1:{metrics_port}\"}}\n\
+             targets:\n  - name: target\n    kubeconfig: cluster.kubeconfig\n    peers: {{file: peers.yaml}}\n\
+             experimental:\n  proxy:\n    customResources:\n      widgets.example.com/v1:\n        enabled: true\n        targetVirtualCluster: {{name: target}}\n"
+        ),
+    )?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr_reader = drain(child.stderr.take());
+    let mut child = test_support::KillOnDrop(child);
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let livez = loop {
+        if let Ok(answer) = http_get(&metrics, "/livez") {
+            break answer;
+        }
+        ensure!(child.try_wait()?.is_none(), "crproxy run exited");
+        ensure!(std::time::Instant::now() < deadline, "no metrics listener");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(livez, (200, "ok".to_string()));
+    for path in ["/readyz", "/healthz"] {
+        let (code, body) = http_get(&metrics, path)?;
+        assert_eq!(code, 503, "{path}: {body}");
+        assert!(
+            body.contains("front-proxy trust not loaded"),
+            "{path}: {body}"
+        );
+        assert!(
+            body.contains("no target's peer cache has synced yet (targets: default/target)"),
+            "{path}: {body}"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = stderr_reader.join();
+    Ok(())
+}
+
+/// `GET path` over plain HTTP/1.1: the status code and body.
+fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP response: {response:?}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
+    Ok((code, body.to_string()))
 }
 
 /// Reads a child's stderr as it is written, so a chatty child never blocks on a
