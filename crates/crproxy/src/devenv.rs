@@ -147,6 +147,59 @@ impl DevOptions {
     }
 }
 
+/// The name of the lock file a running environment holds in its directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// Fails when another running environment holds `dir`'s lock (its clusters keep
+/// their databases open there). Creates nothing when `dir` does not exist yet.
+fn check_not_in_use(dir: &Path) -> Result<()> {
+    let path = dir.join(LOCK_FILE);
+    if !path.exists() {
+        return Ok(());
+    }
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            let holder = holder.trim();
+            let by = if holder.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {holder})")
+            };
+            Err(anyhow!(
+                "{} is in use by another running crproxy dev{by}; stop it, or pass --dir to start a separate environment",
+                dir.display()
+            ))
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
+/// Takes `dir`'s lock for as long as the returned file is open, and notes the pid.
+fn lock_dir(dir: &Path) -> Result<std::fs::File> {
+    use std::io::Write;
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.try_lock().map_err(|_| {
+        anyhow!(
+            "{} is in use by another running crproxy dev; stop it, or pass --dir to start a separate environment",
+            dir.display()
+        )
+    })?;
+    file.set_len(0)?;
+    write!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
 /// Polls the APIService at `path` until its `Available` condition is True.
 pub async fn wait_for_available(
     api: &crproxy_kube::Client,
@@ -390,14 +443,20 @@ pub struct DevEnv {
     pub target_replicas: Vec<SocketAddr>,
     pub target_kubeconfig: PathBuf,
     pub clients: Vec<DevClient>,
+    /// Held while the environment runs: see [`LOCK_FILE`].
+    _lock: std::fs::File,
 }
 
 impl DevEnv {
     /// Starts everything and waits until each client's APIService is Available.
     pub async fn start(mut options: DevOptions) -> Result<Self> {
+        // Nothing is written before both checks pass, so a failed start leaves the
+        // directory as it was.
+        check_not_in_use(&options.dir)?;
         options.check_ports()?;
         std::fs::create_dir_all(&options.dir)
             .with_context(|| format!("creating {}", options.dir.display()))?;
+        let lock = lock_dir(&options.dir)?;
         // The configuration files written below name other files by path and are
         // read relative to their own directory: only absolute paths survive that.
         options.dir = std::fs::canonicalize(&options.dir)
@@ -440,6 +499,7 @@ impl DevEnv {
             target_replicas,
             target_kubeconfig,
             clients,
+            _lock: lock,
         };
         env.wait_until_available(Duration::from_secs(30)).await?;
         env.write_dev_json()?;

@@ -301,3 +301,27 @@ fn the_banner_names_every_client_kubeconfig() -> Result<()> {
     ensure!(status.success(), "exit {status}: {stderr}");
     Ok(())
 }
+
+/// A second `crproxy dev` on a directory in use says so on one line (whatever
+/// ports it is given) and leaves the running one alone.
+#[test]
+fn a_second_dev_on_the_same_directory_says_it_is_in_use() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("dev");
+    let first = Dev::start(&dir, &Ports::any(), &[])?;
+    let output = dev_command(&dir, &Ports::any(), &[]).output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "is in use by another running crproxy dev (pid {})",
+            first.child.id()
+        )),
+        "{stderr}"
+    );
+    write_widget(&dir.join("client.kubeconfig"), "default", "still-served")?;
+    let (status, stderr) = first.stop("TERM")?;
+    ensure!(status.success(), "exit {status}: {stderr}");
+    Ok(())
+}
