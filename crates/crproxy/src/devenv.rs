@@ -457,6 +457,13 @@ impl DevEnv {
         std::fs::create_dir_all(&options.dir)
             .with_context(|| format!("creating {}", options.dir.display()))?;
         let lock = lock_dir(&options.dir)?;
+        // dev.json describes a running environment: a previous run's copy must not
+        // be mistaken for this one before it is up.
+        let stale = options.dir.join("dev.json");
+        if stale.exists() {
+            std::fs::remove_file(&stale)
+                .with_context(|| format!("removing {}", stale.display()))?;
+        }
         // The configuration files written below name other files by path and are
         // read relative to their own directory: only absolute paths survive that.
         options.dir = std::fs::canonicalize(&options.dir)
