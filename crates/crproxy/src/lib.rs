@@ -3,4 +3,5 @@
 
 pub mod devenv;
 pub mod logging;
+pub mod report;
 pub mod run;

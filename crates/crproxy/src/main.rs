@@ -82,8 +82,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // One readable line: the error and its causes.
-            eprintln!("crproxy: {error:#}");
+            eprintln!("crproxy: {}", crproxy::report::error_line(&error));
             ExitCode::FAILURE
         }
     }

@@ -300,3 +300,27 @@ fn readme_links_every_document() {
         );
     }
 }
+
+/// A failure whose cause the message already quotes names the cause once.
+#[test]
+fn a_busy_port_is_named_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let data_dir = dir.path().join("cluster");
+    let (ok, _, stderr) = crproxy(&[
+        "devcluster",
+        "--port",
+        &port,
+        "--data-dir",
+        data_dir.to_str().expect("utf8"),
+    ]);
+    assert!(!ok);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("Address already in use").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
+}
