@@ -208,19 +208,33 @@ pub async fn wait_for_available(
 ) -> Result<()> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let available = api
-            .get(path)
-            .await
-            .ok()
-            .and_then(|s| condition_status(&s, "Available"))
+        let apiservice = api.get(path).await.ok();
+        let available = apiservice
+            .as_ref()
+            .and_then(|s| condition_status(s, "Available"))
             .as_deref()
             == Some("True");
         if available {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
+            // The aggregator's last word says what is wrong (no Service, refused
+            // connection, bad certificate...).
+            let why = apiservice
+                .as_ref()
+                .and_then(|s| s.pointer("/status/conditions"))
+                .and_then(Value::as_array)
+                .and_then(|c| c.iter().find(|c| c["type"] == "Available"))
+                .map(|c| {
+                    format!(
+                        " ({}: {})",
+                        c["reason"].as_str().unwrap_or_default(),
+                        c["message"].as_str().unwrap_or_default()
+                    )
+                })
+                .unwrap_or_default();
             return Err(anyhow!(
-                "{path} did not become Available within {}s",
+                "{path} did not become Available within {}s{why}",
                 limit.as_secs()
             ));
         }

@@ -22,6 +22,7 @@ pub const LOGGER_KEY: &str = "logger";
 
 /// Installs the process-wide subscriber. The level filter comes from
 /// `CRPROXY_LOG` (tracing's env-filter syntax), `info` by default.
+/// Human-readable lines are coloured only on a terminal without `NO_COLOR`.
 pub fn init(human: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CRPROXY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -30,7 +31,9 @@ pub fn init(human: bool) {
         .with_writer(std::io::stderr);
     if human {
         // Colour codes only help a terminal; in a file or a pipe they are noise.
-        builder.with_ansi(std::io::stderr().is_terminal()).init();
+        // NO_COLOR (https://no-color.org) turns them off on a terminal too.
+        let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        builder.with_ansi(colour).init();
     } else {
         builder.event_format(JsonLines).init();
     }

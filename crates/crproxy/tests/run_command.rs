@@ -274,3 +274,48 @@ fn drain(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<Str
         text
     })
 }
+
+/// When an APIService never turns Available, the error carries the aggregator's
+/// reason and message, which say what to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_availability_reports_the_aggregators_reason() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = devcluster::start(devcluster::DevClusterConfig {
+        name: "client".into(),
+        data_dir: None,
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port: 0,
+    })
+    .await?;
+    let api = admin_client(&client)?;
+    api.create(
+        "/apis/apiregistration.k8s.io/v1/apiservices",
+        &serde_json::json!({
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1.example.com"},
+            "spec": {
+                "group": "example.com", "version": "v1",
+                "groupPriorityMinimum": 1000, "versionPriority": 15,
+                "insecureSkipTLSVerify": true,
+                "service": {"namespace": "kube-system", "name": "nowhere", "port": 443}
+            }
+        }),
+    )
+    .await?;
+    let error = wait_for_available(
+        &api,
+        "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com",
+        Duration::from_secs(2),
+    )
+    .await
+    .expect_err("no Service behind it");
+    let text = error.to_string();
+    assert!(
+        text.contains("did not become Available within 2s"),
+        "{text}"
+    );
+    assert!(text.contains("(ServiceNotFound: service/nowhere"), "{text}");
+    client.shutdown().await;
+    Ok(())
+}
