@@ -57,9 +57,16 @@ fn print_tour(env: &DevEnv) {
     let dir = env.options.dir.display();
     let described = env.describe();
     println!("crproxy dev is up. Everything is in {dir}:");
-    println!("  client.kubeconfig  the client cluster (where callers work)");
-    println!("  target.kubeconfig  the target cluster (where objects are stored)");
-    println!("  dev.json           every URL and port");
+    for client in &env.clients {
+        let file = kubeconfig_name(&client.kubeconfig);
+        println!(
+            "  {file:<20} the {} cluster (where callers work)",
+            client.name
+        );
+    }
+    let target = kubeconfig_name(&env.target_kubeconfig);
+    println!("  {target:<20} the target cluster (where objects are stored)");
+    println!("  {:<20} every URL and port", "dev.json");
     println!();
     println!("  target API:  {}", env.target.url());
     for addr in &env.target_replicas {
@@ -97,6 +104,14 @@ EOF
 
 Press Ctrl-C to stop."#
     );
+}
+
+/// The file name of a kubeconfig the environment wrote (the banner names the
+/// directory once).
+fn kubeconfig_name(path: &std::path::Path) -> String {
+    path.file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// `crproxy devcluster`: one API server until Ctrl-C.

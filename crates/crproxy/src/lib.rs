@@ -3,4 +3,6 @@
 
 pub mod devenv;
 pub mod doctor;
+pub mod logging;
+pub mod report;
 pub mod run;

@@ -25,12 +25,11 @@ pub struct Loaded {
     pub base_dir: PathBuf,
 }
 
-/// Reads and validates a configuration file; every validation error is reported.
+/// Reads and validates a configuration file; every problem is reported.
 pub fn load(path: &Path) -> Result<Loaded> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = config::parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    let plan = config.validate().map_err(|errors| {
+    let (config, plan) = config::load(&text).map_err(|errors| {
         let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         anyhow!(
             "{}: invalid configuration: {}",
@@ -38,10 +37,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
             lines.join("; ")
         )
     })?;
-    let base_dir = path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let base_dir = base_dir_of(path);
     Ok(Loaded {
         config,
         plan,
@@ -49,31 +45,126 @@ pub fn load(path: &Path) -> Result<Loaded> {
     })
 }
 
-/// `crproxy check-config FILE`: prints each problem on its own line.
+/// The directory relative paths in a configuration file are resolved against.
+fn base_dir_of(path: &Path) -> PathBuf {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// `crproxy check-config FILE`: prints every problem on its own line as
+/// `FILE:LINE:COLUMN: key: message` (compiler style, so editors jump to it), then
+/// fails; or prints the plan.
 pub fn check_config(path: &Path) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    match config::load(&text).map(|(_, plan)| plan) {
-        Ok(plan) => {
-            for gv in &plan.group_versions {
-                println!(
-                    "ok: {}/{} -> target {}/{} ({:?}), port {}",
-                    gv.group, gv.version, gv.target.project, gv.target.name, gv.access, gv.port
-                );
-            }
-            Ok(())
+    let file = path.display();
+    let source = match config::SourceMap::build(&text) {
+        Ok(source) => source,
+        Err(syntax) => {
+            println!(
+                "{file}:{}: invalid YAML: {}",
+                syntax.position, syntax.message
+            );
+            bail!("{file}: not a YAML document");
         }
-        Err(errors) => {
-            for error in &errors {
-                println!("{error}");
+    };
+    let checked = config::check(&text, &source);
+    let mut errors = checked.errors;
+    // The files the configuration names are checked whenever it could be read.
+    if let Some(config) = &checked.config {
+        errors.extend(check_files(config, &base_dir_of(path)));
+    }
+    if errors.is_empty() {
+        for gv in checked.plan.iter().flat_map(|p| &p.group_versions) {
+            println!(
+                "ok: {}/{} -> target {}/{} ({:?}), port {}",
+                gv.group, gv.version, gv.target.project, gv.target.name, gv.access, gv.port
+            );
+        }
+        return Ok(());
+    }
+    let mut located: Vec<(config::Position, &config::ConfigError)> =
+        errors.iter().map(|e| (source.locate(&e.key), e)).collect();
+    // File order reads best; problems at one place keep their order.
+    located.sort_by_key(|(position, _)| *position);
+    for (position, error) in located {
+        println!("{file}:{position}: {error}");
+    }
+    bail!("{file}: {} configuration error(s)", errors.len())
+}
+
+/// Every file the configuration names exists and parses: kubeconfigs give a
+/// cluster to talk to, a peer file lists peers. Relative paths are read from the
+/// configuration file's directory, as `crproxy run` reads them.
+pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
+    let mut errors = Vec::new();
+    let mut kubeconfig = |key: String, path: &str| {
+        if path.is_empty() {
+            return; // Reported as missing by the rules.
+        }
+        let resolved = resolve(base, path);
+        let shown = resolved.display();
+        let message = if !resolved.is_file() {
+            Some(format!("{shown} does not exist (relative paths are read from the configuration file's directory)"))
+        } else {
+            match crproxy_kube::Kubeconfig::load(&resolved) {
+                Err(e) => Some(format!(
+                    "{shown} is not a kubeconfig: {}",
+                    detail(&e.to_string(), &shown.to_string())
+                )),
+                Ok(loaded) => crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
+                    .err()
+                    .map(|e| {
+                        format!(
+                            "kubeconfig {shown} is unusable: {}",
+                            detail(&e.to_string(), &shown.to_string())
+                        )
+                    }),
             }
-            bail!(
-                "{}: {} configuration error(s)",
-                path.display(),
-                errors.len()
-            )
+        };
+        if let Some(message) = message {
+            errors.push(config::ConfigError { key, message });
+        }
+    };
+    if let Some(path) = &config.client.kubeconfig {
+        kubeconfig("client.kubeconfig".into(), path);
+    }
+    for (i, target) in config.targets.iter().enumerate() {
+        kubeconfig(format!("targets[{i}].kubeconfig"), &target.kubeconfig);
+        if let Some(path) = target
+            .peers
+            .endpoint_slices
+            .as_ref()
+            .and_then(|e| e.kubeconfig.as_deref())
+        {
+            kubeconfig(
+                format!("targets[{i}].peers.endpointSlices.kubeconfig"),
+                path,
+            );
         }
     }
+    for (i, target) in config.targets.iter().enumerate() {
+        let Some(path) = target.peers.file.as_deref().filter(|p| !p.is_empty()) else {
+            continue;
+        };
+        let resolved = resolve(base, path);
+        let shown = resolved.display().to_string();
+        let problem = match std::fs::read(&resolved) {
+            Err(e) => Some(format!("cannot read peer file {shown}: {e}")),
+            Ok(content) => crproxy_proxy::sources::parse_peer_file(&resolved, &content)
+                .err()
+                .map(|e| format!("peer file {shown}: {}", detail(&e.to_string(), &shown))),
+        };
+        if let Some(message) = problem {
+            errors.push(config::ConfigError {
+                key: format!("targets[{i}].peers.file"),
+                message,
+            });
+        }
+    }
+    errors
 }
 
 /// The proxy's serving certificate and the CA the APIService `caBundle` carries.
@@ -120,6 +211,21 @@ pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
         },
         ca_pem: ca.pem().cert.clone(),
     })
+}
+
+/// A library's error as the tail of one line: its first line, without the
+/// prefixes that repeat what the line already says (the file, "invalid kubeconfig").
+fn detail(error: &str, file: &str) -> String {
+    let mut text = error.lines().next().unwrap_or_default().trim();
+    loop {
+        let before = text;
+        for prefix in ["invalid kubeconfig: ", file, ": "] {
+            text = text.strip_prefix(prefix).unwrap_or(text);
+        }
+        if text == before {
+            return text.to_string();
+        }
+    }
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<()> {
