@@ -17,6 +17,7 @@
 pub mod client;
 pub mod crd;
 mod error;
+mod from_config;
 pub mod from_host;
 pub mod merge;
 pub mod metrics;
@@ -27,5 +28,6 @@ pub mod run;
 pub mod to_host;
 
 pub use error::SyncError;
+pub use from_config::{lease_name, start_from_config, LEASE_DURATION};
 pub use metrics::SyncMetrics;
 pub use run::{start, SyncHandle, SyncOptions};

@@ -121,15 +121,30 @@ pub struct SyncOptions {
 pub struct SyncHandle {
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
+    leader: LeaderHandle,
     /// The resolved types, in plan order.
     pub resolved: Vec<ResolvedType>,
 }
 
 impl SyncHandle {
-    /// Stops every syncer and waits for it.
+    /// Stops every syncer, waits for it, and hands the Lease on so a standby takes
+    /// over at once.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.task.await;
+        self.leader.release().await;
+    }
+
+    /// Stops at once without releasing the Lease, as a crashed process would: a
+    /// standby takes over only when the Lease expires.
+    pub fn crash(self) {
+        self.task.abort();
+        self.leader.abort();
+    }
+
+    /// Whether this replica is syncing (it leads).
+    pub fn is_leader(&self) -> bool {
+        self.leader.is_leader()
     }
 }
 
@@ -181,10 +196,11 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         metrics: options.metrics,
         resync: options.resync,
     };
-    let task = tokio::spawn(supervisor.run(options.leader, shutdown_rx));
+    let task = tokio::spawn(supervisor.run(options.leader.clone(), shutdown_rx));
     Ok(SyncHandle {
         shutdown,
         task,
+        leader: options.leader,
         resolved,
     })
 }
@@ -236,21 +252,18 @@ impl Supervisor {
             }
             tracing::info!(types = self.resolved.len(), "elected: starting syncers");
             self.metrics.set_leader(true);
-            let tasks: Vec<JoinHandle<()>> = self
+            let tasks: Vec<AbortOnDrop> = self
                 .resolved
                 .iter()
-                .map(|ty| self.spawn_syncer(ty))
+                .map(|ty| AbortOnDrop(self.spawn_syncer(ty)))
                 .collect();
             let stop = tokio::select! {
                 _ = changes.wait_for(|l| !*l) => false,
                 _ = shutdown.wait_for(|s| *s) => true,
             };
-            for t in &tasks {
-                t.abort();
-            }
-            for t in tasks {
-                let _ = t.await;
-            }
+            // Dropping aborts every syncer (and, through theirs, their watchers and
+            // workers), also when this task itself is aborted.
+            drop(tasks);
             self.metrics.set_leader(false);
             if stop {
                 return;

@@ -2,4 +2,5 @@
 //! exactly as the command does.
 
 pub mod devenv;
+pub mod devsync;
 pub mod run;
