@@ -559,3 +559,132 @@ async fn a_type_the_host_does_not_serve_fails_start_up_naming_it() -> Result<()>
     assert!(!err.contains('\n'), "one line: {err}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_entry_stops_its_syncer_at_the_next_start_and_deletes_nothing() -> Result<()> {
+    let env = Env::new().await;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    let sync = env.start("client").await?;
+    ns(tenant, "team");
+    apply(tenant, &backup("db", "team", "@daily"));
+    eventually("mirror", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+    })
+    .await;
+    sync.stop().await;
+
+    let yaml = crproxy::devsync::sync_only_config("client", tenant, host).replacen(
+        "      backups.example.org/v1:\n        enabled: true",
+        "      backups.example.org/v1:\n        enabled: false",
+        1,
+    );
+    assert!(yaml.contains("enabled: false"));
+    let sync = env
+        .start_with("client", tenant, "vcluster-client", Some(yaml))
+        .await?;
+    assert_eq!(sync.resolved.len(), 1, "only SharedStores are synced");
+    run(tenant, &["delete", "backup", "-n", "team", "db"]);
+    apply(tenant, &backup("new", "team", "@daily"));
+    // The SharedStore syncer runs; use it to know the sync is up.
+    apply(host, &store("marker", "eu", 1));
+    eventually("fromHost still syncing", || {
+        get(tenant, &["sharedstore", "marker"])
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"]
+        )
+        .is_some(),
+        "nothing deleted"
+    );
+    assert!(
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "new-x-team-x-client"]
+        )
+        .is_none(),
+        "no longer synced"
+    );
+    assert!(
+        get(tenant, &["crd", "backups.example.org"]).is_some(),
+        "the CRD stays"
+    );
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_upgrade_adds_the_version_and_moves_storage() -> Result<()> {
+    let env = Env::new().await;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    let sync = env.start("client").await?;
+    ns(tenant, "team");
+    apply(tenant, &backup("db", "team", "@daily"));
+    eventually("mirror", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+    })
+    .await;
+    sync.stop().await;
+
+    // The host gains v2 as its storage version.
+    let mut crd = get(host, &["crd", "backups.example.org"]).context("host CRD")?;
+    let mut v2 = crd["spec"]["versions"][0].clone();
+    v2["name"] = json!("v2");
+    crd["spec"]["versions"][0]["storage"] = json!(false);
+    crd["spec"]["versions"]
+        .as_array_mut()
+        .context("versions")?
+        .push(v2);
+    apply(host, &serde_json::to_string(&crd)?);
+
+    let yaml = crproxy::devsync::sync_only_config("client", tenant, host)
+        .replace("backups.example.org/v1:", "backups.example.org/v2:");
+    let sync = env
+        .start_with("client", tenant, "vcluster-client", Some(yaml))
+        .await?;
+    let copied = get(tenant, &["crd", "backups.example.org"]).context("tenant CRD")?;
+    let versions = copied["spec"]["versions"].as_array().context("versions")?;
+    let by_name = |n: &str| {
+        versions
+            .iter()
+            .find(|v| v["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(versions.len(), 2, "{copied}");
+    assert_eq!(by_name("v2")["storage"], true);
+    assert_eq!(by_name("v1")["storage"], false);
+    assert_eq!(by_name("v1")["served"], true, "served left as it was");
+    // Objects still sync, now through v2.
+    apply(
+        tenant,
+        &backup("db2", "team", "@daily").replace("example.org/v1", "example.org/v2"),
+    );
+    let mirror = eventually("v2 mirror", || {
+        get(
+            host,
+            &[
+                "backup.v2.example.org",
+                "-n",
+                "vcluster-client",
+                "db2-x-team-x-client",
+            ],
+        )
+    })
+    .await;
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-kind"],
+        "example.org/v2, Kind=Backup"
+    );
+    sync.stop().await;
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! `crproxy run` and `crproxy check-config` with `sync` keys, as an operator runs them.
+
+#[path = "support/sync_env.rs"]
+mod support;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use support::*;
+
+fn crproxy(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(args)
+        .output()
+        .expect("crproxy runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A plain HTTP GET on loopback.
+fn http_get(addr: &str, path: &str) -> Result<String> {
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+#[test]
+fn check_config_validates_sync_keys_and_warns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "client: {name: client, project: default}\nsync:\n  host: {kubeconfig: h, namespace: vcluster-client}\n  toHost:\n    customResources:\n      backups.example.org/v1: {enabled: true, scope: Cluster}\n  fromHost:\n    customResources:\n      stores.example.org: {enabled: true, scope: Namespaced}\n",
+    )
+    .expect("write");
+    let (ok, stdout, _) = crproxy(&["check-config", bad.to_str().expect("utf-8")]);
+    assert!(!ok);
+    assert!(
+        stdout.contains("sync.toHost.customResources[\"backups.example.org/v1\"].scope: "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "sync.fromHost.customResources[\"stores.example.org\"].mappings: is required"
+        ),
+        "{stdout}"
+    );
+
+    let both = dir.path().join("both.yaml");
+    std::fs::write(
+        &both,
+        "client: {name: client, project: default}\nsync:\n  host: {kubeconfig: h, namespace: vcluster-client}\n  toHost:\n    customResources:\n      backups.example.org/v1: {enabled: true}\n  fromHost:\n    customResources:\n      backups.example.org: {enabled: true}\n      sharedstores.example.org: {enabled: true}\n",
+    )
+    .expect("write");
+    let (ok, stdout, stderr) = crproxy(&["check-config", both.to_str().expect("utf-8")]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("ok: sync toHost backups.example.org/v1 (Namespaced) <-> host namespace vcluster-client"), "{stdout}");
+    assert!(
+        stdout.contains("ok: sync fromHost sharedstores.example.org (Cluster)"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("ok: sync fromHost backups.example.org"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("warning: sync.fromHost.customResources[\"backups.example.org\"]: backups.example.org is also synced toHost"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_only_sync_keys_syncs_logs_and_serves_metrics_syncer() -> Result<()> {
+    let env = Env::new().await;
+    let dir = tempfile::tempdir()?;
+    let port = crproxy::devenv::free_port()?;
+    let config = dir.path().join("sync.yaml");
+    let text = format!(
+        "{}proxy:\n  metricsAddress: 127.0.0.1:{port}\n",
+        crproxy::devsync::sync_only_config("client", &env.tenant.kubeconfig, &env.host.kubeconfig)
+    );
+    std::fs::write(&config, text)?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut e) = stderr {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    });
+    let mut child = test_support::KillOnDrop(child);
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    ns(tenant, "team");
+    apply(tenant, &backup("db", "team", "@daily"));
+    eventually("mirror", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+    })
+    .await;
+    let addr = format!("127.0.0.1:{port}");
+    let metrics = http_get(&addr, "/metrics/syncer")?;
+    for series in [
+        "vcluster_syncer_objects_synced_total{resource=\"backups.example.org/v1\",direction=\"toHost\",action=\"create_host\"} 1",
+        "vcluster_syncer_resolved_resources{resource=\"backups.example.org/v1\",direction=\"toHost\",source=\"crd\",kind=\"Backup\",version=\"v1\"} 1",
+        "vcluster_syncer_resolved_resources{resource=\"sharedstores.example.org/v1\",direction=\"fromHost\",source=\"crd\",kind=\"SharedStore\",version=\"v1\"} 1",
+        "vcluster_syncer_queue_depth{resource=\"backups.example.org/v1\",direction=\"toHost\"} 0",
+        "vcluster_syncer_converge_seconds_count{resource=\"backups.example.org/v1\",direction=\"toHost\"}",
+        "vcluster_syncer_leader 1",
+    ] {
+        assert!(metrics.contains(series), "missing {series}:\n{metrics}");
+    }
+    // A foreign object under a mirror's name is reported as a sync error.
+    apply(
+        host,
+        &backup("taken-x-team-x-client", "vcluster-client", "@yearly"),
+    );
+    apply(tenant, &backup("taken", "team", "@daily"));
+    eventually("foreign_object error counted", || {
+        http_get(&addr, "/metrics/syncer").ok().filter(|m| {
+            m.contains("vcluster_syncer_errors_total{resource=\"backups.example.org/v1\",direction=\"toHost\",reason=\"foreign_object\"}")
+        })
+    })
+    .await;
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -TERM failed");
+    let exit = eventually_within(Duration::from_secs(20), "exit after SIGTERM", || {
+        child.try_wait().ok().flatten()
+    })
+    .await;
+    let log = reader.join().unwrap_or_default();
+    assert!(exit.success(), "{log}");
+    assert!(
+        log.contains("resolved synced type against the host"),
+        "{log}"
+    );
+    let synced = log
+        .lines()
+        .find(|l| l.contains("\"message\":\"synced\"") && l.contains("create_host"))
+        .unwrap_or_default();
+    for field in [
+        "\"resource\":\"backups.example.org/v1\"",
+        "\"tenant_object\":\"team/db\"",
+        "\"host_object\":\"vcluster-client/db-x-team-x-client\"",
+        "\"action\":\"create_host\"",
+    ] {
+        assert!(synced.contains(field), "{field} missing in {synced:?}");
+    }
+    assert!(
+        log.contains("does not belong to this tenant object"),
+        "{log}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_fails_at_start_up_with_one_line_naming_an_unserved_type() -> Result<()> {
+    let env = Env::new().await;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("sync.yaml");
+    let text =
+        crproxy::devsync::sync_only_config("client", &env.tenant.kubeconfig, &env.host.kubeconfig)
+            .replace("sharedstores.example.org/v1", "gadgets.example.org/v1");
+    std::fs::write(&config, text)?;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_crproxy"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("CRPROXY_LOG", "error")
+            .output()
+    })
+    .await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("sync.fromHost.customResources[\"gadgets.example.org/v1\"]"),
+        "{stderr}"
+    );
+    assert!(
+        last.contains("the host does not serve gadgets.example.org"),
+        "{stderr}"
+    );
+    Ok(())
+}
