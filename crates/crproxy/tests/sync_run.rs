@@ -204,3 +204,67 @@ async fn run_fails_at_start_up_with_one_line_naming_an_unserved_type() -> Result
     );
     Ok(())
 }
+
+/// What the reviewer does: `crproxy dev`, then kubectl against the client
+/// (the tenant) and the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_runs_the_sync_between_the_client_and_a_host_cluster() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let free = || crproxy::devenv::free_port().map(|p| p.to_string());
+    let child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["dev", "--dir"])
+        .arg(dir.path())
+        .args(["--target-port", &free()?, "--client-port", &free()?])
+        .args(["--proxy-port", &free()?, "--metrics-port", &free()?])
+        .args(["--host-port", &free()?, "--sync-metrics-port", &free()?])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut child = test_support::KillOnDrop(child);
+    let dev_json = dir.path().join("dev.json");
+    let described: serde_json::Value = eventually("dev.json with the host", || {
+        let text = std::fs::read_to_string(&dev_json).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v.get("host").is_some().then_some(v)
+    })
+    .await;
+    let host = dir.path().join("host.kubeconfig");
+    let tenant = dir.path().join("client.kubeconfig");
+    assert_eq!(described["host"]["kubeconfig"], host.display().to_string());
+    assert_eq!(described["host"]["namespace"], "vcluster-client");
+
+    ns(&tenant, "team");
+    apply(&tenant, &backup("nightly", "team", "@daily"));
+    let mirror = eventually("Backup mirrored to the host", || {
+        get(
+            &host,
+            &["backup", "-n", "vcluster-client", "nightly-x-team-x-client"],
+        )
+    })
+    .await;
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-name"],
+        "nightly"
+    );
+    apply(&host, &store("eu-store", "eu", 1));
+    eventually("SharedStore copied to the tenant", || {
+        get(&tenant, &["sharedstore", "eu-store"])
+    })
+    .await;
+
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let exit = eventually_within(Duration::from_secs(30), "dev stops", || {
+        child.try_wait().ok().flatten()
+    })
+    .await;
+    let mut banner = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_string(&mut banner)?;
+    }
+    assert!(exit.success(), "clean stop: {exit}");
+    assert!(banner.contains("host.kubeconfig"), "{banner}");
+    assert!(banner.contains("/metrics/syncer"), "{banner}");
+    Ok(())
+}
