@@ -298,9 +298,7 @@ impl FromHost {
             }
             (Some(host), None) => {
                 if !key.namespace.is_empty() {
-                    ensure_namespace(&self.tenant_client, &key.namespace)
-                        .await
-                        .map_err(|e| StepError::Encode(e.to_string()))?;
+                    ensure_namespace(&self.tenant_client, &key.namespace).await?;
                 }
                 let desired = desired_copy(&self.ty, key, &host, None);
                 let object: DynamicObject = from_value(desired.clone())?;

@@ -61,12 +61,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.notify.notify_one();
     }
 
-    /// Adds `key` after `delay`, from a background task.
-    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
+    /// Adds `key` after `delay`, from a background task, keeping `since` (when the
+    /// change it is retried for was first seen) for the time-to-converge metric.
+    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration, since: Instant) {
         let queue = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            queue.add(key);
+            queue.add_since(key, since);
         });
     }
 

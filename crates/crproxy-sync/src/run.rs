@@ -15,7 +15,6 @@ use kube::core::ApiResource;
 use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -185,7 +184,12 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         .iter()
         .any(|t| t.resource.direction == Direction::ToHost)
     {
-        ensure_namespace(&host, &options.plan.host_namespace).await?;
+        let namespace = &options.plan.host_namespace;
+        ensure_namespace(&host, namespace)
+            .await
+            .map_err(SyncError::api(format!(
+                "creating namespace {namespace} on the host"
+            )))?;
     }
     let (shutdown, shutdown_rx) = watch::channel(false);
     let supervisor = Supervisor {
@@ -205,30 +209,26 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     })
 }
 
-pub(crate) async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<(), SyncError> {
-    let api: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("", "v1", "Namespace"),
-            "namespaces",
-        ),
+/// Creates namespace `name` unless it exists.
+pub(crate) async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<(), kube::Error> {
+    let namespaces = ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("", "v1", "Namespace"),
+        "namespaces",
     );
-    if api
-        .get_opt(name)
-        .await
-        .map_err(SyncError::api(format!("reading namespace {name}")))?
-        .is_some()
-    {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &namespaces);
+    if api.get_opt(name).await?.is_some() {
         return Ok(());
     }
-    let ns: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-    }))
-    .map_err(|e| SyncError::Leader(e.to_string()))?;
-    match api.create(&PostParams::default(), &ns).await {
+    match api
+        .create(
+            &PostParams::default(),
+            &DynamicObject::new(name, &namespaces),
+        )
+        .await
+    {
         Ok(_) => Ok(()),
         Err(e) if to_host::is_code(&e, 409) => Ok(()),
-        Err(e) => Err(SyncError::api(format!("creating namespace {name}"))(e)),
+        Err(e) => Err(e),
     }
 }
 
@@ -417,13 +417,13 @@ async fn drive<R: Reconciler>(
                     Ok(Outcome::Done) => {
                         metrics.converged(&metrics_key, ty.direction(), since.elapsed().as_secs_f64());
                     }
-                    Ok(Outcome::Requeue(after)) => queue.add_after(key.clone(), after),
+                    Ok(Outcome::Requeue(after)) => queue.add_after(key.clone(), after, since),
                     Err(e) => {
                         metrics.error(&metrics_key, ty.direction(), e.reason());
                         if !matches!(e, StepError::Foreign) {
                             tracing::warn!(resource = %metrics_key, direction = ty.direction(), object = %format!("{}/{}", key.namespace, key.name), reason = e.reason(), error = %e, "sync failed; retrying");
                         }
-                        queue.add_after(key.clone(), e.retry_after());
+                        queue.add_after(key.clone(), e.retry_after(), since);
                     }
                 }
                 queue.done(&key);

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crproxy_core::config::sync::{FieldPath, PathStep};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{json, Map, Value};
@@ -117,11 +118,17 @@ pub fn desired_mirror(
     }
     let mut out = Value::Object(out);
     for path in &ty.resource.patches {
-        if path.steps.first() != Some(&crproxy_core::config::sync::PathStep::Key("status".into())) {
+        if !in_status(path) {
             rewrite_strings(&mut out, path, &|s| names::host_name(s, namespace, tenant));
         }
     }
     out
+}
+
+/// Whether a patch path points into status (translated host → tenant) rather than
+/// the fields that flow down (tenant → host).
+fn in_status(path: &FieldPath) -> bool {
+    matches!(path.steps.first(), Some(PathStep::Key(k)) if k == "status")
 }
 
 /// Whether the mirror differs from what it should be (labels, annotations, fields
@@ -160,7 +167,7 @@ pub fn status_from_mirror(
 ) -> Value {
     let mut status = json!({"status": mirror["status"].clone()});
     for path in &ty.resource.patches {
-        if path.steps.first() == Some(&crproxy_core::config::sync::PathStep::Key("status".into())) {
+        if in_status(path) {
             rewrite_strings(&mut status, path, &|s| {
                 names::tenant_name_of(s, namespace, tenant)
                     .unwrap_or(s)

@@ -27,9 +27,14 @@ async fn keys_are_queued_once_and_never_worked_on_twice_at_once() {
 #[tokio::test(start_paused = true)]
 async fn add_after_waits() {
     let q = WorkQueue::new();
-    q.add_after("x", Duration::from_secs(5));
+    let seen = Instant::now();
+    q.add_after("x", Duration::from_secs(5), seen);
     tokio::task::yield_now().await;
     assert_eq!(q.depth(), 0);
     let got = tokio::time::timeout(Duration::from_secs(10), q.next()).await;
-    assert_eq!(got.map(|(k, _)| k), Ok("x"));
+    assert_eq!(
+        got,
+        Ok(("x", seen)),
+        "the first-seen time survives the retry"
+    );
 }
