@@ -289,6 +289,12 @@ async fn from_host_copies_merge_tenant_edits_and_remove_tenant_objects() -> Resu
     })
     .await;
 
+    // A host object that is some tenant's toHost mirror is not offered as a copy.
+    apply(host, &store("mirrored", "eu", 1).replace("metadata:\n", "metadata:\n  labels: {vcluster.loft.sh/managed-by: other}\n"));
+    apply(host, &store("after-mirrored", "eu", 1));
+    eventually("a later store copied", || get(tenant, &["sharedstore", "after-mirrored"])).await;
+    assert!(get(tenant, &["sharedstore", "mirrored"]).is_none(), "mirrors are skipped");
+
     // A host delete removes the copy.
     run(host, &["delete", "sharedstore", "main"]);
     eventually("copy deleted", || {
