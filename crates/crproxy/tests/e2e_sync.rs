@@ -290,10 +290,22 @@ async fn from_host_copies_merge_tenant_edits_and_remove_tenant_objects() -> Resu
     .await;
 
     // A host object that is some tenant's toHost mirror is not offered as a copy.
-    apply(host, &store("mirrored", "eu", 1).replace("metadata:\n", "metadata:\n  labels: {vcluster.loft.sh/managed-by: other}\n"));
+    apply(
+        host,
+        &store("mirrored", "eu", 1).replace(
+            "metadata:\n",
+            "metadata:\n  labels: {vcluster.loft.sh/managed-by: other}\n",
+        ),
+    );
     apply(host, &store("after-mirrored", "eu", 1));
-    eventually("a later store copied", || get(tenant, &["sharedstore", "after-mirrored"])).await;
-    assert!(get(tenant, &["sharedstore", "mirrored"]).is_none(), "mirrors are skipped");
+    eventually("a later store copied", || {
+        get(tenant, &["sharedstore", "after-mirrored"])
+    })
+    .await;
+    assert!(
+        get(tenant, &["sharedstore", "mirrored"]).is_none(),
+        "mirrors are skipped"
+    );
 
     // A host delete removes the copy.
     run(host, &["delete", "sharedstore", "main"]);
@@ -692,5 +704,39 @@ async fn a_version_upgrade_adds_the_version_and_moves_storage() -> Result<()> {
         "example.org/v2, Kind=Backup"
     );
     sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_clients_work_with_token_and_certificate_kubeconfigs() -> Result<()> {
+    let cluster = test_support::devcluster("host").await;
+    let cert = cluster.kubeconfig_with_cert("sync-user", &["system:masters"])?;
+    for kubeconfig in [&cluster.kubeconfig, &cert] {
+        let client = crproxy_sync::client::client_from_kubeconfig(kubeconfig).await?;
+        let versions = client.list_core_api_versions().await?;
+        assert!(
+            versions.versions.contains(&"v1".to_owned()),
+            "{kubeconfig:?}"
+        );
+    }
+    // A kubeconfig whose CA does not match is refused.
+    let other = test_support::devcluster("other").await;
+    let wrong_ca = cluster.dir.path().join("wrong-ca.kubeconfig");
+    std::fs::write(
+        &wrong_ca,
+        other
+            .cluster
+            .admin_kubeconfig()
+            .replace(&other.cluster.url(), &cluster.cluster.url()),
+    )?;
+    let client = crproxy_sync::client::client_from_kubeconfig(&wrong_ca).await?;
+    let err = match client.list_core_api_versions().await {
+        Ok(_) => panic!("TLS must fail with the wrong CA"),
+        Err(e) => format!("{e:?}"),
+    };
+    assert!(
+        err.contains("UnknownIssuer") || err.to_lowercase().contains("certificate"),
+        "{err}"
+    );
     Ok(())
 }
