@@ -128,6 +128,7 @@ async fn run_with_only_sync_keys_syncs_logs_and_serves_metrics_syncer() -> Resul
     ] {
         assert!(metrics.contains(series), "missing {series}:\n{metrics}");
     }
+    promtool_accepts(&metrics);
     // A foreign object under a mirror's name is reported as a sync error.
     apply(
         host,
@@ -267,4 +268,47 @@ async fn dev_runs_the_sync_between_the_client_and_a_host_cluster() -> Result<()>
     assert!(banner.contains("host.kubeconfig"), "{banner}");
     assert!(banner.contains("/metrics/syncer"), "{banner}");
     Ok(())
+}
+
+/// `promtool check metrics` accepts the scrape (a full HTTP response). Outside CI a
+/// missing promtool skips the check with a note; under `CI=true` it fails.
+fn promtool_accepts(response: &str) {
+    let found = Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "promtool is required in CI (Debian package `prometheus`)"
+        );
+        eprintln!("note: promtool not on PATH; skipping the promtool check");
+        return;
+    }
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert!(
+        body.contains("# TYPE vcluster_syncer_objects_synced_total counter"),
+        "{body}"
+    );
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(body.as_bytes()).expect("write to promtool");
+    }
+    let out = child.wait_with_output().expect("promtool output");
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
