@@ -72,3 +72,42 @@ fn without_a_base_the_host_wins() {
     let tenant = json!({"spec": {"a": 2, "b": 3}});
     assert_eq!(three_way(None, Some(&host), Some(&tenant)), Some(host));
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Small JSON documents: nested mappings over a few keys, leaves of a few values.
+    fn doc() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(json!(1)),
+            Just(json!(2)),
+            Just(json!("a")),
+            Just(json!([1, 2])),
+            Just(Value::Null),
+        ];
+        leaf.prop_recursive(3, 16, 3, |inner| {
+            prop::collection::btree_map(prop::sample::select(vec!["a", "b", "c"]), inner, 0..3)
+                .prop_map(|m| {
+                    Value::Object(m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                })
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn an_unchanged_host_keeps_the_tenant(base in doc(), tenant in doc()) {
+            prop_assert_eq!(three_way(Some(&base), Some(&base), Some(&tenant)), Some(tenant));
+        }
+
+        #[test]
+        fn an_unedited_copy_follows_the_host(base in doc(), host in doc()) {
+            prop_assert_eq!(three_way(Some(&base), Some(&host), Some(&base)), Some(host));
+        }
+
+        #[test]
+        fn agreeing_sides_stay_agreed(base in doc(), both in doc()) {
+            prop_assert_eq!(three_way(Some(&base), Some(&both), Some(&both)), Some(both));
+        }
+    }
+}
