@@ -24,10 +24,11 @@ pub const MANAGED_BY: &str = "vcluster.loft.sh/managed-by";
 /// The tenant namespace of a host mirror's tenant object.
 pub const NAMESPACE_LABEL: &str = "vcluster.loft.sh/namespace";
 
-/// On a tenant object synced to the host: the uid of the mirror the syncer created.
-/// A tenant object that carries it but whose mirror is gone had its mirror deleted on
-/// the host, which deletes the tenant object too; one without it was never mirrored.
-pub const MIRROR_UID: &str = "crproxy.dev/host-mirror-uid";
+/// On a tenant object synced to the host: `<tenant object uid>/<mirror uid>`, written
+/// once its mirror exists (see [`mirror_record`]). A tenant object that carries its
+/// own record but whose mirror is gone had the mirror deleted on the host, which
+/// deletes the tenant object too; one without it was never mirrored.
+pub const MIRROR_UID: &str = "crproxy.dev/host-mirror";
 /// On a fromHost copy in the tenant: the host fields as last synced, in JSON, the
 /// base of the three-way merge that keeps tenant edits until the host changes them.
 pub const LAST_HOST_STATE: &str = "crproxy.dev/last-synced-host-state";
@@ -38,6 +39,11 @@ pub const NOT_COPIED: [&str; 3] = [
     LAST_HOST_STATE,
     "kubectl.kubernetes.io/last-applied-configuration",
 ];
+
+/// The [`MIRROR_UID`] value for a tenant object and its mirror.
+pub fn mirror_record(tenant_uid: &str, mirror_uid: &str) -> String {
+    format!("{tenant_uid}/{mirror_uid}")
+}
 
 /// Longest label value Kubernetes accepts.
 const MAX_LABEL_VALUE: usize = 63;

@@ -125,6 +125,15 @@ pub fn desired_mirror(
     out
 }
 
+/// The mirror record of a tenant object, when it was mirrored as this very object: a
+/// record carrying another uid was copied from another object (e.g. by
+/// `kubectl get -o yaml | kubectl apply`) and says nothing about this one.
+pub fn mirror_record(tenant_object: &Value) -> Option<String> {
+    let record = annotations(tenant_object).remove(names::MIRROR_UID)?;
+    let (tenant_uid, _) = record.split_once('/')?;
+    (tenant_uid == meta(tenant_object, "uid")).then_some(record)
+}
+
 /// Whether a patch path points into status (translated host → tenant) rather than
 /// the fields that flow down (tenant → host).
 fn in_status(path: &FieldPath) -> bool {
@@ -273,7 +282,7 @@ impl ToHost {
 
     async fn mirror_missing(&self, key: &Key, tenant: &Value) -> Result<Outcome, StepError> {
         let host_name = self.host_name(key);
-        if let Some(mirrored) = annotations(tenant).get(names::MIRROR_UID) {
+        if let Some(mirrored) = mirror_record(tenant) {
             // Mirrored before: either the host deleted the mirror, or the cache is
             // behind. Only a live read decides.
             match self.host_api().get_opt(&host_name).await? {
@@ -292,7 +301,7 @@ impl ToHost {
                             .annotations
                             .as_ref()
                             .and_then(|a| a.get(names::MIRROR_UID))
-                            != Some(mirrored)
+                            != Some(&mirrored)
                     {
                         return Ok(Outcome::Requeue(Duration::from_millis(200)));
                     }
@@ -354,14 +363,11 @@ impl ToHost {
         tenant: &Value,
         mirror_uid: &str,
     ) -> Result<(), StepError> {
-        if annotations(tenant)
-            .get(names::MIRROR_UID)
-            .map(String::as_str)
-            == Some(mirror_uid)
-        {
+        let record = names::mirror_record(meta(tenant, "uid"), mirror_uid);
+        if mirror_record(tenant).as_ref() == Some(&record) {
             return Ok(());
         }
-        let patch = json!({"metadata": {"annotations": {names::MIRROR_UID: mirror_uid}}});
+        let patch = json!({"metadata": {"annotations": {names::MIRROR_UID: record}}});
         self.tenant_api(&key.namespace)
             .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;

@@ -165,6 +165,24 @@ async fn to_host_mirrors_spec_down_status_up_and_deletes_both_ways() -> Result<(
         &["backup", "-n", "vcluster-client", "web-x-team-x-client"]
     )
     .is_none());
+
+    // An object carrying a mirror record copied from another object is mirrored, not
+    // mistaken for one whose mirror the host deleted.
+    apply(
+        tenant,
+        &backup("copied", "team", "@daily").replace(
+            "  labels: {app: db}\n",
+            "  labels: {app: db}\n  annotations: {crproxy.dev/host-mirror: \"some-other-uid/some-mirror\"}\n",
+        ),
+    );
+    eventually("mirror of the copied object", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "copied-x-team-x-client"],
+        )
+    })
+    .await;
+    assert!(get(tenant, &["backup", "-n", "team", "copied"]).is_some());
     sync.stop().await;
     Ok(())
 }
@@ -488,7 +506,7 @@ async fn deletes_while_the_syncer_is_down_converge_on_restart() -> Result<()> {
     // Wait until the mirror uids are remembered in the tenant.
     eventually("mirror uid recorded", || {
         get(tenant, &["backup", "-n", "team", "gone-on-host"])
-            .filter(|o| !o["metadata"]["annotations"]["crproxy.dev/host-mirror-uid"].is_null())
+            .filter(|o| !o["metadata"]["annotations"]["crproxy.dev/host-mirror"].is_null())
     })
     .await;
     sync.stop().await;

@@ -31,7 +31,7 @@ fn tenant_object() -> Value {
         "metadata": {
             "name": "db", "namespace": "team", "uid": "tenant-uid", "resourceVersion": "7",
             "labels": {"app": "db", "vcluster.loft.sh/managed-by": "someone-else"},
-            "annotations": {"note": "x", "crproxy.dev/host-mirror-uid": "m-1",
+            "annotations": {"note": "x", "crproxy.dev/host-mirror": "tenant-uid/m-1",
                 "kubectl.kubernetes.io/last-applied-configuration": "{}"},
         },
         "spec": {"schedule": "@daily", "secretRef": {"name": "creds"}},
@@ -103,4 +103,16 @@ fn status_comes_back_with_references_translated() {
         status,
         json!({"phase": "Done", "secretName": "out", "other": "out-x-team-x-client"})
     );
+}
+
+#[test]
+fn a_mirror_record_counts_only_for_the_object_it_was_written_on() {
+    let mut object = tenant_object();
+    object["metadata"]["annotations"][names::MIRROR_UID] = json!("tenant-uid/m-1");
+    assert_eq!(mirror_record(&object), Some("tenant-uid/m-1".to_owned()));
+    // Copied onto another object (another uid): not a record of this one.
+    object["metadata"]["uid"] = json!("other-uid");
+    assert_eq!(mirror_record(&object), None);
+    object["metadata"]["annotations"][names::MIRROR_UID] = json!("garbage");
+    assert_eq!(mirror_record(&object), None);
 }
