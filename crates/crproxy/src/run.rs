@@ -84,13 +84,16 @@ fn print_sync_plan(text: &str) {
     };
     if let Ok(Some(plan)) = config::sync::validate(&config) {
         for r in &plan.resources {
-            println!(
-                "ok: sync {} {} ({}) <-> host namespace {}",
-                r.direction.as_str(),
-                r.key,
-                r.scope.as_str(),
-                plan.host_namespace
-            );
+            let (key, direction, scope) = (&r.key, r.direction.as_str(), r.scope.as_str());
+            match r.direction {
+                config::sync::Direction::ToHost => println!(
+                    "ok: sync {direction} {key} ({scope}) -> host namespace {}",
+                    plan.host_namespace
+                ),
+                config::sync::Direction::FromHost => {
+                    println!("ok: sync {direction} {key} ({scope}) <- host")
+                }
+            }
         }
     }
     for warning in config::sync::warnings(&config.sync) {

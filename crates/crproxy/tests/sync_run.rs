@@ -65,9 +65,14 @@ fn check_config_validates_sync_keys_and_warns() {
     .expect("write");
     let (ok, stdout, stderr) = crproxy(&["check-config", both.to_str().expect("utf-8")]);
     assert!(ok, "{stdout}{stderr}");
-    assert!(stdout.contains("ok: sync toHost backups.example.org/v1 (Namespaced) <-> host namespace vcluster-client"), "{stdout}");
     assert!(
-        stdout.contains("ok: sync fromHost sharedstores.example.org (Cluster)"),
+        stdout.contains(
+            "ok: sync toHost backups.example.org/v1 (Namespaced) -> host namespace vcluster-client"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok: sync fromHost sharedstores.example.org (Cluster) <- host"),
         "{stdout}"
     );
     assert!(

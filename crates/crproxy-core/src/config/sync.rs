@@ -108,6 +108,7 @@ pub struct SyncPlan {
     /// The tenant's name (`client.name`), part of every mirror's name and label.
     pub tenant: String,
     pub host_kubeconfig: String,
+    /// Empty when only fromHost types are synced.
     pub host_namespace: String,
     /// Sorted by direction, then key.
     pub resources: Vec<SyncResource>,
@@ -548,11 +549,13 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
             ),
             Some(k) => host_kubeconfig = k.to_owned(),
         }
+        let needs_namespace = resources.iter().any(|r| r.direction == Direction::ToHost);
         match sync.host_namespace.as_deref() {
-            None | Some("") => err(
+            None | Some("") if needs_namespace => err(
                 "sync.host.namespace".into(),
-                "is required when a sync entry is enabled: the tenant's namespace on the host, where toHost mirrors live".into(),
+                "is required when a toHost entry is enabled: the tenant's namespace on the host, where toHost mirrors live".into(),
             ),
+            None | Some("") => {}
             Some(ns) if !is_dns_label(ns) => err(
                 "sync.host.namespace".into(),
                 format!("{ns:?} is not a valid namespace name (lower-case DNS label)"),

@@ -118,6 +118,18 @@ fn valid_files_give_the_plan() {
             Scope::Cluster,
         )]),
     );
+    // Without toHost entries the host namespace is not needed.
+    check(
+        &edit("    namespace: vcluster-tenant\n", "").replace(
+            "        enabled: true\n  fromHost",
+            "        enabled: false\n  fromHost",
+        ),
+        Ok(vec![(
+            "fromHost",
+            "sharedstores.example.org",
+            Scope::Cluster,
+        )]),
+    );
     // A patch on a toHost entry.
     let patched = edit(
         "      backups.example.org/v1:\n        enabled: true\n",
@@ -151,7 +163,7 @@ fn every_rule_names_its_key() {
             vec![(TO, "also proxied"), (FROM, "also proxied")]),
         // Host settings are required once something is enabled.
         (edit("    kubeconfig: host.kubeconfig\n", ""), vec![("sync.host.kubeconfig", "is required")]),
-        (edit("    namespace: vcluster-tenant\n", ""), vec![("sync.host.namespace", "is required")]),
+        (edit("    namespace: vcluster-tenant\n", ""), vec![("sync.host.namespace", "is required when a toHost entry is enabled")]),
         (edit("    namespace: vcluster-tenant\n", "    namespace: Not_A_Namespace\n"), vec![("sync.host.namespace", "not a valid namespace")]),
         // Keys.
         (edit("      backups.example.org/v1:", "      backups/v1:"), vec![("sync.toHost.customResources[\"backups/v1\"]", "a group is required")]),
