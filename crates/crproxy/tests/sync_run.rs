@@ -317,3 +317,66 @@ fn promtool_accepts(response: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// One file with both `experimental.proxy` and `sync`: one `crproxy run` serves the
+/// proxy and syncs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_proxy_and_sync_keys_runs_both() -> Result<()> {
+    use crproxy::devenv::{admin_client, wait_for_available, Link, LinkSpec, ProxiedResource};
+    let env = Env::new().await;
+    let target = test_support::devcluster("target").await;
+    let dir = tempfile::tempdir()?;
+    let link = Link::prepare(LinkSpec {
+        dir: dir.path().join("link"),
+        client_name: "client".into(),
+        client_kubeconfig: env.tenant.kubeconfig.clone(),
+        target_name: "target".into(),
+        target: &target.cluster,
+        target_peers: vec![target.cluster.addr()],
+        resource: ProxiedResource::example(),
+        proxy_port: 0,
+        metrics_port: 0,
+        persistent: false,
+    })
+    .await?;
+    let mut text = std::fs::read_to_string(&link.config_path)?;
+    text.push_str(&crproxy::devsync::sync_section(
+        &env.host.kubeconfig.display().to_string(),
+    ));
+    std::fs::write(&link.config_path, text)?;
+    let child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["run", "--config"])
+        .arg(&link.config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut child = test_support::KillOnDrop(child);
+    let api = admin_client(&env.tenant.cluster)?;
+    wait_for_available(
+        &api,
+        "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com",
+        Duration::from_secs(30),
+    )
+    .await?;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    ns(tenant, "team");
+    apply(tenant, &backup("db", "team", "@daily"));
+    eventually("mirror", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+    })
+    .await;
+    ensure!(child.try_wait()?.is_none(), "crproxy run exited early");
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -TERM failed");
+    let exit = eventually_within(Duration::from_secs(20), "exit after SIGTERM", || {
+        child.try_wait().ok().flatten()
+    })
+    .await;
+    assert!(exit.success(), "{exit}");
+    Ok(())
+}
