@@ -396,7 +396,18 @@ impl ToHost {
             .map(String::as_str)
             != Some(meta(tenant, "uid"))
         {
-            // A mirror of an earlier object with the same name.
+            // A mirror of an earlier object with the same name, unless our cached
+            // tenant object is the old one: the live object decides.
+            let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
+            let live_uid = live.as_ref().and_then(|l| l.metadata.uid.as_deref());
+            if live_uid.is_some()
+                && live_uid
+                    == annotations(mirror)
+                        .get(names::OBJECT_UID)
+                        .map(String::as_str)
+            {
+                return Ok(Outcome::Requeue(Duration::from_millis(200)));
+            }
             self.delete_mirror(key, mirror, "delete_stale_host").await?;
             return Ok(Outcome::Requeue(Duration::from_millis(100)));
         }

@@ -491,16 +491,16 @@ async fn deletes_while_the_syncer_is_down_converge_on_restart() -> Result<()> {
     let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
     let sync = env.start("client").await?;
     ns(tenant, "team");
-    for name in ["gone-in-tenant", "gone-on-host", "kept"] {
+    for name in ["gone-in-tenant", "gone-on-host", "kept", "recreated"] {
         apply(tenant, &backup(name, "team", "@daily"));
     }
     apply(host, &store("hosted", "eu", 1));
-    eventually("three mirrors and a copy", || {
+    eventually("four mirrors and a copy", || {
         let n = get(host, &["backup", "-n", "vcluster-client"])?["items"]
             .as_array()?
             .len();
         let copied = get(tenant, &["sharedstore", "hosted"]).is_some();
-        (n == 3 && copied).then_some(())
+        (n == 4 && copied).then_some(())
     })
     .await;
     // Wait until the mirror uids are remembered in the tenant.
@@ -526,6 +526,12 @@ async fn deletes_while_the_syncer_is_down_converge_on_restart() -> Result<()> {
         ],
     );
     run(host, &["delete", "sharedstore", "hosted"]);
+    // Deleted and created again under the same name: a new uid.
+    run(tenant, &["delete", "backup", "-n", "team", "recreated"]);
+    apply(tenant, &backup("recreated", "team", "@weekly"));
+    let new_uid = get(tenant, &["backup", "-n", "team", "recreated"]).context("recreated")?
+        ["metadata"]["uid"]
+        .clone();
 
     let sync = env.start("client").await?;
     eventually("orphaned mirror collected", || {
@@ -560,6 +566,21 @@ async fn deletes_while_the_syncer_is_down_converge_on_restart() -> Result<()> {
     )
     .is_some());
     assert!(get(tenant, &["backup", "-n", "team", "kept"]).is_some());
+    // The mirror of the old incarnation was replaced by one of the new.
+    let mirror = eventually("mirror of the new incarnation", || {
+        get(
+            host,
+            &[
+                "backup",
+                "-n",
+                "vcluster-client",
+                "recreated-x-team-x-client",
+            ],
+        )
+        .filter(|m| m["metadata"]["annotations"]["vcluster.loft.sh/object-uid"] == new_uid)
+    })
+    .await;
+    assert_eq!(mirror["spec"]["schedule"], "@weekly");
     sync.stop().await;
     Ok(())
 }
