@@ -23,6 +23,7 @@ use serde_json::{Map, Value};
 use crate::selector::label_value_errors;
 
 mod source;
+pub mod sync;
 #[cfg(test)]
 mod tests;
 
@@ -71,9 +72,8 @@ pub struct Config {
     pub targets: Vec<TargetConfig>,
     /// `experimental.proxy.customResources`, keyed by `<resource>.<group>/<version>`.
     pub custom_resources: BTreeMap<String, CustomResourceEntry>,
-    /// The vcluster.yaml `sync` section, kept as raw data for the sync controllers,
-    /// which own its schema.
-    pub sync: Option<Value>,
+    /// The `sync` section (see [`sync`]).
+    pub sync: sync::SyncConfig,
 }
 
 /// Who the client is.
@@ -532,10 +532,7 @@ impl Reader {
         );
         let custom_resources =
             self.custom_resources(exp_proxy.and_then(|p| p.get("customResources")));
-        let sync = root
-            .and_then(|r| r.get("sync"))
-            .filter(|v| !v.is_null())
-            .cloned();
+        let sync = self.sync(root.and_then(|r| r.get("sync")));
         Config {
             client,
             proxy,
@@ -1088,10 +1085,10 @@ impl Config {
             }
         }
 
-        if !self.custom_resources.values().any(|e| e.enabled) {
+        if !self.custom_resources.values().any(|e| e.enabled) && !self.sync.any_enabled() {
             err(
                 "experimental.proxy.customResources".into(),
-                "no custom resource is enabled, so the proxy does not start: set enabled: true on at least one entry".into(),
+                "no custom resource is enabled, so neither the proxy nor the sync starts: set enabled: true on at least one entry".into(),
             );
         }
 
@@ -1190,6 +1187,7 @@ impl Config {
             );
         }
 
+        errs.extend(sync::validate(self).err().unwrap_or_default());
         if !errs.is_empty() {
             return Err(errs);
         }

@@ -22,20 +22,37 @@ pub const READY_BODY: &str = "ok";
 
 /// What readiness looks at: the trust and every group/version's peer pool.
 pub struct Readiness {
-    trust: Arc<FrontProxyTrust>,
+    /// `None` in a process that runs no proxy (sync only): nothing to trust.
+    trust: Option<Arc<FrontProxyTrust>>,
     /// `(target label, pool)` per group/version.
     pools: Vec<(String, Arc<PeerPool>)>,
 }
 
 impl Readiness {
     pub fn new(trust: Arc<FrontProxyTrust>, pools: Vec<(String, Arc<PeerPool>)>) -> Arc<Self> {
-        Arc::new(Self { trust, pools })
+        Arc::new(Self {
+            trust: Some(trust),
+            pools,
+        })
+    }
+
+    /// A process that serves no proxy (`crproxy run` with only sync keys) has no
+    /// proxy condition to wait for; its sync fails the process at start-up instead
+    /// of serving half-ready.
+    pub fn without_proxy() -> Arc<Self> {
+        Arc::new(Self {
+            trust: None,
+            pools: Vec::new(),
+        })
     }
 
     /// Why the proxy is not ready; empty when it is.
     pub fn unmet(&self) -> Vec<String> {
         let mut reasons = Vec::new();
-        if !self.trust.is_loaded() {
+        let Some(trust) = &self.trust else {
+            return reasons;
+        };
+        if !trust.is_loaded() {
             reasons.push(
                 "front-proxy trust not loaded: the client cluster's kube-system/extension-apiserver-authentication ConfigMap has not been read yet, so callers would get 401".to_string(),
             );

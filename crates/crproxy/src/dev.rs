@@ -31,6 +31,12 @@ pub struct DevArgs {
     /// Metrics port of the first client's proxy; further clients take the next ones.
     #[arg(long, default_value_t = 9090)]
     metrics_port: u16,
+    /// API port of the `host` cluster the custom resource sync runs against.
+    #[arg(long, default_value_t = 8443)]
+    host_port: u16,
+    /// Metrics port of the custom resource sync (`/metrics/syncer`).
+    #[arg(long, default_value_t = 9190)]
+    sync_metrics_port: u16,
 }
 
 pub async fn run(args: DevArgs) -> Result<()> {
@@ -46,9 +52,12 @@ pub async fn run(args: DevArgs) -> Result<()> {
         share_ports: false,
     })
     .await?;
+    let sync = crproxy::devsync::start_for(&env, args.host_port, args.sync_metrics_port).await?;
     print_tour(&env);
+    crproxy::devsync::print_tour(&env, &sync);
     crproxy::run::wait_for_signal().await;
-    println!("\nstopping: proxies first, then the clusters");
+    println!("\nstopping: the sync and proxies first, then the clusters");
+    sync.shutdown().await;
     env.shutdown().await;
     Ok(())
 }
@@ -100,9 +109,7 @@ EOF
   kubectl -n demo get widgets
   kubectl --kubeconfig {dir}/target.kubeconfig -n demo get widgets --show-labels
   curl -s {metrics} | grep vcluster_proxy_request_total
-  kubectl delete apiservice v1.example.com     # denied: the proxy objects are protected
-
-Press Ctrl-C to stop."#
+  kubectl delete apiservice v1.example.com     # denied: the proxy objects are protected"#
     );
 }
 

@@ -2,6 +2,7 @@
 //! exactly as the command does.
 
 pub mod devenv;
+pub mod devsync;
 pub mod doctor;
 pub mod logging;
 pub mod report;

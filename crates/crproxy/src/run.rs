@@ -83,6 +83,7 @@ pub fn check_config(path: &Path) -> Result<()> {
                 gv.group, gv.version, gv.target.project, gv.target.name, gv.access, gv.port
             );
         }
+        print_sync_plan(&text);
         return Ok(());
     }
     let mut located: Vec<(config::Position, &config::ConfigError)> =
@@ -131,6 +132,9 @@ pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
     if let Some(path) = &config.client.kubeconfig {
         kubeconfig("client.kubeconfig".into(), path);
     }
+    if let Some(path) = &config.sync.host_kubeconfig {
+        kubeconfig("sync.host.kubeconfig".into(), path);
+    }
     for (i, target) in config.targets.iter().enumerate() {
         kubeconfig(format!("targets[{i}].kubeconfig"), &target.kubeconfig);
         if let Some(path) = target
@@ -165,6 +169,30 @@ pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
         }
     }
     errors
+}
+
+/// `check-config` lines for the sync: one per synced type, and the warnings.
+fn print_sync_plan(text: &str) {
+    let Ok(config) = config::parse(text) else {
+        return;
+    };
+    if let Ok(Some(plan)) = config::sync::validate(&config) {
+        for r in &plan.resources {
+            let (key, direction, scope) = (&r.key, r.direction.as_str(), r.scope.as_str());
+            match r.direction {
+                config::sync::Direction::ToHost => println!(
+                    "ok: sync {direction} {key} ({scope}) -> host namespace {}",
+                    plan.host_namespace
+                ),
+                config::sync::Direction::FromHost => {
+                    println!("ok: sync {direction} {key} ({scope}) <- host")
+                }
+            }
+        }
+    }
+    for warning in config::sync::warnings(&config.sync) {
+        println!("warning: {warning}");
+    }
 }
 
 /// The proxy's serving certificate and the CA the APIService `caBundle` carries.
@@ -412,21 +440,84 @@ pub async fn start_wiring(
     Ok(crproxy_wiring::WiringHandle::new(leader, registrar))
 }
 
-/// `crproxy run --config FILE`: serve until SIGTERM or Ctrl-C, then shut down
-/// gracefully.
+/// `crproxy run --config FILE`: runs the proxy when `experimental.proxy` enables a
+/// resource, the custom resource sync when `sync` enables one, or both; serves until
+/// SIGTERM or Ctrl-C, then shuts down gracefully.
 pub async fn run(path: &Path) -> Result<()> {
     let loaded = load(path)?;
-    let serving_dir = loaded.base_dir.join("serving-ca");
-    let serving = serving_identity(&serving_dir, true)?;
-    let metrics = Metrics::new();
-    let setup = setup(&loaded, serving.identity.clone(), metrics)?;
-    let proxy = crproxy_proxy::app::start(setup, true).await?;
-    let wiring = start_wiring(&loaded, &proxy, &serving.ca_pem, &loaded.config.client.name).await?;
+    let sync_metrics = crproxy_sync::SyncMetrics::new();
+    let metrics = Metrics::with_extra(|registry| sync_metrics.register(registry));
+    let mut proxy = None;
+    let mut metrics_only = None;
+    if loaded.plan.group_versions.is_empty() {
+        metrics_only = Some(serve_metrics_only(&loaded, Arc::clone(&metrics)).await?);
+    } else {
+        let serving_dir = loaded.base_dir.join("serving-ca");
+        let serving = serving_identity(&serving_dir, true)?;
+        let setup = setup(&loaded, serving.identity.clone(), metrics)?;
+        let running = crproxy_proxy::app::start(setup, true).await?;
+        let wiring = start_wiring(
+            &loaded,
+            &running,
+            &serving.ca_pem,
+            &loaded.config.client.name,
+        )
+        .await?;
+        proxy = Some((running, wiring));
+    }
+    let sync = crproxy_sync::start_from_config(
+        &loaded.config,
+        &loaded.base_dir,
+        sync_metrics,
+        &loaded.config.client.name,
+        crproxy_sync::LEASE_DURATION,
+    )
+    .await
+    .context("custom resource sync")?;
     wait_for_signal().await;
     tracing::info!("shutting down: no new connections, in-flight requests may finish");
-    wiring.stop().await;
-    proxy.shutdown().await;
+    if let Some(sync) = sync {
+        sync.stop().await;
+    }
+    if let Some((running, wiring)) = proxy {
+        wiring.stop().await;
+        running.shutdown().await;
+    }
+    if let Some((stop, task)) = metrics_only {
+        let _ = stop.send(true);
+        let _ = task.await;
+    }
     Ok(())
+}
+
+/// Without the proxy, the metrics listener (`/metrics/syncer`) is served on its own.
+async fn serve_metrics_only(
+    loaded: &Loaded,
+    metrics: Arc<Metrics>,
+) -> Result<(
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let addr: SocketAddr = loaded
+        .config
+        .proxy
+        .metrics_address
+        .parse()
+        .with_context(|| {
+            format!(
+                "proxy.metricsAddress: {:?} is not host:port",
+                loaded.config.proxy.metrics_address
+            )
+        })?;
+    let listener = crproxy_proxy::server::bind(addr, false).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = crproxy_proxy::server::serve_metrics(
+        listener,
+        metrics,
+        crproxy_proxy::health::Readiness::without_proxy(),
+        stopped,
+    );
+    Ok((stop, task))
 }
 
 /// Resolves on SIGTERM or SIGINT.

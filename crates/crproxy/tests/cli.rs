@@ -219,6 +219,7 @@ fn dev_starts_with_a_relative_directory() {
         .args(["dev", "--dir", "rel/dev"])
         .args(["--target-port", &free(), "--client-port", &free()])
         .args(["--proxy-port", &free(), "--metrics-port", &free()])
+        .args(["--host-port", &free(), "--sync-metrics-port", &free()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -226,7 +227,9 @@ fn dev_starts_with_a_relative_directory() {
     let mut child = test_support::KillOnDrop(child);
     let dev_json = dir.path().join("rel/dev/dev.json");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !dev_json.exists() {
+    // The host entry is written last, once the sync has started too.
+    let ready = || std::fs::read_to_string(&dev_json).is_ok_and(|t| t.contains("\"host\""));
+    while !ready() {
         if let Ok(Some(status)) = child.try_wait() {
             let mut stderr = String::new();
             if let Some(mut pipe) = child.stderr.take() {

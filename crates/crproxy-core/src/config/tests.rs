@@ -213,7 +213,7 @@ sync:
         c.targets[2].peers.source(),
         Some(PeerSource::File("/etc/peers.yaml".into()))
     );
-    assert!(c.sync.is_some());
+    assert!(!c.sync.any_enabled());
     assert_eq!(plan.group_versions[0].port, 9200);
     assert_eq!(
         plan.group_versions[0].target,

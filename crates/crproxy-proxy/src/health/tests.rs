@@ -78,3 +78,9 @@ fn a_synced_cache_without_the_trust_is_not_ready() {
     );
     assert_eq!(body.lines().count(), 1, "{body}");
 }
+
+#[test]
+fn a_process_without_a_proxy_has_no_proxy_condition() {
+    let readiness = Readiness::without_proxy();
+    assert_eq!(readiness.answer(), (StatusCode::OK, READY_BODY.to_string()));
+}
