@@ -22,17 +22,30 @@ use serde_json::{Map, Value};
 
 use crate::selector::label_value_errors;
 
+mod source;
+pub mod sync;
 #[cfg(test)]
 mod tests;
 
+pub use source::{Position, SourceMap, YamlSyntaxError};
+
 /// One problem in the configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {message}")]
 pub struct ConfigError {
     /// Dotted path of the offending key (empty for the document itself).
     pub key: String,
     /// What is wrong and, where useful, what to write instead.
     pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.key, self.message)
+        }
+    }
 }
 
 impl ConfigError {
@@ -59,9 +72,8 @@ pub struct Config {
     pub targets: Vec<TargetConfig>,
     /// `experimental.proxy.customResources`, keyed by `<resource>.<group>/<version>`.
     pub custom_resources: BTreeMap<String, CustomResourceEntry>,
-    /// The vcluster.yaml `sync` section, kept as raw data for the sync controllers,
-    /// which own its schema.
-    pub sync: Option<Value>,
+    /// The `sync` section (see [`sync`]).
+    pub sync: sync::SyncConfig,
 }
 
 /// Who the client is.
@@ -265,28 +277,117 @@ pub fn parse(yaml: &str) -> Result<Config, ConfigError> {
     parse_all(yaml).map_err(|mut errs| errs.swap_remove(0))
 }
 
-/// Parses the YAML text, reporting every syntax, unknown-key and type problem.
+/// Parses the YAML text, reporting every syntax, duplicate-key, unknown-key and
+/// type problem.
 pub fn parse_all(yaml: &str) -> Result<Config, Vec<ConfigError>> {
-    let doc: Value = if yaml.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_saphyr::from_str(yaml)
-            .map_err(|e| vec![ConfigError::new("", format!("invalid YAML: {e}"))])?
-    };
-    let mut r = Reader::default();
-    let config = r.config(&doc);
-    if r.errors.is_empty() {
+    let source = SourceMap::build(yaml).map_err(|e| vec![ConfigError::new("", e.to_string())])?;
+    let (config, errors) = read(yaml, &source)?;
+    if errors.is_empty() {
         Ok(config)
     } else {
-        Err(r.errors)
+        Err(errors)
     }
 }
 
+/// Reads the document into a [`Config`] (with defaults where values are missing or
+/// wrong) and the problems found on the way, duplicates first.
+fn read(yaml: &str, source: &SourceMap) -> Result<(Config, Vec<ConfigError>), Vec<ConfigError>> {
+    let doc: Value = if yaml.trim().is_empty() {
+        Value::Null
+    } else {
+        // Duplicates are reported from the source map; the later value is used,
+        // so the rest of the file is still checked.
+        let options = serde_saphyr::options! {
+            duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
+        };
+        serde_saphyr::from_str_with_options(yaml, options)
+            .map_err(|e| vec![ConfigError::new("", format!("invalid YAML: {e}"))])?
+    };
+    let mut r = Reader::default();
+    r.errors.extend(source.duplicates().iter().cloned());
+    let config = r.config(&doc);
+    Ok((config, r.errors))
+}
+
 /// Parses and validates in one go: what `crproxy check-config` and start-up use.
+/// Every problem is reported: those found while reading the file and those of the
+/// rules, except rule errors about a key that already has a reading error (a
+/// value of the wrong type is not also reported as missing).
 pub fn load(yaml: &str) -> Result<(Config, ProxyPlan), Vec<ConfigError>> {
-    let config = parse_all(yaml)?;
-    let plan = config.validate()?;
-    Ok((config, plan))
+    let source = SourceMap::build(yaml).map_err(|e| vec![ConfigError::new("", e.to_string())])?;
+    load_with(yaml, &source)
+}
+
+/// [`load`] with the [`SourceMap`] the caller built for printing positions.
+pub fn load_with(yaml: &str, source: &SourceMap) -> Result<(Config, ProxyPlan), Vec<ConfigError>> {
+    match check(yaml, source) {
+        Checked {
+            config: Some(config),
+            plan: Some(plan),
+            errors,
+        } if errors.is_empty() => Ok((config, plan)),
+        Checked { errors, .. } => Err(errors),
+    }
+}
+
+/// What reading and validating a file found.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The configuration as read (defaults where values were missing or wrong);
+    /// `None` only when the YAML could not be read at all.
+    pub config: Option<Config>,
+    /// The plan, when the rules passed.
+    pub plan: Option<ProxyPlan>,
+    /// Every problem; empty means the file is valid.
+    pub errors: Vec<ConfigError>,
+}
+
+/// Reads and validates, keeping whatever could be read (for checks beyond the
+/// file itself, such as the files it names).
+pub fn check(yaml: &str, source: &SourceMap) -> Checked {
+    let (config, mut errors) = match read(yaml, source) {
+        Ok(read) => read,
+        Err(errors) => {
+            return Checked {
+                config: None,
+                plan: None,
+                errors,
+            }
+        }
+    };
+    let plan = match config.validate() {
+        Ok(plan) => Some(plan),
+        Err(rule_errors) => {
+            let reported: Vec<String> = errors.iter().map(|e| e.key.clone()).collect();
+            errors.extend(
+                rule_errors
+                    .into_iter()
+                    // A rule's complaint about a key that could not be read, or
+                    // about what encloses it, only repeats the reading problem.
+                    .filter(|e| {
+                        !reported
+                            .iter()
+                            .any(|r| is_within(&e.key, r) || is_within(r, &e.key))
+                    }),
+            );
+            None
+        }
+    };
+    Checked {
+        config: Some(config),
+        plan,
+        errors,
+    }
+}
+
+/// Whether `key` is `ancestor` or lies under it (`a.b[0]` is within `a.b`; every
+/// key is within the document, ``).
+fn is_within(key: &str, ancestor: &str) -> bool {
+    ancestor.is_empty()
+        || key == ancestor
+        || key
+            .strip_prefix(ancestor)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -431,10 +532,7 @@ impl Reader {
         );
         let custom_resources =
             self.custom_resources(exp_proxy.and_then(|p| p.get("customResources")));
-        let sync = root
-            .and_then(|r| r.get("sync"))
-            .filter(|v| !v.is_null())
-            .cloned();
+        let sync = self.sync(root.and_then(|r| r.get("sync")));
         Config {
             client,
             proxy,
@@ -987,10 +1085,10 @@ impl Config {
             }
         }
 
-        if !self.custom_resources.values().any(|e| e.enabled) {
+        if !self.custom_resources.values().any(|e| e.enabled) && !self.sync.any_enabled() {
             err(
                 "experimental.proxy.customResources".into(),
-                "no custom resource is enabled, so the proxy does not start: set enabled: true on at least one entry".into(),
+                "no custom resource is enabled, so neither the proxy nor the sync starts: set enabled: true on at least one entry".into(),
             );
         }
 
@@ -1089,6 +1187,7 @@ impl Config {
             );
         }
 
+        errs.extend(sync::validate(self).err().unwrap_or_default());
         if !errs.is_empty() {
             return Err(errs);
         }

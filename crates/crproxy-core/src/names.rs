@@ -28,9 +28,17 @@ const HASH_HEX_LEN: usize = 10;
 /// 10 hex digits of the SHA-256 of the full name, so they stay unique and every
 /// replica computes the same name.
 pub fn service_name(group: &str, version: &str) -> String {
-    let full = format!("proxy-{}-{}", group.replace('.', "-"), version).to_ascii_lowercase();
+    shorten_with_hash(
+        &format!("proxy-{}-{}", group.replace('.', "-"), version).to_ascii_lowercase(),
+    )
+}
+
+/// `full` when it has at most 63 characters; else its first 52 characters (without a
+/// trailing `-` or `.`), `-` and the first 10 hex digits of the SHA-256 of `full`, so
+/// shortened names stay unique and every replica computes the same one.
+pub fn shorten_with_hash(full: &str) -> String {
     if full.len() <= MAX_SERVICE_NAME {
-        return full;
+        return full.to_owned();
     }
     let digest = Sha256::digest(full.as_bytes());
     let hex: String = digest
@@ -40,8 +48,7 @@ pub fn service_name(group: &str, version: &str) -> String {
         .map(|n| char::from_digit(u32::from(n), 16).unwrap_or('0'))
         .collect();
     let keep = MAX_SERVICE_NAME - HASH_HEX_LEN - 1;
-    // The input is ASCII after lower-casing a valid group, but cut on a char boundary
-    // anyway so an odd group cannot cause a panic.
+    // Cut on a char boundary so odd input cannot cause a panic.
     let mut cut = keep;
     while !full.is_char_boundary(cut) {
         cut -= 1;

@@ -18,6 +18,7 @@ use crproxy_core::ownership::Owner;
 use crate::dial::Dialer;
 use crate::frontproxy::{self, FrontProxyTrust};
 use crate::handler::GroupVersionProxy;
+use crate::health::Readiness;
 use crate::metrics::Metrics;
 use crate::namespaces::ClientNamespaces;
 use crate::pool::PeerPool;
@@ -124,6 +125,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
     let mut servers_done = Vec::new();
     let mut pools = Vec::new();
     let mut pools_by_target: Vec<(usize, Arc<PeerPool>)> = Vec::new();
+    let mut readiness_pools = Vec::new();
     // One credential provider per target identity, shared by all its group versions,
     // so a rotated file is read and a plugin run once per target.
     let target_credentials = setup
@@ -206,6 +208,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
         ));
         background.push(spawn_startup_probe(proxy, setup.startup_sync_timeout));
         pools.push(Arc::clone(&pool));
+        readiness_pools.push((target_label.clone(), Arc::clone(&pool)));
         pools_by_target.push((target_index, pool));
     }
 
@@ -226,6 +229,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
         servers_done.push(server::serve_metrics(
             listener,
             Arc::clone(&setup.metrics),
+            Readiness::new(Arc::clone(&trust), readiness_pools),
             shutdown_rx.clone(),
         ));
         Some(addr)

@@ -135,6 +135,11 @@ impl FrontProxyTrust {
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(settings));
     }
 
+    /// Whether settings have been loaded at least once.
+    pub fn is_loaded(&self) -> bool {
+        self.get().is_some()
+    }
+
     fn get(&self) -> Option<Arc<TrustSettings>> {
         self.current
             .read()

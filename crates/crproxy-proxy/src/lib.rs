@@ -13,6 +13,7 @@ pub mod dial;
 pub mod fallback;
 pub mod frontproxy;
 pub mod handler;
+pub mod health;
 pub mod metrics;
 pub mod namespaces;
 pub mod pool;

@@ -128,6 +128,12 @@ pub struct Metrics {
 impl Metrics {
     /// Creates the registry with every `vcluster_proxy_*` family registered.
     pub fn new() -> Arc<Metrics> {
+        Self::with_extra(|_| {})
+    }
+
+    /// [`Metrics::new`], letting another component (the custom resource sync) add its
+    /// families to the same registry, so one listener serves every series.
+    pub fn with_extra(extra: impl FnOnce(&mut Registry)) -> Arc<Metrics> {
         let families = Arc::new(Families {
             request: Family::default(),
             request_duration: Family::new_with_constructor(request_duration_histogram),
@@ -209,6 +215,7 @@ impl Metrics {
         );
         let pools = Arc::new(PoolCollector::default());
         registry.register_collector(Box::new(pools.clone()));
+        extra(&mut registry);
         Arc::new(Metrics {
             registry,
             families,

@@ -20,6 +20,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
 use crate::handler::GroupVersionProxy;
+use crate::health::Readiness;
 use crate::metrics::Metrics;
 use crate::pool::ProxyBody;
 use crate::transport;
@@ -168,11 +169,13 @@ pub fn serve_proxy(
     })
 }
 
-/// Serves `/metrics` and `/metrics/syncer` (the same registry) plus `/healthz`
-/// and `/readyz` over plain HTTP on a local address.
+/// Serves `/metrics` and `/metrics/syncer` (the same registry), `/healthz` and
+/// `/readyz` (what [`Readiness`] answers) and `/livez` over plain HTTP on a local
+/// address.
 pub fn serve_metrics(
     listener: TcpListener,
     metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -183,10 +186,12 @@ pub fn serve_metrics(
             };
             let Ok((tcp, _)) = accepted else { continue };
             let metrics = Arc::clone(&metrics);
+            let readiness = Arc::clone(&readiness);
             tokio::spawn(async move {
                 let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                     let metrics = Arc::clone(&metrics);
-                    async move { Ok::<_, Infallible>(metrics_response(&metrics, &request)) }
+                    let readiness = Arc::clone(&readiness);
+                    async move { Ok::<_, Infallible>(metrics_response(&metrics, &readiness, &request)) }
                 });
                 let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tcp), service)
@@ -196,7 +201,11 @@ pub fn serve_metrics(
     })
 }
 
-fn metrics_response<B>(metrics: &Metrics, request: &Request<B>) -> Response<ProxyBody> {
+fn metrics_response<B>(
+    metrics: &Metrics,
+    readiness: &Readiness,
+    request: &Request<B>,
+) -> Response<ProxyBody> {
     let accept = request
         .headers()
         .get(http::header::ACCEPT)
@@ -207,7 +216,11 @@ fn metrics_response<B>(metrics: &Metrics, request: &Request<B>) -> Response<Prox
             let (body, content_type) = metrics.encode_for_accept(accept);
             (StatusCode::OK, content_type, body.into())
         }
-        "/healthz" | "/readyz" | "/livez" => (StatusCode::OK, "text/plain", "ok".into()),
+        "/healthz" | "/readyz" => {
+            let (code, body) = readiness.answer();
+            (code, "text/plain; charset=utf-8", body.into())
+        }
+        "/livez" => (StatusCode::OK, "text/plain", "ok".into()),
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",

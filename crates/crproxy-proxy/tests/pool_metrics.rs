@@ -283,39 +283,49 @@ fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/prometheus")
 }
 
-/// Whether promtool can run. Outside CI a missing promtool skips the check with a
-/// note; in CI (`CI=true`) it is an error, since the CI script installs it.
-fn promtool_available() -> bool {
-    let found = Command::new("promtool")
-        .arg("--version")
+/// Where promtool comes from, for the failure a CI run without it gets.
+const PROMTOOL_HINT: &str = "Debian package `prometheus`, which .ci/run installs";
+
+/// Runs promtool with `args` in `dir`; the run must succeed.
+fn promtool(dir: &Path, args: &[&str]) -> std::process::Output {
+    let promtool = test_support::tool::require("promtool", PROMTOOL_HINT);
+    let out = Command::new(&promtool)
+        .args(args)
+        .current_dir(dir)
         .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "promtool is required in CI (Debian package `prometheus`)"
-        );
-        eprintln!("note: promtool not on PATH; skipping the promtool check");
-    }
-    found
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "promtool {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 #[tokio::test]
+#[cfg_attr(
+    promtool_missing,
+    ignore = "promtool is not on PATH (CI=true requires it)"
+)]
 async fn promtool_accepts_the_exposition() {
-    if !promtool_available() {
-        return;
-    }
     let h = Harness::new();
     let _inflight = h.target.inflight();
     exercise(&h);
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("metrics.txt");
-    std::fs::write(&file, h.metrics.encode_prometheus_text()).expect("write");
+    std::fs::write(
+        dir.path().join("metrics.txt"),
+        h.metrics.encode_prometheus_text(),
+    )
+    .expect("write");
+    // `check metrics` reads the exposition from stdin.
+    let promtool = test_support::tool::require("promtool", PROMTOOL_HINT);
     let out = Command::new("sh")
         .arg("-c")
-        .arg("promtool check metrics < \"$1\"")
+        .arg("\"$1\" check metrics < metrics.txt")
         .arg("sh")
-        .arg(&file)
+        .arg(&promtool)
+        .current_dir(dir.path())
         .output()
         .expect("run promtool");
     assert!(
@@ -327,27 +337,33 @@ async fn promtool_accepts_the_exposition() {
     );
 }
 
+/// Every rule file in deploy/prometheus passes `promtool check rules`, and every
+/// `*_test.yaml` there passes `promtool test rules`: a new file is picked up
+/// without touching this test.
 #[test]
+#[cfg_attr(
+    promtool_missing,
+    ignore = "promtool is not on PATH (CI=true requires it)"
+)]
 fn promtool_alert_rules_pass_their_unit_tests() {
-    if !promtool_available() {
-        return;
-    }
     let dir = data_dir();
-    for args in [
-        vec!["check", "rules", "alerts.yaml"],
-        vec!["test", "rules", "alerts_test.yaml"],
-    ] {
-        let out = Command::new("promtool")
-            .args(&args)
-            .current_dir(&dir)
-            .output()
-            .expect("run promtool");
-        assert!(
-            out.status.success(),
-            "promtool {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("deploy/prometheus")
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".yaml") || name.ends_with(".yml"))
+        .collect();
+    files.sort();
+    let (tests, rules): (Vec<&String>, Vec<&String>) = files
+        .iter()
+        .partition(|name| name.ends_with("_test.yaml") || name.ends_with("_test.yml"));
+    assert!(!rules.is_empty(), "no rule files in {}", dir.display());
+    assert!(!tests.is_empty(), "no *_test.yaml in {}", dir.display());
+    for file in rules {
+        promtool(&dir, &["check", "rules", file]);
+    }
+    for file in tests {
+        promtool(&dir, &["test", "rules", file]);
     }
 }
 

@@ -31,6 +31,12 @@ pub struct DevArgs {
     /// Metrics port of the first client's proxy; further clients take the next ones.
     #[arg(long, default_value_t = 9090)]
     metrics_port: u16,
+    /// API port of the `host` cluster the custom resource sync runs against.
+    #[arg(long, default_value_t = 8443)]
+    host_port: u16,
+    /// Metrics port of the custom resource sync (`/metrics/syncer`).
+    #[arg(long, default_value_t = 9190)]
+    sync_metrics_port: u16,
 }
 
 pub async fn run(args: DevArgs) -> Result<()> {
@@ -46,9 +52,12 @@ pub async fn run(args: DevArgs) -> Result<()> {
         share_ports: false,
     })
     .await?;
+    let sync = crproxy::devsync::start_for(&env, args.host_port, args.sync_metrics_port).await?;
     print_tour(&env);
+    crproxy::devsync::print_tour(&env, &sync);
     crproxy::run::wait_for_signal().await;
-    println!("\nstopping: proxies first, then the clusters");
+    println!("\nstopping: the sync and proxies first, then the clusters");
+    sync.shutdown().await;
     env.shutdown().await;
     Ok(())
 }
@@ -57,9 +66,16 @@ fn print_tour(env: &DevEnv) {
     let dir = env.options.dir.display();
     let described = env.describe();
     println!("crproxy dev is up. Everything is in {dir}:");
-    println!("  client.kubeconfig  the client cluster (where callers work)");
-    println!("  target.kubeconfig  the target cluster (where objects are stored)");
-    println!("  dev.json           every URL and port");
+    for client in &env.clients {
+        let file = kubeconfig_name(&client.kubeconfig);
+        println!(
+            "  {file:<20} the {} cluster (where callers work)",
+            client.name
+        );
+    }
+    let target = kubeconfig_name(&env.target_kubeconfig);
+    println!("  {target:<20} the target cluster (where objects are stored)");
+    println!("  {:<20} every URL and port", "dev.json");
     println!();
     println!("  target API:  {}", env.target.url());
     for addr in &env.target_replicas {
@@ -93,10 +109,16 @@ EOF
   kubectl -n demo get widgets
   kubectl --kubeconfig {dir}/target.kubeconfig -n demo get widgets --show-labels
   curl -s {metrics} | grep vcluster_proxy_request_total
-  kubectl delete apiservice v1.example.com     # denied: the proxy objects are protected
-
-Press Ctrl-C to stop."#
+  kubectl delete apiservice v1.example.com     # denied: the proxy objects are protected"#
     );
+}
+
+/// The file name of a kubeconfig the environment wrote (the banner names the
+/// directory once).
+fn kubeconfig_name(path: &std::path::Path) -> String {
+    path.file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// `crproxy devcluster`: one API server until Ctrl-C.

@@ -57,6 +57,149 @@ impl DevOptions {
     }
 }
 
+/// What a fixed port of the environment is for; each has its own flag of
+/// `crproxy dev`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortRole {
+    Target,
+    Client,
+    Proxy,
+    Metrics,
+}
+
+impl PortRole {
+    /// The `crproxy dev` flag that moves this port.
+    pub fn flag(self) -> &'static str {
+        match self {
+            PortRole::Target => "--target-port",
+            PortRole::Client => "--client-port",
+            PortRole::Proxy => "--proxy-port",
+            PortRole::Metrics => "--metrics-port",
+        }
+    }
+}
+
+/// Ports of the environment that were already in use, found before anything was
+/// started or written.
+#[derive(Debug)]
+pub struct PortsInUse(pub Vec<(PortRole, u16)>);
+
+impl std::fmt::Display for PortsInUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ports: Vec<String> = self
+            .0
+            .iter()
+            .map(|(role, port)| format!("{port} (move it with {})", role.flag()))
+            .collect();
+        write!(
+            f,
+            "port{} already in use on 127.0.0.1: {}; nothing was started or written",
+            if ports.len() == 1 { "" } else { "s" },
+            ports.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for PortsInUse {}
+
+impl DevOptions {
+    /// Every port the environment will listen on that is not picked freely, in
+    /// the order they are opened.
+    pub fn fixed_ports(&self) -> Vec<(PortRole, u16)> {
+        let mut ports = Vec::new();
+        let mut add = |role, base: u16, offset: usize| {
+            if base != 0 {
+                if let Some(port) = u16::try_from(offset)
+                    .ok()
+                    .and_then(|offset| base.checked_add(offset))
+                {
+                    ports.push((role, port));
+                }
+            }
+        };
+        for replica in 0..self.target_replicas.max(1) {
+            add(PortRole::Target, self.target_port, replica);
+        }
+        for index in 0..self.clients.max(1) {
+            add(PortRole::Client, self.client_port, index);
+            add(PortRole::Proxy, self.proxy_base_port, index * 10);
+            add(PortRole::Metrics, self.metrics_port, index);
+        }
+        ports
+    }
+
+    /// Tries every fixed port at once, so a conflict names all busy ports (and
+    /// ports given twice) before any cluster starts or any file is written.
+    pub fn check_ports(&self) -> std::result::Result<(), PortsInUse> {
+        let mut held = Vec::new();
+        let mut busy = Vec::new();
+        for (role, port) in self.fixed_ports() {
+            match std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+                Ok(listener) => held.push(listener),
+                Err(_) => busy.push((role, port)),
+            }
+        }
+        if busy.is_empty() {
+            Ok(())
+        } else {
+            Err(PortsInUse(busy))
+        }
+    }
+}
+
+/// The name of the lock file a running environment holds in its directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// Fails when another running environment holds `dir`'s lock (its clusters keep
+/// their databases open there). Creates nothing when `dir` does not exist yet.
+fn check_not_in_use(dir: &Path) -> Result<()> {
+    let path = dir.join(LOCK_FILE);
+    if !path.exists() {
+        return Ok(());
+    }
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            let holder = holder.trim();
+            let by = if holder.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {holder})")
+            };
+            Err(anyhow!(
+                "{} is in use by another running crproxy dev{by}; stop it, or pass --dir to start a separate environment",
+                dir.display()
+            ))
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
+/// Takes `dir`'s lock for as long as the returned file is open, and notes the pid.
+fn lock_dir(dir: &Path) -> Result<std::fs::File> {
+    use std::io::Write;
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.try_lock().map_err(|_| {
+        anyhow!(
+            "{} is in use by another running crproxy dev; stop it, or pass --dir to start a separate environment",
+            dir.display()
+        )
+    })?;
+    file.set_len(0)?;
+    write!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
 /// Polls the APIService at `path` until its `Available` condition is True.
 pub async fn wait_for_available(
     api: &crproxy_kube::Client,
@@ -65,19 +208,33 @@ pub async fn wait_for_available(
 ) -> Result<()> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let available = api
-            .get(path)
-            .await
-            .ok()
-            .and_then(|s| condition_status(&s, "Available"))
+        let apiservice = api.get(path).await.ok();
+        let available = apiservice
+            .as_ref()
+            .and_then(|s| condition_status(s, "Available"))
             .as_deref()
             == Some("True");
         if available {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
+            // The aggregator's last word says what is wrong (no Service, refused
+            // connection, bad certificate...).
+            let why = apiservice
+                .as_ref()
+                .and_then(|s| s.pointer("/status/conditions"))
+                .and_then(Value::as_array)
+                .and_then(|c| c.iter().find(|c| c["type"] == "Available"))
+                .map(|c| {
+                    format!(
+                        " ({}: {})",
+                        c["reason"].as_str().unwrap_or_default(),
+                        c["message"].as_str().unwrap_or_default()
+                    )
+                })
+                .unwrap_or_default();
             return Err(anyhow!(
-                "{path} did not become Available within {}s",
+                "{path} did not become Available within {}s{why}",
                 limit.as_secs()
             ));
         }
@@ -305,13 +462,27 @@ pub struct DevEnv {
     pub target_replicas: Vec<SocketAddr>,
     pub target_kubeconfig: PathBuf,
     pub clients: Vec<DevClient>,
+    /// Held while the environment runs: see [`LOCK_FILE`].
+    _lock: std::fs::File,
 }
 
 impl DevEnv {
     /// Starts everything and waits until each client's APIService is Available.
     pub async fn start(mut options: DevOptions) -> Result<Self> {
+        // Nothing is written before both checks pass, so a failed start leaves the
+        // directory as it was.
+        check_not_in_use(&options.dir)?;
+        options.check_ports()?;
         std::fs::create_dir_all(&options.dir)
             .with_context(|| format!("creating {}", options.dir.display()))?;
+        let lock = lock_dir(&options.dir)?;
+        // dev.json describes a running environment: a previous run's copy must not
+        // be mistaken for this one before it is up.
+        let stale = options.dir.join("dev.json");
+        if stale.exists() {
+            std::fs::remove_file(&stale)
+                .with_context(|| format!("removing {}", stale.display()))?;
+        }
         // The configuration files written below name other files by path and are
         // read relative to their own directory: only absolute paths survive that.
         options.dir = std::fs::canonicalize(&options.dir)
@@ -354,6 +525,7 @@ impl DevEnv {
             target_replicas,
             target_kubeconfig,
             clients,
+            _lock: lock,
         };
         env.wait_until_available(Duration::from_secs(30)).await?;
         env.write_dev_json()?;

@@ -2,5 +2,8 @@
 //! exactly as the command does.
 
 pub mod devenv;
+pub mod devsync;
 pub mod doctor;
+pub mod logging;
+pub mod report;
 pub mod run;

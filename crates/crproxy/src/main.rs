@@ -55,7 +55,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.human_logs);
+    crproxy::logging::init(cli.human_logs);
     // One crypto provider for the whole process: rustls panics when it has to pick
     // between several.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -85,22 +85,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // One readable line: the error and its causes.
-            eprintln!("crproxy: {error:#}");
+            eprintln!("crproxy: {}", crproxy::report::error_line(&error));
             ExitCode::FAILURE
         }
-    }
-}
-
-fn init_logging(human: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CRPROXY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if human {
-        builder.init();
-    } else {
-        builder.json().flatten_event(true).init();
     }
 }

@@ -25,12 +25,11 @@ pub struct Loaded {
     pub base_dir: PathBuf,
 }
 
-/// Reads and validates a configuration file; every validation error is reported.
+/// Reads and validates a configuration file; every problem is reported.
 pub fn load(path: &Path) -> Result<Loaded> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = config::parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    let plan = config.validate().map_err(|errors| {
+    let (config, plan) = config::load(&text).map_err(|errors| {
         let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         anyhow!(
             "{}: invalid configuration: {}",
@@ -38,10 +37,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
             lines.join("; ")
         )
     })?;
-    let base_dir = path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let base_dir = base_dir_of(path);
     Ok(Loaded {
         config,
         plan,
@@ -49,30 +45,153 @@ pub fn load(path: &Path) -> Result<Loaded> {
     })
 }
 
-/// `crproxy check-config FILE`: prints each problem on its own line.
+/// The directory relative paths in a configuration file are resolved against.
+fn base_dir_of(path: &Path) -> PathBuf {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// `crproxy check-config FILE`: prints every problem on its own line as
+/// `FILE:LINE:COLUMN: key: message` (compiler style, so editors jump to it), then
+/// fails; or prints the plan.
 pub fn check_config(path: &Path) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    match config::load(&text).map(|(_, plan)| plan) {
-        Ok(plan) => {
-            for gv in &plan.group_versions {
-                println!(
-                    "ok: {}/{} -> target {}/{} ({:?}), port {}",
-                    gv.group, gv.version, gv.target.project, gv.target.name, gv.access, gv.port
-                );
-            }
-            Ok(())
+    let file = path.display();
+    let source = match config::SourceMap::build(&text) {
+        Ok(source) => source,
+        Err(syntax) => {
+            println!(
+                "{file}:{}: invalid YAML: {}",
+                syntax.position, syntax.message
+            );
+            bail!("{file}: not a YAML document");
         }
-        Err(errors) => {
-            for error in &errors {
-                println!("{error}");
-            }
-            bail!(
-                "{}: {} configuration error(s)",
-                path.display(),
-                errors.len()
-            )
+    };
+    let checked = config::check(&text, &source);
+    let mut errors = checked.errors;
+    // The files the configuration names are checked whenever it could be read.
+    if let Some(config) = &checked.config {
+        errors.extend(check_files(config, &base_dir_of(path)));
+    }
+    if errors.is_empty() {
+        for gv in checked.plan.iter().flat_map(|p| &p.group_versions) {
+            println!(
+                "ok: {}/{} -> target {}/{} ({:?}), port {}",
+                gv.group, gv.version, gv.target.project, gv.target.name, gv.access, gv.port
+            );
         }
+        print_sync_plan(&text);
+        return Ok(());
+    }
+    let mut located: Vec<(config::Position, &config::ConfigError)> =
+        errors.iter().map(|e| (source.locate(&e.key), e)).collect();
+    // File order reads best; problems at one place keep their order.
+    located.sort_by_key(|(position, _)| *position);
+    for (position, error) in located {
+        println!("{file}:{position}: {error}");
+    }
+    bail!("{file}: {} configuration error(s)", errors.len())
+}
+
+/// Every file the configuration names exists and parses: kubeconfigs give a
+/// cluster to talk to, a peer file lists peers. Relative paths are read from the
+/// configuration file's directory, as `crproxy run` reads them.
+pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
+    let mut errors = Vec::new();
+    let mut kubeconfig = |key: String, path: &str| {
+        if path.is_empty() {
+            return; // Reported as missing by the rules.
+        }
+        let resolved = resolve(base, path);
+        let shown = resolved.display();
+        let message = if !resolved.is_file() {
+            Some(format!("{shown} does not exist (relative paths are read from the configuration file's directory)"))
+        } else {
+            match crproxy_kube::Kubeconfig::load(&resolved) {
+                Err(e) => Some(format!(
+                    "{shown} is not a kubeconfig: {}",
+                    detail(&e.to_string(), &shown.to_string())
+                )),
+                Ok(loaded) => crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
+                    .err()
+                    .map(|e| {
+                        format!(
+                            "kubeconfig {shown} is unusable: {}",
+                            detail(&e.to_string(), &shown.to_string())
+                        )
+                    }),
+            }
+        };
+        if let Some(message) = message {
+            errors.push(config::ConfigError { key, message });
+        }
+    };
+    if let Some(path) = &config.client.kubeconfig {
+        kubeconfig("client.kubeconfig".into(), path);
+    }
+    if let Some(path) = &config.sync.host_kubeconfig {
+        kubeconfig("sync.host.kubeconfig".into(), path);
+    }
+    for (i, target) in config.targets.iter().enumerate() {
+        kubeconfig(format!("targets[{i}].kubeconfig"), &target.kubeconfig);
+        if let Some(path) = target
+            .peers
+            .endpoint_slices
+            .as_ref()
+            .and_then(|e| e.kubeconfig.as_deref())
+        {
+            kubeconfig(
+                format!("targets[{i}].peers.endpointSlices.kubeconfig"),
+                path,
+            );
+        }
+    }
+    for (i, target) in config.targets.iter().enumerate() {
+        let Some(path) = target.peers.file.as_deref().filter(|p| !p.is_empty()) else {
+            continue;
+        };
+        let resolved = resolve(base, path);
+        let shown = resolved.display().to_string();
+        let problem = match std::fs::read(&resolved) {
+            Err(e) => Some(format!("cannot read peer file {shown}: {e}")),
+            Ok(content) => crproxy_proxy::sources::parse_peer_file(&resolved, &content)
+                .err()
+                .map(|e| format!("peer file {shown}: {}", detail(&e.to_string(), &shown))),
+        };
+        if let Some(message) = problem {
+            errors.push(config::ConfigError {
+                key: format!("targets[{i}].peers.file"),
+                message,
+            });
+        }
+    }
+    errors
+}
+
+/// `check-config` lines for the sync: one per synced type, and the warnings.
+fn print_sync_plan(text: &str) {
+    let Ok(config) = config::parse(text) else {
+        return;
+    };
+    if let Ok(Some(plan)) = config::sync::validate(&config) {
+        for r in &plan.resources {
+            let (key, direction, scope) = (&r.key, r.direction.as_str(), r.scope.as_str());
+            match r.direction {
+                config::sync::Direction::ToHost => println!(
+                    "ok: sync {direction} {key} ({scope}) -> host namespace {}",
+                    plan.host_namespace
+                ),
+                config::sync::Direction::FromHost => {
+                    println!("ok: sync {direction} {key} ({scope}) <- host")
+                }
+            }
+        }
+    }
+    for warning in config::sync::warnings(&config.sync) {
+        println!("warning: {warning}");
     }
 }
 
@@ -120,6 +239,21 @@ pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
         },
         ca_pem: ca.pem().cert.clone(),
     })
+}
+
+/// A library's error as the tail of one line: its first line, without the
+/// prefixes that repeat what the line already says (the file, "invalid kubeconfig").
+fn detail(error: &str, file: &str) -> String {
+    let mut text = error.lines().next().unwrap_or_default().trim();
+    loop {
+        let before = text;
+        for prefix in ["invalid kubeconfig: ", file, ": "] {
+            text = text.strip_prefix(prefix).unwrap_or(text);
+        }
+        if text == before {
+            return text.to_string();
+        }
+    }
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<()> {
@@ -306,21 +440,84 @@ pub async fn start_wiring(
     Ok(crproxy_wiring::WiringHandle::new(leader, registrar))
 }
 
-/// `crproxy run --config FILE`: serve until SIGTERM or Ctrl-C, then shut down
-/// gracefully.
+/// `crproxy run --config FILE`: runs the proxy when `experimental.proxy` enables a
+/// resource, the custom resource sync when `sync` enables one, or both; serves until
+/// SIGTERM or Ctrl-C, then shuts down gracefully.
 pub async fn run(path: &Path) -> Result<()> {
     let loaded = load(path)?;
-    let serving_dir = loaded.base_dir.join("serving-ca");
-    let serving = serving_identity(&serving_dir, true)?;
-    let metrics = Metrics::new();
-    let setup = setup(&loaded, serving.identity.clone(), metrics)?;
-    let proxy = crproxy_proxy::app::start(setup, true).await?;
-    let wiring = start_wiring(&loaded, &proxy, &serving.ca_pem, &loaded.config.client.name).await?;
+    let sync_metrics = crproxy_sync::SyncMetrics::new();
+    let metrics = Metrics::with_extra(|registry| sync_metrics.register(registry));
+    let mut proxy = None;
+    let mut metrics_only = None;
+    if loaded.plan.group_versions.is_empty() {
+        metrics_only = Some(serve_metrics_only(&loaded, Arc::clone(&metrics)).await?);
+    } else {
+        let serving_dir = loaded.base_dir.join("serving-ca");
+        let serving = serving_identity(&serving_dir, true)?;
+        let setup = setup(&loaded, serving.identity.clone(), metrics)?;
+        let running = crproxy_proxy::app::start(setup, true).await?;
+        let wiring = start_wiring(
+            &loaded,
+            &running,
+            &serving.ca_pem,
+            &loaded.config.client.name,
+        )
+        .await?;
+        proxy = Some((running, wiring));
+    }
+    let sync = crproxy_sync::start_from_config(
+        &loaded.config,
+        &loaded.base_dir,
+        sync_metrics,
+        &loaded.config.client.name,
+        crproxy_sync::LEASE_DURATION,
+    )
+    .await
+    .context("custom resource sync")?;
     wait_for_signal().await;
     tracing::info!("shutting down: no new connections, in-flight requests may finish");
-    wiring.stop().await;
-    proxy.shutdown().await;
+    if let Some(sync) = sync {
+        sync.stop().await;
+    }
+    if let Some((running, wiring)) = proxy {
+        wiring.stop().await;
+        running.shutdown().await;
+    }
+    if let Some((stop, task)) = metrics_only {
+        let _ = stop.send(true);
+        let _ = task.await;
+    }
     Ok(())
+}
+
+/// Without the proxy, the metrics listener (`/metrics/syncer`) is served on its own.
+async fn serve_metrics_only(
+    loaded: &Loaded,
+    metrics: Arc<Metrics>,
+) -> Result<(
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let addr: SocketAddr = loaded
+        .config
+        .proxy
+        .metrics_address
+        .parse()
+        .with_context(|| {
+            format!(
+                "proxy.metricsAddress: {:?} is not host:port",
+                loaded.config.proxy.metrics_address
+            )
+        })?;
+    let listener = crproxy_proxy::server::bind(addr, false).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = crproxy_proxy::server::serve_metrics(
+        listener,
+        metrics,
+        crproxy_proxy::health::Readiness::without_proxy(),
+        stopped,
+    );
+    Ok((stop, task))
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -73,10 +73,126 @@ experimental:
 "#,
     )
     .expect("write");
+    std::fs::write(dir.path().join("target.kubeconfig"), KUBECONFIG).expect("write");
     let (ok, stdout, stderr) = crproxy(&["check-config", path.to_str().expect("utf8")]);
-    assert!(ok, "{stderr}");
+    assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("example.com/v1"), "{stdout}");
     assert!(stdout.contains("9100"), "{stdout}");
+}
+
+/// A kubeconfig `check-config` can use (nothing connects to it).
+const KUBECONFIG: &str = r#"
+apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: "https://127.0.0.1:7443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: abc}}]
+contexts: [{name: t, context: {cluster: t, user: u}}]
+current-context: t
+"#;
+
+/// The issue's broken file: several mistakes of different kinds, all reported in
+/// one run, each as `FILE:LINE:COLUMN: key: message`, in file order.
+#[test]
+fn check_config_reports_every_problem_with_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crproxy.yaml");
+    std::fs::write(
+        &path,
+        r#"client:
+  name: Client
+  project: default
+  kubeconfig: missing.kubeconfig
+proxy:
+  basePort: 9100
+  basePort: 9200
+  metricsAdress: 127.0.0.1:9090
+targets:
+  - name: target
+    kubeconfig: broken.kubeconfig
+    peers:
+      static: ["127.0.0.1:7443"]
+experimental:
+  proxy:
+    customResources:
+      widgets.example.com/v1:
+        enabled: true
+        targetVirtualCluster: {name: other}
+"#,
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("broken.kubeconfig"), "clusters: [oops\n").expect("write");
+    let file = path.to_str().expect("utf8");
+    let (ok, stdout, stderr) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let expected = [
+        ("2:3", "client.name", "\"Client\" is not a valid name"),
+        (
+            "4:3",
+            "client.kubeconfig",
+            "missing.kubeconfig does not exist",
+        ),
+        (
+            "7:3",
+            "proxy.basePort",
+            "written twice in the same mapping (also on line 6)",
+        ),
+        ("8:3", "proxy.metricsAdress", "unknown key"),
+        (
+            "11:5",
+            "targets[0].kubeconfig",
+            "broken.kubeconfig is not a kubeconfig",
+        ),
+        (
+            "19:9",
+            "experimental.proxy.customResources[\"widgets.example.com/v1\"].targetVirtualCluster",
+            "no entry in targets has name \"other\"",
+        ),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stdout}");
+    for (line, (position, key, fragment)) in lines.iter().zip(expected) {
+        let prefix = format!("{file}:{position}: {key}: ");
+        assert!(
+            line.starts_with(&prefix),
+            "{line:?} should start with {prefix:?}"
+        );
+        assert!(line.contains(fragment), "{line:?} lacks {fragment:?}");
+    }
+    assert_eq!(
+        stderr.trim(),
+        format!("crproxy: {file}: 6 configuration error(s)")
+    );
+}
+
+/// A syntax error: where the mistake is, in crproxy's words, with no empty key
+/// and no parser advice; a duplicate key is a configuration error like any other.
+#[test]
+fn check_config_reports_yaml_mistakes_in_its_own_words() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crproxy.yaml");
+    let file = path.to_str().expect("utf8");
+    std::fs::write(
+        &path,
+        "client: {name: client, project: default\nproxy: {}\n",
+    )
+    .expect("write");
+    let (ok, stdout, stderr) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    assert_eq!(
+        stdout.trim_end(),
+        format!("{file}:1:9: invalid YAML: this '{{' is never closed; add the '}}'")
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    std::fs::write(&path, "client:\n  name: a\n  name: b\n").expect("write");
+    let (ok, stdout, _) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    assert!(
+        stdout.contains(&format!("\n{file}:3:3: client.name: is written twice")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("DuplicateKeyPolicy"), "{stdout}");
+    assert!(!stdout.contains(": : "), "no empty key: {stdout}");
 }
 
 #[test]
@@ -103,6 +219,7 @@ fn dev_starts_with_a_relative_directory() {
         .args(["dev", "--dir", "rel/dev"])
         .args(["--target-port", &free(), "--client-port", &free()])
         .args(["--proxy-port", &free(), "--metrics-port", &free()])
+        .args(["--host-port", &free(), "--sync-metrics-port", &free()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -110,7 +227,9 @@ fn dev_starts_with_a_relative_directory() {
     let mut child = test_support::KillOnDrop(child);
     let dev_json = dir.path().join("rel/dev/dev.json");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !dev_json.exists() {
+    // The host entry is written last, once the sync has started too.
+    let ready = || std::fs::read_to_string(&dev_json).is_ok_and(|t| t.contains("\"host\""));
+    while !ready() {
         if let Ok(Some(status)) = child.try_wait() {
             let mut stderr = String::new();
             if let Some(mut pipe) = child.stderr.take() {
@@ -130,4 +249,81 @@ fn dev_starts_with_a_relative_directory() {
         .status();
     let status = child.wait().expect("wait");
     assert!(status.success(), "clean shutdown on Ctrl-C: {status}");
+}
+
+/// `--human-logs` into a pipe or a file: plain text, no colour codes.
+#[test]
+fn human_logs_have_no_colour_codes_off_a_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["--human-logs", "devcluster", "--port", "0", "--data-dir"])
+        .arg(dir.path().join("cluster"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut child = test_support::KillOnDrop(child);
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines, first_line) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(stderr).read_line(&mut first);
+        let _ = lines.send(first);
+    });
+    // The first line is the "devcluster started" record.
+    let first = first_line
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("a log line within 30s");
+    let _ = child.kill();
+    assert!(first.contains("devcluster started"), "{first:?}");
+    assert!(
+        !first.contains('\u{1b}'),
+        "colour codes in a pipe: {first:?}"
+    );
+}
+
+/// The README's documentation list links every document in docs/.
+#[test]
+fn readme_links_every_document() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let mut documents: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .collect();
+    documents.sort();
+    assert!(!documents.is_empty());
+    for name in documents {
+        assert!(
+            readme.contains(&format!("](docs/{name})")),
+            "README.md does not link docs/{name}"
+        );
+    }
+}
+
+/// A failure whose cause the message already quotes names the cause once.
+#[test]
+fn a_busy_port_is_named_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let data_dir = dir.path().join("cluster");
+    let (ok, _, stderr) = crproxy(&[
+        "devcluster",
+        "--port",
+        &port,
+        "--data-dir",
+        data_dir.to_str().expect("utf8"),
+    ]);
+    assert!(!ok);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("Address already in use").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
 }

@@ -26,6 +26,7 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     let target = start("target").await?;
     let client_kubeconfig = dir.path().join("client.kubeconfig");
     std::fs::write(&client_kubeconfig, client.admin_kubeconfig())?;
+    let metrics_port = crproxy::devenv::free_port()?;
     let link = Link::prepare(LinkSpec {
         dir: dir.path().join("link"),
         client_name: "client".into(),
@@ -35,7 +36,7 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
         target_peers: vec![target.addr()],
         resource: ProxiedResource::example(),
         proxy_port: 0,
-        metrics_port: 0,
+        metrics_port,
         persistent: false,
     })
     .await?;
@@ -57,6 +58,10 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
         .get("/apis/example.com/v1/namespaces/default/widgets")
         .await?;
     assert_eq!(listed["kind"], "WidgetList");
+    // Trust loaded and peers listed: ready.
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    assert_eq!(http_get(&metrics, "/readyz")?, (200, "ok".to_string()));
+    assert_eq!(http_get(&metrics, "/healthz")?, (200, "ok".to_string()));
 
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -78,6 +83,16 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     assert!(stderr.contains("Starting proxy server"), "{stderr}");
     assert!(stderr.contains("Starting target transport"), "{stderr}");
     assert!(stderr.contains("Connected to target"), "{stderr}");
+    // Every line is one JSON object whose `target` key is the spec's field (the
+    // target cluster), never also the module path.
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(line.matches("\"target\":").count() <= 1, "{line}");
+        let parsed: serde_json::Value = serde_json::from_str(line)?;
+        assert!(parsed["logger"].is_string(), "{line}");
+        if parsed["message"] == "Starting proxy server" {
+            assert_eq!(parsed["target"], "default/target", "{line}");
+        }
+    }
     // The lease was handed back so another replica can lead at once.
     let lease = api
         .get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/crproxy-client")
@@ -161,6 +176,92 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     Ok(())
 }
 
+/// Neither cluster reachable: the process runs, but `/readyz` and `/healthz`
+/// answer 503 and say why; `/livez` says it is alive.
+#[test]
+fn run_is_not_ready_while_neither_cluster_is_reachable() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let nobody = closed.local_addr()?;
+    drop(closed);
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\n\
+         clusters: [{{name: c, cluster: {{server: \"https://{nobody}\", insecure-skip-tls-verify: true}}}}]\n\
+         users: [{{name: u, user: {{token: t}}}}]\n\
+         contexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n"
+    );
+    std::fs::write(dir.path().join("cluster.kubeconfig"), kubeconfig)?;
+    let metrics_port = crproxy::devenv::free_port()?;
+    let proxy_port = crproxy::devenv::free_port()?;
+    let config = dir.path().join("crproxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "client: {{name: client, project: default, kubeconfig: cluster.kubeconfig}}\n\
+             proxy: {{basePort: {proxy_port}, metricsAddress: \"127.0.0.1:{metrics_port}\"}}\n\
+             targets:\n  - name: target\n    kubeconfig: cluster.kubeconfig\n    peers: {{file: peers.yaml}}\n\
+             experimental:\n  proxy:\n    customResources:\n      widgets.example.com/v1:\n        enabled: true\n        targetVirtualCluster: {{name: target}}\n"
+        ),
+    )?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr_reader = drain(child.stderr.take());
+    let mut child = test_support::KillOnDrop(child);
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let livez = loop {
+        if let Ok(answer) = http_get(&metrics, "/livez") {
+            break answer;
+        }
+        ensure!(child.try_wait()?.is_none(), "crproxy run exited");
+        ensure!(std::time::Instant::now() < deadline, "no metrics listener");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(livez, (200, "ok".to_string()));
+    for path in ["/readyz", "/healthz"] {
+        let (code, body) = http_get(&metrics, path)?;
+        assert_eq!(code, 503, "{path}: {body}");
+        assert!(
+            body.contains("front-proxy trust not loaded"),
+            "{path}: {body}"
+        );
+        assert!(
+            body.contains("no target's peer cache has synced yet (targets: default/target)"),
+            "{path}: {body}"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = stderr_reader.join();
+    Ok(())
+}
+
+/// `GET path` over plain HTTP/1.1: the status code and body.
+fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP response: {response:?}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
+    Ok((code, body.to_string()))
+}
+
 /// Reads a child's stderr as it is written, so a chatty child never blocks on a
 /// full pipe; the text is returned when the child closes it.
 fn drain(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
@@ -172,4 +273,49 @@ fn drain(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<Str
         }
         text
     })
+}
+
+/// When an APIService never turns Available, the error carries the aggregator's
+/// reason and message, which say what to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_availability_reports_the_aggregators_reason() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = devcluster::start(devcluster::DevClusterConfig {
+        name: "client".into(),
+        data_dir: None,
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port: 0,
+    })
+    .await?;
+    let api = admin_client(&client)?;
+    api.create(
+        "/apis/apiregistration.k8s.io/v1/apiservices",
+        &serde_json::json!({
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1.example.com"},
+            "spec": {
+                "group": "example.com", "version": "v1",
+                "groupPriorityMinimum": 1000, "versionPriority": 15,
+                "insecureSkipTLSVerify": true,
+                "service": {"namespace": "kube-system", "name": "nowhere", "port": 443}
+            }
+        }),
+    )
+    .await?;
+    let error = wait_for_available(
+        &api,
+        "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com",
+        Duration::from_secs(2),
+    )
+    .await
+    .expect_err("no Service behind it");
+    let text = error.to_string();
+    assert!(
+        text.contains("did not become Available within 2s"),
+        "{text}"
+    );
+    assert!(text.contains("(ServiceNotFound: service/nowhere"), "{text}");
+    client.shutdown().await;
+    Ok(())
 }

@@ -34,8 +34,9 @@
 //! # Controllers
 //!
 //! [`Aggregator::spawn_controllers`] keeps each APIService's `Available` condition
-//! (every 30 s and on every store change) and fetches backend discovery (every 60 s
-//! and on change) so `/apis` lists proxied groups: [`Aggregator::discovery_groups`]
+//! (every 30 s, on every store change, and after a failed discovery check with a
+//! backoff doubling from 5 ms, as kube's work queue retries) and fetches backend
+//! discovery (every 60 s, on change, and once an APIService turns Available) so `/apis` lists proxied groups: [`Aggregator::discovery_groups`]
 //! (legacy APIGroupList entries) and [`Aggregator::aggregated_discovery`]
 //! (apidiscovery.k8s.io/v2 APIGroupDiscovery entries).
 
@@ -200,10 +201,16 @@ impl Aggregator {
             let mut changed = this.view.changed();
             let mut availability = tokio::time::interval(AVAILABILITY_INTERVAL);
             let mut discovery = tokio::time::interval(DISCOVERY_INTERVAL);
+            let mut retries = RetryBackoff::default();
             loop {
+                let retry = retries.next_retry();
                 tokio::select! {
-                    _ = availability.tick() => this.check_availability().await,
-                    _ = discovery.tick() => this.refresh_discovery().await,
+                    _ = availability.tick() => {}
+                    _ = sleep_until_some(retry) => {}
+                    _ = discovery.tick() => {
+                        this.refresh_discovery().await;
+                        continue;
+                    }
                     event = changed.recv() => {
                         if let Err(tokio::sync::broadcast::error::RecvError::Closed) = event {
                             // The store is gone: keep the periodic checks only.
@@ -213,10 +220,13 @@ impl Aggregator {
                         }
                         // Coalesce bursts of store events into one pass.
                         while changed.try_recv().is_ok() {}
-                        this.check_availability().await;
-                        this.refresh_changed_discovery().await;
                     }
                 }
+                let failing = this.availability_pass().await;
+                retries.record(failing);
+                // An APIService that just turned Available has no current discovery
+                // yet: kube's discovery manager reacts to that status change too.
+                this.refresh_changed_discovery().await;
             }
         })
     }
@@ -576,11 +586,28 @@ impl Aggregator {
 
     /// One pass of the availability controller over every APIService.
     pub async fn check_availability(&self) {
+        self.availability_pass().await;
+    }
+
+    /// [`Aggregator::check_availability`], returning the APIServices whose
+    /// backend failed its discovery check (those kube's work queue retries).
+    async fn availability_pass(&self) -> Vec<String> {
         let apiservices = self.view.apiservices();
         // Concurrently: one silent backend must not delay the others by its timeout.
         let results =
             futures_util::future::join_all(apiservices.iter().map(|a| self.availability_of(a)))
                 .await;
+        let failing = apiservices
+            .iter()
+            .zip(&results)
+            .filter(|(_, (available, reason, _))| !available && reason == "FailedDiscoveryCheck")
+            .map(|(a, _)| {
+                a["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
         for (apiservice, (available, reason, message)) in apiservices.into_iter().zip(results) {
             let name = apiservice["metadata"]["name"]
                 .as_str()
@@ -620,6 +647,7 @@ impl Aggregator {
             self.view
                 .set_apiservice_status(&name, json!({"conditions": conditions}));
         }
+        failing
     }
 
     async fn availability_of(&self, apiservice: &Value) -> (bool, String, String) {
@@ -1035,6 +1063,50 @@ fn compare_kube_versions(a: &str, b: &str) -> std::cmp::Ordering {
         }
     }
     key(a).cmp(&key(b))
+}
+
+/// When to re-check availability after failed discovery checks. kube's
+/// availability controller returns the failure to its work queue, which retries
+/// the APIService after a per-item delay doubling from 5 ms; without that a
+/// backend that was down at the first check (a restarted proxy whose APIService
+/// survived in the store) would wait for the 30 s resync. Passes check every
+/// APIService, so the next retry is due for the one with the fewest failures.
+#[derive(Debug, Default)]
+struct RetryBackoff {
+    failures: HashMap<String, u32>,
+    next: Option<tokio::time::Instant>,
+}
+
+impl RetryBackoff {
+    const BASE: Duration = Duration::from_millis(5);
+
+    fn record(&mut self, failing: Vec<String>) {
+        let mut failures = HashMap::new();
+        for name in failing {
+            let count = self.failures.get(&name).copied().unwrap_or(0) + 1;
+            failures.insert(name, count);
+        }
+        self.failures = failures;
+        self.next = self.failures.values().min().map(|&count| {
+            // Beyond the resync interval the periodic pass retries anyway.
+            let delay = Self::BASE
+                .saturating_mul(1 << count.saturating_sub(1).min(20))
+                .min(AVAILABILITY_INTERVAL);
+            tokio::time::Instant::now() + delay
+        });
+    }
+
+    fn next_retry(&self) -> Option<tokio::time::Instant> {
+        self.next
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 fn is_available(apiservice: &Value) -> bool {

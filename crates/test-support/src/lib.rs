@@ -8,6 +8,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod tool;
+
 use devcluster::{DevCluster, DevClusterConfig};
 use serde_json::Value;
 use std::path::{Path, PathBuf};

@@ -213,7 +213,7 @@ sync:
         c.targets[2].peers.source(),
         Some(PeerSource::File("/etc/peers.yaml".into()))
     );
-    assert!(c.sync.is_some());
+    assert!(!c.sync.any_enabled());
     assert_eq!(plan.group_versions[0].port, 9200);
     assert_eq!(
         plan.group_versions[0].target,
@@ -288,6 +288,13 @@ fn parse_errors() {
             vec![
                 ("x", "unknown key"),
                 ("targets", "expected a list, found a mapping"),
+                (
+                    leak(format!(
+                        "{}.targetVirtualCluster",
+                        cr("widgets.example.com/v1")
+                    )),
+                    "no entry in targets has name",
+                ),
             ],
         ),
         (
@@ -551,4 +558,148 @@ mod properties {
             }
         }
     }
+}
+
+/// Reading problems (unknown keys, wrong types, duplicates) do not stop the rules:
+/// one run reports everything, and a key with a reading problem is not reported
+/// again by a rule.
+#[test]
+fn every_problem_is_reported_in_one_run() {
+    let yaml = edit("  name: client", "  name: 12\n  nmae: x").replace(
+        "proxy: {}",
+        "proxy: {basePort: 9100, basePort: 9200, metricsAddress: nowhere}",
+    );
+    let errors = load(&yaml).expect_err("invalid");
+    let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    let keys: Vec<&str> = errors.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "proxy.basePort",
+            "client.nmae",
+            "client.name",
+            "proxy.metricsAddress"
+        ],
+        "{shown:#?}"
+    );
+    assert!(errors[0].message.contains("written twice"), "{shown:#?}");
+    assert!(
+        errors[2].message.contains("expected a string"),
+        "not also 'is required': {shown:#?}"
+    );
+    // The later duplicate is the one used.
+    let (config, _) = load(&BASE.replace("proxy: {}", "proxy: {basePort: 9100}")).expect("valid");
+    assert_eq!(config.proxy.base_port, 9100);
+    let source = SourceMap::build(&yaml).expect("yaml");
+    assert_eq!(source.duplicates().len(), 1);
+}
+
+/// Where each key path is written, spelled as the errors spell it.
+#[test]
+fn positions_of_key_paths() {
+    let source = SourceMap::build(BASE).expect("yaml");
+    let w = cr("widgets.example.com/v1");
+    for (key, line, column) in [
+        ("client", 2, 1),
+        ("client.name", 3, 3),
+        ("client.project", 4, 3),
+        ("targets[0]", 7, 5),
+        ("targets[0].name", 7, 5),
+        ("targets[0].kubeconfig", 8, 5),
+        ("targets[0].peers.static[0]", 10, 16),
+        ("experimental.proxy.customResources", 13, 5),
+        (&w, 14, 7),
+        (&format!("{w}.enabled"), 15, 9),
+        (&format!("{w}.targetVirtualCluster.name"), 16, 32),
+        // Missing keys are reported where their parent is written.
+        ("client.kubeconfig", 2, 1),
+        (&format!("{w}.accessResources"), 14, 7),
+        ("targets[3].name", 6, 1),
+        // Keys outside the file point at its start.
+        (
+            "sync.toHost.customResources[\"backups.example.org/v1\"].scope",
+            1,
+            1,
+        ),
+        ("", 1, 1),
+    ] {
+        assert_eq!(source.locate(key), Position { line, column }, "{key}");
+    }
+}
+
+/// Syntax errors point at the mistake and say what to do, in crproxy's words.
+#[test]
+fn yaml_syntax_errors_point_at_the_mistake() {
+    for (yaml, line, column, fragment) in [
+        (
+            "client:\n  name: client\n  project default\nproxy: {}\n",
+            3,
+            3,
+            "must be followed by ':'",
+        ),
+        (
+            "client:\n  name: \"client\n  project: default\n",
+            2,
+            9,
+            "quoted string is never closed",
+        ),
+        (
+            "client: {name: client\nproxy: {}\n",
+            1,
+            9,
+            "this '{' is never closed",
+        ),
+        (
+            "targets:\n  - name: a\n    peers: {static: [\"a:1\"}\n",
+            3,
+            21,
+            "does not match",
+        ),
+        (
+            "targets:\n  - name: a\n  kubeconfig: x\n",
+            3,
+            3,
+            "not indented like the list items",
+        ),
+        (
+            "client:\n\tname: a\n",
+            2,
+            2,
+            "YAML indentation must be spaces",
+        ),
+        ("client: {}\n---\nproxy: {}\n", 2, 1, "second YAML document"),
+    ] {
+        let error = SourceMap::build(yaml).expect_err(yaml);
+        assert_eq!(
+            error.position,
+            Position { line, column },
+            "{yaml:?}: {error}"
+        );
+        assert!(error.message.contains(fragment), "{yaml:?}: {error}");
+        let errors = load(yaml).expect_err(yaml);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].key, "", "no key for a syntax error");
+        let shown = errors[0].to_string();
+        assert!(shown.starts_with("invalid YAML at line"), "{shown}");
+        assert!(!shown.contains('\n'), "one line: {shown}");
+    }
+}
+
+#[test]
+fn a_key_written_twice_is_a_config_error_not_parser_advice() {
+    let yaml = edit("  project: default", "  project: default\n  name: other");
+    let errors = load(&yaml).expect_err("duplicate");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].key, "client.name");
+    assert!(
+        errors[0].message.contains("also on line 3"),
+        "{}",
+        errors[0]
+    );
+    assert!(!errors[0].message.contains("DuplicateKeyPolicy"));
+    let source = SourceMap::build(&yaml).expect("yaml");
+    assert_eq!(
+        source.locate("client.name"),
+        Position { line: 5, column: 3 }
+    );
 }

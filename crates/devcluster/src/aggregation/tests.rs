@@ -67,6 +67,11 @@ fn resource_list(group: &str) -> Value {
 /// Starts the backend for `group`. `aggregated`: answer `/apis` with aggregated
 /// discovery (else with a legacy APIGroupList, forcing the fallback).
 async fn start_backend(pki: &Pki, group: &'static str, aggregated: bool) -> Backend {
+    start_backend_at(pki, group, aggregated, "127.0.0.1:0").await
+}
+
+/// [`start_backend`] on a chosen address (a backend that comes up late).
+async fn start_backend_at(pki: &Pki, group: &'static str, aggregated: bool, addr: &str) -> Backend {
     let server_pem = pki
         .serving_ca
         .issue_server(
@@ -104,7 +109,7 @@ async fn start_backend(pki: &Pki, group: &'static str, aggregated: bool) -> Back
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = TcpListener::bind(addr).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(StdMutex::new(Vec::new()));
     let release_watch = Arc::new(Notify::new());
@@ -872,6 +877,66 @@ async fn controllers_react_to_changes() {
         assert_eq!(
             s.view.condition("v1.example.com")["reason"],
             "ServiceNotFound"
+        );
+        handle.abort();
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// A backend that is down when the controllers start (a restarted proxy whose
+/// APIService survived in the store) is found again by the retries kube's work
+/// queue makes after a failed check — well before the 30 s resync — and its
+/// discovery is fetched as soon as it is Available, with no store change at all.
+#[tokio::test]
+async fn a_backend_that_starts_late_is_found_without_a_store_change() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let pki = pki();
+        let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = closed.local_addr().expect("addr");
+        drop(closed);
+        let view = FakeView::new();
+        view.add_apiservice("example.com", Some(("ns1", "widgets")), &pki.serving_ca);
+        view.set_external_service("ns1", "widgets", addr.port());
+        let client_pem = pki
+            .front_proxy_ca
+            .issue_client(FRONT_PROXY_CLIENT_NAME, &[])
+            .expect("client cert");
+        let agg = Aggregator::new(view.clone(), client_pem).expect("aggregator");
+        let handle = agg.spawn_controllers();
+        for _ in 0..100 {
+            if view.condition("v1.example.com")["reason"] == "FailedDiscoveryCheck" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let cond = view.condition("v1.example.com");
+        assert!(
+            cond["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("connection refused"),
+            "{cond}"
+        );
+        let _backend = start_backend_at(&pki, "example.com", false, &addr.to_string()).await;
+        // Bounded: 8 s is far below the 30 s resync the fix must not rely on.
+        let mut listed = false;
+        for _ in 0..400 {
+            listed = view.condition("v1.example.com")["status"] == "True"
+                && agg
+                    .aggregated_discovery()
+                    .iter()
+                    .any(|g| g["metadata"]["name"] == "example.com");
+            if listed {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            listed,
+            "still {} and discovery {:?}",
+            view.condition("v1.example.com"),
+            agg.aggregated_discovery()
         );
         handle.abort();
     })

@@ -1,0 +1,41 @@
+use thiserror::Error;
+
+/// Why the sync could not start or a sync step failed.
+#[derive(Debug, Error)]
+pub enum SyncError {
+    /// A kubeconfig could not be read or used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The kube client could not be built from a kubeconfig.
+    #[error("kubeconfig {path}: {source}")]
+    Client {
+        path: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A synced type cannot be used: the host does not serve it, or not as configured.
+    /// The message names the type and says what to do.
+    #[error("{key}: {message}")]
+    Resolution { key: String, message: String },
+    /// A Kubernetes API call failed.
+    #[error("{action}: {source}")]
+    Api {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The Lease client for leader election could not be built.
+    #[error("leader election: {0}")]
+    Leader(String),
+}
+
+impl SyncError {
+    pub(crate) fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> SyncError {
+        let action = action.into();
+        move |source| SyncError::Api { action, source }
+    }
+}

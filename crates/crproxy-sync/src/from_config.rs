@@ -1,0 +1,89 @@
+//! Starting the sync the way `crproxy run` does: from the configuration file, with
+//! leader election on a Lease in the tenant cluster.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crproxy_core::config::{sync, Config};
+use crproxy_wiring::{LeaderElector, LeaseConfig};
+
+use crate::run::{start, SyncHandle, SyncOptions, DEFAULT_RESYNC};
+use crate::{SyncError, SyncMetrics};
+
+/// The Lease the sync replicas of one tenant elect their leader with, in the tenant's
+/// `kube-system`. Separate from the proxy's registration Lease, so the proxy and the
+/// sync can run in different processes.
+pub fn lease_name(tenant: &str) -> String {
+    crproxy_core::names::shorten_with_hash(&format!("crproxy-sync-{tenant}"))
+}
+
+/// Lease timings: a standby takes over at most `LEASE_DURATION` after the leader
+/// stops renewing.
+pub const LEASE_DURATION: Duration = Duration::from_secs(15);
+
+fn resolve(base: &Path, path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    if p.is_absolute() {
+        p
+    } else {
+        base.join(p)
+    }
+}
+
+/// Starts the sync of a validated configuration, or returns `None` when no sync entry
+/// is enabled. `identity` prefixes this replica's Lease holder identity.
+pub async fn start_from_config(
+    config: &Config,
+    base_dir: &Path,
+    metrics: Arc<SyncMetrics>,
+    identity: &str,
+    lease_duration: Duration,
+) -> Result<Option<SyncHandle>, SyncError> {
+    let plan = match sync::validate(config) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Ok(None),
+        Err(errors) => {
+            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            return Err(SyncError::Resolution {
+                key: "sync".into(),
+                message: lines.join("; "),
+            });
+        }
+    };
+    let tenant_kubeconfig = config
+        .client
+        .kubeconfig
+        .as_deref()
+        .map(|p| resolve(base_dir, p));
+    let cluster = match &tenant_kubeconfig {
+        Some(path) => crproxy_kube::Kubeconfig::load(path)
+            .and_then(|kc| crproxy_kube::ClusterConfig::from_kubeconfig(&kc, None)),
+        None => crproxy_kube::ClusterConfig::in_cluster(),
+    }
+    .map_err(|e| SyncError::Leader(format!("tenant cluster: {e}")))?;
+    let lease_client =
+        crproxy_kube::Client::new(cluster).map_err(|e| SyncError::Leader(e.to_string()))?;
+    let leader = LeaderElector::spawn(
+        lease_client,
+        LeaseConfig {
+            namespace: "kube-system".into(),
+            name: lease_name(&plan.tenant),
+            identity: format!("{identity}-{}", crproxy_wiring::default_identity()),
+            lease_duration,
+            renew_interval: lease_duration / 5,
+            retry_interval: (lease_duration / 7).max(Duration::from_millis(200)),
+        },
+    );
+    let host_kubeconfig = resolve(base_dir, &plan.host_kubeconfig);
+    start(SyncOptions {
+        plan,
+        host_kubeconfig,
+        tenant_kubeconfig,
+        leader,
+        metrics,
+        resync: DEFAULT_RESYNC,
+    })
+    .await
+    .map(Some)
+}

@@ -1,0 +1,421 @@
+//! The fromHost syncer: host objects copied into the tenant.
+//!
+//! Work is keyed by the tenant copy's `(namespace, name)`; cluster-scoped types use the
+//! same name on both sides, namespaced ones go through `mappings.byName`.
+//!
+//! | host object | tenant object | step |
+//! |---|---|---|
+//! | exists | missing | create the copy (also after a tenant deleted it) |
+//! | exists | exists | three-way merge: the host's changed fields overwrite, tenant edits of other fields stay |
+//! | missing (confirmed live) | exists | delete it: a copy of a deleted host object, or created in the tenant |
+//!
+//! Host objects that are toHost mirrors of some tenant (they carry the `managed-by`
+//! label) are skipped. The copy keeps the host fields as last synced in an annotation:
+//! the base of the merge.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crproxy_core::config::sync::{Mapping, Scope, SyncResource};
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde_json::{json, Map, Value};
+
+use crate::crd::ResolvedType;
+use crate::merge::three_way;
+use crate::names;
+use crate::run::{ensure_namespace, Key, Outcome, Reconciler, StepError};
+use crate::to_host::{from_value, is_code, to_value};
+use crate::SyncMetrics;
+
+/// One fromHost type.
+pub struct FromHost {
+    pub ty: ResolvedType,
+    pub tenant_client: kube::Client,
+    pub host_client: kube::Client,
+    pub tenant_store: Store<DynamicObject>,
+    /// One cache per watched host namespace (`None`: cluster-scoped, all).
+    pub host_stores: Vec<(Option<String>, Store<DynamicObject>)>,
+    pub metrics: Arc<SyncMetrics>,
+}
+
+/// The synced fields of an object: everything but `apiVersion`, `kind` and `metadata`.
+pub fn fields(object: &Value) -> Value {
+    let mut out = Map::new();
+    if let Some(m) = object.as_object() {
+        for (k, v) in m {
+            if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// The tenant key of a host object, `None` when no mapping covers it.
+pub fn tenant_key(
+    resource: &SyncResource,
+    host_namespace: Option<&str>,
+    host_name: &str,
+) -> Option<Key> {
+    if resource.scope == Scope::Cluster {
+        return Some(Key {
+            namespace: String::new(),
+            name: host_name.to_owned(),
+        });
+    }
+    let host_namespace = host_namespace?;
+    // An exact object mapping wins over its namespace's wildcard.
+    let exact = resource.mappings.iter().find_map(|m| match m {
+        Mapping::Object {
+            host_namespace: hn,
+            host_name: n,
+            tenant_namespace,
+            tenant_name,
+        } if hn == host_namespace && n == host_name => Some(Key {
+            namespace: tenant_namespace.clone(),
+            name: tenant_name.clone(),
+        }),
+        _ => None,
+    });
+    exact.or_else(|| {
+        resource.mappings.iter().find_map(|m| match m {
+            Mapping::Namespace {
+                host_namespace: hn,
+                tenant_namespace,
+            } if hn == host_namespace => Some(Key {
+                namespace: tenant_namespace.clone(),
+                name: host_name.to_owned(),
+            }),
+            _ => None,
+        })
+    })
+}
+
+/// The host `(namespace, name)` a tenant key is a copy of, `None` when unmapped.
+pub fn host_key(resource: &SyncResource, key: &Key) -> Option<(Option<String>, String)> {
+    if resource.scope == Scope::Cluster {
+        return Some((None, key.name.clone()));
+    }
+    let exact = resource.mappings.iter().find_map(|m| match m {
+        Mapping::Object {
+            host_namespace,
+            host_name,
+            tenant_namespace,
+            tenant_name,
+        } if *tenant_namespace == key.namespace && *tenant_name == key.name => {
+            Some((Some(host_namespace.clone()), host_name.clone()))
+        }
+        _ => None,
+    });
+    exact.or_else(|| {
+        resource.mappings.iter().find_map(|m| match m {
+            Mapping::Namespace { host_namespace, tenant_namespace } if *tenant_namespace == key.namespace => {
+                // Objects mapped one by one elsewhere are not also copied under their
+                // own name.
+                let taken = resource.mappings.iter().any(|o| matches!(o,
+                    Mapping::Object { host_namespace: hn, host_name, .. } if hn == host_namespace && *host_name == key.name));
+                (!taken).then(|| (Some(host_namespace.clone()), key.name.clone()))
+            }
+            _ => None,
+        })
+    })
+}
+
+/// The tenant copy for `host` given the tenant's current object (if any): host
+/// metadata labels, the three-way merged fields, and the bookkeeping annotations.
+pub fn desired_copy(ty: &ResolvedType, key: &Key, host: &Value, tenant: Option<&Value>) -> Value {
+    let host_fields = fields(host);
+    let merged = match tenant {
+        Some(t) => {
+            let base: Option<Value> = t["metadata"]["annotations"][names::LAST_HOST_STATE]
+                .as_str()
+                .and_then(|s| serde_json::from_str(s).ok());
+            three_way(base.as_ref(), Some(&host_fields), Some(&fields(t))).unwrap_or(json!({}))
+        }
+        None => host_fields.clone(),
+    };
+    let mut annotations: Map<String, Value> = tenant
+        .and_then(|t| t["metadata"]["annotations"].as_object().cloned())
+        .unwrap_or_default();
+    annotations.insert(
+        names::LAST_HOST_STATE.into(),
+        json!(host_fields.to_string()),
+    );
+    annotations.insert(
+        names::OBJECT_HOST_NAME.into(),
+        host["metadata"]["name"].clone(),
+    );
+    if let Some(ns) = host["metadata"]["namespace"].as_str() {
+        annotations.insert(names::OBJECT_HOST_NAMESPACE.into(), json!(ns));
+    }
+    let mut metadata = json!({
+        "name": key.name,
+        "labels": host["metadata"]["labels"].as_object().cloned().unwrap_or_default(),
+        "annotations": annotations,
+    });
+    if !key.namespace.is_empty() {
+        metadata["namespace"] = json!(key.namespace);
+    }
+    if let Some(t) = tenant {
+        metadata["resourceVersion"] = t["metadata"]["resourceVersion"].clone();
+        metadata["uid"] = t["metadata"]["uid"].clone();
+    }
+    let mut out = merged.as_object().cloned().unwrap_or_default();
+    out.insert("apiVersion".into(), json!(ty.api.api_version));
+    out.insert("kind".into(), json!(ty.api.kind));
+    out.insert("metadata".into(), metadata);
+    Value::Object(out)
+}
+
+/// Whether the copy must be written: fields, labels or bookkeeping differ.
+fn copy_differs(desired: &Value, current: &Value) -> bool {
+    fields(desired) != fields(current)
+        || desired["metadata"]["labels"] != current["metadata"]["labels"]
+        || desired["metadata"]["annotations"] != current["metadata"]["annotations"]
+}
+
+impl FromHost {
+    /// The host namespaces to watch (`[None]` for a cluster-scoped type).
+    pub fn host_namespaces(resource: &SyncResource) -> Vec<Option<String>> {
+        if resource.scope == Scope::Cluster {
+            return vec![None];
+        }
+        let mut out: Vec<Option<String>> = resource
+            .mappings
+            .iter()
+            .map(|m| match m {
+                Mapping::Namespace { host_namespace, .. }
+                | Mapping::Object { host_namespace, .. } => Some(host_namespace.clone()),
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn tenant_api(&self, key: &Key) -> Api<DynamicObject> {
+        if key.namespace.is_empty() {
+            Api::all_with(self.tenant_client.clone(), &self.ty.api)
+        } else {
+            Api::namespaced_with(self.tenant_client.clone(), &key.namespace, &self.ty.api)
+        }
+    }
+
+    fn host_api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.host_client.clone(), ns, &self.ty.api),
+            None => Api::all_with(self.host_client.clone(), &self.ty.api),
+        }
+    }
+
+    fn host_cached(&self, namespace: Option<&str>, name: &str) -> Option<Arc<DynamicObject>> {
+        let (_, store) = self
+            .host_stores
+            .iter()
+            .find(|(ns, _)| ns.as_deref() == namespace)?;
+        let mut r = ObjectRef::new_with(name, self.ty.api.clone());
+        if let Some(ns) = namespace {
+            r = r.within(ns);
+        }
+        store.get(&r)
+    }
+
+    fn log(&self, key: &Key, host: &str, action: &'static str) {
+        tracing::info!(
+            resource = %self.ty.resource.key,
+            direction = "fromHost",
+            tenant_object = %shown(key),
+            host_object = %host,
+            action,
+            "synced"
+        );
+        self.metrics
+            .synced(&self.ty.resource.key, "fromHost", action);
+    }
+
+    async fn reconcile_key(&self, key: &Key) -> Result<Outcome, StepError> {
+        let host_ref = host_key(&self.ty.resource, key);
+        let host = host_ref
+            .as_ref()
+            .and_then(|(ns, name)| self.host_cached(ns.as_deref(), name))
+            .filter(|h| !is_mirror(h))
+            .map(|h| to_value(&h))
+            .transpose()?;
+        let mut r = ObjectRef::new_with(&key.name, self.ty.api.clone());
+        if !key.namespace.is_empty() {
+            r = r.within(&key.namespace);
+        }
+        let tenant = self
+            .tenant_store
+            .get(&r)
+            .map(|t| to_value(&t))
+            .transpose()?;
+        let host_shown = host_ref
+            .as_ref()
+            .map(|(ns, n)| match ns {
+                Some(ns) => format!("{ns}/{n}"),
+                None => n.clone(),
+            })
+            .unwrap_or_else(|| "-".into());
+        match (host, tenant) {
+            (None, None) => Ok(Outcome::Done),
+            (None, Some(tenant)) => {
+                if !tenant["metadata"]["deletionTimestamp"].is_null() {
+                    return Ok(Outcome::Done);
+                }
+                // Confirm live that the host object is gone before deleting.
+                if let Some((ns, name)) = &host_ref {
+                    if let Some(live) = self.host_api(ns.as_deref()).get_opt(name).await? {
+                        if !is_mirror(&live) {
+                            return Ok(Outcome::Requeue(Duration::from_millis(500)));
+                        }
+                    }
+                }
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: tenant["metadata"]["uid"].as_str().map(str::to_owned),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match self.tenant_api(key).delete(&key.name, &params).await {
+                    Ok(_) => {}
+                    Err(e) if is_code(&e, 404) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let copied = !tenant["metadata"]["annotations"][names::LAST_HOST_STATE].is_null();
+                self.log(
+                    key,
+                    &host_shown,
+                    if copied {
+                        "delete_tenant"
+                    } else {
+                        "delete_tenant_created"
+                    },
+                );
+                Ok(Outcome::Done)
+            }
+            (Some(host), None) => {
+                if !key.namespace.is_empty() {
+                    ensure_namespace(&self.tenant_client, &key.namespace).await?;
+                }
+                let desired = desired_copy(&self.ty, key, &host, None);
+                let object: DynamicObject = from_value(desired.clone())?;
+                let created = match self
+                    .tenant_api(key)
+                    .create(&PostParams::default(), &object)
+                    .await
+                {
+                    Ok(c) => c,
+                    Err(e) if is_code(&e, 409) => {
+                        return Ok(Outcome::Requeue(Duration::from_millis(200)))
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                self.log(key, &host_shown, "create_tenant");
+                self.write_status(key, &to_value(&created)?, &desired)
+                    .await?;
+                Ok(Outcome::Done)
+            }
+            (Some(host), Some(tenant)) => {
+                let desired = desired_copy(&self.ty, key, &host, Some(&tenant));
+                let mut current = tenant.clone();
+                if copy_differs(&desired, &tenant) {
+                    let object: DynamicObject = from_value(desired.clone())?;
+                    let replaced = self
+                        .tenant_api(key)
+                        .replace(&key.name, &PostParams::default(), &object)
+                        .await?;
+                    current = to_value(&replaced)?;
+                    self.log(key, &host_shown, "update_tenant");
+                }
+                self.write_status(key, &current, &desired).await?;
+                Ok(Outcome::Done)
+            }
+        }
+    }
+
+    /// With a status subresource, the main write ignores status: write it separately.
+    async fn write_status(
+        &self,
+        key: &Key,
+        current: &Value,
+        desired: &Value,
+    ) -> Result<(), StepError> {
+        if !self.ty.status_subresource || current["status"] == desired["status"] {
+            return Ok(());
+        }
+        let mut object = current.clone();
+        object["status"] = desired["status"].clone();
+        let object: DynamicObject = from_value(object)?;
+        self.tenant_api(key)
+            .replace_status(&key.name, &PostParams::default(), &object)
+            .await?;
+        Ok(())
+    }
+}
+
+fn shown(key: &Key) -> String {
+    if key.namespace.is_empty() {
+        key.name.clone()
+    } else {
+        format!("{}/{}", key.namespace, key.name)
+    }
+}
+
+fn is_mirror(object: &DynamicObject) -> bool {
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(names::MANAGED_BY))
+}
+
+impl Reconciler for FromHost {
+    fn resource(&self) -> &ResolvedType {
+        &self.ty
+    }
+
+    fn metrics(&self) -> &Arc<SyncMetrics> {
+        &self.metrics
+    }
+
+    fn key_of_tenant(&self, object: &DynamicObject) -> Option<Key> {
+        Some(Key {
+            namespace: object.metadata.namespace.clone().unwrap_or_default(),
+            name: object.metadata.name.clone()?,
+        })
+    }
+
+    fn key_of_host(&self, object: &DynamicObject) -> Option<Key> {
+        if is_mirror(object) {
+            return None;
+        }
+        tenant_key(
+            &self.ty.resource,
+            object.metadata.namespace.as_deref(),
+            object.metadata.name.as_deref()?,
+        )
+    }
+
+    fn all_keys(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = self
+            .tenant_store
+            .state()
+            .iter()
+            .filter_map(|o| self.key_of_tenant(o))
+            .collect();
+        for (_, store) in &self.host_stores {
+            keys.extend(store.state().iter().filter_map(|o| self.key_of_host(o)));
+        }
+        keys
+    }
+
+    async fn reconcile(&self, key: &Key) -> Result<Outcome, StepError> {
+        self.reconcile_key(key).await
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,117 @@
+//! Names, labels and annotations of synced objects: the to-host name translation,
+//! the identity annotations that say which tenant object a host mirror belongs to,
+//! and crproxy's own bookkeeping annotations on tenant objects.
+
+use std::collections::BTreeMap;
+
+use crproxy_core::names::shorten_with_hash;
+
+/// Tenant object name, on the host mirror.
+pub const OBJECT_NAME: &str = "vcluster.loft.sh/object-name";
+/// Tenant object namespace, on the host mirror.
+pub const OBJECT_NAMESPACE: &str = "vcluster.loft.sh/object-namespace";
+/// Tenant object uid, on the host mirror: with name and namespace, the identity that
+/// decides whether a host object belongs to a tenant object.
+pub const OBJECT_UID: &str = "vcluster.loft.sh/object-uid";
+/// Group, version and kind of the tenant object, on the host mirror.
+pub const OBJECT_KIND: &str = "vcluster.loft.sh/object-kind";
+/// The host object's name (on host mirrors and on fromHost copies).
+pub const OBJECT_HOST_NAME: &str = "vcluster.loft.sh/object-host-name";
+/// The host object's namespace (on host mirrors and on fromHost copies).
+pub const OBJECT_HOST_NAMESPACE: &str = "vcluster.loft.sh/object-host-namespace";
+/// The tenant that owns a host mirror.
+pub const MANAGED_BY: &str = "vcluster.loft.sh/managed-by";
+/// The tenant namespace of a host mirror's tenant object.
+pub const NAMESPACE_LABEL: &str = "vcluster.loft.sh/namespace";
+
+/// On a tenant object synced to the host: `<tenant object uid>/<mirror uid>`, written
+/// once its mirror exists (see [`mirror_record`]). A tenant object that carries its
+/// own record but whose mirror is gone had the mirror deleted on the host, which
+/// deletes the tenant object too; one without it was never mirrored.
+pub const MIRROR_UID: &str = "crproxy.dev/host-mirror";
+/// On a fromHost copy in the tenant: the host fields as last synced, in JSON, the
+/// base of the three-way merge that keeps tenant edits until the host changes them.
+pub const LAST_HOST_STATE: &str = "crproxy.dev/last-synced-host-state";
+
+/// Annotations never copied between clusters: bookkeeping of one side only.
+pub const NOT_COPIED: [&str; 3] = [
+    MIRROR_UID,
+    LAST_HOST_STATE,
+    "kubectl.kubernetes.io/last-applied-configuration",
+];
+
+/// The [`MIRROR_UID`] value for a tenant object and its mirror.
+pub fn mirror_record(tenant_uid: &str, mirror_uid: &str) -> String {
+    format!("{tenant_uid}/{mirror_uid}")
+}
+
+/// Longest label value Kubernetes accepts.
+const MAX_LABEL_VALUE: usize = 63;
+
+/// The host name of a tenant object: `<name>-x-<namespace>-x-<tenant>`, shortened to
+/// 63 characters with a stable hash suffix when longer.
+pub fn host_name(name: &str, namespace: &str, tenant: &str) -> String {
+    shorten_with_hash(&format!("{name}-x-{namespace}-x-{tenant}"))
+}
+
+/// The tenant name behind `host`, when `host` is an unshortened translation of an
+/// object in `namespace` (used to translate references back).
+pub fn tenant_name_of<'a>(host: &'a str, namespace: &str, tenant: &str) -> Option<&'a str> {
+    host.strip_suffix(&format!("-x-{namespace}-x-{tenant}"))
+        .filter(|name| !name.is_empty())
+}
+
+/// A label value: as is when it fits, else shortened with a hash suffix.
+pub fn label_value(value: &str) -> String {
+    if value.len() <= MAX_LABEL_VALUE {
+        value.to_owned()
+    } else {
+        shorten_with_hash(value)
+    }
+}
+
+/// The value of the `object-kind` annotation, `<group>/<version>, Kind=<kind>`.
+pub fn kind_annotation(api_version: &str, kind: &str) -> String {
+    format!("{api_version}, Kind={kind}")
+}
+
+/// The identity annotations and labels every host mirror carries.
+pub struct MirrorIdentity<'a> {
+    pub tenant: &'a str,
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub uid: &'a str,
+    pub api_version: &'a str,
+    pub kind: &'a str,
+    pub host_name: &'a str,
+    pub host_namespace: &'a str,
+}
+
+impl MirrorIdentity<'_> {
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (OBJECT_NAME.to_owned(), self.name.to_owned()),
+            (OBJECT_NAMESPACE.to_owned(), self.namespace.to_owned()),
+            (OBJECT_UID.to_owned(), self.uid.to_owned()),
+            (
+                OBJECT_KIND.to_owned(),
+                kind_annotation(self.api_version, self.kind),
+            ),
+            (OBJECT_HOST_NAME.to_owned(), self.host_name.to_owned()),
+            (
+                OBJECT_HOST_NAMESPACE.to_owned(),
+                self.host_namespace.to_owned(),
+            ),
+        ])
+    }
+
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (MANAGED_BY.to_owned(), label_value(self.tenant)),
+            (NAMESPACE_LABEL.to_owned(), label_value(self.namespace)),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,59 @@
+use super::*;
+
+#[test]
+fn host_names() {
+    let check = |name: &str, ns: &str, tenant: &str, want: &str| {
+        assert_eq!(host_name(name, ns, tenant), want, "{name} {ns} {tenant}");
+    };
+    check("db", "team-a", "client", "db-x-team-a-x-client");
+    // Exactly 63 characters stays as is.
+    let name63 = "a".repeat(63 - "-x-ns-x-t".len());
+    check(&name63, "ns", "t", &format!("{name63}-x-ns-x-t"));
+    // Longer: 52 characters, '-', 10 hex digits; stable and distinct.
+    let long = "b".repeat(60);
+    let a = host_name(&long, "ns", "t");
+    assert_eq!(a.len(), 63);
+    assert!(a.starts_with(&"b".repeat(52)), "{a}");
+    assert_eq!(&a[52..53], "-");
+    assert!(a[53..].chars().all(|c| c.is_ascii_hexdigit()), "{a}");
+    assert_eq!(a, host_name(&long, "ns", "t"), "stable");
+    assert_ne!(a, host_name(&long, "ns", "u"), "tenant is part of the hash");
+}
+
+#[test]
+fn reverse_translation() {
+    assert_eq!(tenant_name_of("db-x-team-x-c", "team", "c"), Some("db"));
+    assert_eq!(tenant_name_of("db-x-team-x-c", "other", "c"), None);
+    assert_eq!(tenant_name_of("-x-team-x-c", "team", "c"), None);
+}
+
+#[test]
+fn long_label_values_are_hashed() {
+    assert_eq!(label_value("client"), "client");
+    let long = "n".repeat(70);
+    let hashed = label_value(&long);
+    assert_eq!(hashed.len(), 63);
+    assert_eq!(hashed, label_value(&long));
+    assert_ne!(hashed, label_value(&"n".repeat(71)));
+}
+
+#[test]
+fn identity_carries_the_six_annotations_and_two_labels() {
+    let id = MirrorIdentity {
+        tenant: "client",
+        name: "db",
+        namespace: "team",
+        uid: "u-1",
+        api_version: "example.org/v1",
+        kind: "Backup",
+        host_name: "db-x-team-x-client",
+        host_namespace: "vcluster-client",
+    };
+    let a = id.annotations();
+    assert_eq!(a.len(), 6);
+    assert_eq!(a[OBJECT_KIND], "example.org/v1, Kind=Backup");
+    assert_eq!(a[OBJECT_HOST_NAMESPACE], "vcluster-client");
+    let l = id.labels();
+    assert_eq!(l[MANAGED_BY], "client");
+    assert_eq!(l[NAMESPACE_LABEL], "team");
+}

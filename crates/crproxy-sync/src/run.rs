@@ -1,0 +1,449 @@
+//! Start-up and the syncer loops: resolve every type, then, while this replica leads,
+//! one syncer per type: two reflectors (tenant and host) feed a work queue of keys,
+//! and a few workers reconcile them.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crproxy_core::config::sync::{Direction, SyncPlan};
+use crproxy_wiring::LeaderHandle;
+use futures_util::StreamExt;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::ApiResource;
+use kube::runtime::reflector::{self, store::Writer, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::client::client_from_kubeconfig;
+use crate::crd::{self, ResolvedType};
+use crate::from_host::FromHost;
+use crate::queue::WorkQueue;
+use crate::to_host::{self, ToHost};
+use crate::{SyncError, SyncMetrics};
+
+/// Concurrent reconciles per synced type.
+const WORKERS: usize = 4;
+/// How often every object is looked at again even without a change, so anything a
+/// watch missed still converges.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
+
+/// A tenant-side object key: namespace (empty for cluster-scoped) and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What a reconcile asks for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Both sides agree (as far as this step goes).
+    Done,
+    /// Look again after a while (a cache was behind, or a step follows).
+    Requeue(Duration),
+}
+
+/// Why a reconcile step failed; `reason` is the metric label.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// The host object under the mirror's name belongs to someone else.
+    #[error("the host object under this name does not belong to this tenant object")]
+    Foreign,
+    #[error("encoding an object: {0}")]
+    Encode(String),
+}
+
+impl StepError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StepError::Api(kube::Error::Api(s)) => match s.code {
+                409 => "conflict",
+                404 => "not_found",
+                401 | 403 => "forbidden",
+                400 | 422 => "invalid",
+                _ => "api_error",
+            },
+            StepError::Api(_) => "unavailable",
+            StepError::Foreign => "foreign_object",
+            StepError::Encode(_) => "encode",
+        }
+    }
+
+    fn retry_after(&self) -> Duration {
+        match self {
+            StepError::Foreign => Duration::from_secs(30),
+            StepError::Api(kube::Error::Api(s)) if s.code == 409 => Duration::from_millis(200),
+            _ => Duration::from_secs(2),
+        }
+    }
+}
+
+/// One synced type's reconcile logic; the loops around it are shared.
+pub trait Reconciler: Send + Sync + 'static {
+    fn resource(&self) -> &ResolvedType;
+    fn metrics(&self) -> &Arc<SyncMetrics>;
+    /// The key a tenant object's change affects.
+    fn key_of_tenant(&self, object: &DynamicObject) -> Option<Key>;
+    /// The key a host object's change affects (`None`: not ours to sync).
+    fn key_of_host(&self, object: &DynamicObject) -> Option<Key>;
+    /// Every key either cache knows.
+    fn all_keys(&self) -> Vec<Key>;
+    fn reconcile(&self, key: &Key) -> impl Future<Output = Result<Outcome, StepError>> + Send;
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Tenant,
+    Host,
+}
+
+/// Everything [`start`] needs.
+pub struct SyncOptions {
+    pub plan: SyncPlan,
+    /// Host kubeconfig path, already resolved against the config file's directory.
+    pub host_kubeconfig: PathBuf,
+    /// Tenant kubeconfig path; `None` uses in-cluster credentials.
+    pub tenant_kubeconfig: Option<PathBuf>,
+    /// Syncers run only while this says so.
+    pub leader: LeaderHandle,
+    pub metrics: Arc<SyncMetrics>,
+    pub resync: Duration,
+}
+
+/// The running sync.
+pub struct SyncHandle {
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    leader: LeaderHandle,
+    /// The resolved types, in plan order.
+    pub resolved: Vec<ResolvedType>,
+}
+
+impl SyncHandle {
+    /// Stops every syncer, waits for it, and hands the Lease on so a standby takes
+    /// over at once.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+        self.leader.release().await;
+    }
+
+    /// Stops at once without releasing the Lease, as a crashed process would: a
+    /// standby takes over only when the Lease expires.
+    pub fn crash(self) {
+        self.task.abort();
+        self.leader.abort();
+    }
+
+    /// Whether this replica is syncing (it leads).
+    pub fn is_leader(&self) -> bool {
+        self.leader.is_leader()
+    }
+}
+
+/// Connects to both clusters, resolves every type (failing with one line naming the
+/// first type the host does not serve), then syncs while `options.leader` leads.
+pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
+    let host = client_from_kubeconfig(&options.host_kubeconfig).await?;
+    let tenant = match &options.tenant_kubeconfig {
+        Some(path) => client_from_kubeconfig(path).await?,
+        None => kube::Client::try_default()
+            .await
+            .map_err(|source| SyncError::Client {
+                path: "in-cluster configuration".into(),
+                source,
+            })?,
+    };
+    let mut resolved = Vec::new();
+    for resource in &options.plan.resources {
+        let ty = crd::resolve(&host, &tenant, resource).await?;
+        tracing::info!(
+            resource = %resource.key,
+            direction = resource.direction.as_str(),
+            served_by = "crd",
+            kind = %ty.api.kind,
+            version = %ty.api.version,
+            status_subresource = ty.status_subresource,
+            "resolved synced type against the host"
+        );
+        options.metrics.resolved(
+            &resource.key,
+            resource.direction.as_str(),
+            &ty.api.kind,
+            &ty.api.version,
+        );
+        resolved.push(ty);
+    }
+    if resolved
+        .iter()
+        .any(|t| t.resource.direction == Direction::ToHost)
+    {
+        let namespace = &options.plan.host_namespace;
+        ensure_namespace(&host, namespace)
+            .await
+            .map_err(SyncError::api(format!(
+                "creating namespace {namespace} on the host"
+            )))?;
+    }
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let supervisor = Supervisor {
+        host,
+        tenant,
+        plan: options.plan,
+        resolved: resolved.clone(),
+        metrics: options.metrics,
+        resync: options.resync,
+    };
+    let task = tokio::spawn(supervisor.run(options.leader.clone(), shutdown_rx));
+    Ok(SyncHandle {
+        shutdown,
+        task,
+        leader: options.leader,
+        resolved,
+    })
+}
+
+/// Creates namespace `name` unless it exists.
+pub(crate) async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<(), kube::Error> {
+    let namespaces = ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("", "v1", "Namespace"),
+        "namespaces",
+    );
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &namespaces);
+    if api.get_opt(name).await?.is_some() {
+        return Ok(());
+    }
+    match api
+        .create(
+            &PostParams::default(),
+            &DynamicObject::new(name, &namespaces),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if to_host::is_code(&e, 409) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+struct Supervisor {
+    host: kube::Client,
+    tenant: kube::Client,
+    plan: SyncPlan,
+    resolved: Vec<ResolvedType>,
+    metrics: Arc<SyncMetrics>,
+    resync: Duration,
+}
+
+impl Supervisor {
+    async fn run(self, leader: LeaderHandle, mut shutdown: watch::Receiver<bool>) {
+        let mut changes = leader.changes();
+        loop {
+            // Wait to lead (or to stop).
+            tokio::select! {
+                r = changes.wait_for(|l| *l) => if r.is_err() { return },
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            tracing::info!(types = self.resolved.len(), "elected: starting syncers");
+            self.metrics.set_leader(true);
+            let tasks: Vec<AbortOnDrop> = self
+                .resolved
+                .iter()
+                .map(|ty| AbortOnDrop(self.spawn_syncer(ty)))
+                .collect();
+            let stop = tokio::select! {
+                _ = changes.wait_for(|l| !*l) => false,
+                _ = shutdown.wait_for(|s| *s) => true,
+            };
+            // Dropping aborts every syncer (and, through theirs, their watchers and
+            // workers), also when this task itself is aborted.
+            drop(tasks);
+            self.metrics.set_leader(false);
+            if stop {
+                return;
+            }
+            tracing::info!("lost leadership: syncers stopped");
+        }
+    }
+
+    fn spawn_syncer(&self, ty: &ResolvedType) -> JoinHandle<()> {
+        let metrics = Arc::clone(&self.metrics);
+        match ty.resource.direction {
+            Direction::ToHost => {
+                let (tenant_store, tenant_writer) = store(&ty.api);
+                let (host_store, host_writer) = store(&ty.api);
+                let r = Arc::new(ToHost {
+                    ty: ty.clone(),
+                    tenant: self.plan.tenant.clone(),
+                    host_namespace: self.plan.host_namespace.clone(),
+                    tenant_client: self.tenant.clone(),
+                    host_client: self.host.clone(),
+                    tenant_store,
+                    host_store,
+                    metrics,
+                });
+                let tenant_api = Api::all_with(self.tenant.clone(), &ty.api);
+                let host_api =
+                    Api::namespaced_with(self.host.clone(), &self.plan.host_namespace, &ty.api);
+                let host_config =
+                    watcher::Config::default().labels(&to_host::host_selector(&self.plan.tenant));
+                let watches = vec![
+                    (
+                        tenant_api,
+                        watcher::Config::default(),
+                        tenant_writer,
+                        Side::Tenant,
+                    ),
+                    (host_api, host_config, host_writer, Side::Host),
+                ];
+                let stores = vec![r.tenant_store.clone(), r.host_store.clone()];
+                tokio::spawn(drive(r, watches, stores, self.resync))
+            }
+            Direction::FromHost => {
+                let (tenant_store, tenant_writer) = store(&ty.api);
+                let tenant_api = Api::all_with(self.tenant.clone(), &ty.api);
+                let mut watches = vec![(
+                    tenant_api,
+                    watcher::Config::default(),
+                    tenant_writer,
+                    Side::Tenant,
+                )];
+                let mut stores = vec![tenant_store.clone()];
+                let mut host_stores = Vec::new();
+                for namespace in FromHost::host_namespaces(&ty.resource) {
+                    let (s, w) = store(&ty.api);
+                    let api = match &namespace {
+                        Some(ns) => Api::namespaced_with(self.host.clone(), ns, &ty.api),
+                        None => Api::all_with(self.host.clone(), &ty.api),
+                    };
+                    watches.push((api, watcher::Config::default(), w, Side::Host));
+                    stores.push(s.clone());
+                    host_stores.push((namespace, s));
+                }
+                let r = Arc::new(FromHost {
+                    ty: ty.clone(),
+                    tenant_client: self.tenant.clone(),
+                    host_client: self.host.clone(),
+                    tenant_store,
+                    host_stores,
+                    metrics,
+                });
+                tokio::spawn(drive(r, watches, stores, self.resync))
+            }
+        }
+    }
+}
+
+fn store(api: &ApiResource) -> (Store<DynamicObject>, Writer<DynamicObject>) {
+    let writer = Writer::new(api.clone());
+    (writer.as_reader(), writer)
+}
+
+type Watch = (
+    Api<DynamicObject>,
+    watcher::Config,
+    Writer<DynamicObject>,
+    Side,
+);
+
+/// Runs one syncer until aborted: reflectors feed the queue, workers drain it.
+async fn drive<R: Reconciler>(
+    r: Arc<R>,
+    watches: Vec<Watch>,
+    stores: Vec<Store<DynamicObject>>,
+    resync: Duration,
+) {
+    let queue: Arc<WorkQueue<Key>> = WorkQueue::new();
+    let mut tasks = Vec::new();
+    for (api, config, writer, side) in watches {
+        let r = Arc::clone(&r);
+        let queue = Arc::clone(&queue);
+        tasks.push(AbortOnDrop(tokio::spawn(async move {
+            let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff();
+            futures_util::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(Event::Apply(o) | Event::Delete(o) | Event::InitApply(o)) => {
+                        let key = match side {
+                            Side::Tenant => r.key_of_tenant(&o),
+                            Side::Host => r.key_of_host(&o),
+                        };
+                        if let Some(key) = key {
+                            queue.add(key);
+                        }
+                    }
+                    // A relist may have dropped objects deleted meanwhile without an
+                    // event: look at everything again.
+                    Ok(Event::InitDone) => {
+                        for key in r.all_keys() {
+                            queue.add(key);
+                        }
+                    }
+                    Ok(Event::Init) => {}
+                    Err(e) => {
+                        let ty = r.resource();
+                        tracing::warn!(resource = %ty.resource.key, direction = ty.direction(), error = %e, "watch failed; retrying");
+                    }
+                }
+            }
+        })));
+    }
+    for s in &stores {
+        if s.wait_until_ready().await.is_err() {
+            return;
+        }
+    }
+    let ty = r.resource().clone();
+    tracing::info!(resource = %ty.resource.key, direction = ty.direction(), "caches synced; syncing");
+    for key in r.all_keys() {
+        queue.add(key);
+    }
+    for _ in 0..WORKERS {
+        let r = Arc::clone(&r);
+        let queue = Arc::clone(&queue);
+        tasks.push(AbortOnDrop(tokio::spawn(async move {
+            let ty = r.resource().clone();
+            let metrics_key = ty.resource.key.clone();
+            loop {
+                let (key, since) = queue.next().await;
+                let metrics = Arc::clone(r.metrics());
+                match r.reconcile(&key).await {
+                    Ok(Outcome::Done) => {
+                        metrics.converged(&metrics_key, ty.direction(), since.elapsed().as_secs_f64());
+                    }
+                    Ok(Outcome::Requeue(after)) => queue.add_after(key.clone(), after, since),
+                    Err(e) => {
+                        metrics.error(&metrics_key, ty.direction(), e.reason());
+                        if !matches!(e, StepError::Foreign) {
+                            tracing::warn!(resource = %metrics_key, direction = ty.direction(), object = %format!("{}/{}", key.namespace, key.name), reason = e.reason(), error = %e, "sync failed; retrying");
+                        }
+                        queue.add_after(key.clone(), e.retry_after(), since);
+                    }
+                }
+                queue.done(&key);
+                metrics.queue_depth(&metrics_key, ty.direction(), queue.depth());
+            }
+        })));
+    }
+    loop {
+        tokio::time::sleep(resync).await;
+        for key in r.all_keys() {
+            queue.add(key);
+        }
+    }
+}
+
+/// Aborts the task when dropped, so aborting [`drive`] ends its watchers and workers.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,523 @@
+//! The toHost syncer: tenant objects mirrored into the tenant's namespace on the host.
+//!
+//! Work is keyed by the tenant object's `(namespace, name)`. A reconcile compares the
+//! tenant object with its mirror (both from reflector caches) and makes one step
+//! towards agreement:
+//!
+//! | tenant object | mirror | step |
+//! |---|---|---|
+//! | exists | missing, never mirrored | create the mirror, remember its uid on the tenant object |
+//! | exists, was mirrored | missing (confirmed live) | the host deleted it: delete the tenant object |
+//! | exists | this tenant object's | update spec down, status up |
+//! | exists | ours, older uid | stale mirror of a deleted object: delete it, then create |
+//! | exists | not ours | never touched; reported as `foreign_object` |
+//! | missing (confirmed live) | ours | tenant object deleted: delete the mirror |
+//!
+//! "Ours" means the mirror's `managed-by` label is this tenant and its name/namespace
+//! annotations are this tenant object's; the uid annotation tells incarnations apart.
+//! Nothing is deleted on the word of a cache alone: a live read confirms first, and
+//! deletes carry a uid precondition.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crproxy_core::config::sync::{FieldPath, PathStep};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde_json::{json, Map, Value};
+
+use crate::crd::ResolvedType;
+use crate::names::{self, MirrorIdentity};
+use crate::patches::rewrite_strings;
+use crate::run::{Key, Outcome, Reconciler, StepError};
+use crate::SyncMetrics;
+
+/// One toHost type between one tenant and the host.
+pub struct ToHost {
+    pub ty: ResolvedType,
+    pub tenant: String,
+    pub host_namespace: String,
+    pub tenant_client: kube::Client,
+    pub host_client: kube::Client,
+    pub tenant_store: Store<DynamicObject>,
+    pub host_store: Store<DynamicObject>,
+    pub metrics: Arc<SyncMetrics>,
+}
+
+/// The label selector of the host watch: only this tenant's mirrors.
+pub fn host_selector(tenant: &str) -> String {
+    format!("{}={}", names::MANAGED_BY, names::label_value(tenant))
+}
+
+fn annotations(v: &Value) -> BTreeMap<String, String> {
+    v["metadata"]["annotations"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn meta<'a>(v: &'a Value, field: &str) -> &'a str {
+    v["metadata"][field].as_str().unwrap_or_default()
+}
+
+/// The mirror `tenant_object` should have on the host. Status is not part of it.
+pub fn desired_mirror(
+    ty: &ResolvedType,
+    tenant: &str,
+    host_namespace: &str,
+    tenant_object: &Value,
+) -> Value {
+    let name = meta(tenant_object, "name");
+    let namespace = meta(tenant_object, "namespace");
+    let host_name = names::host_name(name, namespace, tenant);
+    let identity = MirrorIdentity {
+        tenant,
+        name,
+        namespace,
+        uid: meta(tenant_object, "uid"),
+        api_version: &ty.api.api_version,
+        kind: &ty.api.kind,
+        host_name: &host_name,
+        host_namespace,
+    };
+    let mut labels: Map<String, Value> = tenant_object["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    for (k, v) in identity.labels() {
+        labels.insert(k, Value::String(v));
+    }
+    let mut annotations: Map<String, Value> = tenant_object["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    for k in names::NOT_COPIED {
+        annotations.remove(k);
+    }
+    for (k, v) in identity.annotations() {
+        annotations.insert(k, Value::String(v));
+    }
+    let mut out = Map::new();
+    out.insert("apiVersion".into(), json!(ty.api.api_version));
+    out.insert("kind".into(), json!(ty.api.kind));
+    out.insert(
+        "metadata".into(),
+        json!({"name": host_name, "namespace": host_namespace, "labels": labels, "annotations": annotations}),
+    );
+    if let Some(fields) = tenant_object.as_object() {
+        for (k, v) in fields {
+            if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let mut out = Value::Object(out);
+    for path in &ty.resource.patches {
+        if !in_status(path) {
+            rewrite_strings(&mut out, path, &|s| names::host_name(s, namespace, tenant));
+        }
+    }
+    out
+}
+
+/// The mirror record of a tenant object, when it was mirrored as this very object: a
+/// record carrying another uid was copied from another object (e.g. by
+/// `kubectl get -o yaml | kubectl apply`) and says nothing about this one.
+pub fn mirror_record(tenant_object: &Value) -> Option<String> {
+    let record = annotations(tenant_object).remove(names::MIRROR_UID)?;
+    let (tenant_uid, _) = record.split_once('/')?;
+    (tenant_uid == meta(tenant_object, "uid")).then_some(record)
+}
+
+/// Whether a patch path points into status (translated host → tenant) rather than
+/// the fields that flow down (tenant → host).
+fn in_status(path: &FieldPath) -> bool {
+    matches!(path.steps.first(), Some(PathStep::Key(k)) if k == "status")
+}
+
+/// Whether the mirror differs from what it should be (labels, annotations, fields
+/// other than metadata and status).
+pub fn mirror_differs(desired: &Value, current: &Value) -> bool {
+    let fields = |v: &Value| -> Map<String, Value> {
+        v.as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| {
+                        !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status")
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let labels = |v: &Value| {
+        v["metadata"]["labels"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+    };
+    fields(desired) != fields(current)
+        || labels(desired) != labels(current)
+        || annotations(desired) != annotations(current)
+}
+
+/// The tenant's status translated from the mirror's: `patches` under `status` map
+/// host names back to tenant names.
+pub fn status_from_mirror(
+    ty: &ResolvedType,
+    tenant: &str,
+    namespace: &str,
+    mirror: &Value,
+) -> Value {
+    let mut status = json!({"status": mirror["status"].clone()});
+    for path in &ty.resource.patches {
+        if in_status(path) {
+            rewrite_strings(&mut status, path, &|s| {
+                names::tenant_name_of(s, namespace, tenant)
+                    .unwrap_or(s)
+                    .to_owned()
+            });
+        }
+    }
+    status["status"].take()
+}
+
+impl ToHost {
+    fn tenant_api(&self, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.tenant_client.clone(), namespace, &self.ty.api)
+    }
+
+    fn host_api(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.host_client.clone(), &self.host_namespace, &self.ty.api)
+    }
+
+    fn host_name(&self, key: &Key) -> String {
+        names::host_name(&key.name, &key.namespace, &self.tenant)
+    }
+
+    /// Whether `mirror` belongs to the tenant object at `key` (any incarnation).
+    fn is_ours(&self, key: &Key, mirror: &Value) -> bool {
+        let a = annotations(mirror);
+        mirror["metadata"]["labels"][names::MANAGED_BY] == names::label_value(&self.tenant).as_str()
+            && a.get(names::OBJECT_NAME) == Some(&key.name)
+            && a.get(names::OBJECT_NAMESPACE) == Some(&key.namespace)
+    }
+
+    fn log(&self, key: &Key, action: &'static str) {
+        tracing::info!(
+            resource = %self.ty.resource.key,
+            direction = "toHost",
+            tenant_object = %format!("{}/{}", key.namespace, key.name),
+            host_object = %format!("{}/{}", self.host_namespace, self.host_name(key)),
+            action,
+            "synced"
+        );
+        self.metrics.synced(&self.ty.resource.key, "toHost", action);
+    }
+
+    async fn reconcile_key(&self, key: &Key) -> Result<Outcome, StepError> {
+        let host_name = self.host_name(key);
+        let tenant = self
+            .tenant_store
+            .get(&ObjectRef::new_with(&key.name, self.ty.api.clone()).within(&key.namespace))
+            .map(|o| to_value(&o))
+            .transpose()?
+            .filter(|t| t["metadata"]["deletionTimestamp"].is_null());
+        let mirror = self
+            .host_store
+            .get(&ObjectRef::new_with(&host_name, self.ty.api.clone()).within(&self.host_namespace))
+            .map(|o| to_value(&o))
+            .transpose()?;
+        match (tenant, mirror) {
+            (None, None) => Ok(Outcome::Done),
+            (None, Some(mirror)) => self.collect(key, &mirror).await,
+            (Some(tenant), None) => self.mirror_missing(key, &tenant).await,
+            (Some(tenant), Some(mirror)) => self.update(key, &tenant, &mirror).await,
+        }
+    }
+
+    /// The tenant object is gone from the cache: delete its mirror once a live read
+    /// agrees.
+    async fn collect(&self, key: &Key, mirror: &Value) -> Result<Outcome, StepError> {
+        if !self.is_ours(key, mirror) {
+            return Ok(Outcome::Done);
+        }
+        let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
+        let owner_uid = annotations(mirror).get(names::OBJECT_UID).cloned();
+        if let Some(live) = live {
+            if live.metadata.deletion_timestamp.is_none() && live.metadata.uid == owner_uid {
+                // The cache was behind; the tenant object still exists.
+                return Ok(Outcome::Requeue(Duration::from_millis(500)));
+            }
+        }
+        self.delete_mirror(key, mirror, "delete_host").await
+    }
+
+    async fn delete_mirror(
+        &self,
+        key: &Key,
+        mirror: &Value,
+        action: &'static str,
+    ) -> Result<Outcome, StepError> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(meta(mirror, "uid").to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.host_api().delete(meta(mirror, "name"), &params).await {
+            Ok(_) => {}
+            Err(e) if is_code(&e, 404) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.log(key, action);
+        Ok(Outcome::Done)
+    }
+
+    async fn mirror_missing(&self, key: &Key, tenant: &Value) -> Result<Outcome, StepError> {
+        let host_name = self.host_name(key);
+        if let Some(mirrored) = mirror_record(tenant) {
+            // Mirrored before: either the host deleted the mirror, or the cache is
+            // behind. Only a live read decides.
+            match self.host_api().get_opt(&host_name).await? {
+                Some(live) => {
+                    let live = to_value(&live)?;
+                    return self.update(key, tenant, &live).await;
+                }
+                None => {
+                    let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
+                    let Some(live) = live else {
+                        return Ok(Outcome::Done);
+                    };
+                    if live.metadata.uid.as_deref() != Some(meta(tenant, "uid"))
+                        || live
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(names::MIRROR_UID))
+                            != Some(&mirrored)
+                    {
+                        return Ok(Outcome::Requeue(Duration::from_millis(200)));
+                    }
+                    let params = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: live.metadata.uid.clone(),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match self
+                        .tenant_api(&key.namespace)
+                        .delete(&key.name, &params)
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(e) if is_code(&e, 404) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    self.log(key, "delete_tenant");
+                    return Ok(Outcome::Done);
+                }
+            }
+        }
+        let desired = desired_mirror(&self.ty, &self.tenant, &self.host_namespace, tenant);
+        let object: DynamicObject = from_value(desired)?;
+        match self
+            .host_api()
+            .create(&PostParams::default(), &object)
+            .await
+        {
+            Ok(created) => {
+                self.log(key, "create_host");
+                let created = to_value(&created)?;
+                self.remember_mirror(key, tenant, meta(&created, "uid"))
+                    .await?;
+                if !created["status"].is_null() || !tenant["status"].is_null() {
+                    self.status_up(key, tenant, &created).await?;
+                }
+                Ok(Outcome::Done)
+            }
+            Err(e) if is_code(&e, 409) => {
+                // Someone holds the name: ours (cache behind) or another's.
+                match self.host_api().get_opt(&host_name).await? {
+                    Some(live) => {
+                        let live = to_value(&live)?;
+                        self.update(key, tenant, &live).await
+                    }
+                    None => Ok(Outcome::Requeue(Duration::from_millis(200))),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn remember_mirror(
+        &self,
+        key: &Key,
+        tenant: &Value,
+        mirror_uid: &str,
+    ) -> Result<(), StepError> {
+        let record = names::mirror_record(meta(tenant, "uid"), mirror_uid);
+        if mirror_record(tenant).as_ref() == Some(&record) {
+            return Ok(());
+        }
+        let patch = json!({"metadata": {"annotations": {names::MIRROR_UID: record}}});
+        self.tenant_api(&key.namespace)
+            .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    async fn update(
+        &self,
+        key: &Key,
+        tenant: &Value,
+        mirror: &Value,
+    ) -> Result<Outcome, StepError> {
+        if !self.is_ours(key, mirror) {
+            tracing::warn!(
+                resource = %self.ty.resource.key,
+                direction = "toHost",
+                tenant_object = %format!("{}/{}", key.namespace, key.name),
+                host_object = %format!("{}/{}", self.host_namespace, meta(mirror, "name")),
+                action = "skip",
+                "a host object with the mirror's name exists and does not belong to this tenant object; leaving it alone"
+            );
+            return Err(StepError::Foreign);
+        }
+        if annotations(mirror)
+            .get(names::OBJECT_UID)
+            .map(String::as_str)
+            != Some(meta(tenant, "uid"))
+        {
+            // A mirror of an earlier object with the same name, unless our cached
+            // tenant object is the old one: the live object decides.
+            let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
+            let live_uid = live.as_ref().and_then(|l| l.metadata.uid.as_deref());
+            if live_uid.is_some()
+                && live_uid
+                    == annotations(mirror)
+                        .get(names::OBJECT_UID)
+                        .map(String::as_str)
+            {
+                return Ok(Outcome::Requeue(Duration::from_millis(200)));
+            }
+            self.delete_mirror(key, mirror, "delete_stale_host").await?;
+            return Ok(Outcome::Requeue(Duration::from_millis(100)));
+        }
+        let mut desired = desired_mirror(&self.ty, &self.tenant, &self.host_namespace, tenant);
+        let mut mirror = mirror.clone();
+        if mirror_differs(&desired, &mirror) {
+            desired["metadata"]["resourceVersion"] = mirror["metadata"]["resourceVersion"].clone();
+            if !self.ty.status_subresource {
+                desired["status"] = mirror["status"].clone();
+            }
+            let object: DynamicObject = from_value(desired)?;
+            let replaced = self
+                .host_api()
+                .replace(meta(&mirror, "name"), &PostParams::default(), &object)
+                .await?;
+            mirror = to_value(&replaced)?;
+            self.log(key, "update_host");
+        }
+        self.remember_mirror(key, tenant, meta(&mirror, "uid"))
+            .await?;
+        self.status_up(key, tenant, &mirror).await?;
+        Ok(Outcome::Done)
+    }
+
+    /// Copies the mirror's status to the tenant object when they differ.
+    async fn status_up(&self, key: &Key, tenant: &Value, mirror: &Value) -> Result<(), StepError> {
+        let status = status_from_mirror(&self.ty, &self.tenant, &key.namespace, mirror);
+        if status == tenant["status"] {
+            return Ok(());
+        }
+        let api = self.tenant_api(&key.namespace);
+        // Re-read so the write carries the latest resourceVersion (the marker patch
+        // above may have moved it).
+        let Some(live) = api.get_opt(&key.name).await? else {
+            return Ok(());
+        };
+        let mut live = to_value(&live)?;
+        if live["metadata"]["uid"] != tenant["metadata"]["uid"] {
+            return Ok(());
+        }
+        live["status"] = status;
+        let object: DynamicObject = from_value(live)?;
+        if self.ty.status_subresource {
+            api.replace_status(&key.name, &PostParams::default(), &object)
+                .await?;
+        } else {
+            api.replace(&key.name, &PostParams::default(), &object)
+                .await?;
+        }
+        self.log(key, "update_tenant_status");
+        Ok(())
+    }
+}
+
+impl Reconciler for ToHost {
+    fn resource(&self) -> &ResolvedType {
+        &self.ty
+    }
+
+    fn metrics(&self) -> &Arc<SyncMetrics> {
+        &self.metrics
+    }
+
+    fn key_of_tenant(&self, object: &DynamicObject) -> Option<Key> {
+        Some(Key {
+            namespace: object.metadata.namespace.clone()?,
+            name: object.metadata.name.clone()?,
+        })
+    }
+
+    fn key_of_host(&self, object: &DynamicObject) -> Option<Key> {
+        let a = object.metadata.annotations.as_ref()?;
+        Some(Key {
+            namespace: a.get(names::OBJECT_NAMESPACE)?.clone(),
+            name: a.get(names::OBJECT_NAME)?.clone(),
+        })
+    }
+
+    fn all_keys(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = self
+            .tenant_store
+            .state()
+            .iter()
+            .filter_map(|o| self.key_of_tenant(o))
+            .collect();
+        keys.extend(
+            self.host_store
+                .state()
+                .iter()
+                .filter_map(|o| self.key_of_host(o)),
+        );
+        keys
+    }
+
+    async fn reconcile(&self, key: &Key) -> Result<Outcome, StepError> {
+        self.reconcile_key(key).await
+    }
+}
+
+pub(crate) fn to_value(object: &DynamicObject) -> Result<Value, StepError> {
+    serde_json::to_value(object).map_err(|e| StepError::Encode(e.to_string()))
+}
+
+pub(crate) fn from_value(value: Value) -> Result<DynamicObject, StepError> {
+    serde_json::from_value(value).map_err(|e| StepError::Encode(e.to_string()))
+}
+
+pub(crate) fn is_code(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,323 @@
+//! The custom resource sync of the dev environment: a `host` devcluster with two
+//! example types, and the sync between it and the `client` cluster as the tenant.
+//!
+//! * `backups.example.org/v1`, kind Backup: namespaced, with a status subresource,
+//!   synced toHost (a tenant creates Backups; a host controller would act on them).
+//! * `sharedstores.example.org/v1`, kind SharedStore: cluster-scoped, synced fromHost
+//!   (the host offers stores; the tenant sees copies).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use serde_json::{json, Value};
+
+/// The tenant's namespace on the host, where its Backups are mirrored.
+pub const HOST_NAMESPACE: &str = "vcluster-client";
+
+/// The `sync` section of the dev environment's configuration file.
+pub fn sync_section(host_kubeconfig: &str) -> String {
+    format!(
+        r#"sync:
+  host:
+    kubeconfig: {host_kubeconfig}
+    namespace: {HOST_NAMESPACE}
+  toHost:
+    customResources:
+      backups.example.org/v1:
+        enabled: true
+        patches:
+          - path: spec.secretRef.name
+            reference: {{apiVersion: v1, kind: Secret}}
+  fromHost:
+    customResources:
+      sharedstores.example.org/v1:
+        enabled: true
+        scope: Cluster
+"#
+    )
+}
+
+/// The two example CRDs installed on the host.
+pub fn example_crds() -> Vec<Value> {
+    let any_object = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    vec![
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "backups.example.org"},
+            "spec": {
+                "group": "example.org",
+                "scope": "Namespaced",
+                "names": {"plural": "backups", "singular": "backup", "kind": "Backup", "listKind": "BackupList"},
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Schedule", "type": "string", "jsonPath": ".spec.schedule"},
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"}
+                    ],
+                    "schema": {"openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {"spec": any_object, "status": any_object}
+                    }}
+                }]
+            }
+        }),
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "sharedstores.example.org"},
+            "spec": {
+                "group": "example.org",
+                "scope": "Cluster",
+                "names": {"plural": "sharedstores", "singular": "sharedstore", "kind": "SharedStore", "listKind": "SharedStoreList"},
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "additionalPrinterColumns": [
+                        {"name": "Region", "type": "string", "jsonPath": ".spec.region"}
+                    ],
+                    "schema": {"openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {"spec": any_object}
+                    }}
+                }]
+            }
+        }),
+    ]
+}
+
+/// Installs the example CRDs on the host (keeping existing ones) and waits until
+/// they are Established.
+pub async fn install_example_types(host: &crproxy_kube::Client) -> Result<()> {
+    let collection = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    for crd in example_crds() {
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match host.create(collection, &crd).await {
+            Ok(_) => {}
+            Err(e) if e.is_already_exists() => {}
+            Err(e) => return Err(e).with_context(|| format!("installing CRD {name} on the host")),
+        }
+        let mut established = false;
+        for _ in 0..100 {
+            if let Ok(current) = host.get(&format!("{collection}/{name}")).await {
+                established = current["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Established" && c["status"] == "True")
+                    });
+                if established {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if !established {
+            return Err(anyhow!("CRD {name} did not become Established on the host"));
+        }
+    }
+    Ok(())
+}
+
+/// A configuration file with only the sync: the dev environment's tenant is the
+/// `client` cluster.
+pub fn sync_only_config(
+    client_name: &str,
+    client_kubeconfig: &Path,
+    host_kubeconfig: &Path,
+) -> String {
+    format!(
+        "client:\n  name: {client_name}\n  project: default\n  kubeconfig: {}\n{}",
+        client_kubeconfig.display(),
+        sync_section(&host_kubeconfig.display().to_string())
+    )
+}
+
+/// The sync part of `crproxy dev`: the `host` devcluster, the sync configuration file
+/// and the running sync (elected on its Lease, exactly as `crproxy run` does).
+pub struct DevSync {
+    pub host: devcluster::DevCluster,
+    pub host_kubeconfig: PathBuf,
+    pub config_path: PathBuf,
+    pub metrics_addr: SocketAddr,
+    sync: crproxy_sync::SyncHandle,
+    metrics_stop: tokio::sync::watch::Sender<bool>,
+    metrics_task: tokio::task::JoinHandle<()>,
+}
+
+/// Where [`DevSync::start`] puts things.
+pub struct DevSyncOptions<'a> {
+    /// The environment's directory (absolute).
+    pub dir: &'a Path,
+    /// Keep the host's state in `dir/host` across restarts.
+    pub persistent: bool,
+    /// Host API port; 0 picks a free one.
+    pub host_port: u16,
+    /// Port of the sync's metrics listener; 0 picks a free one.
+    pub metrics_port: u16,
+    /// The tenant: the client cluster's name and admin kubeconfig.
+    pub client_name: &'a str,
+    pub client_kubeconfig: &'a Path,
+}
+
+impl DevSync {
+    /// Starts the host devcluster, installs the example types, writes `host.kubeconfig`
+    /// and `sync.yaml`, and starts the sync from that file.
+    pub async fn start(options: DevSyncOptions<'_>) -> Result<DevSync> {
+        let dir = options.dir;
+        let host = devcluster::start(devcluster::DevClusterConfig {
+            name: "host".into(),
+            data_dir: options.persistent.then(|| dir.join("host")),
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: options.host_port,
+        })
+        .await
+        .context("starting the host devcluster")?;
+        let host_kubeconfig = dir.join("host.kubeconfig");
+        std::fs::write(&host_kubeconfig, host.admin_kubeconfig())
+            .with_context(|| format!("writing {}", host_kubeconfig.display()))?;
+        install_example_types(&crate::devenv::admin_client(&host)?).await?;
+
+        let config_path = dir.join("sync.yaml");
+        let text = sync_only_config(
+            options.client_name,
+            options.client_kubeconfig,
+            &host_kubeconfig,
+        );
+        std::fs::write(&config_path, &text)
+            .with_context(|| format!("writing {}", config_path.display()))?;
+        let config = crproxy_core::config::parse(&text).map_err(|e| anyhow!("{e}"))?;
+
+        let sync_metrics = crproxy_sync::SyncMetrics::new();
+        let metrics = crproxy_proxy::metrics::Metrics::with_extra(|r| sync_metrics.register(r));
+        let metrics_port = if options.metrics_port == 0 {
+            crate::devenv::free_port()?
+        } else {
+            options.metrics_port
+        };
+        let listener = crproxy_proxy::server::bind(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, metrics_port)),
+            false,
+        )
+        .await
+        .context("binding the sync metrics listener")?;
+        let metrics_addr = listener.local_addr()?;
+        let (metrics_stop, stopped) = tokio::sync::watch::channel(false);
+        let metrics_task = crproxy_proxy::server::serve_metrics(
+            listener,
+            metrics,
+            crproxy_proxy::health::Readiness::without_proxy(),
+            stopped,
+        );
+
+        let sync = crproxy_sync::start_from_config(
+            &config,
+            dir,
+            sync_metrics,
+            "dev",
+            crproxy_sync::LEASE_DURATION,
+        )
+        .await
+        .context("starting the sync")?
+        .ok_or_else(|| anyhow!("the dev sync configuration enables no type"))?;
+        Ok(DevSync {
+            host,
+            host_kubeconfig,
+            config_path,
+            metrics_addr,
+            sync,
+            metrics_stop,
+            metrics_task,
+        })
+    }
+
+    pub fn metrics_url(&self) -> String {
+        format!("http://{}/metrics/syncer", self.metrics_addr)
+    }
+
+    /// The `host` entry of `dev.json`.
+    pub fn describe(&self) -> Value {
+        json!({
+            "api_url": self.host.url(),
+            "kubeconfig": self.host_kubeconfig,
+            "namespace": HOST_NAMESPACE,
+            "sync_config": self.config_path,
+            "sync_metrics_url": self.metrics_url(),
+        })
+    }
+
+    /// Stops the sync (releasing its Lease), its metrics listener, then the host.
+    pub async fn shutdown(self) {
+        self.sync.stop().await;
+        let _ = self.metrics_stop.send(true);
+        let _ = self.metrics_task.await;
+        self.host.shutdown().await;
+    }
+}
+
+/// Starts the dev sync for `env`'s first client and adds the `host` entry to
+/// `dev.json`.
+pub async fn start_for(
+    env: &crate::devenv::DevEnv,
+    host_port: u16,
+    metrics_port: u16,
+) -> Result<DevSync> {
+    let client = env
+        .clients
+        .first()
+        .ok_or_else(|| anyhow!("the dev environment has no client"))?;
+    let sync = DevSync::start(DevSyncOptions {
+        dir: &env.options.dir,
+        persistent: env.options.persistent,
+        host_port,
+        metrics_port,
+        client_name: &client.name,
+        client_kubeconfig: &client.kubeconfig,
+    })
+    .await?;
+    let mut described = env.describe();
+    described["host"] = sync.describe();
+    let path = env.options.dir.join("dev.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&described)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(sync)
+}
+
+/// The sync part of the start-up banner.
+pub fn print_tour(env: &crate::devenv::DevEnv, sync: &DevSync) {
+    let dir = env.options.dir.display();
+    println!(
+        r#"
+Custom resource sync (tenant = client, its namespace on the host = {HOST_NAMESPACE}):
+  host.kubeconfig    the host cluster: {host}
+  sync.yaml          the sync configuration
+  sync metrics:      {metrics}
+  export HOST="--kubeconfig {dir}/host.kubeconfig"
+  kubectl create namespace team
+  kubectl -n team create -f - <<'EOF'
+apiVersion: example.org/v1
+kind: Backup
+metadata: {{name: nightly}}
+spec: {{schedule: "@daily", secretRef: {{name: creds}}}}
+EOF
+  kubectl $HOST -n {HOST_NAMESPACE} get backups -o yaml      # nightly-x-team-x-client
+  kubectl $HOST -n {HOST_NAMESPACE} patch backup nightly-x-team-x-client --subresource=status --type=merge -p '{{"status":{{"phase":"Done"}}}}'
+  kubectl -n team get backups                                  # PHASE Done
+  kubectl $HOST create -f - <<'EOF'
+apiVersion: example.org/v1
+kind: SharedStore
+metadata: {{name: eu-store}}
+spec: {{region: eu, size: 1}}
+EOF
+  kubectl get sharedstores                                     # the host's store, copied
+
+Press Ctrl-C to stop."#,
+        host = sync.host.url(),
+        metrics = sync.metrics_url(),
+    );
+}

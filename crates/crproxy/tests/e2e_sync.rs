@@ -1,0 +1,781 @@
+//! Custom resource sync end to end: two devclusters (host and tenant), the sync as
+//! `crproxy run` starts it, and every check through the real kubectl.
+
+#[path = "support/sync_env.rs"]
+mod support;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn to_host_mirrors_spec_down_status_up_and_deletes_both_ways() -> Result<()> {
+    let env = Env::new().await;
+    let sync = env.start("client").await?;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    // The CRD was copied into the tenant, without a conversion webhook.
+    let crd = get(tenant, &["crd", "backups.example.org"]).context("CRD copied")?;
+    assert_eq!(
+        crd["spec"]["versions"][0]["subresources"],
+        json!({"status": {}})
+    );
+    assert_eq!(
+        crd["spec"]["versions"][0]["additionalPrinterColumns"][0]["name"],
+        "Schedule"
+    );
+    assert_eq!(crd["spec"]["conversion"]["strategy"], "None");
+
+    ns(tenant, "team");
+    apply(tenant, &backup("db", "team", "@daily"));
+    let uid =
+        get(tenant, &["backup", "-n", "team", "db"]).context("created")?["metadata"]["uid"].clone();
+    let mirror = eventually("mirror on the host", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+    })
+    .await;
+    let a = &mirror["metadata"]["annotations"];
+    assert_eq!(a["vcluster.loft.sh/object-name"], "db");
+    assert_eq!(a["vcluster.loft.sh/object-namespace"], "team");
+    assert_eq!(a["vcluster.loft.sh/object-uid"], uid);
+    assert_eq!(
+        a["vcluster.loft.sh/object-kind"],
+        "example.org/v1, Kind=Backup"
+    );
+    assert_eq!(a["vcluster.loft.sh/object-host-name"], "db-x-team-x-client");
+    assert_eq!(
+        a["vcluster.loft.sh/object-host-namespace"],
+        "vcluster-client"
+    );
+    let l = &mirror["metadata"]["labels"];
+    assert_eq!(l["vcluster.loft.sh/managed-by"], "client");
+    assert_eq!(l["vcluster.loft.sh/namespace"], "team");
+    assert_eq!(l["app"], "db");
+    assert_eq!(mirror["spec"]["schedule"], "@daily");
+    // The patch rewrote the Secret reference to its host name.
+    assert_eq!(mirror["spec"]["secretRef"]["name"], "creds-x-team-x-client");
+
+    // Spec flows down.
+    run(
+        tenant,
+        &[
+            "patch",
+            "backup",
+            "-n",
+            "team",
+            "db",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"schedule":"@hourly"}}"#,
+        ],
+    );
+    eventually("spec update on the host", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+        .filter(|m| m["spec"]["schedule"] == "@hourly")
+    })
+    .await;
+
+    // Status flows up through the status subresource.
+    run(
+        host,
+        &[
+            "patch",
+            "backup",
+            "-n",
+            "vcluster-client",
+            "db-x-team-x-client",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Done"}}"#,
+        ],
+    );
+    eventually("status in the tenant", || {
+        get(tenant, &["backup", "-n", "team", "db"]).filter(|t| t["status"]["phase"] == "Done")
+    })
+    .await;
+    // A tenant's edit of status is overwritten by the host's.
+    run(
+        tenant,
+        &[
+            "patch",
+            "backup",
+            "-n",
+            "team",
+            "db",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Faked"}}"#,
+        ],
+    );
+    eventually("host status restored in the tenant", || {
+        get(tenant, &["backup", "-n", "team", "db"]).filter(|t| t["status"]["phase"] == "Done")
+    })
+    .await;
+
+    // Deleting the tenant object deletes the mirror.
+    run(tenant, &["delete", "backup", "-n", "team", "db"]);
+    eventually("mirror deleted", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+        .is_none()
+        .then_some(())
+    })
+    .await;
+
+    // Deleting the mirror on the host deletes the tenant object.
+    apply(tenant, &backup("web", "team", "@weekly"));
+    eventually("second mirror", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "web-x-team-x-client"],
+        )
+    })
+    .await;
+    run(
+        host,
+        &[
+            "delete",
+            "backup",
+            "-n",
+            "vcluster-client",
+            "web-x-team-x-client",
+        ],
+    );
+    eventually("tenant object deleted after its mirror", || {
+        get(tenant, &["backup", "-n", "team", "web"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // ... and it is not recreated.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(get(
+        host,
+        &["backup", "-n", "vcluster-client", "web-x-team-x-client"]
+    )
+    .is_none());
+
+    // An object carrying a mirror record copied from another object is mirrored, not
+    // mistaken for one whose mirror the host deleted.
+    apply(
+        tenant,
+        &backup("copied", "team", "@daily").replace(
+            "  labels: {app: db}\n",
+            "  labels: {app: db}\n  annotations: {crproxy.dev/host-mirror: \"some-other-uid/some-mirror\"}\n",
+        ),
+    );
+    eventually("mirror of the copied object", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "copied-x-team-x-client"],
+        )
+    })
+    .await;
+    assert!(get(tenant, &["backup", "-n", "team", "copied"]).is_some());
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_name_gets_a_stable_hash_suffix() -> Result<()> {
+    let env = Env::new().await;
+    let sync = env.start("client").await?;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    let namespace = "a-namespace-with-quite-a-long-name";
+    ns(tenant, namespace);
+    let name = "a-backup-whose-name-alone-is-already-fairly-long";
+    apply(tenant, &backup(name, namespace, "@daily"));
+    let expected = crproxy_sync::names::host_name(name, namespace, "client");
+    assert_eq!(expected.len(), 63);
+    // 52 characters of the full name, '-', 10 hex digits of its hash.
+    assert!(expected.starts_with(&format!("{name}-x-a-")), "{expected}");
+    assert!(
+        expected[53..].chars().all(|c| c.is_ascii_hexdigit()),
+        "{expected}"
+    );
+    let mirror = eventually("hashed mirror", || {
+        get(host, &["backup", "-n", "vcluster-client", &expected])
+    })
+    .await;
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-name"],
+        name
+    );
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-host-name"],
+        expected.as_str()
+    );
+    // Exactly one mirror.
+    let list = get(host, &["backup", "-n", "vcluster-client"]).context("list")?;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1));
+    run(tenant, &["delete", "backup", "-n", namespace, name]);
+    eventually("hashed mirror deleted", || {
+        get(host, &["backup", "-n", "vcluster-client", &expected])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_host_copies_merge_tenant_edits_and_remove_tenant_objects() -> Result<()> {
+    let env = Env::new().await;
+    let sync = env.start("client").await?;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    assert!(
+        get(tenant, &["crd", "sharedstores.example.org"]).is_some(),
+        "CRD copied"
+    );
+
+    apply(host, &store("main", "eu", 1));
+    eventually("copy in the tenant", || {
+        get(tenant, &["sharedstore", "main"]).filter(|s| s["spec"]["region"] == "eu")
+    })
+    .await;
+
+    // A tenant edit of a field stays while the host leaves that field alone...
+    run(
+        tenant,
+        &[
+            "patch",
+            "sharedstore",
+            "main",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"size":9}}"#,
+        ],
+    );
+    run(
+        host,
+        &[
+            "patch",
+            "sharedstore",
+            "main",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"region":"us"}}"#,
+        ],
+    );
+    let copy = eventually("host region in the tenant", || {
+        get(tenant, &["sharedstore", "main"]).filter(|s| s["spec"]["region"] == "us")
+    })
+    .await;
+    assert_eq!(copy["spec"]["size"], 9, "tenant edit kept: {copy}");
+    // ... and is overwritten once the host changes the same field.
+    run(
+        host,
+        &[
+            "patch",
+            "sharedstore",
+            "main",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"size":2}}"#,
+        ],
+    );
+    eventually("host size wins", || {
+        get(tenant, &["sharedstore", "main"]).filter(|s| s["spec"]["size"] == 2)
+    })
+    .await;
+
+    // A tenant-created object of the type disappears.
+    apply(tenant, &store("mine", "eu", 1));
+    eventually("tenant-created store removed", || {
+        get(tenant, &["sharedstore", "mine"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // A tenant-deleted copy comes back.
+    run(tenant, &["delete", "sharedstore", "main"]);
+    eventually("copy recreated", || {
+        get(tenant, &["sharedstore", "main"]).filter(|s| s["spec"]["size"] == 2)
+    })
+    .await;
+
+    // A host object that is some tenant's toHost mirror is not offered as a copy.
+    apply(
+        host,
+        &store("mirrored", "eu", 1).replace(
+            "metadata:\n",
+            "metadata:\n  labels: {vcluster.loft.sh/managed-by: other}\n",
+        ),
+    );
+    apply(host, &store("after-mirrored", "eu", 1));
+    eventually("a later store copied", || {
+        get(tenant, &["sharedstore", "after-mirrored"])
+    })
+    .await;
+    assert!(
+        get(tenant, &["sharedstore", "mirrored"]).is_none(),
+        "mirrors are skipped"
+    );
+
+    // A host delete removes the copy.
+    run(host, &["delete", "sharedstore", "main"]);
+    eventually("copy deleted", || {
+        get(tenant, &["sharedstore", "main"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaced_from_host_follows_mappings() -> Result<()> {
+    let env = Env::new().await;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    // A namespaced fromHost type: the Backup type, from host namespace "shared".
+    let yaml = format!(
+        "client: {{name: client, project: default, kubeconfig: {}}}\nsync:\n  host: {{kubeconfig: {}, namespace: vcluster-client}}\n  fromHost:\n    customResources:\n      backups.example.org:\n        enabled: true\n        scope: Namespaced\n        mappings:\n          byName:\n            \"shared/*\": team\n            \"shared/special\": \"ops/renamed\"\n",
+        tenant.display(),
+        host.display()
+    );
+    let sync = env
+        .start_with("client", tenant, "vcluster-client", Some(yaml))
+        .await?;
+    ns(host, "shared");
+    ns(host, "unmapped");
+    apply(host, &backup("db", "shared", "@daily"));
+    apply(host, &backup("special", "shared", "@daily"));
+    apply(host, &backup("other", "unmapped", "@daily"));
+    let copy = eventually("copy in team (namespace created)", || {
+        get(tenant, &["backup", "-n", "team", "db"])
+    })
+    .await;
+    assert_eq!(
+        copy["metadata"]["annotations"]["vcluster.loft.sh/object-host-namespace"],
+        "shared"
+    );
+    eventually("renamed copy", || {
+        get(tenant, &["backup", "-n", "ops", "renamed"])
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        get(tenant, &["backup", "-n", "team", "special"]).is_none(),
+        "mapped one by one only"
+    );
+    assert!(get(tenant, &["backup", "-A"]).context("list")?["items"]
+        .as_array()
+        .is_some_and(|i| i.len() == 2));
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_on_one_host_namespace_never_touch_each_others_mirrors() -> Result<()> {
+    let env = Env::new().await;
+    let second = test_support::devcluster("tenant-b").await;
+    let host = &env.host.kubeconfig;
+    let (a, b) = (&env.tenant.kubeconfig, &second.kubeconfig);
+    // Tenant names chosen so that two different objects translate to the same host
+    // name: "a-x-b" in namespace "c" of tenant "d", and "a" in namespace "b" of
+    // tenant "c-x-d" are both "a-x-b-x-c-x-d".
+    let sync_a = env.start_with("d", a, "shared-tenants", None).await?;
+    let sync_b = env.start_with("c-x-d", b, "shared-tenants", None).await?;
+    ns(a, "c");
+    ns(b, "b");
+    apply(a, &backup("a-x-b", "c", "@daily"));
+    let mirror = eventually("tenant d's mirror", || {
+        get(host, &["backup", "-n", "shared-tenants", "a-x-b-x-c-x-d"])
+    })
+    .await;
+    assert_eq!(
+        mirror["metadata"]["labels"]["vcluster.loft.sh/managed-by"],
+        "d"
+    );
+    apply(b, &backup("a", "b", "@hourly"));
+    // Ordinary objects of both tenants sync side by side.
+    ns(a, "team");
+    ns(b, "team");
+    apply(a, &backup("app", "team", "@daily"));
+    apply(b, &backup("app", "team", "@hourly"));
+    eventually("both ordinary mirrors", || {
+        let x = get(host, &["backup", "-n", "shared-tenants", "app-x-team-x-d"])?;
+        let y = get(
+            host,
+            &["backup", "-n", "shared-tenants", "app-x-team-x-c-x-d"],
+        )?;
+        Some((x, y))
+    })
+    .await;
+    // Tenant c-x-d never overwrote tenant d's object under the shared name.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still =
+        get(host, &["backup", "-n", "shared-tenants", "a-x-b-x-c-x-d"]).context("still there")?;
+    assert_eq!(
+        still["metadata"]["labels"]["vcluster.loft.sh/managed-by"],
+        "d"
+    );
+    assert_eq!(still["spec"]["schedule"], "@daily");
+    assert_eq!(still["metadata"]["uid"], mirror["metadata"]["uid"]);
+    // Tenant c-x-d deleting its object does not delete tenant d's mirror; tenant d's
+    // status never reaches tenant c-x-d.
+    run(
+        host,
+        &[
+            "patch",
+            "backup",
+            "-n",
+            "shared-tenants",
+            "a-x-b-x-c-x-d",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Done"}}"#,
+        ],
+    );
+    eventually("status reaches d", || {
+        get(a, &["backup", "-n", "c", "a-x-b"]).filter(|o| o["status"]["phase"] == "Done")
+    })
+    .await;
+    assert!(get(b, &["backup", "-n", "b", "a"]).context("b's object")?["status"].is_null());
+    run(b, &["delete", "backup", "-n", "b", "a"]);
+    run(b, &["delete", "backup", "-n", "team", "app"]);
+    eventually("b's ordinary mirror deleted", || {
+        get(
+            host,
+            &["backup", "-n", "shared-tenants", "app-x-team-x-c-x-d"],
+        )
+        .is_none()
+        .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        get(host, &["backup", "-n", "shared-tenants", "a-x-b-x-c-x-d"]).is_some(),
+        "d's mirror survives"
+    );
+    assert!(get(host, &["backup", "-n", "shared-tenants", "app-x-team-x-d"]).is_some());
+    // A host object carrying neither tenant's identity is never touched either.
+    apply(
+        host,
+        &backup("stranger-x-team-x-d", "shared-tenants", "@yearly"),
+    );
+    apply(a, &backup("stranger", "team", "@daily"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stranger = get(
+        host,
+        &["backup", "-n", "shared-tenants", "stranger-x-team-x-d"],
+    )
+    .context("stranger")?;
+    assert_eq!(stranger["spec"]["schedule"], "@yearly");
+    assert!(stranger["metadata"]["annotations"]
+        .get("vcluster.loft.sh/object-uid")
+        .is_none());
+    sync_a.stop().await;
+    sync_b.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_while_the_syncer_is_down_converge_on_restart() -> Result<()> {
+    let env = Env::new().await;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    let sync = env.start("client").await?;
+    ns(tenant, "team");
+    for name in ["gone-in-tenant", "gone-on-host", "kept", "recreated"] {
+        apply(tenant, &backup(name, "team", "@daily"));
+    }
+    apply(host, &store("hosted", "eu", 1));
+    eventually("four mirrors and a copy", || {
+        let n = get(host, &["backup", "-n", "vcluster-client"])?["items"]
+            .as_array()?
+            .len();
+        let copied = get(tenant, &["sharedstore", "hosted"]).is_some();
+        (n == 4 && copied).then_some(())
+    })
+    .await;
+    // Wait until the mirror uids are remembered in the tenant.
+    eventually("mirror uid recorded", || {
+        get(tenant, &["backup", "-n", "team", "gone-on-host"])
+            .filter(|o| !o["metadata"]["annotations"]["crproxy.dev/host-mirror"].is_null())
+    })
+    .await;
+    sync.stop().await;
+
+    run(
+        tenant,
+        &["delete", "backup", "-n", "team", "gone-in-tenant"],
+    );
+    run(
+        host,
+        &[
+            "delete",
+            "backup",
+            "-n",
+            "vcluster-client",
+            "gone-on-host-x-team-x-client",
+        ],
+    );
+    run(host, &["delete", "sharedstore", "hosted"]);
+    // Deleted and created again under the same name: a new uid.
+    run(tenant, &["delete", "backup", "-n", "team", "recreated"]);
+    apply(tenant, &backup("recreated", "team", "@weekly"));
+    let new_uid = get(tenant, &["backup", "-n", "team", "recreated"]).context("recreated")?
+        ["metadata"]["uid"]
+        .clone();
+
+    let sync = env.start("client").await?;
+    eventually("orphaned mirror collected", || {
+        get(
+            host,
+            &[
+                "backup",
+                "-n",
+                "vcluster-client",
+                "gone-in-tenant-x-team-x-client",
+            ],
+        )
+        .is_none()
+        .then_some(())
+    })
+    .await;
+    eventually("tenant object of the deleted mirror removed", || {
+        get(tenant, &["backup", "-n", "team", "gone-on-host"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    eventually("copy of the deleted host store removed", || {
+        get(tenant, &["sharedstore", "hosted"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(get(
+        host,
+        &["backup", "-n", "vcluster-client", "kept-x-team-x-client"]
+    )
+    .is_some());
+    assert!(get(tenant, &["backup", "-n", "team", "kept"]).is_some());
+    // The mirror of the old incarnation was replaced by one of the new.
+    let mirror = eventually("mirror of the new incarnation", || {
+        get(
+            host,
+            &[
+                "backup",
+                "-n",
+                "vcluster-client",
+                "recreated-x-team-x-client",
+            ],
+        )
+        .filter(|m| m["metadata"]["annotations"]["vcluster.loft.sh/object-uid"] == new_uid)
+    })
+    .await;
+    assert_eq!(mirror["spec"]["schedule"], "@weekly");
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_the_host_does_not_serve_fails_start_up_naming_it() -> Result<()> {
+    let env = Env::new().await;
+    let yaml = format!(
+        "client: {{name: client, project: default, kubeconfig: {}}}\nsync:\n  host: {{kubeconfig: {}, namespace: vcluster-client}}\n  toHost:\n    customResources:\n      widgets.nowhere.example/v1:\n        enabled: true\n",
+        env.tenant.kubeconfig.display(),
+        env.host.kubeconfig.display()
+    );
+    let err = match env
+        .start_with(
+            "client",
+            &env.tenant.kubeconfig,
+            "vcluster-client",
+            Some(yaml),
+        )
+        .await
+    {
+        Ok(_) => panic!("start-up must fail"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("sync.toHost.customResources[\"widgets.nowhere.example/v1\"]"),
+        "{err}"
+    );
+    assert!(
+        err.contains("does not serve widgets.nowhere.example"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "one line: {err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_entry_stops_its_syncer_at_the_next_start_and_deletes_nothing() -> Result<()> {
+    let env = Env::new().await;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    let sync = env.start("client").await?;
+    ns(tenant, "team");
+    apply(tenant, &backup("db", "team", "@daily"));
+    eventually("mirror", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+    })
+    .await;
+    sync.stop().await;
+
+    let yaml = crproxy::devsync::sync_only_config("client", tenant, host).replacen(
+        "      backups.example.org/v1:\n        enabled: true",
+        "      backups.example.org/v1:\n        enabled: false",
+        1,
+    );
+    assert!(yaml.contains("enabled: false"));
+    let sync = env
+        .start_with("client", tenant, "vcluster-client", Some(yaml))
+        .await?;
+    assert_eq!(sync.resolved.len(), 1, "only SharedStores are synced");
+    run(tenant, &["delete", "backup", "-n", "team", "db"]);
+    apply(tenant, &backup("new", "team", "@daily"));
+    // The SharedStore syncer runs; use it to know the sync is up.
+    apply(host, &store("marker", "eu", 1));
+    eventually("fromHost still syncing", || {
+        get(tenant, &["sharedstore", "marker"])
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"]
+        )
+        .is_some(),
+        "nothing deleted"
+    );
+    assert!(
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "new-x-team-x-client"]
+        )
+        .is_none(),
+        "no longer synced"
+    );
+    assert!(
+        get(tenant, &["crd", "backups.example.org"]).is_some(),
+        "the CRD stays"
+    );
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_upgrade_adds_the_version_and_moves_storage() -> Result<()> {
+    let env = Env::new().await;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    let sync = env.start("client").await?;
+    ns(tenant, "team");
+    apply(tenant, &backup("db", "team", "@daily"));
+    eventually("mirror", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+    })
+    .await;
+    sync.stop().await;
+
+    // The host gains v2 as its storage version.
+    let mut crd = get(host, &["crd", "backups.example.org"]).context("host CRD")?;
+    let mut v2 = crd["spec"]["versions"][0].clone();
+    v2["name"] = json!("v2");
+    crd["spec"]["versions"][0]["storage"] = json!(false);
+    crd["spec"]["versions"]
+        .as_array_mut()
+        .context("versions")?
+        .push(v2);
+    apply(host, &serde_json::to_string(&crd)?);
+
+    let yaml = crproxy::devsync::sync_only_config("client", tenant, host)
+        .replace("backups.example.org/v1:", "backups.example.org/v2:");
+    let sync = env
+        .start_with("client", tenant, "vcluster-client", Some(yaml))
+        .await?;
+    let copied = get(tenant, &["crd", "backups.example.org"]).context("tenant CRD")?;
+    let versions = copied["spec"]["versions"].as_array().context("versions")?;
+    let by_name = |n: &str| {
+        versions
+            .iter()
+            .find(|v| v["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(versions.len(), 2, "{copied}");
+    assert_eq!(by_name("v2")["storage"], true);
+    assert_eq!(by_name("v1")["storage"], false);
+    assert_eq!(by_name("v1")["served"], true, "served left as it was");
+    // Objects still sync, now through v2.
+    apply(
+        tenant,
+        &backup("db2", "team", "@daily").replace("example.org/v1", "example.org/v2"),
+    );
+    let mirror = eventually("v2 mirror", || {
+        get(
+            host,
+            &[
+                "backup.v2.example.org",
+                "-n",
+                "vcluster-client",
+                "db2-x-team-x-client",
+            ],
+        )
+    })
+    .await;
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-kind"],
+        "example.org/v2, Kind=Backup"
+    );
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_clients_work_with_token_and_certificate_kubeconfigs() -> Result<()> {
+    let cluster = test_support::devcluster("host").await;
+    let cert = cluster.kubeconfig_with_cert("sync-user", &["system:masters"])?;
+    for kubeconfig in [&cluster.kubeconfig, &cert] {
+        let client = crproxy_sync::client::client_from_kubeconfig(kubeconfig).await?;
+        let versions = client.list_core_api_versions().await?;
+        assert!(
+            versions.versions.contains(&"v1".to_owned()),
+            "{kubeconfig:?}"
+        );
+    }
+    // A kubeconfig whose CA does not match is refused.
+    let other = test_support::devcluster("other").await;
+    let wrong_ca = cluster.dir.path().join("wrong-ca.kubeconfig");
+    std::fs::write(
+        &wrong_ca,
+        other
+            .cluster
+            .admin_kubeconfig()
+            .replace(&other.cluster.url(), &cluster.cluster.url()),
+    )?;
+    let client = crproxy_sync::client::client_from_kubeconfig(&wrong_ca).await?;
+    let err = match client.list_core_api_versions().await {
+        Ok(_) => panic!("TLS must fail with the wrong CA"),
+        Err(e) => format!("{e:?}"),
+    };
+    assert!(
+        err.contains("UnknownIssuer") || err.to_lowercase().contains("certificate"),
+        "{err}"
+    );
+    Ok(())
+}
