@@ -15,6 +15,8 @@ mod cluster;
 mod connector;
 mod credentials;
 mod error;
+#[cfg(feature = "kube")]
+mod kube_client;
 mod kubeconfig;
 mod watch;
 
@@ -28,6 +30,9 @@ pub use kubeconfig::{
     KubeCluster, KubeContext, KubeUser, Kubeconfig, NamedCluster, NamedContext, NamedUser,
 };
 pub use watch::WatchEvent;
+
+#[cfg(feature = "kube")]
+pub use kube_client::kube_client;
 
 #[cfg(feature = "fake")]
 pub mod fake;

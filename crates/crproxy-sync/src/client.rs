@@ -1,27 +1,42 @@
-//! kube clients from kubeconfig files.
+//! kube clients from kubeconfig files, through crproxy-kube's one credential-aware
+//! builder: tokens and token files, client certificates (re-read when renewed) and
+//! exec plugins work here exactly as in the proxy.
 
 use std::path::Path;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
-
 use crate::SyncError;
 
-/// A kube `Client` for the cluster the kubeconfig's current context names (tokens,
-/// client certificates and CA data as kubectl understands them).
+/// A kube `Client` for the cluster the kubeconfig's current context names.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, SyncError> {
     let shown = path.display().to_string();
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|source| SyncError::Kubeconfig {
+    let error = |source| SyncError::Kubeconfig {
         path: shown.clone(),
         source,
-    })?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|source| SyncError::Kubeconfig {
-            path: shown.clone(),
-            source,
-        })?;
-    kube::Client::try_from(config).map_err(|source| SyncError::Client {
-        path: shown,
+    };
+    let kubeconfig = crproxy_kube::Kubeconfig::load(path).map_err(error)?;
+    let namespace = kubeconfig
+        .context(None)
+        .ok()
+        .and_then(|c| c.context.namespace.clone())
+        .unwrap_or_else(|| "default".to_string());
+    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None).map_err(error)?;
+    client_for(&cluster, &namespace).map_err(error)
+}
+
+/// A kube `Client` from the kubeconfig kubectl would use, else the pod's service
+/// account.
+pub async fn inferred_client() -> Result<kube::Client, SyncError> {
+    let error = |source| SyncError::Kubeconfig {
+        path: "in-cluster configuration".into(),
         source,
-    })
+    };
+    let cluster = crproxy_kube::ClusterConfig::infer().map_err(error)?;
+    client_for(&cluster, "default").map_err(error)
+}
+
+fn client_for(
+    cluster: &crproxy_kube::ClusterConfig,
+    namespace: &str,
+) -> Result<kube::Client, crproxy_kube::Error> {
+    crproxy_kube::kube_client(cluster, cluster.credentials()?, namespace)
 }

@@ -8,14 +8,7 @@ pub enum SyncError {
     Kubeconfig {
         path: String,
         #[source]
-        source: kube::config::KubeconfigError,
-    },
-    /// The kube client could not be built from a kubeconfig.
-    #[error("kubeconfig {path}: {source}")]
-    Client {
-        path: String,
-        #[source]
-        source: kube::Error,
+        source: crproxy_kube::Error,
     },
     /// A synced type cannot be used: the host does not serve it, or not as configured.
     /// The message names the type and says what to do.

@@ -18,7 +18,7 @@ use kube::runtime::WatchStreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::client::client_from_kubeconfig;
+use crate::client::{client_from_kubeconfig, inferred_client};
 use crate::crd::{self, ResolvedType};
 use crate::from_host::FromHost;
 use crate::queue::WorkQueue;
@@ -153,12 +153,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     let host = client_from_kubeconfig(&options.host_kubeconfig).await?;
     let tenant = match &options.tenant_kubeconfig {
         Some(path) => client_from_kubeconfig(path).await?,
-        None => kube::Client::try_default()
-            .await
-            .map_err(|source| SyncError::Client {
-                path: "in-cluster configuration".into(),
-                source,
-            })?,
+        None => inferred_client().await?,
     };
     let mut resolved = Vec::new();
     for resource in &options.plan.resources {

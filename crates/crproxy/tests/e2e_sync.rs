@@ -758,6 +758,38 @@ async fn kube_clients_work_with_token_and_certificate_kubeconfigs() -> Result<()
             "{kubeconfig:?}"
         );
     }
+
+    // A token file rotated under a running client: the next recheck sends the new
+    // token, so revoking the old one costs no request.
+    let token_file = cluster.dir.path().join("sync.token");
+    let old_token = cluster
+        .cluster
+        .issue_token("sync-rotating", &["system:masters"])?;
+    std::fs::write(&token_file, &old_token)?;
+    let mut config = crproxy_kube::ClusterConfig::from_kubeconfig(
+        &crproxy_kube::Kubeconfig::load(&cluster.kubeconfig)?,
+        None,
+    )?;
+    config.auth = crproxy_kube::Auth::TokenFile(token_file.clone());
+    let credentials = crproxy_kube::Credentials::new(config.auth.clone(), json!(null))?
+        .with_file_recheck(Duration::from_millis(200));
+    let client = crproxy_kube::kube_client(&config, std::sync::Arc::new(credentials), "default")?;
+    client.list_core_api_versions().await?;
+    let new_token = cluster
+        .cluster
+        .issue_token("sync-rotating", &["system:masters"])?;
+    std::fs::write(token_file.with_extension("new"), &new_token)?;
+    std::fs::rename(token_file.with_extension("new"), &token_file)?;
+    for _ in 0..20 {
+        client.list_core_api_versions().await?;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    cluster.cluster.revoke_token(&old_token)?;
+    client
+        .list_core_api_versions()
+        .await
+        .context("the rotated token is in use")?;
+
     // A kubeconfig whose CA does not match is refused.
     let other = test_support::devcluster("other").await;
     let wrong_ca = cluster.dir.path().join("wrong-ca.kubeconfig");

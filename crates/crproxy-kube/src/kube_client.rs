@@ -1,0 +1,88 @@
+//! The one place a cluster identity becomes a kube-rs [`kube::Client`]: for the
+//! controllers written on kube-rs (the sync), with the same credentials, TLS and
+//! rotation as crproxy's own [`crate::Client`] and the data path.
+//!
+//! kube-rs reads kubeconfigs itself, but it keeps a client certificate for the life of
+//! the client and knows nothing of crproxy's [`Credentials`]. Building the client from
+//! a plain tower service keeps a single credential provider per identity: the service
+//! asks [`Credentials::authorization`] before each request and dials with the
+//! connector whose TLS handshakes present the current client certificate.
+
+use crate::client::{DEFAULT_CONNECT_TIMEOUT, USER_AGENT_VALUE};
+use crate::cluster::ClusterConfig;
+use crate::connector::Connector;
+use crate::credentials::Credentials;
+use crate::error::chain;
+use crate::Error;
+use http::header::{HeaderValue, AUTHORIZATION, USER_AGENT};
+use http::{Request, StatusCode, Uri};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::sync::Arc;
+use std::time::Duration;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A kube-rs client for `config` that authenticates with `credentials` and uses
+/// `default_namespace` for namespaced APIs built without one. Does not contact the
+/// server.
+pub fn kube_client(
+    config: &ClusterConfig,
+    credentials: Arc<Credentials>,
+    default_namespace: &str,
+) -> Result<kube::Client, Error> {
+    let tls = config.rustls_config(&[b"h2", b"http/1.1"], &credentials)?;
+    let connector = Connector::new(
+        Arc::new(tls),
+        config.server_name()?,
+        DEFAULT_CONNECT_TIMEOUT,
+    );
+    let http: HyperClient<Connector, kube::client::Body> =
+        HyperClient::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            // As crate::Client: pings find connections that died silently under a
+            // long watch.
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_timeout(Duration::from_secs(10))
+            .http2_keep_alive_while_idle(true)
+            .build(connector);
+    let base: Arc<str> = config.server.as_str().trim_end_matches('/').into();
+    let service = tower::service_fn(move |request: Request<kube::client::Body>| {
+        let http = http.clone();
+        let credentials = Arc::clone(&credentials);
+        let base = Arc::clone(&base);
+        async move {
+            let (mut parts, body) = request.into_parts();
+            // kube-rs sends the path and query; the server (with any path prefix)
+            // goes in front.
+            let path_and_query = parts
+                .uri
+                .path_and_query()
+                .map(|pq| pq.as_str())
+                .unwrap_or("/");
+            parts.uri = format!("{base}{path_and_query}")
+                .parse::<Uri>()
+                .map_err(|e| Error::Transport(format!("invalid request path: {e}")))?;
+            if !parts.headers.contains_key(AUTHORIZATION) {
+                if let Some(value) = credentials.authorization().await? {
+                    parts.headers.insert(AUTHORIZATION, value);
+                }
+            }
+            parts
+                .headers
+                .entry(USER_AGENT)
+                .or_insert(HeaderValue::from_static(USER_AGENT_VALUE));
+            let response = http
+                .request(Request::from_parts(parts, body))
+                .await
+                .map_err(|e| Error::Transport(chain(&e)))?;
+            if response.status() == StatusCode::UNAUTHORIZED {
+                credentials.invalidate().await;
+            }
+            Ok::<_, BoxError>(response)
+        }
+    });
+    Ok(kube::Client::new(service, default_namespace))
+}
