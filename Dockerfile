@@ -15,7 +15,7 @@ COPY . .
 # glibc linked statically (crt-static): the binary runs on `scratch`.
 RUN target="$(uname -m)-unknown-linux-gnu" \
  && RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked -p crproxy --bin crproxy --target "$target" \
+    cargo build --release --locked -p crproxy --no-default-features --bin crproxy --target "$target" \
  && cp "target/$target/release/crproxy" /crproxy
 
 FROM scratch

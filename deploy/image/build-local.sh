@@ -13,7 +13,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 target="$(uname -m)-unknown-linux-gnu"
 cd "$root"
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --release --locked -p crproxy --bin crproxy --target "$target"
+  cargo build --release --locked -p crproxy --no-default-features --bin crproxy --target "$target"
 binary="${CARGO_TARGET_DIR:-$root/target}/$target/release/crproxy"
 # A static executable has no program interpreter: `ldd` says so.
 ldd "$binary" 2>&1 | grep -q "statically linked" || { echo "$binary is not static" >&2; exit 1; }

@@ -1,7 +1,9 @@
 //! Library side of the `crproxy` command: the pieces the end-to-end tests start
 //! exactly as the command does.
 
+#[cfg(feature = "dev")]
 pub mod devenv;
+#[cfg(feature = "dev")]
 pub mod devsync;
 pub mod doctor;
 pub mod logging;

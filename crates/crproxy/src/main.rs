@@ -1,5 +1,6 @@
 //! The `crproxy` command line: assembles the library crates, nothing more.
 
+#[cfg(feature = "dev")]
 mod dev;
 use crproxy::run;
 
@@ -25,6 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start a client and a target devcluster with the proxy wired between them.
+    #[cfg(feature = "dev")]
     Dev(dev::DevArgs),
     /// Run the proxy against real clusters.
     Run {
@@ -40,6 +42,7 @@ enum Command {
         file: PathBuf,
     },
     /// Run one embedded Kubernetes-compatible API server.
+    #[cfg(feature = "dev")]
     Devcluster {
         /// Where the CA, tokens, kubeconfig and database live.
         #[arg(long)]
@@ -71,10 +74,12 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
+            #[cfg(feature = "dev")]
             Command::Dev(args) => dev::run(args).await,
             Command::Run { config } => run::run(&config).await,
             Command::CheckConfig { file } => run::check_config(&file),
             Command::Doctor(args) => crproxy::doctor::run(args).await,
+            #[cfg(feature = "dev")]
             Command::Devcluster {
                 data_dir,
                 port,
