@@ -5,14 +5,17 @@
 //! write; a list-then-watch cache answers from memory. Until the cache has synced
 //! (or while its watch is re-established) it answers "unknown" and the caller asks
 //! the API server directly, so a cold or broken cache costs latency, never
-//! correctness.
+//! correctness. A watch that stays silent past [`WATCH_IDLE_LIMIT`] (bookmarks
+//! included) counts as broken: a stalled connection must not keep answering from
+//! stale state.
 
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::Value;
+
+use crate::sources::{WatchFeed, RELIST_BACKOFF, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 
 /// The client's namespaces, as last seen by the watch.
 #[derive(Debug, Default)]
@@ -62,20 +65,19 @@ impl ClientNamespaces {
     }
 
     /// Keeps the cache in step with the client cluster: list, then watch from the
-    /// list's resourceVersion; on any interruption mark it unsynced and start over.
-    pub fn spawn_sync(
-        self: &Arc<Self>,
-        client: crproxy_kube::Client,
-    ) -> tokio::task::JoinHandle<()> {
+    /// list's resourceVersion; on any interruption (an error, the server closing the
+    /// watch, no event within the idle limit) mark it unsynced and start over.
+    pub fn spawn_sync<F: WatchFeed>(self: &Arc<Self>, feed: F) -> tokio::task::JoinHandle<()> {
         let cache = Arc::clone(self);
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(200);
+            let (first, max) = RELIST_BACKOFF;
+            let mut backoff = first;
             loop {
-                match cache.sync_once(&client).await {
-                    Ok(()) => backoff = Duration::from_millis(200),
+                match cache.sync_once(&feed).await {
+                    Ok(()) => backoff = first,
                     Err(error) => {
                         tracing::debug!(%error, "client namespace watch interrupted; re-listing");
-                        backoff = (backoff * 2).min(Duration::from_secs(10));
+                        backoff = (backoff * 2).min(max);
                     }
                 }
                 cache.unsync();
@@ -84,8 +86,8 @@ impl ClientNamespaces {
         })
     }
 
-    async fn sync_once(&self, client: &crproxy_kube::Client) -> Result<(), crproxy_kube::Error> {
-        let list = client.list("/api/v1/namespaces").await?;
+    async fn sync_once(&self, feed: &impl WatchFeed) -> Result<(), crproxy_kube::Error> {
+        let list = feed.list("/api/v1/namespaces").await?;
         let names = list["items"]
             .as_array()
             .into_iter()
@@ -98,20 +100,27 @@ impl ClientNamespaces {
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .unwrap_or("0");
-        let mut events = Box::pin(
-            client
-                .watch(&format!(
-                    "/api/v1/namespaces?watch=true&allowWatchBookmarks=true&resourceVersion={resource_version}"
-                ))
-                .await?,
-        );
-        while let Some(event) = events.next().await {
-            let event = event?;
+        // The server ends the watch after timeoutSeconds and sends bookmarks while it
+        // runs, so a healthy watch is never silent for the idle limit.
+        let mut events = feed
+            .watch(&format!(
+                "/api/v1/namespaces?watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
+            ))
+            .await?;
+        loop {
+            let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, events.next()).await {
+                Ok(Some(event)) => event?,
+                Ok(None) => return Ok(()),
+                Err(_) => {
+                    return Err(crproxy_kube::Error::Transport(format!(
+                        "no watch event within {WATCH_IDLE_LIMIT:?}"
+                    )))
+                }
+            };
             if let Some(name) = name_of(&event.object) {
                 self.apply(&event.event_type, name);
             }
         }
-        Ok(())
     }
 }
 
@@ -122,6 +131,163 @@ fn name_of(object: &Value) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crproxy_kube::{Error as KubeError, WatchEvent};
+    use futures_util::future::BoxFuture;
+    use futures_util::stream::BoxStream;
+    use serde_json::json;
+    use std::sync::Mutex;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+
+    type Events = mpsc::UnboundedSender<Result<WatchEvent, KubeError>>;
+    type EventStream = mpsc::UnboundedReceiver<Result<WatchEvent, KubeError>>;
+
+    /// Lists and watch streams handed out in order, as a restarting API server would.
+    #[derive(Clone, Default)]
+    struct Script {
+        lists: Arc<Mutex<Vec<Value>>>,
+        watches: Arc<Mutex<Vec<EventStream>>>,
+        requests: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Script {
+        fn push(&self, rv: &str, names: &[&str]) -> Events {
+            let items: Vec<Value> = names
+                .iter()
+                .map(|n| json!({"metadata": {"name": n}}))
+                .collect();
+            self.lists
+                .lock()
+                .expect("lock")
+                .push(json!({"metadata": {"resourceVersion": rv}, "items": items}));
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.watches.lock().expect("lock").push(rx);
+            tx
+        }
+
+        fn requests(&self) -> Vec<String> {
+            self.requests.lock().expect("lock").clone()
+        }
+    }
+
+    impl WatchFeed for Script {
+        fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Value, KubeError>> {
+            self.requests
+                .lock()
+                .expect("lock")
+                .push(format!("LIST {path}"));
+            let next = {
+                let mut lists = self.lists.lock().expect("lock");
+                (!lists.is_empty()).then(|| lists.remove(0))
+            };
+            Box::pin(async move { next.ok_or_else(|| KubeError::Transport("server down".into())) })
+        }
+
+        fn watch<'a>(
+            &'a self,
+            path: &'a str,
+        ) -> BoxFuture<'a, Result<BoxStream<'static, Result<WatchEvent, KubeError>>, KubeError>>
+        {
+            self.requests
+                .lock()
+                .expect("lock")
+                .push(format!("WATCH {path}"));
+            let next = {
+                let mut watches = self.watches.lock().expect("lock");
+                (!watches.is_empty()).then(|| watches.remove(0))
+            };
+            Box::pin(async move {
+                let rx = next.ok_or_else(|| KubeError::Transport("server down".into()))?;
+                Ok(tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed())
+            })
+        }
+    }
+
+    fn event(kind: &str, name: Option<&str>) -> Result<WatchEvent, KubeError> {
+        let object = match name {
+            Some(n) => json!({"metadata": {"name": n, "resourceVersion": "9"}}),
+            None => json!({"metadata": {"resourceVersion": "9"}}),
+        };
+        Ok(WatchEvent {
+            event_type: kind.into(),
+            object,
+        })
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_watch_unsyncs_the_cache_and_lists_again() {
+        let script = Script::default();
+        let watch = script.push("5", &["a"]);
+        let cache = ClientNamespaces::new();
+        let task = cache.spawn_sync(script.clone());
+        settle().await;
+        assert_eq!(cache.exists("a"), Some(true));
+        let requests = script.requests();
+        assert!(
+            requests[1].contains("allowWatchBookmarks=true")
+                && requests[1].contains(&format!("timeoutSeconds={WATCH_TIMEOUT_SECONDS}"))
+                && requests[1].contains("resourceVersion=5"),
+            "{requests:?}"
+        );
+
+        // Bookmarks keep a quiet watch alive.
+        tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
+        watch.send(event("BOOKMARK", None)).expect("send");
+        settle().await;
+        tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
+        settle().await;
+        assert_eq!(
+            cache.exists("a"),
+            Some(true),
+            "a bookmark reset the idle limit"
+        );
+
+        // Then silence, without the connection closing: the cache stops answering.
+        let _relisted = script.push("7", &["a", "b"]);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        settle().await;
+        assert_eq!(cache.exists("b"), None, "stale state is not answered from");
+        tokio::time::advance(RELIST_BACKOFF.1).await;
+        settle().await;
+        assert_eq!(cache.exists("b"), Some(true));
+        assert_eq!(script.requests().len(), 4, "{:?}", script.requests());
+        drop(watch);
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_api_server_restart_is_ridden_out_with_a_relist() {
+        let script = Script::default();
+        let watch = script.push("5", &["a"]);
+        let cache = ClientNamespaces::new();
+        let task = cache.spawn_sync(script.clone());
+        settle().await;
+        watch.send(event("ADDED", Some("b"))).expect("send");
+        settle().await;
+        assert_eq!(cache.exists("b"), Some(true));
+
+        // The server goes away: the watch closes and the next lists fail.
+        drop(watch);
+        settle().await;
+        assert_eq!(cache.exists("a"), None);
+        tokio::time::advance(RELIST_BACKOFF.1).await;
+        settle().await;
+        assert_eq!(cache.exists("a"), None, "still down");
+
+        // Back, with a namespace deleted meanwhile.
+        let _watch = script.push("9", &["b"]);
+        tokio::time::advance(RELIST_BACKOFF.1).await;
+        settle().await;
+        assert_eq!(cache.exists("a"), Some(false));
+        assert_eq!(cache.exists("b"), Some(true));
+        task.abort();
+    }
 
     #[test]
     fn unknown_until_synced_then_follows_events() {

@@ -351,9 +351,10 @@ pub fn parse_peer_file(path: &std::path::Path, content: &[u8]) -> Result<Vec<Str
 
 // ---- EndpointSlices -------------------------------------------------------------------
 
-/// What the EndpointSlice source needs from a Kubernetes client. Implemented for
-/// [`crproxy_kube::Client`]; tests script it.
-pub trait EndpointSliceFeed: Send + Sync + 'static {
+/// What a list-then-watch loop (the EndpointSlice source, the client namespace cache)
+/// needs from a Kubernetes client. Implemented for [`crproxy_kube::Client`]; tests
+/// script it.
+pub trait WatchFeed: Send + Sync + 'static {
     /// GETs a list.
     fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Value, crproxy_kube::Error>>;
     /// Starts a watch.
@@ -370,7 +371,7 @@ pub trait EndpointSliceFeed: Send + Sync + 'static {
     >;
 }
 
-impl EndpointSliceFeed for crproxy_kube::Client {
+impl WatchFeed for crproxy_kube::Client {
     fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Value, crproxy_kube::Error>> {
         Box::pin(crproxy_kube::Client::list(self, path))
     }
@@ -393,7 +394,7 @@ impl EndpointSliceFeed for crproxy_kube::Client {
 }
 
 /// Starts the EndpointSlice source over any feed.
-pub fn spawn_endpoint_slices<F: EndpointSliceFeed>(
+pub fn spawn_endpoint_slices<F: WatchFeed>(
     feed: F,
     namespace: String,
     service: String,
@@ -435,7 +436,7 @@ struct SliceSource<F> {
     publisher: Publisher,
 }
 
-impl<F: EndpointSliceFeed> SliceSource<F> {
+impl<F: WatchFeed> SliceSource<F> {
     async fn run(mut self) {
         let mut backoff = RELIST_BACKOFF.0;
         // Bounded: runs until the task is aborted.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crproxy_core::reason::Reason;
 use crproxy_kube::{Error as KubeError, WatchEvent};
 use crproxy_proxy::pool::{PeerPool, STALENESS_TOLERANCE};
-use crproxy_proxy::sources::{self, EndpointSliceFeed, PeerSourceConfig, FILE_POLL_INTERVAL};
+use crproxy_proxy::sources::{self, PeerSourceConfig, WatchFeed, FILE_POLL_INTERVAL};
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
@@ -161,7 +161,7 @@ impl ScriptedFeed {
     }
 }
 
-impl EndpointSliceFeed for ScriptedFeed {
+impl WatchFeed for ScriptedFeed {
     fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Value, KubeError>> {
         self.requests
             .lock()
