@@ -112,7 +112,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             false
         }
     };
-    let mut background = vec![frontproxy::spawn_trust_refresh(
+    let mut background = vec![frontproxy::spawn_trust_watch(
         setup.client.clone(),
         Arc::clone(&trust),
         loaded,

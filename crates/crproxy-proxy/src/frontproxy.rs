@@ -4,7 +4,7 @@
 //! in `X-Remote-*` headers. Both the CA that signs that certificate and the header
 //! names are published by the client API server in
 //! `kube-system/extension-apiserver-authentication`; [`FrontProxyTrust`] holds the
-//! current values and [`spawn_trust_refresh`] keeps them in step with the ConfigMap.
+//! current values and [`spawn_trust_watch`] keeps them in step with the ConfigMap.
 //!
 //! The TLS layer verifies the certificate chain (so a connection without a valid
 //! front-proxy certificate never carries identity headers we believe); the HTTP
@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use http::HeaderMap;
 use rustls::client::danger::HandshakeSignatureValid;
@@ -24,19 +23,26 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, UnixTime};
 use serde_json::Value;
 
+use crate::sources::{WatchFeed, RELIST_BACKOFF, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
+use futures_util::StreamExt;
+
 /// Namespace and name of the ConfigMap the client API server publishes.
 pub const AUTHENTICATION_CONFIGMAP_PATH: &str =
     "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication";
 
-/// How often the ConfigMap is re-read. The CA rotates rarely; a minute keeps the
-/// window in which a rotated CA is refused short without polling hard.
-pub const TRUST_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
+/// The ConfigMap as a one-item list, which is what a watch resumes from.
+const AUTHENTICATION_CONFIGMAP_LIST: &str =
+    "/api/v1/namespaces/kube-system/configmaps?fieldSelector=metadata.name%3Dextension-apiserver-authentication";
 
 /// The ConfigMap could not be turned into a trust configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum TrustError {
     /// `requestheader-client-ca-file` is missing: the client API server has no
     /// front-proxy configured, so no request can be trusted.
+    /// The ConfigMap does not exist (yet): the client API server publishes it at
+    /// start.
+    #[error("ConfigMap kube-system/extension-apiserver-authentication does not exist on the client cluster")]
+    Missing,
     #[error("ConfigMap kube-system/extension-apiserver-authentication has no requestheader-client-ca-file: the client API server has no front-proxy (aggregation) CA configured")]
     NoRequestHeaderCa,
     /// The CA bundle holds no usable certificate.
@@ -320,41 +326,119 @@ pub async fn load_trust(
     Ok(())
 }
 
-/// Re-reads the ConfigMap every [`TRUST_REFRESH_INTERVAL`] (every second until the
-/// first success) so a rotated front-proxy CA is picked up without a restart. Logs
-/// only when the outcome changes, so a client cluster that is slow to publish the
-/// ConfigMap does not flood the log.
-pub fn spawn_trust_refresh(
-    client: crproxy_kube::Client,
+/// Follows the ConfigMap with a watch, so a rotated front-proxy CA is installed as
+/// soon as the client API server publishes it. The watch resumes from the list's
+/// resourceVersion, asks for bookmarks and a server-side timeout, counts a silence
+/// past [`WATCH_IDLE_LIMIT`] as broken, and lists again with backoff after any
+/// interruption; the last good settings stay in force meanwhile. Logs only when the
+/// outcome changes, so a client cluster that is slow to publish the ConfigMap does
+/// not flood the log.
+pub fn spawn_trust_watch<F: WatchFeed>(
+    feed: F,
     trust: Arc<FrontProxyTrust>,
-    mut loaded: bool,
+    loaded: bool,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut failing = false;
+        let mut status = TrustStatus {
+            loaded,
+            failing: false,
+        };
+        let (first, max) = RELIST_BACKOFF;
+        let mut backoff = first;
         loop {
-            let wait = if loaded {
-                TRUST_REFRESH_INTERVAL
-            } else {
-                Duration::from_secs(1)
-            };
-            tokio::time::sleep(wait).await;
-            match load_trust(&client, &trust).await {
-                Ok(()) => {
-                    if failing || !loaded {
-                        tracing::info!("front-proxy trust loaded from the client cluster");
-                    }
-                    loaded = true;
-                    failing = false;
-                }
+            match watch_trust_once(&feed, &trust, &mut status).await {
+                Ok(()) => backoff = first,
                 Err(error) => {
-                    if !failing {
-                        tracing::warn!(%error, "cannot refresh the client's front-proxy trust; keeping the last settings");
-                    }
-                    failing = true;
+                    status.failed(&error);
+                    backoff = (backoff * 2).min(max);
                 }
             }
+            tokio::time::sleep(backoff).await;
         }
     })
+}
+
+/// What the log last said, to log changes only.
+struct TrustStatus {
+    loaded: bool,
+    failing: bool,
+}
+
+impl TrustStatus {
+    fn installed(&mut self) {
+        if self.failing || !self.loaded {
+            tracing::info!("front-proxy trust loaded from the client cluster");
+        }
+        self.loaded = true;
+        self.failing = false;
+    }
+
+    fn failed(&mut self, error: &str) {
+        if !self.failing {
+            tracing::warn!(%error, "cannot refresh the client's front-proxy trust; keeping the last settings");
+        }
+        self.failing = true;
+    }
+}
+
+/// One list-then-watch of the ConfigMap; returns when the server ends the watch.
+async fn watch_trust_once(
+    feed: &impl WatchFeed,
+    trust: &FrontProxyTrust,
+    status: &mut TrustStatus,
+) -> Result<(), String> {
+    let context = |e: crproxy_kube::Error| {
+        format!(
+            "reading kube-system/extension-apiserver-authentication from the client cluster: {e}"
+        )
+    };
+    let list = feed
+        .list(AUTHENTICATION_CONFIGMAP_LIST)
+        .await
+        .map_err(context)?;
+    match list.pointer("/items/0") {
+        Some(configmap) => install(trust, configmap, status)?,
+        None => return Err(TrustError::Missing.to_string()),
+    }
+    let resource_version = list
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("0");
+    let mut events = feed
+        .watch(&format!(
+            "{AUTHENTICATION_CONFIGMAP_LIST}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
+        ))
+        .await
+        .map_err(context)?;
+    loop {
+        let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, events.next()).await {
+            Ok(Some(event)) => event.map_err(context)?,
+            Ok(None) => return Ok(()),
+            Err(_) => return Err(format!("no watch event within {WATCH_IDLE_LIMIT:?}")),
+        };
+        match event.event_type.as_str() {
+            "ADDED" | "MODIFIED" => {
+                // A bad edit is reported and the last good settings kept; the watch
+                // goes on, the next edit may fix it.
+                if let Err(error) = install(trust, &event.object, status) {
+                    status.failed(&error);
+                }
+            }
+            "DELETED" => status.failed(&TrustError::Missing.to_string()),
+            _ => {}
+        }
+    }
+}
+
+fn install(
+    trust: &FrontProxyTrust,
+    configmap: &Value,
+    status: &mut TrustStatus,
+) -> Result<(), String> {
+    let settings = TrustSettings::from_configmap(configmap).map_err(|e| e.to_string())?;
+    trust.set(settings);
+    status.installed();
+    Ok(())
 }
 
 #[cfg(test)]

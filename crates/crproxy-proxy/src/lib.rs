@@ -17,6 +17,8 @@ pub mod health;
 pub mod metrics;
 pub mod namespaces;
 pub mod pool;
+#[cfg(test)]
+mod scripted_feed;
 pub mod server;
 pub mod sources;
 pub mod transport;

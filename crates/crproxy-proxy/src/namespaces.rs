@@ -131,88 +131,9 @@ fn name_of(object: &Value) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crproxy_kube::{Error as KubeError, WatchEvent};
-    use futures_util::future::BoxFuture;
-    use futures_util::stream::BoxStream;
+    use crate::scripted_feed::{event, Script};
     use serde_json::json;
-    use std::sync::Mutex;
     use std::time::Duration;
-    use tokio::sync::mpsc;
-
-    type Events = mpsc::UnboundedSender<Result<WatchEvent, KubeError>>;
-    type EventStream = mpsc::UnboundedReceiver<Result<WatchEvent, KubeError>>;
-
-    /// Lists and watch streams handed out in order, as a restarting API server would.
-    #[derive(Clone, Default)]
-    struct Script {
-        lists: Arc<Mutex<Vec<Value>>>,
-        watches: Arc<Mutex<Vec<EventStream>>>,
-        requests: Arc<Mutex<Vec<String>>>,
-    }
-
-    impl Script {
-        fn push(&self, rv: &str, names: &[&str]) -> Events {
-            let items: Vec<Value> = names
-                .iter()
-                .map(|n| json!({"metadata": {"name": n}}))
-                .collect();
-            self.lists
-                .lock()
-                .expect("lock")
-                .push(json!({"metadata": {"resourceVersion": rv}, "items": items}));
-            let (tx, rx) = mpsc::unbounded_channel();
-            self.watches.lock().expect("lock").push(rx);
-            tx
-        }
-
-        fn requests(&self) -> Vec<String> {
-            self.requests.lock().expect("lock").clone()
-        }
-    }
-
-    impl WatchFeed for Script {
-        fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Value, KubeError>> {
-            self.requests
-                .lock()
-                .expect("lock")
-                .push(format!("LIST {path}"));
-            let next = {
-                let mut lists = self.lists.lock().expect("lock");
-                (!lists.is_empty()).then(|| lists.remove(0))
-            };
-            Box::pin(async move { next.ok_or_else(|| KubeError::Transport("server down".into())) })
-        }
-
-        fn watch<'a>(
-            &'a self,
-            path: &'a str,
-        ) -> BoxFuture<'a, Result<BoxStream<'static, Result<WatchEvent, KubeError>>, KubeError>>
-        {
-            self.requests
-                .lock()
-                .expect("lock")
-                .push(format!("WATCH {path}"));
-            let next = {
-                let mut watches = self.watches.lock().expect("lock");
-                (!watches.is_empty()).then(|| watches.remove(0))
-            };
-            Box::pin(async move {
-                let rx = next.ok_or_else(|| KubeError::Transport("server down".into()))?;
-                Ok(tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed())
-            })
-        }
-    }
-
-    fn event(kind: &str, name: Option<&str>) -> Result<WatchEvent, KubeError> {
-        let object = match name {
-            Some(n) => json!({"metadata": {"name": n, "resourceVersion": "9"}}),
-            None => json!({"metadata": {"resourceVersion": "9"}}),
-        };
-        Ok(WatchEvent {
-            event_type: kind.into(),
-            object,
-        })
-    }
 
     async fn settle() {
         for _ in 0..20 {
@@ -220,10 +141,18 @@ mod tests {
         }
     }
 
+    fn list(rv: &str, names: &[&str]) -> Value {
+        let items: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"metadata": {"name": n}}))
+            .collect();
+        json!({"metadata": {"resourceVersion": rv}, "items": items})
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_stalled_watch_unsyncs_the_cache_and_lists_again() {
         let script = Script::default();
-        let watch = script.push("5", &["a"]);
+        let watch = script.push(list("5", &["a"]));
         let cache = ClientNamespaces::new();
         let task = cache.spawn_sync(script.clone());
         settle().await;
@@ -238,7 +167,12 @@ mod tests {
 
         // Bookmarks keep a quiet watch alive.
         tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
-        watch.send(event("BOOKMARK", None)).expect("send");
+        watch
+            .send(event(
+                "BOOKMARK",
+                json!({"metadata": {"resourceVersion": "9"}}),
+            ))
+            .expect("send");
         settle().await;
         tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
         settle().await;
@@ -249,7 +183,7 @@ mod tests {
         );
 
         // Then silence, without the connection closing: the cache stops answering.
-        let _relisted = script.push("7", &["a", "b"]);
+        let _relisted = script.push(list("7", &["a", "b"]));
         tokio::time::advance(Duration::from_secs(2)).await;
         settle().await;
         assert_eq!(cache.exists("b"), None, "stale state is not answered from");
@@ -264,11 +198,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_api_server_restart_is_ridden_out_with_a_relist() {
         let script = Script::default();
-        let watch = script.push("5", &["a"]);
+        let watch = script.push(list("5", &["a"]));
         let cache = ClientNamespaces::new();
         let task = cache.spawn_sync(script.clone());
         settle().await;
-        watch.send(event("ADDED", Some("b"))).expect("send");
+        watch
+            .send(event("ADDED", json!({"metadata": {"name": "b"}})))
+            .expect("send");
         settle().await;
         assert_eq!(cache.exists("b"), Some(true));
 
@@ -281,7 +217,7 @@ mod tests {
         assert_eq!(cache.exists("a"), None, "still down");
 
         // Back, with a namespace deleted meanwhile.
-        let _watch = script.push("9", &["b"]);
+        let _watch = script.push(list("9", &["b"]));
         tokio::time::advance(RELIST_BACKOFF.1).await;
         settle().await;
         assert_eq!(cache.exists("a"), Some(false));

@@ -96,3 +96,73 @@ fn configmap_errors_name_the_problem() {
     let bad_ca = TrustSettings::from_configmap(&configmap("garbage", "[]"));
     assert!(matches!(bad_ca, Err(TrustError::BadCa(_))));
 }
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
+    use crate::scripted_feed::{event, Script};
+    use serde_json::json;
+    let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
+    let original = ca.issue_client("front-proxy-client", &[]).expect("cert");
+    let renamed = ca.issue_client("renamed-proxy", &[]).expect("cert");
+    let accepts = |trust: &FrontProxyTrust, cert: &str| {
+        trust
+            .authenticate(Some(&der(cert)), &identity_headers())
+            .is_some()
+    };
+    let named = |allowed: &str| {
+        let mut cm = configmap(&ca.pem().cert, allowed);
+        cm["metadata"] = json!({"name": "extension-apiserver-authentication"});
+        cm
+    };
+    let script = Script::default();
+    let watch = script.push(json!({
+        "metadata": {"resourceVersion": "3"},
+        "items": [named("[\"front-proxy-client\"]")],
+    }));
+    let trust = FrontProxyTrust::new();
+    let task = spawn_trust_watch(script.clone(), Arc::clone(&trust), false);
+    settle().await;
+    assert!(accepts(&trust, &original.cert));
+    let requests = script.requests();
+    assert!(
+        requests[1].contains("fieldSelector=metadata.name%3Dextension-apiserver-authentication")
+            && requests[1].contains("watch=true")
+            && requests[1].contains("allowWatchBookmarks=true")
+            && requests[1].contains("resourceVersion=3"),
+        "{requests:?}"
+    );
+
+    // An edit is installed as it happens, without polling.
+    watch
+        .send(event("MODIFIED", named("[\"renamed-proxy\"]")))
+        .expect("send");
+    settle().await;
+    assert!(!accepts(&trust, &original.cert));
+    assert!(accepts(&trust, &renamed.cert));
+    // A broken edit keeps the last good settings.
+    watch
+        .send(event("MODIFIED", json!({"data": {}})))
+        .expect("send");
+    settle().await;
+    assert!(accepts(&trust, &renamed.cert));
+
+    // Silence past the idle limit, the connection still open: listed again.
+    let _next = script.push(json!({
+        "metadata": {"resourceVersion": "8"},
+        "items": [named("[\"front-proxy-client\"]")],
+    }));
+    tokio::time::advance(WATCH_IDLE_LIMIT + std::time::Duration::from_secs(1)).await;
+    settle().await;
+    tokio::time::advance(RELIST_BACKOFF.1).await;
+    settle().await;
+    assert!(accepts(&trust, &original.cert));
+    assert_eq!(script.requests().len(), 4, "{:?}", script.requests());
+    drop(watch);
+    task.abort();
+}
