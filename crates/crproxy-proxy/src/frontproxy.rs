@@ -23,7 +23,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, UnixTime};
 use serde_json::Value;
 
-use crate::sources::{WatchFeed, RELIST_BACKOFF, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
+use crate::sources::{RelistBackoff, WatchFeed, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 use futures_util::StreamExt;
 
 /// Namespace and name of the ConfigMap the client API server publishes.
@@ -343,17 +343,16 @@ pub fn spawn_trust_watch<F: WatchFeed>(
             loaded,
             failing: false,
         };
-        let (first, max) = RELIST_BACKOFF;
-        let mut backoff = first;
+        let mut backoff = RelistBackoff::default();
         loop {
             match watch_trust_once(&feed, &trust, &mut status).await {
-                Ok(()) => backoff = first,
+                // The server ended the watch: list again right away.
+                Ok(()) => backoff.reset(),
                 Err(error) => {
                     status.failed(&error);
-                    backoff = (backoff * 2).min(max);
+                    tokio::time::sleep(backoff.next_pause()).await;
                 }
             }
-            tokio::time::sleep(backoff).await;
         }
     })
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use crate::sources::{WatchFeed, RELIST_BACKOFF, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
+use crate::sources::{RelistBackoff, WatchFeed, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 
 /// The client's namespaces, as last seen by the watch.
 #[derive(Debug, Default)]
@@ -70,18 +70,18 @@ impl ClientNamespaces {
     pub fn spawn_sync<F: WatchFeed>(self: &Arc<Self>, feed: F) -> tokio::task::JoinHandle<()> {
         let cache = Arc::clone(self);
         tokio::spawn(async move {
-            let (first, max) = RELIST_BACKOFF;
-            let mut backoff = first;
+            let mut backoff = RelistBackoff::default();
             loop {
-                match cache.sync_once(&feed).await {
-                    Ok(()) => backoff = first,
+                let result = cache.sync_once(&feed).await;
+                cache.unsync();
+                match result {
+                    // The server ended the watch: list again right away.
+                    Ok(()) => backoff.reset(),
                     Err(error) => {
                         tracing::debug!(%error, "client namespace watch interrupted; re-listing");
-                        backoff = (backoff * 2).min(max);
+                        tokio::time::sleep(backoff.next_pause()).await;
                     }
                 }
-                cache.unsync();
-                tokio::time::sleep(backoff).await;
             }
         })
     }
@@ -132,6 +132,7 @@ fn name_of(object: &Value) -> Option<&str> {
 mod tests {
     use super::*;
     use crate::scripted_feed::{event, Script};
+    use crate::sources::RELIST_BACKOFF;
     use serde_json::json;
     use std::time::Duration;
 

@@ -38,8 +38,51 @@ pub const WATCH_TIMEOUT_SECONDS: u64 = 300;
 /// A watch that delivers nothing (not even a bookmark) for this long is treated as
 /// dead, so a silently broken connection cannot keep a stale list trusted forever.
 pub const WATCH_IDLE_LIMIT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 60);
-/// First and largest pause between EndpointSlice re-list attempts.
+/// First and largest step between re-list attempts of a client-side watch.
 pub const RELIST_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
+/// The pause before a client-side watch (EndpointSlices, client namespaces,
+/// front-proxy ConfigMap) lists again after a failure: the step doubles from
+/// `RELIST_BACKOFF.0` to `RELIST_BACKOFF.1`, and each pause is drawn between half
+/// and all of it, so replicas that lost the API server together do not all come
+/// back in the same instant.
+#[derive(Debug)]
+pub struct RelistBackoff {
+    step: Duration,
+}
+
+impl Default for RelistBackoff {
+    fn default() -> Self {
+        Self {
+            step: RELIST_BACKOFF.0,
+        }
+    }
+}
+
+impl RelistBackoff {
+    /// Back to the first step, after a watch that worked.
+    pub fn reset(&mut self) {
+        self.step = RELIST_BACKOFF.0;
+    }
+
+    /// The next pause, and the step after it doubled.
+    pub fn next_pause(&mut self) -> Duration {
+        let step = self.step;
+        self.step = (step * 2).min(RELIST_BACKOFF.1);
+        let half = step / 2;
+        half + half.mul_f64(random_fraction())
+    }
+}
+
+/// A fraction in [0, 1) from the standard library's per-instance random hash keys:
+/// enough to spread retries, no random-number crate needed.
+fn random_fraction() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
 
 /// Where a target's peers come from.
 // Built once per target at startup and moved into its task: the size difference
@@ -438,17 +481,17 @@ struct SliceSource<F> {
 
 impl<F: WatchFeed> SliceSource<F> {
     async fn run(mut self) {
-        let mut backoff = RELIST_BACKOFF.0;
+        let mut backoff = RelistBackoff::default();
         // Bounded: runs until the task is aborted.
         loop {
             match self.list_and_watch().await {
                 // The watch ran and ended (server timeout, connection loss): re-list
                 // right away, the feed was working.
-                Ok(()) => backoff = RELIST_BACKOFF.0,
+                Ok(()) => backoff.reset(),
                 Err(err) => {
-                    tracing::warn!(error = %err, service = %self.service, retry_in = ?backoff, "peer watch subscription failed");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(RELIST_BACKOFF.1);
+                    let pause = backoff.next_pause();
+                    tracing::warn!(error = %err, service = %self.service, retry_in = ?pause, "peer watch subscription failed");
+                    tokio::time::sleep(pause).await;
                 }
             }
         }
@@ -584,3 +627,33 @@ pub fn peers_from_slices<'a>(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    #[test]
+    fn relist_pauses_double_with_jitter_up_to_the_limit() {
+        let mut backoff = RelistBackoff::default();
+        let mut step = RELIST_BACKOFF.0;
+        for _ in 0..8 {
+            let pause = backoff.next_pause();
+            assert!(
+                pause >= step / 2 && pause <= step,
+                "{pause:?} for step {step:?}"
+            );
+            step = (step * 2).min(RELIST_BACKOFF.1);
+        }
+        assert_eq!(step, RELIST_BACKOFF.1);
+        backoff.reset();
+        assert!(backoff.next_pause() <= RELIST_BACKOFF.0);
+        // Jitter: twenty pauses of one step are not all the same.
+        let pauses: std::collections::HashSet<Duration> = (0..20)
+            .map(|_| {
+                let mut b = RelistBackoff::default();
+                b.next_pause()
+            })
+            .collect();
+        assert!(pauses.len() > 1, "{pauses:?}");
+    }
+}

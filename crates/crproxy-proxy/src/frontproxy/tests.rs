@@ -106,6 +106,7 @@ async fn settle() {
 #[tokio::test(start_paused = true)]
 async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
     use crate::scripted_feed::{event, Script};
+    use crate::sources::{RELIST_BACKOFF, WATCH_IDLE_LIMIT};
     use serde_json::json;
     let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
     let original = ca.issue_client("front-proxy-client", &[]).expect("cert");
