@@ -192,6 +192,8 @@ pub async fn run(options: &Options) -> Result<Report> {
         client_port: 0,
         proxy_base_port: 0,
         metrics_port: 0,
+        host_port: 0,
+        sync_metrics_port: 0,
         persistent: false,
         share_ports: false,
     })

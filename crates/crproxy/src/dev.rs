@@ -48,11 +48,13 @@ pub async fn run(args: DevArgs) -> Result<()> {
         client_port: args.client_port,
         proxy_base_port: args.proxy_port,
         metrics_port: args.metrics_port,
+        host_port: args.host_port,
+        sync_metrics_port: args.sync_metrics_port,
         persistent: true,
         share_ports: false,
     })
     .await?;
-    let sync = crproxy::devsync::start_for(&env, args.host_port, args.sync_metrics_port).await?;
+    let sync = crproxy::devsync::start_for(&env).await?;
     print_tour(&env);
     crproxy::devsync::print_tour(&env, &sync);
     crproxy::run::wait_for_signal().await;

@@ -34,6 +34,10 @@ pub struct DevOptions {
     pub client_port: u16,
     pub proxy_base_port: u16,
     pub metrics_port: u16,
+    /// The `host` cluster of the custom resource sync, and the sync's metrics
+    /// listener (started by `devsync`, checked here with the other ports).
+    pub host_port: u16,
+    pub sync_metrics_port: u16,
     /// Keep state in `dir` across restarts (the CLI); tests use in-memory stores.
     pub persistent: bool,
     /// Open proxy ports so further replicas on this host can share them (HA tests).
@@ -51,6 +55,8 @@ impl DevOptions {
             client_port: 0,
             proxy_base_port: 0,
             metrics_port: 0,
+            host_port: 0,
+            sync_metrics_port: 0,
             persistent: false,
             share_ports: false,
         }
@@ -65,6 +71,8 @@ pub enum PortRole {
     Client,
     Proxy,
     Metrics,
+    Host,
+    SyncMetrics,
 }
 
 impl PortRole {
@@ -75,6 +83,8 @@ impl PortRole {
             PortRole::Client => "--client-port",
             PortRole::Proxy => "--proxy-port",
             PortRole::Metrics => "--metrics-port",
+            PortRole::Host => "--host-port",
+            PortRole::SyncMetrics => "--sync-metrics-port",
         }
     }
 }
@@ -125,6 +135,8 @@ impl DevOptions {
             add(PortRole::Proxy, self.proxy_base_port, index * 10);
             add(PortRole::Metrics, self.metrics_port, index);
         }
+        add(PortRole::Host, self.host_port, 0);
+        add(PortRole::SyncMetrics, self.sync_metrics_port, 0);
         ports
     }
 

@@ -262,11 +262,7 @@ impl DevSync {
 
 /// Starts the dev sync for `env`'s first client and adds the `host` entry to
 /// `dev.json`.
-pub async fn start_for(
-    env: &crate::devenv::DevEnv,
-    host_port: u16,
-    metrics_port: u16,
-) -> Result<DevSync> {
+pub async fn start_for(env: &crate::devenv::DevEnv) -> Result<DevSync> {
     let client = env
         .clients
         .first()
@@ -274,8 +270,8 @@ pub async fn start_for(
     let sync = DevSync::start(DevSyncOptions {
         dir: &env.options.dir,
         persistent: env.options.persistent,
-        host_port,
-        metrics_port,
+        host_port: env.options.host_port,
+        metrics_port: env.options.sync_metrics_port,
         client_name: &client.name,
         client_kubeconfig: &client.kubeconfig,
     })

@@ -16,21 +16,23 @@ const START_LIMIT: Duration = Duration::from_secs(90);
 /// The banner's last line.
 const BANNER_END: &str = "Press Ctrl-C to stop.";
 
-/// The four port flags of `crproxy dev`, with the values to pass.
+/// The port flags of `crproxy dev`, with the values to pass.
 #[derive(Clone, Copy)]
 struct Ports {
     target: u16,
     client: u16,
     proxy: u16,
     metrics: u16,
+    host: u16,
+    sync_metrics: u16,
 }
 
 impl Ports {
     /// Ports that were free a moment ago (`0` everywhere would pick new ones on
     /// each start, which is not what a user restarting the same command gets).
     fn free() -> Result<Self> {
-        // Held together so the four are distinct.
-        let listeners = (0..4)
+        // Held together so they are distinct.
+        let listeners = (0..6)
             .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
             .collect::<std::io::Result<Vec<_>>>()?;
         let port = |i: usize| -> Result<u16> { Ok(listeners[i].local_addr()?.port()) };
@@ -39,6 +41,8 @@ impl Ports {
             client: port(1)?,
             proxy: port(2)?,
             metrics: port(3)?,
+            host: port(4)?,
+            sync_metrics: port(5)?,
         })
     }
 
@@ -48,6 +52,8 @@ impl Ports {
             client: 0,
             proxy: 0,
             metrics: 0,
+            host: 0,
+            sync_metrics: 0,
         }
     }
 
@@ -57,6 +63,8 @@ impl Ports {
             ("--client-port", self.client),
             ("--proxy-port", self.proxy),
             ("--metrics-port", self.metrics),
+            ("--host-port", self.host),
+            ("--sync-metrics-port", self.sync_metrics),
         ]
         .into_iter()
         .flat_map(|(flag, port)| [flag.to_string(), port.to_string()])

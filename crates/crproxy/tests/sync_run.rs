@@ -56,6 +56,16 @@ fn check_config_validates_sync_keys_and_warns() {
         ),
         "{stdout}"
     );
+    // The host kubeconfig the file names is read too.
+    assert!(
+        stdout.contains("sync.host.kubeconfig: ") && stdout.contains("does not exist"),
+        "{stdout}"
+    );
+    std::fs::write(
+        dir.path().join("h"),
+        "apiVersion: v1\nkind: Config\nclusters: [{name: h, cluster: {server: \"https://127.0.0.1:1\"}}]\nusers: [{name: h, user: {token: t}}]\ncontexts: [{name: h, context: {cluster: h, user: h}}]\ncurrent-context: h\n",
+    )
+    .expect("write");
 
     let both = dir.path().join("both.yaml");
     std::fs::write(
