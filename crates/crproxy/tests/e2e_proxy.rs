@@ -534,20 +534,23 @@ async fn deleting_a_client_namespace_removes_only_the_clients_objects() -> Resul
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rotated_target_token_file_costs_callers_nothing() -> Result<()> {
-    // The client identity authenticates to the target with a token file, as a
-    // projected service-account token: the kubelet writes a new token well before the
-    // old one expires. The proxy must switch to the new token before the old one is
-    // revoked.
-    let (env, _dir) = env(1, 1).await?;
-    let client = &env.clients[0].kubeconfig;
-    let token_file = env.clients[0]
+/// Where `crproxy dev` keeps the client identity's token on the target.
+fn identity_token_file(env: &DevEnv) -> Result<std::path::PathBuf> {
+    Ok(env.clients[0]
         .link
         .config_path
         .parent()
         .context("link directory")?
-        .join(crproxy::devenv::IDENTITY_TOKEN_FILE);
+        .join(crproxy::devenv::IDENTITY_TOKEN_FILE))
+}
+
+/// Rotates the client identity's token the way the kubelet rotates a projected
+/// token: a new token is issued and renamed over the file, requests keep flowing
+/// while the proxy's credentials are read again (`refreshed`), then the old token is
+/// revoked on the target. Every request through the client must succeed.
+async fn rotate_identity_token(env: &DevEnv, refreshed: Duration) -> Result<()> {
+    let client = &env.clients[0].kubeconfig;
+    let token_file = identity_token_file(env)?;
     let identity = crproxy_core::names::target_identity("p-default", &env.clients[0].name);
     kubectl_ok(client, &["create", "namespace", "demo"]).await?;
     kubectl_apply(client, "demo", &widget("w1", 1)).await?;
@@ -558,11 +561,9 @@ async fn a_rotated_target_token_file_costs_callers_nothing() -> Result<()> {
     std::fs::write(&tmp, format!("{new_token}\n"))?;
     std::fs::rename(&tmp, &token_file)?;
 
-    // Requests keep flowing while the proxy's next recheck picks the new token up.
     let mut requests = 0;
-    let rechecked =
-        tokio::time::Instant::now() + crproxy_kube::DEFAULT_FILE_RECHECK + Duration::from_secs(2);
-    while tokio::time::Instant::now() < rechecked && requests < 200 {
+    let until = tokio::time::Instant::now() + refreshed;
+    while tokio::time::Instant::now() < until && requests < 200 {
         kubectl_ok(client, &["-n", "demo", "get", "widgets", "w1"])
             .await
             .with_context(|| format!("request {requests} before the old token is revoked"))?;
@@ -576,4 +577,48 @@ async fn a_rotated_target_token_file_costs_callers_nothing() -> Result<()> {
         kubectl_apply(client, "demo", &widget(&format!("after-{i}"), i)).await?;
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_target_token_file_costs_callers_nothing() -> Result<()> {
+    // `crproxy dev` gives the identity a tokenFile kubeconfig: read again at the
+    // next recheck.
+    let (env, _dir) = env(1, 1).await?;
+    rotate_identity_token(
+        &env,
+        crproxy_kube::DEFAULT_FILE_RECHECK + Duration::from_secs(2),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_plugin_identity_serves_through_a_rotation() -> Result<()> {
+    // The identity's kubeconfig runs an exec plugin (as EKS, GKE and AKS
+    // kubeconfigs do) that prints the token file's token with a 40 s lifetime: the
+    // proxy runs it again 30 s before expiry, so within about 10 s.
+    let (mut env, _dir) = env(1, 1).await?;
+    env.clients[0].stop_proxy().await;
+    let token_file = identity_token_file(&env)?;
+    let link_dir = token_file.parent().context("link directory")?.to_path_buf();
+    let plugin = link_dir.join("identity-plugin.sh");
+    std::fs::write(
+        &plugin,
+        "#!/bin/sh\nset -e\nexpiry=$(date -u -d '+40 seconds' +%Y-%m-%dT%H:%M:%SZ)\nprintf '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"%s\",\"expirationTimestamp\":\"%s\"}}' \"$(cat \"$1\")\" \"$expiry\"\n",
+    )?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let kubeconfig_path = link_dir.join("target-identity.kubeconfig");
+    let mut kubeconfig: Value = parse_kubeconfig(&std::fs::read_to_string(&kubeconfig_path)?)?;
+    kubeconfig["users"][0]["user"] = json!({"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": "./identity-plugin.sh",
+        "args": [token_file],
+        "interactiveMode": "Never",
+    }});
+    std::fs::write(&kubeconfig_path, kubeconfig.to_string())?;
+    env.clients[0].replica = Some(env.clients[0].link.start_replica().await?);
+
+    rotate_identity_token(&env, Duration::from_secs(14)).await
 }
