@@ -1,11 +1,13 @@
-//! A small async Kubernetes REST client over JSON values.
+//! Kubernetes connections for crproxy: cluster configuration, credentials that
+//! rotate, and a small async REST client over JSON values.
 //!
-//! crproxy deliberately avoids kube-rs and k8s-openapi: they dominate compile time, and
-//! the proxy needs byte-level control of bodies anyway. What is here is what the proxy,
-//! the control-plane wiring and the tests need: load a kubeconfig or the in-cluster
-//! service account ([`ClusterConfig`]), keep its credentials current as tokens rotate,
-//! certificate files are renewed and exec plugins issue new tokens ([`Credentials`]), CRUD and PATCH on any path with
-//! [`serde_json::Value`] bodies, raw requests, and watch streams ([`Client`]).
+//! The proxy's data path needs byte-level control of bodies, so it does not use
+//! kube-rs; what it needs is here: load a kubeconfig or the in-cluster service
+//! account ([`ClusterConfig`]), keep its credentials current as tokens rotate,
+//! certificate files are renewed and exec plugins issue new tokens
+//! ([`Credentials`]), and CRUD, PATCH, raw requests and watch streams with
+//! [`serde_json::Value`] bodies ([`Client`]). With the `kube` feature,
+//! `kube_client` builds kube-rs clients on the same credentials and connector.
 //!
 //! TLS uses rustls with the ring provider passed explicitly, so nothing here depends on
 //! a process-wide default provider being installed.
