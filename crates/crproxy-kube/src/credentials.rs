@@ -46,7 +46,17 @@ pub struct Credentials {
     cluster_info: Value,
     file_recheck: Duration,
     cert: Arc<CurrentClientCert>,
+    /// What requests read: the header and until when it is good. Behind a plain
+    /// read lock so the data path's requests never queue behind each other.
+    current: RwLock<Current>,
+    /// Held while refreshing, so concurrent callers wait for one refresh.
     state: tokio::sync::Mutex<State>,
+}
+
+#[derive(Clone, Default)]
+struct Current {
+    header: Option<HeaderValue>,
+    fresh_until: Option<Instant>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -60,8 +70,8 @@ impl std::fmt::Debug for Credentials {
 #[derive(Default)]
 struct State {
     header: Option<HeaderValue>,
-    /// When the cached header (and certificate) stop being good; `None` means a
-    /// refresh is due now.
+    /// When the header (and certificate) stop being good; `None` means a refresh is
+    /// due now.
     fresh_until: Option<Instant>,
     /// The PEM bytes last loaded into the certificate slot, to parse again only when
     /// the files actually changed.
@@ -92,6 +102,10 @@ impl Credentials {
             cluster_info,
             file_recheck: DEFAULT_FILE_RECHECK,
             cert,
+            current: RwLock::new(Current {
+                header: state.header.clone(),
+                fresh_until: state.fresh_until,
+            }),
             state: tokio::sync::Mutex::new(state),
         })
     }
@@ -113,7 +127,14 @@ impl Credentials {
     /// identities), refreshing stale sources first. Also loads renewed client
     /// certificates, so call it before a request that may open a connection.
     pub async fn authorization(&self) -> Result<Option<HeaderValue>, Error> {
+        {
+            let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+            if current.fresh_until.is_some_and(|t| Instant::now() < t) {
+                return Ok(current.header.clone());
+            }
+        }
         let mut state = self.state.lock().await;
+        // Another caller may have refreshed while this one waited.
         if state.fresh_until.is_some_and(|t| Instant::now() < t) {
             return Ok(state.header.clone());
         }
@@ -140,6 +161,10 @@ impl Credentials {
                 state.fresh_until = Some(credential.fresh_until);
             }
         }
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Current {
+            header: state.header.clone(),
+            fresh_until: state.fresh_until,
+        };
         Ok(state.header.clone())
     }
 
@@ -153,6 +178,10 @@ impl Credentials {
             Auth::TokenFile(_) | Auth::ClientCertFiles { .. } | Auth::Exec(_)
         ) {
             self.state.lock().await.fresh_until = None;
+            self.current
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .fresh_until = None;
         }
     }
 }
