@@ -345,14 +345,9 @@ pub fn spawn_trust_watch<F: WatchFeed>(
         };
         let mut backoff = RelistBackoff::default();
         loop {
-            match watch_trust_once(&feed, &trust, &mut status).await {
-                // The server ended the watch: list again right away.
-                Ok(()) => backoff.reset(),
-                Err(error) => {
-                    status.failed(&error);
-                    tokio::time::sleep(backoff.next_pause()).await;
-                }
-            }
+            let Err(error) = watch_trust_once(&feed, &trust, &mut status, &mut backoff).await;
+            status.failed(&error);
+            tokio::time::sleep(backoff.next_pause()).await;
         }
     })
 }
@@ -380,12 +375,16 @@ impl TrustStatus {
     }
 }
 
-/// One list-then-watch of the ConfigMap; returns when the server ends the watch.
+/// Lists the ConfigMap, then watches it for as long as watches work: each watch the
+/// server ends is resumed from the last resourceVersion seen. Returns only on a
+/// failure (a stall or an expired resourceVersion included); a successful list
+/// resets `backoff`.
 async fn watch_trust_once(
     feed: &impl WatchFeed,
     trust: &FrontProxyTrust,
     status: &mut TrustStatus,
-) -> Result<(), String> {
+    backoff: &mut RelistBackoff,
+) -> Result<std::convert::Infallible, String> {
     let context = |e: crproxy_kube::Error| {
         format!(
             "reading kube-system/extension-apiserver-authentication from the client cluster: {e}"
@@ -395,36 +394,47 @@ async fn watch_trust_once(
         .list(AUTHENTICATION_CONFIGMAP_LIST)
         .await
         .map_err(context)?;
+    backoff.reset();
     match list.pointer("/items/0") {
         Some(configmap) => install(trust, configmap, status)?,
         None => return Err(TrustError::Missing.to_string()),
     }
-    let resource_version = list
+    let mut resource_version = list
         .pointer("/metadata/resourceVersion")
         .and_then(Value::as_str)
-        .unwrap_or("0");
-    let mut events = feed
-        .watch(&format!(
-            "{AUTHENTICATION_CONFIGMAP_LIST}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
-        ))
-        .await
-        .map_err(context)?;
+        .unwrap_or("0")
+        .to_string();
     loop {
-        let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, events.next()).await {
-            Ok(Some(event)) => event.map_err(context)?,
-            Ok(None) => return Ok(()),
-            Err(_) => return Err(format!("no watch event within {WATCH_IDLE_LIMIT:?}")),
-        };
-        match event.event_type.as_str() {
-            "ADDED" | "MODIFIED" => {
-                // A bad edit is reported and the last good settings kept; the watch
-                // goes on, the next edit may fix it.
-                if let Err(error) = install(trust, &event.object, status) {
-                    status.failed(&error);
-                }
+        let mut events = feed
+            .watch(&format!(
+                "{AUTHENTICATION_CONFIGMAP_LIST}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
+            ))
+            .await
+            .map_err(context)?;
+        loop {
+            let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, events.next()).await {
+                Ok(Some(event)) => event.map_err(context)?,
+                Ok(None) => break,
+                Err(_) => return Err(format!("no watch event within {WATCH_IDLE_LIMIT:?}")),
+            };
+            if let Some(rv) = event
+                .object
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+            {
+                resource_version = rv.to_string();
             }
-            "DELETED" => status.failed(&TrustError::Missing.to_string()),
-            _ => {}
+            match event.event_type.as_str() {
+                "ADDED" | "MODIFIED" => {
+                    // A bad edit is reported and the last good settings kept; the
+                    // watch goes on, the next edit may fix it.
+                    if let Err(error) = install(trust, &event.object, status) {
+                        status.failed(&error);
+                    }
+                }
+                "DELETED" => status.failed(&TrustError::Missing.to_string()),
+                _ => {}
+            }
         }
     }
 }

@@ -72,22 +72,24 @@ impl ClientNamespaces {
         tokio::spawn(async move {
             let mut backoff = RelistBackoff::default();
             loop {
-                let result = cache.sync_once(&feed).await;
+                let Err(error) = cache.sync_once(&feed, &mut backoff).await;
                 cache.unsync();
-                match result {
-                    // The server ended the watch: list again right away.
-                    Ok(()) => backoff.reset(),
-                    Err(error) => {
-                        tracing::debug!(%error, "client namespace watch interrupted; re-listing");
-                        tokio::time::sleep(backoff.next_pause()).await;
-                    }
-                }
+                tracing::debug!(%error, "client namespace watch interrupted; re-listing");
+                tokio::time::sleep(backoff.next_pause()).await;
             }
         })
     }
 
-    async fn sync_once(&self, feed: &impl WatchFeed) -> Result<(), crproxy_kube::Error> {
+    /// Lists, then watches for as long as watches work; returns only on a failure
+    /// (including a stall or an expired resourceVersion), after which the caller
+    /// lists again. A successful list resets `backoff`.
+    async fn sync_once(
+        &self,
+        feed: &impl WatchFeed,
+        backoff: &mut RelistBackoff,
+    ) -> Result<std::convert::Infallible, crproxy_kube::Error> {
         let list = feed.list("/api/v1/namespaces").await?;
+        backoff.reset();
         let names = list["items"]
             .as_array()
             .into_iter()
@@ -96,29 +98,41 @@ impl ClientNamespaces {
             .map(str::to_string)
             .collect();
         self.replace_all(names);
-        let resource_version = list
+        let mut resource_version = list
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
-            .unwrap_or("0");
-        // The server ends the watch after timeoutSeconds and sends bookmarks while it
-        // runs, so a healthy watch is never silent for the idle limit.
-        let mut events = feed
-            .watch(&format!(
-                "/api/v1/namespaces?watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
-            ))
-            .await?;
+            .unwrap_or("0")
+            .to_string();
+        // The server ends each watch after timeoutSeconds; the next one resumes from
+        // the last resourceVersion seen (bookmarks included), so that costs no list
+        // and the cache stays in sync. Bookmarks also keep a healthy watch from ever
+        // being silent for the idle limit.
         loop {
-            let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, events.next()).await {
-                Ok(Some(event)) => event?,
-                Ok(None) => return Ok(()),
-                Err(_) => {
-                    return Err(crproxy_kube::Error::Transport(format!(
-                        "no watch event within {WATCH_IDLE_LIMIT:?}"
-                    )))
+            let mut events = feed
+                .watch(&format!(
+                    "/api/v1/namespaces?watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
+                ))
+                .await?;
+            loop {
+                let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, events.next()).await {
+                    Ok(Some(event)) => event?,
+                    Ok(None) => break,
+                    Err(_) => {
+                        return Err(crproxy_kube::Error::Transport(format!(
+                            "no watch event within {WATCH_IDLE_LIMIT:?}"
+                        )))
+                    }
+                };
+                if let Some(rv) = event
+                    .object
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                {
+                    resource_version = rv.to_string();
                 }
-            };
-            if let Some(name) = name_of(&event.object) {
-                self.apply(&event.event_type, name);
+                if let Some(name) = name_of(&event.object) {
+                    self.apply(&event.event_type, name);
+                }
             }
         }
     }
@@ -140,6 +154,40 @@ mod tests {
         for _ in 0..20 {
             tokio::task::yield_now().await;
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_the_server_ends_is_resumed_without_a_list() {
+        let script = Script::default();
+        let first = script.push(list("5", &["a"]));
+        let cache = ClientNamespaces::new();
+        let task = cache.spawn_sync(script.clone());
+        settle().await;
+        first
+            .send(event(
+                "ADDED",
+                json!({"metadata": {"name": "b", "resourceVersion": "6"}}),
+            ))
+            .expect("send");
+        first
+            .send(event(
+                "BOOKMARK",
+                json!({"metadata": {"resourceVersion": "8"}}),
+            ))
+            .expect("send");
+        settle().await;
+        // The server ends the watch (its timeoutSeconds): the next one resumes.
+        let _second = script.push_watch();
+        drop(first);
+        settle().await;
+        let requests = script.requests();
+        assert_eq!(requests.len(), 3, "{requests:?}");
+        assert!(
+            requests[2].starts_with("WATCH ") && requests[2].contains("resourceVersion=8"),
+            "{requests:?}"
+        );
+        assert_eq!(cache.exists("b"), Some(true), "still in sync");
+        task.abort();
     }
 
     fn list(rv: &str, names: &[&str]) -> Value {

@@ -33,6 +33,13 @@ impl Script {
         tx
     }
 
+    /// Queues a watch that follows no list (a resumed watch).
+    pub fn push_watch(&self) -> Events {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.watches.lock().expect("lock").push(rx);
+        tx
+    }
+
     /// Every request so far, as `LIST path` or `WATCH path`.
     pub fn requests(&self) -> Vec<String> {
         self.requests.lock().expect("lock").clone()

@@ -153,6 +153,17 @@ async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
     settle().await;
     assert!(accepts(&trust, &renamed.cert));
 
+    // The server ends the watch: the next one resumes, without a list.
+    let resumed = script.push_watch();
+    drop(watch);
+    settle().await;
+    let requests = script.requests();
+    assert!(
+        requests[2].starts_with("WATCH ") && requests[2].contains("resourceVersion=3"),
+        "{requests:?}"
+    );
+    assert!(accepts(&trust, &renamed.cert));
+
     // Silence past the idle limit, the connection still open: listed again.
     let _next = script.push(json!({
         "metadata": {"resourceVersion": "8"},
@@ -163,7 +174,7 @@ async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
     tokio::time::advance(RELIST_BACKOFF.1).await;
     settle().await;
     assert!(accepts(&trust, &original.cert));
-    assert_eq!(script.requests().len(), 4, "{:?}", script.requests());
-    drop(watch);
+    assert_eq!(script.requests().len(), 5, "{:?}", script.requests());
+    drop(resumed);
     task.abort();
 }
