@@ -484,22 +484,20 @@ impl<F: WatchFeed> SliceSource<F> {
         let mut backoff = RelistBackoff::default();
         // Bounded: runs until the task is aborted.
         loop {
-            match self.list_and_watch().await {
-                // The watch ran and ended (server timeout, connection loss): re-list
-                // right away, the feed was working.
-                Ok(()) => backoff.reset(),
-                Err(err) => {
-                    let pause = backoff.next_pause();
-                    tracing::warn!(error = %err, service = %self.service, retry_in = ?pause, "peer watch subscription failed");
-                    tokio::time::sleep(pause).await;
-                }
-            }
+            let Err(err) = self.list_and_watch(&mut backoff).await;
+            let pause = backoff.next_pause();
+            tracing::warn!(error = %err, service = %self.service, retry_in = ?pause, "peer watch subscription failed");
+            tokio::time::sleep(pause).await;
         }
     }
 
-    /// One list + watch cycle. Returns `Ok` when a watch ran and then ended; the
-    /// subscription is reported dropped either way.
-    async fn list_and_watch(&mut self) -> Result<(), SourceError> {
+    /// One list, then watches for as long as they work. Returns on a failure (a
+    /// stall or an expired resourceVersion included), after reporting the
+    /// subscription dropped.
+    async fn list_and_watch(
+        &mut self,
+        backoff: &mut RelistBackoff,
+    ) -> Result<std::convert::Infallible, SourceError> {
         let kube_err = |path: &str| {
             let path = path.to_owned();
             move |source| SourceError::Kube { path, source }
@@ -511,6 +509,7 @@ impl<F: WatchFeed> SliceSource<F> {
                 return Err(kube_err(&self.list_path)(e));
             }
         };
+        backoff.reset();
         let mut slices: BTreeMap<String, Value> = BTreeMap::new();
         if let Some(items) = list["items"].as_array() {
             for item in items {
@@ -521,44 +520,48 @@ impl<F: WatchFeed> SliceSource<F> {
             slices.values(),
             self.port_name.as_deref(),
         ));
-        let resource_version = list["metadata"]["resourceVersion"]
+        let mut resource_version = list["metadata"]["resourceVersion"]
             .as_str()
             .unwrap_or("")
             .to_owned();
-        let watch_path = format!(
-            "{}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={}",
-            self.list_path,
-            percent_encoding::utf8_percent_encode(&resource_version, QUERY_VALUE)
-        );
-        let mut stream = match self.feed.watch(&watch_path).await {
-            Ok(stream) => stream,
-            Err(e) => {
-                self.publisher.dropped();
-                return Err(kube_err(&watch_path)(e));
-            }
-        };
-        let result = loop {
-            let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, stream.next()).await {
-                Err(_) => {
-                    break Err(SourceError::Kube {
-                        path: watch_path.clone(),
-                        source: crproxy_kube::Error::Transport(format!(
-                            "no watch event within {WATCH_IDLE_LIMIT:?}"
-                        )),
-                    })
-                }
-                Ok(None) => break Ok(()),
-                Ok(Some(Err(e))) => break Err(kube_err(&watch_path)(e)),
-                Ok(Some(Ok(event))) => event,
+        // Each watch the server ends (timeoutSeconds) is resumed from the last
+        // resourceVersion seen, bookmarks included: no list, and the subscription
+        // is not reported dropped. Only a failure ends the cycle.
+        let result = 'watches: loop {
+            let watch_path = format!(
+                "{}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={}",
+                self.list_path,
+                percent_encoding::utf8_percent_encode(&resource_version, QUERY_VALUE)
+            );
+            let mut stream = match self.feed.watch(&watch_path).await {
+                Ok(stream) => stream,
+                Err(e) => break Err(kube_err(&watch_path)(e)),
             };
-            if self.apply(&mut slices, &event.event_type, event.object) {
-                self.publisher.update(peers_from_slices(
-                    slices.values(),
-                    self.port_name.as_deref(),
-                ));
+            loop {
+                let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, stream.next()).await {
+                    Err(_) => {
+                        break 'watches Err(SourceError::Kube {
+                            path: watch_path.clone(),
+                            source: crproxy_kube::Error::Transport(format!(
+                                "no watch event within {WATCH_IDLE_LIMIT:?}"
+                            )),
+                        })
+                    }
+                    Ok(None) => break,
+                    Ok(Some(Err(e))) => break 'watches Err(kube_err(&watch_path)(e)),
+                    Ok(Some(Ok(event))) => event,
+                };
+                if let Some(rv) = event.object["metadata"]["resourceVersion"].as_str() {
+                    resource_version = rv.to_owned();
+                }
+                if self.apply(&mut slices, &event.event_type, event.object) {
+                    self.publisher.update(peers_from_slices(
+                        slices.values(),
+                        self.port_name.as_deref(),
+                    ));
+                }
             }
         };
-        drop(stream);
         self.publisher.dropped();
         result
     }

@@ -192,20 +192,21 @@ async fn endpoint_slices_through_the_kube_client() {
     assert_eq!(h.pool.hosts(), ["10.0.0.1:6443", "10.0.0.2:6443"]);
 
     // A watch event moves the list.
+    let mut modified = slice("kube-1", &["10.0.0.3"]);
+    modified["metadata"]["resourceVersion"] = json!("7");
     events
-        .send(json!({"type": "MODIFIED", "object": slice("kube-1", &["10.0.0.3"])}))
+        .send(json!({"type": "MODIFIED", "object": modified}))
         .expect("send");
     eventually("the MODIFIED event", || h.pool.hosts() == ["10.0.0.3:6443"]).await;
 
-    // The watch ends: the source lists again and watches from the new version.
-    api.set_slices(vec![
-        slice("kube-1", &["10.0.0.4"]),
-        slice("kube-2", &["10.0.0.5"]),
-    ]);
-    let _next = api.push_watch();
+    // The watch ends (the server's timeoutSeconds): the source resumes from the
+    // last resourceVersion it saw, without listing again.
+    let next = api.push_watch();
     drop(events);
-    eventually("the re-list", || {
-        h.pool.hosts() == ["10.0.0.4:6443", "10.0.0.5:6443"]
+    next.send(json!({"type": "ADDED", "object": slice("kube-2", &["10.0.0.5"])}))
+        .expect("send");
+    eventually("the resumed watch", || {
+        h.pool.hosts() == ["10.0.0.3:6443", "10.0.0.5:6443"]
     })
     .await;
 
@@ -218,12 +219,14 @@ async fn endpoint_slices_through_the_kube_client() {
     assert!(requests[1].contains("watch=true"), "{requests:?}");
     assert!(requests[1].contains(selector), "{requests:?}");
     assert!(requests[1].ends_with("resourceVersion=1"), "{requests:?}");
+    assert!(requests[2].contains("watch=true"), "{requests:?}");
+    assert!(requests[2].ends_with("resourceVersion=7"), "{requests:?}");
     assert_eq!(
         requests
             .iter()
             .filter(|r| !r.contains("watch=true"))
             .count(),
-        2
+        1
     );
     task.abort();
 }
