@@ -211,7 +211,7 @@ impl Client {
         match self.request_timeout {
             Some(t) => tokio::time::timeout(t, fut)
                 .await
-                .map_err(|_| Error::Transport(format!("no complete response within {t:?}")))?,
+                .map_err(|_| Error::Timeout(format!("no complete response within {t:?}")))?,
             None => fut.await,
         }
     }
@@ -244,7 +244,7 @@ impl Client {
         let resp = match self.request_timeout {
             Some(t) => tokio::time::timeout(t, connect)
                 .await
-                .map_err(|_| Error::Transport(format!("no response headers within {t:?}")))??,
+                .map_err(|_| Error::Timeout(format!("no response headers within {t:?}")))??,
             None => connect.await?,
         };
         if !resp.status().is_success() {
@@ -333,7 +333,7 @@ impl Client {
             .http
             .request(req)
             .await
-            .map_err(|e| Error::Transport(chain(&e)))?;
+            .map_err(|e| crate::error::from_client_error(&e))?;
         if resp.status() == http::StatusCode::UNAUTHORIZED {
             // Read rotated files or run the plugin again for the next request.
             self.credentials.invalidate().await;

@@ -20,8 +20,20 @@ pub enum Error {
         message: String,
         body: Value,
     },
-    /// The request did not complete: connect, TLS handshake, HTTP protocol error, or the
-    /// client-side request timeout. Check the server URL and network reachability.
+    /// No connection could be made: the address refused or could not be reached.
+    /// Check the server URL and network reachability.
+    #[error("cannot connect to the API server: {0}")]
+    Connect(String),
+    /// The TLS handshake failed: the server's certificate is not trusted or does not
+    /// name the server, or the server refused the client certificate.
+    #[error("TLS handshake with the API server failed: {0}")]
+    TlsHandshake(String),
+    /// No answer in time: connecting, the response, or a watch that stayed silent
+    /// past its idle limit.
+    #[error("the API server did not answer in time: {0}")]
+    Timeout(String),
+    /// The exchange failed after the connection was made (an HTTP protocol error, a
+    /// connection reset, a broken watch stream), or the request could not be built.
     #[error("request to the API server failed: {0}")]
     Transport(String),
     /// The kubeconfig (or in-cluster service account files) could not be read or is
@@ -166,6 +178,36 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}...", &s[..end])
+}
+
+/// Sorts a failed exchange by cause, so callers can tell a timeout from a refused
+/// connection or an untrusted certificate. The message keeps the whole cause chain.
+pub(crate) fn from_client_error(err: &hyper_util::client::legacy::Error) -> Error {
+    let text = chain(err);
+    if !err.is_connect() {
+        return Error::Transport(text);
+    }
+    let mut cause = std::error::Error::source(err);
+    while let Some(current) = cause {
+        if let Some(io) = current.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return Error::Timeout(text);
+            }
+            // tokio-rustls reports handshake failures as an io::Error around the
+            // rustls error.
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return Error::TlsHandshake(text);
+            }
+        }
+        if current.is::<rustls::Error>() {
+            return Error::TlsHandshake(text);
+        }
+        cause = current.source();
+    }
+    Error::Connect(text)
 }
 
 /// Renders an error with its whole `source()` chain, `a: b: c`.

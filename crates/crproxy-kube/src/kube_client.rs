@@ -12,7 +12,7 @@ use crate::client::{DEFAULT_CONNECT_TIMEOUT, USER_AGENT_VALUE};
 use crate::cluster::ClusterConfig;
 use crate::connector::Connector;
 use crate::credentials::Credentials;
-use crate::error::chain;
+use crate::error::from_client_error;
 use crate::Error;
 use http::header::{HeaderValue, AUTHORIZATION, USER_AGENT};
 use http::{Request, StatusCode, Uri};
@@ -77,7 +77,7 @@ pub fn kube_client(
             let response = http
                 .request(Request::from_parts(parts, body))
                 .await
-                .map_err(|e| Error::Transport(chain(&e)))?;
+                .map_err(|e| from_client_error(&e))?;
             if response.status() == StatusCode::UNAUTHORIZED {
                 credentials.invalidate().await;
             }

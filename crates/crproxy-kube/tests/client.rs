@@ -393,7 +393,7 @@ async fn server_certificate_is_verified_unless_insecure() -> Result<()> {
     let err = timed(Client::new(cfg.clone())?.get("/api/v1/namespaces/default/configmaps/cm"))
         .await?
         .expect_err("untrusted server");
-    assert!(matches!(err, Error::Transport(_)), "{err:?}");
+    assert!(matches!(err, Error::TlsHandshake(_)), "{err:?}");
     // The cause chain reaches the log line, not just hyper's "client error (Connect)".
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
 
@@ -410,7 +410,7 @@ async fn server_certificate_is_verified_unless_insecure() -> Result<()> {
     let err = timed(Client::new(cfg)?.get("/api/v1/namespaces/default/configmaps/cm"))
         .await?
         .expect_err("name mismatch");
-    assert!(matches!(err, Error::Transport(_)), "{err:?}");
+    assert!(matches!(err, Error::TlsHandshake(_)), "{err:?}");
     Ok(())
 }
 
@@ -849,5 +849,38 @@ async fn a_failing_exec_plugin_is_a_credentials_error_with_its_output() -> Resul
         .await?
         .expect_err("plugin missing");
     assert!(err.to_string().contains("install the plugin"), "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn failures_are_typed_by_cause() -> Result<()> {
+    let srv = start(&[b"http/1.1"]).await?;
+    // Nothing listens: refused.
+    let closed = TcpListener::bind("127.0.0.1:0").await?;
+    let closed_port = closed.local_addr()?.port();
+    drop(closed);
+    let mut cfg = srv.config(Auth::None)?;
+    cfg.server = format!("https://127.0.0.1:{closed_port}").parse()?;
+    let err = timed(Client::new(cfg)?.get("/api"))
+        .await?
+        .expect_err("refused");
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+
+    // A peer that accepts TCP and never speaks TLS: the request timeout, not a hang.
+    let silent = TcpListener::bind("127.0.0.1:0").await?;
+    let silent_port = silent.local_addr()?.port();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        // Bounded by the abort below.
+        while let Ok((tcp, _)) = silent.accept().await {
+            held.push(tcp);
+        }
+    });
+    let mut cfg = srv.config(Auth::None)?;
+    cfg.server = format!("https://127.0.0.1:{silent_port}").parse()?;
+    let client = Client::new(cfg)?.with_request_timeout(Some(Duration::from_millis(300)));
+    let err = timed(client.get("/api")).await?.expect_err("silent");
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    hold.abort();
     Ok(())
 }

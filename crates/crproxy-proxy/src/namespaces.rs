@@ -118,7 +118,7 @@ impl ClientNamespaces {
                     Ok(Some(event)) => event?,
                     Ok(None) => break,
                     Err(_) => {
-                        return Err(crproxy_kube::Error::Transport(format!(
+                        return Err(crproxy_kube::Error::Timeout(format!(
                             "no watch event within {WATCH_IDLE_LIMIT:?}"
                         )))
                     }

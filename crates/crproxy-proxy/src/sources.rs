@@ -542,7 +542,7 @@ impl<F: WatchFeed> SliceSource<F> {
                     Err(_) => {
                         break 'watches Err(SourceError::Kube {
                             path: watch_path.clone(),
-                            source: crproxy_kube::Error::Transport(format!(
+                            source: crproxy_kube::Error::Timeout(format!(
                                 "no watch event within {WATCH_IDLE_LIMIT:?}"
                             )),
                         })
