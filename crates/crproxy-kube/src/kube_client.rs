@@ -86,3 +86,25 @@ pub fn kube_client(
     });
     Ok(kube::Client::new(service, default_namespace))
 }
+
+/// A kube-rs error as this crate's [`Error`], so code moving to kube-rs keeps its
+/// error handling (`is_not_found`, `is_conflict`, ...). Failures of the transport
+/// underneath come back as the typed errors the service produced.
+impl From<kube::Error> for Error {
+    fn from(err: kube::Error) -> Error {
+        match err {
+            kube::Error::Api(status) => Error::Api {
+                status: status.code,
+                reason: status.reason.clone(),
+                message: status.message.clone(),
+                body: serde_json::to_value(&*status).unwrap_or(serde_json::Value::Null),
+            },
+            kube::Error::Service(source) => match source.downcast::<Error>() {
+                Ok(ours) => *ours,
+                Err(other) => Error::Transport(crate::error::chain(other.as_ref())),
+            },
+            kube::Error::SerdeError(e) => Error::Decode(e.to_string()),
+            other => Error::Transport(crate::error::chain(&other)),
+        }
+    }
+}

@@ -62,8 +62,10 @@ pub async fn start_from_config(
         None => crproxy_kube::ClusterConfig::in_cluster(),
     }
     .map_err(|e| SyncError::Leader(format!("tenant cluster: {e}")))?;
-    let lease_client =
-        crproxy_kube::Client::new(cluster).map_err(|e| SyncError::Leader(e.to_string()))?;
+    let lease_client = cluster
+        .credentials()
+        .and_then(|credentials| crproxy_kube::kube_client(&cluster, credentials, "default"))
+        .map_err(|e| SyncError::Leader(e.to_string()))?;
     let leader = LeaderElector::spawn(
         lease_client,
         LeaseConfig {

@@ -13,8 +13,9 @@
 //! timestamps a record when its GET *returns*, which is no earlier than the write, so
 //! it cannot take over before the old leader has stepped down.
 
+use crate::objects::Objects;
 use chrono::{DateTime, Utc};
-use crproxy_kube::{Client, Error};
+use crproxy_kube::Error;
 use serde_json::{json, Value};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -97,41 +98,37 @@ pub(crate) trait LeaseStore: Send + Sync + 'static {
 
 /// [`LeaseStore`] over the Kubernetes API.
 struct KubeLeases {
-    client: Client,
-    collection: String,
-    object: String,
+    leases: Objects,
+    name: String,
 }
 
 impl KubeLeases {
-    fn new(client: Client, cfg: &LeaseConfig) -> Self {
-        let collection = format!(
-            "/apis/coordination.k8s.io/v1/namespaces/{}/leases",
-            cfg.namespace
-        );
-        let object = format!("{collection}/{}", cfg.name);
+    fn new(client: kube::Client, cfg: &LeaseConfig) -> Self {
         KubeLeases {
-            client,
-            collection,
-            object,
+            leases: Objects::new(
+                client,
+                "coordination.k8s.io",
+                "v1",
+                "Lease",
+                "leases",
+                Some(&cfg.namespace),
+            ),
+            name: cfg.name.clone(),
         }
     }
 }
 
 impl LeaseStore for KubeLeases {
     async fn get(&self) -> Result<Option<Value>, Error> {
-        match self.client.get(&self.object).await {
-            Ok(v) => Ok(Some(v)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.leases.get(&self.name).await
     }
 
     async fn create(&self, lease: Value) -> Result<Value, Error> {
-        self.client.create(&self.collection, &lease).await
+        self.leases.create(&lease).await
     }
 
     async fn replace(&self, lease: Value) -> Result<Value, Error> {
-        self.client.replace(&self.object, &lease).await
+        self.leases.replace(&self.name, &lease).await
     }
 }
 
@@ -141,7 +138,7 @@ pub struct LeaderElector;
 impl LeaderElector {
     /// Spawns the election loop for `cfg` on the current tokio runtime. The replica
     /// starts as a follower; watch [`LeaderHandle::changes`] for the outcome.
-    pub fn spawn(client: Client, cfg: LeaseConfig) -> LeaderHandle {
+    pub fn spawn(client: kube::Client, cfg: LeaseConfig) -> LeaderHandle {
         let store = KubeLeases::new(client, &cfg);
         Self::spawn_with(store, cfg)
     }

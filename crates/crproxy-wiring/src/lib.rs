@@ -4,9 +4,12 @@
 //!
 //! Every replica serves; only the leader writes registration objects. Object names and
 //! the protection label come from `crproxy_core::names`, the one place they are defined.
+//! The API conversations go through kube-rs (`objects`), with clients built by
+//! `crproxy_kube::kube_client`.
 
 mod error;
 mod leader;
+mod objects;
 mod register;
 mod wiring;
 

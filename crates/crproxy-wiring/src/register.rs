@@ -15,9 +15,10 @@
 
 use crate::leader::LeaderHandle;
 use crate::names;
+use crate::objects::Objects;
 use crate::WiringError;
 use base64::Engine as _;
-use crproxy_kube::Client;
+use kube::Client;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -217,16 +218,35 @@ impl Kind {
         }
     }
 
-    fn collection(self, namespace: &str) -> String {
+    /// The objects of this kind (Services in `namespace`, the others cluster-wide).
+    fn objects(self, client: &Client, namespace: &str) -> Objects {
+        let client = client.clone();
         match self {
-            Kind::Service => format!("/api/v1/namespaces/{namespace}/services"),
-            Kind::ApiService => "/apis/apiregistration.k8s.io/v1/apiservices".to_owned(),
-            Kind::Policy => {
-                "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies".to_owned()
-            }
-            Kind::Binding => {
-                "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings".to_owned()
-            }
+            Kind::Service => Objects::new(client, "", "v1", "Service", "services", Some(namespace)),
+            Kind::ApiService => Objects::new(
+                client,
+                "apiregistration.k8s.io",
+                "v1",
+                "APIService",
+                "apiservices",
+                None,
+            ),
+            Kind::Policy => Objects::new(
+                client,
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicy",
+                "validatingadmissionpolicies",
+                None,
+            ),
+            Kind::Binding => Objects::new(
+                client,
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+                None,
+            ),
         }
     }
 }
@@ -359,30 +379,25 @@ async fn reconcile(
         .as_str()
         .unwrap_or("")
         .to_owned();
-    let collection = kind.collection(namespace);
-    let path = format!("{collection}/{name}");
+    let objects = kind.objects(client, namespace);
     let err = |action: &'static str, source| WiringError::Object {
         action,
         kind: kind.name(),
         name: name.clone(),
         source: Box::new(source),
     };
-    let live = match client.get(&path).await {
-        Ok(v) => Some(v),
-        Err(e) if e.is_not_found() => None,
-        Err(e) => return Err(err("reading", e)),
-    };
+    let live = objects.get(&name).await.map_err(|e| err("reading", e))?;
     let outcome = match live {
         None => {
-            client
-                .create(&collection, desired)
+            objects
+                .create(desired)
                 .await
                 .map_err(|e| err("creating", e))?;
             Outcome::Created
         }
         Some(live) if drifted(kind, desired, &live) => {
-            client
-                .replace(&path, &repaired(kind, desired, &live))
+            objects
+                .replace(&name, &repaired(kind, desired, &live))
                 .await
                 .map_err(|e| err("updating", e))?;
             Outcome::Updated

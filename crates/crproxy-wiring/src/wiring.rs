@@ -2,7 +2,7 @@
 
 use crate::leader::{LeaderElector, LeaderHandle, LeaseConfig};
 use crate::register::{spawn_registrar, RegistrarConfig, Registration};
-use crproxy_kube::Client;
+use kube::Client;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 

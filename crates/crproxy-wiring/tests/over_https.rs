@@ -25,6 +25,13 @@ fn lease_config(identity: &str) -> LeaseConfig {
     }
 }
 
+/// A kube-rs client for the fake, built the way crproxy builds every kube client.
+fn kube_client(srv: &FakeApiServer) -> kube::Client {
+    let config = srv.config();
+    let credentials = config.credentials().expect("credentials");
+    crproxy_kube::kube_client(&config, credentials, "default").expect("kube client")
+}
+
 async fn start() -> Result<FakeApiServer> {
     FakeApiServer::start().await.map_err(|e| anyhow!(e))
 }
@@ -42,9 +49,9 @@ async fn wait_leader(h: &LeaderHandle, within: Duration) -> Result<Duration> {
 #[tokio::test]
 async fn election_over_the_wire() -> Result<()> {
     let srv = start().await?;
-    let a = LeaderElector::spawn(srv.client(), lease_config("replica-a"));
+    let a = LeaderElector::spawn(kube_client(&srv), lease_config("replica-a"));
     wait_leader(&a, Duration::from_secs(5)).await?;
-    let b = LeaderElector::spawn(srv.client(), lease_config("replica-b"));
+    let b = LeaderElector::spawn(kube_client(&srv), lease_config("replica-b"));
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(a.is_leader() && !b.is_leader());
 
@@ -95,7 +102,7 @@ async fn election_over_the_wire() -> Result<()> {
     );
 
     // A clean shutdown hands over within a retry interval or so.
-    let c = LeaderElector::spawn(srv.client(), lease_config("replica-c"));
+    let c = LeaderElector::spawn(kube_client(&srv), lease_config("replica-c"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!c.is_leader());
     let released = Instant::now();
@@ -121,7 +128,7 @@ async fn election_over_the_wire() -> Result<()> {
 #[tokio::test]
 async fn a_leader_that_cannot_renew_steps_down() -> Result<()> {
     let srv = start().await?;
-    let a = LeaderElector::spawn(srv.client(), lease_config("replica-a"));
+    let a = LeaderElector::spawn(kube_client(&srv), lease_config("replica-a"));
     wait_leader(&a, Duration::from_secs(5)).await?;
     srv.set_unavailable(true);
     let down = Instant::now();
@@ -164,7 +171,7 @@ fn writes(srv: &FakeApiServer) -> Vec<String> {
 #[tokio::test]
 async fn registration_creates_repairs_and_never_deletes() -> Result<()> {
     let srv = start().await?;
-    let client = srv.client();
+    let client = kube_client(&srv);
     let cfg = RegistrarConfig::local(b"CA PEM".to_vec());
     register_all(&client, &cfg, &regs()).await?;
     assert_eq!(
@@ -207,14 +214,14 @@ async fn registration_creates_repairs_and_never_deletes() -> Result<()> {
         .context("apiservice")?;
     api["metadata"]["labels"] = json!({});
     api["spec"]["caBundle"] = json!("b3RoZXI=");
-    client
+    srv.client()
         .replace(&format!("{APISERVICES}/v1.example.com"), &api)
         .await?;
     let mut svc = srv
         .object(&format!("{SERVICES}/proxy-example-com-v1"))
         .context("service")?;
     svc["metadata"]["labels"]["team"] = json!("platform");
-    client
+    srv.client()
         .replace(&format!("{SERVICES}/proxy-example-com-v1"), &svc)
         .await?;
     srv.clear_requests();
@@ -258,7 +265,7 @@ async fn only_the_leader_registers() -> Result<()> {
     let srv = start().await?;
     let cfg = RegistrarConfig::local(b"CA".to_vec());
     let follower = spawn_registrar(
-        srv.client(),
+        kube_client(&srv),
         cfg.clone(),
         regs(),
         LeaderHandle::fixed(false),
@@ -272,9 +279,9 @@ async fn only_the_leader_registers() -> Result<()> {
     );
     follower.abort();
 
-    let leader = LeaderElector::spawn(srv.client(), lease_config("replica-a"));
+    let leader = LeaderElector::spawn(kube_client(&srv), lease_config("replica-a"));
     let registrar = spawn_registrar(
-        srv.client(),
+        kube_client(&srv),
         cfg,
         regs(),
         leader.clone(),
@@ -310,7 +317,7 @@ async fn only_the_leader_registers() -> Result<()> {
 async fn wiring_stops_registering_before_it_releases() -> Result<()> {
     let srv = start().await?;
     let wiring = spawn_wiring(
-        srv.client(),
+        kube_client(&srv),
         lease_config("replica-a"),
         RegistrarConfig::local(b"CA".to_vec()),
         regs(),
