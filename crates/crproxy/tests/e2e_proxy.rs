@@ -593,9 +593,11 @@ async fn a_rotated_target_token_file_costs_callers_nothing() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_plugin_identity_serves_through_a_rotation() -> Result<()> {
-    // The identity's kubeconfig runs an exec plugin (as EKS, GKE and AKS
+    // The target identity's kubeconfig runs an exec plugin (as EKS, GKE and AKS
     // kubeconfigs do) that prints the token file's token with a 40 s lifetime: the
-    // proxy runs it again 30 s before expiry, so within about 10 s.
+    // proxy runs it again 30 s before expiry, so within about 10 s. The client
+    // cluster's kubeconfig (leader election, registration, namespace checks) reads a
+    // token file that is rotated at the same time.
     let (mut env, _dir) = env(1, 1).await?;
     env.clients[0].stop_proxy().await;
     let token_file = identity_token_file(&env)?;
@@ -618,7 +620,75 @@ async fn an_exec_plugin_identity_serves_through_a_rotation() -> Result<()> {
         "interactiveMode": "Never",
     }});
     std::fs::write(&kubeconfig_path, kubeconfig.to_string())?;
+
+    // The proxy's own kubeconfig for the client cluster, on a token file.
+    let client_token_file = link_dir.join("client-control.token");
+    let old_client_token = env.clients[0]
+        .cluster
+        .issue_token("crproxy-control", &["system:masters"])?;
+    std::fs::write(&client_token_file, &old_client_token)?;
+    let admin_path = env.clients[0].kubeconfig.clone();
+    let admin = &admin_path;
+    let mut control: Value = parse_kubeconfig(&std::fs::read_to_string(admin)?)?;
+    control["users"][0]["user"] = json!({"tokenFile": client_token_file});
+    let control_path = link_dir.join("client-control.kubeconfig");
+    std::fs::write(&control_path, control.to_string())?;
+    let config_path = env.clients[0].link.config_path.clone();
+    let config = std::fs::read_to_string(&config_path)?;
+    let admin_line = format!("kubeconfig: \"{}\"", admin.display());
+    anyhow::ensure!(
+        config.contains(&admin_line),
+        "client kubeconfig line in {config}"
+    );
+    std::fs::write(
+        &config_path,
+        config.replace(
+            &admin_line,
+            &format!("kubeconfig: \"{}\"", control_path.display()),
+        ),
+    )?;
     env.clients[0].replica = Some(env.clients[0].link.start_replica().await?);
 
-    rotate_identity_token(&env, Duration::from_secs(14)).await
+    let new_client_token = env.clients[0]
+        .cluster
+        .issue_token("crproxy-control", &["system:masters"])?;
+    std::fs::write(client_token_file.with_extension("new"), &new_client_token)?;
+    std::fs::rename(client_token_file.with_extension("new"), &client_token_file)?;
+    rotate_identity_token(&env, Duration::from_secs(14)).await?;
+    env.clients[0].cluster.revoke_token(&old_client_token)?;
+
+    // The control plane goes on with the new client token: the lease is renewed
+    // and requests that check namespaces on the client keep succeeding.
+    let lease = |out: String| -> Result<String> {
+        let lease: Value = serde_json::from_str(&out)?;
+        Ok(lease["spec"]["renewTime"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    };
+    let lease_args = [
+        "-n",
+        "kube-system",
+        "get",
+        "lease",
+        "crproxy-client",
+        "-o",
+        "json",
+    ];
+    let before = lease(kubectl_ok(admin, &lease_args).await?)?;
+    let mut renewed = false;
+    for _ in 0..40 {
+        kubectl_ok(admin, &["-n", "demo", "get", "widgets", "w1"]).await?;
+        if lease(kubectl_ok(admin, &lease_args).await?)? != before {
+            renewed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    anyhow::ensure!(
+        renewed,
+        "the lease was not renewed after the old client token was revoked"
+    );
+    kubectl_apply(admin, "demo", &widget("after-client-rotation", 9)).await?;
+    Ok(())
 }
