@@ -320,6 +320,7 @@ impl Client {
                 parts.headers.insert(AUTHORIZATION, auth);
             }
         }
+        let sent_authorization = parts.headers.get(AUTHORIZATION).cloned();
         parts
             .headers
             .entry(ACCEPT)
@@ -336,7 +337,9 @@ impl Client {
             .map_err(|e| crate::error::from_client_error(&e))?;
         if resp.status() == http::StatusCode::UNAUTHORIZED {
             // Read rotated files or run the plugin again for the next request.
-            self.credentials.invalidate().await;
+            self.credentials
+                .invalidate(sent_authorization.as_ref())
+                .await;
         }
         Ok(resp)
     }

@@ -31,6 +31,9 @@ pub const DEFAULT_FILE_RECHECK: Duration = Duration::from_secs(10);
 /// How long before an exec credential's `expirationTimestamp` the plugin is run again,
 /// so a request never leaves with a token about to expire.
 const EXEC_EXPIRY_MARGIN: Duration = Duration::from_secs(30);
+/// How long a failed refresh is answered from memory before it is tried again, so a
+/// broken plugin or a missing file is not retried by every request.
+const REFRESH_RETRY: Duration = Duration::from_secs(1);
 /// How long an exec plugin may run before it counts as failed.
 const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 /// What crproxy sends as `KUBERNETES_EXEC_INFO` when the kubeconfig names no
@@ -76,6 +79,8 @@ struct State {
     /// The PEM bytes last loaded into the certificate slot, to parse again only when
     /// the files actually changed.
     cert_pems: Option<(Vec<u8>, Vec<u8>)>,
+    /// The last refresh failed: its message, and until when it is answered as is.
+    failed: Option<(String, Instant)>,
 }
 
 impl Credentials {
@@ -138,6 +143,27 @@ impl Credentials {
         if state.fresh_until.is_some_and(|t| Instant::now() < t) {
             return Ok(state.header.clone());
         }
+        if let Some((message, until)) = &state.failed {
+            if Instant::now() < *until {
+                return Err(Error::Credentials(message.clone()));
+            }
+        }
+        match self.refresh(&mut state).await {
+            Ok(()) => state.failed = None,
+            Err(error) => {
+                state.failed = Some((error.to_string(), Instant::now() + REFRESH_RETRY));
+                return Err(error);
+            }
+        }
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Current {
+            header: state.header.clone(),
+            fresh_until: state.fresh_until,
+        };
+        Ok(state.header.clone())
+    }
+
+    /// Reads the source again into `state`.
+    async fn refresh(&self, state: &mut State) -> Result<(), Error> {
         match &self.auth {
             Auth::None | Auth::Token(_) | Auth::ClientCert { .. } => {}
             Auth::TokenFile(path) => {
@@ -161,23 +187,27 @@ impl Credentials {
                 state.fresh_until = Some(credential.fresh_until);
             }
         }
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Current {
-            header: state.header.clone(),
-            fresh_until: state.fresh_until,
-        };
-        Ok(state.header.clone())
+        Ok(())
     }
 
     /// Forgets cached file and plugin credentials, so the next
     /// [`Credentials::authorization`] reads them again: what to do when the server
     /// answers 401 to a credential that should still be valid (a plugin token revoked
-    /// early, a file replaced between two rechecks).
-    pub async fn invalidate(&self) {
+    /// early, a file replaced between two rechecks). `rejected` is the header the
+    /// refused request carried: when it is no longer the current one, a refresh
+    /// already happened and nothing is forgotten, so a burst of 401s for one old
+    /// token causes one refresh, not one each.
+    pub async fn invalidate(&self, rejected: Option<&HeaderValue>) {
         if matches!(
             self.auth,
             Auth::TokenFile(_) | Auth::ClientCertFiles { .. } | Auth::Exec(_)
         ) {
-            self.state.lock().await.fresh_until = None;
+            let mut state = self.state.lock().await;
+            if rejected.is_some() && state.header.as_ref() != rejected {
+                return;
+            }
+            state.fresh_until = None;
+            drop(state);
             self.current
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
@@ -377,6 +407,49 @@ mod tests {
     use super::*;
 
     const V1: &str = "client.authentication.k8s.io/v1";
+
+    fn header(value: &str) -> HeaderValue {
+        HeaderValue::from_str(value).expect("header")
+    }
+
+    #[tokio::test]
+    async fn a_failed_refresh_is_not_retried_by_every_request() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("token");
+        let credentials =
+            Credentials::new(Auth::TokenFile(path.clone()), Value::Null).expect("credentials");
+        let err = credentials.authorization().await.expect_err("no file");
+        assert!(matches!(err, Error::Credentials(_)), "{err:?}");
+        std::fs::write(&path, "t1").expect("write");
+        // Within the retry pause the failure is answered from memory.
+        assert!(credentials.authorization().await.is_err());
+        tokio::time::sleep(REFRESH_RETRY + Duration::from_millis(100)).await;
+        assert_eq!(
+            credentials.authorization().await.expect("read"),
+            Some(header("Bearer t1"))
+        );
+    }
+
+    #[tokio::test]
+    async fn only_a_401_for_the_current_token_forces_a_refresh() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("token");
+        std::fs::write(&path, "t1").expect("write");
+        let credentials =
+            Credentials::new(Auth::TokenFile(path.clone()), Value::Null).expect("credentials");
+        let first = credentials.authorization().await.expect("read");
+        assert_eq!(first, Some(header("Bearer t1")));
+        std::fs::write(&path, "t2").expect("write");
+        // A late 401 for a token already replaced changes nothing.
+        credentials.invalidate(Some(&header("Bearer t0"))).await;
+        assert_eq!(credentials.authorization().await.expect("read"), first);
+        // A 401 for the current token reads the file again.
+        credentials.invalidate(first.as_ref()).await;
+        assert_eq!(
+            credentials.authorization().await.expect("read"),
+            Some(header("Bearer t2"))
+        );
+    }
 
     #[test]
     fn exec_output_with_a_token_and_no_expiry_is_kept() {

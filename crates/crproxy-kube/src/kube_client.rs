@@ -70,6 +70,7 @@ pub fn kube_client(
                     parts.headers.insert(AUTHORIZATION, value);
                 }
             }
+            let sent_authorization = parts.headers.get(AUTHORIZATION).cloned();
             parts
                 .headers
                 .entry(USER_AGENT)
@@ -79,7 +80,7 @@ pub fn kube_client(
                 .await
                 .map_err(|e| from_client_error(&e))?;
             if response.status() == StatusCode::UNAUTHORIZED {
-                credentials.invalidate().await;
+                credentials.invalidate(sent_authorization.as_ref()).await;
             }
             Ok::<_, BoxError>(response)
         }

@@ -142,6 +142,7 @@ impl TargetConnection {
             }
         }
         self.stamp(headers).await?;
+        let sent_authorization = headers.get(http::header::AUTHORIZATION).cloned();
         let sender = match deadline {
             Some(deadline) => self.pool.acquire_before(deadline).await?,
             None => self.pool.acquire().await?,
@@ -153,7 +154,9 @@ impl TargetConnection {
         if response.status() == StatusCode::UNAUTHORIZED {
             // The identity's token was refused: read its file or run its plugin again
             // for the next request instead of waiting for the next recheck.
-            self.credentials.invalidate().await;
+            self.credentials
+                .invalidate(sent_authorization.as_ref())
+                .await;
         }
         // The HTTP/2 stream stays reserved until the body has been streamed.
         let slot = response.extensions_mut().remove::<StreamSlot>();
