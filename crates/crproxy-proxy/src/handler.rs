@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use serde_json::Value;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crproxy_core::config::{AccessMode, ResourceSet};
@@ -57,7 +58,15 @@ pub struct GroupVersionProxy {
     last_discovery: Mutex<Option<Value>>,
     /// Namespaces known to exist on the target; a miss costs one GET.
     target_namespaces: Mutex<HashSet<String>>,
+    /// Places under [`MAX_IN_FLIGHT`].
+    in_flight: Arc<Semaphore>,
 }
+
+/// Non-watch requests one group/version server works on at once (kube-apiserver's
+/// default `--max-requests-inflight`). Past it a caller gets 429 with Retry-After,
+/// as from kube's own limit, instead of queueing without bound. Watches are
+/// long-running and exempt, as on kube.
+pub const MAX_IN_FLIGHT: usize = 400;
 
 /// How many times an owned-mode mutation is checked and sent: once, and once more
 /// when the target refused it in a way the pin may have caused.
@@ -132,6 +141,7 @@ impl GroupVersionProxy {
             trust,
             last_discovery: Mutex::new(None),
             target_namespaces: Mutex::new(HashSet::new()),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
         })
     }
 
@@ -166,6 +176,14 @@ impl GroupVersionProxy {
                 ..
             })
         );
+        let permit = if is_watch {
+            None
+        } else {
+            match Arc::clone(&self.in_flight).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return self.too_many_requests(verb_label),
+            }
+        };
         let inflight = (!is_watch).then(|| self.metrics.inflight());
 
         let exchange = Exchange {
@@ -221,22 +239,43 @@ impl GroupVersionProxy {
         );
         let streaming_watch = is_watch && response.status().is_success();
         let (parts, body) = response.into_parts();
-        let body: ProxyBody = match inflight {
-            Some(inflight) => http_body_util::BodyExt::boxed(DeadlineBody::new(
-                body,
-                exchange.deadline,
-                started,
-                self.metrics.clone(),
-                verb_label,
-                inflight,
-            )),
-            None if streaming_watch => {
+        let body: ProxyBody = match (inflight, permit) {
+            (Some(inflight), Some(permit)) => http_body_util::BodyExt::boxed(
+                DeadlineBody::new(
+                    body,
+                    exchange.deadline,
+                    started,
+                    self.metrics.clone(),
+                    verb_label,
+                    inflight,
+                )
+                .holding(permit),
+            ),
+            _ if streaming_watch => {
                 let framing = WatchFraming::of(&parts.headers);
                 http_body_util::BodyExt::boxed(WatchBody::new(body, self.metrics.clone(), framing))
             }
-            None => body,
+            _ => body,
         };
         Response::from_parts(parts, body)
+    }
+
+    /// 429 past [`MAX_IN_FLIGHT`], in kube's words, before any work is done.
+    fn too_many_requests(&self, verb_label: &'static str) -> Response<ProxyBody> {
+        let mut response = json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &status::status(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        self.metrics
+            .request(&self.group_version, verb_label, 429, Reason::Upstream);
+        response
     }
 
     fn reject_upgrade(&self) -> Outcome {
@@ -436,7 +475,7 @@ impl GroupVersionProxy {
         }
         match verb {
             Verb::DeleteCollection if owned => {
-                let bytes = match read_request(body).await {
+                let bytes = match read_request(body, exchange.deadline).await {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
@@ -461,7 +500,7 @@ impl GroupVersionProxy {
             Verb::Create => {
                 // Creates are stamped in both modes so every object on the target
                 // names the client that made it.
-                let bytes = match read_request(body).await {
+                let bytes = match read_request(body, exchange.deadline).await {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
@@ -592,7 +631,7 @@ impl GroupVersionProxy {
         path: &ResourcePath,
         body: hyper::body::Incoming,
     ) -> Outcome {
-        let bytes = match read_request(body).await {
+        let bytes = match read_request(body, exchange.deadline).await {
             Ok(bytes) => bytes,
             Err(outcome) => return outcome,
         };
@@ -1030,19 +1069,30 @@ fn flatten<T>(
     }
 }
 
-async fn read_request(body: hyper::body::Incoming) -> Result<Bytes, Outcome> {
-    transport::read_limited(transport::stream(body), MAX_REQUEST_BODY)
-        .await
-        .map_err(|e| match e {
-            ForwardError::TooLarge => refused_body(&BodyError::TooLarge),
-            _ => Outcome::new(
-                json_response(
-                    StatusCode::BAD_REQUEST,
-                    &status::bad_request(format!("reading the request body: {e}")),
-                ),
-                Reason::Upstream,
+/// Reads a request body whole, at most [`MAX_REQUEST_BODY`] bytes and within the
+/// request's deadline: a body that never completes ends like any request past its
+/// 60 s cap.
+async fn read_request(body: hyper::body::Incoming, deadline: Instant) -> Result<Bytes, Outcome> {
+    let read = transport::read_limited(transport::stream(body), MAX_REQUEST_BODY);
+    let Ok(read) = tokio::time::timeout_at(deadline, read).await else {
+        return Err(Outcome::new(
+            json_response(
+                StatusCode::GATEWAY_TIMEOUT,
+                &status::timeout("request did not complete within the allotted timeout: the request body did not arrive"),
             ),
-        })
+            Reason::Deadline,
+        ));
+    };
+    read.map_err(|e| match e {
+        ForwardError::TooLarge => refused_body(&BodyError::TooLarge),
+        _ => Outcome::new(
+            json_response(
+                StatusCode::BAD_REQUEST,
+                &status::bad_request(format!("reading the request body: {e}")),
+            ),
+            Reason::Upstream,
+        ),
+    })
 }
 
 /// A write body refused because it cannot be read the way it would be sent.

@@ -287,6 +287,7 @@ pub struct DeadlineBody {
     started: Instant,
     finished: bool,
     _inflight: InflightGuard,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl DeadlineBody {
@@ -306,7 +307,15 @@ impl DeadlineBody {
             started,
             finished: false,
             _inflight: inflight,
+            _permit: None,
         }
+    }
+
+    /// Keeps `permit` (a place under the replica's in-flight limit) until the
+    /// response has been sent whole or dropped.
+    pub fn holding(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        self._permit = Some(permit);
+        self
     }
 
     fn finish(&mut self) {
