@@ -95,6 +95,21 @@ impl WriteBody {
     }
 }
 
+/// A generous estimate, in bytes, of the memory parsing `bytes` takes: the text
+/// plus a parsed node's size for every byte that can start a node (`{ [ , : -`
+/// and line breaks, inside strings or not). A plain 3 MiB string costs about
+/// 3 MiB; 3 MiB of `0,0,0,...` costs some 50 MiB once parsed, and is
+/// estimated above that. The proxy admits parses against a memory budget with it,
+/// so many ordinary bodies parse at once while pathological ones take turns.
+pub fn parse_cost(bytes: &[u8]) -> usize {
+    const NODE: usize = 40;
+    let nodes = bytes
+        .iter()
+        .filter(|b| matches!(b, b'{' | b'[' | b',' | b':' | b'-' | b'\n'))
+        .count();
+    bytes.len() + nodes * NODE
+}
+
 /// Parses JSON, refusing duplicate object keys (Go keeps the last one; a proxy
 /// that looked at another copy would judge a different object).
 pub fn parse_json_strict(bytes: &[u8]) -> Result<Value, BodyError> {
@@ -297,6 +312,14 @@ mod tests {
             error.starts_with("request body is not valid JSON"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn parse_cost_grows_with_the_nodes_not_just_the_bytes() {
+        let string = format!(r#"{{"a":"{}"}}"#, "x".repeat(1000));
+        let numbers = format!("[{}0]", "0,".repeat(500));
+        assert!(parse_cost(string.as_bytes()) < 2 * string.len());
+        assert!(parse_cost(numbers.as_bytes()) > 10 * numbers.len());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crproxy_core::config::{AccessMode, ResourceSet};
@@ -20,7 +20,7 @@ use crproxy_core::ownership::{self, BodyType, Owner, Visibility};
 use crproxy_core::precondition::{self, Pin, PreconditionError};
 use crproxy_core::reason::Reason;
 use crproxy_core::request::{self, RequestKind, ResourcePath, Verb};
-use crproxy_core::request_body::{BodyError, WriteBody, MAX_REQUEST_BODY};
+use crproxy_core::request_body::{self, BodyError, WriteBody, MAX_REQUEST_BODY};
 use crproxy_core::status;
 
 use crate::fallback;
@@ -60,6 +60,8 @@ pub struct GroupVersionProxy {
     target_namespaces: Mutex<HashSet<String>>,
     /// Places under [`MAX_IN_FLIGHT`].
     in_flight: Arc<Semaphore>,
+    /// Bytes under [`PARSE_MEMORY_BUDGET`], one permit per byte.
+    parse_budget: Arc<Semaphore>,
 }
 
 /// Non-watch requests one group/version server works on at once (kube-apiserver's
@@ -67,6 +69,12 @@ pub struct GroupVersionProxy {
 /// as from kube's own limit, instead of queueing without bound. Watches are
 /// long-running and exempt, as on kube.
 pub const MAX_IN_FLIGHT: usize = 400;
+
+/// Memory one group/version server may spend on parsing write bodies at once, as
+/// estimated by `request_body::parse_cost`. A parsed document can take many times its text (3 MiB of small numbers
+/// become some 50 MiB), so such writes wait for room instead of all running at
+/// once; ordinary bodies cost about their size.
+pub const PARSE_MEMORY_BUDGET: usize = 64 * 1024 * 1024;
 
 /// How many times an owned-mode mutation is checked and sent: once, and once more
 /// when the target refused it in a way the pin may have caused.
@@ -142,6 +150,7 @@ impl GroupVersionProxy {
             last_discovery: Mutex::new(None),
             target_namespaces: Mutex::new(HashSet::new()),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            parse_budget: Arc::new(Semaphore::new(PARSE_MEMORY_BUDGET)),
         })
     }
 
@@ -504,8 +513,14 @@ impl GroupVersionProxy {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
-                let (headers, body) = match self.labelled_body(&exchange.headers, &bytes) {
-                    Ok(write) => (with_media_type(&exchange.headers, &write), write.to_bytes()),
+                let labelled = match self.labelled_body(exchange, &bytes).await {
+                    Ok(labelled) => labelled,
+                    Err(outcome) => return outcome,
+                };
+                let (headers, body) = match labelled {
+                    Ok((write, _room)) => {
+                        (with_media_type(&exchange.headers, &write), write.to_bytes())
+                    }
                     Err(error) if owned => return refused_body(&error),
                     Err(error) => {
                         // `accessResources: all` keeps the spec's "continue without
@@ -635,12 +650,17 @@ impl GroupVersionProxy {
             Ok(bytes) => bytes,
             Err(outcome) => return outcome,
         };
-        let (headers, write) = if verb == Verb::Delete {
-            (exchange.headers.clone(), None)
+        let (headers, mut write, _room) = if verb == Verb::Delete {
+            (exchange.headers.clone(), None, None)
         } else {
-            match self.labelled_body(&exchange.headers, &bytes) {
-                Ok(write) => (with_media_type(&exchange.headers, &write), Some(write)),
-                Err(error) => return refused_body(&error),
+            match self.labelled_body(exchange, &bytes).await {
+                Ok(Ok((write, room))) => (
+                    with_media_type(&exchange.headers, &write),
+                    Some(write),
+                    Some(room),
+                ),
+                Ok(Err(error)) => return refused_body(&error),
+                Err(outcome) => return outcome,
             }
         };
         let path_and_query = exchange.path_and_query();
@@ -650,15 +670,23 @@ impl GroupVersionProxy {
                 Ok(checked) => checked,
                 Err(outcome) => return outcome,
             };
-            let pinned = match (&write, &checked) {
+            // The first attempt pins the document read above; a second one reads
+            // the same bytes again (the same document) rather than keeping a copy.
+            let document = match write.take() {
+                Some(write) => Some(write),
+                None if verb == Verb::Delete => None,
+                None => match self.label(&exchange.headers, &bytes) {
+                    Ok(write) => Some(write),
+                    Err(error) => return refused_body(&error),
+                },
+            };
+            let pinned = match (document, &checked) {
                 (None, Checked::Owned(pin)) => precondition::pin_delete(&bytes, pin),
                 (None, Checked::Absent) => return self.masked(path, Reason::OwnershipMasked),
-                (Some(write), Checked::Owned(pin)) => {
-                    let mut write = write.clone();
+                (Some(mut write), Checked::Owned(pin)) => {
                     precondition::pin_write(&self.owner, &mut write, pin).map(|()| write.to_bytes())
                 }
-                (Some(write), Checked::Absent) => {
-                    let mut write = write.clone();
+                (Some(mut write), Checked::Absent) => {
                     let fresh_uid = uuid::Uuid::new_v4().to_string();
                     precondition::pin_apply_create(&mut write, &fresh_uid)
                         .map(|()| write.to_bytes())
@@ -850,8 +878,33 @@ impl GroupVersionProxy {
     }
 
     /// A write body read strictly and labelled for this client: exactly what the
-    /// target will receive.
-    fn labelled_body(&self, headers: &HeaderMap, bytes: &[u8]) -> Result<WriteBody, BodyError> {
+    /// target will receive. The parse waits for room under
+    /// [`PARSE_MEMORY_BUDGET`] (within the request deadline); the room is held until
+    /// the returned permit is dropped, after the write is sent. The outer error is the answer when no room came
+    /// before the deadline.
+    async fn labelled_body(
+        &self,
+        exchange: &Exchange,
+        bytes: &[u8],
+    ) -> Result<Result<(WriteBody, OwnedSemaphorePermit), BodyError>, Outcome> {
+        let cost = request_body::parse_cost(bytes).min(PARSE_MEMORY_BUDGET);
+        let permits = u32::try_from(cost).unwrap_or(u32::MAX);
+        let room = tokio::time::timeout_at(
+            exchange.deadline,
+            Arc::clone(&self.parse_budget).acquire_many_owned(permits),
+        )
+        .await;
+        let room = match room {
+            Ok(Ok(room)) => room,
+            _ => return Err(self.unavailable(ForwardError::Deadline)),
+        };
+        Ok(self
+            .label(&exchange.headers, bytes)
+            .map(|write| (write, room)))
+    }
+
+    /// Reads a write body strictly and labels it (no budget: see `labelled_body`).
+    fn label(&self, headers: &HeaderMap, bytes: &[u8]) -> Result<WriteBody, BodyError> {
         let mut write = WriteBody::parse(content_type(headers), bytes)?;
         ownership::stamp_owner_labels(&self.owner, &mut write)?;
         Ok(write)
