@@ -55,6 +55,17 @@ pub struct Harness {
 }
 
 pub async fn harness(access: AccessMode) -> Harness {
+    harness_with_peers(access, |target| {
+        PeerSourceConfig::Static(vec![target.to_string()])
+    })
+    .await
+}
+
+/// [`harness`] with the proxy's peers chosen from the target's address.
+pub async fn harness_with_peers(
+    access: AccessMode,
+    peers: impl FnOnce(SocketAddr) -> PeerSourceConfig,
+) -> Harness {
     let target = test_support::devcluster("target").await;
     let mut target_config =
         ClusterConfig::new(url::Url::parse(&target.cluster.url()).expect("url"));
@@ -124,7 +135,7 @@ pub async fn harness(access: AccessMode) -> Harness {
             name: "target".into(),
             project: "default".into(),
             cluster: target_config,
-            peers: PeerSourceConfig::Static(vec![target.cluster.addr().to_string()]),
+            peers: peers(target.cluster.addr()),
         }],
         serving: ServingIdentity {
             cert_chain_pem: serving.cert.clone(),
