@@ -1349,6 +1349,22 @@ mod tests {
     }
 
     #[test]
+    fn deletecollection_query_splits_into_list_and_delete_options() {
+        let (list, delete) = split_delete_collection_query(Some(
+            "labelSelector=a%3Db&dryRun=All&limit=5&continue=x&propagationPolicy=Foreground&fieldSelector=metadata.name%3Dw&gracePeriodSeconds=0",
+        ));
+        assert_eq!(list, "labelSelector=a%3Db&fieldSelector=metadata.name%3Dw");
+        assert_eq!(
+            delete,
+            "dryRun=All&propagationPolicy=Foreground&gracePeriodSeconds=0"
+        );
+        assert_eq!(
+            split_delete_collection_query(None),
+            (String::new(), String::new())
+        );
+    }
+
+    #[test]
     fn namespace_is_read_from_a_resource_path() {
         assert_eq!(
             namespace_of("/apis/example.com/v1/namespaces/team-a/widgets"),
