@@ -484,7 +484,7 @@ impl GroupVersionProxy {
         }
         match verb {
             Verb::DeleteCollection if owned => {
-                let bytes = match read_request(body, exchange.deadline).await {
+                let bytes = match read_request(transport::stream(body), exchange.deadline).await {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
@@ -509,7 +509,7 @@ impl GroupVersionProxy {
             Verb::Create => {
                 // Creates are stamped in both modes so every object on the target
                 // names the client that made it.
-                let bytes = match read_request(body, exchange.deadline).await {
+                let bytes = match read_request(transport::stream(body), exchange.deadline).await {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
@@ -646,7 +646,7 @@ impl GroupVersionProxy {
         path: &ResourcePath,
         body: hyper::body::Incoming,
     ) -> Outcome {
-        let bytes = match read_request(body, exchange.deadline).await {
+        let bytes = match read_request(transport::stream(body), exchange.deadline).await {
             Ok(bytes) => bytes,
             Err(outcome) => return outcome,
         };
@@ -1125,8 +1125,8 @@ fn flatten<T>(
 /// Reads a request body whole, at most [`MAX_REQUEST_BODY`] bytes and within the
 /// request's deadline: a body that never completes ends like any request past its
 /// 60 s cap.
-async fn read_request(body: hyper::body::Incoming, deadline: Instant) -> Result<Bytes, Outcome> {
-    let read = transport::read_limited(transport::stream(body), MAX_REQUEST_BODY);
+async fn read_request(body: ProxyBody, deadline: Instant) -> Result<Bytes, Outcome> {
+    let read = transport::read_limited(body, MAX_REQUEST_BODY);
     let Ok(read) = tokio::time::timeout_at(deadline, read).await else {
         return Err(Outcome::new(
             json_response(
@@ -1345,6 +1345,46 @@ mod tests {
         assert_eq!(
             object_path("example.com", "v1", &path),
             "/apis/example.com/v1/namespaces/ns/widgets/w"
+        );
+    }
+
+    /// A body whose first bytes arrive and whose end never does.
+    fn endless_body() -> ProxyBody {
+        let first = futures_util::stream::once(async {
+            Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::from_static(b"{")))
+        });
+        let stream = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        http_body_util::BodyExt::boxed(http_body_util::BodyExt::map_err(
+            http_body_util::StreamBody::new(stream),
+            |e| -> crate::pool::BoxError { Box::new(e) },
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_never_completes_ends_at_the_request_deadline() {
+        let started = Instant::now();
+        let deadline = started + REQUEST_DEADLINE;
+        // Bounded: without the deadline the read would wait forever.
+        let outcome =
+            tokio::time::timeout(REQUEST_DEADLINE * 2, read_request(endless_body(), deadline))
+                .await
+                .expect("the read ends by the deadline")
+                .expect_err("no body");
+        assert_eq!(outcome.response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(outcome.reason, Reason::Deadline);
+        assert_eq!(started.elapsed(), REQUEST_DEADLINE);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_three_mebibytes_is_refused_in_kubes_words() {
+        let big = transport::full(vec![b' '; MAX_REQUEST_BODY + 1]);
+        let far = Instant::now() + REQUEST_DEADLINE;
+        let outcome = read_request(big, far).await.expect_err("too large");
+        assert_eq!(outcome.response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let exact = transport::full(vec![b' '; MAX_REQUEST_BODY]);
+        assert_eq!(
+            read_request(exact, far).await.map(|b| b.len()).ok(),
+            Some(MAX_REQUEST_BODY)
         );
     }
 
