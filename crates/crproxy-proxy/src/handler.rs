@@ -185,7 +185,10 @@ impl GroupVersionProxy {
                 ..
             })
         );
-        let permit = if is_watch {
+        // Only authenticated callers take places under the in-flight limit, so
+        // strangers on the port cannot crowd the aggregator out.
+        let caller = self.trust.authenticate(peer.as_deref(), &parts.headers);
+        let permit = if is_watch || caller.is_none() {
             None
         } else {
             match Arc::clone(&self.in_flight).try_acquire_owned() {
@@ -202,7 +205,7 @@ impl GroupVersionProxy {
             headers: parts.headers,
             deadline: started + REQUEST_DEADLINE,
         };
-        let outcome = match self.trust.authenticate(peer.as_deref(), &exchange.headers) {
+        let outcome = match caller {
             None => Outcome::new(
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
@@ -248,8 +251,8 @@ impl GroupVersionProxy {
         );
         let streaming_watch = is_watch && response.status().is_success();
         let (parts, body) = response.into_parts();
-        let body: ProxyBody = match (inflight, permit) {
-            (Some(inflight), Some(permit)) => http_body_util::BodyExt::boxed(
+        let body: ProxyBody = match inflight {
+            Some(inflight) => http_body_util::BodyExt::boxed(
                 DeadlineBody::new(
                     body,
                     exchange.deadline,
@@ -260,11 +263,11 @@ impl GroupVersionProxy {
                 )
                 .holding(permit),
             ),
-            _ if streaming_watch => {
+            None if streaming_watch => {
                 let framing = WatchFraming::of(&parts.headers);
                 http_body_util::BodyExt::boxed(WatchBody::new(body, self.metrics.clone(), framing))
             }
-            _ => body,
+            None => body,
         };
         Response::from_parts(parts, body)
     }

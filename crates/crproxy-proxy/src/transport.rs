@@ -313,8 +313,8 @@ impl DeadlineBody {
 
     /// Keeps `permit` (a place under the replica's in-flight limit) until the
     /// response has been sent whole or dropped.
-    pub fn holding(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
-        self._permit = Some(permit);
+    pub fn holding(mut self, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+        self._permit = permit;
         self
     }
 

@@ -809,6 +809,9 @@ async fn past_the_in_flight_limit_callers_get_429_with_retry_after() {
         assert_eq!(reason, "TooManyRequests");
     }
     let pending = waiting;
+    // Strangers take no place under the limit: they are told who they are not.
+    let stranger = call(&h.stranger, "GET", WIDGETS, None).await;
+    assert_eq!(stranger.status, 401, "{}", stranger.body);
     // Finishing the held requests frees the places.
     drop(open_bodies);
     for request in pending {
