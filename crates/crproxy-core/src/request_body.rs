@@ -323,6 +323,24 @@ mod tests {
     }
 
     #[test]
+    fn numbers_are_read_and_sent_exactly() {
+        for text in [
+            "6763E111",
+            "6.763e114",
+            "0.1",
+            "1e-7",
+            "123456789012345678e-300",
+        ] {
+            let exact: f64 = text.parse().expect("f64");
+            let body =
+                WriteBody::parse(None, format!(r#"{{"n":{text}}}"#).as_bytes()).expect("parses");
+            assert_eq!(body.document["n"].as_f64(), Some(exact), "{text}");
+            let sent: Value = serde_json::from_slice(&body.to_bytes()).expect("json");
+            assert_eq!(sent["n"].as_f64(), Some(exact), "{text} as sent");
+        }
+    }
+
+    #[test]
     fn the_sent_bytes_are_the_checked_document() {
         let body =
             WriteBody::parse(Some("application/yaml"), b"metadata:\n  name: a\n").expect("parses");
