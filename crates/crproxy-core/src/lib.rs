@@ -8,5 +8,6 @@ pub mod pki;
 pub mod precondition;
 pub mod reason;
 pub mod request;
+pub mod request_body;
 pub mod selector;
 pub mod status;

@@ -10,6 +10,7 @@
 use serde_json::{Map, Value};
 
 use crate::request::form_decode;
+use crate::request_body::{BodyError, WriteBody};
 use crate::selector::{LabelSelector, Operator, Requirement, SelectorError};
 
 #[cfg(test)]
@@ -123,99 +124,68 @@ pub fn from_content_type(ct: &str) -> Option<BodyType> {
     BodyType::from_content_type(ct)
 }
 
-/// Why ownership labels could not be put into a body.
-#[derive(Debug, thiserror::Error)]
-pub enum InjectError {
-    /// The body is not valid JSON for a JSON media type.
-    #[error("request body is not valid JSON: {0}")]
-    Json(#[source] serde_json::Error),
-    /// The body is neither JSON nor a single valid YAML document.
-    #[error("request body is not valid YAML: {0}")]
-    Yaml(String),
-    /// The body parsed, but its shape cannot carry labels (for example a JSON array
-    /// for a create, or `metadata` that is a string).
-    #[error("request body has an unexpected shape: {0}")]
-    Shape(String),
+/// Returns the body with both ownership labels set to `owner`'s values, as JSON.
+///
+/// The body is read strictly ([`WriteBody::parse`]) and labelled by
+/// [`stamp_owner_labels`]; see there for what each media type gets.
+pub fn inject_owner_labels(
+    owner: &Owner,
+    body_type: BodyType,
+    body: &[u8],
+) -> Result<Vec<u8>, BodyError> {
+    let mut body = WriteBody::parse(Some(body_type.media_type()), body)?;
+    stamp_owner_labels(owner, &mut body)?;
+    Ok(body.to_bytes())
 }
 
-/// Returns the body with both ownership labels set to `owner`'s values.
+/// Sets both ownership labels to `owner`'s values in a parsed write body.
 ///
-/// - JSON, YAML, merge patch and strategic merge patch: `metadata.labels` is created
-///   when missing or `null` and both labels are set, overriding any caller value
-///   (including `null`, which in a patch would delete the label). A `*List` with
-///   `items` gets the labels on every item. YAML input is re-emitted as JSON, which is
-///   valid YAML, so the content type can stay as it is.
-/// - Server-side apply: the YAML or JSON document is handled like a JSON body and
-///   re-emitted as JSON.
+/// - JSON, YAML, merge patch, strategic merge patch and server-side apply:
+///   `metadata.labels` is created when missing or `null` and both labels are set,
+///   overriding any caller value (including `null`, which in a patch would delete
+///   the label). A `*List` with `items` gets the labels on every item.
 /// - JSON patch: two `add` operations are appended, so they win over any earlier
 ///   operation of the caller. They do not create `/metadata/labels`: the proxy only
 ///   sends a named PATCH after its ownership GET found both labels on the object, so
 ///   the map exists; if the caller's own operations remove it, the target rejects the
 ///   patch, which fails closed.
 ///
-/// Anything unparsable is an error; the caller decides what to do with the request.
-pub fn inject_owner_labels(
-    owner: &Owner,
-    body_type: BodyType,
-    body: &[u8],
-) -> Result<Vec<u8>, InjectError> {
-    match body_type {
-        BodyType::Json | BodyType::MergePatch | BodyType::StrategicMergePatch => {
-            let mut v: Value = serde_json::from_slice(body).map_err(InjectError::Json)?;
-            label_document(owner, &mut v)?;
-            serde_json::to_vec(&v).map_err(InjectError::Json)
-        }
-        BodyType::Yaml | BodyType::ApplyPatchYaml => {
-            let mut v = parse_yaml_or_json(body)?;
-            label_document(owner, &mut v)?;
-            serde_json::to_vec(&v).map_err(InjectError::Json)
-        }
-        BodyType::JsonPatch => {
-            let mut v: Value = serde_json::from_slice(body).map_err(InjectError::Json)?;
-            let Some(ops) = v.as_array_mut() else {
-                return Err(InjectError::Shape(
-                    "a JSON patch must be an array of operations".into(),
-                ));
-            };
-            for (key, value) in owner_labels(owner) {
-                ops.push(serde_json::json!({
-                    "op": "add",
-                    "path": format!("/metadata/labels/{}", escape_pointer(key)),
-                    "value": value,
-                }));
-            }
-            serde_json::to_vec(&v).map_err(InjectError::Json)
-        }
+/// A shape that cannot carry labels (an array for a create, `metadata` that is a
+/// string) is an error: the request must then be refused, never sent unlabelled.
+pub fn stamp_owner_labels(owner: &Owner, body: &mut WriteBody) -> Result<(), BodyError> {
+    if body.body_type != BodyType::JsonPatch {
+        return label_document(owner, &mut body.document).map_err(BodyError::Invalid);
     }
+    let Some(ops) = body.document.as_array_mut() else {
+        return Err(BodyError::Invalid(
+            "request body has an unexpected shape: a JSON patch must be an array of operations"
+                .into(),
+        ));
+    };
+    for (key, value) in owner_labels(owner) {
+        ops.push(serde_json::json!({
+            "op": "add",
+            "path": label_pointer(key),
+            "value": value,
+        }));
+    }
+    Ok(())
 }
 
-fn owner_labels(owner: &Owner) -> [(&'static str, &str); 2] {
+/// The JSON pointer of a label, `/metadata/labels/<key>` with RFC 6901 escaping.
+pub fn label_pointer(key: &str) -> String {
+    format!(
+        "/metadata/labels/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    )
+}
+
+/// Both ownership labels of `owner`, as (key, value).
+pub fn owner_labels(owner: &Owner) -> [(&'static str, &str); 2] {
     [
         (OWNER_VCLUSTER_LABEL, owner.name.as_str()),
         (OWNER_PROJECT_LABEL, owner.project.as_str()),
     ]
-}
-
-/// RFC 6901 escaping of one reference token.
-fn escape_pointer(token: &str) -> String {
-    token.replace('~', "~0").replace('/', "~1")
-}
-
-fn parse_yaml_or_json(body: &[u8]) -> Result<Value, InjectError> {
-    // JSON first: it is the common case and avoids YAML's looser reading of scalars.
-    if let Ok(v) = serde_json::from_slice::<Value>(body) {
-        return Ok(v);
-    }
-    let text =
-        std::str::from_utf8(body).map_err(|e| InjectError::Yaml(format!("not UTF-8: {e}")))?;
-    // Read scalars the way kube-apiserver's YAML-to-JSON step (go-yaml v2, YAML 1.1)
-    // does, so the JSON we forward means what the caller's YAML meant to the target:
-    // `yes`/`on` are booleans and `0755` is octal. Duplicate keys stay an error.
-    let mut options = serde_saphyr::Options::default();
-    options.legacy_octal_numbers = true;
-    options.strict_booleans = false;
-    serde_saphyr::from_str_with_options::<Value>(text, options)
-        .map_err(|e| InjectError::Yaml(e.to_string()))
 }
 
 fn is_list(obj: &Map<String, Value>) -> bool {
@@ -225,15 +195,17 @@ fn is_list(obj: &Map<String, Value>) -> bool {
         && obj.get("items").is_some_and(Value::is_array)
 }
 
-fn label_document(owner: &Owner, doc: &mut Value) -> Result<(), InjectError> {
+fn label_document(owner: &Owner, doc: &mut Value) -> Result<(), String> {
     let Some(obj) = doc.as_object_mut() else {
-        return Err(InjectError::Shape("the body must be a JSON object".into()));
+        return Err("request body has an unexpected shape: the body must be a JSON object".into());
     };
     if is_list(obj) {
         if let Some(Value::Array(items)) = obj.get_mut("items") {
             for (i, item) in items.iter_mut().enumerate() {
                 let Some(item) = item.as_object_mut() else {
-                    return Err(InjectError::Shape(format!("items[{i}] is not an object")));
+                    return Err(format!(
+                        "request body has an unexpected shape: items[{i}] is not an object"
+                    ));
                 };
                 label_object(owner, item, &format!("items[{i}]."))?;
             }
@@ -243,7 +215,7 @@ fn label_document(owner: &Owner, doc: &mut Value) -> Result<(), InjectError> {
     label_object(owner, obj, "")
 }
 
-fn label_object(owner: &Owner, obj: &mut Map<String, Value>, at: &str) -> Result<(), InjectError> {
+fn label_object(owner: &Owner, obj: &mut Map<String, Value>, at: &str) -> Result<(), String> {
     let metadata = obj
         .entry("metadata")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -251,7 +223,9 @@ fn label_object(owner: &Owner, obj: &mut Map<String, Value>, at: &str) -> Result
         *metadata = Value::Object(Map::new());
     }
     let Some(metadata) = metadata.as_object_mut() else {
-        return Err(InjectError::Shape(format!("{at}metadata is not an object")));
+        return Err(format!(
+            "request body has an unexpected shape: {at}metadata is not an object"
+        ));
     };
     let labels = metadata
         .entry("labels")
@@ -260,9 +234,9 @@ fn label_object(owner: &Owner, obj: &mut Map<String, Value>, at: &str) -> Result
         *labels = Value::Object(Map::new());
     }
     let Some(labels) = labels.as_object_mut() else {
-        return Err(InjectError::Shape(format!(
-            "{at}metadata.labels is not an object"
-        )));
+        return Err(format!(
+            "request body has an unexpected shape: {at}metadata.labels is not an object"
+        ));
     };
     for (key, value) in owner_labels(owner) {
         labels.insert(key.to_owned(), Value::from(value));

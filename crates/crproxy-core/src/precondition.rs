@@ -1,57 +1,104 @@
 //! Pinning a mutation to the object the ownership check saw.
 //!
 //! In owned mode the proxy GETs an object, confirms the client owns it, then sends
-//! the PUT, PATCH or DELETE. Between the two, the object could be deleted and
-//! recreated by someone else under the same name. Stamping the checked uid into the
-//! mutation makes the target refuse it in that case (kube-apiserver treats a uid in an
-//! update body, a failing JSON-patch `test`, and DeleteOptions preconditions as
-//! preconditions), so the mutation can never land on a different object.
+//! the PUT, PATCH or DELETE. Between the two, the object's owner labels can be
+//! changed, or the object deleted and recreated by someone else under the same
+//! name. The mutation therefore carries preconditions the target enforces
+//! atomically with the write, so it lands only on the state that was checked:
+//!
+//! - object bodies (PUT, merge/strategic patch, server-side apply): the checked
+//!   `metadata.uid` and `metadata.resourceVersion` (a uid in a PUT is a precondition,
+//!   a changed uid in a patch is refused as immutable, and a resourceVersion in
+//!   either is an optimistic-concurrency precondition);
+//! - JSON patch: leading `test` operations on the uid and on both owner labels, which
+//!   the target evaluates against the object it writes;
+//! - DELETE: `DeleteOptions.preconditions` with both uid and resourceVersion.
+//!
+//! Server-side apply of an object that did not exist at the check is pinned to a
+//! fresh uid no object has: a create assigns its own uid, but an object created by
+//! someone else in between refuses the apply instead of being taken over.
 
 use serde_json::{json, Map, Value};
 
-use crate::ownership::BodyType;
+use crate::ownership::{self, BodyType, Owner};
+use crate::request_body::WriteBody;
 
-/// The body could not be amended with the precondition.
-#[derive(Debug, thiserror::Error)]
-pub enum PreconditionError {
-    /// The body is not JSON (or YAML for apply) of the expected shape.
-    #[error("request body cannot carry a uid precondition: {0}")]
-    Unparsable(String),
+/// What the ownership check saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    pub uid: String,
+    pub resource_version: String,
 }
 
-/// Adds `uid` as a precondition to a PUT or PATCH body of the given type.
-pub fn pin_write(
-    body_type: BodyType,
-    body: &[u8],
-    uid: &str,
-) -> Result<Vec<u8>, PreconditionError> {
-    match body_type {
-        BodyType::JsonPatch => {
-            let mut ops: Vec<Value> = serde_json::from_slice(body)
-                .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
-            ops.insert(
-                0,
-                json!({"op": "test", "path": "/metadata/uid", "value": uid}),
-            );
-            serde_json::to_vec(&ops).map_err(|e| PreconditionError::Unparsable(e.to_string()))
-        }
-        BodyType::ApplyPatchYaml | BodyType::Yaml => {
-            let mut value: Value = serde_saphyr::from_slice(body)
-                .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
-            set_uid(&mut value, uid)?;
-            serde_json::to_vec(&value).map_err(|e| PreconditionError::Unparsable(e.to_string()))
-        }
-        BodyType::Json | BodyType::MergePatch | BodyType::StrategicMergePatch => {
-            let mut value: Value = serde_json::from_slice(body)
-                .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
-            set_uid(&mut value, uid)?;
-            serde_json::to_vec(&value).map_err(|e| PreconditionError::Unparsable(e.to_string()))
-        }
+impl Pin {
+    /// Reads the pin from a checked object; `None` without a uid or resourceVersion.
+    pub fn of(object: &Value) -> Option<Pin> {
+        let field = |name: &str| {
+            object
+                .get("metadata")
+                .and_then(|m| m.get(name))
+                .and_then(Value::as_str)
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        Some(Pin {
+            uid: field("uid")?,
+            resource_version: field("resourceVersion")?,
+        })
     }
 }
 
-fn set_uid(value: &mut Value, uid: &str) -> Result<(), PreconditionError> {
-    let object = value
+/// The body could not be amended with the precondition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PreconditionError {
+    /// The body is not of a shape that can carry the precondition.
+    #[error("request body cannot carry a precondition: {0}")]
+    Unparsable(String),
+    /// The caller's own `metadata.resourceVersion` differs from the checked one: the
+    /// write cannot be both what the caller asked and what was checked.
+    #[error("the object has been modified; please apply your changes to the latest version and try again")]
+    Stale,
+}
+
+/// Pins a parsed PUT or PATCH body to the checked state of an owned object.
+pub fn pin_write(owner: &Owner, body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError> {
+    if body.body_type == BodyType::JsonPatch {
+        let ops = body.document.as_array_mut().ok_or_else(|| {
+            PreconditionError::Unparsable("a JSON patch must be an array of operations".into())
+        })?;
+        let mut tests = vec![json!({"op": "test", "path": "/metadata/uid", "value": pin.uid})];
+        for (key, value) in ownership::owner_labels(owner) {
+            tests
+                .push(json!({"op": "test", "path": ownership::label_pointer(key), "value": value}));
+        }
+        ops.splice(0..0, tests);
+        return Ok(());
+    }
+    let metadata = metadata_of(&mut body.document)?;
+    match metadata.get("resourceVersion") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(caller)) if caller.is_empty() || *caller == pin.resource_version => {}
+        Some(_) => return Err(PreconditionError::Stale),
+    }
+    metadata.insert("uid".into(), Value::String(pin.uid.clone()));
+    metadata.insert(
+        "resourceVersion".into(),
+        Value::String(pin.resource_version.clone()),
+    );
+    Ok(())
+}
+
+/// Pins a server-side apply of an object that did not exist at the check to `uid`,
+/// a fresh uid no object has (see the module documentation).
+pub fn pin_apply_create(body: &mut WriteBody, uid: &str) -> Result<(), PreconditionError> {
+    let metadata = metadata_of(&mut body.document)?;
+    metadata.insert("uid".into(), Value::String(uid.to_string()));
+    metadata.remove("resourceVersion");
+    Ok(())
+}
+
+fn metadata_of(document: &mut Value) -> Result<&mut Map<String, Value>, PreconditionError> {
+    let object = document
         .as_object_mut()
         .ok_or_else(|| PreconditionError::Unparsable("body is not an object".into()))?;
     let metadata = object
@@ -60,20 +107,21 @@ fn set_uid(value: &mut Value, uid: &str) -> Result<(), PreconditionError> {
     if metadata.is_null() {
         *metadata = Value::Object(Map::new());
     }
-    let metadata = metadata
+    metadata
         .as_object_mut()
-        .ok_or_else(|| PreconditionError::Unparsable("metadata is not an object".into()))?;
-    metadata.insert("uid".into(), Value::String(uid.into()));
-    Ok(())
+        .ok_or_else(|| PreconditionError::Unparsable("metadata is not an object".into()))
 }
 
-/// A DeleteOptions body carrying the caller's options plus the uid precondition.
-/// An empty caller body is allowed (kubectl usually sends one, raw clients may not).
-pub fn pin_delete(body: &[u8], uid: &str) -> Result<Vec<u8>, PreconditionError> {
+/// A DeleteOptions body carrying the caller's options plus the uid and
+/// resourceVersion preconditions. An empty caller body is allowed (kubectl usually
+/// sends one, raw clients may not). A caller resourceVersion precondition that
+/// differs from the checked one is [`PreconditionError::Stale`].
+pub fn pin_delete(body: &[u8], pin: &Pin) -> Result<Vec<u8>, PreconditionError> {
     let mut options: Value = if body.iter().all(u8::is_ascii_whitespace) {
         json!({"kind": "DeleteOptions", "apiVersion": "v1"})
     } else {
-        serde_json::from_slice(body).map_err(|e| PreconditionError::Unparsable(e.to_string()))?
+        crate::request_body::parse_json_strict(body)
+            .map_err(|e| PreconditionError::Unparsable(e.to_string()))?
     };
     let object = options
         .as_object_mut()
@@ -87,7 +135,16 @@ pub fn pin_delete(body: &[u8], uid: &str) -> Result<Vec<u8>, PreconditionError> 
     let preconditions = preconditions
         .as_object_mut()
         .ok_or_else(|| PreconditionError::Unparsable("preconditions is not an object".into()))?;
-    preconditions.insert("uid".into(), Value::String(uid.into()));
+    match preconditions.get("resourceVersion") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(caller)) if *caller == pin.resource_version => {}
+        Some(_) => return Err(PreconditionError::Stale),
+    }
+    preconditions.insert("uid".into(), Value::String(pin.uid.clone()));
+    preconditions.insert(
+        "resourceVersion".into(),
+        Value::String(pin.resource_version.clone()),
+    );
     serde_json::to_vec(&options).map_err(|e| PreconditionError::Unparsable(e.to_string()))
 }
 
@@ -95,77 +152,130 @@ pub fn pin_delete(body: &[u8], uid: &str) -> Result<Vec<u8>, PreconditionError> 
 mod tests {
     use super::*;
 
+    fn owner() -> Owner {
+        Owner::new("client", "proj")
+    }
+
+    fn pin() -> Pin {
+        Pin {
+            uid: "u1".into(),
+            resource_version: "7".into(),
+        }
+    }
+
+    fn body(ct: &str, text: &str) -> WriteBody {
+        WriteBody::parse(Some(ct), text.as_bytes()).expect("parses")
+    }
+
     fn parsed(bytes: Vec<u8>) -> Value {
         serde_json::from_slice(&bytes).expect("json")
     }
 
     #[test]
-    fn json_patch_gets_a_leading_uid_test() {
-        let out = pin_write(
-            BodyType::JsonPatch,
-            br#"[{"op":"replace","path":"/spec/a","value":1}]"#,
-            "u1",
-        )
-        .expect("pin");
+    fn pin_is_read_from_the_checked_object() {
+        let object = json!({"metadata": {"uid": "u1", "resourceVersion": "7"}});
+        assert_eq!(Pin::of(&object), Some(pin()));
+        assert_eq!(Pin::of(&json!({"metadata": {"uid": "u1"}})), None);
+    }
+
+    #[test]
+    fn json_patch_gets_leading_tests_on_uid_and_owner_labels() {
+        let mut b = body(
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"/spec/a","value":1}]"#,
+        );
+        pin_write(&owner(), &mut b, &pin()).expect("pin");
         assert_eq!(
-            parsed(out),
-            json!([{"op":"test","path":"/metadata/uid","value":"u1"},{"op":"replace","path":"/spec/a","value":1}])
+            b.document,
+            json!([
+                {"op":"test","path":"/metadata/uid","value":"u1"},
+                {"op":"test","path":"/metadata/labels/vcluster.com~1owner-vcluster","value":"client"},
+                {"op":"test","path":"/metadata/labels/vcluster.com~1owner-project","value":"proj"},
+                {"op":"replace","path":"/spec/a","value":1}
+            ])
         );
     }
 
     #[test]
-    fn object_bodies_get_metadata_uid_overriding_the_callers() {
-        for body_type in [
-            BodyType::Json,
-            BodyType::MergePatch,
-            BodyType::StrategicMergePatch,
+    fn object_bodies_get_uid_and_resource_version_overriding_the_callers_uid() {
+        for ct in [
+            "application/json",
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+            "application/apply-patch+yaml",
         ] {
-            let out = pin_write(
-                body_type,
-                br#"{"metadata":{"uid":"evil","name":"a"}}"#,
-                "u1",
-            )
-            .expect("pin");
-            assert_eq!(parsed(out), json!({"metadata":{"uid":"u1","name":"a"}}));
+            let mut b = body(ct, r#"{"metadata":{"uid":"evil","name":"a"}}"#);
+            pin_write(&owner(), &mut b, &pin()).expect("pin");
+            assert_eq!(
+                b.document,
+                json!({"metadata":{"uid":"u1","name":"a","resourceVersion":"7"}})
+            );
         }
-        let out = pin_write(
-            BodyType::MergePatch,
-            br#"{"metadata":null,"spec":{}}"#,
-            "u1",
-        )
-        .expect("pin");
-        assert_eq!(parsed(out), json!({"metadata":{"uid":"u1"},"spec":{}}));
+        let mut b = body(
+            "application/merge-patch+json",
+            r#"{"metadata":null,"spec":{}}"#,
+        );
+        pin_write(&owner(), &mut b, &pin()).expect("pin");
+        assert_eq!(
+            b.document,
+            json!({"metadata":{"uid":"u1","resourceVersion":"7"},"spec":{}})
+        );
     }
 
     #[test]
-    fn apply_yaml_is_rewritten_as_json() {
-        let out = pin_write(
-            BodyType::ApplyPatchYaml,
-            b"apiVersion: v1\nkind: X\nmetadata:\n  name: a\n",
-            "u1",
-        )
-        .expect("pin");
-        assert_eq!(parsed(out)["metadata"], json!({"name":"a","uid":"u1"}));
+    fn a_caller_resource_version_other_than_the_checked_one_is_stale() {
+        let mut b = body(
+            "application/json",
+            r#"{"metadata":{"resourceVersion":"7"}}"#,
+        );
+        assert!(pin_write(&owner(), &mut b, &pin()).is_ok());
+        let mut b = body(
+            "application/json",
+            r#"{"metadata":{"resourceVersion":"8"}}"#,
+        );
+        assert_eq!(
+            pin_write(&owner(), &mut b, &pin()),
+            Err(PreconditionError::Stale)
+        );
+        assert_eq!(
+            pin_delete(br#"{"preconditions":{"resourceVersion":"6"}}"#, &pin()),
+            Err(PreconditionError::Stale)
+        );
+    }
+
+    #[test]
+    fn apply_that_may_create_is_pinned_to_a_fresh_uid() {
+        let mut b = body(
+            "application/apply-patch+yaml",
+            "metadata:\n  name: a\n  resourceVersion: \"3\"\n",
+        );
+        pin_apply_create(&mut b, "fresh").expect("pin");
+        assert_eq!(b.document, json!({"metadata":{"name":"a","uid":"fresh"}}));
     }
 
     #[test]
     fn delete_options_keep_the_callers_fields() {
         let out = pin_delete(
-            br#"{"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"5"}}"#,
-            "u1",
+            br#"{"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"7"}}"#,
+            &pin(),
         )
         .expect("pin");
         assert_eq!(
             parsed(out),
-            json!({"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"5","uid":"u1"}})
+            json!({"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"7","uid":"u1"}})
         );
-        let empty = pin_delete(b"", "u1").expect("pin");
-        assert_eq!(parsed(empty)["preconditions"]["uid"], "u1");
+        let empty = parsed(pin_delete(b"", &pin()).expect("pin"));
+        assert_eq!(
+            empty["preconditions"],
+            json!({"uid":"u1","resourceVersion":"7"})
+        );
     }
 
     #[test]
     fn garbage_is_refused() {
-        assert!(pin_write(BodyType::Json, b"\x00\x01", "u").is_err());
-        assert!(pin_delete(b"[1]", "u").is_err());
+        let mut b = body("application/json", "[1]");
+        assert!(pin_write(&owner(), &mut b, &pin()).is_err());
+        assert!(pin_delete(b"[1]", &pin()).is_err());
+        assert!(pin_delete(br#"{"a":1,"a":2}"#, &pin()).is_err());
     }
 }

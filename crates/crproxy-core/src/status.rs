@@ -51,6 +51,22 @@ fn qualified_resource(resource: &str, group: &str) -> String {
     }
 }
 
+/// 409 Conflict for a named object, as kube words an optimistic-concurrency failure:
+/// `Operation cannot be fulfilled on <resource>.<group> "<name>": <why>`.
+pub fn conflict(resource: &str, group: &str, name: &str, why: &str) -> Value {
+    status_with_details(
+        409,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {} \"{name}\": {why}",
+            qualified_resource(resource, group)
+        ),
+        Some(name),
+        group,
+        resource,
+    )
+}
+
 /// 404 NotFound for a named object: `<resource>.<group> "<name>" not found`, details
 /// `{name, group, kind: <plural resource>}`.
 pub fn not_found(resource: &str, group: &str, name: &str) -> Value {

@@ -76,10 +76,15 @@ fn item_len(buf: &[u8], depth: usize) -> Scan {
     };
     match major {
         0 | 1 | 7 => Scan::Complete(head),
-        2 | 3 => match usize::try_from(argument) {
-            Ok(len) if buf.len() >= head + len => Scan::Complete(head + len),
-            Ok(_) => Scan::Incomplete,
-            Err(_) => Scan::Malformed,
+        // A length near usize::MAX must not wrap around into a small one (found by
+        // the cbor_counter fuzz target): no real event is that long.
+        2 | 3 => match usize::try_from(argument)
+            .ok()
+            .and_then(|len| head.checked_add(len))
+        {
+            Some(end) if buf.len() >= end => Scan::Complete(end),
+            Some(_) => Scan::Incomplete,
+            None => Scan::Malformed,
         },
         4 | 5 => {
             let per_entry = if major == 5 { 2 } else { 1 };
@@ -125,6 +130,15 @@ fn sequence(buf: &[u8], mut offset: usize, count: Option<u64>, depth: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_string_length_near_the_maximum_is_malformed_not_an_overflow() {
+        // A byte string whose 8-byte length is u64::MAX.
+        let mut counter = ItemCounter::default();
+        let item = [0x5b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00];
+        assert_eq!(counter.push(&item), 0);
+        assert_eq!(counter.push(&[0x01]), 0, "the counter stopped for good");
+    }
 
     // {"type": "ADDED", "object": {"a": 1}} as CBOR.
     const EVENT: &[u8] = &[

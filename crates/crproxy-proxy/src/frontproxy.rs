@@ -228,12 +228,17 @@ impl PeerCertificate {
     }
 }
 
+/// The subject's common name as kube-apiserver reads it: Go's
+/// `pkix.Name.FillFromRDNSequence` overwrites `CommonName` for every CN attribute,
+/// so with several CNs the LAST one names the front proxy. Taking the first would let
+/// a certificate carrying `CN=<allowed>, CN=<other>` pass here while the client API
+/// server knows it as `<other>`. An unreadable last CN gives no name (refused).
 fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let cn = parsed
         .subject()
         .iter_common_name()
-        .next()?
+        .last()?
         .as_str()
         .ok()?
         .to_string();

@@ -12,13 +12,15 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crproxy_core::config::{AccessMode, ResourceSet};
 use crproxy_core::ownership::{self, BodyType, Owner, Visibility};
-use crproxy_core::precondition;
+use crproxy_core::precondition::{self, Pin, PreconditionError};
 use crproxy_core::reason::Reason;
 use crproxy_core::request::{self, RequestKind, ResourcePath, Verb};
+use crproxy_core::request_body::{self, BodyError, WriteBody, MAX_REQUEST_BODY};
 use crproxy_core::status;
 
 use crate::fallback;
@@ -56,6 +58,34 @@ pub struct GroupVersionProxy {
     last_discovery: Mutex<Option<Value>>,
     /// Namespaces known to exist on the target; a miss costs one GET.
     target_namespaces: Mutex<HashSet<String>>,
+    /// Places under [`MAX_IN_FLIGHT`].
+    in_flight: Arc<Semaphore>,
+    /// Bytes under [`PARSE_MEMORY_BUDGET`], one permit per byte.
+    parse_budget: Arc<Semaphore>,
+}
+
+/// Non-watch requests one group/version server works on at once (kube-apiserver's
+/// default `--max-requests-inflight`). Past it a caller gets 429 with Retry-After,
+/// as from kube's own limit, instead of queueing without bound. Watches are
+/// long-running and exempt, as on kube.
+pub const MAX_IN_FLIGHT: usize = 400;
+
+/// Memory one group/version server may spend on parsing write bodies at once, as
+/// estimated by `request_body::parse_cost`. A parsed document can take many times its text (3 MiB of small numbers
+/// become some 50 MiB), so such writes wait for room instead of all running at
+/// once; ordinary bodies cost about their size.
+pub const PARSE_MEMORY_BUDGET: usize = 64 * 1024 * 1024;
+
+/// How many times an owned-mode mutation is checked and sent: once, and once more
+/// when the target refused it in a way the pin may have caused.
+const PINNED_ATTEMPTS: u32 = 2;
+
+/// What the ownership check of a named mutation found.
+enum Checked {
+    /// Owned, in this state.
+    Owned(Pin),
+    /// Missing, and the request (server-side apply) may create it.
+    Absent,
 }
 
 /// What a request ended with, and the reason it is counted under.
@@ -119,6 +149,8 @@ impl GroupVersionProxy {
             trust,
             last_discovery: Mutex::new(None),
             target_namespaces: Mutex::new(HashSet::new()),
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            parse_budget: Arc::new(Semaphore::new(PARSE_MEMORY_BUDGET)),
         })
     }
 
@@ -153,6 +185,17 @@ impl GroupVersionProxy {
                 ..
             })
         );
+        // Only authenticated callers take places under the in-flight limit, so
+        // strangers on the port cannot crowd the aggregator out.
+        let caller = self.trust.authenticate(peer.as_deref(), &parts.headers);
+        let permit = if is_watch || caller.is_none() {
+            None
+        } else {
+            match Arc::clone(&self.in_flight).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => return self.too_many_requests(verb_label),
+            }
+        };
         let inflight = (!is_watch).then(|| self.metrics.inflight());
 
         let exchange = Exchange {
@@ -162,7 +205,7 @@ impl GroupVersionProxy {
             headers: parts.headers,
             deadline: started + REQUEST_DEADLINE,
         };
-        let outcome = match self.trust.authenticate(peer.as_deref(), &exchange.headers) {
+        let outcome = match caller {
             None => Outcome::new(
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
@@ -209,14 +252,17 @@ impl GroupVersionProxy {
         let streaming_watch = is_watch && response.status().is_success();
         let (parts, body) = response.into_parts();
         let body: ProxyBody = match inflight {
-            Some(inflight) => http_body_util::BodyExt::boxed(DeadlineBody::new(
-                body,
-                exchange.deadline,
-                started,
-                self.metrics.clone(),
-                verb_label,
-                inflight,
-            )),
+            Some(inflight) => http_body_util::BodyExt::boxed(
+                DeadlineBody::new(
+                    body,
+                    exchange.deadline,
+                    started,
+                    self.metrics.clone(),
+                    verb_label,
+                    inflight,
+                )
+                .holding(permit),
+            ),
             None if streaming_watch => {
                 let framing = WatchFraming::of(&parts.headers);
                 http_body_util::BodyExt::boxed(WatchBody::new(body, self.metrics.clone(), framing))
@@ -224,6 +270,24 @@ impl GroupVersionProxy {
             None => body,
         };
         Response::from_parts(parts, body)
+    }
+
+    /// 429 past [`MAX_IN_FLIGHT`], in kube's words, before any work is done.
+    fn too_many_requests(&self, verb_label: &'static str) -> Response<ProxyBody> {
+        let mut response = json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &status::status(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        self.metrics
+            .request(&self.group_version, verb_label, 429, Reason::Upstream);
+        response
     }
 
     fn reject_upgrade(&self) -> Outcome {
@@ -403,6 +467,16 @@ impl GroupVersionProxy {
         body: hyper::body::Incoming,
     ) -> Outcome {
         let owned = self.access == AccessMode::Owned;
+        // A body announced larger than kube-apiserver accepts is refused before any
+        // of it is read; one without a length is cut off while it is read.
+        let declared_length = exchange
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared_length.is_some_and(|length| length > MAX_REQUEST_BODY as u64) {
+            return refused_body(&BodyError::TooLarge);
+        }
         let writes_into_namespace = matches!(verb, Verb::Create | Verb::Update | Verb::Patch);
         if writes_into_namespace {
             if let Some(namespace) = &path.namespace {
@@ -412,23 +486,22 @@ impl GroupVersionProxy {
             }
         }
         match verb {
-            Verb::List | Verb::Watch | Verb::DeleteCollection if owned => {
+            Verb::DeleteCollection if owned => {
+                let bytes = match read_request(transport::stream(body), exchange.deadline).await {
+                    Ok(bytes) => bytes,
+                    Err(outcome) => return outcome,
+                };
+                self.owned_delete_collection(exchange, &bytes).await
+            }
+            Verb::List | Verb::Watch if owned => {
                 let query = match ownership::scoped_query(exchange.query.as_deref(), &self.owner) {
                     Ok(query) => query,
-                    Err(e) => {
-                        return Outcome::new(
-                            json_response(
-                                StatusCode::BAD_REQUEST,
-                                // The selector error carries kube's own prefix.
-                                &status::bad_request(e.to_string()),
-                            ),
-                            Reason::Upstream,
-                        );
-                    }
+                    Err(e) => return selector_error(&e),
                 };
                 let target_path = with_query(&exchange.path, &query);
                 self.forward(
                     exchange,
+                    &exchange.headers,
                     &target_path,
                     transport::stream(body),
                     verb == Verb::Watch,
@@ -439,15 +512,31 @@ impl GroupVersionProxy {
             Verb::Create => {
                 // Creates are stamped in both modes so every object on the target
                 // names the client that made it.
-                let bytes = match read_request(body).await {
+                let bytes = match read_request(transport::stream(body), exchange.deadline).await {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
-                let stamped = self.stamp_labels(&exchange.headers, bytes);
+                let labelled = match self.labelled_body(exchange, &bytes).await {
+                    Ok(labelled) => labelled,
+                    Err(outcome) => return outcome,
+                };
+                let (headers, body) = match labelled {
+                    Ok((write, _room)) => {
+                        (with_media_type(&exchange.headers, &write), write.to_bytes())
+                    }
+                    Err(error) if owned => return refused_body(&error),
+                    Err(error) => {
+                        // `accessResources: all` keeps the spec's "continue without
+                        // labels": nothing is hidden from this client anyway.
+                        tracing::warn!(group_version = %self.group_version, %error, "inject source labels failed");
+                        (exchange.headers.clone(), bytes.to_vec())
+                    }
+                };
                 self.forward(
                     exchange,
+                    &headers,
                     &exchange.path_and_query(),
-                    transport::full(stamped),
+                    transport::full(body),
                     false,
                 )
                 .await
@@ -459,8 +548,9 @@ impl GroupVersionProxy {
                 let watch = verb == Verb::Watch;
                 self.forward(
                     exchange,
+                    &exchange.headers,
                     &exchange.path_and_query(),
-                    transport::stream(body),
+                    transport::limited_stream(body, MAX_REQUEST_BODY),
                     watch,
                 )
                 .await
@@ -469,23 +559,19 @@ impl GroupVersionProxy {
     }
 
     /// Named GET in owned mode: the object itself decides whether the caller may
-    /// see it, in whichever JSON representation the caller asked for.
+    /// see it, in whichever JSON representation the caller asked for. A subresource
+    /// answer (a Scale, say) may carry no labels of its own: its object is checked
+    /// first, and the answer is shown only when it is owned itself or is the very
+    /// state that was checked (same uid and resourceVersion).
     async fn named_get(&self, exchange: &Exchange, path: &ResourcePath) -> Outcome {
-        if path.subresource.is_some() {
-            // A subresource (a Scale, say) carries no ownership labels of its own:
-            // ownership is the object's, checked first.
-            if let Err(outcome) = self.check_ownership(exchange, path).await {
-                return outcome;
-            }
-            return self
-                .forward(
-                    exchange,
-                    &exchange.path_and_query(),
-                    transport::full(Bytes::new()),
-                    false,
-                )
-                .await;
-        }
+        let checked = match &path.subresource {
+            None => None,
+            Some(_) => match self.check_ownership(exchange, path).await {
+                Ok(Checked::Owned(pin)) => Some(pin),
+                Ok(Checked::Absent) => return self.masked(path, Reason::OwnershipMasked),
+                Err(outcome) => return outcome,
+            },
+        };
         let mut headers = exchange.headers.clone();
         let accept = headers
             .get(http::header::ACCEPT)
@@ -528,18 +614,34 @@ impl GroupVersionProxy {
                 Reason::Upstream,
             );
         }
-        match ownership::response_visibility(&self.owner, &bytes) {
-            Visibility::Owned => Outcome::new(
-                Response::from_parts(parts, transport::full(bytes)),
-                Reason::Upstream,
-            ),
-            Visibility::NotOwned => self.masked(path, Reason::OwnershipMasked),
-            Visibility::Undecodable => self.masked(path, Reason::OwnershipCheckFailed),
+        let visibility = ownership::response_visibility(&self.owner, &bytes);
+        let is_checked_state = || {
+            checked.as_ref().is_some_and(|pin| {
+                serde_json::from_slice::<Value>(&bytes)
+                    .ok()
+                    .and_then(|answer| Pin::of(&answer))
+                    .as_ref()
+                    == Some(pin)
+            })
+        };
+        match visibility {
+            Visibility::Owned => {}
+            _ if is_checked_state() => {}
+            Visibility::NotOwned => return self.masked(path, Reason::OwnershipMasked),
+            Visibility::Undecodable => return self.masked(path, Reason::OwnershipCheckFailed),
         }
+        Outcome::new(
+            Response::from_parts(parts, transport::full(bytes)),
+            Reason::Upstream,
+        )
     }
 
-    /// PUT, PATCH or DELETE of a named object in owned mode: check ownership first,
-    /// then send the mutation pinned to the uid that was checked.
+    /// PUT, PATCH or DELETE of a named object in owned mode: the body is read once
+    /// and labelled, ownership is checked, and the mutation is sent pinned to the
+    /// checked state (see `crproxy_core::precondition`). A pinned write the target
+    /// refuses with 409 or 422 may have been refused because the object changed
+    /// after the check, so it is checked and sent once more: an object that lost
+    /// its labels is then masked, one that is still owned gets a fresh pin.
     async fn owned_mutation(
         &self,
         exchange: &Exchange,
@@ -547,58 +649,196 @@ impl GroupVersionProxy {
         path: &ResourcePath,
         body: hyper::body::Incoming,
     ) -> Outcome {
-        let bytes = match read_request(body).await {
+        let bytes = match read_request(transport::stream(body), exchange.deadline).await {
             Ok(bytes) => bytes,
             Err(outcome) => return outcome,
         };
-        let body_type = content_type(&exchange.headers).and_then(BodyType::from_content_type);
-        let uid = match self.check_ownership(exchange, path).await {
-            Ok(uid) => uid,
-            Err(outcome) => return outcome,
+        let (headers, mut write, _room) = if verb == Verb::Delete {
+            (exchange.headers.clone(), None, None)
+        } else {
+            match self.labelled_body(exchange, &bytes).await {
+                Ok(Ok((write, room))) => (
+                    with_media_type(&exchange.headers, &write),
+                    Some(write),
+                    Some(room),
+                ),
+                Ok(Err(error)) => return refused_body(&error),
+                Err(outcome) => return outcome,
+            }
         };
-        let body = match (verb, uid) {
-            (Verb::Delete, Some(uid)) => match precondition::pin_delete(&bytes, &uid) {
-                Ok(pinned) => pinned.into(),
+        let path_and_query = exchange.path_and_query();
+        for attempt in 1..=PINNED_ATTEMPTS {
+            let last = attempt == PINNED_ATTEMPTS;
+            let checked = match self.check_ownership(exchange, path).await {
+                Ok(checked) => checked,
+                Err(outcome) => return outcome,
+            };
+            // The first attempt pins the document read above; a second one reads
+            // the same bytes again (the same document) rather than keeping a copy.
+            let document = match write.take() {
+                Some(write) => Some(write),
+                None if verb == Verb::Delete => None,
+                None => match self.label(&exchange.headers, &bytes) {
+                    Ok(write) => Some(write),
+                    Err(error) => return refused_body(&error),
+                },
+            };
+            let pinned = match (document, &checked) {
+                (None, Checked::Owned(pin)) => precondition::pin_delete(&bytes, pin),
+                (None, Checked::Absent) => return self.masked(path, Reason::OwnershipMasked),
+                (Some(mut write), Checked::Owned(pin)) => {
+                    precondition::pin_write(&self.owner, &mut write, pin).map(|()| write.to_bytes())
+                }
+                (Some(mut write), Checked::Absent) => {
+                    let fresh_uid = uuid::Uuid::new_v4().to_string();
+                    precondition::pin_apply_create(&mut write, &fresh_uid)
+                        .map(|()| write.to_bytes())
+                }
+            };
+            let pinned = match pinned {
+                Ok(pinned) => pinned,
+                Err(PreconditionError::Stale) if !last => continue,
+                Err(PreconditionError::Stale) => {
+                    let name = path.name.as_deref().unwrap_or("");
+                    let why = PreconditionError::Stale.to_string();
+                    return Outcome::new(
+                        json_response(
+                            StatusCode::CONFLICT,
+                            &status::conflict(&path.resource, &self.group, name, &why),
+                        ),
+                        Reason::Upstream,
+                    );
+                }
                 Err(e) => {
                     return Outcome::new(
                         json_response(StatusCode::BAD_REQUEST, &status::bad_request(e.to_string())),
                         Reason::Upstream,
                     )
                 }
-            },
-            (Verb::Delete, None) => bytes,
-            (_, uid) => {
-                let stamped = self.stamp_labels(&exchange.headers, bytes);
-                match (uid, body_type) {
-                    (Some(uid), Some(body_type)) => {
-                        match precondition::pin_write(body_type, &stamped, &uid) {
-                            Ok(pinned) => pinned.into(),
-                            // An unparsable body is refused by the target anyway;
-                            // sending it unpinned cannot hit another object.
-                            Err(_) => stamped,
-                        }
-                    }
-                    _ => stamped,
-                }
+            };
+            let outcome = self
+                .forward(
+                    exchange,
+                    &headers,
+                    &path_and_query,
+                    transport::full(pinned),
+                    false,
+                )
+                .await;
+            let code = outcome.response.status();
+            let pin_may_have_refused =
+                code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
+            if last || !pin_may_have_refused {
+                return outcome;
             }
-        };
-        self.forward(
-            exchange,
-            &exchange.path_and_query(),
-            transport::full(body),
-            false,
-        )
-        .await
+        }
+        // The loop returns on its last attempt.
+        self.upstream_failure()
     }
 
-    /// The preliminary GET of an owned-mode mutation. `Ok(Some(uid))` for an owned
-    /// object, `Ok(None)` when it does not exist and the verb may create it
+    /// Owned-mode deletecollection as list-owned + pinned deletes: the target's own
+    /// deletecollection lists and deletes in two steps, so an object that loses its
+    /// labels in between would still be deleted. Each owned object is deleted by
+    /// name with uid and resourceVersion preconditions; one that changed after the
+    /// list (409) or is already gone (404) is left alone. The answer is a list of the
+    /// deleted objects, as kube's.
+    async fn owned_delete_collection(&self, exchange: &Exchange, options: &[u8]) -> Outcome {
+        let (list_query, delete_query) = split_delete_collection_query(exchange.query.as_deref());
+        let list_query = match ownership::scoped_query(Some(&list_query), &self.owner) {
+            Ok(query) => query,
+            Err(e) => return selector_error(&e),
+        };
+        let attempt = tokio::time::timeout_at(
+            exchange.deadline,
+            self.target.call(
+                exchange.deadline,
+                Method::GET,
+                &with_query(&exchange.path, &list_query),
+                None,
+            ),
+        )
+        .await;
+        let (code, bytes) = match flatten(attempt) {
+            Ok(answer) => answer,
+            Err(e) => return self.unavailable(e),
+        };
+        if code.is_server_error() {
+            return self.upstream_failure();
+        }
+        if code != StatusCode::OK {
+            return Outcome::new(json_bytes_response(code, bytes), Reason::Upstream);
+        }
+        let Ok(mut list) = serde_json::from_slice::<Value>(&bytes) else {
+            return self.upstream_failure();
+        };
+        let items = match list.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        };
+        let mut deleted = Vec::new();
+        for item in items {
+            // The list was narrowed by the owner selector; judge each item anyway.
+            let (true, Some(pin), Some(name)) = (
+                self.owner.owns(&item),
+                Pin::of(&item),
+                item.pointer("/metadata/name").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            let pinned = match precondition::pin_delete(options, &pin) {
+                Ok(pinned) => pinned,
+                Err(e) => {
+                    return Outcome::new(
+                        json_response(StatusCode::BAD_REQUEST, &status::bad_request(e.to_string())),
+                        Reason::Upstream,
+                    )
+                }
+            };
+            let item_path = with_query(&format!("{}/{}", exchange.path, name), &delete_query);
+            let attempt = tokio::time::timeout_at(
+                exchange.deadline,
+                self.target.call(
+                    exchange.deadline,
+                    Method::DELETE,
+                    &item_path,
+                    Some(Bytes::from(pinned)),
+                ),
+            )
+            .await;
+            let (code, answer) = match flatten(attempt) {
+                Ok(answer) => answer,
+                Err(e) => return self.unavailable(e),
+            };
+            match code {
+                StatusCode::OK | StatusCode::ACCEPTED => {
+                    let answer = serde_json::from_slice::<Value>(&answer)
+                        .ok()
+                        .filter(|a| a.get("kind").and_then(Value::as_str) != Some("Status"));
+                    deleted.push(answer.unwrap_or(item));
+                }
+                StatusCode::NOT_FOUND | StatusCode::CONFLICT => {}
+                code if code.is_server_error() => return self.upstream_failure(),
+                code => return Outcome::new(json_bytes_response(code, answer), Reason::Upstream),
+            }
+        }
+        if let Some(object) = list.as_object_mut() {
+            object.insert("items".into(), Value::Array(deleted));
+            if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+                metadata.remove("continue");
+                metadata.remove("remainingItemCount");
+            }
+        }
+        Outcome::new(json_response(StatusCode::OK, &list), Reason::Upstream)
+    }
+
+    /// The preliminary GET of an owned-mode mutation: `Owned(pin)` for an owned
+    /// object, `Absent` when it does not exist and the verb may create it
     /// (server-side apply), otherwise the response to send instead.
     async fn check_ownership(
         &self,
         exchange: &Exchange,
         path: &ResourcePath,
-    ) -> Result<Option<String>, Outcome> {
+    ) -> Result<Checked, Outcome> {
         let object_path = object_path(&self.group, &self.version, path);
         let attempt = tokio::time::timeout_at(
             exchange.deadline,
@@ -613,28 +853,20 @@ impl GroupVersionProxy {
             if !self.owner.owns(&object) {
                 return Err(self.masked(path, Reason::OwnershipMasked));
             }
-            let uid = object
-                .pointer("/metadata/uid")
-                .and_then(Value::as_str)
-                .map(str::to_string);
-            return Ok(uid);
+            return Pin::of(&object)
+                .map(Checked::Owned)
+                .ok_or_else(|| self.masked(path, Reason::OwnershipCheckFailed));
         }
         if code == StatusCode::NOT_FOUND {
-            // Only server-side apply creates a missing object. Nothing was checked,
-            // so nothing can be pinned: a concurrent create of the same name by
-            // another client in the instant between this GET and the apply is the
-            // one window the uid precondition cannot close.
+            // Only server-side apply creates a missing object; it is then pinned so
+            // that it can only create (see `precondition::pin_apply_create`).
             let is_apply = content_type(&exchange.headers).and_then(BodyType::from_content_type)
                 == Some(BodyType::ApplyPatchYaml);
-            if exchange.method == Method::PATCH && is_apply {
-                return Ok(None);
+            if exchange.method == Method::PATCH && is_apply && path.subresource.is_none() {
+                return Ok(Checked::Absent);
             }
             return Err(Outcome::new(
-                Response::builder()
-                    .status(code)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(transport::full(bytes))
-                    .unwrap_or_else(|_| fallback_500()),
+                json_bytes_response(code, bytes),
                 Reason::Upstream,
             ));
         }
@@ -648,32 +880,37 @@ impl GroupVersionProxy {
         Err(self.masked(path, Reason::OwnershipMasked))
     }
 
-    /// Adds the ownership labels to a write body; a body that cannot be parsed is
-    /// sent unchanged, as the spec requires, and the failure is logged.
-    fn stamp_labels(&self, headers: &HeaderMap, bytes: Bytes) -> Bytes {
-        if bytes.is_empty() {
-            return bytes;
-        }
-        let body_type = content_type(headers).and_then(BodyType::from_content_type);
-        let injected = match body_type {
-            Some(body_type) => ownership::inject_owner_labels(&self.owner, body_type, &bytes)
-                .map_err(|e| e.to_string()),
-            None => Err(format!(
-                "unsupported content type {:?}",
-                content_type(headers).unwrap_or("")
-            )),
+    /// A write body read strictly and labelled for this client: exactly what the
+    /// target will receive. The parse waits for room under
+    /// [`PARSE_MEMORY_BUDGET`] (within the request deadline); the room is held until
+    /// the returned permit is dropped, after the write is sent. The outer error is the answer when no room came
+    /// before the deadline.
+    async fn labelled_body(
+        &self,
+        exchange: &Exchange,
+        bytes: &[u8],
+    ) -> Result<Result<(WriteBody, OwnedSemaphorePermit), BodyError>, Outcome> {
+        let cost = request_body::parse_cost(bytes).min(PARSE_MEMORY_BUDGET);
+        let permits = u32::try_from(cost).unwrap_or(u32::MAX);
+        let room = tokio::time::timeout_at(
+            exchange.deadline,
+            Arc::clone(&self.parse_budget).acquire_many_owned(permits),
+        )
+        .await;
+        let room = match room {
+            Ok(Ok(room)) => room,
+            _ => return Err(self.unavailable(ForwardError::Deadline)),
         };
-        match injected {
-            Ok(stamped) => stamped.into(),
-            Err(error) => {
-                tracing::warn!(
-                    group_version = %self.group_version,
-                    %error,
-                    "inject source labels failed"
-                );
-                bytes
-            }
-        }
+        Ok(self
+            .label(&exchange.headers, bytes)
+            .map(|write| (write, room)))
+    }
+
+    /// Reads a write body strictly and labels it (no budget: see `labelled_body`).
+    fn label(&self, headers: &HeaderMap, bytes: &[u8]) -> Result<WriteBody, BodyError> {
+        let mut write = WriteBody::parse(content_type(headers), bytes)?;
+        ownership::stamp_owner_labels(&self.owner, &mut write)?;
+        Ok(write)
     }
 
     // ---------------------------------------------------------------- namespaces
@@ -795,6 +1032,7 @@ impl GroupVersionProxy {
     async fn forward(
         &self,
         exchange: &Exchange,
+        headers: &HeaderMap,
         path_and_query: &str,
         body: ProxyBody,
         watch: bool,
@@ -803,7 +1041,7 @@ impl GroupVersionProxy {
             (!watch).then_some(exchange.deadline),
             exchange.method.clone(),
             path_and_query,
-            &exchange.headers,
+            headers,
             body,
         );
         let response = if watch {
@@ -887,26 +1125,92 @@ fn flatten<T>(
     }
 }
 
-async fn read_request(body: hyper::body::Incoming) -> Result<Bytes, Outcome> {
-    transport::read_limited(transport::stream(body), MAX_BUFFERED_BODY)
-        .await
-        .map_err(|e| {
-            let (code, reason) = match e {
-                ForwardError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
-                _ => (StatusCode::BAD_REQUEST, "BadRequest"),
-            };
-            Outcome::new(
-                json_response(
-                    code,
-                    &status::status(
-                        code.as_u16(),
-                        reason,
-                        format!("reading the request body: {e}"),
-                    ),
-                ),
-                Reason::Upstream,
-            )
-        })
+/// Reads a request body whole, at most [`MAX_REQUEST_BODY`] bytes and within the
+/// request's deadline: a body that never completes ends like any request past its
+/// 60 s cap.
+async fn read_request(body: ProxyBody, deadline: Instant) -> Result<Bytes, Outcome> {
+    let read = transport::read_limited(body, MAX_REQUEST_BODY);
+    let Ok(read) = tokio::time::timeout_at(deadline, read).await else {
+        return Err(Outcome::new(
+            json_response(
+                StatusCode::GATEWAY_TIMEOUT,
+                &status::timeout("request did not complete within the allotted timeout: the request body did not arrive"),
+            ),
+            Reason::Deadline,
+        ));
+    };
+    read.map_err(|e| match e {
+        ForwardError::TooLarge => refused_body(&BodyError::TooLarge),
+        _ => Outcome::new(
+            json_response(
+                StatusCode::BAD_REQUEST,
+                &status::bad_request(format!("reading the request body: {e}")),
+            ),
+            Reason::Upstream,
+        ),
+    })
+}
+
+/// A write body refused because it cannot be read the way it would be sent.
+fn refused_body(error: &BodyError) -> Outcome {
+    let code = StatusCode::from_u16(error.code()).unwrap_or(StatusCode::BAD_REQUEST);
+    Outcome::new(json_response(code, &error.status()), Reason::Upstream)
+}
+
+fn selector_error(error: &crproxy_core::selector::SelectorError) -> Outcome {
+    Outcome::new(
+        json_response(
+            StatusCode::BAD_REQUEST,
+            // The selector error carries kube's own prefix.
+            &status::bad_request(error.to_string()),
+        ),
+        Reason::Upstream,
+    )
+}
+
+/// The caller's headers with `Content-Type` naming the media type the body was read
+/// as (a body without one was read as JSON and is sent as such).
+fn with_media_type(headers: &HeaderMap, body: &WriteBody) -> HeaderMap {
+    let mut headers = headers.clone();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(body.body_type.media_type()),
+    );
+    headers
+}
+
+/// A target answer already read whole, passed on as JSON.
+fn json_bytes_response(code: StatusCode, bytes: Bytes) -> Response<ProxyBody> {
+    Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(transport::full(bytes))
+        .unwrap_or_else(|_| fallback_500())
+}
+
+/// Splits a deletecollection query into the list options (kept for the owned
+/// list, without paging: every matching object is deleted) and the delete options
+/// (sent with each pinned delete).
+fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
+    const DELETE_OPTIONS: &[&str] = &[
+        "dryRun",
+        "gracePeriodSeconds",
+        "propagationPolicy",
+        "orphanDependents",
+        "ignoreStoreReadErrorWithClusterBreakingPotential",
+    ];
+    const PAGING: &[&str] = &["limit", "continue"];
+    let mut list = Vec::new();
+    let mut delete = Vec::new();
+    for raw in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let key = request::form_decode(raw.split_once('=').map_or(raw, |(k, _)| k));
+        if DELETE_OPTIONS.contains(&key.as_str()) {
+            delete.push(raw);
+        } else if !PAGING.contains(&key.as_str()) {
+            list.push(raw);
+        }
+    }
+    (list.join("&"), delete.join("&"))
 }
 
 fn path_error(error: &request::PathError) -> Outcome {
@@ -1044,6 +1348,62 @@ mod tests {
         assert_eq!(
             object_path("example.com", "v1", &path),
             "/apis/example.com/v1/namespaces/ns/widgets/w"
+        );
+    }
+
+    /// A body whose first bytes arrive and whose end never does.
+    fn endless_body() -> ProxyBody {
+        let first = futures_util::stream::once(async {
+            Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::from_static(b"{")))
+        });
+        let stream = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        http_body_util::BodyExt::boxed(http_body_util::BodyExt::map_err(
+            http_body_util::StreamBody::new(stream),
+            |e| -> crate::pool::BoxError { Box::new(e) },
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_never_completes_ends_at_the_request_deadline() {
+        let started = Instant::now();
+        let deadline = started + REQUEST_DEADLINE;
+        // Bounded: without the deadline the read would wait forever.
+        let outcome =
+            tokio::time::timeout(REQUEST_DEADLINE * 2, read_request(endless_body(), deadline))
+                .await
+                .expect("the read ends by the deadline")
+                .expect_err("no body");
+        assert_eq!(outcome.response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(outcome.reason, Reason::Deadline);
+        assert_eq!(started.elapsed(), REQUEST_DEADLINE);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_three_mebibytes_is_refused_in_kubes_words() {
+        let big = transport::full(vec![b' '; MAX_REQUEST_BODY + 1]);
+        let far = Instant::now() + REQUEST_DEADLINE;
+        let outcome = read_request(big, far).await.expect_err("too large");
+        assert_eq!(outcome.response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let exact = transport::full(vec![b' '; MAX_REQUEST_BODY]);
+        assert_eq!(
+            read_request(exact, far).await.map(|b| b.len()).ok(),
+            Some(MAX_REQUEST_BODY)
+        );
+    }
+
+    #[test]
+    fn deletecollection_query_splits_into_list_and_delete_options() {
+        let (list, delete) = split_delete_collection_query(Some(
+            "labelSelector=a%3Db&dryRun=All&limit=5&continue=x&propagationPolicy=Foreground&fieldSelector=metadata.name%3Dw&gracePeriodSeconds=0",
+        ));
+        assert_eq!(list, "labelSelector=a%3Db&fieldSelector=metadata.name%3Dw");
+        assert_eq!(
+            delete,
+            "dryRun=All&propagationPolicy=Foreground&gracePeriodSeconds=0"
+        );
+        assert_eq!(
+            split_delete_collection_query(None),
+            (String::new(), String::new())
         );
     }
 

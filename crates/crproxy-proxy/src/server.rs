@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
@@ -32,6 +32,48 @@ pub const CALLER_STREAMS_PER_CONNECTION: u32 = 1000;
 /// How long in-flight requests may take to finish once shutdown starts. Watches
 /// are closed when it expires so their clients re-list elsewhere.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a caller has to complete the TLS handshake. kube-apiserver closes a
+/// connection that never starts TLS after a similar while; without a limit, idle
+/// TCP connections would pile up until the file-descriptor limit.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long an HTTP/1.1 caller has to send a request's headers. The body is read
+/// within the request's own 60 s cap (see `handler`).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// HTTP/2 keep-alive: a caller connection that stops answering pings is closed.
+pub const CALLER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub const CALLER_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bounds of the pause after a failed `accept` (for example at the
+/// file-descriptor limit), doubling from the first to the second like Go's
+/// net/http server, so the loop waits instead of spinning.
+pub const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
+
+/// The pause after each failed `accept` of one burst of failures, and whether to
+/// log it: one line per burst, not one per failure.
+#[derive(Debug, Default)]
+pub struct AcceptBackoff {
+    failures: u32,
+}
+
+impl AcceptBackoff {
+    /// A failed accept: how long to wait, and whether this starts a burst.
+    pub fn failed(&mut self) -> (Duration, bool) {
+        let (first, max) = ACCEPT_BACKOFF;
+        let delay = first
+            .checked_mul(1u32 << self.failures.min(16))
+            .map_or(max, |d| d.min(max));
+        self.failures = self.failures.saturating_add(1);
+        (delay, self.failures == 1)
+    }
+
+    /// A successful accept ends the burst; returns how many failures it had.
+    pub fn succeeded(&mut self) -> u32 {
+        std::mem::take(&mut self.failures)
+    }
+}
 
 /// A listener could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +151,7 @@ pub fn serve_proxy(
     tokio::spawn(async move {
         let acceptor = TlsAcceptor::from(tls);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut backoff = AcceptBackoff::default();
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
@@ -117,22 +160,38 @@ pub fn serve_proxy(
             let (tcp, remote) = match accepted {
                 Ok(pair) => pair,
                 Err(error) => {
-                    tracing::warn!(%error, "accepting a proxy connection failed");
+                    let (delay, burst_starts) = backoff.failed();
+                    if burst_starts {
+                        tracing::warn!(%error, "accepting a proxy connection failed; retrying with backoff");
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => break,
+                    }
                     continue;
                 }
             };
+            let failures = backoff.succeeded();
+            if failures > 0 {
+                tracing::info!(failures, "accepting proxy connections again");
+            }
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             let proxy = Arc::clone(&proxy);
             let watcher = graceful.watcher();
             tokio::spawn(async move {
-                let tls = match acceptor.accept(tcp).await {
-                    Ok(tls) => tls,
-                    Err(error) => {
-                        tracing::debug!(%remote, %error, "TLS handshake with a caller failed");
-                        return;
-                    }
-                };
+                let tls =
+                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%remote, %error, "TLS handshake with a caller failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%remote, "TLS handshake with a caller timed out");
+                            return;
+                        }
+                    };
                 // Parsed once per connection: every request on it shares the result.
                 let peer = tls
                     .get_ref()
@@ -146,10 +205,17 @@ pub fn serve_proxy(
                     async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
                 });
                 let mut builder = auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT);
                 // An aggregator multiplexes many callers' watches over one connection;
                 // hyper's default of 200 streams would queue the rest.
                 builder
                     .http2()
+                    .timer(TokioTimer::new())
+                    .keep_alive_interval(CALLER_KEEPALIVE_INTERVAL)
+                    .keep_alive_timeout(CALLER_KEEPALIVE_TIMEOUT)
                     .max_concurrent_streams(CALLER_STREAMS_PER_CONNECTION);
                 let connection = builder
                     .serve_connection(TokioIo::new(tls), service)
@@ -232,4 +298,31 @@ fn metrics_response<B>(
         .header(http::header::CONTENT_TYPE, content_type)
         .body(transport::full(body))
         .unwrap_or_else(|_| Response::new(transport::full(Bytes::new())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_failures_back_off_and_log_once_per_burst() {
+        let mut backoff = AcceptBackoff::default();
+        let burst: Vec<(Duration, bool)> = (0..10).map(|_| backoff.failed()).collect();
+        assert_eq!(burst[0], (Duration::from_millis(5), true));
+        assert_eq!(burst[1], (Duration::from_millis(10), false));
+        assert_eq!(burst[2], (Duration::from_millis(20), false));
+        assert!(burst[1..].iter().all(|(_, log)| !log), "one line per burst");
+        assert_eq!(burst[9].0, Duration::from_secs(1), "capped");
+        assert_eq!(backoff.succeeded(), 10);
+        assert_eq!(
+            backoff.failed(),
+            (Duration::from_millis(5), true),
+            "a new burst"
+        );
+        // Far into a burst the delay stays at the cap without overflowing.
+        for _ in 0..100 {
+            backoff.failed();
+        }
+        assert_eq!(backoff.failed().0, Duration::from_secs(1));
+    }
 }

@@ -282,6 +282,14 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed()
 }
 
+/// The caller's request body, streamed through unchanged but cut off with an error
+/// past `limit` bytes, so a body the proxy does not read is still bounded like
+/// kube-apiserver bounds it (the target then sees a reset request, never a
+/// truncated one).
+pub fn limited_stream(body: hyper::body::Incoming, limit: usize) -> ProxyBody {
+    http_body_util::Limited::new(body, limit).boxed()
+}
+
 /// The caller's request body, streamed through unchanged.
 pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
     body.map_err(|e| -> BoxError { Box::new(e) }).boxed()
@@ -297,6 +305,7 @@ pub struct DeadlineBody {
     started: Instant,
     finished: bool,
     _inflight: InflightGuard,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl DeadlineBody {
@@ -316,7 +325,15 @@ impl DeadlineBody {
             started,
             finished: false,
             _inflight: inflight,
+            _permit: None,
         }
+    }
+
+    /// Keeps `permit` (a place under the replica's in-flight limit) until the
+    /// response has been sent whole or dropped.
+    pub fn holding(mut self, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+        self._permit = permit;
+        self
     }
 
     fn finish(&mut self) {

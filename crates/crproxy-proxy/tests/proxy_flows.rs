@@ -29,6 +29,11 @@ struct Harness {
     aggregator: Client,
     /// A caller that reached the proxy port without the front-proxy certificate.
     stranger: Client,
+    /// For raw connections: the proxy's address, its serving CA and the
+    /// front-proxy client certificate.
+    addr: SocketAddr,
+    serving_ca_pem: String,
+    front_proxy_cert: (String, String),
 }
 
 struct Options {
@@ -125,8 +130,8 @@ async fn harness(options: Options) -> Harness {
     let mut aggregator = ClusterConfig::new(url.clone());
     aggregator.ca_pem = Some(serving_ca.pem().cert.clone().into_bytes());
     aggregator.auth = Auth::ClientCert {
-        cert_pem: front_proxy_client.cert.into_bytes(),
-        key_pem: front_proxy_client.key.into_bytes(),
+        cert_pem: front_proxy_client.cert.clone().into_bytes(),
+        key_pem: front_proxy_client.key.clone().into_bytes(),
     };
     let mut stranger = ClusterConfig::new(url);
     stranger.ca_pem = Some(serving_ca.pem().cert.clone().into_bytes());
@@ -137,6 +142,9 @@ async fn harness(options: Options) -> Harness {
         metrics,
         aggregator: Client::new(aggregator).expect("aggregator client"),
         stranger: Client::new(stranger).expect("stranger client"),
+        addr,
+        serving_ca_pem: serving_ca.pem().cert.clone(),
+        front_proxy_cert: (front_proxy_client.cert, front_proxy_client.key),
     }
 }
 
@@ -700,5 +708,138 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
     // "Starting proxy server" and friends are checked on the real binary's output
     // (tests/run_command.rs in the crproxy crate): with tests running in parallel
     // threads, only a callsite this test alone reaches is reliably captured here.
+    h.proxy.shutdown().await;
+}
+
+/// A raw HTTP/2 connection to the proxy as the aggregator, for requests whose
+/// bodies the test controls frame by frame.
+async fn raw_h2(
+    h: &Harness,
+) -> hyper::client::conn::http2::SendRequest<
+    http_body_util::StreamBody<
+        tokio_stream::wrappers::ReceiverStream<Result<hyper::body::Frame<Bytes>, std::io::Error>>,
+    >,
+> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(h.serving_ca_pem.as_bytes()).expect("ca"))
+        .expect("root");
+    let chain =
+        vec![CertificateDer::from_pem_slice(h.front_proxy_cert.0.as_bytes()).expect("cert")];
+    let key = PrivateKeyDer::from_pem_slice(h.front_proxy_cert.1.as_bytes()).expect("key");
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .expect("client config");
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(h.addr)
+        .await
+        .expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("tls");
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_in_flight_limit_callers_get_429_with_retry_after() {
+    use crproxy_proxy::handler::MAX_IN_FLIGHT;
+    let h = harness(Options::default()).await;
+    let mut sender = raw_h2(&h).await;
+    // Requests whose bodies never finish keep their places taken (a few more than
+    // the limit, so the places stay full even if one of them ends early).
+    let mut open_bodies = Vec::new();
+    let mut pending = Vec::new();
+    for i in 0..MAX_IN_FLIGHT + 10 {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(Ok(hyper::body::Frame::data(Bytes::from_static(b"{"))))
+            .await
+            .expect("first frame");
+        open_bodies.push(tx);
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!("https://localhost{WIDGETS}"))
+            .header("x-remote-user", "alice")
+            .header("content-type", "application/json")
+            .body(http_body_util::StreamBody::new(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            ))
+            .expect("request");
+        sender.ready().await.expect("ready");
+        pending.push(tokio::spawn(sender.send_request(request)));
+        if i % 50 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    // The requests past the limit are answered at once, while the others wait for
+    // their bodies (bounded: 10 s).
+    let mut refused = Vec::new();
+    for _ in 0..200 {
+        if pending.iter().filter(|p| p.is_finished()).count() >= 10 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (done, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.is_finished());
+    for request in done {
+        let response = request.await.expect("task").expect("response");
+        let status = response.status();
+        let retry_after = response.headers().get("retry-after").cloned();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        refused.push((status.as_u16(), retry_after, body["reason"].clone()));
+    }
+    assert!(refused.len() >= 10, "past the limit: {refused:?}");
+    for (status, retry_after, reason) in &refused {
+        assert_eq!(*status, 429);
+        assert_eq!(retry_after.as_ref().map(|v| v.as_bytes()), Some(&b"1"[..]));
+        assert_eq!(reason, "TooManyRequests");
+    }
+    let pending = waiting;
+    // Strangers take no place under the limit: they are told who they are not.
+    let stranger = call(&h.stranger, "GET", WIDGETS, None).await;
+    assert_eq!(stranger.status, 401, "{}", stranger.body);
+    // Finishing the held requests frees the places.
+    drop(open_bodies);
+    for request in pending {
+        let _ = request.await;
+    }
+    let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_that_never_starts_tls_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let h = harness(Options::default()).await;
+    let mut tcp = tokio::net::TcpStream::connect(h.addr)
+        .await
+        .expect("connect");
+    // Bounded: twice the handshake timeout.
+    let limit = crproxy_proxy::server::TLS_HANDSHAKE_TIMEOUT * 2;
+    let mut buffer = [0u8; 16];
+    let read = tokio::time::timeout(limit, tcp.read(&mut buffer)).await;
+    match read {
+        Ok(Ok(0)) | Ok(Err(_)) => {}
+        Ok(Ok(n)) => panic!("the proxy sent {n} bytes to a silent caller"),
+        Err(_) => panic!("the connection was still open after {limit:?}"),
+    }
+    // The replica keeps serving.
+    let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
     h.proxy.shutdown().await;
 }

@@ -281,3 +281,109 @@ async fn api_resources_and_namespace_deletion() {
         "{out:?}"
     );
 }
+
+/// The last response body kubectl logged (`-v=9` prints each one whole, quoted).
+fn logged_status(stderr: &str) -> Value {
+    let quoted = stderr
+        .lines()
+        .filter_map(|l| l.split_once("\"Response Body\" body=").map(|(_, b)| b))
+        .next_back()
+        .unwrap_or_else(|| panic!("no response body logged: {stderr}"));
+    let body: String =
+        serde_json::from_str(quoted.trim()).unwrap_or_else(|e| panic!("{e}: {quoted}"));
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// metadata.uid cannot change: a merge patch or server-side apply that sets another
+/// uid is refused as kube-apiserver 1.32 refuses it (`ValidateObjectMetaUpdate`:
+/// 422 "field is immutable"), and a PUT carrying another uid fails its uid
+/// precondition (409). The expected bodies are kube's, field for field; the
+/// crproxy owned mode relies on this to pin a write to the object it checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_uid_is_immutable_as_on_kube() {
+    let tc = devcluster("target").await;
+    let kc = &tc.kubeconfig;
+    ok(kc, &["create", "namespace", "demo"]).await;
+    install_crd(kc).await;
+    apply(kc, &crontab("one", "cron")).await;
+    let before = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "one", "-o", "json"])
+        .await
+        .expect("get");
+    let uid = before["metadata"]["uid"].as_str().expect("uid").to_string();
+    let other = "00000000-0000-0000-0000-000000000000";
+
+    let patch = format!(r#"{{"metadata":{{"uid":"{other}"}}}}"#);
+    let out = kubectl_async(
+        kc,
+        &[
+            "-v=9",
+            "-n",
+            "demo",
+            "patch",
+            "crontab",
+            "one",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+    )
+    .await;
+    assert!(!out.success(), "{out:?}");
+    let invalid = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("CronTab.stable.example.io \"one\" is invalid: metadata.uid: Invalid value: \"{other}\": field is immutable"),
+        "reason": "Invalid",
+        "details": {"name": "one", "group": "stable.example.io", "kind": "CronTab", "causes": [
+            {"reason": "FieldValueInvalid", "message": format!("Invalid value: \"{other}\": field is immutable"), "field": "metadata.uid"}
+        ]},
+        "code": 422,
+    });
+    assert_eq!(logged_status(&out.stderr), invalid);
+
+    let applied = format!(
+        "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: one\n  namespace: demo\n  uid: {other}\nspec:\n  replicas: 2\n"
+    );
+    let out = kubectl_stdin_async(
+        kc,
+        &[
+            "-v=9",
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        &applied,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(!out.success(), "{out:?}");
+    assert_eq!(logged_status(&out.stderr), invalid);
+
+    let mut replaced = before.clone();
+    replaced["metadata"]["uid"] = json!(other);
+    let out = kubectl_stdin_async(
+        kc,
+        &["-v=9", "replace", "-f", "-"],
+        &replaced.to_string(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(!out.success(), "{out:?}");
+    assert_eq!(
+        logged_status(&out.stderr),
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("Operation cannot be fulfilled on CronTab.stable.example.io \"one\": the UID in the precondition ({other}) does not match the UID in record ({uid}). The object might have been deleted and then recreated"),
+            "reason": "Conflict",
+            "details": {"name": "one", "group": "stable.example.io", "kind": "CronTab"},
+            "code": 409,
+        })
+    );
+
+    let after = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "one", "-o", "json"])
+        .await
+        .expect("get");
+    assert_eq!(after["metadata"]["uid"], json!(uid));
+    assert_eq!(after["spec"], before["spec"]);
+}

@@ -130,7 +130,7 @@ fn inject_rejects_unparsable() {
     check_inject(
         BodyType::Yaml,
         "a: [",
-        Err("request body is not valid YAML"),
+        Err("request body is not a single valid YAML document"),
     );
     check_inject(
         BodyType::ApplyPatchYaml,

@@ -178,3 +178,25 @@ async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
     drop(resumed);
     task.abort();
 }
+
+/// A self-signed certificate whose subject holds two CN attributes, in this order.
+/// rcgen keeps one value per attribute type, so the second CN is written under the
+/// CN object identifier (2.5.4.3) as a custom type.
+fn two_common_names(first: &str, last: &str) -> PeerCertificate {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    let mut name = rcgen::DistinguishedName::new();
+    name.push(rcgen::DnType::CommonName, first);
+    name.push(rcgen::DnType::CustomDnType(vec![2, 5, 4, 3]), last);
+    params.distinguished_name = name;
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("cert");
+    PeerCertificate::from_der(cert.der())
+}
+
+#[test]
+fn the_last_common_name_names_the_front_proxy_as_go_reads_it() {
+    let cert = two_common_names("front-proxy-client", "intruder");
+    assert_eq!(cert.common_name.as_deref(), Some("intruder"));
+    let cert = two_common_names("intruder", "front-proxy-client");
+    assert_eq!(cert.common_name.as_deref(), Some("front-proxy-client"));
+}

@@ -634,6 +634,29 @@ fn commit_update(
     adm: Option<&crate::admission::AdmissionSnapshot>,
 ) -> Result<(Mutation, Vec<String>), ApiError> {
     let info = &ctx.info;
+    // kube-apiserver reads a uid in a PUT body as a precondition (409), checked
+    // before anything else; a patch that changes the uid fails validation (422)
+    // after the resourceVersion check. Either way the uid never changes.
+    let body_uid = meta_str(&new, "uid").to_string();
+    let current_uid = meta_str(current, "uid");
+    let uid_changes = !body_uid.is_empty() && body_uid != current_uid;
+    if uid_changes && require_rv {
+        return Err(ApiError::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{}\": the UID in the precondition ({body_uid}) does not match the UID in record ({current_uid}). The object might have been deleted and then recreated",
+                qualified(&info.kind, &info.group),
+                ctx.name
+            ),
+        )
+        .with_details(Details {
+            name: &ctx.name,
+            group: &info.group,
+            kind: &info.kind,
+            ..Default::default()
+        }));
+    }
     let body_rv = meta_str(&new, "resourceVersion").to_string();
     if body_rv.is_empty() {
         if require_rv && !info.unconditional_update {
@@ -653,6 +676,18 @@ fn commit_update(
             &info.group,
             &info.resource,
             &ctx.name,
+        ));
+    }
+    if uid_changes {
+        return Err(ApiError::invalid(
+            &info.group,
+            &info.kind,
+            &ctx.name,
+            vec![Cause::new(
+                "FieldValueInvalid",
+                format!("Invalid value: {body_uid:?}: field is immutable"),
+                "metadata.uid",
+            )],
         ));
     }
     if let Some(m) = new.as_object_mut() {

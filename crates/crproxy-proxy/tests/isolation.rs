@@ -1,0 +1,518 @@
+//! Owned-mode tenant isolation against a real API server (devcluster as the target,
+//! over TLS): every body a caller sends either carries this client's labels on the
+//! target or is refused, and no write or read lands on an object that was not owned
+//! at that moment, even while the target's admin changes owner labels concurrently.
+//!
+//! The race tests run a bounded number of rounds (each a real interleaving of a
+//! caller request through the proxy and an admin write straight to the target) and
+//! count violations; before the pins existed, a third to a half of the rounds
+//! produced one.
+
+mod target_support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crproxy_core::config::AccessMode;
+use crproxy_kube::{Client, PatchType};
+use target_support::{harness, send, widget, Harness, OWNER_LABELS, WIDGETS};
+
+/// Rounds per race test: enough that an unpinned proxy loses many of them.
+const RACE_ROUNDS: usize = 40;
+
+fn owned_labels() -> Value {
+    serde_json::from_str(OWNER_LABELS).expect("labels")
+}
+
+fn is_owned(object: &Value) -> bool {
+    let labels = &object["metadata"]["labels"];
+    labels["vcluster.com/owner-vcluster"] == "client"
+        && labels["vcluster.com/owner-project"] == "default"
+}
+
+/// Every widget on the target carries this client's labels.
+async fn assert_all_owned(h: &Harness) {
+    let list = h.admin.list(WIDGETS).await.expect("list");
+    for item in list["items"].as_array().expect("items") {
+        assert!(is_owned(item), "unlabelled object on the target: {item}");
+    }
+}
+
+fn rv(object: &Value) -> u64 {
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// How long the admin's write waits in round `round`: the rounds sweep the few
+/// milliseconds between the proxy's check and its write, so some land inside.
+fn stagger(round: usize) -> Duration {
+    Duration::from_micros((round % 20) as u64 * 200)
+}
+
+/// The admin removes the owner labels of `name` after `delay` and returns the
+/// object as written.
+async fn unlabel_after(admin: &Client, name: &str, delay: Duration) -> Option<Value> {
+    tokio::time::sleep(delay).await;
+    unlabel(admin, name).await
+}
+
+/// The admin removes the owner labels of `name` and returns the object as written.
+async fn unlabel(admin: &Client, name: &str) -> Option<Value> {
+    let patch = json!({"metadata": {"labels": {
+        "vcluster.com/owner-vcluster": null, "vcluster.com/owner-project": null}}});
+    admin
+        .patch(&format!("{WIDGETS}/{name}"), PatchType::Merge, &patch)
+        .await
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_the_proxy_cannot_read_strictly_are_refused_never_forwarded() {
+    let h = harness(AccessMode::Owned).await;
+    // No Content-Type is JSON, as kube-apiserver reads it: stamped like any create.
+    let created = send(
+        &h,
+        "POST",
+        WIDGETS,
+        None,
+        widget("plain", json!({})).to_string(),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert!(is_owned(&created.body), "{}", created.body);
+
+    let refused: Vec<(&str, Option<&str>, Vec<u8>, u16)> = vec![
+        (
+            "lone surrogate",
+            Some("application/json"),
+            br#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"a","labels":{"x":"\ud800"}}}"#.to_vec(),
+            400,
+        ),
+        (
+            "raw 0xFF",
+            None,
+            b"{\"apiVersion\":\"example.com/v1\",\"kind\":\"Widget\",\"metadata\":{\"name\":\"b\xff\"}}".to_vec(),
+            400,
+        ),
+        (
+            "duplicate metadata",
+            Some("application/json"),
+            br#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"c"},"metadata":{"name":"c","labels":{"vcluster.com/owner-vcluster":"other"}}}"#.to_vec(),
+            400,
+        ),
+        (
+            "deep JSON",
+            Some("application/json"),
+            format!(
+                r#"{{"apiVersion":"example.com/v1","kind":"Widget","metadata":{{"name":"d"}},"spec":{}0{}}}"#,
+                "[".repeat(200),
+                "]".repeat(200)
+            )
+            .into_bytes(),
+            400,
+        ),
+        (
+            "duplicate YAML key",
+            Some("application/yaml"),
+            b"apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: e\n  name: f\n".to_vec(),
+            400,
+        ),
+        (
+            "several YAML documents",
+            Some("application/yaml"),
+            b"apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: g\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: h\n".to_vec(),
+            400,
+        ),
+        (
+            "protobuf",
+            Some("application/vnd.kubernetes.protobuf"),
+            b"k8s\x00\n\x0b".to_vec(),
+            415,
+        ),
+    ];
+    for (what, content_type, body, code) in refused {
+        let reply = send(&h, "POST", WIDGETS, content_type, body).await;
+        assert_eq!(reply.status, code, "{what}: {}", reply.body);
+        assert_eq!(reply.body["kind"], "Status", "{what}");
+    }
+
+    // Writes to an owned object: the same bodies are refused, the object unchanged.
+    let path = format!("{WIDGETS}/plain");
+    let before = h.admin.get(&path).await.expect("get");
+    let patches: Vec<(&str, &str, Vec<u8>)> = vec![
+        (
+            "merge patch with 0xFF",
+            "application/merge-patch+json",
+            b"{\"metadata\":{\"labels\":{\"vcluster.com/owner-vcluster\":\"other\xff\"}}}".to_vec(),
+        ),
+        (
+            "apply with a duplicate key",
+            "application/apply-patch+yaml",
+            b"apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: plain\n  labels:\n    vcluster.com/owner-vcluster: other\n    vcluster.com/owner-vcluster: other\n".to_vec(),
+        ),
+        (
+            "JSON patch with a lone surrogate",
+            "application/json-patch+json",
+            br#"[{"op":"replace","path":"/spec/replicas","value":"\udfff"}]"#.to_vec(),
+        ),
+    ];
+    for (what, content_type, body) in patches {
+        let reply = send(
+            &h,
+            "PATCH",
+            &format!("{path}?fieldManager=t&force=true"),
+            Some(content_type),
+            body,
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{what}: {}", reply.body);
+    }
+    let after = h.admin.get(&path).await.expect("get");
+    assert_eq!(rv(&after), rv(&before), "the object was not written");
+    assert_all_owned(&h).await;
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_three_mebibytes_get_kubes_413() {
+    let h = harness(AccessMode::Owned).await;
+    let mut big = widget("big", json!({}));
+    big["spec"]["blob"] = json!("x".repeat(3 * 1024 * 1024));
+    let reply = send(
+        &h,
+        "POST",
+        WIDGETS,
+        Some("application/json"),
+        big.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 413, "{}", reply.body);
+    assert_eq!(reply.body["reason"], "RequestEntityTooLarge");
+    assert_eq!(
+        reply.body["message"],
+        "Request entity too large: limit is 3145728"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_mode_keeps_continue_without_labels() {
+    let h = harness(AccessMode::All).await;
+    let body = b"apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: y\n---\n".to_vec();
+    // Not one strict document for the proxy; forwarded as it came, for the target
+    // to judge (accessResources: all hides nothing, so nothing can leak).
+    let reply = send(&h, "POST", WIDGETS, Some("application/yaml"), body).await;
+    let message = reply.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("the object provided is unrecognized"),
+        "the target's answer, not the proxy's: {}",
+        reply.body
+    );
+    let plain = send(
+        &h,
+        "POST",
+        WIDGETS,
+        None,
+        widget("z", json!({})).to_string(),
+    )
+    .await;
+    assert_eq!(plain.status, 201, "{}", plain.body);
+    assert!(
+        is_owned(&plain.body),
+        "creates are still stamped: {}",
+        plain.body
+    );
+    h.proxy.shutdown().await;
+}
+
+/// Creates `name` owned by the client, straight on the target.
+async fn owned_widget(h: &Harness, name: &str) -> Value {
+    h.admin
+        .create(WIDGETS, &widget(name, owned_labels()))
+        .await
+        .expect("created")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_never_lands_on_an_object_that_lost_its_labels() {
+    let h = harness(AccessMode::Owned).await;
+    let mut violations = Vec::new();
+    for round in 0..RACE_ROUNDS {
+        let name = format!("p{round}");
+        owned_widget(&h, &name).await;
+        let path = format!("{WIDGETS}/{name}");
+        let patch = send(
+            &h,
+            "PATCH",
+            &path,
+            Some("application/merge-patch+json"),
+            r#"{"spec":{"replicas":7}}"#,
+        );
+        let (patched, unlabelled) =
+            tokio::join!(patch, unlabel_after(&h.admin, &name, stagger(round)));
+        let unlabelled = unlabelled.expect("admin unlabels");
+        // Any write after the admin's is a write to an object that was not owned.
+        if patched.status == 200 && rv(&patched.body) > rv(&unlabelled) {
+            violations.push(name.clone());
+        }
+        let stored = h.admin.get(&path).await.expect("get");
+        if stored["spec"]["replicas"] == 7 && !is_owned(&stored) && rv(&stored) > rv(&unlabelled) {
+            violations.push(format!("{name} (stored)"));
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "patched after unlabelling: {violations:?}"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_never_removes_an_object_that_lost_its_labels() {
+    let h = harness(AccessMode::Owned).await;
+    let mut violations = Vec::new();
+    for round in 0..RACE_ROUNDS {
+        let name = format!("d{round}");
+        owned_widget(&h, &name).await;
+        let path = format!("{WIDGETS}/{name}");
+        let delete = send(&h, "DELETE", &path, None, Bytes::new());
+        let (_, unlabelled) = tokio::join!(delete, unlabel_after(&h.admin, &name, stagger(round)));
+        // The admin's write succeeded, so the object was unlabelled while it still
+        // existed; from then on nobody but the admin may delete it.
+        if unlabelled.is_some() && h.admin.get_opt(&path).await.expect("get").is_none() {
+            violations.push(name);
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "deleted after unlabelling: {violations:?}"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_that_creates_never_takes_over_an_object_created_meanwhile() {
+    let h = harness(AccessMode::Owned).await;
+    let mut violations = Vec::new();
+    for round in 0..RACE_ROUNDS {
+        let name = format!("a{round}");
+        let path = format!("{WIDGETS}/{name}?fieldManager=tenant&force=true");
+        let applied = format!(
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n  replicas: 5\n"
+        );
+        let apply = send(
+            &h,
+            "PATCH",
+            &path,
+            Some("application/apply-patch+yaml"),
+            applied,
+        );
+        let foreign_widget = widget(&name, json!({"team": "admin"}));
+        let foreign = async {
+            tokio::time::sleep(stagger(round)).await;
+            h.admin.create(WIDGETS, &foreign_widget).await
+        };
+        let (_, created) = tokio::join!(apply, foreign);
+        // The admin's create won the name: the object is the admin's and must stay
+        // unlabelled and untouched.
+        if created.is_ok() {
+            let stored = h
+                .admin
+                .get(&format!("{WIDGETS}/{name}"))
+                .await
+                .expect("get");
+            if is_owned(&stored) || stored["spec"]["replicas"] == 5 {
+                violations.push(name);
+            }
+        }
+    }
+    assert!(violations.is_empty(), "taken over: {violations:?}");
+    h.proxy.shutdown().await;
+}
+
+/// Owned deletecollection is list-owned + pinned deletes. devcluster deletes a
+/// collection under one lock, so unlike kube-apiserver (list, then delete one by
+/// one) it has no window of its own to show; this test pins down that only owned
+/// objects go, the answer lists only owned objects, and an object unlabelled while
+/// the sweep runs survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletecollection_never_removes_an_object_that_lost_its_labels() {
+    let h = harness(AccessMode::Owned).await;
+    let mut violations = Vec::new();
+    for round in 0..RACE_ROUNDS / 4 {
+        let names: Vec<String> = (0..4).map(|i| format!("c{round}-{i}")).collect();
+        for name in &names {
+            owned_widget(&h, name).await;
+        }
+        let foreign = format!("c{round}-foreign");
+        h.admin
+            .create(WIDGETS, &widget(&foreign, json!({})))
+            .await
+            .expect("foreign");
+        let sweep = send(&h, "DELETE", WIDGETS, None, Bytes::new());
+        let (swept, unlabelled) = tokio::join!(
+            sweep,
+            unlabel_after(&h.admin, &names[3], stagger(round * 4))
+        );
+        assert_eq!(swept.status, 200, "{}", swept.body);
+        for item in swept.body["items"].as_array().expect("items") {
+            assert!(is_owned(item), "answered with an unowned object: {item}");
+        }
+        if h.admin
+            .get_opt(&format!("{WIDGETS}/{foreign}"))
+            .await
+            .expect("get")
+            .is_none()
+        {
+            violations.push(foreign);
+        }
+        if unlabelled.is_some()
+            && h.admin
+                .get_opt(&format!("{WIDGETS}/{}", names[3]))
+                .await
+                .expect("get")
+                .is_none()
+        {
+            violations.push(names[3].clone());
+        }
+        // The objects that stayed owned are gone.
+        for name in &names[..3] {
+            assert!(h
+                .admin
+                .get_opt(&format!("{WIDGETS}/{name}"))
+                .await
+                .expect("get")
+                .is_none());
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "deleted while not owned: {violations:?}"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subresource_answers_never_show_an_object_that_lost_its_labels() {
+    let h = harness(AccessMode::Owned).await;
+    let mut violations = Vec::new();
+    for round in 0..RACE_ROUNDS {
+        let name = format!("s{round}");
+        owned_widget(&h, &name).await;
+        let status_path = format!("{WIDGETS}/{name}/status");
+        let status = send(&h, "GET", &status_path, None, Bytes::new());
+        let (shown, unlabelled) =
+            tokio::join!(status, unlabel_after(&h.admin, &name, stagger(round)));
+        let unlabelled = unlabelled.expect("admin unlabels");
+        if shown.status == 200 && !is_owned(&shown.body) {
+            violations.push(format!("{name}: {}", shown.body));
+        }
+        assert!(shown.status == 200 || shown.status == 404, "{shown:?}");
+        let _ = unlabelled;
+    }
+    // A Scale carries no labels: shown only as the state that was checked.
+    owned_widget(&h, "scaled").await;
+    let scale = send(
+        &h,
+        "GET",
+        &format!("{WIDGETS}/scaled/scale"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(scale.status, 200, "{}", scale.body);
+    assert_eq!(scale.body["kind"], "Scale");
+    unlabel(&h.admin, "scaled").await.expect("unlabel");
+    let scale = send(
+        &h,
+        "GET",
+        &format!("{WIDGETS}/scaled/scale"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(scale.status, 404, "{}", scale.body);
+    assert!(
+        violations.is_empty(),
+        "shown while not owned: {violations:?}"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_writes_still_work_with_their_pins() {
+    let h = harness(AccessMode::Owned).await;
+    owned_widget(&h, "w").await;
+    let path = format!("{WIDGETS}/w");
+    for (content_type, body) in [
+        ("application/merge-patch+json", r#"{"spec":{"replicas":2}}"#.to_string()),
+        (
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"/spec/replicas","value":3}]"#.to_string(),
+        ),
+        (
+            "application/apply-patch+yaml",
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n  namespace: demo\nspec:\n  replicas: 4\n"
+                .to_string(),
+        ),
+    ] {
+        let reply = send(
+            &h,
+            "PATCH",
+            &format!("{path}?fieldManager=tenant&force=true"),
+            Some(content_type),
+            body,
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{content_type}: {}", reply.body);
+        assert!(is_owned(&reply.body), "{}", reply.body);
+    }
+    // A PUT without resourceVersion is pinned to the checked one; with a stale one
+    // it is a conflict, as on kube.
+    let mut current = h.admin.get(&path).await.expect("get");
+    current["spec"]["replicas"] = json!(6);
+    current["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("resourceVersion");
+    let put = send(
+        &h,
+        "PUT",
+        &path,
+        Some("application/json"),
+        current.to_string(),
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let mut stale = put.body.clone();
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let put = send(
+        &h,
+        "PUT",
+        &path,
+        Some("application/json"),
+        stale.to_string(),
+    )
+    .await;
+    assert_eq!(put.status, 409, "{}", put.body);
+    assert_eq!(put.body["reason"], "Conflict");
+    // Server-side apply creates a missing object, labelled.
+    let created = send(
+        &h,
+        "PATCH",
+        &format!("{WIDGETS}/fresh?fieldManager=tenant"),
+        Some("application/apply-patch+yaml"),
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: fresh\n  namespace: demo\nspec:\n  replicas: 1\n",
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert!(is_owned(&created.body));
+    let deleted = send(&h, "DELETE", &path, None, Bytes::new()).await;
+    assert_eq!(deleted.status, 200, "{}", deleted.body);
+    assert!(h.admin.get_opt(&path).await.expect("get").is_none());
+    h.proxy.shutdown().await;
+}

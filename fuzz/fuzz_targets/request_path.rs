@@ -1,0 +1,34 @@
+//! The request classifier and path parser, and the owner-scoped query: never a
+//! panic, and a classified resource path always stays under the group/version.
+#![no_main]
+
+use crproxy_core::ownership::{self, Owner};
+use crproxy_core::request::{self, RequestKind};
+use libfuzzer_sys::fuzz_target;
+
+const METHODS: [&str; 8] = [
+    "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT",
+];
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
+    let text = String::from_utf8_lossy(rest);
+    let (path, query) = match text.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (text.as_ref(), None),
+    };
+    let method = METHODS[usize::from(selector) % METHODS.len()];
+    let upgrade = selector & 0x80 != 0;
+    if let Ok(RequestKind::Resource { path: resource, .. }) =
+        request::classify(method, path, query, upgrade, "example.com", "v1")
+    {
+        assert!(!resource.resource.is_empty());
+        assert!(!resource.resource.contains('/'));
+    }
+    let owner = Owner::new("client", "project");
+    if let Ok(scoped) = ownership::scoped_query(query, &owner) {
+        assert!(scoped.contains("labelSelector="));
+    }
+});
