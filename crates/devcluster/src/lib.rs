@@ -13,7 +13,8 @@
 //!   watch, reviews), `rest` (the verbs), `objects` (metadata rules), `hooks`
 //!   (what kube's controllers would do: CRD establishment, namespace cleanup,
 //!   garbage collection), `seams` (calls into schema/patch/admission),
-//!   `protobuf` (the few protobuf bodies kubectl's typed clients send).
+//!   `protobuf` (the few protobuf bodies kubectl's typed clients send),
+//!   `admitted` (the writes that go through admission webhooks).
 //! - [`store`]: all objects in memory behind one short lock, written through to
 //!   redb; one global resourceVersion; a broadcast change feed plus a bounded
 //!   per-resource history for watches that resume.
@@ -55,6 +56,7 @@ pub mod admission;
 pub mod authn;
 pub mod rbac;
 pub mod reviews;
+pub mod webhook;
 
 // Forwarding to extension API servers behind APIServices.
 pub mod aggregation;
