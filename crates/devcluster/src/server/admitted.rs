@@ -58,6 +58,18 @@ fn options(ctx: &ReqCtx, operation: &str) -> Value {
     options
 }
 
+/// The request's attributes; a create names the object it creates (kube takes
+/// the name from the body when the URL has none).
+fn attributes(ctx: &ReqCtx, object: Option<&Value>) -> crate::types::RequestAttributes {
+    let mut attrs = ctx.attrs.clone();
+    if attrs.name.is_empty() {
+        if let Some(name) = object.and_then(|o| o["metadata"]["name"].as_str()) {
+            attrs.name = name.to_string();
+        }
+    }
+    attrs
+}
+
 fn served_versions(ctx: &ReqCtx) -> Vec<String> {
     ctx.info.versions.iter().map(|v| v.name.clone()).collect()
 }
@@ -79,9 +91,10 @@ pub(crate) async fn mutate(
     }
     let options = options(ctx, operation);
     let versions = served_versions(ctx);
+    let attrs = attributes(ctx, object.as_ref());
     let call = Call {
         operation,
-        attrs: &ctx.attrs,
+        attrs: &attrs,
         kind: &ctx.info.kind,
         served_versions: &versions,
         object: None,
@@ -111,9 +124,10 @@ pub(crate) async fn validate(
     }
     let options = options(ctx, operation);
     let versions = served_versions(ctx);
+    let attrs = attributes(ctx, object);
     let call = Call {
         operation,
-        attrs: &ctx.attrs,
+        attrs: &attrs,
         kind: &ctx.info.kind,
         served_versions: &versions,
         object,
