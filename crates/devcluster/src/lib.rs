@@ -61,5 +61,8 @@ pub mod webhook;
 // Forwarding to extension API servers behind APIServices.
 pub mod aggregation;
 
+// The dev environment's example extension API server (gateways.example.net).
+pub mod example_apiserver;
+
 pub use error::{ApiError, Error};
 pub use server::{start, DevCluster, DevClusterConfig};
