@@ -315,19 +315,34 @@ fn full(status: StatusCode, body: &Value) -> Response<Body> {
     response
 }
 
-fn status_error(code: u16, reason: &str, message: &str, details: Value) -> Response<Body> {
+/// A request refused with a kube `Status` (answered by `Response::from`).
+struct Refusal {
+    code: u16,
+    status: Box<Value>,
+}
+
+impl From<Refusal> for Response<Body> {
+    fn from(r: Refusal) -> Self {
+        full(
+            StatusCode::from_u16(r.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            &r.status,
+        )
+    }
+}
+
+fn status_error(code: u16, reason: &str, message: &str, details: Value) -> Refusal {
     let mut body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "code": code});
     if !details.is_null() {
         body["details"] = details;
     }
-    full(
-        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        &body,
-    )
+    Refusal {
+        code,
+        status: Box::new(body),
+    }
 }
 
-fn not_found(name: &str) -> Response<Body> {
+fn not_found(name: &str) -> Refusal {
     status_error(
         404,
         "NotFound",
@@ -336,7 +351,7 @@ fn not_found(name: &str) -> Response<Body> {
     )
 }
 
-fn conflict(name: &str) -> Response<Body> {
+fn conflict(name: &str) -> Refusal {
     status_error(
         409,
         "Conflict",
@@ -345,12 +360,12 @@ fn conflict(name: &str) -> Response<Body> {
     )
 }
 
-fn bad_request(message: &str) -> Response<Body> {
+fn bad_request(message: &str) -> Refusal {
     status_error(400, "BadRequest", message, Value::Null)
 }
 
 /// The 422 for invalid Gateways, with one cause per field.
-fn invalid(name: &str, causes: Vec<(String, String, String)>) -> Response<Body> {
+fn invalid(name: &str, causes: Vec<(String, String, String)>) -> Refusal {
     let summary: Vec<String> = causes
         .iter()
         .map(|(_, message, field)| format!("{field}: {message}"))
@@ -456,6 +471,7 @@ async fn handle(store: &Gateways, request: Request<hyper::body::Incoming>) -> Re
                 "the server could not find the requested resource",
                 Value::Null,
             )
+            .into()
         }
     };
     let method = request.method().clone();
@@ -474,7 +490,7 @@ async fn handle(store: &Gateways, request: Request<hyper::body::Incoming>) -> Re
         .await
     {
         Ok(b) => b.to_bytes(),
-        Err(e) => return bad_request(&format!("reading the body: {e}")),
+        Err(e) => return bad_request(&format!("reading the body: {e}")).into(),
     };
     let dry_run = q.get("dryRun").is_some_and(|v| v == "All");
     let is_watch = q.get("watch").is_some_and(|v| v == "true" || v == "1");
@@ -486,18 +502,18 @@ async fn handle(store: &Gateways, request: Request<hyper::body::Incoming>) -> Re
         }
         (Method::GET, Some(name)) => match store.lock().objects.get(&route.key(name)) {
             Some(object) => full(StatusCode::OK, object),
-            None => not_found(name),
+            None => not_found(name).into(),
         },
         (Method::PUT, Some(name)) => match decode(&body) {
             Ok(object) => update(store, &route, name, |_| Ok(object.clone()), true, dry_run),
-            Err(e) => e,
+            Err(e) => e.into(),
         },
         (Method::PATCH, Some(name)) => {
             let patch = match decode(&body) {
                 Ok(p) => p,
-                Err(e) => return e,
+                Err(e) => return e.into(),
             };
-            let apply = |current: &Value| -> Result<Value, Response<Body>> {
+            let apply = |current: &Value| -> Result<Value, Refusal> {
                 let mut doc = current.clone();
                 match content_type.as_str() {
                     "application/merge-patch+json" => json_patch::merge(&mut doc, &patch),
@@ -511,7 +527,7 @@ async fn handle(store: &Gateways, request: Request<hyper::body::Incoming>) -> Re
                         return Err(status_error(
                             415,
                             "UnsupportedMediaType",
-                            &format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json"),
+                            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json",
                             Value::Null,
                         ))
                     }
@@ -530,7 +546,8 @@ async fn handle(store: &Gateways, request: Request<hyper::body::Incoming>) -> Re
             "MethodNotAllowed",
             "the server does not allow this method on the requested resource",
             Value::Null,
-        ),
+        )
+        .into(),
     }
 }
 
@@ -583,7 +600,7 @@ fn resource_list() -> Value {
              "verbs": ["get", "patch", "update"]}]})
 }
 
-fn decode(body: &[u8]) -> Result<Value, Response<Body>> {
+fn decode(body: &[u8]) -> Result<Value, Refusal> {
     match serde_json::from_slice::<Value>(body) {
         Ok(v) if v.is_object() => Ok(v),
         Ok(_) => Err(bad_request("the body must be a JSON object")),
@@ -591,7 +608,7 @@ fn decode(body: &[u8]) -> Result<Value, Response<Body>> {
     }
 }
 
-fn selector(q: &HashMap<String, String>) -> Result<LabelSelector, Response<Body>> {
+fn selector(q: &HashMap<String, String>) -> Result<LabelSelector, Refusal> {
     LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
         .map_err(|e| bad_request(e.message()))
 }
@@ -607,7 +624,7 @@ fn in_scope(route: &Route, sel: &LabelSelector, object: &Value) -> bool {
 fn list(store: &Gateways, route: &Route, q: &HashMap<String, String>) -> Response<Body> {
     let sel = match selector(q) {
         Ok(s) => s,
-        Err(e) => return e,
+        Err(e) => return e.into(),
     };
     let inner = store.lock();
     let items: Vec<&Value> = inner
@@ -625,11 +642,11 @@ fn list(store: &Gateways, route: &Route, q: &HashMap<String, String>) -> Respons
 fn create(store: &Gateways, route: &Route, body: &[u8], dry_run: bool) -> Response<Body> {
     let mut object = match decode(body) {
         Ok(o) => o,
-        Err(e) => return e,
+        Err(e) => return e.into(),
     };
     let namespace = route.namespace.clone().unwrap_or_default();
     if let Err(e) = check_type(&mut object) {
-        return e;
+        return e.into();
     }
     let meta = &mut object["metadata"];
     if !meta.is_object() {
@@ -638,7 +655,8 @@ fn create(store: &Gateways, route: &Route, body: &[u8], dry_run: bool) -> Respon
     match meta["namespace"].as_str() {
         Some(ns) if !ns.is_empty() && ns != namespace => return bad_request(
             "the namespace of the provided object does not match the namespace sent on the request",
-        ),
+        )
+        .into(),
         _ => meta["namespace"] = json!(namespace),
     }
     let mut name = meta["name"].as_str().unwrap_or_default().to_string();
@@ -661,7 +679,8 @@ fn create(store: &Gateways, route: &Route, body: &[u8], dry_run: bool) -> Respon
                 "Required value: name or generateName is required".into(),
                 "metadata.name".into(),
             )],
-        );
+        )
+        .into();
     }
     meta["name"] = json!(name);
     meta["uid"] = json!(uuid::Uuid::new_v4().to_string());
@@ -673,7 +692,7 @@ fn create(store: &Gateways, route: &Route, body: &[u8], dry_run: bool) -> Respon
     }
     let errors = validation_errors(&object);
     if !errors.is_empty() {
-        return invalid(&name, errors);
+        return invalid(&name, errors).into();
     }
     let mut inner = store.lock();
     if inner.objects.contains_key(&(namespace, name.clone())) {
@@ -682,7 +701,8 @@ fn create(store: &Gateways, route: &Route, body: &[u8], dry_run: bool) -> Respon
             "AlreadyExists",
             &format!("{RESOURCE}.{GROUP} {name:?} already exists"),
             json!({"name": name, "group": GROUP, "kind": RESOURCE}),
-        );
+        )
+        .into();
     }
     if dry_run {
         return full(StatusCode::CREATED, &object);
@@ -691,7 +711,7 @@ fn create(store: &Gateways, route: &Route, body: &[u8], dry_run: bool) -> Respon
     full(StatusCode::CREATED, &stored)
 }
 
-fn check_type(object: &mut Value) -> Result<(), Response<Body>> {
+fn check_type(object: &mut Value) -> Result<(), Refusal> {
     let api_version = format!("{GROUP}/{VERSION}");
     match object["apiVersion"].as_str() {
         Some(v) if v != api_version => {
@@ -717,20 +737,20 @@ fn update(
     store: &Gateways,
     route: &Route,
     name: &str,
-    build: impl FnOnce(&Value) -> Result<Value, Response<Body>>,
+    build: impl FnOnce(&Value) -> Result<Value, Refusal>,
     require_rv: bool,
     dry_run: bool,
 ) -> Response<Body> {
     let mut inner = store.lock();
     let Some(current) = inner.objects.get(&route.key(name)).cloned() else {
-        return not_found(name);
+        return not_found(name).into();
     };
     let mut object = match build(&current) {
         Ok(o) => o,
-        Err(e) => return e,
+        Err(e) => return e.into(),
     };
     if let Err(e) = check_type(&mut object) {
-        return e;
+        return e.into();
     }
     if object["metadata"]["name"]
         .as_str()
@@ -739,7 +759,8 @@ fn update(
         return bad_request(&format!(
             "the name of the object ({}) does not match the name on the URL ({name})",
             object["metadata"]["name"].as_str().unwrap_or_default()
-        ));
+        ))
+        .into();
     }
     match object["metadata"]["resourceVersion"].as_str() {
         None | Some("") if require_rv => {
@@ -751,8 +772,9 @@ fn update(
                     "metadata.resourceVersion".into(),
                 )],
             )
+            .into()
         }
-        Some(rv) if rv != current["metadata"]["resourceVersion"] => return conflict(name),
+        Some(rv) if rv != current["metadata"]["resourceVersion"] => return conflict(name).into(),
         _ => {}
     }
     let mut new = if route.status {
@@ -793,7 +815,7 @@ fn update(
     };
     let errors = validation_errors(&new);
     if !errors.is_empty() {
-        return invalid(name, errors);
+        return invalid(name, errors).into();
     }
     new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
     if new == current || dry_run {
@@ -806,7 +828,7 @@ fn update(
 fn delete(store: &Gateways, route: &Route, name: &str, dry_run: bool) -> Response<Body> {
     let mut inner = store.lock();
     let Some(current) = inner.objects.get(&route.key(name)).cloned() else {
-        return not_found(name);
+        return not_found(name).into();
     };
     let uid = current["metadata"]["uid"].clone();
     if !dry_run {
@@ -822,7 +844,7 @@ fn delete(store: &Gateways, route: &Route, name: &str, dry_run: bool) -> Respons
 fn watch_gateways(store: &Gateways, route: &Route, q: &HashMap<String, String>) -> Response<Body> {
     let sel = match selector(q) {
         Ok(s) => s,
-        Err(e) => return e,
+        Err(e) => return e.into(),
     };
     let from = q
         .get("resourceVersion")
@@ -830,7 +852,7 @@ fn watch_gateways(store: &Gateways, route: &Route, q: &HashMap<String, String>) 
     let from = match from.map(|v| v.parse::<u64>()) {
         None => None,
         Some(Ok(rv)) => Some(rv),
-        Some(Err(_)) => return bad_request("resourceVersion must be a number"),
+        Some(Err(_)) => return bad_request("resourceVersion must be a number").into(),
     };
     let timeout = q
         .get("timeoutSeconds")
