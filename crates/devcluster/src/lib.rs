@@ -20,6 +20,9 @@
 //!   per-resource history for watches that resume.
 //! - [`watch`]: watch streams (initial state, replay, bookmarks, selectors).
 //! - [`registry`] and [`crd`]: what is served; [`discovery`]: its documents.
+//! - [`admission`] (ValidatingAdmissionPolicy) and [`webhook`] (admission
+//!   webhooks): what may be written.
+//! - [`example_apiserver`]: the dev environment's extension API server.
 //!
 //! # Behaviour
 //! Shapes follow `../shared/reference/kube-apiserver-1.32`; the

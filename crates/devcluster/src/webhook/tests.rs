@@ -418,3 +418,19 @@ fn configurations_are_defaulted_and_validated() {
         .collect();
     assert_eq!(fields, expected);
 }
+
+#[test]
+fn a_denial_with_a_retry_delay_answers_with_retry_after() {
+    let status = denied(
+        "h.example.com",
+        &json!({"code": 503, "reason": "ServiceUnavailable", "message": "not ready",
+                "details": {"retryAfterSeconds": 1}}),
+    );
+    assert_eq!(status["code"], 503);
+    assert_eq!(status["details"]["retryAfterSeconds"], 1);
+    let error = crate::ApiError::from_status(&status);
+    assert_eq!(
+        error.headers,
+        vec![("Retry-After".to_string(), "1".to_string())]
+    );
+}
