@@ -85,16 +85,37 @@ pub trait ServiceResolver: Send + Sync {
     fn service_address(&self, ns: &str, name: &str, port: u16) -> Result<(String, u16), String>;
 }
 
+/// A request the webhooks refused, with the warnings they sent before that
+/// (kube returns those with the error).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rejection {
+    /// The Status to answer with.
+    pub status: Value,
+    pub warnings: Vec<String>,
+}
+
 /// Runs the matching mutating webhooks in order, applying each one's patch to
-/// `object` (when there is one). Returns the webhooks' warnings or the Status to
-/// fail with.
+/// `object` (when there is one). Returns the webhooks' warnings.
 pub async fn mutate(
     snapshot: &WebhookSnapshot,
     call: &Call<'_>,
     object: &mut Option<Value>,
     resolver: &dyn ServiceResolver,
-) -> Result<Vec<String>, Value> {
+) -> Result<Vec<String>, Rejection> {
     let mut warnings = Vec::new();
+    match mutate_each(snapshot, call, object, resolver, &mut warnings).await {
+        Ok(()) => Ok(warnings),
+        Err(status) => Err(Rejection { status, warnings }),
+    }
+}
+
+async fn mutate_each(
+    snapshot: &WebhookSnapshot,
+    call: &Call<'_>,
+    object: &mut Option<Value>,
+    resolver: &dyn ServiceResolver,
+    warnings: &mut Vec<String>,
+) -> Result<(), Value> {
     for hook in hooks_of(&snapshot.mutating) {
         let current = Call {
             object: object.as_ref(),
@@ -105,33 +126,33 @@ pub async fn mutate(
         };
         let review = review_request(&current, &matched);
         let name = hook_name(hook);
-        let response = match call_webhook(hook, &review, resolver).await {
+        let outcome = match call_webhook(hook, &review, resolver).await {
             Ok(r) => verify_response(&review, r, true)
                 .map_err(|e| format!("received invalid webhook response: {e}")),
             Err(e) => Err(format!("failed to call webhook: {e}")),
         };
-        let response = match response {
-            Ok(r) => r,
-            Err(_) if ignores_failures(hook) => continue,
+        // Warnings count even when the webhook then denies.
+        if let Ok(response) = &outcome {
+            warnings.extend(response_warnings(response));
+        }
+        let patch = outcome.and_then(|response| {
+            if response["allowed"] != true {
+                return Ok(Err(denied(name, &response["status"])));
+            }
+            decode_patch(&response).map(Ok)
+        });
+        let patch = match patch {
+            Ok(Ok(patch)) => patch,
+            Ok(Err(denial)) => return Err(denial),
+            Err(reason) if ignores_failures(hook) => {
+                tracing::warn!(webhook = name, error = %reason, "failed calling webhook, failing open");
+                continue;
+            }
             Err(reason) => return Err(calling_failed(name, &reason)),
         };
-        if response["allowed"] != true {
-            return Err(denied(name, &response["status"]));
-        }
-        warnings.extend(response_warnings(&response));
-        let Some(patch) = response["patch"].as_str() else {
+        let Some(patch) = patch.filter(|p| !p.0.is_empty()) else {
             continue;
         };
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(patch)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice::<json_patch::Patch>(&bytes).ok())
-            .ok_or_else(|| {
-                internal_error("admission webhook returned a patch that is not a JSON patch".into())
-            })?;
-        if patch.0.is_empty() {
-            continue;
-        }
         let Some(target) = object.as_mut() else {
             return Err(internal_error(format!(
                 "admission webhook {name:?} attempted to modify the object, which is not supported for this operation"
@@ -145,7 +166,21 @@ pub async fn mutate(
         }
         *target = seen;
     }
-    Ok(warnings)
+    Ok(())
+}
+
+/// The JSON patch of an allowing response, if any. The error is kube's reason
+/// (a failed call, subject to failurePolicy).
+fn decode_patch(response: &Value) -> Result<Option<json_patch::Patch>, String> {
+    let Some(patch) = response["patch"].as_str().filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .map_err(|e| format!("received undecodable patch in webhook response: {e}"))?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| format!("received undecodable patch in webhook response: {e}"))
 }
 
 /// Calls the matching validating webhooks concurrently. Returns their warnings,
@@ -154,11 +189,18 @@ pub async fn validate(
     snapshot: &WebhookSnapshot,
     call: &Call<'_>,
     resolver: &dyn ServiceResolver,
-) -> Result<Vec<String>, Value> {
+) -> Result<Vec<String>, Rejection> {
     let mut invocations = Vec::new();
     for hook in hooks_of(&snapshot.validating) {
-        if let Some(matched) = matching_version(snapshot, hook, call)? {
-            invocations.push((hook, review_request(call, &matched)));
+        match matching_version(snapshot, hook, call) {
+            Ok(Some(matched)) => invocations.push((hook, review_request(call, &matched))),
+            Ok(None) => {}
+            Err(status) => {
+                return Err(Rejection {
+                    status,
+                    warnings: Vec::new(),
+                })
+            }
         }
     }
     let outcomes =
@@ -170,19 +212,24 @@ pub async fn validate(
             }
         }))
         .await;
-    let mut warnings = Vec::new();
+    // Every answer's warnings are sent, denial or not.
+    let warnings: Vec<String> = outcomes
+        .iter()
+        .flatten()
+        .flat_map(response_warnings)
+        .collect();
     for ((hook, _), outcome) in invocations.iter().zip(outcomes) {
         let name = hook_name(hook);
-        match outcome {
+        let status = match outcome {
             Err(reason) if ignores_failures(hook) => {
                 tracing::warn!(webhook = name, error = %reason, "failed calling webhook, failing open");
+                continue;
             }
-            Err(reason) => return Err(calling_failed(name, &reason)),
-            Ok(response) if response["allowed"] != true => {
-                return Err(denied(name, &response["status"]))
-            }
-            Ok(response) => warnings.extend(response_warnings(&response)),
-        }
+            Err(reason) => calling_failed(name, &reason),
+            Ok(response) if response["allowed"] != true => denied(name, &response["status"]),
+            Ok(_) => continue,
+        };
+        return Err(Rejection { status, warnings });
     }
     Ok(warnings)
 }

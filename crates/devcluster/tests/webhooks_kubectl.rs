@@ -29,7 +29,7 @@ fn answer(path: &str, request: &Value) -> Value {
         "/allow" => {
             json!({"uid": uid, "allowed": true, "warnings": ["the webhook looked at this"]})
         }
-        "/deny" => json!({"uid": uid, "allowed": false,
+        "/deny" => json!({"uid": uid, "allowed": false, "warnings": ["denials can warn too"],
             "status": {"code": 403, "reason": "Forbidden", "message": "no thanks"}}),
         "/deny-plain" => json!({"uid": uid, "allowed": false}),
         "/mutate" => {
@@ -291,6 +291,12 @@ async fn webhooks_allow_deny_mutate_and_fail_as_kube_apiserver_does() {
         out.stderr.contains(
             "Error from server (Forbidden): error when creating \"STDIN\": admission webhook \"deny.hooks.test\" denied the request: no thanks"
         ),
+        "{}",
+        out.stderr
+    );
+    // The denying webhook's warnings still reach the client.
+    assert!(
+        out.stderr.contains("Warning: denials can warn too"),
         "{}",
         out.stderr
     );

@@ -74,6 +74,16 @@ fn served_versions(ctx: &ReqCtx) -> Vec<String> {
     ctx.info.versions.iter().map(|v| v.name.clone()).collect()
 }
 
+/// The error for a rejection, carrying the webhooks' warnings as kube does.
+fn rejected(rejection: webhook::Rejection) -> ApiError {
+    let mut error = ApiError::from_status(&rejection.status);
+    for warning in &rejection.warnings {
+        let escaped = warning.replace('\\', "\\\\").replace('"', "\\\"");
+        error = error.header("Warning", &format!("299 - \"{escaped}\""));
+    }
+    error
+}
+
 /// Runs the mutating webhooks on `object` (None for DELETE).
 pub(crate) async fn mutate(
     state: &State,
@@ -104,7 +114,7 @@ pub(crate) async fn mutate(
     };
     webhook::mutate(snapshot, &call, object, &Resolver(state))
         .await
-        .map_err(|status| ApiError::from_status(&status))
+        .map_err(rejected)
 }
 
 /// Runs the validating webhooks for the final object (None for DELETE).
@@ -137,5 +147,5 @@ pub(crate) async fn validate(
     };
     webhook::validate(snapshot, &call, &Resolver(state))
         .await
-        .map_err(|status| ApiError::from_status(&status))
+        .map_err(rejected)
 }

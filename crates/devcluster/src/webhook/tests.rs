@@ -434,3 +434,18 @@ fn a_denial_with_a_retry_delay_answers_with_retry_after() {
         vec![("Retry-After".to_string(), "1".to_string())]
     );
 }
+
+#[test]
+fn patches_are_base64_json_patches() {
+    let encode = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    assert_eq!(decode_patch(&json!({"allowed": true})), Ok(None));
+    let ok = decode_patch(&json!({"patch": encode(r#"[{"op":"remove","path":"/a"}]"#)}));
+    assert!(matches!(ok, Ok(Some(p)) if p.0.len() == 1));
+    for bad in [json!({"patch": "%%%"}), json!({"patch": encode("{}")})] {
+        let e = decode_patch(&bad).expect_err("undecodable");
+        assert!(
+            e.starts_with("received undecodable patch in webhook response: "),
+            "{e}"
+        );
+    }
+}
