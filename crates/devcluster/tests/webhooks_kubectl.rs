@@ -498,3 +498,114 @@ async fn webhook_configurations_are_served_defaulted_and_validated() {
         assert!(out.stderr.contains(expected), "{expected}\n{}", out.stderr);
     }
 }
+
+/// A namespaced custom resource with a status subresource.
+const WIDGET_CRD: &str = r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+  "metadata": {"name": "widgets.example.com"},
+  "spec": {"group": "example.com", "scope": "Namespaced",
+    "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+    "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+      "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_tell_a_resource_from_its_status_subresource() {
+    let test = test_support::devcluster("webhook-subresources").await;
+    let admin = &test.kubeconfig;
+    let (addr, ca, seen) = webhook_server().await;
+    let out = create(admin, WIDGET_CRD, &[]).await;
+    assert!(out.success(), "{}", out.stderr);
+    let out = test_support::kubectl_async(
+        admin,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=20s",
+            "crd/widgets.example.com",
+        ],
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let client = |path: &str| {
+        json!({"url": format!("https://127.0.0.1:{}{path}", addr.port()),
+               "caBundle": base64::engine::general_purpose::STANDARD.encode(&ca)})
+    };
+    let rule = |resources: &str| {
+        json!([{"operations": ["UPDATE"], "apiGroups": ["example.com"], "apiVersions": ["v1"],
+                "resources": [resources], "scope": "Namespaced"}])
+    };
+    let v = "ValidatingWebhookConfiguration";
+    for c in [
+        configuration(
+            v,
+            "main.hooks.test",
+            "w",
+            json!({"clientConfig": client("/deny"), "rules": rule("widgets")}),
+        ),
+        configuration(
+            v,
+            "status.hooks.test",
+            "w",
+            json!({"clientConfig": client("/allow"), "rules": rule("widgets/status")}),
+        ),
+    ] {
+        let out = create(admin, &c.to_string(), &[]).await;
+        assert!(out.success(), "{}", out.stderr);
+    }
+    let widget = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+        "metadata": {"name": "w1", "namespace": NAMESPACE, "labels": {"hook": "w"}}, "spec": {"size": 1}});
+    let out = create(admin, &widget.to_string(), &[]).await;
+    assert!(out.success(), "{}", out.stderr);
+
+    // The status subresource goes only to the `widgets/status` webhook.
+    let out = test_support::kubectl_async(
+        admin,
+        &[
+            "-n",
+            NAMESPACE,
+            "patch",
+            "widget",
+            "w1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"ok":true}}"#,
+        ],
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("Warning: the webhook looked at this"),
+        "{}",
+        out.stderr
+    );
+    let status_review = seen
+        .lock()
+        .expect("log")
+        .last()
+        .map(|(_, r)| r.clone())
+        .expect("a review");
+    assert_eq!(status_review["request"]["subResource"], "status");
+    assert_eq!(status_review["request"]["kind"]["kind"], "Widget");
+    assert_eq!(status_review["request"]["object"]["status"]["ok"], true);
+
+    // The main resource goes only to the `widgets` webhook, which denies.
+    let out = test_support::kubectl_async(
+        admin,
+        &["-n", NAMESPACE, "label", "widget", "w1", "more=yes"],
+    )
+    .await;
+    assert!(
+        out.stderr
+            .contains("admission webhook \"main.hooks.test\" denied the request: no thanks"),
+        "{}",
+        out.stderr
+    );
+    let stored = test_support::kubectl_json_async(
+        admin,
+        &["-n", NAMESPACE, "get", "widget", "w1", "-o", "json"],
+    )
+    .await
+    .expect("widget");
+    assert_eq!(stored["status"]["ok"], true);
+    assert!(stored["metadata"]["labels"].get("more").is_none());
+}
