@@ -3,8 +3,8 @@
 //!
 //! It keeps Gateways in memory with kube's rules a client can observe: create,
 //! get, list, watch (with replay from a resourceVersion), update and patch (merge
-//! and JSON patch) with resourceVersion conflicts, delete, the `status`
-//! subresource, label selectors and dry run. A Gateway whose `spec.port` is not an
+//! and JSON patch, server-side apply) with resourceVersion conflicts, delete,
+//! the `status` subresource, label and field selectors and dry run. A Gateway whose `spec.port` is not an
 //! integer from 1 to 65535 is refused with a 422 Invalid Status naming
 //! `spec.port`, as an aggregated server with its own validation would.
 //!
@@ -508,6 +508,9 @@ async fn handle(store: &Gateways, request: Request<hyper::body::Incoming>) -> Re
             Ok(object) => update(store, &route, name, |_| Ok(object.clone()), true, dry_run),
             Err(e) => e.into(),
         },
+        (Method::PATCH, Some(name)) if content_type == "application/apply-patch+yaml" => {
+            server_side_apply(store, &route, name, &body, &q, dry_run)
+        }
         (Method::PATCH, Some(name)) => {
             let patch = match decode(&body) {
                 Ok(p) => p,
@@ -527,7 +530,7 @@ async fn handle(store: &Gateways, request: Request<hyper::body::Incoming>) -> Re
                         return Err(status_error(
                             415,
                             "UnsupportedMediaType",
-                            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json",
+                            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
                             Value::Null,
                         ))
                     }
@@ -608,17 +611,44 @@ fn decode(body: &[u8]) -> Result<Value, Refusal> {
     }
 }
 
-fn selector(q: &HashMap<String, String>) -> Result<LabelSelector, Refusal> {
-    LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
-        .map_err(|e| bad_request(e.message()))
+/// Label selector plus `metadata.name`/`metadata.namespace` field terms
+/// `(field, equal?, value)`.
+struct Selectors {
+    labels: LabelSelector,
+    fields: Vec<(String, bool, String)>,
 }
 
-fn in_scope(route: &Route, sel: &LabelSelector, object: &Value) -> bool {
+fn selector(q: &HashMap<String, String>) -> Result<Selectors, Refusal> {
+    let labels = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
+        .map_err(|e| bad_request(e.message()))?;
+    let parsed = crproxy_core::selector::FieldSelector::parse(
+        q.get("fieldSelector").map(String::as_str).unwrap_or(""),
+    )
+    .map_err(|e| bad_request(e.message()))?;
+    let mut fields = Vec::new();
+    for r in parsed.requirements() {
+        if r.field != "metadata.name" && r.field != "metadata.namespace" {
+            return Err(bad_request(&format!(
+                "field label not supported: {}",
+                r.field
+            )));
+        }
+        fields.push((r.field.clone(), !r.negated, r.value.clone()));
+    }
+    Ok(Selectors { labels, fields })
+}
+
+fn in_scope(route: &Route, sel: &Selectors, object: &Value) -> bool {
+    let meta = &object["metadata"];
     route
         .namespace
         .as_deref()
-        .is_none_or(|ns| object["metadata"]["namespace"] == ns)
-        && sel.matches_json(object["metadata"].get("labels"))
+        .is_none_or(|ns| meta["namespace"] == ns)
+        && sel.labels.matches_json(meta.get("labels"))
+        && sel.fields.iter().all(|(field, equal, value)| {
+            let key = field.trim_start_matches("metadata.");
+            (meta[key].as_str().unwrap_or_default() == value) == *equal
+        })
 }
 
 fn list(store: &Gateways, route: &Route, q: &HashMap<String, String>) -> Response<Body> {
@@ -640,10 +670,18 @@ fn list(store: &Gateways, route: &Route, q: &HashMap<String, String>) -> Respons
 }
 
 fn create(store: &Gateways, route: &Route, body: &[u8], dry_run: bool) -> Response<Body> {
-    let mut object = match decode(body) {
-        Ok(o) => o,
-        Err(e) => return e.into(),
-    };
+    match decode(body) {
+        Ok(object) => create_object(store, route, object, dry_run),
+        Err(e) => e.into(),
+    }
+}
+
+fn create_object(
+    store: &Gateways,
+    route: &Route,
+    mut object: Value,
+    dry_run: bool,
+) -> Response<Body> {
     let namespace = route.namespace.clone().unwrap_or_default();
     if let Err(e) = check_type(&mut object) {
         return e.into();
@@ -709,6 +747,85 @@ fn create(store: &Gateways, route: &Route, body: &[u8], dry_run: bool) -> Respon
     }
     let stored = Gateways::commit(&mut inner, &store.changes, "ADDED", object);
     full(StatusCode::CREATED, &stored)
+}
+
+/// Server-side apply with devcluster's field ownership (conflicts answer 409
+/// unless `force=true`); applying to a missing Gateway creates it.
+fn server_side_apply(
+    store: &Gateways,
+    route: &Route,
+    name: &str,
+    body: &[u8],
+    q: &HashMap<String, String>,
+    dry_run: bool,
+) -> Response<Body> {
+    let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
+        return status_error(
+            422,
+            "Invalid",
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+            json!({"group": "meta.k8s.io", "kind": "PatchOptions",
+                   "causes": [{"reason": "FieldValueRequired", "message": "Required value: is required for apply patch", "field": "fieldManager"}]}),
+        )
+        .into();
+    };
+    let applied = match std::str::from_utf8(body)
+        .map_err(|e| e.to_string())
+        .and_then(|text| serde_saphyr::from_str::<Value>(text).map_err(|e| e.to_string()))
+    {
+        Ok(v) if v.is_object() => v,
+        Ok(_) => return bad_request("the applied configuration must be an object").into(),
+        Err(e) => return bad_request(&format!("error decoding YAML: {e}")).into(),
+    };
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let api_version = format!("{GROUP}/{VERSION}");
+    let options = crate::patch::ApplyOptions {
+        manager,
+        force: q.get("force").is_some_and(|f| f == "true"),
+        api_version: &api_version,
+        subresource: route.status.then_some("status"),
+        now: &now,
+        schema: None,
+    };
+    let apply = |live: Option<&Value>| {
+        crate::patch::apply_with(live, &applied, &options).map_err(|e| match e {
+            crate::patch::ApplyError::Conflicts(c) => {
+                let status = crate::patch::apply_conflict_status(&c);
+                Refusal {
+                    code: 409,
+                    status: Box::new(status),
+                }
+            }
+            other => bad_request(&other.to_string()),
+        })
+    };
+    let exists = store.lock().objects.contains_key(&route.key(name));
+    if !exists {
+        if route.status {
+            return not_found(name).into();
+        }
+        return match apply(None) {
+            Ok(mut object) => {
+                object["metadata"]["name"] = json!(name);
+                create_object(store, route, object, dry_run)
+            }
+            Err(e) => e.into(),
+        };
+    }
+    update(
+        store,
+        route,
+        name,
+        |current| {
+            let mut new = apply(Some(current))?;
+            if new["metadata"]["resourceVersion"].is_null() {
+                new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+            }
+            Ok(new)
+        },
+        false,
+        dry_run,
+    )
 }
 
 fn check_type(object: &mut Value) -> Result<(), Refusal> {

@@ -198,6 +198,60 @@ async fn gateways_are_served_through_the_aggregator() {
     assert_eq!(web["spec"]["port"], 8081);
     assert_eq!(web["metadata"]["generation"], 2);
 
+    // Server-side apply creates and updates, and tracks who owns spec.port.
+    let applied = json!({"apiVersion": "example.net/v1", "kind": "Gateway",
+        "metadata": {"name": "edge", "namespace": "default"}, "spec": {"port": 8443}})
+    .to_string();
+    for _ in 0..2 {
+        let out = test_support::kubectl_stdin_async(
+            admin,
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=team-a",
+                "-f",
+                "-",
+            ],
+            &applied,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert!(out.success(), "{}", out.stderr);
+    }
+    let takeover = applied.replace("8443", "9443");
+    let out = test_support::kubectl_stdin_async(
+        admin,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=team-b",
+            "-f",
+            "-",
+        ],
+        &takeover,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        out.stderr.contains("Apply failed with 1 conflict"),
+        "{}",
+        out.stderr
+    );
+    let edge = get_json(admin, &["get", "gateway", "edge", "-o", "json"]).await;
+    assert_eq!(edge["spec"]["port"], 8443);
+    let by_name = test_support::kubectl_async(
+        admin,
+        &[
+            "get",
+            "--raw",
+            "/apis/example.net/v1/gateways?fieldSelector=metadata.name%3Dedge",
+        ],
+    )
+    .await;
+    let by_name: Value = serde_json::from_str(&by_name.stdout).expect("list JSON");
+    assert_eq!(by_name["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(by_name["items"][0]["metadata"]["name"], "edge");
+
     // Status changes only through the status subresource.
     let out = test_support::kubectl_async(
         admin,
