@@ -23,9 +23,9 @@
 //! that fails (transport, timeout, bad response) is ignored under
 //! `failurePolicy: Ignore` and becomes a 500 `failed calling webhook` otherwise.
 //!
-//! Not done: `reinvocationPolicy: IfNeeded` (mutating webhooks run once), the
-//! `authorizer` CEL variable, the v1beta1 review version, and system trust roots
-//! for a webhook without `caBundle` (it cannot be verified and fails).
+//! Not done: the `authorizer` CEL variable, webhooks on the `scale`
+//! subresource, the v1beta1 review version, and system trust roots for a webhook
+//! without `caBundle` (it cannot be verified and fails).
 
 use crate::admission::{self, AdmissionRequest};
 use crate::error::Cause;
@@ -109,6 +109,8 @@ pub async fn mutate(
     }
 }
 
+/// kube's order: every matching webhook once; then, once more, each
+/// `reinvocationPolicy: IfNeeded` webhook that a later webhook's change made stale.
 async fn mutate_each(
     snapshot: &WebhookSnapshot,
     call: &Call<'_>,
@@ -116,57 +118,87 @@ async fn mutate_each(
     resolver: &dyn ServiceResolver,
     warnings: &mut Vec<String>,
 ) -> Result<(), Value> {
-    for hook in hooks_of(&snapshot.mutating) {
-        let current = Call {
-            object: object.as_ref(),
-            ..*call
-        };
-        let Some(matched) = matching_version(snapshot, hook, &current)? else {
+    let hooks = hooks_of(&snapshot.mutating);
+    let mut reinvocable: Vec<usize> = Vec::new();
+    let mut reinvoke = std::collections::BTreeSet::new();
+    for (i, hook) in hooks.iter().enumerate() {
+        let Some(changed) = mutate_once(snapshot, hook, call, object, resolver, warnings).await?
+        else {
             continue;
         };
-        let review = review_request(&current, &matched);
-        let name = hook_name(hook);
-        let outcome = match call_webhook(hook, &review, resolver).await {
-            Ok(r) => verify_response(&review, r, true)
-                .map_err(|e| format!("received invalid webhook response: {e}")),
-            Err(e) => Err(format!("failed to call webhook: {e}")),
-        };
-        // Warnings count even when the webhook then denies.
-        if let Ok(response) = &outcome {
-            warnings.extend(response_warnings(response));
+        if changed {
+            reinvoke.extend(reinvocable.iter().copied());
         }
-        let patch = outcome.and_then(|response| {
-            if response["allowed"] != true {
-                return Ok(Err(denied(name, &response["status"])));
-            }
-            decode_patch(&response).map(Ok)
-        });
-        let patch = match patch {
-            Ok(Ok(patch)) => patch,
-            Ok(Err(denial)) => return Err(denial),
-            Err(reason) if ignores_failures(hook) => {
-                tracing::warn!(webhook = name, error = %reason, "failed calling webhook, failing open");
-                continue;
-            }
-            Err(reason) => return Err(calling_failed(name, &reason)),
-        };
-        let Some(patch) = patch.filter(|p| !p.0.is_empty()) else {
-            continue;
-        };
-        let Some(target) = object.as_mut() else {
-            return Err(internal_error(format!(
-                "admission webhook {name:?} attempted to modify the object, which is not supported for this operation"
-            )));
-        };
-        // The webhook patched the object in the version it saw.
-        let mut seen = in_version(target, &matched);
-        json_patch::patch(&mut seen, &patch).map_err(|e| internal_error(e.to_string()))?;
-        if let (Some(m), Some(av)) = (seen.as_object_mut(), target.get("apiVersion").cloned()) {
-            m.insert("apiVersion".into(), av);
+        if hook["reinvocationPolicy"] == "IfNeeded" {
+            reinvocable.push(i);
         }
-        *target = seen;
+    }
+    for i in reinvoke {
+        mutate_once(snapshot, hooks[i], call, object, resolver, warnings).await?;
     }
     Ok(())
+}
+
+/// Calls one mutating webhook if it matches. `None`: not called; otherwise
+/// whether its patch changed the object.
+async fn mutate_once(
+    snapshot: &WebhookSnapshot,
+    hook: &Value,
+    call: &Call<'_>,
+    object: &mut Option<Value>,
+    resolver: &dyn ServiceResolver,
+    warnings: &mut Vec<String>,
+) -> Result<Option<bool>, Value> {
+    let current = Call {
+        object: object.as_ref(),
+        ..*call
+    };
+    let Some(matched) = matching_version(snapshot, hook, &current)? else {
+        return Ok(None);
+    };
+    let review = review_request(&current, &matched);
+    let name = hook_name(hook);
+    let outcome = match call_webhook(hook, &review, resolver).await {
+        Ok(r) => verify_response(&review, r, true)
+            .map_err(|e| format!("received invalid webhook response: {e}")),
+        Err(e) => Err(format!("failed to call webhook: {e}")),
+    };
+    // Warnings count even when the webhook then denies.
+    if let Ok(response) = &outcome {
+        warnings.extend(response_warnings(response));
+    }
+    let patch = outcome.and_then(|response| {
+        if response["allowed"] != true {
+            return Ok(Err(denied(name, &response["status"])));
+        }
+        decode_patch(&response).map(Ok)
+    });
+    let patch = match patch {
+        Ok(Ok(patch)) => patch,
+        Ok(Err(denial)) => return Err(denial),
+        Err(reason) if ignores_failures(hook) => {
+            tracing::warn!(webhook = name, error = %reason, "failed calling webhook, failing open");
+            return Ok(Some(false));
+        }
+        Err(reason) => return Err(calling_failed(name, &reason)),
+    };
+    let Some(patch) = patch.filter(|p| !p.0.is_empty()) else {
+        return Ok(Some(false));
+    };
+    let Some(target) = object.as_mut() else {
+        return Err(internal_error(format!(
+            "admission webhook {name:?} attempted to modify the object, which is not supported for this operation"
+        )));
+    };
+    // The webhook patched the object in the version it saw.
+    let mut seen = in_version(target, &matched);
+    json_patch::patch(&mut seen, &patch).map_err(|e| internal_error(e.to_string()))?;
+    if let (Some(m), Some(av)) = (seen.as_object_mut(), target.get("apiVersion").cloned()) {
+        m.insert("apiVersion".into(), av);
+    }
+    let changed = seen != *target;
+    *target = seen;
+    Ok(Some(changed))
 }
 
 /// The JSON patch of an allowing response, if any. The error is kube's reason

@@ -37,6 +37,14 @@ fn answer(path: &str, request: &Value) -> Value {
             json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
                    "patch": base64::engine::general_purpose::STANDARD.encode(patch.to_string())})
         }
+        // Records how many data keys it saw.
+        "/count" => {
+            let keys = request["object"]["data"].as_object().map_or(0, |d| d.len());
+            let patch =
+                json!([{"op": "add", "path": "/data/keys-seen", "value": keys.to_string()}]);
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
+                   "patch": base64::engine::general_purpose::STANDARD.encode(patch.to_string())})
+        }
         _ => json!({"uid": uid, "allowed": true}),
     }
 }
@@ -213,6 +221,26 @@ async fn webhooks_allow_deny_mutate_and_fail_as_kube_apiserver_does() {
             "mutate",
             json!({"clientConfig": service_client(port, "/mutate", &ca)}),
         ),
+        // Sorted before mutate-too.hooks.test, so they see the object before its change.
+        configuration(
+            m,
+            "count-again.hooks.test",
+            "reinvoke",
+            json!({"reinvocationPolicy": "IfNeeded",
+            "clientConfig": service_client(port, "/count", &ca)}),
+        ),
+        configuration(
+            m,
+            "count-once.hooks.test",
+            "reinvoke",
+            json!({"clientConfig": service_client(port, "/count", &ca)}),
+        ),
+        configuration(
+            m,
+            "mutate-too.hooks.test",
+            "reinvoke",
+            json!({"clientConfig": service_client(port, "/mutate", &ca)}),
+        ),
         configuration(
             v,
             "down-fail.hooks.test",
@@ -321,6 +349,27 @@ async fn webhooks_allow_deny_mutate_and_fail_as_kube_apiserver_does() {
     .await
     .expect("mutated configmap");
     assert_eq!(stored["data"]["added-by"], "webhook");
+
+    // reinvocationPolicy IfNeeded: called again after a later webhook's change.
+    let out = create(admin, &configmap("re", "reinvoke"), &[]).await;
+    assert!(out.success(), "{}", out.stderr);
+    let stored = test_support::kubectl_json_async(
+        admin,
+        &["-n", NAMESPACE, "get", "configmap", "re", "-o", "json"],
+    )
+    .await
+    .expect("reinvoked configmap");
+    assert_eq!(stored["data"]["added-by"], "webhook");
+    // count-again ran first (k), count-once then (k, keys-seen), mutate-too added
+    // added-by, and count-again ran once more (k, keys-seen, added-by).
+    assert_eq!(stored["data"]["keys-seen"], "3");
+    let counted = seen
+        .lock()
+        .expect("log")
+        .iter()
+        .filter(|(p, r)| p == "/count" && r["request"]["name"] == "re")
+        .count();
+    assert_eq!(counted, 3);
 
     // Updates see the old object; a webhook on UPDATE only does not stop create or delete.
     let out = create(admin, &configmap("fr", "frozen"), &[]).await;
