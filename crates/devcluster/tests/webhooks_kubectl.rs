@@ -424,6 +424,26 @@ async fn webhooks_allow_deny_mutate_and_fail_as_kube_apiserver_does() {
             && r["request"].get("object").is_none()
     }));
 
+    // A deletecollection sends one DELETE review per object, each named.
+    let out = create(admin, &configmap("dc1", "allow"), &[]).await;
+    assert!(out.success(), "{}", out.stderr);
+    let out = test_support::kubectl_async(
+        admin,
+        &[
+            "delete",
+            "--raw",
+            "/api/v1/namespaces/default/configmaps?labelSelector=hook%3Dallow",
+        ],
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    assert!(seen
+        .lock()
+        .expect("log")
+        .iter()
+        .any(|(_, r)| { r["request"]["operation"] == "DELETE" && r["request"]["name"] == "dc1" }));
+    assert!(!exists(admin, "dc1").await);
+
     // Dry run: the (side-effect free) webhook is told, nothing is stored.
     let out = create(admin, &configmap("dry", "allow"), &["--dry-run=server"]).await;
     assert!(out.success(), "{}", out.stderr);

@@ -59,7 +59,8 @@ fn options(ctx: &ReqCtx, operation: &str) -> Value {
 }
 
 /// The request's attributes; a create names the object it creates (kube takes
-/// the name from the body when the URL has none).
+/// the name from the body when the URL has none), and each delete of a
+/// deletecollection names the object it deletes.
 fn attributes(ctx: &ReqCtx, object: Option<&Value>) -> crate::types::RequestAttributes {
     let mut attrs = ctx.attrs.clone();
     if attrs.name.is_empty() {
@@ -101,7 +102,7 @@ pub(crate) async fn mutate(
     }
     let options = options(ctx, operation);
     let versions = served_versions(ctx);
-    let attrs = attributes(ctx, object.as_ref());
+    let attrs = attributes(ctx, object.as_ref().or(old));
     let call = Call {
         operation,
         attrs: &attrs,
@@ -134,7 +135,7 @@ pub(crate) async fn validate(
     }
     let options = options(ctx, operation);
     let versions = served_versions(ctx);
-    let attrs = attributes(ctx, object);
+    let attrs = attributes(ctx, object.or(old));
     let call = Call {
         operation,
         attrs: &attrs,
