@@ -480,6 +480,18 @@ async fn webhooks_allow_deny_mutate_and_fail_as_kube_apiserver_does() {
     assert!(out.stderr.contains(&expected), "{}", out.stderr);
     assert!(!exists(admin, "ca").await);
 
+    // A create in a missing namespace is refused before any webhook sees it.
+    let before = seen.lock().expect("log").len();
+    let missing = configmap("nowhere", "mutate")
+        .replace("\"namespace\":\"default\"", "\"namespace\":\"missing\"");
+    let out = create(admin, &missing, &[]).await;
+    assert!(
+        out.stderr.contains("namespaces \"missing\" not found"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(seen.lock().expect("log").len(), before);
+
     // Objects without a matching label are never sent.
     let before = seen.lock().expect("log").len();
     let out = create(admin, &configmap("plain", "none"), &[]).await;

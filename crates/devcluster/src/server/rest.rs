@@ -598,6 +598,12 @@ fn new_object(ctx: &ReqCtx, mut obj: Value, url_name: Option<&str>) -> Result<Va
 pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Option<&str>) -> Resp {
     let obj = decode(ctx, body)?;
     let hooks = admitted::webhooks(state);
+    if hooks.is_some() {
+        // kube's namespace lifecycle check runs before the webhooks: a create in a
+        // missing or terminating namespace never reaches them.
+        let name = url_name.unwrap_or_else(|| meta_str(&obj, "name"));
+        check_namespace(state, ctx, name)?;
+    }
     let (obj, mut warnings) = prepare_create(state, ctx, obj, url_name, &hooks).await?;
     let adm = state.policy.admission(&state.store);
     warnings.extend(seams::admit(
