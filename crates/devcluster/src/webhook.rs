@@ -322,10 +322,15 @@ fn matching_version(
         Ok(false) => return Ok(None),
         Err(_) if ignores_failures(hook) => return Ok(None),
         Err(e) => {
-            return Err(calling_failed(
-                hook_name(hook),
-                &format!("failed to evaluate match conditions: {e}"),
-            ))
+            // kube fails closed with a Forbidden naming the object.
+            let a = call.attrs;
+            let qualified = crate::rbac::qualified_resource(&a.api_group, &a.resource);
+            return Err(crate::authn::failure_status(
+                403,
+                "Forbidden",
+                &format!("{qualified} {:?} is forbidden: {e}", a.name),
+                Some(crate::rbac::details(&a.api_group, &a.resource, &a.name)),
+            ));
         }
     }
     if call.dry_run && !matches!(hook["sideEffects"].as_str(), Some("None" | "NoneOnDryRun")) {

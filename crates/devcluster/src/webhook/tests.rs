@@ -250,6 +250,19 @@ fn match_conditions_are_cel_over_the_request() {
         Ok(false)
     );
     assert!(match_conditions(&cond("1"), &call).is_err());
+    // An error fails closed with a Forbidden, or skips the webhook under Ignore.
+    let mut h = hook(json!([rule(&["*"], &["*"], &["*"], &["*"])]), cond("1"));
+    let snapshot = WebhookSnapshot::default();
+    let status = matching_version(&snapshot, &h, &call).expect_err("fails closed");
+    assert_eq!(status["code"], 403);
+    assert!(
+        status["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("configmaps \"x\" is forbidden: matchCondition \"c\"")),
+        "{status}"
+    );
+    h["failurePolicy"] = json!("Ignore");
+    assert_eq!(matching_version(&snapshot, &h, &call), Ok(None));
 }
 
 #[test]
