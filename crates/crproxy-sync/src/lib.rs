@@ -14,6 +14,7 @@
 //! live read before anything is deleted) and is idempotent, so a restart in the
 //! middle of anything simply converges.
 
+pub mod aggregated;
 pub mod client;
 pub mod crd;
 mod error;
