@@ -27,6 +27,7 @@ pub mod patches;
 pub mod queue;
 pub mod run;
 pub mod to_host;
+pub mod writethrough;
 
 pub use error::SyncError;
 pub use from_config::{lease_name, start_from_config, LEASE_DURATION};

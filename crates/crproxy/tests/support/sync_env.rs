@@ -16,6 +16,8 @@ use test_support::{kubectl, kubectl_stdin, TestCluster, KUBECTL_TIMEOUT};
 pub struct Env {
     pub host: TestCluster,
     pub tenant: TestCluster,
+    /// Serves the aggregated `gateways.example.net/v1` on the host.
+    pub example: devcluster::example_apiserver::ExampleApiServer,
 }
 
 impl Env {
@@ -33,7 +35,14 @@ impl Env {
         devsync::install_example_types(&client)
             .await
             .expect("example types");
-        Env { host, tenant }
+        let example = devsync::start_example_apiserver(&host.cluster)
+            .await
+            .expect("example API server");
+        Env {
+            host,
+            tenant,
+            example,
+        }
     }
 
     /// The sync for tenant `name` (always leading) with the dev environment's types.
@@ -64,6 +73,7 @@ impl Env {
             leader: crproxy_wiring::LeaderHandle::fixed(true),
             metrics: SyncMetrics::new(),
             resync: Duration::from_secs(5),
+            webhook_bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         })
         .await?)
     }
