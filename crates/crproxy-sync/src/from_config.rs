@@ -85,6 +85,7 @@ pub async fn start_from_config(
         metrics,
         resync: DEFAULT_RESYNC,
         webhook_bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        write_through_confirm: crate::writethrough::CONFIRM_WITHIN,
     })
     .await
     .map(Some)

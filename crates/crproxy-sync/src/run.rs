@@ -122,6 +122,9 @@ pub struct SyncOptions {
     /// Where the write-through webhook listens (for toHost aggregated types); the
     /// tenant's API server must reach it at `https://<this address>`.
     pub webhook_bind: SocketAddr,
+    /// How long an accepted write-through may take to appear in the tenant before
+    /// its host write is undone ([`writethrough::CONFIRM_WITHIN`] in production).
+    pub write_through_confirm: Duration,
 }
 
 /// The running sync.
@@ -213,7 +216,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         let write_through = Arc::new(WriteThrough {
             tenant: options.plan.tenant.clone(),
             host_namespace: options.plan.host_namespace.clone(),
-            host: host.clone(),
+            host: crate::client::client_without_retries(&options.host_kubeconfig).await?,
             types: resolved
                 .iter()
                 .filter_map(|t| {
@@ -226,7 +229,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             metrics: Arc::clone(&options.metrics),
             in_flight: Arc::new(Semaphore::new(writethrough::MAX_IN_FLIGHT)),
             timeout: writethrough::TIMEOUT,
-            confirm_within: writethrough::CONFIRM_WITHIN,
+            confirm_within: options.write_through_confirm,
         });
         let server = WebhookServer::start(options.webhook_bind, &[], write_through)
             .await

@@ -68,6 +68,8 @@ pub struct Gate {
     /// Keys with an accepted write-through not yet seen in the tenant: the syncer
     /// leaves them alone.
     pending: Mutex<HashSet<Key>>,
+    /// Woken whenever a key is released.
+    released: tokio::sync::Notify,
 }
 
 impl Gate {
@@ -95,6 +97,23 @@ impl Gate {
 
     fn release(&self, key: &Key) {
         lock(&self.pending).remove(key);
+        self.released.notify_waiters();
+    }
+
+    /// Holds `key` once no other write-through holds it, waiting at most `limit`
+    /// (a write right after another on the same object waits for the first to be
+    /// seen stored). `false`: still held after `limit`.
+    async fn hold_within(&self, key: &Key, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let released = self.released.notified();
+            if self.hold(key) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return false;
+            }
+        }
     }
 }
 
@@ -255,7 +274,7 @@ impl WriteThrough {
                 ),
             ));
         }
-        if !gate.hold(&key) {
+        if !gate.hold_within(&key, self.timeout).await {
             let mut d = Denial::new(
                 409,
                 "Conflict",
@@ -276,6 +295,19 @@ impl WriteThrough {
                 let denial = self.rewrite(&key, status);
                 self.log_rejected(ty, &key, "host_rejected", &denial.message);
                 return Err(denial);
+            }
+            Ok(Err(HostError::NotStatus { code, body })) => {
+                gate.release(&key);
+                self.log_rejected(ty, &key, "unparseable_response", &body);
+                let mut d = Denial::new(
+                    code,
+                    reason_for(code),
+                    format!("write-through: the host answered {code} without a Status: {body}"),
+                );
+                if matches!(code, 429 | 503) {
+                    d.retry_after = Some(1);
+                }
+                return Err(d);
             }
             Ok(Err(HostError::Unparseable(e))) => {
                 gate.release(&key);
@@ -430,6 +462,7 @@ impl WriteThrough {
         let old_rv = meta(request.old_object, "resourceVersion").to_owned();
         tokio::spawn(async move {
             let seen = this.wait_stored(&ty, &store, &key, &uid, &old_rv).await;
+            tracing::debug!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), seen, "write-through: confirmation of an accepted write");
             if !seen && written.created {
                 this.rollback_create(&ty, &key, &written).await;
             }
@@ -624,6 +657,24 @@ impl WriteThrough {
     }
 }
 
+/// Kubernetes' reason for an HTTP code, for a host answer that had none.
+fn reason_for(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        410 => "Gone",
+        415 => "UnsupportedMediaType",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "InternalError",
+    }
+}
+
 /// What an accepted write left on the host.
 struct Written {
     name: String,
@@ -650,8 +701,11 @@ impl Written {
 enum HostError {
     /// The host answered with a Status.
     Rejected(Box<kube::core::Status>),
-    /// The host's answer was not an object or Status.
+    /// The host's answer was not the object it should be.
     Unparseable(String),
+    /// The host failed with a body that is not a Status (e.g. an aggregator's 503
+    /// while the extension API server is down).
+    NotStatus { code: u16, body: String },
     /// No answer (connection, TLS, ...).
     Transport(String),
 }
@@ -659,6 +713,13 @@ enum HostError {
 impl From<kube::Error> for HostError {
     fn from(e: kube::Error) -> HostError {
         match e {
+            // kube-rs's marker for an error body that is not a Status.
+            kube::Error::Api(s) if s.reason == "Failed to parse error data" => {
+                HostError::NotStatus {
+                    code: s.code,
+                    body: s.message.trim().to_owned(),
+                }
+            }
             kube::Error::Api(s) => HostError::Rejected(s),
             kube::Error::SerdeError(e) => HostError::Unparseable(e.to_string()),
             other => HostError::Transport(other.to_string()),

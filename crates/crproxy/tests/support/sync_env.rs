@@ -74,6 +74,8 @@ impl Env {
             metrics: SyncMetrics::new(),
             resync: Duration::from_secs(5),
             webhook_bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            // Short, so the test of a tenant store failure sees its rollback soon.
+            write_through_confirm: Duration::from_secs(5),
         })
         .await?)
     }

@@ -1,0 +1,355 @@
+//! Aggregated types end to end: `gateways.example.net/v1` served on the host by the
+//! example extension API server, synced toHost with write-through, driven with
+//! kubectl on the tenant as a user would.
+
+#[path = "support/sync_env.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::Value;
+use support::*;
+use test_support::{kubectl_stdin, KubectlOutput, KUBECTL_TIMEOUT};
+
+const HOST_NS: &str = crproxy::devsync::HOST_NAMESPACE;
+
+/// kubectl off the runtime's threads: the webhook it triggers is served by this
+/// process.
+async fn kc(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> KubectlOutput {
+    kc_within(kubeconfig, args, stdin, KUBECTL_TIMEOUT).await
+}
+
+async fn kc_within(
+    kubeconfig: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+    timeout: Duration,
+) -> KubectlOutput {
+    let kubeconfig: PathBuf = kubeconfig.to_path_buf();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let stdin = stdin.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        kubectl_stdin(&kubeconfig, &args, stdin.as_deref(), timeout)
+    })
+    .await
+    .expect("kubectl thread")
+}
+
+fn gateway(name: &str, port: u32, labels: &str) -> String {
+    format!(
+        "apiVersion: example.net/v1\nkind: Gateway\nmetadata:\n  name: {name}\n  namespace: team\n  labels: {{{labels}}}\nspec:\n  port: {port}\n"
+    )
+}
+
+async fn get_json(kubeconfig: &Path, args: &[&str]) -> Option<Value> {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend(["-o", "json"]);
+    let out = kc(kubeconfig, &all, None).await;
+    if out.success() {
+        serde_json::from_str(&out.stdout).ok()
+    } else {
+        assert!(
+            out.stderr.contains("NotFound"),
+            "kubectl {all:?}: {}",
+            out.stderr
+        );
+        None
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_they_return(
+) -> Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("crproxy_sync=debug")
+        .with_test_writer()
+        .try_init();
+    let env = Env::new().await;
+    let sync = env.start("client").await?;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+
+    // The generated CRD.
+    let crd = get_json(&tenant, &["crd", "gateways.example.net"])
+        .await
+        .expect("generated CRD");
+    assert_eq!(
+        crd["metadata"]["annotations"]["vcluster.loft.sh/generated-from"],
+        "aggregated-apiserver"
+    );
+    assert_eq!(crd["spec"]["names"]["singular"], "gateway");
+    assert_eq!(crd["spec"]["names"]["listKind"], "GatewayList");
+    assert_eq!(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            ["x-kubernetes-preserve-unknown-fields"],
+        true
+    );
+    assert!(crd["spec"]["versions"][0]["subresources"]["status"].is_object());
+    assert!(sync.webhook.is_some());
+    ns(&tenant, "team");
+    // The leader registers the webhook once it leads; wait for it.
+    eventually("the write-through webhook registered", || {
+        get(
+            &tenant,
+            &[
+                "validatingwebhookconfiguration",
+                "crproxy-writethrough-client",
+            ],
+        )
+    })
+    .await;
+    // Writes before the syncer's caches are synced get 503; wait until they pass.
+    let probe = gateway("probe", 80, "");
+    let mut ready = false;
+    for _ in 0..100 {
+        let out = kc(&tenant, &["create", "-f", "-"], Some(&probe)).await;
+        if out.success() {
+            ready = true;
+            break;
+        }
+        assert!(
+            out.stderr.contains("not synced its caches"),
+            "{}",
+            out.stderr
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(ready, "write-through never became ready");
+
+    // Watches opened before the rejected write.
+    let watch = |kubeconfig: PathBuf, ns: &'static str| {
+        tokio::spawn(async move {
+            kc_within(
+                &kubeconfig,
+                &[
+                    "get",
+                    "gateways",
+                    "-n",
+                    ns,
+                    "--watch-only",
+                    "--output-watch-events",
+                    "-o",
+                    "json",
+                ],
+                None,
+                Duration::from_secs(6),
+            )
+            .await
+        })
+    };
+    let tenant_watch = watch(tenant.clone(), "team");
+    let host_watch = watch(host.clone(), HOST_NS);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Rejected: the host's 422 naming spec.port, stored nowhere.
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("edge", 70000, "")),
+    )
+    .await;
+    assert!(!out.success());
+    assert!(out.stderr.contains("spec.port"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("Invalid") || out.stderr.contains("invalid"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("edge-x-team-x-client"),
+        "host name leaked: {}",
+        out.stderr
+    );
+    assert!(get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .is_none());
+    assert!(
+        get_json(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+            .await
+            .is_none()
+    );
+    let (tenant_seen, host_seen) = (tenant_watch.await?, host_watch.await?);
+    assert!(
+        !tenant_seen.stdout.contains("\"edge\""),
+        "{}",
+        tenant_seen.stdout
+    );
+    assert!(
+        !host_seen.stdout.contains("edge-x-team-x-client"),
+        "{}",
+        host_seen.stdout
+    );
+
+    // Dry run: reaches nothing.
+    let out = kc(
+        &tenant,
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&gateway("edge", 443, "")),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    assert!(
+        get_json(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+            .await
+            .is_none()
+    );
+    assert!(get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .is_none());
+
+    // Accepted: on the host under its translated name when create returns.
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("edge", 443, "")),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let mirror = get_json(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+        .await
+        .expect("mirror on the host before create returned");
+    assert_eq!(mirror["spec"]["port"], 443);
+    let tenant_uid = get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .expect("tenant object")["metadata"]["uid"]
+        .clone();
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-uid"],
+        tenant_uid
+    );
+
+    // Patches: rejected ones change nothing, accepted ones are on the host at once.
+    let out = kc(
+        &tenant,
+        &[
+            "-n",
+            "team",
+            "patch",
+            "gateway",
+            "edge",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"port":0}}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(!out.success());
+    assert!(out.stderr.contains("spec.port"), "{}", out.stderr);
+    let t = get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .expect("tenant");
+    assert_eq!(t["spec"]["port"], 443);
+    let out = kc(
+        &tenant,
+        &[
+            "-n",
+            "team",
+            "patch",
+            "gateway",
+            "edge",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"port":8443}}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let mirror = get_json(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+        .await
+        .expect("mirror");
+    assert_eq!(mirror["spec"]["port"], 8443);
+    // Update (replace) rejected.
+    let mut invalid = get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .expect("tenant");
+    invalid["spec"]["port"] = 65536.into();
+    let out = kc(&tenant, &["replace", "-f", "-"], Some(&invalid.to_string())).await;
+    assert!(!out.success());
+    assert!(out.stderr.contains("spec.port"), "{}", out.stderr);
+
+    // A status write in the tenant skips write-through (the host's status wins
+    // again through the syncer).
+    let out = kc(
+        &tenant,
+        &[
+            "-n",
+            "team",
+            "patch",
+            "gateway",
+            "edge",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"ready":true}}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+
+    // Delete: asynchronous, the syncer removes the mirror.
+    run(&tenant, &["-n", "team", "delete", "gateway", "edge"]);
+    eventually("the mirror deleted", || {
+        get(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // A tenant store failure after the host accepted: another webhook of the tenant
+    // fails (it is unreachable, failurePolicy Fail) for labelled Gateways. Its
+    // mirror is removed; the rollback-failure metric stays 0.
+    apply(
+        &tenant,
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
+    );
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("doomed", 443, "doomed: \"yes\"")),
+    )
+    .await;
+    assert!(!out.success(), "the failing webhook let it through");
+    assert!(get_json(&tenant, &["gateway", "-n", "team", "doomed"])
+        .await
+        .is_none());
+    eventually("the accepted mirror of the unstored create removed", || {
+        get(&host, &["gateway", "-n", HOST_NS, "doomed-x-team-x-client"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    run(
+        &tenant,
+        &["delete", "validatingwebhookconfiguration", "always-fails"],
+    );
+
+    // The extension server down: 503, nothing left behind.
+    env.example.stop();
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("down", 443, "")),
+    )
+    .await;
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("503")
+            || out.stderr.contains("ServiceUnavailable")
+            || out.stderr.contains("unavailable"),
+        "{}",
+        out.stderr
+    );
+    assert!(get_json(&tenant, &["gateway", "-n", "team", "down"])
+        .await
+        .is_none());
+
+    sync.stop().await;
+    Ok(())
+}
