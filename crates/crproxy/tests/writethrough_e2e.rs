@@ -13,6 +13,36 @@ use serde_json::Value;
 use support::*;
 use test_support::{kubectl_stdin, KubectlOutput, KUBECTL_TIMEOUT};
 
+/// The process's log lines (JSON), for the spec's messages.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+
+    /// Whether one line contains every one of `parts`.
+    fn has(&self, parts: &[&str]) -> bool {
+        self.text()
+            .lines()
+            .any(|l| parts.iter().all(|p| l.contains(p)))
+    }
+}
+
 const HOST_NS: &str = crproxy::devsync::HOST_NAMESPACE;
 
 /// kubectl off the runtime's threads: the webhook it triggers is served by this
@@ -64,12 +94,24 @@ async fn get_json(kubeconfig: &Path, args: &[&str]) -> Option<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_they_return(
 ) -> Result<()> {
+    let logs = Logs::default();
+    let writer = logs.clone();
     let _ = tracing_subscriber::fmt()
+        .json()
         .with_env_filter("crproxy_sync=debug")
-        .with_test_writer()
+        .with_writer(move || writer.clone())
         .try_init();
     let env = Env::new().await;
-    let sync = env.start("client").await?;
+    let metrics = crproxy_sync::SyncMetrics::new();
+    let sync = env
+        .start_full(
+            "client",
+            &env.tenant.kubeconfig,
+            HOST_NS,
+            None,
+            std::sync::Arc::clone(&metrics),
+        )
+        .await?;
     let tenant = env.tenant.kubeconfig.clone();
     let host = env.host.kubeconfig.clone();
 

@@ -58,6 +58,25 @@ impl Env {
         host_namespace: &str,
         config_override: Option<String>,
     ) -> Result<SyncHandle> {
+        self.start_full(
+            name,
+            tenant_kubeconfig,
+            host_namespace,
+            config_override,
+            SyncMetrics::new(),
+        )
+        .await
+    }
+
+    /// [`Env::start_with`] exporting into `metrics`.
+    pub async fn start_full(
+        &self,
+        name: &str,
+        tenant_kubeconfig: &Path,
+        host_namespace: &str,
+        config_override: Option<String>,
+        metrics: std::sync::Arc<SyncMetrics>,
+    ) -> Result<SyncHandle> {
         let yaml = config_override.unwrap_or_else(|| {
             devsync::sync_only_config(name, tenant_kubeconfig, &self.host.kubeconfig)
                 .replace(devsync::HOST_NAMESPACE, host_namespace)
@@ -71,7 +90,7 @@ impl Env {
             host_kubeconfig: self.host.kubeconfig.clone(),
             tenant_kubeconfig: Some(tenant_kubeconfig.to_path_buf()),
             leader: crproxy_wiring::LeaderHandle::fixed(true),
-            metrics: SyncMetrics::new(),
+            metrics,
             resync: Duration::from_secs(5),
             webhook_bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             // Short, so the test of a tenant store failure sees its rollback soon.
