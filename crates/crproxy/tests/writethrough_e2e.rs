@@ -221,6 +221,15 @@ async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_th
         tenant_seen.stdout
     );
     assert!(
+        logs.has(&[
+            "write-through: rejecting write, rolling back",
+            r#""reason":"host_rejected""#,
+            "team/edge"
+        ]),
+        "{}",
+        logs.text()
+    );
+    assert!(
         !host_seen.stdout.contains("edge-x-team-x-client"),
         "{}",
         host_seen.stdout
@@ -371,6 +380,14 @@ async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_th
         &tenant,
         &["delete", "validatingwebhookconfiguration", "always-fails"],
     );
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    assert!(
+        !text.contains("vcluster_writethrough_rollback_failures_total{"),
+        "a rollback failed: {text}"
+    );
 
     // The extension server down: 503, nothing left behind.
     env.example.stop();
@@ -381,16 +398,19 @@ async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_th
     )
     .await;
     assert!(!out.success());
-    assert!(
-        out.stderr.contains("503")
-            || out.stderr.contains("ServiceUnavailable")
-            || out.stderr.contains("unavailable"),
-        "{}",
-        out.stderr
-    );
+    assert!(out.stderr.contains("ServiceUnavailable"), "{}", out.stderr);
     assert!(get_json(&tenant, &["gateway", "-n", "team", "down"])
         .await
         .is_none());
+    assert!(
+        logs.has(&[
+            "write-through: rejecting write, rolling back",
+            r#""reason":"unparseable_response""#,
+            "team/down"
+        ]),
+        "{}",
+        logs.text()
+    );
 
     sync.stop().await;
     Ok(())
