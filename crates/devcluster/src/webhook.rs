@@ -23,9 +23,11 @@
 //! that fails (transport, timeout, bad response) is ignored under
 //! `failurePolicy: Ignore` and becomes a 500 `failed calling webhook` otherwise.
 //!
-//! Not done: the `authorizer` CEL variable, webhooks on the `scale`
-//! subresource, the v1beta1 review version, and system trust roots for a webhook
-//! without `caBundle` (it cannot be verified and fails).
+//! The `scale` subresource sends the Scale (autoscaling/v1) it changes.
+//!
+//! Not done: the `authorizer` CEL variable, the v1beta1 review version, and
+//! system trust roots for a webhook without `caBundle` (it cannot be verified
+//! and fails).
 
 use crate::admission::{self, AdmissionRequest};
 use crate::error::Cause;
@@ -68,6 +70,9 @@ pub struct Call<'a> {
     pub attrs: &'a RequestAttributes,
     /// Kind of the object in the requested version.
     pub kind: &'a str,
+    /// Group and version of that kind when they are not the resource's
+    /// (`autoscaling`, `v1` for the Scale of `<resource>/scale`).
+    pub kind_group_version: Option<(&'a str, &'a str)>,
     /// Every version the resource is served in (for `matchPolicy: Equivalent`).
     pub served_versions: &'a [String],
     /// The new object (CREATE, UPDATE).
@@ -191,7 +196,10 @@ async fn mutate_once(
         )));
     };
     // The webhook patched the object in the version it saw.
-    let mut seen = in_version(target, &matched);
+    let mut seen = match call.kind_group_version {
+        Some(_) => target.clone(),
+        None => in_version(target, &matched),
+    };
     json_patch::patch(&mut seen, &patch).map_err(|e| internal_error(e.to_string()))?;
     if let (Some(m), Some(av)) = (seen.as_object_mut(), target.get("apiVersion").cloned()) {
         m.insert("apiVersion".into(), av);
@@ -472,11 +480,22 @@ pub fn review_request(call: &Call, matched: &MatchedVersion) -> Value {
     if !a.user.extra.is_empty() {
         user["extra"] = json!(a.user.extra);
     }
+    let (kind_group, kind_version, request_kind_version) = match call.kind_group_version {
+        Some((g, v)) => (g, v, v),
+        None => (
+            matched.group.as_str(),
+            matched.version.as_str(),
+            a.api_version.as_str(),
+        ),
+    };
+    let request_kind_group = call
+        .kind_group_version
+        .map_or(a.api_group.as_str(), |(g, _)| g);
     let mut request = json!({
         "uid": uuid::Uuid::new_v4().to_string(),
-        "kind": {"group": matched.group, "version": matched.version, "kind": matched.kind},
+        "kind": {"group": kind_group, "version": kind_version, "kind": matched.kind},
         "resource": {"group": matched.group, "version": matched.version, "resource": matched.resource},
-        "requestKind": {"group": a.api_group, "version": a.api_version, "kind": call.kind},
+        "requestKind": {"group": request_kind_group, "version": request_kind_version, "kind": call.kind},
         "requestResource": {"group": a.api_group, "version": a.api_version, "resource": a.resource},
         "operation": call.operation,
         "userInfo": user,
@@ -494,11 +513,16 @@ pub fn review_request(call: &Call, matched: &MatchedVersion) -> Value {
             request[key] = json!(value);
         }
     }
+    // A subresource object of its own kind (Scale) is sent as it is.
+    let seen = |o: &Value| match call.kind_group_version {
+        Some(_) => o.clone(),
+        None => in_version(o, matched),
+    };
     if let Some(object) = call.object {
-        request["object"] = in_version(object, matched);
+        request["object"] = seen(object);
     }
     if let Some(old) = call.old_object {
-        request["oldObject"] = in_version(old, matched);
+        request["oldObject"] = seen(old);
     }
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
 }

@@ -585,11 +585,12 @@ const WIDGET_CRD: &str = r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "C
   "metadata": {"name": "widgets.example.com"},
   "spec": {"group": "example.com", "scope": "Namespaced",
     "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-    "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+    "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {},
+        "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}},
       "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rules_tell_a_resource_from_its_status_subresource() {
+async fn rules_tell_a_resource_from_its_status_and_scale_subresources() {
     let test = test_support::devcluster("webhook-subresources").await;
     let admin = &test.kubeconfig;
     let (addr, ca, seen) = webhook_server().await;
@@ -628,12 +629,23 @@ async fn rules_tell_a_resource_from_its_status_subresource() {
             "w",
             json!({"clientConfig": client("/allow"), "rules": rule("widgets/status")}),
         ),
+        configuration(
+            v,
+            "scale.hooks.test",
+            "w",
+            json!({"clientConfig": client("/deny"), "rules": rule("widgets/scale")}),
+        ),
     ] {
+        // A Scale carries no labels: an objectSelector would never match it.
+        let mut c = c;
+        if c["metadata"]["name"] == "scale.hooks.test" {
+            c["webhooks"][0]["objectSelector"] = json!({});
+        }
         let out = create(admin, &c.to_string(), &[]).await;
         assert!(out.success(), "{}", out.stderr);
     }
     let widget = json!({"apiVersion": "example.com/v1", "kind": "Widget",
-        "metadata": {"name": "w1", "namespace": NAMESPACE, "labels": {"hook": "w"}}, "spec": {"size": 1}});
+        "metadata": {"name": "w1", "namespace": NAMESPACE, "labels": {"hook": "w"}}, "spec": {"size": 1, "replicas": 1}});
     let out = create(admin, &widget.to_string(), &[]).await;
     assert!(out.success(), "{}", out.stderr);
 
@@ -681,6 +693,38 @@ async fn rules_tell_a_resource_from_its_status_subresource() {
         "{}",
         out.stderr
     );
+    // The scale subresource sends the Scale (autoscaling/v1) to `widgets/scale`.
+    let out = test_support::kubectl_async(
+        admin,
+        &["-n", NAMESPACE, "scale", "widget", "w1", "--replicas=3"],
+    )
+    .await;
+    assert!(
+        out.stderr
+            .contains("admission webhook \"scale.hooks.test\" denied the request: no thanks"),
+        "{}",
+        out.stderr
+    );
+    let scale_review = seen
+        .lock()
+        .expect("log")
+        .iter()
+        .rev()
+        .find(|(_, r)| r["request"]["subResource"] == "scale")
+        .map(|(_, r)| r.clone())
+        .expect("the scale webhook was called");
+    let request = &scale_review["request"];
+    assert_eq!(
+        request["kind"],
+        json!({"group": "autoscaling", "version": "v1", "kind": "Scale"})
+    );
+    assert_eq!(
+        request["resource"],
+        json!({"group": "example.com", "version": "v1", "resource": "widgets"})
+    );
+    assert_eq!(request["object"]["kind"], "Scale");
+    assert_eq!(request["object"]["spec"]["replicas"], 3);
+    assert_eq!(request["oldObject"]["spec"]["replicas"], 1);
     let stored = test_support::kubectl_json_async(
         admin,
         &["-n", NAMESPACE, "get", "widget", "w1", "-o", "json"],
@@ -688,5 +732,6 @@ async fn rules_tell_a_resource_from_its_status_subresource() {
     .await
     .expect("widget");
     assert_eq!(stored["status"]["ok"], true);
+    assert_eq!(stored["spec"]["replicas"], 1);
     assert!(stored["metadata"]["labels"].get("more").is_none());
 }

@@ -71,6 +71,15 @@ fn attributes(ctx: &ReqCtx, object: Option<&Value>) -> crate::types::RequestAttr
     attrs
 }
 
+/// The kind webhooks see: the resource's, or autoscaling/v1 Scale for `/scale`.
+fn kind_of(ctx: &ReqCtx) -> (&str, Option<(&'static str, &'static str)>) {
+    if ctx.subresource == "scale" {
+        ("Scale", Some(("autoscaling", "v1")))
+    } else {
+        (&ctx.info.kind, None)
+    }
+}
+
 fn served_versions(ctx: &ReqCtx) -> Vec<String> {
     ctx.info.versions.iter().map(|v| v.name.clone()).collect()
 }
@@ -106,7 +115,8 @@ pub(crate) async fn mutate(
     let call = Call {
         operation,
         attrs: &attrs,
-        kind: &ctx.info.kind,
+        kind: kind_of(ctx).0,
+        kind_group_version: kind_of(ctx).1,
         served_versions: &versions,
         object: None,
         old_object: old,
@@ -139,7 +149,8 @@ pub(crate) async fn validate(
     let call = Call {
         operation,
         attrs: &attrs,
-        kind: &ctx.info.kind,
+        kind: kind_of(ctx).0,
+        kind_group_version: kind_of(ctx).1,
         served_versions: &versions,
         object,
         old_object: old,

@@ -8,7 +8,7 @@ use super::output;
 use super::seams;
 use super::State;
 use crate::error::{qualified, ApiError, Cause, Details};
-use crate::registry::{GroupResource, ResourceInfo};
+use crate::registry::{GroupResource, ResourceInfo, ScaleSpec};
 use crate::store::{meta_str, Mutation, Written};
 use crate::types::UserInfo;
 use base64::Engine;
@@ -826,7 +826,7 @@ pub async fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut obj = decode(ctx, body)?;
     if ctx.subresource == "scale" {
         check_type(ctx, &mut obj, "Scale", "autoscaling/v1")?;
-        return update_scale(state, ctx, ScaleChange::Replace(obj));
+        return update_scale(state, ctx, ScaleChange::Replace(obj)).await;
     }
     check_type(ctx, &mut obj, &ctx.info.kind, &ctx.api_version())?;
     if !matches!(ctx.subresource.as_str(), "" | "status" | "finalize") {
@@ -871,7 +871,7 @@ pub async fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         ));
     }
     if ctx.subresource == "scale" {
-        return update_scale(state, ctx, ScaleChange::Patch(kind, body.to_vec()));
+        return update_scale(state, ctx, ScaleChange::Patch(kind, body.to_vec())).await;
     }
     if !matches!(ctx.subresource.as_str(), "" | "status") {
         return Err(ApiError::resource_not_found());
@@ -975,44 +975,113 @@ fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
     }))
 }
 
-fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
+/// The Scale the change asks for, from the stored object and its current Scale.
+fn requested_scale(
+    ctx: &ReqCtx,
+    change: &ScaleChange,
+    current: &Value,
+    scale: &Value,
+) -> Result<Value, ApiError> {
+    match change {
+        ScaleChange::Replace(v) => {
+            let rv = meta_str(v, "resourceVersion");
+            if !rv.is_empty() && rv != meta_str(current, "resourceVersion") {
+                return Err(ApiError::conflict_modified(
+                    &ctx.info.group,
+                    &ctx.info.resource,
+                    &ctx.name,
+                ));
+            }
+            Ok(v.clone())
+        }
+        ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, scale, body),
+    }
+}
+
+/// The stored object with the Scale's replicas written to it.
+fn scaled(spec: &ScaleSpec, current: &Value, scale: &Value) -> Value {
+    let replicas = scale
+        .get("spec")
+        .and_then(|s| s.get("replicas"))
+        .cloned()
+        .unwrap_or(json!(0));
+    let mut new = current.clone();
+    o::set_path(&mut new, &spec.spec_replicas_path, replicas);
+    new
+}
+
+async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
     let Some(spec) = ctx.info.scale.clone() else {
         return Err(ApiError::resource_not_found());
     };
     let adm = state.policy.admission(&state.store);
-    let written =
-        state
-            .store
-            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+    let hooks = admitted::webhooks(state);
+    if hooks.is_none() {
+        let written = state.store.mutate_optimistic(
+            &ctx.gr(),
+            ctx.ns(),
+            &ctx.name,
+            ctx.dry_run(),
+            |cur| {
                 let Some(cur) = cur else {
                     return Err(ctx.not_found());
                 };
                 let scale = scale_of(ctx, cur)?;
-                let new_scale = match &change {
-                    ScaleChange::Replace(v) => {
-                        let rv = meta_str(v, "resourceVersion");
-                        if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
-                            return Err(ApiError::conflict_modified(
-                                &ctx.info.group,
-                                &ctx.info.resource,
-                                &ctx.name,
-                            ));
-                        }
-                        v.clone()
-                    }
-                    ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
-                };
-                let replicas = new_scale
-                    .get("spec")
-                    .and_then(|s| s.get("replicas"))
-                    .cloned()
-                    .unwrap_or(json!(0));
-                let mut new = (**cur).clone();
-                o::set_path(&mut new, &spec.spec_replicas_path, replicas);
+                let new_scale = requested_scale(ctx, &change, cur, &scale)?;
+                let new = scaled(&spec, cur, &new_scale);
                 let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
                 Ok(m)
-            })?;
-    Ok(h::json_response(200, &scale_of(ctx, &written.object)?))
+            },
+        )?;
+        return Ok(h::json_response(200, &scale_of(ctx, &written.object)?));
+    }
+    // Webhooks see the Scale (autoscaling/v1), as kube sends it for `<resource>/scale`.
+    for _ in 0..ADMITTED_UPDATE_ATTEMPTS {
+        let current = state
+            .store
+            .get(&ctx.gr(), ctx.ns(), &ctx.name)
+            .ok_or_else(|| ctx.not_found())?;
+        let old_scale = scale_of(ctx, &current)?;
+        let mut object = Some(requested_scale(ctx, &change, &current, &old_scale)?);
+        let mut warnings =
+            admitted::mutate(state, &hooks, ctx, "UPDATE", &mut object, Some(&old_scale)).await?;
+        let new_scale =
+            object.ok_or_else(|| ApiError::internal("a mutating webhook removed the object"))?;
+        let new = scaled(&spec, &current, &new_scale);
+        let (decision, _) = commit_update(ctx, &current, new, "scale", false, adm.as_deref())?;
+        warnings.extend(
+            admitted::validate(
+                state,
+                &hooks,
+                ctx,
+                "UPDATE",
+                Some(&new_scale),
+                Some(&old_scale),
+            )
+            .await?,
+        );
+        let stored =
+            state.store.mutate(
+                &ctx.gr(),
+                ctx.ns(),
+                &ctx.name,
+                ctx.dry_run(),
+                |now| match now {
+                    Some(now) if Arc::ptr_eq(now, &current) => Ok(decision),
+                    _ => Err(()),
+                },
+            );
+        if let Ok(written) = stored {
+            let mut resp = h::json_response(200, &scale_of(ctx, &written.object)?);
+            h::add_warnings(&mut resp, &warnings);
+            return Ok(resp);
+        }
+    }
+    Err(ApiError::conflict_modified(
+        &ctx.info.group,
+        &ctx.info.resource,
+        &ctx.name,
+    ))
 }
 
 // ---------- delete ----------
