@@ -415,3 +415,60 @@ async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_th
     sync.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_crd_not_generated_for_the_aggregated_type_fails_start_up_in_one_line(
+) -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let theirs = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: gateways.example.net}\nspec:\n  group: example.net\n  scope: Namespaced\n  names: {plural: gateways, singular: gateway, kind: Gateway, listKind: GatewayList}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}\n";
+    let out = kc(&tenant, &["create", "-f", "-"], Some(theirs)).await;
+    assert!(out.success(), "{}", out.stderr);
+    let err = match env.start("client").await {
+        Ok(_) => panic!("start-up took over a CRD it did not generate"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(r#"sync.toHost.customResources["gateways.example.net/v1"]"#),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "without the annotation vcluster.loft.sh/generated-from: aggregated-apiserver"
+        ),
+        "{err}"
+    );
+    // Left as it was.
+    let crd = get_json(&tenant, &["crd", "gateways.example.net"])
+        .await
+        .expect("CRD");
+    assert!(crd["metadata"]["annotations"]["vcluster.loft.sh/generated-from"].is_null());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_synced_version_keeps_the_old_one_stored_but_unserved() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    // As if an earlier start had synced v1alpha1 and stored objects in it.
+    let earlier = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: gateways.example.net\n  annotations: {vcluster.loft.sh/generated-from: aggregated-apiserver}\nspec:\n  group: example.net\n  scope: Namespaced\n  names: {plural: gateways, singular: gateway, kind: Gateway, listKind: GatewayList}\n  versions:\n  - name: v1alpha1\n    served: true\n    storage: true\n    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}\n    subresources: {status: {}}\n";
+    let out = kc(&tenant, &["create", "-f", "-"], Some(earlier)).await;
+    assert!(out.success(), "{}", out.stderr);
+    let sync = env.start("client").await?;
+    let crd = get_json(&tenant, &["crd", "gateways.example.net"])
+        .await
+        .expect("CRD");
+    let versions = crd["spec"]["versions"].as_array().expect("versions");
+    let by_name = |n: &str| versions.iter().find(|v| v["name"] == n).cloned();
+    let old = by_name("v1alpha1").expect("v1alpha1 kept");
+    let new = by_name("v1").expect("v1 added");
+    assert_eq!(old["served"], false);
+    assert_eq!(old["storage"], false);
+    assert_eq!(new["served"], true);
+    assert_eq!(new["storage"], true);
+    let stored = crd["status"]["storedVersions"].to_string();
+    assert!(stored.contains("v1alpha1"), "{stored}");
+    sync.stop().await;
+    Ok(())
+}
