@@ -136,6 +136,7 @@ pub struct SyncHandle {
     pub resolved: Vec<ResolvedType>,
     /// The write-through webhook, when a toHost type is aggregated.
     pub webhook: Option<WebhookServer>,
+    gates: Vec<Arc<Gate>>,
 }
 
 impl SyncHandle {
@@ -152,6 +153,12 @@ impl SyncHandle {
     pub fn crash(self) {
         self.task.abort();
         self.leader.abort();
+    }
+
+    /// Whether write-through answers on this replica: every toHost aggregated type's
+    /// syncer has synced its caches (true when there is none).
+    pub fn write_through_ready(&self) -> bool {
+        self.gates.iter().all(|g| g.is_synced())
     }
 
     /// Whether this replica is syncing (it leads).
@@ -245,6 +252,18 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             .collect();
         writethrough::webhook_configuration(&options.plan.tenant, &w.url(), &w.ca_pem, &types)
     });
+    if let Some(configuration) = &registration {
+        // Before the generated types are used: without the configuration a tenant
+        // write would skip the host's validation. Only created when missing: the
+        // leader replaces it with its own address once elected, and a replica
+        // starting later must not take it over.
+        writethrough::register_if_missing(&tenant, configuration)
+            .await
+            .map_err(SyncError::api(
+                "registering the write-through webhook in the tenant",
+            ))?;
+    }
+    let handle_gates: Vec<Arc<Gate>> = gates.values().cloned().collect();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let supervisor = Supervisor {
         host,
@@ -263,6 +282,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         leader: options.leader,
         resolved,
         webhook,
+        gates: handle_gates,
     })
 }
 

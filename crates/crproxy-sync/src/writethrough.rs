@@ -82,6 +82,10 @@ impl Gate {
         *lock(&self.tenant_store) = store;
     }
 
+    pub fn is_synced(&self) -> bool {
+        lock(&self.tenant_store).is_some()
+    }
+
     fn store(&self) -> Option<Store<DynamicObject>> {
         lock(&self.tenant_store).clone()
     }
@@ -768,8 +772,7 @@ pub fn webhook_configuration(
     })
 }
 
-/// Creates or replaces the configuration in the tenant.
-pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<(), kube::Error> {
+fn configurations(tenant: &kube::Client) -> Api<DynamicObject> {
     let api_resource = kube::core::ApiResource::from_gvk_with_plural(
         &kube::core::GroupVersionKind::gvk(
             "admissionregistration.k8s.io",
@@ -778,7 +781,29 @@ pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<()
         ),
         "validatingwebhookconfigurations",
     );
-    let api: Api<DynamicObject> = Api::all_with(tenant.clone(), &api_resource);
+    Api::all_with(tenant.clone(), &api_resource)
+}
+
+/// Creates the configuration in the tenant unless one of that name exists.
+pub async fn register_if_missing(
+    tenant: &kube::Client,
+    configuration: &Value,
+) -> Result<(), kube::Error> {
+    let object: DynamicObject =
+        serde_json::from_value(configuration.clone()).map_err(kube::Error::SerdeError)?;
+    match configurations(tenant)
+        .create(&PostParams::default(), &object)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if crate::to_host::is_code(&e, 409) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates or replaces the configuration in the tenant.
+pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<(), kube::Error> {
+    let api = configurations(tenant);
     let mut object: DynamicObject =
         serde_json::from_value(configuration.clone()).map_err(kube::Error::SerdeError)?;
     let name = meta(configuration, "name");

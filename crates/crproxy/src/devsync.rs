@@ -254,6 +254,21 @@ impl DevSync {
         .await
         .context("starting the sync")?
         .ok_or_else(|| anyhow!("the dev sync configuration enables no type"))?;
+        // The banner follows: by then a Gateway create must get the host's answer,
+        // not "not ready".
+        let mut ready = false;
+        for _ in 0..300 {
+            if sync.write_through_ready() {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !ready {
+            return Err(anyhow!(
+                "the sync's write-through did not become ready within 30 s"
+            ));
+        }
         Ok(DevSync {
             host,
             host_kubeconfig,
