@@ -31,6 +31,23 @@ impl std::io::Write for Logs {
 }
 
 impl Logs {
+    /// The buffer of this test binary's one subscriber (tests run in parallel and a
+    /// subscriber is process-wide).
+    fn installed() -> Logs {
+        static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
+        LOGS.get_or_init(|| {
+            let logs = Logs::default();
+            let writer = logs.clone();
+            let _ = tracing_subscriber::fmt()
+                .json()
+                .with_env_filter("crproxy_sync=info")
+                .with_writer(move || writer.clone())
+                .try_init();
+            logs
+        })
+        .clone()
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
     }
@@ -94,13 +111,7 @@ async fn get_json(kubeconfig: &Path, args: &[&str]) -> Option<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_they_return(
 ) -> Result<()> {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let _ = tracing_subscriber::fmt()
-        .json()
-        .with_env_filter("crproxy_sync=debug")
-        .with_writer(move || writer.clone())
-        .try_init();
+    let logs = Logs::installed();
     let env = Env::new().await;
     let metrics = crproxy_sync::SyncMetrics::new();
     let sync = env
@@ -469,6 +480,74 @@ async fn a_new_synced_version_keeps_the_old_one_stored_but_unserved() -> Result<
     assert_eq!(new["storage"], true);
     let stored = crd["status"]["storedVersions"].to_string();
     assert!(stored.contains("v1alpha1"), "{stored}");
+    sync.stop().await;
+    Ok(())
+}
+
+/// A create the tenant fails to store after the host accepted it, when the host then
+/// cannot delete the mirror (the extension API server went down meanwhile): the
+/// failure is counted as `host_delete` and logged with the spec's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_the_host_refuses_counts_host_delete() -> Result<()> {
+    let logs = Logs::installed();
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let metrics = crproxy_sync::SyncMetrics::new();
+    let sync = env
+        .start_full(
+            "client",
+            &tenant,
+            HOST_NS,
+            None,
+            std::sync::Arc::clone(&metrics),
+        )
+        .await?;
+    ns(&tenant, "team");
+    apply(
+        &tenant,
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
+    );
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("doomed", 443, "doomed: \"yes\"")),
+        )
+        .await;
+        assert!(!out.success(), "the failing webhook let it through");
+        // Past readiness: the host accepted, the other webhook failed the create.
+        if !out.stderr.contains("not synced its caches") {
+            break;
+        }
+        attempts += 1;
+        assert!(attempts < 100, "write-through never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Down before the rollback (5 s after the accepted create in these tests).
+    env.example.stop();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut found = false;
+    for _ in 0..100 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)?;
+        if text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#) {
+            found = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        found,
+        "no host_delete rollback failure counted; logs: {}",
+        logs.text()
+    );
+    assert!(
+        logs.has(&["write-through: rollback host delete failed", "team/doomed"]),
+        "{}",
+        logs.text()
+    );
     sync.stop().await;
     Ok(())
 }
