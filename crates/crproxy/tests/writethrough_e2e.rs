@@ -551,3 +551,74 @@ async fn a_rollback_the_host_refuses_counts_host_delete() -> Result<()> {
     sync.stop().await;
     Ok(())
 }
+
+/// A restart between the host accepting a create and its confirmation: the pending
+/// state is gone with the process, and the restarted syncer finds a mirror without
+/// its tenant object and removes it, so the result is the same as without the crash.
+/// Write-through works again after the restart (the new leader re-registers itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_in_the_middle_of_a_write_through_converges() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    let sync = env.start("client").await?;
+    ns(&tenant, "team");
+    apply(
+        &tenant,
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
+    );
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("doomed", 443, "doomed: \"yes\"")),
+        )
+        .await;
+        assert!(!out.success(), "the failing webhook let it through");
+        if !out.stderr.contains("not synced its caches") {
+            break;
+        }
+        attempts += 1;
+        assert!(attempts < 100, "write-through never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The host accepted it; crash before the confirmation gives up on it.
+    assert!(
+        get_json(&host, &["gateway", "-n", HOST_NS, "doomed-x-team-x-client"])
+            .await
+            .is_some(),
+        "write-through wrote the mirror"
+    );
+    sync.crash();
+    let sync = env.start("client").await?;
+    eventually("the orphaned mirror removed after the restart", || {
+        get(&host, &["gateway", "-n", HOST_NS, "doomed-x-team-x-client"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // Write-through answers again through the restarted replica.
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("after", 70000, "")),
+        )
+        .await;
+        assert!(!out.success(), "an invalid Gateway was stored");
+        if out.stderr.contains("spec.port") {
+            break;
+        }
+        attempts += 1;
+        assert!(
+            attempts < 100,
+            "no host answer after the restart: {}",
+            out.stderr
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sync.stop().await;
+    Ok(())
+}
