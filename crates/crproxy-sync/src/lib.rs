@@ -8,6 +8,11 @@
 //!   until the host changes that field (three-way merge); tenant-created objects of
 //!   the type are removed.
 //!
+//! * aggregated toHost types (served on the host by an extension API server): the
+//!   tenant gets a generated schemaless CRD ([`aggregated`]), and creates/updates are
+//!   written through to the host by a validating webhook before the tenant stores
+//!   them ([`writethrough`]).
+//!
 //! Each synced type is resolved against the host once at start-up ([`crd`]); then one
 //! syncer per type runs while this replica is the elected leader ([`run`]). Syncers
 //! are level-based: a reconcile looks at both sides (reflector caches, confirmed by a
