@@ -260,3 +260,74 @@ fn the_configuration_matches_only_the_main_resource_fails_closed_and_skips_dry_r
     assert_eq!(w["clientConfig"]["url"], "https://127.0.0.1:9443/validate");
     assert_eq!(w["clientConfig"]["caBundle"], "UEVN");
 }
+
+/// One HTTPS request to the webhook server, trusting only its CA.
+async fn https(server: &WebhookServer, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(server.ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA PEM")).expect("CA");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .expect("TLS with the server's own CA");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    let code = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (code, serde_json::from_slice(&body).expect("JSON answer"))
+}
+
+#[tokio::test]
+async fn the_webhook_answers_reviews_over_tls_and_refuses_anything_else() {
+    let (wt, _, _) = write_through(MAX_IN_FLIGHT);
+    let server = WebhookServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), &[], wt)
+        .await
+        .expect("server");
+    // A review: answered (here 503, the type's syncer is not synced).
+    let (code, answer) = https(
+        &server,
+        "POST",
+        "/validate",
+        &review("CREATE", gateway()).to_string(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(answer["response"]["uid"], "req-1");
+    assert_eq!(answer["response"]["status"]["code"], 503);
+    // Not a review, not JSON, another path: a Status saying so.
+    let (code, answer) = https(&server, "POST", "/validate", r#"{"kind":"Pod"}"#).await;
+    assert_eq!((code, answer["reason"].as_str()), (400, Some("BadRequest")));
+    let (code, _) = https(&server, "POST", "/validate", "not json").await;
+    assert_eq!(code, 400);
+    let (code, answer) = https(&server, "GET", "/validate", "").await;
+    assert_eq!((code, answer["reason"].as_str()), (404, Some("NotFound")));
+    server.stop();
+}
