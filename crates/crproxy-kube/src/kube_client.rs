@@ -24,12 +24,32 @@ use std::time::Duration;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A kube-rs client for `config` that authenticates with `credentials` and uses
-/// `default_namespace` for namespaced APIs built without one. Does not contact the
+/// `default_namespace` for namespaced APIs built without one. Like kube-rs's own
+/// clients, it retries 429, 503 and 504 answers with backoff. Does not contact the
 /// server.
 pub fn kube_client(
     config: &ClusterConfig,
     credentials: Arc<Credentials>,
     default_namespace: &str,
+) -> Result<kube::Client, Error> {
+    build(config, credentials, default_namespace, true)
+}
+
+/// [`kube_client`] without the retries: for callers that hand the server's answer
+/// on at once (write-through answers inside a webhook timeout).
+pub fn kube_client_without_retries(
+    config: &ClusterConfig,
+    credentials: Arc<Credentials>,
+    default_namespace: &str,
+) -> Result<kube::Client, Error> {
+    build(config, credentials, default_namespace, false)
+}
+
+fn build(
+    config: &ClusterConfig,
+    credentials: Arc<Credentials>,
+    default_namespace: &str,
+    retry: bool,
 ) -> Result<kube::Client, Error> {
     let tls = config.rustls_config(&[b"h2", b"http/1.1"], &credentials)?;
     let connector = Connector::new(
@@ -85,6 +105,11 @@ pub fn kube_client(
             Ok::<_, BoxError>(response)
         }
     });
+    let retries = retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = tower::ServiceBuilder::new()
+        .option_layer(retries)
+        .service(service);
     Ok(kube::Client::new(service, default_namespace))
 }
 

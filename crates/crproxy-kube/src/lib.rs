@@ -34,7 +34,7 @@ pub use kubeconfig::{
 pub use watch::WatchEvent;
 
 #[cfg(feature = "kube")]
-pub use kube_client::kube_client;
+pub use kube_client::{kube_client, kube_client_without_retries};
 
 #[cfg(feature = "fake")]
 pub mod fake;

@@ -8,6 +8,17 @@ use crate::SyncError;
 
 /// A kube `Client` for the cluster the kubeconfig's current context names.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, SyncError> {
+    client(path, true).await
+}
+
+/// Like [`client_from_kubeconfig`], but without kube's own retries of 429, 503 and
+/// 504: write-through hands the host's answer to the tenant's client at once (with
+/// `Retry-After`), inside the tenant's webhook timeout.
+pub async fn client_without_retries(path: &Path) -> Result<kube::Client, SyncError> {
+    client(path, false).await
+}
+
+async fn client(path: &Path, retry: bool) -> Result<kube::Client, SyncError> {
     let shown = path.display().to_string();
     let error = |source| SyncError::Kubeconfig {
         path: shown.clone(),
@@ -20,7 +31,7 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, SyncErr
         .and_then(|c| c.context.namespace.clone())
         .unwrap_or_else(|| "default".to_string());
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None).map_err(error)?;
-    client_for(&cluster, &namespace).map_err(error)
+    client_for(&cluster, &namespace, retry).map_err(error)
 }
 
 /// A kube `Client` from the kubeconfig kubectl would use, else the pod's service
@@ -31,12 +42,18 @@ pub async fn inferred_client() -> Result<kube::Client, SyncError> {
         source,
     };
     let cluster = crproxy_kube::ClusterConfig::infer().map_err(error)?;
-    client_for(&cluster, "default").map_err(error)
+    client_for(&cluster, "default", true).map_err(error)
 }
 
 fn client_for(
     cluster: &crproxy_kube::ClusterConfig,
     namespace: &str,
+    retry: bool,
 ) -> Result<kube::Client, crproxy_kube::Error> {
-    crproxy_kube::kube_client(cluster, cluster.credentials()?, namespace)
+    let credentials = cluster.credentials()?;
+    if retry {
+        crproxy_kube::kube_client(cluster, credentials, namespace)
+    } else {
+        crproxy_kube::kube_client_without_retries(cluster, credentials, namespace)
+    }
 }

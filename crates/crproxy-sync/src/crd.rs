@@ -15,7 +15,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
-use crate::SyncError;
+use crate::{aggregated, SyncError};
 
 /// Set on tenant CRDs the syncer created or updated.
 pub const COPIED_FROM_HOST: &str = "crproxy.dev/copied-from-host";
@@ -28,6 +28,9 @@ pub struct ResolvedType {
     /// Whether the synced version has a status subresource (status then goes
     /// through `/status`).
     pub status_subresource: bool,
+    /// Served on the host by an extension API server (the tenant has a generated
+    /// schemaless CRD, and toHost writes go through write-through).
+    pub aggregated: bool,
 }
 
 impl ResolvedType {
@@ -66,22 +69,40 @@ pub async fn resolve(
     };
     let crd_name = format!("{}.{}", resource.plural, resource.group);
     let host_crds: Api<DynamicObject> = Api::all_with(host.clone(), &crd_api());
-    let Some(crd) = host_crds
+    let host_crd = host_crds
         .get_opt(&crd_name)
         .await
         .map_err(SyncError::api(format!(
             "reading CRD {crd_name} on the host"
-        )))?
-    else {
-        let aggregated = served_by_aggregation(host, &resource.group).await?;
-        return Err(fail(if aggregated {
-            format!("the host serves {crd_name} through API aggregation, not a CRD; syncing aggregated types is not supported yet")
-        } else {
-            format!("the host does not serve {crd_name}: no CustomResourceDefinition {crd_name} on the host; install it there or disable this entry")
-        }));
+        )))?;
+    // Where the type comes from decides the tenant CRD: a copy, or a generated one.
+    enum Source {
+        Crd(Value),
+        Aggregated(aggregated::Discovered),
+    }
+    let source = match host_crd {
+        Some(crd) => {
+            Source::Crd(serde_json::to_value(&crd).map_err(|e| fail(format!("host CRD: {e}")))?)
+        }
+        None if served_by_aggregation(host, &resource.group).await? => {
+            let found = aggregated::discover(host, resource).await.map_err(fail)?;
+            check_scope(found.scope, resource).map_err(fail)?;
+            Source::Aggregated(found)
+        }
+        None => {
+            return Err(fail(format!("the host does not serve {crd_name}: no CustomResourceDefinition {crd_name} on the host; install it there or disable this entry")));
+        }
     };
-    let crd = serde_json::to_value(&crd).map_err(|e| fail(format!("host CRD: {e}")))?;
-    let plan = plan_version(&crd, resource).map_err(fail)?;
+    let plan = match &source {
+        Source::Crd(crd) => plan_version(crd, resource).map_err(fail)?,
+        Source::Aggregated(found) => VersionPlan {
+            version: found.version.clone(),
+            kind: found.kind.clone(),
+            // The generated CRD always has one, whatever the host has.
+            status_subresource: true,
+        },
+    };
+    let is_aggregated = matches!(source, Source::Aggregated(_));
 
     let tenant_crds: Api<DynamicObject> = Api::all_with(tenant.clone(), &crd_api());
     let existing = tenant_crds
@@ -94,7 +115,11 @@ pub async fn resolve(
         .map(|e| serde_json::to_value(&e))
         .transpose()
         .map_err(|e| fail(format!("tenant CRD: {e}")))?;
-    let desired = tenant_crd(&crd, &plan.version, existing.as_ref()).map_err(fail)?;
+    let desired = match &source {
+        Source::Crd(crd) => tenant_crd(crd, &plan.version, existing.as_ref()),
+        Source::Aggregated(found) => aggregated::generated_crd(resource, found, existing.as_ref()),
+    }
+    .map_err(fail)?;
     if existing.as_ref().map(|e| &e["spec"]) != Some(&desired["spec"]) {
         let object: DynamicObject =
             serde_json::from_value(desired).map_err(|e| fail(format!("tenant CRD: {e}")))?;
@@ -118,7 +143,11 @@ pub async fn resolve(
                     "creating CRD {crd_name} in the tenant"
                 )))?;
         }
-        tracing::info!(resource = %resource.key, crd = %crd_name, version = %plan.version, action, "copied CRD from the host into the tenant");
+        if is_aggregated {
+            tracing::info!(resource = %resource.key, crd = %crd_name, version = %plan.version, action, "generated a schemaless CRD in the tenant for a type the host serves through API aggregation");
+        } else {
+            tracing::info!(resource = %resource.key, crd = %crd_name, version = %plan.version, action, "copied CRD from the host into the tenant");
+        }
     }
     wait_established(&tenant_crds, &crd_name)
         .await
@@ -131,6 +160,7 @@ pub async fn resolve(
         resource: resource.clone(),
         api,
         status_subresource: plan.status_subresource,
+        aggregated: is_aggregated,
     })
 }
 
@@ -201,6 +231,19 @@ pub fn plan_version(crd: &Value, resource: &SyncResource) -> Result<VersionPlan,
         Some("Cluster") => Scope::Cluster,
         _ => Scope::Namespaced,
     };
+    check_scope(host_scope, resource)?;
+    Ok(VersionPlan {
+        version,
+        kind: spec["names"]["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        status_subresource: chosen["subresources"]["status"].is_object(),
+    })
+}
+
+/// The host's scope of the type must be the configured one.
+fn check_scope(host_scope: Scope, resource: &SyncResource) -> Result<(), String> {
     if host_scope != resource.scope {
         let hint = match resource.direction {
             Direction::ToHost => "toHost syncs namespaced types only",
@@ -212,14 +255,7 @@ pub fn plan_version(crd: &Value, resource: &SyncResource) -> Result<VersionPlan,
             resource.scope.as_str()
         ));
     }
-    Ok(VersionPlan {
-        version,
-        kind: spec["names"]["kind"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        status_subresource: chosen["subresources"]["status"].is_object(),
-    })
+    Ok(())
 }
 
 /// The tenant CRD for syncing `version` of `host_crd`, given the tenant's current CRD.

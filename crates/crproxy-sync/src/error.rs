@@ -21,6 +21,9 @@ pub enum SyncError {
         #[source]
         source: kube::Error,
     },
+    /// The write-through webhook could not start.
+    #[error("{0}")]
+    WriteThrough(String),
     /// The Lease client for leader election could not be built.
     #[error("leader election: {0}")]
     Leader(String),

@@ -8,12 +8,18 @@
 //!   until the host changes that field (three-way merge); tenant-created objects of
 //!   the type are removed.
 //!
+//! * aggregated toHost types (served on the host by an extension API server): the
+//!   tenant gets a generated schemaless CRD ([`aggregated`]), and creates/updates are
+//!   written through to the host by a validating webhook before the tenant stores
+//!   them ([`writethrough`]).
+//!
 //! Each synced type is resolved against the host once at start-up ([`crd`]); then one
 //! syncer per type runs while this replica is the elected leader ([`run`]). Syncers
 //! are level-based: a reconcile looks at both sides (reflector caches, confirmed by a
 //! live read before anything is deleted) and is idempotent, so a restart in the
 //! middle of anything simply converges.
 
+pub mod aggregated;
 pub mod client;
 pub mod crd;
 mod error;
@@ -26,6 +32,7 @@ pub mod patches;
 pub mod queue;
 pub mod run;
 pub mod to_host;
+pub mod writethrough;
 
 pub use error::SyncError;
 pub use from_config::{lease_name, start_from_config, LEASE_DURATION};

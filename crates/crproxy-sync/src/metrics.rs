@@ -38,6 +38,12 @@ struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RollbackLabels {
+    resource: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResolvedLabels {
     resource: String,
     direction: &'static str,
@@ -55,6 +61,7 @@ pub struct SyncMetrics {
     converge: Family<TypeLabels, Histogram, fn() -> Histogram>,
     resolved: Family<ResolvedLabels, Gauge>,
     leader: Gauge,
+    rollback_failures: Family<RollbackLabels, Counter>,
 }
 
 fn converge_histogram() -> Histogram {
@@ -70,6 +77,7 @@ impl SyncMetrics {
             converge: Family::new_with_constructor(converge_histogram),
             resolved: Family::default(),
             leader: Gauge::default(),
+            rollback_failures: Family::default(),
         })
     }
 
@@ -102,10 +110,25 @@ impl SyncMetrics {
             self.resolved.clone(),
         );
         registry.register(
+            "vcluster_writethrough_rollback_failures",
+            "Write-through rollbacks that failed or gave up, by reason",
+            self.rollback_failures.clone(),
+        );
+        registry.register(
             "vcluster_syncer_leader",
             "1 while this replica is the elected syncer",
             self.leader.clone(),
         );
+    }
+
+    /// A write-through rollback failed; `reason` is one of the spec's reasons.
+    pub(crate) fn rollback_failed(&self, resource: &str, reason: &'static str) {
+        self.rollback_failures
+            .get_or_create(&RollbackLabels {
+                resource: resource.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     pub(crate) fn synced(&self, resource: &str, direction: &'static str, action: &'static str) {
@@ -152,12 +175,17 @@ impl SyncMetrics {
         direction: &'static str,
         kind: &str,
         version: &str,
+        aggregated: bool,
     ) {
         self.resolved
             .get_or_create(&ResolvedLabels {
                 resource: resource.to_owned(),
                 direction,
-                source: "crd",
+                source: if aggregated {
+                    "aggregated-apiserver"
+                } else {
+                    "crd"
+                },
                 kind: kind.to_owned(),
                 version: version.to_owned(),
             })

@@ -2,7 +2,9 @@
 //! one syncer per type: two reflectors (tenant and host) feed a work queue of keys,
 //! and a few workers reconcile them.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use kube::core::ApiResource;
 use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::client::{client_from_kubeconfig, inferred_client};
@@ -23,6 +25,7 @@ use crate::crd::{self, ResolvedType};
 use crate::from_host::FromHost;
 use crate::queue::WorkQueue;
 use crate::to_host::{self, ToHost};
+use crate::writethrough::{self, Gate, WebhookServer, WriteThrough};
 use crate::{SyncError, SyncMetrics};
 
 /// Concurrent reconciles per synced type.
@@ -92,6 +95,8 @@ pub trait Reconciler: Send + Sync + 'static {
     fn key_of_tenant(&self, object: &DynamicObject) -> Option<Key>;
     /// The key a host object's change affects (`None`: not ours to sync).
     fn key_of_host(&self, object: &DynamicObject) -> Option<Key>;
+    /// Both caches are synced (write-through may start answering).
+    fn caches_synced(&self) {}
     /// Every key either cache knows.
     fn all_keys(&self) -> Vec<Key>;
     fn reconcile(&self, key: &Key) -> impl Future<Output = Result<Outcome, StepError>> + Send;
@@ -114,6 +119,12 @@ pub struct SyncOptions {
     pub leader: LeaderHandle,
     pub metrics: Arc<SyncMetrics>,
     pub resync: Duration,
+    /// Where the write-through webhook listens (for toHost aggregated types); the
+    /// tenant's API server must reach it at `https://<this address>`.
+    pub webhook_bind: SocketAddr,
+    /// How long an accepted write-through may take to appear in the tenant before
+    /// its host write is undone ([`writethrough::CONFIRM_WITHIN`] in production).
+    pub write_through_confirm: Duration,
 }
 
 /// The running sync.
@@ -123,6 +134,9 @@ pub struct SyncHandle {
     leader: LeaderHandle,
     /// The resolved types, in plan order.
     pub resolved: Vec<ResolvedType>,
+    /// The write-through webhook, when a toHost type is aggregated.
+    pub webhook: Option<WebhookServer>,
+    gates: Vec<Arc<Gate>>,
 }
 
 impl SyncHandle {
@@ -139,6 +153,12 @@ impl SyncHandle {
     pub fn crash(self) {
         self.task.abort();
         self.leader.abort();
+    }
+
+    /// Whether write-through answers on this replica: every toHost aggregated type's
+    /// syncer has synced its caches (true when there is none).
+    pub fn write_through_ready(&self) -> bool {
+        self.gates.iter().all(|g| g.is_synced())
     }
 
     /// Whether this replica is syncing (it leads).
@@ -161,7 +181,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         tracing::info!(
             resource = %resource.key,
             direction = resource.direction.as_str(),
-            served_by = "crd",
+            served_by = if ty.aggregated { "aggregated-apiserver" } else { "crd" },
             kind = %ty.api.kind,
             version = %ty.api.version,
             status_subresource = ty.status_subresource,
@@ -172,6 +192,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             resource.direction.as_str(),
             &ty.api.kind,
             &ty.api.version,
+            ty.aggregated,
         );
         resolved.push(ty);
     }
@@ -186,6 +207,58 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
                 "creating namespace {namespace} on the host"
             )))?;
     }
+    let gates: HashMap<String, Arc<Gate>> = resolved
+        .iter()
+        .filter(|t| t.aggregated && t.resource.direction == Direction::ToHost)
+        .map(|t| (t.resource.key.clone(), Gate::new()))
+        .collect();
+    let webhook = if gates.is_empty() {
+        None
+    } else {
+        let write_through = Arc::new(WriteThrough {
+            tenant: options.plan.tenant.clone(),
+            host_namespace: options.plan.host_namespace.clone(),
+            host: crate::client::client_without_retries(&options.host_kubeconfig).await?,
+            types: resolved
+                .iter()
+                .filter_map(|t| {
+                    Some((
+                        t.resource.plural.clone(),
+                        (t.clone(), Arc::clone(gates.get(&t.resource.key)?)),
+                    ))
+                })
+                .collect(),
+            metrics: Arc::clone(&options.metrics),
+            in_flight: Arc::new(Semaphore::new(writethrough::MAX_IN_FLIGHT)),
+            timeout: writethrough::TIMEOUT,
+            confirm_within: options.write_through_confirm,
+        });
+        let server = WebhookServer::start(options.webhook_bind, &[], write_through)
+            .await
+            .map_err(|e| SyncError::WriteThrough(e.to_string()))?;
+        tracing::info!(addr = %server.addr, "write-through webhook listening");
+        Some(server)
+    };
+    let registration = webhook.as_ref().map(|w| {
+        let types: Vec<ResolvedType> = resolved
+            .iter()
+            .filter(|t| gates.contains_key(&t.resource.key))
+            .cloned()
+            .collect();
+        writethrough::webhook_configuration(&options.plan.tenant, &w.url(), &w.ca_pem, &types)
+    });
+    if let Some(configuration) = &registration {
+        // Before the generated types are used: without the configuration a tenant
+        // write would skip the host's validation. Only created when missing: the
+        // leader replaces it with its own address once elected, and a replica
+        // starting later must not take it over.
+        writethrough::register_if_missing(&tenant, configuration)
+            .await
+            .map_err(SyncError::api(
+                "registering the write-through webhook in the tenant",
+            ))?;
+    }
+    let handle_gates: Vec<Arc<Gate>> = gates.values().cloned().collect();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let supervisor = Supervisor {
         host,
@@ -194,6 +267,8 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         resolved: resolved.clone(),
         metrics: options.metrics,
         resync: options.resync,
+        gates,
+        registration,
     };
     let task = tokio::spawn(supervisor.run(options.leader.clone(), shutdown_rx));
     Ok(SyncHandle {
@@ -201,6 +276,8 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         task,
         leader: options.leader,
         resolved,
+        webhook,
+        gates: handle_gates,
     })
 }
 
@@ -234,6 +311,10 @@ struct Supervisor {
     resolved: Vec<ResolvedType>,
     metrics: Arc<SyncMetrics>,
     resync: Duration,
+    /// By resource key: the write-through gates of toHost aggregated types.
+    gates: HashMap<String, Arc<Gate>>,
+    /// The ValidatingWebhookConfiguration the leader keeps registered.
+    registration: Option<serde_json::Value>,
 }
 
 impl Supervisor {
@@ -247,6 +328,19 @@ impl Supervisor {
             }
             tracing::info!(types = self.resolved.len(), "elected: starting syncers");
             self.metrics.set_leader(true);
+            if let Some(configuration) = &self.registration {
+                // Until it is registered, tenant writes of the types are not written
+                // through; retried until it is (bounded by leadership).
+                let mut attempt = 0u32;
+                while let Err(e) = writethrough::register(&self.tenant, configuration).await {
+                    attempt += 1;
+                    tracing::warn!(error = %e, attempt, "registering the write-through webhook in the tenant failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.wait_for(|s| *s) => return,
+                    }
+                }
+            }
             let tasks: Vec<AbortOnDrop> = self
                 .resolved
                 .iter()
@@ -259,6 +353,9 @@ impl Supervisor {
             // Dropping aborts every syncer (and, through theirs, their watchers and
             // workers), also when this task itself is aborted.
             drop(tasks);
+            for gate in self.gates.values() {
+                gate.set_synced(None);
+            }
             self.metrics.set_leader(false);
             if stop {
                 return;
@@ -282,6 +379,7 @@ impl Supervisor {
                     tenant_store,
                     host_store,
                     metrics,
+                    gate: self.gates.get(&ty.resource.key).cloned(),
                 });
                 let tenant_api = Api::all_with(self.tenant.clone(), &ty.api);
                 let host_api =
@@ -396,6 +494,7 @@ async fn drive<R: Reconciler>(
     }
     let ty = r.resource().clone();
     tracing::info!(resource = %ty.resource.key, direction = ty.direction(), "caches synced; syncing");
+    r.caches_synced();
     for key in r.all_keys() {
         queue.add(key);
     }

@@ -31,6 +31,7 @@ use crate::crd::ResolvedType;
 use crate::names::{self, MirrorIdentity};
 use crate::patches::rewrite_strings;
 use crate::run::{Key, Outcome, Reconciler, StepError};
+use crate::writethrough::Gate;
 use crate::SyncMetrics;
 
 /// One toHost type between one tenant and the host.
@@ -43,6 +44,9 @@ pub struct ToHost {
     pub tenant_store: Store<DynamicObject>,
     pub host_store: Store<DynamicObject>,
     pub metrics: Arc<SyncMetrics>,
+    /// For an aggregated type: shared with write-through, which holds the keys of
+    /// writes it has accepted on the host but not yet seen stored in the tenant.
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// The label selector of the host watch: only this tenant's mirrors.
@@ -221,6 +225,11 @@ impl ToHost {
     }
 
     async fn reconcile_key(&self, key: &Key) -> Result<Outcome, StepError> {
+        // Write-through owns the key until the tenant stored its write (or it was
+        // rolled back): a mirror without its tenant object is expected meanwhile.
+        if self.gate.as_ref().is_some_and(|g| g.is_pending(key)) {
+            return Ok(Outcome::Requeue(Duration::from_millis(500)));
+        }
         let host_name = self.host_name(key);
         let tenant = self
             .tenant_store
@@ -469,6 +478,12 @@ impl Reconciler for ToHost {
 
     fn metrics(&self) -> &Arc<SyncMetrics> {
         &self.metrics
+    }
+
+    fn caches_synced(&self) {
+        if let Some(gate) = &self.gate {
+            gate.set_synced(Some(self.tenant_store.clone()));
+        }
     }
 
     fn key_of_tenant(&self, object: &DynamicObject) -> Option<Key> {

@@ -30,6 +30,8 @@ pub fn sync_section(host_kubeconfig: &str) -> String {
         patches:
           - path: spec.secretRef.name
             reference: {{apiVersion: v1, kind: Secret}}
+      gateways.example.net/v1:
+        enabled: true
   fromHost:
     customResources:
       sharedstores.example.org/v1:
@@ -124,6 +126,30 @@ pub async fn install_example_types(host: &crproxy_kube::Client) -> Result<()> {
     Ok(())
 }
 
+/// Starts the example extension API server (`gateways.example.net/v1`), registers it
+/// on `host` through an APIService and waits until the host serves the type.
+pub async fn start_example_apiserver(
+    host: &devcluster::DevCluster,
+) -> Result<devcluster::example_apiserver::ExampleApiServer> {
+    let server = devcluster::example_apiserver::ExampleApiServer::start(&host.front_proxy_ca_pem())
+        .await
+        .context("starting the example extension API server")?;
+    server
+        .register(host)
+        .await
+        .context("registering the example extension API server on the host")?;
+    let client = crate::devenv::admin_client(host)?;
+    for _ in 0..100 {
+        if client.get("/apis/example.net/v1").await.is_ok() {
+            return Ok(server);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(anyhow!(
+        "the host did not serve example.net/v1 within 10 s of registering the example API server"
+    ))
+}
+
 /// A configuration file with only the sync: the dev environment's tenant is the
 /// `client` cluster.
 pub fn sync_only_config(
@@ -145,6 +171,8 @@ pub struct DevSync {
     pub host_kubeconfig: PathBuf,
     pub config_path: PathBuf,
     pub metrics_addr: SocketAddr,
+    /// Serves `gateways.example.net/v1` on the host (aggregated, synced toHost).
+    pub example_apiserver: devcluster::example_apiserver::ExampleApiServer,
     sync: crproxy_sync::SyncHandle,
     metrics_stop: tokio::sync::watch::Sender<bool>,
     metrics_task: tokio::task::JoinHandle<()>,
@@ -182,6 +210,7 @@ impl DevSync {
         std::fs::write(&host_kubeconfig, host.admin_kubeconfig())
             .with_context(|| format!("writing {}", host_kubeconfig.display()))?;
         install_example_types(&crate::devenv::admin_client(&host)?).await?;
+        let example_apiserver = start_example_apiserver(&host).await?;
 
         let config_path = dir.join("sync.yaml");
         let text = sync_only_config(
@@ -225,11 +254,27 @@ impl DevSync {
         .await
         .context("starting the sync")?
         .ok_or_else(|| anyhow!("the dev sync configuration enables no type"))?;
+        // The banner follows: by then a Gateway create must get the host's answer,
+        // not "not ready".
+        let mut ready = false;
+        for _ in 0..300 {
+            if sync.write_through_ready() {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !ready {
+            return Err(anyhow!(
+                "the sync's write-through did not become ready within 30 s"
+            ));
+        }
         Ok(DevSync {
             host,
             host_kubeconfig,
             config_path,
             metrics_addr,
+            example_apiserver,
             sync,
             metrics_stop,
             metrics_task,
@@ -254,6 +299,7 @@ impl DevSync {
     /// Stops the sync (releasing its Lease), its metrics listener, then the host.
     pub async fn shutdown(self) {
         self.sync.stop().await;
+        self.example_apiserver.stop();
         let _ = self.metrics_stop.send(true);
         let _ = self.metrics_task.await;
         self.host.shutdown().await;
@@ -311,6 +357,13 @@ metadata: {{name: eu-store}}
 spec: {{region: eu, size: 1}}
 EOF
   kubectl get sharedstores                                     # the host's store, copied
+  kubectl -n team create -f - <<'EOF'                          # aggregated: the host's server validates it
+apiVersion: example.net/v1
+kind: Gateway
+metadata: {{name: edge}}
+spec: {{port: 70000}}
+EOF
+  # -> 422 naming spec.port, from the host's extension API server; stored on neither side
 
 Press Ctrl-C to stop."#,
         host = sync.host.url(),

@@ -642,7 +642,13 @@ async fn a_disabled_entry_stops_its_syncer_at_the_next_start_and_deletes_nothing
     let sync = env
         .start_with("client", tenant, "vcluster-client", Some(yaml))
         .await?;
-    assert_eq!(sync.resolved.len(), 1, "only SharedStores are synced");
+    // The dev configuration's other types (SharedStores, Gateways) stay synced.
+    assert!(
+        sync.resolved
+            .iter()
+            .all(|t| t.resource.key != "backups.example.org/v1"),
+        "Backups are no longer synced"
+    );
     run(tenant, &["delete", "backup", "-n", "team", "db"]);
     apply(tenant, &backup("new", "team", "@daily"));
     // The SharedStore syncer runs; use it to know the sync is up.

@@ -268,6 +268,47 @@ async fn dev_runs_the_sync_between_the_client_and_a_host_cluster() -> Result<()>
     })
     .await;
 
+    // Issue 14's check: the aggregated Gateway is validated by the host's extension
+    // API server before the tenant's create returns.
+    eventually("the write-through webhook registered in the tenant", || {
+        get(
+            &tenant,
+            &[
+                "validatingwebhookconfiguration",
+                "crproxy-writethrough-client",
+            ],
+        )
+    })
+    .await;
+    let gateway = |port: u32| {
+        format!("apiVersion: example.net/v1\nkind: Gateway\nmetadata: {{name: edge, namespace: team}}\nspec: {{port: {port}}}\n")
+    };
+    let rejected = eventually("the host's answer (write-through ready)", || {
+        let out = test_support::kubectl_stdin(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway(70000)),
+            test_support::KUBECTL_TIMEOUT,
+        );
+        assert!(!out.success(), "an invalid Gateway was stored");
+        (!out.stderr.contains("not synced its caches")).then_some(out.stderr)
+    })
+    .await;
+    assert!(rejected.contains("spec.port"), "{rejected}");
+    assert!(get(&tenant, &["gateway", "-n", "team", "edge"]).is_none());
+    assert!(get(
+        &host,
+        &["gateway", "-n", "vcluster-client", "edge-x-team-x-client"]
+    )
+    .is_none());
+    apply(&tenant, &gateway(443));
+    let mirror = get(
+        &host,
+        &["gateway", "-n", "vcluster-client", "edge-x-team-x-client"],
+    )
+    .expect("on the host when create returned");
+    assert_eq!(mirror["spec"]["port"], 443);
+
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status();

@@ -63,7 +63,7 @@ pub struct AdmissionRequest<'a> {
 /// Upper bound of a `messageExpression` result kube accepts (5 KiB).
 const MAX_MESSAGE_BYTES: usize = 5 * 1024;
 
-fn env() -> Arc<Env> {
+pub(crate) fn env() -> Arc<Env> {
     static ENV: OnceLock<Arc<Env>> = OnceLock::new();
     ENV.get_or_init(|| Arc::new(Env::stdlib())).clone()
 }
@@ -339,7 +339,7 @@ fn contains_or_star(list: &Value, value: &str) -> bool {
     })
 }
 
-fn rule_matches(rule: &Value, r: &AdmissionRequest) -> bool {
+pub(crate) fn rule_matches(rule: &Value, r: &AdmissionRequest) -> bool {
     let a = r.attrs;
     if !contains_or_star(&rule["operations"], r.operation)
         || !contains_or_star(&rule["apiGroups"], &a.api_group)
@@ -382,7 +382,7 @@ fn selector_or_everything(selector: &Value, labels: &Value) -> bool {
     selector.is_null() || label_selector_matches(selector, labels)
 }
 
-fn namespace_selector_matches(
+pub(crate) fn namespace_selector_matches(
     selector: &Value,
     r: &AdmissionRequest,
     namespace_object: Option<&Value>,
@@ -403,7 +403,7 @@ fn namespace_selector_matches(
 }
 
 /// Matches when the new or the old object's labels match (kube checks both).
-fn object_selector_matches(selector: &Value, r: &AdmissionRequest) -> bool {
+pub(crate) fn object_selector_matches(selector: &Value, r: &AdmissionRequest) -> bool {
     if selector.is_null() {
         return true;
     }
@@ -414,7 +414,7 @@ fn object_selector_matches(selector: &Value, r: &AdmissionRequest) -> bool {
 }
 
 /// The `request` variable (admission.k8s.io AdmissionRequest).
-fn request_json(r: &AdmissionRequest) -> Value {
+pub(crate) fn request_json(r: &AdmissionRequest) -> Value {
     let a = r.attrs;
     let (group, version, kind) = r.kind;
     let mut user = json!({"username": a.user.name, "groups": a.user.groups});

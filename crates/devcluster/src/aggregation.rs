@@ -376,20 +376,7 @@ impl Aggregator {
         let port_u16 = |p: u64| {
             u16::try_from(p).map_err(|_| AggregationError::Resolve(format!("invalid port {p}")))
         };
-        if service["spec"]["type"] == "ExternalName" {
-            let host = service["spec"]["externalName"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            return Ok(Target {
-                host,
-                port: port_u16(port)?,
-                server_name,
-                ca_bundle,
-                insecure,
-            });
-        }
-        let (host, endpoint_port) = self.ready_endpoint(ns, name, &service, port)?;
+        let (host, endpoint_port) = self.service_address_of(ns, name, &service, port_u16(port)?)?;
         Ok(Target {
             host,
             port: endpoint_port,
@@ -397,6 +384,38 @@ impl Aggregator {
             ca_bundle,
             insecure,
         })
+    }
+
+    /// Where a Service's `port` is reached: the external name of an ExternalName
+    /// Service, else a ready endpoint (also used to reach admission webhooks).
+    pub fn service_address(
+        &self,
+        ns: &str,
+        name: &str,
+        port: u16,
+    ) -> Result<(String, u16), AggregationError> {
+        let service = self
+            .view
+            .service(ns, name)
+            .ok_or_else(|| AggregationError::Resolve(format!("service \"{name}\" not found")))?;
+        self.service_address_of(ns, name, &service, port)
+    }
+
+    fn service_address_of(
+        &self,
+        ns: &str,
+        name: &str,
+        service: &Value,
+        port: u16,
+    ) -> Result<(String, u16), AggregationError> {
+        if service["spec"]["type"] == "ExternalName" {
+            let host = service["spec"]["externalName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            return Ok((host, port));
+        }
+        self.ready_endpoint(ns, name, service, u64::from(port))
     }
 
     /// A ready address and port from the Service's EndpointSlices.
@@ -1266,7 +1285,7 @@ fn set_forwarding_headers(
 }
 
 /// Go's `net.Dial` wording, which the FailedDiscoveryCheck message carries.
-fn dial_error(authority: &str, e: &std::io::Error) -> String {
+pub(crate) fn dial_error(authority: &str, e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::ConnectionRefused => {
             format!("dial tcp {authority}: connect: connection refused")

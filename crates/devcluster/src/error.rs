@@ -298,7 +298,14 @@ impl ApiError {
                 .unwrap_or("")
                 .to_string(),
             details: status.get("details").and_then(Value::as_object).cloned(),
-            headers: Vec::new(),
+            // kube's error writer turns details.retryAfterSeconds into Retry-After
+            // (a webhook denying with 503 and a retry delay reaches the client so).
+            headers: status
+                .pointer("/details/retryAfterSeconds")
+                .and_then(Value::as_u64)
+                .filter(|s| *s > 0)
+                .map(|s| vec![("Retry-After".to_string(), s.to_string())])
+                .unwrap_or_default(),
         }
     }
 

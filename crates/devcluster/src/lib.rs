@@ -13,12 +13,16 @@
 //!   watch, reviews), `rest` (the verbs), `objects` (metadata rules), `hooks`
 //!   (what kube's controllers would do: CRD establishment, namespace cleanup,
 //!   garbage collection), `seams` (calls into schema/patch/admission),
-//!   `protobuf` (the few protobuf bodies kubectl's typed clients send).
+//!   `protobuf` (the few protobuf bodies kubectl's typed clients send),
+//!   `admitted` (the writes that go through admission webhooks).
 //! - [`store`]: all objects in memory behind one short lock, written through to
 //!   redb; one global resourceVersion; a broadcast change feed plus a bounded
 //!   per-resource history for watches that resume.
 //! - [`watch`]: watch streams (initial state, replay, bookmarks, selectors).
 //! - [`registry`] and [`crd`]: what is served; [`discovery`]: its documents.
+//! - [`admission`] (ValidatingAdmissionPolicy) and [`webhook`] (admission
+//!   webhooks): what may be written.
+//! - [`example_apiserver`]: the dev environment's extension API server.
 //!
 //! # Behaviour
 //! Shapes follow `../shared/reference/kube-apiserver-1.32`; the
@@ -55,9 +59,13 @@ pub mod admission;
 pub mod authn;
 pub mod rbac;
 pub mod reviews;
+pub mod webhook;
 
 // Forwarding to extension API servers behind APIServices.
 pub mod aggregation;
+
+// The dev environment's example extension API server (gateways.example.net).
+pub mod example_apiserver;
 
 pub use error::{ApiError, Error};
 pub use server::{start, DevCluster, DevClusterConfig};

@@ -234,9 +234,76 @@ pub fn builtin_schema(group: &str, version: &str, kind: &str) -> Option<Value> {
                 })),
             }),
         ),
+        ("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration") => obj(
+            "ValidatingWebhookConfiguration describes webhooks that accept or reject an object without changing it.",
+            json!({"webhooks": webhooks_schema(false)}),
+        ),
+        ("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration") => obj(
+            "MutatingWebhookConfiguration describes webhooks that accept or reject and may change an object.",
+            json!({"webhooks": webhooks_schema(true)}),
+        ),
         _ => return None,
     };
     Some(schema)
+}
+
+/// `webhooks` of a Validating- or MutatingWebhookConfiguration.
+fn webhooks_schema(mutating: bool) -> Value {
+    let s = |d: &str| json!({"description": d, "type": "string"});
+    let i = |d: &str| json!({"description": d, "type": "integer", "format": "int32"});
+    let strings = |d: &str| json!({"description": d, "type": "array", "items": {"type": "string", "default": ""}, "x-kubernetes-list-type": "atomic"});
+    let obj =
+        |d: &str, props: Value| json!({"description": d, "type": "object", "properties": props});
+    let selector = |d: &str| {
+        obj(
+            d,
+            json!({
+                "matchLabels": {"description": "Labels that must be present with these values.", "type": "object",
+                                "additionalProperties": {"type": "string", "default": ""}},
+                "matchExpressions": {"description": "Label requirements, ANDed.", "type": "array", "x-kubernetes-list-type": "atomic",
+                                     "items": obj("A label requirement.", json!({
+                                         "key": s("The label key."),
+                                         "operator": s("In, NotIn, Exists or DoesNotExist."),
+                                         "values": strings("The values for In and NotIn.")}))},
+            }),
+        )
+    };
+    let mut hook = json!({
+        "name": s("The name of the admission webhook, fully qualified (e.g. imagepolicy.kubernetes.io)."),
+        "clientConfig": obj("How to reach the webhook.", json!({
+            "url": s("The https URL of the webhook; exactly one of url or service."),
+            "service": obj("A reference to the service of the webhook.", json!({
+                "namespace": s("Namespace of the service."),
+                "name": s("Name of the service."),
+                "path": s("URL path requests are sent to."),
+                "port": i("Port of the service, 443 by default.")})),
+            "caBundle": {"description": "PEM encoded CA bundle to validate the webhook's server certificate.", "type": "string", "format": "byte"}})),
+        "rules": {"description": "The operations and resources the webhook cares about.", "type": "array", "x-kubernetes-list-type": "atomic",
+                  "items": obj("A rule.", json!({
+                      "operations": strings("CREATE, UPDATE, DELETE, CONNECT or *."),
+                      "apiGroups": strings("API groups; * is all."),
+                      "apiVersions": strings("API versions; * is all."),
+                      "resources": strings("Resources, 'r/sub' for subresources; * is all."),
+                      "scope": s("Cluster, Namespaced or *.")}))},
+        "failurePolicy": s("What happens when the webhook cannot be called: Ignore or Fail (default)."),
+        "matchPolicy": s("Exact or Equivalent (default): whether other versions of a matched resource are sent too."),
+        "namespaceSelector": selector("Which namespaces' objects are sent to the webhook."),
+        "objectSelector": selector("Which objects, by their labels, are sent to the webhook."),
+        "sideEffects": s("None or NoneOnDryRun: whether calling the webhook changes anything elsewhere."),
+        "timeoutSeconds": i("Seconds to wait for the webhook, 1 to 30 (default 10)."),
+        "admissionReviewVersions": strings("AdmissionReview versions the webhook accepts, in order of preference."),
+        "matchConditions": {"description": "CEL conditions that must all hold for the webhook to be called.", "type": "array",
+                            "x-kubernetes-list-map-keys": ["name"], "x-kubernetes-list-type": "map",
+                            "items": obj("A condition.", json!({
+                                "name": s("Identifies the condition."),
+                                "expression": s("The CEL expression.")}))},
+    });
+    if mutating {
+        hook["reinvocationPolicy"] = s("Never (default) or IfNeeded.");
+    }
+    json!({"description": "The webhooks and the resources and operations they affect.", "type": "array",
+           "x-kubernetes-list-map-keys": ["name"], "x-kubernetes-list-type": "map",
+           "items": obj("One admission webhook.", hook)})
 }
 
 /// The `/openapi/v3` index. `group_versions` pairs a path such as

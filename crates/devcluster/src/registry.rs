@@ -229,6 +229,26 @@ const BUILT_INS: &[BuiltIn] = &[
     .cat(&["api-extensions"])
     .generation(),
     b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "validatingwebhookconfiguration",
+        "ValidatingWebhookConfiguration",
+        false,
+    )
+    .cat(&["api-extensions"])
+    .generation(),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "mutatingwebhookconfiguration",
+        "MutatingWebhookConfiguration",
+        false,
+    )
+    .cat(&["api-extensions"])
+    .generation(),
+    b(
         "apiextensions.k8s.io",
         "v1",
         "customresourcedefinitions",

@@ -2,6 +2,7 @@
 //! kubeconfig, database), TLS listeners (HTTP/1.1 and HTTP/2 by ALPN, optional
 //! client certificates), and the handle the embedding code and tests use.
 
+mod admitted;
 mod aggregated;
 mod auth;
 mod handlers;

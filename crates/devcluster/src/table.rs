@@ -173,6 +173,10 @@ pub fn builtin_columns(resource: &str) -> Vec<PrinterColumn> {
             col("ParamRef", "string", "ParamRef specifies the parameter resource used to configure the policy.", "#vapb-paramref"),
             age_column(),
         ],
+        "validatingwebhookconfigurations" | "mutatingwebhookconfigurations" => vec![
+            col("Webhooks", "integer", "Webhooks indicates the number of webhooks registered in this configuration.", "#len:.webhooks"),
+            age_column(),
+        ],
         "rolebindings" | "clusterrolebindings" => vec![
             col("Role", "string", "RoleRef can reference a Role in the current namespace or a ClusterRole in the global namespace.", "#roleref"),
             age_column(),

@@ -79,6 +79,7 @@ fn stores_type() -> ResolvedType {
             "sharedstores",
         ),
         status_subresource: false,
+        aggregated: false,
     }
 }
 

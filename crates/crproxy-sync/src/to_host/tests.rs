@@ -22,6 +22,7 @@ fn backups(patches: &[&str]) -> ResolvedType {
             "backups",
         ),
         status_subresource: true,
+        aggregated: false,
     }
 }
 

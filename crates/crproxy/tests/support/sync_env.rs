@@ -16,6 +16,8 @@ use test_support::{kubectl, kubectl_stdin, TestCluster, KUBECTL_TIMEOUT};
 pub struct Env {
     pub host: TestCluster,
     pub tenant: TestCluster,
+    /// Serves the aggregated `gateways.example.net/v1` on the host.
+    pub example: devcluster::example_apiserver::ExampleApiServer,
 }
 
 impl Env {
@@ -33,7 +35,14 @@ impl Env {
         devsync::install_example_types(&client)
             .await
             .expect("example types");
-        Env { host, tenant }
+        let example = devsync::start_example_apiserver(&host.cluster)
+            .await
+            .expect("example API server");
+        Env {
+            host,
+            tenant,
+            example,
+        }
     }
 
     /// The sync for tenant `name` (always leading) with the dev environment's types.
@@ -49,6 +58,25 @@ impl Env {
         host_namespace: &str,
         config_override: Option<String>,
     ) -> Result<SyncHandle> {
+        self.start_full(
+            name,
+            tenant_kubeconfig,
+            host_namespace,
+            config_override,
+            SyncMetrics::new(),
+        )
+        .await
+    }
+
+    /// [`Env::start_with`] exporting into `metrics`.
+    pub async fn start_full(
+        &self,
+        name: &str,
+        tenant_kubeconfig: &Path,
+        host_namespace: &str,
+        config_override: Option<String>,
+        metrics: std::sync::Arc<SyncMetrics>,
+    ) -> Result<SyncHandle> {
         let yaml = config_override.unwrap_or_else(|| {
             devsync::sync_only_config(name, tenant_kubeconfig, &self.host.kubeconfig)
                 .replace(devsync::HOST_NAMESPACE, host_namespace)
@@ -62,8 +90,11 @@ impl Env {
             host_kubeconfig: self.host.kubeconfig.clone(),
             tenant_kubeconfig: Some(tenant_kubeconfig.to_path_buf()),
             leader: crproxy_wiring::LeaderHandle::fixed(true),
-            metrics: SyncMetrics::new(),
+            metrics,
             resync: Duration::from_secs(5),
+            webhook_bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            // Short, so the test of a tenant store failure sees its rollback soon.
+            write_through_confirm: Duration::from_secs(5),
         })
         .await?)
     }

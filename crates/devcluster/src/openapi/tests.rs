@@ -365,6 +365,18 @@ fn builtin_schemas_explain_and_validate() {
             "validatingadmissionpolicybindings",
             false,
         ),
+        (
+            "admissionregistration.k8s.io",
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            false,
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+            false,
+        ),
     ];
     for (group, kind, plural, namespaced) in kinds {
         let schema = builtin_schema(group, "v1", kind);

@@ -90,6 +90,7 @@ pub fn token_file_line(token: &str, user: &UserInfo) -> String {
 pub struct PolicyCache {
     rbac: Mutex<Option<([u64; 4], Arc<RbacSnapshot>)>>,
     admission: Mutex<Option<([u64; 3], Arc<AdmissionSnapshot>)>>,
+    webhooks: Mutex<Option<([u64; 3], Arc<crate::webhook::WebhookSnapshot>)>>,
 }
 
 impl Default for PolicyCache {
@@ -97,6 +98,7 @@ impl Default for PolicyCache {
         PolicyCache {
             rbac: Mutex::new(None),
             admission: Mutex::new(None),
+            webhooks: Mutex::new(None),
         }
     }
 }
@@ -172,6 +174,37 @@ impl PolicyCache {
         let snap = Arc::new(AdmissionSnapshot {
             policies: all(store, &grs[0]),
             bindings: all(store, &grs[1]),
+            namespaces: all(store, &grs[2]),
+        });
+        *cache = Some((key, snap.clone()));
+        Some(snap)
+    }
+
+    /// Webhook configurations and namespaces, or `None` when no webhook
+    /// configuration exists (then writes skip webhooks at no cost).
+    pub fn webhooks(&self, store: &Store) -> Option<Arc<crate::webhook::WebhookSnapshot>> {
+        let grs = [
+            gr(ADMISSION, "validatingwebhookconfigurations"),
+            gr(ADMISSION, "mutatingwebhookconfigurations"),
+            gr("", "namespaces"),
+        ];
+        if store.count(&grs[0]) == 0 && store.count(&grs[1]) == 0 {
+            return None;
+        }
+        let key = [
+            store.last_change(&grs[0]),
+            store.last_change(&grs[1]),
+            store.last_change(&grs[2]),
+        ];
+        let mut cache = self.webhooks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, snap)) = cache.as_ref() {
+            if *k == key {
+                return Some(snap.clone());
+            }
+        }
+        let snap = Arc::new(crate::webhook::WebhookSnapshot {
+            validating: all(store, &grs[0]),
+            mutating: all(store, &grs[1]),
             namespaces: all(store, &grs[2]),
         });
         *cache = Some((key, snap.clone()));

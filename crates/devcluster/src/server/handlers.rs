@@ -573,9 +573,9 @@ async fn resource_request(
         "get" => rest::get(state, &ctx),
         "create" => {
             if rp.name.is_empty() {
-                rest::create(state, &ctx, &body, None)
+                rest::create(state, &ctx, &body, None).await
             } else if info.is_crd() && rp.subresource.is_empty() {
-                rest::create(state, &ctx, &body, Some(&rp.name))
+                rest::create(state, &ctx, &body, Some(&rp.name)).await
             } else {
                 Err(ApiError::method_not_allowed())
             }
@@ -584,15 +584,15 @@ async fn resource_request(
             if rp.name.is_empty() {
                 return Err(ApiError::bad_request("name must be provided"));
             }
-            rest::update(state, &ctx, &body)
+            rest::update(state, &ctx, &body).await
         }
         "patch" => {
             if rp.name.is_empty() {
                 return Err(ApiError::method_not_allowed());
             }
-            rest::patch(state, &ctx, &body)
+            rest::patch(state, &ctx, &body).await
         }
-        "delete" => rest::delete(state, &ctx, &body),
+        "delete" => rest::delete(state, &ctx, &body).await,
         "deletecollection" => {
             allowed("deletecollection")?;
             rest::delete_collection(state, &ctx, &body).await

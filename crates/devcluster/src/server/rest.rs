@@ -1,13 +1,14 @@
 //! The verbs of a stored resource: get, list, create, update, patch, delete,
 //! deletecollection, and the status and scale subresources.
 
+use super::admitted;
 use super::http::{self as h, Body, Output};
 use super::objects::{self as o, metadata_mut};
 use super::output;
 use super::seams;
 use super::State;
 use crate::error::{qualified, ApiError, Cause, Details};
-use crate::registry::{GroupResource, ResourceInfo};
+use crate::registry::{GroupResource, ResourceInfo, ScaleSpec};
 use crate::store::{meta_str, Mutation, Written};
 use crate::types::UserInfo;
 use base64::Engine;
@@ -477,14 +478,27 @@ fn decode(ctx: &ReqCtx, body: &[u8]) -> Result<Value, ApiError> {
     h::decode_body(body, format, &ctx.info.kind)
 }
 
-/// Fills in everything a new object gets from the server, validates it, and
-/// returns it with the warnings to send.
-pub fn prepare_create(
+/// Fills in everything a new object gets from the server, runs the mutating
+/// webhooks, validates it, and returns it with the warnings to send.
+pub async fn prepare_create(
     state: &State,
     ctx: &ReqCtx,
-    mut obj: Value,
+    obj: Value,
     url_name: Option<&str>,
+    hooks: &admitted::Webhooks,
 ) -> Result<(Value, Vec<String>), ApiError> {
+    let mut object = Some(new_object(ctx, obj, url_name)?);
+    let mut warnings = admitted::mutate(state, hooks, ctx, "CREATE", &mut object, None).await?;
+    let mut obj =
+        object.ok_or_else(|| ApiError::internal("a mutating webhook removed the object"))?;
+    warnings.extend(seams::validate(ctx, &mut obj, None)?);
+    seams::managed_fields_update(ctx, None, &mut obj, "");
+    seams::prepare_for_create(&ctx.info, &mut obj);
+    Ok((obj, warnings))
+}
+
+/// The new object with everything the server fills in before admission.
+fn new_object(ctx: &ReqCtx, mut obj: Value, url_name: Option<&str>) -> Result<Value, ApiError> {
     let info = &ctx.info;
     check_type(ctx, &mut obj, &info.kind, &ctx.api_version())?;
     let storage_av = ctx.storage_api_version();
@@ -574,19 +588,23 @@ pub fn prepare_create(
             m.remove("status");
         }
     }
-    // kube's order: scheme defaults, field manager, then the strategy's own
-    // changes (which managedFields therefore do not claim).
+    // kube's order: scheme defaults, mutating admission, validation, field
+    // manager, then the strategy's own changes (which managedFields therefore do
+    // not claim).
     seams::scheme_defaults(info, &mut obj);
-    let warnings = seams::validate(ctx, &mut obj, None)?;
-    seams::managed_fields_update(ctx, None, &mut obj, "");
-    seams::prepare_for_create(info, &mut obj);
-    let _ = state;
-    Ok((obj, warnings))
+    Ok(obj)
 }
 
-pub fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Option<&str>) -> Resp {
+pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Option<&str>) -> Resp {
     let obj = decode(ctx, body)?;
-    let (obj, mut warnings) = prepare_create(state, ctx, obj, url_name)?;
+    let hooks = admitted::webhooks(state);
+    if hooks.is_some() {
+        // kube's namespace lifecycle check runs before the webhooks: a create in a
+        // missing or terminating namespace never reaches them.
+        let name = url_name.unwrap_or_else(|| meta_str(&obj, "name"));
+        check_namespace(state, ctx, name)?;
+    }
+    let (obj, mut warnings) = prepare_create(state, ctx, obj, url_name, &hooks).await?;
     let adm = state.policy.admission(&state.store);
     warnings.extend(seams::admit(
         adm.as_deref(),
@@ -597,6 +615,7 @@ pub fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Option<&s
     )?);
     let name = meta_str(&obj, "name").to_string();
     check_namespace(state, ctx, &name)?;
+    warnings.extend(admitted::validate(state, &hooks, ctx, "CREATE", Some(&obj), None).await?);
     let written = insert_new(state, ctx, obj)?;
     super::hooks::after_write(state, ctx, &written);
     let mut obj = (*written.object).clone();
@@ -752,11 +771,97 @@ fn commit_update(
     Ok((Mutation::Put(new), warnings))
 }
 
-pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
+/// How often an update admitted by webhooks is recomputed when the object
+/// changed while the webhooks were called.
+const ADMITTED_UPDATE_ATTEMPTS: usize = 5;
+
+/// Updates the object to what `build` makes of the current one, through
+/// mutating webhooks, [`commit_update`] and validating webhooks. Webhooks are
+/// called outside the store lock, so the result is stored only if nobody wrote
+/// the object meanwhile (else everything is recomputed, as kube retries).
+async fn update_admitted(
+    state: &Arc<State>,
+    ctx: &ReqCtx,
+    require_rv: bool,
+    build: impl Fn(&Arc<Value>) -> Result<Value, ApiError>,
+) -> Result<(Written, Vec<String>), ApiError> {
+    let sub = ctx.subresource.clone();
+    let adm = state.policy.admission(&state.store);
+    let hooks = admitted::webhooks(state);
+    if hooks.is_none() {
+        let mut warnings = Vec::new();
+        let written = state.store.mutate_optimistic(
+            &ctx.gr(),
+            ctx.ns(),
+            &ctx.name,
+            ctx.dry_run(),
+            |cur| {
+                let Some(cur) = cur else {
+                    return Err(ctx.not_found());
+                };
+                let (m, w) =
+                    commit_update(ctx, cur, build(cur)?, &sub, require_rv, adm.as_deref())?;
+                warnings = w;
+                Ok(m)
+            },
+        )?;
+        return Ok((written, warnings));
+    }
+    for _ in 0..ADMITTED_UPDATE_ATTEMPTS {
+        let current = state
+            .store
+            .get(&ctx.gr(), ctx.ns(), &ctx.name)
+            .ok_or_else(|| ctx.not_found())?;
+        let mut object = Some(build(&current)?);
+        let mut warnings =
+            admitted::mutate(state, &hooks, ctx, "UPDATE", &mut object, Some(&current)).await?;
+        let new =
+            object.ok_or_else(|| ApiError::internal("a mutating webhook removed the object"))?;
+        let (decision, w) = commit_update(ctx, &current, new, &sub, require_rv, adm.as_deref())?;
+        warnings.extend(w);
+        let admitted_object = match &decision {
+            Mutation::Put(o) | Mutation::DeleteFinal(o) => Some(o),
+            Mutation::Unchanged(o) => Some(&**o),
+            Mutation::Delete => None,
+        };
+        warnings.extend(
+            admitted::validate(
+                state,
+                &hooks,
+                ctx,
+                "UPDATE",
+                admitted_object,
+                Some(&current),
+            )
+            .await?,
+        );
+        let stored =
+            state.store.mutate(
+                &ctx.gr(),
+                ctx.ns(),
+                &ctx.name,
+                ctx.dry_run(),
+                |now| match now {
+                    Some(now) if Arc::ptr_eq(now, &current) => Ok(decision),
+                    _ => Err(()),
+                },
+            );
+        if let Ok(written) = stored {
+            return Ok((written, warnings));
+        }
+    }
+    Err(ApiError::conflict_modified(
+        &ctx.info.group,
+        &ctx.info.resource,
+        &ctx.name,
+    ))
+}
+
+pub async fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut obj = decode(ctx, body)?;
     if ctx.subresource == "scale" {
         check_type(ctx, &mut obj, "Scale", "autoscaling/v1")?;
-        return update_scale(state, ctx, ScaleChange::Replace(obj));
+        return update_scale(state, ctx, ScaleChange::Replace(obj)).await;
     }
     check_type(ctx, &mut obj, &ctx.info.kind, &ctx.api_version())?;
     if !matches!(ctx.subresource.as_str(), "" | "status" | "finalize") {
@@ -778,27 +883,14 @@ pub fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     if ctx.subresource == "finalize" {
         return super::hooks::finalize_namespace(state, ctx, obj);
     }
-    let mut warnings = Vec::new();
-    let sub = ctx.subresource.clone();
-    let adm = state.policy.admission(&state.store);
-    let written =
-        state
-            .store
-            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-                let Some(cur) = cur else {
-                    return Err(ctx.not_found());
-                };
-                let (m, w) = commit_update(ctx, cur, obj.clone(), &sub, true, adm.as_deref())?;
-                warnings = w;
-                Ok(m)
-            })?;
+    let (written, warnings) = update_admitted(state, ctx, true, |_| Ok(obj.clone())).await?;
     super::hooks::after_write(state, ctx, &written);
     Ok(respond(ctx, 200, &written.object, &warnings))
 }
 
 // ---------- patch ----------
 
-pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
+pub async fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let ct = h::content_type(&ctx.headers);
     let kind = seams::PatchKind::from_content_type(&ct, ctx.info.is_crd())?;
     if kind == seams::PatchKind::Apply && ctx.q("fieldManager").is_none_or(str::is_empty) {
@@ -814,7 +906,7 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         ));
     }
     if ctx.subresource == "scale" {
-        return update_scale(state, ctx, ScaleChange::Patch(kind, body.to_vec()));
+        return update_scale(state, ctx, ScaleChange::Patch(kind, body.to_vec())).await;
     }
     if !matches!(ctx.subresource.as_str(), "" | "status") {
         return Err(ApiError::resource_not_found());
@@ -825,7 +917,9 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         && ctx.subresource.is_empty()
     {
         let applied = seams::server_side_apply(ctx, None, body)?;
-        let (obj, mut warnings) = prepare_create(state, ctx, applied, Some(&ctx.name))?;
+        let hooks = admitted::webhooks(state);
+        let (obj, mut warnings) =
+            prepare_create(state, ctx, applied, Some(&ctx.name), &hooks).await?;
         let adm = state.policy.admission(&state.store);
         warnings.extend(seams::admit(
             adm.as_deref(),
@@ -835,6 +929,7 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
             None,
         )?);
         check_namespace(state, ctx, &ctx.name)?;
+        warnings.extend(admitted::validate(state, &hooks, ctx, "CREATE", Some(&obj), None).await?);
         match insert_new(state, ctx, obj) {
             Ok(written) => {
                 super::hooks::after_write(state, ctx, &written);
@@ -845,32 +940,21 @@ pub fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
             Err(e) => return Err(e),
         }
     }
-    let mut warnings = Vec::new();
-    let sub = ctx.subresource.clone();
-    let adm = state.policy.admission(&state.store);
-    let written =
-        state
-            .store
-            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
-                let Some(cur) = cur else {
-                    return Err(ctx.not_found());
-                };
-                let as_requested = output::convert(cur, &ctx.api_version());
-                let patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
-                let mut patched = patched;
-                // A patch that does not mention resourceVersion is unconditional.
-                if meta_str(&patched, "resourceVersion").is_empty() {
-                    if let Some(m) = metadata_mut(&mut patched) {
-                        m.insert(
-                            "resourceVersion".into(),
-                            json!(meta_str(cur, "resourceVersion")),
-                        );
-                    }
-                }
-                let (m, w) = commit_update(ctx, cur, patched, &sub, false, adm.as_deref())?;
-                warnings = w;
-                Ok(m)
-            })?;
+    let (written, warnings) = update_admitted(state, ctx, false, |cur| {
+        let as_requested = output::convert(cur, &ctx.api_version());
+        let mut patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
+        // A patch that does not mention resourceVersion is unconditional.
+        if meta_str(&patched, "resourceVersion").is_empty() {
+            if let Some(m) = metadata_mut(&mut patched) {
+                m.insert(
+                    "resourceVersion".into(),
+                    json!(meta_str(cur, "resourceVersion")),
+                );
+            }
+        }
+        Ok(patched)
+    })
+    .await?;
     super::hooks::after_write(state, ctx, &written);
     Ok(respond(ctx, 200, &written.object, &warnings))
 }
@@ -926,44 +1010,113 @@ fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
     }))
 }
 
-fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
+/// The Scale the change asks for, from the stored object and its current Scale.
+fn requested_scale(
+    ctx: &ReqCtx,
+    change: &ScaleChange,
+    current: &Value,
+    scale: &Value,
+) -> Result<Value, ApiError> {
+    match change {
+        ScaleChange::Replace(v) => {
+            let rv = meta_str(v, "resourceVersion");
+            if !rv.is_empty() && rv != meta_str(current, "resourceVersion") {
+                return Err(ApiError::conflict_modified(
+                    &ctx.info.group,
+                    &ctx.info.resource,
+                    &ctx.name,
+                ));
+            }
+            Ok(v.clone())
+        }
+        ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, scale, body),
+    }
+}
+
+/// The stored object with the Scale's replicas written to it.
+fn scaled(spec: &ScaleSpec, current: &Value, scale: &Value) -> Value {
+    let replicas = scale
+        .get("spec")
+        .and_then(|s| s.get("replicas"))
+        .cloned()
+        .unwrap_or(json!(0));
+    let mut new = current.clone();
+    o::set_path(&mut new, &spec.spec_replicas_path, replicas);
+    new
+}
+
+async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
     let Some(spec) = ctx.info.scale.clone() else {
         return Err(ApiError::resource_not_found());
     };
     let adm = state.policy.admission(&state.store);
-    let written =
-        state
-            .store
-            .mutate_optimistic(&ctx.gr(), ctx.ns(), &ctx.name, ctx.dry_run(), |cur| {
+    let hooks = admitted::webhooks(state);
+    if hooks.is_none() {
+        let written = state.store.mutate_optimistic(
+            &ctx.gr(),
+            ctx.ns(),
+            &ctx.name,
+            ctx.dry_run(),
+            |cur| {
                 let Some(cur) = cur else {
                     return Err(ctx.not_found());
                 };
                 let scale = scale_of(ctx, cur)?;
-                let new_scale = match &change {
-                    ScaleChange::Replace(v) => {
-                        let rv = meta_str(v, "resourceVersion");
-                        if !rv.is_empty() && rv != meta_str(cur, "resourceVersion") {
-                            return Err(ApiError::conflict_modified(
-                                &ctx.info.group,
-                                &ctx.info.resource,
-                                &ctx.name,
-                            ));
-                        }
-                        v.clone()
-                    }
-                    ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, &scale, body)?,
-                };
-                let replicas = new_scale
-                    .get("spec")
-                    .and_then(|s| s.get("replicas"))
-                    .cloned()
-                    .unwrap_or(json!(0));
-                let mut new = (**cur).clone();
-                o::set_path(&mut new, &spec.spec_replicas_path, replicas);
+                let new_scale = requested_scale(ctx, &change, cur, &scale)?;
+                let new = scaled(&spec, cur, &new_scale);
                 let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
                 Ok(m)
-            })?;
-    Ok(h::json_response(200, &scale_of(ctx, &written.object)?))
+            },
+        )?;
+        return Ok(h::json_response(200, &scale_of(ctx, &written.object)?));
+    }
+    // Webhooks see the Scale (autoscaling/v1), as kube sends it for `<resource>/scale`.
+    for _ in 0..ADMITTED_UPDATE_ATTEMPTS {
+        let current = state
+            .store
+            .get(&ctx.gr(), ctx.ns(), &ctx.name)
+            .ok_or_else(|| ctx.not_found())?;
+        let old_scale = scale_of(ctx, &current)?;
+        let mut object = Some(requested_scale(ctx, &change, &current, &old_scale)?);
+        let mut warnings =
+            admitted::mutate(state, &hooks, ctx, "UPDATE", &mut object, Some(&old_scale)).await?;
+        let new_scale =
+            object.ok_or_else(|| ApiError::internal("a mutating webhook removed the object"))?;
+        let new = scaled(&spec, &current, &new_scale);
+        let (decision, _) = commit_update(ctx, &current, new, "scale", false, adm.as_deref())?;
+        warnings.extend(
+            admitted::validate(
+                state,
+                &hooks,
+                ctx,
+                "UPDATE",
+                Some(&new_scale),
+                Some(&old_scale),
+            )
+            .await?,
+        );
+        let stored =
+            state.store.mutate(
+                &ctx.gr(),
+                ctx.ns(),
+                &ctx.name,
+                ctx.dry_run(),
+                |now| match now {
+                    Some(now) if Arc::ptr_eq(now, &current) => Ok(decision),
+                    _ => Err(()),
+                },
+            );
+        if let Ok(written) = stored {
+            let mut resp = h::json_response(200, &scale_of(ctx, &written.object)?);
+            h::add_warnings(&mut resp, &warnings);
+            return Ok(resp);
+        }
+    }
+    Err(ApiError::conflict_modified(
+        &ctx.info.group,
+        &ctx.info.resource,
+        &ctx.name,
+    ))
 }
 
 // ---------- delete ----------
@@ -1114,11 +1267,37 @@ pub fn delete_one(
         })
 }
 
-pub fn delete(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
+/// Calls the webhooks for deleting `name` (the stored object is `oldObject`).
+async fn admit_delete(
+    state: &Arc<State>,
+    ctx: &ReqCtx,
+    hooks: &admitted::Webhooks,
+    name: &str,
+) -> Result<Vec<String>, ApiError> {
+    if hooks.is_none() {
+        return Ok(Vec::new());
+    }
+    let Some(current) = state.store.get(&ctx.gr(), ctx.ns(), name) else {
+        return Err(ApiError::not_found(
+            &ctx.info.group,
+            &ctx.info.resource,
+            name,
+        ));
+    };
+    let mut none = None;
+    let mut warnings =
+        admitted::mutate(state, hooks, ctx, "DELETE", &mut none, Some(&current)).await?;
+    warnings.extend(admitted::validate(state, hooks, ctx, "DELETE", None, Some(&current)).await?);
+    Ok(warnings)
+}
+
+pub async fn delete(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     if !ctx.subresource.is_empty() {
         return Err(ApiError::method_not_allowed());
     }
     let opts = delete_options(ctx, body)?;
+    let hooks = admitted::webhooks(state);
+    let warnings = admit_delete(state, ctx, &hooks, &ctx.name).await?;
     let written = delete_one(state, ctx, &ctx.name, &opts)?;
     super::hooks::after_write(state, ctx, &written);
     if written.deleted {
@@ -1137,10 +1316,12 @@ pub fn delete(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
             }.to_map(),
         });
         let mut resp = h::json_response(200, &status);
-        h::add_warnings(&mut resp, &ctx.warnings());
+        let mut all = ctx.warnings();
+        all.extend(warnings);
+        h::add_warnings(&mut resp, &all);
         return Ok(resp);
     }
-    Ok(respond(ctx, 200, &written.object, &[]))
+    Ok(respond(ctx, 200, &written.object, &warnings))
 }
 
 pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
@@ -1153,6 +1334,7 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
     };
     // The answer carries the resourceVersion of the list the deletions started from.
     let (items, rv) = state.store.list(&ctx.gr(), ns);
+    let hooks = admitted::webhooks(state);
     let mut out = Vec::new();
     for obj in items.iter().filter(|o| selectors.matches(o)) {
         let name = meta_str(obj, "name").to_string();
@@ -1168,6 +1350,11 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
             attrs: ctx.attrs.clone(),
             headers: ctx.headers.clone(),
         };
+        match admit_delete(state, &sub, &hooks, &name).await {
+            Ok(_) => {}
+            Err(e) if e.code == 404 => continue,
+            Err(e) => return Err(e),
+        }
         match delete_one(state, &sub, &name, &opts) {
             Ok(w) => {
                 super::hooks::after_write(state, &sub, &w);

@@ -203,6 +203,12 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
                 service.entry("port").or_insert_with(|| json!(443));
             }
         }
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations") => {
+            crate::webhook::apply_defaults(obj, false)
+        }
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations") => {
+            crate::webhook::apply_defaults(obj, true)
+        }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             if let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut) {
                 spec.entry("conversion")
@@ -410,6 +416,12 @@ pub fn validate(
         }
         ("admissionregistration.k8s.io", "validatingadmissionpolicies") => {
             causes.extend(validate_admission_policy(obj));
+        }
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations") => {
+            causes.extend(crate::webhook::validate_configuration(obj, false));
+        }
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations") => {
+            causes.extend(crate::webhook::validate_configuration(obj, true));
         }
         ("admissionregistration.k8s.io", "validatingadmissionpolicybindings") => {
             let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));

@@ -280,6 +280,12 @@ fn builtin_tables() {
             json!(["b", "vap", "ns/p", "60m"]),
         ),
         (
+            "validatingwebhookconfigurations",
+            json!({"metadata": {"name": "hooks", "creationTimestamp": created},
+            "webhooks": [{"name": "a.example.com"}, {"name": "b.example.com"}]}),
+            json!(["hooks", 2, "60m"]),
+        ),
+        (
             "rolebindings",
             json!({"metadata": {"name": "rb", "creationTimestamp": created},
             "roleRef": {"kind": "ClusterRole", "name": "view"}}),

@@ -1,0 +1,1007 @@
+//! Synchronous write-through of toHost aggregated types, as a validating admission
+//! webhook of the tenant.
+//!
+//! The tenant has only a schemaless CRD for an aggregated type, so the host's
+//! extension API server must see a write before the tenant stores it. The leader
+//! registers a `ValidatingWebhookConfiguration` in the tenant ([`webhook_configuration`])
+//! that sends create and update of the generated types' main resource here. On each
+//! review the object is translated as the toHost syncer translates it and written to
+//! the host at once: the tenant request is allowed only if the host accepted, and
+//! otherwise denied with the host's code, reason and message (host names rewritten to
+//! tenant names). A rejected write is therefore never stored in the tenant.
+//!
+//! Validating webhooks run before the tenant stores the object, so the tenant can
+//! still fail after the host accepted (another webhook denies, a conflict, a
+//! timeout). Each accepted write is held as *pending* on its key: the syncer leaves
+//! the key alone, and a check waits (bounded) for the tenant object to appear in the
+//! syncer's cache. A create that never appears has its mirror deleted, pinned to the
+//! uid and resourceVersion write-through wrote, so that a later valid write is never
+//! undone. An update that never appears needs no explicit revert: once the key is
+//! released, the level-based syncer writes the tenant's (unchanged) object down again.
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use crproxy_core::pki::CertificateAuthority;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde_json::{json, Value};
+use tokio::sync::{watch, Semaphore};
+
+use crate::crd::ResolvedType;
+use crate::names;
+use crate::run::Key;
+use crate::to_host::{desired_mirror, mirror_differs};
+use crate::SyncMetrics;
+
+/// Write-throughs in flight per replica; more are answered 429.
+pub const MAX_IN_FLIGHT: usize = 50;
+/// How long one write-through may take (the webhook's `timeoutSeconds` too).
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an accepted write may take to appear in the tenant before it is taken
+/// as failed there. Longer than the tenant's own webhook timeout, so a tenant request
+/// still in flight is never mistaken for a failed one.
+pub const CONFIRM_WITHIN: Duration = Duration::from_secs(40);
+/// Attempts at the pinned rollback delete when the mirror keeps changing under it.
+const ROLLBACK_ATTEMPTS: usize = 3;
+/// The name of the ValidatingWebhookConfiguration in the tenant.
+pub fn configuration_name(tenant: &str) -> String {
+    format!("crproxy-writethrough-{tenant}")
+}
+
+/// What a toHost aggregated type's syncer shares with write-through.
+#[derive(Default)]
+pub struct Gate {
+    /// The syncer's tenant cache, while its caches are synced (`None` before: reviews
+    /// are answered 503).
+    tenant_store: Mutex<Option<Store<DynamicObject>>>,
+    /// Keys with an accepted write-through not yet seen in the tenant: the syncer
+    /// leaves them alone.
+    pending: Mutex<HashSet<Key>>,
+    /// Woken whenever a key is released.
+    released: tokio::sync::Notify,
+}
+
+impl Gate {
+    pub fn new() -> Arc<Gate> {
+        Arc::new(Gate::default())
+    }
+
+    /// The syncer's caches are synced (`Some`) or it stopped (`None`).
+    pub fn set_synced(&self, store: Option<Store<DynamicObject>>) {
+        *lock(&self.tenant_store) = store;
+    }
+
+    pub fn is_synced(&self) -> bool {
+        lock(&self.tenant_store).is_some()
+    }
+
+    fn store(&self) -> Option<Store<DynamicObject>> {
+        lock(&self.tenant_store).clone()
+    }
+
+    pub fn is_pending(&self, key: &Key) -> bool {
+        lock(&self.pending).contains(key)
+    }
+
+    /// Marks `key` pending; `false` if it already was (a concurrent write-through).
+    fn hold(&self, key: &Key) -> bool {
+        lock(&self.pending).insert(key.clone())
+    }
+
+    fn release(&self, key: &Key) {
+        lock(&self.pending).remove(key);
+        self.released.notify_waiters();
+    }
+
+    /// Holds `key` once no other write-through holds it, waiting at most `limit`
+    /// (a write right after another on the same object waits for the first to be
+    /// seen stored). `false`: still held after `limit`.
+    async fn hold_within(&self, key: &Key, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let released = self.released.notified();
+            if self.hold(key) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return false;
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The write-through of every toHost aggregated type of one tenant.
+pub struct WriteThrough {
+    pub tenant: String,
+    pub host_namespace: String,
+    pub host: kube::Client,
+    /// By plural: the type and its gate.
+    pub types: HashMap<String, (ResolvedType, Arc<Gate>)>,
+    pub metrics: Arc<SyncMetrics>,
+    pub in_flight: Arc<Semaphore>,
+    pub timeout: Duration,
+    pub confirm_within: Duration,
+}
+
+/// A denial: the Status the tenant's client receives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Denial {
+    pub code: u16,
+    pub reason: String,
+    pub message: String,
+    pub retry_after: Option<u32>,
+    /// The host's `details` (causes), names rewritten.
+    pub details: Option<Value>,
+}
+
+impl Denial {
+    fn new(code: u16, reason: &str, message: impl Into<String>) -> Denial {
+        Denial {
+            code,
+            reason: reason.into(),
+            message: message.into(),
+            retry_after: None,
+            details: None,
+        }
+    }
+
+    fn status(&self) -> Value {
+        let mut status = json!({
+            "metadata": {}, "status": "Failure",
+            "code": self.code, "reason": self.reason, "message": self.message,
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        if let Some(after) = self.retry_after {
+            status["details"]["retryAfterSeconds"] = json!(after);
+        }
+        status
+    }
+}
+
+/// The fields of an AdmissionReview request write-through uses.
+struct Review<'a> {
+    uid: &'a str,
+    plural: &'a str,
+    sub_resource: &'a str,
+    operation: &'a str,
+    dry_run: bool,
+    object: &'a Value,
+    old_object: &'a Value,
+}
+
+fn parse(review: &Value) -> Option<Review<'_>> {
+    let request = review.get("request")?;
+    Some(Review {
+        uid: request["uid"].as_str()?,
+        plural: request["resource"]["resource"].as_str().unwrap_or_default(),
+        sub_resource: request["subResource"].as_str().unwrap_or_default(),
+        operation: request["operation"].as_str().unwrap_or_default(),
+        dry_run: request["dryRun"] == true,
+        object: &request["object"],
+        old_object: &request["oldObject"],
+    })
+}
+
+fn meta<'a>(v: &'a Value, field: &str) -> &'a str {
+    v["metadata"][field].as_str().unwrap_or_default()
+}
+
+impl WriteThrough {
+    /// Answers one AdmissionReview (v1): the response review. `None`: the body is not
+    /// an AdmissionReview request (the HTTP layer answers 400).
+    pub async fn admit(self: &Arc<Self>, review: &Value) -> Option<Value> {
+        let request = parse(review)?;
+        let uid = request.uid.to_owned();
+        let response = match self.decide(&request).await {
+            Ok(()) => json!({"uid": uid, "allowed": true}),
+            Err(denial) => json!({"uid": uid, "allowed": false, "status": denial.status()}),
+        };
+        Some(json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": response,
+        }))
+    }
+
+    async fn decide(self: &Arc<Self>, request: &Review<'_>) -> Result<(), Denial> {
+        // Dry runs reach nothing (the configuration says NoneOnDryRun); status and
+        // other subresources, and deletes, are the syncer's.
+        if request.dry_run
+            || !request.sub_resource.is_empty()
+            || !matches!(request.operation, "CREATE" | "UPDATE")
+        {
+            return Ok(());
+        }
+        let Some((ty, gate)) = self.types.get(request.plural) else {
+            return Ok(());
+        };
+        let Some(store) = gate.store() else {
+            let mut d = Denial::new(
+                503,
+                "ServiceUnavailable",
+                format!(
+                    "write-through of {} is not ready: the syncer has not synced its caches yet",
+                    ty.resource.key
+                ),
+            );
+            d.retry_after = Some(1);
+            return Err(d);
+        };
+        let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            let mut d = Denial::new(
+                429,
+                "TooManyRequests",
+                format!("too many write-throughs in flight (at most {MAX_IN_FLIGHT} per replica)"),
+            );
+            d.retry_after = Some(1);
+            return Err(d);
+        };
+        let object = request.object;
+        let key = Key {
+            namespace: meta(object, "namespace").to_owned(),
+            name: meta(object, "name").to_owned(),
+        };
+        let translatable = object.is_object()
+            && !key.name.is_empty()
+            && !key.namespace.is_empty()
+            && !meta(object, "uid").is_empty();
+        if !translatable {
+            self.log_rejected(
+                ty,
+                &key,
+                "translate_error",
+                "the object has no name, namespace or uid",
+            );
+            return Err(Denial::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "write-through of {} cannot translate this object: it needs a name, a namespace and a uid",
+                    ty.resource.key
+                ),
+            ));
+        }
+        if !gate.hold_within(&key, self.timeout).await {
+            let mut d = Denial::new(
+                409,
+                "Conflict",
+                format!(
+                    "another write of {}/{} is being written through; retry",
+                    key.namespace, key.name
+                ),
+            );
+            d.retry_after = Some(1);
+            return Err(d);
+        }
+        let desired = desired_mirror(ty, &self.tenant, &self.host_namespace, object);
+        let written = tokio::time::timeout(self.timeout, self.write(ty, &desired)).await;
+        let written = match written {
+            Ok(Ok(w)) => w,
+            Ok(Err(HostError::Rejected(status))) => {
+                gate.release(&key);
+                let denial = self.rewrite(&key, status);
+                self.log_rejected(ty, &key, "host_rejected", &denial.message);
+                return Err(denial);
+            }
+            Ok(Err(HostError::NotStatus { code, body })) => {
+                gate.release(&key);
+                self.log_rejected(ty, &key, "unparseable_response", &body);
+                let mut d = Denial::new(
+                    code,
+                    reason_for(code),
+                    format!("write-through: the host answered {code} without a Status: {body}"),
+                );
+                if matches!(code, 429 | 503) {
+                    d.retry_after = Some(1);
+                }
+                return Err(d);
+            }
+            Ok(Err(HostError::Unparseable(e))) => {
+                gate.release(&key);
+                self.log_rejected(ty, &key, "unparseable_response", &e);
+                return Err(Denial::new(
+                    500,
+                    "InternalError",
+                    format!("write-through: the host's answer could not be read: {e}"),
+                ));
+            }
+            Ok(Err(HostError::Transport(e))) => {
+                self.log_rejected(ty, &key, "response_error", &e);
+                self.spawn_cleanup_unknown(
+                    ty,
+                    gate,
+                    key,
+                    meta(object, "uid").to_owned(),
+                    request.operation == "CREATE",
+                );
+                let mut d = Denial::new(
+                    503,
+                    "ServiceUnavailable",
+                    format!("write-through: the host could not be reached: {e}"),
+                );
+                d.retry_after = Some(1);
+                return Err(d);
+            }
+            Err(_) => {
+                self.log_rejected(ty, &key, "response_error", "timed out");
+                self.spawn_cleanup_unknown(
+                    ty,
+                    gate,
+                    key,
+                    meta(object, "uid").to_owned(),
+                    request.operation == "CREATE",
+                );
+                return Err(Denial::new(
+                    504,
+                    "Timeout",
+                    format!(
+                        "write-through: the host did not answer within {} s",
+                        self.timeout.as_secs()
+                    ),
+                ));
+            }
+        };
+        match written {
+            // Nothing changed on the host: nothing to confirm or roll back.
+            None => gate.release(&key),
+            Some(w) => self.spawn_confirm(ty, gate, store, key, request, w),
+        }
+        Ok(())
+    }
+
+    fn host_api(&self, ty: &ResolvedType) -> Api<DynamicObject> {
+        Api::namespaced_with(self.host.clone(), &self.host_namespace, &ty.api)
+    }
+
+    /// Writes `desired` to the host: creates the mirror, or updates it when it is this
+    /// tenant object's. `Some`: what was written (uid, resourceVersion, created).
+    async fn write(
+        &self,
+        ty: &ResolvedType,
+        desired: &Value,
+    ) -> Result<Option<Written>, HostError> {
+        let api = self.host_api(ty);
+        let name = meta(desired, "name");
+        let current = api.get_opt(name).await.map_err(HostError::from)?;
+        let current = current
+            .map(|c| serde_json::to_value(&c))
+            .transpose()
+            .map_err(|e| HostError::Unparseable(e.to_string()))?;
+        let object = |mut v: Value| -> Result<DynamicObject, HostError> {
+            if let Some(c) = &current {
+                v["metadata"]["resourceVersion"] = c["metadata"]["resourceVersion"].clone();
+                if !c["status"].is_null() {
+                    v["status"] = c["status"].clone();
+                }
+            }
+            serde_json::from_value(v).map_err(|e| HostError::Unparseable(e.to_string()))
+        };
+        let created = match &current {
+            // Someone else's object under the mirror's name, or an older incarnation's
+            // mirror: the host's own create decides (AlreadyExists), never an overwrite.
+            Some(c)
+                if c["metadata"]["annotations"][names::OBJECT_UID]
+                    != desired["metadata"]["annotations"][names::OBJECT_UID] =>
+            {
+                api.create(&PostParams::default(), &object(desired.clone())?)
+                    .await
+            }
+            Some(c) if !mirror_differs(desired, c) => return Ok(None),
+            Some(_) => {
+                let replaced = api
+                    .replace(name, &PostParams::default(), &object(desired.clone())?)
+                    .await
+                    .map_err(HostError::from)?;
+                return Written::of(&replaced, false).map(Some);
+            }
+            None => {
+                api.create(&PostParams::default(), &object(desired.clone())?)
+                    .await
+            }
+        }
+        .map_err(HostError::from)?;
+        Written::of(&created, true).map(Some)
+    }
+
+    /// The host's Status with its names turned into the tenant's.
+    fn rewrite(&self, key: &Key, status: Box<kube::core::Status>) -> Denial {
+        let host_name = names::host_name(&key.name, &key.namespace, &self.tenant);
+        let rewrite = |s: &str| {
+            s.replace(&host_name, &key.name)
+                .replace(&self.host_namespace, &key.namespace)
+        };
+        let mut denial = Denial::new(status.code, &status.reason, rewrite(&status.message));
+        if let Some(details) = &status.details {
+            denial.retry_after =
+                (details.retry_after_seconds > 0).then_some(details.retry_after_seconds);
+            // The causes (which field, and why) are the host's; only names change.
+            let details = serde_json::to_string(details).unwrap_or_default();
+            denial.details = serde_json::from_str(&rewrite(&details)).ok();
+        }
+        denial
+    }
+
+    fn log_rejected(&self, ty: &ResolvedType, key: &Key, reason: &str, error: &str) {
+        tracing::warn!(
+            resource = %ty.resource.key,
+            object = %format!("{}/{}", key.namespace, key.name),
+            reason,
+            error,
+            "write-through: rejecting write, rolling back"
+        );
+    }
+
+    /// After an accepted write: wait for the tenant object to show up in the syncer's
+    /// cache; if it never does, the tenant did not store it: undo a create.
+    fn spawn_confirm(
+        self: &Arc<Self>,
+        ty: &ResolvedType,
+        gate: &Arc<Gate>,
+        store: Store<DynamicObject>,
+        key: Key,
+        request: &Review<'_>,
+        written: Written,
+    ) {
+        let this = Arc::clone(self);
+        let ty = ty.clone();
+        let gate = Arc::clone(gate);
+        let uid = meta(request.object, "uid").to_owned();
+        let old_rv = meta(request.old_object, "resourceVersion").to_owned();
+        tokio::spawn(async move {
+            let seen = this.wait_stored(&ty, &store, &key, &uid, &old_rv).await;
+            tracing::debug!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), seen, "write-through: confirmation of an accepted write");
+            if !seen && written.created {
+                this.rollback_create(&ty, &key, &written).await;
+            }
+            gate.release(&key);
+        });
+    }
+
+    /// Whether the tenant object with `uid` (and, for an update, a resourceVersion
+    /// other than `old_rv`) appears in the cache within `confirm_within`.
+    async fn wait_stored(
+        &self,
+        ty: &ResolvedType,
+        store: &Store<DynamicObject>,
+        key: &Key,
+        uid: &str,
+        old_rv: &str,
+    ) -> bool {
+        let reference = ObjectRef::new_with(&key.name, ty.api.clone()).within(&key.namespace);
+        let deadline = tokio::time::Instant::now() + self.confirm_within;
+        loop {
+            if let Some(o) = store.get(&reference) {
+                let stored_uid = o.metadata.uid.as_deref().unwrap_or_default();
+                let rv = o.metadata.resource_version.as_deref().unwrap_or_default();
+                if stored_uid == uid && (old_rv.is_empty() || rv != old_rv) {
+                    return true;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Deletes the mirror a create wrote, only while it is still that very write
+    /// (uid, and resourceVersion unless only its status moved since).
+    async fn rollback_create(&self, ty: &ResolvedType, key: &Key, written: &Written) {
+        let api = self.host_api(ty);
+        let mut rv = written.resource_version.clone();
+        for _ in 0..ROLLBACK_ATTEMPTS {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(written.uid.clone()),
+                    resource_version: Some(rv.clone()),
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&written.name, &params).await {
+                Ok(_) => {
+                    tracing::info!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), "write-through: the tenant did not store an accepted create; removed its host mirror");
+                    return;
+                }
+                // Gone already, or another incarnation: nothing of this write is left.
+                Err(e) if crate::to_host::is_code(&e, 404) => return,
+                Err(e) if crate::to_host::is_code(&e, 409) => {
+                    // Changed since: still this write if only status moved.
+                    match api.get_opt(&written.name).await {
+                        Ok(Some(now))
+                            if now.metadata.uid.as_deref() == Some(written.uid.as_str())
+                                && serde_json::to_value(&now)
+                                    .is_ok_and(|v| !mirror_differs(&written.object, &v)) =>
+                        {
+                            rv = now.metadata.resource_version.unwrap_or_default();
+                        }
+                        // A later write (or a new object): never undone.
+                        Ok(_) => return,
+                        Err(e) => {
+                            self.rollback_failed(ty, key, "host_lookup", "write-through: rollback cannot tell whether the object reached the host", &e.to_string());
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.rollback_failed(
+                        ty,
+                        key,
+                        "host_delete",
+                        "write-through: rollback host delete failed",
+                        &e.to_string(),
+                    );
+                    return;
+                }
+            }
+        }
+        self.rollback_failed(
+            ty,
+            key,
+            "host_delete",
+            "write-through: rollback host delete failed",
+            &format!("gave up after {ROLLBACK_ATTEMPTS} conflicting attempts"),
+        );
+    }
+
+    /// After a host write whose outcome is unknown (no answer): if the mirror of this
+    /// very tenant object (by uid) exists, a create reached the host and is removed;
+    /// the tenant request was denied, so no tenant object will ever claim it.
+    fn spawn_cleanup_unknown(
+        self: &Arc<Self>,
+        ty: &ResolvedType,
+        gate: &Arc<Gate>,
+        key: Key,
+        uid: String,
+        create: bool,
+    ) {
+        let this = Arc::clone(self);
+        let ty = ty.clone();
+        let gate = Arc::clone(gate);
+        tokio::spawn(async move {
+            if create {
+                this.cleanup_unknown(&ty, &key, &uid).await;
+            }
+            // An update's mirror is set back by the syncer from the tenant object.
+            gate.release(&key);
+        });
+    }
+
+    async fn cleanup_unknown(&self, ty: &ResolvedType, key: &Key, uid: &str) {
+        let api = self.host_api(ty);
+        let host_name = names::host_name(&key.name, &key.namespace, &self.tenant);
+        let found = tokio::time::timeout(self.timeout, api.get_opt(&host_name)).await;
+        let mirror = match found {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                return self.rollback_failed(
+                    ty,
+                    key,
+                    "host_lookup",
+                    "write-through: rollback cannot tell whether the object reached the host",
+                    &e.to_string(),
+                );
+            }
+            Err(_) => {
+                return self.rollback_failed(
+                    ty,
+                    key,
+                    "host_lookup",
+                    "write-through: rollback cannot tell whether the object reached the host",
+                    "timed out",
+                );
+            }
+        };
+        let Some(mirror) = mirror else { return };
+        if mirror
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::OBJECT_UID))
+            .map(String::as_str)
+            != Some(uid)
+        {
+            return;
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: mirror.metadata.uid.clone(),
+                resource_version: mirror.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&host_name, &params).await {
+            Ok(_) => {}
+            Err(e) if crate::to_host::is_code(&e, 404) || crate::to_host::is_code(&e, 409) => {}
+            Err(e) => self.rollback_failed(
+                ty,
+                key,
+                "host_delete",
+                "write-through: rollback host delete failed",
+                &e.to_string(),
+            ),
+        }
+    }
+
+    fn rollback_failed(
+        &self,
+        ty: &ResolvedType,
+        key: &Key,
+        reason: &'static str,
+        message: &'static str,
+        error: &str,
+    ) {
+        self.metrics.rollback_failed(&ty.resource.key, reason);
+        // The spec's troubleshooting matches the message text; the reason is the
+        // metric's label only.
+        match message {
+            "write-through: rollback host delete failed" => {
+                tracing::error!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), error, "write-through: rollback host delete failed")
+            }
+            _ => {
+                tracing::error!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), error, "write-through: rollback cannot tell whether the object reached the host")
+            }
+        }
+    }
+}
+
+/// Kubernetes' reason for an HTTP code, for a host answer that had none.
+fn reason_for(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        410 => "Gone",
+        415 => "UnsupportedMediaType",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "InternalError",
+    }
+}
+
+/// What an accepted write left on the host.
+struct Written {
+    name: String,
+    uid: String,
+    resource_version: String,
+    object: Value,
+    created: bool,
+}
+
+impl Written {
+    fn of(object: &DynamicObject, created: bool) -> Result<Written, HostError> {
+        Ok(Written {
+            name: object.metadata.name.clone().unwrap_or_default(),
+            uid: object.metadata.uid.clone().unwrap_or_default(),
+            resource_version: object.metadata.resource_version.clone().unwrap_or_default(),
+            object: serde_json::to_value(object)
+                .map_err(|e| HostError::Unparseable(e.to_string()))?,
+            created,
+        })
+    }
+}
+
+/// How a host write failed.
+enum HostError {
+    /// The host answered with a Status.
+    Rejected(Box<kube::core::Status>),
+    /// The host's answer was not the object it should be.
+    Unparseable(String),
+    /// The host failed with a body that is not a Status (e.g. an aggregator's 503
+    /// while the extension API server is down).
+    NotStatus { code: u16, body: String },
+    /// No answer (connection, TLS, ...).
+    Transport(String),
+}
+
+impl From<kube::Error> for HostError {
+    fn from(e: kube::Error) -> HostError {
+        match e {
+            // kube-rs's marker for an error body that is not a Status.
+            kube::Error::Api(s) if s.reason == "Failed to parse error data" => {
+                HostError::NotStatus {
+                    code: s.code,
+                    body: s.message.trim().to_owned(),
+                }
+            }
+            kube::Error::Api(s) => HostError::Rejected(s),
+            kube::Error::SerdeError(e) => HostError::Unparseable(e.to_string()),
+            other => HostError::Transport(other.to_string()),
+        }
+    }
+}
+
+/// The ValidatingWebhookConfiguration that sends the tenant's creates and updates of
+/// `types` (their main resource only) to `url`.
+pub fn webhook_configuration(
+    tenant: &str,
+    url: &str,
+    ca_pem: &str,
+    types: &[ResolvedType],
+) -> Value {
+    use base64::Engine;
+    let webhooks: Vec<Value> = types
+        .iter()
+        .map(|ty| {
+            json!({
+                "name": format!("{}.writethrough.crproxy.dev", ty.resource.plural),
+                "clientConfig": {
+                    "url": format!("{url}/validate"),
+                    "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
+                },
+                "rules": [{
+                    "apiGroups": [ty.resource.group],
+                    "apiVersions": ["*"],
+                    "resources": [ty.resource.plural],
+                    "operations": ["CREATE", "UPDATE"],
+                    "scope": "Namespaced",
+                }],
+                "matchPolicy": "Equivalent",
+                "sideEffects": "NoneOnDryRun",
+                "failurePolicy": "Fail",
+                "timeoutSeconds": TIMEOUT.as_secs(),
+                "admissionReviewVersions": ["v1"],
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": configuration_name(tenant)},
+        "webhooks": webhooks,
+    })
+}
+
+fn configurations(tenant: &kube::Client) -> Api<DynamicObject> {
+    let api_resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingWebhookConfiguration",
+        ),
+        "validatingwebhookconfigurations",
+    );
+    Api::all_with(tenant.clone(), &api_resource)
+}
+
+/// Creates the configuration in the tenant unless one of that name exists.
+pub async fn register_if_missing(
+    tenant: &kube::Client,
+    configuration: &Value,
+) -> Result<(), kube::Error> {
+    let object: DynamicObject =
+        serde_json::from_value(configuration.clone()).map_err(kube::Error::SerdeError)?;
+    match configurations(tenant)
+        .create(&PostParams::default(), &object)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if crate::to_host::is_code(&e, 409) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates or replaces the configuration in the tenant.
+pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<(), kube::Error> {
+    let api = configurations(tenant);
+    let mut object: DynamicObject =
+        serde_json::from_value(configuration.clone()).map_err(kube::Error::SerdeError)?;
+    let name = meta(configuration, "name");
+    match api.get_opt(name).await? {
+        Some(current) => {
+            object.metadata.resource_version = current.metadata.resource_version;
+            api.replace(name, &PostParams::default(), &object).await?;
+        }
+        None => {
+            api.create(&PostParams::default(), &object).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Why the webhook server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookServerError {
+    #[error("write-through webhook certificate: {0}")]
+    Pki(#[from] crproxy_core::pki::PkiError),
+    #[error("write-through webhook TLS: {0}")]
+    Tls(String),
+    #[error("write-through webhook listener {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The running webhook server: TLS with its own CA, `POST /validate`.
+pub struct WebhookServer {
+    pub addr: SocketAddr,
+    /// The CA of its serving certificate (the configuration's `caBundle`).
+    pub ca_pem: String,
+    stop: watch::Sender<bool>,
+}
+
+impl WebhookServer {
+    /// Listens on `bind` with a certificate for `hosts` (names or IP addresses), and
+    /// 127.0.0.1 and localhost.
+    pub async fn start(
+        bind: SocketAddr,
+        hosts: &[String],
+        write_through: Arc<WriteThrough>,
+    ) -> Result<WebhookServer, WebhookServerError> {
+        let ca = CertificateAuthority::generate("crproxy-writethrough-ca")?;
+        let mut names: Vec<&str> = vec!["localhost"];
+        let mut ips = vec![std::net::IpAddr::from([127, 0, 0, 1])];
+        for h in hosts {
+            match h.parse() {
+                Ok(ip) => ips.push(ip),
+                Err(_) => names.push(h),
+            }
+        }
+        let serving = ca.issue_server(&names, &ips)?;
+        let tls = |e: &dyn std::fmt::Display| WebhookServerError::Tls(e.to_string());
+        let chain = CertificateDer::pem_slice_iter(serving.cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| tls(&e))?;
+        let key = PrivateKeyDer::from_pem_slice(serving.key.as_bytes()).map_err(|e| tls(&e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls(&e))?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| tls(&e))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind(bind)
+            .await
+            .map_err(|source| WebhookServerError::Bind { addr: bind, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| WebhookServerError::Bind { addr: bind, source })?;
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(serve(listener, acceptor, write_through, stopped));
+        Ok(WebhookServer {
+            addr,
+            ca_pem: ca.pem().cert.clone(),
+            stop,
+        })
+    }
+
+    /// The URL the tenant calls (without `/validate`).
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Drop for WebhookServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn serve(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    write_through: Arc<WriteThrough>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((tcp, _)) = accepted else { continue };
+                let acceptor = acceptor.clone();
+                let wt = Arc::clone(&write_through);
+                connections.spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else { return };
+                    let service = service_fn(move |request| {
+                        let wt = Arc::clone(&wt);
+                        async move { Ok::<_, Infallible>(handle(&wt, request).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+            _ = stopped.wait_for(|s| *s) => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    connections.shutdown().await;
+}
+
+/// The largest AdmissionReview accepted (kube's own request limit is 3 MiB; a review
+/// carries the object twice).
+const MAX_BODY: usize = 8 << 20;
+
+async fn handle(
+    wt: &Arc<WriteThrough>,
+    request: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    let reply = |code: StatusCode, body: Value| {
+        let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+        *r.status_mut() = code;
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    let status = |code: StatusCode, reason: &str, message: &str| {
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "code": code.as_u16(), "reason": reason, "message": message})
+    };
+    if request.method() != Method::POST || request.uri().path() != "/validate" {
+        return reply(
+            StatusCode::NOT_FOUND,
+            status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the write-through webhook serves POST /validate",
+            ),
+        );
+    }
+    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    &format!("reading the request body: {e}"),
+                ),
+            )
+        }
+    };
+    let Ok(review) = serde_json::from_slice::<Value>(&body) else {
+        return reply(
+            StatusCode::BAD_REQUEST,
+            status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "the body is not JSON",
+            ),
+        );
+    };
+    match wt.admit(&review).await {
+        Some(response) => reply(StatusCode::OK, response),
+        None => reply(
+            StatusCode::BAD_REQUEST,
+            status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "the body is not an AdmissionReview request with a uid",
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

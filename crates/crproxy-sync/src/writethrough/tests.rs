@@ -1,0 +1,333 @@
+//! The admission decisions that need no cluster, against a host that is not there
+//! (127.0.0.1:1 refuses connections): what is skipped, the 503/429/415 answers, and
+//! an unreachable host's cleanup that cannot tell whether the write reached it.
+
+use std::io::Write;
+use std::sync::Mutex as StdMutex;
+
+use super::*;
+use crproxy_core::config::sync::{Direction, Scope, SyncResource};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::reflector::store::Writer;
+use prometheus_client::registry::Registry;
+
+fn gateways() -> ResolvedType {
+    ResolvedType {
+        resource: SyncResource {
+            direction: Direction::ToHost,
+            key: "gateways.example.net/v1".into(),
+            plural: "gateways".into(),
+            group: "example.net".into(),
+            version: Some("v1".into()),
+            scope: Scope::Namespaced,
+            patches: vec![],
+            mappings: vec![],
+        },
+        api: ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("example.net", "v1", "Gateway"),
+            "gateways",
+        ),
+        status_subresource: true,
+        aggregated: true,
+    }
+}
+
+fn unreachable_host() -> kube::Client {
+    let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+    kube::Client::try_from(config).expect("client")
+}
+
+fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetrics>) {
+    let gate = Gate::new();
+    let metrics = SyncMetrics::new();
+    let mut types = HashMap::new();
+    types.insert("gateways".to_owned(), (gateways(), Arc::clone(&gate)));
+    let wt = Arc::new(WriteThrough {
+        tenant: "client".into(),
+        host_namespace: "vcluster-client".into(),
+        host: unreachable_host(),
+        types,
+        metrics: Arc::clone(&metrics),
+        in_flight: Arc::new(Semaphore::new(permits)),
+        timeout: Duration::from_secs(5),
+        confirm_within: Duration::from_secs(1),
+    });
+    (wt, gate, metrics)
+}
+
+fn synced(gate: &Gate) {
+    gate.set_synced(Some(
+        Writer::<DynamicObject>::new(gateways().api).as_reader(),
+    ));
+}
+
+fn review(operation: &str, object: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "req-1", "operation": operation,
+            "resource": {"group": "example.net", "version": "v1", "resource": "gateways"},
+            "subResource": "", "dryRun": false, "namespace": "team", "name": "edge",
+            "object": object, "oldObject": null,
+        },
+    })
+}
+
+fn gateway() -> Value {
+    json!({"apiVersion": "example.net/v1", "kind": "Gateway",
+           "metadata": {"name": "edge", "namespace": "team", "uid": "u-1"},
+           "spec": {"port": 443}})
+}
+
+fn response(answer: &Value) -> &Value {
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(answer["response"]["uid"], "req-1");
+    &answer["response"]
+}
+
+#[tokio::test]
+async fn dry_runs_subresources_and_deletes_are_allowed_without_touching_the_host() {
+    // Not even synced: these never reach the readiness check.
+    let (wt, _, _) = write_through(0);
+    let mut dry = review("CREATE", gateway());
+    dry["request"]["dryRun"] = json!(true);
+    let mut status = review("UPDATE", gateway());
+    status["request"]["subResource"] = json!("status");
+    let delete = review("DELETE", Value::Null);
+    for r in [dry, status, delete] {
+        let answer = wt.admit(&r).await.expect("a review");
+        assert_eq!(response(&answer)["allowed"], true, "{r}");
+    }
+}
+
+#[tokio::test]
+async fn before_the_caches_synced_writes_get_503_with_retry_after_1() {
+    let (wt, _, _) = write_through(MAX_IN_FLIGHT);
+    let answer = wt
+        .admit(&review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 503);
+    assert_eq!(r["status"]["reason"], "ServiceUnavailable");
+    assert_eq!(r["status"]["details"]["retryAfterSeconds"], 1);
+    assert!(r["status"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("not synced its caches")));
+}
+
+#[tokio::test]
+async fn past_the_in_flight_limit_writes_get_429() {
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    synced(&gate);
+    // Every permit taken, as 50 write-throughs in flight would.
+    let _held = Arc::clone(&wt.in_flight)
+        .acquire_many_owned(MAX_IN_FLIGHT as u32)
+        .await
+        .expect("permits");
+    let answer = wt
+        .admit(&review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 429);
+    assert_eq!(r["status"]["reason"], "TooManyRequests");
+    assert_eq!(r["status"]["details"]["retryAfterSeconds"], 1);
+}
+
+/// Collects log lines of the current thread (the tests run on a current-thread
+/// runtime, so spawned tasks log here too).
+#[derive(Clone, Default)]
+struct Logs(Arc<StdMutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_writer(move || logs.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn an_untranslatable_object_gets_415_and_the_translate_error_log_line() {
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    synced(&gate);
+    let mut object = gateway();
+    object["metadata"]["uid"] = json!(null);
+    let answer = wt.admit(&review("CREATE", object)).await.expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 415);
+    assert_eq!(r["status"]["reason"], "UnsupportedMediaType");
+    let text = logs.text();
+    assert!(
+        text.contains("write-through: rejecting write, rolling back")
+            && text.contains(r#""reason":"translate_error""#),
+        "{text}"
+    );
+    // Nothing was held: the syncer is free to look at the key.
+    assert!(!gate.is_pending(&Key {
+        namespace: "team".into(),
+        name: "edge".into()
+    }));
+}
+
+#[tokio::test]
+async fn a_host_that_cannot_be_reached_gets_503_and_an_unknown_outcome_counts_host_lookup() {
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
+    synced(&gate);
+    let answer = wt
+        .admit(&review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 503);
+    let key = Key {
+        namespace: "team".into(),
+        name: "edge".into(),
+    };
+    // The cleanup looks for the mirror, cannot reach the host either, and says so.
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let mut released = false;
+    for _ in 0..100 {
+        if !gate.is_pending(&key) {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(released, "the key stayed pending");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_lookup"} 1"#),
+        "{text}"
+    );
+    let logged = logs.text();
+    assert!(logged.contains(r#""reason":"response_error""#), "{logged}");
+    assert!(
+        logged.contains("write-through: rollback cannot tell whether the object reached the host"),
+        "{logged}"
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_a_review_is_refused() {
+    let (wt, _, _) = write_through(MAX_IN_FLIGHT);
+    assert!(wt.admit(&json!({"kind": "Pod"})).await.is_none());
+}
+
+#[test]
+fn the_configuration_matches_only_the_main_resource_fails_closed_and_skips_dry_runs() {
+    let c = webhook_configuration("client", "https://127.0.0.1:9443", "PEM", &[gateways()]);
+    assert_eq!(c["kind"], "ValidatingWebhookConfiguration");
+    assert_eq!(c["metadata"]["name"], "crproxy-writethrough-client");
+    let w = &c["webhooks"][0];
+    assert_eq!(w["sideEffects"], "NoneOnDryRun");
+    assert_eq!(w["failurePolicy"], "Fail");
+    assert_eq!(w["timeoutSeconds"], 30);
+    assert_eq!(w["rules"][0]["resources"], json!(["gateways"]));
+    assert_eq!(w["rules"][0]["apiGroups"], json!(["example.net"]));
+    assert_eq!(w["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
+    assert_eq!(w["clientConfig"]["url"], "https://127.0.0.1:9443/validate");
+    assert_eq!(w["clientConfig"]["caBundle"], "UEVN");
+}
+
+/// One HTTPS request to the webhook server, trusting only its CA.
+async fn https(server: &WebhookServer, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(server.ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA PEM")).expect("CA");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .expect("TLS with the server's own CA");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    let code = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (code, serde_json::from_slice(&body).expect("JSON answer"))
+}
+
+#[tokio::test]
+async fn the_webhook_answers_reviews_over_tls_and_refuses_anything_else() {
+    let (wt, _, _) = write_through(MAX_IN_FLIGHT);
+    let server = WebhookServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), &[], wt)
+        .await
+        .expect("server");
+    // A review: answered (here 503, the type's syncer is not synced).
+    let (code, answer) = https(
+        &server,
+        "POST",
+        "/validate",
+        &review("CREATE", gateway()).to_string(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(answer["response"]["uid"], "req-1");
+    assert_eq!(answer["response"]["status"]["code"], 503);
+    // Not a review, not JSON, another path: a Status saying so.
+    let (code, answer) = https(&server, "POST", "/validate", r#"{"kind":"Pod"}"#).await;
+    assert_eq!((code, answer["reason"].as_str()), (400, Some("BadRequest")));
+    let (code, _) = https(&server, "POST", "/validate", "not json").await;
+    assert_eq!(code, 400);
+    let (code, answer) = https(&server, "GET", "/validate", "").await;
+    assert_eq!((code, answer["reason"].as_str()), (404, Some("NotFound")));
+    server.stop();
+}

@@ -1,0 +1,624 @@
+//! Aggregated types end to end: `gateways.example.net/v1` served on the host by the
+//! example extension API server, synced toHost with write-through, driven with
+//! kubectl on the tenant as a user would.
+
+#[path = "support/sync_env.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::Value;
+use support::*;
+use test_support::{kubectl_stdin, KubectlOutput, KUBECTL_TIMEOUT};
+
+/// The process's log lines (JSON), for the spec's messages.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// The buffer of this test binary's one subscriber (tests run in parallel and a
+    /// subscriber is process-wide).
+    fn installed() -> Logs {
+        static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
+        LOGS.get_or_init(|| {
+            let logs = Logs::default();
+            let writer = logs.clone();
+            let _ = tracing_subscriber::fmt()
+                .json()
+                .with_env_filter("crproxy_sync=info")
+                .with_writer(move || writer.clone())
+                .try_init();
+            logs
+        })
+        .clone()
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+
+    /// Whether one line contains every one of `parts`.
+    fn has(&self, parts: &[&str]) -> bool {
+        self.text()
+            .lines()
+            .any(|l| parts.iter().all(|p| l.contains(p)))
+    }
+}
+
+const HOST_NS: &str = crproxy::devsync::HOST_NAMESPACE;
+
+/// kubectl off the runtime's threads: the webhook it triggers is served by this
+/// process.
+async fn kc(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> KubectlOutput {
+    kc_within(kubeconfig, args, stdin, KUBECTL_TIMEOUT).await
+}
+
+async fn kc_within(
+    kubeconfig: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+    timeout: Duration,
+) -> KubectlOutput {
+    let kubeconfig: PathBuf = kubeconfig.to_path_buf();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let stdin = stdin.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        kubectl_stdin(&kubeconfig, &args, stdin.as_deref(), timeout)
+    })
+    .await
+    .expect("kubectl thread")
+}
+
+fn gateway(name: &str, port: u32, labels: &str) -> String {
+    format!(
+        "apiVersion: example.net/v1\nkind: Gateway\nmetadata:\n  name: {name}\n  namespace: team\n  labels: {{{labels}}}\nspec:\n  port: {port}\n"
+    )
+}
+
+async fn get_json(kubeconfig: &Path, args: &[&str]) -> Option<Value> {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend(["-o", "json"]);
+    let out = kc(kubeconfig, &all, None).await;
+    if out.success() {
+        serde_json::from_str(&out.stdout).ok()
+    } else {
+        assert!(
+            out.stderr.contains("NotFound"),
+            "kubectl {all:?}: {}",
+            out.stderr
+        );
+        None
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_they_return(
+) -> Result<()> {
+    let logs = Logs::installed();
+    let env = Env::new().await;
+    let metrics = crproxy_sync::SyncMetrics::new();
+    let sync = env
+        .start_full(
+            "client",
+            &env.tenant.kubeconfig,
+            HOST_NS,
+            None,
+            std::sync::Arc::clone(&metrics),
+        )
+        .await?;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+
+    // The generated CRD.
+    let crd = get_json(&tenant, &["crd", "gateways.example.net"])
+        .await
+        .expect("generated CRD");
+    assert_eq!(
+        crd["metadata"]["annotations"]["vcluster.loft.sh/generated-from"],
+        "aggregated-apiserver"
+    );
+    assert_eq!(crd["spec"]["names"]["singular"], "gateway");
+    assert_eq!(crd["spec"]["names"]["listKind"], "GatewayList");
+    assert_eq!(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            ["x-kubernetes-preserve-unknown-fields"],
+        true
+    );
+    assert!(crd["spec"]["versions"][0]["subresources"]["status"].is_object());
+    assert!(sync.webhook.is_some());
+    ns(&tenant, "team");
+    // The leader registers the webhook once it leads; wait for it.
+    eventually("the write-through webhook registered", || {
+        get(
+            &tenant,
+            &[
+                "validatingwebhookconfiguration",
+                "crproxy-writethrough-client",
+            ],
+        )
+    })
+    .await;
+    // Writes before the syncer's caches are synced get 503; wait until they pass.
+    let probe = gateway("probe", 80, "");
+    let mut ready = false;
+    for _ in 0..100 {
+        let out = kc(&tenant, &["create", "-f", "-"], Some(&probe)).await;
+        if out.success() {
+            ready = true;
+            break;
+        }
+        assert!(
+            out.stderr.contains("not synced its caches"),
+            "{}",
+            out.stderr
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(ready, "write-through never became ready");
+
+    // Watches opened before the rejected write.
+    let watch = |kubeconfig: PathBuf, ns: &'static str| {
+        tokio::spawn(async move {
+            kc_within(
+                &kubeconfig,
+                &[
+                    "get",
+                    "gateways",
+                    "-n",
+                    ns,
+                    "--watch-only",
+                    "--output-watch-events",
+                    "-o",
+                    "json",
+                ],
+                None,
+                Duration::from_secs(6),
+            )
+            .await
+        })
+    };
+    let tenant_watch = watch(tenant.clone(), "team");
+    let host_watch = watch(host.clone(), HOST_NS);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Rejected: the host's 422 naming spec.port, stored nowhere.
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("edge", 70000, "")),
+    )
+    .await;
+    assert!(!out.success());
+    assert!(out.stderr.contains("spec.port"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("Invalid") || out.stderr.contains("invalid"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("edge-x-team-x-client"),
+        "host name leaked: {}",
+        out.stderr
+    );
+    assert!(get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .is_none());
+    assert!(
+        get_json(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+            .await
+            .is_none()
+    );
+    let (tenant_seen, host_seen) = (tenant_watch.await?, host_watch.await?);
+    assert!(
+        !tenant_seen.stdout.contains("\"edge\""),
+        "{}",
+        tenant_seen.stdout
+    );
+    assert!(
+        logs.has(&[
+            "write-through: rejecting write, rolling back",
+            r#""reason":"host_rejected""#,
+            "team/edge"
+        ]),
+        "{}",
+        logs.text()
+    );
+    assert!(
+        !host_seen.stdout.contains("edge-x-team-x-client"),
+        "{}",
+        host_seen.stdout
+    );
+
+    // Dry run: reaches nothing.
+    let out = kc(
+        &tenant,
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&gateway("edge", 443, "")),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    assert!(
+        get_json(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+            .await
+            .is_none()
+    );
+    assert!(get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .is_none());
+
+    // Accepted: on the host under its translated name when create returns.
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("edge", 443, "")),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let mirror = get_json(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+        .await
+        .expect("mirror on the host before create returned");
+    assert_eq!(mirror["spec"]["port"], 443);
+    let tenant_uid = get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .expect("tenant object")["metadata"]["uid"]
+        .clone();
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-uid"],
+        tenant_uid
+    );
+
+    // Patches: rejected ones change nothing, accepted ones are on the host at once.
+    let out = kc(
+        &tenant,
+        &[
+            "-n",
+            "team",
+            "patch",
+            "gateway",
+            "edge",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"port":0}}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(!out.success());
+    assert!(out.stderr.contains("spec.port"), "{}", out.stderr);
+    let t = get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .expect("tenant");
+    assert_eq!(t["spec"]["port"], 443);
+    let out = kc(
+        &tenant,
+        &[
+            "-n",
+            "team",
+            "patch",
+            "gateway",
+            "edge",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"port":8443}}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let mirror = get_json(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+        .await
+        .expect("mirror");
+    assert_eq!(mirror["spec"]["port"], 8443);
+    // Update (replace) rejected.
+    let mut invalid = get_json(&tenant, &["gateway", "-n", "team", "edge"])
+        .await
+        .expect("tenant");
+    invalid["spec"]["port"] = 65536.into();
+    let out = kc(&tenant, &["replace", "-f", "-"], Some(&invalid.to_string())).await;
+    assert!(!out.success());
+    assert!(out.stderr.contains("spec.port"), "{}", out.stderr);
+
+    // A status write in the tenant skips write-through (the host's status wins
+    // again through the syncer).
+    let out = kc(
+        &tenant,
+        &[
+            "-n",
+            "team",
+            "patch",
+            "gateway",
+            "edge",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"ready":true}}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+
+    // Delete: asynchronous, the syncer removes the mirror.
+    run(&tenant, &["-n", "team", "delete", "gateway", "edge"]);
+    eventually("the mirror deleted", || {
+        get(&host, &["gateway", "-n", HOST_NS, "edge-x-team-x-client"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // A tenant store failure after the host accepted: another webhook of the tenant
+    // fails (it is unreachable, failurePolicy Fail) for labelled Gateways. Its
+    // mirror is removed; the rollback-failure metric stays 0.
+    apply(
+        &tenant,
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
+    );
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("doomed", 443, "doomed: \"yes\"")),
+    )
+    .await;
+    assert!(!out.success(), "the failing webhook let it through");
+    assert!(get_json(&tenant, &["gateway", "-n", "team", "doomed"])
+        .await
+        .is_none());
+    eventually("the accepted mirror of the unstored create removed", || {
+        get(&host, &["gateway", "-n", HOST_NS, "doomed-x-team-x-client"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    run(
+        &tenant,
+        &["delete", "validatingwebhookconfiguration", "always-fails"],
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    assert!(
+        !text.contains("vcluster_writethrough_rollback_failures_total{"),
+        "a rollback failed: {text}"
+    );
+
+    // The extension server down: 503, nothing left behind.
+    env.example.stop();
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("down", 443, "")),
+    )
+    .await;
+    assert!(!out.success());
+    assert!(out.stderr.contains("ServiceUnavailable"), "{}", out.stderr);
+    assert!(get_json(&tenant, &["gateway", "-n", "team", "down"])
+        .await
+        .is_none());
+    assert!(
+        logs.has(&[
+            "write-through: rejecting write, rolling back",
+            r#""reason":"unparseable_response""#,
+            "team/down"
+        ]),
+        "{}",
+        logs.text()
+    );
+
+    sync.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_crd_not_generated_for_the_aggregated_type_fails_start_up_in_one_line(
+) -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let theirs = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: gateways.example.net}\nspec:\n  group: example.net\n  scope: Namespaced\n  names: {plural: gateways, singular: gateway, kind: Gateway, listKind: GatewayList}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}\n";
+    let out = kc(&tenant, &["create", "-f", "-"], Some(theirs)).await;
+    assert!(out.success(), "{}", out.stderr);
+    let err = match env.start("client").await {
+        Ok(_) => panic!("start-up took over a CRD it did not generate"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(r#"sync.toHost.customResources["gateways.example.net/v1"]"#),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "without the annotation vcluster.loft.sh/generated-from: aggregated-apiserver"
+        ),
+        "{err}"
+    );
+    // Left as it was.
+    let crd = get_json(&tenant, &["crd", "gateways.example.net"])
+        .await
+        .expect("CRD");
+    assert!(crd["metadata"]["annotations"]["vcluster.loft.sh/generated-from"].is_null());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_synced_version_keeps_the_old_one_stored_but_unserved() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    // As if an earlier start had synced v1alpha1 and stored objects in it.
+    let earlier = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: gateways.example.net\n  annotations: {vcluster.loft.sh/generated-from: aggregated-apiserver}\nspec:\n  group: example.net\n  scope: Namespaced\n  names: {plural: gateways, singular: gateway, kind: Gateway, listKind: GatewayList}\n  versions:\n  - name: v1alpha1\n    served: true\n    storage: true\n    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}\n    subresources: {status: {}}\n";
+    let out = kc(&tenant, &["create", "-f", "-"], Some(earlier)).await;
+    assert!(out.success(), "{}", out.stderr);
+    let sync = env.start("client").await?;
+    let crd = get_json(&tenant, &["crd", "gateways.example.net"])
+        .await
+        .expect("CRD");
+    let versions = crd["spec"]["versions"].as_array().expect("versions");
+    let by_name = |n: &str| versions.iter().find(|v| v["name"] == n).cloned();
+    let old = by_name("v1alpha1").expect("v1alpha1 kept");
+    let new = by_name("v1").expect("v1 added");
+    assert_eq!(old["served"], false);
+    assert_eq!(old["storage"], false);
+    assert_eq!(new["served"], true);
+    assert_eq!(new["storage"], true);
+    let stored = crd["status"]["storedVersions"].to_string();
+    assert!(stored.contains("v1alpha1"), "{stored}");
+    sync.stop().await;
+    Ok(())
+}
+
+/// A create the tenant fails to store after the host accepted it, when the host then
+/// cannot delete the mirror (the extension API server went down meanwhile): the
+/// failure is counted as `host_delete` and logged with the spec's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_the_host_refuses_counts_host_delete() -> Result<()> {
+    let logs = Logs::installed();
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let metrics = crproxy_sync::SyncMetrics::new();
+    let sync = env
+        .start_full(
+            "client",
+            &tenant,
+            HOST_NS,
+            None,
+            std::sync::Arc::clone(&metrics),
+        )
+        .await?;
+    ns(&tenant, "team");
+    apply(
+        &tenant,
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
+    );
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("doomed", 443, "doomed: \"yes\"")),
+        )
+        .await;
+        assert!(!out.success(), "the failing webhook let it through");
+        // Past readiness: the host accepted, the other webhook failed the create.
+        if !out.stderr.contains("not synced its caches") {
+            break;
+        }
+        attempts += 1;
+        assert!(attempts < 100, "write-through never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Down before the rollback (5 s after the accepted create in these tests).
+    env.example.stop();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut found = false;
+    for _ in 0..100 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)?;
+        if text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#) {
+            found = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        found,
+        "no host_delete rollback failure counted; logs: {}",
+        logs.text()
+    );
+    assert!(
+        logs.has(&["write-through: rollback host delete failed", "team/doomed"]),
+        "{}",
+        logs.text()
+    );
+    sync.stop().await;
+    Ok(())
+}
+
+/// A restart between the host accepting a create and its confirmation: the pending
+/// state is gone with the process, and the restarted syncer finds a mirror without
+/// its tenant object and removes it, so the result is the same as without the crash.
+/// Write-through works again after the restart (the new leader re-registers itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_in_the_middle_of_a_write_through_converges() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    let sync = env.start("client").await?;
+    ns(&tenant, "team");
+    apply(
+        &tenant,
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
+    );
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("doomed", 443, "doomed: \"yes\"")),
+        )
+        .await;
+        assert!(!out.success(), "the failing webhook let it through");
+        if !out.stderr.contains("not synced its caches") {
+            break;
+        }
+        attempts += 1;
+        assert!(attempts < 100, "write-through never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The host accepted it; crash before the confirmation gives up on it.
+    assert!(
+        get_json(&host, &["gateway", "-n", HOST_NS, "doomed-x-team-x-client"])
+            .await
+            .is_some(),
+        "write-through wrote the mirror"
+    );
+    sync.crash();
+    let sync = env.start("client").await?;
+    eventually("the orphaned mirror removed after the restart", || {
+        get(&host, &["gateway", "-n", HOST_NS, "doomed-x-team-x-client"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // Write-through answers again through the restarted replica.
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("after", 70000, "")),
+        )
+        .await;
+        assert!(!out.success(), "an invalid Gateway was stored");
+        if out.stderr.contains("spec.port") {
+            break;
+        }
+        attempts += 1;
+        assert!(
+            attempts < 100,
+            "no host answer after the restart: {}",
+            out.stderr
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sync.stop().await;
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! The example extension API server (`gateways.example.net/v1`) registered on a
+//! devcluster through an APIService, driven by real kubectl through the
+//! aggregator: create, the 422 for a bad `spec.port`, get, list, watch replay,
+//! conflicts, the status subresource, delete, and 503 once the server stops.
+
+use std::path::Path;
+use std::time::Duration;
+
+use devcluster::example_apiserver::ExampleApiServer;
+use serde_json::{json, Value};
+
+fn gateway(name: &str, port: Value) -> String {
+    json!({"apiVersion": "example.net/v1", "kind": "Gateway",
+           "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
+           "spec": {"port": port}})
+    .to_string()
+}
+
+async fn create(kubeconfig: &Path, manifest: &str) -> test_support::KubectlOutput {
+    test_support::kubectl_stdin_async(
+        kubeconfig,
+        &["create", "-f", "-"],
+        manifest,
+        Duration::from_secs(30),
+    )
+    .await
+}
+
+async fn get_json(kubeconfig: &Path, args: &[&str]) -> Value {
+    test_support::kubectl_json_async(kubeconfig, args)
+        .await
+        .expect("kubectl answers with JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_are_served_through_the_aggregator() {
+    let test = test_support::devcluster("example-apiserver").await;
+    let admin = &test.kubeconfig;
+    let server = ExampleApiServer::start(&test.cluster.front_proxy_ca_pem())
+        .await
+        .expect("example server starts");
+    server.register(&test.cluster).await.expect("registered");
+    // Registering twice replaces the objects (a restarted server gets a new port).
+    server
+        .register(&test.cluster)
+        .await
+        .expect("registered again");
+
+    // The aggregator marks the APIService available and fetches its discovery.
+    let mut ready = false;
+    for _ in 0..100 {
+        if test_support::kubectl_async(admin, &["get", "gateways"])
+            .await
+            .success()
+        {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "gateways are served");
+
+    let out = create(admin, &gateway("web", json!(8080))).await;
+    assert!(out.success(), "{}", out.stderr);
+    let web = get_json(admin, &["get", "gateway", "web", "-o", "json"]).await;
+    assert_eq!(web["spec"]["port"], 8080);
+    assert_eq!(web["metadata"]["generation"], 1);
+    assert!(web["metadata"]["uid"]
+        .as_str()
+        .is_some_and(|u| !u.is_empty()));
+
+    // Out of range: 422 Invalid naming spec.port; nothing is stored.
+    let out = create(admin, &gateway("bad", json!(70000))).await;
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains(
+            "The Gateway \"bad\" is invalid: spec.port: Invalid value: 70000: must be between 1 and 65535, inclusive"
+        ),
+        "{}",
+        out.stderr
+    );
+    let raw = test_support::kubectl_stdin_async(
+        admin,
+        &[
+            "create",
+            "-v=6",
+            "--raw",
+            "/apis/example.net/v1/namespaces/default/gateways",
+            "-f",
+            "-",
+        ],
+        &gateway("bad", json!(0)),
+        Duration::from_secs(30),
+    )
+    .await;
+    // The status code, as kubectl logs it.
+    assert!(
+        raw.stderr.contains(" 422 Unprocessable Entity"),
+        "{}",
+        raw.stderr
+    );
+    assert!(
+        raw.stderr.contains("spec.port: Invalid value: 0"),
+        "{}",
+        raw.stderr
+    );
+    assert!(
+        !test_support::kubectl_async(admin, &["get", "gateway", "bad"])
+            .await
+            .success(),
+        "a rejected Gateway is not stored"
+    );
+
+    // List, then a watch from the list's resourceVersion replays what came after.
+    let listed = test_support::kubectl_async(
+        admin,
+        &[
+            "get",
+            "--raw",
+            "/apis/example.net/v1/namespaces/default/gateways?labelSelector=app%3Dweb",
+        ],
+    )
+    .await;
+    let listed: Value = serde_json::from_str(&listed.stdout).expect("list JSON");
+    assert_eq!(listed["kind"], "GatewayList");
+    assert_eq!(listed["items"].as_array().map(Vec::len), Some(1));
+    let list_rv = listed["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("list resourceVersion")
+        .to_string();
+    let out = create(admin, &gateway("api", json!(443))).await;
+    assert!(out.success(), "{}", out.stderr);
+    let watched = test_support::kubectl_async(
+        admin,
+        &[
+            "get",
+            "--raw",
+            &format!("/apis/example.net/v1/namespaces/default/gateways?watch=true&resourceVersion={list_rv}&timeoutSeconds=1"),
+        ],
+    )
+    .await;
+    assert!(watched.success(), "{}", watched.stderr);
+    let events: Vec<Value> = watched
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(events.len(), 1, "{}", watched.stdout);
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "api");
+
+    // A stale resourceVersion conflicts; a valid patch bumps the generation.
+    let mut stale = web.clone();
+    stale["spec"]["port"] = json!(9090);
+    let out = test_support::kubectl_async(
+        admin,
+        &[
+            "patch",
+            "gateway",
+            "web",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"port":8081}}"#,
+        ],
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let out = test_support::kubectl_stdin_async(
+        admin,
+        &["replace", "-f", "-"],
+        &stale.to_string(),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        out.stderr.contains("the object has been modified; please apply your changes to the latest version and try again"),
+        "{}",
+        out.stderr
+    );
+    let out = test_support::kubectl_async(
+        admin,
+        &[
+            "patch",
+            "gateway",
+            "web",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"port":99999}}"#,
+        ],
+    )
+    .await;
+    assert!(
+        out.stderr.contains("spec.port: Invalid value: 99999"),
+        "{}",
+        out.stderr
+    );
+    let web = get_json(admin, &["get", "gateway", "web", "-o", "json"]).await;
+    assert_eq!(web["spec"]["port"], 8081);
+    assert_eq!(web["metadata"]["generation"], 2);
+
+    // Server-side apply creates and updates, and tracks who owns spec.port.
+    let applied = json!({"apiVersion": "example.net/v1", "kind": "Gateway",
+        "metadata": {"name": "edge", "namespace": "default"}, "spec": {"port": 8443}})
+    .to_string();
+    for _ in 0..2 {
+        let out = test_support::kubectl_stdin_async(
+            admin,
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=team-a",
+                "-f",
+                "-",
+            ],
+            &applied,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert!(out.success(), "{}", out.stderr);
+    }
+    let takeover = applied.replace("8443", "9443");
+    let out = test_support::kubectl_stdin_async(
+        admin,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=team-b",
+            "-f",
+            "-",
+        ],
+        &takeover,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        out.stderr.contains("Apply failed with 1 conflict"),
+        "{}",
+        out.stderr
+    );
+    let edge = get_json(admin, &["get", "gateway", "edge", "-o", "json"]).await;
+    assert_eq!(edge["spec"]["port"], 8443);
+    let by_name = test_support::kubectl_async(
+        admin,
+        &[
+            "get",
+            "--raw",
+            "/apis/example.net/v1/gateways?fieldSelector=metadata.name%3Dedge",
+        ],
+    )
+    .await;
+    let by_name: Value = serde_json::from_str(&by_name.stdout).expect("list JSON");
+    assert_eq!(by_name["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(by_name["items"][0]["metadata"]["name"], "edge");
+
+    // Status changes only through the status subresource.
+    let out = test_support::kubectl_async(
+        admin,
+        &[
+            "patch",
+            "gateway",
+            "web",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"ready":true}}"#,
+        ],
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let out = test_support::kubectl_async(
+        admin,
+        &[
+            "patch",
+            "gateway",
+            "web",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"ready":false}}"#,
+        ],
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let web = get_json(admin, &["get", "gateway", "web", "-o", "json"]).await;
+    assert_eq!(web["status"]["ready"], true);
+
+    // Delete.
+    let out = test_support::kubectl_async(admin, &["delete", "gateway", "api"]).await;
+    assert!(out.success(), "{}", out.stderr);
+    let out = test_support::kubectl_async(admin, &["get", "gateway", "api"]).await;
+    assert!(
+        out.stderr
+            .contains("gateways.example.net \"api\" not found"),
+        "{}",
+        out.stderr
+    );
+
+    // The server stops: the aggregator answers 503.
+    server.stop();
+    let mut unavailable = String::new();
+    for _ in 0..50 {
+        let out = test_support::kubectl_async(
+            admin,
+            &[
+                "get",
+                "--raw",
+                "/apis/example.net/v1/namespaces/default/gateways",
+            ],
+        )
+        .await;
+        if !out.success() {
+            unavailable = out.stderr;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        unavailable.contains("ServiceUnavailable") || unavailable.contains("503"),
+        "{unavailable}"
+    );
+}
