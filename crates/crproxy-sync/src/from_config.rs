@@ -65,7 +65,10 @@ pub async fn start_from_config(
     .map_err(|e| SyncError::Leader(format!("tenant cluster: {e}")))?;
     let lease_client = cluster
         .credentials()
-        .and_then(|credentials| crproxy_kube::kube_client(&cluster, credentials, "default"))
+        .and_then(|credentials| {
+            // The elector retries on its own interval; see crproxy's start_wiring.
+            crproxy_kube::kube_client_without_retries(&cluster, credentials, "default")
+        })
         .map_err(|e| SyncError::Leader(e.to_string()))?;
     let leader = LeaderElector::spawn(
         lease_client,

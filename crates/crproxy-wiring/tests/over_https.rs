@@ -29,7 +29,7 @@ fn lease_config(identity: &str) -> LeaseConfig {
 fn kube_client(srv: &FakeApiServer) -> kube::Client {
     let config = srv.config();
     let credentials = config.credentials().expect("credentials");
-    crproxy_kube::kube_client(&config, credentials, "default").expect("kube client")
+    crproxy_kube::kube_client_without_retries(&config, credentials, "default").expect("kube client")
 }
 
 async fn start() -> Result<FakeApiServer> {

@@ -389,7 +389,10 @@ pub async fn start_wiring(
 ) -> Result<crproxy_wiring::WiringHandle> {
     let config = &loaded.config;
     let cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())?;
-    let client = crproxy_kube::kube_client(&cluster, cluster.credentials()?, "default")?;
+    // No per-request retries: the elector and the registrar retry on their own
+    // intervals, which keeps a renewal from outliving the lease.
+    let client =
+        crproxy_kube::kube_client_without_retries(&cluster, cluster.credentials()?, "default")?;
     let holder = format!("{identity}-{}", crproxy_wiring::default_identity());
     let leader = crproxy_wiring::LeaderElector::spawn(
         client.clone(),
