@@ -196,3 +196,6 @@ impl SyncMetrics {
         self.leader.set(i64::from(leading));
     }
 }
+
+#[cfg(test)]
+mod tests;

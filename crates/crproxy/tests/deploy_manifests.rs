@@ -521,7 +521,12 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
     families.extend(self::families(&evented));
     let mut samples = crproxy::doctor::parse_exposition(&exposition);
     samples.extend(crproxy::doctor::parse_exposition(&evented));
-    for expr in dashboard_expressions()? {
+    // The sync panels' series come from the sync's registry: crproxy-sync's
+    // metrics tests check those queries against it.
+    let proxy_exprs = dashboard_expressions()?
+        .into_iter()
+        .filter(|e| !metric_names(e).is_empty());
+    for expr in proxy_exprs {
         let mut labels: BTreeSet<String> = ["pod".to_owned()].into();
         for name in metric_names(&expr) {
             assert!(
