@@ -31,7 +31,7 @@ pub use error::{reason_for_status, Error};
 pub use kubeconfig::{
     KubeCluster, KubeContext, KubeUser, Kubeconfig, NamedCluster, NamedContext, NamedUser,
 };
-pub use watch::WatchEvent;
+pub use watch::{LineDecoder, WatchEvent};
 
 #[cfg(feature = "kube")]
 pub use kube_client::{kube_client, kube_client_without_retries};

@@ -17,15 +17,16 @@ pub struct WatchEvent {
 /// stream trips it, and a broken stream cannot make us buffer without bound.
 const MAX_LINE: usize = 64 * 1024 * 1024;
 
-/// Splits a byte stream into watch events as complete lines arrive.
+/// Splits a byte stream into watch events as complete lines arrive. Public for
+/// the fuzz target: the stream comes from a peer.
 #[derive(Default)]
-pub(crate) struct LineDecoder {
+pub struct LineDecoder {
     buf: BytesMut,
 }
 
 impl LineDecoder {
     /// Adds bytes and returns every event completed by them.
-    pub(crate) fn push(&mut self, chunk: &[u8]) -> Vec<Result<WatchEvent, Error>> {
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<Result<WatchEvent, Error>> {
         self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
         while let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
@@ -44,7 +45,7 @@ impl LineDecoder {
     }
 
     /// End of stream: a last event without a trailing newline still counts.
-    pub(crate) fn finish(&mut self) -> Option<Result<WatchEvent, Error>> {
+    pub fn finish(&mut self) -> Option<Result<WatchEvent, Error>> {
         let rest = self.buf.split();
         let ev = decode_line(rest.chunk());
         self.buf.clear();
