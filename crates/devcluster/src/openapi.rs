@@ -13,7 +13,12 @@
 //! So every resource gets list/item paths with operations tagged by GVK, a schema
 //! tagged by GVK, and the shared `meta/v1` schemas those reference.
 
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha512};
+
+pub mod v2_protobuf;
 
 /// One resource to publish (a CRD version or a built-in resource).
 #[derive(Clone, Debug, PartialEq)]
@@ -997,6 +1002,116 @@ pub fn v2_document(resources: &[CrdResource]) -> Value {
         "paths": paths,
         "definitions": definitions,
     })
+}
+
+/// The content type of the protobuf `/openapi/v2` answer.
+pub const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// The forms `/openapi/v2` is served in, in the order kube-openapi tries them
+/// for each `Accept` clause: JSON, then protobuf under its deprecated and its
+/// current subtype (client-go still asks for the deprecated one).
+const V2_FORMS: [(&str, bool); 3] = [
+    ("json", false),
+    ("com.github.proto-openapi.spec.v2@v1.0+protobuf", true),
+    ("com.github.proto-openapi.spec.v2.v1.0+protobuf", true),
+];
+
+/// `/openapi/v2` negotiated as kube-openapi does: the `Accept` clauses sorted by
+/// quality and then specificity, the first that names a served form wins (no
+/// header means `*/*`, so JSON); none → 406. The `ETag` is the SHA-512 of the
+/// JSON form whichever form is sent, and a matching `If-None-Match` gets 304.
+pub fn v2_response(document: &Value, request: &HeaderMap) -> Response<Bytes> {
+    let json = document.to_string().into_bytes();
+    let etag = format!("\"{}\"", hex_upper(&Sha512::digest(&json)));
+    let accept = request
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or("*/*");
+    let mut response = Response::new(Bytes::new());
+    response
+        .headers_mut()
+        .insert(header::VARY, HeaderValue::from_static("Accept"));
+    let Some(protobuf) = v2_form(accept) else {
+        *response.status_mut() = StatusCode::NOT_ACCEPTABLE;
+        return response;
+    };
+    let body = if protobuf {
+        match v2_protobuf::encode_document(document) {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                tracing::error!(error = %err, "Error in OpenAPI handler");
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                return response;
+            }
+        }
+    } else {
+        json
+    };
+    if let Ok(value) = HeaderValue::from_str(&etag) {
+        response.headers_mut().insert(header::ETAG, value);
+    }
+    let unchanged = request
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|tag| tag.trim().trim_start_matches("W/"))
+        .any(|tag| tag == "*" || tag == etag);
+    if unchanged {
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
+        return response;
+    }
+    let content_type = if protobuf {
+        V2_PROTOBUF
+    } else {
+        "application/json"
+    };
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    *response.body_mut() = Bytes::from(body);
+    response
+}
+
+/// Which form an `Accept` header selects: `Some(true)` for protobuf,
+/// `Some(false)` for JSON, None when it names neither.
+fn v2_form(accept: &str) -> Option<bool> {
+    let mut clauses: Vec<(f64, &str, &str)> = accept
+        .split(',')
+        .filter_map(|clause| {
+            let mut parts = clause.split(';');
+            let range = parts.next()?.trim();
+            if range.is_empty() {
+                return None;
+            }
+            let quality = parts
+                .filter_map(|p| p.trim().strip_prefix("q="))
+                .find_map(|q| q.trim().parse::<f64>().ok())
+                .unwrap_or(1.0);
+            let (kind, subtype) = range.split_once('/').unwrap_or((range, "*"));
+            Some((quality, kind.trim(), subtype.trim()))
+        })
+        .collect();
+    // Highest quality first; at equal quality a concrete type before `*`.
+    clauses.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then((a.1 == "*").cmp(&(b.1 == "*")))
+            .then((a.2 == "*").cmp(&(b.2 == "*")))
+    });
+    clauses.iter().find_map(|(_, kind, subtype)| {
+        if *kind != "application" && *kind != "*" {
+            return None;
+        }
+        V2_FORMS
+            .iter()
+            .find(|(served, _)| *subtype == "*" || subtype == served)
+            .map(|(_, protobuf)| *protobuf)
+    })
+}
+
+fn hex_upper(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02X}")).collect()
 }
 
 #[cfg(test)]

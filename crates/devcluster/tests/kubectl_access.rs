@@ -155,6 +155,31 @@ async fn schema_violations_and_unknown_fields_are_refused() {
     assert!(obj["spec"].get("colour").is_none(), "pruned: {obj}");
     let explain = ok(kc, &["explain", "crontab.spec"]).await;
     assert!(explain.contains("cronSpec"), "{explain}");
+    // The swagger 2.0 document, which kubectl only reads as protobuf.
+    let explain = ok(
+        kc,
+        &["explain", "crontab.spec", "--output=plaintext-openapiv2"],
+    )
+    .await;
+    assert!(
+        explain.contains("cronSpec") && explain.contains("replicas"),
+        "{explain}"
+    );
+    // A group/version missing from /openapi/v3 sends kubectl's validation to the
+    // protobuf /openapi/v2, then to the mapping error kube users know.
+    let out = apply(
+        kc,
+        &[],
+        &crontab("typo", 1, "").replace("stable.example.io/v1", "stable.example.io/v9"),
+    )
+    .await;
+    assert!(!out.success(), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("no matches for kind \"CronTab\" in version \"stable.example.io/v9\""),
+        "{}",
+        out.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -411,3 +411,87 @@ fn builtin_schemas_explain_and_validate() {
         "string"
     );
 }
+
+fn v2_request(accept: Option<&str>, if_none_match: Option<&str>) -> Response<Bytes> {
+    let mut headers = HeaderMap::new();
+    if let Some(a) = accept {
+        headers.insert(header::ACCEPT, HeaderValue::from_str(a).unwrap());
+    }
+    if let Some(tag) = if_none_match {
+        headers.insert(header::IF_NONE_MATCH, HeaderValue::from_str(tag).unwrap());
+    }
+    v2_response(&v2_document(&resources()), &headers)
+}
+
+fn content_type(r: &Response<Bytes>) -> &str {
+    r.headers()[header::CONTENT_TYPE].to_str().unwrap()
+}
+
+#[test]
+fn openapi_v2_is_json_without_an_accept_header_and_for_json_clauses() {
+    for accept in [
+        None,
+        Some("*/*"),
+        Some("application/json"),
+        Some("application/json;as=Table;v=v1;g=meta.k8s.io"),
+    ] {
+        let r = v2_request(accept, None);
+        assert_eq!(r.status(), 200, "{accept:?}");
+        assert_eq!(content_type(&r), "application/json", "{accept:?}");
+        let body: Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["swagger"], "2.0");
+        assert_eq!(r.headers()[header::VARY], "Accept");
+    }
+}
+
+#[test]
+fn openapi_v2_is_protobuf_for_both_protobuf_subtypes_and_by_quality() {
+    for accept in [
+        "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+        "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+        "application/json;q=0.5, application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+    ] {
+        let r = v2_request(Some(accept), None);
+        assert_eq!(r.status(), 200, "{accept}");
+        // The deprecated subtype is answered under the current name, as kube does.
+        assert_eq!(content_type(&r), V2_PROTOBUF, "{accept}");
+        let expected = v2_protobuf::encode_document(&v2_document(&resources())).unwrap();
+        assert_eq!(r.body()[..], expected[..]);
+    }
+}
+
+#[test]
+fn openapi_v2_refuses_an_accept_header_naming_no_served_form() {
+    let r = v2_request(Some("application/yaml, text/html"), None);
+    assert_eq!(r.status(), 406);
+    assert!(r.body().is_empty());
+}
+
+#[test]
+fn openapi_v2_etag_is_the_json_digest_in_both_forms_and_revalidates() {
+    let json = v2_request(None, None);
+    let proto = v2_request(Some(V2_PROTOBUF), None);
+    let etag = json.headers()[header::ETAG].to_str().unwrap().to_string();
+    assert_eq!(proto.headers()[header::ETAG].to_str().unwrap(), etag);
+    // Quoted upper-case hex of a SHA-512.
+    assert_eq!(etag.len(), 2 + 128);
+    assert!(etag[1..129]
+        .chars()
+        .all(|c| c.is_ascii_digit() || c.is_ascii_uppercase()));
+    let again = v2_request(Some(V2_PROTOBUF), Some(&etag));
+    assert_eq!(again.status(), 304);
+    assert!(again.body().is_empty());
+    let other = v2_request(None, Some("\"0\""));
+    assert_eq!(other.status(), 200);
+}
+
+#[test]
+fn every_published_v2_document_encodes_as_protobuf() {
+    let doc = v2_document(&resources());
+    let bytes = v2_protobuf::encode_document(&doc).unwrap();
+    // Every definition name appears in the message.
+    for name in doc["definitions"].as_object().unwrap().keys() {
+        let needle = name.as_bytes();
+        assert!(bytes.windows(needle.len()).any(|w| w == needle), "{name}");
+    }
+}

@@ -397,10 +397,11 @@ fn non_resource(
             Some(doc) => Ok(h::json_response(200, &doc)),
             None => Ok(h::plain_not_found()),
         },
-        ["openapi", "v2"] => Ok(h::json_response(
-            200,
+        ["openapi", "v2"] => Ok(crate::openapi::v2_response(
             &crate::openapi::v2_document(&openapi_resources(state)),
-        )),
+            headers,
+        )
+        .map(h::full)),
         ["openapi", "v3"] => {
             let mut r = h::json_response(200, &openapi_v3_index(state));
             r.headers_mut().insert(
