@@ -415,16 +415,19 @@ fn builtin_schemas_explain_and_validate() {
 fn v2_request(accept: Option<&str>, if_none_match: Option<&str>) -> Response<Bytes> {
     let mut headers = HeaderMap::new();
     if let Some(a) = accept {
-        headers.insert(header::ACCEPT, HeaderValue::from_str(a).unwrap());
+        headers.insert(header::ACCEPT, HeaderValue::from_str(a).expect("valid"));
     }
     if let Some(tag) = if_none_match {
-        headers.insert(header::IF_NONE_MATCH, HeaderValue::from_str(tag).unwrap());
+        headers.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_str(tag).expect("valid"),
+        );
     }
     v2_response(&v2_document(&resources()), &headers)
 }
 
 fn content_type(r: &Response<Bytes>) -> &str {
-    r.headers()[header::CONTENT_TYPE].to_str().unwrap()
+    r.headers()[header::CONTENT_TYPE].to_str().expect("valid")
 }
 
 #[test]
@@ -438,7 +441,7 @@ fn openapi_v2_is_json_without_an_accept_header_and_for_json_clauses() {
         let r = v2_request(accept, None);
         assert_eq!(r.status(), 200, "{accept:?}");
         assert_eq!(content_type(&r), "application/json", "{accept:?}");
-        let body: Value = serde_json::from_slice(r.body()).unwrap();
+        let body: Value = serde_json::from_slice(r.body()).expect("valid");
         assert_eq!(body["swagger"], "2.0");
         assert_eq!(r.headers()[header::VARY], "Accept");
     }
@@ -455,7 +458,7 @@ fn openapi_v2_is_protobuf_for_both_protobuf_subtypes_and_by_quality() {
         assert_eq!(r.status(), 200, "{accept}");
         // The deprecated subtype is answered under the current name, as kube does.
         assert_eq!(content_type(&r), V2_PROTOBUF, "{accept}");
-        let expected = v2_protobuf::encode_document(&v2_document(&resources())).unwrap();
+        let expected = v2_protobuf::encode_document(&v2_document(&resources())).expect("valid");
         assert_eq!(r.body()[..], expected[..]);
     }
 }
@@ -471,8 +474,11 @@ fn openapi_v2_refuses_an_accept_header_naming_no_served_form() {
 fn openapi_v2_etag_is_the_json_digest_in_both_forms_and_revalidates() {
     let json = v2_request(None, None);
     let proto = v2_request(Some(V2_PROTOBUF), None);
-    let etag = json.headers()[header::ETAG].to_str().unwrap().to_string();
-    assert_eq!(proto.headers()[header::ETAG].to_str().unwrap(), etag);
+    let etag = json.headers()[header::ETAG]
+        .to_str()
+        .expect("valid")
+        .to_string();
+    assert_eq!(proto.headers()[header::ETAG].to_str().expect("valid"), etag);
     // Quoted upper-case hex of a SHA-512.
     assert_eq!(etag.len(), 2 + 128);
     assert!(etag[1..129]
@@ -488,9 +494,9 @@ fn openapi_v2_etag_is_the_json_digest_in_both_forms_and_revalidates() {
 #[test]
 fn every_published_v2_document_encodes_as_protobuf() {
     let doc = v2_document(&resources());
-    let bytes = v2_protobuf::encode_document(&doc).unwrap();
+    let bytes = v2_protobuf::encode_document(&doc).expect("valid");
     // Every definition name appears in the message.
-    for name in doc["definitions"].as_object().unwrap().keys() {
+    for name in doc["definitions"].as_object().expect("valid").keys() {
         let needle = name.as_bytes();
         assert!(bytes.windows(needle.len()).any(|w| w == needle), "{name}");
     }

@@ -764,7 +764,7 @@ mod tests {
             "swagger": "2.0",
             "info": {"title": "Kubernetes", "version": "v1.32.0"},
         }))
-        .unwrap();
+        .expect("encodes");
         // swagger (1), then info (2) holding title (1) and version (2).
         let expected: Vec<u8> = [
             &[0x0a, 3][..],
@@ -789,7 +789,7 @@ mod tests {
             }),
             &Path::root(),
         )
-        .unwrap();
+        .expect("encodes");
         let required = [0x9a, 0x01, 4, b's', b'p', b'e', b'c'];
         let additional_false = [0xaa, 0x01, 2, 0x10, 0x00];
         let type_object = [0xb2, 0x01, 8, 0x0a, 6];
@@ -808,7 +808,7 @@ mod tests {
             "swagger": "2.0",
             "definitions": {"a.B": {"properties": {"x": {"maxLength": "long"}}}},
         }))
-        .unwrap_err();
+        .expect_err("refused");
         assert_eq!(err.at, "$.definitions.a.B.properties.x.maxLength");
         assert_eq!(err.problem, "expected an integer");
     }
