@@ -97,6 +97,10 @@ pub trait Reconciler: Send + Sync + 'static {
     fn key_of_host(&self, object: &DynamicObject) -> Option<Key>;
     /// Both caches are synced (write-through may start answering).
     fn caches_synced(&self) {}
+    /// The host watch delivered a DELETED event for `object`: the host removed it
+    /// while this syncer watched (a relist that no longer shows an object is not
+    /// such an event).
+    fn host_deleted(&self, _object: &DynamicObject) {}
     /// Every key either cache knows.
     fn all_keys(&self) -> Vec<Key>;
     fn reconcile(&self, key: &Key) -> impl Future<Output = Result<Outcome, StepError>> + Send;
@@ -380,6 +384,7 @@ impl Supervisor {
                     host_store,
                     metrics,
                     gate: self.gates.get(&ty.resource.key).cloned(),
+                    observed_host_deletes: Default::default(),
                 });
                 let tenant_api = Api::all_with(self.tenant.clone(), &ty.api);
                 let host_api =
@@ -461,6 +466,9 @@ async fn drive<R: Reconciler>(
             let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff();
             futures_util::pin_mut!(stream);
             while let Some(event) = stream.next().await {
+                if let (Side::Host, Ok(Event::Delete(o))) = (side, &event) {
+                    r.host_deleted(o);
+                }
                 match event {
                     Ok(Event::Apply(o) | Event::Delete(o) | Event::InitApply(o)) => {
                         let key = match side {

@@ -622,3 +622,101 @@ async fn a_restart_in_the_middle_of_a_write_through_converges() -> Result<()> {
     sync.stop().await;
     Ok(())
 }
+
+/// The extension API server came back with an empty store while no syncer ran (what
+/// `crproxy dev` did before it kept its Gateways): no DELETED event was seen, so the
+/// tenant's Gateway is kept and its mirror created again. A mirror deleted on the
+/// host while the syncer watches still takes the tenant object with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrors_a_host_lost_while_no_syncer_ran_are_created_again() -> Result<()> {
+    let mut env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    let sync = env.start("client").await?;
+    ns(&tenant, "team");
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("kept", 443, "")),
+        )
+        .await;
+        if out.success() {
+            break;
+        }
+        assert!(
+            out.stderr.contains("not synced its caches"),
+            "create failed: {}",
+            out.stderr
+        );
+        attempts += 1;
+        assert!(attempts < 100, "write-through never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let recorded = |mirror_uid: Option<String>| {
+        let tenant = tenant.clone();
+        move || {
+            get(&tenant, &["gateway", "-n", "team", "kept"]).filter(|o| {
+                let record = o["metadata"]["annotations"]["crproxy.dev/host-mirror"]
+                    .as_str()
+                    .unwrap_or_default();
+                match &mirror_uid {
+                    Some(uid) => record.ends_with(&format!("/{uid}")),
+                    None => !record.is_empty(),
+                }
+            })
+        }
+    };
+    let before = eventually("the mirror recorded", recorded(None)).await;
+    sync.stop().await;
+
+    env.example.stop();
+    env.example = crproxy::devsync::start_example_apiserver(&env.host.cluster).await?;
+    // kubectl's discovery catches up with the re-registered APIService.
+    let listed = eventually("the host serves Gateways again", || {
+        let out = test_support::kubectl(&host, &["get", "gateways", "-n", HOST_NS, "-o", "json"]);
+        out.success()
+            .then(|| serde_json::from_str::<Value>(&out.stdout).ok())
+            .flatten()
+    })
+    .await;
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(0),
+        "the new extension server starts empty"
+    );
+
+    let sync = env.start("client").await?;
+    let mirror = eventually("the lost mirror created again", || {
+        get(&host, &["gateway", "-n", HOST_NS, "kept-x-team-x-client"])
+    })
+    .await;
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-uid"],
+        before["metadata"]["uid"]
+    );
+    assert_eq!(mirror["spec"]["port"], 443);
+    let mirror_uid = mirror["metadata"]["uid"].as_str().map(str::to_owned);
+    eventually("the new mirror recorded", recorded(mirror_uid)).await;
+    let after = get(&tenant, &["gateway", "-n", "team", "kept"]);
+    assert_eq!(
+        after.map(|o| o["metadata"]["uid"].clone()),
+        Some(before["metadata"]["uid"].clone()),
+        "the tenant Gateway survived"
+    );
+
+    // Deleted on the host while the syncer watches: the tenant object goes too.
+    run(
+        &host,
+        &["delete", "gateway", "-n", HOST_NS, "kept-x-team-x-client"],
+    );
+    eventually("the tenant Gateway deleted after its mirror", || {
+        get(&tenant, &["gateway", "-n", "team", "kept"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    sync.stop().await;
+    Ok(())
+}
