@@ -672,7 +672,7 @@ async fn mirrors_a_host_lost_while_no_syncer_ran_are_created_again() -> Result<(
     sync.stop().await;
 
     env.example.stop();
-    env.example = crproxy::devsync::start_example_apiserver(&env.host.cluster).await?;
+    env.example = crproxy::devsync::start_example_apiserver(&env.host.cluster, None).await?;
     // kubectl's discovery catches up with the re-registered APIService.
     let listed = eventually("the host serves Gateways again", || {
         let out = test_support::kubectl(&host, &["get", "gateways", "-n", HOST_NS, "-o", "json"]);

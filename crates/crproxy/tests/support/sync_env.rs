@@ -35,7 +35,7 @@ impl Env {
         devsync::install_example_types(&client)
             .await
             .expect("example types");
-        let example = devsync::start_example_apiserver(&host.cluster)
+        let example = devsync::start_example_apiserver(&host.cluster, None)
             .await
             .expect("example API server");
         Env {
