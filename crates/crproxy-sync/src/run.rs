@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,9 +122,6 @@ pub struct SyncOptions {
     pub leader: LeaderHandle,
     pub metrics: Arc<SyncMetrics>,
     pub resync: Duration,
-    /// Where the write-through webhook listens (for toHost aggregated types); the
-    /// tenant's API server must reach it at `https://<this address>`.
-    pub webhook_bind: SocketAddr,
     /// How long an accepted write-through may take to appear in the tenant before
     /// its host write is undone ([`writethrough::CONFIRM_WITHIN`] in production).
     pub write_through_confirm: Duration,
@@ -237,7 +233,13 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             timeout: writethrough::TIMEOUT,
             confirm_within: options.write_through_confirm,
         });
-        let server = WebhookServer::start(options.webhook_bind, &[], write_through)
+        let write_through_plan = &options.plan.write_through;
+        let hosts: Vec<String> = write_through_plan
+            .endpoint
+            .server_name()
+            .into_iter()
+            .collect();
+        let server = WebhookServer::start(write_through_plan.listen, &hosts, write_through)
             .await
             .map_err(|e| SyncError::WriteThrough(e.to_string()))?;
         tracing::info!(addr = %server.addr, "write-through webhook listening");
@@ -249,7 +251,9 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             .filter(|t| gates.contains_key(&t.resource.key))
             .cloned()
             .collect();
-        writethrough::webhook_configuration(&options.plan.tenant, &w.url(), &w.ca_pem, &types)
+        let client_config =
+            writethrough::client_config(&options.plan.write_through.endpoint, w.addr, &w.ca_pem);
+        writethrough::webhook_configuration(&options.plan.tenant, &client_config, &types)
     });
     if let Some(configuration) = &registration {
         // Before the generated types are used: without the configuration a tenant

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use crproxy_core::config::sync::WebhookEndpoint;
 use crproxy_core::pki::CertificateAuthority;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -731,24 +732,44 @@ impl From<kube::Error> for HostError {
     }
 }
 
-/// The ValidatingWebhookConfiguration that sends the tenant's creates and updates of
-/// `types` (their main resource only) to `url`.
-pub fn webhook_configuration(
-    tenant: &str,
-    url: &str,
-    ca_pem: &str,
-    types: &[ResolvedType],
-) -> Value {
+/// The path the webhook serves reviews on.
+pub const REVIEW_PATH: &str = "/validate";
+
+/// The `clientConfig` of the write-through webhooks: how the tenant's API server
+/// reaches `endpoint` (the listener at `listening` for [`WebhookEndpoint::Listener`])
+/// and the CA it verifies the serving certificate with.
+pub fn client_config(endpoint: &WebhookEndpoint, listening: SocketAddr, ca_pem: &str) -> Value {
     use base64::Engine;
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    match endpoint {
+        WebhookEndpoint::Listener => json!({
+            "url": format!("https://{listening}{REVIEW_PATH}"),
+            "caBundle": ca_bundle,
+        }),
+        WebhookEndpoint::Url { url, .. } => json!({
+            "url": format!("{url}{REVIEW_PATH}"),
+            "caBundle": ca_bundle,
+        }),
+        WebhookEndpoint::Service {
+            namespace,
+            name,
+            port,
+        } => json!({
+            "service": {"namespace": namespace, "name": name, "port": port, "path": REVIEW_PATH},
+            "caBundle": ca_bundle,
+        }),
+    }
+}
+
+/// The ValidatingWebhookConfiguration that sends the tenant's creates and updates of
+/// `types` (their main resource only) to the webhook at `client_config`.
+pub fn webhook_configuration(tenant: &str, client_config: &Value, types: &[ResolvedType]) -> Value {
     let webhooks: Vec<Value> = types
         .iter()
         .map(|ty| {
             json!({
                 "name": format!("{}.writethrough.crproxy.dev", ty.resource.plural),
-                "clientConfig": {
-                    "url": format!("{url}/validate"),
-                    "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
-                },
+                "clientConfig": client_config,
                 "rules": [{
                     "apiGroups": [ty.resource.group],
                     "apiVersions": ["*"],
@@ -889,11 +910,6 @@ impl WebhookServer {
         })
     }
 
-    /// The URL the tenant calls (without `/validate`).
-    pub fn url(&self) -> String {
-        format!("https://{}", self.addr)
-    }
-
     pub fn stop(&self) {
         let _ = self.stop.send(true);
     }
@@ -957,7 +973,7 @@ async fn handle(
         json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
                "code": code.as_u16(), "reason": reason, "message": message})
     };
-    if request.method() != Method::POST || request.uri().path() != "/validate" {
+    if request.method() != Method::POST || request.uri().path() != REVIEW_PATH {
         return reply(
             StatusCode::NOT_FOUND,
             status(

@@ -720,3 +720,113 @@ async fn mirrors_a_host_lost_while_no_syncer_ran_are_created_again() -> Result<(
     sync.stop().await;
     Ok(())
 }
+
+/// A port that was free a moment ago: `sync.writeThrough.listenAddress` needs a
+/// fixed one when the tenant reaches the webhook by URL or Service.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Creates an invalid and a valid Gateway through the tenant and checks that the
+/// host's extension server decided both (retrying while the syncer is not ready).
+async fn written_through(tenant: &Path, host: &Path, name: &str) {
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            tenant,
+            &["create", "-f", "-"],
+            Some(&gateway(&format!("{name}-bad"), 70000, "")),
+        )
+        .await;
+        assert!(!out.success(), "an invalid Gateway was stored");
+        if out.stderr.contains("spec.port") {
+            break;
+        }
+        attempts += 1;
+        assert!(attempts < 100, "the host never answered: {}", out.stderr);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = kc(
+        tenant,
+        &["create", "-f", "-"],
+        Some(&gateway(name, 443, "")),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    assert!(
+        get_json(
+            host,
+            &["gateway", "-n", HOST_NS, &format!("{name}-x-team-x-client")]
+        )
+        .await
+        .is_some(),
+        "written to the host before the create returned"
+    );
+}
+
+/// The two ways `sync.writeThrough` tells a real tenant where the webhook is: a URL
+/// (`clientConfig.url`) and a Service (`clientConfig.service`, here an ExternalName
+/// Service for localhost, which devcluster's webhook client resolves as kube's
+/// would; the serving certificate must be valid for `<name>.<namespace>.svc`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_reaches_the_webhook_by_url_or_by_service() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    ns(&tenant, "team");
+    let base = crproxy::devsync::sync_only_config("client", &tenant, &host);
+    let configuration = || {
+        get(
+            &tenant,
+            &[
+                "validatingwebhookconfiguration",
+                "crproxy-writethrough-client",
+            ],
+        )
+        .expect("registered")
+    };
+
+    let port = free_port()?;
+    let yaml = format!(
+        "{base}  writeThrough:\n    listenAddress: 127.0.0.1:{port}\n    url: https://localhost:{port}/\n"
+    );
+    let sync = env
+        .start_with("client", &tenant, HOST_NS, Some(yaml))
+        .await?;
+    let client_config = &configuration()["webhooks"][0]["clientConfig"];
+    assert_eq!(
+        client_config["url"],
+        format!("https://localhost:{port}/validate")
+    );
+    written_through(&tenant, &host, "by-url").await;
+    sync.stop().await;
+
+    let port = free_port()?;
+    apply(
+        &tenant,
+        &format!("apiVersion: v1\nkind: Service\nmetadata: {{name: crproxy-writethrough, namespace: kube-system}}\nspec:\n  type: ExternalName\n  externalName: localhost\n  ports: [{{name: https, port: {port}}}]\n"),
+    );
+    let yaml = format!(
+        "{base}  writeThrough:\n    listenAddress: 127.0.0.1:{port}\n    service: {{namespace: kube-system, name: crproxy-writethrough, port: {port}}}\n"
+    );
+    let sync = env
+        .start_with("client", &tenant, HOST_NS, Some(yaml))
+        .await?;
+    // The leader replaces the first run's registration once elected.
+    let registered = eventually("the service form registered", || {
+        let c = configuration();
+        (!c["webhooks"][0]["clientConfig"]["service"].is_null()).then_some(c)
+    })
+    .await;
+    let client_config = &registered["webhooks"][0]["clientConfig"];
+    assert_eq!(
+        client_config["service"],
+        serde_json::json!({"namespace": "kube-system", "name": "crproxy-writethrough", "port": port, "path": "/validate"})
+    );
+    assert!(client_config.get("url").is_none());
+    written_through(&tenant, &host, "by-service").await;
+    sync.stop().await;
+    Ok(())
+}

@@ -92,7 +92,6 @@ impl Env {
             leader: crproxy_wiring::LeaderHandle::fixed(true),
             metrics,
             resync: Duration::from_secs(5),
-            webhook_bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             // Short, so the test of a tenant store failure sees its rollback soon.
             write_through_confirm: Duration::from_secs(5),
         })
