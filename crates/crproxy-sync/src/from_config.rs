@@ -89,6 +89,8 @@ pub async fn start_from_config(
         metrics,
         resync: DEFAULT_RESYNC,
         write_through_confirm: crate::writethrough::CONFIRM_WITHIN,
+        // The downward API's status.podIP (deploy/ sets it).
+        pod_ip: std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok()),
     })
     .await
     .map(Some)

@@ -4,11 +4,12 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crproxy_core::config::sync::{Direction, SyncPlan};
+use crproxy_core::config::sync::{Direction, SyncPlan, WebhookEndpoint};
 use crproxy_wiring::LeaderHandle;
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -125,6 +126,10 @@ pub struct SyncOptions {
     /// How long an accepted write-through may take to appear in the tenant before
     /// its host write is undone ([`writethrough::CONFIRM_WITHIN`] in production).
     pub write_through_confirm: Duration,
+    /// This replica's address in the tenant's network (its Pod IP, `POD_IP` from the
+    /// downward API): when the tenant reaches the webhook through a Service, the
+    /// leader points the Service's EndpointSlice at it. Required for that form.
+    pub pod_ip: Option<IpAddr>,
 }
 
 /// The running sync.
@@ -215,6 +220,15 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     let webhook = if gates.is_empty() {
         None
     } else {
+        if matches!(
+            options.plan.write_through.endpoint,
+            WebhookEndpoint::Service { .. }
+        ) && options.pod_ip.is_none()
+        {
+            return Err(SyncError::WriteThrough(
+                "sync.writeThrough.service: the leader points the Service at its own Pod IP; set POD_IP from the downward API (deploy/ does)".into(),
+            ));
+        }
         let write_through = Arc::new(WriteThrough {
             tenant: options.plan.tenant.clone(),
             host_namespace: options.plan.host_namespace.clone(),
@@ -268,6 +282,28 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     }
     let handle_gates: Vec<Arc<Gate>> = gates.values().cloned().collect();
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let leader_endpoint = match (
+        &options.plan.write_through.endpoint,
+        options.pod_ip,
+        &webhook,
+    ) {
+        (
+            WebhookEndpoint::Service {
+                namespace,
+                name,
+                port,
+            },
+            Some(ip),
+            Some(server),
+        ) => Some(LeaderEndpoint {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            service_port: *port,
+            ip,
+            listen_port: server.addr.port(),
+        }),
+        _ => None,
+    };
     let supervisor = Supervisor {
         host,
         tenant,
@@ -277,6 +313,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         resync: options.resync,
         gates,
         registration,
+        leader_endpoint,
     };
     let task = tokio::spawn(supervisor.run(options.leader.clone(), shutdown_rx));
     Ok(SyncHandle {
@@ -323,6 +360,18 @@ struct Supervisor {
     gates: HashMap<String, Arc<Gate>>,
     /// The ValidatingWebhookConfiguration the leader keeps registered.
     registration: Option<serde_json::Value>,
+    /// With a Service as the way in: where the leader points it.
+    leader_endpoint: Option<LeaderEndpoint>,
+}
+
+/// The write-through Service and this replica's address behind it.
+#[derive(Clone)]
+struct LeaderEndpoint {
+    namespace: String,
+    name: String,
+    service_port: u16,
+    ip: IpAddr,
+    listen_port: u16,
 }
 
 impl Supervisor {
@@ -349,6 +398,25 @@ impl Supervisor {
                     }
                 }
             }
+            // Published only once the registration carries this replica's CA, so the
+            // Service never leads to a replica the tenant would not trust. The syncers
+            // start meanwhile; until their caches sync the answer is 503.
+            let publishing = self.leader_endpoint.clone().map(|e| {
+                let tenant = self.tenant.clone();
+                AbortOnDrop(tokio::spawn(async move {
+                    let mut attempt = 0u32;
+                    while let Err(err) = writethrough::publish_leader_endpoint(
+                        &tenant, &e.namespace, &e.name, e.service_port, e.ip, e.listen_port,
+                    )
+                    .await
+                    {
+                        attempt += 1;
+                        tracing::warn!(error = %err, attempt, service = %e.name, "pointing the write-through Service at this replica failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    tracing::info!(service = %format!("{}/{}", e.namespace, e.name), address = %e.ip, port = e.listen_port, "the write-through Service now leads to this replica");
+                }))
+            });
             let tasks: Vec<AbortOnDrop> = self
                 .resolved
                 .iter()
@@ -361,6 +429,7 @@ impl Supervisor {
             // Dropping aborts every syncer (and, through theirs, their watchers and
             // workers), also when this task itself is aborted.
             drop(tasks);
+            drop(publishing);
             for gate in self.gates.values() {
                 gate.set_synced(None);
             }

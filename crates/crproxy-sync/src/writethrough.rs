@@ -840,6 +840,104 @@ pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<()
     Ok(())
 }
 
+/// The `endpointslice.kubernetes.io/managed-by` value of the leader's EndpointSlice
+/// (kube's EndpointSlice controller leaves slices of other managers alone).
+pub const SLICE_MANAGER: &str = "crproxy.dev";
+
+/// The EndpointSlice the leader keeps for the write-through Service `service`.
+pub fn leader_slice_name(service: &str) -> String {
+    format!("{service}-leader")
+}
+
+/// Why the leader could not point the write-through Service at itself.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderEndpointError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("service {namespace}/{name} has no port {port} (sync.writeThrough.service.port)")]
+    NoPort {
+        namespace: String,
+        name: String,
+        port: u16,
+    },
+}
+
+/// Makes the selector-less Service `namespace/name` lead to this replica only: its
+/// EndpointSlice lists `ip` with the webhook's `listen_port` under the name of the
+/// Service's port `service_port`. One object that every new leader overwrites, so the
+/// Service never sends a review to a standby (which would answer 503, and
+/// `failurePolicy: Fail` would turn that into a failed tenant write).
+pub async fn publish_leader_endpoint(
+    tenant: &kube::Client,
+    namespace: &str,
+    name: &str,
+    service_port: u16,
+    ip: std::net::IpAddr,
+    listen_port: u16,
+) -> Result<(), LeaderEndpointError> {
+    let gvk = |group: &str, version: &str, kind: &str, plural: &str| {
+        kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(group, version, kind),
+            plural,
+        )
+    };
+    let services: Api<DynamicObject> = Api::namespaced_with(
+        tenant.clone(),
+        namespace,
+        &gvk("", "v1", "Service", "services"),
+    );
+    let service =
+        serde_json::to_value(services.get(name).await?).map_err(kube::Error::SerdeError)?;
+    let port_name = service["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["port"].as_u64() == Some(u64::from(service_port)))
+        .map(|p| p["name"].as_str().unwrap_or_default().to_owned())
+        .ok_or_else(|| LeaderEndpointError::NoPort {
+            namespace: namespace.into(),
+            name: name.into(),
+            port: service_port,
+        })?;
+    let slices: Api<DynamicObject> = Api::namespaced_with(
+        tenant.clone(),
+        namespace,
+        &gvk("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
+    );
+    let slice_name = leader_slice_name(name);
+    let mut slice = json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": slice_name,
+            "namespace": namespace,
+            "labels": {
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": SLICE_MANAGER,
+            },
+        },
+        "addressType": if ip.is_ipv4() { "IPv4" } else { "IPv6" },
+        "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
+        "ports": [{"name": port_name, "port": listen_port, "protocol": "TCP"}],
+    });
+    match slices.get_opt(&slice_name).await? {
+        Some(current) => {
+            slice["metadata"]["resourceVersion"] = json!(current.metadata.resource_version);
+            let object: DynamicObject =
+                serde_json::from_value(slice).map_err(kube::Error::SerdeError)?;
+            slices
+                .replace(&slice_name, &PostParams::default(), &object)
+                .await?;
+        }
+        None => {
+            let object: DynamicObject =
+                serde_json::from_value(slice).map_err(kube::Error::SerdeError)?;
+            slices.create(&PostParams::default(), &object).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Why the webhook server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookServerError {

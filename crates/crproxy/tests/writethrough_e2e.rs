@@ -766,12 +766,11 @@ async fn written_through(tenant: &Path, host: &Path, name: &str) {
     );
 }
 
-/// The two ways `sync.writeThrough` tells a real tenant where the webhook is: a URL
-/// (`clientConfig.url`) and a Service (`clientConfig.service`, here an ExternalName
-/// Service for localhost, which devcluster's webhook client resolves as kube's
-/// would; the serving certificate must be valid for `<name>.<namespace>.svc`).
+/// `sync.writeThrough.url` tells the tenant where the webhook is
+/// (`clientConfig.url`); the Service form is
+/// `the_write_through_service_leads_only_to_the_leader`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tenant_reaches_the_webhook_by_url_or_by_service() -> Result<()> {
+async fn the_tenant_reaches_the_webhook_by_url() -> Result<()> {
     let env = Env::new().await;
     let tenant = env.tenant.kubeconfig.clone();
     let host = env.host.kubeconfig.clone();
@@ -802,31 +801,80 @@ async fn the_tenant_reaches_the_webhook_by_url_or_by_service() -> Result<()> {
     );
     written_through(&tenant, &host, "by-url").await;
     sync.stop().await;
+    Ok(())
+}
 
-    let port = free_port()?;
+/// With a Service as the way in, the Service leads only to the leader: it has no
+/// selector and the leader writes its EndpointSlice (here 127.0.0.1 and the leader's
+/// port), so reviews never reach a standby, which would answer 503. Tenant writes
+/// are decided by the host through it. Without its own address the Service form
+/// refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    ns(&tenant, "team");
     apply(
         &tenant,
-        &format!("apiVersion: v1\nkind: Service\nmetadata: {{name: crproxy-writethrough, namespace: kube-system}}\nspec:\n  type: ExternalName\n  externalName: localhost\n  ports: [{{name: https, port: {port}}}]\n"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: crproxy-writethrough, namespace: kube-system}\nspec:\n  ports: [{name: https, port: 443}]\n",
     );
-    let yaml = format!(
-        "{base}  writeThrough:\n    listenAddress: 127.0.0.1:{port}\n    service: {{namespace: kube-system, name: crproxy-writethrough, port: {port}}}\n"
+    let base = crproxy::devsync::sync_only_config("client", &tenant, &host);
+    let config = |port: u16| {
+        format!(
+            "{base}  writeThrough:\n    listenAddress: 127.0.0.1:{port}\n    service: {{namespace: kube-system, name: crproxy-writethrough}}\n"
+        )
+    };
+    let err = match env
+        .start_with("client", &tenant, HOST_NS, Some(config(free_port()?)))
+        .await
+    {
+        Ok(_) => panic!("the Service form started without knowing its address"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("POD_IP") && err.contains("sync.writeThrough.service"),
+        "{err}"
     );
-    let sync = env
-        .start_with("client", &tenant, HOST_NS, Some(yaml))
-        .await?;
-    // The leader replaces the first run's registration once elected.
-    let registered = eventually("the service form registered", || {
-        let c = configuration();
-        (!c["webhooks"][0]["clientConfig"]["service"].is_null()).then_some(c)
+
+    let replica = |leading: bool, port: u16| -> Result<crproxy_sync::SyncOptions> {
+        let mut options = env.options(
+            "client",
+            &tenant,
+            HOST_NS,
+            Some(config(port)),
+            crproxy_sync::SyncMetrics::new(),
+        )?;
+        options.leader = crproxy_wiring::LeaderHandle::fixed(leading);
+        options.pod_ip = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+        Ok(options)
+    };
+    let (standby_port, leader_port) = (free_port()?, free_port()?);
+    let standby = crproxy_sync::start(replica(false, standby_port)?).await?;
+    let leader = crproxy_sync::start(replica(true, leader_port)?).await?;
+    let slice = eventually("the leader's EndpointSlice", || {
+        get(
+            &tenant,
+            &[
+                "endpointslice",
+                "-n",
+                "kube-system",
+                "crproxy-writethrough-leader",
+            ],
+        )
     })
     .await;
-    let client_config = &registered["webhooks"][0]["clientConfig"];
     assert_eq!(
-        client_config["service"],
-        serde_json::json!({"namespace": "kube-system", "name": "crproxy-writethrough", "port": port, "path": "/validate"})
+        slice["metadata"]["labels"]["kubernetes.io/service-name"],
+        "crproxy-writethrough"
     );
-    assert!(client_config.get("url").is_none());
-    written_through(&tenant, &host, "by-service").await;
-    sync.stop().await;
+    assert_eq!(slice["endpoints"][0]["addresses"][0], "127.0.0.1");
+    assert_eq!(
+        slice["ports"],
+        serde_json::json!([{"name": "https", "port": leader_port, "protocol": "TCP"}])
+    );
+    written_through(&tenant, &host, "via-leader").await;
+    leader.stop().await;
+    standby.stop().await;
     Ok(())
 }
