@@ -20,7 +20,6 @@
 //! released, the level-based syncer writes the tenant's (unchanged) object down again.
 
 use std::collections::{HashMap, HashSet};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,8 +29,6 @@ use crproxy_core::config::sync::WebhookEndpoint;
 use crproxy_core::pki::CertificateAuthority;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use rustls::pki_types::pem::PemObject;
@@ -1000,7 +997,15 @@ impl WebhookServer {
             .local_addr()
             .map_err(|source| WebhookServerError::Bind { addr: bind, source })?;
         let (stop, stopped) = watch::channel(false);
-        tokio::spawn(serve(listener, acceptor, write_through, stopped));
+        tokio::spawn(crproxy_serve::serve_tls(
+            listener,
+            acceptor,
+            move |request| {
+                let wt = Arc::clone(&write_through);
+                async move { handle(&wt, request).await }
+            },
+            stopped,
+        ));
         Ok(WebhookServer {
             addr,
             ca_pem: ca.pem().cert.clone(),
@@ -1017,37 +1022,6 @@ impl Drop for WebhookServer {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-async fn serve(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    write_through: Arc<WriteThrough>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else { continue };
-                let acceptor = acceptor.clone();
-                let wt = Arc::clone(&write_through);
-                connections.spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let service = service_fn(move |request| {
-                        let wt = Arc::clone(&wt);
-                        async move { Ok::<_, Infallible>(handle(&wt, request).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
-                });
-            }
-            _ = stopped.wait_for(|s| *s) => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    connections.shutdown().await;
 }
 
 /// The largest AdmissionReview accepted (kube's own request limit is 3 MiB; a review

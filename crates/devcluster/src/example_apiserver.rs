@@ -24,8 +24,6 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
@@ -145,7 +143,15 @@ impl ExampleApiServer {
                 store
             }
         };
-        tokio::spawn(serve(listener, acceptor, store, stopped));
+        tokio::spawn(crproxy_serve::serve_tls(
+            listener,
+            acceptor,
+            move |request| {
+                let store = Arc::clone(&store);
+                async move { handle(&store, request).await }
+            },
+            stopped,
+        ));
         Ok(ExampleApiServer {
             addr,
             ca_pem: ca.pem().cert.clone(),
@@ -223,38 +229,6 @@ impl Drop for ExampleApiServer {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-async fn serve(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    store: Arc<Gateways>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else { continue };
-                let acceptor = acceptor.clone();
-                let store = Arc::clone(&store);
-                connections.spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let service = service_fn(move |request| {
-                        let store = Arc::clone(&store);
-                        async move { Ok::<_, Infallible>(handle(&store, request).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
-                });
-            }
-            _ = stopped.wait_for(|s| *s) => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    // Dropping the set aborts every connection, watches included.
-    connections.shutdown().await;
 }
 
 // ---------- storage ----------

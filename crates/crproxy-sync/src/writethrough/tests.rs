@@ -329,9 +329,10 @@ async fn https_as(
         .connect(name, tcp)
         .await
         .expect("TLS with the server's own CA");
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .expect("handshake");
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("handshake");
     tokio::spawn(connection);
     let request = Request::builder()
         .method(method)
