@@ -18,6 +18,10 @@
 //! uid and resourceVersion write-through wrote, so that a later valid write is never
 //! undone. An update that never appears needs no explicit revert: once the key is
 //! released, the level-based syncer writes the tenant's (unchanged) object down again.
+//!
+//! Only the leader's syncer has synced caches and pending keys, so reviews must reach
+//! the leader: the tenant calls the listener itself, a URL, or a selector-less Service
+//! whose EndpointSlice the leader points at itself ([`publish_leader_endpoint`]).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
