@@ -1,7 +1,6 @@
 //! Starting the sync the way `crproxy run` does: from the configuration file, with
 //! leader election on a Lease in the tenant cluster.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,8 +88,9 @@ pub async fn start_from_config(
         leader,
         metrics,
         resync: DEFAULT_RESYNC,
-        webhook_bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         write_through_confirm: crate::writethrough::CONFIRM_WITHIN,
+        // The downward API's status.podIP (deploy/ sets it).
+        pod_ip: std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok()),
     })
     .await
     .map(Some)

@@ -4,12 +4,12 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crproxy_core::config::sync::{Direction, SyncPlan};
+use crproxy_core::config::sync::{Direction, SyncPlan, WebhookEndpoint};
 use crproxy_wiring::LeaderHandle;
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -97,6 +97,10 @@ pub trait Reconciler: Send + Sync + 'static {
     fn key_of_host(&self, object: &DynamicObject) -> Option<Key>;
     /// Both caches are synced (write-through may start answering).
     fn caches_synced(&self) {}
+    /// The host watch delivered a DELETED event for `object`: the host removed it
+    /// while this syncer watched (a relist that no longer shows an object is not
+    /// such an event).
+    fn host_deleted(&self, _object: &DynamicObject) {}
     /// Every key either cache knows.
     fn all_keys(&self) -> Vec<Key>;
     fn reconcile(&self, key: &Key) -> impl Future<Output = Result<Outcome, StepError>> + Send;
@@ -119,12 +123,13 @@ pub struct SyncOptions {
     pub leader: LeaderHandle,
     pub metrics: Arc<SyncMetrics>,
     pub resync: Duration,
-    /// Where the write-through webhook listens (for toHost aggregated types); the
-    /// tenant's API server must reach it at `https://<this address>`.
-    pub webhook_bind: SocketAddr,
     /// How long an accepted write-through may take to appear in the tenant before
     /// its host write is undone ([`writethrough::CONFIRM_WITHIN`] in production).
     pub write_through_confirm: Duration,
+    /// This replica's address in the tenant's network (its Pod IP, `POD_IP` from the
+    /// downward API): when the tenant reaches the webhook through a Service, the
+    /// leader points the Service's EndpointSlice at it. Required for that form.
+    pub pod_ip: Option<IpAddr>,
 }
 
 /// The running sync.
@@ -215,6 +220,15 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     let webhook = if gates.is_empty() {
         None
     } else {
+        if matches!(
+            options.plan.write_through.endpoint,
+            WebhookEndpoint::Service { .. }
+        ) && options.pod_ip.is_none()
+        {
+            return Err(SyncError::WriteThrough(
+                "sync.writeThrough.service: the leader points the Service at its own Pod IP; set POD_IP from the downward API (deploy/ does)".into(),
+            ));
+        }
         let write_through = Arc::new(WriteThrough {
             tenant: options.plan.tenant.clone(),
             host_namespace: options.plan.host_namespace.clone(),
@@ -233,7 +247,13 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             timeout: writethrough::TIMEOUT,
             confirm_within: options.write_through_confirm,
         });
-        let server = WebhookServer::start(options.webhook_bind, &[], write_through)
+        let write_through_plan = &options.plan.write_through;
+        let hosts: Vec<String> = write_through_plan
+            .endpoint
+            .server_name()
+            .into_iter()
+            .collect();
+        let server = WebhookServer::start(write_through_plan.listen, &hosts, write_through)
             .await
             .map_err(|e| SyncError::WriteThrough(e.to_string()))?;
         tracing::info!(addr = %server.addr, "write-through webhook listening");
@@ -245,7 +265,9 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             .filter(|t| gates.contains_key(&t.resource.key))
             .cloned()
             .collect();
-        writethrough::webhook_configuration(&options.plan.tenant, &w.url(), &w.ca_pem, &types)
+        let client_config =
+            writethrough::client_config(&options.plan.write_through.endpoint, w.addr, &w.ca_pem);
+        writethrough::webhook_configuration(&options.plan.tenant, &client_config, &types)
     });
     if let Some(configuration) = &registration {
         // Before the generated types are used: without the configuration a tenant
@@ -260,6 +282,28 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     }
     let handle_gates: Vec<Arc<Gate>> = gates.values().cloned().collect();
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let leader_endpoint = match (
+        &options.plan.write_through.endpoint,
+        options.pod_ip,
+        &webhook,
+    ) {
+        (
+            WebhookEndpoint::Service {
+                namespace,
+                name,
+                port,
+            },
+            Some(ip),
+            Some(server),
+        ) => Some(LeaderEndpoint {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            service_port: *port,
+            ip,
+            listen_port: server.addr.port(),
+        }),
+        _ => None,
+    };
     let supervisor = Supervisor {
         host,
         tenant,
@@ -269,6 +313,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         resync: options.resync,
         gates,
         registration,
+        leader_endpoint,
     };
     let task = tokio::spawn(supervisor.run(options.leader.clone(), shutdown_rx));
     Ok(SyncHandle {
@@ -315,6 +360,18 @@ struct Supervisor {
     gates: HashMap<String, Arc<Gate>>,
     /// The ValidatingWebhookConfiguration the leader keeps registered.
     registration: Option<serde_json::Value>,
+    /// With a Service as the way in: where the leader points it.
+    leader_endpoint: Option<LeaderEndpoint>,
+}
+
+/// The write-through Service and this replica's address behind it.
+#[derive(Clone)]
+struct LeaderEndpoint {
+    namespace: String,
+    name: String,
+    service_port: u16,
+    ip: IpAddr,
+    listen_port: u16,
 }
 
 impl Supervisor {
@@ -341,6 +398,25 @@ impl Supervisor {
                     }
                 }
             }
+            // Published only once the registration carries this replica's CA, so the
+            // Service never leads to a replica the tenant would not trust. The syncers
+            // start meanwhile; until their caches sync the answer is 503.
+            let publishing = self.leader_endpoint.clone().map(|e| {
+                let tenant = self.tenant.clone();
+                AbortOnDrop(tokio::spawn(async move {
+                    let mut attempt = 0u32;
+                    while let Err(err) = writethrough::publish_leader_endpoint(
+                        &tenant, &e.namespace, &e.name, e.service_port, e.ip, e.listen_port,
+                    )
+                    .await
+                    {
+                        attempt += 1;
+                        tracing::warn!(error = %err, attempt, service = %e.name, "pointing the write-through Service at this replica failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    tracing::info!(service = %format!("{}/{}", e.namespace, e.name), address = %e.ip, port = e.listen_port, "the write-through Service now leads to this replica");
+                }))
+            });
             let tasks: Vec<AbortOnDrop> = self
                 .resolved
                 .iter()
@@ -353,6 +429,7 @@ impl Supervisor {
             // Dropping aborts every syncer (and, through theirs, their watchers and
             // workers), also when this task itself is aborted.
             drop(tasks);
+            drop(publishing);
             for gate in self.gates.values() {
                 gate.set_synced(None);
             }
@@ -380,6 +457,7 @@ impl Supervisor {
                     host_store,
                     metrics,
                     gate: self.gates.get(&ty.resource.key).cloned(),
+                    observed_host_deletes: Default::default(),
                 });
                 let tenant_api = Api::all_with(self.tenant.clone(), &ty.api);
                 let host_api =
@@ -461,6 +539,9 @@ async fn drive<R: Reconciler>(
             let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff();
             futures_util::pin_mut!(stream);
             while let Some(event) = stream.next().await {
+                if let (Side::Host, Ok(Event::Delete(o))) = (side, &event) {
+                    r.host_deleted(o);
+                }
                 match event {
                     Ok(Event::Apply(o) | Event::Delete(o) | Event::InitApply(o)) => {
                         let key = match side {

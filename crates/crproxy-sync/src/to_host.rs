@@ -7,7 +7,8 @@
 //! | tenant object | mirror | step |
 //! |---|---|---|
 //! | exists | missing, never mirrored | create the mirror, remember its uid on the tenant object |
-//! | exists, was mirrored | missing (confirmed live) | the host deleted it: delete the tenant object |
+//! | exists, was mirrored | missing (confirmed live), its DELETED event seen | the host deleted it: delete the tenant object |
+//! | exists, was mirrored | missing (confirmed live), no DELETED event seen | the host lost it: create the mirror again |
 //! | exists | this tenant object's | update spec down, status up |
 //! | exists | ours, older uid | stale mirror of a deleted object: delete it, then create |
 //! | exists | not ours | never touched; reported as `foreign_object` |
@@ -18,8 +19,8 @@
 //! Nothing is deleted on the word of a cache alone: a live read confirms first, and
 //! deletes carry a uid precondition.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crproxy_core::config::sync::{FieldPath, PathStep};
@@ -47,6 +48,10 @@ pub struct ToHost {
     /// For an aggregated type: shared with write-through, which holds the keys of
     /// writes it has accepted on the host but not yet seen stored in the tenant.
     pub gate: Option<Arc<Gate>>,
+    /// By key: the uid of the last mirror whose DELETED event this syncer's host
+    /// watch delivered. The only evidence that the host deleted a mirror, as opposed
+    /// to losing it (a restored backup, an extension server with a fresh store).
+    pub observed_host_deletes: Mutex<HashMap<Key, String>>,
 }
 
 /// The label selector of the host watch: only this tenant's mirrors.
@@ -200,6 +205,17 @@ impl ToHost {
         Api::namespaced_with(self.host_client.clone(), &self.host_namespace, &self.ty.api)
     }
 
+    fn observed_host_deletes(&self) -> MutexGuard<'_, HashMap<Key, String>> {
+        self.observed_host_deletes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether this syncer's host watch saw the mirror `mirror_uid` of `key` deleted.
+    fn saw_host_delete(&self, key: &Key, mirror_uid: &str) -> bool {
+        self.observed_host_deletes().get(key).map(String::as_str) == Some(mirror_uid)
+    }
+
     fn host_name(&self, key: &Key) -> String {
         names::host_name(&key.name, &key.namespace, &self.tenant)
     }
@@ -243,7 +259,10 @@ impl ToHost {
             .map(|o| to_value(&o))
             .transpose()?;
         match (tenant, mirror) {
-            (None, None) => Ok(Outcome::Done),
+            (None, None) => {
+                self.observed_host_deletes().remove(key);
+                Ok(Outcome::Done)
+            }
             (None, Some(mirror)) => self.collect(key, &mirror).await,
             (Some(tenant), None) => self.mirror_missing(key, &tenant).await,
             (Some(tenant), Some(mirror)) => self.update(key, &tenant, &mirror).await,
@@ -291,13 +310,27 @@ impl ToHost {
 
     async fn mirror_missing(&self, key: &Key, tenant: &Value) -> Result<Outcome, StepError> {
         let host_name = self.host_name(key);
+        let mut action = "create_host";
         if let Some(mirrored) = mirror_record(tenant) {
-            // Mirrored before: either the host deleted the mirror, or the cache is
-            // behind. Only a live read decides.
+            // Mirrored before: the host deleted the mirror, the host lost it, or the
+            // cache is behind. A live read tells the last apart; only a DELETED event
+            // this syncer saw for that very mirror tells a delete from a loss.
+            let mirror_uid = mirrored.split_once('/').map_or("", |(_, m)| m);
             match self.host_api().get_opt(&host_name).await? {
                 Some(live) => {
                     let live = to_value(&live)?;
                     return self.update(key, tenant, &live).await;
+                }
+                None if !self.saw_host_delete(key, mirror_uid) => {
+                    tracing::warn!(
+                        resource = %self.ty.resource.key,
+                        direction = "toHost",
+                        tenant_object = %format!("{}/{}", key.namespace, key.name),
+                        host_object = %format!("{}/{}", self.host_namespace, host_name),
+                        mirror_uid,
+                        "the host mirror is gone without a delete this syncer saw (the host may have lost its state); creating it again from the tenant object"
+                    );
+                    action = "recreate_host";
                 }
                 None => {
                     let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
@@ -330,6 +363,7 @@ impl ToHost {
                         Err(e) if is_code(&e, 404) => {}
                         Err(e) => return Err(e.into()),
                     }
+                    self.observed_host_deletes().remove(key);
                     self.log(key, "delete_tenant");
                     return Ok(Outcome::Done);
                 }
@@ -343,7 +377,7 @@ impl ToHost {
             .await
         {
             Ok(created) => {
-                self.log(key, "create_host");
+                self.log(key, action);
                 let created = to_value(&created)?;
                 self.remember_mirror(key, tenant, meta(&created, "uid"))
                     .await?;
@@ -491,6 +525,12 @@ impl Reconciler for ToHost {
             namespace: object.metadata.namespace.clone()?,
             name: object.metadata.name.clone()?,
         })
+    }
+
+    fn host_deleted(&self, object: &DynamicObject) {
+        if let (Some(key), Some(uid)) = (self.key_of_host(object), object.metadata.uid.clone()) {
+            self.observed_host_deletes().insert(key, uid);
+        }
     }
 
     fn key_of_host(&self, object: &DynamicObject) -> Option<Key> {

@@ -18,19 +18,21 @@
 //! uid and resourceVersion write-through wrote, so that a later valid write is never
 //! undone. An update that never appears needs no explicit revert: once the key is
 //! released, the level-based syncer writes the tenant's (unchanged) object down again.
+//!
+//! Only the leader's syncer has synced caches and pending keys, so reviews must reach
+//! the leader: the tenant calls the listener itself, a URL, or a selector-less Service
+//! whose EndpointSlice the leader points at itself ([`publish_leader_endpoint`]).
 
 use std::collections::{HashMap, HashSet};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use crproxy_core::config::sync::WebhookEndpoint;
 use crproxy_core::pki::CertificateAuthority;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use rustls::pki_types::pem::PemObject;
@@ -731,24 +733,44 @@ impl From<kube::Error> for HostError {
     }
 }
 
-/// The ValidatingWebhookConfiguration that sends the tenant's creates and updates of
-/// `types` (their main resource only) to `url`.
-pub fn webhook_configuration(
-    tenant: &str,
-    url: &str,
-    ca_pem: &str,
-    types: &[ResolvedType],
-) -> Value {
+/// The path the webhook serves reviews on.
+pub const REVIEW_PATH: &str = "/validate";
+
+/// The `clientConfig` of the write-through webhooks: how the tenant's API server
+/// reaches `endpoint` (the listener at `listening` for [`WebhookEndpoint::Listener`])
+/// and the CA it verifies the serving certificate with.
+pub fn client_config(endpoint: &WebhookEndpoint, listening: SocketAddr, ca_pem: &str) -> Value {
     use base64::Engine;
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    match endpoint {
+        WebhookEndpoint::Listener => json!({
+            "url": format!("https://{listening}{REVIEW_PATH}"),
+            "caBundle": ca_bundle,
+        }),
+        WebhookEndpoint::Url { url, .. } => json!({
+            "url": format!("{url}{REVIEW_PATH}"),
+            "caBundle": ca_bundle,
+        }),
+        WebhookEndpoint::Service {
+            namespace,
+            name,
+            port,
+        } => json!({
+            "service": {"namespace": namespace, "name": name, "port": port, "path": REVIEW_PATH},
+            "caBundle": ca_bundle,
+        }),
+    }
+}
+
+/// The ValidatingWebhookConfiguration that sends the tenant's creates and updates of
+/// `types` (their main resource only) to the webhook at `client_config`.
+pub fn webhook_configuration(tenant: &str, client_config: &Value, types: &[ResolvedType]) -> Value {
     let webhooks: Vec<Value> = types
         .iter()
         .map(|ty| {
             json!({
                 "name": format!("{}.writethrough.crproxy.dev", ty.resource.plural),
-                "clientConfig": {
-                    "url": format!("{url}/validate"),
-                    "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
-                },
+                "clientConfig": client_config,
                 "rules": [{
                     "apiGroups": [ty.resource.group],
                     "apiVersions": ["*"],
@@ -819,6 +841,104 @@ pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<()
     Ok(())
 }
 
+/// The `endpointslice.kubernetes.io/managed-by` value of the leader's EndpointSlice
+/// (kube's EndpointSlice controller leaves slices of other managers alone).
+pub const SLICE_MANAGER: &str = "crproxy.dev";
+
+/// The EndpointSlice the leader keeps for the write-through Service `service`.
+pub fn leader_slice_name(service: &str) -> String {
+    format!("{service}-leader")
+}
+
+/// Why the leader could not point the write-through Service at itself.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderEndpointError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("service {namespace}/{name} has no port {port} (sync.writeThrough.service.port)")]
+    NoPort {
+        namespace: String,
+        name: String,
+        port: u16,
+    },
+}
+
+/// Makes the selector-less Service `namespace/name` lead to this replica only: its
+/// EndpointSlice lists `ip` with the webhook's `listen_port` under the name of the
+/// Service's port `service_port`. One object that every new leader overwrites, so the
+/// Service never sends a review to a standby (which would answer 503, and
+/// `failurePolicy: Fail` would turn that into a failed tenant write).
+pub async fn publish_leader_endpoint(
+    tenant: &kube::Client,
+    namespace: &str,
+    name: &str,
+    service_port: u16,
+    ip: std::net::IpAddr,
+    listen_port: u16,
+) -> Result<(), LeaderEndpointError> {
+    let gvk = |group: &str, version: &str, kind: &str, plural: &str| {
+        kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(group, version, kind),
+            plural,
+        )
+    };
+    let services: Api<DynamicObject> = Api::namespaced_with(
+        tenant.clone(),
+        namespace,
+        &gvk("", "v1", "Service", "services"),
+    );
+    let service =
+        serde_json::to_value(services.get(name).await?).map_err(kube::Error::SerdeError)?;
+    let port_name = service["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["port"].as_u64() == Some(u64::from(service_port)))
+        .map(|p| p["name"].as_str().unwrap_or_default().to_owned())
+        .ok_or_else(|| LeaderEndpointError::NoPort {
+            namespace: namespace.into(),
+            name: name.into(),
+            port: service_port,
+        })?;
+    let slices: Api<DynamicObject> = Api::namespaced_with(
+        tenant.clone(),
+        namespace,
+        &gvk("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
+    );
+    let slice_name = leader_slice_name(name);
+    let mut slice = json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": slice_name,
+            "namespace": namespace,
+            "labels": {
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": SLICE_MANAGER,
+            },
+        },
+        "addressType": if ip.is_ipv4() { "IPv4" } else { "IPv6" },
+        "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
+        "ports": [{"name": port_name, "port": listen_port, "protocol": "TCP"}],
+    });
+    match slices.get_opt(&slice_name).await? {
+        Some(current) => {
+            slice["metadata"]["resourceVersion"] = json!(current.metadata.resource_version);
+            let object: DynamicObject =
+                serde_json::from_value(slice).map_err(kube::Error::SerdeError)?;
+            slices
+                .replace(&slice_name, &PostParams::default(), &object)
+                .await?;
+        }
+        None => {
+            let object: DynamicObject =
+                serde_json::from_value(slice).map_err(kube::Error::SerdeError)?;
+            slices.create(&PostParams::default(), &object).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Why the webhook server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookServerError {
@@ -881,17 +1001,20 @@ impl WebhookServer {
             .local_addr()
             .map_err(|source| WebhookServerError::Bind { addr: bind, source })?;
         let (stop, stopped) = watch::channel(false);
-        tokio::spawn(serve(listener, acceptor, write_through, stopped));
+        tokio::spawn(crproxy_serve::serve_tls(
+            listener,
+            acceptor,
+            move |request| {
+                let wt = Arc::clone(&write_through);
+                async move { handle(&wt, request).await }
+            },
+            stopped,
+        ));
         Ok(WebhookServer {
             addr,
             ca_pem: ca.pem().cert.clone(),
             stop,
         })
-    }
-
-    /// The URL the tenant calls (without `/validate`).
-    pub fn url(&self) -> String {
-        format!("https://{}", self.addr)
     }
 
     pub fn stop(&self) {
@@ -903,37 +1026,6 @@ impl Drop for WebhookServer {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-async fn serve(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    write_through: Arc<WriteThrough>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else { continue };
-                let acceptor = acceptor.clone();
-                let wt = Arc::clone(&write_through);
-                connections.spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let service = service_fn(move |request| {
-                        let wt = Arc::clone(&wt);
-                        async move { Ok::<_, Infallible>(handle(&wt, request).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
-                });
-            }
-            _ = stopped.wait_for(|s| *s) => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    connections.shutdown().await;
 }
 
 /// The largest AdmissionReview accepted (kube's own request limit is 3 MiB; a review
@@ -957,7 +1049,7 @@ async fn handle(
         json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
                "code": code.as_u16(), "reason": reason, "message": message})
     };
-    if request.method() != Method::POST || request.uri().path() != "/validate" {
+    if request.method() != Method::POST || request.uri().path() != REVIEW_PATH {
         return reply(
             StatusCode::NOT_FOUND,
             status(

@@ -126,14 +126,19 @@ pub async fn install_example_types(host: &crproxy_kube::Client) -> Result<()> {
     Ok(())
 }
 
-/// Starts the example extension API server (`gateways.example.net/v1`), registers it
-/// on `host` through an APIService and waits until the host serves the type.
+/// Starts the example extension API server (`gateways.example.net/v1`, its Gateways
+/// kept in `state_file` when given), registers it on `host` through an APIService
+/// and waits until the host serves the type.
 pub async fn start_example_apiserver(
     host: &devcluster::DevCluster,
+    state_file: Option<PathBuf>,
 ) -> Result<devcluster::example_apiserver::ExampleApiServer> {
-    let server = devcluster::example_apiserver::ExampleApiServer::start(&host.front_proxy_ca_pem())
-        .await
-        .context("starting the example extension API server")?;
+    let server = devcluster::example_apiserver::ExampleApiServer::start(
+        &host.front_proxy_ca_pem(),
+        state_file,
+    )
+    .await
+    .context("starting the example extension API server")?;
     server
         .register(host)
         .await
@@ -210,7 +215,15 @@ impl DevSync {
         std::fs::write(&host_kubeconfig, host.admin_kubeconfig())
             .with_context(|| format!("writing {}", host_kubeconfig.display()))?;
         install_example_types(&crate::devenv::admin_client(&host)?).await?;
-        let example_apiserver = start_example_apiserver(&host).await?;
+        // Kept beside the host's own state: a restart must find the Gateways the
+        // tenant's objects are mirrored to.
+        let example_apiserver = start_example_apiserver(
+            &host,
+            options
+                .persistent
+                .then(|| dir.join("host").join("gateways.json")),
+        )
+        .await?;
 
         let config_path = dir.join("sync.yaml");
         let text = sync_only_config(

@@ -1018,3 +1018,72 @@ async fn walkthrough_cluster_ip_on_two_devclusters() -> Result<()> {
 async fn walkthrough_beside_apiserver_on_two_devclusters() -> Result<()> {
     walkthrough("overlays/beside-apiserver").await
 }
+
+/// The write-through Service (deploy/base) has no selector, so only the EndpointSlice
+/// the sync's leader writes leads to a Pod; that slice's name and port name are the
+/// ones the Service and the Role expect, and the cluster-ip Pods expose the webhook
+/// port and their IP as the commented sync example in config.yaml uses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_through_service_leads_only_where_the_leader_points_it() -> Result<()> {
+    let cluster = test_support::devcluster("deploy-writethrough").await;
+    let docs = documents(&render(&cluster.kubeconfig, "overlays/cluster-ip").await?)?;
+    let named = |kind: &str, name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .with_context(|| format!("{kind} {name}"))
+    };
+    let service = named("Service", "crproxy-writethrough")?;
+    assert_eq!(service["metadata"]["namespace"], names::SERVICE_NAMESPACE);
+    assert!(service["spec"]["selector"].is_null(), "{service}");
+    assert_eq!(service["spec"]["ports"][0]["name"], "https");
+    assert_eq!(service["spec"]["ports"][0]["port"], 443);
+    let slice = crproxy_sync::writethrough::leader_slice_name("crproxy-writethrough");
+    let role = named("Role", "crproxy-writethrough")?;
+    assert!(
+        role["rules"]
+            .as_array()
+            .context("rules")?
+            .iter()
+            .any(|r| r["resourceNames"] == json!([slice]) && r["verbs"] == json!(["get", "update"])),
+        "{role}"
+    );
+    let container = &find(&docs, "Deployment")?["spec"]["template"]["spec"]["containers"][0];
+    assert!(container["ports"]
+        .as_array()
+        .context("ports")?
+        .iter()
+        .any(|p| p["name"] == "writethrough" && p["containerPort"] == 9443));
+    assert!(container["env"].as_array().context("env")?.iter().any(
+        |e| e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    ));
+    let config = find(&docs, "ConfigMap")?["data"]["config.yaml"]
+        .as_str()
+        .context("config.yaml")?
+        .to_owned();
+    // The commented example, uncommented, is a valid sync section naming that
+    // Service and port.
+    let example: String = config
+        .lines()
+        .skip_while(|l| !l.starts_with("# sync:"))
+        .map(|l| l.strip_prefix("# ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let uncommented = format!(
+        "client: {{name: client, project: default}}\n{}\n",
+        example.replace("/etc/crproxy/host/kubeconfig", "host.kubeconfig")
+    );
+    let parsed = crproxy_core::config::parse(&uncommented).map_err(|e| anyhow!("{e}"))?;
+    let plan = crproxy_core::config::sync::validate(&parsed)
+        .map_err(|e| anyhow!("{e:?}"))?
+        .context("the example enables a type")?;
+    assert_eq!(plan.write_through.listen.port(), 9443);
+    assert_eq!(
+        plan.write_through.endpoint,
+        crproxy_core::config::sync::WebhookEndpoint::Service {
+            namespace: names::SERVICE_NAMESPACE.into(),
+            name: "crproxy-writethrough".into(),
+            port: 443
+        }
+    );
+    Ok(())
+}

@@ -199,6 +199,74 @@ fn read_widget(kubeconfig: &Path, namespace: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The uids of the tenant Gateway `demo/edge` and of its mirror on the host.
+fn read_gateway(kubeconfig: &Path, dir: &Path) -> Result<(String, String)> {
+    let uid = |kubeconfig: &Path, namespace: &str, name: &str| -> Result<String> {
+        let out = kubectl(
+            kubeconfig,
+            &[
+                "-n",
+                namespace,
+                "get",
+                "gateway",
+                name,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ],
+        );
+        ensure!(
+            out.success() && !out.stdout.is_empty(),
+            "reading gateway {namespace}/{name}: {}",
+            out.stderr
+        );
+        Ok(out.stdout)
+    };
+    Ok((
+        uid(kubeconfig, "demo", "edge")?,
+        uid(
+            &dir.join("host.kubeconfig"),
+            crproxy::devsync::HOST_NAMESPACE,
+            "edge-x-demo-x-client",
+        )?,
+    ))
+}
+
+/// Creates the Gateway `demo/edge` in the tenant (written through to the host
+/// before the create returns) and waits (bounded) until the tenant object records
+/// its mirror, so a restart finds a mirrored object.
+fn write_gateway(kubeconfig: &Path, dir: &Path) -> Result<(String, String)> {
+    let out = kubectl_stdin(
+        kubeconfig,
+        &["-n", "demo", "create", "-f", "-"],
+        Some("apiVersion: example.net/v1\nkind: Gateway\nmetadata: {name: edge}\nspec: {port: 443}\n"),
+        KUBECTL_TIMEOUT,
+    );
+    ensure!(out.success(), "creating the Gateway: {}", out.stderr);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = kubectl(
+            kubeconfig,
+            &[
+                "-n",
+                "demo",
+                "get",
+                "gateway",
+                "edge",
+                "-o",
+                "jsonpath={.metadata.annotations.crproxy\\.dev/host-mirror}",
+            ],
+        );
+        if out.success() && !out.stdout.is_empty() {
+            return read_gateway(kubeconfig, dir);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the Gateway's mirror was not recorded within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Start, write, stop with `signal`, start again on the same directory and
 /// ports: the first read and write after the second start succeed.
 fn restart_keeps_serving(signal: &str) -> Result<()> {
@@ -211,6 +279,7 @@ fn restart_keeps_serving(signal: &str) -> Result<()> {
     let out = kubectl(&kubeconfig, &["create", "namespace", "demo"]);
     ensure!(out.success(), "{}", out.stderr);
     write_widget(&kubeconfig, "demo", "before")?;
+    let gateway_before = write_gateway(&kubeconfig, &dir)?;
     let (status, stderr) = first.stop(signal)?;
     if signal == "TERM" {
         ensure!(status.success(), "exit {status} after SIGTERM: {stderr}");
@@ -218,6 +287,13 @@ fn restart_keeps_serving(signal: &str) -> Result<()> {
 
     let second = Dev::start(&dir, &ports, &[])?;
     read_widget(&kubeconfig, "demo", "before")?;
+    // The tenant's Gateway and its mirror on the host (the same object, kept by
+    // the example extension server) are still there.
+    let gateway_after = read_gateway(&kubeconfig, &dir)?;
+    ensure!(
+        gateway_after == gateway_before,
+        "the Gateway or its host mirror changed across the restart: {gateway_before:?} -> {gateway_after:?}"
+    );
     write_widget(&kubeconfig, "demo", "after")?;
     // A namespace that is new since the restart is mirrored too.
     let out = kubectl(&kubeconfig, &["create", "namespace", "later"]);

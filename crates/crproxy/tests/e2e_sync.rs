@@ -142,6 +142,11 @@ async fn to_host_mirrors_spec_down_status_up_and_deletes_both_ways() -> Result<(
         )
     })
     .await;
+    eventually("second mirror recorded", || {
+        get(tenant, &["backup", "-n", "team", "web"])
+            .filter(|o| !o["metadata"]["annotations"]["crproxy.dev/host-mirror"].is_null())
+    })
+    .await;
     run(
         host,
         &[
@@ -486,7 +491,8 @@ async fn two_tenants_on_one_host_namespace_never_touch_each_others_mirrors() -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deletes_while_the_syncer_is_down_converge_on_restart() -> Result<()> {
+async fn changes_while_the_syncer_is_down_converge_on_restart_and_a_vanished_mirror_is_recreated(
+) -> Result<()> {
     let env = Env::new().await;
     let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
     let sync = env.start("client").await?;
@@ -548,10 +554,34 @@ async fn deletes_while_the_syncer_is_down_converge_on_restart() -> Result<()> {
         .then_some(())
     })
     .await;
-    eventually("tenant object of the deleted mirror removed", || {
-        get(tenant, &["backup", "-n", "team", "gone-on-host"])
-            .is_none()
-            .then_some(())
+    // A mirror that vanished while no syncer watched is indistinguishable from one
+    // the host lost (a restored backup): the tenant object is kept and mirrored again.
+    let recreated_mirror = eventually("the vanished mirror created again", || {
+        get(
+            host,
+            &[
+                "backup",
+                "-n",
+                "vcluster-client",
+                "gone-on-host-x-team-x-client",
+            ],
+        )
+    })
+    .await;
+    let kept =
+        get(tenant, &["backup", "-n", "team", "gone-on-host"]).context("tenant object kept")?;
+    assert_eq!(
+        recreated_mirror["metadata"]["annotations"]["vcluster.loft.sh/object-uid"],
+        kept["metadata"]["uid"]
+    );
+    eventually("the new mirror recorded", || {
+        get(tenant, &["backup", "-n", "team", "gone-on-host"]).filter(|o| {
+            o["metadata"]["annotations"]["crproxy.dev/host-mirror"]
+                .as_str()
+                .is_some_and(|r| {
+                    r.ends_with(recreated_mirror["metadata"]["uid"].as_str().unwrap_or("-"))
+                })
+        })
     })
     .await;
     eventually("copy of the deleted host store removed", || {

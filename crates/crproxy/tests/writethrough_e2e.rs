@@ -622,3 +622,259 @@ async fn a_restart_in_the_middle_of_a_write_through_converges() -> Result<()> {
     sync.stop().await;
     Ok(())
 }
+
+/// The extension API server came back with an empty store while no syncer ran (what
+/// `crproxy dev` did before it kept its Gateways): no DELETED event was seen, so the
+/// tenant's Gateway is kept and its mirror created again. A mirror deleted on the
+/// host while the syncer watches still takes the tenant object with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrors_a_host_lost_while_no_syncer_ran_are_created_again() -> Result<()> {
+    let mut env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    let sync = env.start("client").await?;
+    ns(&tenant, "team");
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            &tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("kept", 443, "")),
+        )
+        .await;
+        if out.success() {
+            break;
+        }
+        assert!(
+            out.stderr.contains("not synced its caches"),
+            "create failed: {}",
+            out.stderr
+        );
+        attempts += 1;
+        assert!(attempts < 100, "write-through never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let recorded = |mirror_uid: Option<String>| {
+        let tenant = tenant.clone();
+        move || {
+            get(&tenant, &["gateway", "-n", "team", "kept"]).filter(|o| {
+                let record = o["metadata"]["annotations"]["crproxy.dev/host-mirror"]
+                    .as_str()
+                    .unwrap_or_default();
+                match &mirror_uid {
+                    Some(uid) => record.ends_with(&format!("/{uid}")),
+                    None => !record.is_empty(),
+                }
+            })
+        }
+    };
+    let before = eventually("the mirror recorded", recorded(None)).await;
+    sync.stop().await;
+
+    env.example.stop();
+    env.example = crproxy::devsync::start_example_apiserver(&env.host.cluster, None).await?;
+    // kubectl's discovery catches up with the re-registered APIService.
+    let listed = eventually("the host serves Gateways again", || {
+        let out = test_support::kubectl(&host, &["get", "gateways", "-n", HOST_NS, "-o", "json"]);
+        out.success()
+            .then(|| serde_json::from_str::<Value>(&out.stdout).ok())
+            .flatten()
+    })
+    .await;
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(0),
+        "the new extension server starts empty"
+    );
+
+    let sync = env.start("client").await?;
+    let mirror = eventually("the lost mirror created again", || {
+        get(&host, &["gateway", "-n", HOST_NS, "kept-x-team-x-client"])
+    })
+    .await;
+    assert_eq!(
+        mirror["metadata"]["annotations"]["vcluster.loft.sh/object-uid"],
+        before["metadata"]["uid"]
+    );
+    assert_eq!(mirror["spec"]["port"], 443);
+    let mirror_uid = mirror["metadata"]["uid"].as_str().map(str::to_owned);
+    eventually("the new mirror recorded", recorded(mirror_uid)).await;
+    let after = get(&tenant, &["gateway", "-n", "team", "kept"]);
+    assert_eq!(
+        after.map(|o| o["metadata"]["uid"].clone()),
+        Some(before["metadata"]["uid"].clone()),
+        "the tenant Gateway survived"
+    );
+
+    // Deleted on the host while the syncer watches: the tenant object goes too.
+    run(
+        &host,
+        &["delete", "gateway", "-n", HOST_NS, "kept-x-team-x-client"],
+    );
+    eventually("the tenant Gateway deleted after its mirror", || {
+        get(&tenant, &["gateway", "-n", "team", "kept"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    sync.stop().await;
+    Ok(())
+}
+
+/// A port that was free a moment ago: `sync.writeThrough.listenAddress` needs a
+/// fixed one when the tenant reaches the webhook by URL or Service.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Creates an invalid and a valid Gateway through the tenant and checks that the
+/// host's extension server decided both (retrying while the syncer is not ready).
+async fn written_through(tenant: &Path, host: &Path, name: &str) {
+    let mut attempts = 0;
+    loop {
+        let out = kc(
+            tenant,
+            &["create", "-f", "-"],
+            Some(&gateway(&format!("{name}-bad"), 70000, "")),
+        )
+        .await;
+        assert!(!out.success(), "an invalid Gateway was stored");
+        if out.stderr.contains("spec.port") {
+            break;
+        }
+        attempts += 1;
+        assert!(attempts < 100, "the host never answered: {}", out.stderr);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = kc(
+        tenant,
+        &["create", "-f", "-"],
+        Some(&gateway(name, 443, "")),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    assert!(
+        get_json(
+            host,
+            &["gateway", "-n", HOST_NS, &format!("{name}-x-team-x-client")]
+        )
+        .await
+        .is_some(),
+        "written to the host before the create returned"
+    );
+}
+
+/// `sync.writeThrough.url` tells the tenant where the webhook is
+/// (`clientConfig.url`); the Service form is
+/// `the_write_through_service_leads_only_to_the_leader`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_reaches_the_webhook_by_url() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    ns(&tenant, "team");
+    let base = crproxy::devsync::sync_only_config("client", &tenant, &host);
+    let configuration = || {
+        get(
+            &tenant,
+            &[
+                "validatingwebhookconfiguration",
+                "crproxy-writethrough-client",
+            ],
+        )
+        .expect("registered")
+    };
+
+    let port = free_port()?;
+    let yaml = format!(
+        "{base}  writeThrough:\n    listenAddress: 127.0.0.1:{port}\n    url: https://localhost:{port}/\n"
+    );
+    let sync = env
+        .start_with("client", &tenant, HOST_NS, Some(yaml))
+        .await?;
+    let client_config = &configuration()["webhooks"][0]["clientConfig"];
+    assert_eq!(
+        client_config["url"],
+        format!("https://localhost:{port}/validate")
+    );
+    written_through(&tenant, &host, "by-url").await;
+    sync.stop().await;
+    Ok(())
+}
+
+/// With a Service as the way in, the Service leads only to the leader: it has no
+/// selector and the leader writes its EndpointSlice (here 127.0.0.1 and the leader's
+/// port), so reviews never reach a standby, which would answer 503. Tenant writes
+/// are decided by the host through it. Without its own address the Service form
+/// refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    ns(&tenant, "team");
+    apply(
+        &tenant,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: crproxy-writethrough, namespace: kube-system}\nspec:\n  ports: [{name: https, port: 443}]\n",
+    );
+    let base = crproxy::devsync::sync_only_config("client", &tenant, &host);
+    let config = |port: u16| {
+        format!(
+            "{base}  writeThrough:\n    listenAddress: 127.0.0.1:{port}\n    service: {{namespace: kube-system, name: crproxy-writethrough}}\n"
+        )
+    };
+    let err = match env
+        .start_with("client", &tenant, HOST_NS, Some(config(free_port()?)))
+        .await
+    {
+        Ok(_) => panic!("the Service form started without knowing its address"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("POD_IP") && err.contains("sync.writeThrough.service"),
+        "{err}"
+    );
+
+    let replica = |leading: bool, port: u16| -> Result<crproxy_sync::SyncOptions> {
+        let mut options = env.options(
+            "client",
+            &tenant,
+            HOST_NS,
+            Some(config(port)),
+            crproxy_sync::SyncMetrics::new(),
+        )?;
+        options.leader = crproxy_wiring::LeaderHandle::fixed(leading);
+        options.pod_ip = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+        Ok(options)
+    };
+    let (standby_port, leader_port) = (free_port()?, free_port()?);
+    let standby = crproxy_sync::start(replica(false, standby_port)?).await?;
+    let leader = crproxy_sync::start(replica(true, leader_port)?).await?;
+    let slice = eventually("the leader's EndpointSlice", || {
+        get(
+            &tenant,
+            &[
+                "endpointslice",
+                "-n",
+                "kube-system",
+                "crproxy-writethrough-leader",
+            ],
+        )
+    })
+    .await;
+    assert_eq!(
+        slice["metadata"]["labels"]["kubernetes.io/service-name"],
+        "crproxy-writethrough"
+    );
+    assert_eq!(slice["endpoints"][0]["addresses"][0], "127.0.0.1");
+    assert_eq!(
+        slice["ports"],
+        serde_json::json!([{"name": "https", "port": leader_port, "protocol": "TCP"}])
+    );
+    written_through(&tenant, &host, "via-leader").await;
+    leader.stop().await;
+    standby.stop().await;
+    Ok(())
+}

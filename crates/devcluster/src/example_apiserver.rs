@@ -8,6 +8,9 @@
 //! integer from 1 to 65535 is refused with a 422 Invalid Status naming
 //! `spec.port`, as an aggregated server with its own validation would.
 //!
+//! With a state file (`crproxy dev` keeps it in `<dir>/host/gateways.json`) the
+//! Gateways survive a restart: see [`state_file`].
+//!
 //! Only the aggregator may call it: clients must present a certificate signed by
 //! the front-proxy CA (the identity is in `X-Remote-User`, as kube's request-header
 //! authentication has it). [`ExampleApiServer::register`] creates the Service and
@@ -21,8 +24,6 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
@@ -31,6 +32,9 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, watch};
+
+mod state_file;
+pub use state_file::StateFileError;
 
 pub const GROUP: &str = "example.net";
 pub const VERSION: &str = "v1";
@@ -59,6 +63,9 @@ pub enum ExampleServerError {
     /// The devcluster refused the Service or APIService.
     #[error("registering on the devcluster: {0}")]
     Register(String),
+    /// The saved Gateways cannot be read.
+    #[error(transparent)]
+    StateFile(#[from] StateFileError),
 }
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -74,7 +81,12 @@ pub struct ExampleApiServer {
 impl ExampleApiServer {
     /// Starts the server on a free 127.0.0.1 port, trusting client certificates
     /// of `front_proxy_ca_pem` (a devcluster's [`DevCluster::front_proxy_ca_pem`]).
-    pub async fn start(front_proxy_ca_pem: &str) -> Result<Self, ExampleServerError> {
+    /// With `state_file` the Gateways saved there are served and every change is
+    /// saved there before it is acknowledged; without, they live in memory only.
+    pub async fn start(
+        front_proxy_ca_pem: &str,
+        state_file: Option<std::path::PathBuf>,
+    ) -> Result<Self, ExampleServerError> {
         let ca = CertificateAuthority::generate("example-apiserver-ca")?;
         let service_host = format!("{SERVICE_NAME}.{SERVICE_NAMESPACE}.svc");
         let serving = ca.issue_server(
@@ -110,8 +122,36 @@ impl ExampleApiServer {
             .map_err(ExampleServerError::Bind)?;
         let addr = listener.local_addr().map_err(ExampleServerError::Bind)?;
         let (stop, stopped) = watch::channel(false);
-        let store = Arc::new(Gateways::new());
-        tokio::spawn(serve(listener, acceptor, store, stopped));
+        let store = match state_file {
+            None => Arc::new(Gateways::new(state_file::Saved::default(), None)),
+            Some(path) => {
+                let saved = state_file::load(&path).await?;
+                let (requests, requested) = watch::channel(saved.rv);
+                let (done, saved_state) = watch::channel(state_file::SaveState {
+                    rv: saved.rv,
+                    error: None,
+                });
+                let store = Arc::new(Gateways::new(saved, Some((requests, saved_state))));
+                // Weak: the writer ends with the store (its request channel closes).
+                let weak = Arc::downgrade(&store);
+                tokio::spawn(state_file::writer(path, requested, done, move || {
+                    let store = weak.upgrade()?;
+                    let inner = store.lock();
+                    let items: Vec<&Value> = inner.objects.values().collect();
+                    Some((inner.rv, state_file::encode(inner.rv, &items)))
+                }));
+                store
+            }
+        };
+        tokio::spawn(crproxy_serve::serve_tls(
+            listener,
+            acceptor,
+            move |request| {
+                let store = Arc::clone(&store);
+                async move { handle(&store, request).await }
+            },
+            stopped,
+        ));
         Ok(ExampleApiServer {
             addr,
             ca_pem: ca.pem().cert.clone(),
@@ -191,38 +231,6 @@ impl Drop for ExampleApiServer {
     }
 }
 
-async fn serve(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    store: Arc<Gateways>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else { continue };
-                let acceptor = acceptor.clone();
-                let store = Arc::clone(&store);
-                connections.spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let service = service_fn(move |request| {
-                        let store = Arc::clone(&store);
-                        async move { Ok::<_, Infallible>(handle(&store, request).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
-                });
-            }
-            _ = stopped.wait_for(|s| *s) => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    // Dropping the set aborts every connection, watches included.
-    connections.shutdown().await;
-}
-
 // ---------- storage ----------
 
 /// One change, as a watch event.
@@ -242,17 +250,42 @@ struct Inner {
 struct Gateways {
     inner: Mutex<Inner>,
     changes: broadcast::Sender<Change>,
+    /// With a state file: where saves are requested (by resourceVersion) and how
+    /// the latest one went.
+    saving: Option<(watch::Sender<u64>, watch::Receiver<state_file::SaveState>)>,
 }
 
 impl Gateways {
-    fn new() -> Self {
+    fn new(
+        saved: state_file::Saved,
+        saving: Option<(watch::Sender<u64>, watch::Receiver<state_file::SaveState>)>,
+    ) -> Self {
         Gateways {
             inner: Mutex::new(Inner {
-                objects: BTreeMap::new(),
-                rv: 1,
+                objects: saved.items.into_iter().map(|o| (key_of(&o), o)).collect(),
+                rv: saved.rv.max(1),
                 history: VecDeque::new(),
             }),
             changes: broadcast::channel(256).0,
+            saving,
+        }
+    }
+
+    /// Waits until the store as it is now is saved (at once without a state file).
+    async fn saved(&self) -> Result<(), String> {
+        let Some((requests, saved)) = &self.saving else {
+            return Ok(());
+        };
+        let rv = self.lock().rv;
+        requests.send_replace(rv);
+        let mut saved = saved.clone();
+        let state = saved
+            .wait_for(|s| s.rv >= rv)
+            .await
+            .map_err(|_| "the state file writer stopped".to_string())?;
+        match &state.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
         }
     }
 
@@ -410,7 +443,34 @@ fn query(request: &Request<hyper::body::Incoming>) -> HashMap<String, String> {
         .collect()
 }
 
+/// Answers a request; a change is answered only once it is saved (when the server
+/// keeps a state file).
 async fn handle(store: &Gateways, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    let changes =
+        request.method() != Method::GET && query(&request).get("dryRun").is_none_or(|v| v != "All");
+    let response = dispatch(store, request).await;
+    if changes && response.status().is_success() {
+        store_saved(store, response).await
+    } else {
+        response
+    }
+}
+
+/// `response` once the store is saved, or the 500 saying it could not be.
+async fn store_saved(store: &Gateways, response: Response<Body>) -> Response<Body> {
+    match store.saved().await {
+        Ok(()) => response,
+        Err(e) => status_error(
+            500,
+            "InternalError",
+            &format!("the change was made but could not be saved: {e}"),
+            Value::Null,
+        )
+        .into(),
+    }
+}
+
+async fn dispatch(store: &Gateways, request: Request<hyper::body::Incoming>) -> Response<Body> {
     let path = request.uri().path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let discovery = match segments.as_slice() {

@@ -36,7 +36,7 @@ async fn get_json(kubeconfig: &Path, args: &[&str]) -> Value {
 async fn gateways_are_served_through_the_aggregator() {
     let test = test_support::devcluster("example-apiserver").await;
     let admin = &test.kubeconfig;
-    let server = ExampleApiServer::start(&test.cluster.front_proxy_ca_pem())
+    let server = ExampleApiServer::start(&test.cluster.front_proxy_ca_pem(), None)
         .await
         .expect("example server starts");
     server.register(&test.cluster).await.expect("registered");
@@ -317,4 +317,84 @@ async fn gateways_are_served_through_the_aggregator() {
         unavailable.contains("ServiceUnavailable") || unavailable.contains("503"),
         "{unavailable}"
     );
+}
+
+/// Starts the example server with `state_file`, registers it and waits until the
+/// aggregator serves it.
+async fn start_served(test: &test_support::TestCluster, state_file: &Path) -> ExampleApiServer {
+    let server = ExampleApiServer::start(
+        &test.cluster.front_proxy_ca_pem(),
+        Some(state_file.to_path_buf()),
+    )
+    .await
+    .expect("example server starts");
+    server.register(&test.cluster).await.expect("registered");
+    for _ in 0..100 {
+        if test_support::kubectl_async(&test.kubeconfig, &["get", "gateways"])
+            .await
+            .success()
+        {
+            return server;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("gateways are not served");
+}
+
+/// With a state file, a restarted server serves the Gateways it acknowledged (same
+/// uid and resourceVersion) and hands out later resourceVersions; a dry run saves
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_survive_a_restart_with_a_state_file() {
+    let test = test_support::devcluster("example-apiserver-state").await;
+    let admin = &test.kubeconfig;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state_file = dir.path().join("host").join("gateways.json");
+
+    let server = start_served(&test, &state_file).await;
+    let out = create(admin, &gateway("kept", json!(443))).await;
+    assert!(out.success(), "{}", out.stderr);
+    let out = test_support::kubectl_stdin_async(
+        admin,
+        &["create", "--dry-run=server", "-f", "-"],
+        &gateway("dry", json!(443)),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    let before = get_json(admin, &["get", "gateway", "kept", "-o", "json"]).await;
+    server.stop();
+    drop(server);
+
+    let server = start_served(&test, &state_file).await;
+    let after = get_json(admin, &["get", "gateway", "kept", "-o", "json"]).await;
+    assert_eq!(after, before, "the same object after the restart");
+    let list = get_json(admin, &["get", "gateways", "-o", "json"]).await;
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
+    let out = create(admin, &gateway("later", json!(80))).await;
+    assert!(out.success(), "{}", out.stderr);
+    let later = get_json(admin, &["get", "gateway", "later", "-o", "json"]).await;
+    let rv = |o: &Value| {
+        o["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_default()
+    };
+    assert!(rv(&later) > rv(&before), "{later}");
+    server.stop();
+
+    // A damaged file stops the start with one line naming it.
+    std::fs::write(&state_file, "{").expect("damaged");
+    let err =
+        match ExampleApiServer::start(&test.cluster.front_proxy_ca_pem(), Some(state_file.clone()))
+            .await
+        {
+            Ok(_) => panic!("a damaged state file was accepted"),
+            Err(e) => e.to_string(),
+        };
+    assert!(
+        err.contains("gateways.json") && err.contains("not JSON"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
 }

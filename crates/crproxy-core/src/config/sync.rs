@@ -2,12 +2,14 @@
 //! (the file's `client` cluster).
 //!
 //! `sync.toHost.customResources` and `sync.fromHost.customResources` are vcluster.yaml's
-//! keys; `sync.host` is crproxy's own (how to reach the host, and the tenant's namespace
-//! there). Reading collects type and unknown-key problems like the rest of the file;
+//! keys; `sync.host` (how to reach the host, and the tenant's namespace there) and
+//! `sync.writeThrough` (where the write-through webhook of aggregated types listens
+//! and how the tenant's API server reaches it) are crproxy's own. Reading collects type and unknown-key problems like the rest of the file;
 //! [`validate`] checks the cross-entry rules and produces the [`SyncPlan`] the sync
 //! crate starts from. Pure: no I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 
 use serde_json::Value;
 
@@ -27,6 +29,70 @@ pub struct SyncConfig {
     pub to_host: BTreeMap<String, SyncEntry>,
     /// `sync.fromHost.customResources`, keyed `<plural>.<group>[/<version>]`.
     pub from_host: BTreeMap<String, SyncEntry>,
+    /// `sync.writeThrough`.
+    pub write_through: WriteThroughConfig,
+}
+
+/// `sync.writeThrough` as written.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WriteThroughConfig {
+    /// `listenAddress`: `<ip>:<port>` the webhook listens on.
+    pub listen_address: Option<String>,
+    /// `service`: the tenant reaches the webhook through this Service.
+    pub service: Option<ServiceRefConfig>,
+    /// `url`: the tenant reaches the webhook at this `https://` URL.
+    pub url: Option<String>,
+}
+
+/// `sync.writeThrough.service` as written.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceRefConfig {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub port: Option<u64>,
+}
+
+/// Where the write-through webhook listens when `listenAddress` is not set: loopback,
+/// a free port (a tenant API server on the same machine, as in `crproxy dev`).
+pub const DEFAULT_WEBHOOK_LISTEN: &str = "127.0.0.1:0";
+
+/// The write-through webhook's network settings, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteThroughPlan {
+    pub listen: SocketAddr,
+    pub endpoint: WebhookEndpoint,
+}
+
+/// How the tenant's API server reaches the write-through webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookEndpoint {
+    /// At the listener's own address (`https://<listen address>`): only for a
+    /// tenant API server that can reach it, e.g. on the same machine.
+    Listener,
+    /// Through a Service in the tenant (`clientConfig.service`); the serving
+    /// certificate is for `<name>.<namespace>.svc`.
+    Service {
+        namespace: String,
+        name: String,
+        port: u16,
+    },
+    /// At `url` (`https://host[:port][/path]`, no trailing `/`); the serving
+    /// certificate is for its host.
+    Url { url: String, host: String },
+}
+
+impl WebhookEndpoint {
+    /// The host name or IP address the tenant's API server verifies the serving
+    /// certificate against, beside the loopback names every certificate carries.
+    pub fn server_name(&self) -> Option<String> {
+        match self {
+            WebhookEndpoint::Listener => None,
+            WebhookEndpoint::Service {
+                namespace, name, ..
+            } => Some(format!("{name}.{namespace}.svc")),
+            WebhookEndpoint::Url { host, .. } => Some(host.clone()),
+        }
+    }
 }
 
 impl SyncConfig {
@@ -112,6 +178,7 @@ pub struct SyncPlan {
     pub host_namespace: String,
     /// Sorted by direction, then key.
     pub resources: Vec<SyncResource>,
+    pub write_through: WriteThroughPlan,
 }
 
 /// One synced type.
@@ -270,7 +337,7 @@ impl FieldPath {
 
 impl Reader {
     pub(super) fn sync(&mut self, v: Option<&Value>) -> SyncConfig {
-        let m = self.mapping(v, "sync", &["host", "toHost", "fromHost"]);
+        let m = self.mapping(v, "sync", &["host", "toHost", "fromHost", "writeThrough"]);
         let hp = "sync.host";
         let host = self.mapping(
             m.and_then(|m| m.get("host")),
@@ -279,9 +346,11 @@ impl Reader {
         );
         let host_kubeconfig = self.string(host, hp, "kubeconfig");
         let host_namespace = self.string(host, hp, "namespace");
+        let write_through = self.write_through(m.and_then(|m| m.get("writeThrough")));
         let mut out = SyncConfig {
             host_kubeconfig,
             host_namespace,
+            write_through,
             ..SyncConfig::default()
         };
         for direction in [Direction::ToHost, Direction::FromHost] {
@@ -298,6 +367,26 @@ impl Reader {
             }
         }
         out
+    }
+
+    fn write_through(&mut self, v: Option<&Value>) -> WriteThroughConfig {
+        let p = "sync.writeThrough";
+        let m = self.mapping(v, p, &["listenAddress", "service", "url"]);
+        let sp = "sync.writeThrough.service";
+        let service = self.mapping(
+            m.and_then(|m| m.get("service")),
+            sp,
+            &["namespace", "name", "port"],
+        );
+        WriteThroughConfig {
+            listen_address: self.string(m, p, "listenAddress"),
+            service: service.map(|_| ServiceRefConfig {
+                namespace: self.string(service, sp, "namespace"),
+                name: self.string(service, sp, "name"),
+                port: self.unsigned(service, sp, "port", u64::from(u16::MAX)),
+            }),
+            url: self.string(m, p, "url"),
+        }
     }
 
     fn sync_entries(
@@ -564,18 +653,174 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
         }
     }
 
+    let write_through = validate_write_through(&sync.write_through, &mut errs);
+
     if !errs.is_empty() {
         return Err(errs);
     }
-    if resources.is_empty() {
+    let (Some(write_through), false) = (write_through, resources.is_empty()) else {
         return Ok(None);
-    }
+    };
     Ok(Some(SyncPlan {
         tenant: config.client.name.clone(),
         host_kubeconfig,
         host_namespace,
         resources,
+        write_through,
     }))
+}
+
+/// Checks `sync.writeThrough`; `None` when an error was pushed.
+fn validate_write_through(
+    config: &WriteThroughConfig,
+    errs: &mut Vec<ConfigError>,
+) -> Option<WriteThroughPlan> {
+    let before = errs.len();
+    let mut err = |k: &str, m: String| errs.push(ConfigError::new(k, m));
+    let listen_text = config
+        .listen_address
+        .as_deref()
+        .unwrap_or(DEFAULT_WEBHOOK_LISTEN);
+    let listen = match listen_text.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            err(
+                "sync.writeThrough.listenAddress",
+                format!("{listen_text:?} is not <ip>:<port>, e.g. 0.0.0.0:9443"),
+            );
+            None
+        }
+    };
+    let endpoint = match (&config.service, &config.url) {
+        (Some(_), Some(_)) => {
+            err(
+                "sync.writeThrough",
+                "set either service or url, not both: they are two ways to reach the same webhook"
+                    .into(),
+            );
+            None
+        }
+        (None, None) => Some(WebhookEndpoint::Listener),
+        (Some(service), None) => service_endpoint(service, &mut err),
+        (None, Some(url)) => match parse_webhook_url(url) {
+            Ok((url, host)) => Some(WebhookEndpoint::Url { url, host }),
+            Err(m) => {
+                err("sync.writeThrough.url", m);
+                None
+            }
+        },
+    };
+    if let (Some(listen), Some(WebhookEndpoint::Service { .. } | WebhookEndpoint::Url { .. })) =
+        (listen, &endpoint)
+    {
+        if listen.port() == 0 {
+            err(
+                "sync.writeThrough.listenAddress",
+                "needs a fixed port when service or url is set: the tenant's API server is sent to that port".into(),
+            );
+        }
+    }
+    if errs.len() > before {
+        return None;
+    }
+    Some(WriteThroughPlan {
+        listen: listen?,
+        endpoint: endpoint?,
+    })
+}
+
+fn service_endpoint(
+    service: &ServiceRefConfig,
+    err: &mut impl FnMut(&str, String),
+) -> Option<WebhookEndpoint> {
+    let p = "sync.writeThrough.service";
+    let mut field = |key: &str, value: &Option<String>| match value.as_deref() {
+        None | Some("") => {
+            err(
+                &join(p, key),
+                "is required: the Service in the tenant that selects the crproxy pods".into(),
+            );
+            None
+        }
+        Some(v) if !is_dns_label(v) => {
+            err(
+                &join(p, key),
+                format!("{v:?} is not a valid {key} (lower-case DNS label)"),
+            );
+            None
+        }
+        Some(v) => Some(v.to_owned()),
+    };
+    let namespace = field("namespace", &service.namespace);
+    let name = field("name", &service.name);
+    // Kubernetes' default for a webhook's service port.
+    let port = match service.port.unwrap_or(443) {
+        0 => {
+            err(
+                &join(p, "port"),
+                "must be between 1 and 65535 (the Service's port)".into(),
+            );
+            None
+        }
+        port => u16::try_from(port).ok(),
+    };
+    Some(WebhookEndpoint::Service {
+        namespace: namespace?,
+        name: name?,
+        port: port?,
+    })
+}
+
+/// Checks a webhook URL as Kubernetes does (`https`, a host, no user info, query or
+/// fragment); returns it without a trailing `/` and its host (IPv6 without brackets).
+pub fn parse_webhook_url(url: &str) -> Result<(String, String), String> {
+    let rest = url.strip_prefix("https://").ok_or_else(|| {
+        format!("{url:?} must start with https:// (the webhook is served over TLS)")
+    })?;
+    if url.contains(['?', '#']) {
+        return Err(format!("{url:?} must not have a query or fragment"));
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(format!("{url:?} must not carry user info"));
+    }
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        let (ip, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("{url:?} has an unclosed [ in its host"))?;
+        if ip.parse::<IpAddr>().is_err() {
+            return Err(format!("{url:?}: {ip:?} is not an IPv6 address"));
+        }
+        check_port(url, after)?;
+        ip.to_owned()
+    } else {
+        let (host, port) = match authority.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        };
+        if let Some(port) = port {
+            check_port(url, &format!(":{port}"))?;
+        }
+        if host.parse::<IpAddr>().is_err() && !is_dns_subdomain(host) {
+            return Err(format!(
+                "{url:?}: the host {host:?} is neither an IP address nor a DNS name"
+            ));
+        }
+        host.to_owned()
+    };
+    Ok((url.trim_end_matches('/').to_owned(), host))
+}
+
+fn check_port(url: &str, after_host: &str) -> Result<(), String> {
+    match after_host {
+        "" => Ok(()),
+        p => match p.strip_prefix(':').map(str::parse::<u16>) {
+            Some(Ok(port)) if port > 0 => Ok(()),
+            _ => Err(format!(
+                "{url:?}: the port must be a number from 1 to 65535"
+            )),
+        },
+    }
 }
 
 fn enabled_to_host(sync: &SyncConfig, key: &SyncKey) -> bool {

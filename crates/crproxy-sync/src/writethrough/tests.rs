@@ -247,7 +247,9 @@ async fn a_body_that_is_not_a_review_is_refused() {
 
 #[test]
 fn the_configuration_matches_only_the_main_resource_fails_closed_and_skips_dry_runs() {
-    let c = webhook_configuration("client", "https://127.0.0.1:9443", "PEM", &[gateways()]);
+    let listening = SocketAddr::from(([127, 0, 0, 1], 9443));
+    let client = client_config(&WebhookEndpoint::Listener, listening, "PEM");
+    let c = webhook_configuration("client", &client, &[gateways()]);
     assert_eq!(c["kind"], "ValidatingWebhookConfiguration");
     assert_eq!(c["metadata"]["name"], "crproxy-writethrough-client");
     let w = &c["webhooks"][0];
@@ -261,8 +263,52 @@ fn the_configuration_matches_only_the_main_resource_fails_closed_and_skips_dry_r
     assert_eq!(w["clientConfig"]["caBundle"], "UEVN");
 }
 
+#[test]
+fn the_client_config_follows_how_the_tenant_reaches_the_webhook() {
+    let listening = SocketAddr::from(([0, 0, 0, 0], 9443));
+    let service = WebhookEndpoint::Service {
+        namespace: "kube-system".into(),
+        name: "crproxy-writethrough".into(),
+        port: 443,
+    };
+    assert_eq!(
+        client_config(&service, listening, "PEM"),
+        json!({"service": {"namespace": "kube-system", "name": "crproxy-writethrough", "port": 443, "path": "/validate"},
+               "caBundle": "UEVN"})
+    );
+    let url = WebhookEndpoint::Url {
+        url: "https://crproxy.example.com:9443/hooks".into(),
+        host: "crproxy.example.com".into(),
+    };
+    assert_eq!(
+        client_config(&url, listening, "PEM"),
+        json!({"url": "https://crproxy.example.com:9443/hooks/validate", "caBundle": "UEVN"})
+    );
+    let c = webhook_configuration(
+        "client",
+        &client_config(&service, listening, "PEM"),
+        &[gateways()],
+    );
+    assert_eq!(
+        c["webhooks"][0]["clientConfig"]["service"]["name"],
+        "crproxy-writethrough"
+    );
+    assert!(c["webhooks"][0]["clientConfig"].get("url").is_none());
+}
+
 /// One HTTPS request to the webhook server, trusting only its CA.
 async fn https(server: &WebhookServer, method: &str, path: &str, body: &str) -> (u16, Value) {
+    https_as(server, "127.0.0.1", method, path, body).await
+}
+
+/// [`https`], verifying the serving certificate for `server_name`.
+async fn https_as(
+    server: &WebhookServer,
+    server_name: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, Value) {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(server.ca_pem.as_bytes()) {
         roots.add(cert.expect("CA PEM")).expect("CA");
@@ -278,14 +324,15 @@ async fn https(server: &WebhookServer, method: &str, path: &str, body: &str) -> 
     let tcp = tokio::net::TcpStream::connect(server.addr)
         .await
         .expect("connect");
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_owned()).expect("name");
     let tls = connector
         .connect(name, tcp)
         .await
         .expect("TLS with the server's own CA");
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .expect("handshake");
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("handshake");
     tokio::spawn(connection);
     let request = Request::builder()
         .method(method)
@@ -329,5 +376,32 @@ async fn the_webhook_answers_reviews_over_tls_and_refuses_anything_else() {
     assert_eq!(code, 400);
     let (code, answer) = https(&server, "GET", "/validate", "").await;
     assert_eq!((code, answer["reason"].as_str()), (404, Some("NotFound")));
+    server.stop();
+}
+
+/// The serving certificate covers the name the tenant verifies (a Service's
+/// `<name>.<namespace>.svc`, a URL's host) besides the loopback names.
+#[tokio::test]
+async fn the_serving_certificate_covers_the_configured_host() {
+    let (wt, _, _) = write_through(MAX_IN_FLIGHT);
+    let server = WebhookServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &[
+            "crproxy-writethrough.kube-system.svc".into(),
+            "10.0.0.7".into(),
+        ],
+        wt,
+    )
+    .await
+    .expect("server");
+    for name in [
+        "crproxy-writethrough.kube-system.svc",
+        "10.0.0.7",
+        "localhost",
+        "127.0.0.1",
+    ] {
+        let (code, _) = https_as(&server, name, "GET", "/validate", "").await;
+        assert_eq!(code, 404, "{name}");
+    }
     server.stop();
 }

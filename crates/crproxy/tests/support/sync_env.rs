@@ -35,7 +35,7 @@ impl Env {
         devsync::install_example_types(&client)
             .await
             .expect("example types");
-        let example = devsync::start_example_apiserver(&host.cluster)
+        let example = devsync::start_example_apiserver(&host.cluster, None)
             .await
             .expect("example API server");
         Env {
@@ -77,6 +77,25 @@ impl Env {
         config_override: Option<String>,
         metrics: std::sync::Arc<SyncMetrics>,
     ) -> Result<SyncHandle> {
+        let options = self.options(
+            name,
+            tenant_kubeconfig,
+            host_namespace,
+            config_override,
+            metrics,
+        )?;
+        Ok(crproxy_sync::start(options).await?)
+    }
+
+    /// What [`Env::start_full`] starts the sync with (always leading, no Pod).
+    pub fn options(
+        &self,
+        name: &str,
+        tenant_kubeconfig: &Path,
+        host_namespace: &str,
+        config_override: Option<String>,
+        metrics: std::sync::Arc<SyncMetrics>,
+    ) -> Result<SyncOptions> {
         let yaml = config_override.unwrap_or_else(|| {
             devsync::sync_only_config(name, tenant_kubeconfig, &self.host.kubeconfig)
                 .replace(devsync::HOST_NAMESPACE, host_namespace)
@@ -85,18 +104,17 @@ impl Env {
         let plan = crproxy_core::config::sync::validate(&config)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?
             .context("sync enabled")?;
-        Ok(crproxy_sync::start(SyncOptions {
+        Ok(SyncOptions {
             plan,
             host_kubeconfig: self.host.kubeconfig.clone(),
             tenant_kubeconfig: Some(tenant_kubeconfig.to_path_buf()),
             leader: crproxy_wiring::LeaderHandle::fixed(true),
             metrics,
             resync: Duration::from_secs(5),
-            webhook_bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             // Short, so the test of a tenant store failure sees its rollback soon.
             write_through_confirm: Duration::from_secs(5),
+            pod_ip: None,
         })
-        .await?)
     }
 }
 

@@ -187,6 +187,33 @@ fn every_rule_names_its_key() {
         (edit("        enabled: true\n  fromHost", "        enabled: true\n        mappings: {}\n  fromHost"), vec![(leak(&format!("{TO}.mappings")), "unknown key")]),
         (edit("        enabled: true\n  fromHost", "        enabled: yes please\n  fromHost"), vec![(leak(&format!("{TO}.enabled")), "expected true or false")]),
         (edit("    namespace: vcluster-tenant\n", "    namespace: vcluster-tenant\n    server: x\n"), vec![("sync.host.server", "unknown key")]),
+        // The write-through webhook's address and how the tenant reaches it.
+        (format!("{BASE}  writeThrough:\n    listenAddress: localhost:9443\n"),
+            vec![("sync.writeThrough.listenAddress", "is not <ip>:<port>")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:0\n    url: https://crproxy.example.com:9443\n"),
+            vec![("sync.writeThrough.listenAddress", "needs a fixed port when service or url is set")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    url: https://a.example:9443\n    service: {{namespace: kube-system, name: crproxy-writethrough}}\n"),
+            vec![("sync.writeThrough", "either service or url, not both")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {{namespace: kube-system}}\n"),
+            vec![("sync.writeThrough.service.name", "is required")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {{namespace: Kube_System, name: w}}\n"),
+            vec![("sync.writeThrough.service.namespace", "not a valid namespace")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {{namespace: kube-system, name: w, port: 0}}\n"),
+            vec![("sync.writeThrough.service.port", "between 1 and 65535")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {{namespace: kube-system, name: w, port: 70000}}\n"),
+            vec![("sync.writeThrough.service.port", "between 0 and 65535")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    url: http://crproxy.example.com:9443\n"),
+            vec![("sync.writeThrough.url", "must start with https://")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    url: https://crproxy.example.com/v?x=1\n"),
+            vec![("sync.writeThrough.url", "query or fragment")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    url: https://me@crproxy.example.com\n"),
+            vec![("sync.writeThrough.url", "user info")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    url: https://crproxy.example.com:99999\n"),
+            vec![("sync.writeThrough.url", "port must be a number")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    url: https://Not_A_Host\n"),
+            vec![("sync.writeThrough.url", "neither an IP address nor a DNS name")]),
+        (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    address: x\n"),
+            vec![("sync.writeThrough.address", "unknown key; expected one of: listenAddress, service, url")]),
         // Nothing enabled anywhere: neither proxy nor sync starts.
         (BASE.replace("enabled: true", "enabled: false"), vec![("experimental.proxy.customResources", "neither the proxy nor the sync starts")]),
     ];
@@ -261,4 +288,89 @@ fn field_paths() {
     ] {
         assert!(FieldPath::parse(bad).is_err(), "{bad:?} should be rejected");
     }
+}
+
+/// The write-through plan of `sync.writeThrough` as written below BASE.
+fn write_through(section: &str) -> WriteThroughPlan {
+    let yaml = format!("{BASE}{section}");
+    let (config, _) = load(&yaml).unwrap_or_else(|e| panic!("{e:?}\n{yaml}"));
+    validate(&config)
+        .unwrap_or_else(|e| panic!("{e:?}\n{yaml}"))
+        .expect("enabled")
+        .write_through
+}
+
+#[test]
+fn write_through_endpoints() {
+    let listener = write_through("");
+    assert_eq!(listener.listen, "127.0.0.1:0".parse().expect("addr"));
+    assert_eq!(listener.endpoint, WebhookEndpoint::Listener);
+    assert_eq!(listener.endpoint.server_name(), None);
+
+    let service = write_through(
+        "  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {namespace: kube-system, name: crproxy-writethrough}\n",
+    );
+    assert_eq!(service.listen, "0.0.0.0:9443".parse().expect("addr"));
+    assert_eq!(
+        service.endpoint,
+        WebhookEndpoint::Service {
+            namespace: "kube-system".into(),
+            name: "crproxy-writethrough".into(),
+            port: 443
+        }
+    );
+    assert_eq!(
+        service.endpoint.server_name().as_deref(),
+        Some("crproxy-writethrough.kube-system.svc")
+    );
+
+    for (url, want_url, host) in [
+        (
+            "https://crproxy.example.com:9443/",
+            "https://crproxy.example.com:9443",
+            "crproxy.example.com",
+        ),
+        (
+            "https://10.0.0.7:9443/hooks",
+            "https://10.0.0.7:9443/hooks",
+            "10.0.0.7",
+        ),
+        (
+            "https://[fd00::7]:9443",
+            "https://[fd00::7]:9443",
+            "fd00::7",
+        ),
+        (
+            "https://crproxy.example.com",
+            "https://crproxy.example.com",
+            "crproxy.example.com",
+        ),
+    ] {
+        let plan = write_through(&format!(
+            "  writeThrough:\n    listenAddress: \"[::]:9443\"\n    url: \"{url}\"\n"
+        ));
+        assert_eq!(
+            plan.endpoint,
+            WebhookEndpoint::Url {
+                url: want_url.into(),
+                host: host.into()
+            },
+            "{url}"
+        );
+        assert_eq!(plan.endpoint.server_name().as_deref(), Some(host));
+    }
+}
+
+#[test]
+fn write_through_errors_point_at_their_line() {
+    let yaml = format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {{namespace: kube-system, name: w, port: 0}}\n");
+    let source = crate::config::SourceMap::build(&yaml).expect("yaml");
+    let line = yaml
+        .lines()
+        .position(|l| l.contains("service:"))
+        .expect("service line")
+        + 1;
+    assert_eq!(source.locate("sync.writeThrough.service.port").line, line);
+    let line = line - 1;
+    assert_eq!(source.locate("sync.writeThrough.listenAddress").line, line);
 }
