@@ -480,7 +480,11 @@ async fn dispatch(store: &Gateways, request: Request<hyper::body::Incoming>) -> 
         ["apis", GROUP] => Some(api_group()),
         ["apis", GROUP, VERSION] => Some(resource_list()),
         // kubectl reads these for `explain` and to leave validation to the server.
-        ["openapi", "v2"] => Some(crate::openapi::v2_document(&[openapi_resource()])),
+        ["openapi", "v2"] => {
+            let document = crate::openapi::v2_document(&[openapi_resource()]);
+            return crate::openapi::v2_response(&document, request.headers())
+                .map(|bytes| Full::new(bytes).boxed());
+        }
         ["openapi", "v3"] => {
             let document = crate::openapi::v3_group_version(GROUP, VERSION, &[openapi_resource()]);
             let path = crate::openapi::group_version_path(GROUP, VERSION);
