@@ -1021,12 +1021,28 @@ async fn walkthrough_beside_apiserver_on_two_devclusters() -> Result<()> {
 
 /// The write-through Service (deploy/base) has no selector, so only the EndpointSlice
 /// the sync's leader writes leads to a Pod; that slice's name and port name are the
-/// ones the Service and the Role expect, and the cluster-ip Pods expose the webhook
-/// port and their IP as the commented sync example in config.yaml uses them.
+/// ones the Service and the Role expect, and the Pods of both overlays expose the
+/// webhook port and their IP as the commented sync example in config.yaml uses them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_write_through_service_leads_only_where_the_leader_points_it() -> Result<()> {
     let cluster = test_support::devcluster("deploy-writethrough").await;
-    let docs = documents(&render(&cluster.kubeconfig, "overlays/cluster-ip").await?)?;
+    for (overlay, workload) in [
+        ("overlays/cluster-ip", "Deployment"),
+        ("overlays/beside-apiserver", "DaemonSet"),
+    ] {
+        write_through_service_leads_to_the_leader(&cluster.kubeconfig, overlay, workload)
+            .await
+            .with_context(|| overlay.to_string())?;
+    }
+    Ok(())
+}
+
+async fn write_through_service_leads_to_the_leader(
+    kubeconfig: &Path,
+    overlay: &str,
+    workload: &str,
+) -> Result<()> {
+    let docs = documents(&render(kubeconfig, overlay).await?)?;
     let named = |kind: &str, name: &str| {
         docs.iter()
             .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
@@ -1047,7 +1063,7 @@ async fn the_write_through_service_leads_only_where_the_leader_points_it() -> Re
             .any(|r| r["resourceNames"] == json!([slice]) && r["verbs"] == json!(["get", "update"])),
         "{role}"
     );
-    let container = &find(&docs, "Deployment")?["spec"]["template"]["spec"]["containers"][0];
+    let container = &find(&docs, workload)?["spec"]["template"]["spec"]["containers"][0];
     assert!(container["ports"]
         .as_array()
         .context("ports")?
