@@ -20,6 +20,7 @@ mod error;
 #[cfg(feature = "kube")]
 mod kube_client;
 mod kubeconfig;
+mod read_timeout;
 mod watch;
 
 pub use client::{
@@ -31,10 +32,11 @@ pub use error::{reason_for_status, Error};
 pub use kubeconfig::{
     KubeCluster, KubeContext, KubeUser, Kubeconfig, NamedCluster, NamedContext, NamedUser,
 };
+pub use read_timeout::{IdleTimeoutBody, ReadTimeout, ReadTimeoutLayer};
 pub use watch::{LineDecoder, WatchEvent};
 
 #[cfg(feature = "kube")]
-pub use kube_client::{kube_client, kube_client_without_retries};
+pub use kube_client::{kube_client, kube_client_with_read_timeout, kube_client_without_retries};
 
 #[cfg(feature = "fake")]
 pub mod fake;

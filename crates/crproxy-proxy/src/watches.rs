@@ -1,0 +1,109 @@
+//! The proxy's client-side watches (client namespaces, EndpointSlice peers, the
+//! front-proxy trust ConfigMap) on kube-runtime's watcher, with one policy:
+//!
+//! * Each watch asks the server to end it after [`WATCH_TIMEOUT_SECONDS`]; the
+//!   watcher then resumes from the last resourceVersion it saw (bookmarks
+//!   included), which costs no list and tells the consumer nothing.
+//! * The client the watches use has a read timeout of [`WATCH_IDLE_LIMIT`], a little
+//!   above that lifetime: a watch that goes silent longer has stalled without
+//!   closing. kube-runtime's own idle timeout (5 s later still) would reconnect
+//!   without a word; the read timeout makes the stall an error instead, so the
+//!   consumer stops trusting what it holds.
+//! * After any error the consumer is told ([`WatchUpdate::Failed`]) and, after a
+//!   pause drawn from kube-runtime's default backoff (jittered, 0.8 s doubling to
+//!   30 s), a fresh watcher lists again. Only the list's end
+//!   ([`watcher::Event::InitDone`]) makes the consumer's state whole again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, DefaultBackoff};
+use kube::Api;
+use serde::de::DeserializeOwned;
+
+/// Server-side lifetime of one watch.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 300;
+
+/// Read timeout of the watch client: a watch silent this long (bookmarks included)
+/// has stalled. Above [`WATCH_TIMEOUT_SECONDS`], within which the server ends every
+/// healthy watch, and below kube-runtime's own idle timeout (the lifetime plus 5 s),
+/// which would otherwise reconnect first and hide the stall.
+pub const WATCH_IDLE_LIMIT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECONDS as u64 + 2);
+
+/// A kube-rs client for the proxy's watches of one cluster, with the
+/// [`WATCH_IDLE_LIMIT`] read timeout.
+pub fn watch_client(
+    cluster: &crproxy_kube::ClusterConfig,
+    credentials: Arc<crproxy_kube::Credentials>,
+) -> Result<kube::Client, crproxy_kube::Error> {
+    crproxy_kube::kube_client_with_read_timeout(cluster, credentials, "default", WATCH_IDLE_LIMIT)
+}
+
+/// The watcher settings every watch here uses: bookmarks (the watcher's default)
+/// and the server-side lifetime.
+pub fn watcher_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)
+}
+
+/// What a consumer of [`follow`] is told.
+#[derive(Debug)]
+pub enum WatchUpdate<K> {
+    /// An event from the watcher: a list starting (`Init`), its objects
+    /// (`InitApply`), its end (`InitDone`), then changes (`Apply`, `Delete`).
+    Event(watcher::Event<K>),
+    /// The watch failed (the API server down, a stall past the idle limit, an
+    /// expired resourceVersion, ...). What the consumer holds may be stale until the
+    /// next `InitDone`.
+    Failed(watcher::Error),
+}
+
+/// Watches `api` with `config` for ever, handing every event and failure to
+/// `consume`; after a failure, lists again after a backoff pause. Runs until the
+/// surrounding task is aborted.
+pub async fn follow<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    mut consume: impl FnMut(WatchUpdate<K>) + Send,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut backoff = DefaultBackoff::default();
+    // Bounded: runs until the task is aborted.
+    loop {
+        let mut events = watcher::watcher(api.clone(), config.clone()).boxed();
+        while let Some(item) = events.next().await {
+            match item {
+                Ok(event) => {
+                    if matches!(event, watcher::Event::InitDone) {
+                        backoff.reset();
+                    }
+                    consume(WatchUpdate::Event(event));
+                }
+                Err(error) => {
+                    consume(WatchUpdate::Failed(error));
+                    break;
+                }
+            }
+        }
+        // The default backoff never runs out; the fallback is its ceiling.
+        let pause = backoff.next().unwrap_or(Duration::from_secs(30));
+        tokio::time::sleep(pause).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_limit_sits_between_the_server_lifetime_and_kube_runtimes_own_timeout() {
+        let lifetime = Duration::from_secs(u64::from(WATCH_TIMEOUT_SECONDS));
+        assert!(WATCH_IDLE_LIMIT > lifetime);
+        // kube-runtime 5 reconnects silently after the lifetime plus 5 s.
+        assert!(WATCH_IDLE_LIMIT < lifetime + Duration::from_secs(5));
+        assert_eq!(watcher_config().timeout, Some(WATCH_TIMEOUT_SECONDS));
+        assert!(watcher_config().bookmarks);
+    }
+}
