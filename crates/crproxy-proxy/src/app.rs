@@ -65,8 +65,8 @@ pub struct ProxySetup {
     /// The client cluster, for the namespace checks of requests.
     pub client: crproxy_kube::Client,
     /// The client cluster, for the watches of the front-proxy trust and of
-    /// namespaces; made by [`crate::watches::watch_client`].
-    pub client_watches: kube::Client,
+    /// namespaces.
+    pub client_watches: crate::watches::WatchClient,
     pub targets: Vec<TargetSetup>,
     pub serving: ServingIdentity,
     /// Shared by every proxy in the process (several clients in `crproxy dev`).
@@ -108,7 +108,7 @@ impl RunningProxy {
 pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProxy, AppError> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let trust = FrontProxyTrust::new();
-    let loaded = match frontproxy::load_trust(&setup.client_watches, &trust).await {
+    let loaded = match frontproxy::load_trust(setup.client_watches.client(), &trust).await {
         Ok(()) => true,
         Err(error) => {
             tracing::warn!(%error, "front-proxy trust not loaded yet; callers get 401 until it is");

@@ -25,7 +25,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-use crate::watches::{self, WatchUpdate};
+use crate::watches::{self, WatchClient, WatchUpdate};
 
 /// Namespace of the ConfigMap the client API server publishes.
 pub const AUTHENTICATION_CONFIGMAP_NAMESPACE: &str = "kube-system";
@@ -343,15 +343,17 @@ fn read_error(error: &dyn std::fmt::Display) -> String {
 /// last good settings stay in force through failures, bad edits and a deleted
 /// ConfigMap. Logs only when the outcome changes, so a client cluster that is slow
 /// to publish the ConfigMap does not flood the log. `client` is made by
-/// [`watches::watch_client`]; `loaded` says whether settings are installed already.
+/// `loaded` says whether settings are installed already.
 pub fn spawn_trust_watch(
-    client: kube::Client,
+    watch: WatchClient,
     trust: Arc<FrontProxyTrust>,
     loaded: bool,
 ) -> tokio::task::JoinHandle<()> {
-    let api: Api<ConfigMap> = Api::namespaced(client, AUTHENTICATION_CONFIGMAP_NAMESPACE);
-    let config =
-        watches::watcher_config().fields(&format!("metadata.name={AUTHENTICATION_CONFIGMAP_NAME}"));
+    let api: Api<ConfigMap> =
+        Api::namespaced(watch.client().clone(), AUTHENTICATION_CONFIGMAP_NAMESPACE);
+    let config = watch
+        .config()
+        .fields(&format!("metadata.name={AUTHENTICATION_CONFIGMAP_NAME}"));
     let mut follower = TrustFollower {
         trust,
         loaded,

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::watcher::Event;
 use kube::{Api, ResourceExt};
 
-use crate::watches::{self, WatchUpdate};
+use crate::watches::{self, WatchClient, WatchUpdate};
 
 /// The client's namespaces, as last seen by the watch.
 #[derive(Debug, Default)]
@@ -44,17 +44,14 @@ impl ClientNamespaces {
         state.synced.then(|| state.names.contains(namespace))
     }
 
-    /// Keeps the cache in step with the client cluster through `client` (made by
-    /// [`watches::watch_client`]).
-    pub fn spawn_sync(self: &Arc<Self>, client: kube::Client) -> tokio::task::JoinHandle<()> {
+    /// Keeps the cache in step with the client cluster.
+    pub fn spawn_sync(self: &Arc<Self>, watch: WatchClient) -> tokio::task::JoinHandle<()> {
         let cache = Arc::clone(self);
-        let api: Api<Namespace> = Api::all(client);
-        tokio::spawn(async move {
-            watches::follow(api, watches::watcher_config(), |update| {
-                cache.update(update)
-            })
-            .await
-        })
+        let api: Api<Namespace> = Api::all(watch.client().clone());
+        let config = watch.config();
+        tokio::spawn(
+            async move { watches::follow(api, config, |update| cache.update(update)).await },
+        )
     }
 
     fn update(&self, update: WatchUpdate<Namespace>) {
@@ -116,7 +113,10 @@ mod tests {
 
     fn start(api: &ScriptedApi) -> (Arc<ClientNamespaces>, tokio::task::JoinHandle<()>) {
         let cache = ClientNamespaces::new();
-        let task = cache.spawn_sync(api.client(WATCH_IDLE_LIMIT));
+        let task = cache.spawn_sync(WatchClient::from_client(
+            api.client(WATCH_IDLE_LIMIT),
+            WATCH_TIMEOUT_SECONDS,
+        ));
         (cache, task)
     }
 

@@ -51,8 +51,7 @@ pub enum PeerSourceConfig {
     /// Ready endpoints of the EndpointSlices of `namespace/service`, on the port
     /// named `port_name` (or the first port).
     EndpointSlices {
-        /// Made by [`watches::watch_client`].
-        client: kube::Client,
+        client: watches::WatchClient,
         namespace: String,
         service: String,
         port_name: Option<String>,
@@ -337,16 +336,16 @@ pub fn parse_peer_file(path: &std::path::Path, content: &[u8]) -> Result<Vec<Str
 
 // ---- EndpointSlices -------------------------------------------------------------------
 
-/// Starts the EndpointSlice source of `namespace/service` over `client`.
+/// Starts the EndpointSlice source of `namespace/service` over `watch`.
 pub fn spawn_endpoint_slices(
-    client: kube::Client,
+    watch: watches::WatchClient,
     namespace: String,
     service: String,
     port_name: Option<String>,
     pools: Vec<Arc<PeerPool>>,
 ) -> JoinHandle<()> {
-    let api: Api<EndpointSlice> = Api::namespaced(client, &namespace);
-    let config = watches::watcher_config().labels(&service_selector(&service));
+    let api: Api<EndpointSlice> = Api::namespaced(watch.client().clone(), &namespace);
+    let config = watch.config().labels(&service_selector(&service));
     let mut source = SliceSource {
         service,
         port_name,

@@ -4,7 +4,8 @@
 //! * Each watch asks the server to end it after [`WATCH_TIMEOUT_SECONDS`]; the
 //!   watcher then resumes from the last resourceVersion it saw (bookmarks
 //!   included), which costs no list and tells the consumer nothing.
-//! * The client the watches use has a read timeout of [`WATCH_IDLE_LIMIT`], a little
+//! * The client the watches use ([`WatchClient`]) has a read timeout of
+//!   [`WATCH_IDLE_LIMIT`], a little
 //!   above that lifetime: a watch that goes silent longer has stalled without
 //!   closing. kube-runtime's own idle timeout (5 s later still) would reconnect
 //!   without a word; the read timeout makes the stall an error instead, so the
@@ -26,25 +27,78 @@ use serde::de::DeserializeOwned;
 /// Server-side lifetime of one watch.
 pub const WATCH_TIMEOUT_SECONDS: u32 = 300;
 
+/// How much longer than its lifetime a watch may stay silent before it counts as
+/// stalled: room for the server's closing bytes to arrive, well under the 5 s
+/// that kube-runtime 5 waits before reconnecting on its own.
+const IDLE_MARGIN: Duration = Duration::from_secs(2);
+
 /// Read timeout of the watch client: a watch silent this long (bookmarks included)
 /// has stalled. Above [`WATCH_TIMEOUT_SECONDS`], within which the server ends every
 /// healthy watch, and below kube-runtime's own idle timeout (the lifetime plus 5 s),
 /// which would otherwise reconnect first and hide the stall.
-pub const WATCH_IDLE_LIMIT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECONDS as u64 + 2);
+pub const WATCH_IDLE_LIMIT: Duration = idle_limit(WATCH_TIMEOUT_SECONDS);
 
-/// A kube-rs client for the proxy's watches of one cluster, with the
-/// [`WATCH_IDLE_LIMIT`] read timeout.
-pub fn watch_client(
-    cluster: &crproxy_kube::ClusterConfig,
-    credentials: Arc<crproxy_kube::Credentials>,
-) -> Result<kube::Client, crproxy_kube::Error> {
-    crproxy_kube::kube_client_with_read_timeout(cluster, credentials, "default", WATCH_IDLE_LIMIT)
+/// The idle limit of watches that live `lifetime_seconds`.
+pub const fn idle_limit(lifetime_seconds: u32) -> Duration {
+    Duration::from_secs(lifetime_seconds as u64).saturating_add(IDLE_MARGIN)
 }
 
-/// The watcher settings every watch here uses: bookmarks (the watcher's default)
-/// and the server-side lifetime.
-pub fn watcher_config() -> watcher::Config {
-    watcher::Config::default().timeout(WATCH_TIMEOUT_SECONDS)
+/// A kube-rs client for the proxy's watches of one cluster, with the lifetime its
+/// watches ask for and the matching read timeout.
+#[derive(Clone)]
+pub struct WatchClient {
+    client: kube::Client,
+    lifetime_seconds: u32,
+}
+
+impl WatchClient {
+    /// Watches that live [`WATCH_TIMEOUT_SECONDS`], stalled after
+    /// [`WATCH_IDLE_LIMIT`].
+    pub fn new(
+        cluster: &crproxy_kube::ClusterConfig,
+        credentials: Arc<crproxy_kube::Credentials>,
+    ) -> Result<Self, crproxy_kube::Error> {
+        Self::with_lifetime(cluster, credentials, WATCH_TIMEOUT_SECONDS)
+    }
+
+    /// Watches that live `lifetime_seconds`: for tests that must see a stall
+    /// noticed within seconds.
+    pub fn with_lifetime(
+        cluster: &crproxy_kube::ClusterConfig,
+        credentials: Arc<crproxy_kube::Credentials>,
+        lifetime_seconds: u32,
+    ) -> Result<Self, crproxy_kube::Error> {
+        let client = crproxy_kube::kube_client_with_read_timeout(
+            cluster,
+            credentials,
+            "default",
+            idle_limit(lifetime_seconds),
+        )?;
+        Ok(Self {
+            client,
+            lifetime_seconds,
+        })
+    }
+
+    /// Over `client`, whose responses must have a read timeout of
+    /// [`idle_limit`]`(lifetime_seconds)` (a [`crproxy_kube::ReadTimeoutLayer`]):
+    /// for tests over an in-memory API server.
+    pub fn from_client(client: kube::Client, lifetime_seconds: u32) -> Self {
+        Self {
+            client,
+            lifetime_seconds,
+        }
+    }
+
+    /// The client, for single requests.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The watcher settings: bookmarks (the watcher's default) and the lifetime.
+    pub fn config(&self) -> watcher::Config {
+        watcher::Config::default().timeout(self.lifetime_seconds)
+    }
 }
 
 /// What a consumer of [`follow`] is told.
@@ -97,13 +151,24 @@ pub async fn follow<K>(
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_idle_limit_sits_between_the_server_lifetime_and_kube_runtimes_own_timeout() {
-        let lifetime = Duration::from_secs(u64::from(WATCH_TIMEOUT_SECONDS));
-        assert!(WATCH_IDLE_LIMIT > lifetime);
-        // kube-runtime 5 reconnects silently after the lifetime plus 5 s.
-        assert!(WATCH_IDLE_LIMIT < lifetime + Duration::from_secs(5));
-        assert_eq!(watcher_config().timeout, Some(WATCH_TIMEOUT_SECONDS));
-        assert!(watcher_config().bookmarks);
+    #[tokio::test]
+    async fn the_idle_limit_sits_between_the_server_lifetime_and_kube_runtimes_own_timeout() {
+        for seconds in [1, 3, WATCH_TIMEOUT_SECONDS] {
+            let lifetime = Duration::from_secs(u64::from(seconds));
+            assert!(idle_limit(seconds) > lifetime);
+            // kube-runtime 5 reconnects silently after the lifetime plus 5 s.
+            assert!(idle_limit(seconds) < lifetime + Duration::from_secs(5));
+        }
+        let client = kube::Client::new(
+            tower::service_fn(|_: http::Request<kube::client::Body>| async {
+                Err::<http::Response<http_body_util::Empty<bytes::Bytes>>, std::io::Error>(
+                    std::io::Error::other("unused"),
+                )
+            }),
+            "default",
+        );
+        let config = WatchClient::from_client(client, 7).config();
+        assert_eq!(config.timeout, Some(7));
+        assert!(config.bookmarks);
     }
 }

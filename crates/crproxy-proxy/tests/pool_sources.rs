@@ -13,7 +13,7 @@ use std::time::Duration;
 use crproxy_core::reason::Reason;
 use crproxy_proxy::pool::{PeerPool, STALENESS_TOLERANCE};
 use crproxy_proxy::sources::{self, PeerSourceConfig, FILE_POLL_INTERVAL};
-use crproxy_proxy::watches::WATCH_IDLE_LIMIT;
+use crproxy_proxy::watches::{WatchClient, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 use pool_support::*;
 use scripted_api::ScriptedApi;
 use serde_json::{json, Value};
@@ -180,7 +180,7 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
         ],
     ));
     let task = sources::spawn_endpoint_slices(
-        api.client(WATCH_IDLE_LIMIT),
+        WatchClient::from_client(api.client(WATCH_IDLE_LIMIT), WATCH_TIMEOUT_SECONDS),
         "kube-system".into(),
         "kube".into(),
         Some("https".into()),

@@ -84,7 +84,7 @@ impl FakeApi {
         self.state.lock().expect("lock").requests.clone()
     }
 
-    fn client(&self, pki: &Pki, dir: &std::path::Path) -> kube::Client {
+    fn client(&self, pki: &Pki, dir: &std::path::Path) -> crproxy_proxy::watches::WatchClient {
         std::fs::write(dir.join("token"), "test-token").expect("token");
         std::fs::write(dir.join("ca.crt"), &pki.ca.pem().cert).expect("ca");
         let config = crproxy_kube::ClusterConfig::in_cluster_from(
@@ -94,7 +94,7 @@ impl FakeApi {
         )
         .expect("cluster config");
         let credentials = config.credentials().expect("credentials");
-        crproxy_proxy::watches::watch_client(&config, credentials).expect("client")
+        crproxy_proxy::watches::WatchClient::new(&config, credentials).expect("client")
     }
 }
 

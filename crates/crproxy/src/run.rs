@@ -303,7 +303,7 @@ pub fn setup(
     let client_cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())
         .context("client cluster")?;
     let client_watches =
-        crproxy_proxy::watches::watch_client(&client_cluster, client_cluster.credentials()?)?;
+        crproxy_proxy::watches::WatchClient::new(&client_cluster, client_cluster.credentials()?)?;
     let client = crproxy_kube::Client::new(client_cluster)?;
     let mut targets = Vec::new();
     for target in &config.targets {
@@ -372,7 +372,7 @@ fn peer_source(
                 None => target_cluster.clone(),
             };
             PeerSourceConfig::EndpointSlices {
-                client: crproxy_proxy::watches::watch_client(&cluster, cluster.credentials()?)?,
+                client: crproxy_proxy::watches::WatchClient::new(&cluster, cluster.credentials()?)?,
                 namespace: slices.namespace.clone(),
                 service: slices.service.clone(),
                 port_name: slices.port_name.clone(),

@@ -104,7 +104,7 @@ fn configmap_errors_name_the_problem() {
 #[tokio::test(start_paused = true)]
 async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
     use crate::scripted_api::{settle, ScriptedApi};
-    use crate::watches::WATCH_IDLE_LIMIT;
+    use crate::watches::{WatchClient, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
     use serde_json::{json, Value};
     use std::time::Duration;
     let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
@@ -128,7 +128,11 @@ async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
     let api = ScriptedApi::default();
     let watch = api.push(list("3", named("[\"front-proxy-client\"]", "2")));
     let trust = FrontProxyTrust::new();
-    let task = spawn_trust_watch(api.client(WATCH_IDLE_LIMIT), Arc::clone(&trust), false);
+    let task = spawn_trust_watch(
+        WatchClient::from_client(api.client(WATCH_IDLE_LIMIT), WATCH_TIMEOUT_SECONDS),
+        Arc::clone(&trust),
+        false,
+    );
     settle().await;
     assert!(accepts(&trust, &original.cert));
     let requests = api.requests();
