@@ -5,7 +5,7 @@
 //! closing stops being trusted, then recovers.
 //!
 //! Real time: the watches ask for a 3 s server-side lifetime, so a stall is
-//! noticed after 5 s. Every wait is bounded; the two tests take about a minute
+//! noticed after 5 s; the lease lasts 15 s. Every wait is bounded; the two tests take about a minute
 //! together, most of it the stalled connection waiting for HTTP/2 keep-alive to
 //! give it up.
 
@@ -132,6 +132,72 @@ fn peer_pool(watch: WatchClient) -> (Arc<PeerPool>, JoinHandle<()>) {
     (pool, task)
 }
 
+/// Leader election and registration of one group/version, as `crproxy run` starts
+/// them, with a 1 s renewal and registration interval.
+fn start_wiring(config: &ClusterConfig) -> (crproxy_wiring::LeaderHandle, JoinHandle<()>) {
+    let client = crproxy_kube::kube_client_without_retries(
+        config,
+        config.credentials().expect("credentials"),
+        "default",
+    )
+    .expect("wiring client");
+    let leader = crproxy_wiring::LeaderElector::spawn(
+        client.clone(),
+        crproxy_wiring::LeaseConfig {
+            renew_interval: Duration::from_secs(1),
+            retry_interval: Duration::from_secs(1),
+            ..crproxy_wiring::LeaseConfig::new("kube-system", "crproxy-client", "replica-1")
+        },
+    );
+    let ca = config.ca_pem.clone().unwrap_or_default();
+    let registrar = crproxy_wiring::spawn_registrar(
+        client,
+        crproxy_wiring::RegistrarConfig::local(ca),
+        vec![crproxy_wiring::Registration {
+            group: "example.com".into(),
+            version: "v1".into(),
+            port: 1,
+        }],
+        leader.clone(),
+        Duration::from_secs(1),
+    );
+    (leader, registrar)
+}
+
+fn apiservice_api(client: &kube::Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "apiregistration.k8s.io",
+            "v1",
+            "APIService",
+        )),
+    )
+}
+
+/// The registered APIService's service port (the registrar writes 1).
+async fn apiservice_port(apiservices: &Api<DynamicObject>) -> Option<u64> {
+    apiservices
+        .get("v1.example.com")
+        .await
+        .ok()
+        .and_then(|a| a.data["spec"]["service"]["port"].as_u64())
+}
+
+/// Edits the APIService behind the registrar's back. Deleting it is refused (the
+/// protection policy); an edit the registrar undoes shows it at work.
+async fn edit_apiservice(apiservices: &Api<DynamicObject>) {
+    apiservices
+        .patch(
+            "v1.example.com",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"service": {"port": 2}}})),
+        )
+        .await
+        .expect("APIService edited");
+    assert_eq!(apiservice_port(apiservices).await, Some(2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_plane_rides_out_an_api_server_restart() {
     test_support::init_crypto();
@@ -148,41 +214,8 @@ async fn the_control_plane_rides_out_an_api_server_restart() {
     let namespaces = ClientNamespaces::new();
     let namespace_task = namespaces.spawn_sync(watches.clone());
     let (pool, peer_task) = peer_pool(watches);
-    let wiring_client = crproxy_kube::kube_client_without_retries(
-        &cluster_config(&cluster, cluster.addr()),
-        cluster_config(&cluster, cluster.addr())
-            .credentials()
-            .expect("credentials"),
-        "default",
-    )
-    .expect("wiring client");
-    let leader = crproxy_wiring::LeaderElector::spawn(
-        wiring_client.clone(),
-        crproxy_wiring::LeaseConfig {
-            renew_interval: Duration::from_secs(1),
-            retry_interval: Duration::from_secs(1),
-            ..crproxy_wiring::LeaseConfig::new("kube-system", "crproxy-client", "replica-1")
-        },
-    );
-    let registrar = crproxy_wiring::spawn_registrar(
-        wiring_client,
-        crproxy_wiring::RegistrarConfig::local(cluster.ca_pem().into_bytes()),
-        vec![crproxy_wiring::Registration {
-            group: "example.com".into(),
-            version: "v1".into(),
-            port: 1,
-        }],
-        leader.clone(),
-        Duration::from_secs(1),
-    );
-    let apiservices = Api::<DynamicObject>::all_with(
-        admin_client.clone(),
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "apiregistration.k8s.io",
-            "v1",
-            "APIService",
-        )),
-    );
+    let (leader, registrar) = start_wiring(&cluster_config(&cluster, cluster.addr()));
+    let apiservices = apiservice_api(&admin_client);
     let limit = Duration::from_secs(30);
     eventually("everything in step", limit, async || {
         namespaces.exists("before") == Some(true)
@@ -214,32 +247,8 @@ async fn the_control_plane_rides_out_an_api_server_restart() {
     let admin_client = admin(&cluster);
     create_namespace(&admin_client, "after").await;
     set_peer(&admin_client, "10.0.0.2").await;
-    let apiservices = Api::<DynamicObject>::all_with(
-        admin_client.clone(),
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "apiregistration.k8s.io",
-            "v1",
-            "APIService",
-        )),
-    );
-    // Deleting it is refused (the protection policy); an edit the registrar undoes
-    // shows it working.
-    apiservices
-        .patch(
-            "v1.example.com",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"service": {"port": 2}}})),
-        )
-        .await
-        .expect("APIService edited");
-    let port = async |apiservices: &Api<DynamicObject>| {
-        apiservices
-            .get("v1.example.com")
-            .await
-            .ok()
-            .and_then(|a| a.data["spec"]["service"]["port"].as_u64())
-    };
-    assert_eq!(port(&apiservices).await, Some(2));
+    let apiservices = apiservice_api(&admin_client);
+    edit_apiservice(&apiservices).await;
     let leases = Api::<Lease>::namespaced(admin_client.clone(), "kube-system");
     let renewed_before = leases
         .get("crproxy-client")
@@ -256,7 +265,7 @@ async fn the_control_plane_rides_out_an_api_server_restart() {
             && leader.is_leader()
             && lease.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some("replica-1")
             && lease.and_then(|s| s.renew_time) > renewed_before
-            && port(&apiservices).await == Some(1)
+            && apiservice_port(&apiservices).await == Some(1)
     })
     .await;
 
@@ -380,8 +389,13 @@ async fn a_watch_that_stalls_without_closing_stops_being_trusted() {
     let namespaces = ClientNamespaces::new();
     let namespace_task = namespaces.spawn_sync(watches.clone());
     let (pool, peer_task) = peer_pool(watches);
+    let (leader, registrar) = start_wiring(&cluster_config(&cluster.cluster, relay.addr));
+    let apiservices = apiservice_api(&admin_client);
     eventually("in step", Duration::from_secs(30), async || {
-        namespaces.exists("before") == Some(true) && pool.hosts() == ["10.0.0.1:6443"]
+        namespaces.exists("before") == Some(true)
+            && pool.hosts() == ["10.0.0.1:6443"]
+            && leader.is_leader()
+            && apiservice_port(&apiservices).await == Some(1)
     })
     .await;
 
@@ -390,6 +404,7 @@ async fn a_watch_that_stalls_without_closing_stops_being_trusted() {
     relay.freeze();
     create_namespace(&admin_client, "during").await;
     set_peer(&admin_client, "10.0.0.2").await;
+    edit_apiservice(&apiservices).await;
     eventually("the cache gave up", Duration::from_secs(15), async || {
         namespaces.exists("during").is_none()
     })
@@ -400,13 +415,26 @@ async fn a_watch_that_stalls_without_closing_stops_being_trusted() {
         "the last peer list is kept"
     );
 
+    // A leader cut off from the API server steps down before its lease runs out.
+    eventually(
+        "the leader stepped down",
+        Duration::from_secs(30),
+        async || !leader.is_leader(),
+    )
+    .await;
+
     // The path heals (new connections work; the frozen one is given up by HTTP/2
-    // keep-alive): both follow the cluster again.
+    // keep-alive): everything follows the cluster again.
     relay.thaw();
     eventually("in step again", Duration::from_secs(120), async || {
-        namespaces.exists("during") == Some(true) && pool.hosts() == ["10.0.0.2:6443"]
+        namespaces.exists("during") == Some(true)
+            && pool.hosts() == ["10.0.0.2:6443"]
+            && leader.is_leader()
+            && apiservice_port(&apiservices).await == Some(1)
     })
     .await;
     namespace_task.abort();
     peer_task.abort();
+    registrar.abort();
+    leader.abort();
 }
