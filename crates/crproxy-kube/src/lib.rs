@@ -7,7 +7,9 @@
 //! certificate files are renewed and exec plugins issue new tokens
 //! ([`Credentials`]), and CRUD, PATCH, raw requests and watch streams with
 //! [`serde_json::Value`] bodies ([`Client`]). With the `kube` feature,
-//! `kube_client` builds kube-rs clients on the same credentials and connector.
+//! `kube_client` builds kube-rs clients on the same credentials and connector,
+//! optionally with a read timeout ([`ReadTimeoutLayer`]) that turns a watch
+//! stalled without closing into an error.
 //!
 //! TLS uses rustls with the ring provider passed explicitly, so nothing here depends on
 //! a process-wide default provider being installed.

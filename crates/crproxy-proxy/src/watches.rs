@@ -24,8 +24,9 @@ use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::Api;
 use serde::de::DeserializeOwned;
 
-/// Server-side lifetime of one watch.
-pub const WATCH_TIMEOUT_SECONDS: u32 = 300;
+/// Server-side lifetime of one watch. kube-client 4 refuses 295 s or more (its
+/// `WatchParams` validation); 290 s is kube-runtime's own default.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 290;
 
 /// How much longer than its lifetime a watch may stay silent before it counts as
 /// stalled: room for the server's closing bytes to arrive, well under the 5 s
