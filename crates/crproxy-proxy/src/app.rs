@@ -62,8 +62,9 @@ pub struct ProxySetup {
     pub plan: Vec<GroupVersionPlan>,
     pub bind: IpAddr,
     pub metrics_addr: SocketAddr,
-    /// The client cluster, for the namespace checks of requests.
-    pub client: crproxy_kube::Client,
+    /// The client cluster, for the namespace checks of requests: a kube-rs client
+    /// without retries (`crproxy_kube::kube_client_without_retries`).
+    pub client: kube::Client,
     /// The client cluster, for the watches of the front-proxy trust and of
     /// namespaces.
     pub client_watches: crate::watches::WatchClient,

@@ -302,9 +302,12 @@ pub fn setup(
     let config = &loaded.config;
     let client_cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())
         .context("client cluster")?;
+    // One credential provider for the client identity, shared by both clients.
+    let credentials = client_cluster.credentials()?;
     let client_watches =
-        crproxy_proxy::watches::WatchClient::new(&client_cluster, client_cluster.credentials()?)?;
-    let client = crproxy_kube::Client::new(client_cluster)?;
+        crproxy_proxy::watches::WatchClient::new(&client_cluster, Arc::clone(&credentials))?;
+    let client =
+        crproxy_kube::kube_client_without_retries(&client_cluster, credentials, "default")?;
     let mut targets = Vec::new();
     for target in &config.targets {
         let project = target.project.clone();

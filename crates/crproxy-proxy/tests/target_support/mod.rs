@@ -130,7 +130,12 @@ pub async fn harness_with_peers(
         }],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        client: client_api.client(),
+        client: crproxy_kube::kube_client_without_retries(
+            &client_api.config(),
+            client_api.config().credentials().expect("credentials"),
+            "default",
+        )
+        .expect("client"),
         client_watches: crproxy_proxy::watches::WatchClient::new(
             &client_api.config(),
             client_api.config().credentials().expect("credentials"),
