@@ -320,12 +320,15 @@ impl ClientCertVerifier for DynamicVerifier {
     }
 }
 
-/// Reads the trust settings from the client cluster once and installs them.
+/// Reads the trust settings from the client cluster once and installs them; gives
+/// up after [`crproxy_kube::DEFAULT_REQUEST_TIMEOUT`], so a hanging client API
+/// server does not hold up the start (the watch keeps trying).
 pub async fn load_trust(client: &kube::Client, trust: &FrontProxyTrust) -> Result<(), String> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), AUTHENTICATION_CONFIGMAP_NAMESPACE);
-    let configmap = api
-        .get(AUTHENTICATION_CONFIGMAP_NAME)
+    let limit = crproxy_kube::DEFAULT_REQUEST_TIMEOUT;
+    let configmap = tokio::time::timeout(limit, api.get(AUTHENTICATION_CONFIGMAP_NAME))
         .await
+        .map_err(|_| read_error(&format!("no answer within {limit:?}")))?
         .map_err(|e| read_error(&e))?;
     let settings = TrustSettings::from_configmap(&configmap).map_err(|e| e.to_string())?;
     trust.set(settings);

@@ -208,3 +208,20 @@ fn the_last_common_name_names_the_front_proxy_as_go_reads_it() {
     let cert = two_common_names("intruder", "front-proxy-client");
     assert_eq!(cert.common_name.as_deref(), Some("front-proxy-client"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn loading_the_trust_gives_up_on_a_silent_api_server() {
+    let silent = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+        std::future::pending::<
+            Result<http::Response<http_body_util::Empty<bytes::Bytes>>, std::io::Error>,
+        >()
+        .await
+    });
+    let client = kube::Client::new(silent, "default");
+    let trust = FrontProxyTrust::new();
+    let started = tokio::time::Instant::now();
+    let error = load_trust(&client, &trust).await.expect_err("a timeout");
+    assert!(error.contains("no answer within 30s"), "{error}");
+    assert_eq!(started.elapsed(), crproxy_kube::DEFAULT_REQUEST_TIMEOUT);
+    assert!(!trust.is_loaded());
+}
