@@ -13,6 +13,7 @@ use crate::cluster::ClusterConfig;
 use crate::connector::Connector;
 use crate::credentials::Credentials;
 use crate::error::from_client_error;
+use crate::read_timeout::ReadTimeoutLayer;
 use crate::Error;
 use http::header::{HeaderValue, AUTHORIZATION, USER_AGENT};
 use http::{Request, StatusCode, Uri};
@@ -32,7 +33,7 @@ pub fn kube_client(
     credentials: Arc<Credentials>,
     default_namespace: &str,
 ) -> Result<kube::Client, Error> {
-    build(config, credentials, default_namespace, true)
+    build(config, credentials, default_namespace, true, None)
 }
 
 /// [`kube_client`] without the retries: for callers that hand the server's answer
@@ -42,7 +43,27 @@ pub fn kube_client_without_retries(
     credentials: Arc<Credentials>,
     default_namespace: &str,
 ) -> Result<kube::Client, Error> {
-    build(config, credentials, default_namespace, false)
+    build(config, credentials, default_namespace, false, None)
+}
+
+/// [`kube_client`] whose responses fail with [`Error::Timeout`] when their head or
+/// the next piece of their body takes longer than `read_timeout` (see
+/// [`crate::ReadTimeoutLayer`]): for watches that must notice a connection that
+/// stalled without closing. `read_timeout` must exceed the server-side lifetime of
+/// every watch made with the client.
+pub fn kube_client_with_read_timeout(
+    config: &ClusterConfig,
+    credentials: Arc<Credentials>,
+    default_namespace: &str,
+    read_timeout: Duration,
+) -> Result<kube::Client, Error> {
+    build(
+        config,
+        credentials,
+        default_namespace,
+        true,
+        Some(read_timeout),
+    )
 }
 
 fn build(
@@ -50,6 +71,7 @@ fn build(
     credentials: Arc<Credentials>,
     default_namespace: &str,
     retry: bool,
+    read_timeout: Option<Duration>,
 ) -> Result<kube::Client, Error> {
     let tls = config.rustls_config(&[b"h2", b"http/1.1"], &credentials)?;
     let connector = Connector::new(
@@ -107,10 +129,23 @@ fn build(
     });
     let retries = retry
         .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
-    let service = tower::ServiceBuilder::new()
-        .option_layer(retries)
-        .service(service);
-    Ok(kube::Client::new(service, default_namespace))
+    // The read timeout sits under the retries, so a retried request gets a fresh one.
+    let client = match read_timeout {
+        Some(limit) => kube::Client::new(
+            tower::ServiceBuilder::new()
+                .option_layer(retries)
+                .layer(ReadTimeoutLayer::new(limit))
+                .service(service),
+            default_namespace,
+        ),
+        None => kube::Client::new(
+            tower::ServiceBuilder::new()
+                .option_layer(retries)
+                .service(service),
+            default_namespace,
+        ),
+    };
+    Ok(client)
 }
 
 /// A kube-rs error as this crate's [`Error`], so code moving to kube-rs keeps its

@@ -7,7 +7,9 @@
 //! certificate files are renewed and exec plugins issue new tokens
 //! ([`Credentials`]), and CRUD, PATCH, raw requests and watch streams with
 //! [`serde_json::Value`] bodies ([`Client`]). With the `kube` feature,
-//! `kube_client` builds kube-rs clients on the same credentials and connector.
+//! `kube_client` builds kube-rs clients on the same credentials and connector,
+//! optionally with a read timeout ([`ReadTimeoutLayer`]) that turns a watch
+//! stalled without closing into an error.
 //!
 //! TLS uses rustls with the ring provider passed explicitly, so nothing here depends on
 //! a process-wide default provider being installed.
@@ -20,6 +22,7 @@ mod error;
 #[cfg(feature = "kube")]
 mod kube_client;
 mod kubeconfig;
+mod read_timeout;
 mod watch;
 
 pub use client::{
@@ -31,10 +34,11 @@ pub use error::{reason_for_status, Error};
 pub use kubeconfig::{
     KubeCluster, KubeContext, KubeUser, Kubeconfig, NamedCluster, NamedContext, NamedUser,
 };
+pub use read_timeout::{IdleTimeoutBody, ReadTimeout, ReadTimeoutLayer};
 pub use watch::{LineDecoder, WatchEvent};
 
 #[cfg(feature = "kube")]
-pub use kube_client::{kube_client, kube_client_without_retries};
+pub use kube_client::{kube_client, kube_client_with_read_timeout, kube_client_without_retries};
 
 #[cfg(feature = "fake")]
 pub mod fake;

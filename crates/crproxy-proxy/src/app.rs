@@ -62,8 +62,12 @@ pub struct ProxySetup {
     pub plan: Vec<GroupVersionPlan>,
     pub bind: IpAddr,
     pub metrics_addr: SocketAddr,
-    /// The client cluster (front-proxy trust, namespaces).
-    pub client: crproxy_kube::Client,
+    /// The client cluster, for the namespace checks of requests: a kube-rs client
+    /// without retries (`crproxy_kube::kube_client_without_retries`).
+    pub client: kube::Client,
+    /// The client cluster, for the watches of the front-proxy trust and of
+    /// namespaces.
+    pub client_watches: crate::watches::WatchClient,
     pub targets: Vec<TargetSetup>,
     pub serving: ServingIdentity,
     /// Shared by every proxy in the process (several clients in `crproxy dev`).
@@ -105,7 +109,7 @@ impl RunningProxy {
 pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProxy, AppError> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let trust = FrontProxyTrust::new();
-    let loaded = match frontproxy::load_trust(&setup.client, &trust).await {
+    let loaded = match frontproxy::load_trust(setup.client_watches.client(), &trust).await {
         Ok(()) => true,
         Err(error) => {
             tracing::warn!(%error, "front-proxy trust not loaded yet; callers get 401 until it is");
@@ -113,13 +117,13 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
         }
     };
     let mut background = vec![frontproxy::spawn_trust_watch(
-        setup.client.clone(),
+        setup.client_watches.clone(),
         Arc::clone(&trust),
         loaded,
     )];
     let tls = server::proxy_tls_config(&setup.serving, &trust)?;
     let client_namespaces = ClientNamespaces::new();
-    background.push(client_namespaces.spawn_sync(setup.client.clone()));
+    background.push(client_namespaces.spawn_sync(setup.client_watches.clone()));
 
     let mut servers = Vec::new();
     let mut servers_done = Vec::new();

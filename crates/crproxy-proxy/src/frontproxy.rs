@@ -15,34 +15,32 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use http::HeaderMap;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::watcher::Event;
+use kube::Api;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, UnixTime};
-use serde_json::Value;
 
-use crate::sources::{RelistBackoff, WatchFeed, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
-use futures_util::StreamExt;
+use crate::watches::{self, WatchClient, WatchUpdate};
 
-/// Namespace and name of the ConfigMap the client API server publishes.
-pub const AUTHENTICATION_CONFIGMAP_PATH: &str =
-    "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication";
-
-/// The ConfigMap as a one-item list, which is what a watch resumes from.
-const AUTHENTICATION_CONFIGMAP_LIST: &str =
-    "/api/v1/namespaces/kube-system/configmaps?fieldSelector=metadata.name%3Dextension-apiserver-authentication";
+/// Namespace of the ConfigMap the client API server publishes.
+pub const AUTHENTICATION_CONFIGMAP_NAMESPACE: &str = "kube-system";
+/// Name of the ConfigMap the client API server publishes.
+pub const AUTHENTICATION_CONFIGMAP_NAME: &str = "extension-apiserver-authentication";
 
 /// The ConfigMap could not be turned into a trust configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum TrustError {
-    /// `requestheader-client-ca-file` is missing: the client API server has no
-    /// front-proxy configured, so no request can be trusted.
     /// The ConfigMap does not exist (yet): the client API server publishes it at
     /// start.
     #[error("ConfigMap kube-system/extension-apiserver-authentication does not exist on the client cluster")]
     Missing,
+    /// `requestheader-client-ca-file` is missing: the client API server has no
+    /// front-proxy configured, so no request can be trusted.
     #[error("ConfigMap kube-system/extension-apiserver-authentication has no requestheader-client-ca-file: the client API server has no front-proxy (aggregation) CA configured")]
     NoRequestHeaderCa,
     /// The CA bundle holds no usable certificate.
@@ -78,9 +76,14 @@ pub struct TrustSettings {
 
 impl TrustSettings {
     /// Parses the data of `extension-apiserver-authentication`.
-    pub fn from_configmap(configmap: &Value) -> Result<Self, TrustError> {
-        let data = configmap.get("data").cloned().unwrap_or(Value::Null);
-        let field = |key: &str| data.get(key).and_then(Value::as_str);
+    pub fn from_configmap(configmap: &ConfigMap) -> Result<Self, TrustError> {
+        let field = |key: &str| {
+            configmap
+                .data
+                .as_ref()
+                .and_then(|data| data.get(key))
+                .map(String::as_str)
+        };
         let ca_pem = field("requestheader-client-ca-file").ok_or(TrustError::NoRequestHeaderCa)?;
         let list = |key: &'static str, default: &[&str]| -> Result<Vec<String>, TrustError> {
             match field(key) {
@@ -317,59 +320,97 @@ impl ClientCertVerifier for DynamicVerifier {
     }
 }
 
-/// Reads the trust settings from the client cluster once and installs them.
-pub async fn load_trust(
-    client: &crproxy_kube::Client,
-    trust: &FrontProxyTrust,
-) -> Result<(), String> {
-    let configmap = client
-        .get(AUTHENTICATION_CONFIGMAP_PATH)
+/// Reads the trust settings from the client cluster once and installs them; gives
+/// up after [`crproxy_kube::DEFAULT_REQUEST_TIMEOUT`], so a hanging client API
+/// server does not hold up the start (the watch keeps trying).
+pub async fn load_trust(client: &kube::Client, trust: &FrontProxyTrust) -> Result<(), String> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), AUTHENTICATION_CONFIGMAP_NAMESPACE);
+    let limit = crproxy_kube::DEFAULT_REQUEST_TIMEOUT;
+    let configmap = tokio::time::timeout(limit, api.get(AUTHENTICATION_CONFIGMAP_NAME))
         .await
-        .map_err(|e| format!("reading kube-system/extension-apiserver-authentication from the client cluster: {e}"))?;
+        .map_err(|_| read_error(&format!("no answer within {limit:?}")))?
+        .map_err(|e| read_error(&e))?;
     let settings = TrustSettings::from_configmap(&configmap).map_err(|e| e.to_string())?;
     trust.set(settings);
     Ok(())
 }
 
-/// Follows the ConfigMap with a watch, so a rotated front-proxy CA is installed as
-/// soon as the client API server publishes it. The watch resumes from the list's
-/// resourceVersion, asks for bookmarks and a server-side timeout, counts a silence
-/// past [`WATCH_IDLE_LIMIT`] as broken, and lists again with backoff after any
-/// interruption; the last good settings stay in force meanwhile. Logs only when the
-/// outcome changes, so a client cluster that is slow to publish the ConfigMap does
-/// not flood the log.
-pub fn spawn_trust_watch<F: WatchFeed>(
-    feed: F,
+fn read_error(error: &dyn std::fmt::Display) -> String {
+    format!(
+        "reading kube-system/extension-apiserver-authentication from the client cluster: {error}"
+    )
+}
+
+/// Follows the ConfigMap with a watch ([`crate::watches`]), so a rotated
+/// front-proxy CA is installed as soon as the client API server publishes it. The
+/// last good settings stay in force through failures, bad edits and a deleted
+/// ConfigMap. Logs only when the outcome changes, so a client cluster that is slow
+/// to publish the ConfigMap does not flood the log. `client` is made by
+/// `loaded` says whether settings are installed already.
+pub fn spawn_trust_watch(
+    watch: WatchClient,
     trust: Arc<FrontProxyTrust>,
     loaded: bool,
 ) -> tokio::task::JoinHandle<()> {
+    let api: Api<ConfigMap> =
+        Api::namespaced(watch.client().clone(), AUTHENTICATION_CONFIGMAP_NAMESPACE);
+    let config = watch
+        .config()
+        .fields(&format!("metadata.name={AUTHENTICATION_CONFIGMAP_NAME}"));
+    let mut follower = TrustFollower {
+        trust,
+        loaded,
+        failing: false,
+        found_in_list: false,
+    };
     tokio::spawn(async move {
-        let mut status = TrustStatus {
-            loaded,
-            failing: false,
-        };
-        let mut backoff = RelistBackoff::default();
-        loop {
-            let Err(error) = watch_trust_once(&feed, &trust, &mut status, &mut backoff).await;
-            status.failed(&error);
-            tokio::time::sleep(backoff.next_pause()).await;
-        }
+        watches::follow(api, config, move |update| follower.update(update)).await
     })
 }
 
-/// What the log last said, to log changes only.
-struct TrustStatus {
+/// Installs what the watch of the ConfigMap delivers; remembers what the log last
+/// said, to log changes only.
+struct TrustFollower {
+    trust: Arc<FrontProxyTrust>,
     loaded: bool,
     failing: bool,
+    /// Whether the list in progress held the ConfigMap.
+    found_in_list: bool,
 }
 
-impl TrustStatus {
-    fn installed(&mut self) {
-        if self.failing || !self.loaded {
-            tracing::info!("front-proxy trust loaded from the client cluster");
+impl TrustFollower {
+    fn update(&mut self, update: WatchUpdate<ConfigMap>) {
+        match update {
+            WatchUpdate::Event(Event::Init) => self.found_in_list = false,
+            WatchUpdate::Event(Event::InitApply(configmap)) => {
+                self.found_in_list = true;
+                self.install(&configmap);
+            }
+            WatchUpdate::Event(Event::InitDone) => {
+                if !self.found_in_list {
+                    self.failed(&TrustError::Missing.to_string());
+                }
+            }
+            // A bad edit is reported and the last good settings kept; the next edit
+            // may fix it.
+            WatchUpdate::Event(Event::Apply(configmap)) => self.install(&configmap),
+            WatchUpdate::Event(Event::Delete(_)) => self.failed(&TrustError::Missing.to_string()),
+            WatchUpdate::Failed(error) => self.failed(&read_error(&error)),
         }
-        self.loaded = true;
-        self.failing = false;
+    }
+
+    fn install(&mut self, configmap: &ConfigMap) {
+        match TrustSettings::from_configmap(configmap) {
+            Ok(settings) => {
+                self.trust.set(settings);
+                if self.failing || !self.loaded {
+                    tracing::info!("front-proxy trust loaded from the client cluster");
+                }
+                self.loaded = true;
+                self.failing = false;
+            }
+            Err(error) => self.failed(&error.to_string()),
+        }
     }
 
     fn failed(&mut self, error: &str) {
@@ -378,81 +419,6 @@ impl TrustStatus {
         }
         self.failing = true;
     }
-}
-
-/// Lists the ConfigMap, then watches it for as long as watches work: each watch the
-/// server ends is resumed from the last resourceVersion seen. Returns only on a
-/// failure (a stall or an expired resourceVersion included); a successful list
-/// resets `backoff`.
-async fn watch_trust_once(
-    feed: &impl WatchFeed,
-    trust: &FrontProxyTrust,
-    status: &mut TrustStatus,
-    backoff: &mut RelistBackoff,
-) -> Result<std::convert::Infallible, String> {
-    let context = |e: crproxy_kube::Error| {
-        format!(
-            "reading kube-system/extension-apiserver-authentication from the client cluster: {e}"
-        )
-    };
-    let list = feed
-        .list(AUTHENTICATION_CONFIGMAP_LIST)
-        .await
-        .map_err(context)?;
-    backoff.reset();
-    match list.pointer("/items/0") {
-        Some(configmap) => install(trust, configmap, status)?,
-        None => return Err(TrustError::Missing.to_string()),
-    }
-    let mut resource_version = list
-        .pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("0")
-        .to_string();
-    loop {
-        let mut events = feed
-            .watch(&format!(
-                "{AUTHENTICATION_CONFIGMAP_LIST}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
-            ))
-            .await
-            .map_err(context)?;
-        loop {
-            let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, events.next()).await {
-                Ok(Some(event)) => event.map_err(context)?,
-                Ok(None) => break,
-                Err(_) => return Err(format!("no watch event within {WATCH_IDLE_LIMIT:?}")),
-            };
-            if let Some(rv) = event
-                .object
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-            {
-                resource_version = rv.to_string();
-            }
-            match event.event_type.as_str() {
-                "ADDED" | "MODIFIED" => {
-                    // A bad edit is reported and the last good settings kept; the
-                    // watch goes on, the next edit may fix it.
-                    if let Err(error) = install(trust, &event.object, status) {
-                        status.failed(&error);
-                    }
-                }
-                "DELETED" => status.failed(&TrustError::Missing.to_string()),
-                _ => {}
-            }
-        }
-    }
-}
-
-fn install(
-    trust: &FrontProxyTrust,
-    configmap: &Value,
-    status: &mut TrustStatus,
-) -> Result<(), String> {
-    let settings = TrustSettings::from_configmap(configmap).map_err(|e| e.to_string())?;
-    trust.set(settings);
-    status.installed();
-    Ok(())
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Namespace;
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -48,8 +49,9 @@ pub struct GroupVersionProxy {
     pub target_name: String,
     pub target: TargetConnection,
     pub metrics: TargetMetrics,
-    /// The client cluster, for namespace existence checks.
-    pub client: crproxy_kube::Client,
+    /// The client cluster, for namespace existence checks; without retries, as the
+    /// request's deadline bounds the check.
+    pub client: kube::Client,
     /// The client's namespaces as a watch last saw them.
     pub client_namespaces: Arc<ClientNamespaces>,
     pub trust: Arc<FrontProxyTrust>,
@@ -129,7 +131,7 @@ impl GroupVersionProxy {
         target_name: String,
         target: TargetConnection,
         metrics: TargetMetrics,
-        client: crproxy_kube::Client,
+        client: kube::Client,
         client_namespaces: Arc<ClientNamespaces>,
         trust: Arc<FrontProxyTrust>,
     ) -> Arc<Self> {
@@ -922,8 +924,7 @@ impl GroupVersionProxy {
         // The watch-fed cache answers "exists" from memory; a miss may only mean the
         // namespace was created a moment ago, so it is confirmed with a GET.
         if self.client_namespaces.exists(namespace) != Some(true) {
-            self.confirm_client_namespace(namespace, &client_path, deadline)
-                .await?;
+            self.confirm_client_namespace(namespace, deadline).await?;
         }
         self.ensure_target_namespace(namespace, &client_path, deadline)
             .await
@@ -932,10 +933,11 @@ impl GroupVersionProxy {
     async fn confirm_client_namespace(
         &self,
         namespace: &str,
-        client_path: &str,
         deadline: Instant,
     ) -> Result<(), Outcome> {
-        match tokio::time::timeout_at(deadline, self.client.get(client_path)).await {
+        let namespaces = kube::Api::<Namespace>::all(self.client.clone());
+        let check = tokio::time::timeout_at(deadline, namespaces.get(namespace)).await;
+        match check.map(|r| r.map_err(crproxy_kube::Error::from)) {
             Err(_) => Err(self.unavailable(ForwardError::Deadline)),
             Ok(Err(e)) if e.is_not_found() => Err(Outcome::new(
                 json_response(

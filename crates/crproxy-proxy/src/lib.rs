@@ -18,7 +18,8 @@ pub mod metrics;
 pub mod namespaces;
 pub mod pool;
 #[cfg(test)]
-mod scripted_feed;
+mod scripted_api;
 pub mod server;
 pub mod sources;
 pub mod transport;
+pub mod watches;

@@ -12,20 +12,22 @@
 //!   changes; an unreadable or invalid file drops the subscription and the last good
 //!   list stays in use.
 //! * [`PeerSourceConfig::EndpointSlices`]: list and watch the EndpointSlices of a
-//!   Service; the watch stream is the subscription.
+//!   Service with kube-runtime's watcher ([`crate::watches`]); a failed watch
+//!   drops the subscription until the next list has ended, and the last good list
+//!   stays in use meanwhile.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-use futures_util::stream::BoxStream;
-use futures_util::StreamExt;
-use serde_json::Value;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher::Event;
+use kube::{Api, ResourceExt};
 use tokio::task::JoinHandle;
 
 use crate::pool::PeerPool;
+use crate::watches::{self, WatchUpdate};
 
 /// How often the file source looks at its file.
 pub const FILE_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -33,57 +35,6 @@ pub const FILE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DNS_LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shortest DNS re-resolution interval accepted, so a zero does not spin.
 pub const DNS_MIN_INTERVAL: Duration = Duration::from_secs(1);
-/// Server-side lifetime of one EndpointSlice watch; the source re-lists afterwards.
-pub const WATCH_TIMEOUT_SECONDS: u64 = 300;
-/// A watch that delivers nothing (not even a bookmark) for this long is treated as
-/// dead, so a silently broken connection cannot keep a stale list trusted forever.
-pub const WATCH_IDLE_LIMIT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 60);
-/// First and largest step between re-list attempts of a client-side watch.
-pub const RELIST_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
-
-/// The pause before a client-side watch (EndpointSlices, client namespaces,
-/// front-proxy ConfigMap) lists again after a failure: the step doubles from
-/// `RELIST_BACKOFF.0` to `RELIST_BACKOFF.1`, and each pause is drawn between half
-/// and all of it, so replicas that lost the API server together do not all come
-/// back in the same instant.
-#[derive(Debug)]
-pub struct RelistBackoff {
-    step: Duration,
-}
-
-impl Default for RelistBackoff {
-    fn default() -> Self {
-        Self {
-            step: RELIST_BACKOFF.0,
-        }
-    }
-}
-
-impl RelistBackoff {
-    /// Back to the first step, after a watch that worked.
-    pub fn reset(&mut self) {
-        self.step = RELIST_BACKOFF.0;
-    }
-
-    /// The next pause, and the step after it doubled.
-    pub fn next_pause(&mut self) -> Duration {
-        let step = self.step;
-        self.step = (step * 2).min(RELIST_BACKOFF.1);
-        let half = step / 2;
-        half + half.mul_f64(random_fraction())
-    }
-}
-
-/// A fraction in [0, 1) from the standard library's per-instance random hash keys:
-/// enough to spread retries, no random-number crate needed.
-fn random_fraction() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let bits = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    (bits >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// Where a target's peers come from.
 // Built once per target at startup and moved into its task: the size difference
 // between variants costs nothing worth an extra box in the constructor API.
@@ -100,7 +51,7 @@ pub enum PeerSourceConfig {
     /// Ready endpoints of the EndpointSlices of `namespace/service`, on the port
     /// named `port_name` (or the first port).
     EndpointSlices {
-        client: crproxy_kube::Client,
+        client: watches::WatchClient,
         namespace: String,
         service: String,
         port_name: Option<String>,
@@ -172,15 +123,6 @@ pub enum SourceError {
         name: String,
         /// The resolver's error.
         detail: String,
-    },
-    /// Listing or watching EndpointSlices failed.
-    #[error("endpointslices {path}: {source}")]
-    Kube {
-        /// The list or watch path.
-        path: String,
-        /// The client's error.
-        #[source]
-        source: crproxy_kube::Error,
     },
 }
 
@@ -394,198 +336,90 @@ pub fn parse_peer_file(path: &std::path::Path, content: &[u8]) -> Result<Vec<Str
 
 // ---- EndpointSlices -------------------------------------------------------------------
 
-/// What a list-then-watch loop (the EndpointSlice source, the client namespace cache)
-/// needs from a Kubernetes client. Implemented for [`crproxy_kube::Client`]; tests
-/// script it.
-pub trait WatchFeed: Send + Sync + 'static {
-    /// GETs a list.
-    fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Value, crproxy_kube::Error>>;
-    /// Starts a watch.
-    #[allow(clippy::type_complexity)]
-    fn watch<'a>(
-        &'a self,
-        path_and_query: &'a str,
-    ) -> BoxFuture<
-        'a,
-        Result<
-            BoxStream<'static, Result<crproxy_kube::WatchEvent, crproxy_kube::Error>>,
-            crproxy_kube::Error,
-        >,
-    >;
-}
-
-impl WatchFeed for crproxy_kube::Client {
-    fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Value, crproxy_kube::Error>> {
-        Box::pin(crproxy_kube::Client::list(self, path))
-    }
-
-    fn watch<'a>(
-        &'a self,
-        path_and_query: &'a str,
-    ) -> BoxFuture<
-        'a,
-        Result<
-            BoxStream<'static, Result<crproxy_kube::WatchEvent, crproxy_kube::Error>>,
-            crproxy_kube::Error,
-        >,
-    > {
-        Box::pin(async move {
-            let stream = crproxy_kube::Client::watch(self, path_and_query).await?;
-            Ok(stream.boxed())
-        })
-    }
-}
-
-/// Starts the EndpointSlice source over any feed.
-pub fn spawn_endpoint_slices<F: WatchFeed>(
-    feed: F,
+/// Starts the EndpointSlice source of `namespace/service` over `watch`.
+pub fn spawn_endpoint_slices(
+    watch: watches::WatchClient,
     namespace: String,
     service: String,
     port_name: Option<String>,
     pools: Vec<Arc<PeerPool>>,
 ) -> JoinHandle<()> {
-    let source = SliceSource {
-        feed,
-        list_path: endpoint_slices_path(&namespace, &service),
+    let api: Api<EndpointSlice> = Api::namespaced(watch.client().clone(), &namespace);
+    let config = watch.config().labels(&service_selector(&service));
+    let mut source = SliceSource {
         service,
         port_name,
         publisher: Publisher::new(pools),
+        slices: BTreeMap::new(),
+        listing: None,
     };
-    tokio::spawn(source.run())
-}
-
-/// Query-value escaping: everything but RFC 3986 unreserved characters.
-const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-/// The list path of a Service's EndpointSlices, selected by the label Kubernetes
-/// puts on them.
-pub fn endpoint_slices_path(namespace: &str, service: &str) -> String {
-    let selector = format!("kubernetes.io/service-name={service}");
-    let selector = percent_encoding::utf8_percent_encode(&selector, QUERY_VALUE);
-    format!(
-        "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector={selector}"
+    tokio::spawn(
+        async move { watches::follow(api, config, move |update| source.update(update)).await },
     )
 }
 
-struct SliceSource<F> {
-    feed: F,
-    list_path: String,
+/// The label selector of a Service's EndpointSlices: Kubernetes labels each slice
+/// with the Service's name.
+pub fn service_selector(service: &str) -> String {
+    format!("kubernetes.io/service-name={service}")
+}
+
+struct SliceSource {
     service: String,
     port_name: Option<String>,
     publisher: Publisher,
+    /// The slices as last listed and watched, by name.
+    slices: BTreeMap<String, EndpointSlice>,
+    /// The slices of a list in progress, installed whole when it ends.
+    listing: Option<BTreeMap<String, EndpointSlice>>,
 }
 
-impl<F: WatchFeed> SliceSource<F> {
-    async fn run(mut self) {
-        let mut backoff = RelistBackoff::default();
-        // Bounded: runs until the task is aborted.
-        loop {
-            let Err(err) = self.list_and_watch(&mut backoff).await;
-            let pause = backoff.next_pause();
-            tracing::warn!(error = %err, service = %self.service, retry_in = ?pause, "peer watch subscription failed");
-            tokio::time::sleep(pause).await;
-        }
-    }
-
-    /// One list, then watches for as long as they work. Returns on a failure (a
-    /// stall or an expired resourceVersion included), after reporting the
-    /// subscription dropped.
-    async fn list_and_watch(
-        &mut self,
-        backoff: &mut RelistBackoff,
-    ) -> Result<std::convert::Infallible, SourceError> {
-        let kube_err = |path: &str| {
-            let path = path.to_owned();
-            move |source| SourceError::Kube { path, source }
-        };
-        let list = match self.feed.list(&self.list_path).await {
-            Ok(list) => list,
-            Err(e) => {
-                self.publisher.dropped();
-                return Err(kube_err(&self.list_path)(e));
-            }
-        };
-        backoff.reset();
-        let mut slices: BTreeMap<String, Value> = BTreeMap::new();
-        if let Some(items) = list["items"].as_array() {
-            for item in items {
-                self.apply(&mut slices, "ADDED", item.clone());
-            }
-        }
-        self.publisher.update(peers_from_slices(
-            slices.values(),
-            self.port_name.as_deref(),
-        ));
-        let mut resource_version = list["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned();
-        // Each watch the server ends (timeoutSeconds) is resumed from the last
-        // resourceVersion seen, bookmarks included: no list, and the subscription
-        // is not reported dropped. Only a failure ends the cycle.
-        let result = 'watches: loop {
-            let watch_path = format!(
-                "{}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={}",
-                self.list_path,
-                percent_encoding::utf8_percent_encode(&resource_version, QUERY_VALUE)
-            );
-            let mut stream = match self.feed.watch(&watch_path).await {
-                Ok(stream) => stream,
-                Err(e) => break Err(kube_err(&watch_path)(e)),
-            };
-            loop {
-                let event = match tokio::time::timeout(WATCH_IDLE_LIMIT, stream.next()).await {
-                    Err(_) => {
-                        break 'watches Err(SourceError::Kube {
-                            path: watch_path.clone(),
-                            source: crproxy_kube::Error::Timeout(format!(
-                                "no watch event within {WATCH_IDLE_LIMIT:?}"
-                            )),
-                        })
+impl SliceSource {
+    fn update(&mut self, update: WatchUpdate<EndpointSlice>) {
+        match update {
+            WatchUpdate::Event(Event::Init) => self.listing = Some(BTreeMap::new()),
+            WatchUpdate::Event(Event::InitApply(slice)) => {
+                if self.is_ours(&slice) {
+                    if let Some(listing) = &mut self.listing {
+                        listing.insert(slice.name_any(), slice);
                     }
-                    Ok(None) => break,
-                    Ok(Some(Err(e))) => break 'watches Err(kube_err(&watch_path)(e)),
-                    Ok(Some(Ok(event))) => event,
-                };
-                if let Some(rv) = event.object["metadata"]["resourceVersion"].as_str() {
-                    resource_version = rv.to_owned();
-                }
-                if self.apply(&mut slices, &event.event_type, event.object) {
-                    self.publisher.update(peers_from_slices(
-                        slices.values(),
-                        self.port_name.as_deref(),
-                    ));
                 }
             }
-        };
-        self.publisher.dropped();
-        result
+            WatchUpdate::Event(Event::InitDone) => {
+                self.slices = self.listing.take().unwrap_or_default();
+                self.publish();
+            }
+            WatchUpdate::Event(Event::Apply(slice)) => {
+                if self.is_ours(&slice) {
+                    self.slices.insert(slice.name_any(), slice);
+                    self.publish();
+                }
+            }
+            WatchUpdate::Event(Event::Delete(slice)) => {
+                if self.slices.remove(&slice.name_any()).is_some() {
+                    self.publish();
+                }
+            }
+            WatchUpdate::Failed(error) => {
+                self.listing = None;
+                if self.publisher.dropped() {
+                    tracing::warn!(%error, service = %self.service, "peer watch subscription failed; keeping the last peer list and listing again");
+                } else {
+                    tracing::debug!(%error, service = %self.service, "peer watch subscription still failing");
+                }
+            }
+        }
     }
 
-    /// Applies one event to the slice set; returns whether it changed anything.
-    fn apply(&self, slices: &mut BTreeMap<String, Value>, event_type: &str, object: Value) -> bool {
-        let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
-            return false;
-        };
-        // The selector is applied server-side; checking again keeps a server that
-        // ignores it from mixing in another Service's endpoints.
-        let service = object["metadata"]["labels"]["kubernetes.io/service-name"].as_str();
-        if service.is_some_and(|s| s != self.service) {
-            return false;
-        }
-        match event_type {
-            "ADDED" | "MODIFIED" => {
-                slices.insert(name, object);
-                true
-            }
-            "DELETED" => slices.remove(&name).is_some(),
-            // BOOKMARK and anything unknown carry no endpoint change.
-            _ => false,
-        }
+    /// The selector is applied server-side; checking again keeps a server that
+    /// ignores it from mixing in another Service's endpoints.
+    fn is_ours(&self, slice: &EndpointSlice) -> bool {
+        slice.labels().get("kubernetes.io/service-name") == Some(&self.service)
+    }
+
+    fn publish(&mut self) {
+        let peers = peers_from_slices(self.slices.values(), self.port_name.as_deref());
+        self.publisher.update(peers);
     }
 }
 
@@ -593,30 +427,26 @@ impl<F: WatchFeed> SliceSource<F> {
 /// `port_name` (or each slice's first port); endpoints whose `ready` condition is
 /// explicitly false are left out (an absent condition means ready).
 pub fn peers_from_slices<'a>(
-    slices: impl IntoIterator<Item = &'a Value>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
     port_name: Option<&str>,
 ) -> Vec<String> {
     let mut peers = Vec::new();
     for slice in slices {
-        let Some(ports) = slice["ports"].as_array() else {
-            continue;
-        };
+        let ports = slice.ports.as_deref().unwrap_or_default();
         let port = match port_name {
-            Some(name) => ports.iter().find(|p| p["name"].as_str() == Some(name)),
+            Some(name) => ports.iter().find(|p| p.name.as_deref() == Some(name)),
             None => ports.first(),
         };
-        let Some(port) = port.and_then(|p| p["port"].as_u64()) else {
+        let Some(port) = port.and_then(|p| p.port) else {
             continue;
         };
-        let ipv6 = slice["addressType"].as_str() == Some("IPv6");
-        for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
-            if endpoint["conditions"]["ready"].as_bool() == Some(false) {
+        let ipv6 = slice.address_type == "IPv6";
+        for endpoint in &slice.endpoints {
+            let ready = endpoint.conditions.as_ref().and_then(|c| c.ready);
+            if ready == Some(false) {
                 continue;
             }
-            for address in endpoint["addresses"].as_array().into_iter().flatten() {
-                let Some(address) = address.as_str() else {
-                    continue;
-                };
+            for address in &endpoint.addresses {
                 peers.push(if ipv6 {
                     format!("[{address}]:{port}")
                 } else {
@@ -630,33 +460,3 @@ pub fn peers_from_slices<'a>(
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod backoff_tests {
-    use super::*;
-
-    #[test]
-    fn relist_pauses_double_with_jitter_up_to_the_limit() {
-        let mut backoff = RelistBackoff::default();
-        let mut step = RELIST_BACKOFF.0;
-        for _ in 0..8 {
-            let pause = backoff.next_pause();
-            assert!(
-                pause >= step / 2 && pause <= step,
-                "{pause:?} for step {step:?}"
-            );
-            step = (step * 2).min(RELIST_BACKOFF.1);
-        }
-        assert_eq!(step, RELIST_BACKOFF.1);
-        backoff.reset();
-        assert!(backoff.next_pause() <= RELIST_BACKOFF.0);
-        // Jitter: twenty pauses of one step are not all the same.
-        let pauses: std::collections::HashSet<Duration> = (0..20)
-            .map(|_| {
-                let mut b = RelistBackoff::default();
-                b.next_pause()
-            })
-            .collect();
-        assert!(pauses.len() > 1, "{pauses:?}");
-    }
-}

@@ -1,21 +1,22 @@
 //! Peer sources publishing into pools: static, file, DNS and EndpointSlices (over a
-//! scripted feed, so the test decides when the watch drops).
+//! scripted API server, so the test decides when the watch drops).
 
 mod pool_support;
+// Shared with the crate's unit tests, which use all of it.
+#[allow(dead_code)]
+#[path = "../src/scripted_api.rs"]
+mod scripted_api;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crproxy_core::reason::Reason;
-use crproxy_kube::{Error as KubeError, WatchEvent};
 use crproxy_proxy::pool::{PeerPool, STALENESS_TOLERANCE};
-use crproxy_proxy::sources::{self, PeerSourceConfig, WatchFeed, FILE_POLL_INTERVAL};
-use futures_util::future::BoxFuture;
-use futures_util::stream::BoxStream;
-use futures_util::StreamExt;
+use crproxy_proxy::sources::{self, PeerSourceConfig, FILE_POLL_INTERVAL};
+use crproxy_proxy::watches::{WatchClient, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 use pool_support::*;
+use scripted_api::ScriptedApi;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 /// Two pools of one target, as two group/version proxies would have.
 fn two_pools(h: &Harness) -> Vec<Arc<PeerPool>> {
@@ -132,70 +133,7 @@ async fn a_failing_dns_lookup_drops_the_subscription() {
     task.abort();
 }
 
-// ---- EndpointSlices over a scripted feed -------------------------------------------
-
-type Events = mpsc::UnboundedSender<Result<WatchEvent, KubeError>>;
-type EventStream = mpsc::UnboundedReceiver<Result<WatchEvent, KubeError>>;
-
-/// A feed whose list answers and watch streams the test hands out one by one.
-#[derive(Clone, Default)]
-struct ScriptedFeed {
-    lists: Arc<Mutex<Vec<Result<Value, KubeError>>>>,
-    watches: Arc<Mutex<Vec<EventStream>>>,
-    requests: Arc<Mutex<Vec<String>>>,
-}
-
-impl ScriptedFeed {
-    fn push_list(&self, list: Result<Value, KubeError>) {
-        self.lists.lock().expect("lock").push(list);
-    }
-
-    fn push_watch(&self) -> Events {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.watches.lock().expect("lock").push(rx);
-        tx
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.requests.lock().expect("lock").clone()
-    }
-}
-
-impl WatchFeed for ScriptedFeed {
-    fn list<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Value, KubeError>> {
-        self.requests
-            .lock()
-            .expect("lock")
-            .push(format!("LIST {path}"));
-        let next = {
-            let mut lists = self.lists.lock().expect("lock");
-            (!lists.is_empty()).then(|| lists.remove(0))
-        };
-        Box::pin(async move {
-            next.unwrap_or_else(|| Err(KubeError::Transport("no scripted list".into())))
-        })
-    }
-
-    fn watch<'a>(
-        &'a self,
-        path: &'a str,
-    ) -> BoxFuture<'a, Result<BoxStream<'static, Result<WatchEvent, KubeError>>, KubeError>> {
-        self.requests
-            .lock()
-            .expect("lock")
-            .push(format!("WATCH {path}"));
-        let next = {
-            let mut watches = self.watches.lock().expect("lock");
-            (!watches.is_empty()).then(|| watches.remove(0))
-        };
-        Box::pin(async move {
-            match next {
-                Some(rx) => Ok(tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed()),
-                None => Err(KubeError::Transport("no scripted watch".into())),
-            }
-        })
-    }
-}
+// ---- EndpointSlices over a scripted API server -------------------------------------
 
 fn slice(name: &str, service: &str, endpoints: &[(&str, Option<bool>)]) -> Value {
     let endpoints: Vec<Value> = endpoints
@@ -206,7 +144,9 @@ fn slice(name: &str, service: &str, endpoints: &[(&str, Option<bool>)]) -> Value
         })
         .collect();
     json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "resourceVersion": "2", "labels": {"kubernetes.io/service-name": service}},
         "addressType": "IPv4",
         "ports": [{"name": "metrics", "port": 9090}, {"name": "https", "port": 6443}],
         "endpoints": endpoints,
@@ -217,19 +157,17 @@ fn list(rv: &str, items: Vec<Value>) -> Value {
     json!({"kind": "EndpointSliceList", "metadata": {"resourceVersion": rv}, "items": items})
 }
 
-fn event(kind: &str, object: Value) -> Result<WatchEvent, KubeError> {
-    Ok(WatchEvent {
-        event_type: kind.to_owned(),
-        object,
-    })
+fn event(kind: &str, rv: &str, mut object: Value) -> Value {
+    object["metadata"]["resourceVersion"] = json!(rv);
+    json!({"type": kind, "object": object})
 }
 
 #[tokio::test(start_paused = true)]
 async fn endpoint_slices_are_listed_watched_and_relisted() {
     let h = Harness::new();
     let pools = two_pools(&h);
-    let feed = ScriptedFeed::default();
-    feed.push_list(Ok(list(
+    let api = ScriptedApi::default();
+    let events = api.push(list(
         "10",
         vec![
             slice(
@@ -240,10 +178,9 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
             slice("kube-b", "kube", &[("10.0.0.3", None)]),
             slice("other", "other-service", &[("10.9.9.9", None)]),
         ],
-    )));
-    let events = feed.push_watch();
+    ));
     let task = sources::spawn_endpoint_slices(
-        feed.clone(),
+        WatchClient::from_client(api.client(WATCH_IDLE_LIMIT), WATCH_TIMEOUT_SECONDS),
         "kube-system".into(),
         "kube".into(),
         Some("https".into()),
@@ -254,14 +191,19 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
     for pool in &pools {
         assert_eq!(pool.hosts(), ["10.0.0.1:6443", "10.0.0.3:6443"]);
     }
-    let requests = feed.requests();
-    assert_eq!(
-        requests[0],
-        "LIST /apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkube"
+    let requests = api.requests();
+    let selector = "labelSelector=kubernetes.io%2Fservice-name%3Dkube";
+    assert!(
+        requests[0]
+            .starts_with("LIST /apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?")
+            && requests[0].contains(selector),
+        "{requests:?}"
     );
     assert!(
-        requests[1].starts_with("WATCH /apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkube&watch=true")
-            && requests[1].ends_with("&resourceVersion=10"),
+        requests[1]
+            .starts_with("WATCH /apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?")
+            && requests[1].contains(selector)
+            && requests[1].contains("resourceVersion=10"),
         "{requests:?}"
     );
 
@@ -269,6 +211,7 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
     events
         .send(event(
             "MODIFIED",
+            "11",
             slice(
                 "kube-a",
                 "kube",
@@ -277,20 +220,19 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
         ))
         .expect("send");
     events
-        .send(event("DELETED", slice("kube-b", "kube", &[])))
+        .send(event("DELETED", "12", slice("kube-b", "kube", &[])))
         .expect("send");
     events
-        .send(event("BOOKMARK", json!({"metadata": {"name": ""}})))
+        .send(json!({"type": "BOOKMARK", "object": {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"resourceVersion": "13"}}}))
         .expect("send");
     settle().await;
     for pool in &pools {
         assert_eq!(pool.hosts(), ["10.0.0.1:6443", "10.0.0.2:6443"]);
     }
 
-    // The watch breaks and re-listing fails for a while: the list is kept, then
-    // goes stale 60 s after the break.
+    // The watch breaks and the API server is gone for a while: the list is kept,
+    // then goes stale 60 s after the break.
     drop(events);
-    feed.push_list(Err(KubeError::Transport("connection refused".into())));
     settle().await;
     tokio::time::sleep(STALENESS_TOLERANCE - Duration::from_secs(1)).await;
     assert!(h.pool.snapshot().synced);
@@ -301,23 +243,28 @@ async fn endpoint_slices_are_listed_watched_and_relisted() {
     }
 
     // The API comes back: re-list with backoff, publish, watch again.
-    feed.push_list(Ok(list(
+    let _events = api.push(list(
         "20",
         vec![slice("kube-c", "kube", &[("10.0.0.5", None)])],
-    )));
-    let _events = feed.push_watch();
-    tokio::time::sleep(Duration::from_secs(31)).await;
+    ));
+    tokio::time::sleep(Duration::from_secs(61)).await;
     settle().await;
     for pool in &pools {
         assert!(pool.snapshot().synced);
         assert_eq!(pool.hosts(), ["10.0.0.5:6443"]);
     }
+    let requests = api.requests();
     assert!(
-        feed.requests()
+        requests
             .last()
-            .is_some_and(|r| r.ends_with("&resourceVersion=20")),
-        "{:?}",
-        feed.requests()
+            .is_some_and(|r| r.starts_with("WATCH ") && r.contains("resourceVersion=20")),
+        "{requests:?}"
+    );
+    // The watch that broke was resumed from the bookmark before anything was
+    // listed again.
+    assert!(
+        requests[2].starts_with("WATCH ") && requests[2].contains("resourceVersion=13"),
+        "{requests:?}"
     );
     task.abort();
 }

@@ -1,4 +1,5 @@
-//! The EndpointSlice source through the real `crproxy_kube::Client`, against a small
+//! The EndpointSlice source through the real watch client (kube-rs over crproxy-kube's
+//! connector and credentials), against a small
 //! HTTPS stand-in for the API server that serves one EndpointSlice list and scripted
 //! watch streams. Real time: the client's own timers do not mix with paused time.
 
@@ -83,7 +84,7 @@ impl FakeApi {
         self.state.lock().expect("lock").requests.clone()
     }
 
-    fn client(&self, pki: &Pki, dir: &std::path::Path) -> crproxy_kube::Client {
+    fn client(&self, pki: &Pki, dir: &std::path::Path) -> crproxy_proxy::watches::WatchClient {
         std::fs::write(dir.join("token"), "test-token").expect("token");
         std::fs::write(dir.join("ca.crt"), &pki.ca.pem().cert).expect("ca");
         let config = crproxy_kube::ClusterConfig::in_cluster_from(
@@ -92,7 +93,8 @@ impl FakeApi {
             dir,
         )
         .expect("cluster config");
-        crproxy_kube::Client::new(config).expect("client")
+        let credentials = config.credentials().expect("credentials");
+        crproxy_proxy::watches::WatchClient::new(&config, credentials).expect("client")
     }
 }
 
@@ -144,6 +146,14 @@ fn respond(code: u16, body: Value) -> hyper::Response<Body> {
     resp
 }
 
+/// The value of query parameter `name` in `request`.
+fn param<'a>(request: &'a str, name: &str) -> Option<&'a str> {
+    let (_, query) = request.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+}
+
 fn slice(name: &str, ips: &[&str]) -> Value {
     let endpoints: Vec<Value> = ips
         .iter()
@@ -152,7 +162,7 @@ fn slice(name: &str, ips: &[&str]) -> Value {
     json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "kube-system",
+        "metadata": {"name": name, "namespace": "kube-system", "resourceVersion": "1",
                      "labels": {"kubernetes.io/service-name": "kube"}},
         "addressType": "IPv4",
         "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
@@ -203,7 +213,9 @@ async fn endpoint_slices_through_the_kube_client() {
     // last resourceVersion it saw, without listing again.
     let next = api.push_watch();
     drop(events);
-    next.send(json!({"type": "ADDED", "object": slice("kube-2", &["10.0.0.5"])}))
+    let mut added = slice("kube-2", &["10.0.0.5"]);
+    added["metadata"]["resourceVersion"] = json!("8");
+    next.send(json!({"type": "ADDED", "object": added}))
         .expect("send");
     eventually("the resumed watch", || {
         h.pool.hosts() == ["10.0.0.3:6443", "10.0.0.5:6443"]
@@ -212,19 +224,30 @@ async fn endpoint_slices_through_the_kube_client() {
 
     let requests = api.requests();
     let selector = "labelSelector=kubernetes.io%2Fservice-name%3Dkube";
-    assert_eq!(
-        requests[0],
-        format!("/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?{selector}")
+    assert!(
+        requests[0].starts_with("/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?")
+            && requests[0].contains(selector)
+            && param(&requests[0], "watch").is_none(),
+        "{requests:?}"
     );
-    assert!(requests[1].contains("watch=true"), "{requests:?}");
-    assert!(requests[1].contains(selector), "{requests:?}");
-    assert!(requests[1].ends_with("resourceVersion=1"), "{requests:?}");
-    assert!(requests[2].contains("watch=true"), "{requests:?}");
-    assert!(requests[2].ends_with("resourceVersion=7"), "{requests:?}");
+    for (request, resource_version) in [(&requests[1], "1"), (&requests[2], "7")] {
+        assert_eq!(param(request, "watch"), Some("true"), "{requests:?}");
+        assert_eq!(
+            param(request, "allowWatchBookmarks"),
+            Some("true"),
+            "{requests:?}"
+        );
+        assert!(request.contains(selector), "{requests:?}");
+        assert_eq!(
+            param(request, "resourceVersion"),
+            Some(resource_version),
+            "{requests:?}"
+        );
+    }
     assert_eq!(
         requests
             .iter()
-            .filter(|r| !r.contains("watch=true"))
+            .filter(|r| param(r, "watch").is_none())
             .count(),
         1
     );

@@ -105,7 +105,17 @@ async fn harness(options: Options) -> Harness {
         }],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        client: client_api.client(),
+        client: crproxy_kube::kube_client_without_retries(
+            &client_api.config(),
+            client_api.config().credentials().expect("credentials"),
+            "default",
+        )
+        .expect("client"),
+        client_watches: crproxy_proxy::watches::WatchClient::new(
+            &client_api.config(),
+            client_api.config().credentials().expect("credentials"),
+        )
+        .expect("watch client"),
         targets: vec![TargetSetup {
             name: "target".into(),
             project: "default".into(),

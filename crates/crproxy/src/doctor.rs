@@ -500,9 +500,11 @@ async fn check_service(client: &crproxy_kube::Client, gv: &str, apiservice: &Val
             "",
         );
     }
+    // The label Kubernetes puts on a Service's EndpointSlices; a Service name is a
+    // DNS label, so only the selector's own `/` and `=` need escaping.
     let slices = client
-        .list(&crproxy_proxy::sources::endpoint_slices_path(
-            namespace, name,
+        .list(&format!(
+            "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D{name}"
         ))
         .await;
     let slices = match slices {

@@ -302,7 +302,12 @@ pub fn setup(
     let config = &loaded.config;
     let client_cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())
         .context("client cluster")?;
-    let client = crproxy_kube::Client::new(client_cluster)?;
+    // One credential provider for the client identity, shared by both clients.
+    let credentials = client_cluster.credentials()?;
+    let client_watches =
+        crproxy_proxy::watches::WatchClient::new(&client_cluster, Arc::clone(&credentials))?;
+    let client =
+        crproxy_kube::kube_client_without_retries(&client_cluster, credentials, "default")?;
     let mut targets = Vec::new();
     for target in &config.targets {
         let project = target.project.clone();
@@ -343,6 +348,7 @@ pub fn setup(
         bind,
         metrics_addr,
         client,
+        client_watches,
         targets,
         serving,
         metrics,
@@ -369,7 +375,7 @@ fn peer_source(
                 None => target_cluster.clone(),
             };
             PeerSourceConfig::EndpointSlices {
-                client: crproxy_kube::Client::new(cluster)?,
+                client: crproxy_proxy::watches::WatchClient::new(&cluster, cluster.credentials()?)?,
                 namespace: slices.namespace.clone(),
                 service: slices.service.clone(),
                 port_name: slices.port_name.clone(),

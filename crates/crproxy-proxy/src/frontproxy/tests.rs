@@ -2,7 +2,11 @@ use super::*;
 use crproxy_core::pki::CertificateAuthority;
 use http::HeaderValue;
 
-fn configmap(ca_pem: &str, allowed: &str) -> Value {
+fn configmap(ca_pem: &str, allowed: &str) -> ConfigMap {
+    serde_json::from_value(configmap_json(ca_pem, allowed)).expect("ConfigMap")
+}
+
+fn configmap_json(ca_pem: &str, allowed: &str) -> serde_json::Value {
     serde_json::json!({
         "data": {
             "requestheader-client-ca-file": ca_pem,
@@ -86,7 +90,7 @@ fn empty_allowed_names_accepts_any_name_signed_by_the_ca() {
 
 #[test]
 fn configmap_errors_name_the_problem() {
-    let missing = TrustSettings::from_configmap(&serde_json::json!({"data": {}}));
+    let missing = TrustSettings::from_configmap(&ConfigMap::default());
     assert!(matches!(missing, Err(TrustError::NoRequestHeaderCa)));
     let ca = CertificateAuthority::generate("ca").expect("ca");
     let bad_list = TrustSettings::from_configmap(&configmap(&ca.pem().cert, "not json"));
@@ -97,17 +101,12 @@ fn configmap_errors_name_the_problem() {
     assert!(matches!(bad_ca, Err(TrustError::BadCa(_))));
 }
 
-async fn settle() {
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
-    use crate::scripted_feed::{event, Script};
-    use crate::sources::{RELIST_BACKOFF, WATCH_IDLE_LIMIT};
-    use serde_json::json;
+    use crate::scripted_api::{settle, ScriptedApi};
+    use crate::watches::{WatchClient, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
+    use serde_json::{json, Value};
+    use std::time::Duration;
     let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
     let original = ca.issue_client("front-proxy-client", &[]).expect("cert");
     let renamed = ca.issue_client("renamed-proxy", &[]).expect("cert");
@@ -116,24 +115,34 @@ async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
             .authenticate(Some(&der(cert)), &identity_headers())
             .is_some()
     };
-    let named = |allowed: &str| {
-        let mut cm = configmap(&ca.pem().cert, allowed);
-        cm["metadata"] = json!({"name": "extension-apiserver-authentication"});
+    let metadata = |rv: &str| json!({"name": "extension-apiserver-authentication", "namespace": "kube-system", "resourceVersion": rv});
+    let named = |allowed: &str, rv: &str| {
+        let mut cm = configmap_json(&ca.pem().cert, allowed);
+        cm["apiVersion"] = json!("v1");
+        cm["kind"] = json!("ConfigMap");
+        cm["metadata"] = metadata(rv);
         cm
     };
-    let script = Script::default();
-    let watch = script.push(json!({
-        "metadata": {"resourceVersion": "3"},
-        "items": [named("[\"front-proxy-client\"]")],
-    }));
+    let list = |rv: &str, item: Value| json!({"apiVersion": "v1", "kind": "ConfigMapList", "metadata": {"resourceVersion": rv}, "items": [item]});
+    let modified = |object: Value| json!({"type": "MODIFIED", "object": object});
+    let api = ScriptedApi::default();
+    let watch = api.push(list("3", named("[\"front-proxy-client\"]", "2")));
     let trust = FrontProxyTrust::new();
-    let task = spawn_trust_watch(script.clone(), Arc::clone(&trust), false);
+    let task = spawn_trust_watch(
+        WatchClient::from_client(api.client(WATCH_IDLE_LIMIT), WATCH_TIMEOUT_SECONDS),
+        Arc::clone(&trust),
+        false,
+    );
     settle().await;
     assert!(accepts(&trust, &original.cert));
-    let requests = script.requests();
+    let requests = api.requests();
+    assert!(
+        requests[0].starts_with("LIST /api/v1/namespaces/kube-system/configmaps?")
+            && requests[1].starts_with("WATCH /api/v1/namespaces/kube-system/configmaps?"),
+        "{requests:?}"
+    );
     assert!(
         requests[1].contains("fieldSelector=metadata.name%3Dextension-apiserver-authentication")
-            && requests[1].contains("watch=true")
             && requests[1].contains("allowWatchBookmarks=true")
             && requests[1].contains("resourceVersion=3"),
         "{requests:?}"
@@ -141,40 +150,39 @@ async fn the_configmap_is_watched_and_a_stalled_watch_is_replaced() {
 
     // An edit is installed as it happens, without polling.
     watch
-        .send(event("MODIFIED", named("[\"renamed-proxy\"]")))
+        .send(modified(named("[\"renamed-proxy\"]", "4")))
         .expect("send");
     settle().await;
     assert!(!accepts(&trust, &original.cert));
     assert!(accepts(&trust, &renamed.cert));
     // A broken edit keeps the last good settings.
     watch
-        .send(event("MODIFIED", json!({"data": {}})))
+        .send(modified(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata("5"), "data": {}}),
+        ))
         .expect("send");
     settle().await;
     assert!(accepts(&trust, &renamed.cert));
 
     // The server ends the watch: the next one resumes, without a list.
-    let resumed = script.push_watch();
+    let resumed = api.push_watch();
     drop(watch);
     settle().await;
-    let requests = script.requests();
+    let requests = api.requests();
     assert!(
-        requests[2].starts_with("WATCH ") && requests[2].contains("resourceVersion=3"),
+        requests[2].starts_with("WATCH ") && requests[2].contains("resourceVersion=5"),
         "{requests:?}"
     );
     assert!(accepts(&trust, &renamed.cert));
 
     // Silence past the idle limit, the connection still open: listed again.
-    let _next = script.push(json!({
-        "metadata": {"resourceVersion": "8"},
-        "items": [named("[\"front-proxy-client\"]")],
-    }));
-    tokio::time::advance(WATCH_IDLE_LIMIT + std::time::Duration::from_secs(1)).await;
+    let _next = api.push(list("8", named("[\"front-proxy-client\"]", "7")));
+    tokio::time::advance(WATCH_IDLE_LIMIT + Duration::from_secs(1)).await;
     settle().await;
-    tokio::time::advance(RELIST_BACKOFF.1).await;
+    tokio::time::advance(Duration::from_secs(61)).await;
     settle().await;
     assert!(accepts(&trust, &original.cert));
-    assert_eq!(script.requests().len(), 5, "{:?}", script.requests());
+    assert_eq!(api.requests().len(), 5, "{:?}", api.requests());
     drop(resumed);
     task.abort();
 }
@@ -199,4 +207,21 @@ fn the_last_common_name_names_the_front_proxy_as_go_reads_it() {
     assert_eq!(cert.common_name.as_deref(), Some("intruder"));
     let cert = two_common_names("intruder", "front-proxy-client");
     assert_eq!(cert.common_name.as_deref(), Some("front-proxy-client"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn loading_the_trust_gives_up_on_a_silent_api_server() {
+    let silent = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+        std::future::pending::<
+            Result<http::Response<http_body_util::Empty<bytes::Bytes>>, std::io::Error>,
+        >()
+        .await
+    });
+    let client = kube::Client::new(silent, "default");
+    let trust = FrontProxyTrust::new();
+    let started = tokio::time::Instant::now();
+    let error = load_trust(&client, &trust).await.expect_err("a timeout");
+    assert!(error.contains("no answer within 30s"), "{error}");
+    assert_eq!(started.elapsed(), crproxy_kube::DEFAULT_REQUEST_TIMEOUT);
+    assert!(!trust.is_loaded());
 }

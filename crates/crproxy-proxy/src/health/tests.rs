@@ -26,7 +26,10 @@ fn pool(target: &str) -> Arc<PeerPool> {
 
 fn load(trust: &FrontProxyTrust) {
     let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
-    let configmap = serde_json::json!({"data": {"requestheader-client-ca-file": ca.pem().cert}});
+    let configmap: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+        serde_json::json!({"data": {"requestheader-client-ca-file": ca.pem().cert}}),
+    )
+    .expect("ConfigMap");
     trust.set(TrustSettings::from_configmap(&configmap).expect("settings"));
 }
 

@@ -1,5 +1,5 @@
 use super::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::path::Path;
 
 fn slice(address_type: &str, ports: Value, endpoints: Value) -> Value {
@@ -12,7 +12,11 @@ fn slice(address_type: &str, ports: Value, endpoints: Value) -> Value {
 }
 
 fn check_slices(slices: &[Value], port_name: Option<&str>, expected: &[&str]) {
-    assert_eq!(peers_from_slices(slices, port_name), expected, "{slices:?}");
+    let typed: Vec<EndpointSlice> = slices
+        .iter()
+        .map(|s| serde_json::from_value(s.clone()).expect("an EndpointSlice"))
+        .collect();
+    assert_eq!(peers_from_slices(&typed, port_name), expected, "{slices:?}");
 }
 
 #[test]
@@ -54,7 +58,7 @@ fn ready_endpoints_on_the_chosen_port() {
     );
     check_slices(&[v6], None, &["[fd00::1]:443"]);
 
-    // No ports or no endpoints: nothing, and no panic on odd shapes.
+    // No ports, a port without a number, or no endpoints: nothing.
     check_slices(
         &[slice(
             "IPv4",
@@ -65,11 +69,15 @@ fn ready_endpoints_on_the_chosen_port() {
         &[],
     );
     check_slices(
-        &[slice("IPv4", json!([{"port": 1}]), Value::Null)],
-        None,
+        &[slice(
+            "IPv4",
+            json!([{"name": "https"}]),
+            json!([{"addresses": ["10.0.0.1"]}]),
+        )],
+        Some("https"),
         &[],
     );
-    check_slices(&[json!("not an object")], None, &[]);
+    check_slices(&[slice("IPv4", json!([{"port": 1}]), json!([]))], None, &[]);
 }
 
 fn check_file(content: &str, expected: Result<&[&str], &str>) {
@@ -105,12 +113,4 @@ fn peer_files_are_json_or_yaml_lists() {
     check_file(r#"["10.0.0.1:https"]"#, Err("numeric port"));
     check_file(r#"["fd00::1:443"]"#, Err("is not \"host:port\""));
     check_file(r#"[":443"]"#, Err("is not \"host:port\""));
-}
-
-#[test]
-fn the_slice_path_selects_by_service_label() {
-    assert_eq!(
-        endpoint_slices_path("kube-system", "kubernetes"),
-        "/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes"
-    );
 }

@@ -1,5 +1,5 @@
 //! A proxy in owned or all mode in front of a real target (devcluster, over TLS)
-//! serving `widgets.example.com`, with a fake client cluster; shared by the
+//! serving `widgets.example.com`, with a devcluster as the client cluster; shared by the
 //! isolation and memory tests.
 #![allow(dead_code)]
 
@@ -12,7 +12,6 @@ use serde_json::{json, Value};
 use crproxy_core::config::{AccessMode, GroupVersionPlan, ResourceSet, TargetRef};
 use crproxy_core::ownership::Owner;
 use crproxy_core::pki::CertificateAuthority;
-use crproxy_kube::fake::FakeApiServer;
 use crproxy_kube::{Auth, Client, ClusterConfig};
 use crproxy_proxy::app::{self, ProxySetup, RunningProxy, TargetSetup};
 use crproxy_proxy::metrics::Metrics;
@@ -44,7 +43,8 @@ const WIDGET_CRD: &str = r#"{
 }"#;
 
 pub struct Harness {
-    pub _client_api: FakeApiServer,
+    /// The client cluster (namespaces, front-proxy trust).
+    pub _client_api: TestCluster,
     /// Kept so the target lives as long as the test.
     pub _target: TestCluster,
     pub proxy: RunningProxy,
@@ -88,29 +88,27 @@ pub async fn harness_with_peers(
         .expect("namespace created");
     wait_until_served(&admin).await;
 
-    let client_api = FakeApiServer::start().await.expect("client api");
-    let front_proxy_ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
-    let front_proxy_client = front_proxy_ca
-        .issue_client("front-proxy-client", &[])
-        .expect("front-proxy client cert");
-    client_api.insert(
-        "/api/v1/namespaces/kube-system/configmaps",
-        json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
-            "data": {
-                "requestheader-client-ca-file": front_proxy_ca.pem().cert,
-                "requestheader-allowed-names": "[\"front-proxy-client\"]",
-                "requestheader-username-headers": "[\"X-Remote-User\"]",
-                "requestheader-group-headers": "[\"X-Remote-Group\"]",
-                "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"
-            }
-        }),
-    );
-    client_api.insert(
-        "/api/v1/namespaces",
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
-    );
+    // The client cluster publishes its front-proxy CA in
+    // kube-system/extension-apiserver-authentication, as kube-apiserver does.
+    let client_api = test_support::devcluster("client").await;
+    let front_proxy_client = client_api.cluster.front_proxy_client();
+    let mut client_config =
+        ClusterConfig::new(url::Url::parse(&client_api.cluster.url()).expect("url"));
+    client_config.ca_pem = Some(client_api.cluster.ca_pem().into_bytes());
+    client_config.auth = Auth::Token(client_api.cluster.admin_token());
+    let client_credentials = client_config.credentials().expect("credentials");
+    let client_admin = crproxy_kube::kube_client(
+        &client_config,
+        std::sync::Arc::clone(&client_credentials),
+        "default",
+    )
+    .expect("client admin");
+    let demo: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "demo"}})).expect("namespace");
+    kube::Api::all(client_admin)
+        .create(&Default::default(), &demo)
+        .await
+        .expect("namespace created on the client");
     let serving_ca = CertificateAuthority::generate("serving-ca").expect("ca");
     let serving = serving_ca
         .issue_server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
@@ -130,7 +128,17 @@ pub async fn harness_with_peers(
         }],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        client: client_api.client(),
+        client: crproxy_kube::kube_client_without_retries(
+            &client_config,
+            std::sync::Arc::clone(&client_credentials),
+            "default",
+        )
+        .expect("client"),
+        client_watches: crproxy_proxy::watches::WatchClient::new(
+            &client_config,
+            client_credentials,
+        )
+        .expect("watch client"),
         targets: vec![TargetSetup {
             name: "target".into(),
             project: "default".into(),
