@@ -27,7 +27,7 @@ use crate::stats::{RoundStats, Summary};
 use crate::watch::{WatchSet, PRIME_SEQ};
 use crate::workload::{
     collection_path, object_path, resource_version, widget, CreateObjects, DeleteObjects,
-    GetObject, ListObjects, Owned, Owner, PatchObjects, UpdateObjects,
+    GetObject, ListObjects, Owned, Owner, PatchNamed, PatchObjects, UpdateObjects,
 };
 
 /// How to run.
@@ -148,6 +148,15 @@ const NS_RW: &str = "bench-rw";
 const NS_WATCH: &str = "bench-watch";
 const NS_IDLE: &str = "bench-idle";
 const NS_BIG: &str = "bench-list-big";
+/// Objects created before the timed part for `patch (seeded)` and
+/// `delete (seeded)`, which each patch, then delete, every one of them once.
+const NS_SEEDED: &str = "bench-seeded";
+
+/// The names a seeded scenario works through in one phase (`tag` = `warm` or
+/// `r<round>`) on one lane at concurrency `c`: `<prefix>-0` .. `<prefix>-<count-1>`.
+fn seeded_prefix(lane: &str, c: usize, tag: &str) -> String {
+    format!("s-{lane}-{c}-{tag}")
+}
 
 fn list_ns(n: usize) -> String {
     format!("bench-list-{n}")
@@ -201,7 +210,7 @@ pub async fn run(options: &Options) -> Result<Report> {
     .context("starting the dev environment")?;
     let result = measure_all(options, &plan, &env, &dir, &mut notes).await;
     env.shutdown().await;
-    let (rows, memory, targets, settings) = result?;
+    let (rows, memory, targets, goals, settings) = result?;
     Ok(Report {
         finished_at_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -213,11 +222,18 @@ pub async fn run(options: &Options) -> Result<Report> {
         rows,
         memory,
         targets,
+        goals,
         notes,
     })
 }
 
-type Measurements = (Vec<Row>, Vec<MemoryFigure>, Vec<report::TargetCheck>, Value);
+type Measurements = (
+    Vec<Row>,
+    Vec<MemoryFigure>,
+    Vec<report::TargetCheck>,
+    Vec<report::TargetCheck>,
+    Value,
+);
 
 async fn measure_all(
     options: &Options,
@@ -416,7 +432,7 @@ async fn measure_all(
     eprintln!("seeding the target...");
     let admin_target = kube_client(&env.target_kubeconfig)?;
     let admin_client = kube_client(&client.kubeconfig)?;
-    for ns in [NS_GET, NS_RW, NS_WATCH, NS_IDLE, NS_BIG]
+    for ns in [NS_GET, NS_RW, NS_WATCH, NS_IDLE, NS_BIG, NS_SEEDED]
         .iter()
         .map(|s| s.to_string())
         .chain([list_ns(plan.small_list), list_ns(plan.large_list)])
@@ -445,13 +461,33 @@ async fn measure_all(
             patch_names.extend(names);
         }
     }
-
     let wanted = |scenario: &str| {
         options
             .only
             .as_deref()
             .is_none_or(|only| scenario.contains(only))
     };
+    if wanted("patch (seeded)") || wanted("delete (seeded)") {
+        let mut names = Vec::new();
+        for lane in &lanes {
+            for &c in &plan.concurrency {
+                let phases = std::iter::once(("warm".to_string(), plan.warmup(plan.requests, c)))
+                    .chain(
+                        (0..plan.rounds).map(|r| (format!("r{r}"), plan.count(plan.requests, c))),
+                    );
+                for (tag, count) in phases {
+                    let prefix = seeded_prefix(lane.label, c, &tag);
+                    names.extend((0..count).map(|i| format!("{prefix}-{i}")));
+                }
+            }
+        }
+        eprintln!(
+            "seeding {} objects for the seeded patch and delete...",
+            names.len()
+        );
+        seed(&direct, NS_SEEDED, &names, &owner).await?;
+    }
+
     let mut rows = Vec::new();
     let limit = plan.limit();
     for &c in &plan.concurrency {
@@ -584,6 +620,58 @@ async fn measure_all(
             rows.push(create);
             rows.push(delete);
         }
+        // Patch, then delete, objects that existed before the timed part: each
+        // request its own object, so an ownership cache must know them all.
+        if wanted("patch (seeded)") || wanted("delete (seeded)") {
+            let total = plan.count(plan.requests, c);
+            let warm = plan.warmup(plan.requests, c);
+            for scenario in ["patch (seeded)", "delete (seeded)"] {
+                if !wanted(scenario) {
+                    continue;
+                }
+                let prefix = |lane: &Lane, tag: &str| seeded_prefix(lane.label, c, tag);
+                let row = if scenario.starts_with("patch") {
+                    run_row(
+                        scenario,
+                        c,
+                        &lanes,
+                        plan,
+                        total,
+                        warm,
+                        limit,
+                        |lane, tag| {
+                            Arc::new(PatchNamed {
+                                namespace: NS_SEEDED.into(),
+                                prefix: prefix(lane, tag),
+                            })
+                        },
+                        |_| vec![(); c],
+                        notes,
+                    )
+                    .await?
+                } else {
+                    run_row(
+                        scenario,
+                        c,
+                        &lanes,
+                        plan,
+                        total,
+                        warm,
+                        limit,
+                        |lane, tag| {
+                            Arc::new(DeleteObjects {
+                                namespace: NS_SEEDED.into(),
+                                prefix: prefix(lane, tag),
+                            })
+                        },
+                        |_| vec![(); c],
+                        notes,
+                    )
+                    .await?
+                };
+                rows.push(row);
+            }
+        }
         if wanted("update") {
             let total = plan.count(plan.requests, c);
             let row = run_row(
@@ -707,6 +795,7 @@ async fn measure_all(
 
     let mut targets = report::latency_targets(&rows);
     targets.extend(report::memory_targets(idle_watch_mib, list_peaks));
+    let goals = report::goal_checks(&rows, idle_watch_mib);
     let settings = json!({
         "mode": if options.quick { "quick" } else { "full" },
         "protocol": options.protocol,
@@ -721,7 +810,7 @@ async fn measure_all(
     if let Some(c) = child_proxy {
         c.stop().await;
     }
-    Ok((rows, memory, targets, settings))
+    Ok((rows, memory, targets, goals, settings))
 }
 
 /// One scenario at one concurrency on every lane: connect, warm up, then the
