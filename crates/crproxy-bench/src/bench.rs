@@ -1302,16 +1302,35 @@ async fn seed(
     Ok(all)
 }
 
-fn kube_client(kubeconfig: &Path) -> Result<crproxy_kube::Client> {
+/// A kube-rs client for the identity a kubeconfig names (the set-up's admin
+/// writes: namespaces on the client and the target).
+fn kube_client(kubeconfig: &Path) -> Result<kube::Client> {
     let loaded = crproxy_kube::Kubeconfig::load(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)?;
-    Ok(crproxy_kube::Client::new(cluster)?)
+    let credentials = cluster.credentials()?;
+    Ok(crproxy_kube::kube_client(&cluster, credentials, "default")?)
 }
 
-async fn create_namespace(client: &crproxy_kube::Client, name: &str) -> Result<()> {
-    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-    match client.create("/api/v1/namespaces", &namespace).await {
+async fn create_namespace(client: &kube::Client, name: &str) -> Result<()> {
+    let namespaces: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            plural: "namespaces".into(),
+        },
+    );
+    let namespace: kube::api::DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+    )?;
+    match namespaces
+        .create(&kube::api::PostParams::default(), &namespace)
+        .await
+        .map_err(crproxy_kube::Error::from)
+    {
         Ok(_) => Ok(()),
         Err(e) if e.is_already_exists() => Ok(()),
         Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
