@@ -752,7 +752,8 @@ impl GroupVersionProxy {
     /// the ownership GET. `None` sends the request down the checked path: the
     /// cache did not know the object, the caller's own resourceVersion differs from
     /// the cached one, or the target refused the write without writing (4xx other
-    /// than 429; usually the pin failing because the cache was stale). The checked
+    /// than 429, or any error for an idempotent server-side apply; usually the pin
+    /// failing because the cache was stale). The checked
     /// path then gives exactly the answer the caller would get without the cache.
     /// Subresources always take the checked path.
     async fn cached_mutation(
@@ -797,7 +798,13 @@ impl GroupVersionProxy {
             )
             .await;
         let code = outcome.response.status();
-        if code.is_client_error() && code != StatusCode::TOO_MANY_REQUESTS {
+        let refused = code.is_client_error() && code != StatusCode::TOO_MANY_REQUESTS;
+        // Server-side apply is idempotent, so it may also be checked and sent again
+        // after a server error: an apply of an object deleted behind the cache's
+        // back must create it, as it would without the cache.
+        let is_apply = content_type(&exchange.headers).and_then(BodyType::from_content_type)
+            == Some(BodyType::ApplyPatchYaml);
+        if refused || (is_apply && code.is_server_error()) {
             return self.cache_result("stale");
         }
         self.metrics.ownership_cache(&self.group_version, "hit");

@@ -403,6 +403,27 @@ async fn a_stale_cache_entry_costs_a_check_never_the_write() {
     h.proxy.shutdown().await;
 }
 
+/// An object someone else deleted while the cache still knew it: a server-side
+/// apply creates it again, labelled, and a patch is the target's 404, exactly as
+/// without the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_of_an_object_deleted_behind_the_caches_back_answer_as_before() {
+    let h = harness(AccessMode::Owned).await;
+    for round in 0..20 {
+        let name = format!("g{round}");
+        hot_owned_widget(&h, &name).await;
+        let path = format!("{WIDGETS}/{name}");
+        h.admin.delete(&path).await.expect("admin deletes");
+        let patched = Write::MergePatch.send(&h, &name, &Value::Null).await;
+        assert_eq!(patched.status, 404, "round {round}: {patched:?}");
+        let applied = Write::Apply.send(&h, &name, &Value::Null).await;
+        assert_eq!(applied.status, 201, "round {round}: {applied:?}");
+        assert!(is_owned(&applied.body), "{}", applied.body);
+        assert_eq!(applied.body["spec"]["replicas"], 7);
+    }
+    h.proxy.shutdown().await;
+}
+
 /// Read-your-writes: a create through the proxy followed at once by a patch, a
 /// PUT of the created object and a delete all succeed, whatever the cache knew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
