@@ -424,6 +424,43 @@ async fn writes_of_an_object_deleted_behind_the_caches_back_answer_as_before() {
     h.proxy.shutdown().await;
 }
 
+/// The cache's list reads every page (500 objects each): objects that existed
+/// before the cache started and were never written through the proxy are hits,
+/// an unowned object under the same selector-less collection is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_started_on_many_objects_knows_every_owned_one() {
+    let h = harness(AccessMode::Owned).await;
+    for i in 0..1100 {
+        h.admin
+            .create(WIDGETS, &widget(&format!("m{i}"), owned_labels()))
+            .await
+            .expect("created");
+    }
+    h.admin
+        .create(WIDGETS, &widget("foreign", json!({"team": "admin"})))
+        .await
+        .expect("created");
+    // The first owned write starts the cache; once it answers, it has listed.
+    hot_owned_widget(&h, "starter").await;
+    for name in ["m0", "m499", "m500", "m1099"] {
+        let before = counts(&h);
+        let deleted = Write::Delete.send(&h, name, &Value::Null).await;
+        assert_eq!(deleted.status, 200, "{name}: {deleted:?}");
+        assert_eq!(since(&h, before).hit, 1, "{name} was known to the cache");
+    }
+    let before = counts(&h);
+    let foreign = Write::Delete.send(&h, "foreign", &Value::Null).await;
+    assert_eq!(foreign.status, 404, "{foreign:?}");
+    assert_eq!(since(&h, before).miss, 1);
+    assert!(h
+        .admin
+        .get_opt(&format!("{WIDGETS}/foreign"))
+        .await
+        .expect("get")
+        .is_some());
+    h.proxy.shutdown().await;
+}
+
 /// Read-your-writes: a create through the proxy followed at once by a patch, a
 /// PUT of the created object and a delete all succeed, whatever the cache knew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
