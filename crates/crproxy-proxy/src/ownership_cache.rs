@@ -253,18 +253,26 @@ async fn idle(objects: &Objects) {
 /// Why a sync attempt ended.
 #[derive(Debug, thiserror::Error)]
 enum SyncError {
+    /// The request did not complete (no peer, connection lost, deadline).
     #[error("{0}")]
     Forward(#[from] ForwardError),
+    /// The target refused the list or watch (for example 403 without cluster-wide
+    /// list/watch on the resource).
     #[error("the target answered {0}")]
     Status(StatusCode),
+    /// A list page or watch event that is not what the target should send.
     #[error("undecodable answer: {0}")]
     Decode(String),
+    /// An ERROR event, such as 410 Expired for a resourceVersion too old.
     #[error("watch ended with an error: {0}")]
     WatchError(String),
+    /// Nothing arrived, not even a bookmark, for the idle limit.
     #[error("no watch event within {WATCH_IDLE_LIMIT:?}")]
     Stalled,
+    /// The resource holds more owned objects than the cache keeps.
     #[error("more than {MAX_OBJECTS} owned objects")]
     TooMany,
+    /// The cache itself is gone (its proxy shut down).
     #[error("the cache was dropped")]
     Dropped,
 }
