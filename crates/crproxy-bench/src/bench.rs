@@ -808,6 +808,16 @@ async fn measure_all(
         n.stop().await;
     }
     if let Some(c) = child_proxy {
+        // How often owned writes skipped the ownership GET in this run.
+        match scrape(c.metrics_addr)
+            .await
+            .as_deref()
+            .map(CacheLookups::parse)
+        {
+            Ok(Some(lookups)) => notes.push(lookups.note()),
+            Ok(None) => notes.push("crproxy ownership cache: no owned writes counted".into()),
+            Err(e) => notes.push(format!("crproxy ownership cache: metrics not read ({e})")),
+        }
         c.stop().await;
     }
     Ok((rows, memory, targets, goals, settings))
@@ -1154,6 +1164,75 @@ async fn idle_watches(
     Ok((figure, rss::mib(with)))
 }
 
+/// `GET /metrics` of a plain-HTTP metrics listener, the body as text.
+async fn scrape(addr: SocketAddr) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: metrics\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .context("scraping took longer than 10s")??;
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default())
+}
+
+/// `crproxy_ownership_cache_lookups_total` summed by result over the run.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct CacheLookups {
+    hit: u64,
+    stale: u64,
+    miss: u64,
+    unsynced: u64,
+}
+
+impl CacheLookups {
+    /// `None` when the exposition has no such series (no owned write happened).
+    fn parse(exposition: &str) -> Option<Self> {
+        let mut lookups = CacheLookups::default();
+        let mut seen = false;
+        for line in exposition.lines() {
+            let Some(rest) = line.strip_prefix("crproxy_ownership_cache_lookups_total{") else {
+                continue;
+            };
+            let Some(value) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+                continue;
+            };
+            let slot = match () {
+                _ if rest.contains("result=\"hit\"") => &mut lookups.hit,
+                _ if rest.contains("result=\"stale\"") => &mut lookups.stale,
+                _ if rest.contains("result=\"miss\"") => &mut lookups.miss,
+                _ if rest.contains("result=\"unsynced\"") => &mut lookups.unsynced,
+                _ => continue,
+            };
+            *slot += value as u64;
+            seen = true;
+        }
+        seen.then_some(lookups)
+    }
+
+    fn note(&self) -> String {
+        let total = self.hit + self.stale + self.miss + self.unsynced;
+        let rate = if total > 0 {
+            self.hit as f64 * 100.0 / total as f64
+        } else {
+            0.0
+        };
+        format!(
+            "crproxy ownership cache over the run: {rate:.1}% of {total} owned writes in one exchange (hit {}, stale {}, miss {}, unsynced {})",
+            self.hit, self.stale, self.miss, self.unsynced
+        )
+    }
+}
+
 /// Percent-encodes a query parameter value (RFC 3986 unreserved characters stay).
 fn query_escape(value: &str) -> String {
     value
@@ -1382,6 +1461,34 @@ fn git_commit() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_hit_rate_is_read_from_the_exposition() {
+        let text = "# TYPE crproxy_ownership_cache_lookups counter\n\
+            crproxy_ownership_cache_lookups_total{target=\"default/t\",group_version=\"example.com/v1\",result=\"hit\"} 90\n\
+            crproxy_ownership_cache_lookups_total{target=\"default/t\",group_version=\"example.com/v1\",result=\"stale\"} 4\n\
+            crproxy_ownership_cache_lookups_total{target=\"default/t\",group_version=\"example.com/v1\",result=\"unsynced\"} 6\n\
+            vcluster_proxy_watch_events_total{target=\"default/t\"} 3\n";
+        let lookups = CacheLookups::parse(text).expect("lookups");
+        assert_eq!(
+            lookups,
+            CacheLookups {
+                hit: 90,
+                stale: 4,
+                miss: 0,
+                unsynced: 6
+            }
+        );
+        assert!(
+            lookups.note().contains("90.0% of 100 owned writes"),
+            "{}",
+            lookups.note()
+        );
+        assert_eq!(
+            CacheLookups::parse("vcluster_proxy_watch_events_total 3\n"),
+            None
+        );
+    }
 
     #[test]
     fn query_values_are_escaped() {
