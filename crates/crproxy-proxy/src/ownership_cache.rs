@@ -44,8 +44,10 @@ pub const IDLE_DROP: Duration = Duration::from_secs(600);
 pub const MAX_OBJECTS: usize = 50_000;
 /// After a resource proved too large, how long until it is listed again.
 pub const OVERFLOW_PAUSE: Duration = Duration::from_secs(300);
-/// Objects per page of the initial list.
-const LIST_PAGE: usize = 500;
+/// Objects per page of a list: large pages keep the list short, so it completes
+/// (and its resourceVersion is still watchable) while the resource is written to
+/// heavily; a page stays far below the 16 MiB a response may take.
+const LIST_PAGE: usize = 2000;
 /// Upper bound for one list page or one request of the cache's own.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -91,8 +93,12 @@ struct Objects {
 
 #[derive(Default)]
 struct State {
+    /// Listed at least once, and not out of step for longer than the idle limit.
     synced: bool,
     pins: HashMap<String, Pin>,
+    /// When the cache was last known to follow the target (a list completed or a
+    /// watch event arrived).
+    in_step_at: Option<Instant>,
 }
 
 impl OwnershipCache {
@@ -277,15 +283,26 @@ enum SyncError {
     Dropped,
 }
 
+/// Lists and watches until the cache is dropped. An interrupted watch keeps the
+/// entries in use while the resource is listed again: an entry that went stale
+/// meanwhile only sends its write down the checked path, and under heavy writes a
+/// watch can fall out of the target's event window (410) again and again. Entries
+/// are dropped when the cache has been out of step for the idle limit, or the
+/// resource is too large to keep.
 async fn sync_forever(shared: &Weak<Shared>, resource: &str, objects: &Objects) {
     let mut backoff = RelistBackoff::default();
     loop {
         let error = sync_once(shared, resource, objects, &mut backoff).await;
-        objects.unsync();
         let pause = match error {
             SyncError::Dropped => return,
-            SyncError::TooMany => OVERFLOW_PAUSE,
-            _ => backoff.next_pause(),
+            SyncError::TooMany => {
+                objects.unsync();
+                OVERFLOW_PAUSE
+            }
+            _ => {
+                objects.unsync_if_out_of_step();
+                backoff.next_pause()
+            }
         };
         tracing::debug!(%resource, %error, "ownership cache watch interrupted; listing again");
         tokio::time::sleep(pause).await;
@@ -297,6 +314,18 @@ impl Objects {
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
         state.synced = false;
         state.pins = HashMap::new();
+    }
+
+    fn unsync_if_out_of_step(&self) {
+        let out_of_step = {
+            let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+            state
+                .in_step_at
+                .is_none_or(|at| at.elapsed() > WATCH_IDLE_LIMIT)
+        };
+        if out_of_step {
+            self.unsync();
+        }
     }
 }
 
@@ -391,8 +420,20 @@ async fn list(
         let next = page.metadata.continue_token.unwrap_or_default();
         if next.is_empty() {
             let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+            // Keep what a write through this proxy recorded while the list ran.
+            let previous = std::mem::take(&mut state.pins);
             state.pins = pins;
+            for (key, pin) in previous {
+                if state
+                    .pins
+                    .get(&key)
+                    .is_some_and(|listed| listed.uid == pin.uid)
+                {
+                    state.record(key, pin);
+                }
+            }
             state.synced = true;
+            state.in_step_at = Some(Instant::now());
             return page
                 .metadata
                 .resource_version
@@ -473,11 +514,12 @@ fn apply(
     if let Some(rv) = &meta.resource_version {
         resource_version.clone_from(rv);
     }
+    let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+    state.in_step_at = Some(Instant::now());
     let Some(name) = meta.name.as_deref() else {
         return Ok(());
     };
     let key = key(meta.namespace.as_deref(), name);
-    let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
     match (event.event_type.as_str(), meta.owned_pin(owner)) {
         ("ADDED" | "MODIFIED", Some(pin)) => {
             state.record(key, pin);

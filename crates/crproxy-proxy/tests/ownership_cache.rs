@@ -424,13 +424,13 @@ async fn writes_of_an_object_deleted_behind_the_caches_back_answer_as_before() {
     h.proxy.shutdown().await;
 }
 
-/// The cache's list reads every page (500 objects each): objects that existed
+/// The cache's list reads every page (2000 objects each): objects that existed
 /// before the cache started and were never written through the proxy are hits,
 /// an unowned object under the same selector-less collection is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_started_on_many_objects_knows_every_owned_one() {
     let h = harness(AccessMode::Owned).await;
-    for i in 0..1100 {
+    for i in 0..2100 {
         h.admin
             .create(WIDGETS, &widget(&format!("m{i}"), owned_labels()))
             .await
@@ -442,7 +442,7 @@ async fn a_cache_started_on_many_objects_knows_every_owned_one() {
         .expect("created");
     // The first owned write starts the cache; once it answers, it has listed.
     hot_owned_widget(&h, "starter").await;
-    for name in ["m0", "m499", "m500", "m1099"] {
+    for name in ["m0", "m1999", "m2000", "m2099"] {
         let before = counts(&h);
         let deleted = Write::Delete.send(&h, name, &Value::Null).await;
         assert_eq!(deleted.status, 200, "{name}: {deleted:?}");

@@ -230,3 +230,40 @@ fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
         assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Miss);
     });
 }
+
+#[tokio::test(start_paused = true)]
+async fn entries_outlive_an_interrupted_watch_until_the_idle_limit() {
+    let objects = Objects::default();
+    {
+        let mut state = objects.state.write().expect("lock");
+        state.synced = true;
+        state.in_step_at = Some(Instant::now());
+        state.pins.insert("ns/a".into(), pin("u", "1"));
+    }
+    tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
+    objects.unsync_if_out_of_step();
+    assert_eq!(
+        objects.state.read().expect("lock").pins.get("ns/a"),
+        Some(&pin("u", "1")),
+        "still used while the watch is re-established"
+    );
+    // A watch event (a bookmark will do) puts the cache back in step.
+    let mut rv = String::new();
+    apply(
+        event(r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}"#),
+        &owner(),
+        &objects,
+        &mut rv,
+    )
+    .expect("ok");
+    tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
+    objects.unsync_if_out_of_step();
+    assert!(objects.state.read().expect("lock").synced);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    objects.unsync_if_out_of_step();
+    let state = objects.state.read().expect("lock");
+    assert!(
+        !state.synced && state.pins.is_empty(),
+        "dropped once out of step too long"
+    );
+}
