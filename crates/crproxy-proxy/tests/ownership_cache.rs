@@ -6,9 +6,13 @@
 //! Each race round first makes the cache hot for its object (a write through the
 //! proxy that the cache answered), then races the verb under test against an admin
 //! change straight on the target: the owner labels removed, or the object deleted
-//! and created again by someone else. Every racing write must have consulted a hot
-//! cache (`hit` or `stale` in `crproxy_ownership_cache_lookups_total`), some must
-//! have taken the fast path, and none may touch the object once it is not owned.
+//! and created again by someone else. Every racing write must have consulted a
+//! synced cache (`hit`, `stale`, or `miss` when its watch already saw the admin's
+//! change, in `crproxy_ownership_cache_lookups_total`), some must have taken the
+//! fast path, and none may touch the object once it is not owned. The rounds
+//! sweep the admin's change across the proxy's write; with the pins removed from
+//! the fast path, most of these tests fail (PUT excepted: its caller-given
+//! resourceVersion already rejects another state).
 
 mod target_support;
 
