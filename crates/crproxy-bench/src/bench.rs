@@ -1196,11 +1196,14 @@ async fn prime_ownership_cache(crproxy: &Endpoint, metrics: SocketAddr) -> Resul
         let answer = driver::exchange(&mut sender, request, false).await?;
         if !answer.status.is_success() {
             last = format!("patching {CACHE_PRIMER} answered {}", answer.status);
-        } else if let Some(lookups) = CacheLookups::parse(&scrape(metrics).await?) {
-            if lookups.hit > 0 {
-                return Ok(());
+        } else {
+            match CacheLookups::parse(&scrape(metrics).await?) {
+                Some(lookups) if lookups.hit > 0 => return Ok(()),
+                Some(lookups) => last = lookups.note(),
+                None => {
+                    last = "the child exports no crproxy_ownership_cache_lookups_total (a crproxy without the ownership cache?)".into()
+                }
             }
-            last = lookups.note();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
