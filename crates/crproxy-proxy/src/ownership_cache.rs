@@ -42,6 +42,10 @@ use crate::transport::{self, ForwardError, TargetConnection, MAX_BUFFERED_BODY};
 pub const IDLE_DROP: Duration = Duration::from_secs(600);
 /// More owned objects than this in one resource and the resource is not cached.
 pub const MAX_OBJECTS: usize = 50_000;
+/// Resources watched at once per group/version. Resource names come from request
+/// paths, so without a bound callers could start a watch per made-up name; past it
+/// a new resource's writes take the checked path until an idle one is dropped.
+pub const MAX_RESOURCES: usize = 64;
 /// After a resource proved too large, how long until it is listed again.
 pub const OVERFLOW_PAUSE: Duration = Duration::from_secs(300);
 /// Objects per page of a list: large pages keep the list short, so it completes
@@ -173,6 +177,10 @@ impl OwnershipCache {
         let mut resources = lock(&self.shared.resources);
         if let Some(watched) = resources.get(resource) {
             return Arc::clone(&watched.objects);
+        }
+        if resources.len() >= MAX_RESOURCES {
+            // Never synced and not kept: the lookup answers Unsynced.
+            return Arc::new(Objects::default());
         }
         let objects = Arc::new(Objects::default());
         let task = tokio::spawn(watch_resource(

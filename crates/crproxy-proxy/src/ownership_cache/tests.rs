@@ -267,3 +267,19 @@ async fn entries_outlive_an_interrupted_watch_until_the_idle_limit() {
         "dropped once out of step too long"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn at_most_a_bounded_number_of_resources_is_watched() {
+    let cache = OwnershipCache::new("example.com", "v1", owner(), &unreachable_target());
+    for i in 0..MAX_RESOURCES {
+        let _ = cache.lookup(&format!("r{i}"), None, "a");
+    }
+    assert_eq!(cache.lookup("one-too-many", None, "a"), Lookup::Unsynced);
+    assert!(cache.running("one-too-many").is_none());
+    assert!(cache.running("r0").is_some());
+    // Once idle ones are dropped, there is room again.
+    tokio::time::advance(IDLE_DROP + Duration::from_secs(1)).await;
+    settle().await;
+    let _ = cache.lookup("one-too-many", None, "a");
+    assert!(cache.running("one-too-many").is_some());
+}
