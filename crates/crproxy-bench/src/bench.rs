@@ -27,7 +27,7 @@ use crate::stats::{RoundStats, Summary};
 use crate::watch::{WatchSet, PRIME_SEQ};
 use crate::workload::{
     collection_path, object_path, resource_version, widget, CreateObjects, DeleteObjects,
-    GetObject, ListObjects, Owned, Owner, PatchObjects, UpdateObjects,
+    GetObject, ListObjects, Owned, Owner, PatchNamed, PatchObjects, UpdateObjects,
 };
 
 /// How to run.
@@ -148,6 +148,15 @@ const NS_RW: &str = "bench-rw";
 const NS_WATCH: &str = "bench-watch";
 const NS_IDLE: &str = "bench-idle";
 const NS_BIG: &str = "bench-list-big";
+/// Objects created before the timed part for `patch (seeded)` and
+/// `delete (seeded)`, which each patch, then delete, every one of them once.
+const NS_SEEDED: &str = "bench-seeded";
+
+/// The names a seeded scenario works through in one phase (`tag` = `warm` or
+/// `r<round>`) on one lane at concurrency `c`: `<prefix>-0` .. `<prefix>-<count-1>`.
+fn seeded_prefix(lane: &str, c: usize, tag: &str) -> String {
+    format!("s-{lane}-{c}-{tag}")
+}
 
 fn list_ns(n: usize) -> String {
     format!("bench-list-{n}")
@@ -201,7 +210,7 @@ pub async fn run(options: &Options) -> Result<Report> {
     .context("starting the dev environment")?;
     let result = measure_all(options, &plan, &env, &dir, &mut notes).await;
     env.shutdown().await;
-    let (rows, memory, targets, settings) = result?;
+    let (rows, memory, targets, goals, settings) = result?;
     Ok(Report {
         finished_at_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -213,11 +222,18 @@ pub async fn run(options: &Options) -> Result<Report> {
         rows,
         memory,
         targets,
+        goals,
         notes,
     })
 }
 
-type Measurements = (Vec<Row>, Vec<MemoryFigure>, Vec<report::TargetCheck>, Value);
+type Measurements = (
+    Vec<Row>,
+    Vec<MemoryFigure>,
+    Vec<report::TargetCheck>,
+    Vec<report::TargetCheck>,
+    Value,
+);
 
 async fn measure_all(
     options: &Options,
@@ -416,7 +432,7 @@ async fn measure_all(
     eprintln!("seeding the target...");
     let admin_target = kube_client(&env.target_kubeconfig)?;
     let admin_client = kube_client(&client.kubeconfig)?;
-    for ns in [NS_GET, NS_RW, NS_WATCH, NS_IDLE, NS_BIG]
+    for ns in [NS_GET, NS_RW, NS_WATCH, NS_IDLE, NS_BIG, NS_SEEDED]
         .iter()
         .map(|s| s.to_string())
         .chain([list_ns(plan.small_list), list_ns(plan.large_list)])
@@ -445,13 +461,43 @@ async fn measure_all(
             patch_names.extend(names);
         }
     }
-
+    if let Some(c) = &child_proxy {
+        // Owned writes are measured in steady state: the proxy's ownership cache
+        // starts with the first owned write, so it is started and synced here.
+        seed(&direct, NS_RW, &[CACHE_PRIMER.to_string()], &owner).await?;
+        if let Err(e) = prime_ownership_cache(&crproxy, c.metrics_addr).await {
+            notes.push(format!(
+                "crproxy ownership cache not synced before the timed part: {e}"
+            ));
+        }
+    }
     let wanted = |scenario: &str| {
         options
             .only
             .as_deref()
             .is_none_or(|only| scenario.contains(only))
     };
+    if wanted("patch (seeded)") || wanted("delete (seeded)") {
+        let mut names = Vec::new();
+        for lane in &lanes {
+            for &c in &plan.concurrency {
+                let phases = std::iter::once(("warm".to_string(), plan.warmup(plan.requests, c)))
+                    .chain(
+                        (0..plan.rounds).map(|r| (format!("r{r}"), plan.count(plan.requests, c))),
+                    );
+                for (tag, count) in phases {
+                    let prefix = seeded_prefix(lane.label, c, &tag);
+                    names.extend((0..count).map(|i| format!("{prefix}-{i}")));
+                }
+            }
+        }
+        eprintln!(
+            "seeding {} objects for the seeded patch and delete...",
+            names.len()
+        );
+        seed(&direct, NS_SEEDED, &names, &owner).await?;
+    }
+
     let mut rows = Vec::new();
     let limit = plan.limit();
     for &c in &plan.concurrency {
@@ -584,6 +630,58 @@ async fn measure_all(
             rows.push(create);
             rows.push(delete);
         }
+        // Patch, then delete, objects that existed before the timed part: each
+        // request its own object, so an ownership cache must know them all.
+        if wanted("patch (seeded)") || wanted("delete (seeded)") {
+            let total = plan.count(plan.requests, c);
+            let warm = plan.warmup(plan.requests, c);
+            for scenario in ["patch (seeded)", "delete (seeded)"] {
+                if !wanted(scenario) {
+                    continue;
+                }
+                let prefix = |lane: &Lane, tag: &str| seeded_prefix(lane.label, c, tag);
+                let row = if scenario.starts_with("patch") {
+                    run_row(
+                        scenario,
+                        c,
+                        &lanes,
+                        plan,
+                        total,
+                        warm,
+                        limit,
+                        |lane, tag| {
+                            Arc::new(PatchNamed {
+                                namespace: NS_SEEDED.into(),
+                                prefix: prefix(lane, tag),
+                            })
+                        },
+                        |_| vec![(); c],
+                        notes,
+                    )
+                    .await?
+                } else {
+                    run_row(
+                        scenario,
+                        c,
+                        &lanes,
+                        plan,
+                        total,
+                        warm,
+                        limit,
+                        |lane, tag| {
+                            Arc::new(DeleteObjects {
+                                namespace: NS_SEEDED.into(),
+                                prefix: prefix(lane, tag),
+                            })
+                        },
+                        |_| vec![(); c],
+                        notes,
+                    )
+                    .await?
+                };
+                rows.push(row);
+            }
+        }
         if wanted("update") {
             let total = plan.count(plan.requests, c);
             let row = run_row(
@@ -707,6 +805,7 @@ async fn measure_all(
 
     let mut targets = report::latency_targets(&rows);
     targets.extend(report::memory_targets(idle_watch_mib, list_peaks));
+    let goals = report::goal_checks(&rows, idle_watch_mib);
     let settings = json!({
         "mode": if options.quick { "quick" } else { "full" },
         "protocol": options.protocol,
@@ -719,9 +818,19 @@ async fn measure_all(
         n.stop().await;
     }
     if let Some(c) = child_proxy {
+        // How often owned writes skipped the ownership GET in this run.
+        match scrape(c.metrics_addr)
+            .await
+            .as_deref()
+            .map(CacheLookups::parse)
+        {
+            Ok(Some(lookups)) => notes.push(lookups.note()),
+            Ok(None) => notes.push("crproxy ownership cache: no owned writes counted".into()),
+            Err(e) => notes.push(format!("crproxy ownership cache: metrics not read ({e})")),
+        }
         c.stop().await;
     }
-    Ok((rows, memory, targets, settings))
+    Ok((rows, memory, targets, goals, settings))
 }
 
 /// One scenario at one concurrency on every lane: connect, warm up, then the
@@ -1065,6 +1174,111 @@ async fn idle_watches(
     Ok((figure, rss::mib(with)))
 }
 
+/// The object written through crproxy until its ownership cache answers.
+const CACHE_PRIMER: &str = "cache-primer";
+
+/// Patches [`CACHE_PRIMER`] through crproxy until the child's metrics count an
+/// ownership cache hit (bounded: 30 s), so the timed rows do not include the
+/// cache's start.
+async fn prime_ownership_cache(crproxy: &Endpoint, metrics: SocketAddr) -> Result<()> {
+    let mut sender = crproxy.connect().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::from("no answer");
+    while Instant::now() < deadline {
+        let request = crproxy.request(
+            Method::PATCH,
+            &object_path(NS_RW, CACHE_PRIMER),
+            Some((
+                "application/merge-patch+json",
+                bytes::Bytes::from_static(br#"{"spec":{"n":1}}"#),
+            )),
+        )?;
+        let answer = driver::exchange(&mut sender, request, false).await?;
+        if !answer.status.is_success() {
+            last = format!("patching {CACHE_PRIMER} answered {}", answer.status);
+        } else {
+            match CacheLookups::parse(&scrape(metrics).await?) {
+                Some(lookups) if lookups.hit > 0 => return Ok(()),
+                Some(lookups) => last = lookups.note(),
+                None => {
+                    last = "the child exports no crproxy_ownership_cache_lookups_total (a crproxy without the ownership cache?)".into()
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("{last}")
+}
+
+/// `GET /metrics` of a plain-HTTP metrics listener, the body as text.
+async fn scrape(addr: SocketAddr) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: metrics\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .context("scraping took longer than 10s")??;
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default())
+}
+
+/// `crproxy_ownership_cache_lookups_total` summed by result over the run.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct CacheLookups {
+    hit: u64,
+    stale: u64,
+    miss: u64,
+    unsynced: u64,
+}
+
+impl CacheLookups {
+    /// `None` when the exposition has no such series (no owned write happened).
+    fn parse(exposition: &str) -> Option<Self> {
+        let mut lookups = CacheLookups::default();
+        let mut seen = false;
+        for line in exposition.lines() {
+            let Some(rest) = line.strip_prefix("crproxy_ownership_cache_lookups_total{") else {
+                continue;
+            };
+            let Some(value) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+                continue;
+            };
+            let slot = match () {
+                _ if rest.contains("result=\"hit\"") => &mut lookups.hit,
+                _ if rest.contains("result=\"stale\"") => &mut lookups.stale,
+                _ if rest.contains("result=\"miss\"") => &mut lookups.miss,
+                _ if rest.contains("result=\"unsynced\"") => &mut lookups.unsynced,
+                _ => continue,
+            };
+            *slot += value as u64;
+            seen = true;
+        }
+        seen.then_some(lookups)
+    }
+
+    fn note(&self) -> String {
+        let total = self.hit + self.stale + self.miss + self.unsynced;
+        let rate = if total > 0 {
+            self.hit as f64 * 100.0 / total as f64
+        } else {
+            0.0
+        };
+        format!(
+            "crproxy ownership cache over the run: {rate:.1}% of {total} owned writes in one exchange (hit {}, stale {}, miss {}, unsynced {})",
+            self.hit, self.stale, self.miss, self.unsynced
+        )
+    }
+}
+
 /// Percent-encodes a query parameter value (RFC 3986 unreserved characters stay).
 fn query_escape(value: &str) -> String {
     value
@@ -1213,16 +1427,35 @@ async fn seed(
     Ok(all)
 }
 
-fn kube_client(kubeconfig: &Path) -> Result<crproxy_kube::Client> {
+/// A kube-rs client for the identity a kubeconfig names (the set-up's admin
+/// writes: namespaces on the client and the target).
+fn kube_client(kubeconfig: &Path) -> Result<kube::Client> {
     let loaded = crproxy_kube::Kubeconfig::load(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)?;
-    Ok(crproxy_kube::Client::new(cluster)?)
+    let credentials = cluster.credentials()?;
+    Ok(crproxy_kube::kube_client(&cluster, credentials, "default")?)
 }
 
-async fn create_namespace(client: &crproxy_kube::Client, name: &str) -> Result<()> {
-    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-    match client.create("/api/v1/namespaces", &namespace).await {
+async fn create_namespace(client: &kube::Client, name: &str) -> Result<()> {
+    let namespaces: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            plural: "namespaces".into(),
+        },
+    );
+    let namespace: kube::api::DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+    )?;
+    match namespaces
+        .create(&kube::api::PostParams::default(), &namespace)
+        .await
+        .map_err(crproxy_kube::Error::from)
+    {
         Ok(_) => Ok(()),
         Err(e) if e.is_already_exists() => Ok(()),
         Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
@@ -1274,6 +1507,34 @@ fn git_commit() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_hit_rate_is_read_from_the_exposition() {
+        let text = "# TYPE crproxy_ownership_cache_lookups counter\n\
+            crproxy_ownership_cache_lookups_total{target=\"default/t\",group_version=\"example.com/v1\",result=\"hit\"} 90\n\
+            crproxy_ownership_cache_lookups_total{target=\"default/t\",group_version=\"example.com/v1\",result=\"stale\"} 4\n\
+            crproxy_ownership_cache_lookups_total{target=\"default/t\",group_version=\"example.com/v1\",result=\"unsynced\"} 6\n\
+            vcluster_proxy_watch_events_total{target=\"default/t\"} 3\n";
+        let lookups = CacheLookups::parse(text).expect("lookups");
+        assert_eq!(
+            lookups,
+            CacheLookups {
+                hit: 90,
+                stale: 4,
+                miss: 0,
+                unsynced: 6
+            }
+        );
+        assert!(
+            lookups.note().contains("90.0% of 100 owned writes"),
+            "{}",
+            lookups.note()
+        );
+        assert_eq!(
+            CacheLookups::parse("vcluster_proxy_watch_events_total 3\n"),
+            None
+        );
+    }
 
     #[test]
     fn query_values_are_escaped() {

@@ -15,6 +15,24 @@ pub const TARGET_IDLE_WATCHES_MIB: f64 = 150.0;
 /// proxy's peak by at most this factor.
 pub const TARGET_LIST_GROWTH: f64 = 1.25;
 
+/// Goals of issue 15 (owned mode, crproxy against nginx in the same run).
+/// Reads (GET, LIST of 100): throughput at least nginx's, CPU per request at most
+/// nginx's.
+pub const GOAL_READ_THROUGHPUT_VS_NGINX: f64 = 1.0;
+/// Writes (PUT, PATCH, DELETE): throughput at least this share of nginx's.
+pub const GOAL_WRITE_THROUGHPUT_VS_NGINX: f64 = 0.95;
+/// The scenarios each goal is judged on.
+pub const GOAL_READ_SCENARIOS: &[&str] = &["get", "list 100"];
+pub const GOAL_WRITE_SCENARIOS: &[&str] = &[
+    "update (PUT)",
+    "patch (merge)",
+    "patch (seeded)",
+    "delete",
+    "delete (seeded)",
+];
+pub const GOAL_WATCH_SCENARIOS: &[&str] = &["watch 1", "watch 1000"];
+pub const GOAL_CONCURRENCY: &[usize] = &[1, 16, 64];
+
 /// One path's figures relative to direct access.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Ratios {
@@ -135,6 +153,8 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub memory: Vec<MemoryFigure>,
     pub targets: Vec<TargetCheck>,
+    /// The goals of issue 15, row by row ([`goal_checks`]).
+    pub goals: Vec<TargetCheck>,
     pub notes: Vec<String>,
 }
 
@@ -248,6 +268,102 @@ pub fn memory_targets(
     checks
 }
 
+/// Judges the goals of issue 15, one check per goal and measured row: read
+/// throughput and CPU per request against nginx, write throughput against 95 % of
+/// nginx's, watch delivery p50 against nginx's, and the idle-watch RSS. A goal
+/// row the run did not measure on both paths is listed as missed ("not measured"),
+/// so a partial run never reads as a success.
+pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<TargetCheck> {
+    let find = |scenario: &str, c: usize| {
+        rows.iter()
+            .find(|r| r.scenario == scenario && r.concurrency == c)
+    };
+    let not_measured = |what: String, target: String| TargetCheck {
+        what,
+        target,
+        measured: "not measured".into(),
+        met: false,
+    };
+    let throughput = |what: String, row: Option<&Row>, goal: f64| {
+        let target = format!(">= {goal:.2}x nginx");
+        let pair = row.and_then(|r| {
+            Some((
+                r.crproxy.as_ref()?.throughput?,
+                r.nginx.as_ref()?.throughput?,
+            ))
+        });
+        match pair {
+            Some((crproxy, nginx)) if nginx > 0.0 => {
+                let share = crproxy / nginx;
+                TargetCheck {
+                    what,
+                    target,
+                    measured: format!("{share:.2}x ({crproxy:.0} vs {nginx:.0} req/s)"),
+                    met: share >= goal,
+                }
+            }
+            _ => not_measured(what, target),
+        }
+    };
+    let mut checks = Vec::new();
+    for scenario in GOAL_READ_SCENARIOS {
+        for &c in GOAL_CONCURRENCY {
+            let row = find(scenario, c);
+            checks.push(throughput(
+                format!("{scenario} c={c} throughput"),
+                row,
+                GOAL_READ_THROUGHPUT_VS_NGINX,
+            ));
+            let what = format!("{scenario} c={c} CPU per request");
+            let target = "<= nginx".to_string();
+            match row.and_then(|r| Some((r.crproxy_cpu_us?, r.nginx_cpu_us?))) {
+                Some((crproxy, nginx)) => checks.push(TargetCheck {
+                    what,
+                    target,
+                    measured: format!("{crproxy:.0} vs {nginx:.0} us"),
+                    met: crproxy <= nginx,
+                }),
+                None => checks.push(not_measured(what, target)),
+            }
+        }
+    }
+    for scenario in GOAL_WRITE_SCENARIOS {
+        for &c in GOAL_CONCURRENCY {
+            checks.push(throughput(
+                format!("{scenario} c={c} throughput"),
+                find(scenario, c),
+                GOAL_WRITE_THROUGHPUT_VS_NGINX,
+            ));
+        }
+    }
+    for scenario in GOAL_WATCH_SCENARIOS {
+        let row = rows.iter().find(|r| r.scenario == *scenario);
+        let what = format!("{scenario} delivery p50");
+        let target = "<= nginx".to_string();
+        match row.and_then(|r| Some((r.crproxy.as_ref()?.p50_ms, r.nginx.as_ref()?.p50_ms))) {
+            Some((crproxy, nginx)) => checks.push(TargetCheck {
+                what,
+                target,
+                measured: format!("{crproxy:.2} vs {nginx:.2} ms"),
+                met: crproxy <= nginx,
+            }),
+            None => checks.push(not_measured(what, target)),
+        }
+    }
+    let what = "crproxy RSS with 10000 idle watches".to_string();
+    let target = format!("<= {TARGET_IDLE_WATCHES_MIB:.0} MiB");
+    match idle_watches {
+        Some((count, mib)) => checks.push(TargetCheck {
+            what: format!("crproxy RSS with {count} idle watches"),
+            target,
+            measured: format!("{mib:.1} MiB"),
+            met: mib <= TARGET_IDLE_WATCHES_MIB,
+        }),
+        None => checks.push(not_measured(what, target)),
+    }
+    checks
+}
+
 fn num(value: Option<f64>, width: usize, decimals: usize) -> String {
     match value {
         Some(v) if v.is_finite() => format!("{v:>width$.decimals$}"),
@@ -317,6 +433,22 @@ pub fn render_table(report: &Report) -> String {
         for check in &report.targets {
             out.push_str(&format!(
                 "  [{}] {:<48} {:<16} {}\n",
+                if check.met { "met" } else { "MISSED" },
+                check.what,
+                check.target,
+                check.measured
+            ));
+        }
+    }
+    if !report.goals.is_empty() {
+        let met = report.goals.iter().filter(|g| g.met).count();
+        out.push_str(&format!(
+            "\ngoals of issue 15 (owned mode vs nginx, this run): {met} of {} met\n",
+            report.goals.len()
+        ));
+        for check in &report.goals {
+            out.push_str(&format!(
+                "  [{}] {:<40} {:<16} {}\n",
                 if check.met { "met" } else { "MISSED" },
                 check.what,
                 check.target,

@@ -242,6 +242,32 @@ impl Workload for PatchObjects {
     }
 }
 
+/// JSON merge patch of objects named `<prefix>-<seq>`, one per request, all
+/// created before the timed part (so an ownership cache knows them already).
+pub struct PatchNamed {
+    pub namespace: String,
+    pub prefix: String,
+}
+
+impl Workload for PatchNamed {
+    type State = ();
+    fn request(
+        &self,
+        endpoint: &Endpoint,
+        _: usize,
+        seq: usize,
+        _: &mut (),
+    ) -> Result<Request<Body>, DriverError> {
+        let name = format!("{}-{seq}", self.prefix);
+        let patch = json!({"spec": {"n": seq}});
+        endpoint.request(
+            Method::PATCH,
+            &object_path(&self.namespace, &name),
+            Some((MERGE_PATCH, Bytes::from(patch.to_string()))),
+        )
+    }
+}
+
 #[cfg(test)]
 #[path = "workload/tests.rs"]
 mod tests;

@@ -28,6 +28,7 @@ use crate::fallback;
 use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
 use crate::metrics::TargetMetrics;
 use crate::namespaces::ClientNamespaces;
+use crate::ownership_cache::{Lookup, OwnershipCache};
 use crate::pool::ProxyBody;
 use crate::transport::{
     self, DeadlineBody, ForwardError, TargetConnection, WatchBody, WatchFraming, MAX_BUFFERED_BODY,
@@ -64,6 +65,8 @@ pub struct GroupVersionProxy {
     in_flight: Arc<Semaphore>,
     /// Bytes under [`PARSE_MEMORY_BUDGET`], one permit per byte.
     parse_budget: Arc<Semaphore>,
+    /// Owned objects as a watch saw them, so most owned mutations skip the GET.
+    ownership_cache: OwnershipCache,
 }
 
 /// Non-watch requests one group/version server works on at once (kube-apiserver's
@@ -136,6 +139,7 @@ impl GroupVersionProxy {
         trust: Arc<FrontProxyTrust>,
     ) -> Arc<Self> {
         let group_version = format!("{group}/{version}");
+        let ownership_cache = OwnershipCache::new(&group, &version, owner.clone(), &target);
         Arc::new(Self {
             group,
             version,
@@ -153,6 +157,7 @@ impl GroupVersionProxy {
             target_namespaces: Mutex::new(HashSet::new()),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             parse_budget: Arc::new(Semaphore::new(PARSE_MEMORY_BUDGET)),
+            ownership_cache,
         })
     }
 
@@ -669,6 +674,12 @@ impl GroupVersionProxy {
             }
         };
         let path_and_query = exchange.path_and_query();
+        if let Some(outcome) = self
+            .cached_mutation(exchange, verb, path, &headers, &bytes, &mut write)
+            .await
+        {
+            return outcome;
+        }
         for attempt in 1..=PINNED_ATTEMPTS {
             let last = attempt == PINNED_ATTEMPTS;
             let checked = match self.check_ownership(exchange, path).await {
@@ -731,11 +742,121 @@ impl GroupVersionProxy {
             let pin_may_have_refused =
                 code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
             if last || !pin_may_have_refused {
-                return outcome;
+                return self.remember_write(exchange, verb, path, outcome).await;
             }
         }
         // The loop returns on its last attempt.
         self.upstream_failure()
+    }
+
+    /// The fast path of an owned mutation: when the ownership cache knows the
+    /// object, the write is pinned to the cached state and sent at once, without
+    /// the ownership GET. `None` sends the request down the checked path: the
+    /// cache did not know the object, the caller's own resourceVersion differs from
+    /// the cached one, or the target refused the write without writing (4xx other
+    /// than 429, or any error for an idempotent server-side apply; usually the pin
+    /// failing because the cache was stale). The checked
+    /// path then gives exactly the answer the caller would get without the cache.
+    /// Subresources always take the checked path.
+    async fn cached_mutation(
+        &self,
+        exchange: &Exchange,
+        verb: Verb,
+        path: &ResourcePath,
+        headers: &HeaderMap,
+        bytes: &Bytes,
+        write: &mut Option<WriteBody>,
+    ) -> Option<Outcome> {
+        let name = path
+            .name
+            .as_deref()
+            .filter(|_| path.subresource.is_none())?;
+        let lookup = self
+            .ownership_cache
+            .lookup(&path.resource, path.namespace.as_deref(), name);
+        let pin = match lookup {
+            Lookup::Hit(pin) => pin,
+            Lookup::Miss => return self.cache_result("miss"),
+            Lookup::Unsynced => return self.cache_result("unsynced"),
+        };
+        let pinned = match (verb, write.take()) {
+            (Verb::Delete, _) => precondition::pin_delete(bytes, &pin),
+            (_, Some(mut document)) => precondition::pin_write(&self.owner, &mut document, &pin)
+                .map(|()| document.to_bytes()),
+            (_, None) => return self.cache_result("miss"),
+        };
+        // A caller resourceVersion other than the cached one, or a body that cannot
+        // carry the pin: the checked path answers it as it always did.
+        let Ok(pinned) = pinned else {
+            return self.cache_result("stale");
+        };
+        let outcome = self
+            .forward(
+                exchange,
+                headers,
+                &exchange.path_and_query(),
+                transport::full(pinned),
+                false,
+            )
+            .await;
+        let code = outcome.response.status();
+        let refused = code.is_client_error() && code != StatusCode::TOO_MANY_REQUESTS;
+        // Server-side apply is idempotent, so it may also be checked and sent again
+        // after a server error: an apply of an object deleted behind the cache's
+        // back must create it, as it would without the cache.
+        let is_apply = content_type(&exchange.headers).and_then(BodyType::from_content_type)
+            == Some(BodyType::ApplyPatchYaml);
+        if refused || (is_apply && code.is_server_error()) {
+            return self.cache_result("stale");
+        }
+        self.metrics.ownership_cache(&self.group_version, "hit");
+        Some(self.remember_write(exchange, verb, path, outcome).await)
+    }
+
+    fn cache_result(&self, result: &'static str) -> Option<Outcome> {
+        self.metrics.ownership_cache(&self.group_version, result);
+        None
+    }
+
+    /// Tells the ownership cache what a successful mutation left behind: a deleted
+    /// object is forgotten, an updated one is remembered in its new state (read
+    /// from the answer, which is passed on unchanged). Dry runs change nothing.
+    async fn remember_write(
+        &self,
+        exchange: &Exchange,
+        verb: Verb,
+        path: &ResourcePath,
+        outcome: Outcome,
+    ) -> Outcome {
+        let (Some(name), None) = (path.name.as_deref(), &path.subresource) else {
+            return outcome;
+        };
+        let dry_run = exchange
+            .query
+            .as_deref()
+            .is_some_and(|q| q.split('&').any(|p| p.starts_with("dryRun=")));
+        if !outcome.response.status().is_success() || dry_run {
+            return outcome;
+        }
+        let namespace = path.namespace.as_deref();
+        if verb == Verb::Delete {
+            self.ownership_cache.forget(&path.resource, namespace, name);
+            return outcome;
+        }
+        let Outcome { response, reason } = outcome;
+        let (parts, body) = response.into_parts();
+        let read = tokio::time::timeout_at(
+            exchange.deadline,
+            transport::read_limited(body, MAX_BUFFERED_BODY),
+        )
+        .await;
+        let bytes = match flatten(read) {
+            Ok(bytes) => bytes,
+            Err(e) => return self.unavailable(e),
+        };
+        self.ownership_cache
+            .remember(&path.resource, namespace, name, &bytes);
+        Outcome::new(Response::from_parts(parts, transport::full(bytes)), reason)
     }
 
     /// Owned-mode deletecollection as list-owned + pinned deletes: the target's own

@@ -84,6 +84,13 @@ struct GroupVersionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheResultLabels {
+    target: String,
+    group_version: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerStateLabels {
     target: String,
     group_version: String,
@@ -115,6 +122,7 @@ struct Families {
     peer_recoveries: Family<TargetLabels, Counter>,
     dial_failures: Family<ReasonLabels, Counter>,
     dial_duration: HistogramFamily<TargetLabels>,
+    ownership_cache: Family<CacheResultLabels, Counter>,
 }
 
 /// The process-wide metrics registry.
@@ -147,6 +155,7 @@ impl Metrics {
             peer_recoveries: Family::default(),
             dial_failures: Family::default(),
             dial_duration: Family::new_with_constructor(dial_duration_histogram),
+            ownership_cache: Family::default(),
         });
         let mut registry = Registry::default();
         let f = &families;
@@ -212,6 +221,11 @@ impl Metrics {
             "vcluster_proxy_peer_dial_duration_seconds",
             "Latency of attempted peer dials (TCP connect and TLS handshake), up to the 5 second dial timeout",
             f.dial_duration.clone(),
+        );
+        registry.register(
+            "crproxy_ownership_cache_lookups",
+            "Owned-mode PUT, PATCH and DELETE by what the ownership cache did for them (hit: one exchange; stale: refused by its pin, then checked; miss, unsynced: checked)",
+            f.ownership_cache.clone(),
         );
         let pools = Arc::new(PoolCollector::default());
         registry.register_collector(Box::new(pools.clone()));
@@ -445,6 +459,19 @@ impl TargetMetrics {
         self.families
             .dial_failures
             .get_or_create(&self.reason_labels(reason))
+            .inc();
+    }
+
+    /// Counts one owned-mode named mutation by its ownership cache `result`:
+    /// `hit`, `stale`, `miss` or `unsynced`.
+    pub fn ownership_cache(&self, group_version: &str, result: &'static str) {
+        self.families
+            .ownership_cache
+            .get_or_create(&CacheResultLabels {
+                target: self.target.clone(),
+                group_version: group_version.to_owned(),
+                result,
+            })
             .inc();
     }
 

@@ -1,4 +1,4 @@
-//! The exposition: every documented `vcluster_proxy_*` series with its type and label
+//! The exposition: every documented `vcluster_proxy_*` and `crproxy_*` series with its type and label
 //! set, checked against a live scrape; promtool accepting the output; the alert rules
 //! evaluating over series with exactly these names.
 
@@ -65,6 +65,11 @@ const SPEC: &[(&str, &str, &[&str])] = &[
     ),
     ("vcluster_proxy_active_watches", "gauge", &[]),
     ("vcluster_proxy_watch_events_total", "counter", &[]),
+    (
+        "crproxy_ownership_cache_lookups_total",
+        "counter",
+        &["group_version", "result"],
+    ),
 ];
 
 /// Touches every series once, including a pool with a published list.
@@ -81,6 +86,7 @@ fn exercise(h: &Harness) {
     t.peer_recovered();
     t.dial_failure(Reason::Timeout);
     t.dial_duration(0.004);
+    t.ownership_cache(GROUP_VERSION, "hit");
     h.pool.publish(vec!["127.0.0.1:1".to_owned()]);
 }
 
@@ -189,6 +195,13 @@ async fn values_land_on_the_right_series() {
         1.0
     );
     assert_eq!(s.value("vcluster_proxy_watch_events_total", &[]), 3.0);
+    assert_eq!(
+        s.value(
+            "crproxy_ownership_cache_lookups_total",
+            &[("group_version", GROUP_VERSION), ("result", "hit")]
+        ),
+        1.0
+    );
     assert_eq!(
         s.value(
             "vcluster_proxy_request_duration_seconds_bucket",

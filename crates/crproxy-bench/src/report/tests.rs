@@ -117,6 +117,7 @@ fn the_table_shows_missing_columns_as_dashes() {
             note: String::new(),
         }],
         targets: memory_targets(Some((10, 1.0)), None),
+        goals: goal_checks(&[], Some((10, 1.0))),
         notes: vec!["nginx not installed".into()],
     };
     let table = render_table(&report);
@@ -137,7 +138,145 @@ fn the_table_shows_missing_columns_as_dashes() {
     assert!(header.contains("+p50us"));
     assert!(table.contains("[met] crproxy RSS with 10 idle watches"));
     assert!(table.contains("- nginx not installed"));
+    assert!(
+        table.contains("goals of issue 15 (owned mode vs nginx, this run): 1 of 30 met"),
+        "{table}"
+    );
+    assert!(table.contains("[MISSED] get c=1 throughput"), "{table}");
     let json = serde_json::to_value(&report).expect("json");
     assert_eq!(json["rows"][0]["crproxy_ratio"]["p50"], 1.5);
     assert!(json["rows"][0]["nginx"].is_null());
+}
+
+fn with_cpu(mut row: Row, crproxy: f64, nginx: f64) -> Row {
+    row.crproxy_cpu_us = Some(crproxy);
+    row.nginx_cpu_us = Some(nginx);
+    row
+}
+
+fn at(mut row: Row, c: usize) -> Row {
+    row.concurrency = c;
+    row
+}
+
+fn goal<'a>(checks: &'a [TargetCheck], what: &str) -> &'a TargetCheck {
+    checks
+        .iter()
+        .find(|c| c.what == what)
+        .unwrap_or_else(|| panic!("no goal {what:?} in {checks:?}"))
+}
+
+#[test]
+fn goals_compare_crproxy_with_nginx_row_by_row() {
+    let direct = summary(1.0, 2.0, Some(1000.0));
+    let rows = vec![
+        // Reads: at least nginx's throughput and at most its CPU per request.
+        at(
+            with_cpu(
+                row(
+                    "get",
+                    direct.clone(),
+                    summary(1.0, 2.0, Some(1000.0)),
+                    Some(summary(1.0, 2.0, Some(1000.0))),
+                ),
+                60.0,
+                60.0,
+            ),
+            1,
+        ),
+        at(
+            with_cpu(
+                row(
+                    "get",
+                    direct.clone(),
+                    summary(1.0, 2.0, Some(999.0)),
+                    Some(summary(1.0, 2.0, Some(1000.0))),
+                ),
+                61.0,
+                60.0,
+            ),
+            16,
+        ),
+        // Writes: 95 % of nginx's throughput is enough.
+        at(
+            row(
+                "patch (seeded)",
+                direct.clone(),
+                summary(1.0, 2.0, Some(950.0)),
+                Some(summary(1.0, 2.0, Some(1000.0))),
+            ),
+            1,
+        ),
+        at(
+            row(
+                "delete (seeded)",
+                direct.clone(),
+                summary(1.0, 2.0, Some(940.0)),
+                Some(summary(1.0, 2.0, Some(1000.0))),
+            ),
+            64,
+        ),
+        // Watches: delivery p50 at most nginx's.
+        Row::new(
+            "watch 1",
+            1,
+            Some(summary(0.1, 0.2, None)),
+            Some(summary(0.2, 0.3, None)),
+            Some(summary(0.2, 0.4, None)),
+        ),
+        Row::new(
+            "watch 1000",
+            1000,
+            Some(summary(5.0, 9.0, None)),
+            Some(summary(6.1, 9.0, None)),
+            Some(summary(6.0, 9.0, None)),
+        ),
+        // No nginx figures: the goal cannot be met.
+        at(
+            row(
+                "update (PUT)",
+                direct.clone(),
+                summary(1.0, 2.0, Some(2000.0)),
+                None,
+            ),
+            16,
+        ),
+    ];
+    let checks = goal_checks(&rows, Some((10_000, 150.0)));
+    let verdict = |what: &str| goal(&checks, what).met;
+    assert!(verdict("get c=1 throughput"));
+    assert!(verdict("get c=1 CPU per request"));
+    assert!(!verdict("get c=16 throughput"));
+    assert!(!verdict("get c=16 CPU per request"));
+    assert_eq!(
+        goal(&checks, "get c=16 CPU per request").measured,
+        "61 vs 60 us"
+    );
+    assert!(
+        !verdict("get c=64 throughput"),
+        "unmeasured rows are missed"
+    );
+    assert_eq!(
+        goal(&checks, "get c=64 throughput").measured,
+        "not measured"
+    );
+    assert!(verdict("patch (seeded) c=1 throughput"));
+    assert_eq!(
+        goal(&checks, "patch (seeded) c=1 throughput").measured,
+        "0.95x (950 vs 1000 req/s)"
+    );
+    assert!(!verdict("delete (seeded) c=64 throughput"));
+    assert!(!verdict("update (PUT) c=16 throughput"));
+    assert!(verdict("watch 1 delivery p50"));
+    assert!(!verdict("watch 1000 delivery p50"));
+    assert!(verdict("crproxy RSS with 10000 idle watches"));
+    assert!(!goal_checks(&rows, Some((10_000, 150.1)))
+        .iter()
+        .any(|c| c.what.contains("idle watches") && c.met));
+    assert!(!goal_checks(&rows, None)
+        .iter()
+        .any(|c| c.what.contains("idle watches") && c.met));
+    // Every goal row of the issue is there: reads 2 x 3 x 2, writes 5 x 3,
+    // watches 2, memory 1.
+    assert_eq!(checks.len(), 12 + 15 + 2 + 1);
 }

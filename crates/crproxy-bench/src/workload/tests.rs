@@ -131,6 +131,28 @@ async fn patches_are_merge_patches_of_the_worker_object() {
     assert_eq!(json_body(request).await, json!({"spec": {"n": 9}}));
 }
 
+#[tokio::test]
+async fn seeded_patches_touch_one_object_per_request() {
+    let e = endpoint();
+    let patch = PatchNamed {
+        namespace: "seeded".into(),
+        prefix: "s-crproxy-16-r0".into(),
+    };
+    for seq in [0, 7] {
+        let request = patch.request(&e, 3, seq, &mut ()).expect("request");
+        assert_eq!(request.method(), Method::PATCH);
+        assert_eq!(
+            request.headers()["content-type"],
+            "application/merge-patch+json"
+        );
+        assert_eq!(
+            request.uri().path(),
+            format!("/apis/example.com/v1/namespaces/seeded/widgets/s-crproxy-16-r0-{seq}")
+        );
+        assert_eq!(json_body(request).await, json!({"spec": {"n": seq}}));
+    }
+}
+
 #[test]
 fn a_short_list_is_an_error() {
     let list = ListObjects {

@@ -52,6 +52,8 @@ pub struct Harness {
     pub admin: Client,
     /// The aggregator: presents the front-proxy certificate.
     pub aggregator: Client,
+    /// The proxy's metrics registry.
+    pub metrics: std::sync::Arc<Metrics>,
 }
 
 pub async fn harness(access: AccessMode) -> Harness {
@@ -113,6 +115,7 @@ pub async fn harness_with_peers(
     let serving = serving_ca
         .issue_server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
         .expect("serving cert");
+    let metrics = Metrics::new();
     let setup = ProxySetup {
         owner: Owner::new("client", "default"),
         plan: vec![GroupVersionPlan {
@@ -149,7 +152,7 @@ pub async fn harness_with_peers(
             cert_chain_pem: serving.cert.clone(),
             key_pem: serving.key.clone(),
         },
-        metrics: Metrics::new(),
+        metrics: std::sync::Arc::clone(&metrics),
         share_ports: false,
         startup_sync_timeout: Duration::from_secs(60),
     };
@@ -168,6 +171,7 @@ pub async fn harness_with_peers(
         proxy,
         admin,
         aggregator: Client::new(aggregator).expect("aggregator client"),
+        metrics,
     }
 }
 

@@ -1,0 +1,648 @@
+//! What this client owns on the target, per resource, as a label-selected metadata
+//! watch last saw it: the uid and resourceVersion of every owned object.
+//!
+//! Owned-mode PUT, PATCH and DELETE use it to skip the ownership GET: a hit gives
+//! the pin (`crproxy_core::precondition::Pin`) the mutation carries, so the write
+//! goes out in one exchange. The pin is what keeps this safe, not the cache: the
+//! target applies the write only if the object still has the pinned uid and
+//! resourceVersion (or, for a JSON patch, still passes the `test` operations on uid
+//! and owner labels), and the cache only ever holds states that carried both owner
+//! labels. A stale entry therefore makes the target refuse the write, and the
+//! handler falls back to the GET-then-write path; it can never make a write land on
+//! a state that was not owned.
+//!
+//! Each resource's watch starts on the first lookup (that request takes the slow
+//! path), runs through the data path's own pool with the client's credentials,
+//! asks for `PartialObjectMetadata` so only metadata crosses the wire, and stops
+//! when no request has looked at the resource for [`IDLE_DROP`]. A resource with
+//! more than [`MAX_OBJECTS`] owned objects is not cached (every write takes the
+//! slow path) so memory stays bounded. Successful writes record their answer
+//! ([`OwnershipCache::remember`]), so a write right after another one through this
+//! proxy finds the new resourceVersion without waiting for the watch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crproxy_core::ownership::{self, Owner};
+use crproxy_core::precondition::Pin;
+
+use crate::pool::ProxyBody;
+use crate::transport::{self, ForwardError, TargetConnection, MAX_BUFFERED_BODY};
+use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::DefaultBackoff;
+
+/// A resource nobody wrote to for this long loses its watch and its entries.
+pub const IDLE_DROP: Duration = Duration::from_secs(600);
+/// More owned objects than this in one resource and the resource is not cached.
+pub const MAX_OBJECTS: usize = 50_000;
+/// Resources watched at once per group/version. Resource names come from request
+/// paths, so without a bound callers could start a watch per made-up name; past it
+/// a new resource's writes take the checked path until an idle one is dropped.
+pub const MAX_RESOURCES: usize = 64;
+/// After a resource proved too large, how long until it is listed again.
+pub const OVERFLOW_PAUSE: Duration = Duration::from_secs(300);
+/// Objects per page of a list: large pages keep the list short, so it completes
+/// (and its resourceVersion is still watchable) while the resource is written to
+/// heavily; a page stays far below the 16 MiB a response may take.
+const LIST_PAGE: usize = 2000;
+/// Upper bound for one list page or one request of the cache's own.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+const LIST_ACCEPT: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+const WATCH_ACCEPT: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+
+/// What the cache knows about one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// Owned, last seen in this state.
+    Hit(Pin),
+    /// Not among the owned objects the cache knows of.
+    Miss,
+    /// The resource's watch has not (or no longer) synced: nothing is known.
+    Unsynced,
+}
+
+/// The owned objects of one group/version's resources.
+pub struct OwnershipCache {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// `/apis/<group>/<version>`.
+    prefix: String,
+    owner: Owner,
+    target: TargetConnection,
+    resources: Mutex<HashMap<String, Watched>>,
+}
+
+struct Watched {
+    objects: Arc<Objects>,
+    task: AbortHandle,
+}
+
+/// One resource's owned objects, keyed by `namespace/name` (`name` when cluster
+/// scoped).
+#[derive(Default)]
+struct Objects {
+    state: RwLock<State>,
+    last_used: Mutex<Option<Instant>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Listed at least once, and not out of step for longer than the idle limit.
+    synced: bool,
+    pins: HashMap<String, Pin>,
+    /// When the cache was last known to follow the target (a list completed or a
+    /// watch event arrived).
+    in_step_at: Option<Instant>,
+}
+
+impl OwnershipCache {
+    /// A cache that watches through `target` (its pool and credentials).
+    pub fn new(group: &str, version: &str, owner: Owner, target: &TargetConnection) -> Self {
+        let target = TargetConnection {
+            pool: Arc::clone(&target.pool),
+            authority: target.authority.clone(),
+            credentials: Arc::clone(&target.credentials),
+        };
+        Self {
+            shared: Arc::new(Shared {
+                prefix: format!("/apis/{group}/{version}"),
+                owner,
+                target,
+                resources: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Looks an object up, starting the resource's watch on first use.
+    pub fn lookup(&self, resource: &str, namespace: Option<&str>, name: &str) -> Lookup {
+        let objects = self.objects(resource);
+        *lock(&objects.last_used) = Some(Instant::now());
+        let state = objects.state.read().unwrap_or_else(|p| p.into_inner());
+        if !state.synced {
+            return Lookup::Unsynced;
+        }
+        match state.pins.get(&key(namespace, name)) {
+            Some(pin) => Lookup::Hit(pin.clone()),
+            None => Lookup::Miss,
+        }
+    }
+
+    /// Records the object a successful write answered with, if it is owned: the
+    /// next write of it through this proxy then finds its new resourceVersion.
+    pub fn remember(&self, resource: &str, namespace: Option<&str>, name: &str, answer: &[u8]) {
+        let Ok(object) = serde_json::from_slice::<MetaObject>(answer) else {
+            return;
+        };
+        let meta = object.metadata;
+        if meta.name.as_deref() != Some(name) || meta.namespace.as_deref() != namespace {
+            return;
+        }
+        let Some(objects) = self.running(resource) else {
+            return;
+        };
+        let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+        match meta.owned_pin(&self.shared.owner) {
+            Some(pin) => state.record(key(namespace, name), pin),
+            None => {
+                state.pins.remove(&key(namespace, name));
+            }
+        }
+    }
+
+    /// Drops what is known about an object this proxy just deleted.
+    pub fn forget(&self, resource: &str, namespace: Option<&str>, name: &str) {
+        if let Some(objects) = self.running(resource) {
+            let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+            state.pins.remove(&key(namespace, name));
+        }
+    }
+
+    fn running(&self, resource: &str) -> Option<Arc<Objects>> {
+        lock(&self.shared.resources)
+            .get(resource)
+            .map(|watched| Arc::clone(&watched.objects))
+    }
+
+    fn objects(&self, resource: &str) -> Arc<Objects> {
+        let mut resources = lock(&self.shared.resources);
+        if let Some(watched) = resources.get(resource) {
+            return Arc::clone(&watched.objects);
+        }
+        if resources.len() >= MAX_RESOURCES {
+            // Never synced and not kept: the lookup answers Unsynced.
+            return Arc::new(Objects::default());
+        }
+        let objects = Arc::new(Objects::default());
+        let task = tokio::spawn(watch_resource(
+            Arc::downgrade(&self.shared),
+            resource.to_string(),
+            Arc::clone(&objects),
+        ));
+        resources.insert(
+            resource.to_string(),
+            Watched {
+                objects: Arc::clone(&objects),
+                task: task.abort_handle(),
+            },
+        );
+        objects
+    }
+}
+
+impl Drop for OwnershipCache {
+    fn drop(&mut self) {
+        for watched in lock(&self.shared.resources).values() {
+            watched.task.abort();
+        }
+    }
+}
+
+impl State {
+    /// Keeps the newer of two states of an object. resourceVersions are opaque to
+    /// clients; comparing them as numbers (what etcd and devcluster hand out) only
+    /// keeps a late watch event from replacing the answer of a newer write. A wrong
+    /// guess costs one refused write and the slow path, never safety.
+    fn record(&mut self, key: String, pin: Pin) {
+        let older = |current: &Pin| {
+            current.uid == pin.uid
+                && matches!(
+                    (current.resource_version.parse::<u64>(), pin.resource_version.parse::<u64>()),
+                    (Ok(current), Ok(new)) if new < current
+                )
+        };
+        if self.pins.get(&key).is_some_and(older) {
+            return;
+        }
+        self.pins.insert(key, pin);
+    }
+}
+
+fn key(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// Keeps one resource's objects in step with the target until nobody has used
+/// them for [`IDLE_DROP`], then removes them from the cache.
+async fn watch_resource(shared: Weak<Shared>, resource: String, objects: Arc<Objects>) {
+    tokio::select! {
+        () = sync_forever(&shared, &resource, &objects) => {}
+        () = idle(&objects) => {}
+    }
+    if let Some(shared) = shared.upgrade() {
+        let mut resources = lock(&shared.resources);
+        if resources
+            .get(&resource)
+            .is_some_and(|w| Arc::ptr_eq(&w.objects, &objects))
+        {
+            resources.remove(&resource);
+        }
+    }
+    tracing::debug!(%resource, "ownership cache dropped after being idle");
+}
+
+async fn idle(objects: &Objects) {
+    loop {
+        let since = (*lock(&objects.last_used)).unwrap_or_else(Instant::now);
+        let idle_for = since.elapsed();
+        if idle_for >= IDLE_DROP {
+            return;
+        }
+        tokio::time::sleep(IDLE_DROP - idle_for).await;
+    }
+}
+
+/// Why a sync attempt ended.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    /// The request did not complete (no peer, connection lost, deadline).
+    #[error("{0}")]
+    Forward(#[from] ForwardError),
+    /// The target refused the list or watch (for example 403 without cluster-wide
+    /// list/watch on the resource).
+    #[error("the target answered {0}")]
+    Status(StatusCode),
+    /// A list page or watch event that is not what the target should send.
+    #[error("undecodable answer: {0}")]
+    Decode(String),
+    /// An ERROR event, such as 410 Expired for a resourceVersion too old.
+    #[error("watch ended with an error: {0}")]
+    WatchError(String),
+    /// Nothing arrived, not even a bookmark, for the idle limit.
+    #[error("no watch event within {WATCH_IDLE_LIMIT:?}")]
+    Stalled,
+    /// The resource holds more owned objects than the cache keeps.
+    #[error("more than {MAX_OBJECTS} owned objects")]
+    TooMany,
+    /// The cache itself is gone (its proxy shut down).
+    #[error("the cache was dropped")]
+    Dropped,
+}
+
+/// Lists and watches until the cache is dropped. An interrupted watch keeps the
+/// entries in use while the resource is listed again: an entry that went stale
+/// meanwhile only sends its write down the checked path, and under heavy writes a
+/// watch can fall out of the target's event window (410) again and again. Entries
+/// are dropped when the cache has been out of step for the idle limit, or the
+/// resource is too large to keep.
+async fn sync_forever(shared: &Weak<Shared>, resource: &str, objects: &Objects) {
+    // The same jittered backoff as the proxy's other client-side watches.
+    let mut backoff = DefaultBackoff::default();
+    loop {
+        let error = sync_once(shared, resource, objects, &mut backoff).await;
+        let pause = match error {
+            SyncError::Dropped => return,
+            SyncError::TooMany => {
+                objects.unsync();
+                OVERFLOW_PAUSE
+            }
+            _ => {
+                objects.unsync_if_out_of_step();
+                // The default backoff never runs out; the fallback is its ceiling.
+                backoff.next().unwrap_or(Duration::from_secs(30))
+            }
+        };
+        tracing::debug!(%resource, %error, "ownership cache watch interrupted; listing again");
+        tokio::time::sleep(pause).await;
+    }
+}
+
+impl Objects {
+    fn unsync(&self) {
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        state.synced = false;
+        state.pins = HashMap::new();
+    }
+
+    fn unsync_if_out_of_step(&self) {
+        let out_of_step = {
+            let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+            state
+                .in_step_at
+                .is_none_or(|at| at.elapsed() > WATCH_IDLE_LIMIT)
+        };
+        if out_of_step {
+            self.unsync();
+        }
+    }
+}
+
+/// Lists, then watches for as long as watches work; returns why it stopped.
+async fn sync_once(
+    shared: &Weak<Shared>,
+    resource: &str,
+    objects: &Objects,
+    backoff: &mut DefaultBackoff,
+) -> SyncError {
+    let Some(strong) = shared.upgrade() else {
+        return SyncError::Dropped;
+    };
+    let (target, owner, collection) = (
+        TargetConnection {
+            pool: Arc::clone(&strong.target.pool),
+            authority: strong.target.authority.clone(),
+            credentials: Arc::clone(&strong.target.credentials),
+        },
+        strong.owner.clone(),
+        format!("{}/{resource}", strong.prefix),
+    );
+    drop(strong);
+    let mut resource_version = match list(&target, &owner, &collection, objects).await {
+        Ok(rv) => rv,
+        Err(error) => return error,
+    };
+    backoff.reset();
+    loop {
+        let query = format!(
+            "watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
+        );
+        let body = match get(&target, &owner, &collection, &query, WATCH_ACCEPT, None).await {
+            Ok(body) => body,
+            Err(error) => return error,
+        };
+        match follow(body, &owner, objects, &mut resource_version).await {
+            // The server ended the watch (timeoutSeconds): resume without a list.
+            Ok(()) => continue,
+            Err(error) => return error,
+        }
+    }
+}
+
+/// Lists the owned objects page by page, replaces the cache with them and returns
+/// the list's resourceVersion.
+async fn list(
+    target: &TargetConnection,
+    owner: &Owner,
+    collection: &str,
+    objects: &Objects,
+) -> Result<String, SyncError> {
+    let mut pins = HashMap::new();
+    let mut continue_token = String::new();
+    loop {
+        let mut query = format!("limit={LIST_PAGE}");
+        if !continue_token.is_empty() {
+            query.push_str("&continue=");
+            query.push_str(
+                &percent_encoding::utf8_percent_encode(
+                    &continue_token,
+                    percent_encoding::NON_ALPHANUMERIC,
+                )
+                .to_string(),
+            );
+        }
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let body = get(
+            target,
+            owner,
+            collection,
+            &query,
+            LIST_ACCEPT,
+            Some(deadline),
+        )
+        .await?;
+        let read =
+            tokio::time::timeout_at(deadline, transport::read_limited(body, MAX_BUFFERED_BODY))
+                .await
+                .map_err(|_| SyncError::Forward(ForwardError::Deadline))??;
+        let page: MetaList =
+            serde_json::from_slice(&read).map_err(|e| SyncError::Decode(e.to_string()))?;
+        for item in page.items {
+            let meta = item.metadata;
+            if let (Some(name), Some(pin)) = (meta.name.as_deref(), meta.owned_pin(owner)) {
+                pins.insert(key(meta.namespace.as_deref(), name), pin);
+            }
+        }
+        if pins.len() > MAX_OBJECTS {
+            return Err(SyncError::TooMany);
+        }
+        let next = page.metadata.continue_token.unwrap_or_default();
+        if next.is_empty() {
+            let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+            // Keep what a write through this proxy recorded while the list ran.
+            let previous = std::mem::take(&mut state.pins);
+            state.pins = pins;
+            for (key, pin) in previous {
+                if state
+                    .pins
+                    .get(&key)
+                    .is_some_and(|listed| listed.uid == pin.uid)
+                {
+                    state.record(key, pin);
+                }
+            }
+            state.synced = true;
+            state.in_step_at = Some(Instant::now());
+            return page
+                .metadata
+                .resource_version
+                .ok_or_else(|| SyncError::Decode("list without resourceVersion".into()));
+        }
+        continue_token = next;
+    }
+}
+
+/// GETs the owned objects of `collection` with `query`; the body is the caller's.
+async fn get(
+    target: &TargetConnection,
+    owner: &Owner,
+    collection: &str,
+    query: &str,
+    accept: &'static str,
+    deadline: Option<Instant>,
+) -> Result<ProxyBody, SyncError> {
+    let scoped = ownership::scoped_query(Some(query), owner)
+        .map_err(|e| SyncError::Decode(e.to_string()))?;
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::ACCEPT, HeaderValue::from_static(accept));
+    let response = target
+        .send_before(
+            deadline,
+            Method::GET,
+            &format!("{collection}?{scoped}"),
+            &headers,
+            transport::full(Bytes::new()),
+        )
+        .await?;
+    if response.status() != StatusCode::OK {
+        return Err(SyncError::Status(response.status()));
+    }
+    Ok(response.into_body())
+}
+
+/// Applies the events of one watch response until the server ends it (`Ok`) or
+/// it fails, stalls or expires (`Err`).
+async fn follow(
+    mut body: ProxyBody,
+    owner: &Owner,
+    objects: &Objects,
+    resource_version: &mut String,
+) -> Result<(), SyncError> {
+    let mut lines = Lines::default();
+    loop {
+        let frame = match tokio::time::timeout(WATCH_IDLE_LIMIT, body.frame()).await {
+            Err(_) => return Err(SyncError::Stalled),
+            Ok(None) => return Ok(()),
+            Ok(Some(frame)) => {
+                frame.map_err(|e| SyncError::Forward(ForwardError::Send(e.to_string())))?
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        for line in lines.push(&data)? {
+            let event: Event =
+                serde_json::from_slice(&line).map_err(|e| SyncError::Decode(e.to_string()))?;
+            apply(event, owner, objects, resource_version)?;
+        }
+    }
+}
+
+fn apply(
+    event: Event,
+    owner: &Owner,
+    objects: &Objects,
+    resource_version: &mut String,
+) -> Result<(), SyncError> {
+    let meta = event.object.metadata;
+    if event.event_type == "ERROR" {
+        return Err(SyncError::WatchError(
+            event.object.message.unwrap_or_else(|| "no message".into()),
+        ));
+    }
+    if let Some(rv) = &meta.resource_version {
+        resource_version.clone_from(rv);
+    }
+    let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+    state.in_step_at = Some(Instant::now());
+    let Some(name) = meta.name.as_deref() else {
+        return Ok(());
+    };
+    let key = key(meta.namespace.as_deref(), name);
+    match (event.event_type.as_str(), meta.owned_pin(owner)) {
+        ("ADDED" | "MODIFIED", Some(pin)) => {
+            state.record(key, pin);
+            if state.pins.len() > MAX_OBJECTS {
+                return Err(SyncError::TooMany);
+            }
+        }
+        // Deleted, or no longer carrying the owner labels. An entry of another
+        // incarnation (recreated meanwhile and remembered from a write) stays.
+        ("ADDED" | "MODIFIED" | "DELETED", _)
+            if state
+                .pins
+                .get(&key)
+                .is_some_and(|pin| Some(&pin.uid) == meta.uid.as_ref()) =>
+        {
+            state.pins.remove(&key);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Splits a watch stream into lines.
+#[derive(Default)]
+struct Lines {
+    buffer: BytesMut,
+}
+
+impl Lines {
+    fn push(&mut self, data: &[u8]) -> Result<Vec<Bytes>, SyncError> {
+        self.buffer.extend_from_slice(data);
+        let mut out = Vec::new();
+        while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+            let line = self.buffer.split_to(end + 1).freeze();
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                out.push(line);
+            }
+        }
+        if self.buffer.len() > MAX_BUFFERED_BODY {
+            return Err(SyncError::Decode("watch event too long".into()));
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Deserialize)]
+struct Event {
+    #[serde(rename = "type")]
+    event_type: String,
+    #[serde(default)]
+    object: EventObject,
+}
+
+/// A `PartialObjectMetadata`, or the `Status` of an ERROR event.
+#[derive(Deserialize, Default)]
+struct EventObject {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    message: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct MetaObject {
+    #[serde(default)]
+    metadata: ObjectMeta,
+}
+
+#[derive(Deserialize)]
+struct MetaList {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<MetaObject>,
+}
+
+#[derive(Deserialize, Default)]
+struct ListMeta {
+    #[serde(rename = "resourceVersion")]
+    resource_version: Option<String>,
+    #[serde(rename = "continue")]
+    continue_token: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct ObjectMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    #[serde(rename = "resourceVersion")]
+    resource_version: Option<String>,
+    #[serde(default)]
+    labels: HashMap<String, String>,
+}
+
+impl ObjectMeta {
+    /// The pin of this state if it carries both owner labels with `owner`'s values.
+    fn owned_pin(&self, owner: &Owner) -> Option<Pin> {
+        let owned = ownership::owner_labels(owner)
+            .iter()
+            .all(|(key, value)| self.labels.get(*key).map(String::as_str) == Some(*value));
+        let (uid, resource_version) = (self.uid.as_ref()?, self.resource_version.as_ref()?);
+        (owned && !uid.is_empty() && !resource_version.is_empty()).then(|| Pin {
+            uid: uid.clone(),
+            resource_version: resource_version.clone(),
+        })
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,285 @@
+use super::*;
+
+fn owner() -> Owner {
+    Owner::new("client", "proj")
+}
+
+fn pin(uid: &str, rv: &str) -> Pin {
+    Pin {
+        uid: uid.into(),
+        resource_version: rv.into(),
+    }
+}
+
+fn event(line: &str) -> Event {
+    serde_json::from_str(line).expect("event")
+}
+
+const OWNED: &str =
+    r#""labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"proj"}"#;
+
+#[test]
+fn only_states_carrying_both_owner_labels_are_pins() {
+    let meta: ObjectMeta = serde_json::from_str(&format!(
+        r#"{{"name":"a","uid":"u","resourceVersion":"3",{OWNED}}}"#
+    ))
+    .expect("meta");
+    assert_eq!(meta.owned_pin(&owner()), Some(pin("u", "3")));
+    let half: ObjectMeta = serde_json::from_str(
+        r#"{"name":"a","uid":"u","resourceVersion":"3","labels":{"vcluster.com/owner-vcluster":"client"}}"#,
+    )
+    .expect("meta");
+    assert_eq!(half.owned_pin(&owner()), None);
+    let other: ObjectMeta = serde_json::from_str(&format!(
+        r#"{{"name":"a","uid":"u","resourceVersion":"3",{}}}"#,
+        OWNED.replace("proj", "other")
+    ))
+    .expect("meta");
+    assert_eq!(other.owned_pin(&owner()), None);
+}
+
+#[test]
+fn a_late_event_never_replaces_a_newer_state_of_the_same_object() {
+    let mut state = State::default();
+    state.record("ns/a".into(), pin("u", "10"));
+    state.record("ns/a".into(), pin("u", "9"));
+    assert_eq!(state.pins["ns/a"], pin("u", "10"));
+    state.record("ns/a".into(), pin("u", "11"));
+    assert_eq!(state.pins["ns/a"], pin("u", "11"));
+    // Another incarnation always replaces, whatever its version.
+    state.record("ns/a".into(), pin("v", "5"));
+    assert_eq!(state.pins["ns/a"], pin("v", "5"));
+}
+
+#[test]
+fn watch_events_add_update_and_remove_owned_objects() {
+    let objects = Objects::default();
+    objects.state.write().expect("lock").synced = true;
+    let mut rv = "1".to_string();
+    let line = |t: &str, uid: &str, rv: &str, labels: &str| {
+        format!(
+            r#"{{"type":"{t}","object":{{"kind":"PartialObjectMetadata","metadata":{{"name":"a","namespace":"ns","uid":"{uid}","resourceVersion":"{rv}",{labels}}}}}}}"#
+        )
+    };
+    apply(
+        event(&line("ADDED", "u", "2", OWNED)),
+        &owner(),
+        &objects,
+        &mut rv,
+    )
+    .expect("ok");
+    assert_eq!(rv, "2");
+    assert_eq!(
+        objects.state.read().expect("lock").pins["ns/a"],
+        pin("u", "2")
+    );
+    // Leaving the selection (owner labels removed) arrives as DELETED.
+    apply(
+        event(&line("DELETED", "u", "3", r#""labels":{}"#)),
+        &owner(),
+        &objects,
+        &mut rv,
+    )
+    .expect("ok");
+    assert!(objects.state.read().expect("lock").pins.is_empty());
+    // A DELETED of an older incarnation leaves a newer one alone.
+    apply(
+        event(&line("ADDED", "w", "5", OWNED)),
+        &owner(),
+        &objects,
+        &mut rv,
+    )
+    .expect("ok");
+    apply(
+        event(&line("DELETED", "u", "6", OWNED)),
+        &owner(),
+        &objects,
+        &mut rv,
+    )
+    .expect("ok");
+    assert_eq!(
+        objects.state.read().expect("lock").pins["ns/a"],
+        pin("w", "5")
+    );
+    // Bookmarks move the resume point only.
+    apply(
+        event(r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}"#),
+        &owner(),
+        &objects,
+        &mut rv,
+    )
+    .expect("ok");
+    assert_eq!(rv, "9");
+    let expired = event(
+        r#"{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired","message":"too old resource version"}}"#,
+    );
+    assert!(matches!(
+        apply(expired, &owner(), &objects, &mut rv),
+        Err(SyncError::WatchError(message)) if message == "too old resource version"
+    ));
+}
+
+#[test]
+fn lines_are_split_across_chunks() {
+    let mut lines = Lines::default();
+    assert!(lines.push(b"{\"a\":").expect("ok").is_empty());
+    let out = lines.push(b"1}\n\n{\"b\":2}\n{").expect("ok");
+    assert_eq!(out.len(), 2);
+    assert_eq!(&out[0][..], b"{\"a\":1}\n");
+    assert_eq!(&out[1][..], b"{\"b\":2}\n");
+}
+
+/// A target connection whose pool has no peers: every request of the cache fails
+/// before any dial, so its watch keeps retrying and never syncs.
+fn unreachable_target() -> TargetConnection {
+    use crate::dial::Dialer;
+    use crate::metrics::Metrics;
+    use crate::pool::PeerPool;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let dialer = Dialer::new(
+        Arc::new(config),
+        rustls::pki_types::ServerName::try_from("target.example").expect("name"),
+    );
+    TargetConnection {
+        pool: PeerPool::new(
+            "example.com/v1".into(),
+            dialer,
+            Metrics::new().target("p/t"),
+        ),
+        authority: "target.example".into(),
+        credentials: Arc::new(
+            crproxy_kube::Credentials::new(
+                crproxy_kube::Auth::Token("t".into()),
+                serde_json::Value::Null,
+            )
+            .expect("credentials"),
+        ),
+    }
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resource_starts_on_first_use_and_is_dropped_when_idle() {
+    let cache = OwnershipCache::new("example.com", "v1", owner(), &unreachable_target());
+    assert!(
+        cache.running("widgets").is_none(),
+        "nothing before first use"
+    );
+    assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Unsynced);
+    settle().await;
+    assert!(cache.running("widgets").is_some());
+    // Used again just before the idle limit: kept.
+    tokio::time::advance(IDLE_DROP - Duration::from_secs(1)).await;
+    settle().await;
+    assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Unsynced);
+    tokio::time::advance(IDLE_DROP - Duration::from_secs(1)).await;
+    settle().await;
+    assert!(cache.running("widgets").is_some(), "still in use");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    settle().await;
+    assert!(cache.running("widgets").is_none(), "dropped after idling");
+    // Remembering a write of a resource nobody watches keeps nothing.
+    cache.remember(
+        "widgets",
+        Some("ns"),
+        "a",
+        format!(r#"{{"metadata":{{"name":"a","namespace":"ns","uid":"u","resourceVersion":"1",{OWNED}}}}}"#)
+            .as_bytes(),
+    );
+    assert!(cache.running("widgets").is_none());
+}
+
+#[test]
+fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let cache = OwnershipCache::new("example.com", "v1", owner(), &unreachable_target());
+        let _ = cache.lookup("widgets", Some("ns"), "a");
+        let objects = cache.running("widgets").expect("running");
+        objects.state.write().expect("lock").synced = true;
+        let answer = |name: &str, labels: &str| {
+            format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","uid":"u","resourceVersion":"4",{labels}}}}}"#)
+        };
+        cache.remember("widgets", Some("ns"), "a", answer("a", OWNED).as_bytes());
+        assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Hit(pin("u", "4")));
+        // An answer about another object, or not JSON, changes nothing.
+        cache.remember("widgets", Some("ns"), "b", answer("a", OWNED).as_bytes());
+        cache.remember("widgets", Some("ns"), "a", b"not json");
+        assert_eq!(cache.lookup("widgets", Some("ns"), "b"), Lookup::Miss);
+        assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Hit(pin("u", "4")));
+        // A write whose answer no longer carries the labels drops the entry.
+        cache.remember("widgets", Some("ns"), "a", answer("a", r#""labels":{}"#).as_bytes());
+        assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Miss);
+        cache.remember("widgets", Some("ns"), "a", answer("a", OWNED).as_bytes());
+        cache.forget("widgets", Some("ns"), "a");
+        assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Miss);
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn entries_outlive_an_interrupted_watch_until_the_idle_limit() {
+    let objects = Objects::default();
+    {
+        let mut state = objects.state.write().expect("lock");
+        state.synced = true;
+        state.in_step_at = Some(Instant::now());
+        state.pins.insert("ns/a".into(), pin("u", "1"));
+    }
+    tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
+    objects.unsync_if_out_of_step();
+    assert_eq!(
+        objects.state.read().expect("lock").pins.get("ns/a"),
+        Some(&pin("u", "1")),
+        "still used while the watch is re-established"
+    );
+    // A watch event (a bookmark will do) puts the cache back in step.
+    let mut rv = String::new();
+    apply(
+        event(r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}"#),
+        &owner(),
+        &objects,
+        &mut rv,
+    )
+    .expect("ok");
+    tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
+    objects.unsync_if_out_of_step();
+    assert!(objects.state.read().expect("lock").synced);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    objects.unsync_if_out_of_step();
+    let state = objects.state.read().expect("lock");
+    assert!(
+        !state.synced && state.pins.is_empty(),
+        "dropped once out of step too long"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_a_bounded_number_of_resources_is_watched() {
+    let cache = OwnershipCache::new("example.com", "v1", owner(), &unreachable_target());
+    for i in 0..MAX_RESOURCES {
+        let _ = cache.lookup(&format!("r{i}"), None, "a");
+    }
+    assert_eq!(cache.lookup("one-too-many", None, "a"), Lookup::Unsynced);
+    assert!(cache.running("one-too-many").is_none());
+    assert!(cache.running("r0").is_some());
+    // Once idle ones are dropped, there is room again.
+    tokio::time::advance(IDLE_DROP + Duration::from_secs(1)).await;
+    settle().await;
+    let _ = cache.lookup("one-too-many", None, "a");
+    assert!(cache.running("one-too-many").is_some());
+}

@@ -1,0 +1,502 @@
+//! The ownership cache against a real target (devcluster over TLS): owned PUT,
+//! PATCH and DELETE go out in one exchange when the cache knows the object, and a
+//! cache that is stale by the time of the write can only send the request down
+//! the checked path, never let it land on an object that is not owned.
+//!
+//! Each race round first makes the cache hot for its object (a write through the
+//! proxy that the cache answered), then races the verb under test against an admin
+//! change straight on the target: the owner labels removed, or the object deleted
+//! and created again by someone else. Every racing write must have consulted a
+//! synced cache (`hit`, `stale`, or `miss` when its watch already saw the admin's
+//! change, in `crproxy_ownership_cache_lookups_total`), some must have taken the
+//! fast path, and none may touch the object once it is not owned. The rounds
+//! sweep the admin's change across the proxy's write; with the pins removed from
+//! the fast path, most of these tests fail (PUT excepted: its caller-given
+//! resourceVersion already rejects another state).
+
+mod target_support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crproxy_core::config::AccessMode;
+use crproxy_kube::PatchType;
+use target_support::{harness, send, widget, Harness, Reply, OWNER_LABELS, WIDGETS};
+
+/// Rounds per race test.
+const RACE_ROUNDS: usize = 80;
+
+fn owned_labels() -> Value {
+    serde_json::from_str(OWNER_LABELS).expect("labels")
+}
+
+fn is_owned(object: &Value) -> bool {
+    let labels = &object["metadata"]["labels"];
+    labels["vcluster.com/owner-vcluster"] == "client"
+        && labels["vcluster.com/owner-project"] == "default"
+}
+
+fn rv(object: &Value) -> u64 {
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// How long the proxy's write and the admin's change each wait in `round`: the
+/// rounds sweep the admin's change from 1 ms before to 1 ms after the proxy's
+/// write in 50 µs steps, so some land between the cache lookup and the write.
+fn stagger(round: usize) -> (Duration, Duration) {
+    let offset = (round % 40) as i64 * 50 - 1000;
+    let delay = Duration::from_micros(offset.unsigned_abs());
+    if offset < 0 {
+        (delay, Duration::ZERO)
+    } else {
+        (Duration::ZERO, delay)
+    }
+}
+
+/// `crproxy_ownership_cache_lookups_total` for `result`, from the registry.
+fn lookups(h: &Harness, result: &str) -> u64 {
+    let text = h.metrics.encode();
+    text.lines()
+        .filter(|line| {
+            line.starts_with("crproxy_ownership_cache_lookups_total{")
+                && line.contains("group_version=\"example.com/v1\"")
+                && line.contains("target=\"default/target\"")
+                && line.contains(&format!("result=\"{result}\""))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    hit: u64,
+    stale: u64,
+    miss: u64,
+    unsynced: u64,
+}
+
+fn counts(h: &Harness) -> Counts {
+    Counts {
+        hit: lookups(h, "hit"),
+        stale: lookups(h, "stale"),
+        miss: lookups(h, "miss"),
+        unsynced: lookups(h, "unsynced"),
+    }
+}
+
+/// What the counters moved by since `before`.
+fn since(h: &Harness, before: Counts) -> Counts {
+    let now = counts(h);
+    Counts {
+        hit: now.hit - before.hit,
+        stale: now.stale - before.stale,
+        miss: now.miss - before.miss,
+        unsynced: now.unsynced - before.unsynced,
+    }
+}
+
+/// Creates `name` owned by the client straight on the target, then writes it
+/// through the proxy until the cache answers for it (bounded: 10 s), so the next
+/// write finds a hot cache. Returns the object as last written.
+async fn hot_owned_widget(h: &Harness, name: &str) -> Value {
+    h.admin
+        .create(WIDGETS, &widget(name, owned_labels()))
+        .await
+        .expect("created");
+    let path = format!("{WIDGETS}/{name}");
+    for attempt in 0..200 {
+        let before = counts(h);
+        let warmed = send(
+            h,
+            "PATCH",
+            &path,
+            Some("application/merge-patch+json"),
+            json!({"metadata": {"annotations": {"warm": attempt.to_string()}}}).to_string(),
+        )
+        .await;
+        assert_eq!(warmed.status, 200, "{}", warmed.body);
+        if since(h, before).hit == 1 {
+            return warmed.body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the ownership cache never answered for {name}");
+}
+
+/// The verbs under test, each writing `replicas: 7` (or deleting).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Write {
+    Put,
+    MergePatch,
+    JsonPatch,
+    Apply,
+    Delete,
+}
+
+impl Write {
+    async fn send_after(self, delay: Duration, h: &Harness, name: &str, current: &Value) -> Reply {
+        tokio::time::sleep(delay).await;
+        self.send(h, name, current).await
+    }
+
+    async fn send(self, h: &Harness, name: &str, current: &Value) -> Reply {
+        let path = format!("{WIDGETS}/{name}");
+        match self {
+            Write::Put => {
+                let mut body = current.clone();
+                body["spec"]["replicas"] = json!(7);
+                send(h, "PUT", &path, Some("application/json"), body.to_string()).await
+            }
+            Write::MergePatch => {
+                send(
+                    h,
+                    "PATCH",
+                    &path,
+                    Some("application/merge-patch+json"),
+                    r#"{"spec":{"replicas":7}}"#,
+                )
+                .await
+            }
+            Write::JsonPatch => {
+                send(
+                    h,
+                    "PATCH",
+                    &path,
+                    Some("application/json-patch+json"),
+                    r#"[{"op":"replace","path":"/spec/replicas","value":7}]"#,
+                )
+                .await
+            }
+            Write::Apply => {
+                let body = format!(
+                    "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n  replicas: 7\n"
+                );
+                send(
+                    h,
+                    "PATCH",
+                    &format!("{path}?fieldManager=tenant&force=true"),
+                    Some("application/apply-patch+yaml"),
+                    body,
+                )
+                .await
+            }
+            Write::Delete => send(h, "DELETE", &path, None, Bytes::new()).await,
+        }
+    }
+}
+
+/// The admin removes the owner labels of `name` after `delay`.
+async fn unlabel_after(h: &Harness, name: &str, delay: Duration) -> Option<Value> {
+    tokio::time::sleep(delay).await;
+    let patch = json!({"metadata": {"labels": {
+        "vcluster.com/owner-vcluster": null, "vcluster.com/owner-project": null}}});
+    h.admin
+        .patch(&format!("{WIDGETS}/{name}"), PatchType::Merge, &patch)
+        .await
+        .ok()
+}
+
+/// Someone else deletes `name` after `delay` and creates their own object under
+/// the same name; returns it when the create won the name.
+async fn recreate_after(h: &Harness, name: &str, delay: Duration) -> Option<Value> {
+    tokio::time::sleep(delay).await;
+    h.admin.delete(&format!("{WIDGETS}/{name}")).await.ok()?;
+    h.admin
+        .create(WIDGETS, &widget(name, json!({"team": "admin"})))
+        .await
+        .ok()
+}
+
+/// Races `write` against the removal of the owner labels.
+async fn race_label_removal(write: Write) {
+    let h = harness(AccessMode::Owned).await;
+    let mut violations = Vec::new();
+    let mut fast = 0;
+    for round in 0..RACE_ROUNDS {
+        let name = format!("l{round}");
+        let current = hot_owned_widget(&h, &name).await;
+        let path = format!("{WIDGETS}/{name}");
+        let before = counts(&h);
+        let (proxy_delay, admin_delay) = stagger(round);
+        let (written, unlabelled) = tokio::join!(
+            write.send_after(proxy_delay, &h, &name, &current),
+            unlabel_after(&h, &name, admin_delay)
+        );
+        let moved = since(&h, before);
+        // The cache was hot when the round began; by the time of the lookup its
+        // watch may already have seen the admin's change (a miss).
+        assert_eq!(
+            (moved.hit + moved.stale + moved.miss, moved.unsynced),
+            (1, 0),
+            "round {round}: the write consulted a synced cache: {moved:?}"
+        );
+        fast += moved.hit;
+        assert!(
+            matches!(written.status, 200 | 201 | 404 | 409),
+            "{write:?} round {round}: {written:?}"
+        );
+        let Some(unlabelled) = unlabelled else {
+            // The delete won; the admin had nothing left to unlabel.
+            assert_eq!(write, Write::Delete, "round {round}");
+            continue;
+        };
+        match write {
+            Write::Delete => {
+                if h.admin.get_opt(&path).await.expect("get").is_none() {
+                    violations.push(name.clone());
+                }
+            }
+            _ => {
+                if written.status == 200 && rv(&written.body) > rv(&unlabelled) {
+                    violations.push(format!("{name} (answer)"));
+                }
+                let stored = h.admin.get(&path).await.expect("get");
+                if rv(&stored) > rv(&unlabelled) {
+                    violations.push(format!("{name} (stored: {stored})"));
+                }
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "{write:?} touched an object after its labels were removed: {violations:?}"
+    );
+    assert!(fast > 0, "{write:?}: no round took the fast path");
+    h.proxy.shutdown().await;
+}
+
+/// Races `write` against a delete and a create under the same name by someone
+/// else.
+async fn race_recreate(write: Write) {
+    let h = harness(AccessMode::Owned).await;
+    let mut violations = Vec::new();
+    let mut fast = 0;
+    for round in 0..RACE_ROUNDS {
+        let name = format!("r{round}");
+        let current = hot_owned_widget(&h, &name).await;
+        let path = format!("{WIDGETS}/{name}");
+        let before = counts(&h);
+        let (proxy_delay, admin_delay) = stagger(round);
+        let (written, foreign) = tokio::join!(
+            write.send_after(proxy_delay, &h, &name, &current),
+            recreate_after(&h, &name, admin_delay)
+        );
+        let moved = since(&h, before);
+        // The cache was hot when the round began; by the time of the lookup its
+        // watch may already have seen the admin's change (a miss).
+        assert_eq!(
+            (moved.hit + moved.stale + moved.miss, moved.unsynced),
+            (1, 0),
+            "round {round}: the write consulted a synced cache: {moved:?}"
+        );
+        fast += moved.hit;
+        let Some(foreign) = foreign else {
+            // The proxy's write won the name or removed the object first.
+            continue;
+        };
+        match h.admin.get_opt(&path).await.expect("get") {
+            None => violations.push(format!("{name} (foreign object deleted)")),
+            Some(stored) => {
+                if stored["metadata"]["uid"] == foreign["metadata"]["uid"]
+                    && (rv(&stored) != rv(&foreign) || is_owned(&stored))
+                {
+                    violations.push(format!("{name} (foreign object written: {stored})"));
+                }
+            }
+        }
+        if written.status == 200 && written.body["metadata"]["uid"] == foreign["metadata"]["uid"] {
+            violations.push(format!("{name} (answer shows the foreign object)"));
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "{write:?} touched someone else's object: {violations:?}"
+    );
+    assert!(fast > 0, "{write:?}: no round took the fast path");
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_put_never_lands_after_the_labels_are_removed() {
+    race_label_removal(Write::Put).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_merge_patch_never_lands_after_the_labels_are_removed() {
+    race_label_removal(Write::MergePatch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_json_patch_never_lands_after_the_labels_are_removed() {
+    race_label_removal(Write::JsonPatch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_apply_never_lands_after_the_labels_are_removed() {
+    race_label_removal(Write::Apply).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_delete_never_removes_an_object_whose_labels_were_removed() {
+    race_label_removal(Write::Delete).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_put_never_lands_on_an_object_recreated_by_someone_else() {
+    race_recreate(Write::Put).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_merge_patch_never_lands_on_an_object_recreated_by_someone_else() {
+    race_recreate(Write::MergePatch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_json_patch_never_lands_on_an_object_recreated_by_someone_else() {
+    race_recreate(Write::JsonPatch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_apply_never_lands_on_an_object_recreated_by_someone_else() {
+    race_recreate(Write::Apply).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_delete_never_removes_an_object_recreated_by_someone_else() {
+    race_recreate(Write::Delete).await;
+}
+
+/// A write pinned to a cached state that changed meanwhile (still owned) is
+/// refused by the target and succeeds through the checked path: the caller never
+/// sees the stale cache. The admin's change and the proxy's write are sent at the
+/// same moment, so in some rounds the cache has not seen the change yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_cache_entry_costs_a_check_never_the_write() {
+    let h = harness(AccessMode::Owned).await;
+    let mut stale = 0;
+    for round in 0..RACE_ROUNDS {
+        let name = format!("s{round}");
+        hot_owned_widget(&h, &name).await;
+        let path = format!("{WIDGETS}/{name}");
+        let before = counts(&h);
+        let change = json!({"metadata": {"annotations": {"admin": round.to_string()}}});
+        let admin_change = h.admin.patch(&path, PatchType::Merge, &change);
+        let (written, changed) = tokio::join!(
+            Write::MergePatch.send(&h, &name, &Value::Null),
+            admin_change
+        );
+        changed.expect("admin change");
+        assert_eq!(written.status, 200, "round {round}: {written:?}");
+        assert_eq!(written.body["spec"]["replicas"], 7);
+        let moved = since(&h, before);
+        assert_eq!(moved.hit + moved.stale, 1, "round {round}: {moved:?}");
+        stale += moved.stale;
+    }
+    assert!(stale > 0, "no round found the cache stale");
+    // The series is exported with the documented labels.
+    let text = h.metrics.encode();
+    assert!(
+        text.contains("# TYPE crproxy_ownership_cache_lookups counter"),
+        "{text}"
+    );
+    h.proxy.shutdown().await;
+}
+
+/// An object someone else deleted while the cache still knew it: a server-side
+/// apply creates it again, labelled, and a patch is the target's 404, exactly as
+/// without the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_of_an_object_deleted_behind_the_caches_back_answer_as_before() {
+    let h = harness(AccessMode::Owned).await;
+    for round in 0..20 {
+        let name = format!("g{round}");
+        hot_owned_widget(&h, &name).await;
+        let path = format!("{WIDGETS}/{name}");
+        h.admin.delete(&path).await.expect("admin deletes");
+        let patched = Write::MergePatch.send(&h, &name, &Value::Null).await;
+        assert_eq!(patched.status, 404, "round {round}: {patched:?}");
+        let applied = Write::Apply.send(&h, &name, &Value::Null).await;
+        assert_eq!(applied.status, 201, "round {round}: {applied:?}");
+        assert!(is_owned(&applied.body), "{}", applied.body);
+        assert_eq!(applied.body["spec"]["replicas"], 7);
+    }
+    h.proxy.shutdown().await;
+}
+
+/// The cache's list reads every page (2000 objects each): objects that existed
+/// before the cache started and were never written through the proxy are hits,
+/// an unowned object under the same selector-less collection is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_started_on_many_objects_knows_every_owned_one() {
+    let h = harness(AccessMode::Owned).await;
+    for i in 0..2100 {
+        h.admin
+            .create(WIDGETS, &widget(&format!("m{i}"), owned_labels()))
+            .await
+            .expect("created");
+    }
+    h.admin
+        .create(WIDGETS, &widget("foreign", json!({"team": "admin"})))
+        .await
+        .expect("created");
+    // The first owned write starts the cache; once it answers, it has listed.
+    hot_owned_widget(&h, "starter").await;
+    for name in ["m0", "m1999", "m2000", "m2099"] {
+        let before = counts(&h);
+        let deleted = Write::Delete.send(&h, name, &Value::Null).await;
+        assert_eq!(deleted.status, 200, "{name}: {deleted:?}");
+        assert_eq!(since(&h, before).hit, 1, "{name} was known to the cache");
+    }
+    let before = counts(&h);
+    let foreign = Write::Delete.send(&h, "foreign", &Value::Null).await;
+    assert_eq!(foreign.status, 404, "{foreign:?}");
+    assert_eq!(since(&h, before).miss, 1);
+    assert!(h
+        .admin
+        .get_opt(&format!("{WIDGETS}/foreign"))
+        .await
+        .expect("get")
+        .is_some());
+    h.proxy.shutdown().await;
+}
+
+/// Read-your-writes: a create through the proxy followed at once by a patch, a
+/// PUT of the created object and a delete all succeed, whatever the cache knew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_followed_at_once_by_writes_succeeds() {
+    let h = harness(AccessMode::Owned).await;
+    for round in 0..10 {
+        let name = format!("c{round}");
+        let created = send(
+            &h,
+            "POST",
+            WIDGETS,
+            Some("application/json"),
+            widget(&name, json!({})).to_string(),
+        )
+        .await;
+        assert_eq!(created.status, 201, "{}", created.body);
+        let patched = Write::MergePatch.send(&h, &name, &Value::Null).await;
+        assert_eq!(patched.status, 200, "{}", patched.body);
+        let mut next = patched.body.clone();
+        next["spec"]["replicas"] = json!(8);
+        let put = send(
+            &h,
+            "PUT",
+            &format!("{WIDGETS}/{name}"),
+            Some("application/json"),
+            next.to_string(),
+        )
+        .await;
+        assert_eq!(put.status, 200, "{}", put.body);
+        assert_eq!(put.body["spec"]["replicas"], 8);
+        let deleted = Write::Delete.send(&h, &name, &Value::Null).await;
+        assert_eq!(deleted.status, 200, "{}", deleted.body);
+    }
+    h.proxy.shutdown().await;
+}
