@@ -532,7 +532,11 @@ impl PeerPool {
             }
         };
         let failed_peer = ticket.peer_id;
-        let first_error = match self.dial(ticket, deadline).await {
+        // Dials are boxed: a dial (TCP, TLS and HTTP handshakes) is a future of
+        // several KiB that most requests never run, and every request's future
+        // (kept alive by the caller's stream, for a watch as long as it lasts)
+        // would otherwise be sized for it.
+        let first_error = match Box::pin(self.dial(ticket, deadline)).await {
             Ok(sender) => return Ok(sender),
             // Out of time: no point in another peer.
             Err(err @ PoolError::Deadline { .. }) => return Err(err),
@@ -541,7 +545,7 @@ impl PeerPool {
         // The request never reached a target, so another peer can take it.
         match self.select(Some(failed_peer)) {
             Selection::Cached(sender) => Ok(sender),
-            Selection::Dial(ticket) => self.dial(ticket, deadline).await,
+            Selection::Dial(ticket) => Box::pin(self.dial(ticket, deadline)).await,
             // No other candidate: the caller sees the failure that actually happened.
             Selection::Rejected(_) => Err(first_error),
         }
