@@ -37,8 +37,9 @@ use crate::transport::{
 pub struct GroupVersionProxy {
     pub group: String,
     pub version: String,
-    /// `group/version`, the `group_version` metric label.
-    pub group_version: String,
+    /// `group/version`, the `group_version` metric label (shared with every
+    /// request's metric labels, so counting one allocates nothing).
+    pub group_version: Arc<str>,
     /// Configured resources, for the discovery fallback.
     pub resources: ResourceSet,
     pub access: AccessMode,
@@ -133,7 +134,7 @@ impl GroupVersionProxy {
         client_namespaces: Arc<ClientNamespaces>,
         trust: Arc<FrontProxyTrust>,
     ) -> Arc<Self> {
-        let group_version = format!("{group}/{version}");
+        let group_version: Arc<str> = Arc::from(format!("{group}/{version}"));
         Arc::new(Self {
             group,
             version,
@@ -244,7 +245,7 @@ impl GroupVersionProxy {
         } = outcome;
         transport::clean_response_headers(response.headers_mut());
         self.metrics.request(
-            &self.group_version,
+            Arc::clone(&self.group_version),
             verb_label,
             response.status().as_u16(),
             reason,
@@ -285,8 +286,12 @@ impl GroupVersionProxy {
         response
             .headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-        self.metrics
-            .request(&self.group_version, verb_label, 429, Reason::Upstream);
+        self.metrics.request(
+            Arc::clone(&self.group_version),
+            verb_label,
+            429,
+            Reason::Upstream,
+        );
         response
     }
 
