@@ -228,19 +228,32 @@ pub fn clean_response_headers(headers: &mut HeaderMap) {
     }
 }
 
-/// Reads a body whole, refusing anything larger than `limit`.
+/// Reads a body whole, refusing anything larger than `limit`. A body that came in
+/// one piece (most objects do) is returned as it came, without a copy.
 pub async fn read_limited(mut body: ProxyBody, limit: usize) -> Result<Bytes, ForwardError> {
+    let mut first: Option<Bytes> = None;
     let mut buffer = bytes::BytesMut::new();
+    let mut length = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ForwardError::Send(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > limit {
-                return Err(ForwardError::TooLarge);
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        length += data.len();
+        if length > limit {
+            return Err(ForwardError::TooLarge);
+        }
+        match first.take() {
+            None if buffer.is_empty() => first = Some(data),
+            earlier => {
+                if let Some(earlier) = earlier {
+                    buffer.extend_from_slice(&earlier);
+                }
+                buffer.extend_from_slice(&data);
             }
-            buffer.extend_from_slice(&data);
         }
     }
-    Ok(buffer.freeze())
+    Ok(first.unwrap_or_else(|| buffer.freeze()))
 }
 
 /// A peer's response body that holds its HTTP/2 stream reservation while it
