@@ -348,8 +348,7 @@ impl GroupVersionProxy {
     }
 
     fn is_openapi_document(&self, path: &str) -> bool {
-        path.strip_prefix("/openapi/v3")
-            == Some(format!("/apis/{}/{}", self.group, self.version).as_str())
+        is_openapi_document_of(path, &self.group, &self.version)
     }
 
     /// `/openapi/v3`: the aggregator asks which documents this server has; it has
@@ -1296,6 +1295,15 @@ fn with_query(path: &str, query: &str) -> String {
     }
 }
 
+/// Whether `path` is `/openapi/v3/apis/<group>/<version>`. Asked of every GET, so
+/// compared piece by piece rather than against a formatted path.
+fn is_openapi_document_of(path: &str, group: &str, version: &str) -> bool {
+    path.strip_prefix("/openapi/v3/apis/")
+        .and_then(|rest| rest.strip_prefix(group))
+        .and_then(|rest| rest.strip_prefix('/'))
+        == Some(version)
+}
+
 /// The object a named request is about, without any subresource: ownership is a
 /// property of the object, so `/status` and `/scale` are checked on the object.
 fn object_path(group: &str, version: &str, path: &ResourcePath) -> String {
@@ -1410,6 +1418,25 @@ mod tests {
             split_delete_collection_query(None),
             (String::new(), String::new())
         );
+    }
+
+    #[test]
+    fn only_this_group_versions_openapi_document_is_recognised() {
+        let is = |path| is_openapi_document_of(path, "example.com", "v1");
+        assert!(is("/openapi/v3/apis/example.com/v1"));
+        for other in [
+            "/openapi/v3/apis/example.com/v1/",
+            "/openapi/v3/apis/example.com/v10",
+            "/openapi/v3/apis/example.com/v",
+            "/openapi/v3/apis/example.co/v1",
+            "/openapi/v3/apis/example.comm/v1",
+            "/openapi/v3/apis/example.com",
+            "/openapi/v3/example.com/v1",
+            "/apis/example.com/v1",
+            "/openapi/v3",
+        ] {
+            assert!(!is(other), "{other}");
+        }
     }
 
     #[test]

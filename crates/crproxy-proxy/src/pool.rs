@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crproxy_core::reason::Reason;
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{header, HeaderValue, Request, Response, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
@@ -1149,17 +1150,17 @@ fn adapt_request(
             None => fallback_authority.to_owned(),
         },
     };
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map(|pq| pq.as_str().to_owned())
-        .unwrap_or_else(|| "/".to_owned());
+    // The path and query were parsed once already; they move over as they are.
+    let path_and_query = std::mem::take(&mut parts.uri)
+        .into_parts()
+        .path_and_query
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     if h2 {
-        parts.uri = Uri::builder()
-            .scheme("https")
-            .authority(authority.as_str())
-            .path_and_query(path_and_query.as_str())
-            .build()?;
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(Scheme::HTTPS);
+        uri.authority = Some(Authority::try_from(authority.as_str())?);
+        uri.path_and_query = Some(path_and_query);
+        parts.uri = Uri::from_parts(uri)?;
         parts.version = Version::HTTP_2;
         for name in &CONNECTION_HEADERS {
             parts.headers.remove(name);
@@ -1174,9 +1175,9 @@ fn adapt_request(
             parts.headers.remove(header::TE);
         }
     } else {
-        parts.uri = Uri::builder()
-            .path_and_query(path_and_query.as_str())
-            .build()?;
+        let mut uri = http::uri::Parts::default();
+        uri.path_and_query = Some(path_and_query);
+        parts.uri = Uri::from_parts(uri)?;
         parts.version = Version::HTTP_11;
         if !parts.headers.contains_key(header::HOST) {
             parts

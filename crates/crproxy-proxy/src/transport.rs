@@ -49,14 +49,15 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
 /// client's own identity, never the caller's, so these are dropped.
 const DROPPED_REQUEST_PREFIXES: &[&str] = &["x-remote-", "impersonate-"];
 
-const DROPPED_RESPONSE_HEADERS: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// As header names, not text: removing by name then needs no parsing.
+const DROPPED_RESPONSE_HEADERS: [HeaderName; 7] = [
+    http::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
 ];
 
 /// A request could not be completed against the target.
@@ -223,8 +224,8 @@ fn keep_request_header(name: &HeaderName) -> bool {
 
 /// Removes hop-by-hop headers from a target response before it goes back.
 pub fn clean_response_headers(headers: &mut HeaderMap) {
-    for name in DROPPED_RESPONSE_HEADERS {
-        headers.remove(*name);
+    for name in &DROPPED_RESPONSE_HEADERS {
+        headers.remove(name);
     }
 }
 
@@ -474,7 +475,7 @@ impl Body for WatchBody {
                 let events = match self.framing {
                     // kube-apiserver ends every JSON watch event with a newline and
                     // escapes newlines inside strings, so lines are events.
-                    WatchFraming::JsonLines => data.iter().filter(|b| **b == b'\n').count() as u64,
+                    WatchFraming::JsonLines => memchr::memchr_iter(b'\n', data).count() as u64,
                     WatchFraming::CborSequence => self.cbor.push(data),
                     WatchFraming::Uncounted => 0,
                 };
