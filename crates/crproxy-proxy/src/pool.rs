@@ -691,7 +691,9 @@ impl PeerPool {
                 armed: true,
                 shared: None,
             };
-            if may_share && peer.pending_dial.is_none() {
+            // This dial becomes the one to wait for (also when an earlier one
+            // is full: its waiters keep waiting for it).
+            if may_share {
                 let (ended, done) = watch::channel(());
                 let id = st.next_dial_id;
                 st.next_dial_id += 1;

@@ -87,6 +87,18 @@ async fn a_burst_of_requests_shares_one_http2_dial() {
     assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
     assert_eq!(peer.requests.load(Ordering::SeqCst), 50);
     assert_eq!(h.scrape().dial_observations(), 1.0);
+
+    // More requests than one connection carries: a dial per 100 of them.
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    let burst = (0..250).map(|_| h.get());
+    for result in futures_util::future::join_all(burst).await {
+        result.expect("request");
+    }
+    let connections = peer.connections.load(Ordering::SeqCst);
+    assert!((1..=3).contains(&connections), "{connections} connections");
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 250);
 }
 
 /// HTTP/1.1 carries one request per connection: a burst to an HTTP/1.1 peer
