@@ -13,6 +13,7 @@ use crate::request::form_decode;
 use crate::request_body::{BodyError, WriteBody};
 use crate::selector::{LabelSelector, Operator, Requirement, SelectorError};
 
+mod scan;
 #[cfg(test)]
 mod tests;
 
@@ -302,50 +303,10 @@ pub enum Visibility {
 
 /// Judges a JSON named-GET response: a plain object, a `PartialObjectMetadata`, or a
 /// `meta.k8s.io` `Table` whose rows carry `object.metadata` (kubectl's default
-/// `includeObject=Metadata`). Every row must be owned.
+/// `includeObject=Metadata`). Every row must be owned. The body must be valid JSON
+/// (UTF-8) throughout; only the fields that decide are looked at (see `scan`).
 pub fn response_visibility(owner: &Owner, body: &[u8]) -> Visibility {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else {
-        return Visibility::Undecodable;
-    };
-    let Some(obj) = v.as_object() else {
-        return Visibility::Undecodable;
-    };
-    let is_table = obj.get("kind").and_then(Value::as_str) == Some("Table")
-        && obj
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .is_some_and(|a| a.starts_with("meta.k8s.io/"));
-    if is_table {
-        let Some(rows) = obj.get("rows").and_then(Value::as_array) else {
-            return Visibility::Undecodable;
-        };
-        if rows.is_empty() {
-            return Visibility::Undecodable;
-        }
-        let mut all_owned = true;
-        for row in rows {
-            let Some(object) = row.get("object").filter(|o| o.is_object()) else {
-                return Visibility::Undecodable;
-            };
-            if !object.get("metadata").is_some_and(Value::is_object) {
-                return Visibility::Undecodable;
-            }
-            all_owned &= owner.owns(object);
-        }
-        return if all_owned {
-            Visibility::Owned
-        } else {
-            Visibility::NotOwned
-        };
-    }
-    if !obj.get("metadata").is_some_and(Value::is_object) {
-        return Visibility::Undecodable;
-    }
-    if owner.owns(&v) {
-        Visibility::Owned
-    } else {
-        Visibility::NotOwned
-    }
+    scan::visibility(owner, body)
 }
 
 /// Rewrites an `Accept` header so the target answers a named GET in JSON the proxy

@@ -159,27 +159,36 @@ fn segments(path: &str) -> Result<Vec<String>, PathError> {
                 "invalid request path {path:?}: empty path segment"
             )));
         }
-        let lower = raw.to_ascii_lowercase();
-        for (enc, what) in [
-            ("%2f", "an encoded '/'"),
-            ("%5c", "an encoded '\\'"),
-            ("%2e", "an encoded '.'"),
-            ("%00", "an encoded NUL"),
-            ("%25", "an encoded '%'"),
-        ] {
-            if lower.contains(enc) {
-                return Err(bad(format!(
-                    "invalid request path {path:?}: contains {what}"
-                )));
+        // Most segments have no escapes at all; only those that do need the checks
+        // for escapes and the decoding (every check below passes on them trivially).
+        let escaped = raw.contains('%');
+        if escaped {
+            let lower = raw.to_ascii_lowercase();
+            for (enc, what) in [
+                ("%2f", "an encoded '/'"),
+                ("%5c", "an encoded '\\'"),
+                ("%2e", "an encoded '.'"),
+                ("%00", "an encoded NUL"),
+                ("%25", "an encoded '%'"),
+            ] {
+                if lower.contains(enc) {
+                    return Err(bad(format!(
+                        "invalid request path {path:?}: contains {what}"
+                    )));
+                }
             }
         }
         if raw.contains('\\') {
             return Err(bad(format!("invalid request path {path:?}: contains '\\'")));
         }
-        let decoded = percent_decode_str(raw)
-            .decode_utf8()
-            .map_err(|_| bad(format!("invalid request path {path:?}: not UTF-8")))?
-            .into_owned();
+        let decoded = if escaped {
+            percent_decode_str(raw)
+                .decode_utf8()
+                .map_err(|_| bad(format!("invalid request path {path:?}: not UTF-8")))?
+                .into_owned()
+        } else {
+            raw.to_owned()
+        };
         if decoded == "." || decoded == ".." {
             return Err(bad(format!(
                 "invalid request path {path:?}: '.' and '..' segments are not allowed"

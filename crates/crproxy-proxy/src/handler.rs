@@ -39,8 +39,9 @@ use crate::transport::{
 pub struct GroupVersionProxy {
     pub group: String,
     pub version: String,
-    /// `group/version`, the `group_version` metric label.
-    pub group_version: String,
+    /// `group/version`, the `group_version` metric label (shared with every
+    /// request's metric labels, so counting one allocates nothing).
+    pub group_version: Arc<str>,
     /// Configured resources, for the discovery fallback.
     pub resources: ResourceSet,
     pub access: AccessMode,
@@ -138,7 +139,7 @@ impl GroupVersionProxy {
         client_namespaces: Arc<ClientNamespaces>,
         trust: Arc<FrontProxyTrust>,
     ) -> Arc<Self> {
-        let group_version = format!("{group}/{version}");
+        let group_version: Arc<str> = Arc::from(format!("{group}/{version}"));
         let ownership_cache = OwnershipCache::new(&group, &version, owner.clone(), &target);
         Arc::new(Self {
             group,
@@ -251,7 +252,7 @@ impl GroupVersionProxy {
         } = outcome;
         transport::clean_response_headers(response.headers_mut());
         self.metrics.request(
-            &self.group_version,
+            Arc::clone(&self.group_version),
             verb_label,
             response.status().as_u16(),
             reason,
@@ -292,8 +293,12 @@ impl GroupVersionProxy {
         response
             .headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-        self.metrics
-            .request(&self.group_version, verb_label, 429, Reason::Upstream);
+        self.metrics.request(
+            Arc::clone(&self.group_version),
+            verb_label,
+            429,
+            Reason::Upstream,
+        );
         response
     }
 
@@ -350,8 +355,7 @@ impl GroupVersionProxy {
     }
 
     fn is_openapi_document(&self, path: &str) -> bool {
-        path.strip_prefix("/openapi/v3")
-            == Some(format!("/apis/{}/{}", self.group, self.version).as_str())
+        is_openapi_document_of(path, &self.group, &self.version)
     }
 
     /// `/openapi/v3`: the aggregator asks which documents this server has; it has
@@ -1414,6 +1418,15 @@ fn with_query(path: &str, query: &str) -> String {
     }
 }
 
+/// Whether `path` is `/openapi/v3/apis/<group>/<version>`. Asked of every GET, so
+/// compared piece by piece rather than against a formatted path.
+fn is_openapi_document_of(path: &str, group: &str, version: &str) -> bool {
+    path.strip_prefix("/openapi/v3/apis/")
+        .and_then(|rest| rest.strip_prefix(group))
+        .and_then(|rest| rest.strip_prefix('/'))
+        == Some(version)
+}
+
 /// The object a named request is about, without any subresource: ownership is a
 /// property of the object, so `/status` and `/scale` are checked on the object.
 fn object_path(group: &str, version: &str, path: &ResourcePath) -> String {
@@ -1528,6 +1541,25 @@ mod tests {
             split_delete_collection_query(None),
             (String::new(), String::new())
         );
+    }
+
+    #[test]
+    fn only_this_group_versions_openapi_document_is_recognised() {
+        let is = |path| is_openapi_document_of(path, "example.com", "v1");
+        assert!(is("/openapi/v3/apis/example.com/v1"));
+        for other in [
+            "/openapi/v3/apis/example.com/v1/",
+            "/openapi/v3/apis/example.com/v10",
+            "/openapi/v3/apis/example.com/v",
+            "/openapi/v3/apis/example.co/v1",
+            "/openapi/v3/apis/example.comm/v1",
+            "/openapi/v3/apis/example.com",
+            "/openapi/v3/example.com/v1",
+            "/apis/example.com/v1",
+            "/openapi/v3",
+        ] {
+            assert!(!is(other), "{other}");
+        }
     }
 
     #[test]

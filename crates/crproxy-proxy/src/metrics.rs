@@ -12,7 +12,7 @@
 //! a custom collector, so an expired quarantine already shows as `half_open` without any
 //! request having touched the pool.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crproxy_core::reason::Reason;
 use prometheus_client::collector::Collector;
@@ -46,54 +46,54 @@ pub const DIAL_DURATION_BUCKETS: [f64; 11] = [
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TargetLabels {
-    target: String,
+    target: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    target: String,
-    group_version: String,
-    verb: String,
+    target: Arc<str>,
+    group_version: Arc<str>,
+    verb: &'static str,
     code: u16,
     reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VerbLabels {
-    target: String,
-    verb: String,
+    target: Arc<str>,
+    verb: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
-    target: String,
+    target: Arc<str>,
     reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GroupVersionReasonLabels {
-    target: String,
-    group_version: String,
+    target: Arc<str>,
+    group_version: Arc<str>,
     reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GroupVersionLabels {
-    target: String,
-    group_version: String,
+    target: Arc<str>,
+    group_version: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CacheResultLabels {
-    target: String,
-    group_version: String,
+    target: Arc<str>,
+    group_version: Arc<str>,
     result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerStateLabels {
-    target: String,
-    group_version: String,
+    target: Arc<str>,
+    group_version: Arc<str>,
     state: &'static str,
 }
 
@@ -242,15 +242,21 @@ impl Metrics {
     /// The two gauges of the target start at zero here so a dashboard sees them before
     /// the first request; counters still wait for their first event.
     pub fn target(&self, target: &str) -> TargetMetrics {
-        let handle = TargetMetrics {
-            target: target.to_owned(),
+        let target: Arc<str> = Arc::from(target);
+        let labels = TargetLabels {
+            target: Arc::clone(&target),
+        };
+        let gauges = Arc::new(TargetSeries {
+            inflight: self.families.inflight.get_or_create_owned(&labels),
+            active_watches: self.families.active_watches.get_or_create_owned(&labels),
+            watch_events: OnceLock::new(),
+        });
+        TargetMetrics {
+            target,
             families: self.families.clone(),
             pools: self.pools.clone(),
-        };
-        let labels = handle.labels();
-        let _ = self.families.inflight.get_or_create_owned(&labels);
-        let _ = self.families.active_watches.get_or_create_owned(&labels);
-        handle
+            series: gauges,
+        }
     }
 
     /// Reports `pool` in the scrape-time peer gauges. [`PeerPool::new`] already
@@ -334,11 +340,28 @@ fn openmetrics_to_prometheus_text(openmetrics: &str) -> String {
 }
 
 /// A per-target handle on [`Metrics`]. Clone it freely.
+///
+/// Label values are shared (`Arc<str>`, `&'static str`), so counting a request
+/// allocates nothing; the series touched on every request or watch event without
+/// varying labels are resolved once per target (see [`TargetSeries`]).
 #[derive(Clone, Debug)]
 pub struct TargetMetrics {
-    target: String,
+    target: Arc<str>,
     families: Arc<Families>,
     pools: Arc<PoolCollector>,
+    series: Arc<TargetSeries>,
+}
+
+/// The series of one target whose labels never vary, resolved once instead of
+/// being looked up in their family on every request or watch event. A metric
+/// handle shares its value with the family's series.
+#[derive(Debug)]
+struct TargetSeries {
+    inflight: Gauge,
+    active_watches: Gauge,
+    /// Resolved on the first event: a counter series only exists after its
+    /// first event.
+    watch_events: OnceLock<Counter>,
 }
 
 impl TargetMetrics {
@@ -349,25 +372,31 @@ impl TargetMetrics {
 
     fn labels(&self) -> TargetLabels {
         TargetLabels {
-            target: self.target.clone(),
+            target: Arc::clone(&self.target),
         }
     }
 
     fn reason_labels(&self, reason: Reason) -> ReasonLabels {
         ReasonLabels {
-            target: self.target.clone(),
+            target: Arc::clone(&self.target),
             reason: reason.as_str(),
         }
     }
 
     /// Counts one finished request.
-    pub fn request(&self, group_version: &str, verb: &str, code: u16, reason: Reason) {
+    pub fn request(
+        &self,
+        group_version: impl Into<Arc<str>>,
+        verb: &'static str,
+        code: u16,
+        reason: Reason,
+    ) {
         self.families
             .request
             .get_or_create(&RequestLabels {
-                target: self.target.clone(),
-                group_version: group_version.to_owned(),
-                verb: verb.to_owned(),
+                target: Arc::clone(&self.target),
+                group_version: group_version.into(),
+                verb,
                 code,
                 reason: reason.as_str(),
             })
@@ -375,12 +404,12 @@ impl TargetMetrics {
     }
 
     /// Observes the latency of one non-watch request.
-    pub fn request_duration(&self, verb: &str, seconds: f64) {
+    pub fn request_duration(&self, verb: &'static str, seconds: f64) {
         self.families
             .request_duration
             .get_or_create(&VerbLabels {
-                target: self.target.clone(),
-                verb: verb.to_owned(),
+                target: Arc::clone(&self.target),
+                verb,
             })
             .observe(seconds);
     }
@@ -395,7 +424,7 @@ impl TargetMetrics {
 
     /// Marks one non-watch request in flight until the guard drops.
     pub fn inflight(&self) -> InflightGuard {
-        let gauge = self.families.inflight.get_or_create_owned(&self.labels());
+        let gauge = self.series.inflight.clone();
         gauge.inc();
         InflightGuard { gauge }
     }
@@ -405,8 +434,8 @@ impl TargetMetrics {
         self.families
             .discovery_fallbacks
             .get_or_create(&GroupVersionReasonLabels {
-                target: self.target.clone(),
-                group_version: group_version.to_owned(),
+                target: Arc::clone(&self.target),
+                group_version: Arc::from(group_version),
                 reason: reason.as_str(),
             })
             .inc();
@@ -414,19 +443,20 @@ impl TargetMetrics {
 
     /// Marks one watch stream open until the guard drops.
     pub fn active_watch(&self) -> WatchGuard {
-        let gauge = self
-            .families
-            .active_watches
-            .get_or_create_owned(&self.labels());
+        let gauge = self.series.active_watches.clone();
         gauge.inc();
         WatchGuard { gauge }
     }
 
     /// Counts `n` relayed watch events.
     pub fn watch_events(&self, n: u64) {
-        self.families
+        self.series
             .watch_events
-            .get_or_create(&self.labels())
+            .get_or_init(|| {
+                self.families
+                    .watch_events
+                    .get_or_create_owned(&self.labels())
+            })
             .inc_by(n);
     }
 
@@ -464,12 +494,12 @@ impl TargetMetrics {
 
     /// Counts one owned-mode named mutation by its ownership cache `result`:
     /// `hit`, `stale`, `miss` or `unsynced`.
-    pub fn ownership_cache(&self, group_version: &str, result: &'static str) {
+    pub fn ownership_cache(&self, group_version: &Arc<str>, result: &'static str) {
         self.families
             .ownership_cache
             .get_or_create(&CacheResultLabels {
-                target: self.target.clone(),
-                group_version: group_version.to_owned(),
+                target: Arc::clone(&self.target),
+                group_version: Arc::clone(group_version),
                 result,
             })
             .inc();
@@ -517,8 +547,8 @@ impl Drop for WatchGuard {
 
 #[derive(Debug)]
 struct RegisteredPool {
-    target: String,
-    group_version: String,
+    target: Arc<str>,
+    group_version: Arc<str>,
     pool: Weak<PeerPool>,
 }
 
@@ -536,12 +566,12 @@ impl PoolCollector {
         };
         pools.retain(|p| p.pool.strong_count() > 0);
         let known = pools.iter().any(|p| {
-            p.pool.ptr_eq(&pool) && p.target == target && p.group_version == group_version
+            p.pool.ptr_eq(&pool) && &*p.target == target && &*p.group_version == group_version
         });
         if !known {
             pools.push(RegisteredPool {
-                target: target.to_owned(),
-                group_version: group_version.to_owned(),
+                target: Arc::from(target),
+                group_version: Arc::from(group_version),
                 pool,
             });
         }

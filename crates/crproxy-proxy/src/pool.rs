@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crproxy_core::reason::Reason;
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{header, HeaderValue, Request, Response, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
@@ -221,6 +222,26 @@ struct Peer {
     /// Multiplexed connections, each with the number of streams open on it.
     h2: Vec<H2Conn>,
     idle_http1: Vec<http1::SendRequest<ProxyBody>>,
+    /// A dial in flight that requests finding every connection full wait for
+    /// (see [`PendingDial`]).
+    pending_dial: Option<PendingDial>,
+    /// What the last successful dial negotiated; `None` before the first.
+    speaks_h2: Option<bool>,
+}
+
+/// A dial to a peer that other requests wait for instead of each dialling its
+/// own connection: a burst of requests (an aggregator opening hundreds of
+/// watches at once) would otherwise open a connection per request, each with its
+/// own TLS session and buffers, and keep them all for as long as the watches
+/// last. An HTTP/2 connection carries [`MAX_STREAMS_PER_CONNECTION`] streams, so
+/// that many requests share one dial; waiting ends when the dial does (at most
+/// the dial timeout), successful or not, and the waiters select again.
+struct PendingDial {
+    id: u64,
+    /// Closed when the dial ends: its sender lives in the dialling request's
+    /// ticket.
+    done: watch::Receiver<()>,
+    waiters: usize,
 }
 
 /// One HTTP/2 connection to a peer and its open-stream count.
@@ -261,6 +282,8 @@ impl Peer {
             departed: watch::channel(()).0,
             h2: Vec::new(),
             idle_http1: Vec::new(),
+            pending_dial: None,
+            speaks_h2: None,
         }
     }
 
@@ -284,6 +307,8 @@ struct State {
     /// Round-robin cursor into `peers`.
     next: usize,
     next_id: u64,
+    /// Identifies [`PendingDial`]s.
+    next_dial_id: u64,
     last_publish: Option<Instant>,
     /// When the subscription dropped; `None` while it is up.
     down_since: Option<Instant>,
@@ -344,8 +369,17 @@ enum DialOutcome {
 enum Selection {
     Cached(PeerSender),
     Dial(DialTicket),
+    /// Another request's dial to `peer` will have room: wait until it ends.
+    Wait {
+        peer: String,
+        done: watch::Receiver<()>,
+    },
     Rejected(PoolError),
 }
+
+/// How many times one request waits for other requests' dials before it dials
+/// itself; each wait lasts at most one dial.
+const MAX_DIAL_WAITS: usize = 3;
 
 impl PeerPool {
     /// A pool with no peer list yet; requests fail with `no_peer` until the first
@@ -523,32 +557,55 @@ impl PeerPool {
     }
 
     async fn acquire_inner(&self, deadline: Option<Instant>) -> Result<PeerSender, PoolError> {
-        let ticket = match self.select(None) {
-            Selection::Cached(sender) => return Ok(sender),
-            Selection::Dial(ticket) => ticket,
-            Selection::Rejected(err) => {
-                self.metrics.dial_failure(err.reason());
-                return Err(err);
+        let mut waits = 0;
+        let ticket = loop {
+            match self.select(None, waits < MAX_DIAL_WAITS) {
+                Selection::Cached(sender) => return Ok(sender),
+                Selection::Dial(ticket) => break ticket,
+                Selection::Wait { peer, mut done } => {
+                    waits += 1;
+                    let ended = done.changed();
+                    let in_time = match deadline {
+                        Some(deadline) => tokio::time::timeout_at(deadline, ended).await.is_ok(),
+                        None => {
+                            let _ = ended.await;
+                            true
+                        }
+                    };
+                    if !in_time {
+                        self.metrics.dial_failure(Reason::Deadline);
+                        return Err(PoolError::Deadline { peer });
+                    }
+                }
+                Selection::Rejected(err) => {
+                    self.metrics.dial_failure(err.reason());
+                    return Err(err);
+                }
             }
         };
         let failed_peer = ticket.peer_id;
-        let first_error = match self.dial(ticket, deadline).await {
+        // Dials are boxed: a dial (TCP, TLS and HTTP handshakes) is a future of
+        // several KiB that most requests never run, and every request's future
+        // (kept alive by the caller's stream, for a watch as long as it lasts)
+        // would otherwise be sized for it.
+        let first_error = match Box::pin(self.dial(ticket, deadline)).await {
             Ok(sender) => return Ok(sender),
             // Out of time: no point in another peer.
             Err(err @ PoolError::Deadline { .. }) => return Err(err),
             Err(err) => err,
         };
         // The request never reached a target, so another peer can take it.
-        match self.select(Some(failed_peer)) {
+        match self.select(Some(failed_peer), false) {
             Selection::Cached(sender) => Ok(sender),
-            Selection::Dial(ticket) => self.dial(ticket, deadline).await,
+            Selection::Dial(ticket) => Box::pin(self.dial(ticket, deadline)).await,
             // No other candidate: the caller sees the failure that actually happened.
-            Selection::Rejected(_) => Err(first_error),
+            Selection::Rejected(_) | Selection::Wait { .. } => Err(first_error),
         }
     }
 
-    /// Picks the next peer under the lock. Never waits.
-    fn select(&self, exclude: Option<u64>) -> Selection {
+    /// Picks the next peer under the lock. Never waits itself; with `may_wait`,
+    /// it may tell the caller to wait for a dial in flight (see [`PendingDial`]).
+    fn select(&self, exclude: Option<u64>, may_wait: bool) -> Selection {
         let now = Instant::now();
         let mut st = self.lock();
         if st.last_publish.is_none() {
@@ -611,14 +668,43 @@ impl PeerPool {
                 st.next = idx + 1;
                 return Selection::Cached(sender);
             }
-            let ticket = DialTicket {
+            // HTTP/1.1 connections carry one request at a time: only a peer that
+            // speaks (or may speak) HTTP/2 is worth waiting for.
+            let may_share = !trial && peer.speaks_h2 != Some(false);
+            if let (true, true, Some(pending)) = (may_wait, may_share, &mut peer.pending_dial) {
+                if pending.waiters + 1 < MAX_STREAMS_PER_CONNECTION {
+                    pending.waiters += 1;
+                    let wait = Selection::Wait {
+                        peer: peer.host.clone(),
+                        done: pending.done.clone(),
+                    };
+                    st.next = idx + 1;
+                    return wait;
+                }
+            }
+            let mut ticket = DialTicket {
                 pool: self.self_ref.clone(),
                 peer_id: peer.id,
                 host: peer.host.clone(),
                 trial,
                 departed: peer.departed.subscribe(),
                 armed: true,
+                shared: None,
             };
+            // This dial becomes the one to wait for (also when an earlier one
+            // is full: its waiters keep waiting for it).
+            if may_share {
+                let (ended, done) = watch::channel(());
+                let id = st.next_dial_id;
+                st.next_dial_id += 1;
+                let peer = &mut st.peers[idx];
+                peer.pending_dial = Some(PendingDial {
+                    id,
+                    done,
+                    waiters: 0,
+                });
+                ticket.shared = Some((id, ended));
+            }
             st.next = idx + 1;
             return Selection::Dial(ticket);
         }
@@ -773,6 +859,7 @@ impl PeerPool {
         let recovered = peer.consecutive_failures > 0 || peer.health != Health::Healthy;
         peer.consecutive_failures = 0;
         peer.health = Health::Healthy;
+        peer.speaks_h2 = Some(matches!(conn, Conn::H2(..)));
         if let Conn::H2(sender, slot) = conn {
             // Later requests share this connection until its streams are used up.
             peer.h2.push(H2Conn {
@@ -903,10 +990,22 @@ struct DialTicket {
     trial: bool,
     departed: watch::Receiver<()>,
     armed: bool,
+    /// The [`PendingDial`] other requests may wait for, and the sender whose
+    /// drop (with this ticket, once the dial ended either way) wakes them.
+    shared: Option<(u64, watch::Sender<()>)>,
 }
 
 impl Drop for DialTicket {
     fn drop(&mut self) {
+        if let (Some((id, _)), Some(pool)) = (&self.shared, self.pool.upgrade()) {
+            // Before the waiters wake (the sender drops after this), so that they
+            // find the new connection, or dial themselves.
+            if let Some(peer) = pool.lock().peer_mut(self.peer_id) {
+                if peer.pending_dial.as_ref().is_some_and(|p| p.id == *id) {
+                    peer.pending_dial = None;
+                }
+            }
+        }
         if !self.armed {
             return;
         }
@@ -1145,17 +1244,17 @@ fn adapt_request(
             None => fallback_authority.to_owned(),
         },
     };
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map(|pq| pq.as_str().to_owned())
-        .unwrap_or_else(|| "/".to_owned());
+    // The path and query were parsed once already; they move over as they are.
+    let path_and_query = std::mem::take(&mut parts.uri)
+        .into_parts()
+        .path_and_query
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     if h2 {
-        parts.uri = Uri::builder()
-            .scheme("https")
-            .authority(authority.as_str())
-            .path_and_query(path_and_query.as_str())
-            .build()?;
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(Scheme::HTTPS);
+        uri.authority = Some(Authority::try_from(authority.as_str())?);
+        uri.path_and_query = Some(path_and_query);
+        parts.uri = Uri::from_parts(uri)?;
         parts.version = Version::HTTP_2;
         for name in &CONNECTION_HEADERS {
             parts.headers.remove(name);
@@ -1170,9 +1269,9 @@ fn adapt_request(
             parts.headers.remove(header::TE);
         }
     } else {
-        parts.uri = Uri::builder()
-            .path_and_query(path_and_query.as_str())
-            .build()?;
+        let mut uri = http::uri::Parts::default();
+        uri.path_and_query = Some(path_and_query);
+        parts.uri = Uri::from_parts(uri)?;
         parts.version = Version::HTTP_11;
         if !parts.headers.contains_key(header::HOST) {
             parts

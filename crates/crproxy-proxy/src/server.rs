@@ -193,6 +193,11 @@ pub fn serve_proxy(
                         }
                     };
                 // Parsed once per connection: every request on it shares the result.
+                //
+                // The handler's future is boxed: hyper keeps each stream's service
+                // future in its task for the stream's whole life, so unboxed, the
+                // handler's state (a few KiB) would stay allocated for as long as a
+                // watch streams. Boxed, it is freed once the response head is out.
                 let peer = tls
                     .get_ref()
                     .1
@@ -200,9 +205,8 @@ pub fn serve_proxy(
                     .and_then(|chain| chain.first())
                     .map(|cert| Arc::new(PeerCertificate::from_der(cert)));
                 let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let proxy = Arc::clone(&proxy);
-                    let peer = peer.clone();
-                    async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
+                    let answer = Box::pin(Arc::clone(&proxy).handle(request, peer.clone()));
+                    async move { Ok::<_, Infallible>(answer.await) }
                 });
                 let mut builder = auto::Builder::new(TokioExecutor::new());
                 builder

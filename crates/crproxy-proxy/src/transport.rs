@@ -49,14 +49,15 @@ const DROPPED_REQUEST_HEADERS: &[&str] = &[
 /// client's own identity, never the caller's, so these are dropped.
 const DROPPED_REQUEST_PREFIXES: &[&str] = &["x-remote-", "impersonate-"];
 
-const DROPPED_RESPONSE_HEADERS: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// As header names, not text: removing by name then needs no parsing.
+const DROPPED_RESPONSE_HEADERS: [HeaderName; 7] = [
+    http::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
 ];
 
 /// A request could not be completed against the target.
@@ -223,24 +224,37 @@ fn keep_request_header(name: &HeaderName) -> bool {
 
 /// Removes hop-by-hop headers from a target response before it goes back.
 pub fn clean_response_headers(headers: &mut HeaderMap) {
-    for name in DROPPED_RESPONSE_HEADERS {
-        headers.remove(*name);
+    for name in &DROPPED_RESPONSE_HEADERS {
+        headers.remove(name);
     }
 }
 
-/// Reads a body whole, refusing anything larger than `limit`.
+/// Reads a body whole, refusing anything larger than `limit`. A body that came in
+/// one piece (most objects do) is returned as it came, without a copy.
 pub async fn read_limited(mut body: ProxyBody, limit: usize) -> Result<Bytes, ForwardError> {
+    let mut first: Option<Bytes> = None;
     let mut buffer = bytes::BytesMut::new();
+    let mut length = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ForwardError::Send(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > limit {
-                return Err(ForwardError::TooLarge);
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        length += data.len();
+        if length > limit {
+            return Err(ForwardError::TooLarge);
+        }
+        match first.take() {
+            None if buffer.is_empty() => first = Some(data),
+            earlier => {
+                if let Some(earlier) = earlier {
+                    buffer.extend_from_slice(&earlier);
+                }
+                buffer.extend_from_slice(&data);
             }
-            buffer.extend_from_slice(&data);
         }
     }
-    Ok(buffer.freeze())
+    Ok(first.unwrap_or_else(|| buffer.freeze()))
 }
 
 /// A peer's response body that holds its HTTP/2 stream reservation while it
@@ -461,7 +475,7 @@ impl Body for WatchBody {
                 let events = match self.framing {
                     // kube-apiserver ends every JSON watch event with a newline and
                     // escapes newlines inside strings, so lines are events.
-                    WatchFraming::JsonLines => data.iter().filter(|b| **b == b'\n').count() as u64,
+                    WatchFraming::JsonLines => memchr::memchr_iter(b'\n', data).count() as u64,
                     WatchFraming::CborSequence => self.cbor.push(data),
                     WatchFraming::Uncounted => 0,
                 };

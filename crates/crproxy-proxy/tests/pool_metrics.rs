@@ -86,7 +86,7 @@ fn exercise(h: &Harness) {
     t.peer_recovered();
     t.dial_failure(Reason::Timeout);
     t.dial_duration(0.004);
-    t.ownership_cache(GROUP_VERSION, "hit");
+    t.ownership_cache(&std::sync::Arc::from(GROUP_VERSION), "hit");
     h.pool.publish(vec!["127.0.0.1:1".to_owned()]);
 }
 

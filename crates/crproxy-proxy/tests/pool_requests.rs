@@ -71,6 +71,53 @@ async fn http2_peers_share_one_connection() {
     assert_eq!(h.scrape().dial_observations(), 1.0);
 }
 
+/// A burst of requests to a peer nobody is connected to yet (an aggregator
+/// opening many watches at once) shares one dial instead of opening a connection
+/// per request.
+#[tokio::test]
+async fn a_burst_of_requests_shares_one_http2_dial() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    let burst = (0..50).map(|_| h.get());
+    for result in futures_util::future::join_all(burst).await {
+        let body = result.expect("request");
+        assert!(body.contains("HTTP/2.0 /apis/example.com/v1"), "{body}");
+    }
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 50);
+    assert_eq!(h.scrape().dial_observations(), 1.0);
+
+    // More requests than one connection carries: a dial per 100 of them.
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    let burst = (0..250).map(|_| h.get());
+    for result in futures_util::future::join_all(burst).await {
+        result.expect("request");
+    }
+    let connections = peer.connections.load(Ordering::SeqCst);
+    assert!((1..=3).contains(&connections), "{connections} connections");
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 250);
+}
+
+/// HTTP/1.1 carries one request per connection: a burst to an HTTP/1.1 peer
+/// still gets every request through (none waits for a connection it cannot
+/// share).
+#[tokio::test]
+async fn a_burst_to_an_http1_peer_is_served_whole() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::Http1Only).await;
+    h.pool.publish(vec![peer.host()]);
+    h.get().await.expect("first request");
+    let burst = (0..8).map(|_| h.get());
+    for result in futures_util::future::join_all(burst).await {
+        let body = result.expect("request");
+        assert!(body.contains("HTTP/1.1 /apis/example.com/v1"), "{body}");
+    }
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 9);
+}
+
 #[tokio::test]
 async fn http1_peers_reuse_idle_connections() {
     let h = Harness::new();

@@ -451,6 +451,112 @@ fn visibility() {
     assert_eq!(response_visibility(&owner(), b""), Visibility::Undecodable);
 }
 
+/// The scan reads text, not a parsed document: key order, escapes, repeated keys
+/// and bytes in values it skips must not change its verdict.
+#[test]
+fn visibility_scan_reads_the_text_like_a_parser() {
+    let cases: [(&[u8], Visibility); 9] = [
+        // `rows` before `kind`: the Table is recognised after its rows were read.
+        (
+            br#"{"rows":[{"object":{"metadata":{"labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"default"}}}}],"kind":"Table","apiVersion":"meta.k8s.io/v1"}"#,
+            Visibility::Owned,
+        ),
+        // Escaped keys and values are compared unescaped.
+        (
+            br#"{"\u006detadata":{"labels":{"vcluster.com\/owner-vcluster":"cl\u0069ent","vcluster.com/owner-project":"default"}}}"#,
+            Visibility::Owned,
+        ),
+        // A repeated key counts with its last value, as in a parsed document.
+        (
+            br#"{"metadata":{"labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"default","vcluster.com/owner-vcluster":"other"}}}"#,
+            Visibility::NotOwned,
+        ),
+        (
+            br#"{"metadata":{"labels":{"vcluster.com/owner-vcluster":"other","vcluster.com/owner-project":"default","vcluster.com/owner-vcluster":"client"}}}"#,
+            Visibility::Owned,
+        ),
+        (
+            br#"{"metadata":{"labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"default"}},"metadata":"gone"}"#,
+            Visibility::Undecodable,
+        ),
+        // Labels that are not strings, or labels that are not an object.
+        (
+            br#"{"metadata":{"labels":{"vcluster.com/owner-vcluster":["client"],"vcluster.com/owner-project":"default"}}}"#,
+            Visibility::NotOwned,
+        ),
+        (
+            br#"{"metadata":{"labels":["vcluster.com/owner-vcluster","client"]}}"#,
+            Visibility::NotOwned,
+        ),
+        // Trailing text after the document, and a document cut short.
+        (br#"{"metadata":{}} {}"#, Visibility::Undecodable),
+        (br#"{"metadata":{},"spec":{"#, Visibility::Undecodable),
+    ];
+    for (body, want) in cases {
+        assert_eq!(
+            response_visibility(&owner(), body),
+            want,
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+    // Invalid UTF-8 in a value the scan skips still makes the answer unreadable.
+    let mut body =
+        br#"{"metadata":{"labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"default"}},"spec":{"x":""}}"#.to_vec();
+    let at = body.len() - 3;
+    body.insert(at, 0xff);
+    assert_eq!(
+        response_visibility(&owner(), &body),
+        Visibility::Undecodable
+    );
+}
+
+/// The verdict of a parsed document (the definition the scan must agree with).
+fn visibility_of_parsed(owner: &Owner, body: &[u8]) -> Visibility {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return Visibility::Undecodable;
+    };
+    let Some(obj) = v.as_object() else {
+        return Visibility::Undecodable;
+    };
+    let is_table = obj.get("kind").and_then(Value::as_str) == Some("Table")
+        && obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|a| a.starts_with("meta.k8s.io/"));
+    if is_table {
+        let Some(rows) = obj.get("rows").and_then(Value::as_array) else {
+            return Visibility::Undecodable;
+        };
+        if rows.is_empty() {
+            return Visibility::Undecodable;
+        }
+        let mut all_owned = true;
+        for row in rows {
+            let Some(object) = row.get("object").filter(|o| o.is_object()) else {
+                return Visibility::Undecodable;
+            };
+            if !object.get("metadata").is_some_and(Value::is_object) {
+                return Visibility::Undecodable;
+            }
+            all_owned &= owner.owns(object);
+        }
+        return if all_owned {
+            Visibility::Owned
+        } else {
+            Visibility::NotOwned
+        };
+    }
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        return Visibility::Undecodable;
+    }
+    if owner.owns(&v) {
+        Visibility::Owned
+    } else {
+        Visibility::NotOwned
+    }
+}
+
 #[test]
 fn accept_rewriting() {
     let rows: [(Option<&str>, &str); 10] = [
@@ -495,6 +601,42 @@ mod properties {
         "!app",
         "app notin (web)",
     ];
+
+    /// JSON documents made of the keys and values the ownership verdict depends on.
+    fn document_strategy() -> impl Strategy<Value = Value> {
+        let leaf = prop::sample::select(vec![
+            json!("Table"),
+            json!("meta.k8s.io/v1"),
+            json!("example.com/v1"),
+            json!("client"),
+            json!("default"),
+            json!("other"),
+            json!(null),
+            json!(1),
+            json!(true),
+            json!([]),
+            json!({}),
+        ]);
+        let keys = prop::sample::select(vec![
+            "kind",
+            "apiVersion",
+            "metadata",
+            "labels",
+            "rows",
+            "object",
+            OWNER_VCLUSTER_LABEL,
+            OWNER_PROJECT_LABEL,
+            "spec",
+        ]);
+        leaf.prop_recursive(6, 64, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(keys.clone(), inner, 0..6).prop_map(|m| Value::Object(
+                    m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+                )),
+            ]
+        })
+    }
 
     fn labels_strategy() -> impl Strategy<Value = BTreeMap<String, String>> {
         (
@@ -559,6 +701,15 @@ mod properties {
             let _ = scoped_query(Some(&text), &o);
             let _ = inspectable_accept(Some(&text));
             let _ = BodyType::from_content_type(&text);
+        }
+
+        /// The scan gives a parsed document's verdict on documents built from the
+        /// keys and values that decide it, nested in every way.
+        #[test]
+        fn visibility_scan_agrees_with_a_parsed_document(doc in document_strategy()) {
+            let body = serde_json::to_vec(&doc).expect("json");
+            let o = owner();
+            prop_assert_eq!(response_visibility(&o, &body), visibility_of_parsed(&o, &body), "{}", doc);
         }
 
         /// A successful injection always yields a body whose every object is owned.

@@ -125,3 +125,27 @@ fn ages_read_like_durations() {
         assert_eq!(format_age(age), expected);
     }
 }
+
+/// Every request's future holds what `acquire` holds, and hyper keeps a request's
+/// future allocated while its answer streams (a watch: for hours). A dial (TCP,
+/// TLS and HTTP handshakes) takes several KiB and most requests never make one, so
+/// it must stay out of line.
+#[test]
+fn acquiring_a_connection_does_not_carry_a_dial_inline() {
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let dialer = Dialer::new(
+        Arc::new(tls),
+        rustls_pki_types::ServerName::try_from("target.example").expect("name"),
+    );
+    let metrics = crate::metrics::Metrics::new().target("default/target");
+    let pool = PeerPool::new("example.com/v1".into(), dialer, metrics);
+    let acquiring = pool.acquire();
+    let size = std::mem::size_of_val(&acquiring);
+    assert!(size <= 512, "acquire's future takes {size} bytes");
+}

@@ -171,3 +171,27 @@ async fn cbor_sequence_watch_events_are_counted_per_item() {
     let events = scrape_line(&metrics, "vcluster_proxy_watch_events_total").expect("counter");
     assert!(events.ends_with(" 3"), "{events}");
 }
+
+#[tokio::test]
+async fn bodies_are_read_whole_in_one_piece_or_many_and_bounded() {
+    assert_eq!(
+        read_limited(chunks(&["{\"a\":1}"]), 7).await.ok(),
+        Some(Bytes::from_static(b"{\"a\":1}"))
+    );
+    assert_eq!(
+        read_limited(chunks(&["", "{\"a\":", "", "1}"]), 7)
+            .await
+            .ok(),
+        Some(Bytes::from_static(b"{\"a\":1}"))
+    );
+    assert_eq!(read_limited(chunks(&[]), 0).await.ok(), Some(Bytes::new()));
+    // The limit counts every piece, the first one included.
+    assert!(matches!(
+        read_limited(chunks(&["{\"a\":1}"]), 6).await,
+        Err(ForwardError::TooLarge)
+    ));
+    assert!(matches!(
+        read_limited(chunks(&["{\"a\":", "1}"]), 6).await,
+        Err(ForwardError::TooLarge)
+    ));
+}
