@@ -457,7 +457,7 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
     assert!(applied.success(), "apply -k: {}", applied.stderr);
 
     let replica = link.start_replica().await?;
-    let api = devenv::admin_client(&client.cluster)?;
+    let api = devenv::admin_rest_client(&client.cluster)?;
     let service_path = format!(
         "/api/v1/namespaces/{}/services/{}",
         names::SERVICE_NAMESPACE,
@@ -484,11 +484,13 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
         selected, 1,
         "the registered Service selects no overlay pods"
     );
-    let apiservice = format!(
-        "/apis/apiregistration.k8s.io/v1/apiservices/{}",
-        names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
-    );
-    devenv::wait_for_available(&api, &apiservice, Duration::from_secs(30)).await?;
+    let apiservice = names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION);
+    devenv::wait_for_available(
+        &devenv::admin_client(&client.cluster)?,
+        &apiservice,
+        Duration::from_secs(30),
+    )
+    .await?;
     let list = test_support::kubectl_async(
         &client.kubeconfig,
         &[
@@ -689,12 +691,17 @@ async fn walkthrough(overlay: &str) -> Result<()> {
     let work_dir = std::fs::canonicalize(work.path())?;
     let target = test_support::devcluster("target").await;
     let client = test_support::devcluster("client").await;
-    let target_admin = devenv::admin_client(&target.cluster)?;
-    let client_admin = devenv::admin_client(&client.cluster)?;
+    let target_admin = devenv::admin_rest_client(&target.cluster)?;
+    let client_admin = devenv::admin_rest_client(&client.cluster)?;
+    let client_kube = devenv::admin_client(&client.cluster)?;
 
     // Target: the CRD, the identity's rights, and the EndpointSlice of its
     // `kubernetes` Service that a real cluster keeps (the peer source).
-    devenv::install_crd(&target_admin, &ProxiedResource::example()).await?;
+    devenv::install_crd(
+        &devenv::admin_client(&target.cluster)?,
+        &ProxiedResource::example(),
+    )
+    .await?;
     let rendered = render(&target.kubeconfig, "target").await?;
     let applied = test_support::kubectl_stdin_async(
         &target.kubeconfig,
@@ -881,11 +888,8 @@ async fn walkthrough(overlay: &str) -> Result<()> {
         assert_eq!(service["spec"]["type"], "ExternalName");
         assert_eq!(service["spec"]["externalName"], "localhost");
     }
-    let apiservice = format!(
-        "/apis/apiregistration.k8s.io/v1/apiservices/{}",
-        names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
-    );
-    devenv::wait_for_available(&client_admin, &apiservice, Duration::from_secs(30))
+    let apiservice = names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION);
+    devenv::wait_for_available(&client_kube, &apiservice, Duration::from_secs(30))
         .await
         .with_context(logs)?;
 
@@ -971,7 +975,7 @@ async fn walkthrough(overlay: &str) -> Result<()> {
         assert!(!ok);
         assert_eq!(status(&report, "service"), "fail", "{report:#}");
         publish_endpoints(&client_admin, &service, pod_addr).await?;
-        devenv::wait_for_available(&client_admin, &apiservice, Duration::from_secs(30)).await?;
+        devenv::wait_for_available(&client_kube, &apiservice, Duration::from_secs(30)).await?;
     }
 
     // 2. The target no longer grants the identity its rights.

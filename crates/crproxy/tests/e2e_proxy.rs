@@ -463,7 +463,7 @@ fn parse_kubeconfig(text: &str) -> Result<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_one_of_three_target_replicas_under_load_costs_callers_nothing() -> Result<()> {
     let (env, _dir) = env(1, 3).await?;
-    let api = crproxy::devenv::admin_client(&env.clients[0].cluster)?;
+    let api = crproxy::devenv::admin_rest_client(&env.clients[0].cluster)?;
     api.create(
         "/api/v1/namespaces",
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "load"}}),

@@ -10,8 +10,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crproxy::devenv::{
-    self, admin_client, condition_status, wait_for_available, DevEnv, DevOptions, Link, LinkSpec,
-    ProxiedResource, ReplicaOptions,
+    self, admin_client, admin_rest_client, condition_status, wait_for_available, DevEnv,
+    DevOptions, Link, LinkSpec, ProxiedResource, ReplicaOptions,
 };
 
 const APISERVICE: &str = "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com";
@@ -36,7 +36,7 @@ async fn only_the_leader_registers_and_leadership_moves_when_it_dies() -> Result
         ..DevOptions::ephemeral(dir.path(), 1, 1)
     })
     .await?;
-    let api = admin_client(&env.clients[0].cluster)?;
+    let api = admin_rest_client(&env.clients[0].cluster)?;
     let first_is_leader = env.clients[0]
         .replica
         .as_ref()
@@ -174,15 +174,15 @@ async fn two_clusters_can_proxy_each_other() -> Result<()> {
     .await?;
     let x_proxy = x_to_y.start_replica().await?;
     let y_proxy = y_to_x.start_replica().await?;
-    let x_api = admin_client(&x)?;
-    let y_api = admin_client(&y)?;
-    wait_for_available(&x_api, APISERVICE, Duration::from_secs(30)).await?;
+    let x_api = admin_rest_client(&x)?;
+    let y_api = admin_rest_client(&y)?;
     wait_for_available(
-        &y_api,
-        "/apis/apiregistration.k8s.io/v1/apiservices/v1.other.io",
+        &admin_client(&x)?,
+        "v1.example.com",
         Duration::from_secs(30),
     )
     .await?;
+    wait_for_available(&admin_client(&y)?, "v1.other.io", Duration::from_secs(30)).await?;
     for api in [&x_api, &y_api] {
         api.create(
             "/api/v1/namespaces",
@@ -287,7 +287,7 @@ async fn an_unreachable_backend_turns_the_apiservice_unavailable_and_requests_50
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
     let mut env = DevEnv::start(DevOptions::ephemeral(dir.path(), 1, 1)).await?;
-    let api = admin_client(&env.clients[0].cluster)?;
+    let api = admin_rest_client(&env.clients[0].cluster)?;
     env.clients[0].stop_proxy().await;
     // The availability controller re-checks every 30 s (and on changes).
     let deadline = Instant::now() + Duration::from_secs(45);
