@@ -715,12 +715,26 @@ pub fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// A kube-rs client for a devcluster with its admin credentials.
+/// A kube-rs client for a devcluster with its admin credentials. Like kube-rs's own
+/// clients it retries 429, 503 and 504 answers.
 pub fn admin_client(cluster: &devcluster::DevCluster) -> Result<kube::Client> {
     let config = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&config, None)?;
     let credentials = cluster.credentials()?;
     Ok(crproxy_kube::kube_client(&cluster, credentials, "default")?)
+}
+
+/// [`admin_client`] without the retries: for checks that every request succeeds,
+/// which a retry would hide.
+pub fn admin_client_without_retries(cluster: &devcluster::DevCluster) -> Result<kube::Client> {
+    let config = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
+    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&config, None)?;
+    let credentials = cluster.credentials()?;
+    Ok(crproxy_kube::kube_client_without_retries(
+        &cluster,
+        credentials,
+        "default",
+    )?)
 }
 
 /// crproxy-kube's REST client for a devcluster with its admin credentials: only for

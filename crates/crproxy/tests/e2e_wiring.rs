@@ -22,13 +22,7 @@ const SERVICE: &str = "proxy-example-com-v1";
 
 /// An admin client that does not retry: every failed request counts here.
 fn admin(cluster: &devcluster::DevCluster) -> Result<kube::Client> {
-    let kubeconfig = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
-    let config = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None)?;
-    Ok(crproxy_kube::kube_client_without_retries(
-        &config,
-        config.credentials()?,
-        "default",
-    )?)
+    devenv::admin_client_without_retries(cluster)
 }
 
 /// The `Available` condition of an APIService: its status and reason.
