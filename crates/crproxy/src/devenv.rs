@@ -737,13 +737,6 @@ pub fn admin_client_without_retries(cluster: &devcluster::DevCluster) -> Result<
     )?)
 }
 
-/// crproxy-kube's REST client for a devcluster with its admin credentials: only for
-/// the tests that have not moved to kube-rs ([`admin_client`]) yet.
-pub fn admin_rest_client(cluster: &devcluster::DevCluster) -> Result<crproxy_kube::Client> {
-    let config = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
-    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&config, None)?;
-    Ok(crproxy_kube::Client::new(cluster)?)
-}
 
 /// Installs the resource's CRD on a cluster (namespaced, any `spec`, a status
 /// subresource) and waits until it is Established.
