@@ -737,7 +737,6 @@ pub fn admin_client_without_retries(cluster: &devcluster::DevCluster) -> Result<
     )?)
 }
 
-
 /// Installs the resource's CRD on a cluster (namespaced, any `spec`, a status
 /// subresource) and waits until it is Established.
 pub async fn install_crd(cluster: &kube::Client, resource: &ProxiedResource) -> Result<()> {
