@@ -148,12 +148,22 @@ fn build(
     Ok(client)
 }
 
+/// The `reason` kube-rs gives the `Status` it makes up for an error response whose
+/// body is not a `Status`, with the body as the message.
+const NOT_A_STATUS: &str = "Failed to parse error data";
+
 /// A kube-rs error as this crate's [`Error`], so code moving to kube-rs keeps its
 /// error handling (`is_not_found`, `is_conflict`, ...). Failures of the transport
 /// underneath come back as the typed errors the service produced.
 impl From<kube::Error> for Error {
     fn from(err: kube::Error) -> Error {
         match err {
+            // kube-rs's marker for an error body that is not a Status (an
+            // aggregator's plain-text 503, a proxy's HTML page): read it as
+            // `Error::from_response` reads such a body, so the text is the same.
+            kube::Error::Api(status) if status.reason == NOT_A_STATUS => {
+                Error::from_response(status.code, status.message.as_bytes())
+            }
             kube::Error::Api(status) => Error::Api {
                 status: status.code,
                 reason: status.reason.clone(),
@@ -167,5 +177,38 @@ impl From<kube::Error> for Error {
             kube::Error::SerdeError(e) => Error::Decode(e.to_string()),
             other => Error::Transport(crate::error::chain(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_that_is_not_a_status_reads_as_before() {
+        // What kube-rs makes of an aggregator's plain-text 503.
+        let made_up = kube::core::Status::failure("service unavailable\n", NOT_A_STATUS)
+            .with_code(503)
+            .boxed();
+        let err = Error::from(kube::Error::Api(made_up));
+        assert_eq!(err.status(), Some(503));
+        assert_eq!(err.reason(), Some("ServiceUnavailable"));
+        assert_eq!(
+            err.to_string(),
+            Error::from_response(503, b"service unavailable\n").to_string()
+        );
+    }
+
+    #[test]
+    fn a_status_keeps_its_reason_and_message() {
+        let status = kube::core::Status::failure("widgets \"a\" not found", "NotFound")
+            .with_code(404)
+            .boxed();
+        let err = Error::from(kube::Error::Api(status));
+        assert!(err.is_not_found());
+        assert_eq!(
+            err.to_string(),
+            "the API server answered 404 NotFound: widgets \"a\" not found"
+        );
     }
 }

@@ -12,6 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 
 use crproxy_core::names;
@@ -212,41 +216,35 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
-/// Polls the APIService at `path` until its `Available` condition is True.
-pub async fn wait_for_available(
-    api: &crproxy_kube::Client,
-    path: &str,
-    limit: Duration,
-) -> Result<()> {
+/// Polls the APIService `name` until its `Available` condition is True.
+pub async fn wait_for_available(api: &kube::Client, name: &str, limit: Duration) -> Result<()> {
+    let apiservices = Api::<APIService>::all(api.clone());
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let apiservice = api.get(path).await.ok();
-        let available = apiservice
+        let apiservice = apiservices.get(name).await.ok();
+        let available_condition = apiservice
             .as_ref()
-            .and_then(|s| condition_status(s, "Available"))
-            .as_deref()
-            == Some("True");
-        if available {
+            .and_then(|s| s.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Available"));
+        if available_condition.is_some_and(|c| c.status == "True") {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
             // The aggregator's last word says what is wrong (no Service, refused
             // connection, bad certificate...).
-            let why = apiservice
-                .as_ref()
-                .and_then(|s| s.pointer("/status/conditions"))
-                .and_then(Value::as_array)
-                .and_then(|c| c.iter().find(|c| c["type"] == "Available"))
+            let why = available_condition
                 .map(|c| {
                     format!(
                         " ({}: {})",
-                        c["reason"].as_str().unwrap_or_default(),
-                        c["message"].as_str().unwrap_or_default()
+                        c.reason.as_deref().unwrap_or_default(),
+                        c.message.as_deref().unwrap_or_default()
                     )
                 })
                 .unwrap_or_default();
             return Err(anyhow!(
-                "{path} did not become Available within {}s{why}",
+                "{}/{name} did not become Available within {}s{why}",
+                apiservices.resource_url(),
                 limit.as_secs()
             ));
         }
@@ -547,11 +545,10 @@ impl DevEnv {
     /// Polls each client's APIService until it reports Available=True.
     pub async fn wait_until_available(&self, limit: Duration) -> Result<()> {
         let name = names::apiservice_name(EXAMPLE_GROUP, EXAMPLE_VERSION);
-        let path = format!("/apis/apiregistration.k8s.io/v1/apiservices/{name}");
         for client in &self.clients {
             let api = admin_client(&client.cluster)?;
             let deadline = tokio::time::Instant::now() + limit;
-            wait_for_available(&api, &path, limit)
+            wait_for_available(&api, &name, limit)
                 .await
                 .with_context(|| format!("client {}", client.name))?;
             // The aggregator fetches the backend's discovery a moment later.
@@ -691,18 +688,15 @@ async fn start_client(
 /// Whether the cluster's aggregated discovery (what kubectl reads) lists
 /// `plural` in the example group: the aggregator fetches a backend's discovery
 /// asynchronously, a moment after the APIService turns Available.
-async fn lists_resource_in_discovery(api: &crproxy_kube::Client, plural: &str) -> bool {
+async fn lists_resource_in_discovery(api: &kube::Client, plural: &str) -> bool {
     let request = http::Request::get("/apis")
         .header(
             http::header::ACCEPT,
             "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
         )
-        .body(bytes::Bytes::new());
+        .body(Vec::new());
     let Ok(request) = request else { return false };
-    let Ok(response) = api.request(request).await else {
-        return false;
-    };
-    let Ok(document) = serde_json::from_slice::<Value>(response.body()) else {
+    let Ok(document) = api.request::<Value>(request).await else {
         return false;
     };
     document["items"]
@@ -721,16 +715,31 @@ pub fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// A client for a devcluster with its admin credentials.
-pub fn admin_client(cluster: &devcluster::DevCluster) -> Result<crproxy_kube::Client> {
+/// A kube-rs client for a devcluster with its admin credentials. Like kube-rs's own
+/// clients it retries 429, 503 and 504 answers.
+pub fn admin_client(cluster: &devcluster::DevCluster) -> Result<kube::Client> {
     let config = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&config, None)?;
-    Ok(crproxy_kube::Client::new(cluster)?)
+    let credentials = cluster.credentials()?;
+    Ok(crproxy_kube::kube_client(&cluster, credentials, "default")?)
+}
+
+/// [`admin_client`] without the retries: for checks that every request succeeds,
+/// which a retry would hide.
+pub fn admin_client_without_retries(cluster: &devcluster::DevCluster) -> Result<kube::Client> {
+    let config = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
+    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&config, None)?;
+    let credentials = cluster.credentials()?;
+    Ok(crproxy_kube::kube_client_without_retries(
+        &cluster,
+        credentials,
+        "default",
+    )?)
 }
 
 /// Installs the resource's CRD on a cluster (namespaced, any `spec`, a status
 /// subresource) and waits until it is Established.
-pub async fn install_crd(cluster: &crproxy_kube::Client, resource: &ProxiedResource) -> Result<()> {
+pub async fn install_crd(cluster: &kube::Client, resource: &ProxiedResource) -> Result<()> {
     let ProxiedResource {
         group,
         version,
@@ -764,36 +773,41 @@ pub async fn install_crd(cluster: &crproxy_kube::Client, resource: &ProxiedResou
             }]
         }
     });
-    match cluster
-        .create(
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            &crd,
-        )
+    let crd: CustomResourceDefinition = serde_json::from_value(crd)?;
+    let crds = Api::<CustomResourceDefinition>::all(cluster.clone());
+    create_or_keep(&crds, &crd)
         .await
-    {
-        Ok(_) => {}
-        Err(e) if e.is_already_exists() => {}
-        Err(e) => return Err(e).with_context(|| format!("installing the {kind} CRD")),
+        .with_context(|| format!("installing the {kind} CRD"))?;
+    if wait_until_established(&crds, &format!("{plural}.{group}")).await {
+        Ok(())
+    } else {
+        Err(anyhow!("the {kind} CRD did not become Established"))
     }
-    let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{group}");
+}
+
+/// Polls the CRD `name` for 5 s at most; whether it became Established.
+pub(crate) async fn wait_until_established(
+    crds: &Api<CustomResourceDefinition>,
+    name: &str,
+) -> bool {
     for _ in 0..100 {
-        if let Ok(crd) = cluster.get(&path).await {
-            if condition_status(&crd, "Established").as_deref() == Some("True") {
-                return Ok(());
+        if let Ok(crd) = crds.get(name).await {
+            let established = crd.status.and_then(|s| s.conditions).is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+            if established {
+                return true;
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(anyhow!("the {kind} CRD did not become Established"))
+    false
 }
 
 /// What the client identity may do on the target: the proxied resource, and
 /// namespaces so the proxy can mirror them.
-async fn grant_target_access(
-    target: &crproxy_kube::Client,
-    identity: &str,
-    group: &str,
-) -> Result<()> {
+async fn grant_target_access(target: &kube::Client, identity: &str, group: &str) -> Result<()> {
     let role_name = format!("crproxy-client-{}", sanitize(group));
     let role = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -804,12 +818,10 @@ async fn grant_target_access(
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch", "create"]}
         ]
     });
-    create_or_keep(
-        target,
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        &role,
-    )
-    .await?;
+    let roles = Api::<ClusterRole>::all(target.clone());
+    create_or_keep(&roles, &serde_json::from_value(role)?)
+        .await
+        .with_context(|| format!("creating {}", roles.resource_url()))?;
     let binding = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -817,19 +829,22 @@ async fn grant_target_access(
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": identity}]
     });
-    create_or_keep(
-        target,
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        &binding,
-    )
-    .await
+    let bindings = Api::<ClusterRoleBinding>::all(target.clone());
+    create_or_keep(&bindings, &serde_json::from_value(binding)?)
+        .await
+        .with_context(|| format!("creating {}", bindings.resource_url()))
 }
 
-async fn create_or_keep(client: &crproxy_kube::Client, path: &str, object: &Value) -> Result<()> {
-    match client.create(path, object).await {
+/// Creates `object`, or keeps the one of the same name that exists. The error is
+/// crproxy-kube's, whose text says what the API server answered.
+pub(crate) async fn create_or_keep<K>(api: &Api<K>, object: &K) -> Result<(), crproxy_kube::Error>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    match api.create(&PostParams::default(), object).await {
         Ok(_) => Ok(()),
-        Err(e) if e.is_already_exists() => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("creating {path}")),
+        Err(kube::Error::Api(status)) if status.reason == "AlreadyExists" => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

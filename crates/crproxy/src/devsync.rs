@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
 use serde_json::{json, Value};
 
 /// The tenant's namespace on the host, where its Backups are mirrored.
@@ -92,34 +94,15 @@ pub fn example_crds() -> Vec<Value> {
 
 /// Installs the example CRDs on the host (keeping existing ones) and waits until
 /// they are Established.
-pub async fn install_example_types(host: &crproxy_kube::Client) -> Result<()> {
-    let collection = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+pub async fn install_example_types(host: &kube::Client) -> Result<()> {
+    let crds = Api::<CustomResourceDefinition>::all(host.clone());
     for crd in example_crds() {
-        let name = crd["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        match host.create(collection, &crd).await {
-            Ok(_) => {}
-            Err(e) if e.is_already_exists() => {}
-            Err(e) => return Err(e).with_context(|| format!("installing CRD {name} on the host")),
-        }
-        let mut established = false;
-        for _ in 0..100 {
-            if let Ok(current) = host.get(&format!("{collection}/{name}")).await {
-                established = current["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| c["type"] == "Established" && c["status"] == "True")
-                    });
-                if established {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if !established {
+        let crd: CustomResourceDefinition = serde_json::from_value(crd)?;
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crate::devenv::create_or_keep(&crds, &crd)
+            .await
+            .with_context(|| format!("installing CRD {name} on the host"))?;
+        if !crate::devenv::wait_until_established(&crds, &name).await {
             return Err(anyhow!("CRD {name} did not become Established on the host"));
         }
     }
@@ -145,7 +128,11 @@ pub async fn start_example_apiserver(
         .context("registering the example extension API server on the host")?;
     let client = crate::devenv::admin_client(host)?;
     for _ in 0..100 {
-        if client.get("/apis/example.net/v1").await.is_ok() {
+        if client
+            .list_api_group_resources("example.net/v1")
+            .await
+            .is_ok()
+        {
             return Ok(server);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -13,11 +13,29 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::future::Future;
+
 use anyhow::{anyhow, bail, Context, Result};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
+    APIService, APIServiceCondition,
+};
+use kube::api::{Api, ListParams, PostParams};
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use crproxy_core::names;
+use crproxy_kube::Error as KubeError;
 
 /// How long any single request of the doctor may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -142,8 +160,8 @@ impl Report {
 
 /// What the doctor looks at.
 pub struct Inputs {
-    pub client: crproxy_kube::Client,
-    pub target: Option<crproxy_kube::Client>,
+    pub client: kube::Client,
+    pub target: Option<kube::Client>,
     pub metrics_url: Option<String>,
 }
 
@@ -163,12 +181,54 @@ impl Inputs {
     }
 }
 
-fn client_from(path: &Path) -> Result<crproxy_kube::Client> {
+fn client_from(path: &Path) -> Result<kube::Client> {
     let kubeconfig = crproxy_kube::Kubeconfig::load(path)
         .with_context(|| format!("reading {}", path.display()))?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None)
         .with_context(|| format!("using {}", path.display()))?;
-    Ok(crproxy_kube::Client::new(cluster)?.with_request_timeout(Some(REQUEST_TIMEOUT)))
+    let credentials = cluster.credentials()?;
+    // No retries: the doctor reports what the cluster answers now, and every request
+    // is bounded by REQUEST_TIMEOUT (see `bounded`). Every call names its namespace.
+    Ok(crproxy_kube::kube_client_without_retries(
+        &cluster,
+        credentials,
+        "default",
+    )?)
+}
+
+/// One API request of the doctor, bounded by [`REQUEST_TIMEOUT`]; its error is
+/// crproxy-kube's, whose text the evidence of the checks shows.
+async fn bounded<T>(request: impl Future<Output = Result<T, kube::Error>>) -> Result<T, KubeError> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        Ok(answer) => answer.map_err(KubeError::from),
+        Err(_) => Err(KubeError::Timeout(format!(
+            "no complete response within {REQUEST_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// The discovery document of a group/version, as served (the fallback document the
+/// proxy serves when the target is away need not be a complete `APIResourceList`).
+async fn discovery(client: &kube::Client, gv: &str) -> Result<Value, KubeError> {
+    let request = http::Request::get(format!("/apis/{gv}"))
+        .body(Vec::new())
+        .map_err(|e| KubeError::Transport(format!("invalid request for /apis/{gv}: {e}")))?;
+    bounded(client.request::<Value>(request)).await
+}
+
+/// The namespace and name of the Service an APIService sends requests to (empty when
+/// it has none: served locally).
+fn service_of(apiservice: &APIService) -> (&str, &str) {
+    let service = apiservice
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.service.as_ref());
+    (
+        service
+            .and_then(|s| s.namespace.as_deref())
+            .unwrap_or_default(),
+        service.and_then(|s| s.name.as_deref()).unwrap_or_default(),
+    )
 }
 
 /// `crproxy doctor`: prints the table (or JSON); fails when any check fails.
@@ -201,16 +261,13 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
     );
     // The proxy's APIServices: labelled by the leader, or (label removed by hand)
     // still pointing at a proxy Service in kube-system.
-    let apiservices = client
-        .list("/apis/apiregistration.k8s.io/v1/apiservices")
+    let apiservices = bounded(Api::<APIService>::all(client.clone()).list(&ListParams::default()))
         .await
         .context("listing APIServices in the client cluster")?;
-    let apiservices: Vec<Value> = apiservices["items"]
-        .as_array()
+    let apiservices: Vec<APIService> = apiservices
+        .items
         .into_iter()
-        .flatten()
-        .filter(|a| is_protected(a) || points_at_proxy_service(a))
-        .cloned()
+        .filter(|a| is_protected(&a.metadata) || points_at_proxy_service(a))
         .collect();
     let mut checks = Vec::new();
     let mut skipped = Vec::new();
@@ -256,8 +313,9 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
         skipped.push("target checks: no --target-kubeconfig".into());
     }
     for apiservice in &apiservices {
-        let group = apiservice["spec"]["group"].as_str().unwrap_or_default();
-        let version = apiservice["spec"]["version"].as_str().unwrap_or_default();
+        let spec = apiservice.spec.as_ref();
+        let group = spec.and_then(|s| s.group.as_deref()).unwrap_or_default();
+        let version = spec.and_then(|s| s.version.as_deref()).unwrap_or_default();
         let gv = format!("{group}/{version}");
         checks.push(check_apiservice(&gv, apiservice));
         checks.push(check_service(client, &gv, apiservice).await);
@@ -336,51 +394,48 @@ fn check(gv: &str, check: &'static str, status: Status, evidence: String, runboo
     }
 }
 
-fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
-    object["status"]["conditions"]
-        .as_array()?
+fn condition<'a>(apiservice: &'a APIService, kind: &str) -> Option<&'a APIServiceCondition> {
+    apiservice
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
         .iter()
-        .find(|c| c["type"] == kind)
+        .find(|c| c.type_ == kind)
 }
 
 // ---------------------------------------------------------------- client side
 
-fn is_protected(object: &Value) -> bool {
-    object["metadata"]["labels"][names::PROTECTION_LABEL_KEY] == names::PROTECTION_LABEL_VALUE
+fn is_protected(metadata: &ObjectMeta) -> bool {
+    metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(names::PROTECTION_LABEL_KEY))
+        .is_some_and(|value| value == names::PROTECTION_LABEL_VALUE)
 }
 
-fn points_at_proxy_service(apiservice: &Value) -> bool {
-    let service = &apiservice["spec"]["service"];
-    service["namespace"] == names::SERVICE_NAMESPACE
-        && service["name"]
-            .as_str()
-            .is_some_and(|n| n.starts_with("proxy-"))
+fn points_at_proxy_service(apiservice: &APIService) -> bool {
+    let (namespace, name) = service_of(apiservice);
+    namespace == names::SERVICE_NAMESPACE && name.starts_with("proxy-")
 }
 
 /// Both registration objects carry the protection label the policy matches.
 async fn check_protection_labels(
-    client: &crproxy_kube::Client,
+    client: &kube::Client,
     gv: &str,
-    apiservice: &Value,
+    apiservice: &APIService,
 ) -> Check {
-    let namespace = apiservice["spec"]["service"]["namespace"]
-        .as_str()
-        .unwrap_or_default();
-    let name = apiservice["spec"]["service"]["name"]
-        .as_str()
-        .unwrap_or_default();
+    let (namespace, name) = service_of(apiservice);
     let mut unlabelled = Vec::new();
-    if !is_protected(apiservice) {
+    if !is_protected(&apiservice.metadata) {
         unlabelled.push(format!(
             "APIService {}",
-            apiservice["metadata"]["name"].as_str().unwrap_or_default()
+            apiservice.metadata.name.as_deref().unwrap_or_default()
         ));
     }
-    if let Ok(Some(service)) = client
-        .get_opt(&format!("/api/v1/namespaces/{namespace}/services/{name}"))
-        .await
-    {
-        if !is_protected(&service) {
+    let services = Api::<Service>::namespaced(client.clone(), namespace);
+    if let Ok(Some(service)) = bounded(services.get_opt(name)).await {
+        if !is_protected(&service.metadata) {
             unlabelled.push(format!("Service {namespace}/{name}"));
         }
     }
@@ -409,7 +464,7 @@ async fn check_protection_labels(
     }
 }
 
-fn check_apiservice(gv: &str, apiservice: &Value) -> Check {
+fn check_apiservice(gv: &str, apiservice: &APIService) -> Check {
     let Some(available) = condition(apiservice, "Available") else {
         return check(
             gv,
@@ -419,9 +474,9 @@ fn check_apiservice(gv: &str, apiservice: &Value) -> Check {
             "the aggregator has not evaluated the APIService yet; run again in a few seconds",
         );
     };
-    let reason = available["reason"].as_str().unwrap_or("");
-    let message = available["message"].as_str().unwrap_or("");
-    if available["status"] == "True" {
+    let reason = available.reason.as_deref().unwrap_or("");
+    let message = available.message.as_deref().unwrap_or("");
+    if available.status == "True" {
         return check(
             gv,
             "apiservice",
@@ -455,19 +510,12 @@ fn check_apiservice(gv: &str, apiservice: &Value) -> Check {
     )
 }
 
-async fn check_service(client: &crproxy_kube::Client, gv: &str, apiservice: &Value) -> Check {
-    let namespace = apiservice["spec"]["service"]["namespace"]
-        .as_str()
-        .unwrap_or_default();
-    let name = apiservice["spec"]["service"]["name"]
-        .as_str()
-        .unwrap_or_default();
+async fn check_service(client: &kube::Client, gv: &str, apiservice: &APIService) -> Check {
+    let (namespace, name) = service_of(apiservice);
     let runbook_missing = "the leader re-creates its Service within seconds; a lasting absence \
                            means no leader holds the Lease (see the leader check)";
-    let service = match client
-        .get_opt(&format!("/api/v1/namespaces/{namespace}/services/{name}"))
-        .await
-    {
+    let services = Api::<Service>::namespaced(client.clone(), namespace);
+    let service = match bounded(services.get_opt(name)).await {
         Ok(Some(service)) => service,
         Ok(None) => {
             return check(
@@ -488,8 +536,9 @@ async fn check_service(client: &crproxy_kube::Client, gv: &str, apiservice: &Val
             )
         }
     };
-    if service["spec"]["type"] == "ExternalName" {
-        let host = service["spec"]["externalName"].as_str().unwrap_or("");
+    let spec = service.spec.unwrap_or_default();
+    if spec.type_.as_deref() == Some("ExternalName") {
+        let host = spec.external_name.as_deref().unwrap_or("");
         return check(
             gv,
             "service",
@@ -500,15 +549,11 @@ async fn check_service(client: &crproxy_kube::Client, gv: &str, apiservice: &Val
             "",
         );
     }
-    // The label Kubernetes puts on a Service's EndpointSlices; a Service name is a
-    // DNS label, so only the selector's own `/` and `=` need escaping.
-    let slices = client
-        .list(&format!(
-            "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D{name}"
-        ))
-        .await;
-    let slices = match slices {
-        Ok(list) => list["items"].as_array().cloned().unwrap_or_default(),
+    // The label Kubernetes puts on a Service's EndpointSlices.
+    let of_service = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace);
+    let slices = match bounded(slices.list(&of_service)).await {
+        Ok(list) => list.items,
         Err(error) => {
             return check(
                 gv,
@@ -519,12 +564,13 @@ async fn check_service(client: &crproxy_kube::Client, gv: &str, apiservice: &Val
             )
         }
     };
+    // An endpoint without a ready condition counts as ready, as for Kubernetes.
     let ready = slices
         .iter()
-        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
-        .filter(|e| e["conditions"]["ready"] != false)
+        .flat_map(|s| &s.endpoints)
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
         .count();
-    let selector = serde_json::to_string(&service["spec"]["selector"]).unwrap_or_default();
+    let selector = serde_json::to_string(&spec.selector).unwrap_or_default();
     if ready == 0 {
         return check(
             gv,
@@ -545,38 +591,34 @@ async fn check_service(client: &crproxy_kube::Client, gv: &str, apiservice: &Val
     )
 }
 
-async fn check_protection(client: &crproxy_kube::Client) -> Check {
+async fn check_protection(client: &kube::Client) -> Check {
     let runbook = "the leader re-creates the policy and binding within seconds; a lasting \
                    absence means no leader (see the leader check) or missing RBAC on \
                    validatingadmissionpolicies(bindings) (deploy/base/rbac.yaml)";
-    let policy_path = format!(
-        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{}",
-        names::POLICY_NAME
-    );
-    let binding_path = format!(
-        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{}",
-        names::POLICY_BINDING_NAME
-    );
-    let policy = client.get_opt(&policy_path).await;
-    let binding = client.get_opt(&binding_path).await;
+    let policies = Api::<ValidatingAdmissionPolicy>::all(client.clone());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
+    let policy = bounded(policies.get_opt(names::POLICY_NAME)).await;
+    let binding = bounded(bindings.get_opt(names::POLICY_BINDING_NAME)).await;
     let mut problems = Vec::new();
     match &policy {
         Ok(Some(_)) => {}
         Ok(None) => problems.push(format!("policy {} missing", names::POLICY_NAME)),
         Err(e) => problems.push(format!("reading policy {}: {e}", names::POLICY_NAME)),
     }
-    match &binding {
+    match binding {
         Ok(Some(binding)) => {
-            let spec = &binding["spec"];
-            if spec["policyName"] != names::POLICY_NAME {
+            let spec = binding.spec.unwrap_or_default();
+            if spec.policy_name.as_deref() != Some(names::POLICY_NAME) {
+                // As JSON: quoted, or null when the binding names none.
                 problems.push(format!(
                     "binding {} points at policy {}",
                     names::POLICY_BINDING_NAME,
-                    spec["policyName"]
+                    json!(spec.policy_name)
                 ));
             }
-            let denies = spec["validationActions"]
-                .as_array()
+            let denies = spec
+                .validation_actions
+                .as_ref()
                 .is_some_and(|a| a.iter().any(|v| v == "Deny"));
             if !denies {
                 problems.push(format!(
@@ -584,9 +626,13 @@ async fn check_protection(client: &crproxy_kube::Client) -> Check {
                     names::POLICY_BINDING_NAME
                 ));
             }
-            let selects_label = spec["matchResources"]["objectSelector"]["matchLabels"]
-                [names::PROTECTION_LABEL_KEY]
-                == names::PROTECTION_LABEL_VALUE;
+            let selects_label = spec
+                .match_resources
+                .as_ref()
+                .and_then(|m| m.object_selector.as_ref())
+                .and_then(|s| s.match_labels.as_ref())
+                .and_then(|labels| labels.get(names::PROTECTION_LABEL_KEY))
+                .is_some_and(|value| value == names::PROTECTION_LABEL_VALUE);
             if !selects_label {
                 problems.push(format!(
                     "binding {} does not select {}={}",
@@ -621,14 +667,12 @@ async fn check_protection(client: &crproxy_kube::Client) -> Check {
     check("", "protection", status, evidence, runbook)
 }
 
-async fn check_leader(client: &crproxy_kube::Client) -> Check {
+async fn check_leader(client: &kube::Client) -> Check {
     let runbook = "no replica holds the registration Lease: check that the crproxy pods run \
                    and may update leases in kube-system (deploy/base/rbac.yaml)";
-    let leases = match client
-        .list("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases")
-        .await
-    {
-        Ok(list) => list["items"].as_array().cloned().unwrap_or_default(),
+    let leases = Api::<Lease>::namespaced(client.clone(), "kube-system");
+    let leases = match bounded(leases.list(&ListParams::default())).await {
+        Ok(list) => list.items,
         Err(error) => {
             return check(
                 "",
@@ -639,15 +683,13 @@ async fn check_leader(client: &crproxy_kube::Client) -> Check {
             )
         }
     };
-    let ours: Vec<&Value> = leases
-        .iter()
-        .filter(|l| {
-            l["metadata"]["name"]
-                .as_str()
-                .is_some_and(|n| n.starts_with("crproxy-"))
-        })
-        .collect();
-    let Some(lease) = ours.first() else {
+    let ours = leases.iter().find(|l| {
+        l.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("crproxy-"))
+    });
+    let Some(lease) = ours else {
         return check(
             "",
             "leader",
@@ -656,13 +698,13 @@ async fn check_leader(client: &crproxy_kube::Client) -> Check {
             runbook,
         );
     };
-    let name = lease["metadata"]["name"].as_str().unwrap_or_default();
-    let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or("");
-    let duration = lease["spec"]["leaseDurationSeconds"].as_i64().unwrap_or(0);
-    let renewed = lease["spec"]["renewTime"]
-        .as_str()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-    let age = renewed.map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds());
+    let name = lease.metadata.name.as_deref().unwrap_or_default();
+    let spec = lease.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.as_deref().unwrap_or("");
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    let age = spec
+        .renew_time
+        .map(|renewed| Timestamp::now().duration_since(renewed.0).as_secs());
     match (holder.is_empty(), age) {
         (false, Some(age)) if age <= duration => check(
             "",
@@ -704,8 +746,8 @@ fn is_fallback(document: &Value) -> bool {
             .all(|r| r["verbs"].as_array().is_some_and(|v| v == &[json!("get")]))
 }
 
-async fn check_discovery(client: &crproxy_kube::Client, gv: &str) -> Check {
-    match client.get(&format!("/apis/{gv}")).await {
+async fn check_discovery(client: &kube::Client, gv: &str) -> Check {
+    match discovery(client, gv).await {
         Ok(document) if is_fallback(&document) => check(
             gv,
             "discovery",
@@ -736,8 +778,8 @@ async fn check_discovery(client: &crproxy_kube::Client, gv: &str) -> Check {
 
 // ---------------------------------------------------------------- target side
 
-async fn check_target(target: &crproxy_kube::Client, gv: &str) -> Vec<Check> {
-    let document = match target.get(&format!("/apis/{gv}")).await {
+async fn check_target(target: &kube::Client, gv: &str) -> Vec<Check> {
+    let document = match discovery(target, gv).await {
         Ok(document) => document,
         Err(error) => {
             let runbook = match error.status() {
@@ -820,24 +862,22 @@ async fn check_target(target: &crproxy_kube::Client, gv: &str) -> Vec<Check> {
     checks
 }
 
-async fn can_i(
-    client: &crproxy_kube::Client,
-    group: &str,
-    resource: &str,
-    verb: &str,
-) -> Result<bool> {
-    let review = json!({
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": {"group": group, "resource": resource, "verb": verb}},
-    });
-    let answer = client
-        .create(
-            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-            &review,
-        )
-        .await?;
-    Ok(answer["status"]["allowed"] == true)
+async fn can_i(client: &kube::Client, group: &str, resource: &str, verb: &str) -> Result<bool> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                verb: Some(verb.to_owned()),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    };
+    let reviews = Api::<SelfSubjectAccessReview>::all(client.clone());
+    let answer = bounded(reviews.create(&PostParams::default(), &review)).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 // ---------------------------------------------------------------- metrics

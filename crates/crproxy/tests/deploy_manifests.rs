@@ -8,6 +8,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+};
 use serde_json::{json, Value};
 
 use crproxy::devenv::{self, LinkSpec, ProxiedResource};
@@ -258,7 +265,7 @@ async fn cluster_ip_overlay_is_highly_available_and_locked_down() -> Result<()> 
 /// Deployment in the client cluster whose pods the Service selects, pointing at
 /// `addr` (the proxy replica that stands in for those pods on this machine).
 async fn publish_endpoints(
-    api: &crproxy_kube::Client,
+    api: &kube::Client,
     service: &Value,
     addr: std::net::SocketAddr,
 ) -> Result<usize> {
@@ -266,15 +273,18 @@ async fn publish_endpoints(
         .as_str()
         .unwrap_or_default();
     let name = service["metadata"]["name"].as_str().unwrap_or_default();
-    let deployments = api.list("/apis/apps/v1/deployments").await?;
+    let deployments = Api::<Deployment>::all(api.clone())
+        .list(&ListParams::default())
+        .await?;
     let mut selected = 0;
-    for deployment in deployments["items"].as_array().into_iter().flatten() {
-        let pod_namespace = deployment["metadata"]["namespace"].as_str().unwrap_or("");
-        if !selects(
-            service,
-            pod_namespace,
-            &deployment["spec"]["template"]["metadata"]["labels"],
-        ) {
+    for deployment in deployments.items {
+        let pod_namespace = deployment.metadata.namespace.as_deref().unwrap_or("");
+        let pod_labels = deployment
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.template.metadata.as_ref())
+            .and_then(|metadata| metadata.labels.clone());
+        if !selects(service, pod_namespace, &json!(pod_labels)) {
             continue;
         }
         selected += 1;
@@ -290,13 +300,26 @@ async fn publish_endpoints(
             "endpoints": [{"addresses": [addr.ip().to_string()], "conditions": {"ready": true}}],
             "ports": [{"name": "https", "protocol": "TCP", "port": addr.port()}],
         });
-        api.create(
-            &format!("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"),
-            &slice,
-        )
-        .await?;
+        let slice: EndpointSlice = serde_json::from_value(slice)?;
+        Api::<EndpointSlice>::namespaced(api.clone(), namespace)
+            .create(&PostParams::default(), &slice)
+            .await?;
     }
     Ok(selected)
+}
+
+/// The proxy Service the leader registers, as JSON, once it exists (looked for
+/// every 50 ms, `attempts` times).
+async fn registered_service(api: &kube::Client, attempts: usize) -> Result<Option<Value>> {
+    let services = Api::<Service>::namespaced(api.clone(), names::SERVICE_NAMESPACE);
+    let name = names::service_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION);
+    for _ in 0..attempts {
+        if let Ok(found) = services.get(&name).await {
+            return Ok(Some(serde_json::to_value(found)?));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(None)
 }
 
 /// The names a PromQL expression uses that look like crproxy metrics.
@@ -458,20 +481,9 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
 
     let replica = link.start_replica().await?;
     let api = devenv::admin_client(&client.cluster)?;
-    let service_path = format!(
-        "/api/v1/namespaces/{}/services/{}",
-        names::SERVICE_NAMESPACE,
-        names::service_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
-    );
-    let mut service = None;
-    for _ in 0..200 {
-        if let Ok(found) = api.get(&service_path).await {
-            service = Some(found);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let service = service.context("the leader did not register the Service")?;
+    let service = registered_service(&api, 200)
+        .await?
+        .context("the leader did not register the Service")?;
     assert_eq!(service["spec"]["type"], "ClusterIP");
     let addr = replica
         .proxy
@@ -484,11 +496,13 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
         selected, 1,
         "the registered Service selects no overlay pods"
     );
-    let apiservice = format!(
-        "/apis/apiregistration.k8s.io/v1/apiservices/{}",
-        names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
-    );
-    devenv::wait_for_available(&api, &apiservice, Duration::from_secs(30)).await?;
+    let apiservice = names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION);
+    devenv::wait_for_available(
+        &devenv::admin_client(&client.cluster)?,
+        &apiservice,
+        Duration::from_secs(30),
+    )
+    .await?;
     let list = test_support::kubectl_async(
         &client.kubeconfig,
         &[
@@ -713,8 +727,13 @@ async fn walkthrough(overlay: &str) -> Result<()> {
         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
         "ports": [{"name": "https", "protocol": "TCP", "port": target.cluster.addr().port()}],
     });
-    let slices = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices";
-    target_admin.create(slices, &target_slice).await?;
+    let target_slices = Api::<EndpointSlice>::namespaced(target_admin.clone(), "default");
+    target_slices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(target_slice)?,
+        )
+        .await?;
 
     // The identity's credentials: a client certificate for
     // loft:vcluster:p-default:client (devcluster signs it; a real target signs
@@ -854,20 +873,9 @@ async fn walkthrough(overlay: &str) -> Result<()> {
     let logs = || std::fs::read_to_string(work_dir.join("crproxy.log")).unwrap_or_default();
 
     // The leader registers; the endpoints controller's part is played here.
-    let service_path = format!(
-        "/api/v1/namespaces/{}/services/{}",
-        names::SERVICE_NAMESPACE,
-        names::service_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
-    );
-    let mut service = None;
-    for _ in 0..300 {
-        if let Ok(found) = client_admin.get(&service_path).await {
-            service = Some(found);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let service = service.with_context(|| format!("no Service registered; logs:\n{}", logs()))?;
+    let service = registered_service(&client_admin, 300)
+        .await?
+        .with_context(|| format!("no Service registered; logs:\n{}", logs()))?;
     let pod_addr = std::net::SocketAddr::from(([127, 0, 0, 1], proxy_port));
     let cluster_ip = overlay.ends_with("cluster-ip");
     if cluster_ip {
@@ -881,10 +889,7 @@ async fn walkthrough(overlay: &str) -> Result<()> {
         assert_eq!(service["spec"]["type"], "ExternalName");
         assert_eq!(service["spec"]["externalName"], "localhost");
     }
-    let apiservice = format!(
-        "/apis/apiregistration.k8s.io/v1/apiservices/{}",
-        names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
-    );
+    let apiservice = names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION);
     devenv::wait_for_available(&client_admin, &apiservice, Duration::from_secs(30))
         .await
         .with_context(logs)?;
@@ -899,12 +904,21 @@ async fn walkthrough(overlay: &str) -> Result<()> {
     )
     .await;
     assert!(created.success(), "{}\n{}", created.stderr, logs());
-    let stored = target_admin
-        .get("/apis/example.com/v1/namespaces/default/widgets/w1")
+    let widgets = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
+        "widgets",
+    );
+    let stored = Api::<DynamicObject>::namespaced_with(target_admin.clone(), "default", &widgets)
+        .get("w1")
         .await?;
     assert_eq!(
-        stored["metadata"]["labels"]["vcluster.com/owner-vcluster"],
-        "client"
+        stored
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get("vcluster.com/owner-vcluster"))
+            .map(String::as_str),
+        Some("client")
     );
 
     // The doctor: all green, then each piece broken on purpose.
@@ -956,15 +970,13 @@ async fn walkthrough(overlay: &str) -> Result<()> {
 
     // 1. The Service loses its endpoints (as when the pods run elsewhere).
     if cluster_ip {
-        let kube_system_slices = format!(
-            "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices",
-            names::SERVICE_NAMESPACE
-        );
-        let listed = client_admin.list(&kube_system_slices).await?;
-        for slice in listed["items"].as_array().into_iter().flatten() {
-            let name = slice["metadata"]["name"].as_str().unwrap_or_default();
-            client_admin
-                .delete(&format!("{kube_system_slices}/{name}"))
+        let kube_system_slices =
+            Api::<EndpointSlice>::namespaced(client_admin.clone(), names::SERVICE_NAMESPACE);
+        let listed = kube_system_slices.list(&ListParams::default()).await?;
+        for slice in listed.items {
+            let name = slice.metadata.name.unwrap_or_default();
+            kube_system_slices
+                .delete(&name, &DeleteParams::default())
                 .await?;
         }
         let (ok, report) = run().await?;
@@ -975,8 +987,8 @@ async fn walkthrough(overlay: &str) -> Result<()> {
     }
 
     // 2. The target no longer grants the identity its rights.
-    target_admin
-        .delete("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/crproxy-client")
+    Api::<ClusterRoleBinding>::all(target_admin.clone())
+        .delete("crproxy-client", &DeleteParams::default())
         .await?;
     let (ok, report) = run().await?;
     assert!(!ok);
@@ -992,8 +1004,8 @@ async fn walkthrough(overlay: &str) -> Result<()> {
     assert!(restored.success(), "{}", restored.stderr);
 
     // 3. The target's endpoints disappear: the peer list becomes empty.
-    target_admin
-        .delete("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes")
+    target_slices
+        .delete("kubernetes", &DeleteParams::default())
         .await?;
     let mut named = false;
     for _ in 0..100 {

@@ -7,6 +7,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{json, Value};
 
 use crproxy::devenv::{self, DevEnv, DevOptions, LinkSpec, ProxiedResource};
@@ -154,10 +158,8 @@ async fn all_green_then_each_broken_piece_is_named() -> Result<()> {
         "crproxy-client-example-com-{}",
         names::target_identity("p-default", "client").replace(':', "-")
     );
-    target_admin
-        .delete(&format!(
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}"
-        ))
+    Api::<ClusterRoleBinding>::all(target_admin)
+        .delete(&binding, &DeleteParams::default())
         .await
         .context("deleting the identity's binding")?;
     let run = doctor(&client_kubeconfig, Some(&identity), None).await?;
@@ -177,32 +179,28 @@ async fn all_green_then_each_broken_piece_is_named() -> Result<()> {
 
     // The protection policy's binding is deleted.
     let client_admin = devenv::admin_client(&env.clients[0].cluster)?;
-    client_admin
-        .delete(&format!(
-            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{}",
-            names::POLICY_BINDING_NAME
-        ))
+    Api::<ValidatingAdmissionPolicyBinding>::all(client_admin.clone())
+        .delete(names::POLICY_BINDING_NAME, &DeleteParams::default())
         .await?;
     let run = doctor(&client_kubeconfig, None, None).await?;
     assert_eq!(run.status_of("", "protection"), "fail");
     assert_eq!(run.status_of(&gv, "service"), "ok");
 
     // The Service is deleted (the runbook's way: label off, then delete).
-    let service = format!(
-        "/api/v1/namespaces/{}/services/{}",
-        names::SERVICE_NAMESPACE,
-        names::service_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
-    );
-    let mut live = client_admin.get(&service).await?;
-    if let Some(labels) = live["metadata"]["labels"].as_object_mut() {
+    let services = Api::<Service>::namespaced(client_admin, names::SERVICE_NAMESPACE);
+    let service = names::service_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION);
+    let mut live = services.get(&service).await?;
+    if let Some(labels) = live.metadata.labels.as_mut() {
         labels.remove(names::PROTECTION_LABEL_KEY);
     }
-    client_admin.replace(&service, &live).await?;
+    services
+        .replace(&service, &PostParams::default(), &live)
+        .await?;
     let run = doctor(&client_kubeconfig, None, None).await?;
     assert!(!run.success);
     assert_eq!(run.status_of(&gv, "protection-label"), "fail");
     assert_eq!(run.status_of(&gv, "service"), "ok");
-    client_admin.delete(&service).await?;
+    services.delete(&service, &DeleteParams::default()).await?;
     let run = doctor(&client_kubeconfig, None, None).await?;
     assert!(!run.success);
     assert_eq!(run.status_of(&gv, "service"), "fail", "{:?}", run.not_ok());
@@ -246,18 +244,18 @@ async fn dead_peers_are_named() -> Result<()> {
     .await?;
     let replica = link.start_replica().await?;
     let api = devenv::admin_client(&client.cluster)?;
-    let apiservice = format!(
-        "/apis/apiregistration.k8s.io/v1/apiservices/{}",
-        names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
-    );
+    let apiservice = names::apiservice_name(devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION);
     // Discovery falls back locally, so the APIService still turns Available.
     devenv::wait_for_available(&api, &apiservice, Duration::from_secs(30)).await?;
     // Requests dial the dead peer until it is quarantined (3 failures).
-    // (Not kubectl: it retries every 503 after its Retry-After.)
+    // (Not kubectl, nor a retrying client: they repeat every 503.)
+    let admin = crproxy_kube::Kubeconfig::load(&client.kubeconfig)?;
+    let admin = crproxy_kube::ClusterConfig::from_kubeconfig(&admin, None)?;
+    let once = crproxy_kube::kube_client_without_retries(&admin, admin.credentials()?, "default")?;
     for _ in 0..4 {
-        let failed = api
-            .get("/apis/example.com/v1/namespaces/default/widgets")
-            .await;
+        let request = http::Request::get("/apis/example.com/v1/namespaces/default/widgets")
+            .body(Vec::new())?;
+        let failed = once.request::<Value>(request).await;
         assert!(failed.is_err(), "a request to a dead peer succeeded");
     }
     let identity = identity_kubeconfig(&link.config_path);

@@ -5,6 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::{json, Value};
 
 use crproxy::devenv::{DevEnv, DevOptions};
@@ -463,26 +465,33 @@ fn parse_kubeconfig(text: &str) -> Result<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_one_of_three_target_replicas_under_load_costs_callers_nothing() -> Result<()> {
     let (env, _dir) = env(1, 3).await?;
-    let api = crproxy::devenv::admin_client(&env.clients[0].cluster)?;
-    api.create(
-        "/api/v1/namespaces",
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "load"}}),
-    )
-    .await?;
-    let path = "/apis/example.com/v1/namespaces/load/widgets";
-    api.create(path, &widget("w", 1)).await?;
+    // No retries: a caller-visible error must not be hidden by a second try.
+    let api = crproxy::devenv::admin_client_without_retries(&env.clients[0].cluster)?;
+    let post = PostParams::default();
+    let load: Namespace = serde_json::from_value(json!({"metadata": {"name": "load"}}))?;
+    Api::<Namespace>::all(api.clone())
+        .create(&post, &load)
+        .await?;
+    let widgets = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
+        "widgets",
+    );
+    let widgets = Api::<DynamicObject>::namespaced_with(api, "load", &widgets);
+    widgets
+        .create(&post, &serde_json::from_value(widget("w", 1))?)
+        .await?;
 
     // Four callers, each making requests back to back for six seconds.
     let stop_at = tokio::time::Instant::now() + Duration::from_secs(6);
     let mut workers = Vec::new();
     for _ in 0..4 {
-        let api = api.clone();
+        let widgets = widgets.clone();
         workers.push(tokio::spawn(async move {
             let (mut ok, mut failed) = (0u32, Vec::new());
             while tokio::time::Instant::now() < stop_at {
-                match api.get(path).await {
+                match widgets.list(&ListParams::default()).await {
                     Ok(_) => ok += 1,
-                    Err(e) => failed.push(e.to_string()),
+                    Err(e) => failed.push(crproxy_kube::Error::from(e).to_string()),
                 }
             }
             (ok, failed)

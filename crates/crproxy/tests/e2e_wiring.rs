@@ -6,25 +6,57 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::json;
 use tokio::time::Instant;
 
 use crproxy::devenv::{
-    self, admin_client, condition_status, wait_for_available, DevEnv, DevOptions, Link, LinkSpec,
-    ProxiedResource, ReplicaOptions,
+    self, wait_for_available, DevEnv, DevOptions, Link, LinkSpec, ProxiedResource, ReplicaOptions,
 };
 
-const APISERVICE: &str = "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com";
-const SERVICE: &str = "/api/v1/namespaces/kube-system/services/proxy-example-com-v1";
+const APISERVICE: &str = "v1.example.com";
+const SERVICE: &str = "proxy-example-com-v1";
 
-async fn available(client: &crproxy_kube::Client, path: &str) -> bool {
-    client
-        .get(path)
-        .await
-        .ok()
-        .and_then(|s| condition_status(&s, "Available"))
-        .as_deref()
-        == Some("True")
+/// An admin client that does not retry: every failed request counts here.
+fn admin(cluster: &devcluster::DevCluster) -> Result<kube::Client> {
+    devenv::admin_client_without_retries(cluster)
+}
+
+/// The `Available` condition of an APIService: its status and reason.
+fn availability(apiservice: &APIService) -> Option<(String, String)> {
+    let conditions = apiservice.status.as_ref()?.conditions.as_ref()?;
+    let available = conditions.iter().find(|c| c.type_ == "Available")?;
+    Some((
+        available.status.clone(),
+        available.reason.clone().unwrap_or_default(),
+    ))
+}
+
+async fn available(apiservices: &Api<APIService>, name: &str) -> bool {
+    let apiservice = apiservices.get(name).await.ok();
+    apiservice
+        .as_ref()
+        .and_then(availability)
+        .is_some_and(|(status, _)| status == "True")
+}
+
+/// A namespaced custom resource of `group/v1`, read as a dynamic object.
+fn custom(
+    client: &kube::Client,
+    group: &str,
+    kind: &str,
+    plural: &str,
+    ns: &str,
+) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(group, "v1", kind);
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk_with_plural(&gvk, plural),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,13 +68,16 @@ async fn only_the_leader_registers_and_leadership_moves_when_it_dies() -> Result
         ..DevOptions::ephemeral(dir.path(), 1, 1)
     })
     .await?;
-    let api = admin_client(&env.clients[0].cluster)?;
+    let api = admin(&env.clients[0].cluster)?;
+    let apiservices = Api::<APIService>::all(api.clone());
+    let services = Api::<Service>::namespaced(api.clone(), "kube-system");
+    let widgets = custom(&api, "example.com", "Widget", "widgets", "default");
     let first_is_leader = env.clients[0]
         .replica
         .as_ref()
         .is_some_and(|r| r.is_leader());
     ensure!(first_is_leader, "the first replica must lead");
-    let service_rv = api.get(SERVICE).await?["metadata"]["resourceVersion"].clone();
+    let service_rv = services.get(SERVICE).await?.metadata.resource_version;
 
     // A second replica of the same proxy: serves on the same port, does not lead.
     let second = env.clients[0]
@@ -57,15 +92,18 @@ async fn only_the_leader_registers_and_leadership_moves_when_it_dies() -> Result
         !second.is_leader(),
         "a second replica must not lead while the first lives"
     );
-    let lease = api
-        .get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/crproxy-client")
+    let lease = Api::<Lease>::namespaced(api.clone(), "kube-system")
+        .get("crproxy-client")
         .await?;
     ensure!(
-        lease["spec"]["holderIdentity"].is_string(),
-        "lease held: {lease}"
+        lease
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.holder_identity.is_some()),
+        "lease held: {lease:?}"
     );
     ensure!(
-        api.get(SERVICE).await?["metadata"]["resourceVersion"] == service_rv,
+        services.get(SERVICE).await?.metadata.resource_version == service_rv,
         "the follower must not write the registration objects"
     );
 
@@ -80,12 +118,10 @@ async fn only_the_leader_registers_and_leadership_moves_when_it_dies() -> Result
             Instant::now() < deadline,
             "leadership did not move within 40s"
         );
-        if !available(&api, APISERVICE).await {
+        if !available(&apiservices, APISERVICE).await {
             unavailable_seen += 1;
         }
-        let listed = api
-            .get("/apis/example.com/v1/namespaces/default/widgets")
-            .await;
+        let listed = widgets.list(&ListParams::default()).await;
         if listed.is_err() {
             failed_requests += 1;
         }
@@ -101,13 +137,21 @@ async fn only_the_leader_registers_and_leadership_moves_when_it_dies() -> Result
     );
 
     // The new leader repairs drift: the protection label comes back.
-    let mut apiservice = api.get(APISERVICE).await?;
-    apiservice["metadata"]["labels"] = json!({});
-    api.replace(APISERVICE, &apiservice).await?;
+    let mut apiservice = apiservices.get(APISERVICE).await?;
+    apiservice.metadata.labels = Some(Default::default());
+    apiservices
+        .replace(APISERVICE, &PostParams::default(), &apiservice)
+        .await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let current = api.get(APISERVICE).await?;
-        if current["metadata"]["labels"]["vcluster.loft.sh/protected"] == "resource-proxy" {
+        let current = apiservices.get(APISERVICE).await?;
+        let protected = current
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get("vcluster.loft.sh/protected"))
+            .is_some_and(|value| value == "resource-proxy");
+        if protected {
             break;
         }
         ensure!(
@@ -174,49 +218,45 @@ async fn two_clusters_can_proxy_each_other() -> Result<()> {
     .await?;
     let x_proxy = x_to_y.start_replica().await?;
     let y_proxy = y_to_x.start_replica().await?;
-    let x_api = admin_client(&x)?;
-    let y_api = admin_client(&y)?;
-    wait_for_available(&x_api, APISERVICE, Duration::from_secs(30)).await?;
-    wait_for_available(
-        &y_api,
-        "/apis/apiregistration.k8s.io/v1/apiservices/v1.other.io",
-        Duration::from_secs(30),
-    )
-    .await?;
+    let x_api = admin(&x)?;
+    let y_api = admin(&y)?;
+    wait_for_available(&x_api, "v1.example.com", Duration::from_secs(30)).await?;
+    wait_for_available(&y_api, "v1.other.io", Duration::from_secs(30)).await?;
+    let post = PostParams::default();
     for api in [&x_api, &y_api] {
-        api.create(
-            "/api/v1/namespaces",
-            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "mutual"}}),
-        )
-        .await?;
+        let mutual: Namespace = serde_json::from_value(json!({"metadata": {"name": "mutual"}}))?;
+        Api::<Namespace>::all(api.clone())
+            .create(&post, &mutual)
+            .await?;
     }
-    x_api
-        .create(
-            "/apis/example.com/v1/namespaces/mutual/widgets",
-            &json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "from-x"}}),
-        )
+    let widget: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "from-x"}}),
+    )?;
+    custom(&x_api, "example.com", "Widget", "widgets", "mutual")
+        .create(&post, &widget)
         .await?;
-    y_api
-        .create(
-            "/apis/other.io/v1/namespaces/mutual/gadgets",
-            &json!({"apiVersion": "other.io/v1", "kind": "Gadget", "metadata": {"name": "from-y"}}),
-        )
+    let gadget: DynamicObject = serde_json::from_value(
+        json!({"apiVersion": "other.io/v1", "kind": "Gadget", "metadata": {"name": "from-y"}}),
+    )?;
+    custom(&y_api, "other.io", "Gadget", "gadgets", "mutual")
+        .create(&post, &gadget)
         .await?;
     // Each object is stored on the other cluster, owned by its creator.
-    let widget = y_api
-        .get("/apis/example.com/v1/namespaces/mutual/widgets/from-x")
+    let owner = |object: &DynamicObject| {
+        object
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get("vcluster.com/owner-vcluster").cloned())
+    };
+    let widget = custom(&y_api, "example.com", "Widget", "widgets", "mutual")
+        .get("from-x")
         .await?;
-    assert_eq!(
-        widget["metadata"]["labels"]["vcluster.com/owner-vcluster"],
-        "x"
-    );
-    let gadget = x_api
-        .get("/apis/other.io/v1/namespaces/mutual/gadgets/from-y")
+    assert_eq!(owner(&widget).as_deref(), Some("x"));
+    let gadget = custom(&x_api, "other.io", "Gadget", "gadgets", "mutual")
+        .get("from-y")
         .await?;
-    assert_eq!(
-        gadget["metadata"]["labels"]["vcluster.com/owner-vcluster"],
-        "y"
-    );
+    assert_eq!(owner(&gadget).as_deref(), Some("y"));
     // The two directions are told apart by the target label.
     let x_metrics = scrape(&x_proxy.metrics_url).await?;
     let y_metrics = scrape(&y_proxy.metrics_url).await?;
@@ -287,24 +327,27 @@ async fn an_unreachable_backend_turns_the_apiservice_unavailable_and_requests_50
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
     let mut env = DevEnv::start(DevOptions::ephemeral(dir.path(), 1, 1)).await?;
-    let api = admin_client(&env.clients[0].cluster)?;
+    let api = admin(&env.clients[0].cluster)?;
+    let apiservices = Api::<APIService>::all(api.clone());
     env.clients[0].stop_proxy().await;
     // The availability controller re-checks every 30 s (and on changes).
     let deadline = Instant::now() + Duration::from_secs(45);
     loop {
-        let apiservice = api.get(APISERVICE).await?;
-        if condition_status(&apiservice, "Available").as_deref() == Some("False") {
-            let reason = apiservice["status"]["conditions"][0]["reason"].clone();
-            assert_eq!(reason, "FailedDiscoveryCheck", "{apiservice}");
-            break;
+        let apiservice = apiservices.get(APISERVICE).await?;
+        if let Some((status, reason)) = availability(&apiservice) {
+            if status == "False" {
+                assert_eq!(reason, "FailedDiscoveryCheck", "{apiservice:?}");
+                break;
+            }
         }
         ensure!(Instant::now() < deadline, "the APIService stayed Available");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let err = api
-        .get("/apis/example.com/v1/namespaces/default/widgets")
+    let err = custom(&api, "example.com", "Widget", "widgets", "default")
+        .list(&ListParams::default())
         .await
         .expect_err("requests fail while the backend is down");
+    let err = crproxy_kube::Error::from(err);
     assert_eq!(err.status(), Some(503), "{err}");
     env.shutdown().await;
     Ok(())

@@ -6,6 +6,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::api::{Api, PostParams};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use crproxy::devenv::{admin_client, wait_for_available, Link, LinkSpec, ProxiedResource};
@@ -51,12 +55,11 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     let mut child = test_support::KillOnDrop(child);
 
     let api = admin_client(&client)?;
-    let apiservice = "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com";
-    wait_for_available(&api, apiservice, Duration::from_secs(30)).await?;
+    wait_for_available(&api, "v1.example.com", Duration::from_secs(30)).await?;
     ensure!(child.try_wait()?.is_none(), "crproxy run exited early");
-    let listed = api
-        .get("/apis/example.com/v1/namespaces/default/widgets")
-        .await?;
+    let list =
+        http::Request::get("/apis/example.com/v1/namespaces/default/widgets").body(Vec::new())?;
+    let listed: Value = api.request(list).await?;
     assert_eq!(listed["kind"], "WidgetList");
     // Trust loaded and peers listed: ready.
     let metrics = format!("127.0.0.1:{metrics_port}");
@@ -94,10 +97,13 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
         }
     }
     // The lease was handed back so another replica can lead at once.
-    let lease = api
-        .get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/crproxy-client")
+    let lease = Api::<Lease>::namespaced(api, "kube-system")
+        .get("crproxy-client")
         .await?;
-    let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default();
+    let holder = lease
+        .spec
+        .and_then(|spec| spec.holder_identity)
+        .unwrap_or_default();
     assert!(holder.is_empty(), "lease still held by {holder:?}");
     client.shutdown().await;
     target.shutdown().await;
@@ -152,12 +158,7 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     // Discovery keeps working from the local fallback, so the APIService turns
     // Available even though the target is unreachable.
     let api = admin_client(&client)?;
-    wait_for_available(
-        &api,
-        "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com",
-        Duration::from_secs(30),
-    )
-    .await?;
+    wait_for_available(&api, "v1.example.com", Duration::from_secs(30)).await?;
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()?;
@@ -288,9 +289,7 @@ async fn waiting_for_availability_reports_the_aggregators_reason() -> Result<()>
     })
     .await?;
     let api = admin_client(&client)?;
-    api.create(
-        "/apis/apiregistration.k8s.io/v1/apiservices",
-        &serde_json::json!({
+    let nowhere: APIService = serde_json::from_value(serde_json::json!({
             "apiVersion": "apiregistration.k8s.io/v1",
             "kind": "APIService",
             "metadata": {"name": "v1.example.com"},
@@ -300,16 +299,13 @@ async fn waiting_for_availability_reports_the_aggregators_reason() -> Result<()>
                 "insecureSkipTLSVerify": true,
                 "service": {"namespace": "kube-system", "name": "nowhere", "port": 443}
             }
-        }),
-    )
-    .await?;
-    let error = wait_for_available(
-        &api,
-        "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com",
-        Duration::from_secs(2),
-    )
-    .await
-    .expect_err("no Service behind it");
+    }))?;
+    Api::<APIService>::all(api.clone())
+        .create(&PostParams::default(), &nowhere)
+        .await?;
+    let error = wait_for_available(&api, "v1.example.com", Duration::from_secs(2))
+        .await
+        .expect_err("no Service behind it");
     let text = error.to_string();
     assert!(
         text.contains("did not become Available within 2s"),

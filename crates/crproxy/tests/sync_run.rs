@@ -403,12 +403,7 @@ async fn run_with_proxy_and_sync_keys_runs_both() -> Result<()> {
         .spawn()?;
     let mut child = test_support::KillOnDrop(child);
     let api = admin_client(&env.tenant.cluster)?;
-    wait_for_available(
-        &api,
-        "/apis/apiregistration.k8s.io/v1/apiservices/v1.example.com",
-        Duration::from_secs(30),
-    )
-    .await?;
+    wait_for_available(&api, "v1.example.com", Duration::from_secs(30)).await?;
     let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
     ns(tenant, "team");
     apply(tenant, &backup("db", "team", "@daily"));

@@ -3,7 +3,8 @@
 //! per measurement; `DEVCLUSTER_BENCH_N` sets the object count (default 500).
 
 use futures_util::StreamExt;
-use serde_json::json;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams, WatchParams};
 use std::time::{Duration, Instant};
 
 fn rate(what: &str, n: usize, elapsed: Duration) {
@@ -23,39 +24,37 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(500);
     let cluster = devcluster::start(devcluster::DevClusterConfig::in_memory("bench")).await?;
     let kc = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
-    let client =
-        crproxy_kube::Client::new(crproxy_kube::ClusterConfig::from_kubeconfig(&kc, None)?)?;
-    client
-        .create(
-            "/api/v1/namespaces",
-            &json!({"metadata": {"name": "bench"}}),
-        )
+    let config = crproxy_kube::ClusterConfig::from_kubeconfig(&kc, None)?;
+    let client = crproxy_kube::kube_client(&config, config.credentials()?, "bench")?;
+    let post = PostParams::default();
+    Api::<Namespace>::all(client.clone())
+        .create(&post, &named("bench"))
         .await?;
-    let cms = "/api/v1/namespaces/bench/configmaps";
+    let cms = Api::<ConfigMap>::namespaced(client, "bench");
+    let config_map = |name: String| {
+        let mut config_map: ConfigMap = named(&name);
+        config_map.data = Some([("k".to_owned(), "v".to_owned())].into());
+        config_map
+    };
 
     let start = Instant::now();
     for i in 0..n {
-        client
-            .create(
-                cms,
-                &json!({"metadata": {"name": format!("seq-{i}")}, "data": {"k": "v"}}),
-            )
-            .await?;
+        cms.create(&post, &config_map(format!("seq-{i}"))).await?;
     }
     rate("create (sequential)", n, start.elapsed());
 
     let start = Instant::now();
     let mut tasks = Vec::new();
     for t in 0..8 {
-        let client = client.clone();
+        let cms = cms.clone();
+        let post = post.clone();
         let per = n / 8;
         tasks.push(tokio::spawn(async move {
             for i in 0..per {
-                let body =
-                    json!({"metadata": {"name": format!("par-{t}-{i}")}, "data": {"k": "v"}});
-                client.create(cms, &body).await?;
+                cms.create(&post, &config_map(format!("par-{t}-{i}")))
+                    .await?;
             }
-            Ok::<_, crproxy_kube::Error>(per)
+            Ok::<_, kube::Error>(per)
         }));
     }
     let mut done = 0;
@@ -66,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
 
     let start = Instant::now();
     for i in 0..n {
-        client.get(&format!("{cms}/seq-{i}")).await?;
+        cms.get(&format!("seq-{i}")).await?;
     }
     rate("get", n, start.elapsed());
 
@@ -74,23 +73,20 @@ async fn main() -> anyhow::Result<()> {
     let start = Instant::now();
     let mut items = 0;
     for _ in 0..lists {
-        let list = client.list(cms).await?;
-        items = list["items"].as_array().map(Vec::len).unwrap_or(0);
+        items = cms.list(&ListParams::default()).await?.items.len();
     }
     rate(&format!("list of {items} objects"), lists, start.elapsed());
 
     // Watch fan-out: W watchers all see E events.
     let (watchers, events) = (50, 100);
-    let list = client.list(cms).await?;
-    let rv = list["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap_or("0")
-        .to_string();
+    let list = cms.list(&ListParams::default()).await?;
+    let rv = list
+        .metadata
+        .resource_version
+        .unwrap_or_else(|| "0".to_owned());
     let mut handles = Vec::new();
     for _ in 0..watchers {
-        let stream = client
-            .watch(&format!("{cms}?resourceVersion={rv}&timeoutSeconds=60"))
-            .await?;
+        let stream = cms.watch(&WatchParams::default().timeout(60), &rv).await?;
         handles.push(tokio::spawn(async move {
             let mut stream = Box::pin(stream);
             let mut seen = 0;
@@ -105,9 +101,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let start = Instant::now();
     for i in 0..events {
-        client
-            .create(cms, &json!({"metadata": {"name": format!("w-{i}")}}))
-            .await?;
+        cms.create(&post, &named(&format!("w-{i}"))).await?;
     }
     let mut delivered = 0;
     for h in handles {
@@ -121,4 +115,14 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(delivered == watchers * events, "lost events: {delivered}");
     cluster.shutdown().await;
     Ok(())
+}
+
+/// An object with only a name, of any type with metadata.
+fn named<K: kube::Resource + Default>(name: &str) -> K {
+    let mut object = K::default();
+    *object.meta_mut() = ObjectMeta {
+        name: Some(name.to_owned()),
+        ..ObjectMeta::default()
+    };
+    object
 }

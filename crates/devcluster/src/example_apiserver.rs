@@ -24,6 +24,9 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::api::{Api, PostParams};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
@@ -178,7 +181,9 @@ impl ExampleApiServer {
             .map_err(|e| register(&e))?;
         let config = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None)
             .map_err(|e| register(&e))?;
-        let client = crproxy_kube::Client::new(config).map_err(|e| register(&e))?;
+        let credentials = config.credentials().map_err(|e| register(&e))?;
+        let client = crproxy_kube::kube_client(&config, credentials, SERVICE_NAMESPACE)
+            .map_err(|e| register(&e))?;
         let service = json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": SERVICE_NAME, "namespace": SERVICE_NAMESPACE},
             "spec": {"type": "ExternalName", "externalName": "localhost",
@@ -188,40 +193,48 @@ impl ExampleApiServer {
             "spec": {"group": GROUP, "version": VERSION, "groupPriorityMinimum": 1000, "versionPriority": 15,
                      "service": {"namespace": SERVICE_NAMESPACE, "name": SERVICE_NAME, "port": self.addr.port()},
                      "caBundle": base64::engine::general_purpose::STANDARD.encode(&self.ca_pem)}});
-        let objects = [
-            (
-                format!("/api/v1/namespaces/{SERVICE_NAMESPACE}/services"),
-                SERVICE_NAME.to_string(),
-                service,
-            ),
-            (
-                "/apis/apiregistration.k8s.io/v1/apiservices".to_string(),
-                format!("{VERSION}.{GROUP}"),
-                apiservice,
-            ),
-        ];
-        for (collection, name, mut object) in objects {
-            match client.create(&collection, &object).await {
-                Ok(_) => {}
-                Err(e) if e.is_already_exists() => {
-                    let path = format!("{collection}/{name}");
-                    let current = client.get(&path).await.map_err(|e| register(&e))?;
-                    object["metadata"]["resourceVersion"] =
-                        current["metadata"]["resourceVersion"].clone();
-                    client
-                        .replace(&path, &object)
-                        .await
-                        .map_err(|e| register(&e))?;
-                }
-                Err(e) => return Err(register(&e)),
-            }
-        }
+        let service: Service = serde_json::from_value(service).map_err(|e| register(&e))?;
+        let apiservice: APIService =
+            serde_json::from_value(apiservice).map_err(|e| register(&e))?;
+        create_or_replace(&Api::namespaced(client.clone(), SERVICE_NAMESPACE), service).await?;
+        create_or_replace(&Api::all(client), apiservice).await?;
         Ok(())
     }
 
     /// Stops listening and ends open connections (watches included).
     pub fn stop(&self) {
         let _ = self.stop.send(true);
+    }
+}
+
+/// Creates `object`, or replaces the one of the same name with it (a server started
+/// again registers its new port and CA).
+async fn create_or_replace<K>(api: &Api<K>, mut object: K) -> Result<(), ExampleServerError>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let register =
+        |e: kube::Error| ExampleServerError::Register(crproxy_kube::Error::from(e).to_string());
+    let post = PostParams::default();
+    match api.create(&post, &object).await {
+        Ok(_) => return Ok(()),
+        Err(kube::Error::Api(status)) if status.reason == "AlreadyExists" => {}
+        Err(e) => return Err(register(e)),
+    }
+    // The aggregator writes the APIService's status meanwhile, so a replace can
+    // meet a newer version: read it again and retry, a few times.
+    let name = object.meta().name.clone().unwrap_or_default();
+    let mut attempts = 0;
+    loop {
+        let current = api.get(&name).await.map_err(register)?;
+        object.meta_mut().resource_version = current.meta().resource_version.clone();
+        match api.replace(&name, &post, &object).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.reason == "Conflict" && attempts < 5 => {
+                attempts += 1;
+            }
+            Err(e) => return Err(register(e)),
+        }
     }
 }
 

@@ -24,14 +24,7 @@ impl Env {
     pub async fn new() -> Env {
         let host = test_support::devcluster("host").await;
         let tenant = test_support::devcluster("tenant").await;
-        let client = crproxy_kube::Client::new(
-            crproxy_kube::ClusterConfig::from_kubeconfig(
-                &crproxy_kube::Kubeconfig::load(&host.kubeconfig).expect("kubeconfig"),
-                None,
-            )
-            .expect("cluster"),
-        )
-        .expect("client");
+        let client = crproxy::devenv::admin_client(&host.cluster).expect("client");
         devsync::install_example_types(&client)
             .await
             .expect("example types");
