@@ -37,6 +37,10 @@ const SLOW_ANSWER: Duration = Duration::from_secs(30);
 /// A request taking longer than this was held past the proxy's 60 s cap.
 const CAP_WITH_MARGIN: Duration = Duration::from_secs(62);
 
+/// How long after a fault a closed connection may still take a request (see
+/// [`Outcome::spans`]).
+const FAULT_NOTICE: Duration = Duration::from_millis(500);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Forward,
@@ -158,10 +162,16 @@ impl Outcome {
         !(self.status == 200 || self.status == 201)
     }
 
-    /// Whether a fault closed connections while this request was in flight.
+    /// Whether a fault closed connections while this request was in flight. The
+    /// relay closes its sockets at the fault instant, but the proxy learns of a close
+    /// only when its connection task reads the EOF: a request sent in that gap still
+    /// goes out on the dying connection. So a request that started up to
+    /// [`FAULT_NOTICE`] after a fault counts as in flight on it.
     fn spans(&self, faults: &[Instant]) -> bool {
         let ended = self.started + self.elapsed;
-        faults.iter().any(|f| self.started <= *f && *f <= ended)
+        faults
+            .iter()
+            .any(|f| self.started <= *f + FAULT_NOTICE && *f <= ended)
     }
 }
 
