@@ -335,6 +335,25 @@ impl Store {
         Ok(self.apply_locked(&mut state, gr, ns, name, dry_run, current, decision))
     }
 
+    /// Commits `decision` only if the stored object is still exactly `expected`
+    /// (the one the decision was made from, e.g. before calling webhooks); None
+    /// when someone wrote it meanwhile.
+    pub fn mutate_if_unchanged(
+        &self,
+        gr: &GroupResource,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        expected: &Arc<Value>,
+        decision: Mutation,
+    ) -> Option<Written> {
+        self.mutate(gr, ns, name, dry_run, |now| match now {
+            Some(now) if Arc::ptr_eq(now, expected) => Ok(decision),
+            _ => Err(()),
+        })
+        .ok()
+    }
+
     /// Like [`Store::mutate`], but runs `f` outside the lock: it reads the current
     /// object, decides, and commits only if nobody wrote the object meanwhile
     /// (retrying a few times, then deciding under the lock). Use it where deciding

@@ -835,18 +835,15 @@ async fn update_admitted(
             )
             .await?,
         );
-        let stored =
-            state.store.mutate(
-                &ctx.gr(),
-                ctx.ns(),
-                &ctx.name,
-                ctx.dry_run(),
-                |now| match now {
-                    Some(now) if Arc::ptr_eq(now, &current) => Ok(decision),
-                    _ => Err(()),
-                },
-            );
-        if let Ok(written) = stored {
+        let stored = state.store.mutate_if_unchanged(
+            &ctx.gr(),
+            ctx.ns(),
+            &ctx.name,
+            ctx.dry_run(),
+            &current,
+            decision,
+        );
+        if let Some(written) = stored {
             return Ok((written, warnings));
         }
     }
@@ -1095,18 +1092,15 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
             )
             .await?,
         );
-        let stored =
-            state.store.mutate(
-                &ctx.gr(),
-                ctx.ns(),
-                &ctx.name,
-                ctx.dry_run(),
-                |now| match now {
-                    Some(now) if Arc::ptr_eq(now, &current) => Ok(decision),
-                    _ => Err(()),
-                },
-            );
-        if let Ok(written) = stored {
+        let stored = state.store.mutate_if_unchanged(
+            &ctx.gr(),
+            ctx.ns(),
+            &ctx.name,
+            ctx.dry_run(),
+            &current,
+            decision,
+        );
+        if let Some(written) = stored {
             let mut resp = h::json_response(200, &scale_of(ctx, &written.object)?);
             h::add_warnings(&mut resp, &warnings);
             return Ok(resp);
