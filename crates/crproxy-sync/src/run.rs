@@ -374,6 +374,41 @@ struct LeaderEndpoint {
     listen_port: u16,
 }
 
+impl LeaderEndpoint {
+    /// How long a stopping leader tries to take itself out of the Service: a stop
+    /// must not hang on an unreachable tenant API server.
+    const WITHDRAW_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Best effort: a failure only means reviews keep going to this replica (and
+    /// fail there) until the next leader points the Service at itself.
+    async fn withdraw(&self, tenant: &kube::Client) {
+        let withdrawn = tokio::time::timeout(
+            Self::WITHDRAW_TIMEOUT,
+            writethrough::withdraw_leader_endpoint(
+                tenant,
+                &self.namespace,
+                &self.name,
+                self.ip,
+                self.listen_port,
+            ),
+        )
+        .await;
+        let service = format!("{}/{}", self.namespace, self.name);
+        match withdrawn {
+            Ok(Ok(true)) => {
+                tracing::info!(service = %service, "the write-through Service no longer leads to this replica")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(error = %error, service = %service, "taking this replica out of the write-through Service failed")
+            }
+            Err(_) => {
+                tracing::warn!(service = %service, "taking this replica out of the write-through Service timed out")
+            }
+        }
+    }
+}
+
 impl Supervisor {
     async fn run(self, leader: LeaderHandle, mut shutdown: watch::Receiver<bool>) {
         let mut changes = leader.changes();
@@ -430,6 +465,9 @@ impl Supervisor {
             // workers), also when this task itself is aborted.
             drop(tasks);
             drop(publishing);
+            if let Some(endpoint) = &self.leader_endpoint {
+                endpoint.withdraw(&self.tenant).await;
+            }
             for gate in self.gates.values() {
                 gate.set_synced(None);
             }

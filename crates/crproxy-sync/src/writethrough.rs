@@ -939,6 +939,53 @@ pub async fn publish_leader_endpoint(
     Ok(())
 }
 
+/// Takes this replica out of the write-through Service's EndpointSlice when it stops
+/// leading, so that reviews fail at once ("no endpoints") instead of waiting for a
+/// connection to a replica that is gone. Only a slice that still leads to this very
+/// replica (`ip` and `listen_port`) is emptied, and the write is pinned to the
+/// resourceVersion read: a successor that already pointed the Service at itself keeps
+/// it. Returns whether the slice was emptied.
+pub async fn withdraw_leader_endpoint(
+    tenant: &kube::Client,
+    namespace: &str,
+    name: &str,
+    ip: std::net::IpAddr,
+    listen_port: u16,
+) -> Result<bool, kube::Error> {
+    let resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("discovery.k8s.io", "v1", "EndpointSlice"),
+        "endpointslices",
+    );
+    let slices: Api<DynamicObject> = Api::namespaced_with(tenant.clone(), namespace, &resource);
+    let slice_name = leader_slice_name(name);
+    let Some(current) = slices.get_opt(&slice_name).await? else {
+        return Ok(false);
+    };
+    let mut slice = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
+    let address = ip.to_string();
+    let leads_here = slice["endpoints"]
+        .as_array()
+        .is_some_and(|e| e.len() == 1 && e[0]["addresses"] == json!([address]))
+        && slice["ports"]
+            .as_array()
+            .is_some_and(|p| p.len() == 1 && p[0]["port"] == json!(listen_port));
+    if !leads_here {
+        return Ok(false);
+    }
+    slice["endpoints"] = json!([]);
+    let object: DynamicObject = serde_json::from_value(slice).map_err(kube::Error::SerdeError)?;
+    // The object carries the resourceVersion read: a successor's write in between
+    // makes this a 409, and the successor's endpoint stays.
+    match slices
+        .replace(&slice_name, &PostParams::default(), &object)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if crate::to_host::is_code(&e, 409) || crate::to_host::is_code(&e, 404) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Why the webhook server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookServerError {

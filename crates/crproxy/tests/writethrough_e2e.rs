@@ -874,7 +874,41 @@ async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
         serde_json::json!([{"name": "https", "port": leader_port, "protocol": "TCP"}])
     );
     written_through(&tenant, &host, "via-leader").await;
+
+    // A successor points the Service at itself; the old leader's stop must leave the
+    // successor's endpoint in place, and the successor's stop empties the slice.
+    let slice_port = |slice: &Value| slice["ports"][0]["port"].as_u64();
+    let successor_port = free_port()?;
+    let successor = crproxy_sync::start(replica(true, successor_port)?).await?;
+    let leader_slice = || {
+        get(
+            &tenant,
+            &[
+                "endpointslice",
+                "-n",
+                "kube-system",
+                "crproxy-writethrough-leader",
+            ],
+        )
+    };
+    eventually("the successor's EndpointSlice", || {
+        leader_slice().filter(|s| slice_port(s) == Some(u64::from(successor_port)))
+    })
+    .await;
     leader.stop().await;
+    let slice = leader_slice().expect("the slice is still there");
+    assert_eq!(
+        slice_port(&slice),
+        Some(u64::from(successor_port)),
+        "{slice}"
+    );
+    assert_eq!(
+        slice["endpoints"][0]["addresses"][0], "127.0.0.1",
+        "{slice}"
+    );
+    successor.stop().await;
+    let slice = leader_slice().expect("the slice is still there");
+    assert_eq!(slice["endpoints"], serde_json::json!([]), "{slice}");
     standby.stop().await;
     Ok(())
 }
