@@ -124,15 +124,9 @@ async fn uids(apis: &[Api<DynamicObject>]) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for api in apis {
         for item in api.list(&ListParams::default()).await? {
-            let kind = item.types.as_ref().map(|t| t.kind.clone());
-            out.insert(
-                format!(
-                    "{} {}",
-                    kind.unwrap_or_default(),
-                    item.metadata.name.unwrap_or_default()
-                ),
-                item.metadata.uid.unwrap_or_default(),
-            );
+            let name = item.metadata.name.unwrap_or_default();
+            let uid = item.metadata.uid.unwrap_or_default();
+            out.insert(format!("{}/{name}", api.resource_url()), uid);
         }
     }
     Ok(out)
