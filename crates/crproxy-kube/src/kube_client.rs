@@ -170,6 +170,16 @@ impl From<kube::Error> for Error {
                 message: status.message.clone(),
                 body: serde_json::to_value(&*status).unwrap_or(serde_json::Value::Null),
             },
+            // A watch stream's body failing (the read timeout, a reset): kube-rs
+            // wraps the error the service produced in an io::Error; unwrap it so a
+            // stalled watch reads as the Timeout it is.
+            kube::Error::ReadEvents(io) if io.get_ref().is_some_and(|e| e.is::<kube::Error>()) => {
+                match io.into_inner().map(|e| e.downcast::<kube::Error>()) {
+                    Some(Ok(inner)) => Error::from(*inner),
+                    Some(Err(other)) => Error::Transport(crate::error::chain(other.as_ref())),
+                    None => Error::Transport("reading a watch failed".to_owned()),
+                }
+            }
             kube::Error::Service(source) => match source.downcast::<Error>() {
                 Ok(ours) => *ours,
                 Err(other) => Error::Transport(crate::error::chain(other.as_ref())),
@@ -196,6 +206,20 @@ mod tests {
         assert_eq!(
             err.to_string(),
             Error::from_response(503, b"service unavailable\n").to_string()
+        );
+    }
+
+    #[test]
+    fn a_watch_body_error_keeps_its_type() {
+        // What kube-rs makes of the read timeout failing a watch's body.
+        let ours = Error::Timeout("nothing read from the response for 1s".to_owned());
+        let read_events =
+            kube::Error::ReadEvents(std::io::Error::other(kube::Error::Service(Box::new(ours))));
+        let err = Error::from(read_events);
+        assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+        let plain = kube::Error::ReadEvents(std::io::Error::other("connection reset"));
+        assert!(
+            matches!(Error::from(plain), Error::Transport(ref t) if t.contains("connection reset"))
         );
     }
 

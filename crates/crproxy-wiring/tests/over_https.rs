@@ -1,39 +1,302 @@
-//! Leader election and registration against the fake HTTPS API server: real TLS, real
-//! JSON, real 409s. Real time (paused time cannot drive real sockets), so durations are
-//! short and every wait is bounded; the paused-time state machine tests are in
-//! src/leader/tests.rs.
+//! Leader election and registration against a devcluster: real TLS, real JSON, real
+//! 409s and real admission. Real time (paused time cannot drive real sockets), so
+//! durations are short and every wait is bounded; the paused-time state machine
+//! tests are in src/leader/tests.rs.
+//!
+//! What the wiring wrote is observed the way an operator would: objects read back,
+//! and watches opened before the action ([`WriteLog`]). An unavailable API server is
+//! its listener stopped and started again on the same port.
 
-use anyhow::{anyhow, Context as _, Result};
-use crproxy_kube::fake::FakeApiServer;
+use anyhow::{Context as _, Result};
+use crproxy_kube::{Auth, ClusterConfig};
 use crproxy_wiring::{
     register_all, spawn_registrar, spawn_wiring, LeaderElector, LeaderHandle, LeaseConfig,
     RegistrarConfig, Registration,
 };
-use serde_json::json;
+use futures_util::StreamExt as _;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, WatchParams,
+};
+use kube::core::{GroupVersionKind, WatchEvent};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use test_support::TestCluster;
+use tokio::task::JoinHandle;
 
-const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/crproxy-leader";
-const APISERVICES: &str = "/apis/apiregistration.k8s.io/v1/apiservices";
-const SERVICES: &str = "/api/v1/namespaces/kube-system/services";
+const LEASE_NAME: &str = "crproxy-leader";
+const APISERVICE: &str = "v1.example.com";
+const SERVICE: &str = "proxy-example-com-v1";
 
 fn lease_config(identity: &str) -> LeaseConfig {
     LeaseConfig {
         lease_duration: Duration::from_secs(2),
         renew_interval: Duration::from_millis(300),
         retry_interval: Duration::from_millis(100),
-        ..LeaseConfig::new("kube-system", "crproxy-leader", identity)
+        ..LeaseConfig::new("kube-system", LEASE_NAME, identity)
     }
 }
 
-/// A kube-rs client for the fake, built the way crproxy builds every kube client.
-fn kube_client(srv: &FakeApiServer) -> kube::Client {
-    let config = srv.config();
-    let credentials = config.credentials().expect("credentials");
-    crproxy_kube::kube_client_without_retries(&config, credentials, "default").expect("kube client")
+/// The admin identity of `cluster`, reached at `addr`.
+fn cluster_config(cluster: &TestCluster, addr: SocketAddr) -> Result<ClusterConfig> {
+    let mut config = ClusterConfig::new(format!("https://{addr}").parse()?);
+    config.ca_pem = Some(cluster.cluster.ca_pem().into_bytes());
+    config.auth = Auth::Token(cluster.cluster.admin_token());
+    Ok(config)
 }
 
-async fn start() -> Result<FakeApiServer> {
-    FakeApiServer::start().await.map_err(|e| anyhow!(e))
+/// A kube-rs client built the way `crproxy run` builds the wiring's client.
+fn client_at(cluster: &TestCluster, addr: SocketAddr) -> Result<kube::Client> {
+    let config = cluster_config(cluster, addr)?;
+    let credentials = config.credentials()?;
+    Ok(crproxy_kube::kube_client_without_retries(
+        &config,
+        credentials,
+        "default",
+    )?)
+}
+
+fn kube_client(cluster: &TestCluster) -> Result<kube::Client> {
+    client_at(cluster, cluster.cluster.addr())
+}
+
+fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", kind), plural)
+}
+
+fn leases(client: &kube::Client) -> Api<DynamicObject> {
+    let lease = resource("coordination.k8s.io", "Lease", "leases");
+    Api::namespaced_with(client.clone(), "kube-system", &lease)
+}
+
+fn apiservices(client: &kube::Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &resource("apiregistration.k8s.io", "APIService", "apiservices"),
+    )
+}
+
+fn services(client: &kube::Client) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        "kube-system",
+        &resource("", "Service", "services"),
+    )
+}
+
+/// Every kind the registrar writes.
+fn registration_apis(client: &kube::Client) -> Vec<Api<DynamicObject>> {
+    let admission = "admissionregistration.k8s.io";
+    vec![
+        Api::all_with(
+            client.clone(),
+            &resource(
+                admission,
+                "ValidatingAdmissionPolicy",
+                "validatingadmissionpolicies",
+            ),
+        ),
+        Api::all_with(
+            client.clone(),
+            &resource(
+                admission,
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+            ),
+        ),
+        services(client),
+        apiservices(client),
+    ]
+}
+
+/// The object as JSON, with the API server's own bookkeeping.
+async fn object(api: &Api<DynamicObject>, name: &str) -> Result<Value> {
+    let object = api.get(name).await.with_context(|| format!("get {name}"))?;
+    Ok(serde_json::to_value(object)?)
+}
+
+/// `(kind name, uid)` of every object of `apis`: the same uids later mean nothing
+/// was deleted and created again.
+async fn uids(apis: &[Api<DynamicObject>]) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for api in apis {
+        for item in api.list(&ListParams::default()).await? {
+            let name = item.metadata.name.unwrap_or_default();
+            let uid = item.metadata.uid.unwrap_or_default();
+            out.insert(format!("{}/{name}", api.resource_url()), uid);
+        }
+    }
+    Ok(out)
+}
+
+fn resource_version(object: &Value) -> u64 {
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What a writer did to one object, as a watch saw it.
+#[derive(Clone, Debug)]
+struct Write {
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    event: &'static str,
+    object: Value,
+}
+
+impl Write {
+    fn summary(&self) -> String {
+        format!(
+            "{} {} {}",
+            self.event,
+            self.object["kind"].as_str().unwrap_or("?"),
+            self.object["metadata"]["name"].as_str().unwrap_or("?")
+        )
+    }
+}
+
+/// The fields a client writes: everything but the status and the server's
+/// bookkeeping. devcluster's aggregator keeps APIService status current on its own,
+/// which is not a write of the wiring's.
+fn written_part(object: &Value) -> Value {
+    let mut out = object.clone();
+    if let Some(map) = out.as_object_mut() {
+        map.remove("status");
+    }
+    if let Some(meta) = out["metadata"].as_object_mut() {
+        meta.remove("resourceVersion");
+        meta.remove("managedFields");
+    }
+    out
+}
+
+#[derive(Default)]
+struct Seen {
+    writes: Vec<(u64, Write)>,
+    /// The highest resourceVersion each watch has delivered (or listed).
+    progress: Vec<u64>,
+}
+
+/// Watches opened before an action, recording every change to what clients write
+/// (creations, deletions, and modifications of anything but status), in the order
+/// the API server committed them. devcluster's resourceVersions are one counter
+/// across all resources, so sorting by them orders writes across kinds.
+struct WriteLog {
+    apis: Vec<Api<DynamicObject>>,
+    seen: Arc<Mutex<Seen>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl WriteLog {
+    async fn start(apis: Vec<Api<DynamicObject>>) -> Result<WriteLog> {
+        let seen = Arc::new(Mutex::new(Seen {
+            writes: Vec::new(),
+            progress: vec![0; apis.len()],
+        }));
+        let mut tasks = Vec::new();
+        for (index, api) in apis.iter().enumerate() {
+            let list = api.list(&ListParams::default()).await?;
+            let from = list.metadata.resource_version.clone().unwrap_or_default();
+            let mut last: BTreeMap<String, Value> = BTreeMap::new();
+            for item in list {
+                let item = serde_json::to_value(item)?;
+                let name = item["metadata"]["name"].as_str().unwrap_or("").to_owned();
+                last.insert(name, written_part(&item));
+            }
+            seen.lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?
+                .progress[index] = from.parse().unwrap_or(0);
+            let events = api.watch(&WatchParams::default(), &from).await?;
+            let seen = Arc::clone(&seen);
+            tasks.push(tokio::spawn(async move {
+                let mut events = std::pin::pin!(events);
+                // Ends with the watch (server-side timeout) or the abort in Drop.
+                while let Some(Ok(event)) = events.next().await {
+                    let (kind, object) = match event {
+                        WatchEvent::Added(o) => ("ADDED", o),
+                        WatchEvent::Modified(o) => ("MODIFIED", o),
+                        WatchEvent::Deleted(o) => ("DELETED", o),
+                        WatchEvent::Bookmark(_) | WatchEvent::Error(_) => continue,
+                    };
+                    let Ok(object) = serde_json::to_value(object) else {
+                        continue;
+                    };
+                    let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
+                    let written = written_part(&object);
+                    let changed = match kind {
+                        "DELETED" => {
+                            last.remove(&name);
+                            true
+                        }
+                        _ => last.insert(name, written.clone()).as_ref() != Some(&written),
+                    };
+                    let Ok(mut seen) = seen.lock() else { return };
+                    let rv = resource_version(&object);
+                    seen.progress[index] = seen.progress[index].max(rv);
+                    if changed {
+                        seen.writes.push((
+                            rv,
+                            Write {
+                                event: kind,
+                                object,
+                            },
+                        ));
+                    }
+                }
+            }));
+        }
+        Ok(WriteLog { apis, seen, tasks })
+    }
+
+    /// The writes since the last call, in commit order, once every watch has
+    /// delivered everything that is stored now.
+    async fn take(&self) -> Result<Vec<Write>> {
+        let mut stored = Vec::new();
+        for api in &self.apis {
+            let list = api.list(&ListParams::default()).await?;
+            let newest = list
+                .items
+                .iter()
+                .filter_map(|i| i.metadata.resource_version.as_deref())
+                .filter_map(|rv| rv.parse::<u64>().ok())
+                .max()
+                .unwrap_or(0);
+            stored.push(newest);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            {
+                let mut seen = self.seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                if seen
+                    .progress
+                    .iter()
+                    .zip(&stored)
+                    .all(|(seen, want)| seen >= want)
+                {
+                    let mut writes = std::mem::take(&mut seen.writes);
+                    writes.sort_by_key(|(rv, _)| *rv);
+                    return Ok(writes.into_iter().map(|(_, w)| w).collect());
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "the watches fell behind");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn take_summaries(&self) -> Result<Vec<String>> {
+        Ok(self.take().await?.iter().map(Write::summary).collect())
+    }
+}
+
+impl Drop for WriteLog {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 async fn wait_leader(h: &LeaderHandle, within: Duration) -> Result<Duration> {
@@ -46,16 +309,29 @@ async fn wait_leader(h: &LeaderHandle, within: Duration) -> Result<Duration> {
     Ok(t0.elapsed())
 }
 
+/// Polls `check` every 20 ms for at most 5 s.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !check().await? {
+        anyhow::ensure!(Instant::now() < deadline, "{what}: not within 5 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn election_over_the_wire() -> Result<()> {
-    let srv = start().await?;
-    let a = LeaderElector::spawn(kube_client(&srv), lease_config("replica-a"));
+    let cluster = test_support::devcluster("election").await;
+    let admin = kube_client(&cluster)?;
+    let leases = leases(&admin);
+    let log = WriteLog::start(vec![leases.clone()]).await?;
+    let a = LeaderElector::spawn(kube_client(&cluster)?, lease_config("replica-a"));
     wait_leader(&a, Duration::from_secs(5)).await?;
-    let b = LeaderElector::spawn(kube_client(&srv), lease_config("replica-b"));
+    let b = LeaderElector::spawn(kube_client(&cluster)?, lease_config("replica-b"));
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(a.is_leader() && !b.is_leader());
 
-    let lease = srv.object(LEASE).context("lease stored")?;
+    let lease = object(&leases, LEASE_NAME).await?;
     let spec = &lease["spec"];
     assert_eq!(lease["apiVersion"], "coordination.k8s.io/v1");
     assert_eq!(lease["kind"], "Lease");
@@ -70,19 +346,20 @@ async fn election_over_the_wire() -> Result<()> {
         );
     }
     assert_ne!(spec["renewTime"], spec["acquireTime"], "a renewed");
-    // Every write carried the resourceVersion it read: the fake answers 409 otherwise,
-    // and b only reads while a holds the lease.
-    let requests = srv.requests();
-    assert!(
-        requests.iter().any(|r| r.starts_with("PUT ")),
-        "{requests:?}"
+    // One Lease, created once and then renewed in place by a alone: b only reads
+    // while a holds it.
+    let writes = log.take().await?;
+    let summaries: Vec<String> = writes.iter().map(Write::summary).collect();
+    assert_eq!(
+        summaries.first().map(String::as_str),
+        Some("ADDED Lease crproxy-leader")
     );
-    assert!(
-        requests
-            .iter()
-            .all(|r| !r.starts_with("POST ") || r.ends_with("/leases")),
-        "{requests:?}"
-    );
+    assert!(summaries.len() >= 2, "{summaries:?}");
+    for write in &writes[1..] {
+        assert_eq!(write.summary(), "MODIFIED Lease crproxy-leader");
+        assert_eq!(write.object["spec"]["holderIdentity"], "replica-a");
+        assert_eq!(write.object["metadata"]["uid"], lease["metadata"]["uid"]);
+    }
 
     // a crashes: it neither renews nor releases. b waits out the lease.
     let crashed = Instant::now();
@@ -92,7 +369,7 @@ async fn election_over_the_wire() -> Result<()> {
         crashed.elapsed() >= Duration::from_millis(1500),
         "b took over {took:?} after the crash, before the 2 s lease could expire"
     );
-    let spec = srv.object(LEASE).context("lease")?["spec"].clone();
+    let spec = object(&leases, LEASE_NAME).await?["spec"].clone();
     assert_eq!(
         (
             spec["holderIdentity"].clone(),
@@ -102,7 +379,7 @@ async fn election_over_the_wire() -> Result<()> {
     );
 
     // A clean shutdown hands over within a retry interval or so.
-    let c = LeaderElector::spawn(kube_client(&srv), lease_config("replica-c"));
+    let c = LeaderElector::spawn(kube_client(&cluster)?, lease_config("replica-c"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!c.is_leader());
     let released = Instant::now();
@@ -114,23 +391,33 @@ async fn election_over_the_wire() -> Result<()> {
         released.elapsed()
     );
     assert_eq!(
-        srv.object(LEASE).context("lease")?["spec"]["leaseTransitions"],
+        object(&leases, LEASE_NAME).await?["spec"]["leaseTransitions"],
         2
     );
     c.release().await;
+    let lease_now = object(&leases, LEASE_NAME).await?;
+    assert_eq!(lease_now["spec"]["holderIdentity"], "");
     assert_eq!(
-        srv.object(LEASE).context("lease")?["spec"]["holderIdentity"],
-        ""
+        lease_now["metadata"]["uid"], lease["metadata"]["uid"],
+        "the Lease is never deleted"
+    );
+    assert!(
+        log.take_summaries()
+            .await?
+            .iter()
+            .all(|w| w == "MODIFIED Lease crproxy-leader"),
+        "only updates after the first create"
     );
     Ok(())
 }
 
 #[tokio::test]
 async fn a_leader_that_cannot_renew_steps_down() -> Result<()> {
-    let srv = start().await?;
-    let a = LeaderElector::spawn(kube_client(&srv), lease_config("replica-a"));
+    let cluster = test_support::devcluster("stepdown").await;
+    let a = LeaderElector::spawn(kube_client(&cluster)?, lease_config("replica-a"));
     wait_leader(&a, Duration::from_secs(5)).await?;
-    srv.set_unavailable(true);
+    let addr = cluster.cluster.addr();
+    cluster.cluster.stop_listener(addr)?;
     let down = Instant::now();
     let mut rx = a.changes();
     tokio::time::timeout(Duration::from_secs(4), rx.wait_for(|l| !*l))
@@ -141,7 +428,8 @@ async fn a_leader_that_cannot_renew_steps_down() -> Result<()> {
         after >= Duration::from_millis(1500) && after <= Duration::from_millis(2800),
         "stepped down {after:?} after renewals began failing (lease 2 s)"
     );
-    srv.set_unavailable(false);
+    // The API server is back on the same port (the client's address).
+    cluster.cluster.add_listener(addr.port()).await?;
     wait_leader(&a, Duration::from_secs(3)).await?;
     Ok(())
 }
@@ -161,111 +449,154 @@ fn regs() -> Vec<Registration> {
     ]
 }
 
-fn writes(srv: &FakeApiServer) -> Vec<String> {
-    srv.requests()
-        .into_iter()
-        .filter(|r| !r.starts_with("GET "))
-        .collect()
-}
-
 #[tokio::test]
 async fn registration_creates_repairs_and_never_deletes() -> Result<()> {
-    let srv = start().await?;
-    let client = kube_client(&srv);
+    let cluster = test_support::devcluster("register").await;
+    let client = kube_client(&cluster)?;
+    let apis = registration_apis(&client);
+    let log = WriteLog::start(registration_apis(&client)).await?;
+    let (apiservices, services) = (apiservices(&client), services(&client));
     let cfg = RegistrarConfig::local(b"CA PEM".to_vec());
     register_all(&client, &cfg, &regs()).await?;
+    // The policy protects the objects from the start, and each Service exists
+    // before the APIService that points at it.
     assert_eq!(
-        writes(&srv),
+        log.take_summaries().await?,
         [
-            "POST /apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
-            "POST /apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
-            "POST /api/v1/namespaces/kube-system/services",
-            "POST /apis/apiregistration.k8s.io/v1/apiservices",
-            "POST /api/v1/namespaces/kube-system/services",
-            "POST /apis/apiregistration.k8s.io/v1/apiservices",
+            "ADDED ValidatingAdmissionPolicy vcluster-protected-apiservices",
+            "ADDED ValidatingAdmissionPolicyBinding vcluster-protected-resource-proxy",
+            "ADDED Service proxy-example-com-v1",
+            "ADDED APIService v1.example.com",
+            "ADDED Service proxy-stable-example-io-v1beta1",
+            "ADDED APIService v1beta1.stable.example.io",
         ]
     );
-    let api = srv
-        .object(&format!("{APISERVICES}/v1beta1.stable.example.io"))
-        .context("apiservice")?;
+    let created = uids(&apis).await?;
+    let api = object(&apiservices, "v1beta1.stable.example.io").await?;
     assert_eq!(
         api["spec"]["service"]["name"],
         "proxy-stable-example-io-v1beta1"
     );
     assert_eq!(api["spec"]["service"]["port"], 9101);
     assert_eq!(api["spec"]["caBundle"], "Q0EgUEVN");
-    let svc = srv
-        .object(&format!("{SERVICES}/proxy-example-com-v1"))
-        .context("service")?;
+    let svc = object(&services, SERVICE).await?;
     assert_eq!(svc["spec"]["externalName"], "localhost");
     assert_eq!(
         svc["metadata"]["labels"]["vcluster.loft.sh/protected"],
         "resource-proxy"
     );
 
-    // Up to date: a second pass only reads.
-    srv.clear_requests();
+    // Up to date: a second pass changes nothing. (An update that changes nothing is
+    // not committed, by devcluster as by kube-apiserver, so no other client could
+    // tell a no-op write from a read.)
     register_all(&client, &cfg, &regs()).await?;
-    assert_eq!(writes(&srv), Vec::<String>::new());
+    assert_eq!(log.take_summaries().await?, Vec::<String>::new());
 
     // Someone strips the label and changes the CA; the service gets a foreign label.
-    let mut api = srv
-        .object(&format!("{APISERVICES}/v1.example.com"))
-        .context("apiservice")?;
-    api["metadata"]["labels"] = json!({});
-    api["spec"]["caBundle"] = json!("b3RoZXI=");
-    srv.client()
-        .replace(&format!("{APISERVICES}/v1.example.com"), &api)
+    let edit = PatchParams::default();
+    apiservices
+        .patch(
+            APISERVICE,
+            &edit,
+            &Patch::Merge(json!({"metadata": {"labels": null}, "spec": {"caBundle": "b3RoZXI="}})),
+        )
         .await?;
-    let mut svc = srv
-        .object(&format!("{SERVICES}/proxy-example-com-v1"))
-        .context("service")?;
-    svc["metadata"]["labels"]["team"] = json!("platform");
-    srv.client()
-        .replace(&format!("{SERVICES}/proxy-example-com-v1"), &svc)
+    services
+        .patch(
+            SERVICE,
+            &edit,
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "platform"}}})),
+        )
         .await?;
-    srv.clear_requests();
+    assert_eq!(
+        log.take_summaries().await?,
+        [
+            "MODIFIED APIService v1.example.com",
+            "MODIFIED Service proxy-example-com-v1"
+        ]
+    );
     register_all(&client, &cfg, &regs()).await?;
     assert_eq!(
-        writes(&srv),
-        ["PUT /apis/apiregistration.k8s.io/v1/apiservices/v1.example.com"]
+        log.take_summaries().await?,
+        ["MODIFIED APIService v1.example.com"],
+        "only the drifted APIService is repaired; a foreign label is not drift"
     );
-    let api = srv
-        .object(&format!("{APISERVICES}/v1.example.com"))
-        .context("apiservice")?;
+    let api = object(&apiservices, APISERVICE).await?;
     assert_eq!(api["spec"]["caBundle"], "Q0EgUEVN");
     assert_eq!(
         api["metadata"]["labels"]["vcluster.loft.sh/protected"],
         "resource-proxy"
     );
+    assert_eq!(
+        object(&services, SERVICE).await?["metadata"]["labels"]["team"],
+        "platform"
+    );
 
     // Dropping a group/version from the config leaves its objects alone.
-    srv.clear_requests();
     register_all(&client, &cfg, &regs()[..1]).await?;
-    assert_eq!(writes(&srv), Vec::<String>::new());
-    assert!(srv
-        .object(&format!("{APISERVICES}/v1beta1.stable.example.io"))
-        .is_some());
+    assert_eq!(log.take_summaries().await?, Vec::<String>::new());
+    object(&apiservices, "v1beta1.stable.example.io").await?;
 
     // A failing API server is reported, naming the object.
-    srv.set_unavailable(true);
+    let addr = cluster.cluster.addr();
+    cluster.cluster.stop_listener(addr)?;
     let err = register_all(&client, &cfg, &regs())
         .await
         .expect_err("unavailable");
     assert!(err.to_string().contains("6 objects failed"), "{err}");
-    assert!(
-        srv.requests().iter().all(|r| !r.starts_with("DELETE ")),
-        "never deletes"
-    );
+    cluster.cluster.add_listener(addr.port()).await?;
+    assert_eq!(uids(&apis).await?, created, "never deletes");
+    assert_eq!(log.take_summaries().await?, Vec::<String>::new());
     Ok(())
+}
+
+/// A TCP relay to the API server that counts the connections made through it.
+struct CountingRelay {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    accept: JoinHandle<()>,
+}
+
+impl CountingRelay {
+    async fn start(upstream: SocketAddr) -> Result<CountingRelay> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&connections);
+        let accept = tokio::spawn(async move {
+            // Bounded by the abort in Drop; each copy ends when either side closes.
+            while let Ok((mut caller, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut caller, &mut server).await;
+                    }
+                });
+            }
+        });
+        Ok(CountingRelay {
+            addr,
+            connections,
+            accept,
+        })
+    }
+}
+
+impl Drop for CountingRelay {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
 }
 
 #[tokio::test]
 async fn only_the_leader_registers() -> Result<()> {
-    let srv = start().await?;
+    let cluster = test_support::devcluster("leader-only").await;
+    let admin = kube_client(&cluster)?;
     let cfg = RegistrarConfig::local(b"CA".to_vec());
+    // The follower talks through a relay: not even a read may reach the server.
+    let relay = CountingRelay::start(cluster.cluster.addr()).await?;
     let follower = spawn_registrar(
-        kube_client(&srv),
+        client_at(&cluster, relay.addr)?,
         cfg.clone(),
         regs(),
         LeaderHandle::fixed(false),
@@ -273,38 +604,50 @@ async fn only_the_leader_registers() -> Result<()> {
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
-        srv.requests(),
-        Vec::<String>::new(),
+        relay.connections.load(Ordering::SeqCst),
+        0,
         "a follower touches nothing"
     );
+    assert!(apiservices(&admin).get_opt(APISERVICE).await?.is_none());
     follower.abort();
 
-    let leader = LeaderElector::spawn(kube_client(&srv), lease_config("replica-a"));
+    let leader = LeaderElector::spawn(kube_client(&cluster)?, lease_config("replica-a"));
     let registrar = spawn_registrar(
-        kube_client(&srv),
+        kube_client(&cluster)?,
         cfg,
         regs(),
         leader.clone(),
         Duration::from_millis(200),
     );
     wait_leader(&leader, Duration::from_secs(5)).await?;
-    let path = format!("{APISERVICES}/v1.example.com");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while srv.object(&path).is_none() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "not registered on leadership gain"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Repair on the interval: a deleted Service comes back (the fake has no admission).
-    let svc_path = format!("{SERVICES}/proxy-example-com-v1");
-    srv.client().delete(&svc_path).await?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while srv.object(&svc_path).is_none() {
-        anyhow::ensure!(Instant::now() < deadline, "not repaired");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let apiservices = apiservices(&admin);
+    eventually("registered on leadership gain", async || {
+        Ok(apiservices.get_opt(APISERVICE).await?.is_some())
+    })
+    .await?;
+    // Repair on the interval: a deleted Service comes back. The protection policy
+    // refuses to delete a labelled Service, so the label goes first, as an operator
+    // removing it on purpose would do.
+    let services = services(&admin);
+    let old_uid = object(&services, SERVICE).await?["metadata"]["uid"]
+        .as_str()
+        .context("uid")?
+        .to_owned();
+    services
+        .patch(
+            SERVICE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": null}})),
+        )
+        .await?;
+    services.delete(SERVICE, &DeleteParams::default()).await?;
+    eventually("the Service repaired", async || {
+        Ok(services
+            .get_opt(SERVICE)
+            .await?
+            .is_some_and(|s| s.metadata.uid.as_deref() != Some(old_uid.as_str())))
+    })
+    .await?;
     // Releasing leadership ends the registrar with the election.
     leader.release().await;
     tokio::time::timeout(Duration::from_secs(2), registrar)
@@ -315,31 +658,43 @@ async fn only_the_leader_registers() -> Result<()> {
 
 #[tokio::test]
 async fn wiring_stops_registering_before_it_releases() -> Result<()> {
-    let srv = start().await?;
+    let cluster = test_support::devcluster("stop").await;
+    let admin = kube_client(&cluster)?;
     let wiring = spawn_wiring(
-        kube_client(&srv),
+        kube_client(&cluster)?,
         lease_config("replica-a"),
         RegistrarConfig::local(b"CA".to_vec()),
         regs(),
         Duration::from_millis(100),
     );
     wait_leader(wiring.leader(), Duration::from_secs(5)).await?;
-    let path = format!("{APISERVICES}/v1.example.com");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while srv.object(&path).is_none() {
-        anyhow::ensure!(Instant::now() < deadline, "not registered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let apiservices = apiservices(&admin);
+    eventually("registered", async || {
+        Ok(apiservices.get_opt(APISERVICE).await?.is_some())
+    })
+    .await?;
     wiring.stop().await;
+    let leases = leases(&admin);
     assert_eq!(
-        srv.object(LEASE).context("lease")?["spec"]["holderIdentity"],
+        object(&leases, LEASE_NAME).await?["spec"]["holderIdentity"],
         ""
     );
-    srv.clear_requests();
+    // Nothing runs after stop: drift stays unrepaired and the free Lease untaken
+    // for three registration intervals.
+    let mut apis = registration_apis(&admin);
+    apis.push(leases);
+    let log = WriteLog::start(apis).await?;
+    apiservices
+        .patch(
+            APISERVICE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"service": {"port": 1}}})),
+        )
+        .await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        srv.requests(),
-        Vec::<String>::new(),
+        log.take_summaries().await?,
+        ["MODIFIED APIService v1.example.com"],
         "nothing runs after stop"
     );
     Ok(())

@@ -1,0 +1,157 @@
+//! Cluster configuration from kubeconfigs and the in-cluster service account: pure
+//! parsing and resolution, no server. Connecting with each form, rotation of
+//! credentials and TLS are tested against a devcluster in
+//! crates/crproxy/tests/kube_connection.rs (devcluster depends on this crate).
+
+use anyhow::Result;
+use base64::Engine as _;
+use crproxy_kube::{Auth, ClusterConfig, Error, Kubeconfig};
+
+#[test]
+fn kubeconfig_data_and_file_forms() -> Result<()> {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("token"), "file-token\n")?;
+    let yaml = format!(
+        r#"
+apiVersion: v1
+kind: Config
+clusters:
+- name: data
+  cluster:
+    server: https://10.0.0.1:6443
+    certificate-authority-data: {ca}
+    tls-server-name: kubernetes.default
+- name: insecure
+  cluster:
+    server: https://[::1]:8443/prefix
+    insecure-skip-tls-verify: true
+users:
+- name: certs
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+- name: tok
+  user:
+    token: inline-token
+- name: tokfile
+  user:
+    tokenFile: token
+- name: half
+  user:
+    client-certificate-data: {cert}
+- name: plugin
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: aws
+      args: [eks, get-token]
+      env: [{{name: AWS_PROFILE, value: dev}}]
+- name: provider
+  user:
+    auth-provider: {{name: gcp}}
+- name: gonefile
+  user:
+    tokenFile: absent-token
+contexts:
+- {{name: a, context: {{cluster: data, user: certs}}}}
+- {{name: b, context: {{cluster: insecure, user: tok}}}}
+- {{name: c, context: {{cluster: insecure, user: tokfile}}}}
+- {{name: d, context: {{cluster: data, user: nobody}}}}
+- {{name: e, context: {{cluster: data, user: half}}}}
+- {{name: f, context: {{cluster: missing, user: tok}}}}
+- {{name: g, context: {{cluster: data, user: plugin}}}}
+- {{name: h, context: {{cluster: data, user: provider}}}}
+- {{name: i, context: {{cluster: data, user: gonefile}}}}
+current-context: b
+users2: null
+"#,
+        ca = b64("CA PEM"),
+        cert = b64("CERT PEM"),
+        key = b64("KEY PEM"),
+    );
+    let mut kc = Kubeconfig::from_yaml(&yaml)?;
+    kc.base_dir = Some(dir.path().to_path_buf());
+
+    let a = ClusterConfig::from_kubeconfig(&kc, Some("a"))?;
+    assert_eq!(a.server.as_str(), "https://10.0.0.1:6443/");
+    assert_eq!(a.ca_pem.as_deref(), Some(&b"CA PEM"[..]));
+    assert_eq!(a.tls_server_name.as_deref(), Some("kubernetes.default"));
+    assert_eq!(
+        a.auth,
+        Auth::ClientCert {
+            cert_pem: b"CERT PEM".to_vec(),
+            key_pem: b"KEY PEM".to_vec()
+        }
+    );
+    assert_eq!(
+        format!("{:?}", a.server_name()?),
+        format!(
+            "{:?}",
+            rustls_pki_types::ServerName::try_from("kubernetes.default")?
+        )
+    );
+    assert_eq!(a.bearer_token(), None);
+
+    let b = ClusterConfig::from_kubeconfig(&kc, None)?;
+    assert!(b.insecure_skip_tls_verify && b.ca_pem.is_none());
+    assert_eq!(b.bearer_token(), Some("inline-token"));
+    assert_eq!(
+        format!("{:?}", b.server_name()?),
+        format!("{:?}", rustls_pki_types::ServerName::try_from("::1")?)
+    );
+    assert!(
+        !format!("{b:?}").contains("inline-token"),
+        "tokens are redacted"
+    );
+
+    let c = ClusterConfig::from_kubeconfig(&kc, Some("c"))?;
+    assert_eq!(c.auth, Auth::TokenFile(dir.path().join("token")));
+    let g = ClusterConfig::from_kubeconfig(&kc, Some("g"))?;
+    let Auth::Exec(exec) = &g.auth else {
+        panic!("an exec user: {:?}", g.auth)
+    };
+    assert_eq!(exec.command, std::path::PathBuf::from("aws"));
+    assert_eq!(exec.args, ["eks", "get-token"]);
+    assert_eq!(exec.env, [("AWS_PROFILE".to_owned(), "dev".to_owned())]);
+    assert_eq!(
+        exec.api_version.as_deref(),
+        Some("client.authentication.k8s.io/v1")
+    );
+    let d = ClusterConfig::from_kubeconfig(&kc, Some("d"))?;
+    assert_eq!(d.auth, Auth::None);
+
+    for (ctx, needle) in [
+        ("e", "not both"),
+        ("f", "\"missing\""),
+        ("zzz", "context \"zzz\" not found"),
+        ("h", "legacy auth provider"),
+        ("i", "absent-token"),
+    ] {
+        let err = ClusterConfig::from_kubeconfig(&kc, Some(ctx)).expect_err(ctx);
+        assert!(err.to_string().contains(needle), "{ctx}: {err}");
+    }
+    let err = Kubeconfig::load(&dir.path().join("absent")).expect_err("missing file");
+    assert!(matches!(err, Error::Kubeconfig(_)), "{err:?}");
+    assert!(Kubeconfig::from_yaml("clusters: [").is_err());
+    Ok(())
+}
+
+#[test]
+fn in_cluster_reads_the_service_account() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("token"), "sa-token\n")?;
+    std::fs::write(dir.path().join("ca.crt"), "CA")?;
+    let cfg = ClusterConfig::in_cluster_from(Some("fd00::1"), Some("443"), dir.path())?;
+    assert_eq!(cfg.server.as_str(), "https://[fd00::1]/");
+    // The kubelet rotates the projected token: it is read again while running.
+    assert_eq!(cfg.auth, Auth::TokenFile(dir.path().join("token")));
+    let cfg = ClusterConfig::in_cluster_from(Some("10.96.0.1"), Some("6443"), dir.path())?;
+    assert_eq!(cfg.server.as_str(), "https://10.96.0.1:6443/");
+    assert!(ClusterConfig::in_cluster_from(None, Some("443"), dir.path()).is_err());
+    std::fs::remove_file(dir.path().join("token"))?;
+    let err = ClusterConfig::in_cluster_from(Some("10.96.0.1"), Some("443"), dir.path())
+        .expect_err("no token");
+    assert!(err.to_string().contains("token"), "{err}");
+    Ok(())
+}
