@@ -20,7 +20,7 @@ use kube::Api;
 
 use crproxy_core::config::AccessMode;
 use target_support::{
-    harness, json_of, send, widget, widget_object, Harness, OWNER_LABELS, WIDGETS,
+    harness, json_of, on_target, send, widget, widget_object, Harness, OWNER_LABELS, WIDGETS,
 };
 
 /// Rounds per race test: enough that an unpinned proxy loses many of them.
@@ -73,12 +73,6 @@ async fn unlabel(widgets: &Api<DynamicObject>, name: &str) -> Option<Value> {
         .await
         .ok()
         .map(|object| json_of(&object))
-}
-
-/// `name` as stored on the target, if it exists.
-async fn on_target(h: &Harness, name: &str) -> Option<Value> {
-    let object = h.widgets.get_opt(name).await.expect("get");
-    object.as_ref().map(json_of)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

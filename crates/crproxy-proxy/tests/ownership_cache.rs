@@ -25,7 +25,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
 use crproxy_core::config::AccessMode;
 use target_support::{
-    harness, json_of, send, widget, widget_object, Harness, Reply, OWNER_LABELS, WIDGETS,
+    harness, json_of, on_target, send, widget, widget_object, Harness, Reply, OWNER_LABELS, WIDGETS,
 };
 
 /// Rounds per race test.
@@ -221,12 +221,6 @@ async fn recreate_after(h: &Harness, name: &str, delay: Duration) -> Option<Valu
         .await
         .ok()
         .map(|object| json_of(&object))
-}
-
-/// `name` as stored on the target, if it exists.
-async fn on_target(h: &Harness, name: &str) -> Option<Value> {
-    let object = h.widgets.get_opt(name).await.expect("get");
-    object.as_ref().map(json_of)
 }
 
 /// Races `write` against the removal of the owner labels.

@@ -151,14 +151,7 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
         .create(&PostParams::default(), &demo)
         .await
         .expect("namespace created");
-    let widgets = Api::namespaced_with(
-        admin.clone(),
-        "demo",
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("example.com", "v1", "Widget"),
-            "widgets",
-        ),
-    );
+    let widgets = Api::namespaced_with(admin.clone(), "demo", &widget_resource());
     wait_until_served(&widgets).await;
 
     // The client cluster publishes its front-proxy CA in
@@ -293,23 +286,29 @@ pub async fn send_as(
     if let Some(ct) = content_type {
         request = request.header("content-type", ct);
     }
-    let request = request
-        .body(kube::client::Body::from(body.into()))
-        .expect("request");
-    // A caller-side failure (the connection broke, the client gave up) is an
-    // answer too: status 0 with the error, for the tests to count.
+    let request = request.body(body.into()).expect("request");
+    exchange(caller, request).await
+}
+
+/// Sends `request` as `caller` and reads the whole answer. A caller-side failure
+/// (the connection broke, no answer within [`CALLER_TIMEOUT`]) is an answer too:
+/// status 0 with the error, for the tests to count.
+pub async fn exchange(caller: &kube::Client, request: http::Request<Bytes>) -> Reply {
     let failed = |message: String| Reply {
         status: 0,
         headers: http::HeaderMap::new(),
         body: json!({ "message": message }),
     };
-    let exchange = async {
-        let response = caller.send(request).await.map_err(|e| e.to_string())?;
+    let answer = async {
+        let response = caller
+            .send(request.map(kube::client::Body::from))
+            .await
+            .map_err(|e| e.to_string())?;
         let (parts, body) = response.into_parts();
         let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
         Ok::<_, String>((parts, body))
     };
-    match tokio::time::timeout(CALLER_TIMEOUT, exchange).await {
+    match tokio::time::timeout(CALLER_TIMEOUT, answer).await {
         Ok(Ok((parts, body))) => Reply {
             status: parts.status.as_u16(),
             headers: parts.headers,
@@ -326,9 +325,23 @@ pub fn widget(name: &str, labels: Value) -> Value {
            "spec": {"replicas": 1}})
 }
 
+/// The widget kind, for kube-rs's dynamic API.
+pub fn widget_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
+        "widgets",
+    )
+}
+
 /// [`widget`] as the target's admin writes it.
 pub fn widget_object(name: &str, labels: Value) -> DynamicObject {
     serde_json::from_value(widget(name, labels)).expect("widget")
+}
+
+/// `demo/<name>` as stored on the target, if it exists.
+pub async fn on_target(h: &Harness, name: &str) -> Option<Value> {
+    let object = h.widgets.get_opt(name).await.expect("get");
+    object.as_ref().map(json_of)
 }
 
 /// An object the target's admin read or wrote, as JSON: the shape the proxy's
