@@ -307,12 +307,15 @@ async fn faults_on_the_target_side_lose_no_write_and_hold_no_request() {
         acknowledged.extend(writer.await.expect("writer"));
     }
 
-    let on_target = h.admin.list(WIDGETS).await.expect("list on the target");
-    let stored: std::collections::HashSet<String> = on_target["items"]
-        .as_array()
-        .expect("items")
+    let on_target = h
+        .widgets
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("list on the target");
+    let stored: std::collections::HashSet<String> = on_target
+        .items
         .iter()
-        .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string))
+        .filter_map(|i| i.metadata.name.clone())
         .collect();
     let lost: Vec<&String> = acknowledged
         .iter()

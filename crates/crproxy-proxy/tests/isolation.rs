@@ -15,9 +15,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::Api;
+
 use crproxy_core::config::AccessMode;
-use crproxy_kube::{Client, PatchType};
-use target_support::{harness, send, widget, Harness, OWNER_LABELS, WIDGETS};
+use target_support::{
+    harness, json_of, on_target, send, widget, widget_object, Harness, OWNER_LABELS, WIDGETS,
+};
 
 /// Rounds per race test: enough that an unpinned proxy loses many of them.
 const RACE_ROUNDS: usize = 40;
@@ -34,9 +38,9 @@ fn is_owned(object: &Value) -> bool {
 
 /// Every widget on the target carries this client's labels.
 async fn assert_all_owned(h: &Harness) {
-    let list = h.admin.list(WIDGETS).await.expect("list");
-    for item in list["items"].as_array().expect("items") {
-        assert!(is_owned(item), "unlabelled object on the target: {item}");
+    let list = h.widgets.list(&ListParams::default()).await.expect("list");
+    for item in list.items.iter().map(json_of) {
+        assert!(is_owned(&item), "unlabelled object on the target: {item}");
     }
 }
 
@@ -55,19 +59,20 @@ fn stagger(round: usize) -> Duration {
 
 /// The admin removes the owner labels of `name` after `delay` and returns the
 /// object as written.
-async fn unlabel_after(admin: &Client, name: &str, delay: Duration) -> Option<Value> {
+async fn unlabel_after(widgets: &Api<DynamicObject>, name: &str, delay: Duration) -> Option<Value> {
     tokio::time::sleep(delay).await;
-    unlabel(admin, name).await
+    unlabel(widgets, name).await
 }
 
 /// The admin removes the owner labels of `name` and returns the object as written.
-async fn unlabel(admin: &Client, name: &str) -> Option<Value> {
+async fn unlabel(widgets: &Api<DynamicObject>, name: &str) -> Option<Value> {
     let patch = json!({"metadata": {"labels": {
         "vcluster.com/owner-vcluster": null, "vcluster.com/owner-project": null}}});
-    admin
-        .patch(&format!("{WIDGETS}/{name}"), PatchType::Merge, &patch)
+    widgets
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .ok()
+        .map(|object| json_of(&object))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +147,7 @@ async fn bodies_the_proxy_cannot_read_strictly_are_refused_never_forwarded() {
 
     // Writes to an owned object: the same bodies are refused, the object unchanged.
     let path = format!("{WIDGETS}/plain");
-    let before = h.admin.get(&path).await.expect("get");
+    let before = on_target(&h, "plain").await.expect("stored");
     let patches: Vec<(&str, &str, Vec<u8>)> = vec![
         (
             "merge patch with 0xFF",
@@ -171,7 +176,7 @@ async fn bodies_the_proxy_cannot_read_strictly_are_refused_never_forwarded() {
         .await;
         assert_eq!(reply.status, 400, "{what}: {}", reply.body);
     }
-    let after = h.admin.get(&path).await.expect("get");
+    let after = on_target(&h, "plain").await.expect("stored");
     assert_eq!(rv(&after), rv(&before), "the object was not written");
     assert_all_owned(&h).await;
     h.proxy.shutdown().await;
@@ -231,10 +236,12 @@ async fn all_mode_keeps_continue_without_labels() {
 
 /// Creates `name` owned by the client, straight on the target.
 async fn owned_widget(h: &Harness, name: &str) -> Value {
-    h.admin
-        .create(WIDGETS, &widget(name, owned_labels()))
+    let created = h
+        .widgets
+        .create(&PostParams::default(), &widget_object(name, owned_labels()))
         .await
-        .expect("created")
+        .expect("created");
+    json_of(&created)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,13 +260,13 @@ async fn a_patch_never_lands_on_an_object_that_lost_its_labels() {
             r#"{"spec":{"replicas":7}}"#,
         );
         let (patched, unlabelled) =
-            tokio::join!(patch, unlabel_after(&h.admin, &name, stagger(round)));
+            tokio::join!(patch, unlabel_after(&h.widgets, &name, stagger(round)));
         let unlabelled = unlabelled.expect("admin unlabels");
         // Any write after the admin's is a write to an object that was not owned.
         if patched.status == 200 && rv(&patched.body) > rv(&unlabelled) {
             violations.push(name.clone());
         }
-        let stored = h.admin.get(&path).await.expect("get");
+        let stored = on_target(&h, &name).await.expect("stored");
         if stored["spec"]["replicas"] == 7 && !is_owned(&stored) && rv(&stored) > rv(&unlabelled) {
             violations.push(format!("{name} (stored)"));
         }
@@ -280,10 +287,11 @@ async fn a_delete_never_removes_an_object_that_lost_its_labels() {
         owned_widget(&h, &name).await;
         let path = format!("{WIDGETS}/{name}");
         let delete = send(&h, "DELETE", &path, None, Bytes::new());
-        let (_, unlabelled) = tokio::join!(delete, unlabel_after(&h.admin, &name, stagger(round)));
+        let (_, unlabelled) =
+            tokio::join!(delete, unlabel_after(&h.widgets, &name, stagger(round)));
         // The admin's write succeeded, so the object was unlabelled while it still
         // existed; from then on nobody but the admin may delete it.
-        if unlabelled.is_some() && h.admin.get_opt(&path).await.expect("get").is_none() {
+        if unlabelled.is_some() && on_target(&h, &name).await.is_none() {
             violations.push(name);
         }
     }
@@ -311,20 +319,18 @@ async fn apply_that_creates_never_takes_over_an_object_created_meanwhile() {
             Some("application/apply-patch+yaml"),
             applied,
         );
-        let foreign_widget = widget(&name, json!({"team": "admin"}));
+        let foreign_widget = widget_object(&name, json!({"team": "admin"}));
         let foreign = async {
             tokio::time::sleep(stagger(round)).await;
-            h.admin.create(WIDGETS, &foreign_widget).await
+            h.widgets
+                .create(&PostParams::default(), &foreign_widget)
+                .await
         };
         let (_, created) = tokio::join!(apply, foreign);
         // The admin's create won the name: the object is the admin's and must stay
         // unlabelled and untouched.
         if created.is_ok() {
-            let stored = h
-                .admin
-                .get(&format!("{WIDGETS}/{name}"))
-                .await
-                .expect("get");
+            let stored = on_target(&h, &name).await.expect("stored");
             if is_owned(&stored) || stored["spec"]["replicas"] == 5 {
                 violations.push(name);
             }
@@ -349,44 +355,28 @@ async fn deletecollection_never_removes_an_object_that_lost_its_labels() {
             owned_widget(&h, name).await;
         }
         let foreign = format!("c{round}-foreign");
-        h.admin
-            .create(WIDGETS, &widget(&foreign, json!({})))
+        h.widgets
+            .create(&PostParams::default(), &widget_object(&foreign, json!({})))
             .await
             .expect("foreign");
         let sweep = send(&h, "DELETE", WIDGETS, None, Bytes::new());
         let (swept, unlabelled) = tokio::join!(
             sweep,
-            unlabel_after(&h.admin, &names[3], stagger(round * 4))
+            unlabel_after(&h.widgets, &names[3], stagger(round * 4))
         );
         assert_eq!(swept.status, 200, "{}", swept.body);
         for item in swept.body["items"].as_array().expect("items") {
             assert!(is_owned(item), "answered with an unowned object: {item}");
         }
-        if h.admin
-            .get_opt(&format!("{WIDGETS}/{foreign}"))
-            .await
-            .expect("get")
-            .is_none()
-        {
+        if on_target(&h, &foreign).await.is_none() {
             violations.push(foreign);
         }
-        if unlabelled.is_some()
-            && h.admin
-                .get_opt(&format!("{WIDGETS}/{}", names[3]))
-                .await
-                .expect("get")
-                .is_none()
-        {
+        if unlabelled.is_some() && on_target(&h, &names[3]).await.is_none() {
             violations.push(names[3].clone());
         }
         // The objects that stayed owned are gone.
         for name in &names[..3] {
-            assert!(h
-                .admin
-                .get_opt(&format!("{WIDGETS}/{name}"))
-                .await
-                .expect("get")
-                .is_none());
+            assert!(on_target(&h, name).await.is_none(), "{name}");
         }
     }
     assert!(
@@ -406,7 +396,7 @@ async fn subresource_answers_never_show_an_object_that_lost_its_labels() {
         let status_path = format!("{WIDGETS}/{name}/status");
         let status = send(&h, "GET", &status_path, None, Bytes::new());
         let (shown, unlabelled) =
-            tokio::join!(status, unlabel_after(&h.admin, &name, stagger(round)));
+            tokio::join!(status, unlabel_after(&h.widgets, &name, stagger(round)));
         let unlabelled = unlabelled.expect("admin unlabels");
         if shown.status == 200 && !is_owned(&shown.body) {
             violations.push(format!("{name}: {}", shown.body));
@@ -426,7 +416,7 @@ async fn subresource_answers_never_show_an_object_that_lost_its_labels() {
     .await;
     assert_eq!(scale.status, 200, "{}", scale.body);
     assert_eq!(scale.body["kind"], "Scale");
-    unlabel(&h.admin, "scaled").await.expect("unlabel");
+    unlabel(&h.widgets, "scaled").await.expect("unlabel");
     let scale = send(
         &h,
         "GET",
@@ -473,7 +463,7 @@ async fn owned_writes_still_work_with_their_pins() {
     }
     // A PUT without resourceVersion is pinned to the checked one; with a stale one
     // it is a conflict, as on kube.
-    let mut current = h.admin.get(&path).await.expect("get");
+    let mut current = on_target(&h, "w").await.expect("stored");
     current["spec"]["replicas"] = json!(6);
     current["metadata"]
         .as_object_mut()
@@ -513,6 +503,6 @@ async fn owned_writes_still_work_with_their_pins() {
     assert!(is_owned(&created.body));
     let deleted = send(&h, "DELETE", &path, None, Bytes::new()).await;
     assert_eq!(deleted.status, 200, "{}", deleted.body);
-    assert!(h.admin.get_opt(&path).await.expect("get").is_none());
+    assert!(on_target(&h, "w").await.is_none());
     h.proxy.shutdown().await;
 }

@@ -10,7 +10,7 @@
 mod target_support;
 
 use crproxy_core::config::AccessMode;
-use target_support::{harness, send, widget, OWNER_LABELS, WIDGETS};
+use target_support::{harness, send, widget_object, OWNER_LABELS, WIDGETS};
 
 /// The bound the issue sets for a replica under this load.
 const PEAK_GROWTH_LIMIT_KIB: u64 = 150 * 1024;
@@ -31,10 +31,10 @@ async fn eight_concurrent_three_mebibyte_bodies_stay_under_150_mib() {
     // A strategic merge patch of an owned object: the proxy reads, parses, labels
     // and pins the body; the target refuses that media type for a custom resource
     // before parsing it (415), so only the proxy's memory is measured.
-    h.admin
+    h.widgets
         .create(
-            WIDGETS,
-            &widget("held", serde_json::from_str(OWNER_LABELS).expect("labels")),
+            &kube::api::PostParams::default(),
+            &widget_object("held", serde_json::from_str(OWNER_LABELS).expect("labels")),
         )
         .await
         .expect("owned widget");

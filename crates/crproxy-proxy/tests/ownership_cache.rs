@@ -21,9 +21,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+
 use crproxy_core::config::AccessMode;
-use crproxy_kube::PatchType;
-use target_support::{harness, send, widget, Harness, Reply, OWNER_LABELS, WIDGETS};
+use target_support::{
+    harness, json_of, on_target, send, widget, widget_object, Harness, Reply, OWNER_LABELS, WIDGETS,
+};
 
 /// Rounds per race test.
 const RACE_ROUNDS: usize = 80;
@@ -104,8 +107,8 @@ fn since(h: &Harness, before: Counts) -> Counts {
 /// through the proxy until the cache answers for it (bounded: 10 s), so the next
 /// write finds a hot cache. Returns the object as last written.
 async fn hot_owned_widget(h: &Harness, name: &str) -> Value {
-    h.admin
-        .create(WIDGETS, &widget(name, owned_labels()))
+    h.widgets
+        .create(&PostParams::default(), &widget_object(name, owned_labels()))
         .await
         .expect("created");
     let path = format!("{WIDGETS}/{name}");
@@ -195,21 +198,29 @@ async fn unlabel_after(h: &Harness, name: &str, delay: Duration) -> Option<Value
     tokio::time::sleep(delay).await;
     let patch = json!({"metadata": {"labels": {
         "vcluster.com/owner-vcluster": null, "vcluster.com/owner-project": null}}});
-    h.admin
-        .patch(&format!("{WIDGETS}/{name}"), PatchType::Merge, &patch)
+    h.widgets
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .ok()
+        .map(|object| json_of(&object))
 }
 
 /// Someone else deletes `name` after `delay` and creates their own object under
 /// the same name; returns it when the create won the name.
 async fn recreate_after(h: &Harness, name: &str, delay: Duration) -> Option<Value> {
     tokio::time::sleep(delay).await;
-    h.admin.delete(&format!("{WIDGETS}/{name}")).await.ok()?;
-    h.admin
-        .create(WIDGETS, &widget(name, json!({"team": "admin"})))
+    h.widgets
+        .delete(name, &DeleteParams::default())
+        .await
+        .ok()?;
+    h.widgets
+        .create(
+            &PostParams::default(),
+            &widget_object(name, json!({"team": "admin"})),
+        )
         .await
         .ok()
+        .map(|object| json_of(&object))
 }
 
 /// Races `write` against the removal of the owner labels.
@@ -220,7 +231,6 @@ async fn race_label_removal(write: Write) {
     for round in 0..RACE_ROUNDS {
         let name = format!("l{round}");
         let current = hot_owned_widget(&h, &name).await;
-        let path = format!("{WIDGETS}/{name}");
         let before = counts(&h);
         let (proxy_delay, admin_delay) = stagger(round);
         let (written, unlabelled) = tokio::join!(
@@ -247,7 +257,7 @@ async fn race_label_removal(write: Write) {
         };
         match write {
             Write::Delete => {
-                if h.admin.get_opt(&path).await.expect("get").is_none() {
+                if on_target(&h, &name).await.is_none() {
                     violations.push(name.clone());
                 }
             }
@@ -255,7 +265,7 @@ async fn race_label_removal(write: Write) {
                 if written.status == 200 && rv(&written.body) > rv(&unlabelled) {
                     violations.push(format!("{name} (answer)"));
                 }
-                let stored = h.admin.get(&path).await.expect("get");
+                let stored = on_target(&h, &name).await.expect("stored");
                 if rv(&stored) > rv(&unlabelled) {
                     violations.push(format!("{name} (stored: {stored})"));
                 }
@@ -279,7 +289,6 @@ async fn race_recreate(write: Write) {
     for round in 0..RACE_ROUNDS {
         let name = format!("r{round}");
         let current = hot_owned_widget(&h, &name).await;
-        let path = format!("{WIDGETS}/{name}");
         let before = counts(&h);
         let (proxy_delay, admin_delay) = stagger(round);
         let (written, foreign) = tokio::join!(
@@ -299,7 +308,7 @@ async fn race_recreate(write: Write) {
             // The proxy's write won the name or removed the object first.
             continue;
         };
-        match h.admin.get_opt(&path).await.expect("get") {
+        match on_target(&h, &name).await {
             None => violations.push(format!("{name} (foreign object deleted)")),
             Some(stored) => {
                 if stored["metadata"]["uid"] == foreign["metadata"]["uid"]
@@ -382,10 +391,10 @@ async fn a_stale_cache_entry_costs_a_check_never_the_write() {
     for round in 0..RACE_ROUNDS {
         let name = format!("s{round}");
         hot_owned_widget(&h, &name).await;
-        let path = format!("{WIDGETS}/{name}");
         let before = counts(&h);
         let change = json!({"metadata": {"annotations": {"admin": round.to_string()}}});
-        let admin_change = h.admin.patch(&path, PatchType::Merge, &change);
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&change));
+        let admin_change = h.widgets.patch(&name, &params, &patch);
         let (written, changed) = tokio::join!(
             Write::MergePatch.send(&h, &name, &Value::Null),
             admin_change
@@ -416,8 +425,10 @@ async fn writes_of_an_object_deleted_behind_the_caches_back_answer_as_before() {
     for round in 0..20 {
         let name = format!("g{round}");
         hot_owned_widget(&h, &name).await;
-        let path = format!("{WIDGETS}/{name}");
-        h.admin.delete(&path).await.expect("admin deletes");
+        h.widgets
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("admin deletes");
         let patched = Write::MergePatch.send(&h, &name, &Value::Null).await;
         assert_eq!(patched.status, 404, "round {round}: {patched:?}");
         let applied = Write::Apply.send(&h, &name, &Value::Null).await;
@@ -435,13 +446,19 @@ async fn writes_of_an_object_deleted_behind_the_caches_back_answer_as_before() {
 async fn a_cache_started_on_many_objects_knows_every_owned_one() {
     let h = harness(AccessMode::Owned).await;
     for i in 0..2100 {
-        h.admin
-            .create(WIDGETS, &widget(&format!("m{i}"), owned_labels()))
+        h.widgets
+            .create(
+                &PostParams::default(),
+                &widget_object(&format!("m{i}"), owned_labels()),
+            )
             .await
             .expect("created");
     }
-    h.admin
-        .create(WIDGETS, &widget("foreign", json!({"team": "admin"})))
+    h.widgets
+        .create(
+            &PostParams::default(),
+            &widget_object("foreign", json!({"team": "admin"})),
+        )
         .await
         .expect("created");
     // The first owned write starts the cache; once it answers, it has listed.
@@ -456,12 +473,7 @@ async fn a_cache_started_on_many_objects_knows_every_owned_one() {
     let foreign = Write::Delete.send(&h, "foreign", &Value::Null).await;
     assert_eq!(foreign.status, 404, "{foreign:?}");
     assert_eq!(since(&h, before).miss, 1);
-    assert!(h
-        .admin
-        .get_opt(&format!("{WIDGETS}/foreign"))
-        .await
-        .expect("get")
-        .is_some());
+    assert!(on_target(&h, "foreign").await.is_some());
     h.proxy.shutdown().await;
 }
 

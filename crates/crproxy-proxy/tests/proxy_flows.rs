@@ -1,203 +1,51 @@
-//! The proxy's request flows over real TLS, with in-memory fake API servers as the
-//! client and target clusters and the test acting as the client's aggregation layer
+//! The proxy's request flows over real TLS, with devclusters as the client and
+//! target clusters and the test acting as the client's aggregation layer
 //! (front-proxy client certificate + `X-Remote-*` headers).
+//!
+//! What reached the target is judged the way an operator would: by the target's
+//! objects (a write that got through changes them), the proxy's metrics, and the
+//! answers themselves. Unavailable targets are real ones: a stopped listener, or an
+//! APIService whose backend is missing.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+mod target_support;
+
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{json, Value};
 
-use crproxy_core::config::{AccessMode, GroupVersionPlan, ResourceSet, TargetRef};
-use crproxy_core::ownership::Owner;
-use crproxy_core::pki::CertificateAuthority;
-use crproxy_kube::fake::FakeApiServer;
-use crproxy_kube::{Auth, Client, ClusterConfig};
-use crproxy_proxy::app::{self, ProxySetup, RunningProxy, TargetSetup};
+use crproxy_core::config::AccessMode;
 use crproxy_proxy::metrics::Metrics;
-use crproxy_proxy::server::ServingIdentity;
 use crproxy_proxy::sources::PeerSourceConfig;
+use target_support::{
+    exchange, harness, harness_with, harness_with_peers, json_of, on_target, send_as, widget,
+    widget_object, widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
+};
 
-const WIDGETS: &str = "/apis/example.com/v1/namespaces/demo/widgets";
+/// The Accept header of an aggregator's discovery fetch (v2, then v2beta1).
+const AGGREGATED_DISCOVERY: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
 
-struct Harness {
-    client_api: FakeApiServer,
-    target: FakeApiServer,
-    proxy: RunningProxy,
-    metrics: Arc<Metrics>,
-    /// The aggregator: presents the front-proxy certificate.
-    aggregator: Client,
-    /// A caller that reached the proxy port without the front-proxy certificate.
-    stranger: Client,
-    /// For raw connections: the proxy's address, its serving CA and the
-    /// front-proxy client certificate.
-    addr: SocketAddr,
-    serving_ca_pem: String,
-    front_proxy_cert: (String, String),
-}
-
-struct Options {
-    access: AccessMode,
-    peers: Option<Vec<String>>,
-    /// A peer source that never publishes (a missing file).
-    silent_peer_source: bool,
-    startup_sync_timeout: std::time::Duration,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            access: AccessMode::Owned,
-            peers: None,
-            silent_peer_source: false,
-            startup_sync_timeout: std::time::Duration::from_secs(60),
-        }
-    }
-}
-
-async fn harness(options: Options) -> Harness {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client_api = FakeApiServer::start().await.expect("client api");
-    let target = FakeApiServer::start().await.expect("target api");
-    let front_proxy_ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
-    let front_proxy_client = front_proxy_ca
-        .issue_client("front-proxy-client", &[])
-        .expect("front-proxy client cert");
-    client_api.insert(
-        "/api/v1/namespaces/kube-system/configmaps",
-        json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
-            "data": {
-                "requestheader-client-ca-file": front_proxy_ca.pem().cert,
-                "requestheader-allowed-names": "[\"front-proxy-client\"]",
-                "requestheader-username-headers": "[\"X-Remote-User\"]",
-                "requestheader-group-headers": "[\"X-Remote-Group\"]",
-                "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"
-            }
-        }),
-    );
-    client_api.insert(
-        "/api/v1/namespaces",
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
-    );
-
-    let serving_ca = CertificateAuthority::generate("serving-ca").expect("ca");
-    let serving = serving_ca
-        .issue_server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
-        .expect("serving cert");
-    let metrics = Metrics::new();
-    let peers = options
-        .peers
-        .unwrap_or_else(|| vec![target.addr().to_string()]);
-    let setup = ProxySetup {
-        owner: Owner::new("client", "default"),
-        plan: vec![GroupVersionPlan {
-            group: "example.com".into(),
-            version: "v1".into(),
-            resources: ResourceSet::Explicit(vec!["widgets".into()]),
-            target: TargetRef {
-                name: "target".into(),
-                project: "default".into(),
-            },
-            access: options.access,
-            port: 0,
-        }],
-        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        client: crproxy_kube::kube_client_without_retries(
-            &client_api.config(),
-            client_api.config().credentials().expect("credentials"),
-            "default",
-        )
-        .expect("client"),
-        client_watches: crproxy_proxy::watches::WatchClient::new(
-            &client_api.config(),
-            client_api.config().credentials().expect("credentials"),
-        )
-        .expect("watch client"),
-        targets: vec![TargetSetup {
-            name: "target".into(),
-            project: "default".into(),
-            cluster: target.config(),
-            peers: if options.silent_peer_source {
-                PeerSourceConfig::File("/nonexistent/crproxy-peers.yaml".into())
-            } else {
-                PeerSourceConfig::Static(peers)
-            },
-        }],
-        serving: ServingIdentity {
-            cert_chain_pem: serving.cert.clone(),
-            key_pem: serving.key.clone(),
-        },
-        metrics: Arc::clone(&metrics),
-        share_ports: false,
-        startup_sync_timeout: options.startup_sync_timeout,
-    };
-    let proxy = app::start(setup, true).await.expect("proxy starts");
-    let addr = proxy.servers[0].1;
-    let url = url::Url::parse(&format!("https://{addr}")).expect("url");
-    let mut aggregator = ClusterConfig::new(url.clone());
-    aggregator.ca_pem = Some(serving_ca.pem().cert.clone().into_bytes());
-    aggregator.auth = Auth::ClientCert {
-        cert_pem: front_proxy_client.cert.clone().into_bytes(),
-        key_pem: front_proxy_client.key.clone().into_bytes(),
-    };
-    let mut stranger = ClusterConfig::new(url);
-    stranger.ca_pem = Some(serving_ca.pem().cert.clone().into_bytes());
-    Harness {
-        client_api,
-        target,
-        proxy,
-        metrics,
-        aggregator: Client::new(aggregator).expect("aggregator client"),
-        stranger: Client::new(stranger).expect("stranger client"),
-        addr,
-        serving_ca_pem: serving_ca.pem().cert.clone(),
-        front_proxy_cert: (front_proxy_client.cert, front_proxy_client.key),
-    }
-}
-
-struct Reply {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Value,
-}
-
-async fn call(client: &Client, method: &str, path: &str, body: Option<Value>) -> Reply {
+async fn call(client: &kube::Client, method: &str, path: &str, body: Option<Value>) -> Reply {
     call_as(client, method, path, body, "application/json").await
 }
 
 async fn call_as(
-    client: &Client,
+    client: &kube::Client,
     method: &str,
     path: &str,
     body: Option<Value>,
     content_type: &str,
 ) -> Reply {
-    let request = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("x-remote-user", "alice")
-        .header("x-remote-group", "system:authenticated")
-        .header("content-type", content_type)
-        .header("accept", "application/json")
-        .body(Bytes::from(body.map(|b| b.to_string()).unwrap_or_default()))
-        .expect("request");
-    let response = client.request(request).await.expect("response");
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let body = serde_json::from_slice(response.body()).unwrap_or(Value::Null);
-    Reply {
-        status,
-        headers,
-        body,
-    }
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    send_as(client, method, path, Some(content_type), body).await
 }
 
-fn widget(name: &str, labels: Value) -> Value {
-    json!({"apiVersion": "example.com/v1", "kind": "Widget",
-           "metadata": {"name": name, "namespace": "demo", "labels": labels}, "spec": {"size": 1}})
+fn owned_labels() -> Value {
+    serde_json::from_str(OWNER_LABELS).expect("labels")
 }
 
 fn series(metrics: &Metrics, name: &str, needle: &str) -> bool {
@@ -207,42 +55,113 @@ fn series(metrics: &Metrics, name: &str, needle: &str) -> bool {
         .any(|l| l.starts_with(name) && l.contains(needle))
 }
 
-fn target_saw(h: &Harness, needle: &str) -> bool {
-    h.target.requests().iter().any(|r| r.contains(needle))
+/// Connections the proxy opened to the target so far
+/// (`vcluster_proxy_peer_dial_duration_seconds_count`).
+fn dials(metrics: &Metrics) -> u64 {
+    metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("vcluster_proxy_peer_dial_duration_seconds_count{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Creates `name` in `demo` on the target, straight through its admin.
+async fn create_on_target(h: &Harness, name: &str, labels: Value) -> Value {
+    let created = h
+        .widgets
+        .create(&PostParams::default(), &widget_object(name, labels))
+        .await
+        .expect("created on the target");
+    json_of(&created)
+}
+
+fn rv(object: &Value) -> &str {
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
 }
 
 #[tokio::test]
 async fn callers_without_the_front_proxy_certificate_get_401_and_reach_nothing() {
-    let h = harness(Options::default()).await;
-    let reply = call(&h.stranger, "GET", WIDGETS, None).await;
-    assert_eq!(reply.status, 401);
-    assert_eq!(reply.body["reason"], "Unauthorized");
-    assert!(!target_saw(&h, "widgets"), "{:?}", h.target.requests());
+    let h = harness(AccessMode::Owned).await;
+    let mine = create_on_target(&h, "mine", owned_labels()).await;
+    let path = format!("{WIDGETS}/mine");
+    let list = call(&h.stranger, "GET", WIDGETS, None).await;
+    assert_eq!(list.status, 401, "{}", list.body);
+    assert_eq!(list.body["reason"], "Unauthorized");
+    // Writes show whether a request reached the target: none of these may land.
+    let writes = [
+        call(&h.stranger, "DELETE", &path, None).await,
+        call_as(
+            &h.stranger,
+            "PATCH",
+            &path,
+            Some(json!({"spec": {"replicas": 9}})),
+            "application/merge-patch+json",
+        )
+        .await,
+        call(
+            &h.stranger,
+            "POST",
+            WIDGETS,
+            Some(widget("intruder", json!({}))),
+        )
+        .await,
+    ];
+    for reply in &writes {
+        assert_eq!(reply.status, 401, "{}", reply.body);
+    }
+    let stored = on_target(&h, "mine").await.expect("still on the target");
+    assert_eq!(rv(&stored), rv(&mine), "untouched: {stored}");
+    assert!(on_target(&h, "intruder").await.is_none());
     h.proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn creates_are_stamped_and_the_namespace_is_mirrored() {
-    let h = harness(Options::default()).await;
-    let sent = widget(
+    let h = harness(AccessMode::Owned).await;
+    // A namespace of the client's that the target does not have yet.
+    let fresh: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "fresh"}})).expect("namespace");
+    Api::all(h.client_admin.clone())
+        .create(&PostParams::default(), &fresh)
+        .await
+        .expect("namespace created on the client");
+    let target_namespaces: Api<Namespace> = Api::all(h.admin.clone());
+    assert!(target_namespaces
+        .get_opt("fresh")
+        .await
+        .expect("get")
+        .is_none());
+    let mut sent = widget(
         "w1",
         json!({"vcluster.com/owner-vcluster": "someone-else", "app": "x"}),
     );
-    let reply = call(&h.aggregator, "POST", WIDGETS, Some(sent)).await;
+    sent["metadata"]["namespace"] = json!("fresh");
+    let reply = call(
+        &h.aggregator,
+        "POST",
+        "/apis/example.com/v1/namespaces/fresh/widgets",
+        Some(sent),
+    )
+    .await;
     assert_eq!(reply.status, 201, "{}", reply.body);
-    let stored = h
-        .target
-        .object(&format!("{WIDGETS}/w1"))
-        .expect("stored on the target");
-    let labels = &stored["metadata"]["labels"];
+    let fresh_widgets: Api<DynamicObject> =
+        Api::namespaced_with(h.admin.clone(), "fresh", &widget_resource());
+    let stored = fresh_widgets.get("w1").await.expect("stored on the target");
+    let labels = &stored.metadata.labels.expect("labels");
     assert_eq!(labels["vcluster.com/owner-vcluster"], "client");
     assert_eq!(labels["vcluster.com/owner-project"], "default");
     assert_eq!(labels["app"], "x");
     assert!(
-        h.target.object("/api/v1/namespaces/demo").is_some(),
+        target_namespaces
+            .get_opt("fresh")
+            .await
+            .expect("get")
+            .is_some(),
         "namespace mirrored"
     );
-    // The caller's identity never reaches the target; the proxy's own does.
     assert!(series(
         &h.metrics,
         "vcluster_proxy_request_total",
@@ -253,11 +172,13 @@ async fn creates_are_stamped_and_the_namespace_is_mirrored() {
 
 #[tokio::test]
 async fn objects_without_both_labels_are_masked_for_every_named_verb() {
-    let h = harness(Options::default()).await;
-    h.target.insert(
-        WIDGETS,
-        widget("foreign", json!({"vcluster.com/owner-vcluster": "client"})),
-    );
+    let h = harness(AccessMode::Owned).await;
+    let foreign = create_on_target(
+        &h,
+        "foreign",
+        json!({"vcluster.com/owner-vcluster": "client"}),
+    )
+    .await;
     let path = format!("{WIDGETS}/foreign");
     let get = call(&h.aggregator, "GET", &path, None).await;
     assert_eq!(get.status, 404);
@@ -266,7 +187,6 @@ async fn objects_without_both_labels_are_masked_for_every_named_verb() {
         get.body["message"],
         "widgets.example.com \"foreign\" not found"
     );
-    h.target.clear_requests();
     let put = call(
         &h.aggregator,
         "PUT",
@@ -279,36 +199,29 @@ async fn objects_without_both_labels_are_masked_for_every_named_verb() {
         &h.aggregator,
         "PATCH",
         &path,
-        Some(json!({"spec": {"size": 9}})),
+        Some(json!({"spec": {"replicas": 9}})),
         "application/merge-patch+json",
     )
     .await;
     assert_eq!(patch.status, 404);
     let delete = call(&h.aggregator, "DELETE", &path, None).await;
     assert_eq!(delete.status, 404);
-    assert!(
-        !h.target
-            .requests()
-            .iter()
-            .any(|r| !r.starts_with("GET") && r != "POST /api/v1/namespaces"),
-        "only ownership GETs (and namespace mirroring) may reach the target: {:?}",
-        h.target.requests()
-    );
     assert!(series(
         &h.metrics,
         "vcluster_proxy_request_total",
         "reason=\"ownership_masked\""
     ));
-    assert_eq!(
-        h.target.object(&path).expect("still there")["spec"]["size"],
-        1
-    );
+    // Only the ownership checks (reads) may have reached the target: the object is
+    // exactly as the admin left it.
+    let stored = on_target(&h, "foreign").await.expect("still there");
+    assert_eq!(rv(&stored), rv(&foreign), "untouched: {stored}");
+    assert_eq!(stored["spec"]["replicas"], 1);
     h.proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn owned_objects_can_be_read_and_deleted() {
-    let h = harness(Options::default()).await;
+    let h = harness(AccessMode::Owned).await;
     let created = call(
         &h.aggregator,
         "POST",
@@ -327,82 +240,108 @@ async fn owned_objects_can_be_read_and_deleted() {
         "{}",
         deleted.status
     );
-    assert!(h.target.object(&path).is_none());
+    assert!(on_target(&h, "mine").await.is_none());
     h.proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn lists_carry_the_owner_selector_merged_with_the_callers() {
-    let h = harness(Options::default()).await;
-    let reply = call(
+    let h = harness(AccessMode::Owned).await;
+    // In name order, each object but the last fails one part of the merged
+    // selector (`app=x` and both owner labels).
+    let half_owned = json!({"vcluster.com/owner-vcluster": "client", "app": "x"});
+    let mut owned_y = owned_labels();
+    owned_y["app"] = json!("y");
+    let mut owned_x = owned_labels();
+    owned_x["app"] = json!("x");
+    for (name, labels) in [
+        ("a-unowned", json!({"app": "x"})),
+        ("b-half-owned", half_owned),
+        ("c-owned-other-app", owned_y),
+        ("d-owned", owned_x),
+    ] {
+        create_on_target(&h, name, labels).await;
+    }
+    let names = |reply: &Reply| -> Vec<String> {
+        reply.body["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|i| {
+                i["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect()
+    };
+    let list = call(
         &h.aggregator,
         "GET",
         &format!("{WIDGETS}?labelSelector=app%3Dx"),
         None,
     )
     .await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    let list = h
-        .target
-        .requests()
-        .into_iter()
-        .find(|r| r.starts_with("GET") && r.contains("/widgets?"))
-        .expect("list forwarded");
-    let decoded = percent_encoding::percent_decode_str(&list)
-        .decode_utf8_lossy()
-        .replace('+', " ");
-    assert!(decoded.contains("app=x"), "{decoded}");
-    assert!(
-        decoded.contains("vcluster.com/owner-vcluster=client"),
-        "{decoded}"
-    );
-    assert!(
-        decoded.contains("vcluster.com/owner-project=default"),
-        "{decoded}"
-    );
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert_eq!(names(&list), ["d-owned"]);
+    // A page of one holds the match, so the target applied the whole selector
+    // (narrowing the target's first page afterwards would leave it empty).
+    let page = call(
+        &h.aggregator,
+        "GET",
+        &format!("{WIDGETS}?labelSelector=app%3Dx&limit=1"),
+        None,
+    )
+    .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert_eq!(names(&page), ["d-owned"]);
     h.proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn all_mode_forwards_without_masking() {
-    let h = harness(Options {
-        access: AccessMode::All,
-        ..Options::default()
-    })
-    .await;
-    h.target.insert(WIDGETS, widget("foreign", json!({})));
+    let h = harness(AccessMode::All).await;
+    create_on_target(&h, "foreign", json!({})).await;
     let got = call(&h.aggregator, "GET", &format!("{WIDGETS}/foreign"), None).await;
     assert_eq!(got.status, 200);
     let list = call(&h.aggregator, "GET", WIDGETS, None).await;
     assert_eq!(list.status, 200);
-    assert!(
-        !target_saw(&h, "owner-vcluster"),
-        "{:?}",
-        h.target.requests()
+    // An owner selector would have left the unlabelled object out.
+    assert_eq!(
+        list.body["items"][0]["metadata"]["name"], "foreign",
+        "{}",
+        list.body
     );
     h.proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn writes_into_a_namespace_missing_on_the_client_are_404() {
-    let h = harness(Options::default()).await;
+    let h = harness(AccessMode::Owned).await;
     let path = "/apis/example.com/v1/namespaces/nowhere/widgets";
-    let reply = call(&h.aggregator, "POST", path, Some(widget("w", json!({})))).await;
+    let mut sent = widget("w", json!({}));
+    sent["metadata"]["namespace"] = json!("nowhere");
+    let reply = call(&h.aggregator, "POST", path, Some(sent)).await;
     assert_eq!(reply.status, 404);
     assert_eq!(reply.body["message"], "namespaces \"nowhere\" not found");
-    assert!(!target_saw(&h, "POST"), "{:?}", h.target.requests());
+    // The write stopped before the target: the namespace was not mirrored there.
+    let target_namespaces: Api<Namespace> = Api::all(h.admin.clone());
+    assert!(target_namespaces
+        .get_opt("nowhere")
+        .await
+        .expect("get")
+        .is_none());
     assert!(series(
         &h.metrics,
         "vcluster_proxy_request_total",
         "reason=\"namespace_missing\""
     ));
-    let _ = &h.client_api;
     h.proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn connection_upgrades_are_refused_with_501() {
-    let h = harness(Options::default()).await;
+    let h = harness(AccessMode::Owned).await;
     let reply = call(&h.aggregator, "POST", &format!("{WIDGETS}/w/exec"), None).await;
     assert_eq!(reply.status, 501);
     assert_eq!(
@@ -419,10 +358,38 @@ async fn connection_upgrades_are_refused_with_501() {
 
 #[tokio::test]
 async fn target_errors_become_a_retryable_503() {
-    let h = harness(Options::default()).await;
-    h.target.set_unavailable(true);
+    let h = harness(AccessMode::Owned).await;
+    // The target hands example.com/v1 to an extension API server whose Service does
+    // not exist: kube-apiserver answers 503 for the group, as when that server is down.
+    let apiservice: APIService = serde_json::from_value(json!({
+        "metadata": {"name": "v1.example.com"},
+        "spec": {
+            "group": "example.com", "version": "v1",
+            "service": {"namespace": "default", "name": "widgets-backend", "port": 443},
+            "insecureSkipTLSVerify": true,
+            "groupPriorityMinimum": 1000, "versionPriority": 15
+        }
+    }))
+    .expect("apiservice");
+    Api::all(h.admin.clone())
+        .create(&PostParams::default(), &apiservice)
+        .await
+        .expect("apiservice created");
+    // The target's aggregator picks the APIService up from its watch (bounded: 10 s).
+    let mut target_code = 0;
+    for _ in 0..100 {
+        target_code = match h.widgets.list(&ListParams::default()).await {
+            Err(kube::Error::Api(status)) => status.code,
+            _ => 200,
+        };
+        if target_code == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(target_code, 503, "the target never answered 503");
     let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
-    assert_eq!(reply.status, 503);
+    assert_eq!(reply.status, 503, "{}", reply.body);
     assert_eq!(
         reply
             .headers
@@ -438,16 +405,37 @@ async fn target_errors_become_a_retryable_503() {
 }
 
 #[tokio::test]
+async fn an_unreachable_target_is_a_retryable_503() {
+    let h = harness(AccessMode::Owned).await;
+    // The target goes away: its port refuses connections, open ones are dropped.
+    h.target
+        .cluster
+        .stop_listener(h.target.cluster.addr())
+        .expect("stop the target");
+    let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(
+        reply
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let message = reply.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("target tenant cluster \"target\" for example.com/v1 is unavailable"),
+        "{message}"
+    );
+    h.proxy.shutdown().await;
+}
+
+#[tokio::test]
 async fn discovery_falls_back_locally_when_no_peer_answers() {
     // A port nobody listens on: every dial is refused.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let dead = closed.local_addr().expect("addr").to_string();
     drop(closed);
-    let h = harness(Options {
-        peers: Some(vec![dead]),
-        ..Options::default()
-    })
-    .await;
+    let h = harness_with_peers(AccessMode::Owned, |_| PeerSourceConfig::Static(vec![dead])).await;
     let reply = call(&h.aggregator, "GET", "/apis/example.com/v1", None).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.body["kind"], "APIResourceList");
@@ -466,11 +454,17 @@ async fn discovery_falls_back_locally_when_no_peer_answers() {
 
 #[tokio::test]
 async fn paths_outside_the_group_version_never_reach_the_target() {
-    let h = harness(Options::default()).await;
-    h.target.insert(
-        "/api/v1/namespaces/demo/secrets",
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "demo"}}),
-    );
+    let h = harness(AccessMode::Owned).await;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "s", "namespace": "demo"},
+        "stringData": {"password": "hunter2"}
+    }))
+    .expect("secret");
+    let secrets: Api<Secret> = Api::namespaced(h.admin.clone(), "demo");
+    let secret = secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret created");
     for (path, expected) in [
         ("/api/v1/namespaces/demo/secrets/s", 404),
         ("/apis/example.com/v2/namespaces/demo/widgets", 404),
@@ -478,16 +472,24 @@ async fn paths_outside_the_group_version_never_reach_the_target() {
         ("/apis/example.com/v1/namespaces/demo/widgets/..%2F..%2F..%2Fapi%2Fv1%2Fnamespaces%2Fdemo%2Fsecrets%2Fs", 400),
         ("/apis/example.com/v1/namespaces/demo/widgets/../../../../api/v1/namespaces/demo/secrets/s", 400),
     ] {
-        let reply = call(&h.aggregator, "GET", path, None).await;
-        assert_eq!(reply.status, expected, "{path}");
+        let read = call(&h.aggregator, "GET", path, None).await;
+        assert_eq!(read.status, expected, "{path}: {}", read.body);
+        assert_ne!(read.body["kind"], "Secret", "{path}");
+        // A delete that reached the target would remove the secret.
+        let delete = call(&h.aggregator, "DELETE", path, None).await;
+        assert_eq!(delete.status, expected, "DELETE {path}: {}", delete.body);
     }
-    assert!(!target_saw(&h, "secrets"), "{:?}", h.target.requests());
+    let stored = secrets.get("s").await.expect("the secret is still there");
+    assert_eq!(
+        stored.metadata.resource_version,
+        secret.metadata.resource_version
+    );
     h.proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_namespace_deleted_on_the_client_stops_writes() {
-    let h = harness(Options::default()).await;
+    let h = harness(AccessMode::Owned).await;
     let first = call(
         &h.aggregator,
         "POST",
@@ -496,14 +498,14 @@ async fn a_namespace_deleted_on_the_client_stops_writes() {
     )
     .await;
     assert_eq!(first.status, 201, "{}", first.body);
-    h.client_api
-        .client()
-        .delete("/api/v1/namespaces/demo")
+    Api::<Namespace>::all(h.client_admin.clone())
+        .delete("demo", &Default::default())
         .await
         .expect("delete namespace on the client");
-    // The namespace cache follows the client's watch; allow it a moment.
+    // The namespace cache follows the client's watch, and the client finishes the
+    // deletion in the background; allow them a moment (bounded: 10 s).
     let mut status = 0;
-    for attempt in 0..40 {
+    for attempt in 0..100 {
         let reply = call(
             &h.aggregator,
             "POST",
@@ -516,7 +518,7 @@ async fn a_namespace_deleted_on_the_client_stops_writes() {
             assert_eq!(reply.body["message"], "namespaces \"demo\" not found");
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
         status, 404,
@@ -527,34 +529,21 @@ async fn a_namespace_deleted_on_the_client_stops_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_watches_than_one_http2_connection_allows_all_open() {
-    // The fake target (hyper) allows 200 concurrent streams per connection, as
-    // kube-apiserver allows 250: the proxy must spread 250 watches over several
-    // connections instead of queueing the excess forever.
-    let h = harness(Options::default()).await;
-    let addr = h.proxy.servers[0].1;
-    let tls = h
-        .aggregator
-        .config()
-        .rustls_config(&[b"h2"], h.aggregator.credentials())
-        .expect("aggregator TLS");
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    // API servers cap the streams of one HTTP/2 connection (kube-apiserver's Go
+    // server at 250 by default, hyper at 200): the proxy must spread 250 watches
+    // over several connections instead of queueing the excess forever. devcluster
+    // allows more, so the spreading is read from the proxy's dial count.
+    const WATCHES: usize = 250;
+    /// The lowest per-connection stream cap among the servers above.
+    const SERVER_STREAM_CAP: usize = 200;
+    let h = harness(AccessMode::Owned).await;
     let mut senders = Vec::new();
     for _ in 0..5 {
         // Separate caller connections, so the caller side is not the limit.
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
-        let stream = connector.connect(name, tcp).await.expect("tls");
-        let (sender, connection) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(stream),
-        )
-        .await
-        .expect("h2 handshake");
-        tokio::spawn(connection);
-        senders.push(sender);
+        senders.push(caller_h2::<http_body_util::Empty<Bytes>>(&h).await);
     }
     let mut opened = Vec::new();
-    for i in 0..250 {
+    for i in 0..WATCHES {
         let mut sender = senders[i % senders.len()].clone();
         opened.push(tokio::spawn(async move {
             let request = http::Request::get(format!(
@@ -564,11 +553,8 @@ async fn more_watches_than_one_http2_connection_allows_all_open() {
             .header("x-remote-group", "system:authenticated")
             .body(http_body_util::Empty::<Bytes>::new())
             .expect("request");
-            let response = tokio::time::timeout(
-                std::time::Duration::from_secs(20),
-                sender.send_request(request),
-            )
-            .await;
+            let response =
+                tokio::time::timeout(Duration::from_secs(20), sender.send_request(request)).await;
             match response {
                 Ok(Ok(response)) if response.status() == 200 => Some(response),
                 _ => None,
@@ -580,15 +566,21 @@ async fn more_watches_than_one_http2_connection_allows_all_open() {
         responses.push(task.await.expect("task"));
     }
     let open = responses.iter().filter(|r| r.is_some()).count();
-    assert_eq!(open, 250, "every watch must get its response");
+    assert_eq!(open, WATCHES, "every watch must get its response");
     assert!(series(&h.metrics, "vcluster_proxy_active_watches", " 250"));
+    let needed = WATCHES.div_ceil(SERVER_STREAM_CAP) as u64;
+    assert!(
+        dials(&h.metrics) >= needed,
+        "{WATCHES} watches need {needed} connections to the target, the proxy opened {}",
+        dials(&h.metrics)
+    );
     drop(responses);
     h.proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn subresources_follow_the_objects_ownership() {
-    let h = harness(Options::default()).await;
+    let h = harness(AccessMode::Owned).await;
     let created = call(
         &h.aggregator,
         "POST",
@@ -597,9 +589,8 @@ async fn subresources_follow_the_objects_ownership() {
     )
     .await;
     assert_eq!(created.status, 201);
-    h.target.insert(WIDGETS, widget("foreign", json!({})));
-    // The fake stores no subresources, so an owned object's /status answers
-    // whatever the target says; what matters is that it is not masked.
+    create_on_target(&h, "foreign", json!({})).await;
+    // The target serves /status as the object itself: the owned one is shown.
     let owned = call(
         &h.aggregator,
         "GET",
@@ -608,6 +599,7 @@ async fn subresources_follow_the_objects_ownership() {
     )
     .await;
     assert_eq!(owned.status, 200, "{}", owned.body);
+    assert_eq!(owned.body["metadata"]["name"], "mine");
     let foreign = call(
         &h.aggregator,
         "GET",
@@ -623,37 +615,56 @@ async fn subresources_follow_the_objects_ownership() {
     h.proxy.shutdown().await;
 }
 
-#[tokio::test]
-async fn aggregated_discovery_falls_back_when_the_target_cannot_answer() {
-    let h = harness(Options::default()).await;
+/// `GET /apis` for aggregated discovery, as the client's aggregator asks for it.
+async fn aggregated_discovery(h: &Harness) -> Reply {
     let request = http::Request::get("/apis")
         .header("x-remote-user", "system:kube-aggregator")
         .header("x-remote-group", "system:masters")
-        .header(
-            "accept",
-            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
-        )
+        .header("accept", AGGREGATED_DISCOVERY)
         .body(Bytes::new())
         .expect("request");
-    let response = h.aggregator.request(request).await.expect("response");
-    assert_eq!(response.status(), 200);
-    let content_type = response.headers()["content-type"].to_str().expect("ascii");
+    exchange(&h.aggregator, request).await
+}
+
+fn fallbacks(h: &Harness) -> bool {
+    series(
+        &h.metrics,
+        "vcluster_proxy_discovery_fallbacks_total",
+        "reason=\"upstream_error\"",
+    )
+}
+
+#[tokio::test]
+async fn aggregated_discovery_falls_back_when_the_target_cannot_answer() {
+    let h = harness(AccessMode::Owned).await;
+    // While the target answers, its own entry for the group is passed on.
+    let served = aggregated_discovery(&h).await;
+    assert_eq!(served.status, 200, "{}", served.body);
+    assert_eq!(served.body["items"][0]["metadata"]["name"], "example.com");
+    let resource = &served.body["items"][0]["versions"][0]["resources"][0];
+    assert_eq!(resource["resource"], "widgets");
+    assert_ne!(resource["verbs"], json!(["get"]), "the target's verbs");
+    assert!(!fallbacks(&h));
+
+    // The target goes away: the proxy answers from its local document.
+    h.target
+        .cluster
+        .stop_listener(h.target.cluster.addr())
+        .expect("stop the target");
+    let fallback = aggregated_discovery(&h).await;
+    assert_eq!(fallback.status, 200);
+    let content_type = fallback.headers["content-type"].to_str().expect("ascii");
     assert!(
         content_type.contains("as=APIGroupDiscoveryList"),
         "{content_type}"
     );
-    let doc: Value = serde_json::from_slice(response.body()).expect("json");
+    let doc = &fallback.body;
     assert_eq!(doc["kind"], "APIGroupDiscoveryList");
     assert_eq!(doc["items"][0]["metadata"]["name"], "example.com");
     let resource = &doc["items"][0]["versions"][0]["resources"][0];
     assert_eq!(resource["resource"], "widgets");
     assert_eq!(resource["verbs"], json!(["get"]));
-    // The fake target has no aggregated discovery: counted as a fallback.
-    assert!(series(
-        &h.metrics,
-        "vcluster_proxy_discovery_fallbacks_total",
-        "reason=\"upstream_error\""
-    ));
+    assert!(fallbacks(&h), "counted as a fallback");
     // Plain /apis is the client API server's own business.
     let plain = call(&h.aggregator, "GET", "/apis", None).await;
     assert_eq!(plain.status, 404);
@@ -689,9 +700,10 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
         .with_ansi(false)
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let h = harness(Options {
-        silent_peer_source: true,
-        startup_sync_timeout: std::time::Duration::from_millis(200),
+    let h = harness_with(Options {
+        // A peer source that never publishes (a missing file).
+        peers: Box::new(|_| PeerSourceConfig::File("/nonexistent/crproxy-peers.yaml".into())),
+        startup_sync_timeout: Duration::from_millis(200),
         ..Options::default()
     })
     .await;
@@ -709,7 +721,7 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
         if logged.contains("peer cache did not sync in time for the startup probe") {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
         logged.contains("peer cache did not sync in time for the startup probe"),
@@ -722,14 +734,13 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
 }
 
 /// A raw HTTP/2 connection to the proxy as the aggregator, for requests whose
-/// bodies the test controls frame by frame.
-async fn raw_h2(
-    h: &Harness,
-) -> hyper::client::conn::http2::SendRequest<
-    http_body_util::StreamBody<
-        tokio_stream::wrappers::ReceiverStream<Result<hyper::body::Frame<Bytes>, std::io::Error>>,
-    >,
-> {
+/// bodies or streams the test controls itself.
+async fn caller_h2<B>(h: &Harness) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     let mut roots = rustls::RootCertStore::empty();
@@ -737,8 +748,8 @@ async fn raw_h2(
         .add(CertificateDer::from_pem_slice(h.serving_ca_pem.as_bytes()).expect("ca"))
         .expect("root");
     let chain =
-        vec![CertificateDer::from_pem_slice(h.front_proxy_cert.0.as_bytes()).expect("cert")];
-    let key = PrivateKeyDer::from_pem_slice(h.front_proxy_cert.1.as_bytes()).expect("key");
+        vec![CertificateDer::from_pem_slice(h.front_proxy_client.cert.as_bytes()).expect("cert")];
+    let key = PrivateKeyDer::from_pem_slice(h.front_proxy_client.key.as_bytes()).expect("key");
     let mut config = rustls::ClientConfig::builder()
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
@@ -764,8 +775,11 @@ async fn raw_h2(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_in_flight_limit_callers_get_429_with_retry_after() {
     use crproxy_proxy::handler::MAX_IN_FLIGHT;
-    let h = harness(Options::default()).await;
-    let mut sender = raw_h2(&h).await;
+    let h = harness(AccessMode::Owned).await;
+    type HeldBody = http_body_util::StreamBody<
+        tokio_stream::wrappers::ReceiverStream<Result<hyper::body::Frame<Bytes>, std::io::Error>>,
+    >;
+    let mut sender = caller_h2::<HeldBody>(&h).await;
     // Requests whose bodies never finish keep their places taken (a few more than
     // the limit, so the places stay full even if one of them ends early).
     let mut open_bodies = Vec::new();
@@ -798,7 +812,7 @@ async fn past_the_in_flight_limit_callers_get_429_with_retry_after() {
         if pending.iter().filter(|p| p.is_finished()).count() >= 10 {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (done, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.is_finished());
     for request in done {
@@ -835,7 +849,7 @@ async fn past_the_in_flight_limit_callers_get_429_with_retry_after() {
 #[tokio::test]
 async fn a_connection_that_never_starts_tls_is_closed() {
     use tokio::io::AsyncReadExt;
-    let h = harness(Options::default()).await;
+    let h = harness(AccessMode::Owned).await;
     let mut tcp = tokio::net::TcpStream::connect(h.addr)
         .await
         .expect("connect");

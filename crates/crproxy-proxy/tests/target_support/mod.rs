@@ -1,18 +1,26 @@
 //! A proxy in owned or all mode in front of a real target (devcluster, over TLS)
-//! serving `widgets.example.com`, with a devcluster as the client cluster; shared by the
-//! isolation and memory tests.
+//! serving `widgets.example.com`, with a devcluster as the client cluster; shared by
+//! the request-flow, isolation, ownership-cache, memory and fault tests.
+//!
+//! Everything talks kube-rs: the target's admin goes straight to the target, and the
+//! test plays the client cluster's aggregation layer (front-proxy client
+//! certificate plus `X-Remote-*` headers) through [`send`].
 #![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body_util::BodyExt;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::Api;
 use serde_json::{json, Value};
 
 use crproxy_core::config::{AccessMode, GroupVersionPlan, ResourceSet, TargetRef};
 use crproxy_core::ownership::Owner;
-use crproxy_core::pki::CertificateAuthority;
-use crproxy_kube::{Auth, Client, ClusterConfig};
+use crproxy_core::pki::{CertPem, CertificateAuthority};
+use crproxy_kube::{Auth, ClusterConfig};
 use crproxy_proxy::app::{self, ProxySetup, RunningProxy, TargetSetup};
 use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::server::ServingIdentity;
@@ -22,6 +30,10 @@ use test_support::TestCluster;
 pub const WIDGETS: &str = "/apis/example.com/v1/namespaces/demo/widgets";
 pub const OWNER_LABELS: &str =
     r#"{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"default"}"#;
+
+/// How long a caller waits for one answer before giving up (then [`send`] reports
+/// status 0), as a client's request timeout would.
+pub const CALLER_TIMEOUT: Duration = Duration::from_secs(30);
 
 const WIDGET_CRD: &str = r#"{
   "apiVersion": "apiextensions.k8s.io/v1",
@@ -44,21 +56,51 @@ const WIDGET_CRD: &str = r#"{
 
 pub struct Harness {
     /// The client cluster (namespaces, front-proxy trust).
-    pub _client_api: TestCluster,
-    /// Kept so the target lives as long as the test.
-    pub _target: TestCluster,
+    pub client_api: TestCluster,
+    /// The target; tests stop its listener to take it away.
+    pub target: TestCluster,
     pub proxy: RunningProxy,
+    /// The client cluster's admin.
+    pub client_admin: kube::Client,
     /// The target's admin, straight to the target.
-    pub admin: Client,
+    pub admin: kube::Client,
+    /// `demo/widgets` on the target, as its admin sees them.
+    pub widgets: Api<DynamicObject>,
     /// The aggregator: presents the front-proxy certificate.
-    pub aggregator: Client,
+    pub aggregator: kube::Client,
+    /// A caller that reached the proxy port without the front-proxy certificate.
+    pub stranger: kube::Client,
     /// The proxy's metrics registry.
-    pub metrics: std::sync::Arc<Metrics>,
+    pub metrics: Arc<Metrics>,
+    /// For raw connections: the proxy's address, its serving CA and the
+    /// front-proxy client certificate.
+    pub addr: SocketAddr,
+    pub serving_ca_pem: String,
+    pub front_proxy_client: CertPem,
+}
+
+/// What the proxy under test is set up with.
+pub struct Options<'a> {
+    pub access: AccessMode,
+    /// The proxy's peer source, given the target's address.
+    pub peers: Box<dyn FnOnce(SocketAddr) -> PeerSourceConfig + 'a>,
+    pub startup_sync_timeout: Duration,
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Self {
+            access: AccessMode::Owned,
+            peers: Box::new(|target| PeerSourceConfig::Static(vec![target.to_string()])),
+            startup_sync_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 pub async fn harness(access: AccessMode) -> Harness {
-    harness_with_peers(access, |target| {
-        PeerSourceConfig::Static(vec![target.to_string()])
+    harness_with(Options {
+        access,
+        ..Options::default()
     })
     .await
 }
@@ -68,47 +110,61 @@ pub async fn harness_with_peers(
     access: AccessMode,
     peers: impl FnOnce(SocketAddr) -> PeerSourceConfig,
 ) -> Harness {
+    harness_with(Options {
+        access,
+        peers: Box::new(peers),
+        ..Options::default()
+    })
+    .await
+}
+
+/// A kube-rs client of `config` that hands every answer back as it came (no retries
+/// of 429 or 503: the tests look at exactly those).
+fn client_of(config: &ClusterConfig) -> kube::Client {
+    let credentials = config.credentials().expect("credentials");
+    crproxy_kube::kube_client_without_retries(config, credentials, "default").expect("client")
+}
+
+/// The admin of a devcluster, by its token.
+fn admin_config(cluster: &TestCluster) -> ClusterConfig {
+    let mut config = ClusterConfig::new(url::Url::parse(&cluster.cluster.url()).expect("url"));
+    config.ca_pem = Some(cluster.cluster.ca_pem().into_bytes());
+    config.auth = Auth::Token(cluster.cluster.admin_token());
+    config
+}
+
+pub async fn harness_with(options: Options<'_>) -> Harness {
     let target = test_support::devcluster("target").await;
-    let mut target_config =
-        ClusterConfig::new(url::Url::parse(&target.cluster.url()).expect("url"));
-    target_config.ca_pem = Some(target.cluster.ca_pem().into_bytes());
-    target_config.auth = Auth::Token(target.cluster.admin_token());
-    let admin = Client::new(target_config.clone()).expect("admin client");
-    admin
-        .create(
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            &serde_json::from_str(WIDGET_CRD).expect("crd json"),
-        )
-        .await
-        .expect("crd created");
-    admin
-        .create(
-            "/api/v1/namespaces",
-            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
-        )
+    let target_config = admin_config(&target);
+    let admin = client_of(&target_config);
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(admin.clone());
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_str(WIDGET_CRD).expect("crd json"),
+    )
+    .await
+    .expect("crd created");
+    let demo: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "demo"}})).expect("namespace");
+    Api::all(admin.clone())
+        .create(&PostParams::default(), &demo)
         .await
         .expect("namespace created");
-    wait_until_served(&admin).await;
+    let widgets = Api::namespaced_with(admin.clone(), "demo", &widget_resource());
+    wait_until_served(&widgets).await;
 
     // The client cluster publishes its front-proxy CA in
     // kube-system/extension-apiserver-authentication, as kube-apiserver does.
     let client_api = test_support::devcluster("client").await;
     let front_proxy_client = client_api.cluster.front_proxy_client();
-    let mut client_config =
-        ClusterConfig::new(url::Url::parse(&client_api.cluster.url()).expect("url"));
-    client_config.ca_pem = Some(client_api.cluster.ca_pem().into_bytes());
-    client_config.auth = Auth::Token(client_api.cluster.admin_token());
+    let client_config = admin_config(&client_api);
     let client_credentials = client_config.credentials().expect("credentials");
-    let client_admin = crproxy_kube::kube_client(
-        &client_config,
-        std::sync::Arc::clone(&client_credentials),
-        "default",
-    )
-    .expect("client admin");
-    let demo: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "demo"}})).expect("namespace");
-    kube::Api::all(client_admin)
-        .create(&Default::default(), &demo)
+    let client_admin =
+        crproxy_kube::kube_client(&client_config, Arc::clone(&client_credentials), "default")
+            .expect("client admin");
+    Api::all(client_admin.clone())
+        .create(&PostParams::default(), &demo)
         .await
         .expect("namespace created on the client");
     let serving_ca = CertificateAuthority::generate("serving-ca").expect("ca");
@@ -126,14 +182,14 @@ pub async fn harness_with_peers(
                 name: "target".into(),
                 project: "default".into(),
             },
-            access,
+            access: options.access,
             port: 0,
         }],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         client: crproxy_kube::kube_client_without_retries(
             &client_config,
-            std::sync::Arc::clone(&client_credentials),
+            Arc::clone(&client_credentials),
             "default",
         )
         .expect("client"),
@@ -146,39 +202,47 @@ pub async fn harness_with_peers(
             name: "target".into(),
             project: "default".into(),
             cluster: target_config,
-            peers: peers(target.cluster.addr()),
+            peers: (options.peers)(target.cluster.addr()),
         }],
         serving: ServingIdentity {
             cert_chain_pem: serving.cert.clone(),
             key_pem: serving.key.clone(),
         },
-        metrics: std::sync::Arc::clone(&metrics),
+        metrics: Arc::clone(&metrics),
         share_ports: false,
-        startup_sync_timeout: Duration::from_secs(60),
+        startup_sync_timeout: options.startup_sync_timeout,
     };
     let proxy = app::start(setup, true).await.expect("proxy starts");
     let addr = proxy.servers[0].1;
-    let mut aggregator =
-        ClusterConfig::new(url::Url::parse(&format!("https://{addr}")).expect("url"));
-    aggregator.ca_pem = Some(serving_ca.pem().cert.clone().into_bytes());
+    let proxy_url = url::Url::parse(&format!("https://{addr}")).expect("url");
+    let serving_ca_pem = serving_ca.pem().cert.clone();
+    let mut stranger = ClusterConfig::new(proxy_url);
+    stranger.ca_pem = Some(serving_ca_pem.clone().into_bytes());
+    let mut aggregator = stranger.clone();
     aggregator.auth = Auth::ClientCert {
-        cert_pem: front_proxy_client.cert.into_bytes(),
-        key_pem: front_proxy_client.key.into_bytes(),
+        cert_pem: front_proxy_client.cert.clone().into_bytes(),
+        key_pem: front_proxy_client.key.clone().into_bytes(),
     };
     Harness {
-        _client_api: client_api,
-        _target: target,
+        client_api,
+        target,
         proxy,
+        client_admin,
         admin,
-        aggregator: Client::new(aggregator).expect("aggregator client"),
+        widgets,
+        aggregator: client_of(&aggregator),
+        stranger: client_of(&stranger),
         metrics,
+        addr,
+        serving_ca_pem,
+        front_proxy_client,
     }
 }
 
 /// The CRD becomes served a moment after it is created (bounded: 10 s).
-async fn wait_until_served(admin: &Client) {
+async fn wait_until_served(widgets: &Api<DynamicObject>) {
     for _ in 0..100 {
-        if admin.list(WIDGETS).await.is_ok() {
+        if widgets.list(&ListParams::default().limit(1)).await.is_ok() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -189,12 +253,25 @@ async fn wait_until_served(admin: &Client) {
 #[derive(Debug)]
 pub struct Reply {
     pub status: u16,
+    pub headers: http::HeaderMap,
     pub body: Value,
 }
 
 /// A caller request through the aggregator; `content_type: None` sends none.
 pub async fn send(
     h: &Harness,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: impl Into<Bytes>,
+) -> Reply {
+    send_as(&h.aggregator, method, path, content_type, body).await
+}
+
+/// A request as `caller` to the proxy, carrying the identity headers an aggregator
+/// sets (`alice`, authenticated); `content_type: None` sends none.
+pub async fn send_as(
+    caller: &kube::Client,
     method: &str,
     path: &str,
     content_type: Option<&str>,
@@ -210,20 +287,35 @@ pub async fn send(
         request = request.header("content-type", ct);
     }
     let request = request.body(body.into()).expect("request");
-    // A caller-side failure (the connection broke, the client gave up) is an
-    // answer too: status 0 with the error, for the tests to count.
-    let response = match h.aggregator.request(request).await {
-        Ok(response) => response,
-        Err(error) => {
-            return Reply {
-                status: 0,
-                body: json!({"message": error.to_string()}),
-            }
-        }
+    exchange(caller, request).await
+}
+
+/// Sends `request` as `caller` and reads the whole answer. A caller-side failure
+/// (the connection broke, no answer within [`CALLER_TIMEOUT`]) is an answer too:
+/// status 0 with the error, for the tests to count.
+pub async fn exchange(caller: &kube::Client, request: http::Request<Bytes>) -> Reply {
+    let failed = |message: String| Reply {
+        status: 0,
+        headers: http::HeaderMap::new(),
+        body: json!({ "message": message }),
     };
-    Reply {
-        status: response.status().as_u16(),
-        body: serde_json::from_slice(response.body()).unwrap_or(Value::Null),
+    let answer = async {
+        let response = caller
+            .send(request.map(kube::client::Body::from))
+            .await
+            .map_err(|e| e.to_string())?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok::<_, String>((parts, body))
+    };
+    match tokio::time::timeout(CALLER_TIMEOUT, answer).await {
+        Ok(Ok((parts, body))) => Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        },
+        Ok(Err(message)) => failed(message),
+        Err(_) => failed(format!("no answer within {CALLER_TIMEOUT:?}")),
     }
 }
 
@@ -231,4 +323,29 @@ pub fn widget(name: &str, labels: Value) -> Value {
     json!({"apiVersion": "example.com/v1", "kind": "Widget",
            "metadata": {"name": name, "namespace": "demo", "labels": labels},
            "spec": {"replicas": 1}})
+}
+
+/// The widget kind, for kube-rs's dynamic API.
+pub fn widget_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
+        "widgets",
+    )
+}
+
+/// [`widget`] as the target's admin writes it.
+pub fn widget_object(name: &str, labels: Value) -> DynamicObject {
+    serde_json::from_value(widget(name, labels)).expect("widget")
+}
+
+/// `demo/<name>` as stored on the target, if it exists.
+pub async fn on_target(h: &Harness, name: &str) -> Option<Value> {
+    let object = h.widgets.get_opt(name).await.expect("get");
+    object.as_ref().map(json_of)
+}
+
+/// An object the target's admin read or wrote, as JSON: the shape the proxy's
+/// answers come in, so one set of checks reads both.
+pub fn json_of(object: &DynamicObject) -> Value {
+    serde_json::to_value(object).expect("objects are JSON")
 }
