@@ -1,6 +1,6 @@
 //! The one place a cluster identity becomes a kube-rs [`kube::Client`]: for the
-//! controllers written on kube-rs (the sync), with the same credentials, TLS and
-//! rotation as crproxy's own [`crate::Client`] and the data path.
+//! control plane (registration, the Lease, the client-side watches, the sync), with
+//! the same credentials, TLS and rotation as the data path.
 //!
 //! kube-rs reads kubeconfigs itself, but it keeps a client certificate for the life of
 //! the client and knows nothing of crproxy's [`Credentials`]. Building the client from
@@ -8,13 +8,12 @@
 //! asks [`Credentials::authorization`] before each request and dials with the
 //! connector whose TLS handshakes present the current client certificate.
 
-use crate::client::{DEFAULT_CONNECT_TIMEOUT, USER_AGENT_VALUE};
 use crate::cluster::ClusterConfig;
 use crate::connector::Connector;
 use crate::credentials::Credentials;
 use crate::error::from_client_error;
 use crate::read_timeout::ReadTimeoutLayer;
-use crate::Error;
+use crate::{Error, DEFAULT_CONNECT_TIMEOUT, USER_AGENT_VALUE};
 use http::header::{HeaderValue, AUTHORIZATION, USER_AGENT};
 use http::{Request, StatusCode, Uri};
 use hyper_util::client::legacy::Client as HyperClient;
