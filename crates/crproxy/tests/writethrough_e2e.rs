@@ -852,7 +852,7 @@ async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
     let (standby_port, leader_port) = (free_port()?, free_port()?);
     let standby = crproxy_sync::start(replica(false, standby_port)?).await?;
     let leader = crproxy_sync::start(replica(true, leader_port)?).await?;
-    let slice = eventually("the leader's EndpointSlice", || {
+    let leader_slice = || {
         get(
             &tenant,
             &[
@@ -862,8 +862,8 @@ async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
                 "crproxy-writethrough-leader",
             ],
         )
-    })
-    .await;
+    };
+    let slice = eventually("the leader's EndpointSlice", leader_slice).await;
     assert_eq!(
         slice["metadata"]["labels"]["kubernetes.io/service-name"],
         "crproxy-writethrough"
@@ -880,17 +880,6 @@ async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
     let slice_port = |slice: &Value| slice["ports"][0]["port"].as_u64();
     let successor_port = free_port()?;
     let successor = crproxy_sync::start(replica(true, successor_port)?).await?;
-    let leader_slice = || {
-        get(
-            &tenant,
-            &[
-                "endpointslice",
-                "-n",
-                "kube-system",
-                "crproxy-writethrough-leader",
-            ],
-        )
-    };
     eventually("the successor's EndpointSlice", || {
         leader_slice().filter(|s| slice_port(s) == Some(u64::from(successor_port)))
     })
