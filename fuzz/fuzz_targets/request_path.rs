@@ -1,5 +1,6 @@
-//! The request classifier and path parser, and the owner-scoped query: never a
-//! panic, and a classified resource path always stays under the group/version.
+//! The request classifier and path parser, the owner-scoped query and dry-run
+//! detection: never a panic, a classified resource path always stays under the
+//! group/version, and a query with a literal `dryRun` parameter is a dry run.
 #![no_main]
 
 use crproxy_core::ownership::{self, Owner};
@@ -26,6 +27,13 @@ fuzz_target!(|data: &[u8]| {
     {
         assert!(!resource.resource.is_empty());
         assert!(!resource.resource.contains('/'));
+    }
+    let names_dry_run = query
+        .unwrap_or("")
+        .split('&')
+        .any(|p| p == "dryRun" || p.starts_with("dryRun="));
+    if names_dry_run {
+        assert!(request::is_dry_run(query));
     }
     let owner = Owner::new("client", "project");
     if let Ok(scoped) = ownership::scoped_query(query, &owner) {

@@ -223,6 +223,16 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Whether a write with this query may leave stored state unchanged although it
+/// succeeds: true whenever the query names `dryRun`. kube-apiserver reads every
+/// `dryRun` value of the query as a list, dry-runs the request when they are all
+/// `All` and refuses it for any other value, an empty one included; so a request
+/// that names `dryRun` is either a dry run or fails. An answer it gets describes
+/// a state that need not exist.
+pub fn is_dry_run(query: Option<&str>) -> bool {
+    query_pairs(query).iter().any(|(name, _)| name == "dryRun")
+}
+
 /// Go's `strconv.ParseBool`.
 fn parse_go_bool(v: &str) -> Option<bool> {
     match v {

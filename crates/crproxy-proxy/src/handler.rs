@@ -835,10 +835,7 @@ impl GroupVersionProxy {
         let (Some(name), None) = (path.name.as_deref(), &path.subresource) else {
             return outcome;
         };
-        let dry_run = exchange
-            .query
-            .as_deref()
-            .is_some_and(|q| q.split('&').any(|p| p.starts_with("dryRun=")));
+        let dry_run = request::is_dry_run(exchange.query.as_deref());
         if !outcome.response.status().is_success() || dry_run {
             return outcome;
         }

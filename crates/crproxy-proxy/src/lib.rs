@@ -23,4 +23,5 @@ mod scripted_api;
 pub mod server;
 pub mod sources;
 pub mod transport;
+pub mod watch_lines;
 pub mod watches;

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::BodyExt;
 use serde::Deserialize;
@@ -36,6 +36,7 @@ use crproxy_core::precondition::Pin;
 
 use crate::pool::ProxyBody;
 use crate::transport::{self, ForwardError, TargetConnection, MAX_BUFFERED_BODY};
+use crate::watch_lines::WatchLines;
 use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::DefaultBackoff;
@@ -484,14 +485,16 @@ async fn get(
 }
 
 /// Applies the events of one watch response until the server ends it (`Ok`) or
-/// it fails, stalls or expires (`Err`).
+/// it fails, stalls or expires (`Err`). An event cut short by the end of the
+/// response is dropped: `resource_version` only moves with applied events, so the
+/// next watch starts before it and the target sends it again.
 async fn follow(
     mut body: ProxyBody,
     owner: &Owner,
     objects: &Objects,
     resource_version: &mut String,
 ) -> Result<(), SyncError> {
-    let mut lines = Lines::default();
+    let mut lines = WatchLines::new(MAX_BUFFERED_BODY);
     loop {
         let frame = match tokio::time::timeout(WATCH_IDLE_LIMIT, body.frame()).await {
             Err(_) => return Err(SyncError::Stalled),
@@ -503,11 +506,65 @@ async fn follow(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        for line in lines.push(&data)? {
-            let event: Event =
-                serde_json::from_slice(&line).map_err(|e| SyncError::Decode(e.to_string()))?;
-            apply(event, owner, objects, resource_version)?;
+        lines.push(&data);
+        apply_lines(&mut lines, owner, objects, resource_version)?;
+    }
+}
+
+/// Decodes and applies every event `lines` holds finished. This is all the
+/// cache does with what the target sends on a watch.
+fn apply_lines(
+    lines: &mut WatchLines,
+    owner: &Owner,
+    objects: &Objects,
+    resource_version: &mut String,
+) -> Result<(), SyncError> {
+    while let Some(line) = lines
+        .next_line()
+        .map_err(|e| SyncError::Decode(e.to_string()))?
+    {
+        let event: Event =
+            serde_json::from_slice(&line).map_err(|e| SyncError::Decode(e.to_string()))?;
+        apply(event, owner, objects, resource_version)?;
+    }
+    Ok(())
+}
+
+/// What one watch response left in a cache that started empty; see [`replay_watch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// The pins held at the end, keyed by `namespace/name` (`name` when cluster
+    /// scoped).
+    pub pins: HashMap<String, Pin>,
+    /// Where the next watch would resume.
+    pub resource_version: String,
+    /// Why the watch would have ended early, if it would.
+    pub error: Option<String>,
+}
+
+/// Runs the chunks of a watch response through the cache's own decoding and
+/// bookkeeping, as a watch of `owner`'s objects would, with no I/O. The fuzz
+/// target uses it to feed the cache what a hostile target could send.
+pub fn replay_watch<'c>(owner: &Owner, chunks: impl IntoIterator<Item = &'c [u8]>) -> Replay {
+    let objects = Objects::default();
+    let mut resource_version = String::new();
+    let mut lines = WatchLines::new(MAX_BUFFERED_BODY);
+    let mut error = None;
+    for chunk in chunks {
+        lines.push(chunk);
+        if let Err(e) = apply_lines(&mut lines, owner, &objects, &mut resource_version) {
+            error = Some(e.to_string());
+            break;
         }
+    }
+    let state = objects
+        .state
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
+    Replay {
+        pins: state.pins,
+        resource_version,
+        error,
     }
 }
 
@@ -552,29 +609,6 @@ fn apply(
         _ => {}
     }
     Ok(())
-}
-
-/// Splits a watch stream into lines.
-#[derive(Default)]
-struct Lines {
-    buffer: BytesMut,
-}
-
-impl Lines {
-    fn push(&mut self, data: &[u8]) -> Result<Vec<Bytes>, SyncError> {
-        self.buffer.extend_from_slice(data);
-        let mut out = Vec::new();
-        while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
-            let line = self.buffer.split_to(end + 1).freeze();
-            if !line.iter().all(u8::is_ascii_whitespace) {
-                out.push(line);
-            }
-        }
-        if self.buffer.len() > MAX_BUFFERED_BODY {
-            return Err(SyncError::Decode("watch event too long".into()));
-        }
-        Ok(out)
-    }
 }
 
 #[derive(Deserialize)]

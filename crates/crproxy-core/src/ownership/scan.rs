@@ -9,6 +9,7 @@
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::fmt;
+use std::marker::PhantomData;
 
 use super::{Owner, Visibility, OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
 
@@ -20,7 +21,7 @@ pub(super) fn visibility(owner: &Owner, body: &[u8]) -> Visibility {
         return Visibility::Undecodable;
     }
     let mut json = serde_json::Deserializer::from_slice(body);
-    let scanned = ObjectSeed { owner }.deserialize(&mut json);
+    let scanned = object_only::<ObjectFields>(owner).deserialize(&mut json);
     let Ok(Some(object)) = scanned.and_then(|s| json.end().map(|()| s)) else {
         return Visibility::Undecodable;
     };
@@ -56,8 +57,10 @@ struct Object {
 }
 
 /// A Table's `rows`.
+#[derive(Default)]
 enum Rows {
     /// Missing, or not an array.
+    #[default]
     Invalid,
     Array {
         empty: bool,
@@ -67,30 +70,157 @@ enum Rows {
     },
 }
 
-/// Reads any value: `Some` for an object, `None` (the value skipped) otherwise.
-struct ObjectSeed<'o> {
-    owner: &'o Owner,
+/// One level of JSON object the scan looks into: the keys it reads, what it
+/// keeps of their values, and what it makes of them at the object's end.
+/// [`ObjectOnly`] walks the object and skips everything else.
+trait Fields: Default {
+    type Value;
+    /// The keys whose values [`Fields::read`] reads.
+    const KEYS: &'static [&'static str];
+    /// Reads the value of `KEYS[key]`, the next value in `map`.
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        owner: &Owner,
+        key: usize,
+        map: &mut A,
+    ) -> Result<(), A::Error>;
+    /// What the object said, once it has ended.
+    fn finish(self) -> Self::Value;
 }
 
-/// Reads a `metadata` value: `Some(owned)` for an object.
-struct MetadataSeed<'o> {
+/// Reads any value: `Some` of what `F` makes of it when it is an object, `None`
+/// (the value skipped) otherwise.
+struct ObjectOnly<'o, F> {
     owner: &'o Owner,
+    fields: PhantomData<F>,
 }
 
-/// Reads a `labels` value: whether it is an object carrying both labels with the
-/// owner's values.
-struct LabelsSeed<'o> {
-    owner: &'o Owner,
+/// Reads any value as `F` if it is an object.
+fn object_only<F>(owner: &Owner) -> ObjectOnly<'_, F> {
+    ObjectOnly {
+        owner,
+        fields: PhantomData,
+    }
+}
+
+/// A document or a Table row's `object`.
+#[derive(Default)]
+struct ObjectFields {
+    kind_is_table: bool,
+    api_is_meta: bool,
+    metadata: Option<bool>,
+    rows: Rows,
+}
+
+impl Fields for ObjectFields {
+    type Value = Object;
+    const KEYS: &'static [&'static str] = &["kind", "apiVersion", "metadata", "rows"];
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        owner: &Owner,
+        key: usize,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        match key {
+            0 => self.kind_is_table = map.next_value_seed(StrSeed(|s: &str| s == "Table"))?,
+            1 => {
+                self.api_is_meta =
+                    map.next_value_seed(StrSeed(|s: &str| s.starts_with("meta.k8s.io/")))?
+            }
+            2 => self.metadata = map.next_value_seed(object_only::<MetadataFields>(owner))?,
+            _ => self.rows = map.next_value_seed(RowsSeed { owner })?,
+        }
+        Ok(())
+    }
+    fn finish(self) -> Object {
+        Object {
+            is_table: self.kind_is_table && self.api_is_meta,
+            metadata: self.metadata,
+            rows: self.rows,
+        }
+    }
+}
+
+/// A `metadata` object: whether its `labels` carry both owner labels.
+#[derive(Default)]
+struct MetadataFields {
+    owned: bool,
+}
+
+impl Fields for MetadataFields {
+    type Value = bool;
+    const KEYS: &'static [&'static str] = &["labels"];
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        owner: &Owner,
+        _: usize,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        let labels = map.next_value_seed(object_only::<LabelsFields>(owner))?;
+        self.owned = labels.unwrap_or(false);
+        Ok(())
+    }
+    fn finish(self) -> bool {
+        self.owned
+    }
+}
+
+/// A `labels` object: whether both owner labels have the owner's values.
+#[derive(Default)]
+struct LabelsFields {
+    name_matches: bool,
+    project_matches: bool,
+}
+
+impl Fields for LabelsFields {
+    type Value = bool;
+    const KEYS: &'static [&'static str] = &[OWNER_VCLUSTER_LABEL, OWNER_PROJECT_LABEL];
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        owner: &Owner,
+        key: usize,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        match key {
+            0 => self.name_matches = map.next_value_seed(StrSeed(|s: &str| s == owner.name))?,
+            _ => {
+                self.project_matches = map.next_value_seed(StrSeed(|s: &str| s == owner.project))?
+            }
+        }
+        Ok(())
+    }
+    fn finish(self) -> bool {
+        self.name_matches && self.project_matches
+    }
+}
+
+/// A Table row: `Some(owned)` when its `object` is an object with `metadata`
+/// that is an object.
+#[derive(Default)]
+struct RowFields {
+    owned: Option<bool>,
+}
+
+impl Fields for RowFields {
+    type Value = Option<bool>;
+    const KEYS: &'static [&'static str] = &["object"];
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        owner: &Owner,
+        _: usize,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        let object = map.next_value_seed(object_only::<ObjectFields>(owner))?;
+        self.owned = object.and_then(|object| object.metadata);
+        Ok(())
+    }
+    fn finish(self) -> Option<bool> {
+        self.owned
+    }
 }
 
 /// Reads a `rows` value.
 struct RowsSeed<'o> {
-    owner: &'o Owner,
-}
-
-/// Reads one row: `Some(owned)` when it is an object whose `object` is an object
-/// with `metadata` that is an object.
-struct RowSeed<'o> {
     owner: &'o Owner,
 }
 
@@ -99,10 +229,8 @@ struct KeySeed<'k> {
     wanted: &'k [&'k str],
 }
 
-/// Reads any value: whether it is a string that `test` accepts.
-struct StrSeed<F> {
-    test: F,
-}
+/// Reads any value: whether it is a string the function accepts.
+struct StrSeed<F>(F);
 
 /// Everything a visitor that only cares for one JSON type does with the others:
 /// skip them and report `$other`.
@@ -152,15 +280,15 @@ macro_rules! skip_objects {
     };
 }
 
-impl<'de> DeserializeSeed<'de> for ObjectSeed<'_> {
-    type Value = Option<Object>;
+impl<'de, F: Fields> DeserializeSeed<'de> for ObjectOnly<'_, F> {
+    type Value = Option<F::Value>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ObjectSeed<'_> {
-    type Value = Option<Object>;
+impl<'de, F: Fields> Visitor<'de> for ObjectOnly<'_, F> {
+    type Value = Option<F::Value>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON value")
     }
@@ -168,106 +296,16 @@ impl<'de> Visitor<'de> for ObjectSeed<'_> {
     skip_strings!(None);
     skip_arrays!(None);
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        const KEYS: &[&str] = &["kind", "apiVersion", "metadata", "rows"];
-        let owner = self.owner;
-        let (mut kind_is_table, mut api_is_meta) = (false, false);
-        let mut object = Object {
-            is_table: false,
-            metadata: None,
-            rows: Rows::Invalid,
-        };
-        while let Some(key) = map.next_key_seed(KeySeed { wanted: KEYS })? {
+        let mut fields = F::default();
+        while let Some(key) = map.next_key_seed(KeySeed { wanted: F::KEYS })? {
             match key {
-                Some(0) => {
-                    kind_is_table = map.next_value_seed(StrSeed {
-                        test: |s: &str| s == "Table",
-                    })?
-                }
-                Some(1) => {
-                    api_is_meta = map.next_value_seed(StrSeed {
-                        test: |s: &str| s.starts_with("meta.k8s.io/"),
-                    })?
-                }
-                Some(2) => object.metadata = map.next_value_seed(MetadataSeed { owner })?,
-                Some(3) => object.rows = map.next_value_seed(RowsSeed { owner })?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        object.is_table = kind_is_table && api_is_meta;
-        Ok(Some(object))
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
-    type Value = Option<bool>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for MetadataSeed<'_> {
-    type Value = Option<bool>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    skip_other_types!(None);
-    skip_strings!(None);
-    skip_arrays!(None);
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut owned = false;
-        while let Some(key) = map.next_key_seed(KeySeed {
-            wanted: &["labels"],
-        })? {
-            match key {
-                Some(_) => owned = map.next_value_seed(LabelsSeed { owner: self.owner })?,
+                Some(key) => fields.read(self.owner, key, &mut map)?,
                 None => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(Some(owned))
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for LabelsSeed<'_> {
-    type Value = bool;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for LabelsSeed<'_> {
-    type Value = bool;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    skip_other_types!(false);
-    skip_strings!(false);
-    skip_arrays!(false);
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        const KEYS: &[&str] = &[OWNER_VCLUSTER_LABEL, OWNER_PROJECT_LABEL];
-        let (name, project) = (self.owner.name.as_str(), self.owner.project.as_str());
-        let (mut name_matches, mut project_matches) = (false, false);
-        while let Some(key) = map.next_key_seed(KeySeed { wanted: KEYS })? {
-            match key {
-                Some(0) => {
-                    name_matches = map.next_value_seed(StrSeed {
-                        test: |s: &str| s == name,
-                    })?
-                }
-                Some(_) => {
-                    project_matches = map.next_value_seed(StrSeed {
-                        test: |s: &str| s == project,
-                    })?
-                }
-                None => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(name_matches && project_matches)
+        Ok(Some(fields.finish()))
     }
 }
 
@@ -288,9 +326,9 @@ impl<'de> Visitor<'de> for RowsSeed<'_> {
     skip_objects!(Rows::Invalid);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let (mut empty, mut undecodable, mut all_owned) = (true, false, true);
-        while let Some(row) = seq.next_element_seed(RowSeed { owner: self.owner })? {
+        while let Some(row) = seq.next_element_seed(object_only::<RowFields>(self.owner))? {
             empty = false;
-            match row {
+            match row.flatten() {
                 None => undecodable = true,
                 Some(owned) => all_owned &= owned,
             }
@@ -300,41 +338,6 @@ impl<'de> Visitor<'de> for RowsSeed<'_> {
             undecodable,
             all_owned,
         })
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for RowSeed<'_> {
-    type Value = Option<bool>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for RowSeed<'_> {
-    type Value = Option<bool>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    skip_other_types!(None);
-    skip_strings!(None);
-    skip_arrays!(None);
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut owned = None;
-        while let Some(key) = map.next_key_seed(KeySeed {
-            wanted: &["object"],
-        })? {
-            match key {
-                Some(_) => {
-                    owned = map
-                        .next_value_seed(ObjectSeed { owner: self.owner })?
-                        .and_then(|object| object.metadata)
-                }
-                None => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(owned)
     }
 }
 
@@ -371,6 +374,6 @@ impl<'de, F: FnOnce(&str) -> bool> Visitor<'de> for StrSeed<F> {
     skip_arrays!(false);
     skip_objects!(false);
     fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<Self::Value, E> {
-        Ok((self.test)(value))
+        Ok((self.0)(value))
     }
 }

@@ -610,3 +610,28 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn a_query_naming_dry_run_is_a_dry_run_whatever_its_value() {
+    for (query, dry_run) in [
+        (None, false),
+        (Some(""), false),
+        (Some("fieldManager=kubectl"), false),
+        (Some("dryRun=All"), true),
+        (Some("fieldManager=kubectl&dryRun=All"), true),
+        (Some("dryRun=All&dryRun=All"), true),
+        // kube refuses these, so they never persist anything either.
+        (Some("dryRun="), true),
+        (Some("dryRun"), true),
+        (Some("dryRun=Bogus"), true),
+        // The name is decoded as kube decodes it.
+        (Some("dry%52un=All"), true),
+        // Not the parameter, only alike.
+        (Some("xdryRun=All"), false),
+        (Some("dryRunx=All"), false),
+        (Some("dryrun=All"), false),
+        (Some("fieldManager=dryRun"), false),
+    ] {
+        assert_eq!(is_dry_run(query), dry_run, "{query:?}");
+    }
+}

@@ -119,14 +119,59 @@ fn watch_events_add_update_and_remove_owned_objects() {
     ));
 }
 
+fn watch_line(event_type: &str, name: &str, uid: &str, rv: &str, labels: &str) -> String {
+    format!(
+        r#"{{"type":"{event_type}","object":{{"kind":"PartialObjectMetadata","metadata":{{"name":"{name}","namespace":"ns","uid":"{uid}","resourceVersion":"{rv}",{labels}}}}}}}"#
+    ) + "\n"
+}
+
 #[test]
-fn lines_are_split_across_chunks() {
-    let mut lines = Lines::default();
-    assert!(lines.push(b"{\"a\":").expect("ok").is_empty());
-    let out = lines.push(b"1}\n\n{\"b\":2}\n{").expect("ok");
-    assert_eq!(out.len(), 2);
-    assert_eq!(&out[0][..], b"{\"a\":1}\n");
-    assert_eq!(&out[1][..], b"{\"b\":2}\n");
+fn a_watch_stream_is_applied_the_same_however_it_is_chunked() {
+    let stream = [
+        watch_line("ADDED", "a", "u", "2", OWNED),
+        "\n".into(),
+        watch_line(
+            "ADDED",
+            "b",
+            "v",
+            "3",
+            r#""labels":{"vcluster.com/owner-vcluster":"client"}"#,
+        ),
+        watch_line("MODIFIED", "a", "u", "4", OWNED),
+    ]
+    .concat();
+    let whole = replay_watch(&owner(), [stream.as_bytes()]);
+    assert_eq!(whole.pins, HashMap::from([("ns/a".into(), pin("u", "4"))]));
+    assert_eq!(whole.resource_version, "4");
+    assert_eq!(whole.error, None);
+    for size in [1, 2, 7, 64] {
+        assert_eq!(
+            replay_watch(&owner(), stream.as_bytes().chunks(size)),
+            whole
+        );
+    }
+}
+
+#[test]
+fn an_event_cut_short_by_the_end_of_the_watch_is_not_applied() {
+    let first = watch_line("ADDED", "a", "u", "2", OWNED);
+    let cut = watch_line("ADDED", "b", "v", "3", OWNED);
+    let cut = cut.trim_end();
+    let replay = replay_watch(&owner(), [first.as_bytes(), cut.as_bytes()]);
+    assert_eq!(replay.pins, HashMap::from([("ns/a".into(), pin("u", "2"))]));
+    // The next watch resumes before the lost event, so the target sends it again.
+    assert_eq!(replay.resource_version, "2");
+    assert_eq!(replay.error, None);
+}
+
+#[test]
+fn a_line_that_is_no_event_ends_the_watch() {
+    let first = watch_line("ADDED", "a", "u", "2", OWNED);
+    let replay = replay_watch(&owner(), [first.as_bytes(), b"not json\n"]);
+    assert_eq!(replay.pins.len(), 1);
+    assert!(replay
+        .error
+        .is_some_and(|e| e.starts_with("undecodable answer")));
 }
 
 /// A target connection whose pool has no peers: every request of the cache fails

@@ -1,0 +1,61 @@
+//! The ownership cache's watch decoding and bookkeeping read a stream the target
+//! controls. Whatever arrives, in whatever chunks, it must never panic, must end
+//! in the same state as when the stream arrives at once, and must pin only states
+//! that some event showed carrying both owner labels with the owner's values:
+//! the cache's safety rests on holding no other pins.
+#![no_main]
+
+use crproxy_core::ownership::{Owner, OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
+use crproxy_core::precondition::Pin;
+use crproxy_proxy::ownership_cache::replay_watch;
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+
+/// The owner the seed corpus labels its objects with.
+fn owner() -> Owner {
+    Owner::new("client", "proj")
+}
+
+/// Whether some line of the stream is an ADDED or MODIFIED event of an object
+/// with this key and pin, carrying both owner labels.
+fn shown_owned(stream: &[u8], key: &str, pin: &Pin) -> bool {
+    let owner = owner();
+    stream.split(|b| *b == b'\n').any(|line| {
+        // The cache skips the fields it does not read without checking them
+        // for UTF-8, so invalid bytes there must not hide the event here.
+        let Ok(event) = serde_json::from_str::<Value>(&String::from_utf8_lossy(line)) else {
+            return false;
+        };
+        let meta = &event["object"]["metadata"];
+        let text = |v: &Value| v.as_str().map(str::to_owned);
+        let event_key = match (text(&meta["namespace"]), text(&meta["name"])) {
+            (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
+            (None, Some(name)) => name,
+            _ => return false,
+        };
+        let labels = &meta["labels"];
+        matches!(event["type"].as_str(), Some("ADDED" | "MODIFIED"))
+            && event_key == key
+            && text(&meta["uid"]).as_ref() == Some(&pin.uid)
+            && text(&meta["resourceVersion"]).as_ref() == Some(&pin.resource_version)
+            && labels[OWNER_VCLUSTER_LABEL].as_str() == Some(owner.name.as_str())
+            && labels[OWNER_PROJECT_LABEL].as_str() == Some(owner.project.as_str())
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    // The first byte picks the chunk size, the rest is the stream.
+    let Some((&size, stream)) = data.split_first() else {
+        return;
+    };
+    let whole = replay_watch(&owner(), [stream]);
+    let chunked = replay_watch(&owner(), stream.chunks(usize::from(size).max(1)));
+    assert_eq!(chunked, whole);
+    for (key, pin) in &whole.pins {
+        assert!(!pin.uid.is_empty() && !pin.resource_version.is_empty());
+        assert!(
+            shown_owned(stream, key, pin),
+            "pinned {key} {pin:?} without an owned event"
+        );
+    }
+});
