@@ -195,8 +195,8 @@ impl GroupVersionProxy {
         );
         // Only authenticated callers take places under the in-flight limit, so
         // strangers on the port cannot crowd the aggregator out.
-        let caller = self.trust.authenticate(peer.as_deref(), &parts.headers);
-        let permit = if is_watch || caller.is_none() {
+        let admitted = self.trust.admits(peer.as_deref(), &parts.headers);
+        let permit = if is_watch || !admitted {
             None
         } else {
             match Arc::clone(&self.in_flight).try_acquire_owned() {
@@ -213,12 +213,12 @@ impl GroupVersionProxy {
             headers: parts.headers,
             deadline: started + REQUEST_DEADLINE,
         };
-        let outcome = match caller {
-            None => Outcome::new(
+        let outcome = match admitted {
+            false => Outcome::new(
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
             ),
-            Some(_caller) if exchange.method == Method::GET && exchange.path == "/apis" => {
+            true if exchange.method == Method::GET && exchange.path == "/apis" => {
                 match fallback::aggregated_discovery_version(accept_of(&exchange.headers)) {
                     Some(version) => self.aggregated_discovery(&exchange, version).await,
                     // Only aggregated discovery is answered here; the legacy group
@@ -226,17 +226,13 @@ impl GroupVersionProxy {
                     None => path_error(&request::PathError::NotFound),
                 }
             }
-            Some(_caller)
-                if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) =>
-            {
+            true if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) => {
                 self.openapi_index()
             }
-            Some(_caller)
-                if exchange.method == Method::GET && self.is_openapi_document(&exchange.path) =>
-            {
+            true if exchange.method == Method::GET && self.is_openapi_document(&exchange.path) => {
                 self.openapi_document(&exchange).await
             }
-            Some(_caller) => match kind {
+            true => match kind {
                 Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
                 Ok(RequestKind::Discovery) => self.discovery(&exchange).await,
