@@ -579,26 +579,19 @@ impl GroupVersionProxy {
                 Err(outcome) => return outcome,
             },
         };
-        let mut headers = exchange.headers.clone();
-        let accept = headers
-            .get(http::header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let inspectable = ownership::inspectable_accept(accept.as_deref());
-        match HeaderValue::from_str(&inspectable) {
-            Ok(value) => {
-                headers.insert(http::header::ACCEPT, value);
-            }
-            Err(_) => {
-                headers.insert(
-                    http::header::ACCEPT,
-                    HeaderValue::from_static("application/json"),
-                );
-            }
-        }
-        // The body is inspected, so it must arrive uncompressed.
-        headers.remove(http::header::ACCEPT_ENCODING);
-        let response = match self.get_from_target(exchange, &headers).await {
+        let inspectable = ownership::inspectable_accept(accept_of(&exchange.headers));
+        let accept = HeaderValue::from_str(&inspectable)
+            .unwrap_or_else(|_| HeaderValue::from_static("application/json"));
+        // The body is inspected, so it must arrive uncompressed (the target is sent
+        // no Accept-Encoding).
+        let path_and_query = exchange.path_and_query();
+        let sent = self.target.send_inspected_get(
+            exchange.deadline,
+            &path_and_query,
+            &exchange.headers,
+            accept,
+        );
+        let response = match flatten(tokio::time::timeout_at(exchange.deadline, sent).await) {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
         };
