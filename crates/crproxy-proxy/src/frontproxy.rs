@@ -175,19 +175,7 @@ impl FrontProxyTrust {
         headers: &HeaderMap,
     ) -> Option<Caller> {
         let settings = self.get()?;
-        let peer = peer?;
-        if !settings.allowed_names.is_empty() {
-            let name = peer.common_name.as_deref()?;
-            if !settings.allowed_names.iter().any(|allowed| allowed == name) {
-                return None;
-            }
-        }
-        let user = settings
-            .username_headers
-            .iter()
-            .find_map(|h| headers.get(h.as_str()).and_then(|v| v.to_str().ok()))
-            .filter(|u| !u.is_empty())?
-            .to_string();
+        let user = admitted_user(&settings, peer?, headers)?.to_string();
         let groups = settings
             .group_headers
             .iter()
@@ -214,6 +202,37 @@ impl FrontProxyTrust {
             extra,
         })
     }
+
+    /// Whether [`authenticate`](Self::authenticate) would name a caller, without
+    /// copying the caller's identity out of the headers: the request path only
+    /// needs the verdict, and this runs on every request.
+    pub fn admits(&self, peer: Option<&PeerCertificate>, headers: &HeaderMap) -> bool {
+        match (self.get(), peer) {
+            (Some(settings), Some(peer)) => admitted_user(&settings, peer, headers).is_some(),
+            _ => false,
+        }
+    }
+}
+
+/// The user a request names, if its connection's certificate is one of the allowed
+/// front proxies and a username header is set: the rule both
+/// [`FrontProxyTrust::authenticate`] and [`FrontProxyTrust::admits`] apply.
+fn admitted_user<'h>(
+    settings: &TrustSettings,
+    peer: &PeerCertificate,
+    headers: &'h HeaderMap,
+) -> Option<&'h str> {
+    if !settings.allowed_names.is_empty() {
+        let name = peer.common_name.as_deref()?;
+        if !settings.allowed_names.iter().any(|allowed| allowed == name) {
+            return None;
+        }
+    }
+    settings
+        .username_headers
+        .iter()
+        .find_map(|h| headers.get(h.as_str()).and_then(|v| v.to_str().ok()))
+        .filter(|u| !u.is_empty())
 }
 
 /// What the proxy keeps of a connection's verified client certificate: read once

@@ -195,8 +195,8 @@ impl GroupVersionProxy {
         );
         // Only authenticated callers take places under the in-flight limit, so
         // strangers on the port cannot crowd the aggregator out.
-        let caller = self.trust.authenticate(peer.as_deref(), &parts.headers);
-        let permit = if is_watch || caller.is_none() {
+        let admitted = self.trust.admits(peer.as_deref(), &parts.headers);
+        let permit = if is_watch || !admitted {
             None
         } else {
             match Arc::clone(&self.in_flight).try_acquire_owned() {
@@ -213,12 +213,12 @@ impl GroupVersionProxy {
             headers: parts.headers,
             deadline: started + REQUEST_DEADLINE,
         };
-        let outcome = match caller {
-            None => Outcome::new(
+        let outcome = match admitted {
+            false => Outcome::new(
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
             ),
-            Some(_caller) if exchange.method == Method::GET && exchange.path == "/apis" => {
+            true if exchange.method == Method::GET && exchange.path == "/apis" => {
                 match fallback::aggregated_discovery_version(accept_of(&exchange.headers)) {
                     Some(version) => self.aggregated_discovery(&exchange, version).await,
                     // Only aggregated discovery is answered here; the legacy group
@@ -226,17 +226,13 @@ impl GroupVersionProxy {
                     None => path_error(&request::PathError::NotFound),
                 }
             }
-            Some(_caller)
-                if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) =>
-            {
+            true if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) => {
                 self.openapi_index()
             }
-            Some(_caller)
-                if exchange.method == Method::GET && self.is_openapi_document(&exchange.path) =>
-            {
+            true if exchange.method == Method::GET && self.is_openapi_document(&exchange.path) => {
                 self.openapi_document(&exchange).await
             }
-            Some(_caller) => match kind {
+            true => match kind {
                 Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
                 Ok(RequestKind::Discovery) => self.discovery(&exchange).await,
@@ -583,26 +579,19 @@ impl GroupVersionProxy {
                 Err(outcome) => return outcome,
             },
         };
-        let mut headers = exchange.headers.clone();
-        let accept = headers
-            .get(http::header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let inspectable = ownership::inspectable_accept(accept.as_deref());
-        match HeaderValue::from_str(&inspectable) {
-            Ok(value) => {
-                headers.insert(http::header::ACCEPT, value);
-            }
-            Err(_) => {
-                headers.insert(
-                    http::header::ACCEPT,
-                    HeaderValue::from_static("application/json"),
-                );
-            }
-        }
-        // The body is inspected, so it must arrive uncompressed.
-        headers.remove(http::header::ACCEPT_ENCODING);
-        let response = match self.get_from_target(exchange, &headers).await {
+        let inspectable = ownership::inspectable_accept(accept_of(&exchange.headers));
+        let accept = HeaderValue::from_str(&inspectable)
+            .unwrap_or_else(|_| HeaderValue::from_static("application/json"));
+        // The body is inspected, so it must arrive uncompressed (the target is sent
+        // no Accept-Encoding).
+        let path_and_query = exchange.path_and_query();
+        let sent = self.target.send_inspected_get(
+            exchange.deadline,
+            &path_and_query,
+            &exchange.headers,
+            accept,
+        );
+        let response = match flatten(tokio::time::timeout_at(exchange.deadline, sent).await) {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
         };

@@ -1093,11 +1093,12 @@ impl PeerSender {
     }
 
     async fn send_once(self, req: Request<ProxyBody>) -> Attempt {
-        let fallback = match self.pool.upgrade() {
-            Some(pool) => pool.default_authority.clone(),
-            None => return Attempt::Done(Err(PoolError::Closed.into())),
+        let Some(pool) = self.pool.upgrade() else {
+            return Attempt::Done(Err(PoolError::Closed.into()));
         };
-        let req = match adapt_request(req, self.is_h2(), &fallback) {
+        let adapted = adapt_request(req, self.is_h2(), &pool.default_authority);
+        drop(pool);
+        let req = match adapted {
             Ok(req) => req,
             Err(source) => {
                 return Attempt::Done(Err(SendError::InvalidRequest {
@@ -1233,33 +1234,41 @@ fn adapt_request(
     fallback_authority: &str,
 ) -> Result<Request<ProxyBody>, http::Error> {
     let (mut parts, body) = req.into_parts();
-    let authority = match parts.uri.authority() {
-        Some(a) => a.as_str().to_owned(),
-        None => match parts
-            .headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-        {
-            Some(host) => host.to_owned(),
-            None => fallback_authority.to_owned(),
-        },
-    };
+    let uri_authority = parts.uri.authority().cloned();
     // The path and query were parsed once already; they move over as they are.
     let path_and_query = std::mem::take(&mut parts.uri)
         .into_parts()
         .path_and_query
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     if h2 {
+        let authority = match uri_authority {
+            Some(authority) => authority,
+            None => Authority::try_from(
+                parts
+                    .headers
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .unwrap_or(fallback_authority),
+            )?,
+        };
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(Scheme::HTTPS);
-        uri.authority = Some(Authority::try_from(authority.as_str())?);
+        uri.authority = Some(authority);
         uri.path_and_query = Some(path_and_query);
         parts.uri = Uri::from_parts(uri)?;
         parts.version = Version::HTTP_2;
-        for name in &CONNECTION_HEADERS {
-            parts.headers.remove(name);
+        // One pass over the few names present instead of a lookup per forbidden
+        // name: most requests carry none of them.
+        let forbidden = parts
+            .headers
+            .keys()
+            .any(|name| CONNECTION_HEADERS.contains(name) || name.as_str() == "proxy-connection");
+        if forbidden {
+            for name in &CONNECTION_HEADERS {
+                parts.headers.remove(name);
+            }
+            parts.headers.remove("proxy-connection");
         }
-        parts.headers.remove("proxy-connection");
         parts.headers.remove(header::HOST);
         if parts
             .headers
@@ -1274,9 +1283,12 @@ fn adapt_request(
         parts.uri = Uri::from_parts(uri)?;
         parts.version = Version::HTTP_11;
         if !parts.headers.contains_key(header::HOST) {
+            let authority = uri_authority
+                .as_ref()
+                .map_or(fallback_authority, Authority::as_str);
             parts
                 .headers
-                .insert(header::HOST, HeaderValue::from_str(&authority)?);
+                .insert(header::HOST, HeaderValue::from_str(authority)?);
         }
     }
     Ok(Request::from_parts(parts, body))

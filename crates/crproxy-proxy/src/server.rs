@@ -42,6 +42,14 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// within the request's own 60 s cap (see `handler`).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a caller has, once TLS is up, to send the first bytes of its first
+/// request (the HTTP/2 preface, or an HTTP/1.1 request line). hyper's choice
+/// between the two protocols waits for those bytes without a limit of its own,
+/// so a caller that completes the handshake and then says nothing would hold its
+/// connection, and a file descriptor, for ever. As long as the HTTP/1.1 header
+/// timeout, so no client that kube-apiserver accepts is cut off.
+pub const FIRST_BYTES_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
+
 /// HTTP/2 keep-alive: a caller connection that stops answering pings is closed.
 pub const CALLER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub const CALLER_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -180,7 +188,7 @@ pub fn serve_proxy(
             let proxy = Arc::clone(&proxy);
             let watcher = graceful.watcher();
             tokio::spawn(async move {
-                let tls =
+                let mut tls =
                     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => tls,
                         Ok(Err(error)) => {
@@ -192,6 +200,10 @@ pub fn serve_proxy(
                             return;
                         }
                     };
+                if !first_bytes_within(&mut tls, FIRST_BYTES_TIMEOUT).await {
+                    tracing::debug!(%remote, "caller sent no request after the TLS handshake");
+                    return;
+                }
                 // Parsed once per connection: every request on it shares the result.
                 //
                 // The handler's future is boxed: hyper keeps each stream's service
@@ -237,6 +249,19 @@ pub fn serve_proxy(
             tracing::info!("closing connections still open after the shutdown grace period");
         }
     })
+}
+
+/// Whether the caller sends anything (and not just end of stream) within `within`.
+/// The bytes stay buffered in `io` for whoever reads it next.
+async fn first_bytes_within<IO>(io: &mut IO, within: Duration) -> bool
+where
+    IO: tokio::io::AsyncBufRead + Unpin,
+{
+    use tokio::io::AsyncBufReadExt;
+    matches!(
+        tokio::time::timeout(within, io.fill_buf()).await,
+        Ok(Ok(bytes)) if !bytes.is_empty()
+    )
 }
 
 /// Serves `/metrics` and `/metrics/syncer` (the same registry), `/healthz` and
@@ -307,6 +332,35 @@ fn metrics_response<B>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_must_start_its_first_request_in_time() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+
+        // Silent past the limit: given up (paused time runs the 30 s at once).
+        let (_silent_client, server) = tokio::io::duplex(64);
+        let mut server = BufReader::new(server);
+        assert!(!first_bytes_within(&mut server, FIRST_BYTES_TIMEOUT).await);
+
+        // Hung up without a byte: given up too.
+        let (closed_client, server) = tokio::io::duplex(64);
+        drop(closed_client);
+        let mut server = BufReader::new(server);
+        assert!(!first_bytes_within(&mut server, FIRST_BYTES_TIMEOUT).await);
+
+        // Speaking in time: kept, and nothing it sent is lost to the check.
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut server = BufReader::new(server);
+        let speak = async {
+            tokio::time::sleep(FIRST_BYTES_TIMEOUT / 2).await;
+            client.write_all(b"PRI * HTTP/2.0").await.expect("write");
+        };
+        let (kept, ()) = tokio::join!(first_bytes_within(&mut server, FIRST_BYTES_TIMEOUT), speak);
+        assert!(kept);
+        let mut preface = [0u8; 14];
+        server.read_exact(&mut preface).await.expect("read");
+        assert_eq!(&preface, b"PRI * HTTP/2.0");
+    }
 
     #[test]
     fn accept_failures_back_off_and_log_once_per_burst() {

@@ -131,19 +131,48 @@ impl TargetConnection {
         caller_headers: &HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
+        let headers = forwarded_headers(caller_headers, None);
+        self.exchange(deadline, method, path_and_query, headers, body)
+            .await
+    }
+
+    /// A bodiless GET whose answer the proxy reads itself: the caller's `Accept` is
+    /// replaced by `accept` and `Accept-Encoding` is left out (the answer must be
+    /// uncompressed), without copying the caller's headers first.
+    pub async fn send_inspected_get(
+        &self,
+        deadline: Instant,
+        path_and_query: &str,
+        caller_headers: &HeaderMap,
+        accept: HeaderValue,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
+        let headers = forwarded_headers(caller_headers, Some(accept));
+        self.exchange(
+            Some(deadline),
+            Method::GET,
+            path_and_query,
+            headers,
+            full(Bytes::new()),
+        )
+        .await
+    }
+
+    async fn exchange(
+        &self,
+        deadline: Option<Instant>,
+        method: Method,
+        path_and_query: &str,
+        mut headers: HeaderMap,
+        body: ProxyBody,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
         let mut request = Request::builder()
             .method(method)
             .uri(path_and_query)
             .body(body)
             .map_err(|e| ForwardError::Send(e.to_string()))?;
-        let headers = request.headers_mut();
-        for (name, value) in caller_headers {
-            if keep_request_header(name) {
-                headers.append(name.clone(), value.clone());
-            }
-        }
-        self.stamp(headers).await?;
+        self.stamp(&mut headers).await?;
         let sent_authorization = headers.get(http::header::AUTHORIZATION).cloned();
+        *request.headers_mut() = headers;
         let sender = match deadline {
             Some(deadline) => self.pool.acquire_before(deadline).await?,
             None => self.pool.acquire().await?,
@@ -214,6 +243,25 @@ impl TargetConnection {
     }
 }
 
+/// The caller's headers that may reach the target, with `Accept` replaced by
+/// `inspect_accept` (and `Accept-Encoding` dropped) when the proxy reads the answer.
+/// Sized up front: the proxy adds `Host` and `Authorization`.
+fn forwarded_headers(caller_headers: &HeaderMap, inspect_accept: Option<HeaderValue>) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(caller_headers.len() + 3);
+    let inspected = inspect_accept.is_some();
+    for (name, value) in caller_headers {
+        let replaced =
+            inspected && (name == http::header::ACCEPT || name == http::header::ACCEPT_ENCODING);
+        if !replaced && keep_request_header(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    if let Some(accept) = inspect_accept {
+        headers.insert(http::header::ACCEPT, accept);
+    }
+    headers
+}
+
 fn keep_request_header(name: &HeaderName) -> bool {
     let name = name.as_str();
     !DROPPED_REQUEST_HEADERS.contains(&name)
@@ -224,8 +272,15 @@ fn keep_request_header(name: &HeaderName) -> bool {
 
 /// Removes hop-by-hop headers from a target response before it goes back.
 pub fn clean_response_headers(headers: &mut HeaderMap) {
-    for name in &DROPPED_RESPONSE_HEADERS {
-        headers.remove(name);
+    // One pass over the few names present instead of a lookup per hop-by-hop name:
+    // most answers carry none of them.
+    if headers
+        .keys()
+        .any(|name| DROPPED_RESPONSE_HEADERS.contains(name))
+    {
+        for name in &DROPPED_RESPONSE_HEADERS {
+            headers.remove(name);
+        }
     }
 }
 

@@ -78,6 +78,37 @@ fn refused_without_certificate_with_wrong_name_or_without_user() {
 }
 
 #[test]
+fn admits_gives_the_verdict_authenticate_gives() {
+    let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
+    let wrong = ca.issue_client("someone-else", &[]).expect("cert");
+    let right = ca.issue_client("front-proxy-client", &[]).expect("cert");
+    let trust = FrontProxyTrust::new();
+    let cases = |trust: &FrontProxyTrust| {
+        let (wrong, right) = (der(&wrong.cert), der(&right.cert));
+        let headers = identity_headers();
+        let empty = HeaderMap::new();
+        [
+            (None, &headers),
+            (Some(&wrong), &headers),
+            (Some(&right), &empty),
+            (Some(&right), &headers),
+        ]
+        .map(|(peer, headers)| {
+            let verdict = trust.admits(peer, headers);
+            assert_eq!(verdict, trust.authenticate(peer, headers).is_some());
+            verdict
+        })
+    };
+    // Nothing loaded yet: nobody is admitted.
+    assert_eq!(cases(&trust), [false; 4]);
+    trust.set(
+        TrustSettings::from_configmap(&configmap(&ca.pem().cert, "[\"front-proxy-client\"]"))
+            .expect("settings"),
+    );
+    assert_eq!(cases(&trust), [false, false, false, true]);
+}
+
+#[test]
 fn empty_allowed_names_accepts_any_name_signed_by_the_ca() {
     let ca = CertificateAuthority::generate("front-proxy-ca").expect("ca");
     let cert = ca.issue_client("anything", &[]).expect("cert");

@@ -142,6 +142,47 @@ fn caller_identity_and_hop_headers_never_reach_the_target() {
     }
 }
 
+#[test]
+fn forwarded_headers_replace_accept_only_for_an_answer_the_proxy_reads() {
+    fn check(inspect: Option<&'static str>, expected: &[(&str, &str)]) {
+        let mut caller = HeaderMap::new();
+        for (name, value) in [
+            ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
+            ("accept", "application/json"),
+            ("accept-encoding", "gzip"),
+            ("user-agent", "kubectl"),
+            ("x-remote-user", "alice"),
+            ("authorization", "Bearer caller"),
+        ] {
+            caller.append(name, HeaderValue::from_static(value));
+        }
+        let forwarded = forwarded_headers(&caller, inspect.map(HeaderValue::from_static));
+        let mut got: Vec<(&str, &str)> = forwarded
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap_or("?")))
+            .collect();
+        got.sort();
+        let mut expected = expected.to_vec();
+        expected.sort();
+        assert_eq!(got, expected, "inspect: {inspect:?}");
+    }
+    // Streamed through: the caller's Accept and Accept-Encoding as they were.
+    check(
+        None,
+        &[
+            ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
+            ("accept", "application/json"),
+            ("accept-encoding", "gzip"),
+            ("user-agent", "kubectl"),
+        ],
+    );
+    // Read by the proxy: one Accept of its choosing and nothing compressed.
+    check(
+        Some("application/json"),
+        &[("accept", "application/json"), ("user-agent", "kubectl")],
+    );
+}
+
 #[tokio::test]
 async fn cbor_sequence_watch_events_are_counted_per_item() {
     let mut headers = HeaderMap::new();
