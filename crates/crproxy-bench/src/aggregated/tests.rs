@@ -134,7 +134,51 @@ async fn requests_through_the_aggregation_layer_reach_crproxy() {
     .await;
     assert_eq!(result.errors, 0, "{:?}", result.first_error);
     assert_eq!(result.latencies.len(), 6);
-
     layer.shutdown().await;
+
+    // nginx behind its own layer, when installed: it must accept the aggregator's
+    // front-proxy certificate and reach the target with the token it was given.
+    if let Some(binary) = crate::nginx::find_binary() {
+        let token = env
+            .target
+            .issue_token("bench-nginx", &["system:masters"])
+            .expect("token");
+        let listen = SocketAddr::from(([127, 0, 0, 1], crate::child::free_port().expect("port")));
+        let nginx = crate::nginx::Nginx::start(
+            &binary,
+            &dir.path().join("nginx"),
+            listen,
+            env.target.addr(),
+            1,
+            Some(crate::nginx::AggregatorBackend {
+                front_proxy_ca_pem: client.cluster.front_proxy_ca_pem(),
+                target_token: token,
+            }),
+        )
+        .await
+        .expect("nginx starts");
+        let layer = AggregationLayer::start(
+            &dir.path().join("front-nginx"),
+            "front-nginx",
+            &client.cluster.front_proxy_client(),
+            nginx.addr,
+            Protocol::Http2,
+        )
+        .await
+        .expect("aggregation layer in front of nginx");
+        let mut sender = layer.endpoint.connect().await.expect("connect");
+        let request = layer
+            .endpoint
+            .request(Method::GET, &object_path(namespace, "w-0"), None)
+            .expect("request");
+        let answer = driver::exchange(&mut sender, request, true)
+            .await
+            .expect("get through nginx");
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        layer.shutdown().await;
+        nginx.stop().await;
+    } else {
+        eprintln!("nginx not installed: its lane behind the aggregator is not checked");
+    }
     env.shutdown().await;
 }
