@@ -776,6 +776,7 @@ async fn measure_all(
         "nginx": nginx_proc.as_ref().map(|_| nginx_version()),
         "cpu_clock": cpu_clock,
         "plan": plan,
+        "aggregated_concurrency": AGGREGATED_CONCURRENCY,
     });
     if let Some(n) = nginx_proc {
         n.stop().await;
