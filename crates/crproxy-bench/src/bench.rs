@@ -16,6 +16,7 @@ use http::Method;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use crate::aggregated::{self, AggregationLayer};
 use crate::child::{self, ChildProxy};
 use crproxy_core::ownership::{OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
 
@@ -26,8 +27,8 @@ use crate::rss;
 use crate::stats::{RoundStats, Summary};
 use crate::watch::{WatchSet, PRIME_SEQ};
 use crate::workload::{
-    collection_path, object_path, resource_version, widget, CreateObjects, DeleteObjects,
-    GetObject, ListObjects, Owned, Owner, PatchNamed, PatchObjects, UpdateObjects,
+    collection_path, object_path, resource_version, widget, CreateObjects, DeleteObjects, Owned,
+    Owner, PatchNamed, PatchObjects, ReadPath, UpdateObjects,
 };
 
 /// How to run.
@@ -47,6 +48,8 @@ pub struct Options {
     /// Run only scenarios whose name contains this.
     pub only: Option<String>,
     pub skip_memory: bool,
+    /// Leave out the comparison through a client cluster's aggregation layer.
+    pub skip_aggregator: bool,
 }
 
 impl Default for Options {
@@ -60,6 +63,7 @@ impl Default for Options {
             skip_nginx: false,
             only: None,
             skip_memory: false,
+            skip_aggregator: false,
         }
     }
 }
@@ -141,6 +145,24 @@ impl Plan {
     fn warmup(&self, base: usize, concurrency: usize) -> usize {
         (base / 5).max(concurrency)
     }
+
+    /// The requests of a row with `base` requests per round at `concurrency`.
+    fn counts(&self, base: usize, concurrency: usize) -> Counts {
+        Counts {
+            total: self.count(base, concurrency),
+            warmup: self.warmup(base, concurrency),
+        }
+    }
+
+    /// [`Plan::counts`] for lists, whose warm-up is kept short (two per worker):
+    /// each large list is expensive.
+    fn list_counts(&self, base: usize, concurrency: usize) -> Counts {
+        let counts = self.counts(base, concurrency);
+        Counts {
+            warmup: counts.warmup.min(2 * concurrency),
+            ..counts
+        }
+    }
 }
 
 const NS_GET: &str = "bench-get";
@@ -162,15 +184,39 @@ fn list_ns(n: usize) -> String {
     format!("bench-list-{n}")
 }
 
+/// The report column a lane's figures go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Column {
+    Direct,
+    Crproxy,
+    Nginx,
+}
+
 /// One way to the target.
 struct Lane {
-    label: &'static str,
+    /// Unique among all lanes of the run: logs, notes and object names.
+    name: &'static str,
+    column: Column,
     endpoint: Arc<Endpoint>,
     /// The process whose CPU is charged to this path, when it is a separate one.
     pid: Option<u32>,
     /// Whether bodies carry the ownership labels (direct and nginx) or the proxy
     /// adds them (crproxy).
     owner: Option<Owner>,
+}
+
+/// One object per worker of `lane` at concurrency `c`: `<kind>-<lane>-<c>-<worker>`.
+fn worker_names(kind: &str, lane: &Lane, c: usize) -> Vec<String> {
+    (0..c)
+        .map(|w| format!("{kind}-{}-{c}-{w}", lane.name))
+        .collect()
+}
+
+/// Requests one lane sends for one row: a warm-up, then `total` per round.
+#[derive(Clone, Copy, Debug)]
+struct Counts {
+    total: usize,
+    warmup: usize,
 }
 
 /// What one scenario row produced, plus errors worth a note.
@@ -210,7 +256,14 @@ pub async fn run(options: &Options) -> Result<Report> {
     .context("starting the dev environment")?;
     let result = measure_all(options, &plan, &env, &dir, &mut notes).await;
     env.shutdown().await;
-    let (rows, memory, targets, goals, settings) = result?;
+    let Measurements {
+        rows,
+        aggregated,
+        memory,
+        targets,
+        goals,
+        settings,
+    } = result?;
     Ok(Report {
         finished_at_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -220,6 +273,7 @@ pub async fn run(options: &Options) -> Result<Report> {
         machine: report::Machine::detect(),
         settings,
         rows,
+        aggregated,
         memory,
         targets,
         goals,
@@ -227,13 +281,16 @@ pub async fn run(options: &Options) -> Result<Report> {
     })
 }
 
-type Measurements = (
-    Vec<Row>,
-    Vec<MemoryFigure>,
-    Vec<report::TargetCheck>,
-    Vec<report::TargetCheck>,
-    Value,
-);
+/// Everything [`measure_all`] produced for the report.
+struct Measurements {
+    rows: Vec<Row>,
+    /// The rows measured through the aggregation layer.
+    aggregated: Vec<Row>,
+    memory: Vec<MemoryFigure>,
+    targets: Vec<report::TargetCheck>,
+    goals: Vec<report::TargetCheck>,
+    settings: Value,
+}
 
 async fn measure_all(
     options: &Options,
@@ -290,7 +347,8 @@ async fn measure_all(
         )
     };
     let mut direct = Arc::new(endpoint(&token)?);
-    let mut bearer = Identity::Bearer(token);
+    let mut bearer = Identity::Bearer(token.clone());
+    let mut target_token = token;
     let mut child_replacements = Vec::new();
     if !may_use_widgets(&direct).await? {
         // The target does not authorize the identity (its authorizer does not
@@ -307,7 +365,8 @@ async fn measure_all(
             kubeconfig.display().to_string(),
         ));
         direct = Arc::new(endpoint(&token)?);
-        bearer = Identity::Bearer(token);
+        bearer = Identity::Bearer(token.clone());
+        target_token = token;
         notes.push(format!(
             "the target refused {user} the widgets resource (its RBAC is not evaluated yet); every path used {user} in group system:masters instead, so only the child crproxy process could be measured"
         ));
@@ -368,26 +427,30 @@ async fn measure_all(
         &front_proxy,
         options.protocol,
     )?);
-    let idle_kib = match proxy_pid {
-        Some(pid) => {
-            wait_until_serving(&crproxy).await?;
-            rss::memory(pid).map(|m| m.rss_kib)
-        }
-        None => {
-            wait_until_serving(&crproxy).await?;
-            None
-        }
-    };
+    wait_until_serving(&crproxy).await?;
+    let idle_kib = proxy_pid.and_then(rss::memory).map(|m| m.rss_kib);
+    // One clock for every lane, so the CPU columns are comparable.
+    let cpu_clock = rss::CpuClock::detect(proxy_pid.unwrap_or_else(std::process::id));
+    if cpu_clock == rss::CpuClock::StatTicks {
+        notes.push("the kernel reports no schedstat: CPU per request comes from 10 ms ticks of /proc/<pid>/stat, meaningful only over many requests".into());
+    }
 
     let mut nginx_proc = None;
     if options.skip_nginx {
         notes.push("nginx column skipped (--no-nginx)".into());
     } else if let Some(binary) = nginx::find_binary() {
         let listen = SocketAddr::from(([127, 0, 0, 1], child::free_port()?));
-        let workers = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        match Nginx::start(&binary, &dir.join("nginx"), listen, target_addr, workers).await {
+        let workers = nginx_workers();
+        match Nginx::start(
+            &binary,
+            &dir.join("nginx"),
+            listen,
+            target_addr,
+            workers,
+            None,
+        )
+        .await
+        {
             Ok(n) => nginx_proc = Some(n),
             Err(e) => notes.push(format!("nginx column skipped: {e}")),
         }
@@ -399,13 +462,15 @@ async fn measure_all(
 
     let mut lanes = vec![
         Lane {
-            label: "direct",
+            name: "direct",
+            column: Column::Direct,
             endpoint: Arc::clone(&direct),
             pid: None,
             owner: Some(owner.clone()),
         },
         Lane {
-            label: "crproxy",
+            name: "crproxy",
+            column: Column::Crproxy,
             endpoint: Arc::clone(&crproxy),
             pid: proxy_pid,
             owner: None,
@@ -413,7 +478,8 @@ async fn measure_all(
     ];
     if let Some(n) = &nginx_proc {
         lanes.push(Lane {
-            label: "nginx",
+            name: "nginx",
+            column: Column::Nginx,
             endpoint: Arc::new(Endpoint::new(
                 "nginx",
                 n.addr,
@@ -447,18 +513,10 @@ async fn measure_all(
     }
     // One object per worker, path and concurrency for updates and patches.
     let mut update_rvs = HashMap::new();
-    let mut patch_names = Vec::new();
     for lane in &lanes {
         for &c in &plan.concurrency {
-            let names: Vec<String> = (0..c)
-                .map(|w| format!("u-{}-{c}-{w}", lane.label))
-                .collect();
-            update_rvs.extend(seed(&direct, NS_RW, &names, &owner).await?);
-            let names: Vec<String> = (0..c)
-                .map(|w| format!("p-{}-{c}-{w}", lane.label))
-                .collect();
-            seed(&direct, NS_RW, &names, &owner).await?;
-            patch_names.extend(names);
+            update_rvs.extend(seed(&direct, NS_RW, &worker_names("u", lane, c), &owner).await?);
+            seed(&direct, NS_RW, &worker_names("p", lane, c), &owner).await?;
         }
     }
     if let Some(c) = &child_proxy {
@@ -486,7 +544,7 @@ async fn measure_all(
                         (0..plan.rounds).map(|r| (format!("r{r}"), plan.count(plan.requests, c))),
                     );
                 for (tag, count) in phases {
-                    let prefix = seeded_prefix(lane.label, c, &tag);
+                    let prefix = seeded_prefix(lane.name, c, &tag);
                     names.extend((0..count).map(|i| format!("{prefix}-{i}")));
                 }
             }
@@ -498,64 +556,30 @@ async fn measure_all(
         seed(&direct, NS_SEEDED, &names, &owner).await?;
     }
 
-    let mut rows = Vec::new();
-    let limit = plan.limit();
+    let mut runner = Runner {
+        plan,
+        lanes: &lanes,
+        clock: cpu_clock,
+        rows: Vec::new(),
+        notes,
+    };
     for &c in &plan.concurrency {
         if wanted("get") {
-            let total = plan.count(plan.requests, c);
-            let row = run_row(
-                "get",
-                c,
-                &lanes,
-                plan,
-                total,
-                plan.warmup(plan.requests, c),
-                limit,
-                |_, _| {
-                    Arc::new(GetObject {
-                        path: object_path(NS_GET, "obj-0"),
-                    })
-                },
-                |_| vec![(); c],
-                notes,
-            )
-            .await?;
-            rows.push(row);
+            runner.get(c).await?;
         }
         for (n, base) in [
             (plan.small_list, plan.small_list_requests),
             (plan.large_list, plan.large_list_requests),
         ] {
-            let name = format!("list {n}");
-            if !wanted(&name) {
-                continue;
+            if wanted(&format!("list {n}")) {
+                runner.list(n, base, c).await?;
             }
-            let row = run_row(
-                &name,
-                c,
-                &lanes,
-                plan,
-                plan.count(base, c),
-                plan.warmup(base, c).min(2 * c),
-                limit,
-                |_, _| {
-                    Arc::new(ListObjects {
-                        path: collection_path(&list_ns(n)),
-                        min_bytes: 100 * n as u64,
-                    })
-                },
-                |_| vec![(); c],
-                notes,
-            )
-            .await?;
-            rows.push(row);
         }
         // The large list again with the owner selector on every path, so the
         // direct column pays the target's label filtering too and the crproxy
         // ratio is the proxy's own cost (crproxy ANDs the same selector again).
         let selected = format!("list {} +selector", plan.large_list);
         if c <= 16 && wanted(&selected) {
-            let base = plan.large_list_requests;
             let selector = format!(
                 "{OWNER_VCLUSTER_LABEL}={},{OWNER_PROJECT_LABEL}={}",
                 owner.name, owner.project
@@ -565,189 +589,124 @@ async fn measure_all(
                 collection_path(&list_ns(plan.large_list)),
                 query_escape(&selector)
             );
-            let row = run_row(
-                &selected,
-                c,
-                &lanes,
-                plan,
-                plan.count(base, c),
-                plan.warmup(base, c).min(2 * c),
-                limit,
-                |_, _| {
-                    Arc::new(ListObjects {
+            let base = plan.large_list_requests;
+            let min_bytes = 100 * plan.large_list as u64;
+            runner
+                .row(&selected, c, plan.list_counts(base, c), |_, _| {
+                    Arc::new(ReadPath {
                         path: path.clone(),
-                        min_bytes: 100 * plan.large_list as u64,
+                        min_bytes,
                     })
-                },
-                |_| vec![(); c],
-                notes,
-            )
-            .await?;
-            rows.push(row);
+                })
+                .await?;
         }
         if wanted("create") || wanted("delete") {
-            let total = plan.count(plan.requests, c);
-            let warm = plan.warmup(plan.requests, c);
-            let prefix = |lane: &Lane, tag: &str| format!("c-{}-{c}-{tag}", lane.label);
-            let create = run_row(
-                "create",
-                c,
-                &lanes,
-                plan,
-                total,
-                warm,
-                limit,
-                |lane, tag| {
+            let counts = plan.counts(plan.requests, c);
+            let prefix = |lane: &Lane, tag: &str| format!("c-{}-{c}-{tag}", lane.name);
+            runner
+                .row("create", c, counts, |lane, tag| {
                     Arc::new(CreateObjects {
                         namespace: NS_RW.into(),
                         prefix: prefix(lane, tag),
                         owner: lane.owner.clone(),
                     })
-                },
-                |_| vec![(); c],
-                notes,
-            )
-            .await?;
+                })
+                .await?;
             // Deletes remove exactly what the creates made, round by round.
-            let delete = run_row(
-                "delete",
-                c,
-                &lanes,
-                plan,
-                total,
-                warm,
-                limit,
-                |lane, tag| {
+            runner
+                .row("delete", c, counts, |lane, tag| {
                     Arc::new(DeleteObjects {
                         namespace: NS_RW.into(),
                         prefix: prefix(lane, tag),
                     })
-                },
-                |_| vec![(); c],
-                notes,
-            )
-            .await?;
-            rows.push(create);
-            rows.push(delete);
+                })
+                .await?;
         }
         // Patch, then delete, objects that existed before the timed part: each
         // request its own object, so an ownership cache must know them all.
-        if wanted("patch (seeded)") || wanted("delete (seeded)") {
-            let total = plan.count(plan.requests, c);
-            let warm = plan.warmup(plan.requests, c);
-            for scenario in ["patch (seeded)", "delete (seeded)"] {
-                if !wanted(scenario) {
-                    continue;
-                }
-                let prefix = |lane: &Lane, tag: &str| seeded_prefix(lane.label, c, tag);
-                let row = if scenario.starts_with("patch") {
-                    run_row(
-                        scenario,
-                        c,
-                        &lanes,
-                        plan,
-                        total,
-                        warm,
-                        limit,
-                        |lane, tag| {
-                            Arc::new(PatchNamed {
-                                namespace: NS_SEEDED.into(),
-                                prefix: prefix(lane, tag),
-                            })
-                        },
-                        |_| vec![(); c],
-                        notes,
-                    )
-                    .await?
-                } else {
-                    run_row(
-                        scenario,
-                        c,
-                        &lanes,
-                        plan,
-                        total,
-                        warm,
-                        limit,
-                        |lane, tag| {
-                            Arc::new(DeleteObjects {
-                                namespace: NS_SEEDED.into(),
-                                prefix: prefix(lane, tag),
-                            })
-                        },
-                        |_| vec![(); c],
-                        notes,
-                    )
-                    .await?
-                };
-                rows.push(row);
-            }
+        let counts = plan.counts(plan.requests, c);
+        let prefix = |lane: &Lane, tag: &str| seeded_prefix(lane.name, c, tag);
+        if wanted("patch (seeded)") {
+            runner
+                .row("patch (seeded)", c, counts, |lane, tag| {
+                    Arc::new(PatchNamed {
+                        namespace: NS_SEEDED.into(),
+                        prefix: prefix(lane, tag),
+                    })
+                })
+                .await?;
+        }
+        if wanted("delete (seeded)") {
+            runner
+                .row("delete (seeded)", c, counts, |lane, tag| {
+                    Arc::new(DeleteObjects {
+                        namespace: NS_SEEDED.into(),
+                        prefix: prefix(lane, tag),
+                    })
+                })
+                .await?;
         }
         if wanted("update") {
-            let total = plan.count(plan.requests, c);
-            let row = run_row(
-                "update (PUT)",
-                c,
-                &lanes,
-                plan,
-                total,
-                plan.warmup(plan.requests, c),
-                limit,
-                |lane, _| {
-                    Arc::new(UpdateObjects {
-                        namespace: NS_RW.into(),
-                        owner: lane.owner.clone(),
-                    })
-                },
-                |lane| {
-                    (0..c)
-                        .map(|w| {
-                            let name = format!("u-{}-{c}-{w}", lane.label);
-                            Owned {
+            runner
+                .row_with_states(
+                    "update (PUT)",
+                    c,
+                    counts,
+                    |lane, _| {
+                        Arc::new(UpdateObjects {
+                            namespace: NS_RW.into(),
+                            owner: lane.owner.clone(),
+                        })
+                    },
+                    |lane| {
+                        worker_names("u", lane, c)
+                            .into_iter()
+                            .map(|name| Owned {
                                 resource_version: update_rvs
                                     .get(&name)
                                     .cloned()
                                     .unwrap_or_default(),
                                 name,
-                            }
-                        })
-                        .collect()
-                },
-                notes,
-            )
-            .await?;
-            rows.push(row);
+                            })
+                            .collect()
+                    },
+                )
+                .await?;
         }
         if wanted("patch") {
-            let total = plan.count(plan.requests, c);
-            let row = run_row(
-                "patch (merge)",
-                c,
-                &lanes,
-                plan,
-                total,
-                plan.warmup(plan.requests, c),
-                limit,
-                |_, _| {
-                    Arc::new(PatchObjects {
-                        namespace: NS_RW.into(),
-                    })
-                },
-                |lane| {
-                    (0..c)
-                        .map(|w| format!("p-{}-{c}-{w}", lane.label))
-                        .collect()
-                },
-                notes,
-            )
-            .await?;
-            rows.push(row);
+            runner.patch(c).await?;
         }
     }
     for &(watches, events) in &plan.watches {
         if wanted(&format!("watch {watches}")) {
-            rows.push(watch_row(watches, events, &lanes, plan, &direct, &owner, notes).await?);
+            let row =
+                watch_row(watches, events, &lanes, plan, &direct, &owner, runner.notes).await?;
+            runner.rows.push(row);
         }
     }
+    let rows = runner.rows;
+
+    let aggregated = if options.skip_aggregator {
+        notes.push(
+            "the comparison through the aggregation layer was skipped (--no-aggregator)".into(),
+        );
+        Vec::new()
+    } else {
+        let setup = AggregatedSetup {
+            options,
+            plan,
+            dir,
+            client,
+            crproxy: (proxy_addr, proxy_pid),
+            with_nginx: nginx_proc.is_some(),
+            target_addr,
+            target_token: &target_token,
+            clock: cpu_clock,
+            direct: &direct,
+            owner: &owner,
+        };
+        measure_through_aggregator(&setup, notes).await?
+    };
 
     // Memory of crproxy itself.
     let mut memory = Vec::new();
@@ -787,7 +746,10 @@ async fn measure_all(
             note: String::new(),
         });
     }
-    if let (Some(n), Some(lane)) = (&nginx_proc, lanes.iter().find(|l| l.label == "nginx")) {
+    if let (Some(n), Some(lane)) = (
+        &nginx_proc,
+        lanes.iter().find(|l| l.column == Column::Nginx),
+    ) {
         if !options.skip_memory && options.only.is_none() {
             // For scale: what a plain proxy needs for the same idle watches.
             let (figure, _) =
@@ -812,7 +774,9 @@ async fn measure_all(
         "crproxy": if proxy_pid.is_some() { "child process (crproxy run)" } else { "in-process" },
         "access": "owned",
         "nginx": nginx_proc.as_ref().map(|_| nginx_version()),
+        "cpu_clock": cpu_clock,
         "plan": plan,
+        "aggregated_concurrency": AGGREGATED_CONCURRENCY,
     });
     if let Some(n) = nginx_proc {
         n.stop().await;
@@ -830,129 +794,356 @@ async fn measure_all(
         }
         c.stop().await;
     }
-    Ok((rows, memory, targets, goals, settings))
+    Ok(Measurements {
+        rows,
+        aggregated,
+        memory,
+        targets,
+        goals,
+        settings,
+    })
 }
 
-/// One scenario at one concurrency on every lane: connect, warm up, then the
-/// rounds, interleaving lanes.
-#[allow(clippy::too_many_arguments)]
-async fn run_row<W, F, S>(
-    scenario: &str,
-    concurrency: usize,
-    lanes: &[Lane],
-    plan: &Plan,
-    total: usize,
-    warmup: usize,
-    limit: Duration,
-    workload: F,
-    states: S,
+/// What [`measure_through_aggregator`] works with.
+struct AggregatedSetup<'a> {
+    options: &'a Options,
+    plan: &'a Plan,
+    dir: &'a Path,
+    /// The dev environment's client: its front-proxy certificate is the one
+    /// crproxy trusts.
+    client: &'a crproxy::devenv::DevClient,
+    /// Where crproxy listens, and its process when it is a child.
+    crproxy: (SocketAddr, Option<u32>),
+    with_nginx: bool,
+    target_addr: SocketAddr,
+    /// The credentials crproxy uses on the target, for nginx to use too.
+    target_token: &'a str,
+    clock: rss::CpuClock,
+    direct: &'a Arc<Endpoint>,
+    owner: &'a Owner,
+}
+
+/// Concurrencies measured through the aggregation layer.
+const AGGREGATED_CONCURRENCY: &[usize] = &[1, 16];
+
+/// GET, LIST 100 and merge PATCH of pre-existing objects at 1 and 16 workers,
+/// with crproxy and nginx each the backend of the APIService of a client
+/// devcluster ([`aggregated`]), lanes interleaved round by round as in the direct
+/// comparison. CPU per request is the backend's.
+async fn measure_through_aggregator(
+    setup: &AggregatedSetup<'_>,
     notes: &mut Vec<String>,
-) -> Result<Row>
-where
-    W: Workload,
-    F: Fn(&Lane, &str) -> Arc<W>,
-    S: Fn(&Lane) -> Vec<W::State>,
-{
-    eprintln!("{scenario} c={concurrency}");
-    let mut workers = Vec::new();
-    for lane in lanes {
-        let senders = lane.endpoint.senders(concurrency).await?;
-        let lane_workers: Vec<(Sender, W::State)> = senders.into_iter().zip(states(lane)).collect();
-        let (warm, lane_workers) = closed_loop(
-            Arc::clone(&lane.endpoint),
-            workload(lane, "warm"),
-            lane_workers,
-            warmup,
-            limit,
-        )
-        .await;
-        if warm.errors > 0 {
-            eprintln!(
-                "  warm-up on {}: {} errors, first: {}",
-                lane.label,
-                warm.errors,
-                warm.first_error.as_deref().unwrap_or("")
-            );
-        }
-        workers.push(lane_workers);
+) -> Result<Vec<Row>> {
+    let plan = setup.plan;
+    let wanted = |scenario: &str| {
+        setup
+            .options
+            .only
+            .as_deref()
+            .is_none_or(|only| scenario.contains(only))
+    };
+    let list_name = format!("list {}", plan.small_list);
+    if !["get", list_name.as_str(), "patch (merge)"]
+        .iter()
+        .any(|s| wanted(s))
+    {
+        return Ok(Vec::new());
     }
-    let mut rounds: Vec<Vec<RoundStats>> = vec![Vec::new(); lanes.len()];
-    let mut cpu: Vec<(Duration, usize)> = vec![(Duration::ZERO, 0); lanes.len()];
-    let mut first_errors: Vec<Option<String>> = vec![None; lanes.len()];
-    let mut errors = vec![0u64; lanes.len()];
-    for round in 0..plan.rounds {
-        for (i, lane) in lanes.iter().enumerate() {
-            let lane_workers = std::mem::take(&mut workers[i]);
-            let cpu_before = lane.pid.and_then(rss::tree_cpu);
-            let (result, back) = closed_loop(
+    let protocol = setup.options.protocol;
+    let front_proxy_client = setup.client.cluster.front_proxy_client();
+    let mut layers = Vec::new();
+    let mut nginx_proc = None;
+    let measured = async {
+        eprintln!("through the aggregation layer: a client devcluster in front of crproxy...");
+        let (crproxy_addr, crproxy_pid) = setup.crproxy;
+        let layer = AggregationLayer::start(
+            &setup.dir.join("front-crproxy"),
+            "front-crproxy",
+            &front_proxy_client,
+            crproxy_addr,
+            protocol,
+        )
+        .await?;
+        let mut lanes = vec![Lane {
+            name: "crproxy-via-aggregator",
+            column: Column::Crproxy,
+            endpoint: Arc::clone(&layer.endpoint),
+            pid: crproxy_pid,
+            owner: None,
+        }];
+        layers.push(layer);
+        if let Some(binary) = nginx::find_binary().filter(|_| setup.with_nginx) {
+            eprintln!("through the aggregation layer: a client devcluster in front of nginx...");
+            let listen = SocketAddr::from(([127, 0, 0, 1], child::free_port()?));
+            let backend = nginx::AggregatorBackend {
+                front_proxy_ca_pem: setup.client.cluster.front_proxy_ca_pem(),
+                target_token: setup.target_token.to_string(),
+            };
+            let n = nginx_proc.insert(
+                Nginx::start(
+                    &binary,
+                    &setup.dir.join("nginx-aggregated"),
+                    listen,
+                    setup.target_addr,
+                    nginx_workers(),
+                    Some(backend),
+                )
+                .await?,
+            );
+            let layer = AggregationLayer::start(
+                &setup.dir.join("front-nginx"),
+                "front-nginx",
+                &front_proxy_client,
+                n.addr,
+                protocol,
+            )
+            .await?;
+            lanes.push(Lane {
+                name: "nginx-via-aggregator",
+                column: Column::Nginx,
+                endpoint: Arc::clone(&layer.endpoint),
+                pid: Some(n.pid),
+                owner: Some(setup.owner.clone()),
+            });
+            layers.push(layer);
+        }
+        for layer in &layers {
+            let admin = crproxy::devenv::admin_client(&layer.cluster)?;
+            for ns in [NS_GET.to_string(), NS_RW.into(), list_ns(plan.small_list)] {
+                create_namespace(&admin, &ns).await?;
+            }
+        }
+        for lane in &lanes {
+            for &c in AGGREGATED_CONCURRENCY {
+                seed(
+                    setup.direct,
+                    NS_RW,
+                    &worker_names("p", lane, c),
+                    setup.owner,
+                )
+                .await?;
+            }
+        }
+        let mut runner = Runner {
+            plan,
+            lanes: &lanes,
+            clock: setup.clock,
+            rows: Vec::new(),
+            notes,
+        };
+        for &c in AGGREGATED_CONCURRENCY {
+            if wanted("get") {
+                runner.get(c).await?;
+            }
+            if wanted(&list_name) {
+                runner
+                    .list(plan.small_list, plan.small_list_requests, c)
+                    .await?;
+            }
+            if wanted("patch (merge)") {
+                runner.patch(c).await?;
+            }
+        }
+        Ok::<_, anyhow::Error>(runner.rows)
+    }
+    .await;
+    if let Some(n) = nginx_proc {
+        n.stop().await;
+    }
+    for layer in layers {
+        layer.shutdown().await;
+    }
+    measured.context("measuring through the aggregation layer")
+}
+
+/// nginx worker processes: one per core crproxy's runtime may use.
+fn nginx_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Measures rows over one set of lanes (the direct comparison, or the one
+/// through the aggregation layer) and collects them.
+struct Runner<'a> {
+    plan: &'a Plan,
+    lanes: &'a [Lane],
+    clock: rss::CpuClock,
+    rows: Vec<Row>,
+    notes: &'a mut Vec<String>,
+}
+
+impl Runner<'_> {
+    /// GET of one object.
+    async fn get(&mut self, c: usize) -> Result<()> {
+        let path = object_path(NS_GET, "obj-0");
+        self.row("get", c, self.plan.counts(self.plan.requests, c), |_, _| {
+            Arc::new(ReadPath {
+                path: path.clone(),
+                min_bytes: 0,
+            })
+        })
+        .await
+    }
+
+    /// LIST of the namespace holding `n` objects, `base` requests per round.
+    async fn list(&mut self, n: usize, base: usize, c: usize) -> Result<()> {
+        let path = collection_path(&list_ns(n));
+        let counts = self.plan.list_counts(base, c);
+        self.row(&format!("list {n}"), c, counts, |_, _| {
+            Arc::new(ReadPath {
+                path: path.clone(),
+                min_bytes: 100 * n as u64,
+            })
+        })
+        .await
+    }
+
+    /// Merge patch of each worker's own object (seeded as `p-<lane>-<c>-<w>`).
+    async fn patch(&mut self, c: usize) -> Result<()> {
+        self.row_with_states(
+            "patch (merge)",
+            c,
+            self.plan.counts(self.plan.requests, c),
+            |_, _| {
+                Arc::new(PatchObjects {
+                    namespace: NS_RW.into(),
+                })
+            },
+            |lane| worker_names("p", lane, c),
+        )
+        .await
+    }
+
+    /// A row whose workers keep no state.
+    async fn row<W, F>(
+        &mut self,
+        scenario: &str,
+        c: usize,
+        counts: Counts,
+        workload: F,
+    ) -> Result<()>
+    where
+        W: Workload<State = ()>,
+        F: Fn(&Lane, &str) -> Arc<W>,
+    {
+        self.row_with_states(scenario, c, counts, workload, |_| vec![(); c])
+            .await
+    }
+
+    /// One scenario at one concurrency on every lane: connect, warm up, then the
+    /// rounds, interleaving lanes. `workload` gets the lane and the phase (`warm`,
+    /// `r<round>`); `states` the lane's per-worker states.
+    async fn row_with_states<W, F, S>(
+        &mut self,
+        scenario: &str,
+        concurrency: usize,
+        counts: Counts,
+        workload: F,
+        states: S,
+    ) -> Result<()>
+    where
+        W: Workload,
+        F: Fn(&Lane, &str) -> Arc<W>,
+        S: Fn(&Lane) -> Vec<W::State>,
+    {
+        let lanes = self.lanes;
+        let limit = self.plan.limit();
+        eprintln!("{scenario} c={concurrency}");
+        let mut workers = Vec::new();
+        for lane in lanes {
+            let senders = lane.endpoint.senders(concurrency).await?;
+            let lane_workers: Vec<(Sender, W::State)> =
+                senders.into_iter().zip(states(lane)).collect();
+            let (warm, lane_workers) = closed_loop(
                 Arc::clone(&lane.endpoint),
-                workload(lane, &format!("r{round}")),
+                workload(lane, "warm"),
                 lane_workers,
-                total,
+                counts.warmup,
                 limit,
             )
             .await;
-            let cpu_after = lane.pid.and_then(rss::tree_cpu);
-            workers[i] = back;
-            if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
-                cpu[i].0 += after.saturating_sub(before);
-                cpu[i].1 += result.latencies.len();
+            if warm.errors > 0 {
+                eprintln!(
+                    "  warm-up on {}: {} errors, first: {}",
+                    lane.name,
+                    warm.errors,
+                    warm.first_error.as_deref().unwrap_or("")
+                );
             }
-            if first_errors[i].is_none() {
-                first_errors[i] = result.first_error.clone();
-            }
-            errors[i] += result.errors;
-            if let Some(stats) =
-                RoundStats::from_samples(result.latencies, result.errors, Some(result.wall))
-            {
-                rounds[i].push(stats);
+            workers.push(lane_workers);
+        }
+        let mut rounds: Vec<Vec<RoundStats>> = vec![Vec::new(); lanes.len()];
+        let mut cpu: Vec<(Duration, usize)> = vec![(Duration::ZERO, 0); lanes.len()];
+        let mut first_errors: Vec<Option<String>> = vec![None; lanes.len()];
+        let mut errors = vec![0u64; lanes.len()];
+        for round in 0..self.plan.rounds {
+            for (i, lane) in lanes.iter().enumerate() {
+                let lane_workers = std::mem::take(&mut workers[i]);
+                let cpu_of = |pid| rss::tree_cpu(pid, self.clock);
+                let cpu_before = lane.pid.and_then(cpu_of);
+                let (result, back) = closed_loop(
+                    Arc::clone(&lane.endpoint),
+                    workload(lane, &format!("r{round}")),
+                    lane_workers,
+                    counts.total,
+                    limit,
+                )
+                .await;
+                let cpu_after = lane.pid.and_then(cpu_of);
+                workers[i] = back;
+                if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
+                    cpu[i].0 += after.saturating_sub(before);
+                    cpu[i].1 += result.latencies.len();
+                }
+                if first_errors[i].is_none() {
+                    first_errors[i] = result.first_error.clone();
+                }
+                errors[i] += result.errors;
+                if let Some(stats) =
+                    RoundStats::from_samples(result.latencies, result.errors, Some(result.wall))
+                {
+                    rounds[i].push(stats);
+                }
             }
         }
+        let measured: Vec<Measured> = (0..lanes.len())
+            .map(|i| Measured {
+                summary: Summary::of(&rounds[i]),
+                errors: errors[i],
+                cpu_us: (cpu[i].1 > 0).then(|| cpu[i].0.as_secs_f64() * 1e6 / cpu[i].1 as f64),
+                first_error: first_errors[i].take(),
+            })
+            .collect();
+        let row = row_from(scenario, concurrency, lanes, measured, self.notes);
+        self.rows.push(row);
+        Ok(())
     }
-    let measured: Vec<Measured> = (0..lanes.len())
-        .map(|i| Measured {
-            summary: Summary::of(&rounds[i]),
-            errors: errors[i],
-            cpu_us: (cpu[i].1 > 0).then(|| cpu[i].0.as_secs_f64() * 1e6 / cpu[i].1 as f64),
-            first_error: first_errors[i].take(),
-        })
-        .collect();
-    Ok(row_from(scenario, concurrency, lanes, measured, notes))
 }
 
 fn row_from(
     scenario: &str,
     concurrency: usize,
     lanes: &[Lane],
-    mut measured: Vec<Measured>,
+    measured: Vec<Measured>,
     notes: &mut Vec<String>,
 ) -> Row {
-    for (lane, m) in lanes.iter().zip(&measured) {
+    let (mut direct, mut crproxy, mut nginx) = (None, None, None);
+    for (lane, m) in lanes.iter().zip(measured) {
         let errors = m.errors;
         if errors > 0 || m.summary.is_none() {
             notes.push(format!(
                 "{scenario} c={concurrency} on {}: {errors} failed requests; first problem: {}",
-                lane.label,
+                lane.name,
                 m.first_error.as_deref().unwrap_or("no successful request")
             ));
         }
+        match lane.column {
+            Column::Direct => direct = Some(m),
+            Column::Crproxy => crproxy = Some(m),
+            Column::Nginx => nginx = Some(m),
+        }
     }
-    let mut take = |label: &str| {
-        lanes.iter().position(|l| l.label == label).map(|i| {
-            std::mem::replace(
-                &mut measured[i],
-                Measured {
-                    summary: None,
-                    errors: 0,
-                    cpu_us: None,
-                    first_error: None,
-                },
-            )
-        })
-    };
-    let direct = take("direct");
-    let crproxy = take("crproxy");
-    let nginx = take("nginx");
     let mut row = Row::new(
         scenario,
         concurrency,
@@ -983,8 +1174,8 @@ async fn watch_row(
     let mut measured = Vec::new();
     for lane in lanes {
         let rv = collection_rv(&mut writer, direct, NS_WATCH).await?;
-        let marker = format!("ev-{}-{watches}-", lane.label);
-        eprintln!("  {}: opening {watches} watches", lane.label);
+        let marker = format!("ev-{}-{watches}-", lane.name);
+        eprintln!("  {}: opening {watches} watches", lane.name);
         let path = format!("{}?watch=1&resourceVersion={rv}", collection_path(NS_WATCH));
         let mut set = WatchSet::open(
             Arc::clone(&lane.endpoint),
@@ -1036,7 +1227,7 @@ async fn watch_row(
         if set.established < watches {
             notes.push(format!(
                 "{scenario} on {}: only {} of {watches} watches opened; its latencies cover those only, so its ratios are not like for like",
-                lane.label, set.established
+                lane.name, set.established
             ));
         }
         set.close();
@@ -1437,29 +1628,16 @@ fn kube_client(kubeconfig: &Path) -> Result<kube::Client> {
     Ok(crproxy_kube::kube_client(&cluster, credentials, "default")?)
 }
 
-async fn create_namespace(client: &kube::Client, name: &str) -> Result<()> {
-    let namespaces: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
-        client.clone(),
-        &kube::api::ApiResource {
-            group: String::new(),
-            version: "v1".into(),
-            api_version: "v1".into(),
-            kind: "Namespace".into(),
-            plural: "namespaces".into(),
-        },
-    );
-    let namespace: kube::api::DynamicObject = serde_json::from_value(
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
-    )?;
-    match namespaces
-        .create(&kube::api::PostParams::default(), &namespace)
-        .await
-        .map_err(crproxy_kube::Error::from)
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_already_exists() => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
-    }
+pub(crate) async fn create_namespace(client: &kube::Client, name: &str) -> Result<()> {
+    let resource = kube::api::ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "Namespace".into(),
+        plural: "namespaces".into(),
+    };
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    aggregated::create_object(client, &resource, &namespace).await
 }
 
 /// `cargo build --release -p crproxy` when the benchmark runs under cargo and the

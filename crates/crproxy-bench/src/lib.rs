@@ -3,8 +3,10 @@
 //!
 //! The pieces, bottom up: [`stats`] (percentiles, medians), [`rss`] (memory and
 //! CPU from `/proc`), [`driver`] (the one load driver all paths share),
-//! [`nginx`] (the comparison proxy), [`report`] (table and JSON).
+//! [`nginx`] (the comparison proxy), [`aggregated`] (the same comparison behind a
+//! client API server's aggregation layer), [`report`] (table and JSON).
 
+pub mod aggregated;
 pub mod bench;
 pub mod child;
 pub mod driver;

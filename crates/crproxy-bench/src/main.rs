@@ -39,6 +39,9 @@ struct Args {
     /// Skip the memory phase (idle watches, large lists).
     #[arg(long)]
     no_memory: bool,
+    /// Skip the comparison through a client cluster's aggregation layer.
+    #[arg(long)]
+    no_aggregator: bool,
 }
 
 fn main() -> Result<()> {
@@ -56,6 +59,7 @@ fn main() -> Result<()> {
         skip_nginx: args.no_nginx,
         only: args.only,
         skip_memory: args.no_memory,
+        skip_aggregator: args.no_aggregator,
     };
     crproxy_bench::run_and_report(&options).context("benchmark failed")
 }

@@ -3,6 +3,12 @@
 //! Kubernetes API server behind nginx: HTTP/2 towards the caller, HTTP/1.1
 //! keep-alive towards the target (nginx cannot proxy to an HTTP/2 upstream), no
 //! buffering so lists and watches stream, long read timeouts for watches.
+//!
+//! As the backend of an APIService ([`AggregatorBackend`]) the same configuration
+//! gains what such a backend needs and crproxy does too: it verifies the
+//! aggregator's front-proxy client certificate, and since the aggregator drops
+//! the caller's `Authorization`, it sends the credentials crproxy uses on the
+//! target instead (and drops the aggregator's `X-Remote-*` identity headers).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -72,7 +78,21 @@ pub struct NginxConfig {
     /// Whether nginx starts as root, which needs `user root` so the workers can
     /// write the temp directories created by this (root) process.
     pub as_root: bool,
+    /// Set when nginx serves an aggregation layer instead of the load driver.
+    pub aggregator: Option<AggregatorBackend>,
 }
+
+/// What nginx needs to be the backend of an APIService.
+#[derive(Clone, Debug)]
+pub struct AggregatorBackend {
+    /// The CA that signs the aggregator's front-proxy client certificate.
+    pub front_proxy_ca_pem: String,
+    /// The bearer token of the identity crproxy forwards with on the target.
+    pub target_token: String,
+}
+
+/// Where the front-proxy CA goes in nginx's directory.
+const FRONT_PROXY_CA_FILE: &str = "front-proxy-ca.crt";
 
 impl NginxConfig {
     /// The nginx.conf text. `daemon off` is passed on the command line instead, as
@@ -80,6 +100,22 @@ impl NginxConfig {
     pub fn render(&self) -> String {
         let dir = self.dir.display();
         let user = if self.as_root { "user root;\n" } else { "" };
+        let (client_auth, identity) = match &self.aggregator {
+            None => (String::new(), String::new()),
+            Some(backend) => (
+                format!(
+                    "        ssl_client_certificate {dir}/{FRONT_PROXY_CA_FILE};\n        ssl_verify_client on;\n"
+                ),
+                format!(
+                    "            proxy_set_header Authorization \"Bearer {token}\";
+            proxy_set_header X-Remote-User \"\";
+            proxy_set_header X-Remote-Group \"\";
+            proxy_set_header X-Remote-Uid \"\";
+",
+                    token = backend.target_token
+                ),
+            ),
+        };
         format!(
             "# Written by crproxy-bench: a plain TLS reverse proxy in front of the target.
 {user}worker_processes {workers};
@@ -111,11 +147,11 @@ http {{
         keepalive_requests 1000000;
         keepalive_timeout 300s;
         client_max_body_size 16m;
-        location / {{
+{client_auth}        location / {{
             proxy_pass https://target;
             proxy_http_version 1.1;
             proxy_set_header Connection \"\";
-            proxy_ssl_session_reuse on;
+{identity}            proxy_ssl_session_reuse on;
             # The target's certificate is checked by the direct path already; nginx
             # only pays for a handshake once per pooled connection either way.
             proxy_ssl_verify off;
@@ -146,25 +182,31 @@ pub struct Nginx {
 
 impl Nginx {
     /// Writes a configuration for `upstream` into `dir`, starts `binary` and waits
-    /// until it accepts connections.
+    /// until it accepts connections. With `aggregator`, it is configured as the
+    /// backend of an APIService.
     pub async fn start(
         binary: &Path,
         dir: &Path,
         listen: SocketAddr,
         upstream: SocketAddr,
         workers: usize,
+        aggregator: Option<AggregatorBackend>,
     ) -> Result<Self, NginxError> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let ca = CertificateAuthority::generate("crproxy-bench-nginx-ca")?;
         let leaf: CertPem = ca.issue_server(&["localhost"], &[listen.ip()])?;
         write(&dir.join("tls.crt"), &leaf.cert)?;
         write(&dir.join("tls.key"), &leaf.key)?;
+        if let Some(backend) = &aggregator {
+            write(&dir.join(FRONT_PROXY_CA_FILE), &backend.front_proxy_ca_pem)?;
+        }
         let config = NginxConfig {
             dir: dir.to_path_buf(),
             listen,
             upstream,
             workers,
             as_root: running_as_root(),
+            aggregator,
         };
         let conf_path = dir.join("nginx.conf");
         write(&conf_path, &config.render())?;

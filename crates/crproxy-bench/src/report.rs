@@ -66,8 +66,8 @@ pub struct Row {
     /// crproxy's p50 minus direct's, in µs: the latency the proxy adds, which
     /// says more than a ratio when the direct path takes tens of µs.
     pub crproxy_added_p50_us: Option<f64>,
-    /// CPU the crproxy process spent per request (µs), when it runs as its own
-    /// process.
+    /// CPU the crproxy process spent per request (µs, from the scheduler's
+    /// nanosecond count where the kernel has it), when it runs as its own process.
     pub crproxy_cpu_us: Option<f64>,
     pub nginx_cpu_us: Option<f64>,
 }
@@ -151,6 +151,9 @@ pub struct Report {
     /// Settings of the run (mode, rounds, protocol, how crproxy ran, nginx version).
     pub settings: serde_json::Value,
     pub rows: Vec<Row>,
+    /// The same comparison through a client cluster's aggregation layer (no
+    /// direct column; goals are judged on [`Report::rows`] only).
+    pub aggregated: Vec<Row>,
     pub memory: Vec<MemoryFigure>,
     pub targets: Vec<TargetCheck>,
     /// The goals of issue 15, row by row ([`goal_checks`]).
@@ -415,9 +418,12 @@ pub fn render_table(report: &Report) -> String {
             num(nginx.map(|r| r.p50), 6, 2),
             num(nginx.map(|r| r.p99), 6, 2),
             num(nginx.and_then(|r| r.throughput), 6, 2),
-            num(row.crproxy_cpu_us, 7, 0),
-            num(row.nginx_cpu_us, 7, 0),
+            num(row.crproxy_cpu_us, 7, 1),
+            num(row.nginx_cpu_us, 7, 1),
         ));
+    }
+    if !report.aggregated.is_empty() {
+        out.push_str(&render_aggregated(&report.aggregated));
     }
     if !report.memory.is_empty() {
         out.push_str("\nmemory\n");
@@ -461,6 +467,65 @@ pub fn render_table(report: &Report) -> String {
         for note in &report.notes {
             out.push_str(&format!("  - {note}\n"));
         }
+    }
+    out
+}
+
+/// The rows measured through the aggregation layer: each path's own figures and
+/// crproxy relative to nginx (there is no direct column behind an aggregator).
+fn render_aggregated(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "\nthrough the aggregation layer (driver -> client API server -> APIService backend)\n",
+    );
+    out.push_str(&format!(
+        "{:<21} {:>4} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>6} {:>6} | {:>7} {:>7}\n",
+        "scenario",
+        "c",
+        "p50 ms",
+        "p99 ms",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "req/s",
+        "tput x",
+        "p50 x",
+        "crproxy",
+        "nginx"
+    ));
+    out.push_str(&format!(
+        "{:<26} | {:^26} | {:^26} | {:^13} | {:^15}\n",
+        "", "crproxy", "nginx", "crproxy/nginx", "CPU us/request"
+    ));
+    out.push_str(&"-".repeat(124));
+    out.push('\n');
+    for row in rows {
+        let (crproxy, nginx) = (row.crproxy.as_ref(), row.nginx.as_ref());
+        out.push_str(&format!(
+            "{:<21} {:>4} | {} {} {} | {} {} {} | {} {} | {} {}\n",
+            row.scenario,
+            row.concurrency,
+            num(crproxy.map(|d| d.p50_ms), 8, 2),
+            num(crproxy.map(|d| d.p99_ms), 8, 2),
+            num(crproxy.and_then(|d| d.throughput), 8, 0),
+            num(nginx.map(|d| d.p50_ms), 8, 2),
+            num(nginx.map(|d| d.p99_ms), 8, 2),
+            num(nginx.and_then(|d| d.throughput), 8, 0),
+            num(
+                ratio(
+                    crproxy.and_then(|d| d.throughput),
+                    nginx.and_then(|d| d.throughput)
+                ),
+                6,
+                2
+            ),
+            num(
+                ratio(crproxy.map(|d| d.p50_ms), nginx.map(|d| d.p50_ms)),
+                6,
+                2
+            ),
+            num(row.crproxy_cpu_us, 7, 1),
+            num(row.nginx_cpu_us, 7, 1),
+        ));
     }
     out
 }

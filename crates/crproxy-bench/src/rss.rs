@@ -5,7 +5,9 @@
 //! spikes a sampler would miss; writing `5` to `/proc/<pid>/clear_refs` resets it,
 //! so one phase (listing 100 000 objects) can be measured on its own. Processes
 //! with children (nginx: a master and workers) are measured as the sum over the
-//! tree, by sampling.
+//! tree, by sampling. CPU time comes from the scheduler's nanosecond count
+//! ([`CpuClock::Schedstat`]), with the 10 ms ticks of `/proc/<pid>/stat` as the
+//! fallback on kernels without it.
 
 use std::time::Duration;
 
@@ -67,6 +69,12 @@ pub fn reset_peak(pid: u32) -> bool {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
 }
 
+/// Nanoseconds on CPU from the text of a task's `schedstat`: its first field
+/// (the scheduler's `sum_exec_runtime`). `None` for malformed text.
+pub fn parse_schedstat_ns(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
 /// User plus system CPU time from the text of `/proc/<pid>/stat`, in clock ticks.
 ///
 /// The command name (field 2) may hold spaces and parentheses, so fields are
@@ -80,22 +88,76 @@ pub fn parse_stat_ticks(text: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// Linux reports CPU times in USER_HZ ticks, which is 100 on every architecture
-/// this runs on.
+/// Linux reports `/proc/<pid>/stat` CPU times in USER_HZ ticks, which is 100 on
+/// every architecture this runs on.
 const TICKS_PER_SECOND: u64 = 100;
 
-/// CPU time used so far by `pid` and its descendants.
-pub fn tree_cpu(pid: u32) -> Option<Duration> {
-    let ticks = |p: u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|t| parse_stat_ticks(&t))
-    };
-    let mut total = ticks(pid)?;
-    for child in descendants(pid) {
-        total += ticks(child).unwrap_or(0);
+/// Where CPU time is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum CpuClock {
+    /// The scheduler's own count in nanoseconds, summed over the threads of each
+    /// process (`/proc/<pid>/task/<tid>/schedstat`).
+    Schedstat,
+    /// utime + stime of `/proc/<pid>/stat`: 10 ms ticks, too coarse for a
+    /// request that costs tens of microseconds unless thousands are summed.
+    StatTicks,
+}
+
+impl CpuClock {
+    /// Schedstat when the kernel exposes it for `pid` (it needs
+    /// CONFIG_SCHED_INFO), else the stat ticks.
+    pub fn detect(pid: u32) -> Self {
+        if process_schedstat_ns(pid).is_some() {
+            CpuClock::Schedstat
+        } else {
+            CpuClock::StatTicks
+        }
     }
-    Some(Duration::from_millis(total * 1000 / TICKS_PER_SECOND))
+
+    /// CPU time used so far by one process (all its threads).
+    fn process(self, pid: u32) -> Option<Duration> {
+        match self {
+            CpuClock::Schedstat => process_schedstat_ns(pid).map(Duration::from_nanos),
+            CpuClock::StatTicks => std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|t| parse_stat_ticks(&t))
+                .map(|ticks| Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND)),
+        }
+    }
+}
+
+/// The sum of `schedstat` over the threads of `pid`. `/proc/<pid>/schedstat`
+/// alone counts only the thread-group leader (the kernel's sched-stats
+/// documentation describes it per task), and crproxy does its work on tokio's
+/// worker threads. Time of threads that already exited is not in the sum; the
+/// processes measured here keep their threads. The count is exact for a thread
+/// off the CPU and lags by at most a scheduler tick for one running, so it is read
+/// between rounds, when the measured process is idle. `None` when the process is
+/// gone or the kernel reports no schedstat (it then prints zeros).
+fn process_schedstat_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0u64;
+    let mut read_any = false;
+    for task in tasks.flatten() {
+        if let Some(ns) = std::fs::read_to_string(task.path().join("schedstat"))
+            .ok()
+            .and_then(|t| parse_schedstat_ns(&t))
+        {
+            total += ns;
+            read_any = true;
+        }
+    }
+    (read_any && total > 0).then_some(total)
+}
+
+/// CPU time used so far by `pid` and its descendants (nginx: the master and its
+/// workers), read with `clock`.
+pub fn tree_cpu(pid: u32, clock: CpuClock) -> Option<Duration> {
+    let mut total = clock.process(pid)?;
+    for child in descendants(pid) {
+        total += clock.process(child).unwrap_or_default();
+    }
+    Some(total)
 }
 
 /// Child pids listed by the kernel for each thread of `pid`.

@@ -69,33 +69,16 @@ fn body(value: &Value) -> Option<(&'static str, Bytes)> {
     Some((JSON, Bytes::from(value.to_string())))
 }
 
-/// GET of one object, again and again.
-pub struct GetObject {
+/// GET of one path (an object or a list), again and again; the body is read to
+/// its end and dropped.
+pub struct ReadPath {
     pub path: String,
-}
-
-impl Workload for GetObject {
-    type State = ();
-    fn request(
-        &self,
-        endpoint: &Endpoint,
-        _: usize,
-        _: usize,
-        _: &mut (),
-    ) -> Result<Request<Body>, DriverError> {
-        endpoint.request(Method::GET, &self.path, None)
-    }
-}
-
-/// LIST of one namespace; the body is read to its end and dropped.
-pub struct ListObjects {
-    pub path: String,
-    /// Objects the list must hold, checked by size only (the body is not kept):
-    /// an answer smaller than this many bytes is an error.
+    /// For lists: an answer smaller than this many bytes is an error (the size
+    /// stands for the number of objects, as the body is not kept).
     pub min_bytes: u64,
 }
 
-impl Workload for ListObjects {
+impl Workload for ReadPath {
     type State = ();
     fn request(
         &self,
@@ -109,6 +92,26 @@ impl Workload for ListObjects {
     fn observe(&self, _: &mut (), exchange: &Exchange) -> bool {
         exchange.status.is_success() && exchange.bytes >= self.min_bytes
     }
+}
+
+/// The `seq`-th of the objects a numbered workload works through.
+fn numbered(prefix: &str, seq: usize) -> String {
+    format!("{prefix}-{seq}")
+}
+
+/// A JSON merge patch of one object's `spec.n`.
+fn merge_patch(
+    endpoint: &Endpoint,
+    namespace: &str,
+    name: &str,
+    seq: usize,
+) -> Result<Request<Body>, DriverError> {
+    let patch = json!({"spec": {"n": seq}});
+    endpoint.request(
+        Method::PATCH,
+        &object_path(namespace, name),
+        Some((MERGE_PATCH, Bytes::from(patch.to_string()))),
+    )
 }
 
 /// POST of new objects named `<prefix>-<seq>`.
@@ -127,7 +130,7 @@ impl Workload for CreateObjects {
         seq: usize,
         _: &mut (),
     ) -> Result<Request<Body>, DriverError> {
-        let name = format!("{}-{seq}", self.prefix);
+        let name = numbered(&self.prefix, seq);
         let object = widget(&self.namespace, &name, seq, self.owner.as_ref(), None);
         endpoint.request(
             Method::POST,
@@ -152,7 +155,7 @@ impl Workload for DeleteObjects {
         seq: usize,
         _: &mut (),
     ) -> Result<Request<Body>, DriverError> {
-        let name = format!("{}-{seq}", self.prefix);
+        let name = numbered(&self.prefix, seq);
         endpoint.request(Method::DELETE, &object_path(&self.namespace, &name), None)
     }
 }
@@ -233,12 +236,7 @@ impl Workload for PatchObjects {
         seq: usize,
         name: &mut String,
     ) -> Result<Request<Body>, DriverError> {
-        let patch = json!({"spec": {"n": seq}});
-        endpoint.request(
-            Method::PATCH,
-            &object_path(&self.namespace, name),
-            Some((MERGE_PATCH, Bytes::from(patch.to_string()))),
-        )
+        merge_patch(endpoint, &self.namespace, name, seq)
     }
 }
 
@@ -258,13 +256,7 @@ impl Workload for PatchNamed {
         seq: usize,
         _: &mut (),
     ) -> Result<Request<Body>, DriverError> {
-        let name = format!("{}-{seq}", self.prefix);
-        let patch = json!({"spec": {"n": seq}});
-        endpoint.request(
-            Method::PATCH,
-            &object_path(&self.namespace, &name),
-            Some((MERGE_PATCH, Bytes::from(patch.to_string()))),
-        )
+        merge_patch(endpoint, &self.namespace, &numbered(&self.prefix, seq), seq)
     }
 }
 

@@ -7,6 +7,7 @@ fn config() -> NginxConfig {
         upstream: "127.0.0.1:16443".parse().expect("addr"),
         workers: 2,
         as_root: false,
+        aggregator: None,
     }
 }
 
@@ -40,10 +41,48 @@ fn the_config_streams_and_keeps_upstream_connections_alive() {
 
 #[test]
 fn the_braces_balance() {
-    let text = config().render();
-    let open = text.matches('{').count();
-    let close = text.matches('}').count();
-    assert_eq!(open, close, "{text}");
+    for config in [config(), behind_aggregator()] {
+        let text = config.render();
+        let open = text.matches('{').count();
+        let close = text.matches('}').count();
+        assert_eq!(open, close, "{text}");
+    }
+}
+
+fn behind_aggregator() -> NginxConfig {
+    NginxConfig {
+        aggregator: Some(AggregatorBackend {
+            front_proxy_ca_pem: "-----BEGIN CERTIFICATE-----".into(),
+            target_token: "t0ken".into(),
+        }),
+        ..config()
+    }
+}
+
+#[test]
+fn behind_an_aggregator_it_checks_the_front_proxy_and_sends_the_target_token() {
+    let plain = config().render();
+    let text = behind_aggregator().render();
+    for expected in [
+        "ssl_client_certificate /tmp/bench-nginx/front-proxy-ca.crt;",
+        "ssl_verify_client on;",
+        "proxy_set_header Authorization \"Bearer t0ken\";",
+        "proxy_set_header X-Remote-User \"\";",
+        "proxy_set_header X-Remote-Group \"\";",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+        assert!(
+            !plain.contains(expected),
+            "{expected:?} in the plain config"
+        );
+    }
+    // Everything else is the configuration of the direct comparison.
+    for line in plain.lines() {
+        assert!(
+            text.contains(line),
+            "{line:?} missing behind the aggregator"
+        );
+    }
 }
 
 #[test]
@@ -65,7 +104,7 @@ async fn nginx_starts_and_stops_when_installed() {
     let listen = listener.local_addr().expect("addr");
     drop(listener);
     let upstream: SocketAddr = "127.0.0.1:9".parse().expect("addr");
-    let nginx = Nginx::start(&binary, dir.path(), listen, upstream, 1)
+    let nginx = Nginx::start(&binary, dir.path(), listen, upstream, 1, None)
         .await
         .expect("nginx starts");
     assert!(nginx.ca_pem.contains("BEGIN CERTIFICATE"));

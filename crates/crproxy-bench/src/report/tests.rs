@@ -111,6 +111,17 @@ fn the_table_shows_missing_columns_as_dashes() {
             summary(0.75, 1.5, Some(1500.0)),
             None,
         )],
+        aggregated: vec![with_cpu(
+            Row::new(
+                "get",
+                16,
+                None,
+                Some(summary(0.8, 1.6, Some(1000.0))),
+                Some(summary(0.4, 0.8, Some(2000.0))),
+            ),
+            146.3,
+            75.5,
+        )],
         memory: vec![MemoryFigure {
             name: "crproxy idle".into(),
             mib: 12.5,
@@ -129,6 +140,24 @@ fn the_table_shows_missing_columns_as_dashes() {
     assert!(line.contains("1.50   1.50   0.75     250"), "{line}");
     assert!(line.contains("-      -      -"), "{line}");
     assert!(table.contains("crproxy idle"));
+    // Through the aggregation layer: both paths' figures, crproxy over nginx, and
+    // CPU to a tenth of a microsecond.
+    let section = table
+        .split("through the aggregation layer")
+        .nth(1)
+        .expect("aggregated section");
+    let line = section
+        .lines()
+        .find(|l| l.starts_with("get"))
+        .expect("aggregated get row");
+    assert!(line.contains("0.80     1.60     1000"), "{line}");
+    assert!(line.contains("0.40     0.80     2000"), "{line}");
+    assert!(line.contains("0.50   2.00"), "{line}");
+    assert!(line.contains("146.3    75.5"), "{line}");
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("get"))
+        .expect("get row");
     let header = table.lines().next().expect("header");
     assert_eq!(
         header.find(" | "),

@@ -32,11 +32,60 @@ fn cpu_ticks_survive_odd_command_names() {
 }
 
 #[test]
+fn schedstat_is_read_from_its_first_field() {
+    let check = |text: &str, expected: Option<u64>| {
+        assert_eq!(parse_schedstat_ns(text), expected, "{text:?}");
+    };
+    check("58618169 123440077 191\n", Some(58_618_169));
+    check("0 0 0\n", Some(0));
+    check("", None);
+    check("-5 1 1", None);
+    check("garbage 1 2", None);
+}
+
+/// The parser on the kernel's real file: this thread's count grows while it
+/// works, in nanoseconds (well below a 10 ms tick).
+#[test]
+fn schedstat_of_this_thread_counts_nanoseconds() {
+    let read = || {
+        let text = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+        parse_schedstat_ns(&text).expect("a number of ns")
+    };
+    let me = std::process::id();
+    if CpuClock::detect(me) == CpuClock::StatTicks {
+        eprintln!("this kernel reports no schedstat; the stat-tick fallback is used");
+        return;
+    }
+    // The kernel folds a running thread's time in at each tick and when it
+    // leaves the CPU, so a new test thread may still read 0 here.
+    let before = read();
+    // Work until the count moves by at least 1 ms, bounded by 5 s of wall time.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut work = 0u64;
+    let mut after = before;
+    while after < before + 1_000_000 && std::time::Instant::now() < deadline {
+        for i in 0..100_000u64 {
+            work = work.wrapping_mul(31).wrapping_add(std::hint::black_box(i));
+        }
+        after = read();
+    }
+    std::hint::black_box(work);
+    assert!(after >= before + 1_000_000, "{before} -> {after} ns");
+    // The process total covers this thread.
+    let process = process_schedstat_ns(me).expect("process schedstat");
+    assert!(
+        process >= after,
+        "process {process} ns < this thread {after} ns"
+    );
+}
+
+#[test]
 fn this_process_is_measurable() {
     let me = std::process::id();
     let m = memory(me).expect("own status");
     assert!(m.rss_kib > 0 && m.peak_kib >= m.rss_kib, "{m:?}");
-    assert!(tree_cpu(me).is_some());
+    assert!(tree_cpu(me, CpuClock::StatTicks).is_some());
+    assert!(tree_cpu(me, CpuClock::detect(me)).is_some());
     assert!(tree_memory(me).expect("tree").rss_kib >= m.rss_kib);
 }
 

@@ -155,7 +155,7 @@ async fn seeded_patches_touch_one_object_per_request() {
 
 #[test]
 fn a_short_list_is_an_error() {
-    let list = ListObjects {
+    let list = ReadPath {
         path: collection_path("l"),
         min_bytes: 10,
     };
