@@ -23,6 +23,10 @@
 //!   (kube's choice, even for ExternalName) unless `insecureSkipTLSVerify`; the
 //!   front-proxy client certificate is presented. HTTP/2 is used when the backend
 //!   offers it (as Go's transport does), HTTP/1.1 otherwise and for upgrades.
+//!   HTTP/2 connections are kept and shared by later requests to the same backend
+//!   with the same TLS settings, as Go's transport keeps them for kube-apiserver; a
+//!   request the kept connection could not take (it closed meanwhile) is sent on a
+//!   new one. HTTP/1.1 connections serve one request.
 //! - The caller's identity as `X-Remote-User`, one `X-Remote-Group` per group,
 //!   `X-Remote-Uid`, `X-Remote-Extra-<percent-encoded key>` (one header per value),
 //!   plus `X-Forwarded-For/Host/Proto/Uri` and `Audit-Id`. The caller's
@@ -47,6 +51,7 @@ use crproxy_core::pki::CertPem;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::{BoxBody as HttpBoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Empty, Full};
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -165,6 +170,29 @@ pub struct Aggregator {
     client_key: PrivateKeyDer<'static>,
     provider: Arc<rustls::crypto::CryptoProvider>,
     discovery: Mutex<HashMap<String, FetchedDiscovery>>,
+    /// The kept HTTP/2 connection of each backend (see [`Aggregator::send_pooled`]).
+    backends: Mutex<HashMap<BackendKey, http2::SendRequest<RequestBody>>>,
+}
+
+/// What a kept backend connection was made for: the same address reached with the
+/// same TLS checks. A changed `caBundle` or server name gets a new connection.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct BackendKey {
+    authority: String,
+    server_name: String,
+    ca_bundle: Vec<u8>,
+    insecure: bool,
+}
+
+impl BackendKey {
+    fn of(target: &Target) -> Self {
+        BackendKey {
+            authority: target.authority(),
+            server_name: target.server_name.clone(),
+            ca_bundle: target.ca_bundle.clone(),
+            insecure: target.insecure,
+        }
+    }
 }
 
 impl Aggregator {
@@ -190,6 +218,7 @@ impl Aggregator {
             client_key,
             provider: Arc::new(rustls::crypto::ring::default_provider()),
             discovery: Mutex::new(HashMap::new()),
+            backends: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -323,16 +352,23 @@ impl Aggregator {
         };
         *out.headers_mut() = headers;
 
-        let mut sender = match self.connect(&target, upgrade).await {
-            Ok(s) => s,
-            Err(e) => {
+        let sent = if upgrade {
+            match self.connect(&target, true).await {
+                Ok(mut sender) => sender.send(out).await.map_err(SendError::Http),
+                Err(e) => Err(SendError::Connect(e)),
+            }
+        } else {
+            self.send_pooled(&target, out).await
+        };
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(SendError::Connect(e)) => {
                 tracing::warn!(apiservice = %route.apiservice, error = %e, "aggregated API backend unreachable");
                 return proxy_error(&e.to_string());
             }
-        };
-        let mut resp = match sender.send(out).await {
-            Ok(r) => r,
-            Err(e) => return proxy_error(&format!("error trying to reach service: {e}")),
+            Err(SendError::Http(e)) => {
+                return proxy_error(&format!("error trying to reach service: {e}"))
+            }
         };
         if upgrade && resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             let backend_upgrade = hyper::upgrade::on(&mut resp);
@@ -502,6 +538,52 @@ impl Aggregator {
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         };
         Ok(Arc::new(config))
+    }
+
+    /// Sends `req` on the backend's kept HTTP/2 connection, or on a new connection
+    /// that is kept if it speaks HTTP/2. A kept connection that could not take the
+    /// request (closed since its last use) is replaced, and the request, which it
+    /// never sent, goes on the new one, as Go's transport retries a request it had not
+    /// written.
+    async fn send_pooled(
+        &self,
+        target: &Target,
+        req: Request<RequestBody>,
+    ) -> Result<Response<hyper::body::Incoming>, SendError> {
+        let key = BackendKey::of(target);
+        let kept = self
+            .backends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .filter(|sender| !sender.is_closed())
+            .cloned();
+        let req = match kept {
+            Some(mut sender) => {
+                match sender
+                    .try_send_request(for_http2(req, &key.authority))
+                    .await
+                {
+                    Ok(resp) => return Ok(resp),
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) => unsent,
+                        None => return Err(SendError::Http(e.into_error())),
+                    },
+                }
+            }
+            None => req,
+        };
+        let mut sender = self
+            .connect(target, false)
+            .await
+            .map_err(SendError::Connect)?;
+        if let Sender::Http2(kept, _) = &sender {
+            self.backends
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, kept.clone());
+        }
+        sender.send(req).await.map_err(SendError::Http)
     }
 
     /// Dials the backend and performs the TLS and HTTP handshakes.
@@ -990,26 +1072,37 @@ enum Sender {
 impl Sender {
     async fn send(
         &mut self,
-        mut req: Request<RequestBody>,
+        req: Request<RequestBody>,
     ) -> Result<Response<hyper::body::Incoming>, hyper::Error> {
         match self {
             Sender::Http1(s) => s.send_request(req).await,
-            Sender::Http2(s, authority) => {
-                // HTTP/2 names the target in :scheme/:authority, not in Host.
-                let path = req
-                    .uri()
-                    .path_and_query()
-                    .map(|p| p.as_str().to_string())
-                    .unwrap_or_else(|| "/".into());
-                if let Ok(uri) = format!("https://{authority}{path}").parse() {
-                    *req.uri_mut() = uri;
-                }
-                req.headers_mut().remove(header::HOST);
-                *req.version_mut() = http::Version::HTTP_2;
-                s.send_request(req).await
-            }
+            Sender::Http2(s, authority) => s.send_request(for_http2(req, authority)).await,
         }
     }
+}
+
+/// Why a proxied request got no answer from its backend.
+enum SendError {
+    /// No connection: dialing or a handshake failed.
+    Connect(AggregationError),
+    /// The connection failed the exchange.
+    Http(hyper::Error),
+}
+
+/// `req` as an HTTP/2 request to `authority`: HTTP/2 names the target in
+/// `:scheme`/`:authority`, not in `Host`.
+fn for_http2(mut req: Request<RequestBody>, authority: &str) -> Request<RequestBody> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    if let Ok(uri) = format!("https://{authority}{path}").parse() {
+        *req.uri_mut() = uri;
+    }
+    req.headers_mut().remove(header::HOST);
+    *req.version_mut() = http::Version::HTTP_2;
+    req
 }
 
 /// APIResourceList (legacy discovery) → APIVersionDiscovery.

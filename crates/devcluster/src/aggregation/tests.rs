@@ -31,6 +31,8 @@ struct Backend {
     addr: SocketAddr,
     seen: Arc<StdMutex<Vec<Seen>>>,
     release_watch: Arc<Notify>,
+    /// TLS connections the backend accepted.
+    connections: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Backend {
@@ -113,15 +115,19 @@ async fn start_backend_at(pki: &Pki, group: &'static str, aggregated: bool, addr
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(StdMutex::new(Vec::new()));
     let release_watch = Arc::new(Notify::new());
-    let (seen2, release2) = (seen.clone(), release_watch.clone());
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (seen2, release2, connections2) =
+        (seen.clone(), release_watch.clone(), connections.clone());
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             let (seen, release) = (seen2.clone(), release2.clone());
+            let connections = connections2.clone();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
+                connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let client_cn = tls
                     .get_ref()
                     .1
@@ -160,6 +166,7 @@ async fn start_backend_at(pki: &Pki, group: &'static str, aggregated: bool, addr
         addr,
         seen,
         release_watch,
+        connections,
     }
 }
 
@@ -545,6 +552,85 @@ async fn proxied_request_carries_identity_and_not_credentials() {
             format!("127.0.0.1:{}", s.backend.addr.port())
         );
         assert_eq!(values(h, "audit-id").len(), 1);
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// GETs `path` through the front with a new caller connection each time.
+async fn get_through(front: SocketAddr, path: &str) -> StatusCode {
+    let req = Request::builder()
+        .uri(path)
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = client(front)
+        .await
+        .send_request(req)
+        .await
+        .expect("response");
+    resp.status()
+}
+
+#[tokio::test]
+async fn an_http2_backend_connection_is_kept_for_later_requests() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let s = setup(false).await;
+        // The availability check dials on its own, as kube's does.
+        s.agg.check_availability().await;
+        let connections = || {
+            s.backend
+                .connections
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        let checked = connections();
+        let path = "/apis/example.com/v1/namespaces/ns1/widgets";
+        for _ in 0..3 {
+            assert_eq!(get_through(s.front, path).await, StatusCode::OK);
+        }
+        assert_eq!(
+            connections() - checked,
+            1,
+            "three requests, one backend connection"
+        );
+
+        // Another backend for the same APIService is another connection, kept too.
+        let second = start_backend(&s.pki, "example.com", false).await;
+        s.view
+            .set_external_service("ns1", "widgets", second.addr.port());
+        for _ in 0..2 {
+            assert_eq!(get_through(s.front, path).await, StatusCode::OK);
+        }
+        assert_eq!(
+            second.connections.load(std::sync::atomic::Ordering::SeqCst),
+            1
+        );
+        assert_eq!(
+            connections() - checked,
+            1,
+            "the first backend saw nothing more"
+        );
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn an_http1_backend_gets_a_connection_per_request() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // The aggregated-discovery backend speaks HTTP/1.1 only.
+        let s = setup(true).await;
+        s.agg.check_availability().await;
+        let connections = || {
+            s.backend
+                .connections
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        let checked = connections();
+        let path = "/apis/example.com/v1/namespaces/ns1/widgets";
+        for _ in 0..2 {
+            assert_eq!(get_through(s.front, path).await, StatusCode::OK);
+        }
+        assert_eq!(connections() - checked, 2);
     })
     .await
     .expect("test timed out");
