@@ -377,19 +377,22 @@ async fn target_errors_become_a_retryable_503() {
     }
     assert_eq!(target_code, 503, "the target never answered 503");
     let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
-    assert_eq!(reply.status, 503, "{}", reply.body);
-    assert_eq!(
-        reply
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()),
-        Some("1")
-    );
+    assert_retryable_503(&reply);
     assert_eq!(
         reply.body["message"],
         "target tenant cluster \"target\" for example.com/v1 is unavailable"
     );
     h.proxy.shutdown().await;
+}
+
+/// A 503 that tells the caller to retry in a second.
+fn assert_retryable_503(reply: &Reply) {
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    let retry_after = reply
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok());
+    assert_eq!(retry_after, Some("1"), "{}", reply.body);
 }
 
 #[tokio::test]
@@ -401,14 +404,7 @@ async fn an_unreachable_target_is_a_retryable_503() {
         .stop_listener(h.target.cluster.addr())
         .expect("stop the target");
     let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
-    assert_eq!(reply.status, 503, "{}", reply.body);
-    assert_eq!(
-        reply
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()),
-        Some("1")
-    );
+    assert_retryable_503(&reply);
     let message = reply.body["message"].as_str().unwrap_or_default();
     assert!(
         message.starts_with("target tenant cluster \"target\" for example.com/v1 is unavailable"),

@@ -36,6 +36,10 @@ struct Backend {
 }
 
 impl Backend {
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn seen(&self) -> Vec<Seen> {
         self.seen.lock().expect("lock").clone()
     }
@@ -557,58 +561,40 @@ async fn proxied_request_carries_identity_and_not_credentials() {
     .expect("test timed out");
 }
 
-/// GETs `path` through the front with a new caller connection each time.
-async fn get_through(front: SocketAddr, path: &str) -> StatusCode {
-    let req = Request::builder()
-        .uri(path)
-        .body(Full::new(Bytes::new()))
-        .expect("request");
-    let resp = client(front)
-        .await
-        .send_request(req)
-        .await
-        .expect("response");
-    resp.status()
+/// Sends `count` GETs through the front, each on a new caller connection, and
+/// returns how many backend connections they opened. The availability check (which
+/// dials on its own, as kube's does) runs first, so its connections do not count.
+async fn connections_for_gets(s: &Setup, backend: &Backend, count: usize) -> usize {
+    s.agg.check_availability().await;
+    let before = backend.connections();
+    for _ in 0..count {
+        let req = Request::builder()
+            .uri("/apis/example.com/v1/namespaces/ns1/widgets")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let resp = client(s.front)
+            .await
+            .send_request(req)
+            .await
+            .expect("response");
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    backend.connections() - before
 }
 
 #[tokio::test]
 async fn an_http2_backend_connection_is_kept_for_later_requests() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let s = setup(false).await;
-        // The availability check dials on its own, as kube's does.
-        s.agg.check_availability().await;
-        let connections = || {
-            s.backend
-                .connections
-                .load(std::sync::atomic::Ordering::SeqCst)
-        };
-        let checked = connections();
-        let path = "/apis/example.com/v1/namespaces/ns1/widgets";
-        for _ in 0..3 {
-            assert_eq!(get_through(s.front, path).await, StatusCode::OK);
-        }
-        assert_eq!(
-            connections() - checked,
-            1,
-            "three requests, one backend connection"
-        );
-
-        // Another backend for the same APIService is another connection, kept too.
+        assert_eq!(connections_for_gets(&s, &s.backend, 3).await, 1);
+        // Another backend for the same APIService is another connection, kept too,
+        // and the first backend sees nothing more.
         let second = start_backend(&s.pki, "example.com", false).await;
         s.view
             .set_external_service("ns1", "widgets", second.addr.port());
-        for _ in 0..2 {
-            assert_eq!(get_through(s.front, path).await, StatusCode::OK);
-        }
-        assert_eq!(
-            second.connections.load(std::sync::atomic::Ordering::SeqCst),
-            1
-        );
-        assert_eq!(
-            connections() - checked,
-            1,
-            "the first backend saw nothing more"
-        );
+        let first_before = s.backend.connections();
+        assert_eq!(connections_for_gets(&s, &second, 2).await, 1);
+        assert_eq!(s.backend.connections(), first_before);
     })
     .await
     .expect("test timed out");
@@ -619,18 +605,7 @@ async fn an_http1_backend_gets_a_connection_per_request() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         // The aggregated-discovery backend speaks HTTP/1.1 only.
         let s = setup(true).await;
-        s.agg.check_availability().await;
-        let connections = || {
-            s.backend
-                .connections
-                .load(std::sync::atomic::Ordering::SeqCst)
-        };
-        let checked = connections();
-        let path = "/apis/example.com/v1/namespaces/ns1/widgets";
-        for _ in 0..2 {
-            assert_eq!(get_through(s.front, path).await, StatusCode::OK);
-        }
-        assert_eq!(connections() - checked, 2);
+        assert_eq!(connections_for_gets(&s, &s.backend, 2).await, 2);
     })
     .await
     .expect("test timed out");
