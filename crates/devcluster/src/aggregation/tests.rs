@@ -33,11 +33,19 @@ struct Backend {
     release_watch: Arc<Notify>,
     /// TLS connections the backend accepted.
     connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// Bumped to make the backend drop every open connection.
+    close_connections: Arc<tokio::sync::watch::Sender<u32>>,
 }
 
 impl Backend {
     fn connections(&self) -> usize {
         self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Closes every connection the backend has open (it keeps listening).
+    fn drop_connections(&self) {
+        self.close_connections
+            .send_modify(|generation| *generation += 1);
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -120,13 +128,19 @@ async fn start_backend_at(pki: &Pki, group: &'static str, aggregated: bool, addr
     let seen = Arc::new(StdMutex::new(Vec::new()));
     let release_watch = Arc::new(Notify::new());
     let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let (seen2, release2, connections2) =
-        (seen.clone(), release_watch.clone(), connections.clone());
+    let close_connections = Arc::new(tokio::sync::watch::channel(0u32).0);
+    let (seen2, release2, connections2, close2) = (
+        seen.clone(),
+        release_watch.clone(),
+        connections.clone(),
+        close_connections.clone(),
+    );
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             let (seen, release) = (seen2.clone(), release2.clone());
             let connections = connections2.clone();
+            let mut closing = close2.subscribe();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
@@ -158,11 +172,15 @@ async fn start_backend_at(pki: &Pki, group: &'static str, aggregated: bool, addr
                         )
                     }
                 });
-                let _ = hyper_util::server::conn::auto::Builder::new(
+                let builder = hyper_util::server::conn::auto::Builder::new(
                     hyper_util::rt::TokioExecutor::new(),
-                )
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                .await;
+                );
+                let serving = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+                // Dropping the connection closes its socket.
+                tokio::select! {
+                    _ = serving => {}
+                    _ = closing.changed() => {}
+                }
             });
         }
     });
@@ -171,6 +189,7 @@ async fn start_backend_at(pki: &Pki, group: &'static str, aggregated: bool, addr
         seen,
         release_watch,
         connections,
+        close_connections,
     }
 }
 
@@ -595,6 +614,35 @@ async fn an_http2_backend_connection_is_kept_for_later_requests() {
         let first_before = s.backend.connections();
         assert_eq!(connections_for_gets(&s, &second, 2).await, 1);
         assert_eq!(s.backend.connections(), first_before);
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn a_kept_connection_the_backend_closed_is_replaced() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let s = setup(false).await;
+        assert_eq!(connections_for_gets(&s, &s.backend, 1).await, 1);
+        s.backend.drop_connections();
+        // Bounded: 5 s for the aggregator's side to see the close.
+        let mut closed = false;
+        for _ in 0..100 {
+            closed = s
+                .agg
+                .backends
+                .lock()
+                .expect("lock")
+                .values()
+                .all(|kept| kept.is_closed());
+            if closed {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(closed, "the kept connection never closed");
+        // The next requests get 200 on one new connection, kept again.
+        assert_eq!(connections_for_gets(&s, &s.backend, 2).await, 1);
     })
     .await
     .expect("test timed out");
