@@ -50,6 +50,13 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// timeout, so no client that kube-apiserver accepts is cut off.
 pub const FIRST_BYTES_TIMEOUT: Duration = HEADER_READ_TIMEOUT;
 
+/// The largest header list a caller's HTTP/2 request may carry: kube-apiserver's
+/// (Go's 1 MiB `MaxHeaderBytes` plus its allowance of 32 bytes for each of ten
+/// fields). The aggregator sends one `X-Remote-Group` per group of the user, so
+/// hyper's default of 16 KiB refused users in a few hundred groups, and refused
+/// them by failing the whole connection, with every other caller's stream on it.
+pub const CALLER_MAX_HEADER_LIST_SIZE: u32 = (1 << 20) + 10 * 32;
+
 /// HTTP/2 keep-alive: a caller connection that stops answering pings is closed.
 pub const CALLER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub const CALLER_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -232,7 +239,8 @@ pub fn serve_proxy(
                     .timer(TokioTimer::new())
                     .keep_alive_interval(CALLER_KEEPALIVE_INTERVAL)
                     .keep_alive_timeout(CALLER_KEEPALIVE_TIMEOUT)
-                    .max_concurrent_streams(CALLER_STREAMS_PER_CONNECTION);
+                    .max_concurrent_streams(CALLER_STREAMS_PER_CONNECTION)
+                    .max_header_list_size(CALLER_MAX_HEADER_LIST_SIZE);
                 let connection = builder
                     .serve_connection(TokioIo::new(tls), service)
                     .into_owned();
