@@ -580,6 +580,19 @@ async fn proxied_request_carries_identity_and_not_credentials() {
     .expect("test timed out");
 }
 
+/// A GET of `path` through the front, on a new caller connection.
+async fn get_via(front: SocketAddr, path: &str) -> Response<Incoming> {
+    let req = Request::builder()
+        .uri(path)
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    client(front)
+        .await
+        .send_request(req)
+        .await
+        .expect("response")
+}
+
 /// Sends `count` GETs through the front, each on a new caller connection, and
 /// returns how many backend connections they opened. The availability check (which
 /// dials on its own, as kube's does) runs first, so its connections do not count.
@@ -587,15 +600,7 @@ async fn connections_for_gets(s: &Setup, backend: &Backend, count: usize) -> usi
     s.agg.check_availability().await;
     let before = backend.connections();
     for _ in 0..count {
-        let req = Request::builder()
-            .uri("/apis/example.com/v1/namespaces/ns1/widgets")
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        let resp = client(s.front)
-            .await
-            .send_request(req)
-            .await
-            .expect("response");
+        let resp = get_via(s.front, "/apis/example.com/v1/namespaces/ns1/widgets").await;
         assert_eq!(resp.status(), StatusCode::OK);
     }
     backend.connections() - before
@@ -705,15 +710,7 @@ async fn unreachable_backend_is_unavailable_and_requests_get_503() {
             "{message}"
         );
 
-        let req = Request::builder()
-            .uri("/apis/example.com/v1/widgets")
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        let resp = client(s.front)
-            .await
-            .send_request(req)
-            .await
-            .expect("response");
+        let resp = get_via(s.front, "/apis/example.com/v1/widgets").await;
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(&body[..], b"service unavailable\n");
@@ -727,15 +724,11 @@ async fn watch_events_stream_before_the_backend_finishes() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let s = setup(false).await;
         s.agg.check_availability().await;
-        let req = Request::builder()
-            .uri("/apis/example.com/v1/namespaces/ns1/widgets?watch=true")
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        let resp = client(s.front)
-            .await
-            .send_request(req)
-            .await
-            .expect("response");
+        let resp = get_via(
+            s.front,
+            "/apis/example.com/v1/namespaces/ns1/widgets?watch=true",
+        )
+        .await;
         assert_eq!(resp.status(), StatusCode::OK);
         let mut body = resp.into_body();
         // The backend holds the second event until released: the first must arrive
@@ -931,11 +924,7 @@ async fn availability_reasons_for_services_and_endpoints() {
         s.agg.check_availability().await;
         assert_eq!(check("Passed", "True", "v1.slices.io"), "all checks passed");
         // Routed through the endpoint too.
-        let req = Request::builder()
-            .uri("/apis/slices.io/v1/things")
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        let resp = client(s.front).await.send_request(req).await.expect("response");
+        let resp = get_via(s.front, "/apis/slices.io/v1/things").await;
         assert_eq!(resp.status(), StatusCode::OK);
 
         // A wrong CA fails the TLS check.
