@@ -21,7 +21,6 @@ use kube::core::{GroupVersionKind, WatchEvent};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use test_support::TestCluster;
@@ -550,51 +549,13 @@ async fn registration_creates_repairs_and_never_deletes() -> Result<()> {
     Ok(())
 }
 
-/// A TCP relay to the API server that counts the connections made through it.
-struct CountingRelay {
-    addr: SocketAddr,
-    connections: Arc<AtomicUsize>,
-    accept: JoinHandle<()>,
-}
-
-impl CountingRelay {
-    async fn start(upstream: SocketAddr) -> Result<CountingRelay> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let connections = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&connections);
-        let accept = tokio::spawn(async move {
-            // Bounded by the abort in Drop; each copy ends when either side closes.
-            while let Ok((mut caller, _)) = listener.accept().await {
-                counter.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut caller, &mut server).await;
-                    }
-                });
-            }
-        });
-        Ok(CountingRelay {
-            addr,
-            connections,
-            accept,
-        })
-    }
-}
-
-impl Drop for CountingRelay {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
-}
-
 #[tokio::test]
 async fn only_the_leader_registers() -> Result<()> {
     let cluster = test_support::devcluster("leader-only").await;
     let admin = kube_client(&cluster)?;
     let cfg = RegistrarConfig::local(b"CA".to_vec());
     // The follower talks through a relay: not even a read may reach the server.
-    let relay = CountingRelay::start(cluster.cluster.addr()).await?;
+    let relay = test_support::relay::Relay::start(cluster.cluster.addr()).await;
     let follower = spawn_registrar(
         client_at(&cluster, relay.addr)?,
         cfg.clone(),
@@ -603,11 +564,7 @@ async fn only_the_leader_registers() -> Result<()> {
         Duration::from_millis(100),
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(
-        relay.connections.load(Ordering::SeqCst),
-        0,
-        "a follower touches nothing"
-    );
+    assert_eq!(relay.connections(), 0, "a follower touches nothing");
     assert!(apiservices(&admin).get_opt(APISERVICE).await?.is_none());
     follower.abort();
 

@@ -9,9 +9,8 @@
 //! together, most of it the stalled connection waiting for HTTP/2 keep-alive to
 //! give it up.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -21,7 +20,6 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::Api;
 use serde_json::json;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use crproxy_kube::{Auth, ClusterConfig};
@@ -32,6 +30,7 @@ use crproxy_proxy::pool::PeerPool;
 use crproxy_proxy::sources::{self, PeerSourceConfig};
 use crproxy_proxy::watches::WatchClient;
 use devcluster::{DevCluster, DevClusterConfig};
+use test_support::relay::Relay;
 
 /// Server-side lifetime of the watches under test; stalls count after 5 s.
 const LIFETIME_SECONDS: u32 = 3;
@@ -274,108 +273,6 @@ async fn the_control_plane_rides_out_an_api_server_restart() {
     registrar.abort();
     leader.abort();
     cluster.shutdown().await;
-}
-
-/// A TCP relay in front of the API server whose connections can be frozen: a
-/// frozen connection stays open and never forwards another byte (a dead NAT entry,
-/// a hung middlebox), and connections made while frozen are born that way.
-struct Relay {
-    addr: SocketAddr,
-    frozen: Arc<AtomicBool>,
-    connections: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
-    accept: JoinHandle<()>,
-    pumps: Arc<Mutex<Vec<JoinHandle<()>>>>,
-}
-
-impl Relay {
-    async fn start(upstream: SocketAddr) -> Relay {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let frozen = Arc::new(AtomicBool::new(false));
-        let connections: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
-        let pumps: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let accept = tokio::spawn({
-            let frozen = Arc::clone(&frozen);
-            let connections = Arc::clone(&connections);
-            let pumps = Arc::clone(&pumps);
-            async move {
-                // Bounded by the abort in Drop.
-                while let Ok((caller, _)) = listener.accept().await {
-                    let Ok(server) = TcpStream::connect(upstream).await else {
-                        continue;
-                    };
-                    let dead = Arc::new(AtomicBool::new(frozen.load(Ordering::SeqCst)));
-                    connections.lock().expect("lock").push(Arc::clone(&dead));
-                    let (caller_read, caller_write) = caller.into_split();
-                    let (server_read, server_write) = server.into_split();
-                    let mut pumps = pumps.lock().expect("lock");
-                    pumps.push(tokio::spawn(pump(
-                        caller_read,
-                        server_write,
-                        Arc::clone(&dead),
-                    )));
-                    pumps.push(tokio::spawn(pump(server_read, caller_write, dead)));
-                }
-            }
-        });
-        Relay {
-            addr,
-            frozen,
-            connections,
-            accept,
-            pumps,
-        }
-    }
-
-    /// Every open connection stops forwarding for good; new ones too, until
-    /// [`Relay::thaw`].
-    fn freeze(&self) {
-        self.frozen.store(true, Ordering::SeqCst);
-        for dead in self.connections.lock().expect("lock").iter() {
-            dead.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// New connections forward again; frozen ones stay frozen.
-    fn thaw(&self) {
-        self.frozen.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.accept.abort();
-        for pump in self.pumps.lock().expect("lock").drain(..) {
-            pump.abort();
-        }
-    }
-}
-
-/// Copies bytes one way until either side closes; once `dead` is set, holds what
-/// it read and both sockets open for ever.
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    dead: Arc<AtomicBool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if dead.load(Ordering::SeqCst) {
-            let _keep_open = (from, to);
-            std::future::pending::<()>().await;
-            return;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod relay;
 pub mod tool;
 
 use devcluster::{DevCluster, DevClusterConfig};
