@@ -876,17 +876,12 @@ pub async fn publish_leader_endpoint(
     ip: std::net::IpAddr,
     listen_port: u16,
 ) -> Result<(), LeaderEndpointError> {
-    let gvk = |group: &str, version: &str, kind: &str, plural: &str| {
-        kube::core::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk(group, version, kind),
-            plural,
-        )
-    };
-    let services: Api<DynamicObject> = Api::namespaced_with(
-        tenant.clone(),
-        namespace,
-        &gvk("", "v1", "Service", "services"),
+    let service_resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("", "v1", "Service"),
+        "services",
     );
+    let services: Api<DynamicObject> =
+        Api::namespaced_with(tenant.clone(), namespace, &service_resource);
     let service =
         serde_json::to_value(services.get(name).await?).map_err(kube::Error::SerdeError)?;
     let port_name = service["spec"]["ports"]
@@ -900,11 +895,7 @@ pub async fn publish_leader_endpoint(
             name: name.into(),
             port: service_port,
         })?;
-    let slices: Api<DynamicObject> = Api::namespaced_with(
-        tenant.clone(),
-        namespace,
-        &gvk("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
-    );
+    let slices = endpoint_slices(tenant, namespace);
     let slice_name = leader_slice_name(name);
     let mut slice = json!({
         "apiVersion": "discovery.k8s.io/v1",
@@ -939,6 +930,15 @@ pub async fn publish_leader_endpoint(
     Ok(())
 }
 
+/// The tenant's EndpointSlices in `namespace`, where the leader's slice lives.
+fn endpoint_slices(tenant: &kube::Client, namespace: &str) -> Api<DynamicObject> {
+    let resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("discovery.k8s.io", "v1", "EndpointSlice"),
+        "endpointslices",
+    );
+    Api::namespaced_with(tenant.clone(), namespace, &resource)
+}
+
 /// Takes this replica out of the write-through Service's EndpointSlice when it stops
 /// leading, so that reviews fail at once ("no endpoints") instead of waiting for a
 /// connection to a replica that is gone. Only a slice that still leads to this very
@@ -952,11 +952,7 @@ pub async fn withdraw_leader_endpoint(
     ip: std::net::IpAddr,
     listen_port: u16,
 ) -> Result<bool, kube::Error> {
-    let resource = kube::core::ApiResource::from_gvk_with_plural(
-        &kube::core::GroupVersionKind::gvk("discovery.k8s.io", "v1", "EndpointSlice"),
-        "endpointslices",
-    );
-    let slices: Api<DynamicObject> = Api::namespaced_with(tenant.clone(), namespace, &resource);
+    let slices = endpoint_slices(tenant, namespace);
     let slice_name = leader_slice_name(name);
     let Some(current) = slices.get_opt(&slice_name).await? else {
         return Ok(false);
