@@ -326,12 +326,23 @@ async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_th
         .await
         .expect("mirror");
     assert_eq!(mirror["spec"]["port"], 8443);
-    // Update (replace) rejected.
-    let mut invalid = get_json(&tenant, &["gateway", "-n", "team", "edge"])
-        .await
-        .expect("tenant");
-    invalid["spec"]["port"] = 65536.into();
-    let out = kc(&tenant, &["replace", "-f", "-"], Some(&invalid.to_string())).await;
+    // Update (replace) rejected. The syncer may still be writing the host's status
+    // back after the patch, and a replace of an older resourceVersion is a 409
+    // before any webhook runs: read again then (bounded: 5 tries).
+    let mut out = None;
+    for _ in 0..5 {
+        let mut invalid = get_json(&tenant, &["gateway", "-n", "team", "edge"])
+            .await
+            .expect("tenant");
+        invalid["spec"]["port"] = 65536.into();
+        let replaced = kc(&tenant, &["replace", "-f", "-"], Some(&invalid.to_string())).await;
+        let conflict = replaced.stderr.contains("(Conflict)");
+        out = Some(replaced);
+        if !conflict {
+            break;
+        }
+    }
+    let out = out.expect("one replace");
     assert!(!out.success());
     assert!(out.stderr.contains("spec.port"), "{}", out.stderr);
 
