@@ -27,7 +27,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::BodyExt;
-use serde::Deserialize;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -40,6 +39,7 @@ use crate::watch_lines::WatchLines;
 use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::DefaultBackoff;
+use meta::{Event, MetaList, MetaObject};
 
 /// A resource nobody wrote to for this long loses its watch and its entries.
 pub const IDLE_DROP: Duration = Duration::from_secs(600);
@@ -147,7 +147,7 @@ impl OwnershipCache {
             return;
         };
         let meta = object.metadata;
-        if meta.name.as_deref() != Some(name) || meta.namespace.as_deref() != namespace {
+        if meta.name() != Some(name) || meta.namespace() != namespace {
             return;
         }
         let Some(objects) = self.running(resource) else {
@@ -423,14 +423,18 @@ async fn list(
             serde_json::from_slice(&read).map_err(|e| SyncError::Decode(e.to_string()))?;
         for item in page.items {
             let meta = item.metadata;
-            if let (Some(name), Some(pin)) = (meta.name.as_deref(), meta.owned_pin(owner)) {
-                pins.insert(key(meta.namespace.as_deref(), name), pin);
+            if let (Some(name), Some(pin)) = (meta.name(), meta.owned_pin(owner)) {
+                pins.insert(key(meta.namespace(), name), pin);
             }
         }
         if pins.len() > MAX_OBJECTS {
             return Err(SyncError::TooMany);
         }
-        let next = page.metadata.continue_token.unwrap_or_default();
+        let next = page
+            .metadata
+            .continue_token
+            .as_ref()
+            .map_or("", |t| t.as_str());
         if next.is_empty() {
             let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
             // Keep what a write through this proxy recorded while the list ran.
@@ -450,9 +454,10 @@ async fn list(
             return page
                 .metadata
                 .resource_version
+                .map(|rv| rv.as_str().to_string())
                 .ok_or_else(|| SyncError::Decode("list without resourceVersion".into()));
         }
-        continue_token = next;
+        continue_token = next.to_string();
     }
 }
 
@@ -575,20 +580,23 @@ fn apply(
     resource_version: &mut String,
 ) -> Result<(), SyncError> {
     let meta = event.object.metadata;
-    if event.event_type == "ERROR" {
-        return Err(SyncError::WatchError(
-            event.object.message.unwrap_or_else(|| "no message".into()),
-        ));
+    if event.event_type.as_str() == "ERROR" {
+        let message = event
+            .object
+            .message
+            .as_ref()
+            .map_or("no message", |m| m.as_str());
+        return Err(SyncError::WatchError(message.to_string()));
     }
     if let Some(rv) = &meta.resource_version {
-        resource_version.clone_from(rv);
+        resource_version.replace_range(.., rv.as_str());
     }
     let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
     state.in_step_at = Some(Instant::now());
-    let Some(name) = meta.name.as_deref() else {
+    let Some(name) = meta.name() else {
         return Ok(());
     };
-    let key = key(meta.namespace.as_deref(), name);
+    let key = key(meta.namespace(), name);
     match (event.event_type.as_str(), meta.owned_pin(owner)) {
         ("ADDED" | "MODIFIED", Some(pin)) => {
             state.record(key, pin);
@@ -602,7 +610,7 @@ fn apply(
             if state
                 .pins
                 .get(&key)
-                .is_some_and(|pin| Some(&pin.uid) == meta.uid.as_ref()) =>
+                .is_some_and(|pin| Some(pin.uid.as_str()) == meta.uid()) =>
         {
             state.pins.remove(&key);
         }
@@ -611,72 +619,10 @@ fn apply(
     Ok(())
 }
 
-#[derive(Deserialize)]
-struct Event {
-    #[serde(rename = "type")]
-    event_type: String,
-    #[serde(default)]
-    object: EventObject,
-}
-
-/// A `PartialObjectMetadata`, or the `Status` of an ERROR event.
-#[derive(Deserialize, Default)]
-struct EventObject {
-    #[serde(default)]
-    metadata: ObjectMeta,
-    message: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct MetaObject {
-    #[serde(default)]
-    metadata: ObjectMeta,
-}
-
-#[derive(Deserialize)]
-struct MetaList {
-    #[serde(default)]
-    metadata: ListMeta,
-    #[serde(default)]
-    items: Vec<MetaObject>,
-}
-
-#[derive(Deserialize, Default)]
-struct ListMeta {
-    #[serde(rename = "resourceVersion")]
-    resource_version: Option<String>,
-    #[serde(rename = "continue")]
-    continue_token: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-struct ObjectMeta {
-    name: Option<String>,
-    namespace: Option<String>,
-    uid: Option<String>,
-    #[serde(rename = "resourceVersion")]
-    resource_version: Option<String>,
-    #[serde(default)]
-    labels: HashMap<String, String>,
-}
-
-impl ObjectMeta {
-    /// The pin of this state if it carries both owner labels with `owner`'s values.
-    fn owned_pin(&self, owner: &Owner) -> Option<Pin> {
-        let owned = ownership::owner_labels(owner)
-            .iter()
-            .all(|(key, value)| self.labels.get(*key).map(String::as_str) == Some(*value));
-        let (uid, resource_version) = (self.uid.as_ref()?, self.resource_version.as_ref()?);
-        (owned && !uid.is_empty() && !resource_version.is_empty()).then(|| Pin {
-            uid: uid.clone(),
-            resource_version: resource_version.clone(),
-        })
-    }
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+mod meta;
 #[cfg(test)]
 mod tests;

@@ -1,3 +1,4 @@
+use super::meta::ObjectMeta;
 use super::*;
 
 fn owner() -> Owner {
@@ -11,31 +12,49 @@ fn pin(uid: &str, rv: &str) -> Pin {
     }
 }
 
-fn event(line: &str) -> Event {
+fn event(line: &str) -> Event<'_> {
     serde_json::from_str(line).expect("event")
 }
 
 const OWNED: &str =
     r#""labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"proj"}"#;
 
+fn owned_pin(metadata: &str) -> Option<Pin> {
+    let meta: ObjectMeta = serde_json::from_str(metadata).expect("metadata");
+    meta.owned_pin(&owner())
+}
+
 #[test]
 fn only_states_carrying_both_owner_labels_are_pins() {
-    let meta: ObjectMeta = serde_json::from_str(&format!(
-        r#"{{"name":"a","uid":"u","resourceVersion":"3",{OWNED}}}"#
-    ))
-    .expect("meta");
-    assert_eq!(meta.owned_pin(&owner()), Some(pin("u", "3")));
-    let half: ObjectMeta = serde_json::from_str(
-        r#"{"name":"a","uid":"u","resourceVersion":"3","labels":{"vcluster.com/owner-vcluster":"client"}}"#,
-    )
-    .expect("meta");
-    assert_eq!(half.owned_pin(&owner()), None);
-    let other: ObjectMeta = serde_json::from_str(&format!(
+    let owned = format!(r#"{{"name":"a","uid":"u","resourceVersion":"3",{OWNED}}}"#);
+    assert_eq!(owned_pin(&owned), Some(pin("u", "3")));
+    let half = r#"{"name":"a","uid":"u","resourceVersion":"3","labels":{"vcluster.com/owner-vcluster":"client"}}"#;
+    assert_eq!(owned_pin(half), None);
+    let other = format!(
         r#"{{"name":"a","uid":"u","resourceVersion":"3",{}}}"#,
         OWNED.replace("proj", "other")
-    ))
-    .expect("meta");
-    assert_eq!(other.owned_pin(&owner()), None);
+    );
+    assert_eq!(owned_pin(&other), None);
+    let no_uid = format!(r#"{{"name":"a","resourceVersion":"3",{OWNED}}}"#);
+    assert_eq!(owned_pin(&no_uid), None);
+}
+
+#[test]
+fn labels_are_read_as_a_parsed_document_would_read_them() {
+    // Escapes in keys and values decode before they are compared.
+    let escaped = r#"{"uid":"\u0075","resourceVersion":"3","labels":{"vcluster.com\/owner-vcluster":"cli\u0065nt","vcluster.com/owner-project":"proj"}}"#;
+    assert_eq!(owned_pin(escaped), Some(pin("u", "3")));
+    // A key given twice counts with its last value, either way round.
+    let overridden = r#"{"uid":"u","resourceVersion":"3","labels":{"vcluster.com/owner-project":"proj","vcluster.com/owner-vcluster":"client","vcluster.com/owner-vcluster":"intruder"}}"#;
+    assert_eq!(owned_pin(overridden), None);
+    let restored = r#"{"uid":"u","resourceVersion":"3","labels":{"vcluster.com/owner-project":"proj","vcluster.com/owner-vcluster":"intruder","vcluster.com/owner-vcluster":"client"}}"#;
+    assert_eq!(owned_pin(restored), Some(pin("u", "3")));
+    // Other labels are not read, whatever their values; an owner label that is no
+    // string makes the metadata undecodable.
+    let others = r#"{"uid":"u","resourceVersion":"3","labels":{"a":{"b":[1]},"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"proj"}}"#;
+    assert_eq!(owned_pin(others), Some(pin("u", "3")));
+    let not_a_string = r#"{"uid":"u","resourceVersion":"3","labels":{"vcluster.com/owner-vcluster":1,"vcluster.com/owner-project":"proj"}}"#;
+    assert!(serde_json::from_str::<ObjectMeta>(not_a_string).is_err());
 }
 
 #[test]
