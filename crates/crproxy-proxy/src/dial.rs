@@ -18,7 +18,8 @@ use tokio_rustls::TlsConnector;
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// ALPN protocols offered when the caller's TLS config offers none: HTTP/2 first so
-/// one multiplexed connection per peer carries every request, HTTP/1.1 as fallback.
+/// a multiplexed connection carries many requests (every watch), HTTP/1.1 as
+/// fallback. Exchange connections ([`Dialer::dial_http1`]) offer HTTP/1.1 alone.
 pub const DEFAULT_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// Why a dial failed.
@@ -95,7 +96,11 @@ impl PeerConnection {
 /// Dials peers of one target with one TLS identity.
 #[derive(Clone)]
 pub struct Dialer {
+    /// Offers the configured protocols (HTTP/2 first by default).
     connector: TlsConnector,
+    /// The same identity offering HTTP/1.1 alone, for connections that carry one
+    /// exchange at a time.
+    http1_connector: TlsConnector,
     server_name: ServerName<'static>,
 }
 
@@ -118,8 +123,11 @@ impl Dialer {
         } else {
             config
         };
+        let mut http1 = (*config).clone();
+        http1.alpn_protocols = vec![b"http/1.1".to_vec()];
         Dialer {
             connector: TlsConnector::from(config),
+            http1_connector: TlsConnector::from(Arc::new(http1)),
             server_name,
         }
     }
@@ -132,6 +140,19 @@ impl Dialer {
     /// Connects to `peer` (`host:port`) and completes the TLS handshake, all within
     /// [`DIAL_TIMEOUT`].
     pub async fn dial(&self, peer: &str) -> Result<PeerConnection, DialError> {
+        self.dial_with(&self.connector, peer).await
+    }
+
+    /// [`Dialer::dial`] offering only HTTP/1.1 in ALPN.
+    pub async fn dial_http1(&self, peer: &str) -> Result<PeerConnection, DialError> {
+        self.dial_with(&self.http1_connector, peer).await
+    }
+
+    async fn dial_with(
+        &self,
+        connector: &TlsConnector,
+        peer: &str,
+    ) -> Result<PeerConnection, DialError> {
         let attempt = async {
             let tcp = TcpStream::connect(peer)
                 .await
@@ -141,8 +162,7 @@ impl Dialer {
                 })?;
             // Requests are small and latency-bound; don't let Nagle hold them back.
             let _ = tcp.set_nodelay(true);
-            let stream = self
-                .connector
+            let stream = connector
                 .connect(self.server_name.clone(), tcp)
                 .await
                 .map_err(|source| DialError::Tls {

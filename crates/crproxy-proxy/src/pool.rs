@@ -16,6 +16,9 @@
 //! A failed dial never reached the target, so the request is retried once on another
 //! selectable peer: with one healthy peer left, a dead peer costs callers nothing.
 //!
+//! Requests come in two [`Lane`]s: watches share HTTP/2 connections, requests with a
+//! deadline take HTTP/1.1 connections of their own up to a per-peer limit.
+//!
 //! Locking: one `std::sync::Mutex` per pool, never held across an `.await`.
 
 use std::collections::HashMap;
@@ -27,6 +30,7 @@ use bytes::Bytes;
 use crproxy_core::reason::Reason;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{header, HeaderValue, Request, Response, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
@@ -49,7 +53,11 @@ pub const STALENESS_TOLERANCE: Duration = Duration::from_secs(60);
 /// until its deadline, and a watch indefinitely. Like Go's transport, the pool
 /// opens another connection instead. Kept under both limits.
 pub const MAX_STREAMS_PER_CONNECTION: usize = 100;
-/// Idle HTTP/1.1 connections kept per peer.
+/// HTTP/1.1 connections per peer for [`Lane::Exchange`], busy and idle together.
+/// Past it, exchanges share HTTP/2 connections, so a burst of requests never turns
+/// into a burst of TLS handshakes against the target.
+pub const MAX_EXCHANGE_CONNECTIONS: usize = 64;
+/// Idle connections kept per HTTP/1.1-only peer (one that refused HTTP/2).
 const MAX_IDLE_HTTP1: usize = 8;
 /// Default HTTP/2 ping interval on peer connections.
 pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -57,6 +65,23 @@ pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub const H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attempts `PeerSender::send` makes when cached connections turn out dead.
 const SEND_ATTEMPTS: usize = 3;
+
+/// What a request does with its connection, which decides the kind it gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// A request that may stay open indefinitely (a watch). It takes a stream of
+    /// a shared HTTP/2 connection, so thousands of them need a few connections.
+    Stream,
+    /// A request that ends within its deadline. It takes an HTTP/1.1 connection of
+    /// its own, idle or freshly dialled, while the peer has fewer than
+    /// [`MAX_EXCHANGE_CONNECTIONS`], and a stream like [`Lane::Stream`] beyond
+    /// that. One exchange on its own connection costs less than a multiplexed
+    /// stream: no stream state, header compression or flow-control frames, and no
+    /// task per request in the client (nginx, the benchmark's plain reverse proxy,
+    /// speaks HTTP/1.1 to its upstreams too). The connection goes back to the idle
+    /// list as soon as the response body has ended.
+    Exchange,
+}
 
 /// The boxed error type of request bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -221,7 +246,9 @@ struct Peer {
     departed: watch::Sender<()>,
     /// Multiplexed connections, each with the number of streams open on it.
     h2: Vec<H2Conn>,
-    idle_http1: Vec<http1::SendRequest<ProxyBody>>,
+    idle_http1: Vec<Http1Conn>,
+    /// [`Lane::Exchange`] connections open to this peer, busy or idle.
+    exchange_connections: Arc<AtomicUsize>,
     /// A dial in flight that requests finding every connection full wait for
     /// (see [`PendingDial`]).
     pending_dial: Option<PendingDial>,
@@ -250,26 +277,29 @@ struct H2Conn {
     streams: Arc<AtomicUsize>,
 }
 
-/// One stream reserved on an HTTP/2 connection. The response carries it in its
-/// extensions; whoever streams the body keeps it until the body ends, which frees
-/// the stream for the next request.
-#[derive(Clone, Debug)]
-pub struct StreamSlot(Arc<SlotRelease>);
-
+/// One unit of a counted resource (a stream of an HTTP/2 connection, an exchange
+/// connection of a peer), given back when dropped.
 #[derive(Debug)]
-struct SlotRelease(Arc<AtomicUsize>);
+struct Slot(Arc<AtomicUsize>);
 
-impl Drop for SlotRelease {
+impl Slot {
+    fn reserve(count: &Arc<AtomicUsize>) -> Slot {
+        count.fetch_add(1, Ordering::AcqRel);
+        Slot(Arc::clone(count))
+    }
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-impl StreamSlot {
-    fn reserve(streams: &Arc<AtomicUsize>) -> StreamSlot {
-        streams.fetch_add(1, Ordering::AcqRel);
-        StreamSlot(Arc::new(SlotRelease(Arc::clone(streams))))
-    }
+/// An HTTP/1.1 connection; an exchange connection holds its peer's slot for as
+/// long as it lives.
+struct Http1Conn {
+    sender: http1::SendRequest<ProxyBody>,
+    exchange: Option<Slot>,
 }
 
 impl Peer {
@@ -282,6 +312,7 @@ impl Peer {
             departed: watch::channel(()).0,
             h2: Vec::new(),
             idle_http1: Vec::new(),
+            exchange_connections: Arc::new(AtomicUsize::new(0)),
             pending_dial: None,
             speaks_h2: None,
         }
@@ -545,7 +576,7 @@ impl PeerPool {
     /// Rejections and failed dials are counted in
     /// `vcluster_proxy_peer_dial_failures_total`; the caller records the request.
     pub async fn acquire(&self) -> Result<PeerSender, PoolError> {
-        self.acquire_inner(None).await
+        self.acquire_in(Lane::Stream, None).await
     }
 
     /// Like [`acquire`](Self::acquire), but a dial still running at `deadline` (the
@@ -553,13 +584,19 @@ impl PeerPool {
     /// `canceled`. Use it where the request deadline would otherwise drop the
     /// future.
     pub async fn acquire_before(&self, deadline: Instant) -> Result<PeerSender, PoolError> {
-        self.acquire_inner(Some(deadline)).await
+        self.acquire_in(Lane::Stream, Some(deadline)).await
     }
 
-    async fn acquire_inner(&self, deadline: Option<Instant>) -> Result<PeerSender, PoolError> {
+    /// A sender for a request of `lane` (see [`Lane`]); with a `deadline`, as
+    /// [`acquire_before`](Self::acquire_before).
+    pub async fn acquire_in(
+        &self,
+        lane: Lane,
+        deadline: Option<Instant>,
+    ) -> Result<PeerSender, PoolError> {
         let mut waits = 0;
         let ticket = loop {
-            match self.select(None, waits < MAX_DIAL_WAITS) {
+            match self.select(None, waits < MAX_DIAL_WAITS, lane) {
                 Selection::Cached(sender) => return Ok(sender),
                 Selection::Dial(ticket) => break ticket,
                 Selection::Wait { peer, mut done } => {
@@ -595,7 +632,7 @@ impl PeerPool {
             Err(err) => err,
         };
         // The request never reached a target, so another peer can take it.
-        match self.select(Some(failed_peer), false) {
+        match self.select(Some(failed_peer), false, lane) {
             Selection::Cached(sender) => Ok(sender),
             Selection::Dial(ticket) => Box::pin(self.dial(ticket, deadline)).await,
             // No other candidate: the caller sees the failure that actually happened.
@@ -605,7 +642,7 @@ impl PeerPool {
 
     /// Picks the next peer under the lock. Never waits itself; with `may_wait`,
     /// it may tell the caller to wait for a dial in flight (see [`PendingDial`]).
-    fn select(&self, exclude: Option<u64>, may_wait: bool) -> Selection {
+    fn select(&self, exclude: Option<u64>, may_wait: bool, lane: Lane) -> Selection {
         let now = Instant::now();
         let mut st = self.lock();
         if st.last_publish.is_none() {
@@ -657,20 +694,25 @@ impl PeerPool {
             let trial = peer.health != Health::Healthy;
             if trial {
                 peer.health = Health::Trial;
-            } else if let Some(conn) = take_cached(peer) {
+            } else if let Some(conn) = take_cached(peer, lane) {
                 let sender = PeerSender {
                     peer: peer.host.clone(),
                     peer_id: peer.id,
                     conn,
+                    lane,
                     reused: true,
                     pool: self.self_ref.clone(),
                 };
                 st.next = idx + 1;
                 return Selection::Cached(sender);
             }
+            // An exchange under the peer's limit dials a connection of its own.
+            let exchange = (lane == Lane::Exchange
+                && peer.exchange_connections.load(Ordering::Acquire) < MAX_EXCHANGE_CONNECTIONS)
+                .then(|| Slot::reserve(&peer.exchange_connections));
             // HTTP/1.1 connections carry one request at a time: only a peer that
             // speaks (or may speak) HTTP/2 is worth waiting for.
-            let may_share = !trial && peer.speaks_h2 != Some(false);
+            let may_share = !trial && exchange.is_none() && peer.speaks_h2 != Some(false);
             if let (true, true, Some(pending)) = (may_wait, may_share, &mut peer.pending_dial) {
                 if pending.waiters + 1 < MAX_STREAMS_PER_CONNECTION {
                     pending.waiters += 1;
@@ -690,6 +732,8 @@ impl PeerPool {
                 departed: peer.departed.subscribe(),
                 armed: true,
                 shared: None,
+                lane,
+                exchange,
             };
             // This dial becomes the one to wait for (also when an earlier one
             // is full: its waiters keep waiting for it).
@@ -730,7 +774,7 @@ impl PeerPool {
             biased;
             _ = departed.changed() => DialOutcome::Departed,
             _ = expired => DialOutcome::Deadline,
-            result = self.connect(&ticket.host) => DialOutcome::Done(result),
+            result = self.connect(&ticket.host, ticket.exchange.is_some()) => DialOutcome::Done(result),
         };
         ticket.armed = false;
         let elapsed = started.elapsed().as_secs_f64();
@@ -762,19 +806,25 @@ impl PeerPool {
                 self.record_failure(ticket.peer_id, ticket.trial, &err);
                 Err(PoolError::Dial(err))
             }
-            Some(Ok(conn)) => {
+            Some(Ok(mut conn)) => {
                 self.metrics.dial_duration(elapsed);
-                if !self.record_success(ticket.peer_id, &conn) {
+                let exchange = ticket.exchange.take();
+                if !self.record_success(ticket.peer_id, &conn, exchange.is_some()) {
                     // The list changed between the handshake and now.
                     self.metrics.dial_failure(Reason::PeerDeparted);
                     return Err(PoolError::PeerDeparted {
                         peer: ticket.host.clone(),
                     });
                 }
+                if let Conn::Http1(http1) = &mut conn {
+                    // Counted for as long as the connection lives.
+                    http1.exchange = exchange;
+                }
                 Ok(PeerSender {
                     peer: ticket.host.clone(),
                     peer_id: ticket.peer_id,
                     conn,
+                    lane: ticket.lane,
                     reused: false,
                     pool: self.self_ref.clone(),
                 })
@@ -782,10 +832,15 @@ impl PeerPool {
         }
     }
 
-    /// TLS dial plus the HTTP handshake, within one dial budget.
-    async fn connect(&self, host: &str) -> Result<Conn, DialError> {
+    /// TLS dial plus the HTTP handshake, within one dial budget; `http1_only` for
+    /// an exchange connection.
+    async fn connect(&self, host: &str, http1_only: bool) -> Result<Conn, DialError> {
         let started = Instant::now();
-        let tls = self.dialer.dial(host).await?;
+        let tls = if http1_only {
+            self.dialer.dial_http1(host).await?
+        } else {
+            self.dialer.dial(host).await?
+        };
         let remaining = DIAL_TIMEOUT.saturating_sub(started.elapsed());
         match tokio::time::timeout(remaining, http_handshake(tls, &self.options)).await {
             Ok(result) => result,
@@ -851,7 +906,7 @@ impl PeerPool {
     }
 
     /// Applies a successful dial. Returns false when the peer left the list.
-    fn record_success(&self, peer_id: u64, conn: &Conn) -> bool {
+    fn record_success(&self, peer_id: u64, conn: &Conn, exchange: bool) -> bool {
         let mut st = self.lock();
         let Some(peer) = st.peer_mut(peer_id) else {
             return false;
@@ -859,12 +914,15 @@ impl PeerPool {
         let recovered = peer.consecutive_failures > 0 || peer.health != Health::Healthy;
         peer.consecutive_failures = 0;
         peer.health = Health::Healthy;
-        peer.speaks_h2 = Some(matches!(conn, Conn::H2(..)));
+        if !exchange {
+            // An exchange dial offers HTTP/1.1 alone and says nothing about HTTP/2.
+            peer.speaks_h2 = Some(matches!(conn, Conn::H2(..)));
+        }
         if let Conn::H2(sender, slot) = conn {
             // Later requests share this connection until its streams are used up.
             peer.h2.push(H2Conn {
                 sender: sender.clone(),
-                streams: Arc::clone(&(slot.0).0),
+                streams: Arc::clone(&slot.0),
             });
         }
         let host = peer.host.clone();
@@ -890,11 +948,13 @@ impl PeerPool {
     }
 
     /// Returns an HTTP/1.1 connection that finished its exchange to the idle list.
-    fn return_idle(&self, peer_id: u64, sender: http1::SendRequest<ProxyBody>) {
+    /// Exchange connections are bounded by their count, others by the idle limit.
+    fn return_idle(&self, peer_id: u64, conn: Http1Conn) {
         let mut st = self.lock();
         if let Some(peer) = st.peer_mut(peer_id) {
-            if peer.health == Health::Healthy && peer.idle_http1.len() < MAX_IDLE_HTTP1 {
-                peer.idle_http1.push(sender);
+            let room = conn.exchange.is_some() || peer.idle_http1.len() < MAX_IDLE_HTTP1;
+            if peer.health == Health::Healthy && room {
+                peer.idle_http1.push(conn);
             }
         }
     }
@@ -911,24 +971,32 @@ impl PeerPool {
     }
 }
 
-fn take_cached(peer: &mut Peer) -> Option<Conn> {
+/// A cached connection for `lane`, if there is one to take. An exchange takes an
+/// idle HTTP/1.1 connection, or none while the peer is under its exchange limit
+/// (the caller dials one); past the limit, or for a stream, an HTTP/2 connection
+/// with a free stream. An HTTP/1.1-only peer's idle connections serve both lanes.
+fn take_cached(peer: &mut Peer, lane: Lane) -> Option<Conn> {
+    if lane == Lane::Exchange || peer.speaks_h2 == Some(false) {
+        while let Some(conn) = peer.idle_http1.pop() {
+            if conn.sender.is_ready() {
+                return Some(Conn::Http1(conn));
+            }
+        }
+        let under_limit =
+            peer.exchange_connections.load(Ordering::Acquire) < MAX_EXCHANGE_CONNECTIONS;
+        if lane == Lane::Exchange && under_limit {
+            return None;
+        }
+    }
     peer.h2.retain(|c| !c.sender.is_closed());
     if let Some(c) = peer
         .h2
         .iter()
         .find(|c| c.streams.load(Ordering::Acquire) < MAX_STREAMS_PER_CONNECTION)
     {
-        return Some(Conn::H2(c.sender.clone(), StreamSlot::reserve(&c.streams)));
+        return Some(Conn::H2(c.sender.clone(), Slot::reserve(&c.streams)));
     }
-    if !peer.h2.is_empty() {
-        // Every HTTP/2 connection is full: the caller dials another.
-        return None;
-    }
-    while let Some(sender) = peer.idle_http1.pop() {
-        if sender.is_ready() {
-            return Some(Conn::Http1(sender));
-        }
-    }
+    // No HTTP/2 connection, or every one is full: the caller dials another.
     None
 }
 
@@ -962,7 +1030,7 @@ async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Co
             }
         });
         let streams = Arc::new(AtomicUsize::new(0));
-        let slot = StreamSlot::reserve(&streams);
+        let slot = Slot::reserve(&streams);
         Ok(Conn::H2(sender, slot))
     } else {
         let (sender, connection) = http1::Builder::new()
@@ -977,7 +1045,10 @@ async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Co
                 tracing::debug!(peer = %peer, error = %err, "peer HTTP/1.1 connection ended");
             }
         });
-        Ok(Conn::Http1(sender))
+        Ok(Conn::Http1(Http1Conn {
+            sender,
+            exchange: None,
+        }))
     }
 }
 
@@ -993,6 +1064,9 @@ struct DialTicket {
     /// The [`PendingDial`] other requests may wait for, and the sender whose
     /// drop (with this ticket, once the dial ended either way) wakes them.
     shared: Option<(u64, watch::Sender<()>)>,
+    lane: Lane,
+    /// The peer's exchange slot an exchange dial holds; the connection keeps it.
+    exchange: Option<Slot>,
 }
 
 impl Drop for DialTicket {
@@ -1019,8 +1093,8 @@ impl Drop for DialTicket {
 }
 
 enum Conn {
-    H2(http2::SendRequest<ProxyBody>, StreamSlot),
-    Http1(http1::SendRequest<ProxyBody>),
+    H2(http2::SendRequest<ProxyBody>, Slot),
+    Http1(Http1Conn),
 }
 
 /// A connection to one peer, ready for one request.
@@ -1029,6 +1103,7 @@ pub struct PeerSender {
     pub peer: String,
     peer_id: u64,
     conn: Conn,
+    lane: Lane,
     /// Whether the connection came from the cache (and so may have died unnoticed).
     reused: bool,
     pool: Weak<PeerPool>,
@@ -1045,7 +1120,7 @@ impl std::fmt::Debug for PeerSender {
 }
 
 enum Attempt {
-    Done(Result<Response<Incoming>, SendError>),
+    Done(Result<Response<PeerBody>, SendError>),
     /// The cached connection was dead and the request was handed back unsent.
     Unsent(Request<ProxyBody>, SendError),
 }
@@ -1068,11 +1143,11 @@ impl PeerSender {
     /// before the request was written, the pool drops it and the request goes out on
     /// another connection (at most three tries), so callers need not
     /// retry that case themselves.
-    pub async fn send(self, req: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
+    pub async fn send(self, req: Request<ProxyBody>) -> Result<Response<PeerBody>, SendError> {
         let mut sender = self;
         let mut req = req;
         for attempt in 1..=SEND_ATTEMPTS {
-            let (pool, peer_id) = (sender.pool.clone(), sender.peer_id);
+            let (pool, peer_id, lane) = (sender.pool.clone(), sender.peer_id, sender.lane);
             match sender.send_once(req).await {
                 Attempt::Done(result) => return result,
                 Attempt::Unsent(unsent, err) => {
@@ -1085,7 +1160,7 @@ impl PeerSender {
                     }
                     tracing::debug!(error = %err, "cached peer connection was dead; resending on another connection");
                     req = unsent;
-                    sender = pool.acquire().await?;
+                    sender = pool.acquire_in(lane, None).await?;
                 }
             }
         }
@@ -1118,30 +1193,127 @@ impl PeerSender {
             conn,
             reused,
             pool,
+            ..
         } = self;
         match conn {
             Conn::H2(mut sender, slot) => match sender.try_send_request(req).await {
-                Ok(mut resp) => {
-                    resp.extensions_mut().insert(slot);
-                    Attempt::Done(Ok(resp))
-                }
+                Ok(resp) => Attempt::Done(Ok(resp.map(|body| PeerBody {
+                    inner: body,
+                    lease: Some(Lease::Stream { _slot: slot }),
+                }))),
                 Err(err) => failed(err, peer, reused, replay),
             },
-            Conn::Http1(mut sender) => match sender.try_send_request(req).await {
+            Conn::Http1(mut conn) => match conn.sender.try_send_request(req).await {
                 Ok(resp) => {
-                    // The connection becomes ready again once the response body has
-                    // been read to the end; then it can serve the next request.
-                    tokio::spawn(async move {
-                        if sender.ready().await.is_ok() {
-                            if let Some(pool) = pool.upgrade() {
-                                pool.return_idle(peer_id, sender);
-                            }
-                        }
+                    let lease = Lease::Exchange(Returning {
+                        conn,
+                        pool,
+                        peer_id,
                     });
-                    Attempt::Done(Ok(resp))
+                    Attempt::Done(Ok(resp.map(|body| PeerBody {
+                        inner: body,
+                        lease: Some(lease),
+                    })))
                 }
                 Err(err) => failed(err, peer, reused, replay),
             },
+        }
+    }
+}
+
+/// The body of a peer's answer. It holds what the answer occupies of its
+/// connection, a stream of an HTTP/2 connection or a whole HTTP/1.1 connection,
+/// until the body has ended or is dropped. An HTTP/1.1 connection whose answer
+/// ended goes back to its peer's idle list at once, so the next request finds it
+/// (returning it later, from a task of its own, lets a closed-loop caller's next
+/// request arrive first and dial); one dropped before its end is closed, as its
+/// unread rest would be the next request's answer.
+pub struct PeerBody {
+    inner: Incoming,
+    lease: Option<Lease>,
+}
+
+enum Lease {
+    /// Frees the stream when dropped.
+    Stream {
+        _slot: Slot,
+    },
+    Exchange(Returning),
+}
+
+/// An HTTP/1.1 connection on its way back to its peer's idle list.
+struct Returning {
+    conn: Http1Conn,
+    pool: Weak<PeerPool>,
+    peer_id: u64,
+}
+
+impl Returning {
+    fn give_back(self) {
+        let Returning {
+            mut conn,
+            pool,
+            peer_id,
+        } = self;
+        if conn.sender.is_ready() {
+            if let Some(pool) = pool.upgrade() {
+                pool.return_idle(peer_id, conn);
+            }
+            return;
+        }
+        // hyper may mark the connection ready a moment after the body's end.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if conn.sender.ready().await.is_ok() {
+                    if let Some(pool) = pool.upgrade() {
+                        pool.return_idle(peer_id, conn);
+                    }
+                }
+            });
+        }
+    }
+}
+
+impl PeerBody {
+    /// The answer is complete: release the stream, or return the connection.
+    fn ended(&mut self) {
+        if let Some(Lease::Exchange(returning)) = self.lease.take() {
+            returning.give_back();
+        }
+    }
+}
+
+impl Body for PeerBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(None) => self.ended(),
+            // A reader may stop at the last frame without asking for the end.
+            std::task::Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.ended(),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for PeerBody {
+    fn drop(&mut self) {
+        if self.inner.is_end_stream() {
+            self.ended();
         }
     }
 }

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
-use crate::pool::{BoxError, PeerPool, PoolError, ProxyBody, StreamSlot};
+use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody};
 use crproxy_core::reason::Reason;
 use std::sync::Arc;
 
@@ -173,11 +173,14 @@ impl TargetConnection {
         self.stamp(&mut headers).await?;
         let sent_authorization = headers.get(http::header::AUTHORIZATION).cloned();
         *request.headers_mut() = headers;
-        let sender = match deadline {
-            Some(deadline) => self.pool.acquire_before(deadline).await?,
-            None => self.pool.acquire().await?,
+        // A request with a deadline ends within it and may have a connection of its
+        // own; one without (a watch) may last for hours and shares one.
+        let lane = match deadline {
+            Some(_) => Lane::Exchange,
+            None => Lane::Stream,
         };
-        let mut response = sender
+        let sender = self.pool.acquire_in(lane, deadline).await?;
+        let response = sender
             .send(request)
             .await
             .map_err(|e| ForwardError::Send(e.to_string()))?;
@@ -188,14 +191,7 @@ impl TargetConnection {
                 .invalidate(sent_authorization.as_ref())
                 .await;
         }
-        // The HTTP/2 stream stays reserved until the body has been streamed.
-        let slot = response.extensions_mut().remove::<StreamSlot>();
-        let (parts, body) = response.into_parts();
-        let body = SlotBody {
-            inner: body,
-            _slot: slot,
-        };
-        Ok(Response::from_parts(parts, BodyExt::boxed(body)))
+        Ok(response.map(|body| body.map_err(|e| -> BoxError { Box::new(e) }).boxed()))
     }
 
     /// A small request of the proxy's own (ownership check, namespace mirroring):
@@ -310,38 +306,6 @@ pub async fn read_limited(mut body: ProxyBody, limit: usize) -> Result<Bytes, Fo
         }
     }
     Ok(first.unwrap_or_else(|| buffer.freeze()))
-}
-
-/// A peer's response body that holds its HTTP/2 stream reservation while it
-/// streams; dropping it (body done or caller gone) frees the stream.
-struct SlotBody {
-    inner: hyper::body::Incoming,
-    _slot: Option<StreamSlot>,
-}
-
-impl Body for SlotBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 /// A complete in-memory body.

@@ -6,6 +6,7 @@ mod pool_support;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
+use crproxy_proxy::pool::{Lane, MAX_EXCHANGE_CONNECTIONS};
 use pool_support::*;
 
 #[tokio::test]
@@ -133,6 +134,99 @@ async fn http1_peers_reuse_idle_connections() {
     }
     assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
     assert_eq!(peer.requests.load(Ordering::SeqCst), 5);
+}
+
+/// Exchanges (requests with a deadline) take HTTP/1.1 connections of their own,
+/// which go back to the idle list when the answer ends, so requests one after the
+/// other reuse one connection; streams (watches) share HTTP/2.
+#[tokio::test]
+async fn exchanges_reuse_one_http1_connection_and_streams_share_http2() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    for i in 0..20 {
+        let body = h
+            .get_in(Lane::Exchange)
+            .await
+            .unwrap_or_else(|e| panic!("exchange {i}: {e}"));
+        assert!(body.contains("HTTP/1.1 /apis/example.com/v1"), "{body}");
+        assert!(body.ends_with("host=target.example"), "{body}");
+    }
+    // hyper may mark a connection ready a moment after its answer ended; then it
+    // goes back from a task of its own and the next request dials. That is rare,
+    // and twenty dials (one per request) is what returning it late used to cost.
+    let exchange_connections = peer.connections.load(Ordering::SeqCst);
+    assert!(
+        exchange_connections <= 2,
+        "{exchange_connections} connections for 20 exchanges"
+    );
+    for _ in 0..3 {
+        let body = h.get_in(Lane::Stream).await.expect("stream");
+        assert!(body.contains("HTTP/2.0 /apis/example.com/v1"), "{body}");
+    }
+    assert_eq!(
+        peer.connections.load(Ordering::SeqCst),
+        exchange_connections + 1
+    );
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 23);
+}
+
+/// Past the per-peer limit of exchange connections, exchanges share HTTP/2, so a
+/// burst never becomes a burst of TLS handshakes.
+#[tokio::test]
+async fn exchanges_past_the_connection_limit_share_http2() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    let mut held = Vec::new();
+    for i in 0..MAX_EXCHANGE_CONNECTIONS {
+        let sender = h
+            .pool
+            .acquire_in(Lane::Exchange, None)
+            .await
+            .unwrap_or_else(|e| panic!("exchange {i}: {e}"));
+        assert!(!sender.is_h2(), "exchange {i} within the limit is HTTP/1.1");
+        held.push(sender);
+    }
+    let past = h
+        .pool
+        .acquire_in(Lane::Exchange, None)
+        .await
+        .expect("exchange past the limit");
+    assert!(past.is_h2(), "past the limit an exchange shares HTTP/2");
+    drop(past);
+    // Connections that close give their place back.
+    held.clear();
+    let again = h
+        .pool
+        .acquire_in(Lane::Exchange, None)
+        .await
+        .expect("exchange after the others closed");
+    assert!(!again.is_h2());
+}
+
+/// An answer dropped before its end leaves unread bytes on its HTTP/1.1
+/// connection: the connection is closed, never handed to the next request.
+#[tokio::test]
+async fn an_exchange_dropped_before_its_end_closes_its_connection() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    let sender = h
+        .pool
+        .acquire_in(Lane::Exchange, None)
+        .await
+        .expect("exchange");
+    let req = http::Request::builder()
+        .uri("/apis/example.com/v1")
+        .header(http::header::HOST, SERVER_NAME)
+        .body(empty())
+        .expect("request");
+    let unread = sender.send(req).await.expect("answer");
+    drop(unread);
+    let body = h.get_in(Lane::Exchange).await.expect("next exchange");
+    assert!(body.contains("HTTP/1.1"), "{body}");
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]

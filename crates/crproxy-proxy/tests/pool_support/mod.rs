@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crproxy_core::pki::CertificateAuthority;
 use crproxy_proxy::dial::Dialer;
 use crproxy_proxy::metrics::{Metrics, TargetMetrics};
-use crproxy_proxy::pool::{PeerPool, PoolOptions, ProxyBody};
+use crproxy_proxy::pool::{Lane, PeerPool, PoolOptions, ProxyBody};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -293,9 +293,14 @@ impl Harness {
 
     /// Acquires a peer and sends `GET /apis/example.com/v1`, returning the body.
     pub async fn get(&self) -> Result<String, String> {
+        self.get_in(Lane::Stream).await
+    }
+
+    /// [`Harness::get`] on a connection of `lane`.
+    pub async fn get_in(&self, lane: Lane) -> Result<String, String> {
         let sender = self
             .pool
-            .acquire()
+            .acquire_in(lane, None)
             .await
             .map_err(|e| e.reason().to_string())?;
         let req = http::Request::builder()
