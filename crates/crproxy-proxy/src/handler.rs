@@ -31,8 +31,8 @@ use crate::namespaces::ClientNamespaces;
 use crate::ownership_cache::{Lookup, OwnershipCache};
 use crate::pool::ProxyBody;
 use crate::transport::{
-    self, DeadlineBody, ForwardError, TargetConnection, WatchBody, WatchFraming, MAX_BUFFERED_BODY,
-    REQUEST_DEADLINE,
+    self, DeadlineBody, ForwardError, Inspected, TargetConnection, WatchBody, WatchFraming,
+    MAX_BUFFERED_BODY, REQUEST_DEADLINE,
 };
 
 /// Everything one group/version server needs to serve requests.
@@ -314,7 +314,7 @@ impl GroupVersionProxy {
     /// Forwards `/apis/<group>/<version>`; serves the local document when no peer
     /// is usable or the target answers 401, 404 or 5xx.
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
-        let response = match self.get_from_target(exchange, &exchange.headers).await {
+        let response = match self.get_from_target(exchange).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
             }
@@ -369,9 +369,7 @@ impl GroupVersionProxy {
     /// the target defines them. Schemas describe types, not objects, so nothing is
     /// masked.
     async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
-        let mut headers = exchange.headers.clone();
-        headers.remove(http::header::ACCEPT_ENCODING);
-        match self.get_from_target(exchange, &headers).await {
+        match self.get_inspected(exchange, &Inspected::default()).await {
             Ok(response) if response.status().is_server_error() => self.upstream_failure(),
             Ok(response) => {
                 let (parts, body) = response.into_parts();
@@ -385,11 +383,12 @@ impl GroupVersionProxy {
     /// 60 s): the target's entry for this group/version, or the local fallback in
     /// aggregated form under the same rules as `/apis/<group>/<version>`.
     async fn aggregated_discovery(&self, exchange: &Exchange, version: &'static str) -> Outcome {
-        let mut headers = exchange.headers.clone();
-        headers.remove(http::header::ACCEPT_ENCODING);
         // The filtered document differs from the target's, so its ETag would lie.
-        headers.remove(http::header::IF_NONE_MATCH);
-        let response = match self.get_from_target(exchange, &headers).await {
+        let inspected = Inspected {
+            accept: None,
+            rewritten: true,
+        };
+        let response = match self.get_inspected(exchange, &inspected).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.aggregated_fallback(version, e.reason(), e.reason())
             }
@@ -582,16 +581,11 @@ impl GroupVersionProxy {
         let inspectable = ownership::inspectable_accept(accept_of(&exchange.headers));
         let accept = HeaderValue::from_str(&inspectable)
             .unwrap_or_else(|_| HeaderValue::from_static("application/json"));
-        // The body is inspected, so it must arrive uncompressed (the target is sent
-        // no Accept-Encoding).
-        let path_and_query = exchange.path_and_query();
-        let sent = self.target.send_inspected_get(
-            exchange.deadline,
-            &path_and_query,
-            &exchange.headers,
-            accept,
-        );
-        let response = match flatten(tokio::time::timeout_at(exchange.deadline, sent).await) {
+        let inspected = Inspected {
+            accept: Some(accept),
+            rewritten: false,
+        };
+        let response = match self.get_inspected(exchange, &inspected).await {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
         };
@@ -1122,20 +1116,37 @@ impl GroupVersionProxy {
 
     // ---------------------------------------------------------------- forwarding
 
-    /// GETs the request's own path and query from the target with `headers`,
-    /// within the request deadline; the response body is left to the caller.
+    /// GETs the request's own path and query from the target with the caller's
+    /// headers, within the request deadline; the response body is left to the
+    /// caller.
     async fn get_from_target(
         &self,
         exchange: &Exchange,
-        headers: &HeaderMap,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let path_and_query = exchange.path_and_query();
         let sent = self.target.send_before(
             Some(exchange.deadline),
             Method::GET,
             &path_and_query,
-            headers,
+            &exchange.headers,
             transport::full(Bytes::new()),
+        );
+        flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
+    }
+
+    /// GETs the request's own path and query from the target for the proxy to read
+    /// or rewrite (see [`Inspected`]), within the request deadline.
+    async fn get_inspected(
+        &self,
+        exchange: &Exchange,
+        inspected: &Inspected,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
+        let path_and_query = exchange.path_and_query();
+        let sent = self.target.send_inspected_get(
+            exchange.deadline,
+            &path_and_query,
+            &exchange.headers,
+            inspected,
         );
         flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
     }

@@ -136,17 +136,16 @@ impl TargetConnection {
             .await
     }
 
-    /// A bodiless GET whose answer the proxy reads itself: the caller's `Accept` is
-    /// replaced by `accept` and `Accept-Encoding` is left out (the answer must be
-    /// uncompressed), without copying the caller's headers first.
+    /// A bodiless GET whose answer the proxy reads or rewrites itself, with the
+    /// caller's headers changed as `inspected` says (without copying them first).
     pub async fn send_inspected_get(
         &self,
         deadline: Instant,
         path_and_query: &str,
         caller_headers: &HeaderMap,
-        accept: HeaderValue,
+        inspected: &Inspected,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let headers = forwarded_headers(caller_headers, Some(accept));
+        let headers = forwarded_headers(caller_headers, Some(inspected));
         self.exchange(
             Some(deadline),
             Method::GET,
@@ -239,20 +238,33 @@ impl TargetConnection {
     }
 }
 
-/// The caller's headers that may reach the target, with `Accept` replaced by
-/// `inspect_accept` (and `Accept-Encoding` dropped) when the proxy reads the answer.
-/// Sized up front: the proxy adds `Host` and `Authorization`.
-fn forwarded_headers(caller_headers: &HeaderMap, inspect_accept: Option<HeaderValue>) -> HeaderMap {
+/// How the caller's headers change for a GET whose answer the proxy reads or
+/// rewrites: it always asks for the answer uncompressed (no `Accept-Encoding`).
+#[derive(Debug, Clone, Default)]
+pub struct Inspected {
+    /// Replaces the caller's `Accept`; `None` keeps it.
+    pub accept: Option<HeaderValue>,
+    /// Leaves out the caller's `If-None-Match`: the answer is rewritten, so the
+    /// target's ETag would not describe what the caller gets.
+    pub rewritten: bool,
+}
+
+/// The caller's headers that may reach the target, changed as `inspected` says
+/// when the proxy reads the answer. Sized up front: the proxy adds `Host` and
+/// `Authorization`.
+fn forwarded_headers(caller_headers: &HeaderMap, inspected: Option<&Inspected>) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(caller_headers.len() + 3);
-    let inspected = inspect_accept.is_some();
     for (name, value) in caller_headers {
-        let replaced =
-            inspected && (name == http::header::ACCEPT || name == http::header::ACCEPT_ENCODING);
-        if !replaced && keep_request_header(name) {
+        let changed = inspected.is_some_and(|inspected| {
+            name == http::header::ACCEPT_ENCODING
+                || (name == http::header::ACCEPT && inspected.accept.is_some())
+                || (name == http::header::IF_NONE_MATCH && inspected.rewritten)
+        });
+        if !changed && keep_request_header(name) {
             headers.append(name.clone(), value.clone());
         }
     }
-    if let Some(accept) = inspect_accept {
+    if let Some(accept) = inspected.and_then(|inspected| inspected.accept.clone()) {
         headers.insert(http::header::ACCEPT, accept);
     }
     headers

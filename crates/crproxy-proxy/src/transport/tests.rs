@@ -143,20 +143,21 @@ fn caller_identity_and_hop_headers_never_reach_the_target() {
 }
 
 #[test]
-fn forwarded_headers_replace_accept_only_for_an_answer_the_proxy_reads() {
-    fn check(inspect: Option<&'static str>, expected: &[(&str, &str)]) {
+fn forwarded_headers_change_only_for_an_answer_the_proxy_reads() {
+    fn check(inspected: Option<Inspected>, expected: &[(&str, &str)]) {
         let mut caller = HeaderMap::new();
         for (name, value) in [
             ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
             ("accept", "application/json"),
             ("accept-encoding", "gzip"),
+            ("if-none-match", "\"etag\""),
             ("user-agent", "kubectl"),
             ("x-remote-user", "alice"),
             ("authorization", "Bearer caller"),
         ] {
             caller.append(name, HeaderValue::from_static(value));
         }
-        let forwarded = forwarded_headers(&caller, inspect.map(HeaderValue::from_static));
+        let forwarded = forwarded_headers(&caller, inspected.as_ref());
         let mut got: Vec<(&str, &str)> = forwarded
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap_or("?")))
@@ -164,22 +165,43 @@ fn forwarded_headers_replace_accept_only_for_an_answer_the_proxy_reads() {
         got.sort();
         let mut expected = expected.to_vec();
         expected.sort();
-        assert_eq!(got, expected, "inspect: {inspect:?}");
+        assert_eq!(got, expected, "inspected: {inspected:?}");
     }
-    // Streamed through: the caller's Accept and Accept-Encoding as they were.
+    // Streamed through: the caller's headers as they were, but for identities.
     check(
         None,
         &[
             ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
             ("accept", "application/json"),
             ("accept-encoding", "gzip"),
+            ("if-none-match", "\"etag\""),
             ("user-agent", "kubectl"),
         ],
     );
     // Read by the proxy: one Accept of its choosing and nothing compressed.
     check(
-        Some("application/json"),
-        &[("accept", "application/json"), ("user-agent", "kubectl")],
+        Some(Inspected {
+            accept: Some(HeaderValue::from_static("application/json")),
+            rewritten: false,
+        }),
+        &[
+            ("accept", "application/json"),
+            ("if-none-match", "\"etag\""),
+            ("user-agent", "kubectl"),
+        ],
+    );
+    // Rewritten: the caller's Accept, nothing compressed, and no validator the
+    // target's ETag could satisfy.
+    check(
+        Some(Inspected {
+            accept: None,
+            rewritten: true,
+        }),
+        &[
+            ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
+            ("accept", "application/json"),
+            ("user-agent", "kubectl"),
+        ],
     );
 }
 
