@@ -6,7 +6,11 @@ mod pool_support;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
+use std::sync::Arc;
+
 use crproxy_proxy::pool::{Lane, MAX_EXCHANGE_CONNECTIONS};
+use crproxy_proxy::transport::TargetConnection;
+use http_body_util::BodyExt;
 use pool_support::*;
 
 #[tokio::test]
@@ -169,6 +173,48 @@ async fn exchanges_reuse_one_http1_connection_and_streams_share_http2() {
         exchange_connections + 1
     );
     assert_eq!(peer.requests.load(Ordering::SeqCst), 23);
+}
+
+/// The transport picks the lane by the request's deadline: requests with one (every
+/// verb but watch) go as exchanges over HTTP/1.1, requests without (watches, which
+/// may last for hours) as streams over HTTP/2.
+#[tokio::test]
+async fn the_transport_sends_bounded_requests_as_exchanges_and_watches_as_streams() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    let target = TargetConnection {
+        pool: Arc::clone(&h.pool),
+        authority: SERVER_NAME.to_string(),
+        credentials: Arc::new(
+            crproxy_kube::Credentials::new(
+                crproxy_kube::Auth::Token("token".into()),
+                serde_json::Value::Null,
+            )
+            .expect("credentials"),
+        ),
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    for (deadline, protocol) in [(Some(deadline), "HTTP/1.1"), (None, "HTTP/2.0")] {
+        let response = target
+            .send_before(
+                deadline,
+                http::Method::GET,
+                "/apis/example.com/v1",
+                &http::HeaderMap::new(),
+                empty(),
+            )
+            .await
+            .expect("answer");
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains(protocol), "deadline {deadline:?}: {body}");
+    }
 }
 
 /// Past the per-peer limit of exchange connections, exchanges share HTTP/2, so a
