@@ -1,11 +1,10 @@
-//! The request side: round robin, retry on another peer after a failed dial, and
-//! connection reuse over HTTP/2 and HTTP/1.1.
+//! The request side: round robin, retry on another peer after a failed dial,
+//! connection reuse over HTTP/2 and HTTP/1.1, and which requests take which.
 
 mod pool_support;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
-
 use std::sync::Arc;
 
 use crproxy_proxy::pool::{Lane, MAX_EXCHANGE_CONNECTIONS};
