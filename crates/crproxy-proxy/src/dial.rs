@@ -77,6 +77,24 @@ impl DialError {
     }
 }
 
+impl DialError {
+    /// Whether the peer ended the TLS handshake because it speaks none of the
+    /// protocols offered (the `no_application_protocol` alert).
+    pub fn refused_protocol(&self) -> bool {
+        let DialError::Tls { source, .. } = self else {
+            return false;
+        };
+        matches!(
+            source
+                .get_ref()
+                .and_then(|e| e.downcast_ref::<rustls::Error>()),
+            Some(rustls::Error::AlertReceived(
+                rustls::AlertDescription::NoApplicationProtocol
+            ))
+        )
+    }
+}
+
 /// An established TLS connection to one peer.
 #[derive(Debug)]
 pub struct PeerConnection {

@@ -54,11 +54,17 @@ pub const STALENESS_TOLERANCE: Duration = Duration::from_secs(60);
 /// opens another connection instead. Kept under both limits.
 pub const MAX_STREAMS_PER_CONNECTION: usize = 100;
 /// HTTP/1.1 connections per peer for [`Lane::Exchange`], busy and idle together.
-/// Past it, exchanges share HTTP/2 connections, so a burst of requests never turns
-/// into a burst of TLS handshakes against the target.
+/// Past it, exchanges share HTTP/2 connections, so a burst of requests costs the
+/// target at most this many TLS handshakes per proxy replica, not one per request.
 pub const MAX_EXCHANGE_CONNECTIONS: usize = 64;
-/// Read buffer of an HTTP/1.1 peer connection: the largest TLS record's plaintext.
-const HTTP1_READ_BUFFER: usize = 16 * 1024;
+/// Largest read buffer of an HTTP/1.1 peer connection, which also bounds the size
+/// of an answer's head (kube-apiserver's are a few hundred bytes; its warnings are
+/// capped far below this).
+pub const HTTP1_MAX_READ_BUFFER: usize = 64 * 1024;
+/// How long after its answer ended an HTTP/1.1 connection may take to be ready
+/// for the next request (its request body may still be on its way) before it is
+/// closed instead of kept.
+const HTTP1_READY_WAIT: Duration = Duration::from_secs(5);
 /// Idle connections kept per HTTP/1.1-only peer (one that refused HTTP/2).
 const MAX_IDLE_HTTP1: usize = 8;
 /// Default HTTP/2 ping interval on peer connections.
@@ -251,6 +257,9 @@ struct Peer {
     idle_http1: Vec<Http1Conn>,
     /// [`Lane::Exchange`] connections open to this peer, busy or idle.
     exchange_connections: Arc<AtomicUsize>,
+    /// The peer refused a connection offering HTTP/1.1 alone: its exchanges take
+    /// the stream lane.
+    refuses_http1: bool,
     /// A dial in flight that requests finding every connection full wait for
     /// (see [`PendingDial`]).
     pending_dial: Option<PendingDial>,
@@ -315,6 +324,7 @@ impl Peer {
             h2: Vec::new(),
             idle_http1: Vec::new(),
             exchange_connections: Arc::new(AtomicUsize::new(0)),
+            refuses_http1: false,
             pending_dial: None,
             speaks_h2: None,
         }
@@ -326,6 +336,11 @@ impl Peer {
             Health::Quarantined { until } => until <= now,
             Health::Trial => false,
         }
+    }
+
+    /// Whether a request of `lane` is an exchange on this peer.
+    fn exchange_lane(&self, lane: Lane) -> bool {
+        lane == Lane::Exchange && !self.refuses_http1
     }
 
     fn drop_connections(&mut self) {
@@ -633,8 +648,11 @@ impl PeerPool {
             Err(err @ PoolError::Deadline { .. }) => return Err(err),
             Err(err) => err,
         };
-        // The request never reached a target, so another peer can take it.
-        match self.select(Some(failed_peer), false, lane) {
+        // The request never reached a target, so another peer can take it; a peer
+        // that only refused HTTP/1.1 alone can take it as a stream.
+        let refused_http1 = matches!(&first_error, PoolError::Dial(err) if err.refused_protocol());
+        let exclude = (!refused_http1).then_some(failed_peer);
+        match self.select(exclude, false, lane) {
             Selection::Cached(sender) => Ok(sender),
             Selection::Dial(ticket) => Box::pin(self.dial(ticket, deadline)).await,
             // No other candidate: the caller sees the failure that actually happened.
@@ -709,7 +727,7 @@ impl PeerPool {
                 return Selection::Cached(sender);
             }
             // An exchange under the peer's limit dials a connection of its own.
-            let exchange = (lane == Lane::Exchange
+            let exchange = (peer.exchange_lane(lane)
                 && peer.exchange_connections.load(Ordering::Acquire) < MAX_EXCHANGE_CONNECTIONS)
                 .then(|| Slot::reserve(&peer.exchange_connections));
             // HTTP/1.1 connections carry one request at a time: only a peer that
@@ -801,6 +819,14 @@ impl PeerPool {
                 Err(PoolError::PeerDeparted {
                     peer: ticket.host.clone(),
                 })
+            }
+            Some(Err(err)) if ticket.exchange.is_some() && err.refused_protocol() => {
+                // The peer is up but will not speak HTTP/1.1 alone: not a health
+                // failure; its exchanges share HTTP/2 from now on.
+                self.metrics.dial_duration(elapsed);
+                self.metrics.dial_failure(err.reason());
+                self.refuse_exchanges(ticket.peer_id, ticket.trial);
+                Err(PoolError::Dial(err))
             }
             Some(Err(err)) => {
                 self.metrics.dial_duration(elapsed);
@@ -949,6 +975,13 @@ impl PeerPool {
         }
     }
 
+    /// Drops the idle HTTP/1.1 connections of a peer that are not ready any more.
+    fn forget_closed_http1(&self, peer_id: u64) {
+        if let Some(peer) = self.lock().peer_mut(peer_id) {
+            peer.idle_http1.retain(|conn| conn.sender.is_ready());
+        }
+    }
+
     /// Returns an HTTP/1.1 connection that finished its exchange to the idle list.
     /// Exchange connections are bounded by their count, others by the idle limit.
     fn return_idle(&self, peer_id: u64, conn: Http1Conn) {
@@ -958,6 +991,30 @@ impl PeerPool {
             if peer.health == Health::Healthy && room {
                 peer.idle_http1.push(conn);
             }
+        }
+    }
+
+    /// The peer refused a connection offering HTTP/1.1 alone.
+    fn refuse_exchanges(&self, peer_id: u64, trial: bool) {
+        let mut st = self.lock();
+        let Some(peer) = st.peer_mut(peer_id) else {
+            return;
+        };
+        let first = !peer.refuses_http1;
+        peer.refuses_http1 = true;
+        let host = peer.host.clone();
+        drop(st);
+        if trial {
+            // Says nothing about health either way: the next request makes the trial.
+            self.abandon_trial(peer_id);
+        }
+        if first {
+            tracing::info!(
+                host = %host,
+                target = self.metrics.target_label(),
+                group_version = %self.group_version,
+                "proxy target peer host refused HTTP/1.1, all its requests share HTTP/2 connections"
+            );
         }
     }
 
@@ -978,15 +1035,21 @@ impl PeerPool {
 /// (the caller dials one); past the limit, or for a stream, an HTTP/2 connection
 /// with a free stream. An HTTP/1.1-only peer's idle connections serve both lanes.
 fn take_cached(peer: &mut Peer, lane: Lane) -> Option<Conn> {
-    if lane == Lane::Exchange || peer.speaks_h2 == Some(false) {
-        while let Some(conn) = peer.idle_http1.pop() {
+    let exchange = peer.exchange_lane(lane);
+    if exchange || peer.speaks_h2 == Some(false) {
+        while let Some(mut conn) = peer.idle_http1.pop() {
             if conn.sender.is_ready() {
+                if !exchange {
+                    // A stream may hold it for hours: it no longer counts as one
+                    // of the peer's exchange connections.
+                    conn.exchange = None;
+                }
                 return Some(Conn::Http1(conn));
             }
         }
         let under_limit =
             peer.exchange_connections.load(Ordering::Acquire) < MAX_EXCHANGE_CONNECTIONS;
-        if lane == Lane::Exchange && under_limit {
+        if exchange && under_limit {
             return None;
         }
     }
@@ -1035,12 +1098,11 @@ async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Co
         let slot = Slot::reserve(&streams);
         Ok(Conn::H2(sender, slot))
     } else {
-        // A fixed read buffer of one TLS record's plaintext. hyper's default grows
-        // it to 400 KiB while a large list streams through, and with up to 64
-        // connections per peer the benchmark's lists left the process about
-        // 100 MiB larger (45 MiB peak over HTTP/2, 152 MiB, 55 MiB with this).
+        // hyper's default lets the read buffer grow to 400 KiB while a large list
+        // streams through; with up to 64 connections per peer the benchmark's
+        // lists raised the proxy's peak RSS from 45 MiB (over HTTP/2) to 152 MiB.
         let (sender, connection) = http1::Builder::new()
-            .read_buf_exact_size(Some(HTTP1_READ_BUFFER))
+            .max_buf_size(HTTP1_MAX_READ_BUFFER)
             .handshake(io)
             .await
             .map_err(|source| DialError::Http {
@@ -1155,13 +1217,20 @@ impl PeerSender {
         let mut req = req;
         for attempt in 1..=SEND_ATTEMPTS {
             let (pool, peer_id, lane) = (sender.pool.clone(), sender.peer_id, sender.lane);
+            let h2 = sender.is_h2();
             match sender.send_once(req).await {
                 Attempt::Done(result) => return result,
                 Attempt::Unsent(unsent, err) => {
                     let Some(pool) = pool.upgrade() else {
                         return Err(err);
                     };
-                    pool.forget_connections(peer_id);
+                    if h2 {
+                        pool.forget_connections(peer_id);
+                    } else {
+                        // One HTTP/1.1 connection closed by the peer (an idle
+                        // keep-alive timing out) says nothing about the others.
+                        pool.forget_closed_http1(peer_id);
+                    }
                     if attempt == SEND_ATTEMPTS {
                         return Err(err);
                     }
@@ -1231,10 +1300,8 @@ impl PeerSender {
 /// The body of a peer's answer. It holds what the answer occupies of its
 /// connection, a stream of an HTTP/2 connection or a whole HTTP/1.1 connection,
 /// until the body has ended or is dropped. An HTTP/1.1 connection whose answer
-/// ended goes back to its peer's idle list at once, so the next request finds it
-/// (returning it later, from a task of its own, lets a closed-loop caller's next
-/// request arrive first and dial); one dropped before its end is closed, as its
-/// unread rest would be the next request's answer.
+/// ended goes back to its peer's idle list; one dropped before its end is closed,
+/// as its unread rest would be the next request's answer.
 pub struct PeerBody {
     inner: Incoming,
     lease: Option<Lease>,
@@ -1256,6 +1323,9 @@ struct Returning {
 }
 
 impl Returning {
+    /// Returns the connection at once when hyper already says it is ready, so the
+    /// next request finds it: returning it from a task of its own lets a
+    /// closed-loop caller's next request arrive first and dial.
     fn give_back(self) {
         let Returning {
             mut conn,
@@ -1268,13 +1338,14 @@ impl Returning {
             }
             return;
         }
-        // hyper may mark the connection ready a moment after the body's end.
+        // hyper may mark the connection ready a moment after the body's end, or
+        // once the request body has gone out; a connection that does neither in
+        // time is closed.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if conn.sender.ready().await.is_ok() {
-                    if let Some(pool) = pool.upgrade() {
-                        pool.return_idle(peer_id, conn);
-                    }
+                let ready = tokio::time::timeout(HTTP1_READY_WAIT, conn.sender.ready()).await;
+                if let (Ok(Ok(())), Some(pool)) = (ready, pool.upgrade()) {
+                    pool.return_idle(peer_id, conn);
                 }
             });
         }

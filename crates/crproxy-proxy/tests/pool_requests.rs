@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crproxy_proxy::pool::{Lane, MAX_EXCHANGE_CONNECTIONS};
+use crproxy_proxy::pool::{Lane, HTTP1_MAX_READ_BUFFER, MAX_EXCHANGE_CONNECTIONS};
 use crproxy_proxy::transport::TargetConnection;
+use http_body::Body;
 use http_body_util::BodyExt;
 use pool_support::*;
 
@@ -262,16 +263,86 @@ async fn an_exchange_dropped_before_its_end_closes_its_connection() {
         .acquire_in(Lane::Exchange, None)
         .await
         .expect("exchange");
-    let req = http::Request::builder()
-        .uri("/apis/example.com/v1")
-        .header(http::header::HOST, SERVER_NAME)
-        .body(empty())
-        .expect("request");
-    let unread = sender.send(req).await.expect("answer");
+    let unread = sender
+        .send(request("/apis/example.com/v1"))
+        .await
+        .expect("answer");
     drop(unread);
     let body = h.get_in(Lane::Exchange).await.expect("next exchange");
     assert!(body.contains("HTTP/1.1"), "{body}");
     assert_eq!(peer.connections.load(Ordering::SeqCst), 2);
+}
+
+/// An answer without a body has ended before anyone reads it: dropping it
+/// unread returns the connection.
+#[tokio::test]
+async fn an_answer_without_a_body_returns_its_connection_unread() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    let sender = h
+        .pool
+        .acquire_in(Lane::Exchange, None)
+        .await
+        .expect("exchange");
+    let answer = sender.send(request("/empty")).await.expect("answer");
+    assert!(answer.body().is_end_stream());
+    drop(answer);
+    // Should hyper mark the connection ready only a moment later, it goes back
+    // from a task of its own: let that run.
+    tokio::task::yield_now().await;
+    let body = h.get_in(Lane::Exchange).await.expect("next exchange");
+    assert!(body.contains("HTTP/1.1"), "{body}");
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
+}
+
+/// A peer that speaks HTTP/2 only refuses a connection offering HTTP/1.1 alone.
+/// That is no health failure: the exchange goes out as a stream, and so does
+/// every later one.
+#[tokio::test]
+async fn a_peer_that_refuses_http1_alone_takes_exchanges_as_streams() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2Only).await;
+    h.pool.publish(vec![peer.host()]);
+    for i in 0..5 {
+        let body = h
+            .get_in(Lane::Exchange)
+            .await
+            .unwrap_or_else(|e| panic!("exchange {i}: {e}"));
+        assert!(body.contains("HTTP/2.0"), "{body}");
+    }
+    let s = h.scrape();
+    assert_eq!(s.dial_failures("error"), 1.0, "one refused dial, then none");
+    assert_eq!(s.value("vcluster_proxy_peer_quarantines_total", &[]), 0.0);
+    assert_eq!(s.peers("healthy"), 1.0);
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 2);
+}
+
+/// An answer's head must fit the HTTP/1.1 read buffer: kube-apiserver's are far
+/// smaller, and a larger one is refused rather than buffered without bound.
+#[tokio::test]
+async fn answer_heads_up_to_the_read_buffer_pass_over_http1() {
+    let h = Harness::new();
+    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
+    h.pool.publish(vec![peer.host()]);
+    let h = &h;
+    let send = |bytes: usize| async move {
+        let sender = h
+            .pool
+            .acquire_in(Lane::Exchange, None)
+            .await
+            .expect("exchange");
+        assert!(!sender.is_h2());
+        let mut req = request("/apis/example.com/v1");
+        req.headers_mut().insert(FILLER_BYTES, bytes.into());
+        sender.send(req).await
+    };
+    let within = HTTP1_MAX_READ_BUFFER / 2;
+    let answer = send(within).await.expect("a head within the buffer");
+    assert_eq!(answer.headers()["x-filler"].len(), within);
+    drop(answer);
+    let beyond = send(HTTP1_MAX_READ_BUFFER * 2).await;
+    assert!(beyond.is_err(), "a head larger than the buffer is refused");
 }
 
 #[tokio::test]

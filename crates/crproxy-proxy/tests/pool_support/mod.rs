@@ -84,9 +84,16 @@ impl Pki {
 pub enum Protocols {
     H2AndHttp1,
     Http1Only,
+    /// Refuses a client that offers HTTP/1.1 alone (`no_application_protocol`).
+    H2Only,
 }
 
-/// A TLS + HTTP peer answering every request with `peer <port>`.
+/// Request header asking a [`TlsPeer`] for an answer header of that many bytes.
+pub const FILLER_BYTES: &str = "x-filler-bytes";
+
+/// A TLS + HTTP peer answering every request with
+/// `peer <port> <version> <path> host=<host>`, except `/empty`, answered with no
+/// body; [`FILLER_BYTES`] adds an `x-filler` header of that size to the answer.
 pub struct TlsPeer {
     pub addr: SocketAddr,
     /// TCP connections accepted so far.
@@ -115,6 +122,7 @@ impl TlsPeer {
         let alpn: &[&[u8]] = match protocols {
             Protocols::H2AndHttp1 => &[b"h2", b"http/1.1"],
             Protocols::Http1Only => &[b"http/1.1"],
+            Protocols::H2Only => &[b"h2"],
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config(alpn));
         let connections = Arc::new(AtomicUsize::new(0));
@@ -150,16 +158,28 @@ impl TlsPeer {
                             .map(str::to_owned)
                             .or_else(|| req.uri().authority().map(|a| a.to_string()))
                             .unwrap_or_default();
-                        let body = format!(
-                            "peer {} {:?} {} host={}",
-                            addr.port(),
-                            req.version(),
-                            req.uri().path(),
-                            host
-                        );
-                        async move {
-                            Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(body))))
+                        let body = if req.uri().path() == "/empty" {
+                            String::new()
+                        } else {
+                            format!(
+                                "peer {} {:?} {} host={}",
+                                addr.port(),
+                                req.version(),
+                                req.uri().path(),
+                                host
+                            )
+                        };
+                        let filler = req
+                            .headers()
+                            .get(FILLER_BYTES)
+                            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+                        let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
+                        if let Some(bytes) = filler {
+                            let value = http::HeaderValue::from_str(&"f".repeat(bytes))
+                                .expect("filler value");
+                            response.headers_mut().insert("x-filler", value);
                         }
+                        async move { Ok::<_, Infallible>(response) }
                     });
                     let builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -303,12 +323,10 @@ impl Harness {
             .acquire_in(lane, None)
             .await
             .map_err(|e| e.reason().to_string())?;
-        let req = http::Request::builder()
-            .uri("/apis/example.com/v1")
-            .header(http::header::HOST, SERVER_NAME)
-            .body(empty())
-            .expect("request");
-        let resp = sender.send(req).await.map_err(|e| format!("send: {e}"))?;
+        let resp = sender
+            .send(request("/apis/example.com/v1"))
+            .await
+            .map_err(|e| format!("send: {e}"))?;
         let body = resp
             .into_body()
             .collect()
@@ -316,6 +334,15 @@ impl Harness {
             .map_err(|e| format!("body: {e}"))?;
         Ok(String::from_utf8_lossy(&body.to_bytes()).into_owned())
     }
+}
+
+/// A bodiless GET of `path` with the target's `Host`.
+pub fn request(path: &str) -> http::Request<ProxyBody> {
+    http::Request::builder()
+        .uri(path)
+        .header(http::header::HOST, SERVER_NAME)
+        .body(empty())
+        .expect("request")
 }
 
 pub fn empty() -> ProxyBody {
