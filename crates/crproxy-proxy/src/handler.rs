@@ -369,6 +369,7 @@ impl GroupVersionProxy {
     /// the target defines them. Schemas describe types, not objects, so nothing is
     /// masked.
     async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
+        // The caller's headers as they are, but the answer uncompressed.
         match self.get_inspected(exchange, &Inspected::default()).await {
             Ok(response) if response.status().is_server_error() => self.upstream_failure(),
             Ok(response) => {

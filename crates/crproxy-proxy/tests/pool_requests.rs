@@ -145,9 +145,7 @@ async fn http1_peers_reuse_idle_connections() {
 /// other reuse one connection; streams (watches) share HTTP/2.
 #[tokio::test]
 async fn exchanges_reuse_one_http1_connection_and_streams_share_http2() {
-    let h = Harness::new();
-    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
-    h.pool.publish(vec![peer.host()]);
+    let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
     for i in 0..20 {
         let body = h
             .get_in(Lane::Exchange)
@@ -180,9 +178,7 @@ async fn exchanges_reuse_one_http1_connection_and_streams_share_http2() {
 /// may last for hours) as streams over HTTP/2.
 #[tokio::test]
 async fn the_transport_sends_bounded_requests_as_exchanges_and_watches_as_streams() {
-    let h = Harness::new();
-    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
-    h.pool.publish(vec![peer.host()]);
+    let (h, _peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
     let target = TargetConnection {
         pool: Arc::clone(&h.pool),
         authority: SERVER_NAME.to_string(),
@@ -221,33 +217,19 @@ async fn the_transport_sends_bounded_requests_as_exchanges_and_watches_as_stream
 /// burst never becomes a burst of TLS handshakes.
 #[tokio::test]
 async fn exchanges_past_the_connection_limit_share_http2() {
-    let h = Harness::new();
-    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
-    h.pool.publish(vec![peer.host()]);
+    let (h, _peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
     let mut held = Vec::new();
     for i in 0..MAX_EXCHANGE_CONNECTIONS {
-        let sender = h
-            .pool
-            .acquire_in(Lane::Exchange, None)
-            .await
-            .unwrap_or_else(|e| panic!("exchange {i}: {e}"));
+        let sender = h.exchange().await;
         assert!(!sender.is_h2(), "exchange {i} within the limit is HTTP/1.1");
         held.push(sender);
     }
-    let past = h
-        .pool
-        .acquire_in(Lane::Exchange, None)
-        .await
-        .expect("exchange past the limit");
+    let past = h.exchange().await;
     assert!(past.is_h2(), "past the limit an exchange shares HTTP/2");
     drop(past);
     // Connections that close give their place back.
     held.clear();
-    let again = h
-        .pool
-        .acquire_in(Lane::Exchange, None)
-        .await
-        .expect("exchange after the others closed");
+    let again = h.exchange().await;
     assert!(!again.is_h2());
 }
 
@@ -255,14 +237,8 @@ async fn exchanges_past_the_connection_limit_share_http2() {
 /// connection: the connection is closed, never handed to the next request.
 #[tokio::test]
 async fn an_exchange_dropped_before_its_end_closes_its_connection() {
-    let h = Harness::new();
-    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
-    h.pool.publish(vec![peer.host()]);
-    let sender = h
-        .pool
-        .acquire_in(Lane::Exchange, None)
-        .await
-        .expect("exchange");
+    let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
+    let sender = h.exchange().await;
     let unread = sender
         .send(request("/apis/example.com/v1"))
         .await
@@ -277,14 +253,8 @@ async fn an_exchange_dropped_before_its_end_closes_its_connection() {
 /// unread returns the connection.
 #[tokio::test]
 async fn an_answer_without_a_body_returns_its_connection_unread() {
-    let h = Harness::new();
-    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
-    h.pool.publish(vec![peer.host()]);
-    let sender = h
-        .pool
-        .acquire_in(Lane::Exchange, None)
-        .await
-        .expect("exchange");
+    let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
+    let sender = h.exchange().await;
     let answer = sender.send(request("/empty")).await.expect("answer");
     assert!(answer.body().is_end_stream());
     drop(answer);
@@ -301,9 +271,7 @@ async fn an_answer_without_a_body_returns_its_connection_unread() {
 /// every later one.
 #[tokio::test]
 async fn a_peer_that_refuses_http1_alone_takes_exchanges_as_streams() {
-    let h = Harness::new();
-    let peer = TlsPeer::start(&h.pki, Protocols::H2Only).await;
-    h.pool.publish(vec![peer.host()]);
+    let (h, peer) = Harness::with_peer(Protocols::H2Only).await;
     for i in 0..5 {
         let body = h
             .get_in(Lane::Exchange)
@@ -322,16 +290,10 @@ async fn a_peer_that_refuses_http1_alone_takes_exchanges_as_streams() {
 /// smaller, and a larger one is refused rather than buffered without bound.
 #[tokio::test]
 async fn answer_heads_up_to_the_read_buffer_pass_over_http1() {
-    let h = Harness::new();
-    let peer = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
-    h.pool.publish(vec![peer.host()]);
+    let (h, _peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
     let h = &h;
     let send = |bytes: usize| async move {
-        let sender = h
-            .pool
-            .acquire_in(Lane::Exchange, None)
-            .await
-            .expect("exchange");
+        let sender = h.exchange().await;
         assert!(!sender.is_h2());
         let mut req = request("/apis/example.com/v1");
         req.headers_mut().insert(FILLER_BYTES, bytes.into());

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crproxy_core::pki::CertificateAuthority;
 use crproxy_proxy::dial::Dialer;
 use crproxy_proxy::metrics::{Metrics, TargetMetrics};
-use crproxy_proxy::pool::{Lane, PeerPool, PoolOptions, ProxyBody};
+use crproxy_proxy::pool::{Lane, PeerPool, PeerSender, PoolOptions, ProxyBody};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -305,6 +305,22 @@ impl Harness {
             target,
             pool,
         }
+    }
+
+    /// A harness whose pool knows one peer, speaking `protocols`.
+    pub async fn with_peer(protocols: Protocols) -> (Harness, TlsPeer) {
+        let h = Harness::new();
+        let peer = TlsPeer::start(&h.pki, protocols).await;
+        h.pool.publish(vec![peer.host()]);
+        (h, peer)
+    }
+
+    /// A sender for an exchange (see [`Lane::Exchange`]).
+    pub async fn exchange(&self) -> PeerSender {
+        self.pool
+            .acquire_in(Lane::Exchange, None)
+            .await
+            .expect("an exchange sender")
     }
 
     pub fn scrape(&self) -> Scrape {
