@@ -195,9 +195,14 @@ async fn run_fails_at_start_up_with_one_line_naming_an_unserved_type() -> Result
     let env = Env::new().await;
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("sync.yaml");
-    let text =
+    // A free metrics port: the default one may be taken on the machine (by a
+    // `crproxy dev`, say), and binding it comes before the check under test.
+    let port = crproxy::devenv::free_port()?;
+    let text = format!(
+        "{}proxy:\n  metricsAddress: 127.0.0.1:{port}\n",
         crproxy::devsync::sync_only_config("client", &env.tenant.kubeconfig, &env.host.kubeconfig)
-            .replace("sharedstores.example.org/v1", "gadgets.example.org/v1");
+            .replace("sharedstores.example.org/v1", "gadgets.example.org/v1")
+    );
     std::fs::write(&config, text)?;
     let out = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_crproxy"))
