@@ -40,6 +40,7 @@ pub struct DevArgs {
 }
 
 pub async fn run(args: DevArgs) -> Result<()> {
+    let signals = crproxy::run::StopSignals::catch();
     let env = DevEnv::start(DevOptions {
         dir: args.dir.clone(),
         clients: args.clients,
@@ -57,7 +58,7 @@ pub async fn run(args: DevArgs) -> Result<()> {
     let sync = crproxy::devsync::start_for(&env).await?;
     print_tour(&env);
     crproxy::devsync::print_tour(&env, &sync);
-    crproxy::run::wait_for_signal().await;
+    signals.wait().await;
     println!("\nstopping: the sync and proxies first, then the clusters");
     sync.shutdown().await;
     env.shutdown().await;
@@ -125,6 +126,7 @@ fn kubeconfig_name(path: &std::path::Path) -> String {
 
 /// `crproxy devcluster`: one API server until Ctrl-C.
 pub async fn run_devcluster(data_dir: PathBuf, port: u16, name: String) -> Result<()> {
+    let signals = crproxy::run::StopSignals::catch();
     let cluster = devcluster::start(devcluster::DevClusterConfig {
         name,
         data_dir: Some(data_dir.clone()),
@@ -138,7 +140,7 @@ pub async fn run_devcluster(data_dir: PathBuf, port: u16, name: String) -> Resul
         "kubeconfig: {}",
         data_dir.join("admin.kubeconfig").display()
     );
-    crproxy::run::wait_for_signal().await;
+    signals.wait().await;
     cluster.shutdown().await;
     Ok(())
 }

@@ -16,6 +16,7 @@ use crproxy_proxy::app::{ProxySetup, RunningProxy, TargetSetup};
 use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::server::ServingIdentity;
 use crproxy_proxy::sources::PeerSourceConfig;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// A configuration file, parsed and validated, with the directory relative paths
 /// in it are resolved against.
@@ -453,6 +454,7 @@ pub async fn start_wiring(
 /// resource, the custom resource sync when `sync` enables one, or both; serves until
 /// SIGTERM or Ctrl-C, then shuts down gracefully.
 pub async fn run(path: &Path) -> Result<()> {
+    let signals = StopSignals::catch();
     let loaded = load(path)?;
     let sync_metrics = crproxy_sync::SyncMetrics::new();
     let metrics = Metrics::with_extra(|registry| sync_metrics.register(registry));
@@ -483,7 +485,7 @@ pub async fn run(path: &Path) -> Result<()> {
     )
     .await
     .context("custom resource sync")?;
-    wait_for_signal().await;
+    signals.wait().await;
     tracing::info!("shutting down: no new connections, in-flight requests may finish");
     if let Some(sync) = sync {
         sync.stop().await;
@@ -529,17 +531,37 @@ async fn serve_metrics_only(
     Ok((stop, task))
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn wait_for_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(signal) => signal,
-        Err(_) => {
+/// SIGTERM and SIGINT, caught from the moment this is made. Made before start-up,
+/// so that a signal arriving while the process starts (just after it announced
+/// where it serves, say) stops it cleanly instead of killing it with the default
+/// action.
+pub struct StopSignals {
+    terminate: Option<Signal>,
+    interrupt: Option<Signal>,
+}
+
+impl StopSignals {
+    pub fn catch() -> StopSignals {
+        StopSignals {
+            terminate: signal(SignalKind::terminate()).ok(),
+            interrupt: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+
+    /// Resolves on the first SIGTERM or SIGINT since [`StopSignals::catch`].
+    pub async fn wait(self) {
+        let StopSignals {
+            terminate,
+            interrupt,
+        } = self;
+        let (Some(mut terminate), Some(mut interrupt)) = (terminate, interrupt) else {
+            // The handlers could not be installed: Ctrl-C as the runtime offers it.
             let _ = tokio::signal::ctrl_c().await;
             return;
+        };
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
     }
 }
