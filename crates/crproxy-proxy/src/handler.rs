@@ -314,7 +314,7 @@ impl GroupVersionProxy {
     /// Forwards `/apis/<group>/<version>`; serves the local document when no peer
     /// is usable or the target answers 401, 404 or 5xx.
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
-        let response = match self.get_from_target(exchange).await {
+        let response = match self.get_from_target(exchange, None).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
             }
@@ -370,7 +370,10 @@ impl GroupVersionProxy {
     /// masked.
     async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
         // The caller's headers as they are, but the answer uncompressed.
-        match self.get_inspected(exchange, &Inspected::default()).await {
+        match self
+            .get_from_target(exchange, Some(&Inspected::default()))
+            .await
+        {
             Ok(response) if response.status().is_server_error() => self.upstream_failure(),
             Ok(response) => {
                 let (parts, body) = response.into_parts();
@@ -389,7 +392,7 @@ impl GroupVersionProxy {
             accept: None,
             rewritten: true,
         };
-        let response = match self.get_inspected(exchange, &inspected).await {
+        let response = match self.get_from_target(exchange, Some(&inspected)).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.aggregated_fallback(version, e.reason(), e.reason())
             }
@@ -586,7 +589,7 @@ impl GroupVersionProxy {
             accept: Some(accept),
             rewritten: false,
         };
-        let response = match self.get_inspected(exchange, &inspected).await {
+        let response = match self.get_from_target(exchange, Some(&inspected)).await {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
         };
@@ -1117,33 +1120,16 @@ impl GroupVersionProxy {
 
     // ---------------------------------------------------------------- forwarding
 
-    /// GETs the request's own path and query from the target with the caller's
-    /// headers, within the request deadline; the response body is left to the
-    /// caller.
+    /// GETs the request's own path and query from the target within the request
+    /// deadline, with the caller's headers changed as `inspected` says when the
+    /// proxy reads or rewrites the answer; the response body is left to the caller.
     async fn get_from_target(
         &self,
         exchange: &Exchange,
+        inspected: Option<&Inspected>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let path_and_query = exchange.path_and_query();
-        let sent = self.target.send_before(
-            Some(exchange.deadline),
-            Method::GET,
-            &path_and_query,
-            &exchange.headers,
-            transport::full(Bytes::new()),
-        );
-        flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
-    }
-
-    /// GETs the request's own path and query from the target for the proxy to read
-    /// or rewrite (see [`Inspected`]), within the request deadline.
-    async fn get_inspected(
-        &self,
-        exchange: &Exchange,
-        inspected: &Inspected,
-    ) -> Result<Response<ProxyBody>, ForwardError> {
-        let path_and_query = exchange.path_and_query();
-        let sent = self.target.send_inspected_get(
+        let sent = self.target.send_get(
             exchange.deadline,
             &path_and_query,
             &exchange.headers,

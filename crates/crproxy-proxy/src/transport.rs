@@ -136,16 +136,16 @@ impl TargetConnection {
             .await
     }
 
-    /// A bodiless GET whose answer the proxy reads or rewrites itself, with the
-    /// caller's headers changed as `inspected` says (without copying them first).
-    pub async fn send_inspected_get(
+    /// A bodiless GET with the caller's headers, changed as `inspected` says when
+    /// the proxy reads or rewrites the answer itself (without copying them first).
+    pub async fn send_get(
         &self,
         deadline: Instant,
         path_and_query: &str,
         caller_headers: &HeaderMap,
-        inspected: &Inspected,
+        inspected: Option<&Inspected>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let headers = forwarded_headers(caller_headers, Some(inspected));
+        let headers = forwarded_headers(caller_headers, inspected);
         self.exchange(
             Some(deadline),
             Method::GET,
