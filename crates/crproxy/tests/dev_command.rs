@@ -31,19 +31,27 @@ impl Ports {
     /// Ports that were free a moment ago (`0` everywhere would pick new ones on
     /// each start, which is not what a user restarting the same command gets).
     fn free() -> Result<Self> {
+        Ok(Self::held()?.0)
+    }
+
+    /// Free ports with the listeners that hold them, in the fields' order, so a
+    /// test that wants some of them busy keeps those bound instead of binding them
+    /// again (by which time a parallel test may have taken one).
+    fn held() -> Result<(Self, Vec<std::net::TcpListener>)> {
         // Held together so they are distinct.
         let listeners = (0..6)
             .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
             .collect::<std::io::Result<Vec<_>>>()?;
         let port = |i: usize| -> Result<u16> { Ok(listeners[i].local_addr()?.port()) };
-        Ok(Self {
+        let ports = Self {
             target: port(0)?,
             client: port(1)?,
             proxy: port(2)?,
             metrics: port(3)?,
             host: port(4)?,
             sync_metrics: port(5)?,
-        })
+        };
+        Ok((ports, listeners))
     }
 
     fn any() -> Self {
@@ -320,9 +328,11 @@ fn restart_on_the_same_directory_after_sigkill_serves_at_once() -> Result<()> {
 fn busy_ports_are_named_on_one_line_and_the_directory_stays_usable() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("dev");
-    let ports = Ports::free()?;
-    let client_taken = std::net::TcpListener::bind(("127.0.0.1", ports.client))?;
-    let metrics_taken = std::net::TcpListener::bind(("127.0.0.1", ports.metrics))?;
+    let (ports, mut listeners) = Ports::held()?;
+    // Keep the client (index 1) and metrics (index 3) ports busy, free the rest.
+    let metrics_taken = listeners.remove(3);
+    let client_taken = listeners.remove(1);
+    drop(listeners);
 
     let mut child = KillOnDrop(dev_command(&dir, &ports, &[]).spawn()?);
     let stdout = drain(child.stdout.take());
