@@ -22,8 +22,11 @@
 //! Locking: one `std::sync::Mutex` per pool, never held across an `.await`.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -35,8 +38,10 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_rustls::client::TlsStream;
 
 use crate::dial::{DialError, Dialer, PeerConnection, DIAL_TIMEOUT};
 use crate::metrics::TargetMetrics;
@@ -306,11 +311,60 @@ impl Drop for Slot {
     }
 }
 
+/// The connection half of an HTTP/1.1 peer connection, the part that reads and
+/// writes the socket.
+type Http1Connection = http1::Connection<TokioIo<TlsStream<TcpStream>>, ProxyBody>;
+
 /// An HTTP/1.1 connection; an exchange connection holds its peer's slot for as
 /// long as it lives.
+///
+/// Its connection half is not a task of its own: whoever holds the connection
+/// drives it, the request's task while an exchange is under way, nobody while it
+/// is idle. A request then crosses one task fewer, each crossing a wake-up that
+/// often meant another worker thread (docs/performance.md, "Issue 15, fourth
+/// pass"). A connection the peer closed while idle is found when it is next taken.
 struct Http1Conn {
     sender: http1::SendRequest<ProxyBody>,
+    /// `None` once the connection has ended.
+    connection: Option<Box<Http1Connection>>,
     exchange: Option<Slot>,
+}
+
+impl Http1Conn {
+    /// Lets the connection write what is queued and read what has arrived. When it
+    /// has ended it is dropped, which hands a request it never took back to its
+    /// sender.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        let Some(connection) = self.connection.as_mut() else {
+            return;
+        };
+        if let Poll::Ready(result) = Pin::new(connection.as_mut()).poll(cx) {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "peer HTTP/1.1 connection ended");
+            }
+            self.connection = None;
+        }
+    }
+
+    /// Whether the connection can take a request now. Reads what arrived while
+    /// it was idle, so a close by the peer is seen here; nothing is woken later.
+    fn is_open(&mut self) -> bool {
+        self.drive(&mut Context::from_waker(Waker::noop()));
+        self.connection.is_some() && self.sender.is_ready()
+    }
+
+    /// Sends `req` and waits for the answer's head, driving the connection.
+    async fn send(
+        &mut self,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ProxyBody>>> {
+        let mut sent = std::pin::pin!(self.sender.try_send_request(req));
+        std::future::poll_fn(|cx| {
+            self.drive(cx);
+            sent.as_mut().poll(cx)
+        })
+        .await
+    }
 }
 
 impl Peer {
@@ -614,7 +668,13 @@ impl PeerPool {
         let mut waits = 0;
         let ticket = loop {
             match self.select(None, waits < MAX_DIAL_WAITS, lane) {
-                Selection::Cached(sender) => return Ok(sender),
+                // A cached HTTP/1.1 connection the peer closed while it was idle
+                // is dropped here, outside the lock; each such turn uses one up.
+                Selection::Cached(mut sender) => {
+                    if sender.is_open() {
+                        return Ok(sender);
+                    }
+                }
                 Selection::Dial(ticket) => break ticket,
                 Selection::Wait { peer, mut done } => {
                     waits += 1;
@@ -653,7 +713,13 @@ impl PeerPool {
         let refused_http1 = matches!(&first_error, PoolError::Dial(err) if err.refused_protocol());
         let exclude = (!refused_http1).then_some(failed_peer);
         match self.select(exclude, false, lane) {
-            Selection::Cached(sender) => Ok(sender),
+            Selection::Cached(mut sender) => {
+                if sender.is_open() {
+                    Ok(sender)
+                } else {
+                    Err(first_error)
+                }
+            }
             Selection::Dial(ticket) => Box::pin(self.dial(ticket, deadline)).await,
             // No other candidate: the caller sees the failure that actually happened.
             Selection::Rejected(_) | Selection::Wait { .. } => Err(first_error),
@@ -978,7 +1044,7 @@ impl PeerPool {
     /// Drops the idle HTTP/1.1 connections of a peer that are not ready any more.
     fn forget_closed_http1(&self, peer_id: u64) {
         if let Some(peer) = self.lock().peer_mut(peer_id) {
-            peer.idle_http1.retain(|conn| conn.sender.is_ready());
+            peer.idle_http1.retain_mut(Http1Conn::is_open);
         }
     }
 
@@ -1109,13 +1175,9 @@ async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Co
                 peer: peer.clone(),
                 source,
             })?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(peer = %peer, error = %err, "peer HTTP/1.1 connection ended");
-            }
-        });
         Ok(Conn::Http1(Http1Conn {
             sender,
+            connection: Some(Box::new(connection)),
             exchange: None,
         }))
     }
@@ -1205,6 +1267,15 @@ impl PeerSender {
         self.reused
     }
 
+    /// Whether the connection can take the request (see [`Http1Conn::is_open`]);
+    /// an HTTP/2 connection's own task has already said so.
+    fn is_open(&mut self) -> bool {
+        match &mut self.conn {
+            Conn::H2(..) => true,
+            Conn::Http1(conn) => conn.is_open(),
+        }
+    }
+
     /// Sends `req` and returns the response head; the body streams from the peer.
     ///
     /// The request may use an absolute URI or origin form with a `Host` header; it is
@@ -1279,7 +1350,7 @@ impl PeerSender {
                 }))),
                 Err(err) => failed(err, peer, reused, replay),
             },
-            Conn::Http1(mut conn) => match conn.sender.try_send_request(req).await {
+            Conn::Http1(mut conn) => match conn.send(req).await {
                 Ok(resp) => {
                     let lease = Lease::Exchange(Returning {
                         conn,
@@ -1323,28 +1394,37 @@ struct Returning {
 }
 
 impl Returning {
-    /// Returns the connection at once when hyper already says it is ready, so the
-    /// next request finds it: returning it from a task of its own lets a
-    /// closed-loop caller's next request arrive first and dial.
+    /// Returns the connection at once when it is ready, so the next request finds
+    /// it: returning it from a task of its own lets a closed-loop caller's next
+    /// request arrive first and dial.
     fn give_back(self) {
         let Returning {
             mut conn,
             pool,
             peer_id,
         } = self;
-        if conn.sender.is_ready() {
+        if conn.is_open() {
             if let Some(pool) = pool.upgrade() {
                 pool.return_idle(peer_id, conn);
             }
             return;
         }
-        // hyper may mark the connection ready a moment after the body's end, or
-        // once the request body has gone out; a connection that does neither in
-        // time is closed.
+        if conn.connection.is_none() {
+            return;
+        }
+        // The request body may still be on its way; a connection that is not
+        // ready for the next request in time is closed.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let ready = tokio::time::timeout(HTTP1_READY_WAIT, conn.sender.ready()).await;
-                if let (Ok(Ok(())), Some(pool)) = (ready, pool.upgrade()) {
+                let ready = std::future::poll_fn(|cx| {
+                    conn.drive(cx);
+                    if conn.connection.is_none() {
+                        return Poll::Ready(false);
+                    }
+                    conn.sender.poll_ready(cx).map(|ready| ready.is_ok())
+                });
+                let ready = tokio::time::timeout(HTTP1_READY_WAIT, ready).await;
+                if let (Ok(true), Some(pool)) = (ready, pool.upgrade()) {
                     pool.return_idle(peer_id, conn);
                 }
             });
@@ -1366,14 +1446,22 @@ impl Body for PeerBody {
     type Error = hyper::Error;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let mut polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if polled.is_pending() {
+            if let Some(Lease::Exchange(returning)) = &mut self.lease {
+                // The HTTP/1.1 connection is this body's to drive: let it read
+                // what the peer sent, then look again.
+                returning.conn.drive(cx);
+                polled = Pin::new(&mut self.inner).poll_frame(cx);
+            }
+        }
         match &polled {
-            std::task::Poll::Ready(None) => self.ended(),
+            Poll::Ready(None) => self.ended(),
             // A reader may stop at the last frame without asking for the end.
-            std::task::Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.ended(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.ended(),
             _ => {}
         }
         polled
