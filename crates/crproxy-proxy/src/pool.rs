@@ -72,6 +72,10 @@ pub const HTTP1_MAX_READ_BUFFER: usize = 64 * 1024;
 const HTTP1_READY_WAIT: Duration = Duration::from_secs(5);
 /// Idle connections kept per HTTP/1.1-only peer (one that refused HTTP/2).
 const MAX_IDLE_HTTP1: usize = 8;
+/// How long an HTTP/1.1 connection may stay idle before it is closed rather than
+/// reused (Go's transport uses the same 90 s). Nobody reads an idle connection, so
+/// this also bounds how long one the peer closed keeps its socket and buffers.
+pub const HTTP1_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Default HTTP/2 ping interval on peer connections.
 pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// Default time to wait for a ping answer before the connection is closed.
@@ -319,15 +323,19 @@ type Http1Connection = http1::Connection<TokioIo<TlsStream<TcpStream>>, ProxyBod
 /// long as it lives.
 ///
 /// Its connection half is not a task of its own: whoever holds the connection
-/// drives it, the request's task while an exchange is under way, nobody while it
-/// is idle. A request then crosses one task fewer, each crossing a wake-up that
-/// often meant another worker thread (docs/performance.md, "Issue 15, fourth
-/// pass"). A connection the peer closed while idle is found when it is next taken.
+/// drives it (the request's task, then whoever reads the answer's body), nobody
+/// while it is idle. A request then crosses one task fewer, each crossing a
+/// wake-up that often meant another worker thread (docs/performance.md, "Issue
+/// 15, fourth pass"). A close by the peer while the connection was idle is read
+/// when it is next taken; one that tokio has not yet been told of can still be
+/// missed, as with a connection task of its own.
 struct Http1Conn {
     sender: http1::SendRequest<ProxyBody>,
     /// `None` once the connection has ended.
     connection: Option<Box<Http1Connection>>,
     exchange: Option<Slot>,
+    /// When the connection was dialled or last went back to the idle list.
+    idle_since: Instant,
 }
 
 impl Http1Conn {
@@ -347,10 +355,15 @@ impl Http1Conn {
     }
 
     /// Whether the connection can take a request now. Reads what arrived while
-    /// it was idle, so a close by the peer is seen here; nothing is woken later.
+    /// it was idle, so a close by the peer that tokio has seen is found here;
+    /// nothing is woken later.
     fn is_open(&mut self) -> bool {
         self.drive(&mut Context::from_waker(Waker::noop()));
-        self.connection.is_some() && self.sender.is_ready()
+        // With the task's cooperative budget spent, tokio does not read the
+        // socket and a closed connection would look open: count it as closed.
+        self.connection.is_some()
+            && self.sender.is_ready()
+            && tokio::task::coop::has_budget_remaining()
     }
 
     /// Sends `req` and waits for the answer's head, driving the connection.
@@ -780,7 +793,7 @@ impl PeerPool {
             let trial = peer.health != Health::Healthy;
             if trial {
                 peer.health = Health::Trial;
-            } else if let Some(conn) = take_cached(peer, lane) {
+            } else if let Some(conn) = take_cached(peer, lane, now) {
                 let sender = PeerSender {
                     peer: peer.host.clone(),
                     peer_id: peer.id,
@@ -1042,22 +1055,43 @@ impl PeerPool {
     }
 
     /// Drops the idle HTTP/1.1 connections of a peer that are not ready any more.
+    /// They are checked (which reads their sockets) outside the lock.
     fn forget_closed_http1(&self, peer_id: u64) {
+        let mut idle = match self.lock().peer_mut(peer_id) {
+            Some(peer) => std::mem::take(&mut peer.idle_http1),
+            None => return,
+        };
+        idle.retain_mut(Http1Conn::is_open);
         if let Some(peer) = self.lock().peer_mut(peer_id) {
-            peer.idle_http1.retain_mut(Http1Conn::is_open);
+            // Connections returned meanwhile are the most recent: they stay on top.
+            idle.append(&mut peer.idle_http1);
+            peer.idle_http1 = idle;
         }
     }
 
     /// Returns an HTTP/1.1 connection that finished its exchange to the idle list.
     /// Exchange connections are bounded by their count, others by the idle limit.
-    fn return_idle(&self, peer_id: u64, conn: Http1Conn) {
+    fn return_idle(&self, peer_id: u64, mut conn: Http1Conn) {
+        let now = Instant::now();
         let mut st = self.lock();
-        if let Some(peer) = st.peer_mut(peer_id) {
-            let room = conn.exchange.is_some() || peer.idle_http1.len() < MAX_IDLE_HTTP1;
-            if peer.health == Health::Healthy && room {
-                peer.idle_http1.push(conn);
-            }
+        let Some(peer) = st.peer_mut(peer_id) else {
+            return;
+        };
+        // The oldest idle connections are at the bottom; those idle too long are
+        // closed after the lock is released.
+        let expired = peer
+            .idle_http1
+            .iter()
+            .take_while(|c| now.saturating_duration_since(c.idle_since) >= HTTP1_IDLE_TIMEOUT)
+            .count();
+        let expired: Vec<Http1Conn> = peer.idle_http1.drain(..expired).collect();
+        let room = conn.exchange.is_some() || peer.idle_http1.len() < MAX_IDLE_HTTP1;
+        if peer.health == Health::Healthy && room {
+            conn.idle_since = now;
+            peer.idle_http1.push(conn);
         }
+        drop(st);
+        drop(expired);
     }
 
     /// The peer refused a connection offering HTTP/1.1 alone.
@@ -1100,11 +1134,14 @@ impl PeerPool {
 /// idle HTTP/1.1 connection, or none while the peer is under its exchange limit
 /// (the caller dials one); past the limit, or for a stream, an HTTP/2 connection
 /// with a free stream. An HTTP/1.1-only peer's idle connections serve both lanes.
-fn take_cached(peer: &mut Peer, lane: Lane) -> Option<Conn> {
+fn take_cached(peer: &mut Peer, lane: Lane, now: Instant) -> Option<Conn> {
     let exchange = peer.exchange_lane(lane);
     if exchange || peer.speaks_h2 == Some(false) {
         while let Some(mut conn) = peer.idle_http1.pop() {
-            if conn.sender.is_ready() {
+            // The newest is on top: once one has been idle too long, so have all
+            // below it, and each is dropped (closed) in turn.
+            let fresh = now.saturating_duration_since(conn.idle_since) < HTTP1_IDLE_TIMEOUT;
+            if fresh && conn.sender.is_ready() {
                 if !exchange {
                     // A stream may hold it for hours: it no longer counts as one
                     // of the peer's exchange connections.
@@ -1179,6 +1216,7 @@ async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Co
             sender,
             connection: Some(Box::new(connection)),
             exchange: None,
+            idle_since: Instant::now(),
         }))
     }
 }

@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crproxy_proxy::pool::{Lane, HTTP1_MAX_READ_BUFFER, MAX_EXCHANGE_CONNECTIONS};
+use crproxy_proxy::pool::{
+    Lane, HTTP1_IDLE_TIMEOUT, HTTP1_MAX_READ_BUFFER, MAX_EXCHANGE_CONNECTIONS,
+};
 use crproxy_proxy::transport::TargetConnection;
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -151,8 +153,9 @@ async fn exchanges_reuse_one_http1_connection_and_streams_share_http2() {
         assert!(body.contains("HTTP/1.1 /apis/example.com/v1"), "{body}");
         assert!(body.ends_with("host=target.example"), "{body}");
     }
-    // The body's end drives the connection until it is ready again, so it is
-    // back on the idle list before the next request asks.
+    // hyper asks for the next request in the same poll that reads the answer's
+    // last bytes, so the connection is back on the idle list before the next
+    // request asks.
     let exchange_connections = peer.connections.load(Ordering::SeqCst);
     assert_eq!(
         exchange_connections, 1,
@@ -350,6 +353,26 @@ async fn a_write_after_the_peer_closed_the_idle_connection_takes_a_new_one() {
     assert!(body.starts_with(b"peer "), "{body:?}");
     assert_eq!(peer.connections.load(Ordering::SeqCst), 2);
     assert_eq!(h.scrape().dial_failures("error"), 0.0);
+}
+
+/// Nobody reads an idle HTTP/1.1 connection, so one the peer closed would keep its
+/// socket until taken again: after `HTTP1_IDLE_TIMEOUT` it is closed instead of
+/// reused, however many are idle.
+#[tokio::test(start_paused = true)]
+async fn an_http1_connection_idle_too_long_is_closed_not_reused() {
+    let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
+    h.get_in(Lane::Exchange).await.expect("first exchange");
+    tokio::time::sleep(HTTP1_IDLE_TIMEOUT - std::time::Duration::from_secs(1)).await;
+    h.get_in(Lane::Exchange)
+        .await
+        .expect("within the idle timeout");
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 1, "reused");
+
+    tokio::time::sleep(HTTP1_IDLE_TIMEOUT).await;
+    h.get_in(Lane::Exchange)
+        .await
+        .expect("after the idle timeout");
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 2, "dialled anew");
 }
 
 #[tokio::test(start_paused = true)]
