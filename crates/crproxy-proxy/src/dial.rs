@@ -75,9 +75,7 @@ impl DialError {
             }
         }
     }
-}
 
-impl DialError {
     /// Whether the peer ended the TLS handshake because it speaks none of the
     /// protocols offered (the `no_application_protocol` alert).
     pub fn refused_protocol(&self) -> bool {

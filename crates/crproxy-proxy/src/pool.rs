@@ -366,6 +366,11 @@ impl Http1Conn {
             && tokio::task::coop::has_budget_remaining()
     }
 
+    /// Whether the connection has been idle for longer than [`HTTP1_IDLE_TIMEOUT`].
+    fn idle_too_long(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.idle_since) >= HTTP1_IDLE_TIMEOUT
+    }
+
     /// Sends `req` and waits for the answer's head, driving the connection.
     async fn send(
         &mut self,
@@ -1082,7 +1087,7 @@ impl PeerPool {
         let expired = peer
             .idle_http1
             .iter()
-            .take_while(|c| now.saturating_duration_since(c.idle_since) >= HTTP1_IDLE_TIMEOUT)
+            .take_while(|c| c.idle_too_long(now))
             .count();
         let expired: Vec<Http1Conn> = peer.idle_http1.drain(..expired).collect();
         let room = conn.exchange.is_some() || peer.idle_http1.len() < MAX_IDLE_HTTP1;
@@ -1140,8 +1145,7 @@ fn take_cached(peer: &mut Peer, lane: Lane, now: Instant) -> Option<Conn> {
         while let Some(mut conn) = peer.idle_http1.pop() {
             // The newest is on top: once one has been idle too long, so have all
             // below it, and each is dropped (closed) in turn.
-            let fresh = now.saturating_duration_since(conn.idle_since) < HTTP1_IDLE_TIMEOUT;
-            if fresh && conn.sender.is_ready() {
+            if !conn.idle_too_long(now) && conn.sender.is_ready() {
                 if !exchange {
                     // A stream may hold it for hours: it no longer counts as one
                     // of the peer's exchange connections.

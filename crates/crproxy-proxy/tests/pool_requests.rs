@@ -145,11 +145,7 @@ async fn http1_peers_reuse_idle_connections() {
 #[tokio::test]
 async fn exchanges_reuse_one_http1_connection_and_streams_share_http2() {
     let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
-    for i in 0..20 {
-        let body = h
-            .get_in(Lane::Exchange)
-            .await
-            .unwrap_or_else(|e| panic!("exchange {i}: {e}"));
+    for body in h.get_each(Lane::Exchange, 20).await {
         assert!(body.contains("HTTP/1.1 /apis/example.com/v1"), "{body}");
         assert!(body.ends_with("host=target.example"), "{body}");
     }
@@ -268,11 +264,7 @@ async fn an_answer_without_a_body_returns_its_connection_unread() {
 #[tokio::test]
 async fn a_peer_that_refuses_http1_alone_takes_exchanges_as_streams() {
     let (h, peer) = Harness::with_peer(Protocols::H2Only).await;
-    for i in 0..5 {
-        let body = h
-            .get_in(Lane::Exchange)
-            .await
-            .unwrap_or_else(|e| panic!("exchange {i}: {e}"));
+    for body in h.get_each(Lane::Exchange, 5).await {
         assert!(body.contains("HTTP/2.0"), "{body}");
     }
     let s = h.scrape();

@@ -332,6 +332,17 @@ impl Harness {
         self.get_in(Lane::Stream).await
     }
 
+    /// [`Harness::get_in`] `count` times one after the other; the bodies, or a
+    /// panic naming the first request that failed.
+    pub async fn get_each(&self, lane: Lane, count: usize) -> Vec<String> {
+        let mut bodies = Vec::with_capacity(count);
+        for i in 0..count {
+            let body = self.get_in(lane).await;
+            bodies.push(body.unwrap_or_else(|e| panic!("request {i} of {count}: {e}")));
+        }
+        bodies
+    }
+
     /// [`Harness::get`] on a connection of `lane`.
     pub async fn get_in(&self, lane: Lane) -> Result<String, String> {
         let sender = self
