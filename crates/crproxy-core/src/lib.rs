@@ -10,4 +10,5 @@ pub mod reason;
 pub mod request;
 pub mod request_body;
 pub mod selector;
+pub mod skim;
 pub mod status;

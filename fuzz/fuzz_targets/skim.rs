@@ -1,0 +1,75 @@
+//! The JSON skim reader reads what a target sends (GET answers, watch events,
+//! list pages). Whatever the bytes: never a panic; skipping a whole value
+//! succeeds exactly when serde_json accepts the text while ignoring it; a string
+//! read is the string serde_json reads; and walking the top-level object key by
+//! key gives serde_json's keys, in order.
+#![no_main]
+
+use std::borrow::Cow;
+
+use crproxy_core::skim::{Kind, Skim};
+use libfuzzer_sys::fuzz_target;
+use serde::de::IgnoredAny;
+
+fuzz_target!(|data: &[u8]| {
+    // The reader takes text; its callers check UTF-8 first.
+    let Ok(data) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut skim = Skim::new(data);
+    let skipped = skim.skip().and_then(|()| skim.end()).is_ok();
+    assert_eq!(skipped, serde_json::from_str::<IgnoredAny>(data).is_ok());
+
+    let mut skim = Skim::new(data);
+    if let Ok(Kind::String) = skim.peek() {
+        let ours = skim
+            .string()
+            .map(Cow::into_owned)
+            .and_then(|s| skim.end().map(|()| s));
+        assert_eq!(ours.ok(), serde_json::from_str::<String>(data).ok());
+    }
+
+    let mut skim = Skim::new(data);
+    let walked = (|| {
+        let mut keys = Vec::new();
+        let mut entries = skim.object()?;
+        while let Some(key) = entries.next_key(&mut skim)? {
+            keys.push(key.into_owned());
+            skim.skip()?;
+        }
+        skim.end().map(|()| keys)
+    })();
+    if let Ok(keys) = walked {
+        // Keys the walk read are text; serde_json reads the same keys.
+        let parsed: Vec<String> = serde_json::from_str::<KeysInOrder>(data)
+            .expect("a walked object is JSON")
+            .0;
+        assert_eq!(keys, parsed);
+    }
+});
+
+/// The keys of an object in the order they come, duplicates kept.
+struct KeysInOrder(Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for KeysInOrder {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = KeysInOrder;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<KeysInOrder, A::Error> {
+                let mut keys = Vec::new();
+                while let Some((key, IgnoredAny)) = map.next_entry::<String, IgnoredAny>()? {
+                    keys.push(key);
+                }
+                Ok(KeysInOrder(keys))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
+}
