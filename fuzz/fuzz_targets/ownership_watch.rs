@@ -21,9 +21,8 @@ fn owner() -> Owner {
 fn shown_owned(stream: &[u8], key: &str, pin: &Pin) -> bool {
     let owner = owner();
     stream.split(|b| *b == b'\n').any(|line| {
-        // The cache skips the fields it does not read without checking them
-        // for UTF-8, so invalid bytes there must not hide the event here.
-        let Ok(event) = serde_json::from_str::<Value>(&String::from_utf8_lossy(line)) else {
+        // The cache refuses a line that is not UTF-8, as a parser does.
+        let Ok(event) = serde_json::from_slice::<Value>(line) else {
             return false;
         };
         let meta = &event["object"]["metadata"];

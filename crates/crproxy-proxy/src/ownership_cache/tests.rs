@@ -1,5 +1,6 @@
 use super::meta::ObjectMeta;
 use super::*;
+use crproxy_core::skim::{Skim, SkimError};
 
 fn owner() -> Owner {
     Owner::new("client", "proj")
@@ -13,14 +14,21 @@ fn pin(uid: &str, rv: &str) -> Pin {
 }
 
 fn event(line: &str) -> Event<'_> {
-    serde_json::from_str(line).expect("event")
+    Event::decode(line.as_bytes()).expect("event")
+}
+
+/// Reads a whole text that is one `metadata` object.
+fn metadata(text: &str) -> Result<ObjectMeta<'_>, SkimError> {
+    let mut skim = Skim::new(text);
+    let meta = ObjectMeta::read(&mut skim)?;
+    skim.end().map(|()| meta)
 }
 
 const OWNED: &str =
     r#""labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"proj"}"#;
 
-fn owned_pin(metadata: &str) -> Option<Pin> {
-    let meta: ObjectMeta = serde_json::from_str(metadata).expect("metadata");
+fn owned_pin(metadata_text: &str) -> Option<Pin> {
+    let meta = metadata(metadata_text).expect("metadata");
     meta.owned_pin(&owner())
 }
 
@@ -54,7 +62,7 @@ fn labels_are_read_as_a_parsed_document_would_read_them() {
     let others = r#"{"uid":"u","resourceVersion":"3","labels":{"a":{"b":[1]},"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"proj"}}"#;
     assert_eq!(owned_pin(others), Some(pin("u", "3")));
     let not_a_string = r#"{"uid":"u","resourceVersion":"3","labels":{"vcluster.com/owner-vcluster":1,"vcluster.com/owner-project":"proj"}}"#;
-    assert!(serde_json::from_str::<ObjectMeta>(not_a_string).is_err());
+    assert!(metadata(not_a_string).is_err());
 }
 
 #[test]
