@@ -201,6 +201,48 @@ fn a_line_that_is_no_event_ends_the_watch() {
         .is_some_and(|e| e.starts_with("undecodable answer")));
 }
 
+#[test]
+fn lines_that_are_not_whole_events_end_the_watch() {
+    let first = watch_line("ADDED", "a", "u", "2", OWNED);
+    // An owned state, but a byte that is not UTF-8 in a field the cache skips.
+    let mut owned_but_not_utf8 = watch_line("MODIFIED", "a", "u", "3", OWNED).into_bytes();
+    let kind = owned_but_not_utf8
+        .windows(7)
+        .position(|w| w == b"Partial")
+        .expect("a kind");
+    owned_but_not_utf8.insert(kind, 0xff);
+    owned_but_not_utf8.pop();
+    for bad in [
+        owned_but_not_utf8,
+        br#"{"object":{"metadata":{"name":"a"}}}"#.to_vec(),
+        br#"{"type":"ADDED","object":{"metadata":{"name":1}}}"#.to_vec(),
+        br#"{"type":"ADDED","object":null}"#.to_vec(),
+        br#"{"type":"ADDED","object":{}} trailing"#.to_vec(),
+        br#"{"type":"ADDED","object":{"metadata":{"labels":[]}}}"#.to_vec(),
+    ] {
+        let mut stream = bad.clone();
+        stream.push(b'\n');
+        let replay = replay_watch(&owner(), [first.as_bytes(), &stream]);
+        assert_eq!(replay.pins, HashMap::from([("ns/a".into(), pin("u", "2"))]));
+        assert!(
+            replay
+                .error
+                .is_some_and(|e| e.starts_with("undecodable answer")),
+            "{}",
+            String::from_utf8_lossy(&bad)
+        );
+    }
+}
+
+#[test]
+fn null_labels_are_no_labels() {
+    let line = watch_line("ADDED", "a", "u", "2", r#""labels":null"#);
+    let replay = replay_watch(&owner(), [line.as_bytes()]);
+    assert!(replay.pins.is_empty());
+    assert_eq!(replay.error, None);
+    assert_eq!(replay.resource_version, "2");
+}
+
 /// A target connection whose pool has no peers: every request of the cache fails
 /// before any dial, so its watch keeps retrying and never syncs.
 fn unreachable_target() -> TargetConnection {
