@@ -7,6 +7,7 @@
 //! with 400 instead of being forwarded. The URL grammar follows kube-apiserver's
 //! `RequestInfoFactory` for resource requests.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use percent_encoding::percent_decode_str;
@@ -143,7 +144,7 @@ fn bad(msg: impl Into<String>) -> PathError {
 
 /// Splits a raw (still percent-encoded) path into decoded segments, refusing every
 /// form whose meaning depends on who normalises it.
-fn segments(path: &str) -> Result<Vec<String>, PathError> {
+fn segments(path: &str) -> Result<Vec<Cow<'_, str>>, PathError> {
     let Some(rest) = path.strip_prefix('/') else {
         return Err(bad(format!(
             "invalid request path {path:?}: must start with '/'"
@@ -152,7 +153,8 @@ fn segments(path: &str) -> Result<Vec<String>, PathError> {
     if rest.is_empty() {
         return Err(PathError::NotFound);
     }
-    let mut out = Vec::new();
+    // Borrowed unless escaped: classifying a request allocated once per segment.
+    let mut out = Vec::with_capacity(8);
     for raw in rest.split('/') {
         if raw.is_empty() {
             return Err(bad(format!(
@@ -182,12 +184,14 @@ fn segments(path: &str) -> Result<Vec<String>, PathError> {
             return Err(bad(format!("invalid request path {path:?}: contains '\\'")));
         }
         let decoded = if escaped {
-            percent_decode_str(raw)
-                .decode_utf8()
-                .map_err(|_| bad(format!("invalid request path {path:?}: not UTF-8")))?
-                .into_owned()
+            Cow::Owned(
+                percent_decode_str(raw)
+                    .decode_utf8()
+                    .map_err(|_| bad(format!("invalid request path {path:?}: not UTF-8")))?
+                    .into_owned(),
+            )
         } else {
-            raw.to_owned()
+            Cow::Borrowed(raw)
         };
         if decoded == "." || decoded == ".." {
             return Err(bad(format!(
@@ -297,7 +301,7 @@ pub fn classify(
     }
 
     // kube's legacy verb prefixes: `/watch/...` and `/proxy/...`.
-    let (legacy_watch, rest) = match rest.first().map(String::as_str) {
+    let (legacy_watch, rest) = match rest.first().map(Cow::as_ref) {
         Some("watch") => (true, &rest[1..]),
         Some("proxy") => {
             return Err(bad(format!(
@@ -313,16 +317,16 @@ pub fn classify(
             // Namespaces, which this group does not serve.
             [_] | [_, _] => return Err(PathError::NotFound),
             [_, _, sub] if sub == "status" || sub == "finalize" => return Err(PathError::NotFound),
-            [_, ns, tail @ ..] => (Some(ns.clone()), tail),
+            [_, ns, tail @ ..] => (Some(ns.to_string()), tail),
             [] => return Err(PathError::NotFound),
         },
         _ => (None, rest),
     };
 
     let (resource, name, subresource) = match tail {
-        [r] => (r.clone(), None, None),
-        [r, n] => (r.clone(), Some(n.clone()), None),
-        [r, n, s] => (r.clone(), Some(n.clone()), Some(s.clone())),
+        [r] => (r.to_string(), None, None),
+        [r, n] => (r.to_string(), Some(n.to_string()), None),
+        [r, n, s] => (r.to_string(), Some(n.to_string()), Some(s.to_string())),
         _ => return Err(PathError::NotFound),
     };
     let path_parts = ResourcePath {
