@@ -413,3 +413,33 @@ async fn a_retry_prefers_a_healthy_peer_over_a_second_trial() {
             .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
     }
 }
+
+/// A dial is a TLS handshake; one that resumes an earlier session skips verifying
+/// the peer's certificate chain again, the dearest part of a dial. The dialer's two
+/// identities (HTTP/2 first, and HTTP/1.1 alone) share one session store.
+#[tokio::test]
+async fn a_later_connection_to_a_peer_resumes_the_tls_session() {
+    use rustls::HandshakeKind;
+    let pki = Pki::new();
+    let peer = TlsPeer::start(&pki, Protocols::H2AndHttp1).await;
+    let dialer = pki.dialer();
+    let kind = |c: &crproxy_proxy::dial::PeerConnection| c.stream.get_ref().1.handshake_kind();
+
+    let first = dialer.dial_http1(&peer.host()).await.expect("first dial");
+    assert_eq!(kind(&first), Some(HandshakeKind::Full));
+    // One exchange, so the client reads the session tickets the peer sent after
+    // the handshake.
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(first.stream))
+            .await
+            .expect("http/1.1 handshake");
+    let driver = tokio::spawn(connection);
+    let answer = sender.send_request(request("/x")).await.expect("answer");
+    answer.into_body().collect().await.expect("body");
+
+    let second = dialer.dial_http1(&peer.host()).await.expect("second dial");
+    assert_eq!(kind(&second), Some(HandshakeKind::Resumed));
+    let third = dialer.dial(&peer.host()).await.expect("third dial");
+    assert_eq!(kind(&third), Some(HandshakeKind::Resumed));
+    driver.abort();
+}
