@@ -445,7 +445,7 @@ async fn measure_all(
             &binary,
             &dir.join("nginx"),
             listen,
-            target_addr,
+            nginx::Upstream::devcluster(target_addr, target_ca.clone()),
             workers,
             None,
         )
@@ -700,6 +700,7 @@ async fn measure_all(
             crproxy: (proxy_addr, proxy_pid),
             with_nginx: nginx_proc.is_some(),
             target_addr,
+            target_ca: target_ca.clone(),
             target_token: &target_token,
             clock: cpu_clock,
             direct: &direct,
@@ -816,6 +817,8 @@ struct AggregatedSetup<'a> {
     crproxy: (SocketAddr, Option<u32>),
     with_nginx: bool,
     target_addr: SocketAddr,
+    /// The CA of the target's serving certificate, for nginx to check it with.
+    target_ca: String,
     /// The credentials crproxy uses on the target, for nginx to use too.
     target_token: &'a str,
     clock: rss::CpuClock,
@@ -884,7 +887,7 @@ async fn measure_through_aggregator(
                     &binary,
                     &setup.dir.join("nginx-aggregated"),
                     listen,
-                    setup.target_addr,
+                    nginx::Upstream::devcluster(setup.target_addr, setup.target_ca.clone()),
                     nginx_workers(),
                     Some(backend),
                 )

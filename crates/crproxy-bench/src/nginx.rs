@@ -73,6 +73,8 @@ pub struct NginxConfig {
     pub dir: PathBuf,
     pub listen: SocketAddr,
     pub upstream: SocketAddr,
+    /// The name the target's certificate is checked against.
+    pub upstream_name: String,
     /// Worker processes; the same number of cores crproxy's runtime may use.
     pub workers: usize,
     /// Whether nginx starts as root, which needs `user root` so the workers can
@@ -80,6 +82,31 @@ pub struct NginxConfig {
     pub as_root: bool,
     /// Set when nginx serves an aggregation layer instead of the load driver.
     pub aggregator: Option<AggregatorBackend>,
+}
+
+/// The target nginx proxies to: where it listens and how its serving certificate
+/// is checked. crproxy checks the target against its kubeconfig's CA on every
+/// full handshake, so nginx does too: otherwise each of nginx's upstream
+/// handshakes would cost it less than crproxy's, and the comparison would not be
+/// like for like.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    pub addr: SocketAddr,
+    /// The CA that signs the target's serving certificate.
+    pub ca_pem: String,
+    /// A name in the target's serving certificate.
+    pub server_name: String,
+}
+
+impl Upstream {
+    /// A devcluster target: its serving certificate names `localhost`.
+    pub fn devcluster(addr: SocketAddr, ca_pem: String) -> Self {
+        Upstream {
+            addr,
+            ca_pem,
+            server_name: "localhost".into(),
+        }
+    }
 }
 
 /// What nginx needs to be the backend of an APIService.
@@ -93,6 +120,8 @@ pub struct AggregatorBackend {
 
 /// Where the front-proxy CA goes in nginx's directory.
 const FRONT_PROXY_CA_FILE: &str = "front-proxy-ca.crt";
+/// Where the target's CA is written, for `proxy_ssl_trusted_certificate`.
+const UPSTREAM_CA_FILE: &str = "upstream-ca.crt";
 
 impl NginxConfig {
     /// The nginx.conf text. `daemon off` is passed on the command line instead, as
@@ -152,9 +181,11 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Connection \"\";
 {identity}            proxy_ssl_session_reuse on;
-            # The target's certificate is checked by the direct path already; nginx
-            # only pays for a handshake once per pooled connection either way.
-            proxy_ssl_verify off;
+            # Checked as crproxy checks it: against the target's CA and name.
+            proxy_ssl_verify on;
+            proxy_ssl_verify_depth 2;
+            proxy_ssl_trusted_certificate {dir}/{UPSTREAM_CA_FILE};
+            proxy_ssl_name {upstream_name};
             proxy_buffering off;
             proxy_request_buffering off;
             proxy_read_timeout 3600s;
@@ -165,6 +196,7 @@ http {{
 ",
             workers = self.workers.max(1),
             upstream = self.upstream,
+            upstream_name = self.upstream_name,
             listen = self.listen,
         )
     }
@@ -188,7 +220,7 @@ impl Nginx {
         binary: &Path,
         dir: &Path,
         listen: SocketAddr,
-        upstream: SocketAddr,
+        upstream: Upstream,
         workers: usize,
         aggregator: Option<AggregatorBackend>,
     ) -> Result<Self, NginxError> {
@@ -197,13 +229,15 @@ impl Nginx {
         let leaf: CertPem = ca.issue_server(&["localhost"], &[listen.ip()])?;
         write(&dir.join("tls.crt"), &leaf.cert)?;
         write(&dir.join("tls.key"), &leaf.key)?;
+        write(&dir.join(UPSTREAM_CA_FILE), &upstream.ca_pem)?;
         if let Some(backend) = &aggregator {
             write(&dir.join(FRONT_PROXY_CA_FILE), &backend.front_proxy_ca_pem)?;
         }
         let config = NginxConfig {
             dir: dir.to_path_buf(),
             listen,
-            upstream,
+            upstream: upstream.addr,
+            upstream_name: upstream.server_name,
             workers,
             as_root: running_as_root(),
             aggregator,

@@ -148,11 +148,11 @@ async fn requests_through_the_aggregation_layer_reach_crproxy() {
             &binary,
             &dir.path().join("nginx"),
             listen,
-            env.target.addr(),
+            crate::nginx::Upstream::devcluster(env.target.addr(), env.target.ca_pem()),
             1,
             Some(crate::nginx::AggregatorBackend {
                 front_proxy_ca_pem: client.cluster.front_proxy_ca_pem(),
-                target_token: token,
+                target_token: token.clone(),
             }),
         )
         .await
@@ -177,6 +177,39 @@ async fn requests_through_the_aggregation_layer_reach_crproxy() {
         assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
         layer.shutdown().await;
         nginx.stop().await;
+
+        // nginx checks the target's serving certificate, as crproxy does: trusting
+        // another CA, it refuses the target instead of forwarding to it.
+        let stranger =
+            crproxy_core::pki::CertificateAuthority::generate("not-the-target-ca").expect("ca");
+        let listen = SocketAddr::from(([127, 0, 0, 1], crate::child::free_port().expect("port")));
+        let unverified = crate::nginx::Nginx::start(
+            &binary,
+            &dir.path().join("nginx-stranger"),
+            listen,
+            crate::nginx::Upstream::devcluster(env.target.addr(), stranger.pem().cert.clone()),
+            1,
+            None,
+        )
+        .await
+        .expect("nginx starts");
+        let endpoint = driver::Endpoint::new(
+            "nginx-stranger",
+            unverified.addr,
+            Some(&unverified.ca_pem),
+            &driver::Identity::Bearer(token),
+            Protocol::Http1,
+        )
+        .expect("endpoint");
+        let mut sender = endpoint.connect().await.expect("connect");
+        let request = endpoint
+            .request(Method::GET, &object_path(namespace, "w-0"), None)
+            .expect("request");
+        let answer = driver::exchange(&mut sender, request, true)
+            .await
+            .expect("an answer from nginx");
+        assert_eq!(answer.status, StatusCode::BAD_GATEWAY, "{answer:?}");
+        unverified.stop().await;
     } else {
         eprintln!("nginx not installed: its lane behind the aggregator is not checked");
     }

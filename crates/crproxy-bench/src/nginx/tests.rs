@@ -5,6 +5,7 @@ fn config() -> NginxConfig {
         dir: PathBuf::from("/tmp/bench-nginx"),
         listen: "127.0.0.1:18443".parse().expect("addr"),
         upstream: "127.0.0.1:16443".parse().expect("addr"),
+        upstream_name: "localhost".into(),
         workers: 2,
         as_root: false,
         aggregator: None,
@@ -26,6 +27,10 @@ fn the_config_streams_and_keeps_upstream_connections_alive() {
         "worker_processes 2;",
         "pid /tmp/bench-nginx/nginx.pid;",
         "ssl_certificate /tmp/bench-nginx/tls.crt;",
+        // The target is verified as crproxy verifies it.
+        "proxy_ssl_verify on;",
+        "proxy_ssl_trusted_certificate /tmp/bench-nginx/upstream-ca.crt;",
+        "proxy_ssl_name localhost;",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");
     }
@@ -103,10 +108,16 @@ async fn nginx_starts_and_stops_when_installed() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let listen = listener.local_addr().expect("addr");
     drop(listener);
-    let upstream: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let target_ca = CertificateAuthority::generate("nginx-test-target-ca").expect("ca");
+    let upstream = Upstream::devcluster(
+        "127.0.0.1:9".parse().expect("addr"),
+        target_ca.pem().cert.clone(),
+    );
     let nginx = Nginx::start(&binary, dir.path(), listen, upstream, 1, None)
         .await
         .expect("nginx starts");
+    let written = std::fs::read_to_string(dir.path().join(UPSTREAM_CA_FILE)).expect("ca file");
+    assert_eq!(written, target_ca.pem().cert);
     assert!(nginx.ca_pem.contains("BEGIN CERTIFICATE"));
     let pid = nginx.pid;
     nginx.stop().await;
