@@ -146,6 +146,14 @@ impl<'a> Skim<'a> {
         self.read_string()
     }
 
+    /// Enters the next value if it is an object; any other value is skipped.
+    pub fn object_or_skip(&mut self) -> Result<Option<Entries>, SkimError> {
+        match self.peek()? {
+            Kind::Object => self.object().map(Some),
+            _ => self.skip().map(|()| None),
+        }
+    }
+
     /// The next value if it is a string; any other value is skipped.
     pub fn string_or_skip(&mut self) -> Result<Option<Cow<'a, str>>, SkimError> {
         match self.peek()? {
@@ -229,6 +237,24 @@ impl<'a> Skim<'a> {
                 }
             }
         }
+    }
+
+    /// In a walked container: whether a member follows (reading the comma before
+    /// it) or the container ends at `close` (reading it).
+    fn next_member(&mut self, first: &mut bool, close: u8) -> Result<bool, SkimError> {
+        let token = self.next_token()?;
+        if token == close {
+            self.at += 1;
+            return Ok(false);
+        }
+        if !*first {
+            if token != b',' {
+                return Err(self.error(Problem::ExpectedCommaOrEnd));
+            }
+            self.at += 1;
+        }
+        *first = false;
+        Ok(true)
     }
 
     /// After `{` or `,` in a skipped object: a key and its colon.
@@ -531,16 +557,9 @@ impl Entries {
     /// ended (the reader is then past its `}`). The key's value must be read or
     /// skipped before the next call.
     pub fn next_key<'a>(&mut self, skim: &mut Skim<'a>) -> Result<Option<Cow<'a, str>>, SkimError> {
-        match skim.next_token()? {
-            b'}' => {
-                skim.at += 1;
-                return Ok(None);
-            }
-            b',' if !self.first => skim.at += 1,
-            _ if self.first => {}
-            _ => return Err(skim.error(Problem::ExpectedCommaOrEnd)),
+        if !skim.next_member(&mut self.first, b'}')? {
+            return Ok(None);
         }
-        self.first = false;
         skim.key().map(Some)
     }
 }
@@ -550,17 +569,7 @@ impl Elements {
     /// before the next call. `false` once the array has ended (the reader is then
     /// past its `]`).
     pub fn next(&mut self, skim: &mut Skim) -> Result<bool, SkimError> {
-        match skim.next_token()? {
-            b']' => {
-                skim.at += 1;
-                return Ok(false);
-            }
-            b',' if !self.first => skim.at += 1,
-            _ if self.first => {}
-            _ => return Err(skim.error(Problem::ExpectedCommaOrEnd)),
-        }
-        self.first = false;
-        Ok(true)
+        skim.next_member(&mut self.first, b']')
     }
 }
 

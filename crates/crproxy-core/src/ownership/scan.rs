@@ -81,12 +81,10 @@ fn read_object(
     owner: &Owner,
     read_rows: ReadRows,
 ) -> Result<Option<Object>, SkimError> {
-    if skim.peek()? != Kind::Object {
-        skim.skip()?;
+    let Some(mut entries) = skim.object_or_skip()? else {
         return Ok(None);
-    }
+    };
     let mut object = Object::default();
-    let mut entries = skim.object()?;
     while let Some(key) = entries.next_key(skim)? {
         match key.as_ref() {
             "kind" => object.kind_is_table = skim.string_or_skip()?.is_some_and(|s| s == "Table"),
@@ -106,12 +104,10 @@ fn read_object(
 /// Reads the next value: `Some(owned)` if it is an object (owned when its
 /// `labels` carry both owner labels), `None` (skipped) otherwise.
 fn read_metadata(skim: &mut Skim, owner: &Owner) -> Result<Option<bool>, SkimError> {
-    if skim.peek()? != Kind::Object {
-        skim.skip()?;
+    let Some(mut entries) = skim.object_or_skip()? else {
         return Ok(None);
-    }
+    };
     let mut owned = false;
-    let mut entries = skim.object()?;
     while let Some(key) = entries.next_key(skim)? {
         match key.as_ref() {
             "labels" => owned = read_labels(skim, owner)?,
@@ -124,12 +120,10 @@ fn read_metadata(skim: &mut Skim, owner: &Owner) -> Result<Option<bool>, SkimErr
 /// Reads the next value: whether it is an object whose owner labels both have
 /// the owner's values.
 fn read_labels(skim: &mut Skim, owner: &Owner) -> Result<bool, SkimError> {
-    if skim.peek()? != Kind::Object {
-        skim.skip()?;
+    let Some(mut entries) = skim.object_or_skip()? else {
         return Ok(false);
-    }
+    };
     let (mut name_matches, mut project_matches) = (false, false);
-    let mut entries = skim.object()?;
     while let Some(key) = entries.next_key(skim)? {
         match key.as_ref() {
             OWNER_VCLUSTER_LABEL => {
@@ -177,12 +171,10 @@ impl Rows {
 /// Reads a Table row: `Some(owned)` when it is an object whose `object` is an
 /// object with `metadata` that is an object.
 fn read_row(skim: &mut Skim, owner: &Owner) -> Result<Option<bool>, SkimError> {
-    if skim.peek()? != Kind::Object {
-        skim.skip()?;
+    let Some(mut entries) = skim.object_or_skip()? else {
         return Ok(None);
-    }
+    };
     let mut owned = None;
-    let mut entries = skim.object()?;
     while let Some(key) = entries.next_key(skim)? {
         match key.as_ref() {
             "object" => {

@@ -248,6 +248,18 @@ fn typed_reads_say_what_they_expected() {
     assert!(elements.next(&mut skim).expect("second"));
     assert_eq!(skim.string_or_skip(), Ok(Some(Cow::Borrowed("c"))));
     assert!(!elements.next(&mut skim).expect("end"));
+
+    let mut skim = Skim::new(r#"[[5], {"a": 1}]"#);
+    let mut elements = skim.array().expect("an array");
+    assert!(elements.next(&mut skim).expect("first"));
+    assert!(skim.object_or_skip().expect("skipped").is_none());
+    assert!(elements.next(&mut skim).expect("second"));
+    let mut entries = skim.object_or_skip().expect("entered").expect("an object");
+    assert_eq!(entries.next_key(&mut skim), Ok(Some(Cow::Borrowed("a"))));
+    skim.skip().expect("the value");
+    assert_eq!(entries.next_key(&mut skim), Ok(None));
+    assert!(!elements.next(&mut skim).expect("end"));
+    skim.end().expect("nothing after");
 }
 
 proptest! {
