@@ -106,7 +106,7 @@ const STRING_STOP: [bool; 256] = {
 };
 
 impl<'a> Skim<'a> {
-    /// A reader at the start of `text`.
+    /// A reader at the start of `source`.
     pub fn new(source: &'a str) -> Self {
         Skim {
             source,
@@ -304,8 +304,8 @@ impl<'a> Skim<'a> {
     fn advance_to_string_stop(&mut self) -> Result<u8, SkimError> {
         // Eight bytes at a time while no byte of them stops the scan, as
         // serde_json does, then byte by byte.
-        while let Some(chunk) = self.text.get(self.at..self.at + 8) {
-            let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        while let Some(chunk) = self.text.get(self.at..).and_then(<[u8]>::first_chunk::<8>) {
+            let word = u64::from_le_bytes(*chunk);
             let stops = string_stops(word);
             if stops != 0 {
                 // The lowest flagged byte is exact: the first stop in the text.

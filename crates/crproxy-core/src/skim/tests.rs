@@ -130,6 +130,29 @@ fn strings_read_like_serde_json_reads_them() {
 }
 
 #[test]
+fn nesting_deeper_than_the_bits_still_matches_each_closer() {
+    // Past 128 levels the skip keeps its containers in a Vec: a mixed nesting
+    // must close in order there and at the boundary, and a wrong closer at any
+    // depth is refused.
+    for depth in [127, 128, 129, 300] {
+        let open: String = (0..depth)
+            .map(|i| if i % 3 == 0 { "{\"k\":" } else { "[" })
+            .collect();
+        let close: String = (0..depth)
+            .rev()
+            .map(|i| if i % 3 == 0 { "}" } else { "]" })
+            .collect();
+        check_skip(&format!("{open}1{close}"), true);
+        for wrong in [0, depth / 2, depth - 1] {
+            let mut closers: Vec<char> = close.chars().collect();
+            closers[wrong] = if closers[wrong] == '}' { ']' } else { '}' };
+            let text = format!("{open}1{}", closers.iter().collect::<String>());
+            assert!(!skims(&text), "wrong closer {wrong} of {depth}");
+        }
+    }
+}
+
+#[test]
 fn strings_without_escapes_are_borrowed() {
     let text = r#""uid-1""#;
     assert!(matches!(
@@ -289,7 +312,7 @@ proptest! {
             serde_json::to_string(&value)
         }.expect("serializable");
         prop_assert!(skims(&text));
-        // Cut anywhere inside, it is no longer a whole value.
+        // Cut short by its last byte, it is no longer a whole value.
         if text.len() > 1 && !matches!(value, serde_json::Value::Number(_)) {
             prop_assert!(!skims(&text[..text.len() - 1]));
         }
