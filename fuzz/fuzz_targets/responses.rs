@@ -9,8 +9,18 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let owner = Owner::new("client", "project");
+    // The scan skips what it does not read as serde_json skips an ignored value,
+    // so a number beyond f64's range or a lone surrogate escape there passes,
+    // while a parsed `Value` refuses it: such answers have no reference here.
+    let parsed = serde_json::from_slice::<serde_json::Value>(data);
     if ownership::response_visibility(&owner, data) == Visibility::Owned {
-        let answer: serde_json::Value = serde_json::from_slice(data).expect("owned means JSON");
+        let Ok(answer) = parsed else {
+            assert!(
+                serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok(),
+                "owned means JSON"
+            );
+            return;
+        };
         let is_table = answer["kind"] == "Table"
             && answer["apiVersion"]
                 .as_str()

@@ -5,7 +5,10 @@
 //! of a GET is usually passed on unchanged, so building the whole document only to
 //! read two labels would be wasted work on every request.
 //!
-//! A key given twice counts with its last value, as in a parsed document.
+//! A key given twice counts with its last value, as in a parsed document. A value
+//! the scan does not read as text (a `kind` that is a number, say) is skipped like
+//! any other, so a number beyond f64's range or a lone surrogate escape in it
+//! does not make the answer undecodable; only the owner labels decide.
 
 use crate::skim::{Kind, Skim, SkimError};
 

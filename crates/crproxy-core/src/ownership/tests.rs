@@ -455,7 +455,7 @@ fn visibility() {
 /// and bytes in values it skips must not change its verdict.
 #[test]
 fn visibility_scan_reads_the_text_like_a_parser() {
-    let cases: [(&[u8], Visibility); 9] = [
+    let cases: [(&[u8], Visibility); 11] = [
         // `rows` before `kind`: the Table is recognised after its rows were read.
         (
             br#"{"rows":[{"object":{"metadata":{"labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"default"}}}}],"kind":"Table","apiVersion":"meta.k8s.io/v1"}"#,
@@ -486,6 +486,16 @@ fn visibility_scan_reads_the_text_like_a_parser() {
         ),
         (
             br#"{"metadata":{"labels":["vcluster.com/owner-vcluster","client"]}}"#,
+            Visibility::NotOwned,
+        ),
+        // Values the scan does not read as text are skipped like any other,
+        // however a parser would take them; only the owner labels decide.
+        (
+            br#"{"kind":1e400,"metadata":{"labels":{"vcluster.com/owner-vcluster":"client","vcluster.com/owner-project":"default"}}}"#,
+            Visibility::Owned,
+        ),
+        (
+            br#"{"metadata":{"labels":"\ud800"}}"#,
             Visibility::NotOwned,
         ),
         // Trailing text after the document, and a document cut short.
