@@ -42,6 +42,16 @@ fn shown_owned(stream: &[u8], key: &str, pin: &Pin) -> bool {
     })
 }
 
+/// Whether some line is JSON only to a reader that ignores some of its values:
+/// a number beyond f64's range or a lone surrogate escape, which the cache skips
+/// (as serde_json does when ignoring a value) but a parsed `Value` refuses.
+fn has_unparsable_json(stream: &[u8]) -> bool {
+    stream.split(|b| *b == b'\n').any(|line| {
+        serde_json::from_slice::<Value>(line).is_err()
+            && serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok()
+    })
+}
+
 fuzz_target!(|data: &[u8]| {
     // The first byte picks the chunk size, the rest is the stream.
     let Some((&size, stream)) = data.split_first() else {
@@ -50,6 +60,11 @@ fuzz_target!(|data: &[u8]| {
     let whole = replay_watch(&owner(), [stream]);
     let chunked = replay_watch(&owner(), stream.chunks(usize::from(size).max(1)));
     assert_eq!(chunked, whole);
+    // The check below reads lines as parsed documents; lines a parser refuses
+    // only for a value the cache skips leave it without a reference.
+    if has_unparsable_json(stream) {
+        return;
+    }
     for (key, pin) in &whole.pins {
         assert!(!pin.uid.is_empty() && !pin.resource_version.is_empty());
         assert!(

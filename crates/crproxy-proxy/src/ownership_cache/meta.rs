@@ -1,8 +1,8 @@
 //! The few metadata fields the cache reads from watch events, list pages and
 //! write answers, read with [`Skim`]: the text must be UTF-8 (kube-apiserver's
-//! always is), every string borrows from it unless JSON escapes force a copy, of `labels` only the two owner
-//! labels are kept, and every other value (`managedFields` above all) is skipped
-//! in one pass. The cache decodes an event for every write made to a watched
+//! always is), every string borrows from it unless JSON escapes force a copy, of
+//! `labels` only the two owner labels are kept, and every other value
+//! (`managedFields` above all) is skipped in one pass. The cache decodes an event for every write made to a watched
 //! resource, by anyone, so this is on the write path's CPU bill.
 //!
 //! A field that must be text and is something else, or an object that is

@@ -235,6 +235,21 @@ fn lines_that_are_not_whole_events_end_the_watch() {
 }
 
 #[test]
+fn a_key_given_twice_counts_with_its_last_value() {
+    let owned_then_null = format!(r#"{{"uid":"u","resourceVersion":"3",{OWNED},"labels":null}}"#);
+    assert_eq!(owned_pin(&owned_then_null), None);
+    let null_then_owned = format!(r#"{{"uid":"u","resourceVersion":"3","labels":null,{OWNED}}}"#);
+    assert_eq!(owned_pin(&null_then_owned), Some(pin("u", "3")));
+    // A second `metadata` whose state carries no labels replaces the owned one.
+    let line = format!(
+        r#"{{"type":"ADDED","object":{{"metadata":{{"name":"a","namespace":"ns","uid":"u","resourceVersion":"2",{OWNED}}},"metadata":{{"name":"a","namespace":"ns","uid":"u","resourceVersion":"2"}}}}}}"#
+    ) + "\n";
+    let replay = replay_watch(&owner(), [line.as_bytes()]);
+    assert_eq!(replay.error, None);
+    assert!(replay.pins.is_empty(), "{line}");
+}
+
+#[test]
 fn null_labels_are_no_labels() {
     let line = watch_line("ADDED", "a", "u", "2", r#""labels":null"#);
     let replay = replay_watch(&owner(), [line.as_bytes()]);
