@@ -74,8 +74,6 @@ pub enum Kind {
 #[derive(Debug)]
 pub struct Skim<'a> {
     source: &'a str,
-    /// `source`'s bytes, which the reader scans.
-    text: &'a [u8],
     at: usize,
 }
 
@@ -91,28 +89,16 @@ pub struct Elements {
     first: bool,
 }
 
-/// Bytes that end the fast scan of a string: the quote, the backslash, and the
-/// control characters JSON forbids unescaped.
-const STRING_STOP: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut byte = 0;
-    while byte < 0x20 {
-        table[byte] = true;
-        byte += 1;
-    }
-    table[b'"' as usize] = true;
-    table[b'\\' as usize] = true;
-    table
-};
-
 impl<'a> Skim<'a> {
     /// A reader at the start of `source`.
     pub fn new(source: &'a str) -> Self {
-        Skim {
-            source,
-            text: source.as_bytes(),
-            at: 0,
-        }
+        Skim { source, at: 0 }
+    }
+
+    /// The source's bytes, which the reader scans.
+    #[inline(always)]
+    fn text(&self) -> &'a [u8] {
+        self.source.as_bytes()
     }
 
     /// The type of the next value, after any whitespace.
@@ -154,6 +140,14 @@ impl<'a> Skim<'a> {
         }
     }
 
+    /// Enters the next value if it is an array; any other value is skipped.
+    pub fn array_or_skip(&mut self) -> Result<Option<Elements>, SkimError> {
+        match self.peek()? {
+            Kind::Array => self.array().map(Some),
+            _ => self.skip().map(|()| None),
+        }
+    }
+
     /// The next value if it is a string; any other value is skipped.
     pub fn string_or_skip(&mut self) -> Result<Option<Cow<'a, str>>, SkimError> {
         match self.peek()? {
@@ -175,7 +169,7 @@ impl<'a> Skim<'a> {
     /// Checks that nothing but whitespace follows.
     pub fn end(mut self) -> Result<(), SkimError> {
         self.skip_whitespace();
-        if self.at < self.text.len() {
+        if self.at < self.text().len() {
             return Err(self.error(Problem::Trailing));
         }
         Ok(())
@@ -286,7 +280,7 @@ impl<'a> Skim<'a> {
     #[inline(always)]
     fn next_token(&mut self) -> Result<u8, SkimError> {
         self.skip_whitespace();
-        match self.text.get(self.at) {
+        match self.text().get(self.at) {
             Some(byte) => Ok(*byte),
             None => Err(self.error(Problem::End)),
         }
@@ -294,7 +288,7 @@ impl<'a> Skim<'a> {
 
     #[inline(always)]
     fn skip_whitespace(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.text.get(self.at) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.text().get(self.at) {
             self.at += 1;
         }
     }
@@ -302,25 +296,28 @@ impl<'a> Skim<'a> {
     /// Moves to the next byte that ends the fast scan of a string.
     #[inline(always)]
     fn advance_to_string_stop(&mut self) -> Result<u8, SkimError> {
-        // Eight bytes at a time while no byte of them stops the scan, as
-        // serde_json does, then byte by byte.
-        while let Some(chunk) = self.text.get(self.at..).and_then(<[u8]>::first_chunk::<8>) {
-            let word = u64::from_le_bytes(*chunk);
+        // Eight bytes at a time, as serde_json does. The last few are padded with
+        // spaces, which never stop a string, and tested the same way.
+        loop {
+            let rest = self.text().get(self.at..).unwrap_or_default();
+            let word = match rest.first_chunk::<8>() {
+                Some(chunk) => u64::from_le_bytes(*chunk),
+                None if rest.is_empty() => return Err(self.error(Problem::End)),
+                None => {
+                    let mut padded = [b' '; 8];
+                    padded[..rest.len()].copy_from_slice(rest);
+                    u64::from_le_bytes(padded)
+                }
+            };
             let stops = string_stops(word);
             if stops != 0 {
                 // The lowest flagged byte is exact: the first stop in the text.
-                self.at += (stops.trailing_zeros() / 8) as usize;
-                return Ok(self.text[self.at]);
+                let offset = (stops.trailing_zeros() / 8) as usize;
+                self.at += offset;
+                return Ok(rest[offset]);
             }
-            self.at += 8;
+            self.at += rest.len().min(8);
         }
-        while let Some(&byte) = self.text.get(self.at) {
-            if STRING_STOP[usize::from(byte)] {
-                return Ok(byte);
-            }
-            self.at += 1;
-        }
-        Err(self.error(Problem::End))
     }
 
     /// Skips the rest of a string whose opening quote was read.
@@ -334,7 +331,7 @@ impl<'a> Skim<'a> {
                 }
                 b'\\' => {
                     self.at += 1;
-                    self.skip_escape()?;
+                    self.escape()?;
                 }
                 _ => return Err(self.error(Problem::ControlCharacter)),
             }
@@ -380,18 +377,10 @@ impl<'a> Skim<'a> {
             .ok_or_else(|| self.error_at(start, Problem::Unexpected))
     }
 
-    /// After a backslash in a skipped string: the escape must be well formed; its
-    /// code point is not checked (serde_json does not check it either).
-    fn skip_escape(&mut self) -> Result<(), SkimError> {
-        match self.next_byte()? {
-            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Ok(()),
-            b'u' => self.hex4().map(drop),
-            _ => Err(self.error_at(self.at - 1, Problem::Escape)),
-        }
-    }
-
-    /// After a backslash in a string being read: appends what it stands for.
-    fn read_escape(&mut self, out: &mut String) -> Result<(), SkimError> {
+    /// After a backslash: the escape, which must be well formed. Skipping a
+    /// string stops here: like serde_json, it does not check the code point of a
+    /// `\u` escape.
+    fn escape(&mut self) -> Result<Escape, SkimError> {
         let ch = match self.next_byte()? {
             b'"' => '"',
             b'\\' => '\\',
@@ -401,19 +390,28 @@ impl<'a> Skim<'a> {
             b'n' => '\n',
             b'r' => '\r',
             b't' => '\t',
-            b'u' => return self.read_unicode_escape(out),
+            b'u' => return self.hex4().map(Escape::Unit),
             _ => return Err(self.error_at(self.at - 1, Problem::Escape)),
         };
-        out.push(ch);
+        Ok(Escape::Char(ch))
+    }
+
+    /// After a backslash in a string being read: appends what it stands for.
+    fn read_escape(&mut self, out: &mut String) -> Result<(), SkimError> {
+        match self.escape()? {
+            Escape::Char(ch) => out.push(ch),
+            Escape::Unit(unit) => out.push(self.code_point(unit)?),
+        }
         Ok(())
     }
 
-    /// After `\u`: one code point, from a surrogate pair when it takes two.
-    fn read_unicode_escape(&mut self, out: &mut String) -> Result<(), SkimError> {
-        let first = u32::from(self.hex4()?);
+    /// The character a `\u` escape of `first` stands for, reading the second
+    /// half of a surrogate pair when it takes two.
+    fn code_point(&mut self, first: u16) -> Result<char, SkimError> {
+        let first = u32::from(first);
         let code = match first {
             0xD800..=0xDBFF => {
-                if self.text.get(self.at..self.at + 2) != Some(b"\\u") {
+                if self.text().get(self.at..self.at + 2) != Some(b"\\u") {
                     return Err(self.error(Problem::LoneSurrogate));
                 }
                 self.at += 2;
@@ -426,9 +424,7 @@ impl<'a> Skim<'a> {
             0xDC00..=0xDFFF => return Err(self.error(Problem::LoneSurrogate)),
             _ => first,
         };
-        let ch = char::from_u32(code).ok_or_else(|| self.error(Problem::LoneSurrogate))?;
-        out.push(ch);
-        Ok(())
+        char::from_u32(code).ok_or_else(|| self.error(Problem::LoneSurrogate))
     }
 
     fn hex4(&mut self) -> Result<u16, SkimError> {
@@ -447,7 +443,7 @@ impl<'a> Skim<'a> {
 
     fn next_byte(&mut self) -> Result<u8, SkimError> {
         let byte = self
-            .text
+            .text()
             .get(self.at)
             .copied()
             .ok_or_else(|| self.error(Problem::End))?;
@@ -457,14 +453,14 @@ impl<'a> Skim<'a> {
 
     /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
     fn skip_number(&mut self) -> Result<(), SkimError> {
-        if self.text.get(self.at) == Some(&b'-') {
+        if self.text().get(self.at) == Some(&b'-') {
             self.at += 1;
         }
-        match self.text.get(self.at) {
+        match self.text().get(self.at) {
             Some(b'0') => {
                 self.at += 1;
                 // A leading zero may not be followed by more digits.
-                if self.text.get(self.at).is_some_and(u8::is_ascii_digit) {
+                if self.text().get(self.at).is_some_and(u8::is_ascii_digit) {
                     return Err(self.error(Problem::Number));
                 }
             }
@@ -472,13 +468,13 @@ impl<'a> Skim<'a> {
             Some(_) => return Err(self.error(Problem::Number)),
             None => return Err(self.error(Problem::End)),
         }
-        if self.text.get(self.at) == Some(&b'.') {
+        if self.text().get(self.at) == Some(&b'.') {
             self.at += 1;
             self.one_or_more_digits()?;
         }
-        if let Some(b'e' | b'E') = self.text.get(self.at) {
+        if let Some(b'e' | b'E') = self.text().get(self.at) {
             self.at += 1;
-            if let Some(b'+' | b'-') = self.text.get(self.at) {
+            if let Some(b'+' | b'-') = self.text().get(self.at) {
                 self.at += 1;
             }
             self.one_or_more_digits()?;
@@ -487,13 +483,13 @@ impl<'a> Skim<'a> {
     }
 
     fn digits(&mut self) {
-        while self.text.get(self.at).is_some_and(u8::is_ascii_digit) {
+        while self.text().get(self.at).is_some_and(u8::is_ascii_digit) {
             self.at += 1;
         }
     }
 
     fn one_or_more_digits(&mut self) -> Result<(), SkimError> {
-        match self.text.get(self.at) {
+        match self.text().get(self.at) {
             Some(byte) if byte.is_ascii_digit() => {
                 self.digits();
                 Ok(())
@@ -505,20 +501,20 @@ impl<'a> Skim<'a> {
 
     fn literal(&mut self, word: &[u8]) -> Result<(), SkimError> {
         let end = self.at + word.len();
-        match self.text.get(self.at..end) {
+        match self.text().get(self.at..end) {
             Some(found) if found == word => {
                 self.at = end;
                 Ok(())
             }
             _ => {
                 // Point at the first byte that differs, or at the end.
-                let same = self.text[self.at..]
+                let same = self.text()[self.at..]
                     .iter()
                     .zip(word)
                     .take_while(|(a, b)| a == b)
                     .count();
                 self.at += same;
-                let problem = if self.at == self.text.len() {
+                let problem = if self.at == self.text().len() {
                     Problem::End
                 } else {
                     Problem::Unexpected
@@ -571,6 +567,13 @@ impl Elements {
     pub fn next(&mut self, skim: &mut Skim) -> Result<bool, SkimError> {
         skim.next_member(&mut self.first, b']')
     }
+}
+
+/// What a backslash escape stands for.
+enum Escape {
+    Char(char),
+    /// A `\u` escape's UTF-16 code unit, perhaps half of a surrogate pair.
+    Unit(u16),
 }
 
 /// Which containers a skip is inside, innermost last: whether each is an object.

@@ -10,7 +10,7 @@
 //! any other, so a number beyond f64's range or a lone surrogate escape in it
 //! does not make the answer undecodable; only the owner labels decide.
 
-use crate::skim::{Kind, Skim, SkimError};
+use crate::skim::{Skim, SkimError};
 
 use super::{Owner, Visibility, OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
 
@@ -144,12 +144,10 @@ fn read_labels(skim: &mut Skim, owner: &Owner) -> Result<bool, SkimError> {
 impl Rows {
     /// Reads a Table's `rows`: each row is judged by its `object`'s metadata.
     fn read(skim: &mut Skim, owner: &Owner) -> Result<Rows, SkimError> {
-        if skim.peek()? != Kind::Array {
-            skim.skip()?;
+        let Some(mut elements) = skim.array_or_skip()? else {
             return Ok(Rows::Invalid);
-        }
+        };
         let (mut empty, mut undecodable, mut all_owned) = (true, false, true);
-        let mut elements = skim.array()?;
         while elements.next(skim)? {
             empty = false;
             match read_row(skim, owner)? {
