@@ -700,7 +700,7 @@ async fn measure_all(
             crproxy: (proxy_addr, proxy_pid),
             with_nginx: nginx_proc.is_some(),
             target_addr,
-            target_ca: target_ca.clone(),
+            target_ca: &target_ca,
             target_token: &target_token,
             clock: cpu_clock,
             direct: &direct,
@@ -818,7 +818,7 @@ struct AggregatedSetup<'a> {
     with_nginx: bool,
     target_addr: SocketAddr,
     /// The CA of the target's serving certificate, for nginx to check it with.
-    target_ca: String,
+    target_ca: &'a str,
     /// The credentials crproxy uses on the target, for nginx to use too.
     target_token: &'a str,
     clock: rss::CpuClock,
@@ -887,7 +887,7 @@ async fn measure_through_aggregator(
                     &binary,
                     &setup.dir.join("nginx-aggregated"),
                     listen,
-                    nginx::Upstream::devcluster(setup.target_addr, setup.target_ca.clone()),
+                    nginx::Upstream::devcluster(setup.target_addr, setup.target_ca.to_string()),
                     nginx_workers(),
                     Some(backend),
                 )
