@@ -1,12 +1,13 @@
 //! Strict body reading, label stamping and precondition pinning for every media
 //! type (JSON, YAML, merge/strategic/JSON patch, server-side apply, DeleteOptions):
-//! never a panic; a body that is accepted is sent as JSON that reads back as the
-//! checked document, and an accepted object body carries the owner's labels.
+//! never a panic; a JSON body is accepted exactly when serde_json's strict parse
+//! accepts it; a body that is accepted is sent as JSON without repeated keys, and
+//! an accepted object body carries the owner's labels and pins.
 #![no_main]
 
 use crproxy_core::ownership::{self, BodyType, Owner};
 use crproxy_core::precondition::{self, Pin};
-use crproxy_core::request_body::WriteBody;
+use crproxy_core::request_body::{self, WriteBody};
 use libfuzzer_sys::fuzz_target;
 
 const MEDIA_TYPES: [Option<&str>; 7] = [
@@ -31,27 +32,45 @@ fuzz_target!(|data: &[u8]| {
     let _ = precondition::pin_delete(body, &pin);
     let _ = request_body_cost(body);
     let media_type = MEDIA_TYPES[usize::from(selector) % MEDIA_TYPES.len()];
-    let Ok(mut write) = WriteBody::parse(media_type, body) else {
+    let parsed = WriteBody::parse(media_type, body);
+    let is_json = !matches!(
+        media_type,
+        Some("application/yaml" | "application/apply-patch+yaml")
+    );
+    if is_json && body.len() <= request_body::MAX_REQUEST_BODY {
+        assert_eq!(
+            parsed.is_ok(),
+            request_body::parse_json_strict(body).is_ok(),
+            "accepted differently: {parsed:?}"
+        );
+    }
+    let Ok(mut write) = parsed else {
         return;
     };
     if ownership::stamp_owner_labels(&owner, &mut write).is_err() {
         return;
     }
-    let is_list = write.document.get("items").is_some();
+    let document = write.document();
+    let is_list = document.get("items").is_some();
     if write.body_type != BodyType::JsonPatch && !is_list {
-        assert!(owner.owns(&write.document), "stamped: {}", write.document);
+        assert!(owner.owns(&document), "stamped: {document}");
     }
     let stamped = write.to_bytes();
-    let reread: serde_json::Value = serde_json::from_slice(&stamped).expect("sent bytes are JSON");
-    assert_eq!(reread, write.document);
+    let reread = request_body::parse_json_strict(&stamped).expect("sent bytes are strict JSON");
+    assert_eq!(reread, document);
     if selector & 0x80 != 0 {
         let _ = precondition::pin_apply_create(&mut write, "fresh");
     } else if precondition::pin_write(&owner, &mut write, &pin).is_ok()
         && write.body_type != BodyType::JsonPatch
     {
-        assert_eq!(write.document["metadata"]["uid"], "uid-1");
-        assert_eq!(write.document["metadata"]["resourceVersion"], "7");
+        let document = write.document();
+        assert_eq!(document["metadata"]["uid"], "uid-1");
+        assert_eq!(document["metadata"]["resourceVersion"], "7");
+        if !is_list {
+            assert!(owner.owns(&document), "pinned: {document}");
+        }
     }
+    request_body::parse_json_strict(&write.to_bytes()).expect("pinned bytes are strict JSON");
 });
 
 fn request_body_cost(body: &[u8]) -> usize {

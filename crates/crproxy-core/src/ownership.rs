@@ -7,7 +7,7 @@
 //! set last, overriding whatever the caller sent; a response we cannot read is treated
 //! as not owned.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::request::form_decode;
 use crate::request_body::{BodyError, WriteBody};
@@ -139,7 +139,7 @@ pub fn inject_owner_labels(
     Ok(body.to_bytes())
 }
 
-/// Sets both ownership labels to `owner`'s values in a parsed write body.
+/// Sets both ownership labels to `owner`'s values in a write body.
 ///
 /// - JSON, YAML, merge patch, strategic merge patch and server-side apply:
 ///   `metadata.labels` is created when missing or `null` and both labels are set,
@@ -155,22 +155,19 @@ pub fn inject_owner_labels(
 /// string) is an error: the request must then be refused, never sent unlabelled.
 pub fn stamp_owner_labels(owner: &Owner, body: &mut WriteBody) -> Result<(), BodyError> {
     if body.body_type != BodyType::JsonPatch {
-        return label_document(owner, &mut body.document).map_err(BodyError::Invalid);
+        return Ok(body.set_labels(&owner_labels(owner))?);
     }
-    let Some(ops) = body.document.as_array_mut() else {
-        return Err(BodyError::Invalid(
-            "request body has an unexpected shape: a JSON patch must be an array of operations"
-                .into(),
-        ));
-    };
-    for (key, value) in owner_labels(owner) {
-        ops.push(serde_json::json!({
-            "op": "add",
-            "path": label_pointer(key),
-            "value": value,
-        }));
-    }
-    Ok(())
+    let adds = owner_labels(owner)
+        .into_iter()
+        .map(|(key, value)| {
+            serde_json::json!({
+                "op": "add",
+                "path": label_pointer(key),
+                "value": value,
+            })
+        })
+        .collect();
+    Ok(body.add_operations(Vec::new(), adds)?)
 }
 
 /// The JSON pointer of a label, `/metadata/labels/<key>` with RFC 6901 escaping.
@@ -187,62 +184,6 @@ pub fn owner_labels(owner: &Owner) -> [(&'static str, &str); 2] {
         (OWNER_VCLUSTER_LABEL, owner.name.as_str()),
         (OWNER_PROJECT_LABEL, owner.project.as_str()),
     ]
-}
-
-fn is_list(obj: &Map<String, Value>) -> bool {
-    obj.get("kind")
-        .and_then(Value::as_str)
-        .is_some_and(|k| k.ends_with("List"))
-        && obj.get("items").is_some_and(Value::is_array)
-}
-
-fn label_document(owner: &Owner, doc: &mut Value) -> Result<(), String> {
-    let Some(obj) = doc.as_object_mut() else {
-        return Err("request body has an unexpected shape: the body must be a JSON object".into());
-    };
-    if is_list(obj) {
-        if let Some(Value::Array(items)) = obj.get_mut("items") {
-            for (i, item) in items.iter_mut().enumerate() {
-                let Some(item) = item.as_object_mut() else {
-                    return Err(format!(
-                        "request body has an unexpected shape: items[{i}] is not an object"
-                    ));
-                };
-                label_object(owner, item, &format!("items[{i}]."))?;
-            }
-        }
-        return Ok(());
-    }
-    label_object(owner, obj, "")
-}
-
-fn label_object(owner: &Owner, obj: &mut Map<String, Value>, at: &str) -> Result<(), String> {
-    let metadata = obj
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if metadata.is_null() {
-        *metadata = Value::Object(Map::new());
-    }
-    let Some(metadata) = metadata.as_object_mut() else {
-        return Err(format!(
-            "request body has an unexpected shape: {at}metadata is not an object"
-        ));
-    };
-    let labels = metadata
-        .entry("labels")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if labels.is_null() {
-        *labels = Value::Object(Map::new());
-    }
-    let Some(labels) = labels.as_object_mut() else {
-        return Err(format!(
-            "request body has an unexpected shape: {at}metadata.labels is not an object"
-        ));
-    };
-    for (key, value) in owner_labels(owner) {
-        labels.insert(key.to_owned(), Value::from(value));
-    }
-    Ok(())
 }
 
 /// Characters left alone when encoding a query value: RFC 3986 unreserved.

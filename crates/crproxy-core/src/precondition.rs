@@ -21,7 +21,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::ownership::{self, BodyType, Owner};
-use crate::request_body::WriteBody;
+use crate::request_body::{CallerValue, ShapeError, WriteBody};
 
 /// What the ownership check saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,56 +60,38 @@ pub enum PreconditionError {
     Stale,
 }
 
-/// Pins a parsed PUT or PATCH body to the checked state of an owned object.
+/// Pins a PUT or PATCH body to the checked state of an owned object.
 pub fn pin_write(owner: &Owner, body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError> {
     if body.body_type == BodyType::JsonPatch {
-        let ops = body.document.as_array_mut().ok_or_else(|| {
-            PreconditionError::Unparsable("a JSON patch must be an array of operations".into())
-        })?;
         let mut tests = vec![json!({"op": "test", "path": "/metadata/uid", "value": pin.uid})];
         for (key, value) in ownership::owner_labels(owner) {
             tests
                 .push(json!({"op": "test", "path": ownership::label_pointer(key), "value": value}));
         }
-        ops.splice(0..0, tests);
-        return Ok(());
+        return body.add_operations(tests, Vec::new()).map_err(unparsable);
     }
-    let metadata = metadata_of(&mut body.document)?;
-    match metadata.get("resourceVersion") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(caller)) if caller.is_empty() || *caller == pin.resource_version => {}
-        Some(_) => return Err(PreconditionError::Stale),
+    match body.resource_version().map_err(unparsable)? {
+        CallerValue::Missing => {}
+        CallerValue::Text(caller) if caller.is_empty() || caller == pin.resource_version => {}
+        CallerValue::Text(_) | CallerValue::Other => return Err(PreconditionError::Stale),
     }
-    metadata.insert("uid".into(), Value::String(pin.uid.clone()));
-    metadata.insert(
-        "resourceVersion".into(),
-        Value::String(pin.resource_version.clone()),
-    );
-    Ok(())
+    body.set_metadata_field("uid", Some(&pin.uid))
+        .map_err(unparsable)?;
+    body.set_metadata_field("resourceVersion", Some(&pin.resource_version))
+        .map_err(unparsable)
 }
 
 /// Pins a server-side apply of an object that did not exist at the check to `uid`,
 /// a fresh uid no object has (see the module documentation).
 pub fn pin_apply_create(body: &mut WriteBody, uid: &str) -> Result<(), PreconditionError> {
-    let metadata = metadata_of(&mut body.document)?;
-    metadata.insert("uid".into(), Value::String(uid.to_string()));
-    metadata.remove("resourceVersion");
-    Ok(())
+    body.set_metadata_field("uid", Some(uid))
+        .map_err(unparsable)?;
+    body.set_metadata_field("resourceVersion", None)
+        .map_err(unparsable)
 }
 
-fn metadata_of(document: &mut Value) -> Result<&mut Map<String, Value>, PreconditionError> {
-    let object = document
-        .as_object_mut()
-        .ok_or_else(|| PreconditionError::Unparsable("body is not an object".into()))?;
-    let metadata = object
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if metadata.is_null() {
-        *metadata = Value::Object(Map::new());
-    }
-    metadata
-        .as_object_mut()
-        .ok_or_else(|| PreconditionError::Unparsable("metadata is not an object".into()))
+fn unparsable(error: ShapeError) -> PreconditionError {
+    PreconditionError::Unparsable(error.to_string())
 }
 
 /// A DeleteOptions body carrying the caller's options plus the uid and
@@ -186,7 +168,7 @@ mod tests {
         );
         pin_write(&owner(), &mut b, &pin()).expect("pin");
         assert_eq!(
-            b.document,
+            b.document(),
             json!([
                 {"op":"test","path":"/metadata/uid","value":"u1"},
                 {"op":"test","path":"/metadata/labels/vcluster.com~1owner-vcluster","value":"client"},
@@ -207,7 +189,7 @@ mod tests {
             let mut b = body(ct, r#"{"metadata":{"uid":"evil","name":"a"}}"#);
             pin_write(&owner(), &mut b, &pin()).expect("pin");
             assert_eq!(
-                b.document,
+                b.document(),
                 json!({"metadata":{"uid":"u1","name":"a","resourceVersion":"7"}})
             );
         }
@@ -217,7 +199,7 @@ mod tests {
         );
         pin_write(&owner(), &mut b, &pin()).expect("pin");
         assert_eq!(
-            b.document,
+            b.document(),
             json!({"metadata":{"uid":"u1","resourceVersion":"7"},"spec":{}})
         );
     }
@@ -250,7 +232,7 @@ mod tests {
             "metadata:\n  name: a\n  resourceVersion: \"3\"\n",
         );
         pin_apply_create(&mut b, "fresh").expect("pin");
-        assert_eq!(b.document, json!({"metadata":{"name":"a","uid":"fresh"}}));
+        assert_eq!(b.document(), json!({"metadata":{"name":"a","uid":"fresh"}}));
     }
 
     #[test]

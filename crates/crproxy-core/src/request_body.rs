@@ -1,12 +1,15 @@
-//! A write body read once, strictly, into the document the target will receive.
+//! A write body read once, strictly, and sent as the text the proxy checked.
 //!
-//! Owned mode decides ownership and stamps labels on a parsed document and sends
-//! that same document re-serialized as JSON, so the target reads exactly what the
-//! proxy checked. Anything the proxy cannot read the way it will be sent is refused
-//! instead of being forwarded as it came: a second reading by the target could see
-//! what the proxy did not (a duplicate key whose other copy wins, a second YAML
-//! document, bytes Go replaces with U+FFFD where this parser stops).
+//! Owned mode stamps labels and pins preconditions into a write body. The body is
+//! read once: a walk over its whole text checks it and finds where `metadata`,
+//! its labels and (for a JSON patch) the operations are; when it is sent, those
+//! parts are rebuilt with the proxy's values and every other byte goes as it came.
+//! Anything the proxy cannot read the way the target will is refused instead of
+//! being forwarded: a second reading by the target could see what the proxy did
+//! not (a duplicate key whose other copy wins, a second YAML document, bytes Go
+//! replaces with U+FFFD where this reader stops).
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
 
@@ -14,7 +17,12 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 use crate::ownership::BodyType;
+use crate::skim::Skim;
 use crate::status;
+
+mod layout;
+
+use layout::{Edits, Field, Shape, Site};
 
 /// kube-apiserver's request body limit (`MaxRequestBodyBytes`, 3 MiB); the proxy
 /// refuses larger bodies the same way before reading further.
@@ -29,9 +37,12 @@ pub enum BodyError {
     /// Larger than [`MAX_REQUEST_BODY`].
     #[error("Request entity too large: limit is {MAX_REQUEST_BODY}")]
     TooLarge,
-    /// Not a single strictly valid document, or of a shape labels cannot go into.
+    /// Not a single strictly valid document.
     #[error("{0}")]
     Invalid(String),
+    /// A document of a shape labels cannot go into.
+    #[error("request body has an unexpected shape: {0}")]
+    Shape(#[from] ShapeError),
 }
 
 impl BodyError {
@@ -40,7 +51,7 @@ impl BodyError {
         match self {
             BodyError::UnsupportedMediaType(_) => 415,
             BodyError::TooLarge => 413,
-            BodyError::Invalid(_) => 400,
+            BodyError::Invalid(_) | BodyError::Shape(_) => 400,
         }
     }
 
@@ -49,25 +60,55 @@ impl BodyError {
         let reason = match self {
             BodyError::UnsupportedMediaType(_) => "UnsupportedMediaType",
             BodyError::TooLarge => "RequestEntityTooLarge",
-            BodyError::Invalid(_) => "BadRequest",
+            BodyError::Invalid(_) | BodyError::Shape(_) => "BadRequest",
         };
         status::status(self.code(), reason, self.to_string())
     }
 }
 
-/// A write body as one parsed document plus the media type it came with.
-#[derive(Debug, Clone, PartialEq)]
+/// Where a body cannot take what the proxy sets in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    #[error("the body must be a JSON object")]
+    NotAnObject,
+    #[error("a JSON patch must be an array of operations")]
+    NotOperations,
+    /// `metadata` of the body, or of the item the prefix names, is not an object.
+    #[error("{0}metadata is not an object")]
+    Metadata(String),
+    #[error("{0}metadata.labels is not an object")]
+    Labels(String),
+    #[error("items[{0}] is not an object")]
+    Item(usize),
+}
+
+/// A body's own `metadata.resourceVersion`, as the caller sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallerValue<'b> {
+    /// Absent or `null`.
+    Missing,
+    Text(Cow<'b, str>),
+    /// Of another type.
+    Other,
+}
+
+/// A write body: its media type, its text as JSON, where the parts the proxy
+/// edits are in that text, and what it sets there.
+#[derive(Debug, Clone)]
 pub struct WriteBody {
     pub body_type: BodyType,
-    pub document: Value,
+    /// The caller's text for the JSON media types; YAML written out as JSON.
+    text: String,
+    shape: Shape,
+    edits: Edits,
 }
 
 impl WriteBody {
     /// Reads a body strictly. A missing `Content-Type` is JSON, as kube-apiserver
     /// reads it. JSON (and JSON patch) bodies: valid UTF-8, no lone surrogate
-    /// escapes, no duplicate keys, at most serde_json's nesting depth (128). YAML
-    /// bodies (`application/yaml`, server-side apply): exactly one document, no
-    /// duplicate keys, within the YAML parser's budgets.
+    /// escapes, no duplicate keys, numbers within f64, nesting within serde_json's
+    /// limit (128). YAML bodies (`application/yaml`, server-side apply): exactly one
+    /// document, no duplicate keys, within the YAML parser's budgets.
     pub fn parse(content_type: Option<&str>, bytes: &[u8]) -> Result<WriteBody, BodyError> {
         if bytes.len() > MAX_REQUEST_BODY {
             return Err(BodyError::TooLarge);
@@ -77,29 +118,132 @@ impl WriteBody {
             Some(ct) => BodyType::from_content_type(ct)
                 .ok_or_else(|| BodyError::UnsupportedMediaType(ct.to_string()))?,
         };
-        let document = match body_type {
-            BodyType::Yaml | BodyType::ApplyPatchYaml => parse_yaml_strict(bytes)?,
-            _ => parse_json_strict(bytes)?,
+        let text = match body_type {
+            // Written out as JSON, the form the target is sent, and read as such.
+            BodyType::Yaml | BodyType::ApplyPatchYaml => parse_yaml_strict(bytes)?.to_string(),
+            _ => std::str::from_utf8(bytes)
+                .map_err(|e| BodyError::Invalid(format!("request body is not valid JSON: {e}")))?
+                .to_owned(),
         };
+        let shape = layout::read(&text)
+            .map_err(|e| BodyError::Invalid(format!("request body is not valid JSON: {e}")))?;
         Ok(WriteBody {
             body_type,
-            document,
+            text,
+            shape,
+            edits: Edits::default(),
         })
     }
 
-    /// The document as JSON bytes, which every accepted media type (YAML included)
+    /// The body as sent: JSON, which every accepted media type (YAML included)
     /// reads the same way.
     pub fn to_bytes(&self) -> Vec<u8> {
-        // Serializing a `Value` cannot fail: its keys are strings by construction.
-        serde_json::to_vec(&self.document).unwrap_or_default()
+        layout::render(&self.text, &self.shape, &self.edits).into_bytes()
+    }
+
+    /// The document the target reads from [`to_bytes`](WriteBody::to_bytes).
+    pub fn document(&self) -> Value {
+        // The text is JSON by construction; `Null` would show it was not.
+        serde_json::from_slice(&self.to_bytes()).unwrap_or(Value::Null)
+    }
+
+    /// Sets `labels` in the `metadata.labels` of the object the body writes, or
+    /// of each item of a `*List` with `items`, over any value the caller gave
+    /// them (including `null`). A missing or `null` `metadata` or `labels`
+    /// becomes an object.
+    pub fn set_labels(&mut self, labels: &[(&str, &str)]) -> Result<(), ShapeError> {
+        match &self.shape {
+            Shape::Object { items: None, body } => labelable(body, "")?,
+            Shape::Object {
+                items: Some(items), ..
+            } => {
+                for (i, item) in items.iter().enumerate() {
+                    let item = item.as_ref().ok_or(ShapeError::Item(i))?;
+                    labelable(item, &format!("items[{i}]."))?;
+                }
+            }
+            _ => return Err(ShapeError::NotAnObject),
+        }
+        self.edits.labels = labels
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect();
+        Ok(())
+    }
+
+    /// Sets (`Some`) or removes (`None`) a field of the body's own `metadata`.
+    pub fn set_metadata_field(
+        &mut self,
+        name: &'static str,
+        value: Option<&str>,
+    ) -> Result<(), ShapeError> {
+        match &self.shape {
+            Shape::Object { body, .. } => {
+                if matches!(body.metadata, Field::Other) {
+                    return Err(ShapeError::Metadata(String::new()));
+                }
+            }
+            _ => return Err(ShapeError::NotAnObject),
+        }
+        self.edits.fields.retain(|(set, _)| *set != name);
+        self.edits.fields.push((name, value.map(str::to_string)));
+        Ok(())
+    }
+
+    /// The caller's `metadata.resourceVersion`.
+    pub fn resource_version(&self) -> Result<CallerValue<'_>, ShapeError> {
+        let Shape::Object { body, .. } = &self.shape else {
+            return Err(ShapeError::NotAnObject);
+        };
+        let metadata = match &body.metadata {
+            Field::Absent | Field::Null(_) => return Ok(CallerValue::Missing),
+            Field::Object(_, metadata) => metadata,
+            Field::Other => return Err(ShapeError::Metadata(String::new())),
+        };
+        let Some(value) = metadata.resource_version.clone() else {
+            return Ok(CallerValue::Missing);
+        };
+        let text = self.text.get(value).unwrap_or_default();
+        Ok(match Skim::new(text).optional_string() {
+            Ok(None) => CallerValue::Missing,
+            Ok(Some(text)) => CallerValue::Text(text),
+            Err(_) => CallerValue::Other,
+        })
+    }
+
+    /// Puts operations before and after the caller's, in an array body (a JSON
+    /// patch).
+    pub fn add_operations(
+        &mut self,
+        before: Vec<Value>,
+        after: Vec<Value>,
+    ) -> Result<(), ShapeError> {
+        if !matches!(self.shape, Shape::Array { .. }) {
+            return Err(ShapeError::NotOperations);
+        }
+        self.edits.operations_before.splice(0..0, before);
+        self.edits.operations_after.extend(after);
+        Ok(())
     }
 }
 
-/// A generous estimate, in bytes, of the memory parsing `bytes` takes: the text
+/// Whether labels can be set on `site`; `at` names it in the error.
+fn labelable(site: &Site, at: &str) -> Result<(), ShapeError> {
+    match &site.metadata {
+        Field::Other => Err(ShapeError::Metadata(at.to_string())),
+        Field::Object(_, metadata) if matches!(metadata.labels, Field::Other) => {
+            Err(ShapeError::Labels(at.to_string()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A generous estimate, in bytes, of the memory reading `bytes` takes: the text
 /// plus a parsed node's size for every byte that can start a node (`{ [ , : -`
 /// and line breaks, inside strings or not). A plain 3 MiB string costs about
-/// 3 MiB; 3 MiB of `0,0,0,...` costs some 50 MiB once parsed, and is
-/// estimated above that. The proxy admits parses against a memory budget with it,
+/// 3 MiB; 3 MiB of `0,0,0,...` costs some 50 MiB once parsed as YAML, and is
+/// estimated above that (the JSON walk keeps far less: the keys of the objects
+/// it is inside, and the entries of `metadata`). The proxy admits parses against a memory budget with it,
 /// so many ordinary bodies parse at once while pathological ones take turns.
 pub fn parse_cost(bytes: &[u8]) -> usize {
     const NODE: usize = 40;
@@ -234,7 +378,7 @@ mod tests {
     fn missing_content_type_is_json() {
         let body = WriteBody::parse(None, br#"{"a":1}"#).expect("parses");
         assert_eq!(body.body_type, BodyType::Json);
-        assert_eq!(body.document, json!({"a": 1}));
+        assert_eq!(body.document(), json!({"a": 1}));
         let body = WriteBody::parse(Some(" "), br#"{"a":1}"#).expect("parses");
         assert_eq!(body.body_type, BodyType::Json);
     }
@@ -284,7 +428,7 @@ mod tests {
             )
             .expect("parses");
             assert_eq!(
-                body.document,
+                body.document(),
                 json!({"metadata": {"name": "a"}, "spec": {"on": true, "mode": 493}})
             );
         }
@@ -334,7 +478,7 @@ mod tests {
             let exact: f64 = text.parse().expect("f64");
             let body =
                 WriteBody::parse(None, format!(r#"{{"n":{text}}}"#).as_bytes()).expect("parses");
-            assert_eq!(body.document["n"].as_f64(), Some(exact), "{text}");
+            assert_eq!(body.document()["n"].as_f64(), Some(exact), "{text}");
             let sent: Value = serde_json::from_slice(&body.to_bytes()).expect("json");
             assert_eq!(sent["n"].as_f64(), Some(exact), "{text} as sent");
         }
@@ -346,7 +490,269 @@ mod tests {
             WriteBody::parse(Some("application/yaml"), b"metadata:\n  name: a\n").expect("parses");
         assert_eq!(
             serde_json::from_slice::<Value>(&body.to_bytes()).expect("json"),
-            body.document
+            body.document()
         );
+    }
+
+    const OWNER_LABELS: [(&str, &str); 2] = [
+        ("vcluster.com/owner-vcluster", "client"),
+        ("vcluster.com/owner-project", "project"),
+    ];
+
+    fn stamped(text: &str) -> String {
+        let mut body = WriteBody::parse(None, text.as_bytes()).expect("parses");
+        body.set_labels(&OWNER_LABELS).expect("labels");
+        String::from_utf8(body.to_bytes()).expect("utf-8")
+    }
+
+    #[test]
+    fn what_the_proxy_does_not_set_is_sent_byte_for_byte() {
+        let spec = r#""spec" : {"n": 1.0, "big": 123456789012345678901234567890, "e": 1E5, "s": "caf\u00e9 \/"}"#;
+        let text = format!(
+            r#"{{ "apiVersion":"v1",{spec}, "metadata": {{"name": "a", "annotations": {{"k": "v"}}, "labels": {{"app": "x"}}}} }}"#
+        );
+        let out = stamped(&text);
+        assert!(out.contains(spec), "{out}");
+        assert!(out.contains(r#""name": "a""#), "{out}");
+        assert!(out.contains(r#""annotations": {"k": "v"}"#), "{out}");
+        assert!(out.contains(r#""app": "x""#), "{out}");
+        assert_eq!(
+            parse_json_strict(out.as_bytes()).expect("strict JSON")["metadata"]["labels"],
+            json!({"app": "x", "vcluster.com/owner-vcluster": "client", "vcluster.com/owner-project": "project"})
+        );
+    }
+
+    #[test]
+    fn keys_are_recognised_through_escapes_and_never_sent_twice() {
+        // `\u006d` is `m`, `\/` is `/`: Go reads these keys as metadata, labels
+        // and the owner label, so they are replaced, not repeated.
+        let out = stamped(
+            r#"{"\u006detadata":{"la\u0062els":{"vcluster.com\/owner-vcluster":"other","app":"x"}}}"#,
+        );
+        let sent = parse_json_strict(out.as_bytes()).expect("no duplicate keys in what is sent");
+        assert_eq!(
+            sent,
+            json!({"metadata": {"labels": {"app": "x", "vcluster.com/owner-vcluster": "client", "vcluster.com/owner-project": "project"}}})
+        );
+        let message = invalid(None, br#"{"metadata":{"a":1,"\u0061":2}}"#);
+        assert!(message.contains(r#"duplicate key "a""#), "{message}");
+    }
+
+    #[test]
+    fn numbers_beyond_f64_are_refused_like_the_parser_refused_them() {
+        let long = "9".repeat(400);
+        for number in ["1e400", "-1e400", "1E+309", long.as_str()] {
+            let text = format!(r#"{{"spec":{{"n":{number}}}}}"#);
+            let message = invalid(None, text.as_bytes());
+            assert!(
+                message.contains("number out of range"),
+                "{number}: {message}"
+            );
+            assert!(parse_json_strict(text.as_bytes()).is_err(), "{number}");
+        }
+        for number in ["1e-400", "1e308", "-0", "18446744073709551616"] {
+            let text = format!(r#"{{"spec":{{"n":{number}}}}}"#);
+            assert!(WriteBody::parse(None, text.as_bytes()).is_ok(), "{number}");
+            assert!(parse_json_strict(text.as_bytes()).is_ok(), "{number}");
+        }
+    }
+
+    #[test]
+    fn nesting_is_limited_where_the_parser_limited_it() {
+        for depth in 120..136 {
+            for (open, close) in [("[", "]"), (r#"{"a":"#, "}")] {
+                let text = format!(
+                    r#"{{"spec":{}1{}}}"#,
+                    open.repeat(depth),
+                    close.repeat(depth)
+                );
+                assert_eq!(
+                    WriteBody::parse(None, text.as_bytes()).is_ok(),
+                    parse_json_strict(text.as_bytes()).is_ok(),
+                    "{depth} levels of {open}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn operations_go_around_the_callers_own() {
+        for (text, want) in [
+            ("[]", json!([{"op": "test"}, {"op": "add"}])),
+            (
+                " [ {\"op\":\"remove\"} ] ",
+                json!([{"op": "test"}, {"op": "remove"}, {"op": "add"}]),
+            ),
+        ] {
+            let mut body = WriteBody::parse(Some("application/json-patch+json"), text.as_bytes())
+                .expect("parses");
+            body.add_operations(Vec::new(), vec![json!({"op": "add"})])
+                .expect("array");
+            body.add_operations(vec![json!({"op": "test"})], Vec::new())
+                .expect("array");
+            assert_eq!(body.document(), want, "{text}");
+        }
+        let mut body = WriteBody::parse(None, b"{}").expect("parses");
+        assert_eq!(
+            body.add_operations(Vec::new(), Vec::new()),
+            Err(ShapeError::NotOperations)
+        );
+    }
+
+    #[test]
+    fn the_callers_resource_version_is_read_as_sent() {
+        let read = |text: &str| {
+            let body = WriteBody::parse(None, text.as_bytes()).expect("parses");
+            body.resource_version().map(|found| format!("{found:?}"))
+        };
+        assert_eq!(read("{}"), Ok("Missing".into()));
+        assert_eq!(read(r#"{"metadata":null}"#), Ok("Missing".into()));
+        assert_eq!(
+            read(r#"{"metadata":{"resourceVersion":null}}"#),
+            Ok("Missing".into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":{"resourceVersion":"7"}}"#),
+            Ok(r#"Text("7")"#.into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":{"resourceVersion":"\u0037"}}"#),
+            Ok(r#"Text("7")"#.into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":{"resourceVersion":7}}"#),
+            Ok("Other".into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":7}"#),
+            Err(ShapeError::Metadata(String::new()))
+        );
+        assert_eq!(read("[]"), Err(ShapeError::NotAnObject));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// JSON text built from the keys and values the edits depend on, with
+        /// escapes, repeated keys, lone surrogates and numbers past f64 mixed in.
+        fn text_strategy() -> impl Strategy<Value = String> {
+            let key = prop::sample::select(vec![
+                r#""metadata""#,
+                r#""\u006detadata""#,
+                r#""labels""#,
+                r#""resourceVersion""#,
+                r#""uid""#,
+                r#""kind""#,
+                r#""items""#,
+                r#""vcluster.com/owner-vcluster""#,
+                r#""vcluster.com\/owner-project""#,
+                r#""a""#,
+                r#""\ud800""#,
+            ]);
+            let leaf = prop::sample::select(vec![
+                r#""x""#,
+                r#""7""#,
+                r#""WidgetList""#,
+                r#""\ud83d\ude00""#,
+                r#""\udc00""#,
+                "1",
+                "-0.5e3",
+                "1e400",
+                "true",
+                "null",
+                "[]",
+                "{}",
+            ])
+            .prop_map(str::to_owned);
+            leaf.prop_recursive(5, 48, 5, move |inner| {
+                let space = prop::sample::select(vec!["", " ", "\n "]);
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4)
+                        .prop_map(|items| format!("[{}]", items.join(","))),
+                    prop::collection::vec((key.clone(), space, inner), 0..5).prop_map(|entries| {
+                        let entries: Vec<String> = entries
+                            .into_iter()
+                            .map(|(key, space, value)| format!("{space}{key}{space}:{value}"))
+                            .collect();
+                        format!("{{{}}}", entries.join(","))
+                    }),
+                ]
+            })
+        }
+
+        /// How the proxy edited a parsed document before it edited text: the
+        /// reference the text edits are held to. `None` where it refused.
+        fn reference(mut document: Value, pin: bool) -> Option<Value> {
+            fn metadata(object: &mut Map<String, Value>) -> Option<&mut Map<String, Value>> {
+                let metadata = object.entry("metadata").or_insert_with(|| json!({}));
+                if metadata.is_null() {
+                    *metadata = json!({});
+                }
+                metadata.as_object_mut()
+            }
+            fn label(object: &mut Map<String, Value>) -> Option<()> {
+                let labels = metadata(object)?
+                    .entry("labels")
+                    .or_insert_with(|| json!({}));
+                if labels.is_null() {
+                    *labels = json!({});
+                }
+                let labels = labels.as_object_mut()?;
+                for (key, value) in OWNER_LABELS {
+                    labels.insert(key.into(), value.into());
+                }
+                Some(())
+            }
+            let object = document.as_object_mut()?;
+            let is_list = object
+                .get("kind")
+                .and_then(Value::as_str)
+                .is_some_and(|kind| kind.ends_with("List"))
+                && object.get("items").is_some_and(Value::is_array);
+            match object.get_mut("items").and_then(Value::as_array_mut) {
+                Some(items) if is_list => {
+                    for item in items {
+                        label(item.as_object_mut()?)?;
+                    }
+                }
+                _ => label(object)?,
+            }
+            if pin {
+                let metadata = metadata(object)?;
+                metadata.insert("uid".into(), "u1".into());
+                metadata.remove("resourceVersion");
+            }
+            Some(document)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// The walk accepts exactly what the strict parser accepted, and the
+            /// text it sends reads as the document the parser's edits made.
+            #[test]
+            fn text_edits_match_edits_of_the_parsed_document(text in text_strategy(), pin in any::<bool>()) {
+                let parsed = parse_json_strict(text.as_bytes());
+                let body = WriteBody::parse(None, text.as_bytes());
+                prop_assert_eq!(parsed.is_ok(), body.is_ok(), "{}: {:?}", text, body.as_ref().err());
+                let (Ok(parsed), Ok(mut body)) = (parsed, body) else {
+                    return Ok(());
+                };
+                let edited = body.set_labels(&OWNER_LABELS).and_then(|()| {
+                    if pin {
+                        body.set_metadata_field("uid", Some("u1"))?;
+                        body.set_metadata_field("resourceVersion", None)?;
+                    }
+                    Ok(())
+                });
+                let want = reference(parsed, pin);
+                prop_assert_eq!(edited.is_ok(), want.is_some(), "{}", text);
+                if let Some(want) = want {
+                    let sent = parse_json_strict(&body.to_bytes());
+                    prop_assert_eq!(sent, Ok(want), "{}", text);
+                }
+            }
+        }
     }
 }

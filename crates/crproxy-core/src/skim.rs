@@ -101,6 +101,11 @@ impl<'a> Skim<'a> {
         self.source.as_bytes()
     }
 
+    /// The reader's offset in the source: just past what it has read.
+    pub fn position(&self) -> usize {
+        self.at
+    }
+
     /// The type of the next value, after any whitespace.
     pub fn peek(&mut self) -> Result<Kind, SkimError> {
         match self.next_token()? {
@@ -557,6 +562,20 @@ impl Entries {
             return Ok(None);
         }
         skim.key().map(Some)
+    }
+
+    /// As [`next_key`](Entries::next_key), with the offset of the key's opening
+    /// quote: where the entry's text starts.
+    pub fn next_key_at<'a>(
+        &mut self,
+        skim: &mut Skim<'a>,
+    ) -> Result<Option<(usize, Cow<'a, str>)>, SkimError> {
+        if !skim.next_member(&mut self.first, b'}')? {
+            return Ok(None);
+        }
+        skim.skip_whitespace();
+        let start = skim.at;
+        skim.key().map(|key| Some((start, key)))
     }
 }
 

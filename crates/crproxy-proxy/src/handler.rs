@@ -76,10 +76,10 @@ pub struct GroupVersionProxy {
 /// long-running and exempt, as on kube.
 pub const MAX_IN_FLIGHT: usize = 400;
 
-/// Memory one group/version server may spend on parsing write bodies at once, as
-/// estimated by `request_body::parse_cost`. A parsed document can take many times its text (3 MiB of small numbers
-/// become some 50 MiB), so such writes wait for room instead of all running at
-/// once; ordinary bodies cost about their size.
+/// Memory one group/version server may spend on reading write bodies at once, as
+/// estimated by `request_body::parse_cost`. A parsed YAML document can take many
+/// times its text (3 MiB of small numbers become some 50 MiB), so such writes wait
+/// for room instead of all running at once; ordinary bodies cost about their size.
 pub const PARSE_MEMORY_BUDGET: usize = 64 * 1024 * 1024;
 
 /// How many times an owned-mode mutation is checked and sent: once, and once more
