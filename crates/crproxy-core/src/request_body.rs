@@ -523,6 +523,19 @@ mod tests {
     }
 
     #[test]
+    fn values_the_proxy_sets_are_written_as_json_strings() {
+        let odd = "q\"b\\s\n\r\t\u{1}\u{1f} é/";
+        let mut body = WriteBody::parse(None, b"{}").expect("parses");
+        body.set_labels(&[(odd, odd)]).expect("labels");
+        body.set_metadata_field("uid", Some(odd)).expect("uid");
+        let sent = parse_json_strict(&body.to_bytes()).expect("strict JSON");
+        assert_eq!(
+            sent,
+            json!({"metadata": {"labels": {odd: odd}, "uid": odd}})
+        );
+    }
+
+    #[test]
     fn keys_are_recognised_through_escapes_and_never_sent_twice() {
         // `\u006d` is `m`, `\/` is `/`: Go reads these keys as metadata, labels
         // and the owner label, so they are replaced, not repeated.
