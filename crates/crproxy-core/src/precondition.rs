@@ -168,7 +168,7 @@ mod tests {
         );
         pin_write(&owner(), &mut b, &pin()).expect("pin");
         assert_eq!(
-            b.document(),
+            b.document().expect("strict JSON"),
             json!([
                 {"op":"test","path":"/metadata/uid","value":"u1"},
                 {"op":"test","path":"/metadata/labels/vcluster.com~1owner-vcluster","value":"client"},
@@ -189,7 +189,7 @@ mod tests {
             let mut b = body(ct, r#"{"metadata":{"uid":"evil","name":"a"}}"#);
             pin_write(&owner(), &mut b, &pin()).expect("pin");
             assert_eq!(
-                b.document(),
+                b.document().expect("strict JSON"),
                 json!({"metadata":{"uid":"u1","name":"a","resourceVersion":"7"}})
             );
         }
@@ -199,7 +199,7 @@ mod tests {
         );
         pin_write(&owner(), &mut b, &pin()).expect("pin");
         assert_eq!(
-            b.document(),
+            b.document().expect("strict JSON"),
             json!({"metadata":{"uid":"u1","resourceVersion":"7"},"spec":{}})
         );
     }
@@ -232,7 +232,10 @@ mod tests {
             "metadata:\n  name: a\n  resourceVersion: \"3\"\n",
         );
         pin_apply_create(&mut b, "fresh").expect("pin");
-        assert_eq!(b.document(), json!({"metadata":{"name":"a","uid":"fresh"}}));
+        assert_eq!(
+            b.document().expect("strict JSON"),
+            json!({"metadata":{"name":"a","uid":"fresh"}})
+        );
     }
 
     #[test]

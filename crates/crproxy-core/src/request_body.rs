@@ -21,6 +21,8 @@ use crate::skim::Skim;
 use crate::status;
 
 mod layout;
+#[cfg(any(test, fuzzing))]
+pub mod reference;
 
 use layout::{Edits, Field, Shape, Site};
 
@@ -125,8 +127,13 @@ impl WriteBody {
                 .map_err(|e| BodyError::Invalid(format!("request body is not valid JSON: {e}")))?
                 .to_owned(),
         };
-        let shape = layout::read(&text)
-            .map_err(|e| BodyError::Invalid(format!("request body is not valid JSON: {e}")))?;
+        let shape = layout::read(&text).map_err(|e| match body_type {
+            // Only its depth can refuse a YAML document written out as JSON.
+            BodyType::Yaml | BodyType::ApplyPatchYaml => BodyError::Invalid(format!(
+                "request body is not a single valid YAML document: {e}"
+            )),
+            _ => BodyError::Invalid(format!("request body is not valid JSON: {e}")),
+        })?;
         Ok(WriteBody {
             body_type,
             text,
@@ -141,10 +148,10 @@ impl WriteBody {
         layout::render(&self.text, &self.shape, &self.edits).into_bytes()
     }
 
-    /// The document the target reads from [`to_bytes`](WriteBody::to_bytes).
-    pub fn document(&self) -> Value {
-        // The text is JSON by construction; `Null` would show it was not.
-        serde_json::from_slice(&self.to_bytes()).unwrap_or(Value::Null)
+    /// The document the target reads from [`to_bytes`](WriteBody::to_bytes),
+    /// read as strictly as a caller's body.
+    pub fn document(&self) -> Result<Value, BodyError> {
+        parse_json_strict(&self.to_bytes())
     }
 
     /// Sets `labels` in the `metadata.labels` of the object the body writes, or
@@ -153,13 +160,15 @@ impl WriteBody {
     /// becomes an object.
     pub fn set_labels(&mut self, labels: &[(&str, &str)]) -> Result<(), ShapeError> {
         match &self.shape {
-            Shape::Object { items: None, body } => labelable(body, "")?,
+            Shape::Object { items: None, body } => labelable(body, None)?,
             Shape::Object {
                 items: Some(items), ..
             } => {
-                for (i, item) in items.iter().enumerate() {
-                    let item = item.as_ref().ok_or(ShapeError::Item(i))?;
-                    labelable(item, &format!("items[{i}]."))?;
+                for (i, item) in items.objects.iter().enumerate() {
+                    labelable(item, Some(i))?;
+                }
+                if let Some(i) = items.first_not_an_object {
+                    return Err(ShapeError::Item(i));
                 }
             }
             _ => return Err(ShapeError::NotAnObject),
@@ -227,12 +236,13 @@ impl WriteBody {
     }
 }
 
-/// Whether labels can be set on `site`; `at` names it in the error.
-fn labelable(site: &Site, at: &str) -> Result<(), ShapeError> {
+/// Whether labels can be set on `site`, the body or the list item `item`.
+fn labelable(site: &Site, item: Option<usize>) -> Result<(), ShapeError> {
+    let at = || item.map(|i| format!("items[{i}].")).unwrap_or_default();
     match &site.metadata {
-        Field::Other => Err(ShapeError::Metadata(at.to_string())),
+        Field::Other => Err(ShapeError::Metadata(at())),
         Field::Object(_, metadata) if matches!(metadata.labels, Field::Other) => {
-            Err(ShapeError::Labels(at.to_string()))
+            Err(ShapeError::Labels(at()))
         }
         _ => Ok(()),
     }
@@ -242,9 +252,11 @@ fn labelable(site: &Site, at: &str) -> Result<(), ShapeError> {
 /// plus a parsed node's size for every byte that can start a node (`{ [ , : -`
 /// and line breaks, inside strings or not). A plain 3 MiB string costs about
 /// 3 MiB; 3 MiB of `0,0,0,...` costs some 50 MiB once parsed as YAML, and is
-/// estimated above that (the JSON walk keeps far less: the keys of the objects
-/// it is inside, and the entries of `metadata`). The proxy admits parses against a memory budget with it,
-/// so many ordinary bodies parse at once while pathological ones take turns.
+/// estimated above that. The JSON walk keeps less than a node per key or item:
+/// the keys of the objects it is inside (24 bytes each), the entries of
+/// `metadata` and its labels (40 bytes each) and a list's object items (48
+/// bytes each). The proxy admits reads against a memory budget with it, so many
+/// ordinary bodies are read at once while pathological ones take turns.
 pub fn parse_cost(bytes: &[u8]) -> usize {
     const NODE: usize = 40;
     let nodes = bytes
@@ -378,7 +390,7 @@ mod tests {
     fn missing_content_type_is_json() {
         let body = WriteBody::parse(None, br#"{"a":1}"#).expect("parses");
         assert_eq!(body.body_type, BodyType::Json);
-        assert_eq!(body.document(), json!({"a": 1}));
+        assert_eq!(body.document().expect("strict JSON"), json!({"a": 1}));
         let body = WriteBody::parse(Some(" "), br#"{"a":1}"#).expect("parses");
         assert_eq!(body.body_type, BodyType::Json);
     }
@@ -428,7 +440,7 @@ mod tests {
             )
             .expect("parses");
             assert_eq!(
-                body.document(),
+                body.document().expect("strict JSON"),
                 json!({"metadata": {"name": "a"}, "spec": {"on": true, "mode": 493}})
             );
         }
@@ -478,7 +490,11 @@ mod tests {
             let exact: f64 = text.parse().expect("f64");
             let body =
                 WriteBody::parse(None, format!(r#"{{"n":{text}}}"#).as_bytes()).expect("parses");
-            assert_eq!(body.document()["n"].as_f64(), Some(exact), "{text}");
+            assert_eq!(
+                body.document().expect("strict JSON")["n"].as_f64(),
+                Some(exact),
+                "{text}"
+            );
             let sent: Value = serde_json::from_slice(&body.to_bytes()).expect("json");
             assert_eq!(sent["n"].as_f64(), Some(exact), "{text} as sent");
         }
@@ -490,7 +506,7 @@ mod tests {
             WriteBody::parse(Some("application/yaml"), b"metadata:\n  name: a\n").expect("parses");
         assert_eq!(
             serde_json::from_slice::<Value>(&body.to_bytes()).expect("json"),
-            body.document()
+            body.document().expect("strict JSON")
         );
     }
 
@@ -520,6 +536,36 @@ mod tests {
             parse_json_strict(out.as_bytes()).expect("strict JSON")["metadata"]["labels"],
             json!({"app": "x", "vcluster.com/owner-vcluster": "client", "vcluster.com/owner-project": "project"})
         );
+    }
+
+    #[test]
+    fn what_the_walk_keeps_stays_within_the_read_budget() {
+        // The sizes `parse_cost` documents; it estimates 40 bytes a node.
+        assert_eq!(std::mem::size_of::<Cow<'_, str>>(), 24);
+        assert!(std::mem::size_of::<layout::Entry>() <= 40);
+        assert!(std::mem::size_of::<layout::Site>() <= 48);
+        // A list of empty objects keeps a site per item (one `{` and one `,`
+        // each, 80 bytes estimated); a list of numbers keeps none.
+        let items = format!(r#"{{"kind":"List","items":[{}{{}}]}}"#, "{},".repeat(1000));
+        let body = WriteBody::parse(None, items.as_bytes()).expect("parses");
+        match &body.shape {
+            Shape::Object {
+                items: Some(items), ..
+            } => assert_eq!(items.objects.len(), 1001),
+            other => panic!("not a list: {other:?}"),
+        }
+        let numbers = format!(r#"{{"kind":"List","items":[{}0]}}"#, "0,".repeat(1000));
+        let mut body = WriteBody::parse(None, numbers.as_bytes()).expect("parses");
+        match &body.shape {
+            Shape::Object {
+                items: Some(items), ..
+            } => {
+                assert!(items.objects.is_empty());
+                assert_eq!(items.first_not_an_object, Some(0));
+            }
+            other => panic!("not a list: {other:?}"),
+        }
+        assert_eq!(body.set_labels(&OWNER_LABELS), Err(ShapeError::Item(0)));
     }
 
     #[test]
@@ -603,7 +649,7 @@ mod tests {
                 .expect("array");
             body.add_operations(vec![json!({"op": "test"})], Vec::new())
                 .expect("array");
-            assert_eq!(body.document(), want, "{text}");
+            assert_eq!(body.document().expect("strict JSON"), want, "{text}");
         }
         let mut body = WriteBody::parse(None, b"{}").expect("parses");
         assert_eq!(
@@ -678,65 +724,36 @@ mod tests {
                 "{}",
             ])
             .prop_map(str::to_owned);
-            leaf.prop_recursive(5, 48, 5, move |inner| {
-                let space = prop::sample::select(vec!["", " ", "\n "]);
+            let value = leaf.prop_recursive(5, 48, 5, move |inner| {
                 prop_oneof![
-                    prop::collection::vec(inner.clone(), 0..4)
-                        .prop_map(|items| format!("[{}]", items.join(","))),
-                    prop::collection::vec((key.clone(), space, inner), 0..5).prop_map(|entries| {
-                        let entries: Vec<String> = entries
-                            .into_iter()
-                            .map(|(key, space, value)| format!("{space}{key}{space}:{value}"))
-                            .collect();
-                        format!("{{{}}}", entries.join(","))
-                    }),
+                    prop::collection::vec((space(), inner.clone(), space()), 0..4).prop_map(
+                        |items| {
+                            let items: Vec<String> = items
+                                .into_iter()
+                                .map(|(before, item, after)| format!("{before}{item}{after}"))
+                                .collect();
+                            format!("[{}]", items.join(","))
+                        }
+                    ),
+                    prop::collection::vec((space(), key.clone(), space(), inner), 0..5).prop_map(
+                        |entries| {
+                            let entries: Vec<String> = entries
+                                .into_iter()
+                                .map(|(before, key, after, value)| {
+                                    format!("{before}{key}{after}:{after}{value}{before}")
+                                })
+                                .collect();
+                            format!("{{{}}}", entries.join(","))
+                        }
+                    ),
                 ]
-            })
+            });
+            (space(), value, space())
+                .prop_map(|(before, value, after)| format!("{before}{value}{after}"))
         }
 
-        /// How the proxy edited a parsed document before it edited text: the
-        /// reference the text edits are held to. `None` where it refused.
-        fn reference(mut document: Value, pin: bool) -> Option<Value> {
-            fn metadata(object: &mut Map<String, Value>) -> Option<&mut Map<String, Value>> {
-                let metadata = object.entry("metadata").or_insert_with(|| json!({}));
-                if metadata.is_null() {
-                    *metadata = json!({});
-                }
-                metadata.as_object_mut()
-            }
-            fn label(object: &mut Map<String, Value>) -> Option<()> {
-                let labels = metadata(object)?
-                    .entry("labels")
-                    .or_insert_with(|| json!({}));
-                if labels.is_null() {
-                    *labels = json!({});
-                }
-                let labels = labels.as_object_mut()?;
-                for (key, value) in OWNER_LABELS {
-                    labels.insert(key.into(), value.into());
-                }
-                Some(())
-            }
-            let object = document.as_object_mut()?;
-            let is_list = object
-                .get("kind")
-                .and_then(Value::as_str)
-                .is_some_and(|kind| kind.ends_with("List"))
-                && object.get("items").is_some_and(Value::is_array);
-            match object.get_mut("items").and_then(Value::as_array_mut) {
-                Some(items) if is_list => {
-                    for item in items {
-                        label(item.as_object_mut()?)?;
-                    }
-                }
-                _ => label(object)?,
-            }
-            if pin {
-                let metadata = metadata(object)?;
-                metadata.insert("uid".into(), "u1".into());
-                metadata.remove("resourceVersion");
-            }
-            Some(document)
+        fn space() -> impl Strategy<Value = &'static str> {
+            prop::sample::select(vec!["", "", " ", "\n\t", "\r\n "])
         }
 
         proptest! {
@@ -752,18 +769,39 @@ mod tests {
                 let (Ok(parsed), Ok(mut body)) = (parsed, body) else {
                     return Ok(());
                 };
+                let fields: &[(&'static str, Option<&str>)] = if pin {
+                    &[("uid", Some("u1")), ("resourceVersion", None)]
+                } else {
+                    &[]
+                };
                 let edited = body.set_labels(&OWNER_LABELS).and_then(|()| {
-                    if pin {
-                        body.set_metadata_field("uid", Some("u1"))?;
-                        body.set_metadata_field("resourceVersion", None)?;
+                    for (name, value) in fields {
+                        body.set_metadata_field(name, *value)?;
                     }
                     Ok(())
                 });
-                let want = reference(parsed, pin);
+                let want = reference::edited(parsed, &OWNER_LABELS, fields);
                 prop_assert_eq!(edited.is_ok(), want.is_some(), "{}", text);
                 if let Some(want) = want {
-                    let sent = parse_json_strict(&body.to_bytes());
-                    prop_assert_eq!(sent, Ok(want), "{}", text);
+                    prop_assert_eq!(body.document(), Ok(want), "{}", text);
+                }
+            }
+
+            /// Operations put around a JSON patch's own, whatever its spacing.
+            #[test]
+            fn operations_match_operations_added_to_the_parsed_patch(text in text_strategy()) {
+                let Ok(parsed) = parse_json_strict(text.as_bytes()) else {
+                    return Ok(());
+                };
+                let mut body = WriteBody::parse(Some("application/json-patch+json"), text.as_bytes())
+                    .expect("what the strict parse accepts is read");
+                let before = [json!({"op": "test", "path": "/metadata/uid", "value": "u1"})];
+                let after = [json!({"op": "add", "path": "/metadata/labels/a", "value": "b"})];
+                let added = body.add_operations(before.to_vec(), after.to_vec());
+                let want = reference::with_operations(parsed, &before, &after);
+                prop_assert_eq!(added.is_ok(), want.is_some(), "{}", text);
+                if let Some(want) = want {
+                    prop_assert_eq!(body.document(), Ok(want), "{}", text);
                 }
             }
         }

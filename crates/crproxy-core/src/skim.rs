@@ -558,10 +558,7 @@ impl Entries {
     /// ended (the reader is then past its `}`). The key's value must be read or
     /// skipped before the next call.
     pub fn next_key<'a>(&mut self, skim: &mut Skim<'a>) -> Result<Option<Cow<'a, str>>, SkimError> {
-        if !skim.next_member(&mut self.first, b'}')? {
-            return Ok(None);
-        }
-        skim.key().map(Some)
+        Ok(self.next_key_at(skim)?.map(|(_, key)| key))
     }
 
     /// As [`next_key`](Entries::next_key), with the offset of the key's opening

@@ -97,17 +97,26 @@ pub struct Site {
     /// Just past the object's `{`.
     open: usize,
     empty: bool,
-    pub metadata: Field<Metadata>,
+    /// Boxed: a list keeps a site per item.
+    pub metadata: Field<Box<Metadata>>,
+}
+
+/// The items of a list that can carry labels: those before the first item that
+/// is not an object, which is where labelling the list fails. Only these are
+/// kept, so an array of scalars costs nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Items {
+    pub objects: Vec<Site>,
+    pub first_not_an_object: Option<usize>,
 }
 
 /// The top-level value of a body.
 #[derive(Debug, Clone)]
 pub enum Shape {
-    /// An object. `items` is set for a `*List` with an `items` array; an item
-    /// that is not an object is `None`.
+    /// An object; `items` is set for a `*List` with an `items` array.
     Object {
         body: Site,
-        items: Option<Vec<Option<Site>>>,
+        items: Option<Items>,
     },
     /// An array, such as a JSON patch's operations.
     Array {
@@ -133,10 +142,11 @@ pub struct Edits {
 }
 
 /// Reads a body's JSON text: where its editable parts are, or why it is refused.
-/// Refused are texts serde_json would not parse into a value, and texts the
-/// target could read differently from the proxy: a repeated key in any object
-/// (Go keeps the last copy), a lone surrogate escape in any string (Go replaces
-/// it). The text is UTF-8 by its type.
+/// Refused are texts serde_json would not parse into a value (bad grammar, a
+/// number beyond f64, nesting past its limit), and texts the target could read
+/// differently from the proxy: a repeated key in any object (Go keeps the last
+/// copy), a lone surrogate escape in any string (Go replaces it). The text is
+/// UTF-8 by its type.
 pub fn read(text: &str) -> Result<Shape, Refusal> {
     let mut walk = Walk {
         text,
@@ -210,9 +220,9 @@ impl<'a> Walk<'a> {
         })
     }
 
-    fn metadata(&mut self, depth: usize) -> Result<Field<Metadata>, Refusal> {
+    fn metadata(&mut self, depth: usize) -> Result<Field<Box<Metadata>>, Refusal> {
         self.field(depth, |walk| {
-            let mut metadata = Metadata::default();
+            let mut metadata = Box::<Metadata>::default();
             walk.object(depth, |walk, key, start| {
                 match key.as_ref() {
                     "labels" => metadata.labels = walk.labels(depth + 1)?,
@@ -269,18 +279,21 @@ impl<'a> Walk<'a> {
         }
     }
 
-    fn items(&mut self, depth: usize) -> Result<Option<Vec<Option<Site>>>, Refusal> {
+    fn items(&mut self, depth: usize) -> Result<Option<Items>, Refusal> {
         if self.skim.peek()? != Kind::Array {
             self.value(depth)?;
             return Ok(None);
         }
-        let mut items = Vec::new();
+        let mut items = Items::default();
         self.array(depth, |walk| {
-            if walk.skim.peek()? == Kind::Object {
-                items.push(Some(walk.site(depth + 1, None)?));
+            let at = items.objects.len();
+            if items.first_not_an_object.is_none() && walk.skim.peek()? == Kind::Object {
+                items.objects.push(walk.site(depth + 1, None)?);
             } else {
+                if items.first_not_an_object.is_none() {
+                    items.first_not_an_object = Some(at);
+                }
                 walk.value(depth + 1)?;
-                items.push(None);
             }
             Ok(())
         })?;
@@ -382,7 +395,7 @@ impl<'a> Walk<'a> {
 #[derive(Default)]
 struct ListParts {
     kind_is_list: bool,
-    items: Option<Vec<Option<Site>>>,
+    items: Option<Items>,
 }
 
 /// The text with `edits` applied to the parts `shape` located in it.
@@ -408,7 +421,7 @@ pub fn render(text: &str, shape: &Shape, edits: &Edits) -> String {
             let mut edited = Vec::new();
             match items {
                 Some(items) => {
-                    for item in items.iter().flatten() {
+                    for item in &items.objects {
                         edited.extend(Replacement::of(item, &edits.labels, &[]));
                     }
                     edited.extend(Replacement::of(body, &[], &edits.fields));
@@ -418,6 +431,9 @@ pub fn render(text: &str, shape: &Shape, edits: &Edits) -> String {
             edited.sort_by_key(|replacement| replacement.at.start);
             let mut copied = 0;
             for replacement in edited {
+                // Each range is the `metadata` member of a different object, or
+                // an object's start where it has none: they never overlap.
+                debug_assert!(copied <= replacement.at.start, "overlapping edits");
                 out.push_str(text.get(copied..replacement.at.start).unwrap_or_default());
                 replacement.write(&mut out, text);
                 copied = replacement.at.end;
