@@ -122,7 +122,9 @@ impl WriteBody {
         };
         let text = match body_type {
             // Written out as JSON, the form the target is sent, and read as such.
-            BodyType::Yaml | BodyType::ApplyPatchYaml => parse_yaml_strict(bytes)?.to_string(),
+            BodyType::Yaml | BodyType::ApplyPatchYaml => {
+                yaml_safe_json(&parse_yaml_strict(bytes)?)?
+            }
             _ => std::str::from_utf8(bytes)
                 .map_err(|e| BodyError::Invalid(format!("request body is not valid JSON: {e}")))?
                 .to_owned(),
@@ -275,6 +277,39 @@ pub fn parse_json_strict(bytes: &[u8]) -> Result<Value, BodyError> {
         .and_then(|v| deserializer.end().map(|()| v))
         .map_err(|e| BodyError::Invalid(format!("request body is not valid JSON: {e}")))?;
     Ok(value)
+}
+
+/// A YAML body's document written as JSON text that a YAML parser reads back
+/// the same way. The target reads the text as YAML (its media type stays YAML),
+/// and YAML 1.1 takes U+0085, U+2028 and U+2029 for line breaks, folding them
+/// to a space inside a quoted string; serde_json leaves them unescaped, so they
+/// are written as `\u` escapes here.
+fn yaml_safe_json(document: &Value) -> Result<String, BodyError> {
+    struct YamlSafe;
+    impl serde_json::ser::Formatter for YamlSafe {
+        fn write_string_fragment<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+            fragment: &str,
+        ) -> std::io::Result<()> {
+            let mut plain = 0;
+            for (at, ch) in fragment.char_indices() {
+                if matches!(ch, '\u{85}' | '\u{2028}' | '\u{2029}') {
+                    writer.write_all(fragment.get(plain..at).unwrap_or_default().as_bytes())?;
+                    write!(writer, "\\u{:04x}", u32::from(ch))?;
+                    plain = at + ch.len_utf8();
+                }
+            }
+            writer.write_all(fragment.get(plain..).unwrap_or_default().as_bytes())
+        }
+    }
+    let unwritable = |e: &dyn std::fmt::Display| {
+        BodyError::Invalid(format!("request body could not be written as JSON: {e}"))
+    };
+    let mut text = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut text, YamlSafe);
+    serde::Serialize::serialize(document, &mut serializer).map_err(|e| unwritable(&e))?;
+    String::from_utf8(text).map_err(|e| unwritable(&e))
 }
 
 fn parse_yaml_strict(bytes: &[u8]) -> Result<Value, BodyError> {
@@ -566,6 +601,24 @@ mod tests {
             other => panic!("not a list: {other:?}"),
         }
         assert_eq!(body.set_labels(&OWNER_LABELS), Err(ShapeError::Item(0)));
+    }
+
+    #[test]
+    fn yaml_bodies_are_sent_without_characters_yaml_reads_as_line_breaks() {
+        for ct in ["application/yaml", "application/apply-patch+yaml"] {
+            let body = WriteBody::parse(
+                Some(ct),
+                "metadata:\n  name: a\nspec:\n  note: \"x\\u2028y\\u2029z\\u0085w\\u00e9\"\n"
+                    .as_bytes(),
+            )
+            .expect("parses");
+            let sent = String::from_utf8(body.to_bytes()).expect("utf-8");
+            assert!(sent.contains(r#""x\u2028y\u2029z\u0085wé""#), "{sent}");
+            assert_eq!(
+                body.document().expect("strict JSON")["spec"]["note"],
+                "x\u{2028}y\u{2029}z\u{85}w\u{e9}"
+            );
+        }
     }
 
     #[test]
