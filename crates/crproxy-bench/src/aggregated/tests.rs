@@ -166,14 +166,7 @@ async fn requests_through_the_aggregation_layer_reach_crproxy() {
         )
         .await
         .expect("aggregation layer in front of nginx");
-        let mut sender = layer.endpoint.connect().await.expect("connect");
-        let request = layer
-            .endpoint
-            .request(Method::GET, &object_path(namespace, "w-0"), None)
-            .expect("request");
-        let answer = driver::exchange(&mut sender, request, true)
-            .await
-            .expect("get through nginx");
+        let answer = get_object(&layer.endpoint, namespace, "w-0").await;
         assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
         layer.shutdown().await;
         nginx.stop().await;
@@ -201,17 +194,22 @@ async fn requests_through_the_aggregation_layer_reach_crproxy() {
             Protocol::Http1,
         )
         .expect("endpoint");
-        let mut sender = endpoint.connect().await.expect("connect");
-        let request = endpoint
-            .request(Method::GET, &object_path(namespace, "w-0"), None)
-            .expect("request");
-        let answer = driver::exchange(&mut sender, request, true)
-            .await
-            .expect("an answer from nginx");
+        let answer = get_object(&endpoint, namespace, "w-0").await;
         assert_eq!(answer.status, StatusCode::BAD_GATEWAY, "{answer:?}");
         unverified.stop().await;
     } else {
         eprintln!("nginx not installed: its lane behind the aggregator is not checked");
     }
     env.shutdown().await;
+}
+
+/// One GET of a widget through `endpoint`, on a connection of its own.
+async fn get_object(endpoint: &driver::Endpoint, namespace: &str, name: &str) -> driver::Exchange {
+    let mut sender = endpoint.connect().await.expect("connect");
+    let request = endpoint
+        .request(Method::GET, &object_path(namespace, name), None)
+        .expect("request");
+    driver::exchange(&mut sender, request, true)
+        .await
+        .expect("an answer")
 }
