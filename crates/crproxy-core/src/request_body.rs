@@ -147,7 +147,7 @@ impl WriteBody {
     /// The body as sent: JSON, which every accepted media type (YAML included)
     /// reads the same way.
     pub fn to_bytes(&self) -> Vec<u8> {
-        layout::render(&self.text, &self.shape, &self.edits).into_bytes()
+        layout::render(&self.text, &self.shape, &self.edits)
     }
 
     /// The document the target reads from [`to_bytes`](WriteBody::to_bytes),

@@ -399,23 +399,23 @@ struct ListParts {
 }
 
 /// The text with `edits` applied to the parts `shape` located in it.
-pub fn render(text: &str, shape: &Shape, edits: &Edits) -> String {
-    let mut out = String::with_capacity(text.len() + 256);
+pub fn render(text: &str, shape: &Shape, edits: &Edits) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + 256);
     match shape {
         Shape::Array { open, close, empty } => {
-            out.push_str(text.get(..*open).unwrap_or("["));
+            out.extend_from_slice(text.get(..*open).unwrap_or("[").as_bytes());
             let mut list = Separated::new(&mut out);
             for operation in &edits.operations_before {
-                push_value(list.item(), operation);
+                push_json(list.item(), operation);
             }
             if !empty {
                 list.item()
-                    .push_str(text.get(*open..*close).unwrap_or_default());
+                    .extend_from_slice(text.get(*open..*close).unwrap_or_default().as_bytes());
             }
             for operation in &edits.operations_after {
-                push_value(list.item(), operation);
+                push_json(list.item(), operation);
             }
-            out.push_str(text.get(*close..).unwrap_or("]"));
+            out.extend_from_slice(text.get(*close..).unwrap_or("]").as_bytes());
         }
         Shape::Object { body, items } => {
             let mut edited = Vec::new();
@@ -434,13 +434,17 @@ pub fn render(text: &str, shape: &Shape, edits: &Edits) -> String {
                 // Each range is the `metadata` member of a different object, or
                 // an object's start where it has none: they never overlap.
                 debug_assert!(copied <= replacement.at.start, "overlapping edits");
-                out.push_str(text.get(copied..replacement.at.start).unwrap_or_default());
+                out.extend_from_slice(
+                    text.get(copied..replacement.at.start)
+                        .unwrap_or_default()
+                        .as_bytes(),
+                );
                 replacement.write(&mut out, text);
                 copied = replacement.at.end;
             }
-            out.push_str(text.get(copied..).unwrap_or_default());
+            out.extend_from_slice(text.get(copied..).unwrap_or_default().as_bytes());
         }
-        Shape::Other => out.push_str(text),
+        Shape::Other => out.extend_from_slice(text.as_bytes()),
     }
     out
 }
@@ -478,26 +482,26 @@ impl<'e> Replacement<'e> {
         })
     }
 
-    fn write(&self, out: &mut String, text: &str) {
+    fn write(&self, out: &mut Vec<u8>, text: &str) {
         let inserted = matches!(self.site.metadata, Field::Absent);
         if inserted {
-            out.push_str("\"metadata\":");
+            out.extend_from_slice(b"\"metadata\":");
         }
         self.write_metadata(out, text);
         if inserted && !self.site.empty {
-            out.push(',');
+            out.push(b',');
         }
     }
 
     /// The `metadata` object: the caller's other entries as they came, then
     /// the set ones.
-    fn write_metadata(&self, out: &mut String, text: &str) {
+    fn write_metadata(&self, out: &mut Vec<u8>, text: &str) {
         let (labels, fields) = (self.labels, self.fields);
         let read = match &self.site.metadata {
             Field::Object(_, read) => Some(read),
             _ => None,
         };
-        out.push('{');
+        out.push(b'{');
         let mut list = Separated::new(out);
         for entry in read.iter().flat_map(|read| &read.entries) {
             let key = entry.key(text);
@@ -505,100 +509,64 @@ impl<'e> Replacement<'e> {
                 || fields.iter().any(|(name, _)| key == *name);
             if !replaced {
                 list.item()
-                    .push_str(text.get(entry.text.clone()).unwrap_or_default());
+                    .extend_from_slice(text.get(entry.text.clone()).unwrap_or_default().as_bytes());
             }
         }
         if !labels.is_empty() {
             let item = list.item();
-            item.push_str("\"labels\":{");
+            item.extend_from_slice(b"\"labels\":{");
             let mut label_list = Separated::new(item);
             if let Some(Field::Object(_, entries)) = read.map(|read| &read.labels) {
                 for entry in entries {
                     let key = entry.key(text);
                     if !labels.iter().any(|(set, _)| key == set) {
-                        label_list
-                            .item()
-                            .push_str(text.get(entry.text.clone()).unwrap_or_default());
+                        label_list.item().extend_from_slice(
+                            text.get(entry.text.clone()).unwrap_or_default().as_bytes(),
+                        );
                     }
                 }
             }
             for (key, value) in labels {
                 push_entry(label_list.item(), key, value);
             }
-            item.push('}');
+            item.push(b'}');
         }
         for (name, value) in fields {
             if let Some(value) = value {
                 push_entry(list.item(), name, value);
             }
         }
-        out.push('}');
+        out.push(b'}');
     }
 }
 
-fn push_entry(out: &mut String, key: &str, value: &str) {
-    push_string(out, key);
-    out.push(':');
-    push_string(out, value);
+fn push_entry(out: &mut Vec<u8>, key: &str, value: &str) {
+    push_json(out, key);
+    out.push(b':');
+    push_json(out, value);
 }
 
-/// Appends `text` as a JSON string. Written out here because going through
-/// `Value`'s `Display` took about three thousand instructions an entry
-/// (callgrind), more than walking the whole body.
-fn push_string(out: &mut String, text: &str) {
-    out.push('"');
-    if !text
-        .bytes()
-        .any(|byte| byte < 0x20 || byte == b'"' || byte == b'\\')
-    {
-        // Label keys and values, uids and resourceVersions: nothing to escape.
-        out.push_str(text);
-        out.push('"');
-        return;
-    }
-    let mut plain = 0;
-    for (at, byte) in text.bytes().enumerate() {
-        let escaped = match byte {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(text.get(plain..at).unwrap_or_default());
-        if escaped.is_empty() {
-            out.push_str(&format!("\\u{byte:04x}"));
-        } else {
-            out.push_str(escaped);
-        }
-        plain = at + 1;
-    }
-    out.push_str(text.get(plain..).unwrap_or_default());
-    out.push('"');
-}
-
-fn push_value(out: &mut String, value: &Value) {
-    // Serializing a `Value` cannot fail: its keys are strings.
-    out.push_str(&serde_json::to_string(value).unwrap_or_default());
+/// Appends `value` as JSON, escaped by serde_json. Writing into a `Vec` and
+/// serializing a string or a `Value` cannot fail.
+fn push_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    let _ = serde_json::to_writer(out, value);
 }
 
 /// Writes comma-separated items.
 struct Separated<'o> {
-    out: &'o mut String,
+    out: &'o mut Vec<u8>,
     first: bool,
 }
 
 impl<'o> Separated<'o> {
-    fn new(out: &'o mut String) -> Self {
+    fn new(out: &'o mut Vec<u8>) -> Self {
         Separated { out, first: true }
     }
 
     /// The output, after a comma unless this is the first item.
-    fn item(&mut self) -> &mut String {
+    fn item(&mut self) -> &mut Vec<u8> {
         if !self.first {
-            self.out.push(',');
+            self.out.push(b',');
         }
         self.first = false;
         self.out
