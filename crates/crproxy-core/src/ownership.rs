@@ -144,7 +144,8 @@ pub fn inject_owner_labels(
 /// - JSON, YAML, merge patch, strategic merge patch and server-side apply:
 ///   `metadata.labels` is created when missing or `null` and both labels are set,
 ///   overriding any caller value (including `null`, which in a patch would delete
-///   the label). A `*List` with `items` gets the labels on every item.
+///   the label). Always on the body's own `metadata`, even when its `kind` ends
+///   in `List` and it has `items`: kube stores the body as one object.
 /// - JSON patch: two `add` operations are appended, so they win over any earlier
 ///   operation of the caller. They do not create `/metadata/labels`: the proxy only
 ///   sends a named PATCH after its ownership GET found both labels on the object, so

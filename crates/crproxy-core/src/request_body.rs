@@ -24,7 +24,7 @@ mod layout;
 #[cfg(any(test, fuzzing))]
 pub mod reference;
 
-use layout::{Edits, Field, Shape, Site};
+use layout::{Edits, Field, Shape};
 
 /// kube-apiserver's request body limit (`MaxRequestBodyBytes`, 3 MiB); the proxy
 /// refuses larger bodies the same way before reading further.
@@ -75,13 +75,10 @@ pub enum ShapeError {
     NotAnObject,
     #[error("a JSON patch must be an array of operations")]
     NotOperations,
-    /// `metadata` of the body, or of the item the prefix names, is not an object.
-    #[error("{0}metadata is not an object")]
-    Metadata(String),
-    #[error("{0}metadata.labels is not an object")]
-    Labels(String),
-    #[error("items[{0}] is not an object")]
-    Item(usize),
+    #[error("metadata is not an object")]
+    Metadata,
+    #[error("metadata.labels is not an object")]
+    Labels,
 }
 
 /// A body's own `metadata.resourceVersion`, as the caller sent it.
@@ -156,24 +153,21 @@ impl WriteBody {
         parse_json_strict(&self.to_bytes())
     }
 
-    /// Sets `labels` in the `metadata.labels` of the object the body writes, or
-    /// of each item of a `*List` with `items`, over any value the caller gave
-    /// them (including `null`). A missing or `null` `metadata` or `labels`
-    /// becomes an object.
+    /// Sets `labels` in the body's own `metadata.labels`, over any value the
+    /// caller gave them (including `null`). A missing or `null` `metadata` or
+    /// `labels` becomes an object. Always the body's own: whatever its `kind`
+    /// and `items` say, kube stores a write's body as one object, so labels put
+    /// only on list items would leave the stored object's labels to the caller.
     pub fn set_labels(&mut self, labels: &[(&str, &str)]) -> Result<(), ShapeError> {
-        match &self.shape {
-            Shape::Object { items: None, body } => labelable(body, None)?,
-            Shape::Object {
-                items: Some(items), ..
-            } => {
-                for (i, item) in items.objects.iter().enumerate() {
-                    labelable(item, Some(i))?;
-                }
-                if let Some(i) = items.first_not_an_object {
-                    return Err(ShapeError::Item(i));
-                }
+        let Shape::Object { body } = &self.shape else {
+            return Err(ShapeError::NotAnObject);
+        };
+        match &body.metadata {
+            Field::Other => return Err(ShapeError::Metadata),
+            Field::Object(_, metadata) if matches!(metadata.labels, Field::Other) => {
+                return Err(ShapeError::Labels)
             }
-            _ => return Err(ShapeError::NotAnObject),
+            _ => {}
         }
         self.edits.labels = labels
             .iter()
@@ -189,9 +183,9 @@ impl WriteBody {
         value: Option<&str>,
     ) -> Result<(), ShapeError> {
         match &self.shape {
-            Shape::Object { body, .. } => {
+            Shape::Object { body } => {
                 if matches!(body.metadata, Field::Other) {
-                    return Err(ShapeError::Metadata(String::new()));
+                    return Err(ShapeError::Metadata);
                 }
             }
             _ => return Err(ShapeError::NotAnObject),
@@ -203,13 +197,13 @@ impl WriteBody {
 
     /// The caller's `metadata.resourceVersion`.
     pub fn resource_version(&self) -> Result<CallerValue<'_>, ShapeError> {
-        let Shape::Object { body, .. } = &self.shape else {
+        let Shape::Object { body } = &self.shape else {
             return Err(ShapeError::NotAnObject);
         };
         let metadata = match &body.metadata {
             Field::Absent | Field::Null(_) => return Ok(CallerValue::Missing),
             Field::Object(_, metadata) => metadata,
-            Field::Other => return Err(ShapeError::Metadata(String::new())),
+            Field::Other => return Err(ShapeError::Metadata),
         };
         let Some(value) = metadata.resource_version.clone() else {
             return Ok(CallerValue::Missing);
@@ -238,26 +232,13 @@ impl WriteBody {
     }
 }
 
-/// Whether labels can be set on `site`, the body or the list item `item`.
-fn labelable(site: &Site, item: Option<usize>) -> Result<(), ShapeError> {
-    let at = || item.map(|i| format!("items[{i}].")).unwrap_or_default();
-    match &site.metadata {
-        Field::Other => Err(ShapeError::Metadata(at())),
-        Field::Object(_, metadata) if matches!(metadata.labels, Field::Other) => {
-            Err(ShapeError::Labels(at()))
-        }
-        _ => Ok(()),
-    }
-}
-
 /// A generous estimate, in bytes, of the memory reading `bytes` takes: the text
 /// plus a parsed node's size for every byte that can start a node (`{ [ , : -`
 /// and line breaks, inside strings or not). A plain 3 MiB string costs about
 /// 3 MiB; 3 MiB of `0,0,0,...` costs some 50 MiB once parsed as YAML, and is
 /// estimated above that. The JSON walk keeps less than a node per key or item:
 /// the keys of the objects it is inside (24 bytes each), the entries of
-/// `metadata` and its labels (40 bytes each) and a list's object items (48
-/// bytes each). The proxy admits reads against a memory budget with it, so many
+/// `metadata` and its labels (40 bytes each). The proxy admits reads against a memory budget with it, so many
 /// ordinary bodies are read at once while pathological ones take turns.
 pub fn parse_cost(bytes: &[u8]) -> usize {
     const NODE: usize = 40;
@@ -579,28 +560,22 @@ mod tests {
         assert_eq!(std::mem::size_of::<Cow<'_, str>>(), 24);
         assert!(std::mem::size_of::<layout::Entry>() <= 40);
         assert!(std::mem::size_of::<layout::Site>() <= 48);
-        // A list of empty objects keeps a site per item (one `{` and one `,`
-        // each, 80 bytes estimated); a list of numbers keeps none.
-        let items = format!(r#"{{"kind":"List","items":[{}{{}}]}}"#, "{},".repeat(1000));
-        let body = WriteBody::parse(None, items.as_bytes()).expect("parses");
-        match &body.shape {
-            Shape::Object {
-                items: Some(items), ..
-            } => assert_eq!(items.objects.len(), 1001),
-            other => panic!("not a list: {other:?}"),
-        }
-        let numbers = format!(r#"{{"kind":"List","items":[{}0]}}"#, "0,".repeat(1000));
-        let mut body = WriteBody::parse(None, numbers.as_bytes()).expect("parses");
-        match &body.shape {
-            Shape::Object {
-                items: Some(items), ..
-            } => {
-                assert!(items.objects.is_empty());
-                assert_eq!(items.first_not_an_object, Some(0));
-            }
-            other => panic!("not a list: {other:?}"),
-        }
-        assert_eq!(body.set_labels(&OWNER_LABELS), Err(ShapeError::Item(0)));
+    }
+
+    #[test]
+    fn a_body_whose_kind_names_a_list_is_labelled_as_the_object_it_is() {
+        // kube stores a write's body as one object whatever its `kind` and
+        // `items` say (a CRD's kind may end in "List"): the owner labels go on
+        // the body's own metadata, over the caller's, and `items` is data.
+        let text = r#"{"kind":"AllowList","metadata":{"labels":{"vcluster.com/owner-vcluster":"victim","vcluster.com/owner-project":"vp"}},"items":[{"metadata":{"name":"a"}},1]}"#;
+        let mut body = WriteBody::parse(None, text.as_bytes()).expect("parses");
+        body.set_labels(&OWNER_LABELS).expect("labels");
+        let sent = parse_json_strict(&body.to_bytes()).expect("strict JSON");
+        assert_eq!(
+            sent["metadata"]["labels"],
+            json!({"vcluster.com/owner-vcluster": "client", "vcluster.com/owner-project": "project"})
+        );
+        assert_eq!(sent["items"], json!([{"metadata": {"name": "a"}}, 1]));
     }
 
     #[test]
@@ -735,10 +710,7 @@ mod tests {
             read(r#"{"metadata":{"resourceVersion":7}}"#),
             Ok("Other".into())
         );
-        assert_eq!(
-            read(r#"{"metadata":7}"#),
-            Err(ShapeError::Metadata(String::new()))
-        );
+        assert_eq!(read(r#"{"metadata":7}"#), Err(ShapeError::Metadata));
         assert_eq!(read("[]"), Err(ShapeError::NotAnObject));
     }
 

@@ -69,20 +69,16 @@ fn inject_object_bodies() {
                 r#"{"metadata": {"labels": {"vcluster.com/owner-vcluster": "other", "vcluster.com/owner-project": null}}}"#,
                 Ok(json!({"metadata": {"labels": labels}})),
             ),
+            // A kind ending in "List" with `items` is still the one object kube
+            // stores: its own labels are the owner's, its items are data.
             (
-                r#"{"kind": "WidgetList", "items": [{"metadata": {"name": "a"}}, {}]}"#,
-                Ok(json!({"kind": "WidgetList", "items": [
-                    {"metadata": {"name": "a", "labels": labels}},
-                    {"metadata": {"labels": labels}}]})),
+                r#"{"kind": "WidgetList", "metadata": {"labels": {"vcluster.com/owner-vcluster": "victim"}}, "items": [{"metadata": {"name": "a"}}, 1]}"#,
+                Ok(json!({"kind": "WidgetList", "metadata": {"labels": labels},
+                    "items": [{"metadata": {"name": "a"}}, 1]})),
             ),
-            // A kind that merely ends in "List" without items is an ordinary object.
             (
                 r#"{"kind": "PlayList", "spec": {}}"#,
                 Ok(json!({"kind": "PlayList", "spec": {}, "metadata": {"labels": labels}})),
-            ),
-            (
-                r#"{"kind": "WidgetList", "items": [1]}"#,
-                Err("request body has an unexpected shape"),
             ),
             (
                 r#"{"metadata": "x"}"#,

@@ -97,26 +97,15 @@ pub struct Site {
     /// Just past the object's `{`.
     open: usize,
     empty: bool,
-    /// Boxed: a list keeps a site per item.
     pub metadata: Field<Box<Metadata>>,
-}
-
-/// The items of a list that can carry labels: those before the first item that
-/// is not an object, which is where labelling the list fails. Only these are
-/// kept, so an array of scalars costs nothing.
-#[derive(Debug, Clone, Default)]
-pub struct Items {
-    pub objects: Vec<Site>,
-    pub first_not_an_object: Option<usize>,
 }
 
 /// The top-level value of a body.
 #[derive(Debug, Clone)]
 pub enum Shape {
-    /// An object; `items` is set for a `*List` with an `items` array.
+    /// An object: the object a write creates or changes.
     Object {
         body: Site,
-        items: Option<Items>,
     },
     /// An array, such as a JSON patch's operations.
     Array {
@@ -132,7 +121,7 @@ pub enum Shape {
 /// What the proxy changes in a body, applied when it is written out.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Edits {
-    /// Labels set on each labelled object (the items of a `*List`, else the body).
+    /// Labels set in the body's own `metadata.labels`.
     pub labels: Vec<(String, String)>,
     /// Fields of the body's own `metadata`, set (`Some`) or removed (`None`).
     pub fields: Vec<(&'static str, Option<String>)>,
@@ -175,12 +164,9 @@ struct Opened {
 impl<'a> Walk<'a> {
     fn root(&mut self) -> Result<Shape, Refusal> {
         match self.skim.peek()? {
-            Kind::Object => {
-                let mut list = ListParts::default();
-                let body = self.site(0, Some(&mut list))?;
-                let items = list.items.filter(|_| list.kind_is_list);
-                Ok(Shape::Object { body, items })
-            }
+            Kind::Object => Ok(Shape::Object {
+                body: self.site(0)?,
+            }),
             Kind::Array => {
                 let opened = self.array(0, |walk| walk.value(1))?;
                 Ok(Shape::Array {
@@ -196,19 +182,12 @@ impl<'a> Walk<'a> {
         }
     }
 
-    /// An object that may carry metadata; with `list`, also the `kind` and
-    /// `items` that make it a list.
-    fn site(&mut self, depth: usize, mut list: Option<&mut ListParts>) -> Result<Site, Refusal> {
+    /// The body's object and where its `metadata` is.
+    fn site(&mut self, depth: usize) -> Result<Site, Refusal> {
         let mut metadata = Field::Absent;
         let opened = self.object(depth, |walk, key, _| {
-            match (key.as_ref(), list.as_deref_mut()) {
-                ("metadata", _) => metadata = walk.metadata(depth + 1)?,
-                ("kind", Some(list)) => {
-                    list.kind_is_list = walk
-                        .string(depth + 1)?
-                        .is_some_and(|kind| kind.ends_with("List"));
-                }
-                ("items", Some(list)) => list.items = walk.items(depth + 1)?,
+            match key.as_ref() {
+                "metadata" => metadata = walk.metadata(depth + 1)?,
                 _ => walk.value(depth + 1)?,
             }
             Ok(())
@@ -277,35 +256,6 @@ impl<'a> Walk<'a> {
                 Ok(Field::Other)
             }
         }
-    }
-
-    fn items(&mut self, depth: usize) -> Result<Option<Items>, Refusal> {
-        if self.skim.peek()? != Kind::Array {
-            self.value(depth)?;
-            return Ok(None);
-        }
-        let mut items = Items::default();
-        self.array(depth, |walk| {
-            let at = items.objects.len();
-            if items.first_not_an_object.is_none() && walk.skim.peek()? == Kind::Object {
-                items.objects.push(walk.site(depth + 1, None)?);
-            } else {
-                if items.first_not_an_object.is_none() {
-                    items.first_not_an_object = Some(at);
-                }
-                walk.value(depth + 1)?;
-            }
-            Ok(())
-        })?;
-        Ok(Some(items))
-    }
-
-    fn string(&mut self, depth: usize) -> Result<Option<Cow<'a, str>>, Refusal> {
-        if self.skim.peek()? == Kind::String {
-            return Ok(Some(self.skim.string()?));
-        }
-        self.value(depth)?;
-        Ok(None)
     }
 
     /// Any value, checked all through.
@@ -391,13 +341,6 @@ impl<'a> Walk<'a> {
     }
 }
 
-/// What makes an object a list whose items are labelled.
-#[derive(Default)]
-struct ListParts {
-    kind_is_list: bool,
-    items: Option<Items>,
-}
-
 /// The text with `edits` applied to the parts `shape` located in it.
 pub fn render(text: &str, shape: &Shape, edits: &Edits) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len() + 256);
@@ -417,33 +360,17 @@ pub fn render(text: &str, shape: &Shape, edits: &Edits) -> Vec<u8> {
             }
             out.extend_from_slice(text.get(*close..).unwrap_or("]").as_bytes());
         }
-        Shape::Object { body, items } => {
-            let mut edited = Vec::new();
-            match items {
-                Some(items) => {
-                    for item in &items.objects {
-                        edited.extend(Replacement::of(item, &edits.labels, &[]));
-                    }
-                    edited.extend(Replacement::of(body, &[], &edits.fields));
-                }
-                None => edited.extend(Replacement::of(body, &edits.labels, &edits.fields)),
-            }
-            edited.sort_by_key(|replacement| replacement.at.start);
-            let mut copied = 0;
-            for replacement in edited {
-                // Each range is the `metadata` member of a different object, or
-                // an object's start where it has none: they never overlap.
-                debug_assert!(copied <= replacement.at.start, "overlapping edits");
-                out.extend_from_slice(
-                    text.get(copied..replacement.at.start)
-                        .unwrap_or_default()
-                        .as_bytes(),
-                );
+        Shape::Object { body } => match Replacement::of(body, &edits.labels, &edits.fields) {
+            // The body's `metadata` member, or the object's start where it has none.
+            Some(replacement) => {
+                let start = replacement.at.start;
+                out.extend_from_slice(text.get(..start).unwrap_or_default().as_bytes());
                 replacement.write(&mut out, text);
-                copied = replacement.at.end;
+                let end = replacement.at.end;
+                out.extend_from_slice(text.get(end..).unwrap_or_default().as_bytes());
             }
-            out.extend_from_slice(text.get(copied..).unwrap_or_default().as_bytes());
-        }
+            None => out.extend_from_slice(text.as_bytes()),
+        },
         Shape::Other => out.extend_from_slice(text.as_bytes()),
     }
     out

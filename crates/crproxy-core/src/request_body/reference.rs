@@ -4,9 +4,9 @@
 
 use serde_json::{Map, Value};
 
-/// `document` with `labels` set on the object it writes (on each item of a
-/// `*List` with `items`) and `fields` set (`Some`) or removed (`None`) in its
-/// own `metadata`; `None` where the edits were refused.
+/// `document` with `labels` set on the object it writes and `fields` set
+/// (`Some`) or removed (`None`) in its own `metadata`; `None` where the edits
+/// were refused.
 pub fn edited(
     mut document: Value,
     labels: &[(&str, &str)],
@@ -14,19 +14,7 @@ pub fn edited(
 ) -> Option<Value> {
     let object = document.as_object_mut()?;
     if !labels.is_empty() {
-        let is_list = object
-            .get("kind")
-            .and_then(Value::as_str)
-            .is_some_and(|kind| kind.ends_with("List"))
-            && object.get("items").is_some_and(Value::is_array);
-        match object.get_mut("items").and_then(Value::as_array_mut) {
-            Some(items) if is_list => {
-                for item in items {
-                    label(item.as_object_mut()?, labels)?;
-                }
-            }
-            _ => label(object, labels)?,
-        }
+        label(object, labels)?;
     }
     if !fields.is_empty() {
         let metadata = metadata(object)?;
