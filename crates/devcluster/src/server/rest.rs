@@ -1115,34 +1115,53 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
 
 // ---------- delete ----------
 
-/// DeleteOptions from the body and the query.
+/// DeleteOptions as kube reads them: from the body, or from the query when the
+/// body is empty (never both).
 #[derive(Default)]
 pub struct DeleteOptions {
     pub uid: Option<String>,
     pub rv: Option<String>,
     pub propagation: String,
+    /// `dryRun: ["All"]`.
+    pub dry_run: bool,
 }
 
 pub fn delete_options(ctx: &ReqCtx, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        // A query boolean is false only as `0` or `false` (kube's parameter codec).
+        let orphan = ctx
+            .q("orphanDependents")
+            .is_some_and(|v| !(v == "0" || v.eq_ignore_ascii_case("false")));
+        let propagation = match orphan {
+            true => "Orphan",
+            false => ctx.q("propagationPolicy").unwrap_or(""),
+        };
+        return Ok(DeleteOptions {
+            propagation: propagation.to_string(),
+            dry_run: ctx.dry_run(),
+            ..Default::default()
+        });
+    }
+    let v = h::decode_body(body, h::body_format(&ctx.headers)?, "DeleteOptions")?;
     let mut opts = DeleteOptions {
-        propagation: ctx.q("propagationPolicy").unwrap_or("").to_string(),
+        dry_run: v
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| d.iter().any(|d| d == "All")),
         ..Default::default()
     };
-    if body.iter().any(|b| !b.is_ascii_whitespace()) {
-        let v = h::decode_body(body, h::body_format(&ctx.headers)?, "DeleteOptions")?;
-        if let Some(p) = v.get("preconditions") {
-            opts.uid = p.get("uid").and_then(Value::as_str).map(str::to_string);
-            opts.rv = p
-                .get("resourceVersion")
-                .and_then(Value::as_str)
-                .map(str::to_string);
-        }
-        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
-            opts.propagation = p.to_string();
-        }
-        if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
-            opts.propagation = "Orphan".into();
-        }
+    if let Some(p) = v.get("preconditions") {
+        opts.uid = p.get("uid").and_then(Value::as_str).map(str::to_string);
+        opts.rv = p
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+        opts.propagation = p.to_string();
+    }
+    if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
+        opts.propagation = "Orphan".into();
     }
     Ok(opts)
 }
@@ -1175,7 +1194,7 @@ pub fn delete_one(
     let adm = state.policy.admission(&state.store);
     state
         .store
-        .mutate_optimistic(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
+        .mutate_optimistic(&ctx.gr(), ctx.ns(), name, opts.dry_run, |cur| {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found(&info.group, &info.resource, name));
             };
@@ -1293,7 +1312,10 @@ pub async fn delete(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let hooks = admitted::webhooks(state);
     let warnings = admit_delete(state, ctx, &hooks, &ctx.name).await?;
     let written = delete_one(state, ctx, &ctx.name, &opts)?;
-    super::hooks::after_write(state, ctx, &written);
+    // A dry run set in the body: nothing was deleted, nothing follows.
+    if !opts.dry_run {
+        super::hooks::after_write(state, ctx, &written);
+    }
     if written.deleted {
         let uid = meta_str(&written.object, "uid");
         let status = json!({
@@ -1351,7 +1373,10 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
         }
         match delete_one(state, &sub, &name, &opts) {
             Ok(w) => {
-                super::hooks::after_write(state, &sub, &w);
+                // A dry run set in the body: nothing was deleted, nothing follows.
+                if !opts.dry_run {
+                    super::hooks::after_write(state, &sub, &w);
+                }
                 out.push(Arc::new((**obj).clone()));
             }
             Err(e) if e.code == 404 => {}
