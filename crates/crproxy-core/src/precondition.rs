@@ -21,6 +21,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::ownership::{self, BodyType, Owner};
+use crate::request::form_decode;
 use crate::request_body::{CallerValue, ShapeError, WriteBody};
 
 /// What the ownership check saw.
@@ -58,6 +59,13 @@ pub enum PreconditionError {
     /// write cannot be both what the caller asked and what was checked.
     #[error("the object has been modified; please apply your changes to the latest version and try again")]
     Stale,
+    /// A delete option in the query that kube could not read either.
+    #[error("invalid delete option {name}={value:?}: {problem}")]
+    DeleteOption {
+        name: &'static str,
+        value: String,
+        problem: &'static str,
+    },
 }
 
 /// Pins a PUT or PATCH body to the checked state of an owned object.
@@ -95,12 +103,21 @@ fn unparsable(error: ShapeError) -> PreconditionError {
 }
 
 /// A DeleteOptions body carrying the caller's options plus the uid and
-/// resourceVersion preconditions. An empty caller body is allowed (kubectl usually
-/// sends one, raw clients may not). A caller resourceVersion precondition that
+/// resourceVersion preconditions. A caller resourceVersion precondition that
 /// differs from the checked one is [`PreconditionError::Stale`].
-pub fn pin_delete(body: &[u8], pin: &Pin) -> Result<Vec<u8>, PreconditionError> {
+///
+/// kube reads a delete's options from its body, and from the query only when
+/// the body is empty (curl, `kubectl --raw` and several clients send
+/// `?dryRun=All` or `?propagationPolicy=Orphan` that way). The pinned body is
+/// never empty, so for an empty caller body the options are taken from `query`
+/// into it: left in the query, a dry run would delete for real.
+pub fn pin_delete(
+    body: &[u8],
+    query: Option<&str>,
+    pin: &Pin,
+) -> Result<Vec<u8>, PreconditionError> {
     let mut options: Value = if body.iter().all(u8::is_ascii_whitespace) {
-        json!({"kind": "DeleteOptions", "apiVersion": "v1"})
+        delete_options_of_query(query.unwrap_or(""))?
     } else {
         crate::request_body::parse_json_strict(body)
             .map_err(|e| PreconditionError::Unparsable(e.to_string()))?
@@ -128,6 +145,66 @@ pub fn pin_delete(body: &[u8], pin: &Pin) -> Result<Vec<u8>, PreconditionError> 
         Value::String(pin.resource_version.clone()),
     );
     serde_json::to_vec(&options).map_err(|e| PreconditionError::Unparsable(e.to_string()))
+}
+
+/// The DeleteOptions kube reads from a query, as its parameter codec does:
+/// `dryRun` takes every value, the other options their first; a boolean is
+/// false only for `0` or `false` (any case); a number is a base-10 int64.
+/// Parameters that are not delete options are not read.
+fn delete_options_of_query(query: &str) -> Result<Value, PreconditionError> {
+    let mut options = Map::new();
+    options.insert("kind".into(), json!("DeleteOptions"));
+    options.insert("apiVersion".into(), json!("v1"));
+    let mut dry_run = Vec::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (name, value) = (form_decode(name), form_decode(value));
+        let (key, parsed) = match name.as_str() {
+            "dryRun" => {
+                dry_run.push(Value::String(value));
+                continue;
+            }
+            "propagationPolicy" => ("propagationPolicy", Value::String(value)),
+            "gracePeriodSeconds" => (
+                "gracePeriodSeconds",
+                go_int64(&value).ok_or_else(|| PreconditionError::DeleteOption {
+                    name: "gracePeriodSeconds",
+                    value: value.clone(),
+                    problem: "not a base-10 64-bit integer",
+                })?,
+            ),
+            "orphanDependents" => ("orphanDependents", go_query_bool(&value)),
+            "ignoreStoreReadErrorWithClusterBreakingPotential" => (
+                "ignoreStoreReadErrorWithClusterBreakingPotential",
+                go_query_bool(&value),
+            ),
+            _ => continue,
+        };
+        options.entry(key).or_insert(parsed);
+    }
+    if !dry_run.is_empty() {
+        options.insert("dryRun".into(), Value::Array(dry_run));
+    }
+    Ok(Value::Object(options))
+}
+
+/// Go's `strconv.ParseInt(s, 10, 64)`: an optional sign, then digits.
+fn go_int64(text: &str) -> Option<Value> {
+    let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.strip_prefix('+')
+        .unwrap_or(text)
+        .parse::<i64>()
+        .ok()
+        .map(Value::from)
+}
+
+/// A boolean query parameter as kube reads it: only `0` and `false` (any case)
+/// are false, anything else (the empty string too) is true.
+fn go_query_bool(text: &str) -> Value {
+    Value::Bool(!(text == "0" || text.eq_ignore_ascii_case("false")))
 }
 
 #[cfg(test)]
@@ -220,7 +297,11 @@ mod tests {
             Err(PreconditionError::Stale)
         );
         assert_eq!(
-            pin_delete(br#"{"preconditions":{"resourceVersion":"6"}}"#, &pin()),
+            pin_delete(
+                br#"{"preconditions":{"resourceVersion":"6"}}"#,
+                None,
+                &pin()
+            ),
             Err(PreconditionError::Stale)
         );
     }
@@ -242,6 +323,7 @@ mod tests {
     fn delete_options_keep_the_callers_fields() {
         let out = pin_delete(
             br#"{"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"7"}}"#,
+            Some("propagationPolicy=Orphan&dryRun=All"),
             &pin(),
         )
         .expect("pin");
@@ -249,7 +331,7 @@ mod tests {
             parsed(out),
             json!({"propagationPolicy":"Foreground","preconditions":{"resourceVersion":"7","uid":"u1"}})
         );
-        let empty = parsed(pin_delete(b"", &pin()).expect("pin"));
+        let empty = parsed(pin_delete(b"", None, &pin()).expect("pin"));
         assert_eq!(
             empty["preconditions"],
             json!({"uid":"u1","resourceVersion":"7"})
@@ -257,10 +339,51 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_body_takes_the_delete_options_of_the_query() {
+        // The target would ignore them in the query once the body is not empty.
+        let query = "dryRun=All&propagationPolicy=Orphan&gracePeriodSeconds=%2B0&orphanDependents=FALSE&pretty=true&dryRun=x&propagationPolicy=Foreground";
+        let out = parsed(pin_delete(b" ", Some(query), &pin()).expect("pin"));
+        assert_eq!(
+            out,
+            json!({"kind": "DeleteOptions", "apiVersion": "v1",
+                   "dryRun": ["All", "x"], "propagationPolicy": "Orphan",
+                   "gracePeriodSeconds": 0, "orphanDependents": false,
+                   "preconditions": {"uid": "u1", "resourceVersion": "7"}})
+        );
+        for (query, expected) in [
+            ("orphanDependents=", true),
+            ("orphanDependents=0", false),
+            ("orphanDependents=yes", true),
+        ] {
+            let out = parsed(pin_delete(b"", Some(query), &pin()).expect("pin"));
+            assert_eq!(out["orphanDependents"], expected, "{query}");
+        }
+        let out = parsed(pin_delete(b"", Some("gracePeriodSeconds=-30"), &pin()).expect("pin"));
+        assert_eq!(out["gracePeriodSeconds"], -30);
+        for bad in [
+            "gracePeriodSeconds=",
+            "gracePeriodSeconds=1.5",
+            "gracePeriodSeconds=99999999999999999999",
+            "gracePeriodSeconds=%2B-1",
+        ] {
+            assert!(
+                matches!(
+                    pin_delete(b"", Some(bad), &pin()),
+                    Err(PreconditionError::DeleteOption {
+                        name: "gracePeriodSeconds",
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn garbage_is_refused() {
         let mut b = body("application/json", "[1]");
         assert!(pin_write(&owner(), &mut b, &pin()).is_err());
-        assert!(pin_delete(b"[1]", &pin()).is_err());
-        assert!(pin_delete(br#"{"a":1,"a":2}"#, &pin()).is_err());
+        assert!(pin_delete(b"[1]", None, &pin()).is_err());
+        assert!(pin_delete(br#"{"a":1,"a":2}"#, None, &pin()).is_err());
     }
 }

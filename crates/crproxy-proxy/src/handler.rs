@@ -688,7 +688,9 @@ impl GroupVersionProxy {
                 },
             };
             let pinned = match (document, &checked) {
-                (None, Checked::Owned(pin)) => precondition::pin_delete(&bytes, pin),
+                (None, Checked::Owned(pin)) => {
+                    precondition::pin_delete(&bytes, exchange.query.as_deref(), pin)
+                }
                 (None, Checked::Absent) => return self.masked(path, Reason::OwnershipMasked),
                 (Some(mut write), Checked::Owned(pin)) => {
                     precondition::pin_write(&self.owner, &mut write, pin).map(|()| write.to_bytes())
@@ -771,7 +773,7 @@ impl GroupVersionProxy {
             Lookup::Unsynced => return self.cache_result("unsynced"),
         };
         let pinned = match (verb, write.take()) {
-            (Verb::Delete, _) => precondition::pin_delete(bytes, &pin),
+            (Verb::Delete, _) => precondition::pin_delete(bytes, exchange.query.as_deref(), &pin),
             (_, Some(mut document)) => precondition::pin_write(&self.owner, &mut document, &pin)
                 .map(|()| document.to_bytes()),
             (_, None) => return self.cache_result("miss"),
@@ -896,7 +898,7 @@ impl GroupVersionProxy {
             ) else {
                 continue;
             };
-            let pinned = match precondition::pin_delete(options, &pin) {
+            let pinned = match precondition::pin_delete(options, Some(&delete_query), &pin) {
                 Ok(pinned) => pinned,
                 Err(e) => {
                     return Outcome::new(
@@ -905,7 +907,9 @@ impl GroupVersionProxy {
                     )
                 }
             };
-            let item_path = with_query(&format!("{}/{}", exchange.path, name), &delete_query);
+            // The options travel in the pinned body (kube reads the query's only
+            // when the body is empty).
+            let item_path = format!("{}/{}", exchange.path, name);
             let attempt = tokio::time::timeout_at(
                 exchange.deadline,
                 self.target.call(

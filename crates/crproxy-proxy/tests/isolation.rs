@@ -506,3 +506,60 @@ async fn owned_writes_still_work_with_their_pins() {
     assert!(on_target(&h, "w").await.is_none());
     h.proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_options_sent_in_the_query_survive_the_pinned_body() {
+    // kube reads a delete's options from the query only when the body is empty,
+    // and the proxy always sends a body (the pin): a `?dryRun=All` left in the
+    // query alone would delete for real.
+    let h = harness(AccessMode::Owned).await;
+    for name in ["kept-1", "kept-2"] {
+        owned_widget(&h, name).await;
+    }
+    let one = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}/kept-1?dryRun=All"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(one.status, 200, "{}", one.body);
+    let all = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}?dryRun=All"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    for name in ["kept-1", "kept-2"] {
+        assert!(
+            on_target(&h, name).await.is_some(),
+            "{name} was deleted by a dry run"
+        );
+    }
+    let invalid = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}/kept-1?gracePeriodSeconds=soon"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(invalid.status, 400, "{}", invalid.body);
+    assert_eq!(invalid.body["reason"], "BadRequest");
+    assert!(on_target(&h, "kept-1").await.is_some());
+    let real = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}/kept-1"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(real.status, 200, "{}", real.body);
+    assert!(on_target(&h, "kept-1").await.is_none());
+    h.proxy.shutdown().await;
+}
