@@ -18,6 +18,9 @@
 //! uid and resourceVersion write-through wrote, so that a later valid write is never
 //! undone. An update that never appears needs no explicit revert: once the key is
 //! released, the level-based syncer writes the tenant's (unchanged) object down again.
+//! Each review is decided in a task of its own, so a held key is released, confirmed
+//! or cleaned up even when the tenant API server gives up on the call; waiting for the
+//! key and the host write share one deadline, `timeout` after the review arrived.
 //!
 //! Only the leader's syncer has synced caches and pending keys, so reviews must reach
 //! the leader: the tenant calls the listener itself, a URL, or a selector-less Service
@@ -106,11 +109,10 @@ impl Gate {
         self.released.notify_waiters();
     }
 
-    /// Holds `key` once no other write-through holds it, waiting at most `limit`
-    /// (a write right after another on the same object waits for the first to be
-    /// seen stored). `false`: still held after `limit`.
-    async fn hold_within(&self, key: &Key, limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
+    /// Holds `key` once no other write-through holds it, waiting until `deadline` at
+    /// most (a write right after another on the same object waits for the first to be
+    /// seen stored). `false`: still held at `deadline`.
+    async fn hold_until(&self, key: &Key, deadline: tokio::time::Instant) -> bool {
         loop {
             let released = self.released.notified();
             if self.hold(key) {
@@ -177,27 +179,33 @@ impl Denial {
     }
 }
 
-/// The fields of an AdmissionReview request write-through uses.
-struct Review<'a> {
-    uid: &'a str,
-    plural: &'a str,
-    sub_resource: &'a str,
-    operation: &'a str,
+/// The fields of an AdmissionReview request write-through uses, owned so that the
+/// decision can run as a task of its own.
+struct Review {
+    uid: String,
+    plural: String,
+    sub_resource: String,
+    operation: String,
     dry_run: bool,
-    object: &'a Value,
-    old_object: &'a Value,
+    object: Value,
+    old_object: Value,
 }
 
-fn parse(review: &Value) -> Option<Review<'_>> {
-    let request = review.get("request")?;
+fn parse(mut review: Value) -> Option<Review> {
+    let request = review.get_mut("request")?;
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let uid = request["uid"].as_str()?.to_owned();
+    let mut take = |field: &str| request.get_mut(field).map(Value::take).unwrap_or_default();
+    let object = take("object");
+    let old_object = take("oldObject");
     Some(Review {
-        uid: request["uid"].as_str()?,
-        plural: request["resource"]["resource"].as_str().unwrap_or_default(),
-        sub_resource: request["subResource"].as_str().unwrap_or_default(),
-        operation: request["operation"].as_str().unwrap_or_default(),
+        uid,
+        plural: text(&request["resource"]["resource"]),
+        sub_resource: text(&request["subResource"]),
+        operation: text(&request["operation"]),
         dry_run: request["dryRun"] == true,
-        object: &request["object"],
-        old_object: &request["oldObject"],
+        object,
+        old_object,
     })
 }
 
@@ -208,10 +216,25 @@ fn meta<'a>(v: &'a Value, field: &str) -> &'a str {
 impl WriteThrough {
     /// Answers one AdmissionReview (v1): the response review. `None`: the body is not
     /// an AdmissionReview request (the HTTP layer answers 400).
-    pub async fn admit(self: &Arc<Self>, review: &Value) -> Option<Value> {
+    pub async fn admit(self: &Arc<Self>, review: Value) -> Option<Value> {
         let request = parse(review)?;
-        let uid = request.uid.to_owned();
-        let response = match self.decide(&request).await {
+        let uid = request.uid.clone();
+        // A task of its own: the tenant API server may give up on this call (hyper
+        // then drops this future), and a key once held must still be released,
+        // confirmed or cleaned up.
+        let this = Arc::clone(self);
+        let decided = tokio::spawn(async move { this.decide(&request).await }).await;
+        let decision = match decided {
+            Ok(decision) => decision,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down.
+            Err(_) => Err(Denial::new(
+                500,
+                "InternalError",
+                "write-through: the review was cancelled while crproxy shuts down; retry",
+            )),
+        };
+        let response = match decision {
             Ok(()) => json!({"uid": uid, "allowed": true}),
             Err(denial) => json!({"uid": uid, "allowed": false, "status": denial.status()}),
         };
@@ -222,16 +245,19 @@ impl WriteThrough {
         }))
     }
 
-    async fn decide(self: &Arc<Self>, request: &Review<'_>) -> Result<(), Denial> {
+    async fn decide(self: &Arc<Self>, request: &Review) -> Result<(), Denial> {
+        // Waiting for the key and the host write share one deadline: the answer never
+        // comes later than `timeout` after the review arrived.
+        let deadline = tokio::time::Instant::now() + self.timeout;
         // Dry runs reach nothing (the configuration says NoneOnDryRun); status and
         // other subresources, and deletes, are the syncer's.
         if request.dry_run
             || !request.sub_resource.is_empty()
-            || !matches!(request.operation, "CREATE" | "UPDATE")
+            || !matches!(request.operation.as_str(), "CREATE" | "UPDATE")
         {
             return Ok(());
         }
-        let Some((ty, gate)) = self.types.get(request.plural) else {
+        let Some((ty, gate)) = self.types.get(&request.plural) else {
             return Ok(());
         };
         let Some(store) = gate.store() else {
@@ -255,7 +281,7 @@ impl WriteThrough {
             d.retry_after = Some(1);
             return Err(d);
         };
-        let object = request.object;
+        let object = &request.object;
         let key = Key {
             namespace: meta(object, "namespace").to_owned(),
             name: meta(object, "name").to_owned(),
@@ -280,7 +306,7 @@ impl WriteThrough {
                 ),
             ));
         }
-        if !gate.hold_within(&key, self.timeout).await {
+        if !gate.hold_until(&key, deadline).await {
             let mut d = Denial::new(
                 409,
                 "Conflict",
@@ -293,7 +319,7 @@ impl WriteThrough {
             return Err(d);
         }
         let desired = desired_mirror(ty, &self.tenant, &self.host_namespace, object);
-        let written = tokio::time::timeout(self.timeout, self.write(ty, &desired)).await;
+        let written = tokio::time::timeout_at(deadline, self.write(ty, &desired)).await;
         let written = match written {
             Ok(Ok(w)) => w,
             Ok(Err(HostError::Rejected(status))) => {
@@ -354,7 +380,7 @@ impl WriteThrough {
                     504,
                     "Timeout",
                     format!(
-                        "write-through: the host did not answer within {} s",
+                        "write-through: the host did not answer within {} s of the review",
                         self.timeout.as_secs()
                     ),
                 ));
@@ -458,14 +484,14 @@ impl WriteThrough {
         gate: &Arc<Gate>,
         store: Store<DynamicObject>,
         key: Key,
-        request: &Review<'_>,
+        request: &Review,
         written: Written,
     ) {
         let this = Arc::clone(self);
         let ty = ty.clone();
         let gate = Arc::clone(gate);
-        let uid = meta(request.object, "uid").to_owned();
-        let old_rv = meta(request.old_object, "resourceVersion").to_owned();
+        let uid = meta(&request.object, "uid").to_owned();
+        let old_rv = meta(&request.old_object, "resourceVersion").to_owned();
         tokio::spawn(async move {
             let seen = this.wait_stored(&ty, &store, &key, &uid, &old_rv).await;
             tracing::debug!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), seen, "write-through: confirmation of an accepted write");
@@ -1125,7 +1151,7 @@ async fn handle(
             ),
         );
     };
-    match wt.admit(&review).await {
+    match wt.admit(review).await {
         Some(response) => reply(StatusCode::OK, response),
         None => reply(
             StatusCode::BAD_REQUEST,

@@ -1,6 +1,7 @@
 //! The admission decisions that need no cluster, against a host that is not there
 //! (127.0.0.1:1 refuses connections): what is skipped, the 503/429/415 answers, and
-//! an unreachable host's cleanup that cannot tell whether the write reached it.
+//! an unreachable host's cleanup that cannot tell whether the write reached it; and
+//! against a host that never answers, a review its caller gave up on.
 
 use std::io::Write;
 use std::sync::Mutex as StdMutex;
@@ -95,7 +96,7 @@ async fn dry_runs_subresources_and_deletes_are_allowed_without_touching_the_host
     status["request"]["subResource"] = json!("status");
     let delete = review("DELETE", Value::Null);
     for r in [dry, status, delete] {
-        let answer = wt.admit(&r).await.expect("a review");
+        let answer = wt.admit(r.clone()).await.expect("a review");
         assert_eq!(response(&answer)["allowed"], true, "{r}");
     }
 }
@@ -104,7 +105,7 @@ async fn dry_runs_subresources_and_deletes_are_allowed_without_touching_the_host
 async fn before_the_caches_synced_writes_get_503_with_retry_after_1() {
     let (wt, _, _) = write_through(MAX_IN_FLIGHT);
     let answer = wt
-        .admit(&review("CREATE", gateway()))
+        .admit(review("CREATE", gateway()))
         .await
         .expect("a review");
     let r = response(&answer);
@@ -127,7 +128,7 @@ async fn past_the_in_flight_limit_writes_get_429() {
         .await
         .expect("permits");
     let answer = wt
-        .admit(&review("CREATE", gateway()))
+        .admit(review("CREATE", gateway()))
         .await
         .expect("a review");
     let r = response(&answer);
@@ -178,7 +179,7 @@ async fn an_untranslatable_object_gets_415_and_the_translate_error_log_line() {
     synced(&gate);
     let mut object = gateway();
     object["metadata"]["uid"] = json!(null);
-    let answer = wt.admit(&review("CREATE", object)).await.expect("a review");
+    let answer = wt.admit(review("CREATE", object)).await.expect("a review");
     let r = response(&answer);
     assert_eq!(r["allowed"], false);
     assert_eq!(r["status"]["code"], 415);
@@ -203,7 +204,7 @@ async fn a_host_that_cannot_be_reached_gets_503_and_an_unknown_outcome_counts_ho
     let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
     synced(&gate);
     let answer = wt
-        .admit(&review("CREATE", gateway()))
+        .admit(review("CREATE", gateway()))
         .await
         .expect("a review");
     let r = response(&answer);
@@ -239,10 +240,62 @@ async fn a_host_that_cannot_be_reached_gets_503_and_an_unknown_outcome_counts_ho
     );
 }
 
+/// A host that accepts connections and never answers; the listener task holds the
+/// sockets (at most a few) until the test's runtime ends.
+async fn silent_host() -> kube::Client {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            match tokio::time::timeout(Duration::from_secs(30), listener.accept()).await {
+                Ok(Ok((socket, _))) => held.push(socket),
+                _ => break,
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    });
+    let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+    kube::Client::try_from(config).expect("client")
+}
+
+#[tokio::test]
+async fn a_review_dropped_by_its_caller_still_releases_its_key() {
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    let mut wt = Arc::into_inner(wt).expect("the only reference");
+    wt.host = silent_host().await;
+    wt.timeout = Duration::from_secs(2);
+    let wt = Arc::new(wt);
+    synced(&gate);
+    let key = Key {
+        namespace: "team".into(),
+        name: "edge".into(),
+    };
+    // The tenant API server gives up on the webhook call while the host write hangs:
+    // hyper drops the review's future.
+    let review = review("CREATE", gateway());
+    let dropped = tokio::time::timeout(Duration::from_millis(200), wt.admit(review)).await;
+    assert!(dropped.is_err(), "the silent host answered");
+    let mut released = false;
+    for _ in 0..200 {
+        if !gate.is_pending(&key) {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        released,
+        "the key stayed pending after its review was dropped"
+    );
+}
+
 #[tokio::test]
 async fn a_body_that_is_not_a_review_is_refused() {
     let (wt, _, _) = write_through(MAX_IN_FLIGHT);
-    assert!(wt.admit(&json!({"kind": "Pod"})).await.is_none());
+    assert!(wt.admit(json!({"kind": "Pod"})).await.is_none());
 }
 
 #[test]
