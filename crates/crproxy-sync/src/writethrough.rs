@@ -8,7 +8,9 @@
 //! review the object is translated as the toHost syncer translates it and written to
 //! the host at once: the tenant request is allowed only if the host accepted, and
 //! otherwise denied with the host's code, reason and message (host names rewritten to
-//! tenant names). A rejected write is therefore never stored in the tenant.
+//! tenant names). A rejected write is therefore never stored in the tenant. An update
+//! of an object being deleted (`deletionTimestamp` set) is allowed without a host
+//! write: the syncer owns the delete, and a write could re-create a removed mirror.
 //!
 //! Validating webhooks run before the tenant stores the object, so the tenant can
 //! still fail after the host accepted (another webhook denies, a conflict, a
@@ -250,10 +252,15 @@ impl WriteThrough {
         // comes later than `timeout` after the review arrived.
         let deadline = tokio::time::Instant::now() + self.timeout;
         // Dry runs reach nothing (the configuration says NoneOnDryRun); status and
-        // other subresources, and deletes, are the syncer's.
+        // other subresources, and deletes, are the syncer's. So is an update of an
+        // object being deleted (a controller removing its finalizer): the syncer may
+        // already have removed the mirror, and writing it would create it again.
+        let terminating =
+            request.operation == "UPDATE" && !meta(&request.object, "deletionTimestamp").is_empty();
         if request.dry_run
             || !request.sub_resource.is_empty()
             || !matches!(request.operation.as_str(), "CREATE" | "UPDATE")
+            || terminating
         {
             return Ok(());
         }

@@ -240,6 +240,28 @@ async fn a_host_that_cannot_be_reached_gets_503_and_an_unknown_outcome_counts_ho
     );
 }
 
+#[tokio::test]
+async fn an_update_of_an_object_being_deleted_is_allowed_without_writing_to_the_host() {
+    // A tenant controller removes its finalizer from a terminating object: the
+    // syncer owns the delete, and a host write could re-create a removed mirror.
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    synced(&gate);
+    let mut old = gateway();
+    old["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+    old["metadata"]["finalizers"] = json!(["example.net/cleanup"]);
+    let mut object = old.clone();
+    object["metadata"]["finalizers"] = json!([]);
+    let mut update = review("UPDATE", object);
+    update["request"]["oldObject"] = old;
+    let answer = wt.admit(update).await.expect("a review");
+    // The host (127.0.0.1:1) would have answered 503 had it been tried.
+    assert_eq!(response(&answer)["allowed"], true, "{answer}");
+    assert!(!gate.is_pending(&Key {
+        namespace: "team".into(),
+        name: "edge".into()
+    }));
+}
+
 /// A host that accepts connections and never answers; the listener task holds the
 /// sockets (at most a few) until the test's runtime ends.
 async fn silent_host() -> kube::Client {
