@@ -265,8 +265,12 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             .filter(|t| gates.contains_key(&t.resource.key))
             .cloned()
             .collect();
-        let client_config =
-            writethrough::client_config(&options.plan.write_through.endpoint, w.addr, &w.ca_pem);
+        let client_config = writethrough::client_config(
+            &options.plan.write_through.endpoint,
+            w.addr,
+            &w.review_path,
+            &w.ca_pem,
+        );
         writethrough::webhook_configuration(&options.plan.tenant, &client_config, &types)
     });
     if let Some(configuration) = &registration {

@@ -766,22 +766,33 @@ impl From<kube::Error> for HostError {
     }
 }
 
-/// The path the webhook serves reviews on.
-pub const REVIEW_PATH: &str = "/validate";
+/// Where a webhook server takes reviews: this prefix and a random token of its
+/// own ([`WebhookServer::review_path`]). TLS tells the tenant API server who
+/// answers, not the webhook who calls, and anything on the network path to the
+/// listener (a Service in the tenant) could send a review made up to have
+/// crproxy write host objects with its own credentials. Only a reader of the
+/// registered configuration knows the path, and whoever may read webhook
+/// configurations in the tenant may write the types themselves anyway.
+pub const REVIEW_PATH_PREFIX: &str = "/validate/";
 
 /// The `clientConfig` of the write-through webhooks: how the tenant's API server
 /// reaches `endpoint` (the listener at `listening` for [`WebhookEndpoint::Listener`])
-/// and the CA it verifies the serving certificate with.
-pub fn client_config(endpoint: &WebhookEndpoint, listening: SocketAddr, ca_pem: &str) -> Value {
+/// at `review_path`, and the CA it verifies the serving certificate with.
+pub fn client_config(
+    endpoint: &WebhookEndpoint,
+    listening: SocketAddr,
+    review_path: &str,
+    ca_pem: &str,
+) -> Value {
     use base64::Engine;
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     match endpoint {
         WebhookEndpoint::Listener => json!({
-            "url": format!("https://{listening}{REVIEW_PATH}"),
+            "url": format!("https://{listening}{review_path}"),
             "caBundle": ca_bundle,
         }),
         WebhookEndpoint::Url { url, .. } => json!({
-            "url": format!("{url}{REVIEW_PATH}"),
+            "url": format!("{url}{review_path}"),
             "caBundle": ca_bundle,
         }),
         WebhookEndpoint::Service {
@@ -789,7 +800,7 @@ pub fn client_config(endpoint: &WebhookEndpoint, listening: SocketAddr, ca_pem: 
             name,
             port,
         } => json!({
-            "service": {"namespace": namespace, "name": name, "port": port, "path": REVIEW_PATH},
+            "service": {"namespace": namespace, "name": name, "port": port, "path": review_path},
             "caBundle": ca_bundle,
         }),
     }
@@ -1035,6 +1046,9 @@ pub struct WebhookServer {
     pub addr: SocketAddr,
     /// The CA of its serving certificate (the configuration's `caBundle`).
     pub ca_pem: String,
+    /// The one path it takes reviews on: [`REVIEW_PATH_PREFIX`] and a token of
+    /// 128 random bits.
+    pub review_path: String,
     stop: watch::Sender<bool>,
 }
 
@@ -1062,6 +1076,13 @@ impl WebhookServer {
             .map_err(|e| tls(&e))?;
         let key = PrivateKeyDer::from_pem_slice(serving.key.as_bytes()).map_err(|e| tls(&e))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut token = [0u8; 16];
+        provider
+            .secure_random
+            .fill(&mut token)
+            .map_err(|e| tls(&format!("{e:?}")))?;
+        let token: String = token.iter().map(|byte| format!("{byte:02x}")).collect();
+        let review_path = format!("{REVIEW_PATH_PREFIX}{token}");
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| tls(&e))?
@@ -1080,15 +1101,20 @@ impl WebhookServer {
         tokio::spawn(crproxy_serve::serve_tls(
             listener,
             acceptor,
-            move |request| {
-                let wt = Arc::clone(&write_through);
-                async move { handle(&wt, request).await }
+            {
+                let review_path = review_path.clone();
+                move |request| {
+                    let wt = Arc::clone(&write_through);
+                    let review_path = review_path.clone();
+                    async move { handle(&wt, &review_path, request).await }
+                }
             },
             stopped,
         ));
         Ok(WebhookServer {
             addr,
             ca_pem: ca.pem().cert.clone(),
+            review_path,
             stop,
         })
     }
@@ -1110,6 +1136,7 @@ const MAX_BODY: usize = 8 << 20;
 
 async fn handle(
     wt: &Arc<WriteThrough>,
+    review_path: &str,
     request: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let reply = |code: StatusCode, body: Value| {
@@ -1125,13 +1152,15 @@ async fn handle(
         json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
                "code": code.as_u16(), "reason": reason, "message": message})
     };
-    if request.method() != Method::POST || request.uri().path() != REVIEW_PATH {
+    // Any other path, `/validate` itself included, is not this server's: a
+    // review sent there was not sent by the tenant API server it registered with.
+    if request.method() != Method::POST || request.uri().path() != review_path {
         return reply(
             StatusCode::NOT_FOUND,
             status(
                 StatusCode::NOT_FOUND,
                 "NotFound",
-                "the write-through webhook serves POST /validate",
+                "the write-through webhook serves POST at the path its configuration names",
             ),
         );
     }

@@ -323,7 +323,12 @@ async fn a_body_that_is_not_a_review_is_refused() {
 #[test]
 fn the_configuration_matches_only_the_main_resource_fails_closed_and_skips_dry_runs() {
     let listening = SocketAddr::from(([127, 0, 0, 1], 9443));
-    let client = client_config(&WebhookEndpoint::Listener, listening, "PEM");
+    let client = client_config(
+        &WebhookEndpoint::Listener,
+        listening,
+        "/validate/t0k",
+        "PEM",
+    );
     let c = webhook_configuration("client", &client, &[gateways()]);
     assert_eq!(c["kind"], "ValidatingWebhookConfiguration");
     assert_eq!(c["metadata"]["name"], "crproxy-writethrough-client");
@@ -334,7 +339,10 @@ fn the_configuration_matches_only_the_main_resource_fails_closed_and_skips_dry_r
     assert_eq!(w["rules"][0]["resources"], json!(["gateways"]));
     assert_eq!(w["rules"][0]["apiGroups"], json!(["example.net"]));
     assert_eq!(w["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
-    assert_eq!(w["clientConfig"]["url"], "https://127.0.0.1:9443/validate");
+    assert_eq!(
+        w["clientConfig"]["url"],
+        "https://127.0.0.1:9443/validate/t0k"
+    );
     assert_eq!(w["clientConfig"]["caBundle"], "UEVN");
 }
 
@@ -347,8 +355,8 @@ fn the_client_config_follows_how_the_tenant_reaches_the_webhook() {
         port: 443,
     };
     assert_eq!(
-        client_config(&service, listening, "PEM"),
-        json!({"service": {"namespace": "kube-system", "name": "crproxy-writethrough", "port": 443, "path": "/validate"},
+        client_config(&service, listening, "/validate/t0k", "PEM"),
+        json!({"service": {"namespace": "kube-system", "name": "crproxy-writethrough", "port": 443, "path": "/validate/t0k"},
                "caBundle": "UEVN"})
     );
     let url = WebhookEndpoint::Url {
@@ -356,12 +364,12 @@ fn the_client_config_follows_how_the_tenant_reaches_the_webhook() {
         host: "crproxy.example.com".into(),
     };
     assert_eq!(
-        client_config(&url, listening, "PEM"),
-        json!({"url": "https://crproxy.example.com:9443/hooks/validate", "caBundle": "UEVN"})
+        client_config(&url, listening, "/validate/t0k", "PEM"),
+        json!({"url": "https://crproxy.example.com:9443/hooks/validate/t0k", "caBundle": "UEVN"})
     );
     let c = webhook_configuration(
         "client",
-        &client_config(&service, listening, "PEM"),
+        &client_config(&service, listening, "/validate/t0k", "PEM"),
         &[gateways()],
     );
     assert_eq!(
@@ -433,24 +441,46 @@ async fn the_webhook_answers_reviews_over_tls_and_refuses_anything_else() {
     let server = WebhookServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), &[], wt)
         .await
         .expect("server");
+    let path = server.review_path.clone();
+    let token = path.strip_prefix(REVIEW_PATH_PREFIX).expect("the prefix");
+    assert_eq!(token.len(), 32, "{path}");
+    assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{path}");
     // A review: answered (here 503, the type's syncer is not synced).
-    let (code, answer) = https(
-        &server,
-        "POST",
-        "/validate",
-        &review("CREATE", gateway()).to_string(),
-    )
-    .await;
+    let review = review("CREATE", gateway()).to_string();
+    let (code, answer) = https(&server, "POST", &path, &review).await;
     assert_eq!(code, 200);
     assert_eq!(answer["response"]["uid"], "req-1");
     assert_eq!(answer["response"]["status"]["code"], 503);
     // Not a review, not JSON, another path: a Status saying so.
-    let (code, answer) = https(&server, "POST", "/validate", r#"{"kind":"Pod"}"#).await;
+    let (code, answer) = https(&server, "POST", &path, r#"{"kind":"Pod"}"#).await;
     assert_eq!((code, answer["reason"].as_str()), (400, Some("BadRequest")));
-    let (code, _) = https(&server, "POST", "/validate", "not json").await;
+    let (code, _) = https(&server, "POST", &path, "not json").await;
     assert_eq!(code, 400);
-    let (code, answer) = https(&server, "GET", "/validate", "").await;
+    let (code, answer) = https(&server, "GET", &path, "").await;
     assert_eq!((code, answer["reason"].as_str()), (404, Some("NotFound")));
+    // A review at any path but the registered one is not decided: whoever sent
+    // it did not read the configuration.
+    let longer = format!("{path}x");
+    for elsewhere in [
+        "/validate",
+        "/validate/",
+        longer.as_str(),
+        "/validate/00000000000000000000000000000000",
+    ] {
+        let (code, answer) = https(&server, "POST", elsewhere, &review).await;
+        assert_eq!(
+            (code, answer["reason"].as_str()),
+            (404, Some("NotFound")),
+            "{elsewhere}"
+        );
+    }
+    // Each server has a token of its own.
+    let (other_wt, _, _) = write_through(MAX_IN_FLIGHT);
+    let other = WebhookServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), &[], other_wt)
+        .await
+        .expect("server");
+    assert_ne!(other.review_path, server.review_path);
+    other.stop();
     server.stop();
 }
 
