@@ -1,5 +1,6 @@
 //! Strict body reading, label stamping and precondition pinning for every media
-//! type (JSON, YAML, merge/strategic/JSON patch, server-side apply, DeleteOptions):
+//! type (JSON, YAML, merge/strategic/JSON patch, server-side apply, DeleteOptions,
+//! and the delete options of a query):
 //! never a panic; a JSON body is accepted exactly when serde_json's strict parse
 //! accepts it; what is sent reads, strictly, as the document the tree-based model
 //! (`request_body::reference`) makes of the caller's body with the same edits.
@@ -30,7 +31,19 @@ fuzz_target!(|data: &[u8]| {
         uid: "uid-1".into(),
         resource_version: "7".into(),
     };
-    let _ = precondition::pin_delete(body, &pin);
+    let _ = precondition::pin_delete(body, None, &pin);
+    // An empty-bodied delete takes its options from the query: any query either
+    // is refused or gives a DeleteOptions that carries the pin.
+    if let Ok(query) = std::str::from_utf8(body) {
+        if let Ok(options) = precondition::pin_delete(b"", Some(query), &pin) {
+            let options = request_body::parse_json_strict(&options).expect("strict JSON");
+            assert_eq!(options["kind"], "DeleteOptions");
+            assert_eq!(
+                options["preconditions"],
+                json!({"uid": "uid-1", "resourceVersion": "7"})
+            );
+        }
+    }
     let _ = request_body_cost(body);
     let media_type = MEDIA_TYPES[usize::from(selector) % MEDIA_TYPES.len()];
     let parsed = WriteBody::parse(media_type, body);
