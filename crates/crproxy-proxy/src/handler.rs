@@ -501,7 +501,7 @@ impl GroupVersionProxy {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
-                self.owned_delete_collection(exchange, &bytes).await
+                self.owned_delete_collection(exchange, path, &bytes).await
             }
             Verb::List | Verb::Watch if owned => {
                 let query = match ownership::scoped_query(exchange.query.as_deref(), &self.owner) {
@@ -854,8 +854,14 @@ impl GroupVersionProxy {
     /// labels in between would still be deleted. Each owned object is deleted by
     /// name with uid and resourceVersion preconditions; one that changed after the
     /// list (409) or is already gone (404) is left alone. The answer is a list of the
-    /// deleted objects, as kube's.
-    async fn owned_delete_collection(&self, exchange: &Exchange, options: &[u8]) -> Outcome {
+    /// deleted objects, as kube's. A request without a namespace deletes across
+    /// namespaces, as kube's does: each object at its own namespace's path.
+    async fn owned_delete_collection(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+        options: &[u8],
+    ) -> Outcome {
         let (list_query, delete_query) = split_delete_collection_query(exchange.query.as_deref());
         let list_query = match ownership::scoped_query(Some(&list_query), &self.owner) {
             Ok(query) => query,
@@ -907,9 +913,11 @@ impl GroupVersionProxy {
                     )
                 }
             };
+            let Some(item_path) = self.item_path(exchange, path, &item, name) else {
+                continue;
+            };
             // The options travel in the pinned body (kube reads the query's only
             // when the body is empty).
-            let item_path = format!("{}/{}", exchange.path, name);
             let attempt = tokio::time::timeout_at(
                 exchange.deadline,
                 self.target.call(
@@ -944,6 +952,40 @@ impl GroupVersionProxy {
             }
         }
         Outcome::new(json_response(StatusCode::OK, &list), Reason::Upstream)
+    }
+
+    /// Where the pinned delete of `name`, listed by a deletecollection, goes: next to
+    /// the collection the caller named, or, when that collection spans namespaces,
+    /// in the item's own namespace (a namespaced object has no path without one).
+    /// `None` for a name or namespace that cannot be one path segment (kube never
+    /// stores one; a target that did is not followed elsewhere).
+    fn item_path(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+        item: &Value,
+        name: &str,
+    ) -> Option<String> {
+        let item_namespace = item
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|namespace| !namespace.is_empty());
+        if !is_path_segment(name) || !item_namespace.is_none_or(is_path_segment) {
+            return None;
+        }
+        match (&path.namespace, item_namespace) {
+            (None, Some(namespace)) => Some(object_path(
+                &self.group,
+                &self.version,
+                &ResourcePath {
+                    namespace: Some(namespace.to_string()),
+                    resource: path.resource.clone(),
+                    name: Some(name.to_string()),
+                    subresource: None,
+                },
+            )),
+            _ => Some(format!("{}/{}", exchange.path, name)),
+        }
     }
 
     /// The preliminary GET of an owned-mode mutation: `Owned(pin)` for an owned
@@ -1432,6 +1474,16 @@ fn object_path(group: &str, version: &str, path: &ResourcePath) -> String {
     out
 }
 
+/// Whether `segment` (a name a target listed) is one path segment as kube accepts
+/// names: not empty, not `.` or `..`, without `/` or `%` (and without `?` or `#`,
+/// which would end the path).
+fn is_path_segment(segment: &str) -> bool {
+    !segment.is_empty()
+        && segment != "."
+        && segment != ".."
+        && !segment.contains(['/', '%', '?', '#'])
+}
+
 fn namespace_of(path: &str) -> Option<&str> {
     let rest = path.split("/namespaces/").nth(1)?;
     rest.split('/').next()
@@ -1547,6 +1599,16 @@ mod tests {
             "/openapi/v3",
         ] {
             assert!(!is(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn only_single_path_segments_are_used_as_names() {
+        for good in ["w", "my-widget.v2", "a..b"] {
+            assert!(is_path_segment(good), "{good}");
+        }
+        for bad in ["", ".", "..", "a/b", "a%2Fb", "a?dryRun=All", "a#b"] {
+            assert!(!is_path_segment(bad), "{bad}");
         }
     }
 

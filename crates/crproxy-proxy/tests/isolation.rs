@@ -20,7 +20,8 @@ use kube::Api;
 
 use crproxy_core::config::AccessMode;
 use target_support::{
-    harness, json_of, on_target, send, widget, widget_object, Harness, OWNER_LABELS, WIDGETS,
+    harness, json_of, on_target, send, widget, widget_object, widget_resource, Harness,
+    OWNER_LABELS, WIDGETS,
 };
 
 /// Rounds per race test: enough that an unpinned proxy loses many of them.
@@ -383,6 +384,77 @@ async fn deletecollection_never_removes_an_object_that_lost_its_labels() {
         violations.is_empty(),
         "deleted while not owned: {violations:?}"
     );
+    h.proxy.shutdown().await;
+}
+
+/// A deletecollection without a namespace in its path deletes across namespaces, as
+/// kube's does: each owned object at its own namespace's path, foreign ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wide_deletecollection_deletes_owned_objects_in_every_namespace() {
+    let h = harness(AccessMode::Owned).await;
+    let other: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "other"}})).expect("namespace");
+    Api::all(h.admin.clone())
+        .create(&PostParams::default(), &other)
+        .await
+        .expect("namespace created on the target");
+    let other_widgets: Api<DynamicObject> =
+        Api::namespaced_with(h.admin.clone(), "other", &widget_resource());
+    let in_other = |name: &str, labels: Value| -> DynamicObject {
+        let mut object = widget(name, labels);
+        object["metadata"]["namespace"] = json!("other");
+        serde_json::from_value(object).expect("widget")
+    };
+    owned_widget(&h, "mine-demo").await;
+    h.widgets
+        .create(
+            &PostParams::default(),
+            &widget_object("theirs-demo", json!({})),
+        )
+        .await
+        .expect("foreign in demo");
+    for (name, labels) in [("mine-other", owned_labels()), ("theirs-other", json!({}))] {
+        other_widgets
+            .create(&PostParams::default(), &in_other(name, labels))
+            .await
+            .expect("created in other");
+    }
+
+    let swept = send(
+        &h,
+        "DELETE",
+        "/apis/example.com/v1/widgets",
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(swept.status, 200, "{}", swept.body);
+    let mut names: Vec<String> = swept.body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|item| {
+            format!(
+                "{}/{}",
+                item["metadata"]["namespace"].as_str().unwrap_or_default(),
+                item["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["demo/mine-demo", "other/mine-other"]);
+    assert!(on_target(&h, "mine-demo").await.is_none());
+    assert!(on_target(&h, "theirs-demo").await.is_some());
+    assert!(other_widgets
+        .get_opt("mine-other")
+        .await
+        .expect("get")
+        .is_none());
+    assert!(other_widgets
+        .get_opt("theirs-other")
+        .await
+        .expect("get")
+        .is_some());
     h.proxy.shutdown().await;
 }
 
