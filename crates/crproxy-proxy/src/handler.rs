@@ -856,6 +856,13 @@ impl GroupVersionProxy {
     /// list (409) or is already gone (404) is left alone. The answer is a list of the
     /// deleted objects, as kube's. A request without a namespace deletes across
     /// namespaces, as kube's does: each object at its own namespace's path.
+    ///
+    /// The owned objects are listed in pages of [`DELETE_COLLECTION_PAGE`], as
+    /// metadata only, and each page is deleted before the next is asked for, so no
+    /// answer the proxy reads whole grows with the collection. The first page is one
+    /// object in full: its list envelope (kind, apiVersion, resourceVersion) is the
+    /// answer's, as the target would write it. A continue token that expired (410)
+    /// starts the list over, at most [`DELETE_COLLECTION_RESTARTS`] times.
     async fn owned_delete_collection(
         &self,
         exchange: &Exchange,
@@ -867,91 +874,171 @@ impl GroupVersionProxy {
             Ok(query) => query,
             Err(e) => return selector_error(&e),
         };
+        let mut envelope: Option<Value> = None;
+        // Deleted objects as the target answered them: kept as text, not as values.
+        let mut deleted: Vec<Bytes> = Vec::new();
+        // An object deleted with a finalizer stays listed; after a restart it is
+        // not deleted (and answered) twice.
+        let mut deleted_uids: HashSet<String> = HashSet::new();
+        let mut token: Option<String> = None;
+        let mut restarts = 0;
+        loop {
+            // Answers that come at once never let a timeout fire: the loop checks.
+            if Instant::now() >= exchange.deadline {
+                return self.unavailable(ForwardError::Deadline);
+            }
+            let (accept, limit) = match envelope {
+                None => ("application/json", 1),
+                Some(_) => (METADATA_LIST, DELETE_COLLECTION_PAGE),
+            };
+            let page_path = with_query(
+                &exchange.path,
+                &page_query(&list_query, limit, token.as_deref()),
+            );
+            let attempt = tokio::time::timeout_at(
+                exchange.deadline,
+                self.target.call_accepting(
+                    exchange.deadline,
+                    Method::GET,
+                    &page_path,
+                    accept,
+                    None,
+                ),
+            )
+            .await;
+            let (code, bytes) = match flatten(attempt) {
+                Ok(answer) => answer,
+                Err(e) => return self.unavailable(e),
+            };
+            match list_step(code, token.is_some(), restarts) {
+                ListStep::Page => {}
+                ListStep::Restart => {
+                    tracing::debug!(group_version = %self.group_version, "deletecollection list expired between pages; listing again");
+                    restarts += 1;
+                    token = None;
+                    continue;
+                }
+                ListStep::Unavailable => return self.upstream_failure(),
+                ListStep::PassOn => {
+                    return Outcome::new(json_bytes_response(code, bytes), Reason::Upstream)
+                }
+            }
+            let Ok(mut page) = serde_json::from_slice::<Value>(&bytes) else {
+                return self.upstream_failure();
+            };
+            drop(bytes);
+            let items = match page.get_mut("items").map(Value::take) {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            };
+            token = page
+                .pointer("/metadata/continue")
+                .and_then(Value::as_str)
+                .filter(|token| !token.is_empty())
+                .map(str::to_string);
+            envelope.get_or_insert(page);
+            for item in items {
+                let uid = item.pointer("/metadata/uid").and_then(Value::as_str);
+                if uid.is_some_and(|uid| deleted_uids.contains(uid)) {
+                    continue;
+                }
+                let uid = uid.map(str::to_string);
+                match self
+                    .delete_listed(exchange, path, options, &delete_query, item)
+                    .await
+                {
+                    Ok(Some(object)) => {
+                        deleted.push(object);
+                        deleted_uids.extend(uid);
+                    }
+                    Ok(None) => {}
+                    Err(outcome) => return outcome,
+                }
+            }
+            if token.is_none() {
+                break;
+            }
+        }
+        let mut envelope = match envelope {
+            Some(Value::Object(envelope)) => envelope,
+            _ => serde_json::Map::new(),
+        };
+        if let Some(metadata) = envelope.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.remove("continue");
+            metadata.remove("remainingItemCount");
+        }
+        match list_body(&envelope, &deleted) {
+            Ok(body) => Outcome::new(
+                json_bytes_response(StatusCode::OK, Bytes::from(body)),
+                Reason::Upstream,
+            ),
+            Err(_) => self.upstream_failure(),
+        }
+    }
+
+    /// Deletes one object a deletecollection listed, if it is owned, pinned to the
+    /// listed state: `Some(object)` as the target answered the delete, `None` when
+    /// it was not owned or changed or went meanwhile, or the answer to send instead.
+    async fn delete_listed(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+        options: &[u8],
+        delete_query: &str,
+        item: Value,
+    ) -> Result<Option<Bytes>, Outcome> {
+        // The list was narrowed by the owner selector; judge each item anyway.
+        let (true, Some(pin), Some(name)) = (
+            self.owner.owns(&item),
+            Pin::of(&item),
+            item.pointer("/metadata/name").and_then(Value::as_str),
+        ) else {
+            return Ok(None);
+        };
+        let pinned = precondition::pin_delete(options, Some(delete_query), &pin).map_err(|e| {
+            Outcome::new(
+                json_response(StatusCode::BAD_REQUEST, &status::bad_request(e.to_string())),
+                Reason::Upstream,
+            )
+        })?;
+        let Some(item_path) = self.item_path(exchange, path, &item, name) else {
+            return Ok(None);
+        };
+        // The options travel in the pinned body (kube reads the query's only
+        // when the body is empty).
         let attempt = tokio::time::timeout_at(
             exchange.deadline,
             self.target.call(
                 exchange.deadline,
-                Method::GET,
-                &with_query(&exchange.path, &list_query),
-                None,
+                Method::DELETE,
+                &item_path,
+                Some(Bytes::from(pinned)),
             ),
         )
         .await;
-        let (code, bytes) = match flatten(attempt) {
-            Ok(answer) => answer,
-            Err(e) => return self.unavailable(e),
-        };
-        if code.is_server_error() {
-            return self.upstream_failure();
-        }
-        if code != StatusCode::OK {
-            return Outcome::new(json_bytes_response(code, bytes), Reason::Upstream);
-        }
-        let Ok(mut list) = serde_json::from_slice::<Value>(&bytes) else {
-            return self.upstream_failure();
-        };
-        let items = match list.get_mut("items").map(Value::take) {
-            Some(Value::Array(items)) => items,
-            _ => Vec::new(),
-        };
-        let mut deleted = Vec::new();
-        for item in items {
-            // The list was narrowed by the owner selector; judge each item anyway.
-            let (true, Some(pin), Some(name)) = (
-                self.owner.owns(&item),
-                Pin::of(&item),
-                item.pointer("/metadata/name").and_then(Value::as_str),
-            ) else {
-                continue;
-            };
-            let pinned = match precondition::pin_delete(options, Some(&delete_query), &pin) {
-                Ok(pinned) => pinned,
-                Err(e) => {
-                    return Outcome::new(
-                        json_response(StatusCode::BAD_REQUEST, &status::bad_request(e.to_string())),
-                        Reason::Upstream,
-                    )
+        let (code, answer) = flatten(attempt).map_err(|e| self.unavailable(e))?;
+        match code {
+            StatusCode::OK | StatusCode::ACCEPTED => {
+                let is_object = serde_json::from_slice::<Value>(&answer).is_ok_and(|a| {
+                    a.is_object() && a.get("kind").and_then(Value::as_str) != Some("Status")
+                });
+                if is_object {
+                    // Copied: the read buffer may be larger than the object, and
+                    // every deleted object is held until the answer is sent.
+                    return Ok(Some(Bytes::copy_from_slice(&answer)));
                 }
-            };
-            let Some(item_path) = self.item_path(exchange, path, &item, name) else {
-                continue;
-            };
-            // The options travel in the pinned body (kube reads the query's only
-            // when the body is empty).
-            let attempt = tokio::time::timeout_at(
-                exchange.deadline,
-                self.target.call(
-                    exchange.deadline,
-                    Method::DELETE,
-                    &item_path,
-                    Some(Bytes::from(pinned)),
-                ),
-            )
-            .await;
-            let (code, answer) = match flatten(attempt) {
-                Ok(answer) => answer,
-                Err(e) => return self.unavailable(e),
-            };
-            match code {
-                StatusCode::OK | StatusCode::ACCEPTED => {
-                    let answer = serde_json::from_slice::<Value>(&answer)
-                        .ok()
-                        .filter(|a| a.get("kind").and_then(Value::as_str) != Some("Status"));
-                    deleted.push(answer.unwrap_or(item));
-                }
-                StatusCode::NOT_FOUND | StatusCode::CONFLICT => {}
-                code if code.is_server_error() => return self.upstream_failure(),
-                code => return Outcome::new(json_bytes_response(code, answer), Reason::Upstream),
+                // A Status instead of the object: the listed state stands for it.
+                serde_json::to_vec(&item)
+                    .map(|item| Some(Bytes::from(item)))
+                    .map_err(|_| self.upstream_failure())
             }
+            StatusCode::NOT_FOUND | StatusCode::CONFLICT => Ok(None),
+            code if code.is_server_error() => Err(self.upstream_failure()),
+            code => Err(Outcome::new(
+                json_bytes_response(code, answer),
+                Reason::Upstream,
+            )),
         }
-        if let Some(object) = list.as_object_mut() {
-            object.insert("items".into(), Value::Array(deleted));
-            if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-                metadata.remove("continue");
-                metadata.remove("remainingItemCount");
-            }
-        }
-        Outcome::new(json_response(StatusCode::OK, &list), Reason::Upstream)
     }
 
     /// Where the pinned delete of `name`, listed by a deletecollection, goes: next to
@@ -1345,9 +1432,99 @@ fn json_bytes_response(code: StatusCode, bytes: Bytes) -> Response<ProxyBody> {
         .unwrap_or_else(|_| fallback_500())
 }
 
+/// Objects one page of an owned deletecollection's list asks for (as kube's own
+/// clients page). As metadata, a page stays far below [`MAX_BUFFERED_BODY`].
+const DELETE_COLLECTION_PAGE: usize = 500;
+
+/// Times an owned deletecollection lists again from the start when its continue
+/// token expired (410) between pages.
+const DELETE_COLLECTION_RESTARTS: u32 = 3;
+
+/// The pages of an owned deletecollection's list: metadata only (what the
+/// ownership judgement and the pin read), or whole objects from a target that
+/// cannot answer so.
+const METADATA_LIST: &str =
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json";
+
+/// What an owned deletecollection does with one answer to its list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ListStep {
+    /// A page: delete its owned objects.
+    Page,
+    /// The continue token expired: list again from the start.
+    Restart,
+    /// The retryable 503: the target failed, or the list kept expiring.
+    Unavailable,
+    /// The target's answer goes to the caller as it is (400 for bad list options,
+    /// say).
+    PassOn,
+}
+
+/// The step after a list answer with `code`, for a page asked for with a continue
+/// token (`continuing`) after `restarts` restarts.
+fn list_step(code: StatusCode, continuing: bool, restarts: u32) -> ListStep {
+    match code {
+        StatusCode::OK => ListStep::Page,
+        StatusCode::GONE if continuing && restarts < DELETE_COLLECTION_RESTARTS => {
+            ListStep::Restart
+        }
+        StatusCode::GONE if continuing => ListStep::Unavailable,
+        code if code.is_server_error() => ListStep::Unavailable,
+        _ => ListStep::PassOn,
+    }
+}
+
+/// The query of one page of an owned deletecollection's list: the caller's list
+/// options, `limit`, and the continue token after the first page (kube refuses a
+/// resourceVersion next to one: the token carries the list's own).
+fn page_query(list_query: &str, limit: usize, token: Option<&str>) -> String {
+    let mut parts: Vec<String> = list_query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .filter(|raw| {
+            let key = request::form_decode(raw.split_once('=').map_or(raw, |(k, _)| k));
+            token.is_none() || !matches!(key.as_str(), "resourceVersion" | "resourceVersionMatch")
+        })
+        .map(str::to_string)
+        .collect();
+    parts.push(format!("limit={limit}"));
+    if let Some(token) = token {
+        let encoded =
+            percent_encoding::utf8_percent_encode(token, percent_encoding::NON_ALPHANUMERIC);
+        parts.push(format!("continue={encoded}"));
+    }
+    parts.join("&")
+}
+
+/// A list answer written from its envelope (without items) and items already JSON
+/// text, without building one value of them all.
+fn list_body(
+    envelope: &serde_json::Map<String, Value>,
+    items: &[Bytes],
+) -> Result<Vec<u8>, serde_json::Error> {
+    let size = items.iter().map(|item| item.len() + 1).sum::<usize>() + 256;
+    let mut out = Vec::with_capacity(size);
+    out.push(b'{');
+    for (key, value) in envelope.iter().filter(|(key, _)| *key != "items") {
+        serde_json::to_writer(&mut out, key)?;
+        out.push(b':');
+        serde_json::to_writer(&mut out, value)?;
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
+}
+
 /// Splits a deletecollection query into the list options (kept for the owned
-/// list, without paging: every matching object is deleted) and the delete options
-/// (sent with each pinned delete).
+/// list, without the caller's paging: every matching object is deleted, in the
+/// proxy's own pages) and the delete options (sent with each pinned delete).
 fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
     const DELETE_OPTIONS: &[&str] = &[
         "dryRun",
@@ -1600,6 +1777,65 @@ mod tests {
         ] {
             assert!(!is(other), "{other}");
         }
+    }
+
+    #[test]
+    fn a_deletecollection_list_restarts_only_on_an_expired_continue_token_a_few_times() {
+        let check = |code: u16, continuing: bool, restarts: u32, expected: ListStep| {
+            let code = StatusCode::from_u16(code).expect("status code");
+            assert_eq!(
+                list_step(code, continuing, restarts),
+                expected,
+                "{code} continuing={continuing} restarts={restarts}"
+            );
+        };
+        check(200, false, 0, ListStep::Page);
+        check(200, true, DELETE_COLLECTION_RESTARTS, ListStep::Page);
+        check(410, true, 0, ListStep::Restart);
+        check(410, true, DELETE_COLLECTION_RESTARTS - 1, ListStep::Restart);
+        check(410, true, DELETE_COLLECTION_RESTARTS, ListStep::Unavailable);
+        // Without a token, 410 is about the caller's own resourceVersion.
+        check(410, false, 0, ListStep::PassOn);
+        check(400, true, 0, ListStep::PassOn);
+        check(403, false, 0, ListStep::PassOn);
+        check(500, false, 0, ListStep::Unavailable);
+        check(503, true, 0, ListStep::Unavailable);
+    }
+
+    #[test]
+    fn deletecollection_pages_carry_the_list_options_limit_and_token() {
+        let options = "labelSelector=a%3Db&resourceVersion=5&resourceVersionMatch=NotOlderThan";
+        assert_eq!(page_query(options, 1, None), format!("{options}&limit=1"));
+        assert_eq!(
+            page_query(options, 500, Some("eyJ2Ijo+/=")),
+            "labelSelector=a%3Db&limit=500&continue=eyJ2Ijo%2B%2F%3D"
+        );
+        assert_eq!(page_query("", 500, None), "limit=500");
+    }
+
+    #[test]
+    fn a_deletecollection_answer_is_its_envelope_with_the_deleted_objects() {
+        let envelope = serde_json::json!({
+            "apiVersion": "example.com/v1", "kind": "WidgetList",
+            "metadata": {"resourceVersion": "7"}, "items": [{"stale": true}],
+        });
+        let envelope = envelope.as_object().expect("object");
+        let items = [
+            Bytes::from_static(br#"{"metadata":{"name":"a"}}"#),
+            Bytes::from_static(br#"{"metadata":{"name":"b"}}"#),
+        ];
+        let body = list_body(envelope, &items).expect("written");
+        let answer: Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(
+            answer,
+            serde_json::json!({
+                "apiVersion": "example.com/v1", "kind": "WidgetList",
+                "metadata": {"resourceVersion": "7"},
+                "items": [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}],
+            })
+        );
+        let empty = list_body(&serde_json::Map::new(), &[]).expect("written");
+        assert_eq!(empty, br#"{"items":[]}"#);
     }
 
     #[test]

@@ -202,11 +202,21 @@ impl TargetConnection {
         path: &str,
         body: Option<Bytes>,
     ) -> Result<(StatusCode, Bytes), ForwardError> {
+        self.call_accepting(deadline, method, path, "application/json", body)
+            .await
+    }
+
+    /// [`TargetConnection::call`] asking for the answer as `accept`.
+    pub async fn call_accepting(
+        &self,
+        deadline: Instant,
+        method: Method,
+        path: &str,
+        accept: &'static str,
+        body: Option<Bytes>,
+    ) -> Result<(StatusCode, Bytes), ForwardError> {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            http::header::ACCEPT,
-            HeaderValue::from_static("application/json"),
-        );
+        headers.insert(http::header::ACCEPT, HeaderValue::from_static(accept));
         if body.is_some() {
             headers.insert(
                 http::header::CONTENT_TYPE,

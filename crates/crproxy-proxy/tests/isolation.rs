@@ -13,6 +13,7 @@ mod target_support;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt as _;
 use serde_json::{json, Value};
 
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -455,6 +456,56 @@ async fn cluster_wide_deletecollection_deletes_owned_objects_in_every_namespace(
         .await
         .expect("get")
         .is_some());
+    h.proxy.shutdown().await;
+}
+
+/// More owned objects than one page of the sweep's list (500), and more bytes than
+/// the 16 MiB the proxy reads of one target answer: the deletecollection lists
+/// them page by page and deletes every one; foreign objects stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletecollection_deletes_more_owned_objects_than_one_answer_can_hold() {
+    const OWNED: usize = 520;
+    let h = harness(AccessMode::Owned).await;
+    // 520 objects of some 34 KiB: about 17.5 MiB as one list.
+    let filler = "x".repeat(34 * 1024);
+    let creates = futures_util::stream::iter(0..OWNED)
+        .map(|i| {
+            let mut object = widget(&format!("bulk-{i:04}"), owned_labels());
+            object["spec"]["filler"] = json!(filler);
+            let object: DynamicObject = serde_json::from_value(object).expect("widget");
+            let widgets = h.widgets.clone();
+            async move { widgets.create(&PostParams::default(), &object).await }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(creates.iter().all(Result::is_ok), "every create succeeds");
+    for name in ["theirs-1", "theirs-2"] {
+        h.widgets
+            .create(&PostParams::default(), &widget_object(name, json!({})))
+            .await
+            .expect("foreign");
+    }
+
+    let swept = send(&h, "DELETE", WIDGETS, None, Bytes::new()).await;
+    assert_eq!(swept.status, 200, "{}", swept.body["message"]);
+    // The target's own list envelope, as one list would have it.
+    assert_eq!(swept.body["kind"], "WidgetList");
+    assert_eq!(swept.body["apiVersion"], "example.com/v1");
+    assert!(swept.body["metadata"].get("continue").is_none());
+    let items = swept.body["items"].as_array().expect("items");
+    assert_eq!(items.len(), OWNED, "every owned object is answered");
+    assert!(items.iter().all(is_owned), "answered only owned objects");
+    let left: Vec<String> = h
+        .widgets
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .iter()
+        .filter_map(|object| object.metadata.name.clone())
+        .collect();
+    assert_eq!(left, ["theirs-1", "theirs-2"]);
     h.proxy.shutdown().await;
 }
 
