@@ -1114,13 +1114,16 @@ impl GroupVersionProxy {
                 Reason::Upstream,
             ));
         }
-        if code.is_server_error() {
+        // A failed target, or a throttled one (429): the check could not be made,
+        // which says nothing about the object. A retryable 503, never the 404 a
+        // controller takes for "already gone".
+        if code.is_server_error() || code == StatusCode::TOO_MANY_REQUESTS {
             return Err(Outcome::new(
                 self.unavailable_response(None),
                 Reason::OwnershipCheckFailed,
             ));
         }
-        // 401, 403 or anything else: the client may not see it, so it does not exist.
+        // 401, 403 or any other 4xx: the client may not see it, so it does not exist.
         Err(self.masked(path, Reason::OwnershipMasked))
     }
 

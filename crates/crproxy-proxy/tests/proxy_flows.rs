@@ -9,6 +9,7 @@
 
 mod target_support;
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -405,6 +406,175 @@ async fn target_errors_become_a_retryable_503() {
         reply.body["message"],
         "target tenant cluster \"target\" for example.com/v1 is unavailable"
     );
+    h.proxy.shutdown().await;
+}
+
+/// An extension API server for example.com/v1 on 127.0.0.1, for the target's
+/// aggregator to send the group to: it answers discovery (so the APIService turns
+/// Available) and throttles every other request with kube's 429
+/// `TooManyRequests`, as an overloaded server or API priority and fairness does.
+struct ThrottlingBackend {
+    addr: SocketAddr,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ThrottlingBackend {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl ThrottlingBackend {
+    async fn start() -> ThrottlingBackend {
+        use rustls_pki_types::pem::PemObject as _;
+        let ca = crproxy_core::pki::CertificateAuthority::generate("backend-ca").expect("ca");
+        let leaf = ca
+            .issue_server(
+                &["widgets-backend.default.svc"],
+                &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            )
+            .expect("leaf");
+        let cert =
+            rustls_pki_types::CertificateDer::from_pem_slice(leaf.cert.as_bytes()).expect("cert");
+        let key =
+            rustls_pki_types::PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).expect("key");
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .expect("server config");
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accept = tokio::spawn(async move {
+            // Bounded: aborted when the backend drops.
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(
+                        |request: http::Request<hyper::body::Incoming>| async move {
+                            Ok::<_, std::convert::Infallible>(throttling_answer(
+                                request.uri().path(),
+                            ))
+                        },
+                    );
+                    let builder = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    let _ = builder
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        ThrottlingBackend { addr, accept }
+    }
+}
+
+fn throttling_answer(path: &str) -> http::Response<http_body_util::Full<Bytes>> {
+    let (code, body) = if path == "/apis/example.com/v1" {
+        let discovery = json!({
+            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "example.com/v1",
+            "resources": [{"name": "widgets", "singularName": "widget", "namespaced": true,
+                           "kind": "Widget", "verbs": ["get", "list", "delete", "patch", "update"]}],
+        });
+        (200, discovery)
+    } else {
+        let throttled = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Too many requests, please try again later.",
+            "reason": "TooManyRequests", "details": {"retryAfterSeconds": 1}, "code": 429,
+        });
+        (429, throttled)
+    };
+    http::Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::RETRY_AFTER, "1")
+        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .expect("response")
+}
+
+/// A throttled ownership check did not find the object missing: it could not look.
+/// A named write or delete whose preliminary GET the target answers 429 fails with
+/// the retryable 503 of a failed check, never the 404 a controller takes for "gone".
+#[tokio::test]
+async fn a_throttled_ownership_check_is_a_retryable_503_not_a_404() {
+    let h = harness(AccessMode::Owned).await;
+    create_on_target(&h, "throttled", owned_labels()).await;
+    let backend = ThrottlingBackend::start().await;
+    let port = backend.addr.port();
+    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "metadata": {"name": "widgets-backend", "namespace": "default"},
+        "spec": {"type": "ExternalName", "externalName": "127.0.0.1",
+                 "ports": [{"port": port}]}
+    }))
+    .expect("service");
+    Api::namespaced(h.admin.clone(), "default")
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("service created");
+    let apiservice: APIService = serde_json::from_value(json!({
+        "metadata": {"name": "v1.example.com"},
+        "spec": {
+            "group": "example.com", "version": "v1",
+            "service": {"namespace": "default", "name": "widgets-backend", "port": port},
+            "insecureSkipTLSVerify": true,
+            "groupPriorityMinimum": 1000, "versionPriority": 15
+        }
+    }))
+    .expect("apiservice");
+    Api::all(h.admin.clone())
+        .create(&PostParams::default(), &apiservice)
+        .await
+        .expect("apiservice created");
+    // The target's aggregator routes the group to the backend once the APIService
+    // is Available (bounded: 10 s).
+    let mut target_code = 0;
+    for _ in 0..100 {
+        target_code = match h.widgets.get("throttled").await {
+            Err(kube::Error::Api(status)) => status.code,
+            Err(_) => 0,
+            Ok(_) => 200,
+        };
+        if target_code == 429 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(target_code, 429, "the target never throttled");
+
+    let path = format!("{WIDGETS}/throttled");
+    let delete = call(&h.aggregator, "DELETE", &path, None).await;
+    assert_retryable_503(&delete);
+    let patch = call_as(
+        &h.aggregator,
+        "PATCH",
+        &path,
+        Some(json!({"spec": {"replicas": 9}})),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_retryable_503(&patch);
+    for verb in ["DELETE", "PATCH"] {
+        let needle = format!("verb=\"{verb}\",code=\"503\",reason=\"ownership_check_failed\"");
+        assert!(
+            series(&h.metrics, "vcluster_proxy_request_total", &needle),
+            "{needle}"
+        );
+    }
     h.proxy.shutdown().await;
 }
 
