@@ -233,6 +233,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             tenant: options.plan.tenant.clone(),
             host_namespace: options.plan.host_namespace.clone(),
             host: crate::client::client_without_retries(&options.host_kubeconfig).await?,
+            tenant_client: tenant.clone(),
             types: resolved
                 .iter()
                 .filter_map(|t| {
@@ -465,15 +466,18 @@ impl Supervisor {
                 _ = changes.wait_for(|l| !*l) => false,
                 _ = shutdown.wait_for(|s| *s) => true,
             };
+            // Write-through closes first (new reviews get 503): a review accepted
+            // from here on would be confirmed against a cache that no longer moves
+            // once its syncer stops, and withdrawing the endpoint takes up to 5 s.
+            for gate in self.gates.values() {
+                gate.set_synced(None);
+            }
             // Dropping aborts every syncer (and, through theirs, their watchers and
             // workers), also when this task itself is aborted.
             drop(tasks);
             drop(publishing);
             if let Some(endpoint) = &self.leader_endpoint {
                 endpoint.withdraw(&self.tenant).await;
-            }
-            for gate in self.gates.values() {
-                gate.set_synced(None);
             }
             self.metrics.set_leader(false);
             if stop {
@@ -664,3 +668,6 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -18,7 +18,8 @@
 //! the key alone, and a check waits (bounded) for the tenant object to appear in the
 //! syncer's cache. A create that never appears has its mirror deleted, pinned to the
 //! uid and resourceVersion write-through wrote, so that a later valid write is never
-//! undone. An update that never appears needs no explicit revert: once the key is
+//! undone, and only after a live read of the tenant finds no object with the admitted
+//! uid: the cache may be behind, or frozen because the syncer stopped (a lost Lease). An update that never appears needs no explicit revert: once the key is
 //! released, the level-based syncer writes the tenant's (unchanged) object down again.
 //! Each review is decided in a task of its own, so a held key is released, confirmed
 //! or cleaned up even when the tenant API server gives up on the call; waiting for the
@@ -136,6 +137,9 @@ pub struct WriteThrough {
     pub tenant: String,
     pub host_namespace: String,
     pub host: kube::Client,
+    /// The tenant, read live before a rollback deletes anything: the syncer's cache
+    /// can be behind, or frozen when the syncer stopped.
+    pub tenant_client: kube::Client,
     /// By plural: the type and its gate.
     pub types: HashMap<String, (ResolvedType, Arc<Gate>)>,
     pub metrics: Arc<SyncMetrics>,
@@ -503,7 +507,7 @@ impl WriteThrough {
             let seen = this.wait_stored(&ty, &store, &key, &uid, &old_rv).await;
             tracing::debug!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), seen, "write-through: confirmation of an accepted write");
             if !seen && written.created {
-                this.rollback_create(&ty, &key, &written).await;
+                this.rollback_create(&ty, &key, &uid, &written).await;
             }
             gate.release(&key);
         });
@@ -536,9 +540,32 @@ impl WriteThrough {
         }
     }
 
-    /// Deletes the mirror a create wrote, only while it is still that very write
-    /// (uid, and resourceVersion unless only its status moved since).
-    async fn rollback_create(&self, ty: &ResolvedType, key: &Key, written: &Written) {
+    /// Deletes the mirror a create wrote, only when a live read of the tenant finds no
+    /// object with the admitted `uid`, and only while the mirror is still that very
+    /// write (uid, and resourceVersion unless only its status moved since).
+    async fn rollback_create(&self, ty: &ResolvedType, key: &Key, uid: &str, written: &Written) {
+        // The cache's "not stored" is no proof: a syncer stopped by a lost Lease
+        // leaves a cache that never moves again, and deleting the mirror of an object
+        // the tenant did store makes the next leader take that for a host-side delete
+        // and delete the tenant object too.
+        match self.tenant_holds(ty, key, uid).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), "write-through: the tenant stored an accepted create its syncer's cache did not show; keeping its host mirror");
+                return;
+            }
+            Err(e) => {
+                // The mirror stays; if the tenant really has no such object, the next
+                // syncer collects it as an orphan after its own live read.
+                return self.rollback_failed(
+                    ty,
+                    key,
+                    "host_lookup",
+                    "write-through: rollback cannot tell whether the object reached the host",
+                    &format!("reading the tenant object failed, its host mirror is kept: {e}"),
+                );
+            }
+        }
         let api = self.host_api(ty);
         let mut rv = written.resource_version.clone();
         for _ in 0..ROLLBACK_ATTEMPTS {
@@ -593,6 +620,18 @@ impl WriteThrough {
             "write-through: rollback host delete failed",
             &format!("gave up after {ROLLBACK_ATTEMPTS} conflicting attempts"),
         );
+    }
+
+    /// Whether the tenant holds the object at `key` with `uid`, read live (bounded by
+    /// `timeout`).
+    async fn tenant_holds(&self, ty: &ResolvedType, key: &Key, uid: &str) -> Result<bool, String> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.tenant_client.clone(), &key.namespace, &ty.api);
+        match tokio::time::timeout(self.timeout, api.get_opt(&key.name)).await {
+            Ok(Ok(live)) => Ok(live.is_some_and(|o| o.metadata.uid.as_deref() == Some(uid))),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        }
     }
 
     /// After a host write whose outcome is unknown (no answer): if the mirror of this

@@ -47,6 +47,7 @@ fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetri
         tenant: "client".into(),
         host_namespace: "vcluster-client".into(),
         host: unreachable_host(),
+        tenant_client: unreachable_host(),
         types,
         metrics: Arc::clone(&metrics),
         in_flight: Arc::new(Semaphore::new(permits)),
@@ -509,4 +510,229 @@ async fn the_serving_certificate_covers_the_configured_host() {
         assert_eq!(code, 404, "{name}");
     }
     server.stop();
+}
+
+/// How a [`FakeApi`] answers: code and JSON body for a method, path and request body.
+type Answer = fn(&Method, &str, Value) -> (u16, Value);
+
+/// A Kubernetes API server for one test: `answer(method, path, body)` gives each
+/// answer's code and JSON body; every request is recorded as `"<METHOD> <path>"`.
+struct FakeApi {
+    client: kube::Client,
+    requests: Arc<StdMutex<Vec<String>>>,
+}
+
+impl FakeApi {
+    async fn start(answer: Answer) -> FakeApi {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let requests = Arc::new(StdMutex::new(Vec::new()));
+        let seen = Arc::clone(&requests);
+        tokio::spawn(async move {
+            // A few connections at most; each is served until the test's runtime ends.
+            for _ in 0..16 {
+                let accepted =
+                    tokio::time::timeout(Duration::from_secs(30), listener.accept()).await;
+                let Ok(Ok((socket, _))) = accepted else { break };
+                let seen = Arc::clone(&seen);
+                let service =
+                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let seen = Arc::clone(&seen);
+                        async move {
+                            let method = request.method().clone();
+                            let path = request.uri().path().to_owned();
+                            let body = request
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                            seen.lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(format!("{method} {path}"));
+                            let (code, answer) = answer(&method, &path, body);
+                            let mut response =
+                                Response::new(Full::new(Bytes::from(answer.to_string())));
+                            *response.status_mut() = StatusCode::from_u16(code)
+                                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                            response.headers_mut().insert(
+                                http::header::CONTENT_TYPE,
+                                http::HeaderValue::from_static("application/json"),
+                            );
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(socket), service),
+                );
+            }
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+        FakeApi {
+            client: kube::Client::try_from(config).expect("client"),
+            requests,
+        }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+fn not_found() -> (u16, Value) {
+    (
+        404,
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "reason": "NotFound", "message": "not found", "code": 404}),
+    )
+}
+
+const MIRROR_PATH: &str = "/apis/example.net/v1/namespaces/vcluster-client/gateways";
+const TENANT_PATH: &str = "/apis/example.net/v1/namespaces/team/gateways/edge";
+
+/// The host: the mirror is created (uid `m-1`), and deleted when asked.
+fn host_answers(method: &Method, path: &str, mut body: Value) -> (u16, Value) {
+    match *method {
+        Method::POST if path == MIRROR_PATH => {
+            body["metadata"]["uid"] = json!("m-1");
+            body["metadata"]["resourceVersion"] = json!("1");
+            (201, body)
+        }
+        Method::DELETE => (
+            200,
+            json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success", "code": 200}),
+        ),
+        _ => not_found(),
+    }
+}
+
+/// An accepted create that the syncer's tenant cache never shows: the cache of a
+/// syncer stopped by a lost Lease is frozen, so "not seen" alone proves nothing.
+/// The mirror is deleted only when a live read of the tenant says the object with
+/// the admitted uid is not there; a tenant that cannot be read keeps the mirror and
+/// counts `host_lookup` (nothing is deleted on a cache's word).
+#[tokio::test]
+async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold_it() {
+    struct Case {
+        tenant: &'static str,
+        answer: Option<Answer>,
+        deleted: bool,
+        host_lookup: bool,
+    }
+    let cases = [
+        Case {
+            tenant: "stored it (the admitted uid)",
+            answer: Some(|_, path, _| {
+                if path == TENANT_PATH {
+                    (200, gateway())
+                } else {
+                    not_found()
+                }
+            }),
+            deleted: false,
+            host_lookup: false,
+        },
+        Case {
+            tenant: "does not have it",
+            answer: Some(|_, _, _| not_found()),
+            deleted: true,
+            host_lookup: false,
+        },
+        Case {
+            tenant: "holds another incarnation",
+            answer: Some(|_, path, _| {
+                let mut other = gateway();
+                other["metadata"]["uid"] = json!("u-2");
+                if path == TENANT_PATH {
+                    (200, other)
+                } else {
+                    not_found()
+                }
+            }),
+            deleted: true,
+            host_lookup: false,
+        },
+        Case {
+            tenant: "cannot be reached",
+            answer: None,
+            deleted: false,
+            host_lookup: true,
+        },
+    ];
+    for case in cases {
+        let host = FakeApi::start(host_answers).await;
+        let tenant = match case.answer {
+            Some(answer) => Some(FakeApi::start(answer).await),
+            None => None,
+        };
+        let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
+        let mut wt = Arc::into_inner(wt).expect("the only reference");
+        wt.host = host.client.clone();
+        wt.tenant_client = tenant
+            .as_ref()
+            .map_or_else(unreachable_host, |t| t.client.clone());
+        let wt = Arc::new(wt);
+        // A cache that never shows the object.
+        synced(&gate);
+        let answer = wt
+            .admit(review("CREATE", gateway()))
+            .await
+            .expect("a review");
+        assert_eq!(
+            response(&answer)["allowed"],
+            true,
+            "{}: {answer}",
+            case.tenant
+        );
+        let key = Key {
+            namespace: "team".into(),
+            name: "edge".into(),
+        };
+        let mut released = false;
+        for _ in 0..100 {
+            if !gate.is_pending(&key) {
+                released = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(released, "{}: the key stayed pending", case.tenant);
+        let deletes: Vec<String> = host
+            .requests()
+            .into_iter()
+            .filter(|r| r.starts_with("DELETE "))
+            .collect();
+        assert_eq!(
+            !deletes.is_empty(),
+            case.deleted,
+            "{}: host requests {:?}",
+            case.tenant,
+            host.requests()
+        );
+        if let Some(tenant) = &tenant {
+            assert!(
+                tenant.requests().contains(&format!("GET {TENANT_PATH}")),
+                "{}: the tenant was not read live: {:?}",
+                case.tenant,
+                tenant.requests()
+            );
+        }
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        assert_eq!(
+            text.contains(r#"reason="host_lookup"} 1"#),
+            case.host_lookup,
+            "{}: {text}",
+            case.tenant
+        );
+    }
 }
