@@ -11,7 +11,9 @@
 //!
 //! Host objects that are toHost mirrors of some tenant (they carry the `managed-by`
 //! label) are skipped. The copy keeps the host fields as last synced in an annotation:
-//! the base of the merge.
+//! the base of the merge. The copy's labels are the host's plus any a tenant
+//! controller added; those, and its finalizers and owner references, survive every
+//! replace and never cause one ([`crate::managed`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +24,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{json, Map, Value};
 
 use crate::crd::ResolvedType;
+use crate::managed::{self, Keys};
 use crate::merge::three_way;
 use crate::names;
 use crate::run::{ensure_namespace, Key, Outcome, Reconciler, StepError};
@@ -165,14 +168,15 @@ pub fn desired_copy(ty: &ResolvedType, key: &Key, host: &Value, tenant: Option<&
     out.insert("apiVersion".into(), json!(ty.api.api_version));
     out.insert("kind".into(), json!(ty.api.kind));
     out.insert("metadata".into(), metadata);
-    Value::Object(out)
+    let mut out = Value::Object(out);
+    managed::record(&mut out, Keys::Labels);
+    out
 }
 
-/// Whether the copy must be written: fields, labels or bookkeeping differ.
+/// Whether the copy must be written: fields, the host's labels or the bookkeeping
+/// differ (labels a tenant controller added do not count, see [`managed`]).
 fn copy_differs(desired: &Value, current: &Value) -> bool {
-    fields(desired) != fields(current)
-        || desired["metadata"]["labels"] != current["metadata"]["labels"]
-        || desired["metadata"]["annotations"] != current["metadata"]["annotations"]
+    fields(desired) != fields(current) || managed::metadata_differs(desired, current)
 }
 
 impl FromHost {
@@ -319,9 +323,11 @@ impl FromHost {
                 Ok(Outcome::Done)
             }
             (Some(host), Some(tenant)) => {
-                let desired = desired_copy(&self.ty, key, &host, Some(&tenant));
+                let mut desired = desired_copy(&self.ty, key, &host, Some(&tenant));
                 let mut current = tenant.clone();
                 if copy_differs(&desired, &tenant) {
+                    // Keeps the tenant's own labels, finalizers and owners on the copy.
+                    managed::carry_over(&mut desired, &tenant);
                     let object: DynamicObject = from_value(desired.clone())?;
                     let replaced = self
                         .tenant_api(key)

@@ -23,8 +23,11 @@ pub mod aggregated;
 pub mod client;
 pub mod crd;
 mod error;
+#[cfg(test)]
+mod fake_api;
 mod from_config;
 pub mod from_host;
+pub mod managed;
 pub mod merge;
 pub mod metrics;
 pub mod names;

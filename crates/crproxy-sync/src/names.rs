@@ -24,6 +24,14 @@ pub const MANAGED_BY: &str = "vcluster.loft.sh/managed-by";
 /// The tenant namespace of a host mirror's tenant object.
 pub const NAMESPACE_LABEL: &str = "vcluster.loft.sh/namespace";
 
+/// On a host mirror and a fromHost copy: the label keys crproxy wrote there (copied
+/// from the other side, and its own), sorted and newline-separated, as vcluster
+/// records them. A replace removes a recorded key the source no longer has and keeps
+/// every key that is not recorded: someone else's ([`crate::managed`]).
+pub const MANAGED_LABELS: &str = "vcluster.loft.sh/managed-labels";
+/// On a host mirror: the annotation keys crproxy wrote there, as [`MANAGED_LABELS`].
+pub const MANAGED_ANNOTATIONS: &str = "vcluster.loft.sh/managed-annotations";
+
 /// On a tenant object synced to the host: `<tenant object uid>/<mirror uid>`, written
 /// once its mirror exists (see [`mirror_record`]). A tenant object that carries its
 /// own record but whose mirror is gone had the mirror deleted on the host, which

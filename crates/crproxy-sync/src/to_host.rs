@@ -18,6 +18,10 @@
 //! annotations are this tenant object's; the uid annotation tells incarnations apart.
 //! Nothing is deleted on the word of a cache alone: a live read confirms first, and
 //! deletes carry a uid precondition.
+//!
+//! A mirror is written whole, but only what crproxy sets is crproxy's: labels and
+//! annotations others add, finalizers and owner references survive every replace and
+//! never cause one ([`crate::managed`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,6 +33,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{json, Map, Value};
 
 use crate::crd::ResolvedType;
+use crate::managed::{self, Keys};
 use crate::names::{self, MirrorIdentity};
 use crate::patches::rewrite_strings;
 use crate::run::{Key, Outcome, Reconciler, StepError};
@@ -131,6 +136,8 @@ pub fn desired_mirror(
             rewrite_strings(&mut out, path, &|s| names::host_name(s, namespace, tenant));
         }
     }
+    managed::record(&mut out, Keys::Labels);
+    managed::record(&mut out, Keys::Annotations);
     out
 }
 
@@ -149,8 +156,9 @@ fn in_status(path: &FieldPath) -> bool {
     matches!(path.steps.first(), Some(PathStep::Key(k)) if k == "status")
 }
 
-/// Whether the mirror differs from what it should be (labels, annotations, fields
-/// other than metadata and status).
+/// Whether the mirror differs from what it should be: the fields other than metadata
+/// and status, and the labels and annotations crproxy sets (others' keys on the
+/// mirror do not count, see [`managed`]).
 pub fn mirror_differs(desired: &Value, current: &Value) -> bool {
     let fields = |v: &Value| -> Map<String, Value> {
         v.as_object()
@@ -164,15 +172,7 @@ pub fn mirror_differs(desired: &Value, current: &Value) -> bool {
             })
             .unwrap_or_default()
     };
-    let labels = |v: &Value| {
-        v["metadata"]["labels"]
-            .as_object()
-            .cloned()
-            .unwrap_or_default()
-    };
-    fields(desired) != fields(current)
-        || labels(desired) != labels(current)
-        || annotations(desired) != annotations(current)
+    fields(desired) != fields(current) || managed::metadata_differs(desired, current)
 }
 
 /// The tenant's status translated from the mirror's: `patches` under `status` map
@@ -457,7 +457,9 @@ impl ToHost {
         let mut desired = desired_mirror(&self.ty, &self.tenant, &self.host_namespace, tenant);
         let mut mirror = mirror.clone();
         if mirror_differs(&desired, &mirror) {
-            desired["metadata"]["resourceVersion"] = mirror["metadata"]["resourceVersion"].clone();
+            // Keeps what others put on the mirror: a host controller's finalizer must
+            // still hold a mirror being deleted.
+            managed::carry_over(&mut desired, &mirror);
             if !self.ty.status_subresource {
                 desired["status"] = mirror["status"].clone();
             }

@@ -47,6 +47,7 @@ use serde_json::{json, Value};
 use tokio::sync::{watch, Semaphore};
 
 use crate::crd::ResolvedType;
+use crate::managed;
 use crate::names;
 use crate::run::Key;
 use crate::to_host::{desired_mirror, mirror_differs};
@@ -423,13 +424,7 @@ impl WriteThrough {
             .map(|c| serde_json::to_value(&c))
             .transpose()
             .map_err(|e| HostError::Unparseable(e.to_string()))?;
-        let object = |mut v: Value| -> Result<DynamicObject, HostError> {
-            if let Some(c) = &current {
-                v["metadata"]["resourceVersion"] = c["metadata"]["resourceVersion"].clone();
-                if !c["status"].is_null() {
-                    v["status"] = c["status"].clone();
-                }
-            }
+        let object = |v: Value| -> Result<DynamicObject, HostError> {
             serde_json::from_value(v).map_err(|e| HostError::Unparseable(e.to_string()))
         };
         let created = match &current {
@@ -443,9 +438,15 @@ impl WriteThrough {
                     .await
             }
             Some(c) if !mirror_differs(desired, c) => return Ok(None),
-            Some(_) => {
+            Some(c) => {
+                // As the syncer replaces: others' keys, finalizers and owners stay.
+                let mut replacement = desired.clone();
+                managed::carry_over(&mut replacement, c);
+                if !c["status"].is_null() {
+                    replacement["status"] = c["status"].clone();
+                }
                 let replaced = api
-                    .replace(name, &PostParams::default(), &object(desired.clone())?)
+                    .replace(name, &PostParams::default(), &object(replacement)?)
                     .await
                     .map_err(HostError::from)?;
                 return Written::of(&replaced, false).map(Some);

@@ -133,3 +133,108 @@ fn a_tenant_created_object_under_a_host_name_is_overwritten() {
     let copy = desired_copy(&ty, &key("", "store"), &host, Some(&tenant));
     assert_eq!(copy["spec"], json!({"size": 1}));
 }
+
+/// The tenant: a replace is stored as sent.
+fn tenant_answers(method: &http::Method, _path: &str, body: &Value) -> (u16, Value) {
+    match *method {
+        http::Method::PUT => (200, body.clone()),
+        _ => crate::fake_api::not_found(),
+    }
+}
+
+fn host_store_object() -> Value {
+    json!({"apiVersion": "example.org/v1", "kind": "SharedStore",
+        "metadata": {"name": "store", "uid": "h", "resourceVersion": "5", "labels": {"tier": "a"}},
+        "spec": {"size": 1, "region": "eu"}})
+}
+
+/// The copy of `host` as the tenant stores it, with what a tenant controller added: a
+/// label, a finalizer, an owner.
+fn stored_copy(ty: &ResolvedType, host: &Value) -> Value {
+    let mut copy = desired_copy(ty, &key("", "store"), host, None);
+    let m = &mut copy["metadata"];
+    m["uid"] = json!("t");
+    m["resourceVersion"] = json!("9");
+    m["labels"]["tenant.example/team"] = json!("a");
+    m["finalizers"] = json!(["tenant.example/protect"]);
+    m["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "o-1"}]);
+    copy
+}
+
+/// One reconcile of the copy `store` with `host` and `tenant` in the caches; what the
+/// tenant was sent.
+async fn reconcile_copy(host: &Value, tenant: &Value) -> Vec<crate::fake_api::Received> {
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+    let ty = stores_type();
+    let api = crate::fake_api::FakeApi::start(tenant_answers).await;
+    let cached = |object: &Value| {
+        let mut writer = Writer::<DynamicObject>::new(ty.api.clone());
+        let object: DynamicObject = serde_json::from_value(object.clone()).expect("object");
+        writer.apply_watcher_event(&Event::Apply(object));
+        writer.as_reader()
+    };
+    let nowhere = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+    let syncer = FromHost {
+        ty: ty.clone(),
+        tenant_client: api.client.clone(),
+        host_client: kube::Client::try_from(nowhere).expect("client"),
+        tenant_store: cached(tenant),
+        host_stores: vec![(None, cached(host))],
+        metrics: SyncMetrics::new(),
+    };
+    syncer
+        .reconcile_key(&key("", "store"))
+        .await
+        .expect("reconciled");
+    api.received()
+}
+
+/// A tenant controller labelling a copy (and adding its finalizer) does not make the
+/// syncer write it again.
+#[tokio::test]
+async fn a_copy_the_tenant_labelled_is_left_alone() {
+    let host = host_store_object();
+    let sent = reconcile_copy(&host, &stored_copy(&stores_type(), &host)).await;
+    assert!(sent.is_empty(), "the tenant was written: {sent:?}");
+}
+
+/// A host change replaces the copy and keeps the tenant's label, finalizer and
+/// owner; a label the host removed leaves the copy.
+#[tokio::test]
+async fn a_host_change_keeps_the_copys_tenant_keys_finalizers_and_owners() {
+    let host = host_store_object();
+    let copy = stored_copy(&stores_type(), &host);
+    let mut changed = host.clone();
+    changed["spec"]["size"] = json!(2);
+    changed["metadata"]["labels"] = json!({"tier": "b", "new": "x"});
+    let sent = reconcile_copy(&changed, &copy).await;
+    let puts: Vec<_> = sent
+        .iter()
+        .filter(|r| r.method == http::Method::PUT)
+        .collect();
+    assert_eq!(puts.len(), 1, "{sent:?}");
+    let body = &puts[0].body;
+    assert_eq!(body["spec"]["size"], 2);
+    let m = &body["metadata"];
+    assert_eq!(m["resourceVersion"], "9", "{body}");
+    assert_eq!(m["finalizers"], json!(["tenant.example/protect"]), "{body}");
+    assert_eq!(m["ownerReferences"][0]["uid"], "o-1", "{body}");
+    assert_eq!(m["labels"]["tenant.example/team"], "a", "{body}");
+    assert_eq!(m["labels"]["tier"], "b", "{body}");
+    assert_eq!(m["labels"]["new"], "x", "{body}");
+
+    // The host drops its label: the copy loses it, the tenant's stays.
+    let mut relabelled = host.clone();
+    relabelled["metadata"]["labels"] = json!({});
+    let sent = reconcile_copy(&relabelled, &copy).await;
+    let puts: Vec<_> = sent
+        .iter()
+        .filter(|r| r.method == http::Method::PUT)
+        .collect();
+    assert_eq!(puts.len(), 1, "{sent:?}");
+    let m = &puts[0].body["metadata"];
+    assert!(m["labels"].get("tier").is_none(), "{m}");
+    assert_eq!(m["labels"]["tenant.example/team"], "a", "{m}");
+}

@@ -117,3 +117,146 @@ fn a_mirror_record_counts_only_for_the_object_it_was_written_on() {
     object["metadata"]["annotations"][names::MIRROR_UID] = json!("garbage");
     assert_eq!(mirror_record(&object), None);
 }
+
+/// What others put on a mirror: a host controller's annotation and label, its
+/// finalizer, and an owner.
+fn with_others_keys(mut mirror: Value) -> Value {
+    let m = &mut mirror["metadata"];
+    m["annotations"]["host.example/audited"] = json!("yes");
+    m["labels"]["host.example/zone"] = json!("a");
+    m["finalizers"] = json!(["host.example/cleanup"]);
+    m["ownerReferences"] =
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "o-1"}]);
+    mirror
+}
+
+/// The mirror of `tenant_object()` as the host stores it (uid `m-1`, the uid its
+/// record names), with others' keys on it.
+fn stored_mirror(ty: &ResolvedType) -> Value {
+    let mut mirror = desired_mirror(ty, "client", "vcluster-client", &tenant_object());
+    mirror["metadata"]["uid"] = json!("m-1");
+    mirror["metadata"]["resourceVersion"] = json!("3");
+    mirror["status"] = json!({"phase": "Pending"});
+    with_others_keys(mirror)
+}
+
+#[test]
+fn keys_others_put_on_a_mirror_need_no_write() {
+    let ty = backups(&[]);
+    let desired = desired_mirror(&ty, "client", "vcluster-client", &tenant_object());
+    assert!(!mirror_differs(&desired, &stored_mirror(&ty)));
+}
+
+/// The host: a replace is stored as sent, with the mirror's uid and (a status
+/// subresource) the status it had.
+fn host_answers(method: &http::Method, _path: &str, body: &Value) -> (u16, Value) {
+    match *method {
+        http::Method::PUT => {
+            let mut stored = body.clone();
+            stored["metadata"]["uid"] = json!("m-1");
+            stored["status"] = json!({"phase": "Pending"});
+            (200, stored)
+        }
+        _ => crate::fake_api::not_found(),
+    }
+}
+
+fn to_host(ty: &ResolvedType, host: kube::Client) -> ToHost {
+    let empty = || kube::runtime::reflector::store::Writer::new(ty.api.clone()).as_reader();
+    let nowhere = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+    ToHost {
+        ty: ty.clone(),
+        tenant: "client".into(),
+        host_namespace: "vcluster-client".into(),
+        // The tenant is not needed: the record and status already agree.
+        tenant_client: kube::Client::try_from(nowhere).expect("client"),
+        host_client: host,
+        tenant_store: empty(),
+        host_store: empty(),
+        metrics: SyncMetrics::new(),
+        gate: None,
+        observed_host_deletes: Default::default(),
+    }
+}
+
+fn key() -> Key {
+    Key {
+        namespace: "team".into(),
+        name: "db".into(),
+    }
+}
+
+/// A host controller annotating the mirror (and adding its finalizer) does not make
+/// the syncer write it again: no replace war over keys that are not crproxy's.
+#[tokio::test]
+async fn a_mirror_others_annotated_is_left_alone() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(host_answers).await;
+    let syncer = to_host(&ty, host.client.clone());
+    let outcome = syncer
+        .update(&key(), &tenant_object(), &stored_mirror(&ty))
+        .await
+        .expect("reconciled");
+    assert_eq!(outcome, Outcome::Done);
+    assert!(
+        host.received().is_empty(),
+        "the host was written: {:?}",
+        host.received()
+    );
+}
+
+/// A tenant spec change replaces the mirror and keeps what others put on it: the
+/// finalizer (a mirror being deleted still waits for its host controller), the owner,
+/// and their label and annotation.
+#[tokio::test]
+async fn a_spec_change_keeps_others_keys_finalizers_and_owners_on_the_mirror() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(host_answers).await;
+    let syncer = to_host(&ty, host.client.clone());
+    let mut tenant = tenant_object();
+    tenant["spec"]["schedule"] = json!("@hourly");
+    syncer
+        .update(&key(), &tenant, &stored_mirror(&ty))
+        .await
+        .expect("reconciled");
+    let puts = host.with_method(http::Method::PUT);
+    assert_eq!(puts.len(), 1, "{:?}", host.received());
+    let sent = &puts[0].body;
+    assert_eq!(sent["spec"]["schedule"], "@hourly");
+    let m = &sent["metadata"];
+    assert_eq!(m["resourceVersion"], "3", "{sent}");
+    assert_eq!(m["finalizers"], json!(["host.example/cleanup"]), "{sent}");
+    assert_eq!(m["ownerReferences"][0]["uid"], "o-1", "{sent}");
+    assert_eq!(m["annotations"]["host.example/audited"], "yes", "{sent}");
+    assert_eq!(m["labels"]["host.example/zone"], "a", "{sent}");
+    assert_eq!(m["annotations"][names::OBJECT_UID], "tenant-uid", "{sent}");
+    assert_eq!(m["labels"]["app"], "db", "{sent}");
+}
+
+/// A label or annotation the tenant removes is removed from the mirror too, while
+/// others' keys stay.
+#[tokio::test]
+async fn a_key_the_tenant_removed_leaves_the_mirror() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(host_answers).await;
+    let syncer = to_host(&ty, host.client.clone());
+    let mut tenant = tenant_object();
+    if let Some(labels) = tenant["metadata"]["labels"].as_object_mut() {
+        labels.remove("app");
+    }
+    if let Some(annotations) = tenant["metadata"]["annotations"].as_object_mut() {
+        annotations.remove("note");
+    }
+    syncer
+        .update(&key(), &tenant, &stored_mirror(&ty))
+        .await
+        .expect("reconciled");
+    let puts = host.with_method(http::Method::PUT);
+    assert_eq!(puts.len(), 1, "{:?}", host.received());
+    let m = &puts[0].body["metadata"];
+    assert!(m["labels"].get("app").is_none(), "{m}");
+    assert!(m["annotations"].get("note").is_none(), "{m}");
+    assert_eq!(m["labels"]["host.example/zone"], "a", "{m}");
+    assert_eq!(m["annotations"]["host.example/audited"], "yes", "{m}");
+    assert_eq!(m["labels"][names::MANAGED_BY], "client", "{m}");
+}

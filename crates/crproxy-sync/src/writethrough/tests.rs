@@ -7,6 +7,7 @@ use std::io::Write;
 use std::sync::Mutex as StdMutex;
 
 use super::*;
+use crate::fake_api::{not_found, success, Answer, FakeApi};
 use crproxy_core::config::sync::{Direction, Scope, SyncResource};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
@@ -512,103 +513,19 @@ async fn the_serving_certificate_covers_the_configured_host() {
     server.stop();
 }
 
-/// How a [`FakeApi`] answers: code and JSON body for a method, path and request body.
-type Answer = fn(&Method, &str, Value) -> (u16, Value);
-
-/// A Kubernetes API server for one test: `answer(method, path, body)` gives each
-/// answer's code and JSON body; every request is recorded as `"<METHOD> <path>"`.
-struct FakeApi {
-    client: kube::Client,
-    requests: Arc<StdMutex<Vec<String>>>,
-}
-
-impl FakeApi {
-    async fn start(answer: Answer) -> FakeApi {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("address");
-        let requests = Arc::new(StdMutex::new(Vec::new()));
-        let seen = Arc::clone(&requests);
-        tokio::spawn(async move {
-            // A few connections at most; each is served until the test's runtime ends.
-            for _ in 0..16 {
-                let accepted =
-                    tokio::time::timeout(Duration::from_secs(30), listener.accept()).await;
-                let Ok(Ok((socket, _))) = accepted else { break };
-                let seen = Arc::clone(&seen);
-                let service =
-                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                        let seen = Arc::clone(&seen);
-                        async move {
-                            let method = request.method().clone();
-                            let path = request.uri().path().to_owned();
-                            let body = request
-                                .into_body()
-                                .collect()
-                                .await
-                                .map(|b| b.to_bytes())
-                                .unwrap_or_default();
-                            let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                            seen.lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(format!("{method} {path}"));
-                            let (code, answer) = answer(&method, &path, body);
-                            let mut response =
-                                Response::new(Full::new(Bytes::from(answer.to_string())));
-                            *response.status_mut() = StatusCode::from_u16(code)
-                                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                            response.headers_mut().insert(
-                                http::header::CONTENT_TYPE,
-                                http::HeaderValue::from_static("application/json"),
-                            );
-                            Ok::<_, std::convert::Infallible>(response)
-                        }
-                    });
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(socket), service),
-                );
-            }
-        });
-        let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
-        FakeApi {
-            client: kube::Client::try_from(config).expect("client"),
-            requests,
-        }
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
-fn not_found() -> (u16, Value) {
-    (
-        404,
-        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-               "reason": "NotFound", "message": "not found", "code": 404}),
-    )
-}
-
 const MIRROR_PATH: &str = "/apis/example.net/v1/namespaces/vcluster-client/gateways";
 const TENANT_PATH: &str = "/apis/example.net/v1/namespaces/team/gateways/edge";
 
 /// The host: the mirror is created (uid `m-1`), and deleted when asked.
-fn host_answers(method: &Method, path: &str, mut body: Value) -> (u16, Value) {
+fn host_answers(method: &Method, path: &str, body: &Value) -> (u16, Value) {
     match *method {
         Method::POST if path == MIRROR_PATH => {
+            let mut body = body.clone();
             body["metadata"]["uid"] = json!("m-1");
             body["metadata"]["resourceVersion"] = json!("1");
             (201, body)
         }
-        Method::DELETE => (
-            200,
-            json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success", "code": 200}),
-        ),
+        Method::DELETE => success(),
         _ => not_found(),
     }
 }
@@ -704,24 +621,22 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(released, "{}: the key stayed pending", case.tenant);
-        let deletes: Vec<String> = host
-            .requests()
-            .into_iter()
-            .filter(|r| r.starts_with("DELETE "))
-            .collect();
         assert_eq!(
-            !deletes.is_empty(),
+            !host.with_method(Method::DELETE).is_empty(),
             case.deleted,
             "{}: host requests {:?}",
             case.tenant,
-            host.requests()
+            host.received()
         );
         if let Some(tenant) = &tenant {
             assert!(
-                tenant.requests().contains(&format!("GET {TENANT_PATH}")),
+                tenant
+                    .with_method(Method::GET)
+                    .iter()
+                    .any(|r| r.path == TENANT_PATH),
                 "{}: the tenant was not read live: {:?}",
                 case.tenant,
-                tenant.requests()
+                tenant.received()
             );
         }
         let mut registry = Registry::default();
@@ -734,5 +649,63 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
             "{}: {text}",
             case.tenant
         );
+    }
+}
+
+/// The host holds this Gateway's mirror with what others put on it: a host
+/// controller's annotation, its finalizer, an owner. A replace is stored as sent.
+fn annotated_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
+    match *method {
+        Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") => {
+            let mut mirror = desired_mirror(&gateways(), "client", "vcluster-client", &gateway());
+            let m = &mut mirror["metadata"];
+            m["uid"] = json!("m-1");
+            m["resourceVersion"] = json!("3");
+            m["annotations"]["host.example/audited"] = json!("yes");
+            m["finalizers"] = json!(["host.example/cleanup"]);
+            m["ownerReferences"] =
+                json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "o-1"}]);
+            (200, mirror)
+        }
+        Method::PUT => (200, body.clone()),
+        _ => not_found(),
+    }
+}
+
+/// An update written through replaces the mirror keeping others' keys, finalizers
+/// and owners; an update that changes nothing crproxy writes leaves the mirror alone
+/// even though others annotated it.
+#[tokio::test]
+async fn an_update_written_through_keeps_what_others_put_on_the_mirror() {
+    for (port, replaced) in [(443, false), (8443, true)] {
+        let host = FakeApi::start(annotated_host).await;
+        let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+        let mut wt = Arc::into_inner(wt).expect("the only reference");
+        wt.host = host.client.clone();
+        let wt = Arc::new(wt);
+        synced(&gate);
+        let mut old = gateway();
+        old["metadata"]["resourceVersion"] = json!("7");
+        let mut object = old.clone();
+        object["spec"]["port"] = json!(port);
+        let mut update = review("UPDATE", object);
+        update["request"]["oldObject"] = old;
+        let answer = wt.admit(update).await.expect("a review");
+        assert_eq!(response(&answer)["allowed"], true, "{answer}");
+        let puts = host.with_method(Method::PUT);
+        assert_eq!(
+            puts.len(),
+            usize::from(replaced),
+            "port {port}: {:?}",
+            host.received()
+        );
+        if let Some(put) = puts.first() {
+            let m = &put.body["metadata"];
+            assert_eq!(put.body["spec"]["port"], port);
+            assert_eq!(m["resourceVersion"], "3", "{m}");
+            assert_eq!(m["finalizers"], json!(["host.example/cleanup"]), "{m}");
+            assert_eq!(m["ownerReferences"][0]["uid"], "o-1", "{m}");
+            assert_eq!(m["annotations"]["host.example/audited"], "yes", "{m}");
+        }
     }
 }

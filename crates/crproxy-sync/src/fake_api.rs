@@ -1,0 +1,119 @@
+//! A Kubernetes API server for one unit test: each answer comes from a plain
+//! function of the request, and every request is recorded, so a test can check what
+//! a reconcile or a write-through sent without a cluster (the end-to-end tests with
+//! devclusters live in the crproxy crate).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+
+/// How a [`FakeApi`] answers: code and JSON body for a method, path and request body.
+pub type Answer = fn(&Method, &str, &Value) -> (u16, Value);
+
+/// One request a [`FakeApi`] received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: Method,
+    pub path: String,
+    pub body: Value,
+}
+
+pub struct FakeApi {
+    pub client: kube::Client,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl FakeApi {
+    /// Listens on 127.0.0.1 until the test's runtime ends (at most a few connections,
+    /// each accepted within 30 s).
+    pub async fn start(answer: Answer) -> FakeApi {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&received);
+        tokio::spawn(async move {
+            for _ in 0..16 {
+                let accepted =
+                    tokio::time::timeout(Duration::from_secs(30), listener.accept()).await;
+                let Ok(Ok((socket, _))) = accepted else { break };
+                let seen = Arc::clone(&seen);
+                let service =
+                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let seen = Arc::clone(&seen);
+                        async move {
+                            let method = request.method().clone();
+                            let path = request.uri().path().to_owned();
+                            let body = request
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                            let (code, answer) = answer(&method, &path, &body);
+                            seen.lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(Received { method, path, body });
+                            let mut response =
+                                Response::new(Full::new(Bytes::from(answer.to_string())));
+                            *response.status_mut() = StatusCode::from_u16(code)
+                                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                            response.headers_mut().insert(
+                                http::header::CONTENT_TYPE,
+                                http::HeaderValue::from_static("application/json"),
+                            );
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(socket), service),
+                );
+            }
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+        FakeApi {
+            client: kube::Client::try_from(config).expect("client"),
+            received,
+        }
+    }
+
+    /// Every request so far, in order.
+    pub fn received(&self) -> Vec<Received> {
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The requests so far with `method`.
+    pub fn with_method(&self, method: Method) -> Vec<Received> {
+        self.received()
+            .into_iter()
+            .filter(|r| r.method == method)
+            .collect()
+    }
+}
+
+/// A 404 Status.
+pub fn not_found() -> (u16, Value) {
+    (
+        404,
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "reason": "NotFound", "message": "not found", "code": 404}),
+    )
+}
+
+/// A 200 Status, as a delete answers.
+pub fn success() -> (u16, Value) {
+    (
+        200,
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success", "code": 200}),
+    )
+}
