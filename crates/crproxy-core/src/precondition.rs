@@ -21,7 +21,6 @@
 use serde_json::{json, Map, Value};
 
 use crate::ownership::{self, BodyType, Owner};
-use crate::request::form_decode;
 use crate::request_body::{CallerValue, ShapeError, WriteBody};
 
 /// What the ownership check saw.
@@ -102,26 +101,43 @@ fn unparsable(error: ShapeError) -> PreconditionError {
     PreconditionError::Unparsable(error.to_string())
 }
 
-/// A DeleteOptions body carrying the caller's options plus the uid and
-/// resourceVersion preconditions. A caller resourceVersion precondition that
-/// differs from the checked one is [`PreconditionError::Stale`].
-///
-/// kube reads a delete's options from its body, and from the query only when
-/// the body is empty (curl, `kubectl --raw` and several clients send
-/// `?dryRun=All` or `?propagationPolicy=Orphan` that way). The pinned body is
-/// never empty, so for an empty caller body the options are taken from `query`
-/// into it: left in the query, a dry run would delete for real.
+/// A DeleteOptions body carrying the caller's options ([`delete_options`]) plus
+/// the uid and resourceVersion preconditions ([`pin_delete_options`]).
 pub fn pin_delete(
     body: &[u8],
     query: Option<&str>,
     pin: &Pin,
 ) -> Result<Vec<u8>, PreconditionError> {
-    let mut options: Value = if body.iter().all(u8::is_ascii_whitespace) {
+    pin_delete_options(delete_options(body, query)?, pin)
+}
+
+/// The DeleteOptions of a delete: its body, or the options of its query when the
+/// body is empty.
+///
+/// kube reads a delete's options from its body, and from the query only when
+/// the body is empty (curl, `kubectl --raw` and several clients send
+/// `?dryRun=All` or `?propagationPolicy=Orphan` that way). A pinned body is
+/// never empty, so for an empty caller body the options are taken from `query`
+/// into it: left in the query, a dry run would delete for real.
+pub fn delete_options(body: &[u8], query: Option<&str>) -> Result<Value, PreconditionError> {
+    let options = if body.iter().all(u8::is_ascii_whitespace) {
         delete_options_of_query(query.unwrap_or(""))?
     } else {
         crate::request_body::parse_json_strict(body)
             .map_err(|e| PreconditionError::Unparsable(e.to_string()))?
     };
+    if !options.is_object() {
+        return Err(PreconditionError::Unparsable(
+            "DeleteOptions is not an object".into(),
+        ));
+    }
+    Ok(options)
+}
+
+/// `options` with the uid and resourceVersion preconditions of `pin`, as the
+/// body sent. A caller resourceVersion precondition that differs from the
+/// checked one is [`PreconditionError::Stale`].
+pub fn pin_delete_options(mut options: Value, pin: &Pin) -> Result<Vec<u8>, PreconditionError> {
     let object = options
         .as_object_mut()
         .ok_or_else(|| PreconditionError::Unparsable("DeleteOptions is not an object".into()))?;
@@ -158,7 +174,13 @@ fn delete_options_of_query(query: &str) -> Result<Value, PreconditionError> {
     let mut dry_run = Vec::new();
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let (name, value) = (form_decode(name), form_decode(value));
+        // Go's query parser drops a pair with a `;` or a malformed escape.
+        if pair.contains(';') {
+            continue;
+        }
+        let (Some(name), Some(value)) = (go_query_unescape(name), go_query_unescape(value)) else {
+            continue;
+        };
         let (key, parsed) = match name.as_str() {
             "dryRun" => {
                 dry_run.push(Value::String(value));
@@ -186,6 +208,30 @@ fn delete_options_of_query(query: &str) -> Result<Value, PreconditionError> {
         options.insert("dryRun".into(), Value::Array(dry_run));
     }
     Ok(Value::Object(options))
+}
+
+/// Go's `url.QueryUnescape`: `+` is a space and every `%` starts two hex
+/// digits; `None` for a malformed escape.
+fn go_query_unescape(text: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        rest = tail;
+        match byte {
+            b'+' => bytes.push(b' '),
+            b'%' => {
+                let (hex, tail) = rest.split_at_checked(2)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                let hex = std::str::from_utf8(hex).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                rest = tail;
+            }
+            _ => bytes.push(byte),
+        }
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Go's `strconv.ParseInt(s, 10, 64)`: an optional sign, then digits.
@@ -360,6 +406,13 @@ mod tests {
         }
         let out = parsed(pin_delete(b"", Some("gracePeriodSeconds=-30"), &pin()).expect("pin"));
         assert_eq!(out["gracePeriodSeconds"], -30);
+        // Pairs Go's query parser drops (a `;`, a malformed escape) are not read.
+        let query =
+            "propagationPolicy=%zz&dryRun=All;x&propagationPolicy=%4Frphan&gracePeriodSeconds=%+1";
+        let out = parsed(pin_delete(b"", Some(query), &pin()).expect("pin"));
+        assert_eq!(out["propagationPolicy"], "Orphan");
+        assert!(out.get("dryRun").is_none(), "{out}");
+        assert!(out.get("gracePeriodSeconds").is_none(), "{out}");
         for bad in [
             "gracePeriodSeconds=",
             "gracePeriodSeconds=1.5",

@@ -870,13 +870,20 @@ impl GroupVersionProxy {
         options: &[u8],
     ) -> Outcome {
         let (list_query, delete_query) = split_delete_collection_query(exchange.query.as_deref());
-        let list_query = match ownership::scoped_query(Some(&list_query), &self.owner) {
+        let mut list_query = match ownership::scoped_query(Some(&list_query), &self.owner) {
             Ok(query) => query,
             Err(e) => return selector_error(&e),
         };
+        // Read once, before anything is listed or deleted, as kube reads them.
+        let options = match precondition::delete_options(options, Some(&delete_query)) {
+            Ok(options) => options,
+            Err(e) => return bad_delete_options(&e),
+        };
         let mut envelope: Option<Value> = None;
-        // Deleted objects as the target answered them: kept as text, not as values.
+        // Deleted objects as the target answered them, kept as text, until they
+        // would hold more than one answer may; then as they were listed (metadata).
         let mut deleted: Vec<Bytes> = Vec::new();
+        let mut held = 0;
         // An object deleted with a finalizer stays listed; after a restart it is
         // not deleted (and answered) twice.
         let mut deleted_uids: HashSet<String> = HashSet::new();
@@ -916,6 +923,8 @@ impl GroupVersionProxy {
                     tracing::debug!(group_version = %self.group_version, "deletecollection list expired between pages; listing again");
                     restarts += 1;
                     token = None;
+                    // The caller's resourceVersion is what expired: list what is current.
+                    list_query = without_resource_version(&list_query);
                     continue;
                 }
                 ListStep::Unavailable => return self.upstream_failure(),
@@ -936,24 +945,30 @@ impl GroupVersionProxy {
                 .and_then(Value::as_str)
                 .filter(|token| !token.is_empty())
                 .map(str::to_string);
-            envelope.get_or_insert(page);
+            let envelope = envelope.get_or_insert(page);
             for item in items {
                 let uid = item.pointer("/metadata/uid").and_then(Value::as_str);
                 if uid.is_some_and(|uid| deleted_uids.contains(uid)) {
                     continue;
                 }
                 let uid = uid.map(str::to_string);
-                match self
-                    .delete_listed(exchange, path, options, &delete_query, item)
-                    .await
-                {
-                    Ok(Some(object)) => {
-                        deleted.push(object);
-                        deleted_uids.extend(uid);
-                    }
-                    Ok(None) => {}
+                let answer = match self.delete_listed(exchange, path, &options, &item).await {
+                    Ok(Some(answer)) => answer,
+                    Ok(None) => continue,
                     Err(outcome) => return outcome,
-                }
+                };
+                let object = match answer {
+                    Some(object) if held + object.len() <= MAX_BUFFERED_BODY => object,
+                    // A Status instead of the object, or past the bound: the listed
+                    // state stands for it.
+                    _ => match serde_json::to_vec(&listed_as_object(item, envelope)) {
+                        Ok(listed) => Bytes::from(listed),
+                        Err(_) => return self.upstream_failure(),
+                    },
+                };
+                held += object.len();
+                deleted.push(object);
+                deleted_uids.extend(uid);
             }
             if token.is_none() {
                 break;
@@ -977,31 +992,27 @@ impl GroupVersionProxy {
     }
 
     /// Deletes one object a deletecollection listed, if it is owned, pinned to the
-    /// listed state: `Some(object)` as the target answered the delete, `None` when
-    /// it was not owned or changed or went meanwhile, or the answer to send instead.
+    /// listed state: `Some(answer)` when it was deleted, with the object the target
+    /// answered (`None` when it answered a Status); `None` when it was not owned or
+    /// changed or went meanwhile; or the answer to send instead.
     async fn delete_listed(
         &self,
         exchange: &Exchange,
         path: &ResourcePath,
-        options: &[u8],
-        delete_query: &str,
-        item: Value,
-    ) -> Result<Option<Bytes>, Outcome> {
+        options: &Value,
+        item: &Value,
+    ) -> Result<Option<Option<Bytes>>, Outcome> {
         // The list was narrowed by the owner selector; judge each item anyway.
         let (true, Some(pin), Some(name)) = (
-            self.owner.owns(&item),
-            Pin::of(&item),
+            self.owner.owns(item),
+            Pin::of(item),
             item.pointer("/metadata/name").and_then(Value::as_str),
         ) else {
             return Ok(None);
         };
-        let pinned = precondition::pin_delete(options, Some(delete_query), &pin).map_err(|e| {
-            Outcome::new(
-                json_response(StatusCode::BAD_REQUEST, &status::bad_request(e.to_string())),
-                Reason::Upstream,
-            )
-        })?;
-        let Some(item_path) = self.item_path(exchange, path, &item, name) else {
+        let pinned = precondition::pin_delete_options(options.clone(), &pin)
+            .map_err(|e| bad_delete_options(&e))?;
+        let Some(item_path) = self.item_path(exchange, path, item, name) else {
             return Ok(None);
         };
         // The options travel in the pinned body (kube reads the query's only
@@ -1022,15 +1033,9 @@ impl GroupVersionProxy {
                 let is_object = serde_json::from_slice::<Value>(&answer).is_ok_and(|a| {
                     a.is_object() && a.get("kind").and_then(Value::as_str) != Some("Status")
                 });
-                if is_object {
-                    // Copied: the read buffer may be larger than the object, and
-                    // every deleted object is held until the answer is sent.
-                    return Ok(Some(Bytes::copy_from_slice(&answer)));
-                }
-                // A Status instead of the object: the listed state stands for it.
-                serde_json::to_vec(&item)
-                    .map(|item| Some(Bytes::from(item)))
-                    .map_err(|_| self.upstream_failure())
+                // Copied: the read buffer may be larger than the object, and
+                // every deleted object is held until the answer is sent.
+                Ok(Some(is_object.then(|| Bytes::copy_from_slice(&answer))))
             }
             StatusCode::NOT_FOUND | StatusCode::CONFLICT => Ok(None),
             code if code.is_server_error() => Err(self.upstream_failure()),
@@ -1480,14 +1485,54 @@ fn list_step(code: StatusCode, continuing: bool, restarts: u32) -> ListStep {
 /// The query of one page of an owned deletecollection's list: the caller's list
 /// options, `limit`, and the continue token after the first page (kube refuses a
 /// resourceVersion next to one: the token carries the list's own).
+/// A deletecollection's delete options that kube would refuse too.
+fn bad_delete_options(error: &PreconditionError) -> Outcome {
+    Outcome::new(
+        json_response(
+            StatusCode::BAD_REQUEST,
+            &status::bad_request(error.to_string()),
+        ),
+        Reason::Upstream,
+    )
+}
+
+/// A listed item standing for a deleted object in a deletecollection's answer:
+/// pages after the first list metadata only (`PartialObjectMetadata`), so the
+/// item takes the kind and apiVersion of the objects the answer lists.
+fn listed_as_object(mut item: Value, envelope: &Value) -> Value {
+    let list_kind = envelope.get("kind").and_then(Value::as_str);
+    let kind = list_kind.and_then(|kind| kind.strip_suffix("List"));
+    if let (Some(kind), Some(object)) = (kind, item.as_object_mut()) {
+        object.insert("kind".into(), Value::from(kind));
+        if let Some(api_version) = envelope.get("apiVersion") {
+            object.insert("apiVersion".into(), api_version.clone());
+        }
+    }
+    item
+}
+
+/// `list_query` without the caller's resourceVersion: it goes with the first
+/// page of a listing only (kube refuses it beside a continue token, and after a
+/// 410 it is what expired).
+fn without_resource_version(list_query: &str) -> String {
+    list_query
+        .split('&')
+        .filter(|raw| {
+            let key = request::form_decode(raw.split_once('=').map_or(*raw, |(k, _)| k));
+            !raw.is_empty() && !matches!(key.as_str(), "resourceVersion" | "resourceVersionMatch")
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
 fn page_query(list_query: &str, limit: usize, token: Option<&str>) -> String {
+    let list_query = match token {
+        Some(_) => without_resource_version(list_query),
+        None => list_query.to_string(),
+    };
     let mut parts: Vec<String> = list_query
         .split('&')
         .filter(|p| !p.is_empty())
-        .filter(|raw| {
-            let key = request::form_decode(raw.split_once('=').map_or(raw, |(k, _)| k));
-            token.is_none() || !matches!(key.as_str(), "resourceVersion" | "resourceVersionMatch")
-        })
         .map(str::to_string)
         .collect();
     parts.push(format!("limit={limit}"));
@@ -1814,6 +1859,23 @@ mod tests {
             "labelSelector=a%3Db&limit=500&continue=eyJ2Ijo%2B%2F%3D"
         );
         assert_eq!(page_query("", 500, None), "limit=500");
+        // After a 410 the listing starts over without the caller's resourceVersion.
+        assert_eq!(without_resource_version(options), "labelSelector=a%3Db");
+        assert_eq!(without_resource_version("resourceVersion=5"), "");
+    }
+
+    #[test]
+    fn a_listed_item_standing_for_a_deleted_object_takes_the_objects_kind() {
+        let envelope = serde_json::json!({"apiVersion": "example.com/v1", "kind": "WidgetList"});
+        let item = serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": "a", "namespace": "demo"},
+        });
+        assert_eq!(
+            listed_as_object(item, &envelope),
+            serde_json::json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                               "metadata": {"name": "a", "namespace": "demo"}})
+        );
     }
 
     #[test]

@@ -684,5 +684,25 @@ async fn delete_options_sent_in_the_query_survive_the_pinned_body() {
     .await;
     assert_eq!(real.status, 200, "{}", real.body);
     assert!(on_target(&h, "kept-1").await.is_none());
+    // A deletecollection reads its options before it lists, as kube does: refused
+    // even when nothing owned is left to delete.
+    let real = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}/kept-2"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(real.status, 200, "{}", real.body);
+    let invalid = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}?gracePeriodSeconds=soon"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(invalid.status, 400, "{}", invalid.body);
     h.proxy.shutdown().await;
 }
