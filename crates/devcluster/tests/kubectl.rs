@@ -387,3 +387,43 @@ async fn metadata_uid_is_immutable_as_on_kube() {
     assert_eq!(after["metadata"]["uid"], json!(uid));
     assert_eq!(after["spec"], before["spec"]);
 }
+
+/// Delete options come from the body, or from the query when the body is empty,
+/// as kube-apiserver reads them: both kinds of dry run leave the object, and a
+/// dry-run value kube does not know is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_dry_runs_from_the_body_and_from_the_query() {
+    let tc = devcluster("target").await;
+    let kc = &tc.kubeconfig;
+    ok(kc, &["create", "namespace", "demo"]).await;
+    install_crd(kc).await;
+    apply(kc, &crontab("kept", "cron")).await;
+    let path = "/apis/stable.example.io/v1/namespaces/demo/crontabs/kept";
+    // kubectl sends DeleteOptions with dryRun in the body.
+    ok(
+        kc,
+        &[
+            "-n",
+            "demo",
+            "delete",
+            "crontab",
+            "kept",
+            "--dry-run=server",
+        ],
+    )
+    .await;
+    // A raw delete sends no body: the query's dryRun counts.
+    ok(kc, &["delete", "--raw", &format!("{path}?dryRun=All")]).await;
+    let refused = kubectl_async(kc, &["delete", "--raw", &format!("{path}?dryRun=Maybe")]).await;
+    assert!(!refused.success(), "{refused:?}");
+    assert!(
+        refused.stderr.contains("Unsupported value")
+            || refused.stdout.contains("Unsupported value"),
+        "{refused:?}"
+    );
+    let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;
+    assert!(got.is_ok(), "a dry run deleted the object: {got:?}");
+    ok(kc, &["delete", "--raw", path]).await;
+    let gone = kubectl_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;
+    assert!(!gone.success(), "{gone:?}");
+}

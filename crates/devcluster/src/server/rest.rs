@@ -1136,18 +1136,23 @@ pub fn delete_options(ctx: &ReqCtx, body: &[u8]) -> Result<DeleteOptions, ApiErr
             true => "Orphan",
             false => ctx.q("propagationPolicy").unwrap_or(""),
         };
+        let dry_run: Vec<&str> = ctx.q("dryRun").into_iter().collect();
         return Ok(DeleteOptions {
             propagation: propagation.to_string(),
-            dry_run: ctx.dry_run(),
+            dry_run: dry_run_of(&dry_run)?,
             ..Default::default()
         });
     }
     let v = h::decode_body(body, h::body_format(&ctx.headers)?, "DeleteOptions")?;
+    let dry_run: Vec<&str> = v
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|d| d.as_str().unwrap_or_default())
+        .collect();
     let mut opts = DeleteOptions {
-        dry_run: v
-            .get("dryRun")
-            .and_then(Value::as_array)
-            .is_some_and(|d| d.iter().any(|d| d == "All")),
+        dry_run: dry_run_of(&dry_run)?,
         ..Default::default()
     };
     if let Some(p) = v.get("preconditions") {
@@ -1164,6 +1169,58 @@ pub fn delete_options(ctx: &ReqCtx, body: &[u8]) -> Result<DeleteOptions, ApiErr
         opts.propagation = "Orphan".into();
     }
     Ok(opts)
+}
+
+/// Whether `dryRun` asks for a dry run; kube's validation knows only `All`.
+fn dry_run_of(values: &[&str]) -> Result<bool, ApiError> {
+    let causes: Vec<Cause> = values
+        .iter()
+        .enumerate()
+        .filter(|(_, value)| **value != "All")
+        .map(|(i, value)| {
+            Cause::new(
+                "FieldValueNotSupported",
+                format!("Unsupported value: \"{value}\": supported values: \"All\""),
+                format!("dryRun[{i}]"),
+            )
+        })
+        .collect();
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "DeleteOptions",
+            "",
+            causes,
+        ));
+    }
+    Ok(!values.is_empty())
+}
+
+/// `ctx` as the delete's decoded options describe it: admission, the store and
+/// what follows a deletion read the dry run and the propagation policy from the
+/// request, and kube takes them from the body when there is one.
+fn with_delete_options(ctx: &ReqCtx, opts: &DeleteOptions) -> ReqCtx {
+    let mut query = ctx.query.clone();
+    query.remove("dryRun");
+    query.remove("propagationPolicy");
+    if opts.dry_run {
+        query.insert("dryRun".into(), "All".into());
+    }
+    if !opts.propagation.is_empty() {
+        query.insert("propagationPolicy".into(), opts.propagation.clone());
+    }
+    ReqCtx {
+        info: ctx.info.clone(),
+        version: ctx.version.clone(),
+        namespace: ctx.namespace.clone(),
+        name: ctx.name.clone(),
+        subresource: ctx.subresource.clone(),
+        query,
+        output: ctx.output,
+        user: ctx.user.clone(),
+        attrs: ctx.attrs.clone(),
+        headers: ctx.headers.clone(),
+    }
 }
 
 /// Deletes one object (or marks it, when finalizers hold it). Returns the store
@@ -1309,13 +1366,11 @@ pub async fn delete(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         return Err(ApiError::method_not_allowed());
     }
     let opts = delete_options(ctx, body)?;
+    let ctx = &with_delete_options(ctx, &opts);
     let hooks = admitted::webhooks(state);
     let warnings = admit_delete(state, ctx, &hooks, &ctx.name).await?;
     let written = delete_one(state, ctx, &ctx.name, &opts)?;
-    // A dry run set in the body: nothing was deleted, nothing follows.
-    if !opts.dry_run {
-        super::hooks::after_write(state, ctx, &written);
-    }
+    super::hooks::after_write(state, ctx, &written);
     if written.deleted {
         let uid = meta_str(&written.object, "uid");
         let status = json!({
@@ -1343,6 +1398,7 @@ pub async fn delete(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
 pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let selectors = Selectors::parse(ctx)?;
     let opts = delete_options(ctx, body)?;
+    let ctx = &with_delete_options(ctx, &opts);
     let ns = if ctx.info.namespaced && !ctx.namespace.is_empty() {
         Some(ctx.namespace.as_str())
     } else {
@@ -1373,10 +1429,7 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
         }
         match delete_one(state, &sub, &name, &opts) {
             Ok(w) => {
-                // A dry run set in the body: nothing was deleted, nothing follows.
-                if !opts.dry_run {
-                    super::hooks::after_write(state, &sub, &w);
-                }
+                super::hooks::after_write(state, &sub, &w);
                 out.push(Arc::new((**obj).clone()));
             }
             Err(e) if e.code == 404 => {}
