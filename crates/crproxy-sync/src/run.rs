@@ -470,7 +470,7 @@ impl Supervisor {
             // from here on would be confirmed against a cache that no longer moves
             // once its syncer stops, and withdrawing the endpoint takes up to 5 s.
             for gate in self.gates.values() {
-                gate.set_synced(None);
+                gate.close();
             }
             // Dropping aborts every syncer (and, through theirs, their watchers and
             // workers), also when this task itself is aborted.
@@ -502,7 +502,7 @@ impl Supervisor {
                     tenant_store,
                     host_store,
                     metrics,
-                    gate: self.gates.get(&ty.resource.key).cloned(),
+                    gate: self.gates.get(&ty.resource.key).map(Gate::open_term),
                     observed_host_deletes: Default::default(),
                 });
                 let tenant_api = Api::all_with(self.tenant.clone(), &ty.api);

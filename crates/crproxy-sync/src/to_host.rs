@@ -37,7 +37,7 @@ use crate::managed::{self, Keys};
 use crate::names::{self, MirrorIdentity};
 use crate::patches::rewrite_strings;
 use crate::run::{Key, Outcome, Reconciler, StepError};
-use crate::writethrough::Gate;
+use crate::writethrough::TermGate;
 use crate::SyncMetrics;
 
 /// One toHost type between one tenant and the host.
@@ -52,7 +52,7 @@ pub struct ToHost {
     pub metrics: Arc<SyncMetrics>,
     /// For an aggregated type: shared with write-through, which holds the keys of
     /// writes it has accepted on the host but not yet seen stored in the tenant.
-    pub gate: Option<Arc<Gate>>,
+    pub gate: Option<TermGate>,
     /// By key: the uid of the last mirror whose DELETED event this syncer's host
     /// watch delivered. The only evidence that the host deleted a mirror, as opposed
     /// to losing it (a restored backup, an extension server with a fresh store).
@@ -518,7 +518,7 @@ impl Reconciler for ToHost {
 
     fn caches_synced(&self) {
         if let Some(gate) = &self.gate {
-            gate.set_synced(Some(self.tenant_store.clone()));
+            gate.caches_synced(self.tenant_store.clone());
         }
     }
 

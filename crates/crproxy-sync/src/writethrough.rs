@@ -71,9 +71,9 @@ pub fn configuration_name(tenant: &str) -> String {
 /// What a toHost aggregated type's syncer shares with write-through.
 #[derive(Default)]
 pub struct Gate {
-    /// The syncer's tenant cache, while its caches are synced (`None` before: reviews
-    /// are answered 503).
-    tenant_store: Mutex<Option<Store<DynamicObject>>>,
+    /// The syncer's tenant cache while its caches are synced (`None` before:
+    /// reviews are answered 503), and the leadership term it belongs to.
+    synced: Mutex<Synced>,
     /// Keys with an accepted write-through not yet seen in the tenant: the syncer
     /// leaves them alone.
     pending: Mutex<HashSet<Key>>,
@@ -81,22 +81,67 @@ pub struct Gate {
     released: tokio::sync::Notify,
 }
 
+#[derive(Default)]
+struct Synced {
+    store: Option<Store<DynamicObject>>,
+    /// Counts the terms opened and closed: a syncer of an earlier term may still
+    /// report its caches synced after its term was closed (an aborted task runs
+    /// until its next await), and must not open the gate again.
+    term: u64,
+}
+
+/// A gate as one leadership term's syncer holds it.
+#[derive(Clone)]
+pub struct TermGate {
+    gate: Arc<Gate>,
+    term: u64,
+}
+
+impl TermGate {
+    /// The syncer's caches are synced: reviews are answered from `store`, unless
+    /// the term has been closed meanwhile.
+    pub fn caches_synced(&self, store: Store<DynamicObject>) {
+        let mut synced = lock(&self.gate.synced);
+        if synced.term == self.term {
+            synced.store = Some(store);
+        }
+    }
+
+    pub fn is_pending(&self, key: &Key) -> bool {
+        self.gate.is_pending(key)
+    }
+}
+
 impl Gate {
     pub fn new() -> Arc<Gate> {
         Arc::new(Gate::default())
     }
 
-    /// The syncer's caches are synced (`Some`) or it stopped (`None`).
-    pub fn set_synced(&self, store: Option<Store<DynamicObject>>) {
-        *lock(&self.tenant_store) = store;
+    /// Starts a leadership term: the gate its syncer holds.
+    pub fn open_term(self: &Arc<Self>) -> TermGate {
+        let mut synced = lock(&self.synced);
+        synced.term += 1;
+        synced.store = None;
+        TermGate {
+            gate: Arc::clone(self),
+            term: synced.term,
+        }
+    }
+
+    /// Ends the current term: reviews are answered 503 until a syncer of a later
+    /// term has synced its caches.
+    pub fn close(&self) {
+        let mut synced = lock(&self.synced);
+        synced.term += 1;
+        synced.store = None;
     }
 
     pub fn is_synced(&self) -> bool {
-        lock(&self.tenant_store).is_some()
+        lock(&self.synced).store.is_some()
     }
 
     fn store(&self) -> Option<Store<DynamicObject>> {
-        lock(&self.tenant_store).clone()
+        lock(&self.synced).store.clone()
     }
 
     pub fn is_pending(&self, key: &Key) -> bool {

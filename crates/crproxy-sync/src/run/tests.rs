@@ -91,13 +91,13 @@ async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint
     }
     assert!(led, "the supervisor never started leading");
     // As the syncer does once its caches are synced.
-    gate.set_synced(Some(
+    gate.open_term().caches_synced(
         store(&ApiResource::from_gvk_with_plural(
             &kube::core::GroupVersionKind::gvk("example.net", "v1", "Gateway"),
             "gateways",
         ))
         .0,
-    ));
+    );
     assert!(gate.is_synced());
 
     shutdown.send(true).expect("the supervisor listens");

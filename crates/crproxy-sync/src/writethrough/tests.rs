@@ -58,10 +58,9 @@ fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetri
     (wt, gate, metrics)
 }
 
-fn synced(gate: &Gate) {
-    gate.set_synced(Some(
-        Writer::<DynamicObject>::new(gateways().api).as_reader(),
-    ));
+fn synced(gate: &Arc<Gate>) {
+    gate.open_term()
+        .caches_synced(Writer::<DynamicObject>::new(gateways().api).as_reader());
 }
 
 fn review(operation: &str, object: Value) -> Value {
@@ -708,4 +707,25 @@ async fn an_update_written_through_keeps_what_others_put_on_the_mirror() {
             assert_eq!(m["annotations"]["host.example/audited"], "yes", "{m}");
         }
     }
+}
+
+#[test]
+fn a_syncer_of_a_closed_term_cannot_open_the_gate_again() {
+    // An aborted syncer runs until its next await: it may report its caches
+    // synced after the supervisor closed the gate on losing leadership.
+    let gate = Gate::new();
+    let store = || Writer::<DynamicObject>::new(gateways().api).as_reader();
+    let first = gate.open_term();
+    first.caches_synced(store());
+    assert!(gate.is_synced());
+    gate.close();
+    assert!(!gate.is_synced());
+    first.caches_synced(store());
+    assert!(!gate.is_synced(), "a closed term's syncer opened the gate");
+    // The next term's syncer does.
+    let second = gate.open_term();
+    first.caches_synced(store());
+    assert!(!gate.is_synced());
+    second.caches_synced(store());
+    assert!(gate.is_synced());
 }
