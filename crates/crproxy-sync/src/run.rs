@@ -245,7 +245,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
                 .collect(),
             metrics: Arc::clone(&options.metrics),
             in_flight: Arc::new(Semaphore::new(writethrough::MAX_IN_FLIGHT)),
-            timeout: writethrough::TIMEOUT,
+            timeout: writethrough::DECIDE_WITHIN,
             confirm_within: options.write_through_confirm,
         });
         let write_through_plan = &options.plan.write_through;

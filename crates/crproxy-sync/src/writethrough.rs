@@ -23,7 +23,8 @@
 //! released, the level-based syncer writes the tenant's (unchanged) object down again.
 //! Each review is decided in a task of its own, so a held key is released, confirmed
 //! or cleaned up even when the tenant API server gives up on the call; waiting for the
-//! key and the host write share one deadline, `timeout` after the review arrived.
+//! key and the host write share one deadline, `timeout` ([`DECIDE_WITHIN`] in
+//! production) after the decision starts.
 //!
 //! Only the leader's syncer has synced caches and pending keys, so reviews must reach
 //! the leader: the tenant calls the listener itself, a URL, or a selector-less Service
@@ -55,8 +56,15 @@ use crate::SyncMetrics;
 
 /// Write-throughs in flight per replica; more are answered 429.
 pub const MAX_IN_FLIGHT: usize = 50;
-/// How long one write-through may take (the webhook's `timeoutSeconds` too).
+/// How long the tenant API server waits for a review (the webhook's
+/// `timeoutSeconds`).
 pub const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one write-through may take, from the start of its decision: less
+/// than [`TIMEOUT`], whose count started earlier (connection, TLS, the body),
+/// so that crproxy's own answer (a 409 for a key still held, a 504 for a host
+/// that did not answer) reaches the tenant's caller instead of the tenant's
+/// generic "failed calling webhook".
+pub const DECIDE_WITHIN: Duration = Duration::from_secs(25);
 /// How long an accepted write may take to appear in the tenant before it is taken
 /// as failed there. Longer than the tenant's own webhook timeout, so a tenant request
 /// still in flight is never mistaken for a failed one.
@@ -190,6 +198,7 @@ pub struct WriteThrough {
     pub types: HashMap<String, (ResolvedType, Arc<Gate>)>,
     pub metrics: Arc<SyncMetrics>,
     pub in_flight: Arc<Semaphore>,
+    /// The budget of one decision ([`DECIDE_WITHIN`] in production).
     pub timeout: Duration,
     pub confirm_within: Duration,
 }
@@ -299,7 +308,7 @@ impl WriteThrough {
 
     async fn decide(self: &Arc<Self>, request: &Review) -> Result<(), Denial> {
         // Waiting for the key and the host write share one deadline: the answer never
-        // comes later than `timeout` after the review arrived.
+        // comes later than `timeout` after the decision started.
         let deadline = tokio::time::Instant::now() + self.timeout;
         // Dry runs reach nothing (the configuration says NoneOnDryRun); status and
         // other subresources, and deletes, are the syncer's. So is an update of an

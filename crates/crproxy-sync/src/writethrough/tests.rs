@@ -729,3 +729,20 @@ fn a_syncer_of_a_closed_term_cannot_open_the_gate_again() {
     second.caches_synced(store());
     assert!(gate.is_synced());
 }
+
+#[test]
+fn a_decision_ends_before_the_tenant_gives_up_on_the_webhook() {
+    let listening = SocketAddr::from(([127, 0, 0, 1], 9443));
+    let client = client_config(
+        &WebhookEndpoint::Listener,
+        listening,
+        "/validate/t0k",
+        "PEM",
+    );
+    let c = webhook_configuration("client", &client, &[gateways()]);
+    let tenant_waits = c["webhooks"][0]["timeoutSeconds"]
+        .as_u64()
+        .expect("timeoutSeconds");
+    // Room for the connection, TLS and the body before the decision starts.
+    assert!(DECIDE_WITHIN.as_secs() + 5 <= tenant_waits);
+}
