@@ -1135,7 +1135,7 @@ pub enum WebhookServerError {
     },
 }
 
-/// The running webhook server: TLS with its own CA, `POST /validate`.
+/// The running webhook server: TLS with its own CA, `POST /validate/<token>`.
 pub struct WebhookServer {
     pub addr: SocketAddr,
     /// The CA of its serving certificate (the configuration's `caBundle`).
