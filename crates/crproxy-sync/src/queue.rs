@@ -2,6 +2,15 @@
 //! being worked on is never handed to a second worker, and a key added while it is
 //! being worked on is queued again when the work is done. It remembers when a key was
 //! first added, for the time-to-converge metric.
+//!
+//! A key whose work failed is retried with a per-key exponential backoff, as
+//! client-go's rate-limited work queue does ([`BACKOFF_BASE`] doubling up to
+//! [`BACKOFF_CAP`]): a persistent failure (a host-wide 403, an object the host keeps
+//! refusing) costs a few requests per key and hour instead of a steady flood. The
+//! backoff ends when the work succeeds ([`WorkQueue::forget`]) or the key's objects
+//! change ([`WorkQueue::add`], fed by watch events, queues at once and starts the
+//! count over); a periodic or relist look at every key ([`WorkQueue::resync`]) leaves
+//! a backing-off key to its scheduled retry.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -10,6 +19,19 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// The first retry delay after a failure (client-go's default item backoff base).
+pub const BACKOFF_BASE: Duration = Duration::from_millis(5);
+/// The longest retry delay: a key failing for good is still tried every 5 minutes.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+/// The delay before the retry that follows `failures` earlier consecutive failures
+/// (0 for the first): `BACKOFF_BASE * 2^failures`, at most `BACKOFF_CAP`.
+pub fn backoff(failures: u32) -> Duration {
+    BACKOFF_BASE
+        .checked_mul(2u32.saturating_pow(failures.min(31)))
+        .map_or(BACKOFF_CAP, |d| d.min(BACKOFF_CAP))
+}
 
 pub struct WorkQueue<K> {
     inner: Mutex<Inner<K>>,
@@ -23,6 +45,18 @@ struct Inner<K> {
     active: HashSet<K>,
     /// Keys added while active, with their first-add time.
     dirty: HashMap<K, Instant>,
+    /// Keys backing off after failed work.
+    failing: HashMap<K, Failing>,
+    /// Numbers the scheduled retries, so that one made obsolete (the key succeeded,
+    /// changed, or failed again meanwhile) is dropped when it fires.
+    next_retry: u64,
+}
+
+struct Failing {
+    /// Consecutive failures so far.
+    failures: u32,
+    /// The retry scheduled for the last failure.
+    retry: u64,
 }
 
 impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
@@ -33,6 +67,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 queued: HashMap::new(),
                 active: HashSet::new(),
                 dirty: HashMap::new(),
+                failing: HashMap::new(),
+                next_retry: 0,
             }),
             notify: Notify::new(),
         })
@@ -42,7 +78,19 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Queues `key` now because its objects changed (a watch event): a backoff it was
+    /// in is over, since the change may be what it was waiting for.
     pub fn add(&self, key: K) {
+        self.lock().failing.remove(&key);
+        self.add_since(key, Instant::now());
+    }
+
+    /// Queues `key` to be looked at again (a periodic resync, a relist), unless it is
+    /// backing off: its scheduled retry looks at it.
+    pub fn resync(&self, key: K) {
+        if self.lock().failing.contains_key(&key) {
+            return;
+        }
         self.add_since(key, Instant::now());
     }
 
@@ -69,6 +117,42 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             tokio::time::sleep(delay).await;
             queue.add_since(key, since);
         });
+    }
+
+    /// The work on `key` failed: retries it after its backoff (at least `at_least`),
+    /// keeping `since` as [`add_after`](Self::add_after) does. Returns the delay.
+    pub fn retry_failed(self: &Arc<Self>, key: K, at_least: Duration, since: Instant) -> Duration {
+        let (delay, retry) = {
+            let mut inner = self.lock();
+            inner.next_retry += 1;
+            let retry = inner.next_retry;
+            let failing = inner
+                .failing
+                .entry(key.clone())
+                .or_insert(Failing { failures: 0, retry });
+            let delay = backoff(failing.failures).max(at_least);
+            failing.failures = failing.failures.saturating_add(1);
+            failing.retry = retry;
+            (delay, retry)
+        };
+        let queue = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let current = queue
+                .lock()
+                .failing
+                .get(&key)
+                .is_some_and(|f| f.retry == retry);
+            if current {
+                queue.add_since(key, since);
+            }
+        });
+        delay
+    }
+
+    /// The work on `key` succeeded: its next failure starts the backoff over.
+    pub fn forget(&self, key: &K) {
+        self.lock().failing.remove(key);
     }
 
     /// The next key and when it was first added; waits while the queue is empty.

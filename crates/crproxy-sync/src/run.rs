@@ -78,11 +78,13 @@ impl StepError {
         }
     }
 
-    fn retry_after(&self) -> Duration {
+    /// The shortest wait before a retry; the key's backoff ([`crate::queue`]) may be
+    /// longer. A foreign object is not ours to fix: it changes only when someone
+    /// renames or removes it, so it is looked at rarely from the start.
+    fn min_retry_after(&self) -> Duration {
         match self {
             StepError::Foreign => Duration::from_secs(30),
-            StepError::Api(kube::Error::Api(s)) if s.code == 409 => Duration::from_millis(200),
-            _ => Duration::from_secs(2),
+            _ => Duration::ZERO,
         }
     }
 }
@@ -588,21 +590,30 @@ async fn drive<R: Reconciler>(
                 if let (Side::Host, Ok(Event::Delete(o))) = (side, &event) {
                     r.host_deleted(o);
                 }
+                let key_of = |o: &DynamicObject| match side {
+                    Side::Tenant => r.key_of_tenant(o),
+                    Side::Host => r.key_of_host(o),
+                };
                 match event {
-                    Ok(Event::Apply(o) | Event::Delete(o) | Event::InitApply(o)) => {
-                        let key = match side {
-                            Side::Tenant => r.key_of_tenant(&o),
-                            Side::Host => r.key_of_host(&o),
-                        };
-                        if let Some(key) = key {
+                    // A change: handled at once, even by a key backing off (the change
+                    // may be the fix it waits for).
+                    Ok(Event::Apply(o) | Event::Delete(o)) => {
+                        if let Some(key) = key_of(&o) {
                             queue.add(key);
+                        }
+                    }
+                    // A relist reports what is there, changed or not: a key backing off
+                    // keeps waiting for its retry.
+                    Ok(Event::InitApply(o)) => {
+                        if let Some(key) = key_of(&o) {
+                            queue.resync(key);
                         }
                     }
                     // A relist may have dropped objects deleted meanwhile without an
                     // event: look at everything again.
                     Ok(Event::InitDone) => {
                         for key in r.all_keys() {
-                            queue.add(key);
+                            queue.resync(key);
                         }
                     }
                     Ok(Event::Init) => {}
@@ -636,15 +647,20 @@ async fn drive<R: Reconciler>(
                 let metrics = Arc::clone(r.metrics());
                 match r.reconcile(&key).await {
                     Ok(Outcome::Done) => {
+                        queue.forget(&key);
                         metrics.converged(&metrics_key, ty.direction(), since.elapsed().as_secs_f64());
                     }
-                    Ok(Outcome::Requeue(after)) => queue.add_after(key.clone(), after, since),
+                    Ok(Outcome::Requeue(after)) => {
+                        // The step worked: a failure of the next one starts over.
+                        queue.forget(&key);
+                        queue.add_after(key.clone(), after, since);
+                    }
                     Err(e) => {
                         metrics.error(&metrics_key, ty.direction(), e.reason());
+                        let delay = queue.retry_failed(key.clone(), e.min_retry_after(), since);
                         if !matches!(e, StepError::Foreign) {
-                            tracing::warn!(resource = %metrics_key, direction = ty.direction(), object = %format!("{}/{}", key.namespace, key.name), reason = e.reason(), error = %e, "sync failed; retrying");
+                            tracing::warn!(resource = %metrics_key, direction = ty.direction(), object = %format!("{}/{}", key.namespace, key.name), reason = e.reason(), error = %e, retry_in = ?delay, "sync failed; retrying");
                         }
-                        queue.add_after(key.clone(), e.retry_after(), since);
                     }
                 }
                 queue.done(&key);
@@ -655,7 +671,7 @@ async fn drive<R: Reconciler>(
     loop {
         tokio::time::sleep(resync).await;
         for key in r.all_keys() {
-            queue.add(key);
+            queue.resync(key);
         }
     }
 }

@@ -38,3 +38,69 @@ async fn add_after_waits() {
         "the first-seen time survives the retry"
     );
 }
+
+#[test]
+fn backoff_doubles_from_5_ms_up_to_5_minutes() {
+    let ms = |failures| backoff(failures).as_millis();
+    assert_eq!(
+        [0, 1, 2, 3, 10].map(ms),
+        [5, 10, 20, 40, 5120],
+        "client-go's item backoff"
+    );
+    assert_eq!(ms(16), 300_000, "5 ms * 2^16 is past the cap");
+    assert_eq!(ms(u32::MAX), 300_000);
+}
+
+/// A failed key waits out its backoff: a resync leaves it alone, a change (a watch
+/// event) queues it at once and starts the count over, and the retry scheduled before
+/// the change is dropped rather than adding a second attempt.
+#[tokio::test(start_paused = true)]
+async fn a_failed_key_waits_for_its_retry_unless_it_changes() {
+    let q = WorkQueue::new();
+    let t0 = Instant::now();
+    q.add("a");
+    let (k, _) = q.next().await;
+    let mut delays = Vec::new();
+    for _ in 0..4 {
+        delays.push(q.retry_failed(k, Duration::ZERO, t0));
+        q.done(&k);
+        q.resync(k);
+        assert_eq!(q.depth(), 0, "a resync does not cut a backoff short");
+        let (again, since) = tokio::time::timeout(Duration::from_secs(1), q.next())
+            .await
+            .expect("retried within its backoff");
+        assert_eq!((again, since), (k, t0), "first-seen time kept");
+    }
+    assert_eq!(
+        delays.iter().map(Duration::as_millis).collect::<Vec<_>>(),
+        [5, 10, 20, 40]
+    );
+    assert_eq!(Instant::now() - t0, Duration::from_millis(75));
+
+    // Fails again (80 ms backoff), then its object changes: handled at once.
+    assert_eq!(
+        q.retry_failed(k, Duration::ZERO, t0),
+        Duration::from_millis(80)
+    );
+    q.done(&k);
+    q.add(k);
+    let (k, _) = q.next().await;
+    assert_eq!(Instant::now() - t0, Duration::from_millis(75), "no wait");
+    // The count started over, and the 80 ms retry of before is dropped.
+    assert_eq!(
+        q.retry_failed(k, Duration::ZERO, t0),
+        Duration::from_millis(5)
+    );
+    q.done(&k);
+    let (k, _) = q.next().await;
+    q.forget(&k);
+    q.done(&k);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(q.depth(), 0, "no stale retry fired");
+
+    // A floor longer than the backoff wins.
+    assert_eq!(
+        q.retry_failed("b", Duration::from_secs(30), t0),
+        Duration::from_secs(30)
+    );
+}

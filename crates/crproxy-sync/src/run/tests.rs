@@ -114,3 +114,142 @@ async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint
         "write-through still answered 1 s after the stop (while withdrawing the endpoint)"
     );
 }
+
+/// A reconciler of one key that answers from a script (then `Done`) and records
+/// when each attempt was made.
+struct Scripted {
+    ty: ResolvedType,
+    metrics: Arc<SyncMetrics>,
+    script: std::sync::Mutex<std::collections::VecDeque<Result<Outcome, u16>>>,
+    attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
+}
+
+impl Scripted {
+    fn new(script: Vec<Result<Outcome, u16>>) -> Arc<Scripted> {
+        use crproxy_core::config::sync::{Scope, SyncResource};
+        Arc::new(Scripted {
+            ty: ResolvedType {
+                resource: SyncResource {
+                    direction: Direction::ToHost,
+                    key: "gateways.example.net/v1".into(),
+                    plural: "gateways".into(),
+                    group: "example.net".into(),
+                    version: Some("v1".into()),
+                    scope: Scope::Namespaced,
+                    patches: vec![],
+                    mappings: vec![],
+                },
+                api: ApiResource::from_gvk_with_plural(
+                    &kube::core::GroupVersionKind::gvk("example.net", "v1", "Gateway"),
+                    "gateways",
+                ),
+                status_subresource: true,
+                aggregated: false,
+            },
+            metrics: SyncMetrics::new(),
+            script: std::sync::Mutex::new(script.into()),
+            attempts: Default::default(),
+        })
+    }
+
+    fn attempts(&self) -> Vec<tokio::time::Instant> {
+        self.attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+fn the_key() -> Key {
+    Key {
+        namespace: "team".into(),
+        name: "edge".into(),
+    }
+}
+
+impl Reconciler for Scripted {
+    fn resource(&self) -> &ResolvedType {
+        &self.ty
+    }
+    fn metrics(&self) -> &Arc<SyncMetrics> {
+        &self.metrics
+    }
+    fn key_of_tenant(&self, _: &DynamicObject) -> Option<Key> {
+        Some(the_key())
+    }
+    fn key_of_host(&self, _: &DynamicObject) -> Option<Key> {
+        Some(the_key())
+    }
+    fn all_keys(&self) -> Vec<Key> {
+        vec![the_key()]
+    }
+    async fn reconcile(&self, _: &Key) -> Result<Outcome, StepError> {
+        self.attempts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(tokio::time::Instant::now());
+        let next = self
+            .script
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front();
+        match next {
+            None | Some(Ok(Outcome::Done)) => Ok(Outcome::Done),
+            Some(Ok(other)) => Ok(other),
+            Some(Err(code)) => Err(StepError::Api(kube::Error::Api(Box::new(
+                kube::core::Status::failure("refused", "Forbidden").with_code(code),
+            )))),
+        }
+    }
+}
+
+/// The gaps between consecutive attempts, in milliseconds.
+fn gaps_ms(attempts: &[tokio::time::Instant]) -> Vec<u128> {
+    attempts
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis())
+        .collect()
+}
+
+/// A key that keeps failing (a host-wide 403) is retried with growing delays, as
+/// client-go's rate-limited queue does (5 ms doubling), not every 2 s; a success
+/// resets it, so the next failure is retried after 5 ms again.
+#[tokio::test(start_paused = true)]
+async fn a_failing_key_backs_off_exponentially_and_a_success_resets_it() {
+    let resync = Duration::from_secs(1000);
+    let r = Scripted::new(vec![
+        Err(403),
+        Err(403),
+        Err(422),
+        Err(403),
+        Err(403),
+        Err(403),
+        Ok(Outcome::Done),
+        // After the resync looked at it again:
+        Err(403),
+        Err(403),
+        Ok(Outcome::Done),
+    ]);
+    let _syncer = AbortOnDrop(tokio::spawn(drive(Arc::clone(&r), vec![], vec![], resync)));
+    // Paused time: the runtime jumps from timer to timer; 10 attempts at most.
+    for _ in 0..40 {
+        if r.attempts().len() >= 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    let attempts = r.attempts();
+    assert_eq!(attempts.len(), 10, "attempts: {:?}", gaps_ms(&attempts));
+    let gaps = gaps_ms(&attempts);
+    assert_eq!(
+        gaps[..6],
+        [5, 10, 20, 40, 80, 160],
+        "growing retry delays after each failure: {gaps:?}"
+    );
+    assert_eq!(attempts[7] - attempts[0], resync, "the resync looked again");
+    assert_eq!(
+        gaps[7..],
+        [5, 10],
+        "the success reset the backoff: {gaps:?}"
+    );
+}
