@@ -8,7 +8,10 @@
 //! review the object is translated as the toHost syncer translates it and written to
 //! the host at once: the tenant request is allowed only if the host accepted, and
 //! otherwise denied with the host's code, reason and message (host names rewritten to
-//! tenant names). A rejected write is therefore never stored in the tenant. An update
+//! tenant names). A rejected write is therefore never stored in the tenant. A replace
+//! that loses to a host write made since its read (409, e.g. the extension server
+//! updating the status) is no rejection: the mirror is read again and the replace
+//! retried, a few times at most, within the review's deadline. An update
 //! of an object being deleted (`deletionTimestamp` set) is allowed without a host
 //! write: the syncer owns the delete, and a write could re-create a removed mirror.
 //!
@@ -71,6 +74,9 @@ pub const DECIDE_WITHIN: Duration = Duration::from_secs(25);
 pub const CONFIRM_WITHIN: Duration = Duration::from_secs(40);
 /// Attempts at the pinned rollback delete when the mirror keeps changing under it.
 const ROLLBACK_ATTEMPTS: usize = 3;
+/// Reads and replaces of a mirror that keeps changing under a write-through (its
+/// status updated by the host between the read and the replace).
+const WRITE_ATTEMPTS: usize = 3;
 /// The name of the ValidatingWebhookConfiguration in the tenant.
 pub fn configuration_name(tenant: &str) -> String {
     format!("crproxy-writethrough-{tenant}")
@@ -466,11 +472,30 @@ impl WriteThrough {
 
     /// Writes `desired` to the host: creates the mirror, or updates it when it is this
     /// tenant object's. `Some`: what was written (uid, resourceVersion, created).
+    ///
+    /// A replace pinned to the mirror's resourceVersion loses to any host write
+    /// between the read and the replace (the extension server updating the status):
+    /// that 409 says nothing about the tenant's write, so the mirror is read again
+    /// and the replace retried, [`WRITE_ATTEMPTS`] times at most; the caller bounds
+    /// all of it by the review's deadline.
     async fn write(
         &self,
         ty: &ResolvedType,
         desired: &Value,
     ) -> Result<Option<Written>, HostError> {
+        let mut attempt = 1;
+        loop {
+            match self.write_once(ty, desired).await? {
+                Attempt::Written(written) => return Ok(written),
+                Attempt::ReplaceConflict(status) if attempt >= WRITE_ATTEMPTS => {
+                    return Err(HostError::Rejected(status))
+                }
+                Attempt::ReplaceConflict(_) => attempt += 1,
+            }
+        }
+    }
+
+    async fn write_once(&self, ty: &ResolvedType, desired: &Value) -> Result<Attempt, HostError> {
         let api = self.host_api(ty);
         let name = meta(desired, "name");
         let current = api.get_opt(name).await.map_err(HostError::from)?;
@@ -491,7 +516,7 @@ impl WriteThrough {
                 api.create(&PostParams::default(), &object(desired.clone())?)
                     .await
             }
-            Some(c) if !mirror_differs(desired, c) => return Ok(None),
+            Some(c) if !mirror_differs(desired, c) => return Ok(Attempt::Written(None)),
             Some(c) => {
                 // As the syncer replaces: others' keys, finalizers and owners stay.
                 let mut replacement = desired.clone();
@@ -499,11 +524,17 @@ impl WriteThrough {
                 if !c["status"].is_null() {
                     replacement["status"] = c["status"].clone();
                 }
-                let replaced = api
+                let replaced = match api
                     .replace(name, &PostParams::default(), &object(replacement)?)
                     .await
-                    .map_err(HostError::from)?;
-                return Written::of(&replaced, false).map(Some);
+                {
+                    Ok(replaced) => replaced,
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        return Ok(Attempt::ReplaceConflict(s))
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                return Written::of(&replaced, false).map(|w| Attempt::Written(Some(w)));
             }
             None => {
                 api.create(&PostParams::default(), &object(desired.clone())?)
@@ -511,7 +542,7 @@ impl WriteThrough {
             }
         }
         .map_err(HostError::from)?;
-        Written::of(&created, true).map(Some)
+        Written::of(&created, true).map(|w| Attempt::Written(Some(w)))
     }
 
     /// The host's Status with its names turned into the tenant's.
@@ -828,6 +859,13 @@ impl Written {
             created,
         })
     }
+}
+
+/// One read-and-write of [`WriteThrough::write`].
+enum Attempt {
+    Written(Option<Written>),
+    /// The replace lost to another host write since the read (409).
+    ReplaceConflict(Box<kube::core::Status>),
 }
 
 /// How a host write failed.

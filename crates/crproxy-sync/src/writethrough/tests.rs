@@ -746,3 +746,77 @@ fn a_decision_ends_before_the_tenant_gives_up_on_the_webhook() {
     // Room for the connection, TLS and the body before the decision starts.
     assert!(DECIDE_WITHIN.as_secs() + 5 <= tenant_waits);
 }
+
+/// PUTs the [`status_race_host`] received.
+static STATUS_RACE_PUTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The host holds this Gateway's mirror; its controller updates the status between
+/// write-through's read and its replace once, so the first replace (pinned to
+/// resourceVersion 3) gets 409 and the mirror is at 4 by the next read.
+fn status_race_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
+    use std::sync::atomic::Ordering;
+    let mirror_path = format!("{MIRROR_PATH}/edge-x-team-x-client");
+    let puts = STATUS_RACE_PUTS.load(Ordering::SeqCst);
+    match *method {
+        Method::GET if path == mirror_path => {
+            let mut mirror = desired_mirror(&gateways(), "client", "vcluster-client", &gateway());
+            mirror["metadata"]["uid"] = json!("m-1");
+            mirror["metadata"]["resourceVersion"] = json!(if puts == 0 { "3" } else { "4" });
+            mirror["status"] = json!({"ready": puts > 0});
+            (200, mirror)
+        }
+        Method::PUT if path == mirror_path => {
+            STATUS_RACE_PUTS.fetch_add(1, Ordering::SeqCst);
+            if puts == 0 {
+                (
+                    409,
+                    json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                           "reason": "Conflict", "code": 409,
+                           "message": "Operation cannot be fulfilled on gateways.example.net \"edge-x-team-x-client\": the object has been modified; please apply your changes to the latest version and try again"}),
+                )
+            } else {
+                (200, body.clone())
+            }
+        }
+        _ => not_found(),
+    }
+}
+
+/// A host status update between write-through's read and its replace makes the
+/// replace fail with 409; that is no rejection of the tenant's write: the mirror is
+/// read again and the replace retried, and the write is allowed.
+#[tokio::test]
+async fn a_replace_that_loses_a_race_on_the_host_is_read_again_and_retried() {
+    let host = FakeApi::start(status_race_host).await;
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    let mut wt = Arc::into_inner(wt).expect("the only reference");
+    wt.host = host.client.clone();
+    let wt = Arc::new(wt);
+    synced(&gate);
+    let mut old = gateway();
+    old["metadata"]["resourceVersion"] = json!("7");
+    let mut object = old.clone();
+    object["spec"]["port"] = json!(8443);
+    let mut update = review("UPDATE", object);
+    update["request"]["oldObject"] = old;
+    let answer = wt.admit(update).await.expect("a review");
+    assert_eq!(response(&answer)["allowed"], true, "{answer}");
+    let puts = host.with_method(Method::PUT);
+    assert_eq!(puts.len(), 2, "{:?}", host.received());
+    let last = &puts[1].body;
+    assert_eq!(
+        last["metadata"]["resourceVersion"], "4",
+        "the re-read's version"
+    );
+    assert_eq!(
+        last["status"],
+        json!({"ready": true}),
+        "the host's newer status kept"
+    );
+    assert_eq!(last["spec"]["port"], 8443);
+    assert_eq!(
+        host.with_method(Method::GET).len(),
+        2,
+        "read again after the conflict"
+    );
+}
