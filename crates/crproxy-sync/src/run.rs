@@ -236,15 +236,11 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             host_namespace: options.plan.host_namespace.clone(),
             host: crate::client::client_without_retries(&options.host_kubeconfig).await?,
             tenant_client: tenant.clone(),
-            types: resolved
-                .iter()
-                .filter_map(|t| {
-                    Some((
-                        t.resource.plural.clone(),
-                        (t.clone(), Arc::clone(gates.get(&t.resource.key)?)),
-                    ))
-                })
-                .collect(),
+            types: writethrough::types_by_resource(
+                resolved
+                    .iter()
+                    .filter_map(|t| Some((t.clone(), Arc::clone(gates.get(&t.resource.key)?)))),
+            ),
             metrics: Arc::clone(&options.metrics),
             in_flight: Arc::new(Semaphore::new(writethrough::MAX_IN_FLIGHT)),
             timeout: writethrough::DECIDE_WITHIN,

@@ -200,13 +200,28 @@ pub struct WriteThrough {
     /// The tenant, read live before a rollback deletes anything: the syncer's cache
     /// can be behind, or frozen when the syncer stopped.
     pub tenant_client: kube::Client,
-    /// By plural: the type and its gate.
-    pub types: HashMap<String, (ResolvedType, Arc<Gate>)>,
+    /// By group and plural ([`types_by_resource`]): the type and its gate.
+    pub types: Types,
     pub metrics: Arc<SyncMetrics>,
     pub in_flight: Arc<Semaphore>,
     /// The budget of one decision ([`DECIDE_WITHIN`] in production).
     pub timeout: Duration,
     pub confirm_within: Duration,
+}
+
+/// The write-through types by group and plural, as a review names its resource: one
+/// plural may be served in several groups.
+pub type Types = HashMap<(String, String), (ResolvedType, Arc<Gate>)>;
+
+/// [`Types`] of `types`.
+pub fn types_by_resource(types: impl IntoIterator<Item = (ResolvedType, Arc<Gate>)>) -> Types {
+    types
+        .into_iter()
+        .map(|(ty, gate)| {
+            let key = (ty.resource.group.clone(), ty.resource.plural.clone());
+            (key, (ty, gate))
+        })
+        .collect()
 }
 
 /// A denial: the Status the tenant's client receives.
@@ -250,6 +265,7 @@ impl Denial {
 /// decision can run as a task of its own.
 struct Review {
     uid: String,
+    group: String,
     plural: String,
     sub_resource: String,
     operation: String,
@@ -267,6 +283,7 @@ fn parse(mut review: Value) -> Option<Review> {
     let old_object = take("oldObject");
     Some(Review {
         uid,
+        group: text(&request["resource"]["group"]),
         plural: text(&request["resource"]["resource"]),
         sub_resource: text(&request["subResource"]),
         operation: text(&request["operation"]),
@@ -329,7 +346,8 @@ impl WriteThrough {
         {
             return Ok(());
         }
-        let Some((ty, gate)) = self.types.get(&request.plural) else {
+        let resource = (request.group.clone(), request.plural.clone());
+        let Some((ty, gate)) = self.types.get(&resource) else {
             return Ok(());
         };
         let Some(store) = gate.store() else {
@@ -945,7 +963,9 @@ pub fn webhook_configuration(tenant: &str, client_config: &Value, types: &[Resol
         .iter()
         .map(|ty| {
             json!({
-                "name": format!("{}.writethrough.crproxy.dev", ty.resource.plural),
+                // Unique per type (a plural can be served in several groups), and
+                // fully qualified: groups of synced types have a dot.
+                "name": format!("writethrough.{}.{}", ty.resource.plural, ty.resource.group),
                 "clientConfig": client_config,
                 "rules": [{
                     "apiGroups": [ty.resource.group],

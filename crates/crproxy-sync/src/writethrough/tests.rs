@@ -42,8 +42,7 @@ fn unreachable_host() -> kube::Client {
 fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetrics>) {
     let gate = Gate::new();
     let metrics = SyncMetrics::new();
-    let mut types = HashMap::new();
-    types.insert("gateways".to_owned(), (gateways(), Arc::clone(&gate)));
+    let types = types_by_resource([(gateways(), Arc::clone(&gate))]);
     let wt = Arc::new(WriteThrough {
         tenant: "client".into(),
         host_namespace: "vcluster-client".into(),
@@ -819,4 +818,85 @@ async fn a_replace_that_loses_a_race_on_the_host_is_read_again_and_retried() {
         2,
         "read again after the conflict"
     );
+}
+
+/// `gateways` of another group, aggregated on the same host.
+fn other_gateways() -> ResolvedType {
+    let mut ty = gateways();
+    ty.resource.key = "gateways.example.org/v1".into();
+    ty.resource.group = "example.org".into();
+    ty.api = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.org", "v1", "Gateway"),
+        "gateways",
+    );
+    ty
+}
+
+/// Two aggregated types with one plural in different groups get a webhook each,
+/// under distinct names of the form `<something>.<group>` (a DNS subdomain of at
+/// least three segments, as Kubernetes requires of webhook names).
+#[test]
+fn types_with_one_plural_in_two_groups_get_distinct_webhooks() {
+    let listening = SocketAddr::from(([127, 0, 0, 1], 9443));
+    let client = client_config(&WebhookEndpoint::Listener, listening, "/validate/t", "PEM");
+    let c = webhook_configuration("client", &client, &[gateways(), other_gateways()]);
+    let names: Vec<&str> = c["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), 2, "{c}");
+    assert_ne!(
+        names[0], names[1],
+        "webhook names must be unique: {names:?}"
+    );
+    for (name, group) in names.iter().zip(["example.net", "example.org"]) {
+        assert!(name.ends_with(&format!(".{group}")), "{name}");
+        assert!(name.split('.').count() >= 3, "{name}");
+    }
+}
+
+/// The host creates whatever it is sent.
+fn creating_host(method: &Method, _: &str, body: &Value) -> (u16, Value) {
+    match *method {
+        Method::POST => {
+            let mut body = body.clone();
+            body["metadata"]["uid"] = json!("m-1");
+            body["metadata"]["resourceVersion"] = json!("1");
+            (201, body)
+        }
+        _ => not_found(),
+    }
+}
+
+/// A review is written through as the type of its group: with `gateways` in two
+/// groups, each group's write reaches its own type on the host.
+#[tokio::test]
+async fn a_review_is_written_through_as_the_type_of_its_group() {
+    for group in ["example.net", "example.org"] {
+        let host = FakeApi::start(creating_host).await;
+        let (gate, other_gate) = (Gate::new(), Gate::new());
+        let (wt, _, _) = write_through(MAX_IN_FLIGHT);
+        let mut wt = Arc::into_inner(wt).expect("the only reference");
+        wt.host = host.client.clone();
+        wt.types = types_by_resource([
+            (gateways(), Arc::clone(&gate)),
+            (other_gateways(), Arc::clone(&other_gate)),
+        ]);
+        let wt = Arc::new(wt);
+        synced(&gate);
+        synced(&other_gate);
+        let mut create = review("CREATE", gateway());
+        create["request"]["resource"]["group"] = json!(group);
+        let answer = wt.admit(create).await.expect("a review");
+        assert_eq!(response(&answer)["allowed"], true, "{group}: {answer}");
+        let posts = host.with_method(Method::POST);
+        assert_eq!(posts.len(), 1, "{group}: {:?}", host.received());
+        assert_eq!(
+            posts[0].path,
+            format!("/apis/{group}/v1/namespaces/vcluster-client/gateways"),
+            "{group}"
+        );
+    }
 }
