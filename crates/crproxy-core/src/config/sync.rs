@@ -574,10 +574,30 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
                             "must map at least one host namespace or object".into(),
                         );
                     }
+                    // A tenant object is the copy of one host object: a second mapping
+                    // into the same tenant object (or wildcard into the same tenant
+                    // namespace) would never be copied.
+                    let mut targets: BTreeMap<(bool, String), &str> = BTreeMap::new();
                     for (from, to) in by_name {
-                        match parse_mapping(from, to) {
-                            Ok(m) => mappings.push(m),
-                            Err(m) => err(format!("{ep}.mappings.byName[{from:?}]"), m),
+                        let mp = format!("{ep}.mappings.byName[{from:?}]");
+                        let mapping = match parse_mapping(from, to) {
+                            Ok(m) => m,
+                            Err(m) => {
+                                err(mp, m);
+                                continue;
+                            }
+                        };
+                        let wildcard = matches!(mapping, Mapping::Namespace { .. });
+                        match targets.insert((wildcard, to.clone()), from) {
+                            Some(first) if wildcard => err(
+                                mp,
+                                format!("copies into namespace {to:?} as {first:?} does; objects of the same name in both host namespaces would be one tenant object and only one of them copied: map one of them to another namespace"),
+                            ),
+                            Some(first) => err(
+                                mp,
+                                format!("copies into {to:?} as {first:?} does; a tenant object can be the copy of one host object only: map one of them to another name"),
+                            ),
+                            None => mappings.push(mapping),
                         }
                     }
                 }

@@ -251,6 +251,39 @@ fn a_type_in_both_directions_is_synced_to_the_host_and_warned_about() {
     assert!(super::warnings(&load(BASE).expect("valid").0.sync).is_empty());
 }
 
+/// Two mappings of one fromHost type that copy into the same tenant object (or,
+/// for namespace wildcards, the same tenant namespace) would leave one of them
+/// silently never copied: refused, naming both.
+#[test]
+fn mappings_into_one_tenant_object_are_refused() {
+    let with = |by_name: &str| {
+        edit(
+            "        scope: Cluster\n",
+            &format!("        scope: Namespaced\n        mappings:\n          byName:\n{by_name}"),
+        )
+    };
+    let at = |host: &str| leak(&format!("{FROM}.mappings.byName[{host:?}]"));
+    check(
+        &with("            \"h1/a\": \"t/x\"\n            \"h2/b\": \"t/x\"\n"),
+        Err(vec![(at("h2/b"), "copies into \"t/x\" as \"h1/a\" does")]),
+    );
+    check(
+        &with("            \"h1/*\": t\n            \"h2/*\": t\n"),
+        Err(vec![(
+            at("h2/*"),
+            "copies into namespace \"t\" as \"h1/*\" does",
+        )]),
+    );
+    // Distinct targets are fine, also an object mapped out of a wildcard's namespace.
+    check(
+        &with("            \"h1/*\": t\n            \"h2/*\": u\n            \"h1/a\": \"v/a\"\n            \"h2/a\": \"v/b\"\n"),
+        Ok(vec![
+            ("toHost", "backups.example.org/v1", Scope::Namespaced),
+            ("fromHost", "sharedstores.example.org", Scope::Namespaced),
+        ]),
+    );
+}
+
 #[test]
 fn field_paths() {
     let ok = |text: &str, steps: Vec<PathStep>| {
