@@ -3,7 +3,9 @@
 //!
 //! The tenant has no extension API server, so it gets a generated, schemaless CRD
 //! instead: every field is preserved and none validated there (validation happens on
-//! the host, through write-through). The CRD carries
+//! the host, through write-through). It has a status subresource exactly when the
+//! host serves `<plural>/status`, so status is written through `/status` on both
+//! sides or on neither. The CRD carries
 //! [`GENERATED_FROM`]`: aggregated-apiserver` so that a CRD of the same name that
 //! somebody else made is never taken over. When the synced version changes, versions
 //! the CRD had before are kept (objects stored in them stay readable and
@@ -84,13 +86,17 @@ pub fn generated_crd(
     existing: Option<&Value>,
 ) -> Result<Value, String> {
     let name = format!("{}.{}", resource.plural, resource.group);
-    let synced = json!({
+    let mut synced = json!({
         "name": found.version,
         "served": true,
         "storage": true,
         "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-        "subresources": {"status": {}},
     });
+    // As the host: the syncer writes status through `/status` on both sides or on
+    // neither (`ResolvedType::status_subresource`).
+    if found.status_subresource {
+        synced["subresources"] = json!({"status": {}});
+    }
     let spec = json!({
         "group": resource.group,
         "names": {

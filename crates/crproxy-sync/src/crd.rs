@@ -98,8 +98,10 @@ pub async fn resolve(
         Source::Aggregated(found) => VersionPlan {
             version: found.version.clone(),
             kind: found.kind.clone(),
-            // The generated CRD always has one, whatever the host has.
-            status_subresource: true,
+            // The host's answer, which the generated CRD follows: without a host
+            // `/status`, a mirror's status is the host's own and a replace of the
+            // mirror must carry it, or it would be wiped.
+            status_subresource: found.status_subresource,
         },
     };
     let is_aggregated = matches!(source, Source::Aggregated(_));
