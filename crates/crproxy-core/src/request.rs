@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use percent_encoding::percent_decode_str;
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 #[cfg(test)]
 mod tests;
@@ -69,7 +69,9 @@ impl fmt::Display for Verb {
     }
 }
 
-/// The resource part of a URL, percent-decoded.
+/// The resource part of a URL, percent-decoded: a value goes back into a URL only
+/// through [`encode_segment`], or `default%3Fx` (the namespace `default?x`) becomes
+/// the namespace `default` with a query.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ResourcePath {
     pub namespace: Option<String>,
@@ -206,6 +208,40 @@ fn segments(path: &str) -> Result<Vec<Cow<'_, str>>, PathError> {
         out.push(decoded);
     }
     Ok(out)
+}
+
+/// What a path segment may carry unescaped: RFC 3986's unreserved characters.
+const SEGMENT_ESCAPES: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `segment` (a decoded namespace, name or resource) escaped to be exactly one path
+/// segment again: `/`, `?`, `#` and `%` cannot end the segment or the path, or start
+/// an escape, wherever the result is put. Borrowed when nothing needs escaping.
+pub fn encode_segment(segment: &str) -> Cow<'_, str> {
+    utf8_percent_encode(segment, SEGMENT_ESCAPES).into()
+}
+
+/// Longest DNS-1123 label, kube's `DNS1123LabelMaxLength`.
+const DNS1123_LABEL_MAX_LEN: usize = 63;
+
+/// Whether `name` can name a namespace: kube validates Namespace names as DNS-1123
+/// labels (at most 63 lower-case letters, digits and `-`, a letter or digit at
+/// either end), so no namespace by any other name exists on any cluster.
+pub fn is_namespace_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    match (b.first(), b.last()) {
+        (Some(first), Some(last)) => {
+            b.len() <= DNS1123_LABEL_MAX_LEN
+                && alnum(first)
+                && alnum(last)
+                && b.iter().all(|c| alnum(c) || *c == b'-')
+        }
+        _ => false,
+    }
 }
 
 /// Decodes `application/x-www-form-urlencoded` text (`+` is a space).

@@ -85,12 +85,24 @@ pub struct RunningProxy {
     pub servers: Vec<(String, SocketAddr)>,
     pub metrics_addr: Option<SocketAddr>,
     pub pools: Vec<Arc<PeerPool>>,
+    proxies: Vec<Arc<GroupVersionProxy>>,
     shutdown: watch::Sender<bool>,
     servers_done: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
 }
 
 impl RunningProxy {
+    /// How many namespaces the servers believe the target has, summed over the
+    /// servers (each mirrors namespaces on its own): the size of the caches that
+    /// spare a write the namespace GET. Only namespaces that exist on the client get
+    /// in, so a caller cannot grow it.
+    pub fn known_target_namespaces(&self) -> usize {
+        self.proxies
+            .iter()
+            .map(|proxy| proxy.known_target_namespaces())
+            .sum()
+    }
+
     /// Stops accepting, lets in-flight requests finish within the grace period,
     /// then stops the background tasks.
     pub async fn shutdown(self) {
@@ -128,6 +140,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
     let mut servers = Vec::new();
     let mut servers_done = Vec::new();
     let mut pools = Vec::new();
+    let mut proxies = Vec::new();
     let mut pools_by_target: Vec<(usize, Arc<PeerPool>)> = Vec::new();
     let mut readiness_pools = Vec::new();
     // One credential provider per target identity, shared by all its group versions,
@@ -210,7 +223,11 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             Arc::clone(&proxy),
             shutdown_rx.clone(),
         ));
-        background.push(spawn_startup_probe(proxy, setup.startup_sync_timeout));
+        background.push(spawn_startup_probe(
+            Arc::clone(&proxy),
+            setup.startup_sync_timeout,
+        ));
+        proxies.push(proxy);
         pools.push(Arc::clone(&pool));
         readiness_pools.push((target_label.clone(), Arc::clone(&pool)));
         pools_by_target.push((target_index, pool));
@@ -245,6 +262,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
         servers,
         metrics_addr,
         pools,
+        proxies,
         shutdown,
         servers_done,
         background,

@@ -109,7 +109,10 @@ impl Outcome {
 /// Per-request facts the flows share.
 struct Exchange {
     method: Method,
+    /// The raw path, still percent-encoded as the caller sent it.
     path: String,
+    /// The namespace the path names, decoded (as mirroring keys it).
+    namespace: Option<String>,
     query: Option<String>,
     headers: HeaderMap,
     deadline: Instant,
@@ -162,6 +165,12 @@ impl GroupVersionProxy {
         })
     }
 
+    /// How many namespaces this server believes the target has (see
+    /// `RunningProxy::known_target_namespaces`).
+    pub fn known_target_namespaces(&self) -> usize {
+        lock(&self.target_namespaces).len()
+    }
+
     /// Serves one request that arrived on a connection which presented the client
     /// certificate `peer` (if any).
     pub async fn handle(
@@ -206,9 +215,14 @@ impl GroupVersionProxy {
         };
         let inflight = (!is_watch).then(|| self.metrics.inflight());
 
+        let namespace = match &kind {
+            Ok(RequestKind::Resource { path, .. }) => path.namespace.clone(),
+            _ => None,
+        };
         let exchange = Exchange {
             method: parts.method.clone(),
             path,
+            namespace,
             query,
             headers: parts.headers,
             deadline: started + REQUEST_DEADLINE,
@@ -1076,7 +1090,11 @@ impl GroupVersionProxy {
                     subresource: None,
                 },
             )),
-            _ => Some(format!("{}/{}", exchange.path, name)),
+            _ => Some(format!(
+                "{}/{}",
+                exchange.path,
+                request::encode_segment(name)
+            )),
         }
     }
 
@@ -1168,9 +1186,15 @@ impl GroupVersionProxy {
     // ---------------------------------------------------------------- namespaces
 
     /// A namespaced write needs its namespace on the client (else 404) and mirrors it
-    /// onto the target when missing there.
+    /// onto the target when missing there. A name that is no DNS-1123 label names no
+    /// namespace anywhere: it is answered as missing at once, as kube's admission
+    /// answers it, without asking either cluster about it (`default?x` would ask
+    /// them about `default`) and without entering the known-namespace set.
     async fn ensure_namespace(&self, namespace: &str, deadline: Instant) -> Result<(), Outcome> {
-        let client_path = format!("/api/v1/namespaces/{namespace}");
+        if !request::is_namespace_name(namespace) {
+            return Err(namespace_missing(namespace));
+        }
+        let client_path = format!("/api/v1/namespaces/{}", request::encode_segment(namespace));
         // The watch-fed cache answers "exists" from memory; a miss may only mean the
         // namespace was created a moment ago, so it is confirmed with a GET.
         if self.client_namespaces.exists(namespace) != Some(true) {
@@ -1189,13 +1213,7 @@ impl GroupVersionProxy {
         let check = tokio::time::timeout_at(deadline, namespaces.get(namespace)).await;
         match check.map(|r| r.map_err(crproxy_kube::Error::from)) {
             Err(_) => Err(self.unavailable(ForwardError::Deadline)),
-            Ok(Err(e)) if e.is_not_found() => Err(Outcome::new(
-                json_response(
-                    StatusCode::NOT_FOUND,
-                    &status::namespace_not_found(namespace),
-                ),
-                Reason::NamespaceMissing,
-            )),
+            Ok(Err(e)) if e.is_not_found() => Err(namespace_missing(namespace)),
             Ok(Err(e)) => {
                 tracing::warn!(%namespace, error = %e, "checking the namespace on the client cluster failed");
                 Err(Outcome::new(
@@ -1310,7 +1328,7 @@ impl GroupVersionProxy {
         }
         if exchange.method != Method::GET && response.status() == StatusCode::NOT_FOUND {
             // The target lost a namespace we believed it had: check again next time.
-            if let Some(namespace) = namespace_of(&exchange.path) {
+            if let Some(namespace) = &exchange.namespace {
                 lock(&self.target_namespaces).remove(namespace);
             }
         }
@@ -1595,6 +1613,17 @@ fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
     (list.join("&"), delete.join("&"))
 }
 
+/// 404 for a write into a namespace the client does not have, in kube's words.
+fn namespace_missing(namespace: &str) -> Outcome {
+    Outcome::new(
+        json_response(
+            StatusCode::NOT_FOUND,
+            &status::namespace_not_found(namespace),
+        ),
+        Reason::NamespaceMissing,
+    )
+}
+
 fn path_error(error: &request::PathError) -> Outcome {
     if matches!(error, request::PathError::NotFound) {
         // What an API server answers for a path it does not serve.
@@ -1684,17 +1713,18 @@ fn is_openapi_document_of(path: &str, group: &str, version: &str) -> bool {
 
 /// The object a named request is about, without any subresource: ownership is a
 /// property of the object, so `/status` and `/scale` are checked on the object.
+/// `path` is decoded, so every segment is escaped again.
 fn object_path(group: &str, version: &str, path: &ResourcePath) -> String {
     let mut out = format!("/apis/{group}/{version}");
     if let Some(namespace) = &path.namespace {
         out.push_str("/namespaces/");
-        out.push_str(namespace);
+        out.push_str(&request::encode_segment(namespace));
     }
     out.push('/');
-    out.push_str(&path.resource);
+    out.push_str(&request::encode_segment(&path.resource));
     if let Some(name) = &path.name {
         out.push('/');
-        out.push_str(name);
+        out.push_str(&request::encode_segment(name));
     }
     out
 }
@@ -1707,11 +1737,6 @@ fn is_path_segment(segment: &str) -> bool {
         && segment != "."
         && segment != ".."
         && !segment.contains(['/', '%', '?', '#'])
-}
-
-fn namespace_of(path: &str) -> Option<&str> {
-    let rest = path.split("/namespaces/").nth(1)?;
-    rest.split('/').next()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1749,6 +1774,20 @@ mod tests {
         assert_eq!(
             object_path("example.com", "v1", &path),
             "/apis/example.com/v1/namespaces/ns/widgets/w"
+        );
+    }
+
+    #[test]
+    fn decoded_segments_are_escaped_back_into_one_segment_each() {
+        let path = ResourcePath {
+            namespace: Some("default?x".into()),
+            resource: "widgets".into(),
+            name: Some("w#1/a%".into()),
+            subresource: None,
+        };
+        assert_eq!(
+            object_path("example.com", "v1", &path),
+            "/apis/example.com/v1/namespaces/default%3Fx/widgets/w%231%2Fa%25"
         );
     }
 
@@ -1911,14 +1950,5 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "a%2Fb", "a?dryRun=All", "a#b"] {
             assert!(!is_path_segment(bad), "{bad}");
         }
-    }
-
-    #[test]
-    fn namespace_is_read_from_a_resource_path() {
-        assert_eq!(
-            namespace_of("/apis/example.com/v1/namespaces/team-a/widgets"),
-            Some("team-a")
-        );
-        assert_eq!(namespace_of("/apis/example.com/v1/widgets"), None);
     }
 }

@@ -351,6 +351,97 @@ async fn writes_into_a_namespace_missing_on_the_client_are_404() {
     h.proxy.shutdown().await;
 }
 
+/// A decoded path segment is one segment again wherever the proxy puts it back into
+/// a URL. `default%3Fx` is the namespace `default?x`, which kube never stores (a
+/// namespace name is a DNS-1123 label), not the namespace `default` followed by a
+/// query: a write into it is refused as one into a missing namespace, before either
+/// cluster is asked, and the proxy's set of namespaces known on the target does not
+/// grow by one entry per such suffix. A name is the same: the ownership check of
+/// `foreign%3Fx` asks about `foreign?x`, never about `foreign`; and a name kube
+/// refuses (one with `/` or `%`) is refused with 400.
+#[tokio::test]
+async fn escaped_path_segments_are_never_read_as_other_namespaces_or_objects() {
+    let h = harness(AccessMode::Owned).await;
+    let first = call(
+        &h.aggregator,
+        "POST",
+        WIDGETS,
+        Some(widget("w1", json!({}))),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    // `demo`, mirrored by the create above.
+    assert_eq!(h.proxy.known_target_namespaces(), 1);
+
+    for (raw, decoded) in [
+        ("default%3Fx", "default?x"),
+        ("default%3Fy", "default?y"),
+        ("default%3F", "default?"),
+        ("demo%3Flimit=1", "demo?limit=1"),
+        ("demo%23frag", "demo#frag"),
+        ("Demo", "Demo"),
+    ] {
+        let path = format!("/apis/example.com/v1/namespaces/{raw}/widgets");
+        let mut sent = widget("w2", json!({}));
+        sent["metadata"]["namespace"] = json!(decoded);
+        let reply = call(&h.aggregator, "POST", &path, Some(sent)).await;
+        assert_eq!(reply.status, 404, "{path}: {}", reply.body);
+        assert_eq!(
+            reply.body["message"],
+            format!("namespaces {decoded:?} not found"),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        h.proxy.known_target_namespaces(),
+        1,
+        "the known-namespace set grew"
+    );
+    // Refused by the proxy, not answered by the target after the namespace checks.
+    assert!(!series(
+        &h.metrics,
+        "vcluster_proxy_request_total",
+        "verb=\"POST\",code=\"404\",reason=\"upstream\""
+    ));
+
+    // A widget the client does not own: a delete of `foreign?x` must not be judged
+    // by `foreign` (which would be masked as not owned); the target has no
+    // `foreign?x` and says so.
+    let foreign = create_on_target(&h, "foreign", json!({"app": "x"})).await;
+    let held = create_on_target(&h, "held", owned_labels()).await;
+    for name in ["foreign%3Fx", "foreign%23x", "held%3FdryRun=All"] {
+        let path = format!("{WIDGETS}/{name}");
+        let delete = call(&h.aggregator, "DELETE", &path, None).await;
+        assert_eq!(delete.status, 404, "{path}: {}", delete.body);
+        let patch = call_as(
+            &h.aggregator,
+            "PATCH",
+            &path,
+            Some(json!({"spec": {"replicas": 9}})),
+            "application/merge-patch+json",
+        )
+        .await;
+        assert_eq!(patch.status, 404, "{path}: {}", patch.body);
+    }
+    assert!(!series(
+        &h.metrics,
+        "vcluster_proxy_request_total",
+        "reason=\"ownership_masked\""
+    ));
+    // Names kube refuses in a path: 400, nothing sent.
+    for name in ["foreign%2Fx", "held%2F", "held%25", "%2E%2E"] {
+        let path = format!("{WIDGETS}/{name}");
+        let delete = call(&h.aggregator, "DELETE", &path, None).await;
+        assert_eq!(delete.status, 400, "{path}: {}", delete.body);
+        assert_eq!(delete.body["reason"], "BadRequest", "{path}");
+    }
+    for (name, before) in [("foreign", &foreign), ("held", &held)] {
+        let after = on_target(&h, name).await.expect("still there");
+        assert_eq!(rv(&after), rv(before), "{name} was written");
+    }
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn connection_upgrades_are_refused_with_501() {
     let h = harness(AccessMode::Owned).await;

@@ -635,3 +635,54 @@ fn a_query_naming_dry_run_is_a_dry_run_whatever_its_value() {
         assert_eq!(is_dry_run(query), dry_run, "{query:?}");
     }
 }
+
+#[test]
+fn a_segment_is_escaped_so_it_stays_one_segment() {
+    let check = |decoded: &str, expected: &str| {
+        let encoded = encode_segment(decoded);
+        assert_eq!(encoded, expected, "{decoded:?}");
+        assert_eq!(
+            percent_decode_str(&encoded).decode_utf8().as_deref(),
+            Ok(decoded),
+            "{decoded:?} round trip"
+        );
+    };
+    check("demo", "demo");
+    check("my-widget.v2_~", "my-widget.v2_~");
+    check("default?x", "default%3Fx");
+    check("a/b", "a%2Fb");
+    check("a#b", "a%23b");
+    check("100%", "100%25");
+    check("a b", "a%20b");
+    check("ä", "%C3%A4");
+    // Nothing to escape borrows.
+    assert!(matches!(encode_segment("demo"), Cow::Borrowed("demo")));
+}
+
+#[test]
+fn only_dns_1123_labels_name_namespaces() {
+    let check = |name: &str, expected: bool| {
+        assert_eq!(is_namespace_name(name), expected, "{name:?}");
+    };
+    for good in ["demo", "a", "0", "kube-system", "a-1-b", &"a".repeat(63)] {
+        check(good, true);
+    }
+    for bad in [
+        "",
+        &"a".repeat(64),
+        "default?x",
+        "default#x",
+        "a/b",
+        "a%2Fb",
+        "Demo",
+        "-a",
+        "a-",
+        "a.b",
+        "a_b",
+        ".",
+        "..",
+        "ä",
+    ] {
+        check(bad, false);
+    }
+}
