@@ -1729,14 +1729,11 @@ fn object_path(group: &str, version: &str, path: &ResourcePath) -> String {
     out
 }
 
-/// Whether `segment` (a name a target listed) is one path segment as kube accepts
-/// names: not empty, not `.` or `..`, without `/` or `%` (and without `?` or `#`,
-/// which would end the path).
+/// Whether `segment` (a name a target listed) is a name kube can store: not
+/// empty, not `.` or `..`, without `/` or `%`. Anything else, `?` and `#`
+/// included, is escaped when the path is built ([`request::encode_segment`]).
 fn is_path_segment(segment: &str) -> bool {
-    !segment.is_empty()
-        && segment != "."
-        && segment != ".."
-        && !segment.contains(['/', '%', '?', '#'])
+    !segment.is_empty() && segment != "." && segment != ".." && !segment.contains(['/', '%'])
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1944,10 +1941,11 @@ mod tests {
 
     #[test]
     fn only_single_path_segments_are_used_as_names() {
-        for good in ["w", "my-widget.v2", "a..b"] {
+        // kube stores custom resource names with `?`, `#` or spaces: escaped.
+        for good in ["w", "my-widget.v2", "a..b", "a?dryRun=All", "a#b", "a b"] {
             assert!(is_path_segment(good), "{good}");
         }
-        for bad in ["", ".", "..", "a/b", "a%2Fb", "a?dryRun=All", "a#b"] {
+        for bad in ["", ".", "..", "a/b", "a%2Fb"] {
             assert!(!is_path_segment(bad), "{bad}");
         }
     }
