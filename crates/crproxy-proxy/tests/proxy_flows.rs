@@ -464,32 +464,15 @@ async fn target_errors_become_a_retryable_503() {
     let h = harness(AccessMode::Owned).await;
     // The target hands example.com/v1 to an extension API server whose Service does
     // not exist: kube-apiserver answers 503 for the group, as when that server is down.
-    let apiservice: APIService = serde_json::from_value(json!({
-        "metadata": {"name": "v1.example.com"},
-        "spec": {
-            "group": "example.com", "version": "v1",
-            "service": {"namespace": "default", "name": "widgets-backend", "port": 443},
-            "insecureSkipTLSVerify": true,
-            "groupPriorityMinimum": 1000, "versionPriority": 15
-        }
-    }))
-    .expect("apiservice");
-    Api::all(h.admin.clone())
-        .create(&PostParams::default(), &apiservice)
-        .await
-        .expect("apiservice created");
-    // The target's aggregator picks the APIService up from its watch (bounded: 10 s).
-    let mut target_code = 0;
-    for _ in 0..100 {
-        target_code = match h.widgets.list(&ListParams::default()).await {
+    hand_widgets_to_backend(&h, 443).await;
+    // The target's aggregator picks the APIService up from its watch.
+    let target_code = target_answers(503, || async {
+        match h.widgets.list(&ListParams::default()).await {
             Err(kube::Error::Api(status)) => status.code,
             _ => 200,
-        };
-        if target_code == 503 {
-            break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert_eq!(target_code, 503, "the target never answered 503");
     let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
     assert_retryable_503(&reply);
@@ -617,34 +600,17 @@ async fn a_throttled_ownership_check_is_a_retryable_503_not_a_404() {
         .create(&PostParams::default(), &service)
         .await
         .expect("service created");
-    let apiservice: APIService = serde_json::from_value(json!({
-        "metadata": {"name": "v1.example.com"},
-        "spec": {
-            "group": "example.com", "version": "v1",
-            "service": {"namespace": "default", "name": "widgets-backend", "port": port},
-            "insecureSkipTLSVerify": true,
-            "groupPriorityMinimum": 1000, "versionPriority": 15
-        }
-    }))
-    .expect("apiservice");
-    Api::all(h.admin.clone())
-        .create(&PostParams::default(), &apiservice)
-        .await
-        .expect("apiservice created");
+    hand_widgets_to_backend(&h, port).await;
     // The target's aggregator routes the group to the backend once the APIService
-    // is Available (bounded: 10 s).
-    let mut target_code = 0;
-    for _ in 0..100 {
-        target_code = match h.widgets.get("throttled").await {
+    // is Available.
+    let target_code = target_answers(429, || async {
+        match h.widgets.get("throttled").await {
             Err(kube::Error::Api(status)) => status.code,
             Err(_) => 0,
             Ok(_) => 200,
-        };
-        if target_code == 429 {
-            break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert_eq!(target_code, 429, "the target never throttled");
 
     let path = format!("{WIDGETS}/throttled");
@@ -1134,4 +1100,41 @@ async fn a_connection_that_never_starts_tls_is_closed() {
     let reply = call(&h.aggregator, "GET", WIDGETS, None).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     h.proxy.shutdown().await;
+}
+
+/// Hands `example.com/v1` on the target to an extension API server behind the
+/// Service `default/widgets-backend` on `port`, as its APIService.
+async fn hand_widgets_to_backend(h: &Harness, port: u16) {
+    let apiservice: APIService = serde_json::from_value(json!({
+        "metadata": {"name": "v1.example.com"},
+        "spec": {
+            "group": "example.com", "version": "v1",
+            "service": {"namespace": "default", "name": "widgets-backend", "port": port},
+            "insecureSkipTLSVerify": true,
+            "groupPriorityMinimum": 1000, "versionPriority": 15
+        }
+    }))
+    .expect("apiservice");
+    Api::all(h.admin.clone())
+        .create(&PostParams::default(), &apiservice)
+        .await
+        .expect("apiservice created");
+}
+
+/// The code `probe` gets from the target once it is `want`, or the last one after
+/// 10 s (100 probes, 100 ms apart).
+async fn target_answers<F, Fut>(want: u16, probe: F) -> u16
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u16>,
+{
+    let mut code = 0;
+    for _ in 0..100 {
+        code = probe().await;
+        if code == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    code
 }

@@ -117,3 +117,59 @@ pub fn success() -> (u16, Value) {
         json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success", "code": 200}),
     )
 }
+
+/// An API server that refuses connections (nothing listens on 127.0.0.1:1).
+pub fn unreachable_api() -> kube::Client {
+    let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+    kube::Client::try_from(config).expect("client")
+}
+
+/// An API server that accepts connections and never answers; the listener task
+/// holds the sockets (at most a few) until the test's runtime ends.
+pub async fn silent_api() -> kube::Client {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            match tokio::time::timeout(Duration::from_secs(30), listener.accept()).await {
+                Ok(Ok((socket, _))) => held.push(socket),
+                _ => break,
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    });
+    let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+    kube::Client::try_from(config).expect("client")
+}
+
+/// The toHost type most unit tests sync: `gateways.example.net/v1`, namespaced.
+pub fn gateways_resource() -> crproxy_core::config::sync::SyncResource {
+    use crproxy_core::config::sync::{Direction, Scope, SyncResource};
+    SyncResource {
+        direction: Direction::ToHost,
+        key: "gateways.example.net/v1".into(),
+        plural: "gateways".into(),
+        group: "example.net".into(),
+        version: Some("v1".into()),
+        scope: Scope::Namespaced,
+        patches: vec![],
+        mappings: vec![],
+    }
+}
+
+/// [`gateways_resource`] resolved, served by the host's extension API server
+/// (`aggregated`) or not.
+pub fn gateways_type(aggregated: bool) -> crate::crd::ResolvedType {
+    crate::crd::ResolvedType {
+        resource: gateways_resource(),
+        api: kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("example.net", "v1", "Gateway"),
+            "gateways",
+        ),
+        status_subresource: true,
+        aggregated,
+    }
+}

@@ -1,18 +1,9 @@
 use super::*;
-use crproxy_core::config::sync::{Direction, Scope, SyncResource};
+use crproxy_core::config::sync::{Scope, SyncResource};
 use serde_json::json;
 
 fn gateways() -> SyncResource {
-    SyncResource {
-        direction: Direction::ToHost,
-        key: "gateways.example.net/v1".into(),
-        plural: "gateways".into(),
-        group: "example.net".into(),
-        version: Some("v1".into()),
-        scope: Scope::Namespaced,
-        patches: vec![],
-        mappings: vec![],
-    }
+    crate::fake_api::gateways_resource()
 }
 
 fn found(version: &str) -> Discovered {

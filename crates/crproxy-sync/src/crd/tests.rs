@@ -174,16 +174,7 @@ fn tenant_with_generated_crd(method: &Method, path: &str, body: &Value) -> (u16,
     let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gateways.example.net";
     match (method, path) {
         (&Method::GET, p) if p == crd_path => {
-            let resource = SyncResource {
-                direction: Direction::ToHost,
-                key: "gateways.example.net/v1".into(),
-                plural: "gateways".into(),
-                group: "example.net".into(),
-                version: Some("v1".into()),
-                scope: Scope::Namespaced,
-                patches: vec![],
-                mappings: vec![],
-            };
+            let resource = crate::fake_api::gateways_resource();
             let found = aggregated::Discovered {
                 version: "v0".into(),
                 kind: "Gateway".into(),
@@ -215,13 +206,7 @@ async fn an_aggregated_type_has_a_status_subresource_only_when_the_host_has_one(
     for (answer, status) in cases {
         let host = FakeApi::start(answer).await;
         let tenant = FakeApi::start(tenant_with_generated_crd).await;
-        let resource = resource(Some("v1"), Scope::Namespaced, Direction::ToHost);
-        let resource = SyncResource {
-            key: "gateways.example.net/v1".into(),
-            plural: "gateways".into(),
-            group: "example.net".into(),
-            ..resource
-        };
+        let resource = crate::fake_api::gateways_resource();
         let ty = resolve(&host.client, &tenant.client, &resource)
             .await
             .expect("resolved");

@@ -2,34 +2,9 @@
 //! accepts connections and never answers, a host that refuses them.
 
 use super::*;
+use crate::fake_api::{gateways_type, silent_api, unreachable_api};
 use crproxy_core::config::sync::WriteThroughPlan;
 use prometheus_client::registry::Registry;
-
-/// A tenant API server that accepts connections and never answers; the listener task
-/// holds the sockets (at most a few) until the test's runtime ends.
-async fn silent_tenant() -> kube::Client {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        for _ in 0..8 {
-            match tokio::time::timeout(Duration::from_secs(30), listener.accept()).await {
-                Ok(Ok((socket, _))) => held.push(socket),
-                _ => break,
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(30)).await;
-    });
-    let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
-    kube::Client::try_from(config).expect("client")
-}
-
-fn unreachable_host() -> kube::Client {
-    let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
-    kube::Client::try_from(config).expect("client")
-}
 
 fn leading(metrics: &SyncMetrics) -> bool {
     let mut registry = Registry::default();
@@ -48,8 +23,8 @@ async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint
     let gate = Gate::new();
     let metrics = SyncMetrics::new();
     let supervisor = Supervisor {
-        host: unreachable_host(),
-        tenant: silent_tenant().await,
+        host: unreachable_api(),
+        tenant: silent_api().await,
         plan: SyncPlan {
             tenant: "client".into(),
             host_kubeconfig: String::new(),
@@ -126,26 +101,8 @@ struct Scripted {
 
 impl Scripted {
     fn new(script: Vec<Result<Outcome, u16>>) -> Arc<Scripted> {
-        use crproxy_core::config::sync::{Scope, SyncResource};
         Arc::new(Scripted {
-            ty: ResolvedType {
-                resource: SyncResource {
-                    direction: Direction::ToHost,
-                    key: "gateways.example.net/v1".into(),
-                    plural: "gateways".into(),
-                    group: "example.net".into(),
-                    version: Some("v1".into()),
-                    scope: Scope::Namespaced,
-                    patches: vec![],
-                    mappings: vec![],
-                },
-                api: ApiResource::from_gvk_with_plural(
-                    &kube::core::GroupVersionKind::gvk("example.net", "v1", "Gateway"),
-                    "gateways",
-                ),
-                status_subresource: true,
-                aggregated: false,
-            },
+            ty: gateways_type(false),
             metrics: SyncMetrics::new(),
             script: std::sync::Mutex::new(script.into()),
             attempts: Default::default(),

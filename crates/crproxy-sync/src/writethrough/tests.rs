@@ -7,36 +7,15 @@ use std::io::Write;
 use std::sync::Mutex as StdMutex;
 
 use super::*;
-use crate::fake_api::{not_found, success, Answer, FakeApi};
-use crproxy_core::config::sync::{Direction, Scope, SyncResource};
+use crate::fake_api::{
+    gateways_type, not_found, silent_api, success, unreachable_api, Answer, FakeApi,
+};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use prometheus_client::registry::Registry;
 
 fn gateways() -> ResolvedType {
-    ResolvedType {
-        resource: SyncResource {
-            direction: Direction::ToHost,
-            key: "gateways.example.net/v1".into(),
-            plural: "gateways".into(),
-            group: "example.net".into(),
-            version: Some("v1".into()),
-            scope: Scope::Namespaced,
-            patches: vec![],
-            mappings: vec![],
-        },
-        api: ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("example.net", "v1", "Gateway"),
-            "gateways",
-        ),
-        status_subresource: true,
-        aggregated: true,
-    }
-}
-
-fn unreachable_host() -> kube::Client {
-    let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
-    kube::Client::try_from(config).expect("client")
+    gateways_type(true)
 }
 
 fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetrics>) {
@@ -46,8 +25,8 @@ fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetri
     let wt = Arc::new(WriteThrough {
         tenant: "client".into(),
         host_namespace: "vcluster-client".into(),
-        host: unreachable_host(),
-        tenant_client: unreachable_host(),
+        host: unreachable_api(),
+        tenant_client: unreachable_api(),
         types,
         metrics: Arc::clone(&metrics),
         in_flight: Arc::new(Semaphore::new(permits)),
@@ -262,32 +241,11 @@ async fn an_update_of_an_object_being_deleted_is_allowed_without_writing_to_the_
     }));
 }
 
-/// A host that accepts connections and never answers; the listener task holds the
-/// sockets (at most a few) until the test's runtime ends.
-async fn silent_host() -> kube::Client {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        for _ in 0..8 {
-            match tokio::time::timeout(Duration::from_secs(30), listener.accept()).await {
-                Ok(Ok((socket, _))) => held.push(socket),
-                _ => break,
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(30)).await;
-    });
-    let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
-    kube::Client::try_from(config).expect("client")
-}
-
 #[tokio::test]
 async fn a_review_dropped_by_its_caller_still_releases_its_key() {
     let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
     let mut wt = Arc::into_inner(wt).expect("the only reference");
-    wt.host = silent_host().await;
+    wt.host = silent_api().await;
     wt.timeout = Duration::from_secs(2);
     let wt = Arc::new(wt);
     synced(&gate);
@@ -336,6 +294,9 @@ fn the_configuration_matches_only_the_main_resource_fails_closed_and_skips_dry_r
     assert_eq!(w["sideEffects"], "NoneOnDryRun");
     assert_eq!(w["failurePolicy"], "Fail");
     assert_eq!(w["timeoutSeconds"], 30);
+    // A decision ends before the tenant gives up, with room for the connection,
+    // TLS and the body before it starts.
+    assert!(DECIDE_WITHIN.as_secs() + 5 <= 30);
     assert_eq!(w["rules"][0]["resources"], json!(["gateways"]));
     assert_eq!(w["rules"][0]["apiGroups"], json!(["example.net"]));
     assert_eq!(w["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
@@ -592,7 +553,7 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
         wt.host = host.client.clone();
         wt.tenant_client = tenant
             .as_ref()
-            .map_or_else(unreachable_host, |t| t.client.clone());
+            .map_or_else(unreachable_api, |t| t.client.clone());
         let wt = Arc::new(wt);
         // A cache that never shows the object.
         synced(&gate);
@@ -727,23 +688,6 @@ fn a_syncer_of_a_closed_term_cannot_open_the_gate_again() {
     assert!(!gate.is_synced());
     second.caches_synced(store());
     assert!(gate.is_synced());
-}
-
-#[test]
-fn a_decision_ends_before_the_tenant_gives_up_on_the_webhook() {
-    let listening = SocketAddr::from(([127, 0, 0, 1], 9443));
-    let client = client_config(
-        &WebhookEndpoint::Listener,
-        listening,
-        "/validate/t0k",
-        "PEM",
-    );
-    let c = webhook_configuration("client", &client, &[gateways()]);
-    let tenant_waits = c["webhooks"][0]["timeoutSeconds"]
-        .as_u64()
-        .expect("timeoutSeconds");
-    // Room for the connection, TLS and the body before the decision starts.
-    assert!(DECIDE_WITHIN.as_secs() + 5 <= tenant_waits);
 }
 
 /// PUTs the [`status_race_host`] received.
