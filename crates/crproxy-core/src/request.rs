@@ -263,6 +263,21 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The pairs of `query` whose decoded name `keep` accepts, as they were written
+/// (still encoded), joined again with `&`.
+pub fn retain_query(query: &str, keep: impl Fn(&str) -> bool) -> String {
+    query
+        .split('&')
+        .filter(|raw| !raw.is_empty())
+        .filter(|raw| {
+            keep(&form_decode(
+                raw.split_once('=').map_or(*raw, |(name, _)| name),
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
 /// Whether a write with this query may leave stored state unchanged although it
 /// succeeds: true whenever the query names `dryRun`. kube-apiserver reads every
 /// `dryRun` value of the query as a list, dry-runs the request when they are all

@@ -1533,14 +1533,9 @@ fn listed_as_object(mut item: Value, envelope: &Value) -> Value {
 /// page of a listing only (kube refuses it beside a continue token, and after a
 /// 410 it is what expired).
 fn without_resource_version(list_query: &str) -> String {
-    list_query
-        .split('&')
-        .filter(|raw| {
-            let key = request::form_decode(raw.split_once('=').map_or(*raw, |(k, _)| k));
-            !raw.is_empty() && !matches!(key.as_str(), "resourceVersion" | "resourceVersionMatch")
-        })
-        .collect::<Vec<_>>()
-        .join("&")
+    request::retain_query(list_query, |name| {
+        !matches!(name, "resourceVersion" | "resourceVersionMatch")
+    })
 }
 
 fn page_query(list_query: &str, limit: usize, token: Option<&str>) -> String {
@@ -1600,17 +1595,14 @@ fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
         "ignoreStoreReadErrorWithClusterBreakingPotential",
     ];
     const PAGING: &[&str] = &["limit", "continue"];
-    let mut list = Vec::new();
-    let mut delete = Vec::new();
-    for raw in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let key = request::form_decode(raw.split_once('=').map_or(raw, |(k, _)| k));
-        if DELETE_OPTIONS.contains(&key.as_str()) {
-            delete.push(raw);
-        } else if !PAGING.contains(&key.as_str()) {
-            list.push(raw);
-        }
-    }
-    (list.join("&"), delete.join("&"))
+    let query = query.unwrap_or("");
+    let list = request::retain_query(query, |name| {
+        !DELETE_OPTIONS.contains(&name) && !PAGING.contains(&name)
+    });
+    (
+        list,
+        request::retain_query(query, |name| DELETE_OPTIONS.contains(&name)),
+    )
 }
 
 /// 404 for a write into a namespace the client does not have, in kube's words.

@@ -588,6 +588,20 @@ fn query_decoding() {
     assert!(query_pairs(None).is_empty());
 }
 
+#[test]
+fn retained_query_pairs_stay_as_written() {
+    let query = "a=1&%6Cimit=5&&labelSelector=x+in+%28a%2Cb%29&flag&limit";
+    assert_eq!(
+        retain_query(query, |name| name != "limit"),
+        "a=1&labelSelector=x+in+%28a%2Cb%29&flag"
+    );
+    assert_eq!(
+        retain_query(query, |name| name == "limit"),
+        "%6Cimit=5&limit"
+    );
+    assert_eq!(retain_query("", |_| true), "");
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
