@@ -7,10 +7,14 @@
 //! client-go's rate-limited work queue does ([`BACKOFF_BASE`] doubling up to
 //! [`BACKOFF_CAP`]): a persistent failure (a host-wide 403, an object the host keeps
 //! refusing) costs a few requests per key and hour instead of a steady flood. The
-//! backoff ends when the work succeeds ([`WorkQueue::forget`]) or the key's objects
-//! change ([`WorkQueue::add`], fed by watch events, queues at once and starts the
-//! count over); a periodic or relist look at every key ([`WorkQueue::resync`]) leaves
-//! a backing-off key to its scheduled retry.
+//! backoff ends only when the work succeeds ([`WorkQueue::forget`]). A change of
+//! the key's objects ([`WorkQueue::add`], fed by watch events) is looked at at once
+//! but keeps the count, as client-go's `Add` does: an object that changes every few
+//! seconds (a status a host controller keeps updating) must not hold a failing key
+//! at the shortest delays. A periodic or relist look at every key
+//! ([`WorkQueue::resync`]) leaves a backing-off key to its scheduled retry. There
+//! is no rate limit shared by all keys: when every key fails at once (the host
+//! down), each makes its own few attempts.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -78,10 +82,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `key` now because its objects changed (a watch event): a backoff it was
-    /// in is over, since the change may be what it was waiting for.
+    /// Queues `key` now because its objects changed (a watch event): the change may
+    /// be what it was waiting for. A backoff it was in keeps its count, and the
+    /// retry scheduled before is dropped if this look fails again.
     pub fn add(&self, key: K) {
-        self.lock().failing.remove(&key);
         self.add_since(key, Instant::now());
     }
 
