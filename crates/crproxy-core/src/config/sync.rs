@@ -588,16 +588,21 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
                             }
                         };
                         let wildcard = matches!(mapping, Mapping::Namespace { .. });
-                        match targets.insert((wildcard, to.clone()), from) {
-                            Some(first) if wildcard => err(
+                        // The first mapping into a target keeps it: a third one is
+                        // told about the first, not about the refused second.
+                        match targets.entry((wildcard, to.clone())) {
+                            std::collections::btree_map::Entry::Occupied(first) if wildcard => err(
                                 mp,
-                                format!("copies into namespace {to:?} as {first:?} does; objects of the same name in both host namespaces would be one tenant object and only one of them copied: map one of them to another namespace"),
+                                format!("copies into namespace {to:?} as {:?} does; objects of the same name in both host namespaces would be one tenant object and only one of them copied: map one of them to another namespace", first.get()),
                             ),
-                            Some(first) => err(
+                            std::collections::btree_map::Entry::Occupied(first) => err(
                                 mp,
-                                format!("copies into {to:?} as {first:?} does; a tenant object can be the copy of one host object only: map one of them to another name"),
+                                format!("copies into {to:?} as {:?} does; a tenant object can be the copy of one host object only: map one of them to another name", first.get()),
                             ),
-                            None => mappings.push(mapping),
+                            std::collections::btree_map::Entry::Vacant(slot) => {
+                                slot.insert(from);
+                                mappings.push(mapping);
+                            }
                         }
                     }
                 }

@@ -274,6 +274,14 @@ fn mappings_into_one_tenant_object_are_refused() {
             "copies into namespace \"t\" as \"h1/*\" does",
         )]),
     );
+    // A third mapping into one target is told about the first.
+    check(
+        &with("            \"h1/a\": \"t/x\"\n            \"h2/b\": \"t/x\"\n            \"h3/c\": \"t/x\"\n"),
+        Err(vec![
+            (at("h2/b"), "copies into \"t/x\" as \"h1/a\" does"),
+            (at("h3/c"), "copies into \"t/x\" as \"h1/a\" does"),
+        ]),
+    );
     // Distinct targets are fine, also an object mapped out of a wildcard's namespace.
     check(
         &with("            \"h1/*\": t\n            \"h2/*\": u\n            \"h1/a\": \"v/a\"\n            \"h2/a\": \"v/b\"\n"),
