@@ -888,6 +888,9 @@ impl GroupVersionProxy {
             Ok(query) => query,
             Err(e) => return selector_error(&e),
         };
+        let exact = request::query_pairs(Some(&list_query))
+            .iter()
+            .any(|(name, value)| name == "resourceVersionMatch" && value == "Exact");
         // Read once, before anything is listed or deleted, as kube reads them.
         let options = match precondition::delete_options(options, Some(&delete_query)) {
             Ok(options) => options,
@@ -898,6 +901,7 @@ impl GroupVersionProxy {
         // would hold more than one answer may; then as they were listed (metadata).
         let mut deleted: Vec<Bytes> = Vec::new();
         let mut held = 0;
+        let mut object_type: Option<ObjectType> = None;
         // An object deleted with a finalizer stays listed; after a restart it is
         // not deleted (and answered) twice.
         let mut deleted_uids: HashSet<String> = HashSet::new();
@@ -931,7 +935,7 @@ impl GroupVersionProxy {
                 Ok(answer) => answer,
                 Err(e) => return self.unavailable(e),
             };
-            match list_step(code, token.is_some(), restarts) {
+            match list_step(code, token.is_some(), restarts, exact) {
                 ListStep::Page => {}
                 ListStep::Restart => {
                     tracing::debug!(group_version = %self.group_version, "deletecollection list expired between pages; listing again");
@@ -960,6 +964,11 @@ impl GroupVersionProxy {
                 .filter(|token| !token.is_empty())
                 .map(str::to_string);
             let envelope = envelope.get_or_insert(page);
+            // The first page lists whole objects: their kind and apiVersion (a
+            // CRD's listKind need not be the kind and "List").
+            if object_type.is_none() {
+                object_type = items.first().map(ObjectType::of);
+            }
             for item in items {
                 let uid = item.pointer("/metadata/uid").and_then(Value::as_str);
                 if uid.is_some_and(|uid| deleted_uids.contains(uid)) {
@@ -975,7 +984,11 @@ impl GroupVersionProxy {
                     Some(object) if held + object.len() <= MAX_BUFFERED_BODY => object,
                     // A Status instead of the object, or past the bound: the listed
                     // state stands for it.
-                    _ => match serde_json::to_vec(&listed_as_object(item, envelope)) {
+                    _ => match serde_json::to_vec(&listed_as_object(
+                        item,
+                        object_type.as_ref(),
+                        envelope,
+                    )) {
                         Ok(listed) => Bytes::from(listed),
                         Err(_) => return self.upstream_failure(),
                     },
@@ -1487,10 +1500,13 @@ enum ListStep {
 }
 
 /// The step after a list answer with `code`, for a page asked for with a continue
-/// token (`continuing`) after `restarts` restarts.
-fn list_step(code: StatusCode, continuing: bool, restarts: u32) -> ListStep {
+/// token (`continuing`) after `restarts` restarts. A caller that asked for one
+/// exact resourceVersion (`exact`) gets the 410: listing what is current instead
+/// would delete objects its list never held.
+fn list_step(code: StatusCode, continuing: bool, restarts: u32, exact: bool) -> ListStep {
     match code {
         StatusCode::OK => ListStep::Page,
+        StatusCode::GONE if continuing && exact => ListStep::PassOn,
         StatusCode::GONE if continuing && restarts < DELETE_COLLECTION_RESTARTS => {
             ListStep::Restart
         }
@@ -1500,9 +1516,6 @@ fn list_step(code: StatusCode, continuing: bool, restarts: u32) -> ListStep {
     }
 }
 
-/// The query of one page of an owned deletecollection's list: the caller's list
-/// options, `limit`, and the continue token after the first page (kube refuses a
-/// resourceVersion next to one: the token carries the list's own).
 /// A deletecollection's delete options that kube would refuse too.
 fn bad_delete_options(error: &PreconditionError) -> Outcome {
     Outcome::new(
@@ -1514,17 +1527,52 @@ fn bad_delete_options(error: &PreconditionError) -> Outcome {
     )
 }
 
+/// The kind and apiVersion of the objects a deletecollection lists.
+struct ObjectType {
+    kind: Value,
+    api_version: Value,
+}
+
+impl ObjectType {
+    fn of(object: &Value) -> ObjectType {
+        ObjectType {
+            kind: object.get("kind").cloned().unwrap_or(Value::Null),
+            api_version: object.get("apiVersion").cloned().unwrap_or(Value::Null),
+        }
+    }
+}
+
 /// A listed item standing for a deleted object in a deletecollection's answer:
 /// pages after the first list metadata only (`PartialObjectMetadata`), so the
-/// item takes the kind and apiVersion of the objects the answer lists.
-fn listed_as_object(mut item: Value, envelope: &Value) -> Value {
-    let list_kind = envelope.get("kind").and_then(Value::as_str);
-    let kind = list_kind.and_then(|kind| kind.strip_suffix("List"));
-    if let (Some(kind), Some(object)) = (kind, item.as_object_mut()) {
-        object.insert("kind".into(), Value::from(kind));
-        if let Some(api_version) = envelope.get("apiVersion") {
-            object.insert("apiVersion".into(), api_version.clone());
+/// item takes the kind and apiVersion of the objects listed (`object_type`, from
+/// the first page; else the list's kind without "List"). Its managedFields go:
+/// every stand-in is held until the answer is sent.
+fn listed_as_object(mut item: Value, object_type: Option<&ObjectType>, envelope: &Value) -> Value {
+    let Some(object) = item.as_object_mut() else {
+        return item;
+    };
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.remove("managedFields");
+    }
+    let from_list = || ObjectType {
+        kind: envelope
+            .get("kind")
+            .and_then(Value::as_str)
+            .and_then(|kind| kind.strip_suffix("List"))
+            .map_or(Value::Null, Value::from),
+        api_version: envelope.get("apiVersion").cloned().unwrap_or(Value::Null),
+    };
+    let fallback;
+    let object_type = match object_type {
+        Some(known) if known.kind.is_string() => known,
+        _ => {
+            fallback = from_list();
+            &fallback
         }
+    };
+    if object_type.kind.is_string() {
+        object.insert("kind".into(), object_type.kind.clone());
+        object.insert("apiVersion".into(), object_type.api_version.clone());
     }
     item
 }
@@ -1538,6 +1586,9 @@ fn without_resource_version(list_query: &str) -> String {
     })
 }
 
+/// The query of one page of an owned deletecollection's list: the caller's list
+/// options, `limit`, and the continue token after the first page (kube refuses a
+/// resourceVersion next to one: the token carries the list's own).
 fn page_query(list_query: &str, limit: usize, token: Option<&str>) -> String {
     let list_query = match token {
         Some(_) => without_resource_version(list_query),
@@ -1860,7 +1911,7 @@ mod tests {
         let check = |code: u16, continuing: bool, restarts: u32, expected: ListStep| {
             let code = StatusCode::from_u16(code).expect("status code");
             assert_eq!(
-                list_step(code, continuing, restarts),
+                list_step(code, continuing, restarts, false),
                 expected,
                 "{code} continuing={continuing} restarts={restarts}"
             );
@@ -1876,6 +1927,8 @@ mod tests {
         check(403, false, 0, ListStep::PassOn);
         check(500, false, 0, ListStep::Unavailable);
         check(503, true, 0, ListStep::Unavailable);
+        // A caller that asked for one exact resourceVersion gets the 410.
+        assert_eq!(list_step(StatusCode::GONE, true, 0, true), ListStep::PassOn);
     }
 
     #[test]
@@ -1900,8 +1953,18 @@ mod tests {
             "metadata": {"name": "a", "namespace": "demo"},
         });
         assert_eq!(
-            listed_as_object(item, &envelope),
+            listed_as_object(item.clone(), None, &envelope),
             serde_json::json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                               "metadata": {"name": "a", "namespace": "demo"}})
+        );
+        // A CRD whose listKind is not its kind and "List": the first page's object
+        // says; managedFields are not held.
+        let first = serde_json::json!({"apiVersion": "example.com/v1", "kind": "Gadget"});
+        let mut managed = item;
+        managed["metadata"]["managedFields"] = serde_json::json!([{"manager": "kubectl"}]);
+        assert_eq!(
+            listed_as_object(managed, Some(&ObjectType::of(&first)), &envelope),
+            serde_json::json!({"apiVersion": "example.com/v1", "kind": "Gadget",
                                "metadata": {"name": "a", "namespace": "demo"}})
         );
     }
