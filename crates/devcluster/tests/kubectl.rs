@@ -417,8 +417,9 @@ async fn delete_dry_runs_from_the_body_and_from_the_query() {
     let refused = kubectl_async(kc, &["delete", "--raw", &format!("{path}?dryRun=Maybe")]).await;
     assert!(!refused.success(), "{refused:?}");
     assert!(
-        refused.stderr.contains("Unsupported value")
-            || refused.stdout.contains("Unsupported value"),
+        refused
+            .stderr
+            .contains(r#"dryRun: Unsupported value: []string{"Maybe"}: supported values: "All""#),
         "{refused:?}"
     );
     let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;

@@ -1144,13 +1144,20 @@ pub fn delete_options(ctx: &ReqCtx, body: &[u8]) -> Result<DeleteOptions, ApiErr
         });
     }
     let v = h::decode_body(body, h::body_format(&ctx.headers)?, "DeleteOptions")?;
-    let dry_run: Vec<&str> = v
-        .get("dryRun")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|d| d.as_str().unwrap_or_default())
-        .collect();
+    // kube decodes dryRun as a list of strings; anything else does not decode.
+    let dry_run: Vec<&str> = match v.get("dryRun") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(values)) if values.iter().all(Value::is_string) => {
+            values.iter().filter_map(Value::as_str).collect()
+        }
+        Some(other) => {
+            return Err(ApiError::new(
+                400,
+                "BadRequest",
+                format!("DeleteOptions.dryRun must be a list of strings, not {other}"),
+            ))
+        }
+    };
     let mut opts = DeleteOptions {
         dry_run: dry_run_of(&dry_run)?,
         ..Default::default()
@@ -1171,26 +1178,24 @@ pub fn delete_options(ctx: &ReqCtx, body: &[u8]) -> Result<DeleteOptions, ApiErr
     Ok(opts)
 }
 
-/// Whether `dryRun` asks for a dry run; kube's validation knows only `All`.
+/// Whether `dryRun` asks for a dry run; kube's validation knows only `All`, and
+/// refuses the whole list in one cause (Go's `%#v` of it) when another is there.
 fn dry_run_of(values: &[&str]) -> Result<bool, ApiError> {
-    let causes: Vec<Cause> = values
-        .iter()
-        .enumerate()
-        .filter(|(_, value)| **value != "All")
-        .map(|(i, value)| {
-            Cause::new(
-                "FieldValueNotSupported",
-                format!("Unsupported value: \"{value}\": supported values: \"All\""),
-                format!("dryRun[{i}]"),
-            )
-        })
-        .collect();
-    if !causes.is_empty() {
+    if values.iter().any(|value| *value != "All") {
+        let quoted: Vec<String> = values.iter().map(|value| format!("{value:?}")).collect();
+        let cause = Cause::new(
+            "FieldValueNotSupported",
+            format!(
+                "Unsupported value: []string{{{}}}: supported values: \"All\"",
+                quoted.join(", ")
+            ),
+            "dryRun",
+        );
         return Err(ApiError::invalid(
             "meta.k8s.io",
             "DeleteOptions",
             "",
-            causes,
+            vec![cause],
         ));
     }
     Ok(!values.is_empty())
