@@ -470,7 +470,7 @@ impl WriteThrough {
                     504,
                     "Timeout",
                     format!(
-                        "write-through: the host did not answer within {} s of the review",
+                        "write-through: no answer from the host within {} s of the decision (waiting for another write of the object included)",
                         self.timeout.as_secs()
                     ),
                 ));
