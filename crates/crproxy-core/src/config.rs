@@ -789,7 +789,9 @@ const DNS_LABEL_RULE: &str = "is not a valid name: use at most 63 lower-case let
 
 const KEY_FORMAT: &str = "the key must look like <resource>.<group>/<version> or *.<group>/<version>, for example widgets.example.com/v1";
 
-fn is_dns_label(s: &str) -> bool {
+/// A DNS-1123 label (kube's `IsDNS1123Label`): at most 63 lower-case letters,
+/// digits and `-`, a letter or digit at either end. Namespace names are these.
+pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63

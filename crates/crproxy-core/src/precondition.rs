@@ -21,6 +21,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::ownership::{self, BodyType, Owner};
+use crate::request::query_bool;
 use crate::request_body::{CallerValue, ShapeError, WriteBody};
 
 /// What the ownership check saw.
@@ -189,16 +190,18 @@ fn delete_options_of_query(query: &str) -> Result<Value, PreconditionError> {
             "propagationPolicy" => ("propagationPolicy", Value::String(value)),
             "gracePeriodSeconds" => (
                 "gracePeriodSeconds",
-                go_int64(&value).ok_or_else(|| PreconditionError::DeleteOption {
-                    name: "gracePeriodSeconds",
-                    value: value.clone(),
-                    problem: "not a base-10 64-bit integer",
+                value.parse::<i64>().ok().map(Value::from).ok_or_else(|| {
+                    PreconditionError::DeleteOption {
+                        name: "gracePeriodSeconds",
+                        value: value.clone(),
+                        problem: "not a base-10 64-bit integer",
+                    }
                 })?,
             ),
-            "orphanDependents" => ("orphanDependents", go_query_bool(&value)),
+            "orphanDependents" => ("orphanDependents", Value::Bool(query_bool(&value))),
             "ignoreStoreReadErrorWithClusterBreakingPotential" => (
                 "ignoreStoreReadErrorWithClusterBreakingPotential",
-                go_query_bool(&value),
+                Value::Bool(query_bool(&value)),
             ),
             _ => continue,
         };
@@ -232,25 +235,6 @@ fn go_query_unescape(text: &str) -> Option<String> {
         }
     }
     Some(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-/// Go's `strconv.ParseInt(s, 10, 64)`: an optional sign, then digits.
-fn go_int64(text: &str) -> Option<Value> {
-    let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.strip_prefix('+')
-        .unwrap_or(text)
-        .parse::<i64>()
-        .ok()
-        .map(Value::from)
-}
-
-/// A boolean query parameter as kube reads it: only `0` and `false` (any case)
-/// are false, anything else (the empty string too) is true.
-fn go_query_bool(text: &str) -> Value {
-    Value::Bool(!(text == "0" || text.eq_ignore_ascii_case("false")))
 }
 
 #[cfg(test)]

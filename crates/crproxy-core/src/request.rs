@@ -224,26 +224,6 @@ pub fn encode_segment(segment: &str) -> Cow<'_, str> {
     utf8_percent_encode(segment, SEGMENT_ESCAPES).into()
 }
 
-/// Longest DNS-1123 label, kube's `DNS1123LabelMaxLength`.
-const DNS1123_LABEL_MAX_LEN: usize = 63;
-
-/// Whether `name` can name a namespace: kube validates Namespace names as DNS-1123
-/// labels (at most 63 lower-case letters, digits and `-`, a letter or digit at
-/// either end), so no namespace by any other name exists on any cluster.
-pub fn is_namespace_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    match (b.first(), b.last()) {
-        (Some(first), Some(last)) => {
-            b.len() <= DNS1123_LABEL_MAX_LEN
-                && alnum(first)
-                && alnum(last)
-                && b.iter().all(|c| alnum(c) || *c == b'-')
-        }
-        _ => false,
-    }
-}
-
 /// Decodes `application/x-www-form-urlencoded` text (`+` is a space).
 pub fn form_decode(s: &str) -> String {
     let spaced = s.replace('+', " ");
@@ -261,6 +241,12 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
             None => (form_decode(p), String::new()),
         })
         .collect()
+}
+
+/// A boolean query parameter as kube's parameter codec reads it: only `0` and
+/// `false` (any case) are false, anything else (the empty string too) is true.
+pub fn query_bool(value: &str) -> bool {
+    !(value == "0" || value.eq_ignore_ascii_case("false"))
 }
 
 /// The pairs of `query` whose decoded name `keep` accepts, as they were written

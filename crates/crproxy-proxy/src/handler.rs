@@ -729,12 +729,7 @@ impl GroupVersionProxy {
                         Reason::Upstream,
                     );
                 }
-                Err(e) => {
-                    return Outcome::new(
-                        json_response(StatusCode::BAD_REQUEST, &status::bad_request(e.to_string())),
-                        Reason::Upstream,
-                    )
-                }
+                Err(e) => return precondition_refused(&e),
             };
             let outcome = self
                 .forward(
@@ -894,7 +889,7 @@ impl GroupVersionProxy {
         // Read once, before anything is listed or deleted, as kube reads them.
         let options = match precondition::delete_options(options, Some(&delete_query)) {
             Ok(options) => options,
-            Err(e) => return bad_delete_options(&e),
+            Err(e) => return precondition_refused(&e),
         };
         let mut envelope: Option<Value> = None;
         // Deleted objects as the target answered them, kept as text, until they
@@ -967,7 +962,7 @@ impl GroupVersionProxy {
             // The first page lists whole objects: their kind and apiVersion (a
             // CRD's listKind need not be the kind and "List").
             if object_type.is_none() {
-                object_type = items.first().map(ObjectType::of);
+                object_type = Some(ObjectType::of(items.first(), envelope));
             }
             for item in items {
                 let uid = item.pointer("/metadata/uid").and_then(Value::as_str);
@@ -984,11 +979,7 @@ impl GroupVersionProxy {
                     Some(object) if held + object.len() <= MAX_BUFFERED_BODY => object,
                     // A Status instead of the object, or past the bound: the listed
                     // state stands for it.
-                    _ => match serde_json::to_vec(&listed_as_object(
-                        item,
-                        object_type.as_ref(),
-                        envelope,
-                    )) {
+                    _ => match serde_json::to_vec(&listed_as_object(item, object_type.as_ref())) {
                         Ok(listed) => Bytes::from(listed),
                         Err(_) => return self.upstream_failure(),
                     },
@@ -1038,8 +1029,8 @@ impl GroupVersionProxy {
             return Ok(None);
         };
         let pinned = precondition::pin_delete_options(options.clone(), &pin)
-            .map_err(|e| bad_delete_options(&e))?;
-        let Some(item_path) = self.item_path(exchange, path, item, name) else {
+            .map_err(|e| precondition_refused(&e))?;
+        let Some(item_path) = self.item_path(path, item, name) else {
             return Ok(None);
         };
         // The options travel in the pinned body (kube reads the query's only
@@ -1078,13 +1069,7 @@ impl GroupVersionProxy {
     /// in the item's own namespace (a namespaced object has no path without one).
     /// `None` for a name or namespace that cannot be one path segment (kube never
     /// stores one; a target that did is not followed elsewhere).
-    fn item_path(
-        &self,
-        exchange: &Exchange,
-        path: &ResourcePath,
-        item: &Value,
-        name: &str,
-    ) -> Option<String> {
+    fn item_path(&self, path: &ResourcePath, item: &Value, name: &str) -> Option<String> {
         let item_namespace = item
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
@@ -1092,23 +1077,15 @@ impl GroupVersionProxy {
         if !is_path_segment(name) || !item_namespace.is_none_or(is_path_segment) {
             return None;
         }
-        match (&path.namespace, item_namespace) {
-            (None, Some(namespace)) => Some(object_path(
-                &self.group,
-                &self.version,
-                &ResourcePath {
-                    namespace: Some(namespace.to_string()),
-                    resource: path.resource.clone(),
-                    name: Some(name.to_string()),
-                    subresource: None,
-                },
-            )),
-            _ => Some(format!(
-                "{}/{}",
-                exchange.path,
-                request::encode_segment(name)
-            )),
-        }
+        // The caller's namespace, or the item's when the collection spans them.
+        let namespace = path.namespace.as_deref().or(item_namespace);
+        Some(resource_path(
+            &self.group,
+            &self.version,
+            namespace,
+            &path.resource,
+            Some(name),
+        ))
     }
 
     /// The preliminary GET of an owned-mode mutation: `Owned(pin)` for an owned
@@ -1204,10 +1181,11 @@ impl GroupVersionProxy {
     /// answers it, without asking either cluster about it (`default?x` would ask
     /// them about `default`) and without entering the known-namespace set.
     async fn ensure_namespace(&self, namespace: &str, deadline: Instant) -> Result<(), Outcome> {
-        if !request::is_namespace_name(namespace) {
+        if !crproxy_core::config::is_dns_label(namespace) {
             return Err(namespace_missing(namespace));
         }
-        let client_path = format!("/api/v1/namespaces/{}", request::encode_segment(namespace));
+        // A DNS-1123 label needs no escaping.
+        let client_path = format!("/api/v1/namespaces/{namespace}");
         // The watch-fed cache answers "exists" from memory; a miss may only mean the
         // namespace was created a moment ago, so it is confirmed with a GET.
         if self.client_namespaces.exists(namespace) != Some(true) {
@@ -1516,8 +1494,8 @@ fn list_step(code: StatusCode, continuing: bool, restarts: u32, exact: bool) -> 
     }
 }
 
-/// A deletecollection's delete options that kube would refuse too.
-fn bad_delete_options(error: &PreconditionError) -> Outcome {
+/// A body or delete options the pin cannot go with (kube would refuse them too): 400.
+fn precondition_refused(error: &PreconditionError) -> Outcome {
     Outcome::new(
         json_response(
             StatusCode::BAD_REQUEST,
@@ -1534,43 +1512,38 @@ struct ObjectType {
 }
 
 impl ObjectType {
-    fn of(object: &Value) -> ObjectType {
-        ObjectType {
-            kind: object.get("kind").cloned().unwrap_or(Value::Null),
-            api_version: object.get("apiVersion").cloned().unwrap_or(Value::Null),
+    /// From the first listed object, which says; else (an empty first page) the
+    /// list's kind without "List".
+    fn of(first: Option<&Value>, list: &Value) -> ObjectType {
+        match first.filter(|object| object.get("kind").is_some_and(Value::is_string)) {
+            Some(object) => ObjectType {
+                kind: object["kind"].clone(),
+                api_version: object.get("apiVersion").cloned().unwrap_or(Value::Null),
+            },
+            None => ObjectType {
+                kind: list
+                    .get("kind")
+                    .and_then(Value::as_str)
+                    .and_then(|kind| kind.strip_suffix("List"))
+                    .map_or(Value::Null, Value::from),
+                api_version: list.get("apiVersion").cloned().unwrap_or(Value::Null),
+            },
         }
     }
 }
 
 /// A listed item standing for a deleted object in a deletecollection's answer:
 /// pages after the first list metadata only (`PartialObjectMetadata`), so the
-/// item takes the kind and apiVersion of the objects listed (`object_type`, from
-/// the first page; else the list's kind without "List"). Its managedFields go:
-/// every stand-in is held until the answer is sent.
-fn listed_as_object(mut item: Value, object_type: Option<&ObjectType>, envelope: &Value) -> Value {
+/// item takes the kind and apiVersion of the objects listed. Its managedFields
+/// go: every stand-in is held until the answer is sent.
+fn listed_as_object(mut item: Value, object_type: Option<&ObjectType>) -> Value {
     let Some(object) = item.as_object_mut() else {
         return item;
     };
     if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         metadata.remove("managedFields");
     }
-    let from_list = || ObjectType {
-        kind: envelope
-            .get("kind")
-            .and_then(Value::as_str)
-            .and_then(|kind| kind.strip_suffix("List"))
-            .map_or(Value::Null, Value::from),
-        api_version: envelope.get("apiVersion").cloned().unwrap_or(Value::Null),
-    };
-    let fallback;
-    let object_type = match object_type {
-        Some(known) if known.kind.is_string() => known,
-        _ => {
-            fallback = from_list();
-            &fallback
-        }
-    };
-    if object_type.kind.is_string() {
+    if let Some(object_type) = object_type.filter(|known| known.kind.is_string()) {
         object.insert("kind".into(), object_type.kind.clone());
         object.insert("apiVersion".into(), object_type.api_version.clone());
     }
@@ -1756,16 +1729,33 @@ fn is_openapi_document_of(path: &str, group: &str, version: &str) -> bool {
 
 /// The object a named request is about, without any subresource: ownership is a
 /// property of the object, so `/status` and `/scale` are checked on the object.
-/// `path` is decoded, so every segment is escaped again.
 fn object_path(group: &str, version: &str, path: &ResourcePath) -> String {
+    resource_path(
+        group,
+        version,
+        path.namespace.as_deref(),
+        &path.resource,
+        path.name.as_deref(),
+    )
+}
+
+/// `/apis/<group>/<version>[/namespaces/<namespace>]/<resource>[/<name>]` from
+/// decoded segments, each escaped again.
+fn resource_path(
+    group: &str,
+    version: &str,
+    namespace: Option<&str>,
+    resource: &str,
+    name: Option<&str>,
+) -> String {
     let mut out = format!("/apis/{group}/{version}");
-    if let Some(namespace) = &path.namespace {
+    if let Some(namespace) = namespace {
         out.push_str("/namespaces/");
         out.push_str(&request::encode_segment(namespace));
     }
     out.push('/');
-    out.push_str(&request::encode_segment(&path.resource));
-    if let Some(name) = &path.name {
+    out.push_str(&request::encode_segment(resource));
+    if let Some(name) = name {
         out.push('/');
         out.push_str(&request::encode_segment(name));
     }
@@ -1953,7 +1943,7 @@ mod tests {
             "metadata": {"name": "a", "namespace": "demo"},
         });
         assert_eq!(
-            listed_as_object(item.clone(), None, &envelope),
+            listed_as_object(item.clone(), Some(&ObjectType::of(None, &envelope))),
             serde_json::json!({"apiVersion": "example.com/v1", "kind": "Widget",
                                "metadata": {"name": "a", "namespace": "demo"}})
         );
@@ -1963,7 +1953,7 @@ mod tests {
         let mut managed = item;
         managed["metadata"]["managedFields"] = serde_json::json!([{"manager": "kubectl"}]);
         assert_eq!(
-            listed_as_object(managed, Some(&ObjectType::of(&first)), &envelope),
+            listed_as_object(managed, Some(&ObjectType::of(Some(&first), &envelope))),
             serde_json::json!({"apiVersion": "example.com/v1", "kind": "Gadget",
                                "metadata": {"name": "a", "namespace": "demo"}})
         );

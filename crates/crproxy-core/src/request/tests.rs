@@ -676,7 +676,7 @@ fn a_segment_is_escaped_so_it_stays_one_segment() {
 #[test]
 fn only_dns_1123_labels_name_namespaces() {
     let check = |name: &str, expected: bool| {
-        assert_eq!(is_namespace_name(name), expected, "{name:?}");
+        assert_eq!(crate::config::is_dns_label(name), expected, "{name:?}");
     };
     for good in ["demo", "a", "0", "kube-system", "a-1-b", &"a".repeat(63)] {
         check(good, true);
