@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// One resource request, parsed.
+#[derive(Clone)]
 pub struct ReqCtx {
     pub info: Arc<ResourceInfo>,
     pub version: String,
@@ -1128,10 +1129,9 @@ pub struct DeleteOptions {
 
 pub fn delete_options(ctx: &ReqCtx, body: &[u8]) -> Result<DeleteOptions, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        // A query boolean is false only as `0` or `false` (kube's parameter codec).
         let orphan = ctx
             .q("orphanDependents")
-            .is_some_and(|v| !(v == "0" || v.eq_ignore_ascii_case("false")));
+            .is_some_and(crproxy_core::request::query_bool);
         let propagation = match orphan {
             true => "Orphan",
             false => ctx.q("propagationPolicy").unwrap_or(""),
@@ -1205,27 +1205,17 @@ fn dry_run_of(values: &[&str]) -> Result<bool, ApiError> {
 /// what follows a deletion read the dry run and the propagation policy from the
 /// request, and kube takes them from the body when there is one.
 fn with_delete_options(ctx: &ReqCtx, opts: &DeleteOptions) -> ReqCtx {
-    let mut query = ctx.query.clone();
-    query.remove("dryRun");
-    query.remove("propagationPolicy");
+    let mut ctx = ctx.clone();
+    ctx.query.remove("dryRun");
+    ctx.query.remove("propagationPolicy");
     if opts.dry_run {
-        query.insert("dryRun".into(), "All".into());
+        ctx.query.insert("dryRun".into(), "All".into());
     }
     if !opts.propagation.is_empty() {
-        query.insert("propagationPolicy".into(), opts.propagation.clone());
+        ctx.query
+            .insert("propagationPolicy".into(), opts.propagation.clone());
     }
-    ReqCtx {
-        info: ctx.info.clone(),
-        version: ctx.version.clone(),
-        namespace: ctx.namespace.clone(),
-        name: ctx.name.clone(),
-        subresource: ctx.subresource.clone(),
-        query,
-        output: ctx.output,
-        user: ctx.user.clone(),
-        attrs: ctx.attrs.clone(),
-        headers: ctx.headers.clone(),
-    }
+    ctx
 }
 
 /// Deletes one object (or marks it, when finalizers hold it). Returns the store
@@ -1256,7 +1246,7 @@ pub fn delete_one(
     let adm = state.policy.admission(&state.store);
     state
         .store
-        .mutate_optimistic(&ctx.gr(), ctx.ns(), name, opts.dry_run, |cur| {
+        .mutate_optimistic(&ctx.gr(), ctx.ns(), name, ctx.dry_run(), |cur| {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found(&info.group, &info.resource, name));
             };
@@ -1416,16 +1406,10 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
     for obj in items.iter().filter(|o| selectors.matches(o)) {
         let name = meta_str(obj, "name").to_string();
         let sub = ReqCtx {
-            info: ctx.info.clone(),
-            version: ctx.version.clone(),
             namespace: meta_str(obj, "namespace").to_string(),
             name: name.clone(),
             subresource: String::new(),
-            query: ctx.query.clone(),
-            output: ctx.output,
-            user: ctx.user.clone(),
-            attrs: ctx.attrs.clone(),
-            headers: ctx.headers.clone(),
+            ..ctx.clone()
         };
         match admit_delete(state, &sub, &hooks, &name).await {
             Ok(_) => {}
