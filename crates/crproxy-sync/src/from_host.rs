@@ -138,9 +138,9 @@ pub fn desired_copy(ty: &ResolvedType, key: &Key, host: &Value, tenant: Option<&
         }
         None => host_fields.clone(),
     };
-    let mut annotations: Map<String, Value> = tenant
-        .and_then(|t| t["metadata"]["annotations"].as_object().cloned())
-        .unwrap_or_default();
+    // Only the bookkeeping: the tenant's own keys stay through `managed::carry_over`
+    // when the copy is replaced.
+    let mut annotations = Map::new();
     annotations.insert(
         names::LAST_HOST_STATE.into(),
         json!(host_fields.to_string()),

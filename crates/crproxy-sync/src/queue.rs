@@ -116,10 +116,25 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     /// Adds `key` after `delay`, from a background task, keeping `since` (when the
     /// change it is retried for was first seen) for the time-to-converge metric.
     pub fn add_after(self: &Arc<Self>, key: K, delay: Duration, since: Instant) {
+        self.schedule(key, delay, since, None);
+    }
+
+    /// Adds `key` after `delay`; with `retry`, only if that is still the key's
+    /// scheduled retry then (a success, or a later failure, makes it obsolete).
+    fn schedule(self: &Arc<Self>, key: K, delay: Duration, since: Instant, retry: Option<u64>) {
         let queue = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            queue.add_since(key, since);
+            let current = retry.is_none_or(|retry| {
+                queue
+                    .lock()
+                    .failing
+                    .get(&key)
+                    .is_some_and(|f| f.retry == retry)
+            });
+            if current {
+                queue.add_since(key, since);
+            }
         });
     }
 
@@ -139,18 +154,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             failing.retry = retry;
             (delay, retry)
         };
-        let queue = Arc::clone(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            let current = queue
-                .lock()
-                .failing
-                .get(&key)
-                .is_some_and(|f| f.retry == retry);
-            if current {
-                queue.add_since(key, since);
-            }
-        });
+        self.schedule(key, delay, since, Some(retry));
         delay
     }
 

@@ -641,14 +641,16 @@ async fn drive<R: Reconciler>(
             loop {
                 let (key, since) = queue.next().await;
                 let metrics = Arc::clone(r.metrics());
-                match r.reconcile(&key).await {
+                let result = r.reconcile(&key).await;
+                if result.is_ok() {
+                    // The step worked: a failure of a later one starts the backoff over.
+                    queue.forget(&key);
+                }
+                match result {
                     Ok(Outcome::Done) => {
-                        queue.forget(&key);
                         metrics.converged(&metrics_key, ty.direction(), since.elapsed().as_secs_f64());
                     }
                     Ok(Outcome::Requeue(after)) => {
-                        // The step worked: a failure of the next one starts over.
-                        queue.forget(&key);
                         queue.add_after(key.clone(), after, since);
                     }
                     Err(e) => {

@@ -79,6 +79,20 @@ fn meta<'a>(v: &'a Value, field: &str) -> &'a str {
     v["metadata"][field].as_str().unwrap_or_default()
 }
 
+/// `desired` as the replace of `mirror`: what others put on the mirror stays
+/// (their keys, a host controller's finalizer that must still hold a mirror being
+/// deleted, owners), and so does its status, which the host owns (a PUT ignores
+/// it where `/status` is a subresource). The syncer and write-through replace
+/// mirrors alike.
+pub fn replacement(desired: &Value, mirror: &Value) -> Value {
+    let mut replacement = desired.clone();
+    managed::carry_over(&mut replacement, mirror);
+    if !mirror["status"].is_null() {
+        replacement["status"] = mirror["status"].clone();
+    }
+    replacement
+}
+
 /// The mirror `tenant_object` should have on the host. Status is not part of it.
 pub fn desired_mirror(
     ty: &ResolvedType,
@@ -454,16 +468,10 @@ impl ToHost {
             self.delete_mirror(key, mirror, "delete_stale_host").await?;
             return Ok(Outcome::Requeue(Duration::from_millis(100)));
         }
-        let mut desired = desired_mirror(&self.ty, &self.tenant, &self.host_namespace, tenant);
+        let desired = desired_mirror(&self.ty, &self.tenant, &self.host_namespace, tenant);
         let mut mirror = mirror.clone();
         if mirror_differs(&desired, &mirror) {
-            // Keeps what others put on the mirror: a host controller's finalizer must
-            // still hold a mirror being deleted.
-            managed::carry_over(&mut desired, &mirror);
-            if !self.ty.status_subresource {
-                desired["status"] = mirror["status"].clone();
-            }
-            let object: DynamicObject = from_value(desired)?;
+            let object: DynamicObject = from_value(replacement(&desired, &mirror))?;
             let replaced = self
                 .host_api()
                 .replace(meta(&mirror, "name"), &PostParams::default(), &object)

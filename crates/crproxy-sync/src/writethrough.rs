@@ -51,10 +51,9 @@ use serde_json::{json, Value};
 use tokio::sync::{watch, Semaphore};
 
 use crate::crd::ResolvedType;
-use crate::managed;
 use crate::names;
 use crate::run::Key;
-use crate::to_host::{desired_mirror, mirror_differs};
+use crate::to_host::{desired_mirror, mirror_differs, replacement};
 use crate::SyncMetrics;
 
 /// Write-throughs in flight per replica; more are answered 429.
@@ -131,19 +130,17 @@ impl Gate {
         Arc::new(Gate::default())
     }
 
-    /// Starts a leadership term: the gate its syncer holds.
+    /// The gate a syncer of the current leadership term holds ([`Gate::close`]
+    /// ends the term).
     pub fn open_term(self: &Arc<Self>) -> TermGate {
-        let mut synced = lock(&self.synced);
-        synced.term += 1;
-        synced.store = None;
         TermGate {
             gate: Arc::clone(self),
-            term: synced.term,
+            term: lock(&self.synced).term,
         }
     }
 
     /// Ends the current term: reviews are answered 503 until a syncer of a later
-    /// term has synced its caches.
+    /// term has synced its caches. The only place a term advances.
     pub fn close(&self) {
         let mut synced = lock(&self.synced);
         synced.term += 1;
@@ -536,14 +533,12 @@ impl WriteThrough {
             }
             Some(c) if !mirror_differs(desired, c) => return Ok(Attempt::Written(None)),
             Some(c) => {
-                // As the syncer replaces: others' keys, finalizers and owners stay.
-                let mut replacement = desired.clone();
-                managed::carry_over(&mut replacement, c);
-                if !c["status"].is_null() {
-                    replacement["status"] = c["status"].clone();
-                }
                 let replaced = match api
-                    .replace(name, &PostParams::default(), &object(replacement)?)
+                    .replace(
+                        name,
+                        &PostParams::default(),
+                        &object(replacement(desired, c))?,
+                    )
                     .await
                 {
                     Ok(replaced) => replaced,

@@ -577,7 +577,9 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
                     // A tenant object is the copy of one host object: a second mapping
                     // into the same tenant object (or wildcard into the same tenant
                     // namespace) would never be copied.
-                    let mut targets: BTreeMap<(bool, String), &str> = BTreeMap::new();
+                    // A wildcard's target is a namespace (no `/`), an object's is
+                    // `ns/name`: the target alone tells them apart.
+                    let mut targets: BTreeMap<&str, &str> = BTreeMap::new();
                     for (from, to) in by_name {
                         let mp = format!("{ep}.mappings.byName[{from:?}]");
                         let mapping = match parse_mapping(from, to) {
@@ -587,23 +589,18 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
                                 continue;
                             }
                         };
-                        let wildcard = matches!(mapping, Mapping::Namespace { .. });
                         // The first mapping into a target keeps it: a third one is
                         // told about the first, not about the refused second.
-                        match targets.entry((wildcard, to.clone())) {
-                            std::collections::btree_map::Entry::Occupied(first) if wildcard => err(
-                                mp,
-                                format!("copies into namespace {to:?} as {:?} does; objects of the same name in both host namespaces would be one tenant object and only one of them copied: map one of them to another namespace", first.get()),
-                            ),
-                            std::collections::btree_map::Entry::Occupied(first) => err(
-                                mp,
-                                format!("copies into {to:?} as {:?} does; a tenant object can be the copy of one host object only: map one of them to another name", first.get()),
-                            ),
-                            std::collections::btree_map::Entry::Vacant(slot) => {
-                                slot.insert(from);
-                                mappings.push(mapping);
-                            }
-                        }
+                        let Some(first) = targets.get(to.as_str()) else {
+                            targets.insert(to, from);
+                            mappings.push(mapping);
+                            continue;
+                        };
+                        let problem = match mapping {
+                            Mapping::Namespace { .. } => format!("copies into namespace {to:?} as {first:?} does; objects of the same name in both host namespaces would be one tenant object and only one of them copied: map one of them to another namespace"),
+                            Mapping::Object { .. } => format!("copies into {to:?} as {first:?} does; a tenant object can be the copy of one host object only: map one of them to another name"),
+                        };
+                        err(mp, problem);
                     }
                 }
                 (Direction::FromHost, Scope::Cluster, Some(_)) => err(
