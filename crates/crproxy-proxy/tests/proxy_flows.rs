@@ -68,6 +68,18 @@ fn dials(metrics: &Metrics) -> u64 {
 }
 
 /// Creates `name` in `demo` on the target, straight through its admin.
+/// Creates `name` in `demo` through the proxy, as the client's aggregator would.
+async fn created_through_proxy(h: &Harness, name: &str) {
+    let created = call(
+        &h.aggregator,
+        "POST",
+        WIDGETS,
+        Some(widget(name, json!({}))),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+}
+
 async fn create_on_target(h: &Harness, name: &str, labels: Value) -> Value {
     let created = h
         .widgets
@@ -362,14 +374,7 @@ async fn writes_into_a_namespace_missing_on_the_client_are_404() {
 #[tokio::test]
 async fn escaped_path_segments_are_never_read_as_other_namespaces_or_objects() {
     let h = harness(AccessMode::Owned).await;
-    let first = call(
-        &h.aggregator,
-        "POST",
-        WIDGETS,
-        Some(widget("w1", json!({}))),
-    )
-    .await;
-    assert_eq!(first.status, 201, "{}", first.body);
+    created_through_proxy(&h, "w1").await;
     // `demo`, mirrored by the create above.
     assert_eq!(h.proxy.known_target_namespaces(), 1);
 
@@ -724,14 +729,7 @@ async fn paths_outside_the_group_version_never_reach_the_target() {
 #[tokio::test]
 async fn a_namespace_deleted_on_the_client_stops_writes() {
     let h = harness(AccessMode::Owned).await;
-    let first = call(
-        &h.aggregator,
-        "POST",
-        WIDGETS,
-        Some(widget("w1", json!({}))),
-    )
-    .await;
-    assert_eq!(first.status, 201, "{}", first.body);
+    created_through_proxy(&h, "w1").await;
     Api::<Namespace>::all(h.client_admin.clone())
         .delete("demo", &Default::default())
         .await

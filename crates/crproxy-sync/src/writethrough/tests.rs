@@ -14,14 +14,10 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
 use prometheus_client::registry::Registry;
 
-fn gateways() -> ResolvedType {
-    gateways_type(true)
-}
-
 fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetrics>) {
     let gate = Gate::new();
     let metrics = SyncMetrics::new();
-    let types = types_by_resource([(gateways(), Arc::clone(&gate))]);
+    let types = types_by_resource([(gateways_type(true), Arc::clone(&gate))]);
     let wt = Arc::new(WriteThrough {
         tenant: "client".into(),
         host_namespace: "vcluster-client".into(),
@@ -38,7 +34,25 @@ fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetri
 
 fn synced(gate: &Arc<Gate>) {
     gate.open_term()
-        .caches_synced(Writer::<DynamicObject>::new(gateways().api).as_reader());
+        .caches_synced(Writer::<DynamicObject>::new(gateways_type(true).api).as_reader());
+}
+
+/// `wt` with `host` as its host cluster.
+fn writing_to(wt: Arc<WriteThrough>, host: kube::Client) -> Arc<WriteThrough> {
+    let mut wt = Arc::into_inner(wt).expect("the only reference");
+    wt.host = host;
+    Arc::new(wt)
+}
+
+/// An UPDATE review of the gateway from resourceVersion 7 to `port`.
+fn port_update(port: u16) -> Value {
+    let mut old = gateway();
+    old["metadata"]["resourceVersion"] = json!("7");
+    let mut object = old.clone();
+    object["spec"]["port"] = json!(port);
+    let mut update = review("UPDATE", object);
+    update["request"]["oldObject"] = old;
+    update
 }
 
 fn review(operation: &str, object: Value) -> Value {
@@ -287,7 +301,7 @@ fn the_configuration_matches_only_the_main_resource_fails_closed_and_skips_dry_r
         "/validate/t0k",
         "PEM",
     );
-    let c = webhook_configuration("client", &client, &[gateways()]);
+    let c = webhook_configuration("client", &client, &[gateways_type(true)]);
     assert_eq!(c["kind"], "ValidatingWebhookConfiguration");
     assert_eq!(c["metadata"]["name"], "crproxy-writethrough-client");
     let w = &c["webhooks"][0];
@@ -332,7 +346,7 @@ fn the_client_config_follows_how_the_tenant_reaches_the_webhook() {
     let c = webhook_configuration(
         "client",
         &client_config(&service, listening, "/validate/t0k", "PEM"),
-        &[gateways()],
+        &[gateways_type(true)],
     );
     assert_eq!(
         c["webhooks"][0]["clientConfig"]["service"]["name"],
@@ -617,7 +631,12 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
 fn annotated_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
     match *method {
         Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") => {
-            let mut mirror = desired_mirror(&gateways(), "client", "vcluster-client", &gateway());
+            let mut mirror = desired_mirror(
+                &gateways_type(true),
+                "client",
+                "vcluster-client",
+                &gateway(),
+            );
             let m = &mut mirror["metadata"];
             m["uid"] = json!("m-1");
             m["resourceVersion"] = json!("3");
@@ -640,17 +659,9 @@ async fn an_update_written_through_keeps_what_others_put_on_the_mirror() {
     for (port, replaced) in [(443, false), (8443, true)] {
         let host = FakeApi::start(annotated_host).await;
         let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
-        let mut wt = Arc::into_inner(wt).expect("the only reference");
-        wt.host = host.client.clone();
-        let wt = Arc::new(wt);
+        let wt = writing_to(wt, host.client.clone());
         synced(&gate);
-        let mut old = gateway();
-        old["metadata"]["resourceVersion"] = json!("7");
-        let mut object = old.clone();
-        object["spec"]["port"] = json!(port);
-        let mut update = review("UPDATE", object);
-        update["request"]["oldObject"] = old;
-        let answer = wt.admit(update).await.expect("a review");
+        let answer = wt.admit(port_update(port)).await.expect("a review");
         assert_eq!(response(&answer)["allowed"], true, "{answer}");
         let puts = host.with_method(Method::PUT);
         assert_eq!(
@@ -675,7 +686,7 @@ fn a_syncer_of_a_closed_term_cannot_open_the_gate_again() {
     // An aborted syncer runs until its next await: it may report its caches
     // synced after the supervisor closed the gate on losing leadership.
     let gate = Gate::new();
-    let store = || Writer::<DynamicObject>::new(gateways().api).as_reader();
+    let store = || Writer::<DynamicObject>::new(gateways_type(true).api).as_reader();
     let first = gate.open_term();
     first.caches_synced(store());
     assert!(gate.is_synced());
@@ -703,7 +714,12 @@ fn status_race_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
     let puts = STATUS_RACE_PUTS.load(Ordering::SeqCst);
     match *method {
         Method::GET if path == mirror_path => {
-            let mut mirror = desired_mirror(&gateways(), "client", "vcluster-client", &gateway());
+            let mut mirror = desired_mirror(
+                &gateways_type(true),
+                "client",
+                "vcluster-client",
+                &gateway(),
+            );
             mirror["metadata"]["uid"] = json!("m-1");
             mirror["metadata"]["resourceVersion"] = json!(if puts == 0 { "3" } else { "4" });
             mirror["status"] = json!({"ready": puts > 0});
@@ -733,17 +749,9 @@ fn status_race_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
 async fn a_replace_that_loses_a_race_on_the_host_is_read_again_and_retried() {
     let host = FakeApi::start(status_race_host).await;
     let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
-    let mut wt = Arc::into_inner(wt).expect("the only reference");
-    wt.host = host.client.clone();
-    let wt = Arc::new(wt);
+    let wt = writing_to(wt, host.client.clone());
     synced(&gate);
-    let mut old = gateway();
-    old["metadata"]["resourceVersion"] = json!("7");
-    let mut object = old.clone();
-    object["spec"]["port"] = json!(8443);
-    let mut update = review("UPDATE", object);
-    update["request"]["oldObject"] = old;
-    let answer = wt.admit(update).await.expect("a review");
+    let answer = wt.admit(port_update(8443)).await.expect("a review");
     assert_eq!(response(&answer)["allowed"], true, "{answer}");
     let puts = host.with_method(Method::PUT);
     assert_eq!(puts.len(), 2, "{:?}", host.received());
@@ -767,7 +775,7 @@ async fn a_replace_that_loses_a_race_on_the_host_is_read_again_and_retried() {
 
 /// `gateways` of another group, aggregated on the same host.
 fn other_gateways() -> ResolvedType {
-    let mut ty = gateways();
+    let mut ty = gateways_type(true);
     ty.resource.key = "gateways.example.org/v1".into();
     ty.resource.group = "example.org".into();
     ty.api = ApiResource::from_gvk_with_plural(
@@ -784,7 +792,7 @@ fn other_gateways() -> ResolvedType {
 fn types_with_one_plural_in_two_groups_get_distinct_webhooks() {
     let listening = SocketAddr::from(([127, 0, 0, 1], 9443));
     let client = client_config(&WebhookEndpoint::Listener, listening, "/validate/t", "PEM");
-    let c = webhook_configuration("client", &client, &[gateways(), other_gateways()]);
+    let c = webhook_configuration("client", &client, &[gateways_type(true), other_gateways()]);
     let names: Vec<&str> = c["webhooks"]
         .as_array()
         .into_iter()
@@ -826,7 +834,7 @@ async fn a_review_is_written_through_as_the_type_of_its_group() {
         let mut wt = Arc::into_inner(wt).expect("the only reference");
         wt.host = host.client.clone();
         wt.types = types_by_resource([
-            (gateways(), Arc::clone(&gate)),
+            (gateways_type(true), Arc::clone(&gate)),
             (other_gateways(), Arc::clone(&other_gate)),
         ]);
         let wt = Arc::new(wt);
