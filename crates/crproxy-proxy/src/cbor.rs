@@ -1,129 +1,159 @@
 //! Counting events in a CBOR-sequence watch stream (`application/cbor-seq`).
 //!
-//! Each watch event is one CBOR data item. Items may be split across body chunks,
-//! so [`ItemCounter`] keeps the unfinished tail and reports how many complete
-//! items each chunk finished. Only item boundaries are parsed, never values: the
-//! stream passes through untouched.
+//! Each watch event is one CBOR data item. Items may be split across body chunks
+//! at any byte, so [`ItemCounter`] reads the stream as it comes, byte by byte,
+//! keeping only where it is inside the current item: the containers still open,
+//! the head bytes of an argument not yet complete, and how much of a string is
+//! left to skip. Nothing is buffered, so a long event costs no memory and no byte
+//! is looked at twice. Only item boundaries are parsed, never values: the stream
+//! passes through untouched.
 
-/// Nesting deeper than this is treated as malformed rather than recursed into.
+/// Nesting deeper than this is treated as malformed rather than followed.
 const MAX_DEPTH: usize = 64;
 
-/// Counts complete CBOR items across chunks.
+/// The "break" byte that closes an indefinite-length string, array or map.
+const BREAK: u8 = 0xff;
+
+/// Counts complete top-level CBOR items across chunks.
 #[derive(Debug, Default)]
 pub struct ItemCounter {
-    pending: Vec<u8>,
+    /// Containers (arrays, maps, tags, indefinite strings) of the current item,
+    /// innermost last: how many items each still needs, `None` for one that ends
+    /// with a break byte.
+    open: Vec<Option<u64>>,
+    /// A head whose argument bytes have not all arrived.
+    head: Option<PartialHead>,
+    /// Payload bytes of a string still to pass over; the string is an item
+    /// completed when they have.
+    string_left: u64,
     broken: bool,
+}
+
+/// The start of a head: its major type, and the big-endian argument so far.
+#[derive(Debug)]
+struct PartialHead {
+    major: u8,
+    argument: u64,
+    bytes_left: u8,
 }
 
 impl ItemCounter {
     /// Adds a chunk; returns how many items it completed. After malformed input
-    /// the counter stops counting (and stops buffering) for good.
+    /// the counter stops counting for good.
     pub fn push(&mut self, chunk: &[u8]) -> u64 {
-        if self.broken {
+        let mut count = 0;
+        let mut rest = chunk;
+        while !self.broken && !rest.is_empty() {
+            if self.string_left > 0 {
+                let skipped = usize::try_from(self.string_left)
+                    .unwrap_or(usize::MAX)
+                    .min(rest.len());
+                self.string_left -= skipped as u64;
+                rest = &rest[skipped..];
+                if self.string_left == 0 {
+                    count += self.item_done();
+                }
+                continue;
+            }
+            let byte = rest[0];
+            rest = &rest[1..];
+            count += match self.head.take() {
+                Some(head) => self.head_byte(head, byte),
+                None => self.initial_byte(byte),
+            };
+        }
+        count
+    }
+
+    /// The first byte of an item (or a break byte): how many top-level items it
+    /// completed (0 or 1).
+    fn initial_byte(&mut self, byte: u8) -> u64 {
+        if byte == BREAK {
+            return match self.open.last() {
+                Some(None) => {
+                    self.open.pop();
+                    self.item_done()
+                }
+                _ => self.malformed(),
+            };
+        }
+        let major = byte >> 5;
+        match byte & 0x1f {
+            info @ 0..=23 => self.head_complete(major, u64::from(info)),
+            info @ 24..=27 => {
+                self.head = Some(PartialHead {
+                    major,
+                    argument: 0,
+                    bytes_left: 1 << (info - 24),
+                });
+                0
+            }
+            31 if (2..=5).contains(&major) => self.open_container(None),
+            _ => self.malformed(),
+        }
+    }
+
+    fn head_byte(&mut self, mut head: PartialHead, byte: u8) -> u64 {
+        head.argument = (head.argument << 8) | u64::from(byte);
+        head.bytes_left -= 1;
+        if head.bytes_left > 0 {
+            self.head = Some(head);
             return 0;
         }
-        self.pending.extend_from_slice(chunk);
-        let mut count = 0;
-        let mut offset = 0;
-        loop {
-            match item_len(&self.pending[offset..], 0) {
-                Scan::Complete(len) => {
-                    offset += len;
-                    count += 1;
+        self.head_complete(head.major, head.argument)
+    }
+
+    fn head_complete(&mut self, major: u8, argument: u64) -> u64 {
+        match major {
+            0 | 1 | 7 => self.item_done(),
+            2 | 3 if argument == 0 => self.item_done(),
+            2 | 3 => {
+                self.string_left = argument;
+                0
+            }
+            4 | 5 => {
+                let per_entry = if major == 5 { 2 } else { 1 };
+                match argument.checked_mul(per_entry) {
+                    Some(0) => self.item_done(),
+                    Some(items) => self.open_container(Some(items)),
+                    None => self.malformed(),
                 }
-                Scan::Incomplete => break,
-                Scan::Malformed => {
-                    self.broken = true;
-                    self.pending = Vec::new();
-                    return count;
+            }
+            // A tag: exactly one item follows.
+            _ => self.open_container(Some(1)),
+        }
+    }
+
+    fn open_container(&mut self, items: Option<u64>) -> u64 {
+        if self.open.len() >= MAX_DEPTH {
+            return self.malformed();
+        }
+        self.open.push(items);
+        0
+    }
+
+    /// An item ended: it fills a slot of its container, which may end in turn.
+    /// Returns 1 when a top-level item ended.
+    fn item_done(&mut self) -> u64 {
+        loop {
+            match self.open.last_mut() {
+                None => return 1,
+                Some(None) => return 0,
+                Some(Some(left)) => {
+                    *left -= 1;
+                    if *left > 0 {
+                        return 0;
+                    }
+                    self.open.pop();
                 }
             }
         }
-        self.pending.drain(..offset);
-        count
     }
-}
 
-#[derive(Debug, PartialEq, Eq)]
-enum Scan {
-    Complete(usize),
-    Incomplete,
-    Malformed,
-}
-
-/// The length of the first complete item in `buf`.
-fn item_len(buf: &[u8], depth: usize) -> Scan {
-    if depth > MAX_DEPTH {
-        return Scan::Malformed;
-    }
-    let Some(&initial) = buf.first() else {
-        return Scan::Incomplete;
-    };
-    let major = initial >> 5;
-    let info = initial & 0x1f;
-    let (argument, head) = match info {
-        0..=23 => (u64::from(info), 1),
-        24..=27 => {
-            let size = 1usize << (info - 24);
-            let Some(bytes) = buf.get(1..1 + size) else {
-                return Scan::Incomplete;
-            };
-            let value = bytes.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
-            (value, 1 + size)
-        }
-        31 => return indefinite(buf, major, depth),
-        _ => return Scan::Malformed,
-    };
-    match major {
-        0 | 1 | 7 => Scan::Complete(head),
-        // A length near usize::MAX must not wrap around into a small one (found by
-        // the cbor_counter fuzz target): no real event is that long.
-        2 | 3 => match usize::try_from(argument)
-            .ok()
-            .and_then(|len| head.checked_add(len))
-        {
-            Some(end) if buf.len() >= end => Scan::Complete(end),
-            Some(_) => Scan::Incomplete,
-            None => Scan::Malformed,
-        },
-        4 | 5 => {
-            let per_entry = if major == 5 { 2 } else { 1 };
-            let Some(items) = argument.checked_mul(per_entry) else {
-                return Scan::Malformed;
-            };
-            sequence(buf, head, Some(items), depth)
-        }
-        6 => sequence(buf, head, Some(1), depth),
-        _ => Scan::Malformed,
-    }
-}
-
-/// Items of an indefinite-length string, array or map, up to the break byte.
-fn indefinite(buf: &[u8], major: u8, depth: usize) -> Scan {
-    match major {
-        2..=5 => sequence(buf, 1, None, depth),
-        _ => Scan::Malformed,
-    }
-}
-
-/// `count` items (or items up to a break when `None`) starting at `offset`.
-fn sequence(buf: &[u8], mut offset: usize, count: Option<u64>, depth: usize) -> Scan {
-    let mut seen = 0u64;
-    loop {
-        if count == Some(seen) {
-            return Scan::Complete(offset);
-        }
-        let Some(&next) = buf.get(offset) else {
-            return Scan::Incomplete;
-        };
-        if count.is_none() && next == 0xff {
-            return Scan::Complete(offset + 1);
-        }
-        match item_len(&buf[offset..], depth + 1) {
-            Scan::Complete(len) => offset += len,
-            other => return other,
-        }
-        seen += 1;
+    fn malformed(&mut self) -> u64 {
+        self.broken = true;
+        self.open = Vec::new();
+        0
     }
 }
 
@@ -132,12 +162,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_string_length_near_the_maximum_is_malformed_not_an_overflow() {
-        // A byte string whose 8-byte length is u64::MAX.
+    fn a_string_length_near_the_maximum_is_skipped_not_an_overflow() {
+        // A byte string whose 8-byte length is u64::MAX: whatever follows is its
+        // payload, so nothing more is counted, and nothing is kept while waiting.
         let mut counter = ItemCounter::default();
         let item = [0x5b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00];
         assert_eq!(counter.push(&item), 0);
-        assert_eq!(counter.push(&[0x01]), 0, "the counter stopped for good");
+        assert_eq!(counter.push(EVENT), 0);
+        assert_eq!(counter.string_left, u64::MAX - 1 - EVENT.len() as u64);
+    }
+
+    #[test]
+    fn a_long_event_in_small_chunks_is_counted_once_it_ends() {
+        // A 1 MiB text string, announced with a 4-byte length, then an event.
+        let mut stream = vec![0x7a, 0x00, 0x10, 0x00, 0x00];
+        stream.resize(stream.len() + (1 << 20), b'x');
+        stream.extend_from_slice(EVENT);
+        let mut counter = ItemCounter::default();
+        let counts: Vec<u64> = stream.chunks(1000).map(|c| counter.push(c)).collect();
+        assert_eq!(counts.iter().sum::<u64>(), 2);
+        assert_eq!(counts.last(), Some(&2), "both end in the last chunk");
+        assert!(counter.open.is_empty() && counter.head.is_none());
     }
 
     // {"type": "ADDED", "object": {"a": 1}} as CBOR.
@@ -170,6 +215,10 @@ mod tests {
         check(&[&[0xc1, 0x1b, 0, 0, 0, 0, 0, 0, 0, 1]], 1);
         // A byte string whose 2-byte length arrives first.
         check(&[&[0x59, 0x00, 0x03], &[1, 2], &[3]], 1);
+        // Empty strings, arrays and maps end at their head.
+        check(&[&[0x40, 0x60, 0x80, 0xa0]], 4);
+        // A 4-byte head split across three chunks, inside an array.
+        check(&[&[0x82, 0x1a, 0x00], &[0x00, 0x01], &[0x00, 0x05]], 1);
     }
 
     #[test]
@@ -180,5 +229,8 @@ mod tests {
         let mut deep = vec![0x81u8; 200];
         deep.push(0x01);
         check(&[&deep], 0);
+        // A break byte outside an indefinite-length item.
+        check(&[&[0x81, 0xff], EVENT], 0);
+        check(&[&[0xff], EVENT], 0);
     }
 }
