@@ -187,13 +187,6 @@ pub fn owner_labels(owner: &Owner) -> [(&'static str, &str); 2] {
     ]
 }
 
-/// Characters left alone when encoding a query value: RFC 3986 unreserved.
-const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
 /// Rewrites a query so every list or watch only sees this owner's objects.
 ///
 /// All `labelSelector` parameters (kube ANDs them) are parsed, ANDed together with the
@@ -219,7 +212,7 @@ pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, Select
     }
     let encoded = format!(
         "labelSelector={}",
-        percent_encoding::utf8_percent_encode(&combined.to_string(), QUERY_VALUE)
+        crate::request::encode_query_value(&combined.to_string())
     );
     if slot.is_none() {
         parts.push(None);

@@ -210,8 +210,9 @@ fn segments(path: &str) -> Result<Vec<Cow<'_, str>>, PathError> {
     Ok(out)
 }
 
-/// What a path segment may carry unescaped: RFC 3986's unreserved characters.
-const SEGMENT_ESCAPES: &AsciiSet = &NON_ALPHANUMERIC
+/// Everything but RFC 3986's unreserved characters is escaped: what is left can be
+/// neither a path nor a query delimiter, nor start an escape.
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'.')
     .remove(b'_')
@@ -221,7 +222,13 @@ const SEGMENT_ESCAPES: &AsciiSet = &NON_ALPHANUMERIC
 /// segment again: `/`, `?`, `#` and `%` cannot end the segment or the path, or start
 /// an escape, wherever the result is put. Borrowed when nothing needs escaping.
 pub fn encode_segment(segment: &str) -> Cow<'_, str> {
-    utf8_percent_encode(segment, SEGMENT_ESCAPES).into()
+    utf8_percent_encode(segment, UNRESERVED).into()
+}
+
+/// `value` escaped to be one query parameter value (`&`, `=`, `+` and `#` included),
+/// e.g. a label selector or a continue token. Borrowed when nothing needs escaping.
+pub fn encode_query_value(value: &str) -> Cow<'_, str> {
+    utf8_percent_encode(value, UNRESERVED).into()
 }
 
 /// Decodes `application/x-www-form-urlencoded` text (`+` is a space).

@@ -1574,9 +1574,7 @@ fn page_query(list_query: &str, limit: usize, token: Option<&str>) -> String {
         .collect();
     parts.push(format!("limit={limit}"));
     if let Some(token) = token {
-        let encoded =
-            percent_encoding::utf8_percent_encode(token, percent_encoding::NON_ALPHANUMERIC);
-        parts.push(format!("continue={encoded}"));
+        parts.push(format!("continue={}", request::encode_query_value(token)));
     }
     parts.join("&")
 }

@@ -402,13 +402,7 @@ async fn list(
         let mut query = format!("limit={LIST_PAGE}");
         if !continue_token.is_empty() {
             query.push_str("&continue=");
-            query.push_str(
-                &percent_encoding::utf8_percent_encode(
-                    &continue_token,
-                    percent_encoding::NON_ALPHANUMERIC,
-                )
-                .to_string(),
-            );
+            query.push_str(&crproxy_core::request::encode_query_value(&continue_token));
         }
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         let body = get(

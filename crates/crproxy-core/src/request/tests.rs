@@ -674,6 +674,22 @@ fn a_segment_is_escaped_so_it_stays_one_segment() {
 }
 
 #[test]
+fn a_query_value_is_escaped_so_it_stays_one_value_and_reads_back() {
+    for (value, expected) in [
+        ("eyJ2Ijo+/=", "eyJ2Ijo%2B%2F%3D"),
+        ("a=b,c!=d", "a%3Db%2Cc%21%3Dd"),
+        ("x&y#z", "x%26y%23z"),
+        ("a b", "a%20b"),
+    ] {
+        let encoded = encode_query_value(value);
+        assert_eq!(encoded, expected, "{value:?}");
+        // kube reads query values form-decoded: `+` would turn into a space.
+        assert_eq!(form_decode(&encoded), value, "{value:?} round trip");
+    }
+    assert!(matches!(encode_query_value("v1-2_3.~"), Cow::Borrowed(_)));
+}
+
+#[test]
 fn only_dns_1123_labels_name_namespaces() {
     let check = |name: &str, expected: bool| {
         assert_eq!(crate::config::is_dns_label(name), expected, "{name:?}");
