@@ -62,6 +62,13 @@ pub fn apiservice_name(group: &str, version: &str) -> String {
     format!("{version}.{group}")
 }
 
+/// The Lease in the client's `kube-system` whose holder registers the proxy:
+/// `crproxy-<client-name>`. The sync elects its leader on a Lease of its own
+/// (`crproxy-sync-<tenant>`), so a `crproxy-` prefix alone does not tell the two apart.
+pub fn registration_lease_name(client_name: &str) -> String {
+    format!("crproxy-{client_name}")
+}
+
 /// The user name the target's RBAC sees for a client:
 /// `loft:vcluster:<client-project-namespace>:<client-name>`.
 pub fn target_identity(client_project_namespace: &str, client_name: &str) -> String {

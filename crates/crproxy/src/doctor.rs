@@ -54,6 +54,12 @@ pub struct DoctorArgs {
     /// The proxy's metrics URL, e.g. http://10.0.0.7:9090/metrics/syncer.
     #[arg(long)]
     pub metrics_url: Option<String>,
+    /// The client's name (`client.name` in the proxy's configuration): the leader
+    /// check then reads the registration Lease by its exact name. Without it, the
+    /// Lease is recognised by its holder, which names the client (so a Lease no
+    /// replica holds cannot be told apart from the sync's).
+    #[arg(long)]
+    pub client_name: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
     pub output: Format,
@@ -163,6 +169,8 @@ pub struct Inputs {
     pub client: kube::Client,
     pub target: Option<kube::Client>,
     pub metrics_url: Option<String>,
+    /// `client.name`; see [`DoctorArgs::client_name`].
+    pub client_name: Option<String>,
 }
 
 impl Inputs {
@@ -177,6 +185,7 @@ impl Inputs {
                 .transpose()
                 .context("--target-kubeconfig")?,
             metrics_url: args.metrics_url.clone(),
+            client_name: args.client_name.clone(),
         })
     }
 }
@@ -287,7 +296,7 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
         });
     }
     checks.push(check_protection(client).await);
-    checks.push(check_leader(client).await);
+    checks.push(check_leader(client, inputs.client_name.as_deref()).await);
     let metrics = match &inputs.metrics_url {
         Some(url) => match fetch_metrics(url).await {
             Ok(text) => Some(parse_exposition(&text)),
@@ -667,36 +676,50 @@ async fn check_protection(client: &kube::Client) -> Check {
     check("", "protection", status, evidence, runbook)
 }
 
-async fn check_leader(client: &kube::Client) -> Check {
+async fn check_leader(client: &kube::Client, client_name: Option<&str>) -> Check {
     let runbook = "no replica holds the registration Lease: check that the crproxy pods run \
                    and may update leases in kube-system (deploy/base/rbac.yaml)";
     let leases = Api::<Lease>::namespaced(client.clone(), "kube-system");
-    let leases = match bounded(leases.list(&ListParams::default())).await {
-        Ok(list) => list.items,
-        Err(error) => {
-            return check(
-                "",
-                "leader",
-                Status::Fail,
-                format!("listing Leases in kube-system: {error}"),
-                "the doctor's credentials must be able to list Leases in kube-system",
-            )
+    let lease = match client_name {
+        Some(client_name) => {
+            let name = names::registration_lease_name(client_name);
+            match bounded(leases.get_opt(&name)).await {
+                Ok(lease) => lease,
+                Err(error) => {
+                    return check(
+                        "",
+                        "leader",
+                        Status::Fail,
+                        format!("reading Lease kube-system/{name}: {error}"),
+                        "the doctor's credentials must be able to get Leases in kube-system",
+                    )
+                }
+            }
         }
+        None => match bounded(leases.list(&ListParams::default())).await {
+            Ok(list) => list.items.into_iter().find(is_registration_lease),
+            Err(error) => {
+                return check(
+                    "",
+                    "leader",
+                    Status::Fail,
+                    format!("listing Leases in kube-system: {error}"),
+                    "the doctor's credentials must be able to list Leases in kube-system",
+                )
+            }
+        },
     };
-    let ours = leases.iter().find(|l| {
-        l.metadata
-            .name
-            .as_deref()
-            .is_some_and(|n| n.starts_with("crproxy-"))
-    });
-    let Some(lease) = ours else {
-        return check(
-            "",
-            "leader",
-            Status::Fail,
-            "no Lease kube-system/crproxy-<client name>".into(),
-            runbook,
-        );
+    let Some(lease) = lease else {
+        let evidence = match client_name {
+            Some(client_name) => format!(
+                "no Lease kube-system/{}",
+                names::registration_lease_name(client_name)
+            ),
+            None => "no Lease kube-system/crproxy-<client name> held by a replica of that client \
+                     (pass --client-name to read it by name)"
+                .to_owned(),
+        };
+        return check("", "leader", Status::Fail, evidence, runbook);
     };
     let name = lease.metadata.name.as_deref().unwrap_or_default();
     let spec = lease.spec.clone().unwrap_or_default();
@@ -731,6 +754,25 @@ async fn check_leader(client: &kube::Client) -> Check {
             runbook,
         ),
     }
+}
+
+/// Whether a Lease is the proxy's registration Lease, when the client's name is not
+/// known. Both the registration Lease and the sync's Lease (`crproxy-sync-<tenant>`)
+/// start with `crproxy-`, and both holders start with `<client name>-` (see
+/// `run::start_wiring` and `crproxy_sync::start_from_config`); only for the
+/// registration Lease is the name [`names::registration_lease_name`] of that prefix.
+/// The holder's client name may itself contain dashes, so every prefix ending before
+/// a dash is tried.
+fn is_registration_lease(lease: &Lease) -> bool {
+    let name = lease.metadata.name.as_deref().unwrap_or_default();
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.holder_identity.as_deref())
+        .unwrap_or_default();
+    holder
+        .match_indices('-')
+        .any(|(at, _)| names::registration_lease_name(&holder[..at]) == name)
 }
 
 /// Whether a discovery document looks like the proxy's fallback: every resource

@@ -405,7 +405,7 @@ pub async fn start_wiring(
         client.clone(),
         crproxy_wiring::LeaseConfig {
             namespace: "kube-system".into(),
-            name: format!("crproxy-{}", config.client.name),
+            name: crproxy_core::names::registration_lease_name(&config.client.name),
             identity: holder,
             lease_duration: Duration::from_secs(15),
             renew_interval: Duration::from_secs(2),

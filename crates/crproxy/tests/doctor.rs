@@ -8,8 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{json, Value};
 
@@ -35,6 +38,17 @@ impl Run {
             .to_owned()
     }
 
+    fn evidence_of(&self, group_version: &str, check: &str) -> String {
+        self.report["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["group_version"] == group_version && c["check"] == check)
+            .and_then(|c| c["evidence"].as_str())
+            .unwrap_or("absent")
+            .to_owned()
+    }
+
     fn not_ok(&self) -> Vec<String> {
         self.report["checks"]
             .as_array()
@@ -48,6 +62,16 @@ impl Run {
 
 /// Runs `crproxy doctor -o json` with the given inputs.
 async fn doctor(kubeconfig: &Path, target: Option<&Path>, metrics: Option<&str>) -> Result<Run> {
+    doctor_with(kubeconfig, target, metrics, &[]).await
+}
+
+/// [`doctor`] with more arguments.
+async fn doctor_with(
+    kubeconfig: &Path,
+    target: Option<&Path>,
+    metrics: Option<&str>,
+    extra: &[&str],
+) -> Result<Run> {
     let mut args: Vec<String> = vec![
         "doctor".into(),
         "--kubeconfig".into(),
@@ -61,6 +85,7 @@ async fn doctor(kubeconfig: &Path, target: Option<&Path>, metrics: Option<&str>)
     if let Some(url) = metrics {
         args.extend(["--metrics-url".into(), url.to_owned()]);
     }
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
     let output = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_crproxy"))
             .args(&args)
@@ -298,5 +323,62 @@ async fn an_unreachable_metrics_url_fails_and_a_bare_cluster_has_nothing_registe
     assert_eq!(run.status_of("", "metrics"), "fail");
     assert_eq!(run.status_of("", "leader"), "fail");
     assert_eq!(run.status_of("", "protection"), "fail");
+    Ok(())
+}
+
+/// The client's sync elects its leader on a Lease of its own, which sorts before the
+/// registration Lease here (`crproxy-sync-zeta` < `crproxy-zeta`): the leader check
+/// reports the registration Lease's holder, by name and by holder alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_is_the_registration_lease_not_the_sync_lease() -> Result<()> {
+    let cluster = test_support::devcluster("client").await;
+    let leases = Api::<Lease>::namespaced(devenv::admin_client(&cluster.cluster)?, "kube-system");
+    let sync_lease = crproxy_sync::lease_name("zeta");
+    let registration_lease = names::registration_lease_name("zeta");
+    assert!(sync_lease < registration_lease);
+    for (name, holder) in [
+        (&sync_lease, "zeta-sync-replica_1"),
+        (&registration_lease, "zeta-proxy-replica_2"),
+    ] {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(Timestamp::now())),
+                ..LeaseSpec::default()
+            }),
+        };
+        leases.create(&PostParams::default(), &lease).await?;
+    }
+    for extra in [&["--client-name", "zeta"][..], &[]] {
+        let run = doctor_with(&cluster.kubeconfig, None, None, extra).await?;
+        assert_eq!(
+            run.status_of("", "leader"),
+            "ok",
+            "{extra:?}: {:?}",
+            run.not_ok()
+        );
+        let evidence = run.evidence_of("", "leader");
+        assert!(
+            evidence.starts_with(&format!(
+                "Lease kube-system/{registration_lease} held by zeta-proxy-replica_2"
+            )),
+            "{extra:?}: {evidence}"
+        );
+    }
+    // Only the sync's Lease: no leader, whichever way the doctor looks.
+    leases
+        .delete(&registration_lease, &DeleteParams::default())
+        .await?;
+    for extra in [&["--client-name", "zeta"][..], &[]] {
+        let run = doctor_with(&cluster.kubeconfig, None, None, extra).await?;
+        assert_eq!(run.status_of("", "leader"), "fail", "{extra:?}");
+        let evidence = run.evidence_of("", "leader");
+        assert!(!evidence.contains(&sync_lease), "{extra:?}: {evidence}");
+    }
     Ok(())
 }
