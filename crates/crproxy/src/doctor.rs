@@ -1207,6 +1207,42 @@ mod tests {
     }
 
     #[test]
+    fn an_unsynced_peer_cache_fails_and_decides_the_verdict() {
+        let gv = "example.com/v1";
+        let samples = parse_exposition(&format!(
+            "vcluster_proxy_peer_cache_synced{{group_version=\"{gv}\",target=\"p/t\"}} 0\n\
+             vcluster_proxy_peers{{group_version=\"{gv}\",target=\"p/t\",state=\"healthy\"}} 1\n\
+             vcluster_proxy_peer_list_age_seconds{{group_version=\"{gv}\",target=\"p/t\"}} 3\n"
+        ));
+        let checks = check_metrics(&samples, gv);
+        let cache = checks
+            .iter()
+            .find(|c| c.check == "peer-cache")
+            .expect("a peer-cache check");
+        assert_eq!(cache.status, Status::Fail);
+        assert_eq!(
+            cache.evidence,
+            "vcluster_proxy_peer_cache_synced is 0: no trusted peer list"
+        );
+        assert!(
+            cache.runbook.contains("peer cache did not sync in time"),
+            "{}",
+            cache.runbook
+        );
+        // The other metrics checks are fine: the cache alone decides the verdict.
+        let others: Vec<_> = checks
+            .iter()
+            .filter(|c| c.check != "peer-cache" && c.status == Status::Fail)
+            .map(|c| c.check)
+            .collect();
+        assert!(others.is_empty(), "{others:?}");
+        assert_eq!(
+            triage(&checks),
+            "the proxy has no current peer snapshot: restore its peer source first"
+        );
+    }
+
+    #[test]
     fn fallback_discovery_is_recognised() {
         assert!(is_fallback(&json!({"resources": []})));
         assert!(is_fallback(
