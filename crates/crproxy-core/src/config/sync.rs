@@ -760,7 +760,7 @@ fn service_endpoint(
         None | Some("") => {
             err(
                 &join(p, key),
-                "is required: the Service in the tenant that selects the crproxy pods".into(),
+                "is required: the selector-less Service in the tenant through which its API server reaches the webhook (crproxy points the Service's EndpointSlice at the leader, so only the leader gets reviews)".into(),
             );
             None
         }

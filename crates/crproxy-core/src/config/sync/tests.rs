@@ -195,7 +195,7 @@ fn every_rule_names_its_key() {
         (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    url: https://a.example:9443\n    service: {{namespace: kube-system, name: crproxy-writethrough}}\n"),
             vec![("sync.writeThrough", "either service or url, not both")]),
         (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {{namespace: kube-system}}\n"),
-            vec![("sync.writeThrough.service.name", "is required")]),
+            vec![("sync.writeThrough.service.name", "is required: the selector-less Service")]),
         (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {{namespace: Kube_System, name: w}}\n"),
             vec![("sync.writeThrough.service.namespace", "not a valid namespace")]),
         (format!("{BASE}  writeThrough:\n    listenAddress: 0.0.0.0:9443\n    service: {{namespace: kube-system, name: w, port: 0}}\n"),
