@@ -289,8 +289,11 @@ fn cluster_from(base: &Path, kubeconfig: Option<&str>) -> Result<crproxy_kube::C
             Ok(crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
                 .with_context(|| format!("using kubeconfig {}", path.display()))?)
         }
-        None => Ok(crproxy_kube::ClusterConfig::in_cluster()
-            .context("no kubeconfig given and not running in a cluster")?),
+        // Only client.kubeconfig may be left out (targets require theirs).
+        None => Ok(crproxy_kube::ClusterConfig::in_cluster().context(
+            "client.kubeconfig is not set and crproxy is not running in a cluster: set \
+             client.kubeconfig to a kubeconfig for the client cluster, or run crproxy in it",
+        )?),
     }
 }
 
