@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
 
 use serde_json::{Map, Value};
 
@@ -63,6 +64,8 @@ pub const DEFAULT_BIND_ADDRESS: &str = "127.0.0.1";
 pub const DEFAULT_BASE_PORT: u16 = 9100;
 /// Default metrics listener.
 pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9090";
+/// What a port key accepts: 0 would mean "any free port", which no one can reach.
+const PORT_RANGE: RangeInclusive<u64> = 1..=65_535;
 
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -482,21 +485,27 @@ impl Reader {
         }
     }
 
+    /// A whole number in `range`; the range is the whole rule for the key, so the
+    /// message states exactly what is accepted.
     fn unsigned(
         &mut self,
         m: Option<&Map<String, Value>>,
         path: &str,
         key: &str,
-        max: u64,
+        range: RangeInclusive<u64>,
     ) -> Option<u64> {
         match m.and_then(|m| m.get(key)) {
             None | Some(Value::Null) => None,
             Some(Value::Number(n)) => match n.as_u64() {
-                Some(v) if v <= max => Some(v),
+                Some(v) if range.contains(&v) => Some(v),
                 _ => {
                     self.err(
                         join(path, key),
-                        format!("must be a whole number between 0 and {max}, found {n}"),
+                        format!(
+                            "must be a whole number between {} and {}, found {n}",
+                            range.start(),
+                            range.end()
+                        ),
                     );
                     None
                 }
@@ -570,7 +579,7 @@ impl Reader {
             .string(m, p, "bindAddress")
             .unwrap_or_else(|| DEFAULT_BIND_ADDRESS.to_owned());
         let base_port = self
-            .unsigned(m, p, "basePort", u64::from(u16::MAX))
+            .unsigned(m, p, "basePort", PORT_RANGE)
             .and_then(|n| u16::try_from(n).ok())
             .unwrap_or(DEFAULT_BASE_PORT);
         let metrics_address = self
@@ -682,11 +691,11 @@ impl Reader {
                 Some(DnsPeers {
                     name: self.string(d, &dp, "name").unwrap_or_default(),
                     port: self
-                        .unsigned(d, &dp, "port", u64::from(u16::MAX))
+                        .unsigned(d, &dp, "port", PORT_RANGE)
                         .and_then(|n| u16::try_from(n).ok())
                         .unwrap_or(443),
                     interval_seconds: self
-                        .unsigned(d, &dp, "intervalSeconds", 86_400)
+                        .unsigned(d, &dp, "intervalSeconds", 1..=86_400)
                         .unwrap_or(10),
                 })
             }
@@ -1003,18 +1012,6 @@ impl Config {
                 if d.name.is_empty() {
                     err(format!("{pp}.dns.name"), "is required".into());
                 }
-                if d.port == 0 {
-                    err(
-                        format!("{pp}.dns.port"),
-                        "must be between 1 and 65535".into(),
-                    );
-                }
-                if d.interval_seconds == 0 {
-                    err(
-                        format!("{pp}.dns.intervalSeconds"),
-                        "must be at least 1".into(),
-                    );
-                }
             }
             if let Some(e) = &t.peers.endpoint_slices {
                 if e.namespace.is_empty() {
@@ -1180,12 +1177,6 @@ impl Config {
                 format!(
                     "{base} leaves no room for {count} group/versions: the last port would be {last}, above 65535"
                 ),
-            );
-        }
-        if self.proxy.base_port == 0 {
-            err(
-                "proxy.basePort".into(),
-                "must be between 1 and 65535".into(),
             );
         }
 

@@ -13,7 +13,9 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde_json::Value;
 
-use super::{is_dns_label, is_dns_subdomain, join, type_name, Config, ConfigError, Reader};
+use super::{
+    is_dns_label, is_dns_subdomain, join, type_name, Config, ConfigError, Reader, PORT_RANGE,
+};
 
 #[cfg(test)]
 mod tests;
@@ -383,7 +385,7 @@ impl Reader {
             service: service.map(|_| ServiceRefConfig {
                 namespace: self.string(service, sp, "namespace"),
                 name: self.string(service, sp, "name"),
-                port: self.unsigned(service, sp, "port", u64::from(u16::MAX)),
+                port: self.unsigned(service, sp, "port", PORT_RANGE),
             }),
             url: self.string(m, p, "url"),
         }
@@ -776,16 +778,8 @@ fn service_endpoint(
     let namespace = field("namespace", &service.namespace);
     let name = field("name", &service.name);
     // Kubernetes' default for a webhook's service port.
-    let port = match service.port.unwrap_or(443) {
-        0 => {
-            err(
-                &join(p, "port"),
-                "must be between 1 and 65535 (the Service's port)".into(),
-            );
-            None
-        }
-        port => u16::try_from(port).ok(),
-    };
+    // The reader keeps the port within PORT_RANGE.
+    let port = u16::try_from(service.port.unwrap_or(443)).ok();
     Some(WebhookEndpoint::Service {
         namespace: namespace?,
         name: name?,

@@ -245,11 +245,11 @@ fn parse_errors() {
         ),
         (
             edit("proxy: {}", "proxy: {basePort: 70000}"),
-            vec![("proxy.basePort", "between 0 and 65535")],
+            vec![("proxy.basePort", "must be a whole number between 1 and 65535, found 70000")],
         ),
         (
             edit("proxy: {}", "proxy: {basePort: -1}"),
-            vec![("proxy.basePort", "between 0 and 65535")],
+            vec![("proxy.basePort", "must be a whole number between 1 and 65535, found -1")],
         ),
         (
             edit("proxy: {}", "proxy: {basePort: \"9100\"}"),
@@ -392,7 +392,7 @@ fn validation_rules() {
         (edit("proxy: {}", "proxy: {bindAddress: localhost}"), vec![("proxy.bindAddress", "is not an IP address")]),
         (edit("proxy: {}", "proxy: {metricsAddress: '9090'}"), vec![("proxy.metricsAddress", "ip:port")]),
         (edit("proxy: {}", "proxy: {registration: {externalName: ''}}"), vec![("proxy.registration.externalName", "must not be empty")]),
-        (edit("proxy: {}", "proxy: {basePort: 0}"), vec![("proxy.basePort", "between 1 and 65535")]),
+        (edit("proxy: {}", "proxy: {basePort: 0}"), vec![("proxy.basePort", "must be a whole number between 1 and 65535, found 0")]),
         (
             format!("{}      gadgets.other.io/v1:\n{}", edit("proxy: {}", "proxy: {basePort: 65535}"), enabled_to("target")),
             vec![("proxy.basePort", "the last port would be 65536")],
@@ -412,9 +412,13 @@ fn validation_rules() {
             ("targets[0].peers.static[2]", "is not a host:port address"),
         ]),
         (edit("      static: [\"127.0.0.1:7443\"]", "      dns: {port: 0, intervalSeconds: 0}"), vec![
+            // Reading errors come before the rules' errors.
+            ("targets[0].peers.dns.port", "must be a whole number between 1 and 65535, found 0"),
+            ("targets[0].peers.dns.intervalSeconds", "must be a whole number between 1 and 86400, found 0"),
             ("targets[0].peers.dns.name", "is required"),
-            ("targets[0].peers.dns.port", "between 1 and 65535"),
-            ("targets[0].peers.dns.intervalSeconds", "at least 1"),
+        ]),
+        (edit("      static: [\"127.0.0.1:7443\"]", "      dns: {name: api, intervalSeconds: 86401}"), vec![
+            ("targets[0].peers.dns.intervalSeconds", "must be a whole number between 1 and 86400, found 86401"),
         ]),
         (edit("      static: [\"127.0.0.1:7443\"]", "      endpointSlices: {namespace: '', service: ''}"), vec![
             ("targets[0].peers.endpointSlices.namespace", "must not be empty"),
