@@ -314,8 +314,8 @@ fn read(yaml: &str, source: &SourceMap) -> Result<(Config, Vec<ConfigError>), Ve
 
 /// Parses and validates in one go: what `crproxy check-config` and start-up use.
 /// Every problem is reported: those found while reading the file and those of the
-/// rules, except rule errors about a key that already has a reading error (a
-/// value of the wrong type is not also reported as missing).
+/// rules, except rule errors that only follow from a reading error (a value of the
+/// wrong type is not also reported as missing); see [`check`].
 pub fn load(yaml: &str) -> Result<(Config, ProxyPlan), Vec<ConfigError>> {
     let source = SourceMap::build(yaml).map_err(|e| vec![ConfigError::new("", e.to_string())])?;
     load_with(yaml, &source)
@@ -362,17 +362,40 @@ pub fn check(yaml: &str, source: &SourceMap) -> Checked {
         Ok(plan) => Some(plan),
         Err(rule_errors) => {
             let reported: Vec<String> = errors.iter().map(|e| e.key.clone()).collect();
-            errors.extend(
-                rule_errors
-                    .into_iter()
-                    // A rule's complaint about a key that could not be read, or
-                    // about what encloses it, only repeats the reading problem.
-                    .filter(|e| {
-                        !reported
-                            .iter()
-                            .any(|r| is_within(&e.key, r) || is_within(r, &e.key))
-                    }),
-            );
+            // Errors reported at an entry's own key (`customResources["<key>"]`) judge
+            // the name the user gave the entry — its format, or its clash with other
+            // entries' names — never the values under it, which the rules report at
+            // their own keys; so they stand even when a value under the entry could
+            // not be read.
+            let entry_keys: BTreeSet<String> = config
+                .custom_resources
+                .keys()
+                .map(|k| entry_path(k))
+                .chain(
+                    config
+                        .sync
+                        .to_host
+                        .keys()
+                        .map(|k| sync::sync_entry_path(sync::Direction::ToHost, k)),
+                )
+                .chain(
+                    config
+                        .sync
+                        .from_host
+                        .keys()
+                        .map(|k| sync::sync_entry_path(sync::Direction::FromHost, k)),
+                )
+                .collect();
+            errors.extend(rule_errors.into_iter().filter(|e| {
+                !reported.iter().any(|r| {
+                    // A rule's complaint about a key that could not be read only
+                    // repeats the reading problem. One about what encloses it judges
+                    // the default the reader put in its place (an unreadable `enabled`
+                    // makes "no custom resource is enabled"), so it is a consequence
+                    // too, unless it is about an entry's name (above).
+                    is_within(&e.key, r) || (is_within(r, &e.key) && !entry_keys.contains(&e.key))
+                })
+            }));
             None
         }
     };

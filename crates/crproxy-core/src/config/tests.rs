@@ -439,6 +439,14 @@ fn validation_rules() {
         (entry("Widgets.example.com/v1", &enabled_to("target")), vec![(leak(cr("Widgets.example.com/v1")), "not a valid plural resource name")]),
         (entry("w.Example.com/v1", &enabled_to("target")), vec![(leak(cr("w.Example.com/v1")), "not a valid API group")]),
         (entry("w.example.com/V1", &enabled_to("target")), vec![(leak(cr("w.example.com/V1")), "not a valid API version")]),
+        // An entry's name is judged even when a value under it cannot be read.
+        (entry("widgets.example.com", "        enabled: true\n        targetVirtualCluster: {name: t}\n        accessResources: mine\n"), vec![
+            (leak(format!("{}.accessResources", cr("widgets.example.com"))), "unknown value \"mine\"; expected owned or all"),
+            (leak(cr("widgets.example.com")), "a version is required"),
+            (leak(format!("{}.targetVirtualCluster", cr("widgets.example.com"))), "no entry in targets has name \"t\""),
+        ]),
+        // What follows from a value that cannot be read is not reported again.
+        (edit("        enabled: true\n", "        enabled: \"yes\"\n"), vec![(leak(format!("{w}.enabled")), "expected true or false, found a string")]),
         // key errors are reported for disabled entries too
         (entry("broken", "        enabled: false\n        targetVirtualCluster: {name: target}\n"), vec![(leak(cr("broken")), "a version is required")]),
         // targetVirtualCluster.name, enabled and disabled
