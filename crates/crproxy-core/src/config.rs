@@ -544,11 +544,22 @@ impl Reader {
     }
 
     fn config(&mut self, doc: &Value) -> Config {
-        let root = self.mapping(
-            Some(doc),
-            "",
-            &["client", "proxy", "targets", "experimental", "sync"],
-        );
+        const TOP_LEVEL: [&str; 5] = ["client", "proxy", "targets", "experimental", "sync"];
+        let root = match doc {
+            // The document is no key of its own, so say what it must hold.
+            Value::Null | Value::Object(_) => self.mapping(Some(doc), "", &TOP_LEVEL),
+            other => {
+                self.err(
+                    "",
+                    format!(
+                        "the file must be a mapping of the configuration's top-level keys ({}), found {}",
+                        TOP_LEVEL.join(", "),
+                        type_name(other)
+                    ),
+                );
+                None
+            }
+        };
         let client = self.client(root.and_then(|r| r.get("client")));
         let proxy = self.proxy(root.and_then(|r| r.get("proxy")));
         let targets = self.targets(root.and_then(|r| r.get("targets")), &client.project);

@@ -193,6 +193,17 @@ fn check_config_reports_yaml_mistakes_in_its_own_words() {
     );
     assert!(!stdout.contains("DuplicateKeyPolicy"), "{stdout}");
     assert!(!stdout.contains(": : "), "no empty key: {stdout}");
+
+    std::fs::write(&path, "- a\n- b\n").expect("write");
+    let (ok, stdout, _) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    assert!(
+        stdout.contains(&format!(
+            "{file}:1:1: the file must be a mapping of the configuration's top-level keys \
+             (client, proxy, targets, experimental, sync), found a list"
+        )),
+        "{stdout}"
+    );
 }
 
 #[test]

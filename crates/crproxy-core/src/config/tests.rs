@@ -230,7 +230,7 @@ fn parse_errors() {
         ("client: [".into(), vec![("", "invalid YAML")]),
         (
             "- a\n- b\n".into(),
-            vec![("", "expected a mapping, found a list")],
+            vec![("", "the file must be a mapping of the configuration's top-level keys (client, proxy, targets, experimental, sync), found a list")],
         ),
         (
             edit("client:", "clinet: {}\nclient:"),
