@@ -63,10 +63,26 @@ pub fn apiservice_name(group: &str, version: &str) -> String {
 }
 
 /// The Lease in the client's `kube-system` whose holder registers the proxy:
-/// `crproxy-<client-name>`. The sync elects its leader on a Lease of its own
-/// (`crproxy-sync-<tenant>`), so a `crproxy-` prefix alone does not tell the two apart.
+/// `crproxy-<client-name>`.
 pub fn registration_lease_name(client_name: &str) -> String {
     format!("crproxy-{client_name}")
+}
+
+const SYNC_LEASE_PREFIX: &str = "crproxy-sync-";
+
+/// The Lease the sync replicas of one tenant elect their leader with, in the tenant's
+/// `kube-system`: `crproxy-sync-<tenant>`, shortened with a hash when long. Separate
+/// from the registration Lease, so the proxy and the sync can run in different
+/// processes.
+pub fn sync_lease_name(tenant: &str) -> String {
+    shorten_with_hash(&format!("{SYNC_LEASE_PREFIX}{tenant}"))
+}
+
+/// Whether a Lease in the client's `kube-system` is the proxy's registration Lease,
+/// for a reader that does not know the client's name: named `crproxy-`, and not the
+/// sync's (a client named `sync-…` can only be found by its name).
+pub fn is_registration_lease_name(name: &str) -> bool {
+    name.starts_with("crproxy-") && !name.starts_with(SYNC_LEASE_PREFIX)
 }
 
 /// The user name the target's RBAC sees for a client:
@@ -111,6 +127,18 @@ mod tests {
         let full = format!("proxy-{}-v1", g.replace('.', "-"));
         assert_eq!(full.len(), 63);
         check(&g, "v1", &full);
+    }
+
+    #[test]
+    fn registration_and_sync_leases_are_told_apart_by_name() {
+        assert!(is_registration_lease_name(&registration_lease_name("zeta")));
+        assert!(is_registration_lease_name(&registration_lease_name(
+            "team-a"
+        )));
+        assert!(!is_registration_lease_name(&sync_lease_name("zeta")));
+        let long_tenant = "t".repeat(80);
+        assert!(!is_registration_lease_name(&sync_lease_name(&long_tenant)));
+        assert!(!is_registration_lease_name("kube-controller-manager"));
     }
 
     #[test]

@@ -11,13 +11,6 @@ use crproxy_wiring::{LeaderElector, LeaseConfig};
 use crate::run::{start, SyncHandle, SyncOptions, DEFAULT_RESYNC};
 use crate::{SyncError, SyncMetrics};
 
-/// The Lease the sync replicas of one tenant elect their leader with, in the tenant's
-/// `kube-system`. Separate from the proxy's registration Lease, so the proxy and the
-/// sync can run in different processes.
-pub fn lease_name(tenant: &str) -> String {
-    crproxy_core::names::shorten_with_hash(&format!("crproxy-sync-{tenant}"))
-}
-
 /// Lease timings: a standby takes over at most `LEASE_DURATION` after the leader
 /// stops renewing.
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -73,7 +66,7 @@ pub async fn start_from_config(
         lease_client,
         LeaseConfig {
             namespace: "kube-system".into(),
-            name: lease_name(&plan.tenant),
+            name: crproxy_core::names::sync_lease_name(&plan.tenant),
             identity: format!("{identity}-{}", crproxy_wiring::default_identity()),
             lease_duration,
             renew_interval: lease_duration / 5,

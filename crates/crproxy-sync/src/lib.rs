@@ -38,6 +38,6 @@ pub mod to_host;
 pub mod writethrough;
 
 pub use error::SyncError;
-pub use from_config::{lease_name, start_from_config, LEASE_DURATION};
+pub use from_config::{start_from_config, LEASE_DURATION};
 pub use metrics::SyncMetrics;
 pub use run::{start, SyncHandle, SyncOptions};

@@ -56,8 +56,8 @@ pub struct DoctorArgs {
     pub metrics_url: Option<String>,
     /// The client's name (`client.name` in the proxy's configuration): the leader
     /// check then reads the registration Lease by its exact name. Without it, the
-    /// Lease is recognised by its holder, which names the client (so a Lease no
-    /// replica holds cannot be told apart from the sync's).
+    /// check takes the Lease named `crproxy-…` that is not the sync's
+    /// `crproxy-sync-…` (so a client named `sync-…` needs this flag).
     #[arg(long)]
     pub client_name: Option<String>,
     /// Output format.
@@ -697,7 +697,11 @@ async fn check_leader(client: &kube::Client, client_name: Option<&str>) -> Check
             }
         }
         None => match bounded(leases.list(&ListParams::default())).await {
-            Ok(list) => list.items.into_iter().find(is_registration_lease),
+            Ok(list) => list.items.into_iter().find(|lease| {
+                names::is_registration_lease_name(
+                    lease.metadata.name.as_deref().unwrap_or_default(),
+                )
+            }),
             Err(error) => {
                 return check(
                     "",
@@ -715,8 +719,8 @@ async fn check_leader(client: &kube::Client, client_name: Option<&str>) -> Check
                 "no Lease kube-system/{}",
                 names::registration_lease_name(client_name)
             ),
-            None => "no Lease kube-system/crproxy-<client name> held by a replica of that client \
-                     (pass --client-name to read it by name)"
+            None => "no Lease kube-system/crproxy-<client name> (a client named sync-... is \
+                     found only with --client-name)"
                 .to_owned(),
         };
         return check("", "leader", Status::Fail, evidence, runbook);
@@ -754,25 +758,6 @@ async fn check_leader(client: &kube::Client, client_name: Option<&str>) -> Check
             runbook,
         ),
     }
-}
-
-/// Whether a Lease is the proxy's registration Lease, when the client's name is not
-/// known. Both the registration Lease and the sync's Lease (`crproxy-sync-<tenant>`)
-/// start with `crproxy-`, and both holders start with `<client name>-` (see
-/// `run::start_wiring` and `crproxy_sync::start_from_config`); only for the
-/// registration Lease is the name [`names::registration_lease_name`] of that prefix.
-/// The holder's client name may itself contain dashes, so every prefix ending before
-/// a dash is tried.
-fn is_registration_lease(lease: &Lease) -> bool {
-    let name = lease.metadata.name.as_deref().unwrap_or_default();
-    let holder = lease
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.holder_identity.as_deref())
-        .unwrap_or_default();
-    holder
-        .match_indices('-')
-        .any(|(at, _)| names::registration_lease_name(&holder[..at]) == name)
 }
 
 /// Whether a discovery document looks like the proxy's fallback: every resource

@@ -328,12 +328,12 @@ async fn an_unreachable_metrics_url_fails_and_a_bare_cluster_has_nothing_registe
 
 /// The client's sync elects its leader on a Lease of its own, which sorts before the
 /// registration Lease here (`crproxy-sync-zeta` < `crproxy-zeta`): the leader check
-/// reports the registration Lease's holder, by name and by holder alike.
+/// reports the registration Lease's holder, with the client's name and without.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_is_the_registration_lease_not_the_sync_lease() -> Result<()> {
     let cluster = test_support::devcluster("client").await;
     let leases = Api::<Lease>::namespaced(devenv::admin_client(&cluster.cluster)?, "kube-system");
-    let sync_lease = crproxy_sync::lease_name("zeta");
+    let sync_lease = names::sync_lease_name("zeta");
     let registration_lease = names::registration_lease_name("zeta");
     assert!(sync_lease < registration_lease);
     for (name, holder) in [
