@@ -297,7 +297,7 @@ fn data_dir() -> PathBuf {
 }
 
 /// Where promtool comes from, for the failure a CI run without it gets.
-const PROMTOOL_HINT: &str = "Debian package `prometheus`, which .ci/run installs";
+const PROMTOOL_HINT: &str = "Debian package `prometheus`, which scripts/test installs";
 
 /// Runs promtool with `args` in `dir`; the run must succeed.
 fn promtool(dir: &Path, args: &[&str]) -> std::process::Output {
