@@ -28,6 +28,7 @@ const KUSTOMIZATIONS: &[&str] = &[
     "overlays/beside-apiserver",
     "target",
     "monitoring",
+    "components/sync",
 ];
 
 fn deploy_dir() -> PathBuf {
@@ -165,6 +166,128 @@ async fn the_dry_run_catches_a_broken_manifest() -> Result<()> {
         )
         .await;
         assert!(!applied.success(), "{dir} with {bad:?} was accepted");
+    }
+    Ok(())
+}
+
+/// Renders `overlay` with the sync component added, as an operator's own
+/// kustomization beside deploy/ would (kustomize wants relative paths).
+async fn render_with_sync(kubeconfig: &Path, overlay: &str) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let deploy = deploy_dir().canonicalize()?;
+    let up = "../".repeat(dir.path().canonicalize()?.components().count() - 1);
+    let deploy = format!("{up}{}", deploy.strip_prefix("/")?.display());
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!("resources: [{deploy}/{overlay}]\ncomponents: [{deploy}/components/sync]\n"),
+    )?;
+    let out = test_support::kubectl_async(
+        kubeconfig,
+        &["kustomize", dir.path().to_str().context("utf8 path")?],
+    )
+    .await;
+    if !out.success() {
+        bail!(
+            "kubectl kustomize {overlay} + components/sync: {}",
+            out.stderr
+        );
+    }
+    Ok(out.stdout)
+}
+
+/// The sync component on each overlay: the result passes a dry run, mounts the
+/// host kubeconfig where the overlay's commented sync example expects it, and
+/// grants the tenant-side rights the sync uses for the example's type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sync_component_completes_each_overlay() -> Result<()> {
+    let cluster = test_support::devcluster("deploy-sync").await;
+    install_standins(&cluster.kubeconfig).await?;
+    for overlay in ["overlays/cluster-ip", "overlays/beside-apiserver"] {
+        let rendered = render_with_sync(&cluster.kubeconfig, overlay).await?;
+        let docs = documents(&rendered)?;
+        let applied = test_support::kubectl_stdin_async(
+            &cluster.kubeconfig,
+            &["apply", "--dry-run=server", "-f", "-"],
+            &rendered,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert!(applied.success(), "{overlay}: {}", applied.stderr);
+        let config = find(&docs, "ConfigMap")?["data"]["config.yaml"]
+            .as_str()
+            .context("config.yaml")?
+            .to_owned();
+        let example: String = config
+            .lines()
+            .skip_while(|l| !l.starts_with("# sync:"))
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let example: Value = serde_saphyr::from_str(&example)?;
+        let host_kubeconfig = example["sync"]["host"]["kubeconfig"]
+            .as_str()
+            .context("sync.host.kubeconfig in the example")?;
+        let workload = docs
+            .iter()
+            .find(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+            .context("no workload rendered")?;
+        let pod = &workload["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["containers"][0]["volumeMounts"][0]["mountPath"],
+            "/etc/crproxy"
+        );
+        let mounted = pod["volumes"][0]["projected"]["sources"]
+            .as_array()
+            .context("projected volume")?
+            .iter()
+            .any(|s| {
+                s["secret"]["name"] == "crproxy-host-kubeconfig"
+                    && s["secret"]["items"][0]["key"] == "kubeconfig"
+                    && format!(
+                        "/etc/crproxy/{}",
+                        s["secret"]["items"][0]["path"].as_str().unwrap_or_default()
+                    ) == host_kubeconfig
+            });
+        assert!(mounted, "{overlay}: {host_kubeconfig} is not mounted");
+        // The example type's rights, and the CRD and namespace rights resolution
+        // and fromHost copies need.
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "crproxy-sync")
+            .context("no ClusterRole crproxy-sync")?;
+        let allows = |group: &str, resource: &str, verb: &str| {
+            role["rules"].as_array().into_iter().flatten().any(|r| {
+                r["apiGroups"]
+                    .as_array()
+                    .is_some_and(|g| g.contains(&json!(group)))
+                    && r["resources"]
+                        .as_array()
+                        .is_some_and(|g| g.contains(&json!(resource)))
+                    && r["verbs"]
+                        .as_array()
+                        .is_some_and(|g| g.contains(&json!(verb)))
+            })
+        };
+        for verb in ["get", "create", "update"] {
+            assert!(
+                allows("apiextensions.k8s.io", "customresourcedefinitions", verb),
+                "{verb}"
+            );
+        }
+        assert!(allows("", "namespaces", "create"));
+        let key = example["sync"]["toHost"]["customResources"]
+            .as_object()
+            .and_then(|m| m.keys().next().cloned())
+            .context("the example's synced type")?;
+        let (plural, rest) = key.split_once('.').context("<plural>.<group>/<version>")?;
+        let group = rest.split('/').next().unwrap_or_default();
+        for verb in ["get", "list", "watch", "update", "patch", "delete"] {
+            assert!(allows(group, plural, verb), "{key}: {verb}");
+        }
+        assert!(
+            allows(group, &format!("{plural}/status"), "update"),
+            "{key}: status"
+        );
     }
     Ok(())
 }
