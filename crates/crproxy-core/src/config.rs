@@ -1164,21 +1164,12 @@ impl Config {
                     );
                 }
             }
-            let wildcard = entries.iter().find(|e| e.parsed.resource.is_none());
-            let explicit = entries.iter().find(|e| e.parsed.resource.is_some());
-            if let (Some(w), Some(x)) = (wildcard, explicit) {
-                consistent = false;
-                err(
-                    entry_path(x.key),
-                    format!(
-                        "conflicts with {:?}: a group/version is configured either with explicit resources or with *, not both",
-                        w.key
-                    ),
-                );
-            }
             if !consistent {
                 continue;
             }
+            // A wildcard next to explicit keys of the same target and mode is what
+            // the spec allows: it already covers them, so they add nothing.
+            let wildcard = entries.iter().find(|e| e.parsed.resource.is_none());
             let resources = if wildcard.is_some() {
                 ResourceSet::Wildcard
             } else {

@@ -147,6 +147,16 @@ fn plan_details_and_defaults() {
 }
 
 #[test]
+fn a_wildcard_covers_explicit_keys_of_its_group_version() {
+    let yaml = format!(
+        "{BASE}      '*.example.com/v1':\n        enabled: true\n        targetVirtualCluster: {{name: target}}\n"
+    );
+    let (_, plan) = load(&yaml).expect("a wildcard and an explicit key that agree are valid");
+    assert_eq!(plan.group_versions.len(), 1);
+    assert_eq!(plan.group_versions[0].resources, ResourceSet::Wildcard);
+}
+
+#[test]
 fn full_shape_parses() {
     let yaml = r#"
 client:
@@ -470,13 +480,13 @@ fn validation_rules() {
             entry("gadgets.example.com/v1", "        enabled: true\n        targetVirtualCluster: {name: target}\n        accessResources: all\n"),
             vec![(leak(format!("{w}.accessResources")), "is owned but \"gadgets.example.com/v1\" uses all")],
         ),
-        // explicit + wildcard
+        // explicit + wildcard: the spec only asks them to agree (see
+        // a_wildcard_covers_explicit_keys_of_its_group_version)
+        (entry("'*.example.com/v1'", &enabled_to("target")), vec![]),
         (
-            entry("'*.example.com/v1'", &enabled_to("target")),
-            vec![(leak(w.clone()), "conflicts with \"*.example.com/v1\"")],
+            entry("'*.example.com/v1'", "        enabled: true\n        targetVirtualCluster: {name: target}\n        accessResources: all\n"),
+            vec![(leak(format!("{w}.accessResources")), "all entries of one group/version must use the same access mode")],
         ),
-        // a disabled wildcard does not conflict
-        (entry("'*.example.com/v1'", "        enabled: false\n        targetVirtualCluster: {name: target}\n"), vec![]),
         // nothing enabled
         (edit("        enabled: true", "        enabled: false"), vec![("experimental.proxy.customResources", "no custom resource is enabled")]),
         (edit("        enabled: true\n", ""), vec![("experimental.proxy.customResources", "no custom resource is enabled")]),
