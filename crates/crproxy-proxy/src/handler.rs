@@ -533,9 +533,13 @@ impl GroupVersionProxy {
                 .await
             }
             Verb::Get if owned => self.named_get(exchange, path).await,
-            Verb::Create => {
-                // Creates are stamped in both modes so every object on the target
-                // names the client that made it.
+            Verb::Update | Verb::Patch | Verb::Delete if owned => {
+                self.owned_mutation(exchange, verb, path, body).await
+            }
+            Verb::Create | Verb::Update | Verb::Patch => {
+                // Writes are stamped in both modes (owned-mode replaces and patches
+                // above, in `owned_mutation`), so every object on the target keeps
+                // naming its client: a replace without labels would drop them.
                 let bytes = match read_request(transport::stream(body), exchange.deadline).await {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
@@ -564,9 +568,6 @@ impl GroupVersionProxy {
                     false,
                 )
                 .await
-            }
-            Verb::Update | Verb::Patch | Verb::Delete if owned => {
-                self.owned_mutation(exchange, verb, path, body).await
             }
             _ => {
                 let watch = verb == Verb::Watch;

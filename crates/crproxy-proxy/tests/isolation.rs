@@ -21,7 +21,7 @@ use kube::Api;
 
 use crproxy_core::config::AccessMode;
 use target_support::{
-    harness, json_of, on_target, send, widget, widget_object, widget_resource, Harness,
+    harness, json_of, on_target, send, widget, widget_object, widget_resource, Harness, LogBuffer,
     OWNER_LABELS, WIDGETS,
 };
 
@@ -234,6 +234,92 @@ async fn all_mode_keeps_continue_without_labels() {
         plain.body
     );
     h.proxy.shutdown().await;
+}
+
+/// In all mode a replace or a patch is stamped like a create: a PUT whose body has
+/// no labels does not strip them from the object, and a patch of an unlabelled
+/// object leaves it labelled (spec, "Ownership labels": POST, PUT and PATCH).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_mode_stamps_replaces_and_patches() {
+    let h = harness(AccessMode::All).await;
+    let created = send(
+        &h,
+        "POST",
+        WIDGETS,
+        Some("application/json"),
+        widget("r", json!({})).to_string(),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let mut replaced = widget("r", json!({"app": "x"}));
+    replaced["metadata"]["resourceVersion"] = created.body["metadata"]["resourceVersion"].clone();
+    replaced["spec"]["replicas"] = json!(2);
+    let put = send(
+        &h,
+        "PUT",
+        &format!("{WIDGETS}/r"),
+        Some("application/json"),
+        replaced.to_string(),
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let stored = on_target(&h, "r").await.expect("replaced");
+    assert_eq!(stored["spec"]["replicas"], 2, "{stored}");
+    assert!(is_owned(&stored), "the replace kept the labels: {stored}");
+    assert_eq!(stored["metadata"]["labels"]["app"], "x", "{stored}");
+
+    create_on_target(&h, "p", json!({})).await;
+    let patch = send(
+        &h,
+        "PATCH",
+        &format!("{WIDGETS}/p"),
+        Some("application/merge-patch+json"),
+        json!({"spec": {"replicas": 3}}).to_string(),
+    )
+    .await;
+    assert_eq!(patch.status, 200, "{}", patch.body);
+    let stored = on_target(&h, "p").await.expect("patched");
+    assert_eq!(stored["spec"]["replicas"], 3, "{stored}");
+    assert!(is_owned(&stored), "the patch added the labels: {stored}");
+    h.proxy.shutdown().await;
+}
+
+/// A patch the proxy cannot label goes to the target as it came, and the target
+/// gives its own answer; the failed injection is logged. A current-thread runtime,
+/// so the log capture sees the proxy's events.
+#[tokio::test]
+async fn all_mode_forwards_an_unlabellable_patch_and_logs_it() {
+    let (logs, _guard) = LogBuffer::capture();
+    let h = harness(AccessMode::All).await;
+    create_on_target(&h, "m", json!({})).await;
+    let patch = send(
+        &h,
+        "PATCH",
+        &format!("{WIDGETS}/m"),
+        Some("application/merge-patch+json"),
+        r#"{"spec": {"replicas": "#,
+    )
+    .await;
+    assert_eq!(patch.status, 400, "{}", patch.body);
+    let message = patch.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("error decoding patch"),
+        "the target's answer, not the proxy's: {}",
+        patch.body
+    );
+    let logged = logs.text();
+    assert!(logged.contains("inject source labels failed"), "{logged}");
+    let stored = on_target(&h, "m").await.expect("still there");
+    assert_eq!(stored["spec"]["replicas"], 1, "{stored}");
+    h.proxy.shutdown().await;
+}
+
+/// Creates `name` straight on the target with `labels`.
+async fn create_on_target(h: &Harness, name: &str, labels: Value) {
+    h.widgets
+        .create(&PostParams::default(), &widget_object(name, labels))
+        .await
+        .expect("created on the target");
 }
 
 /// Creates `name` owned by the client, straight on the target.

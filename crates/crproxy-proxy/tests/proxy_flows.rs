@@ -24,7 +24,7 @@ use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::sources::PeerSourceConfig;
 use target_support::{
     exchange, harness, harness_with, harness_with_peers, json_of, on_target, send_as, widget,
-    widget_object, widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
+    widget_object, widget_resource, Harness, LogBuffer, Options, Reply, OWNER_LABELS, WIDGETS,
 };
 
 /// The Accept header of an aggregator's discovery fetch (v2, then v2beta1).
@@ -903,35 +903,9 @@ async fn aggregated_discovery_falls_back_when_the_target_cannot_answer() {
     h.proxy.shutdown().await;
 }
 
-/// Collects formatted log output in memory.
-#[derive(Clone, Default)]
-struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuffer {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
-    type Writer = LogBuffer;
-    fn make_writer(&'a self) -> LogBuffer {
-        self.clone()
-    }
-}
-
 #[tokio::test]
 async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer() {
-    let logs = LogBuffer::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = LogBuffer::capture();
     let h = harness_with(Options {
         // A peer source that never publishes (a missing file).
         peers: Box::new(|_| PeerSourceConfig::File("/nonexistent/crproxy-peers.yaml".into())),
@@ -949,7 +923,7 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
     assert!(series(&h.metrics, "vcluster_proxy_peer_cache_synced", " 0"));
     let mut logged = String::new();
     for _ in 0..50 {
-        logged = String::from_utf8_lossy(&logs.0.lock().expect("log")).into_owned();
+        logged = logs.text();
         if logged.contains("peer cache did not sync in time for the startup probe") {
             break;
         }

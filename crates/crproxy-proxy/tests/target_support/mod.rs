@@ -349,3 +349,43 @@ pub async fn on_target(h: &Harness, name: &str) -> Option<Value> {
 pub fn json_of(object: &DynamicObject) -> Value {
     serde_json::to_value(object).expect("objects are JSON")
 }
+
+/// The formatted log output of the events on the thread that called
+/// [`LogBuffer::capture`], kept in memory. Run the test on a current-thread runtime:
+/// the proxy's tasks then run on that thread too.
+#[derive(Clone, Default)]
+pub struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogBuffer {
+    /// Captures this thread's events until the guard is dropped.
+    pub fn capture() -> (LogBuffer, tracing::subscriber::DefaultGuard) {
+        let logs = LogBuffer::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .finish();
+        (logs.clone(), tracing::subscriber::set_default(subscriber))
+    }
+
+    /// Everything captured so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log")).into_owned()
+    }
+}
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
+    }
+}
