@@ -511,10 +511,13 @@ impl GroupVersionProxy {
         }
         match verb {
             Verb::DeleteCollection if owned => {
-                let bytes = match read_request(transport::stream(body), exchange.deadline).await {
-                    Ok(bytes) => bytes,
-                    Err(outcome) => return outcome,
-                };
+                let bytes =
+                    match read_request(transport::stream(body), exchange.deadline, &self.metrics)
+                        .await
+                    {
+                        Ok(bytes) => bytes,
+                        Err(outcome) => return outcome,
+                    };
                 self.owned_delete_collection(exchange, path, &bytes).await
             }
             Verb::List | Verb::Watch if owned => {
@@ -540,10 +543,13 @@ impl GroupVersionProxy {
                 // Writes are stamped in both modes (owned-mode replaces and patches
                 // above, in `owned_mutation`), so every object on the target keeps
                 // naming its client: a replace without labels would drop them.
-                let bytes = match read_request(transport::stream(body), exchange.deadline).await {
-                    Ok(bytes) => bytes,
-                    Err(outcome) => return outcome,
-                };
+                let bytes =
+                    match read_request(transport::stream(body), exchange.deadline, &self.metrics)
+                        .await
+                    {
+                        Ok(bytes) => bytes,
+                        Err(outcome) => return outcome,
+                    };
                 let labelled = match self.labelled_body(exchange, &bytes).await {
                     Ok(labelled) => labelled,
                     Err(outcome) => return outcome,
@@ -662,10 +668,11 @@ impl GroupVersionProxy {
         path: &ResourcePath,
         body: hyper::body::Incoming,
     ) -> Outcome {
-        let bytes = match read_request(transport::stream(body), exchange.deadline).await {
-            Ok(bytes) => bytes,
-            Err(outcome) => return outcome,
-        };
+        let bytes =
+            match read_request(transport::stream(body), exchange.deadline, &self.metrics).await {
+                Ok(bytes) => bytes,
+                Err(outcome) => return outcome,
+            };
         let (headers, mut write, _room) = if verb == Verb::Delete {
             (exchange.headers.clone(), None, None)
         } else {
@@ -1389,10 +1396,16 @@ fn flatten<T>(
 
 /// Reads a request body whole, at most [`MAX_REQUEST_BODY`] bytes and within the
 /// request's deadline: a body that never completes ends like any request past its
-/// 60 s cap.
-async fn read_request(body: ProxyBody, deadline: Instant) -> Result<Bytes, Outcome> {
+/// 60 s cap, counted as a `deadline` termination here (the 504 it gets is a whole
+/// body, so the response's own deadline never counts it again).
+async fn read_request(
+    body: ProxyBody,
+    deadline: Instant,
+    metrics: &TargetMetrics,
+) -> Result<Bytes, Outcome> {
     let read = transport::read_limited(body, MAX_REQUEST_BODY);
     let Ok(read) = tokio::time::timeout_at(deadline, read).await else {
+        metrics.termination(Reason::Deadline);
         return Err(Outcome::new(
             json_response(
                 StatusCode::GATEWAY_TIMEOUT,
@@ -1834,28 +1847,50 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_body_that_never_completes_ends_at_the_request_deadline() {
+        let metrics = crate::metrics::Metrics::new();
+        let target = metrics.target("default/target");
         let started = Instant::now();
         let deadline = started + REQUEST_DEADLINE;
         // Bounded: without the deadline the read would wait forever.
-        let outcome =
-            tokio::time::timeout(REQUEST_DEADLINE * 2, read_request(endless_body(), deadline))
-                .await
-                .expect("the read ends by the deadline")
-                .expect_err("no body");
+        let outcome = tokio::time::timeout(
+            REQUEST_DEADLINE * 2,
+            read_request(endless_body(), deadline, &target),
+        )
+        .await
+        .expect("the read ends by the deadline")
+        .expect_err("no body");
         assert_eq!(outcome.response.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(outcome.reason, Reason::Deadline);
         assert_eq!(started.elapsed(), REQUEST_DEADLINE);
+        let terminations: Vec<String> = metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("vcluster_proxy_request_terminations_total{"))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(terminations.len(), 1, "{terminations:?}");
+        assert!(
+            terminations[0].contains("reason=\"deadline\"") && terminations[0].ends_with(" 1"),
+            "counted once: {terminations:?}"
+        );
     }
 
     #[tokio::test]
     async fn a_body_over_three_mebibytes_is_refused_in_kubes_words() {
+        let metrics = crate::metrics::Metrics::new();
+        let target = metrics.target("default/target");
         let big = transport::full(vec![b' '; MAX_REQUEST_BODY + 1]);
         let far = Instant::now() + REQUEST_DEADLINE;
-        let outcome = read_request(big, far).await.expect_err("too large");
+        let outcome = read_request(big, far, &target)
+            .await
+            .expect_err("too large");
         assert_eq!(outcome.response.status(), StatusCode::PAYLOAD_TOO_LARGE);
         let exact = transport::full(vec![b' '; MAX_REQUEST_BODY]);
         assert_eq!(
-            read_request(exact, far).await.map(|b| b.len()).ok(),
+            read_request(exact, far, &target)
+                .await
+                .map(|b| b.len())
+                .ok(),
             Some(MAX_REQUEST_BODY)
         );
     }
