@@ -490,21 +490,23 @@ async fn target_errors_become_a_retryable_503() {
 
 /// An extension API server for example.com/v1 on 127.0.0.1, for the target's
 /// aggregator to send the group to: it answers discovery (so the APIService turns
-/// Available) and throttles every other request with kube's 429
-/// `TooManyRequests`, as an overloaded server or API priority and fairness does.
-struct ThrottlingBackend {
+/// Available) and every other request with the error `code` holds, as kube would
+/// word it: 429 `TooManyRequests` as an overloaded server or API priority and
+/// fairness throttles, 401 or 403 as a refusing authorizer, 500 as a failed server.
+struct FailingBackend {
     addr: SocketAddr,
+    code: Arc<std::sync::atomic::AtomicU16>,
     accept: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for ThrottlingBackend {
+impl Drop for FailingBackend {
     fn drop(&mut self) {
         self.accept.abort();
     }
 }
 
-impl ThrottlingBackend {
-    async fn start() -> ThrottlingBackend {
+impl FailingBackend {
+    async fn start(code: u16) -> FailingBackend {
         use rustls_pki_types::pem::PemObject as _;
         let ca = crproxy_core::pki::CertificateAuthority::generate("backend-ca").expect("ca");
         let leaf = ca
@@ -531,6 +533,8 @@ impl ThrottlingBackend {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let code = Arc::new(std::sync::atomic::AtomicU16::new(code));
+        let current = Arc::clone(&code);
         let accept = tokio::spawn(async move {
             // Bounded: aborted when the backend drops.
             loop {
@@ -538,15 +542,20 @@ impl ThrottlingBackend {
                     return;
                 };
                 let acceptor = acceptor.clone();
+                let current = Arc::clone(&current);
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
                     let service = hyper::service::service_fn(
-                        |request: http::Request<hyper::body::Incoming>| async move {
-                            Ok::<_, std::convert::Infallible>(throttling_answer(
-                                request.uri().path(),
-                            ))
+                        move |request: http::Request<hyper::body::Incoming>| {
+                            let code = current.load(std::sync::atomic::Ordering::SeqCst);
+                            async move {
+                                Ok::<_, std::convert::Infallible>(failing_answer(
+                                    request.uri().path(),
+                                    code,
+                                ))
+                            }
                         },
                     );
                     let builder = hyper_util::server::conn::auto::Builder::new(
@@ -558,11 +567,16 @@ impl ThrottlingBackend {
                 });
             }
         });
-        ThrottlingBackend { addr, accept }
+        FailingBackend { addr, code, accept }
+    }
+
+    /// Answers every request but discovery with `code` from now on.
+    fn answer(&self, code: u16) {
+        self.code.store(code, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
-fn throttling_answer(path: &str) -> http::Response<http_body_util::Full<Bytes>> {
+fn failing_answer(path: &str, code: u16) -> http::Response<http_body_util::Full<Bytes>> {
     let (code, body) = if path == "/apis/example.com/v1" {
         let discovery = json!({
             "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "example.com/v1",
@@ -571,12 +585,21 @@ fn throttling_answer(path: &str) -> http::Response<http_body_util::Full<Bytes>> 
         });
         (200, discovery)
     } else {
-        let throttled = json!({
+        let (reason, message) = match code {
+            429 => (
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            ),
+            401 => ("Unauthorized", "Unauthorized"),
+            403 => ("Forbidden", "widgets.example.com is forbidden"),
+            _ => ("InternalError", "Internal error occurred: backend failed"),
+        };
+        let failure = json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "Too many requests, please try again later.",
-            "reason": "TooManyRequests", "details": {"retryAfterSeconds": 1}, "code": 429,
+            "message": message, "reason": reason, "details": {"retryAfterSeconds": 1},
+            "code": code,
         });
-        (429, throttled)
+        (code, failure)
     };
     http::Response::builder()
         .status(code)
@@ -586,14 +609,10 @@ fn throttling_answer(path: &str) -> http::Response<http_body_util::Full<Bytes>> 
         .expect("response")
 }
 
-/// A throttled ownership check did not find the object missing: it could not look.
-/// A named write or delete whose preliminary GET the target answers 429 fails with
-/// the retryable 503 of a failed check, never the 404 a controller takes for "gone".
-#[tokio::test]
-async fn a_throttled_ownership_check_is_a_retryable_503_not_a_404() {
-    let h = harness(AccessMode::Owned).await;
-    create_on_target(&h, "throttled", owned_labels()).await;
-    let backend = ThrottlingBackend::start().await;
+/// Hands the target's example.com/v1 to a [`FailingBackend`] answering `code`,
+/// and waits until the target's aggregator answers `demo/<name>` with it.
+async fn widgets_failing_with(h: &Harness, name: &str, code: u16) -> FailingBackend {
+    let backend = FailingBackend::start(code).await;
     let port = backend.addr.port();
     let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
         "metadata": {"name": "widgets-backend", "namespace": "default"},
@@ -605,18 +624,34 @@ async fn a_throttled_ownership_check_is_a_retryable_503_not_a_404() {
         .create(&PostParams::default(), &service)
         .await
         .expect("service created");
-    hand_widgets_to_backend(&h, port).await;
+    hand_widgets_to_backend(h, port).await;
     // The target's aggregator routes the group to the backend once the APIService
     // is Available.
-    let target_code = target_answers(429, || async {
-        match h.widgets.get("throttled").await {
+    assert_target_answers(h, name, code).await;
+    backend
+}
+
+/// Waits until the target answers a GET of `demo/<name>` with `code`.
+async fn assert_target_answers(h: &Harness, name: &str, code: u16) {
+    let target_code = target_answers(code, || async {
+        match h.widgets.get(name).await {
             Err(kube::Error::Api(status)) => status.code,
             Err(_) => 0,
             Ok(_) => 200,
         }
     })
     .await;
-    assert_eq!(target_code, 429, "the target never throttled");
+    assert_eq!(target_code, code, "the target never answered {code}");
+}
+
+/// A throttled ownership check did not find the object missing: it could not look.
+/// A named write or delete whose preliminary GET the target answers 429 fails with
+/// the retryable 503 of a failed check, never the 404 a controller takes for "gone".
+#[tokio::test]
+async fn a_throttled_ownership_check_is_a_retryable_503_not_a_404() {
+    let h = harness(AccessMode::Owned).await;
+    create_on_target(&h, "throttled", owned_labels()).await;
+    let _backend = widgets_failing_with(&h, "throttled", 429).await;
 
     let path = format!("{WIDGETS}/throttled");
     let delete = call(&h.aggregator, "DELETE", &path, None).await;
@@ -637,6 +672,57 @@ async fn a_throttled_ownership_check_is_a_retryable_503_not_a_404() {
             "{needle}"
         );
     }
+    h.proxy.shutdown().await;
+}
+
+/// An ownership check the target refuses with 401 or 403 means this client may not
+/// see the object: to the caller it does not exist (404 `ownership_masked`).
+#[tokio::test]
+async fn an_ownership_check_refused_with_401_or_403_is_masked_as_a_404() {
+    let h = harness(AccessMode::Owned).await;
+    create_on_target(&h, "refused", owned_labels()).await;
+    let backend = widgets_failing_with(&h, "refused", 401).await;
+    let path = format!("{WIDGETS}/refused");
+    for code in [401, 403] {
+        backend.answer(code);
+        assert_target_answers(&h, "refused", code).await;
+        let delete = call(&h.aggregator, "DELETE", &path, None).await;
+        assert_eq!(delete.status, 404, "{code}: {}", delete.body);
+        assert_eq!(delete.body["reason"], "NotFound", "{code}: {}", delete.body);
+        assert_eq!(delete.body["code"], 404, "{code}: {}", delete.body);
+        assert_eq!(
+            delete.body["message"], "widgets.example.com \"refused\" not found",
+            "{code}"
+        );
+    }
+    let needle = "verb=\"DELETE\",code=\"404\",reason=\"ownership_masked\"";
+    assert!(
+        series(&h.metrics, "vcluster_proxy_request_total", needle),
+        "{needle}"
+    );
+    h.proxy.shutdown().await;
+}
+
+/// An ownership check the target fails with a 5xx could not look, like a throttled
+/// one: a retryable 503 `ownership_check_failed`, not a 404.
+#[tokio::test]
+async fn an_ownership_check_failed_with_a_5xx_is_a_retryable_503() {
+    let h = harness(AccessMode::Owned).await;
+    create_on_target(&h, "failing", owned_labels()).await;
+    let _backend = widgets_failing_with(&h, "failing", 500).await;
+    let delete = call(&h.aggregator, "DELETE", &format!("{WIDGETS}/failing"), None).await;
+    assert_retryable_503(&delete);
+    assert_eq!(
+        delete.body["reason"], "ServiceUnavailable",
+        "{}",
+        delete.body
+    );
+    assert_eq!(delete.body["code"], 503, "{}", delete.body);
+    let needle = "verb=\"DELETE\",code=\"503\",reason=\"ownership_check_failed\"";
+    assert!(
+        series(&h.metrics, "vcluster_proxy_request_total", needle),
+        "{needle}"
+    );
     h.proxy.shutdown().await;
 }
 
