@@ -301,3 +301,6 @@ fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>, sync_timeout: Duration) ->
         }
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -149,3 +149,10 @@ fn acquiring_a_connection_does_not_carry_a_dial_inline() {
     let size = std::mem::size_of_val(&acquiring);
     assert!(size <= 512, "acquire's future takes {size} bytes");
 }
+
+/// The spec's fixed-thresholds table ("Quarantine duration: 20s") names the value
+/// itself, so the tests that sleep `QUARANTINE_DURATION` cannot catch a change of it.
+#[test]
+fn the_quarantine_duration_is_the_specs_20_seconds() {
+    assert_eq!(QUARANTINE_DURATION, Duration::from_secs(20));
+}

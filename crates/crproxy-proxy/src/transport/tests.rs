@@ -258,3 +258,10 @@ async fn bodies_are_read_whole_in_one_piece_or_many_and_bounded() {
         Err(ForwardError::TooLarge)
     ));
 }
+
+/// The spec's fixed-thresholds table ("Non-watch request timeout: 60s") names the
+/// value itself, so the tests that wait `REQUEST_DEADLINE` cannot catch a change of it.
+#[test]
+fn the_request_deadline_is_the_specs_60_seconds() {
+    assert_eq!(REQUEST_DEADLINE, Duration::from_secs(60));
+}
