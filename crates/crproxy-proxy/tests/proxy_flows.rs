@@ -133,6 +133,8 @@ async fn callers_without_the_front_proxy_certificate_get_401_and_reach_nothing()
 
 #[tokio::test]
 async fn creates_are_stamped_and_the_namespace_is_mirrored() {
+    // A current-thread test: the proxy's events are this thread's.
+    let (logs, _guard) = LogBuffer::capture();
     let h = harness(AccessMode::Owned).await;
     // A namespace of the client's that the target does not have yet.
     let fresh: Namespace =
@@ -174,6 +176,14 @@ async fn creates_are_stamped_and_the_namespace_is_mirrored() {
             .expect("get")
             .is_some(),
         "namespace mirrored"
+    );
+    let logged = logs.text();
+    assert!(
+        logged
+            .lines()
+            .any(|l| l.contains("creating namespace on target cluster")
+                && l.contains("namespace=fresh")),
+        "{logged}"
     );
     assert!(series(
         &h.metrics,
