@@ -712,12 +712,14 @@ impl WriteThrough {
                 }
             }
         }
+        // Not worded "gave up": operators read that as a tenant-side rollback
+        // failure, and this one is on the host (host_delete).
         self.rollback_failed(
             ty,
             key,
             "host_delete",
             "write-through: rollback host delete failed",
-            &format!("gave up after {ROLLBACK_ATTEMPTS} conflicting attempts"),
+            &format!("still conflicting after {ROLLBACK_ATTEMPTS} attempts"),
         );
     }
 
