@@ -170,6 +170,19 @@ async fn the_dry_run_catches_a_broken_manifest() -> Result<()> {
     Ok(())
 }
 
+/// The `sync:` example an overlay's config.yaml carries commented out, uncommented.
+fn sync_example(docs: &[Value]) -> Result<String> {
+    let config = find(docs, "ConfigMap")?["data"]["config.yaml"]
+        .as_str()
+        .context("config.yaml")?;
+    Ok(config
+        .lines()
+        .skip_while(|l| !l.starts_with("# sync:"))
+        .map(|l| l.strip_prefix("# ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
 /// Renders `overlay` with the sync component added, as an operator's own
 /// kustomization beside deploy/ would (kustomize wants relative paths).
 async fn render_with_sync(kubeconfig: &Path, overlay: &str) -> Result<String> {
@@ -213,17 +226,7 @@ async fn the_sync_component_completes_each_overlay() -> Result<()> {
         )
         .await;
         assert!(applied.success(), "{overlay}: {}", applied.stderr);
-        let config = find(&docs, "ConfigMap")?["data"]["config.yaml"]
-            .as_str()
-            .context("config.yaml")?
-            .to_owned();
-        let example: String = config
-            .lines()
-            .skip_while(|l| !l.starts_with("# sync:"))
-            .map(|l| l.strip_prefix("# ").unwrap_or(l))
-            .collect::<Vec<_>>()
-            .join("\n");
-        let example: Value = serde_saphyr::from_str(&example)?;
+        let example: Value = serde_saphyr::from_str(&sync_example(&docs)?)?;
         let host_kubeconfig = example["sync"]["host"]["kubeconfig"]
             .as_str()
             .context("sync.host.kubeconfig in the example")?;
@@ -1207,18 +1210,9 @@ async fn write_through_service_leads_to_the_leader(
     assert!(container["env"].as_array().context("env")?.iter().any(
         |e| e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     ));
-    let config = find(&docs, "ConfigMap")?["data"]["config.yaml"]
-        .as_str()
-        .context("config.yaml")?
-        .to_owned();
     // The commented example, uncommented, is a valid sync section naming that
     // Service and port.
-    let example: String = config
-        .lines()
-        .skip_while(|l| !l.starts_with("# sync:"))
-        .map(|l| l.strip_prefix("# ").unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let example = sync_example(&docs)?;
     let uncommented = format!(
         "client: {{name: client, project: default}}\n{}\n",
         example.replace("/etc/crproxy/host/kubeconfig", "host.kubeconfig")
