@@ -12,9 +12,14 @@
 //! but keeps the count, as client-go's `Add` does: an object that changes every few
 //! seconds (a status a host controller keeps updating) must not hold a failing key
 //! at the shortest delays. A periodic or relist look at every key
-//! ([`WorkQueue::resync`]) leaves a backing-off key to its scheduled retry. There
-//! is no rate limit shared by all keys: when every key fails at once (the host
-//! down), each makes its own few attempts.
+//! ([`WorkQueue::resync`]) leaves a backing-off key to its scheduled retry.
+//!
+//! Retries also share one token bucket ([`RETRY_RATE`] per second, [`RETRY_BURST`]
+//! at once), the other half of client-go's default controller rate limiter: a
+//! retry waits for the longer of its key's backoff and its turn in the bucket. When
+//! every key fails at once (the host down, a credential revoked), the first
+//! hundred retry after their backoff and the rest follow at ten a second, instead
+//! of each key's few fast attempts arriving together.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -28,6 +33,41 @@ use tokio::time::Instant;
 pub const BACKOFF_BASE: Duration = Duration::from_millis(5);
 /// The longest retry delay: a key failing for good is still tried every 5 minutes.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+/// Retries per second the bucket shared by all keys refills with (client-go's
+/// default overall limit).
+pub const RETRY_RATE: f64 = 10.0;
+/// Retries the shared bucket lets through at once.
+pub const RETRY_BURST: f64 = 100.0;
+
+/// A token bucket whose reservations may run into debt, as Go's `rate.Limiter`
+/// reservations do: each retry takes a token now and waits until the bucket would
+/// have held it.
+struct RetryBucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+impl RetryBucket {
+    fn full(now: Instant) -> RetryBucket {
+        RetryBucket {
+            tokens: RETRY_BURST,
+            updated: now,
+        }
+    }
+
+    /// Takes one token at `now`; how long its retry waits for it.
+    fn reserve(&mut self, now: Instant) -> Duration {
+        let refilled = now.saturating_duration_since(self.updated).as_secs_f64() * RETRY_RATE;
+        self.tokens = (self.tokens + refilled).min(RETRY_BURST) - 1.0;
+        self.updated = now;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / RETRY_RATE)
+        }
+    }
+}
 
 /// The delay before the retry that follows `failures` earlier consecutive failures
 /// (0 for the first): `BACKOFF_BASE * 2^failures`, at most `BACKOFF_CAP`.
@@ -54,6 +94,8 @@ struct Inner<K> {
     /// Numbers the scheduled retries, so that one made obsolete (the key succeeded,
     /// changed, or failed again meanwhile) is dropped when it fires.
     next_retry: u64,
+    /// The turn of every retry, whichever key.
+    bucket: RetryBucket,
 }
 
 struct Failing {
@@ -73,6 +115,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 dirty: HashMap::new(),
                 failing: HashMap::new(),
                 next_retry: 0,
+                bucket: RetryBucket::full(Instant::now()),
             }),
             notify: Notify::new(),
         })
@@ -138,8 +181,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         });
     }
 
-    /// The work on `key` failed: retries it after its backoff (at least `at_least`),
-    /// keeping `since` as [`add_after`](Self::add_after) does. Returns the delay.
+    /// The work on `key` failed: retries it after its backoff or its turn in the
+    /// shared bucket, whichever is later, and at least `at_least`; keeps `since` as
+    /// [`add_after`](Self::add_after) does. Returns the delay.
     pub fn retry_failed(self: &Arc<Self>, key: K, at_least: Duration, since: Instant) -> Duration {
         let (delay, retry) = {
             let mut inner = self.lock();
@@ -149,10 +193,11 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 .failing
                 .entry(key.clone())
                 .or_insert(Failing { failures: 0, retry });
-            let delay = backoff(failing.failures).max(at_least);
+            let own = backoff(failing.failures).max(at_least);
             failing.failures = failing.failures.saturating_add(1);
             failing.retry = retry;
-            (delay, retry)
+            let turn = inner.bucket.reserve(Instant::now());
+            (own.max(turn), retry)
         };
         self.schedule(key, delay, since, Some(retry));
         delay

@@ -107,3 +107,34 @@ async fn a_failed_key_waits_for_its_retry_unless_it_changes() {
         Duration::from_secs(30)
     );
 }
+
+/// When many keys fail at once, the first hundred retries go after their own
+/// backoff and the rest wait their turn at ten a second; a bucket left alone
+/// fills up again.
+#[tokio::test(start_paused = true)]
+async fn retries_of_all_keys_share_ten_a_second_after_a_burst_of_a_hundred() {
+    let q = WorkQueue::new();
+    let t0 = Instant::now();
+    let delays: Vec<Duration> = (0..150)
+        .map(|key| q.retry_failed(key, Duration::ZERO, t0))
+        .collect();
+    assert!(
+        delays[..100].iter().all(|d| *d == BACKOFF_BASE),
+        "{delays:?}"
+    );
+    assert_eq!(delays[100], Duration::from_millis(100));
+    assert_eq!(delays[149], Duration::from_secs(5));
+    // Ten seconds later the debt of fifty is paid and fifty tokens are back.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let again: Vec<Duration> = (150..201)
+        .map(|key| q.retry_failed(key, Duration::ZERO, t0))
+        .collect();
+    assert!(again[..50].iter().all(|d| *d == BACKOFF_BASE), "{again:?}");
+    assert_eq!(again[50], Duration::from_millis(100));
+    // A key's own longer backoff still wins over an early turn.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(
+        q.retry_failed(1000, Duration::from_secs(30), t0),
+        Duration::from_secs(30)
+    );
+}
