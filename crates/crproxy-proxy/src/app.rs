@@ -199,7 +199,8 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             authority,
             credentials,
         };
-        tracing::info!(group_version = %group_version, target = %target_label, upstream = %names::placeholder_host(&target.name, &target.project), "Starting target transport");
+        let upstream = names::placeholder_host(&target.name, &target.project);
+        tracing::info!(group_version = %group_version, target = %target_label, upstream = %upstream, "Starting target transport");
         let proxy = GroupVersionProxy::new(
             plan.group.clone(),
             plan.version.clone(),
@@ -207,6 +208,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             plan.access,
             setup.owner.clone(),
             target.name.clone(),
+            upstream,
             connection,
             metrics,
             setup.client.clone(),

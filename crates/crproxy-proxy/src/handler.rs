@@ -49,6 +49,10 @@ pub struct GroupVersionProxy {
     pub owner: Owner,
     /// `targetVirtualCluster.name`, as error messages name it.
     pub target_name: String,
+    /// The target's placeholder host (`kube.<name>.<project>.vcluster.invalid:443`),
+    /// as the startup log and every failed request's log line name it, so operators
+    /// can match one string for the target.
+    pub upstream: String,
     pub target: TargetConnection,
     pub metrics: TargetMetrics,
     /// The client cluster, for namespace existence checks; without retries, as the
@@ -136,6 +140,7 @@ impl GroupVersionProxy {
         access: AccessMode,
         owner: Owner,
         target_name: String,
+        upstream: String,
         target: TargetConnection,
         metrics: TargetMetrics,
         client: kube::Client,
@@ -152,6 +157,7 @@ impl GroupVersionProxy {
             access,
             owner,
             target_name,
+            upstream,
             target,
             metrics,
             client,
@@ -388,7 +394,9 @@ impl GroupVersionProxy {
             .get_from_target(exchange, Some(&Inspected::default()))
             .await
         {
-            Ok(response) if response.status().is_server_error() => self.upstream_failure(),
+            Ok(response) if response.status().is_server_error() => {
+                self.server_error(response.status())
+            }
             Ok(response) => {
                 let (parts, body) = response.into_parts();
                 Outcome::new(Response::from_parts(parts, body), Reason::Upstream)
@@ -615,7 +623,7 @@ impl GroupVersionProxy {
             Err(e) => return self.unavailable(e),
         };
         if response.status().is_server_error() {
-            return self.upstream_failure();
+            return self.server_error(response.status());
         }
         let (parts, body) = response.into_parts();
         let read = tokio::time::timeout_at(
@@ -756,7 +764,7 @@ impl GroupVersionProxy {
             }
         }
         // The loop returns on its last attempt.
-        self.upstream_failure()
+        self.upstream_failure("no attempt left for the pinned write")
     }
 
     /// The fast path of an owned mutation: when the ownership cache knows the
@@ -948,13 +956,13 @@ impl GroupVersionProxy {
                     list_query = without_resource_version(&list_query);
                     continue;
                 }
-                ListStep::Unavailable => return self.upstream_failure(),
+                ListStep::Unavailable => return self.server_error(code),
                 ListStep::PassOn => {
                     return Outcome::new(json_bytes_response(code, bytes), Reason::Upstream)
                 }
             }
             let Ok(mut page) = serde_json::from_slice::<Value>(&bytes) else {
-                return self.upstream_failure();
+                return self.upstream_failure("the target's list page is not JSON");
             };
             drop(bytes);
             let items = match page.get_mut("items").map(Value::take) {
@@ -989,7 +997,9 @@ impl GroupVersionProxy {
                     // state stands for it.
                     _ => match serde_json::to_vec(&listed_as_object(item, object_type.as_ref())) {
                         Ok(listed) => Bytes::from(listed),
-                        Err(_) => return self.upstream_failure(),
+                        Err(_) => {
+                            return self.upstream_failure("a listed object could not be encoded")
+                        }
                     },
                 };
                 held += object.len();
@@ -1013,7 +1023,7 @@ impl GroupVersionProxy {
                 json_bytes_response(StatusCode::OK, Bytes::from(body)),
                 Reason::Upstream,
             ),
-            Err(_) => self.upstream_failure(),
+            Err(_) => self.upstream_failure("the list of deleted objects could not be encoded"),
         }
     }
 
@@ -1064,7 +1074,7 @@ impl GroupVersionProxy {
                 Ok(Some(is_object.then(|| Bytes::copy_from_slice(&answer))))
             }
             StatusCode::NOT_FOUND | StatusCode::CONFLICT => Ok(None),
-            code if code.is_server_error() => Err(self.upstream_failure()),
+            code if code.is_server_error() => Err(self.server_error(code)),
             code => Err(Outcome::new(
                 json_bytes_response(code, answer),
                 Reason::Upstream,
@@ -1270,7 +1280,7 @@ impl GroupVersionProxy {
                 ));
             }
         } else if code.is_server_error() {
-            return Err(self.upstream_failure());
+            return Err(self.server_error(code));
         }
         lock(&self.target_namespaces).insert(namespace.to_string());
         Ok(())
@@ -1323,7 +1333,7 @@ impl GroupVersionProxy {
             Err(e) => return self.unavailable(e),
         };
         if !watch && response.status().is_server_error() {
-            return self.upstream_failure();
+            return self.server_error(response.status());
         }
         if exchange.method != Method::GET && response.status() == StatusCode::NOT_FOUND {
             // The target lost a namespace we believed it had: check again next time.
@@ -1359,12 +1369,34 @@ impl GroupVersionProxy {
             _ => None,
         };
         let reason = error.reason();
-        tracing::debug!(target = %self.target_name, group_version = %self.group_version, %reason, error = %error, "request to target failed");
+        self.log_failure(reason, &error);
         Outcome::new(self.unavailable_response(cause.as_deref()), reason)
     }
 
-    fn upstream_failure(&self) -> Outcome {
+    /// The 503 for a target that answered `code` (a 5xx) where the proxy needed an
+    /// answer it could use.
+    fn server_error(&self, code: StatusCode) -> Outcome {
+        self.upstream_failure(&format!("target answered {}", code.as_u16()))
+    }
+
+    /// The 503 for a request the proxy could not complete for `cause` although the
+    /// target was reached.
+    fn upstream_failure(&self, cause: &str) -> Outcome {
+        self.log_failure(Reason::Upstream, &cause);
         Outcome::new(self.unavailable_response(None), Reason::Upstream)
+    }
+
+    /// One warn line per request answered 503/504 for want of a usable target, at
+    /// the default level, so log-based alerts see every one. The error names the
+    /// placeholder upstream first, as the spec's alerting advice matches on it.
+    fn log_failure(&self, reason: Reason, error: &dyn std::fmt::Display) {
+        tracing::warn!(
+            target = %self.target_name,
+            group_version = %self.group_version,
+            %reason,
+            error = %format_args!("{}: {error}", self.upstream),
+            "request to target failed"
+        );
     }
 
     fn unavailable_response(&self, cause: Option<&str>) -> Response<ProxyBody> {

@@ -746,8 +746,10 @@ fn assert_retryable_503(reply: &Reply) {
     assert_eq!(retry_after, Some("1"), "{}", reply.body);
 }
 
+/// A current-thread runtime, so the log capture sees the proxy's events.
 #[tokio::test]
-async fn an_unreachable_target_is_a_retryable_503() {
+async fn an_unreachable_target_is_a_retryable_503_logged_at_warn() {
+    let (logs, _guard) = LogBuffer::capture();
     let h = harness(AccessMode::Owned).await;
     // The target goes away: its port refuses connections, open ones are dropped.
     h.target
@@ -761,6 +763,23 @@ async fn an_unreachable_target_is_a_retryable_503() {
         message.starts_with("target tenant cluster \"target\" for example.com/v1 is unavailable"),
         "{message}"
     );
+    // Operators alert on this line at the default level: it names the placeholder
+    // upstream and what went wrong with it.
+    let logged = logs.text();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("request to target failed"))
+        .unwrap_or_else(|| panic!("no failure logged: {logged}"));
+    assert!(line.contains(" WARN "), "{line}");
+    for field in [
+        "target=target",
+        "group_version=example.com/v1",
+        "reason=",
+        "error=kube.target.default.vcluster.invalid:443: ",
+    ] {
+        assert!(line.contains(field), "{field}: {line}");
+    }
+    assert!(line.contains("refused"), "the dial's own error: {line}");
     h.proxy.shutdown().await;
 }
 
