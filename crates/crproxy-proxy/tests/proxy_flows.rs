@@ -56,6 +56,16 @@ fn series(metrics: &Metrics, name: &str, needle: &str) -> bool {
         .any(|l| l.starts_with(name) && l.contains(needle))
 }
 
+/// The sum of `name`'s samples whose line contains `needle` (0 when none).
+fn value(metrics: &Metrics, name: &str, needle: &str) -> f64 {
+    metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Connections the proxy opened to the target so far
 /// (`vcluster_proxy_peer_dial_duration_seconds_count`).
 fn dials(metrics: &Metrics) -> u64 {
@@ -506,6 +516,9 @@ async fn target_errors_become_a_retryable_503() {
 struct FailingBackend {
     addr: SocketAddr,
     code: Arc<std::sync::atomic::AtomicU16>,
+    /// Whether discovery fails too, for every caller but the target's aggregator
+    /// (whose availability check must keep passing).
+    discovery_fails: Arc<std::sync::atomic::AtomicBool>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -545,6 +558,8 @@ impl FailingBackend {
         let addr = listener.local_addr().expect("addr");
         let code = Arc::new(std::sync::atomic::AtomicU16::new(code));
         let current = Arc::clone(&code);
+        let discovery_fails = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let failing_discovery = Arc::clone(&discovery_fails);
         let accept = tokio::spawn(async move {
             // Bounded: aborted when the backend drops.
             loop {
@@ -553,6 +568,7 @@ impl FailingBackend {
                 };
                 let acceptor = acceptor.clone();
                 let current = Arc::clone(&current);
+                let failing_discovery = Arc::clone(&failing_discovery);
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
@@ -560,10 +576,17 @@ impl FailingBackend {
                     let service = hyper::service::service_fn(
                         move |request: http::Request<hyper::body::Incoming>| {
                             let code = current.load(std::sync::atomic::Ordering::SeqCst);
+                            let from_aggregator = request
+                                .headers()
+                                .get("x-remote-user")
+                                .is_some_and(|u| u == "system:kube-aggregator");
+                            let discovery_fails = !from_aggregator
+                                && failing_discovery.load(std::sync::atomic::Ordering::SeqCst);
                             async move {
                                 Ok::<_, std::convert::Infallible>(failing_answer(
                                     request.uri().path(),
                                     code,
+                                    discovery_fails,
                                 ))
                             }
                         },
@@ -577,17 +600,33 @@ impl FailingBackend {
                 });
             }
         });
-        FailingBackend { addr, code, accept }
+        FailingBackend {
+            addr,
+            code,
+            discovery_fails,
+            accept,
+        }
     }
 
     /// Answers every request but discovery with `code` from now on.
     fn answer(&self, code: u16) {
         self.code.store(code, std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// Answers discovery with the failing code too, except to the target's
+    /// aggregator, so the APIService stays Available and the code reaches the proxy.
+    fn fail_discovery(&self) {
+        self.discovery_fails
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
-fn failing_answer(path: &str, code: u16) -> http::Response<http_body_util::Full<Bytes>> {
-    let (code, body) = if path == "/apis/example.com/v1" {
+fn failing_answer(
+    path: &str,
+    code: u16,
+    discovery_fails: bool,
+) -> http::Response<http_body_util::Full<Bytes>> {
+    let (code, body) = if path == "/apis/example.com/v1" && !discovery_fails {
         let discovery = json!({
             "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "example.com/v1",
             "resources": [{"name": "widgets", "singularName": "widget", "namespaced": true,
@@ -601,6 +640,10 @@ fn failing_answer(path: &str, code: u16) -> http::Response<http_body_util::Full<
                 "Too many requests, please try again later.",
             ),
             401 => ("Unauthorized", "Unauthorized"),
+            404 => (
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
             403 => ("Forbidden", "widgets.example.com is forbidden"),
             _ => ("InternalError", "Internal error occurred: backend failed"),
         };
@@ -795,11 +838,26 @@ async fn discovery_falls_back_locally_when_no_peer_answers() {
     assert_eq!(reply.body["kind"], "APIResourceList");
     assert_eq!(reply.body["resources"][0]["name"], "widgets");
     assert_eq!(reply.body["resources"][0]["verbs"], json!(["get"]));
-    assert!(series(
-        &h.metrics,
-        "vcluster_proxy_discovery_fallbacks_total",
-        "group_version=\"example.com/v1\""
-    ));
+    // The dial failed before the discovery fell back: the request keeps the dial's
+    // reason, the fallback is counted as an upstream error (the peer check passed).
+    let counted = h.metrics.encode();
+    assert!(
+        series(
+            &h.metrics,
+            "vcluster_proxy_request_total",
+            "verb=\"GET\",code=\"200\",reason=\"error\""
+        ),
+        "{counted}"
+    );
+    assert_eq!(
+        value(
+            &h.metrics,
+            "vcluster_proxy_discovery_fallbacks_total",
+            "group_version=\"example.com/v1\",reason=\"upstream_error\""
+        ),
+        1.0,
+        "{counted}"
+    );
     // Resource requests fail with the retryable 503 meanwhile.
     let list = call(&h.aggregator, "GET", WIDGETS, None).await;
     assert_eq!(list.status, 503);
@@ -959,6 +1017,45 @@ async fn subresources_follow_the_objects_ownership() {
         foreign.body["message"],
         "widgets.example.com \"foreign\" not found"
     );
+    h.proxy.shutdown().await;
+}
+
+/// The local discovery document, as the proxy serves it while the target cannot
+/// answer discovery.
+#[track_caller]
+fn assert_fallback_document(reply: &Reply) {
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.body["kind"], "APIResourceList", "{}", reply.body);
+    assert_eq!(reply.body["resources"][0]["name"], "widgets");
+    assert_eq!(reply.body["resources"][0]["verbs"], json!(["get"]));
+}
+
+fn discovery_fallbacks(h: &Harness, reason: &str) -> f64 {
+    value(
+        &h.metrics,
+        "vcluster_proxy_discovery_fallbacks_total",
+        &format!("reason=\"{reason}\""),
+    )
+}
+
+/// A target that answers `/apis/<group>/<version>` with 401, 404 or a 5xx has no
+/// document to pass on: the proxy serves its own and counts `upstream_error`.
+#[tokio::test]
+async fn discovery_answered_with_401_404_or_5xx_falls_back_as_upstream_error() {
+    let h = harness(AccessMode::Owned).await;
+    let backend = widgets_failing_with(&h, "any", 401).await;
+    backend.fail_discovery();
+    for (round, code) in [401, 404, 500, 503].into_iter().enumerate() {
+        backend.answer(code);
+        let reply = call(&h.aggregator, "GET", "/apis/example.com/v1", None).await;
+        assert_fallback_document(&reply);
+        let counted = h.metrics.encode();
+        assert_eq!(
+            discovery_fallbacks(&h, "upstream_error"),
+            (round + 1) as f64,
+            "{code}: {counted}"
+        );
+    }
     h.proxy.shutdown().await;
 }
 
