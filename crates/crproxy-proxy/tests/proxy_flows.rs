@@ -1059,6 +1059,68 @@ async fn discovery_answered_with_401_404_or_5xx_falls_back_as_upstream_error() {
     h.proxy.shutdown().await;
 }
 
+/// When the peer check fails before any dial, the fallback is counted under the
+/// check's own reason: an empty list (`no_peer`), every peer quarantined
+/// (`all_quarantined`), a list older than the staleness tolerance after the
+/// subscription dropped (`stale_peers`). The pool is driven directly: the static
+/// source published once at start and never again.
+#[tokio::test]
+async fn discovery_fallbacks_count_the_peer_check_that_failed() {
+    let h = harness(AccessMode::Owned).await;
+    let pool = Arc::clone(&h.proxy.pools[0]);
+    let discovery = || call(&h.aggregator, "GET", "/apis/example.com/v1", None);
+    // The static source's one publication first, so it cannot undo the lists below.
+    assert!(pool.wait_for_first_list(Duration::from_secs(10)).await);
+
+    pool.publish(Vec::new());
+    assert_fallback_document(&discovery().await);
+    assert_eq!(discovery_fallbacks(&h, "no_peer"), 1.0);
+
+    // A refusing peer: each dial fails (upstream_error) until it is quarantined.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = closed.local_addr().expect("addr").to_string();
+    drop(closed);
+    pool.publish(vec![dead]);
+    for _ in 0..10 {
+        assert_fallback_document(&discovery().await);
+        if discovery_fallbacks(&h, "all_quarantined") > 0.0 {
+            break;
+        }
+    }
+    let counted = h.metrics.encode();
+    assert_eq!(discovery_fallbacks(&h, "all_quarantined"), 1.0, "{counted}");
+    assert_eq!(discovery_fallbacks(&h, "upstream_error"), 3.0, "{counted}");
+
+    // The real target again, then the subscription drops and the staleness
+    // tolerance passes. The clock is moved, not waited for; real sockets keep
+    // running on real time around the jump.
+    pool.publish(vec![h.target.cluster.addr().to_string()]);
+    let served = discovery().await;
+    assert_ne!(
+        served.body["resources"][0]["verbs"],
+        json!(["get"]),
+        "the target's"
+    );
+    pool.subscription_dropped();
+    tokio::time::pause();
+    tokio::time::advance(crproxy_proxy::pool::STALENESS_TOLERANCE + Duration::from_secs(1)).await;
+    tokio::time::resume();
+    assert_fallback_document(&discovery().await);
+    let counted = h.metrics.encode();
+    assert_eq!(discovery_fallbacks(&h, "stale_peers"), 1.0, "{counted}");
+    for reason in ["no_peer", "all_quarantined", "stale_peers"] {
+        assert!(
+            series(
+                &h.metrics,
+                "vcluster_proxy_request_total",
+                &format!("reason=\"{reason}\"")
+            ),
+            "{reason}: {counted}"
+        );
+    }
+    h.proxy.shutdown().await;
+}
+
 /// `GET /apis` for aggregated discovery, as the client's aggregator asks for it.
 async fn aggregated_discovery(h: &Harness) -> Reply {
     let request = http::Request::get("/apis")
