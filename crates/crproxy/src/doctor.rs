@@ -354,7 +354,7 @@ fn triage(checks: &[Check]) -> String {
             .iter()
             .any(|c| c.check == name && c.status == Status::Fail)
     };
-    let verdicts: [(&str, &str); 12] = [
+    let verdicts: [(&str, &str); 13] = [
         ("apiservice", "registration: the APIService does not reach a proxy"),
         ("service", "registration: the proxy Service has no usable backend"),
         ("leader", "no leader: nothing keeps the registration in place"),
@@ -379,6 +379,12 @@ fn triage(checks: &[Check]) -> String {
             "proxy-path degradation: the target's endpoints are stale or unreachable from the proxy",
         ),
         ("peer-list-age", "no peer list has arrived yet"),
+        (
+            "request-deadline",
+            "requests reach the target but its responses do not finish within the proxy's \
+             60 s cap: look at the target's response path (API server, storage, webhooks), \
+             not the peer path",
+        ),
     ];
     if let Some((_, verdict)) = verdicts.iter().find(|(name, _)| failing(name)) {
         return (*verdict).to_owned();
@@ -1172,7 +1178,96 @@ fn check_metrics(samples: &[Sample], gv: &str) -> Vec<Check> {
             runbook,
         )
     });
+    checks.extend(check_request_deadline(samples, gv));
     checks
+}
+
+/// The upper bound of the request duration bucket just below the 60 s cap
+/// ([`REQUEST_DURATION_BUCKETS`]): what lies above it took half the cap or more,
+/// and a request ended by the deadline lands there too.
+const SLOW_REQUEST_SECONDS: f64 = 30.0;
+
+/// The upper bound of the dial duration bucket just below the 5 s dial timeout
+/// ([`DIAL_DURATION_BUCKETS`]): dials above it were close to timing out.
+const SLOW_DIAL_SECONDS: f64 = 2.5;
+
+/// Requests the proxy cut off at its 60 s cap: the troubleshooting row "requests
+/// consistently take about 60 seconds, then fail".
+///
+/// The rule is the termination counter alone: any `deadline` termination on the
+/// target of this group/version fails the check, because each one is a caller
+/// that got an error after waiting the whole cap. The histograms do not decide;
+/// they are evidence to tell the two slow paths apart: requests above
+/// [`SLOW_REQUEST_SECONDS`] with dials below [`SLOW_DIAL_SECONDS`] point to a
+/// quick dial and a slow target response, while dials near the 5 s dial timeout
+/// belong to the peer path (both are counted since the proxy started, so they
+/// show where time went overall, not request by request). Both series are
+/// labelled by target, not group/version, so the target is taken from this
+/// group/version's own series; none means this proxy does not serve it, which
+/// the peer-cache check already reports.
+///
+/// [`REQUEST_DURATION_BUCKETS`]: crproxy_proxy::metrics::REQUEST_DURATION_BUCKETS
+/// [`DIAL_DURATION_BUCKETS`]: crproxy_proxy::metrics::DIAL_DURATION_BUCKETS
+fn check_request_deadline(samples: &[Sample], gv: &str) -> Option<Check> {
+    let targets: std::collections::BTreeSet<&str> = samples
+        .iter()
+        .filter(|s| s.labels.get("group_version").map(String::as_str) == Some(gv))
+        .filter_map(|s| s.labels.get("target").map(String::as_str))
+        .collect();
+    if targets.is_empty() {
+        return None;
+    }
+    let of_target = |s: &Sample| {
+        s.labels
+            .get("target")
+            .is_some_and(|t| targets.contains(t.as_str()))
+    };
+    let deadline = sum(samples, "vcluster_proxy_request_terminations_total", |s| {
+        of_target(s) && s.labels.get("reason").map(String::as_str) == Some("deadline")
+    })
+    .unwrap_or(0.0);
+    let above = |family: &str, bound: f64| {
+        let total = sum(samples, &format!("{family}_count"), of_target)?;
+        let below = sum(samples, &format!("{family}_bucket"), |s| {
+            of_target(s)
+                && s.labels
+                    .get("le")
+                    .and_then(|le| le.parse::<f64>().ok())
+                    .is_some_and(|le| le == bound)
+        })?;
+        Some(format!("{} of {total}", total - below))
+    };
+    let slow_requests = above(
+        "vcluster_proxy_request_duration_seconds",
+        SLOW_REQUEST_SECONDS,
+    )
+    .unwrap_or_else(|| "none timed".into());
+    let slow_dials = above(
+        "vcluster_proxy_peer_dial_duration_seconds",
+        SLOW_DIAL_SECONDS,
+    )
+    .unwrap_or_else(|| "none timed".into());
+    let targets = targets.into_iter().collect::<Vec<_>>().join(", ");
+    let evidence = format!(
+        "target {targets} since start: {deadline} request(s) ended at the 60s deadline; \
+         requests over {SLOW_REQUEST_SECONDS}s: {slow_requests}; dials over \
+         {SLOW_DIAL_SECONDS}s: {slow_dials}"
+    );
+    Some(if deadline > 0.0 {
+        check(
+            gv,
+            "request-deadline",
+            Status::Fail,
+            evidence,
+            "a dial gives up after 5 s, so a request that ran the full 60 s had usually \
+             connected and was waiting on the target: look at the slow target response path \
+             (the target API server's latency, its storage, its admission webhooks). Dials \
+             near the 5 s timeout, if the evidence counts any, are a separate peer-path \
+             problem (see the peers and request-reasons checks)",
+        )
+    } else {
+        check(gv, "request-deadline", Status::Ok, evidence, "")
+    })
 }
 
 #[cfg(test)]
@@ -1225,6 +1320,111 @@ mod tests {
             triage(&checks),
             "the proxy has no current peer snapshot: restore its peer source first"
         );
+    }
+
+    const DEADLINE_VERDICT: &str = "requests reach the target but its responses do not \
+        finish within the proxy's 60 s cap: look at the target's response path (API server, \
+        storage, webhooks), not the peer path";
+
+    /// A healthy peer snapshot for `example.com/v1` of target `p/t`, then `extra`
+    /// exposition lines; returns the request-deadline check and the verdict.
+    fn deadline_check(extra: &str) -> (Check, String) {
+        let gv = "example.com/v1";
+        let samples = parse_exposition(&format!(
+            "vcluster_proxy_peer_cache_synced{{group_version=\"{gv}\",target=\"p/t\"}} 1\n\
+             vcluster_proxy_peers{{group_version=\"{gv}\",target=\"p/t\",state=\"healthy\"}} 1\n\
+             vcluster_proxy_peer_list_age_seconds{{group_version=\"{gv}\",target=\"p/t\"}} 3\n\
+             {extra}"
+        ));
+        let checks = check_metrics(&samples, gv);
+        let deadline = checks
+            .iter()
+            .find(|c| c.check == "request-deadline")
+            .expect("a request-deadline check")
+            .clone();
+        (deadline, triage(&checks))
+    }
+
+    /// Request durations of target `p/t`: `fast` under 30 s, `slow` in (30, 60],
+    /// `capped` past 60 s; dials: `dials` under 2.5 s, `slow_dials` in (2.5, 5].
+    fn histograms(fast: u32, slow: u32, capped: u32, dials: u32, slow_dials: u32) -> String {
+        let requests = fast + slow + capped;
+        let all_dials = dials + slow_dials;
+        format!(
+            "vcluster_proxy_request_duration_seconds_bucket{{target=\"p/t\",verb=\"get\",le=\"5.0\"}} {fast}\n\
+             vcluster_proxy_request_duration_seconds_bucket{{target=\"p/t\",verb=\"get\",le=\"30.0\"}} {fast}\n\
+             vcluster_proxy_request_duration_seconds_bucket{{target=\"p/t\",verb=\"get\",le=\"60.0\"}} {}\n\
+             vcluster_proxy_request_duration_seconds_bucket{{target=\"p/t\",verb=\"get\",le=\"+Inf\"}} {requests}\n\
+             vcluster_proxy_request_duration_seconds_count{{target=\"p/t\",verb=\"get\"}} {requests}\n\
+             vcluster_proxy_peer_dial_duration_seconds_bucket{{target=\"p/t\",le=\"2.5\"}} {dials}\n\
+             vcluster_proxy_peer_dial_duration_seconds_bucket{{target=\"p/t\",le=\"5.0\"}} {all_dials}\n\
+             vcluster_proxy_peer_dial_duration_seconds_bucket{{target=\"p/t\",le=\"+Inf\"}} {all_dials}\n\
+             vcluster_proxy_peer_dial_duration_seconds_count{{target=\"p/t\"}} {all_dials}\n",
+            fast + slow
+        )
+    }
+
+    #[test]
+    fn deadline_terminations_fail_and_decide_the_verdict() {
+        let (check, verdict) = deadline_check(&format!(
+            "{}vcluster_proxy_request_terminations_total{{target=\"p/t\",reason=\"deadline\"}} 3\n\
+             vcluster_proxy_request_terminations_total{{target=\"p/t\",reason=\"upgrade_rejected\"}} 2\n\
+             vcluster_proxy_request_terminations_total{{target=\"other/t\",reason=\"deadline\"}} 5\n",
+            histograms(7, 0, 3, 4, 0)
+        ));
+        assert_eq!(check.status, Status::Fail);
+        assert_eq!(
+            check.evidence,
+            "target p/t since start: 3 request(s) ended at the 60s deadline; requests over 30s: \
+             3 of 10; dials over 2.5s: 0 of 4"
+        );
+        assert!(
+            check.runbook.contains("slow target response path"),
+            "{}",
+            check.runbook
+        );
+        assert_eq!(verdict, DEADLINE_VERDICT);
+    }
+
+    #[test]
+    fn no_deadline_termination_is_ok() {
+        let (check, verdict) = deadline_check(&histograms(10, 0, 0, 4, 0));
+        assert_eq!(check.status, Status::Ok, "{}", check.evidence);
+        assert_eq!(
+            check.evidence,
+            "target p/t since start: 0 request(s) ended at the 60s deadline; requests over 30s: \
+             0 of 10; dials over 2.5s: 0 of 4"
+        );
+        assert_eq!(verdict, "healthy");
+
+        // Before any request or dial, there is nothing to count.
+        let (check, _) = deadline_check("");
+        assert_eq!(check.status, Status::Ok);
+        assert!(
+            check
+                .evidence
+                .ends_with("requests over 30s: none timed; dials over 2.5s: none timed"),
+            "{}",
+            check.evidence
+        );
+    }
+
+    #[test]
+    fn dial_timeouts_near_5s_are_not_the_deadline_verdict() {
+        // Three dials ran into the 5 s dial timeout and their requests failed with
+        // 503 `timeout` after about 5 s: the peer path, not a slow response.
+        let (check, verdict) = deadline_check(&format!(
+            "{}vcluster_proxy_peer_dial_failures_total{{target=\"p/t\",reason=\"timeout\"}} 3\n\
+             vcluster_proxy_request_total{{group_version=\"example.com/v1\",target=\"p/t\",verb=\"get\",code=\"503\",reason=\"timeout\"}} 3\n",
+            histograms(10, 0, 0, 4, 3)
+        ));
+        assert_eq!(check.status, Status::Ok, "{}", check.evidence);
+        assert!(
+            check.evidence.ends_with("dials over 2.5s: 3 of 7"),
+            "{}",
+            check.evidence
+        );
+        assert_ne!(verdict, DEADLINE_VERDICT);
     }
 
     #[test]

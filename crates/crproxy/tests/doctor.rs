@@ -141,6 +141,7 @@ async fn all_green_then_each_broken_piece_is_named() -> Result<()> {
         "peer-list-age",
         "quarantines",
         "request-reasons",
+        "request-deadline",
     ] {
         assert_eq!(run.status_of(&gv, check), "ok", "{check}");
     }
