@@ -626,6 +626,178 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
     }
 }
 
+/// DELETEs the [`conflicting_host`] received.
+static CONFLICTING_DELETES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The host creates the mirror (uid `m-1`, resourceVersion 1), and its controller
+/// updates the mirror's status before every pinned delete lands: each DELETE is
+/// answered 409, and a read after it finds the same write one resourceVersion later.
+fn conflicting_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
+    use std::sync::atomic::Ordering;
+    let deletes = CONFLICTING_DELETES.load(Ordering::SeqCst);
+    match *method {
+        Method::POST if path == MIRROR_PATH => {
+            let mut body = body.clone();
+            body["metadata"]["uid"] = json!("m-1");
+            body["metadata"]["resourceVersion"] = json!("1");
+            (201, body)
+        }
+        // Only once a delete was tried: write-through's read before its create
+        // must find nothing, or it would create nothing to roll back.
+        Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") && deletes > 0 => {
+            let mut mirror = desired_mirror(
+                &gateways_type(true),
+                "client",
+                "vcluster-client",
+                &gateway(),
+            );
+            mirror["metadata"]["uid"] = json!("m-1");
+            mirror["metadata"]["resourceVersion"] = json!((deletes + 1).to_string());
+            mirror["status"] = json!({"ready": true});
+            (200, mirror)
+        }
+        Method::DELETE => {
+            CONFLICTING_DELETES.fetch_add(1, Ordering::SeqCst);
+            (
+                409,
+                json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                       "reason": "Conflict", "code": 409,
+                       "message": "Operations on gateways.example.net \"edge-x-team-x-client\" cannot be fulfilled: the precondition resourceVersion does not match"}),
+            )
+        }
+        _ => not_found(),
+    }
+}
+
+/// What an accepted create that the tenant did not store left behind: the host's
+/// requests, the metrics' text and the log, once its key was released.
+struct RolledBack {
+    host: FakeApi,
+    metrics: String,
+    logs: String,
+}
+
+/// Admits a create against `host` whose tenant answers 404 for the object and whose
+/// syncer's cache never shows it, and waits (5 s at most) for the rollback to end.
+async fn unstored_create(host: Answer) -> RolledBack {
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let host = FakeApi::start(host).await;
+    let tenant = FakeApi::start(|_, _, _| not_found()).await;
+    let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
+    let mut wt = Arc::into_inner(wt).expect("the only reference");
+    wt.host = host.client.clone();
+    wt.tenant_client = tenant.client.clone();
+    let wt = Arc::new(wt);
+    synced(&gate);
+    let answer = wt
+        .admit(review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    assert_eq!(response(&answer)["allowed"], true, "{answer}");
+    // The rollback runs after the answer: confirm_within (1 s), the tenant's live
+    // read, then the host deletes; the key is released when it ends.
+    let key = Key {
+        namespace: "team".into(),
+        name: "edge".into(),
+    };
+    let mut released = false;
+    for _ in 0..100 {
+        if !gate.is_pending(&key) {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(released, "the key stayed pending: {:?}", host.received());
+    assert!(
+        tenant
+            .with_method(Method::GET)
+            .iter()
+            .any(|r| r.path == TENANT_PATH),
+        "the tenant was not read live: {:?}",
+        tenant.received()
+    );
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    RolledBack {
+        host,
+        metrics: text,
+        logs: logs.text(),
+    }
+}
+
+/// A rollback delete pinned to the mirror's uid and resourceVersion that keeps
+/// losing to host status updates is retried with the version read again, three
+/// times in all, and then counted and logged as `host_delete`, not worded "gave
+/// up" (which operators read as a tenant-side failure).
+#[tokio::test]
+async fn a_rollback_delete_still_conflicting_after_three_attempts_counts_host_delete() {
+    let rolled_back = unstored_create(conflicting_host).await;
+    let host = &rolled_back.host;
+    let deletes = host.with_method(Method::DELETE);
+    assert_eq!(deletes.len(), 3, "{:?}", host.received());
+    let pinned: Vec<_> = deletes
+        .iter()
+        .map(|d| {
+            let p = &d.body["preconditions"];
+            (p["uid"].as_str(), p["resourceVersion"].as_str())
+        })
+        .collect();
+    // The created version first, then each re-read's.
+    assert_eq!(
+        pinned,
+        [
+            (Some("m-1"), Some("1")),
+            (Some("m-1"), Some("2")),
+            (Some("m-1"), Some("3"))
+        ],
+        "{deletes:?}"
+    );
+    assert!(
+        rolled_back.metrics.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#),
+        "{}",
+        rolled_back.metrics
+    );
+    let logged = &rolled_back.logs;
+    assert!(
+        logged.contains("write-through: rollback host delete failed"),
+        "{logged}"
+    );
+    assert!(
+        logged.contains("still conflicting after 3 attempts"),
+        "{logged}"
+    );
+    assert!(!logged.contains("gave up"), "{logged}");
+}
+
+/// A rollback delete answered 404 finds nothing of the write left (deleted already,
+/// or another incarnation): the rollback ends without counting a failure.
+#[tokio::test]
+async fn a_rollback_delete_of_a_mirror_already_gone_ends_quietly() {
+    // Creates the mirror; every other request, the delete included, finds nothing.
+    let rolled_back = unstored_create(creating_host).await;
+    let host = &rolled_back.host;
+    let deletes = host.with_method(Method::DELETE);
+    assert_eq!(deletes.len(), 1, "{:?}", host.received());
+    assert_eq!(deletes[0].body["preconditions"]["uid"], "m-1");
+    assert_eq!(deletes[0].body["preconditions"]["resourceVersion"], "1");
+    assert!(
+        !rolled_back
+            .metrics
+            .contains("vcluster_writethrough_rollback_failures_total{"),
+        "{}",
+        rolled_back.metrics
+    );
+    assert!(
+        !rolled_back.logs.contains("write-through: rollback"),
+        "{}",
+        rolled_back.logs
+    );
+}
+
 /// The host holds this Gateway's mirror with what others put on it: a host
 /// controller's annotation, its finalizer, an owner. A replace is stored as sent.
 fn annotated_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
