@@ -171,6 +171,16 @@ pub fn stamp_owner_labels(owner: &Owner, body: &mut WriteBody) -> Result<(), Bod
     Ok(body.add_operations(Vec::new(), adds)?)
 }
 
+/// Whether a write's body names an owner itself: either ownership label set to a
+/// string (an object read from the target and sent back keeps its owner's labels).
+pub fn names_an_owner(body: &WriteBody) -> Result<bool, BodyError> {
+    let document = body.document()?;
+    let labels = &document["metadata"]["labels"];
+    Ok([OWNER_VCLUSTER_LABEL, OWNER_PROJECT_LABEL]
+        .iter()
+        .any(|key| labels[*key].is_string()))
+}
+
 /// The JSON pointer of a label, `/metadata/labels/<key>` with RFC 6901 escaping.
 pub fn label_pointer(key: &str) -> String {
     format!(

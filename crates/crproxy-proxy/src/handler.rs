@@ -547,41 +547,19 @@ impl GroupVersionProxy {
             Verb::Update | Verb::Patch | Verb::Delete if owned => {
                 self.owned_mutation(exchange, verb, path, body).await
             }
-            Verb::Create | Verb::Update | Verb::Patch => {
-                // Writes are stamped in both modes (owned-mode replaces and patches
-                // above, in `owned_mutation`), so every object on the target keeps
-                // naming its client: a replace without labels would drop them.
-                let bytes =
-                    match read_request(transport::stream(body), exchange.deadline, &self.metrics)
-                        .await
-                    {
-                        Ok(bytes) => bytes,
-                        Err(outcome) => return outcome,
-                    };
-                let labelled = match self.labelled_body(exchange, &bytes).await {
-                    Ok(labelled) => labelled,
-                    Err(outcome) => return outcome,
-                };
-                let (headers, body) = match labelled {
-                    Ok((write, _room)) => {
-                        (with_media_type(&exchange.headers, &write), write.to_bytes())
-                    }
-                    Err(error) if owned => return refused_body(&error),
-                    Err(error) => {
-                        // `accessResources: all` keeps the spec's "continue without
-                        // labels": nothing is hidden from this client anyway.
-                        tracing::warn!(group_version = %self.group_version, %error, "inject source labels failed");
-                        (exchange.headers.clone(), bytes.to_vec())
-                    }
-                };
-                self.forward(
-                    exchange,
-                    &headers,
-                    &exchange.path_and_query(),
-                    transport::full(body),
-                    false,
-                )
-                .await
+            // Creates are stamped in both modes, so every object on the target names
+            // the client that made it.
+            Verb::Create => self.stamped_write(exchange, body, Stamp::Always).await,
+            // In all mode a replace of the object itself is stamped only when its
+            // body names no owner: one sent back as it was read keeps its owner
+            // (this client sees every client's objects), one without labels does not
+            // lose them. All-mode patches and subresource writes go as they came:
+            // what a patch does not mention keeps its labels, and stamping it would
+            // move another client's object out of that client's view on a mere
+            // annotate, or fail a JSON patch on an unlabelled object.
+            Verb::Update if path.subresource.is_none() => {
+                self.stamped_write(exchange, body, Stamp::UnlessOwnerNamed)
+                    .await
             }
             _ => {
                 let watch = verb == Verb::Watch;
@@ -595,6 +573,44 @@ impl GroupVersionProxy {
                 .await
             }
         }
+    }
+
+    /// A create, or an all-mode replace, labelled as `stamp` says and forwarded. In
+    /// owned mode a body that cannot be labelled is refused; in all mode it goes as
+    /// it came (the spec's "continue without labels": nothing is hidden from this
+    /// client anyway), and the failed injection is logged.
+    async fn stamped_write(
+        &self,
+        exchange: &Exchange,
+        body: hyper::body::Incoming,
+        stamp: Stamp,
+    ) -> Outcome {
+        let owned = self.access == AccessMode::Owned;
+        let bytes =
+            match read_request(transport::stream(body), exchange.deadline, &self.metrics).await {
+                Ok(bytes) => bytes,
+                Err(outcome) => return outcome,
+            };
+        let labelled = match self.labelled_body(exchange, &bytes, stamp).await {
+            Ok(labelled) => labelled,
+            Err(outcome) => return outcome,
+        };
+        let (headers, body) = match labelled {
+            Ok((write, _room)) => (with_media_type(&exchange.headers, &write), write.to_bytes()),
+            Err(error) if owned => return refused_body(&error),
+            Err(error) => {
+                tracing::warn!(group_version = %self.group_version, %error, "inject source labels failed");
+                (exchange.headers.clone(), bytes.to_vec())
+            }
+        };
+        self.forward(
+            exchange,
+            &headers,
+            &exchange.path_and_query(),
+            transport::full(body),
+            false,
+        )
+        .await
     }
 
     /// Named GET in owned mode: the object itself decides whether the caller may
@@ -684,7 +700,7 @@ impl GroupVersionProxy {
         let (headers, mut write, _room) = if verb == Verb::Delete {
             (exchange.headers.clone(), None, None)
         } else {
-            match self.labelled_body(exchange, &bytes).await {
+            match self.labelled_body(exchange, &bytes, Stamp::Always).await {
                 Ok(Ok((write, room))) => (
                     with_media_type(&exchange.headers, &write),
                     Some(write),
@@ -712,7 +728,7 @@ impl GroupVersionProxy {
             let document = match write.take() {
                 Some(write) => Some(write),
                 None if verb == Verb::Delete => None,
-                None => match self.label(&exchange.headers, &bytes) {
+                None => match self.label(&exchange.headers, &bytes, Stamp::Always) {
                     Ok(write) => Some(write),
                     Err(error) => return refused_body(&error),
                 },
@@ -1167,6 +1183,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         bytes: &[u8],
+        stamp: Stamp,
     ) -> Result<Result<(WriteBody, OwnedSemaphorePermit), BodyError>, Outcome> {
         let cost = request_body::parse_cost(bytes).min(PARSE_MEMORY_BUDGET);
         let permits = u32::try_from(cost).unwrap_or(u32::MAX);
@@ -1180,13 +1197,22 @@ impl GroupVersionProxy {
             _ => return Err(self.unavailable(ForwardError::Deadline)),
         };
         Ok(self
-            .label(&exchange.headers, bytes)
+            .label(&exchange.headers, bytes, stamp)
             .map(|write| (write, room)))
     }
 
-    /// Reads a write body strictly and labels it (no budget: see `labelled_body`).
-    fn label(&self, headers: &HeaderMap, bytes: &[u8]) -> Result<WriteBody, BodyError> {
+    /// Reads a write body strictly and labels it as `stamp` says (no budget: see
+    /// `labelled_body`).
+    fn label(
+        &self,
+        headers: &HeaderMap,
+        bytes: &[u8],
+        stamp: Stamp,
+    ) -> Result<WriteBody, BodyError> {
         let mut write = WriteBody::parse(content_type(headers), bytes)?;
+        if stamp == Stamp::UnlessOwnerNamed && ownership::names_an_owner(&write)? {
+            return Ok(write);
+        }
         ownership::stamp_owner_labels(&self.owner, &mut write)?;
         Ok(write)
     }
@@ -1424,6 +1450,15 @@ fn flatten<T>(
         Ok(result) => result,
         Err(_) => Err(ForwardError::Deadline),
     }
+}
+
+/// Which owner labels a write body gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stamp {
+    /// This client's, over whatever the body says.
+    Always,
+    /// This client's when the body names no owner (all-mode replaces).
+    UnlessOwnerNamed,
 }
 
 /// Reads a request body whole, at most [`MAX_REQUEST_BODY`] bytes and within the

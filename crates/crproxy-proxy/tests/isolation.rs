@@ -236,11 +236,11 @@ async fn all_mode_keeps_continue_without_labels() {
     h.proxy.shutdown().await;
 }
 
-/// In all mode a replace or a patch is stamped like a create: a PUT whose body has
-/// no labels does not strip them from the object, and a patch of an unlabelled
-/// object leaves it labelled (spec, "Ownership labels": POST, PUT and PATCH).
+/// In all mode a replace whose body names no owner is stamped, so a PUT without
+/// labels does not strip them; one that names an owner (another client's object
+/// sent back as it was read) keeps that owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn all_mode_stamps_replaces_and_patches() {
+async fn all_mode_stamps_a_replace_that_names_no_owner() {
     let h = harness(AccessMode::All).await;
     let created = send(
         &h,
@@ -268,44 +268,88 @@ async fn all_mode_stamps_replaces_and_patches() {
     assert!(is_owned(&stored), "the replace kept the labels: {stored}");
     assert_eq!(stored["metadata"]["labels"]["app"], "x", "{stored}");
 
-    create_on_target(&h, "p", json!({})).await;
-    let patch = send(
+    // Another client's object, read and sent back with a change: still theirs.
+    let theirs =
+        json!({"vcluster.com/owner-vcluster": "other", "vcluster.com/owner-project": "team"});
+    create_on_target(&h, "t", theirs.clone()).await;
+    let mut read = on_target(&h, "t").await.expect("theirs");
+    read["spec"]["replicas"] = json!(4);
+    let put = send(
         &h,
-        "PATCH",
-        &format!("{WIDGETS}/p"),
-        Some("application/merge-patch+json"),
-        json!({"spec": {"replicas": 3}}).to_string(),
+        "PUT",
+        &format!("{WIDGETS}/t"),
+        Some("application/json"),
+        read.to_string(),
     )
     .await;
-    assert_eq!(patch.status, 200, "{}", patch.body);
-    let stored = on_target(&h, "p").await.expect("patched");
-    assert_eq!(stored["spec"]["replicas"], 3, "{stored}");
-    assert!(is_owned(&stored), "the patch added the labels: {stored}");
+    assert_eq!(put.status, 200, "{}", put.body);
+    let stored = on_target(&h, "t").await.expect("replaced");
+    assert_eq!(stored["spec"]["replicas"], 4, "{stored}");
+    assert_eq!(stored["metadata"]["labels"], theirs, "{stored}");
     h.proxy.shutdown().await;
 }
 
-/// A patch the proxy cannot label goes to the target as it came, and the target
-/// gives its own answer; the failed injection is logged. A current-thread runtime,
-/// so the log capture sees the proxy's events.
-#[tokio::test]
-async fn all_mode_forwards_an_unlabellable_patch_and_logs_it() {
-    let (logs, _guard) = LogBuffer::capture();
+/// All-mode patches go as they came: another client's object keeps its owner, and
+/// a JSON patch of an object without labels (whose `add` under
+/// `/metadata/labels` would fail) is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_mode_patches_leave_ownership_alone() {
     let h = harness(AccessMode::All).await;
-    create_on_target(&h, "m", json!({})).await;
+    let theirs =
+        json!({"vcluster.com/owner-vcluster": "other", "vcluster.com/owner-project": "team"});
+    create_on_target(&h, "a", theirs.clone()).await;
     let patch = send(
         &h,
         "PATCH",
-        &format!("{WIDGETS}/m"),
+        &format!("{WIDGETS}/a"),
         Some("application/merge-patch+json"),
-        r#"{"spec": {"replicas": "#,
+        json!({"metadata": {"annotations": {"seen": "yes"}}}).to_string(),
     )
     .await;
-    assert_eq!(patch.status, 400, "{}", patch.body);
-    let message = patch.body["message"].as_str().unwrap_or_default();
+    assert_eq!(patch.status, 200, "{}", patch.body);
+    let stored = on_target(&h, "a").await.expect("patched");
+    assert_eq!(stored["metadata"]["annotations"]["seen"], "yes", "{stored}");
+    assert_eq!(stored["metadata"]["labels"], theirs, "{stored}");
+
+    create_on_target(&h, "bare", Value::Null).await;
+    let patch = send(
+        &h,
+        "PATCH",
+        &format!("{WIDGETS}/bare"),
+        Some("application/json-patch+json"),
+        json!([{"op": "replace", "path": "/spec/replicas", "value": 5}]).to_string(),
+    )
+    .await;
+    assert_eq!(patch.status, 200, "{}", patch.body);
+    let stored = on_target(&h, "bare").await.expect("patched");
+    assert_eq!(stored["spec"]["replicas"], 5, "{stored}");
+    h.proxy.shutdown().await;
+}
+
+/// A replace the proxy cannot label goes to the target as it came, and the target
+/// gives its own answer; the failed injection is logged. A current-thread runtime,
+/// so the log capture sees the proxy's events.
+#[tokio::test]
+async fn all_mode_forwards_an_unlabellable_replace_and_logs_it() {
+    let (logs, _guard) = LogBuffer::capture();
+    let h = harness(AccessMode::All).await;
+    create_on_target(&h, "m", json!({})).await;
+    // Two YAML documents: not one strict document for the proxy.
+    let body = b"apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: m\n---\n".to_vec();
+    let put = send(
+        &h,
+        "PUT",
+        &format!("{WIDGETS}/m"),
+        Some("application/yaml"),
+        body,
+    )
+    .await;
+    assert_eq!(put.status, 400, "{}", put.body);
+    let message = put.body["message"].as_str().unwrap_or_default();
     assert!(
-        message.starts_with("error decoding patch"),
+        message.starts_with("the object provided is unrecognized"),
         "the target's answer, not the proxy's: {}",
-        patch.body
+        put.body
     );
     let logged = logs.text();
     assert!(logged.contains("inject source labels failed"), "{logged}");
