@@ -703,11 +703,44 @@ async fn check_leader(client: &kube::Client, client_name: Option<&str>) -> Check
             }
         }
         None => match bounded(leases.list(&ListParams::default())).await {
-            Ok(list) => list.items.into_iter().find(|lease| {
-                names::is_registration_lease_name(
-                    lease.metadata.name.as_deref().unwrap_or_default(),
-                )
-            }),
+            Ok(list) => {
+                let mut candidates: Vec<Lease> = list
+                    .items
+                    .into_iter()
+                    .filter(|lease| {
+                        names::is_registration_lease_name(
+                            lease.metadata.name.as_deref().unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                // Several candidates (say a stale Lease left by a renamed client):
+                // picking one would report on a client that may no longer exist.
+                if candidates.len() > 1 {
+                    let mut found: Vec<&str> = candidates
+                        .iter()
+                        .map(|lease| lease.metadata.name.as_deref().unwrap_or_default())
+                        .collect();
+                    found.sort_unstable();
+                    return check(
+                        "",
+                        "leader",
+                        Status::Fail,
+                        format!(
+                            "{} Leases could be the registration Lease: {}",
+                            found.len(),
+                            found
+                                .iter()
+                                .map(|name| format!("kube-system/{name}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        "pass --client-name <client.name> (from the proxy's configuration) so \
+                         the doctor reads that client's Lease; a Lease left by a renamed \
+                         client can then be deleted",
+                    );
+                }
+                candidates.pop()
+            }
             Err(error) => {
                 return check(
                     "",

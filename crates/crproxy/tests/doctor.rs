@@ -341,19 +341,9 @@ async fn the_leader_is_the_registration_lease_not_the_sync_lease() -> Result<()>
         (&sync_lease, "zeta-sync-replica_1"),
         (&registration_lease, "zeta-proxy-replica_2"),
     ] {
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(holder.into()),
-                lease_duration_seconds: Some(15),
-                renew_time: Some(MicroTime(Timestamp::now())),
-                ..LeaseSpec::default()
-            }),
-        };
-        leases.create(&PostParams::default(), &lease).await?;
+        leases
+            .create(&PostParams::default(), &renewed_lease(name, holder))
+            .await?;
     }
     for extra in [&["--client-name", "zeta"][..], &[]] {
         let run = doctor_with(&cluster.kubeconfig, None, None, extra).await?;
@@ -382,4 +372,67 @@ async fn the_leader_is_the_registration_lease_not_the_sync_lease() -> Result<()>
         assert!(!evidence.contains(&sync_lease), "{extra:?}: {evidence}");
     }
     Ok(())
+}
+
+/// A renamed client leaves its old registration Lease behind: without the client's
+/// name the doctor cannot tell which Lease is current, so it fails naming both and
+/// asks for `--client-name`, which then picks the right one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_registration_leases_need_the_client_name() -> Result<()> {
+    let cluster = test_support::devcluster("client").await;
+    let leases = Api::<Lease>::namespaced(devenv::admin_client(&cluster.cluster)?, "kube-system");
+    let stale_lease = names::registration_lease_name("old-zeta");
+    let registration_lease = names::registration_lease_name("zeta");
+    for (name, holder) in [
+        (&names::sync_lease_name("zeta"), "zeta-sync-replica_1"),
+        (&stale_lease, "old-zeta-proxy-replica_1"),
+        (&registration_lease, "zeta-proxy-replica_2"),
+    ] {
+        leases
+            .create(&PostParams::default(), &renewed_lease(name, holder))
+            .await?;
+    }
+
+    let run = doctor_with(&cluster.kubeconfig, None, None, &[]).await?;
+    assert_eq!(run.status_of("", "leader"), "fail");
+    let evidence = run.evidence_of("", "leader");
+    for name in [&stale_lease, &registration_lease] {
+        assert!(evidence.contains(name.as_str()), "{name}: {evidence}");
+    }
+    assert!(!evidence.contains("crproxy-sync-"), "{evidence}");
+    let runbook = run.report["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["group_version"] == "" && c["check"] == "leader")
+        .and_then(|c| c["runbook"].as_str())
+        .unwrap_or_default();
+    assert!(runbook.contains("--client-name"), "{runbook}");
+
+    let run = doctor_with(&cluster.kubeconfig, None, None, &["--client-name", "zeta"]).await?;
+    assert_eq!(run.status_of("", "leader"), "ok", "{:?}", run.not_ok());
+    let evidence = run.evidence_of("", "leader");
+    assert!(
+        evidence.starts_with(&format!(
+            "Lease kube-system/{registration_lease} held by zeta-proxy-replica_2"
+        )),
+        "{evidence}"
+    );
+    Ok(())
+}
+
+/// A Lease named `name`, held by `holder` and renewed just now.
+fn renewed_lease(name: &str, holder: &str) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    }
 }
