@@ -1165,6 +1165,10 @@ impl GroupVersionProxy {
         // which says nothing about the object. A retryable 503, never the 404 a
         // controller takes for "already gone".
         if code.is_server_error() || code == StatusCode::TOO_MANY_REQUESTS {
+            self.log_failure(
+                Reason::OwnershipCheckFailed,
+                &format!("the ownership check was answered {}", code.as_u16()),
+            );
             return Err(Outcome::new(
                 self.unavailable_response(None),
                 Reason::OwnershipCheckFailed,

@@ -757,9 +757,12 @@ async fn an_ownership_check_refused_with_401_or_403_is_masked_as_a_404() {
 }
 
 /// An ownership check the target fails with a 5xx could not look, like a throttled
-/// one: a retryable 503 `ownership_check_failed`, not a 404.
+/// one: a retryable 503 `ownership_check_failed`, not a 404, logged like any
+/// request the target failed. A current-thread runtime, so the log capture sees
+/// the proxy's events.
 #[tokio::test]
 async fn an_ownership_check_failed_with_a_5xx_is_a_retryable_503() {
+    let (logs, _guard) = LogBuffer::capture();
     let h = harness(AccessMode::Owned).await;
     create_on_target(&h, "failing", owned_labels()).await;
     let _backend = widgets_failing_with(&h, "failing", 500).await;
@@ -775,6 +778,15 @@ async fn an_ownership_check_failed_with_a_5xx_is_a_retryable_503() {
     assert!(
         series(&h.metrics, "vcluster_proxy_request_total", needle),
         "{needle}"
+    );
+    let logged = logs.text();
+    assert!(
+        logged
+            .lines()
+            .any(|line| line.contains("request to target failed")
+                && line.contains("ownership_check_failed")
+                && line.contains(".vcluster.invalid:443: the ownership check was answered 500")),
+        "{logged}"
     );
     h.proxy.shutdown().await;
 }
@@ -1208,8 +1220,7 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
         "{logged}"
     );
     // "Starting proxy server" and friends are checked on the real binary's output
-    // (tests/run_command.rs in the crproxy crate): with tests running in parallel
-    // threads, only a callsite this test alone reaches is reliably captured here.
+    // (tests/run_command.rs in the crproxy crate).
     h.proxy.shutdown().await;
 }
 

@@ -353,23 +353,63 @@ pub fn json_of(object: &DynamicObject) -> Value {
 /// The formatted log output of the events on the thread that called
 /// [`LogBuffer::capture`], kept in memory. Run the test on a current-thread runtime:
 /// the proxy's tasks then run on that thread too.
+///
+/// One subscriber serves the whole test binary, installed as the global default on
+/// first use, and each event goes to the buffer of the thread it happens on. A
+/// subscriber per test (`set_default`) is not reliable while tests run in parallel:
+/// tracing caches whether anyone listens at each log call site, and a test without
+/// a subscriber reaching a call site first can leave it "nobody listens" for the
+/// others.
 #[derive(Clone, Default)]
 pub struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
 
+thread_local! {
+    static CAPTURING: std::cell::RefCell<Option<LogBuffer>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Ends a capture when dropped.
+pub struct CaptureGuard(());
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        CAPTURING.with(|capturing| capturing.borrow_mut().take());
+    }
+}
+
 impl LogBuffer {
     /// Captures this thread's events until the guard is dropped.
-    pub fn capture() -> (LogBuffer, tracing::subscriber::DefaultGuard) {
+    pub fn capture() -> (LogBuffer, CaptureGuard) {
+        static INSTALLED: std::sync::Once = std::sync::Once::new();
+        INSTALLED.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(ThreadWriter)
+                .with_ansi(false)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other global subscriber in this test binary");
+        });
         let logs = LogBuffer::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_ansi(false)
-            .finish();
-        (logs.clone(), tracing::subscriber::set_default(subscriber))
+        CAPTURING.with(|capturing| *capturing.borrow_mut() = Some(logs.clone()));
+        (logs, CaptureGuard(()))
     }
 
     /// Everything captured so far.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().expect("log")).into_owned()
+    }
+}
+
+/// Writes each event into the capturing buffer of the thread it happens on, or
+/// nowhere.
+struct ThreadWriter;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ThreadWriter {
+    type Writer = Box<dyn std::io::Write>;
+    fn make_writer(&'a self) -> Self::Writer {
+        match CAPTURING.with(|capturing| capturing.borrow().clone()) {
+            Some(logs) => Box::new(logs),
+            None => Box::new(std::io::sink()),
+        }
     }
 }
 
@@ -380,12 +420,5 @@ impl std::io::Write for LogBuffer {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
-    type Writer = LogBuffer;
-    fn make_writer(&'a self) -> LogBuffer {
-        self.clone()
     }
 }
