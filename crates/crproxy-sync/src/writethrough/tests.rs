@@ -149,14 +149,43 @@ impl Write for Logs {
     }
 }
 
+thread_local! {
+    static CAPTURING: std::cell::RefCell<Option<Logs>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Ends a capture when dropped.
+struct Capture(());
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        CAPTURING.with(|capturing| capturing.borrow_mut().take());
+    }
+}
+
 impl Logs {
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
-        let logs = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .json()
-            .with_writer(move || logs.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
+    /// Sends this thread's events here until the guard is dropped. One JSON
+    /// subscriber serves every test of the binary, installed as the global default
+    /// on first use: a subscriber per test (`set_default`) is not reliable while
+    /// tests run in parallel, since tracing caches per call site whether anyone
+    /// listens.
+    fn install(&self) -> Capture {
+        static INSTALLED: std::sync::Once = std::sync::Once::new();
+        INSTALLED.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .json()
+                .with_writer(|| -> Box<dyn Write> {
+                    match CAPTURING.with(|capturing| capturing.borrow().clone()) {
+                        Some(logs) => Box::new(logs),
+                        None => Box::new(std::io::sink()),
+                    }
+                })
+                .finish();
+            // Another global subscriber would only mean no capture: the log
+            // assertions then fail, loudly.
+            let _ = tracing::subscriber::set_global_default(subscriber);
+        });
+        CAPTURING.with(|capturing| *capturing.borrow_mut() = Some(self.clone()));
+        Capture(())
     }
 
     fn text(&self) -> String {
