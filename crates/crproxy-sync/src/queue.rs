@@ -14,10 +14,11 @@
 //! at the shortest delays. A periodic or relist look at every key
 //! ([`WorkQueue::resync`]) leaves a backing-off key to its scheduled retry.
 //!
-//! Retries also share one token bucket ([`RETRY_RATE`] per second, [`RETRY_BURST`]
-//! at once), the other half of client-go's default controller rate limiter: a
-//! retry waits for the longer of its key's backoff and its turn in the bucket. When
-//! every key fails at once (the host down, a credential revoked), the first
+//! The retries of all keys of a queue (one synced type) also share one token
+//! bucket ([`RETRY_RATE`] per second, [`RETRY_BURST`] at once), the other half of
+//! client-go's default controller rate limiter: a retry waits for the longer of its
+//! key's backoff and its turn in the bucket, and never longer than [`BACKOFF_CAP`].
+//! When every key fails at once (the host down, a credential revoked), the first
 //! hundred retry after their backoff and the rest follow at ten a second, instead
 //! of each key's few fast attempts arriving together.
 
@@ -56,10 +57,14 @@ impl RetryBucket {
         }
     }
 
-    /// Takes one token at `now`; how long its retry waits for it.
+    /// Takes one token at `now`; how long its retry waits for it. The debt stops
+    /// at what [`BACKOFF_CAP`] refills: a retry superseded by a watch event keeps
+    /// its token, so without a floor a type whose failures outpace the rate would
+    /// push every key's turn further out for good.
     fn reserve(&mut self, now: Instant) -> Duration {
         let refilled = now.saturating_duration_since(self.updated).as_secs_f64() * RETRY_RATE;
-        self.tokens = (self.tokens + refilled).min(RETRY_BURST) - 1.0;
+        let floor = -RETRY_RATE * BACKOFF_CAP.as_secs_f64();
+        self.tokens = ((self.tokens + refilled).min(RETRY_BURST) - 1.0).max(floor);
         self.updated = now;
         if self.tokens >= 0.0 {
             Duration::ZERO

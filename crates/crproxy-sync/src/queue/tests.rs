@@ -138,3 +138,21 @@ async fn retries_of_all_keys_share_ten_a_second_after_a_burst_of_a_hundred() {
         Duration::from_secs(30)
     );
 }
+
+/// Failures that outpace the rate (4 000 at once, or watch events re-failing keys)
+/// never push a retry past the longest backoff.
+#[tokio::test(start_paused = true)]
+async fn a_retry_never_waits_past_the_longest_backoff_for_its_turn() {
+    let q = WorkQueue::new();
+    let t0 = Instant::now();
+    let longest = (0..4_000)
+        .map(|key| q.retry_failed(key, Duration::ZERO, t0))
+        .max();
+    assert_eq!(longest, Some(BACKOFF_CAP));
+    // A second later the bucket has refilled ten turns of the floor's debt.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(
+        q.retry_failed(5_000, Duration::ZERO, t0),
+        Duration::from_millis(299_100)
+    );
+}
