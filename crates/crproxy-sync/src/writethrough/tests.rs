@@ -131,6 +131,19 @@ async fn past_the_in_flight_limit_writes_get_429() {
     assert_eq!(r["status"]["details"]["retryAfterSeconds"], 1);
 }
 
+/// Whether `key` stops being pending within `limit` (polled every 50 ms): the
+/// decision or rollback that holds it runs after the review's answer.
+async fn released_within(gate: &Gate, key: &Key, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while gate.is_pending(key) {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
 /// Collects log lines of the current thread (the tests run on a current-thread
 /// runtime, so spawned tasks log here too).
 #[derive(Clone, Default)]
@@ -239,14 +252,7 @@ async fn a_host_that_cannot_be_reached_gets_503_and_an_unknown_outcome_counts_ho
     // The cleanup looks for the mirror, cannot reach the host either, and says so.
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let mut released = false;
-    for _ in 0..100 {
-        if !gate.is_pending(&key) {
-            released = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let released = released_within(&gate, &key, Duration::from_secs(5)).await;
     assert!(released, "the key stayed pending");
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
@@ -301,14 +307,7 @@ async fn a_review_dropped_by_its_caller_still_releases_its_key() {
     let review = review("CREATE", gateway());
     let dropped = tokio::time::timeout(Duration::from_millis(200), wt.admit(review)).await;
     assert!(dropped.is_err(), "the silent host answered");
-    let mut released = false;
-    for _ in 0..200 {
-        if !gate.is_pending(&key) {
-            released = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let released = released_within(&gate, &key, Duration::from_secs(10)).await;
     assert!(
         released,
         "the key stayed pending after its review was dropped"
@@ -615,14 +614,7 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
             namespace: "team".into(),
             name: "edge".into(),
         };
-        let mut released = false;
-        for _ in 0..100 {
-            if !gate.is_pending(&key) {
-                released = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let released = released_within(&gate, &key, Duration::from_secs(5)).await;
         assert!(released, "{}: the key stayed pending", case.tenant);
         assert_eq!(
             !host.with_method(Method::DELETE).is_empty(),
@@ -730,14 +722,7 @@ async fn unstored_create(host: Answer) -> RolledBack {
         namespace: "team".into(),
         name: "edge".into(),
     };
-    let mut released = false;
-    for _ in 0..100 {
-        if !gate.is_pending(&key) {
-            released = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let released = released_within(&gate, &key, Duration::from_secs(5)).await;
     assert!(released, "the key stayed pending: {:?}", host.received());
     assert!(
         tenant
