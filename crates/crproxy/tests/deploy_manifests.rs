@@ -105,13 +105,7 @@ async fn every_kustomization_passes_a_server_side_dry_run() -> Result<()> {
         let rendered = render(&cluster.kubeconfig, dir).await?;
         let objects = documents(&rendered)?;
         assert!(!objects.is_empty(), "{dir} renders nothing");
-        let applied = test_support::kubectl_stdin_async(
-            &cluster.kubeconfig,
-            &["apply", "--dry-run=server", "-f", "-"],
-            &rendered,
-            Duration::from_secs(60),
-        )
-        .await;
+        let applied = server_dry_run(&cluster.kubeconfig, &rendered).await;
         assert!(
             applied.success(),
             "{dir}: dry run failed: {}",
@@ -170,6 +164,17 @@ async fn the_dry_run_catches_a_broken_manifest() -> Result<()> {
     Ok(())
 }
 
+/// `kubectl apply --dry-run=server` of rendered manifests.
+async fn server_dry_run(kubeconfig: &Path, rendered: &str) -> test_support::KubectlOutput {
+    test_support::kubectl_stdin_async(
+        kubeconfig,
+        &["apply", "--dry-run=server", "-f", "-"],
+        rendered,
+        Duration::from_secs(60),
+    )
+    .await
+}
+
 /// The `sync:` example an overlay's config.yaml carries commented out, uncommented.
 fn sync_example(docs: &[Value]) -> Result<String> {
     let config = find(docs, "ConfigMap")?["data"]["config.yaml"]
@@ -218,13 +223,7 @@ async fn the_sync_component_completes_each_overlay() -> Result<()> {
     for overlay in ["overlays/cluster-ip", "overlays/beside-apiserver"] {
         let rendered = render_with_sync(&cluster.kubeconfig, overlay).await?;
         let docs = documents(&rendered)?;
-        let applied = test_support::kubectl_stdin_async(
-            &cluster.kubeconfig,
-            &["apply", "--dry-run=server", "-f", "-"],
-            &rendered,
-            Duration::from_secs(60),
-        )
-        .await;
+        let applied = server_dry_run(&cluster.kubeconfig, &rendered).await;
         assert!(applied.success(), "{overlay}: {}", applied.stderr);
         let example: Value = serde_saphyr::from_str(&sync_example(&docs)?)?;
         let host_kubeconfig = example["sync"]["host"]["kubeconfig"]
