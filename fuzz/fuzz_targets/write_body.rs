@@ -1,6 +1,6 @@
 //! Strict body reading, label stamping and precondition pinning for every media
 //! type (JSON, YAML, merge/strategic/JSON patch, server-side apply, DeleteOptions,
-//! and the delete options of a query):
+//! and the delete options of a query), and whether a body names an owner:
 //! never a panic; a JSON body is accepted exactly when serde_json's strict parse
 //! accepts it; what is sent reads, strictly, as the document the tree-based model
 //! (`request_body::reference`) makes of the caller's body with the same edits.
@@ -63,6 +63,16 @@ fuzz_target!(|data: &[u8]| {
     let (Ok(mut write), Some(model)) = (parsed, model) else {
         return;
     };
+    // An all-mode replace asks first whether the body names an owner itself.
+    let named = ownership::names_an_owner(&write).expect("a parsed body reads back");
+    let model_labels = &model["metadata"]["labels"];
+    assert_eq!(
+        named,
+        [ownership::OWNER_VCLUSTER_LABEL, ownership::OWNER_PROJECT_LABEL]
+            .iter()
+            .any(|key| model_labels[*key].is_string()),
+        "names an owner: {model_labels}"
+    );
     let labels = ownership::owner_labels(&owner);
     let stamped = ownership::stamp_owner_labels(&owner, &mut write);
     let want = if write.body_type == BodyType::JsonPatch {
