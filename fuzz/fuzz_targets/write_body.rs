@@ -9,8 +9,8 @@
 use crproxy_core::ownership::{self, BodyType, Owner};
 use crproxy_core::precondition::{self, Pin};
 use crproxy_core::request_body::{self, reference, WriteBody};
-use serde_json::{json, Value};
 use libfuzzer_sys::fuzz_target;
+use serde_json::{json, Value};
 
 const MEDIA_TYPES: [Option<&str>; 7] = [
     None,
@@ -55,7 +55,11 @@ fuzz_target!(|data: &[u8]| {
     // body is checked against what it was read as instead.
     let model = if is_json && body.len() <= request_body::MAX_REQUEST_BODY {
         let strict = request_body::parse_json_strict(body);
-        assert_eq!(parsed.is_ok(), strict.is_ok(), "accepted differently: {parsed:?}");
+        assert_eq!(
+            parsed.is_ok(),
+            strict.is_ok(),
+            "accepted differently: {parsed:?}"
+        );
         strict.ok()
     } else {
         parsed.as_ref().ok().and_then(|write| write.document().ok())
@@ -68,9 +72,12 @@ fuzz_target!(|data: &[u8]| {
     let model_labels = &model["metadata"]["labels"];
     assert_eq!(
         named,
-        [ownership::OWNER_VCLUSTER_LABEL, ownership::OWNER_PROJECT_LABEL]
-            .iter()
-            .any(|key| model_labels[*key].is_string()),
+        [
+            ownership::OWNER_VCLUSTER_LABEL,
+            ownership::OWNER_PROJECT_LABEL
+        ]
+        .iter()
+        .any(|key| model_labels[*key].is_string()),
         "names an owner: {model_labels}"
     );
     let labels = ownership::owner_labels(&owner);
