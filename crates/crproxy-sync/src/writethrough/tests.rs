@@ -666,13 +666,7 @@ fn conflicting_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
         // Only once a delete was tried: write-through's read before its create
         // must find nothing, or it would create nothing to roll back.
         Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") && deletes > 0 => {
-            let mut mirror = desired_mirror(
-                &gateways_type(true),
-                "client",
-                "vcluster-client",
-                &gateway(),
-            );
-            mirror["metadata"]["uid"] = json!("m-1");
+            let mut mirror = stored_mirror();
             mirror["metadata"]["resourceVersion"] = json!((deletes + 1).to_string());
             mirror["status"] = json!({"ready": true});
             (200, mirror)
@@ -812,19 +806,26 @@ async fn a_rollback_delete_of_a_mirror_already_gone_ends_quietly() {
     );
 }
 
+/// The Gateway's mirror as a fake host stores it: what write-through writes, with
+/// the host's uid `m-1`.
+fn stored_mirror() -> Value {
+    let mut mirror = desired_mirror(
+        &gateways_type(true),
+        "client",
+        "vcluster-client",
+        &gateway(),
+    );
+    mirror["metadata"]["uid"] = json!("m-1");
+    mirror
+}
+
 /// The host holds this Gateway's mirror with what others put on it: a host
 /// controller's annotation, its finalizer, an owner. A replace is stored as sent.
 fn annotated_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
     match *method {
         Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") => {
-            let mut mirror = desired_mirror(
-                &gateways_type(true),
-                "client",
-                "vcluster-client",
-                &gateway(),
-            );
+            let mut mirror = stored_mirror();
             let m = &mut mirror["metadata"];
-            m["uid"] = json!("m-1");
             m["resourceVersion"] = json!("3");
             m["annotations"]["host.example/audited"] = json!("yes");
             m["finalizers"] = json!(["host.example/cleanup"]);
@@ -900,13 +901,7 @@ fn status_race_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
     let puts = STATUS_RACE_PUTS.load(Ordering::SeqCst);
     match *method {
         Method::GET if path == mirror_path => {
-            let mut mirror = desired_mirror(
-                &gateways_type(true),
-                "client",
-                "vcluster-client",
-                &gateway(),
-            );
-            mirror["metadata"]["uid"] = json!("m-1");
+            let mut mirror = stored_mirror();
             mirror["metadata"]["resourceVersion"] = json!(if puts == 0 { "3" } else { "4" });
             mirror["status"] = json!({"ready": puts > 0});
             (200, mirror)
