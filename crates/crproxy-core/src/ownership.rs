@@ -10,7 +10,7 @@
 use serde_json::Value;
 
 use crate::request::form_decode;
-use crate::request_body::{BodyError, WriteBody};
+use crate::request_body::{BodyError, CallerValue, ShapeError, WriteBody};
 use crate::selector::{LabelSelector, Operator, Requirement, SelectorError};
 
 mod scan;
@@ -173,12 +173,15 @@ pub fn stamp_owner_labels(owner: &Owner, body: &mut WriteBody) -> Result<(), Bod
 
 /// Whether a write's body names an owner itself: either ownership label set to a
 /// string (an object read from the target and sent back keeps its owner's labels).
-pub fn names_an_owner(body: &WriteBody) -> Result<bool, BodyError> {
-    let document = body.document()?;
-    let labels = &document["metadata"]["labels"];
-    Ok([OWNER_VCLUSTER_LABEL, OWNER_PROJECT_LABEL]
-        .iter()
-        .any(|key| labels[*key].is_string()))
+/// A body whose `metadata` or labels cannot carry labels is the error stamping
+/// it would meet.
+pub fn names_an_owner(body: &WriteBody) -> Result<bool, ShapeError> {
+    for key in [OWNER_VCLUSTER_LABEL, OWNER_PROJECT_LABEL] {
+        if matches!(body.label(key)?, CallerValue::Text(_)) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The JSON pointer of a label, `/metadata/labels/<key>` with RFC 6901 escaping.

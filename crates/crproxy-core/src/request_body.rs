@@ -17,7 +17,7 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 use crate::ownership::BodyType;
-use crate::skim::Skim;
+use crate::skim::{Skim, SkimError};
 use crate::status;
 
 mod layout;
@@ -197,23 +197,60 @@ impl WriteBody {
 
     /// The caller's `metadata.resourceVersion`.
     pub fn resource_version(&self) -> Result<CallerValue<'_>, ShapeError> {
+        let Some(metadata) = self.own_metadata()? else {
+            return Ok(CallerValue::Missing);
+        };
+        Ok(match metadata.resource_version.clone() {
+            Some(value) => {
+                caller_value(Skim::new(self.text.get(value).unwrap_or_default()).optional_string())
+            }
+            None => CallerValue::Missing,
+        })
+    }
+
+    /// The caller's value of the label `key` in the body's own
+    /// `metadata.labels`, read from the layout without parsing the body again.
+    pub fn label(&self, key: &str) -> Result<CallerValue<'_>, ShapeError> {
+        let Some(metadata) = self.own_metadata()? else {
+            return Ok(CallerValue::Missing);
+        };
+        let labels = match &metadata.labels {
+            Field::Absent | Field::Null(_) => return Ok(CallerValue::Missing),
+            Field::Object(labels, _) => labels.clone(),
+            Field::Other => return Err(ShapeError::Labels),
+        };
+        // Skims only the labels object, which the walk has already checked; keys
+        // are unique there (the walk refuses a repeated one).
+        let mut skim = Skim::new(self.text.get(labels).unwrap_or_default());
+        let found = (|| {
+            let mut entries = skim.object()?;
+            while let Some(found) = entries.next_key(&mut skim)? {
+                if found == key {
+                    return Ok(Some(skim.optional_string()));
+                }
+                skim.skip()?;
+            }
+            Ok::<_, SkimError>(None)
+        })();
+        Ok(match found {
+            Ok(None) => CallerValue::Missing,
+            Ok(Some(value)) => caller_value(value),
+            // Not text (or, though checked already, not readable): no label value.
+            Err(_) => CallerValue::Other,
+        })
+    }
+
+    /// The body's own `metadata` as the walk found it; `None` when it is absent
+    /// or `null`.
+    fn own_metadata(&self) -> Result<Option<&layout::Metadata>, ShapeError> {
         let Shape::Object { body } = &self.shape else {
             return Err(ShapeError::NotAnObject);
         };
-        let metadata = match &body.metadata {
-            Field::Absent | Field::Null(_) => return Ok(CallerValue::Missing),
-            Field::Object(_, metadata) => metadata,
-            Field::Other => return Err(ShapeError::Metadata),
-        };
-        let Some(value) = metadata.resource_version.clone() else {
-            return Ok(CallerValue::Missing);
-        };
-        let text = self.text.get(value).unwrap_or_default();
-        Ok(match Skim::new(text).optional_string() {
-            Ok(None) => CallerValue::Missing,
-            Ok(Some(text)) => CallerValue::Text(text),
-            Err(_) => CallerValue::Other,
-        })
+        match &body.metadata {
+            Field::Absent | Field::Null(_) => Ok(None),
+            Field::Object(_, metadata) => Ok(Some(metadata)),
+            Field::Other => Err(ShapeError::Metadata),
+        }
     }
 
     /// Puts operations before and after the caller's, in an array body (a JSON
@@ -229,6 +266,15 @@ impl WriteBody {
         self.edits.operations_before.splice(0..0, before);
         self.edits.operations_after.extend(after);
         Ok(())
+    }
+}
+
+/// A caller's value read as an optional string.
+fn caller_value(read: Result<Option<Cow<'_, str>>, SkimError>) -> CallerValue<'_> {
+    match read {
+        Ok(None) => CallerValue::Missing,
+        Ok(Some(text)) => CallerValue::Text(text),
+        Err(_) => CallerValue::Other,
     }
 }
 
@@ -711,6 +757,46 @@ mod tests {
             Ok("Other".into())
         );
         assert_eq!(read(r#"{"metadata":7}"#), Err(ShapeError::Metadata));
+        assert_eq!(read("[]"), Err(ShapeError::NotAnObject));
+    }
+
+    #[test]
+    fn the_callers_labels_are_read_as_sent() {
+        let read = |text: &str| {
+            let body = WriteBody::parse(None, text.as_bytes()).expect("parses");
+            body.label("a/b").map(|found| format!("{found:?}"))
+        };
+        assert_eq!(read("{}"), Ok("Missing".into()));
+        assert_eq!(
+            read(r#"{"metadata":{"labels":null}}"#),
+            Ok("Missing".into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":{"labels":{"a/c":"x"}}}"#),
+            Ok("Missing".into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":{"labels":{"a/b" : "x"}}}"#),
+            Ok(r#"Text("x")"#.into())
+        );
+        // An escaped key is the key it decodes to, and so is an escaped value.
+        assert_eq!(
+            read(r#"{"metadata":{"labels":{"a\u002fb":"\u0078"}}}"#),
+            Ok(r#"Text("x")"#.into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":{"labels":{"a/b":null}}}"#),
+            Ok("Missing".into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":{"labels":{"a/b":1}}}"#),
+            Ok("Other".into())
+        );
+        assert_eq!(
+            read(r#"{"metadata":{"labels":[]}}"#),
+            Err(ShapeError::Labels)
+        );
+        assert_eq!(read(r#"{"metadata":"x"}"#), Err(ShapeError::Metadata));
         assert_eq!(read("[]"), Err(ShapeError::NotAnObject));
     }
 
