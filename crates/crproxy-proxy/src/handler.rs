@@ -519,13 +519,10 @@ impl GroupVersionProxy {
         }
         match verb {
             Verb::DeleteCollection if owned => {
-                let bytes =
-                    match read_request(transport::stream(body), exchange.deadline, &self.metrics)
-                        .await
-                    {
-                        Ok(bytes) => bytes,
-                        Err(outcome) => return outcome,
-                    };
+                let bytes = match self.request_body(exchange, body).await {
+                    Ok(bytes) => bytes,
+                    Err(outcome) => return outcome,
+                };
                 self.owned_delete_collection(exchange, path, &bytes).await
             }
             Verb::List | Verb::Watch if owned => {
@@ -586,11 +583,10 @@ impl GroupVersionProxy {
         stamp: Stamp,
     ) -> Outcome {
         let owned = self.access == AccessMode::Owned;
-        let bytes =
-            match read_request(transport::stream(body), exchange.deadline, &self.metrics).await {
-                Ok(bytes) => bytes,
-                Err(outcome) => return outcome,
-            };
+        let bytes = match self.request_body(exchange, body).await {
+            Ok(bytes) => bytes,
+            Err(outcome) => return outcome,
+        };
         let labelled = match self.labelled_body(exchange, &bytes, stamp).await {
             Ok(labelled) => labelled,
             Err(outcome) => return outcome,
@@ -692,11 +688,10 @@ impl GroupVersionProxy {
         path: &ResourcePath,
         body: hyper::body::Incoming,
     ) -> Outcome {
-        let bytes =
-            match read_request(transport::stream(body), exchange.deadline, &self.metrics).await {
-                Ok(bytes) => bytes,
-                Err(outcome) => return outcome,
-            };
+        let bytes = match self.request_body(exchange, body).await {
+            Ok(bytes) => bytes,
+            Err(outcome) => return outcome,
+        };
         let (headers, mut write, _room) = if verb == Verb::Delete {
             (exchange.headers.clone(), None, None)
         } else {
@@ -1203,6 +1198,16 @@ impl GroupVersionProxy {
         Ok(self
             .label(&exchange.headers, bytes, stamp)
             .map(|write| (write, room)))
+    }
+
+    /// The caller's whole body, read within the request's deadline (see
+    /// [`read_request`]).
+    async fn request_body(
+        &self,
+        exchange: &Exchange,
+        body: hyper::body::Incoming,
+    ) -> Result<Bytes, Outcome> {
+        read_request(transport::stream(body), exchange.deadline, &self.metrics).await
     }
 
     /// Reads a write body strictly and labels it as `stamp` says (no budget: see
