@@ -108,6 +108,50 @@ async fn get_json(kubeconfig: &Path, args: &[&str]) -> Option<Value> {
     }
 }
 
+/// A tenant webhook that fails every create of a Gateway labelled `doomed: "yes"`
+/// (it is unreachable, failurePolicy Fail): a tenant store failure after the host
+/// accepted the write.
+const FAILING_WEBHOOK: &str = "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n";
+
+/// Creates `object` on the tenant, retrying while write-through is not ready yet
+/// (it answers "not synced its caches" until then); any other failure fails the
+/// test.
+async fn create_once_ready(tenant: &Path, object: &str) {
+    for _ in 0..100 {
+        let out = kc(tenant, &["create", "-f", "-"], Some(object)).await;
+        if out.success() {
+            return;
+        }
+        assert!(
+            out.stderr.contains("not synced its caches"),
+            "create failed: {}",
+            out.stderr
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("write-through never became ready");
+}
+
+/// Creates the `doomed` Gateway until write-through is ready (until then it
+/// answers "not synced its caches"); the create always fails, the last time
+/// after the host accepted it.
+async fn create_doomed_once_ready(tenant: &Path) {
+    for _ in 0..100 {
+        let out = kc(
+            tenant,
+            &["create", "-f", "-"],
+            Some(&gateway("doomed", 443, "doomed: \"yes\"")),
+        )
+        .await;
+        assert!(!out.success(), "the failing webhook let it through");
+        if !out.stderr.contains("not synced its caches") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("write-through never became ready");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_they_return(
 ) -> Result<()> {
@@ -156,22 +200,7 @@ async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_th
     })
     .await;
     // Writes before the syncer's caches are synced get 503; wait until they pass.
-    let probe = gateway("probe", 80, "");
-    let mut ready = false;
-    for _ in 0..100 {
-        let out = kc(&tenant, &["create", "-f", "-"], Some(&probe)).await;
-        if out.success() {
-            ready = true;
-            break;
-        }
-        assert!(
-            out.stderr.contains("not synced its caches"),
-            "{}",
-            out.stderr
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(ready, "write-through never became ready");
+    create_once_ready(&tenant, &gateway("probe", 80, "")).await;
 
     // Watches opened before the rejected write.
     let watch = |kubeconfig: PathBuf, ns: &'static str| {
@@ -378,10 +407,7 @@ async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_th
     // A tenant store failure after the host accepted: another webhook of the tenant
     // fails (it is unreachable, failurePolicy Fail) for labelled Gateways. Its
     // mirror is removed; the rollback-failure metric stays 0.
-    apply(
-        &tenant,
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
-    );
+    apply(&tenant, FAILING_WEBHOOK);
     let out = kc(
         &tenant,
         &["create", "-f", "-"],
@@ -514,27 +540,8 @@ async fn a_rollback_the_host_refuses_counts_host_delete() -> Result<()> {
         )
         .await?;
     ns(&tenant, "team");
-    apply(
-        &tenant,
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
-    );
-    let mut attempts = 0;
-    loop {
-        let out = kc(
-            &tenant,
-            &["create", "-f", "-"],
-            Some(&gateway("doomed", 443, "doomed: \"yes\"")),
-        )
-        .await;
-        assert!(!out.success(), "the failing webhook let it through");
-        // Past readiness: the host accepted, the other webhook failed the create.
-        if !out.stderr.contains("not synced its caches") {
-            break;
-        }
-        attempts += 1;
-        assert!(attempts < 100, "write-through never became ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    apply(&tenant, FAILING_WEBHOOK);
+    create_doomed_once_ready(&tenant).await;
     // Down before the rollback (5 s after the accepted create in these tests).
     env.example.stop();
     let mut registry = prometheus_client::registry::Registry::default();
@@ -574,26 +581,8 @@ async fn a_restart_in_the_middle_of_a_write_through_converges() -> Result<()> {
     let host = env.host.kubeconfig.clone();
     let sync = env.start("client").await?;
     ns(&tenant, "team");
-    apply(
-        &tenant,
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: always-fails}\nwebhooks:\n- name: fails.example.com\n  clientConfig: {url: \"https://127.0.0.1:1/\"}\n  rules: [{apiGroups: [example.net], apiVersions: [\"*\"], resources: [gateways], operations: [CREATE]}]\n  objectSelector: {matchLabels: {doomed: \"yes\"}}\n  sideEffects: None\n  failurePolicy: Fail\n  admissionReviewVersions: [v1]\n",
-    );
-    let mut attempts = 0;
-    loop {
-        let out = kc(
-            &tenant,
-            &["create", "-f", "-"],
-            Some(&gateway("doomed", 443, "doomed: \"yes\"")),
-        )
-        .await;
-        assert!(!out.success(), "the failing webhook let it through");
-        if !out.stderr.contains("not synced its caches") {
-            break;
-        }
-        attempts += 1;
-        assert!(attempts < 100, "write-through never became ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    apply(&tenant, FAILING_WEBHOOK);
+    create_doomed_once_ready(&tenant).await;
     // The host accepted it; crash before the confirmation gives up on it.
     assert!(
         get_json(&host, &["gateway", "-n", HOST_NS, "doomed-x-team-x-client"])
@@ -645,26 +634,7 @@ async fn mirrors_a_host_lost_while_no_syncer_ran_are_created_again() -> Result<(
     let host = env.host.kubeconfig.clone();
     let sync = env.start("client").await?;
     ns(&tenant, "team");
-    let mut attempts = 0;
-    loop {
-        let out = kc(
-            &tenant,
-            &["create", "-f", "-"],
-            Some(&gateway("kept", 443, "")),
-        )
-        .await;
-        if out.success() {
-            break;
-        }
-        assert!(
-            out.stderr.contains("not synced its caches"),
-            "create failed: {}",
-            out.stderr
-        );
-        attempts += 1;
-        assert!(attempts < 100, "write-through never became ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    create_once_ready(&tenant, &gateway("kept", 443, "")).await;
     let recorded = |mirror_uid: Option<String>| {
         let tenant = tenant.clone();
         move || {
