@@ -11,6 +11,9 @@
 //!    CEL transition rules see `oldSelf`) and answers 422 with [`invalid_status`]
 //!    when causes remain.
 //!
+//! Before any of that, `metadata` must decode as kube's decoder reads it into an
+//! ObjectMeta ([`objectmeta`]: labels and annotations are maps of strings).
+//!
 //! Validation covers the OpenAPI keywords structural schemas allow, string
 //! formats, `x-kubernetes-list-type` uniqueness and `x-kubernetes-validations`
 //! CEL rules (see the `cel` submodule).
@@ -1145,6 +1148,7 @@ pub(crate) fn go_value(v: &Value) -> String {
 }
 
 mod cel;
+pub mod objectmeta;
 
 #[cfg(test)]
 mod tests;

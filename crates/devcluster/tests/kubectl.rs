@@ -428,3 +428,224 @@ async fn delete_dry_runs_from_the_body_and_from_the_query() {
     let gone = kubectl_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;
     assert!(!gone.success(), "{gone:?}");
 }
+
+/// Labels and annotations must be maps of strings on a custom resource, as
+/// kube-apiserver 1.32 reads them (apiextensions-apiserver decodes `metadata` into
+/// an ObjectMeta): a create or update whose body does not decode is a 400, a merge
+/// or JSON patch whose result does not decode a 422 on `patch`, and a server-side
+/// apply fails its typed conversion with a 500. Nothing is written; a null value
+/// is stored as "".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_maps_of_the_wrong_type_are_refused_as_on_kube() {
+    let tc = devcluster("target").await;
+    let kc = &tc.kubeconfig;
+    ok(kc, &["create", "namespace", "demo"]).await;
+    install_crd(kc).await;
+    apply(kc, &crontab("one", "cron")).await;
+    // The whole object, managedFields too: a refused patch shows all of it.
+    let get = || {
+        kubectl_json_async(
+            kc,
+            &[
+                "-n",
+                "demo",
+                "get",
+                "crontab",
+                "one",
+                "-o",
+                "json",
+                "--show-managed-fields",
+            ],
+        )
+    };
+    let before = get().await.expect("get");
+    let collection = "/apis/stable.example.io/v1/namespaces/demo/crontabs";
+    let undecodable = |what: &str| {
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("CronTab in version \"v1\" cannot be handled as a CronTab: json: cannot unmarshal {what}"),
+            "reason": "BadRequest", "code": 400})
+    };
+    let refused = |out: test_support::KubectlOutput| {
+        assert!(!out.success(), "{out:?}");
+        logged_status(&out.stderr)
+    };
+
+    // Create and update: the body does not decode.
+    let body = tc.dir.path().join("body.json");
+    let new = |labels: Value| {
+        json!({"apiVersion": "stable.example.io/v1", "kind": "CronTab",
+            "metadata": {"name": "bad", "labels": labels}, "spec": {"cronSpec": "* * * * */5"}})
+    };
+    let mut replaced = before.clone();
+    replaced["metadata"]["labels"] = json!(["app", "cron"]);
+    replaced["metadata"]["annotations"] = json!({"note": true});
+    let one = format!("{collection}/one");
+    let writes = [
+        (
+            "create",
+            collection,
+            new(json!("x")),
+            "string into Go struct field ObjectMeta.labels of type map[string]string",
+        ),
+        (
+            "create",
+            collection,
+            new(json!({"app": 1})),
+            "number into Go struct field ObjectMeta.labels of type string",
+        ),
+        // Annotations first: Go marshals metadata with sorted keys before decoding.
+        (
+            "replace",
+            one.as_str(),
+            replaced,
+            "bool into Go struct field ObjectMeta.annotations of type string",
+        ),
+    ];
+    for (verb, path, object, what) in writes {
+        std::fs::write(&body, object.to_string()).expect("body");
+        let file = body.to_string_lossy();
+        let out = kubectl_async(kc, &["-v=9", verb, "--raw", path, "-f", &file]).await;
+        assert_eq!(refused(out), undecodable(what), "{verb} {object}");
+    }
+
+    // Merge and JSON patches: the patched object does not decode.
+    let patches = [
+        (
+            "merge",
+            r#"{"metadata":{"labels":"x"}}"#,
+            json!("x"),
+            "string into Go struct field ObjectMeta.labels of type map[string]string",
+        ),
+        (
+            "json",
+            r#"[{"op":"add","path":"/metadata/labels/n","value":5}]"#,
+            json!({"app": "cron", "n": 5}),
+            "number into Go struct field ObjectMeta.labels of type string",
+        ),
+    ];
+    for (kind, patch, labels, what) in patches {
+        let out = kubectl_async(
+            kc,
+            &[
+                "-v=9",
+                "-n",
+                "demo",
+                "patch",
+                "crontab",
+                "one",
+                &format!("--type={kind}"),
+                "-p",
+                patch,
+            ],
+        )
+        .await;
+        let got = refused(out);
+        let cause = got["details"]["causes"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let suffix = format!(": json: cannot unmarshal {what}");
+        assert_eq!(
+            (
+                got["code"].clone(),
+                got["reason"].clone(),
+                got["details"]["causes"][0]["field"].clone()
+            ),
+            (json!(422), json!("Invalid"), json!("patch")),
+            "{got}"
+        );
+        assert_eq!(
+            got["message"],
+            format!(" \"\" is invalid: patch: {cause}"),
+            "{got}"
+        );
+        // `Invalid value: "<the patched object as JSON>": <why>`
+        let shown = cause
+            .strip_prefix("Invalid value: ")
+            .and_then(|c| c.strip_suffix(&suffix))
+            .unwrap_or_else(|| panic!("{kind}: {cause}"));
+        let shown: String = serde_json::from_str(shown).expect("a quoted string");
+        let shown: Value = serde_json::from_str(&shown).expect("the patched object");
+        let mut patched = before.clone();
+        patched["metadata"]["labels"] = labels;
+        assert_eq!(shown, patched, "{kind}");
+    }
+
+    // Server-side apply (creating or updating): the typed conversion fails.
+    let applies = [
+        (
+            "one",
+            "labels: x",
+            ".metadata.labels: expected map, got &{x}",
+        ),
+        (
+            "new",
+            "labels: {app: 1}",
+            ".metadata.labels.app: expected string, got &value.valueUnstructured{Value:1}",
+        ),
+    ];
+    for (name, metadata, why) in applies {
+        let yaml = format!(
+            "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: {name}\n  namespace: demo\n  {metadata}\nspec:\n  cronSpec: '* * * * */5'\n"
+        );
+        let path = format!("{collection}/{name}?fieldManager=test");
+        let (code, got) = raw_apply(&tc, &path, yaml).await;
+        // Not a Status error inside kube: a 500 without a reason.
+        let expected = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("failed to create typed patch object (demo/{name}; stable.example.io/v1, Kind=CronTab): {why}"),
+            "code": 500});
+        assert_eq!((code, got), (500, expected), "{metadata}");
+    }
+
+    assert_eq!(get().await.expect("get"), before, "nothing was written");
+    for name in ["bad", "new"] {
+        let gone = kubectl_async(kc, &["-n", "demo", "get", "crontab", name]).await;
+        assert!(!gone.success(), "{name} was created: {gone:?}");
+    }
+
+    // A null value decodes, as "".
+    ok(
+        kc,
+        &[
+            "-n",
+            "demo",
+            "patch",
+            "crontab",
+            "one",
+            "--type=json",
+            "-p",
+            r#"[{"op":"add","path":"/metadata/labels/empty","value":null}]"#,
+        ],
+    )
+    .await;
+    let after = get().await.expect("get");
+    assert_eq!(
+        after["metadata"]["labels"],
+        json!({"app": "cron", "empty": ""})
+    );
+}
+
+/// Sends a server-side apply body as it is: kubectl decodes apply bodies into
+/// typed metadata first, so it cannot send labels of the wrong type.
+async fn raw_apply(tc: &test_support::TestCluster, path: &str, yaml: String) -> (u16, Value) {
+    use http_body_util::BodyExt;
+    let kubeconfig =
+        crproxy_kube::Kubeconfig::from_yaml(&tc.cluster.admin_kubeconfig()).expect("kubeconfig");
+    let config = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None).expect("config");
+    let credentials = config.credentials().expect("credentials");
+    let client =
+        crproxy_kube::kube_client_without_retries(&config, credentials, "demo").expect("client");
+    let request = http::Request::patch(path)
+        .header(http::header::CONTENT_TYPE, "application/apply-patch+yaml")
+        .body(kube::client::Body::from(yaml.into_bytes()))
+        .expect("request");
+    let response = client.send(request).await.expect("answered");
+    let code = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (code, serde_json::from_slice(&body).expect("a Status"))
+}

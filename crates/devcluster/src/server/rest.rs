@@ -597,7 +597,8 @@ fn new_object(ctx: &ReqCtx, mut obj: Value, url_name: Option<&str>) -> Result<Va
 }
 
 pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Option<&str>) -> Resp {
-    let obj = decode(ctx, body)?;
+    let mut obj = decode(ctx, body)?;
+    seams::decode_metadata(ctx, &mut obj)?;
     let hooks = admitted::webhooks(state);
     if hooks.is_some() {
         // kube's namespace lifecycle check runs before the webhooks: a create in a
@@ -861,6 +862,7 @@ pub async fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         check_type(ctx, &mut obj, "Scale", "autoscaling/v1")?;
         return update_scale(state, ctx, ScaleChange::Replace(obj)).await;
     }
+    seams::decode_metadata(ctx, &mut obj)?;
     check_type(ctx, &mut obj, &ctx.info.kind, &ctx.api_version())?;
     if !matches!(ctx.subresource.as_str(), "" | "status" | "finalize") {
         return Err(ApiError::resource_not_found());

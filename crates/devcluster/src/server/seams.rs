@@ -7,6 +7,7 @@ use super::http as h;
 use super::rest::ReqCtx;
 use crate::error::{ApiError, Cause};
 use crate::registry::ResourceInfo;
+use crate::schema::objectmeta;
 use serde_json::{json, Value};
 
 // ---------- selectors ----------
@@ -103,6 +104,7 @@ pub fn server_side_apply(
     body: &[u8],
 ) -> Result<Value, ApiError> {
     let applied = applied_config(ctx, body)?;
+    check_applied_metadata(ctx, &applied)?;
     let schema = schema_of(ctx);
     let manager = ctx.field_manager();
     let api_version = ctx.api_version();
@@ -144,7 +146,97 @@ pub fn apply_patch(
         }
         PatchKind::Apply => return server_side_apply(ctx, Some(current), body),
     }
+    check_patched_metadata(ctx, &mut doc)?;
     Ok(doc)
+}
+
+// ---------- custom resource metadata ----------
+
+/// A custom resource body as kube's decoder reads it on create and update: its
+/// `metadata` must decode into ObjectMeta, else 400 `<Kind> in version "<v>"
+/// cannot be handled as a <Kind>: json: cannot unmarshal ...` (kube's
+/// `transformDecodeError`, naming the kind and version the body gives). Null label
+/// and annotation values come out as "".
+pub fn decode_metadata(ctx: &ReqCtx, obj: &mut Value) -> Result<(), ApiError> {
+    if !ctx.info.is_crd() {
+        return Ok(());
+    }
+    if let Some(err) = objectmeta::decode_error(obj) {
+        let named = |key: &str| {
+            obj.get(key)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
+        let kind = named("kind").unwrap_or(&ctx.info.kind);
+        let version = named("apiVersion")
+            .map(|av| av.split_once('/').map_or(av, |(_, v)| v))
+            .unwrap_or(&ctx.version);
+        return Err(ApiError::bad_request(format!(
+            "{kind} in version {} cannot be handled as a {}: {err}",
+            crate::schema::go_quote(version),
+            ctx.info.kind
+        )));
+    }
+    objectmeta::normalize(obj);
+    Ok(())
+}
+
+/// A merge or JSON patch of a custom resource whose result kube cannot decode
+/// fails with 422 on the field `patch`, showing the whole patched object (kube's
+/// `jsonPatcher.applyPatchToCurrentObject`).
+fn check_patched_metadata(ctx: &ReqCtx, patched: &mut Value) -> Result<(), ApiError> {
+    if !ctx.info.is_crd() {
+        return Ok(());
+    }
+    if let Some(err) = objectmeta::decode_error(patched) {
+        return Err(ApiError::invalid(
+            "",
+            "",
+            "",
+            vec![Cause::new(
+                "FieldValueInvalid",
+                format!(
+                    "Invalid value: {}: {err}",
+                    objectmeta::patched_value(patched)
+                ),
+                "patch",
+            )],
+        ));
+    }
+    objectmeta::normalize(patched);
+    Ok(())
+}
+
+/// An applied configuration whose metadata maps do not type-check fails kube's
+/// typed conversion in the field manager: a 500 without a reason (the error is
+/// not a Status), `failed to create typed patch object (<ns>/<name>; <gvk>): ...`.
+fn check_applied_metadata(ctx: &ReqCtx, applied: &Value) -> Result<(), ApiError> {
+    if !ctx.info.is_crd() {
+        return Ok(());
+    }
+    let errors = objectmeta::apply_errors(applied);
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
+    let meta = applied.get("metadata").filter(|m| m.is_object());
+    let (namespace, name) = (
+        text(meta.and_then(|m| m.get("namespace"))),
+        text(meta.and_then(|m| m.get("name"))),
+    );
+    let api_version = text(applied.get("apiVersion"));
+    let (group, version) = api_version
+        .split_once('/')
+        .unwrap_or(("", api_version.as_str()));
+    let kind = text(applied.get("kind"));
+    Err(ApiError::new(
+        500,
+        "",
+        format!(
+            "failed to create typed patch object ({namespace}/{name}; {group}/{version}, Kind={kind}): {}",
+            objectmeta::join_apply_errors(&errors)
+        ),
+    ))
 }
 
 // ---------- defaults, validation, managedFields ----------
