@@ -8,6 +8,7 @@
 //! count violations; before the pins existed, a third to a half of the rounds
 //! produced one.
 
+mod log_support;
 mod target_support;
 
 use std::time::Duration;
@@ -20,8 +21,9 @@ use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 
 use crproxy_core::config::AccessMode;
+use log_support::LogBuffer;
 use target_support::{
-    harness, json_of, on_target, send, widget, widget_object, widget_resource, Harness, LogBuffer,
+    harness, json_of, on_target, send, widget, widget_object, widget_resource, Harness,
     OWNER_LABELS, WIDGETS,
 };
 

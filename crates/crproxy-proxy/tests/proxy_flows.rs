@@ -7,6 +7,7 @@
 //! answers themselves. Unavailable targets are real ones: a stopped listener, or an
 //! APIService whose backend is missing.
 
+mod log_support;
 mod target_support;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -22,9 +23,10 @@ use serde_json::{json, Value};
 use crproxy_core::config::AccessMode;
 use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::sources::PeerSourceConfig;
+use log_support::LogBuffer;
 use target_support::{
     exchange, harness, harness_with, harness_with_peers, json_of, on_target, send_as, widget,
-    widget_object, widget_resource, Harness, LogBuffer, Options, Reply, OWNER_LABELS, WIDGETS,
+    widget_object, widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
 };
 
 /// The Accept header of an aggregator's discovery fetch (v2, then v2beta1).
