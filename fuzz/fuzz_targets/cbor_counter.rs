@@ -1,9 +1,28 @@
-//! The CBOR-sequence watch counter: never a panic, and splitting the stream into
-//! three chunks at any two points counts the same items as feeding it whole.
+//! The CBOR-sequence watch counter: never a panic; splitting the stream into
+//! three chunks at any two points counts the same items as feeding it whole; and
+//! what an independent codec (ciborium) reads and writes again is counted item by
+//! item.
 #![no_main]
 
+use ciborium::Value;
 use crproxy_proxy::cbor::ItemCounter;
 use libfuzzer_sys::fuzz_target;
+
+/// Nesting the counter follows; deeper is malformed to it, not to ciborium.
+const COUNTER_DEPTH: usize = 64;
+
+fn depth(value: &Value) -> usize {
+    1 + match value {
+        Value::Array(items) => items.iter().map(depth).max().unwrap_or(0),
+        Value::Map(entries) => entries
+            .iter()
+            .map(|(k, v)| depth(k).max(depth(v)))
+            .max()
+            .unwrap_or(0),
+        Value::Tag(_, inner) => depth(inner),
+        _ => 0,
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     let [first, second, stream @ ..] = data else {
@@ -19,4 +38,25 @@ fuzz_target!(|data: &[u8]| {
         .map(|chunk| chunked.push(chunk))
         .sum();
     assert_eq!(counted, expected);
+
+    // Against an independent codec: the items ciborium reads one after another
+    // from the start, written out again by ciborium (well-formed, definite
+    // lengths), are counted one each. ciborium reads some input RFC 8949 calls
+    // malformed (an indefinite string inside another), so the raw bytes are not
+    // compared.
+    let mut rest = stream;
+    let mut written = Vec::new();
+    let mut items = 0u64;
+    while !rest.is_empty() {
+        let mut reader = rest;
+        match ciborium::from_reader::<Value, _>(&mut reader) {
+            Ok(value) if depth(&value) <= COUNTER_DEPTH => {
+                ciborium::into_writer(&value, &mut written).expect("writes to memory");
+                items += 1;
+                rest = reader;
+            }
+            _ => break,
+        }
+    }
+    assert_eq!(ItemCounter::default().push(&written), items);
 });

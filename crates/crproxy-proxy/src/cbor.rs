@@ -18,15 +18,26 @@ const BREAK: u8 = 0xff;
 #[derive(Debug, Default)]
 pub struct ItemCounter {
     /// Containers (arrays, maps, tags, indefinite strings) of the current item,
-    /// innermost last: how many items each still needs, `None` for one that ends
-    /// with a break byte.
-    open: Vec<Option<u64>>,
+    /// innermost last.
+    open: Vec<Open>,
     /// A head whose argument bytes have not all arrived.
     head: Option<PartialHead>,
     /// Payload bytes of a string still to pass over; the string is an item
     /// completed when they have.
     string_left: u64,
     broken: bool,
+}
+
+/// A container of the current item, and what ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    /// A definite-length array or map, or a tag: how many items it still needs.
+    Items(u64),
+    /// An indefinite-length array or map: any items, then a break byte.
+    UntilBreak,
+    /// An indefinite-length string of this major type: definite-length strings
+    /// of the same type only (RFC 8949, 3.2.3), then a break byte.
+    Chunks(u8),
 }
 
 /// The start of a head: its major type, and the big-endian argument so far.
@@ -70,7 +81,7 @@ impl ItemCounter {
     fn initial_byte(&mut self, byte: u8) -> u64 {
         if byte == BREAK {
             return match self.open.last() {
-                Some(None) => {
+                Some(Open::UntilBreak | Open::Chunks(_)) => {
                     self.open.pop();
                     self.item_done()
                 }
@@ -78,7 +89,13 @@ impl ItemCounter {
             };
         }
         let major = byte >> 5;
-        match byte & 0x1f {
+        let info = byte & 0x1f;
+        if let Some(Open::Chunks(string)) = self.open.last() {
+            if major != *string || info == 31 {
+                return self.malformed();
+            }
+        }
+        match info {
             info @ 0..=23 => self.head_complete(major, u64::from(info)),
             info @ 24..=27 => {
                 self.head = Some(PartialHead {
@@ -88,7 +105,8 @@ impl ItemCounter {
                 });
                 0
             }
-            31 if (2..=5).contains(&major) => self.open_container(None),
+            31 if major == 2 || major == 3 => self.open_container(Open::Chunks(major)),
+            31 if major == 4 || major == 5 => self.open_container(Open::UntilBreak),
             _ => self.malformed(),
         }
     }
@@ -115,20 +133,20 @@ impl ItemCounter {
                 let per_entry = if major == 5 { 2 } else { 1 };
                 match argument.checked_mul(per_entry) {
                     Some(0) => self.item_done(),
-                    Some(items) => self.open_container(Some(items)),
+                    Some(items) => self.open_container(Open::Items(items)),
                     None => self.malformed(),
                 }
             }
             // A tag: exactly one item follows.
-            _ => self.open_container(Some(1)),
+            _ => self.open_container(Open::Items(1)),
         }
     }
 
-    fn open_container(&mut self, items: Option<u64>) -> u64 {
+    fn open_container(&mut self, container: Open) -> u64 {
         if self.open.len() >= MAX_DEPTH {
             return self.malformed();
         }
-        self.open.push(items);
+        self.open.push(container);
         0
     }
 
@@ -138,8 +156,8 @@ impl ItemCounter {
         loop {
             match self.open.last_mut() {
                 None => return 1,
-                Some(None) => return 0,
-                Some(Some(left)) => {
+                Some(Open::UntilBreak | Open::Chunks(_)) => return 0,
+                Some(Open::Items(left)) => {
                     *left -= 1;
                     if *left > 0 {
                         return 0;
@@ -232,5 +250,67 @@ mod tests {
         // A break byte outside an indefinite-length item.
         check(&[&[0x81, 0xff], EVENT], 0);
         check(&[&[0xff], EVENT], 0);
+        // An indefinite-length string holds definite strings of its own type
+        // only: not another indefinite one, not a text chunk in a byte string.
+        check(&[&[0x5f, 0x41, 0x00, 0xff], EVENT], 2);
+        check(&[&[0x7f, 0x61, b'a', 0x60, 0xff], EVENT], 2);
+        check(&[&[0x5f, 0x5f, 0xff, 0xff], EVENT], 0);
+        check(&[&[0x5f, 0x61, b'a', 0xff], EVENT], 0);
+        check(&[&[0x7f, 0x01, 0xff], EVENT], 0);
+    }
+
+    /// Against an independent encoder: any sequence of well-formed items that
+    /// ciborium writes, cut into chunks anywhere, counts as that many items.
+    mod against_ciborium {
+        use super::*;
+        use ciborium::Value;
+        use proptest::prelude::*;
+
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                any::<i64>().prop_map(|n| Value::Integer(n.into())),
+                any::<u64>().prop_map(|n| Value::Integer(n.into())),
+                any::<f64>().prop_map(Value::Float),
+                any::<bool>().prop_map(Value::Bool),
+                Just(Value::Null),
+                ".{0,40}".prop_map(Value::Text),
+                // Lengths past 23, 255 and 65535 take 1-, 2- and 4-byte heads.
+                prop_oneof![0usize..30, 250usize..300, 65_530usize..65_540]
+                    .prop_map(|len| Value::Bytes(vec![0x5a; len])),
+            ];
+            leaf.prop_recursive(6, 64, 6, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                    prop::collection::vec((inner.clone(), inner.clone()), 0..4)
+                        .prop_map(Value::Map),
+                    (any::<u64>(), inner).prop_map(|(tag, v)| Value::Tag(tag, Box::new(v))),
+                ]
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+            #[test]
+            fn counts_what_ciborium_wrote(
+                items in prop::collection::vec(value(), 1..5),
+                cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+            ) {
+                let mut stream = Vec::new();
+                for item in &items {
+                    ciborium::into_writer(item, &mut stream).expect("encodes");
+                }
+                let mut at: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();
+                at.push(0);
+                at.push(stream.len());
+                at.sort_unstable();
+                let mut counter = ItemCounter::default();
+                let counted: u64 = at
+                    .windows(2)
+                    .map(|w| counter.push(&stream[w[0]..w[1]]))
+                    .sum();
+                prop_assert_eq!(counted, items.len() as u64);
+                prop_assert!(counter.open.is_empty() && counter.head.is_none());
+            }
+        }
     }
 }
