@@ -23,6 +23,7 @@ use crate::status;
 mod layout;
 #[cfg(any(test, fuzzing))]
 pub mod reference;
+mod yaml_expansion;
 
 use layout::{Edits, Field, Shape};
 
@@ -295,6 +296,33 @@ pub fn parse_cost(bytes: &[u8]) -> usize {
     bytes.len() + nodes * NODE
 }
 
+/// The memory reading a write body takes, for admitting reads against a memory
+/// budget: [`parse_cost`] of its text, or for a YAML body with aliases, of the
+/// document they expand to (a small text can repeat a large node many times).
+pub fn read_cost(content_type: Option<&str>, bytes: &[u8]) -> usize {
+    let yaml = content_type
+        .and_then(BodyType::from_content_type)
+        .is_some_and(|t| matches!(t, BodyType::Yaml | BodyType::ApplyPatchYaml));
+    let text_cost = parse_cost(bytes);
+    if !yaml || !bytes.contains(&b'*') {
+        return text_cost;
+    }
+    match std::str::from_utf8(bytes).map(yaml_expanded) {
+        Ok(Ok(expanded)) => text_cost.max(expanded.cost),
+        // Refused by the read, before the document is built.
+        _ => text_cost,
+    }
+}
+
+/// A YAML text's size once its aliases are replayed, walked only when it could
+/// hold an alias; refused past the body limit or the walk's nesting limit.
+fn yaml_expanded(text: &str) -> Result<yaml_expansion::Expansion, yaml_expansion::Stop> {
+    if !text.contains('*') {
+        return Err(yaml_expansion::Stop::Unreadable);
+    }
+    yaml_expansion::expansion(text, MAX_REQUEST_BODY, layout::MAX_DEPTH)
+}
+
 /// Parses JSON, refusing duplicate object keys (Go keeps the last one; a proxy
 /// that looked at another copy would judge a different object).
 pub fn parse_json_strict(bytes: &[u8]) -> Result<Value, BodyError> {
@@ -347,6 +375,11 @@ fn parse_yaml_strict(bytes: &[u8]) -> Result<Value, BodyError> {
     }
     let text = std::str::from_utf8(bytes)
         .map_err(|e| BodyError::Invalid(format!("request body is not valid UTF-8: {e}")))?;
+    // Aliases are replayed into the document: one that outgrows the body limit
+    // is refused before it is built (see `yaml_expansion`).
+    if let Err(yaml_expansion::Stop::TooLarge) = yaml_expanded(text) {
+        return Err(BodyError::TooLarge);
+    }
     // Read scalars the way kube-apiserver's YAML-to-JSON step (go-yaml v2, YAML 1.1)
     // does: `yes`/`on` are booleans and `0755` is octal. Duplicate keys, a second
     // document and anything past the parser's budgets are errors.
@@ -758,6 +791,44 @@ mod tests {
         );
         assert_eq!(read(r#"{"metadata":7}"#), Err(ShapeError::Metadata));
         assert_eq!(read("[]"), Err(ShapeError::NotAnObject));
+    }
+
+    /// A 64 KiB string anchored once and aliased `aliases` times.
+    fn alias_bomb(aliases: usize) -> String {
+        format!(
+            "kind: Widget\nspec:\n  big: &b \"{}\"\n  copies: [{}0]\n",
+            "x".repeat(64 * 1024),
+            "*b, ".repeat(aliases)
+        )
+    }
+
+    #[test]
+    fn yaml_aliases_that_outgrow_the_body_limit_are_refused_before_they_are_built() {
+        // 1000 copies: 64 MiB of JSON from a 69 KB text, over the 3 MiB limit
+        // the target would refuse the written-out body with.
+        let bomb = alias_bomb(1000);
+        for media_type in ["application/yaml", "application/apply-patch+yaml"] {
+            assert_eq!(
+                WriteBody::parse(Some(media_type), bomb.as_bytes()).err(),
+                Some(BodyError::TooLarge),
+                "{media_type}"
+            );
+        }
+        // Ten copies fit: read, and admitted for what they expand to.
+        let modest = alias_bomb(10);
+        let body = WriteBody::parse(Some("application/yaml"), modest.as_bytes()).expect("fits");
+        let expanded = body.to_bytes().len();
+        assert!(expanded > 10 * 64 * 1024, "{expanded}");
+        let cost = read_cost(Some("application/yaml"), modest.as_bytes());
+        assert!(
+            cost >= expanded,
+            "admitted for {cost} bytes, read {expanded}"
+        );
+        assert_eq!(
+            read_cost(Some("application/json"), modest.as_bytes()),
+            parse_cost(modest.as_bytes()),
+            "a JSON body has no aliases"
+        );
     }
 
     #[test]

@@ -81,9 +81,10 @@ pub struct GroupVersionProxy {
 pub const MAX_IN_FLIGHT: usize = 400;
 
 /// Memory one group/version server may spend on reading write bodies at once, as
-/// estimated by `request_body::parse_cost`. A parsed YAML document can take many
-/// times its text (3 MiB of small numbers become some 50 MiB), so such writes wait
-/// for room instead of all running at once; ordinary bodies cost about their size.
+/// estimated by `request_body::read_cost`. A parsed document can take many times
+/// its text (3 MiB of small numbers become some 50 MiB, and YAML aliases repeat
+/// whole nodes), so such writes wait for room instead of all running at once;
+/// ordinary bodies cost about their size.
 pub const PARSE_MEMORY_BUDGET: usize = 64 * 1024 * 1024;
 
 /// How many times an owned-mode mutation is checked and sent: once, and once more
@@ -1184,7 +1185,8 @@ impl GroupVersionProxy {
         bytes: &[u8],
         stamp: Stamp,
     ) -> Result<Result<(WriteBody, OwnedSemaphorePermit), BodyError>, Outcome> {
-        let cost = request_body::parse_cost(bytes).min(PARSE_MEMORY_BUDGET);
+        let cost = request_body::read_cost(content_type(&exchange.headers), bytes)
+            .min(PARSE_MEMORY_BUDGET);
         let permits = u32::try_from(cost).unwrap_or(u32::MAX);
         let room = tokio::time::timeout_at(
             exchange.deadline,

@@ -18,7 +18,7 @@ use crate::skim::{Kind, Skim, SkimError};
 
 /// serde_json's nesting limit: a body the strict parse refused as too deep is
 /// refused here too.
-const MAX_DEPTH: usize = 128;
+pub const MAX_DEPTH: usize = 128;
 
 /// Why a body's text is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
