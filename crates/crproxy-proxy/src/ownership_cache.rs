@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use crproxy_core::ownership::{self, Owner};
 use crproxy_core::precondition::Pin;
+use crproxy_core::request;
 
 use crate::pool::ProxyBody;
 use crate::transport::{self, ForwardError, TargetConnection, MAX_BUFFERED_BODY};
@@ -180,8 +181,10 @@ impl OwnershipCache {
         if let Some(watched) = resources.get(resource) {
             return Arc::clone(&watched.objects);
         }
-        if resources.len() >= MAX_RESOURCES {
-            // Never synced and not kept: the lookup answers Unsynced.
+        // Resource names are DNS labels (a CRD's plural is one); any other name,
+        // which a caller can put in a path, gets no watch of its own and no slot:
+        // never synced and not kept, the lookup answers Unsynced.
+        if resources.len() >= MAX_RESOURCES || !crproxy_core::config::is_dns_label(resource) {
             return Arc::new(Objects::default());
         }
         let objects = Arc::new(Objects::default());
@@ -364,7 +367,7 @@ async fn sync_once(
             credentials: Arc::clone(&strong.target.credentials),
         },
         strong.owner.clone(),
-        format!("{}/{resource}", strong.prefix),
+        format!("{}/{}", strong.prefix, request::encode_segment(resource)),
     );
     drop(strong);
     let mut resource_version = match list(&target, &owner, &collection, objects).await {

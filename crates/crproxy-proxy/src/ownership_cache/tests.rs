@@ -329,6 +329,19 @@ async fn a_resource_starts_on_first_use_and_is_dropped_when_idle() {
     assert!(cache.running("widgets").is_none());
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_resource_name_that_is_no_dns_label_gets_no_watch() {
+    let cache = OwnershipCache::new("example.com", "v1", owner(), &unreachable_target());
+    // Decoded from `widgets%3FlabelSelector%3D%26x`: as a URL it would list
+    // other owners' objects; as a name it is no resource of any API.
+    for resource in ["widgets?labelSelector=&x", "Widgets", "widgets.v2", ""] {
+        assert_eq!(cache.lookup(resource, Some("ns"), "a"), Lookup::Unsynced);
+        settle().await;
+        assert!(cache.running(resource).is_none(), "{resource:?}");
+    }
+    assert!(lock(&cache.shared.resources).is_empty());
+}
+
 #[test]
 fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
     let runtime = tokio::runtime::Builder::new_current_thread()
