@@ -89,6 +89,21 @@ fuzz_target!(|data: &[u8]| {
             "{shape} for a body that can carry labels: {model}"
         ),
     }
+    // A view of the object (a Scale) is pinned unstamped, by uid and resourceVersion.
+    let mut view = write.clone();
+    if precondition::pin_view_write(&mut view, &pin).is_ok() {
+        let want = if view.body_type == BodyType::JsonPatch {
+            let tests = [
+                json!({"op": "test", "path": "/metadata/uid", "value": "uid-1"}),
+                json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"}),
+            ];
+            reference::with_operations(model.clone(), &tests, &[])
+        } else {
+            let fields = [("uid", Some("uid-1")), ("resourceVersion", Some("7"))];
+            reference::edited(model.clone(), &[], &fields)
+        };
+        assert_eq!(view.document().ok(), want, "view pin");
+    }
     let labels = ownership::owner_labels(&owner);
     let stamped = ownership::stamp_owner_labels(&owner, &mut write);
     let want = if write.body_type == BodyType::JsonPatch {

@@ -78,6 +78,27 @@ pub fn pin_write(owner: &Owner, body: &mut WriteBody, pin: &Pin) -> Result<(), P
         }
         return body.add_operations(tests, Vec::new()).map_err(unparsable);
     }
+    pin_metadata(body, pin)
+}
+
+/// Pins a PUT or PATCH of a subresource whose body is a view of the object, not
+/// the object (an autoscaling `Scale`): it carries the object's uid and
+/// resourceVersion but no labels. A JSON patch tests both, so that any change to
+/// the object since the check (a label removed, a delete and create) refuses it.
+pub fn pin_view_write(body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError> {
+    if body.body_type == BodyType::JsonPatch {
+        let tests = vec![
+            json!({"op": "test", "path": "/metadata/uid", "value": pin.uid}),
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": pin.resource_version}),
+        ];
+        return body.add_operations(tests, Vec::new()).map_err(unparsable);
+    }
+    pin_metadata(body, pin)
+}
+
+/// Sets the checked uid and resourceVersion in a body's own metadata; a caller's
+/// own different resourceVersion is a conflict.
+fn pin_metadata(body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError> {
     match body.resource_version().map_err(unparsable)? {
         CallerValue::Missing => {}
         CallerValue::Text(caller) if caller.is_empty() || caller == pin.resource_version => {}
@@ -282,6 +303,40 @@ mod tests {
                 {"op":"test","path":"/metadata/labels/vcluster.com~1owner-project","value":"proj"},
                 {"op":"replace","path":"/spec/a","value":1}
             ])
+        );
+    }
+
+    #[test]
+    fn a_view_of_the_object_is_pinned_by_uid_and_resource_version_only() {
+        let mut b = body(
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"/spec/replicas","value":3}]"#,
+        );
+        pin_view_write(&mut b, &pin()).expect("pin");
+        assert_eq!(
+            b.document().expect("strict JSON"),
+            json!([
+                {"op":"test","path":"/metadata/uid","value":"u1"},
+                {"op":"test","path":"/metadata/resourceVersion","value":"7"},
+                {"op":"replace","path":"/spec/replicas","value":3}
+            ])
+        );
+        let mut b = body(
+            "application/json",
+            r#"{"kind":"Scale","spec":{"replicas":3}}"#,
+        );
+        pin_view_write(&mut b, &pin()).expect("pin");
+        assert_eq!(
+            b.document().expect("strict JSON"),
+            json!({"kind":"Scale","spec":{"replicas":3},"metadata":{"uid":"u1","resourceVersion":"7"}})
+        );
+        let mut b = body(
+            "application/json",
+            r#"{"metadata":{"resourceVersion":"6"}}"#,
+        );
+        assert_eq!(
+            pin_view_write(&mut b, &pin()),
+            Err(PreconditionError::Stale)
         );
     }
 

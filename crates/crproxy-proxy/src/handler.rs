@@ -693,10 +693,13 @@ impl GroupVersionProxy {
             Ok(bytes) => bytes,
             Err(outcome) => return outcome,
         };
+        // A view of the object gets no labels and is pinned by what it carries.
+        let view = !body_is_the_object(path);
+        let stamp = if view { Stamp::Never } else { Stamp::Always };
         let (headers, mut write, _room) = if verb == Verb::Delete {
             (exchange.headers.clone(), None, None)
         } else {
-            match self.labelled_body(exchange, &bytes, Stamp::Always).await {
+            match self.labelled_body(exchange, &bytes, stamp).await {
                 Ok(Ok((write, room))) => (
                     with_media_type(&exchange.headers, &write),
                     Some(write),
@@ -724,7 +727,7 @@ impl GroupVersionProxy {
             let document = match write.take() {
                 Some(write) => Some(write),
                 None if verb == Verb::Delete => None,
-                None => match self.label(&exchange.headers, &bytes, Stamp::Always) {
+                None => match self.label(&exchange.headers, &bytes, stamp) {
                     Ok(write) => Some(write),
                     Err(error) => return refused_body(&error),
                 },
@@ -734,6 +737,9 @@ impl GroupVersionProxy {
                     precondition::pin_delete(&bytes, exchange.query.as_deref(), pin)
                 }
                 (None, Checked::Absent) => return self.masked(path, Reason::OwnershipMasked),
+                (Some(mut write), Checked::Owned(pin)) if view => {
+                    precondition::pin_view_write(&mut write, pin).map(|()| write.to_bytes())
+                }
                 (Some(mut write), Checked::Owned(pin)) => {
                     precondition::pin_write(&self.owner, &mut write, pin).map(|()| write.to_bytes())
                 }
@@ -1221,8 +1227,10 @@ impl GroupVersionProxy {
         stamp: Stamp,
     ) -> Result<WriteBody, BodyError> {
         let mut write = WriteBody::parse(content_type(headers), bytes)?;
-        if stamp == Stamp::UnlessOwnerNamed && ownership::names_an_owner(&write)? {
-            return Ok(write);
+        match stamp {
+            Stamp::Never => return Ok(write),
+            Stamp::UnlessOwnerNamed if ownership::names_an_owner(&write)? => return Ok(write),
+            Stamp::Always | Stamp::UnlessOwnerNamed => {}
         }
         ownership::stamp_owner_labels(&self.owner, &mut write)?;
         Ok(write)
@@ -1470,6 +1478,17 @@ enum Stamp {
     Always,
     /// This client's when the body names no owner (all-mode replaces).
     UnlessOwnerNamed,
+    /// None: the body is a view of the object that has no labels (a Scale).
+    Never,
+}
+
+/// Whether a write's body is the object itself, labels and all: a write of the
+/// resource or of its `/status`. Other subresources (`/scale`) take a view of
+/// the object, which carries its uid and resourceVersion and no labels.
+fn body_is_the_object(path: &ResourcePath) -> bool {
+    path.subresource
+        .as_deref()
+        .is_none_or(|sub| sub == "status")
 }
 
 /// Reads a request body whole, at most [`MAX_REQUEST_BODY`] bytes and within the

@@ -688,6 +688,67 @@ async fn subresource_answers_never_show_an_object_that_lost_its_labels() {
     h.proxy.shutdown().await;
 }
 
+/// A Scale is a view of the object: its uid and resourceVersion, no labels. Every
+/// kind of write to it works for an owned object, is pinned to the checked state,
+/// and never reaches an object that is not owned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_writes_are_pinned_without_labels_in_their_body() {
+    let h = harness(AccessMode::Owned).await;
+    owned_widget(&h, "scaled").await;
+    let path = format!("{WIDGETS}/scaled/scale");
+    for (replicas, content_type, body) in [
+        (
+            2,
+            "application/merge-patch+json",
+            r#"{"spec":{"replicas":2}}"#,
+        ),
+        (
+            3,
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"/spec/replicas","value":3}]"#,
+        ),
+    ] {
+        let reply = send(&h, "PATCH", &path, Some(content_type), body).await;
+        assert_eq!(reply.status, 200, "{content_type}: {}", reply.body);
+        assert_eq!(reply.body["kind"], "Scale", "{}", reply.body);
+        let stored = on_target(&h, "scaled").await.expect("stored");
+        assert_eq!(stored["spec"]["replicas"], replicas, "{content_type}");
+        assert!(is_owned(&stored), "{stored}");
+    }
+    let mut scale = send(&h, "GET", &path, None, Bytes::new()).await.body;
+    scale["spec"]["replicas"] = json!(4);
+    let put = send(
+        &h,
+        "PUT",
+        &path,
+        Some("application/json"),
+        scale.to_string(),
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(
+        on_target(&h, "scaled").await.expect("stored")["spec"]["replicas"],
+        4
+    );
+    // Not owned any more: every write is masked and nothing changes.
+    unlabel(&h.widgets, "scaled").await.expect("unlabel");
+    for (content_type, body) in [
+        ("application/merge-patch+json", r#"{"spec":{"replicas":9}}"#),
+        (
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"/spec/replicas","value":9}]"#,
+        ),
+    ] {
+        let reply = send(&h, "PATCH", &path, Some(content_type), body).await;
+        assert_eq!(reply.status, 404, "{content_type}: {}", reply.body);
+    }
+    assert_eq!(
+        on_target(&h, "scaled").await.expect("stored")["spec"]["replicas"],
+        4
+    );
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owned_writes_still_work_with_their_pins() {
     let h = harness(AccessMode::Owned).await;
