@@ -1728,9 +1728,12 @@ fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
         "ignoreStoreReadErrorWithClusterBreakingPotential",
     ];
     const PAGING: &[&str] = &["limit", "continue"];
+    // kube's deletecollection lists with the query's list options; watching is not
+    // listing, so these never reach its list (or the proxy's).
+    const WATCH_ONLY: &[&str] = &["watch", "allowWatchBookmarks", "sendInitialEvents"];
     let query = query.unwrap_or("");
     let list = request::retain_query(query, |name| {
-        !DELETE_OPTIONS.contains(&name) && !PAGING.contains(&name)
+        !DELETE_OPTIONS.contains(&name) && !PAGING.contains(&name) && !WATCH_ONLY.contains(&name)
     });
     (
         list,

@@ -591,6 +591,30 @@ async fn cluster_wide_deletecollection_deletes_owned_objects_in_every_namespace(
     h.proxy.shutdown().await;
 }
 
+/// kube's deletecollection lists with the query's list options and ignores the
+/// watch-only ones; the proxy's own list must not turn into a watch either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletecollection_with_watch_options_in_its_query_still_lists() {
+    let h = harness(AccessMode::Owned).await;
+    owned_widget(&h, "swept").await;
+    let swept = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}?watch=true&allowWatchBookmarks=true"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(swept.status, 200, "{}", swept.body);
+    assert_eq!(
+        swept.body["items"][0]["metadata"]["name"], "swept",
+        "{}",
+        swept.body
+    );
+    assert!(on_target(&h, "swept").await.is_none());
+    h.proxy.shutdown().await;
+}
+
 /// More owned objects than one page of the sweep's list (500), and more bytes than
 /// the 16 MiB the proxy reads of one target answer: the deletecollection lists
 /// them page by page and deletes every one; foreign objects stay.
