@@ -10,20 +10,12 @@
 mod target_support;
 
 use crproxy_core::config::AccessMode;
-use target_support::{harness, send, widget_object, OWNER_LABELS, WIDGETS};
+use target_support::{
+    harness, peak_rss_kib, reset_peak_rss, send, widget_object, OWNER_LABELS, WIDGETS,
+};
 
 /// The bound the issue sets for a replica under this load.
 const PEAK_GROWTH_LIMIT_KIB: u64 = 150 * 1024;
-
-fn peak_rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_concurrent_three_mebibyte_bodies_stay_under_150_mib() {
@@ -46,7 +38,7 @@ async fn eight_concurrent_three_mebibyte_bodies_stay_under_150_mib() {
     body.push_str("0]}}");
     let body = bytes::Bytes::from(body);
 
-    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    reset_peak_rss();
     let before = peak_rss_kib();
     let requests = (0..8).map(|_| {
         let body = body.clone();
@@ -84,7 +76,7 @@ async fn eight_concurrent_three_mebibyte_bodies_stay_under_150_mib() {
     }
     huge.push_str("0]}}");
     let huge = bytes::Bytes::from(huge);
-    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    reset_peak_rss();
     let before = peak_rss_kib();
     let requests = (0..8).map(|_| {
         let body = huge.clone();

@@ -13,19 +13,9 @@
 mod target_support;
 
 use crproxy_core::config::AccessMode;
-use target_support::{harness, send, WIDGETS};
+use target_support::{harness, peak_rss_kib, reset_peak_rss, send, WIDGETS};
 
 const PEAK_GROWTH_LIMIT_KIB: u64 = 150 * 1024;
-
-fn peak_rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM")
-}
 
 /// A Widget whose `spec.copies` aliases a 64 KiB anchored scalar 1000 times,
 /// with one more anchor per ten aliases to satisfy saphyr's alias/anchor ratio.
@@ -49,7 +39,7 @@ fn alias_bomb(name: &str) -> String {
 async fn eight_concurrent_yaml_alias_creates_stay_under_150_mib() {
     let h = harness(AccessMode::Owned).await;
     let size = alias_bomb("bomb-0").len();
-    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    reset_peak_rss();
     let before = peak_rss_kib();
     let requests = (0..8).map(|i| {
         let h = &h;

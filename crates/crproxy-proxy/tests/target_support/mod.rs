@@ -349,3 +349,20 @@ pub async fn on_target(h: &Harness, name: &str) -> Option<Value> {
 pub fn json_of(object: &DynamicObject) -> Value {
     serde_json::to_value(object).expect("objects are JSON")
 }
+
+/// Resets this process's peak resident memory (`VmHWM`) to what it uses now.
+/// A memory test runs in a test binary of its own: other tests move the peak.
+pub fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+}
+
+/// This process's peak resident memory since the last reset, in KiB.
+pub fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM")
+}
