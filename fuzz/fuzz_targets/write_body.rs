@@ -69,6 +69,17 @@ fuzz_target!(|data: &[u8]| {
     let (Ok(mut write), Some(model)) = (parsed, model) else {
         return;
     };
+    // The alias walk never says a YAML body's JSON is longer than it is: it
+    // refuses bodies whose JSON the target would refuse for its size.
+    if !is_json {
+        if let Some(bound) = std::str::from_utf8(body)
+            .ok()
+            .and_then(request_body::yaml_json_lower_bound)
+        {
+            let json = write.to_bytes().len();
+            assert!(bound <= json, "walked {bound}, JSON {json}");
+        }
+    }
     // An all-mode replace asks first whether the body names an owner itself.
     // It reads the layout, not the document: compare it with the model's labels.
     let carries = |value: &Value| value.is_null() || value.is_object();

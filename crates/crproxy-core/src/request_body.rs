@@ -323,6 +323,15 @@ fn yaml_expanded(text: &str) -> Result<yaml_expansion::Expansion, yaml_expansion
     yaml_expansion::expansion(text, MAX_REQUEST_BODY, layout::MAX_DEPTH)
 }
 
+/// What the expansion walk says a YAML text's JSON is at least, for the fuzz
+/// target to hold against the JSON actually written.
+#[cfg(any(test, fuzzing))]
+pub fn yaml_json_lower_bound(text: &str) -> Option<usize> {
+    yaml_expansion::expansion(text, usize::MAX, layout::MAX_DEPTH)
+        .ok()
+        .map(|e| e.json_bytes)
+}
+
 /// Parses JSON, refusing duplicate object keys (Go keeps the last one; a proxy
 /// that looked at another copy would judge a different object).
 pub fn parse_json_strict(bytes: &[u8]) -> Result<Value, BodyError> {
