@@ -281,15 +281,21 @@ fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>, sync_timeout: Duration) ->
             return;
         }
         let path = format!("/apis/{group_version}");
-        let probe = proxy
-            .target
-            .send(
-                Method::GET,
-                &path,
-                &HeaderMap::new(),
-                transport::full(Bytes::new()),
-            )
-            .await;
+        // Bounded like any request: a target that accepts and never answers must
+        // still be reported.
+        let deadline = tokio::time::Instant::now() + transport::REQUEST_DEADLINE;
+        let headers = HeaderMap::new();
+        let probe = proxy.target.send_before(
+            Some(deadline),
+            Method::GET,
+            &path,
+            &headers,
+            transport::full(Bytes::new()),
+        );
+        let probe = match tokio::time::timeout_at(deadline, probe).await {
+            Ok(probe) => probe,
+            Err(_) => Err(transport::ForwardError::Deadline),
+        };
         match probe {
             Ok(response) if response.status() == StatusCode::OK => {
                 tracing::debug!(group_version = %group_version, target = %proxy.target_name, "Connected to target");

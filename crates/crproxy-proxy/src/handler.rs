@@ -335,7 +335,8 @@ impl GroupVersionProxy {
     /// Forwards `/apis/<group>/<version>`; serves the local document when no peer
     /// is usable or the target answers 401, 404 or 5xx.
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
-        let response = match self.get_from_target(exchange, None).await {
+        let deadline = discovery_deadline(exchange);
+        let response = match self.get_from_target(exchange, deadline, None).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
             }
@@ -392,7 +393,7 @@ impl GroupVersionProxy {
     async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
         // The caller's headers as they are, but the answer uncompressed.
         match self
-            .get_from_target(exchange, Some(&Inspected::default()))
+            .get_from_target(exchange, exchange.deadline, Some(&Inspected::default()))
             .await
         {
             Ok(response) if response.status().is_server_error() => {
@@ -415,7 +416,11 @@ impl GroupVersionProxy {
             accept: None,
             rewritten: true,
         };
-        let response = match self.get_from_target(exchange, Some(&inspected)).await {
+        let deadline = discovery_deadline(exchange);
+        let response = match self
+            .get_from_target(exchange, deadline, Some(&inspected))
+            .await
+        {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.aggregated_fallback(version, e.reason(), e.reason())
             }
@@ -456,8 +461,7 @@ impl GroupVersionProxy {
         request_reason: Reason,
         fallback_reason: Reason,
     ) -> Outcome {
-        self.metrics
-            .discovery_fallback(&self.group_version, fallback_reason);
+        self.count_fallback(request_reason, fallback_reason);
         let last_good = lock(&self.last_discovery).clone();
         let document = fallback::aggregated_fallback_document(
             &self.group,
@@ -478,8 +482,7 @@ impl GroupVersionProxy {
     }
 
     fn discovery_fallback(&self, request_reason: Reason, fallback_reason: Reason) -> Outcome {
-        self.metrics
-            .discovery_fallback(&self.group_version, fallback_reason);
+        self.count_fallback(request_reason, fallback_reason);
         let last_good = lock(&self.last_discovery).clone();
         let document = fallback::fallback_document(
             &self.group,
@@ -488,6 +491,16 @@ impl GroupVersionProxy {
             last_good.as_ref(),
         );
         Outcome::new(json_response(StatusCode::OK, &document), request_reason)
+    }
+
+    /// A discovery answered from the fallback; one cut off by the discovery
+    /// deadline is also a termination the proxy made.
+    fn count_fallback(&self, request_reason: Reason, fallback_reason: Reason) {
+        if request_reason == Reason::Deadline {
+            self.metrics.termination(Reason::Deadline);
+        }
+        self.metrics
+            .discovery_fallback(&self.group_version, fallback_reason);
     }
 
     // ---------------------------------------------------------------- resources
@@ -631,7 +644,10 @@ impl GroupVersionProxy {
             accept: Some(accept),
             rewritten: false,
         };
-        let response = match self.get_from_target(exchange, Some(&inspected)).await {
+        let response = match self
+            .get_from_target(exchange, exchange.deadline, Some(&inspected))
+            .await
+        {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
         };
@@ -839,10 +855,13 @@ impl GroupVersionProxy {
         let refused = code.is_client_error() && code != StatusCode::TOO_MANY_REQUESTS;
         // Server-side apply is idempotent, so it may also be checked and sent again
         // after a server error: an apply of an object deleted behind the cache's
-        // back must create it, as it would without the cache.
+        // back must create it, as it would without the cache. Not after the
+        // request's own deadline ended it: that was its one answer, already
+        // counted as a termination.
         let is_apply = content_type(&exchange.headers).and_then(BodyType::from_content_type)
             == Some(BodyType::ApplyPatchYaml);
-        if refused || (is_apply && code.is_server_error()) {
+        let retriable = is_apply && code.is_server_error() && outcome.reason != Reason::Deadline;
+        if refused || retriable {
             return self.cache_result("stale");
         }
         self.metrics.ownership_cache(&self.group_version, "hit");
@@ -1339,16 +1358,14 @@ impl GroupVersionProxy {
     async fn get_from_target(
         &self,
         exchange: &Exchange,
+        deadline: Instant,
         inspected: Option<&Inspected>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let path_and_query = exchange.path_and_query();
-        let sent = self.target.send_get(
-            exchange.deadline,
-            &path_and_query,
-            &exchange.headers,
-            inspected,
-        );
-        flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
+        let sent = self
+            .target
+            .send_get(deadline, &path_and_query, &exchange.headers, inspected);
+        flatten(tokio::time::timeout_at(deadline, sent).await)
     }
 
     /// Sends a request to the target and maps its response: 5xx on non-watch
@@ -1452,6 +1469,17 @@ impl GroupVersionProxy {
             .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
         response
     }
+}
+
+/// How long a discovery request waits for the target before it is answered from
+/// the fallback document: kube-aggregator's availability check gives a
+/// discovery GET 5 s, then marks the APIService unavailable
+/// (`FailedDiscoveryCheck`), so a target that accepts and never answers must not
+/// hold discovery for the whole request deadline.
+const DISCOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
+
+fn discovery_deadline(exchange: &Exchange) -> Instant {
+    exchange.deadline.min(Instant::now() + DISCOVERY_WAIT)
 }
 
 /// Peer-availability reasons: the pool refused before any dial.

@@ -108,21 +108,10 @@ pub struct TargetConnection {
 }
 
 impl TargetConnection {
-    /// Sends a request to the next selectable peer. `parts` carries the caller's
-    /// method, URI (path and query only) and headers; they are filtered here.
-    pub async fn send(
-        &self,
-        method: Method,
-        path_and_query: &str,
-        caller_headers: &HeaderMap,
-        body: ProxyBody,
-    ) -> Result<Response<ProxyBody>, ForwardError> {
-        self.send_before(None, method, path_and_query, caller_headers, body)
-            .await
-    }
-
-    /// [`TargetConnection::send`] for a request with a deadline: a dial still
-    /// running when it expires is counted as `deadline`, not `canceled`.
+    /// Sends a request to the next selectable peer with the caller's method, path
+    /// and query, and headers (filtered here). With a deadline, a dial still
+    /// running when it expires is counted as `deadline`, not `canceled`; without
+    /// one (watches), the request waits as long as its caller does.
     pub async fn send_before(
         &self,
         deadline: Option<Instant>,

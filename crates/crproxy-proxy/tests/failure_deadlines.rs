@@ -1,0 +1,496 @@
+//! Requests against a target that stops answering still end, and are counted,
+//! as the spec's deadlines say: the startup probe, discovery within the
+//! aggregator's availability check, and an apply past the 60 s cap counted once.
+//! A real proxy and devcluster client over TLS, with fault-injecting peers on
+//! 127.0.0.1; every loop and wait is bounded in count and time.
+
+mod log_support;
+mod pool_support;
+mod target_support;
+
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crproxy_core::config::{AccessMode, GroupVersionPlan, ResourceSet, TargetRef};
+use crproxy_core::ownership::Owner;
+use crproxy_core::pki::CertificateAuthority;
+use crproxy_kube::{Auth, ClusterConfig};
+use crproxy_proxy::app::{self, ProxySetup, TargetSetup};
+use crproxy_proxy::metrics::Metrics;
+use crproxy_proxy::server::ServingIdentity;
+use crproxy_proxy::sources::PeerSourceConfig;
+use log_support::LogBuffer;
+use pool_support::{Pki, SERVER_NAME};
+use target_support::{harness_with_peers, widget_object, Harness, WIDGETS};
+
+/// The sum of `name`'s samples whose line contains `needle` (0 when none).
+fn value(metrics: &Metrics, name: &str, needle: &str) -> f64 {
+    metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn lines(metrics: &Metrics, name: &str) -> Vec<String> {
+    metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// An HTTP/2 caller presenting the front-proxy certificate, like the client
+/// cluster's aggregator, with a 64 KiB receive window that it only opens again
+/// as the body is read.
+async fn caller_h2<B>(
+    addr: SocketAddr,
+    serving_ca_pem: &str,
+    front_proxy: &crproxy_core::pki::CertPem,
+) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(serving_ca_pem.as_bytes()).expect("ca"))
+        .expect("root");
+    let chain = vec![CertificateDer::from_pem_slice(front_proxy.cert.as_bytes()).expect("cert")];
+    let key = PrivateKeyDer::from_pem_slice(front_proxy.key.as_bytes()).expect("key");
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .expect("client config");
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("tls");
+    let (sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(65_535)
+            .adaptive_window(false)
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+fn get(path: &str) -> http::Request<http_body_util::Empty<Bytes>> {
+    http::Request::builder()
+        .method("GET")
+        .uri(format!("https://localhost{path}"))
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+        .header("accept", "application/json")
+        .body(http_body_util::Empty::new())
+        .expect("request")
+}
+
+/// A target replica that completes TCP, TLS and the HTTP/2 handshake, then never
+/// answers a request (a wedged API server).
+struct HungPeer {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HungPeer {
+    async fn start(pki: &Pki) -> HungPeer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config(&[b"h2", b"http/1.1"]));
+        let task = tokio::spawn(async move {
+            // Bounded by the abort in Drop.
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(
+                        |_req: hyper::Request<hyper::body::Incoming>| async {
+                            std::future::pending::<()>().await;
+                            Ok::<_, Infallible>(hyper::Response::new(
+                                http_body_util::Empty::<Bytes>::new(),
+                            ))
+                        },
+                    );
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+                });
+            }
+        });
+        HungPeer { addr, task }
+    }
+}
+
+impl Drop for HungPeer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Hung {
+    proxy: app::RunningProxy,
+    addr: SocketAddr,
+    serving_ca_pem: String,
+    front_proxy: crproxy_core::pki::CertPem,
+    metrics: Arc<Metrics>,
+    _client_api: test_support::TestCluster,
+    _peer: HungPeer,
+}
+
+/// A proxy whose only target peer is a [`HungPeer`]; the client cluster is a
+/// devcluster as in the other tests.
+async fn proxy_in_front_of_a_hung_target() -> Hung {
+    let pki = Pki::new();
+    let peer = HungPeer::start(&pki).await;
+    let client_api = test_support::devcluster("client").await;
+    let front_proxy = client_api.cluster.front_proxy_client();
+    let mut client_config =
+        ClusterConfig::new(url::Url::parse(&client_api.cluster.url()).expect("url"));
+    client_config.ca_pem = Some(client_api.cluster.ca_pem().into_bytes());
+    client_config.auth = Auth::Token(client_api.cluster.admin_token());
+    let client_credentials = client_config.credentials().expect("credentials");
+    let client_admin =
+        crproxy_kube::kube_client(&client_config, Arc::clone(&client_credentials), "default")
+            .expect("client admin");
+    let demo: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "demo"}})).expect("namespace");
+    Api::all(client_admin)
+        .create(&PostParams::default(), &demo)
+        .await
+        .expect("namespace created on the client");
+    let mut target_config =
+        ClusterConfig::new(url::Url::parse(&format!("https://{SERVER_NAME}:443")).expect("url"));
+    target_config.ca_pem = Some(pki.ca.pem().cert.clone().into_bytes());
+    target_config.auth = Auth::Token("client-token".into());
+    let serving_ca = CertificateAuthority::generate("serving-ca").expect("ca");
+    let serving = serving_ca
+        .issue_server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+        .expect("serving cert");
+    let metrics = Metrics::new();
+    let setup = ProxySetup {
+        owner: Owner::new("client", "default"),
+        plan: vec![GroupVersionPlan {
+            group: "example.com".into(),
+            version: "v1".into(),
+            resources: ResourceSet::Explicit(vec!["widgets".into()]),
+            target: TargetRef {
+                name: "target".into(),
+                project: "default".into(),
+            },
+            access: AccessMode::All,
+            port: 0,
+        }],
+        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        client: crproxy_kube::kube_client_without_retries(
+            &client_config,
+            Arc::clone(&client_credentials),
+            "default",
+        )
+        .expect("client"),
+        client_watches: crproxy_proxy::watches::WatchClient::new(
+            &client_config,
+            client_credentials,
+        )
+        .expect("watch client"),
+        targets: vec![TargetSetup {
+            name: "target".into(),
+            project: "default".into(),
+            cluster: target_config,
+            peers: PeerSourceConfig::Static(vec![peer.addr.to_string()]),
+        }],
+        serving: ServingIdentity {
+            cert_chain_pem: serving.cert.clone(),
+            key_pem: serving.key.clone(),
+        },
+        metrics: Arc::clone(&metrics),
+        share_ports: false,
+        startup_sync_timeout: Duration::from_secs(60),
+    };
+    let proxy = app::start(setup, true).await.expect("proxy starts");
+    let addr = proxy.servers[0].1;
+    Hung {
+        proxy,
+        addr,
+        serving_ca_pem: serving_ca.pem().cert.clone(),
+        front_proxy,
+        metrics,
+        _client_api: client_api,
+        _peer: peer,
+    }
+}
+
+/// troubleshoot.txt:303: "initial probe of proxy target failed, requests will keep
+/// retrying". A target that accepts the connection and never answers is reported
+/// too: the probe ends at the 60 s cap of any request (it once waited for ever,
+/// and the line never came).
+#[tokio::test(flavor = "current_thread")]
+async fn the_startup_probe_of_a_target_that_never_answers_is_logged_at_the_deadline() {
+    let (logs, _guard) = LogBuffer::capture();
+    let hung = proxy_in_front_of_a_hung_target().await;
+    // Bounded: 70 s in 1 s steps, well past the 60 s cap of any proxied request.
+    let mut logged = false;
+    for _ in 0..70 {
+        if !logs
+            .with_message("initial probe of proxy target failed")
+            .is_empty()
+        {
+            logged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let text = logs.text();
+    assert!(
+        logged,
+        "no 'initial probe of proxy target failed' line after 70 s; logs:\n{text}"
+    );
+    hung.proxy.shutdown().await;
+}
+
+/// how-it-works.txt:85: when the target is unreachable the proxy serves discovery
+/// locally so the APIService stays Available. kube-aggregator's availability
+/// check gives the discovery GET 5 s before it marks the APIService
+/// `FailedDiscoveryCheck`, so a target that accepts and never answers gets 4 s,
+/// then the fallback (`upstream_error`: a transport failure the proxy converted),
+/// and the cut is a deadline the proxy set (it once held discovery for 60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_against_a_target_that_never_answers_falls_back_within_the_aggregators_check() {
+    // Installs the binary\'s log subscriber before any proxy code logs.
+    let (_logs, _log_guard) = LogBuffer::capture();
+    let hung = proxy_in_front_of_a_hung_target().await;
+    let mut sender = caller_h2(hung.addr, &hung.serving_ca_pem, &hung.front_proxy).await;
+    let started = Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(6),
+        sender.send_request(get("/apis/example.com/v1")),
+    )
+    .await;
+    let fallbacks = lines(&hung.metrics, "vcluster_proxy_discovery_fallbacks_total");
+    assert!(
+        matches!(&answer, Ok(Ok(response)) if response.status() == 200),
+        "no discovery answer within the aggregator's 6 s check ({:?}): {answer:?}; fallbacks {fallbacks:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        value(
+            &hung.metrics,
+            "vcluster_proxy_discovery_fallbacks_total",
+            "reason=\"upstream_error\""
+        ),
+        1.0,
+        "{fallbacks:?}"
+    );
+    assert_eq!(
+        value(
+            &hung.metrics,
+            "vcluster_proxy_request_terminations_total",
+            "reason=\"deadline\""
+        ),
+        1.0
+    );
+    drop(sender);
+    hung.proxy.shutdown().await;
+}
+
+/// A TCP relay in front of the target (TLS stays end to end) whose connections
+/// open so far can be frozen: they stay open and never forward another byte (a
+/// replica wedged after accepting), while new connections forward normally.
+struct FreezableRelay {
+    addr: SocketAddr,
+    upstream: Arc<std::sync::OnceLock<SocketAddr>>,
+    open: Arc<std::sync::Mutex<Vec<Arc<std::sync::atomic::AtomicBool>>>>,
+    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl FreezableRelay {
+    async fn start() -> FreezableRelay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let relay = FreezableRelay {
+            addr: listener.local_addr().expect("addr"),
+            upstream: Arc::default(),
+            open: Arc::default(),
+            tasks: Arc::default(),
+        };
+        let (upstream, open, tasks) = (
+            Arc::clone(&relay.upstream),
+            Arc::clone(&relay.open),
+            Arc::clone(&relay.tasks),
+        );
+        let accept = tokio::spawn(async move {
+            // Bounded by the abort in Drop.
+            while let Ok((caller, _)) = listener.accept().await {
+                let Some(upstream) = upstream.get().copied() else {
+                    continue;
+                };
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                open.lock().expect("open").push(Arc::clone(&frozen));
+                let (cr, cw) = caller.into_split();
+                let (sr, sw) = server.into_split();
+                let mut tasks = tasks.lock().expect("tasks");
+                tasks.push(tokio::spawn(pump(cr, sw, Arc::clone(&frozen))));
+                tasks.push(tokio::spawn(pump(sr, cw, frozen)));
+            }
+        });
+        relay.tasks.lock().expect("tasks").push(accept);
+        relay
+    }
+
+    fn freeze_open_connections(&self) {
+        for frozen in self.open.lock().expect("open").iter() {
+            frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for FreezableRelay {
+    fn drop(&mut self) {
+        for task in self.tasks.lock().expect("tasks").drain(..) {
+            task.abort();
+        }
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            let _keep_open = (from, to);
+            // Bounded by the abort in Drop.
+            std::future::pending::<()>().await;
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// operate.txt:94-97: `vcluster_proxy_request_terminations_total` counts requests
+/// the proxy terminated, `deadline` when the 60 s cap expired. An owned-mode
+/// server-side apply that runs into the cap on the ownership cache's fast path
+/// is one termination: it is not sent down the checked path again (it once was,
+/// and that path's ownership GET met the same expired deadline and counted it a
+/// second time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_apply_past_the_cap_is_one_deadline_termination() {
+    // Installs the binary\'s log subscriber before any proxy code logs.
+    let (_logs, _log_guard) = LogBuffer::capture();
+    let relay = FreezableRelay::start().await;
+    let (relay_addr, upstream) = (relay.addr, Arc::clone(&relay.upstream));
+    let h = harness_with_peers(AccessMode::Owned, move |target| {
+        upstream.set(target).expect("upstream set once");
+        PeerSourceConfig::Static(vec![relay_addr.to_string()])
+    })
+    .await;
+    let owned =
+        json!({"vcluster.com/owner-vcluster": "client", "vcluster.com/owner-project": "default"});
+    h.widgets
+        .create(&PostParams::default(), &widget_object("applied", owned))
+        .await
+        .expect("created");
+    let path = format!("{WIDGETS}/applied");
+    // Warm the ownership cache until a write takes its fast path (bounded: 200 tries).
+    let hits = |h: &Harness| {
+        value(
+            &h.metrics,
+            "crproxy_ownership_cache_lookups_total",
+            "result=\"hit\"",
+        )
+    };
+    let mut warm = false;
+    for attempt in 0..200 {
+        let before = hits(&h);
+        let reply = target_support::send(
+            &h,
+            "PATCH",
+            &path,
+            Some("application/merge-patch+json"),
+            json!({"metadata": {"annotations": {"warm": attempt.to_string()}}}).to_string(),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        if hits(&h) > before {
+            warm = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(warm, "the ownership cache never answered");
+    // The replica wedges on every connection the proxy holds.
+    relay.freeze_open_connections();
+    let mut sender = caller_h2(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
+    let body = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: applied\n  namespace: demo\nspec:\n  replicas: 7\n";
+    let request = http::Request::builder()
+        .method("PATCH")
+        .uri(format!(
+            "https://localhost{path}?fieldManager=tenant&force=true"
+        ))
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+        .header("accept", "application/json")
+        .header("content-type", "application/apply-patch+yaml")
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .expect("request");
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(75), sender.send_request(request))
+        .await
+        .expect("an answer within 75 s")
+        .expect("response");
+    let elapsed = started.elapsed();
+    let terminations = lines(&h.metrics, "vcluster_proxy_request_terminations_total");
+    let requests = lines(&h.metrics, "vcluster_proxy_request_total");
+    assert_eq!(answer.status(), 503, "after {elapsed:?}");
+    assert_eq!(
+        value(
+            &h.metrics,
+            "vcluster_proxy_request_terminations_total",
+            "reason=\"deadline\""
+        ),
+        1.0,
+        "one request past the cap after {elapsed:?}: terminations {terminations:?}; requests {requests:?}"
+    );
+    h.proxy.shutdown().await;
+}
