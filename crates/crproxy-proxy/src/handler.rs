@@ -234,6 +234,12 @@ impl GroupVersionProxy {
             headers: parts.headers,
             deadline: started + REQUEST_DEADLINE,
         };
+        // Counted as `canceled` if the caller goes away first: hyper then drops
+        // this future, and nothing below the match runs.
+        let unanswered = Unanswered {
+            proxy: &self,
+            verb: verb_label,
+        };
         let outcome = match admitted {
             false => Outcome::new(
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
@@ -263,6 +269,7 @@ impl GroupVersionProxy {
             },
         };
 
+        unanswered.answered();
         let Outcome {
             mut response,
             reason,
@@ -1468,6 +1475,34 @@ impl GroupVersionProxy {
             .headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
         response
+    }
+}
+
+/// A request that has no answer yet. Dropped before one is made (the caller
+/// went away, so hyper dropped the handler's future), it counts the request
+/// with reason `canceled` and the 503 a failed proxied request gets: without
+/// it, such requests were in no `vcluster_proxy_request_total` series at all.
+struct Unanswered<'p> {
+    proxy: &'p GroupVersionProxy,
+    verb: &'static str,
+}
+
+impl Unanswered<'_> {
+    /// The request has its answer: it is counted with it, not here.
+    fn answered(self) {
+        // Only a borrow inside: forgetting it frees nothing and skips the count.
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.proxy.metrics.request(
+            Arc::clone(&self.proxy.group_version),
+            self.verb,
+            StatusCode::SERVICE_UNAVAILABLE.as_u16(),
+            Reason::Canceled,
+        );
     }
 }
 

@@ -1,6 +1,7 @@
 //! Requests against a target that stops answering still end, and are counted,
 //! as the spec's deadlines say: the startup probe, discovery within the
-//! aggregator's availability check, and an apply past the 60 s cap counted once.
+//! aggregator's availability check, and an apply past the 60 s cap counted once;
+//! a request whose caller goes away is counted too.
 //! A real proxy and devcluster client over TLS, with fault-injecting peers on
 //! 127.0.0.1; every loop and wait is bounded in count and time.
 
@@ -27,7 +28,7 @@ use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::server::ServingIdentity;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
-use pool_support::{Pki, SERVER_NAME};
+use pool_support::{Pki, SilentPeer, SERVER_NAME};
 use target_support::{harness_with_peers, widget_object, Harness, WIDGETS};
 
 /// The sum of `name`'s samples whose line contains `needle` (0 when none).
@@ -105,6 +106,58 @@ fn get(path: &str) -> http::Request<http_body_util::Empty<Bytes>> {
         .header("accept", "application/json")
         .body(http_body_util::Empty::new())
         .expect("request")
+}
+
+/// A caller that goes away mid-dial (operate.txt:115, `canceled`: the caller's own
+/// context ended) is counted on `vcluster_proxy_peer_dial_failures_total` and, as
+/// a request, on `vcluster_proxy_request_total` with reason `canceled` (it once
+/// reached no request series at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_hangs_up_mid_dial_is_counted_as_a_canceled_request() {
+    // Installs the binary\'s log subscriber before any proxy code logs.
+    let (_logs, _log_guard) = LogBuffer::capture();
+    let silent = SilentPeer::start().await;
+    let host = silent.host();
+    let h: Harness = harness_with_peers(AccessMode::All, move |_| {
+        PeerSourceConfig::Static(vec![host])
+    })
+    .await;
+    // Let the startup probe's own dial to the silent peer end (5 s) first.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let before = lines(&h.metrics, "vcluster_proxy_request_total");
+    let canceled_before = value(
+        &h.metrics,
+        "vcluster_proxy_peer_dial_failures_total",
+        "reason=\"canceled\"",
+    );
+    let mut sender = caller_h2(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
+    // The caller gives up after 1 s, while the proxy's dial still hangs.
+    let gave_up =
+        tokio::time::timeout(Duration::from_secs(1), sender.send_request(get(WIDGETS))).await;
+    assert!(
+        gave_up.is_err(),
+        "the dial to a silent peer cannot answer within 1 s"
+    );
+    drop(sender);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let canceled = value(
+        &h.metrics,
+        "vcluster_proxy_peer_dial_failures_total",
+        "reason=\"canceled\"",
+    ) - canceled_before;
+    let after = lines(&h.metrics, "vcluster_proxy_request_total");
+    assert_eq!(canceled, 1.0, "the abandoned dial is counted as canceled");
+    assert!(after != before, "no request series moved: {after:?}");
+    assert_eq!(
+        value(
+            &h.metrics,
+            "vcluster_proxy_request_total",
+            "code=\"503\",reason=\"canceled\""
+        ),
+        1.0,
+        "{after:?}"
+    );
+    h.proxy.shutdown().await;
 }
 
 /// A target replica that completes TCP, TLS and the HTTP/2 handshake, then never
