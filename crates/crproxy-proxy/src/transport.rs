@@ -341,15 +341,66 @@ pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
 
 /// A non-watch response body: stops at the request deadline, and keeps the request
 /// counted as in flight (and unmeasured) until it has been sent whole.
+///
+/// Past the first chunk the deadline is checked on every poll, so a body whose next
+/// chunk is always ready (the target has sent everything; the caller reads slowly)
+/// is cut too. A caller that stops reading is the harder case: with no room in its
+/// window hyper stops polling the body at all, so nothing in here would run again.
+/// A body that is still streaming after its first chunk therefore gets a watchdog,
+/// a task that at the deadline takes what the request holds out of the body and
+/// drops it (see [`Held::Watched`]); the caller's stream ends with an error (a
+/// reset) when hyper polls the body again.
 pub struct DeadlineBody {
-    inner: ProxyBody,
-    sleep: Pin<Box<Sleep>>,
+    held: Held,
+    deadline: Instant,
+    /// Made the first time the target keeps the body waiting: an answer that is
+    /// ready when polled (most are) never registers a timer.
+    sleep: Option<Pin<Box<Sleep>>>,
     metrics: TargetMetrics,
     verb: &'static str,
     started: Instant,
-    finished: bool,
+}
+
+/// What a non-watch request holds until its response has gone out whole or been
+/// cut: the target's body (and with it the target connection or stream), its
+/// place in the in-flight gauge, and its place under the in-flight limit.
+struct Holding {
+    inner: ProxyBody,
     _inflight: InflightGuard,
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Where the [`Holding`] is. Whoever takes it out (the body at its end, the body's
+/// drop, or the watchdog) records the request's duration, and a `deadline`
+/// termination if it cut the request: each exactly once.
+enum Held {
+    /// In the body alone: before the first chunk, and for an answer that came whole
+    /// in its first chunk (a named GET), which so never pays for a watchdog.
+    Here(Holding),
+    /// Still streaming after its first chunk: shared with a watchdog task that
+    /// takes it out at the deadline even if hyper never polls the body again. The
+    /// cost (one task, one timer, an uncontended lock per poll) is paid only by
+    /// answers sent in several chunks, lists mostly, and the task is aborted as
+    /// soon as the body ends.
+    Watched {
+        shared: Arc<std::sync::Mutex<Option<Holding>>>,
+        watchdog: tokio::task::AbortHandle,
+    },
+    /// Sent whole, failed or cut; nothing is held any more.
+    Ended,
+}
+
+/// What the caller's stream ends with when the deadline cut it.
+fn deadline_exceeded() -> BoxError {
+    "proxy request deadline of 60s exceeded".into()
+}
+
+/// Locks the watchdog's share. A panic while it was held (a body's poll) leaves
+/// nothing half-changed that matters here: the holding is either there or not.
+fn lock(shared: &std::sync::Mutex<Option<Holding>>) -> std::sync::MutexGuard<'_, Option<Holding>> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl DeadlineBody {
@@ -362,31 +413,83 @@ impl DeadlineBody {
         inflight: InflightGuard,
     ) -> Self {
         Self {
-            inner,
-            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            held: Held::Here(Holding {
+                inner,
+                _inflight: inflight,
+                _permit: None,
+            }),
+            deadline,
+            sleep: None,
             metrics,
             verb,
             started,
-            finished: false,
-            _inflight: inflight,
-            _permit: None,
         }
     }
 
     /// Keeps `permit` (a place under the replica's in-flight limit) until the
     /// response has been sent whole or dropped.
     pub fn holding(mut self, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
-        self._permit = permit;
+        if let Held::Here(holding) = &mut self.held {
+            holding._permit = permit;
+        }
         self
     }
 
-    fn finish(&mut self) {
-        if !self.finished {
-            self.finished = true;
-            self.metrics
-                .request_duration(self.verb, self.started.elapsed().as_secs_f64());
+    /// Takes the holding out of the body (and out of the watchdog's reach), and
+    /// records the request's end if it was still held: `cut` says the deadline
+    /// ended it. Stops the watchdog.
+    fn end(&mut self, cut: bool) {
+        let holding = match std::mem::replace(&mut self.held, Held::Ended) {
+            Held::Here(holding) => Some(holding),
+            Held::Watched { shared, watchdog } => {
+                watchdog.abort();
+                let holding = lock(&shared).take();
+                holding
+            }
+            Held::Ended => None,
+        };
+        if holding.is_some() {
+            record_end(&self.metrics, self.verb, self.started, cut);
         }
+        // Dropped here, after the lock: the target's body and the guards go now.
+        drop(holding);
     }
+
+    /// Hands the holding to a watchdog that drops it at the deadline.
+    fn watch(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Held::Here(holding) = std::mem::replace(&mut self.held, Held::Ended) else {
+            return;
+        };
+        let shared = Arc::new(std::sync::Mutex::new(Some(holding)));
+        let (metrics, verb, started, deadline) =
+            (self.metrics.clone(), self.verb, self.started, self.deadline);
+        let theirs = Arc::clone(&shared);
+        let watchdog = runtime
+            .spawn(async move {
+                tokio::time::sleep_until(deadline).await;
+                let holding = lock(&theirs).take();
+                if holding.is_some() {
+                    record_end(&metrics, verb, started, true);
+                }
+                // The caller's stream ends with an error when hyper polls the body
+                // again; the request's connection, places and gauge are free now.
+                drop(holding);
+            })
+            .abort_handle();
+        self.held = Held::Watched { shared, watchdog };
+    }
+}
+
+/// Records the end of one non-watch request's response: its duration, and a
+/// `deadline` termination when the cap cut it.
+fn record_end(metrics: &TargetMetrics, verb: &'static str, started: Instant, cut: bool) {
+    if cut {
+        metrics.termination(Reason::Deadline);
+    }
+    metrics.request_duration(verb, started.elapsed().as_secs_f64());
 }
 
 impl Body for DeadlineBody {
@@ -397,43 +500,102 @@ impl Body for DeadlineBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.finished {
+        let this = &mut *self;
+        if matches!(this.held, Held::Ended) {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        let (polled, ended) = match &mut this.held {
+            Held::Here(holding) => {
+                let polled = Pin::new(&mut holding.inner).poll_frame(cx);
+                let ended = holding.inner.is_end_stream();
+                (polled, ended)
+            }
+            Held::Watched { shared, .. } => {
+                // Past the first chunk the deadline is checked on every poll (a
+                // clock read), before anything more is taken from the target: a
+                // target whose next chunk is always ready never returns Pending.
+                // The first chunk is not checked: an answer the handler wrote
+                // because the deadline expired (its 503 or 504, already counted)
+                // goes out as it is.
+                if Instant::now() >= this.deadline {
+                    this.end(true);
+                    return Poll::Ready(Some(Err(deadline_exceeded())));
+                }
+                let mut guard = lock(shared);
+                let Some(holding) = guard.as_mut() else {
+                    // The watchdog cut the request (and counted it) while hyper
+                    // was not polling.
+                    drop(guard);
+                    this.held = Held::Ended;
+                    return Poll::Ready(Some(Err(deadline_exceeded())));
+                };
+                let polled = Pin::new(&mut holding.inner).poll_frame(cx);
+                let ended = holding.inner.is_end_stream();
+                (polled, ended)
+            }
+            Held::Ended => return Poll::Ready(None),
+        };
+        match polled {
             Poll::Ready(None) => {
-                self.finish();
+                this.end(false);
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {
-                self.finish();
+                this.end(false);
                 Poll::Ready(Some(Err(e)))
             }
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-            Poll::Pending => match self.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    self.metrics.termination(Reason::Deadline);
-                    self.finish();
-                    Poll::Ready(Some(Err("proxy request deadline of 60s exceeded".into())))
+            Poll::Ready(Some(Ok(frame))) => {
+                // A first chunk that is also the last (hyper may then stop without
+                // asking for the end; the drop records it) needs no watchdog.
+                if !ended && matches!(this.held, Held::Here(_)) {
+                    this.watch();
                 }
-                Poll::Pending => Poll::Pending,
-            },
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => {
+                let deadline = this.deadline;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.end(true);
+                        Poll::Ready(Some(Err(deadline_exceeded())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.finished || self.inner.is_end_stream()
+        match &self.held {
+            Held::Here(holding) => holding.inner.is_end_stream(),
+            // Asked by hyper between polls; a lock nobody else holds before the
+            // deadline.
+            Held::Watched { shared, .. } => lock(shared)
+                .as_ref()
+                .is_some_and(|holding| holding.inner.is_end_stream()),
+            Held::Ended => true,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.held {
+            Held::Here(holding) => holding.inner.size_hint(),
+            Held::Watched { shared, .. } => lock(shared)
+                .as_ref()
+                .map(|holding| holding.inner.size_hint())
+                .unwrap_or_default(),
+            Held::Ended => SizeHint::with_exact(0),
+        }
     }
 }
 
 impl Drop for DeadlineBody {
     fn drop(&mut self) {
         // A caller that hung up mid-body still took this long.
-        self.finish();
+        self.end(false);
     }
 }
 

@@ -265,3 +265,187 @@ async fn bodies_are_read_whole_in_one_piece_or_many_and_bounded() {
 fn the_request_deadline_is_the_specs_60_seconds() {
     assert_eq!(REQUEST_DEADLINE, Duration::from_secs(60));
 }
+
+/// A caller that reads slowly while the target has already sent the answer (the
+/// target's body is always ready when polled) is still cut at the 60 s cap: the
+/// spec's "Hard cap on any single proxied request and response, end to end".
+#[tokio::test(start_paused = true)]
+async fn a_slowly_read_body_is_still_cut_at_the_deadline() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    // The target's answer is all buffered: every poll finds the next chunk ready.
+    let endless = StreamBody::new(stream::repeat_with(|| {
+        Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"{\"kind\":\"Widget\"}\n")))
+    }))
+    .boxed();
+    let mut body = DeadlineBody::new(
+        endless,
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "LIST",
+        target.inflight(),
+    );
+    // The caller reads one chunk a second, for at most 120 s (bounded).
+    let mut cut_at = None;
+    for _ in 0..120 {
+        match body.frame().await {
+            Some(Ok(_)) => tokio::time::sleep(Duration::from_secs(1)).await,
+            Some(Err(_)) | None => {
+                cut_at = Some(started.elapsed());
+                break;
+            }
+        }
+    }
+    let terminations = scrape_line(&metrics, "vcluster_proxy_request_terminations_total");
+    let inflight = scrape_line(&metrics, "vcluster_proxy_inflight_requests");
+    assert!(
+        cut_at.is_some_and(|at| at <= REQUEST_DEADLINE + Duration::from_secs(1)),
+        "the response was still streaming after {:?} (cut at {cut_at:?}); terminations: {terminations:?}; inflight: {inflight:?}",
+        started.elapsed()
+    );
+    assert!(body.frame().await.is_none(), "a cut body stays ended");
+    drop(body);
+    check_ended_once(&metrics, true);
+}
+
+/// The request's end as the metrics show it: nothing in flight, one duration
+/// observed, and one `deadline` termination if the cap cut it (none otherwise).
+fn check_ended_once(metrics: &Metrics, cut: bool) {
+    let inflight = scrape_line(metrics, "vcluster_proxy_inflight_requests").expect("gauge");
+    assert!(inflight.ends_with(" 0"), "inflight released: {inflight}");
+    let count =
+        scrape_line(metrics, "vcluster_proxy_request_duration_seconds_count").expect("histogram");
+    assert!(count.ends_with(" 1"), "measured once: {count}");
+    let terminations = scrape_line(metrics, "vcluster_proxy_request_terminations_total");
+    match cut {
+        true => assert!(
+            terminations
+                .as_deref()
+                .is_some_and(|l| l.contains("reason=\"deadline\"") && l.ends_with(" 1")),
+            "one deadline termination: {terminations:?}"
+        ),
+        false => assert!(terminations.is_none(), "{terminations:?}"),
+    }
+}
+
+/// A caller that stops reading (no room in its window) makes hyper stop polling
+/// the body, so the body itself never runs again: the watchdog must still end the
+/// request at the cap, freeing the target's body, the in-flight place and the
+/// gauge, and the caller's stream then ends with an error.
+#[tokio::test(start_paused = true)]
+async fn a_body_nobody_polls_any_more_is_cut_at_the_deadline() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    // Held by the target's body: its count says whether the body was dropped.
+    let alive = Arc::new(());
+    let held = Arc::clone(&alive);
+    let endless = StreamBody::new(stream::repeat_with(move || {
+        let _held = &held;
+        Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"{\"kind\":\"Widget\"}\n")))
+    }))
+    .boxed();
+    let limit = Arc::new(tokio::sync::Semaphore::new(1));
+    let permit = Arc::clone(&limit).try_acquire_owned().expect("a place");
+    let mut body = DeadlineBody::new(
+        endless,
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "LIST",
+        target.inflight(),
+    )
+    .holding(Some(permit));
+    assert!(matches!(body.frame().await, Some(Ok(_))), "the first chunk");
+    // The caller reads nothing more for 61 s.
+    tokio::time::sleep(REQUEST_DEADLINE + Duration::from_secs(1)).await;
+    assert_eq!(
+        Arc::strong_count(&alive),
+        1,
+        "the target's body was dropped"
+    );
+    assert_eq!(limit.available_permits(), 1, "the in-flight place is free");
+    check_ended_once(&metrics, true);
+    // When hyper polls again the caller gets an error, never a clean end.
+    assert!(matches!(body.frame().await, Some(Err(_))));
+    assert!(body.frame().await.is_none());
+    drop(body);
+    check_ended_once(&metrics, true);
+}
+
+/// The number of tasks alive on this test's runtime once the aborted ones have
+/// gone (bounded: a few yields).
+async fn tasks_alive() -> usize {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// The watchdog is for bodies still streaming after their first chunk: an answer
+/// that comes whole (a named GET) never starts one, and a streamed one's ends with
+/// its body, before the deadline, counting nothing.
+#[tokio::test(start_paused = true)]
+async fn only_streamed_bodies_are_watched_and_only_while_they_stream() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    let whole = DeadlineBody::new(
+        full(Bytes::from_static(b"{\"kind\":\"Widget\"}")),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "GET",
+        target.inflight(),
+    );
+    let mut whole = std::pin::pin!(whole);
+    assert!(matches!(whole.frame().await, Some(Ok(_))));
+    assert!(whole.is_end_stream());
+    assert_eq!(tasks_alive().await, 0, "no watchdog for a whole answer");
+
+    let mut streamed = DeadlineBody::new(
+        chunks(&["{\"items\":[", "]}"]),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "LIST",
+        target.inflight(),
+    );
+    assert!(matches!(streamed.frame().await, Some(Ok(_))));
+    assert_eq!(tasks_alive().await, 1, "a watchdog while it streams");
+    assert!(matches!(streamed.frame().await, Some(Ok(_))));
+    assert!(streamed.frame().await.is_none());
+    assert_eq!(tasks_alive().await, 0, "the watchdog ends with the body");
+    drop(streamed);
+    tokio::time::sleep(REQUEST_DEADLINE * 2).await;
+    assert!(
+        scrape_line(&metrics, "vcluster_proxy_request_terminations_total").is_none(),
+        "a body that ended in time is no termination"
+    );
+}
+
+/// An answer the handler wrote because the deadline expired (the 504 of a request
+/// body that never arrived, already counted there) goes out whole, though it is
+/// first polled past the deadline, and is not counted again.
+#[tokio::test(start_paused = true)]
+async fn an_answer_written_at_the_deadline_goes_out_whole_and_uncounted() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    tokio::time::sleep(REQUEST_DEADLINE).await;
+    let body = DeadlineBody::new(
+        full(Bytes::from_static(b"{\"code\":504}")),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "POST",
+        target.inflight(),
+    );
+    let bytes = body.collect().await.expect("the whole answer").to_bytes();
+    assert_eq!(&bytes[..], b"{\"code\":504}");
+    check_ended_once(&metrics, false);
+}
