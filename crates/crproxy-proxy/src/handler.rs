@@ -342,26 +342,20 @@ impl GroupVersionProxy {
     /// Forwards `/apis/<group>/<version>`; serves the local document when no peer
     /// is usable or the target answers 401, 404 or 5xx.
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
-        let deadline = discovery_deadline(exchange);
-        let response = match self.get_from_target(exchange, deadline, None).await {
+        let (parts, bytes) = match self.fetch_discovery(exchange, None).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
             }
             Err(e) => return self.discovery_fallback(e.reason(), Reason::UpstreamError),
-            Ok(response) => response,
+            Ok(fetched) => fetched,
         };
-        let code = response.status();
+        let code = parts.status;
         if code == StatusCode::UNAUTHORIZED
             || code == StatusCode::NOT_FOUND
             || code.is_server_error()
         {
             return self.discovery_fallback(Reason::UpstreamError, Reason::UpstreamError);
         }
-        let (parts, body) = response.into_parts();
-        let bytes = match transport::read_limited(body, MAX_BUFFERED_BODY).await {
-            Ok(bytes) => bytes,
-            Err(e) => return self.discovery_fallback(e.reason(), Reason::UpstreamError),
-        };
         if code == StatusCode::OK {
             if let Ok(document) = serde_json::from_slice::<Value>(&bytes) {
                 *lock(&self.last_discovery) = Some(document);
@@ -400,7 +394,7 @@ impl GroupVersionProxy {
     async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
         // The caller's headers as they are, but the answer uncompressed.
         match self
-            .get_from_target(exchange, exchange.deadline, Some(&Inspected::default()))
+            .get_from_target(exchange, Some(&Inspected::default()))
             .await
         {
             Ok(response) if response.status().is_server_error() => {
@@ -423,28 +417,19 @@ impl GroupVersionProxy {
             accept: None,
             rewritten: true,
         };
-        let deadline = discovery_deadline(exchange);
-        let response = match self
-            .get_from_target(exchange, deadline, Some(&inspected))
-            .await
-        {
+        let (parts, bytes) = match self.fetch_discovery(exchange, Some(inspected)).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.aggregated_fallback(version, e.reason(), e.reason())
             }
             Err(e) => return self.aggregated_fallback(version, e.reason(), Reason::UpstreamError),
-            Ok(response) => response,
+            Ok(fetched) => fetched,
         };
-        let code = response.status();
-        if code != StatusCode::OK {
+        if parts.status != StatusCode::OK {
             return self.aggregated_fallback(version, Reason::UpstreamError, Reason::UpstreamError);
         }
-        let filtered = match transport::read_limited(response.into_body(), MAX_BUFFERED_BODY).await
-        {
-            Ok(bytes) => serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|doc| fallback::filter_aggregated(&doc, &self.group, &self.version)),
-            Err(e) => return self.aggregated_fallback(version, e.reason(), Reason::UpstreamError),
-        };
+        let filtered = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|doc| fallback::filter_aggregated(&doc, &self.group, &self.version));
         match filtered {
             Some(document) => {
                 let mut response = json_response(StatusCode::OK, &document);
@@ -498,6 +483,36 @@ impl GroupVersionProxy {
             last_good.as_ref(),
         );
         Outcome::new(json_response(StatusCode::OK, &document), request_reason)
+    }
+
+    /// A discovery document from the target, read whole, or why not within
+    /// [`DISCOVERY_WAIT`]. The exchange runs in a task of its own under the
+    /// request's full deadline: when the caller stops waiting, the dial still
+    /// ends as it would for any request (a silent peer is timed out and counted
+    /// toward its quarantine), instead of ending as this request's deadline.
+    async fn fetch_discovery(
+        &self,
+        exchange: &Exchange,
+        inspected: Option<Inspected>,
+    ) -> Result<(http::response::Parts, Bytes), ForwardError> {
+        let target = self.target.clone();
+        let deadline = exchange.deadline;
+        let path_and_query = exchange.path_and_query();
+        let headers = exchange.headers.clone();
+        let fetch = tokio::spawn(async move {
+            let sent = target.send_get(deadline, &path_and_query, &headers, inspected.as_ref());
+            let response = flatten(tokio::time::timeout_at(deadline, sent).await)?;
+            let (parts, body) = response.into_parts();
+            let read = transport::read_limited(body, MAX_BUFFERED_BODY);
+            let bytes = flatten(tokio::time::timeout_at(deadline, read).await)?;
+            Ok((parts, bytes))
+        });
+        match tokio::time::timeout(DISCOVERY_WAIT, fetch).await {
+            Ok(Ok(fetched)) => fetched,
+            Ok(Err(failed)) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+            Ok(Err(_)) => Err(ForwardError::Send("discovery exchange cancelled".into())),
+            Err(_) => Err(ForwardError::Deadline),
+        }
     }
 
     /// A discovery answered from the fallback; one cut off by the discovery
@@ -651,10 +666,7 @@ impl GroupVersionProxy {
             accept: Some(accept),
             rewritten: false,
         };
-        let response = match self
-            .get_from_target(exchange, exchange.deadline, Some(&inspected))
-            .await
-        {
+        let response = match self.get_from_target(exchange, Some(&inspected)).await {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
         };
@@ -1365,14 +1377,16 @@ impl GroupVersionProxy {
     async fn get_from_target(
         &self,
         exchange: &Exchange,
-        deadline: Instant,
         inspected: Option<&Inspected>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let path_and_query = exchange.path_and_query();
-        let sent = self
-            .target
-            .send_get(deadline, &path_and_query, &exchange.headers, inspected);
-        flatten(tokio::time::timeout_at(deadline, sent).await)
+        let sent = self.target.send_get(
+            exchange.deadline,
+            &path_and_query,
+            &exchange.headers,
+            inspected,
+        );
+        flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
     }
 
     /// Sends a request to the target and maps its response: 5xx on non-watch
@@ -1506,16 +1520,12 @@ impl Drop for Unanswered<'_> {
     }
 }
 
-/// How long a discovery request waits for the target before it is answered from
-/// the fallback document: kube-aggregator's availability check gives a
-/// discovery GET 5 s, then marks the APIService unavailable
-/// (`FailedDiscoveryCheck`), so a target that accepts and never answers must not
-/// hold discovery for the whole request deadline.
+/// How long a discovery request waits for the target's whole answer before it
+/// is answered from the fallback document: kube-aggregator's availability check
+/// gives a discovery GET 5 s, then marks the APIService unavailable
+/// (`FailedDiscoveryCheck`), so a target that accepts and never answers (or
+/// stalls in its body) must not hold discovery for the whole request deadline.
 const DISCOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
-
-fn discovery_deadline(exchange: &Exchange) -> Instant {
-    exchange.deadline.min(Instant::now() + DISCOVERY_WAIT)
-}
 
 /// Peer-availability reasons: the pool refused before any dial.
 fn is_availability(reason: Reason) -> bool {
@@ -1791,12 +1801,13 @@ fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
         "ignoreStoreReadErrorWithClusterBreakingPotential",
     ];
     const PAGING: &[&str] = &["limit", "continue"];
-    // kube's deletecollection lists with the query's list options; watching is not
-    // listing, so these never reach its list (or the proxy's).
-    const WATCH_ONLY: &[&str] = &["watch", "allowWatchBookmarks", "sendInitialEvents"];
+    // kube's deletecollection lists with the query's list options and never
+    // watches: `watch` must not turn the proxy's own list into a watch. The other
+    // watch options stay, so the target's list judges them as kube's validation
+    // would (`sendInitialEvents` is refused for a list; bookmarks are ignored).
     let query = query.unwrap_or("");
     let list = request::retain_query(query, |name| {
-        !DELETE_OPTIONS.contains(&name) && !PAGING.contains(&name) && !WATCH_ONLY.contains(&name)
+        !DELETE_OPTIONS.contains(&name) && !PAGING.contains(&name) && name != "watch"
     });
     (
         list,
@@ -2061,9 +2072,12 @@ mod tests {
     #[test]
     fn deletecollection_query_splits_into_list_and_delete_options() {
         let (list, delete) = split_delete_collection_query(Some(
-            "labelSelector=a%3Db&dryRun=All&limit=5&continue=x&propagationPolicy=Foreground&fieldSelector=metadata.name%3Dw&gracePeriodSeconds=0",
+            "labelSelector=a%3Db&dryRun=All&limit=5&continue=x&propagationPolicy=Foreground&fieldSelector=metadata.name%3Dw&gracePeriodSeconds=0&watch=true&sendInitialEvents=true",
         ));
-        assert_eq!(list, "labelSelector=a%3Db&fieldSelector=metadata.name%3Dw");
+        assert_eq!(
+            list,
+            "labelSelector=a%3Db&fieldSelector=metadata.name%3Dw&sendInitialEvents=true"
+        );
         assert_eq!(
             delete,
             "dryRun=All&propagationPolicy=Foreground&gracePeriodSeconds=0"

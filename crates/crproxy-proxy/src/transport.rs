@@ -97,6 +97,7 @@ impl ForwardError {
 }
 
 /// How the proxy reaches one target: its peers and its credentials.
+#[derive(Clone)]
 pub struct TargetConnection {
     pub pool: Arc<PeerPool>,
     /// Value of the Host header: the name the target's certificate is issued for.

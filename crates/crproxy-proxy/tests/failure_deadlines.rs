@@ -160,15 +160,24 @@ async fn a_caller_that_hangs_up_mid_dial_is_counted_as_a_canceled_request() {
     h.proxy.shutdown().await;
 }
 
+/// Where a [`HungPeer`] stops answering.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stall {
+    BeforeHead,
+    InBody,
+}
+
 /// A target replica that completes TCP, TLS and the HTTP/2 handshake, then never
-/// answers a request (a wedged API server).
+/// finishes an answer (a wedged API server).
 struct HungPeer {
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl HungPeer {
-    async fn start(pki: &Pki) -> HungPeer {
+    /// `stall`: where the replica stops: before its answer's head, or in its body
+    /// after the head and a first chunk.
+    async fn start(pki: &Pki, stall: Stall) -> HungPeer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -183,11 +192,26 @@ impl HungPeer {
                         return;
                     };
                     let service = hyper::service::service_fn(
-                        |_req: hyper::Request<hyper::body::Incoming>| async {
-                            std::future::pending::<()>().await;
-                            Ok::<_, Infallible>(hyper::Response::new(
-                                http_body_util::Empty::<Bytes>::new(),
-                            ))
+                        move |_req: hyper::Request<hyper::body::Incoming>| async move {
+                            if stall == Stall::BeforeHead {
+                                std::future::pending::<()>().await;
+                            }
+                            let first = futures_util::stream::once(async {
+                                Ok::<_, Infallible>(hyper::body::Frame::data(Bytes::from(
+                                    "{\"kind\":\"APIResourceList\",",
+                                )))
+                            });
+                            let body =
+                                http_body_util::StreamBody::new(futures_util::StreamExt::chain(
+                                    first,
+                                    futures_util::stream::pending(),
+                                ));
+                            let mut response = hyper::Response::new(body);
+                            response.headers_mut().insert(
+                                http::header::CONTENT_TYPE,
+                                http::HeaderValue::from_static("application/json"),
+                            );
+                            Ok::<_, Infallible>(response)
                         },
                     );
                     let _ = hyper_util::server::conn::auto::Builder::new(
@@ -220,9 +244,9 @@ struct Hung {
 
 /// A proxy whose only target peer is a [`HungPeer`]; the client cluster is a
 /// devcluster as in the other tests.
-async fn proxy_in_front_of_a_hung_target() -> Hung {
+async fn proxy_in_front_of_a_hung_target(stall: Stall) -> Hung {
     let pki = Pki::new();
-    let peer = HungPeer::start(&pki).await;
+    let peer = HungPeer::start(&pki, stall).await;
     let client_api = test_support::devcluster("client").await;
     let front_proxy = client_api.cluster.front_proxy_client();
     let mut client_config =
@@ -308,7 +332,7 @@ async fn proxy_in_front_of_a_hung_target() -> Hung {
 #[tokio::test(flavor = "current_thread")]
 async fn the_startup_probe_of_a_target_that_never_answers_is_logged_at_the_deadline() {
     let (logs, _guard) = LogBuffer::capture();
-    let hung = proxy_in_front_of_a_hung_target().await;
+    let hung = proxy_in_front_of_a_hung_target(Stall::BeforeHead).await;
     // Bounded: 70 s in 1 s steps, well past the 60 s cap of any proxied request.
     let mut logged = false;
     for _ in 0..70 {
@@ -337,41 +361,49 @@ async fn the_startup_probe_of_a_target_that_never_answers_is_logged_at_the_deadl
 /// and the cut is a deadline the proxy set (it once held discovery for 60 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_against_a_target_that_never_answers_falls_back_within_the_aggregators_check() {
-    // Installs the binary\'s log subscriber before any proxy code logs.
+    // Installs the binary's log subscriber before any proxy code logs.
     let (_logs, _log_guard) = LogBuffer::capture();
-    let hung = proxy_in_front_of_a_hung_target().await;
-    let mut sender = caller_h2(hung.addr, &hung.serving_ca_pem, &hung.front_proxy).await;
-    let started = Instant::now();
-    let answer = tokio::time::timeout(
-        Duration::from_secs(6),
-        sender.send_request(get("/apis/example.com/v1")),
-    )
-    .await;
-    let fallbacks = lines(&hung.metrics, "vcluster_proxy_discovery_fallbacks_total");
-    assert!(
-        matches!(&answer, Ok(Ok(response)) if response.status() == 200),
-        "no discovery answer within the aggregator's 6 s check ({:?}): {answer:?}; fallbacks {fallbacks:?}",
-        started.elapsed()
-    );
-    assert_eq!(
-        value(
-            &hung.metrics,
-            "vcluster_proxy_discovery_fallbacks_total",
-            "reason=\"upstream_error\""
-        ),
-        1.0,
-        "{fallbacks:?}"
-    );
-    assert_eq!(
-        value(
-            &hung.metrics,
-            "vcluster_proxy_request_terminations_total",
-            "reason=\"deadline\""
-        ),
-        1.0
-    );
-    drop(sender);
-    hung.proxy.shutdown().await;
+    // A replica that never sends its answer's head, and one that stalls in the
+    // body after it: discovery buffers the whole document, so both must end.
+    for stall in [Stall::BeforeHead, Stall::InBody] {
+        let hung = proxy_in_front_of_a_hung_target(stall).await;
+        let mut sender = caller_h2(hung.addr, &hung.serving_ca_pem, &hung.front_proxy).await;
+        let started = Instant::now();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(6),
+            sender.send_request(get("/apis/example.com/v1")),
+        )
+        .await;
+        let waited = started.elapsed();
+        let fallbacks = lines(&hung.metrics, "vcluster_proxy_discovery_fallbacks_total");
+        assert!(
+            matches!(&answer, Ok(Ok(response)) if response.status() == 200),
+            "no discovery answer after {waited:?}: {answer:?}; fallbacks {fallbacks:?}"
+        );
+        assert!(
+            waited < Duration::from_secs(5),
+            "answered after {waited:?}, past the aggregator's 5 s check"
+        );
+        assert_eq!(
+            value(
+                &hung.metrics,
+                "vcluster_proxy_discovery_fallbacks_total",
+                "reason=\"upstream_error\""
+            ),
+            1.0,
+            "{fallbacks:?}"
+        );
+        assert_eq!(
+            value(
+                &hung.metrics,
+                "vcluster_proxy_request_terminations_total",
+                "reason=\"deadline\""
+            ),
+            1.0
+        );
+        drop(sender);
+        hung.proxy.shutdown().await;
+    }
 }
 
 /// A TCP relay in front of the target (TLS stays end to end) whose connections
