@@ -612,6 +612,18 @@ async fn deletecollection_with_watch_options_in_its_query_still_lists() {
         swept.body
     );
     assert!(on_target(&h, "swept").await.is_none());
+    // Options kube refuses for a list are refused, and nothing is deleted.
+    owned_widget(&h, "kept").await;
+    let refused = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}?sendInitialEvents=true"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert!(on_target(&h, "kept").await.is_some());
     h.proxy.shutdown().await;
 }
 

@@ -242,6 +242,19 @@ pub async fn check_list_rv(state: &State, ctx: &ReqCtx) -> Result<(), ApiError> 
             )],
         ));
     }
+    // kube's ListOptions validation: initial events belong to a watch.
+    if ctx.q("sendInitialEvents").is_some() {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            vec![Cause::new(
+                "FieldValueForbidden",
+                "Forbidden: sendInitialEvents is forbidden for list",
+                "sendInitialEvents",
+            )],
+        ));
+    }
     let Some(rv) = rv else { return Ok(()) };
     if matching == "Exact" && rv < state.store.current_rv() {
         return Err(ApiError::new(
