@@ -243,6 +243,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             ),
             metrics: Arc::clone(&options.metrics),
             in_flight: Arc::new(Semaphore::new(writethrough::MAX_IN_FLIGHT)),
+            waiting: Arc::new(Semaphore::new(writethrough::MAX_WAITING)),
             timeout: writethrough::DECIDE_WITHIN,
             confirm_within: options.write_through_confirm,
         });

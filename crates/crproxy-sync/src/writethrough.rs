@@ -27,7 +27,11 @@
 //! Each review is decided in a task of its own, so a held key is released, confirmed
 //! or cleaned up even when the tenant API server gives up on the call; waiting for the
 //! key and the host write share one deadline, `timeout` ([`DECIDE_WITHIN`] in
-//! production) after the decision starts.
+//! production) after the decision starts. A write waiting for a held key takes no
+//! place of the host writes ([`MAX_IN_FLIGHT`]), only a waiting place
+//! ([`MAX_WAITING`], one per object): a tenant user can keep a key held at will
+//! (a write the webhook allowed and storage refused), and waiting writes of that
+//! one object must not deny writes of every other.
 //!
 //! Only the leader's syncer has synced caches and pending keys, so reviews must reach
 //! the leader: the tenant calls the listener itself, a URL, or a selector-less Service
@@ -56,8 +60,18 @@ use crate::run::Key;
 use crate::to_host::{desired_mirror, mirror_differs, replacement};
 use crate::SyncMetrics;
 
-/// Write-throughs in flight per replica; more are answered 429.
+/// Write-throughs writing to the host at once per replica; more are answered 429.
+/// A place is taken only once the write holds its object's key: a write waiting
+/// for another write of its object must never deny writes of other objects.
 pub const MAX_IN_FLIGHT: usize = 50;
+/// Writes waiting for another write of their object, per replica; a write that
+/// finds its object's key held and no waiting place free is answered 409 at once.
+/// Bounds what waiting reviews keep in memory apart from [`MAX_IN_FLIGHT`].
+pub const MAX_WAITING: usize = 50;
+/// Writes waiting for another write of the same object: a small queue, since
+/// concurrent writes of one object mostly conflict in the tenant anyway, and so
+/// that the writes of one object cannot take every waiting place.
+const MAX_WAITING_PER_OBJECT: usize = 1;
 /// How long the tenant API server waits for a review (the webhook's
 /// `timeoutSeconds`).
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -87,11 +101,20 @@ pub struct Gate {
     /// The syncer's tenant cache while its caches are synced (`None` before:
     /// reviews are answered 503), and the leadership term it belongs to.
     synced: Mutex<Synced>,
-    /// Keys with an accepted write-through not yet seen in the tenant: the syncer
-    /// leaves them alone.
-    pending: Mutex<HashSet<Key>>,
+    /// Keys with an accepted write-through not yet seen in the tenant (the syncer
+    /// leaves them alone), and the writes waiting for them.
+    pending: Mutex<Pending>,
     /// Woken whenever a key is released.
     released: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Pending {
+    held: HashSet<Key>,
+    /// Writes waiting for a held key, by key; a key that nobody waits for has no
+    /// entry. Apart from `held`: a waiter still waits after the key was released
+    /// and taken again by a write that came later.
+    waiting: HashMap<Key, usize>,
 }
 
 #[derive(Default)]
@@ -156,30 +179,78 @@ impl Gate {
     }
 
     pub fn is_pending(&self, key: &Key) -> bool {
-        lock(&self.pending).contains(key)
+        lock(&self.pending).held.contains(key)
     }
 
     /// Marks `key` pending; `false` if it already was (a concurrent write-through).
     fn hold(&self, key: &Key) -> bool {
-        lock(&self.pending).insert(key.clone())
+        lock(&self.pending).held.insert(key.clone())
     }
 
     fn release(&self, key: &Key) {
-        lock(&self.pending).remove(key);
+        lock(&self.pending).held.remove(key);
         self.released.notify_waiters();
     }
 
-    /// Holds `key` once no other write-through holds it, waiting until `deadline` at
-    /// most (a write right after another on the same object waits for the first to be
-    /// seen stored). `false`: still held at `deadline`.
-    async fn hold_until(&self, key: &Key, deadline: tokio::time::Instant) -> bool {
+    /// Holds `key` once no other write-through holds it (a write right after another
+    /// on the same object waits for the first to be seen stored), waiting until
+    /// `deadline` at most, and only in a place of `places` and within
+    /// [`MAX_WAITING_PER_OBJECT`]. `false`: still held at `deadline`, or held and no
+    /// place to wait in.
+    async fn hold_until(
+        &self,
+        key: &Key,
+        places: &Semaphore,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        let _waiting = {
+            let mut pending = lock(&self.pending);
+            if pending.held.insert(key.clone()) {
+                return true;
+            }
+            if pending.waiting.get(key).copied().unwrap_or_default() >= MAX_WAITING_PER_OBJECT {
+                return false;
+            }
+            let Ok(place) = places.try_acquire() else {
+                return false;
+            };
+            *pending.waiting.entry(key.clone()).or_default() += 1;
+            Waiting {
+                gate: self,
+                key,
+                _place: place,
+            }
+        };
         loop {
+            // Armed before the look at the key, so that a release between the look
+            // and the wait still wakes this waiter.
             let released = self.released.notified();
             if self.hold(key) {
                 return true;
             }
             if tokio::time::timeout_at(deadline, released).await.is_err() {
                 return false;
+            }
+        }
+    }
+}
+
+/// A write waiting for its object's key: counted against the object's
+/// [`MAX_WAITING_PER_OBJECT`] and holding a place of [`MAX_WAITING`] until it stops
+/// waiting, however it stops.
+struct Waiting<'a> {
+    gate: &'a Gate,
+    key: &'a Key,
+    _place: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut pending = lock(&self.gate.pending);
+        if let Some(n) = pending.waiting.get_mut(self.key) {
+            *n -= 1;
+            if *n == 0 {
+                pending.waiting.remove(self.key);
             }
         }
     }
@@ -200,7 +271,11 @@ pub struct WriteThrough {
     /// By group and plural ([`types_by_resource`]): the type and its gate.
     pub types: Types,
     pub metrics: Arc<SyncMetrics>,
+    /// Places of writes to the host ([`MAX_IN_FLIGHT`] in production).
     pub in_flight: Arc<Semaphore>,
+    /// Places of writes waiting for another write of their object ([`MAX_WAITING`]
+    /// in production).
+    pub waiting: Arc<Semaphore>,
     /// The budget of one decision ([`DECIDE_WITHIN`] in production).
     pub timeout: Duration,
     pub confirm_within: Duration,
@@ -359,15 +434,6 @@ impl WriteThrough {
             d.retry_after = Some(1);
             return Err(d);
         };
-        let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
-            let mut d = Denial::new(
-                429,
-                "TooManyRequests",
-                format!("too many write-throughs in flight (at most {MAX_IN_FLIGHT} per replica)"),
-            );
-            d.retry_after = Some(1);
-            return Err(d);
-        };
         let object = &request.object;
         let key = Key {
             namespace: meta(object, "namespace").to_owned(),
@@ -393,7 +459,10 @@ impl WriteThrough {
                 ),
             ));
         }
-        if !gate.hold_until(&key, deadline).await {
+        // The key first, the place of a host write after: a write waiting for
+        // another write of its object (up to the deadline, when the tenant never
+        // stores an accepted write) takes no place of writes of other objects.
+        if !gate.hold_until(&key, &self.waiting, deadline).await {
             let mut d = Denial::new(
                 409,
                 "Conflict",
@@ -405,6 +474,16 @@ impl WriteThrough {
             d.retry_after = Some(1);
             return Err(d);
         }
+        let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            gate.release(&key);
+            let mut d = Denial::new(
+                429,
+                "TooManyRequests",
+                format!("too many write-throughs in flight (at most {MAX_IN_FLIGHT} per replica)"),
+            );
+            d.retry_after = Some(1);
+            return Err(d);
+        };
         let desired = desired_mirror(ty, &self.tenant, &self.host_namespace, object);
         let written = tokio::time::timeout_at(deadline, self.write(ty, &desired)).await;
         let written = match written {

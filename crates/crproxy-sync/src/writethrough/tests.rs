@@ -26,6 +26,7 @@ fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetri
         types,
         metrics: Arc::clone(&metrics),
         in_flight: Arc::new(Semaphore::new(permits)),
+        waiting: Arc::new(Semaphore::new(MAX_WAITING)),
         timeout: Duration::from_secs(5),
         confirm_within: Duration::from_secs(1),
     });
@@ -129,6 +130,11 @@ async fn past_the_in_flight_limit_writes_get_429() {
     assert_eq!(r["status"]["code"], 429);
     assert_eq!(r["status"]["reason"], "TooManyRequests");
     assert_eq!(r["status"]["details"]["retryAfterSeconds"], 1);
+    // The key is taken before the place of a host write: a refused write frees it.
+    assert!(!gate.is_pending(&Key {
+        namespace: "team".into(),
+        name: "edge".into(),
+    }));
 }
 
 /// Whether `key` stops being pending within `limit` (polled every 50 ms): the
@@ -1032,5 +1038,204 @@ async fn a_review_is_written_through_as_the_type_of_its_group() {
             format!("/apis/{group}/v1/namespaces/vcluster-client/gateways"),
             "{group}"
         );
+    }
+}
+
+/// A create the host accepted but the tenant then refused after its webhooks
+/// (ResourceQuota runs after ValidatingAdmissionWebhook; or the name is still held
+/// by a terminating object whose mirror the syncer already deleted, so storage
+/// answers AlreadyExists) leaves its key pending for `confirm_within` (40 s in
+/// production), and any tenant user can cause that at will. Writes of that object
+/// wait for the key (up to `DECIDE_WITHIN`, 25 s) without a place of the
+/// `MAX_IN_FLIGHT` host writes: `MAX_IN_FLIGHT` concurrent writes of the one held
+/// object must not lock everyone else out of write-through (429) for every
+/// aggregated type of the tenant.
+#[tokio::test]
+async fn writes_of_one_held_object_never_take_the_places_of_writes_of_other_objects() {
+    let host = FakeApi::start(creating_host).await;
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    let mut wt = Arc::into_inner(wt).expect("the only reference");
+    wt.host = host.client.clone();
+    // Long enough that the unconfirmed create still holds its key during the test.
+    wt.confirm_within = Duration::from_secs(20);
+    let wt = Arc::new(wt);
+    // A cache that never shows the object: the tenant refused it after the webhook.
+    synced(&gate);
+    let answer = wt
+        .admit(review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    assert_eq!(response(&answer)["allowed"], true, "{answer}");
+    let held = Key {
+        namespace: "team".into(),
+        name: "edge".into(),
+    };
+    assert!(gate.is_pending(&held));
+    // The attacker: MAX_IN_FLIGHT concurrent writes of the held object.
+    let mut waiters = Vec::new();
+    for _ in 0..MAX_IN_FLIGHT {
+        let wt = Arc::clone(&wt);
+        waiters.push(tokio::spawn(async move {
+            wt.admit(review("CREATE", gateway())).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Someone else, another object in another namespace.
+    let mut other = gateway();
+    other["metadata"]["name"] = json!("unrelated");
+    other["metadata"]["namespace"] = json!("other-team");
+    other["metadata"]["uid"] = json!("u-9");
+    let answer = wt.admit(review("CREATE", other)).await.expect("a review");
+    let r = response(&answer);
+    assert_ne!(
+        r["status"]["code"], 429,
+        "a write of an unrelated object was refused because another user's writes wait for their own held key: {answer}"
+    );
+    assert_eq!(r["allowed"], true, "{answer}");
+    for w in waiters {
+        w.abort();
+    }
+}
+
+fn key(namespace: &str, name: &str) -> Key {
+    Key {
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+/// A CREATE review of a gateway `namespace/name`.
+fn create_of(namespace: &str, name: &str) -> Value {
+    let mut object = gateway();
+    object["metadata"]["namespace"] = json!(namespace);
+    object["metadata"]["name"] = json!(name);
+    object["metadata"]["uid"] = json!(format!("u-{namespace}-{name}"));
+    review("CREATE", object)
+}
+
+/// How many writes wait for `key`.
+fn waiting_for(gate: &Gate, key: &Key) -> usize {
+    lock(&gate.pending)
+        .waiting
+        .get(key)
+        .copied()
+        .unwrap_or_default()
+}
+
+/// Polls `holds` every 10 ms for up to 5 s.
+async fn eventually(holds: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !holds() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+/// The wait for another write of the same object is kept: once the first write
+/// releases the key, the second is written through.
+#[tokio::test]
+async fn a_write_of_a_held_object_waits_for_the_key_and_is_then_written_through() {
+    let host = FakeApi::start(creating_host).await;
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    let wt = writing_to(wt, host.client.clone());
+    synced(&gate);
+    let edge = key("team", "edge");
+    assert!(gate.hold(&edge), "a free key");
+    let second = tokio::spawn({
+        let wt = Arc::clone(&wt);
+        async move { wt.admit(review("CREATE", gateway())).await }
+    });
+    assert!(eventually(|| waiting_for(&gate, &edge) == 1).await);
+    assert!(!second.is_finished(), "answered while the key was held");
+    assert!(host.received().is_empty(), "written while the key was held");
+    gate.release(&edge);
+    let answer = second.await.expect("the review").expect("a review");
+    assert_eq!(response(&answer)["allowed"], true, "{answer}");
+    assert_eq!(host.with_method(Method::POST).len(), 1);
+    assert_eq!(waiting_for(&gate, &edge), 0, "the waiter still counted");
+}
+
+/// Writes of one object queue behind its held key only up to
+/// `MAX_WAITING_PER_OBJECT`; the next gets the 409 of a key still held at once,
+/// naming the object, instead of a waiting place for the whole decision.
+#[tokio::test]
+async fn a_write_of_a_held_object_beyond_its_waiters_gets_409_at_once() {
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    synced(&gate);
+    let edge = key("team", "edge");
+    assert!(gate.hold(&edge), "a free key");
+    let mut waiters = Vec::new();
+    for _ in 0..MAX_WAITING_PER_OBJECT {
+        let wt = Arc::clone(&wt);
+        waiters.push(tokio::spawn(async move {
+            wt.admit(review("CREATE", gateway())).await
+        }));
+    }
+    assert!(eventually(|| waiting_for(&gate, &edge) == MAX_WAITING_PER_OBJECT).await);
+    let started = tokio::time::Instant::now();
+    let answer = wt
+        .admit(review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    assert!(
+        started.elapsed() < wt.timeout / 2,
+        "waited {:?} for a place that was not there",
+        started.elapsed()
+    );
+    let r = response(&answer);
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert_eq!(r["status"]["code"], 409, "{answer}");
+    assert_eq!(r["status"]["reason"], "Conflict");
+    assert_eq!(r["status"]["details"]["retryAfterSeconds"], 1);
+    assert_eq!(
+        r["status"]["message"],
+        "another write of team/edge is being written through; retry"
+    );
+    for w in waiters {
+        w.abort();
+    }
+}
+
+/// Held keys of many objects (each one refused create away), each with its
+/// waiter: the waiting places are full, yet a write of a free object still gets a
+/// place of the host writes, and only a write that would have to wait as well is
+/// answered 409 at once.
+#[tokio::test]
+async fn with_every_waiting_place_taken_only_writes_of_held_objects_are_refused() {
+    let host = FakeApi::start(creating_host).await;
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    let wt = writing_to(wt, host.client.clone());
+    synced(&gate);
+    let mut waiters = Vec::new();
+    for i in 0..MAX_WAITING {
+        assert!(gate.hold(&key("team", &format!("held-{i}"))), "a free key");
+        let wt = Arc::clone(&wt);
+        waiters.push(tokio::spawn(async move {
+            wt.admit(create_of("team", &format!("held-{i}"))).await
+        }));
+    }
+    assert!(eventually(|| wt.waiting.available_permits() == 0).await);
+    assert_eq!(wt.in_flight.available_permits(), MAX_IN_FLIGHT);
+    let answer = wt
+        .admit(create_of("other-team", "unrelated"))
+        .await
+        .expect("a review");
+    assert_eq!(response(&answer)["allowed"], true, "{answer}");
+    assert!(gate.hold(&key("team", "one-more")), "a free key");
+    let answer = wt
+        .admit(create_of("team", "one-more"))
+        .await
+        .expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["status"]["code"], 409, "{answer}");
+    assert_eq!(
+        r["status"]["message"],
+        "another write of team/one-more is being written through; retry"
+    );
+    for w in waiters {
+        w.abort();
     }
 }
