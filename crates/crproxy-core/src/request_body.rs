@@ -121,7 +121,13 @@ impl WriteBody {
         let text = match body_type {
             // Written out as JSON, the form the target is sent, and read as such.
             BodyType::Yaml | BodyType::ApplyPatchYaml => {
-                yaml_safe_json(&parse_yaml_strict(bytes)?)?
+                let json = yaml_safe_json(&parse_yaml_strict(bytes)?)?;
+                // The walk's count is a lower bound: the JSON sent is what the
+                // target's own 3 MiB limit judges.
+                if json.len() > MAX_REQUEST_BODY {
+                    return Err(BodyError::TooLarge);
+                }
+                json
             }
             _ => std::str::from_utf8(bytes)
                 .map_err(|e| BodyError::Invalid(format!("request body is not valid JSON: {e}")))?
@@ -279,6 +285,15 @@ fn caller_value(read: Result<Option<Cow<'_, str>>, SkimError>) -> CallerValue<'_
     }
 }
 
+/// What one parsed node (a `serde_json::Value` and its place in its container)
+/// is counted as, in memory estimates.
+const PARSED_NODE_BYTES: usize = 40;
+
+/// Reading a YAML document that would cost more than this (with its aliases
+/// replayed) is refused: it is a whole group/version's read budget, and a
+/// document that large could not be stored anyway (etcd's own limit is 1.5 MiB).
+pub const MAX_EXPANDED_COST: usize = 64 * 1024 * 1024;
+
 /// A generous estimate, in bytes, of the memory reading `bytes` takes: the text
 /// plus a parsed node's size for every byte that can start a node (`{ [ , : -`
 /// and line breaks, inside strings or not). A plain 3 MiB string costs about
@@ -288,7 +303,7 @@ fn caller_value(read: Result<Option<Cow<'_, str>>, SkimError>) -> CallerValue<'_
 /// `metadata` and its labels (40 bytes each). The proxy admits reads against a memory budget with it, so many
 /// ordinary bodies are read at once while pathological ones take turns.
 pub fn parse_cost(bytes: &[u8]) -> usize {
-    const NODE: usize = 40;
+    const NODE: usize = PARSED_NODE_BYTES;
     let nodes = bytes
         .iter()
         .filter(|b| matches!(b, b'{' | b'[' | b',' | b':' | b'-' | b'\n'))
@@ -304,30 +319,39 @@ pub fn read_cost(content_type: Option<&str>, bytes: &[u8]) -> usize {
         .and_then(BodyType::from_content_type)
         .is_some_and(|t| matches!(t, BodyType::Yaml | BodyType::ApplyPatchYaml));
     let text_cost = parse_cost(bytes);
-    if !yaml || !bytes.contains(&b'*') {
+    if !yaml {
         return text_cost;
     }
-    match std::str::from_utf8(bytes).map(yaml_expanded) {
-        Ok(Ok(expanded)) => text_cost.max(expanded.cost),
-        // Refused by the read, before the document is built.
+    match std::str::from_utf8(bytes).ok().and_then(alias_expansion) {
+        Some(Ok(expanded)) => text_cost.max(expanded.cost),
+        // No alias; or refused by the read, before the document is built.
         _ => text_cost,
     }
 }
 
-/// A YAML text's size once its aliases are replayed, walked only when it could
-/// hold an alias; refused past the body limit or the walk's nesting limit.
-fn yaml_expanded(text: &str) -> Result<yaml_expansion::Expansion, yaml_expansion::Stop> {
-    if !text.contains('*') {
-        return Err(yaml_expansion::Stop::Unreadable);
-    }
-    yaml_expansion::expansion(text, MAX_REQUEST_BODY, layout::MAX_DEPTH)
+/// A YAML text's size once its aliases are replayed: `None` when it holds no
+/// alias (no `*`), so its text says what it costs; refused past the body limit,
+/// the read budget or the nesting limit.
+fn alias_expansion(text: &str) -> Option<Result<yaml_expansion::Expansion, yaml_expansion::Stop>> {
+    let limits = yaml_expansion::Limits {
+        json_bytes: MAX_REQUEST_BODY,
+        cost: MAX_EXPANDED_COST,
+        depth: layout::MAX_DEPTH,
+    };
+    text.contains('*')
+        .then(|| yaml_expansion::expansion(text, limits))
 }
 
 /// What the expansion walk says a YAML text's JSON is at least, for the fuzz
 /// target to hold against the JSON actually written.
 #[cfg(any(test, fuzzing))]
 pub fn yaml_json_lower_bound(text: &str) -> Option<usize> {
-    yaml_expansion::expansion(text, usize::MAX, layout::MAX_DEPTH)
+    let limits = yaml_expansion::Limits {
+        json_bytes: usize::MAX,
+        cost: usize::MAX,
+        depth: layout::MAX_DEPTH,
+    };
+    yaml_expansion::expansion(text, limits)
         .ok()
         .map(|e| e.json_bytes)
 }
@@ -386,7 +410,7 @@ fn parse_yaml_strict(bytes: &[u8]) -> Result<Value, BodyError> {
         .map_err(|e| BodyError::Invalid(format!("request body is not valid UTF-8: {e}")))?;
     // Aliases are replayed into the document: one that outgrows the body limit
     // is refused before it is built (see `yaml_expansion`).
-    if let Err(yaml_expansion::Stop::TooLarge) = yaml_expanded(text) {
+    if let Some(Err(yaml_expansion::Stop::TooLarge)) = alias_expansion(text) {
         return Err(BodyError::TooLarge);
     }
     // Read scalars the way kube-apiserver's YAML-to-JSON step (go-yaml v2, YAML 1.1)
@@ -837,6 +861,22 @@ mod tests {
             read_cost(Some("application/json"), modest.as_bytes()),
             parse_cost(modest.as_bytes()),
             "a JSON body has no aliases"
+        );
+    }
+
+    #[test]
+    fn yaml_whose_written_json_is_over_the_body_limit_is_refused() {
+        // Merged entries are not counted by the alias walk (a mapping may
+        // override them): this passes the walk, and its JSON (four copies of a
+        // 1 MiB string) is still refused.
+        let text = format!(
+            "base: &b {{k: \"{}\"}}\nm: [{{<<: *b}}, {{<<: *b}}, {{<<: *b}}, {{<<: *b}}]\n",
+            "x".repeat(1024 * 1024)
+        );
+        assert!(alias_expansion(&text).is_some_and(|walked| walked.is_ok()));
+        assert_eq!(
+            WriteBody::parse(Some("application/yaml"), text.as_bytes()).err(),
+            Some(BodyError::TooLarge)
         );
     }
 

@@ -5,21 +5,26 @@
 //! stand for a huge document: a 64 KiB string anchored once and aliased a
 //! thousand times reads as 64 MiB. The strict read builds that document, writes it
 //! out as JSON and sends it, so the memory the proxy admits a read for must count
-//! what the aliases add, and a document whose JSON could never be accepted by the
-//! target (its body limit is the same 3 MiB) is refused before it is built. This
+//! what the aliases add. A document whose JSON could never be accepted by the
+//! target (its body limit is the same 3 MiB), or whose reading would take more
+//! than a whole group/version's read budget, is refused before it is built. This
 //! walk reads the parser's events only, keeping the sizes of the anchored nodes
-//! and the containers still open, never a node itself.
+//! and the containers still open, never a node itself. What it counts as JSON is
+//! a lower bound; the JSON actually written is checked against the limit again.
 
 use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle};
+
+use super::PARSED_NODE_BYTES;
 
 /// The size of a document, as [`super::parse_cost`] counts a text: the JSON it
 /// is written as, and the memory reading it takes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Expansion {
-    /// At most the length of the JSON text: a scalar's own bytes (one byte for a
-    /// plain scalar that may be a number, which JSON can write shorter, as `16`
-    /// for `0x10`, and for a tagged one); two bytes per container; quotes and
-    /// separators left out; nothing for what a `<<` merge key brings in. So a
+    /// At most the length of the JSON text: a string's own bytes; one byte for a
+    /// plain scalar that reads as a number (JSON can write it shorter, as `16`
+    /// for `0x10`) and for one with a core tag other than a string's; two bytes per
+    /// container; quotes and separators left out; nothing for what a `<<` merge
+    /// key brings in (the mapping's own entries may override all of it). So a
     /// document refused for this is one whose JSON the target would refuse too.
     pub json_bytes: usize,
     /// `json_bytes` plus a parsed node's size for every node.
@@ -36,7 +41,8 @@ impl Expansion {
 /// Why the walk stopped.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Stop {
-    /// The document's JSON would be longer than `limit` bytes.
+    /// The document's JSON would be longer than its limit, or reading it would
+    /// cost more than its limit.
     TooLarge,
     /// The text is not YAML the event parser reads (the strict read refuses it,
     /// or reads it as JSON, which has no aliases).
@@ -45,30 +51,65 @@ pub enum Stop {
     TooDeep,
 }
 
+/// Limits of a walk.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub json_bytes: usize,
+    pub cost: usize,
+    pub depth: usize,
+}
+
 /// The expanded size of a YAML text's documents, every alias counted as the
-/// node it repeats. Stops as soon as the JSON would pass `json_limit` bytes.
-pub fn expansion(text: &str, json_limit: usize, max_depth: usize) -> Result<Expansion, Stop> {
+/// node it repeats. Stops as soon as a limit is passed.
+pub fn expansion(text: &str, limits: Limits) -> Result<Expansion, Stop> {
     let mut walk = Walk::default();
     for event in Parser::new_from_str(text) {
         let (event, _) = event.map_err(|_| Stop::Unreadable)?;
-        walk.event(event, max_depth)?;
-        if walk.total.json_bytes > json_limit {
+        walk.event(event, limits.depth)?;
+        if walk.total.json_bytes > limits.json_bytes || walk.total.cost > limits.cost {
             return Err(Stop::TooLarge);
         }
     }
     Ok(walk.total)
 }
 
-/// One parsed node's memory, as in `parse_cost`.
-const NODE: usize = 40;
+const NODE: usize = PARSED_NODE_BYTES;
+
+/// Whether a plain scalar reads as a YAML 1.1 number (JSON may write it shorter
+/// than its text). Generous: anything number-like counts, since a number counted
+/// as text could make the walk refuse a body whose JSON fits.
+fn reads_as_number(value: &str) -> bool {
+    let unsigned = value.trim_start_matches(['+', '-']);
+    let digits = unsigned.replace('_', "");
+    let radix = |prefix: &str, radix: u32| {
+        digits
+            .strip_prefix(prefix)
+            .is_some_and(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_digit(radix)))
+    };
+    digits.parse::<f64>().is_ok()
+        || radix("0x", 16)
+        || radix("0o", 8)
+        || radix("0b", 2)
+        || matches!(unsigned.to_ascii_lowercase().as_str(), ".inf" | ".nan")
+        // Sexagesimal (`1:30`), read as a number by YAML 1.1.
+        || (digits.contains(':') && digits.chars().all(|c| c.is_ascii_digit() || matches!(c, ':' | '.')))
+}
+
+struct Open {
+    anchor: usize,
+    at_open: Expansion,
+    /// `Some(nodes ended so far)` for a mapping.
+    mapping: Option<usize>,
+}
 
 #[derive(Default)]
 struct Walk {
     total: Expansion,
     /// The sizes of anchored nodes, by anchor id (ids count up from 1).
     anchored: Vec<Expansion>,
-    /// Open containers: their anchor id and the total when they opened.
-    open: Vec<(usize, Expansion)>,
+    /// Open containers: their anchor id, the total when they opened, and for a
+    /// mapping how many of its keys and values have ended (a key ends at even).
+    open: Vec<Open>,
     /// A `<<` merge key was read: the next node's entries may all be overridden
     /// by the mapping's own, so its JSON is not counted.
     merge_next: bool,
@@ -80,18 +121,25 @@ impl Walk {
     fn event(&mut self, event: Event<'_>, max_depth: usize) -> Result<(), Stop> {
         match event {
             Event::Scalar(value, style, anchor, tag) => {
+                let is_key = self.at_key();
                 self.node_starts();
-                let plain = matches!(style, ScalarStyle::Plain);
-                let merge_key = plain && value == "<<";
-                let maybe_number = plain
-                    && value
-                        .starts_with(|c: char| c.is_ascii_digit() || matches!(c, '+' | '-' | '.'));
+                let plain = matches!(style, ScalarStyle::Plain) && tag.is_none();
+                let merge_key = plain && is_key && value == "<<";
+                // Counted in full unless JSON may write it shorter than its text:
+                // a number, or a core tag that is not a string's.
+                let string = match &tag {
+                    None => !(plain && reads_as_number(&value)),
+                    Some(tag) => !matches!(
+                        tag.core_suffix(),
+                        Some("int" | "float" | "bool" | "null" | "binary")
+                    ),
+                };
                 let shown = if merge_key {
                     0
-                } else if maybe_number || tag.is_some() {
-                    1
-                } else {
+                } else if string {
                     value.len()
+                } else {
+                    1
                 };
                 let node = Expansion {
                     json_bytes: shown,
@@ -106,15 +154,22 @@ impl Walk {
                 if self.open.len() >= max_depth {
                     return Err(Stop::TooDeep);
                 }
+                let mapping = matches!(event, Event::MappingStart(..)).then_some(0);
                 self.node_starts();
-                self.open.push((anchor, self.total));
+                self.open.push(Open {
+                    anchor,
+                    at_open: self.total,
+                    mapping,
+                });
                 self.total.add(Expansion {
                     json_bytes: 2,
                     cost: 2 + NODE,
                 });
             }
             Event::SequenceEnd | Event::MappingEnd => {
-                let (anchor, at_open) = self.open.pop().ok_or(Stop::Unreadable)?;
+                let Open {
+                    anchor, at_open, ..
+                } = self.open.pop().ok_or(Stop::Unreadable)?;
                 let node = Expansion {
                     json_bytes: self.total.json_bytes - at_open.json_bytes,
                     cost: self.total.cost - at_open.cost,
@@ -136,6 +191,14 @@ impl Walk {
         Ok(())
     }
 
+    /// Whether the next node is a key of the innermost mapping.
+    fn at_key(&self) -> bool {
+        self.open
+            .last()
+            .and_then(|open| open.mapping)
+            .is_some_and(|ended| ended % 2 == 0)
+    }
+
     fn node_starts(&mut self) {
         if std::mem::take(&mut self.merge_next) && self.merging.is_none() {
             self.merging = Some((self.open.len(), self.total.json_bytes));
@@ -143,6 +206,9 @@ impl Walk {
     }
 
     fn node_ends(&mut self) {
+        if let Some(Some(ended)) = self.open.last_mut().map(|open| &mut open.mapping) {
+            *ended += 1;
+        }
         if let Some((depth, json_bytes)) = self.merging {
             if self.open.len() == depth {
                 self.total.json_bytes = json_bytes;
@@ -167,8 +233,16 @@ fn remember(anchored: &mut Vec<Expansion>, anchor: usize, node: Expansion) {
 mod tests {
     use super::*;
 
+    fn limits(json_bytes: usize, depth: usize) -> Limits {
+        Limits {
+            json_bytes,
+            cost: usize::MAX,
+            depth,
+        }
+    }
+
     fn of(text: &str) -> Result<Expansion, Stop> {
-        expansion(text, 1 << 20, 128)
+        expansion(text, limits(1 << 20, 128))
     }
 
     #[test]
@@ -188,7 +262,12 @@ mod tests {
                     d: [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n";
         let scalars = of(text).expect("reads").json_bytes;
         assert!(scalars > 10_000, "{scalars}");
-        assert_eq!(expansion(text, 10_000, 128), Err(Stop::TooLarge));
+        assert_eq!(expansion(text, limits(10_000, 128)), Err(Stop::TooLarge));
+        let cost_limit = Limits {
+            cost: 100_000,
+            ..limits(usize::MAX, 128)
+        };
+        assert_eq!(expansion(text, cost_limit), Err(Stop::TooLarge));
     }
 
     #[test]
@@ -221,10 +300,36 @@ mod tests {
     }
 
     #[test]
+    fn what_only_looks_like_a_number_or_a_merge_is_counted_in_full() {
+        // Each aliases a 1000-byte string 20 times: at least 20 000 bytes of JSON.
+        let long = "x".repeat(1000);
+        for text in [
+            format!("a: &a !!str \"{long}\"\nb: [{}0]\n", "*a, ".repeat(20)),
+            format!("a: &a 1{long}\nb: [{}0]\n", "*a, ".repeat(20)),
+            format!("a: &a \"{long}\"\nb: [{}0]\n", "<<, *a, ".repeat(20)),
+            format!(
+                "a: &a \"{long}\"\nm: &m {{k: *a}}\nb: [{}0]\n",
+                "*m, ".repeat(20)
+            ),
+        ] {
+            let walked = of(&text).expect("walks").json_bytes;
+            assert!(walked > 20_000, "{walked}: {text:.60}");
+        }
+        for number in [
+            "12", "-1.5e3", "0x1F", "0o17", "0b101", "1_000", ".inf", "1:30",
+        ] {
+            assert!(reads_as_number(number), "{number}");
+        }
+        for text in ["1x", "1.2.3", "0x", "12-", "-"] {
+            assert!(!reads_as_number(text), "{text}");
+        }
+    }
+
+    #[test]
     fn deep_nesting_and_broken_text_stop_the_walk() {
         let deep = format!("{}{}", "[".repeat(10), "]".repeat(10));
-        assert!(expansion(&deep, 1 << 20, 10).is_ok());
-        assert_eq!(expansion(&deep, 1 << 20, 9), Err(Stop::TooDeep));
+        assert!(expansion(&deep, limits(1 << 20, 10)).is_ok());
+        assert_eq!(expansion(&deep, limits(1 << 20, 9)), Err(Stop::TooDeep));
         assert_eq!(of("a: [1, 2"), Err(Stop::Unreadable));
     }
 }
