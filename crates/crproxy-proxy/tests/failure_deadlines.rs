@@ -1,7 +1,8 @@
-//! Requests against a target that stops answering still end, and are counted,
-//! as the spec's deadlines say: the startup probe, discovery within the
-//! aggregator's availability check, and an apply past the 60 s cap counted once;
-//! a request whose caller goes away is counted too.
+//! Requests against a target that stops answering, or for a caller that stops
+//! reading, still end, and are counted, as the spec's deadlines say: the startup
+//! probe, discovery within the aggregator's availability check, an apply past the
+//! 60 s cap counted once, a list whose caller stops reading cut at the cap; a
+//! request whose caller goes away is counted too.
 //! A real proxy and devcluster client over TLS, with fault-injecting peers on
 //! 127.0.0.1; every loop and wait is bounded in count and time.
 
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::time::Instant;
@@ -29,7 +31,7 @@ use crproxy_proxy::server::ServingIdentity;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use pool_support::{Pki, SilentPeer, SERVER_NAME};
-use target_support::{harness_with_peers, widget_object, Harness, WIDGETS};
+use target_support::{harness, harness_with_peers, widget_object, Harness, WIDGETS};
 
 /// The sum of `name`'s samples whose line contains `needle` (0 when none).
 fn value(metrics: &Metrics, name: &str, needle: &str) -> f64 {
@@ -576,6 +578,78 @@ async fn one_apply_past_the_cap_is_one_deadline_termination() {
         ),
         1.0,
         "one request past the cap after {elapsed:?}: terminations {terminations:?}; requests {requests:?}"
+    );
+    h.proxy.shutdown().await;
+}
+
+/// A caller (the aggregator, behind it a slow kubectl) that stops reading a large
+/// list must not keep the request, its in-flight place and its target connection
+/// past the cap; the cut is one `deadline` termination (operate.txt:97).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_stops_reading_a_list_is_cut_at_the_deadline() {
+    let h = harness(AccessMode::All).await;
+    // About 2 MiB of widgets: far more than the caller's 64 KiB window.
+    let padding = "x".repeat(50 * 1024);
+    for i in 0..40 {
+        let mut widget = widget_object(&format!("big-{i:02}"), json!({}));
+        widget.data["spec"]["padding"] = json!(padding);
+        h.widgets
+            .create(&PostParams::default(), &widget)
+            .await
+            .expect("created on the target");
+    }
+    let mut sender = caller_h2(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
+    let started = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(get(WIDGETS)))
+        .await
+        .expect("headers in time")
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    // The caller stops reading for longer than the cap.
+    tokio::time::sleep(Duration::from_secs(66)).await;
+    let inflight = value(&h.metrics, "vcluster_proxy_inflight_requests", "target=");
+    let deadline = value(
+        &h.metrics,
+        "vcluster_proxy_request_terminations_total",
+        "reason=\"deadline\"",
+    );
+    let durations = lines(&h.metrics, "vcluster_proxy_request_duration_seconds_sum");
+    let measured = value(
+        &h.metrics,
+        "vcluster_proxy_request_duration_seconds_count",
+        "verb=\"LIST\"",
+    );
+    // Reading on now must not deliver the whole list long after the cap.
+    let rest = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect()).await;
+    let completed = matches!(rest, Ok(Ok(_)));
+    let rest = match rest {
+        Ok(Ok(body)) => format!("complete, {} bytes", body.to_bytes().len()),
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "no end within 20 s".to_owned(),
+    };
+    assert!(
+        inflight == 0.0 && deadline == 1.0 && measured == 1.0 && !completed,
+        "after {:?}: inflight {inflight}, deadline terminations {deadline}, LIST durations \
+         observed {measured}, whole list still delivered after the cap: {completed} ({rest}); \
+         durations {durations:?}",
+        started.elapsed()
+    );
+    // Once cut, nothing is counted again when the caller reads on.
+    assert_eq!(
+        value(
+            &h.metrics,
+            "vcluster_proxy_request_terminations_total",
+            "reason=\"deadline\""
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &h.metrics,
+            "vcluster_proxy_request_duration_seconds_count",
+            "verb=\"LIST\""
+        ),
+        1.0
     );
     h.proxy.shutdown().await;
 }
