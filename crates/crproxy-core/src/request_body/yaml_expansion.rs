@@ -127,12 +127,13 @@ impl Walk {
                 let merge_key = plain && is_key && value == "<<";
                 // Counted in full unless JSON may write it shorter than its text:
                 // a number, or a core tag that is not a string's.
-                let string = match &tag {
-                    None => !(plain && reads_as_number(&value)),
-                    Some(tag) => !matches!(
-                        tag.core_suffix(),
-                        Some("int" | "float" | "bool" | "null" | "binary")
-                    ),
+                let string = match (&tag, tag.as_ref().and_then(|tag| tag.core_suffix())) {
+                    (None, _) => !(plain && reads_as_number(&value)),
+                    (Some(_), Some("str")) => true,
+                    (Some(_), Some("int" | "float" | "bool" | "null" | "binary")) => false,
+                    // A tag the reader does not know and reads past: what the text
+                    // looks like decides, quoted or not.
+                    (Some(_), _) => !reads_as_number(&value),
                 };
                 let shown = if merge_key {
                     0
@@ -288,6 +289,7 @@ mod tests {
             "base: &b {a: 1, b: 2, c: 3}\nm: {<<: *b, a: 4, b: 5, c: 6}\nn: {<<: [*b, *b], c: 7}\n",
             "1",
             "x",
+            "!8-77#-7: \n  674444444444444344444443E056",
         ] {
             let json =
                 crate::request_body::WriteBody::parse(Some("application/yaml"), text.as_bytes())
