@@ -6,8 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, StatusCode};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -284,18 +283,10 @@ fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>, sync_timeout: Duration) ->
         // Bounded like any request: a target that accepts and never answers must
         // still be reported.
         let deadline = tokio::time::Instant::now() + transport::REQUEST_DEADLINE;
-        let headers = HeaderMap::new();
-        let probe = proxy.target.send_before(
-            Some(deadline),
-            Method::GET,
-            &path,
-            &headers,
-            transport::full(Bytes::new()),
-        );
-        let probe = match tokio::time::timeout_at(deadline, probe).await {
-            Ok(probe) => probe,
-            Err(_) => Err(transport::ForwardError::Deadline),
-        };
+        let probe = proxy
+            .target
+            .send_get(deadline, &path, &HeaderMap::new(), None)
+            .await;
         match probe {
             Ok(response) if response.status() == StatusCode::OK => {
                 tracing::debug!(group_version = %group_version, target = %proxy.target_name, "Connected to target");

@@ -500,11 +500,13 @@ impl GroupVersionProxy {
         let path_and_query = exchange.path_and_query();
         let headers = exchange.headers.clone();
         let fetch = tokio::spawn(async move {
-            let sent = target.send_get(deadline, &path_and_query, &headers, inspected.as_ref());
-            let response = flatten(tokio::time::timeout_at(deadline, sent).await)?;
+            let response = target
+                .send_get(deadline, &path_and_query, &headers, inspected.as_ref())
+                .await?;
             let (parts, body) = response.into_parts();
-            let read = transport::read_limited(body, MAX_BUFFERED_BODY);
-            let bytes = flatten(tokio::time::timeout_at(deadline, read).await)?;
+            let bytes =
+                transport::within(deadline, transport::read_limited(body, MAX_BUFFERED_BODY))
+                    .await?;
             Ok((parts, bytes))
         });
         match tokio::time::timeout(DISCOVERY_WAIT, fetch).await {
@@ -674,12 +676,8 @@ impl GroupVersionProxy {
             return self.server_error(response.status());
         }
         let (parts, body) = response.into_parts();
-        let read = tokio::time::timeout_at(
-            exchange.deadline,
-            transport::read_limited(body, MAX_BUFFERED_BODY),
-        )
-        .await;
-        let bytes = match flatten(read) {
+        let read = transport::read_limited(body, MAX_BUFFERED_BODY);
+        let bytes = match transport::within(exchange.deadline, read).await {
             Ok(bytes) => bytes,
             Err(e) => return self.unavailable(e),
         };
@@ -916,12 +914,8 @@ impl GroupVersionProxy {
         }
         let Outcome { response, reason } = outcome;
         let (parts, body) = response.into_parts();
-        let read = tokio::time::timeout_at(
-            exchange.deadline,
-            transport::read_limited(body, MAX_BUFFERED_BODY),
-        )
-        .await;
-        let bytes = match flatten(read) {
+        let read = transport::read_limited(body, MAX_BUFFERED_BODY);
+        let bytes = match transport::within(exchange.deadline, read).await {
             Ok(bytes) => bytes,
             Err(e) => return self.unavailable(e),
         };
@@ -987,18 +981,11 @@ impl GroupVersionProxy {
                 &exchange.path,
                 &page_query(&list_query, limit, token.as_deref()),
             );
-            let attempt = tokio::time::timeout_at(
-                exchange.deadline,
-                self.target.call_accepting(
-                    exchange.deadline,
-                    Method::GET,
-                    &page_path,
-                    accept,
-                    None,
-                ),
-            )
-            .await;
-            let (code, bytes) = match flatten(attempt) {
+            let attempt = self
+                .target
+                .call_accepting(exchange.deadline, Method::GET, &page_path, accept, None)
+                .await;
+            let (code, bytes) = match attempt {
                 Ok(answer) => answer,
                 Err(e) => return self.unavailable(e),
             };
@@ -1109,17 +1096,16 @@ impl GroupVersionProxy {
         };
         // The options travel in the pinned body (kube reads the query's only
         // when the body is empty).
-        let attempt = tokio::time::timeout_at(
-            exchange.deadline,
-            self.target.call(
+        let (code, answer) = self
+            .target
+            .call(
                 exchange.deadline,
                 Method::DELETE,
                 &item_path,
                 Some(Bytes::from(pinned)),
-            ),
-        )
-        .await;
-        let (code, answer) = flatten(attempt).map_err(|e| self.unavailable(e))?;
+            )
+            .await
+            .map_err(|e| self.unavailable(e))?;
         match code {
             StatusCode::OK | StatusCode::ACCEPTED => {
                 let is_object = serde_json::from_slice::<Value>(&answer).is_ok_and(|a| {
@@ -1171,13 +1157,11 @@ impl GroupVersionProxy {
         path: &ResourcePath,
     ) -> Result<Checked, Outcome> {
         let object_path = object_path(&self.group, &self.version, path);
-        let attempt = tokio::time::timeout_at(
-            exchange.deadline,
-            self.target
-                .call(exchange.deadline, Method::GET, &object_path, None),
-        )
-        .await;
-        let (code, bytes) = flatten(attempt).map_err(|e| self.unavailable(e))?;
+        let (code, bytes) = self
+            .target
+            .call(exchange.deadline, Method::GET, &object_path, None)
+            .await
+            .map_err(|e| self.unavailable(e))?;
         if code == StatusCode::OK {
             let object: Value = serde_json::from_slice(&bytes)
                 .map_err(|_| self.masked(path, Reason::OwnershipCheckFailed))?;
@@ -1329,12 +1313,11 @@ impl GroupVersionProxy {
         if lock(&self.target_namespaces).contains(namespace) {
             return Ok(());
         }
-        let attempt = tokio::time::timeout_at(
-            deadline,
-            self.target.call(deadline, Method::GET, client_path, None),
-        )
-        .await;
-        let (code, _) = flatten(attempt).map_err(|e| self.unavailable(e))?;
+        let (code, _) = self
+            .target
+            .call(deadline, Method::GET, client_path, None)
+            .await
+            .map_err(|e| self.unavailable(e))?;
         if code == StatusCode::NOT_FOUND {
             tracing::info!(%namespace, target = %self.target_name, "creating namespace on target cluster");
             let manifest = serde_json::json!({
@@ -1342,17 +1325,16 @@ impl GroupVersionProxy {
                 "kind": "Namespace",
                 "metadata": {"name": namespace},
             });
-            let attempt = tokio::time::timeout_at(
-                deadline,
-                self.target.call(
+            let (created, body) = self
+                .target
+                .call(
                     deadline,
                     Method::POST,
                     "/api/v1/namespaces",
                     Some(Bytes::from(manifest.to_string())),
-                ),
-            )
-            .await;
-            let (created, body) = flatten(attempt).map_err(|e| self.unavailable(e))?;
+                )
+                .await
+                .map_err(|e| self.unavailable(e))?;
             if !(created.is_success() || created == StatusCode::CONFLICT) {
                 tracing::warn!(%namespace, code = created.as_u16(), body = %String::from_utf8_lossy(&body), "creating namespace on target cluster failed");
                 return Err(Outcome::new(
@@ -1380,13 +1362,14 @@ impl GroupVersionProxy {
         inspected: Option<&Inspected>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let path_and_query = exchange.path_and_query();
-        let sent = self.target.send_get(
-            exchange.deadline,
-            &path_and_query,
-            &exchange.headers,
-            inspected,
-        );
-        flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
+        self.target
+            .send_get(
+                exchange.deadline,
+                &path_and_query,
+                &exchange.headers,
+                inspected,
+            )
+            .await
     }
 
     /// Sends a request to the target and maps its response: 5xx on non-watch
@@ -1399,18 +1382,16 @@ impl GroupVersionProxy {
         body: ProxyBody,
         watch: bool,
     ) -> Outcome {
-        let sent = self.target.send_before(
-            (!watch).then_some(exchange.deadline),
-            exchange.method.clone(),
-            path_and_query,
-            headers,
-            body,
-        );
-        let response = if watch {
-            sent.await
-        } else {
-            flatten(tokio::time::timeout_at(exchange.deadline, sent).await)
-        };
+        let response = self
+            .target
+            .send_before(
+                (!watch).then_some(exchange.deadline),
+                exchange.method.clone(),
+                path_and_query,
+                headers,
+                body,
+            )
+            .await;
         let response = match response {
             Ok(response) => response,
             Err(e) => return self.unavailable(e),
@@ -1533,15 +1514,6 @@ fn is_availability(reason: Reason) -> bool {
         reason,
         Reason::NoPeer | Reason::StalePeers | Reason::AllQuarantined
     )
-}
-
-fn flatten<T>(
-    attempt: Result<Result<T, ForwardError>, tokio::time::error::Elapsed>,
-) -> Result<T, ForwardError> {
-    match attempt {
-        Ok(result) => result,
-        Err(_) => Err(ForwardError::Deadline),
-    }
 }
 
 /// Which owner labels a write body gets.

@@ -112,11 +112,7 @@ struct State {
 impl OwnershipCache {
     /// A cache that watches through `target` (its pool and credentials).
     pub fn new(group: &str, version: &str, owner: Owner, target: &TargetConnection) -> Self {
-        let target = TargetConnection {
-            pool: Arc::clone(&target.pool),
-            authority: target.authority.clone(),
-            credentials: Arc::clone(&target.credentials),
-        };
+        let target = target.clone();
         Self {
             shared: Arc::new(Shared {
                 prefix: format!("/apis/{group}/{version}"),
@@ -361,11 +357,7 @@ async fn sync_once(
         return SyncError::Dropped;
     };
     let (target, owner, collection) = (
-        TargetConnection {
-            pool: Arc::clone(&strong.target.pool),
-            authority: strong.target.authority.clone(),
-            credentials: Arc::clone(&strong.target.credentials),
-        },
+        strong.target.clone(),
         strong.owner.clone(),
         format!("{}/{}", strong.prefix, request::encode_segment(resource)),
     );
@@ -418,9 +410,7 @@ async fn list(
         )
         .await?;
         let read =
-            tokio::time::timeout_at(deadline, transport::read_limited(body, MAX_BUFFERED_BODY))
-                .await
-                .map_err(|_| SyncError::Forward(ForwardError::Deadline))??;
+            transport::within(deadline, transport::read_limited(body, MAX_BUFFERED_BODY)).await?;
         let page = MetaList::decode(&read).map_err(|e| SyncError::Decode(e.to_string()))?;
         for meta in page.items {
             if let (Some(name), Some(pin)) = (meta.name(), meta.owned_pin(owner)) {

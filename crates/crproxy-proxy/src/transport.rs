@@ -96,6 +96,17 @@ impl ForwardError {
     }
 }
 
+/// `work`, or [`ForwardError::Deadline`] once `deadline` has passed: the one way a
+/// deadline ends the proxy's own waits on a target.
+pub async fn within<T>(
+    deadline: Instant,
+    work: impl std::future::Future<Output = Result<T, ForwardError>>,
+) -> Result<T, ForwardError> {
+    tokio::time::timeout_at(deadline, work)
+        .await
+        .unwrap_or(Err(ForwardError::Deadline))
+}
+
 /// How the proxy reaches one target: its peers and its credentials.
 #[derive(Clone)]
 pub struct TargetConnection {
@@ -146,7 +157,25 @@ impl TargetConnection {
         .await
     }
 
+    /// One exchange; with a deadline, its answer's head comes within it or the
+    /// exchange ends as [`ForwardError::Deadline`] (the body is [`DeadlineBody`]'s
+    /// or the reader's to bound).
     async fn exchange(
+        &self,
+        deadline: Option<Instant>,
+        method: Method,
+        path_and_query: &str,
+        headers: HeaderMap,
+        body: ProxyBody,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
+        let sent = self.exchange_unbounded(deadline, method, path_and_query, headers, body);
+        match deadline {
+            Some(deadline) => within(deadline, sent).await,
+            None => sent.await,
+        }
+    }
+
+    async fn exchange_unbounded(
         &self,
         deadline: Option<Instant>,
         method: Method,
@@ -184,7 +213,7 @@ impl TargetConnection {
     }
 
     /// A small request of the proxy's own (ownership check, namespace mirroring):
-    /// the response body is read whole.
+    /// the response body is read whole, all of it within `deadline`.
     pub async fn call(
         &self,
         deadline: Instant,
@@ -218,7 +247,11 @@ impl TargetConnection {
             .send_before(Some(deadline), method, path, &headers, body)
             .await?;
         let status = response.status();
-        let bytes = read_limited(response.into_body(), MAX_BUFFERED_BODY).await?;
+        let bytes = within(
+            deadline,
+            read_limited(response.into_body(), MAX_BUFFERED_BODY),
+        )
+        .await?;
         Ok((status, bytes))
     }
 
