@@ -104,15 +104,22 @@ pub struct WriteBody {
 }
 
 impl WriteBody {
-    /// Reads a body strictly. A missing `Content-Type` is JSON, as kube-apiserver
-    /// reads it. JSON (and JSON patch) bodies: valid UTF-8, no lone surrogate
-    /// escapes, no duplicate keys, numbers within f64, nesting within serde_json's
-    /// limit (128). YAML bodies (`application/yaml`, server-side apply): exactly one
-    /// document, no duplicate keys, within the YAML parser's budgets.
+    /// [`admit`]s a body, then [`read`](WriteBody::read)s it.
     pub fn parse(content_type: Option<&str>, bytes: &[u8]) -> Result<WriteBody, BodyError> {
-        if bytes.len() > MAX_REQUEST_BODY {
-            return Err(BodyError::TooLarge);
-        }
+        WriteBody::read(content_type, bytes, &admit(content_type, bytes)?)
+    }
+
+    /// Reads a body strictly, once [`admit`] let it in. A missing `Content-Type`
+    /// is JSON, as kube-apiserver reads it. JSON (and JSON patch) bodies: valid
+    /// UTF-8, no lone surrogate escapes, no duplicate keys, numbers within f64,
+    /// nesting within serde_json's limit (128). YAML bodies (`application/yaml`,
+    /// server-side apply): exactly one document, no duplicate keys, within the
+    /// YAML parser's budgets, and at most 3 MiB once written as JSON.
+    pub fn read(
+        content_type: Option<&str>,
+        bytes: &[u8],
+        _admitted: &Admitted,
+    ) -> Result<WriteBody, BodyError> {
         let body_type = match content_type.map(str::trim).filter(|ct| !ct.is_empty()) {
             None => BodyType::Json,
             Some(ct) => BodyType::from_content_type(ct)
@@ -311,21 +318,43 @@ pub fn parse_cost(bytes: &[u8]) -> usize {
     bytes.len() + nodes * NODE
 }
 
-/// The memory reading a write body takes, for admitting reads against a memory
-/// budget: [`parse_cost`] of its text, or for a YAML body with aliases, of the
-/// document they expand to (a small text can repeat a large node many times).
-pub fn read_cost(content_type: Option<&str>, bytes: &[u8]) -> usize {
+/// A write body let in for reading, and the memory reading it takes. Only
+/// [`admit`] makes one, so [`WriteBody::read`] knows the body's size was judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    cost: usize,
+}
+
+impl Admitted {
+    /// [`parse_cost`] of the text, or for a YAML body with aliases, of the
+    /// document they expand to (a small text can repeat a large node many times).
+    pub fn cost(&self) -> usize {
+        self.cost
+    }
+}
+
+/// Judges a write body's size before it is read, so that reads are admitted
+/// against a memory budget: bodies over 3 MiB are refused, and so is a YAML body
+/// whose aliases alone take it past the body limit or [`MAX_EXPANDED_COST`],
+/// without building it.
+pub fn admit(content_type: Option<&str>, bytes: &[u8]) -> Result<Admitted, BodyError> {
+    if bytes.len() > MAX_REQUEST_BODY {
+        return Err(BodyError::TooLarge);
+    }
     let yaml = content_type
         .and_then(BodyType::from_content_type)
         .is_some_and(|t| matches!(t, BodyType::Yaml | BodyType::ApplyPatchYaml));
     let text_cost = parse_cost(bytes);
     if !yaml {
-        return text_cost;
+        return Ok(Admitted { cost: text_cost });
     }
     match std::str::from_utf8(bytes).ok().and_then(alias_expansion) {
-        Some(Ok(expanded)) => text_cost.max(expanded.cost),
-        // No alias; or refused by the read, before the document is built.
-        _ => text_cost,
+        Some(Ok(expanded)) => Ok(Admitted {
+            cost: text_cost.max(expanded.cost),
+        }),
+        Some(Err(yaml_expansion::Stop::TooLarge)) => Err(BodyError::TooLarge),
+        // No alias; or a text the read refuses for another reason.
+        _ => Ok(Admitted { cost: text_cost }),
     }
 }
 
@@ -408,11 +437,6 @@ fn parse_yaml_strict(bytes: &[u8]) -> Result<Value, BodyError> {
     }
     let text = std::str::from_utf8(bytes)
         .map_err(|e| BodyError::Invalid(format!("request body is not valid UTF-8: {e}")))?;
-    // Aliases are replayed into the document: one that outgrows the body limit
-    // is refused before it is built (see `yaml_expansion`).
-    if let Some(Err(yaml_expansion::Stop::TooLarge)) = alias_expansion(text) {
-        return Err(BodyError::TooLarge);
-    }
     // Read scalars the way kube-apiserver's YAML-to-JSON step (go-yaml v2, YAML 1.1)
     // does: `yes`/`on` are booleans and `0755` is octal. Duplicate keys, a second
     // document and anything past the parser's budgets are errors.
@@ -836,11 +860,17 @@ mod tests {
     }
 
     #[test]
-    fn yaml_aliases_that_outgrow_the_body_limit_are_refused_before_they_are_built() {
+    fn yaml_aliases_that_outgrow_the_body_limit_are_refused() {
         // 1000 copies: 64 MiB of JSON from a 69 KB text, over the 3 MiB limit
-        // the target would refuse the written-out body with.
+        // the target would refuse the written-out body with. The cost asked
+        // before the read refuses it unbuilt; the read itself refuses its JSON.
         let bomb = alias_bomb(1000);
         for media_type in ["application/yaml", "application/apply-patch+yaml"] {
+            assert_eq!(
+                admit(Some(media_type), bomb.as_bytes()).map(|a| a.cost()),
+                Err(BodyError::TooLarge),
+                "{media_type}"
+            );
             assert_eq!(
                 WriteBody::parse(Some(media_type), bomb.as_bytes()).err(),
                 Some(BodyError::TooLarge),
@@ -852,14 +882,16 @@ mod tests {
         let body = WriteBody::parse(Some("application/yaml"), modest.as_bytes()).expect("fits");
         let expanded = body.to_bytes().len();
         assert!(expanded > 10 * 64 * 1024, "{expanded}");
-        let cost = read_cost(Some("application/yaml"), modest.as_bytes());
+        let cost = admit(Some("application/yaml"), modest.as_bytes())
+            .expect("fits")
+            .cost();
         assert!(
             cost >= expanded,
             "admitted for {cost} bytes, read {expanded}"
         );
         assert_eq!(
-            read_cost(Some("application/json"), modest.as_bytes()),
-            parse_cost(modest.as_bytes()),
+            admit(Some("application/json"), modest.as_bytes()).map(|a| a.cost()),
+            Ok(parse_cost(modest.as_bytes())),
             "a JSON body has no aliases"
         );
     }

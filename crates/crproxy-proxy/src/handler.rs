@@ -81,11 +81,12 @@ pub struct GroupVersionProxy {
 pub const MAX_IN_FLIGHT: usize = 400;
 
 /// Memory one group/version server may spend on reading write bodies at once, as
-/// estimated by `request_body::read_cost`. A parsed document can take many times
+/// estimated by `request_body::admit`. A parsed document can take many times
 /// its text (3 MiB of small numbers become some 50 MiB, and YAML aliases repeat
 /// whole nodes), so such writes wait for room instead of all running at once;
 /// ordinary bodies cost about their size.
-pub const PARSE_MEMORY_BUDGET: usize = 64 * 1024 * 1024;
+/// A YAML document whose reading alone would take all of it is refused.
+pub const PARSE_MEMORY_BUDGET: usize = request_body::MAX_EXPANDED_COST;
 
 /// How many times an owned-mode mutation is checked and sent: once, and once more
 /// when the target refused it in a way the pin may have caused.
@@ -1213,8 +1214,12 @@ impl GroupVersionProxy {
         bytes: &[u8],
         stamp: Stamp,
     ) -> Result<Result<(WriteBody, OwnedSemaphorePermit), BodyError>, Outcome> {
-        let cost = request_body::read_cost(content_type(&exchange.headers), bytes)
-            .min(PARSE_MEMORY_BUDGET);
+        let media_type = content_type(&exchange.headers);
+        let admitted = match request_body::admit(media_type, bytes) {
+            Ok(admitted) => admitted,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        let cost = admitted.cost().min(PARSE_MEMORY_BUDGET);
         let permits = u32::try_from(cost).unwrap_or(u32::MAX);
         let room = tokio::time::timeout_at(
             exchange.deadline,
@@ -1225,8 +1230,8 @@ impl GroupVersionProxy {
             Ok(Ok(room)) => room,
             _ => return Err(self.unavailable(ForwardError::Deadline)),
         };
-        Ok(self
-            .label(&exchange.headers, bytes, stamp)
+        Ok(WriteBody::read(media_type, bytes, &admitted)
+            .and_then(|write| self.stamped(write, stamp))
             .map(|write| (write, room)))
     }
 
@@ -1248,7 +1253,11 @@ impl GroupVersionProxy {
         bytes: &[u8],
         stamp: Stamp,
     ) -> Result<WriteBody, BodyError> {
-        let mut write = WriteBody::parse(content_type(headers), bytes)?;
+        WriteBody::parse(content_type(headers), bytes).and_then(|write| self.stamped(write, stamp))
+    }
+
+    /// A body read, labelled as `stamp` says.
+    fn stamped(&self, mut write: WriteBody, stamp: Stamp) -> Result<WriteBody, BodyError> {
         match stamp {
             Stamp::Never => return Ok(write),
             Stamp::UnlessOwnerNamed if ownership::names_an_owner(&write)? => return Ok(write),
