@@ -31,17 +31,9 @@ use crproxy_proxy::server::ServingIdentity;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use pool_support::{Pki, SilentPeer, SERVER_NAME};
-use target_support::{harness, harness_with_peers, widget_object, Harness, WIDGETS};
-
-/// The sum of `name`'s samples whose line contains `needle` (0 when none).
-fn value(metrics: &Metrics, name: &str, needle: &str) -> f64 {
-    metrics
-        .encode()
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(needle))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+use target_support::{
+    caller_h2, harness, harness_with_peers, metric_value, widget_object, Harness, WIDGETS,
+};
 
 fn lines(metrics: &Metrics, name: &str) -> Vec<String> {
     metrics
@@ -50,53 +42,6 @@ fn lines(metrics: &Metrics, name: &str) -> Vec<String> {
         .filter(|l| l.starts_with(name))
         .map(str::to_owned)
         .collect()
-}
-
-/// An HTTP/2 caller presenting the front-proxy certificate, like the client
-/// cluster's aggregator, with a 64 KiB receive window that it only opens again
-/// as the body is read.
-async fn caller_h2<B>(
-    addr: SocketAddr,
-    serving_ca_pem: &str,
-    front_proxy: &crproxy_core::pki::CertPem,
-) -> hyper::client::conn::http2::SendRequest<B>
-where
-    B: hyper::body::Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(serving_ca_pem.as_bytes()).expect("ca"))
-        .expect("root");
-    let chain = vec![CertificateDer::from_pem_slice(front_proxy.cert.as_bytes()).expect("cert")];
-    let key = PrivateKeyDer::from_pem_slice(front_proxy.key.as_bytes()).expect("key");
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_client_auth_cert(chain, key)
-    .expect("client config");
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("tls");
-    let (sender, connection) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .initial_stream_window_size(65_535)
-            .initial_connection_window_size(65_535)
-            .adaptive_window(false)
-            .handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(connection);
-    sender
 }
 
 fn get(path: &str) -> http::Request<http_body_util::Empty<Bytes>> {
@@ -127,7 +72,7 @@ async fn a_caller_that_hangs_up_mid_dial_is_counted_as_a_canceled_request() {
     // Let the startup probe's own dial to the silent peer end (5 s) first.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let before = lines(&h.metrics, "vcluster_proxy_request_total");
-    let canceled_before = value(
+    let canceled_before = metric_value(
         &h.metrics,
         "vcluster_proxy_peer_dial_failures_total",
         "reason=\"canceled\"",
@@ -142,7 +87,7 @@ async fn a_caller_that_hangs_up_mid_dial_is_counted_as_a_canceled_request() {
     );
     drop(sender);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let canceled = value(
+    let canceled = metric_value(
         &h.metrics,
         "vcluster_proxy_peer_dial_failures_total",
         "reason=\"canceled\"",
@@ -151,7 +96,7 @@ async fn a_caller_that_hangs_up_mid_dial_is_counted_as_a_canceled_request() {
     assert_eq!(canceled, 1.0, "the abandoned dial is counted as canceled");
     assert!(after != before, "no request series moved: {after:?}");
     assert_eq!(
-        value(
+        metric_value(
             &h.metrics,
             "vcluster_proxy_request_total",
             "code=\"503\",reason=\"canceled\""
@@ -387,7 +332,7 @@ async fn discovery_against_a_target_that_never_answers_falls_back_within_the_agg
             "answered after {waited:?}, past the aggregator's 5 s check"
         );
         assert_eq!(
-            value(
+            metric_value(
                 &hung.metrics,
                 "vcluster_proxy_discovery_fallbacks_total",
                 "reason=\"upstream_error\""
@@ -396,7 +341,7 @@ async fn discovery_against_a_target_that_never_answers_falls_back_within_the_agg
             "{fallbacks:?}"
         );
         assert_eq!(
-            value(
+            metric_value(
                 &hung.metrics,
                 "vcluster_proxy_request_terminations_total",
                 "reason=\"deadline\""
@@ -521,7 +466,7 @@ async fn one_apply_past_the_cap_is_one_deadline_termination() {
     let path = format!("{WIDGETS}/applied");
     // Warm the ownership cache until a write takes its fast path (bounded: 200 tries).
     let hits = |h: &Harness| {
-        value(
+        metric_value(
             &h.metrics,
             "crproxy_ownership_cache_lookups_total",
             "result=\"hit\"",
@@ -571,8 +516,7 @@ async fn one_apply_past_the_cap_is_one_deadline_termination() {
     let requests = lines(&h.metrics, "vcluster_proxy_request_total");
     assert_eq!(answer.status(), 503, "after {elapsed:?}");
     assert_eq!(
-        value(
-            &h.metrics,
+        metric_value(&h.metrics,
             "vcluster_proxy_request_terminations_total",
             "reason=\"deadline\""
         ),
@@ -607,14 +551,14 @@ async fn a_caller_that_stops_reading_a_list_is_cut_at_the_deadline() {
     assert_eq!(response.status(), 200);
     // The caller stops reading for longer than the cap.
     tokio::time::sleep(Duration::from_secs(66)).await;
-    let inflight = value(&h.metrics, "vcluster_proxy_inflight_requests", "target=");
-    let deadline = value(
+    let inflight = metric_value(&h.metrics, "vcluster_proxy_inflight_requests", "target=");
+    let deadline = metric_value(
         &h.metrics,
         "vcluster_proxy_request_terminations_total",
         "reason=\"deadline\"",
     );
     let durations = lines(&h.metrics, "vcluster_proxy_request_duration_seconds_sum");
-    let measured = value(
+    let measured = metric_value(
         &h.metrics,
         "vcluster_proxy_request_duration_seconds_count",
         "verb=\"LIST\"",
@@ -636,7 +580,7 @@ async fn a_caller_that_stops_reading_a_list_is_cut_at_the_deadline() {
     );
     // Once cut, nothing is counted again when the caller reads on.
     assert_eq!(
-        value(
+        metric_value(
             &h.metrics,
             "vcluster_proxy_request_terminations_total",
             "reason=\"deadline\""
@@ -644,7 +588,7 @@ async fn a_caller_that_stops_reading_a_list_is_cut_at_the_deadline() {
         1.0
     );
     assert_eq!(
-        value(
+        metric_value(
             &h.metrics,
             "vcluster_proxy_request_duration_seconds_count",
             "verb=\"LIST\""

@@ -25,8 +25,9 @@ use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use target_support::{
-    exchange, harness, harness_with, harness_with_peers, json_of, on_target, send_as, widget,
-    widget_object, widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
+    caller_h2, exchange, harness, harness_with, harness_with_peers, json_of, metric_value,
+    on_target, send_as, widget, widget_object, widget_resource, Harness, Options, Reply,
+    OWNER_LABELS, WIDGETS,
 };
 
 /// The Accept header of an aggregator's discovery fetch (v2, then v2beta1).
@@ -56,16 +57,6 @@ fn series(metrics: &Metrics, name: &str, needle: &str) -> bool {
         .encode()
         .lines()
         .any(|l| l.starts_with(name) && l.contains(needle))
-}
-
-/// The sum of `name`'s samples whose line contains `needle` (0 when none).
-fn value(metrics: &Metrics, name: &str, needle: &str) -> f64 {
-    metrics
-        .encode()
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(needle))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Connections the proxy opened to the target so far
@@ -864,7 +855,7 @@ async fn discovery_falls_back_locally_when_no_peer_answers() {
         "{counted}"
     );
     assert_eq!(
-        value(
+        metric_value(
             &h.metrics,
             "vcluster_proxy_discovery_fallbacks_total",
             "group_version=\"example.com/v1\",reason=\"upstream_error\""
@@ -959,7 +950,14 @@ async fn more_watches_than_one_http2_connection_allows_all_open() {
     let mut senders = Vec::new();
     for _ in 0..5 {
         // Separate caller connections, so the caller side is not the limit.
-        senders.push(caller_h2::<http_body_util::Empty<Bytes>>(&h).await);
+        senders.push(
+            caller_h2::<http_body_util::Empty<Bytes>>(
+                h.addr,
+                &h.serving_ca_pem,
+                &h.front_proxy_client,
+            )
+            .await,
+        );
     }
     let mut opened = Vec::new();
     for i in 0..WATCHES {
@@ -1045,7 +1043,7 @@ fn assert_fallback_document(reply: &Reply) {
 }
 
 fn discovery_fallbacks(h: &Harness, reason: &str) -> f64 {
-    value(
+    metric_value(
         &h.metrics,
         "vcluster_proxy_discovery_fallbacks_total",
         &format!("reason=\"{reason}\""),
@@ -1226,45 +1224,6 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
     h.proxy.shutdown().await;
 }
 
-/// A raw HTTP/2 connection to the proxy as the aggregator, for requests whose
-/// bodies or streams the test controls itself.
-async fn caller_h2<B>(h: &Harness) -> hyper::client::conn::http2::SendRequest<B>
-where
-    B: hyper::body::Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(h.serving_ca_pem.as_bytes()).expect("ca"))
-        .expect("root");
-    let chain =
-        vec![CertificateDer::from_pem_slice(h.front_proxy_client.cert.as_bytes()).expect("cert")];
-    let key = PrivateKeyDer::from_pem_slice(h.front_proxy_client.key.as_bytes()).expect("key");
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .expect("client config");
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(h.addr)
-        .await
-        .expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("tls");
-    let (sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tls),
-    )
-    .await
-    .expect("h2 handshake");
-    tokio::spawn(connection);
-    sender
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_in_flight_limit_callers_get_429_with_retry_after() {
     use crproxy_proxy::handler::MAX_IN_FLIGHT;
@@ -1272,7 +1231,7 @@ async fn past_the_in_flight_limit_callers_get_429_with_retry_after() {
     type HeldBody = http_body_util::StreamBody<
         tokio_stream::wrappers::ReceiverStream<Result<hyper::body::Frame<Bytes>, std::io::Error>>,
     >;
-    let mut sender = caller_h2::<HeldBody>(&h).await;
+    let mut sender = caller_h2::<HeldBody>(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
     // Requests whose bodies never finish keep their places taken (a few more than
     // the limit, so the places stay full even if one of them ends early).
     let mut open_bodies = Vec::new();

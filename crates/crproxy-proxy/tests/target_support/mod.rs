@@ -350,6 +350,64 @@ pub fn json_of(object: &DynamicObject) -> Value {
     serde_json::to_value(object).expect("objects are JSON")
 }
 
+/// A raw HTTP/2 connection to the proxy at `addr` as the client cluster's
+/// aggregator (its front-proxy certificate), for requests whose bodies, streams
+/// or flow control the test controls itself. Its receive window is 64 KiB and
+/// opens again only as bodies are read.
+pub async fn caller_h2<B>(
+    addr: SocketAddr,
+    serving_ca_pem: &str,
+    front_proxy: &crproxy_core::pki::CertPem,
+) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(serving_ca_pem.as_bytes()).expect("ca"))
+        .expect("root");
+    let chain = vec![CertificateDer::from_pem_slice(front_proxy.cert.as_bytes()).expect("cert")];
+    let key = PrivateKeyDer::from_pem_slice(front_proxy.key.as_bytes()).expect("key");
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .expect("client config");
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("tls");
+    let (sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(65_535)
+            .adaptive_window(false)
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+/// The sum of `name`'s samples whose line contains `needle` (0 when none).
+pub fn metric_value(metrics: &Metrics, name: &str, needle: &str) -> f64 {
+    metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Resets this process's peak resident memory (`VmHWM`) to what it uses now.
 /// A memory test runs in a test binary of its own: other tests move the peak.
 pub fn reset_peak_rss() {

@@ -38,11 +38,16 @@ fn synced(gate: &Arc<Gate>) {
         .caches_synced(Writer::<DynamicObject>::new(gateways_type(true).api).as_reader());
 }
 
+/// `wt` changed by `change` (its clusters, its timeouts, its types).
+fn configured(wt: Arc<WriteThrough>, change: impl FnOnce(&mut WriteThrough)) -> Arc<WriteThrough> {
+    let mut wt = Arc::into_inner(wt).expect("the only reference");
+    change(&mut wt);
+    Arc::new(wt)
+}
+
 /// `wt` with `host` as its host cluster.
 fn writing_to(wt: Arc<WriteThrough>, host: kube::Client) -> Arc<WriteThrough> {
-    let mut wt = Arc::into_inner(wt).expect("the only reference");
-    wt.host = host;
-    Arc::new(wt)
+    configured(wt, |wt| wt.host = host)
 }
 
 /// An UPDATE review of the gateway from resourceVersion 7 to `port`.
@@ -299,10 +304,11 @@ async fn an_update_of_an_object_being_deleted_is_allowed_without_writing_to_the_
 #[tokio::test]
 async fn a_review_dropped_by_its_caller_still_releases_its_key() {
     let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
-    let mut wt = Arc::into_inner(wt).expect("the only reference");
-    wt.host = silent_api().await;
-    wt.timeout = Duration::from_secs(2);
-    let wt = Arc::new(wt);
+    let host = silent_api().await;
+    let wt = configured(wt, |wt| {
+        wt.host = host;
+        wt.timeout = Duration::from_secs(2);
+    });
     synced(&gate);
     let key = Key {
         namespace: "team".into(),
@@ -598,12 +604,12 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
             None => None,
         };
         let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
-        let mut wt = Arc::into_inner(wt).expect("the only reference");
-        wt.host = host.client.clone();
-        wt.tenant_client = tenant
-            .as_ref()
-            .map_or_else(unreachable_api, |t| t.client.clone());
-        let wt = Arc::new(wt);
+        let wt = configured(wt, |wt| {
+            wt.host = host.client.clone();
+            wt.tenant_client = tenant
+                .as_ref()
+                .map_or_else(unreachable_api, |t| t.client.clone());
+        });
         // A cache that never shows the object.
         synced(&gate);
         let answer = wt
@@ -706,10 +712,10 @@ async fn unstored_create(host: Answer) -> RolledBack {
     let host = FakeApi::start(host).await;
     let tenant = FakeApi::start(|_, _, _| not_found()).await;
     let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
-    let mut wt = Arc::into_inner(wt).expect("the only reference");
-    wt.host = host.client.clone();
-    wt.tenant_client = tenant.client.clone();
-    let wt = Arc::new(wt);
+    let wt = configured(wt, |wt| {
+        wt.host = host.client.clone();
+        wt.tenant_client = tenant.client.clone();
+    });
     synced(&gate);
     let answer = wt
         .admit(review("CREATE", gateway()))
@@ -1018,13 +1024,13 @@ async fn a_review_is_written_through_as_the_type_of_its_group() {
         let host = FakeApi::start(creating_host).await;
         let (gate, other_gate) = (Gate::new(), Gate::new());
         let (wt, _, _) = write_through(MAX_IN_FLIGHT);
-        let mut wt = Arc::into_inner(wt).expect("the only reference");
-        wt.host = host.client.clone();
-        wt.types = types_by_resource([
-            (gateways_type(true), Arc::clone(&gate)),
-            (other_gateways(), Arc::clone(&other_gate)),
-        ]);
-        let wt = Arc::new(wt);
+        let wt = configured(wt, |wt| {
+            wt.host = host.client.clone();
+            wt.types = types_by_resource([
+                (gateways_type(true), Arc::clone(&gate)),
+                (other_gateways(), Arc::clone(&other_gate)),
+            ]);
+        });
         synced(&gate);
         synced(&other_gate);
         let mut create = review("CREATE", gateway());
@@ -1054,11 +1060,11 @@ async fn a_review_is_written_through_as_the_type_of_its_group() {
 async fn writes_of_one_held_object_never_take_the_places_of_writes_of_other_objects() {
     let host = FakeApi::start(creating_host).await;
     let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
-    let mut wt = Arc::into_inner(wt).expect("the only reference");
-    wt.host = host.client.clone();
-    // Long enough that the unconfirmed create still holds its key during the test.
-    wt.confirm_within = Duration::from_secs(20);
-    let wt = Arc::new(wt);
+    let wt = configured(wt, |wt| {
+        wt.host = host.client.clone();
+        // Long enough that the unconfirmed create still holds its key during the test.
+        wt.confirm_within = Duration::from_secs(20);
+    });
     // A cache that never shows the object: the tenant refused it after the webhook.
     synced(&gate);
     let answer = wt
