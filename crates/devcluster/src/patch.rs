@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Map, Value};
 
-use crate::schema::StructuralSchema;
+use crate::schema::{go_quote, StructuralSchema};
 
 /// Why a patch or an apply could not be carried out.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -766,10 +766,6 @@ impl Entry {
         }
         Value::Object(m)
     }
-}
-
-fn go_quote(s: &str) -> String {
-    Value::String(s.to_string()).to_string()
 }
 
 fn decode_entries(obj: Option<&Value>) -> Vec<Entry> {

@@ -225,34 +225,36 @@ fn decode_continue(token: &str) -> Result<(u64, String), ApiError> {
     Ok((rv, start))
 }
 
+/// kube's 422 for a list option its ListOptions validation forbids.
+fn forbidden_list_option(field: &str, message: &str) -> ApiError {
+    ApiError::invalid(
+        "meta.k8s.io",
+        "ListOptions",
+        "",
+        vec![Cause::new(
+            "FieldValueForbidden",
+            format!("Forbidden: {message}"),
+            field,
+        )],
+    )
+}
+
 /// Validates `resourceVersion`/`resourceVersionMatch` of a list and waits (up to
 /// 3 s, as kube) for a future resourceVersion.
 pub async fn check_list_rv(state: &State, ctx: &ReqCtx) -> Result<(), ApiError> {
     let rv = parse_rv(ctx.q("resourceVersion"))?;
     let matching = ctx.q("resourceVersionMatch").unwrap_or("");
     if !matching.is_empty() && rv.is_none() {
-        return Err(ApiError::invalid(
-            "meta.k8s.io",
-            "ListOptions",
-            "",
-            vec![Cause::new(
-                "FieldValueForbidden",
-                "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-                "resourceVersionMatch",
-            )],
+        return Err(forbidden_list_option(
+            "resourceVersionMatch",
+            "resourceVersionMatch is forbidden unless resourceVersion is provided",
         ));
     }
     // kube's ListOptions validation: initial events belong to a watch.
     if ctx.q("sendInitialEvents").is_some() {
-        return Err(ApiError::invalid(
-            "meta.k8s.io",
-            "ListOptions",
-            "",
-            vec![Cause::new(
-                "FieldValueForbidden",
-                "Forbidden: sendInitialEvents is forbidden for list",
-                "sendInitialEvents",
-            )],
+        return Err(forbidden_list_option(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for list",
         ));
     }
     let Some(rv) = rv else { return Ok(()) };
