@@ -34,6 +34,7 @@ use pool_support::{Pki, SilentPeer, SERVER_NAME};
 use target_support::{
     caller_h2, harness, harness_with_peers, metric_value, widget_object, Harness, WIDGETS,
 };
+use test_support::relay::Relay;
 
 fn lines(metrics: &Metrics, name: &str) -> Vec<String> {
     metrics
@@ -353,93 +354,6 @@ async fn discovery_against_a_target_that_never_answers_falls_back_within_the_agg
     }
 }
 
-/// A TCP relay in front of the target (TLS stays end to end) whose connections
-/// open so far can be frozen: they stay open and never forward another byte (a
-/// replica wedged after accepting), while new connections forward normally.
-struct FreezableRelay {
-    addr: SocketAddr,
-    upstream: Arc<std::sync::OnceLock<SocketAddr>>,
-    open: Arc<std::sync::Mutex<Vec<Arc<std::sync::atomic::AtomicBool>>>>,
-    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-}
-
-impl FreezableRelay {
-    async fn start() -> FreezableRelay {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let relay = FreezableRelay {
-            addr: listener.local_addr().expect("addr"),
-            upstream: Arc::default(),
-            open: Arc::default(),
-            tasks: Arc::default(),
-        };
-        let (upstream, open, tasks) = (
-            Arc::clone(&relay.upstream),
-            Arc::clone(&relay.open),
-            Arc::clone(&relay.tasks),
-        );
-        let accept = tokio::spawn(async move {
-            // Bounded by the abort in Drop.
-            while let Ok((caller, _)) = listener.accept().await {
-                let Some(upstream) = upstream.get().copied() else {
-                    continue;
-                };
-                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
-                    continue;
-                };
-                let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                open.lock().expect("open").push(Arc::clone(&frozen));
-                let (cr, cw) = caller.into_split();
-                let (sr, sw) = server.into_split();
-                let mut tasks = tasks.lock().expect("tasks");
-                tasks.push(tokio::spawn(pump(cr, sw, Arc::clone(&frozen))));
-                tasks.push(tokio::spawn(pump(sr, cw, frozen)));
-            }
-        });
-        relay.tasks.lock().expect("tasks").push(accept);
-        relay
-    }
-
-    fn freeze_open_connections(&self) {
-        for frozen in self.open.lock().expect("open").iter() {
-            frozen.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-}
-
-impl Drop for FreezableRelay {
-    fn drop(&mut self) {
-        for task in self.tasks.lock().expect("tasks").drain(..) {
-            task.abort();
-        }
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    frozen: Arc<std::sync::atomic::AtomicBool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
-            let _keep_open = (from, to);
-            // Bounded by the abort in Drop.
-            std::future::pending::<()>().await;
-            return;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
-
 /// operate.txt:94-97: `vcluster_proxy_request_terminations_total` counts requests
 /// the proxy terminated, `deadline` when the 60 s cap expired. An owned-mode
 /// server-side apply that runs into the cap on the ownership cache's fast path
@@ -450,11 +364,11 @@ async fn pump(
 async fn one_apply_past_the_cap_is_one_deadline_termination() {
     // Installs the binary\'s log subscriber before any proxy code logs.
     let (_logs, _log_guard) = LogBuffer::capture();
-    let relay = FreezableRelay::start().await;
-    let (relay_addr, upstream) = (relay.addr, Arc::clone(&relay.upstream));
-    let h = harness_with_peers(AccessMode::Owned, move |target| {
-        upstream.set(target).expect("upstream set once");
-        PeerSourceConfig::Static(vec![relay_addr.to_string()])
+    // TLS stays end to end through the relay.
+    let relay = Relay::unconnected().await;
+    let h = harness_with_peers(AccessMode::Owned, |target| {
+        relay.connect_to(target);
+        PeerSourceConfig::Static(vec![relay.addr.to_string()])
     })
     .await;
     let owned =
@@ -491,8 +405,9 @@ async fn one_apply_past_the_cap_is_one_deadline_termination() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(warm, "the ownership cache never answered");
-    // The replica wedges on every connection the proxy holds.
-    relay.freeze_open_connections();
+    // The replica wedges on every connection the proxy holds; new ones forward.
+    relay.freeze();
+    relay.thaw();
     let mut sender = caller_h2(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
     let body = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: applied\n  namespace: demo\nspec:\n  replicas: 7\n";
     let request = http::Request::builder()

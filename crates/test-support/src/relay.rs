@@ -3,7 +3,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 pub struct Relay {
     /// Where callers connect instead of the upstream.
     pub addr: SocketAddr,
+    upstream: Arc<OnceLock<SocketAddr>>,
     frozen: Arc<AtomicBool>,
     connections: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
     accept: JoinHandle<()>,
@@ -23,20 +24,34 @@ pub struct Relay {
 impl Relay {
     /// Starts relaying to `upstream` from a new port on 127.0.0.1.
     pub async fn start(upstream: SocketAddr) -> Relay {
+        let relay = Relay::unconnected().await;
+        relay.connect_to(upstream);
+        relay
+    }
+
+    /// A relay on a new port on 127.0.0.1 that closes what it accepts until
+    /// [`Relay::connect_to`] names its upstream: for a server that is told the
+    /// relay's address before it exists itself.
+    pub async fn unconnected() -> Relay {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let upstream: Arc<OnceLock<SocketAddr>> = Arc::default();
         let frozen = Arc::new(AtomicBool::new(false));
         let connections: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
         let pumps: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let accept = tokio::spawn({
+            let upstream = Arc::clone(&upstream);
             let frozen = Arc::clone(&frozen);
             let connections = Arc::clone(&connections);
             let pumps = Arc::clone(&pumps);
             async move {
                 // Bounded by the abort in Drop.
                 while let Ok((caller, _)) = listener.accept().await {
+                    let Some(upstream) = upstream.get().copied() else {
+                        continue;
+                    };
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         continue;
                     };
@@ -56,11 +71,19 @@ impl Relay {
         });
         Relay {
             addr,
+            upstream,
             frozen,
             connections,
             accept,
             pumps,
         }
+    }
+
+    /// Where connections accepted from now on are relayed to. Set once.
+    pub fn connect_to(&self, upstream: SocketAddr) {
+        self.upstream
+            .set(upstream)
+            .expect("a relay's upstream is set once");
     }
 
     /// Every open connection stops forwarding for good; new ones too, until
