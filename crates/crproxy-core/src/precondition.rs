@@ -123,66 +123,100 @@ fn unparsable(error: ShapeError) -> PreconditionError {
     PreconditionError::Unparsable(error.to_string())
 }
 
-/// A DeleteOptions body carrying the caller's options ([`delete_options`]) plus
-/// the uid and resourceVersion preconditions ([`pin_delete_options`]).
+/// A DeleteOptions body carrying the caller's options plus the uid and
+/// resourceVersion preconditions of `pin` (see [`DeleteOptions`]).
 pub fn pin_delete(
     body: &[u8],
     query: Option<&str>,
     pin: &Pin,
 ) -> Result<Vec<u8>, PreconditionError> {
-    pin_delete_options(delete_options(body, query)?, pin)
+    DeleteOptions::read(body, query)?.pinned(pin)
 }
 
-/// The DeleteOptions of a delete: its body, or the options of its query when the
-/// body is empty.
+/// A delete's options, read once and kept as text apart from their
+/// preconditions.
 ///
-/// kube reads a delete's options from its body, and from the query only when
-/// the body is empty (curl, `kubectl --raw` and several clients send
-/// `?dryRun=All` or `?propagationPolicy=Orphan` that way). A pinned body is
-/// never empty, so for an empty caller body the options are taken from `query`
-/// into it: left in the query, a dry run would delete for real.
-pub fn delete_options(body: &[u8], query: Option<&str>) -> Result<Value, PreconditionError> {
-    let options = if body.iter().all(u8::is_ascii_whitespace) {
-        delete_options_of_query(query.unwrap_or(""))?
-    } else {
-        crate::request_body::parse_json_strict(body)
-            .map_err(|e| PreconditionError::Unparsable(e.to_string()))?
-    };
-    if !options.is_object() {
-        return Err(PreconditionError::Unparsable(
-            "DeleteOptions is not an object".into(),
-        ));
-    }
-    Ok(options)
+/// A deletecollection sends them once per listed object, each time with that
+/// object's pin. Kept as a tree, a 3 MiB body of small numbers would stay some
+/// 50 MiB in memory for as long as the collection takes, and be copied whole
+/// for every object; as text it is the size of the body, and a pinned body is
+/// that text with the preconditions written in front.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeleteOptions {
+    /// The caller's own preconditions.
+    preconditions: Map<String, Value>,
+    /// Every other member, written as JSON members without the braces
+    /// (empty when there are none).
+    members: Vec<u8>,
 }
 
-/// `options` with the uid and resourceVersion preconditions of `pin`, as the
-/// body sent. A caller resourceVersion precondition that differs from the
-/// checked one is [`PreconditionError::Stale`].
-pub fn pin_delete_options(mut options: Value, pin: &Pin) -> Result<Vec<u8>, PreconditionError> {
-    let object = options
-        .as_object_mut()
-        .ok_or_else(|| PreconditionError::Unparsable("DeleteOptions is not an object".into()))?;
-    let preconditions = object
-        .entry("preconditions")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if preconditions.is_null() {
-        *preconditions = Value::Object(Map::new());
+impl DeleteOptions {
+    /// The options of a delete: its body, or the options of its query when the
+    /// body is empty.
+    ///
+    /// kube reads a delete's options from its body, and from the query only when
+    /// the body is empty (curl, `kubectl --raw` and several clients send
+    /// `?dryRun=All` or `?propagationPolicy=Orphan` that way). A pinned body is
+    /// never empty, so for an empty caller body the options are taken from `query`
+    /// into it: left in the query, a dry run would delete for real.
+    pub fn read(body: &[u8], query: Option<&str>) -> Result<DeleteOptions, PreconditionError> {
+        let options = if body.iter().all(u8::is_ascii_whitespace) {
+            delete_options_of_query(query.unwrap_or(""))?
+        } else {
+            crate::request_body::parse_json_strict(body)
+                .map_err(|e| PreconditionError::Unparsable(e.to_string()))?
+        };
+        let Value::Object(mut members) = options else {
+            return Err(PreconditionError::Unparsable(
+                "DeleteOptions is not an object".into(),
+            ));
+        };
+        let preconditions = match members.remove("preconditions") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(preconditions)) => preconditions,
+            Some(_) => {
+                return Err(PreconditionError::Unparsable(
+                    "preconditions is not an object".into(),
+                ))
+            }
+        };
+        let mut members = serde_json::to_vec(&Value::Object(members))
+            .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
+        // `{...}` to `...`: the object's members, to write after the preconditions.
+        members.pop();
+        members.remove(0);
+        Ok(DeleteOptions {
+            preconditions,
+            members,
+        })
     }
-    let preconditions = preconditions
-        .as_object_mut()
-        .ok_or_else(|| PreconditionError::Unparsable("preconditions is not an object".into()))?;
-    match preconditions.get("resourceVersion") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(caller)) if *caller == pin.resource_version => {}
-        Some(_) => return Err(PreconditionError::Stale),
+
+    /// The options as the body sent, with the uid and resourceVersion
+    /// preconditions of `pin`. A caller resourceVersion precondition that
+    /// differs from the checked one is [`PreconditionError::Stale`].
+    pub fn pinned(&self, pin: &Pin) -> Result<Vec<u8>, PreconditionError> {
+        match self.preconditions.get("resourceVersion") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(caller)) if *caller == pin.resource_version => {}
+            Some(_) => return Err(PreconditionError::Stale),
+        }
+        let mut preconditions = self.preconditions.clone();
+        preconditions.insert("uid".into(), Value::String(pin.uid.clone()));
+        preconditions.insert(
+            "resourceVersion".into(),
+            Value::String(pin.resource_version.clone()),
+        );
+        let mut body = Vec::with_capacity(self.members.len() + 128);
+        body.extend_from_slice(br#"{"preconditions":"#);
+        serde_json::to_writer(&mut body, &preconditions)
+            .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
+        if !self.members.is_empty() {
+            body.push(b',');
+            body.extend_from_slice(&self.members);
+        }
+        body.push(b'}');
+        Ok(body)
     }
-    preconditions.insert("uid".into(), Value::String(pin.uid.clone()));
-    preconditions.insert(
-        "resourceVersion".into(),
-        Value::String(pin.resource_version.clone()),
-    );
-    serde_json::to_vec(&options).map_err(|e| PreconditionError::Unparsable(e.to_string()))
 }
 
 /// The DeleteOptions kube reads from a query, as its parameter codec does:
@@ -467,6 +501,53 @@ mod tests {
                     })
                 ),
                 "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn delete_options_read_once_pin_each_object_apart() {
+        let options = DeleteOptions::read(
+            br#"{"kind":"DeleteOptions","preconditions":null,"dryRun":["All"],"note":"\u00e9"}"#,
+            None,
+        )
+        .expect("options");
+        let other = Pin {
+            uid: "u2".into(),
+            resource_version: "9".into(),
+        };
+        assert_eq!(
+            parsed(options.pinned(&pin()).expect("pin")),
+            json!({"kind":"DeleteOptions","dryRun":["All"],"note":"\u{e9}",
+                   "preconditions":{"uid":"u1","resourceVersion":"7"}})
+        );
+        assert_eq!(
+            parsed(options.pinned(&other).expect("pin"))["preconditions"],
+            json!({"uid":"u2","resourceVersion":"9"})
+        );
+        // A caller's resourceVersion precondition holds for one object only.
+        let options = DeleteOptions::read(br#"{"preconditions":{"resourceVersion":"7"}}"#, None)
+            .expect("options");
+        assert!(options.pinned(&pin()).is_ok());
+        assert_eq!(options.pinned(&other), Err(PreconditionError::Stale));
+        // Nothing but preconditions: no stray comma.
+        let options = DeleteOptions::read(br#"{"preconditions":{}}"#, None).expect("options");
+        assert_eq!(
+            parsed(options.pinned(&pin()).expect("pin")),
+            json!({"preconditions":{"uid":"u1","resourceVersion":"7"}})
+        );
+    }
+
+    #[test]
+    fn delete_preconditions_that_are_not_an_object_are_refused() {
+        for body in [&br#"{"preconditions":[]}"#[..], br#"{"preconditions":"x"}"#] {
+            assert!(
+                matches!(
+                    DeleteOptions::read(body, None),
+                    Err(PreconditionError::Unparsable(_))
+                ),
+                "{}",
+                String::from_utf8_lossy(body)
             );
         }
     }

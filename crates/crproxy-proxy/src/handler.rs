@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crproxy_core::config::{AccessMode, ResourceSet};
 use crproxy_core::ownership::{self, BodyType, Owner, Visibility};
-use crproxy_core::precondition::{self, Pin, PreconditionError};
+use crproxy_core::precondition::{self, DeleteOptions, Pin, PreconditionError};
 use crproxy_core::reason::Reason;
 use crproxy_core::request::{self, RequestKind, ResourcePath, Verb};
 use crproxy_core::request_body::{self, BodyError, WriteBody, MAX_REQUEST_BODY};
@@ -731,7 +731,15 @@ impl GroupVersionProxy {
         let view = !body_is_the_object(path);
         let stamp = if view { Stamp::Never } else { Stamp::Always };
         let (headers, mut write, _room) = if verb == Verb::Delete {
-            (exchange.headers.clone(), None, None)
+            // DeleteOptions are read as a tree too, under the same budget.
+            let room = match self
+                .parse_room(exchange, request_body::parse_cost(&bytes))
+                .await
+            {
+                Ok(room) => room,
+                Err(outcome) => return outcome,
+            };
+            (exchange.headers.clone(), None, Some(room))
         } else {
             match self.labelled_body(exchange, &bytes, stamp).await {
                 Ok(Ok((write, room))) => (
@@ -787,15 +795,7 @@ impl GroupVersionProxy {
                 Ok(pinned) => pinned,
                 Err(PreconditionError::Stale) if !last => continue,
                 Err(PreconditionError::Stale) => {
-                    let name = path.name.as_deref().unwrap_or("");
-                    let why = PreconditionError::Stale.to_string();
-                    return Outcome::new(
-                        json_response(
-                            StatusCode::CONFLICT,
-                            &status::conflict(&path.resource, &self.group, name, &why),
-                        ),
-                        Reason::Upstream,
-                    );
+                    return self.stale(path, path.name.as_deref().unwrap_or(""));
                 }
                 Err(e) => return precondition_refused(&e),
             };
@@ -953,10 +953,20 @@ impl GroupVersionProxy {
         let exact = request::query_pairs(Some(&list_query))
             .iter()
             .any(|(name, value)| name == "resourceVersionMatch" && value == "Exact");
-        // Read once, before anything is listed or deleted, as kube reads them.
-        let options = match precondition::delete_options(options, Some(&delete_query)) {
-            Ok(options) => options,
-            Err(e) => return precondition_refused(&e),
+        // Read once, before anything is listed or deleted, as kube reads them. The
+        // read builds a tree, under the parse budget; what is kept is text.
+        let options = {
+            let _room = match self
+                .parse_room(exchange, request_body::parse_cost(options))
+                .await
+            {
+                Ok(room) => room,
+                Err(outcome) => return outcome,
+            };
+            match DeleteOptions::read(options, Some(&delete_query)) {
+                Ok(options) => options,
+                Err(e) => return precondition_refused(&e),
+            }
         };
         let mut envelope: Option<Value> = None;
         // Deleted objects as the target answered them, kept as text, until they
@@ -1079,7 +1089,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         path: &ResourcePath,
-        options: &Value,
+        options: &DeleteOptions,
         item: &Value,
     ) -> Result<Option<Option<Bytes>>, Outcome> {
         // The list was narrowed by the owner selector; judge each item anyway.
@@ -1090,8 +1100,12 @@ impl GroupVersionProxy {
         ) else {
             return Ok(None);
         };
-        let pinned = precondition::pin_delete_options(options.clone(), &pin)
-            .map_err(|e| precondition_refused(&e))?;
+        // A caller's resourceVersion precondition that is not this object's: kube
+        // sends the delete anyway and the object's conflict fails the collection.
+        let pinned = options.pinned(&pin).map_err(|e| match e {
+            PreconditionError::Stale => self.stale(path, name),
+            e => precondition_refused(&e),
+        })?;
         let Some(item_path) = self.item_path(path, item, name) else {
             return Ok(None);
         };
@@ -1219,20 +1233,43 @@ impl GroupVersionProxy {
             Ok(admitted) => admitted,
             Err(refused) => return Ok(Err(refused)),
         };
-        let cost = admitted.cost().min(PARSE_MEMORY_BUDGET);
-        let permits = u32::try_from(cost).unwrap_or(u32::MAX);
+        let room = self.parse_room(exchange, admitted.cost()).await?;
+        Ok(WriteBody::read(media_type, bytes, &admitted)
+            .and_then(|write| self.stamped(write, stamp))
+            .map(|write| (write, room)))
+    }
+
+    /// kube's 409 for a write whose caller's resourceVersion precondition is
+    /// not the object's.
+    fn stale(&self, path: &ResourcePath, name: &str) -> Outcome {
+        let why = PreconditionError::Stale.to_string();
+        Outcome::new(
+            json_response(
+                StatusCode::CONFLICT,
+                &status::conflict(&path.resource, &self.group, name, &why),
+            ),
+            Reason::Upstream,
+        )
+    }
+
+    /// Room under [`PARSE_MEMORY_BUDGET`] for a read that takes `cost` bytes,
+    /// waited for within the request deadline; held until the permit is dropped.
+    /// A read costlier than the whole budget waits for all of it.
+    async fn parse_room(
+        &self,
+        exchange: &Exchange,
+        cost: usize,
+    ) -> Result<OwnedSemaphorePermit, Outcome> {
+        let permits = u32::try_from(cost.min(PARSE_MEMORY_BUDGET)).unwrap_or(u32::MAX);
         let room = tokio::time::timeout_at(
             exchange.deadline,
             Arc::clone(&self.parse_budget).acquire_many_owned(permits),
         )
         .await;
-        let room = match room {
-            Ok(Ok(room)) => room,
-            _ => return Err(self.unavailable(ForwardError::Deadline)),
-        };
-        Ok(WriteBody::read(media_type, bytes, &admitted)
-            .and_then(|write| self.stamped(write, stamp))
-            .map(|write| (write, room)))
+        match room {
+            Ok(Ok(room)) => Ok(room),
+            _ => Err(self.unavailable(ForwardError::Deadline)),
+        }
     }
 
     /// The caller's whole body, read within the request's deadline (see

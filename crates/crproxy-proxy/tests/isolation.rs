@@ -859,6 +859,57 @@ async fn owned_writes_still_work_with_their_pins() {
     h.proxy.shutdown().await;
 }
 
+/// A deletecollection reads its body's options once and sends them, pinned,
+/// with every listed object's delete: a dry run in the body deletes none of
+/// them, and the caller's other options and preconditions travel along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletecollection_sends_its_body_options_with_every_object() {
+    let h = harness(AccessMode::Owned).await;
+    let names = ["opt-1", "opt-2", "opt-3"];
+    for name in names {
+        owned_widget(&h, name).await;
+    }
+    let dry_run = json!({"kind": "DeleteOptions", "apiVersion": "v1",
+        "preconditions": {}, "dryRun": ["All"], "propagationPolicy": "Background"});
+    let swept = send(
+        &h,
+        "DELETE",
+        WIDGETS,
+        Some("application/json"),
+        dry_run.to_string(),
+    )
+    .await;
+    assert_eq!(swept.status, 200, "{}", swept.body);
+    let items = swept.body["items"].as_array().expect("items");
+    assert_eq!(items.len(), names.len(), "{}", swept.body);
+    for name in names {
+        assert!(
+            on_target(&h, name).await.is_some(),
+            "{name} was deleted by a dry run in the body"
+        );
+    }
+    // A caller's resourceVersion precondition holds for one object at most: kube
+    // deletes in name order until an object's conflict fails the collection.
+    let first = on_target(&h, "opt-1").await.expect("opt-1");
+    let pinned_to_one = json!({"preconditions":
+        {"resourceVersion": first["metadata"]["resourceVersion"]}});
+    let swept = send(
+        &h,
+        "DELETE",
+        WIDGETS,
+        Some("application/json"),
+        pinned_to_one.to_string(),
+    )
+    .await;
+    assert_eq!(swept.status, 409, "{}", swept.body);
+    assert_eq!(swept.body["reason"], "Conflict", "{}", swept.body);
+    assert!(on_target(&h, "opt-1").await.is_none());
+    for name in ["opt-2", "opt-3"] {
+        assert!(on_target(&h, name).await.is_some(), "{name}");
+    }
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_options_sent_in_the_query_survive_the_pinned_body() {
     // kube reads a delete's options from the query only when the body is empty,
