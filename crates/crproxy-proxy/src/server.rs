@@ -156,7 +156,8 @@ pub async fn bind(addr: SocketAddr, share_port: bool) -> Result<TcpListener, Ser
 }
 
 /// Serves one group/version until `shutdown` turns true, then lets in-flight
-/// requests finish for up to [`SHUTDOWN_GRACE`].
+/// requests finish for up to [`SHUTDOWN_GRACE`] and closes the connections still
+/// open after it.
 pub fn serve_proxy(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
@@ -166,6 +167,9 @@ pub fn serve_proxy(
     tokio::spawn(async move {
         let acceptor = TlsAcceptor::from(tls);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        // Set when the grace period is over: every connection still open is
+        // dropped, with whatever it was streaming.
+        let (close_all, closing) = watch::channel(false);
         let mut backoff = AcceptBackoff::default();
         loop {
             let accepted = tokio::select! {
@@ -194,7 +198,8 @@ pub fn serve_proxy(
             let acceptor = acceptor.clone();
             let proxy = Arc::clone(&proxy);
             let watcher = graceful.watcher();
-            tokio::spawn(async move {
+            let mut closing = closing.clone();
+            let serve = async move {
                 let mut tls =
                     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => tls,
@@ -247,6 +252,13 @@ pub fn serve_proxy(
                 if let Err(error) = watcher.watch(connection).await {
                     tracing::debug!(%remote, %error, "proxy connection ended with an error");
                 }
+            };
+            tokio::spawn(async move {
+                tokio::select! {
+                    biased;
+                    () = serve => {}
+                    _ = closing.wait_for(|close| *close) => {}
+                }
             });
         }
         drop(listener);
@@ -255,6 +267,7 @@ pub fn serve_proxy(
             .is_err()
         {
             tracing::info!("closing connections still open after the shutdown grace period");
+            close_all.send_replace(true);
         }
     })
 }

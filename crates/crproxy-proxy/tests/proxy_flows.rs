@@ -1356,3 +1356,46 @@ where
     }
     code
 }
+
+/// A shutdown lets requests finish for the grace period, then closes what is
+/// still open: a watch streaming through the proxy ends with the grace period
+/// instead of outliving the proxy that served it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_watches_still_open_after_the_grace_period() {
+    use http_body_util::BodyExt;
+    let h = harness(AccessMode::Owned).await;
+    let mut sender =
+        caller_h2::<http_body_util::Empty<Bytes>>(h.addr, &h.serving_ca_pem, &h.front_proxy_client)
+            .await;
+    let request = http::Request::get(format!("https://localhost{WIDGETS}?watch=true"))
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(request))
+        .await
+        .expect("watch answered within 20 s")
+        .expect("watch response");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let started = tokio::time::Instant::now();
+    h.proxy.shutdown().await;
+    let grace = crproxy_proxy::server::SHUTDOWN_GRACE;
+    assert!(
+        started.elapsed() >= grace,
+        "shutdown returned before the grace period"
+    );
+    // The stream ends (or fails) soon after; before, it went on until the target
+    // ended the watch. Bounded: at most 100 frames, and 10 s.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        for _ in 0..100 {
+            match body.frame().await {
+                None | Some(Err(_)) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(ended, Ok(true), "the watch outlived the proxy's shutdown");
+}
