@@ -1,6 +1,7 @@
 //! The JSON skim reader reads what a target sends (GET answers, watch events,
 //! list pages). Whatever the bytes: never a panic; skipping a whole value
-//! succeeds exactly when serde_json accepts the text while ignoring it; a string
+//! succeeds exactly when serde_json accepts the text while ignoring it, and
+//! tells the nesting of the value serde_json decodes; a string
 //! read is the string serde_json reads; and walking the top-level object key by
 //! key gives serde_json's keys, in order.
 #![no_main]
@@ -19,6 +20,10 @@ fuzz_target!(|data: &[u8]| {
     let mut skim = Skim::new(data);
     let skipped = skim.skip().and_then(|()| skim.end()).is_ok();
     assert_eq!(skipped, serde_json::from_str::<IgnoredAny>(data).is_ok());
+    // The nesting a skip tells is the decoded value's.
+    if let Ok(value) = serde_json::from_str::<serde_json::Value>(data) {
+        assert_eq!(Skim::new(data).skip_nesting().ok(), Some(nesting(&value)));
+    }
 
     let mut skim = Skim::new(data);
     if let Ok(Kind::String) = skim.peek() {
@@ -68,5 +73,14 @@ impl<'de> serde::Deserialize<'de> for KeysInOrder {
             }
         }
         d.deserialize_map(Keys)
+    }
+}
+
+/// How many containers deep `value` nests (0 for a scalar).
+fn nesting(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::Array(items) => 1 + items.iter().map(nesting).max().unwrap_or(0),
+        serde_json::Value::Object(members) => 1 + members.values().map(nesting).max().unwrap_or(0),
+        _ => 0,
     }
 }

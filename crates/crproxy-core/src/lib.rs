@@ -2,6 +2,7 @@
 //! No I/O lives here: no sockets, no files, no clocks beyond what a caller passes in.
 
 pub mod config;
+pub mod deep_objects;
 pub mod names;
 pub mod ownership;
 pub mod pki;

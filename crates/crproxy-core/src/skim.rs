@@ -184,6 +184,13 @@ impl<'a> Skim<'a> {
     /// loop calls per token are `#[inline(always)]`: as calls they were about a
     /// sixth of a skipped event's instructions (callgrind).
     pub fn skip(&mut self) -> Result<(), SkimError> {
+        self.skip_nesting().map(|_| ())
+    }
+
+    /// [`Skim::skip`], telling how deeply the skipped value nests: 0 for a
+    /// scalar, 1 for an object or array of scalars, one more per container
+    /// inside (serde_json refuses to decode past 127).
+    pub fn skip_nesting(&mut self) -> Result<usize, SkimError> {
         let mut open = Nesting::default();
         loop {
             // A value is expected here.
@@ -194,6 +201,7 @@ impl<'a> Skim<'a> {
                     let close = if is_object { b'}' } else { b']' };
                     if self.next_token()? == close {
                         self.at += 1;
+                        open.deepest = open.deepest.max(open.levels + 1);
                     } else if is_object {
                         open.push(true);
                         self.skip_key()?;
@@ -216,7 +224,7 @@ impl<'a> Skim<'a> {
             // A value has ended: close containers until one has more to come.
             loop {
                 let Some(in_object) = open.innermost() else {
-                    return Ok(());
+                    return Ok(open.deepest);
                 };
                 match (self.next_token()?, in_object) {
                     (b',', true) => {
@@ -597,6 +605,8 @@ enum Escape {
 #[derive(Default)]
 struct Nesting {
     levels: usize,
+    /// The most containers open at once so far.
+    deepest: usize,
     low: u128,
     high: Vec<bool>,
 }
@@ -614,6 +624,7 @@ impl Nesting {
             self.high.push(is_object);
         }
         self.levels += 1;
+        self.deepest = self.deepest.max(self.levels);
     }
 
     fn pop(&mut self) {
