@@ -13,6 +13,7 @@ use crate::connector::Connector;
 use crate::credentials::Credentials;
 use crate::error::from_client_error;
 use crate::read_timeout::ReadTimeoutLayer;
+use crate::stand_ins;
 use crate::{Error, DEFAULT_CONNECT_TIMEOUT, USER_AGENT_VALUE};
 use http::header::{HeaderValue, AUTHORIZATION, USER_AGENT};
 use http::{Request, StatusCode, Uri};
@@ -101,8 +102,8 @@ fn build(
             let path_and_query = parts
                 .uri
                 .path_and_query()
-                .map(|pq| pq.as_str())
-                .unwrap_or("/");
+                .map_or("/", |pq| pq.as_str())
+                .to_owned();
             parts.uri = format!("{base}{path_and_query}")
                 .parse::<Uri>()
                 .map_err(|e| Error::Transport(format!("invalid request path: {e}")))?;
@@ -112,6 +113,7 @@ fn build(
                 }
             }
             let sent_authorization = parts.headers.get(AUTHORIZATION).cloned();
+            let method = parts.method.clone();
             parts
                 .headers
                 .entry(USER_AGENT)
@@ -123,7 +125,7 @@ fn build(
             if response.status() == StatusCode::UNAUTHORIZED {
                 credentials.invalidate(sent_authorization.as_ref()).await;
             }
-            Ok::<_, BoxError>(response)
+            Ok::<_, BoxError>(stand_ins::guard(&method, &path_and_query, response))
         }
     });
     let retries = retry

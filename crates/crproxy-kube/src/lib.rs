@@ -20,6 +20,7 @@ mod error;
 mod kube_client;
 mod kubeconfig;
 mod read_timeout;
+mod stand_ins;
 
 use std::time::Duration;
 

@@ -27,7 +27,7 @@ use crate::crd::ResolvedType;
 use crate::managed::{self, Keys};
 use crate::merge::three_way;
 use crate::names;
-use crate::run::{ensure_namespace, Key, Outcome, Reconciler, StepError};
+use crate::run::{ensure_namespace, too_deep, Key, Outcome, Reconciler, StepError};
 use crate::to_host::{from_value, is_code, to_value};
 use crate::SyncMetrics;
 
@@ -262,6 +262,7 @@ impl FromHost {
                 None => n.clone(),
             })
             .unwrap_or_else(|| "-".into());
+        too_deep(&tenant, &host)?;
         match (host, tenant) {
             (None, None) => Ok(Outcome::Done),
             (None, Some(tenant)) => {

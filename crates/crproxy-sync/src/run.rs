@@ -60,6 +60,11 @@ pub enum StepError {
     Foreign,
     #[error("encoding an object: {0}")]
     Encode(String),
+    /// The object on this side nests too deeply to be read whole: only its
+    /// stand-in is (see `crproxy_core::deep_objects`). It and its counterpart
+    /// are left as they are.
+    #[error("the {0} object nests deeper than {max} levels; it is not synced until it nests less", max = crproxy_core::deep_objects::MAX_OBJECT_NESTING)]
+    TooDeep(&'static str),
 }
 
 impl StepError {
@@ -75,18 +80,37 @@ impl StepError {
             StepError::Api(_) => "unavailable",
             StepError::Foreign => "foreign_object",
             StepError::Encode(_) => "encode",
+            StepError::TooDeep(_) => "too_deep",
         }
     }
 
     /// The shortest wait before a retry; the key's backoff ([`crate::queue`]) may be
     /// longer. A foreign object is not ours to fix: it changes only when someone
-    /// renames or removes it, so it is looked at rarely from the start.
+    /// renames or removes it, so it is looked at rarely from the start; nor is an
+    /// object nested too deeply, which its next change brings back at once.
     fn min_retry_after(&self) -> Duration {
         match self {
-            StepError::Foreign => Duration::from_secs(30),
+            StepError::Foreign | StepError::TooDeep(_) => Duration::from_secs(30),
             _ => Duration::ZERO,
         }
     }
+}
+
+/// Refuses a step that would read a stand-in on either side: an object nested
+/// too deeply to be read whole (see [`StepError::TooDeep`]).
+pub fn too_deep(
+    tenant: &Option<serde_json::Value>,
+    host: &Option<serde_json::Value>,
+) -> Result<(), StepError> {
+    for (side, object) in [("tenant", tenant), ("host", host)] {
+        if object
+            .as_ref()
+            .is_some_and(crproxy_core::deep_objects::is_stand_in)
+        {
+            return Err(StepError::TooDeep(side));
+        }
+    }
+    Ok(())
 }
 
 /// One synced type's reconcile logic; the loops around it are shared.

@@ -36,7 +36,7 @@ use crate::crd::ResolvedType;
 use crate::managed::{self, Keys};
 use crate::names::{self, MirrorIdentity};
 use crate::patches::rewrite_strings;
-use crate::run::{Key, Outcome, Reconciler, StepError};
+use crate::run::{too_deep, Key, Outcome, Reconciler, StepError};
 use crate::writethrough::TermGate;
 use crate::SyncMetrics;
 
@@ -272,6 +272,7 @@ impl ToHost {
             .get(&ObjectRef::new_with(&host_name, self.ty.api.clone()).within(&self.host_namespace))
             .map(|o| to_value(&o))
             .transpose()?;
+        too_deep(&tenant, &mirror)?;
         match (tenant, mirror) {
             (None, None) => {
                 self.observed_host_deletes().remove(key);

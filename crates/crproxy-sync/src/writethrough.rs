@@ -597,6 +597,17 @@ impl WriteThrough {
             .map(|c| serde_json::to_value(&c))
             .transpose()
             .map_err(|e| HostError::Unparseable(e.to_string()))?;
+        // Only the stand-in of a host object nested too deeply was read: what a
+        // replace would keep of it is not known.
+        if current
+            .as_ref()
+            .is_some_and(crproxy_core::deep_objects::is_stand_in)
+        {
+            return Err(HostError::Unparseable(format!(
+                "the host object nests deeper than {} levels",
+                crproxy_core::deep_objects::MAX_OBJECT_NESTING
+            )));
+        }
         let object = |v: Value| -> Result<DynamicObject, HostError> {
             serde_json::from_value(v).map_err(|e| HostError::Unparseable(e.to_string()))
         };

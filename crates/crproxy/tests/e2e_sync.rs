@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use crproxy::devsync;
 use serde_json::json;
 use support::*;
 
@@ -845,5 +846,101 @@ async fn kube_clients_work_with_token_and_certificate_kubeconfigs() -> Result<()
         err.contains("UnknownIssuer") || err.to_lowercase().contains("certificate"),
         "{err}"
     );
+    Ok(())
+}
+
+/// A Backup whose spec nests `levels` objects deep, as JSON for kubectl.
+fn deep_backup(name: &str, namespace: &str, levels: usize) -> String {
+    let spec = format!("{}1{}", r#"{"a":"#.repeat(levels), "}".repeat(levels));
+    format!(
+        r#"{{"apiVersion":"example.org/v1","kind":"Backup","metadata":{{"name":"{name}","namespace":"{namespace}"}},"spec":{spec}}}"#
+    )
+}
+
+/// One tenant object nested deeper than kube-rs reads in a list (kube stores
+/// such objects) once failed the syncer's list, so no Backup of the tenant
+/// synced at all. Now it is left alone and reported, and the others sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_nested_too_deeply_is_reported_and_the_rest_of_its_type_syncs() -> Result<()> {
+    let env = Env::new().await;
+    let (host, tenant) = (&env.host.kubeconfig, &env.tenant.kubeconfig);
+    // A first start copies the CRD into the tenant.
+    let first = env.start("client").await?;
+    eventually("the CRD in the tenant", || {
+        get(tenant, &["crd", "backups.example.org"])
+    })
+    .await;
+    first.stop().await;
+    ns(tenant, "team");
+    // 126 levels: the spec's 125 plus the object; in a list, 128.
+    let deep = deep_backup("deep", "team", 125);
+    let out = test_support::kubectl_stdin(
+        tenant,
+        &["create", "-f", "-"],
+        Some(&deep),
+        test_support::KUBECTL_TIMEOUT,
+    );
+    assert!(out.success(), "kubectl create: {}", out.stderr);
+    apply(tenant, &backup("db", "team", "@daily"));
+    // The next start lists both.
+    let metrics = crproxy_sync::SyncMetrics::new();
+    let sync = env
+        .start_full(
+            "client",
+            tenant,
+            devsync::HOST_NAMESPACE,
+            None,
+            std::sync::Arc::clone(&metrics),
+        )
+        .await?;
+    eventually("the shallow Backup's mirror", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+    })
+    .await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let too_deep = r#"vcluster_syncer_errors_total{resource="backups.example.org/v1",direction="toHost",reason="too_deep"}"#;
+    eventually("the deep Backup reported", || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).ok()?;
+        text.lines()
+            .any(|l| l.starts_with(too_deep) && !l.ends_with(" 0"))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "deep-x-team-x-client"]
+        )
+        .is_none(),
+        "the deep Backup was mirrored from its stand-in"
+    );
+    // A change to another object still syncs: the syncer is not stuck.
+    run(
+        tenant,
+        &[
+            "patch",
+            "backup",
+            "-n",
+            "team",
+            "db",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"schedule":"@hourly"}}"#,
+        ],
+    );
+    eventually("the change on the host", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+        .filter(|m| m["spec"]["schedule"] == "@hourly")
+    })
+    .await;
+    sync.stop().await;
     Ok(())
 }
