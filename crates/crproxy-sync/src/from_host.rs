@@ -262,7 +262,7 @@ impl FromHost {
                 None => n.clone(),
             })
             .unwrap_or_else(|| "-".into());
-        too_deep(&tenant, &host)?;
+        too_deep(("host", &host), ("tenant", &tenant))?;
         match (host, tenant) {
             (None, None) => Ok(Outcome::Done),
             (None, Some(tenant)) => {

@@ -96,13 +96,19 @@ impl StepError {
     }
 }
 
-/// Refuses a step that would read a stand-in on either side: an object nested
-/// too deeply to be read whole (see [`StepError::TooDeep`]).
+/// Refuses a step that would take content from a stand-in: an object nested too
+/// deeply to be read whole (see [`StepError::TooDeep`]). While the source object
+/// (the tenant's toHost, the host's fromHost) exists, neither it nor its
+/// counterpart may be one. A counterpart left without its source is only ever
+/// deleted, which its metadata is enough for.
 pub fn too_deep(
-    tenant: &Option<serde_json::Value>,
-    host: &Option<serde_json::Value>,
+    source: (&'static str, &Option<serde_json::Value>),
+    counterpart: (&'static str, &Option<serde_json::Value>),
 ) -> Result<(), StepError> {
-    for (side, object) in [("tenant", tenant), ("host", host)] {
+    if source.1.is_none() {
+        return Ok(());
+    }
+    for (side, object) in [source, counterpart] {
         if object
             .as_ref()
             .is_some_and(crproxy_core::deep_objects::is_stand_in)

@@ -272,7 +272,7 @@ impl ToHost {
             .get(&ObjectRef::new_with(&host_name, self.ty.api.clone()).within(&self.host_namespace))
             .map(|o| to_value(&o))
             .transpose()?;
-        too_deep(&tenant, &mirror)?;
+        too_deep(("tenant", &tenant), ("host", &mirror))?;
         match (tenant, mirror) {
             (None, None) => {
                 self.observed_host_deletes().remove(key);

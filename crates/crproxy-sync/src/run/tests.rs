@@ -210,3 +210,40 @@ async fn a_failing_key_backs_off_exponentially_and_a_success_resets_it() {
         "the success reset the backoff: {gaps:?}"
     );
 }
+
+#[test]
+fn a_stand_in_stops_a_step_only_while_its_source_exists() {
+    use crproxy_core::deep_objects::{TOO_DEEP_ANNOTATION, TOO_DEEP_REASON};
+    let whole = Some(serde_json::json!({"metadata": {"name": "a", "annotations": {"x": "y"}}}));
+    let stand_in = Some(serde_json::json!({"metadata": {"name": "a",
+        "annotations": {TOO_DEEP_ANNOTATION: TOO_DEEP_REASON}}}));
+    let reason = |r: Result<(), StepError>| r.map_err(|e| (e.reason(), e.to_string()));
+    assert_eq!(
+        reason(too_deep(("tenant", &whole), ("host", &whole))),
+        Ok(())
+    );
+    assert_eq!(
+        reason(too_deep(("tenant", &whole), ("host", &None))),
+        Ok(())
+    );
+    for (source, counterpart, side) in [
+        (&stand_in, &None, "tenant"),
+        (&stand_in, &whole, "tenant"),
+        (&whole, &stand_in, "host"),
+    ] {
+        let refused = reason(too_deep(("tenant", source), ("host", counterpart)));
+        let Err((code, message)) = refused else {
+            panic!("a step on a stand-in went ahead");
+        };
+        assert_eq!(code, "too_deep");
+        assert!(
+            message.starts_with(&format!("the {side} object nests deeper than 125 levels")),
+            "{message}"
+        );
+    }
+    // A counterpart left without its source is deleted on its metadata alone.
+    assert_eq!(
+        reason(too_deep(("tenant", &None), ("host", &stand_in))),
+        Ok(())
+    );
+}
