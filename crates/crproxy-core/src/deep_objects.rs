@@ -77,6 +77,8 @@ pub fn rewrite_event(line: &str) -> Option<String> {
             });
         }
     }
+    // Text after the event: not an event, left for the reader to refuse.
+    skim.end().ok()?;
     replace(line, &[object?])
 }
 
@@ -124,6 +126,7 @@ fn read_answer(text: &str) -> Result<Answer, SkimError> {
             _ => skim.skip()?,
         }
     }
+    skim.end()?;
     Ok(answer)
 }
 

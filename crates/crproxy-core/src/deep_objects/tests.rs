@@ -57,6 +57,10 @@ fn shallow_answers_and_events_are_passed_on_untouched() {
     assert_eq!(rewrite_event(&event), None);
     // Not JSON: passed on for the reader to refuse.
     assert_eq!(rewrite_answer("{\"a\":"), None);
+    let deep = widget("deep", 200);
+    assert_eq!(rewrite_answer(&format!("{deep}}}")), None);
+    let event = format!(r#"{{"type":"ADDED","object":{deep}}}}}"#);
+    assert_eq!(rewrite_event(&event), None);
 }
 
 #[test]
