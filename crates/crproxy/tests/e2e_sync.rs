@@ -11,6 +11,37 @@ use crproxy::devsync;
 use serde_json::json;
 use support::*;
 
+/// Sets the schedule of the tenant's `team/db` Backup and waits for its mirror in
+/// `vcluster-client` to carry it.
+async fn db_schedule_reaches_the_host(
+    tenant: &std::path::Path,
+    host: &std::path::Path,
+    schedule: &str,
+) {
+    let patch = json!({"spec": {"schedule": schedule}}).to_string();
+    run(
+        tenant,
+        &[
+            "patch",
+            "backup",
+            "-n",
+            "team",
+            "db",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+    );
+    eventually("the schedule on the host", || {
+        get(
+            host,
+            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
+        )
+        .filter(|m| m["spec"]["schedule"] == schedule)
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn to_host_mirrors_spec_down_status_up_and_deletes_both_ways() -> Result<()> {
     let env = Env::new().await;
@@ -61,27 +92,7 @@ async fn to_host_mirrors_spec_down_status_up_and_deletes_both_ways() -> Result<(
     assert_eq!(mirror["spec"]["secretRef"]["name"], "creds-x-team-x-client");
 
     // Spec flows down.
-    run(
-        tenant,
-        &[
-            "patch",
-            "backup",
-            "-n",
-            "team",
-            "db",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"schedule":"@hourly"}}"#,
-        ],
-    );
-    eventually("spec update on the host", || {
-        get(
-            host,
-            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
-        )
-        .filter(|m| m["spec"]["schedule"] == "@hourly")
-    })
-    .await;
+    db_schedule_reaches_the_host(tenant, host, "@hourly").await;
 
     // Status flows up through the status subresource.
     run(
@@ -920,27 +931,7 @@ async fn an_object_nested_too_deeply_is_reported_and_the_rest_of_its_type_syncs(
         "the deep Backup was mirrored from its stand-in"
     );
     // A change to another object still syncs: the syncer is not stuck.
-    run(
-        tenant,
-        &[
-            "patch",
-            "backup",
-            "-n",
-            "team",
-            "db",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"schedule":"@hourly"}}"#,
-        ],
-    );
-    eventually("the change on the host", || {
-        get(
-            host,
-            &["backup", "-n", "vcluster-client", "db-x-team-x-client"],
-        )
-        .filter(|m| m["spec"]["schedule"] == "@hourly")
-    })
-    .await;
+    db_schedule_reaches_the_host(tenant, host, "@hourly").await;
     sync.stop().await;
     Ok(())
 }
