@@ -14,7 +14,7 @@ use http::header::CONTENT_TYPE;
 use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 
-use crproxy_core::deep_objects;
+use crproxy_core::{deep_objects, request};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -53,14 +53,13 @@ pub fn guard<B>(
     })
 }
 
-/// Whether a request's query asks for a watch (`watch=true` or `watch=1`).
+/// Whether a request's query asks for a watch, as kube reads its `watch`
+/// parameter.
 fn is_watch(path_and_query: &str) -> bool {
-    let Some((_, query)) = path_and_query.split_once('?') else {
-        return false;
-    };
-    query
-        .split('&')
-        .any(|pair| matches!(pair, "watch=true" | "watch=1" | "watch=True" | "watch=TRUE"))
+    let query = path_and_query.split_once('?').map(|(_, query)| query);
+    request::query_pairs(query)
+        .iter()
+        .any(|(name, value)| name == "watch" && request::query_bool(value))
 }
 
 /// A response body that hands on too-deep objects as their stand-ins.

@@ -120,6 +120,8 @@ async fn writes_and_shallow_answers_pass_as_they_came() {
 fn watches_are_told_by_their_query() {
     assert!(is_watch("/api/v1/pods?watch=true"));
     assert!(is_watch("/api/v1/pods?labelSelector=a&watch=1"));
+    assert!(is_watch("/api/v1/pods?watch=yes"));
     assert!(!is_watch("/api/v1/pods?watch=false"));
+    assert!(!is_watch("/api/v1/pods?watch=0"));
     assert!(!is_watch("/api/v1/pods/watch"));
 }
