@@ -45,11 +45,29 @@ pub struct Options {
     /// (no separate memory or CPU figures then).
     pub in_process: bool,
     pub skip_nginx: bool,
-    /// Run only scenarios whose name contains this.
+    /// Run only scenarios whose name contains this; the memory phase counts as
+    /// a scenario named [`MEMORY_PHASE`].
     pub only: Option<String>,
     pub skip_memory: bool,
     /// Leave out the comparison through a client cluster's aggregation layer.
     pub skip_aggregator: bool,
+}
+
+/// The name `--only` matches to run the memory phase (idle watches, large
+/// lists), alone with `--only memory`.
+pub const MEMORY_PHASE: &str = "memory";
+
+impl Options {
+    /// Whether `--only` leaves the scenario of this name in.
+    fn wants(&self, scenario: &str) -> bool {
+        self.only
+            .as_deref()
+            .is_none_or(|only| scenario.contains(only))
+    }
+
+    fn wants_memory_phase(&self) -> bool {
+        !self.skip_memory && self.wants(MEMORY_PHASE)
+    }
 }
 
 impl Default for Options {
@@ -529,12 +547,7 @@ async fn measure_all(
             ));
         }
     }
-    let wanted = |scenario: &str| {
-        options
-            .only
-            .as_deref()
-            .is_none_or(|only| scenario.contains(only))
-    };
+    let wanted = |scenario: &str| options.wants(scenario);
     if wanted("patch (seeded)") || wanted("delete (seeded)") {
         let mut names = Vec::new();
         for lane in &lanes {
@@ -728,7 +741,7 @@ async fn measure_all(
                 note: "VmHWM of the crproxy process".into(),
             });
         }
-        if !options.skip_memory && options.only.is_none() {
+        if options.wants_memory_phase() {
             let (figures, idle, lists) =
                 memory_phase(plan, pid, &crproxy, &direct, &owner, notes).await?;
             memory.extend(figures);
@@ -751,7 +764,7 @@ async fn measure_all(
         &nginx_proc,
         lanes.iter().find(|l| l.column == Column::Nginx),
     ) {
-        if !options.skip_memory && options.only.is_none() {
+        if options.wants_memory_phase() {
             // For scale: what a plain proxy needs for the same idle watches.
             let (figure, _) =
                 idle_watches("nginx", &lane.endpoint, n.pid, plan, &direct, &owner, notes).await?;
@@ -838,13 +851,7 @@ async fn measure_through_aggregator(
     notes: &mut Vec<String>,
 ) -> Result<Vec<Row>> {
     let plan = setup.plan;
-    let wanted = |scenario: &str| {
-        setup
-            .options
-            .only
-            .as_deref()
-            .is_none_or(|only| scenario.contains(only))
-    };
+    let wanted = |scenario: &str| setup.options.wants(scenario);
     let list_name = format!("list {}", plan.small_list);
     if !["get", list_name.as_str(), "patch (merge)"]
         .iter()
@@ -1723,6 +1730,23 @@ mod tests {
             query_escape("vcluster.com/owner-vcluster=client,x=y z"),
             "vcluster.com%2Fowner-vcluster%3Dclient%2Cx%3Dy%20z"
         );
+    }
+
+    #[test]
+    fn only_memory_runs_the_memory_phase_alone() {
+        let only = |text: &str| Options {
+            only: Some(text.into()),
+            ..Options::default()
+        };
+        assert!(Options::default().wants_memory_phase());
+        assert!(only("memory").wants_memory_phase());
+        assert!(!only("memory").wants("get") && !only("memory").wants("watch delivery"));
+        assert!(!only("get").wants_memory_phase());
+        let skipped = Options {
+            skip_memory: true,
+            ..only("memory")
+        };
+        assert!(!skipped.wants_memory_phase());
     }
 
     #[test]
