@@ -98,13 +98,18 @@ impl ForwardError {
 
 /// `work`, or [`ForwardError::Deadline`] once `deadline` has passed: the one way a
 /// deadline ends the proxy's own waits on a target.
-pub async fn within<T>(
+///
+/// Not an `async fn`: its state would hold `work` twice, as the argument and
+/// inside the timeout it awaits, and every request's future (kept whole until the
+/// response head is out, for each of 10 000 watches opening at once) would carry
+/// the copy.
+pub fn within<T>(
     deadline: Instant,
-    work: impl std::future::Future<Output = Result<T, ForwardError>>,
-) -> Result<T, ForwardError> {
+    work: impl Future<Output = Result<T, ForwardError>>,
+) -> impl Future<Output = Result<T, ForwardError>> {
+    use futures_util::FutureExt;
     tokio::time::timeout_at(deadline, work)
-        .await
-        .unwrap_or(Err(ForwardError::Deadline))
+        .map(|outcome| outcome.unwrap_or(Err(ForwardError::Deadline)))
 }
 
 /// How the proxy reaches one target: its peers and its credentials.

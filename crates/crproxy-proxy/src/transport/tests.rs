@@ -259,6 +259,27 @@ async fn bodies_are_read_whole_in_one_piece_or_many_and_bounded() {
     ));
 }
 
+/// `within` adds a timer to the future it bounds, not a second copy of it: as an
+/// `async fn` it held its argument twice, and every request's future, kept whole
+/// until the response head is out, grew by the size of the target exchange (3 KiB).
+#[tokio::test(start_paused = true)]
+async fn within_holds_the_work_it_bounds_once() {
+    let work = async {
+        let room = [7u8; 4096];
+        std::future::pending::<()>().await;
+        Ok::<_, ForwardError>(room[usize::from(room[0])])
+    };
+    let work_size = std::mem::size_of_val(&work);
+    assert!(work_size >= 4096, "the work keeps its room: {work_size}");
+    let bounded = within(Instant::now() + REQUEST_DEADLINE, work);
+    let bounded_size = std::mem::size_of_val(&bounded);
+    assert!(
+        bounded_size < work_size + 512,
+        "within({work_size} bytes of work) is {bounded_size} bytes"
+    );
+    assert!(matches!(bounded.await, Err(ForwardError::Deadline)));
+}
+
 /// The spec's fixed-thresholds table ("Non-watch request timeout: 60s") names the
 /// value itself, so the tests that wait `REQUEST_DEADLINE` cannot catch a change of it.
 #[test]
