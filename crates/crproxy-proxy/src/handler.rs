@@ -548,10 +548,16 @@ impl GroupVersionProxy {
         if declared_length.is_some_and(|length| length > MAX_REQUEST_BODY as u64) {
             return refused_body(&BodyError::TooLarge);
         }
+        // Every path but a plain forward is boxed below. This future is as large as
+        // its largest path, and each request's future stays allocated whole until its
+        // response head is out: unboxed, 10 000 watches opening at once would each
+        // hold room for an owned mutation they never make.
         let writes_into_namespace = matches!(verb, Verb::Create | Verb::Update | Verb::Patch);
         if writes_into_namespace {
             if let Some(namespace) = &path.namespace {
-                if let Err(outcome) = self.ensure_namespace(namespace, exchange.deadline).await {
+                if let Err(outcome) =
+                    Box::pin(self.ensure_namespace(namespace, exchange.deadline)).await
+                {
                     return outcome;
                 }
             }
@@ -562,7 +568,7 @@ impl GroupVersionProxy {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
-                self.owned_delete_collection(exchange, path, &bytes).await
+                Box::pin(self.owned_delete_collection(exchange, path, &bytes)).await
             }
             Verb::List | Verb::Watch if owned => {
                 let query = match ownership::scoped_query(exchange.query.as_deref(), &self.owner) {
@@ -579,13 +585,13 @@ impl GroupVersionProxy {
                 )
                 .await
             }
-            Verb::Get if owned => self.named_get(exchange, path).await,
+            Verb::Get if owned => Box::pin(self.named_get(exchange, path)).await,
             Verb::Update | Verb::Patch | Verb::Delete if owned => {
-                self.owned_mutation(exchange, verb, path, body).await
+                Box::pin(self.owned_mutation(exchange, verb, path, body)).await
             }
             // Creates are stamped in both modes, so every object on the target names
             // the client that made it.
-            Verb::Create => self.stamped_write(exchange, body, Stamp::Always).await,
+            Verb::Create => Box::pin(self.stamped_write(exchange, body, Stamp::Always)).await,
             // In all mode a replace of the object itself is stamped only when its
             // body names no owner: one sent back as it was read keeps its owner
             // (this client sees every client's objects), one without labels does not
@@ -594,8 +600,7 @@ impl GroupVersionProxy {
             // move another client's object out of that client's view on a mere
             // annotate, or fail a JSON patch on an unlabelled object.
             Verb::Update if path.subresource.is_none() => {
-                self.stamped_write(exchange, body, Stamp::UnlessOwnerNamed)
-                    .await
+                Box::pin(self.stamped_write(exchange, body, Stamp::UnlessOwnerNamed)).await
             }
             _ => {
                 let watch = verb == Verb::Watch;
