@@ -735,8 +735,11 @@ impl GroupVersionProxy {
         // A view of the object gets no labels and is pinned by what it carries.
         let view = !body_is_the_object(path);
         let stamp = if view { Stamp::Never } else { Stamp::Always };
-        let (headers, mut write, _room) = if verb == Verb::Delete {
-            // DeleteOptions are read as a tree too, under the same budget.
+        // A delete's options are read once, as a tree under the parse budget, and
+        // kept as text for every attempt (the cached one, each checked one): the
+        // budget's room is given back before the first round trip. A write's
+        // document stays a tree across attempts, and keeps its room.
+        let (headers, mut write, _room, delete) = if verb == Verb::Delete {
             let room = match self
                 .parse_room(exchange, request_body::parse_cost(&bytes))
                 .await
@@ -744,13 +747,16 @@ impl GroupVersionProxy {
                 Ok(room) => room,
                 Err(outcome) => return outcome,
             };
-            (exchange.headers.clone(), None, Some(room))
+            let options = DeleteOptions::read(&bytes, exchange.query.as_deref());
+            drop(room);
+            (exchange.headers.clone(), None, None, Some(options))
         } else {
             match self.labelled_body(exchange, &bytes, stamp).await {
                 Ok(Ok((write, room))) => (
                     with_media_type(&exchange.headers, &write),
                     Some(write),
                     Some(room),
+                    None,
                 ),
                 Ok(Err(error)) => return refused_body(&error),
                 Err(outcome) => return outcome,
@@ -758,7 +764,7 @@ impl GroupVersionProxy {
         };
         let path_and_query = exchange.path_and_query();
         if let Some(outcome) = self
-            .cached_mutation(exchange, verb, path, &headers, &bytes, &mut write)
+            .cached_mutation(exchange, verb, path, &headers, delete.as_ref(), &mut write)
             .await
         {
             return outcome;
@@ -773,16 +779,18 @@ impl GroupVersionProxy {
             // the same bytes again (the same document) rather than keeping a copy.
             let document = match write.take() {
                 Some(write) => Some(write),
-                None if verb == Verb::Delete => None,
+                None if delete.is_some() => None,
                 None => match self.label(&exchange.headers, &bytes, stamp) {
                     Ok(write) => Some(write),
                     Err(error) => return refused_body(&error),
                 },
             };
             let pinned = match (document, &checked) {
-                (None, Checked::Owned(pin)) => {
-                    precondition::pin_delete(&bytes, exchange.query.as_deref(), pin)
-                }
+                (None, Checked::Owned(pin)) => match &delete {
+                    Some(options) => pinned_delete(options, pin),
+                    // Only a delete goes without a document.
+                    None => return self.upstream_failure("a write without its document"),
+                },
                 (None, Checked::Absent) => return self.masked(path, Reason::OwnershipMasked),
                 (Some(mut write), Checked::Owned(pin)) if view => {
                     precondition::pin_view_write(&mut write, pin).map(|()| write.to_bytes())
@@ -839,7 +847,7 @@ impl GroupVersionProxy {
         verb: Verb,
         path: &ResourcePath,
         headers: &HeaderMap,
-        bytes: &Bytes,
+        delete: Option<&Result<DeleteOptions, PreconditionError>>,
         write: &mut Option<WriteBody>,
     ) -> Option<Outcome> {
         let name = path
@@ -854,11 +862,11 @@ impl GroupVersionProxy {
             Lookup::Miss => return self.cache_result("miss"),
             Lookup::Unsynced => return self.cache_result("unsynced"),
         };
-        let pinned = match (verb, write.take()) {
-            (Verb::Delete, _) => precondition::pin_delete(bytes, exchange.query.as_deref(), &pin),
-            (_, Some(mut document)) => precondition::pin_write(&self.owner, &mut document, &pin)
+        let pinned = match (delete, write.take()) {
+            (Some(options), _) => pinned_delete(options, &pin),
+            (None, Some(mut document)) => precondition::pin_write(&self.owner, &mut document, &pin)
                 .map(|()| document.to_bytes()),
-            (_, None) => return self.cache_result("miss"),
+            (None, None) => return self.cache_result("miss"),
         };
         // A caller resourceVersion other than the cached one, or a body that cannot
         // carry the pin: the checked path answers it as it always did.
@@ -1585,6 +1593,15 @@ fn body_is_the_object(path: &ResourcePath) -> bool {
     path.subresource
         .as_deref()
         .is_none_or(|sub| sub == "status")
+}
+
+/// A delete's body pinned to `pin`, or why its options (read once, see
+/// `owned_mutation`) cannot carry the pin.
+fn pinned_delete(
+    options: &Result<DeleteOptions, PreconditionError>,
+    pin: &Pin,
+) -> Result<Vec<u8>, PreconditionError> {
+    options.as_ref().map_err(Clone::clone)?.pinned(pin)
 }
 
 /// Reads a request body whole, at most [`MAX_REQUEST_BODY`] bytes and within the

@@ -1399,3 +1399,78 @@ async fn shutdown_closes_watches_still_open_after_the_grace_period() {
     .await;
     assert_eq!(ended, Ok(true), "the watch outlived the proxy's shutdown");
 }
+
+/// A DELETE gives its room under the parse memory budget back once its options
+/// are read, before any round trip to the target. It once kept the room until
+/// it was answered: options costly enough to take the whole budget (3 MiB of
+/// line breaks), waiting on a target that had stopped answering, held every
+/// other write that reads a body for up to the 60 s request deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_waiting_on_the_target_leaves_the_parse_budget_to_other_writes() {
+    let relay = test_support::relay::Relay::unconnected().await;
+    let h = harness_with_peers(AccessMode::Owned, |target| {
+        relay.connect_to(target);
+        PeerSourceConfig::Static(vec![relay.addr.to_string()])
+    })
+    .await;
+    let object = format!("{WIDGETS}/roomy");
+    let created = call(
+        &h.aggregator,
+        "POST",
+        WIDGETS,
+        Some(widget("roomy", json!({}))),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+
+    let mut options = String::from(r#"{"kind":"DeleteOptions","apiVersion":"v1"}"#);
+    options.push_str(&"\n".repeat(3 * 1024 * 1024 - 1024));
+    assert!(
+        crproxy_core::request_body::parse_cost(options.as_bytes())
+            >= crproxy_proxy::handler::PARSE_MEMORY_BUDGET,
+        "the options take the whole budget"
+    );
+    relay.freeze();
+    let aggregator = h.aggregator.clone();
+    let delete_path = object.clone();
+    let delete = tokio::spawn(async move {
+        send_as(
+            &aggregator,
+            "DELETE",
+            &delete_path,
+            Some("application/json"),
+            Bytes::from(options),
+        )
+        .await
+    });
+    // Debug builds read 3 MiB in well under a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !delete.is_finished(),
+        "the DELETE waits on the frozen target"
+    );
+
+    // A merge patch that is not an object is refused once read, without a
+    // round trip; reading it needs room under the budget.
+    let patch = tokio::time::timeout(
+        Duration::from_secs(15),
+        send_as(
+            &h.aggregator,
+            "PATCH",
+            &object,
+            Some("application/merge-patch+json"),
+            Bytes::from_static(b"[1]"),
+        ),
+    )
+    .await
+    .expect("the patch is read and answered while the DELETE waits");
+    assert!(
+        (400..500).contains(&patch.status),
+        "refused as a bad body: {} {}",
+        patch.status,
+        patch.body
+    );
+    delete.abort();
+    relay.thaw();
+    h.proxy.shutdown().await;
+}
