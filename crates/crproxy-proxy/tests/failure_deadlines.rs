@@ -36,7 +36,8 @@ use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use pool_support::{Pki, SilentPeer, SERVER_NAME};
 use target_support::{
-    caller_h2, harness, harness_with_peers, metric_value, widget_object, Harness, WIDGETS,
+    caller_h2, harness, harness_behind, harness_with_peers, metric_value, widget_object, Harness,
+    WIDGETS,
 };
 use test_support::relay::Relay;
 
@@ -374,11 +375,7 @@ async fn one_apply_past_the_cap_is_one_deadline_termination() {
     let (_logs, _log_guard) = LogBuffer::capture();
     // TLS stays end to end through the relay.
     let relay = Relay::unconnected().await;
-    let h = harness_with_peers(AccessMode::Owned, |target| {
-        relay.connect_to(target);
-        PeerSourceConfig::Static(vec![relay.addr.to_string()])
-    })
-    .await;
+    let h = harness_behind(&relay, AccessMode::Owned).await;
     let owned =
         json!({"vcluster.com/owner-vcluster": "client", "vcluster.com/owner-project": "default"});
     h.widgets

@@ -15,8 +15,7 @@ mod target_support;
 use std::time::Duration;
 
 use crproxy_core::config::AccessMode;
-use crproxy_proxy::sources::PeerSourceConfig;
-use target_support::{harness_with_peers, peak_rss_kib, reset_peak_rss, send, WIDGETS};
+use target_support::{harness_behind, peak_rss_kib, reset_peak_rss, send, WIDGETS};
 use test_support::relay::Relay;
 
 const PEAK_GROWTH_LIMIT_KIB: u64 = 150 * 1024;
@@ -29,11 +28,7 @@ const WAITING: Duration = Duration::from_millis(3500);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_deletecollections_waiting_on_the_target_keep_their_options_small() {
     let relay = Relay::unconnected().await;
-    let h = harness_with_peers(AccessMode::Owned, |target| {
-        relay.connect_to(target);
-        PeerSourceConfig::Static(vec![relay.addr.to_string()])
-    })
-    .await;
+    let h = harness_behind(&relay, AccessMode::Owned).await;
     let mut options = String::from(r#"{"kind":"DeleteOptions","apiVersion":"v1","x":["#);
     while options.len() < 3 * 1024 * 1024 - 2048 {
         options.push_str("0,");

@@ -25,10 +25,11 @@ use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use target_support::{
-    caller_h2, exchange, harness, harness_with, harness_with_peers, json_of, metric_value,
-    on_target, send_as, widget, widget_object, widget_resource, Harness, Options, Reply,
-    OWNER_LABELS, WIDGETS,
+    caller_h2, exchange, harness, harness_behind, harness_with, harness_with_peers, json_of,
+    metric_value, on_target, send_as, widget, widget_object, widget_resource, Harness, Options,
+    Reply, OWNER_LABELS, WIDGETS,
 };
+use test_support::relay::Relay;
 
 /// The Accept header of an aggregator's discovery fetch (v2, then v2beta1).
 const AGGREGATED_DISCOVERY: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
@@ -1407,12 +1408,8 @@ async fn shutdown_closes_watches_still_open_after_the_grace_period() {
 /// other write that reads a body for up to the 60 s request deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_waiting_on_the_target_leaves_the_parse_budget_to_other_writes() {
-    let relay = test_support::relay::Relay::unconnected().await;
-    let h = harness_with_peers(AccessMode::Owned, |target| {
-        relay.connect_to(target);
-        PeerSourceConfig::Static(vec![relay.addr.to_string()])
-    })
-    .await;
+    let relay = Relay::unconnected().await;
+    let h = harness_behind(&relay, AccessMode::Owned).await;
     let object = format!("{WIDGETS}/roomy");
     let created = call(
         &h.aggregator,

@@ -118,6 +118,17 @@ pub async fn harness_with_peers(
     .await
 }
 
+/// A harness whose only target peer is `relay`, pointed at the target
+/// devcluster (TLS stays end to end): the test freezes and thaws what the proxy
+/// reaches.
+pub async fn harness_behind(relay: &test_support::relay::Relay, access: AccessMode) -> Harness {
+    harness_with_peers(access, |target| {
+        relay.connect_to(target);
+        PeerSourceConfig::Static(vec![relay.addr.to_string()])
+    })
+    .await
+}
+
 /// A kube-rs client of `config` that hands every answer back as it came (no retries
 /// of 429 or 503: the tests look at exactly those).
 fn client_of(config: &ClusterConfig) -> kube::Client {
