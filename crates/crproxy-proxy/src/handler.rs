@@ -775,33 +775,37 @@ impl GroupVersionProxy {
                 Ok(checked) => checked,
                 Err(outcome) => return outcome,
             };
-            // The first attempt pins the document read above; a second one reads
-            // the same bytes again (the same document) rather than keeping a copy.
-            let document = match write.take() {
-                Some(write) => Some(write),
-                None if delete.is_some() => None,
-                None => match self.label(&exchange.headers, &bytes, stamp) {
-                    Ok(write) => Some(write),
-                    Err(error) => return refused_body(&error),
+            let pinned = match &delete {
+                Some(options) => match &checked {
+                    Checked::Owned(pin) => pinned_delete(options, pin),
+                    Checked::Absent => return self.masked(path, Reason::OwnershipMasked),
                 },
-            };
-            let pinned = match (document, &checked) {
-                (None, Checked::Owned(pin)) => match &delete {
-                    Some(options) => pinned_delete(options, pin),
-                    // Only a delete goes without a document.
-                    None => return self.upstream_failure("a write without its document"),
-                },
-                (None, Checked::Absent) => return self.masked(path, Reason::OwnershipMasked),
-                (Some(mut write), Checked::Owned(pin)) if view => {
-                    precondition::pin_view_write(&mut write, pin).map(|()| write.to_bytes())
-                }
-                (Some(mut write), Checked::Owned(pin)) => {
-                    precondition::pin_write(&self.owner, &mut write, pin).map(|()| write.to_bytes())
-                }
-                (Some(mut write), Checked::Absent) => {
-                    let fresh_uid = uuid::Uuid::new_v4().to_string();
-                    precondition::pin_apply_create(&mut write, &fresh_uid)
-                        .map(|()| write.to_bytes())
+                None => {
+                    // The first attempt pins the document read above; a second one
+                    // reads the same bytes again (the same document) rather than
+                    // keeping a copy.
+                    let mut document = match write.take() {
+                        Some(document) => document,
+                        None => match self.label(&exchange.headers, &bytes, stamp) {
+                            Ok(document) => document,
+                            Err(error) => return refused_body(&error),
+                        },
+                    };
+                    match &checked {
+                        Checked::Owned(pin) if view => {
+                            precondition::pin_view_write(&mut document, pin)
+                                .map(|()| document.to_bytes())
+                        }
+                        Checked::Owned(pin) => {
+                            precondition::pin_write(&self.owner, &mut document, pin)
+                                .map(|()| document.to_bytes())
+                        }
+                        Checked::Absent => {
+                            let fresh_uid = uuid::Uuid::new_v4().to_string();
+                            precondition::pin_apply_create(&mut document, &fresh_uid)
+                                .map(|()| document.to_bytes())
+                        }
+                    }
                 }
             };
             let pinned = match pinned {
