@@ -1411,6 +1411,8 @@ async fn a_delete_waiting_on_the_target_leaves_the_parse_budget_to_other_writes(
     let relay = Relay::unconnected().await;
     let h = harness_behind(&relay, AccessMode::Owned).await;
     let object = format!("{WIDGETS}/roomy");
+    // Created through the proxy, so that it has seen the namespace on the target
+    // and the patch below needs no round trip to the frozen target.
     let created = call(
         &h.aggregator,
         "POST",
