@@ -1,7 +1,7 @@
 //! Cluster configuration from kubeconfigs and the in-cluster service account: pure
 //! parsing and resolution, no server. Connecting with each form, rotation of
 //! credentials and TLS are tested against a devcluster in
-//! crates/crproxy/tests/kube_connection.rs (devcluster depends on this crate).
+//! crates/crproxy/tests/integration/kube_connection.rs (devcluster depends on this crate).
 
 use anyhow::Result;
 use base64::Engine as _;

@@ -5,7 +5,7 @@
 //! client, and kube-runtime's watcher runs unchanged on top.
 //!
 //! Used by the crate's unit tests and, through `#[path]`, by
-//! `tests/pool_sources.rs`, so it names only other crates.
+//! `tests/integration/pool_sources.rs`, so it names only other crates.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -8,8 +8,8 @@
 //! count violations; before the pins existed, a third to a half of the rounds
 //! produced one.
 
-mod log_support;
-mod target_support;
+use crate::log_support;
+use crate::target_support;
 
 use std::time::Duration;
 

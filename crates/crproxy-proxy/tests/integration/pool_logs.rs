@@ -4,8 +4,8 @@
 //! Captured through the binary's one subscriber ([`LogBuffer`]); the tests run on
 //! a current-thread runtime, so the pool's events happen on the capturing thread.
 
-mod log_support;
-mod pool_support;
+use crate::log_support;
+use crate::pool_support;
 
 use std::time::Duration;
 

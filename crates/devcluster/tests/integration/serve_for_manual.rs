@@ -1,4 +1,4 @@
-//! `cargo test -p devcluster --test serve_for_manual -- --ignored` serves a
+//! `cargo test -p devcluster --test integration serve_for_manual -- --ignored` serves a
 //! devcluster for manual poking and for the reference replay
 //! (`../shared/reference/kube-apiserver-1.32/record.py`):
 //! - `DEVCLUSTER_DATA`: data directory (default: a temp dir). It gets tokens for

@@ -1,7 +1,7 @@
 //! The peer list: no list yet, empty lists, the 60 s staleness tolerance measured
 //! from the subscription drop, and the startup wait.
 
-mod pool_support;
+use crate::pool_support;
 
 use std::time::Duration;
 

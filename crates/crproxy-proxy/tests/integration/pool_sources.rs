@@ -1,10 +1,10 @@
 //! Peer sources publishing into pools: static, file, DNS and EndpointSlices (over a
 //! scripted API server, so the test decides when the watch drops).
 
-mod pool_support;
+use crate::pool_support;
 // Shared with the crate's unit tests, which use all of it.
 #[allow(dead_code)]
-#[path = "../src/scripted_api.rs"]
+#[path = "../../src/scripted_api.rs"]
 mod scripted_api;
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The request side: round robin, retry on another peer after a failed dial,
 //! connection reuse over HTTP/2 and HTTP/1.1, and which requests take which.
 
-mod pool_support;
+use crate::pool_support;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;

@@ -1,7 +1,6 @@
 //! `crproxy run` and `crproxy check-config` with `sync` keys, as an operator runs them.
 
-#[path = "support/sync_env.rs"]
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};

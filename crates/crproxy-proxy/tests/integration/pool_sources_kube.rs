@@ -3,7 +3,7 @@
 //! HTTPS stand-in for the API server that serves one EndpointSlice list and scripted
 //! watch streams. Real time: the client's own timers do not mix with paused time.
 
-mod pool_support;
+use crate::pool_support;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

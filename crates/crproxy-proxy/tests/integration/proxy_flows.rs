@@ -7,8 +7,8 @@
 //! answers themselves. Unavailable targets are real ones: a stopped listener, or an
 //! APIService whose backend is missing.
 
-mod log_support;
-mod target_support;
+use crate::log_support;
+use crate::target_support;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -1221,7 +1221,7 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
         "{logged}"
     );
     // "Starting proxy server" and friends are checked on the real binary's output
-    // (tests/run_command.rs in the crproxy crate).
+    // (tests/integration/run_command.rs in the crproxy crate).
     h.proxy.shutdown().await;
 }
 

@@ -1,8 +1,7 @@
 //! Heavy sync scenarios: a 500-object burst with the syncer killed in the middle, and
 //! leader failover between two sync replicas. Slower than `e2e_sync`, so kept apart.
 
-#[path = "support/sync_env.rs"]
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

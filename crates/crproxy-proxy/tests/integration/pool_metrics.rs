@@ -2,7 +2,7 @@
 //! set, checked against a live scrape; promtool accepting the output; the alert rules
 //! evaluating over series with exactly these names.
 
-mod pool_support;
+use crate::pool_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

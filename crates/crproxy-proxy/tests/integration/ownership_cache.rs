@@ -14,7 +14,7 @@
 //! the fast path, most of these tests fail (PUT excepted: its caller-given
 //! resourceVersion already rejects another state).
 
-mod target_support;
+use crate::target_support;
 
 use std::time::Duration;
 

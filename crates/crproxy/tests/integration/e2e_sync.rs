@@ -1,8 +1,7 @@
 //! Custom resource sync end to end: two devclusters (host and tenant), the sync as
 //! `crproxy run` starts it, and every check through the real kubectl.
 
-#[path = "support/sync_env.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! the runtime would auto-advance the clock; only peers that never answer let the
 //! clock jump to the next timer, which is exactly the timeout under test.
 
-mod pool_support;
+use crate::pool_support;
 
 use std::time::Duration;
 
