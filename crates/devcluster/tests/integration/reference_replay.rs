@@ -177,21 +177,39 @@ async fn recorded_kube_exchanges_replay_identically() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("python3 runs");
+        // Read on a thread of its own: a script that fills the pipe would block
+        // otherwise, and what it said is the failure's explanation.
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let said = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        });
         let deadline = std::time::Instant::now() + Duration::from_secs(300);
-        loop {
+        // None: killed at the deadline.
+        let status = loop {
             match child.try_wait() {
-                Ok(Some(status)) => return status.success(),
+                Ok(Some(status)) => break Some(status),
                 Ok(None) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(200))
                 }
                 _ => {
                     let _ = child.kill();
-                    return false;
+                    let _ = child.wait();
+                    break None;
                 }
             }
-        }
+        };
+        let said = said.join().unwrap_or_default();
+        (status, said)
     });
-    assert!(run.await.expect("join"), "record.py failed");
+    let (status, said) = run.await.expect("join");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "record.py failed ({}); it said:\n{said}",
+        status.map_or("still running after 300 s, killed".to_owned(), |s| s
+            .to_string())
+    );
 
     let mut mismatches = Vec::new();
     let mut identical = 0;
