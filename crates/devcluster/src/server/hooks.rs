@@ -257,6 +257,13 @@ fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: Stri
     });
 }
 
+/// How long a deleted namespace stays Terminating, its contents in place, before
+/// the namespace controller empties and removes it. kube-controller-manager's
+/// controller works from an informer a moment later; the reference replay
+/// (recorded without one) reads the terminating namespace and its contents
+/// within this window, and lost the race under load at 100 ms.
+const NAMESPACE_CLEANUP_DELAY: Duration = Duration::from_secs(1);
+
 /// The namespace controller: delete everything in the namespace, wait for
 /// finalizers, then remove the namespace.
 fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
@@ -268,7 +275,7 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
     }
     tokio::spawn(async move {
         let mut shutdown = state.shutdown.clone();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(NAMESPACE_CLEANUP_DELAY).await;
         while let Some(current) = state.store.get(&ns_gr(), "", &ns) {
             if !o::is_deleting(&current) {
                 break;
