@@ -457,7 +457,7 @@ async fn measure_all(
     if options.skip_nginx {
         notes.push("nginx column skipped (--no-nginx)".into());
     } else if let Some(binary) = nginx::find_binary() {
-        let listen = SocketAddr::from(([127, 0, 0, 1], child::free_port()?));
+        let listen = SocketAddr::from(([127, 0, 0, 1], crproxy::devenv::free_port()?));
         let workers = nginx_workers();
         match Nginx::start(
             &binary,
@@ -884,7 +884,7 @@ async fn measure_through_aggregator(
         layers.push(layer);
         if let Some(binary) = nginx::find_binary().filter(|_| setup.with_nginx) {
             eprintln!("through the aggregation layer: a client devcluster in front of nginx...");
-            let listen = SocketAddr::from(([127, 0, 0, 1], child::free_port()?));
+            let listen = SocketAddr::from(([127, 0, 0, 1], crproxy::devenv::free_port()?));
             let backend = nginx::AggregatorBackend {
                 front_proxy_ca_pem: setup.client.cluster.front_proxy_ca_pem(),
                 target_token: setup.target_token.to_string(),

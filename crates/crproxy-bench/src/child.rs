@@ -76,13 +76,6 @@ pub fn rewrite_ports(
     Ok(lines.join("\n") + "\n")
 }
 
-/// A free port on 127.0.0.1 (racy by nature, fine on a machine we own).
-pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// The `crproxy` binary built next to this one (`target/<profile>/crproxy`);
 /// benches run from `target/<profile>/deps`, so its parent is looked at too.
 pub fn sibling_binary() -> Option<PathBuf> {
@@ -121,8 +114,8 @@ impl ChildProxy {
         for (from, to) in replacements {
             text = text.replace(from.as_str(), to);
         }
-        let port = free_port().map_err(io("finding a free port"))?;
-        let metrics_port = free_port().map_err(io("finding a free port"))?;
+        let port = crproxy::devenv::free_port().map_err(io("finding a free port"))?;
+        let metrics_port = crproxy::devenv::free_port().map_err(io("finding a free port"))?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let metrics_addr = SocketAddr::from(([127, 0, 0, 1], metrics_port));
         let copy = dir.join("crproxy.yaml");

@@ -709,10 +709,52 @@ async fn lists_resource_in_discovery(api: &kube::Client, plural: &str) -> bool {
         .any(|r| r["resource"] == plural)
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> Result<u16> {
+/// A port that was free a moment ago on 127.0.0.1, for a listener that is
+/// opened later (a configuration file must name the port first).
+///
+/// The port comes from below the kernel's ephemeral range: a port the kernel
+/// hands out for `bind(0)` lies inside that range, and any outgoing connection
+/// made before the real listener opens may take it as its source port — a
+/// busy test process lost its proxy port that way ("Address already in use").
+pub fn free_port() -> std::io::Result<u16> {
+    let ephemeral_start = std::fs::read_to_string(EPHEMERAL_RANGE_FILE)
+        .ok()
+        .and_then(|text| ephemeral_range_start(&text))
+        .unwrap_or(LINUX_DEFAULT_EPHEMERAL_START);
+    let candidates = FIXED_PORTS_START..ephemeral_start;
+    if candidates.len() >= MIN_FIXED_PORTS {
+        for _ in 0..FIXED_PORT_ATTEMPTS {
+            let port = candidates.start + (random_u64() % candidates.len() as u64) as u16;
+            if std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    // No room below the ephemeral range (or all tries taken): the kernel's pick.
     let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     Ok(listener.local_addr()?.port())
+}
+
+const EPHEMERAL_RANGE_FILE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+const LINUX_DEFAULT_EPHEMERAL_START: u16 = 32768;
+/// Above the ports that well-known and registered services usually take.
+const FIXED_PORTS_START: u16 = 10000;
+const MIN_FIXED_PORTS: usize = 1000;
+const FIXED_PORT_ATTEMPTS: usize = 64;
+
+/// The first port of the ephemeral range, from the text of
+/// `ip_local_port_range` ("32768\t60999\n").
+fn ephemeral_range_start(text: &str) -> Option<u16> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// A random number from the standard library's per-instance hash keys (no
+/// dependency needed for picking a port).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 /// A kube-rs client for a devcluster with its admin credentials. Like kube-rs's own
@@ -932,4 +974,33 @@ experimental:\n  proxy:\n    customResources:\n      \"{plural}.{group}/{version
         group = v.resource.group,
         version = v.resource.version,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ephemeral_range_start_is_read_from_the_kernels_format() {
+        assert_eq!(ephemeral_range_start("32768\t60999\n"), Some(32768));
+        assert_eq!(ephemeral_range_start("1024 65535"), Some(1024));
+        assert_eq!(ephemeral_range_start(""), None);
+        assert_eq!(ephemeral_range_start("many ports"), None);
+    }
+
+    #[test]
+    fn free_ports_lie_below_the_ephemeral_range_and_can_be_bound() {
+        let text = std::fs::read_to_string(EPHEMERAL_RANGE_FILE).expect("ip_local_port_range");
+        let ephemeral_start = ephemeral_range_start(&text).expect("a port range");
+        for _ in 0..20 {
+            let port = free_port().expect("a free port");
+            if usize::from(ephemeral_start.saturating_sub(FIXED_PORTS_START)) >= MIN_FIXED_PORTS {
+                assert!(
+                    (FIXED_PORTS_START..ephemeral_start).contains(&port),
+                    "{port} is not below the ephemeral range starting at {ephemeral_start}"
+                );
+            }
+            std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("binding the port");
+        }
+    }
 }

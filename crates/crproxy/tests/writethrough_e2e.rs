@@ -702,14 +702,6 @@ async fn mirrors_a_host_lost_while_no_syncer_ran_are_created_again() -> Result<(
     Ok(())
 }
 
-/// A port that was free a moment ago: `sync.writeThrough.listenAddress` needs a
-/// fixed one when the tenant reaches the webhook by URL or Service.
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// Creates an invalid and a valid Gateway through the tenant and checks that the
 /// host's extension server decided both (retrying while the syncer is not ready).
 async fn written_through(tenant: &Path, host: &Path, name: &str) {
@@ -768,7 +760,7 @@ async fn the_tenant_reaches_the_webhook_by_url() -> Result<()> {
         .expect("registered")
     };
 
-    let port = free_port()?;
+    let port = crproxy::devenv::free_port()?;
     let yaml = format!(
         "{base}  writeThrough:\n    listenAddress: 127.0.0.1:{port}\n    url: https://localhost:{port}/\n"
     );
@@ -809,7 +801,12 @@ async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
         )
     };
     let err = match env
-        .start_with("client", &tenant, HOST_NS, Some(config(free_port()?)))
+        .start_with(
+            "client",
+            &tenant,
+            HOST_NS,
+            Some(config(crproxy::devenv::free_port()?)),
+        )
         .await
     {
         Ok(_) => panic!("the Service form started without knowing its address"),
@@ -832,7 +829,8 @@ async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
         options.pod_ip = Some(std::net::IpAddr::from([127, 0, 0, 1]));
         Ok(options)
     };
-    let (standby_port, leader_port) = (free_port()?, free_port()?);
+    let (standby_port, leader_port) =
+        (crproxy::devenv::free_port()?, crproxy::devenv::free_port()?);
     let standby = crproxy_sync::start(replica(false, standby_port)?).await?;
     let leader = crproxy_sync::start(replica(true, leader_port)?).await?;
     let leader_slice = || {
@@ -861,7 +859,7 @@ async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
     // A successor points the Service at itself; the old leader's stop must leave the
     // successor's endpoint in place, and the successor's stop empties the slice.
     let slice_port = |slice: &Value| slice["ports"][0]["port"].as_u64();
-    let successor_port = free_port()?;
+    let successor_port = crproxy::devenv::free_port()?;
     let successor = crproxy_sync::start(replica(true, successor_port)?).await?;
     eventually("the successor's EndpointSlice", || {
         leader_slice().filter(|s| slice_port(s) == Some(u64::from(successor_port)))

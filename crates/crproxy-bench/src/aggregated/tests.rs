@@ -143,7 +143,8 @@ async fn requests_through_the_aggregation_layer_reach_crproxy() {
             .target
             .issue_token("bench-nginx", &["system:masters"])
             .expect("token");
-        let listen = SocketAddr::from(([127, 0, 0, 1], crate::child::free_port().expect("port")));
+        let listen =
+            SocketAddr::from(([127, 0, 0, 1], crproxy::devenv::free_port().expect("port")));
         let nginx = crate::nginx::Nginx::start(
             &binary,
             &dir.path().join("nginx"),
@@ -175,7 +176,8 @@ async fn requests_through_the_aggregation_layer_reach_crproxy() {
         // another CA, it refuses the target instead of forwarding to it.
         let stranger =
             crproxy_core::pki::CertificateAuthority::generate("not-the-target-ca").expect("ca");
-        let listen = SocketAddr::from(([127, 0, 0, 1], crate::child::free_port().expect("port")));
+        let listen =
+            SocketAddr::from(([127, 0, 0, 1], crproxy::devenv::free_port().expect("port")));
         let unverified = crate::nginx::Nginx::start(
             &binary,
             &dir.path().join("nginx-stranger"),

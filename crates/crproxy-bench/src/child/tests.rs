@@ -38,8 +38,3 @@ fn a_config_without_ports_is_refused() {
         Err(ChildError::Config("metricsAddress"))
     ));
 }
-
-#[test]
-fn free_ports_are_nonzero() {
-    assert_ne!(free_port().expect("port"), 0);
-}

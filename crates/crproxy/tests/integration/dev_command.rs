@@ -38,9 +38,10 @@ impl Ports {
     /// test that wants some of them busy keeps those bound instead of binding them
     /// again (by which time a parallel test may have taken one).
     fn held() -> Result<(Self, Vec<std::net::TcpListener>)> {
-        // Held together so they are distinct.
+        // Held together so they are distinct; from below the ephemeral range so
+        // that no outgoing connection takes one before `crproxy dev` binds it.
         let listeners = (0..6)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .map(|_| std::net::TcpListener::bind(("127.0.0.1", crproxy::devenv::free_port()?)))
             .collect::<std::io::Result<Vec<_>>>()?;
         let port = |i: usize| -> Result<u16> { Ok(listeners[i].local_addr()?.port()) };
         let ports = Self {
