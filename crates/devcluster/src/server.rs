@@ -68,6 +68,9 @@ pub(crate) struct State {
     /// Flips to true at shutdown; watches and controllers stop.
     pub shutdown: watch::Receiver<bool>,
     pub ns_cleanups: Mutex<HashSet<String>>,
+    /// Whether deleted namespaces are emptied and removed (kube-controller-manager's
+    /// namespace controller); see [`DevCluster::stop_namespace_controller`].
+    pub namespace_controller: std::sync::atomic::AtomicBool,
     /// Set once any object with ownerReferences was written: only then do
     /// deletions look for dependents to collect.
     pub owners_seen: std::sync::atomic::AtomicBool,
@@ -278,6 +281,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
         server_address: Mutex::new(String::new()),
         shutdown: shutdown_rx,
         ns_cleanups: Mutex::new(HashSet::new()),
+        namespace_controller: std::sync::atomic::AtomicBool::new(true),
         owners_seen: std::sync::atomic::AtomicBool::new(false),
         aggregator: std::sync::OnceLock::new(),
     });
@@ -462,6 +466,17 @@ impl DevCluster {
             self.kubeconfig(user, &token)
         };
         write_file(path, &text)
+    }
+
+    /// From now on, deleted namespaces stay Terminating with their contents until
+    /// their finalizers are removed through `/finalize`: a kube-apiserver without
+    /// kube-controller-manager, as the reference exchanges were recorded.
+    /// Cleanups already under way finish.
+    pub fn stop_namespace_controller(&self) {
+        self.inner
+            .state
+            .namespace_controller
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Adds a bearer-token user at runtime (appended to tokens.csv when there is a

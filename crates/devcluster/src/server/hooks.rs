@@ -258,15 +258,19 @@ fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: Stri
 }
 
 /// How long a deleted namespace stays Terminating, its contents in place, before
-/// the namespace controller empties and removes it. kube-controller-manager's
-/// controller works from an informer a moment later; the reference replay
-/// (recorded without one) reads the terminating namespace and its contents
-/// within this window, and lost the race under load at 100 ms.
-const NAMESPACE_CLEANUP_DELAY: Duration = Duration::from_secs(1);
+/// the namespace controller empties and removes it: kube-controller-manager's
+/// controller acts a moment later too, from its informer.
+const NAMESPACE_CLEANUP_DELAY: Duration = Duration::from_millis(100);
 
 /// The namespace controller: delete everything in the namespace, wait for
 /// finalizers, then remove the namespace.
 fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
+    if !state
+        .namespace_controller
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return;
+    }
     {
         let mut running = state.ns_cleanups.lock().unwrap_or_else(|p| p.into_inner());
         if !running.insert(ns.clone()) {
