@@ -379,7 +379,8 @@ pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
 }
 
 /// A non-watch response body: stops at the request deadline, and keeps the request
-/// counted as in flight (and unmeasured) until it has been sent whole.
+/// counted as in flight (and unmeasured) until its last chunk has been handed to
+/// the caller's connection.
 ///
 /// Past the first chunk the deadline is checked on every poll, so a body whose next
 /// chunk is always ready (the target has sent everything; the caller reads slowly)
@@ -413,8 +414,8 @@ struct Holding {
 /// drop, or the watchdog) records the request's duration, and a `deadline`
 /// termination if it cut the request: each exactly once.
 enum Held {
-    /// In the body alone: before the first chunk, and for an answer that came whole
-    /// in its first chunk (a named GET), which so never pays for a watchdog.
+    /// In the body alone: before the first chunk. An answer that comes whole in
+    /// its first chunk (a named GET) ends there and never pays for a watchdog.
     Here(Holding),
     /// Still streaming after its first chunk: shared with a watchdog task that
     /// takes it out at the deadline even if hyper never polls the body again. The
@@ -584,9 +585,14 @@ impl Body for DeadlineBody {
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(Some(Ok(frame))) => {
-                // A first chunk that is also the last (hyper may then stop without
-                // asking for the end; the drop records it) needs no watchdog.
-                if !ended && matches!(this.held, Held::Here(_)) {
+                if ended {
+                    // The last chunk is in hand: the request holds nothing more
+                    // from the target. Ended now rather than when hyper drops the
+                    // body: a caller with no room in its window keeps the body
+                    // unsent, and dropped, for as long as its connection lives,
+                    // and with it the request's place under the in-flight limit.
+                    this.end(false);
+                } else if matches!(this.held, Held::Here(_)) {
                     this.watch();
                 }
                 Poll::Ready(Some(Ok(frame)))

@@ -396,6 +396,36 @@ async fn a_body_nobody_polls_any_more_is_cut_at_the_deadline() {
     check_ended_once(&metrics, true);
 }
 
+/// An answer that comes whole (a named GET) is over once its one chunk is taken,
+/// not when hyper drops the body: to a caller with no room in its window hyper
+/// keeps the chunk, and the body, for as long as the connection lives, and the
+/// request must not keep its in-flight place that long.
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_frees_its_place_when_its_chunk_is_taken() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    let limit = Arc::new(tokio::sync::Semaphore::new(1));
+    let permit = Arc::clone(&limit).try_acquire_owned().expect("a place");
+    let mut body = DeadlineBody::new(
+        full(Bytes::from_static(b"{\"kind\":\"Widget\"}")),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "GET",
+        target.inflight(),
+    )
+    .holding(Some(permit));
+    assert!(matches!(body.frame().await, Some(Ok(_))));
+    // The body is still alive (hyper would hold it), yet nothing is held any more.
+    assert_eq!(limit.available_permits(), 1, "the in-flight place is free");
+    check_ended_once(&metrics, false);
+    assert!(body.is_end_stream());
+    assert!(body.frame().await.is_none());
+    drop(body);
+    check_ended_once(&metrics, false);
+}
+
 /// The number of tasks alive on this test's runtime once the aborted ones have
 /// gone (bounded: a few yields).
 async fn tasks_alive() -> usize {

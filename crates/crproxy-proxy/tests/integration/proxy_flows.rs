@@ -25,9 +25,9 @@ use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use target_support::{
-    caller_h2, exchange, harness, harness_behind, harness_with, harness_with_peers, json_of,
-    metric_value, on_target, send_as, widget, widget_object, widget_resource, Harness, Options,
-    Reply, OWNER_LABELS, WIDGETS,
+    caller_h2, caller_h2_with_window, exchange, harness, harness_behind, harness_with,
+    harness_with_peers, json_of, metric_value, on_target, send_as, widget, widget_object,
+    widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
 };
 use test_support::relay::Relay;
 
@@ -1222,6 +1222,56 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
     );
     // "Starting proxy server" and friends are checked on the real binary's output
     // (tests/integration/run_command.rs in the crproxy crate).
+    h.proxy.shutdown().await;
+}
+
+/// A caller that opens no window gets the answer's head but never a body byte;
+/// the answer is whole in the proxy's hands all the same, so the request must end
+/// (leave the in-flight gauge, be measured) instead of holding its place under
+/// the in-flight limit for as long as the caller keeps its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_without_a_window_does_not_keep_its_place() {
+    let h = harness(AccessMode::All).await;
+    h.widgets
+        .create(&PostParams::default(), &widget_object("stuck", json!({})))
+        .await
+        .expect("created on the target");
+    let mut sender = caller_h2_with_window::<http_body_util::Empty<Bytes>>(
+        h.addr,
+        &h.serving_ca_pem,
+        &h.front_proxy_client,
+        0,
+    )
+    .await;
+    let request = http::Request::get(format!("https://localhost{WIDGETS}/stuck"))
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(request))
+        .await
+        .expect("the head in time")
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    // Bounded: 10 s.
+    let mut inflight = f64::NAN;
+    for _ in 0..100 {
+        inflight = metric_value(&h.metrics, "vcluster_proxy_inflight_requests", "target=");
+        if inflight == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let measured = metric_value(
+        &h.metrics,
+        "vcluster_proxy_request_duration_seconds_count",
+        "verb=\"GET\"",
+    );
+    assert!(
+        inflight == 0.0 && measured == 1.0,
+        "with the body unsent: in flight {inflight}, GET durations observed {measured}"
+    );
+    drop(response);
     h.proxy.shutdown().await;
 }
 

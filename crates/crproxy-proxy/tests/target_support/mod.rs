@@ -363,12 +363,28 @@ pub fn json_of(object: &DynamicObject) -> Value {
 
 /// A raw HTTP/2 connection to the proxy at `addr` as the client cluster's
 /// aggregator (its front-proxy certificate), for requests whose bodies, streams
-/// or flow control the test controls itself. Its receive window is 64 KiB and
-/// opens again only as bodies are read.
+/// or flow control the test controls itself. Each stream's receive window is 64
+/// KiB and opens again only as bodies are read.
 pub async fn caller_h2<B>(
     addr: SocketAddr,
     serving_ca_pem: &str,
     front_proxy: &crproxy_core::pki::CertPem,
+) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    caller_h2_with_window(addr, serving_ca_pem, front_proxy, 65_535).await
+}
+
+/// [`caller_h2`] with each stream's receive window `stream_window` bytes (0: the
+/// proxy may send headers, never a body byte).
+pub async fn caller_h2_with_window<B>(
+    addr: SocketAddr,
+    serving_ca_pem: &str,
+    front_proxy: &crproxy_core::pki::CertPem,
+    stream_window: u32,
 ) -> hyper::client::conn::http2::SendRequest<B>
 where
     B: hyper::body::Body + Send + Unpin + 'static,
@@ -399,7 +415,7 @@ where
         .expect("tls");
     let (sender, connection) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .initial_stream_window_size(65_535)
+            .initial_stream_window_size(stream_window)
             .initial_connection_window_size(65_535)
             .adaptive_window(false)
             .handshake(hyper_util::rt::TokioIo::new(tls))
