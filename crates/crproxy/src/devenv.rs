@@ -711,12 +711,18 @@ async fn lists_resource_in_discovery(api: &kube::Client, plural: &str) -> bool {
 
 /// A port that was free a moment ago on 127.0.0.1, for a listener that is
 /// opened later (a configuration file must name the port first).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(free_listener()?.local_addr()?.port())
+}
+
+/// A listener on 127.0.0.1 that holds a port until the caller has written it
+/// down, for ports that must stay distinct from each other.
 ///
 /// The port comes from below the kernel's ephemeral range: a port the kernel
 /// hands out for `bind(0)` lies inside that range, and any outgoing connection
 /// made before the real listener opens may take it as its source port — a
 /// busy test process lost its proxy port that way ("Address already in use").
-pub fn free_port() -> std::io::Result<u16> {
+pub fn free_listener() -> std::io::Result<std::net::TcpListener> {
     let ephemeral_start = std::fs::read_to_string(EPHEMERAL_RANGE_FILE)
         .ok()
         .and_then(|text| ephemeral_range_start(&text))
@@ -725,14 +731,14 @@ pub fn free_port() -> std::io::Result<u16> {
     if candidates.len() >= MIN_FIXED_PORTS {
         for _ in 0..FIXED_PORT_ATTEMPTS {
             let port = candidates.start + (random_u64() % candidates.len() as u64) as u16;
-            if std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-                return Ok(port);
+            if let Ok(listener) = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+                return Ok(listener);
             }
         }
     }
-    // No room below the ephemeral range (or all tries taken): the kernel's pick.
-    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(listener.local_addr()?.port())
+    // No room below the ephemeral range (or every try taken): the kernel's pick,
+    // exposed to the race above again.
+    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
 }
 
 const EPHEMERAL_RANGE_FILE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
@@ -977,30 +983,4 @@ experimental:\n  proxy:\n    customResources:\n      \"{plural}.{group}/{version
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ephemeral_range_start_is_read_from_the_kernels_format() {
-        assert_eq!(ephemeral_range_start("32768\t60999\n"), Some(32768));
-        assert_eq!(ephemeral_range_start("1024 65535"), Some(1024));
-        assert_eq!(ephemeral_range_start(""), None);
-        assert_eq!(ephemeral_range_start("many ports"), None);
-    }
-
-    #[test]
-    fn free_ports_lie_below_the_ephemeral_range_and_can_be_bound() {
-        let text = std::fs::read_to_string(EPHEMERAL_RANGE_FILE).expect("ip_local_port_range");
-        let ephemeral_start = ephemeral_range_start(&text).expect("a port range");
-        for _ in 0..20 {
-            let port = free_port().expect("a free port");
-            if usize::from(ephemeral_start.saturating_sub(FIXED_PORTS_START)) >= MIN_FIXED_PORTS {
-                assert!(
-                    (FIXED_PORTS_START..ephemeral_start).contains(&port),
-                    "{port} is not below the ephemeral range starting at {ephemeral_start}"
-                );
-            }
-            std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("binding the port");
-        }
-    }
-}
+mod tests;

@@ -105,9 +105,10 @@ async fn nginx_starts_and_stops_when_installed() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let listen = listener.local_addr().expect("addr");
-    drop(listener);
+    let listen = std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        crproxy::devenv::free_port().expect("free port"),
+    ));
     let target_ca = CertificateAuthority::generate("nginx-test-target-ca").expect("ca");
     let upstream = Upstream::devcluster(
         "127.0.0.1:9".parse().expect("addr"),

@@ -220,9 +220,8 @@ fn a_missing_file_is_one_readable_line() {
 fn dev_starts_with_a_relative_directory() {
     let dir = tempfile::tempdir().expect("tempdir");
     let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port().to_string())
+        crproxy::devenv::free_port()
+            .map(|port| port.to_string())
             .expect("free port")
     };
     let child = Command::new(env!("CARGO_BIN_EXE_crproxy"))

@@ -41,7 +41,7 @@ impl Ports {
         // Held together so they are distinct; from below the ephemeral range so
         // that no outgoing connection takes one before `crproxy dev` binds it.
         let listeners = (0..6)
-            .map(|_| std::net::TcpListener::bind(("127.0.0.1", crproxy::devenv::free_port()?)))
+            .map(|_| crproxy::devenv::free_listener())
             .collect::<std::io::Result<Vec<_>>>()?;
         let port = |i: usize| -> Result<u16> { Ok(listeners[i].local_addr()?.port()) };
         let ports = Self {
