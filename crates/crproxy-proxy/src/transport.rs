@@ -401,8 +401,8 @@ pub struct DeadlineBody {
     started: Instant,
 }
 
-/// What a non-watch request holds until its response has gone out whole or been
-/// cut: the target's body (and with it the target connection or stream), its
+/// What a non-watch request holds until its response's last chunk has been taken
+/// or the response was cut: the target's body (and with it the target connection or stream), its
 /// place in the in-flight gauge, and its place under the in-flight limit.
 struct Holding {
     inner: ProxyBody,
@@ -415,7 +415,9 @@ struct Holding {
 /// termination if it cut the request: each exactly once.
 enum Held {
     /// In the body alone: before the first chunk. An answer that comes whole in
-    /// its first chunk (a named GET) ends there and never pays for a watchdog.
+    /// its first chunk (a named GET from a target that sends a Content-Length)
+    /// ends there and never pays for a watchdog; one sent chunked is watched
+    /// until its end is seen, like any streamed answer.
     Here(Holding),
     /// Still streaming after its first chunk: shared with a watchdog task that
     /// takes it out at the deadline even if hyper never polls the body again. The
@@ -426,7 +428,7 @@ enum Held {
         shared: Arc<std::sync::Mutex<Option<Holding>>>,
         watchdog: tokio::task::AbortHandle,
     },
-    /// Sent whole, failed or cut; nothing is held any more.
+    /// Taken to its last chunk, failed or cut; nothing is held any more.
     Ended,
 }
 
@@ -467,7 +469,7 @@ impl DeadlineBody {
     }
 
     /// Keeps `permit` (a place under the replica's in-flight limit) until the
-    /// response has been sent whole or dropped.
+    /// response's last chunk has been taken, or the body is cut or dropped.
     pub fn holding(mut self, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
         if let Held::Here(holding) = &mut self.held {
             holding._permit = permit;
@@ -588,9 +590,10 @@ impl Body for DeadlineBody {
                 if ended {
                     // The last chunk is in hand: the request holds nothing more
                     // from the target. Ended now rather than when hyper drops the
-                    // body: a caller with no room in its window keeps the body
-                    // unsent, and dropped, for as long as its connection lives,
-                    // and with it the request's place under the in-flight limit.
+                    // body: to a caller with no room in its window hyper keeps the
+                    // chunk unsent, and the body alive, for as long as the
+                    // connection lives, and with it the request's place under the
+                    // in-flight limit.
                     this.end(false);
                 } else if matches!(this.held, Held::Here(_)) {
                     this.watch();
