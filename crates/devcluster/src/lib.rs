@@ -31,7 +31,8 @@
 //! inline one (dependents named by ownerReferences are deleted in the background;
 //! `foregroundDeletion`/`orphan` finalizers are released at once), namespaces are
 //! emptied and removed inline shortly after deletion (kube needs
-//! kube-controller-manager for that), built-in objects are not schema-validated
+//! kube-controller-manager for that; `DevCluster::stop_namespace_controller`
+//! turns it off), built-in objects are not schema-validated
 //! (unknown fields in them are kept), protobuf is read only for the kinds kubectl
 //! creates with typed clients and never written, CBOR is refused, and writes are
 //! persisted asynchronously (a crash can lose the last few milliseconds).

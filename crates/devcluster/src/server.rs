@@ -468,10 +468,11 @@ impl DevCluster {
         write_file(path, &text)
     }
 
-    /// From now on, deleted namespaces stay Terminating with their contents until
-    /// their finalizers are removed through `/finalize`: a kube-apiserver without
-    /// kube-controller-manager, as the reference exchanges were recorded.
-    /// Cleanups already under way finish.
+    /// From now on, deleted namespaces stay Terminating with their contents: a
+    /// kube-apiserver without kube-controller-manager, as the reference exchanges
+    /// were recorded. Removing the finalizers through `/finalize` removes the
+    /// namespace and leaves its contents behind, as on kube. Cleanups already
+    /// under way finish.
     pub fn stop_namespace_controller(&self) {
         self.inner
             .state
