@@ -36,8 +36,8 @@ use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use pool_support::{Pki, SilentPeer, SERVER_NAME};
 use target_support::{
-    caller_h2, harness, harness_behind, harness_with_peers, metric_value, widget_object, Harness,
-    WIDGETS,
+    aggregator_get, caller_h2, harness, harness_behind, harness_with_peers, metric_value,
+    widget_object, Harness, WIDGETS,
 };
 use test_support::relay::Relay;
 
@@ -48,17 +48,6 @@ fn lines(metrics: &Metrics, name: &str) -> Vec<String> {
         .filter(|l| l.starts_with(name))
         .map(str::to_owned)
         .collect()
-}
-
-fn get(path: &str) -> http::Request<http_body_util::Empty<Bytes>> {
-    http::Request::builder()
-        .method("GET")
-        .uri(format!("https://localhost{path}"))
-        .header("x-remote-user", "alice")
-        .header("x-remote-group", "system:authenticated")
-        .header("accept", "application/json")
-        .body(http_body_util::Empty::new())
-        .expect("request")
 }
 
 /// A caller that goes away mid-dial (operate.txt:115, `canceled`: the caller's own
@@ -86,8 +75,11 @@ async fn a_caller_that_hangs_up_mid_dial_is_counted_as_a_canceled_request() {
     );
     let mut sender = caller_h2(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
     // The caller gives up after 1 s, while the proxy's dial still hangs.
-    let gave_up =
-        tokio::time::timeout(Duration::from_secs(1), sender.send_request(get(WIDGETS))).await;
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(1),
+        sender.send_request(aggregator_get(WIDGETS)),
+    )
+    .await;
     assert!(
         gave_up.is_err(),
         "the dial to a silent peer cannot answer within 1 s"
@@ -327,7 +319,7 @@ async fn discovery_against_a_target_that_never_answers_falls_back_within_the_agg
         let started = Instant::now();
         let answer = tokio::time::timeout(
             Duration::from_secs(6),
-            sender.send_request(get("/apis/example.com/v1")),
+            sender.send_request(aggregator_get("/apis/example.com/v1")),
         )
         .await;
         let waited = started.elapsed();
@@ -465,10 +457,13 @@ async fn a_caller_that_stops_reading_a_list_is_cut_at_the_deadline() {
     }
     let mut sender = caller_h2(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
     let started = Instant::now();
-    let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(get(WIDGETS)))
-        .await
-        .expect("headers in time")
-        .expect("response");
+    let response = tokio::time::timeout(
+        Duration::from_secs(20),
+        sender.send_request(aggregator_get(WIDGETS)),
+    )
+    .await
+    .expect("headers in time")
+    .expect("response");
     assert_eq!(response.status(), 200);
     // The caller stops reading for longer than the cap.
     tokio::time::sleep(Duration::from_secs(66)).await;

@@ -25,9 +25,9 @@ use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use target_support::{
-    caller_h2, caller_h2_with_window, exchange, harness, harness_behind, harness_with,
-    harness_with_peers, json_of, metric_value, on_target, send_as, widget, widget_object,
-    widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
+    aggregator_get, caller_h2, caller_h2_with_window, exchange, harness, harness_behind,
+    harness_with, harness_with_peers, json_of, metric_value, on_target, send_as, widget,
+    widget_object, widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
 };
 use test_support::relay::Relay;
 
@@ -964,13 +964,7 @@ async fn more_watches_than_one_http2_connection_allows_all_open() {
     for i in 0..WATCHES {
         let mut sender = senders[i % senders.len()].clone();
         opened.push(tokio::spawn(async move {
-            let request = http::Request::get(format!(
-                "https://localhost{WIDGETS}?watch=true&labelSelector=n%3D{i}"
-            ))
-            .header("x-remote-user", "alice")
-            .header("x-remote-group", "system:authenticated")
-            .body(http_body_util::Empty::<Bytes>::new())
-            .expect("request");
+            let request = aggregator_get(&format!("{WIDGETS}?watch=true&labelSelector=n%3D{i}"));
             let response =
                 tokio::time::timeout(Duration::from_secs(20), sender.send_request(request)).await;
             match response {
@@ -1243,11 +1237,7 @@ async fn a_caller_without_a_window_does_not_keep_its_place() {
         0,
     )
     .await;
-    let request = http::Request::get(format!("https://localhost{WIDGETS}/stuck"))
-        .header("x-remote-user", "alice")
-        .header("x-remote-group", "system:authenticated")
-        .body(http_body_util::Empty::<Bytes>::new())
-        .expect("request");
+    let request = aggregator_get(&format!("{WIDGETS}/stuck"));
     let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(request))
         .await
         .expect("the head in time")
@@ -1418,11 +1408,7 @@ async fn shutdown_closes_watches_still_open_after_the_grace_period() {
     let mut sender =
         caller_h2::<http_body_util::Empty<Bytes>>(h.addr, &h.serving_ca_pem, &h.front_proxy_client)
             .await;
-    let request = http::Request::get(format!("https://localhost{WIDGETS}?watch=true"))
-        .header("x-remote-user", "alice")
-        .header("x-remote-group", "system:authenticated")
-        .body(http_body_util::Empty::<Bytes>::new())
-        .expect("request");
+    let request = aggregator_get(&format!("{WIDGETS}?watch=true"));
     let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(request))
         .await
         .expect("watch answered within 20 s")

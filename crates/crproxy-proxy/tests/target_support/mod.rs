@@ -425,6 +425,17 @@ where
     sender
 }
 
+/// A bodiless GET of `path` as the client's aggregator forwards alice's, for the
+/// connections [`caller_h2`] opens.
+pub fn aggregator_get(path: &str) -> http::Request<http_body_util::Empty<Bytes>> {
+    http::Request::get(format!("https://localhost{path}"))
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+        .header("accept", "application/json")
+        .body(http_body_util::Empty::new())
+        .expect("request")
+}
+
 /// The sum of `name`'s samples whose line contains `needle` (0 when none).
 pub fn metric_value(metrics: &Metrics, name: &str, needle: &str) -> f64 {
     metrics
