@@ -383,7 +383,11 @@ async fn serve_connection(
                 req.extensions_mut().insert(c.clone());
             }
             let state = svc_state.clone();
-            async move { Ok::<_, std::convert::Infallible>(handlers::handle(state, req).await) }
+            let version = req.version();
+            async move {
+                let response = handlers::handle(state, req).await;
+                Ok::<_, std::convert::Infallible>(http::framed_like_go(version, response))
+            }
         });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // client-go multiplexes every watch of a process over one HTTP/2 connection;

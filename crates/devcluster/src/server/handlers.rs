@@ -397,25 +397,27 @@ fn non_resource(
             Some(doc) => Ok(h::json_response(200, &doc)),
             None => Ok(h::plain_not_found()),
         },
-        ["openapi", "v2"] => Ok(crate::openapi::v2_response(
-            &crate::openapi::v2_document(&openapi_resources(state)),
-            headers,
-        )
-        .map(h::full)),
+        ["openapi", "v2"] => Ok(h::with_content_length(
+            crate::openapi::v2_response(
+                &crate::openapi::v2_document(&openapi_resources(state)),
+                headers,
+            )
+            .map(h::full),
+        )),
         ["openapi", "v3"] => {
             let mut r = h::json_response(200, &openapi_v3_index(state));
             r.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("text/plain; charset=utf-8"),
             );
-            Ok(r)
+            Ok(h::with_content_length(r))
         }
         ["openapi", "v3", "api", v] => match openapi_v3_gv(state, "", v) {
-            Some(doc) => Ok(h::json_response(200, &doc)),
+            Some(doc) => Ok(h::with_content_length(h::json_response(200, &doc))),
             None => Ok(h::plain_not_found()),
         },
         ["openapi", "v3", "apis", g, v] => match openapi_v3_gv(state, g, v) {
-            Some(doc) => Ok(h::json_response(200, &doc)),
+            Some(doc) => Ok(h::with_content_length(h::json_response(200, &doc))),
             None => Ok(h::plain_not_found()),
         },
         _ => Ok(h::plain_not_found()),

@@ -8,9 +8,11 @@
 
 use crate::error::ApiError;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use serde_json::Value;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 /// Every response body: a full buffer or a stream (watches).
 pub type Body = BoxBody<Bytes, std::io::Error>;
@@ -307,6 +309,68 @@ pub fn add_warnings(resp: &mut Response<Body>, warnings: &[String]) {
     }
 }
 
+/// How much of an answer Go's net/http keeps before it has to send the head
+/// (`bufferBeforeChunkingSize`): a handler that finished within it gets a
+/// Content-Length, a longer answer goes out chunked.
+const GO_HTTP1_BUFFER: u64 = 2048;
+/// The same for golang.org/x/net/http2 (`handlerChunkWriteSize`): a longer
+/// answer goes out in DATA frames with no content-length.
+const GO_HTTP2_BUFFER: u64 = 4096;
+
+/// Frames `response` as kube-apiserver's Go server frames an answer it wrote
+/// whole: a body up to Go's buffer with its length, a longer one without
+/// (chunked over HTTP/1.1). The recordings show it: a named CronTab (about 1 KiB)
+/// comes with a Content-Length, a CRD or a table of a few KiB chunked. A proxy
+/// in front of kube has to handle both, so devcluster answers both ways too.
+/// A response that already names its length (an aggregated server's, passed
+/// through as Go's reverse proxy does) keeps it.
+pub fn framed_like_go(version: Version, response: Response<Body>) -> Response<Body> {
+    let buffer = match version {
+        Version::HTTP_2 => GO_HTTP2_BUFFER,
+        _ => GO_HTTP1_BUFFER,
+    };
+    let announced = response
+        .headers()
+        .contains_key(http::header::CONTENT_LENGTH);
+    let longer = http_body::Body::size_hint(response.body())
+        .exact()
+        .is_some_and(|length| length > buffer);
+    if announced || !longer {
+        return response;
+    }
+    response.map(|body| BoxBody::new(Unannounced(body)))
+}
+
+/// Names the body's length in a Content-Length header, as kube's OpenAPI
+/// handlers do (they answer a document through Go's `http.ServeContent`): such
+/// an answer is never chunked, however long. Other answers (304, 406) are left
+/// alone.
+pub fn with_content_length(mut response: Response<Body>) -> Response<Body> {
+    let length = http_body::Body::size_hint(response.body()).exact();
+    if let (StatusCode::OK, Some(length)) = (response.status(), length) {
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    response
+}
+
+/// A body that does not say how long it is, so hyper sends it chunked over
+/// HTTP/1.1 and without a content-length over HTTP/2.
+struct Unannounced(Body);
+
+impl http_body::Body for Unannounced {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        Pin::new(&mut self.0).poll_frame(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,6 +407,49 @@ mod tests {
         );
         check(Some("text/html"), None);
         check(Some("application/json;as=Bogus;g=x"), None);
+    }
+
+    /// The length `framed_like_go` lets hyper announce, if any.
+    fn announced_length(version: Version, body_len: usize, named: bool) -> Option<u64> {
+        let mut response = Response::new(full(vec![b'x'; body_len]));
+        if named {
+            response.headers_mut().insert(
+                http::header::CONTENT_LENGTH,
+                HeaderValue::from(body_len as u64),
+            );
+        }
+        http_body::Body::size_hint(framed_like_go(version, response).body()).exact()
+    }
+
+    #[test]
+    fn answers_longer_than_gos_buffer_go_without_a_length() {
+        // (version, body length, length header already set, announced length)
+        let cases = [
+            (Version::HTTP_11, 0, false, Some(0)),
+            (Version::HTTP_11, 2048, false, Some(2048)),
+            (Version::HTTP_11, 2049, false, None),
+            (Version::HTTP_10, 2049, false, None),
+            (Version::HTTP_2, 2049, false, Some(2049)),
+            (Version::HTTP_2, 4096, false, Some(4096)),
+            (Version::HTTP_2, 4097, false, None),
+            (Version::HTTP_11, 100_000, true, Some(100_000)),
+            (Version::HTTP_2, 100_000, true, Some(100_000)),
+        ];
+        for (version, len, named, expected) in cases {
+            assert_eq!(
+                announced_length(version, len, named),
+                expected,
+                "{version:?}, {len} bytes, length header {named}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unannounced_body_keeps_its_bytes() {
+        let text: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let response = framed_like_go(Version::HTTP_11, Response::new(full(text.clone())));
+        let collected = response.into_body().collect().await.expect("body");
+        assert_eq!(collected.to_bytes(), text);
     }
 
     #[test]
