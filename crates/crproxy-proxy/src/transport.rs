@@ -396,6 +396,9 @@ pub struct DeadlineBody {
     /// Made the first time the target keeps the body waiting: an answer that is
     /// ready when polled (most are) never registers a timer.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// The frame after the one last handed out, taken early to learn whether
+    /// that one was the last (see [`DeadlineBody::poll_frame`]).
+    ahead: Option<Result<Frame<Bytes>, BoxError>>,
     metrics: TargetMetrics,
     verb: &'static str,
     started: Instant,
@@ -415,9 +418,10 @@ struct Holding {
 /// termination if it cut the request: each exactly once.
 enum Held {
     /// In the body alone: before the first chunk. An answer that comes whole in
-    /// its first chunk (a named GET from a target that sends a Content-Length)
-    /// ends there and never pays for a watchdog; one sent chunked is watched
-    /// until its end is seen, like any streamed answer.
+    /// its first chunk ends there and never pays for a watchdog: one sent with a
+    /// Content-Length ends with that chunk, one sent chunked (kube-apiserver
+    /// chunks answers over 2 KiB) when the look ahead finds its end right behind
+    /// it. Only an answer still streaming after that is watched.
     Here(Holding),
     /// Still streaming after its first chunk: shared with a watchdog task that
     /// takes it out at the deadline even if hyper never polls the body again. The
@@ -462,6 +466,7 @@ impl DeadlineBody {
             }),
             deadline,
             sleep: None,
+            ahead: None,
             metrics,
             verb,
             started,
@@ -534,19 +539,22 @@ fn record_end(metrics: &TargetMetrics, verb: &'static str, started: Instant, cut
     metrics.request_duration(verb, started.elapsed().as_secs_f64());
 }
 
-impl Body for DeadlineBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        if matches!(this.held, Held::Ended) {
-            return Poll::Ready(None);
+impl DeadlineBody {
+    /// Whether a request still streaming is past its deadline, or was cut there
+    /// by the watchdog; the next [`DeadlineBody::take`] then ends it with an error.
+    fn is_cut(&self) -> bool {
+        match &self.held {
+            Held::Watched { shared, .. } => {
+                Instant::now() >= self.deadline || lock(shared).is_none()
+            }
+            Held::Here(_) | Held::Ended => false,
         }
-        let (polled, ended) = match &mut this.held {
+    }
+
+    /// Takes the next frame from the target's body, ending the request when the
+    /// body has ended, failed or run past the deadline.
+    fn take(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let (polled, ended) = match &mut self.held {
             Held::Here(holding) => {
                 let polled = Pin::new(&mut holding.inner).poll_frame(cx);
                 let ended = holding.inner.is_end_stream();
@@ -559,8 +567,8 @@ impl Body for DeadlineBody {
                 // The first chunk is not checked: an answer the handler wrote
                 // because the deadline expired (its 503 or 504, already counted)
                 // goes out as it is.
-                if Instant::now() >= this.deadline {
-                    this.end(true);
+                if Instant::now() >= self.deadline {
+                    self.end(true);
                     return Poll::Ready(Some(Err(deadline_exceeded())));
                 }
                 let mut guard = lock(shared);
@@ -568,7 +576,7 @@ impl Body for DeadlineBody {
                     // The watchdog cut the request (and counted it) while hyper
                     // was not polling.
                     drop(guard);
-                    this.held = Held::Ended;
+                    self.held = Held::Ended;
                     return Poll::Ready(Some(Err(deadline_exceeded())));
                 };
                 let polled = Pin::new(&mut holding.inner).poll_frame(cx);
@@ -578,45 +586,72 @@ impl Body for DeadlineBody {
             Held::Ended => return Poll::Ready(None),
         };
         match polled {
-            Poll::Ready(None) => {
-                this.end(false);
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Err(e))) => {
-                this.end(false);
-                Poll::Ready(Some(Err(e)))
-            }
-            Poll::Ready(Some(Ok(frame))) => {
-                if ended {
-                    // The last chunk is in hand: the request holds nothing more
-                    // from the target. Ended now rather than when hyper drops the
-                    // body: to a caller with no room in its window hyper keeps the
-                    // chunk unsent, and the body alive, for as long as the
-                    // connection lives, and with it the request's place under the
-                    // in-flight limit.
-                    this.end(false);
-                } else if matches!(this.held, Held::Here(_)) {
-                    this.watch();
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.end(false),
+            // The last chunk is in hand: the request holds nothing more from the
+            // target. Ended now rather than when hyper drops the body: to a
+            // caller with no room in its window hyper keeps the chunk unsent, and
+            // the body alive, for as long as the connection lives, and with it
+            // the request's place under the in-flight limit.
+            Poll::Ready(Some(Ok(_))) if ended => self.end(false),
+            Poll::Ready(Some(Ok(_))) => {}
             Poll::Pending => {
-                let deadline = this.deadline;
-                let sleep = this
+                let deadline = self.deadline;
+                let sleep = self
                     .sleep
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                match sleep.as_mut().poll(cx) {
-                    Poll::Ready(()) => {
-                        this.end(true);
-                        Poll::Ready(Some(Err(deadline_exceeded())))
-                    }
-                    Poll::Pending => Poll::Pending,
+                if sleep.as_mut().poll(cx).is_ready() {
+                    self.end(true);
+                    return Poll::Ready(Some(Err(deadline_exceeded())));
                 }
             }
         }
+        polled
+    }
+}
+
+impl Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    /// Hands out the target's frames, each with the frame after it already taken
+    /// when the target has sent it. A body sent chunked (no Content-Length) does
+    /// not say that a chunk is its last; its end comes as a frame of its own. Seen
+    /// one frame early, the end is known when the last chunk goes out: hyper puts
+    /// END_STREAM on that chunk's DATA frame instead of sending an empty one, the
+    /// request lets go of the target connection and its in-flight place at once
+    /// (even to a caller with no window, whom hyper never polls again), and an
+    /// answer that came whole needs no watchdog. It holds one more chunk than
+    /// the caller has taken, no more.
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let current = match this.ahead.take() {
+            // Taken before the request was cut: the caller gets the cut, not it.
+            Some(taken) if !this.is_cut() => taken,
+            _ => match this.take(cx) {
+                Poll::Ready(Some(taken)) => taken,
+                other => return other,
+            },
+        };
+        if current.is_ok() && !matches!(this.held, Held::Ended) {
+            if let Poll::Ready(Some(next)) = this.take(cx) {
+                this.ahead = Some(next);
+            }
+            // Still streaming after handing out a chunk: from here on the
+            // watchdog keeps the deadline even if hyper stops polling.
+            if matches!(this.held, Held::Here(_)) {
+                this.watch();
+            }
+        }
+        Poll::Ready(Some(current))
     }
 
     fn is_end_stream(&self) -> bool {
+        if self.ahead.is_some() {
+            return false;
+        }
         match &self.held {
             Held::Here(holding) => holding.inner.is_end_stream(),
             // Asked by hyper between polls; a lock nobody else holds before the
@@ -629,14 +664,24 @@ impl Body for DeadlineBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.held {
+        let rest = match &self.held {
             Held::Here(holding) => holding.inner.size_hint(),
             Held::Watched { shared, .. } => lock(shared)
                 .as_ref()
                 .map(|holding| holding.inner.size_hint())
                 .unwrap_or_default(),
             Held::Ended => SizeHint::with_exact(0),
+        };
+        let ahead = match &self.ahead {
+            Some(Ok(frame)) => frame.data_ref().map_or(0, |data| data.len() as u64),
+            _ => 0,
+        };
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(ahead));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(ahead));
         }
+        hint
     }
 }
 

@@ -426,6 +426,85 @@ async fn a_whole_answer_frees_its_place_when_its_chunk_is_taken() {
     check_ended_once(&metrics, false);
 }
 
+/// An answer sent chunked (kube-apiserver chunks anything over 2 KiB) does not say
+/// which chunk is its last: its end arrives as a frame of its own, which hyper
+/// asks for only if the caller has room for more. Looking one frame ahead, the
+/// body knows it has ended when its last chunk is taken: the in-flight place is
+/// free, hyper can put END_STREAM on that chunk, and an answer that came in one
+/// chunk starts no watchdog.
+#[tokio::test(start_paused = true)]
+async fn a_chunked_answer_ends_with_its_last_chunk() {
+    for parts in [
+        &["{\"kind\":\"Widget\"}"][..],
+        &["{\"items\":[", "{\"kind\":\"Widget\"}", "]}"][..],
+    ] {
+        let metrics = Metrics::new();
+        let target = metrics.target("default/target");
+        let started = Instant::now();
+        let limit = Arc::new(tokio::sync::Semaphore::new(1));
+        let permit = Arc::clone(&limit).try_acquire_owned().expect("a place");
+        let mut body = DeadlineBody::new(
+            chunks(parts),
+            started + REQUEST_DEADLINE,
+            started,
+            target.clone(),
+            "GET",
+            target.inflight(),
+        )
+        .holding(Some(permit));
+        let mut taken = Vec::new();
+        for (index, part) in parts.iter().enumerate() {
+            let frame = body.frame().await.expect("a chunk").expect("no error");
+            taken.extend_from_slice(frame.data_ref().expect("data"));
+            let last = index + 1 == parts.len();
+            assert_eq!(body.is_end_stream(), last, "after {part:?} of {parts:?}");
+            assert_eq!(
+                limit.available_permits(),
+                usize::from(last),
+                "the place is let go with the last chunk, not before ({parts:?})"
+            );
+        }
+        assert_eq!(taken, parts.concat().into_bytes());
+        assert_eq!(tasks_alive().await, 0, "no watchdog left ({parts:?})");
+        check_ended_once(&metrics, false);
+        assert!(body.frame().await.is_none());
+        drop(body);
+        check_ended_once(&metrics, false);
+    }
+}
+
+/// One chunk, then nothing for a while, then the end: the body is watched while it
+/// waits (the look ahead found nothing yet) and ends when the end arrives.
+#[tokio::test(start_paused = true)]
+async fn a_chunked_answer_whose_end_is_late_is_watched_until_it_comes() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(2);
+    sender
+        .send(Ok(Frame::data(Bytes::from_static(
+            b"{\"kind\":\"Widget\"}",
+        ))))
+        .await
+        .expect("queued");
+    let mut body = DeadlineBody::new(
+        StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver)).boxed(),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "GET",
+        target.inflight(),
+    );
+    assert!(matches!(body.frame().await, Some(Ok(_))));
+    assert!(!body.is_end_stream());
+    assert_eq!(tasks_alive().await, 1, "watched while the end is awaited");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(sender);
+    assert!(body.frame().await.is_none());
+    assert_eq!(tasks_alive().await, 0, "the watchdog ends with the body");
+    check_ended_once(&metrics, false);
+}
+
 /// The number of tasks alive on this test's runtime once the aborted ones have
 /// gone (bounded: a few yields).
 async fn tasks_alive() -> usize {
