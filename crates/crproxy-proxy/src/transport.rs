@@ -379,12 +379,14 @@ pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
 }
 
 /// A non-watch response body: stops at the request deadline, and keeps the request
-/// counted as in flight (and unmeasured) until its last chunk has been handed to
-/// the caller's connection.
+/// counted as in flight (and unmeasured) until its last chunk has been taken from
+/// the target.
 ///
 /// Past the first chunk the deadline is checked on every poll, so a body whose next
 /// chunk is always ready (the target has sent everything; the caller reads slowly)
-/// is cut too. A caller that stops reading is the harder case: with no room in its
+/// is cut too. The request ends when its last chunk is in hand, though: that chunk
+/// goes out even to a caller who asks for it after the deadline, as a whole answer's
+/// one chunk always has. A caller that stops reading is the harder case: with no room in its
 /// window hyper stops polling the body at all, so nothing in here would run again.
 /// A body that is still streaming after its first chunk therefore gets a watchdog,
 /// a task that at the deadline takes what the request holds out of the body and
@@ -636,8 +638,15 @@ impl Body for DeadlineBody {
             },
         };
         if current.is_ok() && !matches!(this.held, Held::Ended) {
-            if let Poll::Ready(Some(next)) = this.take(cx) {
-                this.ahead = Some(next);
+            match this.take(cx) {
+                // An empty DATA frame that only carries the end (as an HTTP/2
+                // target sends after a long answer) is dropped: held, it would
+                // keep hyper from putting END_STREAM on the chunk before it.
+                Poll::Ready(Some(Ok(next)))
+                    if matches!(this.held, Held::Ended)
+                        && next.data_ref().is_some_and(Bytes::is_empty) => {}
+                Poll::Ready(Some(next)) => this.ahead = Some(next),
+                Poll::Ready(None) | Poll::Pending => {}
             }
             // Still streaming after handing out a chunk: from here on the
             // watchdog keeps the deadline even if hyper stops polling.

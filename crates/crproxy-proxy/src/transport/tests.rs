@@ -430,8 +430,7 @@ async fn a_whole_answer_frees_its_place_when_its_chunk_is_taken() {
 /// which chunk is its last: its end arrives as a frame of its own, which hyper
 /// asks for only if the caller has room for more. Looking one frame ahead, the
 /// body knows it has ended when its last chunk is taken: the in-flight place is
-/// free, hyper can put END_STREAM on that chunk, and an answer that came in one
-/// chunk starts no watchdog.
+/// free, hyper can put END_STREAM on that chunk, and no watchdog is left running.
 #[tokio::test(start_paused = true)]
 async fn a_chunked_answer_ends_with_its_last_chunk() {
     for parts in [
@@ -471,6 +470,83 @@ async fn a_chunked_answer_ends_with_its_last_chunk() {
         drop(body);
         check_ended_once(&metrics, false);
     }
+}
+
+/// Frames whose body says it has ended as the last one is taken, as an HTTP/2
+/// target's body does when END_STREAM comes on its last DATA frame.
+struct EndKnown(std::collections::VecDeque<&'static str>);
+
+impl Body for EndKnown {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(
+            self.0
+                .pop_front()
+                .map(|part| Ok(Frame::data(Bytes::from_static(part.as_bytes())))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// An HTTP/2 target ends a long answer with an empty DATA frame that only
+/// carries END_STREAM. Taken ahead and held, it would keep hyper from ending the
+/// stream with the real last chunk; it is dropped instead.
+#[tokio::test(start_paused = true)]
+async fn an_empty_end_frame_taken_ahead_is_dropped() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    let mut body = DeadlineBody::new(
+        EndKnown(["{\"kind\":\"Widget\"}", ""].into()).boxed(),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "GET",
+        target.inflight(),
+    );
+    let frame = body.frame().await.expect("a chunk").expect("no error");
+    assert_eq!(frame.data_ref().map(Bytes::len), Some(17));
+    assert!(body.is_end_stream(), "the chunk goes out as the last");
+    check_ended_once(&metrics, false);
+    assert!(body.frame().await.is_none());
+}
+
+/// A request ends when its last chunk is in hand. Taken ahead, that chunk goes
+/// out even if the caller asks for it after the deadline, as a whole answer's
+/// one chunk does; a chunk taken ahead of a request that had not ended by then
+/// does not (a_body_nobody_polls_any_more_is_cut_at_the_deadline).
+#[tokio::test(start_paused = true)]
+async fn a_last_chunk_in_hand_goes_out_after_the_deadline() {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    let mut body = DeadlineBody::new(
+        EndKnown(["{\"items\":[", "]}"].into()).boxed(),
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        "LIST",
+        target.inflight(),
+    );
+    assert!(matches!(body.frame().await, Some(Ok(_))));
+    check_ended_once(&metrics, false);
+    tokio::time::sleep(REQUEST_DEADLINE + Duration::from_secs(1)).await;
+    let last = body
+        .frame()
+        .await
+        .expect("the last chunk")
+        .expect("no error");
+    assert_eq!(last.data_ref().map(|d| &d[..]), Some(&b"]}"[..]));
+    assert!(body.frame().await.is_none());
+    check_ended_once(&metrics, false);
 }
 
 /// One chunk, then nothing for a while, then the end: the body is watched while it
