@@ -15,6 +15,23 @@ fn chunks(parts: &[&'static str]) -> ProxyBody {
     StreamBody::new(stream::iter(frames)).boxed()
 }
 
+/// A fresh target's metrics, and `inner` as the answer of a `verb` request that
+/// starts now, under the 60 s deadline.
+fn under_deadline(inner: ProxyBody, verb: &'static str) -> (Arc<Metrics>, DeadlineBody) {
+    let metrics = Metrics::new();
+    let target = metrics.target("default/target");
+    let started = Instant::now();
+    let body = DeadlineBody::new(
+        inner,
+        started + REQUEST_DEADLINE,
+        started,
+        target.clone(),
+        verb,
+        target.inflight(),
+    );
+    (metrics, body)
+}
+
 fn scrape_line(metrics: &Metrics, prefix: &str) -> Option<String> {
     metrics
         .encode()
@@ -47,17 +64,7 @@ async fn a_stalled_non_watch_body_is_cut_at_the_deadline_and_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_complete_body_passes_and_is_measured_once() {
-    let metrics = Metrics::new();
-    let target = metrics.target("default/target");
-    let started = Instant::now();
-    let body = DeadlineBody::new(
-        chunks(&["{\"a\":", "1}"]),
-        started + REQUEST_DEADLINE,
-        started,
-        target.clone(),
-        "GET",
-        target.inflight(),
-    );
+    let (metrics, body) = under_deadline(chunks(&["{\"a\":", "1}"]), "GET");
     let bytes = body.collect().await.expect("body").to_bytes();
     assert_eq!(&bytes[..], b"{\"a\":1}");
     let count =
@@ -402,20 +409,10 @@ async fn a_body_nobody_polls_any_more_is_cut_at_the_deadline() {
 /// request must not keep its in-flight place that long.
 #[tokio::test(start_paused = true)]
 async fn a_whole_answer_frees_its_place_when_its_chunk_is_taken() {
-    let metrics = Metrics::new();
-    let target = metrics.target("default/target");
-    let started = Instant::now();
     let limit = Arc::new(tokio::sync::Semaphore::new(1));
     let permit = Arc::clone(&limit).try_acquire_owned().expect("a place");
-    let mut body = DeadlineBody::new(
-        full(Bytes::from_static(b"{\"kind\":\"Widget\"}")),
-        started + REQUEST_DEADLINE,
-        started,
-        target.clone(),
-        "GET",
-        target.inflight(),
-    )
-    .holding(Some(permit));
+    let (metrics, body) = under_deadline(full(Bytes::from_static(b"{\"kind\":\"Widget\"}")), "GET");
+    let mut body = body.holding(Some(permit));
     assert!(matches!(body.frame().await, Some(Ok(_))));
     // The body is still alive (hyper would hold it), yet nothing is held any more.
     assert_eq!(limit.available_permits(), 1, "the in-flight place is free");
@@ -501,16 +498,9 @@ impl Body for EndKnown {
 /// stream with the real last chunk; it is dropped instead.
 #[tokio::test(start_paused = true)]
 async fn an_empty_end_frame_taken_ahead_is_dropped() {
-    let metrics = Metrics::new();
-    let target = metrics.target("default/target");
-    let started = Instant::now();
-    let mut body = DeadlineBody::new(
+    let (metrics, mut body) = under_deadline(
         EndKnown(["{\"kind\":\"Widget\"}", ""].into()).boxed(),
-        started + REQUEST_DEADLINE,
-        started,
-        target.clone(),
         "GET",
-        target.inflight(),
     );
     let frame = body.frame().await.expect("a chunk").expect("no error");
     assert_eq!(frame.data_ref().map(Bytes::len), Some(17));
@@ -525,17 +515,8 @@ async fn an_empty_end_frame_taken_ahead_is_dropped() {
 /// does not (a_body_nobody_polls_any_more_is_cut_at_the_deadline).
 #[tokio::test(start_paused = true)]
 async fn a_last_chunk_in_hand_goes_out_after_the_deadline() {
-    let metrics = Metrics::new();
-    let target = metrics.target("default/target");
-    let started = Instant::now();
-    let mut body = DeadlineBody::new(
-        EndKnown(["{\"items\":[", "]}"].into()).boxed(),
-        started + REQUEST_DEADLINE,
-        started,
-        target.clone(),
-        "LIST",
-        target.inflight(),
-    );
+    let (metrics, mut body) =
+        under_deadline(EndKnown(["{\"items\":[", "]}"].into()).boxed(), "LIST");
     assert!(matches!(body.frame().await, Some(Ok(_))));
     check_ended_once(&metrics, false);
     tokio::time::sleep(REQUEST_DEADLINE + Duration::from_secs(1)).await;
