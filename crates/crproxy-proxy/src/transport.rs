@@ -542,20 +542,25 @@ fn record_end(metrics: &TargetMetrics, verb: &'static str, started: Instant, cut
 }
 
 impl DeadlineBody {
-    /// Whether a request still streaming is past its deadline, or was cut there
-    /// by the watchdog; the next [`DeadlineBody::take`] then ends it with an error.
+    /// Whether a request still streaming past its first chunk has reached its
+    /// deadline (where the watchdog, too, cuts it). Checked on every poll (a clock
+    /// read) before anything more is taken from the target, or handed out from
+    /// what was taken ahead: a target whose next chunk is always ready never
+    /// returns Pending. The first chunk is not checked: an answer the handler
+    /// wrote because the deadline expired (its 503 or 504, already counted) goes
+    /// out as it is.
     fn is_cut(&self) -> bool {
-        match &self.held {
-            Held::Watched { shared, .. } => {
-                Instant::now() >= self.deadline || lock(shared).is_none()
-            }
-            Held::Here(_) | Held::Ended => false,
-        }
+        matches!(self.held, Held::Watched { .. }) && Instant::now() >= self.deadline
     }
 
     /// Takes the next frame from the target's body, ending the request when the
     /// body has ended, failed or run past the deadline.
     fn take(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.is_cut() {
+            // Counted here unless the watchdog has counted it already.
+            self.end(true);
+            return Poll::Ready(Some(Err(deadline_exceeded())));
+        }
         let (polled, ended) = match &mut self.held {
             Held::Here(holding) => {
                 let polled = Pin::new(&mut holding.inner).poll_frame(cx);
@@ -563,16 +568,6 @@ impl DeadlineBody {
                 (polled, ended)
             }
             Held::Watched { shared, .. } => {
-                // Past the first chunk the deadline is checked on every poll (a
-                // clock read), before anything more is taken from the target: a
-                // target whose next chunk is always ready never returns Pending.
-                // The first chunk is not checked: an answer the handler wrote
-                // because the deadline expired (its 503 or 504, already counted)
-                // goes out as it is.
-                if Instant::now() >= self.deadline {
-                    self.end(true);
-                    return Poll::Ready(Some(Err(deadline_exceeded())));
-                }
                 let mut guard = lock(shared);
                 let Some(holding) = guard.as_mut() else {
                     // The watchdog cut the request (and counted it) while hyper
@@ -630,7 +625,8 @@ impl Body for DeadlineBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         let current = match this.ahead.take() {
-            // Taken before the request was cut: the caller gets the cut, not it.
+            // Taken before the request was cut: the caller gets the cut (from
+            // `take`), not it.
             Some(taken) if !this.is_cut() => taken,
             _ => match this.take(cx) {
                 Poll::Ready(Some(taken)) => taken,

@@ -434,20 +434,10 @@ async fn a_chunked_answer_ends_with_its_last_chunk() {
         &["{\"kind\":\"Widget\"}"][..],
         &["{\"items\":[", "{\"kind\":\"Widget\"}", "]}"][..],
     ] {
-        let metrics = Metrics::new();
-        let target = metrics.target("default/target");
-        let started = Instant::now();
         let limit = Arc::new(tokio::sync::Semaphore::new(1));
         let permit = Arc::clone(&limit).try_acquire_owned().expect("a place");
-        let mut body = DeadlineBody::new(
-            chunks(parts),
-            started + REQUEST_DEADLINE,
-            started,
-            target.clone(),
-            "GET",
-            target.inflight(),
-        )
-        .holding(Some(permit));
+        let (metrics, body) = under_deadline(chunks(parts), "GET");
+        let mut body = body.holding(Some(permit));
         let mut taken = Vec::new();
         for (index, part) in parts.iter().enumerate() {
             let frame = body.frame().await.expect("a chunk").expect("no error");
@@ -534,9 +524,6 @@ async fn a_last_chunk_in_hand_goes_out_after_the_deadline() {
 /// waits (the look ahead found nothing yet) and ends when the end arrives.
 #[tokio::test(start_paused = true)]
 async fn a_chunked_answer_whose_end_is_late_is_watched_until_it_comes() {
-    let metrics = Metrics::new();
-    let target = metrics.target("default/target");
-    let started = Instant::now();
     let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(2);
     sender
         .send(Ok(Frame::data(Bytes::from_static(
@@ -544,13 +531,9 @@ async fn a_chunked_answer_whose_end_is_late_is_watched_until_it_comes() {
         ))))
         .await
         .expect("queued");
-    let mut body = DeadlineBody::new(
+    let (metrics, mut body) = under_deadline(
         StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver)).boxed(),
-        started + REQUEST_DEADLINE,
-        started,
-        target.clone(),
         "GET",
-        target.inflight(),
     );
     assert!(matches!(body.frame().await, Some(Ok(_))));
     assert!(!body.is_end_stream());

@@ -319,7 +319,7 @@ const GO_HTTP2_BUFFER: u64 = 4096;
 
 /// Frames `response` as kube-apiserver's Go server frames an answer it wrote
 /// whole: a body up to Go's buffer with its length, a longer one without
-/// (chunked over HTTP/1.1). The recordings show it: a named CronTab (about 1 KiB)
+/// (chunked over HTTP/1.1). The recordings show it: a named CronTab (600 bytes)
 /// comes with a Content-Length, a CRD or a table of a few KiB chunked. A proxy
 /// in front of kube has to handle both, so devcluster answers both ways too.
 /// A response that already names its length (an aggregated server's, passed
