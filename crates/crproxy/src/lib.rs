@@ -9,3 +9,4 @@ pub mod doctor;
 pub mod logging;
 pub mod report;
 pub mod run;
+pub mod runtime;

@@ -62,13 +62,10 @@ fn main() -> ExitCode {
     // One crypto provider for the whole process: rustls panics when it has to pick
     // between several.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match crproxy::runtime::build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("crproxy: cannot start the async runtime: {error}");
+            eprintln!("crproxy: {error}");
             return ExitCode::FAILURE;
         }
     };

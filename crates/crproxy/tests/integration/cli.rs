@@ -214,6 +214,38 @@ fn a_missing_file_is_one_readable_line() {
     assert!(stderr.contains("/nonexistent/crproxy.yaml"), "{stderr}");
 }
 
+/// tokio reads `TOKIO_WORKER_THREADS` too, and panics on a value it cannot use;
+/// the command must refuse it first, in one line, and honour a good one.
+#[test]
+fn a_bad_worker_thread_count_is_one_readable_line() {
+    let run = |threads: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+            .args(["check-config", "/nonexistent/crproxy.yaml"])
+            .env("TOKIO_WORKER_THREADS", threads)
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .expect("run crproxy");
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    for bad in ["0", "two", " 2"] {
+        let (status, stderr) = run(bad);
+        assert_eq!(status.code(), Some(1), "{bad:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{bad:?}: {stderr}");
+        assert!(
+            stderr.starts_with("crproxy: TOKIO_WORKER_THREADS must be"),
+            "{bad:?}: {stderr}"
+        );
+        assert!(stderr.contains(&format!("{bad:?}")), "{bad:?}: {stderr}");
+    }
+    // A good count gets as far as the command's own error.
+    let (status, stderr) = run("1");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("/nonexistent/crproxy.yaml"), "{stderr}");
+}
+
 /// `crproxy dev` with the README's default, relative `--dir`: the generated
 /// configuration must still find its kubeconfigs.
 #[test]
