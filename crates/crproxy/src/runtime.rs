@@ -10,7 +10,7 @@
 use std::ffi::OsString;
 
 /// The environment variable tokio itself reads for the worker count.
-pub const WORKER_THREADS_VAR: &str = "TOKIO_WORKER_THREADS";
+const WORKER_THREADS_VAR: &str = "TOKIO_WORKER_THREADS";
 
 /// Why the runtime could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +18,7 @@ pub enum RuntimeError {
     #[error("{WORKER_THREADS_VAR} must be a whole number of threads above 0, not {0:?}")]
     WorkerThreads(String),
     #[error("cannot start the async runtime: {0}")]
-    Build(#[source] std::io::Error),
+    Build(std::io::Error),
 }
 
 /// Builds the runtime the command runs on, with the worker count the
@@ -34,7 +34,7 @@ pub fn build() -> Result<tokio::runtime::Runtime, RuntimeError> {
 /// The worker count a `TOKIO_WORKER_THREADS` value asks for: `None` when it is
 /// not set (tokio's default), an error for anything but a number above 0, which
 /// is what tokio accepts.
-pub fn worker_threads(value: Option<OsString>) -> Result<Option<usize>, RuntimeError> {
+fn worker_threads(value: Option<OsString>) -> Result<Option<usize>, RuntimeError> {
     let Some(value) = value else {
         return Ok(None);
     };
