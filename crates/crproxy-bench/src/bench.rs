@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,8 @@ pub struct Options {
     pub skip_memory: bool,
     /// Leave out the comparison through a client cluster's aggregation layer.
     pub skip_aggregator: bool,
+    /// The crproxy child's tokio worker threads; `None` leaves its default.
+    pub proxy_worker_threads: Option<NonZeroUsize>,
 }
 
 /// The name `--only` matches to run the memory phase (idle watches, large
@@ -82,6 +85,7 @@ impl Default for Options {
             only: None,
             skip_memory: false,
             skip_aggregator: false,
+            proxy_worker_threads: None,
         }
     }
 }
@@ -411,10 +415,21 @@ async fn measure_all(
                     &client.link.config_path,
                     &dir.join("crproxy-child"),
                     &child_replacements,
+                    options.proxy_worker_threads,
                 )
                     .await
                 {
-                    Ok(c) => child_proxy = Some(c),
+                    Ok(c) => {
+                        if options.proxy_worker_threads.is_some()
+                            || std::env::var_os(child::WORKER_THREADS_VAR).is_some()
+                        {
+                            notes.push(format!(
+                                "crproxy child's tokio worker threads: {}",
+                                child::worker_threads_setting(options.proxy_worker_threads)
+                            ));
+                        }
+                        child_proxy = Some(c);
+                    }
                     Err(e) => notes.push(format!(
                         "crproxy child process did not start ({e}); measured the in-process proxy"
                     )),
@@ -786,6 +801,7 @@ async fn measure_all(
         "mode": if options.quick { "quick" } else { "full" },
         "protocol": options.protocol,
         "crproxy": if proxy_pid.is_some() { "child process (crproxy run)" } else { "in-process" },
+        "crproxy_worker_threads": proxy_pid.map(|_| child::worker_threads_setting(options.proxy_worker_threads)),
         "access": "owned",
         "nginx": nginx_proc.as_ref().map(|_| nginx_version()),
         "cpu_clock": cpu_clock,

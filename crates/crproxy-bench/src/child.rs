@@ -8,6 +8,7 @@
 //! is a second replica, which serves but never registers.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -107,6 +108,7 @@ impl ChildProxy {
         config: &Path,
         dir: &Path,
         replacements: &[(String, String)],
+        worker_threads: Option<NonZeroUsize>,
     ) -> Result<Self, ChildError> {
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let mut text =
@@ -123,11 +125,7 @@ impl ChildProxy {
             .map_err(io(format!("writing {}", copy.display())))?;
         let log = dir.join("crproxy.log");
         let log_file = std::fs::File::create(&log).map_err(io("creating the child's log"))?;
-        let mut child = tokio::process::Command::new(binary)
-            .arg("run")
-            .arg("--config")
-            .arg(&copy)
-            .env("CRPROXY_LOG", "warn")
+        let mut child = run_command(binary, &copy, worker_threads)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -188,6 +186,38 @@ impl ChildProxy {
                 let _ = child.kill().await;
             }
         }
+    }
+}
+
+/// `binary run --config <config>`, logging warnings only, with `worker_threads`
+/// tokio worker threads when given (otherwise the child keeps crproxy's default,
+/// or a `TOKIO_WORKER_THREADS` this process was started with).
+fn run_command(
+    binary: &Path,
+    config: &Path,
+    worker_threads: Option<NonZeroUsize>,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(binary);
+    command
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .env("CRPROXY_LOG", "warn");
+    if let Some(threads) = worker_threads {
+        command.env(WORKER_THREADS_VAR, threads.to_string());
+    }
+    command
+}
+
+/// What crproxy (through tokio) reads for its worker count.
+pub const WORKER_THREADS_VAR: &str = "TOKIO_WORKER_THREADS";
+
+/// How many worker threads the child runs, as the report states it.
+pub fn worker_threads_setting(worker_threads: Option<NonZeroUsize>) -> String {
+    match (worker_threads, std::env::var(WORKER_THREADS_VAR)) {
+        (Some(threads), _) => threads.to_string(),
+        (None, Ok(inherited)) => format!("{inherited} (inherited {WORKER_THREADS_VAR})"),
+        (None, Err(_)) => "one per CPU (crproxy's default)".into(),
     }
 }
 

@@ -23,10 +23,8 @@ pub fn run_and_report(options: &bench::Options) -> anyhow::Result<()> {
     // One crypto provider for the whole process: the proxy, the devclusters and
     // the driver all use rustls with ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
+    // crproxy's own builder: a bad TOKIO_WORKER_THREADS is an error, not tokio's panic.
+    let runtime = crproxy::runtime::build().context("starting the tokio runtime")?;
     // On Ctrl-C or SIGTERM the run is dropped, and with it the crproxy child
     // (killed) and nginx (asked to stop), so nothing outlives the benchmark.
     let report = runtime.block_on(async {

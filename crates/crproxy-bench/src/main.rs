@@ -3,6 +3,7 @@
 //! Measures crproxy against direct access and nginx on this machine and prints a
 //! table; the same figures go to a JSON file for comparison across commits.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -43,6 +44,10 @@ struct Args {
     /// Skip the comparison through a client cluster's aggregation layer.
     #[arg(long)]
     no_aggregator: bool,
+    /// Tokio worker threads for the crproxy child (its TOKIO_WORKER_THREADS)
+    /// [default: crproxy's own, one per CPU]. The benchmark's own threads stay.
+    #[arg(long, value_name = "N")]
+    proxy_worker_threads: Option<NonZeroUsize>,
 }
 
 fn main() -> Result<()> {
@@ -61,6 +66,30 @@ fn main() -> Result<()> {
         only: args.only,
         skip_memory: args.no_memory,
         skip_aggregator: args.no_aggregator,
+        proxy_worker_threads: args.proxy_worker_threads,
     };
     crproxy_bench::run_and_report(&options).context("benchmark failed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_worker_threads_must_be_above_zero() {
+        let parse = |n: &str| {
+            Args::try_parse_from([
+                "crproxy-bench".into(),
+                format!("--proxy-worker-threads={n}"),
+            ])
+        };
+        let args = parse("1").expect("1 is a thread count");
+        assert_eq!(args.proxy_worker_threads, NonZeroUsize::new(1));
+        for bad in ["0", "two", "-1"] {
+            let error = parse(bad).expect_err(bad).to_string();
+            assert!(error.contains("--proxy-worker-threads"), "{bad}: {error}");
+        }
+        let default = Args::try_parse_from(["crproxy-bench"]).expect("no flags");
+        assert_eq!(default.proxy_worker_threads, None);
+    }
 }
