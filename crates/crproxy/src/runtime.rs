@@ -1,6 +1,6 @@
-//! The command's async runtime: tokio's multi-threaded scheduler, one worker
-//! thread per CPU the process may use (cgroup CPU limits count), or as many as
-//! `TOKIO_WORKER_THREADS` says.
+//! The command's async runtime (crproxy-bench builds its own with it too):
+//! tokio's multi-threaded scheduler, one worker thread per CPU the process may
+//! use (cgroup CPU limits count), or as many as `TOKIO_WORKER_THREADS` says.
 //!
 //! The variable is read here, not left to tokio: tokio panics on a value it
 //! cannot use, which would end the command with a backtrace instead of one line
