@@ -420,14 +420,10 @@ async fn measure_all(
                     .await
                 {
                     Ok(c) => {
-                        if options.proxy_worker_threads.is_some()
-                            || std::env::var_os(child::WORKER_THREADS_VAR).is_some()
-                        {
-                            notes.push(format!(
-                                "crproxy child's tokio worker threads: {}",
-                                child::worker_threads_setting(options.proxy_worker_threads)
-                            ));
-                        }
+                        notes.push(format!(
+                            "crproxy child's tokio worker threads: {}",
+                            child::worker_threads_setting(options.proxy_worker_threads)
+                        ));
                         child_proxy = Some(c);
                     }
                     Err(e) => notes.push(format!(

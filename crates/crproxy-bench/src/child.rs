@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use crproxy::runtime::WORKER_THREADS_VAR;
+
 /// The child could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum ChildError {
@@ -208,9 +210,6 @@ fn run_command(
     }
     command
 }
-
-/// What crproxy (through tokio) reads for its worker count.
-pub const WORKER_THREADS_VAR: &str = "TOKIO_WORKER_THREADS";
 
 /// How many worker threads the child runs, as the report states it.
 pub fn worker_threads_setting(worker_threads: Option<NonZeroUsize>) -> String {

@@ -10,7 +10,7 @@
 use std::ffi::OsString;
 
 /// The environment variable tokio itself reads for the worker count.
-const WORKER_THREADS_VAR: &str = "TOKIO_WORKER_THREADS";
+pub const WORKER_THREADS_VAR: &str = "TOKIO_WORKER_THREADS";
 
 /// Why the runtime could not be built.
 #[derive(Debug, thiserror::Error)]
