@@ -422,7 +422,7 @@ async fn measure_all(
                     Ok(c) => {
                         notes.push(format!(
                             "crproxy child's tokio worker threads: {}",
-                            child::worker_threads_setting(options.proxy_worker_threads)
+                            c.worker_threads
                         ));
                         child_proxy = Some(c);
                     }
@@ -797,7 +797,7 @@ async fn measure_all(
         "mode": if options.quick { "quick" } else { "full" },
         "protocol": options.protocol,
         "crproxy": if proxy_pid.is_some() { "child process (crproxy run)" } else { "in-process" },
-        "crproxy_worker_threads": proxy_pid.map(|_| child::worker_threads_setting(options.proxy_worker_threads)),
+        "crproxy_worker_threads": child_proxy.as_ref().map(|c| &c.worker_threads),
         "access": "owned",
         "nginx": nginx_proc.as_ref().map(|_| nginx_version()),
         "cpu_clock": cpu_clock,

@@ -99,6 +99,8 @@ pub struct ChildProxy {
     /// The serving CA the child created next to its configuration.
     pub ca_pem: String,
     pub log: PathBuf,
+    /// Its tokio worker threads, as the report states them.
+    pub worker_threads: String,
 }
 
 impl ChildProxy {
@@ -171,6 +173,7 @@ impl ChildProxy {
             metrics_addr,
             ca_pem,
             log,
+            worker_threads: worker_threads_setting(worker_threads),
         })
     }
 
@@ -212,7 +215,7 @@ fn run_command(
 }
 
 /// How many worker threads the child runs, as the report states it.
-pub fn worker_threads_setting(worker_threads: Option<NonZeroUsize>) -> String {
+fn worker_threads_setting(worker_threads: Option<NonZeroUsize>) -> String {
     match (worker_threads, std::env::var(WORKER_THREADS_VAR)) {
         (Some(threads), _) => threads.to_string(),
         (None, Ok(inherited)) => format!("{inherited} (inherited {WORKER_THREADS_VAR})"),

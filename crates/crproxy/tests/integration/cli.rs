@@ -3,15 +3,21 @@
 use std::process::Command;
 
 fn crproxy(args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_crproxy"))
-        .args(args)
-        .output()
-        .expect("run crproxy");
+    let output = crproxy_with_env(args, &[]);
     (
         output.status.success(),
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// The command run with `args` and these environment variables set.
+fn crproxy_with_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run crproxy")
 }
 
 #[test]
@@ -219,12 +225,10 @@ fn a_missing_file_is_one_readable_line() {
 #[test]
 fn a_bad_worker_thread_count_is_one_readable_line() {
     let run = |threads: &str| {
-        let output = Command::new(env!("CARGO_BIN_EXE_crproxy"))
-            .args(["check-config", "/nonexistent/crproxy.yaml"])
-            .env("TOKIO_WORKER_THREADS", threads)
-            .env("RUST_BACKTRACE", "1")
-            .output()
-            .expect("run crproxy");
+        let output = crproxy_with_env(
+            &["check-config", "/nonexistent/crproxy.yaml"],
+            &[("TOKIO_WORKER_THREADS", threads), ("RUST_BACKTRACE", "1")],
+        );
         (
             output.status,
             String::from_utf8_lossy(&output.stderr).into_owned(),
