@@ -211,6 +211,21 @@ fn seeded_prefix(lane: &str, c: usize, tag: &str) -> String {
     format!("s-{lane}-{c}-{tag}")
 }
 
+/// Every object the seeded patch and delete go through at concurrency `c`, on
+/// every lane: the warm-up's and each round's.
+fn seeded_names(plan: &Plan, lanes: &[&str], c: usize) -> Vec<String> {
+    let mut names = Vec::new();
+    for lane in lanes {
+        let phases = std::iter::once(("warm".to_string(), plan.warmup(plan.requests, c)))
+            .chain((0..plan.rounds).map(|r| (format!("r{r}"), plan.count(plan.requests, c))));
+        for (tag, count) in phases {
+            let prefix = seeded_prefix(lane, c, &tag);
+            names.extend((0..count).map(|i| format!("{prefix}-{i}")));
+        }
+    }
+    names
+}
+
 fn list_ns(n: usize) -> String {
     format!("bench-list-{n}")
 }
@@ -577,27 +592,6 @@ async fn measure_all(
         }
     }
     let wanted = |scenario: &str| options.wants(scenario);
-    if wanted("patch (seeded)") || wanted("delete (seeded)") {
-        let mut names = Vec::new();
-        for lane in &lanes {
-            for &c in &plan.concurrency {
-                let phases = std::iter::once(("warm".to_string(), plan.warmup(plan.requests, c)))
-                    .chain(
-                        (0..plan.rounds).map(|r| (format!("r{r}"), plan.count(plan.requests, c))),
-                    );
-                for (tag, count) in phases {
-                    let prefix = seeded_prefix(lane.name, c, &tag);
-                    names.extend((0..count).map(|i| format!("{prefix}-{i}")));
-                }
-            }
-        }
-        eprintln!(
-            "seeding {} objects for the seeded patch and delete...",
-            names.len()
-        );
-        seed(&direct, NS_SEEDED, &names, &owner).await?;
-    }
-
     let mut runner = Runner {
         plan,
         lanes: &lanes,
@@ -664,8 +658,30 @@ async fn measure_all(
                 })
                 .await?;
         }
-        // Patch, then delete, objects that existed before the timed part: each
-        // request its own object, so an ownership cache must know them all.
+        // Patch, then delete, objects that existed before the rows: each request
+        // its own object, so an ownership cache must know them all. They are
+        // created here, one concurrency at a time, so that the owned objects of
+        // the resource stay well under crproxy's cache limit (50 000; all of a
+        // full run's at once came close, and the creates then went over it), and
+        // the rows start once the cache has read them.
+        if wanted("patch (seeded)") || wanted("delete (seeded)") {
+            let lane_names: Vec<&str> = lanes.iter().map(|lane| lane.name).collect();
+            let names = seeded_names(plan, &lane_names, c);
+            eprintln!(
+                "seeding {} objects for the seeded patch and delete c={c}...",
+                names.len()
+            );
+            seed(&direct, NS_SEEDED, &names, &owner).await?;
+            if let Some(child) = &child_proxy {
+                if let Err(e) =
+                    await_cache_catch_up(&direct, &crproxy, child.metrics_addr, &owner, c).await
+                {
+                    runner.notes.push(format!(
+                        "crproxy ownership cache had not read the objects seeded for c={c} before their rows: {e}"
+                    ));
+                }
+            }
+        }
         let counts = plan.counts(plan.requests, c);
         let prefix = |lane: &Lane, tag: &str| seeded_prefix(lane.name, c, tag);
         if wanted("patch (seeded)") {
@@ -1192,7 +1208,7 @@ fn row_from(
         }
         if m.dials > 0 {
             notes.push(format!(
-                "{scenario} c={concurrency} on {}: {} dials to the target inside the measured rounds; their handshakes are in crproxy's CPU per request",
+                "{scenario} c={concurrency} on {}: {} of crproxy's dials to the target fell inside the measured rounds; their handshakes are in its CPU per request",
                 lane.name, m.dials
             ));
         }
@@ -1454,6 +1470,51 @@ async fn prime_ownership_cache(crproxy: &Endpoint, metrics: SocketAddr) -> Resul
                     last = "the child exports no crproxy_ownership_cache_lookups_total (a crproxy without the ownership cache?)".into()
                 }
             }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("{last}")
+}
+
+/// Waits until crproxy's ownership cache has read everything written to the
+/// target so far (bounded: 30 s). A watch delivers events in order, so the cache
+/// has caught up once it knows an object created directly on the target after
+/// the rest: a fresh marker each attempt, patched through crproxy once, must be
+/// counted as a hit. (Patching the same marker again proves nothing: the first
+/// patch's answer teaches the cache the object.)
+async fn await_cache_catch_up(
+    direct: &Arc<Endpoint>,
+    crproxy: &Endpoint,
+    metrics: SocketAddr,
+    owner: &Owner,
+    c: usize,
+) -> Result<()> {
+    let mut sender = crproxy.connect().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::from("no attempt");
+    for attempt in 0.. {
+        if Instant::now() >= deadline {
+            break;
+        }
+        let marker = format!("cache-marker-{c}-{attempt}");
+        seed(direct, NS_RW, std::slice::from_ref(&marker), owner).await?;
+        let hits = |exposition: &str| CacheLookups::parse(exposition).map_or(0, |l| l.hit);
+        let before = hits(&scrape(metrics).await?);
+        let request = crproxy.request(
+            Method::PATCH,
+            &object_path(NS_RW, &marker),
+            Some((
+                "application/merge-patch+json",
+                bytes::Bytes::from_static(br#"{"spec":{"n":1}}"#),
+            )),
+        )?;
+        let answer = driver::exchange(&mut sender, request, false).await?;
+        if !answer.status.is_success() {
+            last = format!("patching {marker} answered {}", answer.status);
+        } else if hits(&scrape(metrics).await?) > before {
+            return Ok(());
+        } else {
+            last = format!("{marker} was not in the cache yet");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -1858,6 +1919,29 @@ mod tests {
         assert_eq!(full.concurrency, [1, 16, 64]);
         assert_eq!(full.memory_lists, (10_000, 100_000));
         assert_eq!(full.count(16, 64), 128, "two requests per worker at least");
+    }
+
+    #[test]
+    fn a_full_run_keeps_the_owned_widgets_under_the_ownership_cache_limit() {
+        let plan = Plan::new(false);
+        let lanes = ["direct", "crproxy", "nginx"];
+        let c = *plan.concurrency.iter().max().expect("concurrencies");
+        let seeded = seeded_names(&plan, &lanes, c);
+        let distinct: std::collections::HashSet<&String> = seeded.iter().collect();
+        assert_eq!(distinct.len(), seeded.len(), "one object per request");
+        let counts = plan.counts(plan.requests, c);
+        assert_eq!(
+            seeded.len(),
+            lanes.len() * (counts.warmup + plan.rounds * counts.total)
+        );
+        // At most at once: the lists' objects, every worker's object for PUT and
+        // PATCH, and either the create row's objects (the delete row removes
+        // them) or, seeded after that, one concurrency's seeded objects.
+        let created = lanes.len() * (counts.warmup + plan.rounds * counts.total);
+        let workers: usize = plan.concurrency.iter().sum::<usize>() * lanes.len() * 2;
+        let peak = plan.small_list + plan.large_list + workers + seeded.len().max(created);
+        let limit = crproxy_proxy::ownership_cache::MAX_OBJECTS;
+        assert!(peak < limit, "{peak} owned widgets at once, limit {limit}");
     }
 
     #[test]
