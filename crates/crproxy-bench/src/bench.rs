@@ -1451,17 +1451,9 @@ async fn prime_ownership_cache(crproxy: &Endpoint, metrics: SocketAddr) -> Resul
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = String::from("no answer");
     while Instant::now() < deadline {
-        let request = crproxy.request(
-            Method::PATCH,
-            &object_path(NS_RW, CACHE_PRIMER),
-            Some((
-                "application/merge-patch+json",
-                bytes::Bytes::from_static(br#"{"spec":{"n":1}}"#),
-            )),
-        )?;
-        let answer = driver::exchange(&mut sender, request, false).await?;
-        if !answer.status.is_success() {
-            last = format!("patching {CACHE_PRIMER} answered {}", answer.status);
+        let status = patch_through(crproxy, &mut sender, CACHE_PRIMER).await?;
+        if !status.is_success() {
+            last = format!("patching {CACHE_PRIMER} answered {status}");
         } else {
             match CacheLookups::parse(&scrape(metrics).await?) {
                 Some(lookups) if lookups.hit > 0 => return Ok(()),
@@ -1492,25 +1484,16 @@ async fn await_cache_catch_up(
     let mut sender = crproxy.connect().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = String::from("no attempt");
-    for attempt in 0.. {
-        if Instant::now() >= deadline {
-            break;
-        }
+    let hits = |exposition: &str| CacheLookups::parse(exposition).map_or(0, |l| l.hit);
+    let mut attempt = 0;
+    while Instant::now() < deadline {
         let marker = format!("cache-marker-{c}-{attempt}");
+        attempt += 1;
         seed(direct, NS_RW, std::slice::from_ref(&marker), owner).await?;
-        let hits = |exposition: &str| CacheLookups::parse(exposition).map_or(0, |l| l.hit);
         let before = hits(&scrape(metrics).await?);
-        let request = crproxy.request(
-            Method::PATCH,
-            &object_path(NS_RW, &marker),
-            Some((
-                "application/merge-patch+json",
-                bytes::Bytes::from_static(br#"{"spec":{"n":1}}"#),
-            )),
-        )?;
-        let answer = driver::exchange(&mut sender, request, false).await?;
-        if !answer.status.is_success() {
-            last = format!("patching {marker} answered {}", answer.status);
+        let status = patch_through(crproxy, &mut sender, &marker).await?;
+        if !status.is_success() {
+            last = format!("patching {marker} answered {status}");
         } else if hits(&scrape(metrics).await?) > before {
             return Ok(());
         } else {
@@ -1519,6 +1502,24 @@ async fn await_cache_catch_up(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     bail!("{last}")
+}
+
+/// A merge patch of the widget `name` in the read-write namespace, sent through
+/// crproxy; its status.
+async fn patch_through(
+    crproxy: &Endpoint,
+    sender: &mut Sender,
+    name: &str,
+) -> Result<http::StatusCode> {
+    let request = crproxy.request(
+        Method::PATCH,
+        &object_path(NS_RW, name),
+        Some((
+            "application/merge-patch+json",
+            bytes::Bytes::from_static(br#"{"spec":{"n":1}}"#),
+        )),
+    )?;
+    Ok(driver::exchange(sender, request, false).await?.status)
 }
 
 /// The dials the lane's crproxy child has attempted so far; `None` for other
