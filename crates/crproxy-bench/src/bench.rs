@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::aggregated::{self, AggregationLayer};
 use crate::child::{self, ChildProxy};
+use crproxy::doctor::parse_exposition;
 use crproxy_core::ownership::{OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
 
 use crate::driver::{self, closed_loop, Endpoint, Identity, Protocol, Sender, Workload};
@@ -584,8 +585,9 @@ async fn measure_all(
     if let Some(c) = &child_proxy {
         // Owned writes are measured in steady state: the proxy's ownership cache
         // starts with the first owned write, so it is started and synced here.
-        seed(&direct, NS_RW, &[CACHE_PRIMER.to_string()], &owner).await?;
-        if let Err(e) = prime_ownership_cache(&crproxy, c.metrics_addr).await {
+        if let Err(e) =
+            await_cache_catch_up(&direct, &crproxy, c.metrics_addr, &owner, "start").await
+        {
             notes.push(format!(
                 "crproxy ownership cache not synced before the timed part: {e}"
             ));
@@ -673,8 +675,9 @@ async fn measure_all(
             );
             seed(&direct, NS_SEEDED, &names, &owner).await?;
             if let Some(child) = &child_proxy {
+                let tag = format!("c{c}");
                 if let Err(e) =
-                    await_cache_catch_up(&direct, &crproxy, child.metrics_addr, &owner, c).await
+                    await_cache_catch_up(&direct, &crproxy, child.metrics_addr, &owner, &tag).await
                 {
                     runner.notes.push(format!(
                         "crproxy ownership cache had not read the objects seeded for c={c} before their rows: {e}"
@@ -1440,64 +1443,43 @@ async fn idle_watches(
     Ok((figure, rss::mib(with)))
 }
 
-/// The object written through crproxy until its ownership cache answers.
-const CACHE_PRIMER: &str = "cache-primer";
-
-/// Patches [`CACHE_PRIMER`] through crproxy until the child's metrics count an
-/// ownership cache hit (bounded: 30 s), so the timed rows do not include the
-/// cache's start.
-async fn prime_ownership_cache(crproxy: &Endpoint, metrics: SocketAddr) -> Result<()> {
-    let mut sender = crproxy.connect().await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = String::from("no answer");
-    while Instant::now() < deadline {
-        let status = patch_through(crproxy, &mut sender, CACHE_PRIMER).await?;
-        if !status.is_success() {
-            last = format!("patching {CACHE_PRIMER} answered {status}");
-        } else {
-            match CacheLookups::parse(&scrape(metrics).await?) {
-                Some(lookups) if lookups.hit > 0 => return Ok(()),
-                Some(lookups) => last = lookups.note(),
-                None => {
-                    last = "the child exports no crproxy_ownership_cache_lookups_total (a crproxy without the ownership cache?)".into()
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("{last}")
-}
-
-/// Waits until crproxy's ownership cache has read everything written to the
-/// target so far (bounded: 30 s). A watch delivers events in order, so the cache
-/// has caught up once it knows an object created directly on the target after
-/// the rest: a fresh marker each attempt, patched through crproxy once, must be
-/// counted as a hit. (Patching the same marker again proves nothing: the first
-/// patch's answer teaches the cache the object.)
+/// Waits until crproxy's ownership cache is synced and has read everything
+/// written to the target so far (bounded: 30 s), so that timed rows neither
+/// include the cache's start (a resource's first owned write starts it) nor its
+/// reading of objects seeded just before. A watch delivers events in order, so
+/// the cache has caught up once it knows an object created directly on the
+/// target after the rest: a fresh marker each attempt (`cache-marker-<tag>-<n>`),
+/// patched through crproxy once, must be counted as a hit. (Patching the same
+/// marker again proves nothing: the first patch's answer teaches the cache the
+/// object.)
 async fn await_cache_catch_up(
     direct: &Arc<Endpoint>,
     crproxy: &Endpoint,
     metrics: SocketAddr,
     owner: &Owner,
-    c: usize,
+    tag: &str,
 ) -> Result<()> {
     let mut sender = crproxy.connect().await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = String::from("no attempt");
-    let hits = |exposition: &str| CacheLookups::parse(exposition).map_or(0, |l| l.hit);
+    let hits = |exposition: &str| CacheLookups::parse(exposition).map(|l| l.hit);
     let mut attempt = 0;
     while Instant::now() < deadline {
-        let marker = format!("cache-marker-{c}-{attempt}");
+        let marker = format!("cache-marker-{tag}-{attempt}");
         attempt += 1;
         seed(direct, NS_RW, std::slice::from_ref(&marker), owner).await?;
-        let before = hits(&scrape(metrics).await?);
+        let before = hits(&scrape(metrics).await?).unwrap_or(0);
         let status = patch_through(crproxy, &mut sender, &marker).await?;
         if !status.is_success() {
             last = format!("patching {marker} answered {status}");
-        } else if hits(&scrape(metrics).await?) > before {
-            return Ok(());
         } else {
-            last = format!("{marker} was not in the cache yet");
+            match hits(&scrape(metrics).await?) {
+                Some(after) if after > before => return Ok(()),
+                Some(_) => last = format!("{marker} was not in the cache yet"),
+                None => {
+                    last = "the child exports no crproxy_ownership_cache_lookups_total (a crproxy without the ownership cache?)".into()
+                }
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -1550,30 +1532,14 @@ async fn scrape(addr: SocketAddr) -> Result<String> {
         .unwrap_or_default())
 }
 
-/// The samples of `metric` in a text exposition: each line's labels (`{...}`, or
-/// empty) and value. Lines of other metrics, including ones whose name only
-/// starts with `metric`, are skipped.
-fn samples<'a>(exposition: &'a str, metric: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
-    exposition.lines().filter_map(move |line| {
-        let rest = line.strip_prefix(metric)?;
-        let (labels, value) = match rest.strip_prefix('{') {
-            // A label value may hold "} "; the value after the labels cannot.
-            Some(inner) => inner.rsplit_once("} ")?,
-            None => ("", rest.strip_prefix(' ')?),
-        };
-        Some((labels, value.trim().parse::<f64>().ok()?))
-    })
-}
-
 /// Dials crproxy has attempted to the target's peers since it started: every
 /// attempt is observed once in its dial-latency histogram.
 fn dial_attempts(exposition: &str) -> u64 {
-    samples(
-        exposition,
-        "vcluster_proxy_peer_dial_duration_seconds_count",
-    )
-    .map(|(_, value)| value as u64)
-    .sum()
+    parse_exposition(exposition)
+        .iter()
+        .filter(|s| s.name == "vcluster_proxy_peer_dial_duration_seconds_count")
+        .map(|s| s.value as u64)
+        .sum()
 }
 
 /// `crproxy_ownership_cache_lookups_total` summed by result over the run.
@@ -1590,15 +1556,19 @@ impl CacheLookups {
     fn parse(exposition: &str) -> Option<Self> {
         let mut lookups = CacheLookups::default();
         let mut seen = false;
-        for (labels, value) in samples(exposition, "crproxy_ownership_cache_lookups_total") {
-            let slot = match () {
-                _ if labels.contains("result=\"hit\"") => &mut lookups.hit,
-                _ if labels.contains("result=\"stale\"") => &mut lookups.stale,
-                _ if labels.contains("result=\"miss\"") => &mut lookups.miss,
-                _ if labels.contains("result=\"unsynced\"") => &mut lookups.unsynced,
+        let samples = parse_exposition(exposition);
+        let lookups_total = samples
+            .iter()
+            .filter(|s| s.name == "crproxy_ownership_cache_lookups_total");
+        for sample in lookups_total {
+            let slot = match sample.labels.get("result").map(String::as_str) {
+                Some("hit") => &mut lookups.hit,
+                Some("stale") => &mut lookups.stale,
+                Some("miss") => &mut lookups.miss,
+                Some("unsynced") => &mut lookups.unsynced,
                 _ => continue,
             };
-            *slot += value as u64;
+            *slot += sample.value as u64;
             seen = true;
         }
         seen.then_some(lookups)
@@ -1848,15 +1818,14 @@ mod tests {
     }
 
     #[test]
-    fn samples_are_those_of_the_named_metric_only() {
-        let text = "# TYPE m counter\n\
-            m_total{a=\"1\",b=\"x} 9\"} 2\n\
-            m_total 3\n\
-            m_total_extra 100\n\
-            m_total{a=\"2\"} not-a-number\n\
-            other_m_total 7\n";
-        let found: Vec<(&str, f64)> = samples(text, "m_total").collect();
-        assert_eq!(found, vec![("a=\"1\",b=\"x} 9\"", 2.0), ("", 3.0)]);
+    fn dials_are_those_of_the_named_metric_only() {
+        let text = "# TYPE vcluster_proxy_peer_dial_duration_seconds histogram\n\
+            vcluster_proxy_peer_dial_duration_seconds_count{target=\"a\",note=\"x} 9\"} 2\n\
+            vcluster_proxy_peer_dial_duration_seconds_count 3\n\
+            vcluster_proxy_peer_dial_duration_seconds_count_extra 100\n\
+            vcluster_proxy_peer_dial_duration_seconds_count{target=\"b\"} not-a-number\n\
+            other_vcluster_proxy_peer_dial_duration_seconds_count 7\n";
+        assert_eq!(dial_attempts(text), 5);
     }
 
     #[test]
