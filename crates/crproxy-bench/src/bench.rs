@@ -279,6 +279,9 @@ struct Measured {
     /// Dials crproxy made to the target inside the measured rounds (0 where not
     /// counted).
     dials: u64,
+    /// The machine's CPU time over this lane's measured rounds (zero where not
+    /// read), for the share the hypervisor stole.
+    machine: rss::MachineTime,
 }
 
 /// The whole run.
@@ -594,6 +597,7 @@ async fn measure_all(
         }
     }
     let wanted = |scenario: &str| options.wants(scenario);
+    let timed_part_started = rss::machine_time();
     let mut runner = Runner {
         plan,
         lanes: &lanes,
@@ -770,6 +774,14 @@ async fn measure_all(
         };
         measure_through_aggregator(&setup, notes).await?
     };
+    if let Some(share) = timed_part_started
+        .zip(rss::machine_time())
+        .and_then(|(before, after)| after.since(before).steal_percent())
+    {
+        notes.push(format!(
+            "steal time over the timed scenarios: the hypervisor took {share:.1} % of this machine's CPU time (/proc/stat); rows where it took {STEAL_NOTE_PERCENT} % or more during crproxy's or nginx's rounds are named"
+        ));
+    }
 
     // Memory of crproxy itself.
     let mut memory = Vec::new();
@@ -1142,6 +1154,7 @@ impl Runner<'_> {
         let mut first_errors: Vec<Option<String>> = vec![None; lanes.len()];
         let mut errors = vec![0u64; lanes.len()];
         let mut dials = vec![0u64; lanes.len()];
+        let mut machine = vec![rss::MachineTime::default(); lanes.len()];
         for round in 0..self.plan.rounds {
             for (i, lane) in lanes.iter().enumerate() {
                 let lane_workers = std::mem::take(&mut workers[i]);
@@ -1149,6 +1162,7 @@ impl Runner<'_> {
                 // Scraped outside the CPU window: rendering metrics is not a request.
                 let dials_before = lane_dials(lane).await;
                 let cpu_before = lane.pid.and_then(cpu_of);
+                let machine_before = rss::machine_time();
                 let (result, back) = closed_loop(
                     Arc::clone(&lane.endpoint),
                     workload(lane, &format!("r{round}")),
@@ -1158,6 +1172,9 @@ impl Runner<'_> {
                 )
                 .await;
                 let cpu_after = lane.pid.and_then(cpu_of);
+                if let (Some(before), Some(after)) = (machine_before, rss::machine_time()) {
+                    machine[i] += after.since(before);
+                }
                 if let (Some(before), Some(after)) = (dials_before, lane_dials(lane).await) {
                     dials[i] += after.saturating_sub(before);
                 }
@@ -1184,6 +1201,7 @@ impl Runner<'_> {
                 cpu_us: (cpu[i].1 > 0).then(|| cpu[i].0.as_secs_f64() * 1e6 / cpu[i].1 as f64),
                 first_error: first_errors[i].take(),
                 dials: dials[i],
+                machine: machine[i],
             })
             .collect();
         let row = row_from(scenario, concurrency, lanes, measured, self.notes);
@@ -1228,9 +1246,46 @@ fn row_from(
         crproxy.as_ref().and_then(|m| m.summary.clone()),
         nginx.as_ref().and_then(|m| m.summary.clone()),
     );
-    row.crproxy_cpu_us = crproxy.and_then(|m| m.cpu_us);
-    row.nginx_cpu_us = nginx.and_then(|m| m.cpu_us);
+    row.crproxy_cpu_us = crproxy.as_ref().and_then(|m| m.cpu_us);
+    row.nginx_cpu_us = nginx.as_ref().and_then(|m| m.cpu_us);
+    row.crproxy_steal_percent = crproxy.and_then(|m| m.machine.steal_percent());
+    row.nginx_steal_percent = nginx.and_then(|m| m.machine.steal_percent());
+    if let Some(note) = steal_note(&row) {
+        notes.push(note);
+    }
     row
+}
+
+/// Steal time from this share of the machine's CPU time up, in the rounds of
+/// crproxy or of nginx, makes a row's comparison worth a note. A line drawn
+/// between what docs/performance.md saw: quiet runs at 0 to 1.1 %, runs whose
+/// ratios were not repeatable at 14 to 17 %.
+const STEAL_NOTE_PERCENT: f64 = 5.0;
+
+/// A note for a row whose crproxy or nginx rounds ran while the hypervisor took
+/// [`STEAL_NOTE_PERCENT`] or more of the machine's CPU time: both paths lose CPU
+/// alike only if it hit both alike.
+fn steal_note(row: &Row) -> Option<String> {
+    let shares = [
+        ("crproxy", row.crproxy_steal_percent),
+        ("nginx", row.nginx_steal_percent),
+    ];
+    if !shares
+        .iter()
+        .any(|(_, share)| share.is_some_and(|s| s >= STEAL_NOTE_PERCENT))
+    {
+        return None;
+    }
+    let during: Vec<String> = shares
+        .iter()
+        .filter_map(|(path, share)| share.map(|s| format!("{s:.1} % during {path}'s rounds")))
+        .collect();
+    Some(format!(
+        "{} c={}: the hypervisor took the CPU from this machine (steal time {}); its figures against each other are less certain",
+        row.scenario,
+        row.concurrency,
+        during.join(", ")
+    ))
 }
 
 /// Watch delivery: `watches` watches through each lane, `events` writes on the
@@ -1315,6 +1370,7 @@ async fn watch_row(
             cpu_us: None,
             first_error,
             dials: 0,
+            machine: rss::MachineTime::default(),
         });
     }
     Ok(row_from(&scenario, watches, lanes, measured, notes))
@@ -1922,5 +1978,76 @@ mod tests {
         let lists = quick.list_counts(100, 64);
         assert_eq!(lists.warmup, 128, "lists stay at two a worker");
         assert_eq!(lists.total, 128);
+    }
+
+    #[test]
+    fn rows_measured_under_steal_time_are_named() {
+        let check = |crproxy: Option<f64>, nginx: Option<f64>, expected: Option<&str>| {
+            let mut row = Row::new("get", 16, None, None, None);
+            row.crproxy_steal_percent = crproxy;
+            row.nginx_steal_percent = nginx;
+            assert_eq!(
+                steal_note(&row).as_deref(),
+                expected,
+                "{crproxy:?} {nginx:?}"
+            );
+        };
+        check(Some(0.4), Some(4.9), None);
+        check(None, None, None);
+        check(
+            Some(5.0),
+            Some(0.2),
+            Some("get c=16: the hypervisor took the CPU from this machine (steal time 5.0 % during crproxy's rounds, 0.2 % during nginx's rounds); its figures against each other are less certain"),
+        );
+        check(
+            None,
+            Some(13.64),
+            Some("get c=16: the hypervisor took the CPU from this machine (steal time 13.6 % during nginx's rounds); its figures against each other are less certain"),
+        );
+    }
+
+    #[test]
+    fn a_row_carries_the_steal_time_of_its_lanes_rounds() {
+        let measured = |steal, total| Measured {
+            summary: None,
+            errors: 0,
+            cpu_us: None,
+            first_error: None,
+            dials: 0,
+            machine: rss::MachineTime { steal, total },
+        };
+        let lanes = [Column::Direct, Column::Crproxy, Column::Nginx].map(|column| Lane {
+            name: "lane",
+            column,
+            endpoint: Arc::new(
+                Endpoint::new(
+                    "lane",
+                    SocketAddr::from(([127, 0, 0, 1], 1)),
+                    None,
+                    &Identity::Bearer("t".into()),
+                    Protocol::Http2,
+                )
+                .expect("an endpoint needs no connection"),
+            ),
+            pid: None,
+            metrics: None,
+            owner: None,
+        });
+        let mut notes = Vec::new();
+        let row = row_from(
+            "get",
+            1,
+            &lanes,
+            vec![measured(0, 100), measured(20, 200), measured(1, 10)],
+            &mut notes,
+        );
+        assert_eq!(row.crproxy_steal_percent, Some(10.0));
+        assert_eq!(row.nginx_steal_percent, None, "too short a span to tell");
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("10.0 % during crproxy's rounds")),
+            "{notes:?}"
+        );
     }
 }

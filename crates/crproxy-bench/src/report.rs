@@ -70,6 +70,10 @@ pub struct Row {
     /// nanosecond count where the kernel has it), when it runs as its own process.
     pub crproxy_cpu_us: Option<f64>,
     pub nginx_cpu_us: Option<f64>,
+    /// The share of the machine's CPU time the hypervisor took (steal time)
+    /// during crproxy's and nginx's measured rounds, in percent.
+    pub crproxy_steal_percent: Option<f64>,
+    pub nginx_steal_percent: Option<f64>,
 }
 
 impl Row {
@@ -94,6 +98,8 @@ impl Row {
             nginx,
             crproxy_cpu_us: None,
             nginx_cpu_us: None,
+            crproxy_steal_percent: None,
+            nginx_steal_percent: None,
         }
     }
 }

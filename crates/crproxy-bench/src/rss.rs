@@ -177,6 +177,72 @@ fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// The whole machine's CPU time, from the `cpu` line of `/proc/stat`, in ticks
+/// summed over every CPU. On a virtual machine `steal` is time a CPU wanted to
+/// run and the hypervisor gave to another guest: while it is high, every process
+/// here (crproxy and nginx alike) gets less done per second of wall time and
+/// more CPU per request, so rows measured then compare badly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MachineTime {
+    pub steal: u64,
+    /// Every state the line counts (user, nice, system, idle, iowait, irq,
+    /// softirq, steal); guest time is inside user already.
+    pub total: u64,
+}
+
+impl MachineTime {
+    /// The time from `earlier` to `self`.
+    pub fn since(self, earlier: MachineTime) -> MachineTime {
+        MachineTime {
+            steal: self.steal.saturating_sub(earlier.steal),
+            total: self.total.saturating_sub(earlier.total),
+        }
+    }
+
+    /// Steal as a share of all the time counted, in percent; `None` for a span
+    /// too short to tell (fewer than [`MIN_TICKS_FOR_SHARE`] ticks).
+    pub fn steal_percent(self) -> Option<f64> {
+        (self.total >= MIN_TICKS_FOR_SHARE).then(|| self.steal as f64 * 100.0 / self.total as f64)
+    }
+}
+
+impl std::ops::AddAssign for MachineTime {
+    fn add_assign(&mut self, other: MachineTime) {
+        self.steal += other.steal;
+        self.total += other.total;
+    }
+}
+
+/// A fifth of a CPU-second (the ticks of all CPUs summed): below it one tick
+/// moves the share by more than 5 %. A full run's rows last longer; a `--quick` row's rounds at 16 or 64
+/// workers are often shorter, and report no share.
+pub const MIN_TICKS_FOR_SHARE: u64 = 20;
+
+/// Reads the aggregate `cpu` line of the text of `/proc/stat`. Kernels before
+/// 2.6.11 print no steal column; the line is then refused rather than read as
+/// no steal.
+pub fn parse_proc_stat(text: &str) -> Option<MachineTime> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    match fields.as_slice() {
+        &[_user, _nice, _system, _idle, _iowait, _irq, _softirq, steal] => Some(MachineTime {
+            steal,
+            total: fields.iter().sum(),
+        }),
+        _ => None,
+    }
+}
+
+/// The machine's CPU time so far; `None` where `/proc/stat` cannot be read.
+pub fn machine_time() -> Option<MachineTime> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
 /// All descendants, breadth first; bounded so a fork bomb cannot hang the sampler.
 fn descendants(pid: u32) -> Vec<u32> {
     const LIMIT: usize = 1024;

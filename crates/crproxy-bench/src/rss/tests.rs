@@ -99,3 +99,60 @@ async fn the_sampler_sees_this_process() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(sampler.stop().await > 0);
 }
+
+#[test]
+fn machine_time_is_read_from_the_aggregate_cpu_line() {
+    let check = |text: &str, expected: Option<(u64, u64)>| {
+        let read = parse_proc_stat(text).map(|t| (t.steal, t.total));
+        assert_eq!(read, expected, "{text:?}");
+    };
+    // user nice system idle iowait irq softirq steal guest guest_nice
+    check(
+        "cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n",
+        Some((35, 1000)),
+    );
+    // The per-CPU lines are not the aggregate one.
+    check("cpu0 50 0 25 400 5 0 2 18 0 0\n", None);
+    // No steal column (kernels before 2.6.11) or a field that is not a count.
+    check("cpu  100 0 50 800 10 0 5\n", None);
+    check("cpu  100 0 50 800 10 0 5 x 0 0\n", None);
+    check("", None);
+}
+
+#[test]
+fn steal_is_a_share_of_the_span_between_two_readings() {
+    let earlier = MachineTime {
+        steal: 100,
+        total: 10_000,
+    };
+    let later = MachineTime {
+        steal: 130,
+        total: 10_200,
+    };
+    let span = later.since(earlier);
+    assert_eq!(
+        span,
+        MachineTime {
+            steal: 30,
+            total: 200
+        }
+    );
+    assert_eq!(span.steal_percent(), Some(15.0));
+    // Too short a span to tell; a counter that went backwards counts as none.
+    let short = MachineTime {
+        steal: 1,
+        total: MIN_TICKS_FOR_SHARE - 1,
+    };
+    assert_eq!(short.steal_percent(), None);
+    assert_eq!(earlier.since(later), MachineTime::default());
+    let mut sum = span;
+    sum += span;
+    assert_eq!(sum.steal_percent(), Some(15.0));
+}
+
+#[test]
+fn this_machine_reports_its_time() {
+    let first = machine_time().expect("/proc/stat is readable on Linux");
+    assert!(first.total > 0, "{first:?}");
+    assert!(first.steal <= first.total, "{first:?}");
+}
