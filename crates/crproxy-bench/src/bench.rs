@@ -710,6 +710,10 @@ async fn measure_all(
                     })
                 })
                 .await?;
+        } else if wanted("patch (seeded)") {
+            // Nothing deleted this concurrency's objects: without this, each
+            // concurrency's would add up towards the cache limit.
+            delete_all(&direct, NS_SEEDED).await?;
         }
         if wanted("update") {
             runner
@@ -1792,6 +1796,24 @@ async fn seed(
     Ok(all)
 }
 
+/// Deletes every widget of `namespace` on the target, in one request.
+async fn delete_all(direct: &Arc<Endpoint>, namespace: &str) -> Result<()> {
+    let mut sender = direct
+        .senders(1)
+        .await?
+        .pop()
+        .ok_or_else(|| anyhow!("no connection to the target"))?;
+    let request = direct.request(Method::DELETE, &collection_path(namespace), None)?;
+    let answer = driver::exchange(&mut sender, request, false).await?;
+    if !answer.status.is_success() {
+        bail!(
+            "deleting the widgets of {namespace} answered {}",
+            answer.status
+        );
+    }
+    Ok(())
+}
+
 /// A kube-rs client for the identity a kubeconfig names (the set-up's admin
 /// writes: namespaces on the client and the target).
 fn kube_client(kubeconfig: &Path) -> Result<kube::Client> {
@@ -1978,6 +2000,59 @@ mod tests {
         let lists = quick.list_counts(100, 64);
         assert_eq!(lists.warmup, 128, "lists stay at two a worker");
         assert_eq!(lists.total, 128);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn delete_all_leaves_the_namespace_without_widgets() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = crproxy::devenv::DevEnv::start(crproxy::devenv::DevOptions::ephemeral(
+            &dir.path().join("dev"),
+            1,
+            1,
+        ))
+        .await
+        .expect("dev environment");
+        let token = env
+            .target
+            .issue_token("bench-test", &["system:masters"])
+            .expect("token");
+        let direct = Arc::new(
+            Endpoint::new(
+                "direct",
+                env.target.addr(),
+                Some(&env.target.ca_pem()),
+                &Identity::Bearer(token),
+                Protocol::Http2,
+            )
+            .expect("endpoint"),
+        );
+        let admin = crproxy::devenv::admin_client(&env.target).expect("admin");
+        create_namespace(&admin, NS_SEEDED)
+            .await
+            .expect("namespace");
+        let owner = Owner {
+            name: "c".into(),
+            project: "default".into(),
+        };
+        let names: Vec<String> = (0..5).map(|i| format!("s-{i}")).collect();
+        seed(&direct, NS_SEEDED, &names, &owner)
+            .await
+            .expect("seed");
+
+        delete_all(&direct, NS_SEEDED).await.expect("delete");
+
+        let mut sender = direct.connect().await.expect("connect");
+        let list = direct
+            .request(Method::GET, &collection_path(NS_SEEDED), None)
+            .expect("request");
+        let answer = driver::exchange(&mut sender, list, true)
+            .await
+            .expect("list");
+        let list: Value =
+            serde_json::from_slice(answer.body.as_deref().unwrap_or_default()).expect("a list");
+        assert_eq!(list["items"], json!([]), "{list}");
+        env.shutdown().await;
     }
 
     #[test]
