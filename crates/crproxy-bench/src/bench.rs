@@ -2004,15 +2004,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn delete_all_leaves_the_namespace_without_widgets() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().expect("tempdir");
-        let env = crproxy::devenv::DevEnv::start(crproxy::devenv::DevOptions::ephemeral(
-            &dir.path().join("dev"),
-            1,
-            1,
-        ))
-        .await
-        .expect("dev environment");
+        let env = crate::test_env(dir.path()).await;
         let token = env
             .target
             .issue_token("bench-test", &["system:masters"])

@@ -17,6 +17,20 @@ pub mod stats;
 pub mod watch;
 pub mod workload;
 
+/// A dev environment for the benchmark's own tests: one client cluster and one
+/// target replica, kept under `dir`, with the process's crypto provider set.
+#[cfg(test)]
+pub(crate) async fn test_env(dir: &std::path::Path) -> crproxy::devenv::DevEnv {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy::devenv::DevEnv::start(crproxy::devenv::DevOptions::ephemeral(
+        &dir.join("dev"),
+        1,
+        1,
+    ))
+    .await
+    .expect("dev environment")
+}
+
 /// Runs the benchmark, prints the table and writes the JSON report.
 pub fn run_and_report(options: &bench::Options) -> anyhow::Result<()> {
     use anyhow::Context;

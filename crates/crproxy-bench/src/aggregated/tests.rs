@@ -40,15 +40,8 @@ fn the_backend_is_a_selectorless_service_with_a_loopback_endpoint() {
 /// answered 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_through_the_aggregation_layer_reach_crproxy() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().expect("tempdir");
-    let env = crproxy::devenv::DevEnv::start(crproxy::devenv::DevOptions::ephemeral(
-        &dir.path().join("dev"),
-        1,
-        1,
-    ))
-    .await
-    .expect("dev environment");
+    let env = crate::test_env(dir.path()).await;
     let client = &env.clients[0];
     let proxy = client
         .proxy()
