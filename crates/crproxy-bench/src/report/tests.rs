@@ -276,6 +276,11 @@ fn goals_compare_crproxy_with_nginx_row_by_row() {
     assert!(verdict("get c=1 throughput"));
     assert!(verdict("get c=1 CPU per request"));
     assert!(!verdict("get c=16 throughput"));
+    assert_eq!(
+        goal(&checks, "get c=16 throughput").measured,
+        "0.999x (999 vs 1000 req/s)",
+        "a miss never reads as the goal"
+    );
     assert!(!verdict("get c=16 CPU per request"));
     assert_eq!(
         goal(&checks, "get c=16 CPU per request").measured,
