@@ -277,11 +277,6 @@ pub fn memory_targets(
     checks
 }
 
-/// Judges the goals of issue 15, one check per goal and measured row: read
-/// throughput and CPU per request against nginx, write throughput against 95 % of
-/// nginx's, watch delivery p50 against nginx's, and the idle-watch RSS. A goal
-/// row the run did not measure on both paths is listed as missed ("not measured"),
-/// so a partial run never reads as a success.
 /// `share` with two decimals, or three where two would round it across `goal`
 /// (0.948 shown as "0.95" beside a goal of 0.95 it missed).
 fn ratio_against(share: f64, goal: f64) -> String {
@@ -294,6 +289,11 @@ fn ratio_against(share: f64, goal: f64) -> String {
     }
 }
 
+/// Judges the goals of issue 15, one check per goal and measured row: read
+/// throughput and CPU per request against nginx, write throughput against 95 % of
+/// nginx's, watch delivery p50 against nginx's, and the idle-watch RSS. A goal
+/// row the run did not measure on both paths is listed as missed ("not measured"),
+/// so a partial run never reads as a success.
 pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<TargetCheck> {
     let find = |scenario: &str, c: usize| {
         rows.iter()
