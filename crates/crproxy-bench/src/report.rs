@@ -201,7 +201,8 @@ pub fn latency_targets(rows: &[Row]) -> Vec<TargetCheck> {
             worse(&mut worst_tp, tp, at.clone(), false);
             if let Some(nginx_tp) = row.nginx_ratio.as_ref().and_then(|n| n.throughput) {
                 if tp < nginx_tp {
-                    below_nginx.push(format!("{at} ({tp:.2}x < nginx {nginx_tp:.2}x)"));
+                    let d = verdict_decimals(&[tp, nginx_tp], 2, |f| f[0] < f[1]);
+                    below_nginx.push(format!("{at} ({tp:.d$}x < nginx {nginx_tp:.d$}x)"));
                 }
             }
         }
@@ -211,7 +212,10 @@ pub fn latency_targets(rows: &[Row]) -> Vec<TargetCheck> {
         checks.push(TargetCheck {
             what: "p50 latency vs direct, every scenario".into(),
             target: format!("<= {TARGET_P50_RATIO:.2}x"),
-            measured: format!("worst {value:.2}x ({at})"),
+            measured: format!(
+                "worst {value:.d$}x ({at})",
+                d = verdict_decimals(&[value], 2, |f| f[0] <= TARGET_P50_RATIO)
+            ),
             met: value <= TARGET_P50_RATIO,
         });
     }
@@ -219,7 +223,10 @@ pub fn latency_targets(rows: &[Row]) -> Vec<TargetCheck> {
         checks.push(TargetCheck {
             what: "p99 latency vs direct, every scenario".into(),
             target: format!("<= {TARGET_P99_RATIO:.2}x"),
-            measured: format!("worst {value:.2}x ({at})"),
+            measured: format!(
+                "worst {value:.d$}x ({at})",
+                d = verdict_decimals(&[value], 2, |f| f[0] <= TARGET_P99_RATIO)
+            ),
             met: value <= TARGET_P99_RATIO,
         });
     }
@@ -227,7 +234,10 @@ pub fn latency_targets(rows: &[Row]) -> Vec<TargetCheck> {
         checks.push(TargetCheck {
             what: "throughput vs direct, every scenario".into(),
             target: format!(">= {TARGET_THROUGHPUT_RATIO:.2}x"),
-            measured: format!("worst {value:.2}x ({at})"),
+            measured: format!(
+                "worst {value:.d$}x ({at})",
+                d = verdict_decimals(&[value], 2, |f| f[0] >= TARGET_THROUGHPUT_RATIO)
+            ),
             met: value >= TARGET_THROUGHPUT_RATIO,
         });
         let nginx_measured = rows.iter().any(|r| r.nginx_ratio.is_some());
@@ -257,7 +267,10 @@ pub fn memory_targets(
         checks.push(TargetCheck {
             what: format!("crproxy RSS with {count} idle watches"),
             target: format!("<= {TARGET_IDLE_WATCHES_MIB:.0} MiB"),
-            measured: format!("{mib:.1} MiB"),
+            measured: format!(
+                "{mib:.d$} MiB",
+                d = verdict_decimals(&[mib], 1, |f| f[0] <= TARGET_IDLE_WATCHES_MIB)
+            ),
             met: mib <= TARGET_IDLE_WATCHES_MIB,
         });
     }
@@ -270,23 +283,32 @@ pub fn memory_targets(
         checks.push(TargetCheck {
             what: format!("crproxy peak RSS listing {large_n} vs {small_n} objects"),
             target: format!("flat (<= {TARGET_LIST_GROWTH:.2}x)"),
-            measured: format!("{large:.1} vs {small:.1} MiB ({growth:.2}x)"),
+            measured: format!(
+                "{large:.1} vs {small:.1} MiB ({growth:.d$}x)",
+                d = verdict_decimals(&[growth], 2, |f| f[0] <= TARGET_LIST_GROWTH)
+            ),
             met: growth <= TARGET_LIST_GROWTH,
         });
     }
     checks
 }
 
-/// `share` with two decimals, or three where two would round it across `goal`
-/// (0.948 shown as "0.95" beside a goal of 0.95 it missed).
-fn ratio_against(share: f64, goal: f64) -> String {
-    let two = format!("{share:.2}");
-    let reads_as_met = two.parse::<f64>().is_ok_and(|shown| shown >= goal);
-    if reads_as_met == (share >= goal) {
-        two
-    } else {
-        format!("{share:.3}")
-    }
+/// How many decimals to print `figures` with so that the printed figures give the
+/// verdict the measured ones give: `decimals`, or up to three more where rounding
+/// would tip the comparison (0.948 printed as "0.95" beside a goal of 0.95 it
+/// missed, 60.4 against 60.0 µs printed as "60 vs 60").
+fn verdict_decimals(figures: &[f64], decimals: usize, verdict: impl Fn(&[f64]) -> bool) -> usize {
+    let measured = verdict(figures);
+    let most = decimals + 3;
+    (decimals..most)
+        .find(|&d| {
+            let printed: Vec<f64> = figures
+                .iter()
+                .map(|f| format!("{f:.d$}").parse().unwrap_or(*f))
+                .collect();
+            verdict(&printed) == measured
+        })
+        .unwrap_or(most)
 }
 
 /// Judges the goals of issue 15, one check per goal and measured row: read
@@ -320,8 +342,8 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
                     what,
                     target,
                     measured: format!(
-                        "{}x ({crproxy:.0} vs {nginx:.0} req/s)",
-                        ratio_against(share, goal)
+                        "{share:.d$}x ({crproxy:.0} vs {nginx:.0} req/s)",
+                        d = verdict_decimals(&[share], 2, |f| f[0] >= goal)
                     ),
                     met: share >= goal,
                 }
@@ -344,7 +366,10 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
                 Some((crproxy, nginx)) => checks.push(TargetCheck {
                     what,
                     target,
-                    measured: format!("{crproxy:.0} vs {nginx:.0} us"),
+                    measured: format!(
+                        "{crproxy:.d$} vs {nginx:.d$} us",
+                        d = verdict_decimals(&[crproxy, nginx], 0, |f| f[0] <= f[1])
+                    ),
                     met: crproxy <= nginx,
                 }),
                 None => checks.push(not_measured(what, target)),
@@ -368,7 +393,10 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
             Some((crproxy, nginx)) => checks.push(TargetCheck {
                 what,
                 target,
-                measured: format!("{crproxy:.2} vs {nginx:.2} ms"),
+                measured: format!(
+                    "{crproxy:.d$} vs {nginx:.d$} ms",
+                    d = verdict_decimals(&[crproxy, nginx], 2, |f| f[0] <= f[1])
+                ),
                 met: crproxy <= nginx,
             }),
             None => checks.push(not_measured(what, target)),
@@ -380,7 +408,10 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
         Some((count, mib)) => checks.push(TargetCheck {
             what: format!("crproxy RSS with {count} idle watches"),
             target,
-            measured: format!("{mib:.1} MiB"),
+            measured: format!(
+                "{mib:.d$} MiB",
+                d = verdict_decimals(&[mib], 1, |f| f[0] <= TARGET_IDLE_WATCHES_MIB)
+            ),
             met: mib <= TARGET_IDLE_WATCHES_MIB,
         }),
         None => checks.push(not_measured(what, target)),

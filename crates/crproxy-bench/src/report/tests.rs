@@ -314,3 +314,29 @@ fn goals_compare_crproxy_with_nginx_row_by_row() {
     // watches 2, memory 1.
     assert_eq!(checks.len(), 12 + 15 + 2 + 1);
 }
+
+#[test]
+fn printed_figures_give_the_measured_verdict() {
+    let at_least = |goal: f64| move |f: &[f64]| f[0] >= goal;
+    let check =
+        |figures: &[f64], decimals: usize, verdict: &dyn Fn(&[f64]) -> bool, want: usize| {
+            assert_eq!(
+                verdict_decimals(figures, decimals, verdict),
+                want,
+                "{figures:?} at {decimals}"
+            );
+        };
+    // Rounding does not tip the verdict: the usual decimals.
+    check(&[0.94], 2, &at_least(0.95), 2);
+    check(&[0.951], 2, &at_least(0.95), 2);
+    check(&[1.2], 2, &at_least(1.0), 2);
+    // 0.948 reads "0.95" and 0.9999 reads "1.000": more decimals until it does not.
+    check(&[0.948], 2, &at_least(0.95), 3);
+    check(&[0.9999], 2, &at_least(1.0), 4);
+    // Two measured figures: 60.4 against 60.0 would read "60 vs 60".
+    let at_most = |f: &[f64]| f[0] <= f[1];
+    check(&[60.4, 60.0], 0, &at_most, 1);
+    check(&[61.0, 60.0], 0, &at_most, 0);
+    // A difference below what the most decimals show stops there.
+    check(&[60.00001, 60.0], 0, &at_most, 3);
+}
