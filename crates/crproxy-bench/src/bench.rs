@@ -670,6 +670,7 @@ async fn measure_all(
         // the resource stay well under crproxy's cache limit (50 000; all of a
         // full run's at once came close, and the creates then went over it), and
         // the rows start once the cache has read them.
+        let counts = plan.counts(plan.requests, c);
         if wanted("patch (seeded)") || wanted("delete (seeded)") {
             let lane_names: Vec<&str> = lanes.iter().map(|lane| lane.name).collect();
             let names = seeded_names(plan, &lane_names, c);
@@ -688,31 +689,30 @@ async fn measure_all(
                     ));
                 }
             }
-        }
-        let counts = plan.counts(plan.requests, c);
-        let prefix = |lane: &Lane, tag: &str| seeded_prefix(lane.name, c, tag);
-        if wanted("patch (seeded)") {
-            runner
-                .row("patch (seeded)", c, counts, |lane, tag| {
-                    Arc::new(PatchNamed {
-                        namespace: NS_SEEDED.into(),
-                        prefix: prefix(lane, tag),
+            let prefix = |lane: &Lane, tag: &str| seeded_prefix(lane.name, c, tag);
+            if wanted("patch (seeded)") {
+                runner
+                    .row("patch (seeded)", c, counts, |lane, tag| {
+                        Arc::new(PatchNamed {
+                            namespace: NS_SEEDED.into(),
+                            prefix: prefix(lane, tag),
+                        })
                     })
-                })
-                .await?;
-        }
-        if wanted("delete (seeded)") {
-            runner
-                .row("delete (seeded)", c, counts, |lane, tag| {
-                    Arc::new(DeleteObjects {
-                        namespace: NS_SEEDED.into(),
-                        prefix: prefix(lane, tag),
+                    .await?;
+            }
+            if wanted("delete (seeded)") {
+                runner
+                    .row("delete (seeded)", c, counts, |lane, tag| {
+                        Arc::new(DeleteObjects {
+                            namespace: NS_SEEDED.into(),
+                            prefix: prefix(lane, tag),
+                        })
                     })
-                })
-                .await?;
-        } else if wanted("patch (seeded)") {
-            // Nothing deleted this concurrency's objects: without this, each
-            // concurrency's would add up towards the cache limit.
+                    .await?;
+            }
+            // Whatever rows ran (the DELETE rows leave nothing, unless some of
+            // their requests failed), the next concurrency's objects do not pile
+            // up on these towards the cache limit.
             delete_all(&direct, NS_SEEDED).await?;
         }
         if wanted("update") {
