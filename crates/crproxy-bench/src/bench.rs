@@ -766,8 +766,10 @@ async fn measure_all(
             plan,
             dir,
             client,
-            crproxy: (proxy_addr, proxy_pid),
-            crproxy_metrics: child_proxy.as_ref().map(|c| c.metrics_addr),
+            crproxy: lanes
+                .iter()
+                .find(|lane| lane.column == Column::Crproxy)
+                .ok_or_else(|| anyhow!("no crproxy lane"))?,
             with_nginx: nginx_proc.is_some(),
             target_addr,
             target_ca: &target_ca,
@@ -892,10 +894,9 @@ struct AggregatedSetup<'a> {
     /// The dev environment's client: its front-proxy certificate is the one
     /// crproxy trusts.
     client: &'a crproxy::devenv::DevClient,
-    /// Where crproxy listens, and its process when it is a child.
-    crproxy: (SocketAddr, Option<u32>),
-    /// The child's metrics listener, to count its dials in measured rounds.
-    crproxy_metrics: Option<SocketAddr>,
+    /// The direct comparison's crproxy lane: the aggregation layer's backend is
+    /// the same listener, and the same process is charged and its dials counted.
+    crproxy: &'a Lane,
     with_nginx: bool,
     target_addr: SocketAddr,
     /// The CA of the target's serving certificate, for nginx to check it with.
@@ -933,12 +934,11 @@ async fn measure_through_aggregator(
     let mut nginx_proc = None;
     let measured = async {
         eprintln!("through the aggregation layer: a client devcluster in front of crproxy...");
-        let (crproxy_addr, crproxy_pid) = setup.crproxy;
         let layer = AggregationLayer::start(
             &setup.dir.join("front-crproxy"),
             "front-crproxy",
             &front_proxy_client,
-            crproxy_addr,
+            setup.crproxy.endpoint.addr,
             protocol,
         )
         .await?;
@@ -946,8 +946,8 @@ async fn measure_through_aggregator(
             name: "crproxy-via-aggregator",
             column: Column::Crproxy,
             endpoint: Arc::clone(&layer.endpoint),
-            pid: crproxy_pid,
-            metrics: setup.crproxy_metrics,
+            pid: setup.crproxy.pid,
+            metrics: setup.crproxy.metrics,
             owner: None,
         }];
         layers.push(layer);
