@@ -7,7 +7,8 @@
 //! with children (nginx: a master and workers) are measured as the sum over the
 //! tree, by sampling. CPU time comes from the scheduler's nanosecond count
 //! ([`CpuClock::Schedstat`]), with the 10 ms ticks of `/proc/<pid>/stat` as the
-//! fallback on kernels without it.
+//! fallback on kernels without it. The machine's own CPU time ([`MachineTime`],
+//! from `/proc/stat`) tells how much of it the hypervisor took.
 
 use std::time::Duration;
 
@@ -214,8 +215,8 @@ impl std::ops::AddAssign for MachineTime {
 }
 
 /// A fifth of a CPU-second (the ticks of all CPUs summed): below it one tick
-/// moves the share by more than 5 %. A full run's rows last longer; a `--quick` row's rounds at 16 or 64
-/// workers are often shorter, and report no share.
+/// moves the share by more than 5 %. A full run's rows last longer; a `--quick`
+/// row's rounds at 16 or 64 workers are often shorter, and report no share.
 pub const MIN_TICKS_FOR_SHARE: u64 = 20;
 
 /// Reads the aggregate `cpu` line of the text of `/proc/stat`. Kernels before
