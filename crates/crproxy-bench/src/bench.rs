@@ -1798,11 +1798,7 @@ async fn seed(
 
 /// Deletes every widget of `namespace` on the target, in one request.
 async fn delete_all(direct: &Arc<Endpoint>, namespace: &str) -> Result<()> {
-    let mut sender = direct
-        .senders(1)
-        .await?
-        .pop()
-        .ok_or_else(|| anyhow!("no connection to the target"))?;
+    let mut sender = direct.connect().await?;
     let request = direct.request(Method::DELETE, &collection_path(namespace), None)?;
     let answer = driver::exchange(&mut sender, request, false).await?;
     if !answer.status.is_success() {
