@@ -1573,23 +1573,7 @@ async fn lane_dials(lane: &Lane) -> Option<u64> {
 
 /// `GET /metrics` of a plain-HTTP metrics listener, the body as text.
 async fn scrape(addr: SocketAddr) -> Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let read = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: metrics\r\n\r\n")
-            .await?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).await?;
-        Ok::<_, std::io::Error>(text)
-    };
-    let text = tokio::time::timeout(Duration::from_secs(10), read)
-        .await
-        .context("scraping took longer than 10s")??;
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default())
+    crproxy::doctor::fetch_metrics(&format!("http://{addr}/metrics")).await
 }
 
 /// Dials crproxy has attempted to the target's peers since it started: every

@@ -948,7 +948,10 @@ async fn can_i(client: &kube::Client, group: &str, resource: &str, verb: &str) -
 
 // ---------------------------------------------------------------- metrics
 
-async fn fetch_metrics(url: &str) -> Result<String> {
+/// The text exposition at a plain-HTTP metrics `url` (`http://host:port[/path]`,
+/// `/metrics` when no path is given): the body of a 200 answer, or an error
+/// naming what went wrong, within [`REQUEST_TIMEOUT`].
+pub async fn fetch_metrics(url: &str) -> Result<String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| anyhow!("only http:// metrics URLs are supported"))?;
@@ -1306,6 +1309,58 @@ fn check_request_deadline(samples: &[Sample], gv: &str) -> Option<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-shot HTTP server on 127.0.0.1 that reads a request head and
+    /// answers `answer` as it is; returns its address and the head it read.
+    async fn answer_once(answer: &'static str) -> (String, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("bound address").to_string();
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("one connection");
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.ends_with(b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.expect("read the request");
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&buf[..n]);
+            }
+            stream.write_all(answer.as_bytes()).await.expect("answer");
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        (addr, server)
+    }
+
+    #[tokio::test]
+    async fn fetch_metrics_returns_the_body_of_a_200_answer() {
+        let (addr, server) = answer_once("HTTP/1.0 200 OK\r\n\r\nup 1\n").await;
+        let body = fetch_metrics(&format!("http://{addr}"))
+            .await
+            .expect("fetched");
+        assert_eq!(body, "up 1\n");
+        let head = server.await.expect("server task");
+        assert!(head.starts_with("GET /metrics HTTP/1.0\r\n"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn fetch_metrics_names_a_refusal_and_a_foreign_scheme() {
+        let (addr, _server) = answer_once("HTTP/1.0 503 Service Unavailable\r\n\r\nno").await;
+        let error = fetch_metrics(&format!("http://{addr}/metrics/syncer"))
+            .await
+            .expect_err("a 503 is no exposition");
+        assert_eq!(
+            error.to_string(),
+            "answered HTTP/1.0 503 Service Unavailable"
+        );
+        let error = fetch_metrics("https://127.0.0.1:1/metrics")
+            .await
+            .expect_err("https is not spoken");
+        assert_eq!(error.to_string(), "only http:// metrics URLs are supported");
+    }
 
     #[test]
     fn parses_labels_values_and_escapes() {
