@@ -250,9 +250,30 @@ struct Lane {
     /// That process's metrics listener, when it is a crproxy child: its dials
     /// inside the measured rounds are counted from it.
     metrics: Option<SocketAddr>,
-    /// Whether bodies carry the ownership labels (direct and nginx) or the proxy
-    /// adds them (crproxy).
+    /// Whether bodies carry the ownership labels (direct and nginx, those of
+    /// [`elsewhere`]) or the proxy adds them (crproxy).
     owner: Option<Owner>,
+}
+
+impl Lane {
+    /// Whose labels the objects this lane writes carry: its own bodies' owner,
+    /// or `client`, the crproxy child's, whose labels crproxy stamps.
+    fn objects_owner<'a>(&'a self, client: &'a Owner) -> &'a Owner {
+        self.owner.as_ref().unwrap_or(client)
+    }
+}
+
+/// The owner of what the direct and nginx paths write: another client than the
+/// crproxy child's. The child's ownership cache watches only its own client's
+/// objects; were the other paths' objects its client's too, each of their writes
+/// would cost the target an event for that watch and the child the reading of
+/// it, on the CPUs their rounds run on, and the comparison would charge
+/// crproxy's cache to nginx. The objects are the same size either way.
+fn elsewhere(client: &Owner) -> Owner {
+    Owner {
+        name: format!("{}-elsewhere", client.name),
+        project: client.project.clone(),
+    }
 }
 
 /// One object per worker of `lane` at concurrency `c`: `<kind>-<lane>-<c>-<worker>`.
@@ -530,7 +551,7 @@ async fn measure_all(
             endpoint: Arc::clone(&direct),
             pid: None,
             metrics: None,
-            owner: Some(owner.clone()),
+            owner: Some(elsewhere(&owner)),
         },
         Lane {
             name: "crproxy",
@@ -554,7 +575,7 @@ async fn measure_all(
             )?),
             pid: Some(n.pid),
             metrics: None,
-            owner: Some(owner.clone()),
+            owner: Some(elsewhere(&owner)),
         });
     }
     let nginx_sampler = nginx_proc
@@ -581,8 +602,10 @@ async fn measure_all(
     let mut update_rvs = HashMap::new();
     for lane in &lanes {
         for &c in &plan.concurrency {
-            update_rvs.extend(seed(&direct, NS_RW, &worker_names("u", lane, c), &owner).await?);
-            seed(&direct, NS_RW, &worker_names("p", lane, c), &owner).await?;
+            let objects_owner = lane.objects_owner(&owner);
+            update_rvs
+                .extend(seed(&direct, NS_RW, &worker_names("u", lane, c), objects_owner).await?);
+            seed(&direct, NS_RW, &worker_names("p", lane, c), objects_owner).await?;
         }
     }
     if let Some(c) = &child_proxy {
@@ -672,13 +695,17 @@ async fn measure_all(
         // the rows start once the cache has read them.
         let counts = plan.counts(plan.requests, c);
         if wanted("patch (seeded)") || wanted("delete (seeded)") {
-            let lane_names: Vec<&str> = lanes.iter().map(|lane| lane.name).collect();
-            let names = seeded_names(plan, &lane_names, c);
+            let names: Vec<Vec<String>> = lanes
+                .iter()
+                .map(|lane| seeded_names(plan, &[lane.name], c))
+                .collect();
             eprintln!(
                 "seeding {} objects for the seeded patch and delete c={c}...",
-                names.len()
+                names.iter().map(Vec::len).sum::<usize>()
             );
-            seed(&direct, NS_SEEDED, &names, &owner).await?;
+            for (lane, names) in lanes.iter().zip(&names) {
+                seed(&direct, NS_SEEDED, names, lane.objects_owner(&owner)).await?;
+            }
             if let Some(child) = &child_proxy {
                 let tag = format!("c{c}");
                 if let Err(e) =
@@ -983,7 +1010,7 @@ async fn measure_through_aggregator(
                 endpoint: Arc::clone(&layer.endpoint),
                 pid: Some(n.pid),
                 metrics: None,
-                owner: Some(setup.owner.clone()),
+                owner: Some(elsewhere(setup.owner)),
             });
             layers.push(layer);
         }
@@ -999,7 +1026,7 @@ async fn measure_through_aggregator(
                     setup.direct,
                     NS_RW,
                     &worker_names("p", lane, c),
-                    setup.owner,
+                    lane.objects_owner(setup.owner),
                 )
                 .await?;
             }
@@ -1863,6 +1890,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_paths_compared_with_crproxy_write_another_client_s_objects() {
+        use crproxy_core::ownership::{response_visibility, Visibility};
+        let client = Owner {
+            name: "client-1".into(),
+            project: "default".into(),
+        };
+        let other = elsewhere(&client);
+        let judge = crproxy_core::ownership::Owner::new(&client.name, &client.project);
+        let theirs = widget(NS_RW, "w", 0, Some(&other), None).to_string();
+        assert_eq!(
+            response_visibility(&judge, theirs.as_bytes()),
+            Visibility::NotOwned,
+            "{theirs}"
+        );
+        let ours = widget(NS_RW, "w", 0, Some(&client), None).to_string();
+        assert_eq!(
+            response_visibility(&judge, ours.as_bytes()),
+            Visibility::Owned
+        );
+        // Still a valid label value (at most 63 characters).
+        assert!(other.name.len() <= 63, "{}", other.name);
+    }
+
+    #[test]
     fn dials_are_read_from_crproxy_s_own_exposition() {
         let metrics = crproxy_proxy::metrics::Metrics::new();
         assert_eq!(dial_attempts(&metrics.encode()), 0);
@@ -1964,7 +2015,9 @@ mod tests {
         );
         // At most at once: the lists' objects, every worker's object for PUT and
         // PATCH, and either the create row's objects (the delete row removes
-        // them) or, seeded after that, one concurrency's seeded objects.
+        // them) or, seeded after that, one concurrency's seeded objects. Counted
+        // for every lane, a bound: only the crproxy lane's carry its client's
+        // labels (the others write `elsewhere`'s).
         let created = lanes.len() * (counts.warmup + plan.rounds * counts.total);
         let workers: usize = plan.concurrency.iter().sum::<usize>() * lanes.len() * 2;
         let peak = plan.small_list + plan.large_list + workers + seeded.len().max(created);

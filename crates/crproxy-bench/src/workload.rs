@@ -3,9 +3,10 @@
 //! Every path works on the same kind of object (a small `Widget` of the
 //! `example.com/v1` resource the dev environment proxies), each in its own
 //! namespace or name range so paths never see each other's writes. Bodies sent
-//! directly or through nginx carry the ownership labels themselves, so the target
-//! stores the same objects whichever path wrote them; through crproxy they carry
-//! none and the proxy stamps them, as it would for a real caller.
+//! directly or through nginx carry ownership labels themselves (another client's,
+//! see `bench::elsewhere`), so the target stores objects of the same shape
+//! whichever path wrote them; through crproxy they carry none and the proxy
+//! stamps its client's, as it would for a real caller.
 
 use bytes::Bytes;
 use http::{Method, Request};
