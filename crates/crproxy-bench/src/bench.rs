@@ -250,16 +250,22 @@ struct Lane {
     /// That process's metrics listener, when it is a crproxy child: its dials
     /// inside the measured rounds are counted from it.
     metrics: Option<SocketAddr>,
-    /// Whether bodies carry the ownership labels (direct and nginx, those of
-    /// [`elsewhere`]) or the proxy adds them (crproxy).
-    owner: Option<Owner>,
 }
 
 impl Lane {
-    /// Whose labels the objects this lane writes carry: its own bodies' owner,
-    /// or `client`, the crproxy child's, whose labels crproxy stamps.
-    fn objects_owner<'a>(&'a self, client: &'a Owner) -> &'a Owner {
-        self.owner.as_ref().unwrap_or(client)
+    /// The ownership labels this lane's request bodies carry: none through
+    /// crproxy, which stamps those of `client`, its own; [`elsewhere`]'s on the
+    /// paths it is compared with.
+    fn body_owner(&self, client: &Owner) -> Option<Owner> {
+        match self.column {
+            Column::Crproxy => None,
+            Column::Direct | Column::Nginx => Some(elsewhere(client)),
+        }
+    }
+
+    /// Whose labels the objects this lane writes end up with.
+    fn objects_owner(&self, client: &Owner) -> Owner {
+        self.body_owner(client).unwrap_or_else(|| client.clone())
     }
 }
 
@@ -551,7 +557,6 @@ async fn measure_all(
             endpoint: Arc::clone(&direct),
             pid: None,
             metrics: None,
-            owner: Some(elsewhere(&owner)),
         },
         Lane {
             name: "crproxy",
@@ -559,7 +564,6 @@ async fn measure_all(
             endpoint: Arc::clone(&crproxy),
             pid: proxy_pid,
             metrics: child_proxy.as_ref().map(|c| c.metrics_addr),
-            owner: None,
         },
     ];
     if let Some(n) = &nginx_proc {
@@ -575,7 +579,6 @@ async fn measure_all(
             )?),
             pid: Some(n.pid),
             metrics: None,
-            owner: Some(elsewhere(&owner)),
         });
     }
     let nginx_sampler = nginx_proc
@@ -604,8 +607,8 @@ async fn measure_all(
         for &c in &plan.concurrency {
             let objects_owner = lane.objects_owner(&owner);
             update_rvs
-                .extend(seed(&direct, NS_RW, &worker_names("u", lane, c), objects_owner).await?);
-            seed(&direct, NS_RW, &worker_names("p", lane, c), objects_owner).await?;
+                .extend(seed(&direct, NS_RW, &worker_names("u", lane, c), &objects_owner).await?);
+            seed(&direct, NS_RW, &worker_names("p", lane, c), &objects_owner).await?;
         }
     }
     if let Some(c) = &child_proxy {
@@ -673,7 +676,7 @@ async fn measure_all(
                     Arc::new(CreateObjects {
                         namespace: NS_RW.into(),
                         prefix: prefix(lane, tag),
-                        owner: lane.owner.clone(),
+                        owner: lane.body_owner(&owner),
                     })
                 })
                 .await?;
@@ -704,7 +707,7 @@ async fn measure_all(
                 names.iter().map(Vec::len).sum::<usize>()
             );
             for (lane, names) in lanes.iter().zip(&names) {
-                seed(&direct, NS_SEEDED, names, lane.objects_owner(&owner)).await?;
+                seed(&direct, NS_SEEDED, names, &lane.objects_owner(&owner)).await?;
             }
             if let Some(child) = &child_proxy {
                 let tag = format!("c{c}");
@@ -751,7 +754,7 @@ async fn measure_all(
                     |lane, _| {
                         Arc::new(UpdateObjects {
                             namespace: NS_RW.into(),
-                            owner: lane.owner.clone(),
+                            owner: lane.body_owner(&owner),
                         })
                     },
                     |lane| {
@@ -975,7 +978,6 @@ async fn measure_through_aggregator(
             endpoint: Arc::clone(&layer.endpoint),
             pid: setup.crproxy.pid,
             metrics: setup.crproxy.metrics,
-            owner: None,
         }];
         layers.push(layer);
         if let Some(binary) = nginx::find_binary().filter(|_| setup.with_nginx) {
@@ -1010,7 +1012,6 @@ async fn measure_through_aggregator(
                 endpoint: Arc::clone(&layer.endpoint),
                 pid: Some(n.pid),
                 metrics: None,
-                owner: Some(elsewhere(setup.owner)),
             });
             layers.push(layer);
         }
@@ -1026,7 +1027,7 @@ async fn measure_through_aggregator(
                     setup.direct,
                     NS_RW,
                     &worker_names("p", lane, c),
-                    lane.objects_owner(setup.owner),
+                    &lane.objects_owner(setup.owner),
                 )
                 .await?;
             }
@@ -1889,28 +1890,51 @@ fn git_commit() -> Option<String> {
 mod tests {
     use super::*;
 
+    /// A lane of `column` whose endpoint is never connected to.
+    fn test_lane(column: Column) -> Lane {
+        Lane {
+            name: "lane",
+            column,
+            endpoint: Arc::new(
+                Endpoint::new(
+                    "lane",
+                    SocketAddr::from(([127, 0, 0, 1], 1)),
+                    None,
+                    &Identity::Bearer("t".into()),
+                    Protocol::Http2,
+                )
+                .expect("an endpoint needs no connection"),
+            ),
+            pid: None,
+            metrics: None,
+        }
+    }
+
     #[test]
-    fn the_paths_compared_with_crproxy_write_another_client_s_objects() {
+    fn only_crproxy_writes_its_client_s_objects() {
         use crproxy_core::ownership::{response_visibility, Visibility};
         let client = Owner {
             name: "client-1".into(),
             project: "default".into(),
         };
-        let other = elsewhere(&client);
         let judge = crproxy_core::ownership::Owner::new(&client.name, &client.project);
-        let theirs = widget(NS_RW, "w", 0, Some(&other), None).to_string();
-        assert_eq!(
-            response_visibility(&judge, theirs.as_bytes()),
-            Visibility::NotOwned,
-            "{theirs}"
-        );
-        let ours = widget(NS_RW, "w", 0, Some(&client), None).to_string();
-        assert_eq!(
-            response_visibility(&judge, ours.as_bytes()),
-            Visibility::Owned
-        );
-        // Still a valid label value (at most 63 characters).
-        assert!(other.name.len() <= 63, "{}", other.name);
+        for (column, visibility) in [
+            (Column::Direct, Visibility::NotOwned),
+            (Column::Nginx, Visibility::NotOwned),
+            (Column::Crproxy, Visibility::Owned),
+        ] {
+            let lane = test_lane(column);
+            let stored = lane.objects_owner(&client);
+            let object = widget(NS_RW, "w", 0, Some(&stored), None).to_string();
+            assert_eq!(
+                response_visibility(&judge, object.as_bytes()),
+                visibility,
+                "{column:?}: {object}"
+            );
+            // Still a valid label value (at most 63 characters).
+            assert!(stored.name.len() <= 63, "{}", stored.name);
+        }
+        assert_eq!(test_lane(Column::Crproxy).body_owner(&client), None);
     }
 
     #[test]
@@ -2117,23 +2141,7 @@ mod tests {
             dials: 0,
             machine: rss::MachineTime { steal, total },
         };
-        let lanes = [Column::Direct, Column::Crproxy, Column::Nginx].map(|column| Lane {
-            name: "lane",
-            column,
-            endpoint: Arc::new(
-                Endpoint::new(
-                    "lane",
-                    SocketAddr::from(([127, 0, 0, 1], 1)),
-                    None,
-                    &Identity::Bearer("t".into()),
-                    Protocol::Http2,
-                )
-                .expect("an endpoint needs no connection"),
-            ),
-            pid: None,
-            metrics: None,
-            owner: None,
-        });
+        let lanes = [Column::Direct, Column::Crproxy, Column::Nginx].map(test_lane);
         let mut notes = Vec::new();
         let row = row_from(
             "get",
