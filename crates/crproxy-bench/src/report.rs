@@ -200,8 +200,8 @@ pub fn latency_targets(rows: &[Row]) -> Vec<TargetCheck> {
         if let Some(tp) = r.throughput {
             worse(&mut worst_tp, tp, at.clone(), false);
             if let Some(nginx_tp) = row.nginx_ratio.as_ref().and_then(|n| n.throughput) {
-                if tp < nginx_tp {
-                    let d = verdict_decimals(&[tp, nginx_tp], 2, |f| f[0] < f[1]);
+                let (below, d) = judged(&[tp, nginx_tp], 2, |f| f[0] < f[1]);
+                if below {
                     below_nginx.push(format!("{at} ({tp:.d$}x < nginx {nginx_tp:.d$}x)"));
                 }
             }
@@ -209,36 +209,30 @@ pub fn latency_targets(rows: &[Row]) -> Vec<TargetCheck> {
     }
     let mut checks = Vec::new();
     if let Some((value, at)) = worst_p50 {
+        let (met, d) = judged(&[value], 2, |f| f[0] <= TARGET_P50_RATIO);
         checks.push(TargetCheck {
             what: "p50 latency vs direct, every scenario".into(),
             target: format!("<= {TARGET_P50_RATIO:.2}x"),
-            measured: format!(
-                "worst {value:.d$}x ({at})",
-                d = verdict_decimals(&[value], 2, |f| f[0] <= TARGET_P50_RATIO)
-            ),
-            met: value <= TARGET_P50_RATIO,
+            measured: format!("worst {value:.d$}x ({at})"),
+            met,
         });
     }
     if let Some((value, at)) = worst_p99 {
+        let (met, d) = judged(&[value], 2, |f| f[0] <= TARGET_P99_RATIO);
         checks.push(TargetCheck {
             what: "p99 latency vs direct, every scenario".into(),
             target: format!("<= {TARGET_P99_RATIO:.2}x"),
-            measured: format!(
-                "worst {value:.d$}x ({at})",
-                d = verdict_decimals(&[value], 2, |f| f[0] <= TARGET_P99_RATIO)
-            ),
-            met: value <= TARGET_P99_RATIO,
+            measured: format!("worst {value:.d$}x ({at})"),
+            met,
         });
     }
     if let Some((value, at)) = worst_tp {
+        let (met, d) = judged(&[value], 2, |f| f[0] >= TARGET_THROUGHPUT_RATIO);
         checks.push(TargetCheck {
             what: "throughput vs direct, every scenario".into(),
             target: format!(">= {TARGET_THROUGHPUT_RATIO:.2}x"),
-            measured: format!(
-                "worst {value:.d$}x ({at})",
-                d = verdict_decimals(&[value], 2, |f| f[0] >= TARGET_THROUGHPUT_RATIO)
-            ),
-            met: value >= TARGET_THROUGHPUT_RATIO,
+            measured: format!("worst {value:.d$}x ({at})"),
+            met,
         });
         let nginx_measured = rows.iter().any(|r| r.nginx_ratio.is_some());
         if nginx_measured {
@@ -264,15 +258,7 @@ pub fn memory_targets(
 ) -> Vec<TargetCheck> {
     let mut checks = Vec::new();
     if let Some((count, mib)) = idle_watches {
-        checks.push(TargetCheck {
-            what: format!("crproxy RSS with {count} idle watches"),
-            target: format!("<= {TARGET_IDLE_WATCHES_MIB:.0} MiB"),
-            measured: format!(
-                "{mib:.d$} MiB",
-                d = verdict_decimals(&[mib], 1, |f| f[0] <= TARGET_IDLE_WATCHES_MIB)
-            ),
-            met: mib <= TARGET_IDLE_WATCHES_MIB,
-        });
+        checks.push(idle_watch_check(count, mib));
     }
     if let Some(((small_n, small), (large_n, large))) = lists {
         let growth = if small > 0.0 {
@@ -280,17 +266,35 @@ pub fn memory_targets(
         } else {
             f64::INFINITY
         };
+        let (met, d) = judged(&[growth], 2, |f| f[0] <= TARGET_LIST_GROWTH);
         checks.push(TargetCheck {
             what: format!("crproxy peak RSS listing {large_n} vs {small_n} objects"),
             target: format!("flat (<= {TARGET_LIST_GROWTH:.2}x)"),
-            measured: format!(
-                "{large:.1} vs {small:.1} MiB ({growth:.d$}x)",
-                d = verdict_decimals(&[growth], 2, |f| f[0] <= TARGET_LIST_GROWTH)
-            ),
-            met: growth <= TARGET_LIST_GROWTH,
+            measured: format!("{large:.1} vs {small:.1} MiB ({growth:.d$}x)"),
+            met,
         });
     }
     checks
+}
+
+/// The idle-watch memory check, a target and a goal alike.
+fn idle_watch_check(count: usize, mib: f64) -> TargetCheck {
+    let (met, d) = judged(&[mib], 1, |f| f[0] <= TARGET_IDLE_WATCHES_MIB);
+    TargetCheck {
+        what: format!("crproxy RSS with {count} idle watches"),
+        target: format!("<= {TARGET_IDLE_WATCHES_MIB:.0} MiB"),
+        measured: format!("{mib:.d$} MiB"),
+        met,
+    }
+}
+
+/// `verdict` of `figures`, and the decimals that print them so that they read as
+/// it (see [`verdict_decimals`]): the one comparison gives both.
+fn judged(figures: &[f64], decimals: usize, verdict: impl Fn(&[f64]) -> bool) -> (bool, usize) {
+    (
+        verdict(figures),
+        verdict_decimals(figures, decimals, &verdict),
+    )
 }
 
 /// How many decimals to print `figures` with so that the printed figures give the
@@ -338,14 +342,12 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
         match pair {
             Some((crproxy, nginx)) if nginx > 0.0 => {
                 let share = crproxy / nginx;
+                let (met, d) = judged(&[share], 2, |f| f[0] >= goal);
                 TargetCheck {
                     what,
                     target,
-                    measured: format!(
-                        "{share:.d$}x ({crproxy:.0} vs {nginx:.0} req/s)",
-                        d = verdict_decimals(&[share], 2, |f| f[0] >= goal)
-                    ),
-                    met: share >= goal,
+                    measured: format!("{share:.d$}x ({crproxy:.0} vs {nginx:.0} req/s)"),
+                    met,
                 }
             }
             _ => not_measured(what, target),
@@ -363,15 +365,15 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
             let what = format!("{scenario} c={c} CPU per request");
             let target = "<= nginx".to_string();
             match row.and_then(|r| Some((r.crproxy_cpu_us?, r.nginx_cpu_us?))) {
-                Some((crproxy, nginx)) => checks.push(TargetCheck {
-                    what,
-                    target,
-                    measured: format!(
-                        "{crproxy:.d$} vs {nginx:.d$} us",
-                        d = verdict_decimals(&[crproxy, nginx], 0, |f| f[0] <= f[1])
-                    ),
-                    met: crproxy <= nginx,
-                }),
+                Some((crproxy, nginx)) => {
+                    let (met, d) = judged(&[crproxy, nginx], 0, |f| f[0] <= f[1]);
+                    checks.push(TargetCheck {
+                        what,
+                        target,
+                        measured: format!("{crproxy:.d$} vs {nginx:.d$} us"),
+                        met,
+                    })
+                }
                 None => checks.push(not_measured(what, target)),
             }
         }
@@ -390,30 +392,22 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
         let what = format!("{scenario} delivery p50");
         let target = "<= nginx".to_string();
         match row.and_then(|r| Some((r.crproxy.as_ref()?.p50_ms, r.nginx.as_ref()?.p50_ms))) {
-            Some((crproxy, nginx)) => checks.push(TargetCheck {
-                what,
-                target,
-                measured: format!(
-                    "{crproxy:.d$} vs {nginx:.d$} ms",
-                    d = verdict_decimals(&[crproxy, nginx], 2, |f| f[0] <= f[1])
-                ),
-                met: crproxy <= nginx,
-            }),
+            Some((crproxy, nginx)) => {
+                let (met, d) = judged(&[crproxy, nginx], 2, |f| f[0] <= f[1]);
+                checks.push(TargetCheck {
+                    what,
+                    target,
+                    measured: format!("{crproxy:.d$} vs {nginx:.d$} ms"),
+                    met,
+                })
+            }
             None => checks.push(not_measured(what, target)),
         }
     }
     let what = "crproxy RSS with 10000 idle watches".to_string();
     let target = format!("<= {TARGET_IDLE_WATCHES_MIB:.0} MiB");
     match idle_watches {
-        Some((count, mib)) => checks.push(TargetCheck {
-            what: format!("crproxy RSS with {count} idle watches"),
-            target,
-            measured: format!(
-                "{mib:.d$} MiB",
-                d = verdict_decimals(&[mib], 1, |f| f[0] <= TARGET_IDLE_WATCHES_MIB)
-            ),
-            met: mib <= TARGET_IDLE_WATCHES_MIB,
-        }),
+        Some((count, mib)) => checks.push(idle_watch_check(count, mib)),
         None => checks.push(not_measured(what, target)),
     }
     checks
