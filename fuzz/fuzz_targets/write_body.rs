@@ -31,7 +31,12 @@ fuzz_target!(|data: &[u8]| {
         uid: "uid-1".into(),
         resource_version: "7".into(),
     };
-    let _ = precondition::pin_delete(body, None, &pin);
+    // A body that is read gives strict JSON whose preconditions are the pin's.
+    if let Ok(options) = precondition::pin_delete(body, None, &pin) {
+        let options = request_body::parse_json_strict(&options).expect("strict JSON");
+        assert_eq!(options["preconditions"]["uid"], "uid-1");
+        assert_eq!(options["preconditions"]["resourceVersion"], "7");
+    }
     // An empty-bodied delete takes its options from the query: any query either
     // is refused or gives a DeleteOptions that carries the pin.
     if let Ok(query) = std::str::from_utf8(body) {

@@ -140,11 +140,18 @@ pub fn pin_delete(
 /// object's pin. Kept as a tree, a 3 MiB body of small numbers would stay some
 /// 50 MiB in memory for as long as the collection takes, and be copied whole
 /// for every object; as text it is the size of the body, and a pinned body is
-/// that text with the preconditions written in front.
+/// that text with the preconditions written in front. Every owned-mode DELETE
+/// goes through here, so pinning is byte concatenation, and options taken from
+/// the query (most deletes send none in a body) are written without building a
+/// tree at all.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeleteOptions {
-    /// The caller's own preconditions.
-    preconditions: Map<String, Value>,
+    /// The caller's own `preconditions.resourceVersion`, which every pin must
+    /// agree with.
+    caller_resource_version: Option<Value>,
+    /// The caller's preconditions other than uid and resourceVersion (which the
+    /// pin sets), each written as a JSON member followed by a comma.
+    other_preconditions: Vec<u8>,
     /// Every other member, written as JSON members without the braces
     /// (empty when there are none).
     members: Vec<u8>,
@@ -160,18 +167,21 @@ impl DeleteOptions {
     /// never empty, so for an empty caller body the options are taken from `query`
     /// into it: left in the query, a dry run would delete for real.
     pub fn read(body: &[u8], query: Option<&str>) -> Result<DeleteOptions, PreconditionError> {
-        let options = if body.iter().all(u8::is_ascii_whitespace) {
-            delete_options_of_query(query.unwrap_or(""))?
-        } else {
-            crate::request_body::parse_json_strict(body)
-                .map_err(|e| PreconditionError::Unparsable(e.to_string()))?
-        };
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(DeleteOptions {
+                caller_resource_version: None,
+                other_preconditions: Vec::new(),
+                members: QueryDeleteOptions::read(query.unwrap_or(""))?.members()?,
+            });
+        }
+        let options = crate::request_body::parse_json_strict(body)
+            .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
         let Value::Object(mut members) = options else {
             return Err(PreconditionError::Unparsable(
                 "DeleteOptions is not an object".into(),
             ));
         };
-        let preconditions = match members.remove("preconditions") {
+        let mut preconditions = match members.remove("preconditions") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(preconditions)) => preconditions,
             Some(_) => {
@@ -180,14 +190,24 @@ impl DeleteOptions {
                 ))
             }
         };
-        let mut members = serde_json::to_vec(&Value::Object(members))
-            .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
-        // `{...}` to `...`: the object's members, to write after the preconditions.
-        members.pop();
-        members.remove(0);
+        let caller_resource_version = preconditions.remove("resourceVersion");
+        preconditions.remove("uid");
+        let mut other_preconditions = Vec::new();
+        for (key, value) in &preconditions {
+            write_member(&mut other_preconditions, key, value)?;
+            other_preconditions.push(b',');
+        }
+        let mut text = Vec::new();
+        for (key, value) in &members {
+            if !text.is_empty() {
+                text.push(b',');
+            }
+            write_member(&mut text, key, value)?;
+        }
         Ok(DeleteOptions {
-            preconditions,
-            members,
+            caller_resource_version,
+            other_preconditions,
+            members: text,
         })
     }
 
@@ -195,21 +215,20 @@ impl DeleteOptions {
     /// preconditions of `pin`. A caller resourceVersion precondition that
     /// differs from the checked one is [`PreconditionError::Stale`].
     pub fn pinned(&self, pin: &Pin) -> Result<Vec<u8>, PreconditionError> {
-        match self.preconditions.get("resourceVersion") {
+        match &self.caller_resource_version {
             None | Some(Value::Null) => {}
             Some(Value::String(caller)) if *caller == pin.resource_version => {}
             Some(_) => return Err(PreconditionError::Stale),
         }
-        let mut preconditions = self.preconditions.clone();
-        preconditions.insert("uid".into(), Value::String(pin.uid.clone()));
-        preconditions.insert(
-            "resourceVersion".into(),
-            Value::String(pin.resource_version.clone()),
+        let mut body = Vec::with_capacity(
+            self.other_preconditions.len() + self.members.len() + pin.uid.len() + 64,
         );
-        let mut body = Vec::with_capacity(self.members.len() + 128);
-        body.extend_from_slice(br#"{"preconditions":"#);
-        serde_json::to_writer(&mut body, &preconditions)
-            .map_err(|e| PreconditionError::Unparsable(e.to_string()))?;
+        body.extend_from_slice(br#"{"preconditions":{"#);
+        body.extend_from_slice(&self.other_preconditions);
+        write_member(&mut body, "uid", &pin.uid)?;
+        body.push(b',');
+        write_member(&mut body, "resourceVersion", &pin.resource_version)?;
+        body.push(b'}');
         if !self.members.is_empty() {
             body.push(b',');
             body.extend_from_slice(&self.members);
@@ -219,53 +238,107 @@ impl DeleteOptions {
     }
 }
 
+/// Appends `,"key":value` to `out`.
+fn write_next_member(
+    out: &mut Vec<u8>,
+    key: &str,
+    value: &(impl serde::Serialize + ?Sized),
+) -> Result<(), PreconditionError> {
+    out.push(b',');
+    write_member(out, key, value)
+}
+
+/// Appends `"key":value` to `out`.
+fn write_member(
+    out: &mut Vec<u8>,
+    key: &str,
+    value: &(impl serde::Serialize + ?Sized),
+) -> Result<(), PreconditionError> {
+    serde_json::to_writer(&mut *out, key)
+        .and_then(|()| {
+            out.push(b':');
+            serde_json::to_writer(&mut *out, value)
+        })
+        .map_err(|e| PreconditionError::Unparsable(e.to_string()))
+}
+
 /// The DeleteOptions kube reads from a query, as its parameter codec does:
 /// `dryRun` takes every value, the other options their first; a boolean is
 /// false only for `0` or `false` (any case); a number is a base-10 int64.
 /// Parameters that are not delete options are not read.
-fn delete_options_of_query(query: &str) -> Result<Value, PreconditionError> {
-    let mut options = Map::new();
-    options.insert("kind".into(), json!("DeleteOptions"));
-    options.insert("apiVersion".into(), json!("v1"));
-    let mut dry_run = Vec::new();
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        // Go's query parser drops a pair with a `;` or a malformed escape.
-        if pair.contains(';') {
-            continue;
-        }
-        let (Some(name), Some(value)) = (go_query_unescape(name), go_query_unescape(value)) else {
-            continue;
-        };
-        let (key, parsed) = match name.as_str() {
-            "dryRun" => {
-                dry_run.push(Value::String(value));
+#[derive(Debug, Default)]
+struct QueryDeleteOptions {
+    dry_run: Vec<String>,
+    propagation_policy: Option<String>,
+    grace_period_seconds: Option<i64>,
+    orphan_dependents: Option<bool>,
+    ignore_store_read_error: Option<bool>,
+}
+
+impl QueryDeleteOptions {
+    fn read(query: &str) -> Result<Self, PreconditionError> {
+        let mut options = QueryDeleteOptions::default();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            // Go's query parser drops a pair with a `;` or a malformed escape.
+            if pair.contains(';') {
                 continue;
             }
-            "propagationPolicy" => ("propagationPolicy", Value::String(value)),
-            "gracePeriodSeconds" => (
-                "gracePeriodSeconds",
-                value.parse::<i64>().ok().map(Value::from).ok_or_else(|| {
-                    PreconditionError::DeleteOption {
-                        name: "gracePeriodSeconds",
-                        value: value.clone(),
-                        problem: "not a base-10 64-bit integer",
-                    }
-                })?,
-            ),
-            "orphanDependents" => ("orphanDependents", Value::Bool(query_bool(&value))),
-            "ignoreStoreReadErrorWithClusterBreakingPotential" => (
-                "ignoreStoreReadErrorWithClusterBreakingPotential",
-                Value::Bool(query_bool(&value)),
-            ),
-            _ => continue,
-        };
-        options.entry(key).or_insert(parsed);
+            let (Some(name), Some(value)) = (go_query_unescape(name), go_query_unescape(value))
+            else {
+                continue;
+            };
+            match name.as_str() {
+                "dryRun" => options.dry_run.push(value),
+                "propagationPolicy" => {
+                    options.propagation_policy.get_or_insert(value);
+                }
+                "gracePeriodSeconds" if options.grace_period_seconds.is_none() => {
+                    let seconds =
+                        value
+                            .parse::<i64>()
+                            .map_err(|_| PreconditionError::DeleteOption {
+                                name: "gracePeriodSeconds",
+                                value: value.clone(),
+                                problem: "not a base-10 64-bit integer",
+                            })?;
+                    options.grace_period_seconds = Some(seconds);
+                }
+                "orphanDependents" => {
+                    options.orphan_dependents.get_or_insert(query_bool(&value));
+                }
+                "ignoreStoreReadErrorWithClusterBreakingPotential" => {
+                    options
+                        .ignore_store_read_error
+                        .get_or_insert(query_bool(&value));
+                }
+                _ => {}
+            }
+        }
+        Ok(options)
     }
-    if !dry_run.is_empty() {
-        options.insert("dryRun".into(), Value::Array(dry_run));
+
+    /// The options as JSON members of a DeleteOptions, without the braces.
+    fn members(&self) -> Result<Vec<u8>, PreconditionError> {
+        let mut text = br#""kind":"DeleteOptions","apiVersion":"v1""#.to_vec();
+        if !self.dry_run.is_empty() {
+            write_next_member(&mut text, "dryRun", &self.dry_run)?;
+        }
+        if let Some(policy) = &self.propagation_policy {
+            write_next_member(&mut text, "propagationPolicy", policy)?;
+        }
+        if let Some(seconds) = &self.grace_period_seconds {
+            write_next_member(&mut text, "gracePeriodSeconds", seconds)?;
+        }
+        if let Some(orphan) = &self.orphan_dependents {
+            write_next_member(&mut text, "orphanDependents", orphan)?;
+        }
+        if let Some(ignore) = &self.ignore_store_read_error {
+            let key = "ignoreStoreReadErrorWithClusterBreakingPotential";
+            write_next_member(&mut text, key, ignore)?;
+        }
+        Ok(text)
     }
-    Ok(Value::Object(options))
 }
 
 /// Go's `url.QueryUnescape`: `+` is a space and every `%` starts two hex
@@ -479,6 +552,18 @@ mod tests {
         }
         let out = parsed(pin_delete(b"", Some("gracePeriodSeconds=-30"), &pin()).expect("pin"));
         assert_eq!(out["gracePeriodSeconds"], -30);
+        // Like every option but dryRun, kube reads the first value only.
+        let query =
+            "gracePeriodSeconds=5&gracePeriodSeconds=x&orphanDependents=0&orphanDependents=1";
+        let out = parsed(pin_delete(b"", Some(query), &pin()).expect("pin"));
+        assert_eq!(out["gracePeriodSeconds"], 5);
+        assert_eq!(out["orphanDependents"], false);
+        // No options at all: a DeleteOptions of the preconditions alone.
+        assert_eq!(
+            parsed(pin_delete(b"", Some("pretty=true"), &pin()).expect("pin")),
+            json!({"kind": "DeleteOptions", "apiVersion": "v1",
+                   "preconditions": {"uid": "u1", "resourceVersion": "7"}})
+        );
         // Pairs Go's query parser drops (a `;`, a malformed escape) are not read.
         let query =
             "propagationPolicy=%zz&dryRun=All;x&propagationPolicy=%4Frphan&gracePeriodSeconds=%+1";
@@ -535,6 +620,17 @@ mod tests {
         assert_eq!(
             parsed(options.pinned(&pin()).expect("pin")),
             json!({"preconditions":{"uid":"u1","resourceVersion":"7"}})
+        );
+        // The caller's uid gives way to the pin's; preconditions kube does not
+        // know are passed on for it to judge.
+        let options = DeleteOptions::read(
+            br#"{"preconditions":{"uid":"evil","x":[1],"resourceVersion":null}}"#,
+            None,
+        )
+        .expect("options");
+        assert_eq!(
+            parsed(options.pinned(&pin()).expect("pin")),
+            json!({"preconditions":{"uid":"u1","x":[1],"resourceVersion":"7"}})
         );
     }
 
