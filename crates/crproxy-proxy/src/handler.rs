@@ -6,6 +6,7 @@
 //! under); [`GroupVersionProxy::handle`] records it once and wraps the body with the
 //! deadline or watch accounting.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -735,10 +736,11 @@ impl GroupVersionProxy {
         // A view of the object gets no labels and is pinned by what it carries.
         let view = !body_is_the_object(path);
         let stamp = if view { Stamp::Never } else { Stamp::Always };
-        // A delete's options are read once, as a tree under the parse budget, and
-        // kept as text for every attempt (the cached one, each checked one): the
-        // budget's room is given back before the first round trip. A write's
-        // document stays a tree across attempts, and keeps its room.
+        // A delete's options are read once (a body as a tree, under the parse
+        // budget) and kept as text for every attempt (the cached one, each checked
+        // one): the budget's room is given back before the first round trip, and
+        // the caller's headers go out as they came. A write's document stays a
+        // tree across attempts, and keeps its room.
         let (headers, mut write, _room, delete) = if verb == Verb::Delete {
             let room = match self
                 .parse_room(exchange, request_body::parse_cost(&bytes))
@@ -749,11 +751,11 @@ impl GroupVersionProxy {
             };
             let options = DeleteOptions::read(&bytes, exchange.query.as_deref());
             drop(room);
-            (exchange.headers.clone(), None, None, Some(options))
+            (Cow::Borrowed(&exchange.headers), None, None, Some(options))
         } else {
             match self.labelled_body(exchange, &bytes, stamp).await {
                 Ok(Ok((write, room))) => (
-                    with_media_type(&exchange.headers, &write),
+                    Cow::Owned(with_media_type(&exchange.headers, &write)),
                     Some(write),
                     Some(room),
                     None,
