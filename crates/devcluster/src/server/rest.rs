@@ -1154,10 +1154,18 @@ pub fn delete_options(ctx: &ReqCtx, body: &[u8]) -> Result<DeleteOptions, ApiErr
             false => ctx.q("propagationPolicy").unwrap_or(""),
         };
         let dry_run: Vec<&str> = ctx.q("dryRun").into_iter().collect();
+        // kube reads a query's uid and resourceVersion as preconditions, unless
+        // empty.
+        let precondition = |name| {
+            ctx.q(name)
+                .filter(|value| !value.is_empty())
+                .map(str::to_string)
+        };
         return Ok(DeleteOptions {
+            uid: precondition("uid"),
+            rv: precondition("resourceVersion"),
             propagation: propagation.to_string(),
             dry_run: dry_run_of(&dry_run)?,
-            ..Default::default()
         });
     }
     let v = h::decode_body(body, h::body_format(&ctx.headers)?, "DeleteOptions")?;

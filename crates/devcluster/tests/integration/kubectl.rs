@@ -389,10 +389,11 @@ async fn metadata_uid_is_immutable_as_on_kube() {
 }
 
 /// Delete options come from the body, or from the query when the body is empty,
-/// as kube-apiserver reads them: both kinds of dry run leave the object, and a
-/// dry-run value kube does not know is refused.
+/// as kube-apiserver reads them: both kinds of dry run leave the object, a
+/// dry-run value kube does not know is refused, and a query's uid or
+/// resourceVersion is a precondition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delete_dry_runs_from_the_body_and_from_the_query() {
+async fn delete_options_from_the_body_and_from_the_query() {
     let tc = devcluster("target").await;
     let kc = &tc.kubeconfig;
     ok(kc, &["create", "namespace", "demo"]).await;
@@ -424,7 +425,25 @@ async fn delete_dry_runs_from_the_body_and_from_the_query() {
     );
     let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;
     assert!(got.is_ok(), "a dry run deleted the object: {got:?}");
-    ok(kc, &["delete", "--raw", path]).await;
+    let got = got.expect("kept");
+    for stale in [
+        "resourceVersion=1",
+        "uid=00000000-0000-0000-0000-000000000000",
+    ] {
+        let out = kubectl_async(kc, &["-v=9", "delete", "--raw", &format!("{path}?{stale}")]).await;
+        assert!(!out.success(), "{stale}: {out:?}");
+        assert_eq!(logged_status(&out.stderr)["code"], 409, "{stale}: {out:?}");
+    }
+    let current = format!(
+        "{path}?resourceVersion=&uid={}",
+        got["metadata"]["uid"].as_str().expect("uid")
+    );
+    let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;
+    assert!(
+        got.is_ok(),
+        "a failed precondition deleted the object: {got:?}"
+    );
+    ok(kc, &["delete", "--raw", &current]).await;
     let gone = kubectl_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;
     assert!(!gone.success(), "{gone:?}");
 }
