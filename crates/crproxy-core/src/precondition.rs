@@ -146,9 +146,10 @@ pub fn pin_delete(
 /// tree at all.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeleteOptions {
-    /// The caller's own `preconditions.resourceVersion`, which every pin must
-    /// agree with.
-    caller_resource_version: Option<Value>,
+    /// The caller's own uid and resourceVersion preconditions, which every pin
+    /// must meet.
+    caller_uid: CallerPrecondition,
+    caller_resource_version: CallerPrecondition,
     /// The caller's preconditions other than uid and resourceVersion (which the
     /// pin sets), each written as a JSON member followed by a comma.
     other_preconditions: Vec<u8>,
@@ -168,10 +169,14 @@ impl DeleteOptions {
     /// into it: left in the query, a dry run would delete for real.
     pub fn read(body: &[u8], query: Option<&str>) -> Result<DeleteOptions, PreconditionError> {
         if body.iter().all(u8::is_ascii_whitespace) {
+            let options = QueryDeleteOptions::read(query.unwrap_or(""))?;
             return Ok(DeleteOptions {
-                caller_resource_version: None,
+                caller_uid: CallerPrecondition::of_query(options.uid.as_deref()),
+                caller_resource_version: CallerPrecondition::of_query(
+                    options.resource_version.as_deref(),
+                ),
                 other_preconditions: Vec::new(),
-                members: QueryDeleteOptions::read(query.unwrap_or(""))?.members()?,
+                members: options.members()?,
             });
         }
         let options = crate::request_body::parse_json_strict(body)
@@ -190,8 +195,9 @@ impl DeleteOptions {
                 ))
             }
         };
-        let caller_resource_version = preconditions.remove("resourceVersion");
-        preconditions.remove("uid");
+        let caller_uid = CallerPrecondition::of_body(preconditions.remove("uid"));
+        let caller_resource_version =
+            CallerPrecondition::of_body(preconditions.remove("resourceVersion"));
         let mut other_preconditions = Vec::new();
         for (key, value) in &preconditions {
             write_member(&mut other_preconditions, key, value)?;
@@ -205,6 +211,7 @@ impl DeleteOptions {
             write_member(&mut text, key, value)?;
         }
         Ok(DeleteOptions {
+            caller_uid,
             caller_resource_version,
             other_preconditions,
             members: text,
@@ -212,13 +219,14 @@ impl DeleteOptions {
     }
 
     /// The options as the body sent, with the uid and resourceVersion
-    /// preconditions of `pin`. A caller resourceVersion precondition that
-    /// differs from the checked one is [`PreconditionError::Stale`].
+    /// preconditions of `pin`. A caller uid or resourceVersion precondition that
+    /// the checked state does not meet is [`PreconditionError::Stale`]: kube
+    /// would answer it with a conflict.
     pub fn pinned(&self, pin: &Pin) -> Result<Vec<u8>, PreconditionError> {
-        match &self.caller_resource_version {
-            None | Some(Value::Null) => {}
-            Some(Value::String(caller)) if *caller == pin.resource_version => {}
-            Some(_) => return Err(PreconditionError::Stale),
+        if !self.caller_uid.met_by(&pin.uid)
+            || !self.caller_resource_version.met_by(&pin.resource_version)
+        {
+            return Err(PreconditionError::Stale);
         }
         let mut body = Vec::with_capacity(
             self.other_preconditions.len() + self.members.len() + pin.uid.len() + 64,
@@ -262,12 +270,56 @@ fn write_member(
         .map_err(|e| PreconditionError::Unparsable(e.to_string()))
 }
 
+/// What a caller's own precondition on one field asks of every pin. Kept as
+/// this, not as the value it was read from: a deletecollection holds its
+/// options for as long as it takes, and a precondition can be any JSON.
+#[derive(Debug, Clone, PartialEq)]
+enum CallerPrecondition {
+    /// None was given: every pin meets it.
+    Absent,
+    /// The pinned value must be this one.
+    Equal(String),
+    /// Not text, so no object's uid or resourceVersion equals it.
+    Unmeetable,
+}
+
+impl CallerPrecondition {
+    /// A precondition of a body's `preconditions`; `null` is none.
+    fn of_body(value: Option<Value>) -> Self {
+        match value {
+            None | Some(Value::Null) => CallerPrecondition::Absent,
+            Some(Value::String(text)) => CallerPrecondition::Equal(text),
+            Some(_) => CallerPrecondition::Unmeetable,
+        }
+    }
+
+    /// A precondition of a query (its first value); kube ignores an empty one.
+    fn of_query(value: Option<&str>) -> Self {
+        match value {
+            Some(text) if !text.is_empty() => CallerPrecondition::Equal(text.to_string()),
+            _ => CallerPrecondition::Absent,
+        }
+    }
+
+    fn met_by(&self, pinned: &str) -> bool {
+        match self {
+            CallerPrecondition::Absent => true,
+            CallerPrecondition::Equal(text) => text == pinned,
+            CallerPrecondition::Unmeetable => false,
+        }
+    }
+}
+
 /// The DeleteOptions kube reads from a query, as its parameter codec does:
 /// `dryRun` takes every value, the other options their first; a boolean is
-/// false only for `0` or `false` (any case); a number is a base-10 int64.
-/// Parameters that are not delete options are not read.
+/// false only for `0` or `false` (any case); a number is a base-10 int64;
+/// `uid` and `resourceVersion` are preconditions. Other parameters are not
+/// read.
 #[derive(Debug, Default)]
 struct QueryDeleteOptions {
+    /// The first value of each precondition parameter, perhaps empty.
+    uid: Option<String>,
+    resource_version: Option<String>,
     dry_run: Vec<String>,
     propagation_policy: Option<String>,
     grace_period_seconds: Option<i64>,
@@ -290,6 +342,12 @@ impl QueryDeleteOptions {
             };
             match name.as_str() {
                 "dryRun" => options.dry_run.push(value),
+                "uid" => {
+                    options.uid.get_or_insert(value);
+                }
+                "resourceVersion" => {
+                    options.resource_version.get_or_insert(value);
+                }
                 "propagationPolicy" => {
                     options.propagation_policy.get_or_insert(value);
                 }
@@ -558,6 +616,28 @@ mod tests {
         let out = parsed(pin_delete(b"", Some(query), &pin()).expect("pin"));
         assert_eq!(out["gracePeriodSeconds"], 5);
         assert_eq!(out["orphanDependents"], false);
+        // kube reads a query's uid and resourceVersion as preconditions (the
+        // first of each, unless empty).
+        let out = parsed(pin_delete(b"", Some("resourceVersion=7&uid=u1"), &pin()).expect("pin"));
+        assert_eq!(
+            out["preconditions"],
+            json!({"uid": "u1", "resourceVersion": "7"})
+        );
+        assert!(out.get("uid").is_none() && out.get("resourceVersion").is_none());
+        for stale in ["resourceVersion=6", "uid=u2", "uid=u1&resourceVersion=7%20"] {
+            assert_eq!(
+                pin_delete(b"", Some(stale), &pin()),
+                Err(PreconditionError::Stale),
+                "{stale}"
+            );
+        }
+        for met in [
+            "resourceVersion=&resourceVersion=6",
+            "uid=",
+            "resourceVersion=7&resourceVersion=6",
+        ] {
+            assert!(pin_delete(b"", Some(met), &pin()).is_ok(), "{met}");
+        }
         // No options at all: a DeleteOptions of the preconditions alone.
         assert_eq!(
             parsed(pin_delete(b"", Some("pretty=true"), &pin()).expect("pin")),
@@ -621,10 +701,10 @@ mod tests {
             parsed(options.pinned(&pin()).expect("pin")),
             json!({"preconditions":{"uid":"u1","resourceVersion":"7"}})
         );
-        // The caller's uid gives way to the pin's; preconditions kube does not
-        // know are passed on for it to judge.
+        // A caller's uid precondition holds like its resourceVersion;
+        // preconditions kube does not know are passed on for it to judge.
         let options = DeleteOptions::read(
-            br#"{"preconditions":{"uid":"evil","x":[1],"resourceVersion":null}}"#,
+            br#"{"preconditions":{"uid":"u1","x":[1],"resourceVersion":null}}"#,
             None,
         )
         .expect("options");
@@ -632,6 +712,15 @@ mod tests {
             parsed(options.pinned(&pin()).expect("pin")),
             json!({"preconditions":{"uid":"u1","x":[1],"resourceVersion":"7"}})
         );
+        assert_eq!(options.pinned(&other), Err(PreconditionError::Stale));
+        for body in [
+            &br#"{"preconditions":{"uid":"evil"}}"#[..],
+            br#"{"preconditions":{"uid":7}}"#,
+            br#"{"preconditions":{"resourceVersion":["7"]}}"#,
+        ] {
+            let options = DeleteOptions::read(body, None).expect("options");
+            assert_eq!(options.pinned(&pin()), Err(PreconditionError::Stale));
+        }
     }
 
     #[test]

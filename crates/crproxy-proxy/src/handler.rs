@@ -874,8 +874,8 @@ impl GroupVersionProxy {
                 .map(|()| document.to_bytes()),
             (None, None) => return self.cache_result("miss"),
         };
-        // A caller resourceVersion other than the cached one, or a body that cannot
-        // carry the pin: the checked path answers it as it always did.
+        // A caller precondition the cached state does not meet, or a body that
+        // cannot carry the pin: the checked path answers it as it always did.
         let Ok(pinned) = pinned else {
             return self.cache_result("stale");
         };
@@ -972,8 +972,8 @@ impl GroupVersionProxy {
         let exact = request::query_pairs(Some(&list_query))
             .iter()
             .any(|(name, value)| name == "resourceVersionMatch" && value == "Exact");
-        // Read once, before anything is listed or deleted, as kube reads them. The
-        // read builds a tree, under the parse budget; what is kept is text.
+        // Read once, before anything is listed or deleted, as kube reads them. A
+        // body is read as a tree, under the parse budget; what is kept is text.
         let options = {
             let _room = match self
                 .parse_room(exchange, request_body::parse_cost(options))
@@ -1119,8 +1119,9 @@ impl GroupVersionProxy {
         ) else {
             return Ok(None);
         };
-        // A caller's resourceVersion precondition that is not this object's: kube
-        // sends the delete anyway and the object's conflict fails the collection.
+        // A caller's uid or resourceVersion precondition that is not this
+        // object's: kube sends the delete anyway and the object's conflict fails
+        // the collection.
         let pinned = options.pinned(&pin).map_err(|e| match e {
             PreconditionError::Stale => self.stale(path, name),
             e => precondition_refused(&e),
@@ -1258,8 +1259,8 @@ impl GroupVersionProxy {
             .map(|write| (write, room)))
     }
 
-    /// kube's 409 for a write whose caller's resourceVersion precondition is
-    /// not the object's.
+    /// kube's 409 for a write whose caller's resourceVersion precondition (or,
+    /// for a delete, uid precondition) is not the object's.
     fn stale(&self, path: &ResourcePath, name: &str) -> Outcome {
         let why = PreconditionError::Stale.to_string();
         Outcome::new(

@@ -986,3 +986,44 @@ async fn delete_options_sent_in_the_query_survive_the_pinned_body() {
     assert_eq!(invalid.status, 400, "{}", invalid.body);
     h.proxy.shutdown().await;
 }
+
+/// kube reads a query's uid and resourceVersion as delete preconditions when the
+/// body is empty; the pinned body the proxy sends replaces the query's options,
+/// so the proxy holds them to the checked state itself, as it does a body's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_preconditions_sent_in_the_query_hold() {
+    let h = harness(AccessMode::Owned).await;
+    let created = owned_widget(&h, "held").await;
+    let uid = created["metadata"]["uid"].as_str().expect("uid");
+    let version = created["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion");
+    for stale in [
+        "resourceVersion=1".to_string(),
+        "uid=00000000-0000-0000-0000-000000000000".to_string(),
+        format!("uid={uid}&resourceVersion=1"),
+    ] {
+        let refused = send(
+            &h,
+            "DELETE",
+            &format!("{WIDGETS}/held?{stale}"),
+            None,
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(refused.status, 409, "{stale}: {}", refused.body);
+        assert_eq!(refused.body["reason"], "Conflict", "{}", refused.body);
+        assert!(on_target(&h, "held").await.is_some(), "{stale} deleted it");
+    }
+    let met = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}/held?uid={uid}&resourceVersion={version}"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(met.status, 200, "{}", met.body);
+    assert!(on_target(&h, "held").await.is_none());
+    h.proxy.shutdown().await;
+}
