@@ -251,9 +251,18 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
 }
 
 /// A boolean query parameter as kube's parameter codec reads it: only `0` and
-/// `false` (any case) are false, anything else (the empty string too) is true.
+/// `false` in any case are false, anything else (the empty string too) is true.
+/// "Any case" is Go's `strings.EqualFold`, Unicode's simple case folding, under
+/// which the long s (`ſ`, U+017F) is an `s`; no other character folds to a
+/// letter of `false`.
 pub fn query_bool(value: &str) -> bool {
-    !(value == "0" || value.eq_ignore_ascii_case("false"))
+    let mut chars = value.chars();
+    let folds_to_false = "false".chars().all(|letter| {
+        chars
+            .next()
+            .is_some_and(|c| c.to_ascii_lowercase() == letter || (letter == 's' && c == 'ſ'))
+    }) && chars.next().is_none();
+    !(value == "0" || folds_to_false)
 }
 
 /// The pairs of `query` whose decoded name `keep` accepts, as they were written

@@ -589,6 +589,26 @@ fn query_decoding() {
 }
 
 #[test]
+fn boolean_parameters_are_false_only_for_what_go_folds_to_false() {
+    for value in ["0", "false", "FALSE", "fAlSe", "fal\u{17f}e", "FAL\u{17f}E"] {
+        assert!(!query_bool(value), "{value:?}");
+    }
+    for value in [
+        "",
+        "1",
+        "true",
+        "00",
+        "fals",
+        "falsee",
+        " false",
+        "fal\u{1e9e}e",
+        "\u{ff46}alse",
+    ] {
+        assert!(query_bool(value), "{value:?}");
+    }
+}
+
+#[test]
 fn retained_query_pairs_stay_as_written() {
     let query = "a=1&%6Cimit=5&&labelSelector=x+in+%28a%2Cb%29&flag&limit";
     assert_eq!(
