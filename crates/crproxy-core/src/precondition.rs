@@ -151,10 +151,9 @@ pub struct DeleteOptions {
     caller_uid: CallerPrecondition,
     caller_resource_version: CallerPrecondition,
     /// The caller's preconditions other than uid and resourceVersion (which the
-    /// pin sets), each written as a JSON member followed by a comma.
+    /// pin sets), and every other member: each written as a JSON member after
+    /// a comma, to follow the pin's preconditions and their object.
     other_preconditions: Vec<u8>,
-    /// Every other member, written as JSON members without the braces
-    /// (empty when there are none).
     members: Vec<u8>,
 }
 
@@ -198,23 +197,11 @@ impl DeleteOptions {
         let caller_uid = CallerPrecondition::of_body(preconditions.remove("uid"));
         let caller_resource_version =
             CallerPrecondition::of_body(preconditions.remove("resourceVersion"));
-        let mut other_preconditions = Vec::new();
-        for (key, value) in &preconditions {
-            write_member(&mut other_preconditions, key, value)?;
-            other_preconditions.push(b',');
-        }
-        let mut text = Vec::new();
-        for (key, value) in &members {
-            if !text.is_empty() {
-                text.push(b',');
-            }
-            write_member(&mut text, key, value)?;
-        }
         Ok(DeleteOptions {
             caller_uid,
             caller_resource_version,
-            other_preconditions,
-            members: text,
+            other_preconditions: each_after_a_comma(&preconditions)?,
+            members: each_after_a_comma(&members)?,
         })
     }
 
@@ -229,45 +216,50 @@ impl DeleteOptions {
             return Err(PreconditionError::Stale);
         }
         let mut body = Vec::with_capacity(
-            self.other_preconditions.len() + self.members.len() + pin.uid.len() + 64,
+            self.other_preconditions.len()
+                + self.members.len()
+                + pin.uid.len()
+                + pin.resource_version.len()
+                + 64,
         );
-        body.extend_from_slice(br#"{"preconditions":{"#);
+        body.extend_from_slice(br#"{"preconditions":{"uid":"#);
+        write_json(&mut body, &pin.uid)?;
+        write_member_after_a_comma(&mut body, "resourceVersion", &pin.resource_version)?;
         body.extend_from_slice(&self.other_preconditions);
-        write_member(&mut body, "uid", &pin.uid)?;
-        body.push(b',');
-        write_member(&mut body, "resourceVersion", &pin.resource_version)?;
         body.push(b'}');
-        if !self.members.is_empty() {
-            body.push(b',');
-            body.extend_from_slice(&self.members);
-        }
+        body.extend_from_slice(&self.members);
         body.push(b'}');
         Ok(body)
     }
 }
 
+/// The members of `object`, each written as `,"key":value`.
+fn each_after_a_comma(object: &Map<String, Value>) -> Result<Vec<u8>, PreconditionError> {
+    let mut text = Vec::new();
+    for (key, value) in object {
+        write_member_after_a_comma(&mut text, key, value)?;
+    }
+    Ok(text)
+}
+
 /// Appends `,"key":value` to `out`.
-fn write_next_member(
+fn write_member_after_a_comma(
     out: &mut Vec<u8>,
     key: &str,
     value: &(impl serde::Serialize + ?Sized),
 ) -> Result<(), PreconditionError> {
     out.push(b',');
-    write_member(out, key, value)
+    write_json(out, key)?;
+    out.push(b':');
+    write_json(out, value)
 }
 
-/// Appends `"key":value` to `out`.
-fn write_member(
+/// Appends `value` to `out` as JSON.
+fn write_json(
     out: &mut Vec<u8>,
-    key: &str,
     value: &(impl serde::Serialize + ?Sized),
 ) -> Result<(), PreconditionError> {
-    serde_json::to_writer(&mut *out, key)
-        .and_then(|()| {
-            out.push(b':');
-            serde_json::to_writer(&mut *out, value)
-        })
-        .map_err(|e| PreconditionError::Unparsable(e.to_string()))
+    serde_json::to_writer(out, value).map_err(|e| PreconditionError::Unparsable(e.to_string()))
 }
 
 /// What a caller's own precondition on one field asks of every pin. Kept as
@@ -376,24 +368,24 @@ impl QueryDeleteOptions {
         Ok(options)
     }
 
-    /// The options as JSON members of a DeleteOptions, without the braces.
+    /// The options as members of a DeleteOptions, each after a comma.
     fn members(&self) -> Result<Vec<u8>, PreconditionError> {
-        let mut text = br#""kind":"DeleteOptions","apiVersion":"v1""#.to_vec();
+        let mut text = br#","kind":"DeleteOptions","apiVersion":"v1""#.to_vec();
         if !self.dry_run.is_empty() {
-            write_next_member(&mut text, "dryRun", &self.dry_run)?;
+            write_member_after_a_comma(&mut text, "dryRun", &self.dry_run)?;
         }
         if let Some(policy) = &self.propagation_policy {
-            write_next_member(&mut text, "propagationPolicy", policy)?;
+            write_member_after_a_comma(&mut text, "propagationPolicy", policy)?;
         }
         if let Some(seconds) = &self.grace_period_seconds {
-            write_next_member(&mut text, "gracePeriodSeconds", seconds)?;
+            write_member_after_a_comma(&mut text, "gracePeriodSeconds", seconds)?;
         }
         if let Some(orphan) = &self.orphan_dependents {
-            write_next_member(&mut text, "orphanDependents", orphan)?;
+            write_member_after_a_comma(&mut text, "orphanDependents", orphan)?;
         }
         if let Some(ignore) = &self.ignore_store_read_error {
             let key = "ignoreStoreReadErrorWithClusterBreakingPotential";
-            write_next_member(&mut text, key, ignore)?;
+            write_member_after_a_comma(&mut text, key, ignore)?;
         }
         Ok(text)
     }
