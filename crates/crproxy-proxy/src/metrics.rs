@@ -12,13 +12,14 @@
 //! a custom collector, so an expired quarantine already shows as `half_open` without any
 //! request having touched the pool.
 
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use crproxy_core::reason::Reason;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
@@ -250,6 +251,9 @@ impl Metrics {
             inflight: self.families.inflight.get_or_create_owned(&labels),
             active_watches: self.families.active_watches.get_or_create_owned(&labels),
             watch_events: OnceLock::new(),
+            requests: ResolvedSeries::default(),
+            request_durations: ResolvedSeries::default(),
+            ownership_cache: ResolvedSeries::default(),
         });
         TargetMetrics {
             target,
@@ -342,8 +346,8 @@ fn openmetrics_to_prometheus_text(openmetrics: &str) -> String {
 /// A per-target handle on [`Metrics`]. Clone it freely.
 ///
 /// Label values are shared (`Arc<str>`, `&'static str`), so counting a request
-/// allocates nothing; the series touched on every request or watch event without
-/// varying labels are resolved once per target (see [`TargetSeries`]).
+/// allocates nothing; the series touched on every request or watch event are
+/// kept resolved per target (see [`TargetSeries`]).
 #[derive(Clone, Debug)]
 pub struct TargetMetrics {
     target: Arc<str>,
@@ -352,9 +356,10 @@ pub struct TargetMetrics {
     series: Arc<TargetSeries>,
 }
 
-/// The series of one target whose labels never vary, resolved once instead of
-/// being looked up in their family on every request or watch event. A metric
-/// handle shares its value with the family's series.
+/// The series one target touches on every request or watch event, resolved
+/// instead of being looked up in their family each time: once for those whose
+/// labels never vary, as they first occur for the others. A metric handle
+/// shares its value with the family's series.
 #[derive(Debug)]
 struct TargetSeries {
     inflight: Gauge,
@@ -362,6 +367,59 @@ struct TargetSeries {
     /// Resolved on the first event: a counter series only exists after its
     /// first event.
     watch_events: OnceLock<Counter>,
+    requests: ResolvedSeries<RequestLabels, Counter>,
+    request_durations: ResolvedSeries<VerbLabels, Histogram>,
+    ownership_cache: ResolvedSeries<CacheResultLabels, Counter>,
+}
+
+/// How many series of one family a target keeps resolved; past that its family
+/// is asked directly, so a peer answering with ever new status codes cannot
+/// make the list long.
+const MAX_RESOLVED_SERIES: usize = 32;
+
+/// The series of one family that a target has touched, found again by comparing
+/// a few words of their labels. A family finds a series by hashing the whole
+/// label set with SipHash (the target and group/version strings included),
+/// about 900 instructions a request for `vcluster_proxy_request` alone; a
+/// target touches only a handful of series per family in steady state.
+#[derive(Debug)]
+struct ResolvedSeries<L, M> {
+    series: RwLock<Vec<(L, M)>>,
+}
+
+impl<L, M> Default for ResolvedSeries<L, M> {
+    fn default() -> Self {
+        ResolvedSeries {
+            series: RwLock::new(Vec::new()),
+        }
+    }
+}
+
+impl<L: Clone + Eq + Hash, M: Clone> ResolvedSeries<L, M> {
+    /// Applies `record` to the series whose labels `matches`, creating it in
+    /// `family` under `labels()` the first time (a counter series still appears
+    /// with its first event).
+    fn record<C: MetricConstructor<M>>(
+        &self,
+        family: &Family<L, M, C>,
+        matches: impl Fn(&L) -> bool,
+        labels: impl FnOnce() -> L,
+        record: impl FnOnce(&M),
+    ) {
+        {
+            let series = self.series.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, metric)) = series.iter().find(|(found, _)| matches(found)) {
+                return record(metric);
+            }
+        }
+        let labels = labels();
+        let metric = family.get_or_create_owned(&labels);
+        record(&metric);
+        let mut series = self.series.write().unwrap_or_else(PoisonError::into_inner);
+        if series.len() < MAX_RESOLVED_SERIES && !series.iter().any(|(found, _)| matches(found)) {
+            series.push((labels, metric));
+        }
+    }
 }
 
 impl TargetMetrics {
@@ -391,27 +449,40 @@ impl TargetMetrics {
         code: u16,
         reason: Reason,
     ) {
-        self.families
-            .request
-            .get_or_create(&RequestLabels {
+        let group_version = group_version.into();
+        let reason = reason.as_str();
+        self.series.requests.record(
+            &self.families.request,
+            |labels| {
+                labels.code == code
+                    && labels.verb == verb
+                    && labels.reason == reason
+                    && labels.group_version == group_version
+            },
+            || RequestLabels {
                 target: Arc::clone(&self.target),
-                group_version: group_version.into(),
+                group_version: Arc::clone(&group_version),
                 verb,
                 code,
-                reason: reason.as_str(),
-            })
-            .inc();
+                reason,
+            },
+            |counter| {
+                counter.inc();
+            },
+        );
     }
 
     /// Observes the latency of one non-watch request.
     pub fn request_duration(&self, verb: &'static str, seconds: f64) {
-        self.families
-            .request_duration
-            .get_or_create(&VerbLabels {
+        self.series.request_durations.record(
+            &self.families.request_duration,
+            |labels| labels.verb == verb,
+            || VerbLabels {
                 target: Arc::clone(&self.target),
                 verb,
-            })
-            .observe(seconds);
+            },
+            |histogram| histogram.observe(seconds),
+        );
     }
 
     /// Counts a request the proxy itself ended (`deadline`, `upgrade_rejected`).
@@ -495,14 +566,18 @@ impl TargetMetrics {
     /// Counts one owned-mode named mutation by its ownership cache `result`:
     /// `hit`, `stale`, `miss` or `unsynced`.
     pub fn ownership_cache(&self, group_version: &Arc<str>, result: &'static str) {
-        self.families
-            .ownership_cache
-            .get_or_create(&CacheResultLabels {
+        self.series.ownership_cache.record(
+            &self.families.ownership_cache,
+            |labels| labels.result == result && labels.group_version == *group_version,
+            || CacheResultLabels {
                 target: Arc::clone(&self.target),
                 group_version: Arc::clone(group_version),
                 result,
-            })
-            .inc();
+            },
+            |counter| {
+                counter.inc();
+            },
+        );
     }
 
     /// Observes the latency of one attempted dial, successful or not.
