@@ -23,7 +23,7 @@ use crate::namespaces::ClientNamespaces;
 use crate::pool::PeerPool;
 use crate::server::{self, ServerError, ServingIdentity};
 use crate::sources::{self, PeerSourceConfig};
-use crate::transport::{self, TargetConnection};
+use crate::transport::{self, TargetConnection, TargetPath};
 
 /// How long the startup probe waits for the first peer list.
 pub const STARTUP_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
@@ -285,7 +285,12 @@ fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>, sync_timeout: Duration) ->
         let deadline = tokio::time::Instant::now() + transport::REQUEST_DEADLINE;
         let probe = proxy
             .target
-            .send_get(deadline, &path, &HeaderMap::new(), None)
+            .send_get(
+                deadline,
+                TargetPath::Written(&path),
+                &HeaderMap::new(),
+                None,
+            )
             .await;
         match probe {
             Ok(response) if response.status() == StatusCode::OK => {

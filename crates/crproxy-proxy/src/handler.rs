@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::Value;
@@ -32,8 +33,8 @@ use crate::namespaces::ClientNamespaces;
 use crate::ownership_cache::{Lookup, OwnershipCache};
 use crate::pool::ProxyBody;
 use crate::transport::{
-    self, DeadlineBody, ForwardError, Inspected, TargetConnection, WatchBody, WatchFraming,
-    MAX_BUFFERED_BODY, REQUEST_DEADLINE,
+    self, DeadlineBody, ForwardError, Inspected, TargetConnection, TargetPath, WatchBody,
+    WatchFraming, MAX_BUFFERED_BODY, REQUEST_DEADLINE,
 };
 
 /// Everything one group/version server needs to serve requests.
@@ -116,20 +117,30 @@ impl Outcome {
 /// Per-request facts the flows share.
 struct Exchange {
     method: Method,
-    /// The raw path, still percent-encoded as the caller sent it.
-    path: String,
+    /// The raw path and query, still percent-encoded as the caller sent them.
+    path_and_query: Option<PathAndQuery>,
     /// The namespace the path names, decoded (as mirroring keys it).
     namespace: Option<String>,
-    query: Option<String>,
     headers: HeaderMap,
     deadline: Instant,
 }
 
 impl Exchange {
-    fn path_and_query(&self) -> String {
-        match &self.query {
-            Some(q) if !q.is_empty() => format!("{}?{}", self.path, q),
-            _ => self.path.clone(),
+    fn path(&self) -> &str {
+        self.path_and_query.as_ref().map_or("", PathAndQuery::path)
+    }
+
+    fn query(&self) -> Option<&str> {
+        self.path_and_query.as_ref().and_then(PathAndQuery::query)
+    }
+
+    /// The caller's path and query for the target, without a `?` that
+    /// introduces nothing. The caller's own is passed on as parsed when its
+    /// request was read.
+    fn target_path(&self) -> TargetPath<'_> {
+        match &self.path_and_query {
+            Some(parsed) if parsed.query() != Some("") => TargetPath::Caller(parsed),
+            _ => TargetPath::Written(self.path()),
         }
     }
 }
@@ -189,12 +200,10 @@ impl GroupVersionProxy {
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
-        let path = parts.uri.path().to_string();
-        let query = parts.uri.query().map(str::to_string);
         let kind = request::classify(
             parts.method.as_str(),
-            &path,
-            query.as_deref(),
+            parts.uri.path(),
+            parts.uri.query(),
             wants_upgrade(&parts.headers),
             &self.group,
             &self.version,
@@ -230,9 +239,8 @@ impl GroupVersionProxy {
         };
         let exchange = Exchange {
             method: parts.method.clone(),
-            path,
+            path_and_query: parts.uri.path_and_query().cloned(),
             namespace,
-            query,
             headers: parts.headers,
             deadline: started + REQUEST_DEADLINE,
         };
@@ -247,7 +255,7 @@ impl GroupVersionProxy {
                 json_response(StatusCode::UNAUTHORIZED, &status::unauthorized()),
                 Reason::Upstream,
             ),
-            true if exchange.method == Method::GET && exchange.path == "/apis" => {
+            true if exchange.method == Method::GET && exchange.path() == "/apis" => {
                 match fallback::aggregated_discovery_version(accept_of(&exchange.headers)) {
                     Some(version) => self.aggregated_discovery(&exchange, version).await,
                     // Only aggregated discovery is answered here; the legacy group
@@ -255,10 +263,10 @@ impl GroupVersionProxy {
                     None => path_error(&request::PathError::NotFound),
                 }
             }
-            true if exchange.method == Method::GET && self.is_openapi_index(&exchange.path) => {
+            true if exchange.method == Method::GET && self.is_openapi_index(exchange.path()) => {
                 self.openapi_index()
             }
-            true if exchange.method == Method::GET && self.is_openapi_document(&exchange.path) => {
+            true if exchange.method == Method::GET && self.is_openapi_document(exchange.path()) => {
                 self.openapi_document(&exchange).await
             }
             true => match kind {
@@ -499,11 +507,12 @@ impl GroupVersionProxy {
     ) -> Result<(http::response::Parts, Bytes), ForwardError> {
         let target = self.target.clone();
         let deadline = exchange.deadline;
-        let path_and_query = exchange.path_and_query();
+        let path_and_query = exchange.target_path().as_str().to_owned();
         let headers = exchange.headers.clone();
         let fetch = tokio::spawn(async move {
+            let path_and_query = TargetPath::Written(&path_and_query);
             let response = target
-                .send_get(deadline, &path_and_query, &headers, inspected.as_ref())
+                .send_get(deadline, path_and_query, &headers, inspected.as_ref())
                 .await?;
             let (parts, body) = response.into_parts();
             let bytes =
@@ -572,15 +581,15 @@ impl GroupVersionProxy {
                 Box::pin(self.owned_delete_collection(exchange, path, &bytes)).await
             }
             Verb::List | Verb::Watch if owned => {
-                let query = match ownership::scoped_query(exchange.query.as_deref(), &self.owner) {
+                let query = match ownership::scoped_query(exchange.query(), &self.owner) {
                     Ok(query) => query,
                     Err(e) => return selector_error(&e),
                 };
-                let target_path = with_query(&exchange.path, &query);
+                let target_path = with_query(exchange.path(), &query);
                 self.forward(
                     exchange,
                     &exchange.headers,
-                    &target_path,
+                    TargetPath::Written(&target_path),
                     transport::stream(body),
                     verb == Verb::Watch,
                 )
@@ -608,7 +617,7 @@ impl GroupVersionProxy {
                 self.forward(
                     exchange,
                     &exchange.headers,
-                    &exchange.path_and_query(),
+                    exchange.target_path(),
                     transport::limited_stream(body, MAX_REQUEST_BODY),
                     watch,
                 )
@@ -647,7 +656,7 @@ impl GroupVersionProxy {
         self.forward(
             exchange,
             &headers,
-            &exchange.path_and_query(),
+            exchange.target_path(),
             transport::full(body),
             false,
         )
@@ -749,7 +758,7 @@ impl GroupVersionProxy {
                 Ok(room) => room,
                 Err(outcome) => return outcome,
             };
-            let options = DeleteOptions::read(&bytes, exchange.query.as_deref());
+            let options = DeleteOptions::read(&bytes, exchange.query());
             drop(room);
             (Cow::Borrowed(&exchange.headers), None, None, Some(options))
         } else {
@@ -764,7 +773,6 @@ impl GroupVersionProxy {
                 Err(outcome) => return outcome,
             }
         };
-        let path_and_query = exchange.path_and_query();
         if let Some(outcome) = self
             .cached_mutation(exchange, verb, path, &headers, delete.as_ref(), &mut write)
             .await
@@ -822,7 +830,7 @@ impl GroupVersionProxy {
                 .forward(
                     exchange,
                     &headers,
-                    &path_and_query,
+                    exchange.target_path(),
                     transport::full(pinned),
                     false,
                 )
@@ -883,7 +891,7 @@ impl GroupVersionProxy {
             .forward(
                 exchange,
                 headers,
-                &exchange.path_and_query(),
+                exchange.target_path(),
                 transport::full(pinned),
                 false,
             )
@@ -923,7 +931,7 @@ impl GroupVersionProxy {
         let (Some(name), None) = (path.name.as_deref(), &path.subresource) else {
             return outcome;
         };
-        let dry_run = request::is_dry_run(exchange.query.as_deref());
+        let dry_run = request::is_dry_run(exchange.query());
         if !outcome.response.status().is_success() || dry_run {
             return outcome;
         }
@@ -964,7 +972,7 @@ impl GroupVersionProxy {
         path: &ResourcePath,
         options: &[u8],
     ) -> Outcome {
-        let (list_query, delete_query) = split_delete_collection_query(exchange.query.as_deref());
+        let (list_query, delete_query) = split_delete_collection_query(exchange.query());
         let mut list_query = match ownership::scoped_query(Some(&list_query), &self.owner) {
             Ok(query) => query,
             Err(e) => return selector_error(&e),
@@ -1008,7 +1016,7 @@ impl GroupVersionProxy {
                 Some(_) => (METADATA_LIST, DELETE_COLLECTION_PAGE),
             };
             let page_path = with_query(
-                &exchange.path,
+                exchange.path(),
                 &page_query(&list_query, limit, token.as_deref()),
             );
             let attempt = self
@@ -1427,11 +1435,10 @@ impl GroupVersionProxy {
         exchange: &Exchange,
         inspected: Option<&Inspected>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let path_and_query = exchange.path_and_query();
         self.target
             .send_get(
                 exchange.deadline,
-                &path_and_query,
+                exchange.target_path(),
                 &exchange.headers,
                 inspected,
             )
@@ -1444,7 +1451,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         headers: &HeaderMap,
-        path_and_query: &str,
+        path_and_query: TargetPath<'_>,
         body: ProxyBody,
         watch: bool,
     ) -> Outcome {

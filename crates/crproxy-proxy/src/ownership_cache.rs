@@ -35,7 +35,7 @@ use crproxy_core::precondition::Pin;
 use crproxy_core::request;
 
 use crate::pool::ProxyBody;
-use crate::transport::{self, ForwardError, TargetConnection, MAX_BUFFERED_BODY};
+use crate::transport::{self, ForwardError, TargetConnection, TargetPath, MAX_BUFFERED_BODY};
 use crate::watch_lines::WatchLines;
 use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 use kube::runtime::utils::Backoff;
@@ -464,7 +464,7 @@ async fn get(
         .send_before(
             deadline,
             Method::GET,
-            &format!("{collection}?{scoped}"),
+            TargetPath::Written(&format!("{collection}?{scoped}")),
             &headers,
             transport::full(Bytes::new()),
         )

@@ -8,7 +8,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
@@ -112,6 +113,34 @@ pub fn within<T>(
         .map(|outcome| outcome.unwrap_or(Err(ForwardError::Deadline)))
 }
 
+/// A request's path and query on the target.
+#[derive(Debug, Clone, Copy)]
+pub enum TargetPath<'a> {
+    /// The caller's own, parsed when its request was read: passed on as it is.
+    Caller(&'a PathAndQuery),
+    /// One the proxy wrote (a scoped list, a page, an object of its own).
+    Written(&'a str),
+}
+
+impl TargetPath<'_> {
+    pub fn as_str(&self) -> &str {
+        match self {
+            TargetPath::Caller(parsed) => parsed.as_str(),
+            TargetPath::Written(text) => text,
+        }
+    }
+
+    /// The request URI; only a written path is parsed here.
+    fn uri(self) -> Result<Uri, ForwardError> {
+        match self {
+            TargetPath::Caller(parsed) => Ok(Uri::from(parsed.clone())),
+            TargetPath::Written(text) => {
+                Uri::try_from(text).map_err(|e| ForwardError::Send(e.to_string()))
+            }
+        }
+    }
+}
+
 /// How the proxy reaches one target: its peers and its credentials.
 #[derive(Clone)]
 pub struct TargetConnection {
@@ -133,7 +162,7 @@ impl TargetConnection {
         &self,
         deadline: Option<Instant>,
         method: Method,
-        path_and_query: &str,
+        path_and_query: TargetPath<'_>,
         caller_headers: &HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
@@ -147,7 +176,7 @@ impl TargetConnection {
     pub async fn send_get(
         &self,
         deadline: Instant,
-        path_and_query: &str,
+        path_and_query: TargetPath<'_>,
         caller_headers: &HeaderMap,
         inspected: Option<&Inspected>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
@@ -169,7 +198,7 @@ impl TargetConnection {
         &self,
         deadline: Option<Instant>,
         method: Method,
-        path_and_query: &str,
+        path_and_query: TargetPath<'_>,
         headers: HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
@@ -184,13 +213,13 @@ impl TargetConnection {
         &self,
         deadline: Option<Instant>,
         method: Method,
-        path_and_query: &str,
+        path_and_query: TargetPath<'_>,
         mut headers: HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let mut request = Request::builder()
             .method(method)
-            .uri(path_and_query)
+            .uri(path_and_query.uri()?)
             .body(body)
             .map_err(|e| ForwardError::Send(e.to_string()))?;
         self.stamp(&mut headers).await?;
@@ -249,7 +278,13 @@ impl TargetConnection {
         }
         let body = full(body.unwrap_or_default());
         let response = self
-            .send_before(Some(deadline), method, path, &headers, body)
+            .send_before(
+                Some(deadline),
+                method,
+                TargetPath::Written(path),
+                &headers,
+                body,
+            )
             .await?;
         let status = response.status();
         let bytes = within(

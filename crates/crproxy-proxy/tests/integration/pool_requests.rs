@@ -10,7 +10,8 @@ use std::sync::Arc;
 use crproxy_proxy::pool::{
     Lane, HTTP1_IDLE_TIMEOUT, HTTP1_MAX_READ_BUFFER, MAX_EXCHANGE_CONNECTIONS,
 };
-use crproxy_proxy::transport::TargetConnection;
+use crproxy_proxy::transport::{TargetConnection, TargetPath};
+use http::uri::PathAndQuery;
 use http_body::Body;
 use http_body_util::BodyExt;
 use pool_support::*;
@@ -186,25 +187,35 @@ async fn the_transport_sends_bounded_requests_as_exchanges_and_watches_as_stream
         ),
     };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    // The caller's own path goes on as parsed, a written one is parsed here;
+    // both arrive as they were, query included.
+    let parsed = PathAndQuery::from_static("/apis/example.com/v1?watch=true&x=%2F");
+    let paths = [
+        TargetPath::Caller(&parsed),
+        TargetPath::Written("/apis/example.com/v1/widgets?limit=2"),
+    ];
     for (deadline, protocol) in [(Some(deadline), "HTTP/1.1"), (None, "HTTP/2.0")] {
-        let response = target
-            .send_before(
-                deadline,
-                http::Method::GET,
-                "/apis/example.com/v1",
-                &http::HeaderMap::new(),
-                empty(),
-            )
-            .await
-            .expect("answer");
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
-        let body = String::from_utf8_lossy(&body);
-        assert!(body.contains(protocol), "deadline {deadline:?}: {body}");
+        for path in paths {
+            let response = target
+                .send_before(
+                    deadline,
+                    http::Method::GET,
+                    path,
+                    &http::HeaderMap::new(),
+                    empty(),
+                )
+                .await
+                .expect("answer");
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            let body = String::from_utf8_lossy(&body);
+            let expected = format!("{protocol} {} host=", path.as_str());
+            assert!(body.contains(&expected), "deadline {deadline:?}: {body}");
+        }
     }
 }
 

@@ -92,7 +92,7 @@ pub enum Protocols {
 pub const FILLER_BYTES: &str = "x-filler-bytes";
 
 /// A TLS + HTTP peer answering every request with
-/// `peer <port> <version> <path> host=<host>`, except `/empty`, answered with no
+/// `peer <port> <version> <path and query> host=<host>`, except `/empty`, answered with no
 /// body; [`FILLER_BYTES`] adds an `x-filler` header of that size to the answer.
 pub struct TlsPeer {
     pub addr: SocketAddr,
@@ -165,7 +165,7 @@ impl TlsPeer {
                                 "peer {} {:?} {} host={}",
                                 addr.port(),
                                 req.version(),
-                                req.uri().path(),
+                                req.uri().path_and_query().map_or("/", |p| p.as_str()),
                                 host
                             )
                         };
