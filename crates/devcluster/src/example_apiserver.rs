@@ -451,9 +451,7 @@ pub fn validation_errors(gateway: &Value) -> Vec<(String, String, String)> {
 }
 
 fn query(request: &Request<hyper::body::Incoming>) -> HashMap<String, String> {
-    url::form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
-        .into_owned()
-        .collect()
+    crate::server::query_parameters(request.uri().query())
 }
 
 /// Answers a request; a change is answered only once it is saved (when the server

@@ -15,6 +15,7 @@ mod rest;
 mod seams;
 
 pub use auth::PeerCertificates;
+pub(crate) use http::query_parameters;
 
 use crate::error::Error;
 use crate::registry::Registry;

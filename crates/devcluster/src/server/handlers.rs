@@ -94,15 +94,6 @@ pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> R
     }
 }
 
-fn query_map(q: Option<&str>) -> HashMap<String, String> {
-    q.map(|q| {
-        url::form_urlencoded::parse(q.as_bytes())
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect()
-    })
-    .unwrap_or_default()
-}
-
 /// The parsed path of a resource request.
 struct ResourcePath {
     core: bool,
@@ -214,7 +205,7 @@ async fn route(
             );
         }
     }
-    let query = query_map(parts.uri.query());
+    let query = super::http::query_parameters(parts.uri.query());
     let segs: Vec<String> = path
         .split('/')
         .filter(|s| !s.is_empty())

@@ -11,8 +11,22 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+/// A query's parameters by name, each with its first value: kube-apiserver
+/// reads a parameter that is not a list with Go's `url.Values.Get`, which
+/// takes the first of repeated values.
+pub(crate) fn query_parameters(query: Option<&str>) -> HashMap<String, String> {
+    let mut parameters = HashMap::new();
+    for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        parameters
+            .entry(name.into_owned())
+            .or_insert_with(|| value.into_owned());
+    }
+    parameters
+}
 
 /// Every response body: a full buffer or a stream (watches).
 pub type Body = BoxBody<Bytes, std::io::Error>;

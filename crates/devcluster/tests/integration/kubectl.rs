@@ -391,7 +391,8 @@ async fn metadata_uid_is_immutable_as_on_kube() {
 /// Delete options come from the body, or from the query when the body is empty,
 /// as kube-apiserver reads them: both kinds of dry run leave the object, a
 /// dry-run value kube does not know is refused, and a query's uid or
-/// resourceVersion is a precondition.
+/// resourceVersion is a precondition; of a parameter given twice, the first
+/// value counts, as in Go's `url.Values.Get`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_options_from_the_body_and_from_the_query() {
     let tc = devcluster("target").await;
@@ -426,18 +427,18 @@ async fn delete_options_from_the_body_and_from_the_query() {
     let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;
     assert!(got.is_ok(), "a dry run deleted the object: {got:?}");
     let got = got.expect("kept");
+    let uid = got["metadata"]["uid"].as_str().expect("uid");
+    let other_uid = "00000000-0000-0000-0000-000000000000";
     for stale in [
-        "resourceVersion=1",
-        "uid=00000000-0000-0000-0000-000000000000",
+        "resourceVersion=1".to_owned(),
+        format!("uid={other_uid}"),
+        format!("uid={other_uid}&uid={uid}"),
     ] {
         let out = kubectl_async(kc, &["-v=9", "delete", "--raw", &format!("{path}?{stale}")]).await;
         assert!(!out.success(), "{stale}: {out:?}");
         assert_eq!(logged_status(&out.stderr)["code"], 409, "{stale}: {out:?}");
     }
-    let current = format!(
-        "{path}?resourceVersion=&uid={}",
-        got["metadata"]["uid"].as_str().expect("uid")
-    );
+    let current = format!("{path}?resourceVersion=&uid={uid}&uid={other_uid}&resourceVersion=1");
     let got = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "kept"]).await;
     assert!(
         got.is_ok(),
