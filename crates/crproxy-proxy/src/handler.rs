@@ -2034,6 +2034,36 @@ mod tests {
     }
 
     #[test]
+    fn the_callers_path_goes_to_the_target_as_sent_but_for_an_empty_query() {
+        let exchange = |uri: &'static str| Exchange {
+            method: Method::GET,
+            path_and_query: Some(PathAndQuery::from_static(uri)),
+            namespace: None,
+            headers: HeaderMap::new(),
+            deadline: Instant::now(),
+        };
+        for (sent, forwarded, as_parsed) in [
+            (
+                "/apis/g/v1/widgets?limit=1&x=%2F",
+                "/apis/g/v1/widgets?limit=1&x=%2F",
+                true,
+            ),
+            ("/apis/g/v1/widgets", "/apis/g/v1/widgets", true),
+            ("/apis/g/v1/widgets?", "/apis/g/v1/widgets", false),
+        ] {
+            let exchange = exchange(sent);
+            let target = exchange.target_path();
+            assert_eq!(target.as_str(), forwarded, "{sent}");
+            assert_eq!(matches!(target, TargetPath::Caller(_)), as_parsed, "{sent}");
+        }
+        let none = Exchange {
+            path_and_query: None,
+            ..exchange("/")
+        };
+        assert_eq!((none.path(), none.query()), ("", None));
+    }
+
+    #[test]
     fn ownership_is_checked_on_the_object_not_the_subresource() {
         let path = ResourcePath {
             namespace: Some("ns".into()),
