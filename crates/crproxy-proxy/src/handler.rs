@@ -286,7 +286,7 @@ impl GroupVersionProxy {
         } = outcome;
         transport::clean_response_headers(response.headers_mut());
         self.metrics.request(
-            Arc::clone(&self.group_version),
+            &self.group_version,
             verb_label,
             response.status().as_u16(),
             reason,
@@ -327,12 +327,8 @@ impl GroupVersionProxy {
         response
             .headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-        self.metrics.request(
-            Arc::clone(&self.group_version),
-            verb_label,
-            429,
-            Reason::Upstream,
-        );
+        self.metrics
+            .request(&self.group_version, verb_label, 429, Reason::Upstream);
         response
     }
 
@@ -1566,7 +1562,7 @@ impl Unanswered<'_> {
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         self.proxy.metrics.request(
-            Arc::clone(&self.proxy.group_version),
+            &self.proxy.group_version,
             self.verb,
             StatusCode::SERVICE_UNAVAILABLE.as_u16(),
             Reason::Canceled,

@@ -247,19 +247,18 @@ impl Metrics {
         let labels = TargetLabels {
             target: Arc::clone(&target),
         };
-        let gauges = Arc::new(TargetSeries {
-            inflight: self.families.inflight.get_or_create_owned(&labels),
-            active_watches: self.families.active_watches.get_or_create_owned(&labels),
-            watch_events: OnceLock::new(),
-            requests: ResolvedSeries::default(),
-            request_durations: ResolvedSeries::default(),
-            ownership_cache: ResolvedSeries::default(),
-        });
         TargetMetrics {
-            target,
-            families: self.families.clone(),
-            pools: self.pools.clone(),
-            series: gauges,
+            shared: Arc::new(TargetShared {
+                families: self.families.clone(),
+                pools: self.pools.clone(),
+                inflight: self.families.inflight.get_or_create_owned(&labels),
+                active_watches: self.families.active_watches.get_or_create_owned(&labels),
+                watch_events: OnceLock::new(),
+                requests: ResolvedSeries::default(),
+                request_durations: ResolvedSeries::default(),
+                ownership_cache: ResolvedSeries::default(),
+                target,
+            }),
         }
     }
 
@@ -347,21 +346,25 @@ fn openmetrics_to_prometheus_text(openmetrics: &str) -> String {
 ///
 /// Label values are shared (`Arc<str>`, `&'static str`), so counting a request
 /// allocates nothing; the series touched on every request or watch event are
-/// kept resolved per target (see [`TargetSeries`]).
+/// kept resolved per target (see [`TargetShared`]).
 #[derive(Clone, Debug)]
 pub struct TargetMetrics {
+    /// One reference for all of it: a request's body and its watchdog each hold
+    /// a clone, and every reference count changed is a cache line the worker
+    /// threads pass between them.
+    shared: Arc<TargetShared>,
+}
+
+/// What every handle of one target shares: its label, the families, and the
+/// series it touches on every request or watch event, resolved instead of being
+/// looked up in their family each time (once for those whose labels never vary,
+/// as they first occur for the others). A metric handle shares its value with
+/// the family's series.
+#[derive(Debug)]
+struct TargetShared {
     target: Arc<str>,
     families: Arc<Families>,
     pools: Arc<PoolCollector>,
-    series: Arc<TargetSeries>,
-}
-
-/// The series one target touches on every request or watch event, resolved
-/// instead of being looked up in their family each time: once for those whose
-/// labels never vary, as they first occur for the others. A metric handle
-/// shares its value with the family's series.
-#[derive(Debug)]
-struct TargetSeries {
     inflight: Gauge,
     active_watches: Gauge,
     /// Resolved on the first event: a counter series only exists after its
@@ -425,43 +428,36 @@ impl<L: Clone + Eq + Hash, M: Clone> ResolvedSeries<L, M> {
 impl TargetMetrics {
     /// The `target` label value this handle stamps.
     pub fn target_label(&self) -> &str {
-        &self.target
+        &self.shared.target
     }
 
     fn labels(&self) -> TargetLabels {
         TargetLabels {
-            target: Arc::clone(&self.target),
+            target: Arc::clone(&self.shared.target),
         }
     }
 
     fn reason_labels(&self, reason: Reason) -> ReasonLabels {
         ReasonLabels {
-            target: Arc::clone(&self.target),
+            target: Arc::clone(&self.shared.target),
             reason: reason.as_str(),
         }
     }
 
     /// Counts one finished request.
-    pub fn request(
-        &self,
-        group_version: impl Into<Arc<str>>,
-        verb: &'static str,
-        code: u16,
-        reason: Reason,
-    ) {
-        let group_version = group_version.into();
+    pub fn request(&self, group_version: &Arc<str>, verb: &'static str, code: u16, reason: Reason) {
         let reason = reason.as_str();
-        self.series.requests.record(
-            &self.families.request,
+        self.shared.requests.record(
+            &self.shared.families.request,
             |labels| {
                 labels.code == code
                     && labels.verb == verb
                     && labels.reason == reason
-                    && labels.group_version == group_version
+                    && labels.group_version == *group_version
             },
             || RequestLabels {
-                target: Arc::clone(&self.target),
-                group_version: Arc::clone(&group_version),
+                target: Arc::clone(&self.shared.target),
+                group_version: Arc::clone(group_version),
                 verb,
                 code,
                 reason,
@@ -474,11 +470,11 @@ impl TargetMetrics {
 
     /// Observes the latency of one non-watch request.
     pub fn request_duration(&self, verb: &'static str, seconds: f64) {
-        self.series.request_durations.record(
-            &self.families.request_duration,
+        self.shared.request_durations.record(
+            &self.shared.families.request_duration,
             |labels| labels.verb == verb,
             || VerbLabels {
-                target: Arc::clone(&self.target),
+                target: Arc::clone(&self.shared.target),
                 verb,
             },
             |histogram| histogram.observe(seconds),
@@ -487,7 +483,8 @@ impl TargetMetrics {
 
     /// Counts a request the proxy itself ended (`deadline`, `upgrade_rejected`).
     pub fn termination(&self, reason: Reason) {
-        self.families
+        self.shared
+            .families
             .terminations
             .get_or_create(&self.reason_labels(reason))
             .inc();
@@ -495,17 +492,18 @@ impl TargetMetrics {
 
     /// Marks one non-watch request in flight until the guard drops.
     pub fn inflight(&self) -> InflightGuard {
-        let gauge = self.series.inflight.clone();
+        let gauge = self.shared.inflight.clone();
         gauge.inc();
         InflightGuard { gauge }
     }
 
     /// Counts a discovery request answered from the local fallback document.
     pub fn discovery_fallback(&self, group_version: &str, reason: Reason) {
-        self.families
+        self.shared
+            .families
             .discovery_fallbacks
             .get_or_create(&GroupVersionReasonLabels {
-                target: Arc::clone(&self.target),
+                target: Arc::clone(&self.shared.target),
                 group_version: Arc::from(group_version),
                 reason: reason.as_str(),
             })
@@ -514,17 +512,18 @@ impl TargetMetrics {
 
     /// Marks one watch stream open until the guard drops.
     pub fn active_watch(&self) -> WatchGuard {
-        let gauge = self.series.active_watches.clone();
+        let gauge = self.shared.active_watches.clone();
         gauge.inc();
         WatchGuard { gauge }
     }
 
     /// Counts `n` relayed watch events.
     pub fn watch_events(&self, n: u64) {
-        self.series
+        self.shared
             .watch_events
             .get_or_init(|| {
-                self.families
+                self.shared
+                    .families
                     .watch_events
                     .get_or_create_owned(&self.labels())
             })
@@ -533,7 +532,8 @@ impl TargetMetrics {
 
     /// Counts a peer entering quarantine.
     pub fn peer_quarantined(&self) {
-        self.families
+        self.shared
+            .families
             .peer_quarantines
             .get_or_create(&self.labels())
             .inc();
@@ -541,7 +541,8 @@ impl TargetMetrics {
 
     /// Counts a quarantine that left no selectable peer.
     pub fn all_peers_quarantined(&self) {
-        self.families
+        self.shared
+            .families
             .all_peers_quarantined
             .get_or_create(&self.labels())
             .inc();
@@ -549,7 +550,8 @@ impl TargetMetrics {
 
     /// Counts a failing peer dialled successfully again.
     pub fn peer_recovered(&self) {
-        self.families
+        self.shared
+            .families
             .peer_recoveries
             .get_or_create(&self.labels())
             .inc();
@@ -557,7 +559,8 @@ impl TargetMetrics {
 
     /// Counts one failed dial, or one request rejected before any dial.
     pub fn dial_failure(&self, reason: Reason) {
-        self.families
+        self.shared
+            .families
             .dial_failures
             .get_or_create(&self.reason_labels(reason))
             .inc();
@@ -566,11 +569,11 @@ impl TargetMetrics {
     /// Counts one owned-mode named mutation by its ownership cache `result`:
     /// `hit`, `stale`, `miss` or `unsynced`.
     pub fn ownership_cache(&self, group_version: &Arc<str>, result: &'static str) {
-        self.series.ownership_cache.record(
-            &self.families.ownership_cache,
+        self.shared.ownership_cache.record(
+            &self.shared.families.ownership_cache,
             |labels| labels.result == result && labels.group_version == *group_version,
             || CacheResultLabels {
-                target: Arc::clone(&self.target),
+                target: Arc::clone(&self.shared.target),
                 group_version: Arc::clone(group_version),
                 result,
             },
@@ -582,7 +585,8 @@ impl TargetMetrics {
 
     /// Observes the latency of one attempted dial, successful or not.
     pub fn dial_duration(&self, seconds: f64) {
-        self.families
+        self.shared
+            .families
             .dial_duration
             .get_or_create(&self.labels())
             .observe(seconds);
@@ -592,7 +596,9 @@ impl TargetMetrics {
     /// `group_version`. [`PeerPool::new`] calls this itself; the registration ends
     /// when the pool is dropped.
     pub fn register_pool(&self, group_version: &str, pool: Weak<PeerPool>) {
-        self.pools.register(&self.target, group_version, pool);
+        self.shared
+            .pools
+            .register(&self.shared.target, group_version, pool);
     }
 }
 

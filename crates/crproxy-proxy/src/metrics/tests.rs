@@ -54,10 +54,10 @@ fn resolved_series_count_into_the_family_past_their_limit_too() {
     for _ in 0..2 {
         for &code in &codes {
             // A fresh Arc each time: series are told apart by the text.
-            target.request(Arc::<str>::from("g/v1"), "get", code, Reason::Upstream);
+            target.request(&Arc::from("g/v1"), "get", code, Reason::Upstream);
         }
     }
-    target.request("other/v1", "get", 200, Reason::Upstream);
+    target.request(&Arc::from("other/v1"), "get", 200, Reason::Upstream);
     target.request_duration("get", 0.003);
     target.request_duration("get", 0.2);
     target.request_duration("list", 0.2);

@@ -75,8 +75,18 @@ const SPEC: &[(&str, &str, &[&str])] = &[
 /// Touches every series once, including a pool with a published list.
 fn exercise(h: &Harness) {
     let t = &h.target;
-    t.request(GROUP_VERSION, "get", 200, Reason::Upstream);
-    t.request(GROUP_VERSION, "list", 503, Reason::StalePeers);
+    t.request(
+        &std::sync::Arc::from(GROUP_VERSION),
+        "get",
+        200,
+        Reason::Upstream,
+    );
+    t.request(
+        &std::sync::Arc::from(GROUP_VERSION),
+        "list",
+        503,
+        Reason::StalePeers,
+    );
     t.request_duration("get", 0.02);
     t.termination(Reason::Deadline);
     t.discovery_fallback(GROUP_VERSION, Reason::UpstreamError);

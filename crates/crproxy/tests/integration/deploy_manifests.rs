@@ -696,7 +696,12 @@ fn counters_after_one_event_each() -> String {
     use crproxy_core::reason::Reason;
     let metrics = crproxy_proxy::metrics::Metrics::new();
     let target = metrics.target("default/target");
-    target.request("example.com/v1", "list", 503, Reason::NoPeer);
+    target.request(
+        &std::sync::Arc::from("example.com/v1"),
+        "list",
+        503,
+        Reason::NoPeer,
+    );
     target.termination(Reason::Deadline);
     target.discovery_fallback("example.com/v1", Reason::NoPeer);
     target.watch_events(1);
