@@ -409,15 +409,20 @@ impl<L: Clone + Eq + Hash, M: Clone> ResolvedSeries<L, M> {
         labels: impl FnOnce() -> L,
         record: impl FnOnce(&M),
     ) {
-        {
+        let full = {
             let series = self.series.read().unwrap_or_else(PoisonError::into_inner);
             if let Some((_, metric)) = series.iter().find(|(found, _)| matches(found)) {
                 return record(metric);
             }
-        }
+            series.len() >= MAX_RESOLVED_SERIES
+        };
         let labels = labels();
         let metric = family.get_or_create_owned(&labels);
         record(&metric);
+        if full {
+            // The write lock would only find the list full again.
+            return;
+        }
         let mut series = self.series.write().unwrap_or_else(PoisonError::into_inner);
         if series.len() < MAX_RESOLVED_SERIES && !series.iter().any(|(found, _)| matches(found)) {
             series.push((labels, metric));
