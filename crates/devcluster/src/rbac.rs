@@ -644,19 +644,8 @@ pub fn authorize_attributes_from_request(
         String::new()
     };
     if name.is_empty() && verb == "get" {
-        let params: Vec<(String, String)> = query
-            .map(|q| {
-                url::form_urlencoded::parse(q.as_bytes())
-                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let param = |k: &str| {
-            params
-                .iter()
-                .find(|(key, _)| key == k)
-                .map(|(_, v)| v.as_str())
-        };
+        let params = crate::server::query_parameters(query);
+        let param = |k: &str| params.get(k).map(String::as_str);
         // Go's strconv.ParseBool spellings of true.
         let watch = matches!(
             param("watch"),

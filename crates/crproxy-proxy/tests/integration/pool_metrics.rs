@@ -75,18 +75,9 @@ const SPEC: &[(&str, &str, &[&str])] = &[
 /// Touches every series once, including a pool with a published list.
 fn exercise(h: &Harness) {
     let t = &h.target;
-    t.request(
-        &std::sync::Arc::from(GROUP_VERSION),
-        "get",
-        200,
-        Reason::Upstream,
-    );
-    t.request(
-        &std::sync::Arc::from(GROUP_VERSION),
-        "list",
-        503,
-        Reason::StalePeers,
-    );
+    let group_version = std::sync::Arc::from(GROUP_VERSION);
+    t.request(&group_version, "get", 200, Reason::Upstream);
+    t.request(&group_version, "list", 503, Reason::StalePeers);
     t.request_duration("get", 0.02);
     t.termination(Reason::Deadline);
     t.discovery_fallback(GROUP_VERSION, Reason::UpstreamError);
@@ -96,7 +87,7 @@ fn exercise(h: &Harness) {
     t.peer_recovered();
     t.dial_failure(Reason::Timeout);
     t.dial_duration(0.004);
-    t.ownership_cache(&std::sync::Arc::from(GROUP_VERSION), "hit");
+    t.ownership_cache(&group_version, "hit");
     h.pool.publish(vec!["127.0.0.1:1".to_owned()]);
 }
 

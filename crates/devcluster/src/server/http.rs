@@ -20,10 +20,8 @@ use std::task::{Context, Poll};
 /// takes the first of repeated values.
 pub(crate) fn query_parameters(query: Option<&str>) -> HashMap<String, String> {
     let mut parameters = HashMap::new();
-    for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        parameters
-            .entry(name.into_owned())
-            .or_insert_with(|| value.into_owned());
+    for (name, value) in crproxy_core::request::query_pairs(query) {
+        parameters.entry(name).or_insert(value);
     }
     parameters
 }
