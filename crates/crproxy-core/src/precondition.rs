@@ -98,14 +98,27 @@ pub fn pin_view_write(body: &mut WriteBody, pin: &Pin) -> Result<(), Preconditio
 
 /// Sets the checked uid and resourceVersion in a body's own metadata; a caller's
 /// own different resourceVersion is a conflict.
+///
+/// A caller's own uid stays as sent: it is the caller's precondition (a PUT) or
+/// a change kube refuses (a patch), and the target answers it as kube would.
+/// Writing the checked uid over it would let a write meant for one incarnation
+/// of the object land on the next. The checked resourceVersion alone holds the
+/// write to the checked state, since no other state of any object has it.
 fn pin_metadata(body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError> {
     match body.resource_version().map_err(unparsable)? {
         CallerValue::Missing => {}
         CallerValue::Text(caller) if caller.is_empty() || caller == pin.resource_version => {}
         CallerValue::Text(_) | CallerValue::Other => return Err(PreconditionError::Stale),
     }
-    body.set_metadata_field("uid", Some(&pin.uid))
-        .map_err(unparsable)?;
+    let callers_uid = match body.uid().map_err(unparsable)? {
+        CallerValue::Missing => false,
+        CallerValue::Text(caller) => !caller.is_empty(),
+        CallerValue::Other => true,
+    };
+    if !callers_uid {
+        body.set_metadata_field("uid", Some(&pin.uid))
+            .map_err(unparsable)?;
+    }
     body.set_metadata_field("resourceVersion", Some(&pin.resource_version))
         .map_err(unparsable)
 }
@@ -498,19 +511,39 @@ mod tests {
     }
 
     #[test]
-    fn object_bodies_get_uid_and_resource_version_overriding_the_callers_uid() {
+    fn object_bodies_get_the_checked_resource_version_and_keep_the_callers_uid() {
         for ct in [
             "application/json",
             "application/merge-patch+json",
             "application/strategic-merge-patch+json",
             "application/apply-patch+yaml",
         ] {
-            let mut b = body(ct, r#"{"metadata":{"uid":"evil","name":"a"}}"#);
-            pin_write(&owner(), &mut b, &pin()).expect("pin");
-            assert_eq!(
-                b.document().expect("strict JSON"),
-                json!({"metadata":{"uid":"u1","name":"a","resourceVersion":"7"}})
-            );
+            // Without a uid of its own the body takes the checked one.
+            for sent in [
+                r#"{"metadata":{"name":"a"}}"#,
+                r#"{"metadata":{"name":"a","uid":null}}"#,
+                r#"{"metadata":{"name":"a","uid":""}}"#,
+            ] {
+                let mut b = body(ct, sent);
+                pin_write(&owner(), &mut b, &pin()).expect("pin");
+                assert_eq!(
+                    b.document().expect("strict JSON"),
+                    json!({"metadata":{"name":"a","uid":"u1","resourceVersion":"7"}}),
+                    "{ct}: {sent}"
+                );
+            }
+            // The caller's own uid, the checked one or another incarnation's (the
+            // target refuses that write, as kube would), is left as sent.
+            for uid in [json!("u1"), json!("an-earlier-incarnation"), json!(7)] {
+                let sent = json!({"metadata": {"uid": uid, "name": "a"}}).to_string();
+                let mut b = body(ct, &sent);
+                pin_write(&owner(), &mut b, &pin()).expect("pin");
+                assert_eq!(
+                    b.document().expect("strict JSON"),
+                    json!({"metadata":{"uid":uid,"name":"a","resourceVersion":"7"}}),
+                    "{ct}: {sent}"
+                );
+            }
         }
         let mut b = body(
             "application/merge-patch+json",

@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -211,10 +212,24 @@ impl WriteBody {
 
     /// The caller's `metadata.resourceVersion`.
     pub fn resource_version(&self) -> Result<CallerValue<'_>, ShapeError> {
+        self.metadata_string(|metadata| metadata.resource_version.clone())
+    }
+
+    /// The caller's `metadata.uid`.
+    pub fn uid(&self) -> Result<CallerValue<'_>, ShapeError> {
+        self.metadata_string(|metadata| metadata.uid.clone())
+    }
+
+    /// A field of the body's own metadata that kube reads as a string, where the
+    /// layout found it.
+    fn metadata_string(
+        &self,
+        field: impl FnOnce(&layout::Metadata) -> Option<Range<usize>>,
+    ) -> Result<CallerValue<'_>, ShapeError> {
         let Some(metadata) = self.own_metadata()? else {
             return Ok(CallerValue::Missing);
         };
-        Ok(match metadata.resource_version.clone() {
+        Ok(match field(metadata) {
             Some(value) => {
                 caller_value(Skim::new(self.text.get(value).unwrap_or_default()).optional_string())
             }
@@ -819,6 +834,25 @@ mod tests {
         assert_eq!(
             body.add_operations(Vec::new(), Vec::new()),
             Err(ShapeError::NotOperations)
+        );
+    }
+
+    #[test]
+    fn the_callers_uid_is_read_as_sent() {
+        let read = |text: &str| {
+            let body = WriteBody::parse(None, text.as_bytes()).expect("parses");
+            body.uid().map(|found| format!("{found:?}"))
+        };
+        assert_eq!(read("{}"), Ok("Missing".into()));
+        assert_eq!(read(r#"{"metadata":{"uid":null}}"#), Ok("Missing".into()));
+        assert_eq!(
+            read(r#"{"metadata":{"resourceVersion":"7","uid":"u\u0031"}}"#),
+            Ok(r#"Text("u1")"#.into())
+        );
+        assert_eq!(read(r#"{"metadata":{"uid":[]}}"#), Ok("Other".into()));
+        assert_eq!(
+            read(r#"{"spec":{"metadata":{"uid":"u1"}}}"#),
+            Ok("Missing".into())
         );
     }
 

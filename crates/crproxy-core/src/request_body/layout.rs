@@ -89,6 +89,8 @@ pub struct Metadata {
     pub labels: Field<Vec<Entry>>,
     /// The value of `resourceVersion`, when present.
     pub resource_version: Option<Range<usize>>,
+    /// The value of `uid`, when present.
+    pub uid: Option<Range<usize>>,
 }
 
 /// An object that can carry metadata: the body itself or an item of a list.
@@ -205,12 +207,8 @@ impl<'a> Walk<'a> {
             walk.object(depth, |walk, key, start| {
                 match key.as_ref() {
                     "labels" => metadata.labels = walk.labels(depth + 1)?,
-                    "resourceVersion" => {
-                        walk.skim.peek()?;
-                        let value = walk.skim.position();
-                        walk.value(depth + 1)?;
-                        metadata.resource_version = Some(value..walk.skim.position());
-                    }
+                    "resourceVersion" => metadata.resource_version = Some(walk.located(depth + 1)?),
+                    "uid" => metadata.uid = Some(walk.located(depth + 1)?),
                     _ => walk.value(depth + 1)?,
                 }
                 metadata
@@ -220,6 +218,14 @@ impl<'a> Walk<'a> {
             })?;
             Ok(metadata)
         })
+    }
+
+    /// Walks the value that comes next, telling where its text is.
+    fn located(&mut self, depth: usize) -> Result<Range<usize>, Refusal> {
+        self.skim.peek()?;
+        let start = self.skim.position();
+        self.value(depth)?;
+        Ok(start..self.skim.position())
     }
 
     fn labels(&mut self, depth: usize) -> Result<Field<Vec<Entry>>, Refusal> {

@@ -439,6 +439,79 @@ async fn writes_of_an_object_deleted_behind_the_caches_back_answer_as_before() {
     h.proxy.shutdown().await;
 }
 
+/// A caller's own uid is its precondition, as kube reads it: a PUT or merge
+/// PATCH carrying the uid of an earlier incarnation of an owned object is refused
+/// (409, 422) and changes nothing, whether or not the cache has seen the object
+/// recreated; the current incarnation's uid writes. Pinning must not write the
+/// checked uid over the caller's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
+    let h = harness(AccessMode::Owned).await;
+    for round in 0..5 {
+        let name = format!("u{round}");
+        let earlier = hot_owned_widget(&h, &name).await;
+        let earlier_uid = earlier["metadata"]["uid"].clone();
+        h.widgets
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("admin deletes");
+        let current = h
+            .widgets
+            .create(
+                &PostParams::default(),
+                &widget_object(&name, owned_labels()),
+            )
+            .await
+            .map(|object| json_of(&object))
+            .expect("admin creates it again, owned");
+        assert_ne!(current["metadata"]["uid"], earlier_uid);
+        let path = format!("{WIDGETS}/{name}");
+
+        let mut put = earlier.clone();
+        put["spec"]["replicas"] = json!(7);
+        put["metadata"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove("resourceVersion");
+        let refused = send(&h, "PUT", &path, Some("application/json"), put.to_string()).await;
+        assert_eq!(refused.status, 409, "round {round}: {refused:?}");
+        assert!(
+            refused.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("UID in the precondition")),
+            "round {round}: {refused:?}"
+        );
+
+        let patch = json!({"metadata": {"uid": earlier_uid}, "spec": {"replicas": 7}});
+        let refused = send(
+            &h,
+            "PATCH",
+            &path,
+            Some("application/merge-patch+json"),
+            patch.to_string(),
+        )
+        .await;
+        assert_eq!(refused.status, 422, "round {round}: {refused:?}");
+        let now = on_target(&h, &name).await.expect("still there");
+        assert_eq!(now["metadata"]["uid"], current["metadata"]["uid"]);
+        assert_eq!(
+            now["metadata"]["resourceVersion"], current["metadata"]["resourceVersion"],
+            "round {round}: a refused write changed the object"
+        );
+
+        let mut put = current.clone();
+        put["spec"]["replicas"] = json!(7);
+        put["metadata"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove("resourceVersion");
+        let written = send(&h, "PUT", &path, Some("application/json"), put.to_string()).await;
+        assert_eq!(written.status, 200, "round {round}: {written:?}");
+        assert_eq!(written.body["spec"]["replicas"], 7);
+    }
+    h.proxy.shutdown().await;
+}
+
 /// The cache's list reads every page (2000 objects each): objects that existed
 /// before the cache started and were never written through the proxy are hits,
 /// an unowned object under the same selector-less collection is not.
