@@ -14,8 +14,9 @@ use tokio::time::Instant;
 
 /// Decides whether an object belongs to the watch (namespace and selectors).
 pub type Filter = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
-/// Renders a stored object for the client (version, PartialObjectMetadata, Table).
-pub type Render = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
+/// Writes a stored object as the client asked for it (version,
+/// PartialObjectMetadata, Table) onto the end of an event's text, as JSON.
+pub type Render = Arc<dyn Fn(&Value, &mut Vec<u8>) + Send + Sync>;
 
 /// Where a watch starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,10 +54,32 @@ pub struct WatchSpec {
 /// How often a long watch gets a progress bookmark.
 const BOOKMARK_PERIOD: Duration = Duration::from_secs(60);
 
-fn line(kind: &str, object: &Value) -> Bytes {
-    let mut out = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
-    out.push(b'\n');
+/// Writes `value` as JSON onto the end of `out`.
+pub fn write_value(out: &mut Vec<u8>, value: &Value) {
+    // A `Value` has only string keys and finite numbers, and a `Vec` takes every
+    // write, so this cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
+/// One line of a watch response: `{"type":…,"object":…}` in kube's key order, the
+/// object written in place by `write_object` (no tree is built to hold it).
+fn event_line(kind: &str, object_len: usize, write_object: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+    let mut out = Vec::with_capacity(object_len + 32);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    write_object(&mut out);
+    out.extend_from_slice(b"}\n");
     Bytes::from(out)
+}
+
+fn line(kind: &str, object: &Value) -> Bytes {
+    event_line(kind, 256, |out| write_value(out, object))
+}
+
+/// The event for `object` as `spec` renders it.
+fn rendered_line(spec: &WatchSpec, kind: &str, object: &Value) -> Bytes {
+    event_line(kind, 512, |out| (spec.render)(object, out))
 }
 
 /// The ERROR event kube sends when a watch starts before the retained history.
@@ -86,7 +109,7 @@ pub fn start(
             Start::CurrentState | Start::InitialEvents => {
                 let (items, rv, live) = store.snapshot_and_watch(&gr, spec.namespace.as_deref());
                 for obj in items.iter().filter(|o| (spec.filter)(o)) {
-                    if tx.send(line("ADDED", &(spec.render)(obj))).await.is_err() {
+                    if tx.send(rendered_line(&spec, "ADDED", obj)).await.is_err() {
                         return;
                     }
                 }
@@ -212,15 +235,11 @@ fn encode(spec: &WatchSpec, e: &Event) -> Option<Bytes> {
         e.object.get("apiVersion").and_then(Value::as_str) == Some(spec.api_version.as_str());
     if spec.render_is_identity && same_version {
         let object = e.object_bytes();
-        let mut out = Vec::with_capacity(object.len() + 32);
-        out.extend_from_slice(b"{\"type\":\"");
-        out.extend_from_slice(kind.as_bytes());
-        out.extend_from_slice(b"\",\"object\":");
-        out.extend_from_slice(object);
-        out.extend_from_slice(b"}\n");
-        return Some(Bytes::from(out));
+        return Some(event_line(kind, object.len(), |out| {
+            out.extend_from_slice(object)
+        }));
     }
-    Some(line(kind, &(spec.render)(&e.object)))
+    Some(rendered_line(spec, kind, &e.object))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use crate::error::ApiError;
 use crate::registry::Source;
 use crate::store::{meta_str, Mutation};
 use crate::types::RequestAttributes;
+use crate::watch::write_value;
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
@@ -621,19 +622,23 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
     let output = ctx.output;
     let include = ctx.include_object();
     let filter_sel = selectors.clone();
-    let render: crate::watch::Render = Arc::new(move |obj: &Value| match output {
-        Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
-            super::output::partial(obj)
-        }
-        Output::Table => super::output::table(
-            &info,
-            &version,
-            &[Arc::new(obj.clone())],
-            json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
-            include,
-        ),
-        _ => super::output::convert(obj, &api_version),
-    });
+    let render: crate::watch::Render =
+        Arc::new(move |obj: &Value, out: &mut Vec<u8>| match output {
+            Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
+                super::output::write_partial(obj, out)
+            }
+            Output::Table => write_value(
+                out,
+                &super::output::table(
+                    &info,
+                    &version,
+                    &[Arc::new(obj.clone())],
+                    json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
+                    include,
+                ),
+            ),
+            _ => write_value(out, &super::output::convert(obj, &api_version)),
+        });
     let spec = WatchSpec {
         group: ctx.info.group.clone(),
         resource: ctx.info.resource.clone(),

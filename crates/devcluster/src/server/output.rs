@@ -24,6 +24,20 @@ pub fn partial(obj: &Value) -> Value {
     })
 }
 
+/// [`partial`] written as JSON onto the end of `out`, without building it: a
+/// metadata watch writes one for every change, and copying the metadata (its
+/// managedFields above all) into a new tree cost more than writing it.
+pub fn write_partial(obj: &Value, out: &mut Vec<u8>) {
+    out.extend_from_slice(
+        br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#,
+    );
+    match obj.get("metadata") {
+        Some(metadata) => crate::watch::write_value(out, metadata),
+        None => out.extend_from_slice(b"{}"),
+    }
+    out.push(b'}');
+}
+
 /// List metadata: `continue` always present (empty at the end), as kube sends it.
 pub fn list_metadata(rv: u64, cont: &str, remaining: Option<usize>) -> Value {
     let mut m = Map::new();
@@ -127,5 +141,27 @@ mod tests {
         assert_eq!(v["items"][0]["apiVersion"], "g/v1beta1");
         assert_eq!(v["metadata"]["resourceVersion"], "7");
         assert_eq!(v["kind"], "KList");
+    }
+
+    #[test]
+    fn a_written_partial_is_the_built_one_in_kubes_key_order() {
+        let object = json!({
+            "apiVersion": "g/v1", "kind": "K", "spec": {"x": 1},
+            "metadata": {"name": "a", "labels": {"app": "x"},
+                         "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]},
+        });
+        for object in [object, json!({"apiVersion": "g/v1", "kind": "K"})] {
+            let mut written = Vec::new();
+            write_partial(&object, &mut written);
+            let text = std::str::from_utf8(&written).expect("utf-8");
+            assert!(
+                text.starts_with(
+                    r#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","#
+                ),
+                "{text}"
+            );
+            let parsed: Value = serde_json::from_str(text).expect("json");
+            assert_eq!(parsed, partial(&object));
+        }
     }
 }

@@ -36,7 +36,7 @@ fn spec(start: Start, bookmarks: bool, timeout_s: u64, app: Option<&'static str>
             Some(a) => o["metadata"]["labels"]["app"] == a,
             None => true,
         }),
-        render: Arc::new(|o: &Value| o.clone()),
+        render: Arc::new(|o: &Value, out: &mut Vec<u8>| write_value(out, o)),
         render_is_identity: false,
     }
 }
@@ -252,4 +252,13 @@ async fn shared_serialization_sends_the_same_events() {
     assert_eq!(a, b);
     assert_eq!(types(&a), vec!["ADDED"]);
     assert_eq!(a[0].1["metadata"]["name"], "a");
+}
+
+#[test]
+fn an_event_line_is_type_then_object_and_a_newline() {
+    let text = line("MODIFIED", &json!({"metadata": {"name": "a"}}));
+    assert_eq!(
+        &text[..],
+        b"{\"type\":\"MODIFIED\",\"object\":{\"metadata\":{\"name\":\"a\"}}}\n"
+    );
 }
