@@ -1,5 +1,5 @@
 //! A small throughput check of devcluster over real TLS: create, get, list and
-//! watch fan-out. `cargo bench -p devcluster --bench devcluster` prints one line
+//! watch fan-out (full objects and metadata only). `cargo bench -p devcluster --bench devcluster` prints one line
 //! per measurement; `DEVCLUSTER_BENCH_N` sets the object count (default 500).
 
 use futures_util::StreamExt;
@@ -113,6 +113,49 @@ async fn main() -> anyhow::Result<()> {
         start.elapsed(),
     );
     anyhow::ensure!(delivered == watchers * events, "lost events: {delivered}");
+
+    // The same as metadata watches (PartialObjectMetadata, what informers of
+    // metadata and crproxy's ownership cache open): every event is rendered for
+    // each watcher.
+    let list = cms.list(&ListParams::default()).await?;
+    let rv = list
+        .metadata
+        .resource_version
+        .unwrap_or_else(|| "0".to_owned());
+    let mut handles = Vec::new();
+    for _ in 0..watchers {
+        let stream = cms
+            .watch_metadata(&WatchParams::default().timeout(60), &rv)
+            .await?;
+        handles.push(tokio::spawn(async move {
+            let mut stream = Box::pin(stream);
+            let mut seen = 0;
+            while seen < events {
+                match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+                    Ok(Some(Ok(_))) => seen += 1,
+                    _ => break,
+                }
+            }
+            seen
+        }));
+    }
+    let start = Instant::now();
+    for i in 0..events {
+        cms.create(&post, &config_map(format!("m-{i}"))).await?;
+    }
+    let mut delivered = 0;
+    for h in handles {
+        delivered += h.await?;
+    }
+    rate(
+        &format!("metadata watch fan-out ({watchers} x {events})"),
+        delivered,
+        start.elapsed(),
+    );
+    anyhow::ensure!(
+        delivered == watchers * events,
+        "lost metadata events: {delivered}"
+    );
     cluster.shutdown().await;
     Ok(())
 }
