@@ -31,11 +31,6 @@ async fn main() -> anyhow::Result<()> {
         .create(&post, &named("bench"))
         .await?;
     let cms = Api::<ConfigMap>::namespaced(client, "bench");
-    let config_map = |name: String| {
-        let mut config_map: ConfigMap = named(&name);
-        config_map.data = Some([("k".to_owned(), "v".to_owned())].into());
-        config_map
-    };
 
     let start = Instant::now();
     for i in 0..n {
@@ -77,87 +72,90 @@ async fn main() -> anyhow::Result<()> {
     }
     rate(&format!("list of {items} objects"), lists, start.elapsed());
 
-    // Watch fan-out: W watchers all see E events.
-    let (watchers, events) = (50, 100);
-    let list = cms.list(&ListParams::default()).await?;
-    let rv = list
-        .metadata
-        .resource_version
-        .unwrap_or_else(|| "0".to_owned());
-    let mut handles = Vec::new();
-    for _ in 0..watchers {
-        let stream = cms.watch(&WatchParams::default().timeout(60), &rv).await?;
-        handles.push(tokio::spawn(async move {
-            let mut stream = Box::pin(stream);
-            let mut seen = 0;
-            while seen < events {
-                match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
-                    Ok(Some(Ok(_))) => seen += 1,
-                    _ => break,
-                }
-            }
-            seen
-        }));
-    }
-    let start = Instant::now();
-    for i in 0..events {
-        cms.create(&post, &named(&format!("w-{i}"))).await?;
-    }
-    let mut delivered = 0;
-    for h in handles {
-        delivered += h.await?;
-    }
-    rate(
-        &format!("watch fan-out ({watchers} watchers x {events} events)"),
-        delivered,
-        start.elapsed(),
-    );
-    anyhow::ensure!(delivered == watchers * events, "lost events: {delivered}");
+    // Watch fan-out: W watchers all see E events, as full objects and as
+    // metadata only (PartialObjectMetadata, what metadata informers and crproxy's
+    // ownership cache open), where every event is rendered for each watcher.
+    fan_out(&cms, WatchKind::Full, 50, 100).await?;
+    fan_out(&cms, WatchKind::Metadata, 50, 100).await?;
+    cluster.shutdown().await;
+    Ok(())
+}
 
-    // The same as metadata watches (PartialObjectMetadata, what informers of
-    // metadata and crproxy's ownership cache open): every event is rendered for
-    // each watcher.
+/// What a fan-out's watchers ask for.
+#[derive(Clone, Copy, PartialEq)]
+enum WatchKind {
+    Full,
+    Metadata,
+}
+
+/// `watchers` watches of `cms` from its current resourceVersion, then `events`
+/// creates, each of which every watcher must receive.
+async fn fan_out(
+    cms: &Api<ConfigMap>,
+    kind: WatchKind,
+    watchers: usize,
+    events: usize,
+) -> anyhow::Result<()> {
     let list = cms.list(&ListParams::default()).await?;
     let rv = list
         .metadata
         .resource_version
         .unwrap_or_else(|| "0".to_owned());
+    let params = WatchParams::default().timeout(60);
     let mut handles = Vec::new();
     for _ in 0..watchers {
-        let stream = cms
-            .watch_metadata(&WatchParams::default().timeout(60), &rv)
-            .await?;
-        handles.push(tokio::spawn(async move {
-            let mut stream = Box::pin(stream);
-            let mut seen = 0;
-            while seen < events {
-                match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
-                    Ok(Some(Ok(_))) => seen += 1,
-                    _ => break,
-                }
-            }
-            seen
-        }));
+        handles.push(match kind {
+            WatchKind::Full => count_events(cms.watch(&params, &rv).await?, events),
+            WatchKind::Metadata => count_events(cms.watch_metadata(&params, &rv).await?, events),
+        });
     }
+    let (what, prefix) = match kind {
+        WatchKind::Full => ("watch fan-out", "w"),
+        WatchKind::Metadata => ("metadata watch fan-out", "m"),
+    };
     let start = Instant::now();
     for i in 0..events {
-        cms.create(&post, &config_map(format!("m-{i}"))).await?;
+        cms.create(&PostParams::default(), &config_map(format!("{prefix}-{i}")))
+            .await?;
     }
     let mut delivered = 0;
     for h in handles {
         delivered += h.await?;
     }
     rate(
-        &format!("metadata watch fan-out ({watchers} x {events})"),
+        &format!("{what} ({watchers} x {events})"),
         delivered,
         start.elapsed(),
     );
     anyhow::ensure!(
         delivered == watchers * events,
-        "lost metadata events: {delivered}"
+        "{what}: lost events: {delivered}"
     );
-    cluster.shutdown().await;
     Ok(())
+}
+
+/// Counts up to `events` events of a watch, waiting at most 30 s for each.
+fn count_events<T: Send + 'static, E: Send + 'static>(
+    stream: impl futures_util::Stream<Item = Result<T, E>> + Send + 'static,
+    events: usize,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut stream = Box::pin(stream);
+        let mut seen = 0;
+        while seen < events {
+            match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+                Ok(Some(Ok(_))) => seen += 1,
+                _ => break,
+            }
+        }
+        seen
+    })
+}
+
+fn config_map(name: String) -> ConfigMap {
+    let mut config_map: ConfigMap = named(&name);
+    config_map.data = Some([("k".to_owned(), "v".to_owned())].into());
+    config_map
 }
 
 /// An object with only a name, of any type with metadata.
