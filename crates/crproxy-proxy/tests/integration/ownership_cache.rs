@@ -478,7 +478,7 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         assert!(
             refused.body["message"]
                 .as_str()
-                .is_some_and(|m| m.contains("UID in the precondition")),
+                .is_some_and(|m| m.contains("Precondition failed: UID in precondition")),
             "round {round}: {refused:?}"
         );
 

@@ -659,6 +659,28 @@ fn insert_new(state: &State, ctx: &ReqCtx, obj: Value) -> Result<Written, ApiErr
 
 // ---------- update ----------
 
+/// Where kube-apiserver (etcd prefix `/registry`) stores an object: a custom
+/// resource under its group and plural, a built-in under its plural, but for
+/// the few built-ins kube stores under older names.
+fn storage_key(info: &ResourceInfo, namespace: &str, name: &str) -> String {
+    let prefix = if info.is_crd() {
+        format!("{}/{}", info.group, info.resource)
+    } else {
+        match (info.group.as_str(), info.resource.as_str()) {
+            ("", "replicationcontrollers") => "controllers".to_string(),
+            ("", "services") => "services/specs".to_string(),
+            ("", "endpoints") => "services/endpoints".to_string(),
+            ("", "nodes") => "minions".to_string(),
+            ("networking.k8s.io", "ingresses") => "ingress".to_string(),
+            (_, resource) => resource.to_string(),
+        }
+    };
+    match namespace {
+        "" => format!("/registry/{prefix}/{name}"),
+        namespace => format!("/registry/{prefix}/{namespace}/{name}"),
+    }
+}
+
 /// Finishes an update of `current` into `new` under the store lock: conflicts,
 /// server-owned fields, generation, finalizer completion, validation.
 fn commit_update(
@@ -677,19 +699,23 @@ fn commit_update(
     let current_uid = meta_str(current, "uid");
     let uid_changes = !body_uid.is_empty() && body_uid != current_uid;
     if uid_changes && require_rv {
+        // kube's storage checks the precondition and the registry wraps its
+        // error: the resource (not the kind) names the object, and the message
+        // carries the storage error with the object's etcd key.
         return Err(ApiError::new(
             409,
             "Conflict",
             format!(
-                "Operation cannot be fulfilled on {} \"{}\": the UID in the precondition ({body_uid}) does not match the UID in record ({current_uid}). The object might have been deleted and then recreated",
-                qualified(&info.kind, &info.group),
-                ctx.name
+                "Operation cannot be fulfilled on {} \"{}\": StorageError: invalid object, Code: 4, Key: {}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: {body_uid}, UID in object meta: {current_uid}",
+                qualified(&info.resource, &info.group),
+                ctx.name,
+                storage_key(info, &ctx.namespace, &ctx.name),
             ),
         )
         .with_details(Details {
             name: &ctx.name,
             group: &info.group,
-            kind: &info.kind,
+            kind: &info.resource,
             ..Default::default()
         }));
     }
@@ -1457,4 +1483,33 @@ pub async fn delete_collection(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) ->
         output::list_metadata(rv, "", None),
     );
     Ok(h::object_response(200, &body, Output::Json))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+
+    #[test]
+    fn storage_keys_are_kubes_etcd_keys() {
+        let registry = Registry::new();
+        let key = |group: &str, resource: &str, namespace: &str| {
+            let info = registry.get(group, resource).expect("a built-in");
+            storage_key(&info, namespace, "a")
+        };
+        assert_eq!(key("", "configmaps", "demo"), "/registry/configmaps/demo/a");
+        assert_eq!(
+            key("", "services", "demo"),
+            "/registry/services/specs/demo/a"
+        );
+        assert_eq!(
+            key("", "endpoints", "demo"),
+            "/registry/services/endpoints/demo/a"
+        );
+        assert_eq!(
+            key("apps", "deployments", "demo"),
+            "/registry/deployments/demo/a"
+        );
+        assert_eq!(key("", "namespaces", ""), "/registry/namespaces/a");
+    }
 }

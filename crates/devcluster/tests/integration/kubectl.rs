@@ -374,9 +374,9 @@ async fn metadata_uid_is_immutable_as_on_kube() {
         logged_status(&out.stderr),
         json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": format!("Operation cannot be fulfilled on CronTab.stable.example.io \"one\": the UID in the precondition ({other}) does not match the UID in record ({uid}). The object might have been deleted and then recreated"),
+            "message": format!("Operation cannot be fulfilled on crontabs.stable.example.io \"one\": StorageError: invalid object, Code: 4, Key: /registry/stable.example.io/crontabs/demo/one, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: {other}, UID in object meta: {uid}"),
             "reason": "Conflict",
-            "details": {"name": "one", "group": "stable.example.io", "kind": "CronTab"},
+            "details": {"name": "one", "group": "stable.example.io", "kind": "crontabs"},
             "code": 409,
         })
     );
