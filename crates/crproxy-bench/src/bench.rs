@@ -309,6 +309,8 @@ struct Measured {
     /// The machine's CPU time over this lane's measured rounds (zero where not
     /// read), for the share the hypervisor stole.
     machine: rss::MachineTime,
+    /// The machine's busy CPU time per request over those rounds (µs).
+    machine_cpu_us: Option<f64>,
 }
 
 /// The whole run.
@@ -1187,6 +1189,7 @@ impl Runner<'_> {
         let mut errors = vec![0u64; lanes.len()];
         let mut dials = vec![0u64; lanes.len()];
         let mut machine = vec![rss::MachineTime::default(); lanes.len()];
+        let mut machine_requests = vec![0usize; lanes.len()];
         for round in 0..self.plan.rounds {
             for (i, lane) in lanes.iter().enumerate() {
                 let lane_workers = std::mem::take(&mut workers[i]);
@@ -1206,6 +1209,7 @@ impl Runner<'_> {
                 let cpu_after = lane.pid.and_then(cpu_of);
                 if let (Some(before), Some(after)) = (machine_before, rss::machine_time()) {
                     machine[i] += after.since(before);
+                    machine_requests[i] += result.latencies.len();
                 }
                 if let (Some(before), Some(after)) = (dials_before, lane_dials(lane).await) {
                     dials[i] += after.saturating_sub(before);
@@ -1234,6 +1238,8 @@ impl Runner<'_> {
                 first_error: first_errors[i].take(),
                 dials: dials[i],
                 machine: machine[i],
+                machine_cpu_us: (machine_requests[i] > 0)
+                    .then(|| machine[i].busy().as_secs_f64() * 1e6 / machine_requests[i] as f64),
             })
             .collect();
         let row = row_from(scenario, concurrency, lanes, measured, self.notes);
@@ -1280,6 +1286,8 @@ fn row_from(
     );
     row.crproxy_cpu_us = crproxy.as_ref().and_then(|m| m.cpu_us);
     row.nginx_cpu_us = nginx.as_ref().and_then(|m| m.cpu_us);
+    row.crproxy_machine_cpu_us = crproxy.as_ref().and_then(|m| m.machine_cpu_us);
+    row.nginx_machine_cpu_us = nginx.as_ref().and_then(|m| m.machine_cpu_us);
     row.crproxy_steal_percent = crproxy.and_then(|m| m.machine.steal_percent());
     row.nginx_steal_percent = nginx.and_then(|m| m.machine.steal_percent());
     if let Some(note) = steal_note(&row) {
@@ -1403,6 +1411,7 @@ async fn watch_row(
             first_error,
             dials: 0,
             machine: rss::MachineTime::default(),
+            machine_cpu_us: None,
         });
     }
     Ok(row_from(&scenario, watches, lanes, measured, notes))
@@ -2139,7 +2148,12 @@ mod tests {
             cpu_us: None,
             first_error: None,
             dials: 0,
-            machine: rss::MachineTime { steal, total },
+            machine: rss::MachineTime {
+                steal,
+                idle: 0,
+                total,
+            },
+            machine_cpu_us: Some(f64::from(u32::try_from(total).unwrap_or(0))),
         };
         let lanes = [Column::Direct, Column::Crproxy, Column::Nginx].map(test_lane);
         let mut notes = Vec::new();
@@ -2152,6 +2166,8 @@ mod tests {
         );
         assert_eq!(row.crproxy_steal_percent, Some(10.0));
         assert_eq!(row.nginx_steal_percent, None, "too short a span to tell");
+        assert_eq!(row.crproxy_machine_cpu_us, Some(200.0));
+        assert_eq!(row.nginx_machine_cpu_us, Some(10.0));
         assert!(
             notes
                 .iter()

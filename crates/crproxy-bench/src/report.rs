@@ -76,6 +76,12 @@ pub struct Row {
     /// during crproxy's and nginx's measured rounds, in percent.
     pub crproxy_steal_percent: Option<f64>,
     pub nginx_steal_percent: Option<f64>,
+    /// CPU the whole machine spent per request during crproxy's and nginx's
+    /// measured rounds (µs, `/proc/stat` ticks of 10 ms): the proxy, the target
+    /// and the load driver together, so work the proxy causes elsewhere (the
+    /// target serving its watches) shows here and not in its own CPU.
+    pub crproxy_machine_cpu_us: Option<f64>,
+    pub nginx_machine_cpu_us: Option<f64>,
 }
 
 impl Row {
@@ -102,6 +108,8 @@ impl Row {
             nginx_cpu_us: None,
             crproxy_steal_percent: None,
             nginx_steal_percent: None,
+            crproxy_machine_cpu_us: None,
+            nginx_machine_cpu_us: None,
         }
     }
 }

@@ -186,6 +186,8 @@ fn children(pid: u32) -> Vec<u32> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MachineTime {
     pub steal: u64,
+    /// Time no process wanted a CPU (idle and iowait).
+    pub idle: u64,
     /// Every state the line counts (user, nice, system, idle, iowait, irq,
     /// softirq, steal); guest time is inside user already.
     pub total: u64,
@@ -196,8 +198,15 @@ impl MachineTime {
     pub fn since(self, earlier: MachineTime) -> MachineTime {
         MachineTime {
             steal: self.steal.saturating_sub(earlier.steal),
+            idle: self.idle.saturating_sub(earlier.idle),
             total: self.total.saturating_sub(earlier.total),
         }
+    }
+
+    /// The CPU time every process on the machine used (neither idle nor stolen).
+    pub fn busy(self) -> Duration {
+        let ticks = self.total.saturating_sub(self.idle + self.steal);
+        Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND)
     }
 
     /// Steal as a share of all the time counted, in percent; `None` for a span
@@ -210,6 +219,7 @@ impl MachineTime {
 impl std::ops::AddAssign for MachineTime {
     fn add_assign(&mut self, other: MachineTime) {
         self.steal += other.steal;
+        self.idle += other.idle;
         self.total += other.total;
     }
 }
@@ -231,8 +241,9 @@ pub fn parse_proc_stat(text: &str) -> Option<MachineTime> {
         .map(|f| f.parse().ok())
         .collect::<Option<_>>()?;
     match fields.as_slice() {
-        &[_user, _nice, _system, _idle, _iowait, _irq, _softirq, steal] => Some(MachineTime {
+        &[_user, _nice, _system, idle, iowait, _irq, _softirq, steal] => Some(MachineTime {
             steal,
+            idle: idle + iowait,
             total: fields.iter().sum(),
         }),
         _ => None,

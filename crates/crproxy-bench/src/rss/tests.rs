@@ -102,14 +102,14 @@ async fn the_sampler_sees_this_process() {
 
 #[test]
 fn machine_time_is_read_from_the_aggregate_cpu_line() {
-    let check = |text: &str, expected: Option<(u64, u64)>| {
-        let read = parse_proc_stat(text).map(|t| (t.steal, t.total));
+    let check = |text: &str, expected: Option<(u64, u64, u64)>| {
+        let read = parse_proc_stat(text).map(|t| (t.steal, t.idle, t.total));
         assert_eq!(read, expected, "{text:?}");
     };
     // user nice system idle iowait irq softirq steal guest guest_nice
     check(
         "cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n",
-        Some((35, 1000)),
+        Some((35, 810, 1000)),
     );
     // The per-CPU lines are not the aggregate one.
     check("cpu0 50 0 25 400 5 0 2 18 0 0\n", None);
@@ -123,10 +123,12 @@ fn machine_time_is_read_from_the_aggregate_cpu_line() {
 fn steal_is_a_share_of_the_span_between_two_readings() {
     let earlier = MachineTime {
         steal: 100,
+        idle: 5_000,
         total: 10_000,
     };
     let later = MachineTime {
         steal: 130,
+        idle: 5_050,
         total: 10_200,
     };
     let span = later.since(earlier);
@@ -134,13 +136,17 @@ fn steal_is_a_share_of_the_span_between_two_readings() {
         span,
         MachineTime {
             steal: 30,
+            idle: 50,
             total: 200
         }
     );
     assert_eq!(span.steal_percent(), Some(15.0));
+    // 120 ticks of 10 ms were neither idle nor stolen.
+    assert_eq!(span.busy(), Duration::from_millis(1_200));
     // Too short a span to tell; a counter that went backwards counts as none.
     let short = MachineTime {
         steal: 1,
+        idle: 0,
         total: MIN_TICKS_FOR_SHARE - 1,
     };
     assert_eq!(short.steal_percent(), None);
@@ -154,5 +160,5 @@ fn steal_is_a_share_of_the_span_between_two_readings() {
 fn this_machine_reports_its_time() {
     let first = machine_time().expect("/proc/stat is readable on Linux");
     assert!(first.total > 0, "{first:?}");
-    assert!(first.steal <= first.total, "{first:?}");
+    assert!(first.steal + first.idle <= first.total, "{first:?}");
 }
