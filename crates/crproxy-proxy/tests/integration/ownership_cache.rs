@@ -467,13 +467,8 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         assert_ne!(current["metadata"]["uid"], earlier_uid);
         let path = format!("{WIDGETS}/{name}");
 
-        let mut put = earlier.clone();
-        put["spec"]["replicas"] = json!(7);
-        put["metadata"]
-            .as_object_mut()
-            .expect("metadata")
-            .remove("resourceVersion");
-        let refused = send(&h, "PUT", &path, Some("application/json"), put.to_string()).await;
+        let put = unconditional_put(&earlier);
+        let refused = send(&h, "PUT", &path, Some("application/json"), put).await;
         assert_eq!(refused.status, 409, "round {round}: {refused:?}");
         assert!(
             refused.body["message"]
@@ -499,17 +494,23 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
             "round {round}: a refused write changed the object"
         );
 
-        let mut put = current.clone();
-        put["spec"]["replicas"] = json!(7);
-        put["metadata"]
-            .as_object_mut()
-            .expect("metadata")
-            .remove("resourceVersion");
-        let written = send(&h, "PUT", &path, Some("application/json"), put.to_string()).await;
+        let put = unconditional_put(&current);
+        let written = send(&h, "PUT", &path, Some("application/json"), put).await;
         assert_eq!(written.status, 200, "round {round}: {written:?}");
         assert_eq!(written.body["spec"]["replicas"], 7);
     }
     h.proxy.shutdown().await;
+}
+
+/// `object` with `replicas: 7` and without a resourceVersion: a PUT whose only
+/// precondition is the object's uid.
+fn unconditional_put(object: &Value) -> String {
+    let mut put = object.clone();
+    put["spec"]["replicas"] = json!(7);
+    if let Some(metadata) = put["metadata"].as_object_mut() {
+        metadata.remove("resourceVersion");
+    }
+    put.to_string()
 }
 
 /// The cache's list reads every page (2000 objects each): objects that existed
