@@ -209,11 +209,23 @@ impl ApiError {
 
     /// Stale resourceVersion on update.
     pub fn conflict_modified(group: &str, resource: &str, name: &str) -> Self {
+        Self::conflict(
+            group,
+            resource,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )
+    }
+
+    /// kube's 409 for a write the registry could not make (`errors.NewConflict`
+    /// of the resource): `Operation cannot be fulfilled on <resource>.<group>
+    /// "<name>": <why>`, the details naming the resource as the kind.
+    pub fn conflict(group: &str, resource: &str, name: &str, why: &str) -> Self {
         ApiError::new(
             409,
             "Conflict",
             format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
                 qualified(resource, group)
             ),
         )

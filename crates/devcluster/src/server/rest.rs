@@ -700,24 +700,17 @@ fn commit_update(
     let uid_changes = !body_uid.is_empty() && body_uid != current_uid;
     if uid_changes && require_rv {
         // kube's storage checks the precondition and the registry wraps its
-        // error: the resource (not the kind) names the object, and the message
-        // carries the storage error with the object's etcd key.
-        return Err(ApiError::new(
-            409,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{}\": StorageError: invalid object, Code: 4, Key: {}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: {body_uid}, UID in object meta: {current_uid}",
-                qualified(&info.resource, &info.group),
-                ctx.name,
-                storage_key(info, &ctx.namespace, &ctx.name),
-            ),
-        )
-        .with_details(Details {
-            name: &ctx.name,
-            group: &info.group,
-            kind: &info.resource,
-            ..Default::default()
-        }));
+        // error, which carries the object's etcd key.
+        let why = format!(
+            "StorageError: invalid object, Code: 4, Key: {}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: {body_uid}, UID in object meta: {current_uid}",
+            storage_key(info, &ctx.namespace, &ctx.name),
+        );
+        return Err(ApiError::conflict(
+            &info.group,
+            &info.resource,
+            &ctx.name,
+            &why,
+        ));
     }
     let body_rv = meta_str(&new, "resourceVersion").to_string();
     if body_rv.is_empty() {
