@@ -2142,7 +2142,7 @@ mod tests {
 
     #[test]
     fn a_row_carries_the_steal_time_of_its_lanes_rounds() {
-        let measured = |steal, total| Measured {
+        let measured = |steal, total, machine_cpu_us| Measured {
             summary: None,
             errors: 0,
             cpu_us: None,
@@ -2153,7 +2153,7 @@ mod tests {
                 idle: 0,
                 total,
             },
-            machine_cpu_us: Some(f64::from(u32::try_from(total).unwrap_or(0))),
+            machine_cpu_us: Some(machine_cpu_us),
         };
         let lanes = [Column::Direct, Column::Crproxy, Column::Nginx].map(test_lane);
         let mut notes = Vec::new();
@@ -2161,7 +2161,11 @@ mod tests {
             "get",
             1,
             &lanes,
-            vec![measured(0, 100), measured(20, 200), measured(1, 10)],
+            vec![
+                measured(0, 100, 100.0),
+                measured(20, 200, 200.0),
+                measured(1, 10, 10.0),
+            ],
             &mut notes,
         );
         assert_eq!(row.crproxy_steal_percent, Some(10.0));
