@@ -1,6 +1,7 @@
 //! A small throughput check of devcluster over real TLS: create, get, list and
-//! watch fan-out (full objects and metadata only). `cargo bench -p devcluster --bench devcluster` prints one line
-//! per measurement; `DEVCLUSTER_BENCH_N` sets the object count (default 500).
+//! watch fan-out (full objects and metadata only). `cargo bench -p devcluster
+//! --bench devcluster` prints one line per measurement; `DEVCLUSTER_BENCH_N` sets
+//! the object count (default 500).
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
