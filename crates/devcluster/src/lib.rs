@@ -14,7 +14,8 @@
 //!   (what kube's controllers would do: CRD establishment, namespace cleanup,
 //!   garbage collection), `seams` (calls into schema/patch/admission),
 //!   `protobuf` (the few protobuf bodies kubectl's typed clients send),
-//!   `admitted` (the writes that go through admission webhooks).
+//!   `admitted` (the writes that go through admission webhooks),
+//!   `request_metrics` (`apiserver_request_total` on `/metrics`).
 //! - [`store`]: all objects in memory behind one short lock, written through to
 //!   redb; one global resourceVersion; a broadcast change feed plus a bounded
 //!   per-resource history for watches that resume.

@@ -11,6 +11,7 @@ mod http;
 mod objects;
 mod output;
 mod protobuf;
+mod request_metrics;
 mod rest;
 mod seams;
 
@@ -77,6 +78,8 @@ pub(crate) struct State {
     pub owners_seen: std::sync::atomic::AtomicBool,
     /// Forwards requests for APIServices backed by a service; set once at start.
     pub aggregator: std::sync::OnceLock<Arc<crate::aggregation::Aggregator>>,
+    /// `apiserver_request_total`, served on `/metrics`.
+    pub requests: Arc<request_metrics::RequestMetrics>,
 }
 
 impl State {
@@ -285,6 +288,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
         namespace_controller: std::sync::atomic::AtomicBool::new(true),
         owners_seen: std::sync::atomic::AtomicBool::new(false),
         aggregator: std::sync::OnceLock::new(),
+        requests: Arc::default(),
     });
     handlers::bootstrap(&state);
     aggregated::publish_authentication_configmap(

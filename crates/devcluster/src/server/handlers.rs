@@ -3,6 +3,7 @@
 
 use super::auth;
 use super::http::{self as h, Body, DiscoveryVersion, Output};
+use super::request_metrics::{CountWhenDropped, RequestLabels, Resource};
 use super::rest::{self, ReqCtx};
 use super::State;
 use crate::discovery::{self, Extra};
@@ -143,6 +144,19 @@ fn parse_resource_path(segs: &[String]) -> Option<ResourcePath> {
     })
 }
 
+impl ResourcePath {
+    fn labelled(&self) -> Resource<'_> {
+        Resource {
+            group: &self.group,
+            version: &self.version,
+            namespace: &self.namespace,
+            resource: &self.resource,
+            name: &self.name,
+            subresource: &self.subresource,
+        }
+    }
+}
+
 fn is_watch(query: &HashMap<String, String>) -> bool {
     query
         .get("watch")
@@ -263,22 +277,49 @@ async fn route(
     )?;
     match resource_path {
         Some(rp) => {
-            let body = read_body(body).await?;
-            resource_request(
-                &state,
-                rp,
-                &verb,
-                parts.method,
-                parts.headers,
-                query,
-                accept,
-                attrs,
-                body,
-            )
-            .await
+            let labels = RequestLabels::new(&verb, rp.labelled(), &parts.headers, &query);
+            let answer = async {
+                let body = read_body(body).await?;
+                resource_request(
+                    &state,
+                    rp,
+                    &verb,
+                    parts.method,
+                    parts.headers,
+                    query,
+                    accept,
+                    attrs,
+                    body,
+                )
+                .await
+            };
+            Ok(counted(&state, labels, answer.await))
         }
         None => non_resource(&state, &segs, &parts.headers, accept.as_deref()),
     }
+}
+
+/// Counts a resource request in `apiserver_request_total`: at once, or for a
+/// watch that started, when its stream ends.
+fn counted(
+    state: &State,
+    labels: RequestLabels,
+    answer: Result<Response<Body>, ApiError>,
+) -> Response<Body> {
+    let response = answer.unwrap_or_else(|e| h::error_response(&e));
+    let code = response.status().as_u16();
+    if !(labels.is_watch() && response.status().is_success()) {
+        state.requests.record(labels, code);
+        return response;
+    }
+    let guard = CountWhenDropped::new(state.requests.clone(), labels, code);
+    response.map(|body| {
+        body.map_frame(move |frame| {
+            let _counted_at_the_end = &guard;
+            frame
+        })
+        .boxed()
+    })
 }
 
 fn discovery_response(
@@ -351,6 +392,14 @@ fn non_resource(
         )),
         ["version"] => Ok(h::json_response(200, &discovery::version_info())),
         ["healthz" | "livez" | "readyz", ..] => Ok(h::text_response(200, "ok")),
+        ["metrics"] => {
+            let mut r = h::text_response(200, &state.requests.render());
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(r)
+        }
         ["api"] => match output {
             Some(Output::Discovery(v)) => Ok(discovery_response(
                 &discovery::aggregated(&state.registry, true, "", &extra),

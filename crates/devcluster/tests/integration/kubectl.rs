@@ -669,3 +669,73 @@ async fn raw_apply(tc: &test_support::TestCluster, path: &str, yaml: String) -> 
         .to_bytes();
     (code, serde_json::from_slice(&body).expect("a Status"))
 }
+
+/// `/metrics` counts requests in kube's `apiserver_request_total`: kubectl's
+/// merge patches and a refused one appear under their verb, resource, scope and
+/// code, and a list under LIST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_counted_on_metrics_as_kube_counts_them() {
+    let tc = devcluster("target").await;
+    let kc = tc.kubeconfig.clone();
+    ok(&kc, &["create", "namespace", "demo"]).await;
+    install_crd(&kc).await;
+    apply(&kc, &crontab("one", "cron")).await;
+    for replicas in ["2", "3"] {
+        let patch = format!(r#"{{"spec":{{"replicas":{replicas}}}}}"#);
+        ok(
+            &kc,
+            &[
+                "-n",
+                "demo",
+                "patch",
+                "crontab",
+                "one",
+                "--type=merge",
+                "-p",
+                &patch,
+            ],
+        )
+        .await;
+    }
+    let refused = kubectl_async(
+        &kc,
+        &[
+            "-n",
+            "demo",
+            "patch",
+            "crontab",
+            "one",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"replicas":99}}"#,
+        ],
+    )
+    .await;
+    assert!(!refused.success(), "{refused:?}");
+    ok(&kc, &["-n", "demo", "get", "crontabs"]).await;
+
+    let text = ok(&kc, &["get", "--raw", "/metrics"]).await;
+    let count = |code: &str, scope: &str, verb: &str| -> Option<u64> {
+        let series = format!(
+            "apiserver_request_total{{code=\"{code}\",component=\"apiserver\",dry_run=\"\",\
+             group=\"stable.example.io\",resource=\"crontabs\",scope=\"{scope}\",\
+             subresource=\"\",verb=\"{verb}\",version=\"v1\"}} "
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series)?.parse().ok())
+    };
+    assert_eq!(count("200", "resource", "PATCH"), Some(2), "{text}");
+    assert_eq!(count("422", "resource", "PATCH"), Some(1), "{text}");
+    assert!(
+        count("200", "namespace", "LIST").is_some_and(|n| n >= 1),
+        "{text}"
+    );
+    assert!(
+        count("201", "namespace", "POST").is_some_and(|n| n >= 1),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE apiserver_request_total counter"),
+        "{text}"
+    );
+}
