@@ -123,6 +123,18 @@ fn pin_metadata(body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError
         .map_err(unparsable)
 }
 
+/// Whether `body` carries a uid of the caller's own other than the pinned one.
+/// The target refuses such a write because of that uid whatever else the pin
+/// holds (a PUT's uid precondition fails, a patch may not change the uid), so
+/// sending it pinned to that state only settles the wording of the refusal.
+pub fn names_another_uid(body: &WriteBody, pin: &Pin) -> bool {
+    match body.uid() {
+        Ok(CallerValue::Text(uid)) => !uid.is_empty() && uid != pin.uid,
+        Ok(CallerValue::Other) => true,
+        Ok(CallerValue::Missing) | Err(_) => false,
+    }
+}
+
 /// Pins a server-side apply of an object that did not exist at the check to `uid`,
 /// a fresh uid no object has (see the module documentation).
 pub fn pin_apply_create(body: &mut WriteBody, uid: &str) -> Result<(), PreconditionError> {
@@ -508,6 +520,34 @@ mod tests {
             pin_view_write(&mut b, &pin()),
             Err(PreconditionError::Stale)
         );
+    }
+
+    #[test]
+    fn a_callers_uid_other_than_the_pinned_one_is_named() {
+        let named = |ct: &str, sent: &str| names_another_uid(&body(ct, sent), &pin());
+        for ct in [
+            "application/json",
+            "application/merge-patch+json",
+            "application/apply-patch+yaml",
+        ] {
+            assert!(
+                named(ct, r#"{"metadata":{"uid":"an-earlier-incarnation"}}"#),
+                "{ct}"
+            );
+            assert!(named(ct, r#"{"metadata":{"uid":7}}"#), "{ct}");
+            for same_or_none in [
+                r#"{"metadata":{"uid":"u1"}}"#,
+                r#"{"metadata":{"uid":""}}"#,
+                r#"{"metadata":{"uid":null}}"#,
+                r#"{"metadata":{"name":"a"}}"#,
+                r#"{"spec":{"uid":"elsewhere"}}"#,
+            ] {
+                assert!(!named(ct, same_or_none), "{ct}: {same_or_none}");
+            }
+        }
+        // A JSON patch's own tests are the target's to evaluate.
+        let ops = r#"[{"op":"test","path":"/metadata/uid","value":"other"}]"#;
+        assert!(!named("application/json-patch+json", ops));
     }
 
     #[test]

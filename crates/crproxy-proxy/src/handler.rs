@@ -726,7 +726,11 @@ impl GroupVersionProxy {
     /// checked state (see `crproxy_core::precondition`). A pinned write the target
     /// refuses with 409 or 422 may have been refused because the object changed
     /// after the check, so it is checked and sent once more: an object that lost
-    /// its labels is then masked, one that is still owned gets a fresh pin.
+    /// its labels is then masked, one that is still owned gets a fresh pin. Not
+    /// when the body names a uid other than the checked one: kube refuses that
+    /// for the uid alone. (Should the object also change between check and
+    /// write, a merge patch's refusal then reads 409 where kube's would read
+    /// 422; either way nothing is written.)
     async fn owned_mutation(
         &self,
         exchange: &Exchange,
@@ -781,6 +785,9 @@ impl GroupVersionProxy {
                 Ok(checked) => checked,
                 Err(outcome) => return outcome,
             };
+            // A body naming another uid than the checked one is refused for that
+            // uid, whatever the pin: its first answer is final.
+            let mut refused_for_its_uid = false;
             let pinned = match &delete {
                 Some(options) => match &checked {
                     Checked::Owned(pin) => pinned_delete(options, pin),
@@ -797,6 +804,9 @@ impl GroupVersionProxy {
                             Err(error) => return refused_body(&error),
                         },
                     };
+                    if let Checked::Owned(pin) = &checked {
+                        refused_for_its_uid = precondition::names_another_uid(&document, pin);
+                    }
                     match &checked {
                         Checked::Owned(pin) if view => {
                             precondition::pin_view_write(&mut document, pin)
@@ -834,7 +844,7 @@ impl GroupVersionProxy {
             let code = outcome.response.status();
             let pin_may_have_refused =
                 code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
-            if last || !pin_may_have_refused {
+            if last || !pin_may_have_refused || refused_for_its_uid {
                 return self.remember_write(exchange, verb, path, outcome).await;
             }
         }
@@ -845,10 +855,10 @@ impl GroupVersionProxy {
     /// The fast path of an owned mutation: when the ownership cache knows the
     /// object, the write is pinned to the cached state and sent at once, without
     /// the ownership GET. `None` sends the request down the checked path: the
-    /// cache did not know the object, the caller's own resourceVersion differs from
-    /// the cached one, or the target refused the write without writing (4xx other
-    /// than 429, or any error for an idempotent server-side apply; usually the pin
-    /// failing because the cache was stale). The checked
+    /// cache did not know the object, the caller's own resourceVersion or uid
+    /// differs from the cached one, or the target refused the write without
+    /// writing (4xx other than 429, or any error for an idempotent server-side
+    /// apply; usually the pin failing because the cache was stale). The checked
     /// path then gives exactly the answer the caller would get without the cache.
     /// Subresources always take the checked path.
     async fn cached_mutation(
@@ -874,6 +884,12 @@ impl GroupVersionProxy {
         };
         let pinned = match (delete, write.take()) {
             (Some(options), _) => pinned_delete(options, &pin),
+            // A caller's uid other than the cached one: either the cache is behind
+            // (the caller read a newer incarnation) or the target refuses the
+            // write; a write pinned to the cached state would fail either way.
+            (None, Some(document)) if precondition::names_another_uid(&document, &pin) => {
+                return self.cache_result("stale");
+            }
             (None, Some(mut document)) => precondition::pin_write(&self.owner, &mut document, &pin)
                 .map(|()| document.to_bytes()),
             (None, None) => return self.cache_result("miss"),

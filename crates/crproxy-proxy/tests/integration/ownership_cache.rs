@@ -468,8 +468,13 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         let path = format!("{WIDGETS}/{name}");
 
         let put = unconditional_put(&earlier);
+        let before = target_exchanges(&h).await;
         let refused = send(&h, "PUT", &path, Some("application/json"), put).await;
         assert_eq!(refused.status, 409, "round {round}: {refused:?}");
+        target_exchanges(&h)
+            .await
+            .since(before)
+            .is_one_check("PUT", round);
         assert!(
             refused.body["message"]
                 .as_str()
@@ -478,6 +483,7 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         );
 
         let patch = json!({"metadata": {"uid": earlier_uid}, "spec": {"replicas": 7}});
+        let before = target_exchanges(&h).await;
         let refused = send(
             &h,
             "PATCH",
@@ -487,6 +493,10 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         )
         .await;
         assert_eq!(refused.status, 422, "round {round}: {refused:?}");
+        target_exchanges(&h)
+            .await
+            .since(before)
+            .is_one_check("PATCH", round);
         let now = on_target(&h, &name).await.expect("still there");
         assert_eq!(now["metadata"]["uid"], current["metadata"]["uid"]);
         assert_eq!(
@@ -500,6 +510,58 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         assert_eq!(written.body["spec"]["replicas"], 7);
     }
     h.proxy.shutdown().await;
+}
+
+/// The target's `apiserver_request_total` for single widgets (scope
+/// `resource`), by verb, summed over codes: the exchanges the proxy made.
+#[derive(Debug, Default, Clone)]
+struct TargetExchanges(std::collections::BTreeMap<String, u64>);
+
+async fn target_exchanges(h: &Harness) -> TargetExchanges {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = h.admin.request_text(request).await.expect("target metrics");
+    let mut counts = TargetExchanges::default();
+    for line in text.lines().filter(|line| {
+        line.starts_with("apiserver_request_total{")
+            && line.contains("group=\"example.com\"")
+            && line.contains("resource=\"widgets\"")
+            && line.contains("scope=\"resource\"")
+    }) {
+        let verb = line
+            .split("verb=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next());
+        let count = line.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok());
+        if let (Some(verb), Some(count)) = (verb, count) {
+            *counts.0.entry(verb.to_string()).or_default() += count;
+        }
+    }
+    counts
+}
+
+impl TargetExchanges {
+    fn since(&self, before: TargetExchanges) -> TargetExchanges {
+        let moved = self
+            .0
+            .iter()
+            .map(|(verb, n)| (verb.clone(), n - before.0.get(verb).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        TargetExchanges(moved)
+    }
+
+    /// One ownership GET and one write of `verb` after it, plus at most the one
+    /// write the cache's fast path sent when it had not yet seen the object
+    /// recreated. A refusal for the caller's uid is final: no second check.
+    fn is_one_check(&self, verb: &str, round: usize) {
+        let get = self.0.get("GET").copied().unwrap_or(0);
+        let writes = self.0.get(verb).copied().unwrap_or(0);
+        assert_eq!(get, 1, "round {round}: {self:?}");
+        assert!((1..=2).contains(&writes), "round {round}: {self:?}");
+        assert_eq!(self.0.len(), 2, "round {round}: {self:?}");
+    }
 }
 
 /// `object` with `replicas: 7` and without a resourceVersion: a PUT whose only
