@@ -136,7 +136,11 @@ pub fn names_another_uid(body: &WriteBody, pin: &Pin) -> bool {
 }
 
 /// Pins a server-side apply of an object that did not exist at the check to `uid`,
-/// a fresh uid no object has (see the module documentation).
+/// a fresh uid no object has (see the module documentation). A uid the caller
+/// sent is replaced too: kube gives every object it creates a new uid whatever
+/// the body said (`rest.FillObjectMetaSystemFields`), so the caller's uid could
+/// only have mattered against an object created in between, which the fresh
+/// uid refuses as well.
 pub fn pin_apply_create(body: &mut WriteBody, uid: &str) -> Result<(), PreconditionError> {
     body.set_metadata_field("uid", Some(uid))
         .map_err(unparsable)?;

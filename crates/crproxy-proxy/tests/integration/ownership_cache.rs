@@ -508,6 +508,29 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         let written = send(&h, "PUT", &path, Some("application/json"), put).await;
         assert_eq!(written.status, 200, "round {round}: {written:?}");
         assert_eq!(written.body["spec"]["replicas"], 7);
+
+        // A server-side apply that creates takes no uid from its body: kube
+        // gives every new object a fresh one, through the proxy as directly.
+        h.widgets
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("admin deletes");
+        let apply = format!(
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  \
+             namespace: demo\n  uid: {}\nspec:\n  replicas: 7\n",
+            earlier_uid.as_str().expect("uid")
+        );
+        let created = send(
+            &h,
+            "PATCH",
+            &format!("{path}?fieldManager=test"),
+            Some("application/apply-patch+yaml"),
+            apply,
+        )
+        .await;
+        assert_eq!(created.status, 201, "round {round}: {created:?}");
+        let fresh = &created.body["metadata"]["uid"];
+        assert!(fresh.is_string() && *fresh != earlier_uid && *fresh != current["metadata"]["uid"]);
     }
     h.proxy.shutdown().await;
 }
