@@ -171,6 +171,25 @@ impl TargetConnection {
             .await
     }
 
+    /// A long-lived GET of the proxy's own (a watch it reads itself) on an
+    /// HTTP/1.1 connection of its own, which the reading task drives.
+    pub async fn send_own_watch(
+        &self,
+        path_and_query: TargetPath<'_>,
+        caller_headers: &HeaderMap,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
+        let headers = forwarded_headers(caller_headers, None);
+        self.exchange_unbounded(
+            None,
+            Lane::Exchange,
+            Method::GET,
+            path_and_query,
+            headers,
+            full(Bytes::new()),
+        )
+        .await
+    }
+
     /// A bodiless GET with the caller's headers, changed as `inspected` says when
     /// the proxy reads or rewrites the answer itself (without copying them first).
     pub async fn send_get(
@@ -202,7 +221,13 @@ impl TargetConnection {
         headers: HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let sent = self.exchange_unbounded(deadline, method, path_and_query, headers, body);
+        // A request with a deadline ends within it and may have a connection of its
+        // own; one without (a watch) may last for hours and shares one.
+        let lane = match deadline {
+            Some(_) => Lane::Exchange,
+            None => Lane::Stream,
+        };
+        let sent = self.exchange_unbounded(deadline, lane, method, path_and_query, headers, body);
         match deadline {
             Some(deadline) => within(deadline, sent).await,
             None => sent.await,
@@ -212,6 +237,7 @@ impl TargetConnection {
     async fn exchange_unbounded(
         &self,
         deadline: Option<Instant>,
+        lane: Lane,
         method: Method,
         path_and_query: TargetPath<'_>,
         mut headers: HeaderMap,
@@ -225,12 +251,6 @@ impl TargetConnection {
         self.stamp(&mut headers).await?;
         let sent_authorization = headers.get(http::header::AUTHORIZATION).cloned();
         *request.headers_mut() = headers;
-        // A request with a deadline ends within it and may have a connection of its
-        // own; one without (a watch) may last for hours and shares one.
-        let lane = match deadline {
-            Some(_) => Lane::Exchange,
-            None => Lane::Stream,
-        };
         let sender = self.pool.acquire_in(lane, deadline).await?;
         let response = sender
             .send(request)

@@ -425,3 +425,58 @@ async fn at_most_a_bounded_number_of_resources_is_watched() {
     let _ = cache.lookup("one-too-many", None, "a");
     assert!(cache.running("one-too-many").is_some());
 }
+
+/// The pins `objects` holds now.
+fn pins_of(objects: &Objects) -> HashMap<String, Pin> {
+    objects.state.read().expect("state").pins.clone()
+}
+
+/// Events that arrived together are applied together; the watch then rests for
+/// the batch pause before it reads again, and applies what came meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_watch_reads_what_has_arrived_then_rests() {
+    use http_body_util::{BodyExt as _, StreamBody};
+    let (events, received) = tokio::sync::mpsc::unbounded_channel::<
+        Result<hyper::body::Frame<Bytes>, crate::pool::BoxError>,
+    >();
+    let body: ProxyBody = StreamBody::new(tokio_stream::wrappers::UnboundedReceiverStream::new(
+        received,
+    ))
+    .boxed();
+    let send = |line: String| {
+        events
+            .send(Ok(hyper::body::Frame::data(Bytes::from(line))))
+            .expect("send");
+    };
+    for (name, rv) in [("a", "2"), ("b", "3"), ("c", "4")] {
+        send(watch_line("ADDED", name, "u", rv, OWNED));
+    }
+    let objects = Arc::new(Objects::default());
+    let following = {
+        let objects = Arc::clone(&objects);
+        tokio::spawn(async move {
+            let mut rv = String::new();
+            let ended = follow(body, &owner(), &objects, &mut rv).await;
+            (ended, rv)
+        })
+    };
+    settle().await;
+    assert_eq!(
+        pins_of(&objects).len(),
+        3,
+        "all three arrived before the first read"
+    );
+
+    send(watch_line("ADDED", "d", "u", "5", OWNED));
+    settle().await;
+    assert_eq!(pins_of(&objects).len(), 3, "resting: not read yet");
+    tokio::time::advance(EVENT_BATCH_PAUSE).await;
+    settle().await;
+    assert_eq!(pins_of(&objects).get("ns/d"), Some(&pin("u", "5")));
+
+    drop(events);
+    tokio::time::advance(EVENT_BATCH_PAUSE).await;
+    let (ended, rv) = following.await.expect("follow");
+    assert!(ended.is_ok(), "{ended:?}");
+    assert_eq!(rv, "5");
+}
