@@ -50,6 +50,25 @@ async fn ok(kc: &std::path::Path, args: &[&str]) -> String {
     out.stdout
 }
 
+/// `kubectl <flags> -n demo patch crontab one --type=merge -p <patch>`.
+async fn merge_patch_one(
+    kc: &std::path::Path,
+    flags: &[&str],
+    patch: &str,
+) -> test_support::KubectlOutput {
+    let patch_one = [
+        "-n",
+        "demo",
+        "patch",
+        "crontab",
+        "one",
+        "--type=merge",
+        "-p",
+        patch,
+    ];
+    kubectl_async(kc, &[flags, &patch_one[..]].concat()).await
+}
+
 async fn apply(kc: &std::path::Path, yaml: &str) {
     let out = kubectl_stdin_async(kc, &["apply", "-f", "-"], yaml, Duration::from_secs(60)).await;
     assert!(out.success(), "apply: {out:?}");
@@ -104,20 +123,8 @@ async fn crud_with_kubectl() {
     let yaml = ok(kc, &["-n", "demo", "get", "crontab", "one", "-o", "yaml"]).await;
     assert!(yaml.contains("kind: CronTab"), "{yaml}");
 
-    ok(
-        kc,
-        &[
-            "-n",
-            "demo",
-            "patch",
-            "crontab",
-            "one",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"replicas":3}}"#,
-        ],
-    )
-    .await;
+    let patched = merge_patch_one(kc, &[], r#"{"spec":{"replicas":3}}"#).await;
+    assert!(patched.success(), "{patched:?}");
     ok(
         kc,
         &[
@@ -313,21 +320,7 @@ async fn metadata_uid_is_immutable_as_on_kube() {
     let other = "00000000-0000-0000-0000-000000000000";
 
     let patch = format!(r#"{{"metadata":{{"uid":"{other}"}}}}"#);
-    let out = kubectl_async(
-        kc,
-        &[
-            "-v=9",
-            "-n",
-            "demo",
-            "patch",
-            "crontab",
-            "one",
-            "--type=merge",
-            "-p",
-            &patch,
-        ],
-    )
-    .await;
+    let out = merge_patch_one(kc, &["-v=9"], &patch).await;
     assert!(!out.success(), "{out:?}");
     let invalid = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -680,37 +673,12 @@ async fn requests_are_counted_on_metrics_as_kube_counts_them() {
     ok(&kc, &["create", "namespace", "demo"]).await;
     install_crd(&kc).await;
     apply(&kc, &crontab("one", "cron")).await;
-    for replicas in ["2", "3"] {
+    for replicas in [2, 3] {
         let patch = format!(r#"{{"spec":{{"replicas":{replicas}}}}}"#);
-        ok(
-            &kc,
-            &[
-                "-n",
-                "demo",
-                "patch",
-                "crontab",
-                "one",
-                "--type=merge",
-                "-p",
-                &patch,
-            ],
-        )
-        .await;
+        let patched = merge_patch_one(&kc, &[], &patch).await;
+        assert!(patched.success(), "{patched:?}");
     }
-    let refused = kubectl_async(
-        &kc,
-        &[
-            "-n",
-            "demo",
-            "patch",
-            "crontab",
-            "one",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"replicas":99}}"#,
-        ],
-    )
-    .await;
+    let refused = merge_patch_one(&kc, &[], r#"{"spec":{"replicas":99}}"#).await;
     assert!(!refused.success(), "{refused:?}");
     ok(&kc, &["-n", "demo", "get", "crontabs"]).await;
 
