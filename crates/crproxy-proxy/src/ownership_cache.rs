@@ -67,6 +67,7 @@ const LIST_PAGE: usize = 2000;
 /// in the socket and be read together. A cache this much further behind only
 /// sends more writes down the checked path.
 const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(2);
+
 /// Upper bound for one list page or one request of the cache's own.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 

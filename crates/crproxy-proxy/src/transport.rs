@@ -172,7 +172,9 @@ impl TargetConnection {
     }
 
     /// A long-lived GET of the proxy's own (a watch it reads itself) on an
-    /// HTTP/1.1 connection of its own, which the reading task drives.
+    /// HTTP/1.1 connection of its own, which the reading task drives. The
+    /// connection counts towards the peer's `MAX_EXCHANGE_CONNECTIONS`; past
+    /// it, the watch shares an HTTP/2 connection as callers' watches do.
     pub async fn send_own_watch(
         &self,
         path_and_query: TargetPath<'_>,

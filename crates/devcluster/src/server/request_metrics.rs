@@ -4,8 +4,9 @@
 //! exchanges a client made with the cluster (the target of a proxy, say), which
 //! nothing else a client can see reveals for a refused write.
 //!
-//! A simplification: every request for a resource path is counted, whether or
-//! not the resource is served (kube counts only the routes it installed).
+//! Simplifications: every authorized request for a resource path is counted,
+//! whether or not the resource is served (kube counts only the routes it
+//! installed), and requests refused by authentication or authorization are not.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
