@@ -225,7 +225,7 @@ impl Metrics {
         );
         registry.register(
             "crproxy_ownership_cache_lookups",
-            "Owned-mode PUT, PATCH and DELETE by what the ownership cache did for them (hit: one exchange; stale: refused by its pin, then checked; miss, unsynced: checked)",
+            "Owned-mode PUT, PATCH and DELETE by what the ownership cache did for them (hit: one exchange; stale: refused by its pin or not the state the caller named, then checked; miss, unsynced: checked)",
             f.ownership_cache.clone(),
         );
         let pools = Arc::new(PoolCollector::default());
