@@ -26,7 +26,8 @@
 //! CREATE only `object`; for UPDATE both.
 
 use crate::authn::failure_status;
-use crate::rbac::{details, label_selector_matches, qualified_resource};
+use crate::error::qualified;
+use crate::rbac::{details, label_selector_matches};
 use crate::types::RequestAttributes;
 use cel::objects::{Key, Map as CelMap};
 use cel::{Context, Env, Value as CelValue};
@@ -273,7 +274,7 @@ fn denial(r: &AdmissionRequest, policy: &str, binding: &str, message: &str, reas
         _ => 422,
     };
     let name = object_name(r);
-    let qualified = qualified_resource(&r.attrs.api_group, &r.attrs.resource);
+    let qualified = qualified(&r.attrs.resource, &r.attrs.api_group);
     let full = format!("{qualified} {name:?} is forbidden: {text}");
     let mut d = details(&r.attrs.api_group, &r.attrs.resource, &name);
     d["causes"] = json!([{"message": text}]);

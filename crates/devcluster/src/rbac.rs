@@ -346,7 +346,7 @@ pub fn forbidden_status(a: &RequestAttributes) -> Value {
 /// kube's `errors.NewForbidden(groupResource, name, err)`: the message starts with
 /// `<resource>.<group> ["<name>" ]is forbidden: `, details carry the plural resource.
 pub fn forbidden_for(group: &str, resource: &str, name: &str, reason: &str) -> Value {
-    let qualified = qualified_resource(group, resource);
+    let qualified = crate::error::qualified(resource, group);
     let message = if qualified.is_empty() {
         format!("forbidden: {reason}")
     } else if name.is_empty() {
@@ -360,15 +360,6 @@ pub fn forbidden_for(group: &str, resource: &str, name: &str, reason: &str) -> V
         &message,
         Some(details(group, resource, name)),
     )
-}
-
-/// `resource.group`, or `resource` for the core group.
-pub fn qualified_resource(group: &str, resource: &str) -> String {
-    if group.is_empty() {
-        resource.to_string()
-    } else {
-        format!("{resource}.{group}")
-    }
 }
 
 /// StatusDetails with empty fields omitted, in kube's field order.

@@ -332,7 +332,7 @@ fn matching_version(
         Err(e) => {
             // kube fails closed with a Forbidden naming the object.
             let a = call.attrs;
-            let qualified = crate::rbac::qualified_resource(&a.api_group, &a.resource);
+            let qualified = crate::error::qualified(&a.resource, &a.api_group);
             return Err(crate::authn::failure_status(
                 403,
                 "Forbidden",
