@@ -110,12 +110,7 @@ fn pin_metadata(body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError
         CallerValue::Text(caller) if caller.is_empty() || caller == pin.resource_version => {}
         CallerValue::Text(_) | CallerValue::Other => return Err(PreconditionError::Stale),
     }
-    let callers_uid = match body.uid().map_err(unparsable)? {
-        CallerValue::Missing => false,
-        CallerValue::Text(caller) => !caller.is_empty(),
-        CallerValue::Other => true,
-    };
-    if !callers_uid {
+    if callers_uid(body).map_err(unparsable)?.is_none() {
         body.set_metadata_field("uid", Some(&pin.uid))
             .map_err(unparsable)?;
     }
@@ -128,11 +123,21 @@ fn pin_metadata(body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError
 /// holds (a PUT's uid precondition fails, a patch may not change the uid), so
 /// sending it pinned to that state only settles the wording of the refusal.
 pub fn names_another_uid(body: &WriteBody, pin: &Pin) -> bool {
-    match body.uid() {
-        Ok(CallerValue::Text(uid)) => !uid.is_empty() && uid != pin.uid,
-        Ok(CallerValue::Other) => true,
-        Ok(CallerValue::Missing) | Err(_) => false,
+    match callers_uid(body) {
+        Ok(Some(CallerValue::Text(uid))) => uid != pin.uid,
+        Ok(Some(_)) => true,
+        Ok(None) | Err(_) => false,
     }
+}
+
+/// The uid the caller's body names itself; `None` when it is absent, null or
+/// empty (kube reads those as no uid).
+fn callers_uid(body: &WriteBody) -> Result<Option<CallerValue<'_>>, ShapeError> {
+    Ok(match body.uid()? {
+        CallerValue::Missing => None,
+        CallerValue::Text(uid) if uid.is_empty() => None,
+        named => Some(named),
+    })
 }
 
 /// Pins a server-side apply of an object that did not exist at the check to `uid`,
