@@ -3,7 +3,7 @@
 
 use super::auth;
 use super::http::{self as h, Body, DiscoveryVersion, Output};
-use super::request_metrics::{CountWhenDropped, RequestLabels, Resource};
+use super::request_metrics::{CountWhenDropped, RequestLabels};
 use super::rest::{self, ReqCtx};
 use super::State;
 use crate::discovery::{self, Extra};
@@ -97,16 +97,17 @@ pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> R
 }
 
 /// The parsed path of a resource request.
-struct ResourcePath {
-    core: bool,
-    group: String,
-    version: String,
-    namespace: String,
-    resource: String,
-    name: String,
-    subresource: String,
-    watch_prefix: bool,
-    extra_segments: bool,
+#[derive(Debug, Default)]
+pub(crate) struct ResourcePath {
+    pub core: bool,
+    pub group: String,
+    pub version: String,
+    pub namespace: String,
+    pub resource: String,
+    pub name: String,
+    pub subresource: String,
+    pub watch_prefix: bool,
+    pub extra_segments: bool,
 }
 
 fn parse_resource_path(segs: &[String]) -> Option<ResourcePath> {
@@ -142,19 +143,6 @@ fn parse_resource_path(segs: &[String]) -> Option<ResourcePath> {
         watch_prefix,
         extra_segments: rest.len() > 3,
     })
-}
-
-impl ResourcePath {
-    fn labelled(&self) -> Resource<'_> {
-        Resource {
-            group: &self.group,
-            version: &self.version,
-            namespace: &self.namespace,
-            resource: &self.resource,
-            name: &self.name,
-            subresource: &self.subresource,
-        }
-    }
 }
 
 fn is_watch(query: &HashMap<String, String>) -> bool {
@@ -277,7 +265,7 @@ async fn route(
     )?;
     match resource_path {
         Some(rp) => {
-            let labels = RequestLabels::new(&verb, rp.labelled(), &parts.headers, &query);
+            let labels = RequestLabels::new(&verb, &rp, &parts.headers, &query);
             let answer = async {
                 let body = read_body(body).await?;
                 resource_request(

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use http::HeaderMap;
 
+use super::handlers::ResourcePath;
+
 /// The labels of one request, apart from its code.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct RequestLabels {
@@ -32,7 +34,7 @@ impl RequestLabels {
     /// a server-side apply patch.
     pub(crate) fn new(
         verb: &str,
-        path: Resource<'_>,
+        path: &ResourcePath,
         headers: &HeaderMap,
         query: &HashMap<String, String>,
     ) -> RequestLabels {
@@ -68,10 +70,10 @@ impl RequestLabels {
         RequestLabels {
             verb,
             dry_run,
-            group: path.group.to_string(),
-            version: path.version.to_string(),
-            resource: path.resource.to_string(),
-            subresource: path.subresource.to_string(),
+            group: path.group.clone(),
+            version: path.version.clone(),
+            resource: path.resource.clone(),
+            subresource: path.subresource.clone(),
             scope,
         }
     }
@@ -79,17 +81,6 @@ impl RequestLabels {
     pub(crate) fn is_watch(&self) -> bool {
         self.verb == "WATCH"
     }
-}
-
-/// The parts of a resource path the labels name.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Resource<'a> {
-    pub group: &'a str,
-    pub version: &'a str,
-    pub namespace: &'a str,
-    pub resource: &'a str,
-    pub name: &'a str,
-    pub subresource: &'a str,
 }
 
 /// The counters of one cluster.

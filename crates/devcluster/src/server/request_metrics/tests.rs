@@ -1,13 +1,14 @@
 use super::*;
 
-fn resource<'a>(namespace: &'a str, name: &'a str, subresource: &'a str) -> Resource<'a> {
-    Resource {
-        group: "example.com",
-        version: "v1",
-        namespace,
-        resource: "widgets",
-        name,
-        subresource,
+fn resource(namespace: &str, name: &str, subresource: &str) -> ResourcePath {
+    ResourcePath {
+        group: "example.com".into(),
+        version: "v1".into(),
+        namespace: namespace.into(),
+        resource: "widgets".into(),
+        name: name.into(),
+        subresource: subresource.into(),
+        ..ResourcePath::default()
     }
 }
 
@@ -41,11 +42,11 @@ fn verbs_are_reported_as_kube_names_them() {
         ("deletecollection", "DELETECOLLECTION"),
     ];
     for (verb, reported) in cases {
-        let labels = RequestLabels::new(verb, resource("demo", "a", ""), &plain, &query(&[]));
+        let labels = RequestLabels::new(verb, &resource("demo", "a", ""), &plain, &query(&[]));
         assert_eq!(labels.verb, reported, "{verb}");
     }
     let apply = headers("application/apply-patch+yaml");
-    let labels = RequestLabels::new("patch", resource("demo", "a", ""), &apply, &query(&[]));
+    let labels = RequestLabels::new("patch", &resource("demo", "a", ""), &apply, &query(&[]));
     assert_eq!(labels.verb, "APPLY");
 }
 
@@ -53,13 +54,13 @@ fn verbs_are_reported_as_kube_names_them() {
 fn scope_and_dry_run_follow_the_request() {
     let plain = HeaderMap::new();
     let scope = |namespace, name| {
-        RequestLabels::new("get", resource(namespace, name, ""), &plain, &query(&[])).scope
+        RequestLabels::new("get", &resource(namespace, name, ""), &plain, &query(&[])).scope
     };
     assert_eq!(scope("demo", "a"), "resource");
     assert_eq!(scope("demo", ""), "namespace");
     assert_eq!(scope("", ""), "cluster");
     let dry_run = |value| {
-        RequestLabels::new("create", resource("demo", "", ""), &plain, &query(value)).dry_run
+        RequestLabels::new("create", &resource("demo", "", ""), &plain, &query(value)).dry_run
     };
     assert_eq!(dry_run(&[]), "");
     assert_eq!(dry_run(&[("dryRun", "All")]), "All");
@@ -70,13 +71,13 @@ fn scope_and_dry_run_follow_the_request() {
 fn the_exposition_counts_each_series_by_code() {
     let metrics = RequestMetrics::default();
     let plain = HeaderMap::new();
-    let labels = RequestLabels::new("update", resource("demo", "a", ""), &plain, &query(&[]));
+    let labels = RequestLabels::new("update", &resource("demo", "a", ""), &plain, &query(&[]));
     metrics.record(labels.clone(), 200);
     metrics.record(labels.clone(), 200);
     metrics.record(labels, 409);
     let status = RequestLabels::new(
         "patch",
-        resource("demo", "a", "status"),
+        &resource("demo", "a", "status"),
         &plain,
         &query(&[]),
     );
@@ -105,7 +106,7 @@ fn the_exposition_counts_each_series_by_code() {
 fn a_watch_is_counted_when_its_guard_goes() {
     let metrics = Arc::new(RequestMetrics::default());
     let plain = HeaderMap::new();
-    let labels = RequestLabels::new("watch", resource("demo", "", ""), &plain, &query(&[]));
+    let labels = RequestLabels::new("watch", &resource("demo", "", ""), &plain, &query(&[]));
     let guard = CountWhenDropped::new(metrics.clone(), labels, 200);
     assert!(!metrics.render().contains("verb=\"WATCH\""));
     drop(guard);
