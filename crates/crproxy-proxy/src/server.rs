@@ -25,6 +25,10 @@ use crate::metrics::Metrics;
 use crate::pool::ProxyBody;
 use crate::transport;
 
+mod streams;
+
+use streams::ConnectionStreams;
+
 /// Concurrent streams one caller connection may carry (as Kubernetes' own
 /// aggregated API servers allow).
 pub const CALLER_STREAMS_PER_CONNECTION: u32 = 1000;
@@ -232,7 +236,8 @@ pub fn serve_proxy(
                     let answer = Box::pin(Arc::clone(&proxy).handle(request, peer.clone()));
                     async move { Ok::<_, Infallible>(answer.await) }
                 });
-                let mut builder = auto::Builder::new(TokioExecutor::new());
+                let streams = ConnectionStreams::default();
+                let mut builder = auto::Builder::new(streams.clone());
                 builder
                     .http1()
                     .timer(TokioTimer::new())
@@ -249,7 +254,7 @@ pub fn serve_proxy(
                 let connection = builder
                     .serve_connection(TokioIo::new(tls), service)
                     .into_owned();
-                if let Err(error) = watcher.watch(connection).await {
+                if let Err(error) = streams.serve(Box::pin(watcher.watch(connection))).await {
                     tracing::debug!(%remote, %error, "proxy connection ended with an error");
                 }
             };

@@ -1,0 +1,192 @@
+//! Runs a caller connection's HTTP/2 streams inside the connection's own task.
+//!
+//! hyper hands every HTTP/2 stream it accepts to an executor. With tokio's, each
+//! stream is a task of its own: every request then costs a task spawn, and every
+//! frame read for a stream, or written for it, is a wake-up from one task to the
+//! other, often across worker threads, which moves the connection's state between
+//! CPU caches. [`ConnectionStreams`] keeps the streams with the connection
+//! instead: one task polls the connection and then whichever of its streams were
+//! woken, as nginx serves a connection's streams from the worker that owns it.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::task::{ArcWake, AtomicWaker};
+use tokio::task::coop::Unconstrained;
+
+type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// How a caller connection ended, as hyper reports it.
+pub(crate) type ConnectionOutcome = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// A caller connection being served. Boxed as a trait object: the concrete
+/// connection type's output, seen through generics, trips rustc's check that
+/// the spawned task is `Send` (its higher-ranked lifetimes).
+pub(crate) type ConnectionFuture = Pin<Box<dyn Future<Output = ConnectionOutcome> + Send>>;
+
+/// How many times one poll of [`Serving`] goes round before it yields to the
+/// scheduler when its connection and streams keep waking one another.
+const ROUNDS_PER_POLL: usize = 16;
+
+/// hyper's executor for one connection: streams it starts are run by
+/// [`ConnectionStreams::serve`], in the task that serves the connection.
+#[derive(Clone, Default)]
+pub(crate) struct ConnectionStreams {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Streams hyper started that the serving task has not taken yet.
+    started: Mutex<Vec<StreamFuture>>,
+    /// The serving task, woken when a stream is started or woken from elsewhere.
+    serving_task: AtomicWaker,
+    /// Whether the serving task is in the middle of a poll.
+    in_poll: AtomicBool,
+    /// Whether anything woke the connection or a stream since the serving
+    /// task's current round began.
+    woken: AtomicBool,
+}
+
+/// The waker the connection and its streams are polled with. A wake during the
+/// serving task's own poll (the connection has a stream's frame to write, or a
+/// stream has the connection's data to read) only asks for another round of
+/// that poll: waking the running task would have tokio queue it behind others
+/// and unpark the other worker thread to steal it, moving the connection to
+/// another CPU once per request.
+impl ArcWake for Shared {
+    fn wake_by_ref(shared: &Arc<Self>) {
+        shared.woken.store(true, Ordering::SeqCst);
+        if !shared.in_poll.load(Ordering::SeqCst) {
+            shared.serving_task.wake();
+        }
+    }
+}
+
+impl<F> hyper::rt::Executor<F> for ConnectionStreams
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, stream: F) {
+        self.shared
+            .started
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::pin(stream));
+        ArcWake::wake_by_ref(&self.shared);
+    }
+}
+
+impl ConnectionStreams {
+    /// Drives `connection` and the streams it starts until the connection has
+    /// ended and every stream has finished, as spawned streams would, and
+    /// resolves to what the connection ended with.
+    pub(crate) fn serve(&self, connection: ConnectionFuture) -> Serving {
+        Serving {
+            waker: futures_util::task::waker(Arc::clone(&self.shared)),
+            streams: self.clone(),
+            connection,
+            ended: None,
+            running: FuturesUnordered::new(),
+        }
+    }
+
+    fn take_started(&self) -> Vec<StreamFuture> {
+        std::mem::take(
+            &mut *self
+                .shared
+                .started
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+}
+
+/// A connection and its streams, served together: see [`ConnectionStreams::serve`].
+pub(crate) struct Serving {
+    streams: ConnectionStreams,
+    /// Wakes `streams.shared`: see its `ArcWake`.
+    waker: Waker,
+    connection: ConnectionFuture,
+    /// What the connection ended with, kept until its last stream finishes.
+    ended: Option<ConnectionOutcome>,
+    running: FuturesUnordered<Unconstrained<IsolatedStream>>,
+}
+
+/// A stream whose panic ends that stream alone, as it would in a task of its
+/// own: hyper then resets it, and the connection's other streams go on.
+struct IsolatedStream(StreamFuture);
+
+impl Future for IsolatedStream {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let stream = &mut self.0;
+        std::panic::catch_unwind(AssertUnwindSafe(|| stream.as_mut().poll(cx))).unwrap_or_else(
+            |_| {
+                tracing::error!("serving a caller's request panicked; its stream is reset");
+                Poll::Ready(())
+            },
+        )
+    }
+}
+
+impl Serving {
+    /// Polls the connection, then starts and polls its streams.
+    fn round(&mut self) {
+        let mut cx = Context::from_waker(&self.waker);
+        if self.ended.is_none() {
+            if let Poll::Ready(outcome) = self.connection.as_mut().poll(&mut cx) {
+                self.ended = Some(outcome);
+            }
+        }
+        // tokio's cooperative budget belongs to a task, and every stream of the
+        // connection now shares one: without `unconstrained`, a busy connection
+        // would spend it on its first few streams, and the rest would find their
+        // sockets "not ready" and their pooled target connections looking
+        // closed. FuturesUnordered itself yields once it has polled as many
+        // streams as it holds.
+        self.running.extend(
+            self.streams
+                .take_started()
+                .into_iter()
+                .map(|stream| tokio::task::coop::unconstrained(IsolatedStream(stream))),
+        );
+        while let Poll::Ready(Some(())) = self.running.poll_next_unpin(&mut cx) {}
+    }
+}
+
+impl Future for Serving {
+    type Output = ConnectionOutcome;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ConnectionOutcome> {
+        let this = &mut *self;
+        let shared = Arc::clone(&this.streams.shared);
+        shared.serving_task.register(cx.waker());
+        for _ in 0..ROUNDS_PER_POLL {
+            shared.in_poll.store(true, Ordering::SeqCst);
+            shared.woken.store(false, Ordering::SeqCst);
+            this.round();
+            shared.in_poll.store(false, Ordering::SeqCst);
+            if this.running.is_empty() {
+                if let Some(outcome) = this.ended.take() {
+                    return Poll::Ready(outcome);
+                }
+            }
+            if !shared.woken.load(Ordering::SeqCst) {
+                return Poll::Pending;
+            }
+        }
+        // Still being woken: let the scheduler run other tasks first.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,170 @@
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use hyper::rt::Executor;
+use tokio::sync::oneshot;
+
+use super::*;
+
+/// The serving task's own waker: counts how often it is woken.
+#[derive(Default)]
+struct CountingWaker(AtomicUsize);
+
+impl ArcWake for CountingWaker {
+    fn wake_by_ref(counter: &Arc<Self>) {
+        counter.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn counting_waker() -> (Arc<CountingWaker>, Waker) {
+    let counter = Arc::new(CountingWaker::default());
+    let waker = futures_util::task::waker(Arc::clone(&counter));
+    (counter, waker)
+}
+
+fn wakes(counter: &CountingWaker) -> usize {
+    counter.0.load(Ordering::SeqCst)
+}
+
+/// A connection that starts `streams` on its first poll and then ends.
+fn connection_starting(
+    executor: &ConnectionStreams,
+    streams: Vec<StreamFuture>,
+) -> ConnectionFuture {
+    let executor = executor.clone();
+    Box::pin(async move {
+        for stream in streams {
+            executor.execute(stream);
+        }
+        Ok(())
+    })
+}
+
+/// A future that is pending on its first `pending_polls` polls, waking itself
+/// each time, and then ready.
+fn woken_by_itself(pending_polls: usize, finished: Arc<AtomicUsize>) -> StreamFuture {
+    let mut polls = 0;
+    Box::pin(std::future::poll_fn(move |cx| {
+        if polls < pending_polls {
+            polls += 1;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        finished.fetch_add(1, Ordering::SeqCst);
+        Poll::Ready(())
+    }))
+}
+
+#[test]
+fn a_stream_woken_while_the_connection_is_served_runs_again_in_the_same_poll() {
+    let streams = ConnectionStreams::default();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let connection = connection_starting(&streams, vec![woken_by_itself(3, Arc::clone(&finished))]);
+    let mut serving = streams.serve(connection);
+    let (counter, waker) = counting_waker();
+
+    let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
+
+    assert!(matches!(polled, Poll::Ready(Ok(()))), "{polled:?}");
+    assert_eq!(finished.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        wakes(&counter),
+        0,
+        "a wake-up during the serving poll must not reschedule the task"
+    );
+}
+
+#[test]
+fn the_connection_ends_after_its_last_stream_and_wakes_from_elsewhere_reach_the_task() {
+    let streams = ConnectionStreams::default();
+    let (answer, answered) = oneshot::channel::<()>();
+    let connection = connection_starting(
+        &streams,
+        vec![Box::pin(async move {
+            let _ = answered.await;
+        })],
+    );
+    let mut serving = streams.serve(connection);
+    let (counter, waker) = counting_waker();
+    let mut cx = Context::from_waker(&waker);
+
+    assert!(Pin::new(&mut serving).poll(&mut cx).is_pending());
+    assert_eq!(wakes(&counter), 0);
+    answer.send(()).expect("the stream is waiting");
+    assert_eq!(wakes(&counter), 1, "the stream's wake-up reaches the task");
+    assert!(matches!(
+        Pin::new(&mut serving).poll(&mut cx),
+        Poll::Ready(Ok(()))
+    ));
+}
+
+#[test]
+fn a_stream_that_panics_ends_alone() {
+    let streams = ConnectionStreams::default();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let connection = connection_starting(
+        &streams,
+        vec![
+            woken_by_itself(1, Arc::clone(&finished)),
+            Box::pin(async { panic!("a handler's bug") }),
+            woken_by_itself(2, Arc::clone(&finished)),
+        ],
+    );
+    let mut serving = streams.serve(connection);
+    let (_, waker) = counting_waker();
+
+    let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
+
+    assert!(matches!(polled, Poll::Ready(Ok(()))), "{polled:?}");
+    assert_eq!(finished.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_connection_that_keeps_waking_itself_yields_to_the_scheduler() {
+    let streams = ConnectionStreams::default();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&polls);
+    let busy: ConnectionFuture = Box::pin(std::future::poll_fn(move |cx| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }));
+    let mut serving = streams.serve(busy);
+    let (counter, waker) = counting_waker();
+
+    assert!(Pin::new(&mut serving)
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    assert_eq!(polls.load(Ordering::SeqCst), ROUNDS_PER_POLL);
+    assert_eq!(wakes(&counter), 1, "it asks to be polled again");
+}
+
+#[tokio::test]
+async fn every_stream_has_a_cooperative_budget_of_its_own() {
+    // tokio's budget is 128 operations a poll; more streams than that, each
+    // using one, would exhaust a budget they shared.
+    const STREAMS: usize = 300;
+    let streams = ConnectionStreams::default();
+    let short_of_budget = Arc::new(AtomicUsize::new(0));
+    let started = (0..STREAMS)
+        .map(|_| {
+            let short_of_budget = Arc::clone(&short_of_budget);
+            Box::pin(async move {
+                tokio::task::coop::consume_budget().await;
+                if !tokio::task::coop::has_budget_remaining() {
+                    short_of_budget.fetch_add(1, Ordering::SeqCst);
+                }
+            }) as StreamFuture
+        })
+        .collect();
+
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        streams.serve(connection_starting(&streams, started)),
+    )
+    .await
+    .expect("the streams finish");
+
+    assert!(ended.is_ok());
+    assert_eq!(short_of_budget.load(Ordering::SeqCst), 0);
+}
