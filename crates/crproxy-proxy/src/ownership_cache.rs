@@ -386,7 +386,7 @@ async fn sync_once(
         let query = format!(
             "watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
         );
-        let body = match get(&target, &owner, &collection, &query, WATCH_ACCEPT, None).await {
+        let body = match get(&target, &owner, &collection, &query, CacheRequest::Watch).await {
             Ok(body) => body,
             Err(error) => return error,
         };
@@ -420,8 +420,7 @@ async fn list(
             owner,
             collection,
             &query,
-            LIST_ACCEPT,
-            Some(deadline),
+            CacheRequest::ListPage { deadline },
         )
         .await?;
         let read =
@@ -462,37 +461,43 @@ async fn list(
     }
 }
 
+/// The two kinds of request the cache sends, each with its media type and its
+/// way to the target.
+#[derive(Clone, Copy)]
+enum CacheRequest {
+    /// One page of the owned objects: a bounded exchange, ended at the deadline.
+    ListPage { deadline: Instant },
+    /// The watch: for as long as the target keeps it open, on an HTTP/1.1
+    /// connection of its own that the reading task drives.
+    Watch,
+}
+
 /// GETs the owned objects of `collection` with `query`; the body is the caller's.
 async fn get(
     target: &TargetConnection,
     owner: &Owner,
     collection: &str,
     query: &str,
-    accept: &'static str,
-    deadline: Option<Instant>,
+    request: CacheRequest,
 ) -> Result<ProxyBody, SyncError> {
     let scoped = ownership::scoped_query(Some(query), owner)
         .map_err(|e| SyncError::Decode(e.to_string()))?;
+    let accept = match request {
+        CacheRequest::ListPage { .. } => LIST_ACCEPT,
+        CacheRequest::Watch => WATCH_ACCEPT,
+    };
     let mut headers = HeaderMap::new();
     headers.insert(http::header::ACCEPT, HeaderValue::from_static(accept));
     let path = format!("{collection}?{scoped}");
-    let response = match deadline {
-        Some(_) => {
+    let path = TargetPath::Written(&path);
+    let response = match request {
+        CacheRequest::ListPage { deadline } => {
+            let no_body = transport::full(Bytes::new());
             target
-                .send_before(
-                    deadline,
-                    Method::GET,
-                    TargetPath::Written(&path),
-                    &headers,
-                    transport::full(Bytes::new()),
-                )
+                .send_before(Some(deadline), Method::GET, path, &headers, no_body)
                 .await?
         }
-        None => {
-            target
-                .send_own_watch(TargetPath::Written(&path), &headers)
-                .await?
-        }
+        CacheRequest::Watch => target.send_own_watch(path, &headers).await?,
     };
     if response.status() != StatusCode::OK {
         return Err(SyncError::Status(response.status()));
