@@ -168,3 +168,38 @@ async fn every_stream_has_a_cooperative_budget_of_its_own() {
     assert!(ended.is_ok());
     assert_eq!(short_of_budget.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn a_stream_that_waits_holds_up_neither_the_others_nor_the_connection() {
+    let streams = ConnectionStreams::default();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let (_never_answered, waiting) = oneshot::channel::<()>();
+    let executor = streams.clone();
+    let started = Arc::clone(&finished);
+    // Starts a stream that waits for ever (a watch, say) and, on its next poll,
+    // one more that finishes; it ends on the poll after that.
+    let mut polls = 0;
+    let mut waiting = Some(waiting);
+    let connection: ConnectionFuture = Box::pin(std::future::poll_fn(move |cx| {
+        polls += 1;
+        match polls {
+            1 => {
+                let waiting = waiting.take().expect("taken on the first poll only");
+                executor.execute(Box::pin(async move {
+                    let _ = waiting.await;
+                }) as StreamFuture);
+            }
+            2 => executor.execute(woken_by_itself(0, Arc::clone(&started))),
+            _ => return Poll::Ready(Ok(())),
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }));
+    let mut serving = streams.serve(connection);
+    let (_, waker) = counting_waker();
+
+    let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
+
+    assert!(polled.is_pending(), "one stream is still waiting");
+    assert_eq!(finished.load(Ordering::SeqCst), 1);
+}
