@@ -90,7 +90,7 @@ impl ConnectionStreams {
         Serving {
             waker: futures_util::task::waker(Arc::clone(&self.shared)),
             streams: self.clone(),
-            connection,
+            connection: Some(connection),
             ended: None,
             running: FuturesUnordered::new(),
         }
@@ -112,14 +112,27 @@ pub(crate) struct Serving {
     streams: ConnectionStreams,
     /// Wakes `streams.shared`: see its `ArcWake`.
     waker: Waker,
-    connection: ConnectionFuture,
+    /// `None` once it has ended: dropped then, as a spawned connection would be.
+    /// h2 fails the streams still open when its connection is dropped, and some
+    /// of its error paths (a failed write) rely on that to end them.
+    connection: Option<ConnectionFuture>,
     /// What the connection ended with, kept until its last stream finishes.
     ended: Option<ConnectionOutcome>,
     running: FuturesUnordered<Unconstrained<IsolatedStream>>,
 }
 
+/// Streams hyper started but the serving task never took hold the executor,
+/// and with it the queue they sit in: dropped here, or that cycle would keep
+/// them for ever.
+impl Drop for Serving {
+    fn drop(&mut self) {
+        drop(self.streams.take_started());
+    }
+}
+
 /// A stream whose panic ends that stream alone, as it would in a task of its
-/// own: hyper then resets it, and the connection's other streams go on.
+/// own: h2 resets it (CANCEL) once it is dropped, and the connection's other
+/// streams go on.
 struct IsolatedStream(StreamFuture);
 
 impl Future for IsolatedStream {
@@ -140,17 +153,21 @@ impl Serving {
     /// Polls the connection, then starts and polls its streams.
     fn round(&mut self) {
         let mut cx = Context::from_waker(&self.waker);
-        if self.ended.is_none() {
-            if let Poll::Ready(outcome) = self.connection.as_mut().poll(&mut cx) {
+        if let Some(connection) = self.connection.as_mut() {
+            if let Poll::Ready(outcome) = connection.as_mut().poll(&mut cx) {
                 self.ended = Some(outcome);
+                self.connection = None;
             }
         }
         // tokio's cooperative budget belongs to a task, and every stream of the
         // connection now shares one: without `unconstrained`, a busy connection
         // would spend it on its first few streams, and the rest would find their
         // sockets "not ready" and their pooled target connections looking
-        // closed. FuturesUnordered itself yields once it has polled as many
-        // streams as it holds.
+        // closed. What bounds one stream's turn instead is its own work: h2
+        // takes at most its send buffer (400 KiB) from a body before the
+        // connection must write, and request bodies are read to a limit.
+        // FuturesUnordered itself yields once it has polled as many streams as
+        // it holds.
         self.running.extend(
             self.streams
                 .take_started()
@@ -170,7 +187,9 @@ impl Future for Serving {
         shared.serving_task.register(cx.waker());
         for _ in 0..ROUNDS_PER_POLL {
             shared.in_poll.store(true, Ordering::SeqCst);
-            shared.woken.store(false, Ordering::SeqCst);
+            // A swap, not a store: reading the flag a waker set also makes what
+            // it wrote before (a queued stream, delivered data) visible here.
+            shared.woken.swap(false, Ordering::SeqCst);
             this.round();
             shared.in_poll.store(false, Ordering::SeqCst);
             if this.running.is_empty() {

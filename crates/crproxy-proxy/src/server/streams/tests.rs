@@ -140,7 +140,7 @@ fn a_connection_that_keeps_waking_itself_yields_to_the_scheduler() {
 }
 
 #[tokio::test]
-async fn every_stream_has_a_cooperative_budget_of_its_own() {
+async fn no_stream_is_refused_for_the_budget_other_streams_spent() {
     // tokio's budget is 128 operations a poll; more streams than that, each
     // using one, would exhaust a budget they shared.
     const STREAMS: usize = 300;
@@ -202,4 +202,38 @@ fn a_stream_that_waits_holds_up_neither_the_others_nor_the_connection() {
 
     assert!(polled.is_pending(), "one stream is still waiting");
     assert_eq!(finished.load(Ordering::SeqCst), 1);
+    assert!(serving.ended.is_some(), "the connection has ended");
+}
+
+#[test]
+fn an_ended_connection_is_dropped_at_once_not_when_its_last_stream_ends() {
+    // h2 fails the streams still open when its connection is dropped; a stream
+    // waiting on the connection (here, on a channel it holds) must see that.
+    let streams = ConnectionStreams::default();
+    let (kept_by_the_connection, waited_on) = oneshot::channel::<()>();
+    let executor = streams.clone();
+    let mut waited_on = Some(waited_on);
+    let mut polls = 0;
+    let connection: ConnectionFuture = Box::pin(std::future::poll_fn(move |cx| {
+        let _holds = &kept_by_the_connection;
+        polls += 1;
+        if polls > 1 {
+            return Poll::Ready(Ok(()));
+        }
+        let waited_on = waited_on.take().expect("taken on the first poll only");
+        executor.execute(Box::pin(async move {
+            let _ = waited_on.await;
+        }) as StreamFuture);
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }));
+    let mut serving = streams.serve(connection);
+    let (_, waker) = counting_waker();
+
+    let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
+
+    assert!(
+        matches!(polled, Poll::Ready(Ok(()))),
+        "the stream ended with its connection: {polled:?}"
+    );
 }
