@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt as _;
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -38,7 +38,7 @@ use crproxy_core::ownership::{self, Owner};
 use crproxy_core::precondition::Pin;
 use crproxy_core::request;
 
-use crate::pool::ProxyBody;
+use crate::pool::{BoxError, ProxyBody};
 use crate::transport::{self, ForwardError, TargetConnection, TargetPath, MAX_BUFFERED_BODY};
 use crate::watch_lines::WatchLines;
 use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
@@ -492,10 +492,7 @@ async fn get(
     let path = TargetPath::Written(&path);
     let response = match request {
         CacheRequest::ListPage { deadline } => {
-            let no_body = transport::full(Bytes::new());
-            target
-                .send_before(Some(deadline), Method::GET, path, &headers, no_body)
-                .await?
+            target.send_get(deadline, path, &headers, None).await?
         }
         CacheRequest::Watch => target.send_own_watch(path, &headers).await?,
     };
@@ -517,24 +514,25 @@ async fn follow(
     resource_version: &mut String,
 ) -> Result<(), SyncError> {
     let mut lines = WatchLines::new(MAX_BUFFERED_BODY);
+    let mut apply = |frame: Result<hyper::body::Frame<Bytes>, BoxError>| {
+        let frame = frame.map_err(|e| SyncError::Forward(ForwardError::Send(e.to_string())))?;
+        if let Ok(data) = frame.into_data() {
+            lines.push(&data);
+            apply_lines(&mut lines, owner, objects, resource_version)?;
+        }
+        Ok::<(), SyncError>(())
+    };
     loop {
-        let frame = match tokio::time::timeout(WATCH_IDLE_LIMIT, body.frame()).await {
+        match tokio::time::timeout(WATCH_IDLE_LIMIT, body.frame()).await {
             Err(_) => return Err(SyncError::Stalled),
             Ok(None) => return Ok(()),
-            Ok(Some(frame)) => frame,
-        };
-        let mut next = Some(frame);
+            Ok(Some(frame)) => apply(frame)?,
+        }
         // Every event that has already arrived is read now; then the watch rests.
-        while let Some(frame) = next.take() {
-            let frame = frame.map_err(|e| SyncError::Forward(ForwardError::Send(e.to_string())))?;
-            if let Ok(data) = frame.into_data() {
-                lines.push(&data);
-                apply_lines(&mut lines, owner, objects, resource_version)?;
-            }
-            match body.frame().now_or_never() {
-                Some(None) => return Ok(()),
-                Some(Some(frame)) => next = Some(frame),
-                None => {}
+        while let Some(frame) = body.frame().now_or_never() {
+            match frame {
+                None => return Ok(()),
+                Some(frame) => apply(frame)?,
             }
         }
         tokio::time::sleep(EVENT_BATCH_PAUSE).await;
