@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
+use futures_util::future::{CatchUnwind, FutureExt as _};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::task::{ArcWake, AtomicWaker};
 use tokio::task::coop::Unconstrained;
@@ -44,6 +45,9 @@ pub(crate) struct ConnectionStreams {
 struct Shared {
     /// Streams hyper started that the serving task has not taken yet.
     started: Mutex<Vec<StreamFuture>>,
+    /// Whether `started` may hold streams: set after each is queued, so a round
+    /// without new streams does not take the lock.
+    has_started: AtomicBool,
     /// The serving task, woken when a stream is started or woken from elsewhere.
     serving_task: AtomicWaker,
     /// Whether the serving task is in the middle of a poll.
@@ -62,12 +66,20 @@ struct Shared {
 impl ArcWake for Shared {
     fn wake_by_ref(shared: &Arc<Self>) {
         shared.woken.store(true, Ordering::SeqCst);
-        if !shared.in_poll.load(Ordering::SeqCst) {
-            shared.serving_task.wake();
+        shared.wake_task_unless_polling();
+    }
+}
+
+impl Shared {
+    fn wake_task_unless_polling(&self) {
+        if !self.in_poll.load(Ordering::SeqCst) {
+            self.serving_task.wake();
         }
     }
 }
 
+/// hyper starts streams from the connection's poll, whose round then takes
+/// them: a started stream asks for no round of its own.
 impl<F> hyper::rt::Executor<F> for ConnectionStreams
 where
     F: Future<Output = ()> + Send + 'static,
@@ -78,7 +90,8 @@ where
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Box::pin(stream));
-        ArcWake::wake_by_ref(&self.shared);
+        self.shared.has_started.store(true, Ordering::SeqCst);
+        self.shared.wake_task_unless_polling();
     }
 }
 
@@ -90,21 +103,51 @@ impl ConnectionStreams {
         Serving {
             waker: futures_util::task::waker(Arc::clone(&self.shared)),
             streams: self.clone(),
-            connection: Some(connection),
-            ended: None,
+            connection: ConnectionState::Open(connection),
             running: FuturesUnordered::new(),
         }
     }
 
+    /// The streams started since the last call (none without taking the lock
+    /// when no stream was).
     fn take_started(&self) -> Vec<StreamFuture> {
-        std::mem::take(
-            &mut *self
-                .shared
-                .started
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
+        if !self.shared.has_started.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.lock_started())
     }
+
+    fn lock_started(&self) -> std::sync::MutexGuard<'_, Vec<StreamFuture>> {
+        self.shared
+            .started
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A stream as the serving task runs it. tokio's cooperative budget belongs to
+/// a task, and every stream of the connection now shares one: without
+/// `unconstrained`, a busy connection would spend it on its first few streams,
+/// and the rest would find their sockets "not ready" and their pooled target
+/// connections looking closed. What bounds one stream's turn instead is its own
+/// work: h2 takes at most its send buffer (400 KiB) from a body before the
+/// connection must write, and request bodies are read to a limit.
+/// FuturesUnordered itself yields once it has polled as many streams as it
+/// holds. `catch_unwind` ends a stream that panics alone, as a task of its own
+/// would end: h2 resets it (CANCEL) once it is dropped, and the connection's
+/// other streams go on.
+type RunningStream = Unconstrained<CatchUnwind<AssertUnwindSafe<StreamFuture>>>;
+
+/// Where the connection itself is.
+enum ConnectionState {
+    Open(ConnectionFuture),
+    /// Ended with this outcome, kept until the last stream finishes. The
+    /// connection was dropped as it ended, as a spawned one would be: h2 fails
+    /// the streams still open when its connection is dropped, and some of its
+    /// error paths (a failed write) rely on that to end them.
+    Ended(ConnectionOutcome),
+    /// The outcome has been returned.
+    Returned,
 }
 
 /// A connection and its streams, served together: see [`ConnectionStreams::serve`].
@@ -112,13 +155,8 @@ pub(crate) struct Serving {
     streams: ConnectionStreams,
     /// Wakes `streams.shared`: see its `ArcWake`.
     waker: Waker,
-    /// `None` once it has ended: dropped then, as a spawned connection would be.
-    /// h2 fails the streams still open when its connection is dropped, and some
-    /// of its error paths (a failed write) rely on that to end them.
-    connection: Option<ConnectionFuture>,
-    /// What the connection ended with, kept until its last stream finishes.
-    ended: Option<ConnectionOutcome>,
-    running: FuturesUnordered<Unconstrained<IsolatedStream>>,
+    connection: ConnectionState,
+    running: FuturesUnordered<RunningStream>,
 }
 
 /// Streams hyper started but the serving task never took hold the executor,
@@ -126,26 +164,7 @@ pub(crate) struct Serving {
 /// them for ever.
 impl Drop for Serving {
     fn drop(&mut self) {
-        drop(self.streams.take_started());
-    }
-}
-
-/// A stream whose panic ends that stream alone, as it would in a task of its
-/// own: h2 resets it (CANCEL) once it is dropped, and the connection's other
-/// streams go on.
-struct IsolatedStream(StreamFuture);
-
-impl Future for IsolatedStream {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let stream = &mut self.0;
-        std::panic::catch_unwind(AssertUnwindSafe(|| stream.as_mut().poll(cx))).unwrap_or_else(
-            |_| {
-                tracing::error!("serving a caller's request panicked; its stream is reset");
-                Poll::Ready(())
-            },
-        )
+        drop(std::mem::take(&mut *self.streams.lock_started()));
     }
 }
 
@@ -153,28 +172,20 @@ impl Serving {
     /// Polls the connection, then starts and polls its streams.
     fn round(&mut self) {
         let mut cx = Context::from_waker(&self.waker);
-        if let Some(connection) = self.connection.as_mut() {
+        if let ConnectionState::Open(connection) = &mut self.connection {
             if let Poll::Ready(outcome) = connection.as_mut().poll(&mut cx) {
-                self.ended = Some(outcome);
-                self.connection = None;
+                self.connection = ConnectionState::Ended(outcome);
             }
         }
-        // tokio's cooperative budget belongs to a task, and every stream of the
-        // connection now shares one: without `unconstrained`, a busy connection
-        // would spend it on its first few streams, and the rest would find their
-        // sockets "not ready" and their pooled target connections looking
-        // closed. What bounds one stream's turn instead is its own work: h2
-        // takes at most its send buffer (400 KiB) from a body before the
-        // connection must write, and request bodies are read to a limit.
-        // FuturesUnordered itself yields once it has polled as many streams as
-        // it holds.
-        self.running.extend(
-            self.streams
-                .take_started()
-                .into_iter()
-                .map(|stream| tokio::task::coop::unconstrained(IsolatedStream(stream))),
-        );
-        while let Poll::Ready(Some(())) = self.running.poll_next_unpin(&mut cx) {}
+        self.running
+            .extend(self.streams.take_started().into_iter().map(|stream| {
+                tokio::task::coop::unconstrained(AssertUnwindSafe(stream).catch_unwind())
+            }));
+        while let Poll::Ready(Some(finished)) = self.running.poll_next_unpin(&mut cx) {
+            if finished.is_err() {
+                tracing::error!("serving a caller's request panicked; its stream is reset");
+            }
+        }
     }
 }
 
@@ -192,12 +203,16 @@ impl Future for Serving {
             shared.woken.swap(false, Ordering::SeqCst);
             this.round();
             shared.in_poll.store(false, Ordering::SeqCst);
-            if this.running.is_empty() {
-                if let Some(outcome) = this.ended.take() {
+            if this.running.is_empty() && matches!(this.connection, ConnectionState::Ended(_)) {
+                if let ConnectionState::Ended(outcome) =
+                    std::mem::replace(&mut this.connection, ConnectionState::Returned)
+                {
                     return Poll::Ready(outcome);
                 }
             }
-            if !shared.woken.load(Ordering::SeqCst) {
+            let more =
+                shared.woken.load(Ordering::SeqCst) || shared.has_started.load(Ordering::SeqCst);
+            if !more {
                 return Poll::Pending;
             }
         }

@@ -202,7 +202,10 @@ fn a_stream_that_waits_holds_up_neither_the_others_nor_the_connection() {
 
     assert!(polled.is_pending(), "one stream is still waiting");
     assert_eq!(finished.load(Ordering::SeqCst), 1);
-    assert!(serving.ended.is_some(), "the connection has ended");
+    assert!(
+        matches!(serving.connection, ConnectionState::Ended(_)),
+        "the connection has ended"
+    );
 }
 
 #[test]
@@ -236,4 +239,33 @@ fn an_ended_connection_is_dropped_at_once_not_when_its_last_stream_ends() {
         matches!(polled, Poll::Ready(Ok(()))),
         "the stream ended with its connection: {polled:?}"
     );
+}
+
+#[test]
+fn a_stream_the_connection_starts_runs_in_the_same_round() {
+    let streams = ConnectionStreams::default();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let executor = streams.clone();
+    let started = Arc::clone(&finished);
+    let connection_polls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&connection_polls);
+    let connection: ConnectionFuture = Box::pin(std::future::poll_fn(move |_| {
+        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+            executor.execute(woken_by_itself(0, Arc::clone(&started)));
+        }
+        Poll::Pending
+    }));
+    let mut serving = streams.serve(connection);
+    let (counter, waker) = counting_waker();
+
+    let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
+
+    assert!(polled.is_pending());
+    assert_eq!(finished.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        connection_polls.load(Ordering::SeqCst),
+        1,
+        "starting a stream costs no second round"
+    );
+    assert_eq!(wakes(&counter), 0);
 }
