@@ -55,6 +55,8 @@ pub struct Options {
     pub skip_aggregator: bool,
     /// The crproxy child's tokio worker threads; `None` leaves its default.
     pub proxy_worker_threads: Option<NonZeroUsize>,
+    /// Measured rounds per scenario; `None` leaves the plan's.
+    pub rounds: Option<NonZeroUsize>,
 }
 
 /// The name `--only` matches to run the memory phase (idle watches, large
@@ -87,6 +89,7 @@ impl Default for Options {
             skip_memory: false,
             skip_aggregator: false,
             proxy_worker_threads: None,
+            rounds: None,
         }
     }
 }
@@ -162,6 +165,15 @@ impl Plan {
                 round_limit_secs: 60,
             }
         }
+    }
+
+    /// The plan `options` ask for: quick or full, with their round count if given.
+    fn of(options: &Options) -> Self {
+        let mut plan = Self::new(options.quick);
+        if let Some(rounds) = options.rounds {
+            plan.rounds = rounds.get();
+        }
+        plan
     }
 
     fn limit(&self) -> Duration {
@@ -315,7 +327,7 @@ struct Measured {
 
 /// The whole run.
 pub async fn run(options: &Options) -> Result<Report> {
-    let plan = Plan::new(options.quick);
+    let plan = Plan::of(options);
     let mut notes = Vec::new();
     if cfg!(debug_assertions) {
         notes.push("built without --release: figures are not representative".to_string());
@@ -2031,6 +2043,22 @@ mod tests {
         assert_eq!(full.concurrency, [1, 16, 64]);
         assert_eq!(full.memory_lists, (10_000, 100_000));
         assert_eq!(full.count(16, 64), 128, "two requests per worker at least");
+    }
+
+    #[test]
+    fn a_round_count_replaces_the_plans_own() {
+        let rounds = |quick, rounds: Option<usize>| {
+            let options = Options {
+                quick,
+                rounds: rounds.and_then(NonZeroUsize::new),
+                ..Options::default()
+            };
+            Plan::of(&options).rounds
+        };
+        assert_eq!(rounds(false, None), Plan::new(false).rounds);
+        assert_eq!(rounds(true, None), Plan::new(true).rounds);
+        assert_eq!(rounds(true, Some(7)), 7);
+        assert_eq!(rounds(false, Some(40)), 40);
     }
 
     #[test]

@@ -48,6 +48,10 @@ struct Args {
     /// [default: crproxy's own, one per CPU]. The benchmark's own threads stay.
     #[arg(long, value_name = "N")]
     proxy_worker_threads: Option<NonZeroUsize>,
+    /// Measured rounds per scenario [default: 5, 2 with --quick]. More rounds give
+    /// steadier medians and rows long enough to profile.
+    #[arg(long, value_name = "N")]
+    rounds: Option<NonZeroUsize>,
 }
 
 fn main() -> Result<()> {
@@ -67,6 +71,7 @@ fn main() -> Result<()> {
         skip_memory: args.no_memory,
         skip_aggregator: args.no_aggregator,
         proxy_worker_threads: args.proxy_worker_threads,
+        rounds: args.rounds,
     };
     crproxy_bench::run_and_report(&options).context("benchmark failed")
 }
@@ -91,5 +96,19 @@ mod tests {
         }
         let default = Args::try_parse_from(["crproxy-bench"]).expect("no flags");
         assert_eq!(default.proxy_worker_threads, None);
+    }
+
+    #[test]
+    fn rounds_must_be_above_zero() {
+        let parse =
+            |n: &str| Args::try_parse_from(["crproxy-bench".into(), format!("--rounds={n}")]);
+        let args = parse("12").expect("12 is a round count");
+        assert_eq!(args.rounds, NonZeroUsize::new(12));
+        for bad in ["0", "many", "-3"] {
+            let error = parse(bad).expect_err(bad).to_string();
+            assert!(error.contains("--rounds"), "{bad}: {error}");
+        }
+        let default = Args::try_parse_from(["crproxy-bench"]).expect("no flags");
+        assert_eq!(default.rounds, None);
     }
 }
