@@ -80,35 +80,27 @@ fn main() -> Result<()> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn proxy_worker_threads_must_be_above_zero() {
-        let parse = |n: &str| {
-            Args::try_parse_from([
-                "crproxy-bench".into(),
-                format!("--proxy-worker-threads={n}"),
-            ])
-        };
-        let args = parse("1").expect("1 is a thread count");
-        assert_eq!(args.proxy_worker_threads, NonZeroUsize::new(1));
+    /// A count flag takes a number above zero, names itself when refused, and is
+    /// absent by default.
+    fn check_count_flag(flag: &str, read: fn(&Args) -> Option<NonZeroUsize>) {
+        let parse = |n: &str| Args::try_parse_from(["crproxy-bench".into(), format!("{flag}={n}")]);
+        let args = parse("12").expect("12 is a count");
+        assert_eq!(read(&args), NonZeroUsize::new(12), "{flag}");
         for bad in ["0", "two", "-1"] {
             let error = parse(bad).expect_err(bad).to_string();
-            assert!(error.contains("--proxy-worker-threads"), "{bad}: {error}");
+            assert!(error.contains(flag), "{flag}={bad}: {error}");
         }
         let default = Args::try_parse_from(["crproxy-bench"]).expect("no flags");
-        assert_eq!(default.proxy_worker_threads, None);
+        assert_eq!(read(&default), None, "{flag}");
+    }
+
+    #[test]
+    fn proxy_worker_threads_must_be_above_zero() {
+        check_count_flag("--proxy-worker-threads", |args| args.proxy_worker_threads);
     }
 
     #[test]
     fn rounds_must_be_above_zero() {
-        let parse =
-            |n: &str| Args::try_parse_from(["crproxy-bench".into(), format!("--rounds={n}")]);
-        let args = parse("12").expect("12 is a round count");
-        assert_eq!(args.rounds, NonZeroUsize::new(12));
-        for bad in ["0", "many", "-3"] {
-            let error = parse(bad).expect_err(bad).to_string();
-            assert!(error.contains("--rounds"), "{bad}: {error}");
-        }
-        let default = Args::try_parse_from(["crproxy-bench"]).expect("no flags");
-        assert_eq!(default.rounds, None);
+        check_count_flag("--rounds", |args| args.rounds);
     }
 }
