@@ -71,6 +71,20 @@ impl ArcWake for Shared {
 }
 
 impl Shared {
+    /// Marks the serving task as polling and clears what asked for this round.
+    fn begin_round(&self) {
+        self.in_poll.store(true, Ordering::SeqCst);
+        // A swap, not a store: reading the flag a waker set also makes what it
+        // wrote before (a queued stream, delivered data) visible here.
+        self.woken.swap(false, Ordering::SeqCst);
+    }
+
+    /// Ends a round; whether something asked for another one meanwhile.
+    fn end_round(&self) -> bool {
+        self.in_poll.store(false, Ordering::SeqCst);
+        self.woken.load(Ordering::SeqCst) || self.has_started.load(Ordering::SeqCst)
+    }
+
     fn wake_task_unless_polling(&self) {
         if !self.in_poll.load(Ordering::SeqCst) {
             self.serving_task.wake();
@@ -108,13 +122,15 @@ impl ConnectionStreams {
         }
     }
 
-    /// The streams started since the last call (none without taking the lock
-    /// when no stream was).
-    fn take_started(&self) -> Vec<StreamFuture> {
+    /// Moves the streams started since the last call into `running` (without
+    /// taking the lock when none was). The queue keeps its allocation.
+    fn run_started(&self, running: &mut FuturesUnordered<RunningStream>) {
         if !self.shared.has_started.swap(false, Ordering::SeqCst) {
-            return Vec::new();
+            return;
         }
-        std::mem::take(&mut *self.lock_started())
+        running.extend(self.lock_started().drain(..).map(|stream| {
+            tokio::task::coop::unconstrained(AssertUnwindSafe(stream).catch_unwind())
+        }));
     }
 
     fn lock_started(&self) -> std::sync::MutexGuard<'_, Vec<StreamFuture>> {
@@ -177,10 +193,7 @@ impl Serving {
                 self.connection = ConnectionState::Ended(outcome);
             }
         }
-        self.running
-            .extend(self.streams.take_started().into_iter().map(|stream| {
-                tokio::task::coop::unconstrained(AssertUnwindSafe(stream).catch_unwind())
-            }));
+        self.streams.run_started(&mut self.running);
         while let Poll::Ready(Some(finished)) = self.running.poll_next_unpin(&mut cx) {
             if finished.is_err() {
                 tracing::error!("serving a caller's request panicked; its stream is reset");
@@ -194,15 +207,11 @@ impl Future for Serving {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ConnectionOutcome> {
         let this = &mut *self;
-        let shared = Arc::clone(&this.streams.shared);
-        shared.serving_task.register(cx.waker());
+        this.streams.shared.serving_task.register(cx.waker());
         for _ in 0..ROUNDS_PER_POLL {
-            shared.in_poll.store(true, Ordering::SeqCst);
-            // A swap, not a store: reading the flag a waker set also makes what
-            // it wrote before (a queued stream, delivered data) visible here.
-            shared.woken.swap(false, Ordering::SeqCst);
+            this.streams.shared.begin_round();
             this.round();
-            shared.in_poll.store(false, Ordering::SeqCst);
+            let more = this.streams.shared.end_round();
             if this.running.is_empty() && matches!(this.connection, ConnectionState::Ended(_)) {
                 if let ConnectionState::Ended(outcome) =
                     std::mem::replace(&mut this.connection, ConnectionState::Returned)
@@ -210,8 +219,6 @@ impl Future for Serving {
                     return Poll::Ready(outcome);
                 }
             }
-            let more =
-                shared.woken.load(Ordering::SeqCst) || shared.has_started.load(Ordering::SeqCst);
             if !more {
                 return Poll::Pending;
             }
