@@ -472,6 +472,15 @@ enum CacheRequest {
     Watch,
 }
 
+impl CacheRequest {
+    fn accept(self) -> &'static str {
+        match self {
+            CacheRequest::ListPage { .. } => LIST_ACCEPT,
+            CacheRequest::Watch => WATCH_ACCEPT,
+        }
+    }
+}
+
 /// GETs the owned objects of `collection` with `query`; the body is the caller's.
 async fn get(
     target: &TargetConnection,
@@ -482,12 +491,11 @@ async fn get(
 ) -> Result<ProxyBody, SyncError> {
     let scoped = ownership::scoped_query(Some(query), owner)
         .map_err(|e| SyncError::Decode(e.to_string()))?;
-    let accept = match request {
-        CacheRequest::ListPage { .. } => LIST_ACCEPT,
-        CacheRequest::Watch => WATCH_ACCEPT,
-    };
     let mut headers = HeaderMap::new();
-    headers.insert(http::header::ACCEPT, HeaderValue::from_static(accept));
+    headers.insert(
+        http::header::ACCEPT,
+        HeaderValue::from_static(request.accept()),
+    );
     let path = format!("{collection}?{scoped}");
     let path = TargetPath::Written(&path);
     let response = match request {
