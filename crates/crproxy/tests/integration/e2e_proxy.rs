@@ -570,18 +570,21 @@ async fn rotate_identity_token(env: &DevEnv, refreshed: Duration) -> Result<()> 
     std::fs::write(&tmp, format!("{new_token}\n"))?;
     std::fs::rename(&tmp, &token_file)?;
 
-    let mut requests = 0;
+    // Paced so that requests span the whole window, the proxy's re-read of the
+    // file included, however fast the machine: REQUESTS paced requests take the
+    // window at least, so the loop ends with it.
+    const REQUESTS: u32 = 100;
+    let pace = refreshed / REQUESTS;
     let until = tokio::time::Instant::now() + refreshed;
-    while tokio::time::Instant::now() < until && requests < 200 {
+    for request in 0..REQUESTS {
+        if tokio::time::Instant::now() >= until {
+            break;
+        }
         kubectl_ok(client, &["-n", "demo", "get", "widgets", "w1"])
             .await
-            .with_context(|| format!("request {requests} before the old token is revoked"))?;
-        requests += 1;
+            .with_context(|| format!("request {request} before the old token is revoked"))?;
+        tokio::time::sleep(pace).await;
     }
-    // The loop also stops at 200 requests, which a fast machine reaches before the
-    // proxy's next read of the file: wait out the rest of the window before the
-    // old token stops working.
-    tokio::time::sleep_until(until).await;
     env.target.revoke_token(&old_token)?;
     for i in 0..5 {
         kubectl_ok(client, &["-n", "demo", "get", "widgets", "w1"])
