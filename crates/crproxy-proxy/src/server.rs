@@ -236,8 +236,8 @@ pub fn serve_proxy(
                     let answer = Box::pin(Arc::clone(&proxy).handle(request, peer.clone()));
                     async move { Ok::<_, Infallible>(answer.await) }
                 });
-                let streams = ConnectionStreams::default();
-                let mut builder = auto::Builder::new(streams.clone());
+                let (streams, started) = ConnectionStreams::new();
+                let mut builder = auto::Builder::new(streams);
                 builder
                     .http1()
                     .timer(TokioTimer::new())
@@ -254,7 +254,7 @@ pub fn serve_proxy(
                 let connection = builder
                     .serve_connection(TokioIo::new(tls), service)
                     .into_owned();
-                if let Err(error) = streams.serve(Box::pin(watcher.watch(connection))).await {
+                if let Err(error) = started.serve(Box::pin(watcher.watch(connection))).await {
                     tracing::debug!(%remote, %error, "proxy connection ended with an error");
                 }
             };

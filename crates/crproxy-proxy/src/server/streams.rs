@@ -11,13 +11,14 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use futures_util::future::{CatchUnwind, FutureExt as _};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::task::{ArcWake, AtomicWaker};
+use tokio::sync::mpsc;
 use tokio::task::coop::Unconstrained;
 
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -34,20 +35,23 @@ pub(crate) type ConnectionFuture = Pin<Box<dyn Future<Output = ConnectionOutcome
 /// scheduler when its connection and streams keep waking one another.
 const ROUNDS_PER_POLL: usize = 16;
 
-/// hyper's executor for one connection: streams it starts are run by
-/// [`ConnectionStreams::serve`], in the task that serves the connection.
-#[derive(Clone, Default)]
+/// hyper's executor for one connection: streams it starts are run by the
+/// [`StartedStreams`] made with it, in the task that serves the connection.
+#[derive(Clone)]
 pub(crate) struct ConnectionStreams {
     shared: Arc<Shared>,
+    started: mpsc::UnboundedSender<StreamFuture>,
+}
+
+/// The serving side of [`ConnectionStreams`]: the streams hyper starts, until
+/// [`StartedStreams::serve`] runs them.
+pub(crate) struct StartedStreams {
+    shared: Arc<Shared>,
+    started: mpsc::UnboundedReceiver<StreamFuture>,
 }
 
 #[derive(Default)]
 struct Shared {
-    /// Streams hyper started that the serving task has not taken yet.
-    started: Mutex<Vec<StreamFuture>>,
-    /// Whether `started` may hold streams: set after each is queued, so a round
-    /// without new streams does not take the lock.
-    has_started: AtomicBool,
     /// The serving task, woken when a stream is started or woken from elsewhere.
     serving_task: AtomicWaker,
     /// Whether the serving task is in the middle of a poll.
@@ -55,22 +59,45 @@ struct Shared {
     /// Whether anything woke the connection or a stream since the serving
     /// task's current round began.
     woken: AtomicBool,
+    /// Whether the connection itself was woken since it was last polled: a round
+    /// that only a stream asked for leaves it alone.
+    connection_woken: AtomicBool,
 }
 
-/// The waker the connection and its streams are polled with. A wake during the
-/// serving task's own poll (the connection has a stream's frame to write, or a
-/// stream has the connection's data to read) only asks for another round of
-/// that poll: waking the running task would have tokio queue it behind others
+/// The waker the streams are polled with. A wake during the serving task's own
+/// poll (a stream has the connection's data to read) only asks for another round
+/// of that poll: waking the running task would have tokio queue it behind others
 /// and unpark the other worker thread to steal it, moving the connection to
 /// another CPU once per request.
 impl ArcWake for Shared {
     fn wake_by_ref(shared: &Arc<Self>) {
-        shared.woken.store(true, Ordering::SeqCst);
-        shared.wake_task_unless_polling();
+        shared.ask_for_round();
+    }
+}
+
+/// The waker the connection is polled with: as a stream's, and the next round
+/// polls the connection too.
+struct ConnectionWaker(Arc<Shared>);
+
+impl ArcWake for ConnectionWaker {
+    fn wake_by_ref(waker: &Arc<Self>) {
+        waker.0.connection_woken.store(true, Ordering::SeqCst);
+        waker.0.ask_for_round();
     }
 }
 
 impl Shared {
+    fn ask_for_round(&self) {
+        self.woken.store(true, Ordering::SeqCst);
+        self.wake_task_unless_polling();
+    }
+
+    fn wake_task_unless_polling(&self) {
+        if !self.in_poll.load(Ordering::SeqCst) {
+            self.serving_task.wake();
+        }
+    }
+
     /// Marks the serving task as polling and clears what asked for this round.
     fn begin_round(&self) {
         self.in_poll.store(true, Ordering::SeqCst);
@@ -79,16 +106,31 @@ impl Shared {
         self.woken.swap(false, Ordering::SeqCst);
     }
 
-    /// Ends a round; whether something asked for another one meanwhile.
+    /// Ends a round; whether a wake-up asked for another one meanwhile. The
+    /// fence pairs with the one in `execute`: either the queue is then seen
+    /// holding what `execute` sent, or `execute` sees the poll over and wakes
+    /// the task.
     fn end_round(&self) -> bool {
         self.in_poll.store(false, Ordering::SeqCst);
-        self.woken.load(Ordering::SeqCst) || self.has_started.load(Ordering::SeqCst)
+        fence(Ordering::SeqCst);
+        self.woken.load(Ordering::SeqCst)
     }
+}
 
-    fn wake_task_unless_polling(&self) {
-        if !self.in_poll.load(Ordering::SeqCst) {
-            self.serving_task.wake();
-        }
+impl ConnectionStreams {
+    /// An executor for one connection, and the side that serves what it starts.
+    pub(crate) fn new() -> (ConnectionStreams, StartedStreams) {
+        let shared = Arc::new(Shared::default());
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let executor = ConnectionStreams {
+            shared: Arc::clone(&shared),
+            started: sender,
+        };
+        let served = StartedStreams {
+            shared,
+            started: receiver,
+        };
+        (executor, served)
     }
 }
 
@@ -99,45 +141,31 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, stream: F) {
-        self.shared
-            .started
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Box::pin(stream));
-        self.shared.has_started.store(true, Ordering::SeqCst);
-        self.shared.wake_task_unless_polling();
+        // Refused only once the connection is no longer served; the stream is
+        // dropped with it, as hyper drops what the connection ends.
+        if self.started.send(Box::pin(stream)).is_ok() {
+            fence(Ordering::SeqCst);
+            self.shared.wake_task_unless_polling();
+        }
     }
 }
 
-impl ConnectionStreams {
+impl StartedStreams {
     /// Drives `connection` and the streams it starts until the connection has
     /// ended and every stream has finished, as spawned streams would, and
-    /// resolves to what the connection ended with.
-    pub(crate) fn serve(&self, connection: ConnectionFuture) -> Serving {
+    /// resolves to what the connection ended with. Streams hyper started but
+    /// never ran are dropped with the returned future.
+    pub(crate) fn serve(self, connection: ConnectionFuture) -> Serving {
+        self.shared.connection_woken.store(true, Ordering::SeqCst);
         Serving {
-            waker: futures_util::task::waker(Arc::clone(&self.shared)),
-            streams: self.clone(),
+            stream_waker: futures_util::task::waker(Arc::clone(&self.shared)),
+            connection_waker: futures_util::task::waker(Arc::new(ConnectionWaker(Arc::clone(
+                &self.shared,
+            )))),
+            started: self,
             connection: ConnectionState::Open(connection),
             running: FuturesUnordered::new(),
         }
-    }
-
-    /// Moves the streams started since the last call into `running` (without
-    /// taking the lock when none was). The queue keeps its allocation.
-    fn run_started(&self, running: &mut FuturesUnordered<RunningStream>) {
-        if !self.shared.has_started.swap(false, Ordering::SeqCst) {
-            return;
-        }
-        running.extend(self.lock_started().drain(..).map(|stream| {
-            tokio::task::coop::unconstrained(AssertUnwindSafe(stream).catch_unwind())
-        }));
-    }
-
-    fn lock_started(&self) -> std::sync::MutexGuard<'_, Vec<StreamFuture>> {
-        self.shared
-            .started
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -166,34 +194,35 @@ enum ConnectionState {
     Returned,
 }
 
-/// A connection and its streams, served together: see [`ConnectionStreams::serve`].
+/// A connection and its streams, served together: see [`StartedStreams::serve`].
 pub(crate) struct Serving {
-    streams: ConnectionStreams,
-    /// Wakes `streams.shared`: see its `ArcWake`.
-    waker: Waker,
+    started: StartedStreams,
+    /// Wakes `started.shared` as a stream: see its `ArcWake`.
+    stream_waker: Waker,
+    /// Wakes it as the connection: see [`ConnectionWaker`].
+    connection_waker: Waker,
     connection: ConnectionState,
     running: FuturesUnordered<RunningStream>,
 }
 
-/// Streams hyper started but the serving task never took hold the executor,
-/// and with it the queue they sit in: dropped here, or that cycle would keep
-/// them for ever.
-impl Drop for Serving {
-    fn drop(&mut self) {
-        drop(std::mem::take(&mut *self.streams.lock_started()));
-    }
-}
-
 impl Serving {
-    /// Polls the connection, then starts and polls its streams.
+    /// Polls the connection if it was woken, then starts and polls its streams.
     fn round(&mut self) {
-        let mut cx = Context::from_waker(&self.waker);
+        let shared = &self.started.shared;
         if let ConnectionState::Open(connection) = &mut self.connection {
-            if let Poll::Ready(outcome) = connection.as_mut().poll(&mut cx) {
-                self.connection = ConnectionState::Ended(outcome);
+            if shared.connection_woken.swap(false, Ordering::SeqCst) {
+                let mut cx = Context::from_waker(&self.connection_waker);
+                if let Poll::Ready(outcome) = connection.as_mut().poll(&mut cx) {
+                    self.connection = ConnectionState::Ended(outcome);
+                }
             }
         }
-        self.streams.run_started(&mut self.running);
+        while let Ok(stream) = self.started.started.try_recv() {
+            self.running.push(tokio::task::coop::unconstrained(
+                AssertUnwindSafe(stream).catch_unwind(),
+            ));
+        }
+        let mut cx = Context::from_waker(&self.stream_waker);
         while let Poll::Ready(Some(finished)) = self.running.poll_next_unpin(&mut cx) {
             if finished.is_err() {
                 tracing::error!("serving a caller's request panicked; its stream is reset");
@@ -207,12 +236,17 @@ impl Future for Serving {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ConnectionOutcome> {
         let this = &mut *self;
-        this.streams.shared.serving_task.register(cx.waker());
+        this.started.shared.serving_task.register(cx.waker());
         for _ in 0..ROUNDS_PER_POLL {
-            this.streams.shared.begin_round();
+            this.started.shared.begin_round();
             this.round();
-            let more = this.streams.shared.end_round();
-            if this.running.is_empty() && matches!(this.connection, ConnectionState::Ended(_)) {
+            // Streams started from elsewhere than the connection's poll (another
+            // stream's, another thread) wait in the queue for the next round.
+            let woken = this.started.shared.end_round();
+            let queued = !this.started.started.is_empty();
+            let more = woken || queued;
+            let finished = this.running.is_empty() && !queued;
+            if finished && matches!(this.connection, ConnectionState::Ended(_)) {
                 if let ConnectionState::Ended(outcome) =
                     std::mem::replace(&mut this.connection, ConnectionState::Returned)
                 {

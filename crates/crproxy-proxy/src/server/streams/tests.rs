@@ -57,10 +57,10 @@ fn woken_by_itself(pending_polls: usize, finished: Arc<AtomicUsize>) -> StreamFu
 
 #[test]
 fn a_stream_woken_while_the_connection_is_served_runs_again_in_the_same_poll() {
-    let streams = ConnectionStreams::default();
+    let (streams, served) = ConnectionStreams::new();
     let finished = Arc::new(AtomicUsize::new(0));
     let connection = connection_starting(&streams, vec![woken_by_itself(3, Arc::clone(&finished))]);
-    let mut serving = streams.serve(connection);
+    let mut serving = served.serve(connection);
     let (counter, waker) = counting_waker();
 
     let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
@@ -76,7 +76,7 @@ fn a_stream_woken_while_the_connection_is_served_runs_again_in_the_same_poll() {
 
 #[test]
 fn the_connection_ends_after_its_last_stream_and_wakes_from_elsewhere_reach_the_task() {
-    let streams = ConnectionStreams::default();
+    let (streams, served) = ConnectionStreams::new();
     let (answer, answered) = oneshot::channel::<()>();
     let connection = connection_starting(
         &streams,
@@ -84,7 +84,7 @@ fn the_connection_ends_after_its_last_stream_and_wakes_from_elsewhere_reach_the_
             let _ = answered.await;
         })],
     );
-    let mut serving = streams.serve(connection);
+    let mut serving = served.serve(connection);
     let (counter, waker) = counting_waker();
     let mut cx = Context::from_waker(&waker);
 
@@ -100,7 +100,7 @@ fn the_connection_ends_after_its_last_stream_and_wakes_from_elsewhere_reach_the_
 
 #[test]
 fn a_stream_that_panics_ends_alone() {
-    let streams = ConnectionStreams::default();
+    let (streams, served) = ConnectionStreams::new();
     let finished = Arc::new(AtomicUsize::new(0));
     let connection = connection_starting(
         &streams,
@@ -110,7 +110,7 @@ fn a_stream_that_panics_ends_alone() {
             woken_by_itself(2, Arc::clone(&finished)),
         ],
     );
-    let mut serving = streams.serve(connection);
+    let mut serving = served.serve(connection);
     let (_, waker) = counting_waker();
 
     let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
@@ -121,7 +121,7 @@ fn a_stream_that_panics_ends_alone() {
 
 #[test]
 fn a_connection_that_keeps_waking_itself_yields_to_the_scheduler() {
-    let streams = ConnectionStreams::default();
+    let (_, served) = ConnectionStreams::new();
     let polls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&polls);
     let busy: ConnectionFuture = Box::pin(std::future::poll_fn(move |cx| {
@@ -129,7 +129,7 @@ fn a_connection_that_keeps_waking_itself_yields_to_the_scheduler() {
         cx.waker().wake_by_ref();
         Poll::Pending
     }));
-    let mut serving = streams.serve(busy);
+    let mut serving = served.serve(busy);
     let (counter, waker) = counting_waker();
 
     assert!(Pin::new(&mut serving)
@@ -144,7 +144,7 @@ async fn no_stream_is_refused_for_the_budget_other_streams_spent() {
     // tokio's budget is 128 operations a poll; more streams than that, each
     // using one, would exhaust a budget they shared.
     const STREAMS: usize = 300;
-    let streams = ConnectionStreams::default();
+    let (streams, served) = ConnectionStreams::new();
     let short_of_budget = Arc::new(AtomicUsize::new(0));
     let started = (0..STREAMS)
         .map(|_| {
@@ -160,7 +160,7 @@ async fn no_stream_is_refused_for_the_budget_other_streams_spent() {
 
     let ended = tokio::time::timeout(
         Duration::from_secs(10),
-        streams.serve(connection_starting(&streams, started)),
+        served.serve(connection_starting(&streams, started)),
     )
     .await
     .expect("the streams finish");
@@ -171,7 +171,7 @@ async fn no_stream_is_refused_for_the_budget_other_streams_spent() {
 
 #[test]
 fn a_stream_that_waits_holds_up_neither_the_others_nor_the_connection() {
-    let streams = ConnectionStreams::default();
+    let (streams, served) = ConnectionStreams::new();
     let finished = Arc::new(AtomicUsize::new(0));
     let (_never_answered, waiting) = oneshot::channel::<()>();
     let executor = streams.clone();
@@ -195,7 +195,7 @@ fn a_stream_that_waits_holds_up_neither_the_others_nor_the_connection() {
         cx.waker().wake_by_ref();
         Poll::Pending
     }));
-    let mut serving = streams.serve(connection);
+    let mut serving = served.serve(connection);
     let (_, waker) = counting_waker();
 
     let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
@@ -212,7 +212,7 @@ fn a_stream_that_waits_holds_up_neither_the_others_nor_the_connection() {
 fn an_ended_connection_is_dropped_at_once_not_when_its_last_stream_ends() {
     // h2 fails the streams still open when its connection is dropped; a stream
     // waiting on the connection (here, on a channel it holds) must see that.
-    let streams = ConnectionStreams::default();
+    let (streams, served) = ConnectionStreams::new();
     let (kept_by_the_connection, waited_on) = oneshot::channel::<()>();
     let executor = streams.clone();
     let mut waited_on = Some(waited_on);
@@ -230,7 +230,7 @@ fn an_ended_connection_is_dropped_at_once_not_when_its_last_stream_ends() {
         cx.waker().wake_by_ref();
         Poll::Pending
     }));
-    let mut serving = streams.serve(connection);
+    let mut serving = served.serve(connection);
     let (_, waker) = counting_waker();
 
     let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
@@ -243,7 +243,7 @@ fn an_ended_connection_is_dropped_at_once_not_when_its_last_stream_ends() {
 
 #[test]
 fn a_stream_the_connection_starts_runs_in_the_same_round() {
-    let streams = ConnectionStreams::default();
+    let (streams, served) = ConnectionStreams::new();
     let finished = Arc::new(AtomicUsize::new(0));
     let executor = streams.clone();
     let started = Arc::clone(&finished);
@@ -255,7 +255,7 @@ fn a_stream_the_connection_starts_runs_in_the_same_round() {
         }
         Poll::Pending
     }));
-    let mut serving = streams.serve(connection);
+    let mut serving = served.serve(connection);
     let (counter, waker) = counting_waker();
 
     let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
@@ -268,4 +268,78 @@ fn a_stream_the_connection_starts_runs_in_the_same_round() {
         "starting a stream costs no second round"
     );
     assert_eq!(wakes(&counter), 0);
+}
+
+#[test]
+fn a_round_only_a_stream_asked_for_leaves_the_connection_alone() {
+    let (streams, served) = ConnectionStreams::new();
+    let (answer, answered) = oneshot::channel::<()>();
+    let executor = streams.clone();
+    let connection_polls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&connection_polls);
+    let mut answered = Some(answered);
+    let connection: ConnectionFuture = Box::pin(std::future::poll_fn(move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        if let Some(answered) = answered.take() {
+            executor.execute(Box::pin(async move {
+                let _ = answered.await;
+            }) as StreamFuture);
+        }
+        Poll::Pending
+    }));
+    let mut serving = served.serve(connection);
+    let (counter, waker) = counting_waker();
+    let mut cx = Context::from_waker(&waker);
+
+    assert!(Pin::new(&mut serving).poll(&mut cx).is_pending());
+    answer.send(()).expect("the stream is waiting");
+    assert_eq!(wakes(&counter), 1, "the stream's wake-up reaches the task");
+    assert!(Pin::new(&mut serving).poll(&mut cx).is_pending());
+
+    assert!(serving.running.is_empty(), "the stream has finished");
+    assert_eq!(
+        connection_polls.load(Ordering::SeqCst),
+        1,
+        "nothing woke the connection"
+    );
+}
+
+#[test]
+fn a_stream_started_by_another_stream_runs_in_the_same_poll() {
+    // As hyper starts an upgraded connection's task from a stream's poll.
+    let (streams, served) = ConnectionStreams::new();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let executor = streams.clone();
+    let started = Arc::clone(&finished);
+    let starter: StreamFuture = Box::pin(async move {
+        executor.execute(woken_by_itself(0, Arc::clone(&started)));
+        started.fetch_add(1, Ordering::SeqCst);
+    });
+    let mut serving = served.serve(connection_starting(&streams, vec![starter]));
+    let (counter, waker) = counting_waker();
+
+    let polled = Pin::new(&mut serving).poll(&mut Context::from_waker(&waker));
+
+    assert!(matches!(polled, Poll::Ready(Ok(()))), "{polled:?}");
+    assert_eq!(finished.load(Ordering::SeqCst), 2);
+    assert_eq!(wakes(&counter), 0);
+}
+
+#[test]
+fn streams_never_run_are_dropped_with_the_serving_future() {
+    // A stream holds its connection's executor (hyper's H2Stream does), which
+    // holds the queue it waits in: that cycle must not outlive the serving.
+    let (streams, served) = ConnectionStreams::new();
+    let held = Arc::new(());
+    let executor = streams.clone();
+    let in_stream = Arc::clone(&held);
+    streams.execute(Box::pin(async move {
+        let _ = (&executor, &in_stream);
+    }) as StreamFuture);
+    drop(streams);
+    let serving = served.serve(Box::pin(std::future::pending()));
+
+    drop(serving);
+
+    assert_eq!(Arc::strong_count(&held), 1, "the queued stream was dropped");
 }
