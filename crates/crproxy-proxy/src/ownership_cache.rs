@@ -65,8 +65,10 @@ const LIST_PAGE: usize = 2000;
 /// writes come as fast as the writes; reading each as it lands costs a wake-up of
 /// a worker thread per event, often one that was idle. Resting lets them gather
 /// in the socket and be read together. A cache this much further behind only
-/// sends more writes down the checked path; this replica's own writes do not wait
-/// for it (their answers are remembered at once). 10 ms rather than 2: at most
+/// sends more writes down the checked path. This replica's own updates do not
+/// wait for it (their answers are remembered at once); its creates do (a create's
+/// answer is not read), so a PUT, PATCH or DELETE within this pause of its create
+/// through the same replica takes the checked path. 10 ms rather than 2: at most
 /// 100 reads a second instead of 500 under a steady stream of writes, a few µs
 /// less CPU per DELETE (docs/performance.md, twenty-first pass).
 const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(10);
