@@ -49,7 +49,9 @@ struct Args {
     #[arg(long, value_name = "N")]
     proxy_worker_threads: Option<NonZeroUsize>,
     /// Measured rounds per scenario [default: 5, 2 with --quick]. More rounds give
-    /// steadier medians and rows long enough to profile.
+    /// steadier medians and rows long enough to profile; past some 40 rounds of the
+    /// full plan the owned objects outgrow the ownership cache (the report's cache
+    /// note then shows misses).
     #[arg(long, value_name = "N")]
     rounds: Option<NonZeroUsize>,
 }
