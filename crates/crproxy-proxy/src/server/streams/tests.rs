@@ -40,6 +40,26 @@ fn connection_starting(
     })
 }
 
+/// A connection that starts `stream` on its first poll and stays open, never
+/// waking itself; with the count of its polls.
+fn open_connection_starting(
+    executor: &ConnectionStreams,
+    stream: StreamFuture,
+) -> (ConnectionFuture, Arc<AtomicUsize>) {
+    let executor = executor.clone();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&polls);
+    let mut stream = Some(stream);
+    let connection: ConnectionFuture = Box::pin(std::future::poll_fn(move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        if let Some(stream) = stream.take() {
+            executor.execute(stream);
+        }
+        Poll::Pending
+    }));
+    (connection, polls)
+}
+
 /// A future that is pending on its first `pending_polls` polls, waking itself
 /// each time, and then ready.
 fn woken_by_itself(pending_polls: usize, finished: Arc<AtomicUsize>) -> StreamFuture {
@@ -245,16 +265,8 @@ fn an_ended_connection_is_dropped_at_once_not_when_its_last_stream_ends() {
 fn a_stream_the_connection_starts_runs_in_the_same_round() {
     let (streams, served) = ConnectionStreams::new();
     let finished = Arc::new(AtomicUsize::new(0));
-    let executor = streams.clone();
-    let started = Arc::clone(&finished);
-    let connection_polls = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&connection_polls);
-    let connection: ConnectionFuture = Box::pin(std::future::poll_fn(move |_| {
-        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-            executor.execute(woken_by_itself(0, Arc::clone(&started)));
-        }
-        Poll::Pending
-    }));
+    let (connection, connection_polls) =
+        open_connection_starting(&streams, woken_by_itself(0, Arc::clone(&finished)));
     let mut serving = served.serve(connection);
     let (counter, waker) = counting_waker();
 
@@ -274,19 +286,10 @@ fn a_stream_the_connection_starts_runs_in_the_same_round() {
 fn a_round_only_a_stream_asked_for_leaves_the_connection_alone() {
     let (streams, served) = ConnectionStreams::new();
     let (answer, answered) = oneshot::channel::<()>();
-    let executor = streams.clone();
-    let connection_polls = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&connection_polls);
-    let mut answered = Some(answered);
-    let connection: ConnectionFuture = Box::pin(std::future::poll_fn(move |_| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        if let Some(answered) = answered.take() {
-            executor.execute(Box::pin(async move {
-                let _ = answered.await;
-            }) as StreamFuture);
-        }
-        Poll::Pending
-    }));
+    let waiting: StreamFuture = Box::pin(async move {
+        let _ = answered.await;
+    });
+    let (connection, connection_polls) = open_connection_starting(&streams, waiting);
     let mut serving = served.serve(connection);
     let (counter, waker) = counting_waker();
     let mut cx = Context::from_waker(&waker);
