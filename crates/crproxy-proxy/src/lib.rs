@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod namespaces;
 pub mod ownership_cache;
 pub mod pool;
+pub mod resting_socket;
 #[cfg(test)]
 mod scripted_api;
 pub mod server;

@@ -15,7 +15,7 @@
 //! path), runs through the data path's own pool with the client's credentials,
 //! on an HTTP/1.1 connection of its own that the watch's task reads itself (no
 //! connection task to hand each event over), reads its events in batches
-//! ([`EVENT_BATCH_PAUSE`] apart),
+//! ([`EVENT_BATCH_PAUSE`] apart, its socket resting in between),
 //! asks for `PartialObjectMetadata` so only metadata crosses the wire, and stops
 //! when no request has looked at the resource for [`IDLE_DROP`]. A resource with
 //! more than [`MAX_OBJECTS`] owned objects is not cached (every write takes the
@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt as _;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -38,7 +38,8 @@ use crproxy_core::ownership::{self, Owner};
 use crproxy_core::precondition::Pin;
 use crproxy_core::request;
 
-use crate::pool::{BoxError, ProxyBody};
+use crate::pool::{BoxError, ConnectionSocket, ProxyBody};
+use crate::resting_socket::RestingSocket;
 use crate::transport::{self, ForwardError, TargetConnection, TargetPath, MAX_BUFFERED_BODY};
 use crate::watch_lines::WatchLines;
 use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
@@ -70,7 +71,8 @@ const LIST_PAGE: usize = 2000;
 /// answer is not read), so a PUT, PATCH or DELETE within this pause of its create
 /// through the same replica takes the checked path. 10 ms rather than 2: at most
 /// 100 reads a second instead of 500 under a steady stream of writes, a few µs
-/// less CPU per DELETE (docs/performance.md, twenty-first pass).
+/// less CPU per DELETE (docs/performance.md, twenty-first pass). The socket rests
+/// too ([`crate::resting_socket`]): arrivals during the pause wake no thread.
 const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(10);
 
 /// Upper bound for one list page or one request of the cache's own.
@@ -388,11 +390,17 @@ async fn sync_once(
         let query = format!(
             "watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={resource_version}"
         );
-        let body = match get(&target, &owner, &collection, &query, CacheRequest::Watch).await {
-            Ok(body) => body,
-            Err(error) => return error,
-        };
-        match follow(body, &owner, objects, &mut resource_version).await {
+        let mut response =
+            match get(&target, &owner, &collection, &query, CacheRequest::Watch).await {
+                Ok(response) => response,
+                Err(error) => return error,
+            };
+        let socket = response
+            .extensions_mut()
+            .remove::<ConnectionSocket>()
+            .map(|ConnectionSocket(socket)| RestingSocket::new(socket));
+        let body = response.into_body();
+        match follow(body, socket, &owner, objects, &mut resource_version).await {
             // The server ended the watch (timeoutSeconds): resume without a list.
             Ok(()) => continue,
             Err(error) => return error,
@@ -424,7 +432,8 @@ async fn list(
             &query,
             CacheRequest::ListPage { deadline },
         )
-        .await?;
+        .await?
+        .into_body();
         let read =
             transport::within(deadline, transport::read_limited(body, MAX_BUFFERED_BODY)).await?;
         let page = MetaList::decode(&read).map_err(|e| SyncError::Decode(e.to_string()))?;
@@ -490,7 +499,7 @@ async fn get(
     collection: &str,
     query: &str,
     request: CacheRequest,
-) -> Result<ProxyBody, SyncError> {
+) -> Result<Response<ProxyBody>, SyncError> {
     let scoped = ownership::scoped_query(Some(query), owner)
         .map_err(|e| SyncError::Decode(e.to_string()))?;
     let mut headers = HeaderMap::new();
@@ -509,16 +518,19 @@ async fn get(
     if response.status() != StatusCode::OK {
         return Err(SyncError::Status(response.status()));
     }
-    Ok(response.into_body())
+    Ok(response)
 }
 
 /// Applies the events of one watch response until the server ends it (`Ok`) or
 /// it fails, stalls or expires (`Err`). An event cut short by the end of the
 /// response is dropped: `resource_version` only moves with applied events, so the
 /// next watch starts before it and the target sends it again. After each read
-/// the watch rests for [`EVENT_BATCH_PAUSE`].
+/// the watch rests for [`EVENT_BATCH_PAUSE`], and so does its `socket` (when the
+/// watch has an HTTP/1.1 connection of its own): events arriving meanwhile wake
+/// nobody.
 async fn follow(
     mut body: ProxyBody,
+    mut socket: Option<RestingSocket>,
     owner: &Owner,
     objects: &Objects,
     resource_version: &mut String,
@@ -545,7 +557,13 @@ async fn follow(
                 Some(frame) => apply(frame)?,
             }
         }
+        if let Some(socket) = socket.as_mut() {
+            socket.rest();
+        }
         tokio::time::sleep(EVENT_BATCH_PAUSE).await;
+        if let Some(socket) = socket.as_mut() {
+            socket.wake();
+        }
     }
 }
 

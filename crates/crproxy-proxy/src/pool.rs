@@ -23,6 +23,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -336,7 +337,26 @@ struct Http1Conn {
     exchange: Option<Slot>,
     /// When the connection was dialled or last went back to the idle list.
     idle_since: Instant,
+    /// A duplicate of the connection's socket, handed (duplicated again) to a
+    /// request that asks for it with [`WantsSocket`]; `None` if it could not be
+    /// duplicated. It closes with the connection: both are dropped together. One
+    /// more file descriptor per HTTP/1.1 connection (at most
+    /// [`MAX_EXCHANGE_CONNECTIONS`] a peer): hyper keeps the socket out of reach.
+    socket: Option<OwnedFd>,
 }
+
+/// A request extension: the answer should carry its connection's socket as a
+/// [`ConnectionSocket`] extension (HTTP/1.1 connections only). The ownership
+/// cache asks for it on its watch, to let the socket rest between reads
+/// ([`crate::resting_socket`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WantsSocket;
+
+/// A response extension: a duplicate of the socket the answer arrives on (shared:
+/// extensions must be cloneable). It keeps the socket open while it lives, so it
+/// is dropped with the answer's body.
+#[derive(Debug, Clone)]
+pub struct ConnectionSocket(pub Arc<OwnedFd>);
 
 impl Http1Conn {
     /// Lets the connection write what is queued and read what has arrived. When it
@@ -1183,6 +1203,9 @@ fn format_age(age: Duration) -> String {
 async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Conn, DialError> {
     let peer = tls.peer.clone();
     let h2 = tls.is_h2();
+    let socket = (!h2)
+        .then(|| tls.stream.get_ref().0.as_fd().try_clone_to_owned().ok())
+        .flatten();
     let io = TokioIo::new(tls.stream);
     if h2 {
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
@@ -1221,6 +1244,7 @@ async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Co
             connection: Some(Box::new(connection)),
             exchange: None,
             idle_since: Instant::now(),
+            socket,
         }))
     }
 }
@@ -1360,6 +1384,7 @@ impl PeerSender {
         let Some(pool) = self.pool.upgrade() else {
             return Attempt::Done(Err(PoolError::Closed.into()));
         };
+        let wants_socket = req.extensions().get::<WantsSocket>().is_some();
         let adapted = adapt_request(req, self.is_h2(), &pool.default_authority);
         drop(pool);
         let req = match adapted {
@@ -1393,7 +1418,12 @@ impl PeerSender {
                 Err(err) => failed(err, peer, reused, replay),
             },
             Conn::Http1(mut conn) => match conn.send(req).await {
-                Ok(resp) => {
+                Ok(mut resp) => {
+                    let socket = conn.socket.as_ref().filter(|_| wants_socket);
+                    if let Some(socket) = socket.and_then(|s| s.try_clone().ok()) {
+                        resp.extensions_mut()
+                            .insert(ConnectionSocket(Arc::new(socket)));
+                    }
                     let lease = Lease::Exchange(Returning {
                         conn,
                         pool,

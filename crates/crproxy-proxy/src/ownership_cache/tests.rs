@@ -456,7 +456,7 @@ async fn a_watch_reads_what_has_arrived_then_rests() {
         let objects = Arc::clone(&objects);
         tokio::spawn(async move {
             let mut rv = String::new();
-            let ended = follow(body, &owner(), &objects, &mut rv).await;
+            let ended = follow(body, None, &owner(), &objects, &mut rv).await;
             (ended, rv)
         })
     };

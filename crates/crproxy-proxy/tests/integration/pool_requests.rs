@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crproxy_proxy::pool::{
-    Lane, HTTP1_IDLE_TIMEOUT, HTTP1_MAX_READ_BUFFER, MAX_EXCHANGE_CONNECTIONS,
+    ConnectionSocket, Lane, HTTP1_IDLE_TIMEOUT, HTTP1_MAX_READ_BUFFER, MAX_EXCHANGE_CONNECTIONS,
 };
 use crproxy_proxy::transport::{TargetConnection, TargetPath};
 use http::uri::PathAndQuery;
@@ -175,17 +175,7 @@ async fn exchanges_reuse_one_http1_connection_and_streams_share_http2() {
 #[tokio::test]
 async fn the_transport_sends_bounded_requests_as_exchanges_and_watches_as_streams() {
     let (h, _peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
-    let target = TargetConnection {
-        pool: Arc::clone(&h.pool),
-        authority: SERVER_NAME.to_string(),
-        credentials: Arc::new(
-            crproxy_kube::Credentials::new(
-                crproxy_kube::Auth::Token("token".into()),
-                serde_json::Value::Null,
-            )
-            .expect("credentials"),
-        ),
-    };
+    let target = target_of(&h);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     // The caller's own path goes on as parsed, a written one is parsed here;
     // both arrive as they were, query included.
@@ -217,6 +207,57 @@ async fn the_transport_sends_bounded_requests_as_exchanges_and_watches_as_stream
             assert!(body.contains(&expected), "deadline {deadline:?}: {body}");
         }
     }
+}
+
+/// A transport on the harness's pool, with a token for credentials.
+fn target_of(h: &Harness) -> TargetConnection {
+    TargetConnection {
+        pool: Arc::clone(&h.pool),
+        authority: SERVER_NAME.to_string(),
+        credentials: Arc::new(
+            crproxy_kube::Credentials::new(
+                crproxy_kube::Auth::Token("token".into()),
+                serde_json::Value::Null,
+            )
+            .expect("credentials"),
+        ),
+    }
+}
+
+/// The proxy's own watch (the ownership cache's) takes an HTTP/1.1 connection of
+/// its own, and its answer carries a duplicate of that connection's socket, for
+/// the cache to let it rest between reads; a caller's exchange carries none.
+#[tokio::test]
+async fn the_proxys_own_watch_carries_its_connections_socket() {
+    let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
+    let target = target_of(&h);
+    let path = TargetPath::Written("/apis/example.com/v1/widgets?watch=true");
+    let watch = target
+        .send_own_watch(path, &http::HeaderMap::new())
+        .await
+        .expect("answer");
+    let ConnectionSocket(socket) = watch
+        .extensions()
+        .get::<ConnectionSocket>()
+        .cloned()
+        .expect("the own watch's answer carries its socket");
+    let socket = std::net::TcpStream::from(socket.try_clone().expect("duplicate"));
+    assert_eq!(socket.peer_addr().expect("peer address"), peer.addr);
+    let body = watch.into_body().collect().await.expect("body").to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("HTTP/1.1"));
+
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let exchange = target
+        .send_before(
+            Some(deadline),
+            http::Method::GET,
+            path,
+            &http::HeaderMap::new(),
+            empty(),
+        )
+        .await
+        .expect("answer");
+    assert!(exchange.extensions().get::<ConnectionSocket>().is_none());
 }
 
 /// Past the per-peer limit of exchange connections, exchanges share HTTP/2, so a

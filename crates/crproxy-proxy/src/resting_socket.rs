@@ -1,0 +1,105 @@
+//! A socket whose arrivals can be left unannounced for a while.
+//!
+//! The ownership cache reads its watch in batches: after each read it rests for a
+//! few milliseconds so that events gather in the socket. Not reading is not
+//! enough: every event the target sends still makes the kernel wake the runtime's
+//! poller, which finds nobody waiting and sleeps again. On an otherwise idle proxy
+//! that wake-up was most of the cost of an event (docs/performance.md,
+//! twenty-third pass). While the socket rests, its receive low-water mark
+//! (`SO_RCVLOWAT`) is raised, so arrivals below it do not make the socket
+//! readable and wake no one; lowering it again announces whatever has gathered.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+/// Bytes that may gather while the socket rests before it wakes its reader
+/// anyway: far more than the events of one pause under heavy writing (10 ms of
+/// 10 000 events a second of metadata is about 60 KiB), far less than a socket's
+/// receive buffer may grow to. Linux grows the receive buffer to hold the mark
+/// and clamps the receive window at it; if the connection serves exchanges after
+/// its watch ends, 256 KiB in flight is still ample on a cluster network.
+pub const REST_THRESHOLD: i32 = 256 * 1024;
+
+/// A duplicate of a connection's socket (it keeps the socket open as long as it
+/// lives, so it must not outlive the reading of that connection by much).
+#[derive(Debug)]
+pub struct RestingSocket {
+    socket: Arc<OwnedFd>,
+    resting: bool,
+}
+
+impl RestingSocket {
+    pub fn new(socket: Arc<OwnedFd>) -> Self {
+        Self {
+            socket,
+            resting: false,
+        }
+    }
+
+    /// From now until [`RestingSocket::wake`], arrivals under [`REST_THRESHOLD`]
+    /// leave the socket unreadable. A socket the option cannot be set on just
+    /// stays as it was: resting only saves wake-ups.
+    pub fn rest(&mut self) {
+        match set_receive_low_water(self.socket.as_fd(), REST_THRESHOLD) {
+            Ok(()) => self.resting = true,
+            Err(error) => tracing::debug!(%error, "could not let the watch socket rest"),
+        }
+    }
+
+    /// Makes the socket readable again as soon as anything has arrived, including
+    /// what gathered while it rested (the kernel announces that at once).
+    pub fn wake(&mut self) {
+        if !self.resting {
+            return;
+        }
+        match set_receive_low_water(self.socket.as_fd(), 1) {
+            Ok(()) => self.resting = false,
+            Err(error) => tracing::debug!(%error, "could not wake the watch socket"),
+        }
+    }
+}
+
+impl Drop for RestingSocket {
+    /// A connection never goes back to the pool with its socket resting.
+    fn drop(&mut self) {
+        self.wake();
+    }
+}
+
+/// Sets `SO_RCVLOWAT`, which neither std, tokio nor socket2 offer.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn set_receive_low_water(socket: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value: libc::c_int = bytes;
+    // SAFETY: the descriptor is borrowed, so it is open for the whole call, and the
+    // option value is a live `c_int` whose size is the length passed.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::from_ref(&value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Elsewhere the low-water mark does not hold back poll readiness the same way;
+/// the socket never rests.
+#[cfg(not(target_os = "linux"))]
+fn set_receive_low_water(_socket: BorrowedFd<'_>, _bytes: i32) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "receive low-water mark only used on Linux",
+    ))
+}
+
+#[cfg(test)]
+mod tests;
