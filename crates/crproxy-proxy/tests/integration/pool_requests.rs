@@ -186,17 +186,8 @@ async fn the_transport_sends_bounded_requests_as_exchanges_and_watches_as_stream
     ];
     for (deadline, protocol) in [(Some(deadline), "HTTP/1.1"), (None, "HTTP/2.0")] {
         for path in paths {
-            let response = target
-                .send_before(
-                    deadline,
-                    http::Method::GET,
-                    path,
-                    &http::HeaderMap::new(),
-                    empty(),
-                )
+            let body = get_through(&target, deadline, path)
                 .await
-                .expect("answer");
-            let body = response
                 .into_body()
                 .collect()
                 .await
@@ -247,17 +238,26 @@ async fn the_proxys_own_watch_carries_its_connections_socket() {
     assert!(String::from_utf8_lossy(&body).contains("HTTP/1.1"));
 
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    let exchange = target
+    let exchange = get_through(&target, Some(deadline), path).await;
+    assert!(exchange.extensions().get::<ConnectionSocket>().is_none());
+}
+
+/// A bodiless GET of `path` through `target`, with a deadline or without.
+async fn get_through(
+    target: &TargetConnection,
+    deadline: Option<tokio::time::Instant>,
+    path: TargetPath<'_>,
+) -> http::Response<crproxy_proxy::pool::ProxyBody> {
+    target
         .send_before(
-            Some(deadline),
+            deadline,
             http::Method::GET,
             path,
             &http::HeaderMap::new(),
             empty(),
         )
         .await
-        .expect("answer");
-    assert!(exchange.extensions().get::<ConnectionSocket>().is_none());
+        .expect("answer")
 }
 
 /// Past the per-peer limit of exchange connections, exchanges share HTTP/2, so a
