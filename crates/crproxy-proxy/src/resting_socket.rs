@@ -14,12 +14,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 /// Bytes that may gather while the socket rests before it wakes its reader
-/// anyway: far more than the events of one pause under heavy writing (10 ms of
-/// 10 000 events a second of metadata is about 60 KiB), far less than a socket's
-/// receive buffer may grow to. Linux grows the receive buffer to hold the mark
-/// and clamps the receive window at it; if the connection serves exchanges after
-/// its watch ends, 256 KiB in flight is still ample on a cluster network.
-pub const REST_THRESHOLD: i32 = 256 * 1024;
+/// anyway. Linux caps the mark at half of `net.ipv4.tcp_rmem`'s largest buffer
+/// (3 MiB with the kernel's defaults), grows the socket's receive buffer to hold
+/// it and clamps the receive window at it, so the mark also bounds what the
+/// target may send in one pause: 256 KiB held the cache's watch to 256 KiB per
+/// 10 ms (docs/performance.md, twenty-third pass). As large as the cap allows,
+/// a pause gathers what the socket's autotuning would have let in anyway.
+pub const REST_THRESHOLD: i32 = 4 * 1024 * 1024;
 
 /// A duplicate of a connection's socket (it keeps the socket open as long as it
 /// lives, so it must not outlive the reading of that connection by much).

@@ -66,16 +66,15 @@ async fn a_resting_socket_wakes_once_the_threshold_has_gathered() {
     let (mut client, server) = connected_pair().await;
     let mut socket = resting(&server);
     socket.rest();
+    // The kernel caps the mark below REST_THRESHOLD; the writer sends until the
+    // socket turns readable, whatever the cap is here.
     let burst = vec![b'x'; REST_THRESHOLD as usize + 1];
-    let writer = tokio::spawn(async move {
-        client.write_all(&burst).await.expect("write");
-        client
-    });
+    let writer = tokio::spawn(async move { client.write_all(&burst).await });
     tokio::time::timeout(PROMPT, server.readable())
         .await
-        .expect("readable once the threshold is reached")
+        .expect("readable once the mark is reached")
         .expect("readiness");
-    let _client = writer.await.expect("writer");
+    writer.abort();
 }
 
 #[tokio::test]
