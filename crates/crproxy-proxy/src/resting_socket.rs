@@ -9,9 +9,10 @@
 //! (`SO_RCVLOWAT`) is raised, so arrivals below it do not make the socket
 //! readable and wake no one; lowering it again announces whatever has gathered.
 
-use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+
+use crproxy_sockopt::set_receive_low_water;
 
 /// Bytes that may gather while the socket rests before it wakes its reader
 /// anyway. Linux caps the mark at half of `net.ipv4.tcp_rmem`'s largest buffer
@@ -66,40 +67,6 @@ impl Drop for RestingSocket {
     fn drop(&mut self) {
         self.wake();
     }
-}
-
-/// Sets `SO_RCVLOWAT`, which neither std, tokio nor socket2 offer.
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
-fn set_receive_low_water(socket: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let value: libc::c_int = bytes;
-    // SAFETY: the descriptor is borrowed, so it is open for the whole call, and the
-    // option value is a live `c_int` whose size is the length passed.
-    let result = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            std::ptr::from_ref(&value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Elsewhere the low-water mark does not hold back poll readiness the same way;
-/// the socket never rests.
-#[cfg(not(target_os = "linux"))]
-fn set_receive_low_water(_socket: BorrowedFd<'_>, _bytes: i32) -> io::Result<()> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "receive low-water mark only used on Linux",
-    ))
 }
 
 #[cfg(test)]

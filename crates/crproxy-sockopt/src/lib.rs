@@ -1,0 +1,55 @@
+//! crproxy-sockopt: the socket options crproxy needs that std, tokio and socket2
+//! do not offer. The workspace forbids unsafe code; the one `setsockopt` call
+//! lives here, alone, so that rule holds everywhere else.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+
+/// Sets the receive low-water mark (`SO_RCVLOWAT`): until that many bytes have
+/// arrived, the socket does not poll readable. Linux only; elsewhere
+/// [`io::ErrorKind::Unsupported`].
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub fn set_receive_low_water(socket: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value: libc::c_int = bytes;
+    // SAFETY: the descriptor is borrowed, so it stays open for the whole call, and
+    // the option value is a live `c_int` whose size is the length passed.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::from_ref(&value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Elsewhere the mark does not hold back poll readiness the same way.
+#[cfg(not(target_os = "linux"))]
+pub fn set_receive_low_water(_socket: BorrowedFd<'_>, _bytes: i32) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "the receive low-water mark is only used on Linux",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_socket_that_is_not_one_is_refused_with_the_os_error() {
+        // A pipe is a descriptor but no socket: the kernel's error comes back.
+        let (reader, _writer) = std::io::pipe().expect("pipe");
+        let error = set_receive_low_water(reader.as_fd(), 1).expect_err("not a socket");
+        assert_eq!(error.raw_os_error(), Some(libc::ENOTSOCK));
+    }
+}
