@@ -20,7 +20,9 @@ use crproxy_sockopt::set_receive_low_water;
 /// it and clamps the receive window at it, so the mark also bounds what the
 /// target may send in one pause: 256 KiB held the cache's watch to 256 KiB per
 /// 10 ms (docs/performance.md, twenty-third pass). As large as the cap allows,
-/// a pause gathers what the socket's autotuning would have let in anyway.
+/// a pause gathers what the socket's autotuning would have let in anyway. Both
+/// outlast the rest: a watch's connection that goes back to the pool serves its
+/// later exchanges with the larger buffer.
 pub const REST_THRESHOLD: i32 = 4 * 1024 * 1024;
 
 /// A duplicate of a connection's socket (it keeps the socket open as long as it
@@ -69,5 +71,5 @@ impl Drop for RestingSocket {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests;

@@ -31,6 +31,31 @@ pub fn set_receive_low_water(socket: BorrowedFd<'_>, bytes: i32) -> io::Result<(
     }
 }
 
+/// The receive low-water mark a socket has now (as the kernel capped it).
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub fn receive_low_water(socket: BorrowedFd<'_>) -> io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    let mut value: libc::c_int = 0;
+    let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the descriptor is borrowed, so it stays open for the whole call;
+    // `value` and `length` are live and `length` is `value`'s size.
+    let result = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::from_mut(&mut value).cast(),
+            &mut length,
+        )
+    };
+    if result == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Elsewhere the mark does not hold back poll readiness the same way.
 #[cfg(not(target_os = "linux"))]
 pub fn set_receive_low_water(_socket: BorrowedFd<'_>, _bytes: i32) -> io::Result<()> {
@@ -40,10 +65,20 @@ pub fn set_receive_low_water(_socket: BorrowedFd<'_>, _bytes: i32) -> io::Result
     ))
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn a_mark_set_is_the_mark_read_back() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let socket =
+            std::net::TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        assert_eq!(receive_low_water(socket.as_fd()).expect("read"), 1);
+        set_receive_low_water(socket.as_fd(), 4096).expect("set");
+        assert_eq!(receive_low_water(socket.as_fd()).expect("read"), 4096);
+    }
 
     #[test]
     fn a_socket_that_is_not_one_is_refused_with_the_os_error() {

@@ -480,3 +480,61 @@ async fn a_watch_reads_what_has_arrived_then_rests() {
     assert!(ended.is_ok(), "{ended:?}");
     assert_eq!(rv, "5");
 }
+
+/// The watch's socket rests through each pause and only then: its low-water mark
+/// is raised once the watch has read what had arrived, back at 1 when it reads
+/// again, and back at 1 when the watch is dropped in the middle of a pause.
+#[cfg(target_os = "linux")]
+#[tokio::test(start_paused = true)]
+async fn the_watch_socket_rests_only_through_the_pause() {
+    use http_body_util::{BodyExt as _, StreamBody};
+    use std::os::fd::AsFd;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address");
+    let watched = std::net::TcpStream::connect(address).expect("connect");
+    let mark = || crproxy_sockopt::receive_low_water(watched.as_fd()).expect("mark");
+    let socket = RestingSocket::new(Arc::new(
+        watched.as_fd().try_clone_to_owned().expect("duplicate"),
+    ));
+    let (events, received) = tokio::sync::mpsc::unbounded_channel::<
+        Result<hyper::body::Frame<Bytes>, crate::pool::BoxError>,
+    >();
+    let body: ProxyBody = StreamBody::new(tokio_stream::wrappers::UnboundedReceiverStream::new(
+        received,
+    ))
+    .boxed();
+    let send = |line: String| {
+        events
+            .send(Ok(hyper::body::Frame::data(Bytes::from(line))))
+            .expect("send");
+    };
+    send(watch_line("ADDED", "a", "u", "2", OWNED));
+    let objects = Arc::new(Objects::default());
+    let following = {
+        let objects = Arc::clone(&objects);
+        tokio::spawn(async move {
+            let mut rv = String::new();
+            follow(body, Some(socket), &owner(), &objects, &mut rv).await
+        })
+    };
+    settle().await;
+    assert_eq!(pins_of(&objects).len(), 1);
+    assert!(mark() > 1, "resting after a read: {}", mark());
+
+    tokio::time::advance(EVENT_BATCH_PAUSE).await;
+    settle().await;
+    assert_eq!(mark(), 1, "awake, waiting for the next event");
+
+    send(watch_line("ADDED", "b", "u", "3", OWNED));
+    settle().await;
+    assert_eq!(pins_of(&objects).len(), 2);
+    assert!(mark() > 1, "resting again: {}", mark());
+
+    following.abort();
+    let _ = following.await;
+    assert_eq!(
+        mark(),
+        1,
+        "a watch dropped mid-pause leaves its socket awake"
+    );
+}

@@ -66,6 +66,13 @@ async fn a_resting_socket_wakes_once_the_threshold_has_gathered() {
     let (mut client, server) = connected_pair().await;
     let mut socket = resting(&server);
     socket.rest();
+    client.write_all(b"an event").await.expect("write");
+    assert!(
+        tokio::time::timeout(QUIET, server.readable())
+            .await
+            .is_err(),
+        "a small arrival leaves a resting socket unreadable"
+    );
     // The kernel caps the mark below REST_THRESHOLD; the writer sends until the
     // socket turns readable, whatever the cap is here.
     let burst = vec![b'x'; REST_THRESHOLD as usize + 1];
@@ -85,6 +92,19 @@ async fn dropping_a_resting_socket_wakes_it() {
     client.write_all(b"left behind").await.expect("write");
     drop(socket);
     assert_eq!(read_some(&mut server).await, b"left behind");
+}
+
+#[tokio::test]
+async fn resting_raises_the_mark_and_waking_restores_it() {
+    let (_client, server) = connected_pair().await;
+    let mark = || crproxy_sockopt::receive_low_water(server.as_fd()).expect("mark");
+    let mut socket = resting(&server);
+    socket.rest();
+    assert!(mark() > 1, "resting: {}", mark());
+    socket.wake();
+    assert_eq!(mark(), 1);
+    socket.wake();
+    assert_eq!(mark(), 1, "waking twice changes nothing");
 }
 
 #[tokio::test]
