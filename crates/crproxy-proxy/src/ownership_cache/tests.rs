@@ -431,23 +431,36 @@ fn pins_of(objects: &Objects) -> HashMap<String, Pin> {
     objects.state.read().expect("state").pins.clone()
 }
 
+/// A watch body fed by hand: each line sent is one frame of it.
+fn watch_body() -> (
+    tokio::sync::mpsc::UnboundedSender<Result<hyper::body::Frame<Bytes>, crate::pool::BoxError>>,
+    ProxyBody,
+) {
+    use http_body_util::{BodyExt as _, StreamBody};
+    let (events, received) = tokio::sync::mpsc::unbounded_channel();
+    let body = StreamBody::new(tokio_stream::wrappers::UnboundedReceiverStream::new(
+        received,
+    ));
+    (events, body.boxed())
+}
+
+fn send_line(
+    events: &tokio::sync::mpsc::UnboundedSender<
+        Result<hyper::body::Frame<Bytes>, crate::pool::BoxError>,
+    >,
+    line: String,
+) {
+    events
+        .send(Ok(hyper::body::Frame::data(Bytes::from(line))))
+        .expect("send");
+}
+
 /// Events that arrived together are applied together; the watch then rests for
 /// the batch pause before it reads again, and applies what came meanwhile.
 #[tokio::test(start_paused = true)]
 async fn a_watch_reads_what_has_arrived_then_rests() {
-    use http_body_util::{BodyExt as _, StreamBody};
-    let (events, received) = tokio::sync::mpsc::unbounded_channel::<
-        Result<hyper::body::Frame<Bytes>, crate::pool::BoxError>,
-    >();
-    let body: ProxyBody = StreamBody::new(tokio_stream::wrappers::UnboundedReceiverStream::new(
-        received,
-    ))
-    .boxed();
-    let send = |line: String| {
-        events
-            .send(Ok(hyper::body::Frame::data(Bytes::from(line))))
-            .expect("send");
-    };
+    let (events, body) = watch_body();
+    let send = |line: String| send_line(&events, line);
     for (name, rv) in [("a", "2"), ("b", "3"), ("c", "4")] {
         send(watch_line("ADDED", name, "u", rv, OWNED));
     }
@@ -487,7 +500,6 @@ async fn a_watch_reads_what_has_arrived_then_rests() {
 #[cfg(target_os = "linux")]
 #[tokio::test(start_paused = true)]
 async fn the_watch_socket_rests_only_through_the_pause() {
-    use http_body_util::{BodyExt as _, StreamBody};
     use std::os::fd::AsFd;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let address = listener.local_addr().expect("address");
@@ -496,18 +508,8 @@ async fn the_watch_socket_rests_only_through_the_pause() {
     let socket = RestingSocket::new(Arc::new(
         watched.as_fd().try_clone_to_owned().expect("duplicate"),
     ));
-    let (events, received) = tokio::sync::mpsc::unbounded_channel::<
-        Result<hyper::body::Frame<Bytes>, crate::pool::BoxError>,
-    >();
-    let body: ProxyBody = StreamBody::new(tokio_stream::wrappers::UnboundedReceiverStream::new(
-        received,
-    ))
-    .boxed();
-    let send = |line: String| {
-        events
-            .send(Ok(hyper::body::Frame::data(Bytes::from(line))))
-            .expect("send");
-    };
+    let (events, body) = watch_body();
+    let send = |line: String| send_line(&events, line);
     send(watch_line("ADDED", "a", "u", "2", OWNED));
     let objects = Arc::new(Objects::default());
     let following = {

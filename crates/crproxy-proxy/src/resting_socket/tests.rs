@@ -45,18 +45,28 @@ async fn read_some(stream: &mut TcpStream) -> Vec<u8> {
     buffer
 }
 
-#[tokio::test]
-async fn arrivals_while_resting_wake_nobody_until_the_socket_wakes() {
-    let (mut client, mut server) = connected_pair().await;
-    let mut socket = resting(&server);
+/// Lets `socket` rest, sends "an event" from `client`, and checks that the
+/// server's end stays unreadable: one small arrival is below the mark.
+async fn an_event_wakes_nobody(
+    socket: &mut RestingSocket,
+    client: &mut TcpStream,
+    server: &TcpStream,
+) {
     socket.rest();
     client.write_all(b"an event").await.expect("write");
     assert!(
         tokio::time::timeout(QUIET, server.readable())
             .await
             .is_err(),
-        "a resting socket is not readable below the threshold"
+        "a resting socket is not readable below the mark"
     );
+}
+
+#[tokio::test]
+async fn arrivals_while_resting_wake_nobody_until_the_socket_wakes() {
+    let (mut client, mut server) = connected_pair().await;
+    let mut socket = resting(&server);
+    an_event_wakes_nobody(&mut socket, &mut client, &server).await;
     socket.wake();
     assert_eq!(read_some(&mut server).await, b"an event");
 }
@@ -65,14 +75,7 @@ async fn arrivals_while_resting_wake_nobody_until_the_socket_wakes() {
 async fn a_resting_socket_wakes_once_the_threshold_has_gathered() {
     let (mut client, server) = connected_pair().await;
     let mut socket = resting(&server);
-    socket.rest();
-    client.write_all(b"an event").await.expect("write");
-    assert!(
-        tokio::time::timeout(QUIET, server.readable())
-            .await
-            .is_err(),
-        "a small arrival leaves a resting socket unreadable"
-    );
+    an_event_wakes_nobody(&mut socket, &mut client, &server).await;
     // The kernel caps the mark below REST_THRESHOLD; the writer sends until the
     // socket turns readable, whatever the cap is here.
     let burst = vec![b'x'; REST_THRESHOLD as usize + 1];
