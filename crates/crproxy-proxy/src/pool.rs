@@ -337,12 +337,12 @@ struct Http1Conn {
     exchange: Option<Slot>,
     /// When the connection was dialled or last went back to the idle list.
     idle_since: Instant,
-    /// A duplicate of the connection's socket, handed (duplicated again) to a
-    /// request that asks for it with [`WantsSocket`]; `None` if it could not be
-    /// duplicated. It closes with the connection: both are dropped together. One
+    /// A duplicate of the connection's socket, shared with a request that asks
+    /// for it with [`WantsSocket`]; `None` if it could not be duplicated. It
+    /// closes once the connection and whoever it was shared with have let go. One
     /// more file descriptor per HTTP/1.1 connection (at most
     /// [`MAX_EXCHANGE_CONNECTIONS`] a peer): hyper keeps the socket out of reach.
-    socket: Option<OwnedFd>,
+    socket: Option<Arc<OwnedFd>>,
 }
 
 /// A request extension: the answer should carry its connection's socket as a
@@ -352,9 +352,9 @@ struct Http1Conn {
 #[derive(Debug, Clone, Copy)]
 pub struct WantsSocket;
 
-/// A response extension: a duplicate of the socket the answer arrives on (shared:
-/// extensions must be cloneable). It keeps the socket open while it lives, so it
-/// is dropped with the answer's body.
+/// A response extension: the connection's duplicate of the socket the answer
+/// arrives on. It keeps the socket open while it lives, so it is dropped with the
+/// answer's body.
 #[derive(Debug, Clone)]
 pub struct ConnectionSocket(pub Arc<OwnedFd>);
 
@@ -1205,7 +1205,8 @@ async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Co
     let h2 = tls.is_h2();
     let socket = (!h2)
         .then(|| tls.stream.get_ref().0.as_fd().try_clone_to_owned().ok())
-        .flatten();
+        .flatten()
+        .map(Arc::new);
     let io = TokioIo::new(tls.stream);
     if h2 {
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
@@ -1419,10 +1420,9 @@ impl PeerSender {
             },
             Conn::Http1(mut conn) => match conn.send(req).await {
                 Ok(mut resp) => {
-                    let socket = conn.socket.as_ref().filter(|_| wants_socket);
-                    if let Some(socket) = socket.and_then(|s| s.try_clone().ok()) {
+                    if let Some(socket) = conn.socket.as_ref().filter(|_| wants_socket) {
                         resp.extensions_mut()
-                            .insert(ConnectionSocket(Arc::new(socket)));
+                            .insert(ConnectionSocket(Arc::clone(socket)));
                     }
                     let lease = Lease::Exchange(Returning {
                         conn,
