@@ -30,35 +30,52 @@ pub const REST_THRESHOLD: i32 = 4 * 1024 * 1024;
 #[derive(Debug)]
 pub struct RestingSocket {
     socket: Arc<OwnedFd>,
-    resting: bool,
+    state: Rest,
+}
+
+/// Where a [`RestingSocket`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rest {
+    Awake,
+    Resting,
+    /// The mark could not be raised (not Linux, or not a TCP socket): the socket
+    /// is read as any other, and no later pause tries again.
+    Unable,
 }
 
 impl RestingSocket {
     pub fn new(socket: Arc<OwnedFd>) -> Self {
         Self {
             socket,
-            resting: false,
+            state: Rest::Awake,
         }
     }
 
     /// From now until [`RestingSocket::wake`], arrivals under [`REST_THRESHOLD`]
     /// leave the socket unreadable. A socket the option cannot be set on just
-    /// stays as it was: resting only saves wake-ups.
+    /// stays as it was (resting only saves wake-ups), and is not asked again:
+    /// what failed once fails at every pause.
     pub fn rest(&mut self) {
+        if self.state != Rest::Awake {
+            return;
+        }
         match set_receive_low_water(self.socket.as_fd(), REST_THRESHOLD) {
-            Ok(()) => self.resting = true,
-            Err(error) => tracing::debug!(%error, "could not let the watch socket rest"),
+            Ok(()) => self.state = Rest::Resting,
+            Err(error) => {
+                tracing::debug!(%error, "the watch socket cannot rest; it is read as it comes");
+                self.state = Rest::Unable;
+            }
         }
     }
 
     /// Makes the socket readable again as soon as anything has arrived, including
     /// what gathered while it rested (the kernel announces that at once).
     pub fn wake(&mut self) {
-        if !self.resting {
+        if self.state != Rest::Resting {
             return;
         }
         match set_receive_low_water(self.socket.as_fd(), 1) {
-            Ok(()) => self.resting = false,
+            Ok(()) => self.state = Rest::Awake,
             Err(error) => tracing::debug!(%error, "could not wake the watch socket"),
         }
     }

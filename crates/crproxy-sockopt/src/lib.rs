@@ -1,6 +1,8 @@
-//! crproxy-sockopt: the socket options crproxy needs that std, tokio and socket2
-//! do not offer. The workspace forbids unsafe code; the one `setsockopt` call
-//! lives here, alone, so that rule holds everywhere else.
+//! crproxy-sockopt: the socket option crproxy needs that std, tokio and socket2
+//! do not offer, the receive low-water mark. The workspace forbids unsafe code;
+//! the `setsockopt` call that sets the mark, and the `getsockopt` call that reads
+//! it back (for the tests that check a mark is in place), live here, alone, so
+//! that rule holds everywhere else.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -59,10 +61,20 @@ pub fn receive_low_water(socket: BorrowedFd<'_>) -> io::Result<i32> {
 /// Elsewhere the mark does not hold back poll readiness the same way.
 #[cfg(not(target_os = "linux"))]
 pub fn set_receive_low_water(_socket: BorrowedFd<'_>, _bytes: i32) -> io::Result<()> {
-    Err(io::Error::new(
+    Err(linux_only())
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn receive_low_water(_socket: BorrowedFd<'_>) -> io::Result<i32> {
+    Err(linux_only())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn linux_only() -> io::Error {
+    io::Error::new(
         io::ErrorKind::Unsupported,
         "the receive low-water mark is only used on Linux",
-    ))
+    )
 }
 
 #[cfg(all(test, target_os = "linux"))]

@@ -118,3 +118,19 @@ async fn a_socket_that_never_rested_reads_as_usual() {
     client.write_all(b"plain").await.expect("write");
     assert_eq!(read_some(&mut server).await, b"plain");
 }
+
+#[test]
+fn a_socket_that_cannot_rest_is_read_as_it_comes_and_not_asked_again() {
+    // A pipe is a descriptor but no socket: raising its mark fails.
+    let (reader, _writer) = std::io::pipe().expect("pipe");
+    let mut socket = RestingSocket::new(Arc::new(OwnedFd::from(reader)));
+    socket.rest();
+    assert_eq!(socket.state, Rest::Unable);
+    socket.wake();
+    socket.rest();
+    assert_eq!(
+        socket.state,
+        Rest::Unable,
+        "a later pause does not try again"
+    );
+}
