@@ -24,7 +24,7 @@ use crproxy_core::ownership::{OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
 
 use crate::driver::{self, closed_loop, Endpoint, Identity, Protocol, Sender, Workload};
 use crate::nginx::{self, Nginx};
-use crate::report::{self, MemoryFigure, Report, Row};
+use crate::report::{self, CacheEventCost, MemoryFigure, Report, Row};
 use crate::rss;
 use crate::stats::{RoundStats, Summary};
 use crate::watch::{WatchSet, PRIME_SEQ};
@@ -217,6 +217,8 @@ const NS_BIG: &str = "bench-list-big";
 /// Objects created before the timed part for `patch (seeded)` and
 /// `delete (seeded)`, which each patch, then delete, every one of them once.
 const NS_SEEDED: &str = "bench-seeded";
+/// Objects written directly on the target to price crproxy's cache events.
+const NS_EVENTS: &str = "bench-events";
 
 /// The names a seeded scenario works through in one phase (`tag` = `warm` or
 /// `r<round>`) on one lane at concurrency `c`: `<prefix>-0` .. `<prefix>-<count-1>`.
@@ -356,6 +358,7 @@ pub async fn run(options: &Options) -> Result<Report> {
     let Measurements {
         rows,
         aggregated,
+        cache_events,
         memory,
         targets,
         goals,
@@ -371,6 +374,7 @@ pub async fn run(options: &Options) -> Result<Report> {
         settings,
         rows,
         aggregated,
+        cache_events,
         memory,
         targets,
         goals,
@@ -383,6 +387,7 @@ struct Measurements {
     rows: Vec<Row>,
     /// The rows measured through the aggregation layer.
     aggregated: Vec<Row>,
+    cache_events: Vec<CacheEventCost>,
     memory: Vec<MemoryFigure>,
     targets: Vec<report::TargetCheck>,
     goals: Vec<report::TargetCheck>,
@@ -602,10 +607,12 @@ async fn measure_all(
     eprintln!("seeding the target...");
     let admin_target = kube_client(&env.target_kubeconfig)?;
     let admin_client = kube_client(&client.kubeconfig)?;
-    for ns in [NS_GET, NS_RW, NS_WATCH, NS_IDLE, NS_BIG, NS_SEEDED]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([list_ns(plan.small_list), list_ns(plan.large_list)])
+    for ns in [
+        NS_GET, NS_RW, NS_WATCH, NS_IDLE, NS_BIG, NS_SEEDED, NS_EVENTS,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([list_ns(plan.small_list), list_ns(plan.large_list)])
     {
         create_namespace(&admin_client, &ns).await?;
         create_namespace(&admin_target, &ns).await?;
@@ -638,6 +645,7 @@ async fn measure_all(
     }
     let wanted = |scenario: &str| options.wants(scenario);
     let timed_part_started = rss::machine_time();
+    let mut cache_events = Vec::new();
     let mut runner = Runner {
         plan,
         lanes: &lanes,
@@ -789,6 +797,18 @@ async fn measure_all(
         if wanted("patch") {
             runner.patch(c).await?;
         }
+        if wanted(CACHE_EVENTS) {
+            match proxy_pid {
+                Some(pid) => cache_events.push(
+                    cache_event_cost(plan, c, &direct, pid, cpu_clock, &owner, runner.notes)
+                        .await?,
+                ),
+                None if c == plan.concurrency[0] => runner.notes.push(
+                    "cache events not measured: crproxy ran inside the benchmark process".into(),
+                ),
+                None => {}
+            }
+        }
     }
     for &(watches, events) in &plan.watches {
         if wanted(&format!("watch {watches}")) {
@@ -923,6 +943,7 @@ async fn measure_all(
     Ok(Measurements {
         rows,
         aggregated,
+        cache_events,
         memory,
         targets,
         goals,
@@ -1306,6 +1327,83 @@ fn row_from(
         notes.push(note);
     }
     row
+}
+
+/// The scenario name `--only` matches to price crproxy's cache events.
+pub const CACHE_EVENTS: &str = "cache events";
+
+/// Time for the crproxy child to read the last events of a batch of writes before
+/// its CPU is read: its cache reads its watch after a pause of 10 ms. Both kinds
+/// of writes wait the same, so the idle time cancels out of the difference.
+const CACHE_EVENTS_SETTLE: Duration = Duration::from_millis(50);
+
+/// The price of one event on the crproxy child's ownership cache watch at `c`
+/// concurrent writers ([`CacheEventCost`]): each round, the direct path creates
+/// and then deletes a round's worth of objects labelled as the child's client's,
+/// then as many labelled as another client's; the child's CPU is read around each
+/// batch. crproxy serves no request meanwhile; what it spends on the other
+/// client's writes is its idle cost over the same time.
+async fn cache_event_cost(
+    plan: &Plan,
+    c: usize,
+    direct: &Arc<Endpoint>,
+    pid: u32,
+    clock: rss::CpuClock,
+    owner: &Owner,
+    notes: &mut Vec<String>,
+) -> Result<CacheEventCost> {
+    eprintln!("{CACHE_EVENTS} c={c}");
+    let count = plan.count(plan.requests, c);
+    let kinds = [("own", owner.clone()), ("other", elsewhere(owner))];
+    // Per kind: the child's CPU time and the writes it covers.
+    let mut spent = [(Duration::ZERO, 0usize); 2];
+    let mut errors = [0u64; 2];
+    let mut first_error = None;
+    let mut workers: Vec<(Sender, ())> = direct
+        .senders(c)
+        .await?
+        .into_iter()
+        .map(|sender| (sender, ()))
+        .collect();
+    for round in 0..plan.rounds {
+        for (i, (kind, objects_owner)) in kinds.iter().enumerate() {
+            let prefix = format!("e-{kind}-{c}-r{round}");
+            let create = Arc::new(CreateObjects {
+                namespace: NS_EVENTS.into(),
+                prefix: prefix.clone(),
+                owner: Some(objects_owner.clone()),
+            });
+            let delete = Arc::new(DeleteObjects {
+                namespace: NS_EVENTS.into(),
+                prefix,
+            });
+            let Some(before) = rss::tree_cpu(pid, clock) else {
+                bail!("crproxy's CPU time (process {pid}) could not be read");
+            };
+            let (created, back) =
+                closed_loop(Arc::clone(direct), create, workers, count, plan.limit()).await;
+            let (deleted, back) =
+                closed_loop(Arc::clone(direct), delete, back, count, plan.limit()).await;
+            workers = back;
+            tokio::time::sleep(CACHE_EVENTS_SETTLE).await;
+            let Some(after) = rss::tree_cpu(pid, clock) else {
+                bail!("crproxy's CPU time (process {pid}) could not be read");
+            };
+            spent[i].0 += after.saturating_sub(before);
+            spent[i].1 += created.latencies.len() + deleted.latencies.len();
+            errors[i] += created.errors + deleted.errors;
+            first_error = first_error.or(created.first_error).or(deleted.first_error);
+        }
+    }
+    for ((kind, _), errors) in kinds.iter().zip(errors) {
+        if errors > 0 {
+            notes.push(format!(
+                "{CACHE_EVENTS} c={c}: {errors} of the direct path's writes of {kind} objects failed; first problem: {}",
+                first_error.as_deref().unwrap_or("unknown")
+            ));
+        }
+    }
+    Ok(CacheEventCost::new(c, spent[0], spent[1]))
 }
 
 /// Steal time from this share of the machine's CPU time up, in the rounds of
@@ -2096,10 +2194,12 @@ mod tests {
         assert_eq!(lists.total, 128);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn delete_all_leaves_the_namespace_without_widgets() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let env = crate::test_env(dir.path()).await;
+    /// The direct path to the test environment's target, as an administrator,
+    /// with `namespace` created there.
+    async fn direct_with_namespace(
+        env: &crproxy::devenv::DevEnv,
+        namespace: &str,
+    ) -> Arc<Endpoint> {
         let token = env
             .target
             .issue_token("bench-test", &["system:masters"])
@@ -2115,30 +2215,81 @@ mod tests {
             .expect("endpoint"),
         );
         let admin = crproxy::devenv::admin_client(&env.target).expect("admin");
-        create_namespace(&admin, NS_SEEDED)
+        create_namespace(&admin, namespace)
             .await
             .expect("namespace");
-        let owner = Owner {
-            name: "c".into(),
-            project: "default".into(),
-        };
-        let names: Vec<String> = (0..5).map(|i| format!("s-{i}")).collect();
-        seed(&direct, NS_SEEDED, &names, &owner)
-            .await
-            .expect("seed");
+        direct
+    }
 
-        delete_all(&direct, NS_SEEDED).await.expect("delete");
-
+    /// The widgets of `namespace`, listed through `direct`.
+    async fn widgets_in(direct: &Endpoint, namespace: &str) -> Value {
         let mut sender = direct.connect().await.expect("connect");
         let list = direct
-            .request(Method::GET, &collection_path(NS_SEEDED), None)
+            .request(Method::GET, &collection_path(namespace), None)
             .expect("request");
         let answer = driver::exchange(&mut sender, list, true)
             .await
             .expect("list");
         let list: Value =
             serde_json::from_slice(answer.body.as_deref().unwrap_or_default()).expect("a list");
-        assert_eq!(list["items"], json!([]), "{list}");
+        list["items"].clone()
+    }
+
+    fn test_owner() -> Owner {
+        Owner {
+            name: "c".into(),
+            project: "default".into(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn delete_all_leaves_the_namespace_without_widgets() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = crate::test_env(dir.path()).await;
+        let direct = direct_with_namespace(&env, NS_SEEDED).await;
+        let names: Vec<String> = (0..5).map(|i| format!("s-{i}")).collect();
+        seed(&direct, NS_SEEDED, &names, &test_owner())
+            .await
+            .expect("seed");
+
+        delete_all(&direct, NS_SEEDED).await.expect("delete");
+
+        assert_eq!(widgets_in(&direct, NS_SEEDED).await, json!([]));
+        env.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cache_events_count_every_write_of_each_kind_and_leave_nothing_behind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = crate::test_env(dir.path()).await;
+        let direct = direct_with_namespace(&env, NS_EVENTS).await;
+        let mut plan = Plan::new(true);
+        plan.rounds = 2;
+        plan.requests = 5;
+        let c = 2;
+        // This process stands in for crproxy's: only the counting is checked here.
+        let clock = rss::CpuClock::detect(std::process::id());
+        let mut notes = Vec::new();
+
+        let cost = cache_event_cost(
+            &plan,
+            c,
+            &direct,
+            std::process::id(),
+            clock,
+            &test_owner(),
+            &mut notes,
+        )
+        .await
+        .expect("cache events");
+
+        assert!(notes.is_empty(), "{notes:?}");
+        // Each kind: a create and a delete per object, every round.
+        let writes = plan.rounds * 2 * plan.count(plan.requests, c);
+        assert_eq!((cost.own_writes, cost.other_writes), (writes, writes));
+        assert_eq!(cost.concurrency, c);
+        assert!(cost.own_cpu_us.is_some() && cost.other_cpu_us.is_some());
+        assert_eq!(widgets_in(&direct, NS_EVENTS).await, json!([]));
         env.shutdown().await;
     }
 

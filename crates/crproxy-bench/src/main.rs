@@ -34,8 +34,8 @@ struct Args {
     /// Leave out the nginx column.
     #[arg(long)]
     no_nginx: bool,
-    /// Run only scenarios whose name contains this (e.g. "get", "watch"; "memory"
-    /// for the memory phase alone).
+    /// Run only scenarios whose name contains this (e.g. "get", "watch",
+    /// "cache events"; "memory" for the memory phase alone).
     #[arg(long, value_name = "TEXT")]
     only: Option<String>,
     /// Skip the memory phase (idle watches, large lists).

@@ -114,6 +114,49 @@ impl Row {
     }
 }
 
+/// What the crproxy child's ownership cache costs it per event on its watch,
+/// found by difference: the direct path writes (creates, then deletes) objects
+/// labelled as the child's client's, each an event on the cache's watch, and as
+/// many labelled as another client's, which the target does not send it, round
+/// by round in turn; the child's CPU per write is read over each kind's rounds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CacheEventCost {
+    pub concurrency: usize,
+    /// Successful writes of each kind.
+    pub own_writes: usize,
+    pub other_writes: usize,
+    /// crproxy's CPU per write of its client's objects (µs).
+    pub own_cpu_us: Option<f64>,
+    /// crproxy's CPU per write of another client's objects (µs): what it spends
+    /// meanwhile on everything but the events.
+    pub other_cpu_us: Option<f64>,
+    /// The difference: crproxy's CPU per cache event (µs).
+    pub event_cpu_us: Option<f64>,
+}
+
+impl CacheEventCost {
+    /// From the child's CPU time over each kind's writes and their count.
+    pub fn new(
+        concurrency: usize,
+        own: (std::time::Duration, usize),
+        other: (std::time::Duration, usize),
+    ) -> Self {
+        let per_write = |(cpu, writes): (std::time::Duration, usize)| {
+            (writes > 0).then(|| cpu.as_secs_f64() * 1e6 / writes as f64)
+        };
+        let own_cpu_us = per_write(own);
+        let other_cpu_us = per_write(other);
+        Self {
+            concurrency,
+            own_writes: own.1,
+            other_writes: other.1,
+            own_cpu_us,
+            other_cpu_us,
+            event_cpu_us: own_cpu_us.zip(other_cpu_us).map(|(own, other)| own - other),
+        }
+    }
+}
+
 /// A memory figure of the crproxy process (or of the benchmark process).
 #[derive(Clone, Debug, Serialize)]
 pub struct MemoryFigure {
@@ -170,6 +213,8 @@ pub struct Report {
     /// The same comparison through a client cluster's aggregation layer (no
     /// direct column; goals are judged on [`Report::rows`] only).
     pub aggregated: Vec<Row>,
+    /// The price of an event on crproxy's ownership cache watch, per concurrency.
+    pub cache_events: Vec<CacheEventCost>,
     pub memory: Vec<MemoryFigure>,
     pub targets: Vec<TargetCheck>,
     /// The goals of issue 15, row by row ([`goal_checks`]).
@@ -490,6 +535,9 @@ pub fn render_table(report: &Report) -> String {
     if !report.aggregated.is_empty() {
         out.push_str(&render_aggregated(&report.aggregated));
     }
+    if !report.cache_events.is_empty() {
+        out.push_str(&render_cache_events(&report.cache_events));
+    }
     if !report.memory.is_empty() {
         out.push_str("\nmemory\n");
         for figure in &report.memory {
@@ -532,6 +580,32 @@ pub fn render_table(report: &Report) -> String {
         for note in &report.notes {
             out.push_str(&format!("  - {note}\n"));
         }
+    }
+    out
+}
+
+/// The cache event figures: crproxy's CPU per write made directly on the target,
+/// of its client's objects and of another client's, and their difference.
+fn render_cache_events(costs: &[CacheEventCost]) -> String {
+    let mut out = String::from(
+        "\ncrproxy's ownership cache events (writes made directly on the target; crproxy CPU us per write)\n",
+    );
+    out.push_str(&format!(
+        "{:>4} | {:>8} {:>12} | {:>8} {:>12} | {:>9}\n",
+        "c", "writes", "its client's", "writes", "another's", "per event"
+    ));
+    out.push_str(&"-".repeat(66));
+    out.push('\n');
+    for cost in costs {
+        out.push_str(&format!(
+            "{:>4} | {:>8} {} | {:>8} {} | {}\n",
+            cost.concurrency,
+            cost.own_writes,
+            num(cost.own_cpu_us, 12, 1),
+            cost.other_writes,
+            num(cost.other_cpu_us, 12, 1),
+            num(cost.event_cpu_us, 9, 1),
+        ));
     }
     out
 }

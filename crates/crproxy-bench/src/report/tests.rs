@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 
 fn summary(p50: f64, p99: f64, tp: Option<f64>) -> Summary {
@@ -122,6 +124,11 @@ fn the_table_shows_missing_columns_as_dashes() {
             146.3,
             75.5,
         )],
+        cache_events: vec![CacheEventCost::new(
+            16,
+            (Duration::from_micros(8_000), 1_000),
+            (Duration::from_micros(3_000), 1_000),
+        )],
         memory: vec![MemoryFigure {
             name: "crproxy idle".into(),
             mib: 12.5,
@@ -165,6 +172,19 @@ fn the_table_shows_missing_columns_as_dashes() {
         "header and rows line up:\n{header}\n{line}"
     );
     assert!(header.contains("+p50us"));
+    // Cache events: each kind's writes and CPU per write, and the difference.
+    let section = table
+        .split("ownership cache events")
+        .nth(1)
+        .expect("cache events section");
+    let line = section
+        .lines()
+        .find(|l| l.trim_start().starts_with("16 |"))
+        .expect("cache events row");
+    assert!(
+        line.contains("1000          8.0 |     1000          3.0 |       5.0"),
+        "{line}"
+    );
     assert!(table.contains("[met] crproxy RSS with 10 idle watches"));
     assert!(table.contains("- nginx not installed"));
     assert!(
@@ -175,6 +195,7 @@ fn the_table_shows_missing_columns_as_dashes() {
     let json = serde_json::to_value(&report).expect("json");
     assert_eq!(json["rows"][0]["crproxy_ratio"]["p50"], 1.5);
     assert!(json["rows"][0]["nginx"].is_null());
+    assert_eq!(json["cache_events"][0]["event_cpu_us"], 5.0);
 }
 
 fn with_cpu(mut row: Row, crproxy: f64, nginx: f64) -> Row {
@@ -339,4 +360,21 @@ fn printed_figures_give_the_measured_verdict() {
     check(&[61.0, 60.0], 0, &at_most, 0);
     // A difference below what the most decimals show stops there.
     check(&[60.00001, 60.0], 0, &at_most, 3);
+}
+
+#[test]
+fn a_cache_event_costs_the_difference_between_own_and_other_writes() {
+    let cost = CacheEventCost::new(
+        16,
+        (Duration::from_micros(9_000), 1_000),
+        (Duration::from_micros(3_000), 1_500),
+    );
+    assert_eq!(cost.own_cpu_us, Some(9.0));
+    assert_eq!(cost.other_cpu_us, Some(2.0));
+    assert_eq!(cost.event_cpu_us, Some(7.0));
+    // Without writes of one kind there is nothing to divide by, and no difference.
+    let none = CacheEventCost::new(1, (Duration::from_micros(9_000), 0), (Duration::ZERO, 10));
+    assert_eq!(none.own_cpu_us, None);
+    assert_eq!(none.other_cpu_us, Some(0.0));
+    assert_eq!(none.event_cpu_us, None);
 }
