@@ -597,7 +597,7 @@ impl GroupVersionProxy {
             }
             // Creates are stamped in both modes, so every object on the target names
             // the client that made it.
-            Verb::Create => Box::pin(self.stamped_write(exchange, body, Stamp::Always)).await,
+            Verb::Create => Box::pin(self.create(exchange, path, body)).await,
             // In all mode a replace of the object itself is stamped only when its
             // body names no owner: one sent back as it was read keeps its owner
             // (this client sees every client's objects), one without labels does not
@@ -626,6 +626,23 @@ impl GroupVersionProxy {
     /// owned mode a body that cannot be labelled is refused; in all mode it goes as
     /// it came (the spec's "continue without labels": nothing is hidden from this
     /// client anyway), and the failed injection is logged.
+    /// A create, stamped in both modes; in owned mode the ownership cache learns
+    /// the created object from the answer.
+    async fn create(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+        body: hyper::body::Incoming,
+    ) -> Outcome {
+        let created = self.stamped_write(exchange, body, Stamp::Always).await;
+        if self.access == AccessMode::Owned {
+            self.remember_write(exchange, Verb::Create, path, created)
+                .await
+        } else {
+            created
+        }
+    }
+
     async fn stamped_write(
         &self,
         exchange: &Exchange,
@@ -931,8 +948,9 @@ impl GroupVersionProxy {
     }
 
     /// Tells the ownership cache what a successful mutation left behind: a deleted
-    /// object is forgotten, an updated one is remembered in its new state (read
-    /// from the answer, which is passed on unchanged). Dry runs change nothing.
+    /// object is forgotten, an updated or created one is remembered in its new
+    /// state (read from the answer, which is passed on unchanged), so that a write
+    /// right after it need not wait for the cache's watch. Dry runs change nothing.
     async fn remember_write(
         &self,
         exchange: &Exchange,
@@ -940,16 +958,20 @@ impl GroupVersionProxy {
         path: &ResourcePath,
         outcome: Outcome,
     ) -> Outcome {
-        let (Some(name), None) = (path.name.as_deref(), &path.subresource) else {
+        // A create's path names no object: its answer does.
+        let name = path.name.as_deref();
+        if path.subresource.is_some() || (name.is_none() && verb != Verb::Create) {
             return outcome;
-        };
+        }
         let dry_run = request::is_dry_run(exchange.query());
         if !outcome.response.status().is_success() || dry_run {
             return outcome;
         }
         let namespace = path.namespace.as_deref();
         if verb == Verb::Delete {
-            self.ownership_cache.forget(&path.resource, namespace, name);
+            if let Some(name) = name {
+                self.ownership_cache.forget(&path.resource, namespace, name);
+            }
             return outcome;
         }
         let Outcome { response, reason } = outcome;

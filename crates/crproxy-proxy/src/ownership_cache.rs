@@ -157,12 +157,24 @@ impl OwnershipCache {
     }
 
     /// Records the object a successful write answered with, if it is owned: the
-    /// next write of it through this proxy then finds its new resourceVersion.
-    pub fn remember(&self, resource: &str, namespace: Option<&str>, name: &str, answer: &[u8]) {
+    /// next write of it through this proxy then finds its new resourceVersion,
+    /// without waiting for the watch to bring it. `name` is the object the write
+    /// addressed; `None` for a create, whose object the answer names (it may have
+    /// asked for a generated name).
+    pub fn remember(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        name: Option<&str>,
+        answer: &[u8],
+    ) {
         let Ok(meta) = ObjectMeta::of_answer(answer) else {
             return;
         };
-        if meta.name() != Some(name) || meta.namespace() != namespace {
+        let Some(answered) = meta.name() else {
+            return;
+        };
+        if name.is_some_and(|name| name != answered) || meta.namespace() != namespace {
             return;
         }
         let Some(objects) = self.running(resource) else {
@@ -170,9 +182,9 @@ impl OwnershipCache {
         };
         let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
         match meta.owned_pin(&self.shared.owner) {
-            Some(pin) => state.record(key(namespace, name), pin),
+            Some(pin) => state.record(key(namespace, answered), pin),
             None => {
-                state.pins.remove(&key(namespace, name));
+                state.pins.remove(&key(namespace, answered));
             }
         }
     }

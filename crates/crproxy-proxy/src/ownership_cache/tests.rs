@@ -322,7 +322,7 @@ async fn a_resource_starts_on_first_use_and_is_dropped_when_idle() {
     cache.remember(
         "widgets",
         Some("ns"),
-        "a",
+        Some("a"),
         format!(r#"{{"metadata":{{"name":"a","namespace":"ns","uid":"u","resourceVersion":"1",{OWNED}}}}}"#)
             .as_bytes(),
     );
@@ -357,19 +357,28 @@ fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
         let answer = |name: &str, labels: &str| {
             format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","uid":"u","resourceVersion":"4",{labels}}}}}"#)
         };
-        cache.remember("widgets", Some("ns"), "a", answer("a", OWNED).as_bytes());
+        cache.remember("widgets", Some("ns"), Some("a"), answer("a", OWNED).as_bytes());
         assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Hit(pin("u", "4")));
         // An answer about another object, or not JSON, changes nothing.
-        cache.remember("widgets", Some("ns"), "b", answer("a", OWNED).as_bytes());
-        cache.remember("widgets", Some("ns"), "a", b"not json");
+        cache.remember("widgets", Some("ns"), Some("b"), answer("a", OWNED).as_bytes());
+        cache.remember("widgets", Some("ns"), Some("a"), b"not json");
         assert_eq!(cache.lookup("widgets", Some("ns"), "b"), Lookup::Miss);
         assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Hit(pin("u", "4")));
         // A write whose answer no longer carries the labels drops the entry.
-        cache.remember("widgets", Some("ns"), "a", answer("a", r#""labels":{}"#).as_bytes());
+        cache.remember("widgets", Some("ns"), Some("a"), answer("a", r#""labels":{}"#).as_bytes());
         assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Miss);
-        cache.remember("widgets", Some("ns"), "a", answer("a", OWNED).as_bytes());
+        cache.remember("widgets", Some("ns"), Some("a"), answer("a", OWNED).as_bytes());
         cache.forget("widgets", Some("ns"), "a");
         assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Miss);
+        // A create's answer names its object (a generated name, say) itself; it
+        // is kept only for the namespace the create was sent to.
+        cache.remember("widgets", Some("ns"), None, answer("gen-x7", OWNED).as_bytes());
+        assert_eq!(cache.lookup("widgets", Some("ns"), "gen-x7"), Lookup::Hit(pin("u", "4")));
+        cache.remember("widgets", Some("other"), None, answer("c", OWNED).as_bytes());
+        assert_eq!(cache.lookup("widgets", Some("ns"), "c"), Lookup::Miss);
+        assert_eq!(cache.lookup("widgets", Some("other"), "c"), Lookup::Miss);
+        cache.remember("widgets", Some("ns"), None, answer("d", r#""labels":{}"#).as_bytes());
+        assert_eq!(cache.lookup("widgets", Some("ns"), "d"), Lookup::Miss);
     });
 }
 

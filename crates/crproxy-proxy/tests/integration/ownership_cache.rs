@@ -671,3 +671,36 @@ async fn a_create_followed_at_once_by_writes_succeeds() {
     }
     h.proxy.shutdown().await;
 }
+
+/// A create through the proxy tells the cache about the object: the write right
+/// after it is a hit, one exchange with the target, without waiting for the
+/// cache's watch (which reads its events after a pause of 10 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_right_after_a_create_takes_one_exchange() {
+    let h = harness(AccessMode::Owned).await;
+    hot_owned_widget(&h, "starter").await;
+    for round in 0..5 {
+        let name = format!("fresh{round}");
+        let created = send(
+            &h,
+            "POST",
+            WIDGETS,
+            Some("application/json"),
+            widget(&name, json!({})).to_string(),
+        )
+        .await;
+        assert_eq!(created.status, 201, "{}", created.body);
+        let before = (counts(&h), target_exchanges(&h).await);
+        let patched = Write::MergePatch.send(&h, &name, &Value::Null).await;
+        assert_eq!(patched.status, 200, "{}", patched.body);
+        let lookups = since(&h, before.0);
+        assert_eq!(lookups.hit, 1, "round {round}: {lookups:?}");
+        let exchanges = target_exchanges(&h).await.since(before.1);
+        assert_eq!(
+            exchanges.0,
+            [("PATCH".to_string(), 1)].into(),
+            "round {round}"
+        );
+    }
+    h.proxy.shutdown().await;
+}
