@@ -1369,6 +1369,14 @@ impl Drop for WebhookServer {
     }
 }
 
+/// Whether `path` is the server's review path. Compared in constant time: its
+/// token is a secret, and how long the comparison of a guess takes must not tell
+/// how many of its first characters were right.
+fn is_review_path(path: &str, review_path: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    bool::from(path.as_bytes().ct_eq(review_path.as_bytes()))
+}
+
 /// The largest AdmissionReview accepted (kube's own request limit is 3 MiB; a review
 /// carries the object twice).
 const MAX_BODY: usize = 8 << 20;
@@ -1393,7 +1401,7 @@ async fn handle(
     };
     // Any other path, `/validate` itself included, is not this server's: a
     // review sent there was not sent by the tenant API server it registered with.
-    if request.method() != Method::POST || request.uri().path() != review_path {
+    if request.method() != Method::POST || !is_review_path(request.uri().path(), review_path) {
         return reply(
             StatusCode::NOT_FOUND,
             status(

@@ -477,10 +477,14 @@ async fn the_webhook_answers_reviews_over_tls_and_refuses_anything_else() {
     // A review at any path but the registered one is not decided: whoever sent
     // it did not read the configuration.
     let longer = format!("{path}x");
+    // All of the token but its last character.
+    let last = if path.ends_with('0') { '1' } else { '0' };
+    let near = format!("{}{last}", &path[..path.len() - 1]);
     for elsewhere in [
         "/validate",
         "/validate/",
         longer.as_str(),
+        near.as_str(),
         "/validate/00000000000000000000000000000000",
     ] {
         let (code, answer) = https(&server, "POST", elsewhere, &review).await;
@@ -1243,5 +1247,21 @@ async fn with_every_waiting_place_taken_only_writes_of_held_objects_are_refused(
     );
     for w in waiters {
         w.abort();
+    }
+}
+
+#[test]
+fn only_the_review_path_itself_is_the_review_path() {
+    let path = "/validate/0123456789abcdef0123456789abcdef";
+    assert!(is_review_path(path, path));
+    for other in [
+        "/validate/0123456789abcdef0123456789abcdee",
+        "/validate/1123456789abcdef0123456789abcdef",
+        "/validate/0123456789abcdef0123456789abcde",
+        "/validate/0123456789abcdef0123456789abcdef0",
+        "/validate/",
+        "",
+    ] {
+        assert!(!is_review_path(other, path), "{other}");
     }
 }
