@@ -38,7 +38,7 @@ pub struct RestingSocket {
 enum Rest {
     Awake,
     Resting,
-    /// The mark could not be raised (not Linux, or not a TCP socket): the socket
+    /// The mark could not be raised (not Linux, or not a socket): the socket
     /// is read as any other, and no later pause tries again.
     Unable,
 }

@@ -120,17 +120,22 @@ async fn a_socket_that_never_rested_reads_as_usual() {
 }
 
 #[test]
-fn a_socket_that_cannot_rest_is_read_as_it_comes_and_not_asked_again() {
+fn a_socket_that_cannot_rest_is_read_as_it_comes() {
     // A pipe is a descriptor but no socket: raising its mark fails.
     let (reader, _writer) = std::io::pipe().expect("pipe");
     let mut socket = RestingSocket::new(Arc::new(OwnedFd::from(reader)));
     socket.rest();
     assert_eq!(socket.state, Rest::Unable);
     socket.wake();
+    assert_eq!(socket.state, Rest::Unable);
+}
+
+#[tokio::test]
+async fn once_unable_to_rest_a_socket_is_not_asked_again() {
+    let (_client, server) = connected_pair().await;
+    let mut socket = resting(&server);
+    socket.state = Rest::Unable;
     socket.rest();
-    assert_eq!(
-        socket.state,
-        Rest::Unable,
-        "a later pause does not try again"
-    );
+    let mark = crproxy_sockopt::receive_low_water(server.as_fd()).expect("mark");
+    assert_eq!(mark, 1, "the mark of a socket given up on stays as it was");
 }
