@@ -622,10 +622,6 @@ impl GroupVersionProxy {
         }
     }
 
-    /// A create, or an all-mode replace, labelled as `stamp` says and forwarded. In
-    /// owned mode a body that cannot be labelled is refused; in all mode it goes as
-    /// it came (the spec's "continue without labels": nothing is hidden from this
-    /// client anyway), and the failed injection is logged.
     /// A create, stamped in both modes; in owned mode the ownership cache learns
     /// the created object from the answer.
     async fn create(
@@ -643,6 +639,10 @@ impl GroupVersionProxy {
         }
     }
 
+    /// A create, or an all-mode replace, labelled as `stamp` says and forwarded. In
+    /// owned mode a body that cannot be labelled is refused; in all mode it goes as
+    /// it came (the spec's "continue without labels": nothing is hidden from this
+    /// client anyway), and the failed injection is logged.
     async fn stamped_write(
         &self,
         exchange: &Exchange,
@@ -972,6 +972,11 @@ impl GroupVersionProxy {
             if let Some(name) = name {
                 self.ownership_cache.forget(&path.resource, namespace, name);
             }
+            return outcome;
+        }
+        // Only an object in plain JSON can be read for the cache; any other answer
+        // (a Table, YAML, compressed) goes back as it streams.
+        if !is_plain_json_object(outcome.response.headers()) {
             return outcome;
         }
         let Outcome { response, reason } = outcome;
@@ -1984,6 +1989,19 @@ fn content_type(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
+/// Whether an answer's headers say it is an object as JSON, uncompressed: not a
+/// Table or another `as=` rendering, not YAML or CBOR.
+fn is_plain_json_object(headers: &HeaderMap) -> bool {
+    let Some(content_type) = content_type(headers) else {
+        return false;
+    };
+    let mut parts = content_type.split(';').map(str::trim);
+    let media_type = parts.next().unwrap_or_default();
+    media_type.eq_ignore_ascii_case("application/json")
+        && !parts.any(|parameter| parameter.to_ascii_lowercase().starts_with("as="))
+        && !headers.contains_key(http::header::CONTENT_ENCODING)
+}
+
 fn with_query(path: &str, query: &str) -> String {
     if query.is_empty() {
         path.to_string()
@@ -2052,6 +2070,39 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_uncompressed_json_objects_are_read_for_the_cache() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, HeaderValue::from_static(value));
+            }
+            headers
+        };
+        for plain in [
+            headers(&[("content-type", "application/json")]),
+            headers(&[("content-type", "Application/JSON; charset=utf-8")]),
+        ] {
+            assert!(is_plain_json_object(&plain), "{plain:?}");
+        }
+        for other in [
+            headers(&[]),
+            headers(&[(
+                "content-type",
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+            )]),
+            headers(&[("content-type", "application/json; AS=PartialObjectMetadata")]),
+            headers(&[("content-type", "application/yaml")]),
+            headers(&[("content-type", "application/cbor")]),
+            headers(&[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ]),
+        ] {
+            assert!(!is_plain_json_object(&other), "{other:?}");
+        }
+    }
 
     #[test]
     fn upgrade_is_detected_from_either_header() {

@@ -549,3 +549,39 @@ async fn the_watch_socket_rests_only_through_the_pause() {
         "a watch dropped mid-pause leaves its socket awake"
     );
 }
+
+#[test]
+fn a_write_answer_adds_no_entry_to_an_unsynced_or_full_cache() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let cache = OwnershipCache::new("example.com", "v1", owner(), &unreachable_target());
+        let _ = cache.lookup("widgets", Some("ns"), "a");
+        let objects = cache.running("widgets").expect("running");
+        let answer = |name: &str, rv: &str| {
+            format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","uid":"u","resourceVersion":"{rv}",{OWNED}}}}}"#)
+        };
+        // Unsynced (as while it lists, or paused after outgrowing its limit): the
+        // answers of creates are not kept.
+        cache.remember("widgets", Some("ns"), None, answer("a", "1").as_bytes());
+        assert!(objects.state.read().expect("lock").pins.is_empty());
+        // Synced and full: no new entry, but an entry it has follows the write.
+        {
+            let mut state = objects.state.write().expect("lock");
+            state.synced = true;
+            for i in 0..MAX_OBJECTS - 1 {
+                state.pins.insert(key(Some("ns"), &format!("o{i}")), pin("u", "1"));
+            }
+            state.pins.insert(key(Some("ns"), "kept"), pin("u", "1"));
+        }
+        cache.remember("widgets", Some("ns"), None, answer("new", "2").as_bytes());
+        cache.remember("widgets", Some("ns"), Some("kept"), answer("kept", "2").as_bytes());
+        let state = objects.state.read().expect("lock");
+        assert_eq!(state.pins.len(), MAX_OBJECTS);
+        assert!(!state.pins.contains_key(&key(Some("ns"), "new")));
+        assert_eq!(state.pins.get(&key(Some("ns"), "kept")), Some(&pin("u", "2")));
+    });
+}

@@ -643,15 +643,7 @@ async fn a_create_followed_at_once_by_writes_succeeds() {
     let h = harness(AccessMode::Owned).await;
     for round in 0..10 {
         let name = format!("c{round}");
-        let created = send(
-            &h,
-            "POST",
-            WIDGETS,
-            Some("application/json"),
-            widget(&name, json!({})).to_string(),
-        )
-        .await;
-        assert_eq!(created.status, 201, "{}", created.body);
+        create_through(&h, &widget(&name, json!({}))).await;
         let patched = Write::MergePatch.send(&h, &name, &Value::Null).await;
         assert_eq!(patched.status, 200, "{}", patched.body);
         let mut next = patched.body.clone();
@@ -672,35 +664,92 @@ async fn a_create_followed_at_once_by_writes_succeeds() {
     h.proxy.shutdown().await;
 }
 
+/// POST of `object` through the proxy; the answer must be `201 Created`.
+async fn create_through(h: &Harness, object: &Value) -> Reply {
+    let created = send(
+        h,
+        "POST",
+        WIDGETS,
+        Some("application/json"),
+        object.to_string(),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    created
+}
+
 /// A create through the proxy tells the cache about the object: the write right
 /// after it is a hit, one exchange with the target, without waiting for the
-/// cache's watch (which reads its events after a pause of 10 ms).
+/// cache's watch (which reads its events after a pause of 10 ms). A generated
+/// name counts as the caller's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_right_after_a_create_takes_one_exchange() {
     let h = harness(AccessMode::Owned).await;
     hot_owned_widget(&h, "starter").await;
-    for round in 0..5 {
-        let name = format!("fresh{round}");
-        let created = send(
-            &h,
-            "POST",
-            WIDGETS,
-            Some("application/json"),
-            widget(&name, json!({})).to_string(),
-        )
-        .await;
-        assert_eq!(created.status, 201, "{}", created.body);
+    for round in 0..20 {
+        let object = if round % 2 == 0 {
+            widget(&format!("fresh{round}"), json!({}))
+        } else {
+            json!({"apiVersion": "example.com/v1", "kind": "Widget",
+                   "metadata": {"generateName": "gen-", "namespace": "demo"},
+                   "spec": {"replicas": 1}})
+        };
+        // Counted before the create, so that nothing but the create's answer
+        // comes between it and the write (the target's counts leave POST out).
         let before = (counts(&h), target_exchanges(&h).await);
+        let created = create_through(&h, &object).await;
+        let name = created.body["metadata"]["name"]
+            .as_str()
+            .expect("a created name")
+            .to_string();
         let patched = Write::MergePatch.send(&h, &name, &Value::Null).await;
         assert_eq!(patched.status, 200, "{}", patched.body);
         let lookups = since(&h, before.0);
-        assert_eq!(lookups.hit, 1, "round {round}: {lookups:?}");
+        assert_eq!(lookups.hit, 1, "round {round} ({name}): {lookups:?}");
         let exchanges = target_exchanges(&h).await.since(before.1);
         assert_eq!(
             exchanges.0,
             [("PATCH".to_string(), 1)].into(),
-            "round {round}"
+            "round {round} ({name})"
         );
     }
+    h.proxy.shutdown().await;
+}
+
+/// A dry-run create leaves nothing behind, in the cache either: a write of its
+/// name is checked, and answered as for any object that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_create_is_not_remembered() {
+    let h = harness(AccessMode::Owned).await;
+    hot_owned_widget(&h, "starter").await;
+    let tried = send(
+        &h,
+        "POST",
+        &format!("{WIDGETS}?dryRun=All"),
+        Some("application/json"),
+        widget("imagined", json!({})).to_string(),
+    )
+    .await;
+    assert_eq!(tried.status, 201, "{}", tried.body);
+    // As kube's, the answer of a dry run stored nothing: no resourceVersion to
+    // pin a write to, whether or not the proxy read it.
+    assert_eq!(
+        tried.body["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or(""),
+        "",
+        "{}",
+        tried.body
+    );
+    let before = counts(&h);
+    let patched = Write::MergePatch.send(&h, "imagined", &Value::Null).await;
+    assert_eq!(patched.status, 404, "{}", patched.body);
+    let lookups = since(&h, before);
+    assert_eq!(
+        (lookups.miss, lookups.hit, lookups.stale),
+        (1, 0, 0),
+        "{lookups:?}"
+    );
+    assert!(on_target(&h, "imagined").await.is_none());
     h.proxy.shutdown().await;
 }
