@@ -798,11 +798,17 @@ async fn measure_all(
             runner.patch(c).await?;
         }
         if wanted(CACHE_EVENTS) {
-            match proxy_pid {
-                Some(pid) => cache_events.push(
-                    cache_event_cost(plan, c, &direct, pid, cpu_clock, &owner, runner.notes)
-                        .await?,
-                ),
+            match &child_proxy {
+                Some(child) => {
+                    let watcher = CacheWatcher {
+                        pid: child.pid,
+                        clock: cpu_clock,
+                        catch_up: Some((&crproxy, child.metrics_addr)),
+                    };
+                    let cost =
+                        cache_event_cost(plan, c, &direct, &watcher, &owner, runner.notes).await?;
+                    cache_events.push(cost);
+                }
                 None if c == plan.concurrency[0] => runner.notes.push(
                     "cache events not measured: crproxy ran inside the benchmark process".into(),
                 ),
@@ -1333,40 +1339,72 @@ fn row_from(
 pub const CACHE_EVENTS: &str = "cache events";
 
 /// Time for the crproxy child to read the last events of a batch of writes before
-/// its CPU is read: its cache reads its watch after a pause of 10 ms. Both kinds
-/// of writes wait the same, so the idle time cancels out of the difference.
-const CACHE_EVENTS_SETTLE: Duration = Duration::from_millis(50);
+/// its CPU is read, and to finish what came before the first batch: its cache
+/// reads its watch after a pause of 10 ms. Each batch of either kind waits the
+/// same, so with as many writes of each kind the idle time cancels out of the
+/// difference (the table shows both counts).
+const CACHE_EVENTS_SETTLE: Duration = Duration::from_millis(100);
+
+/// The crproxy child whose cache events [`cache_event_cost`] prices.
+struct CacheWatcher<'a> {
+    pid: u32,
+    clock: rss::CpuClock,
+    /// Its proxy port and metrics listener, to make sure its cache is watching
+    /// before the first batch; `None` where that cannot be asked (tests).
+    catch_up: Option<(&'a Endpoint, SocketAddr)>,
+}
 
 /// The price of one event on the crproxy child's ownership cache watch at `c`
 /// concurrent writers ([`CacheEventCost`]): each round, the direct path creates
 /// and then deletes a round's worth of objects labelled as the child's client's,
-/// then as many labelled as another client's; the child's CPU is read around each
-/// batch. crproxy serves no request meanwhile; what it spends on the other
-/// client's writes is its idle cost over the same time.
+/// and as many labelled as another client's, the kinds taking turns at going
+/// first; the child's CPU is read around each batch. crproxy serves no request
+/// meanwhile; what it spends over the other client's writes is its idle cost.
 async fn cache_event_cost(
     plan: &Plan,
     c: usize,
     direct: &Arc<Endpoint>,
-    pid: u32,
-    clock: rss::CpuClock,
+    watcher: &CacheWatcher<'_>,
     owner: &Owner,
     notes: &mut Vec<String>,
 ) -> Result<CacheEventCost> {
     eprintln!("{CACHE_EVENTS} c={c}");
+    // Without a watching cache (dropped after idling, or over its limit) the
+    // child's own writes would cost no events and the table would read 0.
+    if let Some((crproxy, metrics)) = watcher.catch_up {
+        if let Err(e) =
+            await_cache_catch_up(direct, crproxy, metrics, owner, &format!("events-c{c}")).await
+        {
+            notes.push(format!(
+                "{CACHE_EVENTS} c={c}: crproxy's ownership cache was not watching before the writes ({e}); the figures may leave the events out"
+            ));
+        }
+    }
+    let cpu = || {
+        rss::tree_cpu(watcher.pid, watcher.clock).ok_or_else(|| {
+            anyhow!(
+                "crproxy's CPU time (process {}) could not be read",
+                watcher.pid
+            )
+        })
+    };
     let count = plan.count(plan.requests, c);
     let kinds = [("own", owner.clone()), ("other", elsewhere(owner))];
-    // Per kind: the child's CPU time and the writes it covers.
+    // Per kind: the child's CPU time and the writes it covers, failures.
     let mut spent = [(Duration::ZERO, 0usize); 2];
     let mut errors = [0u64; 2];
-    let mut first_error = None;
+    let mut first_errors: [Option<String>; 2] = [None, None];
     let mut workers: Vec<(Sender, ())> = direct
         .senders(c)
         .await?
         .into_iter()
         .map(|sender| (sender, ()))
         .collect();
+    tokio::time::sleep(CACHE_EVENTS_SETTLE).await;
     for round in 0..plan.rounds {
-        for (i, (kind, objects_owner)) in kinds.iter().enumerate() {
+        for turn in 0..kinds.len() {
+            let i = (turn + round) % kinds.len();
+            let (kind, objects_owner) = &kinds[i];
             let prefix = format!("e-{kind}-{c}-r{round}");
             let create = Arc::new(CreateObjects {
                 namespace: NS_EVENTS.into(),
@@ -1377,25 +1415,23 @@ async fn cache_event_cost(
                 namespace: NS_EVENTS.into(),
                 prefix,
             });
-            let Some(before) = rss::tree_cpu(pid, clock) else {
-                bail!("crproxy's CPU time (process {pid}) could not be read");
-            };
+            let before = cpu()?;
             let (created, back) =
                 closed_loop(Arc::clone(direct), create, workers, count, plan.limit()).await;
             let (deleted, back) =
                 closed_loop(Arc::clone(direct), delete, back, count, plan.limit()).await;
             workers = back;
             tokio::time::sleep(CACHE_EVENTS_SETTLE).await;
-            let Some(after) = rss::tree_cpu(pid, clock) else {
-                bail!("crproxy's CPU time (process {pid}) could not be read");
-            };
-            spent[i].0 += after.saturating_sub(before);
+            spent[i].0 += cpu()?.saturating_sub(before);
             spent[i].1 += created.latencies.len() + deleted.latencies.len();
             errors[i] += created.errors + deleted.errors;
-            first_error = first_error.or(created.first_error).or(deleted.first_error);
+            first_errors[i] = first_errors[i]
+                .take()
+                .or(created.first_error)
+                .or(deleted.first_error);
         }
     }
-    for ((kind, _), errors) in kinds.iter().zip(errors) {
+    for (((kind, _), errors), first_error) in kinds.iter().zip(errors).zip(first_errors) {
         if errors > 0 {
             notes.push(format!(
                 "{CACHE_EVENTS} c={c}: {errors} of the direct path's writes of {kind} objects failed; first problem: {}",
@@ -2268,20 +2304,16 @@ mod tests {
         plan.requests = 5;
         let c = 2;
         // This process stands in for crproxy's: only the counting is checked here.
-        let clock = rss::CpuClock::detect(std::process::id());
+        let watcher = CacheWatcher {
+            pid: std::process::id(),
+            clock: rss::CpuClock::detect(std::process::id()),
+            catch_up: None,
+        };
         let mut notes = Vec::new();
 
-        let cost = cache_event_cost(
-            &plan,
-            c,
-            &direct,
-            std::process::id(),
-            clock,
-            &test_owner(),
-            &mut notes,
-        )
-        .await
-        .expect("cache events");
+        let cost = cache_event_cost(&plan, c, &direct, &watcher, &test_owner(), &mut notes)
+            .await
+            .expect("cache events");
 
         assert!(notes.is_empty(), "{notes:?}");
         // Each kind: a create and a delete per object, every round.

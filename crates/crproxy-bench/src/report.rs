@@ -122,8 +122,9 @@ impl Row {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CacheEventCost {
     pub concurrency: usize,
-    /// Successful writes of each kind.
+    /// Successful writes of the child's client's objects.
     pub own_writes: usize,
+    /// Successful writes of another client's objects.
     pub other_writes: usize,
     /// crproxy's CPU per write of its client's objects (µs).
     pub own_cpu_us: Option<f64>,
@@ -594,7 +595,7 @@ fn render_cache_events(costs: &[CacheEventCost]) -> String {
         "{:>4} | {:>8} {:>12} | {:>8} {:>12} | {:>9}\n",
         "c", "writes", "its client's", "writes", "another's", "per event"
     ));
-    out.push_str(&"-".repeat(66));
+    out.push_str(&"-".repeat(64));
     out.push('\n');
     for cost in costs {
         out.push_str(&format!(
