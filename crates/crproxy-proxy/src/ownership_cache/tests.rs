@@ -342,8 +342,13 @@ async fn a_resource_name_that_is_no_dns_label_gets_no_watch() {
     assert!(lock(&cache.shared.resources).is_empty());
 }
 
-#[test]
-fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
+/// Runs `test` on a paused runtime with a cache whose `widgets` watch has started
+/// (against an unreachable target, so it never syncs by itself).
+fn with_widgets_cache<F, T>(test: F)
+where
+    F: FnOnce(OwnershipCache, Arc<Objects>) -> T,
+    T: std::future::Future<Output = ()>,
+{
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -353,32 +358,49 @@ fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
         let cache = OwnershipCache::new("example.com", "v1", owner(), &unreachable_target());
         let _ = cache.lookup("widgets", Some("ns"), "a");
         let objects = cache.running("widgets").expect("running");
+        test(cache, objects).await;
+    });
+}
+
+/// A write's answer: object `name` in namespace `ns`, uid `u`.
+fn write_answer(name: &str, resource_version: &str, labels: &str) -> String {
+    format!(
+        r#"{{"metadata":{{"name":"{name}","namespace":"ns","uid":"u","resourceVersion":"{resource_version}",{labels}}}}}"#
+    )
+}
+
+#[test]
+fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
+    with_widgets_cache(|cache, objects| async move {
         objects.state.write().expect("lock").synced = true;
-        let answer = |name: &str, labels: &str| {
-            format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","uid":"u","resourceVersion":"4",{labels}}}}}"#)
+        let remember = |namespace: &str, name: Option<&str>, answer: &[u8]| {
+            cache.remember("widgets", Some(namespace), name, answer);
         };
-        cache.remember("widgets", Some("ns"), Some("a"), answer("a", OWNED).as_bytes());
-        assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Hit(pin("u", "4")));
+        let lookup = |namespace: &str, name: &str| cache.lookup("widgets", Some(namespace), name);
+        let owned = |name: &str| write_answer(name, "4", OWNED);
+        let unlabelled = |name: &str| write_answer(name, "4", r#""labels":{}"#);
+        remember("ns", Some("a"), owned("a").as_bytes());
+        assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "4")));
         // An answer about another object, or not JSON, changes nothing.
-        cache.remember("widgets", Some("ns"), Some("b"), answer("a", OWNED).as_bytes());
-        cache.remember("widgets", Some("ns"), Some("a"), b"not json");
-        assert_eq!(cache.lookup("widgets", Some("ns"), "b"), Lookup::Miss);
-        assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Hit(pin("u", "4")));
+        remember("ns", Some("b"), owned("a").as_bytes());
+        remember("ns", Some("a"), b"not json");
+        assert_eq!(lookup("ns", "b"), Lookup::Miss);
+        assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "4")));
         // A write whose answer no longer carries the labels drops the entry.
-        cache.remember("widgets", Some("ns"), Some("a"), answer("a", r#""labels":{}"#).as_bytes());
-        assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Miss);
-        cache.remember("widgets", Some("ns"), Some("a"), answer("a", OWNED).as_bytes());
+        remember("ns", Some("a"), unlabelled("a").as_bytes());
+        assert_eq!(lookup("ns", "a"), Lookup::Miss);
+        remember("ns", Some("a"), owned("a").as_bytes());
         cache.forget("widgets", Some("ns"), "a");
-        assert_eq!(cache.lookup("widgets", Some("ns"), "a"), Lookup::Miss);
+        assert_eq!(lookup("ns", "a"), Lookup::Miss);
         // A create's answer names its object (a generated name, say) itself; it
         // is kept only for the namespace the create was sent to.
-        cache.remember("widgets", Some("ns"), None, answer("gen-x7", OWNED).as_bytes());
-        assert_eq!(cache.lookup("widgets", Some("ns"), "gen-x7"), Lookup::Hit(pin("u", "4")));
-        cache.remember("widgets", Some("other"), None, answer("c", OWNED).as_bytes());
-        assert_eq!(cache.lookup("widgets", Some("ns"), "c"), Lookup::Miss);
-        assert_eq!(cache.lookup("widgets", Some("other"), "c"), Lookup::Miss);
-        cache.remember("widgets", Some("ns"), None, answer("d", r#""labels":{}"#).as_bytes());
-        assert_eq!(cache.lookup("widgets", Some("ns"), "d"), Lookup::Miss);
+        remember("ns", None, owned("gen-x7").as_bytes());
+        assert_eq!(lookup("ns", "gen-x7"), Lookup::Hit(pin("u", "4")));
+        remember("other", None, owned("c").as_bytes());
+        assert_eq!(lookup("ns", "c"), Lookup::Miss);
+        assert_eq!(lookup("other", "c"), Lookup::Miss);
+        remember("ns", None, unlabelled("d").as_bytes());
+        assert_eq!(lookup("ns", "d"), Lookup::Miss);
     });
 }
 
@@ -552,18 +574,8 @@ async fn the_watch_socket_rests_only_through_the_pause() {
 
 #[test]
 fn a_write_answer_adds_no_entry_to_an_unsynced_or_full_cache() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        let cache = OwnershipCache::new("example.com", "v1", owner(), &unreachable_target());
-        let _ = cache.lookup("widgets", Some("ns"), "a");
-        let objects = cache.running("widgets").expect("running");
-        let answer = |name: &str, rv: &str| {
-            format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","uid":"u","resourceVersion":"{rv}",{OWNED}}}}}"#)
-        };
+    with_widgets_cache(|cache, objects| async move {
+        let answer = |name: &str, rv: &str| write_answer(name, rv, OWNED);
         // Unsynced (as while it lists, or paused after outgrowing its limit): the
         // answers of creates are not kept.
         cache.remember("widgets", Some("ns"), None, answer("a", "1").as_bytes());
@@ -573,15 +585,25 @@ fn a_write_answer_adds_no_entry_to_an_unsynced_or_full_cache() {
             let mut state = objects.state.write().expect("lock");
             state.synced = true;
             for i in 0..MAX_OBJECTS - 1 {
-                state.pins.insert(key(Some("ns"), &format!("o{i}")), pin("u", "1"));
+                state
+                    .pins
+                    .insert(key(Some("ns"), &format!("o{i}")), pin("u", "1"));
             }
             state.pins.insert(key(Some("ns"), "kept"), pin("u", "1"));
         }
         cache.remember("widgets", Some("ns"), None, answer("new", "2").as_bytes());
-        cache.remember("widgets", Some("ns"), Some("kept"), answer("kept", "2").as_bytes());
+        cache.remember(
+            "widgets",
+            Some("ns"),
+            Some("kept"),
+            answer("kept", "2").as_bytes(),
+        );
         let state = objects.state.read().expect("lock");
         assert_eq!(state.pins.len(), MAX_OBJECTS);
         assert!(!state.pins.contains_key(&key(Some("ns"), "new")));
-        assert_eq!(state.pins.get(&key(Some("ns"), "kept")), Some(&pin("u", "2")));
+        assert_eq!(
+            state.pins.get(&key(Some("ns"), "kept")),
+            Some(&pin("u", "2"))
+        );
     });
 }
