@@ -753,3 +753,34 @@ async fn a_dry_run_create_is_not_remembered() {
     assert!(on_target(&h, "imagined").await.is_none());
     h.proxy.shutdown().await;
 }
+
+/// A create the caller wants answered as a Table gets the target's Table (the
+/// proxy reads only plain JSON objects for the cache; a Table names no object),
+/// and the object it made can be written at once. Whether that write is a hit
+/// depends on how soon the watch brings the event, so it is not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_answered_as_a_table_gets_the_table() {
+    let h = harness(AccessMode::Owned).await;
+    hot_owned_widget(&h, "starter").await;
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(WIDGETS)
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .header("content-type", "application/json")
+        .body(Bytes::from(widget("tabled", json!({})).to_string()))
+        .expect("request");
+    let created = target_support::exchange(&h.aggregator, request).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert_eq!(created.body["kind"], "Table", "{}", created.body);
+    assert_eq!(
+        created.body["rows"][0]["object"]["metadata"]["name"], "tabled",
+        "{}",
+        created.body
+    );
+    let patched = Write::MergePatch.send(&h, "tabled", &Value::Null).await;
+    assert_eq!(patched.status, 200, "{}", patched.body);
+    assert_eq!(patched.body["spec"]["replicas"], 7);
+    h.proxy.shutdown().await;
+}
