@@ -99,6 +99,12 @@ pub enum Lane {
     /// speaks HTTP/1.1 to its upstreams too). The connection goes back to the idle
     /// list as soon as the response body has ended.
     Exchange,
+    /// The proxy's own long-lived GET that it reads itself (the ownership cache's
+    /// watch): an [`Lane::Exchange`] on a connection dialled for it, never an idle
+    /// one, whose answer carries that connection's socket ([`ConnectionSocket`])
+    /// for the reader to let it rest between reads ([`crate::resting_socket`]).
+    /// Past the peer's limit it is served as an exchange is, without a socket.
+    OwnWatch,
 }
 
 /// The boxed error type of request bodies.
@@ -337,24 +343,16 @@ struct Http1Conn {
     exchange: Option<Slot>,
     /// When the connection was dialled or last went back to the idle list.
     idle_since: Instant,
-    /// A duplicate of the connection's socket, shared with a request that asks
-    /// for it with [`WantsSocket`]; `None` if it could not be duplicated. It
-    /// closes once the connection and whoever it was shared with have let go. One
-    /// more file descriptor per HTTP/1.1 connection (at most
-    /// [`MAX_EXCHANGE_CONNECTIONS`] a peer): hyper keeps the socket out of reach.
-    socket: Option<Arc<OwnedFd>>,
+    /// A duplicate of the connection's socket, made when it was dialled for a
+    /// [`Lane::OwnWatch`] (hyper keeps the socket out of reach once the
+    /// handshake has it) and handed to that watch's answer.
+    socket: Option<OwnedFd>,
 }
 
-/// A request extension: the answer should carry its connection's socket as a
-/// [`ConnectionSocket`] extension (HTTP/1.1 connections only). The ownership
-/// cache asks for it on its watch, to let the socket rest between reads
-/// ([`crate::resting_socket`]).
-#[derive(Debug, Clone, Copy)]
-pub struct WantsSocket;
-
-/// A response extension: the connection's duplicate of the socket the answer
-/// arrives on. It keeps the socket open while it lives, so it is dropped with the
-/// answer's body.
+/// A response extension on the answer of a [`Lane::OwnWatch`] request: a
+/// duplicate of the socket it arrives on (shared: extensions must be `Clone`).
+/// It keeps the socket open while it lives, so it is dropped with the answer's
+/// body.
 #[derive(Debug, Clone)]
 pub struct ConnectionSocket(pub Arc<OwnedFd>);
 
@@ -432,7 +430,7 @@ impl Peer {
 
     /// Whether a request of `lane` is an exchange on this peer.
     fn exchange_lane(&self, lane: Lane) -> bool {
-        lane == Lane::Exchange && !self.refuses_http1
+        matches!(lane, Lane::Exchange | Lane::OwnWatch) && !self.refuses_http1
     }
 
     fn drop_connections(&mut self) {
@@ -898,7 +896,7 @@ impl PeerPool {
             biased;
             _ = departed.changed() => DialOutcome::Departed,
             _ = expired => DialOutcome::Deadline,
-            result = self.connect(&ticket.host, ticket.exchange.is_some()) => DialOutcome::Done(result),
+            result = self.connect(&ticket.host, ticket.exchange.is_some(), ticket.lane == Lane::OwnWatch) => DialOutcome::Done(result),
         };
         ticket.armed = false;
         let elapsed = started.elapsed().as_secs_f64();
@@ -965,8 +963,13 @@ impl PeerPool {
     }
 
     /// TLS dial plus the HTTP handshake, within one dial budget; `http1_only` for
-    /// an exchange connection.
-    async fn connect(&self, host: &str, http1_only: bool) -> Result<Conn, DialError> {
+    /// an exchange connection, `keep_socket` for the own watch's.
+    async fn connect(
+        &self,
+        host: &str,
+        http1_only: bool,
+        keep_socket: bool,
+    ) -> Result<Conn, DialError> {
         let started = Instant::now();
         let tls = if http1_only {
             self.dialer.dial_http1(host).await?
@@ -974,7 +977,8 @@ impl PeerPool {
             self.dialer.dial(host).await?
         };
         let remaining = DIAL_TIMEOUT.saturating_sub(started.elapsed());
-        match tokio::time::timeout(remaining, http_handshake(tls, &self.options)).await {
+        match tokio::time::timeout(remaining, http_handshake(tls, &self.options, keep_socket)).await
+        {
             Ok(result) => result,
             Err(_) => Err(DialError::Timeout {
                 peer: host.to_owned(),
@@ -1161,6 +1165,12 @@ impl PeerPool {
 /// with a free stream. An HTTP/1.1-only peer's idle connections serve both lanes.
 fn take_cached(peer: &mut Peer, lane: Lane, now: Instant) -> Option<Conn> {
     let exchange = peer.exchange_lane(lane);
+    let under_limit =
+        || peer.exchange_connections.load(Ordering::Acquire) < MAX_EXCHANGE_CONNECTIONS;
+    // The own watch's socket is duplicated as its connection is dialled.
+    if lane == Lane::OwnWatch && exchange && under_limit() {
+        return None;
+    }
     if exchange || peer.speaks_h2 == Some(false) {
         while let Some(mut conn) = peer.idle_http1.pop() {
             // The newest is on top: once one has been idle too long, so have all
@@ -1174,9 +1184,7 @@ fn take_cached(peer: &mut Peer, lane: Lane, now: Instant) -> Option<Conn> {
                 return Some(Conn::Http1(conn));
             }
         }
-        let under_limit =
-            peer.exchange_connections.load(Ordering::Acquire) < MAX_EXCHANGE_CONNECTIONS;
-        if exchange && under_limit {
+        if exchange && under_limit() {
             return None;
         }
     }
@@ -1200,13 +1208,18 @@ fn format_age(age: Duration) -> String {
     )
 }
 
-async fn http_handshake(tls: PeerConnection, options: &PoolOptions) -> Result<Conn, DialError> {
+/// The HTTP handshake on a dialled TLS connection; with `keep_socket`, an
+/// HTTP/1.1 connection keeps a duplicate of its socket ([`Http1Conn::socket`]).
+async fn http_handshake(
+    tls: PeerConnection,
+    options: &PoolOptions,
+    keep_socket: bool,
+) -> Result<Conn, DialError> {
     let peer = tls.peer.clone();
     let h2 = tls.is_h2();
-    let socket = (!h2)
+    let socket = (keep_socket && !h2)
         .then(|| tls.stream.get_ref().0.as_fd().try_clone_to_owned().ok())
-        .flatten()
-        .map(Arc::new);
+        .flatten();
     let io = TokioIo::new(tls.stream);
     if h2 {
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
@@ -1385,7 +1398,6 @@ impl PeerSender {
         let Some(pool) = self.pool.upgrade() else {
             return Attempt::Done(Err(PoolError::Closed.into()));
         };
-        let wants_socket = req.extensions().get::<WantsSocket>().is_some();
         let adapted = adapt_request(req, self.is_h2(), &pool.default_authority);
         drop(pool);
         let req = match adapted {
@@ -1420,9 +1432,11 @@ impl PeerSender {
             },
             Conn::Http1(mut conn) => match conn.send(req).await {
                 Ok(mut resp) => {
-                    if let Some(socket) = conn.socket.as_ref().filter(|_| wants_socket) {
+                    // Only the answer it was dialled for: once back in the idle
+                    // list, the connection serves exchanges like any other.
+                    if let Some(socket) = conn.socket.take() {
                         resp.extensions_mut()
-                            .insert(ConnectionSocket(Arc::clone(socket)));
+                            .insert(ConnectionSocket(Arc::new(socket)));
                     }
                     let lease = Lease::Exchange(Returning {
                         conn,

@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
-use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody, WantsSocket};
+use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody};
 use crproxy_core::reason::Reason;
 use std::sync::Arc;
 
@@ -174,19 +174,25 @@ impl TargetConnection {
     /// A long-lived GET of the proxy's own (a watch it reads itself) on an
     /// HTTP/1.1 connection of its own, which the reading task drives. The
     /// connection counts towards the peer's `MAX_EXCHANGE_CONNECTIONS`; past
-    /// it, the watch shares an HTTP/2 connection as callers' watches do. On an
-    /// HTTP/1.1 connection the answer carries a duplicate of its socket as a
-    /// [`crate::pool::ConnectionSocket`] extension, for the reader to let it rest.
+    /// it, the watch shares an HTTP/2 connection as callers' watches do. The
+    /// connection is dialled for the watch ([`Lane::OwnWatch`]), and the answer
+    /// carries a duplicate of its socket as a [`crate::pool::ConnectionSocket`]
+    /// extension, for the reader to let it rest.
     pub async fn send_own_watch(
         &self,
         path_and_query: TargetPath<'_>,
         caller_headers: &HeaderMap,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let headers = forwarded_headers(caller_headers, None);
-        let mut request = request_to(Method::GET, path_and_query, full(Bytes::new()))?;
-        request.extensions_mut().insert(WantsSocket);
-        self.exchange_unbounded(None, Lane::Exchange, request, headers)
-            .await
+        self.exchange_unbounded(
+            None,
+            Lane::OwnWatch,
+            Method::GET,
+            path_and_query,
+            headers,
+            full(Bytes::new()),
+        )
+        .await
     }
 
     /// A bodiless GET with the caller's headers, changed as `inspected` says when
@@ -226,8 +232,7 @@ impl TargetConnection {
             Some(_) => Lane::Exchange,
             None => Lane::Stream,
         };
-        let request = request_to(method, path_and_query, body)?;
-        let sent = self.exchange_unbounded(deadline, lane, request, headers);
+        let sent = self.exchange_unbounded(deadline, lane, method, path_and_query, headers, body);
         match deadline {
             Some(deadline) => within(deadline, sent).await,
             None => sent.await,
@@ -238,9 +243,16 @@ impl TargetConnection {
         &self,
         deadline: Option<Instant>,
         lane: Lane,
-        mut request: Request<ProxyBody>,
+        method: Method,
+        path_and_query: TargetPath<'_>,
         mut headers: HeaderMap,
+        body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path_and_query.uri()?)
+            .body(body)
+            .map_err(|e| ForwardError::Send(e.to_string()))?;
         self.stamp(&mut headers).await?;
         let sent_authorization = headers.get(http::header::AUTHORIZATION).cloned();
         *request.headers_mut() = headers;
@@ -333,19 +345,6 @@ pub struct Inspected {
     /// Leaves out the caller's `If-None-Match`: the answer is rewritten, so the
     /// target's ETag would not describe what the caller gets.
     pub rewritten: bool,
-}
-
-/// A request of `method` for `path_and_query` (headers are added later).
-fn request_to(
-    method: Method,
-    path_and_query: TargetPath<'_>,
-    body: ProxyBody,
-) -> Result<Request<ProxyBody>, ForwardError> {
-    Request::builder()
-        .method(method)
-        .uri(path_and_query.uri()?)
-        .body(body)
-        .map_err(|e| ForwardError::Send(e.to_string()))
 }
 
 /// The caller's headers that may reach the target, changed as `inspected` says

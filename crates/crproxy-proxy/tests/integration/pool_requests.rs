@@ -215,31 +215,33 @@ fn target_of(h: &Harness) -> TargetConnection {
     }
 }
 
-/// The proxy's own watch (the ownership cache's) takes an HTTP/1.1 connection of
-/// its own, and its answer carries a duplicate of that connection's socket, for
-/// the cache to let it rest between reads; a caller's exchange carries none.
+/// The proxy's own watch (the ownership cache's) takes an HTTP/1.1 connection
+/// dialled for it, even with an idle one at hand, and its answer carries a
+/// duplicate of that connection's socket, for the cache to let it rest between
+/// reads; a caller's exchange carries none.
 #[tokio::test]
 async fn the_proxys_own_watch_carries_its_connections_socket() {
     let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
     let target = target_of(&h);
     let path = TargetPath::Written("/apis/example.com/v1/widgets?watch=true");
-    let watch = target
+    // The exchange's connection goes back to the idle list once its body is read.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let exchange = get_through(&target, Some(deadline), path).await;
+    assert!(exchange.extensions().get::<ConnectionSocket>().is_none());
+    exchange.into_body().collect().await.expect("body");
+
+    let mut watch = target
         .send_own_watch(path, &http::HeaderMap::new())
         .await
         .expect("answer");
     let ConnectionSocket(socket) = watch
-        .extensions()
-        .get::<ConnectionSocket>()
-        .cloned()
+        .extensions_mut()
+        .remove::<ConnectionSocket>()
         .expect("the own watch's answer carries its socket");
     let socket = std::net::TcpStream::from(socket.try_clone().expect("duplicate"));
     assert_eq!(socket.peer_addr().expect("peer address"), peer.addr);
     let body = watch.into_body().collect().await.expect("body").to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("HTTP/1.1"));
-
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    let exchange = get_through(&target, Some(deadline), path).await;
-    assert!(exchange.extensions().get::<ConnectionSocket>().is_none());
 }
 
 /// A bodiless GET of `path` through `target`, with a deadline or without.
