@@ -1995,10 +1995,11 @@ fn is_plain_json_object(headers: &HeaderMap) -> bool {
     let Some(content_type) = content_type(headers) else {
         return false;
     };
-    let mut parts = content_type.split(';').map(str::trim);
-    let media_type = parts.next().unwrap_or_default();
-    media_type.eq_ignore_ascii_case("application/json")
-        && !parts.any(|parameter| parameter.to_ascii_lowercase().starts_with("as="))
+    BodyType::from_content_type(content_type) == Some(BodyType::Json)
+        && !content_type
+            .split(';')
+            .skip(1)
+            .any(|parameter| parameter.trim().to_ascii_lowercase().starts_with("as="))
         && !headers.contains_key(http::header::CONTENT_ENCODING)
 }
 
