@@ -26,7 +26,7 @@ use crate::driver::{self, closed_loop, Endpoint, Identity, Protocol, Sender, Wor
 use crate::nginx::{self, Nginx};
 use crate::report::{self, CacheEventCost, MemoryFigure, Report, Row};
 use crate::rss;
-use crate::stats::{RoundStats, Summary};
+use crate::stats::{micros_each, RoundStats, Summary};
 use crate::watch::{WatchSet, PRIME_SEQ};
 use crate::workload::{
     collection_path, object_path, resource_version, widget, CreateObjects, DeleteObjects, Owned,
@@ -1273,12 +1273,11 @@ impl Runner<'_> {
             .map(|i| Measured {
                 summary: Summary::of(&rounds[i]),
                 errors: errors[i],
-                cpu_us: (cpu[i].1 > 0).then(|| cpu[i].0.as_secs_f64() * 1e6 / cpu[i].1 as f64),
+                cpu_us: micros_each(cpu[i].0, cpu[i].1),
                 first_error: first_errors[i].take(),
                 dials: dials[i],
                 machine: machine[i],
-                machine_cpu_us: (machine_requests[i] > 0)
-                    .then(|| machine[i].busy().as_secs_f64() * 1e6 / machine_requests[i] as f64),
+                machine_cpu_us: micros_each(machine[i].busy(), machine_requests[i]),
             })
             .collect();
         let row = row_from(scenario, concurrency, lanes, measured, self.notes);

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::stats::{ratio, Summary};
+use crate::stats::{micros_each, ratio, Summary};
 
 /// Targets on record (issue 7), for owned mode.
 pub const TARGET_P50_RATIO: f64 = 1.10;
@@ -142,11 +142,8 @@ impl CacheEventCost {
         own: (std::time::Duration, usize),
         other: (std::time::Duration, usize),
     ) -> Self {
-        let per_write = |(cpu, writes): (std::time::Duration, usize)| {
-            (writes > 0).then(|| cpu.as_secs_f64() * 1e6 / writes as f64)
-        };
-        let own_cpu_us = per_write(own);
-        let other_cpu_us = per_write(other);
+        let own_cpu_us = micros_each(own.0, own.1);
+        let other_cpu_us = micros_each(other.0, other.1);
         Self {
             concurrency,
             own_writes: own.1,

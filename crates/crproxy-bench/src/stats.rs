@@ -38,6 +38,11 @@ pub fn median(values: &[f64]) -> Option<f64> {
     })
 }
 
+/// `total` per item in µs, over `count` items; `None` for none.
+pub fn micros_each(total: Duration, count: usize) -> Option<f64> {
+    (count > 0).then(|| total.as_secs_f64() * 1e6 / count as f64)
+}
+
 /// `value / baseline`, when both are known and the baseline is positive.
 pub fn ratio(value: Option<f64>, baseline: Option<f64>) -> Option<f64> {
     match (value, baseline) {

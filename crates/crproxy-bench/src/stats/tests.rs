@@ -95,3 +95,9 @@ fn a_summary_takes_medians_across_rounds() {
     let watch = Summary::of(&[round(1.0, 2.0, None)]).expect("summary");
     assert_eq!(watch.throughput, None);
 }
+
+#[test]
+fn a_total_per_item_is_in_microseconds_and_none_for_no_items() {
+    assert_eq!(micros_each(Duration::from_millis(3), 1000), Some(3.0));
+    assert_eq!(micros_each(Duration::from_millis(3), 0), None);
+}
