@@ -25,6 +25,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, UnixTime};
 
+use crate::locks;
 use crate::watches::{self, WatchClient, WatchUpdate};
 
 /// Namespace of the ConfigMap the client API server publishes.
@@ -141,7 +142,7 @@ impl FrontProxyTrust {
 
     /// Installs new settings; connections made from now on use them.
     pub fn set(&self, settings: TrustSettings) {
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(settings));
+        *locks::write(&self.current) = Some(Arc::new(settings));
     }
 
     /// Whether settings have been loaded at least once.
@@ -150,10 +151,7 @@ impl FrontProxyTrust {
     }
 
     fn get(&self) -> Option<Arc<TrustSettings>> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        locks::read(&self.current).clone()
     }
 
     /// A rustls verifier that always consults the latest settings.

@@ -28,6 +28,7 @@ use crproxy_core::status;
 
 use crate::fallback;
 use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
+use crate::locks::lock;
 use crate::metrics::TargetMetrics;
 use crate::namespaces::ClientNamespaces;
 use crate::ownership_cache::{Lookup, OwnershipCache};
@@ -2060,12 +2061,6 @@ fn resource_path(
 /// included, is escaped when the path is built ([`request::encode_segment`]).
 fn is_path_segment(segment: &str) -> bool {
     !segment.is_empty() && segment != "." && segment != ".." && !segment.contains(['/', '%'])
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! request having touched the pool.
 
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use crproxy_core::reason::Reason;
 use prometheus_client::collector::Collector;
@@ -25,6 +25,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use crate::locks;
 use crate::pool::PeerPool;
 
 /// The content type to serve [`Metrics::encode`] output with.
@@ -410,7 +411,7 @@ impl<L: Clone + Eq + Hash, M: Clone> ResolvedSeries<L, M> {
         record: impl FnOnce(&M),
     ) {
         let full = {
-            let series = self.series.read().unwrap_or_else(PoisonError::into_inner);
+            let series = locks::read(&self.series);
             if let Some((_, metric)) = series.iter().find(|(found, _)| matches(found)) {
                 return record(metric);
             }
@@ -423,7 +424,7 @@ impl<L: Clone + Eq + Hash, M: Clone> ResolvedSeries<L, M> {
             // The write lock would only find the list full again.
             return;
         }
-        let mut series = self.series.write().unwrap_or_else(PoisonError::into_inner);
+        let mut series = locks::write(&self.series);
         if series.len() < MAX_RESOLVED_SERIES && !series.iter().any(|(found, _)| matches(found)) {
             series.push((labels, metric));
         }
@@ -646,10 +647,7 @@ struct PoolCollector {
 
 impl PoolCollector {
     fn register(&self, target: &str, group_version: &str, pool: Weak<PeerPool>) {
-        let mut pools = match self.pools.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut pools = locks::lock(&self.pools);
         pools.retain(|p| p.pool.strong_count() > 0);
         let known = pools.iter().any(|p| {
             p.pool.ptr_eq(&pool) && &*p.target == target && &*p.group_version == group_version
@@ -668,10 +666,7 @@ impl Collector for PoolCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // Snapshot first, then encode, so no pool lock is held while writing.
         let snapshots: Vec<(GroupVersionLabels, crate::pool::PoolSnapshot)> = {
-            let pools = match self.pools.lock() {
-                Ok(guard) => guard,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let pools = locks::lock(&self.pools);
             pools
                 .iter()
                 .filter_map(|p| {

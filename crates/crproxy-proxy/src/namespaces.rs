@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::watcher::Event;
 use kube::{Api, ResourceExt};
 
+use crate::locks;
 use crate::watches::{self, WatchClient, WatchUpdate};
 
 /// The client's namespaces, as last seen by the watch.
@@ -40,7 +41,7 @@ impl ClientNamespaces {
     /// `Some(exists)` when the cache is in sync with the client, `None` when the
     /// caller must ask the API server.
     pub fn exists(&self, namespace: &str) -> Option<bool> {
-        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        let state = locks::read(&self.state);
         state.synced.then(|| state.names.contains(namespace))
     }
 
@@ -55,7 +56,7 @@ impl ClientNamespaces {
     }
 
     fn update(&self, update: WatchUpdate<Namespace>) {
-        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let mut state = locks::write(&self.state);
         match update {
             WatchUpdate::Event(Event::Init) => state.listing = Some(HashSet::new()),
             WatchUpdate::Event(Event::InitApply(namespace)) => {

@@ -38,6 +38,7 @@ use crproxy_core::ownership::{self, Owner};
 use crproxy_core::precondition::Pin;
 use crproxy_core::request;
 
+use crate::locks::{self, lock};
 use crate::pool::{BoxError, ConnectionSocket, ProxyBody};
 use crate::resting_socket::RestingSocket;
 use crate::transport::{self, ForwardError, TargetConnection, TargetPath, MAX_BUFFERED_BODY};
@@ -147,7 +148,7 @@ impl OwnershipCache {
     pub fn lookup(&self, resource: &str, namespace: Option<&str>, name: &str) -> Lookup {
         let objects = self.objects(resource);
         *lock(&objects.last_used) = Some(Instant::now());
-        let state = objects.state.read().unwrap_or_else(|p| p.into_inner());
+        let state = locks::read(&objects.state);
         if !state.synced {
             return Lookup::Unsynced;
         }
@@ -181,7 +182,7 @@ impl OwnershipCache {
         let Some(objects) = self.running(resource) else {
             return;
         };
-        let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+        let mut state = locks::write(&objects.state);
         let key = key(namespace, answered);
         match meta.owned_pin(&self.shared.owner) {
             // A new entry only into a synced cache under its limit: an unsynced
@@ -200,7 +201,7 @@ impl OwnershipCache {
     /// Drops what is known about an object this proxy just deleted.
     pub fn forget(&self, resource: &str, namespace: Option<&str>, name: &str) {
         if let Some(objects) = self.running(resource) {
-            let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+            let mut state = locks::write(&objects.state);
             state.pins.remove(&key(namespace, name));
         }
     }
@@ -371,14 +372,14 @@ async fn sync_forever(shared: &Weak<Shared>, resource: &str, objects: &Objects) 
 
 impl Objects {
     fn unsync(&self) {
-        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let mut state = locks::write(&self.state);
         state.synced = false;
         state.pins = HashMap::new();
     }
 
     fn unsync_if_out_of_step(&self) {
         let out_of_step = {
-            let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+            let state = locks::read(&self.state);
             state
                 .in_step_at
                 .is_none_or(|at| at.elapsed() > WATCH_IDLE_LIMIT)
@@ -471,7 +472,7 @@ async fn list(
         }
         let next = page.metadata.continue_token.as_deref().unwrap_or("");
         if next.is_empty() {
-            let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+            let mut state = locks::write(&objects.state);
             // Keep what a write through this proxy recorded while the list ran.
             let previous = std::mem::take(&mut state.pins);
             state.pins = pins;
@@ -661,7 +662,7 @@ fn apply(
     if let Some(rv) = &meta.resource_version {
         resource_version.replace_range(.., rv);
     }
-    let mut state = objects.state.write().unwrap_or_else(|p| p.into_inner());
+    let mut state = locks::write(&objects.state);
     state.in_step_at = Some(Instant::now());
     let Some(name) = meta.name() else {
         return Ok(());
@@ -687,10 +688,6 @@ fn apply(
         _ => {}
     }
     Ok(())
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 mod meta;

@@ -555,13 +555,7 @@ impl PeerPool {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves consistent-enough state (every
-        // mutation is a few field writes); keep serving rather than poisoning
-        // every later request.
-        match self.state.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        crate::locks::lock(&self.state)
     }
 
     // ---- publication side -------------------------------------------------------

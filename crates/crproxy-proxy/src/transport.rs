@@ -14,6 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
 
+use crate::locks::lock;
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
 use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody};
 use crproxy_core::reason::Reason;
@@ -501,14 +502,6 @@ enum Held {
 /// What the caller's stream ends with when the deadline cut it.
 fn deadline_exceeded() -> BoxError {
     "proxy request deadline of 60s exceeded".into()
-}
-
-/// Locks the watchdog's share. A panic while it was held (a body's poll) leaves
-/// nothing half-changed that matters here: the holding is either there or not.
-fn lock(shared: &std::sync::Mutex<Option<Holding>>) -> std::sync::MutexGuard<'_, Option<Holding>> {
-    shared
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl DeadlineBody {

@@ -1,0 +1,41 @@
+//! Locking that survives a poisoned lock.
+//!
+//! Every lock in this crate guards state that a panic cannot leave half-changed in
+//! a way that matters (a map insert, a few field writes, an `Option` taken or put
+//! back, a settings pointer swapped), so one request that panicked must not turn
+//! every later one into a panic too: these take the guard of a poisoned lock as
+//! they would a healthy one's.
+
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_lock_still_gives_its_guard() {
+        let mutex = Mutex::new(1);
+        let rwlock = RwLock::new(1);
+        let _ = std::panic::catch_unwind(|| {
+            let _mutex = mutex.lock();
+            let _rwlock = rwlock.write();
+            panic!("poison both");
+        });
+        assert!(mutex.is_poisoned() && rwlock.is_poisoned());
+        *lock(&mutex) += 1;
+        *write(&rwlock) += 1;
+        assert_eq!((*lock(&mutex), *read(&rwlock)), (2, 2));
+    }
+}
