@@ -170,29 +170,23 @@ impl OwnershipCache {
         name: Option<&str>,
         answer: &[u8],
     ) {
-        let Ok(meta) = ObjectMeta::of_answer(answer) else {
+        let Some(answered) = read_write_answer(&self.shared.owner, namespace, name, answer) else {
             return;
         };
-        let Some(answered) = meta.name() else {
-            return;
-        };
-        if name.is_some_and(|name| name != answered) || meta.namespace() != namespace {
-            return;
-        }
         let Some(objects) = self.running(resource) else {
             return;
         };
         let mut state = locks::write(&objects.state);
-        let key = key(namespace, answered);
-        match meta.owned_pin(&self.shared.owner) {
+        match answered {
             // A new entry only into a synced cache under its limit: an unsynced
             // one answers no lookup, and in the pause after it outgrew the limit
             // nothing else would bound what creates add.
-            Some(pin) if state.pins.contains_key(&key) || state.admits_new_entry() => {
-                state.record(key, pin);
+            WriteAnswer::Owned { key, pin } => {
+                if state.pins.contains_key(&key) || state.admits_new_entry() {
+                    state.record(key, pin);
+                }
             }
-            Some(_) => {}
-            None => {
+            WriteAnswer::NotOwned { key } => {
                 state.pins.remove(&key);
             }
         }
@@ -620,6 +614,41 @@ pub struct Replay {
     pub resource_version: String,
     /// Why the watch would have ended early, if it would.
     pub error: Option<String>,
+}
+
+/// What a write's answer says about the object the write addressed, as
+/// [`OwnershipCache::remember`] reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriteAnswer {
+    /// The object, carrying both owner labels with the owner's values, in the
+    /// state `pin` names: the next write of it may be pinned to that state.
+    Owned { key: String, pin: Pin },
+    /// The object, not owned (or without a uid and resourceVersion to pin): any
+    /// entry for it is dropped.
+    NotOwned { key: String },
+}
+
+/// Reads a write's answer: `None` unless it is one JSON object whose metadata
+/// names the object the write addressed (`name`, or any name for a create) in
+/// `namespace`. The answer is the target's text, and a pin taken from it lets
+/// the next write skip the ownership GET: the `write_answer` fuzz target checks
+/// that this pins only what a JSON parser reads as the addressed, owned object.
+pub fn read_write_answer(
+    owner: &Owner,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    answer: &[u8],
+) -> Option<WriteAnswer> {
+    let meta = ObjectMeta::of_answer(answer).ok()?;
+    let answered = meta.name()?;
+    if name.is_some_and(|name| name != answered) || meta.namespace() != namespace {
+        return None;
+    }
+    let key = key(namespace, answered);
+    Some(match meta.owned_pin(owner) {
+        Some(pin) => WriteAnswer::Owned { key, pin },
+        None => WriteAnswer::NotOwned { key },
+    })
 }
 
 /// Runs the chunks of a watch response through the cache's own decoding and

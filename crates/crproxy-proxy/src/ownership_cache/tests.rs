@@ -404,6 +404,66 @@ fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
     });
 }
 
+#[test]
+fn a_write_answer_is_read_for_the_object_the_write_addressed() {
+    let read = |namespace: Option<&str>, name: Option<&str>, answer: &str| {
+        read_write_answer(&owner(), namespace, name, answer.as_bytes())
+    };
+    let owned = |key: &str, rv: &str| {
+        Some(WriteAnswer::Owned {
+            key: key.into(),
+            pin: pin("u", rv),
+        })
+    };
+    let not_owned = |key: &str| Some(WriteAnswer::NotOwned { key: key.into() });
+    assert_eq!(
+        read(Some("ns"), Some("a"), &write_answer("a", "4", OWNED)),
+        owned("ns/a", "4")
+    );
+    assert_eq!(
+        read(Some("ns"), None, &write_answer("gen-x7", "5", OWNED)),
+        owned("ns/gen-x7", "5")
+    );
+    let cluster_scoped =
+        format!(r#"{{"metadata":{{"name":"c","uid":"u","resourceVersion":"6",{OWNED}}}}}"#);
+    assert_eq!(read(None, Some("c"), &cluster_scoped), owned("c", "6"));
+    // Not owned: other labels, or no state to pin a write to.
+    assert_eq!(
+        read(
+            Some("ns"),
+            Some("a"),
+            &write_answer("a", "4", r#""labels":{}"#)
+        ),
+        not_owned("ns/a")
+    );
+    assert_eq!(
+        read(Some("ns"), Some("a"), &write_answer("a", "", OWNED)),
+        not_owned("ns/a")
+    );
+    // Not the addressed object, or no object at all: nothing to learn.
+    assert_eq!(
+        read(Some("ns"), Some("b"), &write_answer("a", "4", OWNED)),
+        None
+    );
+    assert_eq!(
+        read(Some("other"), Some("a"), &write_answer("a", "4", OWNED)),
+        None
+    );
+    assert_eq!(read(None, Some("a"), &write_answer("a", "4", OWNED)), None);
+    assert_eq!(
+        read(Some("ns"), Some("a"), r#"{"kind":"Status","metadata":{}}"#),
+        None
+    );
+    assert_eq!(
+        read(
+            Some("ns"),
+            Some("a"),
+            &format!("{} {{}}", write_answer("a", "4", OWNED))
+        ),
+        None
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn entries_outlive_an_interrupted_watch_until_the_idle_limit() {
     let objects = Objects::default();
