@@ -450,6 +450,10 @@ fn a_write_answer_is_read_for_the_object_the_write_addressed() {
         None
     );
     assert_eq!(read(None, Some("a"), &write_answer("a", "4", OWNED)), None);
+    assert_eq!(read(Some("ns"), Some("c"), &cluster_scoped), None);
+    let odd_namespace =
+        write_answer("a", "4", OWNED).replace(r#""namespace":"ns""#, r#""namespace":1"#);
+    assert_eq!(read(Some("ns"), Some("a"), &odd_namespace), None);
     assert_eq!(
         read(Some("ns"), Some("a"), r#"{"kind":"Status","metadata":{}}"#),
         None
