@@ -28,7 +28,7 @@ use crproxy_core::status;
 
 use crate::fallback;
 use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
-use crate::locks::lock;
+use crate::locks;
 use crate::metrics::TargetMetrics;
 use crate::namespaces::ClientNamespaces;
 use crate::ownership_cache::{Lookup, OwnershipCache};
@@ -189,7 +189,7 @@ impl GroupVersionProxy {
     /// How many namespaces this server believes the target has (see
     /// `RunningProxy::known_target_namespaces`).
     pub fn known_target_namespaces(&self) -> usize {
-        lock(&self.target_namespaces).len()
+        locks::lock(&self.target_namespaces).len()
     }
 
     /// Serves one request that arrived on a connection which presented the client
@@ -365,7 +365,7 @@ impl GroupVersionProxy {
         }
         if code == StatusCode::OK {
             if let Ok(document) = serde_json::from_slice::<Value>(&bytes) {
-                *lock(&self.last_discovery) = Some(document);
+                *locks::lock(&self.last_discovery) = Some(document);
             }
         }
         Outcome::new(
@@ -461,7 +461,7 @@ impl GroupVersionProxy {
         fallback_reason: Reason,
     ) -> Outcome {
         self.count_fallback(request_reason, fallback_reason);
-        let last_good = lock(&self.last_discovery).clone();
+        let last_good = locks::lock(&self.last_discovery).clone();
         let document = fallback::aggregated_fallback_document(
             &self.group,
             &self.version,
@@ -482,7 +482,7 @@ impl GroupVersionProxy {
 
     fn discovery_fallback(&self, request_reason: Reason, fallback_reason: Reason) -> Outcome {
         self.count_fallback(request_reason, fallback_reason);
-        let last_good = lock(&self.last_discovery).clone();
+        let last_good = locks::lock(&self.last_discovery).clone();
         let document = fallback::fallback_document(
             &self.group,
             &self.version,
@@ -1424,7 +1424,7 @@ impl GroupVersionProxy {
         client_path: &str,
         deadline: Instant,
     ) -> Result<(), Outcome> {
-        if lock(&self.target_namespaces).contains(namespace) {
+        if locks::lock(&self.target_namespaces).contains(namespace) {
             return Ok(());
         }
         let (code, _) = self
@@ -1461,7 +1461,7 @@ impl GroupVersionProxy {
         } else if code.is_server_error() {
             return Err(self.server_error(code));
         }
-        lock(&self.target_namespaces).insert(namespace.to_string());
+        locks::lock(&self.target_namespaces).insert(namespace.to_string());
         Ok(())
     }
 
@@ -1515,7 +1515,7 @@ impl GroupVersionProxy {
         if exchange.method != Method::GET && response.status() == StatusCode::NOT_FOUND {
             // The target lost a namespace we believed it had: check again next time.
             if let Some(namespace) = &exchange.namespace {
-                lock(&self.target_namespaces).remove(namespace);
+                locks::lock(&self.target_namespaces).remove(namespace);
             }
         }
         let (parts, body) = response.into_parts();

@@ -38,7 +38,7 @@ use crproxy_core::ownership::{self, Owner};
 use crproxy_core::precondition::Pin;
 use crproxy_core::request;
 
-use crate::locks::{self, lock};
+use crate::locks;
 use crate::pool::{BoxError, ConnectionSocket, ProxyBody};
 use crate::resting_socket::RestingSocket;
 use crate::transport::{self, ForwardError, TargetConnection, TargetPath, MAX_BUFFERED_BODY};
@@ -147,7 +147,7 @@ impl OwnershipCache {
     /// Looks an object up, starting the resource's watch on first use.
     pub fn lookup(&self, resource: &str, namespace: Option<&str>, name: &str) -> Lookup {
         let objects = self.objects(resource);
-        *lock(&objects.last_used) = Some(Instant::now());
+        *locks::lock(&objects.last_used) = Some(Instant::now());
         let state = locks::read(&objects.state);
         if !state.synced {
             return Lookup::Unsynced;
@@ -201,13 +201,13 @@ impl OwnershipCache {
     }
 
     fn running(&self, resource: &str) -> Option<Arc<Objects>> {
-        lock(&self.shared.resources)
+        locks::lock(&self.shared.resources)
             .get(resource)
             .map(|watched| Arc::clone(&watched.objects))
     }
 
     fn objects(&self, resource: &str) -> Arc<Objects> {
-        let mut resources = lock(&self.shared.resources);
+        let mut resources = locks::lock(&self.shared.resources);
         if let Some(watched) = resources.get(resource) {
             return Arc::clone(&watched.objects);
         }
@@ -236,7 +236,7 @@ impl OwnershipCache {
 
 impl Drop for OwnershipCache {
     fn drop(&mut self) {
-        for watched in lock(&self.shared.resources).values() {
+        for watched in locks::lock(&self.shared.resources).values() {
             watched.task.abort();
         }
     }
@@ -287,7 +287,7 @@ async fn watch_resource(shared: Weak<Shared>, resource: String, objects: Arc<Obj
         () = idle(&objects) => {}
     }
     if let Some(shared) = shared.upgrade() {
-        let mut resources = lock(&shared.resources);
+        let mut resources = locks::lock(&shared.resources);
         if resources
             .get(&resource)
             .is_some_and(|w| Arc::ptr_eq(&w.objects, &objects))
@@ -300,7 +300,7 @@ async fn watch_resource(shared: Weak<Shared>, resource: String, objects: Arc<Obj
 
 async fn idle(objects: &Objects) {
     loop {
-        let since = (*lock(&objects.last_used)).unwrap_or_else(Instant::now);
+        let since = (*locks::lock(&objects.last_used)).unwrap_or_else(Instant::now);
         let idle_for = since.elapsed();
         if idle_for >= IDLE_DROP {
             return;

@@ -45,6 +45,7 @@ use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
 use crate::dial::{DialError, Dialer, PeerConnection, DIAL_TIMEOUT};
+use crate::locks;
 use crate::metrics::TargetMetrics;
 
 /// Consecutive failed dials that take a peer out of rotation.
@@ -555,7 +556,7 @@ impl PeerPool {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        crate::locks::lock(&self.state)
+        locks::lock(&self.state)
     }
 
     // ---- publication side -------------------------------------------------------

@@ -14,7 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
 
-use crate::locks::lock;
+use crate::locks;
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
 use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody};
 use crproxy_core::reason::Reason;
@@ -545,7 +545,7 @@ impl DeadlineBody {
             Held::Here(holding) => Some(holding),
             Held::Watched { shared, watchdog } => {
                 watchdog.abort();
-                let holding = lock(&shared).take();
+                let holding = locks::lock(&shared).take();
                 holding
             }
             Held::Ended => None,
@@ -572,7 +572,7 @@ impl DeadlineBody {
         let watchdog = runtime
             .spawn(async move {
                 tokio::time::sleep_until(deadline).await;
-                let holding = lock(&theirs).take();
+                let holding = locks::lock(&theirs).take();
                 if holding.is_some() {
                     record_end(&metrics, verb, started, true);
                 }
@@ -621,7 +621,7 @@ impl DeadlineBody {
                 (polled, ended)
             }
             Held::Watched { shared, .. } => {
-                let mut guard = lock(shared);
+                let mut guard = locks::lock(shared);
                 let Some(holding) = guard.as_mut() else {
                     // The watchdog cut the request (and counted it) while hyper
                     // was not polling.
@@ -714,7 +714,7 @@ impl Body for DeadlineBody {
             Held::Here(holding) => holding.inner.is_end_stream(),
             // Asked by hyper between polls; a lock nobody else holds before the
             // deadline.
-            Held::Watched { shared, .. } => lock(shared)
+            Held::Watched { shared, .. } => locks::lock(shared)
                 .as_ref()
                 .is_some_and(|holding| holding.inner.is_end_stream()),
             Held::Ended => true,
@@ -724,7 +724,7 @@ impl Body for DeadlineBody {
     fn size_hint(&self) -> SizeHint {
         let rest = match &self.held {
             Held::Here(holding) => holding.inner.size_hint(),
-            Held::Watched { shared, .. } => lock(shared)
+            Held::Watched { shared, .. } => locks::lock(shared)
                 .as_ref()
                 .map(|holding| holding.inner.size_hint())
                 .unwrap_or_default(),

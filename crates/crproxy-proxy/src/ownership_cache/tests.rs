@@ -339,7 +339,7 @@ async fn a_resource_name_that_is_no_dns_label_gets_no_watch() {
         settle().await;
         assert!(cache.running(resource).is_none(), "{resource:?}");
     }
-    assert!(lock(&cache.shared.resources).is_empty());
+    assert!(locks::lock(&cache.shared.resources).is_empty());
 }
 
 /// Runs `test` on a paused runtime with a cache whose `widgets` watch has started
