@@ -1191,6 +1191,7 @@ async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer
         // A peer source that never publishes (a missing file).
         peers: Box::new(|_| PeerSourceConfig::File("/nonexistent/crproxy-peers.yaml".into())),
         startup_sync_timeout: Duration::from_millis(200),
+        wait_for_peers: false,
         ..Options::default()
     })
     .await;

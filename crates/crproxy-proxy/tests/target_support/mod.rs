@@ -85,6 +85,9 @@ pub struct Options<'a> {
     /// The proxy's peer source, given the target's address.
     pub peers: Box<dyn FnOnce(SocketAddr) -> PeerSourceConfig + 'a>,
     pub startup_sync_timeout: Duration,
+    /// Whether the harness waits for the peer source's first list before it
+    /// returns; false for a source that is meant never to publish.
+    pub wait_for_peers: bool,
 }
 
 impl Default for Options<'_> {
@@ -93,6 +96,7 @@ impl Default for Options<'_> {
             access: AccessMode::Owned,
             peers: Box::new(|target| PeerSourceConfig::Static(vec![target.to_string()])),
             startup_sync_timeout: Duration::from_secs(60),
+            wait_for_peers: true,
         }
     }
 }
@@ -224,6 +228,9 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
         startup_sync_timeout: options.startup_sync_timeout,
     };
     let proxy = app::start(setup, true).await.expect("proxy starts");
+    if options.wait_for_peers {
+        wait_for_peer_lists(&proxy).await;
+    }
     let addr = proxy.servers[0].1;
     let proxy_url = url::Url::parse(&format!("https://{addr}")).expect("url");
     let serving_ca_pem = serving_ca.pem().cert.clone();
@@ -248,6 +255,20 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
         serving_ca_pem,
         front_proxy_client,
     }
+}
+
+/// Waits (bounded: 10 s) until every pool has its first peer list, as an
+/// aggregator waits for the backend to become ready: the peer sources publish
+/// from tasks of their own, and a request that comes before the first list is
+/// answered 503. The sources the tests give publish a non-empty list at once.
+async fn wait_for_peer_lists(proxy: &RunningProxy) {
+    for _ in 0..200 {
+        if proxy.pools.iter().all(|pool| !pool.hosts().is_empty()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the proxy's peer sources published no peer list within 10 s");
 }
 
 /// The CRD becomes served a moment after it is created (bounded: 10 s).
