@@ -262,13 +262,12 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
 /// from tasks of their own, and a request that comes before the first list is
 /// answered 503. The sources the tests give publish a non-empty list at once.
 async fn wait_for_peer_lists(proxy: &RunningProxy) {
-    for _ in 0..200 {
-        if proxy.pools.iter().all(|pool| !pool.hosts().is_empty()) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    for pool in &proxy.pools {
+        assert!(
+            pool.wait_for_first_list(Duration::from_secs(10)).await,
+            "the proxy's peer source published no peer list within 10 s"
+        );
     }
-    panic!("the proxy's peer sources published no peer list within 10 s");
 }
 
 /// The CRD becomes served a moment after it is created (bounded: 10 s).
