@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod deep_objects;
+pub mod locks;
 pub mod names;
 pub mod ownership;
 pub mod pki;

@@ -12,6 +12,7 @@
 
 use crate::cluster::{Auth, ExecConfig};
 use crate::Error;
+use crproxy_core::locks;
 use http::HeaderValue;
 use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
@@ -133,7 +134,7 @@ impl Credentials {
     /// certificates, so call it before a request that may open a connection.
     pub async fn authorization(&self) -> Result<Option<HeaderValue>, Error> {
         {
-            let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+            let current = locks::read(&self.current);
             if current.fresh_until.is_some_and(|t| Instant::now() < t) {
                 return Ok(current.header.clone());
             }
@@ -155,7 +156,7 @@ impl Credentials {
                 return Err(error);
             }
         }
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Current {
+        *locks::write(&self.current) = Current {
             header: state.header.clone(),
             fresh_until: state.fresh_until,
         };
@@ -208,10 +209,7 @@ impl Credentials {
             }
             state.fresh_until = None;
             drop(state);
-            self.current
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .fresh_until = None;
+            locks::write(&self.current).fresh_until = None;
         }
     }
 }
@@ -276,11 +274,11 @@ struct CurrentClientCert {
 
 impl CurrentClientCert {
     fn set(&self, key: Arc<CertifiedKey>) {
-        *self.key.write().unwrap_or_else(|e| e.into_inner()) = Some(key);
+        *locks::write(&self.key) = Some(key);
     }
 
     fn get(&self) -> Option<Arc<CertifiedKey>> {
-        self.key.read().unwrap_or_else(|e| e.into_inner()).clone()
+        locks::read(&self.key).clone()
     }
 }
 

@@ -25,8 +25,8 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-use crate::locks;
 use crate::watches::{self, WatchClient, WatchUpdate};
+use crproxy_core::locks;
 
 /// Namespace of the ConfigMap the client API server publishes.
 pub const AUTHENTICATION_CONFIGMAP_NAMESPACE: &str = "kube-system";

@@ -28,7 +28,6 @@ use crproxy_core::status;
 
 use crate::fallback;
 use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
-use crate::locks;
 use crate::metrics::TargetMetrics;
 use crate::namespaces::ClientNamespaces;
 use crate::ownership_cache::{Lookup, OwnershipCache};
@@ -37,6 +36,7 @@ use crate::transport::{
     self, DeadlineBody, ForwardError, Inspected, TargetConnection, TargetPath, WatchBody,
     WatchFraming, MAX_BUFFERED_BODY, REQUEST_DEADLINE,
 };
+use crproxy_core::locks;
 
 /// Everything one group/version server needs to serve requests.
 pub struct GroupVersionProxy {

@@ -14,7 +14,6 @@ pub mod fallback;
 pub mod frontproxy;
 pub mod handler;
 pub mod health;
-mod locks;
 pub mod metrics;
 pub mod namespaces;
 pub mod ownership_cache;

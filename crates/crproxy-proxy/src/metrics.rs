@@ -25,8 +25,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::locks;
 use crate::pool::PeerPool;
+use crproxy_core::locks;
 
 /// The content type to serve [`Metrics::encode`] output with.
 pub const OPENMETRICS_CONTENT_TYPE: &str =

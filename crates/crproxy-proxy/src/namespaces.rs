@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::watcher::Event;
 use kube::{Api, ResourceExt};
 
-use crate::locks;
 use crate::watches::{self, WatchClient, WatchUpdate};
+use crproxy_core::locks;
 
 /// The client's namespaces, as last seen by the watch.
 #[derive(Debug, Default)]

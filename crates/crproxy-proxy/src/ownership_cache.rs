@@ -38,12 +38,12 @@ use crproxy_core::ownership::{self, Owner};
 use crproxy_core::precondition::Pin;
 use crproxy_core::request;
 
-use crate::locks;
 use crate::pool::{BoxError, ConnectionSocket, ProxyBody};
 use crate::resting_socket::RestingSocket;
 use crate::transport::{self, ForwardError, TargetConnection, TargetPath, MAX_BUFFERED_BODY};
 use crate::watch_lines::WatchLines;
 use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
+use crproxy_core::locks;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::DefaultBackoff;
 use meta::{Event, MetaList, ObjectMeta};

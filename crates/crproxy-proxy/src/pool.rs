@@ -45,8 +45,8 @@ use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
 use crate::dial::{DialError, Dialer, PeerConnection, DIAL_TIMEOUT};
-use crate::locks;
 use crate::metrics::TargetMetrics;
+use crproxy_core::locks;
 
 /// Consecutive failed dials that take a peer out of rotation.
 pub const QUARANTINE_THRESHOLD: u32 = 3;

@@ -14,9 +14,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
 
-use crate::locks;
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
 use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody};
+use crproxy_core::locks;
 use crproxy_core::reason::Reason;
 use std::sync::Arc;
 

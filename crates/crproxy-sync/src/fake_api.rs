@@ -3,6 +3,7 @@
 //! a reconcile or a write-through sent without a cluster (the end-to-end tests with
 //! devclusters live in the crproxy crate).
 
+use crproxy_core::locks;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,9 +58,7 @@ impl FakeApi {
                                 .unwrap_or_default();
                             let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
                             let (code, answer) = answer(&method, &path, &body);
-                            seen.lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(Received { method, path, body });
+                            locks::lock(&seen).push(Received { method, path, body });
                             let mut response =
                                 Response::new(Full::new(Bytes::from(answer.to_string())));
                             *response.status_mut() = StatusCode::from_u16(code)
@@ -86,10 +85,7 @@ impl FakeApi {
 
     /// Every request so far, in order.
     pub fn received(&self) -> Vec<Received> {
-        self.received
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        locks::lock(&self.received).clone()
     }
 
     /// The requests so far with `method`.

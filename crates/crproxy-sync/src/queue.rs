@@ -22,6 +22,7 @@
 //! hundred retry after their backoff and the rest follow at ten a second, instead
 //! of each key's few fast attempts arriving together.
 
+use crproxy_core::locks;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -127,7 +128,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        locks::lock(&self.inner)
     }
 
     /// Queues `key` now because its objects changed (a watch event): the change may

@@ -23,6 +23,7 @@
 //! annotations others add, finalizers and owner references survive every replace and
 //! never cause one ([`crate::managed`]).
 
+use crproxy_core::locks;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -220,9 +221,7 @@ impl ToHost {
     }
 
     fn observed_host_deletes(&self) -> MutexGuard<'_, HashMap<Key, String>> {
-        self.observed_host_deletes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        locks::lock(&self.observed_host_deletes)
     }
 
     /// Whether this syncer's host watch saw the mirror `mirror_uid` of `key` deleted.

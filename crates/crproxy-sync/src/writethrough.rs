@@ -44,6 +44,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crproxy_core::config::sync::WebhookEndpoint;
+use crproxy_core::locks;
 use crproxy_core::pki::CertificateAuthority;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -137,7 +138,7 @@ impl TermGate {
     /// The syncer's caches are synced: reviews are answered from `store`, unless
     /// the term has been closed meanwhile.
     pub fn caches_synced(&self, store: Store<DynamicObject>) {
-        let mut synced = lock(&self.gate.synced);
+        let mut synced = locks::lock(&self.gate.synced);
         if synced.term == self.term {
             synced.store = Some(store);
         }
@@ -158,37 +159,37 @@ impl Gate {
     pub fn open_term(self: &Arc<Self>) -> TermGate {
         TermGate {
             gate: Arc::clone(self),
-            term: lock(&self.synced).term,
+            term: locks::lock(&self.synced).term,
         }
     }
 
     /// Ends the current term: reviews are answered 503 until a syncer of a later
     /// term has synced its caches. The only place a term advances.
     pub fn close(&self) {
-        let mut synced = lock(&self.synced);
+        let mut synced = locks::lock(&self.synced);
         synced.term += 1;
         synced.store = None;
     }
 
     pub fn is_synced(&self) -> bool {
-        lock(&self.synced).store.is_some()
+        locks::lock(&self.synced).store.is_some()
     }
 
     fn store(&self) -> Option<Store<DynamicObject>> {
-        lock(&self.synced).store.clone()
+        locks::lock(&self.synced).store.clone()
     }
 
     pub fn is_pending(&self, key: &Key) -> bool {
-        lock(&self.pending).held.contains(key)
+        locks::lock(&self.pending).held.contains(key)
     }
 
     /// Marks `key` pending; `false` if it already was (a concurrent write-through).
     fn hold(&self, key: &Key) -> bool {
-        lock(&self.pending).held.insert(key.clone())
+        locks::lock(&self.pending).held.insert(key.clone())
     }
 
     fn release(&self, key: &Key) {
-        lock(&self.pending).held.remove(key);
+        locks::lock(&self.pending).held.remove(key);
         self.released.notify_waiters();
     }
 
@@ -204,7 +205,7 @@ impl Gate {
         deadline: tokio::time::Instant,
     ) -> bool {
         let _waiting = {
-            let mut pending = lock(&self.pending);
+            let mut pending = locks::lock(&self.pending);
             if pending.held.insert(key.clone()) {
                 return true;
             }
@@ -246,7 +247,7 @@ struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let mut pending = lock(&self.gate.pending);
+        let mut pending = locks::lock(&self.gate.pending);
         if let Some(n) = pending.waiting.get_mut(self.key) {
             *n -= 1;
             if *n == 0 {
@@ -254,10 +255,6 @@ impl Drop for Waiting<'_> {
             }
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The write-through of every toHost aggregated type of one tenant.

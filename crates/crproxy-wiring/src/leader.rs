@@ -15,6 +15,7 @@
 
 use crate::objects::Objects;
 use chrono::{DateTime, Utc};
+use crproxy_core::locks;
 use crproxy_kube::Error;
 use serde_json::{json, Value};
 use std::future::Future;
@@ -226,12 +227,7 @@ impl LeaderHandle {
     /// Returns when the loop has ended.
     pub async fn release(self) {
         let _ = self.shared.shutdown.send(true);
-        let task = self
-            .shared
-            .task
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let task = locks::lock(&self.shared.task).take();
         if let Some(task) = task {
             let _ = task.await;
         }
@@ -240,12 +236,7 @@ impl LeaderHandle {
     /// Stops the loop at once without touching the Lease, as a crashed process would:
     /// the others take over only once the Lease expires. For tests and emergencies.
     pub fn abort(self) {
-        let task = self
-            .shared
-            .task
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let task = locks::lock(&self.shared.task).take();
         if let Some(task) = task {
             task.abort();
         }

@@ -47,6 +47,7 @@
 use crate::types::UserInfo;
 use base64::Engine;
 use bytes::Bytes;
+use crproxy_core::locks;
 use crproxy_core::pki::CertPem;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::{BoxBody as HttpBoxBody, UnsyncBoxBody};
@@ -551,10 +552,7 @@ impl Aggregator {
         req: Request<RequestBody>,
     ) -> Result<Response<hyper::body::Incoming>, SendError> {
         let key = BackendKey::of(target);
-        let kept = self
-            .backends
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let kept = locks::lock(&self.backends)
             .get(&key)
             .filter(|sender| !sender.is_closed())
             .cloned();
@@ -578,10 +576,7 @@ impl Aggregator {
             .await
             .map_err(SendError::Connect)?;
         if let Sender::Http2(kept, _) = &sender {
-            self.backends
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, kept.clone());
+            locks::lock(&self.backends).insert(key, kept.clone());
         }
         sender.send(req).await.map_err(SendError::Http)
     }
@@ -848,11 +843,7 @@ impl Aggregator {
             .into_iter()
             .filter(|a| a["spec"]["service"].is_object())
             .collect();
-        let previous = self
-            .discovery
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let previous = locks::lock(&self.discovery).clone();
         let mut fetched = HashMap::new();
         for apiservice in &apiservices {
             let name = apiservice["metadata"]["name"]
@@ -897,7 +888,7 @@ impl Aggregator {
                 }
             }
         }
-        *self.discovery.lock().unwrap_or_else(|e| e.into_inner()) = fetched;
+        *locks::lock(&self.discovery) = fetched;
     }
 
     async fn fetch_discovery(&self, target: &Target, group: &str, version: &str) -> Option<Value> {
@@ -1006,11 +997,7 @@ impl Aggregator {
     /// apidiscovery.k8s.io/v2 APIGroupDiscovery entries for groups served by
     /// backends whose discovery has been fetched.
     pub fn aggregated_discovery(&self) -> Vec<Value> {
-        let fetched = self
-            .discovery
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let fetched = locks::lock(&self.discovery).clone();
         let mut groups: BTreeMap<String, Vec<(i64, String, Value)>> = BTreeMap::new();
         for a in self.view.apiservices() {
             let name = a["metadata"]["name"].as_str().unwrap_or_default();

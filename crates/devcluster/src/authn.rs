@@ -19,6 +19,7 @@
 //! the verb `impersonate`.
 
 use crate::types::{RequestAttributes, UserInfo};
+use crproxy_core::locks;
 use http::HeaderMap;
 use rustls_pki_types::CertificateDer;
 use serde_json::{json, Value};
@@ -125,19 +126,19 @@ impl Authenticator {
     pub fn add_token(&self, token: impl Into<String>, user: UserInfo) {
         // A poisoned lock only means another thread panicked mid-insert; the map is
         // still a valid map, so keep serving.
-        let mut tokens = self.tokens.write().unwrap_or_else(|e| e.into_inner());
+        let mut tokens = locks::write(&self.tokens);
         tokens.insert(token.into(), user);
     }
 
     /// Forgets a bearer token: later requests with it are 401.
     pub fn remove_token(&self, token: &str) {
-        let mut tokens = self.tokens.write().unwrap_or_else(|e| e.into_inner());
+        let mut tokens = locks::write(&self.tokens);
         tokens.remove(token);
     }
 
     /// The first token (in sort order) of a user, for writing kubeconfigs.
     pub fn token_of(&self, user: &str) -> Option<String> {
-        let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
+        let tokens = locks::read(&self.tokens);
         tokens
             .iter()
             .filter(|(_, u)| u.name == user)
@@ -148,15 +149,12 @@ impl Authenticator {
 
     /// Sets the audiences reported by TokenReview (kube's `--api-audiences`).
     pub fn set_api_audiences(&self, audiences: Vec<String>) {
-        *self.audiences.write().unwrap_or_else(|e| e.into_inner()) = audiences;
+        *locks::write(&self.audiences) = audiences;
     }
 
     /// The configured API audiences.
     pub fn api_audiences(&self) -> Vec<String> {
-        self.audiences
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        locks::read(&self.audiences).clone()
     }
 
     /// Who is calling. `peer_cert` is the leaf client certificate, already verified by
@@ -181,7 +179,7 @@ impl Authenticator {
     /// Looks a bearer token up (also what TokenReview does). The returned user has
     /// `system:authenticated`.
     pub fn authenticate_token(&self, token: &str) -> Result<UserInfo, AuthnError> {
-        let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
+        let tokens = locks::read(&self.tokens);
         tokens
             .get(token)
             .cloned()

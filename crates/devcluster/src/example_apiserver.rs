@@ -18,6 +18,7 @@
 
 use crate::DevCluster;
 use bytes::Bytes;
+use crproxy_core::locks;
 use crproxy_core::pki::CertificateAuthority;
 use crproxy_core::selector::LabelSelector;
 use http::{Method, Request, Response, StatusCode};
@@ -303,7 +304,7 @@ impl Gateways {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        locks::lock(&self.inner)
     }
 
     /// Stores (or removes, for DELETED) under the lock and announces the change.

@@ -4,6 +4,7 @@
 //! Discovery, routing and storage all read this one table, so a resource appears in
 //! discovery exactly when requests for it are served.
 
+use crproxy_core::locks;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -494,23 +495,14 @@ impl Registry {
         if let Some(info) = self.builtins.get(&key) {
             return Some(info.clone());
         }
-        self.crds
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .map(|(_, i)| i.clone())
+        locks::read(&self.crds).get(&key).map(|(_, i)| i.clone())
     }
 
     /// Every served resource, built-ins first, then CRDs by group and name.
     pub fn all(&self) -> Vec<Arc<ResourceInfo>> {
         let mut out: Vec<Arc<ResourceInfo>> = self.builtins.values().cloned().collect();
-        let mut crds: Vec<(u64, Arc<ResourceInfo>)> = self
-            .crds
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let mut crds: Vec<(u64, Arc<ResourceInfo>)> =
+            locks::read(&self.crds).values().cloned().collect();
         crds.sort_by_key(|(seq, _)| *seq);
         out.extend(crds.into_iter().map(|(_, i)| i));
         out
@@ -524,7 +516,7 @@ impl Registry {
     /// Serves (or re-serves, after an update) a CRD's resource.
     pub fn put_crd(&self, info: ResourceInfo) {
         let key = (info.group.clone(), info.resource.clone());
-        let mut crds = self.crds.write().unwrap_or_else(|p| p.into_inner());
+        let mut crds = locks::write(&self.crds);
         let seq = match crds.get(&key) {
             Some((seq, _)) => *seq,
             None => self
@@ -538,7 +530,7 @@ impl Registry {
 
     /// Stops serving the resource of the CRD named `crd_name`.
     pub fn remove_crd(&self, crd_name: &str) -> Option<Arc<ResourceInfo>> {
-        let mut crds = self.crds.write().unwrap_or_else(|p| p.into_inner());
+        let mut crds = locks::write(&self.crds);
         let key = crds
             .iter()
             .find(|(_, (_, v))| v.source == Source::Crd(crd_name.to_string()))

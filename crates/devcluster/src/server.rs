@@ -22,6 +22,7 @@ use crate::error::Error;
 use crate::registry::Registry;
 use crate::store::Store;
 use crate::types::UserInfo;
+use crproxy_core::locks;
 use crproxy_core::pki::{CertPem, CertificateAuthority};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls_pki_types::pem::PemObject;
@@ -306,10 +307,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
 
     let addr = SocketAddr::new(cfg.bind, cfg.port);
     let (bound, listener) = bind(addr, state.clone(), tls.clone()).await?;
-    *state
-        .server_address
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = bound.to_string();
+    *locks::lock(&state.server_address) = bound.to_string();
     let inner = Arc::new(Inner {
         state,
         tls,
@@ -544,21 +542,13 @@ impl DevCluster {
         let addr = SocketAddr::new(self.inner.addr.ip(), port);
         let (bound, listener) =
             bind(addr, self.inner.state.clone(), self.inner.tls.clone()).await?;
-        self.inner
-            .listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(bound, listener);
+        locks::lock(&self.inner.listeners).insert(bound, listener);
         Ok(bound)
     }
 
     /// Stops a listener and drops its open connections.
     pub fn stop_listener(&self, addr: SocketAddr) -> Result<(), Error> {
-        let l = self
-            .inner
-            .listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let l = locks::lock(&self.inner.listeners)
             .remove(&addr)
             .ok_or(Error::NoListener(addr))?;
         let _ = l.stop.send(true);
@@ -567,14 +557,7 @@ impl DevCluster {
 
     /// Addresses of all running listeners.
     pub fn listeners(&self) -> Vec<SocketAddr> {
-        let mut v: Vec<SocketAddr> = self
-            .inner
-            .listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .copied()
-            .collect();
+        let mut v: Vec<SocketAddr> = locks::lock(&self.inner.listeners).keys().copied().collect();
         v.sort();
         v
     }
@@ -582,11 +565,7 @@ impl DevCluster {
     /// Stops every listener, ends watches and flushes the database.
     pub async fn shutdown(self) {
         let _ = self.inner.shutdown_tx.send(true);
-        let listeners: Vec<Listener> = self
-            .inner
-            .listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let listeners: Vec<Listener> = locks::lock(&self.inner.listeners)
             .drain()
             .map(|(_, l)| l)
             .collect();

@@ -13,6 +13,7 @@
 
 use crate::error::Error;
 use crate::registry::GroupResource;
+use crproxy_core::locks;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
@@ -234,11 +235,11 @@ impl Store {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        locks::read(&self.state)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+        locks::write(&self.state)
     }
 
     /// The newest resourceVersion.
@@ -638,9 +639,9 @@ impl Store {
     /// Flushes and stops the writer thread. Later writes stay in memory only.
     pub fn close(&self) {
         if let Some(p) = &self.persister {
-            let tx = p.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let tx = locks::lock(&p.tx).take();
             drop(tx);
-            let thread = p.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let thread = locks::lock(&p.thread).take();
             if let Some(t) = thread {
                 let _ = t.join();
             }
@@ -650,7 +651,7 @@ impl Store {
 
 impl Persister {
     fn send(&self, op: PersistOp) {
-        if let Some(tx) = self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(tx) = locks::lock(&self.tx).as_ref() {
             let _ = tx.send(op);
         }
     }

@@ -3,6 +3,7 @@
 //! an unreachable host's cleanup that cannot tell whether the write reached it; and
 //! against a host that never answers, a review its caller gave up on.
 
+use crproxy_core::locks;
 use std::io::Write;
 use std::sync::Mutex as StdMutex;
 
@@ -1125,7 +1126,7 @@ fn create_of(namespace: &str, name: &str) -> Value {
 
 /// How many writes wait for `key`.
 fn waiting_for(gate: &Gate, key: &Key) -> usize {
-    lock(&gate.pending)
+    locks::lock(&gate.pending)
         .waiting
         .get(key)
         .copied()

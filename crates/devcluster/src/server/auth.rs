@@ -11,6 +11,7 @@ use crate::rbac::RbacSnapshot;
 use crate::registry::GroupResource;
 use crate::store::Store;
 use crate::types::{RequestAttributes, UserInfo};
+use crproxy_core::locks;
 use http::HeaderMap;
 use rustls_pki_types::CertificateDer;
 use serde_json::Value;
@@ -133,7 +134,7 @@ impl PolicyCache {
             store.last_change(&grs[2]),
             store.last_change(&grs[3]),
         ];
-        let mut cache = self.rbac.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = locks::lock(&self.rbac);
         if let Some((k, snap)) = cache.as_ref() {
             if *k == key {
                 return snap.clone();
@@ -165,7 +166,7 @@ impl PolicyCache {
             store.last_change(&grs[1]),
             store.last_change(&grs[2]),
         ];
-        let mut cache = self.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = locks::lock(&self.admission);
         if let Some((k, snap)) = cache.as_ref() {
             if *k == key {
                 return Some(snap.clone());
@@ -196,7 +197,7 @@ impl PolicyCache {
             store.last_change(&grs[1]),
             store.last_change(&grs[2]),
         ];
-        let mut cache = self.webhooks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = locks::lock(&self.webhooks);
         if let Some((k, snap)) = cache.as_ref() {
             if *k == key {
                 return Some(snap.clone());

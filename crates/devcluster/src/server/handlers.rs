@@ -13,6 +13,7 @@ use crate::store::{meta_str, Mutation};
 use crate::types::RequestAttributes;
 use crate::watch::write_value;
 use bytes::Bytes;
+use crproxy_core::locks;
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -395,11 +396,7 @@ fn non_resource(
                 headers,
             )),
             _ => {
-                let addr = state
-                    .server_address
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
+                let addr = locks::lock(&state.server_address).clone();
                 Ok(h::json_response(200, &discovery::api_versions(&addr)))
             }
         },

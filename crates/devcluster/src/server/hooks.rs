@@ -9,6 +9,7 @@ use super::State;
 use crate::error::ApiError;
 use crate::registry::GroupResource;
 use crate::store::{meta_str, Mutation, Written};
+use crproxy_core::locks;
 use http::Response;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -272,7 +273,7 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
         return;
     }
     {
-        let mut running = state.ns_cleanups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut running = locks::lock(&state.ns_cleanups);
         if !running.insert(ns.clone()) {
             return;
         }
@@ -322,11 +323,7 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
                 _ = shutdown.changed() => break,
             }
         }
-        state
-            .ns_cleanups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&ns);
+        locks::lock(&state.ns_cleanups).remove(&ns);
     });
 }
 

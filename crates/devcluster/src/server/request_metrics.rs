@@ -8,6 +8,7 @@
 //! whether or not the resource is served (kube counts only the routes it
 //! installed), and requests refused by authentication or authorization are not.
 
+use crproxy_core::locks;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
@@ -91,13 +92,13 @@ pub(crate) struct RequestMetrics {
 
 impl RequestMetrics {
     pub(crate) fn record(&self, labels: RequestLabels, code: u16) {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = locks::lock(&self.counts);
         *counts.entry((labels, code)).or_default() += 1;
     }
 
     /// The Prometheus text exposition (format 0.0.4).
     pub(crate) fn render(&self) -> String {
-        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = locks::lock(&self.counts);
         let mut out = String::from(
             "# HELP apiserver_request_total [STABLE] Requests served, by verb, dry run \
              value, group, version, resource, scope, component and HTTP response code.\n\

@@ -1,22 +1,23 @@
-//! Locking that survives a poisoned lock.
+//! Locking that survives a poisoned lock, for the whole workspace.
 //!
-//! Every lock in this crate guards state that a panic cannot leave half-changed in
-//! a way that matters (a map insert, a few field writes, an `Option` taken or put
-//! back, a settings pointer swapped), so one request that panicked must not turn
-//! every later one into a panic too: these take the guard of a poisoned lock as
-//! they would a healthy one's.
+//! A lock taken with these guards state that a panic cannot leave half-changed
+//! in a way that matters (a map insert, a few field writes, an `Option` taken or
+//! put back, a pointer swapped). One request or task that panicked while holding
+//! it must not turn every later one into a panic too, so these take the guard of
+//! a poisoned lock as they would a healthy one's. State that a panic can leave
+//! inconsistent needs its own recovery instead of these.
 
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+pub fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+pub fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
