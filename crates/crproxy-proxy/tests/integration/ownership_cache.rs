@@ -754,6 +754,37 @@ async fn a_dry_run_create_is_not_remembered() {
     h.proxy.shutdown().await;
 }
 
+/// A dry-run delete removes nothing, from the cache either: the next write of the
+/// object is still decided from the cache, in one exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_delete_leaves_the_object_remembered() {
+    let h = harness(AccessMode::Owned).await;
+    hot_owned_widget(&h, "kept").await;
+    let tried = send(
+        &h,
+        "DELETE",
+        &format!("{WIDGETS}/kept?dryRun=All"),
+        None,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(tried.status, 200, "{}", tried.body);
+    assert!(
+        on_target(&h, "kept").await.is_some(),
+        "deleted by a dry run"
+    );
+    let before = counts(&h);
+    let patched = Write::MergePatch.send(&h, "kept", &Value::Null).await;
+    assert_eq!(patched.status, 200, "{}", patched.body);
+    let lookups = since(&h, before);
+    assert_eq!(
+        (lookups.hit, lookups.miss, lookups.stale),
+        (1, 0, 0),
+        "{lookups:?}"
+    );
+    h.proxy.shutdown().await;
+}
+
 /// A create the caller wants answered as a Table gets the target's Table (the
 /// proxy reads only plain JSON objects for the cache; a Table names no object),
 /// and the object it made can be written at once. Whether that write is a hit
