@@ -1,4 +1,5 @@
-//! crproxy-core: types and pure logic shared by the proxy, the wiring and devcluster.
+//! crproxy-core: types and pure logic shared by the proxy, the sync, the wiring,
+//! the Kubernetes client glue and devcluster.
 //! No I/O lives here: no sockets, no files, no clocks beyond what a caller passes in.
 
 pub mod config;

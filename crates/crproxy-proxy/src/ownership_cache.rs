@@ -666,10 +666,7 @@ pub fn replay_watch<'c>(owner: &Owner, chunks: impl IntoIterator<Item = &'c [u8]
             break;
         }
     }
-    let state = objects
-        .state
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner());
+    let state = locks::into_inner(objects.state);
     Replay {
         pins: state.pins,
         resource_version,

@@ -124,8 +124,6 @@ impl Authenticator {
     /// Registers (or replaces) a bearer token at run time, for users tests create.
     /// `user.groups` should not contain `system:authenticated`; it is added on use.
     pub fn add_token(&self, token: impl Into<String>, user: UserInfo) {
-        // A poisoned lock only means another thread panicked mid-insert; the map is
-        // still a valid map, so keep serving.
         let mut tokens = locks::write(&self.tokens);
         tokens.insert(token.into(), user);
     }

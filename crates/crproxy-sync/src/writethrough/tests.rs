@@ -163,10 +163,7 @@ struct Logs(Arc<StdMutex<Vec<u8>>>);
 
 impl Write for Logs {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
+        locks::lock(&self.0).extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -214,7 +211,7 @@ impl Logs {
     }
 
     fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+        String::from_utf8_lossy(&locks::lock(&self.0)).into_owned()
     }
 }
 
