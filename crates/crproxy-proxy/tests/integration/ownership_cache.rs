@@ -103,6 +103,13 @@ fn since(h: &Harness, before: Counts) -> Counts {
     }
 }
 
+/// A merge patch of `name` through the proxy, and the cache lookups it counted.
+async fn counted_patch(h: &Harness, name: &str) -> (Reply, Counts) {
+    let before = counts(h);
+    let patched = Write::MergePatch.send(h, name, &Value::Null).await;
+    (patched, since(h, before))
+}
+
 /// Creates `name` owned by the client straight on the target, then writes it
 /// through the proxy until the cache answers for it (bounded: 10 s), so the next
 /// write finds a hot cache. Returns the object as last written.
@@ -741,10 +748,8 @@ async fn a_dry_run_create_is_not_remembered() {
         "{}",
         tried.body
     );
-    let before = counts(&h);
-    let patched = Write::MergePatch.send(&h, "imagined", &Value::Null).await;
+    let (patched, lookups) = counted_patch(&h, "imagined").await;
     assert_eq!(patched.status, 404, "{}", patched.body);
-    let lookups = since(&h, before);
     assert_eq!(
         (lookups.miss, lookups.hit, lookups.stale),
         (1, 0, 0),
@@ -776,10 +781,8 @@ async fn a_dry_run_delete_leaves_the_object_remembered() {
         on_target(&h, "kept").await.is_some(),
         "deleted by a dry run"
     );
-    let before = counts(&h);
-    let patched = Write::MergePatch.send(&h, "kept", &Value::Null).await;
+    let (patched, lookups) = counted_patch(&h, "kept").await;
     assert_eq!(patched.status, 200, "{}", patched.body);
-    let lookups = since(&h, before);
     assert_eq!(
         (lookups.hit, lookups.miss, lookups.stale),
         (1, 0, 0),
