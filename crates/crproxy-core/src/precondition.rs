@@ -189,6 +189,8 @@ pub struct DeleteOptions {
     /// a comma, to follow the pin's preconditions and their object.
     other_preconditions: Vec<u8>,
     members: Vec<u8>,
+    /// Whether the options ask for a dry run.
+    dry_run: bool,
 }
 
 impl DeleteOptions {
@@ -210,6 +212,7 @@ impl DeleteOptions {
                 ),
                 other_preconditions: Vec::new(),
                 members: options.members()?,
+                dry_run: !options.dry_run.is_empty(),
             });
         }
         let options = crate::request_body::parse_json_strict(body)
@@ -228,6 +231,7 @@ impl DeleteOptions {
                 ))
             }
         };
+        let dry_run = names_a_dry_run(members.get("dryRun"));
         let caller_uid = CallerPrecondition::of_body(preconditions.remove("uid"));
         let caller_resource_version =
             CallerPrecondition::of_body(preconditions.remove("resourceVersion"));
@@ -236,7 +240,16 @@ impl DeleteOptions {
             caller_resource_version,
             other_preconditions: each_after_a_comma(&preconditions)?,
             members: each_after_a_comma(&members)?,
+            dry_run,
         })
+    }
+
+    /// Whether kube dry-runs a delete with these options: they list `dryRun`
+    /// values (a query naming `dryRun` at all, or a body's non-empty `dryRun`).
+    /// A value other than `All` makes kube refuse the delete, so a delete that
+    /// succeeds with such options was a dry run.
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run
     }
 
     /// The options as the body sent, with the uid and resourceVersion
@@ -264,6 +277,16 @@ impl DeleteOptions {
         body.extend_from_slice(&self.members);
         body.push(b'}');
         Ok(body)
+    }
+}
+
+/// A body's `dryRun`: an empty list or `null` asks for none; anything else is a
+/// dry run or makes kube refuse the delete.
+fn names_a_dry_run(value: Option<&Value>) -> bool {
+    match value {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(values)) => !values.is_empty(),
+        Some(_) => true,
     }
 }
 
@@ -660,6 +683,30 @@ mod tests {
             empty["preconditions"],
             json!({"uid":"u1","resourceVersion":"7"})
         );
+    }
+
+    #[test]
+    fn a_delete_is_a_dry_run_as_kube_reads_its_options() {
+        // kube reads the body's options, and the query's only when the body is
+        // empty (kubectl's `--dry-run=server` sends them in the body).
+        for (body, query, dry_run) in [
+            (r#"{"dryRun":["All"]}"#, None, true),
+            (
+                r#"{"kind":"DeleteOptions","apiVersion":"v1","dryRun":["All"]}"#,
+                None,
+                true,
+            ),
+            (r#"{"dryRun":[]}"#, None, false),
+            (r#"{"dryRun":null}"#, None, false),
+            (r#"{"propagationPolicy":"Background"}"#, None, false),
+            (r#"{}"#, Some("dryRun=All"), false),
+            ("", Some("dryRun=All"), true),
+            ("", Some("propagationPolicy=Orphan"), false),
+            ("", None, false),
+        ] {
+            let options = DeleteOptions::read(body.as_bytes(), query).expect("options");
+            assert_eq!(options.is_dry_run(), dry_run, "{body:?} {query:?}");
+        }
     }
 
     #[test]

@@ -633,7 +633,7 @@ impl GroupVersionProxy {
     ) -> Outcome {
         let created = self.stamped_write(exchange, body, Stamp::Always).await;
         if self.access == AccessMode::Owned {
-            self.remember_write(exchange, Verb::Create, path, created)
+            self.remember_write(exchange, Verb::Create, path, None, created)
                 .await
         } else {
             created
@@ -863,7 +863,9 @@ impl GroupVersionProxy {
             let pin_may_have_refused =
                 code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
             if last || !pin_may_have_refused || refused_for_its_uid {
-                return self.remember_write(exchange, verb, path, outcome).await;
+                return self
+                    .remember_write(exchange, verb, path, delete.as_ref(), outcome)
+                    .await;
             }
         }
         // The loop returns on its last attempt.
@@ -940,7 +942,10 @@ impl GroupVersionProxy {
             return self.cache_result("stale");
         }
         self.metrics.ownership_cache(&self.group_version, "hit");
-        Some(self.remember_write(exchange, verb, path, outcome).await)
+        Some(
+            self.remember_write(exchange, verb, path, delete, outcome)
+                .await,
+        )
     }
 
     fn cache_result(&self, result: &'static str) -> Option<Outcome> {
@@ -951,12 +956,15 @@ impl GroupVersionProxy {
     /// Tells the ownership cache what a successful mutation left behind: a deleted
     /// object is forgotten, an updated or created one is remembered in its new
     /// state (read from the answer, which is passed on unchanged), so that a write
-    /// right after it need not wait for the cache's watch. Dry runs change nothing.
+    /// right after it need not wait for the cache's watch. Dry runs change nothing:
+    /// a delete's options (`delete`) say whether it is one, any other write's
+    /// query does.
     async fn remember_write(
         &self,
         exchange: &Exchange,
         verb: Verb,
         path: &ResourcePath,
+        delete: Option<&Result<DeleteOptions, PreconditionError>>,
         outcome: Outcome,
     ) -> Outcome {
         // A create's path names no object: its answer does.
@@ -964,7 +972,12 @@ impl GroupVersionProxy {
         if path.subresource.is_some() || (name.is_none() && verb != Verb::Create) {
             return outcome;
         }
-        let dry_run = request::is_dry_run(exchange.query());
+        let dry_run = match delete {
+            Some(Ok(options)) => options.is_dry_run(),
+            // Options that cannot be read are refused before anything is sent.
+            Some(Err(_)) => true,
+            None => request::is_dry_run(exchange.query()),
+        };
         if !outcome.response.status().is_success() || dry_run {
             return outcome;
         }
