@@ -116,8 +116,7 @@ fuzz_target!(|data: &[u8]| {
             ];
             reference::with_operations(model.clone(), &tests, &[])
         } else {
-            let fields = [("uid", Some("uid-1")), ("resourceVersion", Some("7"))];
-            reference::edited(model.clone(), &[], &fields)
+            reference::edited(model.clone(), &[], &pinned_fields(&model))
         };
         assert_eq!(view.document().ok(), want, "view pin");
     }
@@ -147,8 +146,26 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(write.document().ok(), want);
         }
     } else if precondition::pin_write(&owner, &mut write, &pin).is_ok() {
-        let fields = [("uid", Some("uid-1")), ("resourceVersion", Some("7"))];
+        let fields = pinned_fields(&model);
         let want = reference::edited(model, &labels, &fields);
         assert_eq!(write.document().ok(), want);
     }
 });
+
+/// The metadata fields a pin to uid `uid-1` and resourceVersion `7` sets in a
+/// body modelled as `model`. A uid of the caller's own stays as sent (its
+/// precondition, or a change kube refuses); an absent, null or empty one gets
+/// the pinned uid.
+fn pinned_fields(model: &Value) -> Vec<(&'static str, Option<&'static str>)> {
+    let callers_uid = model.get("metadata").and_then(|metadata| metadata.get("uid"));
+    let keeps_callers_uid = match callers_uid {
+        None | Some(Value::Null) => false,
+        Some(Value::String(uid)) => !uid.is_empty(),
+        Some(_) => true,
+    };
+    let mut fields = vec![("resourceVersion", Some("7"))];
+    if !keeps_callers_uid {
+        fields.insert(0, ("uid", Some("uid-1")));
+    }
+    fields
+}
