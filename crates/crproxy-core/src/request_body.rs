@@ -458,11 +458,24 @@ fn parse_yaml_strict(bytes: &[u8]) -> Result<Value, BodyError> {
     let mut options = serde_saphyr::Options::default();
     options.legacy_octal_numbers = true;
     options.strict_booleans = false;
-    serde_saphyr::from_str_with_options::<Value>(text, options).map_err(|e| {
-        BodyError::Invalid(format!(
-            "request body is not a single valid YAML document: {e}"
-        ))
-    })
+    serde_saphyr::from_str_with_options::<StrictDocument>(text, options)
+        .map(|document| document.0)
+        .map_err(|e| {
+            BodyError::Invalid(format!(
+                "request body is not a single valid YAML document: {e}"
+            ))
+        })
+}
+
+/// A YAML document read with [`StrictValue`]: the YAML parser refuses a key
+/// repeated as written, and this a second key that JSON writes the same way
+/// (`!a k` and `!b k`, or `1` and `"1"`), whose first value would be dropped.
+struct StrictDocument(Value);
+
+impl<'de> serde::Deserialize<'de> for StrictDocument {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        StrictValue.deserialize(deserializer).map(StrictDocument)
+    }
 }
 
 /// Deserializes a `serde_json::Value`, failing on a repeated key in any object.
@@ -611,6 +624,32 @@ mod tests {
                 json!({"metadata": {"name": "a"}, "spec": {"on": true, "mode": 493}})
             );
         }
+    }
+
+    #[test]
+    fn yaml_keys_that_are_one_json_key_are_refused() {
+        // Distinct YAML keys (other tags, or a number and a string) that are
+        // written as the same JSON key: one copy would be dropped unseen.
+        for text in [
+            "!a k: 1\n!b k: 2\n",
+            "1: a\n\"1\": b\n",
+            "spec:\n  !x on: 1\n  !!str on: 2\n",
+        ] {
+            for ct in ["application/yaml", "application/apply-patch+yaml"] {
+                let message = invalid(Some(ct), text.as_bytes());
+                assert!(message.contains("duplicate key"), "{text:?}: {message}");
+            }
+        }
+        // A merge key's entries are not repeats: the mapping's own win.
+        let merged = WriteBody::parse(
+            Some("application/yaml"),
+            b"base: &b {a: 1, b: 2}\nm: {<<: *b, a: 4}\n",
+        )
+        .expect("parses");
+        assert_eq!(
+            merged.document().expect("strict JSON"),
+            json!({"base": {"a": 1, "b": 2}, "m": {"a": 4, "b": 2}})
+        );
     }
 
     #[test]
