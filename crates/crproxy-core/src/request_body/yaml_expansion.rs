@@ -12,7 +12,9 @@
 //! and the containers still open, never a node itself. What it counts as JSON is
 //! a lower bound; the JSON actually written is checked against the limit again.
 
-use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle};
+use std::borrow::Cow;
+
+use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle, Tag};
 
 use super::PARSED_NODE_BYTES;
 
@@ -22,7 +24,7 @@ use super::PARSED_NODE_BYTES;
 pub struct Expansion {
     /// At most the length of the JSON text: a string's own bytes; one byte for a
     /// plain scalar that reads as a number (JSON can write it shorter, as `16`
-    /// for `0x10`) and for one with a core tag other than a string's; two bytes per
+    /// for `0x10`) and for one with a tag other than a string's; two bytes per
     /// container; quotes and separators left out; nothing for what a `<<` merge
     /// key brings in (the mapping's own entries may override all of it). So a
     /// document refused for this is one whose JSON the target would refuse too.
@@ -95,6 +97,30 @@ fn reads_as_number(value: &str) -> bool {
         || (digits.contains(':') && digits.chars().all(|c| c.is_ascii_digit() || matches!(c, ':' | '.')))
 }
 
+/// Whether a tagged scalar is written as its own text, as the strict read
+/// resolves tags: by name, in the core namespace (`!!int`) and, for the same
+/// names, under the local handle (`!int`, `!null`), where a type other than a
+/// string's can be written shorter (`!null anything` is `null`). The
+/// non-specific `!` makes a string. A name the reader does not know leaves the
+/// scalar as its text reads, quoted or not.
+fn tagged_as_text(tag: &Tag, value: &str) -> bool {
+    let name = tag.suffix_in_namespace(CORE_SCHEMA).or_else(|| {
+        tag.suffix_in_namespace("!")
+            .map(|name| Cow::Owned(name.trim_start_matches('!').to_owned()))
+    });
+    match name.as_deref() {
+        Some("" | "str") => true,
+        Some(
+            "int" | "float" | "bool" | "null" | "binary" | "timestamp" | "time" | "degrees"
+            | "radians" | "include" | "seq" | "map",
+        ) => false,
+        _ => !reads_as_number(value),
+    }
+}
+
+/// The namespace of YAML's own tags (`!!str` is `tag:yaml.org,2002:str`).
+const CORE_SCHEMA: &str = "tag:yaml.org,2002:";
+
 struct Open {
     anchor: usize,
     at_open: Expansion,
@@ -126,14 +152,10 @@ impl Walk {
                 let plain = matches!(style, ScalarStyle::Plain) && tag.is_none();
                 let merge_key = plain && is_key && value == "<<";
                 // Counted in full unless JSON may write it shorter than its text:
-                // a number, or a core tag that is not a string's.
-                let string = match (&tag, tag.as_ref().and_then(|tag| tag.core_suffix())) {
-                    (None, _) => !(plain && reads_as_number(&value)),
-                    (Some(_), Some("str")) => true,
-                    (Some(_), Some("int" | "float" | "bool" | "null" | "binary")) => false,
-                    // A tag the reader does not know and reads past: what the text
-                    // looks like decides, quoted or not.
-                    (Some(_), _) => !reads_as_number(&value),
+                // a number, or a tag that is not a string's.
+                let string = match &tag {
+                    None => !(plain && reads_as_number(&value)),
+                    Some(tag) => tagged_as_text(tag, &value),
                 };
                 let shown = if merge_key {
                     0
@@ -290,6 +312,8 @@ mod tests {
             "1",
             "x",
             "!8-77#-7: \n  674444444444444344444443E056",
+            "--- !null kind  =\n",
+            "a: !bool off\nb: !int 0x0000010\nc: !float 1.500000\nd: !str 0x10\ne: ! 12\n",
         ] {
             let json =
                 crate::request_body::WriteBody::parse(Some("application/yaml"), text.as_bytes())
