@@ -461,8 +461,15 @@ fn parse_yaml_strict(bytes: &[u8]) -> Result<Value, BodyError> {
     serde_saphyr::from_str_with_options::<StrictDocument>(text, options)
         .map(|document| document.0)
         .map_err(|e| {
+            // One line for the caller: the parser's message for users, with its
+            // location, and no source snippet.
+            let options = serde_saphyr::render_options! {
+                formatter: &serde_saphyr::UserMessageFormatter,
+                snippets: serde_saphyr::SnippetMode::Off,
+            };
             BodyError::Invalid(format!(
-                "request body is not a single valid YAML document: {e}"
+                "request body is not a single valid YAML document: {}",
+                e.render_with_options(options)
             ))
         })
 }
@@ -623,6 +630,22 @@ mod tests {
                 body.document().expect("strict JSON"),
                 json!({"metadata": {"name": "a"}, "spec": {"on": true, "mode": 493}})
             );
+        }
+    }
+
+    #[test]
+    fn yaml_errors_are_one_line_naming_where() {
+        // A Status message, not the parser's source snippet or its settings.
+        for (text, names) in [
+            ("a: 1\na: 2\n", "line 2, column 1"),
+            ("a: [\n", "line 1"),
+            ("a: !bool maybe\n", "line 1, column"),
+            ("a: 1\n---\nb: 2\n", "line 3"),
+        ] {
+            let message = invalid(Some("application/yaml"), text.as_bytes());
+            assert!(!message.contains('\n'), "{text:?}: {message}");
+            assert!(message.contains(names), "{text:?}: {message}");
+            assert!(!message.contains("Options"), "{text:?}: {message}");
         }
     }
 
