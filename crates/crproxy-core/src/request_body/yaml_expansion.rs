@@ -12,8 +12,6 @@
 //! and the containers still open, never a node itself. What it counts as JSON is
 //! a lower bound; the JSON actually written is checked against the limit again.
 
-use std::borrow::Cow;
-
 use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle, Tag};
 
 use super::PARSED_NODE_BYTES;
@@ -24,7 +22,7 @@ use super::PARSED_NODE_BYTES;
 pub struct Expansion {
     /// At most the length of the JSON text: a string's own bytes; one byte for a
     /// plain scalar that reads as a number (JSON can write it shorter, as `16`
-    /// for `0x10`) and for one with a tag other than a string's; two bytes per
+    /// for `0x10`) and for a tagged one that may be too (see [`tagged_as_text`]); two bytes per
     /// container; quotes and separators left out; nothing for what a `<<` merge
     /// key brings in (the mapping's own entries may override all of it). So a
     /// document refused for this is one whose JSON the target would refuse too.
@@ -97,25 +95,58 @@ fn reads_as_number(value: &str) -> bool {
         || (digits.contains(':') && digits.chars().all(|c| c.is_ascii_digit() || matches!(c, ':' | '.')))
 }
 
-/// Whether a tagged scalar is written as its own text, as the strict read
-/// resolves tags: by name, in the core namespace (`!!int`) and, for the same
-/// names, under the local handle (`!int`, `!null`), where a type other than a
-/// string's can be written shorter (`!null anything` is `null`). The
-/// non-specific `!` makes a string. A name the reader does not know leaves the
-/// scalar as its text reads, quoted or not.
+/// Whether a tagged scalar is counted as its own text, following how the strict
+/// read (serde-saphyr 2) resolves tags. A tag that makes a string (`!!str`,
+/// `!str`, the non-specific `!`) writes the text quoted: counted in full. A type
+/// JSON may write shorter (`!!int 0x10` is `16`, `!null anything` is `null`, in
+/// the core namespace or under the local handle) counts one byte; matched
+/// generously, with any number of `!`, since one byte is always within the
+/// bound. A tag the reader does not know leaves the scalar read from its text,
+/// so a text that reads as a number counts one byte too.
 fn tagged_as_text(tag: &Tag, value: &str) -> bool {
-    let name = tag.suffix_in_namespace(CORE_SCHEMA).or_else(|| {
-        tag.suffix_in_namespace("!")
-            .map(|name| Cow::Owned(name.trim_start_matches('!').to_owned()))
-    });
-    match name.as_deref() {
-        Some("" | "str") => true,
-        Some(
-            "int" | "float" | "bool" | "null" | "binary" | "timestamp" | "time" | "degrees"
-            | "radians" | "include" | "seq" | "map",
-        ) => false,
-        _ => !reads_as_number(value),
+    let core = tag.suffix_in_namespace(CORE_SCHEMA);
+    let local = tag.suffix_in_namespace("!");
+    let makes_string = match (&core, &local) {
+        (Some(name), _) => name.strip_prefix('!').unwrap_or(name) == "str",
+        (None, Some(name)) => matches!(name.as_ref(), "" | "!" | "str" | "!str"),
+        (None, None) => false,
+    };
+    if makes_string {
+        return true;
     }
+    let typed = [core, local]
+        .into_iter()
+        .flatten()
+        .any(|name| TYPED_TAGS.contains(&name.trim_start_matches('!')));
+    !typed && !reads_as_number(value)
+}
+
+/// Tag names the strict read gives a type other than a string's.
+const TYPED_TAGS: [&str; 12] = [
+    "int",
+    "float",
+    "bool",
+    "null",
+    "binary",
+    "timestamp",
+    "time",
+    "degrees",
+    "radians",
+    "include",
+    "seq",
+    "map",
+];
+
+/// Whether a mapping key is a merge key: `<<` plain and untagged, or tagged
+/// `!!merge` in any style, as the strict read takes it.
+fn is_merge_key(value: &str, style: ScalarStyle, tag: Option<&Tag>) -> bool {
+    value == "<<"
+        && match tag {
+            None => matches!(style, ScalarStyle::Plain),
+            Some(tag) => tag
+                .suffix_in_namespace(CORE_SCHEMA)
+                .is_some_and(|name| name == "merge"),
+        }
 }
 
 /// The namespace of YAML's own tags (`!!str` is `tag:yaml.org,2002:str`).
@@ -150,9 +181,9 @@ impl Walk {
                 let is_key = self.at_key();
                 self.node_starts();
                 let plain = matches!(style, ScalarStyle::Plain) && tag.is_none();
-                let merge_key = plain && is_key && value == "<<";
+                let merge_key = is_key && is_merge_key(&value, style, tag.as_deref());
                 // Counted in full unless JSON may write it shorter than its text:
-                // a number, or a tag that is not a string's.
+                // a number, or a tag that gives it another type.
                 let string = match &tag {
                     None => !(plain && reads_as_number(&value)),
                     Some(tag) => tagged_as_text(tag, &value),
@@ -314,6 +345,10 @@ mod tests {
             "!8-77#-7: \n  674444444444444344444443E056",
             "--- !null kind  =\n",
             "a: !bool off\nb: !int 0x0000010\nc: !float 1.500000\nd: !str 0x10\ne: ! 12\n",
+            "a: !<!!!> 0x0000000001\nb: !<!!!str> 1.000000000\n",
+            "a: !<tag:yaml.org,2002:> 0x0000000001\n",
+            "a: !<tag:yaml.org,2002:!null> any long text\n",
+            "b: &b {xxxxxxxxxxxxxxxxxxxx: 1}\nm: {!!merge <<: *b, xxxxxxxxxxxxxxxxxxxx: 2}\n",
         ] {
             let json =
                 crate::request_body::WriteBody::parse(Some("application/yaml"), text.as_bytes())
