@@ -303,8 +303,10 @@ fn read(yaml: &str, source: &SourceMap) -> Result<(Config, Vec<ConfigError>), Ve
         let options = serde_saphyr::options! {
             duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
         };
-        serde_saphyr::from_str_with_options(yaml, options)
-            .map_err(|e| vec![ConfigError::new("", format!("invalid YAML: {e}"))])?
+        serde_saphyr::from_str_with_options(yaml, options).map_err(|e| {
+            let problem = crate::yaml_error::one_line(&e);
+            vec![ConfigError::new("", format!("invalid YAML: {problem}"))]
+        })?
     };
     let mut r = Reader::default();
     r.errors.extend(source.duplicates().iter().cloned());

@@ -15,3 +15,4 @@ pub mod request_body;
 pub mod selector;
 pub mod skim;
 pub mod status;
+mod yaml_error;

@@ -461,15 +461,9 @@ fn parse_yaml_strict(bytes: &[u8]) -> Result<Value, BodyError> {
     serde_saphyr::from_str_with_options::<StrictDocument>(text, options)
         .map(|document| document.0)
         .map_err(|e| {
-            // One line for the caller: the parser's message for users, with its
-            // location, and no source snippet.
-            let options = serde_saphyr::render_options! {
-                formatter: &serde_saphyr::UserMessageFormatter,
-                snippets: serde_saphyr::SnippetMode::Off,
-            };
             BodyError::Invalid(format!(
                 "request body is not a single valid YAML document: {}",
-                e.render_with_options(options)
+                crate::yaml_error::one_line(&e)
             ))
         })
 }

@@ -707,6 +707,23 @@ fn yaml_syntax_errors_point_at_the_mistake() {
     }
 }
 
+/// A value the parser refuses for its tag (which the source map's walk lets
+/// through) is one line naming where, not the parser's source snippet.
+#[test]
+fn values_their_tags_refuse_are_one_line_naming_where() {
+    for (yaml, place) in [
+        ("client:\n  name: !!int abc\n", "line 2, column 15"),
+        ("client:\n  name: !!binary '%%%'\n", "line 2, column 18"),
+    ] {
+        let errors = load(yaml).expect_err(yaml);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let shown = errors[0].to_string();
+        assert!(shown.starts_with("invalid YAML: "), "{shown}");
+        assert!(shown.contains(place), "{shown}");
+        assert!(!shown.contains('\n'), "one line: {shown}");
+    }
+}
+
 #[test]
 fn a_key_written_twice_is_a_config_error_not_parser_advice() {
     let yaml = edit("  project: default", "  project: default\n  name: other");
