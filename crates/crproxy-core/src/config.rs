@@ -304,8 +304,16 @@ fn read(yaml: &str, source: &SourceMap) -> Result<(Config, Vec<ConfigError>), Ve
             duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
         };
         serde_saphyr::from_str_with_options(yaml, options).map_err(|e| {
+            // Only what the source map's walk lets through gets here (a value its
+            // tag refuses): named by the key it is written under.
+            let key = e.location().map_or_else(String::new, |at| {
+                source.key_before(Position {
+                    line: usize::try_from(at.line()).unwrap_or(usize::MAX),
+                    column: usize::try_from(at.column()).unwrap_or(usize::MAX),
+                })
+            });
             let problem = crate::yaml_error::one_line(&e);
-            vec![ConfigError::new("", format!("invalid YAML: {problem}"))]
+            vec![ConfigError::new(key, format!("invalid YAML: {problem}"))]
         })?
     };
     let mut r = Reader::default();

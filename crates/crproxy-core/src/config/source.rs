@@ -165,6 +165,18 @@ impl SourceMap {
         }
     }
 
+    /// The key written last at or before `position`, spelled as errors spell
+    /// it: the key whose value holds a mistake the parser found there (empty
+    /// before the first key).
+    pub fn key_before(&self, position: Position) -> String {
+        self.positions
+            .iter()
+            .filter(|(_, at)| **at <= position)
+            .max_by_key(|(path, at)| (**at, path.len()))
+            .map(|(path, _)| spell(path))
+            .unwrap_or_default()
+    }
+
     /// Keys written twice in one mapping (the later value is the one used).
     pub fn duplicates(&self) -> &[ConfigError] {
         &self.duplicates

@@ -708,19 +708,37 @@ fn yaml_syntax_errors_point_at_the_mistake() {
 }
 
 /// A value the parser refuses for its tag (which the source map's walk lets
-/// through) is one line naming where, not the parser's source snippet.
+/// through) is one line naming its key and where, not the parser's snippet.
 #[test]
 fn values_their_tags_refuse_are_one_line_naming_where() {
-    for (yaml, place) in [
-        ("client:\n  name: !!int abc\n", "line 2, column 15"),
-        ("client:\n  name: !!binary '%%%'\n", "line 2, column 18"),
+    for (yaml, key, place) in [
+        (
+            "client:\n  name: !!int abc\n",
+            "client.name",
+            "line 2, column 15",
+        ),
+        (
+            "client:\n  name: !!binary '%%%'\n",
+            "client.name",
+            "line 2, column 18",
+        ),
+        (
+            "client: {name: a, project: b}\ntargets:\n  - name: t\n    kubeconfig: !!float x\n",
+            "targets[0].kubeconfig",
+            "line 4",
+        ),
+        ("!!int abc\n", "", "line 1"),
     ] {
         let errors = load(yaml).expect_err(yaml);
         assert_eq!(errors.len(), 1, "{errors:?}");
-        let shown = errors[0].to_string();
-        assert!(shown.starts_with("invalid YAML: "), "{shown}");
-        assert!(shown.contains(place), "{shown}");
-        assert!(!shown.contains('\n'), "one line: {shown}");
+        assert_eq!(errors[0].key, key, "{yaml:?}");
+        assert!(
+            errors[0].message.starts_with("invalid YAML: "),
+            "{}",
+            errors[0]
+        );
+        assert!(errors[0].message.contains(place), "{}", errors[0]);
+        assert!(!errors[0].message.contains('\n'), "one line: {}", errors[0]);
     }
 }
 

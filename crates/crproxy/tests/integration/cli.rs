@@ -212,13 +212,13 @@ fn check_config_reports_yaml_mistakes_in_its_own_words() {
     );
 
     // A value its tag refuses is found by the parser, not the source map's walk:
-    // still one line, naming where.
+    // still one line, at its key.
     std::fs::write(&path, "client:\n  name: !!int abc\n").expect("write");
     let (ok, stdout, _) = crproxy(&["check-config", file]);
     assert!(!ok);
     assert_eq!(
         stdout.trim_end(),
-        format!("{file}:1:1: invalid YAML: invalid u64 at line 2, column 15"),
+        format!("{file}:2:3: client.name: invalid YAML: invalid u64 at line 2, column 15"),
     );
 }
 
