@@ -180,12 +180,11 @@ impl Walk {
             Event::Scalar(value, style, anchor, tag) => {
                 let is_key = self.at_key();
                 self.node_starts();
-                let plain = matches!(style, ScalarStyle::Plain) && tag.is_none();
                 let merge_key = is_key && is_merge_key(&value, style, tag.as_deref());
                 // Counted in full unless JSON may write it shorter than its text:
                 // a number, or a tag that gives it another type.
                 let string = match &tag {
-                    None => !(plain && reads_as_number(&value)),
+                    None => !(matches!(style, ScalarStyle::Plain) && reads_as_number(&value)),
                     Some(tag) => tagged_as_text(tag, &value),
                 };
                 let shown = if merge_key {
