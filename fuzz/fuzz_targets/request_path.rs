@@ -1,42 +1,4 @@
-//! The request classifier and path parser, the owner-scoped query and dry-run
-//! detection: never a panic, a classified resource path always stays under the
-//! group/version, and a query with a literal `dryRun` parameter is a dry run.
+//! Fuzz target `request_path`: see `crproxy_fuzz_oracles::request_path` for what it checks.
 #![no_main]
 
-use crproxy_core::ownership::{self, Owner};
-use crproxy_core::request::{self, RequestKind};
-use libfuzzer_sys::fuzz_target;
-
-const METHODS: [&str; 8] = [
-    "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT",
-];
-
-fuzz_target!(|data: &[u8]| {
-    let Some((&selector, rest)) = data.split_first() else {
-        return;
-    };
-    let text = String::from_utf8_lossy(rest);
-    let (path, query) = match text.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (text.as_ref(), None),
-    };
-    let method = METHODS[usize::from(selector) % METHODS.len()];
-    let upgrade = selector & 0x80 != 0;
-    if let Ok(RequestKind::Resource { path: resource, .. }) =
-        request::classify(method, path, query, upgrade, "example.com", "v1")
-    {
-        assert!(!resource.resource.is_empty());
-        assert!(!resource.resource.contains('/'));
-    }
-    let names_dry_run = query
-        .unwrap_or("")
-        .split('&')
-        .any(|p| p == "dryRun" || p.starts_with("dryRun="));
-    if names_dry_run {
-        assert!(request::is_dry_run(query));
-    }
-    let owner = Owner::new("client", "project");
-    if let Ok(scoped) = ownership::scoped_query(query, &owner) {
-        assert!(scoped.contains("labelSelector="));
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| crproxy_fuzz_oracles::request_path::check(data));

@@ -22,7 +22,7 @@ use crate::skim::{Skim, SkimError};
 use crate::status;
 
 mod layout;
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, feature = "reference-model"))]
 pub mod reference;
 mod yaml_expansion;
 
@@ -388,7 +388,7 @@ fn alias_expansion(text: &str) -> Option<Result<yaml_expansion::Expansion, yaml_
 
 /// What the expansion walk says a YAML text's JSON is at least, for the fuzz
 /// target to hold against the JSON actually written.
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, feature = "reference-model"))]
 pub fn yaml_json_lower_bound(text: &str) -> Option<usize> {
     let limits = yaml_expansion::Limits {
         json_bytes: usize::MAX,

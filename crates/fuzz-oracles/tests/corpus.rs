@@ -1,0 +1,87 @@
+//! Every committed fuzz seed, replayed through its target's check on the stable
+//! toolchain: an input that once found a defect fails CI if the defect returns.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use crproxy_fuzz_oracles::TARGETS;
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
+}
+
+/// The files of one directory, sorted so that a failure names the same seed on
+/// every run.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut files: Vec<PathBuf> = entries
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_committed_seed_passes_its_targets_check() {
+    let mut failures = Vec::new();
+    let mut replayed = 0;
+    for (target, check) in TARGETS {
+        let seeds = files(&fuzz_dir().join("corpus").join(target));
+        assert!(!seeds.is_empty(), "fuzz/corpus/{target} has no seeds");
+        for seed in seeds {
+            let data = fs::read(&seed).expect("a readable seed");
+            if let Err(panic) = panic::catch_unwind(AssertUnwindSafe(|| check(&data))) {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)");
+                let name = seed.file_name().unwrap_or_default().to_string_lossy();
+                failures.push(format!("fuzz/corpus/{target}/{name}: {message}"));
+            }
+            replayed += 1;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // A floor, so that a corpus emptied by mistake does not pass quietly.
+    assert!(replayed >= 50, "only {replayed} seeds replayed");
+}
+
+/// The target list here, the fuzz crate's binaries, scripts/fuzz's list and the
+/// corpus directories name the same targets, so a new target cannot miss its
+/// replay or its fuzzing.
+#[test]
+fn every_fuzz_target_is_replayed() {
+    let listed: BTreeSet<&str> = TARGETS.iter().map(|(name, _)| *name).collect();
+    let manifest = fs::read_to_string(fuzz_dir().join("Cargo.toml")).expect("fuzz/Cargo.toml");
+    let binaries: BTreeSet<&str> = manifest
+        .lines()
+        .filter_map(|line| line.strip_prefix("name = \""))
+        .filter_map(|rest| rest.strip_suffix('"'))
+        .filter(|name| *name != "crproxy-fuzz")
+        .collect();
+    assert_eq!(listed, binaries, "fuzz/Cargo.toml's [[bin]] targets");
+    let script = fs::read_to_string(fuzz_dir().join("../scripts/fuzz")).expect("scripts/fuzz");
+    let fuzzed: BTreeSet<&str> = script
+        .lines()
+        .find_map(|line| line.strip_prefix("all=("))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .expect("scripts/fuzz's all=(...) line")
+        .split_whitespace()
+        .collect();
+    assert_eq!(listed, fuzzed, "scripts/fuzz's all=(...)");
+    let corpora: BTreeSet<String> = files_and_dirs(&fuzz_dir().join("corpus"));
+    let listed_owned: BTreeSet<String> = listed.iter().map(|s| s.to_string()).collect();
+    assert_eq!(listed_owned, corpora, "fuzz/corpus's directories");
+}
+
+fn files_and_dirs(dir: &Path) -> BTreeSet<String> {
+    fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").file_name())
+        .map(|name| name.to_string_lossy().into_owned())
+        .collect()
+}
