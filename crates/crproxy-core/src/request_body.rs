@@ -546,7 +546,14 @@ impl<'de> Visitor<'de> for StrictVisitor {
         let mut seen = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
             if !seen.insert(key.clone()) {
-                return Err(serde::de::Error::custom(format!("duplicate key {key:?}")));
+                // As serde's "invalid value" rather than a custom error: the YAML
+                // parser adds the key's line and column to that kind of error and
+                // leaves a custom one without (the JSON parser places every kind).
+                let repeated = format!("duplicate key {key:?}");
+                return Err(serde::de::Error::invalid_value(
+                    serde::de::Unexpected::Other(&repeated),
+                    &"each key once in an object",
+                ));
             }
             let value = map.next_value_seed(StrictValue)?;
             object.insert(key, value);
@@ -647,14 +654,22 @@ mod tests {
     fn yaml_keys_that_are_one_json_key_are_refused() {
         // Distinct YAML keys (other tags, or a number and a string) that are
         // written as the same JSON key: one copy would be dropped unseen.
-        for text in [
-            "!a k: 1\n!b k: 2\n",
-            "1: a\n\"1\": b\n",
-            "spec:\n  !x on: 1\n  !!str on: 2\n",
+        // The message names the key and where its second copy is.
+        for (text, key, place) in [
+            ("!a k: 1\n!b k: 2\n", "k", "line 2, column 4"),
+            ("1: a\n\"1\": b\n", "1", "line 2, column 1"),
+            (
+                "spec:\n  !x on: 1\n  !!str on: 2\n",
+                "on",
+                "line 3, column 9",
+            ),
         ] {
             for ct in ["application/yaml", "application/apply-patch+yaml"] {
                 let message = invalid(Some(ct), text.as_bytes());
-                assert!(message.contains("duplicate key"), "{text:?}: {message}");
+                assert!(
+                    message.contains(&format!("duplicate key {key:?}")) && message.contains(place),
+                    "{text:?}: {message}"
+                );
             }
         }
         // A merge key's entries are not repeats: the mapping's own win.
