@@ -15,4 +15,4 @@ pub mod request_body;
 pub mod selector;
 pub mod skim;
 pub mod status;
-mod yaml_error;
+pub mod yaml_error;

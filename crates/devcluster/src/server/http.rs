@@ -234,7 +234,7 @@ pub fn decode_yaml(bytes: &[u8]) -> Result<Value, String> {
     if let Ok(v) = serde_json::from_str::<Value>(text) {
         return Ok(v);
     }
-    serde_saphyr::from_str::<Value>(text).map_err(|e| e.to_string())
+    serde_saphyr::from_str::<Value>(text).map_err(|e| crproxy_core::yaml_error::one_line(&e))
 }
 
 /// A JSON or YAML response with the given status.
@@ -474,6 +474,12 @@ mod tests {
             decode_yaml(b"{\"a\": 1}").expect("json"),
             serde_json::json!({"a": 1})
         );
+        // A YAML error is one line saying where, as an API server's message is,
+        // not the parser's multi-line source snippet.
+        let err = decode_yaml(b"a: 1\nb: [x\n").expect_err("unclosed");
+        assert!(!err.contains('\n') && err.contains("line 2"), "{err}");
+        let err = decode_yaml(b"a: 1\na: 2\n").expect_err("repeated");
+        assert!(!err.contains('\n') && err.contains("line 2"), "{err}");
         let err = decode_body(b"{not json", BodyFormat::Json, "CronTab").expect_err("bad");
         assert_eq!(
             err.message,
