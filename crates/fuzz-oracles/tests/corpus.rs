@@ -63,7 +63,24 @@ fn every_fuzz_target_is_replayed() {
         .filter_map(|rest| rest.strip_suffix('"'))
         .filter(|name| *name != "crproxy-fuzz")
         .collect();
+    // Every [[bin]] section was read (a name written in another form would be
+    // skipped by the line match above), and each target runs its own check.
+    let sections = manifest
+        .lines()
+        .filter(|line| line.trim() == "[[bin]]")
+        .count();
+    assert_eq!(sections, binaries.len(), "fuzz/Cargo.toml's [[bin]] names");
     assert_eq!(listed, binaries, "fuzz/Cargo.toml's [[bin]] targets");
+    for name in &listed {
+        let path = fuzz_dir().join("fuzz_targets").join(format!("{name}.rs"));
+        let source =
+            fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let call = format!("crproxy_fuzz_oracles::{name}::check(");
+        assert!(
+            source.contains(&call),
+            "fuzz/fuzz_targets/{name}.rs does not call {call}"
+        );
+    }
     let script = fs::read_to_string(fuzz_dir().join("../scripts/fuzz")).expect("scripts/fuzz");
     let fuzzed: BTreeSet<&str> = script
         .lines()

@@ -1,6 +1,7 @@
 //! How the proxy edited a write body when it parsed the whole body into a tree:
 //! the model that the edits of the body's text are held to, by the property
-//! tests and by the `write_body` fuzz target. Compiled for tests and fuzzing only.
+//! tests and by the `write_body` fuzz check. Compiled for tests and under the
+//! `reference-model` feature (crates/fuzz-oracles) only.
 
 use serde_json::{Map, Value};
 
