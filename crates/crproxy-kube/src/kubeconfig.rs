@@ -132,8 +132,8 @@ impl Kubeconfig {
     pub fn load(path: &Path) -> Result<Self, Error> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Kubeconfig(format!("cannot read {}: {e}", path.display())))?;
-        let mut cfg = Self::from_yaml(&text)
-            .map_err(|e| Error::Kubeconfig(format!("{}: {e}", path.display())))?;
+        let mut cfg = parse(&text)
+            .map_err(|problem| Error::Kubeconfig(format!("{}: {problem}", path.display())))?;
         cfg.base_dir = path.parent().map(Path::to_path_buf);
         Ok(cfg)
     }
@@ -151,7 +151,7 @@ impl Kubeconfig {
     /// Parses kubeconfig YAML (or JSON). Relative paths resolve against the working
     /// directory unless `base_dir` is set afterwards.
     pub fn from_yaml(text: &str) -> Result<Self, Error> {
-        serde_saphyr::from_str(text).map_err(|e| Error::Kubeconfig(format!("bad YAML: {e}")))
+        parse(text).map_err(Error::Kubeconfig)
     }
 
     /// The context named `name`, or the current context when `None`.
@@ -176,6 +176,13 @@ impl Kubeconfig {
             _ => p.to_path_buf(),
         }
     }
+}
+
+/// The kubeconfig in `text`, or what is wrong with it on one line (the parser's
+/// own rendering spans several, with a source snippet).
+fn parse(text: &str) -> Result<Kubeconfig, String> {
+    serde_saphyr::from_str(text)
+        .map_err(|e| format!("bad YAML: {}", crproxy_core::yaml_error::one_line(&e)))
 }
 
 fn default_path() -> Option<PathBuf> {

@@ -155,3 +155,26 @@ fn in_cluster_reads_the_service_account() -> Result<()> {
     assert!(err.to_string().contains("token"), "{err}");
     Ok(())
 }
+
+/// A kubeconfig that is not YAML: one line, the file named once, and where in it
+/// the parser stopped (not the parser's multi-line snippet).
+#[test]
+fn a_broken_kubeconfig_is_one_line_naming_the_file_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("broken.kubeconfig");
+    std::fs::write(&path, "apiVersion: v1\nclusters: [oops\n")?;
+    let message = match Kubeconfig::load(&path) {
+        Ok(_) => panic!("a broken kubeconfig loaded"),
+        Err(e) => e.to_string(),
+    };
+    let shown = path.display().to_string();
+    assert!(!message.contains('\n'), "{message}");
+    assert_eq!(message.matches(&shown).count(), 1, "{message}");
+    assert_eq!(
+        message.matches("invalid kubeconfig").count(),
+        1,
+        "{message}"
+    );
+    assert!(message.ends_with("at line 2, column 11"), "{message}");
+    Ok(())
+}

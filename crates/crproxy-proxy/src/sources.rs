@@ -322,7 +322,10 @@ pub fn parse_peer_file(path: &std::path::Path, content: &[u8]) -> Result<Vec<Str
             } else {
                 serde_saphyr::from_str(text).map_err(|yaml_err| SourceError::Format {
                     path: path.to_owned(),
-                    detail: format!("as JSON: {json_err}; as YAML: {yaml_err}"),
+                    detail: format!(
+                        "as JSON: {json_err}; as YAML: {}",
+                        crproxy_core::yaml_error::one_line(&yaml_err)
+                    ),
                 })?
             }
         }

@@ -191,8 +191,8 @@ impl Inputs {
 }
 
 fn client_from(path: &Path) -> Result<kube::Client> {
-    let kubeconfig = crproxy_kube::Kubeconfig::load(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    // The loader's error names the file already.
+    let kubeconfig = crproxy_kube::Kubeconfig::load(path)?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None)
         .with_context(|| format!("using {}", path.display()))?;
     let credentials = cluster.credentials()?;

@@ -108,6 +108,11 @@ fn peer_files_are_json_or_yaml_lists() {
         Ok(&["api.example:443"]),
     );
     check_file("peers: [a:1]", Err("not a JSON or YAML list"));
+    // The YAML parser's complaint on one line, saying where.
+    check_file(
+        "- a:1\n- [b:2\n",
+        Err("unclosed bracket '[' at line 2, column 3"),
+    );
     check_file("[1, 2]", Err("is not \"host:port\""));
     check_file(r#"["10.0.0.1"]"#, Err("\"10.0.0.1\" is not \"host:port\""));
     check_file(r#"["10.0.0.1:https"]"#, Err("numeric port"));

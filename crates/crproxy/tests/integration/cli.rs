@@ -147,7 +147,7 @@ experimental:
         (
             "11:5",
             "targets[0].kubeconfig",
-            "broken.kubeconfig is not a kubeconfig",
+            "broken.kubeconfig is not a kubeconfig: bad YAML: unclosed bracket '[' at line 1, column 11",
         ),
         (
             "19:9",
@@ -219,6 +219,31 @@ fn check_config_reports_yaml_mistakes_in_its_own_words() {
     assert_eq!(
         stdout.trim_end(),
         format!("{file}:2:3: client.name: invalid YAML: invalid u64 at line 2, column 15"),
+    );
+}
+
+/// `doctor` with a kubeconfig that is not YAML: one line naming the file once.
+#[test]
+fn doctor_reports_a_broken_kubeconfig_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("broken.kubeconfig");
+    std::fs::write(&path, "apiVersion: v1\nclusters: [oops\n").expect("write");
+    let file = path.to_str().expect("utf8");
+    let (ok, _, stderr) = crproxy(&[
+        "doctor",
+        "--kubeconfig",
+        file,
+        "--metrics-url",
+        "http://127.0.0.1:1/metrics",
+    ]);
+    assert!(!ok);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(stderr.matches(file).count(), 1, "{stderr}");
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("bad YAML: unclosed bracket '[' at line 2, column 11"),
+        "{stderr}"
     );
 }
 
