@@ -404,7 +404,7 @@ pub fn yaml_json_lower_bound(text: &str) -> Option<usize> {
 /// that looked at another copy would judge a different object).
 pub fn parse_json_strict(bytes: &[u8]) -> Result<Value, BodyError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = StrictValue
+    let value = StrictValue(Syntax::Json)
         .deserialize(&mut deserializer)
         .and_then(|v| deserializer.end().map(|()| v))
         .map_err(|e| BodyError::Invalid(format!("request body is not valid JSON: {e}")))?;
@@ -475,22 +475,32 @@ struct StrictDocument(Value);
 
 impl<'de> serde::Deserialize<'de> for StrictDocument {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        StrictValue.deserialize(deserializer).map(StrictDocument)
+        StrictValue(Syntax::Yaml)
+            .deserialize(deserializer)
+            .map(StrictDocument)
     }
 }
 
 /// Deserializes a `serde_json::Value`, failing on a repeated key in any object.
-struct StrictValue;
+#[derive(Clone, Copy)]
+struct StrictValue(Syntax);
+
+/// What the document is written in: the two parsers place errors differently.
+#[derive(Clone, Copy)]
+enum Syntax {
+    Json,
+    Yaml,
+}
 
 impl<'de> DeserializeSeed<'de> for StrictValue {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_any(StrictVisitor)
+        deserializer.deserialize_any(StrictVisitor(self.0))
     }
 }
 
-struct StrictVisitor;
+struct StrictVisitor(Syntax);
 
 impl<'de> Visitor<'de> for StrictVisitor {
     type Value = Value;
@@ -535,7 +545,7 @@ impl<'de> Visitor<'de> for StrictVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(StrictValue)? {
+        while let Some(item) = seq.next_element_seed(StrictValue(self.0))? {
             items.push(item);
         }
         Ok(Value::Array(items))
@@ -546,16 +556,19 @@ impl<'de> Visitor<'de> for StrictVisitor {
         let mut seen = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
             if !seen.insert(key.clone()) {
-                // As serde's "invalid value" rather than a custom error: the YAML
-                // parser adds the key's line and column to that kind of error and
-                // leaves a custom one without (the JSON parser places every kind).
                 let repeated = format!("duplicate key {key:?}");
-                return Err(serde::de::Error::invalid_value(
-                    serde::de::Unexpected::Other(&repeated),
-                    &"each key once in an object",
-                ));
+                return Err(match self.0 {
+                    // serde_json adds the line and column to any error.
+                    Syntax::Json => serde::de::Error::custom(repeated),
+                    // serde-saphyr adds them to serde's own kinds of error only,
+                    // not to a custom one: the duplicate is raised as one of those.
+                    Syntax::Yaml => serde::de::Error::invalid_value(
+                        serde::de::Unexpected::Other(&repeated),
+                        &"each key once in an object",
+                    ),
+                });
             }
-            let value = map.next_value_seed(StrictValue)?;
+            let value = map.next_value_seed(StrictValue(self.0))?;
             object.insert(key, value);
         }
         Ok(Value::Object(object))
@@ -845,6 +858,13 @@ mod tests {
         );
         let message = invalid(None, br#"{"metadata":{"a":1,"\u0061":2}}"#);
         assert!(message.contains(r#"duplicate key "a""#), "{message}");
+        // Read by serde_json (a delete's options are), the message is the key
+        // and where, in serde_json's words.
+        let error = parse_json_strict(br#"{"dryRun":["All"],"dryRun":[]}"#).expect_err("repeated");
+        assert_eq!(
+            error.to_string(),
+            r#"request body is not valid JSON: duplicate key "dryRun" at line 1 column 26"#
+        );
     }
 
     #[test]
