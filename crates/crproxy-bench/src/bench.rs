@@ -1979,8 +1979,8 @@ async fn delete_all(direct: &Arc<Endpoint>, namespace: &str) -> Result<()> {
 /// A kube-rs client for the identity a kubeconfig names (the set-up's admin
 /// writes: namespaces on the client and the target).
 fn kube_client(kubeconfig: &Path) -> Result<kube::Client> {
-    let loaded = crproxy_kube::Kubeconfig::load(kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    // The loader's error names the file already.
+    let loaded = crproxy_kube::Kubeconfig::load(kubeconfig)?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)?;
     let credentials = cluster.credentials()?;
     Ok(crproxy_kube::kube_client(&cluster, credentials, "default")?)

@@ -24,7 +24,7 @@ async fn client(path: &Path, retry: bool) -> Result<kube::Client, SyncError> {
         path: shown.clone(),
         source,
     };
-    let kubeconfig = crproxy_kube::Kubeconfig::load(path).map_err(error)?;
+    let kubeconfig = crproxy_kube::Kubeconfig::load(path).map_err(SyncError::KubeconfigFile)?;
     let namespace = kubeconfig
         .context(None)
         .ok()
@@ -55,5 +55,26 @@ fn client_for(
         crproxy_kube::kube_client(cluster, credentials, namespace)
     } else {
         crproxy_kube::kube_client_without_retries(cluster, credentials, namespace)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kubeconfig that is not YAML: one line naming the file once.
+    #[tokio::test]
+    async fn a_broken_kubeconfig_is_named_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("host.kubeconfig");
+        std::fs::write(&path, "clusters: [oops\n").expect("write");
+        let message = match client(&path, false).await {
+            Ok(_) => panic!("a broken kubeconfig made a client"),
+            Err(e) => e.to_string(),
+        };
+        let shown = path.display().to_string();
+        assert_eq!(message.matches(&shown).count(), 1, "{message}");
+        assert!(!message.contains('\n'), "{message}");
+        assert!(message.ends_with("at line 1, column 11"), "{message}");
     }
 }

@@ -3,7 +3,10 @@ use thiserror::Error;
 /// Why the sync could not start or a sync step failed.
 #[derive(Debug, Error)]
 pub enum SyncError {
-    /// A kubeconfig could not be read or used.
+    /// A kubeconfig file could not be read or parsed (the error names the file).
+    #[error(transparent)]
+    KubeconfigFile(crproxy_kube::Error),
+    /// A kubeconfig could not be used.
     #[error("kubeconfig {path}: {source}")]
     Kubeconfig {
         path: String,

@@ -160,7 +160,11 @@ pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
             Err(e) => Some(format!("cannot read peer file {shown}: {e}")),
             Ok(content) => crproxy_proxy::sources::parse_peer_file(&resolved, &content)
                 .err()
-                .map(|e| format!("peer file {shown}: {}", detail(&e.to_string(), &shown))),
+                .map(|e| match e {
+                    // Names the file itself.
+                    crproxy_proxy::sources::SourceError::Format { .. } => e.to_string(),
+                    _ => format!("peer file {shown}: {e}"),
+                }),
         };
         if let Some(message) = problem {
             errors.push(config::ConfigError {
@@ -284,8 +288,8 @@ fn cluster_from(base: &Path, kubeconfig: Option<&str>) -> Result<crproxy_kube::C
     match kubeconfig {
         Some(path) => {
             let path = resolve(base, path);
-            let loaded = crproxy_kube::Kubeconfig::load(&path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            // The loader's error names the file already.
+            let loaded = crproxy_kube::Kubeconfig::load(&path)?;
             Ok(crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
                 .with_context(|| format!("using kubeconfig {}", path.display()))?)
         }

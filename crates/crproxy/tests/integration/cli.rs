@@ -222,6 +222,34 @@ fn check_config_reports_yaml_mistakes_in_its_own_words() {
     );
 }
 
+/// A peer file that is not a list: its line names the file once and says where
+/// the YAML reader stopped.
+#[test]
+fn check_config_names_a_broken_peer_file_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crproxy.yaml");
+    std::fs::write(
+        &path,
+        "client: {name: client, project: default, kubeconfig: target.kubeconfig}\n\
+         targets:\n  - name: target\n    kubeconfig: target.kubeconfig\n    peers: {file: peers.yaml}\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("target.kubeconfig"), KUBECONFIG).expect("write");
+    std::fs::write(dir.path().join("peers.yaml"), "- a:1\n- [b:2\n").expect("write");
+    let file = path.to_str().expect("utf8");
+    let (ok, stdout, _) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    let line = stdout
+        .lines()
+        .find(|line| line.contains("targets[0].peers.file"))
+        .unwrap_or_else(|| panic!("no peers.file line in {stdout}"));
+    assert_eq!(line.matches("peers.yaml").count(), 1, "{line}");
+    assert!(
+        line.ends_with("unclosed bracket '[' at line 2, column 3"),
+        "{line}"
+    );
+}
+
 /// `doctor` with a kubeconfig that is not YAML: one line naming the file once.
 #[test]
 fn doctor_reports_a_broken_kubeconfig_in_one_line() {
