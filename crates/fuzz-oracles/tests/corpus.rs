@@ -64,14 +64,22 @@ fn every_fuzz_target_is_replayed() {
         .filter(|name| *name != "crproxy-fuzz")
         .collect();
     // Every [[bin]] section was read (a name written in another form would be
-    // skipped by the line match above), and each target runs its own check.
+    // skipped by the line match above).
     let sections = manifest
         .lines()
         .filter(|line| line.trim() == "[[bin]]")
         .count();
     assert_eq!(sections, binaries.len(), "fuzz/Cargo.toml's [[bin]] names");
     assert_eq!(listed, binaries, "fuzz/Cargo.toml's [[bin]] targets");
+    // Each [[bin]] builds its own file, and that file runs its own check.
+    let paths = manifest
+        .lines()
+        .filter(|line| line.starts_with("path = \""))
+        .count();
+    assert_eq!(paths, listed.len(), "fuzz/Cargo.toml's [[bin]] paths");
     for name in &listed {
+        let entry = format!("path = \"fuzz_targets/{name}.rs\"");
+        assert!(manifest.contains(&entry), "fuzz/Cargo.toml lacks {entry}");
         let path = fuzz_dir().join("fuzz_targets").join(format!("{name}.rs"));
         let source =
             fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
