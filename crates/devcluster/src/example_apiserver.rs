@@ -845,12 +845,7 @@ fn server_side_apply(
         )
         .into();
     };
-    let applied = match std::str::from_utf8(body)
-        .map_err(|e| e.to_string())
-        .and_then(|text| {
-            serde_saphyr::from_str::<Value>(text)
-                .map_err(|e| crproxy_core::yaml_error::one_line(&e))
-        }) {
+    let applied = match crate::server::decode_yaml(body) {
         Ok(v) if v.is_object() => v,
         Ok(_) => return bad_request("the applied configuration must be an object").into(),
         Err(e) => return bad_request(&format!("error decoding YAML: {e}")).into(),
