@@ -1,6 +1,7 @@
 //! The one error type of this crate.
 
 use serde_json::Value;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong talking to a Kubernetes API server.
 ///
@@ -36,8 +37,17 @@ pub enum Error {
     /// connection reset, a broken watch stream), or the request could not be built.
     #[error("request to the API server failed: {0}")]
     Transport(String),
-    /// The kubeconfig (or in-cluster service account files) could not be read or is
-    /// incomplete: missing file, bad YAML, unknown context/cluster/user, bad base64.
+    /// The kubeconfig file at `path` could not be used at all: it could not be read, or
+    /// it is not a kubeconfig. Fields rather than one string so a caller that already
+    /// names the file (`crproxy check-config`) can say what is wrong without repeating it.
+    #[error("invalid kubeconfig: {}", file_problem(.path, .problem))]
+    KubeconfigFile {
+        path: PathBuf,
+        problem: KubeconfigFileProblem,
+    },
+    /// The kubeconfig (or in-cluster service account files) is incomplete or names
+    /// something unusable: unknown context/cluster/user, bad base64, an unreadable
+    /// certificate or token file.
     #[error("invalid kubeconfig: {0}")]
     Kubeconfig(String),
     /// The TLS material could not be used: unparseable PEM certificate or key, a key
@@ -51,6 +61,29 @@ pub enum Error {
     /// A response (or a watch event) was not the JSON we expected.
     #[error("cannot decode the API server response: {0}")]
     Decode(String),
+}
+
+/// Why a kubeconfig file could not be used, see [`Error::KubeconfigFile`].
+///
+/// Texts rather than sources: the io error's own message is all a user needs, and a
+/// source would be printed twice by renderers that follow the cause chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeconfigFileProblem {
+    /// The file could not be read (missing, no permission, not UTF-8): the io error's
+    /// text.
+    Unreadable(String),
+    /// The file was read but is not a kubeconfig, on one line: `bad YAML: ... at line
+    /// L, column C`.
+    Invalid(String),
+}
+
+/// The rendering of [`Error::KubeconfigFile`] after `invalid kubeconfig: `, naming the
+/// file once.
+fn file_problem(path: &Path, problem: &KubeconfigFileProblem) -> String {
+    match problem {
+        KubeconfigFileProblem::Unreadable(e) => format!("cannot read {}: {e}", path.display()),
+        KubeconfigFileProblem::Invalid(problem) => format!("{}: {problem}", path.display()),
+    }
 }
 
 impl Error {

@@ -4,7 +4,7 @@
 //! rejected so kubeconfigs written by other tools load; what we cannot honour (an exec
 //! credential plugin, say) simply yields a config without credentials.
 
-use crate::Error;
+use crate::{Error, KubeconfigFileProblem};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -130,10 +130,13 @@ impl Kubeconfig {
     /// Reads and parses a kubeconfig file; relative paths in it resolve against the
     /// file's directory.
     pub fn load(path: &Path) -> Result<Self, Error> {
+        let error = |problem| Error::KubeconfigFile {
+            path: path.to_path_buf(),
+            problem,
+        };
         let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Kubeconfig(format!("cannot read {}: {e}", path.display())))?;
-        let mut cfg = parse(&text)
-            .map_err(|problem| Error::Kubeconfig(format!("{}: {problem}", path.display())))?;
+            .map_err(|e| error(KubeconfigFileProblem::Unreadable(e.to_string())))?;
+        let mut cfg = parse(&text).map_err(|e| error(KubeconfigFileProblem::Invalid(e)))?;
         cfg.base_dir = path.parent().map(Path::to_path_buf);
         Ok(cfg)
     }
@@ -203,3 +206,6 @@ where
 {
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests;

@@ -132,7 +132,7 @@ users2: null
         assert!(err.to_string().contains(needle), "{ctx}: {err}");
     }
     let err = Kubeconfig::load(&dir.path().join("absent")).expect_err("missing file");
-    assert!(matches!(err, Error::Kubeconfig(_)), "{err:?}");
+    assert!(matches!(err, Error::KubeconfigFile { .. }), "{err:?}");
     assert!(Kubeconfig::from_yaml("clusters: [").is_err());
     Ok(())
 }
