@@ -112,18 +112,10 @@ pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
             Some(format!("{shown} does not exist (relative paths are read from the configuration file's directory)"))
         } else {
             match crproxy_kube::Kubeconfig::load(&resolved) {
-                Err(e) => Some(format!(
-                    "{shown} is not a kubeconfig: {}",
-                    detail(&e.to_string(), &shown.to_string())
-                )),
+                Err(e) => Some(not_a_kubeconfig(&resolved, &e)),
                 Ok(loaded) => crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
                     .err()
-                    .map(|e| {
-                        format!(
-                            "kubeconfig {shown} is unusable: {}",
-                            detail(&e.to_string(), &shown.to_string())
-                        )
-                    }),
+                    .map(|e| format!("kubeconfig {shown} is unusable: {}", unusable(&e))),
             }
         };
         if let Some(message) = message {
@@ -246,19 +238,49 @@ pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
     })
 }
 
-/// A library's error as the tail of one line: its first line, without the
-/// prefixes that repeat what the line already says (the file, "invalid kubeconfig").
-fn detail(error: &str, file: &str) -> String {
-    let mut text = error.lines().next().unwrap_or_default().trim();
-    loop {
-        let before = text;
-        for prefix in ["invalid kubeconfig: ", file, ": "] {
-            text = text.strip_prefix(prefix).unwrap_or(text);
-        }
-        if text == before {
-            return text.to_string();
-        }
+/// The `check-config` message for a kubeconfig file that did not load: the file,
+/// then what is wrong with it, on one line.
+fn not_a_kubeconfig(file: &Path, error: &crproxy_kube::Error) -> String {
+    use crproxy_kube::{Error, KubeconfigFileProblem};
+    let (file, problem) = match error {
+        Error::KubeconfigFile {
+            path,
+            problem: KubeconfigFileProblem::Unreadable(e),
+        } => (
+            path.as_path(),
+            format!("cannot read {}: {e}", path.display()),
+        ),
+        Error::KubeconfigFile {
+            path,
+            problem: KubeconfigFileProblem::Invalid(problem),
+        } => (path.as_path(), problem.clone()),
+        // `load` reports nothing else; should that change, the error is still shown.
+        other => (file, other.to_string()),
+    };
+    format!(
+        "{} is not a kubeconfig: {}",
+        file.display(),
+        one_line(&problem)
+    )
+}
+
+/// Why a kubeconfig that loaded gives no cluster to talk to, for a line that already
+/// says "kubeconfig FILE is unusable": without the error's own "invalid kubeconfig".
+fn unusable(error: &crproxy_kube::Error) -> String {
+    match error {
+        crproxy_kube::Error::Kubeconfig(problem) => one_line(problem),
+        other => one_line(&other.to_string()),
     }
+}
+
+/// `text` on one line, its lines joined by a space, so a message stays one
+/// `FILE:LINE:COLUMN: key: message` line without losing what follows its first line.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<()> {
@@ -569,6 +591,60 @@ impl StopSignals {
         tokio::select! {
             _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crproxy_kube::{Error, KubeconfigFileProblem};
+
+    fn file_error(problem: KubeconfigFileProblem) -> Error {
+        Error::KubeconfigFile {
+            path: "/etc/k.yaml".into(),
+            problem,
+        }
+    }
+
+    /// `check-config`'s kubeconfig messages name the file once where they can, and
+    /// are always one line.
+    #[test]
+    fn kubeconfig_problems_are_one_line() {
+        let file = Path::new("/etc/k.yaml");
+        for (message, expected) in [
+            (
+                not_a_kubeconfig(
+                    file,
+                    &file_error(KubeconfigFileProblem::Invalid(
+                        "bad YAML: unclosed bracket '[' at line 1, column 11".into(),
+                    )),
+                ),
+                "/etc/k.yaml is not a kubeconfig: bad YAML: unclosed bracket '[' at line 1, column 11",
+            ),
+            (
+                not_a_kubeconfig(
+                    file,
+                    &file_error(KubeconfigFileProblem::Unreadable(
+                        "Permission denied (os error 13)".into(),
+                    )),
+                ),
+                "/etc/k.yaml is not a kubeconfig: cannot read /etc/k.yaml: Permission denied (os error 13)",
+            ),
+            (
+                not_a_kubeconfig(file, &Error::Decode("first\n  second\n".into())),
+                "/etc/k.yaml is not a kubeconfig: cannot decode the API server response: first second",
+            ),
+            (
+                unusable(&Error::Kubeconfig("context \"x\" not found".into())),
+                "context \"x\" not found",
+            ),
+            (
+                unusable(&Error::Tls("the CA PEM\nholds no certificate".into())),
+                "invalid TLS configuration: the CA PEM holds no certificate",
+            ),
+        ] {
+            assert_eq!(message, expected);
         }
     }
 }
