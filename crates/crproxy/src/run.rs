@@ -242,26 +242,22 @@ pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
 /// then what is wrong with it, on one line.
 fn not_a_kubeconfig(file: &Path, error: &crproxy_kube::Error) -> String {
     use crproxy_kube::{Error, KubeconfigFileProblem};
-    let (file, problem) = match error {
+    let file = file.display();
+    match error {
         Error::KubeconfigFile {
-            path,
             problem: KubeconfigFileProblem::Unreadable(e),
-        } => (
-            path.as_path(),
-            format!("cannot read {}: {e}", path.display()),
-        ),
+            ..
+        } => format!("{file} cannot be read: {}", one_line(e)),
         Error::KubeconfigFile {
-            path,
             problem: KubeconfigFileProblem::Invalid(problem),
-        } => (path.as_path(), problem.clone()),
+            ..
+        } => format!("{file} is not a kubeconfig: {}", one_line(problem)),
         // `load` reports nothing else; should that change, the error is still shown.
-        other => (file, other.to_string()),
-    };
-    format!(
-        "{} is not a kubeconfig: {}",
-        file.display(),
-        one_line(&problem)
-    )
+        other => format!(
+            "{file} is not a kubeconfig: {}",
+            one_line(&other.to_string())
+        ),
+    }
 }
 
 /// Why a kubeconfig that loaded gives no cluster to talk to, for a line that already
@@ -629,7 +625,7 @@ mod tests {
                         "Permission denied (os error 13)".into(),
                     )),
                 ),
-                "/etc/k.yaml is not a kubeconfig: cannot read /etc/k.yaml: Permission denied (os error 13)",
+                "/etc/k.yaml cannot be read: Permission denied (os error 13)",
             ),
             (
                 not_a_kubeconfig(file, &Error::Decode("first\n  second\n".into())),

@@ -250,6 +250,33 @@ fn check_config_names_a_broken_peer_file_once() {
     );
 }
 
+/// `check-config` with a kubeconfig it cannot read as text: one line that names
+/// the file once and says why, not that the file is no kubeconfig.
+#[test]
+fn check_config_names_an_unreadable_kubeconfig_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crproxy.yaml");
+    std::fs::write(
+        &path,
+        "client: {name: client, project: default, kubeconfig: tenant.kubeconfig}\n\
+         targets:\n  - name: target\n    kubeconfig: tenant.kubeconfig\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("tenant.kubeconfig"), b"apiVersion: \xff\n").expect("write");
+    let file = path.to_str().expect("utf8");
+    let (ok, stdout, _) = crproxy(&["check-config", file]);
+    assert!(!ok);
+    let line = stdout
+        .lines()
+        .find(|line| line.contains("client.kubeconfig:"))
+        .unwrap_or_else(|| panic!("no client.kubeconfig line in {stdout}"));
+    assert_eq!(line.matches("tenant.kubeconfig").count(), 1, "{line}");
+    assert!(
+        line.ends_with("tenant.kubeconfig cannot be read: stream did not contain valid UTF-8"),
+        "{line}"
+    );
+}
+
 /// `doctor` with a kubeconfig that is not YAML: one line naming the file once.
 #[test]
 fn doctor_reports_a_broken_kubeconfig_in_one_line() {
