@@ -47,7 +47,8 @@ pub enum Error {
     },
     /// The kubeconfig (or in-cluster service account files) is incomplete or names
     /// something unusable: unknown context/cluster/user, bad base64, an unreadable
-    /// certificate or token file.
+    /// certificate or token file; or kubeconfig text given without a file
+    /// (`Kubeconfig::from_yaml`) is not YAML.
     #[error("invalid kubeconfig: {0}")]
     Kubeconfig(String),
     /// The TLS material could not be used: unparseable PEM certificate or key, a key

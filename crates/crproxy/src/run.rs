@@ -112,7 +112,7 @@ pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
             Some(format!("{shown} does not exist (relative paths are read from the configuration file's directory)"))
         } else {
             match crproxy_kube::Kubeconfig::load(&resolved) {
-                Err(e) => Some(not_a_kubeconfig(&resolved, &e)),
+                Err(e) => Some(kubeconfig_not_loaded(&resolved, &e)),
                 Ok(loaded) => crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
                     .err()
                     .map(|e| format!("kubeconfig {shown} is unusable: {}", unusable(&e))),
@@ -238,9 +238,9 @@ pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
     })
 }
 
-/// The `check-config` message for a kubeconfig file that did not load: the file,
-/// then what is wrong with it, on one line.
-fn not_a_kubeconfig(file: &Path, error: &crproxy_kube::Error) -> String {
+/// The `check-config` message for a kubeconfig file that did not load (it could
+/// not be read, or it is not a kubeconfig): the file, then why, on one line.
+fn kubeconfig_not_loaded(file: &Path, error: &crproxy_kube::Error) -> String {
     use crproxy_kube::{Error, KubeconfigFileProblem};
     let file = file.display();
     match error {
@@ -610,7 +610,7 @@ mod tests {
         let file = Path::new("/etc/k.yaml");
         for (message, expected) in [
             (
-                not_a_kubeconfig(
+                kubeconfig_not_loaded(
                     file,
                     &file_error(KubeconfigFileProblem::Invalid(
                         "bad YAML: unclosed bracket '[' at line 1, column 11".into(),
@@ -619,7 +619,7 @@ mod tests {
                 "/etc/k.yaml is not a kubeconfig: bad YAML: unclosed bracket '[' at line 1, column 11",
             ),
             (
-                not_a_kubeconfig(
+                kubeconfig_not_loaded(
                     file,
                     &file_error(KubeconfigFileProblem::Unreadable(
                         "Permission denied (os error 13)".into(),
@@ -628,7 +628,7 @@ mod tests {
                 "/etc/k.yaml cannot be read: Permission denied (os error 13)",
             ),
             (
-                not_a_kubeconfig(file, &Error::Decode("first\n  second\n".into())),
+                kubeconfig_not_loaded(file, &Error::Decode("first\n  second\n".into())),
                 "/etc/k.yaml is not a kubeconfig: cannot decode the API server response: first second",
             ),
             (

@@ -250,31 +250,49 @@ fn check_config_names_a_broken_peer_file_once() {
     );
 }
 
-/// `check-config` with a kubeconfig it cannot read as text: one line that names
-/// the file once and says why, not that the file is no kubeconfig.
+/// `check-config` with kubeconfigs it cannot use, each for another reason: one
+/// line each that names its file once and says why.
 #[test]
-fn check_config_names_an_unreadable_kubeconfig_once() {
+fn check_config_names_each_unusable_kubeconfig_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crproxy.yaml");
     std::fs::write(
         &path,
         "client: {name: client, project: default, kubeconfig: tenant.kubeconfig}\n\
-         targets:\n  - name: target\n    kubeconfig: tenant.kubeconfig\n",
+         targets:\n  - name: target\n    kubeconfig: contextless.kubeconfig\n\
+         \x20 - name: second\n    kubeconfig: absent.kubeconfig\n",
     )
     .expect("write");
     std::fs::write(dir.path().join("tenant.kubeconfig"), b"apiVersion: \xff\n").expect("write");
+    let contextless = KUBECONFIG.replace("current-context: t", "");
+    std::fs::write(dir.path().join("contextless.kubeconfig"), contextless).expect("write");
     let file = path.to_str().expect("utf8");
     let (ok, stdout, _) = crproxy(&["check-config", file]);
     assert!(!ok);
-    let line = stdout
-        .lines()
-        .find(|line| line.contains("client.kubeconfig:"))
-        .unwrap_or_else(|| panic!("no client.kubeconfig line in {stdout}"));
-    assert_eq!(line.matches("tenant.kubeconfig").count(), 1, "{line}");
-    assert!(
-        line.ends_with("tenant.kubeconfig cannot be read: stream did not contain valid UTF-8"),
-        "{line}"
-    );
+    for (key, kubeconfig, ending) in [
+        (
+            "client.kubeconfig",
+            "tenant.kubeconfig",
+            "tenant.kubeconfig cannot be read: stream did not contain valid UTF-8",
+        ),
+        (
+            "targets[0].kubeconfig",
+            "contextless.kubeconfig",
+            "contextless.kubeconfig is unusable: no context given and current-context is not set",
+        ),
+        (
+            "targets[1].kubeconfig",
+            "absent.kubeconfig",
+            "absent.kubeconfig does not exist (relative paths are read from the configuration file's directory)",
+        ),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|line| line.contains(&format!(": {key}: ")))
+            .unwrap_or_else(|| panic!("no {key} line in {stdout}"));
+        assert_eq!(line.matches(kubeconfig).count(), 1, "{line}");
+        assert!(line.ends_with(ending), "{line}");
+    }
 }
 
 /// `doctor` with a kubeconfig that is not YAML: one line naming the file once.
