@@ -56,30 +56,24 @@ fn every_committed_seed_passes_its_targets_check() {
 #[test]
 fn every_fuzz_target_is_replayed() {
     let listed: BTreeSet<&str> = TARGETS.iter().map(|(name, _)| *name).collect();
-    let manifest = fs::read_to_string(fuzz_dir().join("Cargo.toml")).expect("fuzz/Cargo.toml");
-    let binaries: BTreeSet<&str> = manifest
-        .lines()
-        .filter_map(|line| line.strip_prefix("name = \""))
-        .filter_map(|rest| rest.strip_suffix('"'))
-        .filter(|name| *name != "crproxy-fuzz")
-        .collect();
-    // Every [[bin]] section was read (a name written in another form would be
-    // skipped by the line match above).
-    let sections = manifest
-        .lines()
-        .filter(|line| line.trim() == "[[bin]]")
-        .count();
-    assert_eq!(sections, binaries.len(), "fuzz/Cargo.toml's [[bin]] names");
-    assert_eq!(listed, binaries, "fuzz/Cargo.toml's [[bin]] targets");
-    // Each [[bin]] builds its own file, and that file runs its own check.
-    let paths = manifest
-        .lines()
-        .filter(|line| line.starts_with("path = \""))
-        .count();
-    assert_eq!(paths, listed.len(), "fuzz/Cargo.toml's [[bin]] paths");
-    for name in &listed {
-        let entry = format!("path = \"fuzz_targets/{name}.rs\"");
-        assert!(manifest.contains(&entry), "fuzz/Cargo.toml lacks {entry}");
+    let manifest: toml_edit::DocumentMut = fs::read_to_string(fuzz_dir().join("Cargo.toml"))
+        .expect("fuzz/Cargo.toml")
+        .parse()
+        .expect("fuzz/Cargo.toml is TOML");
+    let bins = manifest
+        .get("bin")
+        .and_then(|bins| bins.as_array_of_tables())
+        .expect("fuzz/Cargo.toml's [[bin]] targets");
+    let mut binaries = BTreeSet::new();
+    for bin in bins {
+        let field = |key: &str| bin.get(key).and_then(|value| value.as_str());
+        let name = field("name").expect("a [[bin]] without a name");
+        // Each [[bin]] builds its own file, and that file runs its own check.
+        assert_eq!(
+            field("path"),
+            Some(format!("fuzz_targets/{name}.rs").as_str()),
+            "fuzz/Cargo.toml's [[bin]] {name}"
+        );
         let path = fuzz_dir().join("fuzz_targets").join(format!("{name}.rs"));
         let source =
             fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -88,7 +82,9 @@ fn every_fuzz_target_is_replayed() {
             source.contains(&call),
             "fuzz/fuzz_targets/{name}.rs does not call {call}"
         );
+        binaries.insert(name);
     }
+    assert_eq!(listed, binaries, "fuzz/Cargo.toml's [[bin]] targets");
     let script = fs::read_to_string(fuzz_dir().join("../scripts/fuzz")).expect("scripts/fuzz");
     let fuzzed: BTreeSet<&str> = script
         .lines()
