@@ -20,12 +20,40 @@ fn crproxy_with_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output
         .expect("run crproxy")
 }
 
+/// What `crproxy check-config` said of one configuration file.
+struct Checked {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    /// The configuration file's path, as the output names it.
+    file: String,
+}
+
+/// `crproxy check-config` of `crproxy.yaml` holding `config`, in a fresh directory
+/// that also holds `files` (name and contents), which relative paths in `config`
+/// name.
+fn check_config(config: &str, files: &[(&str, &[u8])]) -> Checked {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crproxy.yaml");
+    std::fs::write(&path, config).expect("write the configuration");
+    for (name, contents) in files {
+        std::fs::write(dir.path().join(name), contents).expect("write a file it names");
+    }
+    let file = path.to_str().expect("utf8").to_string();
+    let (ok, stdout, stderr) = crproxy(&["check-config", &file]);
+    Checked {
+        ok,
+        stdout,
+        stderr,
+        file,
+    }
+}
+
 #[test]
 fn check_config_lists_every_problem_with_its_key_and_fails() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("bad.yaml");
-    std::fs::write(
-        &path,
+    let Checked {
+        ok, stdout, stderr, ..
+    } = check_config(
         r#"
 client: {name: client, project: default}
 targets:
@@ -42,9 +70,8 @@ experimental:
         enabled: false
         targetVirtualCluster: {}
 "#,
-    )
-    .expect("write");
-    let (ok, stdout, stderr) = crproxy(&["check-config", path.to_str().expect("utf8")]);
+        &[],
+    );
     assert!(!ok, "invalid configuration must fail");
     assert!(
         stdout.contains("customResources[\"widgets/v1\"]"),
@@ -60,10 +87,9 @@ experimental:
 
 #[test]
 fn check_config_accepts_a_valid_file_and_prints_the_plan() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("good.yaml");
-    std::fs::write(
-        &path,
+    let Checked {
+        ok, stdout, stderr, ..
+    } = check_config(
         r#"
 client: {name: client, project: default}
 targets:
@@ -77,10 +103,8 @@ experimental:
         enabled: true
         targetVirtualCluster: {name: target}
 "#,
-    )
-    .expect("write");
-    std::fs::write(dir.path().join("target.kubeconfig"), KUBECONFIG).expect("write");
-    let (ok, stdout, stderr) = crproxy(&["check-config", path.to_str().expect("utf8")]);
+        &[("target.kubeconfig", KUBECONFIG.as_bytes())],
+    );
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("example.com/v1"), "{stdout}");
     assert!(stdout.contains("9100"), "{stdout}");
@@ -100,10 +124,12 @@ current-context: t
 /// one run, each as `FILE:LINE:COLUMN: key: message`, in file order.
 #[test]
 fn check_config_reports_every_problem_with_its_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("crproxy.yaml");
-    std::fs::write(
-        &path,
+    let Checked {
+        ok,
+        stdout,
+        stderr,
+        file,
+    } = check_config(
         r#"client:
   name: Client
   project: default
@@ -124,11 +150,8 @@ experimental:
         enabled: true
         targetVirtualCluster: {name: other}
 "#,
-    )
-    .expect("write");
-    std::fs::write(dir.path().join("broken.kubeconfig"), "clusters: [oops\n").expect("write");
-    let file = path.to_str().expect("utf8");
-    let (ok, stdout, stderr) = crproxy(&["check-config", file]);
+        &[("broken.kubeconfig", b"clusters: [oops\n")],
+    );
     assert!(!ok);
     let lines: Vec<&str> = stdout.lines().collect();
     let expected = [
@@ -174,15 +197,12 @@ experimental:
 /// and no parser advice; a duplicate key is a configuration error like any other.
 #[test]
 fn check_config_reports_yaml_mistakes_in_its_own_words() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("crproxy.yaml");
-    let file = path.to_str().expect("utf8");
-    std::fs::write(
-        &path,
-        "client: {name: client, project: default\nproxy: {}\n",
-    )
-    .expect("write");
-    let (ok, stdout, stderr) = crproxy(&["check-config", file]);
+    let Checked {
+        ok,
+        stdout,
+        stderr,
+        file,
+    } = check_config("client: {name: client, project: default\nproxy: {}\n", &[]);
     assert!(!ok);
     assert_eq!(
         stdout.trim_end(),
@@ -190,8 +210,9 @@ fn check_config_reports_yaml_mistakes_in_its_own_words() {
     );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 
-    std::fs::write(&path, "client:\n  name: a\n  name: b\n").expect("write");
-    let (ok, stdout, _) = crproxy(&["check-config", file]);
+    let Checked {
+        ok, stdout, file, ..
+    } = check_config("client:\n  name: a\n  name: b\n", &[]);
     assert!(!ok);
     assert!(
         stdout.contains(&format!("\n{file}:3:3: client.name: is written twice")),
@@ -200,8 +221,9 @@ fn check_config_reports_yaml_mistakes_in_its_own_words() {
     assert!(!stdout.contains("DuplicateKeyPolicy"), "{stdout}");
     assert!(!stdout.contains(": : "), "no empty key: {stdout}");
 
-    std::fs::write(&path, "- a\n- b\n").expect("write");
-    let (ok, stdout, _) = crproxy(&["check-config", file]);
+    let Checked {
+        ok, stdout, file, ..
+    } = check_config("- a\n- b\n", &[]);
     assert!(!ok);
     assert!(
         stdout.contains(&format!(
@@ -213,8 +235,9 @@ fn check_config_reports_yaml_mistakes_in_its_own_words() {
 
     // A value its tag refuses is found by the parser, not the source map's walk:
     // still one line, at its key.
-    std::fs::write(&path, "client:\n  name: !!int abc\n").expect("write");
-    let (ok, stdout, _) = crproxy(&["check-config", file]);
+    let Checked {
+        ok, stdout, file, ..
+    } = check_config("client:\n  name: !!int abc\n", &[]);
     assert!(!ok);
     assert_eq!(
         stdout.trim_end(),
@@ -226,18 +249,14 @@ fn check_config_reports_yaml_mistakes_in_its_own_words() {
 /// the YAML reader stopped.
 #[test]
 fn check_config_names_a_broken_peer_file_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("crproxy.yaml");
-    std::fs::write(
-        &path,
+    let Checked { ok, stdout, .. } = check_config(
         "client: {name: client, project: default, kubeconfig: target.kubeconfig}\n\
          targets:\n  - name: target\n    kubeconfig: target.kubeconfig\n    peers: {file: peers.yaml}\n",
-    )
-    .expect("write");
-    std::fs::write(dir.path().join("target.kubeconfig"), KUBECONFIG).expect("write");
-    std::fs::write(dir.path().join("peers.yaml"), "- a:1\n- [b:2\n").expect("write");
-    let file = path.to_str().expect("utf8");
-    let (ok, stdout, _) = crproxy(&["check-config", file]);
+        &[
+            ("target.kubeconfig", KUBECONFIG.as_bytes()),
+            ("peers.yaml", b"- a:1\n- [b:2\n"),
+        ],
+    );
     assert!(!ok);
     let line = stdout
         .lines()
@@ -254,20 +273,16 @@ fn check_config_names_a_broken_peer_file_once() {
 /// line each that names its file once and says why.
 #[test]
 fn check_config_names_each_unusable_kubeconfig_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("crproxy.yaml");
-    std::fs::write(
-        &path,
+    let contextless = KUBECONFIG.replace("current-context: t", "");
+    let Checked { ok, stdout, .. } = check_config(
         "client: {name: client, project: default, kubeconfig: tenant.kubeconfig}\n\
          targets:\n  - name: target\n    kubeconfig: contextless.kubeconfig\n\
          \x20 - name: second\n    kubeconfig: absent.kubeconfig\n",
-    )
-    .expect("write");
-    std::fs::write(dir.path().join("tenant.kubeconfig"), b"apiVersion: \xff\n").expect("write");
-    let contextless = KUBECONFIG.replace("current-context: t", "");
-    std::fs::write(dir.path().join("contextless.kubeconfig"), contextless).expect("write");
-    let file = path.to_str().expect("utf8");
-    let (ok, stdout, _) = crproxy(&["check-config", file]);
+        &[
+            ("tenant.kubeconfig", b"apiVersion: \xff\n"),
+            ("contextless.kubeconfig", contextless.as_bytes()),
+        ],
+    );
     assert!(!ok);
     for (key, kubeconfig, ending) in [
         (
