@@ -6,8 +6,7 @@
 pub fn error_line(error: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in error.chain() {
-        let text = cause.to_string();
-        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let text = one_line(&cause.to_string());
         if text.is_empty() || line.contains(&text) {
             continue;
         }
@@ -17,6 +16,12 @@ pub fn error_line(error: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
+}
+
+/// `text` on one line: its lines, and the runs of white space in them, joined by
+/// single spaces, so a multi-line library message fits a one-line report.
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::report::one_line;
 use crproxy_core::config::{self, Config, ProxyPlan};
 use crproxy_core::ownership::Owner;
 use crproxy_core::pki::{CertPem, CertificateAuthority};
@@ -267,16 +268,6 @@ fn unusable(error: &crproxy_kube::Error) -> String {
         crproxy_kube::Error::Kubeconfig(problem) => one_line(problem),
         other => one_line(&other.to_string()),
     }
-}
-
-/// `text` on one line, its lines joined by a space, so a message stays one
-/// `FILE:LINE:COLUMN: key: message` line without losing what follows its first line.
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<()> {
