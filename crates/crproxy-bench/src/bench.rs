@@ -691,26 +691,7 @@ async fn measure_all(
                 .await?;
         }
         if wanted("create") || wanted("delete") {
-            let counts = plan.counts(plan.requests, c);
-            let prefix = |lane: &Lane, tag: &str| format!("c-{}-{c}-{tag}", lane.name);
-            runner
-                .row("create", c, counts, |lane, tag| {
-                    Arc::new(CreateObjects {
-                        namespace: NS_RW.into(),
-                        prefix: prefix(lane, tag),
-                        owner: lane.body_owner(&owner),
-                    })
-                })
-                .await?;
-            // Deletes remove exactly what the creates made, round by round.
-            runner
-                .row("delete", c, counts, |lane, tag| {
-                    Arc::new(DeleteObjects {
-                        namespace: NS_RW.into(),
-                        prefix: prefix(lane, tag),
-                    })
-                })
-                .await?;
+            runner.create_and_delete(c, &owner).await?;
         }
         // Patch, then delete, objects that existed before the rows: each request
         // its own object, so an ownership cache must know them all. They are
@@ -767,34 +748,10 @@ async fn measure_all(
             // up on these towards the cache limit.
             delete_all(&direct, NS_SEEDED).await?;
         }
-        if wanted("update") {
-            runner
-                .row_with_states(
-                    "update (PUT)",
-                    c,
-                    counts,
-                    |lane, _| {
-                        Arc::new(UpdateObjects {
-                            namespace: NS_RW.into(),
-                            owner: lane.body_owner(&owner),
-                        })
-                    },
-                    |lane| {
-                        worker_names("u", lane, c)
-                            .into_iter()
-                            .map(|name| Owned {
-                                resource_version: update_rvs
-                                    .get(&name)
-                                    .cloned()
-                                    .unwrap_or_default(),
-                                name,
-                            })
-                            .collect()
-                    },
-                )
-                .await?;
+        if wanted("update (PUT)") {
+            runner.update(c, &owner, &update_rvs).await?;
         }
-        if wanted("patch") {
+        if wanted("patch (merge)") {
             runner.patch(c).await?;
         }
         if wanted(CACHE_EVENTS) {
@@ -982,10 +939,10 @@ struct AggregatedSetup<'a> {
 /// Concurrencies measured through the aggregation layer.
 const AGGREGATED_CONCURRENCY: &[usize] = &[1, 16];
 
-/// GET, LIST 100 and merge PATCH of pre-existing objects at 1 and 16 workers,
-/// with crproxy and nginx each the backend of the APIService of a client
-/// devcluster ([`aggregated`]), lanes interleaved round by round as in the direct
-/// comparison. CPU per request is the backend's.
+/// GET, LIST 100, merge PATCH and PUT of pre-existing objects, and create then
+/// DELETE, at 1 and 16 workers, with crproxy and nginx each the backend of the
+/// APIService of a client devcluster ([`aggregated`]), lanes interleaved round by
+/// round as in the direct comparison. CPU per request is the backend's.
 async fn measure_through_aggregator(
     setup: &AggregatedSetup<'_>,
     notes: &mut Vec<String>,
@@ -993,9 +950,16 @@ async fn measure_through_aggregator(
     let plan = setup.plan;
     let wanted = |scenario: &str| setup.options.wants(scenario);
     let list_name = format!("list {}", plan.small_list);
-    if !["get", list_name.as_str(), "patch (merge)"]
-        .iter()
-        .any(|s| wanted(s))
+    if ![
+        "get",
+        list_name.as_str(),
+        "patch (merge)",
+        "update (PUT)",
+        "create",
+        "delete",
+    ]
+    .iter()
+    .any(|s| wanted(s))
     {
         return Ok(Vec::new());
     }
@@ -1062,15 +1026,26 @@ async fn measure_through_aggregator(
                 create_namespace(&admin, &ns).await?;
             }
         }
+        let mut update_rvs = HashMap::new();
         for lane in &lanes {
+            let objects_owner = lane.objects_owner(setup.owner);
             for &c in AGGREGATED_CONCURRENCY {
                 seed(
                     setup.direct,
                     NS_RW,
                     &worker_names("p", lane, c),
-                    &lane.objects_owner(setup.owner),
+                    &objects_owner,
                 )
                 .await?;
+                update_rvs.extend(
+                    seed(
+                        setup.direct,
+                        NS_RW,
+                        &worker_names("u", lane, c),
+                        &objects_owner,
+                    )
+                    .await?,
+                );
             }
         }
         let mut runner = Runner {
@@ -1091,6 +1066,12 @@ async fn measure_through_aggregator(
             }
             if wanted("patch (merge)") {
                 runner.patch(c).await?;
+            }
+            if wanted("update (PUT)") {
+                runner.update(c, setup.owner, &update_rvs).await?;
+            }
+            if wanted("create") || wanted("delete") {
+                runner.create_and_delete(c, setup.owner).await?;
             }
         }
         Ok::<_, anyhow::Error>(runner.rows)
@@ -1161,6 +1142,59 @@ impl Runner<'_> {
             },
             |lane| worker_names("p", lane, c),
         )
+        .await
+    }
+
+    /// PUT of each worker's own object (seeded as `u-<lane>-<c>-<w>`, its
+    /// resourceVersion in `seeded_rvs`), as `client` or for `client` by crproxy.
+    async fn update(
+        &mut self,
+        c: usize,
+        client: &Owner,
+        seeded_rvs: &HashMap<String, String>,
+    ) -> Result<()> {
+        self.row_with_states(
+            "update (PUT)",
+            c,
+            self.plan.counts(self.plan.requests, c),
+            |lane, _| {
+                Arc::new(UpdateObjects {
+                    namespace: NS_RW.into(),
+                    owner: lane.body_owner(client),
+                })
+            },
+            |lane| {
+                worker_names("u", lane, c)
+                    .into_iter()
+                    .map(|name| Owned {
+                        resource_version: seeded_rvs.get(&name).cloned().unwrap_or_default(),
+                        name,
+                    })
+                    .collect()
+            },
+        )
+        .await
+    }
+
+    /// A row of creates, then a row of deletes that removes exactly what the
+    /// creates made, round by round.
+    async fn create_and_delete(&mut self, c: usize, client: &Owner) -> Result<()> {
+        let counts = self.plan.counts(self.plan.requests, c);
+        let prefix = |lane: &Lane, tag: &str| format!("c-{}-{c}-{tag}", lane.name);
+        self.row("create", c, counts, |lane, tag| {
+            Arc::new(CreateObjects {
+                namespace: NS_RW.into(),
+                prefix: prefix(lane, tag),
+                owner: lane.body_owner(client),
+            })
+        })
+        .await?;
+        self.row("delete", c, counts, |lane, tag| {
+            Arc::new(DeleteObjects {
+                namespace: NS_RW.into(),
+                prefix: prefix(lane, tag),
+            })
+        })
         .await
     }
 
