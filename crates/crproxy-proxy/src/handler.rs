@@ -6,7 +6,6 @@
 //! under); [`GroupVersionProxy::handle`] records it once and wraps the body with the
 //! deadline or watch accounting.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -585,7 +584,7 @@ impl GroupVersionProxy {
                 let target_path = with_query(exchange.path(), &query);
                 self.forward(
                     exchange,
-                    &exchange.headers,
+                    None,
                     TargetPath::Written(&target_path),
                     transport::stream(body),
                     verb == Verb::Watch,
@@ -613,7 +612,7 @@ impl GroupVersionProxy {
                 let watch = verb == Verb::Watch;
                 self.forward(
                     exchange,
-                    &exchange.headers,
+                    None,
                     exchange.target_path(),
                     transport::limited_stream(body, MAX_REQUEST_BODY),
                     watch,
@@ -659,17 +658,17 @@ impl GroupVersionProxy {
             Ok(labelled) => labelled,
             Err(outcome) => return outcome,
         };
-        let (headers, body) = match labelled {
-            Ok((write, _room)) => (with_media_type(&exchange.headers, &write), write.to_bytes()),
+        let (media_type, body) = match labelled {
+            Ok((write, _room)) => (Some(write.body_type.media_type()), write.to_bytes()),
             Err(error) if owned => return refused_body(&error),
             Err(error) => {
                 tracing::warn!(group_version = %self.group_version, %error, "inject source labels failed");
-                (exchange.headers.clone(), bytes.to_vec())
+                (None, bytes.to_vec())
             }
         };
         self.forward(
             exchange,
-            &headers,
+            media_type,
             exchange.target_path(),
             transport::full(body),
             false,
@@ -768,7 +767,7 @@ impl GroupVersionProxy {
         // one): the budget's room is given back before the first round trip, and
         // the caller's headers go out as they came. A write's document stays a
         // tree across attempts, and keeps its room.
-        let (headers, mut write, _room, delete) = if verb == Verb::Delete {
+        let (media_type, mut write, _room, delete) = if verb == Verb::Delete {
             let room = match self
                 .parse_room(exchange, request_body::parse_cost(&bytes))
                 .await
@@ -778,11 +777,11 @@ impl GroupVersionProxy {
             };
             let options = DeleteOptions::read(&bytes, exchange.query());
             drop(room);
-            (Cow::Borrowed(&exchange.headers), None, None, Some(options))
+            (None, None, None, Some(options))
         } else {
             match self.labelled_body(exchange, &bytes, stamp).await {
                 Ok(Ok((write, room))) => (
-                    Cow::Owned(with_media_type(&exchange.headers, &write)),
+                    Some(write.body_type.media_type()),
                     Some(write),
                     Some(room),
                     None,
@@ -792,7 +791,14 @@ impl GroupVersionProxy {
             }
         };
         if let Some(outcome) = self
-            .cached_mutation(exchange, verb, path, &headers, delete.as_ref(), &mut write)
+            .cached_mutation(
+                exchange,
+                verb,
+                path,
+                media_type,
+                delete.as_ref(),
+                &mut write,
+            )
             .await
         {
             return outcome;
@@ -853,7 +859,7 @@ impl GroupVersionProxy {
             let outcome = self
                 .forward(
                     exchange,
-                    &headers,
+                    media_type,
                     exchange.target_path(),
                     transport::full(pinned),
                     false,
@@ -886,7 +892,7 @@ impl GroupVersionProxy {
         exchange: &Exchange,
         verb: Verb,
         path: &ResourcePath,
-        headers: &HeaderMap,
+        media_type: Option<&'static str>,
         delete: Option<&Result<DeleteOptions, PreconditionError>>,
         write: &mut Option<WriteBody>,
     ) -> Option<Outcome> {
@@ -922,7 +928,7 @@ impl GroupVersionProxy {
         let outcome = self
             .forward(
                 exchange,
-                headers,
+                media_type,
                 exchange.target_path(),
                 transport::full(pinned),
                 false,
@@ -1498,12 +1504,14 @@ impl GroupVersionProxy {
             .await
     }
 
-    /// Sends a request to the target and maps its response: 5xx on non-watch
-    /// requests becomes the retryable 503; everything else streams back unchanged.
+    /// Sends a request to the target with the caller's headers (and, for a body
+    /// the proxy wrote, `media_type` as its `Content-Type`) and maps its response:
+    /// 5xx on non-watch requests becomes the retryable 503; everything else
+    /// streams back unchanged.
     async fn forward(
         &self,
         exchange: &Exchange,
-        headers: &HeaderMap,
+        media_type: Option<&'static str>,
         path_and_query: TargetPath<'_>,
         body: ProxyBody,
         watch: bool,
@@ -1514,7 +1522,8 @@ impl GroupVersionProxy {
                 (!watch).then_some(exchange.deadline),
                 exchange.method.clone(),
                 path_and_query,
-                headers,
+                &exchange.headers,
+                media_type,
                 body,
             )
             .await;
@@ -1718,17 +1727,6 @@ fn selector_error(error: &crproxy_core::selector::SelectorError) -> Outcome {
         ),
         Reason::Upstream,
     )
-}
-
-/// The caller's headers with `Content-Type` naming the media type the body was read
-/// as (a body without one was read as JSON and is sent as such).
-fn with_media_type(headers: &HeaderMap, body: &WriteBody) -> HeaderMap {
-    let mut headers = headers.clone();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static(body.body_type.media_type()),
-    );
-    headers
 }
 
 /// A target answer already read whole, passed on as JSON.

@@ -156,18 +156,21 @@ pub struct TargetConnection {
 
 impl TargetConnection {
     /// Sends a request to the next selectable peer with the caller's method, path
-    /// and query, and headers (filtered here). With a deadline, a dial still
-    /// running when it expires is counted as `deadline`, not `canceled`; without
-    /// one (watches), the request waits as long as its caller does.
+    /// and query, and headers (filtered here); `content_type`, when the proxy
+    /// wrote the body itself, replaces the caller's `Content-Type`. With a
+    /// deadline, a dial still running when it expires is counted as `deadline`,
+    /// not `canceled`; without one (watches), the request waits as long as its
+    /// caller does.
     pub async fn send_before(
         &self,
         deadline: Option<Instant>,
         method: Method,
         path_and_query: TargetPath<'_>,
         caller_headers: &HeaderMap,
+        content_type: Option<&'static str>,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let headers = forwarded_headers(caller_headers, None);
+        let headers = forwarded_headers(caller_headers, None, content_type);
         self.exchange(deadline, method, path_and_query, headers, body)
             .await
     }
@@ -184,7 +187,7 @@ impl TargetConnection {
         path_and_query: TargetPath<'_>,
         caller_headers: &HeaderMap,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let headers = forwarded_headers(caller_headers, None);
+        let headers = forwarded_headers(caller_headers, None, None);
         self.exchange_unbounded(
             None,
             Lane::OwnWatch,
@@ -205,7 +208,7 @@ impl TargetConnection {
         caller_headers: &HeaderMap,
         inspected: Option<&Inspected>,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let headers = forwarded_headers(caller_headers, inspected);
+        let headers = forwarded_headers(caller_headers, inspected, None);
         self.exchange(
             Some(deadline),
             Method::GET,
@@ -296,12 +299,7 @@ impl TargetConnection {
     ) -> Result<(StatusCode, Bytes), ForwardError> {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::ACCEPT, HeaderValue::from_static(accept));
-        if body.is_some() {
-            headers.insert(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-        }
+        let content_type = body.is_some().then_some("application/json");
         let body = full(body.unwrap_or_default());
         let response = self
             .send_before(
@@ -309,6 +307,7 @@ impl TargetConnection {
                 method,
                 TargetPath::Written(path),
                 &headers,
+                content_type,
                 body,
             )
             .await?;
@@ -351,20 +350,30 @@ pub struct Inspected {
 /// The caller's headers that may reach the target, changed as `inspected` says
 /// when the proxy reads the answer. Sized up front: the proxy adds `Host` and
 /// `Authorization`.
-fn forwarded_headers(caller_headers: &HeaderMap, inspected: Option<&Inspected>) -> HeaderMap {
+fn forwarded_headers(
+    caller_headers: &HeaderMap,
+    inspected: Option<&Inspected>,
+    content_type: Option<&'static str>,
+) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(caller_headers.len() + 3);
     for (name, value) in caller_headers {
         let changed = inspected.is_some_and(|inspected| {
             name == http::header::ACCEPT_ENCODING
                 || (name == http::header::ACCEPT && inspected.accept.is_some())
                 || (name == http::header::IF_NONE_MATCH && inspected.rewritten)
-        });
+        }) || (name == http::header::CONTENT_TYPE && content_type.is_some());
         if !changed && keep_request_header(name) {
             headers.append(name.clone(), value.clone());
         }
     }
     if let Some(accept) = inspected.and_then(|inspected| inspected.accept.clone()) {
         headers.insert(http::header::ACCEPT, accept);
+    }
+    if let Some(content_type) = content_type {
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(content_type),
+        );
     }
     headers
 }

@@ -150,8 +150,12 @@ fn caller_identity_and_hop_headers_never_reach_the_target() {
 }
 
 #[test]
-fn forwarded_headers_change_only_for_an_answer_the_proxy_reads() {
-    fn check(inspected: Option<Inspected>, expected: &[(&str, &str)]) {
+fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_body() {
+    fn check(
+        inspected: Option<Inspected>,
+        content_type: Option<&'static str>,
+        expected: &[(&str, &str)],
+    ) {
         let mut caller = HeaderMap::new();
         for (name, value) in [
             ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
@@ -161,10 +165,11 @@ fn forwarded_headers_change_only_for_an_answer_the_proxy_reads() {
             ("user-agent", "kubectl"),
             ("x-remote-user", "alice"),
             ("authorization", "Bearer caller"),
+            ("content-type", "application/json; charset=utf-8"),
         ] {
             caller.append(name, HeaderValue::from_static(value));
         }
-        let forwarded = forwarded_headers(&caller, inspected.as_ref());
+        let forwarded = forwarded_headers(&caller, inspected.as_ref(), content_type);
         let mut got: Vec<(&str, &str)> = forwarded
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap_or("?")))
@@ -172,10 +177,11 @@ fn forwarded_headers_change_only_for_an_answer_the_proxy_reads() {
         got.sort();
         let mut expected = expected.to_vec();
         expected.sort();
-        assert_eq!(got, expected, "inspected: {inspected:?}");
+        assert_eq!(got, expected, "inspected: {inspected:?}, {content_type:?}");
     }
     // Streamed through: the caller's headers as they were, but for identities.
     check(
+        None,
         None,
         &[
             ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
@@ -183,6 +189,7 @@ fn forwarded_headers_change_only_for_an_answer_the_proxy_reads() {
             ("accept-encoding", "gzip"),
             ("if-none-match", "\"etag\""),
             ("user-agent", "kubectl"),
+            ("content-type", "application/json; charset=utf-8"),
         ],
     );
     // Read by the proxy: one Accept of its choosing and nothing compressed.
@@ -191,10 +198,12 @@ fn forwarded_headers_change_only_for_an_answer_the_proxy_reads() {
             accept: Some(HeaderValue::from_static("application/json")),
             rewritten: false,
         }),
+        None,
         &[
             ("accept", "application/json"),
             ("if-none-match", "\"etag\""),
             ("user-agent", "kubectl"),
+            ("content-type", "application/json; charset=utf-8"),
         ],
     );
     // Rewritten: the caller's Accept, nothing compressed, and no validator the
@@ -204,10 +213,25 @@ fn forwarded_headers_change_only_for_an_answer_the_proxy_reads() {
             accept: None,
             rewritten: true,
         }),
+        None,
         &[
             ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
             ("accept", "application/json"),
             ("user-agent", "kubectl"),
+            ("content-type", "application/json; charset=utf-8"),
+        ],
+    );
+    // A body the proxy wrote: sent as the media type it was read as, once.
+    check(
+        None,
+        Some("application/json"),
+        &[
+            ("accept", "application/json;as=Table;g=meta.k8s.io;v=v1"),
+            ("accept", "application/json"),
+            ("accept-encoding", "gzip"),
+            ("if-none-match", "\"etag\""),
+            ("user-agent", "kubectl"),
+            ("content-type", "application/json"),
         ],
     );
 }

@@ -256,6 +256,7 @@ async fn get_through(
             http::Method::GET,
             path,
             &http::HeaderMap::new(),
+            None,
             empty(),
         )
         .await
