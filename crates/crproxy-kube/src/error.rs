@@ -37,14 +37,10 @@ pub enum Error {
     /// connection reset, a broken watch stream), or the request could not be built.
     #[error("request to the API server failed: {0}")]
     Transport(String),
-    /// The kubeconfig file at `path` could not be used at all: it could not be read, or
-    /// it is not a kubeconfig. Fields rather than one string so a caller that already
-    /// names the file (`crproxy check-config`) can say what is wrong without repeating it.
-    #[error("invalid kubeconfig: {}", file_problem(.path, .problem))]
-    KubeconfigFile {
-        path: PathBuf,
-        problem: KubeconfigFileProblem,
-    },
+    /// A kubeconfig file could not be used at all, see [`KubeconfigFileError`]. Shown
+    /// as that error is, so `?` from `Kubeconfig::load` changes no message.
+    #[error(transparent)]
+    KubeconfigFile(#[from] KubeconfigFileError),
     /// The kubeconfig (or in-cluster service account files) is incomplete or names
     /// something unusable: unknown context/cluster/user, bad base64, an unreadable
     /// certificate or token file; or kubeconfig text given without a file
@@ -64,7 +60,19 @@ pub enum Error {
     Decode(String),
 }
 
-/// Why a kubeconfig file could not be used, see [`Error::KubeconfigFile`].
+/// The kubeconfig file at `path` could not be used at all: it could not be read, or it
+/// is not a kubeconfig. The only way [`Kubeconfig::load`](crate::Kubeconfig::load) fails,
+/// so its callers need not handle the rest of [`Error`]. Fields rather than one string
+/// so a caller that already names the file (`crproxy check-config`) can say what is
+/// wrong without repeating it.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid kubeconfig: {}", file_problem(.path, .problem))]
+pub struct KubeconfigFileError {
+    pub path: PathBuf,
+    pub problem: KubeconfigFileProblem,
+}
+
+/// Why a kubeconfig file could not be used, see [`KubeconfigFileError`].
 ///
 /// Texts rather than sources: the io error's own message is all a user needs, and a
 /// source would be printed twice by renderers that follow the cause chain.
@@ -78,7 +86,7 @@ pub enum KubeconfigFileProblem {
     Invalid(String),
 }
 
-/// The rendering of [`Error::KubeconfigFile`] after `invalid kubeconfig: `, naming the
+/// The rendering of [`KubeconfigFileError`] after `invalid kubeconfig: `, naming the
 /// file once.
 fn file_problem(path: &Path, problem: &KubeconfigFileProblem) -> String {
     match problem {

@@ -4,7 +4,7 @@
 //! rejected so kubeconfigs written by other tools load; what we cannot honour (an exec
 //! credential plugin, say) simply yields a config without credentials.
 
-use crate::{Error, KubeconfigFileProblem};
+use crate::{Error, KubeconfigFileError, KubeconfigFileProblem};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -129,8 +129,8 @@ pub struct KubeContext {
 impl Kubeconfig {
     /// Reads and parses a kubeconfig file; relative paths in it resolve against the
     /// file's directory.
-    pub fn load(path: &Path) -> Result<Self, Error> {
-        let error = |problem| Error::KubeconfigFile {
+    pub fn load(path: &Path) -> Result<Self, KubeconfigFileError> {
+        let error = |problem| KubeconfigFileError {
             path: path.to_path_buf(),
             problem,
         };
@@ -144,7 +144,7 @@ impl Kubeconfig {
     /// The kubeconfig kubectl would use: the first existing file in `$KUBECONFIG`
     /// (merging several files is not supported), else `$HOME/.kube/config`. `None`
     /// when there is none.
-    pub fn load_default() -> Result<Option<Self>, Error> {
+    pub fn load_default() -> Result<Option<Self>, KubeconfigFileError> {
         match default_path() {
             Some(p) => Self::load(&p).map(Some),
             None => Ok(None),

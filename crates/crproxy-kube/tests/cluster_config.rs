@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use base64::Engine as _;
-use crproxy_kube::{Auth, ClusterConfig, Error, Kubeconfig};
+use crproxy_kube::{Auth, ClusterConfig, Kubeconfig, KubeconfigFileProblem};
 
 #[test]
 fn kubeconfig_data_and_file_forms() -> Result<()> {
@@ -132,7 +132,10 @@ users2: null
         assert!(err.to_string().contains(needle), "{ctx}: {err}");
     }
     let err = Kubeconfig::load(&dir.path().join("absent")).expect_err("missing file");
-    assert!(matches!(err, Error::KubeconfigFile { .. }), "{err:?}");
+    assert!(
+        matches!(err.problem, KubeconfigFileProblem::Unreadable(_)),
+        "{err:?}"
+    );
     assert!(Kubeconfig::from_yaml("clusters: [").is_err());
     Ok(())
 }

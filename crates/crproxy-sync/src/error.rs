@@ -5,7 +5,7 @@ use thiserror::Error;
 pub enum SyncError {
     /// A kubeconfig file could not be read or parsed (the error names the file).
     #[error(transparent)]
-    KubeconfigFile(crproxy_kube::Error),
+    KubeconfigFile(crproxy_kube::KubeconfigFileError),
     /// A kubeconfig could not be used.
     #[error("kubeconfig {path}: {source}")]
     Kubeconfig {

@@ -51,6 +51,7 @@ pub async fn start_from_config(
         .map(|p| resolve(base_dir, p));
     let cluster = match &tenant_kubeconfig {
         Some(path) => crproxy_kube::Kubeconfig::load(path)
+            .map_err(crproxy_kube::Error::from)
             .and_then(|kc| crproxy_kube::ClusterConfig::from_kubeconfig(&kc, None)),
         None => crproxy_kube::ClusterConfig::in_cluster(),
     }

@@ -241,23 +241,16 @@ pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
 
 /// The `check-config` message for a kubeconfig file that did not load (it could
 /// not be read, or it is not a kubeconfig): the file, then why, on one line.
-fn kubeconfig_not_loaded(file: &Path, error: &crproxy_kube::Error) -> String {
-    use crproxy_kube::{Error, KubeconfigFileProblem};
+fn kubeconfig_not_loaded(file: &Path, error: &crproxy_kube::KubeconfigFileError) -> String {
+    use crproxy_kube::KubeconfigFileProblem;
     let file = file.display();
-    match error {
-        Error::KubeconfigFile {
-            problem: KubeconfigFileProblem::Unreadable(e),
-            ..
-        } => format!("{file} cannot be read: {}", one_line(e)),
-        Error::KubeconfigFile {
-            problem: KubeconfigFileProblem::Invalid(problem),
-            ..
-        } => format!("{file} is not a kubeconfig: {}", one_line(problem)),
-        // `load` reports nothing else; should that change, the error is still shown.
-        other => format!(
-            "{file} is not a kubeconfig: {}",
-            one_line(&other.to_string())
-        ),
+    match &error.problem {
+        KubeconfigFileProblem::Unreadable(e) => {
+            format!("{file} cannot be read: {}", one_line(e))
+        }
+        KubeconfigFileProblem::Invalid(problem) => {
+            format!("{file} is not a kubeconfig: {}", one_line(problem))
+        }
     }
 }
 
@@ -585,10 +578,10 @@ impl StopSignals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crproxy_kube::{Error, KubeconfigFileProblem};
+    use crproxy_kube::{Error, KubeconfigFileError, KubeconfigFileProblem};
 
-    fn file_error(problem: KubeconfigFileProblem) -> Error {
-        Error::KubeconfigFile {
+    fn file_error(problem: KubeconfigFileProblem) -> KubeconfigFileError {
+        KubeconfigFileError {
             path: "/etc/k.yaml".into(),
             problem,
         }
@@ -617,10 +610,6 @@ mod tests {
                     )),
                 ),
                 "/etc/k.yaml cannot be read: Permission denied (os error 13)",
-            ),
-            (
-                kubeconfig_not_loaded(file, &Error::Decode("first\n  second\n".into())),
-                "/etc/k.yaml is not a kubeconfig: cannot decode the API server response: first second",
             ),
             (
                 unusable(&Error::Kubeconfig("context \"x\" not found".into())),

@@ -1,8 +1,9 @@
 use super::*;
 
 /// `Kubeconfig::load` of `name` in a fresh directory, written with `contents` unless
-/// `None`: the error must be `Error::KubeconfigFile` naming that file, with `problem`,
-/// and render as `invalid kubeconfig: ` + `shown` (with `{file}` standing for the path).
+/// `None`: the error must name that file, with `problem`, and render as
+/// `invalid kubeconfig: ` + `shown` (with `{file}` standing for the path), also once
+/// turned into an [`Error`] by `?`.
 fn check(name: &str, contents: Option<&str>, problem: KubeconfigFileProblem, shown: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join(name);
@@ -11,17 +12,15 @@ fn check(name: &str, contents: Option<&str>, problem: KubeconfigFileProblem, sho
     }
     let err = Kubeconfig::load(&file).expect_err(name);
     let rendered = err.to_string();
-    let Error::KubeconfigFile {
+    let KubeconfigFileError {
         path,
         problem: actual,
-    } = err
-    else {
-        panic!("{name}: not a KubeconfigFile error: {err:?}");
-    };
-    assert_eq!(path, file, "{name}");
-    assert_eq!(actual, problem, "{name}");
+    } = &err;
+    assert_eq!(path, &file, "{name}");
+    assert_eq!(actual, &problem, "{name}");
     let shown = shown.replace("{file}", &file.display().to_string());
     assert_eq!(rendered, format!("invalid kubeconfig: {shown}"), "{name}");
+    assert_eq!(Error::from(err).to_string(), rendered, "{name}");
 }
 
 #[test]
