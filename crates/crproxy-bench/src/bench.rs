@@ -1048,6 +1048,23 @@ async fn measure_through_aggregator(
                 );
             }
         }
+        // As in the direct comparison, the writes are timed once crproxy's
+        // ownership cache has read the objects seeded for them.
+        if let Some(metrics) = setup.crproxy.metrics {
+            if let Err(e) = await_cache_catch_up(
+                setup.direct,
+                &setup.crproxy.endpoint,
+                metrics,
+                setup.owner,
+                "aggregated",
+            )
+            .await
+            {
+                notes.push(format!(
+                    "crproxy ownership cache had not read the objects seeded for the aggregation layer's rows: {e}"
+                ));
+            }
+        }
         let mut runner = Runner {
             plan,
             lanes: &lanes,
@@ -1146,7 +1163,8 @@ impl Runner<'_> {
     }
 
     /// PUT of each worker's own object (seeded as `u-<lane>-<c>-<w>`, its
-    /// resourceVersion in `seeded_rvs`), as `client` or for `client` by crproxy.
+    /// resourceVersion in `seeded_rvs`). crproxy stamps `client`'s labels; the
+    /// other lanes' bodies carry another owner's (see [`Lane::body_owner`]).
     async fn update(
         &mut self,
         c: usize,
@@ -1177,7 +1195,7 @@ impl Runner<'_> {
     }
 
     /// A row of creates, then a row of deletes that removes exactly what the
-    /// creates made, round by round.
+    /// creates made, round by round. Owners as in [`Runner::update`].
     async fn create_and_delete(&mut self, c: usize, client: &Owner) -> Result<()> {
         let counts = self.plan.counts(self.plan.requests, c);
         let prefix = |lane: &Lane, tag: &str| format!("c-{}-{c}-{tag}", lane.name);

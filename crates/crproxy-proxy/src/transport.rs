@@ -156,7 +156,7 @@ pub struct TargetConnection {
 
 impl TargetConnection {
     /// Sends a request to the next selectable peer with the caller's method, path
-    /// and query, and headers (filtered here); `content_type`, when the proxy
+    /// and query, and headers (filtered here); `media_type`, when the proxy
     /// wrote the body itself, replaces the caller's `Content-Type`. With a
     /// deadline, a dial still running when it expires is counted as `deadline`,
     /// not `canceled`; without one (watches), the request waits as long as its
@@ -167,10 +167,10 @@ impl TargetConnection {
         method: Method,
         path_and_query: TargetPath<'_>,
         caller_headers: &HeaderMap,
-        content_type: Option<&'static str>,
+        media_type: Option<&'static str>,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let headers = forwarded_headers(caller_headers, None, content_type);
+        let headers = forwarded_headers(caller_headers, None, media_type);
         self.exchange(deadline, method, path_and_query, headers, body)
             .await
     }
@@ -299,7 +299,7 @@ impl TargetConnection {
     ) -> Result<(StatusCode, Bytes), ForwardError> {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::ACCEPT, HeaderValue::from_static(accept));
-        let content_type = body.is_some().then_some("application/json");
+        let media_type = body.is_some().then_some("application/json");
         let body = full(body.unwrap_or_default());
         let response = self
             .send_before(
@@ -307,7 +307,7 @@ impl TargetConnection {
                 method,
                 TargetPath::Written(path),
                 &headers,
-                content_type,
+                media_type,
                 body,
             )
             .await?;
@@ -348,12 +348,13 @@ pub struct Inspected {
 }
 
 /// The caller's headers that may reach the target, changed as `inspected` says
-/// when the proxy reads the answer. Sized up front: the proxy adds `Host` and
-/// `Authorization`.
+/// when the proxy reads the answer, and with `media_type` in place of the
+/// caller's `Content-Type` when the proxy wrote the body. Sized up front: the
+/// proxy adds `Host` and `Authorization`.
 fn forwarded_headers(
     caller_headers: &HeaderMap,
     inspected: Option<&Inspected>,
-    content_type: Option<&'static str>,
+    media_type: Option<&'static str>,
 ) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(caller_headers.len() + 3);
     for (name, value) in caller_headers {
@@ -361,7 +362,7 @@ fn forwarded_headers(
             name == http::header::ACCEPT_ENCODING
                 || (name == http::header::ACCEPT && inspected.accept.is_some())
                 || (name == http::header::IF_NONE_MATCH && inspected.rewritten)
-        }) || (name == http::header::CONTENT_TYPE && content_type.is_some());
+        }) || (name == http::header::CONTENT_TYPE && media_type.is_some());
         if !changed && keep_request_header(name) {
             headers.append(name.clone(), value.clone());
         }
@@ -369,10 +370,10 @@ fn forwarded_headers(
     if let Some(accept) = inspected.and_then(|inspected| inspected.accept.clone()) {
         headers.insert(http::header::ACCEPT, accept);
     }
-    if let Some(content_type) = content_type {
+    if let Some(media_type) = media_type {
         headers.insert(
             http::header::CONTENT_TYPE,
-            HeaderValue::from_static(content_type),
+            HeaderValue::from_static(media_type),
         );
     }
     headers

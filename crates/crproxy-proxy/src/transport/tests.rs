@@ -153,7 +153,7 @@ fn caller_identity_and_hop_headers_never_reach_the_target() {
 fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_body() {
     fn check(
         inspected: Option<Inspected>,
-        content_type: Option<&'static str>,
+        media_type: Option<&'static str>,
         expected: &[(&str, &str)],
     ) {
         let mut caller = HeaderMap::new();
@@ -169,7 +169,7 @@ fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_b
         ] {
             caller.append(name, HeaderValue::from_static(value));
         }
-        let forwarded = forwarded_headers(&caller, inspected.as_ref(), content_type);
+        let forwarded = forwarded_headers(&caller, inspected.as_ref(), media_type);
         let mut got: Vec<(&str, &str)> = forwarded
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap_or("?")))
@@ -177,7 +177,7 @@ fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_b
         got.sort();
         let mut expected = expected.to_vec();
         expected.sort();
-        assert_eq!(got, expected, "inspected: {inspected:?}, {content_type:?}");
+        assert_eq!(got, expected, "inspected: {inspected:?}, {media_type:?}");
     }
     // Streamed through: the caller's headers as they were, but for identities.
     check(
