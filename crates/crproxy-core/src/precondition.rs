@@ -191,6 +191,23 @@ pub struct DeleteOptions {
     members: Vec<u8>,
     /// Whether the options ask for a dry run.
     dry_run: bool,
+    /// For options read from the query (the caller sent no body): the caller's
+    /// query without its uid and resourceVersion parameters, so that a named
+    /// delete can be pinned in the query and go without a body, as it came.
+    caller_query: Option<String>,
+}
+
+/// A mutation pinned to a checked state, as it goes to the target.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PinnedRequest {
+    /// With this body (the pinned document, or DeleteOptions), at the caller's
+    /// path and query.
+    Body(Vec<u8>),
+    /// Without a body, with this query in place of the caller's: kube reads a
+    /// delete's options from the query when the body is empty, its `uid` and
+    /// `resourceVersion` parameters as preconditions (since 1.18), and the
+    /// first value of a repeated parameter, which is the pin's here.
+    Query(String),
 }
 
 impl DeleteOptions {
@@ -201,7 +218,10 @@ impl DeleteOptions {
     /// the body is empty (curl, `kubectl --raw` and several clients send
     /// `?dryRun=All` or `?propagationPolicy=Orphan` that way). A pinned body is
     /// never empty, so for an empty caller body the options are taken from `query`
-    /// into it: left in the query, a dry run would delete for real.
+    /// into it ([`DeleteOptions::pinned`], which a deletecollection sends for each
+    /// object): left in the query, a dry run would delete for real. A named
+    /// delete keeps them in the query instead, with the pin
+    /// ([`DeleteOptions::pinned_delete`]).
     pub fn read(body: &[u8], query: Option<&str>) -> Result<DeleteOptions, PreconditionError> {
         if body.iter().all(u8::is_ascii_whitespace) {
             let options = QueryDeleteOptions::read(query.unwrap_or(""))?;
@@ -213,6 +233,7 @@ impl DeleteOptions {
                 other_preconditions: Vec::new(),
                 members: options.members()?,
                 dry_run: !options.dry_run.is_empty(),
+                caller_query: Some(without_preconditions(query.unwrap_or(""))),
             });
         }
         let options = crate::request_body::parse_json_strict(body)
@@ -241,6 +262,7 @@ impl DeleteOptions {
             other_preconditions: each_after_a_comma(&preconditions)?,
             members: each_after_a_comma(&members)?,
             dry_run,
+            caller_query: None,
         })
     }
 
@@ -277,6 +299,62 @@ impl DeleteOptions {
         body.extend_from_slice(&self.members);
         body.push(b'}');
         Ok(body)
+    }
+
+    /// A named delete pinned to `pin` in the form the caller sent its options:
+    /// a body when it sent one, the query when it did not. Sent without a body,
+    /// a delete the caller sent without one costs the target no body to read.
+    /// Caller preconditions are checked as by [`DeleteOptions::pinned`].
+    pub fn pinned_delete(&self, pin: &Pin) -> Result<PinnedRequest, PreconditionError> {
+        let Some(rest) = &self.caller_query else {
+            return self.pinned(pin).map(PinnedRequest::Body);
+        };
+        if !self.caller_uid.met_by(&pin.uid)
+            || !self.caller_resource_version.met_by(&pin.resource_version)
+        {
+            return Err(PreconditionError::Stale);
+        }
+        let mut query = String::with_capacity(rest.len() + pin.uid.len() + 40);
+        query.push_str("uid=");
+        query_escape_into(&mut query, &pin.uid);
+        query.push_str("&resourceVersion=");
+        query_escape_into(&mut query, &pin.resource_version);
+        if !rest.is_empty() {
+            query.push('&');
+            query.push_str(rest);
+        }
+        Ok(PinnedRequest::Query(query))
+    }
+}
+
+/// `query` without the parameters Go's parser would read as `uid` or
+/// `resourceVersion`; every other pair stays as it was written. (The pin's
+/// parameters go first in any case, and kube reads a parameter's first value,
+/// so a pair this misses could not override them either.)
+fn without_preconditions(query: &str) -> String {
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter(|pair| {
+            let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
+            !matches!(
+                go_query_unescape(name).as_deref(),
+                Some("uid" | "resourceVersion")
+            )
+        })
+        .collect();
+    kept.join("&")
+}
+
+/// Appends `value` to `query` escaped as Go's `url.QueryEscape` would leave
+/// it readable: unreserved characters as they are, every other byte as `%XX`.
+fn query_escape_into(query: &mut String, value: &str) {
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            query.push(char::from(byte));
+        } else {
+            query.push_str(&format!("%{byte:02X}"));
+        }
     }
 }
 
@@ -789,6 +867,58 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_delete_sent_without_a_body_is_pinned_in_its_query() {
+        let pinned = |body: &[u8], query: Option<&str>| {
+            DeleteOptions::read(body, query)
+                .expect("options")
+                .pinned_delete(&pin())
+        };
+        let query = |text: &str| Ok(PinnedRequest::Query(text.to_string()));
+        // The pin's parameters first, the caller's others as it wrote them.
+        assert_eq!(pinned(b"", None), query("uid=u1&resourceVersion=7"));
+        assert_eq!(
+            pinned(b" \n", Some("dryRun=All&propagationPolicy=Orphan")),
+            query("uid=u1&resourceVersion=7&dryRun=All&propagationPolicy=Orphan")
+        );
+        // The caller's own uid and resourceVersion, met by the pin, give way to
+        // it however they were spelled; empty pairs go too.
+        assert_eq!(
+            pinned(
+                b"",
+                Some("&%75id=u1&pretty=1&&resourceVersion=&resourceVersion=6&")
+            ),
+            query("uid=u1&resourceVersion=7&pretty=1")
+        );
+        assert_eq!(
+            pinned(b"", Some("uid=u2")),
+            Err(PreconditionError::Stale),
+            "a caller precondition the pin does not meet"
+        );
+        // A pin is escaped, and reads back as itself.
+        let odd = Pin {
+            uid: "a b&uid=c%".into(),
+            resource_version: "1+2".into(),
+        };
+        let Ok(PinnedRequest::Query(text)) = DeleteOptions::read(b"", None)
+            .expect("options")
+            .pinned_delete(&odd)
+        else {
+            panic!("a query");
+        };
+        assert_eq!(text, "uid=a%20b%26uid%3Dc%25&resourceVersion=1%2B2");
+        let read_back = DeleteOptions::read(b"", Some(&text)).expect("options");
+        assert!(read_back.pinned(&odd).is_ok());
+        assert_eq!(read_back.pinned(&pin()), Err(PreconditionError::Stale));
+        // A caller that sent a body has the pin in the body, as before.
+        let body = br#"{"propagationPolicy":"Orphan"}"#;
+        let options = DeleteOptions::read(body, Some("dryRun=All")).expect("options");
+        assert_eq!(
+            options.pinned_delete(&pin()),
+            options.pinned(&pin()).map(PinnedRequest::Body)
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crproxy_core::config::{AccessMode, ResourceSet};
 use crproxy_core::ownership::{self, BodyType, Owner, Visibility};
-use crproxy_core::precondition::{self, DeleteOptions, Pin, PreconditionError};
+use crproxy_core::precondition::{self, DeleteOptions, Pin, PinnedRequest, PreconditionError};
 use crproxy_core::reason::Reason;
 use crproxy_core::request::{self, RequestKind, ResourcePath, Verb};
 use crproxy_core::request_body::{self, BodyError, WriteBody, MAX_REQUEST_BODY};
@@ -834,16 +834,16 @@ impl GroupVersionProxy {
                     match &checked {
                         Checked::Owned(pin) if view => {
                             precondition::pin_view_write(&mut document, pin)
-                                .map(|()| document.to_bytes())
+                                .map(|()| PinnedRequest::Body(document.to_bytes()))
                         }
                         Checked::Owned(pin) => {
                             precondition::pin_write(&self.owner, &mut document, pin)
-                                .map(|()| document.to_bytes())
+                                .map(|()| PinnedRequest::Body(document.to_bytes()))
                         }
                         Checked::Absent => {
                             let fresh_uid = uuid::Uuid::new_v4().to_string();
                             precondition::pin_apply_create(&mut document, &fresh_uid)
-                                .map(|()| document.to_bytes())
+                                .map(|()| PinnedRequest::Body(document.to_bytes()))
                         }
                     }
                 }
@@ -856,15 +856,7 @@ impl GroupVersionProxy {
                 }
                 Err(e) => return precondition_refused(&e),
             };
-            let outcome = self
-                .forward(
-                    exchange,
-                    media_type,
-                    exchange.target_path(),
-                    transport::full(pinned),
-                    false,
-                )
-                .await;
+            let outcome = self.forward_pinned(exchange, media_type, pinned).await;
             let code = outcome.response.status();
             let pin_may_have_refused =
                 code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
@@ -917,7 +909,7 @@ impl GroupVersionProxy {
                 return self.cache_result("stale");
             }
             (None, Some(mut document)) => precondition::pin_write(&self.owner, &mut document, &pin)
-                .map(|()| document.to_bytes()),
+                .map(|()| PinnedRequest::Body(document.to_bytes())),
             (None, None) => return self.cache_result("miss"),
         };
         // A caller precondition the cached state does not meet, or a body that
@@ -925,15 +917,7 @@ impl GroupVersionProxy {
         let Ok(pinned) = pinned else {
             return self.cache_result("stale");
         };
-        let outcome = self
-            .forward(
-                exchange,
-                media_type,
-                exchange.target_path(),
-                transport::full(pinned),
-                false,
-            )
-            .await;
+        let outcome = self.forward_pinned(exchange, media_type, pinned).await;
         let code = outcome.response.status();
         let refused = code.is_client_error() && code != StatusCode::TOO_MANY_REQUESTS;
         // Server-side apply is idempotent, so it may also be checked and sent again
@@ -1504,6 +1488,30 @@ impl GroupVersionProxy {
             .await
     }
 
+    /// Sends a mutation pinned to a checked state: its body at the caller's path
+    /// and query, or a delete without a body at the caller's path with the
+    /// pinning query.
+    async fn forward_pinned(
+        &self,
+        exchange: &Exchange,
+        media_type: Option<&'static str>,
+        pinned: PinnedRequest,
+    ) -> Outcome {
+        match pinned {
+            PinnedRequest::Body(body) => {
+                let path = exchange.target_path();
+                self.forward(exchange, media_type, path, transport::full(body), false)
+                    .await
+            }
+            PinnedRequest::Query(query) => {
+                let path = with_query(exchange.path(), &query);
+                let path = TargetPath::Written(&path);
+                self.forward(exchange, None, path, transport::full(Bytes::new()), false)
+                    .await
+            }
+        }
+    }
+
     /// Sends a request to the target with the caller's headers (and, for a body
     /// the proxy wrote, `media_type` as its `Content-Type`) and maps its response:
     /// 5xx on non-watch requests becomes the retryable 503; everything else
@@ -1676,8 +1684,8 @@ fn body_is_the_object(path: &ResourcePath) -> bool {
 fn pinned_delete(
     options: &Result<DeleteOptions, PreconditionError>,
     pin: &Pin,
-) -> Result<Vec<u8>, PreconditionError> {
-    options.as_ref().map_err(Clone::clone)?.pinned(pin)
+) -> Result<PinnedRequest, PreconditionError> {
+    options.as_ref().map_err(Clone::clone)?.pinned_delete(pin)
 }
 
 /// Reads a request body whole, at most [`MAX_REQUEST_BODY`] bytes and within the

@@ -47,6 +47,7 @@ pub fn check(data: &[u8]) {
                 json!({"uid": "uid-1", "resourceVersion": "7"})
             );
         }
+        check_query_pin(query, &pin);
     }
     let media_type = MEDIA_TYPES[usize::from(selector) % MEDIA_TYPES.len()];
     // What a read is admitted for is never less than the text's own estimate.
@@ -169,4 +170,36 @@ fn pinned_fields(model: &Value) -> Vec<(&'static str, Option<&'static str>)> {
         fields.insert(0, ("uid", Some("uid-1")));
     }
     fields
+}
+
+/// A delete sent without a body is pinned in its query: the pinned query reads
+/// as the pin's preconditions (no other pin meets them) and otherwise as the
+/// caller's options, for a plain pin and one that needs escaping.
+fn check_query_pin(query: &str, plain: &Pin) {
+    let odd = Pin {
+        uid: "u 1&uid=x%".into(),
+        resource_version: "7+8".into(),
+    };
+    let other = Pin {
+        uid: "other".into(),
+        resource_version: "1".into(),
+    };
+    for pin in [plain, &odd] {
+        let Ok(options) = precondition::DeleteOptions::read(b"", Some(query)) else {
+            continue;
+        };
+        let Ok(pinned) = options.pinned_delete(pin) else {
+            continue;
+        };
+        let precondition::PinnedRequest::Query(pinned) = pinned else {
+            panic!("a delete without a body is pinned in its query");
+        };
+        let read_back = precondition::DeleteOptions::read(b"", Some(&pinned))
+            .expect("a pinned query reads as the caller's did");
+        assert_eq!(
+            read_back.pinned(&other),
+            Err(precondition::PreconditionError::Stale)
+        );
+        assert_eq!(read_back.pinned(pin), options.pinned(pin));
+    }
 }

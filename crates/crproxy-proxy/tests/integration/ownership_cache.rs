@@ -145,10 +145,17 @@ enum Write {
     MergePatch,
     JsonPatch,
     Apply,
+    /// Without a body, as curl sends it: pinned in the query.
     Delete,
+    /// With DeleteOptions, as kubectl and client-go send it: pinned in the body.
+    DeleteWithOptions,
 }
 
 impl Write {
+    fn deletes(self) -> bool {
+        matches!(self, Write::Delete | Write::DeleteWithOptions)
+    }
+
     async fn send_after(self, delay: Duration, h: &Harness, name: &str, current: &Value) -> Reply {
         tokio::time::sleep(delay).await;
         self.send(h, name, current).await
@@ -196,6 +203,14 @@ impl Write {
                 .await
             }
             Write::Delete => send(h, "DELETE", &path, None, Bytes::new()).await,
+            Write::DeleteWithOptions => send(
+                h,
+                "DELETE",
+                &path,
+                Some("application/json"),
+                r#"{"kind":"DeleteOptions","apiVersion":"v1","propagationPolicy":"Background"}"#,
+            )
+            .await,
         }
     }
 }
@@ -259,11 +274,11 @@ async fn race_label_removal(write: Write) {
         );
         let Some(unlabelled) = unlabelled else {
             // The delete won; the admin had nothing left to unlabel.
-            assert_eq!(write, Write::Delete, "round {round}");
+            assert!(write.deletes(), "{write:?} round {round}");
             continue;
         };
         match write {
-            Write::Delete => {
+            Write::Delete | Write::DeleteWithOptions => {
                 if on_target(&h, &name).await.is_none() {
                     violations.push(name.clone());
                 }
@@ -363,6 +378,11 @@ async fn a_fast_delete_never_removes_an_object_whose_labels_were_removed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_delete_with_options_never_removes_an_object_whose_labels_were_removed() {
+    race_label_removal(Write::DeleteWithOptions).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_put_never_lands_on_an_object_recreated_by_someone_else() {
     race_recreate(Write::Put).await;
 }
@@ -385,6 +405,11 @@ async fn a_fast_apply_never_lands_on_an_object_recreated_by_someone_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_delete_never_removes_an_object_recreated_by_someone_else() {
     race_recreate(Write::Delete).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_delete_with_options_never_removes_an_object_recreated_by_someone_else() {
+    race_recreate(Write::DeleteWithOptions).await;
 }
 
 /// A write pinned to a cached state that changed meanwhile (still owned) is
