@@ -302,11 +302,16 @@ impl DeleteOptions {
     }
 
     /// A named delete pinned to `pin` in the form the caller sent its options:
-    /// a body when it sent one, the query when it did not. Sent without a body,
-    /// a delete the caller sent without one costs the target no body to read.
-    /// Caller preconditions are checked as by [`DeleteOptions::pinned`].
+    /// a body when it sent one, the query when it did not and its query is
+    /// short (see [`MAX_QUERY_PIN_PAIRS`]). Sent without a body, a delete the
+    /// caller sent without one costs the target no body to read. Caller
+    /// preconditions are checked as by [`DeleteOptions::pinned`].
     pub fn pinned_delete(&self, pin: &Pin) -> Result<PinnedRequest, PreconditionError> {
-        let Some(rest) = &self.caller_query else {
+        let Some(rest) = self
+            .caller_query
+            .as_deref()
+            .filter(|rest| fits_a_query_pin(rest))
+        else {
             return self.pinned(pin).map(PinnedRequest::Body);
         };
         if !self.caller_uid.met_by(&pin.uid)
@@ -325,6 +330,29 @@ impl DeleteOptions {
         }
         Ok(PinnedRequest::Query(query))
     }
+}
+
+/// Most parameters of the caller's (besides its uid and resourceVersion) that a
+/// delete pinned in its query keeps; a longer query is pinned in a body.
+///
+/// The pin in the query holds only while the target reads the query at all. Go
+/// (1.24.12 and 1.25.6 on, GODEBUG `urlmaxqueryparams`, 10 000 unless an
+/// operator lowers it) drops a query of too many parameters whole, and kube
+/// ignores the error: a caller's padding would leave the delete unpinned. kube
+/// reads a body's preconditions whatever the query, so only a query of a few
+/// parameters carries a pin: six at most with the pin's two, fewer than the
+/// list requests kubectl itself sends, which a target with a lower limit could
+/// not serve.
+pub const MAX_QUERY_PIN_PAIRS: usize = 4;
+/// Most bytes of the caller's query that a delete pinned in its query keeps.
+pub const MAX_QUERY_PIN_BYTES: usize = 1024;
+
+/// Whether the caller's query (without its uid and resourceVersion, and without
+/// empty pairs) is short enough to carry the pin, see [`MAX_QUERY_PIN_PAIRS`].
+fn fits_a_query_pin(rest: &str) -> bool {
+    rest.len() <= MAX_QUERY_PIN_BYTES
+        && (rest.is_empty()
+            || rest.bytes().filter(|&byte| byte == b'&').count() < MAX_QUERY_PIN_PAIRS)
 }
 
 /// `query` without the parameters Go's parser would read as `uid` or
@@ -912,6 +940,26 @@ mod tests {
         let read_back = DeleteOptions::read(b"", Some(&text)).expect("options");
         assert!(read_back.pinned(&odd).is_ok());
         assert_eq!(read_back.pinned(&pin()), Err(PreconditionError::Stale));
+        // A long query goes the body's way: padded past Go's parameter limit,
+        // it would be dropped whole, the pin with it.
+        let pairs = |n: usize| vec!["pretty=1"; n].join("&");
+        assert!(matches!(
+            pinned(b"", Some(&pairs(MAX_QUERY_PIN_PAIRS))),
+            Ok(PinnedRequest::Query(_))
+        ));
+        for long in [
+            pairs(MAX_QUERY_PIN_PAIRS + 1),
+            pairs(9_999),
+            format!("pretty={}", "1".repeat(MAX_QUERY_PIN_BYTES)),
+        ] {
+            let options = DeleteOptions::read(b"", Some(&long)).expect("options");
+            assert_eq!(
+                options.pinned_delete(&pin()),
+                options.pinned(&pin()).map(PinnedRequest::Body),
+                "{} bytes",
+                long.len()
+            );
+        }
         // A caller that sent a body has the pin in the body, as before.
         let body = br#"{"propagationPolicy":"Orphan"}"#;
         let options = DeleteOptions::read(body, Some("dryRun=All")).expect("options");
