@@ -21,7 +21,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::ownership::{self, BodyType, Owner};
-use crate::request::query_bool;
+use crate::request::{encode_query_value, query_bool};
 use crate::request_body::{CallerValue, ShapeError, WriteBody};
 
 /// What the ownership check saw.
@@ -191,9 +191,10 @@ pub struct DeleteOptions {
     members: Vec<u8>,
     /// Whether the options ask for a dry run.
     dry_run: bool,
-    /// For options read from the query (the caller sent no body): the caller's
-    /// query without its uid and resourceVersion parameters, so that a named
-    /// delete can be pinned in the query and go without a body, as it came.
+    /// For options read from a short query (the caller sent no body, and at most
+    /// [`MAX_QUERY_PIN_PAIRS`] other parameters): that query without its uid and
+    /// resourceVersion parameters, so that a named delete can be pinned in the
+    /// query and go without a body, as it came.
     caller_query: Option<String>,
 }
 
@@ -233,7 +234,8 @@ impl DeleteOptions {
                 other_preconditions: Vec::new(),
                 members: options.members()?,
                 dry_run: !options.dry_run.is_empty(),
-                caller_query: Some(without_preconditions(query.unwrap_or(""))),
+                caller_query: Some(without_preconditions(query.unwrap_or("")))
+                    .filter(|rest| fits_a_query_pin(rest)),
             });
         }
         let options = crate::request_body::parse_json_strict(body)
@@ -279,11 +281,7 @@ impl DeleteOptions {
     /// the checked state does not meet is [`PreconditionError::Stale`]: kube
     /// would answer it with a conflict.
     pub fn pinned(&self, pin: &Pin) -> Result<Vec<u8>, PreconditionError> {
-        if !self.caller_uid.met_by(&pin.uid)
-            || !self.caller_resource_version.met_by(&pin.resource_version)
-        {
-            return Err(PreconditionError::Stale);
-        }
+        self.met_by(pin)?;
         let mut body = Vec::with_capacity(
             self.other_preconditions.len()
                 + self.members.len()
@@ -307,28 +305,33 @@ impl DeleteOptions {
     /// caller sent without one costs the target no body to read. Caller
     /// preconditions are checked as by [`DeleteOptions::pinned`].
     pub fn pinned_delete(&self, pin: &Pin) -> Result<PinnedRequest, PreconditionError> {
-        let Some(rest) = self
-            .caller_query
-            .as_deref()
-            .filter(|rest| fits_a_query_pin(rest))
-        else {
+        let Some(rest) = &self.caller_query else {
             return self.pinned(pin).map(PinnedRequest::Body);
         };
-        if !self.caller_uid.met_by(&pin.uid)
-            || !self.caller_resource_version.met_by(&pin.resource_version)
-        {
-            return Err(PreconditionError::Stale);
-        }
-        let mut query = String::with_capacity(rest.len() + pin.uid.len() + 40);
-        query.push_str("uid=");
-        query_escape_into(&mut query, &pin.uid);
-        query.push_str("&resourceVersion=");
-        query_escape_into(&mut query, &pin.resource_version);
+        self.met_by(pin)?;
+        let mut query = format!(
+            "uid={}&resourceVersion={}",
+            encode_query_value(&pin.uid),
+            encode_query_value(&pin.resource_version)
+        );
         if !rest.is_empty() {
             query.push('&');
             query.push_str(rest);
         }
         Ok(PinnedRequest::Query(query))
+    }
+
+    /// [`PreconditionError::Stale`] unless `pin` meets the caller's own uid and
+    /// resourceVersion preconditions: kube would answer the delete with a
+    /// conflict.
+    fn met_by(&self, pin: &Pin) -> Result<(), PreconditionError> {
+        if self.caller_uid.met_by(&pin.uid)
+            && self.caller_resource_version.met_by(&pin.resource_version)
+        {
+            Ok(())
+        } else {
+            Err(PreconditionError::Stale)
+        }
     }
 }
 
@@ -372,18 +375,6 @@ fn without_preconditions(query: &str) -> String {
         })
         .collect();
     kept.join("&")
-}
-
-/// Appends `value` to `query` escaped as Go's `url.QueryEscape` would leave
-/// it readable: unreserved characters as they are, every other byte as `%XX`.
-fn query_escape_into(query: &mut String, value: &str) {
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
-            query.push(char::from(byte));
-        } else {
-            query.push_str(&format!("%{byte:02X}"));
-        }
-    }
 }
 
 /// A body's `dryRun`: an empty list or `null` asks for none; anything else is a
