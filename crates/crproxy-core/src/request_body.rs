@@ -556,16 +556,10 @@ impl<'de> Visitor<'de> for StrictVisitor {
         let mut seen = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
             if !seen.insert(key.clone()) {
-                let repeated = format!("duplicate key {key:?}");
                 return Err(match self.0 {
                     // serde_json adds the line and column to any error.
-                    Syntax::Json => serde::de::Error::custom(repeated),
-                    // serde-saphyr adds them to serde's own kinds of error only,
-                    // not to a custom one: the duplicate is raised as one of those.
-                    Syntax::Yaml => serde::de::Error::invalid_value(
-                        serde::de::Unexpected::Other(&repeated),
-                        &"each key once in an object",
-                    ),
+                    Syntax::Json => serde::de::Error::custom(format!("duplicate key {key:?}")),
+                    Syntax::Yaml => crate::yaml_error::duplicate_key(&key),
                 });
             }
             let value = map.next_value_seed(StrictValue(self.0))?;
@@ -683,6 +677,9 @@ mod tests {
                     message.contains(&format!("duplicate key {key:?}")) && message.contains(place),
                     "{text:?}: {message}"
                 );
+                // Not serde's framing of the kind of error it is raised as.
+                assert!(!message.contains("invalid value"), "{text:?}: {message}");
+                assert!(message.contains("same key in JSON"), "{text:?}: {message}");
             }
         }
         // A merge key's entries are not repeats: the mapping's own win.
