@@ -623,25 +623,23 @@ async fn measure_all(
         seed(&direct, &list_ns(n), &names, &owner).await?;
     }
     // One object per worker, path and concurrency for updates and patches.
-    let mut update_rvs = HashMap::new();
-    for lane in &lanes {
-        for &c in &plan.concurrency {
-            let objects_owner = lane.objects_owner(&owner);
-            update_rvs
-                .extend(seed(&direct, NS_RW, &worker_names("u", lane, c), &objects_owner).await?);
-            seed(&direct, NS_RW, &worker_names("p", lane, c), &objects_owner).await?;
-        }
-    }
-    if let Some(c) = &child_proxy {
+    let update_rvs = seed_worker_objects(&direct, &lanes, &plan.concurrency, &owner).await?;
+    let catch_up = child_proxy.as_ref().map(|child| CacheCatchUp {
+        direct: &direct,
+        crproxy: &crproxy,
+        metrics: child.metrics_addr,
+        owner: &owner,
+    });
+    if let Some(catch_up) = &catch_up {
         // Owned writes are measured in steady state: the proxy's ownership cache
         // starts with the first owned write, so it is started and synced here.
-        if let Err(e) =
-            await_cache_catch_up(&direct, &crproxy, c.metrics_addr, &owner, "start").await
-        {
-            notes.push(format!(
-                "crproxy ownership cache not synced before the timed part: {e}"
-            ));
-        }
+        catch_up
+            .await_or_note(
+                "start",
+                "crproxy ownership cache not synced before the timed part",
+                notes,
+            )
+            .await;
     }
     let wanted = |scenario: &str| options.wants(scenario);
     let timed_part_started = rss::machine_time();
@@ -712,15 +710,13 @@ async fn measure_all(
             for (lane, names) in lanes.iter().zip(&names) {
                 seed(&direct, NS_SEEDED, names, &lane.objects_owner(&owner)).await?;
             }
-            if let Some(child) = &child_proxy {
-                let tag = format!("c{c}");
-                if let Err(e) =
-                    await_cache_catch_up(&direct, &crproxy, child.metrics_addr, &owner, &tag).await
-                {
-                    runner.notes.push(format!(
-                        "crproxy ownership cache had not read the objects seeded for c={c} before their rows: {e}"
-                    ));
-                }
+            if let Some(catch_up) = &catch_up {
+                let what = format!(
+                    "crproxy ownership cache had not read the objects seeded for c={c} before their rows"
+                );
+                catch_up
+                    .await_or_note(&format!("c{c}"), &what, runner.notes)
+                    .await;
             }
             let prefix = |lane: &Lane, tag: &str| seeded_prefix(lane.name, c, tag);
             if wanted("patch (seeded)") {
@@ -760,7 +756,7 @@ async fn measure_all(
                     let watcher = CacheWatcher {
                         pid: child.pid,
                         clock: cpu_clock,
-                        catch_up: Some((&crproxy, child.metrics_addr)),
+                        catch_up,
                     };
                     let cost =
                         cache_event_cost(plan, c, &direct, &watcher, &owner, runner.notes).await?;
@@ -1026,44 +1022,24 @@ async fn measure_through_aggregator(
                 create_namespace(&admin, &ns).await?;
             }
         }
-        let mut update_rvs = HashMap::new();
-        for lane in &lanes {
-            let objects_owner = lane.objects_owner(setup.owner);
-            for &c in AGGREGATED_CONCURRENCY {
-                seed(
-                    setup.direct,
-                    NS_RW,
-                    &worker_names("p", lane, c),
-                    &objects_owner,
-                )
-                .await?;
-                update_rvs.extend(
-                    seed(
-                        setup.direct,
-                        NS_RW,
-                        &worker_names("u", lane, c),
-                        &objects_owner,
-                    )
-                    .await?,
-                );
-            }
-        }
+        let update_rvs =
+            seed_worker_objects(setup.direct, &lanes, AGGREGATED_CONCURRENCY, setup.owner).await?;
         // As in the direct comparison, the writes are timed once crproxy's
         // ownership cache has read the objects seeded for them.
         if let Some(metrics) = setup.crproxy.metrics {
-            if let Err(e) = await_cache_catch_up(
-                setup.direct,
-                &setup.crproxy.endpoint,
+            let catch_up = CacheCatchUp {
+                direct: setup.direct,
+                crproxy: &setup.crproxy.endpoint,
                 metrics,
-                setup.owner,
-                "aggregated",
-            )
-            .await
-            {
-                notes.push(format!(
-                    "crproxy ownership cache had not read the objects seeded for the aggregation layer's rows: {e}"
-                ));
-            }
+                owner: setup.owner,
+            };
+            catch_up
+                .await_or_note(
+                    "aggregated",
+                    "crproxy ownership cache had not read the objects seeded for the aggregation layer's rows",
+                    notes,
+                )
+                .await;
         }
         let mut runner = Runner {
             plan,
@@ -1400,9 +1376,9 @@ const CACHE_EVENTS_SETTLE: Duration = Duration::from_millis(100);
 struct CacheWatcher<'a> {
     pid: u32,
     clock: rss::CpuClock,
-    /// Its proxy port and metrics listener, to make sure its cache is watching
-    /// before the first batch; `None` where that cannot be asked (tests).
-    catch_up: Option<(&'a Endpoint, SocketAddr)>,
+    /// Makes sure its cache is watching before the first batch; `None` where
+    /// that cannot be asked (tests).
+    catch_up: Option<CacheCatchUp<'a>>,
 }
 
 /// The price of one event on the crproxy child's ownership cache watch at `c`
@@ -1422,14 +1398,13 @@ async fn cache_event_cost(
     eprintln!("{CACHE_EVENTS} c={c}");
     // Without a watching cache (dropped after idling, or over its limit) the
     // child's own writes would cost no events and the table would read 0.
-    if let Some((crproxy, metrics)) = watcher.catch_up {
-        if let Err(e) =
-            await_cache_catch_up(direct, crproxy, metrics, owner, &format!("events-c{c}")).await
-        {
-            notes.push(format!(
-                "{CACHE_EVENTS} c={c}: crproxy's ownership cache was not watching before the writes ({e}); the figures may leave the events out"
-            ));
-        }
+    if let Some(catch_up) = &watcher.catch_up {
+        let what = format!(
+            "{CACHE_EVENTS} c={c}: crproxy's ownership cache was not watching before the writes, so the figures may leave the events out"
+        );
+        catch_up
+            .await_or_note(&format!("events-c{c}"), &what, notes)
+            .await;
     }
     let cpu = || {
         rss::tree_cpu(watcher.pid, watcher.clock).ok_or_else(|| {
@@ -1737,47 +1712,90 @@ async fn idle_watches(
     Ok((figure, rss::mib(with)))
 }
 
-/// Waits until crproxy's ownership cache is synced and has read everything
-/// written to the target so far (bounded: 30 s), so that timed rows neither
-/// include the cache's start (a resource's first owned write starts it) nor its
-/// reading of objects seeded just before. A watch delivers events in order, so
-/// the cache has caught up once it knows an object created directly on the
-/// target after the rest: a fresh marker each attempt (`cache-marker-<tag>-<n>`),
-/// patched through crproxy once, must be counted as a hit. (Patching the same
-/// marker again proves nothing: the first patch's answer teaches the cache the
-/// object.)
-async fn await_cache_catch_up(
-    direct: &Arc<Endpoint>,
-    crproxy: &Endpoint,
+/// What [`CacheCatchUp::run`] needs: the target directly (to write a marker),
+/// crproxy's proxy port (to write it through) and its metrics listener (to see
+/// whether the cache answered).
+#[derive(Clone, Copy)]
+struct CacheCatchUp<'a> {
+    direct: &'a Arc<Endpoint>,
+    crproxy: &'a Endpoint,
     metrics: SocketAddr,
-    owner: &Owner,
-    tag: &str,
-) -> Result<()> {
-    let mut sender = crproxy.connect().await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = String::from("no attempt");
-    let hits = |exposition: &str| CacheLookups::parse(exposition).map(|l| l.hit);
-    let mut attempt = 0;
-    while Instant::now() < deadline {
-        let marker = format!("cache-marker-{tag}-{attempt}");
-        attempt += 1;
-        seed(direct, NS_RW, std::slice::from_ref(&marker), owner).await?;
-        let before = hits(&scrape(metrics).await?).unwrap_or(0);
-        let status = patch_through(crproxy, &mut sender, &marker).await?;
-        if !status.is_success() {
-            last = format!("patching {marker} answered {status}");
-        } else {
-            match hits(&scrape(metrics).await?) {
-                Some(after) if after > before => return Ok(()),
-                Some(_) => last = format!("{marker} was not in the cache yet"),
-                None => {
-                    last = "the child exports no crproxy_ownership_cache_lookups_total (a crproxy without the ownership cache?)".into()
+    owner: &'a Owner,
+}
+
+impl CacheCatchUp<'_> {
+    /// Waits until crproxy's ownership cache is synced and has read everything
+    /// written to the target so far (bounded: 30 s), so that timed rows neither
+    /// include the cache's start (a resource's first owned write starts it) nor
+    /// its reading of objects seeded just before. A watch delivers events in
+    /// order, so the cache has caught up once it knows an object created directly
+    /// on the target after the rest: a fresh marker each attempt
+    /// (`cache-marker-<tag>-<n>`), patched through crproxy once, must be counted
+    /// as a hit. (Patching the same marker again proves nothing: the first
+    /// patch's answer teaches the cache the object.)
+    async fn run(&self, tag: &str) -> Result<()> {
+        let mut sender = self.crproxy.connect().await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = String::from("no attempt");
+        let hits = |exposition: &str| CacheLookups::parse(exposition).map(|l| l.hit);
+        let mut attempt = 0;
+        while Instant::now() < deadline {
+            let marker = format!("cache-marker-{tag}-{attempt}");
+            attempt += 1;
+            seed(
+                self.direct,
+                NS_RW,
+                std::slice::from_ref(&marker),
+                self.owner,
+            )
+            .await?;
+            let before = hits(&scrape(self.metrics).await?).unwrap_or(0);
+            let status = patch_through(self.crproxy, &mut sender, &marker).await?;
+            if !status.is_success() {
+                last = format!("patching {marker} answered {status}");
+            } else {
+                match hits(&scrape(self.metrics).await?) {
+                    Some(after) if after > before => return Ok(()),
+                    Some(_) => last = format!("{marker} was not in the cache yet"),
+                    None => {
+                        last = "the child exports no crproxy_ownership_cache_lookups_total (a crproxy without the ownership cache?)".into()
+                    }
                 }
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        bail!("{last}")
     }
-    bail!("{last}")
+
+    /// [`Self::run`], a failure becoming the report's note `what: <why>`: rows
+    /// measured without the cache caught up are still worth reporting, marked.
+    async fn await_or_note(&self, tag: &str, what: &str, notes: &mut Vec<String>) {
+        if let Err(e) = self.run(tag).await {
+            notes.push(format!("{what}: {e}"));
+        }
+    }
+}
+
+/// Seeds, in the read-write namespace, each lane's objects for its PUT (`u-*`)
+/// and merge PATCH (`p-*`) rows: one per worker at each concurrency, labelled
+/// as the lane's writes label them. Answers the seeded PUT objects'
+/// resourceVersions by name, which the PUT rows start from.
+async fn seed_worker_objects(
+    direct: &Arc<Endpoint>,
+    lanes: &[Lane],
+    concurrency: &[usize],
+    owner: &Owner,
+) -> Result<HashMap<String, String>> {
+    let mut update_rvs = HashMap::new();
+    for lane in lanes {
+        let objects_owner = lane.objects_owner(owner);
+        for &c in concurrency {
+            update_rvs
+                .extend(seed(direct, NS_RW, &worker_names("u", lane, c), &objects_owner).await?);
+            seed(direct, NS_RW, &worker_names("p", lane, c), &objects_owner).await?;
+        }
+    }
+    Ok(update_rvs)
 }
 
 /// A merge patch of the widget `name` in the read-write namespace, sent through
