@@ -24,7 +24,7 @@ use crproxy_core::ownership::{OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
 
 use crate::driver::{self, closed_loop, Endpoint, Identity, Protocol, Sender, Workload};
 use crate::nginx::{self, Nginx};
-use crate::report::{self, CacheEventCost, MemoryFigure, Report, Row};
+use crate::report::{self, paired_round_ratios, CacheEventCost, MemoryFigure, Report, Row};
 use crate::rss;
 use crate::stats::{micros_each, RoundStats, Summary};
 use crate::watch::{WatchSet, PRIME_SEQ};
@@ -325,6 +325,9 @@ struct Measured {
     machine: rss::MachineTime,
     /// The machine's busy CPU time per request over those rounds (µs).
     machine_cpu_us: Option<f64>,
+    /// Each measured round's throughput, in round order (`None` for a round
+    /// that completed no request).
+    round_throughputs: Vec<Option<f64>>,
 }
 
 /// The whole run.
@@ -1257,6 +1260,7 @@ impl Runner<'_> {
         let mut dials = vec![0u64; lanes.len()];
         let mut machine = vec![rss::MachineTime::default(); lanes.len()];
         let mut machine_requests = vec![0usize; lanes.len()];
+        let mut round_throughputs: Vec<Vec<Option<f64>>> = vec![Vec::new(); lanes.len()];
         for round in 0..self.plan.rounds {
             for (i, lane) in lanes.iter().enumerate() {
                 let lane_workers = std::mem::take(&mut workers[i]);
@@ -1290,11 +1294,10 @@ impl Runner<'_> {
                     first_errors[i] = result.first_error.clone();
                 }
                 errors[i] += result.errors;
-                if let Some(stats) =
-                    RoundStats::from_samples(result.latencies, result.errors, Some(result.wall))
-                {
-                    rounds[i].push(stats);
-                }
+                let stats =
+                    RoundStats::from_samples(result.latencies, result.errors, Some(result.wall));
+                round_throughputs[i].push(stats.as_ref().and_then(|s| s.throughput));
+                rounds[i].extend(stats);
             }
         }
         let measured: Vec<Measured> = (0..lanes.len())
@@ -1306,6 +1309,7 @@ impl Runner<'_> {
                 dials: dials[i],
                 machine: machine[i],
                 machine_cpu_us: micros_each(machine[i].busy(), machine_requests[i]),
+                round_throughputs: std::mem::take(&mut round_throughputs[i]),
             })
             .collect();
         let row = row_from(scenario, concurrency, lanes, measured, self.notes);
@@ -1354,6 +1358,10 @@ fn row_from(
     row.nginx_cpu_us = nginx.as_ref().and_then(|m| m.cpu_us);
     row.crproxy_machine_cpu_us = crproxy.as_ref().and_then(|m| m.machine_cpu_us);
     row.nginx_machine_cpu_us = nginx.as_ref().and_then(|m| m.machine_cpu_us);
+    if let (Some(crproxy), Some(nginx)) = (&crproxy, &nginx) {
+        row.crproxy_vs_nginx_round_throughput =
+            paired_round_ratios(&crproxy.round_throughputs, &nginx.round_throughputs);
+    }
     row.crproxy_steal_percent = crproxy.and_then(|m| m.machine.steal_percent());
     row.nginx_steal_percent = nginx.and_then(|m| m.machine.steal_percent());
     if let Some(note) = steal_note(&row) {
@@ -1584,6 +1592,8 @@ async fn watch_row(
             dials: 0,
             machine: rss::MachineTime::default(),
             machine_cpu_us: None,
+            // Watch delivery has no throughput.
+            round_throughputs: Vec::new(),
         });
     }
     Ok(row_from(&scenario, watches, lanes, measured, notes))
@@ -2434,6 +2444,7 @@ mod tests {
                 total,
             },
             machine_cpu_us: Some(machine_cpu_us),
+            round_throughputs: Vec::new(),
         };
         let lanes = [Column::Direct, Column::Crproxy, Column::Nginx].map(test_lane);
         let mut notes = Vec::new();
@@ -2458,5 +2469,32 @@ mod tests {
                 .any(|n| n.contains("10.0 % during crproxy's rounds")),
             "{notes:?}"
         );
+    }
+
+    #[test]
+    fn a_row_pairs_crproxy_s_rounds_with_nginx_s() {
+        let measured = |round_throughputs: Vec<Option<f64>>| Measured {
+            summary: None,
+            errors: 0,
+            cpu_us: None,
+            first_error: None,
+            dials: 0,
+            machine: rss::MachineTime::default(),
+            machine_cpu_us: None,
+            round_throughputs,
+        };
+        let lanes = [Column::Direct, Column::Nginx, Column::Crproxy].map(test_lane);
+        let row = row_from(
+            "get",
+            1,
+            &lanes,
+            vec![
+                measured(vec![Some(1.0), Some(1.0)]),
+                measured(vec![Some(1000.0), Some(500.0)]),
+                measured(vec![Some(900.0), Some(600.0)]),
+            ],
+            &mut Vec::new(),
+        );
+        assert_eq!(row.crproxy_vs_nginx_round_throughput, [0.9, 1.2]);
     }
 }

@@ -82,6 +82,10 @@ pub struct Row {
     /// target serving its watches) shows here and not in its own CPU.
     pub crproxy_machine_cpu_us: Option<f64>,
     pub nginx_machine_cpu_us: Option<f64>,
+    /// crproxy's throughput over nginx's, round by round (see
+    /// [`paired_round_ratios`]): how far the row's ratio of medians moves from
+    /// one pair of neighbouring rounds to the next.
+    pub crproxy_vs_nginx_round_throughput: Vec<f64>,
 }
 
 impl Row {
@@ -110,8 +114,26 @@ impl Row {
             nginx_steal_percent: None,
             crproxy_machine_cpu_us: None,
             nginx_machine_cpu_us: None,
+            crproxy_vs_nginx_round_throughput: Vec::new(),
         }
     }
+}
+
+/// crproxy's throughput over nginx's in each round both measured, in round
+/// order. Within a round the lanes run one after the other, so each pair shares
+/// the machine's state of that moment (a slower stretch, a busy neighbour), which
+/// the medians over all rounds do not pair up; a row whose pairs straddle a goal
+/// is one a second run may judge the other way. Rounds where either lane
+/// measured no throughput are left out.
+pub fn paired_round_ratios(crproxy: &[Option<f64>], nginx: &[Option<f64>]) -> Vec<f64> {
+    crproxy
+        .iter()
+        .zip(nginx)
+        .filter_map(|pair| match pair {
+            (Some(crproxy), Some(nginx)) if *nginx > 0.0 => Some(crproxy / nginx),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What the crproxy child's ownership cache costs it per event on its watch,
@@ -406,10 +428,14 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
             Some((crproxy, nginx)) if nginx > 0.0 => {
                 let share = crproxy / nginx;
                 let (met, d) = judged(&[share], 2, |f| f[0] >= goal);
+                let rounds = row.map_or(&[][..], |r| &r.crproxy_vs_nginx_round_throughput);
                 TargetCheck {
                     what,
                     target,
-                    measured: format!("{share:.d$}x ({crproxy:.0} vs {nginx:.0} req/s)"),
+                    measured: format!(
+                        "{share:.d$}x ({crproxy:.0} vs {nginx:.0} req/s{})",
+                        round_range(rounds)
+                    ),
                     met,
                 }
             }
@@ -473,6 +499,19 @@ pub fn goal_checks(rows: &[Row], idle_watches: Option<(usize, f64)>) -> Vec<Targ
         None => idle_watch_check(GOAL_IDLE_WATCHES, None),
     });
     checks
+}
+
+/// `; rounds 0.84x to 0.91x`: the lowest and highest of a row's paired round
+/// ratios, when it has two or more; nothing otherwise.
+fn round_range(ratios: &[f64]) -> String {
+    let lowest = ratios.iter().copied().reduce(f64::min);
+    let highest = ratios.iter().copied().reduce(f64::max);
+    match (lowest, highest) {
+        (Some(lowest), Some(highest)) if ratios.len() >= 2 => {
+            format!("; rounds {lowest:.2}x to {highest:.2}x")
+        }
+        _ => String::new(),
+    }
 }
 
 fn num(value: Option<f64>, width: usize, decimals: usize) -> String {

@@ -337,6 +337,54 @@ fn goals_compare_crproxy_with_nginx_row_by_row() {
 }
 
 #[test]
+fn rounds_are_paired_in_order_and_their_range_is_printed() {
+    // A round either lane measured nothing in is left out, not shifted onto the
+    // next one.
+    let ratios = paired_round_ratios(
+        &[Some(900.0), None, Some(1000.0), Some(800.0)],
+        &[Some(1000.0), Some(1000.0), None, Some(1000.0)],
+    );
+    assert_eq!(ratios, [0.9, 0.8]);
+    assert!(paired_round_ratios(&[Some(1.0)], &[Some(0.0)]).is_empty());
+
+    let direct = summary(1.0, 2.0, Some(1000.0));
+    let mut rows = vec![
+        at(
+            row(
+                "delete",
+                direct.clone(),
+                summary(1.0, 2.0, Some(900.0)),
+                Some(summary(1.0, 2.0, Some(1000.0))),
+            ),
+            1,
+        ),
+        at(
+            row(
+                "delete",
+                direct.clone(),
+                summary(1.0, 2.0, Some(960.0)),
+                Some(summary(1.0, 2.0, Some(1000.0))),
+            ),
+            16,
+        ),
+    ];
+    rows[0].crproxy_vs_nginx_round_throughput = vec![0.93, 0.871, 0.9, 0.96];
+    // One paired round is no range.
+    rows[1].crproxy_vs_nginx_round_throughput = vec![0.96];
+    let checks = goal_checks(&rows, None);
+    let c1 = goal(&checks, "delete c=1 throughput");
+    assert_eq!(
+        c1.measured,
+        "0.90x (900 vs 1000 req/s; rounds 0.87x to 0.96x)"
+    );
+    assert!(!c1.met, "the verdict stays the medians'");
+    assert_eq!(
+        goal(&checks, "delete c=16 throughput").measured,
+        "0.96x (960 vs 1000 req/s)"
+    );
+}
+
+#[test]
 fn printed_figures_give_the_measured_verdict() {
     let at_least = |goal: f64| move |f: &[f64]| f[0] >= goal;
     let check =
