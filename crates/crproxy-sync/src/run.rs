@@ -443,9 +443,28 @@ impl LeaderEndpoint {
     }
 }
 
+/// How the registration of the write-through webhook by a new leader ended.
+enum Registration {
+    Done,
+    /// Leadership went first: another replica registers its own.
+    LostLeadership,
+    ShuttingDown,
+}
+
 impl Supervisor {
-    async fn run(self, leader: LeaderHandle, mut shutdown: watch::Receiver<bool>) {
-        let mut changes = leader.changes();
+    async fn run(self, leader: LeaderHandle, shutdown: watch::Receiver<bool>) {
+        // The handle is held for as long as the supervisor runs: dropping the last
+        // clone would end the election.
+        self.lead_while(leader.changes(), shutdown).await;
+        drop(leader);
+    }
+
+    /// Runs the syncers while `changes` says this replica leads, until `shutdown`.
+    async fn lead_while(
+        self,
+        mut changes: watch::Receiver<bool>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         loop {
             // Wait to lead (or to stop).
             tokio::select! {
@@ -456,14 +475,22 @@ impl Supervisor {
             self.metrics.set_leader(true);
             if let Some(configuration) = &self.registration {
                 // Until it is registered, tenant writes of the types are not written
-                // through; retried until it is (bounded by leadership).
-                let mut attempt = 0u32;
-                while let Err(e) = writethrough::register(&self.tenant, configuration).await {
-                    attempt += 1;
-                    tracing::warn!(error = %e, attempt, "registering the write-through webhook in the tenant failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = shutdown.wait_for(|s| *s) => return,
+                // through. Retried only while this replica leads: a replica that lost
+                // the Lease while the tenant was out of its reach would otherwise
+                // overwrite the new leader's registration (its CA, its address) once
+                // the tenant answered again, and every tenant write of the types
+                // would then fail review.
+                let registration = tokio::select! {
+                    done = self.register_webhook(configuration, &mut shutdown) => done,
+                    _ = changes.wait_for(|l| !*l) => Registration::LostLeadership,
+                };
+                match registration {
+                    Registration::Done => {}
+                    Registration::ShuttingDown => return,
+                    Registration::LostLeadership => {
+                        self.metrics.set_leader(false);
+                        tracing::info!("lost leadership before the write-through webhook was registered: syncers not started");
+                        continue;
                     }
                 }
             }
@@ -514,6 +541,25 @@ impl Supervisor {
             }
             tracing::info!("lost leadership: syncers stopped");
         }
+    }
+
+    /// Registers the write-through webhook in the tenant, retrying every second
+    /// until it is registered or `shutdown` says stop.
+    async fn register_webhook(
+        &self,
+        configuration: &serde_json::Value,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Registration {
+        let mut attempt = 0u32;
+        while let Err(e) = writethrough::register(&self.tenant, configuration).await {
+            attempt += 1;
+            tracing::warn!(error = %e, attempt, "registering the write-through webhook in the tenant failed; retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.wait_for(|s| *s) => return Registration::ShuttingDown,
+            }
+        }
+        Registration::Done
     }
 
     fn spawn_syncer(&self, ty: &ResolvedType) -> JoinHandle<()> {

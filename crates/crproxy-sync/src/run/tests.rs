@@ -1,10 +1,12 @@
 //! The supervisor's hand-over, against clusters that are not there: a tenant that
-//! accepts connections and never answers, a host that refuses them.
+//! accepts connections and never answers (or answers every request with a 500), a
+//! host that refuses them.
 
 use super::*;
-use crate::fake_api::{gateways_type, silent_api, unreachable_api};
+use crate::fake_api::{gateways_type, silent_api, unreachable_api, FakeApi};
 use crproxy_core::config::sync::WriteThroughPlan;
 use prometheus_client::registry::Registry;
+use serde_json::json;
 
 fn leading(metrics: &SyncMetrics) -> bool {
     let mut registry = Registry::default();
@@ -14,17 +16,13 @@ fn leading(metrics: &SyncMetrics) -> bool {
     text.lines().any(|l| l == "vcluster_syncer_leader 1")
 }
 
-/// A leader that stops closes write-through at once: a review arriving while it
-/// takes itself out of the Service (up to 5 s against a tenant that does not answer)
-/// gets 503 instead of being accepted by a replica whose syncers are stopping, whose
-/// frozen cache could then never confirm it.
-#[tokio::test]
-async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint() {
-    let gate = Gate::new();
-    let metrics = SyncMetrics::new();
-    let supervisor = Supervisor {
+/// A supervisor of no types with `tenant` as its tenant cluster (the host refuses
+/// connections), no webhook to register and no Service to point; tests set what
+/// they need.
+fn supervisor(tenant: kube::Client, metrics: &Arc<SyncMetrics>) -> Supervisor {
+    Supervisor {
         host: unreachable_api(),
-        tenant: silent_api().await,
+        tenant,
         plan: SyncPlan {
             tenant: "client".into(),
             host_kubeconfig: String::new(),
@@ -40,31 +38,51 @@ async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint
             },
         },
         resolved: vec![],
-        metrics: Arc::clone(&metrics),
+        metrics: Arc::clone(metrics),
         resync: DEFAULT_RESYNC,
-        gates: HashMap::from([("gateways.example.net/v1".to_owned(), Arc::clone(&gate))]),
+        gates: HashMap::new(),
         registration: None,
-        leader_endpoint: Some(LeaderEndpoint {
-            namespace: "kube-system".into(),
-            name: "crproxy-writethrough".into(),
-            service_port: 443,
-            ip: IpAddr::from([127, 0, 0, 1]),
-            listen_port: 9443,
-        }),
-    };
+        leader_endpoint: None,
+    }
+}
+
+/// Whether `condition` holds within `limit` (polled every 20 ms).
+async fn within(limit: Duration, condition: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !condition() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// A leader that stops closes write-through at once: a review arriving while it
+/// takes itself out of the Service (up to 5 s against a tenant that does not answer)
+/// gets 503 instead of being accepted by a replica whose syncers are stopping, whose
+/// frozen cache could then never confirm it.
+#[tokio::test]
+async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint() {
+    let gate = Gate::new();
+    let metrics = SyncMetrics::new();
+    let mut supervisor = supervisor(silent_api().await, &metrics);
+    supervisor.gates = HashMap::from([("gateways.example.net/v1".to_owned(), Arc::clone(&gate))]);
+    supervisor.leader_endpoint = Some(LeaderEndpoint {
+        namespace: "kube-system".into(),
+        name: "crproxy-writethrough".into(),
+        service_port: 443,
+        ip: IpAddr::from([127, 0, 0, 1]),
+        listen_port: 9443,
+    });
     let (shutdown, shutdown_rx) = watch::channel(false);
     let _task = AbortOnDrop(tokio::spawn(
         supervisor.run(LeaderHandle::fixed(true), shutdown_rx),
     ));
-    let mut led = false;
-    for _ in 0..100 {
-        if leading(&metrics) {
-            led = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(led, "the supervisor never started leading");
+    assert!(
+        within(Duration::from_secs(2), || leading(&metrics)).await,
+        "the supervisor never started leading"
+    );
     // As the syncer does once its caches are synced.
     gate.open_term().caches_synced(
         store(&ApiResource::from_gvk_with_plural(
@@ -76,17 +94,57 @@ async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint
     assert!(gate.is_synced());
 
     shutdown.send(true).expect("the supervisor listens");
-    let mut closed = false;
-    for _ in 0..50 {
-        if !gate.is_synced() {
-            closed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     assert!(
-        closed,
+        within(Duration::from_secs(1), || !gate.is_synced()).await,
         "write-through still answered 1 s after the stop (while withdrawing the endpoint)"
+    );
+}
+
+/// A replica whose tenant refuses the write-through webhook's registration keeps
+/// retrying only while it leads: once another replica has the Lease, a late
+/// success would overwrite the new leader's registration (its CA and address),
+/// and every tenant write of the types would fail review.
+#[tokio::test]
+async fn a_replica_that_lost_leadership_stops_registering_its_webhook() {
+    let tenant = FakeApi::start(|_, _, _| {
+        (
+            500,
+            json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                   "reason": "InternalError", "message": "etcd is away", "code": 500}),
+        )
+    })
+    .await;
+    let metrics = SyncMetrics::new();
+    let mut supervisor = supervisor(tenant.client.clone(), &metrics);
+    supervisor.registration = Some(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "crproxy-writethrough-client"},
+        "webhooks": [],
+    }));
+    let (lead, changes) = watch::channel(false);
+    let (_shutdown, shutdown_rx) = watch::channel(false);
+    let _task = AbortOnDrop(tokio::spawn(supervisor.lead_while(changes, shutdown_rx)));
+
+    lead.send(true).expect("the supervisor listens");
+    assert!(
+        within(Duration::from_secs(5), || tenant.received().len() >= 2).await,
+        "no retried registration: {:?}",
+        tenant.received()
+    );
+    lead.send(false).expect("the supervisor listens");
+    assert!(
+        within(Duration::from_secs(2), || !leading(&metrics)).await,
+        "still leading while its registration kept failing"
+    );
+    let attempts = tenant.received().len();
+    // Past two retry intervals.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        tenant.received().len(),
+        attempts,
+        "registered again after losing leadership: {:?}",
+        tenant.received()
     );
 }
 
