@@ -455,6 +455,12 @@ impl ToHost {
         {
             // A mirror of an earlier object with the same name, unless our cached
             // tenant object is the old one: the live object decides.
+            if mirror["metadata"]["deletionTimestamp"].is_string() {
+                // Already being deleted, held by a host controller's finalizer:
+                // deleting it again changes nothing, and its removal (a host watch
+                // event) brings the key back to create the new object's mirror.
+                return Ok(Outcome::Done);
+            }
             let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
             let live_uid = live.as_ref().and_then(|l| l.metadata.uid.as_deref());
             if live_uid.is_some()

@@ -260,3 +260,29 @@ async fn a_key_the_tenant_removed_leaves_the_mirror() {
     assert_eq!(m["annotations"]["host.example/audited"], "yes", "{m}");
     assert_eq!(m["labels"][names::MANAGED_BY], "client", "{m}");
 }
+
+/// The mirror of an earlier tenant object of the same name that a host
+/// controller's finalizer holds while it cleans up (the tenant replaced the
+/// object, `kubectl replace --force`): neither deleted again nor read about in the
+/// tenant, every 100 ms for as long as the finalizer stays, but left until its
+/// removal brings the key back.
+#[tokio::test]
+async fn an_earlier_object_s_mirror_being_deleted_is_left_to_its_finalizer() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(host_answers).await;
+    let syncer = to_host(&ty, host.client.clone());
+    let mut earlier = stored_mirror(&ty);
+    earlier["metadata"]["annotations"][names::OBJECT_UID] = json!("earlier-tenant-uid");
+    earlier["metadata"]["deletionTimestamp"] = json!("2026-12-05T20:00:00Z");
+    // The tenant client refuses connections: a live read would fail the step.
+    let outcome = syncer
+        .update(&key(), &tenant_object(), &earlier)
+        .await
+        .expect("reconciled without the tenant");
+    assert_eq!(outcome, Outcome::Done);
+    assert!(
+        host.received().is_empty(),
+        "the host was written: {:?}",
+        host.received()
+    );
+}
