@@ -552,6 +552,24 @@ impl WriteThrough {
         match written {
             // Nothing changed on the host: nothing to confirm or roll back.
             None => gate.release(&key),
+            // An update that changes nothing a mirror is made of (a no-op update,
+            // which the tenant stores without a new resourceVersion, so waiting for
+            // one would hold the key for the whole confirmation time), whose mirror
+            // was written only because the host keeps it otherwise (defaults its
+            // server adds): a syncer reading either version of the tenant object
+            // writes the same mirror, so there is nothing to wait for.
+            Some(w)
+                if !w.created
+                    && desired
+                        == desired_mirror(
+                            ty,
+                            &self.tenant,
+                            &self.host_namespace,
+                            &request.old_object,
+                        ) =>
+            {
+                gate.release(&key)
+            }
             Some(w) => self.spawn_confirm(ty, gate, store, key, request, w),
         }
         Ok(())

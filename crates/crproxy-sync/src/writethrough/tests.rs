@@ -882,6 +882,55 @@ async fn an_update_written_through_keeps_what_others_put_on_the_mirror() {
     }
 }
 
+/// The host's extension server defaults the Gateway's `mode`, which the tenant's
+/// object never carries: the stored mirror differs from what write-through
+/// writes, and every replace is stored with the default added again.
+fn defaulting_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
+    let defaulted = |mut mirror: Value, resource_version: &str| {
+        mirror["spec"]["mode"] = json!("auto");
+        mirror["metadata"]["uid"] = json!("m-1");
+        mirror["metadata"]["resourceVersion"] = json!(resource_version);
+        mirror
+    };
+    match *method {
+        Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") => {
+            (200, defaulted(stored_mirror(), "3"))
+        }
+        Method::PUT => (200, defaulted(body.clone(), "4")),
+        _ => not_found(),
+    }
+}
+
+/// A no-op update (the tenant stores it without a new resourceVersion) of an
+/// object whose mirror the host defaults is written through, but does not hold
+/// the object's key for the whole confirmation time waiting for a resourceVersion
+/// that never comes, which would turn the object's next writes into conflicts. An
+/// update that changes the mirror still waits for the tenant to store it.
+#[tokio::test]
+async fn a_no_op_update_of_a_defaulted_mirror_does_not_hold_its_object() {
+    for (port, held) in [(443, false), (8443, true)] {
+        let host = FakeApi::start(defaulting_host).await;
+        let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+        let wt = configured(writing_to(wt, host.client.clone()), |wt| {
+            wt.confirm_within = Duration::from_secs(30)
+        });
+        synced(&gate);
+        let answer = wt.admit(port_update(port)).await.expect("a review");
+        assert_eq!(response(&answer)["allowed"], true, "{answer}");
+        assert_eq!(
+            host.with_method(Method::PUT).len(),
+            1,
+            "port {port}: {:?}",
+            host.received()
+        );
+        assert_eq!(
+            gate.is_pending(&key("team", "edge")),
+            held,
+            "port {port}: the key's hold after the answer"
+        );
+    }
+}
+
 #[test]
 fn a_syncer_of_a_closed_term_cannot_open_the_gate_again() {
     // An aborted syncer runs until its next await: it may report its caches
