@@ -24,7 +24,9 @@ pub struct Received {
 }
 
 pub struct FakeApi {
+    /// A client with kube-rs's default retries (of 429, 503 and 504 answers).
     pub client: kube::Client,
+    addr: std::net::SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
 }
 
@@ -79,8 +81,17 @@ impl FakeApi {
         let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
         FakeApi {
             client: kube::Client::try_from(config).expect("client"),
+            addr,
             received,
         }
+    }
+
+    /// A client without retries, as write-through's host client is: the host's
+    /// 503 or 504 comes back at once.
+    pub fn client_without_retries(&self) -> kube::Client {
+        let mut config = kube::Config::new(format!("http://{}", self.addr).parse().expect("url"));
+        config.default_retry = false;
+        kube::Client::try_from(config).expect("client")
     }
 
     /// Every request so far, in order.

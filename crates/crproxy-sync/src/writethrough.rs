@@ -486,14 +486,15 @@ impl WriteThrough {
         let written = match written {
             Ok(Ok(w)) => w,
             Ok(Err(HostError::Rejected(status))) => {
-                gate.release(&key);
+                let code = status.code;
                 let denial = self.rewrite(&key, status);
                 self.log_rejected(ty, &key, "host_rejected", &denial.message);
+                self.settle_refused(ty, gate, key, request, code);
                 return Err(denial);
             }
             Ok(Err(HostError::NotStatus { code, body })) => {
-                gate.release(&key);
                 self.log_rejected(ty, &key, "unparseable_response", &body);
+                self.settle_refused(ty, gate, key, request, code);
                 let mut d = Denial::new(
                     code,
                     reason_for(code),
@@ -505,8 +506,10 @@ impl WriteThrough {
                 return Err(d);
             }
             Ok(Err(HostError::Unparseable(e))) => {
-                gate.release(&key);
                 self.log_rejected(ty, &key, "unparseable_response", &e);
+                // The host may have stored a create whose answer is what could
+                // not be read.
+                self.spawn_cleanup_unknown(ty, gate, key, request);
                 return Err(Denial::new(
                     500,
                     "InternalError",
@@ -515,13 +518,7 @@ impl WriteThrough {
             }
             Ok(Err(HostError::Transport(e))) => {
                 self.log_rejected(ty, &key, "response_error", &e);
-                self.spawn_cleanup_unknown(
-                    ty,
-                    gate,
-                    key,
-                    meta(object, "uid").to_owned(),
-                    request.operation == "CREATE",
-                );
+                self.spawn_cleanup_unknown(ty, gate, key, request);
                 let mut d = Denial::new(
                     503,
                     "ServiceUnavailable",
@@ -532,13 +529,7 @@ impl WriteThrough {
             }
             Err(_) => {
                 self.log_rejected(ty, &key, "response_error", "timed out");
-                self.spawn_cleanup_unknown(
-                    ty,
-                    gate,
-                    key,
-                    meta(object, "uid").to_owned(),
-                    request.operation == "CREATE",
-                );
+                self.spawn_cleanup_unknown(ty, gate, key, request);
                 return Err(Denial::new(
                     504,
                     "Timeout",
@@ -840,20 +831,43 @@ impl WriteThrough {
         }
     }
 
-    /// After a host write whose outcome is unknown (no answer): if the mirror of this
-    /// very tenant object (by uid) exists, a create reached the host and is removed;
-    /// the tenant request was denied, so no tenant object will ever claim it.
+    /// Frees `key` after the host answered a write with an error. A 5xx may come
+    /// after the host stored the write (kube's 504 says it may still be processing
+    /// it; a proxy in front answers 502 or 503 for a request it may have passed
+    /// on), so a create's mirror is then looked for and removed as for a write
+    /// that got no answer; any other error is a refusal, and the key is free at
+    /// once.
+    fn settle_refused(
+        self: &Arc<Self>,
+        ty: &ResolvedType,
+        gate: &Arc<Gate>,
+        key: Key,
+        request: &Review,
+        code: u16,
+    ) {
+        if code >= 500 {
+            self.spawn_cleanup_unknown(ty, gate, key, request);
+        } else {
+            gate.release(&key);
+        }
+    }
+
+    /// After a host write of `request` whose outcome is unknown (no answer, a 5xx,
+    /// an answer that cannot be read): if the mirror of this very tenant object (by
+    /// uid) exists, a create reached the host and is removed; the tenant request
+    /// was denied, so no tenant object will ever claim it. Then `key` is free.
     fn spawn_cleanup_unknown(
         self: &Arc<Self>,
         ty: &ResolvedType,
         gate: &Arc<Gate>,
         key: Key,
-        uid: String,
-        create: bool,
+        request: &Review,
     ) {
         let this = Arc::clone(self);
         let ty = ty.clone();
         let gate = Arc::clone(gate);
+        let uid = meta(&request.object, "uid").to_owned();
+        let create = request.operation == "CREATE";
         tokio::spawn(async move {
             if create {
                 this.cleanup_unknown(&ty, &key, &uid).await;

@@ -882,6 +882,54 @@ async fn an_update_written_through_keeps_what_others_put_on_the_mirror() {
     }
 }
 
+/// A host that answers a create of a Gateway on port 443 with a 504 (kube: "may
+/// still be processing the request"), and refuses one on any other port as
+/// invalid (422); it holds no mirror.
+fn late_or_refusing_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
+    let status = |code: u16, reason: &str| {
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "reason": reason, "message": reason, "code": code})
+    };
+    match *method {
+        Method::POST if path == MIRROR_PATH && body["spec"]["port"] == 443 => {
+            (504, status(504, "Timeout"))
+        }
+        Method::POST => (422, status(422, "Invalid")),
+        _ => not_found(),
+    }
+}
+
+/// A create the host answered with a 5xx may be stored there all the same: the
+/// tenant is told it failed, so the mirror it may have left is looked for (and
+/// removed, as after a create that got no answer: see the rollback tests). A 4xx
+/// is a refusal: nothing is looked for.
+#[tokio::test]
+async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
+    for (port, code, lookups) in [(443, 504, 2), (8443, 422, 1)] {
+        let host = FakeApi::start(late_or_refusing_host).await;
+        let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+        let wt = writing_to(wt, host.client_without_retries());
+        synced(&gate);
+        let mut gateway = gateway();
+        gateway["spec"]["port"] = json!(port);
+        let answer = wt.admit(review("CREATE", gateway)).await.expect("a review");
+        let r = response(&answer);
+        assert_eq!(r["allowed"], false, "port {port}: {answer}");
+        assert_eq!(r["status"]["code"], code, "port {port}: {answer}");
+        assert!(
+            released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
+            "port {port}: the key stayed pending"
+        );
+        // The read before the create, and for a 5xx the cleanup's.
+        assert_eq!(
+            host.with_method(Method::GET).len(),
+            lookups,
+            "port {port}: {:?}",
+            host.received()
+        );
+    }
+}
+
 /// The host's extension server defaults the Gateway's `mode`, which the tenant's
 /// object never carries: the stored mirror differs from what write-through
 /// writes, and every replace is stored with the default added again.
