@@ -299,15 +299,28 @@ fn parse_go_bool(v: &str) -> Option<bool> {
     }
 }
 
-/// Whether the query asks for a watch. Values kube would read leniently (`yes`) or
-/// repeated parameters that disagree are refused rather than guessed.
+/// A query's `watch` value, where kube-apiserver reads it one way only. It reads
+/// it twice: naming the verb it authorizes (the aggregator's check), with Go's
+/// `strconv.ParseBool`, a value that does not parse meaning a list; and serving
+/// the request, false only for `0` and `false` in any case, anything else a
+/// watch. Where the two disagree (`f`, `F`, `yes`, an empty value) the target
+/// would stream a watch authorized as a list: `None`.
+fn unambiguous_watch_value(v: &str) -> Option<bool> {
+    let served = !(v == "0" || v.eq_ignore_ascii_case("false"));
+    let authorized = parse_go_bool(v).unwrap_or(false);
+    (served == authorized).then_some(served)
+}
+
+/// Whether the query asks for a watch. Values kube-apiserver reads two ways (see
+/// [`unambiguous_watch_value`]) and repeated parameters that disagree are
+/// refused rather than guessed.
 fn watch_param(query: Option<&str>) -> Result<bool, PathError> {
     let mut result: Option<bool> = None;
     for (k, v) in query_pairs(query) {
         if k != "watch" {
             continue;
         }
-        let Some(b) = parse_go_bool(&v) else {
+        let Some(b) = unambiguous_watch_value(&v) else {
             return Err(bad(format!(
                 "invalid value {v:?} for query parameter \"watch\": use true or false"
             )));

@@ -208,6 +208,49 @@ fn classification_table() {
             ),
             Code(400),
         ),
+        // Go's ParseBool reads `f` as false, so the aggregator authorized a list;
+        // kube's handler reads anything but `0` and `false` as true, and would
+        // stream a watch.
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets",
+                Some("watch=f"),
+                false,
+            ),
+            Code(400),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets",
+                Some("watch=F"),
+                false,
+            ),
+            Code(400),
+        ),
+        (
+            ("GET", "/apis/example.com/v1/widgets", Some("watch="), false),
+            Code(400),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets",
+                Some("watch=FALSE"),
+                false,
+            ),
+            Res(List, None, "widgets", None, None),
+        ),
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets",
+                Some("watch=T"),
+                false,
+            ),
+            Res(Watch, None, "widgets", None, None),
+        ),
         // Reads.
         (
             ("GET", "/apis/example.com/v1/widgets", None, false),
