@@ -1435,7 +1435,14 @@ impl GroupVersionProxy {
             .call(deadline, Method::GET, client_path, None)
             .await
             .map_err(|e| self.unavailable(e))?;
-        if code == StatusCode::NOT_FOUND {
+        if code.is_server_error() {
+            return Err(self.server_error(code));
+        }
+        // Only a namespace the target shows is known to be there. Any other
+        // answer (404; or 401, 403, 429 from an identity that may create
+        // namespaces but not read them, or was throttled) leaves the create to
+        // tell: its 409 says the namespace exists.
+        if !code.is_success() {
             tracing::info!(%namespace, target = %self.target_name, "creating namespace on target cluster");
             let manifest = serde_json::json!({
                 "apiVersion": "v1",
@@ -1461,8 +1468,6 @@ impl GroupVersionProxy {
                     Reason::Upstream,
                 ));
             }
-        } else if code.is_server_error() {
-            return Err(self.server_error(code));
         }
         locks::lock(&self.target_namespaces).insert(namespace.to_string());
         Ok(())

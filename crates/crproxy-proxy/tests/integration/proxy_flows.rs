@@ -135,6 +135,50 @@ async fn callers_without_the_front_proxy_certificate_get_401_and_reach_nothing()
     h.proxy.shutdown().await;
 }
 
+/// A target identity that may create namespaces but not read them (its GET of a
+/// namespace answers 403) still gets the client's namespace mirrored: only a
+/// namespace the target shows counts as there, and the create's 409 says one
+/// exists. Before, the 403 counted as "exists", the namespace was never created,
+/// and every write in it failed with the target's own 404.
+#[tokio::test]
+async fn a_target_identity_that_cannot_read_namespaces_still_mirrors_them() {
+    let h = harness_with(Options {
+        target_rules: Some(json!([
+            {"apiGroups": ["example.com"], "resources": ["*"], "verbs": ["*"]},
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]},
+            {"nonResourceURLs": ["*"], "verbs": ["get"]},
+        ])),
+        ..Options::default()
+    })
+    .await;
+    let fresh: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "fresh"}})).expect("namespace");
+    Api::all(h.client_admin.clone())
+        .create(&PostParams::default(), &fresh)
+        .await
+        .expect("namespace created on the client");
+    // `fresh` is new to the target; `demo` it has already.
+    for namespace in ["fresh", "demo"] {
+        let mut sent = widget("w1", json!({}));
+        sent["metadata"]["namespace"] = json!(namespace);
+        let reply = call(
+            &h.aggregator,
+            "POST",
+            &format!("/apis/example.com/v1/namespaces/{namespace}/widgets"),
+            Some(sent),
+        )
+        .await;
+        assert_eq!(reply.status, 201, "{namespace}: {}", reply.body);
+        let stored: Api<DynamicObject> =
+            Api::namespaced_with(h.admin.clone(), namespace, &widget_resource());
+        assert!(
+            stored.get_opt("w1").await.expect("get").is_some(),
+            "{namespace}: not stored on the target"
+        );
+    }
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn creates_are_stamped_and_the_namespace_is_mirrored() {
     // A current-thread test: the proxy's events are this thread's.

@@ -88,6 +88,9 @@ pub struct Options<'a> {
     /// Whether the harness waits for the peer source's first list before it
     /// returns; false for a source that is meant never to publish.
     pub wait_for_peers: bool,
+    /// The RBAC rules (a ClusterRole's `rules`) of the identity the proxy uses
+    /// on the target; `None`: the target's admin.
+    pub target_rules: Option<Value>,
 }
 
 impl Default for Options<'_> {
@@ -97,6 +100,7 @@ impl Default for Options<'_> {
             peers: Box::new(|target| PeerSourceConfig::Static(vec![target.to_string()])),
             startup_sync_timeout: Duration::from_secs(60),
             wait_for_peers: true,
+            target_rules: None,
         }
     }
 }
@@ -168,6 +172,10 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
         .expect("namespace created");
     let widgets = Api::namespaced_with(admin.clone(), "demo", &widget_resource());
     wait_until_served(&widgets).await;
+    let proxy_target_config = match &options.target_rules {
+        None => target_config.clone(),
+        Some(rules) => restricted_identity(&target, &admin, rules).await,
+    };
 
     // The client cluster publishes its front-proxy CA in
     // kube-system/extension-apiserver-authentication, as kube-apiserver does.
@@ -216,7 +224,7 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
         targets: vec![TargetSetup {
             name: "target".into(),
             project: "default".into(),
-            cluster: target_config,
+            cluster: proxy_target_config,
             peers: (options.peers)(target.cluster.addr()),
         }],
         serving: ServingIdentity {
@@ -255,6 +263,37 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
         serving_ca_pem,
         front_proxy_client,
     }
+}
+
+/// A target identity of its own (user `crproxy-under-test`) allowed `rules` only.
+async fn restricted_identity(
+    target: &TestCluster,
+    admin: &kube::Client,
+    rules: &Value,
+) -> ClusterConfig {
+    let user = "crproxy-under-test";
+    let role: k8s_openapi::api::rbac::v1::ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "rules": rules,
+    }))
+    .expect("cluster role");
+    Api::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("cluster role created");
+    let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .expect("cluster role binding");
+    Api::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("cluster role binding created");
+    let mut config = admin_config(target);
+    config.auth = Auth::Token(target.cluster.issue_token(user, &[]).expect("token"));
+    config
 }
 
 /// Waits (bounded: 10 s) until every pool has its first peer list, as an
