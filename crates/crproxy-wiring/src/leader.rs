@@ -212,6 +212,23 @@ impl LeaderHandle {
         }
     }
 
+    /// A handle whose leadership the test sets through the returned sender (no
+    /// election).
+    #[cfg(test)]
+    pub(crate) fn manual(is_leader: bool) -> (LeaderHandle, watch::Sender<bool>) {
+        let (tx, rx) = watch::channel(is_leader);
+        let (shutdown, _) = watch::channel(false);
+        let handle = LeaderHandle {
+            shared: Arc::new(Shared {
+                shutdown,
+                leader: rx,
+                _fixed: None,
+                task: Mutex::new(None),
+            }),
+        };
+        (handle, tx)
+    }
+
     /// Whether this replica currently leads.
     pub fn is_leader(&self) -> bool {
         *self.shared.leader.borrow()

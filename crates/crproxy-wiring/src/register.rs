@@ -483,7 +483,21 @@ pub fn spawn_registrar(
             let leading = *changes.borrow_and_update();
             let mut wait = interval;
             if leading {
-                if let Err(e) = register_all(&client, &cfg, &regs).await {
+                // A pass ends with leadership: one request can take up to the API
+                // server's own limit (60 s), and a replica that kept going after
+                // stepping down would overwrite its successor's objects wherever
+                // their configurations differ (a rotated CA, a moved port).
+                let outcome = tokio::select! {
+                    outcome = register_all(&client, &cfg, &regs) => outcome,
+                    r = changes.wait_for(|l| !*l) => {
+                        if r.is_err() {
+                            break;
+                        }
+                        tracing::info!("lost leadership: registration pass abandoned");
+                        continue;
+                    }
+                };
+                if let Err(e) = outcome {
                     tracing::warn!(error = %e, "registration pass failed");
                     wait = retry;
                 }

@@ -1,4 +1,5 @@
 use super::*;
+use std::sync::Arc;
 
 fn cfg() -> RegistrarConfig {
     RegistrarConfig::local(b"-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".to_vec())
@@ -279,4 +280,96 @@ fn the_protection_expression_names_the_label() {
         protection_expression(),
         "!has(oldObject.metadata.labels) || !('vcluster.loft.sh/protected' in oldObject.metadata.labels) || oldObject.metadata.labels['vcluster.loft.sh/protected'] != 'resource-proxy'"
     );
+}
+
+/// An API server on 127.0.0.1 that answers every request 404 (a Status) after
+/// `delay`, and records each request's method and path as it arrives.
+async fn slow_api(delay: Duration) -> (kube::Client, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = Arc::clone(&seen);
+    tokio::spawn(async move {
+        // A few connections at most, each within the test's few seconds.
+        for _ in 0..8 {
+            let Ok((socket, _)) = listener.accept().await else {
+                return;
+            };
+            let recorded = Arc::clone(&recorded);
+            tokio::spawn(async move {
+                let mut socket = BufReader::new(socket);
+                // One request after another on the connection, at most 16.
+                for _ in 0..16 {
+                    let mut head = String::new();
+                    let mut length = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if socket.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some(value) =
+                            line.to_ascii_lowercase().strip_prefix("content-length:")
+                        {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                        head.push_str(&line);
+                    }
+                    let mut body = vec![0; length];
+                    if socket.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let request_line = head.lines().next().unwrap_or_default().to_owned();
+                    crproxy_core::locks::lock(&recorded).push(request_line);
+                    tokio::time::sleep(delay).await;
+                    let status = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"NotFound","code":404}"#;
+                    let answer = format!(
+                        "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{status}",
+                        status.len()
+                    );
+                    if socket.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let mut config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+    config.default_retry = false;
+    (kube::Client::try_from(config).expect("client"), seen)
+}
+
+/// A registration pass stops when leadership goes: against an API server that
+/// takes 1.5 s to say the first object is missing, a replica that stepped down
+/// meanwhile must not go on to create it (its successor owns the objects now).
+#[tokio::test]
+async fn a_pass_in_flight_ends_when_leadership_goes() {
+    let (client, seen) = slow_api(Duration::from_millis(1500)).await;
+    let (leader, leading) = LeaderHandle::manual(true);
+    let registrar = spawn_registrar(client, cfg(), vec![reg()], leader, Duration::from_secs(30));
+    // The first read is in flight.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while crproxy_core::locks::lock(&seen).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request reached the API server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    leading.send(false).expect("the registrar listens");
+    // Past the read's answer, when a pass that went on would create the object.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let requests = crproxy_core::locks::lock(&seen).clone();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert!(requests[0].starts_with("GET "), "{requests:?}");
+    drop(leading);
+    tokio::time::timeout(Duration::from_secs(2), registrar)
+        .await
+        .expect("the registrar ends with the election")
+        .expect("the registrar ran to its end");
 }
