@@ -482,7 +482,11 @@ impl Supervisor {
                 // would then fail review.
                 let registration = tokio::select! {
                     done = self.register_webhook(configuration, &mut shutdown) => done,
-                    _ = changes.wait_for(|l| !*l) => Registration::LostLeadership,
+                    // A closed channel: the election ended, as a stop ends it.
+                    r = changes.wait_for(|l| !*l) => match r {
+                        Ok(_) => Registration::LostLeadership,
+                        Err(_) => Registration::ShuttingDown,
+                    },
                 };
                 match registration {
                     Registration::Done => {}
