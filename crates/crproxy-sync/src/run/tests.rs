@@ -148,6 +148,34 @@ async fn a_replica_that_lost_leadership_stops_registering_its_webhook() {
     );
 }
 
+/// An election that ends (its channel closed, as a stop closes it) while the
+/// webhook's registration keeps failing ends the supervisor; it does not take the
+/// closed channel for a lost leadership and start over at once, again and again.
+#[tokio::test]
+async fn an_election_that_ends_during_the_registration_ends_the_supervisor() {
+    let tenant = FakeApi::start(|_, _, _| (500, json!({"kind": "Status", "code": 500}))).await;
+    let metrics = SyncMetrics::new();
+    let mut supervisor = supervisor(tenant.client.clone(), &metrics);
+    supervisor.registration = Some(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "crproxy-writethrough-client"},
+        "webhooks": [],
+    }));
+    let (lead, changes) = watch::channel(true);
+    let (_shutdown, shutdown_rx) = watch::channel(false);
+    let task = tokio::spawn(supervisor.lead_while(changes, shutdown_rx));
+    assert!(
+        within(Duration::from_secs(5), || !tenant.received().is_empty()).await,
+        "no registration attempt"
+    );
+    drop(lead);
+    tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("the supervisor ends with the election")
+        .expect("the supervisor ran to its end");
+}
+
 /// A reconciler of one key that answers from a script (then `Done`) and records
 /// when each attempt was made.
 struct Scripted {

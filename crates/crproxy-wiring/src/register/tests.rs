@@ -344,6 +344,18 @@ async fn slow_api(delay: Duration) -> (kube::Client, Arc<std::sync::Mutex<Vec<St
     (kube::Client::try_from(config).expect("client"), seen)
 }
 
+/// Waits (bounded: 5 s) until [`slow_api`] has seen a request.
+async fn until_a_request_arrives(seen: &std::sync::Mutex<Vec<String>>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while crproxy_core::locks::lock(seen).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request reached the API server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A registration pass stops when leadership goes: against an API server that
 /// takes 1.5 s to say the first object is missing, a replica that stepped down
 /// meanwhile must not go on to create it (its successor owns the objects now).
@@ -353,14 +365,7 @@ async fn a_pass_in_flight_ends_when_leadership_goes() {
     let (leader, leading) = LeaderHandle::manual(true);
     let registrar = spawn_registrar(client, cfg(), vec![reg()], leader, Duration::from_secs(30));
     // The first read is in flight.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while crproxy_core::locks::lock(&seen).is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no request reached the API server"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_a_request_arrives(&seen).await;
     leading.send(false).expect("the registrar listens");
     // Past the read's answer, when a pass that went on would create the object.
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -369,6 +374,21 @@ async fn a_pass_in_flight_ends_when_leadership_goes() {
     assert!(requests[0].starts_with("GET "), "{requests:?}");
     drop(leading);
     tokio::time::timeout(Duration::from_secs(2), registrar)
+        .await
+        .expect("the registrar ends with the election")
+        .expect("the registrar ran to its end");
+}
+
+/// An election that ends while a pass is in flight ends the registrar (a closed
+/// channel is not a lost leadership to start over from, again and again).
+#[tokio::test]
+async fn an_election_that_ends_mid_pass_ends_the_registrar() {
+    let (client, seen) = slow_api(Duration::from_millis(1500)).await;
+    let (leader, leading) = LeaderHandle::manual(true);
+    let registrar = spawn_registrar(client, cfg(), vec![reg()], leader, Duration::from_secs(30));
+    until_a_request_arrives(&seen).await;
+    drop(leading);
+    tokio::time::timeout(Duration::from_secs(1), registrar)
         .await
         .expect("the registrar ends with the election")
         .expect("the registrar ran to its end");
