@@ -135,6 +135,16 @@ async fn callers_without_the_front_proxy_certificate_get_401_and_reach_nothing()
     h.proxy.shutdown().await;
 }
 
+/// Creates the namespace `name` on the client cluster.
+async fn create_client_namespace(h: &Harness, name: &str) {
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+    Api::all(h.client_admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace created on the client");
+}
+
 /// A target identity that may create namespaces but not read them (its GET of a
 /// namespace answers 403) still gets the client's namespace mirrored: only a
 /// namespace the target shows counts as there, and the create's 409 says one
@@ -151,12 +161,7 @@ async fn a_target_identity_that_cannot_read_namespaces_still_mirrors_them() {
         ..Options::default()
     })
     .await;
-    let fresh: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "fresh"}})).expect("namespace");
-    Api::all(h.client_admin.clone())
-        .create(&PostParams::default(), &fresh)
-        .await
-        .expect("namespace created on the client");
+    create_client_namespace(&h, "fresh").await;
     // `fresh` is new to the target; `demo` it has already.
     for namespace in ["fresh", "demo"] {
         let mut sent = widget("w1", json!({}));
@@ -185,12 +190,7 @@ async fn creates_are_stamped_and_the_namespace_is_mirrored() {
     let (logs, _guard) = LogBuffer::capture();
     let h = harness(AccessMode::Owned).await;
     // A namespace of the client's that the target does not have yet.
-    let fresh: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "fresh"}})).expect("namespace");
-    Api::all(h.client_admin.clone())
-        .create(&PostParams::default(), &fresh)
-        .await
-        .expect("namespace created on the client");
+    create_client_namespace(&h, "fresh").await;
     let target_namespaces: Api<Namespace> = Api::all(h.admin.clone());
     assert!(target_namespaces
         .get_opt("fresh")

@@ -46,6 +46,16 @@ fn supervisor(tenant: kube::Client, metrics: &Arc<SyncMetrics>) -> Supervisor {
     }
 }
 
+/// A write-through webhook configuration for a supervisor to register.
+fn webhook_configuration() -> serde_json::Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "crproxy-writethrough-client"},
+        "webhooks": [],
+    })
+}
+
 /// Whether `condition` holds within `limit` (polled every 20 ms).
 async fn within(limit: Duration, condition: impl Fn() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
@@ -116,12 +126,7 @@ async fn a_replica_that_lost_leadership_stops_registering_its_webhook() {
     .await;
     let metrics = SyncMetrics::new();
     let mut supervisor = supervisor(tenant.client.clone(), &metrics);
-    supervisor.registration = Some(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "crproxy-writethrough-client"},
-        "webhooks": [],
-    }));
+    supervisor.registration = Some(webhook_configuration());
     let (lead, changes) = watch::channel(false);
     let (_shutdown, shutdown_rx) = watch::channel(false);
     let _task = AbortOnDrop(tokio::spawn(supervisor.lead_while(changes, shutdown_rx)));
@@ -156,12 +161,7 @@ async fn an_election_that_ends_during_the_registration_ends_the_supervisor() {
     let tenant = FakeApi::start(|_, _, _| (500, json!({"kind": "Status", "code": 500}))).await;
     let metrics = SyncMetrics::new();
     let mut supervisor = supervisor(tenant.client.clone(), &metrics);
-    supervisor.registration = Some(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "crproxy-writethrough-client"},
-        "webhooks": [],
-    }));
+    supervisor.registration = Some(webhook_configuration());
     let (lead, changes) = watch::channel(true);
     let (_shutdown, shutdown_rx) = watch::channel(false);
     let task = tokio::spawn(supervisor.lead_while(changes, shutdown_rx));
