@@ -8,7 +8,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
@@ -19,8 +18,9 @@ use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 
 use crproxy_core::names;
-use crproxy_proxy::app::RunningProxy;
+use crproxy_proxy::app::{AppError, RunningProxy};
 use crproxy_proxy::metrics::Metrics;
+use crproxy_proxy::server::ServerError;
 
 /// The example resource the environment proxies.
 pub const EXAMPLE_GROUP: &str = "example.com";
@@ -312,6 +312,10 @@ pub struct Link {
     pub config_path: PathBuf,
     serving_dir: PathBuf,
     persistent: bool,
+    /// Whether the proxy port was picked here (the spec named none) and no
+    /// replica has listened on it yet: then a pick another listener took first
+    /// may be replaced (see [`Link::start_replica_with`]).
+    repickable_port: std::sync::atomic::AtomicBool,
 }
 
 /// Everything a link needs to be prepared.
@@ -390,6 +394,7 @@ impl Link {
             config_path,
             serving_dir: spec.dir.join("serving-ca"),
             persistent: spec.persistent,
+            repickable_port: std::sync::atomic::AtomicBool::new(spec.proxy_port == 0),
         })
     }
 
@@ -401,18 +406,43 @@ impl Link {
     }
 
     /// [`Link::start_replica`] with options for tests of several replicas.
+    ///
+    /// A proxy port picked by [`Link::prepare`] was free when it was picked, but
+    /// nothing holds it until the proxy listens: another listener (another
+    /// test's pick, in this process or the next) may take it first. The first
+    /// replica then picks again, up to [`PORT_PICKS`] times, and writes the new
+    /// port to the configuration, which later replicas read.
     pub async fn start_replica_with(&self, options: ReplicaOptions) -> Result<ProxyReplica> {
-        let metrics = Metrics::new();
-        let mut loaded = crate::run::load(&self.config_path)?;
-        if let Some(metrics_address) = options.metrics_address {
-            loaded.config.proxy.metrics_address = metrics_address;
-        }
         let serving = crate::run::serving_identity(&self.serving_dir, true)?;
-        let mut setup = crate::run::setup(&loaded, serving.identity.clone(), Arc::clone(&metrics))?;
-        setup.share_ports = options.share_ports;
-        let proxy = crproxy_proxy::app::start(setup, true)
-            .await
-            .with_context(|| format!("starting the proxy for {}", self.client_name))?;
+        let mut picks = 1;
+        let (loaded, proxy) = loop {
+            let mut loaded = crate::run::load(&self.config_path)?;
+            if let Some(metrics_address) = &options.metrics_address {
+                loaded.config.proxy.metrics_address = metrics_address.clone();
+            }
+            let mut setup = crate::run::setup(&loaded, serving.identity.clone(), Metrics::new())?;
+            setup.share_ports = options.share_ports;
+            match crproxy_proxy::app::start(setup, true).await {
+                Ok(proxy) => break (loaded, proxy),
+                Err(AppError::Server(ServerError::Bind { addr, source }))
+                    if source.kind() == std::io::ErrorKind::AddrInUse
+                        && picks < PORT_PICKS
+                        && addr.port() == loaded.config.proxy.base_port
+                        && self
+                            .repickable_port
+                            .load(std::sync::atomic::Ordering::Acquire) =>
+                {
+                    self.repick_port(addr.port())?;
+                    picks += 1;
+                }
+                Err(e) => {
+                    return Err(anyhow::Error::new(e)
+                        .context(format!("starting the proxy for {}", self.client_name)))
+                }
+            }
+        };
+        self.repickable_port
+            .store(false, std::sync::atomic::Ordering::Release);
         let metrics_url = proxy
             .metrics_addr
             .map(|a| format!("http://{a}/metrics"))
@@ -425,6 +455,28 @@ impl Link {
             wiring,
             metrics_url,
         })
+    }
+}
+
+/// How many ports a link's first replica tries when the ones picked for it are
+/// taken before it listens.
+const PORT_PICKS: usize = 4;
+
+impl Link {
+    /// Writes a freshly picked proxy port in place of `taken` in the link's
+    /// configuration (which [`Link::prepare`] wrote, one `basePort` line).
+    fn repick_port(&self, taken: u16) -> Result<()> {
+        let text = std::fs::read_to_string(&self.config_path)
+            .with_context(|| format!("reading {}", self.config_path.display()))?;
+        let port = free_port()?;
+        tracing::info!(taken, port, client = %self.client_name, "the proxy port picked for the dev environment was taken before the proxy listened; picked another");
+        let text = text.replacen(
+            &format!("basePort: {taken}\n"),
+            &format!("basePort: {port}\n"),
+            1,
+        );
+        std::fs::write(&self.config_path, text)
+            .with_context(|| format!("writing {}", self.config_path.display()))
     }
 }
 
@@ -647,8 +699,10 @@ async fn start_client(
     std::fs::write(&kubeconfig, cluster.admin_kubeconfig())
         .with_context(|| format!("writing {}", kubeconfig.display()))?;
 
+    // 0: the kernel picks it as the proxy listens (no window for another
+    // listener to take it first); the replica's metrics_url says where.
     let metrics_port = if options.metrics_port == 0 {
-        free_port()?
+        0
     } else {
         options.metrics_port + index as u16
     };

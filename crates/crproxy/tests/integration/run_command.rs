@@ -315,3 +315,71 @@ async fn waiting_for_availability_reports_the_aggregators_reason() -> Result<()>
     client.shutdown().await;
     Ok(())
 }
+
+/// The proxy port a link picks is free when picked but held by nothing until the
+/// first replica listens; another listener that takes it meanwhile (another
+/// test's pick) makes that replica pick again and write the new port down, so
+/// later replicas and `crproxy run` agree on it. A port the caller chose is
+/// not replaced: its error stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_picked_proxy_port_taken_before_the_proxy_listens_is_picked_again() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let start = |name: &str| {
+        devcluster::start(devcluster::DevClusterConfig {
+            name: name.into(),
+            data_dir: None,
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+        })
+    };
+    let client = start("client").await?;
+    let target = start("target").await?;
+    let client_kubeconfig = dir.path().join("client.kubeconfig");
+    std::fs::write(&client_kubeconfig, client.admin_kubeconfig())?;
+    let spec = |name: &str, proxy_port: u16| LinkSpec {
+        dir: dir.path().join(name),
+        client_name: "client".into(),
+        client_kubeconfig: client_kubeconfig.clone(),
+        target_name: "target".into(),
+        target: &target,
+        target_peers: vec![target.addr()],
+        resource: ProxiedResource::example(),
+        proxy_port,
+        metrics_port: 0,
+        persistent: false,
+    };
+    let base_port = |link: &Link| -> Result<u16> {
+        let text = std::fs::read_to_string(&link.config_path)?;
+        let line = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("basePort: "))
+            .ok_or_else(|| anyhow::anyhow!("no basePort in {text}"))?;
+        Ok(line.parse()?)
+    };
+
+    let picked = Link::prepare(spec("picked", 0)).await?;
+    let taken = base_port(&picked)?;
+    let squatter = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, taken))?;
+    let replica = picked.start_replica().await?;
+    let listening = replica.proxy.servers[0].1.port();
+    assert_ne!(listening, taken, "listened on the taken port");
+    assert_eq!(
+        base_port(&picked)?,
+        listening,
+        "the new port is written down"
+    );
+    replica.stop().await;
+
+    let chosen = Link::prepare(spec("chosen", taken)).await?;
+    let error =
+        chosen.start_replica().await.err().ok_or_else(|| {
+            anyhow::anyhow!("a replica listened on a port another listener holds")
+        })?;
+    assert!(
+        format!("{error:#}").contains(&format!("cannot listen on 127.0.0.1:{taken}")),
+        "{error:#}"
+    );
+    drop(squatter);
+    Ok(())
+}
