@@ -1,9 +1,11 @@
 //! The request classifier and path parser, the owner-scoped query and dry-run
 //! detection: never a panic, a classified resource path always stays under the
-//! group/version, and a query with a literal `dryRun` parameter is a dry run.
+//! group/version, a query with a literal `dryRun` parameter is a dry run, and a
+//! collection GET classified as a list is one kube-apiserver's handler would
+//! not serve as a watch.
 
 use crproxy_core::ownership::{self, Owner};
-use crproxy_core::request::{self, RequestKind};
+use crproxy_core::request::{self, RequestKind, Verb};
 
 const METHODS: [&str; 8] = [
     "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT",
@@ -21,11 +23,27 @@ pub fn check(data: &[u8]) {
     };
     let method = METHODS[usize::from(selector) % METHODS.len()];
     let upgrade = selector & 0x80 != 0;
-    if let Ok(RequestKind::Resource { path: resource, .. }) =
-        request::classify(method, path, query, upgrade, "example.com", "v1")
+    if let Ok(RequestKind::Resource {
+        path: resource,
+        verb,
+    }) = request::classify(method, path, query, upgrade, "example.com", "v1")
     {
         assert!(!resource.resource.is_empty());
         assert!(!resource.resource.contains('/'));
+        if verb == Verb::List {
+            // kube's handler reads the first `watch` value: false only for `0`
+            // and `false` in any case (Convert_Slice_string_To_bool).
+            let first_watch = request::query_pairs(query)
+                .into_iter()
+                .find(|(name, _)| name == "watch")
+                .map(|(_, value)| value);
+            let served_as_watch =
+                first_watch.is_some_and(|v| !(v == "0" || v.eq_ignore_ascii_case("false")));
+            assert!(
+                !served_as_watch,
+                "a list kube would serve as a watch: {query:?}"
+            );
+        }
     }
     let names_dry_run = query
         .unwrap_or("")
