@@ -290,41 +290,24 @@ pub fn is_dry_run(query: Option<&str>) -> bool {
     query_pairs(query).iter().any(|(name, _)| name == "dryRun")
 }
 
-/// Go's `strconv.ParseBool`.
-fn parse_go_bool(v: &str) -> Option<bool> {
-    match v {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
+/// Whether a `watch` value asks for a watch, as kube-apiserver reads it (where
+/// it names the verb it authorizes and where it serves the request alike,
+/// `Convert_Slice_string_To_bool`): anything but `0` and `false` in any case,
+/// `f`, `yes` and an empty value included.
+fn watch_value(v: &str) -> bool {
+    !(v == "0" || v.eq_ignore_ascii_case("false"))
 }
 
-/// A query's `watch` value, where kube-apiserver reads it one way only. It reads
-/// it twice: naming the verb it authorizes (the aggregator's check), with Go's
-/// `strconv.ParseBool`, a value that does not parse meaning a list; and serving
-/// the request, false only for `0` and `false` in any case, anything else a
-/// watch. Where the two disagree (`f`, `F`, `yes`, an empty value) the target
-/// would stream a watch authorized as a list: `None`.
-fn unambiguous_watch_value(v: &str) -> Option<bool> {
-    let served = !(v == "0" || v.eq_ignore_ascii_case("false"));
-    let authorized = parse_go_bool(v).unwrap_or(false);
-    (served == authorized).then_some(served)
-}
-
-/// Whether the query asks for a watch. Values kube-apiserver reads two ways (see
-/// [`unambiguous_watch_value`]) and repeated parameters that disagree are
-/// refused rather than guessed.
+/// Whether the query asks for a watch (see [`watch_value`]). Repeated
+/// parameters that disagree are refused rather than guessed (kube takes the
+/// first).
 fn watch_param(query: Option<&str>) -> Result<bool, PathError> {
     let mut result: Option<bool> = None;
     for (k, v) in query_pairs(query) {
         if k != "watch" {
             continue;
         }
-        let Some(b) = unambiguous_watch_value(&v) else {
-            return Err(bad(format!(
-                "invalid value {v:?} for query parameter \"watch\": use true or false"
-            )));
-        };
+        let b = watch_value(&v);
         match result {
             Some(prev) if prev != b => {
                 return Err(bad("conflicting values for query parameter \"watch\""));

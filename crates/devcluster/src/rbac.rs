@@ -637,12 +637,12 @@ pub fn authorize_attributes_from_request(
     if name.is_empty() && verb == "get" {
         let params = crate::server::query_parameters(query);
         let param = |k: &str| params.get(k).map(String::as_str);
-        // Go's strconv.ParseBool spellings of true.
-        let watch = matches!(
-            param("watch"),
-            Some("1" | "t" | "T" | "true" | "TRUE" | "True")
-        );
-        verb = if watch { "watch" } else { "list" }.into();
+        verb = if crate::server::watch_requested(&params) {
+            "watch"
+        } else {
+            "list"
+        }
+        .into();
         if let Some(selector) = param("fieldSelector") {
             for term in selector.split(',') {
                 let term = term.trim();

@@ -16,7 +16,7 @@ mod rest;
 mod seams;
 
 pub use auth::PeerCertificates;
-pub(crate) use http::{decode_yaml, query_parameters};
+pub(crate) use http::{decode_yaml, query_parameters, watch_requested};
 
 use crate::error::Error;
 use crate::registry::Registry;

@@ -194,23 +194,14 @@ fn classification_table() {
             (
                 "GET",
                 "/apis/example.com/v1/widgets",
-                Some("watch=yes"),
-                false,
-            ),
-            Code(400),
-        ),
-        (
-            (
-                "GET",
-                "/apis/example.com/v1/widgets",
                 Some("watch=true&watch=false"),
                 false,
             ),
             Code(400),
         ),
-        // Go's ParseBool reads `f` as false, so the aggregator authorized a list;
-        // kube's handler reads anything but `0` and `false` as true, and would
-        // stream a watch.
+        // kube-apiserver reads anything but `0` and `false` (any case) as a
+        // watch, where it authorizes the request and where it serves it:
+        // `f`, `yes` and an empty value too.
         (
             (
                 "GET",
@@ -218,20 +209,20 @@ fn classification_table() {
                 Some("watch=f"),
                 false,
             ),
-            Code(400),
+            Res(Watch, None, "widgets", None, None),
         ),
         (
             (
                 "GET",
                 "/apis/example.com/v1/widgets",
-                Some("watch=F"),
+                Some("watch=yes"),
                 false,
             ),
-            Code(400),
+            Res(Watch, None, "widgets", None, None),
         ),
         (
             ("GET", "/apis/example.com/v1/widgets", Some("watch="), false),
-            Code(400),
+            Res(Watch, None, "widgets", None, None),
         ),
         (
             (
@@ -246,10 +237,10 @@ fn classification_table() {
             (
                 "GET",
                 "/apis/example.com/v1/widgets",
-                Some("watch=T"),
+                Some("watch=fAlSe"),
                 false,
             ),
-            Res(Watch, None, "widgets", None, None),
+            Res(List, None, "widgets", None, None),
         ),
         // Reads.
         (

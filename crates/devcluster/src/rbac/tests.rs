@@ -458,6 +458,22 @@ fn request_info_resolution() {
         Some("watch=false"),
         ("list", true, g, "crontabs", "", "ns", ""),
     );
+    // As kube reads it (Convert_Slice_string_To_bool): anything but 0 and
+    // false in any case is a watch.
+    for watch in ["watch=f", "watch=yes", "watch="] {
+        check_request(
+            "GET",
+            &format!("{base}/namespaces/ns/crontabs"),
+            Some(watch),
+            ("watch", true, g, "crontabs", "", "ns", ""),
+        );
+    }
+    check_request(
+        "GET",
+        &format!("{base}/namespaces/ns/crontabs"),
+        Some("watch=FALSE"),
+        ("list", true, g, "crontabs", "", "ns", ""),
+    );
     check_request(
         "GET",
         &format!("{base}/watch/namespaces/ns/crontabs"),

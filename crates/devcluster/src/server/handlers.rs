@@ -147,9 +147,7 @@ fn parse_resource_path(segs: &[String]) -> Option<ResourcePath> {
 }
 
 fn is_watch(query: &HashMap<String, String>) -> bool {
-    query
-        .get("watch")
-        .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+    super::http::watch_requested(query)
 }
 
 async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
