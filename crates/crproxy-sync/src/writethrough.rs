@@ -485,16 +485,22 @@ impl WriteThrough {
         let written = tokio::time::timeout_at(deadline, self.write(ty, &desired)).await;
         let written = match written {
             Ok(Ok(w)) => w,
-            Ok(Err(HostError::Rejected(status))) => {
-                let code = status.code;
+            Ok(Err(Failure {
+                error: HostError::Rejected(status),
+                write_sent,
+            })) => {
+                let open = write_sent && outcome_open(status.code);
                 let denial = self.rewrite(&key, status);
                 self.log_rejected(ty, &key, "host_rejected", &denial.message);
-                self.settle_refused(ty, gate, key, request, code);
+                self.settle_refused(ty, gate, key, request, open);
                 return Err(denial);
             }
-            Ok(Err(HostError::NotStatus { code, body })) => {
+            Ok(Err(Failure {
+                error: HostError::NotStatus { code, body },
+                write_sent,
+            })) => {
                 self.log_rejected(ty, &key, "unparseable_response", &body);
-                self.settle_refused(ty, gate, key, request, code);
+                self.settle_refused(ty, gate, key, request, write_sent && outcome_open(code));
                 let mut d = Denial::new(
                     code,
                     reason_for(code),
@@ -505,18 +511,25 @@ impl WriteThrough {
                 }
                 return Err(d);
             }
-            Ok(Err(HostError::Unparseable(e))) => {
+            Ok(Err(Failure {
+                error: HostError::Unparseable(e),
+                write_sent,
+            })) => {
                 self.log_rejected(ty, &key, "unparseable_response", &e);
                 // The host may have stored a create whose answer is what could
                 // not be read.
-                self.spawn_cleanup_unknown(ty, gate, key, request);
+                self.settle_refused(ty, gate, key, request, write_sent);
                 return Err(Denial::new(
                     500,
                     "InternalError",
                     format!("write-through: the host's answer could not be read: {e}"),
                 ));
             }
-            Ok(Err(HostError::Transport(e))) => {
+            // As before a write's answer: it may have reached the host.
+            Ok(Err(Failure {
+                error: HostError::Transport(e),
+                ..
+            })) => {
                 self.log_rejected(ty, &key, "response_error", &e);
                 self.spawn_cleanup_unknown(ty, gate, key, request);
                 let mut d = Denial::new(
@@ -578,44 +591,44 @@ impl WriteThrough {
     /// that 409 says nothing about the tenant's write, so the mirror is read again
     /// and the replace retried, [`WRITE_ATTEMPTS`] times at most; the caller bounds
     /// all of it by the review's deadline.
-    async fn write(
-        &self,
-        ty: &ResolvedType,
-        desired: &Value,
-    ) -> Result<Option<Written>, HostError> {
+    async fn write(&self, ty: &ResolvedType, desired: &Value) -> Result<Option<Written>, Failure> {
         let mut attempt = 1;
         loop {
             match self.write_once(ty, desired).await? {
                 Attempt::Written(written) => return Ok(written),
                 Attempt::ReplaceConflict(status) if attempt >= WRITE_ATTEMPTS => {
-                    return Err(HostError::Rejected(status))
+                    return Err(Failure::sent(HostError::Rejected(status)))
                 }
                 Attempt::ReplaceConflict(_) => attempt += 1,
             }
         }
     }
 
-    async fn write_once(&self, ty: &ResolvedType, desired: &Value) -> Result<Attempt, HostError> {
+    async fn write_once(&self, ty: &ResolvedType, desired: &Value) -> Result<Attempt, Failure> {
         let api = self.host_api(ty);
         let name = meta(desired, "name");
-        let current = api.get_opt(name).await.map_err(HostError::from)?;
+        let current = api
+            .get_opt(name)
+            .await
+            .map_err(|e| Failure::before_write(e.into()))?;
         let current = current
             .map(|c| serde_json::to_value(&c))
             .transpose()
-            .map_err(|e| HostError::Unparseable(e.to_string()))?;
+            .map_err(|e| Failure::before_write(HostError::Unparseable(e.to_string())))?;
         // Only the stand-in of a host object nested too deeply was read: what a
         // replace would keep of it is not known.
         if current
             .as_ref()
             .is_some_and(crproxy_core::deep_objects::is_stand_in)
         {
-            return Err(HostError::Unparseable(format!(
+            return Err(Failure::before_write(HostError::Unparseable(format!(
                 "the host object nests deeper than {} levels",
                 crproxy_core::deep_objects::MAX_OBJECT_NESTING
-            )));
+            ))));
         }
-        let object = |v: Value| -> Result<DynamicObject, HostError> {
-            serde_json::from_value(v).map_err(|e| HostError::Unparseable(e.to_string()))
+        let object = |v: Value| -> Result<DynamicObject, Failure> {
+            serde_json::from_value(v)
+                .map_err(|e| Failure::before_write(HostError::Unparseable(e.to_string())))
         };
         let created = match &current {
             // Someone else's object under the mirror's name, or an older incarnation's
@@ -641,17 +654,21 @@ impl WriteThrough {
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         return Ok(Attempt::ReplaceConflict(s))
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(Failure::sent(e.into())),
                 };
-                return Written::of(&replaced, false).map(|w| Attempt::Written(Some(w)));
+                return Written::of(&replaced, false)
+                    .map(|w| Attempt::Written(Some(w)))
+                    .map_err(Failure::sent);
             }
             None => {
                 api.create(&PostParams::default(), &object(desired.clone())?)
                     .await
             }
         }
-        .map_err(HostError::from)?;
-        Written::of(&created, true).map(|w| Attempt::Written(Some(w)))
+        .map_err(|e| Failure::sent(e.into()))?;
+        Written::of(&created, true)
+            .map(|w| Attempt::Written(Some(w)))
+            .map_err(Failure::sent)
     }
 
     /// The host's Status with its names turned into the tenant's.
@@ -831,21 +848,19 @@ impl WriteThrough {
         }
     }
 
-    /// Frees `key` after the host answered a write with an error. A 5xx may come
-    /// after the host stored the write (kube's 504 says it may still be processing
-    /// it; a proxy in front answers 502 or 503 for a request it may have passed
-    /// on), so a create's mirror is then looked for and removed as for a write
-    /// that got no answer; any other error is a refusal, and the key is free at
-    /// once.
+    /// Frees `key` after the host answered with an error: at once when nothing
+    /// can have been stored, else (`outcome_open`) once a create's mirror, if the
+    /// host stored it all the same, is looked for and removed, as for a write
+    /// that got no answer.
     fn settle_refused(
         self: &Arc<Self>,
         ty: &ResolvedType,
         gate: &Arc<Gate>,
         key: Key,
         request: &Review,
-        code: u16,
+        outcome_open: bool,
     ) {
-        if code >= 500 {
+        if outcome_open {
             self.spawn_cleanup_unknown(ty, gate, key, request);
         } else {
             gate.release(&key);
@@ -1000,6 +1015,39 @@ enum Attempt {
     Written(Option<Written>),
     /// The replace lost to another host write since the read (409).
     ReplaceConflict(Box<kube::core::Status>),
+}
+
+/// A host write that failed: how, and whether the write itself was sent (a
+/// create or replace, which the host may then have stored whatever it
+/// answered) or a read before it failed (nothing written).
+struct Failure {
+    error: HostError,
+    write_sent: bool,
+}
+
+impl Failure {
+    fn before_write(error: HostError) -> Failure {
+        Failure {
+            error,
+            write_sent: false,
+        }
+    }
+
+    fn sent(error: HostError) -> Failure {
+        Failure {
+            error,
+            write_sent: true,
+        }
+    }
+}
+
+/// Whether a write the host answered with `code` may have been stored all the
+/// same: a 5xx (kube's 504 says it may still be processing it; a proxy in
+/// front answers 502 or 503 for a request it may have passed on), or a code
+/// the answer did not name (kube-rs reads any JSON error body as a Status, its
+/// code 0 when the body has none).
+fn outcome_open(code: u16) -> bool {
+    code >= 500 || code == 0
 }
 
 /// How a host write failed.

@@ -899,14 +899,41 @@ fn late_or_refusing_host(method: &Method, path: &str, body: &Value) -> (u16, Val
     }
 }
 
-/// A create the host answered with a 5xx may be stored there all the same: the
-/// tenant is told it failed, so the mirror it may have left is looked for (and
-/// removed, as after a create that got no answer: see the rollback tests). A 4xx
-/// is a refusal: nothing is looked for.
+/// A host whose extension API server is down: its aggregator answers every
+/// request 503 (a Status), the read before any write too.
+fn unavailable_host(_: &Method, _: &str, _: &Value) -> (u16, Value) {
+    (
+        503,
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "reason": "ServiceUnavailable", "message": "service unavailable", "code": 503}),
+    )
+}
+
+/// A host behind a gateway that answers a create 502 with a JSON body that is
+/// no Status (kube-rs reads it as one, code 0); it holds no mirror.
+fn gateway_failing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
+    match *method {
+        Method::POST => (502, json!({"message": "upstream timed out"})),
+        _ => not_found(),
+    }
+}
+
+/// A create the host answered with a 5xx (or with a code the answer does not
+/// name) may be stored there all the same: the tenant is told it failed, so the
+/// mirror it may have left is looked for (and removed, as after a create that
+/// got no answer: see the rollback tests). A 4xx is a refusal, and a failed
+/// read before any write wrote nothing: nothing is looked for then, and no
+/// rollback failure is counted for a write that never happened.
 #[tokio::test]
 async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
-    for (port, code, lookups) in [(443, 504, 2), (8443, 422, 1)] {
-        let host = FakeApi::start(late_or_refusing_host).await;
+    let cases: [(Answer, u16, u16, usize); 4] = [
+        (late_or_refusing_host, 443, 504, 2),
+        (late_or_refusing_host, 8443, 422, 1),
+        (unavailable_host, 443, 503, 1),
+        (gateway_failing_host, 443, 0, 2),
+    ];
+    for (answer, port, code, lookups) in cases {
+        let host = FakeApi::start(answer).await;
         let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
         let wt = writing_to(wt, host.client_without_retries());
         synced(&gate);
@@ -914,17 +941,17 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
         gateway["spec"]["port"] = json!(port);
         let answer = wt.admit(review("CREATE", gateway)).await.expect("a review");
         let r = response(&answer);
-        assert_eq!(r["allowed"], false, "port {port}: {answer}");
-        assert_eq!(r["status"]["code"], code, "port {port}: {answer}");
+        assert_eq!(r["allowed"], false, "{code}: {answer}");
+        assert_eq!(r["status"]["code"], code, "{code}: {answer}");
         assert!(
             released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
-            "port {port}: the key stayed pending"
+            "{code}: the key stayed pending"
         );
-        // The read before the create, and for a 5xx the cleanup's.
+        // The read before the create, and for an open outcome the cleanup's.
         assert_eq!(
             host.with_method(Method::GET).len(),
             lookups,
-            "port {port}: {:?}",
+            "{code}: {:?}",
             host.received()
         );
     }
