@@ -1459,7 +1459,11 @@ impl GroupVersionProxy {
                 )
                 .await
                 .map_err(|e| self.unavailable(e))?;
-            if !(created.is_success() || created == StatusCode::CONFLICT) {
+            // An identity that may neither read nor create namespaces writes only
+            // into namespaces made for it: the write itself tells whether this
+            // one is there (a 404 takes it out of the known set again).
+            let neither_allowed = code == StatusCode::FORBIDDEN && created == StatusCode::FORBIDDEN;
+            if !(created.is_success() || created == StatusCode::CONFLICT || neither_allowed) {
                 tracing::warn!(%namespace, code = created.as_u16(), body = %String::from_utf8_lossy(&body), "creating namespace on target cluster failed");
                 return Err(Outcome::new(
                     self.unavailable_response(Some(&format!(

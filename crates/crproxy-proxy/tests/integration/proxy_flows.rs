@@ -184,6 +184,34 @@ async fn a_target_identity_that_cannot_read_namespaces_still_mirrors_them() {
     h.proxy.shutdown().await;
 }
 
+/// A target identity that may neither read nor create namespaces writes into
+/// the namespaces made for it: its writes there go through, as they did before
+/// namespaces were mirrored only when the target shows them.
+#[tokio::test]
+async fn a_target_identity_without_namespace_rights_writes_into_existing_ones() {
+    let h = harness_with(Options {
+        target_rules: Some(json!([
+            {"apiGroups": ["example.com"], "resources": ["*"], "verbs": ["*"]},
+            {"nonResourceURLs": ["*"], "verbs": ["get"]},
+        ])),
+        ..Options::default()
+    })
+    .await;
+    let reply = call(
+        &h.aggregator,
+        "POST",
+        "/apis/example.com/v1/namespaces/demo/widgets",
+        Some(widget("w1", json!({}))),
+    )
+    .await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    assert!(
+        on_target(&h, "w1").await.is_some(),
+        "not stored on the target"
+    );
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn creates_are_stamped_and_the_namespace_is_mirrored() {
     // A current-thread test: the proxy's events are this thread's.
