@@ -490,7 +490,10 @@ impl Supervisor {
                 };
                 match registration {
                     Registration::Done => {}
-                    Registration::ShuttingDown => return,
+                    Registration::ShuttingDown => {
+                        self.metrics.set_leader(false);
+                        return;
+                    }
                     Registration::LostLeadership => {
                         self.metrics.set_leader(false);
                         tracing::info!("lost leadership before the write-through webhook was registered: syncers not started");
@@ -523,7 +526,9 @@ impl Supervisor {
                 .map(|ty| AbortOnDrop(self.spawn_syncer(ty)))
                 .collect();
             let stop = tokio::select! {
-                _ = changes.wait_for(|l| !*l) => false,
+                // A closed channel: the election ended (else the top of the loop
+                // would take its last value, leading, and start over at once).
+                r = changes.wait_for(|l| !*l) => r.is_err(),
                 _ = shutdown.wait_for(|s| *s) => true,
             };
             // Write-through closes first (new reviews get 503): a review accepted

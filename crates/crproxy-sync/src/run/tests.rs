@@ -176,6 +176,27 @@ async fn an_election_that_ends_during_the_registration_ends_the_supervisor() {
         .expect("the supervisor ran to its end");
 }
 
+/// The same once the syncers run: an election that ends while this replica leads
+/// ends the supervisor, which stops leading.
+#[tokio::test]
+async fn an_election_that_ends_while_leading_ends_the_supervisor() {
+    let metrics = SyncMetrics::new();
+    let supervisor = supervisor(silent_api().await, &metrics);
+    let (lead, changes) = watch::channel(true);
+    let (_shutdown, shutdown_rx) = watch::channel(false);
+    let task = tokio::spawn(supervisor.lead_while(changes, shutdown_rx));
+    assert!(
+        within(Duration::from_secs(2), || leading(&metrics)).await,
+        "the supervisor never started leading"
+    );
+    drop(lead);
+    tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("the supervisor ends with the election")
+        .expect("the supervisor ran to its end");
+    assert!(!leading(&metrics), "still counted as leading");
+}
+
 /// A reconciler of one key that answers from a script (then `Done`) and records
 /// when each attempt was made.
 struct Scripted {
