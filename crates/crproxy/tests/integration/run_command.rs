@@ -14,10 +14,15 @@ use tokio::time::Instant;
 
 use crproxy::devenv::{admin_client, wait_for_available, Link, LinkSpec, ProxiedResource};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::tempdir()?;
+/// A client and a target devcluster on 127.0.0.1, and the client admin's
+/// kubeconfig written in `dir`.
+async fn client_and_target(
+    dir: &std::path::Path,
+) -> Result<(
+    devcluster::DevCluster,
+    devcluster::DevCluster,
+    std::path::PathBuf,
+)> {
     let start = |name: &str| {
         devcluster::start(devcluster::DevClusterConfig {
             name: name.into(),
@@ -28,8 +33,16 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     };
     let client = start("client").await?;
     let target = start("target").await?;
-    let client_kubeconfig = dir.path().join("client.kubeconfig");
+    let client_kubeconfig = dir.join("client.kubeconfig");
     std::fs::write(&client_kubeconfig, client.admin_kubeconfig())?;
+    Ok((client, target, client_kubeconfig))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     let metrics_port = crproxy::devenv::free_port()?;
     let link = Link::prepare(LinkSpec {
         dir: dir.path().join("link"),
@@ -114,22 +127,7 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
 async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
-    let client = devcluster::start(devcluster::DevClusterConfig {
-        name: "client".into(),
-        data_dir: None,
-        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        port: 0,
-    })
-    .await?;
-    let target = devcluster::start(devcluster::DevClusterConfig {
-        name: "target".into(),
-        data_dir: None,
-        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        port: 0,
-    })
-    .await?;
-    let client_kubeconfig = dir.path().join("client.kubeconfig");
-    std::fs::write(&client_kubeconfig, client.admin_kubeconfig())?;
+    let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     // The only peer is a port nobody listens on.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
     let dead_peer = closed.local_addr()?;
@@ -325,18 +323,7 @@ async fn waiting_for_availability_reports_the_aggregators_reason() -> Result<()>
 async fn a_picked_proxy_port_taken_before_the_proxy_listens_is_picked_again() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
-    let start = |name: &str| {
-        devcluster::start(devcluster::DevClusterConfig {
-            name: name.into(),
-            data_dir: None,
-            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            port: 0,
-        })
-    };
-    let client = start("client").await?;
-    let target = start("target").await?;
-    let client_kubeconfig = dir.path().join("client.kubeconfig");
-    std::fs::write(&client_kubeconfig, client.admin_kubeconfig())?;
+    let (_client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     let spec = |name: &str, proxy_port: u16| LinkSpec {
         dir: dir.path().join(name),
         client_name: "client".into(),
