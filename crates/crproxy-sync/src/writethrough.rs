@@ -678,7 +678,15 @@ impl WriteThrough {
             s.replace(&host_name, &key.name)
                 .replace(&self.host_namespace, &key.namespace)
         };
-        let mut denial = Denial::new(status.code, &status.reason, rewrite(&status.message));
+        // A JSON error body that is no Status (a gateway's) reads as one without a
+        // code or reason: the tenant is told the host's side failed (the tenant's
+        // API server would turn a code below 400 into a 400, the caller's fault).
+        let (code, reason) = match status.code {
+            0 => (502, reason_for(502)),
+            code if status.reason.is_empty() => (code, reason_for(code)),
+            code => (code, status.reason.as_str()),
+        };
+        let mut denial = Denial::new(code, reason, rewrite(&status.message));
         if let Some(details) = &status.details {
             denial.retry_after =
                 (details.retry_after_seconds > 0).then_some(details.retry_after_seconds);

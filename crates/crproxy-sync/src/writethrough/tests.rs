@@ -910,7 +910,8 @@ fn unavailable_host(_: &Method, _: &str, _: &Value) -> (u16, Value) {
 }
 
 /// A host behind a gateway that answers a create 502 with a JSON body that is
-/// no Status (kube-rs reads it as one, code 0); it holds no mirror.
+/// no Status (kube-rs reads it as one, code 0, which the tenant is told as a
+/// 502); it holds no mirror.
 fn gateway_failing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
     match *method {
         Method::POST => (502, json!({"message": "upstream timed out"})),
@@ -930,7 +931,7 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
         (late_or_refusing_host, 443, 504, 2),
         (late_or_refusing_host, 8443, 422, 1),
         (unavailable_host, 443, 503, 1),
-        (gateway_failing_host, 443, 0, 2),
+        (gateway_failing_host, 443, 502, 2),
     ];
     for (answer, port, code, lookups) in cases {
         let host = FakeApi::start(answer).await;
