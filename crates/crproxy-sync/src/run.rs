@@ -466,6 +466,12 @@ impl Supervisor {
         mut shutdown: watch::Receiver<bool>,
     ) {
         loop {
+            // A closed channel: the election ended. Checked here, once for the
+            // whole loop: `wait_for` would answer at once from the last value,
+            // leading, and start the syncers again without end.
+            if changes.has_changed().is_err() {
+                return;
+            }
             // Wait to lead (or to stop).
             tokio::select! {
                 r = changes.wait_for(|l| *l) => if r.is_err() { return },
@@ -482,11 +488,8 @@ impl Supervisor {
                 // would then fail review.
                 let registration = tokio::select! {
                     done = self.register_webhook(configuration, &mut shutdown) => done,
-                    // A closed channel: the election ended, as a stop ends it.
-                    r = changes.wait_for(|l| !*l) => match r {
-                        Ok(_) => Registration::LostLeadership,
-                        Err(_) => Registration::ShuttingDown,
-                    },
+                    // Leadership lost, or the election ended (the loop's top).
+                    _ = changes.wait_for(|l| !*l) => Registration::LostLeadership,
                 };
                 match registration {
                     Registration::Done => {}
@@ -526,9 +529,8 @@ impl Supervisor {
                 .map(|ty| AbortOnDrop(self.spawn_syncer(ty)))
                 .collect();
             let stop = tokio::select! {
-                // A closed channel: the election ended (else the top of the loop
-                // would take its last value, leading, and start over at once).
-                r = changes.wait_for(|l| !*l) => r.is_err(),
+                // Leadership lost, or the election ended (the loop's top).
+                _ = changes.wait_for(|l| !*l) => false,
                 _ = shutdown.wait_for(|s| *s) => true,
             };
             // Write-through closes first (new reviews get 503): a review accepted

@@ -201,12 +201,21 @@ impl LeaderHandle {
     /// tests: `fixed(true)` always leads.
     pub fn fixed(is_leader: bool) -> LeaderHandle {
         let (tx, rx) = watch::channel(is_leader);
+        Self::without_election(rx, Some(tx))
+    }
+
+    /// A handle on `leader` with no election loop; `keep` holds the channel's
+    /// sender when nobody else does.
+    fn without_election(
+        leader: watch::Receiver<bool>,
+        keep: Option<watch::Sender<bool>>,
+    ) -> LeaderHandle {
         let (shutdown, _) = watch::channel(false);
         LeaderHandle {
             shared: Arc::new(Shared {
                 shutdown,
-                leader: rx,
-                _fixed: Some(tx),
+                leader,
+                _fixed: keep,
                 task: Mutex::new(None),
             }),
         }
@@ -217,16 +226,7 @@ impl LeaderHandle {
     #[cfg(test)]
     pub(crate) fn manual(is_leader: bool) -> (LeaderHandle, watch::Sender<bool>) {
         let (tx, rx) = watch::channel(is_leader);
-        let (shutdown, _) = watch::channel(false);
-        let handle = LeaderHandle {
-            shared: Arc::new(Shared {
-                shutdown,
-                leader: rx,
-                _fixed: None,
-                task: Mutex::new(None),
-            }),
-        };
-        (handle, tx)
+        (Self::without_election(rx, None), tx)
     }
 
     /// Whether this replica currently leads.

@@ -480,6 +480,11 @@ pub fn spawn_registrar(
         let mut changes = leader.changes();
         drop(leader);
         loop {
+            // A closed channel: the election ended. Checked here, once for the
+            // whole loop: its last value may still say leading.
+            if changes.has_changed().is_err() {
+                break;
+            }
             let leading = *changes.borrow_and_update();
             let mut wait = interval;
             if leading {
@@ -489,10 +494,8 @@ pub fn spawn_registrar(
                 // their configurations differ (a rotated CA, a moved port).
                 let outcome = tokio::select! {
                     outcome = register_all(&client, &cfg, &regs) => outcome,
-                    r = changes.wait_for(|l| !*l) => {
-                        if r.is_err() {
-                            break;
-                        }
+                    // Leadership lost, or the election ended (the loop's top).
+                    _ = changes.wait_for(|l| !*l) => {
                         tracing::info!("lost leadership: registration pass abandoned");
                         continue;
                     }
