@@ -52,31 +52,10 @@ pub fn rewrite_ports(
     base_port: u16,
     metrics: SocketAddr,
 ) -> Result<String, ChildError> {
-    let mut saw_port = false;
-    let mut saw_metrics = false;
-    let lines: Vec<String> = config
-        .lines()
-        .map(|line| {
-            let indent = &line[..line.len() - line.trim_start().len()];
-            let trimmed = line.trim_start();
-            if trimmed.starts_with("basePort:") {
-                saw_port = true;
-                format!("{indent}basePort: {base_port}")
-            } else if trimmed.starts_with("metricsAddress:") {
-                saw_metrics = true;
-                format!("{indent}metricsAddress: {metrics}")
-            } else {
-                line.to_string()
-            }
-        })
-        .collect();
-    if !saw_port {
-        return Err(ChildError::Config("basePort"));
-    }
-    if !saw_metrics {
-        return Err(ChildError::Config("metricsAddress"));
-    }
-    Ok(lines.join("\n") + "\n")
+    let config = crproxy::devenv::with_config_line(config, "basePort", &base_port.to_string())
+        .ok_or(ChildError::Config("basePort"))?;
+    crproxy::devenv::with_config_line(&config, "metricsAddress", &metrics.to_string())
+        .ok_or(ChildError::Config("metricsAddress"))
 }
 
 /// The `crproxy` binary built next to this one (`target/<profile>/crproxy`);

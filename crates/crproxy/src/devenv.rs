@@ -470,14 +470,33 @@ impl Link {
             .with_context(|| format!("reading {}", self.config_path.display()))?;
         let port = free_port()?;
         tracing::info!(taken, port, client = %self.client_name, "the proxy port picked for the dev environment was taken before the proxy listened; picked another");
-        let text = text.replacen(
-            &format!("basePort: {taken}\n"),
-            &format!("basePort: {port}\n"),
-            1,
-        );
+        let text = with_config_line(&text, "basePort", &port.to_string())
+            .ok_or_else(|| anyhow!("{} has no basePort line", self.config_path.display()))?;
         std::fs::write(&self.config_path, text)
             .with_context(|| format!("writing {}", self.config_path.display()))
     }
+}
+
+/// A configuration written by [`Link::prepare`] with its `key:` line (the first,
+/// at any indent) set to `value`, everything else as it was; `None` without
+/// such a line.
+pub fn with_config_line(config: &str, key: &str, value: &str) -> Option<String> {
+    let mut found = false;
+    let lines: Vec<String> = config
+        .lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            let indent = &line[..line.len() - trimmed.len()];
+            match trimmed.strip_prefix(key) {
+                Some(rest) if !found && rest.starts_with(':') => {
+                    found = true;
+                    format!("{indent}{key}: {value}")
+                }
+                _ => line.to_string(),
+            }
+        })
+        .collect();
+    found.then(|| lines.join("\n") + "\n")
 }
 
 /// How a replica differs from the link's configuration.
