@@ -146,10 +146,6 @@ fn parse_resource_path(segs: &[String]) -> Option<ResourcePath> {
     })
 }
 
-fn is_watch(query: &HashMap<String, String>) -> bool {
-    super::http::watch_requested(query)
-}
-
 async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
     let limited = http_body_util::Limited::new(body, MAX_BODY);
     match limited.collect().await {
@@ -227,7 +223,7 @@ async fn route(
     let verb = match &resource_path {
         Some(rp) => match parts.method {
             Method::GET | Method::HEAD => {
-                if rp.watch_prefix || (rp.name.is_empty() && is_watch(&query)) {
+                if rp.watch_prefix || (rp.name.is_empty() && super::watch_requested(&query)) {
                     "watch"
                 } else if rp.name.is_empty() {
                     "list"
