@@ -170,6 +170,21 @@ pub fn forbidden(resource: &str, group: &str, name: Option<&str>, why: &str) -> 
     )
 }
 
+/// 403 for a create into a namespace being deleted, as kube's namespace lifecycle
+/// admission words it, with its `NamespaceTerminating` cause on `metadata.namespace`.
+pub fn namespace_terminating(resource: &str, group: &str, name: &str, namespace: &str) -> Value {
+    let why = format!(
+        "unable to create new content in namespace {namespace} because it is being terminated"
+    );
+    let mut v = forbidden(resource, group, Some(name), &why);
+    v["details"]["causes"] = json!([{
+        "reason": "NamespaceTerminating",
+        "message": format!("namespace {namespace} is being terminated"),
+        "field": "metadata.namespace",
+    }]);
+    v
+}
+
 /// 504 Timeout with a message.
 pub fn timeout(message: impl Into<String>) -> Value {
     status(504, "Timeout", message)
@@ -268,6 +283,17 @@ mod tests {
                        "message":"pods is forbidden: x","reason":"Forbidden",
                        "details":{"kind":"pods"},"code":403}),
             ),
+            (
+                // A generateName create: kube's message then names no object.
+                namespace_terminating("widgets", "example.com", "", "gone"),
+                json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+                       "message":"widgets.example.com is forbidden: unable to create new content in namespace gone because it is being terminated",
+                       "reason":"Forbidden",
+                       "details":{"group":"example.com","kind":"widgets","causes":[{
+                           "reason":"NamespaceTerminating","message":"namespace gone is being terminated",
+                           "field":"metadata.namespace"}]},
+                       "code":403}),
+            ),
             (timeout("slow"), status(504, "Timeout", "slow")),
         ];
         for (got, expected) in rows {
@@ -287,6 +313,10 @@ mod tests {
             (
                 "132-namespace-create-missing-ns-404.json",
                 namespace_not_found("no-such-namespace"),
+            ),
+            (
+                "130-namespace-create-in-terminating-403.json",
+                namespace_terminating("crontabs", "stable.example.io", "too-late", "ref-nsdel"),
             ),
             (
                 "104-error-put-collection.json",

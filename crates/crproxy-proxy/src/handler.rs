@@ -28,7 +28,7 @@ use crproxy_core::status;
 use crate::fallback;
 use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
 use crate::metrics::TargetMetrics;
-use crate::namespaces::ClientNamespaces;
+use crate::namespaces::{ClientNamespaces, NamespaceState};
 use crate::ownership_cache::{Lookup, OwnershipCache};
 use crate::pool::ProxyBody;
 use crate::transport::{
@@ -561,10 +561,16 @@ impl GroupVersionProxy {
         let writes_into_namespace = matches!(verb, Verb::Create | Verb::Update | Verb::Patch);
         if writes_into_namespace {
             if let Some(namespace) = &path.namespace {
-                if let Err(outcome) =
-                    Box::pin(self.ensure_namespace(namespace, exchange.deadline)).await
-                {
-                    return outcome;
+                let terminating =
+                    match Box::pin(self.ensure_namespace(namespace, verb, exchange.deadline)).await
+                    {
+                        Ok(NamespaceState::Terminating) => true,
+                        Ok(_) => false,
+                        Err(outcome) => return outcome,
+                    };
+                if terminating && verb == Verb::Create {
+                    return Box::pin(self.refuse_create_while_terminating(exchange, path, body))
+                        .await;
                 }
             }
         }
@@ -1378,30 +1384,42 @@ impl GroupVersionProxy {
     // ---------------------------------------------------------------- namespaces
 
     /// A namespaced write needs its namespace on the client (else 404) and mirrors it
-    /// onto the target when missing there. A name that is no DNS-1123 label names no
-    /// namespace anywhere: it is answered as missing at once, as kube's admission
-    /// answers it, without asking either cluster about it (`default?x` would ask
-    /// them about `default`) and without entering the known-namespace set.
-    async fn ensure_namespace(&self, namespace: &str, deadline: Instant) -> Result<(), Outcome> {
+    /// onto the target when missing there; the client namespace's state comes back.
+    /// A create into a namespace being deleted mirrors nothing: kube refuses it
+    /// (see `refuse_create_while_terminating`). A name that is no DNS-1123 label
+    /// names no namespace anywhere: it is answered as missing at once, as kube's
+    /// admission answers it, without asking either cluster about it (`default?x`
+    /// would ask them about `default`) and without entering the known-namespace set.
+    async fn ensure_namespace(
+        &self,
+        namespace: &str,
+        verb: Verb,
+        deadline: Instant,
+    ) -> Result<NamespaceState, Outcome> {
         if !crproxy_core::config::is_dns_label(namespace) {
             return Err(namespace_missing(namespace));
         }
         // A DNS-1123 label needs no escaping.
         let client_path = format!("/api/v1/namespaces/{namespace}");
-        // The watch-fed cache answers "exists" from memory; a miss may only mean the
-        // namespace was created a moment ago, so it is confirmed with a GET.
-        if self.client_namespaces.exists(namespace) != Some(true) {
-            self.confirm_client_namespace(namespace, deadline).await?;
+        // The watch-fed cache answers from memory; a miss may only mean the
+        // namespace was created a moment ago, so it is confirmed with a GET, and so
+        // is a namespace it shows terminating, which a create is refused for.
+        let state = match self.client_namespaces.state(namespace) {
+            Some(NamespaceState::Active) => NamespaceState::Active,
+            _ => self.confirm_client_namespace(namespace, deadline).await?,
+        };
+        if !(state == NamespaceState::Terminating && verb == Verb::Create) {
+            self.ensure_target_namespace(namespace, &client_path, deadline)
+                .await?;
         }
-        self.ensure_target_namespace(namespace, &client_path, deadline)
-            .await
+        Ok(state)
     }
 
     async fn confirm_client_namespace(
         &self,
         namespace: &str,
         deadline: Instant,
-    ) -> Result<(), Outcome> {
+    ) -> Result<NamespaceState, Outcome> {
         let namespaces = kube::Api::<Namespace>::all(self.client.clone());
         let check = tokio::time::timeout_at(deadline, namespaces.get(namespace)).await;
         match check.map(|r| r.map_err(crproxy_kube::Error::from)) {
@@ -1416,8 +1434,40 @@ impl GroupVersionProxy {
                     Reason::Upstream,
                 ))
             }
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(found)) => Ok(NamespaceState::of(&found)),
         }
+    }
+
+    /// kube's namespace lifecycle admission refuses to create anything in a
+    /// namespace being deleted, so that its deletion can finish: a 403 naming the
+    /// object, with a `NamespaceTerminating` cause. The body is read first, as kube
+    /// decodes it before admission: an unreadable one gets the same 400 or 415 as
+    /// any other write, and the object's name goes into the answer.
+    async fn refuse_create_while_terminating(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+        body: hyper::body::Incoming,
+    ) -> Outcome {
+        let bytes = match self.request_body(exchange, body).await {
+            Ok(bytes) => bytes,
+            Err(outcome) => return outcome,
+        };
+        let document = WriteBody::parse(content_type(&exchange.headers), &bytes)
+            .and_then(|write| write.document());
+        let document = match document {
+            Ok(document) => document,
+            Err(error) => return refused_body(&error),
+        };
+        let name = document["metadata"]["name"].as_str().unwrap_or_default();
+        let namespace = path.namespace.as_deref().unwrap_or_default();
+        Outcome::new(
+            json_response(
+                StatusCode::FORBIDDEN,
+                &status::namespace_terminating(&path.resource, &self.group, name, namespace),
+            ),
+            Reason::Upstream,
+        )
     }
 
     /// Mirrors the namespace onto the target unless it is known to be there.

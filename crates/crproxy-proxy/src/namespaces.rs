@@ -1,7 +1,9 @@
-//! Which namespaces exist on the client cluster, kept current by a watch.
+//! Which namespaces exist on the client cluster, and which of them are being
+//! deleted, kept current by a watch.
 //!
 //! Every namespaced write must first confirm that its namespace exists on the
-//! client. Asking the client API server each time would add a round trip to every
+//! client, and a create that it is not being deleted (kube's namespace lifecycle
+//! admission refuses new content in a Terminating namespace). Asking the client API server each time would add a round trip to every
 //! write; a list-then-watch cache answers from memory. Until the cache has synced
 //! (and again from a failure of its watch until the next list has ended) it answers
 //! "unknown" and the caller asks the API server directly, so a cold or broken cache
@@ -9,7 +11,7 @@
 //! [`WATCH_IDLE_LIMIT`](crate::watches::WATCH_IDLE_LIMIT) (bookmarks included)
 //! counts as failed: a stalled connection must not keep answering from stale state.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -18,6 +20,28 @@ use kube::{Api, ResourceExt};
 
 use crate::watches::{self, WatchClient, WatchUpdate};
 use crproxy_core::locks;
+
+/// What the cache knows of one client namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamespaceState {
+    Missing,
+    Active,
+    /// Being deleted (phase `Terminating`): updates still go through, creates do not.
+    Terminating,
+}
+
+impl NamespaceState {
+    /// The state of a namespace the client has, by its phase, as kube's lifecycle
+    /// admission reads it.
+    pub fn of(namespace: &Namespace) -> Self {
+        let phase = namespace.status.as_ref().and_then(|s| s.phase.as_deref());
+        if phase == Some("Terminating") {
+            NamespaceState::Terminating
+        } else {
+            NamespaceState::Active
+        }
+    }
+}
 
 /// The client's namespaces, as last seen by the watch.
 #[derive(Debug, Default)]
@@ -28,9 +52,9 @@ pub struct ClientNamespaces {
 #[derive(Debug, Default)]
 struct CacheState {
     synced: bool,
-    names: HashSet<String>,
-    /// The names of a list in progress, installed whole when it ends.
-    listing: Option<HashSet<String>>,
+    namespaces: HashMap<String, NamespaceState>,
+    /// The namespaces of a list in progress, installed whole when it ends.
+    listing: Option<HashMap<String, NamespaceState>>,
 }
 
 impl ClientNamespaces {
@@ -38,11 +62,17 @@ impl ClientNamespaces {
         Arc::new(Self::default())
     }
 
-    /// `Some(exists)` when the cache is in sync with the client, `None` when the
+    /// `Some(state)` when the cache is in sync with the client, `None` when the
     /// caller must ask the API server.
-    pub fn exists(&self, namespace: &str) -> Option<bool> {
+    pub fn state(&self, namespace: &str) -> Option<NamespaceState> {
         let state = locks::read(&self.state);
-        state.synced.then(|| state.names.contains(namespace))
+        state.synced.then(|| {
+            state
+                .namespaces
+                .get(namespace)
+                .copied()
+                .unwrap_or(NamespaceState::Missing)
+        })
     }
 
     /// Keeps the cache in step with the client cluster.
@@ -58,21 +88,22 @@ impl ClientNamespaces {
     fn update(&self, update: WatchUpdate<Namespace>) {
         let mut state = locks::write(&self.state);
         match update {
-            WatchUpdate::Event(Event::Init) => state.listing = Some(HashSet::new()),
+            WatchUpdate::Event(Event::Init) => state.listing = Some(HashMap::new()),
             WatchUpdate::Event(Event::InitApply(namespace)) => {
                 if let Some(listing) = &mut state.listing {
-                    listing.insert(namespace.name_any());
+                    listing.insert(namespace.name_any(), NamespaceState::of(&namespace));
                 }
             }
             WatchUpdate::Event(Event::InitDone) => {
-                state.names = state.listing.take().unwrap_or_default();
+                state.namespaces = state.listing.take().unwrap_or_default();
                 state.synced = true;
             }
             WatchUpdate::Event(Event::Apply(namespace)) => {
-                state.names.insert(namespace.name_any());
+                let known = NamespaceState::of(&namespace);
+                state.namespaces.insert(namespace.name_any(), known);
             }
             WatchUpdate::Event(Event::Delete(namespace)) => {
-                state.names.remove(&namespace.name_any());
+                state.namespaces.remove(&namespace.name_any());
             }
             WatchUpdate::Failed(error) => {
                 state.synced = false;
@@ -85,6 +116,7 @@ impl ClientNamespaces {
 
 #[cfg(test)]
 mod tests {
+    use super::NamespaceState::{Active, Missing, Terminating};
     use super::*;
     use crate::scripted_api::{settle, ScriptedApi};
     use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
@@ -140,7 +172,7 @@ mod tests {
             requests[2].starts_with("WATCH ") && requests[2].contains("resourceVersion=8"),
             "{requests:?}"
         );
-        assert_eq!(cache.exists("b"), Some(true), "still in sync");
+        assert_eq!(cache.state("b"), Some(Active), "still in sync");
         task.abort();
     }
 
@@ -150,7 +182,7 @@ mod tests {
         let watch = api.push(list("5", &["a"]));
         let (cache, task) = start(&api);
         settle().await;
-        assert_eq!(cache.exists("a"), Some(true));
+        assert_eq!(cache.state("a"), Some(Active));
         let requests = api.requests();
         assert!(
             requests[0].starts_with("LIST /api/v1/namespaces?")
@@ -171,8 +203,8 @@ mod tests {
         tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
         settle().await;
         assert_eq!(
-            cache.exists("a"),
-            Some(true),
+            cache.state("a"),
+            Some(Active),
             "a bookmark reset the idle limit"
         );
 
@@ -180,10 +212,10 @@ mod tests {
         let _relisted = api.push(list("7", &["a", "b"]));
         tokio::time::advance(Duration::from_secs(2)).await;
         settle().await;
-        assert_eq!(cache.exists("b"), None, "stale state is not answered from");
+        assert_eq!(cache.state("b"), None, "stale state is not answered from");
         tokio::time::advance(LONGEST_PAUSE).await;
         settle().await;
-        assert_eq!(cache.exists("b"), Some(true));
+        assert_eq!(cache.state("b"), Some(Active));
         assert_eq!(api.requests().len(), 4, "{:?}", api.requests());
         drop(watch);
         task.abort();
@@ -197,22 +229,22 @@ mod tests {
         settle().await;
         watch.send(event("ADDED", "b", "6")).expect("send");
         settle().await;
-        assert_eq!(cache.exists("b"), Some(true));
+        assert_eq!(cache.state("b"), Some(Active));
 
         // The server goes away: the watch closes and the next requests fail.
         drop(watch);
         settle().await;
-        assert_eq!(cache.exists("a"), None);
+        assert_eq!(cache.state("a"), None);
         tokio::time::advance(LONGEST_PAUSE).await;
         settle().await;
-        assert_eq!(cache.exists("a"), None, "still down");
+        assert_eq!(cache.state("a"), None, "still down");
 
         // Back, with a namespace deleted meanwhile.
         let _watch = api.push(list("9", &["b"]));
         tokio::time::advance(LONGEST_PAUSE).await;
         settle().await;
-        assert_eq!(cache.exists("a"), Some(false));
-        assert_eq!(cache.exists("b"), Some(true));
+        assert_eq!(cache.state("a"), Some(Missing));
+        assert_eq!(cache.state("b"), Some(Active));
         task.abort();
     }
 
@@ -224,17 +256,56 @@ mod tests {
         let cache = ClientNamespaces::new();
         cache.update(WatchUpdate::Event(Event::Init));
         cache.update(WatchUpdate::Event(Event::InitApply(typed("a"))));
-        assert_eq!(cache.exists("a"), None, "the list has not ended");
+        assert_eq!(cache.state("a"), None, "the list has not ended");
         cache.update(WatchUpdate::Event(Event::InitDone));
-        assert_eq!(cache.exists("a"), Some(true));
-        assert_eq!(cache.exists("b"), Some(false));
+        assert_eq!(cache.state("a"), Some(Active));
+        assert_eq!(cache.state("b"), Some(Missing));
         cache.update(WatchUpdate::Event(Event::Apply(typed("b"))));
         cache.update(WatchUpdate::Event(Event::Delete(typed("a"))));
-        assert_eq!(cache.exists("a"), Some(false));
-        assert_eq!(cache.exists("b"), Some(true));
+        assert_eq!(cache.state("a"), Some(Missing));
+        assert_eq!(cache.state("b"), Some(Active));
         cache.update(WatchUpdate::Failed(
             kube::runtime::watcher::Error::NoResourceVersion,
         ));
-        assert_eq!(cache.exists("b"), None);
+        assert_eq!(cache.state("b"), None);
+    }
+
+    #[test]
+    fn a_namespace_being_deleted_is_terminating_until_it_is_gone() {
+        let with_phase = |name: &str, phase: &str| -> Namespace {
+            let mut v = namespace(name, "1");
+            v["status"] = json!({"phase": phase});
+            serde_json::from_value(v).expect("namespace")
+        };
+        let cache = ClientNamespaces::new();
+        cache.update(WatchUpdate::Event(Event::Init));
+        cache.update(WatchUpdate::Event(Event::InitApply(with_phase(
+            "a", "Active",
+        ))));
+        cache.update(WatchUpdate::Event(Event::InitApply(with_phase(
+            "b",
+            "Terminating",
+        ))));
+        cache.update(WatchUpdate::Event(Event::InitDone));
+        assert_eq!(cache.state("a"), Some(Active));
+        assert_eq!(
+            cache.state("b"),
+            Some(Terminating),
+            "listed while terminating"
+        );
+        cache.update(WatchUpdate::Event(Event::Apply(with_phase(
+            "a",
+            "Terminating",
+        ))));
+        assert_eq!(
+            cache.state("a"),
+            Some(Terminating),
+            "deleted after the list"
+        );
+        cache.update(WatchUpdate::Event(Event::Delete(with_phase(
+            "a",
+            "Terminating",
+        ))));
+        assert_eq!(cache.state("a"), Some(Missing));
     }
 }

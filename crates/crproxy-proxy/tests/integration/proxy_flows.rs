@@ -1010,6 +1010,70 @@ async fn a_namespace_deleted_on_the_client_stops_writes() {
     h.proxy.shutdown().await;
 }
 
+/// kube's namespace lifecycle admission: while a client namespace is being
+/// deleted, a create into it is refused with kube's 403 (cause
+/// `NamespaceTerminating`) and reaches nothing on the target, so the namespace
+/// controller's sweep of the proxied resources is not undone by late creates; a
+/// patch of an object already there still goes through.
+#[tokio::test]
+async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
+    let h = harness(AccessMode::Owned).await;
+    created_through_proxy(&h, "w1").await;
+    // Without its controller the client keeps the namespace Terminating.
+    h.client_api.cluster.stop_namespace_controller();
+    Api::<Namespace>::all(h.client_admin.clone())
+        .delete("demo", &Default::default())
+        .await
+        .expect("delete namespace on the client");
+    // The proxy learns of the deletion from its watch of the client's
+    // namespaces; allow it a moment (bounded: 10 s).
+    let mut refused = None;
+    for attempt in 0..100 {
+        let name = format!("late-{attempt}");
+        let reply = call(
+            &h.aggregator,
+            "POST",
+            WIDGETS,
+            Some(widget(&name, json!({}))),
+        )
+        .await;
+        if reply.status != 201 {
+            refused = Some((name, reply));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (name, reply) = refused.expect("a create into a terminating namespace is refused");
+    assert_eq!(reply.status, 403, "{}", reply.body);
+    assert_eq!(
+        reply.body["message"],
+        format!("widgets.example.com \"{name}\" is forbidden: unable to create new content in namespace demo because it is being terminated")
+    );
+    assert_eq!(reply.body["reason"], "Forbidden");
+    assert_eq!(
+        reply.body["details"],
+        json!({"name": name, "group": "example.com", "kind": "widgets", "causes": [{
+            "reason": "NamespaceTerminating",
+            "message": "namespace demo is being terminated",
+            "field": "metadata.namespace",
+        }]})
+    );
+    assert!(
+        h.widgets.get_opt(&name).await.expect("get").is_none(),
+        "the refused create reached the target"
+    );
+    let patched = call_as(
+        &h.aggregator,
+        "PATCH",
+        &format!("{WIDGETS}/w1"),
+        Some(json!({"spec": {"size": 2}})),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!(patched.status, 200, "{}", patched.body);
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_watches_than_one_http2_connection_allows_all_open() {
     // API servers cap the streams of one HTTP/2 connection (kube-apiserver's Go
