@@ -688,12 +688,32 @@ impl GroupVersionProxy {
     /// first, and the answer is shown only when it is owned itself or is the very
     /// state that was checked (same uid and resourceVersion).
     async fn named_get(&self, exchange: &Exchange, path: &ResourcePath) -> Outcome {
+        let mut attempt = 1;
+        loop {
+            match self.named_get_once(exchange, path).await {
+                // The object changed between the check and the read (an update by
+                // its controller, say): the answer is another state than the one
+                // checked, so it is checked again rather than masked as missing.
+                Err(SubresourceMoved) if attempt < SUBRESOURCE_READS => attempt += 1,
+                Err(SubresourceMoved) => return self.masked(path, Reason::OwnershipMasked),
+                Ok(outcome) => return outcome,
+            }
+        }
+    }
+
+    /// One named GET; `Err` when a subresource answer neither is owned nor shows
+    /// the state that was checked, while the object was owned when checked.
+    async fn named_get_once(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+    ) -> Result<Outcome, SubresourceMoved> {
         let checked = match &path.subresource {
             None => None,
             Some(_) => match self.check_ownership(exchange, path).await {
                 Ok(Checked::Owned(pin)) => Some(pin),
-                Ok(Checked::Absent) => return self.masked(path, Reason::OwnershipMasked),
-                Err(outcome) => return outcome,
+                Ok(Checked::Absent) => return Ok(self.masked(path, Reason::OwnershipMasked)),
+                Err(outcome) => return Ok(outcome),
             },
         };
         let inspectable = ownership::inspectable_accept(accept_of(&exchange.headers));
@@ -705,22 +725,22 @@ impl GroupVersionProxy {
         };
         let response = match self.get_from_target(exchange, Some(&inspected)).await {
             Ok(response) => response,
-            Err(e) => return self.unavailable(e),
+            Err(e) => return Ok(self.unavailable(e)),
         };
         if response.status().is_server_error() {
-            return self.server_error(response.status());
+            return Ok(self.server_error(response.status()));
         }
         let (parts, body) = response.into_parts();
         let read = transport::read_limited(body, MAX_BUFFERED_BODY);
         let bytes = match transport::within(exchange.deadline, read).await {
             Ok(bytes) => bytes,
-            Err(e) => return self.unavailable(e),
+            Err(e) => return Ok(self.unavailable(e)),
         };
         if parts.status != StatusCode::OK {
-            return Outcome::new(
+            return Ok(Outcome::new(
                 Response::from_parts(parts, transport::full(bytes)),
                 Reason::Upstream,
-            );
+            ));
         }
         let visibility = ownership::response_visibility(&self.owner, &bytes);
         let is_checked_state = || {
@@ -735,13 +755,14 @@ impl GroupVersionProxy {
         match visibility {
             Visibility::Owned => {}
             _ if is_checked_state() => {}
-            Visibility::NotOwned => return self.masked(path, Reason::OwnershipMasked),
-            Visibility::Undecodable => return self.masked(path, Reason::OwnershipCheckFailed),
+            Visibility::NotOwned if checked.is_some() => return Err(SubresourceMoved),
+            Visibility::NotOwned => return Ok(self.masked(path, Reason::OwnershipMasked)),
+            Visibility::Undecodable => return Ok(self.masked(path, Reason::OwnershipCheckFailed)),
         }
-        Outcome::new(
+        Ok(Outcome::new(
             Response::from_parts(parts, transport::full(bytes)),
             Reason::Upstream,
-        )
+        ))
     }
 
     /// PUT, PATCH or DELETE of a named object in owned mode: the body is read once
@@ -1988,6 +2009,13 @@ fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
 }
 
 /// 404 for a write into a namespace the client does not have, in kube's words.
+/// How many times a subresource GET is checked and read while its object keeps
+/// changing in between, before it is answered as not found.
+const SUBRESOURCE_READS: u32 = 3;
+
+/// A subresource answer showed another state of its object than the one checked.
+struct SubresourceMoved;
+
 fn namespace_missing(namespace: &str) -> Outcome {
     Outcome::new(
         json_response(

@@ -724,6 +724,36 @@ async fn subresource_answers_never_show_an_object_that_lost_its_labels() {
     h.proxy.shutdown().await;
 }
 
+/// A Scale carries no labels, so it is shown as the checked state; an update of
+/// the object that keeps it owned (its controller's, say) landing between the
+/// check and the read must not make the read a 404: the object is checked again.
+/// Each round's one update can move the object once, so every read is a 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_read_survives_an_update_that_keeps_the_object_owned() {
+    let h = harness(AccessMode::Owned).await;
+    let mut missing = Vec::new();
+    for round in 0..RACE_ROUNDS {
+        let name = format!("busy{round}");
+        owned_widget(&h, &name).await;
+        let scale_path = format!("{WIDGETS}/{name}/scale");
+        let scale = send(&h, "GET", &scale_path, None, Bytes::new());
+        let update = async {
+            tokio::time::sleep(stagger(round)).await;
+            let patch = json!({"spec": {"size": round}});
+            h.widgets
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("admin updates")
+        };
+        let (shown, _) = tokio::join!(scale, update);
+        if shown.status != 200 {
+            missing.push(format!("{name}: {} {}", shown.status, shown.body));
+        }
+    }
+    assert!(missing.is_empty(), "owned, yet not shown: {missing:?}");
+    h.proxy.shutdown().await;
+}
+
 /// A Scale is a view of the object: its uid and resourceVersion, no labels. Every
 /// kind of write to it works for an owned object, is pinned to the checked state,
 /// and never reaches an object that is not owned.
