@@ -185,6 +185,16 @@ pub fn namespace_terminating(resource: &str, group: &str, name: &str, namespace:
     v
 }
 
+/// 406 for a request whose Accept names no media type the server has, in kube's
+/// words.
+pub fn not_acceptable() -> Value {
+    status(
+        406,
+        "NotAcceptable",
+        "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf",
+    )
+}
+
 /// 504 Timeout with a message.
 pub fn timeout(message: impl Into<String>) -> Value {
     status(504, "Timeout", message)
@@ -318,6 +328,7 @@ mod tests {
                 "130-namespace-create-in-terminating-403.json",
                 namespace_terminating("crontabs", "stable.example.io", "too-late", "ref-nsdel"),
             ),
+            ("117-error-not-acceptable-406.json", not_acceptable()),
             (
                 "104-error-put-collection.json",
                 bad_request("name must be provided"),

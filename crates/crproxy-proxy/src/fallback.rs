@@ -75,6 +75,45 @@ pub fn aggregated_discovery_content_type(version: &str) -> String {
     format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList")
 }
 
+/// What the target's answer to an aggregated discovery request (`GET /apis`) makes
+/// of the aggregator's request.
+#[derive(Debug, PartialEq)]
+pub enum AggregatedAnswer {
+    /// The target's entry for this group/version, alone in the list.
+    Entry(Value),
+    /// The target cannot say (401, 404, 5xx) or does not serve this group/version
+    /// (yet): the local document is served, as on the legacy path.
+    Fallback,
+    /// The target has no aggregated discovery (its 406, or a 200 in another form,
+    /// from a server that ignores the media type): answered with 406, on which the
+    /// aggregator reads `/apis/<group>/<version>` instead. Nothing has failed, so
+    /// nothing counts as a fallback.
+    NotAggregated,
+    /// Any other answer (403, 429, ...) goes back as the target gave it, as on the
+    /// legacy path.
+    AsIs,
+}
+
+/// Reads the target's answer to an aggregated discovery request.
+pub fn aggregated_answer(status: u16, body: &[u8], group: &str, version: &str) -> AggregatedAnswer {
+    match status {
+        200 => {}
+        401 | 404 | 500..=599 => return AggregatedAnswer::Fallback,
+        406 => return AggregatedAnswer::NotAggregated,
+        _ => return AggregatedAnswer::AsIs,
+    }
+    let Ok(document) = serde_json::from_slice::<Value>(body) else {
+        return AggregatedAnswer::NotAggregated;
+    };
+    if document["kind"] != "APIGroupDiscoveryList" {
+        return AggregatedAnswer::NotAggregated;
+    }
+    match filter_aggregated(&document, group, version) {
+        Some(entry) => AggregatedAnswer::Entry(entry),
+        None => AggregatedAnswer::Fallback,
+    }
+}
+
 /// Keeps only this proxy's group and version of a target's aggregated discovery
 /// document. `None` when the target does not serve them.
 pub fn filter_aggregated(document: &Value, group: &str, version: &str) -> Option<Value> {
@@ -180,6 +219,42 @@ mod tests {
         );
         assert!(filter_aggregated(&document, "example.com", "v3").is_none());
         assert!(filter_aggregated(&document, "other.io", "v1").is_none());
+    }
+
+    /// The aggregator reads `/apis/<group>/<version>` after a 406 or a 200 that is
+    /// no aggregated list (kube-aggregator's discovery manager, and
+    /// `reference/aggregation.md`): a target without aggregated discovery is
+    /// served through that path, not counted as failing.
+    #[test]
+    fn the_targets_answer_to_aggregated_discovery_decides_what_the_aggregator_gets() {
+        let aggregated = json!({"kind": "APIGroupDiscoveryList", "items": [
+            {"metadata": {"name": "example.com"}, "versions": [{"version": "v1", "resources": []}]}
+        ]})
+        .to_string();
+        let legacy = json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": "example.com", "versions": [{"groupVersion": "example.com/v1", "version": "v1"}]}
+        ]})
+        .to_string();
+        let read =
+            |status, body: &str| aggregated_answer(status, body.as_bytes(), "example.com", "v1");
+        assert!(
+            matches!(read(200, &aggregated), AggregatedAnswer::Entry(doc)
+            if doc["items"][0]["metadata"]["name"] == "example.com")
+        );
+        assert_eq!(
+            aggregated_answer(200, aggregated.as_bytes(), "example.com", "v2"),
+            AggregatedAnswer::Fallback,
+            "a version the target does not serve"
+        );
+        assert_eq!(read(200, &legacy), AggregatedAnswer::NotAggregated);
+        assert_eq!(read(200, "not json"), AggregatedAnswer::NotAggregated);
+        assert_eq!(read(406, ""), AggregatedAnswer::NotAggregated);
+        for code in [401, 404, 500, 503] {
+            assert_eq!(read(code, ""), AggregatedAnswer::Fallback, "{code}");
+        }
+        for code in [400, 403, 429] {
+            assert_eq!(read(code, ""), AggregatedAnswer::AsIs, "{code}");
+        }
     }
 
     #[test]

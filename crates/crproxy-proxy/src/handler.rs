@@ -25,7 +25,7 @@ use crproxy_core::request::{self, RequestKind, ResourcePath, Verb};
 use crproxy_core::request_body::{self, BodyError, WriteBody, MAX_REQUEST_BODY};
 use crproxy_core::status;
 
-use crate::fallback;
+use crate::fallback::{self, AggregatedAnswer};
 use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
 use crate::metrics::TargetMetrics;
 use crate::namespaces::{ClientNamespaces, NamespaceState};
@@ -416,7 +416,9 @@ impl GroupVersionProxy {
 
     /// `GET /apis` asking for aggregated discovery (what an aggregator sends every
     /// 60 s): the target's entry for this group/version, or the local fallback in
-    /// aggregated form under the same rules as `/apis/<group>/<version>`.
+    /// aggregated form under the same rules as `/apis/<group>/<version>`; a 406
+    /// when the target has no aggregated discovery, so that the aggregator reads
+    /// the legacy document (see [`AggregatedAnswer`]).
     async fn aggregated_discovery(&self, exchange: &Exchange, version: &'static str) -> Outcome {
         // The filtered document differs from the target's, so its ETag would lie.
         let inspected = Inspected {
@@ -430,14 +432,10 @@ impl GroupVersionProxy {
             Err(e) => return self.aggregated_fallback(version, e.reason(), Reason::UpstreamError),
             Ok(fetched) => fetched,
         };
-        if parts.status != StatusCode::OK {
-            return self.aggregated_fallback(version, Reason::UpstreamError, Reason::UpstreamError);
-        }
-        let filtered = serde_json::from_slice::<Value>(&bytes)
-            .ok()
-            .and_then(|doc| fallback::filter_aggregated(&doc, &self.group, &self.version));
-        match filtered {
-            Some(document) => {
+        let answer =
+            fallback::aggregated_answer(parts.status.as_u16(), &bytes, &self.group, &self.version);
+        match answer {
+            AggregatedAnswer::Entry(document) => {
                 let mut response = json_response(StatusCode::OK, &document);
                 if let Ok(value) =
                     HeaderValue::from_str(&fallback::aggregated_discovery_content_type(version))
@@ -448,8 +446,17 @@ impl GroupVersionProxy {
                 }
                 Outcome::new(response, Reason::Upstream)
             }
-            // The target does not serve this group/version (yet): the same as a 404.
-            None => self.aggregated_fallback(version, Reason::UpstreamError, Reason::UpstreamError),
+            AggregatedAnswer::Fallback => {
+                self.aggregated_fallback(version, Reason::UpstreamError, Reason::UpstreamError)
+            }
+            AggregatedAnswer::NotAggregated => Outcome::new(
+                json_response(StatusCode::NOT_ACCEPTABLE, &status::not_acceptable()),
+                Reason::Upstream,
+            ),
+            AggregatedAnswer::AsIs => Outcome::new(
+                Response::from_parts(parts, transport::full(bytes)),
+                Reason::Upstream,
+            ),
         }
     }
 

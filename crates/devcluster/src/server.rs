@@ -74,6 +74,9 @@ pub(crate) struct State {
     /// Whether deleted namespaces are emptied and removed (kube-controller-manager's
     /// namespace controller); see [`DevCluster::stop_namespace_controller`].
     pub namespace_controller: std::sync::atomic::AtomicBool,
+    /// Whether `/api` and `/apis` serve aggregated discovery; see
+    /// [`DevCluster::stop_aggregated_discovery`].
+    pub aggregated_discovery: std::sync::atomic::AtomicBool,
     /// Set once any object with ownerReferences was written: only then do
     /// deletions look for dependents to collect.
     pub owners_seen: std::sync::atomic::AtomicBool,
@@ -287,6 +290,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
         shutdown: shutdown_rx,
         ns_cleanups: Mutex::new(HashSet::new()),
         namespace_controller: std::sync::atomic::AtomicBool::new(true),
+        aggregated_discovery: std::sync::atomic::AtomicBool::new(true),
         owners_seen: std::sync::atomic::AtomicBool::new(false),
         aggregator: std::sync::OnceLock::new(),
         requests: Arc::default(),
@@ -484,6 +488,17 @@ impl DevCluster {
         self.inner
             .state
             .namespace_controller
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// From now on, `/api` and `/apis` answer as a kube-apiserver without
+    /// aggregated discovery (before 1.26, or with `AggregatedDiscoveryEndpoint`
+    /// off): the aggregated media types are not acceptable, and a request naming
+    /// no other gets 406.
+    pub fn stop_aggregated_discovery(&self) {
+        self.inner
+            .state
+            .aggregated_discovery
             .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 

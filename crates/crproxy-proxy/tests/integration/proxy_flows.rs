@@ -1320,6 +1320,30 @@ async fn aggregated_discovery_falls_back_when_the_target_cannot_answer() {
     h.proxy.shutdown().await;
 }
 
+/// A target without aggregated discovery (kube before 1.26) answers the
+/// aggregator's `GET /apis` with 406. That is no outage: the proxy answers 406 too,
+/// counts no fallback, and the aggregator reads the group/version's legacy
+/// document, which the target serves in full.
+#[tokio::test]
+async fn a_target_without_aggregated_discovery_sends_the_aggregator_to_the_legacy_document() {
+    let h = harness(AccessMode::Owned).await;
+    h.target.cluster.stop_aggregated_discovery();
+    let aggregated = aggregated_discovery(&h).await;
+    assert_eq!(aggregated.status, 406, "{}", aggregated.body);
+    assert_eq!(aggregated.body["reason"], "NotAcceptable");
+    assert!(!fallbacks(&h), "no fallback was served");
+    let legacy = call(&h.aggregator, "GET", "/apis/example.com/v1", None).await;
+    assert_eq!(legacy.status, 200, "{}", legacy.body);
+    assert_eq!(legacy.body["resources"][0]["name"], "widgets");
+    assert_ne!(
+        legacy.body["resources"][0]["verbs"],
+        json!(["get"]),
+        "the target's verbs"
+    );
+    assert!(!fallbacks(&h));
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_peer_list_that_never_arrives_is_logged_and_requests_fail_with_no_peer() {
     let (logs, _guard) = LogBuffer::capture();

@@ -367,6 +367,14 @@ fn non_resource(
 ) -> Result<Response<Body>, ApiError> {
     let s: Vec<&str> = segs.iter().map(String::as_str).collect();
     let output = h::negotiate(accept);
+    let discovery_output = if state
+        .aggregated_discovery
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        output
+    } else {
+        h::negotiate_without_aggregated_discovery(accept)
+    };
     let extra = extra_discovery(state);
     match s.as_slice() {
         [] => Ok(h::json_response(
@@ -383,24 +391,26 @@ fn non_resource(
             );
             Ok(r)
         }
-        ["api"] => match output {
+        ["api"] => match discovery_output {
             Some(Output::Discovery(v)) => Ok(discovery_response(
                 &discovery::aggregated(&state.registry, true, "", &extra),
                 v,
                 headers,
             )),
-            _ => {
+            None => Err(h::not_acceptable()),
+            Some(_) => {
                 let addr = locks::lock(&state.server_address).clone();
                 Ok(h::json_response(200, &discovery::api_versions(&addr)))
             }
         },
-        ["apis"] => match output {
+        ["apis"] => match discovery_output {
             Some(Output::Discovery(v)) => Ok(discovery_response(
                 &discovery::aggregated(&state.registry, false, "", &extra),
                 v,
                 headers,
             )),
-            _ => Ok(h::json_response(
+            None => Err(h::not_acceptable()),
+            Some(_) => Ok(h::json_response(
                 200,
                 &discovery::api_group_list(&state.registry, &extra),
             )),

@@ -140,6 +140,22 @@ pub fn negotiate(accept: Option<&str>) -> Option<Output> {
     protobuf.then_some(Output::Json)
 }
 
+/// [`negotiate`] for a server without aggregated discovery: its media ranges are
+/// passed over as unknown.
+pub fn negotiate_without_aggregated_discovery(accept: Option<&str>) -> Option<Output> {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Some(Output::Json);
+    };
+    let others: Vec<&str> = accept
+        .split(',')
+        .filter(|range| !range.contains("as=APIGroupDiscoveryList"))
+        .collect();
+    if others.is_empty() {
+        return None;
+    }
+    negotiate(Some(&others.join(",")))
+}
+
 pub fn not_acceptable() -> ApiError {
     ApiError::new(
         406,
@@ -399,6 +415,23 @@ mod tests {
 
     fn check(accept: Option<&str>, expected: Option<Output>) {
         assert_eq!(negotiate(accept), expected, "{accept:?}");
+    }
+
+    #[test]
+    fn without_aggregated_discovery_its_media_types_are_unknown() {
+        let aggregator = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+        assert_eq!(
+            negotiate_without_aggregated_discovery(Some(aggregator)),
+            None
+        );
+        assert_eq!(
+            negotiate_without_aggregated_discovery(Some(&format!("{aggregator},application/json"))),
+            Some(Output::Json)
+        );
+        assert_eq!(
+            negotiate_without_aggregated_discovery(None),
+            Some(Output::Json)
+        );
     }
 
     #[test]
