@@ -451,9 +451,6 @@ struct State {
     last_publish: Option<Instant>,
     /// When the subscription dropped; `None` while it is up.
     down_since: Option<Instant>,
-    /// Inside an episode where a quarantine left no selectable peer; ends when a
-    /// peer is dialled successfully or a publication brings a selectable one.
-    all_quarantined: bool,
     /// The stale-list log line was written for the current outage.
     stale_logged: bool,
 }
@@ -594,9 +591,6 @@ impl PeerPool {
         st.last_publish = Some(now);
         st.down_since = None;
         st.stale_logged = false;
-        if st.all_quarantined && st.peers.iter().any(|p| p.health == Health::Healthy) {
-            st.all_quarantined = false;
-        }
         let count = st.peers.len();
         drop(st);
         tracing::debug!(
@@ -1012,10 +1006,10 @@ impl PeerPool {
         peer.drop_connections();
         let host = peer.host.clone();
         let failures = peer.consecutive_failures;
-        let all_now = !st.all_quarantined && !st.any_selectable(now);
-        if all_now {
-            st.all_quarantined = true;
-        }
+        // Every quarantine that leaves nothing selectable counts, a failed trial's
+        // too: an outage keeps the counter rising (its alert is an increase over
+        // 10 minutes) for as long as it lasts.
+        let all_now = !st.any_selectable(now);
         drop(st);
         self.metrics.peer_quarantined();
         tracing::warn!(
@@ -1057,7 +1051,6 @@ impl PeerPool {
             });
         }
         let host = peer.host.clone();
-        st.all_quarantined = false;
         drop(st);
         if recovered {
             self.metrics.peer_recovered();
