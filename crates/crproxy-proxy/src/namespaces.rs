@@ -119,13 +119,12 @@ mod tests {
     use super::NamespaceState::{Active, Missing, Terminating};
     use super::*;
     use crate::scripted_api::{settle, ScriptedApi};
-    use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
+    use crate::watches::{MAX_RELIST_PAUSE, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
     use serde_json::{json, Value};
     use std::time::Duration;
 
-    /// Longer than any pause of kube-runtime's default backoff (30 s, jittered up to
-    /// twice that).
-    const LONGEST_PAUSE: Duration = Duration::from_secs(61);
+    /// Longer than any relist pause (the cap, jittered up to twice that).
+    const LONGEST_PAUSE: Duration = Duration::from_secs(2 * MAX_RELIST_PAUSE.as_secs() + 1);
 
     fn namespace(name: &str, rv: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "resourceVersion": rv}})
@@ -218,6 +217,49 @@ mod tests {
         assert_eq!(cache.state("b"), Some(Active));
         assert_eq!(api.requests().len(), 4, "{:?}", api.requests());
         drop(watch);
+        task.abort();
+    }
+
+    /// However long the API server was gone, the cache lists again within one
+    /// capped pause (jittered: twice [`MAX_RELIST_PAUSE`]) of its return. The
+    /// peer list and the front-proxy trust follow their watches the same way.
+    #[tokio::test(start_paused = true)]
+    async fn after_a_long_outage_the_cache_lists_again_soon_after_the_server_returns() {
+        let api = ScriptedApi::default();
+        let watch = api.push(list("5", &["a"]));
+        let (cache, task) = start(&api);
+        settle().await;
+        assert_eq!(cache.state("a"), Some(Active));
+        drop(watch);
+        // Ten minutes of refused connections, one second at a time (bounded).
+        let mut lists_at_half_time = 0;
+        for second in 1..=600 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            settle().await;
+            if second == 300 {
+                lists_at_half_time = api.requests().len();
+            }
+        }
+        assert_eq!(cache.state("a"), None);
+        // Long past the ramp, one list per pause of one to two times the cap: no
+        // longer apart (kube-runtime's default would be 30 to 60 s), nor closer.
+        let late_lists = api.requests().len() - lists_at_half_time;
+        let cap = MAX_RELIST_PAUSE.as_secs() as usize;
+        assert!(
+            (300 / (2 * cap) - 1..=300 / cap + 1).contains(&late_lists),
+            "{late_lists} lists in the outage's last five minutes"
+        );
+        let _back = api.push(list("9", &["a", "b"]));
+        for _ in 0..(2 * MAX_RELIST_PAUSE.as_secs() + 1) {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            settle().await;
+        }
+        assert_eq!(
+            cache.state("b"),
+            Some(Active),
+            "listed again within {:?} of the server's return",
+            2 * MAX_RELIST_PAUSE
+        );
         task.abort();
     }
 

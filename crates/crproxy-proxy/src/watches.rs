@@ -11,16 +11,16 @@
 //!   without a word; the read timeout makes the stall an error instead, so the
 //!   consumer stops trusting what it holds.
 //! * After any error the consumer is told ([`WatchUpdate::Failed`]) and, after a
-//!   pause drawn from kube-runtime's default backoff (jittered, 0.8 s doubling to
-//!   30 s), a fresh watcher lists again. Only the list's end
+//!   pause ([`relist_backoff`]: 0.8 s doubling to [`MAX_RELIST_PAUSE`], jittered
+//!   up to twice that), a fresh watcher lists again. Only the list's end
 //!   ([`watcher::Event::InitDone`]) makes the consumer's state whole again.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use kube::runtime::utils::Backoff;
-use kube::runtime::watcher::{self, DefaultBackoff};
+use kube::runtime::utils::{Backoff, ResetTimerBackoff};
+use kube::runtime::watcher::{self, ExponentialBackoff};
 use kube::Api;
 use serde::de::DeserializeOwned;
 
@@ -38,6 +38,26 @@ const IDLE_MARGIN: Duration = Duration::from_secs(2);
 /// healthy watch, and below kube-runtime's own idle timeout (the lifetime plus 5 s),
 /// which would otherwise reconnect first and hide the stall.
 pub const WATCH_IDLE_LIMIT: Duration = idle_limit(WATCH_TIMEOUT_SECONDS);
+
+/// Longest pause, before jitter, between a failed watch and the next list.
+/// kube-runtime's default (30 s, jittered up to 60 s) would leave the peer list
+/// stale, past its 60 s tolerance, for up to a minute after the API server came
+/// back; three watches a cluster relisting every few seconds in an outage cost
+/// it nothing.
+pub const MAX_RELIST_PAUSE: Duration = Duration::from_secs(5);
+
+/// The pauses between failed watches: 0.8 s doubling to [`MAX_RELIST_PAUSE`],
+/// each jittered up to twice its length, from the start again once a list has
+/// ended (or after two quiet minutes).
+pub fn relist_backoff() -> impl Backoff {
+    let pauses = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(800))
+        .with_max_delay(MAX_RELIST_PAUSE)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    ResetTimerBackoff::new(ExponentialBackoff::from(pauses), Duration::from_secs(120))
+}
 
 /// The idle limit of watches that live `lifetime_seconds`.
 pub const fn idle_limit(lifetime_seconds: u32) -> Duration {
@@ -124,7 +144,7 @@ pub async fn follow<K>(
 ) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let mut backoff = DefaultBackoff::default();
+    let mut backoff = relist_backoff();
     // Bounded: runs until the task is aborted.
     loop {
         let mut events = watcher::watcher(api.clone(), config.clone()).boxed();
@@ -142,8 +162,8 @@ pub async fn follow<K>(
                 }
             }
         }
-        // The default backoff never runs out; the fallback is its ceiling.
-        let pause = backoff.next().unwrap_or(Duration::from_secs(30));
+        // The backoff never runs out; the fallback is its ceiling.
+        let pause = backoff.next().unwrap_or(MAX_RELIST_PAUSE);
         tokio::time::sleep(pause).await;
     }
 }
