@@ -22,6 +22,30 @@ pub const KUBECTL: &str = "/usr/bin/kubectl";
 /// No kubectl call in a test may take longer than this.
 pub const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A loopback port that refuses connections for as long as this value lives. A
+/// listener bound and dropped at once frees its port for the next bind of port 0
+/// (a server of a test running alongside), and dials meant to be refused would
+/// reach that server. This port stays bound, without listening (a connection gets
+/// a reset) and without `SO_REUSEADDR`, so no listener can be given it.
+pub struct RefusedPort {
+    pub addr: std::net::SocketAddr,
+    _socket: tokio::net::TcpSocket,
+}
+
+impl RefusedPort {
+    pub fn bind() -> RefusedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind a loopback port");
+        let addr = socket.local_addr().expect("bound address");
+        RefusedPort {
+            addr,
+            _socket: socket,
+        }
+    }
+}
+
 /// A running in-memory devcluster with an admin kubeconfig on disk.
 pub struct TestCluster {
     pub cluster: DevCluster,

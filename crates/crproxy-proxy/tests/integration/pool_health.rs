@@ -14,12 +14,14 @@ use crproxy_core::reason::Reason;
 use crproxy_proxy::dial::DIAL_TIMEOUT;
 use crproxy_proxy::pool::{QUARANTINE_DURATION, QUARANTINE_THRESHOLD};
 use pool_support::*;
+use test_support::RefusedPort;
 use tokio::time::Instant;
 
 #[tokio::test]
 async fn a_refusing_peer_counts_errors_then_is_quarantined_and_skipped() {
     let h = Harness::new();
-    let addr = refused_addr().await;
+    let refused = RefusedPort::bind();
+    let addr = refused.addr;
     h.pool.publish(vec![addr.to_string()]);
 
     for n in 1..=QUARANTINE_THRESHOLD {
@@ -140,7 +142,8 @@ async fn a_departed_peer_is_replaced_by_the_new_list_without_a_caller_error() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_trial_requarantines_and_a_successful_trial_recovers() {
     let h = Harness::new();
-    let addr = refused_addr().await;
+    let refused = RefusedPort::bind();
+    let addr = refused.addr;
     h.pool.publish(vec![addr.to_string()]);
     for _ in 0..QUARANTINE_THRESHOLD {
         h.pool.acquire().await.expect_err("refused");
@@ -185,6 +188,7 @@ async fn a_failed_trial_requarantines_and_a_successful_trial_recovers() {
 
     // The peer comes back; the next trial succeeds.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(refused);
     let peer = TlsPeer::start_on(addr, &h.pki, Protocols::H2AndHttp1).await;
     let body = h.get().await.expect("trial succeeds");
     assert!(body.starts_with(&format!("peer {}", addr.port())), "{body}");

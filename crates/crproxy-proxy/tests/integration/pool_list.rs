@@ -8,6 +8,7 @@ use std::time::Duration;
 use crproxy_core::reason::Reason;
 use crproxy_proxy::pool::STALENESS_TOLERANCE;
 use pool_support::*;
+use test_support::RefusedPort;
 
 fn synced(s: &Scrape) -> Option<f64> {
     s.get(
@@ -127,7 +128,8 @@ async fn waiting_for_the_first_list() {
 #[tokio::test]
 async fn publishing_keeps_health_of_hosts_that_stay() {
     let h = Harness::new();
-    let dead = refused_addr().await.to_string();
+    let refused = RefusedPort::bind();
+    let dead = refused.addr.to_string();
     let live = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
     h.pool.publish(vec![dead.clone()]);
     for _ in 0..3 {

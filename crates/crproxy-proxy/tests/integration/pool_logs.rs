@@ -12,6 +12,7 @@ use std::time::Duration;
 use crproxy_proxy::pool::{QUARANTINE_DURATION, STALENESS_TOLERANCE};
 use log_support::LogBuffer;
 use pool_support::*;
+use test_support::RefusedPort;
 use tracing::Level;
 
 const QUARANTINE_LOG: &str = "quarantining proxy target peer host after consecutive dial failures";
@@ -22,7 +23,8 @@ const STALE_LOG: &str = "peer watch subscription is down and no fresh netmap is 
 async fn quarantine_lines_carry_host_failures_and_target() {
     let (logs, _guard) = LogBuffer::capture();
     let h = Harness::new();
-    let addr = refused_addr().await.to_string();
+    let refused = RefusedPort::bind();
+    let addr = refused.addr.to_string();
     h.pool.publish(vec![addr.clone()]);
     for _ in 0..3 {
         h.pool.acquire().await.expect_err("refused");

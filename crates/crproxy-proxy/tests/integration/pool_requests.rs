@@ -15,11 +15,13 @@ use http::uri::PathAndQuery;
 use http_body::Body;
 use http_body_util::BodyExt;
 use pool_support::*;
+use test_support::RefusedPort;
 
 #[tokio::test]
 async fn one_refusing_peer_of_three_costs_callers_nothing() {
     let h = Harness::new();
-    let dead = refused_addr().await;
+    let refused = RefusedPort::bind();
+    let dead = refused.addr;
     let b = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
     let c = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
     h.pool.publish(vec![dead.to_string(), b.host(), c.host()]);
@@ -447,8 +449,9 @@ async fn pings_retire_a_connection_to_a_peer_that_stopped_answering() {
 #[tokio::test(start_paused = true)]
 async fn a_retry_prefers_a_healthy_peer_over_a_second_trial() {
     let h = Harness::new();
-    let dead_a = refused_addr().await.to_string();
-    let dead_b = refused_addr().await.to_string();
+    let (refused_a, refused_b) = (RefusedPort::bind(), RefusedPort::bind());
+    let dead_a = refused_a.addr.to_string();
+    let dead_b = refused_b.addr.to_string();
     let live = TlsPeer::start(&h.pki, Protocols::H2AndHttp1).await;
     h.pool.publish(vec![dead_a, dead_b, live.host()]);
     // Warm-up: until both dead peers are quarantined some requests may fail (two

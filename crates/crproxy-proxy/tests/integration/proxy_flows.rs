@@ -907,9 +907,8 @@ async fn an_unreachable_target_is_a_retryable_503_logged_at_warn() {
 #[tokio::test]
 async fn discovery_falls_back_locally_when_no_peer_answers() {
     // A port nobody listens on: every dial is refused.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let dead = closed.local_addr().expect("addr").to_string();
-    drop(closed);
+    let refused = test_support::RefusedPort::bind();
+    let dead = refused.addr.to_string();
     let h = harness_with_peers(AccessMode::Owned, |_| PeerSourceConfig::Static(vec![dead])).await;
     let reply = call(&h.aggregator, "GET", "/apis/example.com/v1", None).await;
     assert_eq!(reply.status, 200);
@@ -1220,9 +1219,8 @@ async fn discovery_fallbacks_count_the_peer_check_that_failed() {
     assert_eq!(discovery_fallbacks(&h, "no_peer"), 1.0);
 
     // A refusing peer: each dial fails (upstream_error) until it is quarantined.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let dead = closed.local_addr().expect("addr").to_string();
-    drop(closed);
+    let refused = test_support::RefusedPort::bind();
+    let dead = refused.addr.to_string();
     pool.publish(vec![dead]);
     for _ in 0..10 {
         assert_fallback_document(&discovery().await);

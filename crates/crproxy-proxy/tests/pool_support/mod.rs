@@ -111,7 +111,8 @@ impl TlsPeer {
         Self::serve(listener, pki, protocols)
     }
 
-    /// Serves on an address a test reserved earlier (see [`refused_addr`]).
+    /// Serves on an address a test reserved earlier (a `test_support::RefusedPort`,
+    /// dropped first).
     pub async fn start_on(addr: SocketAddr, pki: &Pki, protocols: Protocols) -> TlsPeer {
         let listener = TcpListener::bind(addr).await.expect("rebind reserved port");
         Self::serve(listener, pki, protocols)
@@ -230,14 +231,6 @@ impl Drop for TlsPeer {
         self.kill.send_modify(|g| *g += 1);
         self.task.abort();
     }
-}
-
-/// An address nobody listens on: connecting is refused at once.
-pub async fn refused_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    drop(listener);
-    addr
 }
 
 /// A peer that accepts TCP and then never says anything, so TLS never completes.
