@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use crproxy_kube::{Auth, ClusterConfig};
 use crproxy_proxy::dial::Dialer;
 use crproxy_proxy::metrics::Metrics;
-use crproxy_proxy::namespaces::ClientNamespaces;
+use crproxy_proxy::namespaces::{ClientNamespaces, NamespaceState};
 use crproxy_proxy::pool::PeerPool;
 use crproxy_proxy::sources::{self, PeerSourceConfig};
 use crproxy_proxy::watches::WatchClient;
@@ -222,7 +222,7 @@ async fn the_control_plane_rides_out_an_api_server_restart() {
     let apiservices = apiservice_api(&admin_client);
     let limit = Duration::from_secs(30);
     eventually("everything in step", limit, async || {
-        namespaces.exists("before") == Some(true)
+        namespaces.state("before") == Some(NamespaceState::Active)
             && pool.hosts() == ["10.0.0.1:6443"]
             && leader.is_leader()
             && apiservices
@@ -237,7 +237,7 @@ async fn the_control_plane_rides_out_an_api_server_restart() {
     // The API server stops: the cache notices and stops answering.
     cluster.shutdown().await;
     eventually("the cache gave up", limit, async || {
-        namespaces.exists("before").is_none()
+        namespaces.state("before").is_none()
     })
     .await;
     assert_eq!(
@@ -262,8 +262,8 @@ async fn the_control_plane_rides_out_an_api_server_restart() {
         .and_then(|s| s.renew_time);
     eventually("everything in step again", limit, async || {
         let lease = leases.get("crproxy-client").await.ok().and_then(|l| l.spec);
-        namespaces.exists("before") == Some(true)
-            && namespaces.exists("after") == Some(true)
+        namespaces.state("before") == Some(NamespaceState::Active)
+            && namespaces.state("after") == Some(NamespaceState::Active)
             && pool.hosts() == ["10.0.0.2:6443"]
             && pool.snapshot().synced
             && leader.is_leader()
@@ -295,7 +295,7 @@ async fn a_watch_that_stalls_without_closing_stops_being_trusted() {
     let (leader, registrar) = start_wiring(&cluster_config(&cluster.cluster, relay.addr));
     let apiservices = apiservice_api(&admin_client);
     eventually("in step", Duration::from_secs(30), async || {
-        namespaces.exists("before") == Some(true)
+        namespaces.state("before") == Some(NamespaceState::Active)
             && pool.hosts() == ["10.0.0.1:6443"]
             && leader.is_leader()
             && apiservice_port(&apiservices).await == Some(1)
@@ -309,7 +309,7 @@ async fn a_watch_that_stalls_without_closing_stops_being_trusted() {
     set_peer(&admin_client, "10.0.0.2").await;
     edit_apiservice(&apiservices).await;
     eventually("the cache gave up", Duration::from_secs(15), async || {
-        namespaces.exists("during").is_none()
+        namespaces.state("during").is_none()
     })
     .await;
     assert_eq!(
@@ -330,7 +330,7 @@ async fn a_watch_that_stalls_without_closing_stops_being_trusted() {
     // keep-alive): everything follows the cluster again.
     relay.thaw();
     eventually("in step again", Duration::from_secs(120), async || {
-        namespaces.exists("during") == Some(true)
+        namespaces.state("during") == Some(NamespaceState::Active)
             && pool.hosts() == ["10.0.0.2:6443"]
             && leader.is_leader()
             && apiservice_port(&apiservices).await == Some(1)
