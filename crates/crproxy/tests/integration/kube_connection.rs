@@ -389,9 +389,8 @@ async fn failures_are_typed_by_cause() -> Result<()> {
     let cluster = test_support::devcluster("failures").await;
     let admin = config(&cluster, Auth::Token(cluster.cluster.admin_token()))?;
     // Nothing listens: refused.
-    let closed = TcpListener::bind("127.0.0.1:0").await?;
-    let closed_port = closed.local_addr()?.port();
-    drop(closed);
+    let refused = test_support::RefusedPort::bind();
+    let closed_port = refused.addr.port();
     let mut cfg = admin.clone();
     cfg.server = format!("https://127.0.0.1:{closed_port}").parse()?;
     let err = whoami(&client(&cfg)?).await?.expect_err("refused");

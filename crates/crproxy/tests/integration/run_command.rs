@@ -129,9 +129,8 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     // The only peer is a port nobody listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let dead_peer = closed.local_addr()?;
-    drop(closed);
+    let refused = test_support::RefusedPort::bind();
+    let dead_peer = refused.addr;
     let link = Link::prepare(LinkSpec {
         dir: dir.path().join("link"),
         client_name: "client".into(),
@@ -180,9 +179,8 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
 #[test]
 fn run_is_not_ready_while_neither_cluster_is_reachable() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let nobody = closed.local_addr()?;
-    drop(closed);
+    let refused = test_support::RefusedPort::bind();
+    let nobody = refused.addr;
     let kubeconfig = format!(
         "apiVersion: v1\nkind: Config\n\
          clusters: [{{name: c, cluster: {{server: \"https://{nobody}\", insecure-skip-tls-verify: true}}}}]\n\

@@ -693,9 +693,8 @@ async fn unreachable_backend_is_unavailable_and_requests_get_503() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let s = setup(false).await;
         // A port nothing listens on.
-        let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = closed.local_addr().expect("addr").port();
-        drop(closed);
+        let refused = test_support::RefusedPort::bind();
+        let port = refused.addr.port();
         s.view.set_external_service("ns1", "widgets", port);
         s.agg.check_availability().await;
         let cond = s.view.condition("v1.example.com");
@@ -874,9 +873,8 @@ async fn discovery_falls_back_to_legacy_and_merges_groups() {
             .all(|r| r.uri != "/apis/other.io/v1" || r.headers.get("x-remote-group").is_some()));
 
         // When the backend goes away, its discovery is kept but marked stale.
-        let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = closed.local_addr().expect("addr").port();
-        drop(closed);
+        let refused = test_support::RefusedPort::bind();
+        let port = refused.addr.port();
         s.view.set_external_service("ns1", "widgets", port);
         s.agg.check_availability().await;
         s.agg.refresh_discovery().await;
@@ -990,9 +988,8 @@ async fn controllers_react_to_changes() {
 async fn a_backend_that_starts_late_is_found_without_a_store_change() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let pki = pki();
-        let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = closed.local_addr().expect("addr");
-        drop(closed);
+        let refused = test_support::RefusedPort::bind();
+        let addr = refused.addr;
         let view = FakeView::new();
         view.add_apiservice("example.com", Some(("ns1", "widgets")), &pki.serving_ca);
         view.set_external_service("ns1", "widgets", addr.port());
@@ -1016,6 +1013,7 @@ async fn a_backend_that_starts_late_is_found_without_a_store_change() {
                 .contains("connection refused"),
             "{cond}"
         );
+        drop(refused);
         let _backend = start_backend_at(&pki, "example.com", false, &addr.to_string()).await;
         // Bounded: 8 s is far below the 30 s resync the fix must not rely on.
         let mut listed = false;
