@@ -1521,7 +1521,6 @@ impl GroupVersionProxy {
         // namespaces but not read them, or was throttled) leaves the create to
         // tell: its 409 says the namespace exists.
         if !code.is_success() {
-            tracing::info!(%namespace, target = %self.target_name, "creating namespace on target cluster");
             let manifest = serde_json::json!({
                 "apiVersion": "v1",
                 "kind": "Namespace",
@@ -1541,6 +1540,11 @@ impl GroupVersionProxy {
             // into namespaces made for it: the write itself tells whether this
             // one is there (a 404 takes it out of the known set again).
             let neither_allowed = code == StatusCode::FORBIDDEN && created == StatusCode::FORBIDDEN;
+            // Logged only when the namespace was made: after a GET the identity
+            // may not make, the create's 409 says it was there all along.
+            if created.is_success() {
+                tracing::info!(%namespace, target = %self.target_name, "creating namespace on target cluster");
+            }
             if !(created.is_success() || created == StatusCode::CONFLICT || neither_allowed) {
                 tracing::warn!(%namespace, code = created.as_u16(), body = %String::from_utf8_lossy(&body), "creating namespace on target cluster failed");
                 return Err(Outcome::new(

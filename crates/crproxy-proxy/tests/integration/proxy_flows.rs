@@ -149,9 +149,12 @@ async fn create_client_namespace(h: &Harness, name: &str) {
 /// namespace answers 403) still gets the client's namespace mirrored: only a
 /// namespace the target shows counts as there, and the create's 409 says one
 /// exists. Before, the 403 counted as "exists", the namespace was never created,
-/// and every write in it failed with the target's own 404.
+/// and every write in it failed with the target's own 404. Only the namespace
+/// actually made is logged as mirrored.
 #[tokio::test]
 async fn a_target_identity_that_cannot_read_namespaces_still_mirrors_them() {
+    // A current-thread test: the proxy's events are this thread's.
+    let (logs, _guard) = LogBuffer::capture();
     let h = harness_with(Options {
         target_rules: Some(json!([
             {"apiGroups": ["example.com"], "resources": ["*"], "verbs": ["*"]},
@@ -181,6 +184,15 @@ async fn a_target_identity_that_cannot_read_namespaces_still_mirrors_them() {
             "{namespace}: not stored on the target"
         );
     }
+    let logged = logs.text();
+    let mirrored = |namespace: &str| {
+        logged.lines().any(|l| {
+            l.contains("creating namespace on target cluster")
+                && l.contains(&format!("namespace={namespace}"))
+        })
+    };
+    assert!(mirrored("fresh"), "{logged}");
+    assert!(!mirrored("demo"), "demo was there already: {logged}");
     h.proxy.shutdown().await;
 }
 
