@@ -294,12 +294,12 @@ mod tests {
                        "details":{"kind":"pods"},"code":403}),
             ),
             (
-                // A generateName create: kube's message then names no object.
-                namespace_terminating("widgets", "example.com", "", "gone"),
+                // A generateName create: kube's admission names it by the prefix.
+                namespace_terminating("widgets", "example.com", "prefix-", "gone"),
                 json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
-                       "message":"widgets.example.com is forbidden: unable to create new content in namespace gone because it is being terminated",
+                       "message":"widgets.example.com \"prefix-\" is forbidden: unable to create new content in namespace gone because it is being terminated",
                        "reason":"Forbidden",
-                       "details":{"group":"example.com","kind":"widgets","causes":[{
+                       "details":{"name":"prefix-","group":"example.com","kind":"widgets","causes":[{
                            "reason":"NamespaceTerminating","message":"namespace gone is being terminated",
                            "field":"metadata.namespace"}]},
                        "code":403}),

@@ -568,16 +568,27 @@ impl GroupVersionProxy {
         let writes_into_namespace = matches!(verb, Verb::Create | Verb::Update | Verb::Patch);
         if writes_into_namespace {
             if let Some(namespace) = &path.namespace {
+                // Server-side apply creates a missing object, and kube's lifecycle
+                // admission judges it as a create.
+                let may_create = verb == Verb::Create || is_apply(exchange, path);
                 let terminating =
-                    match Box::pin(self.ensure_namespace(namespace, verb, exchange.deadline)).await
+                    match Box::pin(self.ensure_namespace(namespace, may_create, exchange.deadline))
+                        .await
                     {
-                        Ok(NamespaceState::Terminating) => true,
+                        Ok(NamespaceState::Terminating) => may_create,
                         Ok(_) => false,
                         Err(outcome) => return outcome,
                     };
                 if terminating && verb == Verb::Create {
                     return Box::pin(self.refuse_create_while_terminating(exchange, path, body))
                         .await;
+                }
+                if terminating {
+                    if let Some(outcome) =
+                        Box::pin(self.refuse_apply_create_while_terminating(exchange, path)).await
+                    {
+                        return outcome;
+                    }
                 }
             }
         }
@@ -1295,9 +1306,7 @@ impl GroupVersionProxy {
         if code == StatusCode::NOT_FOUND {
             // Only server-side apply creates a missing object; it is then pinned so
             // that it can only create (see `precondition::pin_apply_create`).
-            let is_apply = content_type(&exchange.headers).and_then(BodyType::from_content_type)
-                == Some(BodyType::ApplyPatchYaml);
-            if exchange.method == Method::PATCH && is_apply && path.subresource.is_none() {
+            if is_apply(exchange, path) {
                 return Ok(Checked::Absent);
             }
             return Err(Outcome::new(
@@ -1421,7 +1430,7 @@ impl GroupVersionProxy {
     async fn ensure_namespace(
         &self,
         namespace: &str,
-        verb: Verb,
+        may_create: bool,
         deadline: Instant,
     ) -> Result<NamespaceState, Outcome> {
         if !crproxy_core::config::is_dns_label(namespace) {
@@ -1431,12 +1440,13 @@ impl GroupVersionProxy {
         let client_path = format!("/api/v1/namespaces/{namespace}");
         // The watch-fed cache answers from memory; a miss may only mean the
         // namespace was created a moment ago, so it is confirmed with a GET, and so
-        // is a namespace it shows terminating, which a create is refused for.
+        // is a namespace it shows terminating when that would refuse a create.
         let state = match self.client_namespaces.state(namespace) {
             Some(NamespaceState::Active) => NamespaceState::Active,
+            Some(NamespaceState::Terminating) if !may_create => NamespaceState::Terminating,
             _ => self.confirm_client_namespace(namespace, deadline).await?,
         };
-        if !(state == NamespaceState::Terminating && verb == Verb::Create) {
+        if !(state == NamespaceState::Terminating && may_create) {
             self.ensure_target_namespace(namespace, &client_path, deadline)
                 .await?;
         }
@@ -1468,9 +1478,11 @@ impl GroupVersionProxy {
 
     /// kube's namespace lifecycle admission refuses to create anything in a
     /// namespace being deleted, so that its deletion can finish: a 403 naming the
-    /// object, with a `NamespaceTerminating` cause. The body is read first, as kube
-    /// decodes it before admission: an unreadable one gets the same 400 or 415 as
-    /// any other write, and the object's name goes into the answer.
+    /// object, with a `NamespaceTerminating` cause. The body is read first (under
+    /// the parse budget, as every write's), as kube decodes it before admission:
+    /// an unreadable one gets the same 400 or 415 as any other write. The object
+    /// is named as kube's admission names it: its name, else its generateName,
+    /// else "Unknown".
     async fn refuse_create_while_terminating(
         &self,
         exchange: &Exchange,
@@ -1481,13 +1493,47 @@ impl GroupVersionProxy {
             Ok(bytes) => bytes,
             Err(outcome) => return outcome,
         };
-        let document = WriteBody::parse(content_type(&exchange.headers), &bytes)
-            .and_then(|write| write.document());
+        let document = match self.labelled_body(exchange, &bytes, Stamp::Never).await {
+            Ok(Ok((write, _room))) => write.document(),
+            Ok(Err(error)) => Err(error),
+            Err(outcome) => return outcome,
+        };
         let document = match document {
             Ok(document) => document,
             Err(error) => return refused_body(&error),
         };
-        let name = document["metadata"]["name"].as_str().unwrap_or_default();
+        let metadata = &document["metadata"];
+        let name = [&metadata["name"], &metadata["generateName"]]
+            .into_iter()
+            .filter_map(Value::as_str)
+            .find(|name| !name.is_empty())
+            .unwrap_or("Unknown");
+        self.namespace_terminating(path, name)
+    }
+
+    /// A server-side apply into a namespace being deleted: refused as a create
+    /// (`None` lets it go on) when its object does not exist on the target, as
+    /// kube judges an apply of a missing object.
+    async fn refuse_apply_create_while_terminating(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+    ) -> Option<Outcome> {
+        let object_path = object_path(&self.group, &self.version, path);
+        let found = self
+            .target
+            .call(exchange.deadline, Method::GET, &object_path, None)
+            .await;
+        match found {
+            Err(e) => Some(self.unavailable(e)),
+            Ok((code, _)) if code == StatusCode::NOT_FOUND => {
+                Some(self.namespace_terminating(path, path.name.as_deref().unwrap_or_default()))
+            }
+            Ok(_) => None,
+        }
+    }
+
+    fn namespace_terminating(&self, path: &ResourcePath, name: &str) -> Outcome {
         let namespace = path.namespace.as_deref().unwrap_or_default();
         Outcome::new(
             json_response(
@@ -2019,7 +2065,15 @@ fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
     )
 }
 
-/// 404 for a write into a namespace the client does not have, in kube's words.
+/// Whether the request is a server-side apply of an object (not of a subresource):
+/// the one PATCH that creates a missing object.
+fn is_apply(exchange: &Exchange, path: &ResourcePath) -> bool {
+    exchange.method == Method::PATCH
+        && path.subresource.is_none()
+        && content_type(&exchange.headers).and_then(BodyType::from_content_type)
+            == Some(BodyType::ApplyPatchYaml)
+}
+
 /// How many times a subresource GET is checked and read while its object keeps
 /// changing in between, before it is answered as not found.
 const SUBRESOURCE_READS: u32 = 3;
@@ -2027,6 +2081,7 @@ const SUBRESOURCE_READS: u32 = 3;
 /// A subresource answer showed another state of its object than the one checked.
 struct SubresourceMoved;
 
+/// 404 for a write into a namespace the client does not have, in kube's words.
 fn namespace_missing(namespace: &str) -> Outcome {
     Outcome::new(
         json_response(

@@ -1073,6 +1073,45 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
         h.widgets.get_opt(&name).await.expect("get").is_none(),
         "the refused create reached the target"
     );
+    // A generateName create is named by its prefix, as kube's admission names it.
+    let mut generated = widget("unused", json!({}));
+    generated["metadata"] = json!({"generateName": "gen-", "namespace": "demo"});
+    let reply = call(&h.aggregator, "POST", WIDGETS, Some(generated)).await;
+    assert_eq!(reply.status, 403, "{}", reply.body);
+    assert_eq!(reply.body["details"]["name"], "gen-");
+    // Server-side apply creates a missing object: refused the same way; an apply
+    // of an object that is there goes through.
+    let apply = |name: &str| {
+        let body = format!(
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n  size: 3\n"
+        );
+        let path = format!("{WIDGETS}/{name}?fieldManager=test&force=true");
+        let aggregator = h.aggregator.clone();
+        async move {
+            send_as(
+                &aggregator,
+                "PATCH",
+                &path,
+                Some("application/apply-patch+yaml"),
+                body,
+            )
+            .await
+        }
+    };
+    let applied = apply("applied-late").await;
+    assert_eq!(applied.status, 403, "{}", applied.body);
+    assert_eq!(
+        applied.body["details"]["causes"][0]["reason"],
+        "NamespaceTerminating"
+    );
+    assert!(h
+        .widgets
+        .get_opt("applied-late")
+        .await
+        .expect("get")
+        .is_none());
+    let applied = apply("w1").await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
     let patched = call_as(
         &h.aggregator,
         "PATCH",

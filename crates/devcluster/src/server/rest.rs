@@ -615,11 +615,21 @@ pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Opt
     let mut obj = decode(ctx, body)?;
     seams::decode_metadata(ctx, &mut obj)?;
     let hooks = admitted::webhooks(state);
+    // kube's admission names a create by its name, else its generateName (the
+    // name is generated later), else "Unknown".
+    let admitted_name = [
+        url_name.unwrap_or_default(),
+        meta_str(&obj, "name"),
+        meta_str(&obj, "generateName"),
+    ]
+    .into_iter()
+    .find(|name| !name.is_empty())
+    .unwrap_or("Unknown")
+    .to_string();
     if hooks.is_some() {
         // kube's namespace lifecycle check runs before the webhooks: a create in a
         // missing or terminating namespace never reaches them.
-        let name = url_name.unwrap_or_else(|| meta_str(&obj, "name"));
-        check_namespace(state, ctx, name)?;
+        check_namespace(state, ctx, &admitted_name)?;
     }
     let (obj, mut warnings) = prepare_create(state, ctx, obj, url_name, &hooks).await?;
     let adm = state.policy.admission(&state.store);
@@ -630,8 +640,7 @@ pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Opt
         Some(&obj),
         None,
     )?);
-    let name = meta_str(&obj, "name").to_string();
-    check_namespace(state, ctx, &name)?;
+    check_namespace(state, ctx, &admitted_name)?;
     warnings.extend(admitted::validate(state, &hooks, ctx, "CREATE", Some(&obj), None).await?);
     let written = insert_new(state, ctx, obj)?;
     super::hooks::after_write(state, ctx, &written);
