@@ -42,9 +42,10 @@ use crate::pool::{BoxError, ConnectionSocket, ProxyBody};
 use crate::resting_socket::RestingSocket;
 use crate::transport::{self, ForwardError, TargetConnection, TargetPath, MAX_BUFFERED_BODY};
 use crate::watch_lines::WatchLines;
-use crate::watches::{self, WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
+use crate::watches::{WATCH_IDLE_LIMIT, WATCH_TIMEOUT_SECONDS};
 use crproxy_core::locks;
 use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::DefaultBackoff;
 use meta::{Event, MetaList, ObjectMeta};
 
 /// A resource nobody wrote to for this long loses its watch and its entries.
@@ -342,8 +343,11 @@ enum SyncError {
 /// are dropped when the cache has been out of step for the idle limit, or the
 /// resource is too large to keep.
 async fn sync_forever(shared: &Weak<Shared>, resource: &str, objects: &Objects) {
-    // The same jittered backoff as the proxy's client-side watches.
-    let mut backoff = watches::relist_backoff();
+    // kube-runtime's default backoff (jittered, 0.8 s doubling to 30 s), not the
+    // client-side watches' shorter one: up to 64 resources relist here, against a
+    // target that may be struggling, and until they have the writes take the
+    // checked path, which is slower but correct.
+    let mut backoff = DefaultBackoff::default();
     loop {
         let error = sync_once(shared, resource, objects, &mut backoff).await;
         let pause = match error {
@@ -354,8 +358,8 @@ async fn sync_forever(shared: &Weak<Shared>, resource: &str, objects: &Objects) 
             }
             _ => {
                 objects.unsync_if_out_of_step();
-                // The backoff never runs out; the fallback is its ceiling.
-                backoff.next().unwrap_or(watches::MAX_RELIST_PAUSE)
+                // The default backoff never runs out; the fallback is its ceiling.
+                backoff.next().unwrap_or(Duration::from_secs(30))
             }
         };
         tracing::debug!(%resource, %error, "ownership cache watch interrupted; listing again");
