@@ -29,7 +29,7 @@ pub const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
 /// a reset) and without `SO_REUSEADDR`, so no listener can be given it.
 pub struct RefusedPort {
     pub addr: std::net::SocketAddr,
-    _socket: tokio::net::TcpSocket,
+    socket: tokio::net::TcpSocket,
 }
 
 impl RefusedPort {
@@ -39,10 +39,13 @@ impl RefusedPort {
             .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
             .expect("bind a loopback port");
         let addr = socket.local_addr().expect("bound address");
-        RefusedPort {
-            addr,
-            _socket: socket,
-        }
+        RefusedPort { addr, socket }
+    }
+
+    /// Starts listening on the port, with no moment in which another socket
+    /// could take it: for a peer that comes back.
+    pub fn listen(self) -> tokio::net::TcpListener {
+        self.socket.listen(1024).expect("listen on the held port")
     }
 }
 

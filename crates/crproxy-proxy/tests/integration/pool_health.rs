@@ -188,8 +188,7 @@ async fn a_failed_trial_requarantines_and_a_successful_trial_recovers() {
 
     // The peer comes back; the next trial succeeds.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    drop(refused);
-    let peer = TlsPeer::start_on(addr, &h.pki, Protocols::H2AndHttp1).await;
+    let peer = TlsPeer::start_on(refused, &h.pki, Protocols::H2AndHttp1);
     let body = h.get().await.expect("trial succeeds");
     assert!(body.starts_with(&format!("peer {}", addr.port())), "{body}");
     let s = h.scrape();

@@ -111,11 +111,9 @@ impl TlsPeer {
         Self::serve(listener, pki, protocols)
     }
 
-    /// Serves on an address a test reserved earlier (a `test_support::RefusedPort`,
-    /// dropped first).
-    pub async fn start_on(addr: SocketAddr, pki: &Pki, protocols: Protocols) -> TlsPeer {
-        let listener = TcpListener::bind(addr).await.expect("rebind reserved port");
-        Self::serve(listener, pki, protocols)
+    /// Serves on the port a test held refused until now.
+    pub fn start_on(held: test_support::RefusedPort, pki: &Pki, protocols: Protocols) -> TlsPeer {
+        Self::serve(held.listen(), pki, protocols)
     }
 
     fn serve(listener: TcpListener, pki: &Pki, protocols: Protocols) -> TlsPeer {

@@ -81,11 +81,17 @@ fn resource_list(group: &str) -> Value {
 /// Starts the backend for `group`. `aggregated`: answer `/apis` with aggregated
 /// discovery (else with a legacy APIGroupList, forcing the fallback).
 async fn start_backend(pki: &Pki, group: &'static str, aggregated: bool) -> Backend {
-    start_backend_at(pki, group, aggregated, "127.0.0.1:0").await
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    start_backend_on(pki, group, aggregated, listener).await
 }
 
 /// [`start_backend`] on a chosen address (a backend that comes up late).
-async fn start_backend_at(pki: &Pki, group: &'static str, aggregated: bool, addr: &str) -> Backend {
+async fn start_backend_on(
+    pki: &Pki,
+    group: &'static str,
+    aggregated: bool,
+    listener: TcpListener,
+) -> Backend {
     let server_pem = pki
         .serving_ca
         .issue_server(
@@ -123,7 +129,6 @@ async fn start_backend_at(pki: &Pki, group: &'static str, aggregated: bool, addr
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind(addr).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(StdMutex::new(Vec::new()));
     let release_watch = Arc::new(Notify::new());
@@ -1013,8 +1018,7 @@ async fn a_backend_that_starts_late_is_found_without_a_store_change() {
                 .contains("connection refused"),
             "{cond}"
         );
-        drop(refused);
-        let _backend = start_backend_at(&pki, "example.com", false, &addr.to_string()).await;
+        let _backend = start_backend_on(&pki, "example.com", false, refused.listen()).await;
         // Bounded: 8 s is far below the 30 s resync the fix must not rely on.
         let mut listed = false;
         for _ in 0..400 {

@@ -173,11 +173,9 @@ async fn webhooks_allow_deny_mutate_and_fail_as_kube_apiserver_does() {
         .pem()
         .cert
         .clone();
-    // A port where nobody listens.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    // A port where nobody listens, held for the test.
+    let refused = test_support::RefusedPort::bind();
+    let closed = refused.addr.port();
 
     let service = json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": SERVICE, "namespace": NAMESPACE},
