@@ -900,60 +900,79 @@ impl WriteThrough {
         });
     }
 
+    /// After a create the tenant was told failed but the host may have stored:
+    /// removes the mirror that carries the create's tenant uid, pinned to the state
+    /// read; a conflict reads it again, [`ROLLBACK_ATTEMPTS`] times in all. (The
+    /// syncer would collect it too, after its own live read; this does it at once.)
     async fn cleanup_unknown(&self, ty: &ResolvedType, key: &Key, uid: &str) {
         let api = self.host_api(ty);
         let host_name = names::host_name(&key.name, &key.namespace, &self.tenant);
-        let found = tokio::time::timeout(self.timeout, api.get_opt(&host_name)).await;
-        let mirror = match found {
-            Ok(Ok(m)) => m,
-            Ok(Err(e)) => {
-                return self.rollback_failed(
-                    ty,
-                    key,
-                    "host_lookup",
-                    "write-through: rollback cannot tell whether the object reached the host",
-                    &e.to_string(),
-                );
+        for _ in 0..ROLLBACK_ATTEMPTS {
+            let found = tokio::time::timeout(self.timeout, api.get_opt(&host_name)).await;
+            let mirror = match found {
+                Ok(Ok(m)) => m,
+                Ok(Err(e)) => {
+                    return self.rollback_failed(
+                        ty,
+                        key,
+                        "host_lookup",
+                        "write-through: rollback cannot tell whether the object reached the host",
+                        &e.to_string(),
+                    );
+                }
+                Err(_) => {
+                    return self.rollback_failed(
+                        ty,
+                        key,
+                        "host_lookup",
+                        "write-through: rollback cannot tell whether the object reached the host",
+                        "timed out",
+                    );
+                }
+            };
+            let Some(mirror) = mirror else { return };
+            if mirror
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(names::OBJECT_UID))
+                .map(String::as_str)
+                != Some(uid)
+            {
+                return;
             }
-            Err(_) => {
-                return self.rollback_failed(
-                    ty,
-                    key,
-                    "host_lookup",
-                    "write-through: rollback cannot tell whether the object reached the host",
-                    "timed out",
-                );
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: mirror.metadata.uid.clone(),
+                    resource_version: mirror.metadata.resource_version.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&host_name, &params).await {
+                Ok(_) => return,
+                Err(e) if crate::to_host::is_code(&e, 404) => return,
+                // Changed since it was read (a host controller's status, say): read
+                // again. A mirror carrying the uid of a create the tenant never
+                // stored is this write's leftover, whatever changed on it since.
+                Err(e) if crate::to_host::is_code(&e, 409) => {}
+                Err(e) => {
+                    return self.rollback_failed(
+                        ty,
+                        key,
+                        "host_delete",
+                        "write-through: rollback host delete failed",
+                        &e.to_string(),
+                    )
+                }
             }
-        };
-        let Some(mirror) = mirror else { return };
-        if mirror
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(names::OBJECT_UID))
-            .map(String::as_str)
-            != Some(uid)
-        {
-            return;
         }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: mirror.metadata.uid.clone(),
-                resource_version: mirror.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&host_name, &params).await {
-            Ok(_) => {}
-            Err(e) if crate::to_host::is_code(&e, 404) || crate::to_host::is_code(&e, 409) => {}
-            Err(e) => self.rollback_failed(
-                ty,
-                key,
-                "host_delete",
-                "write-through: rollback host delete failed",
-                &e.to_string(),
-            ),
-        }
+        self.rollback_failed(
+            ty,
+            key,
+            "host_delete",
+            "write-through: rollback host delete failed",
+            &format!("still conflicting after {ROLLBACK_ATTEMPTS} attempts"),
+        );
     }
 
     fn rollback_failed(

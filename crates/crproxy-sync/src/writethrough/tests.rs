@@ -958,6 +958,78 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
     }
 }
 
+static LATE_CREATES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A host that answers the create 504 yet stores the mirror, and whose every
+/// delete of it conflicts (a host controller keeps writing its status).
+fn late_and_busy_host(method: &Method, path: &str, _: &Value) -> (u16, Value) {
+    use std::sync::atomic::Ordering;
+    let mirror_path = format!("{MIRROR_PATH}/edge-x-team-x-client");
+    match *method {
+        Method::POST if path == MIRROR_PATH => {
+            LATE_CREATES.fetch_add(1, Ordering::SeqCst);
+            (
+                504,
+                json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                       "reason": "Timeout", "message": "Timeout", "code": 504}),
+            )
+        }
+        // Nothing before the create (write-through reads first), the mirror after.
+        Method::GET if path == mirror_path && LATE_CREATES.load(Ordering::SeqCst) > 0 => {
+            let mut mirror = stored_mirror();
+            mirror["metadata"]["resourceVersion"] = json!("7");
+            (200, mirror)
+        }
+        Method::DELETE => (
+            409,
+            json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                   "reason": "Conflict", "code": 409, "message": "the precondition resourceVersion does not match"}),
+        ),
+        _ => not_found(),
+    }
+}
+
+/// The mirror a create may have left (its answer was a 504) is read again after
+/// each conflicting delete, three attempts in all, then counted and logged as
+/// `host_delete`: before, the first conflict ended the cleanup without a word.
+#[tokio::test]
+async fn a_leftover_mirror_whose_delete_keeps_conflicting_counts_host_delete() {
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let host = FakeApi::start(late_and_busy_host).await;
+    let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
+    let wt = writing_to(wt, host.client_without_retries());
+    synced(&gate);
+    let answer = wt
+        .admit(review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    assert_eq!(response(&answer)["status"]["code"], 504, "{answer}");
+    assert!(
+        released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
+        "the key stayed pending"
+    );
+    let deletes = host.with_method(Method::DELETE);
+    assert_eq!(deletes.len(), 3, "{:?}", host.received());
+    assert!(deletes
+        .iter()
+        .all(|d| d.body["preconditions"] == json!({"uid": "m-1", "resourceVersion": "7"})));
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#),
+        "{text}"
+    );
+    let logged = logs.text();
+    assert!(
+        logged.contains("write-through: rollback host delete failed")
+            && logged.contains("still conflicting after 3 attempts"),
+        "{logged}"
+    );
+}
+
 /// The host's extension server defaults the Gateway's `mode`, which the tenant's
 /// object never carries: the stored mirror differs from what write-through
 /// writes, and every replace is stored with the default added again.
