@@ -17,6 +17,24 @@ use tokio_rustls::TlsConnector;
 /// the spec: it turns a hanging dial into a countable failure.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a target connection may sit idle before TCP keepalive probes it.
+/// A peer that vanished without a FIN or a reset (a node powered off, a route
+/// dropped) would otherwise leave its pooled connections looking usable: a
+/// request picking one waits out its whole deadline, a quiet watch on one its
+/// idle limit.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+/// Between keepalive probes.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered probes before the connection is closed (where `TCP_USER_TIMEOUT`
+/// is not there to decide first).
+pub const KEEPALIVE_PROBES: u32 = 3;
+/// How long data sent to a peer may go unacknowledged (or keepalive probes
+/// unanswered) before the kernel closes the connection (Linux `TCP_USER_TIMEOUT`):
+/// a request written to a vanished peer fails within it instead of at its 60 s
+/// deadline. A live peer's kernel acknowledges in milliseconds, however busy the
+/// API server behind it is.
+pub const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(20);
+
 /// ALPN protocols offered when the caller's TLS config offers none: HTTP/2 first so
 /// a multiplexed connection carries many requests (every watch), HTTP/1.1 as
 /// fallback. Exchange connections ([`Dialer::dial_http1`]) offer HTTP/1.1 alone.
@@ -90,6 +108,25 @@ impl DialError {
                 rustls::AlertDescription::NoApplicationProtocol
             ))
         )
+    }
+}
+
+/// Options of every target connection. Each only helps (a socket without one
+/// works as before), so a failure to set it is logged, not fatal.
+fn tune_socket(tcp: &TcpStream) {
+    // Requests are small and latency-bound; don't let Nagle hold them back.
+    let _ = tcp.set_nodelay(true);
+    let socket = socket2::SockRef::from(tcp);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(error) = socket.set_tcp_keepalive(&keepalive) {
+        tracing::debug!(%error, "setting TCP keepalive on a target connection failed");
+    }
+    #[cfg(target_os = "linux")]
+    if let Err(error) = socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_LIMIT)) {
+        tracing::debug!(%error, "setting TCP_USER_TIMEOUT on a target connection failed");
     }
 }
 
@@ -176,8 +213,7 @@ impl Dialer {
                     peer: peer.to_owned(),
                     source,
                 })?;
-            // Requests are small and latency-bound; don't let Nagle hold them back.
-            let _ = tcp.set_nodelay(true);
+            tune_socket(&tcp);
             let stream = connector
                 .connect(self.server_name.clone(), tcp)
                 .await

@@ -472,6 +472,44 @@ async fn a_retry_prefers_a_healthy_peer_over_a_second_trial() {
     }
 }
 
+/// Every dialled connection, of either protocol, has TCP keepalive and a limit on
+/// unacknowledged data, so that the kernel closes connections to a peer that
+/// vanished without closing them (no FIN, no reset) within seconds, rather than a
+/// request finding out by waiting out its deadline on a pooled one. (The closing
+/// itself is the kernel's; this checks that every dial asks for it.)
+#[tokio::test]
+async fn dialled_connections_probe_idle_peers_and_bound_unacknowledged_data() {
+    use crproxy_proxy::dial::{
+        KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES, UNACKNOWLEDGED_LIMIT,
+    };
+    let pki = Pki::new();
+    let peer = TlsPeer::start(&pki, Protocols::H2AndHttp1).await;
+    let dialer = pki.dialer();
+    for conn in [
+        dialer.dial(&peer.host()).await.expect("dial"),
+        dialer
+            .dial_http1(&peer.host())
+            .await
+            .expect("dial http/1.1"),
+    ] {
+        let socket = socket2::SockRef::from(conn.stream.get_ref().0);
+        assert!(socket.keepalive().expect("SO_KEEPALIVE"));
+        assert_eq!(socket.tcp_keepalive_time().expect("idle"), KEEPALIVE_IDLE);
+        assert_eq!(
+            socket.tcp_keepalive_interval().expect("interval"),
+            KEEPALIVE_INTERVAL
+        );
+        assert_eq!(
+            socket.tcp_keepalive_retries().expect("probes"),
+            KEEPALIVE_PROBES
+        );
+        assert_eq!(
+            socket.tcp_user_timeout().expect("user timeout"),
+            Some(UNACKNOWLEDGED_LIMIT)
+        );
+    }
+}
+
 /// A dial is a TLS handshake; one that resumes an earlier session skips verifying
 /// the peer's certificate chain again, the dearest part of a dial. The dialer's two
 /// identities (HTTP/2 first, and HTTP/1.1 alone) share one session store.
