@@ -25,15 +25,12 @@ pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
 /// Between keepalive probes.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-/// Unanswered probes before the connection is closed (where `TCP_USER_TIMEOUT`
-/// is not there to decide first).
+/// Unanswered probes before the kernel closes the connection: a peer gone
+/// silent is found out some 30 s into its connection's idleness. (No limit on
+/// unacknowledged data, `TCP_USER_TIMEOUT`, is set: since Linux 5.11 it also
+/// ends a connection whose peer keeps its receive window shut, as an API server
+/// does while a request waits, unread, in its priority and fairness queue.)
 pub const KEEPALIVE_PROBES: u32 = 3;
-/// How long data sent to a peer may go unacknowledged (or keepalive probes
-/// unanswered) before the kernel closes the connection (Linux `TCP_USER_TIMEOUT`):
-/// a request written to a vanished peer fails within it instead of at its 60 s
-/// deadline. A live peer's kernel acknowledges in milliseconds, however busy the
-/// API server behind it is.
-pub const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(20);
 
 /// ALPN protocols offered when the caller's TLS config offers none: HTTP/2 first so
 /// a multiplexed connection carries many requests (every watch), HTTP/1.1 as
@@ -112,7 +109,7 @@ impl DialError {
 }
 
 /// Options of every target connection. Each only helps (a socket without one
-/// works as before), so a failure to set it is logged, not fatal.
+/// works as before), so a failure to set one is logged, not fatal.
 fn tune_socket(tcp: &TcpStream) {
     // Requests are small and latency-bound; don't let Nagle hold them back.
     let _ = tcp.set_nodelay(true);
@@ -123,10 +120,6 @@ fn tune_socket(tcp: &TcpStream) {
         .with_retries(KEEPALIVE_PROBES);
     if let Err(error) = socket.set_tcp_keepalive(&keepalive) {
         tracing::debug!(%error, "setting TCP keepalive on a target connection failed");
-    }
-    #[cfg(target_os = "linux")]
-    if let Err(error) = socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_LIMIT)) {
-        tracing::debug!(%error, "setting TCP_USER_TIMEOUT on a target connection failed");
     }
 }
 
