@@ -566,6 +566,9 @@ impl GroupVersionProxy {
         // response head is out: unboxed, 10 000 watches opening at once would each
         // hold room for an owned mutation they never make.
         let writes_into_namespace = matches!(verb, Verb::Create | Verb::Update | Verb::Patch);
+        // Set for a server-side apply into a namespace being deleted: it may not
+        // create its object.
+        let mut creates_refused = false;
         if writes_into_namespace {
             if let Some(namespace) = &path.namespace {
                 // Server-side apply creates a missing object, and kube's lifecycle
@@ -583,7 +586,10 @@ impl GroupVersionProxy {
                     return Box::pin(self.refuse_create_while_terminating(exchange, path, body))
                         .await;
                 }
-                if terminating {
+                creates_refused = terminating;
+                // Owned mode decides on its ownership check (`owned_mutation`);
+                // all mode forwards the apply as it came, so it looks first.
+                if terminating && !owned {
                     if let Some(outcome) =
                         Box::pin(self.refuse_apply_create_while_terminating(exchange, path)).await
                     {
@@ -617,7 +623,7 @@ impl GroupVersionProxy {
             }
             Verb::Get if owned => Box::pin(self.named_get(exchange, path)).await,
             Verb::Update | Verb::Patch | Verb::Delete if owned => {
-                Box::pin(self.owned_mutation(exchange, verb, path, body)).await
+                Box::pin(self.owned_mutation(exchange, verb, path, body, creates_refused)).await
             }
             // Creates are stamped in both modes, so every object on the target names
             // the client that made it.
@@ -799,6 +805,7 @@ impl GroupVersionProxy {
         verb: Verb,
         path: &ResourcePath,
         body: hyper::body::Incoming,
+        creates_refused: bool,
     ) -> Outcome {
         let bytes = match self.request_body(exchange, body).await {
             Ok(bytes) => bytes,
@@ -854,6 +861,11 @@ impl GroupVersionProxy {
                 Ok(checked) => checked,
                 Err(outcome) => return outcome,
             };
+            // An apply of a missing object creates it, which a namespace being
+            // deleted refuses, as kube's lifecycle admission does.
+            if creates_refused && matches!(checked, Checked::Absent) {
+                return self.namespace_terminating(path, path.name.as_deref().unwrap_or_default());
+            }
             // A body naming another uid than the checked one is refused for that
             // uid, whatever the pin: its first answer is final.
             let mut refused_for_its_uid = false;
@@ -1511,9 +1523,11 @@ impl GroupVersionProxy {
         self.namespace_terminating(path, name)
     }
 
-    /// A server-side apply into a namespace being deleted: refused as a create
-    /// (`None` lets it go on) when its object does not exist on the target, as
-    /// kube judges an apply of a missing object.
+    /// An all-mode server-side apply into a namespace being deleted: refused as a
+    /// create (`None` lets it go on) when its object does not exist on the target,
+    /// as kube judges an apply of a missing object. The apply goes unpinned
+    /// afterwards, so an object deleted between this look and the apply is created
+    /// all the same; owned mode has no such gap (its apply is pinned).
     async fn refuse_apply_create_while_terminating(
         &self,
         exchange: &Exchange,
@@ -1528,6 +1542,13 @@ impl GroupVersionProxy {
             Err(e) => Some(self.unavailable(e)),
             Ok((code, _)) if code == StatusCode::NOT_FOUND => {
                 Some(self.namespace_terminating(path, path.name.as_deref().unwrap_or_default()))
+            }
+            // The look could not be made: retryable, never an apply that may create.
+            Ok((code, _)) if code.is_server_error() || code == StatusCode::TOO_MANY_REQUESTS => {
+                Some(Outcome::new(
+                    self.unavailable_response(None),
+                    Reason::Upstream,
+                ))
             }
             Ok(_) => None,
         }

@@ -1124,6 +1124,59 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
     h.proxy.shutdown().await;
 }
 
+/// All mode forwards an apply as it came, so it looks at the object first: in a
+/// namespace being deleted, an apply of a missing object is refused as a
+/// create, one of an existing object goes through.
+#[tokio::test]
+async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
+    let h = harness(AccessMode::All).await;
+    created_through_proxy(&h, "w1").await;
+    h.client_api.cluster.stop_namespace_controller();
+    Api::<Namespace>::all(h.client_admin.clone())
+        .delete("demo", &Default::default())
+        .await
+        .expect("delete namespace on the client");
+    let apply = |name: String| {
+        let body = format!(
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n  size: 3\n"
+        );
+        let path = format!("{WIDGETS}/{name}?fieldManager=test&force=true");
+        let aggregator = h.aggregator.clone();
+        async move {
+            send_as(
+                &aggregator,
+                "PATCH",
+                &path,
+                Some("application/apply-patch+yaml"),
+                body,
+            )
+            .await
+        }
+    };
+    // The proxy learns of the deletion from its watch (bounded: 10 s); until
+    // then an apply may still create, so each attempt names a new object.
+    let mut refused = None;
+    for attempt in 0..100 {
+        let name = format!("late-{attempt}");
+        let reply = apply(name.clone()).await;
+        if reply.status == 403 {
+            refused = Some((name, reply));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (name, reply) = refused.expect("an apply-create into a terminating namespace is refused");
+    assert_eq!(
+        reply.body["details"]["causes"][0]["reason"], "NamespaceTerminating",
+        "{}",
+        reply.body
+    );
+    assert!(h.widgets.get_opt(&name).await.expect("get").is_none());
+    let applied = apply("w1".to_string()).await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_watches_than_one_http2_connection_allows_all_open() {
     // API servers cap the streams of one HTTP/2 connection (kube-apiserver's Go
