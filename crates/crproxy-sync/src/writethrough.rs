@@ -833,15 +833,7 @@ impl WriteThrough {
                 }
             }
         }
-        // Not worded "gave up": operators read that as a tenant-side rollback
-        // failure, and this one is on the host (host_delete).
-        self.rollback_failed(
-            ty,
-            key,
-            "host_delete",
-            "write-through: rollback host delete failed",
-            &format!("still conflicting after {ROLLBACK_ATTEMPTS} attempts"),
-        );
+        self.still_conflicting(ty, key);
     }
 
     /// Whether the tenant holds the object at `key` with `uid`, read live (bounded by
@@ -948,7 +940,17 @@ impl WriteThrough {
                 }),
                 ..DeleteParams::default()
             };
-            match api.delete(&host_name, &params).await {
+            let deleted = tokio::time::timeout(self.timeout, api.delete(&host_name, &params)).await;
+            let Ok(deleted) = deleted else {
+                return self.rollback_failed(
+                    ty,
+                    key,
+                    "host_delete",
+                    "write-through: rollback host delete failed",
+                    "timed out",
+                );
+            };
+            match deleted {
                 Ok(_) => return,
                 Err(e) if crate::to_host::is_code(&e, 404) => return,
                 // Changed since it was read (a host controller's status, say): read
@@ -966,6 +968,13 @@ impl WriteThrough {
                 }
             }
         }
+        self.still_conflicting(ty, key);
+    }
+
+    /// A rollback's delete of a mirror conflicted on every attempt. Not worded
+    /// "gave up": operators read that as a tenant-side rollback failure, and this
+    /// one is on the host (host_delete).
+    fn still_conflicting(&self, ty: &ResolvedType, key: &Key) {
         self.rollback_failed(
             ty,
             key,

@@ -959,6 +959,8 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
 }
 
 static LATE_CREATES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Reads of the mirror after the create: each finds it at a newer version.
+static LATE_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A host that answers the create 504 yet stores the mirror, and whose every
 /// delete of it conflicts (a host controller keeps writing its status).
@@ -976,8 +978,9 @@ fn late_and_busy_host(method: &Method, path: &str, _: &Value) -> (u16, Value) {
         }
         // Nothing before the create (write-through reads first), the mirror after.
         Method::GET if path == mirror_path && LATE_CREATES.load(Ordering::SeqCst) > 0 => {
+            let reads = LATE_READS.fetch_add(1, Ordering::SeqCst) + 1;
             let mut mirror = stored_mirror();
-            mirror["metadata"]["resourceVersion"] = json!("7");
+            mirror["metadata"]["resourceVersion"] = json!((6 + reads).to_string());
             (200, mirror)
         }
         Method::DELETE => (
@@ -1009,11 +1012,19 @@ async fn a_leftover_mirror_whose_delete_keeps_conflicting_counts_host_delete() {
         released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
         "the key stayed pending"
     );
+    // Each delete follows a read of its own and is pinned to what that read found.
     let deletes = host.with_method(Method::DELETE);
     assert_eq!(deletes.len(), 3, "{:?}", host.received());
-    assert!(deletes
-        .iter()
-        .all(|d| d.body["preconditions"] == json!({"uid": "m-1", "resourceVersion": "7"})));
+    let pinned: Vec<&Value> = deletes.iter().map(|d| &d.body["preconditions"]).collect();
+    assert_eq!(
+        pinned,
+        [
+            &json!({"uid": "m-1", "resourceVersion": "7"}),
+            &json!({"uid": "m-1", "resourceVersion": "8"}),
+            &json!({"uid": "m-1", "resourceVersion": "9"}),
+        ],
+        "{deletes:?}"
+    );
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     let mut text = String::new();
