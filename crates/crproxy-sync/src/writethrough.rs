@@ -471,6 +471,10 @@ impl WriteThrough {
             d.retry_after = Some(1);
             return Err(d);
         }
+        if request.operation == "UPDATE" && self.superseded(ty, &key, request, deadline).await {
+            gate.release(&key);
+            return Ok(());
+        }
         let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
             gate.release(&key);
             let mut d = Denial::new(
@@ -709,6 +713,40 @@ impl WriteThrough {
 
     /// After an accepted write: wait for the tenant object to show up in the syncer's
     /// cache; if it never does, the tenant did not store it: undo a create.
+    /// Whether an update was computed on a tenant state that another write has
+    /// replaced since, read live (a consistent read). kube stores an update only
+    /// on the state it was computed on: this one fails its compare-and-swap, and
+    /// kube computes and admits it again on the newer state. Its host write would
+    /// only show the older spec on the host until then (another write of the
+    /// object may have waited for the key meanwhile), so it is allowed without
+    /// one. `false` when the read fails: the write goes as before.
+    async fn superseded(
+        &self,
+        ty: &ResolvedType,
+        key: &Key,
+        request: &Review,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        let old_rv = meta(&request.old_object, "resourceVersion");
+        if old_rv.is_empty() {
+            return false;
+        }
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.tenant_client.clone(), &key.namespace, &ty.api);
+        let live = match tokio::time::timeout_at(deadline, api.get_opt(&key.name)).await {
+            Ok(Ok(live)) => live,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        let superseded = live.is_none_or(|live| {
+            live.metadata.uid.as_deref() != Some(meta(&request.object, "uid"))
+                || live.metadata.resource_version.as_deref() != Some(old_rv)
+        });
+        if superseded {
+            tracing::debug!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), "write-through: an update of a replaced tenant state is left to kube's retry; no host write");
+        }
+        superseded
+    }
+
     fn spawn_confirm(
         self: &Arc<Self>,
         ty: &ResolvedType,

@@ -1060,6 +1060,67 @@ fn defaulting_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
     }
 }
 
+/// The tenant, read live, holding the Gateway at resourceVersion 7: the state
+/// `port_update` was computed on.
+fn tenant_at_7(method: &Method, path: &str, _: &Value) -> (u16, Value) {
+    let mut stored = gateway();
+    stored["metadata"]["resourceVersion"] = json!("7");
+    match *method {
+        Method::GET if path == TENANT_PATH => (200, stored),
+        _ => not_found(),
+    }
+}
+
+/// The tenant holding the Gateway at resourceVersion 9: another write replaced
+/// the state `port_update` was computed on.
+fn tenant_at_9(method: &Method, path: &str, _: &Value) -> (u16, Value) {
+    let mut stored = gateway();
+    stored["metadata"]["resourceVersion"] = json!("9");
+    match *method {
+        Method::GET if path == TENANT_PATH => (200, stored),
+        _ => not_found(),
+    }
+}
+
+/// An update computed on a tenant state another write has replaced cannot be
+/// stored (kube's compare-and-swap refuses it, and kube admits it again on the
+/// newer state): it is allowed without a host write, which would only show its
+/// older spec on the host meanwhile. An update of the current state is written.
+#[tokio::test]
+async fn an_update_of_a_replaced_tenant_state_writes_nothing_to_the_host() {
+    for (tenant_answer, writes) in [(tenant_at_7 as Answer, 1), (tenant_at_9, 0)] {
+        let host = FakeApi::start(defaulting_host).await;
+        let tenant = FakeApi::start(tenant_answer).await;
+        let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+        let wt = configured(writing_to(wt, host.client.clone()), |wt| {
+            wt.tenant_client = tenant.client.clone();
+        });
+        synced(&gate);
+        let answer = wt.admit(port_update(8443)).await.expect("a review");
+        assert_eq!(response(&answer)["allowed"], true, "{answer}");
+        assert_eq!(
+            host.with_method(Method::PUT).len(),
+            writes,
+            "host writes: {:?}",
+            host.received()
+        );
+        assert!(
+            tenant
+                .with_method(Method::GET)
+                .iter()
+                .any(|r| r.path == TENANT_PATH),
+            "the tenant was not read live: {:?}",
+            tenant.received()
+        );
+        if writes == 0 {
+            assert!(
+                !gate.is_pending(&key("team", "edge")),
+                "nothing to wait for"
+            );
+        }
+    }
+}
+
 /// A no-op update (the tenant stores it without a new resourceVersion) of an
 /// object whose mirror the host defaults is written through, but does not hold
 /// the object's key for the whole confirmation time waiting for a resourceVersion
