@@ -1021,6 +1021,22 @@ async fn a_namespace_deleted_on_the_client_stops_writes() {
     h.proxy.shutdown().await;
 }
 
+/// A server-side apply of widget `name` in `demo` (size 3), through the proxy.
+async fn applied_widget(h: &Harness, name: &str) -> Reply {
+    let body = format!(
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n  size: 3\n"
+    );
+    let path = format!("{WIDGETS}/{name}?fieldManager=test&force=true");
+    send_as(
+        &h.aggregator,
+        "PATCH",
+        &path,
+        Some("application/apply-patch+yaml"),
+        body,
+    )
+    .await
+}
+
 /// kube's namespace lifecycle admission: while a client namespace is being
 /// deleted, a create into it is refused with kube's 403 (cause
 /// `NamespaceTerminating`) and reaches nothing on the target, so the namespace
@@ -1081,24 +1097,7 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
     assert_eq!(reply.body["details"]["name"], "gen-");
     // Server-side apply creates a missing object: refused the same way; an apply
     // of an object that is there goes through.
-    let apply = |name: &str| {
-        let body = format!(
-            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n  size: 3\n"
-        );
-        let path = format!("{WIDGETS}/{name}?fieldManager=test&force=true");
-        let aggregator = h.aggregator.clone();
-        async move {
-            send_as(
-                &aggregator,
-                "PATCH",
-                &path,
-                Some("application/apply-patch+yaml"),
-                body,
-            )
-            .await
-        }
-    };
-    let applied = apply("applied-late").await;
+    let applied = applied_widget(&h, "applied-late").await;
     assert_eq!(applied.status, 403, "{}", applied.body);
     assert_eq!(
         applied.body["details"]["causes"][0]["reason"],
@@ -1110,7 +1109,7 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
         .await
         .expect("get")
         .is_none());
-    let applied = apply("w1").await;
+    let applied = applied_widget(&h, "w1").await;
     assert_eq!(applied.status, 200, "{}", applied.body);
     let patched = call_as(
         &h.aggregator,
@@ -1136,29 +1135,12 @@ async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
         .delete("demo", &Default::default())
         .await
         .expect("delete namespace on the client");
-    let apply = |name: String| {
-        let body = format!(
-            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n  size: 3\n"
-        );
-        let path = format!("{WIDGETS}/{name}?fieldManager=test&force=true");
-        let aggregator = h.aggregator.clone();
-        async move {
-            send_as(
-                &aggregator,
-                "PATCH",
-                &path,
-                Some("application/apply-patch+yaml"),
-                body,
-            )
-            .await
-        }
-    };
     // The proxy learns of the deletion from its watch (bounded: 10 s); until
     // then an apply may still create, so each attempt names a new object.
     let mut refused = None;
     for attempt in 0..100 {
         let name = format!("late-{attempt}");
-        let reply = apply(name.clone()).await;
+        let reply = applied_widget(&h, &name).await;
         if reply.status == 403 {
             refused = Some((name, reply));
             break;
@@ -1172,7 +1154,7 @@ async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
         reply.body
     );
     assert!(h.widgets.get_opt(&name).await.expect("get").is_none());
-    let applied = apply("w1".to_string()).await;
+    let applied = applied_widget(&h, "w1").await;
     assert_eq!(applied.status, 200, "{}", applied.body);
     h.proxy.shutdown().await;
 }

@@ -1060,26 +1060,24 @@ fn defaulting_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
     }
 }
 
-/// The tenant, read live, holding the Gateway at resourceVersion 7: the state
-/// `port_update` was computed on.
-fn tenant_at_7(method: &Method, path: &str, _: &Value) -> (u16, Value) {
+/// The tenant, read live, holding the Gateway at `resource_version`.
+fn tenant_holding(resource_version: &str, method: &Method, path: &str) -> (u16, Value) {
     let mut stored = gateway();
-    stored["metadata"]["resourceVersion"] = json!("7");
+    stored["metadata"]["resourceVersion"] = json!(resource_version);
     match *method {
         Method::GET if path == TENANT_PATH => (200, stored),
         _ => not_found(),
     }
 }
 
-/// The tenant holding the Gateway at resourceVersion 9: another write replaced
-/// the state `port_update` was computed on.
+/// The tenant at the state `port_update` was computed on.
+fn tenant_at_7(method: &Method, path: &str, _: &Value) -> (u16, Value) {
+    tenant_holding("7", method, path)
+}
+
+/// The tenant after another write replaced the state `port_update` was computed on.
 fn tenant_at_9(method: &Method, path: &str, _: &Value) -> (u16, Value) {
-    let mut stored = gateway();
-    stored["metadata"]["resourceVersion"] = json!("9");
-    match *method {
-        Method::GET if path == TENANT_PATH => (200, stored),
-        _ => not_found(),
-    }
+    tenant_holding("9", method, path)
 }
 
 /// An update computed on a tenant state another write has replaced cannot be
