@@ -1021,6 +1021,20 @@ async fn a_namespace_deleted_on_the_client_stops_writes() {
     h.proxy.shutdown().await;
 }
 
+/// A harness whose client namespace `demo` holds the widget `w1` (made through
+/// the proxy) and is being deleted: the client's namespace controller is
+/// stopped, so it stays Terminating.
+async fn terminating_demo(access: AccessMode) -> Harness {
+    let h = harness(access).await;
+    created_through_proxy(&h, "w1").await;
+    h.client_api.cluster.stop_namespace_controller();
+    Api::<Namespace>::all(h.client_admin.clone())
+        .delete("demo", &Default::default())
+        .await
+        .expect("delete namespace on the client");
+    h
+}
+
 /// A server-side apply of widget `name` in `demo` (size 3), through the proxy.
 async fn applied_widget(h: &Harness, name: &str) -> Reply {
     let body = format!(
@@ -1044,14 +1058,7 @@ async fn applied_widget(h: &Harness, name: &str) -> Reply {
 /// patch of an object already there still goes through.
 #[tokio::test]
 async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
-    let h = harness(AccessMode::Owned).await;
-    created_through_proxy(&h, "w1").await;
-    // Without its controller the client keeps the namespace Terminating.
-    h.client_api.cluster.stop_namespace_controller();
-    Api::<Namespace>::all(h.client_admin.clone())
-        .delete("demo", &Default::default())
-        .await
-        .expect("delete namespace on the client");
+    let h = terminating_demo(AccessMode::Owned).await;
     // The proxy learns of the deletion from its watch of the client's
     // namespaces; allow it a moment (bounded: 10 s).
     let mut refused = None;
@@ -1128,13 +1135,7 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
 /// create, one of an existing object goes through.
 #[tokio::test]
 async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
-    let h = harness(AccessMode::All).await;
-    created_through_proxy(&h, "w1").await;
-    h.client_api.cluster.stop_namespace_controller();
-    Api::<Namespace>::all(h.client_admin.clone())
-        .delete("demo", &Default::default())
-        .await
-        .expect("delete namespace on the client");
+    let h = terminating_demo(AccessMode::All).await;
     // The proxy learns of the deletion from its watch (bounded: 10 s); until
     // then an apply may still create, so each attempt names a new object.
     let mut refused = None;
