@@ -294,7 +294,7 @@ pub fn is_dry_run(query: Option<&str>) -> bool {
 /// it names the verb it authorizes and where it serves the request alike,
 /// `Convert_Slice_string_To_bool`): anything but `0` and `false` in any case,
 /// `f`, `yes` and an empty value included.
-fn watch_value(v: &str) -> bool {
+pub fn watch_value(v: &str) -> bool {
     !(v == "0" || v.eq_ignore_ascii_case("false"))
 }
 

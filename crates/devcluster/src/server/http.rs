@@ -15,19 +15,17 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// A query's parameters by name, each with its first value: kube-apiserver
-/// reads a parameter that is not a list with Go's `url.Values.Get`, which
-/// takes the first of repeated values.
 /// Whether a collection GET with these query parameters is a watch, as
-/// kube-apiserver reads `watch` (both where it names the verb it authorizes and
-/// where it serves the request: `Convert_Slice_string_To_bool`): anything but
-/// `0` and `false` in any case, an empty value included.
+/// kube-apiserver reads `watch` ([`crproxy_core::request::watch_value`]).
 pub(crate) fn watch_requested(query: &HashMap<String, String>) -> bool {
     query
         .get("watch")
-        .is_some_and(|v| !(v == "0" || v.eq_ignore_ascii_case("false")))
+        .is_some_and(|v| crproxy_core::request::watch_value(v))
 }
 
+/// A query's parameters by name, each with its first value: kube-apiserver
+/// reads a parameter that is not a list with Go's `url.Values.Get`, which
+/// takes the first of repeated values.
 pub(crate) fn query_parameters(query: Option<&str>) -> HashMap<String, String> {
     let mut parameters = HashMap::new();
     for (name, value) in crproxy_core::request::query_pairs(query) {
