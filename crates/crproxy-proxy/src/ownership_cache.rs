@@ -392,7 +392,7 @@ async fn sync_once(
     shared: &Weak<Shared>,
     resource: &str,
     objects: &Objects,
-    backoff: &mut impl Backoff,
+    backoff: &mut DefaultBackoff,
 ) -> SyncError {
     let Some(strong) = shared.upgrade() else {
         return SyncError::Dropped;
