@@ -81,6 +81,17 @@ impl SyncMetrics {
         })
     }
 
+    /// The Prometheus text exposition of these metrics alone, for tests.
+    #[cfg(test)]
+    pub(crate) fn exposition(&self) -> String {
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)
+            .expect("encoding into a String cannot fail");
+        text
+    }
+
     /// Adds every family to `registry` (the process-wide one the metrics listener
     /// serves). Counters are registered without `_total`; the encoder appends it.
     pub fn register(&self, registry: &mut Registry) {

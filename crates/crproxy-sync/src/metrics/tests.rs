@@ -5,9 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use prometheus_client::encoding::text::encode;
-use prometheus_client::registry::Registry;
-
 use super::SyncMetrics;
 
 const SYNC_PREFIXES: [&str; 2] = ["vcluster_syncer_", "vcluster_writethrough_"];
@@ -15,8 +12,6 @@ const SYNC_PREFIXES: [&str; 2] = ["vcluster_syncer_", "vcluster_writethrough_"];
 /// The exposition after one event of every kind.
 fn exposition() -> String {
     let metrics = SyncMetrics::new();
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
     let resource = "backups.example.org/v1";
     metrics.synced(resource, "toHost", "create_host");
     metrics.error(resource, "toHost", "conflict");
@@ -25,9 +20,7 @@ fn exposition() -> String {
     metrics.resolved(resource, "toHost", "Backup", "v1", false);
     metrics.rollback_failed(resource, "host_delete");
     metrics.set_leader(true);
-    let mut text = String::new();
-    encode(&mut text, &registry).expect("encoding into a String cannot fail");
-    text
+    metrics.exposition()
 }
 
 /// Sample name → the label names its samples carry.

@@ -5,15 +5,22 @@
 use super::*;
 use crate::fake_api::{gateways_type, silent_api, unreachable_api, FakeApi};
 use crproxy_core::config::sync::WriteThroughPlan;
-use prometheus_client::registry::Registry;
 use serde_json::json;
 
 fn leading(metrics: &SyncMetrics) -> bool {
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
-    text.lines().any(|l| l == "vcluster_syncer_leader 1")
+    metrics
+        .exposition()
+        .lines()
+        .any(|l| l == "vcluster_syncer_leader 1")
+}
+
+/// Waits (at most `limit`) for the supervisor task to end once its election has
+/// ended, and for it to have ended without a panic.
+async fn ends_with_the_election(task: tokio::task::JoinHandle<()>, limit: Duration) {
+    tokio::time::timeout(limit, task)
+        .await
+        .expect("the supervisor ends with the election")
+        .expect("the supervisor ran to its end");
 }
 
 /// A supervisor of no types with `tenant` as its tenant cluster (the host refuses
@@ -170,10 +177,7 @@ async fn an_election_that_ends_during_the_registration_ends_the_supervisor() {
         "no registration attempt"
     );
     drop(lead);
-    tokio::time::timeout(Duration::from_secs(2), task)
-        .await
-        .expect("the supervisor ends with the election")
-        .expect("the supervisor ran to its end");
+    ends_with_the_election(task, Duration::from_secs(2)).await;
 }
 
 /// The same once the syncers run: an election that ends while this replica leads
@@ -190,10 +194,7 @@ async fn an_election_that_ends_while_leading_ends_the_supervisor() {
         "the supervisor never started leading"
     );
     drop(lead);
-    tokio::time::timeout(Duration::from_secs(2), task)
-        .await
-        .expect("the supervisor ends with the election")
-        .expect("the supervisor ran to its end");
+    ends_with_the_election(task, Duration::from_secs(2)).await;
     assert!(!leading(&metrics), "still counted as leading");
 }
 

@@ -13,7 +13,6 @@ use crate::fake_api::{
 };
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
-use prometheus_client::registry::Registry;
 
 fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetrics>) {
     let gate = Gate::new();
@@ -259,12 +258,9 @@ async fn a_host_that_cannot_be_reached_gets_503_and_an_unknown_outcome_counts_ho
         name: "edge".into(),
     };
     // The cleanup looks for the mirror, cannot reach the host either, and says so.
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
     let released = released_within(&gate, &key, Duration::from_secs(5)).await;
     assert!(released, "the key stayed pending");
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let text = metrics.exposition();
     assert!(
         text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_lookup"} 1"#),
         "{text}"
@@ -648,10 +644,7 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
                 tenant.received()
             );
         }
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        let text = metrics.exposition();
         assert_eq!(
             text.contains(r#"reason="host_lookup"} 1"#),
             case.host_lookup,
@@ -740,10 +733,7 @@ async fn unstored_create(host: Answer) -> RolledBack {
         "the tenant was not read live: {:?}",
         tenant.received()
     );
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let text = metrics.exposition();
     RolledBack {
         host,
         metrics: text,
@@ -1025,10 +1015,7 @@ async fn a_leftover_mirror_whose_delete_keeps_conflicting_counts_host_delete() {
         ],
         "{deletes:?}"
     );
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let text = metrics.exposition();
     assert!(
         text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#),
         "{text}"

@@ -356,6 +356,15 @@ async fn until_a_request_arrives(seen: &std::sync::Mutex<Vec<String>>) {
     }
 }
 
+/// Waits (at most `limit`) for the registrar task to end once its election has
+/// ended, and for it to have ended without a panic.
+async fn ends_with_the_election(task: tokio::task::JoinHandle<()>, limit: Duration) {
+    tokio::time::timeout(limit, task)
+        .await
+        .expect("the registrar ends with the election")
+        .expect("the registrar ran to its end");
+}
+
 /// A registration pass stops when leadership goes: against an API server that
 /// takes 1.5 s to say the first object is missing, a replica that stepped down
 /// meanwhile must not go on to create it (its successor owns the objects now).
@@ -373,10 +382,7 @@ async fn a_pass_in_flight_ends_when_leadership_goes() {
     assert_eq!(requests.len(), 1, "{requests:?}");
     assert!(requests[0].starts_with("GET "), "{requests:?}");
     drop(leading);
-    tokio::time::timeout(Duration::from_secs(2), registrar)
-        .await
-        .expect("the registrar ends with the election")
-        .expect("the registrar ran to its end");
+    ends_with_the_election(registrar, Duration::from_secs(2)).await;
 }
 
 /// An election that ends while a pass is in flight ends the registrar (a closed
@@ -388,8 +394,5 @@ async fn an_election_that_ends_mid_pass_ends_the_registrar() {
     let registrar = spawn_registrar(client, cfg(), vec![reg()], leader, Duration::from_secs(30));
     until_a_request_arrives(&seen).await;
     drop(leading);
-    tokio::time::timeout(Duration::from_secs(1), registrar)
-        .await
-        .expect("the registrar ends with the election")
-        .expect("the registrar ran to its end");
+    ends_with_the_election(registrar, Duration::from_secs(1)).await;
 }
