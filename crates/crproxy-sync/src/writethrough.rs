@@ -471,10 +471,6 @@ impl WriteThrough {
             d.retry_after = Some(1);
             return Err(d);
         }
-        if request.operation == "UPDATE" && self.superseded(ty, &key, request, deadline).await {
-            gate.release(&key);
-            return Ok(());
-        }
         let Ok(_permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
             gate.release(&key);
             let mut d = Denial::new(
@@ -485,6 +481,10 @@ impl WriteThrough {
             d.retry_after = Some(1);
             return Err(d);
         };
+        if request.operation == "UPDATE" && self.superseded(ty, &key, request, deadline).await {
+            gate.release(&key);
+            return Ok(());
+        }
         let desired = desired_mirror(ty, &self.tenant, &self.host_namespace, object);
         let written = tokio::time::timeout_at(deadline, self.write(ty, &desired)).await;
         let written = match written {
@@ -711,8 +711,6 @@ impl WriteThrough {
         );
     }
 
-    /// After an accepted write: wait for the tenant object to show up in the syncer's
-    /// cache; if it never does, the tenant did not store it: undo a create.
     /// Whether an update was computed on a tenant state that another write has
     /// replaced since, read live (a consistent read). kube stores an update only
     /// on the state it was computed on: this one fails its compare-and-swap, and
@@ -731,11 +729,8 @@ impl WriteThrough {
         if old_rv.is_empty() {
             return false;
         }
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.tenant_client.clone(), &key.namespace, &ty.api);
-        let live = match tokio::time::timeout_at(deadline, api.get_opt(&key.name)).await {
-            Ok(Ok(live)) => live,
-            Ok(Err(_)) | Err(_) => return false,
+        let Ok(live) = self.tenant_live(ty, key, deadline).await else {
+            return false;
         };
         let superseded = live.is_none_or(|live| {
             live.metadata.uid.as_deref() != Some(meta(&request.object, "uid"))
@@ -747,6 +742,8 @@ impl WriteThrough {
         superseded
     }
 
+    /// After an accepted write: wait for the tenant object to show up in the syncer's
+    /// cache; if it never does, the tenant did not store it: undo a create.
     fn spawn_confirm(
         self: &Arc<Self>,
         ty: &ResolvedType,
@@ -877,10 +874,22 @@ impl WriteThrough {
     /// Whether the tenant holds the object at `key` with `uid`, read live (bounded by
     /// `timeout`).
     async fn tenant_holds(&self, ty: &ResolvedType, key: &Key, uid: &str) -> Result<bool, String> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let live = self.tenant_live(ty, key, deadline).await?;
+        Ok(live.is_some_and(|o| o.metadata.uid.as_deref() == Some(uid)))
+    }
+
+    /// The tenant object at `key`, read live (a consistent read) by `deadline`.
+    async fn tenant_live(
+        &self,
+        ty: &ResolvedType,
+        key: &Key,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<DynamicObject>, String> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.tenant_client.clone(), &key.namespace, &ty.api);
-        match tokio::time::timeout(self.timeout, api.get_opt(&key.name)).await {
-            Ok(Ok(live)) => Ok(live.is_some_and(|o| o.metadata.uid.as_deref() == Some(uid))),
+        match tokio::time::timeout_at(deadline, api.get_opt(&key.name)).await {
+            Ok(Ok(live)) => Ok(live),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("timed out".into()),
         }
@@ -938,25 +947,19 @@ impl WriteThrough {
         let api = self.host_api(ty);
         let host_name = names::host_name(&key.name, &key.namespace, &self.tenant);
         for _ in 0..ROLLBACK_ATTEMPTS {
-            let found = tokio::time::timeout(self.timeout, api.get_opt(&host_name)).await;
+            let found = match tokio::time::timeout(self.timeout, api.get_opt(&host_name)).await {
+                Ok(found) => found.map_err(|e| e.to_string()),
+                Err(_) => Err("timed out".to_string()),
+            };
             let mirror = match found {
-                Ok(Ok(m)) => m,
-                Ok(Err(e)) => {
+                Ok(mirror) => mirror,
+                Err(error) => {
                     return self.rollback_failed(
                         ty,
                         key,
                         "host_lookup",
                         "write-through: rollback cannot tell whether the object reached the host",
-                        &e.to_string(),
-                    );
-                }
-                Err(_) => {
-                    return self.rollback_failed(
-                        ty,
-                        key,
-                        "host_lookup",
-                        "write-through: rollback cannot tell whether the object reached the host",
-                        "timed out",
+                        &error,
                     );
                 }
             };
@@ -978,33 +981,24 @@ impl WriteThrough {
                 }),
                 ..DeleteParams::default()
             };
-            let deleted = tokio::time::timeout(self.timeout, api.delete(&host_name, &params)).await;
-            let Ok(deleted) = deleted else {
-                return self.rollback_failed(
-                    ty,
-                    key,
-                    "host_delete",
-                    "write-through: rollback host delete failed",
-                    "timed out",
-                );
-            };
-            match deleted {
-                Ok(_) => return,
-                Err(e) if crate::to_host::is_code(&e, 404) => return,
-                // Changed since it was read (a host controller's status, say): read
-                // again. A mirror carrying the uid of a create the tenant never
-                // stored is this write's leftover, whatever changed on it since.
-                Err(e) if crate::to_host::is_code(&e, 409) => {}
-                Err(e) => {
-                    return self.rollback_failed(
-                        ty,
-                        key,
-                        "host_delete",
-                        "write-through: rollback host delete failed",
-                        &e.to_string(),
-                    )
-                }
-            }
+            let error =
+                match tokio::time::timeout(self.timeout, api.delete(&host_name, &params)).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) if crate::to_host::is_code(&e, 404) => return,
+                    // Changed since it was read (a host controller's status, say): read
+                    // again. A mirror carrying the uid of a create the tenant never
+                    // stored is this write's leftover, whatever changed on it since.
+                    Ok(Err(e)) if crate::to_host::is_code(&e, 409) => continue,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out".to_string(),
+                };
+            return self.rollback_failed(
+                ty,
+                key,
+                "host_delete",
+                "write-through: rollback host delete failed",
+                &error,
+            );
         }
         self.still_conflicting(ty, key);
     }
