@@ -566,36 +566,30 @@ impl GroupVersionProxy {
         // response head is out: unboxed, 10 000 watches opening at once would each
         // hold room for an owned mutation they never make.
         let writes_into_namespace = matches!(verb, Verb::Create | Verb::Update | Verb::Patch);
-        // Set for a server-side apply into a namespace being deleted: it may not
-        // create its object.
-        let mut creates_refused = false;
-        if writes_into_namespace {
-            if let Some(namespace) = &path.namespace {
-                // Server-side apply creates a missing object, and kube's lifecycle
-                // admission judges it as a create.
+        // Whether this write may not create its object: its namespace is being
+        // deleted, and it is a create or a server-side apply (which creates a
+        // missing object, and kube's lifecycle admission judges it as a create).
+        let creates_refused = match path.namespace.as_ref().filter(|_| writes_into_namespace) {
+            None => false,
+            Some(namespace) => {
                 let may_create = verb == Verb::Create || is_apply(exchange, path);
-                let terminating =
-                    match Box::pin(self.ensure_namespace(namespace, may_create, exchange.deadline))
-                        .await
-                    {
-                        Ok(NamespaceState::Terminating) => may_create,
-                        Ok(_) => false,
-                        Err(outcome) => return outcome,
-                    };
-                if terminating && verb == Verb::Create {
-                    return Box::pin(self.refuse_create_while_terminating(exchange, path, body))
-                        .await;
+                let ensured = self.ensure_namespace(namespace, may_create, exchange.deadline);
+                match Box::pin(ensured).await {
+                    Ok(refused) => refused,
+                    Err(outcome) => return outcome,
                 }
-                creates_refused = terminating;
-                // Owned mode decides on its ownership check (`owned_mutation`);
-                // all mode forwards the apply as it came, so it looks first.
-                if terminating && !owned {
-                    if let Some(outcome) =
-                        Box::pin(self.refuse_apply_create_while_terminating(exchange, path)).await
-                    {
-                        return outcome;
-                    }
-                }
+            }
+        };
+        if creates_refused && verb == Verb::Create {
+            return Box::pin(self.refuse_create_while_terminating(exchange, path, body)).await;
+        }
+        // An apply: owned mode decides on its ownership check (`owned_mutation`);
+        // all mode forwards the apply as it came, so it looks first.
+        if creates_refused && !owned {
+            if let Some(outcome) =
+                Box::pin(self.refuse_apply_create_while_terminating(exchange, path)).await
+            {
+                return outcome;
             }
         }
         match verb {
@@ -1433,9 +1427,9 @@ impl GroupVersionProxy {
     // ---------------------------------------------------------------- namespaces
 
     /// A namespaced write needs its namespace on the client (else 404) and mirrors it
-    /// onto the target when missing there; the client namespace's state comes back.
-    /// A create into a namespace being deleted mirrors nothing: kube refuses it
-    /// (see `refuse_create_while_terminating`). A name that is no DNS-1123 label
+    /// onto the target when missing there. `true` when the write `may_create` its
+    /// object and the namespace is being deleted: kube refuses that creation (see
+    /// `refuse_create_while_terminating`), and nothing is mirrored. A name that is no DNS-1123 label
     /// names no namespace anywhere: it is answered as missing at once, as kube's
     /// admission answers it, without asking either cluster about it (`default?x`
     /// would ask them about `default`) and without entering the known-namespace set.
@@ -1444,7 +1438,7 @@ impl GroupVersionProxy {
         namespace: &str,
         may_create: bool,
         deadline: Instant,
-    ) -> Result<NamespaceState, Outcome> {
+    ) -> Result<bool, Outcome> {
         if !crproxy_core::config::is_dns_label(namespace) {
             return Err(namespace_missing(namespace));
         }
@@ -1458,11 +1452,12 @@ impl GroupVersionProxy {
             Some(NamespaceState::Terminating) if !may_create => NamespaceState::Terminating,
             _ => self.confirm_client_namespace(namespace, deadline).await?,
         };
-        if !(state == NamespaceState::Terminating && may_create) {
+        let creates_refused = state == NamespaceState::Terminating && may_create;
+        if !creates_refused {
             self.ensure_target_namespace(namespace, &client_path, deadline)
                 .await?;
         }
-        Ok(state)
+        Ok(creates_refused)
     }
 
     async fn confirm_client_namespace(
