@@ -366,15 +366,10 @@ fn non_resource(
     accept: Option<&str>,
 ) -> Result<Response<Body>, ApiError> {
     let s: Vec<&str> = segs.iter().map(String::as_str).collect();
-    let output = h::negotiate(accept);
-    let discovery_output = if state
+    let aggregated_discovery = state
         .aggregated_discovery
-        .load(std::sync::atomic::Ordering::Relaxed)
-    {
-        output
-    } else {
-        h::negotiate_without_aggregated_discovery(accept)
-    };
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let output = h::negotiate_for(accept, aggregated_discovery);
     let extra = extra_discovery(state);
     match s.as_slice() {
         [] => Ok(h::json_response(
@@ -391,7 +386,7 @@ fn non_resource(
             );
             Ok(r)
         }
-        ["api"] => match discovery_output {
+        ["api"] => match output {
             Some(Output::Discovery(v)) => Ok(discovery_response(
                 &discovery::aggregated(&state.registry, true, "", &extra),
                 v,
@@ -403,7 +398,7 @@ fn non_resource(
                 Ok(h::json_response(200, &discovery::api_versions(&addr)))
             }
         },
-        ["apis"] => match discovery_output {
+        ["apis"] => match output {
             Some(Output::Discovery(v)) => Ok(discovery_response(
                 &discovery::aggregated(&state.registry, false, "", &extra),
                 v,

@@ -93,6 +93,12 @@ fn parse_accept(accept: &str) -> Vec<MediaRange<'_>> {
 /// Picks the response representation; `None` means nothing acceptable (406).
 /// Protobuf is answered with JSON, as kube's clients all accept JSON too.
 pub fn negotiate(accept: Option<&str>) -> Option<Output> {
+    negotiate_for(accept, true)
+}
+
+/// [`negotiate`] for a server with or without aggregated discovery: without,
+/// its media ranges are unknown ones, as to a kube-apiserver before 1.26.
+pub fn negotiate_for(accept: Option<&str>, aggregated_discovery: bool) -> Option<Output> {
     let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
         return Some(Output::Json);
     };
@@ -115,7 +121,9 @@ pub fn negotiate(accept: Option<&str>) -> Option<Output> {
                 Some("PartialObjectMetadataList") if param("g") == Some("meta.k8s.io") => {
                     Some(Output::PartialObjectMetadataList)
                 }
-                Some("APIGroupDiscoveryList") if param("g") == Some("apidiscovery.k8s.io") => {
+                Some("APIGroupDiscoveryList")
+                    if aggregated_discovery && param("g") == Some("apidiscovery.k8s.io") =>
+                {
                     match param("v") {
                         Some("v2") => Some(Output::Discovery(DiscoveryVersion::V2)),
                         Some("v2beta1") => Some(Output::Discovery(DiscoveryVersion::V2Beta1)),
@@ -136,22 +144,6 @@ pub fn negotiate(accept: Option<&str>) -> Option<Output> {
         }
     }
     protobuf.then_some(Output::Json)
-}
-
-/// [`negotiate`] for a server without aggregated discovery: its media ranges are
-/// passed over as unknown.
-pub fn negotiate_without_aggregated_discovery(accept: Option<&str>) -> Option<Output> {
-    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
-        return Some(Output::Json);
-    };
-    let others: Vec<&str> = accept
-        .split(',')
-        .filter(|range| !range.contains("as=APIGroupDiscoveryList"))
-        .collect();
-    if others.is_empty() {
-        return None;
-    }
-    negotiate(Some(&others.join(",")))
 }
 
 pub fn not_acceptable() -> ApiError {
@@ -418,18 +410,12 @@ mod tests {
     #[test]
     fn without_aggregated_discovery_its_media_types_are_unknown() {
         let aggregator = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+        assert_eq!(negotiate_for(Some(aggregator), false), None);
         assert_eq!(
-            negotiate_without_aggregated_discovery(Some(aggregator)),
-            None
-        );
-        assert_eq!(
-            negotiate_without_aggregated_discovery(Some(&format!("{aggregator},application/json"))),
+            negotiate_for(Some(&format!("{aggregator},application/json")), false),
             Some(Output::Json)
         );
-        assert_eq!(
-            negotiate_without_aggregated_discovery(None),
-            Some(Output::Json)
-        );
+        assert_eq!(negotiate_for(None, false), Some(Output::Json));
     }
 
     #[test]
