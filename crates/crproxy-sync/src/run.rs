@@ -466,13 +466,8 @@ impl Supervisor {
         mut shutdown: watch::Receiver<bool>,
     ) {
         loop {
-            // A closed channel: the election ended. Checked here, once for the
-            // whole loop: `wait_for` would answer at once from the last value,
-            // leading, and start the syncers again without end.
-            if changes.has_changed().is_err() {
-                return;
-            }
-            // Wait to lead (or to stop).
+            // Wait to lead (or to stop). An ended election closes the channel at
+            // "not leading" (crproxy_wiring::Leadership), which ends this wait.
             tokio::select! {
                 r = changes.wait_for(|l| *l) => if r.is_err() { return },
                 _ = shutdown.wait_for(|s| *s) => return,
@@ -488,7 +483,7 @@ impl Supervisor {
                 // would then fail review.
                 let registration = tokio::select! {
                     done = self.register_webhook(configuration, &mut shutdown) => done,
-                    // Leadership lost, or the election ended (the loop's top).
+                    // Leadership lost, or the election ended.
                     _ = changes.wait_for(|l| !*l) => Registration::LostLeadership,
                 };
                 match registration {
@@ -529,7 +524,7 @@ impl Supervisor {
                 .map(|ty| AbortOnDrop(self.spawn_syncer(ty)))
                 .collect();
             let stop = tokio::select! {
-                // Leadership lost, or the election ended (the loop's top).
+                // Leadership lost, or the election ended.
                 _ = changes.wait_for(|l| !*l) => false,
                 _ = shutdown.wait_for(|s| *s) => true,
             };

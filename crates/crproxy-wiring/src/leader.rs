@@ -152,7 +152,7 @@ impl LeaderElector {
             tracing::warn!(renew_interval = ?cfg.renew_interval, lease_duration = ?cfg.lease_duration, "renew interval too long for the lease duration, using half the duration");
             cfg.renew_interval = max_renew;
         }
-        let (leader_tx, leader_rx) = watch::channel(false);
+        let (leader_tx, leader_rx) = Leadership::channel(false);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let elector = Elector {
             store,
@@ -173,6 +173,41 @@ impl LeaderElector {
     }
 }
 
+/// The sending side of a leadership channel. Dropping it publishes `false` before
+/// the channel closes, however its owner ends (released, aborted, or a panic), so a
+/// closed channel always reads "not leading": a consumer that waits for leadership
+/// to go sees it go, and one that waits for it to come gets the closed channel's
+/// error instead of a stale "leading" to start over from.
+pub struct Leadership(watch::Sender<bool>);
+
+impl Leadership {
+    /// A new channel whose value starts as `is_leader`.
+    pub fn channel(is_leader: bool) -> (Leadership, watch::Receiver<bool>) {
+        let (tx, rx) = watch::channel(is_leader);
+        (Leadership(tx), rx)
+    }
+
+    /// Publishes `leader`, waking the receivers only when it changes.
+    pub fn set(&self, leader: bool) {
+        self.0.send_if_modified(|cur| {
+            let changed = *cur != leader;
+            *cur = leader;
+            changed
+        });
+    }
+
+    /// The value last published.
+    pub fn get(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 /// Observes and ends one election loop. Clones share the loop; when the last clone is
 /// dropped the loop releases the Lease and ends, as [`LeaderHandle::release`] does.
 #[derive(Clone)]
@@ -184,7 +219,7 @@ struct Shared {
     shutdown: watch::Sender<bool>,
     leader: watch::Receiver<bool>,
     /// Keeps the sender of a [`LeaderHandle::fixed`] handle alive.
-    _fixed: Option<watch::Sender<bool>>,
+    _fixed: Option<Leadership>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -200,16 +235,13 @@ impl LeaderHandle {
     /// A handle with fixed leadership and no election, for single-replica setups and
     /// tests: `fixed(true)` always leads.
     pub fn fixed(is_leader: bool) -> LeaderHandle {
-        let (tx, rx) = watch::channel(is_leader);
+        let (tx, rx) = Leadership::channel(is_leader);
         Self::without_election(rx, Some(tx))
     }
 
     /// A handle on `leader` with no election loop; `keep` holds the channel's
     /// sender when nobody else does.
-    fn without_election(
-        leader: watch::Receiver<bool>,
-        keep: Option<watch::Sender<bool>>,
-    ) -> LeaderHandle {
+    fn without_election(leader: watch::Receiver<bool>, keep: Option<Leadership>) -> LeaderHandle {
         let (shutdown, _) = watch::channel(false);
         LeaderHandle {
             shared: Arc::new(Shared {
@@ -224,8 +256,8 @@ impl LeaderHandle {
     /// A handle whose leadership the test sets through the returned sender (no
     /// election).
     #[cfg(test)]
-    pub(crate) fn manual(is_leader: bool) -> (LeaderHandle, watch::Sender<bool>) {
-        let (tx, rx) = watch::channel(is_leader);
+    pub(crate) fn manual(is_leader: bool) -> (LeaderHandle, Leadership) {
+        let (tx, rx) = Leadership::channel(is_leader);
         (Self::without_election(rx, None), tx)
     }
 
@@ -234,7 +266,8 @@ impl LeaderHandle {
         *self.shared.leader.borrow()
     }
 
-    /// Leadership as a watch channel; it closes when the election loop ends.
+    /// Leadership as a watch channel. It closes when the election loop ends, and its
+    /// last value is then `false` (see [`Leadership`]).
     pub fn changes(&self) -> watch::Receiver<bool> {
         self.shared.leader.clone()
     }
@@ -276,7 +309,7 @@ struct Elector<S> {
     observed: Option<(Value, Instant)>,
     /// While leading: when the last successful write was sent.
     last_renew: Option<Instant>,
-    leader_tx: watch::Sender<bool>,
+    leader_tx: Leadership,
 }
 
 impl<S: LeaseStore> Elector<S> {
@@ -350,18 +383,14 @@ impl<S: LeaseStore> Elector<S> {
     }
 
     fn is_leader(&self) -> bool {
-        *self.leader_tx.borrow()
+        self.leader_tx.get()
     }
 
     fn set_leader(&mut self, leader: bool) {
         if !leader {
             self.last_renew = None;
         }
-        self.leader_tx.send_if_modified(|cur| {
-            let changed = *cur != leader;
-            *cur = leader;
-            changed
-        });
+        self.leader_tx.set(leader);
     }
 
     fn deadline(&self) -> Option<Instant> {

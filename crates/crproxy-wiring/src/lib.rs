@@ -16,7 +16,9 @@ mod wiring;
 use crproxy_core::names;
 
 pub use error::WiringError;
-pub use leader::{default_identity, micro_time, LeaderElector, LeaderHandle, LeaseConfig};
+pub use leader::{
+    default_identity, micro_time, LeaderElector, LeaderHandle, Leadership, LeaseConfig,
+};
 pub use register::{
     desired_apiservice, desired_binding, desired_policy, desired_service, protection_expression,
     register_all, spawn_registrar, RegistrarConfig, Registration, ServiceMode,

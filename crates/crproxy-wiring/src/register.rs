@@ -480,11 +480,8 @@ pub fn spawn_registrar(
         let mut changes = leader.changes();
         drop(leader);
         loop {
-            // A closed channel: the election ended. Checked here, once for the
-            // whole loop: its last value may still say leading.
-            if changes.has_changed().is_err() {
-                break;
-            }
+            // An ended election closes the channel at "not leading" (Leadership):
+            // no pass starts, and the wait below ends the loop.
             let leading = *changes.borrow_and_update();
             let mut wait = interval;
             if leading {
@@ -494,7 +491,7 @@ pub fn spawn_registrar(
                 // their configurations differ (a rotated CA, a moved port).
                 let outcome = tokio::select! {
                     outcome = register_all(&client, &cfg, &regs) => outcome,
-                    // Leadership lost, or the election ended (the loop's top).
+                    // Leadership lost, or the election ended.
                     _ = changes.wait_for(|l| !*l) => {
                         tracing::info!("lost leadership: registration pass abandoned");
                         continue;

@@ -5,6 +5,7 @@
 use super::*;
 use crate::fake_api::{gateways_type, silent_api, unreachable_api, FakeApi};
 use crproxy_core::config::sync::WriteThroughPlan;
+use crproxy_wiring::Leadership;
 use serde_json::json;
 
 fn leading(metrics: &SyncMetrics) -> bool {
@@ -134,17 +135,17 @@ async fn a_replica_that_lost_leadership_stops_registering_its_webhook() {
     let metrics = SyncMetrics::new();
     let mut supervisor = supervisor(tenant.client.clone(), &metrics);
     supervisor.registration = Some(webhook_configuration());
-    let (lead, changes) = watch::channel(false);
+    let (lead, changes) = Leadership::channel(false);
     let (_shutdown, shutdown_rx) = watch::channel(false);
     let _task = AbortOnDrop(tokio::spawn(supervisor.lead_while(changes, shutdown_rx)));
 
-    lead.send(true).expect("the supervisor listens");
+    lead.set(true);
     assert!(
         within(Duration::from_secs(5), || tenant.received().len() >= 2).await,
         "no retried registration: {:?}",
         tenant.received()
     );
-    lead.send(false).expect("the supervisor listens");
+    lead.set(false);
     assert!(
         within(Duration::from_secs(2), || !leading(&metrics)).await,
         "still leading while its registration kept failing"
@@ -162,14 +163,14 @@ async fn a_replica_that_lost_leadership_stops_registering_its_webhook() {
 
 /// An election that ends (its channel closed, as a stop closes it) while the
 /// webhook's registration keeps failing ends the supervisor; it does not take the
-/// closed channel for a lost leadership and start over at once, again and again.
+/// ended election for a lost leadership and start over at once, again and again.
 #[tokio::test]
 async fn an_election_that_ends_during_the_registration_ends_the_supervisor() {
     let tenant = FakeApi::start(|_, _, _| (500, json!({"kind": "Status", "code": 500}))).await;
     let metrics = SyncMetrics::new();
     let mut supervisor = supervisor(tenant.client.clone(), &metrics);
     supervisor.registration = Some(webhook_configuration());
-    let (lead, changes) = watch::channel(true);
+    let (lead, changes) = Leadership::channel(true);
     let (_shutdown, shutdown_rx) = watch::channel(false);
     let task = tokio::spawn(supervisor.lead_while(changes, shutdown_rx));
     assert!(
@@ -186,7 +187,7 @@ async fn an_election_that_ends_during_the_registration_ends_the_supervisor() {
 async fn an_election_that_ends_while_leading_ends_the_supervisor() {
     let metrics = SyncMetrics::new();
     let supervisor = supervisor(silent_api().await, &metrics);
-    let (lead, changes) = watch::channel(true);
+    let (lead, changes) = Leadership::channel(true);
     let (_shutdown, shutdown_rx) = watch::channel(false);
     let task = tokio::spawn(supervisor.lead_while(changes, shutdown_rx));
     assert!(

@@ -367,6 +367,35 @@ async fn dropping_every_handle_releases_the_lease() {
     assert_eq!(c.spec()["holderIdentity"], "");
 }
 
+/// However an election ends, its channel closes at "not leading": a consumer
+/// waiting for leadership to come must not find a stale "leading" in a closed
+/// channel and start its leader's work again (the supervisor and the registrar
+/// rely on it).
+#[tokio::test(start_paused = true)]
+async fn an_ended_election_closes_its_channel_at_not_leading() {
+    async fn closes_at_not_leading(mut rx: watch::Receiver<bool>, how: &str) {
+        tokio::time::timeout(SECOND, async { while rx.changed().await.is_ok() {} })
+            .await
+            .unwrap_or_else(|_| panic!("{how}: the channel stays open"));
+        assert!(!*rx.borrow(), "{how}: closed at leading");
+    }
+
+    // A leader aborted as a crashed process would be: nothing releases the Lease.
+    let c = Cluster::new(None);
+    let a = c.spawn(0);
+    tokio::time::sleep(SECOND).await;
+    assert!(a.is_leader());
+    let rx = a.changes();
+    a.abort();
+    closes_at_not_leading(rx, "aborted").await;
+
+    // A fixed leader whose last handle goes.
+    let fixed = LeaderHandle::fixed(true);
+    let rx = fixed.changes();
+    drop(fixed);
+    closes_at_not_leading(rx, "fixed").await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_crashed_holder_blocks_takeover_for_the_whole_duration() {
     // Lease held by a process we never see renew; we must wait lease_duration from
