@@ -203,8 +203,21 @@ impl SyncMetrics {
             .set(1);
     }
 
-    pub(crate) fn set_leader(&self, leading: bool) {
-        self.leader.set(i64::from(leading));
+    /// Sets `vcluster_syncer_leader` to 1 until the returned guard is dropped,
+    /// however this replica's term ends (lost, stopped, or its task aborted).
+    pub(crate) fn leading(&self) -> LeaderGauge {
+        self.leader.set(1);
+        LeaderGauge(self.leader.clone())
+    }
+}
+
+/// `vcluster_syncer_leader` at 1 while it lives; see [`SyncMetrics::leading`].
+#[must_use = "the gauge reads 0 again once this is dropped"]
+pub(crate) struct LeaderGauge(Gauge);
+
+impl Drop for LeaderGauge {
+    fn drop(&mut self) {
+        self.0.set(0);
     }
 }
 

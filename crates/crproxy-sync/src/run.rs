@@ -473,7 +473,9 @@ impl Supervisor {
                 _ = shutdown.wait_for(|s| *s) => return,
             }
             tracing::info!(types = self.resolved.len(), "elected: starting syncers");
-            self.metrics.set_leader(true);
+            // 1 until this term ends, whichever way: declared first, dropped last
+            // (after the endpoint's withdrawal below).
+            let _leading = self.metrics.leading();
             if let Some(configuration) = &self.registration {
                 // Until it is registered, tenant writes of the types are not written
                 // through. Retried only while this replica leads: a replica that lost
@@ -488,12 +490,8 @@ impl Supervisor {
                 };
                 match registration {
                     Registration::Done => {}
-                    Registration::ShuttingDown => {
-                        self.metrics.set_leader(false);
-                        return;
-                    }
+                    Registration::ShuttingDown => return,
                     Registration::LostLeadership => {
-                        self.metrics.set_leader(false);
                         tracing::info!("lost leadership before the write-through webhook was registered: syncers not started");
                         continue;
                     }
@@ -541,7 +539,6 @@ impl Supervisor {
             if let Some(endpoint) = &self.leader_endpoint {
                 endpoint.withdraw(&self.tenant).await;
             }
-            self.metrics.set_leader(false);
             if stop {
                 return;
             }

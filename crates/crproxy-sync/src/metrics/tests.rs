@@ -19,7 +19,7 @@ fn exposition() -> String {
     metrics.converged(resource, "toHost", 0.2);
     metrics.resolved(resource, "toHost", "Backup", "v1", false);
     metrics.rollback_failed(resource, "host_delete");
-    metrics.set_leader(true);
+    let _leading = metrics.leading();
     metrics.exposition()
 }
 
@@ -131,5 +131,32 @@ fn a_misspelt_query_is_caught() {
     assert_eq!(
         grouped_by("sum by (resource, pod) (x)"),
         ["resource".to_owned()].into()
+    );
+}
+
+/// The leader gauge reads 1 while this replica's term lasts and 0 once it ends,
+/// whichever way it ends: the supervisor holds the guard for the term.
+#[test]
+fn the_leader_gauge_falls_when_the_term_ends() {
+    let metrics = SyncMetrics::new();
+    let leader_line = |m: &SyncMetrics| {
+        m.exposition()
+            .lines()
+            .find(|l| l.starts_with("vcluster_syncer_leader "))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        leader_line(&metrics).as_deref(),
+        Some("vcluster_syncer_leader 0")
+    );
+    let term = metrics.leading();
+    assert_eq!(
+        leader_line(&metrics).as_deref(),
+        Some("vcluster_syncer_leader 1")
+    );
+    drop(term);
+    assert_eq!(
+        leader_line(&metrics).as_deref(),
+        Some("vcluster_syncer_leader 0")
     );
 }
