@@ -15,6 +15,10 @@ use serde_json::{json, Value};
 /// How a [`FakeApi`] answers: code and JSON body for a method, path and request body.
 pub type Answer = fn(&Method, &str, &Value) -> (u16, Value);
 
+/// The code of an [`Answer`] that is none: the connection is closed once the
+/// request has been read, as by a server that went away while handling it.
+pub const HANG_UP: u16 = 0;
+
 /// One request a [`FakeApi`] received.
 #[derive(Debug, Clone)]
 pub struct Received {
@@ -61,6 +65,11 @@ impl FakeApi {
                             let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
                             let (code, answer) = answer(&method, &path, &body);
                             locks::lock(&seen).push(Received { method, path, body });
+                            if code == HANG_UP {
+                                // hyper closes a connection whose service fails,
+                                // without an answer.
+                                return Err(std::io::Error::other("hanging up"));
+                            }
                             let mut response =
                                 Response::new(Full::new(Bytes::from(answer.to_string())));
                             *response.status_mut() = StatusCode::from_u16(code)
@@ -69,7 +78,7 @@ impl FakeApi {
                                 http::header::CONTENT_TYPE,
                                 http::HeaderValue::from_static("application/json"),
                             );
-                            Ok::<_, std::convert::Infallible>(response)
+                            Ok::<_, std::io::Error>(response)
                         }
                     });
                 tokio::spawn(

@@ -489,60 +489,12 @@ impl WriteThrough {
         let written = tokio::time::timeout_at(deadline, self.write(ty, &desired)).await;
         let written = match written {
             Ok(Ok(w)) => w,
-            Ok(Err(Failure {
-                error: HostError::Rejected(status),
-                write_sent,
-            })) => {
-                let open = write_sent && outcome_open(status.code);
-                let denial = self.rewrite(&key, status);
-                self.log_rejected(ty, &key, "host_rejected", &denial.message);
-                self.settle_refused(ty, gate, key, request, open);
+            Ok(Err(failure)) => {
+                let outcome_open = failure.outcome_open();
+                let (reason, detail, denial) = self.refusal(&key, failure.error);
+                self.log_rejected(ty, &key, reason, &detail);
+                self.settle_refused(ty, gate, key, request, outcome_open);
                 return Err(denial);
-            }
-            Ok(Err(Failure {
-                error: HostError::NotStatus { code, body },
-                write_sent,
-            })) => {
-                self.log_rejected(ty, &key, "unparseable_response", &body);
-                self.settle_refused(ty, gate, key, request, write_sent && outcome_open(code));
-                let mut d = Denial::new(
-                    code,
-                    reason_for(code),
-                    format!("write-through: the host answered {code} without a Status: {body}"),
-                );
-                if matches!(code, 429 | 503) {
-                    d.retry_after = Some(1);
-                }
-                return Err(d);
-            }
-            Ok(Err(Failure {
-                error: HostError::Unparseable(e),
-                write_sent,
-            })) => {
-                self.log_rejected(ty, &key, "unparseable_response", &e);
-                // The host may have stored a create whose answer is what could
-                // not be read.
-                self.settle_refused(ty, gate, key, request, write_sent);
-                return Err(Denial::new(
-                    500,
-                    "InternalError",
-                    format!("write-through: the host's answer could not be read: {e}"),
-                ));
-            }
-            // As before a write's answer: it may have reached the host.
-            Ok(Err(Failure {
-                error: HostError::Transport(e),
-                ..
-            })) => {
-                self.log_rejected(ty, &key, "response_error", &e);
-                self.spawn_cleanup_unknown(ty, gate, key, request);
-                let mut d = Denial::new(
-                    503,
-                    "ServiceUnavailable",
-                    format!("write-through: the host could not be reached: {e}"),
-                );
-                d.retry_after = Some(1);
-                return Err(d);
             }
             Err(_) => {
                 self.log_rejected(ty, &key, "response_error", "timed out");
@@ -675,6 +627,45 @@ impl WriteThrough {
             .map_err(Failure::sent)
     }
 
+    /// What the tenant is told of a failed host write: the log's reason and
+    /// detail, and the review's denial.
+    fn refusal(&self, key: &Key, error: HostError) -> (&'static str, String, Denial) {
+        match error {
+            HostError::Rejected(status) => {
+                let denial = self.rewrite(key, status);
+                ("host_rejected", denial.message.clone(), denial)
+            }
+            HostError::NotStatus { code, body } => {
+                let mut denial = Denial::new(
+                    code,
+                    reason_for(code),
+                    format!("write-through: the host answered {code} without a Status: {body}"),
+                );
+                if matches!(code, 429 | 503) {
+                    denial.retry_after = Some(1);
+                }
+                ("unparseable_response", body, denial)
+            }
+            HostError::Unparseable(e) => {
+                let denial = Denial::new(
+                    500,
+                    "InternalError",
+                    format!("write-through: the host's answer could not be read: {e}"),
+                );
+                ("unparseable_response", e, denial)
+            }
+            HostError::Transport(e) => {
+                let mut denial = Denial::new(
+                    503,
+                    "ServiceUnavailable",
+                    format!("write-through: the host could not be reached: {e}"),
+                );
+                denial.retry_after = Some(1);
+                ("response_error", e, denial)
+            }
+        }
+    }
+
     /// The host's Status with its names turned into the tenant's.
     fn rewrite(&self, key: &Key, status: Box<kube::core::Status>) -> Denial {
         let host_name = names::host_name(&key.name, &key.namespace, &self.tenant);
@@ -682,11 +673,7 @@ impl WriteThrough {
             s.replace(&host_name, &key.name)
                 .replace(&self.host_namespace, &key.namespace)
         };
-        // A JSON error body that is no Status (a gateway's) reads as one without a
-        // code or reason: the tenant is told the host's side failed (the tenant's
-        // API server would turn a code below 400 into a 400, the caller's fault).
         let (code, reason) = match status.code {
-            0 => (502, reason_for(502)),
             code if status.reason.is_empty() => (code, reason_for(code)),
             code => (code, status.reason.as_str()),
         };
@@ -1107,15 +1094,21 @@ impl Failure {
             write_sent: true,
         }
     }
-}
 
-/// Whether a write the host answered with `code` may have been stored all the
-/// same: a 5xx (kube's 504 says it may still be processing it; a proxy in
-/// front answers 502 or 503 for a request it may have passed on), or a code
-/// the answer did not name (kube-rs reads any JSON error body as a Status, its
-/// code 0 when the body has none).
-fn outcome_open(code: u16) -> bool {
-    code >= 500 || code == 0
+    /// Whether the host may have stored the write all the same, so that the
+    /// mirror it may have left must be looked for. Never when only a read
+    /// before the write failed. A sent write: when its answer is a 5xx (kube's
+    /// 504 says it may still be processing it; a proxy in front answers 502 or
+    /// 503 for a request it may have passed on), when the answer could not be
+    /// read, and when none came; a 4xx is a refusal.
+    fn outcome_open(&self) -> bool {
+        self.write_sent
+            && match &self.error {
+                HostError::Rejected(status) => status.code >= 500,
+                HostError::NotStatus { code, .. } => *code >= 500,
+                HostError::Unparseable(_) | HostError::Transport(_) => true,
+            }
+    }
 }
 
 /// How a host write failed.
@@ -1140,6 +1133,17 @@ impl From<kube::Error> for HostError {
                     code: s.code,
                     body: s.message.trim().to_owned(),
                 }
+            }
+            // kube-rs reads any JSON error body as a Status; one that names no
+            // code is no Status (a gateway's), and the HTTP code is lost with it.
+            // The host's side failed: a 502 (the tenant's API server would turn a
+            // code below 400 into a 400, the caller's fault).
+            kube::Error::Api(mut s) if s.code == 0 => {
+                s.code = 502;
+                if s.message.is_empty() {
+                    s.message = "the host answered with a JSON body that is no Status".into();
+                }
+                HostError::Rejected(s)
             }
             kube::Error::Api(s) => HostError::Rejected(s),
             kube::Error::SerdeError(e) => HostError::Unparseable(e.to_string()),
