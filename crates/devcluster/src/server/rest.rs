@@ -465,26 +465,14 @@ pub fn check_namespace(state: &State, ctx: &ReqCtx, name: &str) -> Result<(), Ap
         return Err(ApiError::not_found("", "namespaces", &ctx.namespace));
     };
     if o::is_deleting(&ns) {
-        let nsname = &ctx.namespace;
-        return Err(ApiError::new(
-            403,
-            "Forbidden",
-            format!(
-                "{} \"{name}\" is forbidden: unable to create new content in namespace {nsname} because it is being terminated",
-                qualified(&ctx.info.resource, &ctx.info.group)
+        return Err(ApiError::from_status(
+            &crproxy_core::status::namespace_terminating(
+                &ctx.info.resource,
+                &ctx.info.group,
+                name,
+                &ctx.namespace,
             ),
-        )
-        .with_details(Details {
-            name,
-            group: &ctx.info.group,
-            kind: &ctx.info.resource,
-            causes: vec![Cause::new(
-                "NamespaceTerminating",
-                format!("namespace {nsname} is being terminated"),
-                "metadata.namespace",
-            )],
-            ..Default::default()
-        }));
+        ));
     }
     Ok(())
 }
