@@ -1293,12 +1293,14 @@ impl GroupVersionProxy {
         exchange: &Exchange,
         path: &ResourcePath,
     ) -> Result<Checked, Outcome> {
-        let object_path = object_path(&self.group, &self.version, path);
         let (code, bytes) = self
-            .target
-            .call(exchange.deadline, Method::GET, &object_path, None)
-            .await
-            .map_err(|e| self.unavailable(e))?;
+            .read_object(
+                exchange,
+                path,
+                "ownership check",
+                Reason::OwnershipCheckFailed,
+            )
+            .await?;
         if code == StatusCode::OK {
             let object: Value = serde_json::from_slice(&bytes)
                 .map_err(|_| self.masked(path, Reason::OwnershipCheckFailed))?;
@@ -1320,21 +1322,36 @@ impl GroupVersionProxy {
                 Reason::Upstream,
             ));
         }
-        // A failed target, or a throttled one (429): the check could not be made,
-        // which says nothing about the object. A retryable 503, never the 404 a
-        // controller takes for "already gone".
-        if code.is_server_error() || code == StatusCode::TOO_MANY_REQUESTS {
-            self.log_failure(
-                Reason::OwnershipCheckFailed,
-                &format!("the ownership check was answered {}", code.as_u16()),
-            );
-            return Err(Outcome::new(
-                self.unavailable_response(None),
-                Reason::OwnershipCheckFailed,
-            ));
-        }
         // 401, 403 or any other 4xx: the client may not see it, so it does not exist.
         Err(self.masked(path, Reason::OwnershipMasked))
+    }
+
+    /// The object at `path` read on the target, for a decision that depends on
+    /// it. A failed target, or a throttled one (5xx, 429), says nothing about the
+    /// object: that is a retryable 503 under `unanswered`, never the 404 a
+    /// controller takes for "already gone", nor a go-ahead. `check` names the
+    /// decision in the log.
+    async fn read_object(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+        check: &str,
+        unanswered: Reason,
+    ) -> Result<(StatusCode, Bytes), Outcome> {
+        let object_path = object_path(&self.group, &self.version, path);
+        let (code, bytes) = self
+            .target
+            .call(exchange.deadline, Method::GET, &object_path, None)
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        if code.is_server_error() || code == StatusCode::TOO_MANY_REQUESTS {
+            self.log_failure(
+                unanswered,
+                &format!("the {check} was answered {}", code.as_u16()),
+            );
+            return Err(Outcome::new(self.unavailable_response(None), unanswered));
+        }
+        Ok((code, bytes))
     }
 
     /// A write body read strictly and labelled for this client: exactly what the
@@ -1528,22 +1545,13 @@ impl GroupVersionProxy {
         exchange: &Exchange,
         path: &ResourcePath,
     ) -> Option<Outcome> {
-        let object_path = object_path(&self.group, &self.version, path);
         let found = self
-            .target
-            .call(exchange.deadline, Method::GET, &object_path, None)
+            .read_object(exchange, path, "existence check", Reason::Upstream)
             .await;
         match found {
-            Err(e) => Some(self.unavailable(e)),
+            Err(outcome) => Some(outcome),
             Ok((code, _)) if code == StatusCode::NOT_FOUND => {
                 Some(self.namespace_terminating(path, path.name.as_deref().unwrap_or_default()))
-            }
-            // The look could not be made: retryable, never an apply that may create.
-            Ok((code, _)) if code.is_server_error() || code == StatusCode::TOO_MANY_REQUESTS => {
-                Some(Outcome::new(
-                    self.unavailable_response(None),
-                    Reason::Upstream,
-                ))
             }
             Ok(_) => None,
         }

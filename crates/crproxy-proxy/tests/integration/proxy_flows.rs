@@ -1132,9 +1132,11 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
 
 /// All mode forwards an apply as it came, so it looks at the object first: in a
 /// namespace being deleted, an apply of a missing object is refused as a
-/// create, one of an existing object goes through.
+/// create, one of an existing object goes through, and one whose look the
+/// target fails is a retryable 503 (never forwarded: it might create).
 #[tokio::test]
 async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
+    let (logs, _guard) = LogBuffer::capture();
     let h = terminating_demo(AccessMode::All).await;
     // The proxy learns of the deletion from its watch (bounded: 10 s); until
     // then an apply may still create, so each attempt names a new object.
@@ -1157,6 +1159,19 @@ async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
     assert!(h.widgets.get_opt(&name).await.expect("get").is_none());
     let applied = applied_widget(&h, "w1").await;
     assert_eq!(applied.status, 200, "{}", applied.body);
+    // A target that throttles every request: forwarded, the apply would come
+    // back as the target's 429.
+    let _backend = widgets_failing_with(&h, "w1", 429).await;
+    let unlooked = applied_widget(&h, "unlooked").await;
+    assert_retryable_503(&unlooked);
+    let logged = logs.text();
+    assert!(
+        logged
+            .lines()
+            .any(|line| line.contains("request to target failed")
+                && line.contains("the existence check was answered 429")),
+        "{logged}"
+    );
     h.proxy.shutdown().await;
 }
 
