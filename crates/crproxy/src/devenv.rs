@@ -311,7 +311,6 @@ pub struct Link {
     pub client_name: String,
     pub config_path: PathBuf,
     serving_dir: PathBuf,
-    persistent: bool,
     /// Whether the proxy port was picked here (the spec named none) and no
     /// replica has listened on it yet: then a pick another listener took first
     /// may be replaced (see [`Link::start_replica_with`]).
@@ -332,7 +331,6 @@ pub struct LinkSpec<'a> {
     pub proxy_port: u16,
     /// 0 picks a free port.
     pub metrics_port: u16,
-    pub persistent: bool,
 }
 
 impl Link {
@@ -393,7 +391,6 @@ impl Link {
             client_name: spec.client_name,
             config_path,
             serving_dir: spec.dir.join("serving-ca"),
-            persistent: spec.persistent,
             repickable_port: std::sync::atomic::AtomicBool::new(spec.proxy_port == 0),
         })
     }
@@ -411,7 +408,10 @@ impl Link {
     /// nothing holds it until the proxy listens: another listener (another
     /// test's pick, in this process or the next) may take it first. The first
     /// replica then picks again, up to [`PORT_PICKS`] times, and writes the new
-    /// port to the configuration, which later replicas read.
+    /// port to the configuration, which later replicas read. It loads that file
+    /// again rather than change the port in the loaded configuration: every
+    /// group/version's port follows from `basePort` in the validated plan, and
+    /// what runs stays what the file says.
     pub async fn start_replica_with(&self, options: ReplicaOptions) -> Result<ProxyReplica> {
         let serving = crate::run::serving_identity(&self.serving_dir, true)?;
         let mut picks = 1;
@@ -449,7 +449,6 @@ impl Link {
             .unwrap_or_default();
         let wiring =
             crate::run::start_wiring(&loaded, &proxy, &serving.ca_pem, &self.client_name).await?;
-        let _ = self.persistent;
         Ok(ProxyReplica {
             proxy,
             wiring,
@@ -740,7 +739,6 @@ async fn start_client(
         resource: ProxiedResource::example(),
         proxy_port,
         metrics_port,
-        persistent: options.persistent,
     })
     .await?;
     let replica = link

@@ -579,7 +579,6 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
         resource: ProxiedResource::example(),
         proxy_port: 0,
         metrics_port: devenv::free_port()?,
-        persistent: false,
     })
     .await?;
     // Registration as the overlay's config.yaml asks for it.

@@ -265,7 +265,6 @@ async fn dead_peers_are_named() -> Result<()> {
         resource: ProxiedResource::example(),
         proxy_port: 0,
         metrics_port: devenv::free_port()?,
-        persistent: false,
     })
     .await?;
     let replica = link.start_replica().await?;

@@ -200,7 +200,6 @@ async fn two_clusters_can_proxy_each_other() -> Result<()> {
         resource: ProxiedResource::example(),
         proxy_port: 0,
         metrics_port: 0,
-        persistent: false,
     })
     .await?;
     let y_to_x = Link::prepare(LinkSpec {
@@ -213,7 +212,6 @@ async fn two_clusters_can_proxy_each_other() -> Result<()> {
         resource: gadgets.clone(),
         proxy_port: 0,
         metrics_port: 0,
-        persistent: false,
     })
     .await?;
     let x_proxy = x_to_y.start_replica().await?;

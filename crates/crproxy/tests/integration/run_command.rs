@@ -54,7 +54,6 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
         resource: ProxiedResource::example(),
         proxy_port: 0,
         metrics_port,
-        persistent: false,
     })
     .await?;
     let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
@@ -141,7 +140,6 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
         resource: ProxiedResource::example(),
         proxy_port: 0,
         metrics_port: 0,
-        persistent: false,
     })
     .await?;
     let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
@@ -332,7 +330,6 @@ async fn a_picked_proxy_port_taken_before_the_proxy_listens_is_picked_again() ->
         resource: ProxiedResource::example(),
         proxy_port,
         metrics_port: 0,
-        persistent: false,
     };
     let base_port = |link: &Link| -> Result<u16> {
         let text = std::fs::read_to_string(&link.config_path)?;

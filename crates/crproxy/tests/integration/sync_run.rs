@@ -391,7 +391,6 @@ async fn run_with_proxy_and_sync_keys_runs_both() -> Result<()> {
         resource: ProxiedResource::example(),
         proxy_port: 0,
         metrics_port: 0,
-        persistent: false,
     })
     .await?;
     let mut text = std::fs::read_to_string(&link.config_path)?;
