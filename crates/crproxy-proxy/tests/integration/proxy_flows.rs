@@ -586,28 +586,26 @@ async fn target_errors_become_a_retryable_503() {
     h.proxy.shutdown().await;
 }
 
-/// An extension API server for example.com/v1 on 127.0.0.1, for the target's
-/// aggregator to send the group to: it answers discovery (so the APIService turns
-/// Available) and every other request with the error `code` holds, as kube would
-/// word it: 429 `TooManyRequests` as an overloaded server or API priority and
-/// fairness throttles, 401 or 403 as a refusing authorizer, 500 as a failed server.
-struct FailingBackend {
+/// How a [`Backend`] answers one request.
+type BackendAnswer =
+    Arc<dyn Fn(&http::request::Parts) -> http::Response<http_body_util::Full<Bytes>> + Send + Sync>;
+
+/// An extension API server for example.com/v1 on 127.0.0.1 (TLS, HTTP/2 and
+/// HTTP/1.1), for the target's aggregator to send the group to; every request is
+/// answered by the test's function. Stops when dropped.
+struct Backend {
     addr: SocketAddr,
-    code: Arc<std::sync::atomic::AtomicU16>,
-    /// Whether discovery fails too, for every caller but the target's aggregator
-    /// (whose availability check must keep passing).
-    discovery_fails: Arc<std::sync::atomic::AtomicBool>,
     accept: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for FailingBackend {
+impl Drop for Backend {
     fn drop(&mut self) {
         self.accept.abort();
     }
 }
 
-impl FailingBackend {
-    async fn start(code: u16) -> FailingBackend {
+impl Backend {
+    async fn start(answer: BackendAnswer) -> Backend {
         use rustls_pki_types::pem::PemObject as _;
         let ca = crproxy_core::pki::CertificateAuthority::generate("backend-ca").expect("ca");
         let leaf = ca
@@ -634,10 +632,6 @@ impl FailingBackend {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let code = Arc::new(std::sync::atomic::AtomicU16::new(code));
-        let current = Arc::clone(&code);
-        let discovery_fails = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let failing_discovery = Arc::clone(&discovery_fails);
         let accept = tokio::spawn(async move {
             // Bounded: aborted when the backend drops.
             loop {
@@ -645,28 +639,16 @@ impl FailingBackend {
                     return;
                 };
                 let acceptor = acceptor.clone();
-                let current = Arc::clone(&current);
-                let failing_discovery = Arc::clone(&failing_discovery);
+                let answer = Arc::clone(&answer);
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
                     let service = hyper::service::service_fn(
                         move |request: http::Request<hyper::body::Incoming>| {
-                            let code = current.load(std::sync::atomic::Ordering::SeqCst);
-                            let from_aggregator = request
-                                .headers()
-                                .get("x-remote-user")
-                                .is_some_and(|u| u == "system:kube-aggregator");
-                            let discovery_fails = !from_aggregator
-                                && failing_discovery.load(std::sync::atomic::Ordering::SeqCst);
-                            async move {
-                                Ok::<_, std::convert::Infallible>(failing_answer(
-                                    request.uri().path(),
-                                    code,
-                                    discovery_fails,
-                                ))
-                            }
+                            let (parts, _) = request.into_parts();
+                            let response = answer(&parts);
+                            async move { Ok::<_, std::convert::Infallible>(response) }
                         },
                     );
                     let builder = hyper_util::server::conn::auto::Builder::new(
@@ -678,11 +660,44 @@ impl FailingBackend {
                 });
             }
         });
+        Backend { addr, accept }
+    }
+}
+
+/// A [`Backend`] that answers discovery (so the APIService turns Available) and
+/// every other request with the error `code` holds, as kube would word it: 429
+/// `TooManyRequests` as an overloaded server or API priority and fairness
+/// throttles, 401 or 403 as a refusing authorizer, 500 as a failed server.
+struct FailingBackend {
+    backend: Backend,
+    code: Arc<std::sync::atomic::AtomicU16>,
+    /// Whether discovery fails too, for every caller but the target's aggregator
+    /// (whose availability check must keep passing).
+    discovery_fails: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FailingBackend {
+    async fn start(code: u16) -> FailingBackend {
+        let code = Arc::new(std::sync::atomic::AtomicU16::new(code));
+        let current = Arc::clone(&code);
+        let discovery_fails = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let failing_discovery = Arc::clone(&discovery_fails);
+        let backend = Backend::start(Arc::new(move |request: &http::request::Parts| {
+            let from_aggregator = request
+                .headers
+                .get("x-remote-user")
+                .is_some_and(|u| u == "system:kube-aggregator");
+            failing_answer(
+                request.uri.path(),
+                current.load(std::sync::atomic::Ordering::SeqCst),
+                !from_aggregator && failing_discovery.load(std::sync::atomic::Ordering::SeqCst),
+            )
+        }))
+        .await;
         FailingBackend {
-            addr,
+            backend,
             code,
             discovery_fails,
-            accept,
         }
     }
 
@@ -699,18 +714,31 @@ impl FailingBackend {
     }
 }
 
+/// example.com/v1's discovery document, as a backend serves it.
+fn widgets_discovery() -> Value {
+    json!({
+        "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "example.com/v1",
+        "resources": [{"name": "widgets", "singularName": "widget", "namespaced": true,
+                       "kind": "Widget", "verbs": ["get", "list", "delete", "patch", "update"]}],
+    })
+}
+
+/// A backend's JSON answer.
+fn json_answer(code: u16, body: &Value) -> http::Response<http_body_util::Full<Bytes>> {
+    http::Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .expect("response")
+}
+
 fn failing_answer(
     path: &str,
     code: u16,
     discovery_fails: bool,
 ) -> http::Response<http_body_util::Full<Bytes>> {
     let (code, body) = if path == "/apis/example.com/v1" && !discovery_fails {
-        let discovery = json!({
-            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "example.com/v1",
-            "resources": [{"name": "widgets", "singularName": "widget", "namespaced": true,
-                           "kind": "Widget", "verbs": ["get", "list", "delete", "patch", "update"]}],
-        });
-        (200, discovery)
+        (200, widgets_discovery())
     } else {
         let (reason, message) = match code {
             429 => (
@@ -744,6 +772,16 @@ fn failing_answer(
 /// and waits until the target's aggregator answers `demo/<name>` with it.
 async fn widgets_failing_with(h: &Harness, name: &str, code: u16) -> FailingBackend {
     let backend = FailingBackend::start(code).await;
+    widgets_served_by(h, &backend.backend).await;
+    // The target's aggregator routes the group to the backend once the APIService
+    // is Available.
+    assert_target_answers(h, name, code).await;
+    backend
+}
+
+/// Hands the target's example.com/v1 to `backend` (a Service and an APIService
+/// on the target).
+async fn widgets_served_by(h: &Harness, backend: &Backend) {
     let port = backend.addr.port();
     let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
         "metadata": {"name": "widgets-backend", "namespace": "default"},
@@ -756,10 +794,61 @@ async fn widgets_failing_with(h: &Harness, name: &str, code: u16) -> FailingBack
         .await
         .expect("service created");
     hand_widgets_to_backend(h, port).await;
-    // The target's aggregator routes the group to the backend once the APIService
-    // is Available.
-    assert_target_answers(h, name, code).await;
-    backend
+}
+
+/// A Scale carries no labels, so it is shown only as the state its object's
+/// check saw. Scripted on a backend, so that the object moves exactly when the
+/// test says: once between the check and the read, the object is checked again
+/// and the Scale shown (not masked as missing); on every read, the read is
+/// masked after three checks.
+#[tokio::test]
+async fn a_scale_read_is_checked_again_when_its_object_moved() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for (moves, code, scale_reads) in [(1, 200, 2), (usize::MAX, 404, 3)] {
+        let h = harness(AccessMode::Owned).await;
+        let version = Arc::new(AtomicUsize::new(1));
+        let reads = Arc::new(AtomicUsize::new(0));
+        let backend = Backend::start(Arc::new({
+            let (version, reads) = (Arc::clone(&version), Arc::clone(&reads));
+            move |request: &http::request::Parts| {
+                let path = request.uri.path();
+                let (code, body) = if path == "/apis/example.com/v1" {
+                    (200, widgets_discovery())
+                } else if path == format!("{WIDGETS}/busy") {
+                    let mut widget = widget("busy", owned_labels());
+                    widget["metadata"]["uid"] = json!("u-busy");
+                    widget["metadata"]["resourceVersion"] =
+                        json!(version.load(Ordering::SeqCst).to_string());
+                    (200, widget)
+                } else if path == format!("{WIDGETS}/busy/scale") {
+                    if reads.fetch_add(1, Ordering::SeqCst) < moves {
+                        version.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let scale = json!({
+                        "kind": "Scale", "apiVersion": "autoscaling/v1",
+                        "metadata": {"name": "busy", "namespace": "demo", "uid": "u-busy",
+                                     "resourceVersion": version.load(Ordering::SeqCst).to_string()},
+                        "spec": {"replicas": 1}, "status": {"replicas": 1},
+                    });
+                    (200, scale)
+                } else {
+                    return failing_answer(path, 404, false);
+                };
+                json_answer(code, &body)
+            }
+        }))
+        .await;
+        widgets_served_by(&h, &backend).await;
+        assert_target_answers(&h, "busy", 200).await;
+        let reply = call(&h.aggregator, "GET", &format!("{WIDGETS}/busy/scale"), None).await;
+        assert_eq!(reply.status, code, "moves {moves}: {}", reply.body);
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            scale_reads,
+            "moves {moves}: Scale reads"
+        );
+        h.proxy.shutdown().await;
+    }
 }
 
 /// Waits until the target answers a GET of `demo/<name>` with `code`.
