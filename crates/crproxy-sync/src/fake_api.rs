@@ -19,6 +19,10 @@ pub type Answer = fn(&Method, &str, &Value) -> (u16, Value);
 /// request has been read, as by a server that went away while handling it.
 pub const HANG_UP: u16 = 0;
 
+/// The code of an [`Answer`] that comes too late: the connection stays open and
+/// silent for a minute, past any deadline of a test.
+pub const STALL: u16 = 1;
+
 /// One request a [`FakeApi`] received.
 #[derive(Debug, Clone)]
 pub struct Received {
@@ -65,6 +69,9 @@ impl FakeApi {
                             let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
                             let (code, answer) = answer(&method, &path, &body);
                             locks::lock(&seen).push(Received { method, path, body });
+                            if code == STALL {
+                                tokio::time::sleep(Duration::from_secs(60)).await;
+                            }
                             if code == HANG_UP {
                                 // hyper closes a connection whose service fails,
                                 // without an answer.

@@ -39,6 +39,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -486,27 +487,20 @@ impl WriteThrough {
             return Ok(());
         }
         let desired = desired_mirror(ty, &self.tenant, &self.host_namespace, object);
-        let written = tokio::time::timeout_at(deadline, self.write(ty, &desired)).await;
+        // Set as a create or replace goes out: a deadline that ends the write
+        // leaves only this to say whether the host may have stored it.
+        let write_sent = AtomicBool::new(false);
+        let written =
+            tokio::time::timeout_at(deadline, self.write(ty, &desired, &write_sent)).await;
         let written = match written {
             Ok(Ok(w)) => w,
-            Ok(Err(failure)) => {
-                let outcome_open = failure.outcome_open();
-                let (reason, detail, denial) = self.refusal(&key, failure.error);
-                self.log_rejected(ty, &key, reason, &detail);
-                self.settle_refused(ty, gate, key, request, outcome_open);
-                return Err(denial);
-            }
+            Ok(Err(failure)) => return Err(self.refuse(ty, gate, key, request, failure)),
             Err(_) => {
-                self.log_rejected(ty, &key, "response_error", "timed out");
-                self.spawn_cleanup_unknown(ty, gate, key, request);
-                return Err(Denial::new(
-                    504,
-                    "Timeout",
-                    format!(
-                        "write-through: no answer from the host within {} s of the decision (waiting for another write of the object included)",
-                        self.timeout.as_secs()
-                    ),
-                ));
+                let failure = Failure {
+                    error: HostError::TimedOut,
+                    write_sent: write_sent.load(Ordering::Acquire),
+                };
+                return Err(self.refuse(ty, gate, key, request, failure));
             }
         };
         match written {
@@ -547,10 +541,15 @@ impl WriteThrough {
     /// that 409 says nothing about the tenant's write, so the mirror is read again
     /// and the replace retried, [`WRITE_ATTEMPTS`] times at most; the caller bounds
     /// all of it by the review's deadline.
-    async fn write(&self, ty: &ResolvedType, desired: &Value) -> Result<Option<Written>, Failure> {
+    async fn write(
+        &self,
+        ty: &ResolvedType,
+        desired: &Value,
+        write_sent: &AtomicBool,
+    ) -> Result<Option<Written>, Failure> {
         let mut attempt = 1;
         loop {
-            match self.write_once(ty, desired).await? {
+            match self.write_once(ty, desired, write_sent).await? {
                 Attempt::Written(written) => return Ok(written),
                 Attempt::ReplaceConflict(status) if attempt >= WRITE_ATTEMPTS => {
                     return Err(Failure::sent(HostError::Rejected(status)))
@@ -560,7 +559,14 @@ impl WriteThrough {
         }
     }
 
-    async fn write_once(&self, ty: &ResolvedType, desired: &Value) -> Result<Attempt, Failure> {
+    /// One read and, when needed, one create or replace; `write_sent` is set
+    /// just before the create or replace goes out.
+    async fn write_once(
+        &self,
+        ty: &ResolvedType,
+        desired: &Value,
+        write_sent: &AtomicBool,
+    ) -> Result<Attempt, Failure> {
         let api = self.host_api(ty);
         let name = meta(desired, "name");
         let current = api
@@ -593,19 +599,15 @@ impl WriteThrough {
                 if c["metadata"]["annotations"][names::OBJECT_UID]
                     != desired["metadata"]["annotations"][names::OBJECT_UID] =>
             {
-                api.create(&PostParams::default(), &object(desired.clone())?)
-                    .await
+                let object = object(desired.clone())?;
+                write_sent.store(true, Ordering::Release);
+                api.create(&PostParams::default(), &object).await
             }
             Some(c) if !mirror_differs(desired, c) => return Ok(Attempt::Written(None)),
             Some(c) => {
-                let replaced = match api
-                    .replace(
-                        name,
-                        &PostParams::default(),
-                        &object(replacement(desired, c))?,
-                    )
-                    .await
-                {
+                let object = object(replacement(desired, c))?;
+                write_sent.store(true, Ordering::Release);
+                let replaced = match api.replace(name, &PostParams::default(), &object).await {
                     Ok(replaced) => replaced,
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         return Ok(Attempt::ReplaceConflict(s))
@@ -617,14 +619,37 @@ impl WriteThrough {
                     .map_err(Failure::sent);
             }
             None => {
-                api.create(&PostParams::default(), &object(desired.clone())?)
-                    .await
+                let object = object(desired.clone())?;
+                write_sent.store(true, Ordering::Release);
+                api.create(&PostParams::default(), &object).await
             }
         }
         .map_err(|e| Failure::sent(e.into()))?;
         Written::of(&created, true)
             .map(|w| Attempt::Written(Some(w)))
             .map_err(Failure::sent)
+    }
+
+    /// Denies a review whose host write failed: logs it, frees its key (once a
+    /// mirror the host may have stored all the same is looked for and removed),
+    /// and returns the tenant's denial.
+    fn refuse(
+        self: &Arc<Self>,
+        ty: &ResolvedType,
+        gate: &Arc<Gate>,
+        key: Key,
+        request: &Review,
+        failure: Failure,
+    ) -> Denial {
+        let outcome_open = failure.outcome_open();
+        let (reason, detail, denial) = self.refusal(&key, failure.error);
+        self.log_rejected(ty, &key, reason, &detail);
+        if outcome_open {
+            self.spawn_cleanup_unknown(ty, gate, key, request);
+        } else {
+            gate.release(&key);
+        }
+        denial
     }
 
     /// What the tenant is told of a failed host write: the log's reason and
@@ -662,6 +687,17 @@ impl WriteThrough {
                 );
                 denial.retry_after = Some(1);
                 ("response_error", e, denial)
+            }
+            HostError::TimedOut => {
+                let denial = Denial::new(
+                    504,
+                    "Timeout",
+                    format!(
+                        "write-through: no answer from the host within {} s of the decision (waiting for another write of the object included)",
+                        self.timeout.as_secs()
+                    ),
+                );
+                ("response_error", "timed out".to_owned(), denial)
             }
         }
     }
@@ -882,25 +918,6 @@ impl WriteThrough {
         }
     }
 
-    /// Frees `key` after the host answered with an error: at once when nothing
-    /// can have been stored, else (`outcome_open`) once a create's mirror, if the
-    /// host stored it all the same, is looked for and removed, as for a write
-    /// that got no answer.
-    fn settle_refused(
-        self: &Arc<Self>,
-        ty: &ResolvedType,
-        gate: &Arc<Gate>,
-        key: Key,
-        request: &Review,
-        outcome_open: bool,
-    ) {
-        if outcome_open {
-            self.spawn_cleanup_unknown(ty, gate, key, request);
-        } else {
-            gate.release(&key);
-        }
-    }
-
     /// After a host write of `request` whose outcome is unknown (no answer, a 5xx,
     /// an answer that cannot be read): if the mirror of this very tenant object (by
     /// uid) exists, a create reached the host and is removed; the tenant request
@@ -1100,13 +1117,14 @@ impl Failure {
     /// before the write failed. A sent write: when its answer is a 5xx (kube's
     /// 504 says it may still be processing it; a proxy in front answers 502 or
     /// 503 for a request it may have passed on), when the answer could not be
-    /// read, and when none came; a 4xx is a refusal.
+    /// read, and when none came (its connection failed, or the deadline passed
+    /// once it was on its way); a 4xx is a refusal.
     fn outcome_open(&self) -> bool {
         self.write_sent
             && match &self.error {
                 HostError::Rejected(status) => status.code >= 500,
                 HostError::NotStatus { code, .. } => *code >= 500,
-                HostError::Unparseable(_) | HostError::Transport(_) => true,
+                HostError::Unparseable(_) | HostError::Transport(_) | HostError::TimedOut => true,
             }
     }
 }
@@ -1122,6 +1140,8 @@ enum HostError {
     NotStatus { code: u16, body: String },
     /// No answer (connection, TLS, ...).
     Transport(String),
+    /// No answer before the review's deadline (waiting for the key included).
+    TimedOut,
 }
 
 impl From<kube::Error> for HostError {
@@ -1140,6 +1160,8 @@ impl From<kube::Error> for HostError {
             // code below 400 into a 400, the caller's fault).
             kube::Error::Api(mut s) if s.code == 0 => {
                 s.code = 502;
+                // Whatever the body called a reason is not kube's.
+                s.reason.clear();
                 if s.message.is_empty() {
                     s.message = "the host answered with a JSON body that is no Status".into();
                 }

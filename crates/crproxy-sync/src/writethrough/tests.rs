@@ -9,7 +9,7 @@ use std::sync::Mutex as StdMutex;
 
 use super::*;
 use crate::fake_api::{
-    gateways_type, not_found, silent_api, success, unreachable_api, Answer, FakeApi, HANG_UP,
+    gateways_type, not_found, silent_api, success, unreachable_api, Answer, FakeApi, HANG_UP, STALL,
 };
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
@@ -906,12 +906,31 @@ fn hanging_up_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
     }
 }
 
+/// A host whose every read stalls: the write is never sent.
+fn stalling_read_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
+    match *method {
+        Method::GET => (STALL, Value::Null),
+        _ => not_found(),
+    }
+}
+
+/// A host that reads at once and never answers a create (which it may store).
+fn stalling_create_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
+    match *method {
+        Method::POST => (STALL, Value::Null),
+        _ => not_found(),
+    }
+}
+
 /// A host behind a gateway that answers a create 502 with a JSON body that is
 /// no Status (kube-rs reads it as one, code 0, which the tenant is told as a
 /// 502); it holds no mirror.
 fn gateway_failing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
     match *method {
-        Method::POST => (502, json!({"message": "upstream timed out"})),
+        Method::POST => (
+            502,
+            json!({"reason": "UpstreamTimeout", "message": "upstream timed out"}),
+        ),
         _ => not_found(),
     }
 }
@@ -922,20 +941,29 @@ fn gateway_failing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
 /// got no answer: see the rollback tests). A 4xx is a refusal, and a failed
 /// read before any write wrote nothing: nothing is looked for then, and no
 /// rollback failure is counted for a write that never happened. A create that
-/// got no answer at all is looked for too (503 to the tenant, retryable).
+/// got no answer at all is looked for too (503 to the tenant, retryable), and
+/// so is one the deadline ended once it was sent (504); a deadline that ended
+/// the read before it (504 too) sent nothing.
 #[tokio::test]
 async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
-    let cases: [(Answer, u16, u16, usize); 5] = [
+    let cases: [(Answer, u16, u16, usize); 7] = [
         (late_or_refusing_host, 443, 504, 2),
         (late_or_refusing_host, 8443, 422, 1),
         (unavailable_host, 443, 503, 1),
         (gateway_failing_host, 443, 502, 2),
         (hanging_up_host, 443, 503, 2),
+        (stalling_create_host, 443, 504, 2),
+        (stalling_read_host, 443, 504, 1),
     ];
     for (answer, port, code, lookups) in cases {
         let host = FakeApi::start(answer).await;
         let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
-        let wt = writing_to(wt, host.client_without_retries());
+        let client = host.client_without_retries();
+        let wt = configured(wt, |wt| {
+            wt.host = client;
+            // The stalling hosts' deadline.
+            wt.timeout = Duration::from_secs(1);
+        });
         synced(&gate);
         let mut gateway = gateway();
         gateway["spec"]["port"] = json!(port);
@@ -943,6 +971,9 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
         let r = response(&answer);
         assert_eq!(r["allowed"], false, "{code}: {answer}");
         assert_eq!(r["status"]["code"], code, "{code}: {answer}");
+        // kube's reason for the code: a gateway's own word for it is no reason
+        // the tenant's API server knows.
+        assert_eq!(r["status"]["reason"], reason_for(code), "{code}: {answer}");
         assert!(
             released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
             "{code}: the key stayed pending"
@@ -955,6 +986,61 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
             host.received()
         );
     }
+}
+
+/// Whether [`vanishing_host`] was sent its create.
+static VANISHING_CREATES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A host that goes away during a create: it hangs up on the create and on
+/// every request after it, so whether the create was stored cannot be told.
+fn vanishing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
+    use std::sync::atomic::Ordering;
+    if *method == Method::POST {
+        VANISHING_CREATES.store(true, Ordering::SeqCst);
+        return (HANG_UP, Value::Null);
+    }
+    if VANISHING_CREATES.load(Ordering::SeqCst) {
+        return (HANG_UP, Value::Null);
+    }
+    not_found()
+}
+
+/// A create that got no answer from a host that then cannot be read: the
+/// mirror it may have left is kept (nothing is deleted unseen), and the rollback
+/// says it cannot tell, counted as `host_lookup`.
+#[tokio::test]
+async fn a_create_whose_host_vanished_counts_host_lookup() {
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let host = FakeApi::start(vanishing_host).await;
+    let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
+    let wt = writing_to(wt, host.client_without_retries());
+    synced(&gate);
+    let answer = wt
+        .admit(review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["status"]["code"], 503, "{answer}");
+    assert!(
+        released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
+        "the key stayed pending"
+    );
+    assert!(
+        host.with_method(Method::DELETE).is_empty(),
+        "{:?}",
+        host.received()
+    );
+    let text = metrics.exposition();
+    assert!(
+        text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_lookup"} 1"#),
+        "{text}"
+    );
+    let logged = logs.text();
+    assert!(
+        logged.contains("write-through: rollback cannot tell whether the object reached the host"),
+        "{logged}"
+    );
 }
 
 static LATE_CREATES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
