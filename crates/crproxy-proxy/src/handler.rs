@@ -1327,10 +1327,11 @@ impl GroupVersionProxy {
     }
 
     /// The object at `path` read on the target, for a decision that depends on
-    /// it. A failed target, or a throttled one (5xx, 429), says nothing about the
-    /// object: that is a retryable 503 under `unanswered`, never the 404 a
-    /// controller takes for "already gone", nor a go-ahead. `check` names the
-    /// decision in the log.
+    /// it. A target that answers 5xx or 429 says nothing about the object: that
+    /// is a retryable 503 under `unanswered` (`check` names the decision in the
+    /// log), never the 404 a controller takes for "already gone", nor a
+    /// go-ahead. A target that cannot be reached is the 503 of any forwarded
+    /// request, under its own reason.
     async fn read_object(
         &self,
         exchange: &Exchange,
@@ -1537,7 +1538,8 @@ impl GroupVersionProxy {
 
     /// An all-mode server-side apply into a namespace being deleted: refused as a
     /// create (`None` lets it go on) when its object does not exist on the target,
-    /// as kube judges an apply of a missing object. The apply goes unpinned
+    /// as kube judges an apply of a missing object, and a retryable 503 when the
+    /// target cannot say ([`Self::read_object`]). The apply goes unpinned
     /// afterwards, so an object deleted between this look and the apply is created
     /// all the same; owned mode has no such gap (its apply is pinned).
     async fn refuse_apply_create_while_terminating(

@@ -459,7 +459,10 @@ impl Supervisor {
         drop(leader);
     }
 
-    /// Runs the syncers while `changes` says this replica leads, until `shutdown`.
+    /// Runs the syncers while `changes` says this replica leads, until `shutdown`
+    /// or until `changes` closes. It must come from a [`LeaderHandle`] or a
+    /// `crproxy_wiring::Leadership`, which close it at "not leading": a channel
+    /// left closed at "leading" would start the syncers again and again.
     async fn lead_while(
         self,
         mut changes: watch::Receiver<bool>,

@@ -199,6 +199,24 @@ async fn an_election_that_ends_while_leading_ends_the_supervisor() {
     assert!(!leading(&metrics), "still counted as leading");
 }
 
+/// A supervisor task aborted while it leads (its runtime shutting down, say)
+/// stops counting as the leader.
+#[tokio::test]
+async fn an_aborted_supervisor_stops_counting_as_leader() {
+    let metrics = SyncMetrics::new();
+    let supervisor = supervisor(silent_api().await, &metrics);
+    let (_lead, changes) = Leadership::channel(true);
+    let (_shutdown, shutdown_rx) = watch::channel(false);
+    let task = tokio::spawn(supervisor.lead_while(changes, shutdown_rx));
+    assert!(
+        within(Duration::from_secs(2), || leading(&metrics)).await,
+        "the supervisor never started leading"
+    );
+    task.abort();
+    assert!(task.await.is_err_and(|e| e.is_cancelled()), "not aborted");
+    assert!(!leading(&metrics), "still counted as leading");
+}
+
 /// A reconciler of one key that answers from a script (then `Done`) and records
 /// when each attempt was made.
 struct Scripted {
