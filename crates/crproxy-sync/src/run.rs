@@ -476,9 +476,9 @@ impl Supervisor {
                 _ = shutdown.wait_for(|s| *s) => return,
             }
             tracing::info!(types = self.resolved.len(), "elected: starting syncers");
-            // 1 until this term ends, whichever way: declared first, dropped last
-            // (after the endpoint's withdrawal below).
-            let _leading = self.metrics.leading();
+            // 1 until this term ends, whichever way (lost during the registration,
+            // a shutdown, this task aborted).
+            let leading = self.metrics.leading();
             if let Some(configuration) = &self.registration {
                 // Until it is registered, tenant writes of the types are not written
                 // through. Retried only while this replica leads: a replica that lost
@@ -529,6 +529,9 @@ impl Supervisor {
                 _ = changes.wait_for(|l| !*l) => false,
                 _ = shutdown.wait_for(|s| *s) => true,
             };
+            // Not the leader from here on: another replica may already be, and the
+            // endpoint's withdrawal below takes up to 5 s.
+            drop(leading);
             // Write-through closes first (new reviews get 503): a review accepted
             // from here on would be confirmed against a cache that no longer moves
             // once its syncer stops, and withdrawing the endpoint takes up to 5 s.

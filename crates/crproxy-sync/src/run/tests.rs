@@ -79,7 +79,7 @@ async fn within(limit: Duration, condition: impl Fn() -> bool) -> bool {
 /// A leader that stops closes write-through at once: a review arriving while it
 /// takes itself out of the Service (up to 5 s against a tenant that does not answer)
 /// gets 503 instead of being accepted by a replica whose syncers are stopping, whose
-/// frozen cache could then never confirm it.
+/// frozen cache could then never confirm it. Its leader gauge falls at once too.
 #[tokio::test]
 async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint() {
     let gate = Gate::new();
@@ -115,6 +115,11 @@ async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint
     assert!(
         within(Duration::from_secs(1), || !gate.is_synced()).await,
         "write-through still answered 1 s after the stop (while withdrawing the endpoint)"
+    );
+    // Nor is it counted as the leader meanwhile: another replica may lead by now.
+    assert!(
+        within(Duration::from_secs(1), || !leading(&metrics)).await,
+        "still counted as the leader 1 s after the stop (while withdrawing the endpoint)"
     );
 }
 
