@@ -309,9 +309,19 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
             if aggregated_gone
                 && (contents.is_empty() || state.store.objects_in_namespace(&ns).is_empty())
             {
+                // Finalized, as kube's controller does through /finalize: the
+                // namespace goes now unless finalizers of its own metadata hold
+                // it, Terminating and empty, until their owners remove them.
                 let _ = state
                     .store
                     .mutate::<ApiError>(&ns_gr(), "", &ns, false, |cur| match cur {
+                        Some(cur) if o::is_deleting(cur) && o::has_finalizers(cur) => {
+                            let mut finalized = (**cur).clone();
+                            if let Some(m) = finalized.as_object_mut() {
+                                m.insert("spec".into(), json!({}));
+                            }
+                            Ok(Mutation::Put(finalized))
+                        }
                         Some(cur) if o::is_deleting(cur) => Ok(Mutation::Delete),
                         Some(cur) => Ok(Mutation::Unchanged(cur.clone())),
                         None => Ok(Mutation::Unchanged(Arc::new(Value::Null))),

@@ -132,6 +132,14 @@ pub fn has_finalizers(obj: &Value) -> bool {
     !finalizers(obj).is_empty()
 }
 
+/// Whether a namespace's own finalizers (`spec.finalizers`, the namespace
+/// controller's `kubernetes`) are all gone.
+pub fn namespace_finalized(ns: &Value) -> bool {
+    ns.pointer("/spec/finalizers")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty)
+}
+
 pub fn is_deleting(obj: &Value) -> bool {
     obj.get("metadata")
         .and_then(|m| m.get("deletionTimestamp"))

@@ -795,7 +795,14 @@ fn commit_update(
             m.insert("metadata".into(), meta);
         }
     }
-    if o::is_deleting(&new) && !o::has_finalizers(&new) {
+    // An object being deleted goes once an update leaves it no finalizers; a
+    // namespace also needs its own (spec.finalizers) gone, as kube's
+    // ShouldDeleteNamespaceDuringUpdate has it.
+    let is_namespace = info.group.is_empty() && info.resource == "namespaces";
+    if o::is_deleting(&new)
+        && !o::has_finalizers(&new)
+        && (!is_namespace || o::namespace_finalized(&new))
+    {
         return Ok((Mutation::DeleteFinal(new), warnings));
     }
     if o::same_object(current, &new) {

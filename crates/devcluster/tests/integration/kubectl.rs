@@ -289,6 +289,89 @@ async fn api_resources_and_namespace_deletion() {
     );
 }
 
+/// A namespace whose metadata carries a finalizer of someone else's stays
+/// Terminating once its content is gone, its own `kubernetes` finalizer removed,
+/// until that finalizer is removed too; as on kube, where the namespace
+/// controller finalizes it and storage keeps it for its metadata finalizers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_held_by_a_metadata_finalizer_stays_terminating() {
+    let tc = devcluster("target").await;
+    let kc = &tc.kubeconfig;
+    ok(kc, &["create", "namespace", "held"]).await;
+    ok(kc, &["-n", "held", "create", "configmap", "c1"]).await;
+    let hold = r#"{"metadata":{"finalizers":["example.com/hold"]}}"#;
+    ok(
+        kc,
+        &["patch", "namespace", "held", "--type=merge", "-p", hold],
+    )
+    .await;
+    ok(kc, &["delete", "namespace", "held", "--wait=false"]).await;
+    // The content goes (bounded: 10 s).
+    let mut emptied = false;
+    for _ in 0..100 {
+        let out = kubectl_async(kc, &["-n", "held", "get", "configmap", "c1"]).await;
+        if out.stderr.contains("not found") {
+            emptied = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(emptied, "the namespace's content was never removed");
+    // Past the controller's last pass, the namespace is still there, finalized.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let ns = kubectl_json_async(kc, &["get", "namespace", "held", "-o", "json"])
+        .await
+        .expect("the namespace is still there");
+    assert_eq!(ns["status"]["phase"], "Terminating", "{ns}");
+    assert_eq!(
+        ns["metadata"]["finalizers"],
+        json!(["example.com/hold"]),
+        "{ns}"
+    );
+    assert!(
+        ns["spec"].get("finalizers").is_none(),
+        "not finalized: {ns}"
+    );
+    // Its last finalizer's removal removes it.
+    let release = r#"{"metadata":{"finalizers":null}}"#;
+    ok(
+        kc,
+        &["patch", "namespace", "held", "--type=merge", "-p", release],
+    )
+    .await;
+    let out = kubectl_async(kc, &["get", "namespace", "held"]).await;
+    assert!(out.stderr.contains("not found"), "{out:?}");
+}
+
+/// Removing a namespace's metadata finalizers does not remove it while its own
+/// finalizer (`kubernetes`) is still there, as kube's
+/// ShouldDeleteNamespaceDuringUpdate has it: its content is removed first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinalized_namespace_outlives_its_metadata_finalizers() {
+    let tc = devcluster("target").await;
+    tc.cluster.stop_namespace_controller();
+    let kc = &tc.kubeconfig;
+    ok(kc, &["create", "namespace", "held"]).await;
+    let hold = r#"{"metadata":{"finalizers":["example.com/hold"]}}"#;
+    ok(
+        kc,
+        &["patch", "namespace", "held", "--type=merge", "-p", hold],
+    )
+    .await;
+    ok(kc, &["delete", "namespace", "held", "--wait=false"]).await;
+    let release = r#"{"metadata":{"finalizers":null}}"#;
+    ok(
+        kc,
+        &["patch", "namespace", "held", "--type=merge", "-p", release],
+    )
+    .await;
+    let ns = kubectl_json_async(kc, &["get", "namespace", "held", "-o", "json"])
+        .await
+        .expect("the namespace is still there");
+    assert_eq!(ns["status"]["phase"], "Terminating", "{ns}");
+    assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]), "{ns}");
+}
+
 /// The last response body kubectl logged (`-v=9` prints each one whole, quoted).
 fn logged_status(stderr: &str) -> Value {
     let quoted = stderr
