@@ -244,7 +244,10 @@ fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: Stri
                         }
                     }
                 }
-                if !o::has_finalizers(&new) {
+                // A namespace also waits for its own finalizers (the namespace
+                // controller removes its content first).
+                let is_namespace = gr == ns_gr();
+                if !o::has_finalizers(&new) && (!is_namespace || o::namespace_finalized(&new)) {
                     return Ok(Mutation::Delete);
                 }
                 Ok(Mutation::Put(new))
@@ -315,6 +318,14 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
                 let _ = state
                     .store
                     .mutate::<ApiError>(&ns_gr(), "", &ns, false, |cur| match cur {
+                        // Finalized before: nothing to write again.
+                        Some(cur)
+                            if o::is_deleting(cur)
+                                && o::has_finalizers(cur)
+                                && o::namespace_finalized(cur) =>
+                        {
+                            Ok(Mutation::Unchanged(cur.clone()))
+                        }
                         Some(cur) if o::is_deleting(cur) && o::has_finalizers(cur) => {
                             let mut finalized = (**cur).clone();
                             if let Some(m) = finalized.as_object_mut() {

@@ -332,6 +332,16 @@ async fn a_namespace_held_by_a_metadata_finalizer_stays_terminating() {
         ns["spec"].get("finalizers").is_none(),
         "not finalized: {ns}"
     );
+    // Deleting it again changes nothing: it is not finalized a second time.
+    ok(kc, &["delete", "namespace", "held", "--wait=false"]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = kubectl_json_async(kc, &["get", "namespace", "held", "-o", "json"])
+        .await
+        .expect("the namespace is still there");
+    assert_eq!(
+        again["metadata"]["resourceVersion"], ns["metadata"]["resourceVersion"],
+        "written again: {again}"
+    );
     // Its last finalizer's removal removes it.
     let release = r#"{"metadata":{"finalizers":null}}"#;
     ok(
@@ -345,7 +355,9 @@ async fn a_namespace_held_by_a_metadata_finalizer_stays_terminating() {
 
 /// Removing a namespace's metadata finalizers does not remove it while its own
 /// finalizer (`kubernetes`) is still there, as kube's
-/// ShouldDeleteNamespaceDuringUpdate has it: its content is removed first.
+/// ShouldDeleteNamespaceDuringUpdate has it: its content is removed first. An
+/// update cannot remove that one (only /finalize does), nor can a foreground
+/// deletion's garbage collection skip it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unfinalized_namespace_outlives_its_metadata_finalizers() {
     let tc = devcluster("target").await;
@@ -359,7 +371,7 @@ async fn an_unfinalized_namespace_outlives_its_metadata_finalizers() {
     )
     .await;
     ok(kc, &["delete", "namespace", "held", "--wait=false"]).await;
-    let release = r#"{"metadata":{"finalizers":null}}"#;
+    let release = r#"{"metadata":{"finalizers":null},"spec":{"finalizers":[]}}"#;
     ok(
         kc,
         &["patch", "namespace", "held", "--type=merge", "-p", release],
@@ -369,6 +381,24 @@ async fn an_unfinalized_namespace_outlives_its_metadata_finalizers() {
         .await
         .expect("the namespace is still there");
     assert_eq!(ns["status"]["phase"], "Terminating", "{ns}");
+    assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]), "{ns}");
+    // Past the foreground deletion's garbage collection (50 ms after it).
+    ok(kc, &["create", "namespace", "cascaded"]).await;
+    ok(
+        kc,
+        &[
+            "delete",
+            "namespace",
+            "cascaded",
+            "--cascade=foreground",
+            "--wait=false",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ns = kubectl_json_async(kc, &["get", "namespace", "cascaded", "-o", "json"])
+        .await
+        .expect("the namespace is still there");
     assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]), "{ns}");
 }
 
