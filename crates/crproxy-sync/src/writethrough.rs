@@ -487,8 +487,10 @@ impl WriteThrough {
             return Ok(());
         }
         let desired = desired_mirror(ty, &self.tenant, &self.host_namespace, object);
-        // Set as a create or replace goes out: a deadline that ends the write
-        // leaves only this to say whether the host may have stored it.
+        // Set as a create or replace goes out, and never cleared: a deadline
+        // that ends the write leaves only this to say whether the host may have
+        // stored something. After a replace refused with 409 and a read that
+        // then stalls, it says so needlessly, which only costs a cleanup's read.
         let write_sent = AtomicBool::new(false);
         let written =
             tokio::time::timeout_at(deadline, self.write(ty, &desired, &write_sent)).await;

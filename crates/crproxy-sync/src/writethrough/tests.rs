@@ -946,23 +946,24 @@ fn gateway_failing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
 /// the read before it (504 too) sent nothing.
 #[tokio::test]
 async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
-    let cases: [(Answer, u16, u16, usize); 7] = [
-        (late_or_refusing_host, 443, 504, 2),
-        (late_or_refusing_host, 8443, 422, 1),
-        (unavailable_host, 443, 503, 1),
-        (gateway_failing_host, 443, 502, 2),
-        (hanging_up_host, 443, 503, 2),
-        (stalling_create_host, 443, 504, 2),
-        (stalling_read_host, 443, 504, 1),
+    // The host, the gateway's port, the tenant's answer, the host reads made,
+    // and the review's deadline in seconds (short only for the stalling hosts).
+    let cases: [(Answer, u16, u16, usize, u64); 7] = [
+        (late_or_refusing_host, 443, 504, 2, 5),
+        (late_or_refusing_host, 8443, 422, 1, 5),
+        (unavailable_host, 443, 503, 1, 5),
+        (gateway_failing_host, 443, 502, 2, 5),
+        (hanging_up_host, 443, 503, 2, 5),
+        (stalling_create_host, 443, 504, 2, 1),
+        (stalling_read_host, 443, 504, 1, 1),
     ];
-    for (answer, port, code, lookups) in cases {
+    for (answer, port, code, lookups, deadline) in cases {
         let host = FakeApi::start(answer).await;
         let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
         let client = host.client_without_retries();
         let wt = configured(wt, |wt| {
             wt.host = client;
-            // The stalling hosts' deadline.
-            wt.timeout = Duration::from_secs(1);
+            wt.timeout = Duration::from_secs(deadline);
         });
         synced(&gate);
         let mut gateway = gateway();
