@@ -989,6 +989,25 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
     }
 }
 
+/// A CREATE review of the gateway written through to a host answering with
+/// `answer` (without retries), once the review's key is released (within
+/// 5 s, a cleanup included): the host, the review's answer and the metrics.
+async fn create_written_to(answer: Answer) -> (FakeApi, Value, Arc<SyncMetrics>) {
+    let host = FakeApi::start(answer).await;
+    let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
+    let wt = writing_to(wt, host.client_without_retries());
+    synced(&gate);
+    let answer = wt
+        .admit(review("CREATE", gateway()))
+        .await
+        .expect("a review");
+    assert!(
+        released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
+        "the key stayed pending"
+    );
+    (host, answer, metrics)
+}
+
 /// Whether [`vanishing_host`] was sent its create.
 static VANISHING_CREATES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -1013,20 +1032,8 @@ fn vanishing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
 async fn a_create_whose_host_vanished_counts_host_lookup() {
     let logs = Logs::default();
     let _guard = logs.install();
-    let host = FakeApi::start(vanishing_host).await;
-    let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
-    let wt = writing_to(wt, host.client_without_retries());
-    synced(&gate);
-    let answer = wt
-        .admit(review("CREATE", gateway()))
-        .await
-        .expect("a review");
-    let r = response(&answer);
-    assert_eq!(r["status"]["code"], 503, "{answer}");
-    assert!(
-        released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
-        "the key stayed pending"
-    );
+    let (host, answer, metrics) = create_written_to(vanishing_host).await;
+    assert_eq!(response(&answer)["status"]["code"], 503, "{answer}");
     assert!(
         host.with_method(Method::DELETE).is_empty(),
         "{:?}",
@@ -1085,19 +1092,8 @@ fn late_and_busy_host(method: &Method, path: &str, _: &Value) -> (u16, Value) {
 async fn a_leftover_mirror_whose_delete_keeps_conflicting_counts_host_delete() {
     let logs = Logs::default();
     let _guard = logs.install();
-    let host = FakeApi::start(late_and_busy_host).await;
-    let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
-    let wt = writing_to(wt, host.client_without_retries());
-    synced(&gate);
-    let answer = wt
-        .admit(review("CREATE", gateway()))
-        .await
-        .expect("a review");
+    let (host, answer, metrics) = create_written_to(late_and_busy_host).await;
     assert_eq!(response(&answer)["status"]["code"], 504, "{answer}");
-    assert!(
-        released_within(&gate, &key("team", "edge"), Duration::from_secs(5)).await,
-        "the key stayed pending"
-    );
     // Each delete follows a read of its own and is pinned to what that read found.
     let deletes = host.with_method(Method::DELETE);
     assert_eq!(deletes.len(), 3, "{:?}", host.received());

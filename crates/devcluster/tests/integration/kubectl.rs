@@ -289,6 +289,18 @@ async fn api_resources_and_namespace_deletion() {
     );
 }
 
+/// Gives namespace `name` a finalizer of someone else's (`example.com/hold`),
+/// then deletes it without waiting.
+async fn delete_held(kc: &std::path::Path, name: &str) {
+    let hold = r#"{"metadata":{"finalizers":["example.com/hold"]}}"#;
+    ok(
+        kc,
+        &["patch", "namespace", name, "--type=merge", "-p", hold],
+    )
+    .await;
+    ok(kc, &["delete", "namespace", name, "--wait=false"]).await;
+}
+
 /// A namespace whose metadata carries a finalizer of someone else's stays
 /// Terminating once its content is gone, its own `kubernetes` finalizer removed,
 /// until that finalizer is removed too; as on kube, where the namespace
@@ -299,13 +311,7 @@ async fn a_namespace_held_by_a_metadata_finalizer_stays_terminating() {
     let kc = &tc.kubeconfig;
     ok(kc, &["create", "namespace", "held"]).await;
     ok(kc, &["-n", "held", "create", "configmap", "c1"]).await;
-    let hold = r#"{"metadata":{"finalizers":["example.com/hold"]}}"#;
-    ok(
-        kc,
-        &["patch", "namespace", "held", "--type=merge", "-p", hold],
-    )
-    .await;
-    ok(kc, &["delete", "namespace", "held", "--wait=false"]).await;
+    delete_held(kc, "held").await;
     // The content goes (bounded: 10 s).
     let mut emptied = false;
     for _ in 0..100 {
@@ -364,13 +370,7 @@ async fn an_unfinalized_namespace_outlives_its_metadata_finalizers() {
     tc.cluster.stop_namespace_controller();
     let kc = &tc.kubeconfig;
     ok(kc, &["create", "namespace", "held"]).await;
-    let hold = r#"{"metadata":{"finalizers":["example.com/hold"]}}"#;
-    ok(
-        kc,
-        &["patch", "namespace", "held", "--type=merge", "-p", hold],
-    )
-    .await;
-    ok(kc, &["delete", "namespace", "held", "--wait=false"]).await;
+    delete_held(kc, "held").await;
     let release = r#"{"metadata":{"finalizers":null},"spec":{"finalizers":[]}}"#;
     ok(
         kc,
