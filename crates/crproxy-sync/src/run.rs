@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crproxy_core::config::sync::{Direction, SyncPlan, WebhookEndpoint};
-use crproxy_wiring::LeaderHandle;
+use crproxy_wiring::{LeaderHandle, LeadershipChanges};
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
@@ -460,19 +460,13 @@ impl Supervisor {
     }
 
     /// Runs the syncers while `changes` says this replica leads, until `shutdown`
-    /// or until `changes` closes. It must come from a [`LeaderHandle`] or a
-    /// `crproxy_wiring::Leadership`, which close it at "not leading": a channel
-    /// left closed at "leading" would start the syncers again and again.
-    async fn lead_while(
-        self,
-        mut changes: watch::Receiver<bool>,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
+    /// or until the election ends.
+    async fn lead_while(self, mut changes: LeadershipChanges, mut shutdown: watch::Receiver<bool>) {
         loop {
             // Wait to lead (or to stop). An ended election closes the channel at
             // "not leading" (crproxy_wiring::Leadership), which ends this wait.
             tokio::select! {
-                r = changes.wait_for(|l| *l) => if r.is_err() { return },
+                r = changes.wait_until(true) => if r.is_err() { return },
                 _ = shutdown.wait_for(|s| *s) => return,
             }
             tracing::info!(types = self.resolved.len(), "elected: starting syncers");
@@ -489,7 +483,7 @@ impl Supervisor {
                 let registration = tokio::select! {
                     done = self.register_webhook(configuration, &mut shutdown) => done,
                     // Leadership lost, or the election ended.
-                    _ = changes.wait_for(|l| !*l) => Registration::LostLeadership,
+                    _ = changes.wait_until(false) => Registration::LostLeadership,
                 };
                 match registration {
                     Registration::Done => {}
@@ -526,7 +520,7 @@ impl Supervisor {
                 .collect();
             let stop = tokio::select! {
                 // Leadership lost, or the election ended.
-                _ = changes.wait_for(|l| !*l) => false,
+                _ = changes.wait_until(false) => false,
                 _ = shutdown.wait_for(|s| *s) => true,
             };
             // Not the leader from here on: another replica may already be, and the

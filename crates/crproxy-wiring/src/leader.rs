@@ -182,9 +182,9 @@ pub struct Leadership(watch::Sender<bool>);
 
 impl Leadership {
     /// A new channel whose value starts as `is_leader`.
-    pub fn channel(is_leader: bool) -> (Leadership, watch::Receiver<bool>) {
+    pub fn channel(is_leader: bool) -> (Leadership, LeadershipChanges) {
         let (tx, rx) = watch::channel(is_leader);
-        (Leadership(tx), rx)
+        (Leadership(tx), LeadershipChanges(rx))
     }
 
     /// Publishes `leader`, waking the receivers only when it changes.
@@ -208,6 +208,39 @@ impl Drop for Leadership {
     }
 }
 
+/// The receiving side of a leadership channel, which only a [`Leadership`]
+/// makes: once it is closed, it reads "not leading" (so waiting for leadership
+/// to come ends in an error, never in a stale "leading").
+#[derive(Clone)]
+pub struct LeadershipChanges(watch::Receiver<bool>);
+
+/// The election has ended: no more changes will come.
+#[derive(Debug, thiserror::Error)]
+#[error("the leader election has ended")]
+pub struct ElectionEnded;
+
+impl LeadershipChanges {
+    /// Whether this replica leads now; the value counts as seen for
+    /// [`LeadershipChanges::changed`].
+    pub fn leading(&mut self) -> bool {
+        *self.0.borrow_and_update()
+    }
+
+    /// Waits for a value not seen yet.
+    pub async fn changed(&mut self) -> Result<(), ElectionEnded> {
+        self.0.changed().await.map_err(|_| ElectionEnded)
+    }
+
+    /// Waits until leadership is `leading` (at once when it is now).
+    pub async fn wait_until(&mut self, leading: bool) -> Result<(), ElectionEnded> {
+        self.0
+            .wait_for(|l| *l == leading)
+            .await
+            .map(|_| ())
+            .map_err(|_| ElectionEnded)
+    }
+}
+
 /// Observes and ends one election loop. Clones share the loop; when the last clone is
 /// dropped the loop releases the Lease and ends, as [`LeaderHandle::release`] does.
 #[derive(Clone)]
@@ -217,7 +250,7 @@ pub struct LeaderHandle {
 
 struct Shared {
     shutdown: watch::Sender<bool>,
-    leader: watch::Receiver<bool>,
+    leader: LeadershipChanges,
     /// Keeps the sender of a [`LeaderHandle::fixed`] handle alive.
     _fixed: Option<Leadership>,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -241,7 +274,7 @@ impl LeaderHandle {
 
     /// A handle on `leader` with no election loop; `keep` holds the channel's
     /// sender when nobody else does.
-    fn without_election(leader: watch::Receiver<bool>, keep: Option<Leadership>) -> LeaderHandle {
+    fn without_election(leader: LeadershipChanges, keep: Option<Leadership>) -> LeaderHandle {
         let (shutdown, _) = watch::channel(false);
         LeaderHandle {
             shared: Arc::new(Shared {
@@ -263,12 +296,12 @@ impl LeaderHandle {
 
     /// Whether this replica currently leads.
     pub fn is_leader(&self) -> bool {
-        *self.shared.leader.borrow()
+        *self.shared.leader.0.borrow()
     }
 
-    /// Leadership as a watch channel. It closes when the election loop ends, and its
-    /// last value is then `false` (see [`Leadership`]).
-    pub fn changes(&self) -> watch::Receiver<bool> {
+    /// Leadership as it changes. The channel closes when the election loop ends,
+    /// at "not leading" (see [`Leadership`]).
+    pub fn changes(&self) -> LeadershipChanges {
         self.shared.leader.clone()
     }
 

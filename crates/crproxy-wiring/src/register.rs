@@ -482,7 +482,7 @@ pub fn spawn_registrar(
         loop {
             // An ended election closes the channel at "not leading" (Leadership):
             // no pass starts, and the wait below ends the loop.
-            let leading = *changes.borrow_and_update();
+            let leading = changes.leading();
             let mut wait = interval;
             if leading {
                 // A pass ends with leadership: one request can take up to the API
@@ -492,7 +492,7 @@ pub fn spawn_registrar(
                 let outcome = tokio::select! {
                     outcome = register_all(&client, &cfg, &regs) => outcome,
                     // Leadership lost, or the election ended.
-                    _ = changes.wait_for(|l| !*l) => {
+                    _ = changes.wait_until(false) => {
                         tracing::info!("lost leadership: registration pass abandoned");
                         continue;
                     }

@@ -301,7 +301,7 @@ impl Drop for WriteLog {
 async fn wait_leader(h: &LeaderHandle, within: Duration) -> Result<Duration> {
     let t0 = Instant::now();
     let mut rx = h.changes();
-    tokio::time::timeout(within, rx.wait_for(|l| *l))
+    tokio::time::timeout(within, rx.wait_until(true))
         .await
         .context("no leadership in time")?
         .context("election ended")?;
@@ -419,7 +419,7 @@ async fn a_leader_that_cannot_renew_steps_down() -> Result<()> {
     cluster.cluster.stop_listener(addr)?;
     let down = Instant::now();
     let mut rx = a.changes();
-    tokio::time::timeout(Duration::from_secs(4), rx.wait_for(|l| !*l))
+    tokio::time::timeout(Duration::from_secs(4), rx.wait_until(false))
         .await
         .context("still leading without renewals")??;
     let after = down.elapsed();

@@ -161,7 +161,7 @@ fn monitor(handles: &[(&'static str, &LeaderHandle)]) -> ChangeLog {
         let (who, log) = (*who, log.clone());
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
-                let v = *rx.borrow_and_update();
+                let v = rx.leading();
                 log.lock().unwrap_or_else(|p| p.into_inner()).push((
                     t0.elapsed().as_millis(),
                     who,
@@ -341,7 +341,7 @@ async fn release_hands_over_within_one_retry_interval() {
     assert_eq!(c.spec()["holderIdentity"], "");
     let released = Instant::now();
     let mut rx = b.changes();
-    tokio::time::timeout(3 * SECOND, rx.wait_for(|l| *l))
+    tokio::time::timeout(3 * SECOND, rx.wait_until(true))
         .await
         .expect("b leads within a retry interval")
         .expect("open");
@@ -349,7 +349,7 @@ async fn release_hands_over_within_one_retry_interval() {
     assert_eq!(c.spec()["holderIdentity"], "b");
     // The closed loop: a's channel ends.
     let mut rx = a2.changes();
-    rx.borrow_and_update();
+    rx.leading();
     assert!(rx.changed().await.is_err());
 }
 
@@ -373,11 +373,11 @@ async fn dropping_every_handle_releases_the_lease() {
 /// rely on it).
 #[tokio::test(start_paused = true)]
 async fn an_ended_election_closes_its_channel_at_not_leading() {
-    async fn closes_at_not_leading(mut rx: watch::Receiver<bool>, how: &str) {
+    async fn closes_at_not_leading(mut rx: LeadershipChanges, how: &str) {
         tokio::time::timeout(SECOND, async { while rx.changed().await.is_ok() {} })
             .await
             .unwrap_or_else(|_| panic!("{how}: the channel stays open"));
-        assert!(!*rx.borrow(), "{how}: closed at leading");
+        assert!(!rx.leading(), "{how}: closed at leading");
     }
 
     // A leader aborted as a crashed process would be: nothing releases the Lease.
