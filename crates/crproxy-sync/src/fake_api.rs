@@ -4,6 +4,7 @@
 //! devclusters live in the crproxy crate).
 
 use crproxy_core::locks;
+use crproxy_core::status::status;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -126,11 +127,7 @@ impl FakeApi {
 
 /// A 404 Status.
 pub fn not_found() -> (u16, Value) {
-    (
-        404,
-        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-               "reason": "NotFound", "message": "not found", "code": 404}),
-    )
+    (404, status(404, "NotFound", "not found"))
 }
 
 /// A 200 Status, as a delete answers.

@@ -5,6 +5,7 @@
 use super::*;
 use crate::fake_api::{gateways_type, silent_api, unreachable_api, FakeApi};
 use crproxy_core::config::sync::WriteThroughPlan;
+use crproxy_core::status::status;
 use crproxy_wiring::Leadership;
 use serde_json::json;
 
@@ -129,14 +130,8 @@ async fn a_stopping_leader_closes_write_through_before_it_withdraws_its_endpoint
 /// and every tenant write of the types would fail review.
 #[tokio::test]
 async fn a_replica_that_lost_leadership_stops_registering_its_webhook() {
-    let tenant = FakeApi::start(|_, _, _| {
-        (
-            500,
-            json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                   "reason": "InternalError", "message": "etcd is away", "code": 500}),
-        )
-    })
-    .await;
+    let tenant =
+        FakeApi::start(|_, _, _| (500, status(500, "InternalError", "etcd is away"))).await;
     let metrics = SyncMetrics::new();
     let mut supervisor = supervisor(tenant.client.clone(), &metrics);
     supervisor.registration = Some(webhook_configuration());

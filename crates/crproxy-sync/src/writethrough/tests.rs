@@ -4,6 +4,7 @@
 //! against a host that never answers, a review its caller gave up on.
 
 use crproxy_core::locks;
+use crproxy_core::status::status;
 use std::io::Write;
 use std::sync::Mutex as StdMutex;
 
@@ -680,9 +681,7 @@ fn conflicting_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
             CONFLICTING_DELETES.fetch_add(1, Ordering::SeqCst);
             (
                 409,
-                json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                       "reason": "Conflict", "code": 409,
-                       "message": "Operations on gateways.example.net \"edge-x-team-x-client\" cannot be fulfilled: the precondition resourceVersion does not match"}),
+                status(409, "Conflict", "Operations on gateways.example.net \"edge-x-team-x-client\" cannot be fulfilled: the precondition resourceVersion does not match"),
             )
         }
         _ => not_found(),
@@ -874,15 +873,11 @@ async fn an_update_written_through_keeps_what_others_put_on_the_mirror() {
 /// still be processing the request"), and refuses one on any other port as
 /// invalid (422); it holds no mirror.
 fn late_or_refusing_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
-    let status = |code: u16, reason: &str| {
-        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-               "reason": reason, "message": reason, "code": code})
-    };
     match *method {
         Method::POST if path == MIRROR_PATH && body["spec"]["port"] == 443 => {
-            (504, status(504, "Timeout"))
+            (504, status(504, "Timeout", "Timeout"))
         }
-        Method::POST => (422, status(422, "Invalid")),
+        Method::POST => (422, status(422, "Invalid", "Invalid")),
         _ => not_found(),
     }
 }
@@ -892,8 +887,7 @@ fn late_or_refusing_host(method: &Method, path: &str, body: &Value) -> (u16, Val
 fn unavailable_host(_: &Method, _: &str, _: &Value) -> (u16, Value) {
     (
         503,
-        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-               "reason": "ServiceUnavailable", "message": "service unavailable", "code": 503}),
+        status(503, "ServiceUnavailable", "service unavailable"),
     )
 }
 
@@ -1063,11 +1057,7 @@ fn late_and_busy_host(method: &Method, path: &str, _: &Value) -> (u16, Value) {
     match *method {
         Method::POST if path == MIRROR_PATH => {
             LATE_CREATES.fetch_add(1, Ordering::SeqCst);
-            (
-                504,
-                json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                       "reason": "Timeout", "message": "Timeout", "code": 504}),
-            )
+            (504, status(504, "Timeout", "Timeout"))
         }
         // Nothing before the create (write-through reads first), the mirror after.
         Method::GET if path == mirror_path && LATE_CREATES.load(Ordering::SeqCst) > 0 => {
@@ -1078,8 +1068,11 @@ fn late_and_busy_host(method: &Method, path: &str, _: &Value) -> (u16, Value) {
         }
         Method::DELETE => (
             409,
-            json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                   "reason": "Conflict", "code": 409, "message": "the precondition resourceVersion does not match"}),
+            status(
+                409,
+                "Conflict",
+                "the precondition resourceVersion does not match",
+            ),
         ),
         _ => not_found(),
     }
@@ -1271,9 +1264,7 @@ fn status_race_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
             if puts == 0 {
                 (
                     409,
-                    json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                           "reason": "Conflict", "code": 409,
-                           "message": "Operation cannot be fulfilled on gateways.example.net \"edge-x-team-x-client\": the object has been modified; please apply your changes to the latest version and try again"}),
+                    status(409, "Conflict", "Operation cannot be fulfilled on gateways.example.net \"edge-x-team-x-client\": the object has been modified; please apply your changes to the latest version and try again"),
                 )
             } else {
                 (200, body.clone())
