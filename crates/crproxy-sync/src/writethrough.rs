@@ -487,22 +487,18 @@ impl WriteThrough {
             return Ok(());
         }
         let desired = desired_mirror(ty, &self.tenant, &self.host_namespace, object);
-        // Set as a create or replace goes out, and never cleared: a deadline
-        // that ends the write leaves only this to say whether the host may have
-        // stored something. After a replace refused with 409 and a read that
-        // then stalls, it says so needlessly, which only costs a cleanup's read.
+        // Whether the last attempt's create or replace went out (a replace
+        // refused with 409 stored nothing, and the next attempt starts with a
+        // read): a failure, or a deadline that ends the write, leaves only this
+        // to say whether the host may have stored something.
         let write_sent = AtomicBool::new(false);
         let written =
             tokio::time::timeout_at(deadline, self.write(ty, &desired, &write_sent)).await;
-        let written = match written {
-            Ok(Ok(w)) => w,
-            Ok(Err(failure)) => return Err(self.refuse(ty, gate, key, request, failure)),
-            Err(_) => {
-                let failure = Failure {
-                    error: HostError::TimedOut,
-                    write_sent: write_sent.load(Ordering::Acquire),
-                };
-                return Err(self.refuse(ty, gate, key, request, failure));
+        let written = match written.unwrap_or(Err(HostError::TimedOut)) {
+            Ok(written) => written,
+            Err(error) => {
+                let sent = write_sent.load(Ordering::Acquire);
+                return Err(self.refuse(ty, gate, key, request, error, sent));
             }
         };
         match written {
@@ -548,51 +544,48 @@ impl WriteThrough {
         ty: &ResolvedType,
         desired: &Value,
         write_sent: &AtomicBool,
-    ) -> Result<Option<Written>, Failure> {
+    ) -> Result<Option<Written>, HostError> {
         let mut attempt = 1;
         loop {
             match self.write_once(ty, desired, write_sent).await? {
                 Attempt::Written(written) => return Ok(written),
                 Attempt::ReplaceConflict(status) if attempt >= WRITE_ATTEMPTS => {
-                    return Err(Failure::sent(HostError::Rejected(status)))
+                    return Err(HostError::Rejected(status))
                 }
                 Attempt::ReplaceConflict(_) => attempt += 1,
             }
         }
     }
 
-    /// One read and, when needed, one create or replace; `write_sent` is set
-    /// just before the create or replace goes out.
+    /// One read and, when needed, one create or replace; `write_sent` is
+    /// cleared first and set just before the create or replace goes out.
     async fn write_once(
         &self,
         ty: &ResolvedType,
         desired: &Value,
         write_sent: &AtomicBool,
-    ) -> Result<Attempt, Failure> {
+    ) -> Result<Attempt, HostError> {
+        write_sent.store(false, Ordering::Release);
         let api = self.host_api(ty);
         let name = meta(desired, "name");
-        let current = api
-            .get_opt(name)
-            .await
-            .map_err(|e| Failure::before_write(e.into()))?;
+        let current = api.get_opt(name).await.map_err(HostError::from)?;
         let current = current
             .map(|c| serde_json::to_value(&c))
             .transpose()
-            .map_err(|e| Failure::before_write(HostError::Unparseable(e.to_string())))?;
+            .map_err(|e| HostError::Unparseable(e.to_string()))?;
         // Only the stand-in of a host object nested too deeply was read: what a
         // replace would keep of it is not known.
         if current
             .as_ref()
             .is_some_and(crproxy_core::deep_objects::is_stand_in)
         {
-            return Err(Failure::before_write(HostError::Unparseable(format!(
+            return Err(HostError::Unparseable(format!(
                 "the host object nests deeper than {} levels",
                 crproxy_core::deep_objects::MAX_OBJECT_NESTING
-            ))));
+            )));
         }
-        let object = |v: Value| -> Result<DynamicObject, Failure> {
-            serde_json::from_value(v)
-                .map_err(|e| Failure::before_write(HostError::Unparseable(e.to_string())))
+        let object = |v: Value| -> Result<DynamicObject, HostError> {
+            serde_json::from_value(v).map_err(|e| HostError::Unparseable(e.to_string()))
         };
         let created = match &current {
             // Someone else's object under the mirror's name, or an older incarnation's
@@ -614,11 +607,9 @@ impl WriteThrough {
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         return Ok(Attempt::ReplaceConflict(s))
                     }
-                    Err(e) => return Err(Failure::sent(e.into())),
+                    Err(e) => return Err(e.into()),
                 };
-                return Written::of(&replaced, false)
-                    .map(|w| Attempt::Written(Some(w)))
-                    .map_err(Failure::sent);
+                return Written::of(&replaced, false).map(|w| Attempt::Written(Some(w)));
             }
             None => {
                 let object = object(desired.clone())?;
@@ -626,25 +617,25 @@ impl WriteThrough {
                 api.create(&PostParams::default(), &object).await
             }
         }
-        .map_err(|e| Failure::sent(e.into()))?;
-        Written::of(&created, true)
-            .map(|w| Attempt::Written(Some(w)))
-            .map_err(Failure::sent)
+        .map_err(HostError::from)?;
+        Written::of(&created, true).map(|w| Attempt::Written(Some(w)))
     }
 
-    /// Denies a review whose host write failed: logs it, frees its key (once a
-    /// mirror the host may have stored all the same is looked for and removed),
-    /// and returns the tenant's denial.
+    /// Denies a review whose host write failed with `error` (`write_sent`: a
+    /// create or replace had gone out): logs it, frees its key (once a mirror
+    /// the host may have stored all the same is looked for and removed), and
+    /// returns the tenant's denial.
     fn refuse(
         self: &Arc<Self>,
         ty: &ResolvedType,
         gate: &Arc<Gate>,
         key: Key,
         request: &Review,
-        failure: Failure,
+        error: HostError,
+        write_sent: bool,
     ) -> Denial {
-        let outcome_open = failure.outcome_open();
-        let (reason, detail, denial) = self.refusal(&key, failure.error);
+        let outcome_open = write_sent && error.may_have_been_stored();
+        let (reason, detail, denial) = self.refusal(&key, error);
         self.log_rejected(ty, &key, reason, &detail);
         if outcome_open {
             self.spawn_cleanup_unknown(ty, gate, key, request);
@@ -1091,46 +1082,6 @@ enum Attempt {
     ReplaceConflict(Box<kube::core::Status>),
 }
 
-/// A host write that failed: how, and whether the write itself was sent (a
-/// create or replace, which the host may then have stored whatever it
-/// answered) or a read before it failed (nothing written).
-struct Failure {
-    error: HostError,
-    write_sent: bool,
-}
-
-impl Failure {
-    fn before_write(error: HostError) -> Failure {
-        Failure {
-            error,
-            write_sent: false,
-        }
-    }
-
-    fn sent(error: HostError) -> Failure {
-        Failure {
-            error,
-            write_sent: true,
-        }
-    }
-
-    /// Whether the host may have stored the write all the same, so that the
-    /// mirror it may have left must be looked for. Never when only a read
-    /// before the write failed. A sent write: when its answer is a 5xx (kube's
-    /// 504 says it may still be processing it; a proxy in front answers 502 or
-    /// 503 for a request it may have passed on), when the answer could not be
-    /// read, and when none came (its connection failed, or the deadline passed
-    /// once it was on its way); a 4xx is a refusal.
-    fn outcome_open(&self) -> bool {
-        self.write_sent
-            && match &self.error {
-                HostError::Rejected(status) => status.code >= 500,
-                HostError::NotStatus { code, .. } => *code >= 500,
-                HostError::Unparseable(_) | HostError::Transport(_) | HostError::TimedOut => true,
-            }
-    }
-}
-
 /// How a host write failed.
 enum HostError {
     /// The host answered with a Status.
@@ -1144,6 +1095,22 @@ enum HostError {
     Transport(String),
     /// No answer before the review's deadline (waiting for the key included).
     TimedOut,
+}
+
+impl HostError {
+    /// Whether the host may have stored a create or replace that failed so, so
+    /// that the mirror it may have left must be looked for: when its answer is a
+    /// 5xx (kube's 504 says it may still be processing it; a proxy in front
+    /// answers 502 or 503 for a request it may have passed on), when the answer
+    /// could not be read, and when none came (its connection failed, or the
+    /// deadline passed); a 4xx is a refusal. Only asked of a write that went out.
+    fn may_have_been_stored(&self) -> bool {
+        match self {
+            HostError::Rejected(status) => status.code >= 500,
+            HostError::NotStatus { code, .. } => *code >= 500,
+            HostError::Unparseable(_) | HostError::Transport(_) | HostError::TimedOut => true,
+        }
+    }
 }
 
 impl From<kube::Error> for HostError {
