@@ -96,6 +96,13 @@ pub struct ResourceInfo {
 }
 
 impl ResourceInfo {
+    /// Whether this is the core group's `namespaces`.
+    pub fn is_namespace(&self) -> bool {
+        self.group.is_empty() && self.resource == "namespaces"
+    }
+}
+
+impl ResourceInfo {
     pub fn is_crd(&self) -> bool {
         matches!(self.source, Source::Crd(_))
     }

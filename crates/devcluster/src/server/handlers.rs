@@ -559,7 +559,7 @@ async fn resource_request(
         Output::Discovery(_) => return Err(h::not_acceptable()),
         o => o,
     };
-    let namespace = if info.resource == "namespaces" && info.group.is_empty() {
+    let namespace = if info.is_namespace() {
         String::new()
     } else {
         rp.namespace.clone()

@@ -246,8 +246,7 @@ fn spawn_gc_release(state: Arc<State>, gr: GroupResource, ns: String, name: Stri
                 }
                 // A namespace also waits for its own finalizers (the namespace
                 // controller removes its content first).
-                let is_namespace = gr == ns_gr();
-                if !o::has_finalizers(&new) && (!is_namespace || o::namespace_finalized(&new)) {
+                if o::may_go(&new, gr == ns_gr()) {
                     return Ok(Mutation::Delete);
                 }
                 Ok(Mutation::Put(new))
@@ -318,22 +317,17 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
                 let _ = state
                     .store
                     .mutate::<ApiError>(&ns_gr(), "", &ns, false, |cur| match cur {
-                        // Finalized before: nothing to write again.
-                        Some(cur)
-                            if o::is_deleting(cur)
-                                && o::has_finalizers(cur)
-                                && o::namespace_finalized(cur) =>
-                        {
-                            Ok(Mutation::Unchanged(cur.clone()))
-                        }
-                        Some(cur) if o::is_deleting(cur) && o::has_finalizers(cur) => {
-                            let mut finalized = (**cur).clone();
-                            if let Some(m) = finalized.as_object_mut() {
-                                m.insert("spec".into(), json!({}));
+                        Some(cur) if o::is_deleting(cur) => {
+                            let finalized = o::with_namespace_finalizers(cur, None);
+                            if o::may_go(&finalized, true) {
+                                Ok(Mutation::Delete)
+                            } else if o::namespace_finalized(cur) {
+                                // Finalized before: nothing to write again.
+                                Ok(Mutation::Unchanged(cur.clone()))
+                            } else {
+                                Ok(Mutation::Put(finalized))
                             }
-                            Ok(Mutation::Put(finalized))
                         }
-                        Some(cur) if o::is_deleting(cur) => Ok(Mutation::Delete),
                         Some(cur) => Ok(Mutation::Unchanged(cur.clone())),
                         None => Ok(Mutation::Unchanged(Arc::new(Value::Null))),
                     });
@@ -368,18 +362,9 @@ pub fn finalize_namespace(
                 return Err(ApiError::not_found("", "namespaces", &ctx.name));
             };
             previous_rv = Some(meta_str(cur, "resourceVersion").to_string());
-            let mut new = (**cur).clone();
-            if let Some(m) = new.as_object_mut() {
-                let empty = finalizers.as_array().is_none_or(Vec::is_empty);
-                let spec = if empty {
-                    json!({})
-                } else {
-                    json!({"finalizers": finalizers})
-                };
-                m.insert("spec".into(), spec);
-                if empty && o::is_deleting(cur) && !o::has_finalizers(cur) {
-                    return Ok(Mutation::Delete);
-                }
+            let new = o::with_namespace_finalizers(cur, Some(finalizers.clone()));
+            if o::may_go(&new, true) {
+                return Ok(Mutation::Delete);
             }
             Ok(Mutation::Put(new))
         })?;

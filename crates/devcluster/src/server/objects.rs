@@ -140,6 +140,27 @@ pub fn namespace_finalized(ns: &Value) -> bool {
         .is_none_or(Vec::is_empty)
 }
 
+/// Whether an object being deleted may leave storage now: no finalizers left,
+/// and for a namespace none of its own either (kube's
+/// ShouldDeleteNamespaceDuringUpdate).
+pub fn may_go(obj: &Value, is_namespace: bool) -> bool {
+    is_deleting(obj) && !has_finalizers(obj) && (!is_namespace || namespace_finalized(obj))
+}
+
+/// `namespace` with `spec.finalizers` set to `finalizers` (`spec: {}` when
+/// there are none, as kube writes it).
+pub fn with_namespace_finalizers(namespace: &Value, finalizers: Option<Value>) -> Value {
+    let mut new = namespace.clone();
+    let spec = match finalizers.filter(|f| f.as_array().is_some_and(|a| !a.is_empty())) {
+        Some(finalizers) => json!({"finalizers": finalizers}),
+        None => json!({}),
+    };
+    if let Some(m) = new.as_object_mut() {
+        m.insert("spec".into(), spec);
+    }
+    new
+}
+
 pub fn is_deleting(obj: &Value) -> bool {
     obj.get("metadata")
         .and_then(|m| m.get("deletionTimestamp"))

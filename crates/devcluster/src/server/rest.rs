@@ -795,14 +795,8 @@ fn commit_update(
             m.insert("metadata".into(), meta);
         }
     }
-    // An object being deleted goes once an update leaves it no finalizers; a
-    // namespace also needs its own (spec.finalizers) gone, as kube's
-    // ShouldDeleteNamespaceDuringUpdate has it.
-    let is_namespace = info.group.is_empty() && info.resource == "namespaces";
-    if o::is_deleting(&new)
-        && !o::has_finalizers(&new)
-        && (!is_namespace || o::namespace_finalized(&new))
-    {
+    // An object being deleted goes once an update leaves it no finalizers.
+    if o::may_go(&new, info.is_namespace()) {
         return Ok((Mutation::DeleteFinal(new), warnings));
     }
     if o::same_object(current, &new) {
@@ -1276,10 +1270,7 @@ pub fn delete_one(
 ) -> Result<Written, ApiError> {
     let info = &ctx.info;
     // kube's namespace lifecycle admission protects the system namespaces.
-    if info.group.is_empty()
-        && info.resource == "namespaces"
-        && matches!(name, "default" | "kube-system" | "kube-public")
-    {
+    if info.is_namespace() && matches!(name, "default" | "kube-system" | "kube-public") {
         return Err(ApiError::new(
             403,
             "Forbidden",
@@ -1342,7 +1333,7 @@ pub fn delete_one(
                 "Orphan" => Some("orphan"),
                 _ => None,
             };
-            let namespace = info.group.is_empty() && info.resource == "namespaces";
+            let namespace = info.is_namespace();
             if !namespace && !o::has_finalizers(cur) && extra_finalizer.is_none() {
                 return Ok(Mutation::Delete);
             }

@@ -4,6 +4,7 @@
 //! switch over.
 
 use super::http as h;
+use super::objects as o;
 use super::rest::ReqCtx;
 use crate::error::{ApiError, Cause};
 use crate::registry::ResourceInfo;
@@ -311,24 +312,6 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
     }
 }
 
-/// A namespace update's spec.finalizers are the stored ones, whatever the update
-/// says (kube's namespaceStrategy.PrepareForUpdate): an update can neither
-/// finalize a namespace nor hold it.
-fn keep_namespace_finalizers(current: &Value, new: &mut Value) {
-    let stored = current.pointer("/spec/finalizers").cloned();
-    let Some(m) = new.as_object_mut() else { return };
-    let spec = m.entry("spec").or_insert_with(|| json!({}));
-    if !spec.is_object() {
-        *spec = json!({});
-    }
-    if let Some(spec) = spec.as_object_mut() {
-        match stored {
-            Some(finalizers) => spec.insert("finalizers".into(), finalizers),
-            None => spec.remove("finalizers"),
-        };
-    }
-}
-
 /// What kube's registry strategies set on create (not owned by the writer).
 pub fn prepare_for_create(info: &ResourceInfo, obj: &mut Value) {
     let Some(m) = obj.as_object_mut() else { return };
@@ -347,14 +330,16 @@ pub fn prepare_for_create(info: &ResourceInfo, obj: &mut Value) {
 
 /// What kube's update strategies keep from the stored object (a Service keeps
 /// its allocated cluster IPs when an update leaves them out; a namespace its
-/// spec.finalizers, which only /finalize changes).
+/// spec.finalizers, which only /finalize changes: kube's
+/// namespaceStrategy.PrepareForUpdate).
 pub fn prepare_for_update(info: &ResourceInfo, current: &Value, new: &mut Value) {
     if info.group == "apiextensions.k8s.io" && info.resource == "customresourcedefinitions" {
         record_stored_version(new);
         return;
     }
-    if info.group.is_empty() && info.resource == "namespaces" {
-        keep_namespace_finalizers(current, new);
+    if info.is_namespace() {
+        let stored = current.pointer("/spec/finalizers").cloned();
+        *new = o::with_namespace_finalizers(new, stored);
         return;
     }
     if !(info.group.is_empty() && info.resource == "services") {
