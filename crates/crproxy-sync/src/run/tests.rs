@@ -181,19 +181,32 @@ async fn an_election_that_ends_during_the_registration_ends_the_supervisor() {
     ends_with_the_election(task, Duration::from_secs(2)).await;
 }
 
+/// A supervisor (no types, a tenant that never answers) whose replica leads, once
+/// it counts as the leader: the leadership's sender and the supervisor's task.
+async fn leading_supervisor(
+    metrics: &Arc<SyncMetrics>,
+) -> (Leadership, tokio::task::JoinHandle<()>) {
+    let supervisor = supervisor(silent_api().await, metrics);
+    let (lead, changes) = Leadership::channel(true);
+    // Never stopped: the supervisor's task ends with its leadership.
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        supervisor.lead_while(changes, shutdown_rx).await;
+        drop(shutdown);
+    });
+    assert!(
+        within(Duration::from_secs(2), || leading(metrics)).await,
+        "the supervisor never started leading"
+    );
+    (lead, task)
+}
+
 /// The same once the syncers run: an election that ends while this replica leads
 /// ends the supervisor, which stops leading.
 #[tokio::test]
 async fn an_election_that_ends_while_leading_ends_the_supervisor() {
     let metrics = SyncMetrics::new();
-    let supervisor = supervisor(silent_api().await, &metrics);
-    let (lead, changes) = Leadership::channel(true);
-    let (_shutdown, shutdown_rx) = watch::channel(false);
-    let task = tokio::spawn(supervisor.lead_while(changes, shutdown_rx));
-    assert!(
-        within(Duration::from_secs(2), || leading(&metrics)).await,
-        "the supervisor never started leading"
-    );
+    let (lead, task) = leading_supervisor(&metrics).await;
     drop(lead);
     ends_with_the_election(task, Duration::from_secs(2)).await;
     assert!(!leading(&metrics), "still counted as leading");
@@ -204,14 +217,7 @@ async fn an_election_that_ends_while_leading_ends_the_supervisor() {
 #[tokio::test]
 async fn an_aborted_supervisor_stops_counting_as_leader() {
     let metrics = SyncMetrics::new();
-    let supervisor = supervisor(silent_api().await, &metrics);
-    let (_lead, changes) = Leadership::channel(true);
-    let (_shutdown, shutdown_rx) = watch::channel(false);
-    let task = tokio::spawn(supervisor.lead_while(changes, shutdown_rx));
-    assert!(
-        within(Duration::from_secs(2), || leading(&metrics)).await,
-        "the supervisor never started leading"
-    );
+    let (_lead, task) = leading_supervisor(&metrics).await;
     task.abort();
     assert!(task.await.is_err_and(|e| e.is_cancelled()), "not aborted");
     assert!(!leading(&metrics), "still counted as leading");
