@@ -220,6 +220,11 @@ pub struct LeadershipChanges(watch::Receiver<bool>);
 pub struct ElectionEnded;
 
 impl LeadershipChanges {
+    /// Whether this replica leads now, leaving the value unseen.
+    pub fn now(&self) -> bool {
+        *self.0.borrow()
+    }
+
     /// Whether this replica leads now; the value counts as seen for
     /// [`LeadershipChanges::changed`].
     pub fn leading(&mut self) -> bool {
@@ -296,7 +301,7 @@ impl LeaderHandle {
 
     /// Whether this replica currently leads.
     pub fn is_leader(&self) -> bool {
-        *self.shared.leader.0.borrow()
+        self.shared.leader.now()
     }
 
     /// Leadership as it changes. The channel closes when the election loop ends,
