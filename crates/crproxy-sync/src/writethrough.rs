@@ -831,60 +831,88 @@ impl WriteThrough {
                 return self.rollback_failed(
                     ty,
                     key,
-                    "host_lookup",
-                    "write-through: rollback cannot tell whether the object reached the host",
+                    RollbackStep::Lookup,
                     &format!("reading the tenant object failed, its host mirror is kept: {e}"),
                 );
             }
         }
+        let created = Preconditions {
+            uid: Some(written.uid.clone()),
+            resource_version: Some(written.resource_version.clone()),
+        };
+        // Changed since (a 409): still this write if only its status moved.
+        let still_this_write = |now: &DynamicObject| {
+            now.metadata.uid.as_deref() == Some(written.uid.as_str())
+                && serde_json::to_value(now).is_ok_and(|v| !mirror_differs(&written.object, &v))
+        };
+        let removal = self
+            .delete_mirror(ty, key, &written.name, Some(created), still_this_write)
+            .await;
+        if removal == Removal::Deleted {
+            tracing::info!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), "write-through: the tenant did not store an accepted create; removed its host mirror");
+        }
+    }
+
+    /// Deletes the host mirror `host_name`, pinned to `pin` or, without one, to the
+    /// state a read finds, while `still_this_write` holds of that state. A conflict
+    /// (the mirror changed since the pin) reads it again: [`ROLLBACK_ATTEMPTS`]
+    /// deletes in all. Each read and each delete is bounded by `timeout`, so a host
+    /// that stops answering cannot hold the object's key. A failure is counted and
+    /// logged here.
+    async fn delete_mirror(
+        &self,
+        ty: &ResolvedType,
+        key: &Key,
+        host_name: &str,
+        mut pin: Option<Preconditions>,
+        still_this_write: impl Fn(&DynamicObject) -> bool,
+    ) -> Removal {
         let api = self.host_api(ty);
-        let mut rv = written.resource_version.clone();
         for _ in 0..ROLLBACK_ATTEMPTS {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(written.uid.clone()),
-                    resource_version: Some(rv.clone()),
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&written.name, &params).await {
-                Ok(_) => {
-                    tracing::info!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), "write-through: the tenant did not store an accepted create; removed its host mirror");
-                    return;
-                }
-                // Gone already, or another incarnation: nothing of this write is left.
-                Err(e) if crate::to_host::is_code(&e, 404) => return,
-                Err(e) if crate::to_host::is_code(&e, 409) => {
-                    // Changed since: still this write if only status moved.
-                    match api.get_opt(&written.name).await {
-                        Ok(Some(now))
-                            if now.metadata.uid.as_deref() == Some(written.uid.as_str())
-                                && serde_json::to_value(&now)
-                                    .is_ok_and(|v| !mirror_differs(&written.object, &v)) =>
-                        {
-                            rv = now.metadata.resource_version.unwrap_or_default();
-                        }
-                        // A later write (or a new object): never undone.
-                        Ok(_) => return,
-                        Err(e) => {
-                            self.rollback_failed(ty, key, "host_lookup", "write-through: rollback cannot tell whether the object reached the host", &e.to_string());
-                            return;
+            let preconditions = match pin.take() {
+                Some(pin) => pin,
+                None => {
+                    let found =
+                        match tokio::time::timeout(self.timeout, api.get_opt(host_name)).await {
+                            Ok(found) => found.map_err(|e| e.to_string()),
+                            Err(_) => Err("timed out".to_string()),
+                        };
+                    match found {
+                        Ok(Some(mirror)) if still_this_write(&mirror) => Preconditions {
+                            uid: mirror.metadata.uid,
+                            resource_version: mirror.metadata.resource_version,
+                        },
+                        // Gone, or a later write (or a new object): never undone.
+                        Ok(_) => return Removal::NotThisWrite,
+                        Err(error) => {
+                            self.rollback_failed(ty, key, RollbackStep::Lookup, &error);
+                            return Removal::Failed;
                         }
                     }
                 }
-                Err(e) => {
-                    self.rollback_failed(
-                        ty,
-                        key,
-                        "host_delete",
-                        "write-through: rollback host delete failed",
-                        &e.to_string(),
-                    );
-                    return;
-                }
-            }
+            };
+            let params = DeleteParams {
+                preconditions: Some(preconditions),
+                ..DeleteParams::default()
+            };
+            let error =
+                match tokio::time::timeout(self.timeout, api.delete(host_name, &params)).await {
+                    Ok(Ok(_)) => return Removal::Deleted,
+                    // Gone already, or another incarnation: nothing of this write is left.
+                    Ok(Err(e)) if crate::to_host::is_code(&e, 404) => return Removal::NotThisWrite,
+                    Ok(Err(e)) if crate::to_host::is_code(&e, 409) => continue,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out".to_string(),
+                };
+            self.rollback_failed(ty, key, RollbackStep::Delete, &error);
+            return Removal::Failed;
         }
-        self.still_conflicting(ty, key);
+        // A rollback's delete of a mirror that conflicted on every attempt. Not
+        // worded "gave up": operators read that as a tenant-side rollback failure,
+        // and this one is on the host.
+        let error = format!("still conflicting after {ROLLBACK_ATTEMPTS} attempts");
+        self.rollback_failed(ty, key, RollbackStep::Delete, &error);
+        Removal::Failed
     }
 
     /// Whether the tenant holds the object at `key` with `uid`, read live (bounded by
@@ -941,95 +969,35 @@ impl WriteThrough {
     /// read; a conflict reads it again, [`ROLLBACK_ATTEMPTS`] times in all. (The
     /// syncer would collect it too, after its own live read; this does it at once.)
     async fn cleanup_unknown(&self, ty: &ResolvedType, key: &Key, uid: &str) {
-        let api = self.host_api(ty);
         let host_name = names::host_name(&key.name, &key.namespace, &self.tenant);
-        for _ in 0..ROLLBACK_ATTEMPTS {
-            let found = match tokio::time::timeout(self.timeout, api.get_opt(&host_name)).await {
-                Ok(found) => found.map_err(|e| e.to_string()),
-                Err(_) => Err("timed out".to_string()),
-            };
-            let mirror = match found {
-                Ok(mirror) => mirror,
-                Err(error) => {
-                    return self.rollback_failed(
-                        ty,
-                        key,
-                        "host_lookup",
-                        "write-through: rollback cannot tell whether the object reached the host",
-                        &error,
-                    );
-                }
-            };
-            let Some(mirror) = mirror else { return };
-            if mirror
+        // A mirror carrying the uid of a create the tenant never stored is this
+        // write's leftover, whatever changed on it since (a host controller's
+        // status, say).
+        let carries_the_uid = |mirror: &DynamicObject| {
+            mirror
                 .metadata
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(names::OBJECT_UID))
                 .map(String::as_str)
-                != Some(uid)
-            {
-                return;
-            }
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: mirror.metadata.uid.clone(),
-                    resource_version: mirror.metadata.resource_version.clone(),
-                }),
-                ..DeleteParams::default()
-            };
-            let error =
-                match tokio::time::timeout(self.timeout, api.delete(&host_name, &params)).await {
-                    Ok(Ok(_)) => return,
-                    Ok(Err(e)) if crate::to_host::is_code(&e, 404) => return,
-                    // Changed since it was read (a host controller's status, say): read
-                    // again. A mirror carrying the uid of a create the tenant never
-                    // stored is this write's leftover, whatever changed on it since.
-                    Ok(Err(e)) if crate::to_host::is_code(&e, 409) => continue,
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => "timed out".to_string(),
-                };
-            return self.rollback_failed(
-                ty,
-                key,
-                "host_delete",
-                "write-through: rollback host delete failed",
-                &error,
-            );
-        }
-        self.still_conflicting(ty, key);
+                == Some(uid)
+        };
+        self.delete_mirror(ty, key, &host_name, None, carries_the_uid)
+            .await;
     }
 
-    /// A rollback's delete of a mirror conflicted on every attempt. Not worded
-    /// "gave up": operators read that as a tenant-side rollback failure, and this
-    /// one is on the host (host_delete).
-    fn still_conflicting(&self, ty: &ResolvedType, key: &Key) {
-        self.rollback_failed(
-            ty,
-            key,
-            "host_delete",
-            "write-through: rollback host delete failed",
-            &format!("still conflicting after {ROLLBACK_ATTEMPTS} attempts"),
-        );
-    }
-
-    fn rollback_failed(
-        &self,
-        ty: &ResolvedType,
-        key: &Key,
-        reason: &'static str,
-        message: &'static str,
-        error: &str,
-    ) {
-        self.metrics.rollback_failed(&ty.resource.key, reason);
-        // The spec's troubleshooting matches the message text; the reason is the
-        // metric's label only.
-        match message {
-            "write-through: rollback host delete failed" => {
-                tracing::error!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), error, "write-through: rollback host delete failed")
+    /// Counts a rollback that did not finish and logs it in the words the spec's
+    /// troubleshooting matches.
+    fn rollback_failed(&self, ty: &ResolvedType, key: &Key, step: RollbackStep, error: &str) {
+        self.metrics
+            .rollback_failed(&ty.resource.key, step.reason());
+        let object = format!("{}/{}", key.namespace, key.name);
+        match step {
+            RollbackStep::Delete => {
+                tracing::error!(resource = %ty.resource.key, object, error, "write-through: rollback host delete failed")
             }
-            _ => {
-                tracing::error!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), error, "write-through: rollback cannot tell whether the object reached the host")
+            RollbackStep::Lookup => {
+                tracing::error!(resource = %ty.resource.key, object, error, "write-through: rollback cannot tell whether the object reached the host")
             }
         }
     }
@@ -1050,6 +1018,36 @@ fn reason_for(code: u16) -> &'static str {
         503 => "ServiceUnavailable",
         504 => "Timeout",
         _ => "InternalError",
+    }
+}
+
+/// How a rollback's delete of a host mirror ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// The mirror of this write was deleted.
+    Deleted,
+    /// Nothing of this write is left on the host (gone, or changed by a later
+    /// write), so nothing was deleted.
+    NotThisWrite,
+    /// Counted and logged as a rollback failure; the mirror may remain.
+    Failed,
+}
+
+/// The step of a rollback that failed: its `reason` label and its log message.
+#[derive(Debug, Clone, Copy)]
+enum RollbackStep {
+    /// Reading the host or the tenant failed: whether the write is there is unknown.
+    Lookup,
+    /// The host's delete of the mirror failed.
+    Delete,
+}
+
+impl RollbackStep {
+    fn reason(self) -> &'static str {
+        match self {
+            RollbackStep::Lookup => "host_lookup",
+            RollbackStep::Delete => "host_delete",
+        }
     }
 }
 

@@ -707,6 +707,8 @@ async fn unstored_create(host: Answer) -> RolledBack {
     let wt = configured(wt, |wt| {
         wt.host = host.client.clone();
         wt.tenant_client = tenant.client.clone();
+        // Bounds each of the rollback's host requests well within the wait below.
+        wt.timeout = Duration::from_secs(2);
     });
     synced(&gate);
     let answer = wt
@@ -804,6 +806,42 @@ async fn a_rollback_delete_of_a_mirror_already_gone_ends_quietly() {
         !rolled_back.logs.contains("write-through: rollback"),
         "{}",
         rolled_back.logs
+    );
+}
+
+/// The host creates the mirror and then stops answering: the rollback's delete
+/// never gets an answer.
+fn stalling_delete_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
+    match *method {
+        Method::DELETE => (STALL, Value::Null),
+        _ => creating_host(method, path, body),
+    }
+}
+
+/// A rollback delete the host never answers is given up after `timeout`, counted
+/// and logged as `host_delete`, and the object's key is freed: before, only the
+/// cleanup after an unknown outcome bounded its delete, and a silent host held a
+/// rolled-back create's key for as long as it kept the connection open.
+#[tokio::test]
+async fn a_rollback_delete_the_host_never_answers_ends_at_the_timeout() {
+    let rolled_back = unstored_create(stalling_delete_host).await;
+    let host = &rolled_back.host;
+    assert_eq!(
+        host.with_method(Method::DELETE).len(),
+        1,
+        "{:?}",
+        host.received()
+    );
+    assert!(
+        rolled_back.metrics.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#),
+        "{}",
+        rolled_back.metrics
+    );
+    let logged = &rolled_back.logs;
+    assert!(
+        logged.contains("write-through: rollback host delete failed")
+            && logged.contains("timed out"),
+        "{logged}"
     );
 }
 
