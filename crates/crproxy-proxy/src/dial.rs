@@ -110,6 +110,16 @@ impl DialError {
 
 /// Options of every target connection. Each only helps (a socket without one
 /// works as before), so a failure to set one is logged, not fatal.
+///
+/// Keepalive is set before the handshake, so before ALPN says which protocol the
+/// connection speaks: [`Dialer::dial`] may end up on HTTP/1.1 too. An HTTP/2
+/// connection keeps it beside its own PINGs (`pool::H2_KEEPALIVE_INTERVAL`), and
+/// the two find different failures: the kernel's probes, which no process
+/// answers, find a host gone silent some 30 s into the connection's idleness,
+/// sooner than the 30 s + 10 s of a PING; a PING finds a peer whose kernel still
+/// answers but whose API server does not, and a connection with unacknowledged
+/// data in flight, which keepalive never probes. An idle HTTP/2 connection
+/// therefore carries a probe every 15 s and a PING every 30 s, a few bytes each.
 fn tune_socket(tcp: &TcpStream) {
     // Requests are small and latency-bound; don't let Nagle hold them back.
     let _ = tcp.set_nodelay(true);
