@@ -858,7 +858,7 @@ impl GroupVersionProxy {
             // An apply of a missing object creates it, which a namespace being
             // deleted refuses, as kube's lifecycle admission does.
             if creates_refused && matches!(checked, Checked::Absent) {
-                return self.namespace_terminating(path, path.name.as_deref().unwrap_or_default());
+                return self.apply_create_refused(path);
             }
             // A body naming another uid than the checked one is refused for that
             // uid, whatever the pin: its first answer is final.
@@ -1552,11 +1552,15 @@ impl GroupVersionProxy {
             .await;
         match found {
             Err(outcome) => Some(outcome),
-            Ok((code, _)) if code == StatusCode::NOT_FOUND => {
-                Some(self.namespace_terminating(path, path.name.as_deref().unwrap_or_default()))
-            }
+            Ok((code, _)) if code == StatusCode::NOT_FOUND => Some(self.apply_create_refused(path)),
             Ok(_) => None,
         }
+    }
+
+    /// The 403 for a server-side apply that would create its object (named by the
+    /// path) in a namespace being deleted.
+    fn apply_create_refused(&self, path: &ResourcePath) -> Outcome {
+        self.namespace_terminating(path, path.name.as_deref().unwrap_or_default())
     }
 
     fn namespace_terminating(&self, path: &ResourcePath, name: &str) -> Outcome {
