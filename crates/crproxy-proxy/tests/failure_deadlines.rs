@@ -2,15 +2,18 @@
 //! reading, still end, and are counted, as the spec's deadlines say: the startup
 //! probe, discovery within the aggregator's availability check, an apply past the
 //! 60 s cap counted once, a list whose caller stops reading cut at the cap; a
-//! request whose caller goes away is counted too.
+//! request whose caller goes away is counted too; an idle pooled connection to a
+//! host gone silent is closed by TCP keepalive.
 //! A real proxy and devcluster client over TLS, with fault-injecting peers on
-//! 127.0.0.1; every loop and wait is bounded in count and time.
+//! 127.0.0.1 (the silent host in network namespaces of the test's own); every
+//! loop and wait is bounded in count and time.
 //!
 //! In the real-time group (tests that mostly wait on real clocks): a plain
 //! `cargo test` lists them as ignored; `scripts/test` runs them with `--ignored`
 //! beside the rest of the suite.
 
 mod log_support;
+mod netns_support;
 mod pool_support;
 mod target_support;
 
@@ -512,4 +515,95 @@ async fn a_caller_that_stops_reading_a_list_is_cut_at_the_deadline() {
         1.0
     );
     h.proxy.shutdown().await;
+}
+
+/// A target host that goes silent without closing anything (powered off, its
+/// route dropped: no FIN, no reset, its kernel answering nothing) leaves an idle
+/// pooled HTTP/1.1 connection that looks usable. TCP keepalive has the kernel
+/// close it some 30 s into its idleness, so a request afterwards dials afresh
+/// and fails on the 5 s dial budget, instead of waiting on the dead connection
+/// until the kernel's retransmissions give up (many minutes; the proxy's 60 s
+/// cap at best). Once the host answers again, the next request gets through on
+/// a new connection.
+///
+/// Real, not simulated: the peer lives in a network namespace of its own, and a
+/// blackhole route there discards everything it would send back.
+#[test]
+#[ignore = "real-time group: scripts/test runs it beside the rest"]
+fn an_idle_connection_to_a_host_gone_silent_is_closed_by_tcp_keepalive() {
+    use crproxy_proxy::dial::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
+    use crproxy_proxy::pool::Lane;
+    use netns_support::{Namespaces, SERVER_ADDR};
+    use pool_support::{Harness as PoolHarness, Protocols, TlsPeer};
+
+    let namespaces = match Namespaces::create() {
+        Ok(namespaces) => namespaces,
+        Err(error) if !test_support::tool::is_ci() => {
+            eprintln!("skipped: network namespaces cannot be made here ({error})");
+            return;
+        }
+        Err(error) => panic!("CI=true needs network namespaces (root, iproute2): {error}"),
+    };
+    // A namespace belongs to a thread: the peer's socket is made on a thread that
+    // entered the server's, the pool's on the one that runs the client's runtime.
+    let server = namespaces.server.clone();
+    let listener = std::thread::spawn(move || {
+        Namespaces::enter(&server)?;
+        std::net::TcpListener::bind((SERVER_ADDR, 0)).map_err(|e| e.to_string())
+    })
+    .join()
+    .expect("the server thread")
+    .expect("a listener in the server namespace");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let client = namespaces.client.clone();
+    let silent_for =
+        KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_PROBES + Duration::from_secs(5);
+    std::thread::spawn(move || {
+        Namespaces::enter(&client).expect("enter the client namespace");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let h = PoolHarness::new();
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+            let peer = TlsPeer::serve(listener, &h.pki, Protocols::Http1Only);
+            h.pool.publish(vec![peer.host()]);
+            let first = tokio::time::timeout(Duration::from_secs(10), h.get_in(Lane::Exchange))
+                .await
+                .expect("the first request in time");
+            assert!(first.is_ok(), "{first:?}");
+
+            namespaces.silence_server().expect("silence the server");
+            tokio::time::sleep(silent_for).await;
+            let started = Instant::now();
+            let while_silent =
+                tokio::time::timeout(Duration::from_secs(20), h.get_in(Lane::Exchange)).await;
+            let Ok(while_silent) = while_silent else {
+                panic!(
+                    "a request {silent_for:?} after the host went silent was still waiting after \
+                     20 s: its pooled connection was not closed"
+                );
+            };
+            assert_eq!(
+                while_silent,
+                Err("timeout".to_owned()),
+                "after {:?}",
+                started.elapsed()
+            );
+
+            namespaces.restore_server().expect("restore the server");
+            let after = tokio::time::timeout(Duration::from_secs(10), h.get_in(Lane::Exchange))
+                .await
+                .expect("a request after the host answers again, in time");
+            assert!(after.is_ok(), "{after:?}");
+            assert_eq!(
+                peer.connections.load(std::sync::atomic::Ordering::SeqCst),
+                2,
+                "the first connection, then one made after the host answered again"
+            );
+        });
+    })
+    .join()
+    .expect("the client thread");
 }

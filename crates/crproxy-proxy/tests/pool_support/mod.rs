@@ -116,7 +116,8 @@ impl TlsPeer {
         Self::serve(held.listen(), pki, protocols)
     }
 
-    fn serve(listener: TcpListener, pki: &Pki, protocols: Protocols) -> TlsPeer {
+    /// Serves on a listener the test made (in a network namespace of its own, say).
+    pub fn serve(listener: TcpListener, pki: &Pki, protocols: Protocols) -> TlsPeer {
         let addr = listener.local_addr().expect("addr");
         let alpn: &[&[u8]] = match protocols {
             Protocols::H2AndHttp1 => &[b"h2", b"http/1.1"],
