@@ -856,9 +856,10 @@ impl WriteThrough {
     /// Deletes the host mirror `host_name`, pinned to `pin` or, without one, to the
     /// state a read finds, while `still_this_write` holds of that state. A conflict
     /// (the mirror changed since the pin) reads it again: [`ROLLBACK_ATTEMPTS`]
-    /// deletes in all. Each read and each delete is bounded by `timeout`, so a host
-    /// that stops answering cannot hold the object's key. A failure is counted and
-    /// logged here.
+    /// deletes in all, and a last read after the last conflict, so that a mirror a
+    /// later write took over meanwhile is not reported as a failed rollback. Each
+    /// read and each delete is bounded by `timeout`, so a host that stops answering
+    /// cannot hold the object's key. A failure is counted and logged here.
     async fn delete_mirror(
         &self,
         ty: &ResolvedType,
@@ -868,7 +869,9 @@ impl WriteThrough {
         still_this_write: impl Fn(&DynamicObject) -> bool,
     ) -> Removal {
         let api = self.host_api(ty);
-        for _ in 0..ROLLBACK_ATTEMPTS {
+        // At most ROLLBACK_ATTEMPTS deletes and one read more: every pass but the
+        // first reads (or uses `pin`), and each pass either deletes or ends.
+        for deletes in 0..=ROLLBACK_ATTEMPTS {
             let preconditions = match pin.take() {
                 Some(pin) => pin,
                 None => {
@@ -891,6 +894,9 @@ impl WriteThrough {
                     }
                 }
             };
+            if deletes == ROLLBACK_ATTEMPTS {
+                break;
+            }
             let params = DeleteParams {
                 preconditions: Some(preconditions),
                 ..DeleteParams::default()
@@ -907,9 +913,9 @@ impl WriteThrough {
             self.rollback_failed(ty, key, RollbackStep::Delete, &error);
             return Removal::Failed;
         }
-        // A rollback's delete of a mirror that conflicted on every attempt. Not
-        // worded "gave up": operators read that as a tenant-side rollback failure,
-        // and this one is on the host.
+        // Still this write after a conflict on every attempt. Not worded "gave
+        // up": operators read that as a tenant-side rollback failure, and this one
+        // is on the host.
         let error = format!("still conflicting after {ROLLBACK_ATTEMPTS} attempts");
         self.rollback_failed(ty, key, RollbackStep::Delete, &error);
         Removal::Failed

@@ -784,6 +784,73 @@ async fn a_rollback_delete_still_conflicting_after_three_attempts_counts_host_de
     assert!(!logged.contains("gave up"), "{logged}");
 }
 
+/// DELETEs the [`overtaken_host`] received.
+static OVERTAKEN_DELETES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// As [`conflicting_host`], but once the third delete has conflicted, a later
+/// write has taken the mirror over: the read after it finds another spec.
+fn overtaken_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
+    use std::sync::atomic::Ordering;
+    let deletes = OVERTAKEN_DELETES.load(Ordering::SeqCst);
+    match *method {
+        Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") && deletes > 0 => {
+            let mut mirror = stored_mirror();
+            mirror["metadata"]["resourceVersion"] = json!((deletes + 1).to_string());
+            if deletes == 3 {
+                mirror["spec"]["port"] = json!(8443);
+            }
+            (200, mirror)
+        }
+        Method::DELETE => {
+            OVERTAKEN_DELETES.fetch_add(1, Ordering::SeqCst);
+            (
+                409,
+                status(
+                    409,
+                    "Conflict",
+                    "the precondition resourceVersion does not match",
+                ),
+            )
+        }
+        _ => creating_host(method, path, body),
+    }
+}
+
+/// After the last conflicting delete the mirror is read once more: one a later
+/// write has taken over is no longer the rolled-back create's, and the rollback
+/// ends without counting a failure (a `host_delete` there would send operators
+/// after a mirror that is as it should be).
+#[tokio::test]
+async fn a_mirror_taken_over_after_the_last_conflicting_delete_ends_the_rollback_quietly() {
+    let rolled_back = unstored_create(overtaken_host).await;
+    let host = &rolled_back.host;
+    assert_eq!(
+        host.with_method(Method::DELETE).len(),
+        3,
+        "{:?}",
+        host.received()
+    );
+    let reads_after_the_first_delete = host
+        .received()
+        .iter()
+        .skip_while(|r| r.method != Method::DELETE)
+        .filter(|r| r.method == Method::GET)
+        .count();
+    assert_eq!(reads_after_the_first_delete, 3, "{:?}", host.received());
+    assert!(
+        !rolled_back
+            .metrics
+            .contains("vcluster_writethrough_rollback_failures_total{"),
+        "{}",
+        rolled_back.metrics
+    );
+    assert!(
+        !rolled_back.logs.contains("write-through: rollback"),
+        "{}",
+        rolled_back.logs
+    );
+}
+
 /// A rollback delete answered 404 finds nothing of the write left (deleted already,
 /// or another incarnation): the rollback ends without counting a failure.
 #[tokio::test]
