@@ -112,14 +112,15 @@ impl DialError {
 /// works as before), so a failure to set one is logged, not fatal.
 ///
 /// Keepalive is set before the handshake, so before ALPN says which protocol the
-/// connection speaks: [`Dialer::dial`] may end up on HTTP/1.1 too. An HTTP/2
-/// connection keeps it beside its own PINGs (`pool::H2_KEEPALIVE_INTERVAL`), and
-/// the two find different failures: the kernel's probes, which no process
-/// answers, find a host gone silent some 30 s into the connection's idleness,
-/// sooner than the 30 s + 10 s of a PING; a PING finds a peer whose kernel still
-/// answers but whose API server does not, and a connection with unacknowledged
-/// data in flight, which keepalive never probes. An idle HTTP/2 connection
-/// therefore carries a probe every 15 s and a PING every 30 s, a few bytes each.
+/// connection speaks: [`Dialer::dial`] may end up on HTTP/1.1 too, where it is
+/// the only check that the peer is still there. An HTTP/2 connection keeps it
+/// beside its own PINGs (`pool::H2_KEEPALIVE_INTERVAL`, 30 s after the last
+/// read, closed 10 s after an unanswered one), where it adds little: each
+/// answered PING resets the kernel's idle time, so an idle HTTP/2 connection
+/// carries about one probe between two PINGs, and a PING in flight holds the
+/// probes off, so a host gone silent is usually found by the PING, some 40 s
+/// into the silence. The PING also finds what probes cannot: an API server that
+/// stopped answering on a host whose kernel still does.
 fn tune_socket(tcp: &TcpStream) {
     // Requests are small and latency-bound; don't let Nagle hold them back.
     let _ = tcp.set_nodelay(true);
