@@ -569,10 +569,19 @@ fn an_idle_connection_to_a_host_gone_silent_is_closed_by_tcp_keepalive() {
             let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
             let peer = TlsPeer::serve(listener, &h.pki, Protocols::Http1Only);
             h.pool.publish(vec![peer.host()]);
-            let first = tokio::time::timeout(Duration::from_secs(10), h.get_in(Lane::Exchange))
-                .await
-                .expect("the first request in time");
-            assert!(first.is_ok(), "{first:?}");
+            // Two requests on one connection: it is pooled, and the request after
+            // the silence would take it again if it were still open.
+            for _ in 0..2 {
+                let answer =
+                    tokio::time::timeout(Duration::from_secs(10), h.get_in(Lane::Exchange))
+                        .await
+                        .expect("a request before the silence, in time");
+                assert!(answer.is_ok(), "{answer:?}");
+            }
+            assert_eq!(
+                peer.connections.load(std::sync::atomic::Ordering::SeqCst),
+                1
+            );
 
             namespaces.silence_server().expect("silence the server");
             tokio::time::sleep(silent_for).await;
