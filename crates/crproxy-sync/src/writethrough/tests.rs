@@ -696,6 +696,24 @@ struct RolledBack {
     logs: String,
 }
 
+impl RolledBack {
+    /// The rollback ended without counting or logging a failure.
+    fn assert_quiet(&self) {
+        assert!(
+            !self
+                .metrics
+                .contains("vcluster_writethrough_rollback_failures_total{"),
+            "{}",
+            self.metrics
+        );
+        assert!(
+            !self.logs.contains("write-through: rollback"),
+            "{}",
+            self.logs
+        );
+    }
+}
+
 /// Admits a create against `host` whose tenant answers 404 for the object and whose
 /// syncer's cache never shows it, and waits (5 s at most) for the rollback to end.
 async fn unstored_create(host: Answer) -> RolledBack {
@@ -837,18 +855,7 @@ async fn a_mirror_taken_over_after_the_last_conflicting_delete_ends_the_rollback
         .filter(|r| r.method == Method::GET)
         .count();
     assert_eq!(reads_after_the_first_delete, 3, "{:?}", host.received());
-    assert!(
-        !rolled_back
-            .metrics
-            .contains("vcluster_writethrough_rollback_failures_total{"),
-        "{}",
-        rolled_back.metrics
-    );
-    assert!(
-        !rolled_back.logs.contains("write-through: rollback"),
-        "{}",
-        rolled_back.logs
-    );
+    rolled_back.assert_quiet();
 }
 
 /// A rollback delete answered 404 finds nothing of the write left (deleted already,
@@ -862,18 +869,7 @@ async fn a_rollback_delete_of_a_mirror_already_gone_ends_quietly() {
     assert_eq!(deletes.len(), 1, "{:?}", host.received());
     assert_eq!(deletes[0].body["preconditions"]["uid"], "m-1");
     assert_eq!(deletes[0].body["preconditions"]["resourceVersion"], "1");
-    assert!(
-        !rolled_back
-            .metrics
-            .contains("vcluster_writethrough_rollback_failures_total{"),
-        "{}",
-        rolled_back.metrics
-    );
-    assert!(
-        !rolled_back.logs.contains("write-through: rollback"),
-        "{}",
-        rolled_back.logs
-    );
+    rolled_back.assert_quiet();
 }
 
 /// The host creates the mirror and then stops answering: the rollback's delete
