@@ -15,8 +15,10 @@
 //! - DELETE: `DeleteOptions.preconditions` with both uid and resourceVersion.
 //!
 //! Server-side apply of an object that did not exist at the check is pinned to a
-//! fresh uid no object has: a create assigns its own uid, but an object created by
-//! someone else in between refuses the apply instead of being taken over.
+//! resourceVersion no object has ([`NO_OBJECT_RESOURCE_VERSION`]): kube ignores an
+//! apply's resourceVersion when the apply creates, so the apply still creates, but
+//! an object created by someone else in between refuses it instead of being taken
+//! over. Not a uid: kube refuses an apply that names a uid when no object exists.
 
 use serde_json::{json, Map, Value};
 
@@ -140,17 +142,30 @@ fn callers_uid(body: &WriteBody) -> Result<Option<CallerValue<'_>>, ShapeError> 
     })
 }
 
-/// Pins a server-side apply of an object that did not exist at the check to `uid`,
-/// a fresh uid no object has (see the module documentation). A uid the caller
-/// sent is replaced too: kube gives every object it creates a new uid whatever
-/// the body said (`rest.FillObjectMetaSystemFields`), so the caller's uid could
-/// only have mattered against an object created in between, which the fresh
-/// uid refuses as well.
-pub fn pin_apply_create(body: &mut WriteBody, uid: &str) -> Result<(), PreconditionError> {
-    body.set_metadata_field("uid", Some(uid))
-        .map_err(unparsable)?;
-    body.set_metadata_field("resourceVersion", None)
+/// The resourceVersion [`pin_apply_create`] sets: the largest one kube parses
+/// (an unsigned 64-bit etcd revision), which no stored object reaches. Not "0",
+/// which kube reads as no resourceVersion at all.
+pub const NO_OBJECT_RESOURCE_VERSION: &str = "18446744073709551615";
+
+/// Pins a server-side apply of an object that did not exist at the check, so that
+/// it can only create (see the module documentation). kube's registry ignores an
+/// apply's resourceVersion when there is no object (it creates one with its own)
+/// and refuses one that differs from a stored object's with 409, so an object
+/// someone else created in between refuses this apply. A resourceVersion the
+/// caller sent is replaced: against a missing object kube ignores it anyway. A
+/// uid the caller sent stays, and kube answers it as it would without the proxy
+/// (409 "uid mismatch", since no object exists to carry it): see
+/// [`names_a_uid`].
+pub fn pin_apply_create(body: &mut WriteBody) -> Result<(), PreconditionError> {
+    body.set_metadata_field("resourceVersion", Some(NO_OBJECT_RESOURCE_VERSION))
         .map_err(unparsable)
+}
+
+/// Whether `body` names a uid of the caller's own. An apply that names one finds
+/// only that object: with none there kube refuses it for the uid alone, however
+/// it is pinned.
+pub fn names_a_uid(body: &WriteBody) -> bool {
+    matches!(callers_uid(body), Ok(Some(_)))
 }
 
 fn unparsable(error: ShapeError) -> PreconditionError {
@@ -751,16 +766,31 @@ mod tests {
     }
 
     #[test]
-    fn apply_that_may_create_is_pinned_to_a_fresh_uid() {
+    fn apply_that_may_create_is_pinned_to_a_resource_version_no_object_has() {
         let mut b = body(
             "application/apply-patch+yaml",
             "metadata:\n  name: a\n  resourceVersion: \"3\"\n",
         );
-        pin_apply_create(&mut b, "fresh").expect("pin");
+        pin_apply_create(&mut b).expect("pin");
         assert_eq!(
             b.document().expect("strict JSON"),
-            json!({"metadata":{"name":"a","uid":"fresh"}})
+            json!({"metadata":{"name":"a","resourceVersion":"18446744073709551615"}})
         );
+        assert!(!names_a_uid(&b));
+        // No uid is added (kube would refuse it for want of an object); the
+        // caller's own stays, for kube to answer.
+        let mut b = body(
+            "application/apply-patch+yaml",
+            "metadata:\n  name: a\n  uid: mine\n",
+        );
+        pin_apply_create(&mut b).expect("pin");
+        assert_eq!(
+            b.document().expect("strict JSON"),
+            json!({"metadata":{"name":"a","uid":"mine","resourceVersion":"18446744073709551615"}})
+        );
+        assert!(names_a_uid(&b));
+        // kube parses it as an unsigned 64-bit revision; "0" would mean none.
+        assert_eq!(NO_OBJECT_RESOURCE_VERSION.parse::<u64>(), Ok(u64::MAX));
     }
 
     #[test]

@@ -879,9 +879,11 @@ impl GroupVersionProxy {
                             Err(error) => return refused_body(&error),
                         },
                     };
-                    if let Checked::Owned(pin) = &checked {
-                        refused_for_its_uid = precondition::names_another_uid(&document, pin);
-                    }
+                    refused_for_its_uid = match &checked {
+                        Checked::Owned(pin) => precondition::names_another_uid(&document, pin),
+                        // An apply naming a uid finds no object to carry it.
+                        Checked::Absent => precondition::names_a_uid(&document),
+                    };
                     match &checked {
                         Checked::Owned(pin) if view => {
                             precondition::pin_view_write(&mut document, pin)
@@ -891,11 +893,8 @@ impl GroupVersionProxy {
                             precondition::pin_write(&self.owner, &mut document, pin)
                                 .map(|()| PinnedRequest::Body(document.to_bytes()))
                         }
-                        Checked::Absent => {
-                            let fresh_uid = uuid::Uuid::new_v4().to_string();
-                            precondition::pin_apply_create(&mut document, &fresh_uid)
-                                .map(|()| PinnedRequest::Body(document.to_bytes()))
-                        }
+                        Checked::Absent => precondition::pin_apply_create(&mut document)
+                            .map(|()| PinnedRequest::Body(document.to_bytes())),
                     }
                 }
             };

@@ -399,10 +399,17 @@ fn not_found(name: &str) -> Refusal {
 }
 
 fn conflict(name: &str) -> Refusal {
+    conflict_because(
+        name,
+        "the object has been modified; please apply your changes to the latest version and try again",
+    )
+}
+
+fn conflict_because(name: &str, why: &str) -> Refusal {
     status_error(
         409,
         "Conflict",
-        &format!("Operation cannot be fulfilled on {RESOURCE}.{GROUP} {name:?}: the object has been modified; please apply your changes to the latest version and try again"),
+        &format!("Operation cannot be fulfilled on {RESOURCE}.{GROUP} {name:?}: {why}"),
         json!({"name": name, "group": GROUP, "kind": RESOURCE}),
     )
 }
@@ -876,6 +883,17 @@ fn server_side_apply(
     if !exists {
         if route.status {
             return not_found(name).into();
+        }
+        // kube's patcher: a configuration naming a uid applies to that object only.
+        if let Some(uid) = applied["metadata"]["uid"]
+            .as_str()
+            .filter(|u| !u.is_empty())
+        {
+            return conflict_because(
+                name,
+                &format!("uid mismatch: the provided object specified uid {uid}, and no existing object was found"),
+            )
+            .into();
         }
         return match apply(None) {
             Ok(mut object) => {

@@ -140,8 +140,11 @@ pub fn check(data: &[u8]) {
         return;
     }
     if selector & 0x80 != 0 {
-        if precondition::pin_apply_create(&mut write, "fresh").is_ok() {
-            let fields = [("uid", Some("fresh")), ("resourceVersion", None)];
+        if precondition::pin_apply_create(&mut write).is_ok() {
+            let fields = [(
+                "resourceVersion",
+                Some(precondition::NO_OBJECT_RESOURCE_VERSION),
+            )];
             let want = reference::edited(model, &labels, &fields);
             assert_eq!(write.document().ok(), want);
         }

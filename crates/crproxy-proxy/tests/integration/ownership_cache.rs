@@ -474,8 +474,9 @@ async fn writes_of_an_object_deleted_behind_the_caches_back_answer_as_before() {
 /// A caller's own uid is its precondition, as kube reads it: a PUT or merge
 /// PATCH carrying the uid of an earlier incarnation of an owned object is refused
 /// (409, 422) and changes nothing, whether or not the cache has seen the object
-/// recreated; the current incarnation's uid writes. Pinning must not write the
-/// checked uid over the caller's.
+/// recreated; the current incarnation's uid writes; a server-side apply carrying
+/// one once no object exists is refused (409) and creates nothing. Pinning must
+/// not write the checked uid over the caller's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
     let h = harness(AccessMode::Owned).await;
@@ -541,18 +542,20 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         assert_eq!(written.status, 200, "round {round}: {written:?}");
         assert_eq!(written.body["spec"]["replicas"], 7);
 
-        // A server-side apply that creates takes no uid from its body: kube
-        // gives every new object a fresh one, through the proxy as directly.
+        // A server-side apply naming a uid applies to that incarnation only:
+        // with no object there, kube's patcher refuses it (409 "uid mismatch")
+        // and creates nothing, through the proxy as directly, in one check.
         h.widgets
             .delete(&name, &DeleteParams::default())
             .await
             .expect("admin deletes");
+        let earlier_uid = earlier_uid.as_str().expect("uid");
         let apply = format!(
             "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  \
-             namespace: demo\n  uid: {}\nspec:\n  replicas: 7\n",
-            earlier_uid.as_str().expect("uid")
+             namespace: demo\n  uid: {earlier_uid}\nspec:\n  replicas: 7\n"
         );
-        let created = send(
+        let before = target_exchanges(&h).await;
+        let refused = send(
             &h,
             "PATCH",
             &format!("{path}?fieldManager=test"),
@@ -560,9 +563,21 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
             apply,
         )
         .await;
-        assert_eq!(created.status, 201, "round {round}: {created:?}");
-        let fresh = &created.body["metadata"]["uid"];
-        assert!(fresh.is_string() && *fresh != earlier_uid && *fresh != current["metadata"]["uid"]);
+        assert_eq!(refused.status, 409, "round {round}: {refused:?}");
+        assert_eq!(
+            refused.body["message"],
+            format!(
+                "Operation cannot be fulfilled on widgets.example.com \"{name}\": uid mismatch: \
+                 the provided object specified uid {earlier_uid}, and no existing object was found"
+            ),
+            "round {round}"
+        );
+        // kube counts a server-side apply under its own verb.
+        target_exchanges(&h)
+            .await
+            .since(before)
+            .is_one_check("APPLY", round);
+        assert!(on_target(&h, &name).await.is_none(), "round {round}");
     }
     h.proxy.shutdown().await;
 }

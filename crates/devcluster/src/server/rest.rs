@@ -949,6 +949,7 @@ pub async fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         && ctx.subresource.is_empty()
     {
         let applied = seams::server_side_apply(ctx, None, body)?;
+        seams::refuse_uid_without_object(ctx, &applied)?;
         let hooks = admitted::webhooks(state);
         let (obj, mut warnings) =
             prepare_create(state, ctx, applied, Some(&ctx.name), &hooks).await?;

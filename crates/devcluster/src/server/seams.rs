@@ -128,6 +128,24 @@ pub fn server_side_apply(
     })
 }
 
+/// kube's patcher refuses an apply whose configuration names a uid when there is
+/// no object to apply it to (409, "uid mismatch"), before any admission: a uid
+/// says which incarnation the apply is meant for, and a missing object is none.
+/// (A resourceVersion does not stop an apply from creating.)
+pub fn refuse_uid_without_object(ctx: &ReqCtx, applied: &Value) -> Result<(), ApiError> {
+    match applied["metadata"]["uid"].as_str().filter(|uid| !uid.is_empty()) {
+        None => Ok(()),
+        Some(uid) => Err(ApiError::conflict(
+            &ctx.info.group,
+            &ctx.info.resource,
+            &ctx.name,
+            &format!(
+                "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+            ),
+        )),
+    }
+}
+
 /// Applies a patch body to the current object (in the requested version).
 pub fn apply_patch(
     ctx: &ReqCtx,

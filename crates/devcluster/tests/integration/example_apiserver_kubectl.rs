@@ -239,6 +239,31 @@ async fn gateways_are_served_through_the_aggregator() {
     );
     let edge = get_json(admin, &["get", "gateway", "edge", "-o", "json"]).await;
     assert_eq!(edge["spec"]["port"], 8443);
+    // A configuration naming a uid applies to that object only: with none there,
+    // it creates nothing (kube's patcher: "uid mismatch").
+    let ghost = json!({"apiVersion": "example.net/v1", "kind": "Gateway",
+        "metadata": {"name": "ghost", "namespace": "default",
+                     "uid": "6d1c2a4e-0000-4000-8000-000000000002"},
+        "spec": {"port": 8443}})
+    .to_string();
+    let out = test_support::kubectl_stdin_async(
+        admin,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=team-a",
+            "-f",
+            "-",
+        ],
+        &ghost,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        out.stderr.contains("Operation cannot be fulfilled on gateways.example.net \"ghost\": uid mismatch: the provided object specified uid 6d1c2a4e-0000-4000-8000-000000000002, and no existing object was found"),
+        "{}",
+        out.stderr
+    );
     let by_name = test_support::kubectl_async(
         admin,
         &[

@@ -751,6 +751,53 @@ async fn metadata_maps_of_the_wrong_type_are_refused_as_on_kube() {
     );
 }
 
+/// Server-side apply holds to what its configuration pins, as kube's patcher and
+/// registry do: a uid makes it apply to that object only, so with no object there
+/// it creates nothing (409 "uid mismatch"); a resourceVersion does not stop it
+/// creating, but against a stored object it must be that object's (409).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_naming_a_uid_never_creates_and_a_resource_version_pins_only_a_stored_object() {
+    let tc = devcluster("target").await;
+    let kc = tc.kubeconfig.clone();
+    ok(&kc, &["create", "namespace", "demo"]).await;
+    install_crd(&kc).await;
+    let collection = "/apis/stable.example.io/v1/namespaces/demo/crontabs";
+    let config = |name: &str, pin: &str| {
+        format!(
+            "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: {name}\n  namespace: demo\n  {pin}\nspec:\n  cronSpec: '* * * * */5'\n"
+        )
+    };
+    let (code, got) = raw_apply(
+        &tc,
+        &format!("{collection}/ghost?fieldManager=test"),
+        config("ghost", "uid: 6d1c2a4e-0000-4000-8000-000000000001"),
+    )
+    .await;
+    let expected = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Operation cannot be fulfilled on crontabs.stable.example.io \"ghost\": uid mismatch: the provided object specified uid 6d1c2a4e-0000-4000-8000-000000000001, and no existing object was found",
+        "reason": "Conflict",
+        "details": {"name": "ghost", "group": "stable.example.io", "kind": "crontabs"},
+        "code": 409});
+    assert_eq!((code, got), (409, expected));
+    let ghost = kubectl_async(&kc, &["-n", "demo", "get", "crontab", "ghost"]).await;
+    assert!(!ghost.success(), "the apply created ghost: {ghost:?}");
+
+    let pinned = config("pinned", "resourceVersion: \"18446744073709551615\"");
+    let path = format!("{collection}/pinned?fieldManager=test");
+    let (code, created) = raw_apply(&tc, &path, pinned.clone()).await;
+    assert_eq!(code, 201, "{created}");
+    assert_ne!(
+        created["metadata"]["resourceVersion"],
+        "18446744073709551615"
+    );
+    let (code, got) = raw_apply(&tc, &path, pinned).await;
+    assert_eq!(code, 409, "{got}");
+    assert_eq!(
+        got["message"],
+        "Operation cannot be fulfilled on crontabs.stable.example.io \"pinned\": the object has been modified; please apply your changes to the latest version and try again"
+    );
+}
+
 /// Sends a server-side apply body as it is: kubectl decodes apply bodies into
 /// typed metadata first, so it cannot send labels of the wrong type.
 async fn raw_apply(tc: &test_support::TestCluster, path: &str, yaml: String) -> (u16, Value) {
