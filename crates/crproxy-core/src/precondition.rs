@@ -161,6 +161,14 @@ pub fn pin_apply_create(body: &mut WriteBody) -> Result<(), PreconditionError> {
         .map_err(unparsable)
 }
 
+/// Pins an apply to the object with `uid`: kube applies it to that object only,
+/// and refuses it (409, "uid mismatch") when no object exists, so it cannot
+/// create one. For a body that names no uid of its own ([`names_a_uid`]).
+pub fn pin_uid(body: &mut WriteBody, uid: &str) -> Result<(), PreconditionError> {
+    body.set_metadata_field("uid", Some(uid))
+        .map_err(unparsable)
+}
+
 /// Whether `body` names a uid of the caller's own. An apply that names one finds
 /// only that object: with none there kube refuses it for the uid alone, however
 /// it is pinned.

@@ -584,13 +584,9 @@ impl GroupVersionProxy {
             return Box::pin(self.refuse_create_while_terminating(exchange, path, body)).await;
         }
         // An apply: owned mode decides on its ownership check (`owned_mutation`);
-        // all mode forwards the apply as it came, so it looks first.
+        // all mode, which checks no ownership, looks and pins here.
         if creates_refused && !owned {
-            if let Some(outcome) =
-                Box::pin(self.refuse_apply_create_while_terminating(exchange, path)).await
-            {
-                return outcome;
-            }
+            return Box::pin(self.apply_while_terminating(exchange, path, body)).await;
         }
         match verb {
             Verb::DeleteCollection if owned => {
@@ -1535,25 +1531,85 @@ impl GroupVersionProxy {
         self.namespace_terminating(path, name)
     }
 
-    /// An all-mode server-side apply into a namespace being deleted: refused as a
-    /// create (`None` lets it go on) when its object does not exist on the target,
-    /// as kube judges an apply of a missing object, and a retryable 503 when the
-    /// target cannot say ([`Self::read_object`]). The apply goes unpinned
-    /// afterwards, so an object deleted between this look and the apply is created
-    /// all the same; owned mode has no such gap (its apply is pinned).
-    async fn refuse_apply_create_while_terminating(
+    /// An all-mode server-side apply into a namespace being deleted. kube's
+    /// lifecycle admission judges an apply of a missing object as a create, so the
+    /// object is looked for on the target first: missing, the apply is refused as
+    /// a create; there, the apply goes pinned to the uid the look found, so that
+    /// an object deleted between the look and the apply makes kube refuse it (409,
+    /// "uid mismatch") instead of creating it, and the look is made again,
+    /// [`PINNED_ATTEMPTS`] times in all. A body naming a uid of its own goes as it
+    /// came: it can never create. A target that cannot say whether the object
+    /// exists gets a retryable 503 ([`Self::read_object`]); one whose look answers
+    /// anything but 200 or 404 gets the apply unpinned, as before there was a look.
+    async fn apply_while_terminating(
         &self,
         exchange: &Exchange,
         path: &ResourcePath,
-    ) -> Option<Outcome> {
-        let found = self
-            .read_object(exchange, path, "existence check", Reason::Upstream)
-            .await;
-        match found {
-            Err(outcome) => Some(outcome),
-            Ok((code, _)) if code == StatusCode::NOT_FOUND => Some(self.apply_create_refused(path)),
-            Ok(_) => None,
+        body: hyper::body::Incoming,
+    ) -> Outcome {
+        let bytes = match self.request_body(exchange, body).await {
+            Ok(bytes) => bytes,
+            Err(outcome) => return outcome,
+        };
+        let mut write = match self.labelled_body(exchange, &bytes, Stamp::Never).await {
+            Ok(Ok((write, _room))) => Some(write),
+            Ok(Err(error)) => return refused_body(&error),
+            Err(outcome) => return outcome,
+        };
+        let media_type = write.as_ref().map(|write| write.body_type.media_type());
+        let as_it_came = || PinnedRequest::Body(bytes.to_vec());
+        if write.as_ref().is_some_and(precondition::names_a_uid) {
+            return self.forward_pinned(exchange, None, as_it_came()).await;
         }
+        for attempt in 1..=PINNED_ATTEMPTS {
+            // The first attempt pins the document read above; a second one reads
+            // the same bytes again.
+            let mut document = match write.take() {
+                Some(document) => document,
+                None => match self.label(&exchange.headers, &bytes, Stamp::Never) {
+                    Ok(document) => document,
+                    Err(error) => return refused_body(&error),
+                },
+            };
+            let found = self
+                .read_object(exchange, path, "existence check", Reason::Upstream)
+                .await;
+            let uid = match found {
+                Err(outcome) => return outcome,
+                Ok((code, _)) if code == StatusCode::NOT_FOUND => {
+                    return self.apply_create_refused(path)
+                }
+                Ok((code, object)) if code == StatusCode::OK => {
+                    serde_json::from_slice::<Value>(&object)
+                        .ok()
+                        .as_ref()
+                        .and_then(Pin::of)
+                        .map(|pin| pin.uid)
+                }
+                Ok(_) => None,
+            };
+            let Some(uid) = uid else {
+                return self.forward_pinned(exchange, None, as_it_came()).await;
+            };
+            if let Err(error) = precondition::pin_uid(&mut document, &uid) {
+                return precondition_refused(&error);
+            }
+            let outcome = self
+                .forward_pinned(
+                    exchange,
+                    media_type,
+                    PinnedRequest::Body(document.to_bytes()),
+                )
+                .await;
+            let code = outcome.response.status();
+            let pin_may_have_refused =
+                code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
+            if attempt == PINNED_ATTEMPTS || !pin_may_have_refused {
+                return outcome;
+            }
+        }
+        // The loop returns on its last attempt.
+        self.upstream_failure("no attempt left for the pinned apply")
     }
 
     /// The 403 for a server-side apply that would create its object (named by the

@@ -586,9 +586,12 @@ async fn target_errors_become_a_retryable_503() {
     h.proxy.shutdown().await;
 }
 
-/// How a [`Backend`] answers one request.
-type BackendAnswer =
-    Arc<dyn Fn(&http::request::Parts) -> http::Response<http_body_util::Full<Bytes>> + Send + Sync>;
+/// How a [`Backend`] answers one request, from its head and its body.
+type BackendAnswer = Arc<
+    dyn Fn(&http::request::Parts, &[u8]) -> http::Response<http_body_util::Full<Bytes>>
+        + Send
+        + Sync,
+>;
 
 /// An extension API server for example.com/v1 on 127.0.0.1 (TLS, HTTP/2 and
 /// HTTP/1.1), for the target's aggregator to send the group to; every request is
@@ -646,9 +649,15 @@ impl Backend {
                     };
                     let service = hyper::service::service_fn(
                         move |request: http::Request<hyper::body::Incoming>| {
-                            let (parts, _) = request.into_parts();
-                            let response = answer(&parts);
-                            async move { Ok::<_, std::convert::Infallible>(response) }
+                            let answer = Arc::clone(&answer);
+                            async move {
+                                let (parts, body) = request.into_parts();
+                                let body = http_body_util::BodyExt::collect(body)
+                                    .await
+                                    .map(|collected| collected.to_bytes())
+                                    .unwrap_or_default();
+                                Ok::<_, std::convert::Infallible>(answer(&parts, &body))
+                            }
                         },
                     );
                     let builder = hyper_util::server::conn::auto::Builder::new(
@@ -682,7 +691,7 @@ impl FailingBackend {
         let current = Arc::clone(&code);
         let discovery_fails = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let failing_discovery = Arc::clone(&discovery_fails);
-        let backend = Backend::start(Arc::new(move |request: &http::request::Parts| {
+        let backend = Backend::start(Arc::new(move |request: &http::request::Parts, _: &[u8]| {
             let from_aggregator = request
                 .headers
                 .get("x-remote-user")
@@ -810,7 +819,7 @@ async fn a_scale_read_is_checked_again_when_its_object_moved() {
         let reads = Arc::new(AtomicUsize::new(0));
         let backend = Backend::start(Arc::new({
             let (version, reads) = (Arc::clone(&version), Arc::clone(&reads));
-            move |request: &http::request::Parts| {
+            move |request: &http::request::Parts, _: &[u8]| {
                 let path = request.uri.path();
                 let (code, body) = if path == "/apis/example.com/v1" {
                     (200, widgets_discovery())
@@ -1261,6 +1270,91 @@ async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
                 && line.contains("the existence check was answered 429")),
         "{logged}"
     );
+    h.proxy.shutdown().await;
+}
+
+/// All mode's apply into a namespace being deleted goes pinned to the uid its
+/// look found, so an object deleted between the look and the apply is not
+/// created again: kube refuses the pinned apply ("uid mismatch"), the proxy looks
+/// again, finds nothing and refuses the apply as a create. Scripted on a backend
+/// that answers as kube would, so the object goes exactly between the two.
+#[tokio::test]
+async fn an_all_mode_apply_racing_a_delete_in_a_terminating_namespace_creates_nothing() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let h = terminating_demo(AccessMode::All).await;
+    // The proxy learns of the deletion from its watch (bounded: 10 s).
+    let mut learned = false;
+    for attempt in 0..100 {
+        if applied_widget(&h, &format!("late-{attempt}")).await.status == 403 {
+            learned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(learned, "the proxy never saw the namespace terminating");
+    let looks = Arc::new(AtomicUsize::new(0));
+    let applies = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let backend = Backend::start(Arc::new({
+        let (looks, applies) = (Arc::clone(&looks), Arc::clone(&applies));
+        move |request: &http::request::Parts, body: &[u8]| {
+            let path = request.uri.path();
+            let object = format!("{WIDGETS}/racing");
+            if path == "/apis/example.com/v1" {
+                return json_answer(200, &widgets_discovery());
+            }
+            if path != object {
+                return failing_answer(path, 404, false);
+            }
+            // Only the first look finds the object: it is deleted right after.
+            if request.method == http::Method::GET {
+                return match looks.fetch_add(1, Ordering::SeqCst) {
+                    0 => {
+                        let mut found = widget("racing", json!({}));
+                        found["metadata"]["uid"] = json!("u-racing");
+                        found["metadata"]["resourceVersion"] = json!("5");
+                        json_answer(200, &found)
+                    }
+                    _ => failing_answer(path, 404, false),
+                };
+            }
+            let applied: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let uid = applied["metadata"]["uid"].as_str().map(str::to_owned);
+            crproxy_core::locks::lock(&applies).push(applied);
+            match uid {
+                Some(uid) => json_answer(
+                    409,
+                    &crproxy_core::status::status(
+                        409,
+                        "Conflict",
+                        format!("Operation cannot be fulfilled on widgets.example.com \"racing\": uid mismatch: the provided object specified uid {uid}, and no existing object was found"),
+                    ),
+                ),
+                // Unpinned, the apply of the deleted object would create it.
+                None => json_answer(201, &widget("racing", json!({}))),
+            }
+        }
+    }))
+    .await;
+    widgets_served_by(&h, &backend).await;
+    // w1 is on the devcluster, not on the backend.
+    assert_target_answers(&h, "w1", 404).await;
+    let before = looks.load(Ordering::SeqCst);
+
+    let reply = applied_widget(&h, "racing").await;
+    assert_eq!(reply.status, 403, "{}", reply.body);
+    assert_eq!(
+        reply.body["details"]["causes"][0]["reason"],
+        "NamespaceTerminating"
+    );
+    assert_eq!(
+        looks.load(Ordering::SeqCst) - before,
+        2,
+        "a look before each apply"
+    );
+    let applies = crproxy_core::locks::lock(&applies).clone();
+    assert_eq!(applies.len(), 1, "{applies:?}");
+    assert_eq!(applies[0]["metadata"]["uid"], "u-racing");
+    assert_eq!(applies[0]["spec"]["size"], 3);
     h.proxy.shutdown().await;
 }
 
