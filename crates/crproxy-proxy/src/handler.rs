@@ -851,11 +851,6 @@ impl GroupVersionProxy {
                 Ok(checked) => checked,
                 Err(outcome) => return outcome,
             };
-            // An apply of a missing object creates it, which a namespace being
-            // deleted refuses, as kube's lifecycle admission does.
-            if creates_refused && matches!(checked, Checked::Absent) {
-                return self.apply_create_refused(path);
-            }
             // A body naming another uid than the checked one is refused for that
             // uid, whatever the pin: its first answer is final.
             let mut refused_for_its_uid = false;
@@ -880,6 +875,14 @@ impl GroupVersionProxy {
                         // An apply naming a uid finds no object to carry it.
                         Checked::Absent => precondition::names_a_uid(&document),
                     };
+                    // An apply of a missing object creates it, which a namespace
+                    // being deleted refuses, as kube's lifecycle admission does;
+                    // one naming a uid is refused for the uid first, as kube's
+                    // patcher checks it before admission.
+                    if creates_refused && matches!(checked, Checked::Absent) && !refused_for_its_uid
+                    {
+                        return self.apply_create_refused(path);
+                    }
                     match &checked {
                         Checked::Owned(pin) if view => {
                             precondition::pin_view_write(&mut document, pin)

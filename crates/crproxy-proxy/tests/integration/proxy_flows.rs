@@ -1214,6 +1214,31 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
         .await
         .expect("get")
         .is_none());
+    // One naming a uid is refused for the uid first, as kube's patcher checks
+    // it before admission: 409, not 403.
+    let body = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: named-late\n  namespace: demo\n  uid: 6d1c2a4e-0000-4000-8000-000000000003\nspec:\n  size: 3\n";
+    let named = send_as(
+        &h.aggregator,
+        "PATCH",
+        &format!("{WIDGETS}/named-late?fieldManager=test"),
+        Some("application/apply-patch+yaml"),
+        body.to_owned(),
+    )
+    .await;
+    assert_eq!(named.status, 409, "{}", named.body);
+    assert!(
+        named.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("uid mismatch")),
+        "{}",
+        named.body
+    );
+    assert!(h
+        .widgets
+        .get_opt("named-late")
+        .await
+        .expect("get")
+        .is_none());
     let applied = applied_widget(&h, "w1").await;
     assert_eq!(applied.status, 200, "{}", applied.body);
     let patched = call_as(
