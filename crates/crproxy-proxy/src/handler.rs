@@ -905,7 +905,10 @@ impl GroupVersionProxy {
                 }
                 Err(e) => return precondition_refused(&e),
             };
-            let outcome = self.forward_pinned(exchange, media_type, pinned).await;
+            let mut outcome = self.forward_pinned(exchange, media_type, pinned).await;
+            if matches!(checked, Checked::Absent) && request::is_dry_run(exchange.query()) {
+                outcome = self.without_create_pin(exchange, outcome).await;
+            }
             let code = outcome.response.status();
             let pin_may_have_refused =
                 code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
@@ -917,6 +920,45 @@ impl GroupVersionProxy {
         }
         // The loop returns on its last attempt.
         self.upstream_failure("no attempt left for the pinned write")
+    }
+
+    /// A dry run answers with the object as the apply left it, and kube's dry-run
+    /// storage does not replace its resourceVersion as a real write does: an apply
+    /// pinned so that it can only create ([`precondition::pin_apply_create`])
+    /// would show the caller a resourceVersion it never sent. It is taken out of
+    /// a plain JSON answer; any other answer goes back as it came.
+    async fn without_create_pin(&self, exchange: &Exchange, outcome: Outcome) -> Outcome {
+        if !outcome.response.status().is_success()
+            || !is_plain_json_object(outcome.response.headers())
+        {
+            return outcome;
+        }
+        let Outcome { response, reason } = outcome;
+        let (mut parts, body) = response.into_parts();
+        let read = transport::read_limited(body, MAX_BUFFERED_BODY);
+        let bytes = match transport::within(exchange.deadline, read).await {
+            Ok(bytes) => bytes,
+            Err(e) => return self.unavailable(e),
+        };
+        let mut object = match serde_json::from_slice::<Value>(&bytes) {
+            Ok(object)
+                if object
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    == Some(precondition::NO_OBJECT_RESOURCE_VERSION) =>
+            {
+                object
+            }
+            _ => return Outcome::new(Response::from_parts(parts, transport::full(bytes)), reason),
+        };
+        if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.remove("resourceVersion");
+        }
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        Outcome::new(
+            Response::from_parts(parts, transport::full(object.to_string())),
+            reason,
+        )
     }
 
     /// The fast path of an owned mutation: when the ownership cache knows the

@@ -1298,6 +1298,64 @@ async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
     h.proxy.shutdown().await;
 }
 
+/// An owned-mode apply of a missing object goes pinned to a resourceVersion no
+/// object has, so that it can only create. kube's dry-run storage answers with
+/// the object as the apply left it, that resourceVersion included, which the
+/// caller never sent: the proxy takes it out. Scripted on a backend that answers
+/// a dry run as kube's does.
+#[tokio::test]
+async fn a_dry_run_apply_that_creates_shows_no_pinned_resource_version() {
+    let h = harness(AccessMode::Owned).await;
+    create_on_target(&h, "w1", owned_labels()).await;
+    let applies = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let backend = Backend::start(Arc::new({
+        let applies = Arc::clone(&applies);
+        move |request: &http::request::Parts, body: &[u8]| {
+            let path = request.uri.path();
+            if path == "/apis/example.com/v1" {
+                return json_answer(200, &widgets_discovery());
+            }
+            if path != format!("{WIDGETS}/fresh") || request.method != http::Method::PATCH {
+                return failing_answer(path, 404, false);
+            }
+            let mut applied: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            crproxy_core::locks::lock(&applies).push(applied.clone());
+            applied["metadata"]["uid"] = json!("u-fresh");
+            applied["metadata"]["creationTimestamp"] = json!("2026-12-06T00:00:00Z");
+            json_answer(201, &applied)
+        }
+    }))
+    .await;
+    widgets_served_by(&h, &backend).await;
+    // w1 is on the devcluster, not on the backend.
+    assert_target_answers(&h, "w1", 404).await;
+
+    let body = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: fresh\n  namespace: demo\nspec:\n  size: 3\n";
+    let reply = send_as(
+        &h.aggregator,
+        "PATCH",
+        &format!("{WIDGETS}/fresh?fieldManager=test&dryRun=All"),
+        Some("application/apply-patch+yaml"),
+        body.to_owned(),
+    )
+    .await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    assert_eq!(reply.body["metadata"]["uid"], "u-fresh", "{}", reply.body);
+    assert!(
+        reply.body["metadata"].get("resourceVersion").is_none(),
+        "{}",
+        reply.body
+    );
+    let applies = crproxy_core::locks::lock(&applies).clone();
+    assert_eq!(applies.len(), 1, "{applies:?}");
+    assert_eq!(
+        applies[0]["metadata"]["resourceVersion"],
+        crproxy_core::precondition::NO_OBJECT_RESOURCE_VERSION,
+        "the apply went pinned"
+    );
+    h.proxy.shutdown().await;
+}
+
 /// All mode's apply into a namespace being deleted goes pinned to the uid its
 /// look found, so an object deleted between the look and the apply is not
 /// created again: kube refuses the pinned apply ("uid mismatch"), the proxy looks
