@@ -90,8 +90,9 @@ pub const MAX_IN_FLIGHT: usize = 400;
 /// A YAML document whose reading alone would take all of it is refused.
 pub const PARSE_MEMORY_BUDGET: usize = request_body::MAX_EXPANDED_COST;
 
-/// How many times an owned-mode mutation is checked and sent: once, and once more
-/// when the target refused it in a way the pin may have caused.
+/// How many times a pinned mutation (owned mode's, and all mode's apply into a
+/// namespace being deleted) is checked and sent: once, and once more when the
+/// target refused it in a way the pin may have caused.
 const PINNED_ATTEMPTS: u32 = 2;
 
 /// What the ownership check of a named mutation found.
@@ -1586,6 +1587,8 @@ impl GroupVersionProxy {
     /// came: it can never create. A target that cannot say whether the object
     /// exists gets a retryable 503 ([`Self::read_object`]); one whose look answers
     /// anything but 200 or 404 gets the apply unpinned, as before there was a look.
+    /// The body is read as owned mode reads every write (docs/operations.md), so
+    /// one that reading refuses is refused here rather than forwarded.
     async fn apply_while_terminating(
         &self,
         exchange: &Exchange,
@@ -1596,8 +1599,9 @@ impl GroupVersionProxy {
             Ok(bytes) => bytes,
             Err(outcome) => return outcome,
         };
-        let mut write = match self.labelled_body(exchange, &bytes, Stamp::Never).await {
-            Ok(Ok((write, _room))) => Some(write),
+        // The document keeps its room under the parse budget until it is sent.
+        let (mut write, _room) = match self.labelled_body(exchange, &bytes, Stamp::Never).await {
+            Ok(Ok((write, room))) => (Some(write), room),
             Ok(Err(error)) => return refused_body(&error),
             Err(outcome) => return outcome,
         };
