@@ -949,6 +949,13 @@ pub async fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         && ctx.subresource.is_empty()
     {
         let applied = seams::server_side_apply(ctx, None, body)?;
+        // kube checks the configuration's kind and version before the uid.
+        check_type(
+            ctx,
+            &mut applied.clone(),
+            &ctx.info.kind,
+            &ctx.api_version(),
+        )?;
         seams::refuse_uid_without_object(ctx, &applied)?;
         let hooks = admitted::webhooks(state);
         let (obj, mut warnings) =

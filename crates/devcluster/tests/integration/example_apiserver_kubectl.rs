@@ -260,10 +260,12 @@ async fn gateways_are_served_through_the_aggregator() {
     )
     .await;
     assert!(
-        out.stderr.contains("Operation cannot be fulfilled on gateways.example.net \"ghost\": uid mismatch: the provided object specified uid 6d1c2a4e-0000-4000-8000-000000000002, and no existing object was found"),
+        !out.success() && out.stderr.contains("Operation cannot be fulfilled on gateways.example.net \"ghost\": uid mismatch: the provided object specified uid 6d1c2a4e-0000-4000-8000-000000000002, and no existing object was found"),
         "{}",
         out.stderr
     );
+    let ghost = test_support::kubectl_async(admin, &["get", "gateway", "ghost"]).await;
+    assert!(!ghost.success(), "the apply created ghost: {ghost:?}");
     let by_name = test_support::kubectl_async(
         admin,
         &[
