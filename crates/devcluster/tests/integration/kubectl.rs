@@ -781,6 +781,15 @@ async fn an_apply_naming_a_uid_never_creates_and_a_resource_version_pins_only_a_
     assert_eq!((code, got), (409, expected));
     let ghost = kubectl_async(&kc, &["-n", "demo", "get", "crontab", "ghost"]).await;
     assert!(!ghost.success(), "the apply created ghost: {ghost:?}");
+    // The configuration's kind is checked before its uid.
+    let (code, got) = raw_apply(
+        &tc,
+        &format!("{collection}/ghost?fieldManager=test"),
+        config("ghost", "uid: 6d1c2a4e-0000-4000-8000-000000000001")
+            .replace("kind: CronTab", "kind: Other"),
+    )
+    .await;
+    assert_eq!(code, 400, "{got}");
 
     let pinned = config("pinned", "resourceVersion: \"18446744073709551615\"");
     let path = format!("{collection}/pinned?fieldManager=test");
