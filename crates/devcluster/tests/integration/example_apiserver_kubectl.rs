@@ -26,6 +26,22 @@ async fn create(kubeconfig: &Path, manifest: &str) -> test_support::KubectlOutpu
     .await
 }
 
+/// `kubectl apply --server-side -f -` of `manifest` as field manager `manager`.
+async fn apply_server_side(
+    kubeconfig: &Path,
+    manager: &str,
+    manifest: &str,
+) -> test_support::KubectlOutput {
+    let manager = format!("--field-manager={manager}");
+    test_support::kubectl_stdin_async(
+        kubeconfig,
+        &["apply", "--server-side", &manager, "-f", "-"],
+        manifest,
+        Duration::from_secs(30),
+    )
+    .await
+}
+
 async fn get_json(kubeconfig: &Path, args: &[&str]) -> Value {
     test_support::kubectl_json_async(kubeconfig, args)
         .await
@@ -203,35 +219,11 @@ async fn gateways_are_served_through_the_aggregator() {
         "metadata": {"name": "edge", "namespace": "default"}, "spec": {"port": 8443}})
     .to_string();
     for _ in 0..2 {
-        let out = test_support::kubectl_stdin_async(
-            admin,
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager=team-a",
-                "-f",
-                "-",
-            ],
-            &applied,
-            Duration::from_secs(30),
-        )
-        .await;
+        let out = apply_server_side(admin, "team-a", &applied).await;
         assert!(out.success(), "{}", out.stderr);
     }
     let takeover = applied.replace("8443", "9443");
-    let out = test_support::kubectl_stdin_async(
-        admin,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=team-b",
-            "-f",
-            "-",
-        ],
-        &takeover,
-        Duration::from_secs(30),
-    )
-    .await;
+    let out = apply_server_side(admin, "team-b", &takeover).await;
     assert!(
         out.stderr.contains("Apply failed with 1 conflict"),
         "{}",
@@ -246,19 +238,7 @@ async fn gateways_are_served_through_the_aggregator() {
                      "uid": "6d1c2a4e-0000-4000-8000-000000000002"},
         "spec": {"port": 8443}})
     .to_string();
-    let out = test_support::kubectl_stdin_async(
-        admin,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=team-a",
-            "-f",
-            "-",
-        ],
-        &ghost,
-        Duration::from_secs(30),
-    )
-    .await;
+    let out = apply_server_side(admin, "team-a", &ghost).await;
     assert!(
         !out.success() && out.stderr.contains("Operation cannot be fulfilled on gateways.example.net \"ghost\": uid mismatch: the provided object specified uid 6d1c2a4e-0000-4000-8000-000000000002, and no existing object was found"),
         "{}",
