@@ -1319,7 +1319,10 @@ async fn a_dry_run_apply_that_creates_shows_no_pinned_resource_version() {
                 return failing_answer(path, 404, false);
             }
             let mut applied: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-            crproxy_core::locks::lock(&applies).push(applied.clone());
+            // What reached the backend, with the query it came with.
+            let mut seen = applied.clone();
+            seen["query"] = json!(request.uri.query());
+            crproxy_core::locks::lock(&applies).push(seen);
             applied["metadata"]["uid"] = json!("u-fresh");
             applied["metadata"]["creationTimestamp"] = json!("2026-12-06T00:00:00Z");
             json_answer(201, &applied)
@@ -1352,6 +1355,13 @@ async fn a_dry_run_apply_that_creates_shows_no_pinned_resource_version() {
         applies[0]["metadata"]["resourceVersion"],
         crproxy_core::precondition::NO_OBJECT_RESOURCE_VERSION,
         "the apply went pinned"
+    );
+    assert!(
+        applies[0]["query"]
+            .as_str()
+            .is_some_and(|q| q.contains("dryRun=All")),
+        "the apply went as a dry run: {}",
+        applies[0]
     );
     h.proxy.shutdown().await;
 }
