@@ -845,10 +845,10 @@ impl WriteThrough {
             now.metadata.uid.as_deref() == Some(written.uid.as_str())
                 && serde_json::to_value(now).is_ok_and(|v| !mirror_differs(&written.object, &v))
         };
-        let removal = self
+        let deleted = self
             .delete_mirror(ty, key, &written.name, Some(created), still_this_write)
             .await;
-        if removal == Removal::Deleted {
+        if deleted {
             tracing::info!(resource = %ty.resource.key, object = %format!("{}/{}", key.namespace, key.name), "write-through: the tenant did not store an accepted create; removed its host mirror");
         }
     }
@@ -859,66 +859,79 @@ impl WriteThrough {
     /// deletes in all, and a last read after the last conflict, so that a mirror a
     /// later write took over meanwhile is not reported as a failed rollback. Each
     /// read and each delete is bounded by `timeout`, so a host that stops answering
-    /// cannot hold the object's key. A failure is counted and logged here.
+    /// cannot hold the object's key. A failure is counted and logged here; `true`
+    /// when the mirror was deleted.
     async fn delete_mirror(
         &self,
         ty: &ResolvedType,
         key: &Key,
         host_name: &str,
-        mut pin: Option<Preconditions>,
+        pin: Option<Preconditions>,
         still_this_write: impl Fn(&DynamicObject) -> bool,
-    ) -> Removal {
+    ) -> bool {
         let api = self.host_api(ty);
-        // At most ROLLBACK_ATTEMPTS deletes and one read more: every pass but the
-        // first reads (or uses `pin`), and each pass either deletes or ends.
-        for deletes in 0..=ROLLBACK_ATTEMPTS {
-            let preconditions = match pin.take() {
-                Some(pin) => pin,
-                None => {
-                    let found =
-                        match tokio::time::timeout(self.timeout, api.get_opt(host_name)).await {
-                            Ok(found) => found.map_err(|e| e.to_string()),
-                            Err(_) => Err("timed out".to_string()),
-                        };
-                    match found {
-                        Ok(Some(mirror)) if still_this_write(&mirror) => Preconditions {
-                            uid: mirror.metadata.uid,
-                            resource_version: mirror.metadata.resource_version,
-                        },
-                        // Gone, or a later write (or a new object): never undone.
-                        Ok(_) => return Removal::NotThisWrite,
-                        Err(error) => {
-                            self.rollback_failed(ty, key, RollbackStep::Lookup, &error);
-                            return Removal::Failed;
-                        }
-                    }
-                }
-            };
-            if deletes == ROLLBACK_ATTEMPTS {
-                break;
-            }
+        let read_pin = || self.mirror_pin(ty, key, &api, host_name, &still_this_write);
+        let Some(mut pin) = (match pin {
+            Some(pin) => Some(pin),
+            None => read_pin().await,
+        }) else {
+            return false;
+        };
+        for _ in 0..ROLLBACK_ATTEMPTS {
             let params = DeleteParams {
-                preconditions: Some(preconditions),
+                preconditions: Some(pin),
                 ..DeleteParams::default()
             };
             let error =
                 match tokio::time::timeout(self.timeout, api.delete(host_name, &params)).await {
-                    Ok(Ok(_)) => return Removal::Deleted,
+                    Ok(Ok(_)) => return true,
                     // Gone already, or another incarnation: nothing of this write is left.
-                    Ok(Err(e)) if crate::to_host::is_code(&e, 404) => return Removal::NotThisWrite,
-                    Ok(Err(e)) if crate::to_host::is_code(&e, 409) => continue,
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => "timed out".to_string(),
+                    Ok(Err(e)) if crate::to_host::is_code(&e, 404) => return false,
+                    // Changed since the pin: read again.
+                    Ok(Err(e)) if crate::to_host::is_code(&e, 409) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some("timed out".to_string()),
                 };
-            self.rollback_failed(ty, key, RollbackStep::Delete, &error);
-            return Removal::Failed;
+            if let Some(error) = error {
+                self.rollback_failed(ty, key, RollbackStep::Delete, &error);
+                return false;
+            }
+            pin = match read_pin().await {
+                Some(pin) => pin,
+                None => return false,
+            };
         }
         // Still this write after a conflict on every attempt. Not worded "gave
         // up": operators read that as a tenant-side rollback failure, and this one
         // is on the host.
         let error = format!("still conflicting after {ROLLBACK_ATTEMPTS} attempts");
         self.rollback_failed(ty, key, RollbackStep::Delete, &error);
-        Removal::Failed
+        false
+    }
+
+    /// The state of host mirror `host_name` to pin a rollback's delete to, read
+    /// live. `None` when nothing of this write is there (gone, or taken over by a
+    /// later write: never undone), or when the read failed (counted and logged).
+    async fn mirror_pin(
+        &self,
+        ty: &ResolvedType,
+        key: &Key,
+        api: &Api<DynamicObject>,
+        host_name: &str,
+        still_this_write: &impl Fn(&DynamicObject) -> bool,
+    ) -> Option<Preconditions> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match read_live(api, host_name, deadline).await {
+            Ok(Some(mirror)) if still_this_write(&mirror) => Some(Preconditions {
+                uid: mirror.metadata.uid,
+                resource_version: mirror.metadata.resource_version,
+            }),
+            Ok(_) => None,
+            Err(error) => {
+                self.rollback_failed(ty, key, RollbackStep::Lookup, &error);
+                None
+            }
+        }
     }
 
     /// Whether the tenant holds the object at `key` with `uid`, read live (bounded by
@@ -938,11 +951,7 @@ impl WriteThrough {
     ) -> Result<Option<DynamicObject>, String> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.tenant_client.clone(), &key.namespace, &ty.api);
-        match tokio::time::timeout_at(deadline, api.get_opt(&key.name)).await {
-            Ok(Ok(live)) => Ok(live),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".into()),
-        }
+        read_live(&api, &key.name, deadline).await
     }
 
     /// After a host write of `request` whose outcome is unknown (no answer, a 5xx,
@@ -1009,6 +1018,19 @@ impl WriteThrough {
     }
 }
 
+/// `name` read from `api` by `deadline` (a consistent read); an error or the
+/// deadline is a message for the rollback's log.
+async fn read_live(
+    api: &Api<DynamicObject>,
+    name: &str,
+    deadline: tokio::time::Instant,
+) -> Result<Option<DynamicObject>, String> {
+    match tokio::time::timeout_at(deadline, api.get_opt(name)).await {
+        Ok(found) => found.map_err(|e| e.to_string()),
+        Err(_) => Err("timed out".into()),
+    }
+}
+
 /// Kubernetes' reason for an HTTP code, for a host answer that had none.
 fn reason_for(code: u16) -> &'static str {
     match code {
@@ -1025,18 +1047,6 @@ fn reason_for(code: u16) -> &'static str {
         504 => "Timeout",
         _ => "InternalError",
     }
-}
-
-/// How a rollback's delete of a host mirror ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Removal {
-    /// The mirror of this write was deleted.
-    Deleted,
-    /// Nothing of this write is left on the host (gone, or changed by a later
-    /// write), so nothing was deleted.
-    NotThisWrite,
-    /// Counted and logged as a rollback failure; the mirror may remain.
-    Failed,
 }
 
 /// The step of a rollback that failed: its `reason` label and its log message.
