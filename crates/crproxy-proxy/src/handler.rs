@@ -22,7 +22,7 @@ use crproxy_core::ownership::{self, BodyType, Owner, Visibility};
 use crproxy_core::precondition::{self, DeleteOptions, Pin, PinnedRequest, PreconditionError};
 use crproxy_core::reason::Reason;
 use crproxy_core::request::{self, RequestKind, ResourcePath, Verb};
-use crproxy_core::request_body::{self, BodyError, WriteBody, MAX_REQUEST_BODY};
+use crproxy_core::request_body::{self, BodyError, CallerValue, WriteBody, MAX_REQUEST_BODY};
 use crproxy_core::status;
 
 use crate::fallback::{self, AggregatedAnswer};
@@ -910,10 +910,7 @@ impl GroupVersionProxy {
             if matches!(checked, Checked::Absent) && request::is_dry_run(exchange.query()) {
                 outcome = self.without_create_pin(exchange, outcome).await;
             }
-            let code = outcome.response.status();
-            let pin_may_have_refused =
-                code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
-            if last || !pin_may_have_refused || refused_for_its_uid {
+            if last || !pin_may_have_refused(outcome.response.status()) || refused_for_its_uid {
                 return self
                     .remember_write(exchange, verb, path, delete.as_ref(), outcome)
                     .await;
@@ -929,37 +926,53 @@ impl GroupVersionProxy {
     /// would show the caller a resourceVersion it never sent. It is taken out of
     /// a plain JSON answer; any other answer goes back as it came.
     async fn without_create_pin(&self, exchange: &Exchange, outcome: Outcome) -> Outcome {
-        if !outcome.response.status().is_success()
-            || !is_plain_json_object(outcome.response.headers())
-        {
+        if !outcome.response.status().is_success() {
             return outcome;
         }
-        let Outcome { response, reason } = outcome;
-        let (mut parts, body) = response.into_parts();
-        let read = transport::read_limited(body, MAX_BUFFERED_BODY);
-        let bytes = match transport::within(exchange.deadline, read).await {
-            Ok(bytes) => bytes,
-            Err(e) => return self.unavailable(e),
+        let (mut parts, bytes, reason) = match self.read_json_answer(exchange, outcome).await {
+            Ok(read) => read,
+            Err(outcome) => return outcome,
         };
-        let mut object = match serde_json::from_slice::<Value>(&bytes) {
-            Ok(object)
-                if object
-                    .pointer("/metadata/resourceVersion")
-                    .and_then(Value::as_str)
-                    == Some(precondition::NO_OBJECT_RESOURCE_VERSION) =>
-            {
-                object
+        // Read as a write body is, so that every other byte goes back as sent.
+        let rewritten = WriteBody::parse(Some("application/json"), &bytes)
+            .ok()
+            .and_then(|mut answer| {
+                let pinned = matches!(
+                    answer.resource_version(),
+                    Ok(CallerValue::Text(rv)) if rv == precondition::NO_OBJECT_RESOURCE_VERSION
+                );
+                (pinned && answer.set_metadata_field("resourceVersion", None).is_ok())
+                    .then(|| answer.to_bytes())
+            });
+        let body = match rewritten {
+            Some(rewritten) => {
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                transport::full(rewritten)
             }
-            _ => return Outcome::new(Response::from_parts(parts, transport::full(bytes)), reason),
+            None => transport::full(bytes),
         };
-        if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-            metadata.remove("resourceVersion");
+        Outcome::new(Response::from_parts(parts, body), reason)
+    }
+
+    /// A plain JSON object answer read whole, within the request's deadline: its
+    /// head, its bytes and its reason. `Err` gives any other answer back as it
+    /// streams (a Table, YAML, compressed), or the 503 of one that could not be
+    /// read.
+    async fn read_json_answer(
+        &self,
+        exchange: &Exchange,
+        outcome: Outcome,
+    ) -> Result<(http::response::Parts, Bytes, Reason), Outcome> {
+        if !is_plain_json_object(outcome.response.headers()) {
+            return Err(outcome);
         }
-        parts.headers.remove(http::header::CONTENT_LENGTH);
-        Outcome::new(
-            Response::from_parts(parts, transport::full(object.to_string())),
-            reason,
-        )
+        let Outcome { response, reason } = outcome;
+        let (parts, body) = response.into_parts();
+        let read = transport::read_limited(body, MAX_BUFFERED_BODY);
+        match transport::within(exchange.deadline, read).await {
+            Ok(bytes) => Ok((parts, bytes, reason)),
+            Err(e) => Err(self.unavailable(e)),
+        }
     }
 
     /// The fast path of an owned mutation: when the ownership cache knows the
@@ -1070,17 +1083,10 @@ impl GroupVersionProxy {
             }
             return outcome;
         }
-        // Only an object in plain JSON can be read for the cache; any other answer
-        // (a Table, YAML, compressed) goes back as it streams.
-        if !is_plain_json_object(outcome.response.headers()) {
-            return outcome;
-        }
-        let Outcome { response, reason } = outcome;
-        let (parts, body) = response.into_parts();
-        let read = transport::read_limited(body, MAX_BUFFERED_BODY);
-        let bytes = match transport::within(exchange.deadline, read).await {
-            Ok(bytes) => bytes,
-            Err(e) => return self.unavailable(e),
+        // Only an object in plain JSON can be read for the cache.
+        let (parts, bytes, reason) = match self.read_json_answer(exchange, outcome).await {
+            Ok(read) => read,
+            Err(outcome) => return outcome,
         };
         self.ownership_cache
             .remember(&path.resource, namespace, name, &bytes);
@@ -1582,8 +1588,9 @@ impl GroupVersionProxy {
     /// object is looked for on the target first: missing, the apply is refused as
     /// a create; there, the apply goes pinned to the uid the look found, so that
     /// an object deleted between the look and the apply makes kube refuse it (409,
-    /// "uid mismatch") instead of creating it, and the look is made again,
-    /// [`PINNED_ATTEMPTS`] times in all. A body naming a uid of its own goes as it
+    /// "uid mismatch"; 422 for an object made again with another uid) instead of
+    /// creating it, and the look is made again, [`PINNED_ATTEMPTS`] times in all;
+    /// a refusal whose object the next look finds unchanged is the apply's own. A body naming a uid of its own goes as it
     /// came: it can never create. A target that cannot say whether the object
     /// exists gets a retryable 503 ([`Self::read_object`]); one whose look answers
     /// anything but 200 or 404 gets the apply unpinned, as before there was a look.
@@ -1600,26 +1607,20 @@ impl GroupVersionProxy {
             Err(outcome) => return outcome,
         };
         // The document keeps its room under the parse budget until it is sent.
-        let (mut write, _room) = match self.labelled_body(exchange, &bytes, Stamp::Never).await {
-            Ok(Ok((write, room))) => (Some(write), room),
+        let (mut document, _room) = match self.labelled_body(exchange, &bytes, Stamp::Never).await {
+            Ok(Ok((document, room))) => (document, room),
             Ok(Err(error)) => return refused_body(&error),
             Err(outcome) => return outcome,
         };
-        let media_type = write.as_ref().map(|write| write.body_type.media_type());
-        let as_it_came = || PinnedRequest::Body(bytes.to_vec());
-        if write.as_ref().is_some_and(precondition::names_a_uid) {
-            return self.forward_pinned(exchange, None, as_it_came()).await;
+        if precondition::names_a_uid(&document) {
+            return self
+                .forward_pinned(exchange, None, PinnedRequest::Body(bytes.to_vec()))
+                .await;
         }
-        for attempt in 1..=PINNED_ATTEMPTS {
-            // The first attempt pins the document read above; a second one reads
-            // the same bytes again.
-            let mut document = match write.take() {
-                Some(document) => document,
-                None => match self.label(&exchange.headers, &bytes, Stamp::Never) {
-                    Ok(document) => document,
-                    Err(error) => return refused_body(&error),
-                },
-            };
+        let media_type = Some(document.body_type.media_type());
+        // The uid the last attempt was pinned to, and the target's refusal of it.
+        let mut refused: Option<(String, Outcome)> = None;
+        for _ in 0..PINNED_ATTEMPTS {
             let found = self
                 .read_object(exchange, path, "existence check", Reason::Upstream)
                 .await;
@@ -1638,8 +1639,16 @@ impl GroupVersionProxy {
                 Ok(_) => None,
             };
             let Some(uid) = uid else {
-                return self.forward_pinned(exchange, None, as_it_came()).await;
+                return self
+                    .forward_pinned(exchange, None, PinnedRequest::Body(bytes.to_vec()))
+                    .await;
             };
+            // The object the apply was refused for is still there: the refusal
+            // was the apply's own (a field conflict, say), not the pin's.
+            match refused {
+                Some((refused_uid, outcome)) if refused_uid == uid => return outcome,
+                _ => {}
+            }
             if let Err(error) = precondition::pin_uid(&mut document, &uid) {
                 return precondition_refused(&error);
             }
@@ -1650,15 +1659,16 @@ impl GroupVersionProxy {
                     PinnedRequest::Body(document.to_bytes()),
                 )
                 .await;
-            let code = outcome.response.status();
-            let pin_may_have_refused =
-                code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY;
-            if attempt == PINNED_ATTEMPTS || !pin_may_have_refused {
+            if !pin_may_have_refused(outcome.response.status()) {
                 return outcome;
             }
+            refused = Some((uid, outcome));
         }
-        // The loop returns on its last attempt.
-        self.upstream_failure("no attempt left for the pinned apply")
+        match refused {
+            Some((_, outcome)) => outcome,
+            // The loop runs at least once.
+            None => self.upstream_failure("no attempt left for the pinned apply"),
+        }
     }
 
     /// The 403 for a server-side apply that would create its object (named by the
@@ -1923,6 +1933,13 @@ impl Drop for Unanswered<'_> {
 const DISCOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Peer-availability reasons: the pool refused before any dial.
+/// Whether the target's answer to a pinned write may be the pin's refusal: a
+/// precondition that failed (409), or a uid the object no longer has (422, the
+/// uid is immutable).
+fn pin_may_have_refused(code: StatusCode) -> bool {
+    code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY
+}
+
 fn is_availability(reason: Reason) -> bool {
     matches!(
         reason,

@@ -1135,10 +1135,17 @@ async fn terminating_demo(access: AccessMode) -> Harness {
 
 /// A server-side apply of widget `name` in `demo` (size 3), through the proxy.
 async fn applied_widget(h: &Harness, name: &str) -> Reply {
+    applied_widget_with(h, name, "", "").await
+}
+
+/// [`applied_widget`] with `metadata` (YAML lines indented by two spaces)
+/// added to the widget's metadata and `query` (starting with `&`) to the
+/// apply's query.
+async fn applied_widget_with(h: &Harness, name: &str, metadata: &str, query: &str) -> Reply {
     let body = format!(
-        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\nspec:\n  size: 3\n"
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: demo\n{metadata}spec:\n  size: 3\n"
     );
-    let path = format!("{WIDGETS}/{name}?fieldManager=test&force=true");
+    let path = format!("{WIDGETS}/{name}?fieldManager=test&force=true{query}");
     send_as(
         &h.aggregator,
         "PATCH",
@@ -1216,15 +1223,8 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
         .is_none());
     // One naming a uid is refused for the uid first, as kube's patcher checks
     // it before admission: 409, not 403.
-    let body = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: named-late\n  namespace: demo\n  uid: 6d1c2a4e-0000-4000-8000-000000000003\nspec:\n  size: 3\n";
-    let named = send_as(
-        &h.aggregator,
-        "PATCH",
-        &format!("{WIDGETS}/named-late?fieldManager=test"),
-        Some("application/apply-patch+yaml"),
-        body.to_owned(),
-    )
-    .await;
+    let uid = "  uid: 6d1c2a4e-0000-4000-8000-000000000003\n";
+    let named = applied_widget_with(&h, "named-late", uid, "").await;
     assert_eq!(named.status, 409, "{}", named.body);
     assert!(
         named.body["message"]
@@ -1312,9 +1312,7 @@ async fn a_dry_run_apply_that_creates_shows_no_pinned_resource_version() {
         let applies = Arc::clone(&applies);
         move |request: &http::request::Parts, body: &[u8]| {
             let path = request.uri.path();
-            if path == "/apis/example.com/v1" {
-                return json_answer(200, &widgets_discovery());
-            }
+            // Discovery, and every other path, as a backend without the object.
             if path != format!("{WIDGETS}/fresh") || request.method != http::Method::PATCH {
                 return failing_answer(path, 404, false);
             }
@@ -1333,15 +1331,7 @@ async fn a_dry_run_apply_that_creates_shows_no_pinned_resource_version() {
     // w1 is on the devcluster, not on the backend.
     assert_target_answers(&h, "w1", 404).await;
 
-    let body = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: fresh\n  namespace: demo\nspec:\n  size: 3\n";
-    let reply = send_as(
-        &h.aggregator,
-        "PATCH",
-        &format!("{WIDGETS}/fresh?fieldManager=test&dryRun=All"),
-        Some("application/apply-patch+yaml"),
-        body.to_owned(),
-    )
-    .await;
+    let reply = applied_widget_with(&h, "fresh", "", "&dryRun=All").await;
     assert_eq!(reply.status, 201, "{}", reply.body);
     assert_eq!(reply.body["metadata"]["uid"], "u-fresh", "{}", reply.body);
     assert!(
@@ -1369,7 +1359,8 @@ async fn a_dry_run_apply_that_creates_shows_no_pinned_resource_version() {
 /// All mode's apply into a namespace being deleted goes pinned to the uid its
 /// look found, so an object deleted between the look and the apply is not
 /// created again: kube refuses the pinned apply ("uid mismatch"), the proxy looks
-/// again, finds nothing and refuses the apply as a create. Scripted on a backend
+/// again, finds nothing and refuses the apply as a create. A refusal of an object
+/// that is still there is the apply's own and is not sent again. Scripted on a backend
 /// that answers as kube would, so the object goes exactly between the two.
 #[tokio::test]
 async fn an_all_mode_apply_racing_a_delete_in_a_terminating_namespace_creates_nothing() {
@@ -1392,9 +1383,20 @@ async fn an_all_mode_apply_racing_a_delete_in_a_terminating_namespace_creates_no
         move |request: &http::request::Parts, body: &[u8]| {
             let path = request.uri.path();
             let object = format!("{WIDGETS}/racing");
-            if path == "/apis/example.com/v1" {
-                return json_answer(200, &widgets_discovery());
+            // `contested` stays, and another field manager owns what the apply sets.
+            if path == format!("{WIDGETS}/contested") {
+                if request.method == http::Method::GET {
+                    let mut found = widget("contested", json!({}));
+                    found["metadata"]["uid"] = json!("u-contested");
+                    found["metadata"]["resourceVersion"] = json!("7");
+                    return json_answer(200, &found);
+                }
+                let applied: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                crproxy_core::locks::lock(&applies).push(applied);
+                let why = "Apply failed with 1 conflict: conflict with \"other\": .spec.size";
+                return json_answer(409, &crproxy_core::status::status(409, "Conflict", why));
             }
+            // Discovery, and every other path, as a backend without the object.
             if path != object {
                 return failing_answer(path, 404, false);
             }
@@ -1416,10 +1418,11 @@ async fn an_all_mode_apply_racing_a_delete_in_a_terminating_namespace_creates_no
             match uid {
                 Some(uid) => json_answer(
                     409,
-                    &crproxy_core::status::status(
-                        409,
-                        "Conflict",
-                        format!("Operation cannot be fulfilled on widgets.example.com \"racing\": uid mismatch: the provided object specified uid {uid}, and no existing object was found"),
+                    &crproxy_core::status::conflict(
+                        "widgets",
+                        "example.com",
+                        "racing",
+                        &format!("uid mismatch: the provided object specified uid {uid}, and no existing object was found"),
                     ),
                 ),
                 // Unpinned, the apply of the deleted object would create it.
@@ -1444,10 +1447,18 @@ async fn an_all_mode_apply_racing_a_delete_in_a_terminating_namespace_creates_no
         2,
         "a look before each apply"
     );
-    let applies = crproxy_core::locks::lock(&applies).clone();
-    assert_eq!(applies.len(), 1, "{applies:?}");
-    assert_eq!(applies[0]["metadata"]["uid"], "u-racing");
-    assert_eq!(applies[0]["spec"]["size"], 3);
+    let sent = crproxy_core::locks::lock(&applies).clone();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["metadata"]["uid"], "u-racing");
+    assert_eq!(sent[0]["spec"]["size"], 3);
+
+    // A refusal whose object the next look finds unchanged is the apply's own:
+    // answered as it came, not sent a second time.
+    let reply = applied_widget(&h, "contested").await;
+    assert_eq!(reply.status, 409, "{}", reply.body);
+    let sent = crproxy_core::locks::lock(&applies).clone();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[1]["metadata"]["uid"], "u-contested");
     h.proxy.shutdown().await;
 }
 
