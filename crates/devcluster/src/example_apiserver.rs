@@ -406,12 +406,10 @@ fn conflict(name: &str) -> Refusal {
 }
 
 fn conflict_because(name: &str, why: &str) -> Refusal {
-    status_error(
-        409,
-        "Conflict",
-        &format!("Operation cannot be fulfilled on {RESOURCE}.{GROUP} {name:?}: {why}"),
-        json!({"name": name, "group": GROUP, "kind": RESOURCE}),
-    )
+    Refusal {
+        code: 409,
+        status: Box::new(crproxy_core::status::conflict(RESOURCE, GROUP, name, why)),
+    }
 }
 
 fn bad_request(message: &str) -> Refusal {
@@ -889,11 +887,7 @@ fn server_side_apply(
             .as_str()
             .filter(|u| !u.is_empty())
         {
-            return conflict_because(
-                name,
-                &format!("uid mismatch: the provided object specified uid {uid}, and no existing object was found"),
-            )
-            .into();
+            return conflict_because(name, &crate::server::seams::uid_mismatch(uid)).into();
         }
         return match apply(None) {
             Ok(mut object) => {

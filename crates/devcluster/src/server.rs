@@ -13,7 +13,7 @@ mod output;
 mod protobuf;
 mod request_metrics;
 mod rest;
-mod seams;
+pub(crate) mod seams;
 
 pub use auth::PeerCertificates;
 pub(crate) use http::{decode_yaml, query_parameters, watch_requested};

@@ -948,14 +948,9 @@ pub async fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
         && state.store.get(&ctx.gr(), ctx.ns(), &ctx.name).is_none()
         && ctx.subresource.is_empty()
     {
-        let applied = seams::server_side_apply(ctx, None, body)?;
+        let mut applied = seams::server_side_apply(ctx, None, body)?;
         // kube checks the configuration's kind and version before the uid.
-        check_type(
-            ctx,
-            &mut applied.clone(),
-            &ctx.info.kind,
-            &ctx.api_version(),
-        )?;
+        check_type(ctx, &mut applied, &ctx.info.kind, &ctx.api_version())?;
         seams::refuse_uid_without_object(ctx, &applied)?;
         let hooks = admitted::webhooks(state);
         let (obj, mut warnings) =

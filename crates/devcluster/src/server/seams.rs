@@ -133,17 +133,25 @@ pub fn server_side_apply(
 /// says which incarnation the apply is meant for, and a missing object is none.
 /// (A resourceVersion does not stop an apply from creating.)
 pub fn refuse_uid_without_object(ctx: &ReqCtx, applied: &Value) -> Result<(), ApiError> {
-    match applied["metadata"]["uid"].as_str().filter(|uid| !uid.is_empty()) {
+    match applied["metadata"]["uid"]
+        .as_str()
+        .filter(|uid| !uid.is_empty())
+    {
         None => Ok(()),
         Some(uid) => Err(ApiError::conflict(
             &ctx.info.group,
             &ctx.info.resource,
             &ctx.name,
-            &format!(
-                "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
-            ),
+            &uid_mismatch(uid),
         )),
     }
+}
+
+/// Why kube's patcher refuses an apply naming `uid` when there is no object.
+pub fn uid_mismatch(uid: &str) -> String {
+    format!(
+        "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+    )
 }
 
 /// Applies a patch body to the current object (in the requested version).
