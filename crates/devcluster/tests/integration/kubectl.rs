@@ -74,6 +74,14 @@ async fn apply(kc: &std::path::Path, yaml: &str) {
     assert!(out.success(), "apply: {out:?}");
 }
 
+/// A target devcluster with the namespace `demo` and the CronTab CRD established.
+async fn crontab_cluster() -> test_support::TestCluster {
+    let tc = devcluster("target").await;
+    ok(&tc.kubeconfig, &["create", "namespace", "demo"]).await;
+    install_crd(&tc.kubeconfig).await;
+    tc
+}
+
 async fn install_crd(kc: &std::path::Path) {
     apply(kc, CRONTAB_CRD).await;
     ok(
@@ -90,10 +98,8 @@ async fn install_crd(kc: &std::path::Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crud_with_kubectl() {
-    let tc = devcluster("target").await;
+    let tc = crontab_cluster().await;
     let kc = &tc.kubeconfig;
-    ok(kc, &["create", "namespace", "demo"]).await;
-    install_crd(kc).await;
 
     apply(kc, &crontab("one", "cron")).await;
     apply(kc, &crontab("two", "other")).await;
@@ -216,10 +222,8 @@ async fn crud_with_kubectl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_watch_sees_added_modified_deleted() {
-    let tc = devcluster("target").await;
+    let tc = crontab_cluster().await;
     let kc = tc.kubeconfig.clone();
-    ok(&kc, &["create", "namespace", "demo"]).await;
-    install_crd(&kc).await;
     let watcher = {
         let kc = kc.clone();
         tokio::task::spawn_blocking(move || {
@@ -421,10 +425,8 @@ fn logged_status(stderr: &str) -> Value {
 /// crproxy owned mode relies on this to pin a write to the object it checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_uid_is_immutable_as_on_kube() {
-    let tc = devcluster("target").await;
+    let tc = crontab_cluster().await;
     let kc = &tc.kubeconfig;
-    ok(kc, &["create", "namespace", "demo"]).await;
-    install_crd(kc).await;
     apply(kc, &crontab("one", "cron")).await;
     let before = kubectl_json_async(kc, &["-n", "demo", "get", "crontab", "one", "-o", "json"])
         .await
@@ -501,10 +503,8 @@ async fn metadata_uid_is_immutable_as_on_kube() {
 /// value counts, as in Go's `url.Values.Get`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_options_from_the_body_and_from_the_query() {
-    let tc = devcluster("target").await;
+    let tc = crontab_cluster().await;
     let kc = &tc.kubeconfig;
-    ok(kc, &["create", "namespace", "demo"]).await;
-    install_crd(kc).await;
     apply(kc, &crontab("kept", "cron")).await;
     let path = "/apis/stable.example.io/v1/namespaces/demo/crontabs/kept";
     // kubectl sends DeleteOptions with dryRun in the body.
@@ -563,10 +563,8 @@ async fn delete_options_from_the_body_and_from_the_query() {
 /// is stored as "".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_maps_of_the_wrong_type_are_refused_as_on_kube() {
-    let tc = devcluster("target").await;
+    let tc = crontab_cluster().await;
     let kc = &tc.kubeconfig;
-    ok(kc, &["create", "namespace", "demo"]).await;
-    install_crd(kc).await;
     apply(kc, &crontab("one", "cron")).await;
     // The whole object, managedFields too: a refused patch shows all of it.
     let get = || {
@@ -757,10 +755,8 @@ async fn metadata_maps_of_the_wrong_type_are_refused_as_on_kube() {
 /// creating, but against a stored object it must be that object's (409).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apply_naming_a_uid_never_creates_and_a_resource_version_pins_only_a_stored_object() {
-    let tc = devcluster("target").await;
+    let tc = crontab_cluster().await;
     let kc = tc.kubeconfig.clone();
-    ok(&kc, &["create", "namespace", "demo"]).await;
-    install_crd(&kc).await;
     let collection = "/apis/stable.example.io/v1/namespaces/demo/crontabs";
     let config = |name: &str, pin: &str| {
         format!(
@@ -837,10 +833,8 @@ async fn raw_apply(tc: &test_support::TestCluster, path: &str, yaml: String) -> 
 /// code, and a list under LIST.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_counted_on_metrics_as_kube_counts_them() {
-    let tc = devcluster("target").await;
+    let tc = crontab_cluster().await;
     let kc = tc.kubeconfig.clone();
-    ok(&kc, &["create", "namespace", "demo"]).await;
-    install_crd(&kc).await;
     apply(&kc, &crontab("one", "cron")).await;
     for replicas in [2, 3] {
         let patch = format!(r#"{{"spec":{{"replicas":{replicas}}}}}"#);
