@@ -13,8 +13,15 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 
-/// How a [`FakeApi`] answers: code and JSON body for a method, path and request body.
-pub type Answer = fn(&Method, &str, &Value) -> (u16, Value);
+/// How a [`FakeApi`] answers: code and JSON body for a method, path and request
+/// body. A closure may count what it was sent, for a host whose answers change
+/// as the test goes (a delete that conflicts until the third attempt, say).
+pub trait Answer: Fn(&Method, &str, &Value) -> (u16, Value) + Send + Sync + 'static {}
+
+impl<F> Answer for F where F: Fn(&Method, &str, &Value) -> (u16, Value) + Send + Sync + 'static {}
+
+/// An [`Answer`] that keeps no state: a plain function, for tables of cases.
+pub type AnswerFn = fn(&Method, &str, &Value) -> (u16, Value);
 
 /// The code of an [`Answer`] that is none: the connection is closed once the
 /// request has been read, as by a server that went away while handling it.
@@ -42,7 +49,8 @@ pub struct FakeApi {
 impl FakeApi {
     /// Listens on 127.0.0.1 until the test's runtime ends (at most a few connections,
     /// each accepted within 30 s).
-    pub async fn start(answer: Answer) -> FakeApi {
+    pub async fn start(answer: impl Answer) -> FakeApi {
+        let answer = Arc::new(answer);
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .expect("bind");
@@ -55,9 +63,11 @@ impl FakeApi {
                     tokio::time::timeout(Duration::from_secs(30), listener.accept()).await;
                 let Ok(Ok((socket, _))) = accepted else { break };
                 let seen = Arc::clone(&seen);
+                let answer = Arc::clone(&answer);
                 let service =
                     hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                         let seen = Arc::clone(&seen);
+                        let answer = Arc::clone(&answer);
                         async move {
                             let method = request.method().clone();
                             let path = request.uri().path().to_owned();

@@ -1,5 +1,5 @@
 use super::*;
-use crate::fake_api::{not_found, Answer, FakeApi};
+use crate::fake_api::{not_found, AnswerFn, FakeApi};
 use crproxy_core::config::sync::{Direction, Scope, SyncResource};
 use http::Method;
 use serde_json::json;
@@ -199,7 +199,7 @@ fn tenant_with_generated_crd(method: &Method, path: &str, body: &Value) -> (u16,
 /// both sides agree on where status is written.
 #[tokio::test]
 async fn an_aggregated_type_has_a_status_subresource_only_when_the_host_has_one() {
-    let cases: [(Answer, bool); 2] = [
+    let cases: [(AnswerFn, bool); 2] = [
         (aggregated_host_without_status, false),
         (aggregated_host_with_status, true),
     ];

@@ -10,10 +10,12 @@ use std::sync::Mutex as StdMutex;
 
 use super::*;
 use crate::fake_api::{
-    gateways_type, not_found, silent_api, success, unreachable_api, Answer, FakeApi, HANG_UP, STALL,
+    gateways_type, not_found, silent_api, success, unreachable_api, Answer, AnswerFn, FakeApi,
+    HANG_UP, STALL,
 };
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::reflector::store::Writer;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetrics>) {
     let gate = Gate::new();
@@ -525,6 +527,9 @@ async fn the_serving_certificate_covers_the_configured_host() {
 }
 
 const MIRROR_PATH: &str = "/apis/example.net/v1/namespaces/vcluster-client/gateways";
+/// The Gateway's mirror, under [`MIRROR_PATH`].
+const MIRROR_OBJECT_PATH: &str =
+    "/apis/example.net/v1/namespaces/vcluster-client/gateways/edge-x-team-x-client";
 const TENANT_PATH: &str = "/apis/example.net/v1/namespaces/team/gateways/edge";
 
 /// The host: the mirror is created (uid `m-1`), and deleted when asked.
@@ -550,7 +555,7 @@ fn host_answers(method: &Method, path: &str, body: &Value) -> (u16, Value) {
 async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold_it() {
     struct Case {
         tenant: &'static str,
-        answer: Option<Answer>,
+        answer: Option<AnswerFn>,
         deleted: bool,
         host_lookup: bool,
     }
@@ -653,39 +658,49 @@ async fn an_unconfirmed_create_is_rolled_back_only_when_the_tenant_does_not_hold
     }
 }
 
-/// DELETEs the [`conflicting_host`] received.
-static CONFLICTING_DELETES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// kube's 409 for a delete whose resourceVersion precondition no longer holds.
+fn delete_precondition_conflict() -> (u16, Value) {
+    (
+        409,
+        status(409, "Conflict", "Operation cannot be fulfilled on gateways.example.net \"edge-x-team-x-client\": Precondition failed: ResourceVersion in precondition: 1, ResourceVersion in object meta: 2"),
+    )
+}
 
 /// The host creates the mirror (uid `m-1`, resourceVersion 1), and its controller
 /// updates the mirror's status before every pinned delete lands: each DELETE is
-/// answered 409, and a read after it finds the same write one resourceVersion later.
-fn conflicting_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
-    use std::sync::atomic::Ordering;
-    let deletes = CONFLICTING_DELETES.load(Ordering::SeqCst);
-    match *method {
-        Method::POST if path == MIRROR_PATH => {
-            let mut body = body.clone();
-            body["metadata"]["uid"] = json!("m-1");
-            body["metadata"]["resourceVersion"] = json!("1");
-            (201, body)
+/// answered 409, and a read after it finds the same write one resourceVersion
+/// later. With `taken_over_after`, once that many deletes have conflicted, a
+/// later write has also taken the mirror over: the read finds another spec.
+fn conflicting_host(taken_over_after: Option<usize>) -> impl Answer {
+    let deletes = AtomicUsize::new(0);
+    move |method: &Method, path: &str, body: &Value| {
+        let conflicted = deletes.load(Ordering::SeqCst);
+        match *method {
+            // Only once a delete was tried: write-through's read before its create
+            // must find nothing, or it would create nothing to roll back.
+            Method::GET if path == MIRROR_OBJECT_PATH && conflicted > 0 => {
+                let mut mirror = stored_mirror();
+                mirror["metadata"]["resourceVersion"] = json!((conflicted + 1).to_string());
+                mirror["status"] = json!({"ready": true});
+                if taken_over_after == Some(conflicted) {
+                    mirror["spec"]["port"] = json!(8443);
+                }
+                (200, mirror)
+            }
+            Method::DELETE => {
+                deletes.fetch_add(1, Ordering::SeqCst);
+                delete_precondition_conflict()
+            }
+            _ => creating_host(method, path, body),
         }
-        // Only once a delete was tried: write-through's read before its create
-        // must find nothing, or it would create nothing to roll back.
-        Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") && deletes > 0 => {
-            let mut mirror = stored_mirror();
-            mirror["metadata"]["resourceVersion"] = json!((deletes + 1).to_string());
-            mirror["status"] = json!({"ready": true});
-            (200, mirror)
-        }
-        Method::DELETE => {
-            CONFLICTING_DELETES.fetch_add(1, Ordering::SeqCst);
-            (
-                409,
-                status(409, "Conflict", "Operations on gateways.example.net \"edge-x-team-x-client\" cannot be fulfilled: the precondition resourceVersion does not match"),
-            )
-        }
-        _ => not_found(),
     }
+}
+
+/// The exposition's line of one rollback failure of the Gateway's type, for `reason`.
+fn one_rollback_failure(reason: &str) -> String {
+    format!(
+        r#"vcluster_writethrough_rollback_failures_total{{resource="gateways.example.net/v1",reason="{reason}"}} 1"#
+    )
 }
 
 /// What an accepted create that the tenant did not store left behind: the host's
@@ -716,7 +731,7 @@ impl RolledBack {
 
 /// Admits a create against `host` whose tenant answers 404 for the object and whose
 /// syncer's cache never shows it, and waits (5 s at most) for the rollback to end.
-async fn unstored_create(host: Answer) -> RolledBack {
+async fn unstored_create(host: impl Answer) -> RolledBack {
     let logs = Logs::default();
     let _guard = logs.install();
     let host = FakeApi::start(host).await;
@@ -764,7 +779,7 @@ async fn unstored_create(host: Answer) -> RolledBack {
 /// up" (which operators read as a tenant-side failure).
 #[tokio::test]
 async fn a_rollback_delete_still_conflicting_after_three_attempts_counts_host_delete() {
-    let rolled_back = unstored_create(conflicting_host).await;
+    let rolled_back = unstored_create(conflicting_host(None)).await;
     let host = &rolled_back.host;
     let deletes = host.with_method(Method::DELETE);
     assert_eq!(deletes.len(), 3, "{:?}", host.received());
@@ -786,7 +801,9 @@ async fn a_rollback_delete_still_conflicting_after_three_attempts_counts_host_de
         "{deletes:?}"
     );
     assert!(
-        rolled_back.metrics.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#),
+        rolled_back
+            .metrics
+            .contains(&one_rollback_failure("host_delete")),
         "{}",
         rolled_back.metrics
     );
@@ -802,45 +819,13 @@ async fn a_rollback_delete_still_conflicting_after_three_attempts_counts_host_de
     assert!(!logged.contains("gave up"), "{logged}");
 }
 
-/// DELETEs the [`overtaken_host`] received.
-static OVERTAKEN_DELETES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// As [`conflicting_host`], but once the third delete has conflicted, a later
-/// write has taken the mirror over: the read after it finds another spec.
-fn overtaken_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
-    use std::sync::atomic::Ordering;
-    let deletes = OVERTAKEN_DELETES.load(Ordering::SeqCst);
-    match *method {
-        Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") && deletes > 0 => {
-            let mut mirror = stored_mirror();
-            mirror["metadata"]["resourceVersion"] = json!((deletes + 1).to_string());
-            if deletes == 3 {
-                mirror["spec"]["port"] = json!(8443);
-            }
-            (200, mirror)
-        }
-        Method::DELETE => {
-            OVERTAKEN_DELETES.fetch_add(1, Ordering::SeqCst);
-            (
-                409,
-                status(
-                    409,
-                    "Conflict",
-                    "the precondition resourceVersion does not match",
-                ),
-            )
-        }
-        _ => creating_host(method, path, body),
-    }
-}
-
 /// After the last conflicting delete the mirror is read once more: one a later
 /// write has taken over is no longer the rolled-back create's, and the rollback
 /// ends without counting a failure (a `host_delete` there would send operators
 /// after a mirror that is as it should be).
 #[tokio::test]
 async fn a_mirror_taken_over_after_the_last_conflicting_delete_ends_the_rollback_quietly() {
-    let rolled_back = unstored_create(overtaken_host).await;
+    let rolled_back = unstored_create(conflicting_host(Some(3))).await;
     let host = &rolled_back.host;
     assert_eq!(
         host.with_method(Method::DELETE).len(),
@@ -896,7 +881,9 @@ async fn a_rollback_delete_the_host_never_answers_ends_at_the_timeout() {
         host.received()
     );
     assert!(
-        rolled_back.metrics.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#),
+        rolled_back
+            .metrics
+            .contains(&one_rollback_failure("host_delete")),
         "{}",
         rolled_back.metrics
     );
@@ -925,7 +912,7 @@ fn stored_mirror() -> Value {
 /// controller's annotation, its finalizer, an owner. A replace is stored as sent.
 fn annotated_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
     match *method {
-        Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") => {
+        Method::GET if path == MIRROR_OBJECT_PATH => {
             let mut mirror = stored_mirror();
             let m = &mut mirror["metadata"];
             m["resourceVersion"] = json!("3");
@@ -1043,7 +1030,7 @@ fn gateway_failing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
 async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
     // The host, the gateway's port, the tenant's answer, the host reads made,
     // and the review's deadline in seconds (short only for the stalling hosts).
-    let cases: [(Answer, u16, u16, usize, u64); 7] = [
+    let cases: [(AnswerFn, u16, u16, usize, u64); 7] = [
         (late_or_refusing_host, 443, 504, 2, 5),
         (late_or_refusing_host, 8443, 422, 1, 5),
         (unavailable_host, 443, 503, 1, 5),
@@ -1087,7 +1074,7 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
 /// A CREATE review of the gateway written through to a host answering with
 /// `answer` (without retries), once the review's key is released (within
 /// 5 s, a cleanup included): the host, the review's answer and the metrics.
-async fn create_written_to(answer: Answer) -> (FakeApi, Value, Arc<SyncMetrics>) {
+async fn create_written_to(answer: impl Answer) -> (FakeApi, Value, Arc<SyncMetrics>) {
     let host = FakeApi::start(answer).await;
     let (wt, gate, metrics) = write_through(MAX_IN_FLIGHT);
     let wt = writing_to(wt, host.client_without_retries());
@@ -1103,21 +1090,19 @@ async fn create_written_to(answer: Answer) -> (FakeApi, Value, Arc<SyncMetrics>)
     (host, answer, metrics)
 }
 
-/// Whether [`vanishing_host`] was sent its create.
-static VANISHING_CREATES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// A host that goes away during a create: it hangs up on the create and on
 /// every request after it, so whether the create was stored cannot be told.
-fn vanishing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
-    use std::sync::atomic::Ordering;
-    if *method == Method::POST {
-        VANISHING_CREATES.store(true, Ordering::SeqCst);
-        return (HANG_UP, Value::Null);
+fn vanishing_host() -> impl Answer {
+    let created = std::sync::atomic::AtomicBool::new(false);
+    move |method: &Method, _: &str, _: &Value| {
+        if *method == Method::POST {
+            created.store(true, Ordering::SeqCst);
+        }
+        if created.load(Ordering::SeqCst) {
+            return (HANG_UP, Value::Null);
+        }
+        not_found()
     }
-    if VANISHING_CREATES.load(Ordering::SeqCst) {
-        return (HANG_UP, Value::Null);
-    }
-    not_found()
 }
 
 /// A create that got no answer from a host that then cannot be read: the
@@ -1127,7 +1112,7 @@ fn vanishing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
 async fn a_create_whose_host_vanished_counts_host_lookup() {
     let logs = Logs::default();
     let _guard = logs.install();
-    let (host, answer, metrics) = create_written_to(vanishing_host).await;
+    let (host, answer, metrics) = create_written_to(vanishing_host()).await;
     assert_eq!(response(&answer)["status"]["code"], 503, "{answer}");
     assert!(
         host.with_method(Method::DELETE).is_empty(),
@@ -1136,7 +1121,7 @@ async fn a_create_whose_host_vanished_counts_host_lookup() {
     );
     let text = metrics.exposition();
     assert!(
-        text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_lookup"} 1"#),
+        text.contains(&one_rollback_failure("host_lookup")),
         "{text}"
     );
     let logged = logs.text();
@@ -1146,35 +1131,24 @@ async fn a_create_whose_host_vanished_counts_host_lookup() {
     );
 }
 
-static LATE_CREATES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-/// Reads of the mirror after the create: each finds it at a newer version.
-static LATE_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 /// A host that answers the create 504 yet stores the mirror, and whose every
-/// delete of it conflicts (a host controller keeps writing its status).
-fn late_and_busy_host(method: &Method, path: &str, _: &Value) -> (u16, Value) {
-    use std::sync::atomic::Ordering;
-    let mirror_path = format!("{MIRROR_PATH}/edge-x-team-x-client");
-    match *method {
+/// delete of it conflicts (a host controller keeps writing its status): each
+/// read after the create finds the mirror at a newer version.
+fn late_and_busy_host() -> impl Answer {
+    let (creates, reads) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    move |method: &Method, path: &str, _: &Value| match *method {
         Method::POST if path == MIRROR_PATH => {
-            LATE_CREATES.fetch_add(1, Ordering::SeqCst);
+            creates.fetch_add(1, Ordering::SeqCst);
             (504, status(504, "Timeout", "Timeout"))
         }
         // Nothing before the create (write-through reads first), the mirror after.
-        Method::GET if path == mirror_path && LATE_CREATES.load(Ordering::SeqCst) > 0 => {
-            let reads = LATE_READS.fetch_add(1, Ordering::SeqCst) + 1;
+        Method::GET if path == MIRROR_OBJECT_PATH && creates.load(Ordering::SeqCst) > 0 => {
+            let reads = reads.fetch_add(1, Ordering::SeqCst) + 1;
             let mut mirror = stored_mirror();
             mirror["metadata"]["resourceVersion"] = json!((6 + reads).to_string());
             (200, mirror)
         }
-        Method::DELETE => (
-            409,
-            status(
-                409,
-                "Conflict",
-                "the precondition resourceVersion does not match",
-            ),
-        ),
+        Method::DELETE => delete_precondition_conflict(),
         _ => not_found(),
     }
 }
@@ -1186,7 +1160,7 @@ fn late_and_busy_host(method: &Method, path: &str, _: &Value) -> (u16, Value) {
 async fn a_leftover_mirror_whose_delete_keeps_conflicting_counts_host_delete() {
     let logs = Logs::default();
     let _guard = logs.install();
-    let (host, answer, metrics) = create_written_to(late_and_busy_host).await;
+    let (host, answer, metrics) = create_written_to(late_and_busy_host()).await;
     assert_eq!(response(&answer)["status"]["code"], 504, "{answer}");
     // Each delete follows a read of its own and is pinned to what that read found.
     let deletes = host.with_method(Method::DELETE);
@@ -1203,7 +1177,7 @@ async fn a_leftover_mirror_whose_delete_keeps_conflicting_counts_host_delete() {
     );
     let text = metrics.exposition();
     assert!(
-        text.contains(r#"vcluster_writethrough_rollback_failures_total{resource="gateways.example.net/v1",reason="host_delete"} 1"#),
+        text.contains(&one_rollback_failure("host_delete")),
         "{text}"
     );
     let logged = logs.text();
@@ -1225,32 +1199,22 @@ fn defaulting_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
         mirror
     };
     match *method {
-        Method::GET if path == format!("{MIRROR_PATH}/edge-x-team-x-client") => {
-            (200, defaulted(stored_mirror(), "3"))
-        }
+        Method::GET if path == MIRROR_OBJECT_PATH => (200, defaulted(stored_mirror(), "3")),
         Method::PUT => (200, defaulted(body.clone(), "4")),
         _ => not_found(),
     }
 }
 
 /// The tenant, read live, holding the Gateway at `resource_version`.
-fn tenant_holding(resource_version: &str, method: &Method, path: &str) -> (u16, Value) {
-    let mut stored = gateway();
-    stored["metadata"]["resourceVersion"] = json!(resource_version);
-    match *method {
-        Method::GET if path == TENANT_PATH => (200, stored),
-        _ => not_found(),
+fn tenant_holding(resource_version: &'static str) -> impl Answer {
+    move |method: &Method, path: &str, _: &Value| {
+        let mut stored = gateway();
+        stored["metadata"]["resourceVersion"] = json!(resource_version);
+        match *method {
+            Method::GET if path == TENANT_PATH => (200, stored),
+            _ => not_found(),
+        }
     }
-}
-
-/// The tenant at the state `port_update` was computed on.
-fn tenant_at_7(method: &Method, path: &str, _: &Value) -> (u16, Value) {
-    tenant_holding("7", method, path)
-}
-
-/// The tenant after another write replaced the state `port_update` was computed on.
-fn tenant_at_9(method: &Method, path: &str, _: &Value) -> (u16, Value) {
-    tenant_holding("9", method, path)
 }
 
 /// An update computed on a tenant state another write has replaced cannot be
@@ -1259,7 +1223,8 @@ fn tenant_at_9(method: &Method, path: &str, _: &Value) -> (u16, Value) {
 /// older spec on the host meanwhile. An update of the current state is written.
 #[tokio::test]
 async fn an_update_of_a_replaced_tenant_state_writes_nothing_to_the_host() {
-    for (tenant_answer, writes) in [(tenant_at_7 as Answer, 1), (tenant_at_9, 0)] {
+    // At the state `port_update` was computed on, and after another write replaced it.
+    for (tenant_answer, writes) in [(tenant_holding("7"), 1), (tenant_holding("9"), 0)] {
         let host = FakeApi::start(defaulting_host).await;
         let tenant = FakeApi::start(tenant_answer).await;
         let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
@@ -1343,35 +1308,34 @@ fn a_syncer_of_a_closed_term_cannot_open_the_gate_again() {
     assert!(gate.is_synced());
 }
 
-/// PUTs the [`status_race_host`] received.
-static STATUS_RACE_PUTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 /// The host holds this Gateway's mirror; its controller updates the status between
 /// write-through's read and its replace once, so the first replace (pinned to
 /// resourceVersion 3) gets 409 and the mirror is at 4 by the next read.
-fn status_race_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
-    use std::sync::atomic::Ordering;
-    let mirror_path = format!("{MIRROR_PATH}/edge-x-team-x-client");
-    let puts = STATUS_RACE_PUTS.load(Ordering::SeqCst);
-    match *method {
-        Method::GET if path == mirror_path => {
-            let mut mirror = stored_mirror();
-            mirror["metadata"]["resourceVersion"] = json!(if puts == 0 { "3" } else { "4" });
-            mirror["status"] = json!({"ready": puts > 0});
-            (200, mirror)
-        }
-        Method::PUT if path == mirror_path => {
-            STATUS_RACE_PUTS.fetch_add(1, Ordering::SeqCst);
-            if puts == 0 {
-                (
-                    409,
-                    status(409, "Conflict", "Operation cannot be fulfilled on gateways.example.net \"edge-x-team-x-client\": the object has been modified; please apply your changes to the latest version and try again"),
-                )
-            } else {
-                (200, body.clone())
+fn status_race_host() -> impl Answer {
+    let puts = AtomicUsize::new(0);
+    move |method: &Method, path: &str, body: &Value| {
+        let replaced = puts.load(Ordering::SeqCst);
+        match *method {
+            Method::GET if path == MIRROR_OBJECT_PATH => {
+                let mut mirror = stored_mirror();
+                mirror["metadata"]["resourceVersion"] =
+                    json!(if replaced == 0 { "3" } else { "4" });
+                mirror["status"] = json!({"ready": replaced > 0});
+                (200, mirror)
             }
+            Method::PUT if path == MIRROR_OBJECT_PATH => {
+                puts.fetch_add(1, Ordering::SeqCst);
+                if replaced == 0 {
+                    (
+                        409,
+                        status(409, "Conflict", "Operation cannot be fulfilled on gateways.example.net \"edge-x-team-x-client\": the object has been modified; please apply your changes to the latest version and try again"),
+                    )
+                } else {
+                    (200, body.clone())
+                }
+            }
+            _ => not_found(),
         }
-        _ => not_found(),
     }
 }
 
@@ -1380,7 +1344,7 @@ fn status_race_host(method: &Method, path: &str, body: &Value) -> (u16, Value) {
 /// read again and the replace retried, and the write is allowed.
 #[tokio::test]
 async fn a_replace_that_loses_a_race_on_the_host_is_read_again_and_retried() {
-    let host = FakeApi::start(status_race_host).await;
+    let host = FakeApi::start(status_race_host()).await;
     let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
     let wt = writing_to(wt, host.client.clone());
     synced(&gate);
