@@ -781,16 +781,15 @@ fn failing_answer(
 /// and waits until the target's aggregator answers `demo/<name>` with it.
 async fn widgets_failing_with(h: &Harness, name: &str, code: u16) -> FailingBackend {
     let backend = FailingBackend::start(code).await;
-    widgets_served_by(h, &backend.backend).await;
-    // The target's aggregator routes the group to the backend once the APIService
-    // is Available.
-    assert_target_answers(h, name, code).await;
+    widgets_served_by(h, &backend.backend, (name, code)).await;
     backend
 }
 
 /// Hands the target's example.com/v1 to `backend` (a Service and an APIService
-/// on the target).
-async fn widgets_served_by(h: &Harness, backend: &Backend) {
+/// on the target), and waits until the target answers a GET of `demo/<name>`
+/// with `code` (`probe`): its aggregator routes the group to the backend once
+/// the APIService is Available.
+async fn widgets_served_by(h: &Harness, backend: &Backend, probe: (&str, u16)) {
     let port = backend.addr.port();
     let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
         "metadata": {"name": "widgets-backend", "namespace": "default"},
@@ -803,6 +802,7 @@ async fn widgets_served_by(h: &Harness, backend: &Backend) {
         .await
         .expect("service created");
     hand_widgets_to_backend(h, port).await;
+    assert_target_answers(h, probe.0, probe.1).await;
 }
 
 /// A Scale carries no labels, so it is shown only as the state its object's
@@ -847,8 +847,7 @@ async fn a_scale_read_is_checked_again_when_its_object_moved() {
             }
         }))
         .await;
-        widgets_served_by(&h, &backend).await;
-        assert_target_answers(&h, "busy", 200).await;
+        widgets_served_by(&h, &backend, ("busy", 200)).await;
         let reply = call(&h.aggregator, "GET", &format!("{WIDGETS}/busy/scale"), None).await;
         assert_eq!(reply.status, code, "moves {moves}: {}", reply.body);
         assert_eq!(
@@ -1133,6 +1132,22 @@ async fn terminating_demo(access: AccessMode) -> Harness {
     h
 }
 
+/// The first apply of a new widget into the terminating `demo` that the proxy
+/// refuses (403), and the widget's name. The proxy learns of the deletion from
+/// its watch of the client's namespaces; until then an apply may still create,
+/// so each attempt names a new widget (100 attempts, 100 ms apart).
+async fn first_apply_refused(h: &Harness) -> (String, Reply) {
+    for attempt in 0..100 {
+        let name = format!("late-{attempt}");
+        let reply = applied_widget(h, &name).await;
+        if reply.status == 403 {
+            return (name, reply);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the proxy never refused an apply-create into the terminating namespace");
+}
+
 /// A server-side apply of widget `name` in `demo` (size 3), through the proxy.
 async fn applied_widget(h: &Harness, name: &str) -> Reply {
     applied_widget_with(h, name, "", "").await
@@ -1261,19 +1276,7 @@ async fn creates_into_a_namespace_being_deleted_on_the_client_are_refused() {
 async fn all_mode_applies_into_a_namespace_being_deleted_create_nothing() {
     let (logs, _guard) = LogBuffer::capture();
     let h = terminating_demo(AccessMode::All).await;
-    // The proxy learns of the deletion from its watch (bounded: 10 s); until
-    // then an apply may still create, so each attempt names a new object.
-    let mut refused = None;
-    for attempt in 0..100 {
-        let name = format!("late-{attempt}");
-        let reply = applied_widget(&h, &name).await;
-        if reply.status == 403 {
-            refused = Some((name, reply));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (name, reply) = refused.expect("an apply-create into a terminating namespace is refused");
+    let (name, reply) = first_apply_refused(&h).await;
     assert_eq!(
         reply.body["details"]["causes"][0]["reason"], "NamespaceTerminating",
         "{}",
@@ -1327,9 +1330,8 @@ async fn a_dry_run_apply_that_creates_shows_no_pinned_resource_version() {
         }
     }))
     .await;
-    widgets_served_by(&h, &backend).await;
     // w1 is on the devcluster, not on the backend.
-    assert_target_answers(&h, "w1", 404).await;
+    widgets_served_by(&h, &backend, ("w1", 404)).await;
 
     let reply = applied_widget_with(&h, "fresh", "", "&dryRun=All").await;
     assert_eq!(reply.status, 201, "{}", reply.body);
@@ -1366,16 +1368,7 @@ async fn a_dry_run_apply_that_creates_shows_no_pinned_resource_version() {
 async fn an_all_mode_apply_racing_a_delete_in_a_terminating_namespace_creates_nothing() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let h = terminating_demo(AccessMode::All).await;
-    // The proxy learns of the deletion from its watch (bounded: 10 s).
-    let mut learned = false;
-    for attempt in 0..100 {
-        if applied_widget(&h, &format!("late-{attempt}")).await.status == 403 {
-            learned = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(learned, "the proxy never saw the namespace terminating");
+    first_apply_refused(&h).await;
     let looks = Arc::new(AtomicUsize::new(0));
     let applies = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
     let backend = Backend::start(Arc::new({
@@ -1431,9 +1424,8 @@ async fn an_all_mode_apply_racing_a_delete_in_a_terminating_namespace_creates_no
         }
     }))
     .await;
-    widgets_served_by(&h, &backend).await;
     // w1 is on the devcluster, not on the backend.
-    assert_target_answers(&h, "w1", 404).await;
+    widgets_served_by(&h, &backend, ("w1", 404)).await;
     let before = looks.load(Ordering::SeqCst);
 
     let reply = applied_widget(&h, "racing").await;
