@@ -100,9 +100,7 @@ impl ResourceInfo {
     pub fn is_namespace(&self) -> bool {
         self.group.is_empty() && self.resource == "namespaces"
     }
-}
 
-impl ResourceInfo {
     pub fn is_crd(&self) -> bool {
         matches!(self.source, Source::Crd(_))
     }

@@ -318,7 +318,8 @@ fn spawn_namespace_cleanup(state: Arc<State>, ns: String) {
                     .store
                     .mutate::<ApiError>(&ns_gr(), "", &ns, false, |cur| match cur {
                         Some(cur) if o::is_deleting(cur) => {
-                            let finalized = o::with_namespace_finalizers(cur, None);
+                            let mut finalized = Value::clone(cur);
+                            o::set_namespace_finalizers(&mut finalized, None);
                             if o::may_go(&finalized, true) {
                                 Ok(Mutation::Delete)
                             } else if o::namespace_finalized(cur) {
@@ -362,7 +363,8 @@ pub fn finalize_namespace(
                 return Err(ApiError::not_found("", "namespaces", &ctx.name));
             };
             previous_rv = Some(meta_str(cur, "resourceVersion").to_string());
-            let new = o::with_namespace_finalizers(cur, Some(finalizers.clone()));
+            let mut new = Value::clone(cur);
+            o::set_namespace_finalizers(&mut new, Some(finalizers.clone()));
             if o::may_go(&new, true) {
                 return Ok(Mutation::Delete);
             }

@@ -147,18 +147,16 @@ pub fn may_go(obj: &Value, is_namespace: bool) -> bool {
     is_deleting(obj) && !has_finalizers(obj) && (!is_namespace || namespace_finalized(obj))
 }
 
-/// `namespace` with `spec.finalizers` set to `finalizers` (`spec: {}` when
-/// there are none, as kube writes it).
-pub fn with_namespace_finalizers(namespace: &Value, finalizers: Option<Value>) -> Value {
-    let mut new = namespace.clone();
+/// Sets a namespace's `spec.finalizers` to `finalizers` (`spec: {}` when there
+/// are none, as kube writes it).
+pub fn set_namespace_finalizers(namespace: &mut Value, finalizers: Option<Value>) {
     let spec = match finalizers.filter(|f| f.as_array().is_some_and(|a| !a.is_empty())) {
         Some(finalizers) => json!({"finalizers": finalizers}),
         None => json!({}),
     };
-    if let Some(m) = new.as_object_mut() {
+    if let Some(m) = namespace.as_object_mut() {
         m.insert("spec".into(), spec);
     }
-    new
 }
 
 pub fn is_deleting(obj: &Value) -> bool {

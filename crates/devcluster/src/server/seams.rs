@@ -365,7 +365,7 @@ pub fn prepare_for_update(info: &ResourceInfo, current: &Value, new: &mut Value)
     }
     if info.is_namespace() {
         let stored = current.pointer("/spec/finalizers").cloned();
-        *new = o::with_namespace_finalizers(new, stored);
+        o::set_namespace_finalizers(new, stored);
         return;
     }
     if !(info.group.is_empty() && info.resource == "services") {
