@@ -650,8 +650,14 @@ impl WriteThrough {
     fn refusal(&self, key: &Key, error: HostError) -> (&'static str, String, Denial) {
         match error {
             HostError::Rejected(status) => {
+                let rejected = rejects_the_object(status.code);
                 let denial = self.rewrite(key, status);
-                ("host_rejected", denial.message.clone(), denial)
+                let reason = if rejected {
+                    "host_rejected"
+                } else {
+                    "response_error"
+                };
+                (reason, denial.message.clone(), denial)
             }
             HostError::NotStatus { code, body } => {
                 let mut denial = Denial::new(
@@ -1125,6 +1131,15 @@ impl HostError {
             HostError::Unparseable(_) | HostError::Transport(_) | HostError::TimedOut => true,
         }
     }
+}
+
+/// Whether a host's Status of `code` refuses the object itself (kube's
+/// validation, an admission webhook or policy, a conflict), which an operator
+/// can look into on the host: any 4xx but a timeout (408) or throttling (429).
+/// A 5xx, or a code the answer does not name (0), is a failure on the way or
+/// on the host, logged as `response_error`, as an unanswered write is.
+fn rejects_the_object(code: u16) -> bool {
+    (400..500).contains(&code) && !matches!(code, 408 | 429)
 }
 
 impl From<kube::Error> for HostError {

@@ -970,6 +970,22 @@ fn late_or_refusing_host(method: &Method, path: &str, body: &Value) -> (u16, Val
     }
 }
 
+/// A host that throttles creates (kube's API priority and fairness): 429 with
+/// a Status; it holds no mirror.
+fn throttling_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
+    match *method {
+        Method::POST => (
+            429,
+            status(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            ),
+        ),
+        _ => not_found(),
+    }
+}
+
 /// A host whose extension API server is down: its aggregator answers every
 /// request 503 (a Status), the read before any write too.
 fn unavailable_host(_: &Method, _: &str, _: &Value) -> (u16, Value) {
@@ -1025,21 +1041,28 @@ fn gateway_failing_host(method: &Method, _: &str, _: &Value) -> (u16, Value) {
 /// rollback failure is counted for a write that never happened. A create that
 /// got no answer at all is looked for too (503 to the tenant, retryable), and
 /// so is one the deadline ended once it was sent (504); a deadline that ended
-/// the read before it (504 too) sent nothing.
+/// the read before it (504 too) sent nothing. Only the host's refusal of the
+/// object (the 422) is logged as `host_rejected`: the runbook sends operators
+/// to the host to look for it; throttling (429) and failures on the way are a
+/// `response_error`.
 #[tokio::test]
 async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
     // The host, the gateway's port, the tenant's answer, the host reads made,
-    // and the review's deadline in seconds (short only for the stalling hosts).
-    let cases: [(AnswerFn, u16, u16, usize, u64); 7] = [
-        (late_or_refusing_host, 443, 504, 2, 5),
-        (late_or_refusing_host, 8443, 422, 1, 5),
-        (unavailable_host, 443, 503, 1, 5),
-        (gateway_failing_host, 443, 502, 2, 5),
-        (hanging_up_host, 443, 503, 2, 5),
-        (stalling_create_host, 443, 504, 2, 1),
-        (stalling_read_host, 443, 504, 1, 1),
+    // the review's deadline in seconds (short only for the stalling hosts), and
+    // the reason logged.
+    let cases: [(AnswerFn, u16, u16, usize, u64, &str); 8] = [
+        (late_or_refusing_host, 443, 504, 2, 5, "response_error"),
+        (late_or_refusing_host, 8443, 422, 1, 5, "host_rejected"),
+        (throttling_host, 443, 429, 1, 5, "response_error"),
+        (unavailable_host, 443, 503, 1, 5, "response_error"),
+        (gateway_failing_host, 443, 502, 2, 5, "response_error"),
+        (hanging_up_host, 443, 503, 2, 5, "response_error"),
+        (stalling_create_host, 443, 504, 2, 1, "response_error"),
+        (stalling_read_host, 443, 504, 1, 1, "response_error"),
     ];
-    for (answer, port, code, lookups, deadline) in cases {
+    for (answer, port, code, lookups, deadline, logged_reason) in cases {
+        let logs = Logs::default();
+        let _guard = logs.install();
         let host = FakeApi::start(answer).await;
         let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
         let client = host.client_without_retries();
@@ -1067,6 +1090,15 @@ async fn a_create_answered_with_a_5xx_has_its_mirror_looked_for() {
             lookups,
             "{code}: {:?}",
             host.received()
+        );
+        let logged = logs.text();
+        let rejection = logged
+            .lines()
+            .find(|line| line.contains("write-through: rejecting write, rolling back"))
+            .unwrap_or_else(|| panic!("{code}: no rejection logged: {logged}"));
+        assert!(
+            rejection.contains(&format!(r#""reason":"{logged_reason}""#)),
+            "{code}: {rejection}"
         );
     }
 }
