@@ -26,6 +26,11 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 
 /// Starts the sync of a validated configuration, or returns `None` when no sync entry
 /// is enabled. `identity` prefixes this replica's Lease holder identity.
+///
+/// With a `sync` section whose entries are all disabled (or removed), no syncer
+/// runs and nothing leads, so this replica removes a write-through webhook that
+/// an earlier configuration registered, in the background: left, it would
+/// refuse every tenant write of the types it names.
 pub async fn start_from_config(
     config: &Config,
     base_dir: &Path,
@@ -35,7 +40,12 @@ pub async fn start_from_config(
 ) -> Result<Option<SyncHandle>, SyncError> {
     let plan = match sync::validate(config) {
         Ok(Some(plan)) => plan,
-        Ok(None) => return Ok(None),
+        Ok(None) => {
+            if has_sync_section(&config.sync) {
+                retire_write_through(config, base_dir);
+            }
+            return Ok(None);
+        }
         Err(errors) => {
             let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
             return Err(SyncError::Resolution {
@@ -44,11 +54,7 @@ pub async fn start_from_config(
             });
         }
     };
-    let tenant_kubeconfig = config
-        .client
-        .kubeconfig
-        .as_deref()
-        .map(|p| resolve(base_dir, p));
+    let tenant_kubeconfig = tenant_kubeconfig(config, base_dir);
     let cluster = match &tenant_kubeconfig {
         Some(path) => crproxy_kube::Kubeconfig::load(path)
             .map_err(crproxy_kube::Error::from)
@@ -88,4 +94,39 @@ pub async fn start_from_config(
     })
     .await
     .map(Some)
+}
+
+/// The tenant's kubeconfig (`client.kubeconfig`); `None`: the in-cluster
+/// configuration.
+fn tenant_kubeconfig(config: &Config, base_dir: &Path) -> Option<PathBuf> {
+    config
+        .client
+        .kubeconfig
+        .as_deref()
+        .map(|p| resolve(base_dir, p))
+}
+
+/// Whether the configuration has a `sync` section at all: a host to sync with,
+/// or entries (all disabled when the plan is `None`).
+fn has_sync_section(sync: &sync::SyncConfig) -> bool {
+    sync.host_kubeconfig.is_some() || !sync.to_host.is_empty() || !sync.from_host.is_empty()
+}
+
+/// Spawns the removal of the tenant's write-through webhook; a tenant that
+/// cannot be reached is logged, and the start goes on (nothing else needs it).
+fn retire_write_through(config: &Config, base_dir: &Path) {
+    let kubeconfig = tenant_kubeconfig(config, base_dir);
+    let tenant_name = config.client.name.clone();
+    tokio::spawn(async move {
+        let tenant = match &kubeconfig {
+            Some(path) => crate::client::client_from_kubeconfig(path).await,
+            None => crate::client::inferred_client().await,
+        };
+        match tenant {
+            Ok(tenant) => crate::run::keep_retiring_write_through(&tenant, &tenant_name).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the tenant for a write-through webhook left by an earlier configuration")
+            }
+        }
+    });
 }

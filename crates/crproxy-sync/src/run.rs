@@ -360,6 +360,34 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     })
 }
 
+/// Removes the write-through configuration of tenant `tenant_name` that a
+/// leader of an earlier configuration registered, retrying a failure (1 s, then
+/// twice as long each time up to a minute) until it is gone. A tenant that
+/// forbids the removal is told once, at warn: it takes an administrator.
+pub(crate) async fn keep_retiring_write_through(tenant: &kube::Client, tenant_name: &str) {
+    const MAX_PAUSE: Duration = Duration::from_secs(60);
+    let configuration = writethrough::configuration_name(tenant_name);
+    let mut pause = Duration::from_secs(1);
+    loop {
+        match writethrough::retire(tenant, tenant_name).await {
+            Ok(true) => {
+                tracing::info!(configuration = %configuration, "removed the write-through webhook from the tenant: no aggregated toHost type is synced");
+                return;
+            }
+            Ok(false) => return,
+            Err(e) if to_host::is_code(&e, 401) || to_host::is_code(&e, 403) => {
+                tracing::warn!(error = %e, configuration = %configuration, "cannot remove the write-through webhook from the tenant; until it is deleted, tenant writes of the types it names are refused");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, configuration = %configuration, "removing the write-through webhook from the tenant failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+        }
+    }
+}
+
 /// Creates namespace `name` unless it exists.
 pub(crate) async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<(), kube::Error> {
     let namespaces = ApiResource::from_gvk_with_plural(
@@ -392,7 +420,8 @@ struct Supervisor {
     resync: Duration,
     /// By resource key: the write-through gates of toHost aggregated types.
     gates: HashMap<String, Arc<Gate>>,
-    /// The ValidatingWebhookConfiguration the leader keeps registered.
+    /// The ValidatingWebhookConfiguration the leader keeps registered; `None`
+    /// when no type is written through, and the leader removes any left behind.
     registration: Option<serde_json::Value>,
     /// With a Service as the way in: where the leader points it.
     leader_endpoint: Option<LeaderEndpoint>,
@@ -473,13 +502,14 @@ impl Supervisor {
             // 1 until this term ends, whichever way (lost during the registration,
             // a shutdown, this task aborted).
             let leading = self.metrics.leading();
+            // Registered or removed only while this replica leads: a replica that
+            // lost the Lease while the tenant was out of its reach would otherwise
+            // overwrite (or remove) the new leader's registration once the tenant
+            // answered again.
+            let mut retiring = None;
             if let Some(configuration) = &self.registration {
-                // Until it is registered, tenant writes of the types are not written
-                // through. Retried only while this replica leads: a replica that lost
-                // the Lease while the tenant was out of its reach would otherwise
-                // overwrite the new leader's registration (its CA, its address) once
-                // the tenant answered again, and every tenant write of the types
-                // would then fail review.
+                // Until it is registered, tenant writes of the types are not
+                // written through.
                 let registration = tokio::select! {
                     done = self.register_webhook(configuration, &mut shutdown) => done,
                     // Leadership lost, or the election ended.
@@ -493,6 +523,14 @@ impl Supervisor {
                         continue;
                     }
                 }
+            } else {
+                // No type is written through: a configuration an earlier
+                // configuration's leader registered would refuse every tenant
+                // write of its types. Its removal holds up no syncer.
+                let (tenant, name) = (self.tenant.clone(), self.plan.tenant.clone());
+                retiring = Some(AbortOnDrop(tokio::spawn(async move {
+                    keep_retiring_write_through(&tenant, &name).await;
+                })));
             }
             // Published only once the registration carries this replica's CA, so the
             // Service never leads to a replica the tenant would not trust. The syncers
@@ -536,6 +574,7 @@ impl Supervisor {
             // workers), also when this task itself is aborted.
             drop(tasks);
             drop(publishing);
+            drop(retiring);
             if let Some(endpoint) = &self.leader_endpoint {
                 endpoint.withdraw(&self.tenant).await;
             }

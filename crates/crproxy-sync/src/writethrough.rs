@@ -1275,6 +1275,22 @@ pub async fn register_if_missing(
     }
 }
 
+/// Removes the tenant's write-through configuration (of tenant `tenant_name`),
+/// if there is one. Its webhooks fail closed: left behind once no type is
+/// written through, they point at a listener that no longer answers and every
+/// tenant write of the types they name is refused. `true` when one was removed.
+pub async fn retire(tenant: &kube::Client, tenant_name: &str) -> Result<bool, kube::Error> {
+    let name = configuration_name(tenant_name);
+    match configurations(tenant)
+        .delete(&name, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if crate::to_host::is_code(&e, 404) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Creates or replaces the configuration in the tenant.
 pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<(), kube::Error> {
     let api = configurations(tenant);

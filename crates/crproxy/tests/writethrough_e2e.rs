@@ -882,3 +882,74 @@ async fn the_write_through_service_leads_only_to_the_leader() -> Result<()> {
     standby.stop().await;
     Ok(())
 }
+
+/// Disabling the aggregated type removes its write-through webhook: left in
+/// place, it would point at a listener no longer there and, failing closed,
+/// refuse every tenant write of Gateways. The type disabled beside others still
+/// synced: the leader removes it. Every entry disabled: no syncer runs and
+/// nothing leads, so the replica removes it at start. A Gateway is then stored
+/// with no host validation, as the spec says of a disabled type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabling_the_aggregated_type_removes_its_webhook() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    ns(&tenant, "team");
+    let configuration = || {
+        get(
+            &tenant,
+            &[
+                "validatingwebhookconfiguration",
+                "crproxy-writethrough-client",
+            ],
+        )
+    };
+    let enabled = crproxy::devsync::sync_only_config("client", &tenant, &host);
+    let gateways = "      gateways.example.net/v1:\n        enabled: true";
+    assert!(enabled.contains(gateways));
+    let gateways_disabled = enabled.replacen(
+        gateways,
+        "      gateways.example.net/v1:\n        enabled: false",
+        1,
+    );
+    let all_disabled = enabled.replace("enabled: true", "enabled: false");
+
+    let sync = env.start("client").await?;
+    eventually("the write-through webhook registered", configuration).await;
+    sync.stop().await;
+    let sync = env
+        .start_with("client", &tenant, HOST_NS, Some(gateways_disabled))
+        .await?;
+    assert!(sync.webhook.is_none());
+    eventually("the webhook removed by the leader", || {
+        configuration().is_none().then_some(())
+    })
+    .await;
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("unvalidated", 70000, "")),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    sync.stop().await;
+
+    let sync = env.start("client").await?;
+    eventually("the write-through webhook registered again", configuration).await;
+    sync.stop().await;
+    let config = crproxy_core::config::parse(&all_disabled).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let started = crproxy_sync::start_from_config(
+        &config,
+        Path::new("/"),
+        crproxy_sync::SyncMetrics::new(),
+        "disabled",
+        Duration::from_secs(3),
+    )
+    .await?;
+    assert!(started.is_none(), "nothing to sync");
+    eventually("the webhook removed at start", || {
+        configuration().is_none().then_some(())
+    })
+    .await;
+    Ok(())
+}

@@ -290,6 +290,25 @@ async fn the_sync_component_completes_each_overlay() -> Result<()> {
             allows(group, &format!("{plural}/status"), "update"),
             "{key}: status"
         );
+        // The write-through webhook's configuration: registered by the leader,
+        // and deleted once a configuration writes no type through.
+        let base = docs
+            .iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "crproxy")
+            .context("no ClusterRole crproxy")?;
+        let webhook_verbs: Vec<&Value> = base["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["resources"] == json!(["validatingwebhookconfigurations"]))
+            .flat_map(|r| r["verbs"].as_array().into_iter().flatten())
+            .collect();
+        for verb in ["get", "create", "update", "delete"] {
+            assert!(
+                webhook_verbs.contains(&&json!(verb)),
+                "{overlay}: {verb} of validatingwebhookconfigurations"
+            );
+        }
     }
     Ok(())
 }
