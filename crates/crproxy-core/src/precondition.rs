@@ -61,6 +61,11 @@ pub enum PreconditionError {
     /// write cannot be both what the caller asked and what was checked.
     #[error("the object has been modified; please apply your changes to the latest version and try again")]
     Stale,
+    /// A replacement (PUT) without a resourceVersion of the caller's: kube
+    /// refuses it for a custom resource (its strategy allows no unconditional
+    /// update), where a pin would write over whatever state the check saw.
+    #[error("metadata.resourceVersion must be specified for an update")]
+    NoResourceVersion,
     /// A delete option in the query that kube could not read either.
     #[error("invalid delete option {name}={value:?}: {problem}")]
     DeleteOption {
@@ -79,6 +84,18 @@ pub fn pin_write(owner: &Owner, body: &mut WriteBody, pin: &Pin) -> Result<(), P
                 .push(json!({"op": "test", "path": ownership::label_pointer(key), "value": value}));
         }
         return body.add_operations(tests, Vec::new()).map_err(unparsable);
+    }
+    // A replacement without a resourceVersion is refused as kube refuses it for
+    // a custom resource; a patch needs none. One naming another uid is sent for
+    // the target to refuse: kube checks the uid precondition first.
+    if matches!(body.body_type, BodyType::Json | BodyType::Yaml) && !names_another_uid(body, pin) {
+        match body.resource_version().map_err(unparsable)? {
+            CallerValue::Missing => return Err(PreconditionError::NoResourceVersion),
+            CallerValue::Text(caller) if caller.is_empty() => {
+                return Err(PreconditionError::NoResourceVersion)
+            }
+            CallerValue::Text(_) | CallerValue::Other => {}
+        }
     }
     pin_metadata(body, pin)
 }
@@ -703,9 +720,35 @@ mod tests {
     }
 
     #[test]
+    fn a_replacement_without_a_resource_version_is_refused() {
+        for ct in ["application/json", "application/yaml"] {
+            for sent in [
+                r#"{"metadata":{"name":"a"}}"#,
+                r#"{"metadata":{"name":"a","resourceVersion":""}}"#,
+            ] {
+                assert_eq!(
+                    pin_write(&owner(), &mut body(ct, sent), &pin()),
+                    Err(PreconditionError::NoResourceVersion),
+                    "{ct}: {sent}"
+                );
+            }
+            // Another incarnation's uid: the target refuses it for the uid (409).
+            let mut b = body(ct, r#"{"metadata":{"name":"a","uid":"u0"}}"#);
+            pin_write(&owner(), &mut b, &pin()).expect("pin");
+            let mut b = body(ct, r#"{"metadata":{"name":"a","resourceVersion":"7"}}"#);
+            pin_write(&owner(), &mut b, &pin()).expect("pin");
+            assert_eq!(
+                b.document().expect("strict JSON"),
+                json!({"metadata":{"name":"a","resourceVersion":"7","uid":"u1"}}),
+                "{ct}"
+            );
+        }
+    }
+
+    #[test]
     fn object_bodies_get_the_checked_resource_version_and_keep_the_callers_uid() {
+        // A replacement names its own resourceVersion (see the test above).
         for ct in [
-            "application/json",
             "application/merge-patch+json",
             "application/strategic-merge-patch+json",
             "application/apply-patch+yaml",

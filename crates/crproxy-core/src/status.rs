@@ -67,6 +67,30 @@ pub fn conflict(resource: &str, group: &str, name: &str, why: &str) -> Value {
     )
 }
 
+/// 422 Invalid for a replacement (PUT) of a custom resource that names no
+/// resourceVersion: kube never updates a custom resource unconditionally, and
+/// words it as a failed validation of the field.
+pub fn resource_version_required(resource: &str, group: &str, name: &str) -> Value {
+    const WHY: &str = "Invalid value: 0x0: must be specified for an update";
+    let mut invalid = status_with_details(
+        422,
+        "Invalid",
+        format!(
+            "{} \"{name}\" is invalid: metadata.resourceVersion: {WHY}",
+            qualified_resource(resource, group)
+        ),
+        Some(name),
+        group,
+        resource,
+    );
+    invalid["details"]["causes"] = json!([{
+        "reason": "FieldValueInvalid",
+        "message": WHY,
+        "field": "metadata.resourceVersion",
+    }]);
+    invalid
+}
+
 /// 404 NotFound for a named object: `<resource>.<group> "<name>" not found`, details
 /// `{name, group, kind: <plural resource>}`.
 pub fn not_found(resource: &str, group: &str, name: &str) -> Value {

@@ -904,6 +904,11 @@ impl GroupVersionProxy {
                 Err(PreconditionError::Stale) => {
                     return self.stale(path, path.name.as_deref().unwrap_or(""));
                 }
+                // Refused after the check, as kube finds the object (or not)
+                // before it judges the update.
+                Err(PreconditionError::NoResourceVersion) => {
+                    return self.resource_version_required(path);
+                }
                 Err(e) => return precondition_refused(&e),
             };
             let mut outcome = self.forward_pinned(exchange, media_type, pinned).await;
@@ -1422,6 +1427,18 @@ impl GroupVersionProxy {
         Ok(WriteBody::read(media_type, bytes, &admitted)
             .and_then(|write| self.stamped(write, stamp))
             .map(|write| (write, room)))
+    }
+
+    /// kube's 422 for a replacement of a custom resource without a resourceVersion.
+    fn resource_version_required(&self, path: &ResourcePath) -> Outcome {
+        let name = path.name.as_deref().unwrap_or_default();
+        Outcome::new(
+            json_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &status::resource_version_required(&path.resource, &self.group, name),
+            ),
+            Reason::Upstream,
+        )
     }
 
     /// kube's 409 for a write whose caller's resourceVersion precondition (or,

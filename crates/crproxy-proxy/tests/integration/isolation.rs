@@ -843,14 +843,10 @@ async fn owned_writes_still_work_with_their_pins() {
         assert_eq!(reply.status, 200, "{content_type}: {}", reply.body);
         assert!(is_owned(&reply.body), "{}", reply.body);
     }
-    // A PUT without resourceVersion is pinned to the checked one; with a stale one
-    // it is a conflict, as on kube.
+    // A PUT of the current resourceVersion writes; without one it is refused
+    // (422) and with a stale one it is a conflict, as on kube.
     let mut current = on_target(&h, "w").await.expect("stored");
     current["spec"]["replicas"] = json!(6);
-    current["metadata"]
-        .as_object_mut()
-        .expect("metadata")
-        .remove("resourceVersion");
     let put = send(
         &h,
         "PUT",
@@ -860,6 +856,21 @@ async fn owned_writes_still_work_with_their_pins() {
     )
     .await;
     assert_eq!(put.status, 200, "{}", put.body);
+    let mut unversioned = put.body.clone();
+    unversioned["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("resourceVersion");
+    let refused = send(
+        &h,
+        "PUT",
+        &path,
+        Some("application/json"),
+        unversioned.to_string(),
+    )
+    .await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert_eq!(refused.body["reason"], "Invalid");
     let mut stale = put.body.clone();
     stale["metadata"]["resourceVersion"] = json!("1");
     let put = send(

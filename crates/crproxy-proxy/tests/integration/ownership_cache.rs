@@ -537,10 +537,35 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
             "round {round}: a refused write changed the object"
         );
 
+        // A replacement without a resourceVersion is refused as kube refuses it
+        // for a custom resource, after the check, and nothing is written: pinned
+        // to the checked state it would overwrite whatever the caller never saw.
+        let before = target_exchanges(&h).await;
         let put = unconditional_put(&current);
-        let written = send(&h, "PUT", &path, Some("application/json"), put).await;
-        assert_eq!(written.status, 200, "round {round}: {written:?}");
-        assert_eq!(written.body["spec"]["replicas"], 7);
+        let refused = send(&h, "PUT", &path, Some("application/json"), put).await;
+        assert_eq!(refused.status, 422, "round {round}: {refused:?}");
+        assert_eq!(
+            refused.body["message"],
+            format!("widgets.example.com \"{name}\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"),
+            "round {round}"
+        );
+        assert_eq!(
+            refused.body["details"]["causes"][0]["field"], "metadata.resourceVersion",
+            "round {round}"
+        );
+        // The check (a cache hit falls back to it), and no write.
+        let exchanges = target_exchanges(&h).await.since(before);
+        assert_eq!(
+            exchanges.0.get("GET"),
+            Some(&1),
+            "round {round}: {exchanges:?}"
+        );
+        assert_eq!(exchanges.0.len(), 1, "round {round}: {exchanges:?}");
+        let now = on_target(&h, &name).await.expect("still there");
+        assert_eq!(
+            now["metadata"]["resourceVersion"], current["metadata"]["resourceVersion"],
+            "round {round}: a refused replacement changed the object"
+        );
 
         // A server-side apply naming a uid applies to that incarnation only:
         // with no object there, kube's patcher refuses it (409 "uid mismatch")
@@ -635,7 +660,7 @@ impl TargetExchanges {
 }
 
 /// `object` with `replicas: 7` and without a resourceVersion: a PUT whose only
-/// precondition is the object's uid.
+/// precondition is the object's uid, which kube refuses for a custom resource.
 fn unconditional_put(object: &Value) -> String {
     let mut put = object.clone();
     put["spec"]["replicas"] = json!(7);
