@@ -11,7 +11,7 @@ set -eu
 dir=${1:?usage: serving-ca.sh DIR}
 mkdir -p "$dir"
 umask 077
-openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -noenc \
+openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
   -days 3650 -subj "/CN=crproxy-serving-ca" \
   -addext "basicConstraints=critical,CA:TRUE" \
   -addext "keyUsage=critical,keyCertSign,cRLSign" \

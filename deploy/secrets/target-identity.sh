@@ -20,7 +20,11 @@ user="loft:vcluster:${project_namespace}:${name}"
 csr="crproxy-${project_namespace}-${name}"
 mkdir -p "$dir"
 umask 077
-openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -noenc \
+# Server and CA of the target, as the admin kubeconfig has them; first, so a
+# kubeconfig without a CA fails before anything is created on the target.
+server=$(kubectl --kubeconfig "$admin" config view --minify --raw -o jsonpath='{.clusters[0].cluster.server}')
+"$(dirname "$0")/target-ca.sh" "$admin" "$dir/ca.crt"
+openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
   -subj "/CN=${user}" -keyout "$dir/client.key" -out "$dir/client.csr" 2>/dev/null
 kubectl --kubeconfig "$admin" delete csr "$csr" --ignore-not-found >/dev/null
 kubectl --kubeconfig "$admin" apply -f - <<YAML
@@ -29,7 +33,7 @@ kind: CertificateSigningRequest
 metadata:
   name: ${csr}
 spec:
-  request: $(base64 -w0 < "$dir/client.csr")
+  request: $(base64 < "$dir/client.csr" | tr -d '\n')
   signerName: kubernetes.io/kube-apiserver-client
   expirationSeconds: 31536000
   usages: [client auth]
@@ -42,8 +46,4 @@ for _ in 1 2 3 4 5 6 7 8 9 10; do
   sleep 1
 done
 [ -s "$dir/client.crt" ] || { echo "the target did not issue the certificate" >&2; exit 1; }
-# Server and CA of the target, as the admin kubeconfig has them.
-server=$(kubectl --kubeconfig "$admin" config view --minify --raw -o jsonpath='{.clusters[0].cluster.server}')
-kubectl --kubeconfig "$admin" config view --minify --raw \
-  -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$dir/ca.crt"
 "$(dirname "$0")/target-kubeconfig.sh" "$server" "$dir/ca.crt" "$dir/client.crt" "$dir/client.key" "$user" "$dir/kubeconfig"

@@ -797,19 +797,24 @@ fn the_prometheus_rule_carries_exactly_the_tested_rule_files() -> Result<()> {
 
 /// Runs one of deploy/secrets/*.sh.
 async fn script(name: &str, args: &[&str]) -> Result<String> {
+    let out = script_output(name, args).await?;
+    if !out.status.success() {
+        bail!("{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs one of deploy/secrets/*.sh, successful or not.
+async fn script_output(name: &str, args: &[&str]) -> Result<std::process::Output> {
     let path = deploy_dir().join("secrets").join(name);
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let out = tokio::task::spawn_blocking(move || {
+    Ok(tokio::task::spawn_blocking(move || {
         std::process::Command::new("/bin/sh")
             .arg(path)
             .args(&args)
             .output()
     })
-    .await??;
-    if !out.status.success() {
-        bail!("{name}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    .await??)
 }
 
 /// The data of a Secret or ConfigMap in kube-system, decoded.
@@ -833,6 +838,76 @@ async fn object_data(
         out.insert(key.clone(), bytes);
     }
     Ok(out)
+}
+
+/// `kubeconfig` (a devcluster's admin kubeconfig) with every cluster's CA given by
+/// `ca`: `Some(file)` as `certificate-authority: <file>` (minikube, hand-written
+/// kubeconfigs), `None` not at all.
+fn with_ca(kubeconfig: &Path, ca: Option<&Path>, out: &Path) -> Result<()> {
+    let mut config: Value = serde_saphyr::from_str(&std::fs::read_to_string(kubeconfig)?)
+        .context("parsing the kubeconfig")?;
+    for cluster in config["clusters"]
+        .as_array_mut()
+        .context("a kubeconfig with clusters")?
+    {
+        let cluster = cluster["cluster"]
+            .as_object_mut()
+            .context("a cluster entry")?;
+        cluster.remove("certificate-authority-data");
+        if let Some(ca) = ca {
+            cluster.insert("certificate-authority".into(), json!(ca));
+        }
+    }
+    // JSON is YAML, and kubectl reads it.
+    std::fs::write(out, serde_json::to_string_pretty(&config)?)?;
+    Ok(())
+}
+
+/// Step 2.3's CA extraction (deploy/secrets/target-ca.sh, which target-identity.sh
+/// runs first): an admin kubeconfig naming its CA as a file gives the same ca.crt
+/// as one embedding it; one with no CA stops target-identity.sh with one line on
+/// stderr before it creates anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_target_ca_comes_from_embedded_and_file_kubeconfigs() -> Result<()> {
+    let target = test_support::devcluster("target-ca").await;
+    let work = tempfile::tempdir()?;
+    let dir = std::fs::canonicalize(work.path())?;
+    let path = |p: &Path| p.display().to_string();
+    let ca_file = dir.join("target-ca.pem");
+    std::fs::write(&ca_file, target.cluster.ca_pem())?;
+    let file_ca = dir.join("file-ca.kubeconfig");
+    with_ca(&target.kubeconfig, Some(&ca_file), &file_ca)?;
+    // kubectl itself trusts the target through the rewritten kubeconfig.
+    let reached = test_support::kubectl_async(&file_ca, &["get", "namespaces"]).await;
+    assert!(reached.success(), "{}", reached.stderr);
+
+    for (form, kubeconfig) in [("embedded", &target.kubeconfig), ("file", &file_ca)] {
+        let out = dir.join(format!("{form}-ca.crt"));
+        script("target-ca.sh", &[&path(kubeconfig), &path(&out)]).await?;
+        let written = std::fs::read_to_string(&out)?;
+        assert!(!written.is_empty(), "{form}: empty ca.crt");
+        assert_eq!(written, target.cluster.ca_pem(), "{form}");
+    }
+
+    let no_ca = dir.join("no-ca.kubeconfig");
+    with_ca(&target.kubeconfig, None, &no_ca)?;
+    let identity = dir.join("identity");
+    let out = script_output(
+        "target-identity.sh",
+        &[&path(&no_ca), "p-default", "client", &path(&identity)],
+    )
+    .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one readable line: {stderr}");
+    assert!(
+        stderr.contains("no-ca.kubeconfig names no certificate-authority"),
+        "{stderr}"
+    );
+    for file in ["ca.crt", "client.key", "client.csr"] {
+        assert!(!identity.join(file).exists(), "{file} written");
+    }
+    Ok(())
 }
 
 /// The walk-through of docs/operations.md, "Deploy on real clusters", on two
