@@ -75,7 +75,8 @@ pub struct ClusterConfig {
     pub server: url::Url,
     /// PEM bundle of trusted CAs. `None` trusts nothing (every handshake fails) unless
     /// `insecure_skip_tls_verify` is set: there is deliberately no fallback to system
-    /// roots, API servers use private CAs.
+    /// roots, API servers use private CAs. [`ClusterConfig::from_kubeconfig`] refuses
+    /// a cluster that would end up so.
     pub ca_pem: Option<Vec<u8>>,
     /// The name to verify the server certificate against instead of the URL host.
     pub tls_server_name: Option<String>,
@@ -100,7 +101,8 @@ impl ClusterConfig {
 
     /// The cluster and user of `context` (or the current context) of a kubeconfig. File
     /// references are read now; relative ones resolve against the kubeconfig's
-    /// directory.
+    /// directory. A cluster with neither a CA nor `insecure-skip-tls-verify` is
+    /// [`Error::NoCertificateAuthority`].
     pub fn from_kubeconfig(kc: &Kubeconfig, context: Option<&str>) -> Result<Self, Error> {
         let ctx = kc.context(context)?;
         let cluster = kc
@@ -121,14 +123,31 @@ impl ClusterConfig {
                 ctx.context.cluster, cluster.server
             ))
         })?;
+        // Empty values count as absent, as in kubectl (a script that extracted no CA
+        // writes `certificate-authority-data: ""`).
         let ca_pem = match (
-            &cluster.certificate_authority_data,
-            &cluster.certificate_authority,
+            cluster
+                .certificate_authority_data
+                .as_deref()
+                .filter(|d| !d.is_empty()),
+            cluster
+                .certificate_authority
+                .as_deref()
+                .filter(|p| !p.is_empty()),
         ) {
             (Some(data), _) => Some(decode_b64("certificate-authority-data", data)?),
             (None, Some(path)) => Some(read_file(&kc.resolve(path))?),
             (None, None) => None,
         };
+        let insecure_skip_tls_verify = cluster.insecure_skip_tls_verify.unwrap_or(false);
+        // There are no system roots to fall back on (API servers use private CAs), so
+        // without a CA every handshake would fail later with UnknownIssuer; say so now,
+        // where `check-config` and startup see it.
+        if ca_pem.is_none() && !insecure_skip_tls_verify {
+            return Err(Error::NoCertificateAuthority {
+                cluster: ctx.context.cluster.clone(),
+            });
+        }
         // A context without a user (or naming an unknown one) is anonymous, as in
         // kubectl.
         let user = kc
@@ -143,7 +162,7 @@ impl ClusterConfig {
             server,
             ca_pem,
             tls_server_name: cluster.tls_server_name.filter(|s| !s.is_empty()),
-            insecure_skip_tls_verify: cluster.insecure_skip_tls_verify.unwrap_or(false),
+            insecure_skip_tls_verify,
             auth,
         })
     }

@@ -47,6 +47,17 @@ pub enum Error {
     /// (`Kubeconfig::from_yaml`) is not YAML.
     #[error("invalid kubeconfig: {0}")]
     Kubeconfig(String),
+    /// A kubeconfig cluster names no CA (`certificate-authority` or
+    /// `certificate-authority-data`) and does not set `insecure-skip-tls-verify`.
+    /// crproxy has no system roots to fall back on, so it could not verify the API
+    /// server: add the cluster's CA to the kubeconfig. The message names the cluster;
+    /// callers name the kubeconfig file.
+    #[error(
+        "cluster {cluster:?} names no certificate-authority: crproxy trusts only the CAs its \
+         kubeconfigs give; add the API server's CA as certificate-authority-data (or \
+         certificate-authority), or set insecure-skip-tls-verify: true for development only"
+    )]
+    NoCertificateAuthority { cluster: String },
     /// The TLS material could not be used: unparseable PEM certificate or key, a key
     /// that does not match, or an invalid server name.
     #[error("invalid TLS configuration: {0}")]

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use base64::Engine as _;
-use crproxy_kube::{Auth, ClusterConfig, Kubeconfig, KubeconfigFileProblem};
+use crproxy_kube::{Auth, ClusterConfig, Error, Kubeconfig, KubeconfigFileProblem};
 
 #[test]
 fn kubeconfig_data_and_file_forms() -> Result<()> {
@@ -137,6 +137,77 @@ users2: null
         "{err:?}"
     );
     assert!(Kubeconfig::from_yaml("clusters: [").is_err());
+    Ok(())
+}
+
+/// A cluster with no CA would fail every handshake with UnknownIssuer (there are no
+/// system roots to fall back on): loading it fails, naming the cluster, unless it
+/// skips verification. Empty values are absent, as in kubectl.
+#[test]
+fn a_cluster_without_a_ca_is_refused_unless_insecure() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("ca.crt"), "CA PEM")?;
+    let ca = base64::engine::general_purpose::STANDARD.encode("CA PEM");
+    for (cluster, refused) in [
+        ("{server: https://10.0.0.1:6443}".to_owned(), true),
+        (
+            "{server: https://10.0.0.1:6443, certificate-authority-data: \"\"}".to_owned(),
+            true,
+        ),
+        (
+            "{server: https://10.0.0.1:6443, certificate-authority: \"\"}".to_owned(),
+            true,
+        ),
+        (
+            "{server: https://10.0.0.1:6443, insecure-skip-tls-verify: false}".to_owned(),
+            true,
+        ),
+        (
+            "{server: https://10.0.0.1:6443, insecure-skip-tls-verify: true}".to_owned(),
+            false,
+        ),
+        (
+            format!("{{server: https://10.0.0.1:6443, certificate-authority-data: {ca}}}"),
+            false,
+        ),
+        (
+            "{server: https://10.0.0.1:6443, certificate-authority: ca.crt}".to_owned(),
+            false,
+        ),
+    ] {
+        let yaml = format!(
+            "clusters: [{{name: prod, cluster: {cluster}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: prod, user: u}}}}]\n\
+             current-context: c\n"
+        );
+        let mut kc = Kubeconfig::from_yaml(&yaml)?;
+        kc.base_dir = Some(dir.path().to_path_buf());
+        match ClusterConfig::from_kubeconfig(&kc, None) {
+            Err(err) => {
+                assert!(refused, "{cluster}: {err}");
+                assert!(
+                    matches!(&err, Error::NoCertificateAuthority { cluster } if cluster == "prod"),
+                    "{cluster}: {err:?}"
+                );
+                assert_eq!(
+                    err.to_string(),
+                    "cluster \"prod\" names no certificate-authority: crproxy trusts only the \
+                     CAs its kubeconfigs give; add the API server's CA as \
+                     certificate-authority-data (or certificate-authority), or set \
+                     insecure-skip-tls-verify: true for development only"
+                );
+            }
+            Ok(config) => {
+                assert!(!refused, "{cluster} loaded: {config:?}");
+                assert!(
+                    config.insecure_skip_tls_verify
+                        || config.ca_pem.as_deref() == Some(&b"CA PEM"[..]),
+                    "{cluster}: {config:?}"
+                );
+            }
+        }
+    }
     Ok(())
 }
 

@@ -310,6 +310,47 @@ fn check_config_names_each_unusable_kubeconfig_once() {
     }
 }
 
+/// A kubeconfig whose cluster names no CA (and does not skip verification) would
+/// fail every TLS handshake at run time: `check-config` says so at its key, in one
+/// line naming the file and the cluster, and fails.
+#[test]
+fn check_config_refuses_a_kubeconfig_without_a_ca() {
+    let no_ca = KUBECONFIG.replace(", insecure-skip-tls-verify: true", "");
+    assert_ne!(no_ca, KUBECONFIG);
+    let Checked {
+        ok,
+        stdout,
+        stderr,
+        file,
+    } = check_config(
+        "client: {name: client, project: default}\n\
+         targets:\n  - name: target\n    kubeconfig: no-ca.kubeconfig\n\
+         \x20   peers: {static: [\"127.0.0.1:6443\"]}\n\
+         experimental:\n  proxy:\n    customResources:\n      widgets.example.com/v1:\n\
+         \x20       enabled: true\n        targetVirtualCluster: {name: target}\n",
+        &[("no-ca.kubeconfig", no_ca.as_bytes())],
+    );
+    assert!(!ok, "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let prefix = format!("{file}:4:5: targets[0].kubeconfig: kubeconfig ");
+    assert!(lines[0].starts_with(&prefix), "{stdout}");
+    assert_eq!(lines[0].matches("no-ca.kubeconfig").count(), 1, "{stdout}");
+    assert!(
+        lines[0].ends_with(
+            "no-ca.kubeconfig is unusable: cluster \"t\" names no certificate-authority: \
+             crproxy trusts only the CAs its kubeconfigs give; add the API server's CA as \
+             certificate-authority-data (or certificate-authority), or set \
+             insecure-skip-tls-verify: true for development only"
+        ),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr.trim(),
+        format!("crproxy: {file}: 1 configuration error(s)")
+    );
+}
+
 /// `doctor` with a kubeconfig that is not YAML: one line naming the file once.
 #[test]
 fn doctor_reports_a_broken_kubeconfig_in_one_line() {

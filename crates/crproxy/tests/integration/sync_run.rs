@@ -62,7 +62,7 @@ fn check_config_validates_sync_keys_and_warns() {
     );
     std::fs::write(
         dir.path().join("h"),
-        "apiVersion: v1\nkind: Config\nclusters: [{name: h, cluster: {server: \"https://127.0.0.1:1\"}}]\nusers: [{name: h, user: {token: t}}]\ncontexts: [{name: h, context: {cluster: h, user: h}}]\ncurrent-context: h\n",
+        "apiVersion: v1\nkind: Config\nclusters: [{name: h, cluster: {server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true}}]\nusers: [{name: h, user: {token: t}}]\ncontexts: [{name: h, context: {cluster: h, user: h}}]\ncurrent-context: h\n",
     )
     .expect("write");
 
