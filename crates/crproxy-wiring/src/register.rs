@@ -12,6 +12,11 @@
 //! Drift is judged only on what we own: our label, and the spec fields we set.
 //! Server-defaulted fields (`clusterIP`, `sessionAffinity`, policy defaults) are not
 //! drift, and a replace starts from the live object so they are kept.
+//!
+//! An APIService the client's own API server serves (a built-in group such as
+//! `v1.apps`, or a CRD's group) is never taken over: pointing it at the proxy would
+//! hand the client's own API to the target. Such a registration writes neither
+//! object and is reported as failed on every pass.
 
 use crate::leader::LeaderHandle;
 use crate::names;
@@ -23,6 +28,10 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::task::JoinHandle;
+
+/// The label kube-aggregator puts on the APIServices it creates for the groups its
+/// own API server serves.
+const AUTOMANAGED_LABEL: &str = "kube-aggregator.kubernetes.io/automanaged";
 
 /// `spec.groupPriorityMinimum` of every proxied APIService.
 pub const GROUP_PRIORITY_MINIMUM: u32 = 1000;
@@ -361,6 +370,25 @@ fn repaired(kind: Kind, desired: &Value, live: &Value) -> Value {
     out
 }
 
+/// Why the live APIService is the client cluster's own, served by its API server
+/// rather than through a Service; `None` when it may be registered over (ours, or
+/// one that routes to a Service, which is how a hand-edited one of ours looks).
+fn served_by_client(live: &Value) -> Option<&'static str> {
+    if live["metadata"]["labels"].get(AUTOMANAGED_LABEL).is_some() {
+        return Some(
+            "it is labelled kube-aggregator.kubernetes.io/automanaged: the client's API \
+             server registered it for a group it serves itself",
+        );
+    }
+    if live["spec"].get("service").is_none_or(Value::is_null) {
+        return Some(
+            "it has no spec.service: the client's API server serves this group/version \
+             itself (a built-in group or a CRD)",
+        );
+    }
+    None
+}
+
 /// What one reconcile did to an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
@@ -369,37 +397,76 @@ enum Outcome {
     Unchanged,
 }
 
+fn name_of(desired: &Value) -> String {
+    desired["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn object_error(
+    action: &'static str,
+    kind: Kind,
+    name: &str,
+) -> impl FnOnce(crproxy_kube::Error) -> WiringError {
+    let name = name.to_owned();
+    move |source| WiringError::Object {
+        action,
+        kind: kind.name(),
+        name,
+        source: Box::new(source),
+    }
+}
+
+/// The live object `desired` names, if it exists.
+async fn read(
+    client: &Client,
+    kind: Kind,
+    namespace: &str,
+    desired: &Value,
+) -> Result<Option<Value>, WiringError> {
+    let name = name_of(desired);
+    kind.objects(client, namespace)
+        .get(&name)
+        .await
+        .map_err(object_error("reading", kind, &name))
+}
+
 async fn reconcile(
     client: &Client,
     kind: Kind,
     namespace: &str,
     desired: &Value,
 ) -> Result<Outcome, WiringError> {
-    let name = desired["metadata"]["name"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned();
+    let live = read(client, kind, namespace, desired).await?;
+    write(client, kind, namespace, desired, live).await
+}
+
+/// Creates `desired`, or repairs `live` if it drifted. `live` may have been read a
+/// moment ago: a create then fails with AlreadyExists and a replace with a conflict
+/// (it carries `live`'s resourceVersion), and the next pass reads again.
+async fn write(
+    client: &Client,
+    kind: Kind,
+    namespace: &str,
+    desired: &Value,
+    live: Option<Value>,
+) -> Result<Outcome, WiringError> {
+    let name = name_of(desired);
     let objects = kind.objects(client, namespace);
-    let err = |action: &'static str, source| WiringError::Object {
-        action,
-        kind: kind.name(),
-        name: name.clone(),
-        source: Box::new(source),
-    };
-    let live = objects.get(&name).await.map_err(|e| err("reading", e))?;
     let outcome = match live {
         None => {
             objects
                 .create(desired)
                 .await
-                .map_err(|e| err("creating", e))?;
+                .map_err(object_error("creating", kind, &name))?;
             Outcome::Created
         }
         Some(live) if drifted(kind, desired, &live) => {
             objects
                 .replace(&name, &repaired(kind, desired, &live))
                 .await
-                .map_err(|e| err("updating", e))?;
+                .map_err(object_error("updating", kind, &name))?;
             Outcome::Updated
         }
         Some(_) => Outcome::Unchanged,
@@ -428,29 +495,53 @@ fn validate(regs: &[Registration]) -> Result<(), WiringError> {
 
 /// Creates or repairs the policy, its binding, and every registration's Service and
 /// APIService. Every object is attempted even if an earlier one fails; the first
-/// failure is returned after all were tried. Never deletes anything.
+/// failure is returned after all were tried. Never deletes anything, and never
+/// takes over an APIService the client cluster serves itself
+/// ([`WiringError::ServedByClient`]).
 pub async fn register_all(
     client: &Client,
     cfg: &RegistrarConfig,
     regs: &[Registration],
 ) -> Result<(), WiringError> {
     validate(regs)?;
-    // Protection first, so the objects are never unprotected once they exist; the
-    // Service before the APIService that points at it.
-    let mut work = vec![
-        (Kind::Policy, desired_policy()),
-        (Kind::Binding, desired_binding()),
-    ];
-    for reg in regs {
-        work.push((Kind::Service, desired_service(cfg, reg)));
-        work.push((Kind::ApiService, desired_apiservice(cfg, reg)));
-    }
+    let namespace = cfg.service_namespace.as_str();
     let mut failures = Vec::new();
-    for (kind, desired) in &work {
-        if let Err(e) = reconcile(client, *kind, &cfg.service_namespace, desired).await {
+    let mut record = |outcome: Result<Outcome, WiringError>| {
+        if let Err(e) = outcome {
             tracing::warn!(error = %e, "registration failed, will retry");
             failures.push(e);
         }
+    };
+    // Protection first, so the objects are never unprotected once they exist.
+    for (kind, desired) in [
+        (Kind::Policy, desired_policy()),
+        (Kind::Binding, desired_binding()),
+    ] {
+        record(reconcile(client, kind, namespace, &desired).await);
+    }
+    for reg in regs {
+        let service = desired_service(cfg, reg);
+        let apiservice = desired_apiservice(cfg, reg);
+        // The APIService is read before the Service is written, so a group/version
+        // the client serves itself gets neither (a protected Service nobody uses
+        // would only be in an operator's way).
+        let live = read(client, Kind::ApiService, namespace, &apiservice).await;
+        if let Ok(Some(live)) = &live {
+            if let Some(why) = served_by_client(live) {
+                record(Err(WiringError::ServedByClient {
+                    name: name_of(&apiservice),
+                    why,
+                }));
+                continue;
+            }
+        }
+        // The Service before the APIService that points at it; it is attempted even
+        // when the read failed, as every object is.
+        record(reconcile(client, Kind::Service, namespace, &service).await);
+        record(match live {
+            Ok(live) => write(client, Kind::ApiService, namespace, &apiservice, live).await,
+            Err(e) => Err(e),
+        });
     }
     let count = failures.len();
     match failures.into_iter().next() {

@@ -549,6 +549,109 @@ async fn registration_creates_repairs_and_never_deletes() -> Result<()> {
     Ok(())
 }
 
+/// A configured group/version whose APIService the client's API server serves
+/// itself (a built-in group like `v1.apps`, or a CRD's group): the registrar
+/// leaves the APIService exactly as it is, writes no Service for it, and reports
+/// it on every pass; once the group is no longer the client's, it registers.
+#[tokio::test]
+async fn the_clients_own_apiservices_are_never_taken_over() -> Result<()> {
+    let cluster = test_support::devcluster("register-local").await;
+    let client = kube_client(&cluster)?;
+    let apiservices = apiservices(&client);
+    let local = |name: &str, group: &str, version: &str, labels: Value| -> Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"group": group, "version": version,
+                     "groupPriorityMinimum": 17800, "versionPriority": 15},
+        }))?)
+    };
+    // As kube-aggregator registers v1.apps: local, automanaged.
+    apiservices
+        .create(
+            &Default::default(),
+            &local(
+                APISERVICE,
+                "example.com",
+                "v1",
+                json!({"kube-aggregator.kubernetes.io/automanaged": "onstart"}),
+            )?,
+        )
+        .await?;
+    // Local without the label (made by hand).
+    apiservices
+        .create(
+            &Default::default(),
+            &local(
+                "v1beta1.stable.example.io",
+                "stable.example.io",
+                "v1beta1",
+                json!({}),
+            )?,
+        )
+        .await?;
+    let before = [
+        written_part(&object(&apiservices, APISERVICE).await?),
+        written_part(&object(&apiservices, "v1beta1.stable.example.io").await?),
+    ];
+    let log = WriteLog::start(registration_apis(&client)).await?;
+    let cfg = RegistrarConfig::local(b"CA PEM".to_vec());
+    for pass in 0..2 {
+        let err = register_all(&client, &cfg, &regs())
+            .await
+            .expect_err("the client's own APIServices are refused");
+        let text = err.to_string();
+        assert!(text.starts_with("2 objects failed"), "pass {pass}: {text}");
+        assert!(
+            text.contains(&format!(
+                "not registering APIService \"{APISERVICE}\": it is labelled \
+                 kube-aggregator.kubernetes.io/automanaged"
+            )),
+            "pass {pass}: {text}"
+        );
+        let after = [
+            written_part(&object(&apiservices, APISERVICE).await?),
+            written_part(&object(&apiservices, "v1beta1.stable.example.io").await?),
+        ];
+        assert_eq!(after, before, "pass {pass}: left exactly as they were");
+    }
+    assert_eq!(
+        log.take_summaries().await?,
+        [
+            "ADDED ValidatingAdmissionPolicy vcluster-protected-apiservices",
+            "ADDED ValidatingAdmissionPolicyBinding vcluster-protected-resource-proxy",
+        ],
+        "no Service for a group/version the client serves"
+    );
+    let err = register_all(&client, &cfg, &regs()[1..])
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        err.to_string(),
+        "not registering APIService \"v1beta1.stable.example.io\": it has no spec.service: \
+         the client's API server serves this group/version itself (a built-in group or a \
+         CRD); crproxy never takes over a group/version the client cluster serves: remove it \
+         from experimental.proxy.customResources"
+    );
+
+    // The group stops being the client's (its CRD was deleted): the next pass
+    // registers the proxy.
+    apiservices
+        .delete(APISERVICE, &DeleteParams::default())
+        .await?;
+    log.take_summaries().await?;
+    register_all(&client, &cfg, &regs()[..1]).await?;
+    assert_eq!(
+        log.take_summaries().await?,
+        [
+            "ADDED Service proxy-example-com-v1",
+            "ADDED APIService v1.example.com"
+        ]
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn only_the_leader_registers() -> Result<()> {
     let cluster = test_support::devcluster("leader-only").await;

@@ -274,6 +274,68 @@ fn invalid_registrations_are_refused() {
     assert!(validate(&[reg()]).is_ok());
 }
 
+/// Which live APIServices are the client cluster's own: local ones (no
+/// `spec.service`) and those kube-aggregator manages; ours, and ones routed to any
+/// Service (a hand-edited one of ours), may be registered over.
+#[test]
+fn the_clients_own_apiservices_are_recognised() {
+    let ours = || desired_apiservice(&cfg(), &reg());
+    let local = || {
+        let mut v = ours();
+        v["metadata"]["labels"] = json!({});
+        v["spec"] = json!({"group": "example.com", "version": "v1",
+                           "groupPriorityMinimum": 17800, "versionPriority": 15});
+        v
+    };
+    let automanaged = |value: &str| {
+        let mut v = local();
+        v["metadata"]["labels"] = json!({ AUTOMANAGED_LABEL: value });
+        v
+    };
+    let cases: [(&str, Value, Option<&str>); 7] = [
+        ("ours", ours(), None),
+        (
+            "routed elsewhere, unlabelled",
+            {
+                let mut v = ours();
+                v["metadata"]["labels"] = Value::Null;
+                v["spec"]["service"] = json!({"namespace": "monitoring", "name": "m"});
+                v
+            },
+            None,
+        ),
+        ("local", local(), Some("no spec.service")),
+        (
+            "service null",
+            {
+                let mut v = ours();
+                v["spec"]["service"] = Value::Null;
+                v
+            },
+            Some("no spec.service"),
+        ),
+        ("built-in", automanaged("onstart"), Some("automanaged")),
+        ("CRD group", automanaged("true"), Some("automanaged")),
+        (
+            "automanaged with a service",
+            {
+                let mut v = ours();
+                v["metadata"]["labels"][AUTOMANAGED_LABEL] = json!("true");
+                v
+            },
+            Some("automanaged"),
+        ),
+    ];
+    for (what, live, expected) in cases {
+        let why = served_by_client(&live);
+        match (why, expected) {
+            (None, None) => {}
+            (Some(why), Some(needle)) => assert!(why.contains(needle), "{what}: {why}"),
+            (why, expected) => panic!("{what}: {why:?}, expected {expected:?}"),
+        }
+    }
+}
+
 #[test]
 fn the_protection_expression_names_the_label() {
     assert_eq!(
