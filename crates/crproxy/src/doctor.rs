@@ -1135,12 +1135,20 @@ fn check_metrics(samples: &[Sample], gv: &str) -> Vec<Check> {
         ),
     });
 
-    let all = |_: &Sample| true;
-    let quarantines = sum(samples, "vcluster_proxy_peer_quarantines_total", all).unwrap_or(0.0);
+    // Both counters are labelled by target only: count this group/version's target,
+    // not every target the proxy serves.
+    let targets = targets_of(samples, gv);
+    let of_target = |s: &Sample| {
+        s.labels
+            .get("target")
+            .is_some_and(|t| targets.contains(t.as_str()))
+    };
+    let quarantines =
+        sum(samples, "vcluster_proxy_peer_quarantines_total", of_target).unwrap_or(0.0);
     let all_quarantined = sum(
         samples,
         "vcluster_proxy_target_all_peers_quarantined_total",
-        all,
+        of_target,
     )
     .unwrap_or(0.0);
     let evidence = format!(
@@ -1218,6 +1226,17 @@ fn check_metrics(samples: &[Sample], gv: &str) -> Vec<Check> {
     checks
 }
 
+/// The targets `gv` is routed to, taken from its own series (those carrying both
+/// labels), to scope the series that are labelled by target only. Empty when this
+/// proxy does not serve `gv`, which the peer-cache check reports.
+fn targets_of<'a>(samples: &'a [Sample], gv: &str) -> std::collections::BTreeSet<&'a str> {
+    samples
+        .iter()
+        .filter(|s| s.labels.get("group_version").map(String::as_str) == Some(gv))
+        .filter_map(|s| s.labels.get("target").map(String::as_str))
+        .collect()
+}
+
 /// The upper bound of the request duration bucket just below the 60 s cap
 /// ([`REQUEST_DURATION_BUCKETS`]): what lies above it took half the cap or more,
 /// and a request ended by the deadline lands there too.
@@ -1245,11 +1264,7 @@ const SLOW_DIAL_SECONDS: f64 = 2.5;
 /// [`REQUEST_DURATION_BUCKETS`]: crproxy_proxy::metrics::REQUEST_DURATION_BUCKETS
 /// [`DIAL_DURATION_BUCKETS`]: crproxy_proxy::metrics::DIAL_DURATION_BUCKETS
 fn check_request_deadline(samples: &[Sample], gv: &str) -> Option<Check> {
-    let targets: std::collections::BTreeSet<&str> = samples
-        .iter()
-        .filter(|s| s.labels.get("group_version").map(String::as_str) == Some(gv))
-        .filter_map(|s| s.labels.get("target").map(String::as_str))
-        .collect();
+    let targets = targets_of(samples, gv);
     if targets.is_empty() {
         return None;
     }
@@ -1514,6 +1529,39 @@ mod tests {
             check.evidence
         );
         assert_ne!(verdict, DEADLINE_VERDICT);
+    }
+
+    /// Quarantines count against the group/version whose target had them: the
+    /// counters are labelled by target only, and another target's quarantines say
+    /// nothing about this group/version.
+    #[test]
+    fn quarantines_are_scoped_to_the_group_versions_target() {
+        let samples = parse_exposition(
+            "vcluster_proxy_peer_cache_synced{group_version=\"a.example.com/v1\",target=\"p/a\"} 1\n\
+             vcluster_proxy_peer_cache_synced{group_version=\"b.example.com/v1\",target=\"p/b\"} 1\n\
+             vcluster_proxy_peer_quarantines_total{target=\"p/a\"} 0\n\
+             vcluster_proxy_target_all_peers_quarantined_total{target=\"p/a\"} 0\n\
+             vcluster_proxy_peer_quarantines_total{target=\"p/b\"} 4\n\
+             vcluster_proxy_target_all_peers_quarantined_total{target=\"p/b\"} 1\n",
+        );
+        let quarantines = |gv: &str| {
+            check_metrics(&samples, gv)
+                .into_iter()
+                .find(|c| c.check == "quarantines")
+                .expect("a quarantines check")
+        };
+        let a = quarantines("a.example.com/v1");
+        assert_eq!(a.status, Status::Ok, "{}", a.evidence);
+        assert_eq!(
+            a.evidence,
+            "0 quarantine(s), 0 time(s) no peer left (since start)"
+        );
+        let b = quarantines("b.example.com/v1");
+        assert_eq!(b.status, Status::Warn, "{}", b.evidence);
+        assert_eq!(
+            b.evidence,
+            "4 quarantine(s), 1 time(s) no peer left (since start)"
+        );
     }
 
     #[test]
