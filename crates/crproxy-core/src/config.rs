@@ -859,6 +859,36 @@ fn is_dns_subdomain(s: &str) -> bool {
 }
 
 /// Splits and checks a `customResources` key.
+/// The API groups kube-apiserver 1.32 serves itself (the core group has no
+/// name and cannot be written in a key). Registering one would take the
+/// client's own API away; groups under `k8s.io` that CRDs serve (the Gateway
+/// API's `gateway.networking.k8s.io`, say) stay allowed.
+const BUILT_IN_GROUPS: &[&str] = &[
+    "admissionregistration.k8s.io",
+    "apiextensions.k8s.io",
+    "apiregistration.k8s.io",
+    "apps",
+    "authentication.k8s.io",
+    "authorization.k8s.io",
+    "autoscaling",
+    "batch",
+    "certificates.k8s.io",
+    "coordination.k8s.io",
+    "discovery.k8s.io",
+    "events.k8s.io",
+    "extensions",
+    "flowcontrol.apiserver.k8s.io",
+    "internal.apiserver.k8s.io",
+    "networking.k8s.io",
+    "node.k8s.io",
+    "policy",
+    "rbac.authorization.k8s.io",
+    "resource.k8s.io",
+    "scheduling.k8s.io",
+    "storage.k8s.io",
+    "storagemigration.k8s.io",
+];
+
 pub fn parse_entry_key(key: &str) -> Result<EntryKey, String> {
     let Some((left, version)) = key.split_once('/') else {
         return Err(format!("a version is required; {KEY_FORMAT}"));
@@ -881,6 +911,11 @@ pub fn parse_entry_key(key: &str) -> Result<EntryKey, String> {
     if !is_dns_subdomain(group) {
         return Err(format!(
             "group {group:?} is not a valid API group (lower-case DNS subdomain)"
+        ));
+    }
+    if BUILT_IN_GROUPS.contains(&group) {
+        return Err(format!(
+            "group {group:?} is served by the Kubernetes API server itself; crproxy proxies custom resource groups only"
         ));
     }
     if !is_dns_label(version) {

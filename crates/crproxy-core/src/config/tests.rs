@@ -510,7 +510,7 @@ fn validation_rules() {
 #[test]
 fn entry_keys() {
     type Parts<'a> = (Option<&'a str>, &'a str, &'a str);
-    let rows: [(&str, Result<Parts, &str>); 5] = [
+    let rows: [(&str, Result<Parts, &str>); 9] = [
         (
             "widgets.example.com/v1",
             Ok((Some("widgets"), "example.com", "v1")),
@@ -522,6 +522,24 @@ fn entry_keys() {
         ("a.b/v2", Ok((Some("a"), "b", "v2"))),
         ("widgets.example.com", Err("a version is required")),
         ("*/v1", Err("a group is required")),
+        // The client's own API groups are not the proxy's to take.
+        (
+            "deployments.apps/v1",
+            Err("group \"apps\" is served by the Kubernetes API server itself"),
+        ),
+        (
+            "*.rbac.authorization.k8s.io/v1",
+            Err("served by the Kubernetes API server itself"),
+        ),
+        // A CRD group under k8s.io is a custom resource group.
+        (
+            "gateways.gateway.networking.k8s.io/v1",
+            Ok((Some("gateways"), "gateway.networking.k8s.io", "v1")),
+        ),
+        (
+            "gateways.networking.k8s.io/v1",
+            Err("served by the Kubernetes API server itself"),
+        ),
     ];
     for (key, want) in rows {
         let got = parse_entry_key(key);
