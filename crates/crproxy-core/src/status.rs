@@ -144,6 +144,20 @@ pub fn target_unavailable(
     )
 }
 
+/// 401 for a request the target refused to authenticate: the proxy's target
+/// identity (its kubeconfig) was rejected, not the caller, who came through the
+/// client's aggregation layer. Worded so that the runbook's "auth failed" finds
+/// it and the caller does not take it for its own login failing.
+pub fn target_auth_failed(target_name: &str, group: &str, version: &str) -> Value {
+    status(
+        401,
+        "Unauthorized",
+        format!(
+            "auth failed: target tenant cluster \"{target_name}\" for {group}/{version} rejected the proxy's credentials (its target kubeconfig)"
+        ),
+    )
+}
+
 /// 503 when the proxy's own 60 s non-watch deadline expired: the unavailable text with
 /// Go's `context deadline exceeded` as cause, which is what operators search for.
 pub fn deadline_exceeded(target_name: &str, group: &str, version: &str) -> Value {

@@ -284,7 +284,13 @@ impl GroupVersionProxy {
         let Outcome {
             mut response,
             reason,
-        } = outcome;
+        } = if admitted && outcome.response.status() == StatusCode::UNAUTHORIZED {
+            // Only the target answers 401 to an admitted caller: its refusal of the
+            // proxy's identity, which the caller must not read as its own.
+            self.target_auth_failed(outcome.reason)
+        } else {
+            outcome
+        };
         transport::clean_response_headers(response.headers_mut());
         self.metrics.request(
             &self.group_version,
@@ -1851,6 +1857,16 @@ impl GroupVersionProxy {
     }
 
     // ---------------------------------------------------------------- responses
+
+    fn target_auth_failed(&self, reason: Reason) -> Outcome {
+        Outcome::new(
+            json_response(
+                StatusCode::UNAUTHORIZED,
+                &status::target_auth_failed(&self.target_name, &self.group, &self.version),
+            ),
+            reason,
+        )
+    }
 
     fn masked(&self, path: &ResourcePath, reason: Reason) -> Outcome {
         let name = path.name.as_deref().unwrap_or("");

@@ -931,6 +931,40 @@ async fn an_ownership_check_refused_with_401_or_403_is_masked_as_a_404() {
     h.proxy.shutdown().await;
 }
 
+/// A target that refuses the proxy's credentials (401) is not the caller's login
+/// failing: a read, a list and a watch get a 401 that says "auth failed" and names
+/// the target and the group/version, as the runbook's symptom reads, instead of
+/// the target's bare `Unauthorized`.
+#[tokio::test]
+async fn a_target_refusing_the_proxys_credentials_is_a_401_auth_failed() {
+    let h = harness(AccessMode::Owned).await;
+    let _backend = widgets_failing_with(&h, "refused", 401).await;
+    for path in [
+        format!("{WIDGETS}/refused"),
+        WIDGETS.to_string(),
+        format!("{WIDGETS}?watch=true"),
+    ] {
+        let reply = call(&h.aggregator, "GET", &path, None).await;
+        assert_eq!(reply.status, 401, "{path}: {}", reply.body);
+        assert_eq!(reply.body["kind"], "Status", "{path}");
+        assert_eq!(reply.body["reason"], "Unauthorized", "{path}");
+        assert_eq!(reply.body["code"], 401, "{path}");
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("auth failed: target tenant cluster ")
+                && message.contains("example.com/v1")
+                && message.contains("rejected the proxy's credentials"),
+            "{path}: {message}"
+        );
+    }
+    let needle = "verb=\"LIST\",code=\"401\",reason=\"upstream\"";
+    assert!(
+        series(&h.metrics, "vcluster_proxy_request_total", needle),
+        "{needle}"
+    );
+    h.proxy.shutdown().await;
+}
+
 /// An ownership check the target fails with a 5xx could not look, like a throttled
 /// one: a retryable 503 `ownership_check_failed`, not a 404, logged like any
 /// request the target failed. A current-thread runtime, so the log capture sees
