@@ -693,14 +693,8 @@ impl GroupVersionProxy {
                 (None, bytes.to_vec())
             }
         };
-        self.forward(
-            exchange,
-            media_type,
-            exchange.target_path(),
-            transport::full(body),
-            false,
-        )
-        .await
+        self.forward_write(exchange, media_type, Bytes::from(body))
+            .await
     }
 
     /// Named GET in owned mode: the object itself decides whether the caller may
@@ -1803,8 +1797,7 @@ impl GroupVersionProxy {
     ) -> Outcome {
         match pinned {
             PinnedRequest::Body(body) => {
-                let path = exchange.target_path();
-                self.forward(exchange, media_type, path, transport::full(body), false)
+                self.forward_write(exchange, media_type, Bytes::from(body))
                     .await
             }
             PinnedRequest::Query(query) => {
@@ -1814,6 +1807,51 @@ impl GroupVersionProxy {
                     .await
             }
         }
+    }
+
+    /// A write whose body is in hand, forwarded to the caller's path. A namespace
+    /// deleted on the target after it was mirrored is mirrored again: the target
+    /// refuses a create into it with 404 `namespaces "<ns>" not found`, which
+    /// would tell the caller its namespace is missing on the client; the write
+    /// is then sent once more.
+    async fn forward_write(
+        &self,
+        exchange: &Exchange,
+        media_type: Option<&'static str>,
+        body: Bytes,
+    ) -> Outcome {
+        let send = |body: Bytes| {
+            self.forward(
+                exchange,
+                media_type,
+                exchange.target_path(),
+                transport::full(body),
+                false,
+            )
+        };
+        let outcome = send(body.clone()).await;
+        let Some(namespace) = exchange.namespace.as_deref() else {
+            return outcome;
+        };
+        if outcome.response.status() != StatusCode::NOT_FOUND {
+            return outcome;
+        }
+        let (parts, answer, reason) = match self.read_json_answer(exchange, outcome).await {
+            Ok(read) => read,
+            Err(outcome) => return outcome,
+        };
+        if !names_missing_namespace(&answer, namespace) {
+            return Outcome::new(Response::from_parts(parts, transport::full(answer)), reason);
+        }
+        // `forward` forgot the namespace on the 404: this mirrors it again.
+        let client_path = format!("/api/v1/namespaces/{namespace}");
+        if let Err(outcome) = self
+            .ensure_target_namespace(namespace, &client_path, exchange.deadline)
+            .await
+        {
+            return outcome;
+        }
+        send(body).await
     }
 
     /// Sends a request to the target with the caller's headers (and, for a body
@@ -2113,6 +2151,18 @@ fn list_step(code: StatusCode, continuing: bool, restarts: u32, exact: bool) -> 
 }
 
 /// A body or delete options the pin cannot go with (kube would refuse them too): 400.
+/// Whether a 404 Status is kube's answer for a missing namespace `namespace`
+/// (`details: {name: <ns>, kind: namespaces}`), not for a missing object.
+fn names_missing_namespace(answer: &[u8], namespace: &str) -> bool {
+    let Ok(status) = serde_json::from_slice::<Value>(answer) else {
+        return false;
+    };
+    let details = &status["details"];
+    details["kind"] == "namespaces"
+        && details["name"] == namespace
+        && details.get("group").is_none_or(|group| group == "")
+}
+
 fn precondition_refused(error: &PreconditionError) -> Outcome {
     Outcome::new(
         json_response(

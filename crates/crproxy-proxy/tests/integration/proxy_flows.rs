@@ -281,6 +281,80 @@ async fn creates_are_stamped_and_the_namespace_is_mirrored() {
     h.proxy.shutdown().await;
 }
 
+/// A namespace deleted on the target after the proxy mirrored it is mirrored
+/// again by the next create into it, which then succeeds: the target's 404
+/// `namespaces "<ns>" not found` would tell the caller its own namespace is
+/// missing. A server-side apply that creates is mirrored again the same way.
+#[tokio::test]
+async fn a_namespace_deleted_on_the_target_is_mirrored_again_by_the_next_create() {
+    let (logs, _guard) = LogBuffer::capture();
+    let h = harness(AccessMode::Owned).await;
+    create_client_namespace(&h, "fresh").await;
+    let fresh = "/apis/example.com/v1/namespaces/fresh/widgets";
+    let in_fresh = |name: &str| {
+        let mut sent = widget(name, json!({}));
+        sent["metadata"]["namespace"] = json!("fresh");
+        sent
+    };
+    let reply = call(&h.aggregator, "POST", fresh, Some(in_fresh("w1"))).await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    let target_namespaces: Api<Namespace> = Api::all(h.admin.clone());
+    for (round, create) in ["POST", "PATCH"].into_iter().enumerate() {
+        target_namespaces
+            .delete("fresh", &Default::default())
+            .await
+            .expect("the target's admin deletes the namespace");
+        let mut gone = false;
+        for _ in 0..100 {
+            if target_namespaces
+                .get_opt("fresh")
+                .await
+                .expect("get")
+                .is_none()
+            {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(gone, "the target never finished deleting the namespace");
+        let name = format!("again-{round}");
+        let reply = if create == "POST" {
+            call(&h.aggregator, "POST", fresh, Some(in_fresh(&name))).await
+        } else {
+            let body = format!(
+                "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: fresh\nspec:\n  size: 1\n"
+            );
+            send_as(
+                &h.aggregator,
+                "PATCH",
+                &format!("{fresh}/{name}?fieldManager=test"),
+                Some("application/apply-patch+yaml"),
+                body,
+            )
+            .await
+        };
+        assert_eq!(reply.status, 201, "{create}: {}", reply.body);
+        assert!(
+            target_namespaces
+                .get_opt("fresh")
+                .await
+                .expect("get")
+                .is_some(),
+            "{create}: the namespace mirrored again"
+        );
+    }
+    let mirrored = logs
+        .text()
+        .lines()
+        .filter(|l| {
+            l.contains("creating namespace on target cluster") && l.contains("namespace=fresh")
+        })
+        .count();
+    assert_eq!(mirrored, 3, "{}", logs.text());
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn objects_without_both_labels_are_masked_for_every_named_verb() {
     let h = harness(AccessMode::Owned).await;
