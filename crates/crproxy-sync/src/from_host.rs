@@ -313,8 +313,15 @@ impl FromHost {
                     .await
                 {
                     Ok(c) => c,
+                    // The name is taken: the cache is behind, looked at again soon.
+                    // Nothing under it, by a live read: the 409 was about something
+                    // else (a tenant admission webhook's, say), and is retried with
+                    // the queue's backoff and counted, as any failure.
                     Err(e) if is_code(&e, 409) => {
-                        return Ok(Outcome::Requeue(Duration::from_millis(200)))
+                        return match self.tenant_api(key).get_opt(&key.name).await? {
+                            Some(_) => Ok(Outcome::Requeue(Duration::from_millis(200))),
+                            None => Err(e.into()),
+                        };
                     }
                     Err(e) => return Err(e.into()),
                 };

@@ -401,13 +401,16 @@ impl ToHost {
                 Ok(Outcome::Done)
             }
             Err(e) if is_code(&e, 409) => {
-                // Someone holds the name: ours (cache behind) or another's.
+                // Someone holds the name: ours (cache behind) or another's. Nobody,
+                // by a live read: the 409 was about something else (a host
+                // admission webhook's, say), and is retried with the queue's
+                // backoff and counted, as any failure.
                 match self.host_api().get_opt(&host_name).await? {
                     Some(live) => {
                         let live = to_value(&live)?;
                         self.update(key, tenant, &live).await
                     }
-                    None => Ok(Outcome::Requeue(Duration::from_millis(200))),
+                    None => Err(e.into()),
                 }
             }
             Err(e) => Err(e.into()),

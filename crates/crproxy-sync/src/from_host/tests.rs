@@ -165,14 +165,29 @@ fn stored_copy(ty: &ResolvedType, host: &Value) -> Value {
 /// One reconcile of the copy `store` with `host` and `tenant` in the caches; what the
 /// tenant was sent.
 async fn reconcile_copy(host: &Value, tenant: &Value) -> Vec<crate::fake_api::Received> {
+    let (reconciled, sent) = reconcile_copy_against(tenant_answers, host, Some(tenant)).await;
+    reconciled.expect("reconciled");
+    sent
+}
+
+/// One reconcile of the copy `store` against a tenant answering `answer`, with
+/// `host` and `tenant` (if any) in the caches: its result, and what the tenant
+/// was sent.
+async fn reconcile_copy_against(
+    answer: impl crate::fake_api::Answer,
+    host: &Value,
+    tenant: Option<&Value>,
+) -> (Result<Outcome, StepError>, Vec<crate::fake_api::Received>) {
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher::Event;
     let ty = stores_type();
-    let api = crate::fake_api::FakeApi::start(tenant_answers).await;
-    let cached = |object: &Value| {
+    let api = crate::fake_api::FakeApi::start(answer).await;
+    let cached = |object: Option<&Value>| {
         let mut writer = Writer::<DynamicObject>::new(ty.api.clone());
-        let object: DynamicObject = serde_json::from_value(object.clone()).expect("object");
-        writer.apply_watcher_event(&Event::Apply(object));
+        if let Some(object) = object {
+            let object: DynamicObject = serde_json::from_value(object.clone()).expect("object");
+            writer.apply_watcher_event(&Event::Apply(object));
+        }
         writer.as_reader()
     };
     let nowhere = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
@@ -181,14 +196,41 @@ async fn reconcile_copy(host: &Value, tenant: &Value) -> Vec<crate::fake_api::Re
         tenant_client: api.client.clone(),
         host_client: kube::Client::try_from(nowhere).expect("client"),
         tenant_store: cached(tenant),
-        host_stores: vec![(None, cached(host))],
+        host_stores: vec![(None, cached(Some(host)))],
         metrics: SyncMetrics::new(),
     };
-    syncer
-        .reconcile_key(&key("", "store"))
-        .await
-        .expect("reconciled");
-    api.received()
+    let reconciled = syncer.reconcile_key(&key("", "store")).await;
+    (reconciled, api.received())
+}
+
+/// The tenant refuses a copy's create with a 409 that no object under the name
+/// explains (a tenant admission webhook's): the step fails as a `conflict`, so the
+/// queue backs off and the failure is counted. One the name explains (the cache is
+/// behind) is looked at again soon.
+#[tokio::test]
+async fn a_copy_create_refused_409_is_requeued_only_when_the_name_is_taken() {
+    fn refusing(taken: bool) -> impl crate::fake_api::Answer {
+        move |method: &http::Method, _: &str, _: &Value| match *method {
+            http::Method::POST => (
+                409,
+                crproxy_core::status::status(409, "Conflict", "refused"),
+            ),
+            http::Method::GET if taken => (200, host_store_object()),
+            _ => crate::fake_api::not_found(),
+        }
+    }
+    let host = host_store_object();
+    let (refused, sent) = reconcile_copy_against(refusing(false), &host, None).await;
+    let failed = refused.expect_err("a failure, not a requeue");
+    assert_eq!(failed.reason(), "conflict", "{failed}");
+    let methods: Vec<_> = sent.iter().map(|r| r.method.clone()).collect();
+    assert_eq!(methods, [http::Method::POST, http::Method::GET], "{sent:?}");
+    let (taken, _) = reconcile_copy_against(refusing(true), &host, None).await;
+    assert!(
+        matches!(taken, Ok(Outcome::Requeue(_))),
+        "{:?}",
+        taken.map_err(|e| e.to_string())
+    );
 }
 
 /// A tenant controller labelling a copy (and adding its finalizer) does not make the
