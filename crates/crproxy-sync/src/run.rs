@@ -305,9 +305,10 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     });
     if let Some(configuration) = &registration {
         // Before the generated types are used: without the configuration a tenant
-        // write would skip the host's validation. Only created when missing: the
-        // leader replaces it with its own address once elected, and a replica
-        // starting later must not take it over.
+        // write would skip the host's validation. Only created when missing, or
+        // given the webhooks of types it lacks: the leader replaces it with its
+        // own address once elected, and a replica starting later must not take
+        // the leader's webhooks over.
         writethrough::register_if_missing(&tenant, configuration)
             .await
             .map_err(SyncError::api(

@@ -1258,21 +1258,81 @@ fn configurations(tenant: &kube::Client) -> Api<DynamicObject> {
     Api::all_with(tenant.clone(), &api_resource)
 }
 
-/// Creates the configuration in the tenant unless one of that name exists.
+/// Creates the configuration in the tenant unless one of that name exists; one
+/// that exists (a leader's) gains the webhooks of `configuration` it lacks, so
+/// that a type newly written through is never used without one. Those point at
+/// this replica, which answers reviews only once it leads: until the leader
+/// registers its own, writes of the new type fail closed rather than skip the
+/// host's validation. A concurrent replace is read again, three attempts in all.
 pub async fn register_if_missing(
     tenant: &kube::Client,
     configuration: &Value,
 ) -> Result<(), kube::Error> {
+    const ATTEMPTS: usize = 3;
+    let api = configurations(tenant);
     let object: DynamicObject =
         serde_json::from_value(configuration.clone()).map_err(kube::Error::SerdeError)?;
-    match configurations(tenant)
-        .create(&PostParams::default(), &object)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if crate::to_host::is_code(&e, 409) => Ok(()),
-        Err(e) => Err(e),
+    let mut conflict = match api.create(&PostParams::default(), &object).await {
+        Ok(_) => return Ok(()),
+        Err(e) if crate::to_host::is_code(&e, 409) => e,
+        Err(e) => return Err(e),
+    };
+    let name = meta(configuration, "name");
+    for _ in 0..ATTEMPTS {
+        let Some(current) = api.get_opt(name).await? else {
+            match api.create(&PostParams::default(), &object).await {
+                Ok(_) => return Ok(()),
+                Err(e) if crate::to_host::is_code(&e, 409) => {
+                    conflict = e;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let mut current = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
+        let Some(added) = with_missing_webhooks(&mut current, configuration) else {
+            return Ok(());
+        };
+        tracing::info!(configuration = %name, webhooks = ?added, "adding the write-through webhooks of newly synced types to the tenant's configuration");
+        let merged: DynamicObject =
+            serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
+        match api.replace(name, &PostParams::default(), &merged).await {
+            Ok(_) => return Ok(()),
+            Err(e) if crate::to_host::is_code(&e, 409) => conflict = e,
+            Err(e) => return Err(e),
+        }
     }
+    Err(conflict)
+}
+
+/// Adds to the configuration `current` the webhooks of `wanted` it has none of
+/// the name of; the names added, `None` when it lacked none.
+fn with_missing_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<String>> {
+    let has: HashSet<String> = current["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["name"].as_str().map(str::to_owned))
+        .collect();
+    let missing: Vec<Value> = wanted["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|w| w["name"].as_str().is_some_and(|n| !has.contains(n)))
+        .cloned()
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let added = missing
+        .iter()
+        .filter_map(|w| w["name"].as_str().map(str::to_owned))
+        .collect();
+    match current["webhooks"].as_array_mut() {
+        Some(webhooks) => webhooks.extend(missing),
+        None => current["webhooks"] = Value::Array(missing),
+    }
+    Some(added)
 }
 
 /// Removes the tenant's write-through configuration (of tenant `tenant_name`),

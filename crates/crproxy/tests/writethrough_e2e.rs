@@ -953,3 +953,60 @@ async fn disabling_the_aggregated_type_removes_its_webhook() -> Result<()> {
     .await;
     Ok(())
 }
+
+/// A type newly written through never goes without its webhook: while a leader
+/// of an earlier configuration, whose registration lacks the type, still leads,
+/// a starting replica adds the type's webhook to it. It points at that standby,
+/// which answers reviews only once it leads, so until then writes of the type
+/// fail closed instead of being stored without the host's validation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newly_synced_type_gets_its_webhook_before_this_replica_leads() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    ns(&tenant, "team");
+    let earlier = r#"{"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "crproxy-writethrough-client"}, "webhooks": []}"#;
+    let out = kc(&tenant, &["create", "-f", "-"], Some(earlier)).await;
+    assert!(out.success(), "{}", out.stderr);
+    let mut options = env.options(
+        "client",
+        &tenant,
+        HOST_NS,
+        None,
+        crproxy_sync::SyncMetrics::new(),
+    )?;
+    options.leader = crproxy_wiring::LeaderHandle::fixed(false);
+    let sync = crproxy_sync::start(options).await?;
+    let configuration = get(
+        &tenant,
+        &[
+            "validatingwebhookconfiguration",
+            "crproxy-writethrough-client",
+        ],
+    )
+    .expect("kept");
+    let names: Vec<&str> = configuration["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["writethrough.gateways.example.net"],
+        "{configuration}"
+    );
+    // A Gateway the host would refuse is not stored: the standby's webhook
+    // fails closed.
+    let out = kc(
+        &tenant,
+        &["create", "-f", "-"],
+        Some(&gateway("edge", 70000, "")),
+    )
+    .await;
+    assert!(!out.success(), "stored without the host's validation");
+    assert!(get(&tenant, &["gateway", "-n", "team", "edge"]).is_none());
+    sync.stop().await;
+    Ok(())
+}

@@ -1697,3 +1697,29 @@ fn only_the_review_path_itself_is_the_review_path() {
         assert!(!is_review_path(other, path), "{other}");
     }
 }
+
+/// A registration of an earlier configuration gains only the webhooks it has
+/// none of the name of; its own stay as they are (the leader's address and CA).
+#[test]
+fn a_registration_gains_only_the_webhooks_it_lacks() {
+    let ours = |name: &str, url: &str| json!({"name": name, "clientConfig": {"url": url}});
+    let wanted = json!({"webhooks": [ours("a.x", "https://me"), ours("b.x", "https://me")]});
+    let mut current =
+        json!({"metadata": {"name": "c"}, "webhooks": [ours("a.x", "https://leader")]});
+    assert_eq!(
+        with_missing_webhooks(&mut current, &wanted),
+        Some(vec!["b.x".to_owned()])
+    );
+    assert_eq!(
+        current["webhooks"],
+        json!([ours("a.x", "https://leader"), ours("b.x", "https://me")])
+    );
+    assert_eq!(with_missing_webhooks(&mut current, &wanted), None);
+    // Registered with no webhooks at all (kube omits an empty list).
+    let mut bare = json!({"metadata": {"name": "c"}});
+    assert_eq!(
+        with_missing_webhooks(&mut bare, &wanted),
+        Some(vec!["a.x".to_owned(), "b.x".to_owned()])
+    );
+    assert_eq!(bare["webhooks"], wanted["webhooks"]);
+}
