@@ -858,7 +858,6 @@ fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
-/// Splits and checks a `customResources` key.
 /// The API groups kube-apiserver 1.32 serves itself (the core group has no
 /// name and cannot be written in a key). Registering one would take the
 /// client's own API away; groups under `k8s.io` that CRDs serve (the Gateway
@@ -889,6 +888,7 @@ const BUILT_IN_GROUPS: &[&str] = &[
     "storagemigration.k8s.io",
 ];
 
+/// Splits and checks a `customResources` key.
 pub fn parse_entry_key(key: &str) -> Result<EntryKey, String> {
     let Some((left, version)) = key.split_once('/') else {
         return Err(format!("a version is required; {KEY_FORMAT}"));

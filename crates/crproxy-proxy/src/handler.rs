@@ -2150,7 +2150,6 @@ fn list_step(code: StatusCode, continuing: bool, restarts: u32, exact: bool) -> 
     }
 }
 
-/// A body or delete options the pin cannot go with (kube would refuse them too): 400.
 /// Whether a 404 Status is kube's answer for a missing namespace `namespace`
 /// (`details: {name: <ns>, kind: namespaces}`), not for a missing object.
 fn names_missing_namespace(answer: &[u8], namespace: &str) -> bool {
@@ -2163,6 +2162,7 @@ fn names_missing_namespace(answer: &[u8], namespace: &str) -> bool {
         && details.get("group").is_none_or(|group| group == "")
 }
 
+/// A body or delete options the pin cannot go with (kube would refuse them too): 400.
 fn precondition_refused(error: &PreconditionError) -> Outcome {
     Outcome::new(
         json_response(
