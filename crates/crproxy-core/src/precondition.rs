@@ -91,7 +91,8 @@ pub fn pin_write(owner: &Owner, body: &mut WriteBody, pin: &Pin) -> Result<(), P
     if matches!(body.body_type, BodyType::Json | BodyType::Yaml) && !names_another_uid(body, pin) {
         match body.resource_version().map_err(unparsable)? {
             CallerValue::Missing => return Err(PreconditionError::NoResourceVersion),
-            CallerValue::Text(caller) if caller.is_empty() => {
+            // kube reads "0" as no resourceVersion too.
+            CallerValue::Text(caller) if caller.is_empty() || caller == "0" => {
                 return Err(PreconditionError::NoResourceVersion)
             }
             CallerValue::Text(_) | CallerValue::Other => {}
@@ -725,6 +726,7 @@ mod tests {
             for sent in [
                 r#"{"metadata":{"name":"a"}}"#,
                 r#"{"metadata":{"name":"a","resourceVersion":""}}"#,
+                r#"{"metadata":{"name":"a","resourceVersion":"0"}}"#,
             ] {
                 assert_eq!(
                     pin_write(&owner(), &mut body(ct, sent), &pin()),
