@@ -101,8 +101,8 @@ impl ClusterConfig {
 
     /// The cluster and user of `context` (or the current context) of a kubeconfig. File
     /// references are read now; relative ones resolve against the kubeconfig's
-    /// directory. A cluster with neither a CA nor `insecure-skip-tls-verify` is
-    /// [`Error::NoCertificateAuthority`].
+    /// directory. An `https` cluster with neither a CA nor
+    /// `insecure-skip-tls-verify` is [`Error::NoCertificateAuthority`].
     pub fn from_kubeconfig(kc: &Kubeconfig, context: Option<&str>) -> Result<Self, Error> {
         let ctx = kc.context(context)?;
         let cluster = kc
@@ -142,8 +142,9 @@ impl ClusterConfig {
         let insecure_skip_tls_verify = cluster.insecure_skip_tls_verify.unwrap_or(false);
         // There are no system roots to fall back on (API servers use private CAs), so
         // without a CA every handshake would fail later with UnknownIssuer; say so now,
-        // where `check-config` and startup see it.
-        if ca_pem.is_none() && !insecure_skip_tls_verify {
+        // where `check-config` and startup see it. A plain `http://` server (a
+        // `kubectl proxy`, say) has no handshake to verify.
+        if ca_pem.is_none() && !insecure_skip_tls_verify && server.scheme() == "https" {
             return Err(Error::NoCertificateAuthority {
                 cluster: ctx.context.cluster.clone(),
             });
