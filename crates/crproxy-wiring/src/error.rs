@@ -20,15 +20,16 @@ pub enum WiringError {
         first: Box<WiringError>,
     },
     /// The APIService of a configured group/version is the client cluster's own
-    /// (a built-in group, or a CRD's group): registering the proxy over it would take
-    /// that API away from the client, so the registrar leaves it and its Service
-    /// alone. Remove the group/version from `experimental.proxy.customResources`.
+    /// (a built-in group, a CRD's group, or another extension API server's):
+    /// registering the proxy over it would take that API away from the client, so
+    /// the registrar leaves it and its Service alone. Remove the group/version from
+    /// `experimental.proxy.customResources`.
     #[error(
         "not registering APIService {name:?}: {why}; crproxy never takes over a \
          group/version the client cluster serves: remove it from \
          experimental.proxy.customResources"
     )]
-    ServedByClient { name: String, why: &'static str },
+    ServedByClient { name: String, why: String },
     /// A registration cannot be expressed: empty group or version, port 0.
     #[error("invalid registration: {0}")]
     Invalid(String),

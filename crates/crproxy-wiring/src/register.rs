@@ -370,23 +370,41 @@ fn repaired(kind: Kind, desired: &Value, live: &Value) -> Value {
     out
 }
 
-/// Why the live APIService is the client cluster's own, served by its API server
-/// rather than through a Service; `None` when it may be registered over (ours, or
-/// one that routes to a Service, which is how a hand-edited one of ours looks).
-fn served_by_client(live: &Value) -> Option<&'static str> {
-    if live["metadata"]["labels"].get(AUTOMANAGED_LABEL).is_some() {
+/// Why the live APIService is the client cluster's own: served by its API server
+/// (no Service), or by another extension API server (a Service other than
+/// `desired`'s, without crproxy's protection label); `None` when it is ours and
+/// may be registered over (labelled as ours, or routed to our Service: a hand-
+/// edited one of ours).
+fn served_by_client(live: &Value, desired: &Value) -> Option<String> {
+    let labels = &live["metadata"]["labels"];
+    if labels.get(AUTOMANAGED_LABEL).is_some() {
         return Some(
             "it is labelled kube-aggregator.kubernetes.io/automanaged: the client's API \
-             server registered it for a group it serves itself",
+             server registered it for a group it serves itself"
+                .into(),
         );
     }
-    if live["spec"].get("service").is_none_or(Value::is_null) {
+    let service = &live["spec"]["service"];
+    if service.is_null() {
         return Some(
             "it has no spec.service: the client's API server serves this group/version \
-             itself (a built-in group or a CRD)",
+             itself (a built-in group or a CRD)"
+                .into(),
         );
     }
-    None
+    let ours = &desired["spec"]["service"];
+    let labelled_ours = labels[names::PROTECTION_LABEL_KEY] == names::PROTECTION_LABEL_VALUE;
+    let routed_to_ours =
+        service["namespace"] == ours["namespace"] && service["name"] == ours["name"];
+    if labelled_ours || routed_to_ours {
+        return None;
+    }
+    Some(format!(
+        "it routes to Service {}/{}, which is not crproxy's: another extension API \
+         server serves this group/version",
+        service["namespace"].as_str().unwrap_or_default(),
+        service["name"].as_str().unwrap_or_default()
+    ))
 }
 
 /// What one reconcile did to an object.
@@ -527,7 +545,7 @@ pub async fn register_all(
         // would only be in an operator's way).
         let live = read(client, Kind::ApiService, namespace, &apiservice).await;
         if let Ok(Some(live)) = &live {
-            if let Some(why) = served_by_client(live) {
+            if let Some(why) = served_by_client(live, &apiservice) {
                 record(Err(WiringError::ServedByClient {
                     name: name_of(&apiservice),
                     why,

@@ -275,8 +275,9 @@ fn invalid_registrations_are_refused() {
 }
 
 /// Which live APIServices are the client cluster's own: local ones (no
-/// `spec.service`) and those kube-aggregator manages; ours, and ones routed to any
-/// Service (a hand-edited one of ours), may be registered over.
+/// `spec.service`), those kube-aggregator manages, and another extension API
+/// server's (routed to a Service not ours, unlabelled); ours, labelled or routed
+/// to our Service (a hand-edited one of ours), may be registered over.
 #[test]
 fn the_clients_own_apiservices_are_recognised() {
     let ours = || desired_apiservice(&cfg(), &reg());
@@ -292,14 +293,32 @@ fn the_clients_own_apiservices_are_recognised() {
         v["metadata"]["labels"] = json!({ AUTOMANAGED_LABEL: value });
         v
     };
-    let cases: [(&str, Value, Option<&str>); 7] = [
+    let cases: [(&str, Value, Option<&str>); 9] = [
         ("ours", ours(), None),
         (
-            "routed elsewhere, unlabelled",
+            "another extension API server's",
             {
                 let mut v = ours();
                 v["metadata"]["labels"] = Value::Null;
                 v["spec"]["service"] = json!({"namespace": "monitoring", "name": "m"});
+                v
+            },
+            Some("routes to Service monitoring/m, which is not crproxy's"),
+        ),
+        (
+            "ours, routed elsewhere by hand",
+            {
+                let mut v = ours();
+                v["spec"]["service"] = json!({"namespace": "monitoring", "name": "m"});
+                v
+            },
+            None,
+        ),
+        (
+            "ours, unlabelled by hand",
+            {
+                let mut v = ours();
+                v["metadata"]["labels"] = Value::Null;
                 v
             },
             None,
@@ -327,7 +346,7 @@ fn the_clients_own_apiservices_are_recognised() {
         ),
     ];
     for (what, live, expected) in cases {
-        let why = served_by_client(&live);
+        let why = served_by_client(&live, &ours());
         match (why, expected) {
             (None, None) => {}
             (Some(why), Some(needle)) => assert!(why.contains(needle), "{what}: {why}"),
