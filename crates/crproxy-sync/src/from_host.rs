@@ -318,9 +318,13 @@ impl FromHost {
                     // else (a tenant admission webhook's, say), and is retried with
                     // the queue's backoff and counted, as any failure.
                     Err(e) if is_code(&e, 409) => {
-                        return match self.tenant_api(key).get_opt(&key.name).await? {
-                            Some(_) => Ok(Outcome::Requeue(Duration::from_millis(200))),
-                            None => Err(e.into()),
+                        return match self.tenant_api(key).get_opt(&key.name).await {
+                            Ok(Some(_)) => Ok(Outcome::Requeue(Duration::from_millis(200))),
+                            Ok(None) => Err(e.into()),
+                            // Without `get` on the type the read cannot tell: the
+                            // refusal stands, with backoff.
+                            Err(read) if is_code(&read, 403) => Err(e.into()),
+                            Err(read) => Err(read.into()),
                         };
                     }
                     Err(e) => return Err(e.into()),
