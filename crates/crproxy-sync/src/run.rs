@@ -25,7 +25,7 @@ use crate::crd::{self, ResolvedType};
 use crate::from_host::FromHost;
 use crate::queue::WorkQueue;
 use crate::to_host::{self, ToHost};
-use crate::writethrough::{self, Gate, WebhookServer, WriteThrough};
+use crate::writethrough::{self, Gate, WebhookServer, WriteThrough, WriterStarted};
 use crate::{SyncError, SyncMetrics};
 
 /// Concurrent reconciles per synced type.
@@ -244,6 +244,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
                 "creating namespace {namespace} on the host"
             )))?;
     }
+    let started = WriterStarted::now();
     let gates: HashMap<String, Arc<Gate>> = resolved
         .iter()
         .filter(|t| t.aggregated && t.resource.direction == Direction::ToHost)
@@ -301,7 +302,10 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             &w.review_path,
             &w.ca_pem,
         );
-        writethrough::webhook_configuration(&options.plan.tenant, &client_config, &types)
+        let mut configuration =
+            writethrough::webhook_configuration(&options.plan.tenant, &client_config, &types);
+        started.stamp(&mut configuration);
+        configuration
     });
     if let Some(configuration) = &registration {
         // Before the generated types are used: without the configuration a tenant
@@ -348,6 +352,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         resync: options.resync,
         gates,
         registration,
+        started,
         leader_endpoint,
     };
     let task = tokio::spawn(supervisor.run(options.leader.clone(), shutdown_rx));
@@ -361,23 +366,43 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     })
 }
 
+/// How [`keep_retiring_write_through`] reports a tenant that forbids it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forbidden {
+    /// At warn: a sync is configured, and a configuration left behind matters.
+    Warn,
+    /// At debug: no sync is configured, so none is likely there, and a
+    /// deployment without the sync's rights must not warn on every start.
+    Quiet,
+}
+
 /// Removes the write-through configuration of tenant `tenant_name` that a
-/// leader of an earlier configuration registered, retrying a failure (1 s, then
+/// leader of an earlier configuration registered (not one a replica started
+/// after `started` wrote: see [`WriterStarted`]), retrying a failure (1 s, then
 /// twice as long each time up to a minute) until it is gone. A tenant that
-/// forbids the removal is told once, at warn: it takes an administrator.
-pub(crate) async fn keep_retiring_write_through(tenant: &kube::Client, tenant_name: &str) {
+/// forbids it is told once, as `forbidden` says: it takes an administrator.
+pub(crate) async fn keep_retiring_write_through(
+    tenant: &kube::Client,
+    tenant_name: &str,
+    started: WriterStarted,
+    forbidden: Forbidden,
+) {
     const MAX_PAUSE: Duration = Duration::from_secs(60);
     let configuration = writethrough::configuration_name(tenant_name);
     let mut pause = Duration::from_secs(1);
     loop {
-        match writethrough::retire(tenant, tenant_name).await {
+        match writethrough::retire(tenant, tenant_name, started).await {
             Ok(true) => {
                 tracing::info!(configuration = %configuration, "removed the write-through webhook from the tenant: no aggregated toHost type is synced");
                 return;
             }
             Ok(false) => return,
             Err(e) if to_host::is_code(&e, 401) || to_host::is_code(&e, 403) => {
-                tracing::warn!(error = %e, configuration = %configuration, "cannot remove the write-through webhook from the tenant; until it is deleted, tenant writes of the types it names are refused");
+                if forbidden == Forbidden::Warn {
+                    tracing::warn!(error = %e, configuration = %configuration, "cannot remove the write-through webhook from the tenant; until it is deleted, tenant writes of the types it names are refused");
+                } else {
+                    tracing::debug!(error = %e, configuration = %configuration, "cannot check the tenant for a write-through webhook");
+                }
                 return;
             }
             Err(e) => {
@@ -424,6 +449,8 @@ struct Supervisor {
     /// The ValidatingWebhookConfiguration the leader keeps registered; `None`
     /// when no type is written through, and the leader removes any left behind.
     registration: Option<serde_json::Value>,
+    /// When this replica started, as the configuration records its writers.
+    started: WriterStarted,
     /// With a Service as the way in: where the leader points it.
     leader_endpoint: Option<LeaderEndpoint>,
 }
@@ -529,8 +556,9 @@ impl Supervisor {
                 // configuration's leader registered would refuse every tenant
                 // write of its types. Its removal holds up no syncer.
                 let (tenant, name) = (self.tenant.clone(), self.plan.tenant.clone());
+                let started = self.started;
                 retiring = Some(AbortOnDrop(tokio::spawn(async move {
-                    keep_retiring_write_through(&tenant, &name).await;
+                    keep_retiring_write_through(&tenant, &name, started, Forbidden::Warn).await;
                 })));
             }
             // Published only once the registration carries this replica's CA, so the

@@ -51,6 +51,7 @@ fn supervisor(tenant: kube::Client, metrics: &Arc<SyncMetrics>) -> Supervisor {
         resync: DEFAULT_RESYNC,
         gates: HashMap::new(),
         registration: None,
+        started: WriterStarted::now(),
         leader_endpoint: None,
     }
 }

@@ -1723,3 +1723,102 @@ fn a_registration_gains_only_the_webhooks_it_lacks() {
     );
     assert_eq!(bare["webhooks"], wanted["webhooks"]);
 }
+
+const CONFIGURATION_PATH: &str =
+    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/crproxy-writethrough-client";
+
+/// The tenant holds this tenant's configuration, last written by a replica
+/// started at `writer` (nanoseconds), with webhooks for `x` (pointing at the
+/// old leader) and `y`; writes are stored as sent.
+fn tenant_with_configuration(writer: u128) -> impl Answer {
+    move |method: &Method, path: &str, body: &Value| match *method {
+        Method::GET if path == CONFIGURATION_PATH => (
+            200,
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": "crproxy-writethrough-client", "uid": "c-1",
+                             "resourceVersion": "4",
+                             "annotations": {WRITER_STARTED_ANNOTATION: writer.to_string()}},
+                "webhooks": [{"name": "x.example", "clientConfig": {"url": "https://old"}},
+                             {"name": "y.example", "clientConfig": {"url": "https://newer"}}],
+            }),
+        ),
+        Method::PUT => (200, body.clone()),
+        Method::DELETE => success(),
+        _ => not_found(),
+    }
+}
+
+/// The writer stamps of a replica started before or after `now`.
+fn stamps() -> (WriterStarted, u128, u128) {
+    let now = WriterStarted::now();
+    let mut stamped = json!({});
+    now.stamp(&mut stamped);
+    let nanos: u128 = stamped["metadata"]["annotations"][WRITER_STARTED_ANNOTATION]
+        .as_str()
+        .and_then(|n| n.parse().ok())
+        .expect("a stamp");
+    (now, nanos - 1_000_000_000, nanos + 1_000_000_000)
+}
+
+/// A replica with no type to write through removes the configuration an older
+/// replica wrote, pinned to the version it read; one that a replica started
+/// after it wrote (the new configuration's, during a rolling update) stays.
+#[tokio::test]
+async fn a_configuration_is_retired_only_when_no_newer_replica_wrote_it() {
+    let (now, older, newer) = stamps();
+    let tenant = FakeApi::start(tenant_with_configuration(older)).await;
+    assert!(retire(&tenant.client, "client", now)
+        .await
+        .expect("retired"));
+    let deletes = tenant.with_method(Method::DELETE);
+    assert_eq!(deletes.len(), 1, "{:?}", tenant.received());
+    assert_eq!(
+        deletes[0].body["preconditions"],
+        json!({"uid": "c-1", "resourceVersion": "4"})
+    );
+    let tenant = FakeApi::start(tenant_with_configuration(newer)).await;
+    assert!(!retire(&tenant.client, "client", now).await.expect("left"));
+    assert!(
+        tenant.with_method(Method::DELETE).is_empty(),
+        "{:?}",
+        tenant.received()
+    );
+}
+
+/// A leader replaces a configuration an older replica wrote with its own; one a
+/// newer replica wrote keeps that replica's webhooks, and the leader only points
+/// its own types' at itself.
+#[tokio::test]
+async fn a_leader_keeps_the_webhooks_of_a_newer_replicas_registration() {
+    let (now, older, newer) = stamps();
+    let mut own = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "crproxy-writethrough-client"},
+        "webhooks": [{"name": "x.example", "clientConfig": {"url": "https://leader"}}],
+    });
+    now.stamp(&mut own);
+    let tenant = FakeApi::start(tenant_with_configuration(older)).await;
+    register(&tenant.client, &own).await.expect("registered");
+    let puts = tenant.with_method(Method::PUT);
+    assert_eq!(puts.len(), 1, "{:?}", tenant.received());
+    assert_eq!(puts[0].body["webhooks"], own["webhooks"]);
+    assert_eq!(puts[0].body["metadata"]["resourceVersion"], "4");
+    let tenant = FakeApi::start(tenant_with_configuration(newer)).await;
+    register(&tenant.client, &own).await.expect("registered");
+    let puts = tenant.with_method(Method::PUT);
+    assert_eq!(puts.len(), 1, "{:?}", tenant.received());
+    assert_eq!(
+        puts[0].body["webhooks"],
+        json!([{"name": "x.example", "clientConfig": {"url": "https://leader"}},
+               {"name": "y.example", "clientConfig": {"url": "https://newer"}}])
+    );
+    assert_eq!(
+        WriterStarted::of(&puts[0].body).map(|_| ()),
+        Some(()),
+        "the newer writer stays recorded"
+    );
+    assert!(WriterStarted::of(&puts[0].body) > Some(now));
+}
