@@ -1754,6 +1754,11 @@ impl GroupVersionProxy {
             }
             if !(created.is_success() || created == StatusCode::CONFLICT || neither_allowed) {
                 tracing::warn!(%namespace, code = created.as_u16(), body = %String::from_utf8_lossy(&body), "creating namespace on target cluster failed");
+                // The target refused the proxy's identity itself: said as any
+                // request's 401 is.
+                if created == StatusCode::UNAUTHORIZED {
+                    return Err(self.target_auth_failed(Reason::Upstream));
+                }
                 return Err(Outcome::new(
                     self.unavailable_response(Some(&format!(
                         "creating namespace {namespace:?} on the target failed with {created}"

@@ -595,6 +595,37 @@ async fn rotate_identity_token(env: &DevEnv, refreshed: Duration) -> Result<()> 
     Ok(())
 }
 
+/// A target that no longer accepts the proxy's identity (its token revoked) is
+/// told to kubectl, through the client's aggregation layer, as the runbook's 401
+/// "auth failed" naming the target, not as the caller's own login failing: for
+/// a read, and for a create whose namespace the target must first be given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_target_identity_is_a_401_auth_failed_through_kubectl() -> Result<()> {
+    let (env, _dir) = env(1, 1).await?;
+    let client = &env.clients[0].kubeconfig;
+    kubectl_ok(client, &["create", "namespace", "demo"]).await?;
+    kubectl_apply(client, "demo", &widget("w1", 1)).await?;
+    kubectl_ok(client, &["create", "namespace", "fresh"]).await?;
+    let token = std::fs::read_to_string(identity_token_file(&env)?)?;
+    env.target.revoke_token(token.trim())?;
+    let read = kubectl(client, &["-n", "demo", "get", "widgets", "w1"], None).await;
+    let created = kubectl(
+        client,
+        &["-n", "fresh", "create", "-f", "-"],
+        Some(&widget("w2", 1).to_string()),
+    )
+    .await;
+    for (what, (ok, _, stderr)) in [("read", read), ("create", created)] {
+        assert!(!ok, "{what} succeeded");
+        assert!(
+            stderr.contains("auth failed: target tenant cluster")
+                && stderr.contains("rejected the proxy's credentials"),
+            "{what}: {stderr}"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_target_token_file_costs_callers_nothing() -> Result<()> {
     // `crproxy dev` gives the identity a tokenFile kubeconfig: read again at the
