@@ -27,9 +27,10 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 /// Starts the sync of a validated configuration, or returns `None` when no sync entry
 /// is enabled. `identity` prefixes this replica's Lease holder identity.
 ///
-/// With no sync entry enabled (or no `sync` section), no syncer runs and nothing
-/// leads, so this replica removes a write-through webhook that an earlier
-/// configuration registered, in the background: left, it would refuse every
+/// With no sync entry enabled (or no `sync` section), no syncer runs here, and
+/// once no replica anywhere leads the sync either, this replica removes a
+/// write-through webhook an earlier configuration registered, in the background
+/// (see [`crate::run::retire_while_no_sync_leads`]): left, it would refuse every
 /// tenant write of the types it names.
 pub async fn start_from_config(
     config: &Config,
@@ -41,7 +42,7 @@ pub async fn start_from_config(
     let plan = match sync::validate(config) {
         Ok(Some(plan)) => plan,
         Ok(None) => {
-            retire_write_through(config, base_dir);
+            retire_write_through(config, base_dir, lease_duration);
             return Ok(None);
         }
         Err(errors) => {
@@ -113,16 +114,11 @@ fn has_sync_section(sync: &sync::SyncConfig) -> bool {
 /// Spawns the removal of the tenant's write-through webhook; a tenant that
 /// cannot be reached is logged, and the start goes on (nothing else needs it).
 /// Without a `sync` section a tenant that forbids the check is not worth a
-/// warning.
-fn retire_write_through(config: &Config, base_dir: &Path) {
+/// warning (a proxy-only deployment may lack the sync's rights).
+fn retire_write_through(config: &Config, base_dir: &Path, lease_duration: Duration) {
     let kubeconfig = tenant_kubeconfig(config, base_dir);
     let tenant_name = config.client.name.clone();
-    let started = crate::writethrough::WriterStarted::now();
-    let forbidden = if has_sync_section(&config.sync) {
-        crate::run::Forbidden::Warn
-    } else {
-        crate::run::Forbidden::Quiet
-    };
+    let warn = has_sync_section(&config.sync);
     tokio::spawn(async move {
         let tenant = match &kubeconfig {
             Some(path) => crate::client::client_from_kubeconfig(path).await,
@@ -130,10 +126,10 @@ fn retire_write_through(config: &Config, base_dir: &Path) {
         };
         match tenant {
             Ok(tenant) => {
-                crate::run::keep_retiring_write_through(&tenant, &tenant_name, started, forbidden)
+                crate::run::retire_while_no_sync_leads(&tenant, &tenant_name, lease_duration, warn)
                     .await
             }
-            Err(e) if forbidden == crate::run::Forbidden::Warn => {
+            Err(e) if warn => {
                 tracing::warn!(error = %e, "cannot check the tenant for a write-through webhook left by an earlier configuration")
             }
             Err(e) => {

@@ -25,7 +25,7 @@ use crate::crd::{self, ResolvedType};
 use crate::from_host::FromHost;
 use crate::queue::WorkQueue;
 use crate::to_host::{self, ToHost};
-use crate::writethrough::{self, Gate, WebhookServer, WriteThrough, WriterStarted};
+use crate::writethrough::{self, Gate, WebhookServer, WriteThrough};
 use crate::{SyncError, SyncMetrics};
 
 /// Concurrent reconciles per synced type.
@@ -244,7 +244,6 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
                 "creating namespace {namespace} on the host"
             )))?;
     }
-    let started = WriterStarted::now();
     let gates: HashMap<String, Arc<Gate>> = resolved
         .iter()
         .filter(|t| t.aggregated && t.resource.direction == Direction::ToHost)
@@ -302,10 +301,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
             &w.review_path,
             &w.ca_pem,
         );
-        let mut configuration =
-            writethrough::webhook_configuration(&options.plan.tenant, &client_config, &types);
-        started.stamp(&mut configuration);
-        configuration
+        writethrough::webhook_configuration(&options.plan.tenant, &client_config, &types)
     });
     if let Some(configuration) = &registration {
         // Before the generated types are used: without the configuration a tenant
@@ -352,7 +348,6 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         resync: options.resync,
         gates,
         registration,
-        started,
         leader_endpoint,
     };
     let task = tokio::spawn(supervisor.run(options.leader.clone(), shutdown_rx));
@@ -366,43 +361,23 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     })
 }
 
-/// How [`keep_retiring_write_through`] reports a tenant that forbids it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Forbidden {
-    /// At warn: a sync is configured, and a configuration left behind matters.
-    Warn,
-    /// At debug: no sync is configured, so none is likely there, and a
-    /// deployment without the sync's rights must not warn on every start.
-    Quiet,
-}
-
 /// Removes the write-through configuration of tenant `tenant_name` that a
-/// leader of an earlier configuration registered (not one a replica started
-/// after `started` wrote: see [`WriterStarted`]), retrying a failure (1 s, then
+/// leader of an earlier configuration registered, retrying a failure (1 s, then
 /// twice as long each time up to a minute) until it is gone. A tenant that
-/// forbids it is told once, as `forbidden` says: it takes an administrator.
-pub(crate) async fn keep_retiring_write_through(
-    tenant: &kube::Client,
-    tenant_name: &str,
-    started: WriterStarted,
-    forbidden: Forbidden,
-) {
+/// forbids the removal is told once, at warn: it takes an administrator.
+pub(crate) async fn keep_retiring_write_through(tenant: &kube::Client, tenant_name: &str) {
     const MAX_PAUSE: Duration = Duration::from_secs(60);
     let configuration = writethrough::configuration_name(tenant_name);
     let mut pause = Duration::from_secs(1);
     loop {
-        match writethrough::retire(tenant, tenant_name, started).await {
+        match writethrough::retire(tenant, tenant_name).await {
             Ok(true) => {
                 tracing::info!(configuration = %configuration, "removed the write-through webhook from the tenant: no aggregated toHost type is synced");
                 return;
             }
             Ok(false) => return,
             Err(e) if to_host::is_code(&e, 401) || to_host::is_code(&e, 403) => {
-                if forbidden == Forbidden::Warn {
-                    tracing::warn!(error = %e, configuration = %configuration, "cannot remove the write-through webhook from the tenant; until it is deleted, tenant writes of the types it names are refused");
-                } else {
-                    tracing::debug!(error = %e, configuration = %configuration, "cannot check the tenant for a write-through webhook");
-                }
+                tracing::warn!(error = %e, configuration = %configuration, "cannot remove the write-through webhook from the tenant; until it is deleted, tenant writes of the types it names are refused");
                 return;
             }
             Err(e) => {
@@ -411,6 +386,79 @@ pub(crate) async fn keep_retiring_write_through(
                 pause = (pause * 2).min(MAX_PAUSE);
             }
         }
+    }
+}
+
+/// For a replica that runs no sync (no entry enabled, or no `sync` section):
+/// removes the write-through configuration of tenant `tenant_name` whenever no
+/// replica leads the sync, checking every `lease_duration`. While one leads
+/// (during a rolling update from a configuration that synced, an old replica
+/// may), the registration is its to keep or remove; once none does, nothing
+/// else would remove it, and a registration left by a leader that has gone
+/// refuses every tenant write of the types it names. A tenant that forbids the
+/// checks ends them, said at warn when `warn` (a sync section is configured).
+pub(crate) async fn retire_while_no_sync_leads(
+    tenant: &kube::Client,
+    tenant_name: &str,
+    lease_duration: Duration,
+    warn: bool,
+) {
+    let leases = ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("coordination.k8s.io", "v1", "Lease"),
+        "leases",
+    );
+    let leases: Api<DynamicObject> = Api::namespaced_with(tenant.clone(), "kube-system", &leases);
+    let lease_name = crproxy_core::names::sync_lease_name(tenant_name);
+    let configuration = writethrough::configuration_name(tenant_name);
+    let mut leader = SyncLeader::default();
+    loop {
+        let checked = match leases.get_opt(&lease_name).await {
+            Ok(lease) if leader.leads(lease.as_ref()) => Ok(false),
+            Ok(_) => writethrough::retire(tenant, tenant_name).await,
+            Err(e) => Err(e),
+        };
+        match checked {
+            Ok(true) => {
+                tracing::info!(configuration = %configuration, "removed the write-through webhook from the tenant: no aggregated toHost type is synced");
+            }
+            Ok(false) => {}
+            Err(e) if to_host::is_code(&e, 401) || to_host::is_code(&e, 403) => {
+                if warn {
+                    tracing::warn!(error = %e, configuration = %configuration, "cannot check the tenant for a write-through webhook; one left behind refuses tenant writes of the types it names until it is deleted");
+                } else {
+                    tracing::debug!(error = %e, configuration = %configuration, "cannot check the tenant for a write-through webhook");
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, configuration = %configuration, "checking the tenant for a write-through webhook failed; retrying");
+            }
+        }
+        tokio::time::sleep(lease_duration).await;
+    }
+}
+
+/// Whether some replica leads the sync, judged as the elector judges a Lease:
+/// held by someone, and its record changed since the previous look (a leader
+/// renews several times per lease duration; looks are a lease duration apart).
+/// Judged on this process's clock alone, so skew between nodes does not matter.
+#[derive(Default)]
+struct SyncLeader {
+    /// The Lease's spec at the previous look.
+    seen: Option<serde_json::Value>,
+}
+
+impl SyncLeader {
+    fn leads(&mut self, lease: Option<&DynamicObject>) -> bool {
+        let spec = lease.and_then(|l| l.data.get("spec")).cloned();
+        let held = spec
+            .as_ref()
+            .and_then(|s| s["holderIdentity"].as_str())
+            .is_some_and(|holder| !holder.is_empty());
+        let first_look = self.seen.is_none();
+        let renewed = spec != self.seen;
+        self.seen = spec;
+        held && (first_look || renewed)
     }
 }
 
@@ -449,8 +497,6 @@ struct Supervisor {
     /// The ValidatingWebhookConfiguration the leader keeps registered; `None`
     /// when no type is written through, and the leader removes any left behind.
     registration: Option<serde_json::Value>,
-    /// When this replica started, as the configuration records its writers.
-    started: WriterStarted,
     /// With a Service as the way in: where the leader points it.
     leader_endpoint: Option<LeaderEndpoint>,
 }
@@ -556,9 +602,8 @@ impl Supervisor {
                 // configuration's leader registered would refuse every tenant
                 // write of its types. Its removal holds up no syncer.
                 let (tenant, name) = (self.tenant.clone(), self.plan.tenant.clone());
-                let started = self.started;
                 retiring = Some(AbortOnDrop(tokio::spawn(async move {
-                    keep_retiring_write_through(&tenant, &name, started, Forbidden::Warn).await;
+                    keep_retiring_write_through(&tenant, &name).await;
                 })));
             }
             // Published only once the registration carries this replica's CA, so the

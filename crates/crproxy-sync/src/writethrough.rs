@@ -1293,12 +1293,6 @@ pub async fn register_if_missing(
         let Some(added) = with_missing_webhooks(&mut current, configuration) else {
             return Ok(());
         };
-        // The later of the two writers: an older leader must not take these out.
-        if let Some(started) = WriterStarted::of(configuration)
-            .filter(|&started| Some(started) > WriterStarted::of(&current))
-        {
-            started.stamp(&mut current);
-        }
         tracing::info!(configuration = %name, webhooks = ?added, "adding the write-through webhooks of newly synced types to the tenant's configuration");
         let merged: DynamicObject =
             serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
@@ -1341,68 +1335,18 @@ fn with_missing_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<Stri
     Some(added)
 }
 
-/// The configuration's annotation naming when the replica that last wrote it
-/// started (Unix time in nanoseconds).
-pub const WRITER_STARTED_ANNOTATION: &str = "crproxy.dev/writer-started-at";
-
-/// When a replica started, as the configuration records its last writer. During
-/// a rolling update the new configuration's replicas start last: a replica leaves
-/// what a replica started after it wrote as it is (it only points its own types'
-/// webhooks at itself when it leads), so an old leader elected mid-rollout
-/// neither removes the new configuration's webhooks nor deletes its registration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct WriterStarted(u128);
-
-impl WriterStarted {
-    pub fn now() -> WriterStarted {
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        WriterStarted(since_epoch.as_nanos())
-    }
-
-    /// The writer a configuration records; `None` for one written before the
-    /// annotation existed, or by hand.
-    pub fn of(configuration: &Value) -> Option<WriterStarted> {
-        configuration["metadata"]["annotations"][WRITER_STARTED_ANNOTATION]
-            .as_str()
-            .and_then(|started| started.parse().ok())
-            .map(WriterStarted)
-    }
-
-    /// Records this writer in `configuration`.
-    pub fn stamp(self, configuration: &mut Value) {
-        configuration["metadata"]["annotations"][WRITER_STARTED_ANNOTATION] =
-            Value::String(self.0.to_string());
-    }
-}
-
-/// Whether `current` was last written by a replica started after `writer`.
-fn written_by_a_newer_replica(current: &Value, writer: Option<WriterStarted>) -> bool {
-    WriterStarted::of(current) > writer
-}
-
 /// Removes the tenant's write-through configuration (of tenant `tenant_name`),
-/// if there is one that no replica started after `started` wrote. Its webhooks
-/// fail closed: left behind once no type is written through, they point at a
-/// listener that no longer answers and every tenant write of the types they
-/// name is refused. `true` when one was removed. The delete is pinned to the
-/// version read, so a registration written in between is not removed unseen.
-pub async fn retire(
-    tenant: &kube::Client,
-    tenant_name: &str,
-    started: WriterStarted,
-) -> Result<bool, kube::Error> {
+/// if there is one. Its webhooks fail closed: left behind once no type is
+/// written through, they point at a listener that no longer answers and every
+/// tenant write of the types they name is refused. `true` when one was removed.
+/// The delete is pinned to the version read, so a registration written in
+/// between (by a leader elected meanwhile) is not removed unseen.
+pub async fn retire(tenant: &kube::Client, tenant_name: &str) -> Result<bool, kube::Error> {
     let api = configurations(tenant);
     let name = configuration_name(tenant_name);
     let Some(current) = api.get_opt(&name).await? else {
         return Ok(false);
     };
-    let current_value = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
-    if written_by_a_newer_replica(&current_value, Some(started)) {
-        tracing::info!(configuration = %name, "the write-through webhook was registered by a replica started after this one; left as it is");
-        return Ok(false);
-    }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: current.metadata.uid.clone(),
@@ -1417,9 +1361,7 @@ pub async fn retire(
     }
 }
 
-/// Creates or replaces the configuration in the tenant, as its leader. One that a
-/// replica started after this one wrote keeps its webhooks: only those of this
-/// replica's types are replaced by (or joined with) this leader's.
+/// Creates or replaces the configuration in the tenant.
 pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<(), kube::Error> {
     let api = configurations(tenant);
     let mut object: DynamicObject =
@@ -1427,14 +1369,7 @@ pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<()
     let name = meta(configuration, "name");
     match api.get_opt(name).await? {
         Some(current) => {
-            let current_value = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
-            if written_by_a_newer_replica(&current_value, WriterStarted::of(configuration)) {
-                let mut merged = current_value;
-                with_own_webhooks(&mut merged, configuration);
-                object = serde_json::from_value(merged).map_err(kube::Error::SerdeError)?;
-            } else {
-                object.metadata.resource_version = current.metadata.resource_version;
-            }
+            object.metadata.resource_version = current.metadata.resource_version;
             api.replace(name, &PostParams::default(), &object).await?;
         }
         None => {
@@ -1442,20 +1377,6 @@ pub async fn register(tenant: &kube::Client, configuration: &Value) -> Result<()
         }
     }
     Ok(())
-}
-
-/// Puts `own`'s webhooks into the configuration `current`: each replaces the one
-/// of its name, or is added.
-fn with_own_webhooks(current: &mut Value, own: &Value) {
-    let own_webhooks = own["webhooks"].as_array().cloned().unwrap_or_default();
-    let mut webhooks = current["webhooks"].as_array().cloned().unwrap_or_default();
-    for webhook in own_webhooks {
-        match webhooks.iter_mut().find(|w| w["name"] == webhook["name"]) {
-            Some(existing) => *existing = webhook,
-            None => webhooks.push(webhook),
-        }
-    }
-    current["webhooks"] = Value::Array(webhooks);
 }
 
 /// The `endpointslice.kubernetes.io/managed-by` value of the leader's EndpointSlice

@@ -1010,3 +1010,49 @@ async fn a_newly_synced_type_gets_its_webhook_before_this_replica_leads() -> Res
     sync.stop().await;
     Ok(())
 }
+
+/// A replica with no sync entry enabled leaves the registration alone while a
+/// sync leader (of another configuration, during a rolling update) holds the
+/// Lease, and removes it once none does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_without_sync_removes_the_webhook_only_once_no_sync_leads() -> Result<()> {
+    let env = Env::new().await;
+    let tenant = env.tenant.kubeconfig.clone();
+    let host = env.host.kubeconfig.clone();
+    let configuration = || {
+        get(
+            &tenant,
+            &[
+                "validatingwebhookconfiguration",
+                "crproxy-writethrough-client",
+            ],
+        )
+    };
+    let lease = Duration::from_secs(2);
+    let start = |yaml: String, identity: &'static str| async move {
+        let config = crproxy_core::config::parse(&yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let started = crproxy_sync::start_from_config(
+            &config,
+            Path::new("/"),
+            crproxy_sync::SyncMetrics::new(),
+            identity,
+            lease,
+        )
+        .await?;
+        anyhow::Ok(started)
+    };
+    let enabled = crproxy::devsync::sync_only_config("client", &tenant, &host);
+    let leading = start(enabled.clone(), "old").await?.expect("a sync");
+    eventually("the leader's registration", configuration).await;
+    let disabled = enabled.replace("enabled: true", "enabled: false");
+    assert!(start(disabled, "new").await?.is_none(), "nothing to sync");
+    // Several looks (one per lease duration) while the old replica leads.
+    tokio::time::sleep(lease * 4).await;
+    assert!(configuration().is_some(), "removed while a sync leads");
+    leading.stop().await;
+    eventually("the registration removed once no sync leads", || {
+        configuration().is_none().then_some(())
+    })
+    .await;
+    Ok(())
+}

@@ -51,7 +51,6 @@ fn supervisor(tenant: kube::Client, metrics: &Arc<SyncMetrics>) -> Supervisor {
         resync: DEFAULT_RESYNC,
         gates: HashMap::new(),
         registration: None,
-        started: WriterStarted::now(),
         leader_endpoint: None,
     }
 }
@@ -380,4 +379,28 @@ fn a_stand_in_stops_a_step_only_while_its_source_exists() {
         reason(too_deep(("tenant", &None), ("host", &stand_in))),
         Ok(())
     );
+}
+
+/// A replica that runs no sync takes the sync as led while the Lease has a
+/// holder whose record moves between looks; an empty holder, a missing Lease or
+/// a record that stood still for a look means no replica leads.
+#[test]
+fn the_sync_is_led_while_its_lease_is_held_and_renewed() {
+    let lease = |holder: &str, renewed: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "crproxy-sync-client", "namespace": "kube-system"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renewed},
+        }))
+        .expect("a lease")
+    };
+    let mut leader = SyncLeader::default();
+    assert!(!leader.leads(None), "no Lease");
+    assert!(leader.leads(Some(&lease("a", "t1"))), "held, first look");
+    assert!(leader.leads(Some(&lease("a", "t2"))), "renewed");
+    assert!(!leader.leads(Some(&lease("a", "t2"))), "stood still");
+    assert!(leader.leads(Some(&lease("b", "t3"))), "taken over");
+    assert!(!leader.leads(Some(&lease("", "t4"))), "released");
+    let mut fresh = SyncLeader::default();
+    assert!(!fresh.leads(Some(&lease("", "t1"))), "released, first look");
 }
