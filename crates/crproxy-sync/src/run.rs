@@ -389,6 +389,23 @@ pub(crate) async fn keep_retiring_write_through(tenant: &kube::Client, tenant_na
     }
 }
 
+/// How often a leader looks at its registration again.
+const REGISTRATION_RECHECK: Duration = Duration::from_secs(15);
+
+/// While this replica leads: every [`REGISTRATION_RECHECK`], puts back the
+/// leader's registration, or webhooks of it, that someone removed (another
+/// replica's cleanup, an administrator). Webhooks it does not have are left
+/// (a starting replica's of a newly synced type). Failures are logged and
+/// looked at again at the next recheck.
+async fn keep_registered(tenant: &kube::Client, configuration: &serde_json::Value) {
+    loop {
+        tokio::time::sleep(REGISTRATION_RECHECK).await;
+        if let Err(e) = writethrough::register_if_missing(tenant, configuration).await {
+            tracing::warn!(error = %e, "checking the write-through webhook's registration in the tenant failed; retrying");
+        }
+    }
+}
+
 /// For a replica that runs no sync (no entry enabled, or no `sync` section):
 /// removes the write-through configuration of tenant `tenant_name` whenever no
 /// replica leads the sync, checking every `lease_duration`. While one leads
@@ -411,32 +428,50 @@ pub(crate) async fn retire_while_no_sync_leads(
     let lease_name = crproxy_core::names::sync_lease_name(tenant_name);
     let configuration = writethrough::configuration_name(tenant_name);
     let mut leader = SyncLeader::default();
+    let mut told_forbidden = false;
     loop {
-        let checked = match leases.get_opt(&lease_name).await {
-            Ok(lease) if leader.leads(lease.as_ref()) => Ok(false),
-            Ok(_) => writethrough::retire(tenant, tenant_name).await,
+        // The registration is read before the Lease is judged, and deleted as
+        // read: one a leader elected after the look writes is a newer version,
+        // which the pinned delete leaves (and the leader re-checks its own).
+        let checked = match writethrough::registration(tenant, tenant_name).await {
+            Ok(None) => Ok(false),
+            Ok(Some(current)) => match leases.get_opt(&lease_name).await {
+                Ok(lease) if leader.leads(lease.as_ref()) => Ok(false),
+                Ok(_) => writethrough::retire_read(tenant, &current).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
+        let mut pause = leader.look_interval(lease_duration);
         match checked {
             Ok(true) => {
                 tracing::info!(configuration = %configuration, "removed the write-through webhook from the tenant: no aggregated toHost type is synced");
             }
             Ok(false) => {}
+            // Rights may come later (a RoleBinding applied after the Pod):
+            // looked at again, less often, and said once.
             Err(e) if to_host::is_code(&e, 401) || to_host::is_code(&e, 403) => {
-                if warn {
+                if warn && !told_forbidden {
                     tracing::warn!(error = %e, configuration = %configuration, "cannot check the tenant for a write-through webhook; one left behind refuses tenant writes of the types it names until it is deleted");
                 } else {
                     tracing::debug!(error = %e, configuration = %configuration, "cannot check the tenant for a write-through webhook");
                 }
-                return;
+                told_forbidden = true;
+                pause = pause.max(FORBIDDEN_PAUSE);
             }
-            Err(e) => {
+            Err(e) if warn => {
                 tracing::warn!(error = %e, configuration = %configuration, "checking the tenant for a write-through webhook failed; retrying");
             }
+            Err(e) => {
+                tracing::debug!(error = %e, configuration = %configuration, "checking the tenant for a write-through webhook failed; retrying");
+            }
         }
-        tokio::time::sleep(lease_duration).await;
+        tokio::time::sleep(pause).await;
     }
 }
+
+/// How long a replica waits before looking again at a tenant that forbade it.
+const FORBIDDEN_PAUSE: Duration = Duration::from_secs(300);
 
 /// Whether some replica leads the sync, judged as the elector judges a Lease:
 /// held by someone, and its record changed since the previous look (a leader
@@ -449,6 +484,18 @@ struct SyncLeader {
 }
 
 impl SyncLeader {
+    /// The time between looks: at least the Lease's own duration (as its holder
+    /// wrote it), so that a leader's record always moves between two looks.
+    fn look_interval(&self, lease_duration: Duration) -> Duration {
+        let written = self
+            .seen
+            .as_ref()
+            .and_then(|spec| spec["leaseDurationSeconds"].as_u64())
+            .map(Duration::from_secs)
+            .unwrap_or_default();
+        lease_duration.max(written)
+    }
+
     fn leads(&mut self, lease: Option<&DynamicObject>) -> bool {
         let spec = lease.and_then(|l| l.data.get("spec")).cloned();
         let held = spec
@@ -580,7 +627,8 @@ impl Supervisor {
             // lost the Lease while the tenant was out of its reach would otherwise
             // overwrite (or remove) the new leader's registration once the tenant
             // answered again.
-            let mut retiring = None;
+            // The task that keeps the registration as this term wants it.
+            let keeping: AbortOnDrop;
             if let Some(configuration) = &self.registration {
                 // Until it is registered, tenant writes of the types are not
                 // written through.
@@ -597,14 +645,22 @@ impl Supervisor {
                         continue;
                     }
                 }
+                // Looked at again while this replica leads, and made whole if a
+                // webhook (or the registration) went missing: a replica that
+                // judged the Lease free just before this term began may have
+                // deleted it.
+                let (tenant, configuration) = (self.tenant.clone(), configuration.clone());
+                keeping = AbortOnDrop(tokio::spawn(async move {
+                    keep_registered(&tenant, &configuration).await;
+                }));
             } else {
                 // No type is written through: a configuration an earlier
                 // configuration's leader registered would refuse every tenant
                 // write of its types. Its removal holds up no syncer.
                 let (tenant, name) = (self.tenant.clone(), self.plan.tenant.clone());
-                retiring = Some(AbortOnDrop(tokio::spawn(async move {
+                keeping = AbortOnDrop(tokio::spawn(async move {
                     keep_retiring_write_through(&tenant, &name).await;
-                })));
+                }));
             }
             // Published only once the registration carries this replica's CA, so the
             // Service never leads to a replica the tenant would not trust. The syncers
@@ -648,7 +704,7 @@ impl Supervisor {
             // workers), also when this task itself is aborted.
             drop(tasks);
             drop(publishing);
-            drop(retiring);
+            drop(keeping);
             if let Some(endpoint) = &self.leader_endpoint {
                 endpoint.withdraw(&self.tenant).await;
             }

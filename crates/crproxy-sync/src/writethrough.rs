@@ -1293,7 +1293,7 @@ pub async fn register_if_missing(
         let Some(added) = with_missing_webhooks(&mut current, configuration) else {
             return Ok(());
         };
-        tracing::info!(configuration = %name, webhooks = ?added, "adding the write-through webhooks of newly synced types to the tenant's configuration");
+        tracing::info!(configuration = %name, webhooks = ?added, "adding missing write-through webhooks to the tenant's configuration");
         let merged: DynamicObject =
             serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
         match api.replace(name, &PostParams::default(), &merged).await {
@@ -1342,11 +1342,30 @@ fn with_missing_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<Stri
 /// The delete is pinned to the version read, so a registration written in
 /// between (by a leader elected meanwhile) is not removed unseen.
 pub async fn retire(tenant: &kube::Client, tenant_name: &str) -> Result<bool, kube::Error> {
+    match registration(tenant, tenant_name).await? {
+        Some(current) => retire_read(tenant, &current).await,
+        None => Ok(false),
+    }
+}
+
+/// The tenant's write-through configuration (of tenant `tenant_name`), if any.
+pub async fn registration(
+    tenant: &kube::Client,
+    tenant_name: &str,
+) -> Result<Option<DynamicObject>, kube::Error> {
+    configurations(tenant)
+        .get_opt(&configuration_name(tenant_name))
+        .await
+}
+
+/// Deletes the configuration `current` as it was read: a registration written
+/// since is left. `true` when it was deleted.
+pub async fn retire_read(
+    tenant: &kube::Client,
+    current: &DynamicObject,
+) -> Result<bool, kube::Error> {
     let api = configurations(tenant);
-    let name = configuration_name(tenant_name);
-    let Some(current) = api.get_opt(&name).await? else {
-        return Ok(false);
-    };
+    let name = current.metadata.name.clone().unwrap_or_default();
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: current.metadata.uid.clone(),

@@ -403,4 +403,9 @@ fn the_sync_is_led_while_its_lease_is_held_and_renewed() {
     assert!(!leader.leads(Some(&lease("", "t4"))), "released");
     let mut fresh = SyncLeader::default();
     assert!(!fresh.leads(Some(&lease("", "t1"))), "released, first look");
+    // Looks are at least the Lease's own duration apart, as its holder wrote it.
+    let second = Duration::from_secs(1);
+    assert_eq!(SyncLeader::default().look_interval(2 * second), 2 * second);
+    assert_eq!(fresh.look_interval(2 * second), 15 * second);
+    assert_eq!(fresh.look_interval(20 * second), 20 * second);
 }
