@@ -85,20 +85,8 @@ pub fn pin_write(owner: &Owner, body: &mut WriteBody, pin: &Pin) -> Result<(), P
         }
         return body.add_operations(tests, Vec::new()).map_err(unparsable);
     }
-    // A replacement without a resourceVersion is refused as kube refuses it for
-    // a custom resource; a patch needs none. One naming another uid is sent for
-    // the target to refuse: kube checks the uid precondition first.
-    if matches!(body.body_type, BodyType::Json | BodyType::Yaml) && !names_another_uid(body, pin) {
-        match body.resource_version().map_err(unparsable)? {
-            CallerValue::Missing => return Err(PreconditionError::NoResourceVersion),
-            // kube reads "0" as no resourceVersion too.
-            CallerValue::Text(caller) if caller.is_empty() || caller == "0" => {
-                return Err(PreconditionError::NoResourceVersion)
-            }
-            CallerValue::Text(_) | CallerValue::Other => {}
-        }
-    }
-    pin_metadata(body, pin)
+    let replacement = matches!(body.body_type, BodyType::Json | BodyType::Yaml);
+    pin_metadata(body, pin, replacement)
 }
 
 /// Pins a PUT or PATCH of a subresource whose body is a view of the object, not
@@ -113,24 +101,40 @@ pub fn pin_view_write(body: &mut WriteBody, pin: &Pin) -> Result<(), Preconditio
         ];
         return body.add_operations(tests, Vec::new()).map_err(unparsable);
     }
-    pin_metadata(body, pin)
+    // A view is a replacement too, but kube writes a Scale without a
+    // resourceVersion onto the object's current one.
+    pin_metadata(body, pin, false)
 }
 
 /// Sets the checked uid and resourceVersion in a body's own metadata; a caller's
-/// own different resourceVersion is a conflict.
+/// own different resourceVersion is a conflict. A `replacement` (a PUT of the
+/// object) must name its resourceVersion, as kube requires of a custom resource
+/// ("0" reads as none), unless it names another uid, which the target refuses
+/// first, as kube checks the uid precondition first; a patch needs none.
 ///
 /// A caller's own uid stays as sent: it is the caller's precondition (a PUT) or
 /// a change kube refuses (a patch), and the target answers it as kube would.
 /// Writing the checked uid over it would let a write meant for one incarnation
 /// of the object land on the next. The checked resourceVersion alone holds the
 /// write to the checked state, since no other state of any object has it.
-fn pin_metadata(body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError> {
+fn pin_metadata(
+    body: &mut WriteBody,
+    pin: &Pin,
+    replacement: bool,
+) -> Result<(), PreconditionError> {
+    let uid = callers_uid(body).map_err(unparsable)?;
+    let needs_version = replacement && !is_another_uid(uid.as_ref(), pin);
+    let names_uid = uid.is_some();
     match body.resource_version().map_err(unparsable)? {
+        CallerValue::Missing if needs_version => return Err(PreconditionError::NoResourceVersion),
+        CallerValue::Text(caller) if needs_version && (caller.is_empty() || caller == "0") => {
+            return Err(PreconditionError::NoResourceVersion)
+        }
         CallerValue::Missing => {}
         CallerValue::Text(caller) if caller.is_empty() || caller == pin.resource_version => {}
         CallerValue::Text(_) | CallerValue::Other => return Err(PreconditionError::Stale),
     }
-    if callers_uid(body).map_err(unparsable)?.is_none() {
+    if !names_uid {
         body.set_metadata_field("uid", Some(&pin.uid))
             .map_err(unparsable)?;
     }
@@ -143,10 +147,15 @@ fn pin_metadata(body: &mut WriteBody, pin: &Pin) -> Result<(), PreconditionError
 /// holds (a PUT's uid precondition fails, a patch may not change the uid), so
 /// sending it pinned to that state only settles the wording of the refusal.
 pub fn names_another_uid(body: &WriteBody, pin: &Pin) -> bool {
-    match callers_uid(body) {
-        Ok(Some(CallerValue::Text(uid))) => uid != pin.uid,
-        Ok(Some(_)) => true,
-        Ok(None) | Err(_) => false,
+    callers_uid(body).is_ok_and(|uid| is_another_uid(uid.as_ref(), pin))
+}
+
+/// Whether a caller's uid ([`callers_uid`]) is other than the pinned one.
+fn is_another_uid(uid: Option<&CallerValue<'_>>, pin: &Pin) -> bool {
+    match uid {
+        Some(CallerValue::Text(uid)) => *uid != pin.uid,
+        Some(_) => true,
+        None => false,
     }
 }
 
