@@ -1524,8 +1524,6 @@ impl GroupVersionProxy {
         if !crproxy_core::config::is_dns_label(namespace) {
             return Err(namespace_missing(namespace));
         }
-        // A DNS-1123 label needs no escaping.
-        let client_path = format!("/api/v1/namespaces/{namespace}");
         // The watch-fed cache answers from memory; a miss may only mean the
         // namespace was created a moment ago, so it is confirmed with a GET, and so
         // is a namespace it shows terminating when that would refuse a create.
@@ -1536,8 +1534,7 @@ impl GroupVersionProxy {
         };
         let creates_refused = state == NamespaceState::Terminating && may_create;
         if !creates_refused {
-            self.ensure_target_namespace(namespace, &client_path, deadline)
-                .await?;
+            self.ensure_target_namespace(namespace, deadline).await?;
         }
         Ok(creates_refused)
     }
@@ -1630,9 +1627,7 @@ impl GroupVersionProxy {
             Err(outcome) => return outcome,
         };
         if precondition::names_a_uid(&document) {
-            return self
-                .forward_pinned(exchange, None, PinnedRequest::Body(bytes.to_vec()))
-                .await;
+            return self.forward_write(exchange, None, bytes.clone()).await;
         }
         let media_type = Some(document.body_type.media_type());
         // The uid the last attempt was pinned to, and the target's refusal of it.
@@ -1656,9 +1651,7 @@ impl GroupVersionProxy {
                 Ok(_) => None,
             };
             let Some(uid) = uid else {
-                return self
-                    .forward_pinned(exchange, None, PinnedRequest::Body(bytes.to_vec()))
-                    .await;
+                return self.forward_write(exchange, None, bytes.clone()).await;
             };
             // The object the apply was refused for is still there: the refusal
             // was the apply's own (a field conflict, say), not the pin's.
@@ -1705,19 +1698,20 @@ impl GroupVersionProxy {
         )
     }
 
-    /// Mirrors the namespace onto the target unless it is known to be there.
+    /// Mirrors the namespace (a DNS-1123 label, which needs no escaping) onto the
+    /// target unless it is known to be there.
     async fn ensure_target_namespace(
         &self,
         namespace: &str,
-        client_path: &str,
         deadline: Instant,
     ) -> Result<(), Outcome> {
         if locks::lock(&self.target_namespaces).contains(namespace) {
             return Ok(());
         }
+        let path = format!("/api/v1/namespaces/{namespace}");
         let (code, _) = self
             .target
-            .call(deadline, Method::GET, client_path, None)
+            .call(deadline, Method::GET, &path, None)
             .await
             .map_err(|e| self.unavailable(e))?;
         if code.is_server_error() {
@@ -1849,9 +1843,8 @@ impl GroupVersionProxy {
             return Outcome::new(Response::from_parts(parts, transport::full(answer)), reason);
         }
         // `forward` forgot the namespace on the 404: this mirrors it again.
-        let client_path = format!("/api/v1/namespaces/{namespace}");
         if let Err(outcome) = self
-            .ensure_target_namespace(namespace, &client_path, exchange.deadline)
+            .ensure_target_namespace(namespace, exchange.deadline)
             .await
         {
             return outcome;
@@ -2008,7 +2001,6 @@ impl Drop for Unanswered<'_> {
 /// stalls in its body) must not hold discovery for the whole request deadline.
 const DISCOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 
-/// Peer-availability reasons: the pool refused before any dial.
 /// Whether the target's answer to a pinned write may be the pin's refusal: a
 /// precondition that failed (409), or a uid the object no longer has (422, the
 /// uid is immutable).
@@ -2016,6 +2008,7 @@ fn pin_may_have_refused(code: StatusCode) -> bool {
     code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY
 }
 
+/// Peer-availability reasons: the pool refused before any dial.
 fn is_availability(reason: Reason) -> bool {
     matches!(
         reason,
