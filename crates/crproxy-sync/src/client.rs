@@ -34,6 +34,14 @@ async fn client(path: &Path, retry: bool) -> Result<kube::Client, SyncError> {
     client_for(&cluster, &namespace, retry).map_err(error)
 }
 
+/// The tenant's client: from its kubeconfig, else as [`inferred_client`].
+pub async fn tenant_client(kubeconfig: Option<&Path>) -> Result<kube::Client, SyncError> {
+    match kubeconfig {
+        Some(path) => client_from_kubeconfig(path).await,
+        None => inferred_client().await,
+    }
+}
+
 /// A kube `Client` from the kubeconfig kubectl would use, else the pod's service
 /// account.
 pub async fn inferred_client() -> Result<kube::Client, SyncError> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crproxy_core::config::{sync, Config};
 use crproxy_wiring::{LeaderElector, LeaseConfig};
 
-use crate::run::{start, SyncHandle, SyncOptions, DEFAULT_RESYNC};
+use crate::run::{keep_retired, start, Retirer, SyncHandle, SyncOptions, DEFAULT_RESYNC};
 use crate::{SyncError, SyncMetrics};
 
 /// Lease timings: a standby takes over at most `LEASE_DURATION` after the leader
@@ -30,7 +30,7 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 /// With no sync entry enabled (or no `sync` section), no syncer runs here, and
 /// once no replica anywhere leads the sync either, this replica removes a
 /// write-through webhook an earlier configuration registered, in the background
-/// (see [`crate::run::retire_while_no_sync_leads`]): left, it would refuse every
+/// (see [`Retirer::WhileNoneLeads`]): left, it would refuse every
 /// tenant write of the types it names.
 pub async fn start_from_config(
     config: &Config,
@@ -120,14 +120,10 @@ fn retire_write_through(config: &Config, base_dir: &Path, lease_duration: Durati
     let tenant_name = config.client.name.clone();
     let warn = has_sync_section(&config.sync);
     tokio::spawn(async move {
-        let tenant = match &kubeconfig {
-            Some(path) => crate::client::client_from_kubeconfig(path).await,
-            None => crate::client::inferred_client().await,
-        };
-        match tenant {
+        match crate::client::tenant_client(kubeconfig.as_deref()).await {
             Ok(tenant) => {
-                crate::run::retire_while_no_sync_leads(&tenant, &tenant_name, lease_duration, warn)
-                    .await
+                let retirer = Retirer::while_none_leads(&tenant, &tenant_name);
+                keep_retired(&tenant, &tenant_name, lease_duration, retirer, warn).await
             }
             Err(e) if warn => {
                 tracing::warn!(error = %e, "cannot check the tenant for a write-through webhook left by an earlier configuration")

@@ -20,7 +20,7 @@ use kube::runtime::WatchStreamExt;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::client::{client_from_kubeconfig, inferred_client};
+use crate::client::{client_from_kubeconfig, tenant_client};
 use crate::crd::{self, ResolvedType};
 use crate::from_host::FromHost;
 use crate::queue::WorkQueue;
@@ -208,10 +208,7 @@ impl SyncHandle {
 /// first type the host does not serve), then syncs while `options.leader` leads.
 pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     let host = client_from_kubeconfig(&options.host_kubeconfig).await?;
-    let tenant = match &options.tenant_kubeconfig {
-        Some(path) => client_from_kubeconfig(path).await?,
-        None => inferred_client().await?,
-    };
+    let tenant = tenant_client(options.tenant_kubeconfig.as_deref()).await?;
     let mut resolved = Vec::new();
     for resource in &options.plan.resources {
         let ty = crd::resolve(&host, &tenant, resource).await?;
@@ -361,34 +358,6 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
     })
 }
 
-/// Removes the write-through configuration of tenant `tenant_name` that a
-/// leader of an earlier configuration registered, retrying a failure (1 s, then
-/// twice as long each time up to a minute) until it is gone. A tenant that
-/// forbids the removal is told once, at warn: it takes an administrator.
-pub(crate) async fn keep_retiring_write_through(tenant: &kube::Client, tenant_name: &str) {
-    const MAX_PAUSE: Duration = Duration::from_secs(60);
-    let configuration = writethrough::configuration_name(tenant_name);
-    let mut pause = Duration::from_secs(1);
-    loop {
-        match writethrough::retire(tenant, tenant_name).await {
-            Ok(true) => {
-                tracing::info!(configuration = %configuration, "removed the write-through webhook from the tenant: no aggregated toHost type is synced");
-                return;
-            }
-            Ok(false) => return,
-            Err(e) if to_host::is_code(&e, 401) || to_host::is_code(&e, 403) => {
-                tracing::warn!(error = %e, configuration = %configuration, "cannot remove the write-through webhook from the tenant; until it is deleted, tenant writes of the types it names are refused");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, configuration = %configuration, "removing the write-through webhook from the tenant failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_PAUSE);
-            }
-        }
-    }
-}
-
 /// How often a leader looks at its registration again.
 const REGISTRATION_RECHECK: Duration = Duration::from_secs(15);
 
@@ -406,50 +375,90 @@ async fn keep_registered(tenant: &kube::Client, configuration: &serde_json::Valu
     }
 }
 
-/// For a replica that runs no sync (no entry enabled, or no `sync` section):
-/// removes the write-through configuration of tenant `tenant_name` whenever no
-/// replica leads the sync, checking every `lease_duration`. While one leads
-/// (during a rolling update from a configuration that synced, an old replica
-/// may), the registration is its to keep or remove; once none does, nothing
-/// else would remove it, and a registration left by a leader that has gone
-/// refuses every tenant write of the types it names. A tenant that forbids the
-/// checks ends them, said at warn when `warn` (a sync section is configured).
-pub(crate) async fn retire_while_no_sync_leads(
+/// Who decides that the write-through registration goes.
+pub(crate) enum Retirer {
+    /// The sync's leader, whose configuration writes no type through.
+    Leader,
+    /// A replica that runs no sync (no entry enabled, or no `sync` section): only
+    /// when no replica leads the sync. While one leads (during a rolling update
+    /// from a configuration that synced, an old replica may), the registration
+    /// is its to keep or remove; once none does, nothing else would remove it.
+    WhileNoneLeads(Box<SyncLease>),
+}
+
+/// The sync's Lease, and what a replica that runs no sync saw of it.
+pub(crate) struct SyncLease {
+    leases: Api<DynamicObject>,
+    name: String,
+    leader: SyncLeader,
+}
+
+impl Retirer {
+    /// For a replica that runs no sync, of tenant `tenant_name`.
+    pub(crate) fn while_none_leads(tenant: &kube::Client, tenant_name: &str) -> Retirer {
+        let leases = ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("coordination.k8s.io", "v1", "Lease"),
+            "leases",
+        );
+        Retirer::WhileNoneLeads(Box::new(SyncLease {
+            leases: Api::namespaced_with(tenant.clone(), "kube-system", &leases),
+            name: crproxy_core::names::sync_lease_name(tenant_name),
+            leader: SyncLeader::default(),
+        }))
+    }
+
+    /// Whether the registration may go now.
+    async fn may_retire(&mut self) -> Result<bool, kube::Error> {
+        match self {
+            Retirer::Leader => Ok(true),
+            Retirer::WhileNoneLeads(lease) => {
+                let found = lease.leases.get_opt(&lease.name).await?;
+                Ok(!lease.leader.leads(found.as_ref()))
+            }
+        }
+    }
+
+    /// The time until the next look, `every` at the least.
+    fn interval(&self, every: Duration) -> Duration {
+        match self {
+            Retirer::Leader => every,
+            Retirer::WhileNoneLeads(lease) => lease.leader.look_interval(every),
+        }
+    }
+}
+
+/// Keeps the write-through registration of tenant `tenant_name` removed, as
+/// `retirer` may: looks every `every`, reads the registration before it judges
+/// and deletes it as read (one written after the judgement is a newer version,
+/// which the pinned delete leaves, and a leader re-checks its own). A left
+/// registration refuses every tenant write of the types it names. Failures are
+/// logged (at warn when `warn`: a sync is configured) and looked at again; a
+/// tenant that forbids it is said once and looked at every 5 minutes (rights may
+/// come later, a RoleBinding applied after the Pod). Runs until aborted.
+pub(crate) async fn keep_retired(
     tenant: &kube::Client,
     tenant_name: &str,
-    lease_duration: Duration,
+    every: Duration,
+    mut retirer: Retirer,
     warn: bool,
 ) {
-    let leases = ApiResource::from_gvk_with_plural(
-        &kube::core::GroupVersionKind::gvk("coordination.k8s.io", "v1", "Lease"),
-        "leases",
-    );
-    let leases: Api<DynamicObject> = Api::namespaced_with(tenant.clone(), "kube-system", &leases);
-    let lease_name = crproxy_core::names::sync_lease_name(tenant_name);
     let configuration = writethrough::configuration_name(tenant_name);
-    let mut leader = SyncLeader::default();
     let mut told_forbidden = false;
     loop {
-        // The registration is read before the Lease is judged, and deleted as
-        // read: one a leader elected after the look writes is a newer version,
-        // which the pinned delete leaves (and the leader re-checks its own).
         let checked = match writethrough::registration(tenant, tenant_name).await {
             Ok(None) => Ok(false),
-            Ok(Some(current)) => match leases.get_opt(&lease_name).await {
-                Ok(lease) if leader.leads(lease.as_ref()) => Ok(false),
-                Ok(_) => writethrough::retire_read(tenant, &current).await,
-                Err(e) => Err(e),
+            Ok(Some(current)) => match retirer.may_retire().await {
+                Ok(true) => writethrough::retire_read(tenant, &current).await,
+                other => other.map(|_| false),
             },
             Err(e) => Err(e),
         };
-        let mut pause = leader.look_interval(lease_duration);
+        let mut pause = retirer.interval(every);
         match checked {
             Ok(true) => {
                 tracing::info!(configuration = %configuration, "removed the write-through webhook from the tenant: no aggregated toHost type is synced");
             }
             Ok(false) => {}
-            // Rights may come later (a RoleBinding applied after the Pod):
-            // looked at again, less often, and said once.
             Err(e) if to_host::is_code(&e, 401) || to_host::is_code(&e, 403) => {
                 if warn && !told_forbidden {
                     tracing::warn!(error = %e, configuration = %configuration, "cannot check the tenant for a write-through webhook; one left behind refuses tenant writes of the types it names until it is deleted");
@@ -478,7 +487,7 @@ const FORBIDDEN_PAUSE: Duration = Duration::from_secs(300);
 /// renews several times per lease duration; looks are a lease duration apart).
 /// Judged on this process's clock alone, so skew between nodes does not matter.
 #[derive(Default)]
-struct SyncLeader {
+pub(crate) struct SyncLeader {
     /// The Lease's spec at the previous look.
     seen: Option<serde_json::Value>,
 }
@@ -659,7 +668,7 @@ impl Supervisor {
                 // write of its types. Its removal holds up no syncer.
                 let (tenant, name) = (self.tenant.clone(), self.plan.tenant.clone());
                 keeping = AbortOnDrop(tokio::spawn(async move {
-                    keep_retiring_write_through(&tenant, &name).await;
+                    keep_retired(&tenant, &name, REGISTRATION_RECHECK, Retirer::Leader, true).await;
                 }));
             }
             // Published only once the registration carries this replica's CA, so the

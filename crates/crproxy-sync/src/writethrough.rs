@@ -1270,39 +1270,35 @@ pub async fn register_if_missing(
 ) -> Result<(), kube::Error> {
     const ATTEMPTS: usize = 3;
     let api = configurations(tenant);
-    let object: DynamicObject =
-        serde_json::from_value(configuration.clone()).map_err(kube::Error::SerdeError)?;
-    let mut conflict = match api.create(&PostParams::default(), &object).await {
-        Ok(_) => return Ok(()),
-        Err(e) if crate::to_host::is_code(&e, 409) => e,
-        Err(e) => return Err(e),
-    };
     let name = meta(configuration, "name");
-    for _ in 0..ATTEMPTS {
-        let Some(current) = api.get_opt(name).await? else {
-            match api.create(&PostParams::default(), &object).await {
-                Ok(_) => return Ok(()),
-                Err(e) if crate::to_host::is_code(&e, 409) => {
-                    conflict = e;
-                    continue;
-                }
-                Err(e) => return Err(e),
+    let object = |value: Value| -> Result<DynamicObject, kube::Error> {
+        serde_json::from_value(value).map_err(kube::Error::SerdeError)
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let written = match api.get_opt(name).await? {
+            None => {
+                api.create(&PostParams::default(), &object(configuration.clone())?)
+                    .await
+            }
+            Some(current) => {
+                let mut current =
+                    serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
+                let Some(added) = with_missing_webhooks(&mut current, configuration) else {
+                    return Ok(());
+                };
+                tracing::info!(configuration = %name, webhooks = ?added, "adding missing write-through webhooks to the tenant's configuration");
+                api.replace(name, &PostParams::default(), &object(current)?)
+                    .await
             }
         };
-        let mut current = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
-        let Some(added) = with_missing_webhooks(&mut current, configuration) else {
-            return Ok(());
-        };
-        tracing::info!(configuration = %name, webhooks = ?added, "adding missing write-through webhooks to the tenant's configuration");
-        let merged: DynamicObject =
-            serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
-        match api.replace(name, &PostParams::default(), &merged).await {
+        match written {
             Ok(_) => return Ok(()),
-            Err(e) if crate::to_host::is_code(&e, 409) => conflict = e,
+            Err(e) if crate::to_host::is_code(&e, 409) && attempt < ATTEMPTS => {}
             Err(e) => return Err(e),
         }
     }
-    Err(conflict)
 }
 
 /// Adds to the configuration `current` the webhooks of `wanted` it has none of
@@ -1335,19 +1331,6 @@ fn with_missing_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<Stri
     Some(added)
 }
 
-/// Removes the tenant's write-through configuration (of tenant `tenant_name`),
-/// if there is one. Its webhooks fail closed: left behind once no type is
-/// written through, they point at a listener that no longer answers and every
-/// tenant write of the types they name is refused. `true` when one was removed.
-/// The delete is pinned to the version read, so a registration written in
-/// between (by a leader elected meanwhile) is not removed unseen.
-pub async fn retire(tenant: &kube::Client, tenant_name: &str) -> Result<bool, kube::Error> {
-    match registration(tenant, tenant_name).await? {
-        Some(current) => retire_read(tenant, &current).await,
-        None => Ok(false),
-    }
-}
-
 /// The tenant's write-through configuration (of tenant `tenant_name`), if any.
 pub async fn registration(
     tenant: &kube::Client,
@@ -1358,8 +1341,11 @@ pub async fn registration(
         .await
 }
 
-/// Deletes the configuration `current` as it was read: a registration written
-/// since is left. `true` when it was deleted.
+/// Removes the tenant's write-through configuration `current`, as it was read: a
+/// registration written since (by a leader elected meanwhile) is left. Its
+/// webhooks fail closed: left behind once no type is written through, they point
+/// at a listener that no longer answers and every tenant write of the types they
+/// name is refused. `true` when it was deleted.
 pub async fn retire_read(
     tenant: &kube::Client,
     current: &DynamicObject,
