@@ -91,6 +91,12 @@ fn gateway(name: &str, port: u32, labels: &str) -> String {
     )
 }
 
+/// The tenant's write-through registration (of the tenant `client`), or `None`.
+fn registration(tenant: &Path) -> Option<Value> {
+    let name = crproxy_sync::writethrough::configuration_name("client");
+    get(tenant, &["validatingwebhookconfiguration", &name])
+}
+
 async fn get_json(kubeconfig: &Path, args: &[&str]) -> Option<Value> {
     let mut all = vec!["get"];
     all.extend_from_slice(args);
@@ -190,13 +196,7 @@ async fn tenant_writes_of_an_aggregated_type_are_validated_by_the_host_before_th
     ns(&tenant, "team");
     // The leader registers the webhook once it leads; wait for it.
     eventually("the write-through webhook registered", || {
-        get(
-            &tenant,
-            &[
-                "validatingwebhookconfiguration",
-                "crproxy-writethrough-client",
-            ],
-        )
+        registration(&tenant)
     })
     .await;
     // Writes before the syncer's caches are synced get 503; wait until they pass.
@@ -749,16 +749,7 @@ async fn the_tenant_reaches_the_webhook_by_url() -> Result<()> {
     let host = env.host.kubeconfig.clone();
     ns(&tenant, "team");
     let base = crproxy::devsync::sync_only_config("client", &tenant, &host);
-    let configuration = || {
-        get(
-            &tenant,
-            &[
-                "validatingwebhookconfiguration",
-                "crproxy-writethrough-client",
-            ],
-        )
-        .expect("registered")
-    };
+    let configuration = || registration(&tenant).expect("registered");
 
     let port = crproxy::devenv::free_port()?;
     let yaml = format!(
@@ -895,15 +886,7 @@ async fn disabling_the_aggregated_type_removes_its_webhook() -> Result<()> {
     let tenant = env.tenant.kubeconfig.clone();
     let host = env.host.kubeconfig.clone();
     ns(&tenant, "team");
-    let configuration = || {
-        get(
-            &tenant,
-            &[
-                "validatingwebhookconfiguration",
-                "crproxy-writethrough-client",
-            ],
-        )
-    };
+    let configuration = || registration(&tenant);
     let enabled = crproxy::devsync::sync_only_config("client", &tenant, &host);
     let gateways = "      gateways.example.net/v1:\n        enabled: true";
     assert!(enabled.contains(gateways));
@@ -937,15 +920,7 @@ async fn disabling_the_aggregated_type_removes_its_webhook() -> Result<()> {
     let sync = env.start("client").await?;
     eventually("the write-through webhook registered again", configuration).await;
     sync.stop().await;
-    let config = crproxy_core::config::parse(&all_disabled).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let started = crproxy_sync::start_from_config(
-        &config,
-        Path::new("/"),
-        crproxy_sync::SyncMetrics::new(),
-        "disabled",
-        Duration::from_secs(3),
-    )
-    .await?;
+    let started = Env::start_from_yaml(&all_disabled, "disabled", Duration::from_secs(3)).await?;
     assert!(started.is_none(), "nothing to sync");
     eventually("the webhook removed at start", || {
         configuration().is_none().then_some(())
@@ -978,14 +953,7 @@ async fn a_newly_synced_type_gets_its_webhook_before_this_replica_leads() -> Res
     )?;
     options.leader = crproxy_wiring::LeaderHandle::fixed(false);
     let sync = crproxy_sync::start(options).await?;
-    let configuration = get(
-        &tenant,
-        &[
-            "validatingwebhookconfiguration",
-            "crproxy-writethrough-client",
-        ],
-    )
-    .expect("kept");
+    let configuration = registration(&tenant).expect("kept");
     let names: Vec<&str> = configuration["webhooks"]
         .as_array()
         .into_iter()
@@ -1019,34 +987,21 @@ async fn a_replica_without_sync_removes_the_webhook_only_once_no_sync_leads() ->
     let env = Env::new().await;
     let tenant = env.tenant.kubeconfig.clone();
     let host = env.host.kubeconfig.clone();
-    let configuration = || {
-        get(
-            &tenant,
-            &[
-                "validatingwebhookconfiguration",
-                "crproxy-writethrough-client",
-            ],
-        )
-    };
+    let configuration = || registration(&tenant);
     // Long enough that a loaded machine does not make the leader miss a renewal.
     let lease = Duration::from_secs(5);
-    let start = |yaml: String, identity: &'static str| async move {
-        let config = crproxy_core::config::parse(&yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let started = crproxy_sync::start_from_config(
-            &config,
-            Path::new("/"),
-            crproxy_sync::SyncMetrics::new(),
-            identity,
-            lease,
-        )
-        .await?;
-        anyhow::Ok(started)
-    };
     let enabled = crproxy::devsync::sync_only_config("client", &tenant, &host);
-    let leading = start(enabled.clone(), "old").await?.expect("a sync");
+    let leading = Env::start_from_yaml(&enabled, "old", lease)
+        .await?
+        .expect("a sync");
     eventually("the leader's registration", configuration).await;
     let disabled = enabled.replace("enabled: true", "enabled: false");
-    assert!(start(disabled, "new").await?.is_none(), "nothing to sync");
+    assert!(
+        Env::start_from_yaml(&disabled, "new", lease)
+            .await?
+            .is_none(),
+        "nothing to sync"
+    );
     // Several looks (one per lease duration) while the old replica leads.
     tokio::time::sleep(lease * 3).await;
     assert!(configuration().is_some(), "removed while a sync leads");
@@ -1065,15 +1020,7 @@ async fn a_replica_without_sync_removes_the_webhook_only_once_no_sync_leads() ->
 async fn a_registration_removed_under_its_leader_is_put_back() -> Result<()> {
     let env = Env::new().await;
     let tenant = env.tenant.kubeconfig.clone();
-    let configuration = || {
-        get(
-            &tenant,
-            &[
-                "validatingwebhookconfiguration",
-                "crproxy-writethrough-client",
-            ],
-        )
-    };
+    let configuration = || registration(&tenant);
     let sync = env.start("client").await?;
     eventually("the leader's registration", configuration).await;
     let out = kc(

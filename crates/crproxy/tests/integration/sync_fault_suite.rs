@@ -107,20 +107,13 @@ async fn only_the_leader_syncs_and_a_standby_takes_over_when_it_dies() -> Result
     let env = Env::new().await;
     let (host, tenant) = (env.host.kubeconfig.clone(), env.tenant.kubeconfig.clone());
     let yaml = crproxy::devsync::sync_only_config("client", &tenant, &host);
-    let config = crproxy_core::config::parse(&yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
     let lease = Duration::from_secs(3);
     let start = |id: &'static str| {
-        let config = config.clone();
+        let yaml = yaml.clone();
         async move {
-            crproxy_sync::start_from_config(
-                &config,
-                std::path::Path::new("/"),
-                crproxy_sync::SyncMetrics::new(),
-                id,
-                lease,
-            )
-            .await
-            .map(|h| h.expect("sync enabled"))
+            Env::start_from_yaml(&yaml, id, lease)
+                .await
+                .map(|h| h.expect("sync enabled"))
         }
     };
     let a = start("a").await?;

@@ -61,6 +61,26 @@ impl Env {
         .await
     }
 
+    /// The sync of configuration `yaml` as `crproxy run` starts it (elected on
+    /// its Lease with `lease` as its duration, `identity` its holder's prefix);
+    /// `None` when no entry is enabled.
+    pub async fn start_from_yaml(
+        yaml: &str,
+        identity: &str,
+        lease: Duration,
+    ) -> Result<Option<SyncHandle>> {
+        let config = crproxy_core::config::parse(yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let started = crproxy_sync::start_from_config(
+            &config,
+            std::path::Path::new("/"),
+            SyncMetrics::new(),
+            identity,
+            lease,
+        )
+        .await?;
+        Ok(started)
+    }
+
     /// [`Env::start_with`] exporting into `metrics`.
     pub async fn start_full(
         &self,
