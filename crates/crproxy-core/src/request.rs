@@ -110,10 +110,18 @@ pub enum PathError {
     /// Malformed or ambiguous URL, or a method that needs a name on a collection URL.
     #[error("{0}")]
     BadRequest(String),
-    /// A method this URL never accepts (for example POST on discovery or on a
-    /// subresource).
+    /// A method this URL never accepts (for example POST on discovery).
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// A verb a custom resource's subresource never serves (a create or a delete
+    /// of `status` or `scale`), worded as kube's custom-resource handler words it,
+    /// with `details` naming the group and the resource.
+    #[error("{verb} is not supported on resources of kind \"{resource}.{group}\"")]
+    VerbNotSupported {
+        verb: &'static str,
+        resource: String,
+        group: String,
+    },
 }
 
 impl PathError {
@@ -122,7 +130,7 @@ impl PathError {
         match self {
             PathError::NotFound => 404,
             PathError::BadRequest(_) => 400,
-            PathError::MethodNotAllowed(_) => 405,
+            PathError::MethodNotAllowed(_) | PathError::VerbNotSupported { .. } => 405,
         }
     }
 
@@ -131,7 +139,27 @@ impl PathError {
         match self {
             PathError::NotFound => "NotFound",
             PathError::BadRequest(_) => "BadRequest",
-            PathError::MethodNotAllowed(_) => "MethodNotAllowed",
+            PathError::MethodNotAllowed(_) | PathError::VerbNotSupported { .. } => {
+                "MethodNotAllowed"
+            }
+        }
+    }
+
+    /// The `Status` body kube sends for this error (a plain-text `404 page not
+    /// found` is what kube sends for [`PathError::NotFound`], not a `Status`).
+    pub fn status(&self) -> serde_json::Value {
+        match self {
+            PathError::VerbNotSupported {
+                resource, group, ..
+            } => crate::status::status_with_details(
+                self.status_code(),
+                self.reason(),
+                self.to_string(),
+                None,
+                group,
+                resource,
+            ),
+            _ => crate::status::status(self.status_code(), self.reason(), self.to_string()),
         }
     }
 }
@@ -418,21 +446,19 @@ pub fn classify(
             }
         }
         // A POST to a named custom-resource path is a create (kube answers 201 or
-        // 409 AlreadyExists); subresources of custom resources cannot be created.
-        "POST" if has_sub => {
-            return Err(PathError::MethodNotAllowed(format!(
-                "the server does not allow this method on the requested resource: {method} {path}"
-            )))
+        // 409 AlreadyExists); subresources of custom resources cannot be created,
+        // nor deleted.
+        "POST" | "DELETE" if has_sub => {
+            return Err(PathError::VerbNotSupported {
+                verb: if method == "POST" { "create" } else { "delete" },
+                resource: path_parts.resource,
+                group: group.to_owned(),
+            })
         }
         "POST" => Verb::Create,
         "PUT" | "PATCH" if !named => return Err(bad("name must be provided")),
         "PUT" => Verb::Update,
         "PATCH" => Verb::Patch,
-        "DELETE" if has_sub => {
-            return Err(PathError::MethodNotAllowed(format!(
-                "the server does not allow this method on the requested resource: {method} {path}"
-            )))
-        }
         "DELETE" if named => Verb::Delete,
         "DELETE" => Verb::DeleteCollection,
         _ => {

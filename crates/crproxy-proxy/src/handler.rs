@@ -2336,13 +2336,7 @@ fn path_error(error: &request::PathError) -> Outcome {
         return Outcome::new(response, Reason::Upstream);
     }
     let code = StatusCode::from_u16(error.status_code()).unwrap_or(StatusCode::BAD_REQUEST);
-    Outcome::new(
-        json_response(
-            code,
-            &status::status(code.as_u16(), error.reason(), error.to_string()),
-        ),
-        Reason::Upstream,
-    )
+    Outcome::new(json_response(code, &error.status()), Reason::Upstream)
 }
 
 fn json_response(code: StatusCode, body: &Value) -> Response<ProxyBody> {

@@ -770,3 +770,35 @@ fn only_dns_1123_labels_name_namespaces() {
         check(bad, false);
     }
 }
+
+/// A create or a delete of a subresource gets the Status kube's custom-resource
+/// handler sends: the verb and the qualified resource in the message, the group
+/// and the resource in `details`.
+#[test]
+fn a_create_or_delete_of_a_subresource_is_refused_in_kube_words() {
+    let rows = [
+        (
+            "POST",
+            "/apis/example.com/v1/namespaces/ns/widgets/a/status",
+            "create",
+        ),
+        ("DELETE", "/apis/example.com/v1/widgets/a/scale", "delete"),
+    ];
+    for (method, path, verb) in rows {
+        let error = classify(method, path, None, false, G, V).expect_err(path);
+        assert_eq!(
+            error.status(),
+            serde_json::json!({
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": format!("{verb} is not supported on resources of kind \"widgets.example.com\""),
+                "reason": "MethodNotAllowed",
+                "details": {"group": "example.com", "kind": "widgets"},
+                "code": 405,
+            }),
+            "{method} {path}"
+        );
+    }
+}

@@ -636,6 +636,41 @@ async fn connection_upgrades_are_refused_with_501() {
     h.proxy.shutdown().await;
 }
 
+/// A create or a delete of an owned widget's subresource is answered by the
+/// proxy as kube answers it for a custom resource (405 naming the verb), and
+/// nothing reaches the target: the widget keeps its resourceVersion.
+#[tokio::test]
+async fn a_create_or_delete_of_a_subresource_is_kubes_405_and_changes_nothing() {
+    let h = harness(AccessMode::Owned).await;
+    created_through_proxy(&h, "w1").await;
+    let before = on_target(&h, "w1").await.expect("w1 on the target");
+    for (method, subresource, verb) in [("POST", "status", "create"), ("DELETE", "scale", "delete")]
+    {
+        let path = format!("{WIDGETS}/w1/{subresource}");
+        let reply = call(&h.aggregator, method, &path, Some(json!({}))).await;
+        assert_eq!(reply.status, 405, "{method} {path}: {}", reply.body);
+        assert_eq!(
+            reply.body,
+            json!({
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": format!("{verb} is not supported on resources of kind \"widgets.example.com\""),
+                "reason": "MethodNotAllowed",
+                "details": {"group": "example.com", "kind": "widgets"},
+                "code": 405,
+            }),
+            "{method} {path}"
+        );
+    }
+    let after = on_target(&h, "w1")
+        .await
+        .expect("w1 is still on the target");
+    assert_eq!(rv(&after), rv(&before));
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn target_errors_become_a_retryable_503() {
     let h = harness(AccessMode::Owned).await;
