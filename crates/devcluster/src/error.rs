@@ -281,6 +281,25 @@ impl ApiError {
         .with_empty_details()
     }
 
+    /// A verb a custom resource's subresource does not serve, as kube's
+    /// custom-resource handler answers it (`create is not supported on resources of
+    /// kind "crontabs.stable.example.io"`).
+    pub fn method_not_supported(group: &str, resource: &str, verb: &str) -> Self {
+        ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!(
+                "{verb} is not supported on resources of kind \"{}\"",
+                qualified(resource, group)
+            ),
+        )
+        .with_details(Details {
+            group,
+            kind: resource,
+            ..Default::default()
+        })
+    }
+
     pub fn unsupported_media_type(accepted: &str) -> Self {
         ApiError::new(
             415,

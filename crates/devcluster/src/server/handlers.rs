@@ -8,7 +8,7 @@ use super::rest::{self, ReqCtx};
 use super::State;
 use crate::discovery::{self, Extra};
 use crate::error::ApiError;
-use crate::registry::Source;
+use crate::registry::{ResourceInfo, Source};
 use crate::store::{meta_str, Mutation};
 use crate::types::RequestAttributes;
 use crate::watch::write_value;
@@ -576,6 +576,9 @@ async fn resource_request(
         attrs,
         headers,
     };
+    if info.is_crd() && !rp.subresource.is_empty() {
+        crd_subresource_serves(&info, &rp, verb)?;
+    }
     if info.source == Source::Review {
         if method != Method::POST || !rp.name.is_empty() {
             return Err(ApiError::method_not_allowed());
@@ -626,6 +629,32 @@ async fn resource_request(
             rest::delete_collection(state, &ctx, &body).await
         }
         _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+/// kube's custom-resource handler serves a CRD's `status` and `scale` (when the CRD
+/// declares them) for get, update and patch only. Any other subresource is a 404
+/// for the object's name, and any other verb on a declared one is a 405.
+fn crd_subresource_serves(
+    info: &ResourceInfo,
+    rp: &ResourcePath,
+    verb: &str,
+) -> Result<(), ApiError> {
+    let declared = match rp.subresource.as_str() {
+        "status" => info.status_subresource,
+        "scale" => info.scale.is_some(),
+        _ => false,
+    };
+    if !declared {
+        return Err(ApiError::not_found(&info.group, &info.resource, &rp.name));
+    }
+    match verb {
+        "get" | "update" | "patch" => Ok(()),
+        _ => Err(ApiError::method_not_supported(
+            &info.group,
+            &info.resource,
+            verb,
+        )),
     }
 }
 

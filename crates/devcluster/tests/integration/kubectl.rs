@@ -870,3 +870,57 @@ async fn requests_are_counted_on_metrics_as_kube_counts_them() {
         "{text}"
     );
 }
+
+/// A CronTab's `status` and `scale` serve get, update and patch only: a create or a
+/// delete of either is kube's 405 naming the verb and the resource, and a
+/// subresource the CRD does not declare is a 404 for the object. The object stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_subresource_refuses_create_and_delete_as_kube_does() {
+    let tc = crontab_cluster().await;
+    let kc = tc.kubeconfig.clone();
+    apply(&kc, &crontab("one", "cron")).await;
+    let object = "/apis/stable.example.io/v1/namespaces/demo/crontabs/one";
+
+    let status = format!("{object}/status");
+    let created = kubectl_stdin_async(
+        &kc,
+        &["create", "--raw", &status, "-f", "-"],
+        "{}",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(!created.success(), "{created:?}");
+    assert!(
+        created.stderr.contains(
+            "Error from server (MethodNotAllowed): create is not supported on resources of kind \"crontabs.stable.example.io\""
+        ),
+        "{created:?}"
+    );
+
+    let scale = format!("{object}/scale");
+    let deleted = kubectl_async(&kc, &["delete", "--raw", &scale]).await;
+    assert!(!deleted.success(), "{deleted:?}");
+    assert!(
+        deleted.stderr.contains(
+            "Error from server (MethodNotAllowed): delete is not supported on resources of kind \"crontabs.stable.example.io\""
+        ),
+        "{deleted:?}"
+    );
+
+    let undeclared = format!("{object}/logs");
+    for args in [
+        vec!["get", "--raw", undeclared.as_str()],
+        vec!["delete", "--raw", undeclared.as_str()],
+    ] {
+        let out = kubectl_async(&kc, &args).await;
+        assert!(!out.success(), "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains(
+                "Error from server (NotFound): crontabs.stable.example.io \"one\" not found"
+            ),
+            "{args:?}: {out:?}"
+        );
+    }
+
+    ok(&kc, &["-n", "demo", "get", "crontab", "one"]).await;
+}
