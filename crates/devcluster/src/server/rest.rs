@@ -619,6 +619,9 @@ pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Opt
         // missing or terminating namespace never reaches them.
         check_namespace(state, ctx, &admitted_name)?;
     }
+    // Read before the create's own fields replace it; refused only where kube's
+    // storage refuses it, after admission.
+    let body_version = meta_str(&obj, "resourceVersion").to_string();
     let (obj, mut warnings) = prepare_create(state, ctx, obj, url_name, &hooks).await?;
     let adm = state.policy.admission(&state.store);
     warnings.extend(seams::admit(
@@ -630,6 +633,9 @@ pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Opt
     )?);
     check_namespace(state, ctx, &admitted_name)?;
     warnings.extend(admitted::validate(state, &hooks, ctx, "CREATE", Some(&obj), None).await?);
+    if !ctx.dry_run() {
+        refuse_resource_version_on_create(&body_version)?;
+    }
     let written = insert_new(state, ctx, obj)?;
     super::hooks::after_write(state, ctx, &written);
     let mut obj = (*written.object).clone();
@@ -639,6 +645,22 @@ pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Opt
         }
     }
     Ok(respond(ctx, 201, &obj, &warnings))
+}
+
+/// kube's storage refuses to create an object whose body carries a resourceVersion
+/// it reads as a positive number, after admission and before it looks for an
+/// existing object. The error is not a Status in kube's code, so the caller gets a
+/// 500 with no reason. A dry run never reaches that check, and a value that is not
+/// a number (or is 0) is dropped silently.
+fn refuse_resource_version_on_create(body_version: &str) -> Result<(), ApiError> {
+    match body_version.parse::<u64>() {
+        Ok(version) if version != 0 => Err(ApiError::new(
+            500,
+            "",
+            "resourceVersion should not be set on objects to be created",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn insert_new(state: &State, ctx: &ReqCtx, obj: Value) -> Result<Written, ApiError> {

@@ -924,3 +924,50 @@ async fn a_crd_subresource_refuses_create_and_delete_as_kube_does() {
 
     ok(&kc, &["-n", "demo", "get", "crontab", "one"]).await;
 }
+
+/// A create whose body carries a resourceVersion is refused by kube's storage with
+/// a reasonless 500 and stores nothing; a server-side dry run never gets that far,
+/// and a version of 0 means none. (`kubectl create -f` clears the version before
+/// it sends; `--raw` sends the body as it is.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_carrying_a_resource_version_is_refused_as_kube_refuses_it() {
+    let tc = crontab_cluster().await;
+    let kc = tc.kubeconfig.clone();
+    let collection = "/apis/stable.example.io/v1/namespaces/demo/crontabs";
+    let create = |query: &str, name: &str, version: &str| {
+        let kc = kc.clone();
+        let path = format!("{collection}{query}");
+        let body = json!({
+            "apiVersion": "stable.example.io/v1",
+            "kind": "CronTab",
+            "metadata": {"name": name, "resourceVersion": version},
+            "spec": {"cronSpec": "* * * * */5", "image": "img", "replicas": 1},
+        })
+        .to_string();
+        async move {
+            kubectl_stdin_async(
+                &kc,
+                &["create", "--raw", &path, "-f", "-"],
+                &body,
+                Duration::from_secs(60),
+            )
+            .await
+        }
+    };
+
+    let refused = create("", "pinned", "5").await;
+    assert!(!refused.success(), "{refused:?}");
+    assert!(
+        refused.stderr.contains(
+            "Error from server: resourceVersion should not be set on objects to be created"
+        ),
+        "{refused:?}"
+    );
+    let missing = kubectl_async(&kc, &["-n", "demo", "get", "crontab", "pinned"]).await;
+    assert!(!missing.success(), "nothing was stored: {missing:?}");
+
+    let dry_run = create("?dryRun=All", "pinned", "5").await;
+    assert!(dry_run.success(), "{dry_run:?}");
+    let zero = create("", "zero", "0").await;
+    assert!(zero.success(), "{zero:?}");
+}
