@@ -254,6 +254,19 @@ pub enum ResourceSet {
     Wildcard,
 }
 
+impl ResourceSet {
+    /// Whether `resource` (a plural name, without a subresource) is one the proxy
+    /// serves: every resource under a wildcard, only the enabled keys otherwise.
+    pub fn serves(&self, resource: &str) -> bool {
+        match self {
+            ResourceSet::Wildcard => true,
+            ResourceSet::Explicit(names) => names
+                .binary_search_by(|name| name.as_str().cmp(resource))
+                .is_ok(),
+        }
+    }
+}
+
 /// What the proxy serves, computed by [`Config::validate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyPlan {

@@ -94,8 +94,37 @@ pub enum AggregatedAnswer {
     AsIs,
 }
 
+/// A target's `APIResourceList` for this group/version with only the resources
+/// the proxy serves, and their subresources (`widgets/status`).
+pub fn served_resource_list(mut document: Value, resources: &ResourceSet) -> Value {
+    if matches!(resources, ResourceSet::Wildcard) {
+        return document;
+    }
+    if let Some(listed) = document.get_mut("resources").and_then(Value::as_array_mut) {
+        listed.retain(|r| {
+            r["name"]
+                .as_str()
+                .is_some_and(|name| serves_entry(resources, name))
+        });
+    }
+    document
+}
+
+/// Whether a discovery entry's name (`widgets`, or `widgets/status` for a
+/// subresource) belongs to a served resource.
+fn serves_entry(resources: &ResourceSet, name: &str) -> bool {
+    let resource = name.split_once('/').map_or(name, |(resource, _)| resource);
+    resources.serves(resource)
+}
+
 /// Reads the target's answer to an aggregated discovery request.
-pub fn aggregated_answer(status: u16, body: &[u8], group: &str, version: &str) -> AggregatedAnswer {
+pub fn aggregated_answer(
+    status: u16,
+    body: &[u8],
+    group: &str,
+    version: &str,
+    resources: &ResourceSet,
+) -> AggregatedAnswer {
     match status {
         200 => {}
         401 | 404 | 500..=599 => return AggregatedAnswer::Fallback,
@@ -108,15 +137,22 @@ pub fn aggregated_answer(status: u16, body: &[u8], group: &str, version: &str) -
     if document["kind"] != "APIGroupDiscoveryList" {
         return AggregatedAnswer::NotAggregated;
     }
-    match filter_aggregated(&document, group, version) {
+    match filter_aggregated(&document, group, version, resources) {
         Some(entry) => AggregatedAnswer::Entry(entry),
         None => AggregatedAnswer::Fallback,
     }
 }
 
 /// Keeps only this proxy's group and version of a target's aggregated discovery
-/// document. `None` when the target does not serve them.
-pub fn filter_aggregated(document: &Value, group: &str, version: &str) -> Option<Value> {
+/// document, and of them only the resources the proxy serves (subresources are
+/// listed inside their resource). `None` when the target does not serve the
+/// group/version.
+pub fn filter_aggregated(
+    document: &Value,
+    group: &str,
+    version: &str,
+    resources: &ResourceSet,
+) -> Option<Value> {
     let item = document["items"]
         .as_array()?
         .iter()
@@ -126,6 +162,19 @@ pub fn filter_aggregated(document: &Value, group: &str, version: &str) -> Option
         .iter()
         .filter(|v| v["version"] == version)
         .cloned()
+        .map(|mut v| {
+            if matches!(resources, ResourceSet::Wildcard) {
+                return v;
+            }
+            if let Some(listed) = v.get_mut("resources").and_then(Value::as_array_mut) {
+                listed.retain(|r| {
+                    r["resource"]
+                        .as_str()
+                        .is_some_and(|name| resources.serves(name))
+                });
+            }
+            v
+        })
         .collect();
     if versions.is_empty() {
         return None;
@@ -211,14 +260,63 @@ mod tests {
                 {"version": "v1", "resources": [{"resource": "widgets"}]}
             ]}
         ]});
-        let filtered = filter_aggregated(&document, "example.com", "v1").expect("served");
+        let filtered = filter_aggregated(&document, "example.com", "v1", &ResourceSet::Wildcard)
+            .expect("served");
         assert_eq!(filtered["items"].as_array().map(Vec::len), Some(1));
         assert_eq!(
             filtered["items"][0]["versions"],
             json!([{"version": "v1", "resources": [{"resource": "widgets"}]}])
         );
-        assert!(filter_aggregated(&document, "example.com", "v3").is_none());
-        assert!(filter_aggregated(&document, "other.io", "v1").is_none());
+        assert!(
+            filter_aggregated(&document, "example.com", "v3", &ResourceSet::Wildcard).is_none()
+        );
+        assert!(filter_aggregated(&document, "other.io", "v1", &ResourceSet::Wildcard).is_none());
+    }
+
+    /// An explicit set shows its resources, with their subresources, and nothing
+    /// else of the group/version; a wildcard shows everything the target lists.
+    #[test]
+    fn discovery_lists_only_the_served_resources() {
+        let explicit = ResourceSet::Explicit(vec!["widgets".into()]);
+        let legacy = json!({"kind": "APIResourceList", "groupVersion": "example.com/v1", "resources": [
+            {"name": "gadgets"}, {"name": "gadgets/status"},
+            {"name": "widgets"}, {"name": "widgets/scale"}, {"name": "widgets/status"},
+            {"name": "widgetsx"}, {"verbs": ["get"]}
+        ]});
+        let names = |document: &Value| -> Vec<String> {
+            document["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| r["name"].as_str().unwrap_or("<none>").to_owned())
+                .collect()
+        };
+        assert_eq!(
+            names(&served_resource_list(legacy.clone(), &explicit)),
+            ["widgets", "widgets/scale", "widgets/status"]
+        );
+        assert_eq!(
+            served_resource_list(legacy.clone(), &ResourceSet::Wildcard),
+            legacy
+        );
+
+        let aggregated = json!({"kind": "APIGroupDiscoveryList", "items": [
+            {"metadata": {"name": "example.com"}, "versions": [{"version": "v1", "resources": [
+                {"resource": "gadgets", "subresources": [{"subresource": "status"}]},
+                {"resource": "widgets", "subresources": [{"subresource": "status"}]},
+                {"verbs": ["get"]}
+            ]}]}
+        ]});
+        let filtered =
+            filter_aggregated(&aggregated, "example.com", "v1", &explicit).expect("served");
+        assert_eq!(
+            filtered["items"][0]["versions"][0]["resources"],
+            json!([{"resource": "widgets", "subresources": [{"subresource": "status"}]}])
+        );
+        let everything =
+            filter_aggregated(&aggregated, "example.com", "v1", &ResourceSet::Wildcard)
+                .expect("served");
+        assert_eq!(everything, aggregated);
     }
 
     /// The aggregator reads `/apis/<group>/<version>` after a 406 or a 200 that is
@@ -235,14 +333,27 @@ mod tests {
             {"name": "example.com", "versions": [{"groupVersion": "example.com/v1", "version": "v1"}]}
         ]})
         .to_string();
-        let read =
-            |status, body: &str| aggregated_answer(status, body.as_bytes(), "example.com", "v1");
+        let read = |status, body: &str| {
+            aggregated_answer(
+                status,
+                body.as_bytes(),
+                "example.com",
+                "v1",
+                &ResourceSet::Wildcard,
+            )
+        };
         assert!(
             matches!(read(200, &aggregated), AggregatedAnswer::Entry(doc)
             if doc["items"][0]["metadata"]["name"] == "example.com")
         );
         assert_eq!(
-            aggregated_answer(200, aggregated.as_bytes(), "example.com", "v2"),
+            aggregated_answer(
+                200,
+                aggregated.as_bytes(),
+                "example.com",
+                "v2",
+                &ResourceSet::Wildcard
+            ),
             AggregatedAnswer::Fallback,
             "a version the target does not serve"
         );

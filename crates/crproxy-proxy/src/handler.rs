@@ -274,6 +274,13 @@ impl GroupVersionProxy {
                 Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
                 Ok(RequestKind::Discovery) => self.discovery(&exchange).await,
+                // A resource of the group/version the configuration does not
+                // enable is not there, as kube answers a resource it does not have.
+                Ok(RequestKind::Resource { path, .. })
+                    if !self.resources.serves(&path.resource) =>
+                {
+                    path_error(&request::PathError::NotFound)
+                }
                 Ok(RequestKind::Resource { verb, path }) => {
                     self.resource(&exchange, verb, &path, body).await
                 }
@@ -355,7 +362,15 @@ impl GroupVersionProxy {
     /// Forwards `/apis/<group>/<version>`; serves the local document when no peer
     /// is usable or the target answers 401, 404 or 5xx.
     async fn discovery(&self, exchange: &Exchange) -> Outcome {
-        let (parts, bytes) = match self.fetch_discovery(exchange, None).await {
+        // Under explicit keys the target's document is cut down to the enabled
+        // resources, so it is asked for as JSON, and its ETag would not describe
+        // what the caller gets.
+        let explicit = matches!(self.resources, ResourceSet::Explicit(_));
+        let inspected = explicit.then(|| Inspected {
+            accept: Some(HeaderValue::from_static("application/json")),
+            rewritten: true,
+        });
+        let (parts, bytes) = match self.fetch_discovery(exchange, inspected).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
             }
@@ -371,7 +386,11 @@ impl GroupVersionProxy {
         }
         if code == StatusCode::OK {
             if let Ok(document) = serde_json::from_slice::<Value>(&bytes) {
-                *locks::lock(&self.last_discovery) = Some(document);
+                let document = fallback::served_resource_list(document, &self.resources);
+                *locks::lock(&self.last_discovery) = Some(document.clone());
+                if explicit {
+                    return Outcome::new(json_response(code, &document), Reason::Upstream);
+                }
             }
         }
         Outcome::new(
@@ -439,8 +458,13 @@ impl GroupVersionProxy {
             Err(e) => return self.aggregated_fallback(version, e.reason(), Reason::UpstreamError),
             Ok(fetched) => fetched,
         };
-        let answer =
-            fallback::aggregated_answer(parts.status.as_u16(), &bytes, &self.group, &self.version);
+        let answer = fallback::aggregated_answer(
+            parts.status.as_u16(),
+            &bytes,
+            &self.group,
+            &self.version,
+            &self.resources,
+        );
         match answer {
             AggregatedAnswer::Entry(document) => {
                 let mut response = json_response(StatusCode::OK, &document);

@@ -26,8 +26,8 @@ use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use target_support::{
     aggregator_get, caller_h2, caller_h2_with_window, exchange, harness, harness_behind,
-    harness_with, harness_with_peers, json_of, metric_value, on_target, send_as, widget,
-    widget_object, widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
+    harness_with, harness_with_peers, json_of, metric_value, on_target, send_as, wait_until_served,
+    widget, widget_object, widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
 };
 use test_support::relay::Relay;
 
@@ -668,6 +668,114 @@ async fn a_create_or_delete_of_a_subresource_is_kubes_405_and_changes_nothing() 
         .await
         .expect("w1 is still on the target");
     assert_eq!(rv(&after), rv(&before));
+    h.proxy.shutdown().await;
+}
+
+/// The configuration enables `widgets` of example.com/v1 only. `gadgets`, which
+/// the target also serves in that group/version, is not there for the client:
+/// reads and writes get kube's 404 for a resource it does not have, nothing
+/// reaches the target's gadgets, and discovery (legacy and aggregated) lists
+/// widgets and their subresources alone.
+#[tokio::test]
+async fn a_resource_the_configuration_does_not_enable_is_not_served() {
+    let h = harness(AccessMode::Owned).await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(h.admin.clone());
+    let gadget_crd = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gadgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                "subresources": {"status": {}}
+            }]
+        }
+    }))
+    .expect("crd");
+    crds.create(&PostParams::default(), &gadget_crd)
+        .await
+        .expect("gadgets crd created");
+    let gadget_resource = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("example.com", "v1", "Gadget"),
+        "gadgets",
+    );
+    let gadgets: Api<DynamicObject> =
+        Api::namespaced_with(h.admin.clone(), "demo", &gadget_resource);
+    wait_until_served(&gadgets).await;
+    // Owned by this client, so only the configuration can hide it.
+    let labels: Value = serde_json::from_str(OWNER_LABELS).expect("labels");
+    let stored: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "example.com/v1", "kind": "Gadget",
+        "metadata": {"name": "g1", "namespace": "demo", "labels": labels},
+    }))
+    .expect("gadget");
+    let stored = gadgets
+        .create(&PostParams::default(), &stored)
+        .await
+        .expect("gadget created on the target");
+
+    let collection = "/apis/example.com/v1/namespaces/demo/gadgets";
+    for (method, path, body) in [
+        ("GET", format!("{collection}/g1"), None),
+        ("GET", "/apis/example.com/v1/gadgets".to_owned(), None),
+        ("DELETE", format!("{collection}/g1"), None),
+        (
+            "PATCH",
+            format!("{collection}/g1"),
+            Some(json!({"metadata": {"labels": {"x": "y"}}})),
+        ),
+        (
+            "POST",
+            collection.to_owned(),
+            Some(json!({
+                "apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g2"}
+            })),
+        ),
+    ] {
+        let content_type = if method == "PATCH" {
+            "application/merge-patch+json"
+        } else {
+            "application/json"
+        };
+        let reply = call_as(&h.aggregator, method, &path, body, content_type).await;
+        assert_eq!(reply.status, 404, "{method} {path}: {}", reply.body);
+        assert_eq!(
+            reply.headers["content-type"], "text/plain; charset=utf-8",
+            "{method} {path}"
+        );
+    }
+    let after = gadgets.get("g1").await.expect("g1 is still on the target");
+    assert_eq!(
+        after.metadata.resource_version,
+        stored.metadata.resource_version
+    );
+    assert!(gadgets.get_opt("g2").await.expect("read").is_none());
+
+    let legacy = call(&h.aggregator, "GET", "/apis/example.com/v1", None).await;
+    assert_eq!(legacy.status, 200, "{}", legacy.body);
+    let mut names: Vec<&str> = legacy.body["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["widgets", "widgets/scale", "widgets/status"]);
+    let aggregated = aggregated_discovery(&h).await;
+    assert_eq!(aggregated.status, 200, "{}", aggregated.body);
+    let listed: Vec<&str> = aggregated.body["items"][0]["versions"][0]["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .filter_map(|r| r["resource"].as_str())
+        .collect();
+    assert_eq!(listed, ["widgets"]);
+    assert!(!fallbacks(&h), "the target answered discovery");
     h.proxy.shutdown().await;
 }
 

@@ -310,14 +310,15 @@ async fn wait_for_peer_lists(proxy: &RunningProxy) {
 }
 
 /// The CRD becomes served a moment after it is created (bounded: 10 s).
-async fn wait_until_served(widgets: &Api<DynamicObject>) {
+/// Waits (at most 10 s) until the target serves the resource of `objects`.
+pub async fn wait_until_served(objects: &Api<DynamicObject>) {
     for _ in 0..100 {
-        if widgets.list(&ListParams::default().limit(1)).await.is_ok() {
+        if objects.list(&ListParams::default().limit(1)).await.is_ok() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("widgets were never served");
+    panic!("the resource was never served");
 }
 
 #[derive(Debug)]
