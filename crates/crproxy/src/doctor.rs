@@ -329,9 +329,10 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
         checks.push(check_apiservice(&gv, apiservice));
         checks.push(check_service(client, &gv, apiservice).await);
         checks.push(check_protection_labels(client, &gv, apiservice).await);
-        checks.push(check_discovery(client, &gv).await);
+        let served = discovery(client, &gv).await;
+        checks.push(check_discovery(&gv, &served));
         if let Some(target) = &inputs.target {
-            checks.extend(check_target(target, &gv).await);
+            checks.extend(check_target(target, &gv, served_resources(&served)).await);
         }
         if let Some(samples) = &metrics {
             checks.extend(check_metrics(samples, &gv));
@@ -812,9 +813,29 @@ fn is_fallback(document: &Value) -> bool {
             .all(|r| r["verbs"].as_array().is_some_and(|v| v == &[json!("get")]))
 }
 
-async fn check_discovery(client: &kube::Client, gv: &str) -> Check {
-    match discovery(client, gv).await {
-        Ok(document) if is_fallback(&document) => check(
+/// The resources the proxy serves, by the client's discovery (the target's list
+/// cut down to the enabled keys). `None` when that list cannot say: discovery
+/// failed, or it is the fallback document.
+fn served_resources(discovery: &Result<Value, KubeError>) -> Option<Vec<String>> {
+    let document = discovery.as_ref().ok().filter(|d| !is_fallback(d))?;
+    Some(resource_names(document))
+}
+
+/// The resources (not subresources) a discovery document lists.
+fn resource_names(document: &Value) -> Vec<String> {
+    document["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["name"].as_str())
+        .filter(|n| !n.contains('/'))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn check_discovery(gv: &str, discovery: &Result<Value, KubeError>) -> Check {
+    match discovery {
+        Ok(document) if is_fallback(document) => check(
             gv,
             "discovery",
             Status::Warn,
@@ -844,7 +865,10 @@ async fn check_discovery(client: &kube::Client, gv: &str) -> Check {
 
 // ---------------------------------------------------------------- target side
 
-async fn check_target(target: &kube::Client, gv: &str) -> Vec<Check> {
+/// The target's side of `gv`: the proxy's credentials, and what its RBAC lets
+/// the identity do with each resource the proxy serves (`served`, or every
+/// resource the target lists when the client's discovery cannot say).
+async fn check_target(target: &kube::Client, gv: &str, served: Option<Vec<String>>) -> Vec<Check> {
     let document = match discovery(target, gv).await {
         Ok(document) => document,
         Err(error) => {
@@ -880,13 +904,9 @@ async fn check_target(target: &kube::Client, gv: &str) -> Vec<Check> {
         "",
     )];
     let (group, _) = gv.split_once('/').unwrap_or((gv, ""));
-    let resources: Vec<String> = document["resources"]
-        .as_array()
+    let resources: Vec<String> = resource_names(&document)
         .into_iter()
-        .flatten()
-        .filter_map(|r| r["name"].as_str())
-        .filter(|n| !n.contains('/'))
-        .map(str::to_owned)
+        .filter(|name| served.as_ref().is_none_or(|served| served.contains(name)))
         .collect();
     let mut denied = Vec::new();
     for resource in &resources {

@@ -10,7 +10,8 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -103,6 +104,41 @@ async fn doctor_with(
     })
 }
 
+/// A `gadgets` CRD in the example group on the target, waited for (at most 10 s)
+/// until the target's discovery lists it.
+async fn add_unproxied_gadgets(target_admin: &kube::Client) -> Result<()> {
+    let group = devenv::EXAMPLE_GROUP;
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("gadgets.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+            "versions": [{
+                "name": devenv::EXAMPLE_VERSION, "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))?;
+    Api::<CustomResourceDefinition>::all(target_admin.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .context("creating the gadgets CRD")?;
+    let path = format!("/apis/{}", gv());
+    for _ in 0..100 {
+        let request = http::Request::get(&path).body(Vec::new())?;
+        let listed = target_admin
+            .request::<Value>(request)
+            .await
+            .is_ok_and(|document| document.to_string().contains("\"gadgets\""));
+        if listed {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("the target never listed gadgets in {path}")
+}
+
 fn gv() -> String {
     format!("{}/{}", devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
 }
@@ -178,8 +214,39 @@ async fn all_green_then_each_broken_piece_is_named() -> Result<()> {
         run.report["verdict"]
     );
 
-    // Target RBAC: the identity's binding is gone.
+    // A second resource of the group, which the configuration does not enable and
+    // the identity may not use: the proxy does not serve it, so the doctor does
+    // not ask for rights on it.
     let target_admin = devenv::admin_client(&env.target)?;
+    add_unproxied_gadgets(&target_admin).await?;
+    let role = format!("crproxy-client-{}", devenv::EXAMPLE_GROUP.replace('.', "-"));
+    let widgets_only: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": role},
+        "rules": [
+            {"apiGroups": [devenv::EXAMPLE_GROUP], "resources": ["widgets"], "verbs": ["*"]},
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch", "create"]}
+        ]
+    }))?;
+    Api::<ClusterRole>::all(target_admin.clone())
+        .replace(&role, &PostParams::default(), &{
+            let mut current = Api::<ClusterRole>::all(target_admin.clone())
+                .get(&role)
+                .await?;
+            current.rules = widgets_only.rules;
+            current
+        })
+        .await
+        .context("narrowing the identity's role to widgets")?;
+    let run = doctor(&client_kubeconfig, Some(&identity), None).await?;
+    assert!(run.success, "{}\n{:?}", run.stderr, run.not_ok());
+    assert_eq!(run.status_of(&gv, "target-rbac"), "ok");
+    let evidence = run.evidence_of(&gv, "target-rbac");
+    assert!(
+        evidence.contains("widgets") && !evidence.contains("gadgets"),
+        "{evidence}"
+    );
+
+    // Target RBAC: the identity's binding is gone.
     let binding = format!(
         "crproxy-client-example-com-{}",
         names::target_identity("p-default", "client").replace(':', "-")
