@@ -122,6 +122,15 @@ pub enum PathError {
         resource: String,
         group: String,
     },
+    /// A create or a delete of a subresource no custom resource can declare (a
+    /// CRD declares only `status` and `scale`): kube's custom-resource handler
+    /// answers such a subresource as a missing object, whatever the verb.
+    #[error("{resource}.{group} \"{name}\" not found")]
+    ObjectNotFound {
+        resource: String,
+        group: String,
+        name: String,
+    },
 }
 
 impl PathError {
@@ -131,6 +140,7 @@ impl PathError {
             PathError::NotFound => 404,
             PathError::BadRequest(_) => 400,
             PathError::MethodNotAllowed(_) | PathError::VerbNotSupported { .. } => 405,
+            PathError::ObjectNotFound { .. } => 404,
         }
     }
 
@@ -142,6 +152,17 @@ impl PathError {
             PathError::MethodNotAllowed(_) | PathError::VerbNotSupported { .. } => {
                 "MethodNotAllowed"
             }
+            PathError::ObjectNotFound { .. } => "NotFound",
+        }
+    }
+
+    /// The resource the refused request named, where the refusal is about one of
+    /// its objects: the caller checks first that it serves that resource at all.
+    pub fn resource(&self) -> Option<&str> {
+        match self {
+            PathError::VerbNotSupported { resource, .. }
+            | PathError::ObjectNotFound { resource, .. } => Some(resource),
+            _ => None,
         }
     }
 
@@ -159,6 +180,11 @@ impl PathError {
                 group,
                 resource,
             ),
+            PathError::ObjectNotFound {
+                resource,
+                group,
+                name,
+            } => crate::status::not_found(resource, group, name),
             _ => crate::status::status(self.status_code(), self.reason(), self.to_string()),
         }
     }
@@ -447,13 +473,27 @@ pub fn classify(
         }
         // A POST to a named custom-resource path is a create (kube answers 201 or
         // 409 AlreadyExists); subresources of custom resources cannot be created,
-        // nor deleted.
+        // nor deleted. Whether the CRD declares `status` or `scale` is the
+        // target's to know; kube's 405 for a declared one is the answer here.
         "POST" | "DELETE" if has_sub => {
-            return Err(PathError::VerbNotSupported {
-                verb: if method == "POST" { "create" } else { "delete" },
-                resource: path_parts.resource,
-                group: group.to_owned(),
-            })
+            let ResourcePath {
+                resource,
+                name,
+                subresource,
+                ..
+            } = path_parts;
+            return Err(match subresource.as_deref() {
+                Some("status" | "scale") => PathError::VerbNotSupported {
+                    verb: if method == "POST" { "create" } else { "delete" },
+                    resource,
+                    group: group.to_owned(),
+                },
+                _ => PathError::ObjectNotFound {
+                    resource,
+                    group: group.to_owned(),
+                    name: name.unwrap_or_default(),
+                },
+            });
         }
         "POST" => Verb::Create,
         "PUT" | "PATCH" if !named => return Err(bad("name must be provided")),

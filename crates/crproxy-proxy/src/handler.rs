@@ -271,6 +271,9 @@ impl GroupVersionProxy {
                 self.openapi_document(&exchange).await
             }
             true => match kind {
+                Err(error) if error.resource().is_some_and(|r| !self.resources.serves(r)) => {
+                    path_error(&request::PathError::NotFound)
+                }
                 Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
                 Ok(RequestKind::Discovery) => self.discovery(&exchange).await,

@@ -801,4 +801,24 @@ fn a_create_or_delete_of_a_subresource_is_refused_in_kube_words() {
             "{method} {path}"
         );
     }
+    // A subresource no CRD can declare: kube answers it as a missing object.
+    for method in ["POST", "DELETE"] {
+        let path = "/apis/example.com/v1/namespaces/ns/widgets/a/logs";
+        let error = classify(method, path, None, false, G, V).expect_err(path);
+        assert_eq!(error.resource(), Some("widgets"));
+        assert_eq!(
+            error.status(),
+            serde_json::json!({
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": "widgets.example.com \"a\" not found",
+                "reason": "NotFound",
+                "details": {"name": "a", "group": "example.com", "kind": "widgets"},
+                "code": 404,
+            }),
+            "{method} {path}"
+        );
+    }
 }

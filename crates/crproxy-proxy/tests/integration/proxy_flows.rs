@@ -668,6 +668,19 @@ async fn a_create_or_delete_of_a_subresource_is_kubes_405_and_changes_nothing() 
         .await
         .expect("w1 is still on the target");
     assert_eq!(rv(&after), rv(&before));
+    // The target answers these with the same 405; it never counted one.
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let target_metrics = h.admin.request_text(request).await.expect("target metrics");
+    assert!(
+        !target_metrics
+            .lines()
+            .any(|line| line.starts_with("apiserver_request_total{")
+                && line.contains("resource=\"widgets\"")
+                && line.contains("code=\"405\"")),
+        "{target_metrics}"
+    );
     h.proxy.shutdown().await;
 }
 
@@ -736,6 +749,9 @@ async fn a_resource_the_configuration_does_not_enable_is_not_served() {
                 "apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g2"}
             })),
         ),
+        // Refused by their shape too, but first as a resource that is not there.
+        ("POST", format!("{collection}/g1/status"), Some(json!({}))),
+        ("DELETE", format!("{collection}/g1/logs"), None),
     ] {
         let content_type = if method == "PATCH" {
             "application/merge-patch+json"
