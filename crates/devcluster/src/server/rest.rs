@@ -653,8 +653,10 @@ pub async fn create(state: &Arc<State>, ctx: &ReqCtx, body: &[u8], url_name: Opt
 /// 500 with no reason. A dry run never reaches that check, and a value that is not
 /// a number (or is 0) is dropped silently.
 fn refuse_resource_version_on_create(body_version: &str) -> Result<(), ApiError> {
+    // Go's ParseUint takes digits only; Rust's parse also takes a leading `+`.
+    let digits = !body_version.is_empty() && body_version.bytes().all(|b| b.is_ascii_digit());
     match body_version.parse::<u64>() {
-        Ok(version) if version != 0 => Err(ApiError::new(
+        Ok(version) if digits && version != 0 => Err(ApiError::new(
             500,
             "",
             "resourceVersion should not be set on objects to be created",
