@@ -31,6 +31,7 @@ use crate::metrics::TargetMetrics;
 use crate::namespaces::{ClientNamespaces, NamespaceState};
 use crate::ownership_cache::{Lookup, OwnershipCache};
 use crate::pool::ProxyBody;
+use crate::served_openapi;
 use crate::transport::{
     self, DeadlineBody, ForwardError, Inspected, TargetConnection, TargetPath, WatchBody,
     WatchFraming, MAX_BUFFERED_BODY, REQUEST_DEADLINE,
@@ -427,19 +428,42 @@ impl GroupVersionProxy {
     /// the target defines them. Schemas describe types, not objects, so nothing is
     /// masked.
     async fn openapi_document(&self, exchange: &Exchange) -> Outcome {
-        // The caller's headers as they are, but the answer uncompressed.
-        match self
-            .get_from_target(exchange, Some(&Inspected::default()))
-            .await
-        {
+        // The caller's headers as they are, but the answer uncompressed; under
+        // explicit keys it is cut down to the enabled resources, so it is asked
+        // for as JSON and its ETag would not describe what the caller gets.
+        let explicit = matches!(self.resources, ResourceSet::Explicit(_));
+        let inspected = Inspected {
+            accept: explicit.then(|| HeaderValue::from_static("application/json")),
+            rewritten: explicit,
+        };
+        let response = match self.get_from_target(exchange, Some(&inspected)).await {
             Ok(response) if response.status().is_server_error() => {
-                self.server_error(response.status())
+                return self.server_error(response.status())
             }
-            Ok(response) => {
-                let (parts, body) = response.into_parts();
-                Outcome::new(Response::from_parts(parts, body), Reason::Upstream)
+            Ok(response) => response,
+            Err(e) => return self.unavailable(e),
+        };
+        let (parts, body) = response.into_parts();
+        if !explicit || parts.status != StatusCode::OK {
+            return Outcome::new(Response::from_parts(parts, body), Reason::Upstream);
+        }
+        let read = transport::read_limited(body, transport::MAX_BUFFERED_BODY);
+        let bytes = match transport::within(exchange.deadline, read).await {
+            Ok(bytes) => bytes,
+            Err(e) => return self.unavailable(e),
+        };
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(document) => {
+                let served = served_openapi::served_document(
+                    document,
+                    &self.group,
+                    &self.version,
+                    &self.resources,
+                );
+                Outcome::new(json_response(StatusCode::OK, &served), Reason::Upstream)
             }
-            Err(e) => self.unavailable(e),
+            // Not the JSON asked for: nothing to cut down, and nothing to pass on.
+            Err(_) => self.upstream_failure("the target's OpenAPI document is not JSON"),
         }
     }
 

@@ -21,6 +21,7 @@ pub mod pool;
 pub mod resting_socket;
 #[cfg(test)]
 mod scripted_api;
+pub mod served_openapi;
 pub mod server;
 pub mod sources;
 pub mod transport;

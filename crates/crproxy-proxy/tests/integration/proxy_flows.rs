@@ -792,6 +792,34 @@ async fn a_resource_the_configuration_does_not_enable_is_not_served() {
         .collect();
     assert_eq!(listed, ["widgets"]);
     assert!(!fallbacks(&h), "the target answered discovery");
+
+    // The OpenAPI document keeps widgets' paths and schemas, and nothing of gadgets.
+    let openapi = call(
+        &h.aggregator,
+        "GET",
+        "/openapi/v3/apis/example.com/v1",
+        None,
+    )
+    .await;
+    assert_eq!(openapi.status, 200, "{}", openapi.body);
+    let keys = |pointer: &str| -> Vec<String> {
+        openapi
+            .body
+            .pointer(pointer)
+            .and_then(Value::as_object)
+            .expect(pointer)
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let (paths, schemas) = (keys("/paths"), keys("/components/schemas"));
+    assert!(paths.iter().any(|p| p.contains("/widgets")), "{paths:?}");
+    assert!(!paths.iter().any(|p| p.contains("/gadgets")), "{paths:?}");
+    assert!(
+        schemas.iter().any(|s| s.ends_with(".Widget")),
+        "{schemas:?}"
+    );
+    assert!(!schemas.iter().any(|s| s.contains("Gadget")), "{schemas:?}");
     h.proxy.shutdown().await;
 }
 
