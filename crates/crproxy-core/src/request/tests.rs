@@ -776,7 +776,19 @@ fn only_dns_1123_labels_name_namespaces() {
 /// and the resource in `details`.
 #[test]
 fn a_create_or_delete_of_a_subresource_is_refused_in_kube_words() {
-    let rows = [
+    let failure = |code: u16, reason: &str, message: String, details: serde_json::Value| {
+        serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "details": details,
+            "code": code,
+        })
+    };
+    let declarable = [
         (
             "POST",
             "/apis/example.com/v1/namespaces/ns/widgets/a/status",
@@ -784,20 +796,14 @@ fn a_create_or_delete_of_a_subresource_is_refused_in_kube_words() {
         ),
         ("DELETE", "/apis/example.com/v1/widgets/a/scale", "delete"),
     ];
-    for (method, path, verb) in rows {
+    for (method, path, verb) in declarable {
         let error = classify(method, path, None, false, G, V).expect_err(path);
+        let message =
+            format!("{verb} is not supported on resources of kind \"widgets.example.com\"");
+        let details = serde_json::json!({"group": "example.com", "kind": "widgets"});
         assert_eq!(
             error.status(),
-            serde_json::json!({
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "message": format!("{verb} is not supported on resources of kind \"widgets.example.com\""),
-                "reason": "MethodNotAllowed",
-                "details": {"group": "example.com", "kind": "widgets"},
-                "code": 405,
-            }),
+            failure(405, "MethodNotAllowed", message, details),
             "{method} {path}"
         );
     }
@@ -806,18 +812,11 @@ fn a_create_or_delete_of_a_subresource_is_refused_in_kube_words() {
         let path = "/apis/example.com/v1/namespaces/ns/widgets/a/logs";
         let error = classify(method, path, None, false, G, V).expect_err(path);
         assert_eq!(error.resource(), Some("widgets"));
+        let message = "widgets.example.com \"a\" not found".to_owned();
+        let details = serde_json::json!({"name": "a", "group": "example.com", "kind": "widgets"});
         assert_eq!(
             error.status(),
-            serde_json::json!({
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "message": "widgets.example.com \"a\" not found",
-                "reason": "NotFound",
-                "details": {"name": "a", "group": "example.com", "kind": "widgets"},
-                "code": 404,
-            }),
+            failure(404, "NotFound", message, details),
             "{method} {path}"
         );
     }
