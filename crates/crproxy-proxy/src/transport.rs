@@ -342,8 +342,9 @@ impl TargetConnection {
 pub struct Inspected {
     /// Replaces the caller's `Accept`; `None` keeps it.
     pub accept: Option<HeaderValue>,
-    /// Leaves out the caller's `If-None-Match`: the answer is rewritten, so the
-    /// target's ETag would not describe what the caller gets.
+    /// Leaves out the caller's `If-None-Match` and `If-Modified-Since`: the answer
+    /// is rewritten, so the target's 304 for its own version would not describe
+    /// what the caller holds.
     pub rewritten: bool,
 }
 
@@ -361,7 +362,9 @@ fn forwarded_headers(
         let changed = inspected.is_some_and(|inspected| {
             name == http::header::ACCEPT_ENCODING
                 || (name == http::header::ACCEPT && inspected.accept.is_some())
-                || (name == http::header::IF_NONE_MATCH && inspected.rewritten)
+                || (inspected.rewritten
+                    && (name == http::header::IF_NONE_MATCH
+                        || name == http::header::IF_MODIFIED_SINCE))
         }) || (name == http::header::CONTENT_TYPE && media_type.is_some());
         if !changed && keep_request_header(name) {
             headers.append(name.clone(), value.clone());
