@@ -3,10 +3,12 @@
 //!
 //! The document describes types, not objects, but on a shared target the schemas
 //! of resources a client is not given are still not the client's to read. What
-//! goes: the paths of those resources, and the schemas tagged with this
-//! group/version (`x-kubernetes-group-version-kind`) that no remaining path refers
-//! to. Shared schemas (`ObjectMeta`, `Status`, ...) carry no such tag, or are
-//! referred to by the remaining paths, and stay.
+//! goes: the paths of those resources; every schema only they lead to (following
+//! `$ref`s through schemas, so a `GadgetSpec` goes with `Gadget`); and any other
+//! schema tagged with this group/version (`x-kubernetes-group-version-kind`) that
+//! the remaining paths do not lead to. What the remaining paths lead to stays,
+//! shared schemas (`ObjectMeta`, `DeleteOptions`) included, as does anything
+//! untagged that no path leads to.
 
 use std::collections::HashSet;
 
@@ -26,20 +28,28 @@ pub fn served_document(
         return document;
     }
     let prefix = format!("/apis/{group}/{version}/");
-    if let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) {
-        paths.retain(|path, _| {
+    let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
+        return document;
+    };
+    let (kept, dropped): (Vec<_>, Vec<_>) =
+        std::mem::take(paths).into_iter().partition(|(path, _)| {
             path_resource(path, &prefix).is_none_or(|resource| resources.serves(resource))
         });
-    }
-    let mut referenced = HashSet::new();
-    collect_schema_refs(&document["paths"], &mut referenced);
-    let referenced: HashSet<String> = referenced.into_iter().map(str::to_owned).collect();
+    paths.extend(kept);
+    let dropped = Value::Object(dropped.into_iter().collect());
+    let schemas = document
+        .pointer("/components/schemas")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let kept_reach = reachable(&document["paths"], &schemas);
+    let dropped_reach = reachable(&dropped, &schemas);
     if let Some(schemas) = document
         .pointer_mut("/components/schemas")
         .and_then(Value::as_object_mut)
     {
         schemas.retain(|name, schema| {
-            referenced.contains(name) || !tagged_with(schema, group, version)
+            kept_reach.contains(name)
+                || !(dropped_reach.contains(name) || tagged_with(schema, group, version))
         });
     }
     document
@@ -57,15 +67,29 @@ fn path_resource<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
         .filter(|resource| !resource.is_empty())
 }
 
+/// The names of the schemas `from` leads to through `$ref`s, directly or through
+/// other schemas of `schemas`.
+fn reachable(from: &Value, schemas: &Value) -> HashSet<String> {
+    let mut found = HashSet::new();
+    let mut pending = Vec::new();
+    collect_schema_refs(from, &mut pending);
+    while let Some(name) = pending.pop() {
+        if found.insert(name.to_owned()) {
+            collect_schema_refs(&schemas[name], &mut pending);
+        }
+    }
+    found
+}
+
 /// Every schema name `value` refers to as `#/components/schemas/<name>`.
-fn collect_schema_refs<'a>(value: &'a Value, names: &mut HashSet<&'a str>) {
+fn collect_schema_refs<'a>(value: &'a Value, names: &mut Vec<&'a str>) {
     match value {
         Value::Object(map) => {
             for (key, child) in map {
                 match (key.as_str(), child) {
                     ("$ref", Value::String(target)) => {
                         if let Some(name) = target.strip_prefix("#/components/schemas/") {
-                            names.insert(name);
+                            names.push(name);
                         }
                     }
                     _ => collect_schema_refs(child, names),
@@ -112,12 +136,17 @@ mod tests {
                     "get": {"responses": {"200": {"content": {"application/json": {"schema": schema("com.example.v1.Widget")}}}}},
                     "delete": {"requestBody": {"content": {"application/json": {"schema": schema("io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions")}}}}
                 },
-                "/apis/example.com/v1/widgetsx": {"get": {}}
+                "/apis/example.com/v1/widgetsx": {"get": {}},
+                "/apis/example.com/v1/widgets": {"get": {"responses": {"200": {"content": {"application/json": {"schema": schema("com.example.v1.WidgetList")}}}}}}
             },
             "components": {"schemas": {
-                "com.example.v1.Gadget": {"x-kubernetes-group-version-kind": gvk("Gadget")},
+                "com.example.v1.Gadget": {"x-kubernetes-group-version-kind": gvk("Gadget"), "properties": {"spec": schema("com.example.v1.GadgetSpec")}},
+                "com.example.v1.GadgetSpec": {"type": "object"},
                 "com.example.v1.GadgetList": {"x-kubernetes-group-version-kind": gvk("GadgetList")},
                 "com.example.v1.Widget": {"x-kubernetes-group-version-kind": gvk("Widget"), "properties": {"metadata": schema("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta")}},
+                "com.example.v1.WidgetList": {"x-kubernetes-group-version-kind": gvk("WidgetList"), "properties": {"items": {"items": schema("com.example.v1.WidgetStatus")}}},
+                "com.example.v1.WidgetStatus": {"x-kubernetes-group-version-kind": gvk("WidgetStatus")},
+                "io.k8s.example.Unused": {"type": "object"},
                 "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions": {"x-kubernetes-group-version-kind": gvk("DeleteOptions")},
                 "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {"type": "object"}
             }}
@@ -125,10 +154,12 @@ mod tests {
     }
 
     fn keys(value: &Value) -> Vec<&str> {
-        value
+        let mut keys: Vec<&str> = value
             .as_object()
             .map(|map| map.keys().map(String::as_str).collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        keys.sort_unstable();
+        keys
     }
 
     #[test]
@@ -139,17 +170,23 @@ mod tests {
             keys(&served["paths"]),
             [
                 "/apis/example.com/v1/",
-                "/apis/example.com/v1/namespaces/{namespace}/widgets/{name}"
+                "/apis/example.com/v1/namespaces/{namespace}/widgets/{name}",
+                "/apis/example.com/v1/widgets"
             ]
         );
+        // WidgetStatus and ObjectMeta are reached only through other schemas;
         // DeleteOptions is tagged with every group/version but a kept path uses
-        // it; ObjectMeta is untagged.
+        // it; an untagged schema no path leads to stays. GadgetSpec, untagged,
+        // goes with the gadgets' paths, the only ones that lead to it.
         assert_eq!(
             keys(&served["components"]["schemas"]),
             [
                 "com.example.v1.Widget",
+                "com.example.v1.WidgetList",
+                "com.example.v1.WidgetStatus",
                 "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions",
-                "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+                "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+                "io.k8s.example.Unused"
             ]
         );
     }
