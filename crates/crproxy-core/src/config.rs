@@ -255,6 +255,12 @@ pub enum ResourceSet {
 }
 
 impl ResourceSet {
+    /// Whether the set names its resources (no wildcard), so that the target's
+    /// documents of the group/version are cut down to them.
+    pub fn is_explicit(&self) -> bool {
+        matches!(self, ResourceSet::Explicit(_))
+    }
+
     /// Whether `resource` (a plural name, without a subresource) is one the proxy
     /// serves: every resource under a wildcard, only the enabled keys otherwise.
     pub fn serves(&self, resource: &str) -> bool {

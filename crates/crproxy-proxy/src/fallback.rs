@@ -97,24 +97,26 @@ pub enum AggregatedAnswer {
 /// A target's `APIResourceList` for this group/version with only the resources
 /// the proxy serves, and their subresources (`widgets/status`).
 pub fn served_resource_list(mut document: Value, resources: &ResourceSet) -> Value {
-    if matches!(resources, ResourceSet::Wildcard) {
-        return document;
-    }
-    if let Some(listed) = document.get_mut("resources").and_then(Value::as_array_mut) {
-        listed.retain(|r| {
-            r["name"]
-                .as_str()
-                .is_some_and(|name| serves_entry(resources, name))
-        });
-    }
+    retain_served(&mut document, "name", resources);
     document
 }
 
-/// Whether a discovery entry's name (`widgets`, or `widgets/status` for a
-/// subresource) belongs to a served resource.
-fn serves_entry(resources: &ResourceSet, name: &str) -> bool {
-    let resource = name.split_once('/').map_or(name, |(resource, _)| resource);
-    resources.serves(resource)
+/// Keeps, of the `resources` list in `owner`, the entries whose `field` names a
+/// served resource: `name` in a legacy list, where a subresource's entry is
+/// `widgets/status`; `resource` in an aggregated one, which lists subresources
+/// inside their resource. A wildcard keeps every entry.
+fn retain_served(owner: &mut Value, field: &str, resources: &ResourceSet) {
+    if !resources.is_explicit() {
+        return;
+    }
+    if let Some(listed) = owner.get_mut("resources").and_then(Value::as_array_mut) {
+        listed.retain(|entry| {
+            entry[field].as_str().is_some_and(|name| {
+                let resource = name.split_once('/').map_or(name, |(resource, _)| resource);
+                resources.serves(resource)
+            })
+        });
+    }
 }
 
 /// Reads the target's answer to an aggregated discovery request.
@@ -163,16 +165,7 @@ pub fn filter_aggregated(
         .filter(|v| v["version"] == version)
         .cloned()
         .map(|mut v| {
-            if matches!(resources, ResourceSet::Wildcard) {
-                return v;
-            }
-            if let Some(listed) = v.get_mut("resources").and_then(Value::as_array_mut) {
-                listed.retain(|r| {
-                    r["resource"]
-                        .as_str()
-                        .is_some_and(|name| resources.serves(name))
-                });
-            }
+            retain_served(&mut v, "resource", resources);
             v
         })
         .collect();

@@ -271,20 +271,16 @@ impl GroupVersionProxy {
             true if exchange.method == Method::GET && self.is_openapi_document(exchange.path()) => {
                 self.openapi_document(&exchange).await
             }
+            // A resource of the group/version the configuration does not enable
+            // is not there, as kube answers a resource it does not have, before
+            // anything else is said of the request.
+            true if requested_resource(&kind).is_some_and(|r| !self.resources.serves(r)) => {
+                path_error(&request::PathError::NotFound)
+            }
             true => match kind {
-                Err(error) if error.resource().is_some_and(|r| !self.resources.serves(r)) => {
-                    path_error(&request::PathError::NotFound)
-                }
                 Err(error) => path_error(&error),
                 Ok(RequestKind::Upgrade) => self.reject_upgrade(),
                 Ok(RequestKind::Discovery) => self.discovery(&exchange).await,
-                // A resource of the group/version the configuration does not
-                // enable is not there, as kube answers a resource it does not have.
-                Ok(RequestKind::Resource { path, .. })
-                    if !self.resources.serves(&path.resource) =>
-                {
-                    path_error(&request::PathError::NotFound)
-                }
                 Ok(RequestKind::Resource { verb, path }) => {
                     self.resource(&exchange, verb, &path, body).await
                 }
@@ -369,11 +365,8 @@ impl GroupVersionProxy {
         // Under explicit keys the target's document is cut down to the enabled
         // resources, so it is asked for as JSON, and its ETag would not describe
         // what the caller gets.
-        let explicit = matches!(self.resources, ResourceSet::Explicit(_));
-        let inspected = explicit.then(|| Inspected {
-            accept: Some(HeaderValue::from_static("application/json")),
-            rewritten: true,
-        });
+        let explicit = self.resources.is_explicit();
+        let inspected = explicit.then(Inspected::rewritten_json);
         let (parts, bytes) = match self.fetch_discovery(exchange, inspected).await {
             Err(ForwardError::Pool(e)) if is_availability(e.reason()) => {
                 return self.discovery_fallback(e.reason(), e.reason())
@@ -391,9 +384,10 @@ impl GroupVersionProxy {
         if code == StatusCode::OK {
             if let Ok(document) = serde_json::from_slice::<Value>(&bytes) {
                 let document = fallback::served_resource_list(document, &self.resources);
-                *locks::lock(&self.last_discovery) = Some(document.clone());
-                if explicit {
-                    return Outcome::new(json_response(code, &document), Reason::Upstream);
+                let rewritten = explicit.then(|| json_response(code, &document));
+                *locks::lock(&self.last_discovery) = Some(document);
+                if let Some(response) = rewritten {
+                    return Outcome::new(response, Reason::Upstream);
                 }
             }
         }
@@ -431,10 +425,11 @@ impl GroupVersionProxy {
         // The caller's headers as they are, but the answer uncompressed; under
         // explicit keys it is cut down to the enabled resources, so it is asked
         // for as JSON and its ETag would not describe what the caller gets.
-        let explicit = matches!(self.resources, ResourceSet::Explicit(_));
-        let inspected = Inspected {
-            accept: explicit.then(|| HeaderValue::from_static("application/json")),
-            rewritten: explicit,
+        let explicit = self.resources.is_explicit();
+        let inspected = if explicit {
+            Inspected::rewritten_json()
+        } else {
+            Inspected::default()
         };
         let response = match self.get_from_target(exchange, Some(&inspected)).await {
             Ok(response) if response.status().is_server_error() => {
@@ -2196,6 +2191,16 @@ fn list_step(code: StatusCode, continuing: bool, restarts: u32, exact: bool) -> 
         StatusCode::GONE if continuing => ListStep::Unavailable,
         code if code.is_server_error() => ListStep::Unavailable,
         _ => ListStep::PassOn,
+    }
+}
+
+/// The resource a request names, whether it was classified or refused for its
+/// shape.
+fn requested_resource(kind: &Result<RequestKind, request::PathError>) -> Option<&str> {
+    match kind {
+        Ok(RequestKind::Resource { path, .. }) => Some(&path.resource),
+        Ok(_) => None,
+        Err(error) => error.resource(),
     }
 }
 

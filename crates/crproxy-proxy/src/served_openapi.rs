@@ -24,7 +24,7 @@ pub fn served_document(
     version: &str,
     resources: &ResourceSet,
 ) -> Value {
-    if matches!(resources, ResourceSet::Wildcard) {
+    if !resources.is_explicit() {
         return document;
     }
     let prefix = format!("/apis/{group}/{version}/");

@@ -348,6 +348,16 @@ pub struct Inspected {
     pub rewritten: bool,
 }
 
+impl Inspected {
+    /// An answer the proxy reads as JSON and rewrites before it goes back.
+    pub fn rewritten_json() -> Inspected {
+        Inspected {
+            accept: Some(HeaderValue::from_static("application/json")),
+            rewritten: true,
+        }
+    }
+}
+
 /// The caller's headers that may reach the target, changed as `inspected` says
 /// when the proxy reads the answer, and with `media_type` in place of the
 /// caller's `Content-Type` when the proxy wrote the body. Sized up front: the
