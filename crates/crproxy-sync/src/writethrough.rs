@@ -1274,9 +1274,8 @@ pub async fn register_if_missing(
     let object = |value: Value| -> Result<DynamicObject, kube::Error> {
         serde_json::from_value(value).map_err(kube::Error::SerdeError)
     };
-    let mut attempt = 0;
+    let mut attempt = 1;
     loop {
-        attempt += 1;
         let written = match api.get_opt(name).await? {
             None => {
                 api.create(&PostParams::default(), &object(configuration.clone())?)
@@ -1294,9 +1293,8 @@ pub async fn register_if_missing(
             }
         };
         match written {
-            Ok(_) => return Ok(()),
-            Err(e) if crate::to_host::is_code(&e, 409) && attempt < ATTEMPTS => {}
-            Err(e) => return Err(e),
+            Err(e) if crate::to_host::is_code(&e, 409) && attempt < ATTEMPTS => attempt += 1,
+            written => return written.map(|_| ()),
         }
     }
 }
@@ -1304,31 +1302,33 @@ pub async fn register_if_missing(
 /// Adds to the configuration `current` the webhooks of `wanted` it has none of
 /// the name of; the names added, `None` when it lacked none.
 fn with_missing_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<String>> {
-    let has: HashSet<String> = current["webhooks"]
+    let has: HashSet<&str> = webhook_names(current).collect();
+    let (added, missing): (Vec<String>, Vec<Value>) = wanted["webhooks"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|w| w["name"].as_str().map(str::to_owned))
-        .collect();
-    let missing: Vec<Value> = wanted["webhooks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|w| w["name"].as_str().is_some_and(|n| !has.contains(n)))
-        .cloned()
-        .collect();
+        .filter_map(|w| {
+            let name = w["name"].as_str().filter(|n| !has.contains(n))?;
+            Some((name.to_owned(), w.clone()))
+        })
+        .unzip();
     if missing.is_empty() {
         return None;
     }
-    let added = missing
-        .iter()
-        .filter_map(|w| w["name"].as_str().map(str::to_owned))
-        .collect();
     match current["webhooks"].as_array_mut() {
         Some(webhooks) => webhooks.extend(missing),
         None => current["webhooks"] = Value::Array(missing),
     }
     Some(added)
+}
+
+/// The names of a webhook configuration's webhooks, in order.
+pub fn webhook_names(configuration: &Value) -> impl Iterator<Item = &str> {
+    configuration["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["name"].as_str())
 }
 
 /// The tenant's write-through configuration (of tenant `tenant_name`), if any.

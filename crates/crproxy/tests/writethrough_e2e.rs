@@ -97,6 +97,11 @@ fn registration(tenant: &Path) -> Option<Value> {
     get(tenant, &["validatingwebhookconfiguration", &name])
 }
 
+/// Waits until the tenant has no write-through registration.
+async fn until_unregistered(tenant: &Path, what: &str) {
+    eventually(what, || registration(tenant).is_none().then_some(())).await
+}
+
 async fn get_json(kubeconfig: &Path, args: &[&str]) -> Option<Value> {
     let mut all = vec!["get"];
     all.extend_from_slice(args);
@@ -904,10 +909,7 @@ async fn disabling_the_aggregated_type_removes_its_webhook() -> Result<()> {
         .start_with("client", &tenant, HOST_NS, Some(gateways_disabled))
         .await?;
     assert!(sync.webhook.is_none());
-    eventually("the webhook removed by the leader", || {
-        configuration().is_none().then_some(())
-    })
-    .await;
+    until_unregistered(&tenant, "the webhook removed by the leader").await;
     let out = kc(
         &tenant,
         &["create", "-f", "-"],
@@ -922,10 +924,7 @@ async fn disabling_the_aggregated_type_removes_its_webhook() -> Result<()> {
     sync.stop().await;
     let started = Env::start_from_yaml(&all_disabled, "disabled", Duration::from_secs(3)).await?;
     assert!(started.is_none(), "nothing to sync");
-    eventually("the webhook removed at start", || {
-        configuration().is_none().then_some(())
-    })
-    .await;
+    until_unregistered(&tenant, "the webhook removed at start").await;
     Ok(())
 }
 
@@ -939,10 +938,12 @@ async fn a_newly_synced_type_gets_its_webhook_before_this_replica_leads() -> Res
     let env = Env::new().await;
     let tenant = env.tenant.kubeconfig.clone();
     ns(&tenant, "team");
-    let earlier = r#"{"apiVersion": "admissionregistration.k8s.io/v1",
+    let earlier = serde_json::json!({"apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "crproxy-writethrough-client"}, "webhooks": []}"#;
-    let out = kc(&tenant, &["create", "-f", "-"], Some(earlier)).await;
+        "metadata": {"name": crproxy_sync::writethrough::configuration_name("client")},
+        "webhooks": []})
+    .to_string();
+    let out = kc(&tenant, &["create", "-f", "-"], Some(&earlier)).await;
     assert!(out.success(), "{}", out.stderr);
     let mut options = env.options(
         "client",
@@ -954,12 +955,7 @@ async fn a_newly_synced_type_gets_its_webhook_before_this_replica_leads() -> Res
     options.leader = crproxy_wiring::LeaderHandle::fixed(false);
     let sync = crproxy_sync::start(options).await?;
     let configuration = registration(&tenant).expect("kept");
-    let names: Vec<&str> = configuration["webhooks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|w| w["name"].as_str())
-        .collect();
+    let names: Vec<&str> = crproxy_sync::writethrough::webhook_names(&configuration).collect();
     assert_eq!(
         names,
         ["writethrough.gateways.example.net"],
@@ -1006,10 +1002,7 @@ async fn a_replica_without_sync_removes_the_webhook_only_once_no_sync_leads() ->
     tokio::time::sleep(lease * 3).await;
     assert!(configuration().is_some(), "removed while a sync leads");
     leading.stop().await;
-    eventually("the registration removed once no sync leads", || {
-        configuration().is_none().then_some(())
-    })
-    .await;
+    until_unregistered(&tenant, "the registration removed once no sync leads").await;
     Ok(())
 }
 
@@ -1028,7 +1021,7 @@ async fn a_registration_removed_under_its_leader_is_put_back() -> Result<()> {
         &[
             "delete",
             "validatingwebhookconfiguration",
-            "crproxy-writethrough-client",
+            &crproxy_sync::writethrough::configuration_name("client"),
         ],
         None,
     )

@@ -1422,12 +1422,7 @@ fn types_with_one_plural_in_two_groups_get_distinct_webhooks() {
     let listening = SocketAddr::from(([127, 0, 0, 1], 9443));
     let client = client_config(&WebhookEndpoint::Listener, listening, "/validate/t", "PEM");
     let c = webhook_configuration("client", &client, &[gateways_type(true), other_gateways()]);
-    let names: Vec<&str> = c["webhooks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|w| w["name"].as_str())
-        .collect();
+    let names: Vec<&str> = webhook_names(&c).collect();
     assert_eq!(names.len(), 2, "{c}");
     assert_ne!(
         names[0], names[1],
