@@ -18,6 +18,9 @@ pub const DELETION_DENIED_MESSAGE: &str = "deletion of vCluster-protected resour
 /// Namespace of the per-group/version Services in the client cluster.
 pub const SERVICE_NAMESPACE: &str = "kube-system";
 
+/// Where the registration Lease and the sync Leases live in their cluster.
+pub const LEASE_NAMESPACE: &str = "kube-system";
+
 /// Longest Service name Kubernetes accepts (an RFC 1035 label).
 const MAX_SERVICE_NAME: usize = 63;
 /// Hex digits of the hash suffix used when a name is shortened.

@@ -71,7 +71,7 @@ pub async fn start_from_config(
     let leader = LeaderElector::spawn(
         lease_client,
         LeaseConfig {
-            namespace: "kube-system".into(),
+            namespace: crproxy_core::names::LEASE_NAMESPACE.into(),
             name: crproxy_core::names::sync_lease_name(&plan.tenant),
             identity: format!("{identity}-{}", crproxy_wiring::default_identity()),
             lease_duration,

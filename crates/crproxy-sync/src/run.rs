@@ -401,7 +401,11 @@ impl Retirer {
             "leases",
         );
         Retirer::WhileNoneLeads(Box::new(SyncLease {
-            leases: Api::namespaced_with(tenant.clone(), "kube-system", &leases),
+            leases: Api::namespaced_with(
+                tenant.clone(),
+                crproxy_core::names::LEASE_NAMESPACE,
+                &leases,
+            ),
             name: crproxy_core::names::sync_lease_name(tenant_name),
             leader: SyncLeader::default(),
         }))

@@ -413,7 +413,7 @@ pub async fn start_wiring(
     let leader = crproxy_wiring::LeaderElector::spawn(
         client.clone(),
         crproxy_wiring::LeaseConfig {
-            namespace: "kube-system".into(),
+            namespace: crproxy_core::names::LEASE_NAMESPACE.into(),
             name: crproxy_core::names::registration_lease_name(&config.client.name),
             identity: holder,
             lease_duration: Duration::from_secs(15),
