@@ -25,9 +25,10 @@ use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use target_support::{
-    aggregator_get, caller_h2, caller_h2_with_window, exchange, harness, harness_behind,
-    harness_with, harness_with_peers, json_of, metric_value, on_target, send_as, wait_until_served,
-    widget, widget_object, widget_resource, Harness, Options, Reply, OWNER_LABELS, WIDGETS,
+    aggregator_get, caller_h2, caller_h2_with_window, example_crd, exchange, harness,
+    harness_behind, harness_with, harness_with_peers, json_of, metric_value, on_target, send_as,
+    wait_until_served, widget, widget_object, widget_resource, Harness, Options, Reply,
+    OWNER_LABELS, WIDGETS,
 };
 use test_support::relay::Relay;
 
@@ -692,25 +693,9 @@ async fn a_create_or_delete_of_a_subresource_is_kubes_405_and_changes_nothing() 
 #[tokio::test]
 async fn a_resource_the_configuration_does_not_enable_is_not_served() {
     let h = harness(AccessMode::Owned).await;
-    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(h.admin.clone());
-    let gadget_crd = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "gadgets.example.com"},
-        "spec": {
-            "group": "example.com",
-            "scope": "Namespaced",
-            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                "subresources": {"status": {}}
-            }]
-        }
-    }))
-    .expect("crd");
-    crds.create(&PostParams::default(), &gadget_crd)
+    let gadget_crd = example_crd("gadgets", "Gadget", json!({"status": {}}));
+    Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(h.admin.clone())
+        .create(&PostParams::default(), &gadget_crd)
         .await
         .expect("gadgets crd created");
     let gadget_resource = kube::core::ApiResource::from_gvk_with_plural(

@@ -25,6 +25,7 @@ use crproxy_proxy::app::{self, ProxySetup, RunningProxy, TargetSetup};
 use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::server::ServingIdentity;
 use crproxy_proxy::sources::PeerSourceConfig;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use test_support::TestCluster;
 
 pub const WIDGETS: &str = "/apis/example.com/v1/namespaces/demo/widgets";
@@ -35,24 +36,29 @@ pub const OWNER_LABELS: &str =
 /// status 0), as a client's request timeout would.
 pub const CALLER_TIMEOUT: Duration = Duration::from_secs(30);
 
-const WIDGET_CRD: &str = r#"{
-  "apiVersion": "apiextensions.k8s.io/v1",
-  "kind": "CustomResourceDefinition",
-  "metadata": {"name": "widgets.example.com"},
-  "spec": {
-    "group": "example.com",
-    "scope": "Namespaced",
-    "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-    "versions": [{
-      "name": "v1", "served": true, "storage": true,
-      "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
-      }}},
-      "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}}
-    }]
-  }
-}"#;
+/// A namespaced CRD in example.com/v1 whose spec and status take any fields,
+/// with `subresources` as given (the widgets' have status and scale).
+pub fn example_crd(plural: &str, kind: &str, subresources: Value) -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.example.com")},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+                }}},
+                "subresources": subresources
+            }]
+        }
+    }))
+    .expect("a CRD")
+}
 
 pub struct Harness {
     /// The client cluster (namespaces, front-proxy trust).
@@ -156,14 +162,15 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
     let target = test_support::devcluster("target").await;
     let target_config = admin_config(&target);
     let admin = client_of(&target_config);
-    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(admin.clone());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_str(WIDGET_CRD).expect("crd json"),
-    )
-    .await
-    .expect("crd created");
+    let widgets_crd = example_crd(
+        "widgets",
+        "Widget",
+        json!({"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}}),
+    );
+    Api::<CustomResourceDefinition>::all(admin.clone())
+        .create(&PostParams::default(), &widgets_crd)
+        .await
+        .expect("crd created");
     let demo: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(json!({"metadata": {"name": "demo"}})).expect("namespace");
     Api::all(admin.clone())
