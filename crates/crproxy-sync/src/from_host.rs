@@ -28,7 +28,7 @@ use crate::managed::{self, Keys};
 use crate::merge::three_way;
 use crate::names;
 use crate::run::{ensure_namespace, too_deep, Key, Outcome, Reconciler, StepError};
-use crate::to_host::{from_value, is_code, to_value};
+use crate::to_host::{from_value, is_code, name_holder, to_value};
 use crate::SyncMetrics;
 
 /// One fromHost type.
@@ -314,18 +314,9 @@ impl FromHost {
                 {
                     Ok(c) => c,
                     // The name is taken: the cache is behind, looked at again soon.
-                    // Nothing under it, by a live read: the 409 was about something
-                    // else (a tenant admission webhook's, say), and is retried with
-                    // the queue's backoff and counted, as any failure.
                     Err(e) if is_code(&e, 409) => {
-                        return match self.tenant_api(key).get_opt(&key.name).await {
-                            Ok(Some(_)) => Ok(Outcome::Requeue(Duration::from_millis(200))),
-                            Ok(None) => Err(e.into()),
-                            // Without `get` on the type the read cannot tell: the
-                            // refusal stands, with backoff.
-                            Err(read) if is_code(&read, 403) => Err(e.into()),
-                            Err(read) => Err(read.into()),
-                        };
+                        name_holder(&self.tenant_api(key), &key.name, e).await?;
+                        return Ok(Outcome::Requeue(Duration::from_millis(200)));
                     }
                     Err(e) => return Err(e.into()),
                 };

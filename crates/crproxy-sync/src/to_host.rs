@@ -401,17 +401,9 @@ impl ToHost {
                 Ok(Outcome::Done)
             }
             Err(e) if is_code(&e, 409) => {
-                // Someone holds the name: ours (cache behind) or another's. Nobody,
-                // by a live read: the 409 was about something else (a host
-                // admission webhook's, say), and is retried with the queue's
-                // backoff and counted, as any failure.
-                match self.host_api().get_opt(&host_name).await? {
-                    Some(live) => {
-                        let live = to_value(&live)?;
-                        self.update(key, tenant, &live).await
-                    }
-                    None => Err(e.into()),
-                }
+                // Someone holds the name: ours (cache behind) or another's.
+                let live = name_holder(&self.host_api(), &host_name, e).await?;
+                self.update(key, tenant, &to_value(&live)?).await
             }
             Err(e) => Err(e.into()),
         }
@@ -591,6 +583,24 @@ pub(crate) fn from_value(value: Value) -> Result<DynamicObject, StepError> {
 
 pub(crate) fn is_code(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// After a create of `name` was refused with `conflict` (a 409): the object that
+/// holds the name, by a live read. Nothing under the name means the 409 was about
+/// something else (an admission webhook's, say), so the refusal is the step's
+/// error, retried with the queue's backoff and counted as any failure. A read
+/// without `get` on the type cannot tell: the refusal stands too.
+pub(crate) async fn name_holder(
+    api: &Api<DynamicObject>,
+    name: &str,
+    conflict: kube::Error,
+) -> Result<DynamicObject, StepError> {
+    match api.get_opt(name).await {
+        Ok(Some(holder)) => Ok(holder),
+        Ok(None) => Err(conflict.into()),
+        Err(read) if is_code(&read, 403) => Err(conflict.into()),
+        Err(read) => Err(read.into()),
+    }
 }
 
 #[cfg(test)]

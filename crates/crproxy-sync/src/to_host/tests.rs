@@ -290,34 +290,44 @@ async fn an_earlier_object_s_mirror_being_deleted_is_left_to_its_finalizer() {
 /// The host refuses the mirror's create with a 409 that no object under the name
 /// explains (a host admission webhook's): the step fails as a `conflict`, so the
 /// queue backs off and the failure is counted, instead of a quiet retry every
-/// 200 ms for as long as the refusal lasts.
+/// 200 ms for as long as the refusal lasts. A read of the name that is forbidden
+/// cannot explain it either: the refusal stands, as fromHost's does.
 #[tokio::test]
 async fn a_create_refused_409_with_nothing_under_the_name_is_a_failure() {
-    let ty = backups(&[]);
-    let host =
-        crate::fake_api::FakeApi::start(
-            |method: &http::Method, _: &str, _: &Value| match *method {
-                http::Method::POST => (
-                    409,
-                    crproxy_core::status::status(
-                        409,
-                        "Conflict",
-                        "admission webhook \"ports.host.example\" denied the request: port taken",
-                    ),
-                ),
-                _ => crate::fake_api::not_found(),
-            },
-        )
-        .await;
-    let syncer = to_host(&ty, host.client.clone());
-    let mut never_mirrored = tenant_object();
-    never_mirrored["metadata"]["annotations"] = json!({"note": "x"});
-    let failed = syncer
-        .mirror_missing(&key(), &never_mirrored)
-        .await
-        .expect_err("a failure, not a requeue");
-    assert_eq!(failed.reason(), "conflict", "{failed}");
-    // The create, then the live read that found nothing.
-    let methods: Vec<_> = host.received().into_iter().map(|r| r.method).collect();
-    assert_eq!(methods, [http::Method::POST, http::Method::GET]);
+    for (read, answer) in [
+        ("nothing under the name", crate::fake_api::not_found()),
+        (
+            "the read forbidden",
+            (
+                403,
+                crproxy_core::status::status(403, "Forbidden", "get is forbidden"),
+            ),
+        ),
+    ] {
+        let ty = backups(&[]);
+        let refusal = crproxy_core::status::status(
+            409,
+            "Conflict",
+            "admission webhook \"ports.host.example\" denied the request: port taken",
+        );
+        let host =
+            crate::fake_api::FakeApi::start(move |method: &http::Method, _: &str, _: &Value| {
+                match *method {
+                    http::Method::POST => (409, refusal.clone()),
+                    _ => answer.clone(),
+                }
+            })
+            .await;
+        let syncer = to_host(&ty, host.client.clone());
+        let mut never_mirrored = tenant_object();
+        never_mirrored["metadata"]["annotations"] = json!({"note": "x"});
+        let failed = syncer
+            .mirror_missing(&key(), &never_mirrored)
+            .await
+            .expect_err("a failure, not a requeue");
+        assert_eq!(failed.reason(), "conflict", "{read}: {failed}");
+        // The create, then the live read that could not explain the 409.
+        let methods: Vec<_> = host.received().into_iter().map(|r| r.method).collect();
+        assert_eq!(methods, [http::Method::POST, http::Method::GET], "{read}");
+    }
 }
