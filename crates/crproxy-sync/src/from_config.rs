@@ -122,7 +122,7 @@ fn retire_write_through(config: &Config, base_dir: &Path, lease_duration: Durati
     tokio::spawn(async move {
         match crate::client::tenant_client(kubeconfig.as_deref()).await {
             Ok(tenant) => {
-                let retirer = Retirer::while_none_leads(&tenant, &tenant_name);
+                let retirer = Retirer::while_none_leads(&tenant, &tenant_name, lease_duration);
                 keep_retired(&tenant, &tenant_name, lease_duration, retirer, warn).await
             }
             Err(e) if warn => {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crproxy_core::config::sync::{Direction, SyncPlan, WebhookEndpoint};
-use crproxy_wiring::{LeaderHandle, LeadershipChanges};
+use crproxy_wiring::{LeaderHandle, LeadershipChanges, LeaseObserver};
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
@@ -19,6 +19,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::client::{client_from_kubeconfig, tenant_client};
 use crate::crd::{self, ResolvedType};
@@ -390,12 +391,34 @@ pub(crate) enum Retirer {
 pub(crate) struct SyncLease {
     leases: Api<DynamicObject>,
     name: String,
-    leader: SyncLeader,
+    /// Judged as a standby elector judges whether the Lease is held.
+    observer: LeaseObserver,
+    /// A Lease that names no duration of its own lasts this long.
+    lease_duration: Duration,
+}
+
+impl SyncLease {
+    /// Whether some replica leads the sync, by a read of its Lease now.
+    async fn someone_leads(&mut self) -> Result<bool, kube::Error> {
+        let found = self.leases.get_opt(&self.name).await?;
+        let lease = found.as_ref().map(|l| &l.data);
+        let now = Instant::now();
+        self.observer.observe(lease, now);
+        Ok(self
+            .observer
+            .live_holder(self.lease_duration, now)
+            .is_some())
+    }
 }
 
 impl Retirer {
-    /// For a replica that runs no sync, of tenant `tenant_name`.
-    pub(crate) fn while_none_leads(tenant: &kube::Client, tenant_name: &str) -> Retirer {
+    /// For a replica that runs no sync, of tenant `tenant_name`, whose leases
+    /// last `lease_duration`.
+    pub(crate) fn while_none_leads(
+        tenant: &kube::Client,
+        tenant_name: &str,
+        lease_duration: Duration,
+    ) -> Retirer {
         let leases = ApiResource::from_gvk_with_plural(
             &kube::core::GroupVersionKind::gvk("coordination.k8s.io", "v1", "Lease"),
             "leases",
@@ -407,7 +430,8 @@ impl Retirer {
                 &leases,
             ),
             name: crproxy_core::names::sync_lease_name(tenant_name),
-            leader: SyncLeader::default(),
+            observer: LeaseObserver::default(),
+            lease_duration,
         }))
     }
 
@@ -415,18 +439,7 @@ impl Retirer {
     async fn may_retire(&mut self) -> Result<bool, kube::Error> {
         match self {
             Retirer::Leader => Ok(true),
-            Retirer::WhileNoneLeads(lease) => {
-                let found = lease.leases.get_opt(&lease.name).await?;
-                Ok(!lease.leader.leads(found.as_ref()))
-            }
-        }
-    }
-
-    /// The time until the next look, `every` at the least.
-    fn interval(&self, every: Duration) -> Duration {
-        match self {
-            Retirer::Leader => every,
-            Retirer::WhileNoneLeads(lease) => lease.leader.look_interval(every),
+            Retirer::WhileNoneLeads(lease) => Ok(!lease.someone_leads().await?),
         }
     }
 }
@@ -457,7 +470,7 @@ pub(crate) async fn keep_retired(
             },
             Err(e) => Err(e),
         };
-        let mut pause = retirer.interval(every);
+        let mut pause = every;
         match checked {
             Ok(true) => {
                 tracing::info!(configuration = %configuration, "removed the write-through webhook from the tenant: no aggregated toHost type is synced");
@@ -485,42 +498,6 @@ pub(crate) async fn keep_retired(
 
 /// How long a replica waits before looking again at a tenant that forbade it.
 const FORBIDDEN_PAUSE: Duration = Duration::from_secs(300);
-
-/// Whether some replica leads the sync, judged as the elector judges a Lease:
-/// held by someone, and its record changed since the previous look (a leader
-/// renews several times per lease duration; looks are a lease duration apart).
-/// Judged on this process's clock alone, so skew between nodes does not matter.
-#[derive(Default)]
-pub(crate) struct SyncLeader {
-    /// The Lease's spec at the previous look.
-    seen: Option<serde_json::Value>,
-}
-
-impl SyncLeader {
-    /// The time between looks: at least the Lease's own duration (as its holder
-    /// wrote it), so that a leader's record always moves between two looks.
-    fn look_interval(&self, lease_duration: Duration) -> Duration {
-        let written = self
-            .seen
-            .as_ref()
-            .and_then(|spec| spec["leaseDurationSeconds"].as_u64())
-            .map(Duration::from_secs)
-            .unwrap_or_default();
-        lease_duration.max(written)
-    }
-
-    fn leads(&mut self, lease: Option<&DynamicObject>) -> bool {
-        let spec = lease.and_then(|l| l.data.get("spec")).cloned();
-        let held = spec
-            .as_ref()
-            .and_then(|s| s["holderIdentity"].as_str())
-            .is_some_and(|holder| !holder.is_empty());
-        let first_look = self.seen.is_none();
-        let renewed = spec != self.seen;
-        self.seen = spec;
-        held && (first_look || renewed)
-    }
-}
 
 /// Creates namespace `name` unless it exists.
 pub(crate) async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<(), kube::Error> {

@@ -157,7 +157,7 @@ impl LeaderElector {
         let elector = Elector {
             store,
             cfg,
-            observed: None,
+            observer: LeaseObserver::default(),
             last_renew: None,
             leader_tx,
         };
@@ -331,6 +331,52 @@ impl LeaderHandle {
     }
 }
 
+/// What this process has seen of a Lease, to judge whether its holder is alive
+/// as client-go's elector does: on this process's clock alone. A record that has
+/// not changed for its own `leaseDurationSeconds` since we first read it as it
+/// is has expired; `renewTime` is never compared with our clock, so skew between
+/// nodes does not matter. The elector and a replica that only watches who leads
+/// (see crproxy-sync) judge with the same observer.
+#[derive(Debug, Default)]
+pub struct LeaseObserver {
+    /// The Lease's spec last read, and when it was first read as it is.
+    observed: Option<(Value, Instant)>,
+}
+
+impl LeaseObserver {
+    /// Records the Lease `lease` (`None`: there is none) as read at `at`. An
+    /// unchanged spec keeps the time it was first read.
+    pub fn observe(&mut self, lease: Option<&Value>, at: Instant) {
+        let Some(lease) = lease else {
+            self.observed = None;
+            return;
+        };
+        let spec = lease.get("spec").unwrap_or(&Value::Null);
+        match &self.observed {
+            Some((seen, _)) if seen == spec => {}
+            _ => self.observed = Some((spec.clone(), at)),
+        }
+    }
+
+    /// The holder of the Lease last observed while its record still moves by
+    /// `now`: `None` when there is no Lease, its holder is empty (released), or
+    /// its record stood still for its duration (`fallback` when it names none).
+    pub fn live_holder(&self, fallback: Duration, now: Instant) -> Option<&str> {
+        let (spec, first_read) = self.observed.as_ref()?;
+        let holder = spec
+            .get("holderIdentity")
+            .and_then(Value::as_str)
+            .filter(|h| !h.is_empty())?;
+        let duration = spec
+            .get("leaseDurationSeconds")
+            .and_then(Value::as_u64)
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs)
+            .unwrap_or(fallback);
+        (now < *first_read + duration).then_some(holder)
+    }
+}
+
 enum Attempt {
     /// We hold the Lease now.
     Holding,
@@ -343,8 +389,7 @@ enum Attempt {
 struct Elector<S> {
     store: S,
     cfg: LeaseConfig,
-    /// The last Lease spec seen and when we first saw it.
-    observed: Option<(Value, Instant)>,
+    observer: LeaseObserver,
     /// While leading: when the last successful write was sent.
     last_renew: Option<Instant>,
     leader_tx: Leadership,
@@ -438,27 +483,6 @@ impl<S: LeaseStore> Elector<S> {
         self.last_renew.map(|t| t + self.cfg.term())
     }
 
-    fn observe(&mut self, lease: &Value, at: Instant) {
-        let spec = lease.get("spec").cloned().unwrap_or(Value::Null);
-        match &self.observed {
-            Some((seen, _)) if *seen == spec => {}
-            _ => self.observed = Some((spec, at)),
-        }
-    }
-
-    fn expired(&self, spec: &Value) -> bool {
-        let duration = spec
-            .get("leaseDurationSeconds")
-            .and_then(Value::as_u64)
-            .filter(|s| *s > 0)
-            .map(Duration::from_secs)
-            .unwrap_or(self.cfg.lease_duration);
-        match &self.observed {
-            Some((_, at)) => Instant::now() >= *at + duration,
-            None => false,
-        }
-    }
-
     async fn attempt(&mut self) -> Result<Attempt, Error> {
         let started = Instant::now();
         let now = micro_time(Utc::now());
@@ -477,7 +501,7 @@ impl<S: LeaseStore> Elector<S> {
             });
             return match self.store.create(lease).await {
                 Ok(created) => {
-                    self.observe(&created, started);
+                    self.observer.observe(Some(&created), started);
                     Ok(Attempt::Holding)
                 }
                 Err(e) if e.is_already_exists() || e.is_conflict() => Ok(Attempt::LostRace),
@@ -487,17 +511,16 @@ impl<S: LeaseStore> Elector<S> {
         // Observed when the answer arrived, not when we asked: the record may have been
         // written after our request left, and counting from before that write would
         // let us take over before its writer's term ends.
-        self.observe(&current, Instant::now());
-        let spec = current.get("spec").cloned().unwrap_or_else(|| json!({}));
-        let holder = spec
-            .get("holderIdentity")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let mine = holder == self.cfg.identity;
-        if !mine && !holder.is_empty() && !self.expired(&spec) {
+        self.observer.observe(Some(&current), Instant::now());
+        let mine = current["spec"]["holderIdentity"].as_str() == Some(&self.cfg.identity);
+        let held_by_other = self
+            .observer
+            .live_holder(self.cfg.lease_duration, Instant::now())
+            .is_some_and(|holder| holder != self.cfg.identity);
+        if held_by_other {
             return Ok(Attempt::HeldByOther);
         }
-        let transitions = spec
+        let transitions = current["spec"]
             .get("leaseTransitions")
             .and_then(Value::as_i64)
             .unwrap_or(0);
@@ -515,7 +538,7 @@ impl<S: LeaseStore> Elector<S> {
         }
         match self.store.replace(next).await {
             Ok(updated) => {
-                self.observe(&updated, started);
+                self.observer.observe(Some(&updated), started);
                 Ok(Attempt::Holding)
             }
             Err(e) if e.is_conflict() => Ok(Attempt::LostRace),

@@ -18,7 +18,7 @@ use crproxy_core::names;
 pub use error::WiringError;
 pub use leader::{
     default_identity, micro_time, ElectionEnded, LeaderElector, LeaderHandle, Leadership,
-    LeadershipChanges, LeaseConfig,
+    LeadershipChanges, LeaseConfig, LeaseObserver,
 };
 pub use register::{
     desired_apiservice, desired_binding, desired_policy, desired_service, protection_expression,

@@ -7,7 +7,7 @@ use crate::fake_api::{gateways_type, silent_api, unreachable_api, FakeApi};
 use crproxy_core::config::sync::WriteThroughPlan;
 use crproxy_core::status::status;
 use crproxy_wiring::Leadership;
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn leading(metrics: &SyncMetrics) -> bool {
     metrics
@@ -381,31 +381,37 @@ fn a_stand_in_stops_a_step_only_while_its_source_exists() {
     );
 }
 
-/// A replica that runs no sync takes the sync as led while the Lease has a
-/// holder whose record moves between looks; an empty holder, a missing Lease or
-/// a record that stood still for a look means no replica leads.
-#[test]
-fn the_sync_is_led_while_its_lease_is_held_and_renewed() {
-    let lease = |holder: &str, renewed: &str| -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "crproxy-sync-client", "namespace": "kube-system"},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renewed},
-        }))
-        .expect("a lease")
-    };
-    let mut leader = SyncLeader::default();
-    assert!(!leader.leads(None), "no Lease");
-    assert!(leader.leads(Some(&lease("a", "t1"))), "held, first look");
-    assert!(leader.leads(Some(&lease("a", "t2"))), "renewed");
-    assert!(!leader.leads(Some(&lease("a", "t2"))), "stood still");
-    assert!(leader.leads(Some(&lease("b", "t3"))), "taken over");
-    assert!(!leader.leads(Some(&lease("", "t4"))), "released");
-    let mut fresh = SyncLeader::default();
-    assert!(!fresh.leads(Some(&lease("", "t1"))), "released, first look");
-    // Looks are at least the Lease's own duration apart, as its holder wrote it.
-    let second = Duration::from_secs(1);
-    assert_eq!(SyncLeader::default().look_interval(2 * second), 2 * second);
-    assert_eq!(fresh.look_interval(2 * second), 15 * second);
-    assert_eq!(fresh.look_interval(20 * second), 20 * second);
+/// A replica that runs no sync reads the sync's Lease to tell whether a replica
+/// leads: one with a holder does, a released or missing one does not. (How long
+/// a record may stand still is the elector's observer's, tested there.)
+#[tokio::test]
+async fn the_sync_is_led_while_its_lease_has_a_holder() {
+    for (holder, leads) in [(Some("a"), true), (Some(""), false), (None, false)] {
+        let api = FakeApi::start(move |method: &http::Method, path: &str, _: &Value| {
+            match (method, holder) {
+                (&http::Method::GET, Some(holder))
+                    if path.ends_with("/namespaces/kube-system/leases/crproxy-sync-client") =>
+                {
+                    (
+                        200,
+                        json!({
+                            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": "crproxy-sync-client", "namespace": "kube-system"},
+                            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+                        }),
+                    )
+                }
+                _ => crate::fake_api::not_found(),
+            }
+        })
+        .await;
+        let Retirer::WhileNoneLeads(mut lease) =
+            Retirer::while_none_leads(&api.client, "client", Duration::from_secs(15))
+        else {
+            panic!("a retirer that reads the Lease");
+        };
+        let led = lease.someone_leads().await.expect("the Lease read");
+        assert_eq!(led, leads, "holder {holder:?}");
+        assert_eq!(api.received().len(), 1, "one read");
+    }
 }

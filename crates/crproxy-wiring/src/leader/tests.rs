@@ -424,3 +424,66 @@ fn micro_time_format() {
         .with_timezone(&Utc);
     assert_eq!(micro_time(t), "2024-01-02T03:04:05.000000Z");
 }
+
+/// A Lease's holder is alive while its record moves: judged from when this
+/// process first read the record as it is, for the Lease's own duration (the
+/// caller's when it names none). Released, missing or standing still: no holder.
+#[test]
+fn a_lease_holder_is_live_until_its_record_stands_still_for_its_duration() {
+    let lease = |holder: &str, renewed: &str, seconds: Option<u64>| {
+        let mut spec = json!({"holderIdentity": holder, "renewTime": renewed});
+        if let Some(s) = seconds {
+            spec["leaseDurationSeconds"] = json!(s);
+        }
+        json!({"kind": "Lease", "spec": spec})
+    };
+    let fallback = 10 * SECOND;
+    let t0 = Instant::now();
+    let mut seen = LeaseObserver::default();
+    assert_eq!(seen.live_holder(fallback, t0), None, "nothing read");
+    seen.observe(None, t0);
+    assert_eq!(seen.live_holder(fallback, t0), None, "no Lease");
+
+    seen.observe(Some(&lease("a", "r1", Some(15))), t0);
+    assert_eq!(seen.live_holder(fallback, t0), Some("a"), "first read");
+    // Read again unchanged: the first read's time stands.
+    seen.observe(Some(&lease("a", "r1", Some(15))), t0 + 14 * SECOND);
+    assert_eq!(seen.live_holder(fallback, t0 + 14 * SECOND), Some("a"));
+    assert_eq!(
+        seen.live_holder(fallback, t0 + 15 * SECOND),
+        None,
+        "stood still for its own 15 s, not the caller's 10"
+    );
+    seen.observe(Some(&lease("a", "r2", Some(15))), t0 + 16 * SECOND);
+    assert_eq!(
+        seen.live_holder(fallback, t0 + 30 * SECOND),
+        Some("a"),
+        "renewed: counted from the new record"
+    );
+    seen.observe(Some(&lease("b", "r3", None)), t0 + 31 * SECOND);
+    assert_eq!(seen.live_holder(fallback, t0 + 40 * SECOND), Some("b"));
+    assert_eq!(
+        seen.live_holder(fallback, t0 + 41 * SECOND),
+        None,
+        "no duration written: the caller's"
+    );
+    seen.observe(Some(&lease("", "r4", Some(15))), t0 + 42 * SECOND);
+    assert_eq!(
+        seen.live_holder(fallback, t0 + 42 * SECOND),
+        None,
+        "released"
+    );
+    seen.observe(Some(&json!({"kind": "Lease"})), t0 + 43 * SECOND);
+    assert_eq!(
+        seen.live_holder(fallback, t0 + 43 * SECOND),
+        None,
+        "no spec"
+    );
+    seen.observe(Some(&lease("c", "r5", Some(15))), t0 + 44 * SECOND);
+    seen.observe(None, t0 + 45 * SECOND);
+    assert_eq!(
+        seen.live_holder(fallback, t0 + 45 * SECOND),
+        None,
+        "deleted"
+    );
+}
