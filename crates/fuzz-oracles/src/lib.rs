@@ -14,6 +14,7 @@ pub mod ownership_watch;
 pub mod request_path;
 pub mod responses;
 pub mod selectors;
+pub mod served_documents;
 pub mod skim;
 pub mod watch_lines;
 pub mod write_answer;
@@ -23,7 +24,7 @@ pub mod write_body;
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target by name, with its check.
-pub const TARGETS: [(&str, Check); 11] = [
+pub const TARGETS: [(&str, Check); 12] = [
     ("cbor_counter", cbor_counter::check),
     ("config", config::check),
     ("deep_objects", deep_objects::check),
@@ -31,6 +32,7 @@ pub const TARGETS: [(&str, Check); 11] = [
     ("request_path", request_path::check),
     ("responses", responses::check),
     ("selectors", selectors::check),
+    ("served_documents", served_documents::check),
     ("skim", skim::check),
     ("watch_lines", watch_lines::check),
     ("write_answer", write_answer::check),
