@@ -381,14 +381,23 @@ impl GroupVersionProxy {
         {
             return self.discovery_fallback(Reason::UpstreamError, Reason::UpstreamError);
         }
-        if code == StatusCode::OK {
-            if let Ok(document) = serde_json::from_slice::<Value>(&bytes) {
-                let document = fallback::served_resource_list(document, &self.resources);
-                let rewritten = explicit.then(|| json_response(code, &document));
-                *locks::lock(&self.last_discovery) = Some(document);
-                if let Some(response) = rewritten {
-                    return Outcome::new(response, Reason::Upstream);
+        if code.is_success() {
+            match serde_json::from_slice::<Value>(&bytes) {
+                Ok(document) if code == StatusCode::OK => {
+                    let document = fallback::served_resource_list(document, &self.resources);
+                    let rewritten = explicit.then(|| json_response(code, &document));
+                    *locks::lock(&self.last_discovery) = Some(document);
+                    if let Some(response) = rewritten {
+                        return Outcome::new(response, Reason::Upstream);
+                    }
                 }
+                // Under explicit keys nothing the target lists of other resources
+                // is passed on: an answer that cannot be cut down (not the JSON
+                // document asked for) is the target's failure.
+                _ if explicit => {
+                    return self.discovery_fallback(Reason::UpstreamError, Reason::UpstreamError)
+                }
+                _ => {}
             }
         }
         Outcome::new(
@@ -439,7 +448,9 @@ impl GroupVersionProxy {
             Err(e) => return self.unavailable(e),
         };
         let (parts, body) = response.into_parts();
-        if !explicit || parts.status != StatusCode::OK {
+        // Under explicit keys no document goes out uncut: any success (a 206 for a
+        // range, should one get through) is read and cut down, or refused.
+        if !explicit || !parts.status.is_success() {
             return Outcome::new(Response::from_parts(parts, body), Reason::Upstream);
         }
         let read = transport::read_limited(body, transport::MAX_BUFFERED_BODY);

@@ -358,6 +358,18 @@ impl Inspected {
     }
 }
 
+/// The caller's headers a request whose answer the proxy rewrites goes without:
+/// validators the target would judge against its own version (a 304 for a
+/// version the caller never got in its rewritten form), and ranges (kube-openapi
+/// serves its documents through Go's `ServeContent`, which answers a `Range` 206
+/// with the part asked for, and a part cannot be rewritten).
+const NOT_FOR_REWRITTEN_ANSWERS: [HeaderName; 4] = [
+    http::header::IF_NONE_MATCH,
+    http::header::IF_MODIFIED_SINCE,
+    http::header::RANGE,
+    http::header::IF_RANGE,
+];
+
 /// The caller's headers that may reach the target, changed as `inspected` says
 /// when the proxy reads the answer, and with `media_type` in place of the
 /// caller's `Content-Type` when the proxy wrote the body. Sized up front: the
@@ -372,9 +384,7 @@ fn forwarded_headers(
         let changed = inspected.is_some_and(|inspected| {
             name == http::header::ACCEPT_ENCODING
                 || (name == http::header::ACCEPT && inspected.accept.is_some())
-                || (inspected.rewritten
-                    && (name == http::header::IF_NONE_MATCH
-                        || name == http::header::IF_MODIFIED_SINCE))
+                || (inspected.rewritten && NOT_FOR_REWRITTEN_ANSWERS.contains(name))
         }) || (name == http::header::CONTENT_TYPE && media_type.is_some());
         if !changed && keep_request_header(name) {
             headers.append(name.clone(), value.clone());

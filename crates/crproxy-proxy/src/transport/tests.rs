@@ -163,6 +163,8 @@ fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_b
             ("accept-encoding", "gzip"),
             ("if-none-match", "\"etag\""),
             ("if-modified-since", "Sun, 06 Dec 2026 10:00:00 GMT"),
+            ("range", "bytes=0-99"),
+            ("if-range", "\"etag\""),
             ("user-agent", "kubectl"),
             ("x-remote-user", "alice"),
             ("authorization", "Bearer caller"),
@@ -190,6 +192,8 @@ fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_b
             ("accept-encoding", "gzip"),
             ("if-none-match", "\"etag\""),
             ("if-modified-since", "Sun, 06 Dec 2026 10:00:00 GMT"),
+            ("range", "bytes=0-99"),
+            ("if-range", "\"etag\""),
             ("user-agent", "kubectl"),
             ("content-type", "application/json; charset=utf-8"),
         ],
@@ -205,12 +209,14 @@ fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_b
             ("accept", "application/json"),
             ("if-none-match", "\"etag\""),
             ("if-modified-since", "Sun, 06 Dec 2026 10:00:00 GMT"),
+            ("range", "bytes=0-99"),
+            ("if-range", "\"etag\""),
             ("user-agent", "kubectl"),
             ("content-type", "application/json; charset=utf-8"),
         ],
     );
-    // Rewritten: the caller's Accept, nothing compressed, and no validator the
-    // target's ETag could satisfy.
+    // Rewritten: the caller's Accept, nothing compressed, no validator the
+    // target's ETag could satisfy, and no range.
     check(
         Some(Inspected {
             accept: None,
@@ -234,6 +240,8 @@ fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_b
             ("accept-encoding", "gzip"),
             ("if-none-match", "\"etag\""),
             ("if-modified-since", "Sun, 06 Dec 2026 10:00:00 GMT"),
+            ("range", "bytes=0-99"),
+            ("if-range", "\"etag\""),
             ("user-agent", "kubectl"),
             ("content-type", "application/json"),
         ],

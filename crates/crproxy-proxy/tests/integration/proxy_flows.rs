@@ -808,6 +808,75 @@ async fn a_resource_the_configuration_does_not_enable_is_not_served() {
     h.proxy.shutdown().await;
 }
 
+/// Under explicit keys no part of the target's OpenAPI document goes out uncut:
+/// a caller's `Range` never reaches the target (kube-openapi answers one 206
+/// with the part asked for, which could not be cut down), and a 206 the target
+/// sends anyway is read and cut down like a 200.
+#[tokio::test]
+async fn a_ranged_openapi_request_gets_only_the_cut_document() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const OPENAPI: &str = "/openapi/v3/apis/example.com/v1";
+    for always_partial in [false, true] {
+        let h = harness(AccessMode::Owned).await;
+        let ranged = Arc::new(AtomicBool::new(false));
+        let backend = Backend::start(Arc::new({
+            let ranged = Arc::clone(&ranged);
+            move |request: &http::request::Parts, _: &[u8]| {
+                let path = request.uri.path();
+                if path == "/apis/example.com/v1" {
+                    return json_answer(200, &widgets_discovery());
+                }
+                if path != OPENAPI {
+                    return failing_answer(path, 404, false);
+                }
+                let asked_range = request.headers.contains_key(http::header::RANGE);
+                ranged.fetch_or(asked_range, Ordering::SeqCst);
+                let document = json!({
+                    "openapi": "3.0.0",
+                    "paths": {
+                        "/apis/example.com/v1/namespaces/{namespace}/widgets": {"get": {}},
+                        "/apis/example.com/v1/namespaces/{namespace}/gadgets": {"get": {}},
+                    },
+                });
+                let code = if always_partial || asked_range {
+                    206
+                } else {
+                    200
+                };
+                json_answer(code, &document)
+            }
+        }))
+        .await;
+        widgets_served_by(&h, &backend, ("absent", 404)).await;
+        let request = http::Request::builder()
+            .uri(OPENAPI)
+            .header("x-remote-user", "alice")
+            .header("x-remote-group", "system:authenticated")
+            .header("accept", "application/json")
+            .header(http::header::RANGE, "bytes=0-")
+            .body(Bytes::new())
+            .expect("request");
+        let reply = exchange(&h.aggregator, request).await;
+        let partial = format!("the target always answers 206: {always_partial}");
+        assert_eq!(reply.status, 200, "{partial}: {}", reply.body);
+        let paths: Vec<&String> = reply.body["paths"]
+            .as_object()
+            .expect("paths")
+            .keys()
+            .collect();
+        assert_eq!(
+            paths,
+            ["/apis/example.com/v1/namespaces/{namespace}/widgets"],
+            "{partial}"
+        );
+        assert!(
+            !ranged.load(Ordering::SeqCst),
+            "{partial}: a Range reached the target"
+        );
+        h.proxy.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn target_errors_become_a_retryable_503() {
     let h = harness(AccessMode::Owned).await;
@@ -1859,6 +1928,36 @@ async fn discovery_answered_with_401_404_or_5xx_falls_back_as_upstream_error() {
             "{code}: {counted}"
         );
     }
+    h.proxy.shutdown().await;
+}
+
+/// Under explicit keys a discovery answer the proxy cannot cut down to the
+/// enabled resources (a 200 that is not the JSON asked for) is not passed on: it
+/// is the target's failure, and the caller gets the local document.
+#[tokio::test]
+async fn discovery_the_proxy_cannot_cut_down_falls_back_under_explicit_keys() {
+    let h = harness(AccessMode::Owned).await;
+    let backend = Backend::start(Arc::new(|request: &http::request::Parts, _: &[u8]| {
+        let path = request.uri.path();
+        let from_aggregator = request
+            .headers
+            .get("x-remote-user")
+            .is_some_and(|u| u == "system:kube-aggregator");
+        if path != "/apis/example.com/v1" || from_aggregator {
+            return failing_answer(path, 404, false);
+        }
+        http::Response::builder()
+            .status(200)
+            .header(http::header::CONTENT_TYPE, "text/plain")
+            .body(http_body_util::Full::new(Bytes::from_static(b"gadgets")))
+            .expect("response")
+    }))
+    .await;
+    widgets_served_by(&h, &backend, ("absent", 404)).await;
+    let reply = call(&h.aggregator, "GET", "/apis/example.com/v1", None).await;
+    assert_fallback_document(&reply);
+    assert_eq!(reply.body["resources"].as_array().map(Vec::len), Some(1));
+    assert_eq!(discovery_fallbacks(&h, "upstream_error"), 1.0);
     h.proxy.shutdown().await;
 }
 
