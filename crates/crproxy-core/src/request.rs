@@ -156,16 +156,6 @@ impl PathError {
         }
     }
 
-    /// The resource the refused request named, where the refusal is about one of
-    /// its objects: the caller checks first that it serves that resource at all.
-    pub fn resource(&self) -> Option<&str> {
-        match self {
-            PathError::VerbNotSupported { resource, .. }
-            | PathError::ObjectNotFound { resource, .. } => Some(resource),
-            _ => None,
-        }
-    }
-
     /// The `Status` body kube sends for this error (a plain-text `404 page not
     /// found` is what kube sends for [`PathError::NotFound`], not a `Status`).
     pub fn status(&self) -> serde_json::Value {
@@ -386,57 +376,17 @@ pub fn classify(
     version: &str,
 ) -> Result<RequestKind, PathError> {
     let segs = segments(path)?;
-    let rest = match segs.as_slice() {
-        [apis, g, v, rest @ ..] if apis == "apis" && g == group && v == version => rest,
-        _ => return Err(PathError::NotFound),
-    };
-
-    if rest.is_empty() {
-        if wants_upgrade {
-            return Ok(RequestKind::Upgrade);
-        }
-        return match method {
-            "GET" => Ok(RequestKind::Discovery),
-            _ => Err(PathError::MethodNotAllowed(format!(
+    let (legacy_watch, path_parts) = match locate(&segs, path, group, version)? {
+        Located::GroupVersion if wants_upgrade => return Ok(RequestKind::Upgrade),
+        Located::GroupVersion => {
+            return match method {
+                "GET" => Ok(RequestKind::Discovery),
+                _ => Err(PathError::MethodNotAllowed(format!(
                 "the server does not allow this method on the requested resource: {method} {path}"
             ))),
-        };
-    }
-
-    // kube's legacy verb prefixes: `/watch/...` and `/proxy/...`.
-    let (legacy_watch, rest) = match rest.first().map(Cow::as_ref) {
-        Some("watch") => (true, &rest[1..]),
-        Some("proxy") => {
-            return Err(bad(format!(
-                "invalid request path {path:?}: legacy proxy paths are not supported"
-            )))
+            }
         }
-        _ => (false, rest),
-    };
-
-    let (namespace, tail) = match rest {
-        [ns_kw, ..] if ns_kw == "namespaces" => match rest {
-            // `/namespaces` and `/namespaces/<ns>[/status|/finalize]` address core
-            // Namespaces, which this group does not serve.
-            [_] | [_, _] => return Err(PathError::NotFound),
-            [_, _, sub] if sub == "status" || sub == "finalize" => return Err(PathError::NotFound),
-            [_, ns, tail @ ..] => (Some(ns.to_string()), tail),
-            [] => return Err(PathError::NotFound),
-        },
-        _ => (None, rest),
-    };
-
-    let (resource, name, subresource) = match tail {
-        [r] => (r.to_string(), None, None),
-        [r, n] => (r.to_string(), Some(n.to_string()), None),
-        [r, n, s] => (r.to_string(), Some(n.to_string()), Some(s.to_string())),
-        _ => return Err(PathError::NotFound),
-    };
-    let path_parts = ResourcePath {
-        namespace,
-        resource,
-        name,
-        subresource,
+        Located::Resource { legacy_watch, path } => (legacy_watch, path),
     };
 
     let connect_sub = path_parts
@@ -510,5 +460,84 @@ pub fn classify(
     Ok(RequestKind::Resource {
         verb,
         path: path_parts,
+    })
+}
+
+/// Where a path under `/apis/<group>/<version>` points.
+enum Located {
+    /// The group/version itself (its discovery document).
+    GroupVersion,
+    /// A resource, its collection or one of its objects; `legacy_watch` for a
+    /// path under kube's `/watch/` prefix.
+    Resource {
+        legacy_watch: bool,
+        path: ResourcePath,
+    },
+}
+
+/// The resource a request's path names (`gadgets` of
+/// `/apis/<group>/<version>/namespaces/ns/gadgets/g1/status`), whatever the
+/// method, query and headers: a server that has only some resources of the
+/// group/version answers for the others before judging the rest of the request.
+pub fn path_resource(path: &str, group: &str, version: &str) -> Option<String> {
+    let segs = segments(path).ok()?;
+    match locate(&segs, path, group, version).ok()? {
+        Located::Resource { path, .. } => Some(path.resource),
+        Located::GroupVersion => None,
+    }
+}
+
+/// Reads the decoded segments of `path` as a place under `/apis/<group>/<version>`.
+fn locate(
+    segs: &[Cow<'_, str>],
+    path: &str,
+    group: &str,
+    version: &str,
+) -> Result<Located, PathError> {
+    let rest = match segs {
+        [apis, g, v, rest @ ..] if apis == "apis" && g == group && v == version => rest,
+        _ => return Err(PathError::NotFound),
+    };
+    if rest.is_empty() {
+        return Ok(Located::GroupVersion);
+    }
+
+    // kube's legacy verb prefixes: `/watch/...` and `/proxy/...`.
+    let (legacy_watch, rest) = match rest.first().map(Cow::as_ref) {
+        Some("watch") => (true, &rest[1..]),
+        Some("proxy") => {
+            return Err(bad(format!(
+                "invalid request path {path:?}: legacy proxy paths are not supported"
+            )))
+        }
+        _ => (false, rest),
+    };
+
+    let (namespace, tail) = match rest {
+        [ns_kw, ..] if ns_kw == "namespaces" => match rest {
+            // `/namespaces` and `/namespaces/<ns>[/status|/finalize]` address core
+            // Namespaces, which this group does not serve.
+            [_] | [_, _] => return Err(PathError::NotFound),
+            [_, _, sub] if sub == "status" || sub == "finalize" => return Err(PathError::NotFound),
+            [_, ns, tail @ ..] => (Some(ns.to_string()), tail),
+            [] => return Err(PathError::NotFound),
+        },
+        _ => (None, rest),
+    };
+
+    let (resource, name, subresource) = match tail {
+        [r] => (r.to_string(), None, None),
+        [r, n] => (r.to_string(), Some(n.to_string()), None),
+        [r, n, s] => (r.to_string(), Some(n.to_string()), Some(s.to_string())),
+        _ => return Err(PathError::NotFound),
+    };
+    Ok(Located::Resource {
+        legacy_watch,
+        path: ResourcePath {
+            namespace,
+            resource,
+            name,
+            subresource,
+        },
     })
 }

@@ -6,6 +6,7 @@
 //! under); [`GroupVersionProxy::handle`] records it once and wraps the body with the
 //! deadline or watch accounting.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -274,7 +275,9 @@ impl GroupVersionProxy {
             // A resource of the group/version the configuration does not enable
             // is not there, as kube answers a resource it does not have, before
             // anything else is said of the request.
-            true if requested_resource(&kind).is_some_and(|r| !self.resources.serves(r)) => {
+            true if requested_resource(&kind, exchange.path(), &self.group, &self.version)
+                .is_some_and(|r| !self.resources.serves(&r)) =>
+            {
                 path_error(&request::PathError::NotFound)
             }
             true => match kind {
@@ -2205,13 +2208,21 @@ fn list_step(code: StatusCode, continuing: bool, restarts: u32, exact: bool) -> 
     }
 }
 
-/// The resource a request names, whether it was classified or refused for its
-/// shape.
-fn requested_resource(kind: &Result<RequestKind, request::PathError>) -> Option<&str> {
+/// The resource a request names, whether it was classified as a resource request
+/// or refused for its shape or method (read from its path then; only such
+/// requests pay for a second reading).
+fn requested_resource<'a>(
+    kind: &'a Result<RequestKind, request::PathError>,
+    path: &str,
+    group: &str,
+    version: &str,
+) -> Option<Cow<'a, str>> {
     match kind {
-        Ok(RequestKind::Resource { path, .. }) => Some(&path.resource),
-        Ok(_) => None,
-        Err(error) => error.resource(),
+        Ok(RequestKind::Resource { path, .. }) => Some(Cow::Borrowed(&path.resource)),
+        Ok(RequestKind::Discovery) => None,
+        Ok(RequestKind::Upgrade) | Err(_) => {
+            request::path_resource(path, group, version).map(Cow::Owned)
+        }
     }
 }
 

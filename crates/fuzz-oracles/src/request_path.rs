@@ -1,8 +1,9 @@
 //! The request classifier and path parser, the owner-scoped query and dry-run
 //! detection: never a panic, a classified resource path always stays under the
-//! group/version, a query with a literal `dryRun` parameter is a dry run, and a
-//! collection GET classified as a list is one kube-apiserver's handler would
-//! not serve as a watch.
+//! group/version and names the resource `path_resource` reads from the path
+//! (the one an explicit configuration is asked about), a query with a literal
+//! `dryRun` parameter is a dry run, and a collection GET classified as a list is
+//! one kube-apiserver's handler would not serve as a watch.
 
 use crproxy_core::ownership::{self, Owner};
 use crproxy_core::request::{self, RequestKind, Verb};
@@ -23,11 +24,17 @@ pub fn check(data: &[u8]) {
     };
     let method = METHODS[usize::from(selector) % METHODS.len()];
     let upgrade = selector & 0x80 != 0;
+    let classified = request::classify(method, path, query, upgrade, "example.com", "v1");
+    let named = request::path_resource(path, "example.com", "v1");
+    if matches!(classified, Ok(RequestKind::Discovery)) {
+        assert_eq!(named, None);
+    }
     if let Ok(RequestKind::Resource {
         path: resource,
         verb,
-    }) = request::classify(method, path, query, upgrade, "example.com", "v1")
+    }) = classified
     {
+        assert_eq!(named.as_deref(), Some(resource.resource.as_str()));
         assert!(!resource.resource.is_empty());
         assert!(!resource.resource.contains('/'));
         if verb == Verb::List {

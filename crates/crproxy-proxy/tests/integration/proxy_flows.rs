@@ -734,9 +734,24 @@ async fn a_resource_the_configuration_does_not_enable_is_not_served() {
                 "apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g2"}
             })),
         ),
-        // Refused by their shape too, but first as a resource that is not there.
+        // Refused by their shape or method too, but first as a resource that is
+        // not there, as kube's custom-resource handler looks the resource up first.
         ("POST", format!("{collection}/g1/status"), Some(json!({}))),
         ("DELETE", format!("{collection}/g1/logs"), None),
+        ("PUT", collection.to_owned(), Some(json!({}))),
+        ("GET", format!("{collection}?watch=1&watch=0"), None),
+        (
+            "GET",
+            "/apis/example.com/v1/watch/namespaces/demo/gadgets/g1/status".to_owned(),
+            None,
+        ),
+        (
+            "POST",
+            "/apis/example.com/v1/watch/namespaces/demo/gadgets".to_owned(),
+            Some(json!({})),
+        ),
+        ("OPTIONS", collection.to_owned(), None),
+        ("GET", format!("{collection}/g1/exec"), None),
     ] {
         let content_type = if method == "PATCH" {
             "application/merge-patch+json"
