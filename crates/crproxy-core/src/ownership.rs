@@ -200,14 +200,36 @@ pub fn owner_labels(owner: &Owner) -> [(&'static str, &str); 2] {
     ]
 }
 
+/// Most parameters a scoped query may have, the owner selector included.
+///
+/// The owner selector holds only while the target reads the query at all. Go
+/// (1.24.12 and 1.25.6 on, GODEBUG `urlmaxqueryparams`, 10 000 unless an
+/// operator lowers it) drops a query of too many parameters whole and kube
+/// ignores the error, so a caller's padding would turn an owned list into a
+/// list of every tenant's objects. A list or watch of kubectl or client-go
+/// sends a dozen at most; room is left for the two a paged read adds.
+pub const MAX_SCOPED_QUERY_PARAMS: usize = 100;
+
+/// Why a query cannot be scoped to an owner.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScopeError {
+    /// A caller's label selector kube would refuse; its message is kube's.
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+    /// More parameters than [`MAX_SCOPED_QUERY_PARAMS`].
+    #[error("the query has {count} parameters; a list or watch may have at most {max}")]
+    TooManyParameters { count: usize, max: usize },
+}
+
 /// Rewrites a query so every list or watch only sees this owner's objects.
 ///
 /// All `labelSelector` parameters (kube ANDs them) are parsed, ANDed together with the
 /// owner selector and replaced by one `labelSelector` at the position of the first;
 /// without one, it is appended. Other parameters keep their order and their original
-/// encoding. A caller selector that fails to parse is returned as the error kube would
-/// give (a 400 for the caller), never dropped.
-pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, SelectorError> {
+/// encoding; empty ones go. A caller selector that fails to parse is returned as the
+/// error kube would give (a 400 for the caller), never dropped, and so is a query
+/// longer than [`MAX_SCOPED_QUERY_PARAMS`].
+pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, ScopeError> {
     let mut combined = owner.selector();
     let mut parts: Vec<Option<&str>> = Vec::new();
     let mut slot: Option<usize> = None;
@@ -229,6 +251,12 @@ pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, Select
     );
     if slot.is_none() {
         parts.push(None);
+    }
+    if parts.len() > MAX_SCOPED_QUERY_PARAMS {
+        return Err(ScopeError::TooManyParameters {
+            count: parts.len(),
+            max: MAX_SCOPED_QUERY_PARAMS,
+        });
     }
     let out: Vec<&str> = parts
         .iter()

@@ -666,7 +666,7 @@ impl GroupVersionProxy {
             Verb::List | Verb::Watch if owned => {
                 let query = match ownership::scoped_query(exchange.query(), &self.owner) {
                     Ok(query) => query,
-                    Err(e) => return selector_error(&e),
+                    Err(e) => return scope_error(&e),
                 };
                 let target_path = with_query(exchange.path(), &query);
                 self.forward(
@@ -1181,7 +1181,7 @@ impl GroupVersionProxy {
         let (list_query, delete_query) = split_delete_collection_query(exchange.query());
         let mut list_query = match ownership::scoped_query(Some(&list_query), &self.owner) {
             Ok(query) => query,
-            Err(e) => return selector_error(&e),
+            Err(e) => return scope_error(&e),
         };
         let exact = request::query_pairs(Some(&list_query))
             .iter()
@@ -2143,11 +2143,11 @@ fn refused_body(error: &BodyError) -> Outcome {
     Outcome::new(json_response(code, &error.status()), Reason::Upstream)
 }
 
-fn selector_error(error: &crproxy_core::selector::SelectorError) -> Outcome {
+fn scope_error(error: &ownership::ScopeError) -> Outcome {
     Outcome::new(
         json_response(
             StatusCode::BAD_REQUEST,
-            // The selector error carries kube's own prefix.
+            // A selector error carries kube's own prefix.
             &status::bad_request(error.to_string()),
         ),
         Reason::Upstream,

@@ -1,7 +1,8 @@
 //! The request classifier and path parser, the owner-scoped query and dry-run
 //! detection: never a panic, a classified resource path always stays under the
 //! group/version and names the resource `path_resource` reads from the path
-//! (the one an explicit configuration is asked about), a query with a literal
+//! (the one an explicit configuration is asked about), an owner-scoped query
+//! has no more parameters than the target reads, a query with a literal
 //! `dryRun` parameter is a dry run, and a collection GET classified as a list is
 //! one kube-apiserver's handler would not serve as a watch.
 
@@ -62,5 +63,8 @@ pub fn check(data: &[u8]) {
     let owner = Owner::new("client", "project");
     if let Ok(scoped) = ownership::scoped_query(query, &owner) {
         assert!(scoped.contains("labelSelector="));
+        // Go counts a query's parameters by its `&`s: more, and it drops them all.
+        let params = scoped.matches('&').count() + 1;
+        assert!(params <= ownership::MAX_SCOPED_QUERY_PARAMS, "{params}");
     }
 }

@@ -322,6 +322,40 @@ fn scoped_queries() {
     }
 }
 
+/// A query the target's Go would drop whole for its length (and the owner
+/// selector with it) is refused: at most `MAX_SCOPED_QUERY_PARAMS` parameters
+/// with the owner selector, counted as Go counts them; empty ones are dropped.
+#[test]
+fn a_query_padded_past_the_limit_is_refused() {
+    let padding = |n: usize| vec!["x=1"; n].join("&");
+    let at_limit = padding(MAX_SCOPED_QUERY_PARAMS - 1);
+    let scoped = scoped_query(Some(&at_limit), &owner()).expect("at the limit");
+    assert_eq!(scoped.split('&').count(), MAX_SCOPED_QUERY_PARAMS);
+    // The caller's own selector takes the owner's place.
+    let with_selector = format!("{}&labelSelector=app", padding(MAX_SCOPED_QUERY_PARAMS - 1));
+    assert!(scoped_query(Some(&with_selector), &owner()).is_ok());
+    let empty_pairs = format!("{at_limit}{}", "&".repeat(20_000));
+    assert!(scoped_query(Some(&empty_pairs), &owner()).is_ok());
+    for count in [MAX_SCOPED_QUERY_PARAMS, 10_000] {
+        let refused = scoped_query(Some(&padding(count)), &owner());
+        assert_eq!(
+            refused,
+            Err(ScopeError::TooManyParameters {
+                count: count + 1,
+                max: MAX_SCOPED_QUERY_PARAMS
+            })
+        );
+    }
+    assert_eq!(
+        ScopeError::TooManyParameters {
+            count: 101,
+            max: 100
+        }
+        .to_string(),
+        "the query has 101 parameters; a list or watch may have at most 100"
+    );
+}
+
 #[test]
 fn caller_selector_cannot_widen() {
     let o = owner();
