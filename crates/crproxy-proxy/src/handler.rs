@@ -975,6 +975,17 @@ impl GroupVersionProxy {
             if matches!(checked, Checked::Absent) && request::is_dry_run(exchange.query()) {
                 outcome = self.without_create_pin(exchange, outcome).await;
             }
+            // A 409 on the last attempt is the pin's refusal: the object changed
+            // again since its check. kube's words for a failed uid precondition
+            // name the uid of whatever holds the name now, which may be another
+            // tenant's object, so the caller gets the proxy's own conflict.
+            if last
+                && outcome.response.status() == StatusCode::CONFLICT
+                && matches!(checked, Checked::Owned(_))
+                && !refused_for_its_uid
+            {
+                return self.stale(path, path.name.as_deref().unwrap_or(""));
+            }
             if last || !pin_may_have_refused(outcome.response.status()) || refused_for_its_uid {
                 return self
                     .remember_write(exchange, verb, path, delete.as_ref(), outcome)

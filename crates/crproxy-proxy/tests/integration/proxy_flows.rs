@@ -1203,6 +1203,58 @@ async fn a_scale_read_is_checked_again_when_its_object_moved() {
     }
 }
 
+/// A pinned write refused on its last attempt too (the object changed again
+/// since its second check) is the proxy's own conflict: kube's words for a failed
+/// uid precondition name the uid of whatever holds the name now, which may be
+/// another tenant's object.
+#[tokio::test]
+async fn a_write_refused_on_its_last_attempt_names_no_other_object() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let h = harness(AccessMode::Owned).await;
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let backend = Backend::start(Arc::new({
+        let deletes = Arc::clone(&deletes);
+        move |request: &http::request::Parts, _: &[u8]| {
+            let path = request.uri.path();
+            if path == "/apis/example.com/v1" {
+                return json_answer(200, &widgets_discovery());
+            }
+            if path != format!("{WIDGETS}/busy") {
+                return failing_answer(path, 404, false);
+            }
+            if request.method == http::Method::DELETE {
+                deletes.fetch_add(1, Ordering::SeqCst);
+                let refusal = json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "Precondition failed: UID in precondition: u-busy, UID in object meta: u-other-tenant",
+                    "reason": "Conflict", "details": {"name": "busy", "group": "example.com", "kind": "widgets"},
+                    "code": 409,
+                });
+                return json_answer(409, &refusal);
+            }
+            let mut widget = widget("busy", owned_labels());
+            widget["metadata"]["uid"] = json!("u-busy");
+            widget["metadata"]["resourceVersion"] = json!("7");
+            json_answer(200, &widget)
+        }
+    }))
+    .await;
+    widgets_served_by(&h, &backend, ("busy", 200)).await;
+    let reply = call(&h.aggregator, "DELETE", &format!("{WIDGETS}/busy"), None).await;
+    assert_eq!(reply.status, 409, "{}", reply.body);
+    assert_eq!(reply.body["reason"], "Conflict", "{}", reply.body);
+    assert_eq!(
+        reply.body["message"],
+        "Operation cannot be fulfilled on widgets.example.com \"busy\": the object has been modified; please apply your changes to the latest version and try again"
+    );
+    assert_eq!(
+        deletes.load(Ordering::SeqCst),
+        2,
+        "the write and its one retry"
+    );
+    h.proxy.shutdown().await;
+}
+
 /// Waits until the target answers a GET of `demo/<name>` with `code`.
 async fn assert_target_answers(h: &Harness, name: &str, code: u16) {
     let target_code = target_answers(code, || async {
