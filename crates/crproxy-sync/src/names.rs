@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
+
 use crproxy_core::names::shorten_with_hash;
 
 /// Tenant object name, on the host mirror.
@@ -93,6 +95,25 @@ pub struct MirrorIdentity<'a> {
     pub kind: &'a str,
     pub host_name: &'a str,
     pub host_namespace: &'a str,
+}
+
+/// Whether the host object `mirror` is the mirror that `desired` (a mirror as
+/// write-through builds it, carrying [`MirrorIdentity`]'s keys) replaces: written
+/// for the same tenant, of the same tenant object, this incarnation of it. Any
+/// other object under the name (another tenant's, one crproxy did not write, an
+/// older incarnation's mirror) is never replaced.
+pub fn same_mirror(mirror: &Value, desired: &Value) -> bool {
+    let identity = |object: &'_ Value| -> [Value; 4] {
+        let metadata = &object["metadata"];
+        [
+            metadata["labels"][MANAGED_BY].clone(),
+            metadata["annotations"][OBJECT_NAME].clone(),
+            metadata["annotations"][OBJECT_NAMESPACE].clone(),
+            metadata["annotations"][OBJECT_UID].clone(),
+        ]
+    };
+    let wanted = identity(desired);
+    wanted.iter().all(Value::is_string) && identity(mirror) == wanted
 }
 
 impl MirrorIdentity<'_> {

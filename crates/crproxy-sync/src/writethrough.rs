@@ -590,10 +590,7 @@ impl WriteThrough {
         let created = match &current {
             // Someone else's object under the mirror's name, or an older incarnation's
             // mirror: the host's own create decides (AlreadyExists), never an overwrite.
-            Some(c)
-                if c["metadata"]["annotations"][names::OBJECT_UID]
-                    != desired["metadata"]["annotations"][names::OBJECT_UID] =>
-            {
+            Some(c) if !names::same_mirror(c, desired) => {
                 let object = object(desired.clone())?;
                 write_sent.store(true, Ordering::Release);
                 api.create(&PostParams::default(), &object).await

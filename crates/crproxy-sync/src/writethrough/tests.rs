@@ -1718,3 +1718,53 @@ fn a_registration_gains_only_the_webhooks_it_lacks() {
     );
     assert_eq!(bare["webhooks"], wanted["webhooks"]);
 }
+
+/// A host object under the mirror's name that names this tenant object's uid but
+/// is not this tenant's mirror (another tenant's `managed-by`, or another tenant
+/// object's namespace) is never replaced: the host's own create decides, and its
+/// AlreadyExists denies the write.
+#[tokio::test]
+async fn an_object_under_the_mirrors_name_that_is_not_its_mirror_is_never_replaced() {
+    type Forge = fn(&mut Value);
+    let forgeries: [(&str, Forge); 2] = [
+        ("another tenant's", |m| {
+            m["labels"][names::MANAGED_BY] = json!("other");
+        }),
+        ("another namespace's", |m| {
+            m["annotations"][names::OBJECT_NAMESPACE] = json!("elsewhere");
+        }),
+    ];
+    for (whose, forge) in forgeries {
+        let host = FakeApi::start(
+            move |method: &Method, path: &str, body: &Value| match *method {
+                Method::GET if path == MIRROR_OBJECT_PATH => {
+                    let mut held = stored_mirror();
+                    held["metadata"]["resourceVersion"] = json!("3");
+                    forge(&mut held["metadata"]);
+                    (200, held)
+                }
+                Method::POST => (
+                    409,
+                    status(
+                        409,
+                        "AlreadyExists",
+                        "gateways.example.net \"edge-x-team-x-client\" already exists",
+                    ),
+                ),
+                Method::PUT => (200, body.clone()),
+                _ => not_found(),
+            },
+        )
+        .await;
+        let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+        let wt = writing_to(wt, host.client_without_retries());
+        synced(&gate);
+        let answer = wt.admit(port_update(8443)).await.expect("a review");
+        assert_eq!(response(&answer)["allowed"], false, "{whose}: {answer}");
+        assert!(
+            host.with_method(Method::PUT).is_empty(),
+            "{whose}: replaced"
+        );
+        assert_eq!(host.with_method(Method::POST).len(), 1, "{whose}");
+    }
+}
