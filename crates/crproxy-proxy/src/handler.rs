@@ -395,8 +395,8 @@ impl GroupVersionProxy {
                     }
                 }
                 // Under explicit keys nothing the target lists of other resources
-                // is passed on: an answer that cannot be cut down (not the JSON
-                // document asked for) is the target's failure.
+                // is passed on: an answer that cannot be cut down (anything but a
+                // 200 of the JSON document asked for) is the target's failure.
                 _ if explicit => {
                     return self.discovery_fallback(Reason::UpstreamError, Reason::UpstreamError)
                 }
@@ -849,7 +849,8 @@ impl GroupVersionProxy {
     /// when the body names a uid other than the checked one: kube refuses that
     /// for the uid alone. (Should the object also change between check and
     /// write, a merge patch's refusal then reads 409 where kube's would read
-    /// 422; either way nothing is written.)
+    /// 422; either way nothing is written.) A 409 on the last attempt is judged
+    /// by one more check ([`Self::last_conflict`]).
     async fn owned_mutation(
         &self,
         exchange: &Exchange,
@@ -975,16 +976,11 @@ impl GroupVersionProxy {
             if matches!(checked, Checked::Absent) && request::is_dry_run(exchange.query()) {
                 outcome = self.without_create_pin(exchange, outcome).await;
             }
-            // A 409 on the last attempt is the pin's refusal: the object changed
-            // again since its check. kube's words for a failed uid precondition
-            // name the uid of whatever holds the name now, which may be another
-            // tenant's object, so the caller gets the proxy's own conflict.
-            if last
-                && outcome.response.status() == StatusCode::CONFLICT
-                && matches!(checked, Checked::Owned(_))
-                && !refused_for_its_uid
-            {
-                return self.stale(path, path.name.as_deref().unwrap_or(""));
+            if let Checked::Owned(pin) = &checked {
+                if last && outcome.response.status() == StatusCode::CONFLICT && !refused_for_its_uid
+                {
+                    return self.last_conflict(exchange, path, pin, outcome).await;
+                }
             }
             if last || !pin_may_have_refused(outcome.response.status()) || refused_for_its_uid {
                 return self
@@ -994,6 +990,28 @@ impl GroupVersionProxy {
         }
         // The loop returns on its last attempt.
         self.upstream_failure("no attempt left for the pinned write")
+    }
+
+    /// A pinned write refused with 409 on its last attempt. When the object is
+    /// still in the state the write was pinned to, the pin held and the refusal is
+    /// the request's own (an apply's conflict with another field manager, say):
+    /// it goes back as kube wrote it. Otherwise the pin may have refused it, and
+    /// kube's words for a failed uid precondition name the uid of whatever holds
+    /// the name now, which may be another tenant's object: the caller gets kube's
+    /// "the object has been modified" conflict in the proxy's words, or the 404
+    /// of an object no longer its own.
+    async fn last_conflict(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+        pin: &Pin,
+        refusal: Outcome,
+    ) -> Outcome {
+        match self.check_ownership(exchange, path).await {
+            Ok(Checked::Owned(now)) if now == *pin => refusal,
+            Ok(_) => self.stale(path, path.name.as_deref().unwrap_or("")),
+            Err(outcome) => outcome,
+        }
     }
 
     /// A dry run answers with the object as the apply left it, and kube's dry-run

@@ -1203,56 +1203,88 @@ async fn a_scale_read_is_checked_again_when_its_object_moved() {
     }
 }
 
-/// A pinned write refused on its last attempt too (the object changed again
-/// since its second check) is the proxy's own conflict: kube's words for a failed
-/// uid precondition name the uid of whatever holds the name now, which may be
-/// another tenant's object.
+/// A pinned write refused with 409 on its last attempt too is looked at once
+/// more. Recreated by someone else in the meantime, the object is not the
+/// caller's and the target's refusal is not passed on (kube's words for a failed
+/// uid precondition name the uid of whatever holds the name now); unchanged, the
+/// refusal is the request's own (an apply's conflict with another field
+/// manager) and goes back as kube wrote it.
 #[tokio::test]
-async fn a_write_refused_on_its_last_attempt_names_no_other_object() {
+async fn a_write_refused_on_its_last_attempt_is_judged_by_one_more_check() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let h = harness(AccessMode::Owned).await;
-    let deletes = Arc::new(AtomicUsize::new(0));
-    let backend = Backend::start(Arc::new({
-        let deletes = Arc::clone(&deletes);
-        move |request: &http::request::Parts, _: &[u8]| {
-            let path = request.uri.path();
-            if path == "/apis/example.com/v1" {
-                return json_answer(200, &widgets_discovery());
+    let uid_refusal = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Precondition failed: UID in precondition: u-busy, UID in object meta: u-other-tenant",
+        "reason": "Conflict", "details": {"name": "busy", "group": "example.com", "kind": "widgets"},
+        "code": 409,
+    });
+    let apply_conflict = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Apply failed with 1 conflict: conflict with \"other\": .spec.size",
+        "reason": "Conflict",
+        "details": {"name": "busy", "group": "example.com", "kind": "widgets",
+                    "causes": [{"reason": "FieldManagerConflict", "message": "conflict with \"other\"", "field": ".spec.size"}]},
+        "code": 409,
+    });
+    let apply = (
+        "PATCH",
+        Some("application/apply-patch+yaml"),
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: busy\nspec:\n  size: 2\n",
+    );
+    for (recreated, (method, content_type, body), refusal) in [
+        (true, ("DELETE", None, ""), uid_refusal),
+        (false, apply, apply_conflict.clone()),
+    ] {
+        let h = harness(AccessMode::Owned).await;
+        let writes = Arc::new(AtomicUsize::new(0));
+        let backend = Backend::start(Arc::new({
+            let (writes, refusal) = (Arc::clone(&writes), refusal.clone());
+            move |request: &http::request::Parts, _: &[u8]| {
+                let path = request.uri.path();
+                if path == "/apis/example.com/v1" {
+                    return json_answer(200, &widgets_discovery());
+                }
+                if path != format!("{WIDGETS}/busy") {
+                    return failing_answer(path, 404, false);
+                }
+                if request.method != http::Method::GET {
+                    writes.fetch_add(1, Ordering::SeqCst);
+                    return json_answer(409, &refusal);
+                }
+                // After the second write someone else holds the name.
+                let (uid, labels) = if recreated && writes.load(Ordering::SeqCst) >= 2 {
+                    ("u-other-tenant", json!({"app": "theirs"}))
+                } else {
+                    ("u-busy", owned_labels())
+                };
+                let mut widget = widget("busy", labels);
+                widget["metadata"]["uid"] = json!(uid);
+                widget["metadata"]["resourceVersion"] = json!("7");
+                json_answer(200, &widget)
             }
-            if path != format!("{WIDGETS}/busy") {
-                return failing_answer(path, 404, false);
-            }
-            if request.method == http::Method::DELETE {
-                deletes.fetch_add(1, Ordering::SeqCst);
-                let refusal = json!({
-                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "message": "Precondition failed: UID in precondition: u-busy, UID in object meta: u-other-tenant",
-                    "reason": "Conflict", "details": {"name": "busy", "group": "example.com", "kind": "widgets"},
-                    "code": 409,
-                });
-                return json_answer(409, &refusal);
-            }
-            let mut widget = widget("busy", owned_labels());
-            widget["metadata"]["uid"] = json!("u-busy");
-            widget["metadata"]["resourceVersion"] = json!("7");
-            json_answer(200, &widget)
+        }))
+        .await;
+        widgets_served_by(&h, &backend, ("busy", 200)).await;
+        let path = format!("{WIDGETS}/busy?fieldManager=me");
+        let reply = send_as(&h.aggregator, method, &path, content_type, body).await;
+        assert_eq!(
+            writes.load(Ordering::SeqCst),
+            2,
+            "{method}: the write and its one retry"
+        );
+        if recreated {
+            assert_eq!(reply.status, 404, "{}", reply.body);
+            assert!(
+                !reply.body.to_string().contains("u-other-tenant"),
+                "{}",
+                reply.body
+            );
+        } else {
+            assert_eq!(reply.status, 409, "{}", reply.body);
+            assert_eq!(reply.body, apply_conflict, "the target's own words");
         }
-    }))
-    .await;
-    widgets_served_by(&h, &backend, ("busy", 200)).await;
-    let reply = call(&h.aggregator, "DELETE", &format!("{WIDGETS}/busy"), None).await;
-    assert_eq!(reply.status, 409, "{}", reply.body);
-    assert_eq!(reply.body["reason"], "Conflict", "{}", reply.body);
-    assert_eq!(
-        reply.body["message"],
-        "Operation cannot be fulfilled on widgets.example.com \"busy\": the object has been modified; please apply your changes to the latest version and try again"
-    );
-    assert_eq!(
-        deletes.load(Ordering::SeqCst),
-        2,
-        "the write and its one retry"
-    );
-    h.proxy.shutdown().await;
+        h.proxy.shutdown().await;
+    }
 }
 
 /// Waits until the target answers a GET of `demo/<name>` with `code`.
