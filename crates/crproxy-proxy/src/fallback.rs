@@ -81,8 +81,9 @@ pub fn aggregated_discovery_content_type(version: &str) -> String {
 pub enum AggregatedAnswer {
     /// The target's entry for this group/version, alone in the list.
     Entry(Value),
-    /// The target cannot say (401, 404, 5xx) or does not serve this group/version
-    /// (yet): the local document is served, as on the legacy path.
+    /// The target cannot say (401, 404, 5xx, or a success other than 200, which
+    /// the proxy does not read) or does not serve this group/version (yet): the
+    /// local document is served, as on the legacy path.
     Fallback,
     /// The target has no aggregated discovery (its 406, or a 200 in another form,
     /// from a server that ignores the media type): answered with 406, on which the
@@ -129,7 +130,7 @@ pub fn aggregated_answer(
 ) -> AggregatedAnswer {
     match status {
         200 => {}
-        401 | 404 | 500..=599 => return AggregatedAnswer::Fallback,
+        401 | 404 | 201..=299 | 500..=599 => return AggregatedAnswer::Fallback,
         406 => return AggregatedAnswer::NotAggregated,
         _ => return AggregatedAnswer::AsIs,
     }
@@ -355,6 +356,14 @@ mod tests {
         assert_eq!(read(406, ""), AggregatedAnswer::NotAggregated);
         for code in [401, 404, 500, 503] {
             assert_eq!(read(code, ""), AggregatedAnswer::Fallback, "{code}");
+        }
+        // A success other than 200 is never passed on: it would list every group.
+        for code in [203, 206] {
+            assert_eq!(
+                read(code, &aggregated),
+                AggregatedAnswer::Fallback,
+                "{code}"
+            );
         }
         for code in [400, 403, 429] {
             assert_eq!(read(code, ""), AggregatedAnswer::AsIs, "{code}");
