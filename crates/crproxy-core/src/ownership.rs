@@ -207,7 +207,8 @@ pub fn owner_labels(owner: &Owner) -> [(&'static str, &str); 2] {
 /// operator lowers it) drops a query of too many parameters whole and kube
 /// ignores the error, so a caller's padding would turn an owned list into a
 /// list of every tenant's objects. A list or watch of kubectl or client-go
-/// sends a dozen at most; room is left for the two a paged read adds.
+/// sends a dozen at most. The bound is on the scoped query; a paged read of a
+/// deletecollection adds `limit` and `continue` to it, 102 at most.
 pub const MAX_SCOPED_QUERY_PARAMS: usize = 100;
 
 /// Why a query cannot be scoped to an owner.

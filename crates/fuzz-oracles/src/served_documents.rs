@@ -1,8 +1,9 @@
 //! The target's documents cut down to the resources explicit configuration keys
 //! serve (discovery in both forms, the OpenAPI v3 document): never a panic; under
-//! a wildcard every document is left as it is; under explicit keys nothing names
-//! a resource that is not served, the `$ref`s of what is left still resolve, and
-//! a second cut changes nothing.
+//! a wildcard every document is left as it is; under explicit keys the discovery
+//! entries are exactly the served resources' and the OpenAPI paths exactly those
+//! outside the group/version or of a served resource, every schema the kept
+//! paths lead to is still there, and a second cut changes nothing.
 
 use std::collections::HashSet;
 
