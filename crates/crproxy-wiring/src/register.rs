@@ -285,7 +285,49 @@ fn drifted(kind: Kind, desired: &Value, live: &Value) -> bool {
                 || (desired["spec"]["type"] == "ExternalName"
                     && live["spec"].get("selector").is_some_and(|s| !s.is_null()))
         }
-        Kind::Policy | Kind::Binding => !is_subset(&desired["spec"], &live["spec"]),
+        Kind::Policy | Kind::Binding => {
+            with_admission_defaults(&desired["spec"]) != with_admission_defaults(&live["spec"])
+        }
+    }
+}
+
+/// A ValidatingAdmissionPolicy's or binding's spec with the API server's
+/// defaults filled in (kube's `SetDefaults_*` for admissionregistration/v1). The
+/// whole spec is ours and compared whole: anything added to it could switch the
+/// protection off (a `matchConditions` entry that never matches, an
+/// `excludeResourceRules`, a selector narrowed to labels nothing carries).
+fn with_admission_defaults(spec: &Value) -> Value {
+    let mut spec = spec.clone();
+    let is_policy = spec.get("policyName").is_none();
+    if is_policy {
+        set_default(&mut spec, "failurePolicy", json!("Fail"));
+    }
+    let matching = if is_policy {
+        "matchConstraints"
+    } else {
+        "matchResources"
+    };
+    if let Some(resources) = spec.get_mut(matching) {
+        set_default(resources, "matchPolicy", json!("Equivalent"));
+        set_default(resources, "namespaceSelector", json!({}));
+        set_default(resources, "objectSelector", json!({}));
+        for rules in ["resourceRules", "excludeResourceRules"] {
+            if let Some(rules) = resources.get_mut(rules).and_then(Value::as_array_mut) {
+                rules
+                    .iter_mut()
+                    .for_each(|rule| set_default(rule, "scope", json!("*")));
+            }
+        }
+    }
+    spec
+}
+
+/// Sets `object[key]` to `value` when the object lacks it (or has it null).
+fn set_default(object: &mut Value, key: &str, value: Value) {
+    if let Some(fields) = object.as_object_mut() {
+        if fields.get(key).is_none_or(Value::is_null) {
+            fields.insert(key.to_owned(), value);
+        }
     }
 }
 

@@ -531,6 +531,32 @@ async fn registration_creates_repairs_and_never_deletes() -> Result<()> {
         "platform"
     );
 
+    // A match condition that never holds would switch the protection off while
+    // every field of ours is still there: drift, repaired.
+    let policies = &apis[0];
+    let policy = "vcluster-protected-apiservices";
+    policies
+        .patch(
+            policy,
+            &edit,
+            &Patch::Merge(
+                json!({"spec": {"matchConditions": [{"name": "off", "expression": "false"}]}}),
+            ),
+        )
+        .await?;
+    assert_eq!(
+        log.take_summaries().await?,
+        ["MODIFIED ValidatingAdmissionPolicy vcluster-protected-apiservices"]
+    );
+    register_all(&client, &cfg, &regs()).await?;
+    assert_eq!(
+        log.take_summaries().await?,
+        ["MODIFIED ValidatingAdmissionPolicy vcluster-protected-apiservices"]
+    );
+    assert!(object(policies, policy).await?["spec"]
+        .get("matchConditions")
+        .is_none());
+
     // Dropping a group/version from the config leaves its objects alone.
     register_all(&client, &cfg, &regs()[..1]).await?;
     assert_eq!(log.take_summaries().await?, Vec::<String>::new());

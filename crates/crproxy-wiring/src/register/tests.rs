@@ -233,6 +233,57 @@ fn drift() {
         |v| v["spec"]["matchResources"]["namespaceSelector"] = json!({}),
         false,
     );
+    // Every default kube's admissionregistration/v1 fills in is not drift.
+    check(
+        Kind::Policy,
+        desired_policy(),
+        |v| {
+            let spec = &mut v["spec"];
+            spec["failurePolicy"] = json!("Fail");
+            spec["matchConstraints"]["namespaceSelector"] = json!({});
+            spec["matchConstraints"]["objectSelector"] = json!({});
+            spec["matchConstraints"]["resourceRules"][1]["scope"] = json!("*");
+        },
+        false,
+    );
+    check(
+        Kind::Binding,
+        desired_binding(),
+        |v| v["spec"]["matchResources"]["matchPolicy"] = json!("Equivalent"),
+        false,
+    );
+    // Anything added that could switch the protection off is drift.
+    type Edit = fn(&mut Value);
+    let narrowing_policy: [Edit; 4] = [
+        |v| v["spec"]["matchConditions"] = json!([{"name": "off", "expression": "false"}]),
+        |v| {
+            v["spec"]["matchConstraints"]["excludeResourceRules"] = json!([{
+                "apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*"]
+            }])
+        },
+        |v| {
+            v["spec"]["matchConstraints"]["objectSelector"] =
+                json!({"matchLabels": {"nothing": "has-this"}})
+        },
+        |v| v["spec"]["failurePolicy"] = json!("Ignore"),
+    ];
+    for edit in narrowing_policy {
+        check(Kind::Policy, desired_policy(), edit, true);
+    }
+    let narrowing_binding: [Edit; 3] = [
+        |v| v["spec"]["matchResources"]["objectSelector"]["matchLabels"]["extra"] = json!("x"),
+        |v| {
+            v["spec"]["matchResources"]["objectSelector"]["matchExpressions"] =
+                json!([{"key": "x", "operator": "Exists"}])
+        },
+        |v| {
+            v["spec"]["matchResources"]["namespaceSelector"] =
+                json!({"matchLabels": {"nothing": "has-this"}})
+        },
+    ];
+    for edit in narrowing_binding {
+        check(Kind::Binding, desired_binding(), edit, true);
+    }
 }
 
 #[test]
