@@ -1198,10 +1198,23 @@ impl Config {
                 .push(r);
         }
         let mut plans = Vec::new();
+        // Every group/version gets a Service of its own in the client, named from
+        // the group with its dots as dashes: `a-b.io` and `a.b.io` would share one.
+        let mut services: BTreeMap<String, String> = BTreeMap::new();
         for ((group, version), entries) in &by_gv {
             let Some(first) = entries.first() else {
                 continue;
             };
+            let service = crate::names::service_name(group, version);
+            if let Some(taken) = services.insert(service.clone(), format!("{group}/{version}")) {
+                err(
+                    entry_path(first.key),
+                    format!(
+                        "group/version {group}/{version} would be served through the Service {service}, which {taken} already uses; rename one of the groups"
+                    ),
+                );
+                continue;
+            }
             let mut consistent = true;
             for other in entries.iter().skip(1) {
                 let ep = entry_path(other.key);

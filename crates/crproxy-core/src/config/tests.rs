@@ -146,6 +146,23 @@ fn plan_details_and_defaults() {
     );
 }
 
+/// Two groups that differ only by a dot where the other has a dash would share
+/// one Service in the client (its name turns dots into dashes), and each
+/// registration pass would point it at the other's port: refused, naming both.
+#[test]
+fn group_versions_whose_services_would_share_a_name_are_refused() {
+    let yaml = format!(
+        "{BASE}      widgets.a-b.io/v1:\n        enabled: true\n        targetVirtualCluster: {{name: target}}\n      gadgets.a.b.io/v1:\n        enabled: true\n        targetVirtualCluster: {{name: target}}\n"
+    );
+    check(
+        &yaml,
+        Err(vec![(
+            &cr("gadgets.a.b.io/v1"),
+            "group/version a.b.io/v1 would be served through the Service proxy-a-b-io-v1, which a-b.io/v1 already uses",
+        )]),
+    );
+}
+
 #[test]
 fn a_wildcard_covers_explicit_keys_of_its_group_version() {
     let yaml = format!(
