@@ -247,17 +247,19 @@ impl State {
         self.synced && self.pins.len() < MAX_OBJECTS
     }
 
-    /// Keeps the newer of two states of an object. resourceVersions are opaque to
-    /// clients; comparing them as numbers (what etcd and devcluster hand out) only
-    /// keeps a late watch event from replacing the answer of a newer write. A wrong
-    /// guess costs one refused write and the slow path, never safety.
+    /// Keeps the newer of two states of an object, of one incarnation or of two
+    /// (a late event of a deleted object's must not replace its successor's
+    /// remembered create). resourceVersions are opaque to clients; comparing
+    /// them as numbers (what etcd and devcluster hand out, one counter for every
+    /// object) only keeps a late watch event from replacing the answer of a newer
+    /// write. A wrong guess costs one refused write and the slow path, never
+    /// safety.
     fn record(&mut self, key: String, pin: Pin) {
         let older = |current: &Pin| {
-            current.uid == pin.uid
-                && matches!(
-                    (current.resource_version.parse::<u64>(), pin.resource_version.parse::<u64>()),
-                    (Ok(current), Ok(new)) if new < current
-                )
+            matches!(
+                (current.resource_version.parse::<u64>(), pin.resource_version.parse::<u64>()),
+                (Ok(current), Ok(new)) if new < current
+            )
         };
         if self.pins.get(&key).is_some_and(older) {
             return;

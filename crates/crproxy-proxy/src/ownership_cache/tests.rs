@@ -66,16 +66,19 @@ fn labels_are_read_as_a_parsed_document_would_read_them() {
 }
 
 #[test]
-fn a_late_event_never_replaces_a_newer_state_of_the_same_object() {
+fn a_late_event_never_replaces_a_newer_state_of_the_object_under_the_name() {
     let mut state = State::default();
     state.record("ns/a".into(), pin("u", "10"));
     state.record("ns/a".into(), pin("u", "9"));
     assert_eq!(state.pins["ns/a"], pin("u", "10"));
     state.record("ns/a".into(), pin("u", "11"));
     assert_eq!(state.pins["ns/a"], pin("u", "11"));
-    // Another incarnation always replaces, whatever its version.
-    state.record("ns/a".into(), pin("v", "5"));
-    assert_eq!(state.pins["ns/a"], pin("v", "5"));
+    // A later incarnation (deleted and created again) replaces it; a late event
+    // of the deleted one does not replace its successor.
+    state.record("ns/a".into(), pin("v", "20"));
+    assert_eq!(state.pins["ns/a"], pin("v", "20"));
+    state.record("ns/a".into(), pin("u", "12"));
+    assert_eq!(state.pins["ns/a"], pin("v", "20"));
 }
 
 #[test]
