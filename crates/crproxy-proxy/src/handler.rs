@@ -1177,10 +1177,16 @@ impl GroupVersionProxy {
             }
             return outcome;
         }
-        // Only an object in plain JSON can be read for the cache.
+        // Only an object in plain JSON can be read for the cache; what it knew of
+        // an object written with any other answer is superseded.
         let (parts, bytes, reason) = match self.read_json_answer(exchange, outcome).await {
             Ok(read) => read,
-            Err(outcome) => return outcome,
+            Err(outcome) => {
+                if let Some(name) = name {
+                    self.ownership_cache.forget(&path.resource, namespace, name);
+                }
+                return outcome;
+            }
         };
         self.ownership_cache
             .remember(&path.resource, namespace, name, &bytes);

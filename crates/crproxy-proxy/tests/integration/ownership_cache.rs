@@ -448,6 +448,34 @@ async fn a_stale_cache_entry_costs_a_check_never_the_write() {
     h.proxy.shutdown().await;
 }
 
+/// A write answered in a form the cache does not read (YAML here) leaves nothing
+/// of the object's old state in the cache: the next write is a miss (or a hit
+/// on the state the watch delivered since), never a pin to the superseded state
+/// that the target refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_answered_in_another_form_leaves_no_stale_entry() {
+    let h = harness(AccessMode::Owned).await;
+    for round in 0..20 {
+        let name = format!("y{round}");
+        hot_owned_widget(&h, &name).await;
+        let request = http::Request::builder()
+            .method("PATCH")
+            .uri(format!("{WIDGETS}/{name}"))
+            .header("x-remote-user", "alice")
+            .header("x-remote-group", "system:authenticated")
+            .header("accept", "application/yaml")
+            .header("content-type", "application/merge-patch+json")
+            .body(Bytes::from_static(br#"{"spec":{"replicas":3}}"#))
+            .expect("request");
+        let answered = target_support::exchange(&h.aggregator, request).await;
+        assert_eq!(answered.status, 200, "round {round}: {answered:?}");
+        let (patched, moved) = counted_patch(&h, &name).await;
+        assert_eq!(patched.status, 200, "round {round}: {patched:?}");
+        assert_eq!(moved.stale, 0, "round {round}: {moved:?}");
+    }
+    h.proxy.shutdown().await;
+}
+
 /// An object someone else deleted while the cache still knew it: a server-side
 /// apply creates it again, labelled, and a patch is the target's 404, exactly as
 /// without the cache.
