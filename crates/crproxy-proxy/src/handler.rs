@@ -881,7 +881,10 @@ impl GroupVersionProxy {
             };
             let options = DeleteOptions::read(&bytes, exchange.query());
             drop(room);
-            (None, None, None, Some(options))
+            // A pin in a body is the proxy's JSON, whatever the caller's
+            // Content-Type said of the body it did not send.
+            let media_type = Some(BodyType::Json.media_type());
+            (media_type, None, None, Some(options))
         } else {
             match self.labelled_body(exchange, &bytes, stamp).await {
                 Ok(Ok((write, room))) => (

@@ -453,6 +453,27 @@ async fn owned_objects_can_be_read_and_deleted() {
     h.proxy.shutdown().await;
 }
 
+/// A body-less delete whose query is too long to carry the pin gets the pin in a
+/// body, as JSON: the caller's Content-Type (here protobuf) described a body it
+/// never sent and does not go with the proxy's.
+#[tokio::test]
+async fn a_delete_pinned_in_a_body_is_sent_as_json_whatever_the_callers_content_type() {
+    let h = harness(AccessMode::Owned).await;
+    created_through_proxy(&h, "long-query").await;
+    let path = format!("{WIDGETS}/long-query?pretty=true&a=1&b=2&c=3&d=4&e=5");
+    let deleted = send_as(
+        &h.aggregator,
+        "DELETE",
+        &path,
+        Some("application/vnd.kubernetes.protobuf"),
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(deleted.status, 200, "{}", deleted.body);
+    assert!(on_target(&h, "long-query").await.is_none());
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn lists_carry_the_owner_selector_merged_with_the_callers() {
     let h = harness(AccessMode::Owned).await;
