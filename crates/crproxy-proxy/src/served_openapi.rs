@@ -39,10 +39,9 @@ pub fn served_document(
     let dropped = Value::Object(dropped.into_iter().collect());
     let schemas = document
         .pointer("/components/schemas")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let kept_reach = reachable(&document["paths"], &schemas);
-    let dropped_reach = reachable(&dropped, &schemas);
+        .unwrap_or(&Value::Null);
+    let kept_reach = reachable(&document["paths"], schemas);
+    let dropped_reach = reachable(&dropped, schemas);
     if let Some(schemas) = document
         .pointer_mut("/components/schemas")
         .and_then(Value::as_object_mut)
