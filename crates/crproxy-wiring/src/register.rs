@@ -286,7 +286,8 @@ fn drifted(kind: Kind, desired: &Value, live: &Value) -> bool {
                     && live["spec"].get("selector").is_some_and(|s| !s.is_null()))
         }
         Kind::Policy | Kind::Binding => {
-            with_admission_defaults(&desired["spec"]) != with_admission_defaults(&live["spec"])
+            with_admission_defaults(kind, &desired["spec"])
+                != with_admission_defaults(kind, &live["spec"])
         }
     }
 }
@@ -296,13 +297,10 @@ fn drifted(kind: Kind, desired: &Value, live: &Value) -> bool {
 /// whole spec is ours and compared whole: anything added to it could switch the
 /// protection off (a `matchConditions` entry that never matches, an
 /// `excludeResourceRules`, a selector narrowed to labels nothing carries).
-fn with_admission_defaults(spec: &Value) -> Value {
+fn with_admission_defaults(kind: Kind, spec: &Value) -> Value {
     let mut spec = spec.clone();
-    let is_policy = spec.get("policyName").is_none();
-    if is_policy {
+    let matching = if kind == Kind::Policy {
         set_default(&mut spec, "failurePolicy", json!("Fail"));
-    }
-    let matching = if is_policy {
         "matchConstraints"
     } else {
         "matchResources"
