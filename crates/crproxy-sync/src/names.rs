@@ -103,17 +103,17 @@ pub struct MirrorIdentity<'a> {
 /// other object under the name (another tenant's, one crproxy did not write, an
 /// older incarnation's mirror) is never replaced.
 pub fn same_mirror(mirror: &Value, desired: &Value) -> bool {
-    let identity = |object: &'_ Value| -> [Value; 4] {
+    fn identity(object: &Value) -> [&Value; 4] {
         let metadata = &object["metadata"];
         [
-            metadata["labels"][MANAGED_BY].clone(),
-            metadata["annotations"][OBJECT_NAME].clone(),
-            metadata["annotations"][OBJECT_NAMESPACE].clone(),
-            metadata["annotations"][OBJECT_UID].clone(),
+            &metadata["labels"][MANAGED_BY],
+            &metadata["annotations"][OBJECT_NAME],
+            &metadata["annotations"][OBJECT_NAMESPACE],
+            &metadata["annotations"][OBJECT_UID],
         ]
-    };
+    }
     let wanted = identity(desired);
-    wanted.iter().all(Value::is_string) && identity(mirror) == wanted
+    wanted.iter().all(|key| key.is_string()) && identity(mirror) == wanted
 }
 
 impl MirrorIdentity<'_> {
