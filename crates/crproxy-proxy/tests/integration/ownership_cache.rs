@@ -458,11 +458,7 @@ async fn a_write_answered_in_another_form_leaves_no_stale_entry() {
     for round in 0..20 {
         let name = format!("y{round}");
         hot_owned_widget(&h, &name).await;
-        let request = http::Request::builder()
-            .method("PATCH")
-            .uri(format!("{WIDGETS}/{name}"))
-            .header("x-remote-user", "alice")
-            .header("x-remote-group", "system:authenticated")
+        let request = target_support::as_alice("PATCH", &format!("{WIDGETS}/{name}"))
             .header("accept", "application/yaml")
             .header("content-type", "application/merge-patch+json")
             .body(Bytes::from_static(br#"{"spec":{"replicas":3}}"#))
@@ -898,11 +894,7 @@ async fn a_dry_run_delete_leaves_the_object_remembered() {
 async fn a_create_answered_as_a_table_gets_the_table() {
     let h = harness(AccessMode::Owned).await;
     hot_owned_widget(&h, "starter").await;
-    let request = http::Request::builder()
-        .method("POST")
-        .uri(WIDGETS)
-        .header("x-remote-user", "alice")
-        .header("x-remote-group", "system:authenticated")
+    let request = target_support::as_alice("POST", WIDGETS)
         .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
         .header("content-type", "application/json")
         .body(Bytes::from(widget("tabled", json!({})).to_string()))

@@ -25,7 +25,7 @@ use crproxy_proxy::metrics::Metrics;
 use crproxy_proxy::sources::PeerSourceConfig;
 use log_support::LogBuffer;
 use target_support::{
-    aggregator_get, caller_h2, caller_h2_with_window, example_crd, exchange, harness,
+    aggregator_get, as_alice, caller_h2, caller_h2_with_window, example_crd, exchange, harness,
     harness_behind, harness_with, harness_with_peers, json_of, metric_value, on_target, send_as,
     wait_until_served, widget, widget_object, widget_resource, Harness, Options, Reply,
     OWNER_LABELS, WIDGETS,
@@ -898,10 +898,7 @@ async fn a_ranged_openapi_request_gets_only_the_cut_document() {
         }))
         .await;
         widgets_served_by(&h, &backend, ("absent", 404)).await;
-        let request = http::Request::builder()
-            .uri(OPENAPI)
-            .header("x-remote-user", "alice")
-            .header("x-remote-group", "system:authenticated")
+        let request = as_alice("GET", OPENAPI)
             .header("accept", "application/json")
             .header(http::header::RANGE, "bytes=0-")
             .body(Bytes::new())

@@ -346,6 +346,16 @@ pub async fn send(
     send_as(&h.aggregator, method, path, content_type, body).await
 }
 
+/// A request of `method` to `uri` carrying the identity headers an aggregator
+/// sets for alice (authenticated); the caller adds `Accept` and the rest.
+pub fn as_alice(method: &str, uri: &str) -> http::request::Builder {
+    http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+}
+
 /// A request as `caller` to the proxy, carrying the identity headers an aggregator
 /// sets (`alice`, authenticated); `content_type: None` sends none.
 pub async fn send_as(
@@ -355,12 +365,7 @@ pub async fn send_as(
     content_type: Option<&str>,
     body: impl Into<Bytes>,
 ) -> Reply {
-    let mut request = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("x-remote-user", "alice")
-        .header("x-remote-group", "system:authenticated")
-        .header("accept", "application/json");
+    let mut request = as_alice(method, path).header("accept", "application/json");
     if let Some(ct) = content_type {
         request = request.header("content-type", ct);
     }
@@ -495,9 +500,7 @@ where
 /// A bodiless GET of `path` as the client's aggregator forwards alice's, for the
 /// connections [`caller_h2`] opens.
 pub fn aggregator_get(path: &str) -> http::Request<http_body_util::Empty<Bytes>> {
-    http::Request::get(format!("https://localhost{path}"))
-        .header("x-remote-user", "alice")
-        .header("x-remote-group", "system:authenticated")
+    as_alice("GET", &format!("https://localhost{path}"))
         .header("accept", "application/json")
         .body(http_body_util::Empty::new())
         .expect("request")
