@@ -202,7 +202,15 @@ impl GroupVersionProxy {
         peer: Option<Arc<PeerCertificate>>,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        // kube serves HEAD as GET (its request info and metrics read it as a get,
+        // list or watch) and sends no body. The target is asked with GET, so an
+        // owned object's answer is still read for its labels; the body is left
+        // out only at the end.
+        let head = parts.method == Method::HEAD;
+        if head {
+            parts.method = Method::GET;
+        }
         let kind = request::classify(
             parts.method.as_str(),
             parts.uri.path(),
@@ -231,7 +239,7 @@ impl GroupVersionProxy {
         } else {
             match Arc::clone(&self.in_flight).try_acquire_owned() {
                 Ok(permit) => Some(permit),
-                Err(_) => return self.too_many_requests(verb_label),
+                Err(_) => return without_body_if(head, self.too_many_requests(verb_label)),
             }
         };
         let inflight = (!is_watch).then(|| self.metrics.inflight());
@@ -328,7 +336,7 @@ impl GroupVersionProxy {
             }
             None => body,
         };
-        Response::from_parts(parts, body)
+        without_body_if(head, Response::from_parts(parts, body))
     }
 
     /// 429 past [`MAX_IN_FLIGHT`], in kube's words, before any work is done.
@@ -2479,6 +2487,24 @@ fn wants_upgrade(headers: &HeaderMap) -> bool {
             .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// The answer to a HEAD: `response`'s status and headers, with the
+/// `Content-Length` of the body a GET gets when it is known (as Go's server
+/// gives it), and no body. Dropping the body lets go of the target's answer at
+/// once.
+fn without_body_if(head: bool, response: Response<ProxyBody>) -> Response<ProxyBody> {
+    if !head {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    if let Some(length) = hyper::body::Body::size_hint(&body).exact() {
+        parts
+            .headers
+            .entry(http::header::CONTENT_LENGTH)
+            .or_insert_with(|| HeaderValue::from(length));
+    }
+    Response::from_parts(parts, transport::full(Bytes::new()))
+}
+
 fn method_label(method: &Method) -> &'static str {
     match *method {
         Method::GET => "GET",
@@ -2486,7 +2512,6 @@ fn method_label(method: &Method) -> &'static str {
         Method::PUT => "PUT",
         Method::PATCH => "PATCH",
         Method::DELETE => "DELETE",
-        Method::HEAD => "HEAD",
         Method::OPTIONS => "OPTIONS",
         _ => "OTHER",
     }

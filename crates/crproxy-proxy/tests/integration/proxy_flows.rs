@@ -453,6 +453,110 @@ async fn owned_objects_can_be_read_and_deleted() {
     h.proxy.shutdown().await;
 }
 
+/// A HEAD is answered as kube answers it: as the GET it stands for (an owned
+/// object, a list, a masked object's 404, an unserved resource's 404), with no
+/// body, over HTTP/1.1 (as kube-rs speaks) and HTTP/2 (as the aggregator does).
+/// It was a 405 once.
+#[tokio::test]
+async fn a_head_is_answered_as_its_get_without_a_body() {
+    use http_body_util::BodyExt;
+    let h = harness(AccessMode::Owned).await;
+    created_through_proxy(&h, "mine").await;
+    create_on_target(
+        &h,
+        "foreign",
+        json!({"vcluster.com/owner-vcluster": "client"}),
+    )
+    .await;
+    let mine = format!("{WIDGETS}/mine");
+    let mut h2 =
+        caller_h2::<http_body_util::Empty<Bytes>>(h.addr, &h.serving_ca_pem, &h.front_proxy_client)
+            .await;
+    for (path, status) in [
+        (mine.clone(), 200),
+        (WIDGETS.to_owned(), 200),
+        (format!("{WIDGETS}/foreign"), 404),
+        (
+            "/apis/example.com/v1/namespaces/demo/gadgets".to_owned(),
+            404,
+        ),
+        ("/apis/example.com/v1".to_owned(), 200),
+    ] {
+        let get = call(&h.aggregator, "GET", &path, None).await;
+        assert_eq!(get.status, status, "GET {path}: {}", get.body);
+        let request = as_alice("HEAD", &path)
+            .header("accept", "application/json")
+            .body(Bytes::new())
+            .expect("request");
+        let response = tokio::time::timeout(
+            Duration::from_secs(20),
+            h.aggregator.send(request.map(kube::client::Body::from)),
+        )
+        .await
+        .expect("HEAD over HTTP/1.1 answered within 20 s")
+        .expect("HEAD over HTTP/1.1");
+        assert_eq!(
+            response.status().as_u16(),
+            status,
+            "HEAD {path} over HTTP/1.1"
+        );
+        for header in ["content-type", "content-length"] {
+            assert_eq!(
+                response.headers().get(header),
+                get.headers.get(header),
+                "HEAD {path} over HTTP/1.1: {header}"
+            );
+        }
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        assert!(
+            body.is_empty(),
+            "HEAD {path} over HTTP/1.1 had a body: {body:?}"
+        );
+
+        let request = as_alice("HEAD", &format!("https://localhost{path}"))
+            .header("accept", "application/json")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request");
+        let response = tokio::time::timeout(Duration::from_secs(20), h2.send_request(request))
+            .await
+            .expect("HEAD over HTTP/2 answered within 20 s")
+            .expect("HEAD over HTTP/2");
+        assert_eq!(
+            response.status().as_u16(),
+            status,
+            "HEAD {path} over HTTP/2"
+        );
+        let body = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
+            .await
+            .expect("HEAD over HTTP/2 ended within 20 s")
+            .expect("HEAD over HTTP/2 body")
+            .to_bytes();
+        assert!(
+            body.is_empty(),
+            "HEAD {path} over HTTP/2 had a body: {body:?}"
+        );
+    }
+    // An owned object's HEAD is read and checked as its GET is: the masked
+    // object's 404 is the proxy's, counted as such.
+    assert!(series(
+        &h.metrics,
+        "vcluster_proxy_request_total",
+        "reason=\"ownership_masked\""
+    ));
+    // kube counts a HEAD as the GET, LIST or WATCH it stands for.
+    assert!(!series(
+        &h.metrics,
+        "vcluster_proxy_request_total",
+        "verb=\"HEAD\""
+    ));
+    h.proxy.shutdown().await;
+}
+
 /// A body-less delete whose query is too long to carry the pin gets the pin in a
 /// body, as JSON: the caller's Content-Type (here protobuf) described a body it
 /// never sent and does not go with the proxy's.
