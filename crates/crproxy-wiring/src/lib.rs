@@ -21,8 +21,8 @@ pub use leader::{
     LeadershipChanges, LeaseConfig, LeaseObserver,
 };
 pub use register::{
-    desired_apiservice, desired_binding, desired_policy, desired_service, protection_expression,
-    register_all, spawn_registrar, RegistrarConfig, Registration, ServiceMode,
-    GROUP_PRIORITY_MINIMUM, VERSION_PRIORITY,
+    binding_drifted, desired_apiservice, desired_binding, desired_policy, desired_service,
+    policy_drifted, protection_expression, register_all, spawn_registrar, RegistrarConfig,
+    Registration, ServiceMode, GROUP_PRIORITY_MINIMUM, VERSION_PRIORITY,
 };
 pub use wiring::{spawn_wiring, WiringHandle};

@@ -208,6 +208,20 @@ pub fn desired_binding() -> Value {
     })
 }
 
+/// Whether a live ValidatingAdmissionPolicy differs from [`desired_policy`] in
+/// anything that matters: the registrar's own drift rule (the whole spec, after
+/// the API server's defaults), so `crproxy doctor` judges a policy the way the
+/// leader repairs it.
+pub fn policy_drifted(live: &Value) -> bool {
+    drifted(Kind::Policy, &desired_policy(), live)
+}
+
+/// Whether a live ValidatingAdmissionPolicyBinding differs from
+/// [`desired_binding`] in anything that matters; see [`policy_drifted`].
+pub fn binding_drifted(live: &Value) -> bool {
+    drifted(Kind::Binding, &desired_binding(), live)
+}
+
 /// The kinds we reconcile; each knows its paths and what counts as drift.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {

@@ -607,22 +607,46 @@ async fn check_service(client: &kube::Client, gv: &str, apiservice: &APIService)
     )
 }
 
+/// The deletion-protection policy and binding exist and are what the leader
+/// installs: the readable problems first (missing, bound elsewhere, not denying,
+/// not selecting the label), then any other difference by the registrar's own
+/// rule (`crproxy_wiring::{policy,binding}_drifted`), since anything added to either spec (a
+/// `matchConditions` entry that never holds, an `excludeResourceRules`, an extra
+/// selector label, `failurePolicy: Ignore`) can switch the protection off.
 async fn check_protection(client: &kube::Client) -> Check {
-    let runbook = "the leader re-creates the policy and binding within seconds; a lasting \
-                   absence means no leader (see the leader check) or missing RBAC on \
-                   validatingadmissionpolicies(bindings) (deploy/base/rbac.yaml)";
+    let runbook = "the leader re-creates a missing policy or binding, and restores a changed \
+                   one, on its next registration pass (within seconds); a lasting absence or \
+                   difference means no leader (see the leader check), missing RBAC on \
+                   validatingadmissionpolicies(bindings) (deploy/base/rbac.yaml), or something \
+                   else (a GitOps tool, an operator) rewriting them after each repair";
     let policies = Api::<ValidatingAdmissionPolicy>::all(client.clone());
     let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone());
     let policy = bounded(policies.get_opt(names::POLICY_NAME)).await;
     let binding = bounded(bindings.get_opt(names::POLICY_BINDING_NAME)).await;
+    let differs = |what: &str, name: &str| {
+        format!(
+            "{what} {name} differs from the one crproxy installs (a changed spec can switch \
+             the protection off)"
+        )
+    };
     let mut problems = Vec::new();
     match &policy {
-        Ok(Some(_)) => {}
+        Ok(Some(policy)) => match serde_json::to_value(policy) {
+            Ok(live) if crproxy_wiring::policy_drifted(&live) => {
+                problems.push(differs("policy", names::POLICY_NAME));
+            }
+            Ok(_) => {}
+            Err(e) => problems.push(format!("comparing policy {}: {e}", names::POLICY_NAME)),
+        },
         Ok(None) => problems.push(format!("policy {} missing", names::POLICY_NAME)),
         Err(e) => problems.push(format!("reading policy {}: {e}", names::POLICY_NAME)),
     }
     match binding {
         Ok(Some(binding)) => {
+            // Judged before the spec is taken apart below.
+            let drifted =
+                serde_json::to_value(&binding).map(|live| crproxy_wiring::binding_drifted(&live));
+            let before = problems.len();
             let spec = binding.spec.unwrap_or_default();
             if spec.policy_name.as_deref() != Some(names::POLICY_NAME) {
                 // As JSON: quoted, or null when the binding names none.
@@ -656,6 +680,17 @@ async fn check_protection(client: &kube::Client) -> Check {
                     names::PROTECTION_LABEL_KEY,
                     names::PROTECTION_LABEL_VALUE
                 ));
+            }
+            // Any other difference, unless one named above already explains it.
+            match drifted {
+                Ok(true) if problems.len() == before => {
+                    problems.push(differs("binding", names::POLICY_BINDING_NAME));
+                }
+                Ok(_) => {}
+                Err(e) => problems.push(format!(
+                    "comparing binding {}: {e}",
+                    names::POLICY_BINDING_NAME
+                )),
             }
         }
         Ok(None) => problems.push(format!("binding {} missing", names::POLICY_BINDING_NAME)),

@@ -406,6 +406,87 @@ fn the_clients_own_apiservices_are_recognised() {
     }
 }
 
+/// The public drift checks `crproxy doctor` uses: what the API server returns for
+/// the desired objects (with its defaults and metadata) is not drift; anything
+/// that could switch the protection off is.
+#[test]
+fn protection_drift_is_judged_on_the_whole_spec() {
+    let served_policy = || {
+        let mut v = desired_policy();
+        v["metadata"]["resourceVersion"] = json!("7");
+        v["metadata"]["uid"] = json!("u-1");
+        let spec = &mut v["spec"];
+        spec["failurePolicy"] = json!("Fail");
+        let rules = &mut spec["matchConstraints"];
+        rules["matchPolicy"] = json!("Equivalent");
+        rules["namespaceSelector"] = json!({});
+        rules["objectSelector"] = json!({});
+        rules["resourceRules"][0]["scope"] = json!("*");
+        rules["resourceRules"][1]["scope"] = json!("*");
+        v["status"] = json!({"observedGeneration": 1});
+        v
+    };
+    let served_binding = || {
+        let mut v = desired_binding();
+        v["metadata"]["resourceVersion"] = json!("8");
+        let rules = &mut v["spec"]["matchResources"];
+        rules["matchPolicy"] = json!("Equivalent");
+        rules["namespaceSelector"] = json!({});
+        v
+    };
+    assert!(!policy_drifted(&desired_policy()));
+    assert!(!policy_drifted(&served_policy()));
+    assert!(!binding_drifted(&desired_binding()));
+    assert!(!binding_drifted(&served_binding()));
+
+    type Edit = fn(&mut Value);
+    let tampered_policy: [(&str, Edit); 5] = [
+        ("never-true matchConditions", |v| {
+            v["spec"]["matchConditions"] = json!([{"name": "off", "expression": "false"}])
+        }),
+        ("excludeResourceRules", |v| {
+            v["spec"]["matchConstraints"]["excludeResourceRules"] = json!([{
+                "apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"],
+                "resources": ["*"], "scope": "*"
+            }])
+        }),
+        ("failurePolicy Ignore", |v| {
+            v["spec"]["failurePolicy"] = json!("Ignore")
+        }),
+        ("changed expression", |v| {
+            v["spec"]["validations"][0]["expression"] = json!("true")
+        }),
+        ("missing spec", |v| v["spec"] = Value::Null),
+    ];
+    for (what, edit) in tampered_policy {
+        let mut live = served_policy();
+        edit(&mut live);
+        assert!(policy_drifted(&live), "{what}: {live}");
+    }
+    let tampered_binding: [(&str, Edit); 4] = [
+        ("extra selector label", |v| {
+            v["spec"]["matchResources"]["objectSelector"]["matchLabels"]["extra"] = json!("x")
+        }),
+        ("never-true matchConditions", |v| {
+            v["spec"]["matchConditions"] = json!([{"name": "off", "expression": "false"}])
+        }),
+        ("Deny and Audit", |v| {
+            v["spec"]["validationActions"] = json!(["Deny", "Audit"])
+        }),
+        ("excludeResourceRules", |v| {
+            v["spec"]["matchResources"]["excludeResourceRules"] = json!([{
+                "apiGroups": [""], "apiVersions": ["*"], "operations": ["*"],
+                "resources": ["services"]
+            }])
+        }),
+    ];
+    for (what, edit) in tampered_binding {
+        let mut live = served_binding();
+        edit(&mut live);
+        assert!(binding_drifted(&live), "{what}: {live}");
+    }
+}
+
 #[test]
 fn the_protection_expression_names_the_label() {
     assert_eq!(

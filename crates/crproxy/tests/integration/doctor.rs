@@ -7,7 +7,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -270,8 +272,61 @@ async fn all_green_then_each_broken_piece_is_named() -> Result<()> {
     assert_eq!(run.status_of("", "leader"), "fail", "{:?}", run.not_ok());
     assert_eq!(run.status_of(&gv, "service"), "ok");
 
-    // The protection policy's binding is deleted.
+    // The protection policy gets a match condition that never holds: it still
+    // exists and is bound, but protects nothing.
     let client_admin = devenv::admin_client(&env.clients[0].cluster)?;
+    let policies = Api::<ValidatingAdmissionPolicy>::all(client_admin.clone());
+    let mut policy = policies.get(names::POLICY_NAME).await?;
+    if let Some(spec) = policy.spec.as_mut() {
+        spec.match_conditions = Some(vec![MatchCondition {
+            name: "never".into(),
+            expression: "false".into(),
+        }]);
+    }
+    policies
+        .replace(names::POLICY_NAME, &PostParams::default(), &policy)
+        .await
+        .context("adding a never-true matchConditions entry to the policy")?;
+    let run = doctor(&client_kubeconfig, None, None).await?;
+    assert!(!run.success);
+    assert_eq!(run.status_of("", "protection"), "fail");
+    let evidence = run.evidence_of("", "protection");
+    assert!(
+        evidence.contains(&format!(
+            "policy {} differs from the one crproxy installs",
+            names::POLICY_NAME
+        )) && !evidence.contains("binding"),
+        "{evidence}"
+    );
+
+    // The binding selects one label more than the protected objects carry.
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client_admin.clone());
+    let mut binding = bindings.get(names::POLICY_BINDING_NAME).await?;
+    if let Some(labels) = binding
+        .spec
+        .as_mut()
+        .and_then(|s| s.match_resources.as_mut())
+        .and_then(|m| m.object_selector.as_mut())
+        .and_then(|s| s.match_labels.as_mut())
+    {
+        labels.insert("nothing-has".into(), "this".into());
+    }
+    bindings
+        .replace(names::POLICY_BINDING_NAME, &PostParams::default(), &binding)
+        .await
+        .context("adding a selector label to the binding")?;
+    let run = doctor(&client_kubeconfig, None, None).await?;
+    assert_eq!(run.status_of("", "protection"), "fail");
+    let evidence = run.evidence_of("", "protection");
+    assert!(
+        evidence.contains(&format!(
+            "binding {} differs from the one crproxy installs",
+            names::POLICY_BINDING_NAME
+        )),
+        "{evidence}"
+    );
+
+    // The protection policy's binding is deleted.
     Api::<ValidatingAdmissionPolicyBinding>::all(client_admin.clone())
         .delete(names::POLICY_BINDING_NAME, &DeleteParams::default())
         .await?;
