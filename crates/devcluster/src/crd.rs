@@ -168,21 +168,6 @@ pub fn resource_info(crd: &Value) -> Option<ResourceInfo> {
     }
     // kube prefers versions by "version priority" (v1 > v1beta1 > v1alpha1 > other).
     served.sort_by_key(|v| version_priority(s(v, &["name"])));
-    let spec_subresources = |v: &Value| -> Option<Value> {
-        v.get("subresources")
-            .or_else(|| crd.get("spec").and_then(|s| s.get("subresources")))
-            .cloned()
-    };
-    let first_sub = spec_subresources(served[0]).unwrap_or(Value::Null);
-    let status_subresource = first_sub.get("status").is_some();
-    let scale = first_sub.get("scale").map(|sc| ScaleSpec {
-        spec_replicas_path: s(sc, &["specReplicasPath"]).to_string(),
-        status_replicas_path: s(sc, &["statusReplicasPath"]).to_string(),
-        label_selector_path: sc
-            .get("labelSelectorPath")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-    });
     let versions = served
         .iter()
         .map(|v| {
@@ -200,7 +185,25 @@ pub fn resource_info(crd: &Value) -> Option<ResourceInfo> {
                 Some(s) => StructuralSchema::from_json(s).ok(),
                 None => Some(StructuralSchema::preserve_all()),
             };
+            // apiextensions v1 declares subresources per version (v1 has no
+            // spec-level `subresources`), and kube's CRD handler serves, and its
+            // strategy resets status, per version (GetSubresourcesForVersion).
+            let declared = |name: &str| {
+                v.get("subresources")
+                    .and_then(|sub| sub.get(name))
+                    .filter(|x| !x.is_null())
+            };
+            let scale = declared("scale").map(|sc| ScaleSpec {
+                spec_replicas_path: s(sc, &["specReplicasPath"]).to_string(),
+                status_replicas_path: s(sc, &["statusReplicasPath"]).to_string(),
+                label_selector_path: sc
+                    .get("labelSelectorPath")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            });
             VersionInfo {
+                status_subresource: declared("status").is_some(),
+                scale,
                 structural: structural.map(std::sync::Arc::new),
                 name: vname,
                 storage: v.get("storage").and_then(Value::as_bool) == Some(true),
@@ -244,8 +247,6 @@ pub fn resource_info(crd: &Value) -> Option<ResourceInfo> {
         verbs: CR_VERBS.iter().map(|v| v.to_string()).collect(),
         short_names: strings("shortNames"),
         categories: strings("categories"),
-        status_subresource,
-        scale,
         source: Source::Crd(name),
         has_generation: true,
         unconditional_update: false,
@@ -371,7 +372,14 @@ mod tests {
         assert!(info.namespaced);
         assert_eq!(info.versions[0].name, "v1");
         assert_eq!(info.storage_version(), "v1");
-        assert!(info.status_subresource);
+        // Subresources are per version: crontab()'s v1beta1 declares none.
+        assert!(info.has_status("v1"));
+        assert!(!info.has_status("v1beta1"));
+        assert_eq!(
+            info.scale("v1").map(|sc| sc.spec_replicas_path.as_str()),
+            Some(".spec.replicas")
+        );
+        assert_eq!(info.scale("v1beta1"), None);
         assert_eq!(
             info.version("v1beta1")
                 .and_then(|v| v.deprecation_warning.clone())

@@ -164,7 +164,9 @@ pub fn api_group_doc(registry: &Registry, group: &str, extra: &Extra) -> Option<
     Some(doc)
 }
 
-fn resource_entries(info: &ResourceInfo) -> Vec<Value> {
+/// The APIResourceList entries of `info` in `version`: the resource, then the
+/// subresources that version serves (a CRD declares them per version).
+fn resource_entries(info: &ResourceInfo, version: &str) -> Vec<Value> {
     let mut main = Map::new();
     main.insert("name".into(), json!(info.resource));
     main.insert("singularName".into(), json!(info.singular));
@@ -184,13 +186,13 @@ fn resource_entries(info: &ResourceInfo) -> Vec<Value> {
         );
     }
     let mut out = vec![Value::Object(main)];
-    if info.status_subresource {
+    if info.has_status(version) {
         out.push(json!({
             "name": format!("{}/status", info.resource), "singularName": "",
             "namespaced": info.namespaced, "kind": info.kind, "verbs": ["get", "patch", "update"],
         }));
     }
-    if info.scale.is_some() {
+    if info.scale(version).is_some() {
         out.push(json!({
             "name": format!("{}/scale", info.resource), "singularName": "",
             "namespaced": info.namespaced, "group": "autoscaling", "version": "v1",
@@ -224,7 +226,10 @@ fn storage_version_hash(info: &ResourceInfo) -> String {
 pub fn api_resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
     let all = grouped(registry);
     let infos = all.get(group)?.get(version)?;
-    let resources: Vec<Value> = infos.iter().flat_map(|i| resource_entries(i)).collect();
+    let resources: Vec<Value> = infos
+        .iter()
+        .flat_map(|i| resource_entries(i, version))
+        .collect();
     Some(if group.is_empty() {
         json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources})
     } else {
@@ -260,10 +265,10 @@ fn discovery_resource(info: &ResourceInfo, version: &str) -> Value {
         m.insert("categories".into(), json!(info.categories));
     }
     let mut subs = Vec::new();
-    if info.status_subresource {
+    if info.has_status(version) {
         subs.push(json!({"subresource": "status", "responseKind": response_kind, "verbs": ["get", "patch", "update"]}));
     }
-    if info.scale.is_some() {
+    if info.scale(version).is_some() {
         subs.push(json!({"subresource": "scale", "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"}, "verbs": ["get", "patch", "update"]}));
     }
     for (sub, kind, verbs) in &info.extra_subresources {
@@ -348,5 +353,61 @@ mod tests {
             lease_group["versions"][0]["resources"][0]["responseKind"],
             json!({"group": "", "version": "", "kind": "Lease"})
         );
+    }
+
+    /// kube's CRD discovery lists, per version, the subresources that version
+    /// declares (`spec.versions[i].subresources`), legacy and aggregated alike.
+    #[test]
+    fn crd_subresources_are_listed_per_version() {
+        let r = Registry::new();
+        let crd = json!({
+            "metadata": {"name": "widgets.per.example.io"},
+            "spec": {"group": "per.example.io", "scope": "Namespaced",
+                "names": {"plural": "widgets", "kind": "Widget"},
+                "versions": [
+                    {"name": "v1", "served": true, "storage": true,
+                     "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}}},
+                    {"name": "v1beta1", "served": true, "storage": false},
+                    {"name": "v1alpha1", "served": true, "storage": false,
+                     "subresources": {"status": {}}},
+                ]}
+        });
+        r.put_crd(crate::crd::resource_info(&crd).expect("served"));
+        let legacy = |version: &str| -> Vec<String> {
+            api_resource_list(&r, "per.example.io", version).expect("served")["resources"]
+                .as_array()
+                .expect("array")
+                .iter()
+                .filter_map(|x| x["name"].as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(legacy("v1"), ["widgets", "widgets/status", "widgets/scale"]);
+        assert_eq!(legacy("v1beta1"), ["widgets"]);
+        assert_eq!(legacy("v1alpha1"), ["widgets", "widgets/status"]);
+
+        let agg = aggregated(&r, false, "apidiscovery.k8s.io/v2", &Extra::default());
+        let group = agg["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .find(|i| i["metadata"]["name"] == "per.example.io")
+            .expect("group");
+        let subresources = |version: &str| -> Vec<String> {
+            let v = group["versions"]
+                .as_array()
+                .expect("versions")
+                .iter()
+                .find(|v| v["version"] == version)
+                .expect("version");
+            v["resources"][0]["subresources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s["subresource"].as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(subresources("v1"), ["status", "scale"]);
+        assert!(subresources("v1beta1").is_empty());
+        assert_eq!(subresources("v1alpha1"), ["status"]);
     }
 }

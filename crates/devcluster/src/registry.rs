@@ -56,6 +56,12 @@ pub struct VersionInfo {
     pub printer_columns: Vec<Value>,
     /// The compiled schema used for pruning, defaulting and validation.
     pub structural: Option<Arc<crate::schema::StructuralSchema>>,
+    /// Whether this version serves `/status` (and so keeps status out of writes to
+    /// the main resource). A CRD declares subresources per version
+    /// (`spec.versions[i].subresources`), and kube serves them per version.
+    pub status_subresource: bool,
+    /// Where this version's `/scale` reads and writes replicas, when it serves one.
+    pub scale: Option<ScaleSpec>,
 }
 
 /// How the server implements a resource.
@@ -84,8 +90,6 @@ pub struct ResourceInfo {
     pub verbs: Vec<String>,
     pub short_names: Vec<String>,
     pub categories: Vec<String>,
-    pub status_subresource: bool,
-    pub scale: Option<ScaleSpec>,
     pub source: Source,
     /// Whether `metadata.generation` is maintained (CRs and a few built-ins).
     pub has_generation: bool,
@@ -107,6 +111,16 @@ impl ResourceInfo {
 
     pub fn version(&self, name: &str) -> Option<&VersionInfo> {
         self.versions.iter().find(|v| v.name == name)
+    }
+
+    /// Whether `version` serves the status subresource.
+    pub fn has_status(&self, version: &str) -> bool {
+        self.version(version).is_some_and(|v| v.status_subresource)
+    }
+
+    /// The scale subresource `version` serves, if any.
+    pub fn scale(&self, version: &str) -> Option<&ScaleSpec> {
+        self.version(version).and_then(|v| v.scale.as_ref())
     }
 
     pub fn storage_version(&self) -> &str {
@@ -425,6 +439,8 @@ fn built_in_info(bi: &BuiltIn) -> ResourceInfo {
             schema: None,
             printer_columns: Vec::new(),
             structural: None,
+            status_subresource: bi.status,
+            scale,
         }],
         resource: bi.resource.to_string(),
         singular: bi.singular.to_string(),
@@ -434,8 +450,6 @@ fn built_in_info(bi: &BuiltIn) -> ResourceInfo {
         verbs,
         short_names: bi.short_names.iter().map(|s| s.to_string()).collect(),
         categories: bi.categories.iter().map(|s| s.to_string()).collect(),
-        status_subresource: bi.status,
-        scale,
         source: if bi.review {
             Source::Review
         } else {

@@ -641,8 +641,8 @@ fn crd_subresource_serves(
     verb: &str,
 ) -> Result<(), ApiError> {
     let declared = match rp.subresource.as_str() {
-        "status" => info.status_subresource,
-        "scale" => info.scale.is_some(),
+        "status" => info.has_status(&rp.version),
+        "scale" => info.scale(&rp.version).is_some(),
         _ => false,
     };
     if !declared {

@@ -101,15 +101,15 @@ pub fn metadata_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
     meta.as_object_mut()
 }
 
-/// Everything outside `metadata` (and `status` when it has its own subresource):
-/// a change here bumps `generation`.
-pub fn spec_part(info: &ResourceInfo, obj: &Value) -> Value {
+/// Everything outside `metadata` (and `status` when `version` has a status
+/// subresource, or for a built-in): a change here bumps `generation`.
+pub fn spec_part(info: &ResourceInfo, version: &str, obj: &Value) -> Value {
     let mut v = obj.clone();
     if let Some(m) = v.as_object_mut() {
         m.remove("metadata");
         m.remove("apiVersion");
         m.remove("kind");
-        if info.status_subresource || !info.is_crd() {
+        if info.has_status(version) || !info.is_crd() {
             m.remove("status");
         }
     }
@@ -166,10 +166,11 @@ pub fn is_deleting(obj: &Value) -> bool {
 }
 
 /// Copies the fields only the server sets from the stored object into an update,
-/// bumps generation when the spec changed, and refuses new finalizers on an object
-/// that is being deleted.
+/// bumps generation when the spec changed (as seen through `version`, the
+/// request's), and refuses new finalizers on an object that is being deleted.
 pub fn prepare_update(
     info: &ResourceInfo,
+    version: &str,
     current: &Value,
     new: &mut Value,
 ) -> Result<(), ApiError> {
@@ -235,7 +236,7 @@ pub fn prepare_update(
             .get("generation")
             .and_then(Value::as_i64)
             .unwrap_or(1);
-        let bumped = spec_part(info, current) != spec_part(info, new);
+        let bumped = spec_part(info, version, current) != spec_part(info, version, new);
         if let Some(meta) = metadata_mut(new) {
             meta.insert(
                 "generation".into(),
@@ -333,11 +334,11 @@ mod tests {
         let deploy = r.get("apps", "deployments").expect("deploy");
         let cur = json!({"metadata": {"name": "d", "generation": 3, "uid": "u"}, "spec": {"replicas": 1}, "status": {"x": 1}});
         let mut labels_only = json!({"metadata": {"name": "d", "labels": {"a": "b"}}, "spec": {"replicas": 1}, "status": {"x": 2}});
-        prepare_update(&deploy, &cur, &mut labels_only).expect("ok");
+        prepare_update(&deploy, "v1", &cur, &mut labels_only).expect("ok");
         assert_eq!(labels_only["metadata"]["generation"], 3);
         assert_eq!(labels_only["metadata"]["uid"], "u");
         let mut spec = json!({"metadata": {"name": "d"}, "spec": {"replicas": 2}});
-        prepare_update(&deploy, &cur, &mut spec).expect("ok");
+        prepare_update(&deploy, "v1", &cur, &mut spec).expect("ok");
         assert_eq!(spec["metadata"]["generation"], 4);
     }
 
@@ -347,7 +348,7 @@ mod tests {
         let cm = r.get("", "configmaps").expect("cm");
         let cur = json!({"metadata": {"name": "c", "deletionTimestamp": "t", "finalizers": ["a"]}});
         let mut new = json!({"metadata": {"name": "c", "finalizers": ["a", "b"]}});
-        let err = prepare_update(&cm, &cur, &mut new).expect_err("refused");
+        let err = prepare_update(&cm, "v1", &cur, &mut new).expect_err("refused");
         assert_eq!(err.code, 422);
         assert!(
             err.message
@@ -356,7 +357,7 @@ mod tests {
             err.message
         );
         let mut fewer = json!({"metadata": {"name": "c", "finalizers": []}});
-        prepare_update(&cm, &cur, &mut fewer).expect("removing is fine");
+        prepare_update(&cm, "v1", &cur, &mut fewer).expect("removing is fine");
     }
 
     #[test]

@@ -587,7 +587,7 @@ fn new_object(ctx: &ReqCtx, mut obj: Value, url_name: Option<&str>) -> Result<Va
     } else {
         meta.remove("generation");
     }
-    if info.status_subresource && info.is_crd() {
+    if info.is_crd() && info.has_status(&ctx.version) {
         if let Some(m) = obj.as_object_mut() {
             m.remove("status");
         }
@@ -789,8 +789,9 @@ fn commit_update(
             }
             new = merged;
         }
-        _ if info.status_subresource => {
-            // The main resource ignores status changes.
+        _ if info.has_status(&ctx.version) => {
+            // The main resource ignores status changes (in a version with a
+            // status subresource; in one without, status is written with the rest).
             if let Some(m) = new.as_object_mut() {
                 match current.get("status") {
                     Some(s) => m.insert("status".into(), s.clone()),
@@ -800,7 +801,7 @@ fn commit_update(
         }
         _ => {}
     }
-    o::prepare_update(info, current, &mut new)?;
+    o::prepare_update(info, &ctx.version, current, &mut new)?;
     seams::prepare_for_update(info, current, &mut new);
     let mut warnings = seams::validate(ctx, &mut new, Some(current))?;
     warnings.extend(seams::admit(adm, ctx, "UPDATE", Some(&new), Some(current))?);
@@ -1026,7 +1027,7 @@ enum ScaleChange {
 }
 
 fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
-    let Some(spec) = &ctx.info.scale else {
+    let Some(spec) = ctx.info.scale(&ctx.version) else {
         return Err(ApiError::resource_not_found());
     };
     let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
@@ -1105,7 +1106,7 @@ fn scaled(spec: &ScaleSpec, current: &Value, scale: &Value) -> Value {
 }
 
 async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> Resp {
-    let Some(spec) = ctx.info.scale.clone() else {
+    let Some(spec) = ctx.info.scale(&ctx.version).cloned() else {
         return Err(ApiError::resource_not_found());
     };
     let adm = state.policy.admission(&state.store);

@@ -79,7 +79,7 @@ pub fn applied_config(ctx: &ReqCtx, body: &[u8]) -> Result<Value, ApiError> {
             "status" => {
                 m.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status"))
             }
-            _ if ctx.info.status_subresource => {
+            _ if ctx.info.has_status(&ctx.version) => {
                 m.remove("status");
             }
             _ => {}

@@ -974,3 +974,193 @@ async fn a_create_carrying_a_resource_version_is_refused_as_kube_refuses_it() {
         assert!(created.success(), "{version}: {created:?}");
     }
 }
+
+/// v1 declares the status and scale subresources, v1beta1 none (kube allows
+/// that in apiextensions v1: subresources are per version).
+const WIDGET_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.per.example.io
+spec:
+  group: per.example.io
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+          status: {type: object, x-kubernetes-preserve-unknown-fields: true}
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}
+  - name: v1beta1
+    served: true
+    storage: false
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+          status: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+
+/// kube's CRD handler takes a CRD's subresources per served version
+/// (`GetSubresourcesForVersion`): a version without `status` answers 404 for
+/// `/status` and `/scale`, lists neither in discovery, and writes status with the
+/// rest of the object (its strategy resets status only where the version has the
+/// subresource, and then status changes bump the generation too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crd_subresources_are_served_per_version() {
+    let tc = devcluster("target").await;
+    let kc = tc.kubeconfig.clone();
+    apply(&kc, WIDGET_CRD).await;
+    ok(
+        &kc,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=20s",
+            "crd/widgets.per.example.io",
+        ],
+    )
+    .await;
+
+    for (version, expected) in [
+        ("v1", vec!["widgets", "widgets/status", "widgets/scale"]),
+        ("v1beta1", vec!["widgets"]),
+    ] {
+        let list: Value = serde_json::from_str(
+            &ok(
+                &kc,
+                &["get", "--raw", &format!("/apis/per.example.io/{version}")],
+            )
+            .await,
+        )
+        .expect("json");
+        let names: Vec<&str> = list["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert_eq!(names, expected, "{version}");
+    }
+
+    // Create: only a version with the status subresource drops the status sent.
+    let create = |version: &str, name: &str| {
+        let kc = kc.clone();
+        let path = format!("/apis/per.example.io/{version}/namespaces/default/widgets");
+        let body = json!({
+            "apiVersion": format!("per.example.io/{version}"), "kind": "Widget",
+            "metadata": {"name": name},
+            "spec": {"replicas": 2}, "status": {"phase": "sent"},
+        })
+        .to_string();
+        async move {
+            let out = kubectl_stdin_async(
+                &kc,
+                &["create", "--raw", &path, "-f", "-"],
+                &body,
+                Duration::from_secs(60),
+            )
+            .await;
+            assert!(out.success(), "{out:?}");
+            serde_json::from_str::<Value>(&out.stdout).expect("json")
+        }
+    };
+    assert_eq!(create("v1beta1", "beta").await["status"]["phase"], "sent");
+    assert!(create("v1", "ga").await.get("status").is_none());
+
+    // Routing: /status and /scale exist in v1 only.
+    let object =
+        |version: &str| format!("/apis/per.example.io/{version}/namespaces/default/widgets/beta");
+    let status: Value = serde_json::from_str(
+        &ok(&kc, &["get", "--raw", &format!("{}/status", object("v1"))]).await,
+    )
+    .expect("json");
+    assert_eq!(status["status"]["phase"], "sent");
+    let scale: Value =
+        serde_json::from_str(&ok(&kc, &["get", "--raw", &format!("{}/scale", object("v1"))]).await)
+            .expect("json");
+    assert_eq!(scale["spec"]["replicas"], 2);
+    for sub in ["status", "scale"] {
+        let out = kubectl_async(
+            &kc,
+            &["get", "--raw", &format!("{}/{sub}", object("v1beta1"))],
+        )
+        .await;
+        assert!(!out.success(), "{sub}: {out:?}");
+        assert!(
+            out.stderr.contains(
+                "Error from server (NotFound): widgets.per.example.io \"beta\" not found"
+            ),
+            "{sub}: {out:?}"
+        );
+    }
+
+    // Writes to the main resource: status goes with the rest in v1beta1 (and
+    // bumps the generation), and is ignored in v1.
+    let patch = |version: &str, phase: &str| {
+        let kc = kc.clone();
+        let resource = format!("widgets.{version}.per.example.io");
+        let patch = json!({"status": {"phase": phase}}).to_string();
+        async move {
+            let out = kubectl_async(
+                &kc,
+                &[
+                    "patch",
+                    &resource,
+                    "beta",
+                    "--type=merge",
+                    "-p",
+                    &patch,
+                    "-o",
+                    "json",
+                ],
+            )
+            .await;
+            assert!(out.success(), "{out:?}");
+            serde_json::from_str::<Value>(&out.stdout).expect("json")
+        }
+    };
+    let patched = patch("v1beta1", "patched").await;
+    assert_eq!(patched["status"]["phase"], "patched");
+    assert_eq!(patched["metadata"]["generation"], 2);
+    let ignored = patch("v1", "ignored").await;
+    assert_eq!(ignored["status"]["phase"], "patched");
+    assert_eq!(ignored["metadata"]["generation"], 2);
+
+    let replace = |version: &str, phase: &str| {
+        let kc = kc.clone();
+        let path = object(version);
+        let phase = phase.to_string();
+        async move {
+            let mut current: Value =
+                serde_json::from_str(&ok(&kc, &["get", "--raw", &path]).await).expect("json");
+            current["status"]["phase"] = json!(phase);
+            let out = kubectl_stdin_async(
+                &kc,
+                &["replace", "--raw", &path, "-f", "-"],
+                &current.to_string(),
+                Duration::from_secs(60),
+            )
+            .await;
+            assert!(out.success(), "{out:?}");
+            serde_json::from_str::<Value>(&out.stdout).expect("json")
+        }
+    };
+    assert_eq!(
+        replace("v1beta1", "replaced").await["status"]["phase"],
+        "replaced"
+    );
+    assert_eq!(
+        replace("v1", "ignored").await["status"]["phase"],
+        "replaced"
+    );
+}
