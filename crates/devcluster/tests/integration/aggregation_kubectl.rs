@@ -19,6 +19,9 @@ use serde_json::{json, Value};
 
 use crproxy_core::pki::CertificateAuthority;
 
+/// How many bytes the backend answers a Range request with.
+const RANGE_LEN: usize = 10;
+
 /// What the backend saw of one request.
 #[derive(Clone, Debug, Default)]
 struct Seen {
@@ -89,11 +92,28 @@ async fn backend(client_ca_pem: &str) -> (std::net::SocketAddr, String, Arc<Mute
                                                   "kind": "Thing", "verbs": ["get", "list"]}]})
                         } else {
                             json!({"kind": "ThingList", "apiVersion": "test.io/v1", "metadata": {}, "items": []})
-                        };
+                        }
+                        .to_string();
+                        // A Range request gets its first bytes only, as Go's
+                        // http.ServeContent answers one: 206 with Content-Range.
+                        if request.headers().contains_key("range") {
+                            let total = body.len();
+                            return Ok::<_, Infallible>(
+                                http::Response::builder()
+                                    .status(206)
+                                    .header("content-type", "application/json")
+                                    .header(
+                                        "content-range",
+                                        format!("bytes 0-{}/{total}", RANGE_LEN - 1),
+                                    )
+                                    .body(Full::new(Bytes::from(body[..RANGE_LEN].to_string())))
+                                    .expect("response"),
+                            );
+                        }
                         Ok::<_, Infallible>(
                             http::Response::builder()
                                 .header("content-type", "application/json")
-                                .body(Full::new(Bytes::from(body.to_string())))
+                                .body(Full::new(Bytes::from(body)))
                                 .expect("response"),
                         )
                     }
@@ -115,9 +135,9 @@ fn header_values<'a>(seen: &'a Seen, name: &str) -> Vec<&'a str> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_requests_reach_the_backend_as_the_caller_over_the_front_proxy() {
-    let test = test_support::devcluster("aggregation").await;
+/// Starts [`backend`] and registers it for `test.io/v1` (an ExternalName Service
+/// and an APIService), as an operator would with kubectl.
+async fn serve_test_io(test: &test_support::TestCluster) -> Arc<Mutex<Vec<Seen>>> {
     let admin = &test.kubeconfig;
     let published = test_support::kubectl_json_async(
         admin,
@@ -159,6 +179,14 @@ async fn kubectl_requests_reach_the_backend_as_the_caller_over_the_front_proxy()
         .await;
         assert!(created.success(), "{}", created.stderr);
     }
+    seen_log
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_requests_reach_the_backend_as_the_caller_over_the_front_proxy() {
+    let test = test_support::devcluster("aggregation").await;
+    let admin = &test.kubeconfig;
+    let seen_log = serve_test_io(&test).await;
 
     // A user with rights to list things, identified by token, with an extra.
     let alice = test
@@ -236,4 +264,99 @@ async fn kubectl_requests_reach_the_backend_as_the_caller_over_the_front_proxy()
         .filter(|s| header_values(s, "x-remote-user") == ["mallory"])
         .count();
     assert_eq!(as_mallory, 0, "a forbidden request must not be forwarded");
+}
+
+/// One GET to the cluster over TLS as the admin, with extra request headers;
+/// the answer's status, headers and whole body. Bounded by a 10 s limit.
+async fn admin_get(
+    test: &test_support::TestCluster,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> (http::StatusCode, http::HeaderMap, Bytes) {
+    use http_body_util::BodyExt;
+    let exchange = async {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(test.cluster.ca_pem().as_bytes()) {
+            roots.add(cert.expect("pem")).expect("root");
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let addr = test.cluster.addr();
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", addr.port()))
+            .await
+            .expect("connect");
+        let server_name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(server_name, tcp)
+            .await
+            .expect("tls");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let mut request = http::Request::get(path)
+            .header("host", format!("127.0.0.1:{}", addr.port()))
+            .header(
+                "authorization",
+                format!("Bearer {}", test.cluster.admin_token()),
+            );
+        for (name, value) in extra {
+            request = request.header(*name, *value);
+        }
+        let response = sender
+            .send_request(request.body(Full::new(Bytes::new())).expect("request"))
+            .await
+            .expect("response");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        (parts.status, parts.headers, body)
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .expect("the cluster answers within 10 s")
+}
+
+/// kube-aggregator proxies `/apis/<group>/<version>` itself (not only what is
+/// under it) to the backend, and its reverse proxy passes the backend's status,
+/// headers and body through, whatever the status: here a 206 Partial Content
+/// answering a Range request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxied_group_version_document_passes_the_backends_status_through() {
+    let test = test_support::devcluster("aggregation-passthrough").await;
+    let seen_log = serve_test_io(&test).await;
+    // Until the APIService is Available the aggregator answers 503 itself.
+    let available = test_support::kubectl_async(
+        &test.kubeconfig,
+        &[
+            "wait",
+            "--for=condition=Available",
+            "--timeout=20s",
+            "apiservice/v1.test.io",
+        ],
+    )
+    .await;
+    assert!(available.success(), "{available:?}");
+    let (status, headers, body) =
+        admin_get(&test, "/apis/test.io/v1", &[("range", "bytes=0-9")]).await;
+    let forwarded = seen_log
+        .lock()
+        .expect("log")
+        .iter()
+        .any(|s| s.path == "/apis/test.io/v1" && header_values(s, "range") == ["bytes=0-9"]);
+    assert!(forwarded, "the Range header reaches the backend");
+    assert_eq!(status, http::StatusCode::PARTIAL_CONTENT, "{body:?}");
+    let content_range = headers
+        .get("content-range")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(
+        content_range.starts_with(&format!("bytes 0-{}/", RANGE_LEN - 1)),
+        "{content_range:?}"
+    );
+    let (_, _, whole) = admin_get(&test, "/apis/test.io/v1", &[]).await;
+    assert_eq!(body, whole.slice(..RANGE_LEN));
 }
