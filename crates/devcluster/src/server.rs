@@ -391,9 +391,13 @@ async fn serve_connection(
             }
             let state = svc_state.clone();
             let version = req.version();
+            let head = req.method() == ::http::Method::HEAD;
             async move {
-                let response = handlers::handle(state, req).await;
-                Ok::<_, std::convert::Infallible>(http::framed_like_go(version, response))
+                let response = http::framed_like_go(version, handlers::handle(state, req).await);
+                Ok::<_, std::convert::Infallible>(match head {
+                    true => http::headed_like_go(response),
+                    false => response,
+                })
             }
         });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

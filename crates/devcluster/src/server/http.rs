@@ -369,6 +369,21 @@ pub fn framed_like_go(version: Version, response: Response<Body>) -> Response<Bo
     response.map(|body| BoxBody::new(Unannounced(body)))
 }
 
+/// The answer to a HEAD as Go's server gives it, from the GET's answer framed by
+/// [`framed_like_go`]: its status and headers, no body, and a Content-Length
+/// where the GET would have one (a body that fits Go's buffer, or one whose
+/// length the handler named). hyper's HTTP/2 server would send the body.
+pub fn headed_like_go(response: Response<Body>) -> Response<Body> {
+    let (mut parts, body) = response.into_parts();
+    if let Some(length) = http_body::Body::size_hint(&body).exact() {
+        parts
+            .headers
+            .entry(http::header::CONTENT_LENGTH)
+            .or_insert_with(|| HeaderValue::from(length));
+    }
+    Response::from_parts(parts, empty())
+}
+
 /// Names the body's length in a Content-Length header, as kube's OpenAPI
 /// handlers do (they answer a document through Go's `http.ServeContent`): such
 /// an answer is never chunked, however long. Other answers (304, 406) are left

@@ -19,6 +19,8 @@ use serde_json::{json, Value};
 
 use crproxy_core::pki::CertificateAuthority;
 
+use crate::raw_http::{admin_request, Protocol};
+
 /// How many bytes the backend answers a Range request with.
 const RANGE_LEN: usize = 10;
 
@@ -266,60 +268,6 @@ async fn kubectl_requests_reach_the_backend_as_the_caller_over_the_front_proxy()
     assert_eq!(as_mallory, 0, "a forbidden request must not be forwarded");
 }
 
-/// One GET to the cluster over TLS as the admin, with extra request headers;
-/// the answer's status, headers and whole body. Bounded by a 10 s limit.
-async fn admin_get(
-    test: &test_support::TestCluster,
-    path: &str,
-    extra: &[(&str, &str)],
-) -> (http::StatusCode, http::HeaderMap, Bytes) {
-    use http_body_util::BodyExt;
-    let exchange = async {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(test.cluster.ca_pem().as_bytes()) {
-            roots.add(cert.expect("pem")).expect("root");
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let addr = test.cluster.addr();
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", addr.port()))
-            .await
-            .expect("connect");
-        let server_name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(server_name, tcp)
-            .await
-            .expect("tls");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .expect("handshake");
-        tokio::spawn(conn);
-        let mut request = http::Request::get(path)
-            .header("host", format!("127.0.0.1:{}", addr.port()))
-            .header(
-                "authorization",
-                format!("Bearer {}", test.cluster.admin_token()),
-            );
-        for (name, value) in extra {
-            request = request.header(*name, *value);
-        }
-        let response = sender
-            .send_request(request.body(Full::new(Bytes::new())).expect("request"))
-            .await
-            .expect("response");
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.expect("body").to_bytes();
-        (parts.status, parts.headers, body)
-    };
-    tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .expect("the cluster answers within 10 s")
-}
-
 /// kube-aggregator proxies `/apis/<group>/<version>` itself (not only what is
 /// under it) to the backend, and its reverse proxy passes the backend's status,
 /// headers and body through, whatever the status: here a 206 Partial Content
@@ -340,8 +288,14 @@ async fn a_proxied_group_version_document_passes_the_backends_status_through() {
     )
     .await;
     assert!(available.success(), "{available:?}");
-    let (status, headers, body) =
-        admin_get(&test, "/apis/test.io/v1", &[("range", "bytes=0-9")]).await;
+    let (status, headers, body) = admin_request(
+        &test,
+        "GET",
+        "/apis/test.io/v1",
+        &[("range", "bytes=0-9")],
+        Protocol::Http1,
+    )
+    .await;
     let forwarded = seen_log
         .lock()
         .expect("log")
@@ -357,6 +311,6 @@ async fn a_proxied_group_version_document_passes_the_backends_status_through() {
         content_range.starts_with(&format!("bytes 0-{}/", RANGE_LEN - 1)),
         "{content_range:?}"
     );
-    let (_, _, whole) = admin_get(&test, "/apis/test.io/v1", &[]).await;
+    let (_, _, whole) = admin_request(&test, "GET", "/apis/test.io/v1", &[], Protocol::Http1).await;
     assert_eq!(body, whole.slice(..RANGE_LEN));
 }

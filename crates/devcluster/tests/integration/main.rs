@@ -8,6 +8,7 @@ mod aggregation_kubectl;
 mod example_apiserver_kubectl;
 mod kubectl;
 mod kubectl_access;
+mod raw_http;
 mod reference_replay;
 mod serve_for_manual;
 mod webhooks_kubectl;
