@@ -103,17 +103,27 @@ pub struct MirrorIdentity<'a> {
 /// other object under the name (another tenant's, one crproxy did not write, an
 /// older incarnation's mirror) is never replaced.
 pub fn same_mirror(mirror: &Value, desired: &Value) -> bool {
-    fn identity(object: &Value) -> [&Value; 4] {
-        let metadata = &object["metadata"];
-        [
-            &metadata["labels"][MANAGED_BY],
-            &metadata["annotations"][OBJECT_NAME],
-            &metadata["annotations"][OBJECT_NAMESPACE],
-            &metadata["annotations"][OBJECT_UID],
-        ]
-    }
     let wanted = identity(desired);
     wanted.iter().all(|key| key.is_string()) && identity(mirror) == wanted
+}
+
+/// Whether the host object `mirror` was written for `tenant` of its object
+/// `namespace/name`, in any incarnation (the uid is not compared).
+pub fn mirrors(mirror: &Value, tenant: &str, namespace: &str, name: &str) -> bool {
+    let [managed_by, object_name, object_namespace, _uid] = identity(mirror);
+    *managed_by == label_value(tenant) && object_name == name && object_namespace == namespace
+}
+
+/// What says which tenant object a host object mirrors: the [`MANAGED_BY`] label
+/// and the [`OBJECT_NAME`], [`OBJECT_NAMESPACE`] and [`OBJECT_UID`] annotations.
+fn identity(object: &Value) -> [&Value; 4] {
+    let metadata = &object["metadata"];
+    [
+        &metadata["labels"][MANAGED_BY],
+        &metadata["annotations"][OBJECT_NAME],
+        &metadata["annotations"][OBJECT_NAMESPACE],
+        &metadata["annotations"][OBJECT_UID],
+    ]
 }
 
 impl MirrorIdentity<'_> {

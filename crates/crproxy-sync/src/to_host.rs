@@ -235,10 +235,7 @@ impl ToHost {
 
     /// Whether `mirror` belongs to the tenant object at `key` (any incarnation).
     fn is_ours(&self, key: &Key, mirror: &Value) -> bool {
-        let a = annotations(mirror);
-        mirror["metadata"]["labels"][names::MANAGED_BY] == names::label_value(&self.tenant).as_str()
-            && a.get(names::OBJECT_NAME) == Some(&key.name)
-            && a.get(names::OBJECT_NAMESPACE) == Some(&key.namespace)
+        names::mirrors(mirror, &self.tenant, &key.namespace, &key.name)
     }
 
     fn log(&self, key: &Key, action: &'static str) {

@@ -57,3 +57,59 @@ fn identity_carries_the_six_annotations_and_two_labels() {
     assert_eq!(l[MANAGED_BY], "client");
     assert_eq!(l[NAMESPACE_LABEL], "team");
 }
+
+/// A host object as crproxy writes the mirror of `namespace/name` for `tenant`.
+fn mirror_of(tenant: &str, namespace: &str, name: &str, uid: &str) -> Value {
+    let id = MirrorIdentity {
+        tenant,
+        name,
+        namespace,
+        uid,
+        api_version: "example.org/v1",
+        kind: "Backup",
+        host_name: "any",
+        host_namespace: "vcluster-client",
+    };
+    serde_json::json!({"metadata": {"labels": id.labels(), "annotations": id.annotations()}})
+}
+
+#[test]
+fn a_mirror_is_known_by_its_tenant_and_tenant_object() {
+    let long_tenant = "t".repeat(70);
+    for tenant in ["client", long_tenant.as_str()] {
+        let mirror = mirror_of(tenant, "team", "db", "u-1");
+        assert!(mirrors(&mirror, tenant, "team", "db"));
+        // Any incarnation: the uid is not compared.
+        assert!(mirrors(
+            &mirror_of(tenant, "team", "db", "u-2"),
+            tenant,
+            "team",
+            "db"
+        ));
+        assert!(!mirrors(&mirror, "other", "team", "db"));
+        assert!(!mirrors(&mirror, tenant, "other", "db"));
+        assert!(!mirrors(&mirror, tenant, "team", "other"));
+    }
+    let mut unlabelled = mirror_of("client", "team", "db", "u-1");
+    unlabelled["metadata"]["labels"] = Value::Null;
+    assert!(!mirrors(&unlabelled, "client", "team", "db"));
+    assert!(!mirrors(&Value::Null, "client", "team", "db"));
+}
+
+#[test]
+fn the_same_mirror_is_this_incarnations() {
+    let desired = mirror_of("client", "team", "db", "u-1");
+    assert!(same_mirror(&desired, &desired));
+    for other in [
+        mirror_of("client", "team", "db", "u-2"),
+        mirror_of("other", "team", "db", "u-1"),
+        mirror_of("client", "other", "db", "u-1"),
+        mirror_of("client", "team", "other", "u-1"),
+    ] {
+        assert!(!same_mirror(&other, &desired), "{other}");
+    }
+    // A desired mirror without its identity replaces nothing, not even another
+    // object without one.
+    let bare = serde_json::json!({"metadata": {}});
+    assert!(!same_mirror(&bare, &bare));
+}
