@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -290,23 +291,233 @@ async fn the_sync_component_completes_each_overlay() -> Result<()> {
             allows(group, &format!("{plural}/status"), "update"),
             "{key}: status"
         );
-        // The write-through webhook's configuration: registered by the leader,
-        // and deleted once a configuration writes no type through.
-        let base = docs
-            .iter()
-            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "crproxy")
-            .context("no ClusterRole crproxy")?;
-        let webhook_verbs: Vec<&Value> = base["rules"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["resources"] == json!(["validatingwebhookconfigurations"]))
-            .flat_map(|r| r["verbs"].as_array().into_iter().flatten())
-            .collect();
-        for verb in ["get", "create", "update", "delete"] {
+        // The write-through webhook, its Lease and EndpointSlice: see
+        // the_client_rights_are_the_calls_the_code_makes.
+    }
+    Ok(())
+}
+
+/// One request the crproxy service account makes in the client cluster, as RBAC
+/// sees it: verb, API group, resource, namespace (`None`: cluster-scoped or
+/// all namespaces) and object name (`None`: create, list, watch).
+type Call<'a> = (&'a str, &'a str, &'a str, Option<&'a str>, Option<&'a str>);
+
+/// Whether the rendered RBAC lets the service account kube-system/crproxy make
+/// `call`, by Kubernetes' rules: a Role counts in its RoleBinding's namespace, a
+/// ClusterRole in a RoleBinding's namespace or, through a ClusterRoleBinding,
+/// everywhere; a rule with resourceNames matches named requests only.
+fn service_account_may(docs: &[Value], call: Call<'_>) -> bool {
+    let (verb, group, resource, namespace, name) = call;
+    let has = |list: &Value, item: &str| {
+        list.as_array()
+            .is_some_and(|l| l.iter().any(|v| v == item || v == "*"))
+    };
+    let grants = |role: &Value| {
+        role["rules"].as_array().into_iter().flatten().any(|r| {
+            has(&r["apiGroups"], group)
+                && has(&r["resources"], resource)
+                && has(&r["verbs"], verb)
+                && match r["resourceNames"].as_array() {
+                    None => true,
+                    Some(names) if names.is_empty() => true,
+                    Some(names) => name.is_some_and(|n| names.iter().any(|v| v == n)),
+                }
+        })
+    };
+    docs.iter()
+        .filter(|b| b["kind"] == "RoleBinding" || b["kind"] == "ClusterRoleBinding")
+        .filter(|b| {
+            b["subjects"].as_array().into_iter().flatten().any(|s| {
+                s["kind"] == "ServiceAccount"
+                    && s["name"] == "crproxy"
+                    && s["namespace"] == names::SERVICE_NAMESPACE
+            })
+        })
+        .filter(|b| {
+            b["kind"] == "ClusterRoleBinding"
+                || namespace.is_some_and(|ns| b["metadata"]["namespace"] == ns)
+        })
+        .filter_map(|b| {
+            let kind = &b["roleRef"]["kind"];
+            docs.iter().find(|r| {
+                r["kind"] == *kind
+                    && r["metadata"]["name"] == b["roleRef"]["name"]
+                    && (*kind == "ClusterRole"
+                        || r["metadata"]["namespace"] == b["metadata"]["namespace"])
+            })
+        })
+        .any(grants)
+}
+
+/// The crproxy service account's rights in the client cluster are the calls the
+/// code makes there and no more: every object the proxy registers, its Lease,
+/// the sync's Lease and write-through objects are read by name, created and
+/// replaced, never listed, watched or patched; Leases and Services only in
+/// kube-system; the sync's writes only with deploy/components/sync. The names
+/// come from the overlay's config.yaml as the code builds them. (That the rights
+/// suffice for a proxy is shown by the walkthroughs, which run the binary as
+/// this service account.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_rights_are_the_calls_the_code_makes() -> Result<()> {
+    let cluster = test_support::devcluster("deploy-rights").await;
+    for overlay in ["overlays/cluster-ip", "overlays/beside-apiserver"] {
+        let proxy_only = documents(&render(&cluster.kubeconfig, overlay).await?)?;
+        let with_sync = documents(&render_with_sync(&cluster.kubeconfig, overlay).await?)?;
+        let config: Value = serde_saphyr::from_str(
+            find(&proxy_only, "ConfigMap")?["data"]["config.yaml"]
+                .as_str()
+                .context("config.yaml")?,
+        )?;
+        let client = config["client"]["name"].as_str().context("client.name")?;
+        let key = config["experimental"]["proxy"]["customResources"]
+            .as_object()
+            .and_then(|m| m.keys().next().cloned())
+            .context("a proxied resource")?;
+        let (resource_group, version) =
+            key.split_once('/').context("<plural>.<group>/<version>")?;
+        let group = resource_group
+            .split_once('.')
+            .context("<plural>.<group>")?
+            .1;
+        let example: Value = serde_saphyr::from_str(&sync_example(&with_sync)?)?;
+        let write_through = example["sync"]["writeThrough"]["service"]["name"]
+            .as_str()
+            .context("sync.writeThrough.service.name")?;
+
+        let system = Some(names::LEASE_NAMESPACE);
+        let lease = names::registration_lease_name(client);
+        let lease = lease.as_str();
+        let sync_lease = names::sync_lease_name(client);
+        let sync_lease = sync_lease.as_str();
+        let service = names::service_name(group, version);
+        let service = service.as_str();
+        let apiservice = names::apiservice_name(group, version);
+        let apiservice = apiservice.as_str();
+        let configuration = crproxy_sync::writethrough::configuration_name(client);
+        let configuration = configuration.as_str();
+        let slice = crproxy_sync::writethrough::leader_slice_name(write_through);
+        let slice = slice.as_str();
+        let (coord, disc) = ("coordination.k8s.io", "discovery.k8s.io");
+        let (reg, adm) = ("apiregistration.k8s.io", "admissionregistration.k8s.io");
+        let (policy, binding) = (names::POLICY_NAME, names::POLICY_BINDING_NAME);
+        let (policies, bindings) = (
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
+        );
+        let webhooks = "validatingwebhookconfigurations";
+
+        // What every replica does, sync or not: leader election, registration,
+        // and the removal of a write-through webhook left behind.
+        let proxy: Vec<Call> = vec![
+            ("create", coord, "leases", system, None),
+            ("get", coord, "leases", system, Some(lease)),
+            ("update", coord, "leases", system, Some(lease)),
+            ("get", coord, "leases", system, Some(sync_lease)),
+            ("get", "", "services", system, Some(service)),
+            ("create", "", "services", system, None),
+            ("update", "", "services", system, Some(service)),
+            ("get", reg, "apiservices", None, Some(apiservice)),
+            ("create", reg, "apiservices", None, None),
+            ("update", reg, "apiservices", None, Some(apiservice)),
+            ("get", adm, policies, None, Some(policy)),
+            ("create", adm, policies, None, None),
+            ("update", adm, policies, None, Some(policy)),
+            ("get", adm, bindings, None, Some(binding)),
+            ("create", adm, bindings, None, None),
+            ("update", adm, bindings, None, Some(binding)),
+            ("get", adm, webhooks, None, Some(configuration)),
+            ("delete", adm, webhooks, None, Some(configuration)),
+            // The sync's leader reads the write-through Service; deploy/base's
+            // Role reads every Service in kube-system anyway.
+            ("get", "", "services", system, Some(write_through)),
+        ];
+        // What only the sync does: renew its Lease, register the write-through
+        // webhook, point the write-through Service at the leader.
+        let sync: Vec<Call> = vec![
+            ("update", coord, "leases", system, Some(sync_lease)),
+            ("create", adm, webhooks, None, None),
+            ("update", adm, webhooks, None, Some(configuration)),
+            ("create", disc, "endpointslices", system, None),
+            ("get", disc, "endpointslices", system, Some(slice)),
+            ("update", disc, "endpointslices", system, Some(slice)),
+        ];
+        // Never, with or without the sync: other Leases (the control plane's
+        // leader Leases in kube-system, node heartbeats), Services elsewhere,
+        // other webhook configurations and EndpointSlices, and any list, watch,
+        // patch or delete of the kinds the code only reads, creates and replaces.
+        let (kcm, node, dns) = (
+            Some("kube-controller-manager"),
+            Some("node-1"),
+            Some("kube-dns-abcde"),
+        );
+        let (heartbeats, default) = (Some("kube-node-lease"), Some("default"));
+        let mut never: Vec<Call> = vec![
+            ("update", coord, "leases", system, kcm),
+            ("get", coord, "leases", heartbeats, node),
+            ("update", coord, "leases", heartbeats, node),
+            ("create", coord, "leases", default, None),
+            ("get", "", "services", default, Some("kubernetes")),
+            ("update", "", "services", default, Some("kubernetes")),
+            ("create", "", "services", default, None),
+            ("get", adm, webhooks, None, Some("another-webhook")),
+            ("update", adm, webhooks, None, Some("another-webhook")),
+            ("delete", adm, webhooks, None, Some("another-webhook")),
+            ("update", disc, "endpointslices", system, dns),
+            ("list", disc, "endpointslices", system, None),
+        ];
+        let read_created_replaced = [
+            (coord, "leases", system),
+            ("", "services", system),
+            (reg, "apiservices", None),
+            (adm, policies, None),
+            (adm, bindings, None),
+            (adm, webhooks, None),
+        ];
+        for (group, resource, namespace) in read_created_replaced {
+            for verb in ["list", "watch", "patch", "deletecollection"] {
+                never.push((verb, group, resource, namespace, None));
+            }
+        }
+        for (verb, group, resource, namespace, name) in [
+            ("patch", coord, "leases", system, Some(lease)),
+            ("delete", coord, "leases", system, Some(lease)),
+            ("patch", "", "services", system, Some(service)),
+            ("delete", "", "services", system, Some(service)),
+            ("patch", reg, "apiservices", None, Some(apiservice)),
+            ("delete", reg, "apiservices", None, Some(apiservice)),
+            ("patch", adm, webhooks, None, Some(configuration)),
+        ] {
+            never.push((verb, group, resource, namespace, name));
+        }
+
+        for call in &proxy {
             assert!(
-                webhook_verbs.contains(&&json!(verb)),
-                "{overlay}: {verb} of validatingwebhookconfigurations"
+                service_account_may(&proxy_only, *call),
+                "{overlay}: {call:?}"
+            );
+            assert!(
+                service_account_may(&with_sync, *call),
+                "{overlay} + sync: {call:?}"
+            );
+        }
+        for call in &sync {
+            assert!(
+                !service_account_may(&proxy_only, *call),
+                "{overlay} grants the sync's {call:?} without the sync"
+            );
+            assert!(
+                service_account_may(&with_sync, *call),
+                "{overlay} + sync: {call:?}"
+            );
+        }
+        for call in &never {
+            assert!(
+                !service_account_may(&proxy_only, *call),
+                "{overlay}: {call:?}"
+            );
+            assert!(
+                !service_account_may(&with_sync, *call),
+                "{overlay} + sync: {call:?}"
             );
         }
     }
@@ -1061,6 +1272,8 @@ async fn walkthrough(overlay: &str) -> Result<()> {
     let mut text = String::from_utf8(config["config.yaml"].clone())?
         .replace("bindAddress: 0.0.0.0", "bindAddress: 127.0.0.1");
     assert!(text.contains("bindAddress: 127.0.0.1"), "{text}");
+    let parsed: Value = serde_saphyr::from_str(&text)?;
+    let base_port = parsed["proxy"]["basePort"].as_u64().context("basePort")?;
     for (from, to) in [
         (
             "  # No kubeconfig: the pod's service account (deploy/base/rbac.yaml) is used.\n"
@@ -1068,7 +1281,7 @@ async fn walkthrough(overlay: &str) -> Result<()> {
             format!("  kubeconfig: {}\n", path(&service_account)),
         ),
         (
-            "basePort: 9100".to_owned(),
+            format!("basePort: {base_port}"),
             format!("basePort: {proxy_port}"),
         ),
         (
@@ -1084,6 +1297,26 @@ async fn walkthrough(overlay: &str) -> Result<()> {
         text = text.replace(&from, &to);
     }
     std::fs::write(etc.join("config.yaml"), text)?;
+    // A write-through webhook configuration that an earlier configuration with a
+    // sync left behind: this replica runs no sync, and removes it once no replica
+    // leads the sync, with deploy/base's rights alone (a named get and delete, and
+    // a read of the sync's Lease).
+    let client_name = parsed["client"]["name"]
+        .as_str()
+        .context("client.name")?
+        .to_owned();
+    let left_behind = crproxy_sync::writethrough::configuration_name(&client_name);
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(client_admin.clone());
+    configurations
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": left_behind},
+            }))?,
+        )
+        .await?;
     let log = std::fs::File::create(work_dir.join("crproxy.log"))?;
     let _pod = test_support::KillOnDrop(
         std::process::Command::new(env!("CARGO_BIN_EXE_crproxy"))
@@ -1116,6 +1349,15 @@ async fn walkthrough(overlay: &str) -> Result<()> {
     devenv::wait_for_available(&client_admin, &apiservice, Duration::from_secs(30))
         .await
         .with_context(logs)?;
+    let mut retired = false;
+    for _ in 0..200 {
+        if configurations.get_opt(&left_behind).await?.is_none() {
+            retired = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(retired, "{left_behind} was left; logs:\n{}", logs());
 
     // A write through the client lands on the target with the ownership labels.
     let widget = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w1\n  namespace: default\nspec:\n  size: 1\n";
@@ -1288,16 +1530,8 @@ async fn write_through_service_leads_to_the_leader(
     assert!(service["spec"]["selector"].is_null(), "{service}");
     assert_eq!(service["spec"]["ports"][0]["name"], "https");
     assert_eq!(service["spec"]["ports"][0]["port"], 443);
-    let slice = crproxy_sync::writethrough::leader_slice_name("crproxy-writethrough");
-    let role = named("Role", "crproxy-writethrough")?;
-    assert!(
-        role["rules"]
-            .as_array()
-            .context("rules")?
-            .iter()
-            .any(|r| r["resourceNames"] == json!([slice]) && r["verbs"] == json!(["get", "update"])),
-        "{role}"
-    );
+    // The rights to point it at the leader come with the sync component
+    // (the_client_rights_are_the_calls_the_code_makes).
     let container = &find(&docs, workload)?["spec"]["template"]["spec"]["containers"][0];
     assert!(container["ports"]
         .as_array()
