@@ -14,10 +14,10 @@ pub struct DevArgs {
     #[arg(long, default_value = ".crproxy/dev")]
     dir: PathBuf,
     /// Client clusters sharing the one target.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = count)]
     clients: usize,
     /// Listeners the target serves its one store on; each is a peer.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = count)]
     target_replicas: usize,
     /// First target listener port (replicas take the next ones).
     #[arg(long, default_value_t = 7443)]
@@ -37,6 +37,16 @@ pub struct DevArgs {
     /// Metrics port of the custom resource sync (`/metrics/syncer`).
     #[arg(long, default_value_t = 9190)]
     sync_metrics_port: u16,
+}
+
+/// `--clients` and `--target-replicas`: how many, at least one (there is no
+/// environment without a client or a target listener).
+fn count(value: &str) -> std::result::Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be 1 or more".to_owned()),
+        Ok(count) => Ok(count),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 pub async fn run(args: DevArgs) -> Result<()> {

@@ -79,7 +79,20 @@ pub enum PortRole {
     SyncMetrics,
 }
 
+/// Each further client's proxy port is this much higher than the previous
+/// client's (`--proxy-port`).
+pub const PROXY_PORT_STEP: u16 = 10;
+
 impl PortRole {
+    const ALL: [PortRole; 6] = [
+        PortRole::Target,
+        PortRole::Client,
+        PortRole::Proxy,
+        PortRole::Metrics,
+        PortRole::Host,
+        PortRole::SyncMetrics,
+    ];
+
     /// The `crproxy dev` flag that moves this port.
     pub fn flag(self) -> &'static str {
         match self {
@@ -89,6 +102,24 @@ impl PortRole {
             PortRole::Metrics => "--metrics-port",
             PortRole::Host => "--host-port",
             PortRole::SyncMetrics => "--sync-metrics-port",
+        }
+    }
+
+    /// How far apart the ports of consecutive clients (or target replicas) are.
+    fn step(self) -> u16 {
+        match self {
+            PortRole::Proxy => PROXY_PORT_STEP,
+            _ => 1,
+        }
+    }
+
+    /// The flag that says how many ports this one's flag stands for, when it
+    /// can be more than one.
+    fn count_flag(self) -> Option<&'static str> {
+        match self {
+            PortRole::Target => Some("--target-replicas"),
+            PortRole::Client | PortRole::Proxy | PortRole::Metrics => Some("--clients"),
+            PortRole::Host | PortRole::SyncMetrics => None,
         }
     }
 }
@@ -116,40 +147,192 @@ impl std::fmt::Display for PortsInUse {
 
 impl std::error::Error for PortsInUse {}
 
+/// Options `crproxy dev` cannot run with, found before anything was started or
+/// written.
+#[derive(Debug, thiserror::Error)]
+pub enum DevPlanError {
+    /// `--clients 0` or `--target-replicas 0`.
+    #[error("{flag} must be 1 or more; nothing was started or written")]
+    NoneOf { flag: &'static str },
+    /// A port flag whose derived ports (one per client or replica) go past 65535.
+    #[error("{}", beyond_range(*role, *base, *count))]
+    BeyondRange {
+        role: PortRole,
+        base: u16,
+        count: usize,
+    },
+    /// Two port flags whose derived ports overlap.
+    #[error(
+        "{} and {} both take port {port} ({ranges}): move one of them; nothing was started \
+         or written",
+        first.flag(),
+        second.flag()
+    )]
+    SharedPort {
+        first: PortRole,
+        second: PortRole,
+        port: u16,
+        /// The ports each of the two flags takes.
+        ranges: String,
+    },
+    /// Ports something else listens on already.
+    #[error(transparent)]
+    InUse(#[from] PortsInUse),
+}
+
+/// What [`DevPlanError::BeyondRange`] says: the flag, the ports it needs and the
+/// highest value that fits.
+fn beyond_range(role: PortRole, base: u16, count: usize) -> String {
+    let flag = role.flag();
+    let step = u64::from(role.step());
+    let span = (count as u64).saturating_sub(1).saturating_mul(step);
+    let last = u64::from(base).saturating_add(span);
+    let apart = if step == 1 {
+        String::new()
+    } else {
+        format!(", {step} apart")
+    };
+    let counted = role
+        .count_flag()
+        .map(|count_flag| format!(" with {count_flag} {count}"))
+        .unwrap_or_default();
+    let fix = match u64::from(u16::MAX).checked_sub(span) {
+        Some(highest) if highest >= 1 => format!("give {flag} {highest} or lower"),
+        _ => format!(
+            "lower {}",
+            role.count_flag().unwrap_or("the number of clients")
+        ),
+    };
+    format!(
+        "{flag} {base}{counted} needs ports {base} to {last}{apart}, past the last port \
+         65535: {fix}; nothing was started or written"
+    )
+}
+
 impl DevOptions {
-    /// Every port the environment will listen on that is not picked freely, in
-    /// the order they are opened.
-    pub fn fixed_ports(&self) -> Vec<(PortRole, u16)> {
-        let mut ports = Vec::new();
-        let mut add = |role, base: u16, offset: usize| {
-            if base != 0 {
-                if let Some(port) = u16::try_from(offset)
-                    .ok()
-                    .and_then(|offset| base.checked_add(offset))
-                {
-                    ports.push((role, port));
-                }
-            }
+    /// The ports `role`'s flag takes, for [`DevPlanError::SharedPort`].
+    fn takes(&self, role: PortRole) -> String {
+        let base = self.base(role);
+        let count = self.count(role);
+        if count <= 1 {
+            return format!("{} {base} takes {base}", role.flag());
+        }
+        let last = self.port(role, count - 1).unwrap_or(u16::MAX);
+        let every = match role.step() {
+            1 => String::new(),
+            step => format!(", every {step}th"),
         };
-        for replica in 0..self.target_replicas.max(1) {
-            add(PortRole::Target, self.target_port, replica);
-        }
-        for index in 0..self.clients.max(1) {
-            add(PortRole::Client, self.client_port, index);
-            add(PortRole::Proxy, self.proxy_base_port, index * 10);
-            add(PortRole::Metrics, self.metrics_port, index);
-        }
-        add(PortRole::Host, self.host_port, 0);
-        add(PortRole::SyncMetrics, self.sync_metrics_port, 0);
-        ports
+        format!("{} {base} takes {base} to {last}{every}", role.flag())
     }
 
-    /// Tries every fixed port at once, so a conflict names all busy ports (and
-    /// ports given twice) before any cluster starts or any file is written.
-    pub fn check_ports(&self) -> std::result::Result<(), PortsInUse> {
+    /// The value of `role`'s flag.
+    fn base(&self, role: PortRole) -> u16 {
+        match role {
+            PortRole::Target => self.target_port,
+            PortRole::Client => self.client_port,
+            PortRole::Proxy => self.proxy_base_port,
+            PortRole::Metrics => self.metrics_port,
+            PortRole::Host => self.host_port,
+            PortRole::SyncMetrics => self.sync_metrics_port,
+        }
+    }
+
+    /// How many ports `role`'s flag stands for.
+    fn count(&self, role: PortRole) -> usize {
+        match role {
+            PortRole::Target => self.target_replicas,
+            PortRole::Client | PortRole::Proxy | PortRole::Metrics => self.clients,
+            PortRole::Host | PortRole::SyncMetrics => 1,
+        }
+    }
+
+    /// The port `role` takes for client (or target replica) `index`: 0, picked
+    /// when the listener opens, when its flag is 0.
+    pub fn port(&self, role: PortRole, index: usize) -> Result<u16, DevPlanError> {
+        let base = self.base(role);
+        if base == 0 {
+            return Ok(0);
+        }
+        u16::try_from(index)
+            .ok()
+            .and_then(|index| index.checked_mul(role.step()))
+            .and_then(|offset| base.checked_add(offset))
+            .ok_or(DevPlanError::BeyondRange {
+                role,
+                base,
+                count: self.count(role),
+            })
+    }
+
+    /// Refuses options the environment cannot run with — no client or target
+    /// listener, ports past 65535, two flags that take the same port — without
+    /// touching anything, so a mistake costs nothing.
+    pub fn check_plan(&self) -> Result<(), DevPlanError> {
+        for (flag, count) in [
+            ("--clients", self.clients),
+            ("--target-replicas", self.target_replicas),
+        ] {
+            if count == 0 {
+                return Err(DevPlanError::NoneOf { flag });
+            }
+        }
+        for role in PortRole::ALL {
+            // The last port of a flag is its highest.
+            self.port(role, self.count(role) - 1)?;
+        }
+        let mut taken = std::collections::HashMap::new();
+        for (role, port) in self.fixed_ports()? {
+            if let Some(first) = taken.insert(port, role) {
+                return Err(DevPlanError::SharedPort {
+                    first,
+                    second: role,
+                    port,
+                    ranges: format!("{}; {}", self.takes(first), self.takes(role)),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every port the environment will listen on that is not picked freely, in
+    /// the order they are opened.
+    pub fn fixed_ports(&self) -> Result<Vec<(PortRole, u16)>, DevPlanError> {
+        let mut ports = Vec::new();
+        // Only the flags that were given: 0 stands for any number of free picks,
+        // and a flag that was given has at most 65535 ports before `port` refuses.
+        let given = |roles: &[PortRole]| -> Vec<PortRole> {
+            roles
+                .iter()
+                .copied()
+                .filter(|role| self.base(*role) != 0)
+                .collect()
+        };
+        for role in given(&[PortRole::Target]) {
+            for replica in 0..self.target_replicas {
+                ports.push((role, self.port(role, replica)?));
+            }
+        }
+        let per_client = given(&[PortRole::Client, PortRole::Proxy, PortRole::Metrics]);
+        if !per_client.is_empty() {
+            for index in 0..self.clients {
+                for role in &per_client {
+                    ports.push((*role, self.port(*role, index)?));
+                }
+            }
+        }
+        for role in given(&[PortRole::Host, PortRole::SyncMetrics]) {
+            ports.push((role, self.port(role, 0)?));
+        }
+        Ok(ports)
+    }
+
+    /// Checks the plan, then tries every fixed port at once, so a conflict names
+    /// all busy ports before any cluster starts or any file is written.
+    pub fn check_ports(&self) -> Result<(), DevPlanError> {
+        self.check_plan()?;
         let mut held = Vec::new();
         let mut busy = Vec::new();
-        for (role, port) in self.fixed_ports() {
+        for (role, port) in self.fixed_ports()? {
             match std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
                 Ok(listener) => held.push(listener),
                 Err(_) => busy.push((role, port)),
@@ -158,9 +341,37 @@ impl DevOptions {
         if busy.is_empty() {
             Ok(())
         } else {
-            Err(PortsInUse(busy))
+            Err(PortsInUse(busy).into())
         }
     }
+}
+
+/// Fails when `dir` (`--dir`), or a directory it would be created in, is a
+/// file: creating it would fail with a bare "File exists".
+fn check_dir(dir: &Path) -> Result<()> {
+    for ancestor in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        match std::fs::metadata(ancestor) {
+            Ok(metadata) if metadata.is_dir() => return Ok(()),
+            Ok(_) if ancestor == dir => {
+                return Err(anyhow!(
+                    "--dir {} is a file, not a directory: pass a directory (it is created \
+                     when missing)",
+                    dir.display()
+                ))
+            }
+            Ok(_) => {
+                return Err(anyhow!(
+                    "--dir {}: {} is a file, not a directory: pass a directory (it is \
+                     created when missing)",
+                    dir.display(),
+                    ancestor.display()
+                ))
+            }
+            // Missing (created later), or unreadable (creating it says why).
+            Err(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// The name of the lock file a running environment holds in its directory.
@@ -549,8 +760,10 @@ pub struct DevEnv {
 impl DevEnv {
     /// Starts everything and waits until each client's APIService is Available.
     pub async fn start(mut options: DevOptions) -> Result<Self> {
-        // Nothing is written before both checks pass, so a failed start leaves the
-        // directory as it was.
+        // Nothing is written before these checks pass, so a failed start leaves
+        // the directory as it was.
+        options.check_plan()?;
+        check_dir(&options.dir)?;
         check_not_in_use(&options.dir)?;
         options.check_ports()?;
         std::fs::create_dir_all(&options.dir)
@@ -578,12 +791,8 @@ impl DevEnv {
         .await
         .context("starting the target devcluster")?;
         let mut target_replicas = vec![target.addr()];
-        for i in 1..options.target_replicas.max(1) {
-            let port = if options.target_port == 0 {
-                0
-            } else {
-                options.target_port + i as u16
-            };
+        for i in 1..options.target_replicas {
+            let port = options.port(PortRole::Target, i)?;
             let addr = target
                 .add_listener(port)
                 .await
@@ -595,7 +804,7 @@ impl DevEnv {
             .with_context(|| format!("writing {}", target_kubeconfig.display()))?;
 
         let mut clients = Vec::new();
-        for index in 0..options.clients.max(1) {
+        for index in 0..options.clients {
             let client = start_client(&options, index, &target, &target_replicas).await?;
             clients.push(client);
         }
@@ -696,11 +905,7 @@ async fn start_client(
     };
     let dir = options.dir.join(&name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let port = if options.client_port == 0 {
-        0
-    } else {
-        options.client_port + index as u16
-    };
+    let port = options.port(PortRole::Client, index)?;
     let cluster = devcluster::start(devcluster::DevClusterConfig {
         name: name.clone(),
         data_dir: options.persistent.then(|| dir.join("cluster")),
@@ -719,16 +924,8 @@ async fn start_client(
 
     // 0: the kernel picks it as the proxy listens (no window for another
     // listener to take it first); the replica's metrics_url says where.
-    let metrics_port = if options.metrics_port == 0 {
-        0
-    } else {
-        options.metrics_port + index as u16
-    };
-    let proxy_port = if options.proxy_base_port == 0 {
-        0
-    } else {
-        options.proxy_base_port + (index as u16) * 10
-    };
+    let metrics_port = options.port(PortRole::Metrics, index)?;
+    let proxy_port = options.port(PortRole::Proxy, index)?;
     let link = Link::prepare(LinkSpec {
         dir: dir.clone(),
         client_name: name.clone(),

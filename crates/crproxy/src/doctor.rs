@@ -19,6 +19,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -52,17 +53,40 @@ pub struct DoctorArgs {
     #[arg(long)]
     pub target_kubeconfig: Option<PathBuf>,
     /// The proxy's metrics URL, e.g. http://10.0.0.7:9090/metrics/syncer.
-    #[arg(long)]
+    #[arg(long, value_parser = metrics_url_arg)]
     pub metrics_url: Option<String>,
     /// The client's name (`client.name` in the proxy's configuration): the leader
     /// check then reads the registration Lease by its exact name. Without it, the
     /// check takes the Lease named `crproxy-…` that is not the sync's
     /// `crproxy-sync-…` (so a client named `sync-…` needs this flag).
-    #[arg(long)]
+    #[arg(long, value_parser = client_name_arg)]
     pub client_name: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
     pub output: Format,
+}
+
+/// `--metrics-url`, refused before any check runs when [`fetch_metrics`] could
+/// not use it (a failed metrics check would blame the pod instead).
+fn metrics_url_arg(url: &str) -> std::result::Result<String, String> {
+    metrics_address(url)?;
+    Ok(url.to_owned())
+}
+
+/// `--client-name`, held to the rule of `client.name` in the configuration, so
+/// a typo is named as such instead of as a missing Lease.
+fn client_name_arg(name: &str) -> std::result::Result<String, String> {
+    if name.is_empty() {
+        Err("must not be empty: give client.name from the proxy's configuration".to_owned())
+    } else if crproxy_core::config::is_dns_label(name) {
+        Ok(name.to_owned())
+    } else {
+        Err(
+            "is not a valid client name (client.name): use at most 63 lower-case letters, \
+             digits and '-', starting and ending with a letter or digit"
+                .to_owned(),
+        )
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,8 +342,17 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
             None
         }
     };
-    if inputs.target.is_none() {
-        skipped.push("target checks: no --target-kubeconfig".into());
+    match &inputs.target {
+        None => skipped.push("target checks: no --target-kubeconfig".into()),
+        // The target checks below are per group/version: with none found, the
+        // credentials are still worth checking, and the rest is said to be skipped.
+        Some(target) if apiservices.is_empty() => {
+            checks.push(check_target_accepts(target).await);
+            skipped.push(
+                "target RBAC checks: no proxied group/version found in the client cluster".into(),
+            );
+        }
+        Some(_) => {}
     }
     for apiservice in &apiservices {
         let spec = apiservice.spec.as_ref();
@@ -983,6 +1016,62 @@ async fn check_target(target: &kube::Client, gv: &str, served: Option<Vec<String
     checks
 }
 
+/// Whether the target accepts the credentials at all, by a SelfSubjectReview
+/// (which every authenticated user may create): for when no group/version says
+/// what else to check there.
+async fn check_target_accepts(target: &kube::Client) -> Check {
+    let reviews = Api::<SelfSubjectReview>::all(target.clone());
+    let answer =
+        bounded(reviews.create(&PostParams::default(), &SelfSubjectReview::default())).await;
+    let runbook_rejected = "the target rejected the proxy's credentials: renew the client \
+                            identity's certificate or token and update the \
+                            crproxy-target-kubeconfig Secret";
+    match answer {
+        Ok(review) => {
+            let user = review
+                .status
+                .and_then(|s| s.user_info)
+                .and_then(|u| u.username)
+                .unwrap_or_default();
+            if user.is_empty() || user == "system:anonymous" {
+                check(
+                    "",
+                    "target-credentials",
+                    Status::Fail,
+                    format!("the target sees these credentials as anonymous ({user:?})"),
+                    runbook_rejected,
+                )
+            } else {
+                check(
+                    "",
+                    "target-credentials",
+                    Status::Ok,
+                    format!("the target accepts the proxy's credentials as {user}"),
+                    "",
+                )
+            }
+        }
+        Err(error) => check(
+            "",
+            "target-credentials",
+            Status::Fail,
+            format!("SelfSubjectReview on the target: {error}"),
+            match error.status() {
+                Some(401) => runbook_rejected,
+                Some(403) => {
+                    "the target refuses these credentials a SelfSubjectReview: they carry no \
+                     token or certificate (anonymous), or the target's RBAC lacks \
+                     system:basic-user"
+                }
+                _ => {
+                    "the target's API server is unreachable with these credentials: check the \
+                     server URL and CA in the crproxy-target-kubeconfig Secret and the network"
+                }
+            },
+        ),
+    }
+}
+
 async fn can_i(client: &kube::Client, group: &str, resource: &str, verb: &str) -> Result<bool> {
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
@@ -1007,13 +1096,7 @@ async fn can_i(client: &kube::Client, group: &str, resource: &str, verb: &str) -
 /// `/metrics` when no path is given): the body of a 200 answer, or an error
 /// naming what went wrong, within [`REQUEST_TIMEOUT`].
 pub async fn fetch_metrics(url: &str) -> Result<String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| anyhow!("only http:// metrics URLs are supported"))?;
-    let (host, path) = match rest.split_once('/') {
-        Some((host, path)) => (host, format!("/{path}")),
-        None => (rest, "/metrics".to_owned()),
-    };
+    let (host, path) = metrics_address(url).map_err(|error| anyhow!(error))?;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(host).await?;
@@ -1036,6 +1119,28 @@ pub async fn fetch_metrics(url: &str) -> Result<String> {
         bail!("answered {status}");
     }
     Ok(body.to_owned())
+}
+
+/// The `host:port` and path a metrics URL names (`/metrics` when it names no
+/// path), or why [`fetch_metrics`] cannot use it.
+fn metrics_address(url: &str) -> std::result::Result<(&str, String), String> {
+    const EXAMPLE: &str = "e.g. http://10.0.0.7:9090/metrics";
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("only http:// metrics URLs are supported, {EXAMPLE}"))?;
+    let (host, path) = match rest.split_once('/') {
+        Some((host, path)) => (host, format!("/{path}")),
+        None => (rest, "/metrics".to_owned()),
+    };
+    let port = host
+        .rsplit_once(':')
+        .map(|(name, port)| (name, port.parse::<u16>()));
+    match port {
+        Some((name, Ok(port))) if !name.is_empty() && port != 0 => Ok((host, path)),
+        _ => Err(format!(
+            "{host:?} is not a host and port: the URL must name both, {EXAMPLE}"
+        )),
+    }
 }
 
 /// One sample of a text exposition.
@@ -1430,7 +1535,12 @@ mod tests {
         let error = fetch_metrics("https://127.0.0.1:1/metrics")
             .await
             .expect_err("https is not spoken");
-        assert_eq!(error.to_string(), "only http:// metrics URLs are supported");
+        assert!(
+            error
+                .to_string()
+                .starts_with("only http:// metrics URLs are supported"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -4,10 +4,12 @@
 mod dev;
 use crproxy::run;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -57,7 +59,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage(&error),
+    };
     crproxy::logging::init(cli.human_logs);
     // One crypto provider for the whole process: rustls panics when it has to pick
     // between several.
@@ -91,4 +96,68 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What a command line clap refused ends with: `--help` and `--version` print as
+/// usual (stdout, exit 0); anything else is a usage error, one line on stderr
+/// like every other failure of the command, with clap's exit code (2).
+fn usage(error: &clap::Error) -> ExitCode {
+    match error.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            // A closed stdout (`crproxy --help | head -1`) is not a failure.
+            let _ = error.print();
+            ExitCode::SUCCESS
+        }
+        _ => {
+            let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+            eprintln!("crproxy: {}", usage_line(error, &args));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The problem clap found, on one line: its message without the `error: `
+/// prefix, any tip it offers (`a similar argument exists: '--config'`), and
+/// where the help is. Its usage and "For more information" lines are left out.
+fn usage_line(error: &clap::Error, args: &[OsString]) -> String {
+    let command = Cli::command();
+    let subcommand = args
+        .iter()
+        .filter_map(|arg| arg.to_str())
+        .find(|arg| !arg.starts_with('-'))
+        .and_then(|arg| command.find_subcommand(arg))
+        .map(|subcommand| subcommand.get_name().to_owned());
+    let help = match &subcommand {
+        Some(name) => format!("see crproxy {name} --help"),
+        None => "see crproxy --help".to_owned(),
+    };
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand
+    ) {
+        // A bare `crproxy` (clap would print the whole help as the error), or
+        // one with only global flags.
+        let commands: Vec<&str> = command
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set())
+            .map(|c| c.get_name())
+            .collect();
+        return format!(
+            "no command given: use one of {} ({help})",
+            commands.join(", ")
+        );
+    }
+    let rendered = error.render().to_string();
+    let mut paragraphs = rendered.split("\n\n");
+    let message = paragraphs.next().unwrap_or_default();
+    let message = message.strip_prefix("error: ").unwrap_or(message);
+    let mut line = crproxy::report::one_line(message);
+    for tip in paragraphs
+        .flat_map(str::lines)
+        .filter_map(|l| l.trim().strip_prefix("tip: "))
+    {
+        line.push_str("; ");
+        line.push_str(&crproxy::report::one_line(tip));
+    }
+    format!("{line} ({help})")
 }

@@ -41,3 +41,92 @@ fn free_listeners_hold_distinct_ports() {
     ports.dedup();
     assert_eq!(ports.len(), listeners.len(), "{ports:?}");
 }
+
+/// What [`DevOptions::check_plan`] says of the `crproxy dev` defaults changed by
+/// `edit`: `None` when it accepts them, else a fragment of its message.
+fn check_plan(edit: impl FnOnce(&mut DevOptions), expected: Option<&str>) {
+    let mut options = DevOptions {
+        dir: PathBuf::from("dev"),
+        clients: 1,
+        target_replicas: 1,
+        target_port: 7443,
+        client_port: 6443,
+        proxy_base_port: 9100,
+        metrics_port: 9090,
+        host_port: 8443,
+        sync_metrics_port: 9190,
+        persistent: true,
+        share_ports: false,
+    };
+    edit(&mut options);
+    let result = options.check_plan().map_err(|e| e.to_string());
+    match expected {
+        None => assert!(result.is_ok(), "{options:?}: {result:?}"),
+        Some(fragment) => {
+            let message = result.expect_err(fragment);
+            assert!(message.contains(fragment), "{message:?} lacks {fragment:?}");
+        }
+    }
+}
+
+#[test]
+fn the_plan_refuses_what_dev_cannot_run_with() {
+    check_plan(|_| {}, None);
+    check_plan(|o| o.clients = 9, None);
+    check_plan(|o| o.clients = 0, Some("--clients must be 1 or more"));
+    check_plan(
+        |o| o.target_replicas = 0,
+        Some("--target-replicas must be 1 or more"),
+    );
+    check_plan(
+        |o| {
+            o.proxy_base_port = 65530;
+            o.clients = 2;
+        },
+        Some("--proxy-port 65530 with --clients 2 needs ports 65530 to 65540, 10 apart"),
+    );
+    check_plan(
+        |o| {
+            o.proxy_base_port = 65525;
+            o.clients = 2;
+        },
+        None,
+    );
+    check_plan(
+        |o| {
+            o.target_port = 65535;
+            o.target_replicas = 2;
+        },
+        Some("give --target-port 65534 or lower"),
+    );
+    // More clients than ports: no base fits.
+    check_plan(
+        |o| {
+            o.client_port = 1;
+            o.clients = 70_000;
+        },
+        Some("lower --clients"),
+    );
+    // Ports picked freely have no end to go past, and nothing to overlap.
+    check_plan(
+        |o| {
+            *o = DevOptions::ephemeral(Path::new("dev"), 70_000, 70_000);
+        },
+        None,
+    );
+    check_plan(
+        |o| o.metrics_port = 9100,
+        Some("--proxy-port and --metrics-port both take port 9100"),
+    );
+    check_plan(
+        |o| o.clients = 10,
+        Some("--proxy-port and --sync-metrics-port both take port 9190"),
+    );
+    check_plan(
+        |o| {
+            o.host_port = 7444;
+            o.target_replicas = 2;
+        },
+        Some("--target-port and --host-port both take port 7444"),
+    );
+}

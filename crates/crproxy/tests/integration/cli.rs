@@ -537,3 +537,282 @@ fn a_busy_port_is_named_once() {
     );
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
 }
+
+/// The command run with `args` in `dir`, killed if it has not exited within
+/// `limit`: a refusal that should come before anything starts must not leave
+/// the test waiting on clusters.
+fn crproxy_within(dir: &std::path::Path, args: &[&str], limit: std::time::Duration) -> Refused {
+    let child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .current_dir(dir)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn crproxy");
+    let mut child = test_support::KillOnDrop(child);
+    // Read as it comes, so a chatty child never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            use std::io::Read as _;
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for crproxy") {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("{args:?} still ran after {limit:?}: nothing should have started");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Refused {
+        code: status.code(),
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    }
+}
+
+/// How a command line that must be refused ended.
+struct Refused {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Refused {
+    /// Refused with exit code `code` and one `crproxy: ` line on stderr
+    /// holding every one of `fragments`; nothing on stdout.
+    fn assert_one_line(&self, what: &str, code: i32, fragments: &[&str]) {
+        let Refused {
+            code: actual,
+            stdout,
+            stderr,
+        } = self;
+        assert_eq!(*actual, Some(code), "{what}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{what}: one line: {stderr}");
+        assert!(stderr.starts_with("crproxy: "), "{what}: {stderr}");
+        assert!(stdout.is_empty(), "{what}: stdout: {stdout}");
+        for fragment in fragments {
+            assert!(
+                stderr.contains(fragment),
+                "{what}: {fragment:?} in {stderr}"
+            );
+        }
+    }
+}
+
+const QUICK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A command line clap refuses: one `crproxy: ` line with clap's message (and
+/// its tip), where the help is, exit code 2; `--help` and `--version` still
+/// print to stdout and succeed.
+#[test]
+fn usage_errors_are_one_line_with_exit_code_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (args, line) in [
+        (
+            &["run", "--confg", "x"][..],
+            "crproxy: unexpected argument '--confg' found; a similar argument exists: \
+             '--config' (see crproxy run --help)",
+        ),
+        (
+            &["run"],
+            "crproxy: the following required arguments were not provided: --config <CONFIG> \
+             (see crproxy run --help)",
+        ),
+        (
+            &["doctor"],
+            "crproxy: the following required arguments were not provided: \
+             --kubeconfig <KUBECONFIG> (see crproxy doctor --help)",
+        ),
+        (
+            &["--human-logs", "dev", "--clients", "abc"],
+            "crproxy: invalid value 'abc' for '--clients <CLIENTS>': invalid digit found in \
+             string (see crproxy dev --help)",
+        ),
+        (
+            &["bogus"],
+            "crproxy: unrecognized subcommand 'bogus' (see crproxy --help)",
+        ),
+        (
+            &[],
+            "crproxy: no command given: use one of dev, run, doctor, check-config, devcluster \
+             (see crproxy --help)",
+        ),
+        (
+            &["--human-logs"],
+            "crproxy: no command given: use one of dev, run, doctor, check-config, devcluster \
+             (see crproxy --help)",
+        ),
+    ] {
+        let refused = crproxy_within(dir.path(), args, QUICK);
+        refused.assert_one_line(&format!("{args:?}"), 2, &[]);
+        assert_eq!(refused.stderr.trim_end(), line, "{args:?}");
+    }
+    for args in [
+        &["--help"][..],
+        &["--version"],
+        &["dev", "--help"],
+        &["help", "run"],
+    ] {
+        let output = crproxy_with_env(args, &[]);
+        assert_eq!(output.status.code(), Some(0), "{args:?}");
+        assert!(!output.stdout.is_empty(), "{args:?}");
+        assert!(output.stderr.is_empty(), "{args:?}");
+    }
+}
+
+/// `dev` options it cannot run with are refused in one line naming the flag,
+/// before any cluster starts or anything is written to `--dir`.
+#[test]
+fn dev_refuses_impossible_options_before_starting_anything() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&[&str], i32, &[&str]); 8] = [
+        // Counts: clap refuses them, a usage error.
+        (
+            &["--clients", "0"],
+            2,
+            &["'--clients <CLIENTS>'", "1 or more"],
+        ),
+        (
+            &["--target-replicas", "0"],
+            2,
+            &["'--target-replicas <TARGET_REPLICAS>'", "1 or more"],
+        ),
+        // Ports past 65535 for the second client or replica.
+        (
+            &["--proxy-port", "65530", "--clients", "2"],
+            1,
+            &[
+                "--proxy-port 65530 with --clients 2 needs ports 65530 to 65540",
+                "past the last port 65535",
+                "give --proxy-port 65525 or lower",
+            ],
+        ),
+        (
+            &["--client-port", "65535", "--clients", "2"],
+            1,
+            &["--client-port 65535 with --clients 2 needs ports 65535 to 65536"],
+        ),
+        (
+            &["--metrics-port", "65535", "--clients", "2"],
+            1,
+            &["--metrics-port 65535 with --clients 2 needs ports 65535 to 65536"],
+        ),
+        (
+            &["--target-port", "65535", "--target-replicas", "2"],
+            1,
+            &["--target-port 65535 with --target-replicas 2 needs ports 65535 to 65536"],
+        ),
+        // Two flags taking the same port: named both, not "in use".
+        (
+            &["--proxy-port", "17100", "--metrics-port", "17100"],
+            1,
+            &["--proxy-port and --metrics-port both take port 17100"],
+        ),
+        // With the default ports, an eleventh client's metrics port is the first
+        // client's proxy port.
+        (
+            &["--clients", "11"],
+            1,
+            &[
+                "--proxy-port and --metrics-port both take port 9100",
+                "--metrics-port 9090 takes 9090 to 9100",
+            ],
+        ),
+    ];
+    for (flags, code, fragments) in cases {
+        let mut args = vec!["dev", "--dir", "dev"];
+        args.extend_from_slice(flags);
+        let refused = crproxy_within(dir.path(), &args, QUICK);
+        refused.assert_one_line(&format!("{flags:?}"), code, fragments);
+        if code == 1 {
+            assert!(
+                refused.stderr.contains("nothing was started or written"),
+                "{flags:?}: {}",
+                refused.stderr
+            );
+        }
+        assert!(
+            !dir.path().join("dev").exists(),
+            "{flags:?}: --dir was created"
+        );
+    }
+}
+
+/// `dev --dir` naming a file (or a path under one): said so, naming `--dir`,
+/// and the file is left as it was.
+#[test]
+fn dev_refuses_a_file_as_its_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("afile"), "keep me").expect("write");
+    for (path, fragment) in [
+        ("afile", "--dir afile is a file, not a directory"),
+        (
+            "afile/dev",
+            "--dir afile/dev: afile is a file, not a directory",
+        ),
+    ] {
+        let refused = crproxy_within(dir.path(), &["dev", "--dir", path], QUICK);
+        refused.assert_one_line(path, 1, &[fragment]);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("afile")).expect("read"),
+            "keep me"
+        );
+    }
+}
+
+/// `doctor` flags it cannot use are usage errors naming the flag, found before
+/// any kubeconfig is read or any check runs (the kubeconfig here does not exist).
+#[test]
+fn doctor_refuses_unusable_flags_before_any_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (flags, fragments) in [
+        (
+            &["--metrics-url", "notaurl"][..],
+            &[
+                "'--metrics-url <METRICS_URL>'",
+                "only http:// metrics URLs are supported",
+            ][..],
+        ),
+        (
+            &["--metrics-url", "https://10.0.0.7:9090/metrics"],
+            &["'--metrics-url <METRICS_URL>'", "only http://"],
+        ),
+        (
+            &["--metrics-url", "http://10.0.0.7/metrics"],
+            &["'--metrics-url <METRICS_URL>'", "not a host and port"],
+        ),
+        (
+            &["--client-name", "Bad Name!"],
+            &[
+                "'--client-name <CLIENT_NAME>'",
+                "is not a valid client name",
+            ],
+        ),
+        (
+            &["--client-name", ""],
+            &["'--client-name <CLIENT_NAME>'", "must not be empty"],
+        ),
+    ] {
+        let mut args = vec!["doctor", "--kubeconfig", "missing.kubeconfig"];
+        args.extend_from_slice(flags);
+        let refused = crproxy_within(dir.path(), &args, QUICK);
+        refused.assert_one_line(&format!("{flags:?}"), 2, fragments);
+        assert!(
+            !refused.stderr.contains("missing.kubeconfig"),
+            "{flags:?}: read the kubeconfig first: {}",
+            refused.stderr
+        );
+    }
+}

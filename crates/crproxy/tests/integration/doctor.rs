@@ -557,3 +557,65 @@ fn renewed_lease(name: &str, holder: &str) -> Lease {
         }),
     }
 }
+
+/// `--target-kubeconfig` with no proxied group/version in the client cluster:
+/// the target is still asked whether it accepts the credentials (one
+/// `target-credentials` check), and the per-group/version checks are named as
+/// skipped, with why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_kubeconfig_is_checked_even_with_nothing_registered() -> Result<()> {
+    let client = test_support::devcluster("bare").await;
+    let target = test_support::devcluster("target").await;
+    let skipped = |run: &Run| -> Vec<String> {
+        run.report["skipped"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+
+    let identity = target.kubeconfig_for("loft:vcluster:p-default:client", &[])?;
+    let run = doctor(&client.kubeconfig, Some(&identity), None).await?;
+    assert_eq!(run.status_of("", "apiservice"), "fail");
+    assert_eq!(
+        run.status_of("", "target-credentials"),
+        "ok",
+        "{:?}",
+        run.not_ok()
+    );
+    assert!(
+        run.evidence_of("", "target-credentials")
+            .ends_with("as loft:vcluster:p-default:client"),
+        "{}",
+        run.evidence_of("", "target-credentials")
+    );
+    assert!(
+        skipped(&run)
+            .iter()
+            .any(|s| s.contains("no proxied group/version found")),
+        "{:?}",
+        skipped(&run)
+    );
+
+    // Credentials the target does not know, and a target that is not there.
+    let unknown = target.dir.path().join("unknown.kubeconfig");
+    std::fs::write(
+        &unknown,
+        target.cluster.kubeconfig("nobody", "not-a-token-it-issued"),
+    )?;
+    let refused = test_support::RefusedPort::bind();
+    let away = target.kubeconfig_at(refused.addr)?;
+    for kubeconfig in [&unknown, &away] {
+        let run = doctor(&client.kubeconfig, Some(kubeconfig), None).await?;
+        assert!(!run.success);
+        assert_eq!(
+            run.status_of("", "target-credentials"),
+            "fail",
+            "{}: {}",
+            kubeconfig.display(),
+            run.stderr
+        );
+    }
+    Ok(())
+}
