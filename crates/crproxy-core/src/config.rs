@@ -21,8 +21,6 @@ use std::ops::RangeInclusive;
 
 use serde_json::{Map, Value};
 
-use crate::selector::label_value_errors;
-
 mod source;
 pub mod sync;
 #[cfg(test)]
@@ -996,21 +994,31 @@ impl Config {
                 err(key.into(), format!("is required: set it to {what}"));
             } else if !is_dns_label(value) {
                 // Both end up in ownership label values and in the target identity,
-                // and virtual cluster and project names are DNS labels anyway.
-                let extra = label_value_errors(value);
-                let extra = if extra.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "; it also cannot be an ownership label value: {}",
-                        extra.join("; ")
-                    )
-                };
-                err(key.into(), format!("{value:?} {DNS_LABEL_RULE}{extra}"));
+                // and virtual cluster and project names are DNS labels anyway (a
+                // DNS label is always a valid label value, so this one rule says it
+                // all).
+                err(key.into(), format!("{value:?} {DNS_LABEL_RULE}"));
             }
         }
-        if self.client.project_namespace.is_empty() {
+        let namespace = &self.client.project_namespace;
+        let defaulted = *namespace == format!("p-{}", self.client.project);
+        if namespace.is_empty() {
             err("client.projectNamespace".into(), "must not be empty".into());
+        } else if defaulted && !is_dns_label(&self.client.project) {
+            // The default from an invalid client.project, reported there.
+        } else if !is_dns_label(namespace) {
+            // It names the Kubernetes namespace of the Platform project, in the
+            // identity the target credentials carry.
+            let why = if defaulted {
+                "; it defaults to p-<client.project>, which is too long here: set \
+                 client.projectNamespace to the project's namespace"
+            } else {
+                " (it is the Kubernetes namespace of the client's Platform project)"
+            };
+            err(
+                "client.projectNamespace".into(),
+                format!("{namespace:?} {DNS_LABEL_RULE}{why}"),
+            );
         }
 
         // Proxy listeners.

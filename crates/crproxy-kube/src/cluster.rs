@@ -4,12 +4,12 @@
 
 use crate::credentials::Credentials;
 use crate::kubeconfig::Kubeconfig;
+use crate::pem::{self, Origin, PairProblem};
 use crate::Error;
 use base64::Engine as _;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -68,6 +68,47 @@ pub struct ExecConfig {
     pub install_hint: Option<String>,
 }
 
+impl ExecConfig {
+    /// The program, found as starting the plugin would find it: a path must be an
+    /// executable file, a bare name is looked up in `PATH`. Or why it cannot be found,
+    /// after the command (`"gke-gcloud-auth-plugin" is not on PATH`). `crproxy
+    /// check-config` asks, so a missing plugin is reported before start; `crproxy
+    /// run` does not, and keeps trying to run it (it may be installed later), as
+    /// client-go fails the request and tries again on the next.
+    pub fn locate(&self) -> Result<PathBuf, String> {
+        self.locate_in(std::env::var_os("PATH").as_deref())
+    }
+
+    fn locate_in(&self, path_var: Option<&std::ffi::OsStr>) -> Result<PathBuf, String> {
+        let hint = self
+            .install_hint
+            .as_deref()
+            .map(|h| format!(" ({})", h.split_whitespace().collect::<Vec<_>>().join(" ")))
+            .unwrap_or_default();
+        let command = &self.command;
+        let shown = command.display();
+        if command.components().count() > 1 || command.is_absolute() {
+            return match std::fs::metadata(command) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(format!("\"{shown}\" does not exist{hint}"))
+                }
+                Err(e) => Err(format!("\"{shown}\" cannot be used: {e}")),
+                Ok(meta) if is_executable(&meta) => Ok(command.clone()),
+                Ok(_) => Err(format!("\"{shown}\" is not an executable file")),
+            };
+        }
+        std::env::split_paths(path_var.unwrap_or_default())
+            .map(|dir| dir.join(command))
+            .find(|candidate| std::fs::metadata(candidate).is_ok_and(|m| is_executable(&m)))
+            .ok_or_else(|| format!("\"{shown}\" is not on PATH{hint}"))
+    }
+}
+
+fn is_executable(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    meta.is_file() && meta.permissions().mode() & 0o111 != 0
+}
+
 /// One API server endpoint and the credentials for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterConfig {
@@ -117,14 +158,32 @@ impl ClusterConfig {
             })?
             .cluster
             .clone();
-        let server = url::Url::parse(&cluster.server).map_err(|e| {
-            Error::Kubeconfig(format!(
-                "cluster {:?} has an invalid server URL {:?}: {e}",
-                ctx.context.cluster, cluster.server
-            ))
-        })?;
+        let cluster_name = &ctx.context.cluster;
+        let field = |name: &str| format!("clusters[{cluster_name}].cluster.{name}");
+        // A context without a user (or naming an unknown one) is anonymous, as in
+        // kubectl.
+        let user = kc
+            .users
+            .iter()
+            .find(|u| u.name == ctx.context.user)
+            .map(|u| u.user.clone())
+            .unwrap_or_default();
+        // client-go's rule for a server without a scheme: https when the cluster or
+        // user has TLS material, http otherwise.
+        let tls_material = [
+            &cluster.certificate_authority,
+            &cluster.certificate_authority_data,
+            &user.client_certificate,
+            &user.client_certificate_data,
+        ]
+        .iter()
+        .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()))
+            || cluster.insecure_skip_tls_verify == Some(true);
+        let server = server_url(&field("server"), &cluster.server, tls_material)?;
         // Empty values count as absent, as in kubectl (a script that extracted no CA
-        // writes `certificate-authority-data: ""`).
+        // writes `certificate-authority-data: ""`). The CA is parsed now, as the TLS
+        // config will parse it, so a bundle that holds no certificate is reported
+        // against its field here rather than when the first connection is made.
         let ca_pem = match (
             cluster
                 .certificate_authority_data
@@ -135,8 +194,19 @@ impl ClusterConfig {
                 .as_deref()
                 .filter(|p| !p.is_empty()),
         ) {
-            (Some(data), _) => Some(decode_b64("certificate-authority-data", data)?),
-            (None, Some(path)) => Some(read_file(&kc.resolve(path))?),
+            (Some(data), _) => {
+                let field = field("certificate-authority-data");
+                let pem = decode_b64(&field, data)?;
+                pem::root_store(&pem, Origin::Data).map_err(|p| at(&field, p))?;
+                Some(pem)
+            }
+            (None, Some(path)) => {
+                let (field, path) = (field("certificate-authority"), kc.resolve(path));
+                let pem = read_file(&path).map_err(|p| at(&field, p))?;
+                pem::root_store(&pem, Origin::File)
+                    .map_err(|p| at(&field, format!("{} {p}", path.display())))?;
+                Some(pem)
+            }
             (None, None) => None,
         };
         let insecure_skip_tls_verify = cluster.insecure_skip_tls_verify.unwrap_or(false);
@@ -149,14 +219,6 @@ impl ClusterConfig {
                 cluster: ctx.context.cluster.clone(),
             });
         }
-        // A context without a user (or naming an unknown one) is anonymous, as in
-        // kubectl.
-        let user = kc
-            .users
-            .iter()
-            .find(|u| u.name == ctx.context.user)
-            .map(|u| u.user.clone())
-            .unwrap_or_default();
         let user_name = &ctx.context.user;
         let auth = user_auth(kc, user_name, &user)?;
         Ok(ClusterConfig {
@@ -209,8 +271,8 @@ impl ClusterConfig {
         // The kubelet rotates the projected token in place: read it per refresh, but
         // check now that it is there so a misconfigured pod fails at startup.
         let token_path = sa_dir.join("token");
-        read_token(&token_path)?;
-        let ca = read_file(&sa_dir.join("ca.crt"))?;
+        read_token(&token_path).map_err(Error::Kubeconfig)?;
+        let ca = read_file(&sa_dir.join("ca.crt")).map_err(Error::Kubeconfig)?;
         Ok(ClusterConfig {
             server,
             ca_pem: Some(ca),
@@ -283,15 +345,11 @@ impl ClusterConfig {
                     provider,
                 }))
         } else {
-            let mut roots = rustls::RootCertStore::empty();
-            if let Some(pem) = &self.ca_pem {
-                let certs = parse_certs(pem, "CA bundle")?;
-                for cert in certs {
-                    roots
-                        .add(cert)
-                        .map_err(|e| Error::Tls(format!("CA certificate rejected: {e}")))?;
-                }
-            }
+            let roots = match &self.ca_pem {
+                Some(pem) => pem::root_store(pem, Origin::Other)
+                    .map_err(|p| Error::Tls(format!("the CA bundle {p}")))?,
+                None => rustls::RootCertStore::empty(),
+            };
             builder.with_root_certificates(roots)
         };
         let mut config = builder.with_client_cert_resolver(credentials.client_cert_resolver());
@@ -301,8 +359,10 @@ impl ClusterConfig {
 }
 
 /// The identity of a kubeconfig user. Files are checked now, so a typo fails at
-/// startup, and read again while running.
+/// startup, and read again while running; certificates and keys are parsed now as
+/// the credentials will parse them, so a problem is reported against its field.
 fn user_auth(kc: &Kubeconfig, name: &str, user: &crate::KubeUser) -> Result<Auth, Error> {
+    let field = |f: &str| format!("users[{name}].user.{f}");
     let cert_data = user.client_certificate_data.as_deref();
     let key_data = user.client_key_data.as_deref();
     let cert_file = user.client_certificate.as_deref();
@@ -316,14 +376,27 @@ fn user_auth(kc: &Kubeconfig, name: &str, user: &crate::KubeUser) -> Result<Auth
     }
     if has_cert {
         return match (cert_data, key_data, cert_file, key_file) {
-            (Some(cert), Some(key), _, _) => Ok(Auth::ClientCert {
-                cert_pem: decode_b64("client-certificate-data", cert)?,
-                key_pem: decode_b64("client-key-data", key)?,
-            }),
+            (Some(cert), Some(key), _, _) => {
+                let fields = (
+                    field("client-certificate-data"),
+                    field("client-key-data"),
+                );
+                let cert_pem = decode_b64(&fields.0, cert)?;
+                let key_pem = decode_b64(&fields.1, key)?;
+                check_pair(&fields, (&cert_pem, &key_pem), Origin::Data, None)?;
+                Ok(Auth::ClientCert { cert_pem, key_pem })
+            }
             (None, None, Some(cert), Some(key)) => {
+                let fields = (field("client-certificate"), field("client-key"));
                 let (cert, key) = (kc.resolve(cert), kc.resolve(key));
-                read_file(&cert)?;
-                read_file(&key)?;
+                let cert_pem = read_file(&cert).map_err(|p| at(&fields.0, p))?;
+                let key_pem = read_file(&key).map_err(|p| at(&fields.1, p))?;
+                check_pair(
+                    &fields,
+                    (&cert_pem, &key_pem),
+                    Origin::File,
+                    Some((&cert, &key)),
+                )?;
                 Ok(Auth::ClientCertFiles { cert, key })
             }
             _ => Err(Error::Kubeconfig(format!(
@@ -336,7 +409,7 @@ fn user_auth(kc: &Kubeconfig, name: &str, user: &crate::KubeUser) -> Result<Auth
     }
     if let Some(path) = &user.token_file {
         let path = kc.resolve(path);
-        read_token(&path)?;
+        read_token(&path).map_err(|p| at(&field("tokenFile"), p))?;
         return Ok(Auth::TokenFile(path));
     }
     if let Some(exec) = &user.exec {
@@ -348,6 +421,89 @@ fn user_auth(kc: &Kubeconfig, name: &str, user: &crate::KubeUser) -> Result<Auth
         )));
     }
     Ok(Auth::None)
+}
+
+/// A client certificate and key as the credentials will load them; a problem is
+/// reported against the field (and file, when `files` are given) it is in.
+fn check_pair(
+    (cert_field, key_field): &(String, String),
+    (cert_pem, key_pem): (&[u8], &[u8]),
+    origin: Origin,
+    files: Option<(&Path, &Path)>,
+) -> Result<(), Error> {
+    let subject = |file: Option<&Path>| {
+        file.map(|f| format!("{} ", f.display()))
+            .unwrap_or_default()
+    };
+    pem::client_pair(cert_pem, key_pem, origin)
+        .map(drop)
+        .map_err(|problem| match problem {
+            PairProblem::Certificate(p) => {
+                at(cert_field, format!("{}{p}", subject(files.map(|f| f.0))))
+            }
+            PairProblem::Key(p) => at(key_field, format!("{}{p}", subject(files.map(|f| f.1)))),
+            PairProblem::Mismatch => at(
+                key_field,
+                format!("is not the private key of the certificate in {cert_field}"),
+            ),
+        })
+}
+
+/// A problem with the kubeconfig value at `field` (`users[admin].user.client-key-data`).
+fn at(field: &str, problem: String) -> Error {
+    Error::Kubeconfig(format!("{field}: {problem}"))
+}
+
+/// The API server URL of a kubeconfig cluster, read as client-go reads it: a server
+/// written without a scheme (`127.0.0.1:6443`) is https when the cluster or user has
+/// TLS material (`tls_material`). client-go would fall back to plain http otherwise;
+/// that is refused here instead, because it is far more often a forgotten CA than a
+/// plain-HTTP server, and plain HTTP to a TLS port fails with nothing that says so.
+fn server_url(field: &str, server: &str, tls_material: bool) -> Result<url::Url, Error> {
+    let server = server.trim();
+    if server.is_empty() {
+        return Err(at(
+            field,
+            "is not set: write the API server's URL, for example https://127.0.0.1:6443".into(),
+        ));
+    }
+    match url::Url::parse(server) {
+        Ok(url) if url.has_host() && matches!(url.scheme(), "https" | "http") => return Ok(url),
+        Ok(url) if url.has_host() => {
+            return Err(at(
+                field,
+                format!(
+                    "{server:?} has the scheme {:?}: the API server is reached over https",
+                    url.scheme()
+                ),
+            ))
+        }
+        Err(e) if server.contains("://") => {
+            return Err(at(field, format!("{server:?} is not a valid URL: {e}")))
+        }
+        // No scheme: `127.0.0.1:6443` and `api.example.com` do not parse, and
+        // `localhost:6443` parses as the scheme `localhost` with no host.
+        _ => {}
+    }
+    if !tls_material {
+        return Err(at(
+            field,
+            format!(
+                "{server:?} has no scheme and the cluster has no certificate-authority: write \
+                 https://{server} and add the API server's CA, or http://{server} for a \
+                 plain-HTTP server"
+            ),
+        ));
+    }
+    match url::Url::parse(&format!("https://{server}")) {
+        Ok(url) if url.has_host() && matches!(url.path(), "" | "/") && url.query().is_none() => {
+            Ok(url)
+        }
+        _ => Err(at(
+            field,
+            format!("{server:?} is neither a URL nor a host:port: write it as https://HOST:PORT"),
+        )),
+    }
 }
 
 fn exec_config(kc: &Kubeconfig, name: &str, exec: &serde_json::Value) -> Result<ExecConfig, Error> {
@@ -403,33 +559,23 @@ fn exec_config(kc: &Kubeconfig, name: &str, exec: &serde_json::Value) -> Result<
     })
 }
 
-fn parse_certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, Error> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| Error::Tls(format!("cannot parse the {what} PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(Error::Tls(format!("the {what} PEM holds no certificate")));
-    }
-    Ok(certs)
-}
-
+/// The bytes of a kubeconfig `*-data` field at `field`.
 fn decode_b64(field: &str, data: &str) -> Result<Vec<u8>, Error> {
     // kubectl tolerates embedded whitespace/newlines in *-data fields.
     let compact: String = data.chars().filter(|c| !c.is_whitespace()).collect();
     base64::engine::general_purpose::STANDARD
         .decode(compact)
-        .map_err(|e| Error::Kubeconfig(format!("{field} is not valid base64: {e}")))
+        .map_err(|e| at(field, format!("is not valid base64: {e}")))
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path)
-        .map_err(|e| Error::Kubeconfig(format!("cannot read {}: {e}", path.display())))
+fn read_file(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
-fn read_token(path: &Path) -> Result<String, Error> {
+fn read_token(path: &Path) -> Result<String, String> {
     let bytes = read_file(path)?;
     let token = String::from_utf8(bytes)
-        .map_err(|_| Error::Kubeconfig(format!("token file {} is not UTF-8", path.display())))?;
+        .map_err(|_| format!("token file {} is not UTF-8", path.display()))?;
     Ok(token.trim().to_owned())
 }
 
@@ -494,3 +640,6 @@ impl ServerCertVerifier for InsecureAcceptAnyServerCert {
             .supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests;

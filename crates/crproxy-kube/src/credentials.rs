@@ -11,14 +11,13 @@
 //! the last refresh loaded.
 
 use crate::cluster::{Auth, ExecConfig};
+use crate::pem::PairProblem;
 use crate::Error;
 use crproxy_core::locks;
 use http::HeaderValue;
 use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
 use rustls::SignatureScheme;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -248,20 +247,15 @@ async fn read_token_file(path: &PathBuf) -> Result<String, Error> {
 
 /// Parses a PEM certificate chain and key into what rustls presents.
 fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<CertifiedKey>, Error> {
-    let certs = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| Error::Tls(format!("cannot parse the client certificate PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(Error::Tls(
-            "the client certificate PEM holds no certificate".into(),
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| Error::Tls(format!("cannot parse the client key PEM: {e}")))?;
-    let provider = rustls::crypto::ring::default_provider();
-    let key = CertifiedKey::from_der(certs, key, &provider)
-        .map_err(|e| Error::Tls(format!("client certificate rejected: {e}")))?;
-    Ok(Arc::new(key))
+    crate::pem::client_pair(cert_pem, key_pem, crate::pem::Origin::Other).map_err(|problem| {
+        Error::Tls(match problem {
+            PairProblem::Certificate(p) => format!("the client certificate {p}"),
+            PairProblem::Key(p) => format!("the client key {p}"),
+            PairProblem::Mismatch => {
+                "the client key is not the key of the client certificate".into()
+            }
+        })
+    })
 }
 
 /// The client certificate new TLS connections present. rustls asks during each

@@ -1,8 +1,8 @@
 //! The kubeconfig file format, the subset crproxy needs.
 //!
-//! Unknown keys (`preferences`, `extensions`, exec plugins, ...) are ignored rather than
-//! rejected so kubeconfigs written by other tools load; what we cannot honour (an exec
-//! credential plugin, say) simply yields a config without credentials.
+//! Unknown keys (`preferences`, `extensions`, ...) are ignored rather than rejected
+//! so kubeconfigs written by other tools load. What crproxy cannot honour (a legacy
+//! `auth-provider`) is refused by name when a [`crate::ClusterConfig`] is built.
 
 use crate::{Error, KubeconfigFileError, KubeconfigFileProblem};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -94,11 +94,13 @@ pub struct KubeUser {
         skip_serializing_if = "Option::is_none"
     )]
     pub client_key_data: Option<String>,
-    /// An exec credential plugin. Not supported: kept only to say so clearly instead
-    /// of silently connecting anonymously.
+    /// An exec credential plugin (client.authentication.k8s.io), run for a token
+    /// or a client certificate; read as JSON here, checked when a
+    /// [`crate::ClusterConfig`] is built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<serde_json::Value>,
-    /// A legacy auth provider (gcp, oidc, ...). Not supported, as `exec`.
+    /// A legacy auth provider (gcp, oidc, ...). Not supported: kept only to say so
+    /// clearly instead of silently connecting anonymously.
     #[serde(
         rename = "auth-provider",
         default,

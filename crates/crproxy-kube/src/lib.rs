@@ -19,6 +19,7 @@ mod credentials;
 mod error;
 mod kube_client;
 mod kubeconfig;
+mod pem;
 mod read_timeout;
 mod stand_ins;
 

@@ -5,11 +5,21 @@
 
 use anyhow::Result;
 use base64::Engine as _;
+use crproxy_core::pki::{CertPem, CertificateAuthority};
 use crproxy_kube::{Auth, ClusterConfig, Error, Kubeconfig, KubeconfigFileProblem};
+
+/// A CA certificate and a client certificate it issued, as PEM: loading a
+/// kubeconfig parses them, as connecting will.
+fn pems() -> Result<(String, CertPem)> {
+    let ca = CertificateAuthority::generate("test-ca")?;
+    let client = ca.issue_client("admin", &[])?;
+    Ok((ca.pem().cert.clone(), client))
+}
 
 #[test]
 fn kubeconfig_data_and_file_forms() -> Result<()> {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let (ca_pem, client) = pems()?;
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("token"), "file-token\n")?;
     let yaml = format!(
@@ -66,22 +76,22 @@ contexts:
 current-context: b
 users2: null
 "#,
-        ca = b64("CA PEM"),
-        cert = b64("CERT PEM"),
-        key = b64("KEY PEM"),
+        ca = b64(&ca_pem),
+        cert = b64(&client.cert),
+        key = b64(&client.key),
     );
     let mut kc = Kubeconfig::from_yaml(&yaml)?;
     kc.base_dir = Some(dir.path().to_path_buf());
 
     let a = ClusterConfig::from_kubeconfig(&kc, Some("a"))?;
     assert_eq!(a.server.as_str(), "https://10.0.0.1:6443/");
-    assert_eq!(a.ca_pem.as_deref(), Some(&b"CA PEM"[..]));
+    assert_eq!(a.ca_pem.as_deref(), Some(ca_pem.as_bytes()));
     assert_eq!(a.tls_server_name.as_deref(), Some("kubernetes.default"));
     assert_eq!(
         a.auth,
         Auth::ClientCert {
-            cert_pem: b"CERT PEM".to_vec(),
-            key_pem: b"KEY PEM".to_vec()
+            cert_pem: client.cert.as_bytes().to_vec(),
+            key_pem: client.key.as_bytes().to_vec()
         }
     );
     assert_eq!(
@@ -145,9 +155,10 @@ users2: null
 /// skips verification. Empty values are absent, as in kubectl.
 #[test]
 fn a_cluster_without_a_ca_is_refused_unless_insecure() -> Result<()> {
+    let (ca_pem, _) = pems()?;
     let dir = tempfile::tempdir()?;
-    std::fs::write(dir.path().join("ca.crt"), "CA PEM")?;
-    let ca = base64::engine::general_purpose::STANDARD.encode("CA PEM");
+    std::fs::write(dir.path().join("ca.crt"), &ca_pem)?;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&ca_pem);
     for (cluster, refused) in [
         ("{server: https://10.0.0.1:6443}".to_owned(), true),
         (
@@ -205,7 +216,7 @@ fn a_cluster_without_a_ca_is_refused_unless_insecure() -> Result<()> {
                 assert!(
                     config.insecure_skip_tls_verify
                         || config.server.scheme() == "http"
-                        || config.ca_pem.as_deref() == Some(&b"CA PEM"[..]),
+                        || config.ca_pem.as_deref() == Some(ca_pem.as_bytes()),
                     "{cluster}: {config:?}"
                 );
             }

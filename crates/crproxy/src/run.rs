@@ -99,9 +99,56 @@ pub fn check_config(path: &Path) -> Result<()> {
 }
 
 /// Every file the configuration names exists and parses: kubeconfigs give a
-/// cluster to talk to, a peer file lists peers. Relative paths are read from the
-/// configuration file's directory, as `crproxy run` reads them.
+/// cluster to talk to (and their exec plugins can be found), a peer file lists
+/// peers. Relative paths are read from the configuration file's directory, as
+/// `crproxy run` reads them.
 pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
+    let mut errors = check_kubeconfigs(config, base, ExecPlugins::Located);
+    for (i, target) in config.targets.iter().enumerate() {
+        let Some(path) = target.peers.file.as_deref().filter(|p| !p.is_empty()) else {
+            continue;
+        };
+        let resolved = resolve(base, path);
+        let shown = resolved.display().to_string();
+        let problem = match std::fs::read(&resolved) {
+            Err(e) => Some(format!("cannot read peer file {shown}: {e}")),
+            Ok(content) => crproxy_proxy::sources::parse_peer_file(&resolved, &content)
+                .err()
+                .map(|e| match e {
+                    // Names the file itself.
+                    crproxy_proxy::sources::SourceError::Format { .. } => e.to_string(),
+                    _ => format!("peer file {shown}: {e}"),
+                }),
+        };
+        if let Some(message) = problem {
+            errors.push(config::ConfigError {
+                key: format!("targets[{i}].peers.file"),
+                message,
+            });
+        }
+    }
+    errors
+}
+
+/// Whether a kubeconfig's exec plugin must be found when its kubeconfig is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecPlugins {
+    /// It must be on PATH (or at its path) now: `check-config` reports it missing.
+    Located,
+    /// It may appear later: `run` starts without it, logs each failed attempt to
+    /// run it, and tries again on the next request, as client-go does.
+    Later,
+}
+
+/// Every kubeconfig the configuration names loads into a cluster to talk to, with
+/// the same code `crproxy run` connects with (so its CA, client certificate and key
+/// are parsed as they will be used): the problems, each at the configuration key
+/// that names the kubeconfig, naming the kubeconfig file and the field in it.
+pub fn check_kubeconfigs(
+    config: &Config,
+    base: &Path,
+    exec: ExecPlugins,
+) -> Vec<config::ConfigError> {
     let mut errors = Vec::new();
     let mut kubeconfig = |key: String, path: &str| {
         if path.is_empty() {
@@ -114,9 +161,22 @@ pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
         } else {
             match crproxy_kube::Kubeconfig::load(&resolved) {
                 Err(e) => Some(kubeconfig_not_loaded(&resolved, &e)),
-                Ok(loaded) => crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
-                    .err()
-                    .map(|e| format!("kubeconfig {shown} is unusable: {}", unusable(&e))),
+                Ok(loaded) => match crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None) {
+                    Err(e) => Some(unusable(&e)),
+                    Ok(cluster) => match (&cluster.auth, exec) {
+                        (crproxy_kube::Auth::Exec(plugin), ExecPlugins::Located) => {
+                            plugin.locate().err().map(|problem| {
+                                let user = loaded
+                                    .context(None)
+                                    .map(|c| c.context.user.clone())
+                                    .unwrap_or_default();
+                                format!("users[{user}].user.exec.command: {problem}")
+                            })
+                        }
+                        _ => None,
+                    },
+                }
+                .map(|problem| format!("kubeconfig {shown} is unusable: {problem}")),
             }
         };
         if let Some(message) = message {
@@ -141,29 +201,6 @@ pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
                 format!("targets[{i}].peers.endpointSlices.kubeconfig"),
                 path,
             );
-        }
-    }
-    for (i, target) in config.targets.iter().enumerate() {
-        let Some(path) = target.peers.file.as_deref().filter(|p| !p.is_empty()) else {
-            continue;
-        };
-        let resolved = resolve(base, path);
-        let shown = resolved.display().to_string();
-        let problem = match std::fs::read(&resolved) {
-            Err(e) => Some(format!("cannot read peer file {shown}: {e}")),
-            Ok(content) => crproxy_proxy::sources::parse_peer_file(&resolved, &content)
-                .err()
-                .map(|e| match e {
-                    // Names the file itself.
-                    crproxy_proxy::sources::SourceError::Format { .. } => e.to_string(),
-                    _ => format!("peer file {shown}: {e}"),
-                }),
-        };
-        if let Some(message) = problem {
-            errors.push(config::ConfigError {
-                key: format!("targets[{i}].peers.file"),
-                message,
-            });
         }
     }
     errors
@@ -199,26 +236,57 @@ pub struct Serving {
     pub ca_pem: String,
 }
 
-/// Loads the serving CA from `dir` (or creates it there), then issues a serving
-/// certificate for every name the aggregator may use to reach the proxy. Replicas
-/// that share the directory share the CA, so one `caBundle` trusts them all.
+/// Loads the serving CA from `dir` (or creates it there when neither of its files
+/// is), then issues a serving certificate for every name the aggregator may use to
+/// reach the proxy. Replicas that share the directory share the CA, so one
+/// `caBundle` trusts them all. One file without the other is refused rather than
+/// replaced: a new CA would break every replica and client still trusting the old.
 pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
     let cert_path = dir.join("ca.crt");
     let key_path = dir.join("ca.key");
-    let ca = if cert_path.exists() && key_path.exists() {
-        let pem = CertPem {
-            cert: std::fs::read_to_string(&cert_path)?,
-            key: std::fs::read_to_string(&key_path)?,
-        };
-        CertificateAuthority::from_pem(&pem).context("loading the serving CA")?
-    } else {
-        let ca = CertificateAuthority::generate("crproxy-serving-ca")?;
-        if persist {
-            std::fs::create_dir_all(dir)?;
-            std::fs::write(&cert_path, &ca.pem().cert)?;
-            write_private(&key_path, &ca.pem().key)?;
+    if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        bail!(
+            "serving CA: {} is not a directory: it must hold ca.crt and ca.key, or not exist",
+            dir.display()
+        );
+    }
+    let exists = |path: &Path| {
+        path.try_exists()
+            .with_context(|| format!("serving CA: looking for {}", path.display()))
+    };
+    let ca = match (exists(&cert_path)?, exists(&key_path)?) {
+        (true, true) => {
+            let pem = CertPem {
+                cert: read_pem(&cert_path)?,
+                key: read_pem(&key_path)?,
+            };
+            CertificateAuthority::from_pem(&pem).with_context(|| {
+                format!(
+                    "serving CA: loading {} and {}",
+                    cert_path.display(),
+                    key_path.display()
+                )
+            })?
         }
-        ca
+        (false, false) => {
+            let ca = CertificateAuthority::generate("crproxy-serving-ca")?;
+            if persist {
+                write_new_ca(dir, &ca)?;
+            }
+            ca
+        }
+        (true, false) => bail!(
+            "serving CA: {} exists but {} does not: restore the key or remove both to \
+             generate a new CA",
+            cert_path.display(),
+            key_path.display()
+        ),
+        (false, true) => bail!(
+            "serving CA: {} exists but {} does not: restore the certificate or remove both \
+             to generate a new CA",
+            key_path.display(),
+            cert_path.display()
+        ),
     };
     // The aggregator verifies `<service>.<namespace>.svc`; service names depend on
     // the group/version, so the certificate carries a wildcard for kube-system
@@ -263,17 +331,47 @@ fn unusable(error: &crproxy_kube::Error) -> String {
     }
 }
 
-fn write_private(path: &Path, contents: &str) -> Result<()> {
+/// A PEM file of the serving CA, as text.
+fn read_pem(path: &Path) -> Result<String> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("serving CA: reading {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|_| {
+        anyhow!(
+            "serving CA: reading {}: not UTF-8 (a PEM file is text)",
+            path.display()
+        )
+    })
+}
+
+/// Writes a newly generated serving CA into `dir`: the key first and readable by the
+/// owner only, then the certificate. Neither file may exist (another process that
+/// shares the directory may have just written its own CA); if the certificate
+/// cannot be written, the key is removed again, so the next start does not find
+/// half a CA.
+fn write_new_ca(dir: &Path, ca: &CertificateAuthority) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("serving CA: creating directory {}", dir.display()))?;
+    let (cert_path, key_path) = (dir.join("ca.crt"), dir.join("ca.key"));
+    write_new(&key_path, &ca.pem().key, 0o600)?;
+    if let Err(e) = write_new(&cert_path, &ca.pem().cert, 0o644) {
+        let _ = std::fs::remove_file(&key_path);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Creates `path` with `contents` and `mode`; fails if it exists.
+fn write_new(path: &Path, contents: &str, mode: u32) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    let context = || format!("serving CA: writing {}", path.display());
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
+        .create_new(true)
+        .mode(mode)
         .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    file.write_all(contents.as_bytes())?;
+        .with_context(context)?;
+    file.write_all(contents.as_bytes()).with_context(context)?;
     Ok(())
 }
 
@@ -465,6 +563,17 @@ pub async fn start_wiring(
 pub async fn run(path: &Path) -> Result<()> {
     let signals = StopSignals::catch();
     let loaded = load(path)?;
+    // Everything the configuration names is checked before anything is written
+    // (the serving CA) or started.
+    let problems = check_kubeconfigs(&loaded.config, &loaded.base_dir, ExecPlugins::Later);
+    if !problems.is_empty() {
+        let lines: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
+        bail!(
+            "{}: invalid configuration: {}",
+            path.display(),
+            lines.join("; ")
+        );
+    }
     let sync_metrics = crproxy_sync::SyncMetrics::new();
     let metrics = Metrics::with_extra(|registry| sync_metrics.register(registry));
     let mut proxy = None;
@@ -472,6 +581,10 @@ pub async fn run(path: &Path) -> Result<()> {
     if loaded.plan.group_versions.is_empty() {
         metrics_only = Some(serve_metrics_only(&loaded, Arc::clone(&metrics)).await?);
     } else {
+        if loaded.config.client.kubeconfig.is_none() {
+            // In-cluster credentials, before the serving CA may be written.
+            cluster_from(&loaded.base_dir, None).context("client cluster")?;
+        }
         let serving_dir = loaded.base_dir.join("serving-ca");
         let serving = serving_identity(&serving_dir, true)?;
         let setup = setup(&loaded, serving.identity.clone(), metrics)?;
@@ -622,5 +735,193 @@ mod tests {
         ] {
             assert_eq!(message, expected);
         }
+    }
+
+    /// `serving_identity` of a `serving-ca` directory prepared by `prepare`: the
+    /// error line, with `{dir}` standing for the directory.
+    fn serving_error(prepare: impl FnOnce(&Path)) -> (String, PathBuf, tempfile::TempDir) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("serving-ca");
+        prepare(&dir);
+        let error = match serving_identity(&dir, true) {
+            Ok(_) => panic!("serving_identity accepted it"),
+            Err(e) => crate::report::error_line(&e),
+        };
+        (error.replace(&dir.display().to_string(), "{dir}"), dir, tmp)
+    }
+
+    fn write(path: &Path, contents: &[u8]) {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, contents).expect("write");
+    }
+
+    /// Half a serving CA is refused, and nothing is written over the half there is.
+    #[test]
+    fn half_a_serving_ca_is_refused_not_replaced() {
+        let ca = CertificateAuthority::generate("kept").expect("ca");
+        let (error, dir, _tmp) =
+            serving_error(|dir| write(&dir.join("ca.crt"), ca.pem().cert.as_bytes()));
+        assert_eq!(
+            error,
+            "serving CA: {dir}/ca.crt exists but {dir}/ca.key does not: restore the key or \
+             remove both to generate a new CA"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("ca.crt")).expect("read"),
+            ca.pem().cert
+        );
+        assert!(!dir.join("ca.key").exists());
+        let (error, dir, _tmp) =
+            serving_error(|dir| write(&dir.join("ca.key"), ca.pem().key.as_bytes()));
+        assert_eq!(
+            error,
+            "serving CA: {dir}/ca.key exists but {dir}/ca.crt does not: restore the \
+             certificate or remove both to generate a new CA"
+        );
+        assert!(!dir.join("ca.crt").exists());
+    }
+
+    /// With neither file the CA is generated and kept; the next start loads it.
+    #[test]
+    fn a_missing_serving_ca_is_generated_and_then_reused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("serving-ca");
+        let first = serving_identity(&dir, true).expect("generated");
+        let mode = std::fs::metadata(dir.join("ca.key"))
+            .expect("key")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("ca.crt")).expect("crt"),
+            first.ca_pem
+        );
+        let second = serving_identity(&dir, true).expect("loaded");
+        assert_eq!(second.ca_pem, first.ca_pem);
+    }
+
+    /// Every I/O problem with the serving CA says what was being done, and where.
+    #[test]
+    fn serving_ca_io_errors_name_the_path() {
+        for (prepare, expected) in [
+            (
+                Box::new(|dir: &Path| write(dir, b"")) as Box<dyn FnOnce(&Path)>,
+                "serving CA: {dir} is not a directory: it must hold ca.crt and ca.key, or not exist",
+            ),
+            (
+                // A dangling link: nothing to read, and no directory can be made.
+                Box::new(|dir: &Path| {
+                    std::os::unix::fs::symlink("/nonexistent/serving-ca", dir).expect("symlink")
+                }),
+                "serving CA: creating directory {dir}: File exists (os error 17)",
+            ),
+            (
+                Box::new(|dir: &Path| {
+                    std::fs::create_dir_all(dir.join("ca.crt")).expect("mkdir");
+                    write(&dir.join("ca.key"), b"key");
+                }),
+                "serving CA: reading {dir}/ca.crt: Is a directory (os error 21)",
+            ),
+            (
+                Box::new(|dir: &Path| {
+                    write(&dir.join("ca.crt"), b"\xff\xfe");
+                    write(&dir.join("ca.key"), b"key");
+                }),
+                "serving CA: reading {dir}/ca.crt: not UTF-8 (a PEM file is text)",
+            ),
+        ] {
+            assert_eq!(serving_error(prepare).0, expected);
+        }
+    }
+
+    /// A configuration naming `kubeconfig` (written into a fresh directory), as
+    /// `check-config` (exec plugins located) and `run` (not) check it: the message
+    /// of each, with `{dir}` standing for the directory.
+    fn kubeconfig_problems(kubeconfig: &str) -> [Vec<String>; 2] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write(&tmp.path().join("client.kubeconfig"), kubeconfig.as_bytes());
+        let mut config = config::parse("client: {name: c, project: p}\n").expect("config");
+        config.client.kubeconfig = Some("client.kubeconfig".into());
+        [ExecPlugins::Located, ExecPlugins::Later].map(|exec| {
+            check_kubeconfigs(&config, tmp.path(), exec)
+                .iter()
+                .map(|e| {
+                    e.to_string()
+                        .replace(&tmp.path().display().to_string(), "{dir}")
+                })
+                .collect()
+        })
+    }
+
+    fn kubeconfig_with(cluster: &str, user: &str) -> String {
+        format!(
+            "clusters: [{{name: c, cluster: {cluster}}}]\n\
+             users: [{{name: admin, user: {user}}}]\n\
+             contexts: [{{name: x, context: {{cluster: c, user: admin}}}}]\n\
+             current-context: x\n"
+        )
+    }
+
+    /// TLS material that is not PEM fails `check-config` as it fails `run`: at the
+    /// key, naming the kubeconfig file and the field in it.
+    #[test]
+    fn kubeconfig_tls_material_is_checked_as_run_loads_it() {
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let ca = CertificateAuthority::generate("ca").expect("ca");
+        let client = ca.issue_client("admin", &[]).expect("client");
+        let good_ca = b64(ca.pem().cert.as_bytes());
+        let cluster =
+            format!("{{server: 'https://127.0.0.1:6443', certificate-authority-data: {good_ca}}}");
+        let user = |cert: &str| {
+            format!(
+                "{{client-certificate-data: {cert}, client-key-data: {}}}",
+                b64(client.key.as_bytes())
+            )
+        };
+        let good = kubeconfig_with(&cluster, &user(&b64(client.cert.as_bytes())));
+        assert_eq!(
+            kubeconfig_problems(&good),
+            [Vec::<String>::new(), Vec::new()]
+        );
+        let twice = kubeconfig_with(
+            &cluster,
+            &user(&b64(b64(client.cert.as_bytes()).as_bytes())),
+        );
+        let expected = "client.kubeconfig: kubeconfig {dir}/client.kubeconfig is unusable: \
+             users[admin].user.client-certificate-data: holds no PEM certificate \
+             (base64-encoded twice?)";
+        assert_eq!(
+            kubeconfig_problems(&twice),
+            [vec![expected.to_string()], vec![expected.to_string()]]
+        );
+        let ca_twice = kubeconfig_with(
+            &cluster.replace(&good_ca, &b64(good_ca.as_bytes())),
+            "{token: t}",
+        );
+        let expected = "client.kubeconfig: kubeconfig {dir}/client.kubeconfig is unusable: \
+             clusters[c].cluster.certificate-authority-data: holds no PEM certificate \
+             (base64-encoded twice?)";
+        assert_eq!(kubeconfig_problems(&ca_twice)[0], [expected]);
+    }
+
+    /// An exec plugin that cannot be found fails `check-config`; `run` starts
+    /// anyway and keeps trying to run it.
+    #[test]
+    fn a_missing_exec_plugin_fails_check_config_only() {
+        let kubeconfig = kubeconfig_with(
+            "{server: 'https://127.0.0.1:6443', insecure-skip-tls-verify: true}",
+            "{exec: {apiVersion: client.authentication.k8s.io/v1, command: ./no-such-plugin}}",
+        );
+        let [check, run] = kubeconfig_problems(&kubeconfig);
+        assert_eq!(
+            check,
+            [
+                "client.kubeconfig: kubeconfig {dir}/client.kubeconfig is unusable: \
+              users[admin].user.exec.command: \"{dir}/./no-such-plugin\" does not exist"
+            ]
+        );
+        assert_eq!(run, Vec::<String>::new());
     }
 }

@@ -404,7 +404,7 @@ fn validation_rules() {
             ("client.project", "is required"),
             ("targets[0].project", "is required"),
         ]),
-        (edit("  name: client", "  name: Bad_Name!"), vec![("client.name", "starting and ending with a letter or digit; it also cannot be an ownership label value: a valid label must be")]),
+        (edit("  name: client", "  name: Bad_Name!"), vec![("client.name", "\"Bad_Name!\" is not a valid name: use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit")]),
         (edit("  name: client", "  name: Client"), vec![("client.name", "\"Client\" is not a valid name")]),
         (edit("  project: default", "  project: my.project"), vec![
             ("client.project", "is not a valid name"),
@@ -415,6 +415,10 @@ fn validation_rules() {
             (leak(format!("{w}.targetVirtualCluster")), "no entry in targets"),
         ]),
         (edit("  name: client", "  name: client\n  projectNamespace: ''"), vec![("client.projectNamespace", "must not be empty")]),
+        (edit("  name: client", "  name: client\n  projectNamespace: P_Default"), vec![("client.projectNamespace", "\"P_Default\" is not a valid name: use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit (it is the Kubernetes namespace of the client's Platform project)")]),
+        (edit("  name: client", &format!("  name: client\n  projectNamespace: {}", "n".repeat(64))), vec![("client.projectNamespace", "is not a valid name")]),
+        (edit("  project: default", &format!("  project: {}", "p".repeat(62))), vec![("client.projectNamespace", "it defaults to p-<client.project>, which is too long here: set client.projectNamespace to the project's namespace")]),
+        (edit("  project: default", &format!("  project: {}\n  projectNamespace: p-team", "p".repeat(62))), vec![]),
         // proxy
         (edit("proxy: {}", "proxy: {bindAddress: localhost}"), vec![("proxy.bindAddress", "is not an IP address")]),
         (edit("proxy: {}", "proxy: {metricsAddress: '9090'}"), vec![("proxy.metricsAddress", "ip:port")]),
@@ -794,4 +798,24 @@ fn a_key_written_twice_is_a_config_error_not_parser_advice() {
         source.locate("client.name"),
         Position { line: 5, column: 3 }
     );
+}
+
+/// An invalid client name gets one rule, the one it must satisfy (a DNS label is
+/// always a valid label value, so the label-value rule would only contradict it).
+#[test]
+fn an_invalid_client_name_is_told_one_rule() {
+    for (name, shown) in [
+        ("\"Client Name!\"", "\"Client Name!\""),
+        (&"c".repeat(64), &format!("{:?}", "c".repeat(64))),
+    ] {
+        let errors = load(&edit("  name: client", &format!("  name: {name}"))).expect_err(name);
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            lines,
+            [format!(
+                "client.name: {shown} is not a valid name: use at most 63 lower-case letters, \
+                 digits and '-', starting and ending with a letter or digit"
+            )]
+        );
+    }
 }

@@ -13,6 +13,7 @@
 mod support;
 
 mod cli;
+mod config_errors;
 mod deploy_manifests;
 mod dev_command;
 mod doctor;
