@@ -40,9 +40,11 @@ impl Keys {
     }
 }
 
-/// The records themselves are crproxy's bookkeeping, never one of the recorded keys.
-fn is_record(key: &str) -> bool {
-    key == names::MANAGED_LABELS || key == names::MANAGED_ANNOTATIONS
+/// The records themselves (annotations) are crproxy's bookkeeping, never one of
+/// the recorded keys. A label that happens to share a record's name is an
+/// ordinary label, recorded and removed like any other.
+fn is_record(keys: Keys, key: &str) -> bool {
+    keys == Keys::Annotations && (key == names::MANAGED_LABELS || key == names::MANAGED_ANNOTATIONS)
 }
 
 fn map(object: &Value, keys: Keys) -> Map<String, Value> {
@@ -59,7 +61,7 @@ pub fn record(object: &mut Value, keys: Keys) {
     let recorded: BTreeSet<String> = map(object, keys)
         .into_iter()
         .map(|(k, _)| k)
-        .filter(|k| !is_record(k))
+        .filter(|k| !is_record(keys, k))
         .collect();
     let value = recorded.into_iter().collect::<Vec<_>>().join("\n");
     let metadata = &mut object["metadata"];
@@ -104,7 +106,7 @@ pub fn carry_over(desired: &mut Value, current: &Value) {
         let ours = recorded(current, keys);
         let mut merged: Map<String, Value> = map(current, keys)
             .into_iter()
-            .filter(|(k, _)| !ours.contains(k) && !is_record(k))
+            .filter(|(k, _)| !ours.contains(k) && !is_record(keys, k))
             .collect();
         merged.extend(map(desired, keys));
         desired["metadata"][keys.field()] = Value::Object(merged);

@@ -79,3 +79,31 @@ fn a_replace_keeps_others_keys_finalizers_and_owners_and_drops_removed_ones() {
         json!({"app": "web", "old": "1"})
     );
 }
+
+/// A label that shares a record's name is an ordinary label: recorded when
+/// crproxy writes it, removed when the source drops it. It once counted as a
+/// record in the labels too, so it was never recorded and never removed.
+#[test]
+fn a_label_named_like_a_record_is_an_ordinary_label() {
+    let name = names::MANAGED_LABELS;
+    let written = ours(json!({name: "copied", "app": "db"}), json!({}));
+    assert_eq!(
+        written["metadata"]["annotations"][names::MANAGED_LABELS],
+        format!("app\n{name}")
+    );
+    let current = stored(&written, None, None);
+    let dropped = ours(json!({"app": "db"}), json!({}));
+    assert!(
+        metadata_differs(&dropped, &current),
+        "the source dropped the label: a write"
+    );
+    let mut replaced = dropped.clone();
+    carry_over(&mut replaced, &current);
+    assert_eq!(replaced["metadata"]["labels"], json!({"app": "db"}));
+    // Someone else's label of that name is theirs, and stays.
+    let theirs = stored(&dropped, Some(name), None);
+    assert!(!metadata_differs(&dropped, &theirs));
+    let mut kept = dropped.clone();
+    carry_over(&mut kept, &theirs);
+    assert_eq!(kept["metadata"]["labels"][name], "theirs");
+}
