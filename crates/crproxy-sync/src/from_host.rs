@@ -175,7 +175,7 @@ pub fn desired_copy(ty: &ResolvedType, key: &Key, host: &Value, tenant: Option<&
 
 /// Whether the copy must be written: fields, the host's labels or the bookkeeping
 /// differ (labels a tenant controller added do not count, see [`managed`]).
-fn copy_differs(desired: &Value, current: &Value) -> bool {
+pub fn copy_differs(desired: &Value, current: &Value) -> bool {
     fields(desired) != fields(current) || managed::metadata_differs(desired, current)
 }
 

@@ -16,6 +16,7 @@ pub mod responses;
 pub mod selectors;
 pub mod served_documents;
 pub mod skim;
+pub mod sync_objects;
 pub mod watch_lines;
 pub mod write_answer;
 pub mod write_body;
@@ -24,7 +25,7 @@ pub mod write_body;
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target by name, with its check.
-pub const TARGETS: [(&str, Check); 12] = [
+pub const TARGETS: [(&str, Check); 13] = [
     ("cbor_counter", cbor_counter::check),
     ("config", config::check),
     ("deep_objects", deep_objects::check),
@@ -34,6 +35,7 @@ pub const TARGETS: [(&str, Check); 12] = [
     ("selectors", selectors::check),
     ("served_documents", served_documents::check),
     ("skim", skim::check),
+    ("sync_objects", sync_objects::check),
     ("watch_lines", watch_lines::check),
     ("write_answer", write_answer::check),
     ("write_body", write_body::check),
