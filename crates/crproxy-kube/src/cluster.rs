@@ -83,7 +83,9 @@ impl ExecConfig {
         let hint = self
             .install_hint
             .as_deref()
-            .map(|h| format!(" ({})", h.split_whitespace().collect::<Vec<_>>().join(" ")))
+            .map(|h| h.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|h| !h.is_empty())
+            .map(|h| format!(" ({h})"))
             .unwrap_or_default();
         let command = &self.command;
         let shown = command.display();

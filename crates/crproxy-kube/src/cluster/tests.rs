@@ -240,6 +240,11 @@ fn exec_commands_are_found_as_starting_them_would() {
                 .into()
         )
     );
+    // An empty hint (kubeconfigs write `installHint: ""`) adds nothing.
+    assert_eq!(
+        locate("absent", Some(" \n")),
+        Err("\"absent\" is not on PATH".into())
+    );
     // A file that is there but cannot be run is not what PATH lookup finds.
     assert_eq!(locate("data", None), Err("\"data\" is not on PATH".into()));
     assert_eq!(
