@@ -86,6 +86,9 @@ pub fn check_config(path: &Path) -> Result<()> {
             );
         }
         print_sync_plan(&text);
+        if let Some(config) = &checked.config {
+            print_rbac_names(&config.client.name);
+        }
         return Ok(());
     }
     let mut located: Vec<(config::Position, &config::ConfigError)> =
@@ -228,6 +231,20 @@ fn print_sync_plan(text: &str) {
     for warning in config::sync::warnings(&config.sync) {
         println!("warning: {warning}");
     }
+}
+
+/// The names of the client-cluster objects that deploy/base/rbac.yaml and
+/// deploy/components/sync/rbac.yaml allow by name, for this `client.name`: they
+/// follow it, and the sync's Lease is shortened with a hash when long, so the
+/// operator copies them rather than working them out.
+fn print_rbac_names(client_name: &str) {
+    println!(
+        "ok: names the RBAC allows by name: Lease kube-system/{}, Lease kube-system/{}, \
+         ValidatingWebhookConfiguration {}",
+        crproxy_core::names::registration_lease_name(client_name),
+        crproxy_core::names::sync_lease_name(client_name),
+        crproxy_sync::writethrough::configuration_name(client_name),
+    );
 }
 
 /// The proxy's serving certificate and the CA the APIService `caBundle` carries.

@@ -108,6 +108,52 @@ experimental:
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("example.com/v1"), "{stdout}");
     assert!(stdout.contains("9100"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "ok: names the RBAC allows by name: Lease kube-system/crproxy-client, \
+             Lease kube-system/crproxy-sync-client, \
+             ValidatingWebhookConfiguration crproxy-writethrough-client\n"
+        ),
+        "{stdout}"
+    );
+}
+
+/// The names the RBAC must allow follow client.name, and the sync's Lease is
+/// shortened with a hash past 63 characters: check-config prints them as the code
+/// makes them, so a long name need not be worked out by hand.
+#[test]
+fn check_config_prints_the_names_the_rbac_allows_for_a_long_client_name() {
+    let name = "c".repeat(60);
+    let Checked {
+        ok, stdout, stderr, ..
+    } = check_config(
+        &format!(
+            r#"
+client: {{name: {name}, project: default}}
+targets:
+  - name: target
+    kubeconfig: target.kubeconfig
+    peers: {{static: ["127.0.0.1:6443"]}}
+experimental:
+  proxy:
+    customResources:
+      widgets.example.com/v1:
+        enabled: true
+        targetVirtualCluster: {{name: target}}
+"#
+        ),
+        &[("target.kubeconfig", KUBECONFIG.as_bytes())],
+    );
+    assert!(ok, "{stdout}{stderr}");
+    let sync_lease = crproxy_core::names::sync_lease_name(&name);
+    assert_ne!(sync_lease, format!("crproxy-sync-{name}"), "shortened");
+    assert!(
+        stdout.contains(&format!(
+            "Lease kube-system/crproxy-{name}, Lease kube-system/{sync_lease}, \
+             ValidatingWebhookConfiguration crproxy-writethrough-{name}\n"
+        )),
+        "{stdout}"
+    );
 }
 
 /// A kubeconfig `check-config` can use (nothing connects to it).
