@@ -855,7 +855,9 @@ pub struct EntryKey {
     pub version: String,
 }
 
-const DNS_LABEL_RULE: &str = "is not a valid name: use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit";
+/// What a DNS-1123 label is, as every message about one says it.
+pub const DNS_LABEL_SHAPE: &str =
+    "use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit";
 
 const KEY_FORMAT: &str = "the key must look like <resource>.<group>/<version> or *.<group>/<version>, for example widgets.example.com/v1";
 
@@ -997,7 +999,10 @@ impl Config {
                 // and virtual cluster and project names are DNS labels anyway (a
                 // DNS label is always a valid label value, so this one rule says it
                 // all).
-                err(key.into(), format!("{value:?} {DNS_LABEL_RULE}"));
+                err(
+                    key.into(),
+                    format!("{value:?} is not a valid name: {DNS_LABEL_SHAPE}"),
+                );
             }
         }
         let namespace = &self.client.project_namespace;
@@ -1017,7 +1022,7 @@ impl Config {
             };
             err(
                 "client.projectNamespace".into(),
-                format!("{namespace:?} {DNS_LABEL_RULE}{why}"),
+                format!("{namespace:?} is not a valid name: {DNS_LABEL_SHAPE}{why}"),
             );
         }
 
@@ -1056,7 +1061,7 @@ impl Config {
                 // The name is part of the placeholder upstream host name.
                 err(
                     format!("{p}.name"),
-                    format!("{:?} {DNS_LABEL_RULE}", t.name),
+                    format!("{:?} is not a valid name: {DNS_LABEL_SHAPE}", t.name),
                 );
             }
             if t.project.is_empty() {
@@ -1067,7 +1072,7 @@ impl Config {
             } else if !is_dns_label(&t.project) {
                 err(
                     format!("{p}.project"),
-                    format!("{:?} {DNS_LABEL_RULE}", t.project),
+                    format!("{:?} is not a valid name: {DNS_LABEL_SHAPE}", t.project),
                 );
             }
             if t.kubeconfig.is_empty() {

@@ -81,11 +81,10 @@ fn client_name_arg(name: &str) -> std::result::Result<String, String> {
     } else if crproxy_core::config::is_dns_label(name) {
         Ok(name.to_owned())
     } else {
-        Err(
-            "is not a valid client name (client.name): use at most 63 lower-case letters, \
-             digits and '-', starting and ending with a letter or digit"
-                .to_owned(),
-        )
+        Err(format!(
+            "is not a valid client name (client.name): {}",
+            crproxy_core::config::DNS_LABEL_SHAPE
+        ))
     }
 }
 
