@@ -25,14 +25,16 @@ pub enum Keys {
 }
 
 impl Keys {
-    fn field(self) -> &'static str {
+    /// The metadata field holding these keys.
+    pub fn field(self) -> &'static str {
         match self {
             Keys::Labels => "labels",
             Keys::Annotations => "annotations",
         }
     }
 
-    fn record(self) -> &'static str {
+    /// The annotation recording which of these keys are crproxy's.
+    pub fn record(self) -> &'static str {
         match self {
             Keys::Labels => names::MANAGED_LABELS,
             Keys::Annotations => names::MANAGED_ANNOTATIONS,

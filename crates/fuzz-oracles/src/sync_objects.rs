@@ -394,27 +394,13 @@ fn check_sources(
 // ---------------------------------------------------------------------------------
 // Managed keys.
 
-fn field(keys: Keys) -> &'static str {
-    match keys {
-        Keys::Labels => "labels",
-        Keys::Annotations => "annotations",
-    }
-}
-
-fn record_key(keys: Keys) -> &'static str {
-    match keys {
-        Keys::Labels => names::MANAGED_LABELS,
-        Keys::Annotations => names::MANAGED_ANNOTATIONS,
-    }
-}
-
 /// A record's own annotation (a label of that name is an ordinary label).
 fn is_record(keys: Keys, key: &str) -> bool {
     keys == Keys::Annotations && (key == names::MANAGED_LABELS || key == names::MANAGED_ANNOTATIONS)
 }
 
 fn map(object: &Value, keys: Keys) -> Map<String, Value> {
-    object["metadata"][field(keys)]
+    object["metadata"][keys.field()]
         .as_object()
         .cloned()
         .unwrap_or_default()
@@ -422,7 +408,7 @@ fn map(object: &Value, keys: Keys) -> Map<String, Value> {
 
 /// The keys `object`'s record lists, one a line.
 fn recorded(object: &Value, keys: Keys) -> BTreeSet<String> {
-    let record = object["metadata"]["annotations"][record_key(keys)].as_str();
+    let record = object["metadata"]["annotations"][keys.record()].as_str();
     let lines = record.into_iter().flat_map(str::lines);
     lines.filter(|k| !k.is_empty()).map(str::to_owned).collect()
 }
@@ -464,7 +450,7 @@ fn check_record(desired: &Value) -> Value {
         if !metadata["annotations"].is_object() {
             metadata["annotations"] = json!({});
         }
-        metadata["annotations"][record_key(keys)] = json!(record_of(desired, keys));
+        metadata["annotations"][keys.record()] = json!(record_of(desired, keys));
         assert_eq!(once, expected, "{keys:?} recorded");
         let mut twice = once.clone();
         record(&mut twice, keys);
@@ -574,7 +560,7 @@ fn with_key(object: &Value, keys: Keys, key: &str) -> Option<Value> {
     let metadata = with.as_object_mut()?.entry("metadata").or_insert(json!({}));
     let map = metadata
         .as_object_mut()?
-        .entry(field(keys))
+        .entry(keys.field())
         .or_insert(json!({}));
     map.as_object_mut()?.insert(key.to_owned(), json!("theirs"));
     Some(with)
@@ -780,7 +766,7 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
         || is_record(Keys::Annotations, k)));
     for keys in BOTH {
         assert_eq!(
-            desired["metadata"]["annotations"][record_key(keys)],
+            desired["metadata"]["annotations"][keys.record()],
             json!(record_of(&desired, keys)),
             "{keys:?} recorded"
         );
