@@ -27,18 +27,21 @@ pub struct Loaded {
     pub base_dir: PathBuf,
 }
 
+/// The one-line error of a configuration with `errors`, each after the last.
+fn invalid(path: &Path, errors: &[config::ConfigError]) -> anyhow::Error {
+    let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    anyhow!(
+        "{}: invalid configuration: {}",
+        path.display(),
+        lines.join("; ")
+    )
+}
+
 /// Reads and validates a configuration file; every problem is reported.
 pub fn load(path: &Path) -> Result<Loaded> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (config, plan) = config::load(&text).map_err(|errors| {
-        let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-        anyhow!(
-            "{}: invalid configuration: {}",
-            path.display(),
-            lines.join("; ")
-        )
-    })?;
+    let (config, plan) = config::load(&text).map_err(|errors| invalid(path, &errors))?;
     let base_dir = base_dir_of(path);
     Ok(Loaded {
         config,
@@ -584,12 +587,7 @@ pub async fn run(path: &Path) -> Result<()> {
     // (the serving CA) or started.
     let problems = check_kubeconfigs(&loaded.config, &loaded.base_dir, ExecPlugins::Later);
     if !problems.is_empty() {
-        let lines: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
-        bail!(
-            "{}: invalid configuration: {}",
-            path.display(),
-            lines.join("; ")
-        );
+        return Err(invalid(path, &problems));
     }
     let sync_metrics = crproxy_sync::SyncMetrics::new();
     let metrics = Metrics::with_extra(|registry| sync_metrics.register(registry));
