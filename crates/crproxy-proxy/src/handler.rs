@@ -686,9 +686,15 @@ impl GroupVersionProxy {
                 )
                 .await
             }
-            Verb::Get if owned => Box::pin(self.named_get(exchange, path)).await,
+            Verb::Get if owned => {
+                let outcome = Box::pin(self.named_get(exchange, path)).await;
+                self.not_found_as_masked(exchange, path, outcome).await
+            }
             Verb::Update | Verb::Patch | Verb::Delete if owned => {
-                Box::pin(self.owned_mutation(exchange, verb, path, body, creates_refused)).await
+                let outcome =
+                    Box::pin(self.owned_mutation(exchange, verb, path, body, creates_refused))
+                        .await;
+                self.not_found_as_masked(exchange, path, outcome).await
             }
             // Creates are stamped in both modes, so every object on the target names
             // the client that made it.
@@ -2021,6 +2027,38 @@ impl GroupVersionProxy {
         )
     }
 
+    /// A named request's 404 from the target, answered exactly as a masked object
+    /// is ([`Self::masked`]): were the target's own answer passed on, its headers
+    /// and bytes would tell a caller whether a name it may not see belongs to
+    /// another tenant's object or to none. Left as the target wrote it only when it
+    /// is a JSON `Status` about something else than this object (a resource or a
+    /// namespace the target does not have), which no object's presence changes.
+    /// The request stays counted as the target's answer.
+    async fn not_found_as_masked(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath,
+        outcome: Outcome,
+    ) -> Outcome {
+        if outcome.reason != Reason::Upstream || outcome.response.status() != StatusCode::NOT_FOUND
+        {
+            return outcome;
+        }
+        let (parts, body) = outcome.response.into_parts();
+        let read = transport::read_limited(body, MAX_BUFFERED_BODY);
+        let bytes = match transport::within(exchange.deadline, read).await {
+            Ok(bytes) => bytes,
+            Err(e) => return self.unavailable(e),
+        };
+        if is_plain_json_object(&parts.headers) && !names_the_object(&bytes, path) {
+            return Outcome::new(
+                Response::from_parts(parts, transport::full(bytes)),
+                outcome.reason,
+            );
+        }
+        self.masked(path, Reason::Upstream)
+    }
+
     fn unavailable(&self, error: ForwardError) -> Outcome {
         if error.reason() == Reason::Deadline {
             self.metrics.termination(Reason::Deadline);
@@ -2282,6 +2320,19 @@ fn names_missing_namespace(answer: &[u8], namespace: &str) -> bool {
     details["kind"] == "namespaces"
         && details["name"] == namespace
         && details.get("group").is_none_or(|group| group == "")
+}
+
+/// Whether a 404 answer may be about the object `path` names: anything but a
+/// JSON `Status` whose `details` name another object, or none (kube's answer for
+/// a resource it does not serve has empty details).
+fn names_the_object(answer: &[u8], path: &ResourcePath) -> bool {
+    let Ok(status) = serde_json::from_slice::<Value>(answer) else {
+        return true;
+    };
+    let details = &status["details"];
+    status["kind"] != "Status"
+        || (details["name"] == path.name.as_deref().unwrap_or_default()
+            && details["kind"] == path.resource.as_str())
 }
 
 /// A body or delete options the pin cannot go with (kube would refuse them too): 400.
@@ -2637,6 +2688,33 @@ mod tests {
         ] {
             assert!(!is_plain_json_object(&other), "{other:?}");
         }
+    }
+
+    #[test]
+    fn only_a_404_about_something_else_than_the_object_is_left_as_the_target_wrote_it() {
+        let path = ResourcePath {
+            namespace: Some("demo".into()),
+            resource: "widgets".into(),
+            name: Some("w".into()),
+            subresource: Some("status".into()),
+        };
+        let about = |answer: Value| names_the_object(answer.to_string().as_bytes(), &path);
+        let missing = status::not_found("widgets", "example.com", "w");
+        assert!(about(missing.clone()));
+        // Anything the proxy cannot read as a Status may be about the object.
+        assert!(names_the_object(b"kind: Status\ncode: 404\n", &path));
+        assert!(names_the_object(b"", &path));
+        assert!(about(
+            serde_json::json!({"kind": "Widget", "metadata": {"name": "w"}})
+        ));
+        // Another object, a namespace, or a resource the target does not serve.
+        assert!(!about(status::not_found("widgets", "example.com", "v")));
+        assert!(!about(status::not_found("gadgets", "example.com", "w")));
+        assert!(!about(status::namespace_not_found("w")));
+        let unserved = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": "the server could not find the requested resource",
+            "reason": "NotFound", "details": {}, "code": 404});
+        assert!(!about(unserved));
     }
 
     #[test]

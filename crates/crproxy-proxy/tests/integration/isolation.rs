@@ -23,7 +23,7 @@ use kube::Api;
 use crproxy_core::config::AccessMode;
 use log_support::LogBuffer;
 use target_support::{
-    harness, json_of, on_target, send, widget, widget_object, widget_resource, Harness,
+    harness, json_of, on_target, send, widget, widget_object, widget_resource, Harness, Reply,
     OWNER_LABELS, WIDGETS,
 };
 
@@ -721,6 +721,56 @@ async fn subresource_answers_never_show_an_object_that_lost_its_labels() {
         violations.is_empty(),
         "shown while not owned: {violations:?}"
     );
+    h.proxy.shutdown().await;
+}
+
+/// Another tenant's object and no object at all get the same 404, byte for byte
+/// and header for header (but `date`), for every named verb: the target's own
+/// answer for a missing object would otherwise tell a caller which names other
+/// tenants use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hidden_object_and_a_missing_one_get_the_same_404() {
+    let h = harness(AccessMode::Owned).await;
+    let path = format!("{WIDGETS}/taken");
+    let replacement = widget("taken", owned_labels()).to_string();
+    let requests: [(&str, String, Option<&str>, &str); 7] = [
+        ("GET", path.clone(), None, ""),
+        ("HEAD", path.clone(), None, ""),
+        ("GET", format!("{path}/status"), None, ""),
+        ("GET", format!("{path}/scale"), None, ""),
+        ("PUT", path.clone(), Some("application/json"), &replacement),
+        (
+            "PATCH",
+            path.clone(),
+            Some("application/merge-patch+json"),
+            r#"{"spec":{"replicas":2}}"#,
+        ),
+        ("DELETE", path.clone(), None, ""),
+    ];
+    async fn answers(h: &Harness, requests: &[(&str, String, Option<&str>, &str)]) -> Vec<Reply> {
+        let mut replies = Vec::new();
+        for (method, path, content_type, body) in requests {
+            let mut reply = send(h, method, path, *content_type, body.to_string()).await;
+            reply.headers.remove(http::header::DATE);
+            replies.push(reply);
+        }
+        replies
+    }
+    let other_tenant = json!({
+        "vcluster.com/owner-vcluster": "other", "vcluster.com/owner-project": "default"});
+    create_on_target(&h, "taken", other_tenant).await;
+    let hidden = answers(&h, &requests).await;
+    h.widgets
+        .delete("taken", &Default::default())
+        .await
+        .expect("deleted on the target");
+    let missing = answers(&h, &requests).await;
+    for (((method, path, ..), hidden), missing) in requests.iter().zip(&hidden).zip(&missing) {
+        assert_eq!(hidden.status, 404, "{method} {path}: {hidden:?}");
+        assert_eq!(missing.status, 404, "{method} {path}: {missing:?}");
+        assert_eq!(hidden.bytes, missing.bytes, "{method} {path}");
+        assert_eq!(hidden.headers, missing.headers, "{method} {path}");
+    }
     h.proxy.shutdown().await;
 }
 

@@ -333,6 +333,8 @@ pub struct Reply {
     pub status: u16,
     pub headers: http::HeaderMap,
     pub body: Value,
+    /// The body as it came, for tests that compare answers byte for byte.
+    pub bytes: Bytes,
 }
 
 /// A caller request through the aggregator; `content_type: None` sends none.
@@ -381,6 +383,7 @@ pub async fn exchange(caller: &kube::Client, request: http::Request<Bytes>) -> R
         status: 0,
         headers: http::HeaderMap::new(),
         body: json!({ "message": message }),
+        bytes: Bytes::new(),
     };
     let answer = async {
         let response = caller
@@ -396,6 +399,7 @@ pub async fn exchange(caller: &kube::Client, request: http::Request<Bytes>) -> R
             status: parts.status.as_u16(),
             headers: parts.headers,
             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            bytes: body,
         },
         Ok(Err(message)) => failed(message),
         Err(_) => failed(format!("no answer within {CALLER_TIMEOUT:?}")),
