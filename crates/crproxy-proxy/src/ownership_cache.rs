@@ -162,7 +162,10 @@ impl OwnershipCache {
     /// next write of it through this proxy then finds its new resourceVersion,
     /// without waiting for the watch to bring it. `name` is the object the write
     /// addressed; `None` for a create, whose object the answer names (it may have
-    /// asked for a generated name).
+    /// asked for a generated name). An answer that cannot be read, or that names
+    /// another object, still says the addressed object changed: what was known
+    /// of it is dropped, so that its next write takes the checked path rather
+    /// than a pin that is sure to fail.
     pub fn remember(
         &self,
         resource: &str,
@@ -171,6 +174,9 @@ impl OwnershipCache {
         answer: &[u8],
     ) {
         let Some(answered) = read_write_answer(&self.shared.owner, namespace, name, answer) else {
+            if let Some(name) = name {
+                self.forget(resource, namespace, name);
+            }
             return;
         };
         let Some(objects) = self.running(resource) else {

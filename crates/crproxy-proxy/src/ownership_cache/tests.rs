@@ -384,11 +384,18 @@ fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
         let unlabelled = |name: &str| write_answer(name, "4", r#""labels":{}"#);
         remember("ns", Some("a"), owned("a").as_bytes());
         assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "4")));
-        // An answer about another object, or not JSON, changes nothing.
+        // An answer about another object records nothing; it, or an answer
+        // that is not JSON, drops the object the write addressed, which changed.
+        remember("ns", Some("c"), owned("c").as_bytes());
         remember("ns", Some("b"), owned("a").as_bytes());
-        remember("ns", Some("a"), b"not json");
         assert_eq!(lookup("ns", "b"), Lookup::Miss);
         assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "4")));
+        remember("ns", Some("c"), owned("a").as_bytes());
+        assert_eq!(lookup("ns", "c"), Lookup::Miss);
+        assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "4")));
+        remember("ns", Some("a"), b"not json");
+        assert_eq!(lookup("ns", "a"), Lookup::Miss);
+        remember("ns", Some("a"), owned("a").as_bytes());
         // A write whose answer no longer carries the labels drops the entry.
         remember("ns", Some("a"), unlabelled("a").as_bytes());
         assert_eq!(lookup("ns", "a"), Lookup::Miss);
