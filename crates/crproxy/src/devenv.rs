@@ -626,15 +626,28 @@ impl Link {
     pub async fn start_replica_with(&self, options: ReplicaOptions) -> Result<ProxyReplica> {
         let serving = crate::run::serving_identity(&self.serving_dir, true)?;
         let mut picks = 1;
-        let (loaded, proxy) = loop {
+        let (loaded, client, proxy) = loop {
             let mut loaded = crate::run::load(&self.config_path)?;
             if let Some(metrics_address) = &options.metrics_address {
                 loaded.config.proxy.metrics_address = metrics_address.clone();
             }
-            let mut setup = crate::run::setup(&loaded, serving.identity.clone(), Metrics::new())?;
+            let clusters = crate::run::check_kubeconfigs(
+                &loaded.config,
+                &loaded.base_dir,
+                crate::run::ExecPlugins::Later,
+            )
+            .map_err(|problems| crate::run::invalid(&self.config_path, &problems))?;
+            let client = crate::run::client_cluster(clusters.client)?;
+            let mut setup = crate::run::setup(
+                &loaded,
+                &client,
+                clusters.targets,
+                serving.identity.clone(),
+                Metrics::new(),
+            )?;
             setup.share_ports = options.share_ports;
             match crproxy_proxy::app::start(setup, true).await {
-                Ok(proxy) => break (loaded, proxy),
+                Ok(proxy) => break (loaded, client, proxy),
                 Err(AppError::Server(ServerError::Bind { addr, source }))
                     if source.kind() == std::io::ErrorKind::AddrInUse
                         && picks < PORT_PICKS
@@ -659,7 +672,8 @@ impl Link {
             .map(|a| format!("http://{a}/metrics"))
             .unwrap_or_default();
         let wiring =
-            crate::run::start_wiring(&loaded, &proxy, &serving.ca_pem, &self.client_name).await?;
+            crate::run::start_wiring(&loaded, &client, &proxy, &serving.ca_pem, &self.client_name)
+                .await?;
         Ok(ProxyReplica {
             proxy,
             wiring,

@@ -28,7 +28,7 @@ pub struct Loaded {
 }
 
 /// The one-line error of a configuration with `errors`, each after the last.
-fn invalid(path: &Path, errors: &[config::ConfigError]) -> anyhow::Error {
+pub fn invalid(path: &Path, errors: &[config::ConfigError]) -> anyhow::Error {
     let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
     anyhow!(
         "{}: invalid configuration: {}",
@@ -109,7 +109,9 @@ pub fn check_config(path: &Path) -> Result<()> {
 /// peers. Relative paths are read from the configuration file's directory, as
 /// `crproxy run` reads them.
 pub fn check_files(config: &Config, base: &Path) -> Vec<config::ConfigError> {
-    let mut errors = check_kubeconfigs(config, base, ExecPlugins::Located);
+    let mut errors = check_kubeconfigs(config, base, ExecPlugins::Located)
+        .err()
+        .unwrap_or_default();
     for (i, target) in config.targets.iter().enumerate() {
         let Some(path) = target.peers.file.as_deref().filter(|p| !p.is_empty()) else {
             continue;
@@ -146,70 +148,107 @@ pub enum ExecPlugins {
     Later,
 }
 
+/// The clusters the proxy talks to, each built once from its kubeconfig when
+/// [`check_kubeconfigs`] checked it, so that what runs is what was checked.
+pub struct Clusters {
+    /// `client.kubeconfig`'s; `None` when it is unset (in-cluster credentials,
+    /// which only a pod has: see [`client_cluster`]).
+    pub client: Option<crproxy_kube::ClusterConfig>,
+    /// One per entry of `targets`, in its order.
+    pub targets: Vec<TargetClusters>,
+}
+
+/// A target's cluster, and the one its EndpointSlices are read from when
+/// `peers.endpointSlices.kubeconfig` names another.
+pub struct TargetClusters {
+    pub cluster: crproxy_kube::ClusterConfig,
+    pub endpoint_slices: Option<crproxy_kube::ClusterConfig>,
+}
+
 /// Every kubeconfig the configuration names loads into a cluster to talk to, with
 /// the same code `crproxy run` connects with (so its CA, client certificate and key
-/// are parsed as they will be used): the problems, each at the configuration key
-/// that names the kubeconfig, naming the kubeconfig file and the field in it.
+/// are parsed as they will be used). `Err` lists the problems, each at the
+/// configuration key that names the kubeconfig, naming the kubeconfig file and the
+/// field in it; a kubeconfig left empty is the configuration rules' to report.
+/// `sync.host.kubeconfig` is checked but not kept: the sync loads its own.
 pub fn check_kubeconfigs(
     config: &Config,
     base: &Path,
     exec: ExecPlugins,
-) -> Vec<config::ConfigError> {
+) -> Result<Clusters, Vec<config::ConfigError>> {
     let mut errors = Vec::new();
-    let mut kubeconfig = |key: String, path: &str| {
+    let mut kubeconfig = |key: String, path: &str| -> Option<crproxy_kube::ClusterConfig> {
         if path.is_empty() {
-            return; // Reported as missing by the rules.
+            return None; // Reported as missing by the rules.
         }
         let resolved = resolve(base, path);
-        let shown = resolved.display();
-        let message = if !resolved.is_file() {
-            Some(format!("{shown} does not exist (relative paths are read from the configuration file's directory)"))
-        } else {
-            match crproxy_kube::Kubeconfig::load(&resolved) {
-                Err(e) => Some(kubeconfig_not_loaded(&resolved, &e)),
-                Ok(loaded) => match crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None) {
-                    Err(e) => Some(unusable(&e)),
-                    Ok(cluster) => match (&cluster.auth, exec) {
-                        (crproxy_kube::Auth::Exec(plugin), ExecPlugins::Located) => {
-                            plugin.locate().err().map(|problem| {
-                                let user = loaded
-                                    .context(None)
-                                    .map(|c| c.context.user.clone())
-                                    .unwrap_or_default();
-                                format!("users[{user}].user.exec.command: {problem}")
-                            })
-                        }
-                        _ => None,
-                    },
-                }
-                .map(|problem| format!("kubeconfig {shown} is unusable: {problem}")),
+        match load_cluster(&resolved, exec) {
+            Ok(cluster) => Some(cluster),
+            Err(message) => {
+                errors.push(config::ConfigError { key, message });
+                None
             }
-        };
-        if let Some(message) = message {
-            errors.push(config::ConfigError { key, message });
         }
     };
-    if let Some(path) = &config.client.kubeconfig {
-        kubeconfig("client.kubeconfig".into(), path);
-    }
+    let client = config
+        .client
+        .kubeconfig
+        .as_deref()
+        .and_then(|path| kubeconfig("client.kubeconfig".into(), path));
     if let Some(path) = &config.sync.host_kubeconfig {
         kubeconfig("sync.host.kubeconfig".into(), path);
     }
+    let mut targets = Vec::new();
     for (i, target) in config.targets.iter().enumerate() {
-        kubeconfig(format!("targets[{i}].kubeconfig"), &target.kubeconfig);
-        if let Some(path) = target
+        let cluster = kubeconfig(format!("targets[{i}].kubeconfig"), &target.kubeconfig);
+        let slices_path = target
             .peers
             .endpoint_slices
             .as_ref()
-            .and_then(|e| e.kubeconfig.as_deref())
-        {
+            .and_then(|e| e.kubeconfig.as_deref());
+        let endpoint_slices = slices_path.and_then(|path| {
             kubeconfig(
                 format!("targets[{i}].peers.endpointSlices.kubeconfig"),
                 path,
-            );
+            )
+        });
+        if let Some(cluster) = cluster {
+            targets.push(TargetClusters {
+                cluster,
+                endpoint_slices,
+            });
         }
     }
-    errors
+    if !errors.is_empty() || targets.len() != config.targets.len() {
+        return Err(errors);
+    }
+    Ok(Clusters { client, targets })
+}
+
+/// The cluster of the kubeconfig at `resolved`, or why it cannot be used, naming
+/// the file and the field in it.
+fn load_cluster(resolved: &Path, exec: ExecPlugins) -> Result<crproxy_kube::ClusterConfig, String> {
+    let shown = resolved.display();
+    if !resolved.is_file() {
+        return Err(format!("{shown} does not exist (relative paths are read from the configuration file's directory)"));
+    }
+    let loaded = crproxy_kube::Kubeconfig::load(resolved)
+        .map_err(|e| kubeconfig_not_loaded(resolved, &e))?;
+    let unusable_because = |problem: String| format!("kubeconfig {shown} is unusable: {problem}");
+    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
+        .map_err(|e| unusable_because(unusable(&e)))?;
+    if let (crproxy_kube::Auth::Exec(plugin), ExecPlugins::Located) = (&cluster.auth, exec) {
+        if let Err(problem) = plugin.locate() {
+            let user = loaded
+                .context(None)
+                .map(|c| c.context.user.clone())
+                .unwrap_or_default();
+            return Err(unusable_because(format!(
+                "users[{user}].user.exec.command: {problem}"
+            )));
+        }
+    }
+    Ok(cluster)
 }
 
 /// `check-config` lines for the sync: one per synced type, and the warnings.
@@ -404,16 +443,13 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
     }
 }
 
-fn cluster_from(base: &Path, kubeconfig: Option<&str>) -> Result<crproxy_kube::ClusterConfig> {
-    match kubeconfig {
-        Some(path) => {
-            let path = resolve(base, path);
-            // The loader's error names the file already.
-            let loaded = crproxy_kube::Kubeconfig::load(&path)?;
-            Ok(crproxy_kube::ClusterConfig::from_kubeconfig(&loaded, None)
-                .with_context(|| format!("using kubeconfig {}", path.display()))?)
-        }
-        // Only client.kubeconfig may be left out (targets require theirs).
+/// The client cluster: `client.kubeconfig`'s as checked, or in-cluster credentials
+/// when it is unset.
+pub fn client_cluster(
+    client: Option<crproxy_kube::ClusterConfig>,
+) -> Result<crproxy_kube::ClusterConfig> {
+    match client {
+        Some(cluster) => Ok(cluster),
         None => Ok(crproxy_kube::ClusterConfig::in_cluster().context(
             "client.kubeconfig is not set and crproxy is not running in a cluster: set \
              client.kubeconfig to a kubeconfig for the client cluster, or run crproxy in it",
@@ -421,37 +457,35 @@ fn cluster_from(base: &Path, kubeconfig: Option<&str>) -> Result<crproxy_kube::C
     }
 }
 
-/// Turns a loaded configuration into what the proxy library starts from.
+/// Turns a loaded configuration, and the clusters [`check_kubeconfigs`] built from
+/// it, into what the proxy library starts from.
 pub fn setup(
     loaded: &Loaded,
+    client_cluster: &crproxy_kube::ClusterConfig,
+    target_clusters: Vec<TargetClusters>,
     serving: ServingIdentity,
     metrics: Arc<Metrics>,
 ) -> Result<ProxySetup> {
     let config = &loaded.config;
-    let client_cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())
-        .context("client cluster")?;
     // One credential provider for the client identity, shared by both clients.
-    let credentials = client_cluster.credentials()?;
+    let credentials = client_cluster.credentials().context("client cluster")?;
     let client_watches =
-        crproxy_proxy::watches::WatchClient::new(&client_cluster, Arc::clone(&credentials))?;
-    let client =
-        crproxy_kube::kube_client_without_retries(&client_cluster, credentials, "default")?;
+        crproxy_proxy::watches::WatchClient::new(client_cluster, Arc::clone(&credentials))?;
+    let client = crproxy_kube::kube_client_without_retries(client_cluster, credentials, "default")?;
     let mut targets = Vec::new();
-    for target in &config.targets {
+    for (target, clusters) in config.targets.iter().zip(target_clusters) {
         let project = target.project.clone();
-        let cluster = cluster_from(&loaded.base_dir, Some(&target.kubeconfig))
-            .with_context(|| format!("target {project}/{}", target.name))?;
         let source = target.peers.source().ok_or_else(|| {
             anyhow!(
                 "target {project}/{}: exactly one peer source is required",
                 target.name
             )
         })?;
-        let peers = peer_source(&loaded.base_dir, &source, &cluster)?;
+        let peers = peer_source(&loaded.base_dir, &source, &clusters)?;
         targets.push(TargetSetup {
             name: target.name.clone(),
             project,
-            cluster,
+            cluster: clusters.cluster,
             peers,
         });
     }
@@ -488,7 +522,7 @@ pub fn setup(
 fn peer_source(
     base: &Path,
     peers: &config::PeerSource,
-    target_cluster: &crproxy_kube::ClusterConfig,
+    clusters: &TargetClusters,
 ) -> Result<PeerSourceConfig> {
     Ok(match peers {
         config::PeerSource::Static(list) => PeerSourceConfig::Static(list.clone()),
@@ -498,12 +532,12 @@ fn peer_source(
             interval: Duration::from_secs(dns.interval_seconds),
         },
         config::PeerSource::EndpointSlices(slices) => {
-            let cluster = match &slices.kubeconfig {
-                Some(path) => cluster_from(base, Some(path))?,
-                None => target_cluster.clone(),
-            };
+            let cluster = clusters
+                .endpoint_slices
+                .as_ref()
+                .unwrap_or(&clusters.cluster);
             PeerSourceConfig::EndpointSlices {
-                client: crproxy_proxy::watches::WatchClient::new(&cluster, cluster.credentials()?)?,
+                client: crproxy_proxy::watches::WatchClient::new(cluster, cluster.credentials()?)?,
                 namespace: slices.namespace.clone(),
                 service: slices.service.clone(),
                 port_name: slices.port_name.clone(),
@@ -517,16 +551,16 @@ fn peer_source(
 /// Service, APIService and protection policy of every group/version in place.
 pub async fn start_wiring(
     loaded: &Loaded,
+    cluster: &crproxy_kube::ClusterConfig,
     proxy: &RunningProxy,
     serving_ca_pem: &str,
     identity: &str,
 ) -> Result<crproxy_wiring::WiringHandle> {
     let config = &loaded.config;
-    let cluster = cluster_from(&loaded.base_dir, config.client.kubeconfig.as_deref())?;
     // No per-request retries: the elector and the registrar retry on their own
     // intervals, which keeps a renewal from outliving the lease.
     let client =
-        crproxy_kube::kube_client_without_retries(&cluster, cluster.credentials()?, "default")?;
+        crproxy_kube::kube_client_without_retries(cluster, cluster.credentials()?, "default")?;
     let holder = format!("{identity}-{}", crproxy_wiring::default_identity());
     let leader = crproxy_wiring::LeaderElector::spawn(
         client.clone(),
@@ -585,10 +619,8 @@ pub async fn run(path: &Path) -> Result<()> {
     let loaded = load(path)?;
     // Everything the configuration names is checked before anything is written
     // (the serving CA) or started.
-    let problems = check_kubeconfigs(&loaded.config, &loaded.base_dir, ExecPlugins::Later);
-    if !problems.is_empty() {
-        return Err(invalid(path, &problems));
-    }
+    let clusters = check_kubeconfigs(&loaded.config, &loaded.base_dir, ExecPlugins::Later)
+        .map_err(|problems| invalid(path, &problems))?;
     let sync_metrics = crproxy_sync::SyncMetrics::new();
     let metrics = Metrics::with_extra(|registry| sync_metrics.register(registry));
     let mut proxy = None;
@@ -596,16 +628,21 @@ pub async fn run(path: &Path) -> Result<()> {
     if loaded.plan.group_versions.is_empty() {
         metrics_only = Some(serve_metrics_only(&loaded, Arc::clone(&metrics)).await?);
     } else {
-        if loaded.config.client.kubeconfig.is_none() {
-            // In-cluster credentials, before the serving CA may be written.
-            cluster_from(&loaded.base_dir, None).context("client cluster")?;
-        }
+        // In-cluster credentials too are found before the serving CA may be written.
+        let client = client_cluster(clusters.client).context("client cluster")?;
         let serving_dir = loaded.base_dir.join("serving-ca");
         let serving = serving_identity(&serving_dir, true)?;
-        let setup = setup(&loaded, serving.identity.clone(), metrics)?;
+        let setup = setup(
+            &loaded,
+            &client,
+            clusters.targets,
+            serving.identity.clone(),
+            metrics,
+        )?;
         let running = crproxy_proxy::app::start(setup, true).await?;
         let wiring = start_wiring(
             &loaded,
+            &client,
             &running,
             &serving.ca_pem,
             &loaded.config.client.name,
@@ -860,6 +897,8 @@ mod tests {
         config.client.kubeconfig = Some("client.kubeconfig".into());
         [ExecPlugins::Located, ExecPlugins::Later].map(|exec| {
             check_kubeconfigs(&config, tmp.path(), exec)
+                .err()
+                .unwrap_or_default()
                 .iter()
                 .map(|e| {
                     e.to_string()
@@ -876,6 +915,54 @@ mod tests {
              contexts: [{{name: x, context: {{cluster: c, user: admin}}}}]\n\
              current-context: x\n"
         )
+    }
+
+    /// The clusters `run` starts from are the ones each key names, built when they
+    /// were checked: the client's (none when unset), and per target its own and
+    /// the one its EndpointSlices are read from.
+    #[test]
+    fn checked_kubeconfigs_are_the_clusters_run_uses() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let ca = CertificateAuthority::generate("ca").expect("ca");
+        let ca_file = tmp.path().join("ca.crt");
+        write(&ca_file, ca.pem().cert.as_bytes());
+        let at = |port: u16| {
+            let cluster = format!(
+                "{{server: 'https://127.0.0.1:{port}', certificate-authority: {}}}",
+                ca_file.display()
+            );
+            kubeconfig_with(&cluster, "{token: t}")
+        };
+        for (file, port) in [
+            ("client", 6443),
+            ("t0", 7443),
+            ("slices", 8443),
+            ("t1", 9443),
+        ] {
+            write(&tmp.path().join(file), at(port).as_bytes());
+        }
+        let targets = "targets:\n\
+             - {name: a, project: p, kubeconfig: t0,\n\
+                peers: {endpointSlices: {kubeconfig: slices, namespace: ns, service: svc}}}\n\
+             - {name: b, project: p, kubeconfig: t1, peers: {static: ['127.0.0.1:1']}}\n";
+        let mut config =
+            config::parse(&format!("client: {{name: c, project: p}}\n{targets}")).expect("config");
+        let port = |cluster: &crproxy_kube::ClusterConfig| cluster.server.port();
+        let Ok(clusters) = check_kubeconfigs(&config, tmp.path(), ExecPlugins::Later) else {
+            panic!("the kubeconfigs load");
+        };
+        assert!(clusters.client.is_none());
+        let ports: Vec<_> = clusters
+            .targets
+            .iter()
+            .map(|t| (port(&t.cluster), t.endpoint_slices.as_ref().map(port)))
+            .collect();
+        assert_eq!(ports, [(Some(7443), Some(Some(8443))), (Some(9443), None)]);
+        config.client.kubeconfig = Some("client".into());
+        let Ok(clusters) = check_kubeconfigs(&config, tmp.path(), ExecPlugins::Later) else {
+            panic!("the kubeconfigs load");
+        };
+        assert_eq!(clusters.client.as_ref().and_then(port), Some(6443));
     }
 
     /// TLS material that is not PEM fails `check-config` as it fails `run`: at the
