@@ -30,6 +30,19 @@ pub enum WiringError {
          experimental.proxy.customResources"
     )]
     ServedByClient { name: String, why: String },
+    /// A Service with the name the registration's Service takes exists and is not
+    /// crproxy's: no protection label, and no APIService of crproxy's routes to
+    /// it. Writing over it would break whatever uses it, and an APIService routed
+    /// to it would send the client's requests to someone else's backend, so the
+    /// registrar leaves both alone until it is renamed or deleted.
+    #[error(
+        "not registering Service \"{namespace}/{name}\": it exists and is not crproxy's \
+         (no label {label}={value}, and no APIService of crproxy's routes to it); crproxy \
+         never takes over another's Service: rename or delete it",
+        label = crproxy_core::names::PROTECTION_LABEL_KEY,
+        value = crproxy_core::names::PROTECTION_LABEL_VALUE
+    )]
+    ServiceNotOurs { namespace: String, name: String },
     /// A registration cannot be expressed: empty group or version, port 0.
     #[error("invalid registration: {0}")]
     Invalid(String),

@@ -447,7 +447,7 @@ fn served_by_client(live: &Value, desired: &Value) -> Option<String> {
         );
     }
     let ours = &desired["spec"]["service"];
-    let labelled_ours = labels[names::PROTECTION_LABEL_KEY] == names::PROTECTION_LABEL_VALUE;
+    let labelled_ours = labelled_ours(live);
     let routed_to_ours =
         service["namespace"] == ours["namespace"] && service["name"] == ours["name"];
     if labelled_ours || routed_to_ours {
@@ -459,6 +459,18 @@ fn served_by_client(live: &Value, desired: &Value) -> Option<String> {
         service["namespace"].as_str().unwrap_or_default(),
         service["name"].as_str().unwrap_or_default()
     ))
+}
+
+/// Whether a live object carries crproxy's protection label.
+fn labelled_ours(live: &Value) -> bool {
+    live["metadata"]["labels"][names::PROTECTION_LABEL_KEY] == names::PROTECTION_LABEL_VALUE
+}
+
+/// Whether the live Service of a registration's name is crproxy's: labelled as
+/// ours, or routed to by the registration's APIService while that is labelled as
+/// ours (a Service of ours whose labels were edited by hand).
+fn service_is_ours(service: &Value, apiservice: Option<&Value>) -> bool {
+    labelled_ours(service) || apiservice.is_some_and(labelled_ours)
 }
 
 /// What one reconcile did to an object.
@@ -608,8 +620,24 @@ pub async fn register_all(
             }
         }
         // The Service before the APIService that points at it; it is attempted even
-        // when the read failed, as every object is.
-        record(reconcile(client, Kind::Service, namespace, &service).await);
+        // when the APIService's read failed, as every object is.
+        let live_service = read(client, Kind::Service, namespace, &service).await;
+        if let Ok(Some(live_service)) = &live_service {
+            let live_apiservice = live.as_ref().ok().and_then(Option::as_ref);
+            if !service_is_ours(live_service, live_apiservice) {
+                record(Err(WiringError::ServiceNotOurs {
+                    namespace: namespace.to_owned(),
+                    name: name_of(&service),
+                }));
+                continue;
+            }
+        }
+        record(match live_service {
+            Ok(live_service) => {
+                write(client, Kind::Service, namespace, &service, live_service).await
+            }
+            Err(e) => Err(e),
+        });
         record(match live {
             Ok(live) => write(client, Kind::ApiService, namespace, &apiservice, live).await,
             Err(e) => Err(e),

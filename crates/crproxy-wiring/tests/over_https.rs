@@ -678,6 +678,71 @@ async fn the_clients_own_apiservices_are_never_taken_over() -> Result<()> {
     Ok(())
 }
 
+/// A Service that has the name of a registration's Service and is not crproxy's is
+/// left as it is, and so is the APIService that would route to it, pass after
+/// pass; one that is crproxy's by its APIService (its labels edited by hand) is
+/// repaired.
+#[tokio::test]
+async fn another_services_name_is_never_taken_over() -> Result<()> {
+    let cluster = test_support::devcluster("register-service").await;
+    let client = kube_client(&cluster)?;
+    let services = services(&client);
+    let foreign: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": "kube-system", "labels": {"app": "theirs"}},
+        "spec": {"type": "ExternalName", "externalName": "theirs.example"},
+    }))?;
+    services.create(&Default::default(), &foreign).await?;
+    let before = written_part(&object(&services, SERVICE).await?);
+    let log = WriteLog::start(registration_apis(&client)).await?;
+    let cfg = RegistrarConfig::local(b"CA PEM".to_vec());
+    for pass in 0..2 {
+        let err = register_all(&client, &cfg, &regs()[..1])
+            .await
+            .expect_err("another's Service is refused");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "not registering Service \"kube-system/{SERVICE}\": it exists and is not \
+                 crproxy's (no label vcluster.loft.sh/protected=resource-proxy, and no \
+                 APIService of crproxy's routes to it); crproxy never takes over another's \
+                 Service: rename or delete it"
+            ),
+            "pass {pass}"
+        );
+        assert_eq!(
+            written_part(&object(&services, SERVICE).await?),
+            before,
+            "pass {pass}: left exactly as it was"
+        );
+    }
+    assert_eq!(
+        log.take_summaries().await?,
+        [
+            "ADDED ValidatingAdmissionPolicy vcluster-protected-apiservices",
+            "ADDED ValidatingAdmissionPolicyBinding vcluster-protected-resource-proxy",
+        ],
+        "neither the Service nor an APIService routed to it is written"
+    );
+
+    // Gone, it is registered; its labels then removed by hand, the APIService
+    // (still crproxy's) vouches for it and it is repaired.
+    services.delete(SERVICE, &DeleteParams::default()).await?;
+    register_all(&client, &cfg, &regs()[..1]).await?;
+    let unlabel = json!({"metadata": {"labels": null}});
+    services
+        .patch(SERVICE, &Default::default(), &Patch::Merge(&unlabel))
+        .await?;
+    log.take_summaries().await?;
+    register_all(&client, &cfg, &regs()[..1]).await?;
+    let repaired = object(&services, SERVICE).await?;
+    assert_eq!(
+        repaired["metadata"]["labels"]["vcluster.loft.sh/protected"], "resource-proxy",
+        "{repaired}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn only_the_leader_registers() -> Result<()> {
     let cluster = test_support::devcluster("leader-only").await;
