@@ -624,7 +624,7 @@ impl Link {
     /// group/version's port follows from `basePort` in the validated plan, and
     /// what runs stays what the file says.
     pub async fn start_replica_with(&self, options: ReplicaOptions) -> Result<ProxyReplica> {
-        let serving = crate::run::serving_identity(&self.serving_dir, true)?;
+        let serving = crate::run::serving_identity(&self.serving_dir)?;
         let mut picks = 1;
         let (loaded, client, proxy) = loop {
             let mut loaded = crate::run::load(&self.config_path)?;

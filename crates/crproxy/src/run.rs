@@ -300,52 +300,26 @@ pub struct Serving {
 /// reach the proxy. Replicas that share the directory share the CA, so one
 /// `caBundle` trusts them all. One file without the other is refused rather than
 /// replaced: a new CA would break every replica and client still trusting the old.
-pub fn serving_identity(dir: &Path, persist: bool) -> Result<Serving> {
-    let cert_path = dir.join("ca.crt");
-    let key_path = dir.join("ca.key");
+pub fn serving_identity(dir: &Path) -> Result<Serving> {
     if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
         bail!(
             "serving CA: {} is not a directory: it must hold ca.crt and ca.key, or not exist",
             dir.display()
         );
     }
-    let exists = |path: &Path| {
-        path.try_exists()
-            .with_context(|| format!("serving CA: looking for {}", path.display()))
-    };
-    let ca = match (exists(&cert_path)?, exists(&key_path)?) {
-        (true, true) => {
-            let pem = CertPem {
-                cert: read_pem(&cert_path)?,
-                key: read_pem(&key_path)?,
-            };
-            CertificateAuthority::from_pem(&pem).with_context(|| {
-                format!(
-                    "serving CA: loading {} and {}",
-                    cert_path.display(),
-                    key_path.display()
-                )
-            })?
-        }
-        (false, false) => {
-            let ca = CertificateAuthority::generate("crproxy-serving-ca")?;
-            if persist {
-                write_new_ca(dir, &ca)?;
+    let ca = match stored_ca(dir)? {
+        StoredCa::Complete(ca) => *ca,
+        // Another start that shares the directory may be writing it right now.
+        StoredCa::Missing => ca_under_lock(dir)?,
+        // Half a CA may be another start's, half written: under the lock it is
+        // whole. A directory that cannot be locked (a mounted Secret, say) is
+        // being written by no one.
+        StoredCa::Half(error) => {
+            if lock_serving_dir(dir).is_err() {
+                return Err(error);
             }
-            ca
+            ca_under_lock(dir)?
         }
-        (true, false) => bail!(
-            "serving CA: {} exists but {} does not: restore the key or remove both to \
-             generate a new CA",
-            cert_path.display(),
-            key_path.display()
-        ),
-        (false, true) => bail!(
-            "serving CA: {} exists but {} does not: restore the certificate or remove both \
-             to generate a new CA",
-            key_path.display(),
-            cert_path.display()
-        ),
     };
     // The aggregator verifies `<service>.<namespace>.svc`; service names depend on
     // the group/version, so the certificate carries a wildcard for kube-system
@@ -402,14 +376,94 @@ fn read_pem(path: &Path) -> Result<String> {
     })
 }
 
+const SERVING_CA_NAME: &str = "crproxy-serving-ca";
+
+/// What a serving-CA directory holds.
+enum StoredCa {
+    Complete(Box<CertificateAuthority>),
+    Missing,
+    /// One file without the other: why it is refused.
+    Half(anyhow::Error),
+}
+
+fn stored_ca(dir: &Path) -> Result<StoredCa> {
+    let cert_path = dir.join("ca.crt");
+    let key_path = dir.join("ca.key");
+    let exists = |path: &Path| {
+        path.try_exists()
+            .with_context(|| format!("serving CA: looking for {}", path.display()))
+    };
+    Ok(match (exists(&cert_path)?, exists(&key_path)?) {
+        (true, true) => {
+            let pem = CertPem {
+                cert: read_pem(&cert_path)?,
+                key: read_pem(&key_path)?,
+            };
+            let ca = CertificateAuthority::from_pem(&pem).with_context(|| {
+                format!(
+                    "serving CA: loading {} and {}",
+                    cert_path.display(),
+                    key_path.display()
+                )
+            })?;
+            StoredCa::Complete(Box::new(ca))
+        }
+        (false, false) => StoredCa::Missing,
+        (true, false) => StoredCa::Half(anyhow!(
+            "serving CA: {} exists but {} does not: restore the key or remove both to \
+             generate a new CA",
+            cert_path.display(),
+            key_path.display()
+        )),
+        (false, true) => StoredCa::Half(anyhow!(
+            "serving CA: {} exists but {} does not: restore the certificate or remove both \
+             to generate a new CA",
+            key_path.display(),
+            cert_path.display()
+        )),
+    })
+}
+
+/// The serving CA in `dir`, generated and written there unless another start got
+/// there first: under the directory's lock, which a start that shares the
+/// directory holds while it writes, so none sees half of another's CA or fails
+/// on its files.
+fn ca_under_lock(dir: &Path) -> Result<CertificateAuthority> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("serving CA: creating directory {}", dir.display()))?;
+    let _lock = lock_serving_dir(dir)?;
+    match stored_ca(dir)? {
+        StoredCa::Complete(ca) => Ok(*ca),
+        StoredCa::Half(error) => Err(error),
+        StoredCa::Missing => {
+            let ca = CertificateAuthority::generate(SERVING_CA_NAME)?;
+            write_new_ca(dir, &ca)?;
+            Ok(ca)
+        }
+    }
+}
+
+/// An exclusive lock on `dir`'s `.lock` file, held until the file is dropped. It
+/// waits for another holder: one writing two small files.
+fn lock_serving_dir(dir: &Path) -> Result<std::fs::File> {
+    let path = dir.join(".lock");
+    let context = || format!("serving CA: locking {}", path.display());
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(context)?;
+    file.lock().with_context(context)?;
+    Ok(file)
+}
+
 /// Writes a newly generated serving CA into `dir`: the key first and readable by the
 /// owner only, then the certificate. Neither file may exist (another process that
 /// shares the directory may have just written its own CA); if the certificate
 /// cannot be written, the key is removed again, so the next start does not find
 /// half a CA.
 fn write_new_ca(dir: &Path, ca: &CertificateAuthority) -> Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("serving CA: creating directory {}", dir.display()))?;
     let (cert_path, key_path) = (dir.join("ca.crt"), dir.join("ca.key"));
     write_new(&key_path, &ca.pem().key, 0o600)?;
     if let Err(e) = write_new(&cert_path, &ca.pem().cert, 0o644) {
@@ -631,7 +685,7 @@ pub async fn run(path: &Path) -> Result<()> {
         // In-cluster credentials too are found before the serving CA may be written.
         let client = client_cluster(clusters.client).context("client cluster")?;
         let serving_dir = loaded.base_dir.join("serving-ca");
-        let serving = serving_identity(&serving_dir, true)?;
+        let serving = serving_identity(&serving_dir)?;
         let setup = setup(
             &loaded,
             &client,
@@ -795,7 +849,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("serving-ca");
         prepare(&dir);
-        let error = match serving_identity(&dir, true) {
+        let error = match serving_identity(&dir) {
             Ok(_) => panic!("serving_identity accepted it"),
             Err(e) => crate::report::error_line(&e),
         };
@@ -839,7 +893,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("serving-ca");
-        let first = serving_identity(&dir, true).expect("generated");
+        let first = serving_identity(&dir).expect("generated");
         let mode = std::fs::metadata(dir.join("ca.key"))
             .expect("key")
             .permissions()
@@ -849,8 +903,64 @@ mod tests {
             std::fs::read_to_string(dir.join("ca.crt")).expect("crt"),
             first.ca_pem
         );
-        let second = serving_identity(&dir, true).expect("loaded");
+        let second = serving_identity(&dir).expect("loaded");
         assert_eq!(second.ca_pem, first.ca_pem);
+    }
+
+    /// Starts that share a serving-CA directory and find it empty at the same
+    /// moment all end up with one CA: none fails on the other's files, and none
+    /// reads half of them.
+    #[test]
+    fn concurrent_first_starts_share_one_serving_ca() {
+        const STARTS: usize = 6;
+        for round in 0..5 {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let dir = tmp.path().join("serving-ca");
+            let barrier = std::sync::Barrier::new(STARTS);
+            let cas: Vec<String> = std::thread::scope(|scope| {
+                let starts: Vec<_> = (0..STARTS)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            barrier.wait();
+                            serving_identity(&dir).map(|serving| serving.ca_pem)
+                        })
+                    })
+                    .collect();
+                starts
+                    .into_iter()
+                    .map(|start| match start.join().expect("no panic") {
+                        Ok(ca) => ca,
+                        Err(e) => panic!("round {round}: {}", crate::report::error_line(&e)),
+                    })
+                    .collect()
+            });
+            let kept = std::fs::read_to_string(dir.join("ca.crt")).expect("ca.crt");
+            assert!(cas.iter().all(|ca| *ca == kept), "round {round}");
+        }
+    }
+
+    /// A start that finds half a CA while another start holds the directory's lock
+    /// waits for the rest rather than refusing it.
+    #[test]
+    fn half_a_serving_ca_being_written_is_waited_for() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("serving-ca");
+        let ca = CertificateAuthority::generate("other start").expect("ca");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let lock = lock_serving_dir(&dir).expect("lock");
+        write(&dir.join("ca.key"), ca.pem().key.as_bytes());
+        let waiting = std::thread::spawn({
+            let dir = dir.clone();
+            move || serving_identity(&dir).map(|serving| serving.ca_pem)
+        });
+        // Long enough for the start to find the key alone.
+        std::thread::sleep(Duration::from_millis(200));
+        write(&dir.join("ca.crt"), ca.pem().cert.as_bytes());
+        drop(lock);
+        match waiting.join().expect("no panic") {
+            Ok(loaded) => assert_eq!(loaded, ca.pem().cert),
+            Err(e) => panic!("{}", crate::report::error_line(&e)),
+        }
     }
 
     /// Every I/O problem with the serving CA says what was being done, and where.
