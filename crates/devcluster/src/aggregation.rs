@@ -29,11 +29,12 @@
 //!   new one. HTTP/1.1 connections serve one request.
 //! - The caller's identity as `X-Remote-User`, one `X-Remote-Group` per group,
 //!   `X-Remote-Uid`, `X-Remote-Extra-<percent-encoded key>` (one header per value),
-//!   plus `X-Forwarded-For/Host/Proto/Uri` and `Audit-Id`. The caller's
+//!   plus `X-Forwarded-For/Host/Proto/Uri` and `Audit-Id` (the request's own,
+//!   which the server in front sets to its audit ID, else a new one). The caller's
 //!   `Authorization`, `Impersonate-*` and any `X-Remote-*` headers are dropped;
 //!   `Accept` and everything else pass unchanged.
 //! - Bodies stream both ways frame by frame (watch events are not buffered);
-//!   upgrades are bridged.
+//!   upgrades are bridged. The backend's answer comes back marked [`Relayed`].
 //!
 //! # Controllers
 //!
@@ -101,6 +102,18 @@ pub enum AggregationError {
     /// Dialing, the TLS handshake or the HTTP exchange failed.
     #[error("{0}")]
     Transport(String),
+}
+
+/// Put in the extensions of every answer [`Aggregator::proxy`] relays from a
+/// backend (not of the errors it answers itself), so that the server in front
+/// can treat the backend's headers as kube's proxy does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relayed {
+    /// The answer to an ordinary request.
+    Answer,
+    /// The answer to an upgrade request (`101 Switching Protocols` or whatever
+    /// else the backend said).
+    Upgrade,
 }
 
 /// The cluster state the aggregator reads and the status it writes, implemented by
@@ -387,6 +400,10 @@ impl Aggregator {
         } else {
             strip_hop_by_hop(resp.headers_mut(), false);
         }
+        resp.extensions_mut().insert(match upgrade {
+            true => Relayed::Upgrade,
+            false => Relayed::Answer,
+        });
         resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed())
     }
 

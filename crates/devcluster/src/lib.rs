@@ -9,8 +9,10 @@
 //! # Map
 //! - [`server`]: [`start`] / [`DevCluster`] (data directory, PKI, token file,
 //!   kubeconfig, TLS listeners), and the request pipeline in `server/`:
-//!   `handlers` (routing, authn → impersonation → RBAC, discovery, OpenAPI,
-//!   watch, reviews), `rest` (the verbs), `objects` (metadata rules), `hooks`
+//!   `handlers` (routing, authn → impersonation → flow classification → RBAC,
+//!   discovery, OpenAPI, watch, reviews), `filters` (what kube's outer filters
+//!   put on every answer: `Audit-Id`, `Cache-Control`, the priority-and-fairness
+//!   UIDs), `rest` (the verbs), `objects` (metadata rules), `hooks`
 //!   (what kube's controllers would do: CRD establishment, namespace cleanup,
 //!   garbage collection), `seams` (calls into schema/patch/admission),
 //!   `protobuf` (the few protobuf bodies kubectl's typed clients send),

@@ -5,6 +5,7 @@
 mod admitted;
 mod aggregated;
 mod auth;
+mod filters;
 mod handlers;
 mod hooks;
 mod http;
@@ -84,6 +85,8 @@ pub(crate) struct State {
     pub aggregator: std::sync::OnceLock<Arc<crate::aggregation::Aggregator>>,
     /// `apiserver_request_total`, served on `/metrics`.
     pub requests: Arc<request_metrics::RequestMetrics>,
+    /// The priority-and-fairness flow schemas requests are classified into.
+    pub flow_schemas: filters::FlowSchemas,
 }
 
 impl State {
@@ -294,6 +297,7 @@ pub async fn start(cfg: DevClusterConfig) -> Result<DevCluster, Error> {
         owners_seen: std::sync::atomic::AtomicBool::new(false),
         aggregator: std::sync::OnceLock::new(),
         requests: Arc::default(),
+        flow_schemas: filters::FlowSchemas::new(),
     });
     handlers::bootstrap(&state);
     aggregated::publish_authentication_configmap(

@@ -585,6 +585,69 @@ async fn proxied_request_carries_identity_and_not_credentials() {
     .expect("test timed out");
 }
 
+/// The backend's answers come back marked [`Relayed`] (for the upgrade kind when
+/// the request was an upgrade), the aggregator's own answers unmarked, and a
+/// caller's `Audit-Id` reaches the backend as it was sent (the server in front
+/// sets it to its own audit ID).
+#[tokio::test]
+async fn backend_answers_are_marked_relayed_and_keep_the_audit_id() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let s = setup(false).await;
+        s.agg.check_availability().await;
+        let route = s.agg.route("/apis/example.com/v1").expect("route");
+        let request = |uri: &str, upgrade: bool| {
+            let mut builder = Request::builder().uri(uri).header("audit-id", "front-id");
+            if upgrade {
+                builder = builder
+                    .header(header::CONNECTION, "Upgrade")
+                    .header(header::UPGRADE, "test-proto");
+            }
+            builder.body(Full::new(Bytes::new())).expect("request")
+        };
+        let resp = s
+            .agg
+            .proxy(
+                route.clone(),
+                request("/apis/example.com/v1/namespaces/ns1/widgets", false),
+                &alice(),
+            )
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.extensions().get::<Relayed>(), Some(&Relayed::Answer));
+        let seen = s.backend.seen();
+        let got = seen
+            .iter()
+            .find(|r| r.uri.contains("widgets"))
+            .expect("forwarded");
+        assert_eq!(values(&got.headers, "audit-id"), vec!["front-id"]);
+
+        let resp = s
+            .agg
+            .proxy(route.clone(), request("/upgrade", true), &alice())
+            .await;
+        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+        assert_eq!(resp.extensions().get::<Relayed>(), Some(&Relayed::Upgrade));
+
+        // Not Available any more: the aggregator's own 503.
+        let refused = test_support::RefusedPort::bind();
+        s.view
+            .set_external_service("ns1", "widgets", refused.addr.port());
+        s.agg.check_availability().await;
+        let resp = s
+            .agg
+            .proxy(
+                route,
+                request("/apis/example.com/v1/namespaces/ns1/widgets", false),
+                &alice(),
+            )
+            .await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.extensions().get::<Relayed>(), None);
+    })
+    .await
+    .expect("test timed out");
+}
+
 /// A GET of `path` through the front, on a new caller connection.
 async fn get_via(front: SocketAddr, path: &str) -> Response<Incoming> {
     let req = Request::builder()

@@ -226,26 +226,42 @@ impl PolicyCache {
     }
 }
 
-/// Authenticates, applies impersonation and authorizes one request.
-pub fn check(
+/// kube's Forbidden writer (`responsewriters.Forbidden`, used by the
+/// impersonation and authorization filters) adds `X-Content-Type-Options:
+/// nosniff`; other 403s, such as admission's NamespaceTerminating, do not
+/// (reference exchanges 091 and 130).
+fn refusal(status: &Value) -> ApiError {
+    let error = ApiError::from_status(status);
+    match error.code {
+        403 => error.header("X-Content-Type-Options", "nosniff"),
+        _ => error,
+    }
+}
+
+/// Authenticates one request and applies impersonation: the user the request
+/// acts as.
+pub fn identify(
     authn: &Authenticator,
     policy: &PolicyCache,
     store: &Store,
     headers: &HeaderMap,
     certs: Option<&PeerCertificates>,
-    attrs_for: impl FnOnce(UserInfo) -> RequestAttributes,
-) -> Result<RequestAttributes, ApiError> {
+) -> Result<UserInfo, ApiError> {
     let leaf = certs.and_then(|c| c.0.first());
     let user = authn
         .authenticate(headers, leaf)
         .map_err(|_| ApiError::from_status(&crate::authn::unauthorized_status()))?;
-    let user = crate::authn::impersonate(&user, headers, |a| policy.allows(store, a))
-        .map_err(|s| ApiError::from_status(&s))?;
-    let attrs = attrs_for(user);
+    crate::authn::impersonate(&user, headers, |a| policy.allows(store, a)).map_err(|s| refusal(&s))
+}
+
+/// Authorizes one request of an identified user.
+pub fn authorize(
+    policy: &PolicyCache,
+    store: &Store,
+    attrs: RequestAttributes,
+) -> Result<RequestAttributes, ApiError> {
     if !policy.allows(store, &attrs) {
-        return Err(ApiError::from_status(&crate::rbac::forbidden_status(
-            &attrs,
-        )));
+        return Err(refusal(&crate::rbac::forbidden_status(&attrs)));
     }
     Ok(attrs)
 }

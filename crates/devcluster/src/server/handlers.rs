@@ -2,6 +2,7 @@
 //! non-resource paths (discovery, health, OpenAPI) or the resource verbs.
 
 use super::auth;
+use super::filters;
 use super::http::{self as h, Body, DiscoveryVersion, Output};
 use super::request_metrics::{CountWhenDropped, RequestLabels};
 use super::rest::{self, ReqCtx};
@@ -90,11 +91,32 @@ fn extra_discovery(state: &State) -> Extra {
     }
 }
 
-pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Response<Body> {
-    match route(state, req).await {
+/// Answers one request, with the headers kube's outer filters put on every
+/// answer (see `filters.rs`).
+pub async fn handle(state: Arc<State>, mut req: Request<hyper::body::Incoming>) -> Response<Body> {
+    let mut exchange = filters::Exchange::begin(req.headers_mut());
+    let mut response = match route(state, req, &mut exchange).await {
         Ok(r) => r,
         Err(e) => h::error_response(&e),
-    }
+    };
+    filters::stamp(&mut response, &exchange);
+    response
+}
+
+/// kube's authentication, impersonation, priority-and-fairness and
+/// authorization filters, in that order: the request's attributes once it may
+/// go on, its flow recorded in `exchange` once it passed impersonation.
+fn admit(
+    state: &State,
+    headers: &http::HeaderMap,
+    certs: Option<&auth::PeerCertificates>,
+    exchange: &mut filters::Exchange,
+    attrs_for: impl FnOnce(crate::types::UserInfo) -> RequestAttributes,
+) -> Result<RequestAttributes, ApiError> {
+    let user = auth::identify(&state.authn, &state.policy, &state.store, headers, certs)?;
+    let attrs = attrs_for(user);
+    exchange.classified(state.flow_schemas.classify(&attrs));
+    auth::authorize(&state.policy, &state.store, attrs)
 }
 
 /// The parsed path of a resource request.
@@ -161,6 +183,7 @@ async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
 async fn route(
     state: Arc<State>,
     req: Request<hyper::body::Incoming>,
+    exchange: &mut filters::Exchange,
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = req.into_parts();
     let certs = parts.extensions.get::<auth::PeerCertificates>();
@@ -180,21 +203,14 @@ async fn route(
         if let Some(api_route) = routed {
             let method = parts.method.as_str().to_string();
             let query = parts.uri.query().map(str::to_string);
-            let attrs = auth::check(
-                &state.authn,
-                &state.policy,
-                &state.store,
-                &parts.headers,
-                certs,
-                |user| {
-                    crate::rbac::authorize_attributes_from_request(
-                        &method,
-                        &path,
-                        query.as_deref(),
-                        user,
-                    )
-                },
-            )?;
+            let attrs = admit(&state, &parts.headers, certs, exchange, |user| {
+                crate::rbac::authorize_attributes_from_request(
+                    &method,
+                    &path,
+                    query.as_deref(),
+                    user,
+                )
+            })?;
             let response = aggregator
                 .proxy(api_route, Request::from_parts(parts, body), &attrs.user)
                 .await;
@@ -241,23 +257,16 @@ async fn route(
         .to_string(),
         None => parts.method.as_str().to_ascii_lowercase(),
     };
-    let attrs = auth::check(
-        &state.authn,
-        &state.policy,
-        &state.store,
-        &parts.headers,
-        certs,
-        // Authorization sees the request as kube's RequestInfo resolver does
-        // (for example, a list with fieldSelector=metadata.name=x names x).
-        |user| {
-            crate::rbac::authorize_attributes_from_request(
-                parts.method.as_str(),
-                &path,
-                parts.uri.query(),
-                user,
-            )
-        },
-    )?;
+    // Authorization sees the request as kube's RequestInfo resolver does (for
+    // example, a list with fieldSelector=metadata.name=x names x).
+    let attrs = admit(&state, &parts.headers, certs, exchange, |user| {
+        crate::rbac::authorize_attributes_from_request(
+            parts.method.as_str(),
+            &path,
+            parts.uri.query(),
+            user,
+        )
+    })?;
     match resource_path {
         Some(rp) => {
             let labels = RequestLabels::new(&verb, &rp, &parts.headers, &query);
@@ -725,10 +734,6 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
-    );
-    resp.headers_mut().insert(
-        http::header::CACHE_CONTROL,
-        http::HeaderValue::from_static("no-cache, private"),
     );
     h::add_warnings(&mut resp, &ctx.warnings());
     Ok(resp)

@@ -271,10 +271,6 @@ pub fn object_response(status: u16, value: &Value, output: Output) -> Response<B
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     resp.headers_mut()
         .insert(http::header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    resp.headers_mut().insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, private"),
-    );
     resp
 }
 
@@ -282,15 +278,9 @@ pub fn json_response(status: u16, value: &Value) -> Response<Body> {
     object_response(status, value, Output::Json)
 }
 
-/// A `Status` failure.
+/// A `Status` failure, with the error's own headers.
 pub fn error_response(err: &ApiError) -> Response<Body> {
     let mut resp = json_response(err.code, &err.to_status());
-    if err.code == 403 {
-        resp.headers_mut().insert(
-            "x-content-type-options",
-            HeaderValue::from_static("nosniff"),
-        );
-    }
     for (k, v) in &err.headers {
         if let (Ok(name), Ok(value)) = (
             http::header::HeaderName::from_bytes(k.as_bytes()),
@@ -302,7 +292,8 @@ pub fn error_response(err: &ApiError) -> Response<Body> {
     resp
 }
 
-/// kube's plain-text 404 for paths nothing is registered at.
+/// kube's plain-text 404 for paths nothing is registered at, as Go's
+/// `http.NotFound` writes it (with `X-Content-Type-Options: nosniff`).
 pub fn plain_not_found() -> Response<Body> {
     let mut resp = Response::new(full("404 page not found\n"));
     *resp.status_mut() = StatusCode::NOT_FOUND;

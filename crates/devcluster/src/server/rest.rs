@@ -404,10 +404,6 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/json"),
             );
-            r.headers_mut().insert(
-                http::header::CACHE_CONTROL,
-                http::HeaderValue::from_static("no-cache, private"),
-            );
             r
         }
     };

@@ -27,6 +27,20 @@ pub async fn admin_request(
     extra: &[(&str, &str)],
     protocol: Protocol,
 ) -> (http::StatusCode, http::HeaderMap, Bytes) {
+    let token = test.cluster.admin_token();
+    request_as(test, Some(&token), method, path, extra, protocol).await
+}
+
+/// [`admin_request`] with the bearer `token` instead of the admin's (`None`:
+/// no credentials, so `system:anonymous`).
+pub async fn request_as(
+    test: &test_support::TestCluster,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    protocol: Protocol,
+) -> (http::StatusCode, http::HeaderMap, Bytes) {
     let exchange = async {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(test.cluster.ca_pem().as_bytes()) {
@@ -56,11 +70,10 @@ pub async fn admin_request(
             Protocol::Http1 => http::Request::builder().uri(path).header("host", authority),
             Protocol::Http2 => http::Request::builder().uri(format!("https://{authority}{path}")),
         }
-        .method(method)
-        .header(
-            "authorization",
-            format!("Bearer {}", test.cluster.admin_token()),
-        );
+        .method(method);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
         for (name, value) in extra {
             request = request.header(*name, *value);
         }
@@ -130,4 +143,262 @@ async fn a_head_is_answered_as_its_get_without_a_body() {
             }
         }
     }
+}
+
+/// The values of header `name` in `headers`, as text.
+fn values(headers: &http::HeaderMap, name: &str) -> Vec<String> {
+    headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().expect("text header").to_string())
+        .collect()
+}
+
+/// The one value of header `name`, which must be there exactly once.
+fn one(headers: &http::HeaderMap, name: &str, what: &str) -> String {
+    let all = values(headers, name);
+    assert_eq!(all.len(), 1, "{what}: {name} {all:?}");
+    all.into_iter().next().unwrap_or_default()
+}
+
+const FLOW_SCHEMA: &str = "x-kubernetes-pf-flowschema-uid";
+const PRIORITY_LEVEL: &str = "x-kubernetes-pf-prioritylevel-uid";
+const NOSNIFF: &str = "x-content-type-options";
+
+/// Every kind of answer carries an `Audit-Id`: the caller's when it sent one,
+/// else a new UUID per request (kube's WithAuditInit). Objects, errors (401,
+/// JSON and plain 404), a watch's stream and a HEAD, over either protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_carries_the_callers_audit_id_or_a_new_one() {
+    let test = test_support::devcluster("audit-id").await;
+    let cases: [(Option<&str>, &str, &str, u16); 6] = [
+        (None, "GET", "/api/v1/namespaces/default", 200),
+        (None, "GET", "/api/v1/namespaces/missing", 404),
+        (None, "GET", "/apis/nope.example.io/v1/things", 404),
+        (
+            None,
+            "GET",
+            "/api/v1/namespaces?watch=true&timeoutSeconds=1",
+            200,
+        ),
+        (None, "HEAD", "/api/v1/namespaces/default", 200),
+        (Some("not-a-real-token"), "GET", "/version", 401),
+    ];
+    for protocol in [Protocol::Http1, Protocol::Http2] {
+        for (bad_token, method, path, status) in cases {
+            let what = format!("{method} {path} over {protocol:?}");
+            let admin = test.cluster.admin_token();
+            let token = bad_token.unwrap_or(&admin);
+            let sent = [("Audit-Id", "chosen-by-the-test")];
+            let (code, headers, _) =
+                request_as(&test, Some(token), method, path, &sent, protocol).await;
+            assert_eq!(code.as_u16(), status, "{what}");
+            assert_eq!(one(&headers, "audit-id", &what), "chosen-by-the-test");
+
+            let (_, first, _) = request_as(&test, Some(token), method, path, &[], protocol).await;
+            let (_, second, _) = request_as(&test, Some(token), method, path, &[], protocol).await;
+            let (first, second) = (
+                one(&first, "audit-id", &what),
+                one(&second, "audit-id", &what),
+            );
+            for id in [&first, &second] {
+                assert!(
+                    uuid::Uuid::parse_str(id).is_ok() && id.len() == 36,
+                    "{what}: {id}"
+                );
+            }
+            assert_ne!(first, second, "{what}: a new ID per request");
+        }
+    }
+}
+
+/// The priority-and-fairness UIDs are there once a request passed
+/// authentication and impersonation (a 403 from RBAC has them), not on a 401
+/// or a refused impersonation; they are the same for every request of a flow
+/// schema. `X-Content-Type-Options: nosniff` comes with kube's Forbidden
+/// writer (RBAC and impersonation refusals) and Go's plain-text 404, not with
+/// a 401 or a JSON 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_schema_uids_follow_authentication_and_nosniff_follows_forbidden() {
+    let test = test_support::devcluster("flow-schemas").await;
+    let alice = test
+        .cluster
+        .issue_token("alice", &["developers"])
+        .expect("token");
+    let admin = test.cluster.admin_token();
+    let crontabs = "/apis/stable.example.io/v1/namespaces/default/crontabs";
+    for protocol in [Protocol::Http1, Protocol::Http2] {
+        let flow = |headers: &http::HeaderMap, what: &str| {
+            (
+                one(headers, FLOW_SCHEMA, what),
+                one(headers, PRIORITY_LEVEL, what),
+            )
+        };
+        let send = |token: Option<String>, path: &str, extra: Vec<(&'static str, &'static str)>| {
+            let path = path.to_string();
+            let test = &test;
+            async move { request_as(test, token.as_deref(), "GET", &path, &extra, protocol).await }
+        };
+
+        // The admin (system:masters): the exempt schema, the same UIDs each time.
+        let (code, h, _) = send(Some(admin.clone()), "/api/v1/namespaces", vec![]).await;
+        assert_eq!(code, 200);
+        let exempt = flow(&h, "admin");
+        let (_, h, _) = send(Some(admin.clone()), "/version", vec![]).await;
+        assert_eq!(flow(&h, "admin again"), exempt);
+        assert!(h.get(NOSNIFF).is_none());
+
+        // alice, refused by RBAC: classified (global-default) before authorization.
+        let (code, h, _) = send(Some(alice.clone()), crontabs, vec![]).await;
+        assert_eq!(code, 403);
+        let global_default = flow(&h, "alice refused");
+        assert_ne!(global_default.0, exempt.0);
+        assert_ne!(global_default.1, exempt.1);
+        assert_eq!(one(&h, NOSNIFF, "alice refused"), "nosniff");
+        // Anonymous requests share alice's schema.
+        let (code, h, _) = send(None, "/version", vec![]).await;
+        assert_eq!(code, 200);
+        assert_eq!(flow(&h, "anonymous"), global_default);
+        // Health probes by anyone: the probes schema, at the exempt level.
+        let (code, h, _) = send(Some(alice.clone()), "/healthz", vec![]).await;
+        assert_eq!(code, 200);
+        let probes = flow(&h, "alice's probe");
+        assert_ne!(probes.0, global_default.0);
+        assert_ne!(probes.0, exempt.0);
+        assert_eq!(probes.1, exempt.1);
+        // The admin, impersonating alice, is classified as alice.
+        let (code, h, _) = send(
+            Some(admin.clone()),
+            crontabs,
+            vec![("Impersonate-User", "alice")],
+        )
+        .await;
+        assert_eq!(code, 403);
+        assert_eq!(flow(&h, "admin as alice"), global_default);
+
+        // Refused before priority and fairness: no flow UIDs.
+        let (code, h, _) = send(Some("not-a-real-token".into()), crontabs, vec![]).await;
+        assert_eq!(code, 401);
+        for name in [FLOW_SCHEMA, PRIORITY_LEVEL, NOSNIFF] {
+            assert!(h.get(name).is_none(), "401: {name}");
+        }
+        let (code, h, _) = send(
+            Some(alice.clone()),
+            crontabs,
+            vec![("Impersonate-User", "bob")],
+        )
+        .await;
+        assert_eq!(code, 403);
+        for name in [FLOW_SCHEMA, PRIORITY_LEVEL] {
+            assert!(h.get(name).is_none(), "refused impersonation: {name}");
+        }
+        assert_eq!(one(&h, NOSNIFF, "refused impersonation"), "nosniff");
+
+        // 404s: nosniff on Go's plain-text one only.
+        let (code, h, _) = send(Some(admin.clone()), "/nonexistent", vec![]).await;
+        assert_eq!(code, 404);
+        assert_eq!(one(&h, NOSNIFF, "plain 404"), "nosniff");
+        let (code, h, _) = send(Some(admin.clone()), "/api/v1/namespaces/missing", vec![]).await;
+        assert_eq!(code, 404);
+        assert!(h.get(NOSNIFF).is_none(), "JSON 404");
+    }
+}
+
+/// `Cache-Control: no-cache, private` on every answer the handler did not give
+/// one: objects, lists, watches, errors and HEADs; aggregated discovery says
+/// `public`, on its 304 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_control_is_no_cache_private_except_on_aggregated_discovery() {
+    let test = test_support::devcluster("cache-control").await;
+    let admin = test.cluster.admin_token();
+    let aggregated = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+    for protocol in [Protocol::Http1, Protocol::Http2] {
+        for (token, method, path, status) in [
+            (admin.as_str(), "GET", "/api/v1/namespaces/default", 200),
+            (admin.as_str(), "GET", "/api/v1/namespaces", 200),
+            (
+                admin.as_str(),
+                "GET",
+                "/api/v1/namespaces?watch=true&timeoutSeconds=1",
+                200,
+            ),
+            (admin.as_str(), "HEAD", "/api/v1/namespaces/default", 200),
+            (admin.as_str(), "GET", "/apis", 200),
+            (admin.as_str(), "GET", "/nonexistent", 404),
+            ("not-a-real-token", "GET", "/api/v1/namespaces", 401),
+        ] {
+            let what = format!("{method} {path} over {protocol:?}");
+            let (code, h, _) = request_as(&test, Some(token), method, path, &[], protocol).await;
+            assert_eq!(code.as_u16(), status, "{what}");
+            assert_eq!(one(&h, "cache-control", &what), "no-cache, private");
+        }
+        let (code, h, _) =
+            admin_request(&test, "GET", "/apis", &[("Accept", aggregated)], protocol).await;
+        assert_eq!(code, 200);
+        assert_eq!(one(&h, "cache-control", "aggregated discovery"), "public");
+        let etag = one(&h, "etag", "aggregated discovery");
+        let revalidate = [("Accept", aggregated), ("If-None-Match", etag.as_str())];
+        let (code, h, _) = admin_request(&test, "GET", "/apis", &revalidate, protocol).await;
+        assert_eq!(code, 304);
+        assert_eq!(
+            one(&h, "cache-control", "aggregated discovery 304"),
+            "public"
+        );
+    }
+}
+
+/// An answer relayed from an aggregated API server (the example server, which
+/// sends none of these headers itself) carries the front's: the caller's
+/// Audit-Id, Cache-Control and the flow UIDs, once each. The aggregator's own
+/// 503 once the server is gone carries them too, with nosniff (Go's
+/// `http.Error`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_answers_carry_the_fronts_headers() {
+    let test = test_support::devcluster("relayed-headers").await;
+    let server = devcluster::example_apiserver::ExampleApiServer::start(
+        &test.cluster.front_proxy_ca_pem(),
+        None,
+    )
+    .await
+    .expect("example server starts");
+    server.register(&test.cluster).await.expect("registered");
+    let path = "/apis/example.net/v1/namespaces/default/gateways";
+    let sent = [("Audit-Id", "relayed-by-the-test")];
+    let mut answer = None;
+    for _ in 0..100 {
+        let (code, h, _) = admin_request(&test, "GET", path, &sent, Protocol::Http2).await;
+        if code == 200 {
+            answer = Some(h);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let h = answer.expect("the example server answers through the aggregator");
+    let (_, local, _) = admin_request(&test, "GET", "/version", &[], Protocol::Http2).await;
+    assert_eq!(one(&h, "audit-id", "relayed"), "relayed-by-the-test");
+    assert_eq!(one(&h, "cache-control", "relayed"), "no-cache, private");
+    assert_eq!(
+        one(&h, FLOW_SCHEMA, "relayed"),
+        one(&local, FLOW_SCHEMA, "local")
+    );
+    assert_eq!(
+        one(&h, PRIORITY_LEVEL, "relayed"),
+        one(&local, PRIORITY_LEVEL, "local")
+    );
+
+    server.stop();
+    let mut unavailable = None;
+    for _ in 0..100 {
+        let (code, h, _) = admin_request(&test, "GET", path, &sent, Protocol::Http1).await;
+        if code == 503 {
+            unavailable = Some(h);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let h = unavailable.expect("503 once the example server stopped");
+    assert_eq!(one(&h, "audit-id", "503"), "relayed-by-the-test");
+    assert_eq!(one(&h, "cache-control", "503"), "no-cache, private");
+    assert_eq!(one(&h, NOSNIFF, "503"), "nosniff");
+    assert!(h.get(FLOW_SCHEMA).is_some(), "503");
 }
