@@ -84,10 +84,20 @@ pub struct ClientConfig {
     pub name: String,
     /// Platform project *name*.
     pub project: String,
-    /// Platform project namespace, `p-<project>` unless set.
-    pub project_namespace: String,
+    /// `client.projectNamespace` as written; unset, the Platform project's
+    /// namespace is `p-<project>` ([`ClientConfig::project_namespace`]).
+    pub configured_project_namespace: Option<String>,
     /// Kubeconfig for the client cluster; `None` means in-cluster credentials.
     pub kubeconfig: Option<String>,
+}
+
+impl ClientConfig {
+    /// The Kubernetes namespace of the client's Platform project.
+    pub fn project_namespace(&self) -> String {
+        self.configured_project_namespace
+            .clone()
+            .unwrap_or_else(|| format!("p-{}", self.project))
+    }
 }
 
 /// Listener and registration settings.
@@ -617,14 +627,12 @@ impl Reader {
         let m = self.mapping(v, p, &["name", "project", "projectNamespace", "kubeconfig"]);
         let name = self.string(m, p, "name").unwrap_or_default();
         let project = self.string(m, p, "project").unwrap_or_default();
-        let project_namespace = self
-            .string(m, p, "projectNamespace")
-            .unwrap_or_else(|| format!("p-{project}"));
+        let configured_project_namespace = self.string(m, p, "projectNamespace");
         let kubeconfig = self.string(m, p, "kubeconfig");
         ClientConfig {
             name,
             project,
-            project_namespace,
+            configured_project_namespace,
             kubeconfig,
         }
     }
@@ -1005,25 +1013,30 @@ impl Config {
                 );
             }
         }
-        let namespace = &self.client.project_namespace;
-        let defaulted = *namespace == format!("p-{}", self.client.project);
-        if namespace.is_empty() {
-            err("client.projectNamespace".into(), "must not be empty".into());
-        } else if defaulted && !is_dns_label(&self.client.project) {
-            // The default from an invalid client.project, reported there.
-        } else if !is_dns_label(namespace) {
-            // It names the Kubernetes namespace of the Platform project, in the
-            // identity the target credentials carry.
-            let why = if defaulted {
-                "; it defaults to p-<client.project>, which is too long here: set \
-                 client.projectNamespace to the project's namespace"
-            } else {
-                " (it is the Kubernetes namespace of the client's Platform project)"
-            };
-            err(
-                "client.projectNamespace".into(),
-                format!("{namespace:?} is not a valid name: {DNS_LABEL_SHAPE}{why}"),
-            );
+        // It names the Kubernetes namespace of the Platform project, in the
+        // identity the target credentials carry.
+        let problem = match &self.client.configured_project_namespace {
+            Some(written) if written.is_empty() => Some("must not be empty".to_string()),
+            Some(written) if !is_dns_label(written) => Some(format!(
+                "{written:?} is not a valid name: {DNS_LABEL_SHAPE} (it is the Kubernetes \
+                 namespace of the client's Platform project)"
+            )),
+            Some(_) => None,
+            // The default from an invalid client.project is reported there.
+            None if !is_dns_label(&self.client.project) => None,
+            None => {
+                let defaulted = self.client.project_namespace();
+                (!is_dns_label(&defaulted)).then(|| {
+                    format!(
+                        "{defaulted:?} is not a valid name: {DNS_LABEL_SHAPE}; it defaults to \
+                         p-<client.project>, which is too long here: set \
+                         client.projectNamespace to the project's namespace"
+                    )
+                })
+            }
+        };
+        if let Some(message) = problem {
+            err("client.projectNamespace".into(), message);
         }
 
         // Proxy listeners.

@@ -95,7 +95,7 @@ fn plan_details_and_defaults() {
          '*.x.io/v1':\n        enabled: true\n        targetVirtualCluster: {{name: target}}\n"
     );
     let (config, plan) = load(&yaml).expect("valid");
-    assert_eq!(config.client.project_namespace, "p-default");
+    assert_eq!(config.client.project_namespace(), "p-default");
     assert_eq!(config.client.kubeconfig, None);
     assert_eq!(config.proxy.bind_address, "127.0.0.1");
     assert_eq!(config.proxy.base_port, 9100);
@@ -214,7 +214,7 @@ sync:
     customResources: {}
 "#;
     let (c, plan) = load(yaml).expect("valid");
-    assert_eq!(c.client.project_namespace, "p-team-ns");
+    assert_eq!(c.client.project_namespace(), "p-team-ns");
     assert_eq!(c.client.kubeconfig.as_deref(), Some("/k/client"));
     assert_eq!(c.proxy.registration.service_type, ServiceType::ClusterIP);
     assert!(c.proxy.registration.insecure_skip_tls_verify);
@@ -419,6 +419,8 @@ fn validation_rules() {
         (edit("  name: client", &format!("  name: client\n  projectNamespace: {}", "n".repeat(64))), vec![("client.projectNamespace", "is not a valid name")]),
         (edit("  project: default", &format!("  project: {}", "p".repeat(62))), vec![("client.projectNamespace", "it defaults to p-<client.project>, which is too long here: set client.projectNamespace to the project's namespace")]),
         (edit("  project: default", &format!("  project: {}\n  projectNamespace: p-team", "p".repeat(62))), vec![]),
+        // Written out, the default's value is the operator's: no word of a default.
+        (edit("  project: default", &format!("  project: {0}\n  projectNamespace: p-{0}", "p".repeat(62))), vec![("client.projectNamespace", "(it is the Kubernetes namespace of the client's Platform project)")]),
         // proxy
         (edit("proxy: {}", "proxy: {bindAddress: localhost}"), vec![("proxy.bindAddress", "is not an IP address")]),
         (edit("proxy: {}", "proxy: {metricsAddress: '9090'}"), vec![("proxy.metricsAddress", "ip:port")]),
