@@ -310,6 +310,7 @@ impl GroupVersionProxy {
             outcome
         };
         transport::clean_response_headers(response.headers_mut());
+        transport::never_index_unique_values(response.headers_mut());
         self.metrics.request(
             &self.group_version,
             verb_label,

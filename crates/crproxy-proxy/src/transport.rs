@@ -424,6 +424,20 @@ pub fn clean_response_headers(headers: &mut HeaderMap) {
     }
 }
 
+/// Marks the headers whose value is new on every answer (kube's `Audit-Id`, one
+/// per request) so that HTTP/2 sends them as literals that are never indexed. An
+/// HPACK encoder otherwise adds each such value to the connection's table,
+/// where no later answer can use it: each answer then walks the entries of that
+/// name, inserts one and evicts another, on a connection an aggregator keeps for
+/// all its requests. The bytes sent are the same; HTTP/1.1 ignores the mark.
+pub fn never_index_unique_values(headers: &mut HeaderMap) {
+    if let Some(audit_id) = headers.get_mut(AUDIT_ID) {
+        audit_id.set_sensitive(true);
+    }
+}
+
+const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");
+
 /// Reads a body whole, refusing anything larger than `limit`. A body that came in
 /// one piece (most objects do) is returned as it came, without a copy.
 pub async fn read_limited(mut body: ProxyBody, limit: usize) -> Result<Bytes, ForwardError> {

@@ -27,3 +27,4 @@ mod pool_requests;
 mod pool_sources;
 mod pool_sources_kube;
 mod proxy_flows;
+mod wire;

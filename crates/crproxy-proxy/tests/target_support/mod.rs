@@ -467,6 +467,26 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let tls = caller_tls(addr, serving_ca_pem, front_proxy).await;
+    let (sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(stream_window)
+            .initial_connection_window_size(65_535)
+            .adaptive_window(false)
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+/// A TLS connection to the proxy at `addr` as the client cluster's aggregator
+/// (its front-proxy certificate), offering only HTTP/2.
+pub async fn caller_tls(
+    addr: SocketAddr,
+    serving_ca_pem: &str,
+    front_proxy: &crproxy_core::pki::CertPem,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     let mut roots = rustls::RootCertStore::empty();
@@ -485,20 +505,10 @@ where
     .expect("client config");
     config.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("localhost").expect("name"), tcp)
         .await
-        .expect("tls");
-    let (sender, connection) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .initial_stream_window_size(stream_window)
-            .initial_connection_window_size(65_535)
-            .adaptive_window(false)
-            .handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(connection);
-    sender
+        .expect("tls")
 }
 
 /// A bodiless GET of `path` as the client's aggregator forwards alice's, for the
