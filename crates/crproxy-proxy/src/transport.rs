@@ -429,7 +429,8 @@ pub fn clean_response_headers(headers: &mut HeaderMap) {
 /// HPACK encoder otherwise adds each such value to the connection's table,
 /// where no later answer can use it: each answer then walks the entries of that
 /// name, inserts one and evicts another, on a connection an aggregator keeps for
-/// all its requests. The bytes sent are the same; HTTP/1.1 ignores the mark.
+/// all its requests. The value goes out as before; its name is then written out
+/// instead of referred to by index, a few bytes more. HTTP/1.1 ignores the mark.
 pub fn never_index_unique_values(headers: &mut HeaderMap) {
     if let Some(audit_id) = headers.get_mut(AUDIT_ID) {
         audit_id.set_sensitive(true);
