@@ -2515,11 +2515,15 @@ fn path_error(error: &request::PathError) -> Outcome {
     Outcome::new(json_response(code, &error.status()), Reason::Upstream)
 }
 
+/// A JSON answer the proxy writes itself, ended by a newline as kube's encoder
+/// ends every JSON answer (`json.NewEncoder(w).Encode`).
 fn json_response(code: StatusCode, body: &Value) -> Response<ProxyBody> {
+    let mut text = body.to_string();
+    text.push('\n');
     Response::builder()
         .status(code)
         .header(http::header::CONTENT_TYPE, "application/json")
-        .body(transport::full(body.to_string()))
+        .body(transport::full(text))
         .unwrap_or_else(|_| fallback_500())
 }
 
