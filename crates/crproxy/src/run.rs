@@ -315,10 +315,10 @@ pub fn serving_identity(dir: &Path) -> Result<Serving> {
         // whole. A directory that cannot be locked (a mounted Secret, say) is
         // being written by no one.
         StoredCa::Half(error) => {
-            if lock_serving_dir(dir).is_err() {
+            let Ok(_lock) = lock_serving_dir(dir) else {
                 return Err(error);
-            }
-            ca_under_lock(dir)?
+            };
+            locked_ca(dir)?
         }
     };
     // The aggregator verifies `<service>.<namespace>.svc`; service names depend on
@@ -432,6 +432,12 @@ fn ca_under_lock(dir: &Path) -> Result<CertificateAuthority> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("serving CA: creating directory {}", dir.display()))?;
     let _lock = lock_serving_dir(dir)?;
+    locked_ca(dir)
+}
+
+/// The serving CA in `dir`, read or (when neither file is there) generated and
+/// written, by a caller that holds the directory's lock.
+fn locked_ca(dir: &Path) -> Result<CertificateAuthority> {
     match stored_ca(dir)? {
         StoredCa::Complete(ca) => Ok(*ca),
         StoredCa::Half(error) => Err(error),
