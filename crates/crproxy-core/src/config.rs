@@ -867,6 +867,12 @@ pub struct EntryKey {
 pub const DNS_LABEL_SHAPE: &str =
     "use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit";
 
+/// `<value> is not a valid name: <the DNS label shape>`, the start of every
+/// message about a name that must be a DNS label.
+fn not_a_dns_label(value: &str) -> String {
+    format!("{value:?} is not a valid name: {DNS_LABEL_SHAPE}")
+}
+
 const KEY_FORMAT: &str = "the key must look like <resource>.<group>/<version> or *.<group>/<version>, for example widgets.example.com/v1";
 
 /// A DNS-1123 label (kube's `IsDNS1123Label`): at most 63 lower-case letters,
@@ -1007,10 +1013,7 @@ impl Config {
                 // and virtual cluster and project names are DNS labels anyway (a
                 // DNS label is always a valid label value, so this one rule says it
                 // all).
-                err(
-                    key.into(),
-                    format!("{value:?} is not a valid name: {DNS_LABEL_SHAPE}"),
-                );
+                err(key.into(), not_a_dns_label(value));
             }
         }
         // It names the Kubernetes namespace of the Platform project, in the
@@ -1018,8 +1021,8 @@ impl Config {
         let problem = match &self.client.configured_project_namespace {
             Some(written) if written.is_empty() => Some("must not be empty".to_string()),
             Some(written) if !is_dns_label(written) => Some(format!(
-                "{written:?} is not a valid name: {DNS_LABEL_SHAPE} (it is the Kubernetes \
-                 namespace of the client's Platform project)"
+                "{} (it is the Kubernetes namespace of the client's Platform project)",
+                not_a_dns_label(written)
             )),
             Some(_) => None,
             // The default from an invalid client.project is reported there.
@@ -1028,9 +1031,9 @@ impl Config {
                 let defaulted = self.client.project_namespace();
                 (!is_dns_label(&defaulted)).then(|| {
                     format!(
-                        "{defaulted:?} is not a valid name: {DNS_LABEL_SHAPE}; it defaults to \
-                         p-<client.project>, which is too long here: set \
-                         client.projectNamespace to the project's namespace"
+                        "{}; it defaults to p-<client.project>, which is too long here: set \
+                         client.projectNamespace to the project's namespace",
+                        not_a_dns_label(&defaulted)
                     )
                 })
             }
@@ -1072,10 +1075,7 @@ impl Config {
                 err(format!("{p}.name"), "is required".into());
             } else if !is_dns_label(&t.name) {
                 // The name is part of the placeholder upstream host name.
-                err(
-                    format!("{p}.name"),
-                    format!("{:?} is not a valid name: {DNS_LABEL_SHAPE}", t.name),
-                );
+                err(format!("{p}.name"), not_a_dns_label(&t.name));
             }
             if t.project.is_empty() {
                 err(
@@ -1083,10 +1083,7 @@ impl Config {
                     "is required (it defaults to client.project, which is empty)".into(),
                 );
             } else if !is_dns_label(&t.project) {
-                err(
-                    format!("{p}.project"),
-                    format!("{:?} is not a valid name: {DNS_LABEL_SHAPE}", t.project),
-                );
+                err(format!("{p}.project"), not_a_dns_label(&t.project));
             }
             if t.kubeconfig.is_empty() {
                 err(
