@@ -400,9 +400,10 @@ impl Aggregator {
         } else {
             strip_hop_by_hop(resp.headers_mut(), false);
         }
-        resp.extensions_mut().insert(match upgrade {
-            true => Relayed::Upgrade,
-            false => Relayed::Answer,
+        resp.extensions_mut().insert(if upgrade {
+            Relayed::Upgrade
+        } else {
+            Relayed::Answer
         });
         resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed())
     }

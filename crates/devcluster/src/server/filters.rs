@@ -33,12 +33,10 @@ const PRIORITY_LEVEL_UID: HeaderName = HeaderName::from_static("x-kubernetes-pf-
 /// answer is protected by authentication and authorization.
 const NO_CACHE_PRIVATE: HeaderValue = HeaderValue::from_static("no-cache, private");
 
-/// A new random UUID in Go's `uuid.New().String()` form.
+/// A new random UUID in Go's `uuid.New().String()` form, as objects' uids are.
 fn new_uuid() -> HeaderValue {
-    let text = uuid::Uuid::new_v4().hyphenated().to_string();
-    // Lower-case hex digits and dashes are always a valid header value, so the
-    // fallback is never taken; it only keeps this function total.
-    HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("invalid-uuid"))
+    HeaderValue::from_str(&super::objects::new_uid())
+        .expect("hex digits and dashes are a valid header value")
 }
 
 /// The FlowSchema and PriorityLevelConfiguration UIDs one request was
@@ -175,27 +173,23 @@ impl Exchange {
 ///   the front's headers go out.
 pub(crate) fn stamp(response: &mut Response<Body>, exchange: &Exchange) {
     let relayed = response.extensions().get::<Relayed>().copied();
+    let set: fn(&mut HeaderMap, HeaderName, HeaderValue) = match relayed {
+        Some(Relayed::Upgrade) => return,
+        Some(Relayed::Answer) => put_first,
+        None => |headers, name, value| {
+            headers.insert(name, value);
+        },
+    };
     let headers = response.headers_mut();
-    match relayed {
-        Some(Relayed::Upgrade) => {}
-        Some(Relayed::Answer) => {
-            put_first(headers, AUDIT_ID, exchange.audit_id.clone());
-            put_first(headers, http::header::CACHE_CONTROL, NO_CACHE_PRIVATE);
-            if let Some(flow) = &exchange.flow {
-                put_first(headers, FLOW_SCHEMA_UID, flow.schema.clone());
-                put_first(headers, PRIORITY_LEVEL_UID, flow.priority_level.clone());
-            }
-        }
-        None => {
-            headers.insert(AUDIT_ID, exchange.audit_id.clone());
-            if !headers.contains_key(http::header::CACHE_CONTROL) {
-                headers.insert(http::header::CACHE_CONTROL, NO_CACHE_PRIVATE);
-            }
-            if let Some(flow) = &exchange.flow {
-                headers.insert(FLOW_SCHEMA_UID, flow.schema.clone());
-                headers.insert(PRIORITY_LEVEL_UID, flow.priority_level.clone());
-            }
-        }
+    set(headers, AUDIT_ID, exchange.audit_id.clone());
+    // A handler's own value stands (aggregated discovery's `public`); a
+    // backend's comes after the front's.
+    if relayed.is_some() || !headers.contains_key(http::header::CACHE_CONTROL) {
+        set(headers, http::header::CACHE_CONTROL, NO_CACHE_PRIVATE);
+    }
+    if let Some(flow) = &exchange.flow {
+        set(headers, FLOW_SCHEMA_UID, flow.schema.clone());
+        set(headers, PRIORITY_LEVEL_UID, flow.priority_level.clone());
     }
 }
 
