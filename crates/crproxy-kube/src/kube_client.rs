@@ -24,6 +24,36 @@ use std::time::Duration;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// One cluster as one identity: its configuration and the one credential provider
+/// that every client and pool of that identity shares, so that a token file is
+/// read, a certificate reloaded and an exec plugin run once for all of them.
+#[derive(Clone)]
+pub struct ClusterAccess {
+    pub cluster: ClusterConfig,
+    pub credentials: Arc<Credentials>,
+}
+
+impl ClusterAccess {
+    pub fn new(cluster: ClusterConfig) -> Result<ClusterAccess, Error> {
+        let credentials = cluster.credentials()?;
+        Ok(ClusterAccess {
+            cluster,
+            credentials,
+        })
+    }
+
+    /// [`kube_client`] for this identity, `default` as its default namespace.
+    pub fn kube_client(&self) -> Result<kube::Client, Error> {
+        kube_client(&self.cluster, Arc::clone(&self.credentials), "default")
+    }
+
+    /// [`kube_client_without_retries`] for this identity, `default` as its default
+    /// namespace.
+    pub fn kube_client_without_retries(&self) -> Result<kube::Client, Error> {
+        kube_client_without_retries(&self.cluster, Arc::clone(&self.credentials), "default")
+    }
+}
+
 /// A kube-rs client for `config` that authenticates with `credentials` and uses
 /// `default_namespace` for namespaced APIs built without one. Like kube-rs's own
 /// clients, it retries 429, 503 and 504 answers with backoff. Does not contact the

@@ -28,7 +28,9 @@ use std::time::Duration;
 pub use cluster::{Auth, ClusterConfig, ExecConfig, InsecureAcceptAnyServerCert};
 pub use credentials::{Credentials, DEFAULT_FILE_RECHECK};
 pub use error::{reason_for_status, Error, KubeconfigFileError, KubeconfigFileProblem};
-pub use kube_client::{kube_client, kube_client_with_read_timeout, kube_client_without_retries};
+pub use kube_client::{
+    kube_client, kube_client_with_read_timeout, kube_client_without_retries, ClusterAccess,
+};
 pub use kubeconfig::{
     KubeCluster, KubeContext, KubeUser, Kubeconfig, NamedCluster, NamedContext, NamedUser,
 };

@@ -49,8 +49,9 @@ pub enum AppError {
 pub struct TargetSetup {
     pub name: String,
     pub project: String,
-    /// TLS and credentials of the client's identity on the target.
-    pub cluster: crproxy_kube::ClusterConfig,
+    /// The client's identity on the target: TLS, and the credential provider all
+    /// its group versions share (a rotated file is read and a plugin run once).
+    pub access: crproxy_kube::ClusterAccess,
     pub peers: PeerSourceConfig,
 }
 
@@ -142,18 +143,6 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
     let mut proxies = Vec::new();
     let mut pools_by_target: Vec<(usize, Arc<PeerPool>)> = Vec::new();
     let mut readiness_pools = Vec::new();
-    // One credential provider per target identity, shared by all its group versions,
-    // so a rotated file is read and a plugin run once per target.
-    let target_credentials = setup
-        .targets
-        .iter()
-        .map(|target| {
-            target.cluster.credentials().map_err(|e| AppError::Target {
-                target: names::target_label(&target.project, &target.name),
-                message: e.to_string(),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     for plan in &setup.plan {
         let group_version = format!("{}/{}", plan.group, plan.version);
         let target_index = setup
@@ -171,16 +160,19 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             target: target_label.clone(),
             message,
         };
-        let credentials = Arc::clone(&target_credentials[target_index]);
+        let credentials = Arc::clone(&target.access.credentials);
         let tls_client = target
+            .access
             .cluster
             .rustls_config(&[b"h2", b"http/1.1"], &credentials)
             .map_err(|e| target_error(e.to_string()))?;
         let server_name = target
+            .access
             .cluster
             .server_name()
             .map_err(|e| target_error(e.to_string()))?;
         let authority = target
+            .access
             .cluster
             .server
             .host_str()

@@ -250,7 +250,7 @@ async fn proxy_in_front_of_a_hung_target(stall: Stall) -> Hung {
         targets: vec![TargetSetup {
             name: "target".into(),
             project: "default".into(),
-            cluster: target_config,
+            access: crproxy_kube::ClusterAccess::new(target_config).expect("target credentials"),
             peers: PeerSourceConfig::Static(vec![peer.addr.to_string()]),
         }],
         serving: ServingIdentity {

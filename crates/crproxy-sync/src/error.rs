@@ -3,15 +3,11 @@ use thiserror::Error;
 /// Why the sync could not start or a sync step failed.
 #[derive(Debug, Error)]
 pub enum SyncError {
-    /// A kubeconfig file could not be read or parsed (the error names the file).
-    #[error(transparent)]
-    KubeconfigFile(crproxy_kube::KubeconfigFileError),
-    /// A kubeconfig could not be used.
-    #[error("kubeconfig {path}: {source}")]
-    Kubeconfig {
-        path: String,
-        #[source]
-        source: crproxy_kube::Error,
+    /// The host or the tenant cannot be talked to: no client could be made for it.
+    #[error("{cluster} cluster: {message}")]
+    Cluster {
+        cluster: &'static str,
+        message: String,
     },
     /// A synced type cannot be used: the host does not serve it, or not as configured.
     /// The message names the type and says what to do.
@@ -33,6 +29,13 @@ pub enum SyncError {
 }
 
 impl SyncError {
+    pub(crate) fn cluster(cluster: &'static str) -> impl FnOnce(crproxy_kube::Error) -> SyncError {
+        move |e| SyncError::Cluster {
+            cluster,
+            message: e.to_string(),
+        }
+    }
+
     pub(crate) fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> SyncError {
         let action = action.into();
         move |source| SyncError::Api { action, source }

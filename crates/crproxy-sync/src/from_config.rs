@@ -1,11 +1,11 @@
 //! Starting the sync the way `crproxy run` does: from the configuration file, with
 //! leader election on a Lease in the tenant cluster.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crproxy_core::config::{sync, Config};
+use crproxy_kube::ClusterAccess;
 use crproxy_wiring::{LeaderElector, LeaseConfig};
 
 use crate::run::{keep_retired, start, Retirer, SyncHandle, SyncOptions, DEFAULT_RESYNC};
@@ -15,13 +15,15 @@ use crate::{SyncError, SyncMetrics};
 /// stops renewing.
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 
-fn resolve(base: &Path, path: &str) -> PathBuf {
-    let p = PathBuf::from(path);
-    if p.is_absolute() {
-        p
-    } else {
-        base.join(p)
-    }
+/// The clusters the sync talks to, loaded (and checked) by the caller once, so
+/// that each identity has one credential provider in the process.
+pub struct SyncClusters {
+    /// The tenant: the client cluster, whose identity the proxy shares, or why it
+    /// cannot be reached (no `client.kubeconfig` outside a cluster). The sync then
+    /// fails to start; with no sync configured, the old webhook's check is skipped.
+    pub tenant: Result<ClusterAccess, String>,
+    /// `sync.host.kubeconfig`'s cluster, when it is set.
+    pub host: Option<ClusterAccess>,
 }
 
 /// Starts the sync of a validated configuration, or returns `None` when no sync entry
@@ -34,7 +36,7 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 /// tenant write of the types it names.
 pub async fn start_from_config(
     config: &Config,
-    base_dir: &Path,
+    clusters: SyncClusters,
     metrics: Arc<SyncMetrics>,
     identity: &str,
     lease_duration: Duration,
@@ -42,7 +44,7 @@ pub async fn start_from_config(
     let plan = match sync::validate(config) {
         Ok(Some(plan)) => plan,
         Ok(None) => {
-            retire_write_through(config, base_dir, lease_duration);
+            retire_write_through(config, clusters.tenant, lease_duration);
             return Ok(None);
         }
         Err(errors) => {
@@ -53,20 +55,17 @@ pub async fn start_from_config(
             });
         }
     };
-    let tenant_kubeconfig = tenant_kubeconfig(config, base_dir);
-    let cluster = match &tenant_kubeconfig {
-        Some(path) => crproxy_kube::Kubeconfig::load(path)
-            .map_err(crproxy_kube::Error::from)
-            .and_then(|kc| crproxy_kube::ClusterConfig::from_kubeconfig(&kc, None)),
-        None => crproxy_kube::ClusterConfig::in_cluster(),
-    }
-    .map_err(|e| SyncError::Leader(format!("tenant cluster: {e}")))?;
-    let lease_client = cluster
-        .credentials()
-        .and_then(|credentials| {
-            // The elector retries on its own interval; see crproxy's start_wiring.
-            crproxy_kube::kube_client_without_retries(&cluster, credentials, "default")
-        })
+    let tenant = clusters.tenant.map_err(|message| SyncError::Cluster {
+        cluster: "tenant",
+        message,
+    })?;
+    let host = clusters.host.ok_or_else(|| SyncError::Cluster {
+        cluster: "host",
+        message: "sync.host.kubeconfig is not set".into(),
+    })?;
+    // The elector retries on its own interval; see crproxy's start_wiring.
+    let lease_client = tenant
+        .kube_client_without_retries()
         .map_err(|e| SyncError::Leader(e.to_string()))?;
     let leader = LeaderElector::spawn(
         lease_client,
@@ -79,11 +78,10 @@ pub async fn start_from_config(
             retry_interval: (lease_duration / 7).max(Duration::from_millis(200)),
         },
     );
-    let host_kubeconfig = resolve(base_dir, &plan.host_kubeconfig);
     start(SyncOptions {
         plan,
-        host_kubeconfig,
-        tenant_kubeconfig,
+        host,
+        tenant,
         leader,
         metrics,
         resync: DEFAULT_RESYNC,
@@ -93,16 +91,6 @@ pub async fn start_from_config(
     })
     .await
     .map(Some)
-}
-
-/// The tenant's kubeconfig (`client.kubeconfig`); `None`: the in-cluster
-/// configuration.
-fn tenant_kubeconfig(config: &Config, base_dir: &Path) -> Option<PathBuf> {
-    config
-        .client
-        .kubeconfig
-        .as_deref()
-        .map(|p| resolve(base_dir, p))
 }
 
 /// Whether the configuration has a `sync` section at all: a host to sync with,
@@ -115,12 +103,16 @@ fn has_sync_section(sync: &sync::SyncConfig) -> bool {
 /// cannot be reached is logged, and the start goes on (nothing else needs it).
 /// Without a `sync` section a tenant that forbids the check is not worth a
 /// warning (a proxy-only deployment may lack the sync's rights).
-fn retire_write_through(config: &Config, base_dir: &Path, lease_duration: Duration) {
-    let kubeconfig = tenant_kubeconfig(config, base_dir);
+fn retire_write_through(
+    config: &Config,
+    tenant: Result<ClusterAccess, String>,
+    lease_duration: Duration,
+) {
     let tenant_name = config.client.name.clone();
     let warn = has_sync_section(&config.sync);
+    let tenant = tenant.and_then(|access| access.kube_client().map_err(|e| e.to_string()));
     tokio::spawn(async move {
-        match crate::client::tenant_client(kubeconfig.as_deref()).await {
+        match tenant {
             Ok(tenant) => {
                 let retirer = Retirer::while_none_leads(&tenant, &tenant_name, lease_duration);
                 keep_retired(&tenant, &tenant_name, lease_duration, retirer, warn).await

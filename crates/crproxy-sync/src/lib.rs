@@ -20,7 +20,6 @@
 //! middle of anything simply converges.
 
 pub mod aggregated;
-pub mod client;
 pub mod crd;
 mod error;
 #[cfg(test)]
@@ -38,6 +37,6 @@ pub mod to_host;
 pub mod writethrough;
 
 pub use error::SyncError;
-pub use from_config::{start_from_config, LEASE_DURATION};
+pub use from_config::{start_from_config, SyncClusters, LEASE_DURATION};
 pub use metrics::SyncMetrics;
 pub use run::{start, SyncHandle, SyncOptions};

@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crproxy_core::config::sync::{Direction, SyncPlan, WebhookEndpoint};
+use crproxy_kube::ClusterAccess;
 use crproxy_wiring::{LeaderHandle, LeadershipChanges, LeaseObserver};
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -21,7 +21,6 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::{client_from_kubeconfig, tenant_client};
 use crate::crd::{self, ResolvedType};
 use crate::from_host::FromHost;
 use crate::queue::WorkQueue;
@@ -148,10 +147,10 @@ enum Side {
 /// Everything [`start`] needs.
 pub struct SyncOptions {
     pub plan: SyncPlan,
-    /// Host kubeconfig path, already resolved against the config file's directory.
-    pub host_kubeconfig: PathBuf,
-    /// Tenant kubeconfig path; `None` uses in-cluster credentials.
-    pub tenant_kubeconfig: Option<PathBuf>,
+    /// The host cluster, as `sync.host.kubeconfig`'s identity.
+    pub host: ClusterAccess,
+    /// The tenant cluster (the client cluster), as crproxy's identity there.
+    pub tenant: ClusterAccess,
     /// Syncers run only while this says so.
     pub leader: LeaderHandle,
     pub metrics: Arc<SyncMetrics>,
@@ -208,8 +207,11 @@ impl SyncHandle {
 /// Connects to both clusters, resolves every type (failing with one line naming the
 /// first type the host does not serve), then syncs while `options.leader` leads.
 pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
-    let host = client_from_kubeconfig(&options.host_kubeconfig).await?;
-    let tenant = tenant_client(options.tenant_kubeconfig.as_deref()).await?;
+    let host = options
+        .host
+        .kube_client()
+        .map_err(SyncError::cluster("host"))?;
+    let tenant = (options.tenant.kube_client()).map_err(SyncError::cluster("tenant"))?;
     let mut resolved = Vec::new();
     for resource in &options.plan.resources {
         let ty = crd::resolve(&host, &tenant, resource).await?;
@@ -262,7 +264,8 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         let write_through = Arc::new(WriteThrough {
             tenant: options.plan.tenant.clone(),
             host_namespace: options.plan.host_namespace.clone(),
-            host: crate::client::client_without_retries(&options.host_kubeconfig).await?,
+            host: (options.host.kube_client_without_retries())
+                .map_err(SyncError::cluster("host"))?,
             tenant_client: tenant.clone(),
             types: writethrough::types_by_resource(
                 resolved

@@ -637,7 +637,7 @@ impl Link {
                 crate::run::ExecPlugins::Later,
             )
             .map_err(|problems| crate::run::invalid(&self.config_path, &problems))?;
-            let client = crate::run::client_cluster(clusters.client)?;
+            let client = crate::run::client_access(clusters.client)?;
             let mut setup = crate::run::setup(
                 &loaded,
                 &client,

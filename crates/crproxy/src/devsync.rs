@@ -246,7 +246,7 @@ impl DevSync {
 
         let sync = crproxy_sync::start_from_config(
             &config,
-            dir,
+            crate::run::load_sync_clusters(&config_path, &config, dir)?,
             sync_metrics,
             "dev",
             crproxy_sync::LEASE_DURATION,

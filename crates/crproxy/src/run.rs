@@ -152,8 +152,10 @@ pub enum ExecPlugins {
 /// [`check_kubeconfigs`] checked it, so that what runs is what was checked.
 pub struct Clusters {
     /// `client.kubeconfig`'s; `None` when it is unset (in-cluster credentials,
-    /// which only a pod has: see [`client_cluster`]).
+    /// which only a pod has: see [`client_access`]).
     pub client: Option<crproxy_kube::ClusterConfig>,
+    /// `sync.host.kubeconfig`'s, when it is set.
+    pub sync_host: Option<crproxy_kube::ClusterConfig>,
     /// One per entry of `targets`, in its order.
     pub targets: Vec<TargetClusters>,
 }
@@ -170,7 +172,6 @@ pub struct TargetClusters {
 /// are parsed as they will be used). `Err` lists the problems, each at the
 /// configuration key that names the kubeconfig, naming the kubeconfig file and the
 /// field in it; a kubeconfig left empty is the configuration rules' to report.
-/// `sync.host.kubeconfig` is checked but not kept: the sync loads its own.
 pub fn check_kubeconfigs(
     config: &Config,
     base: &Path,
@@ -195,9 +196,11 @@ pub fn check_kubeconfigs(
         .kubeconfig
         .as_deref()
         .and_then(|path| kubeconfig("client.kubeconfig".into(), path));
-    if let Some(path) = &config.sync.host_kubeconfig {
-        kubeconfig("sync.host.kubeconfig".into(), path);
-    }
+    let sync_host = config
+        .sync
+        .host_kubeconfig
+        .as_deref()
+        .and_then(|path| kubeconfig("sync.host.kubeconfig".into(), path));
     let mut targets = Vec::new();
     for (i, target) in config.targets.iter().enumerate() {
         let cluster = kubeconfig(format!("targets[{i}].kubeconfig"), &target.kubeconfig);
@@ -222,7 +225,11 @@ pub fn check_kubeconfigs(
     if !errors.is_empty() || targets.len() != config.targets.len() {
         return Err(errors);
     }
-    Ok(Clusters { client, targets })
+    Ok(Clusters {
+        client,
+        sync_host,
+        targets,
+    })
 }
 
 /// The cluster of the kubeconfig at `resolved`, or why it cannot be used, naming
@@ -503,35 +510,63 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
     }
 }
 
-/// The client cluster: `client.kubeconfig`'s as checked, or in-cluster credentials
-/// when it is unset.
-pub fn client_cluster(
+/// The client cluster, `client.kubeconfig`'s as checked or in-cluster credentials
+/// when it is unset, with the credential provider that the proxy, its registration
+/// and the sync (whose tenant it is) share.
+pub fn client_access(
     client: Option<crproxy_kube::ClusterConfig>,
-) -> Result<crproxy_kube::ClusterConfig> {
-    match client {
-        Some(cluster) => Ok(cluster),
-        None => Ok(crproxy_kube::ClusterConfig::in_cluster().context(
+) -> Result<crproxy_kube::ClusterAccess> {
+    let cluster = match client {
+        Some(cluster) => cluster,
+        None => crproxy_kube::ClusterConfig::in_cluster().context(
             "client.kubeconfig is not set and crproxy is not running in a cluster: set \
              client.kubeconfig to a kubeconfig for the client cluster, or run crproxy in it",
-        )?),
-    }
+        )?,
+    };
+    Ok(crproxy_kube::ClusterAccess::new(cluster)?)
+}
+
+/// The clusters of a configuration's sync, checked and loaded as [`run`] does, for
+/// a start that runs no proxy beside it. `path` names the configuration in errors.
+pub fn load_sync_clusters(
+    path: &Path,
+    config: &Config,
+    base: &Path,
+) -> Result<crproxy_sync::SyncClusters> {
+    let clusters = check_kubeconfigs(config, base, ExecPlugins::Later)
+        .map_err(|problems| invalid(path, &problems))?;
+    sync_clusters(client_access(clusters.client), clusters.sync_host)
+}
+
+/// The sync's clusters: its tenant is the client cluster (`client`, or why it
+/// cannot be reached), its host `sync.host.kubeconfig`'s.
+pub fn sync_clusters(
+    client: Result<crproxy_kube::ClusterAccess>,
+    host: Option<crproxy_kube::ClusterConfig>,
+) -> Result<crproxy_sync::SyncClusters> {
+    let host = host
+        .map(crproxy_kube::ClusterAccess::new)
+        .transpose()
+        .context("sync.host.kubeconfig")?;
+    Ok(crproxy_sync::SyncClusters {
+        tenant: client.map_err(|e| format!("{e:#}")),
+        host,
+    })
 }
 
 /// Turns a loaded configuration, and the clusters [`check_kubeconfigs`] built from
 /// it, into what the proxy library starts from.
 pub fn setup(
     loaded: &Loaded,
-    client_cluster: &crproxy_kube::ClusterConfig,
+    client: &crproxy_kube::ClusterAccess,
     target_clusters: Vec<TargetClusters>,
     serving: ServingIdentity,
     metrics: Arc<Metrics>,
 ) -> Result<ProxySetup> {
     let config = &loaded.config;
-    // One credential provider for the client identity, shared by both clients.
-    let credentials = client_cluster.credentials().context("client cluster")?;
     let client_watches =
-        crproxy_proxy::watches::WatchClient::new(client_cluster, Arc::clone(&credentials))?;
-    let client = crproxy_kube::kube_client_without_retries(client_cluster, credentials, "default")?;
+        crproxy_proxy::watches::WatchClient::new(&client.cluster, Arc::clone(&client.credentials))?;
+    let client = client.kube_client_without_retries()?;
     let mut targets = Vec::new();
     for (target, clusters) in config.targets.iter().zip(target_clusters) {
         let project = target.project.clone();
@@ -541,11 +576,13 @@ pub fn setup(
                 target.name
             )
         })?;
-        let peers = peer_source(&loaded.base_dir, &source, &clusters)?;
+        let access = crproxy_kube::ClusterAccess::new(clusters.cluster)
+            .with_context(|| format!("target {project}/{}", target.name))?;
+        let peers = peer_source(&loaded.base_dir, &source, &access, clusters.endpoint_slices)?;
         targets.push(TargetSetup {
             name: target.name.clone(),
             project,
-            cluster: clusters.cluster,
+            access,
             peers,
         });
     }
@@ -579,10 +616,13 @@ pub fn setup(
     })
 }
 
+/// `target` is the client's identity on the target: EndpointSlices are read as it
+/// unless `endpoint_slices` (`peers.endpointSlices.kubeconfig`'s cluster) is given.
 fn peer_source(
     base: &Path,
     peers: &config::PeerSource,
-    clusters: &TargetClusters,
+    target: &crproxy_kube::ClusterAccess,
+    endpoint_slices: Option<crproxy_kube::ClusterConfig>,
 ) -> Result<PeerSourceConfig> {
     Ok(match peers {
         config::PeerSource::Static(list) => PeerSourceConfig::Static(list.clone()),
@@ -592,12 +632,15 @@ fn peer_source(
             interval: Duration::from_secs(dns.interval_seconds),
         },
         config::PeerSource::EndpointSlices(slices) => {
-            let cluster = clusters
-                .endpoint_slices
-                .as_ref()
-                .unwrap_or(&clusters.cluster);
+            let access = match endpoint_slices {
+                Some(cluster) => crproxy_kube::ClusterAccess::new(cluster)?,
+                None => target.clone(),
+            };
             PeerSourceConfig::EndpointSlices {
-                client: crproxy_proxy::watches::WatchClient::new(cluster, cluster.credentials()?)?,
+                client: crproxy_proxy::watches::WatchClient::new(
+                    &access.cluster,
+                    access.credentials,
+                )?,
                 namespace: slices.namespace.clone(),
                 service: slices.service.clone(),
                 port_name: slices.port_name.clone(),
@@ -611,7 +654,7 @@ fn peer_source(
 /// Service, APIService and protection policy of every group/version in place.
 pub async fn start_wiring(
     loaded: &Loaded,
-    cluster: &crproxy_kube::ClusterConfig,
+    client: &crproxy_kube::ClusterAccess,
     proxy: &RunningProxy,
     serving_ca_pem: &str,
     identity: &str,
@@ -619,8 +662,7 @@ pub async fn start_wiring(
     let config = &loaded.config;
     // No per-request retries: the elector and the registrar retry on their own
     // intervals, which keeps a renewal from outliving the lease.
-    let client =
-        crproxy_kube::kube_client_without_retries(cluster, cluster.credentials()?, "default")?;
+    let client = client.kube_client_without_retries()?;
     let holder = format!("{identity}-{}", crproxy_wiring::default_identity());
     let leader = crproxy_wiring::LeaderElector::spawn(
         client.clone(),
@@ -683,18 +725,23 @@ pub async fn run(path: &Path) -> Result<()> {
         .map_err(|problems| invalid(path, &problems))?;
     let sync_metrics = crproxy_sync::SyncMetrics::new();
     let metrics = Metrics::with_extra(|registry| sync_metrics.register(registry));
+    // The client cluster is the sync's tenant too: one credential provider serves
+    // the proxy, its registration and the sync.
+    let client = client_access(clusters.client);
     let mut proxy = None;
     let mut metrics_only = None;
     if loaded.plan.group_versions.is_empty() {
         metrics_only = Some(serve_metrics_only(&loaded, Arc::clone(&metrics)).await?);
     } else {
         // In-cluster credentials too are found before the serving CA may be written.
-        let client = client_cluster(clusters.client).context("client cluster")?;
+        let client = client
+            .as_ref()
+            .map_err(|e| anyhow!("client cluster: {e:#}"))?;
         let serving_dir = loaded.base_dir.join("serving-ca");
         let serving = serving_identity(&serving_dir)?;
         let setup = setup(
             &loaded,
-            &client,
+            client,
             clusters.targets,
             serving.identity.clone(),
             metrics,
@@ -702,7 +749,7 @@ pub async fn run(path: &Path) -> Result<()> {
         let running = crproxy_proxy::app::start(setup, true).await?;
         let wiring = start_wiring(
             &loaded,
-            &client,
+            client,
             &running,
             &serving.ca_pem,
             &loaded.config.client.name,
@@ -712,7 +759,7 @@ pub async fn run(path: &Path) -> Result<()> {
     }
     let sync = crproxy_sync::start_from_config(
         &loaded.config,
-        &loaded.base_dir,
+        sync_clusters(client, clusters.sync_host)?,
         sync_metrics,
         &loaded.config.client.name,
         crproxy_sync::LEASE_DURATION,

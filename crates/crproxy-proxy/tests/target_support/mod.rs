@@ -231,7 +231,8 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
         targets: vec![TargetSetup {
             name: "target".into(),
             project: "default".into(),
-            cluster: proxy_target_config,
+            access: crproxy_kube::ClusterAccess::new(proxy_target_config)
+                .expect("target credentials"),
             peers: (options.peers)(target.cluster.addr()),
         }],
         serving: ServingIdentity {

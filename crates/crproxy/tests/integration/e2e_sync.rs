@@ -798,7 +798,7 @@ async fn kube_clients_work_with_token_and_certificate_kubeconfigs() -> Result<()
     let cluster = test_support::devcluster("host").await;
     let cert = cluster.kubeconfig_with_cert("sync-user", &["system:masters"])?;
     for kubeconfig in [&cluster.kubeconfig, &cert] {
-        let client = crproxy_sync::client::client_from_kubeconfig(kubeconfig).await?;
+        let client = crate::support::access(kubeconfig)?.kube_client()?;
         let versions = client.list_core_api_versions().await?;
         assert!(
             versions.versions.contains(&"v1".to_owned()),
@@ -847,7 +847,7 @@ async fn kube_clients_work_with_token_and_certificate_kubeconfigs() -> Result<()
             .admin_kubeconfig()
             .replace(&other.cluster.url(), &cluster.cluster.url()),
     )?;
-    let client = crproxy_sync::client::client_from_kubeconfig(&wrong_ca).await?;
+    let client = crate::support::access(&wrong_ca)?.kube_client()?;
     let err = match client.list_core_api_versions().await {
         Ok(_) => panic!("TLS must fail with the wrong CA"),
         Err(e) => format!("{e:?}"),

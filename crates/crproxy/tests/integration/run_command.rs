@@ -122,6 +122,86 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     Ok(())
 }
 
+/// The client cluster is one identity with one credential provider: its
+/// kubeconfig's exec plugin runs once, and that token serves the proxy (its
+/// trust and namespace watches), the registration (Lease and APIService) and the
+/// sync's check of the tenant for an old write-through webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_runs_the_client_identitys_exec_plugin_once() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let (client, target, _) = client_and_target(dir.path()).await?;
+    let plugin_dir = dir.path().join("plugin");
+    std::fs::create_dir(&plugin_dir)?;
+    let token = client.issue_token("crproxy-by-plugin", &["system:masters"])?;
+    std::fs::write(plugin_dir.join("token"), token)?;
+    // Appends one line a run: runs at once cannot lose a count.
+    let plugin = plugin_dir.join("plugin.sh");
+    std::fs::write(
+        &plugin,
+        "#!/bin/sh\necho run >> \"$1/runs\"\nprintf '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"%s\"}}\\n' \"$(cat \"$1/token\")\"\n",
+    )?;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))?;
+    let client_kubeconfig = dir.path().join("client-exec.kubeconfig");
+    std::fs::write(
+        &client_kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {plugin}\n      args: [{state}]\n      interactiveMode: Never\ncontexts:\n- name: ctx\n  context: {{cluster: c, user: u}}\ncurrent-context: ctx\n",
+            url = client.url(),
+            ca = {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD.encode(client.ca_pem())
+            },
+            plugin = plugin.display(),
+            state = plugin_dir.display(),
+        ),
+    )?;
+    let metrics_port = crproxy::devenv::free_port()?;
+    let link = Link::prepare(LinkSpec {
+        dir: dir.path().join("link"),
+        client_name: "client".into(),
+        client_kubeconfig,
+        target_name: "target".into(),
+        target: &target,
+        target_peers: vec![target.addr()],
+        resource: ProxiedResource::example(),
+        proxy_port: 0,
+        metrics_port,
+    })
+    .await?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
+        .args(["run", "--config"])
+        .arg(&link.config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr_reader = drain(child.stderr.take());
+    let mut child = test_support::KillOnDrop(child);
+
+    let api = admin_client(&client)?;
+    wait_for_available(&api, "v1.example.com", Duration::from_secs(30)).await?;
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    assert_eq!(http_get(&metrics, "/readyz")?, (200, "ok".to_string()));
+    // The sync's check of the tenant starts with the process; give it time to
+    // have asked for a token of its own, were it to.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let runs = std::fs::read_to_string(plugin_dir.join("runs"))?;
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait()?.is_none() {
+        ensure!(Instant::now() < deadline, "crproxy run did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stderr = stderr_reader.join().unwrap_or_default();
+    assert_eq!(runs.lines().count(), 1, "plugin runs: {runs:?}\n{stderr}");
+    client.shutdown().await;
+    target.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();

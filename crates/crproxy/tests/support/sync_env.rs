@@ -70,9 +70,10 @@ impl Env {
         lease: Duration,
     ) -> Result<Option<SyncHandle>> {
         let config = crproxy_core::config::parse(yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let root = std::path::Path::new("/");
         let started = crproxy_sync::start_from_config(
             &config,
-            std::path::Path::new("/"),
+            crproxy::run::load_sync_clusters(Path::new("sync.yaml"), &config, root)?,
             SyncMetrics::new(),
             identity,
             lease,
@@ -119,8 +120,8 @@ impl Env {
             .context("sync enabled")?;
         Ok(SyncOptions {
             plan,
-            host_kubeconfig: self.host.kubeconfig.clone(),
-            tenant_kubeconfig: Some(tenant_kubeconfig.to_path_buf()),
+            host: access(&self.host.kubeconfig)?,
+            tenant: access(tenant_kubeconfig)?,
             leader: crproxy_wiring::LeaderHandle::fixed(true),
             metrics,
             resync: Duration::from_secs(5),
@@ -129,6 +130,15 @@ impl Env {
             pod_ip: None,
         })
     }
+}
+
+/// The cluster and identity of a kubeconfig, as `crproxy run` loads them.
+pub fn access(kubeconfig: &Path) -> Result<crproxy_kube::ClusterAccess> {
+    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(
+        &crproxy_kube::Kubeconfig::load(kubeconfig)?,
+        None,
+    )?;
+    Ok(crproxy_kube::ClusterAccess::new(cluster)?)
 }
 
 /// Applies YAML with kubectl.
