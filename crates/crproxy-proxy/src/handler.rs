@@ -309,8 +309,7 @@ impl GroupVersionProxy {
         } else {
             outcome
         };
-        transport::clean_response_headers(response.headers_mut());
-        transport::never_index_unique_values(response.headers_mut());
+        transport::prepare_response_headers(response.headers_mut());
         self.metrics.request(
             &self.group_version,
             verb_label,
@@ -2311,29 +2310,50 @@ fn requested_resource<'a>(
     }
 }
 
+/// What a 404 answer read as JSON says it is and what is missing: a `Status`'s
+/// `details` name the missing thing (kube leaves them empty for a resource it does
+/// not serve).
+#[derive(serde::Deserialize)]
+struct NotFoundAnswer {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    details: MissingDetails,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct MissingDetails {
+    #[serde(default)]
+    name: String,
+    /// The missing thing's resource, plural (`namespaces`, `widgets`).
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    group: String,
+}
+
+fn read_not_found(answer: &[u8]) -> Option<NotFoundAnswer> {
+    serde_json::from_slice(answer).ok()
+}
+
 /// Whether a 404 Status is kube's answer for a missing namespace `namespace`
 /// (`details: {name: <ns>, kind: namespaces}`), not for a missing object.
 fn names_missing_namespace(answer: &[u8], namespace: &str) -> bool {
-    let Ok(status) = serde_json::from_slice::<Value>(answer) else {
-        return false;
-    };
-    let details = &status["details"];
-    details["kind"] == "namespaces"
-        && details["name"] == namespace
-        && details.get("group").is_none_or(|group| group == "")
+    read_not_found(answer).is_some_and(|answer| {
+        let details = answer.details;
+        details.kind == "namespaces" && details.name == namespace && details.group.is_empty()
+    })
 }
 
 /// Whether a 404 answer may be about the object `path` names: anything but a
 /// JSON `Status` whose `details` name another object, or none (kube's answer for
 /// a resource it does not serve has empty details).
 fn names_the_object(answer: &[u8], path: &ResourcePath) -> bool {
-    let Ok(status) = serde_json::from_slice::<Value>(answer) else {
-        return true;
-    };
-    let details = &status["details"];
-    status["kind"] != "Status"
-        || (details["name"] == path.name.as_deref().unwrap_or_default()
-            && details["kind"] == path.resource.as_str())
+    read_not_found(answer).is_none_or(|answer| {
+        answer.kind != "Status"
+            || (answer.details.name == path.name.as_deref().unwrap_or_default()
+                && answer.details.kind == path.resource)
+    })
 }
 
 /// A body or delete options the pin cannot go with (kube would refuse them too): 400.
@@ -2720,6 +2740,19 @@ mod tests {
             "status": "Failure", "message": "the server could not find the requested resource",
             "reason": "NotFound", "details": {}, "code": 404});
         assert!(!about(unserved));
+    }
+
+    #[test]
+    fn only_a_404_for_the_namespace_itself_says_the_namespace_is_missing() {
+        let says = |answer: Value| names_missing_namespace(answer.to_string().as_bytes(), "demo");
+        assert!(says(status::namespace_not_found("demo")));
+        assert!(!says(status::namespace_not_found("other")));
+        // An object of a resource that happens to be called namespaces, elsewhere.
+        let mut grouped = status::namespace_not_found("demo");
+        grouped["details"]["group"] = "example.com".into();
+        assert!(!says(grouped));
+        assert!(!says(status::not_found("widgets", "example.com", "demo")));
+        assert!(!names_missing_namespace(b"404 page not found", "demo"));
     }
 
     #[test]
