@@ -410,30 +410,29 @@ fn keep_request_header(name: &HeaderName) -> bool {
         && !name.starts_with("x-forwarded-")
 }
 
-/// Removes hop-by-hop headers from a target response before it goes back.
-pub fn clean_response_headers(headers: &mut HeaderMap) {
-    // One pass over the few names present instead of a lookup per hop-by-hop name:
-    // most answers carry none of them.
-    if headers
-        .keys()
-        .any(|name| DROPPED_RESPONSE_HEADERS.contains(name))
-    {
+/// Readies a target answer's headers for the caller, in one pass over them: drops
+/// the hop-by-hop ones, and marks those whose value is new on every answer (kube's
+/// `Audit-Id`, one per request) so that HTTP/2 sends them as literals that are
+/// never indexed. An HPACK encoder otherwise adds each such value to the
+/// connection's table, where no later answer can use it: each answer then walks
+/// the entries of that name, inserts one and evicts another, on a connection an
+/// aggregator keeps for all its requests. The value goes out as before; its name is
+/// then written out instead of referred to by index, a few bytes more. HTTP/1.1
+/// ignores the mark.
+pub fn prepare_response_headers(headers: &mut HeaderMap) {
+    let mut hop_by_hop = false;
+    for (name, value) in headers.iter_mut() {
+        if name == AUDIT_ID {
+            value.set_sensitive(true);
+        } else if DROPPED_RESPONSE_HEADERS.contains(name) {
+            hop_by_hop = true;
+        }
+    }
+    // Most answers carry none of them: no lookup per hop-by-hop name then.
+    if hop_by_hop {
         for name in &DROPPED_RESPONSE_HEADERS {
             headers.remove(name);
         }
-    }
-}
-
-/// Marks the headers whose value is new on every answer (kube's `Audit-Id`, one
-/// per request) so that HTTP/2 sends them as literals that are never indexed. An
-/// HPACK encoder otherwise adds each such value to the connection's table,
-/// where no later answer can use it: each answer then walks the entries of that
-/// name, inserts one and evicts another, on a connection an aggregator keeps for
-/// all its requests. The value goes out as before; its name is then written out
-/// instead of referred to by index, a few bytes more. HTTP/1.1 ignores the mark.
-pub fn never_index_unique_values(headers: &mut HeaderMap) {
-    if let Some(audit_id) = headers.get_mut(AUDIT_ID) {
-        audit_id.set_sensitive(true);
     }
 }
 

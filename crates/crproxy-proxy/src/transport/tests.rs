@@ -150,6 +150,39 @@ fn caller_identity_and_hop_headers_never_reach_the_target() {
 }
 
 #[test]
+fn hop_headers_never_reach_the_caller_and_only_the_audit_id_is_never_indexed() {
+    let answer = |pairs: &[(&'static str, &'static str)]| {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(*name, HeaderValue::from_static(value));
+        }
+        prepare_response_headers(&mut headers);
+        headers
+    };
+    let prepared = answer(&[
+        ("content-type", "application/json"),
+        ("audit-id", "1c4d6b3e-5f2a-4c1e-9d7b-2a6f8e0c3b51"),
+        ("connection", "keep-alive"),
+        ("keep-alive", "timeout=5"),
+        ("transfer-encoding", "chunked"),
+        ("upgrade", "h2c"),
+        ("cache-control", "no-cache, private"),
+    ]);
+    let names: Vec<&str> = prepared.keys().map(HeaderName::as_str).collect();
+    assert_eq!(names, ["content-type", "audit-id", "cache-control"]);
+    let sensitive: Vec<&str> = prepared
+        .iter()
+        .filter(|(_, value)| value.is_sensitive())
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(sensitive, ["audit-id"]);
+    // Without hop-by-hop headers, nothing else changes.
+    let plain = answer(&[("content-type", "application/json"), ("date", "x")]);
+    assert_eq!(plain.len(), 2);
+    assert!(plain.values().all(|value| !value.is_sensitive()));
+}
+
+#[test]
 fn forwarded_headers_change_only_where_the_proxy_reads_the_answer_or_wrote_the_body() {
     fn check(
         inspected: Option<Inspected>,
