@@ -175,7 +175,6 @@ pub fn sync_entry_path(direction: Direction, key: &str) -> String {
 pub struct SyncPlan {
     /// The tenant's name (`client.name`), part of every mirror's name and label.
     pub tenant: String,
-    pub host_kubeconfig: String,
     /// Empty when only fromHost types are synced.
     pub host_namespace: String,
     /// Sorted by direction, then key.
@@ -652,15 +651,14 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
         }
     }
 
-    let mut host_kubeconfig = String::new();
     let mut host_namespace = String::new();
     if !resources.is_empty() {
-        match sync.host_kubeconfig.as_deref() {
-            None | Some("") => err(
+        // `crproxy run` loads it with every other kubeconfig, before the sync starts.
+        if sync.host_kubeconfig.as_deref().is_none_or(str::is_empty) {
+            err(
                 "sync.host.kubeconfig".into(),
                 "is required when a sync entry is enabled: the path of a kubeconfig for the host cluster".into(),
-            ),
-            Some(k) => host_kubeconfig = k.to_owned(),
+            );
         }
         let needs_namespace = resources.iter().any(|r| r.direction == Direction::ToHost);
         match sync.host_namespace.as_deref() {
@@ -687,7 +685,6 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
     };
     Ok(Some(SyncPlan {
         tenant: config.client.name.clone(),
-        host_kubeconfig,
         host_namespace,
         resources,
         write_through,

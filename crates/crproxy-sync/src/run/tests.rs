@@ -34,7 +34,6 @@ fn supervisor(tenant: kube::Client, metrics: &Arc<SyncMetrics>) -> Supervisor {
         tenant,
         plan: SyncPlan {
             tenant: "client".into(),
-            host_kubeconfig: String::new(),
             host_namespace: "vcluster-client".into(),
             resources: vec![],
             write_through: WriteThroughPlan {

@@ -163,6 +163,7 @@ fn every_rule_names_its_key() {
             vec![(TO, "also proxied"), (FROM, "also proxied")]),
         // Host settings are required once something is enabled.
         (edit("    kubeconfig: host.kubeconfig\n", ""), vec![("sync.host.kubeconfig", "is required")]),
+        (edit("    kubeconfig: host.kubeconfig\n", "    kubeconfig: \"\"\n"), vec![("sync.host.kubeconfig", "is required")]),
         (edit("    namespace: vcluster-tenant\n", ""), vec![("sync.host.namespace", "is required when a toHost entry is enabled")]),
         (edit("    namespace: vcluster-tenant\n", "    namespace: Not_A_Namespace\n"), vec![("sync.host.namespace", "not a valid namespace")]),
         // Keys.
