@@ -38,33 +38,84 @@ async fn client_and_target(
     Ok((client, target, client_kubeconfig))
 }
 
+/// The link of one client and `target`, the example resource proxied to
+/// `target_peers`, written in `dir/link`.
+async fn link(
+    dir: &std::path::Path,
+    client_kubeconfig: std::path::PathBuf,
+    target: &devcluster::DevCluster,
+    target_peers: Vec<std::net::SocketAddr>,
+    metrics_port: u16,
+) -> Result<Link> {
+    Link::prepare(LinkSpec {
+        dir: dir.join("link"),
+        client_name: "client".into(),
+        client_kubeconfig,
+        target_name: "target".into(),
+        target,
+        target_peers,
+        resource: ProxiedResource::example(),
+        proxy_port: 0,
+        metrics_port,
+    })
+    .await
+}
+
+/// `crproxy run --config <config>` as a child process with `CRPROXY_LOG=<log>`
+/// (the default when `None`), and the reader of its stderr.
+fn spawn_run(
+    config: &std::path::Path,
+    log: Option<&str>,
+) -> Result<(test_support::KillOnDrop, std::thread::JoinHandle<String>)> {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_crproxy"));
+    if let Some(log) = log {
+        command.env("CRPROXY_LOG", log);
+    }
+    let mut child = command
+        .args(["run", "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr_reader = drain(child.stderr.take());
+    Ok((test_support::KillOnDrop(child), stderr_reader))
+}
+
+/// Sends the child SIGTERM and waits up to 20 s for it to exit.
+async fn terminate(child: &mut test_support::KillOnDrop) -> Result<std::process::ExitStatus> {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -TERM failed");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(exit) = child.try_wait()? {
+            return Ok(exit);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "crproxy run did not stop within 20s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
     let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     let metrics_port = crproxy::devenv::free_port()?;
-    let link = Link::prepare(LinkSpec {
-        dir: dir.path().join("link"),
-        client_name: "client".into(),
+    let link = link(
+        dir.path(),
         client_kubeconfig,
-        target_name: "target".into(),
-        target: &target,
-        target_peers: vec![target.addr()],
-        resource: ProxiedResource::example(),
-        proxy_port: 0,
+        &target,
+        vec![target.addr()],
         metrics_port,
-    })
+    )
     .await?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
-        .env("CRPROXY_LOG", "info,crproxy_proxy=debug")
-        .args(["run", "--config"])
-        .arg(&link.config_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr_reader = drain(child.stderr.take());
-    let mut child = test_support::KillOnDrop(child);
+    let (mut child, stderr_reader) =
+        spawn_run(&link.config_path, Some("info,crproxy_proxy=debug"))?;
 
     let api = admin_client(&client)?;
     wait_for_available(&api, "v1.example.com", Duration::from_secs(30)).await?;
@@ -78,21 +129,7 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     assert_eq!(http_get(&metrics, "/readyz")?, (200, "ok".to_string()));
     assert_eq!(http_get(&metrics, "/healthz")?, (200, "ok".to_string()));
 
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()?;
-    ensure!(status.success(), "kill -TERM failed");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let exit = loop {
-        if let Some(exit) = child.try_wait()? {
-            break exit;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "crproxy run did not stop within 20s of SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let exit = terminate(&mut child).await?;
     let stderr = stderr_reader.join().unwrap_or_default();
     assert!(exit.success(), "exit {exit:?}: {stderr}");
     assert!(stderr.contains("Starting proxy server"), "{stderr}");
@@ -158,26 +195,15 @@ async fn run_runs_the_client_identitys_exec_plugin_once() -> Result<()> {
         ),
     )?;
     let metrics_port = crproxy::devenv::free_port()?;
-    let link = Link::prepare(LinkSpec {
-        dir: dir.path().join("link"),
-        client_name: "client".into(),
+    let link = link(
+        dir.path(),
         client_kubeconfig,
-        target_name: "target".into(),
-        target: &target,
-        target_peers: vec![target.addr()],
-        resource: ProxiedResource::example(),
-        proxy_port: 0,
+        &target,
+        vec![target.addr()],
         metrics_port,
-    })
+    )
     .await?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
-        .args(["run", "--config"])
-        .arg(&link.config_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr_reader = drain(child.stderr.take());
-    let mut child = test_support::KillOnDrop(child);
+    let (mut child, stderr_reader) = spawn_run(&link.config_path, None)?;
 
     let api = admin_client(&client)?;
     wait_for_available(&api, "v1.example.com", Duration::from_secs(30)).await?;
@@ -187,14 +213,7 @@ async fn run_runs_the_client_identitys_exec_plugin_once() -> Result<()> {
     // have asked for a token of its own, were it to.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let runs = std::fs::read_to_string(plugin_dir.join("runs"))?;
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait()?.is_none() {
-        ensure!(Instant::now() < deadline, "crproxy run did not stop");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    terminate(&mut child).await?;
     let stderr = stderr_reader.join().unwrap_or_default();
     assert_eq!(runs.lines().count(), 1, "plugin runs: {runs:?}\n{stderr}");
     client.shutdown().await;
@@ -209,39 +228,20 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     // The only peer is a port nobody listens on.
     let refused = test_support::RefusedPort::bind();
-    let dead_peer = refused.addr;
-    let link = Link::prepare(LinkSpec {
-        dir: dir.path().join("link"),
-        client_name: "client".into(),
+    let link = link(
+        dir.path(),
         client_kubeconfig,
-        target_name: "target".into(),
-        target: &target,
-        target_peers: vec![dead_peer],
-        resource: ProxiedResource::example(),
-        proxy_port: 0,
-        metrics_port: 0,
-    })
+        &target,
+        vec![refused.addr],
+        0,
+    )
     .await?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
-        .args(["run", "--config"])
-        .arg(&link.config_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr_reader = drain(child.stderr.take());
-    let mut child = test_support::KillOnDrop(child);
+    let (mut child, stderr_reader) = spawn_run(&link.config_path, None)?;
     // Discovery keeps working from the local fallback, so the APIService turns
     // Available even though the target is unreachable.
     let api = admin_client(&client)?;
     wait_for_available(&api, "v1.example.com", Duration::from_secs(30)).await?;
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait()?.is_none() {
-        ensure!(Instant::now() < deadline, "crproxy run did not stop");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    terminate(&mut child).await?;
     let stderr = stderr_reader.join().unwrap_or_default();
     assert!(
         stderr.contains("initial probe of proxy target failed, requests will keep retrying"),
@@ -278,14 +278,7 @@ fn run_is_not_ready_while_neither_cluster_is_reachable() -> Result<()> {
              experimental:\n  proxy:\n    customResources:\n      widgets.example.com/v1:\n        enabled: true\n        targetVirtualCluster: {{name: target}}\n"
         ),
     )?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_crproxy"))
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr_reader = drain(child.stderr.take());
-    let mut child = test_support::KillOnDrop(child);
+    let (mut child, stderr_reader) = spawn_run(&config, None)?;
     let metrics = format!("127.0.0.1:{metrics_port}");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let livez = loop {
