@@ -34,7 +34,9 @@
 //!   `Authorization`, `Impersonate-*` and any `X-Remote-*` headers are dropped;
 //!   `Accept` and everything else pass unchanged.
 //! - Bodies stream both ways frame by frame (watch events are not buffered);
-//!   upgrades are bridged. The backend's answer comes back marked [`Relayed`].
+//!   upgrades are bridged. The backend's answer comes back marked [`Relayed`],
+//!   except an answer to an upgrade that is neither 101 nor an error, which
+//!   becomes kube's 503 `invalid upgrade response: status code <n>`.
 //!
 //! # Controllers
 //!
@@ -111,8 +113,8 @@ pub enum AggregationError {
 pub enum Relayed {
     /// The answer to an ordinary request.
     Answer,
-    /// The answer to an upgrade request (`101 Switching Protocols` or whatever
-    /// else the backend said).
+    /// The answer to an upgrade request (`101 Switching Protocols`, or the
+    /// backend's error answer: 400 and above).
     Upgrade,
 }
 
@@ -384,7 +386,19 @@ impl Aggregator {
                 return proxy_error(&format!("error trying to reach service: {e}"))
             }
         };
-        if upgrade && resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        // kube's UpgradeAwareHandler.tryUpgrade (k8s.io/apimachinery
+        // `util/proxy/upgradeaware.go`): a backend that answers an upgrade with
+        // neither 101 nor an error (a status below 400) failed the upgrade, and
+        // the aggregator's responder says so with `http.Error` and 503; an
+        // error answer goes to the caller as the backend sent it.
+        let status = resp.status();
+        if upgrade && status != StatusCode::SWITCHING_PROTOCOLS && status.as_u16() < 400 {
+            return proxy_error(&format!(
+                "invalid upgrade response: status code {}",
+                status.as_u16()
+            ));
+        }
+        if upgrade && status == StatusCode::SWITCHING_PROTOCOLS {
             let backend_upgrade = hyper::upgrade::on(&mut resp);
             if let Some(client_upgrade) = client_upgrade {
                 tokio::spawn(async move {

@@ -242,6 +242,24 @@ async fn backend_handler(
         );
         r
     };
+    // `/status/<code>`: that status and a short text, whatever was asked (an
+    // upgrade the backend does not take, say).
+    if let Some(code) = path.strip_prefix("/status/") {
+        let status = code
+            .parse::<u16>()
+            .ok()
+            .and_then(|c| StatusCode::from_u16(c).ok())
+            .unwrap_or(StatusCode::BAD_REQUEST);
+        let mut r = Response::new(
+            Full::new(Bytes::from(format!("backend says {code}\n")))
+                .map_err(|e| match e {})
+                .boxed(),
+        );
+        *r.status_mut() = status;
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        return r;
+    }
     if path == "/upgrade" {
         let on_upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
@@ -643,6 +661,62 @@ async fn backend_answers_are_marked_relayed_and_keep_the_audit_id() {
             .await;
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(resp.extensions().get::<Relayed>(), None);
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// An upgrade the backend does not take, as kube's UpgradeAwareHandler
+/// (`tryUpgrade`) and the aggregator's responder answer it: any status below
+/// 400 but 101 becomes the aggregator's own 503 from `http.Error` (unmarked, so
+/// the server in front puts its headers on it), and an error answer goes to the
+/// caller as the backend sent it.
+#[tokio::test]
+async fn an_upgrade_the_backend_does_not_take_is_refused_or_passed_on() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let s = setup(false).await;
+        s.agg.check_availability().await;
+        let route = s.agg.route("/apis/example.com/v1").expect("route");
+        for code in [200u16, 204, 302, 400, 403, 500, 503] {
+            let request = Request::builder()
+                .uri(format!("/status/{code}"))
+                .header(header::CONNECTION, "Upgrade")
+                .header(header::UPGRADE, "test-proto")
+                .body(Full::new(Bytes::new()))
+                .expect("request");
+            let resp = s.agg.proxy(route.clone(), request, &alice()).await;
+            let relayed = resp.extensions().get::<Relayed>().copied();
+            let (parts, body) = resp.into_parts();
+            let body = body.collect().await.expect("body").to_bytes();
+            let body = String::from_utf8_lossy(&body);
+            if code < 400 {
+                assert_eq!(parts.status, StatusCode::SERVICE_UNAVAILABLE, "{code}");
+                assert_eq!(relayed, None, "{code}");
+                assert_eq!(
+                    values(&parts.headers, "content-type"),
+                    vec!["text/plain; charset=utf-8"],
+                    "{code}"
+                );
+                assert_eq!(
+                    values(&parts.headers, "x-content-type-options"),
+                    vec!["nosniff"],
+                    "{code}"
+                );
+                assert_eq!(
+                    body,
+                    format!("invalid upgrade response: status code {code}\n")
+                );
+            } else {
+                assert_eq!(parts.status.as_u16(), code);
+                assert_eq!(relayed, Some(Relayed::Upgrade), "{code}");
+                assert_eq!(
+                    values(&parts.headers, "content-type"),
+                    vec!["text/plain"],
+                    "{code}"
+                );
+                assert_eq!(body, format!("backend says {code}\n"));
+            }
+        }
     })
     .await
     .expect("test timed out");
