@@ -252,7 +252,12 @@ async fn route(
             Method::PATCH => "patch",
             Method::DELETE if rp.name.is_empty() => "deletecollection",
             Method::DELETE => "delete",
-            _ => return Err(ApiError::method_not_allowed()),
+            // kube's RequestInfo resolver gives any other method (OPTIONS,
+            // TRACE, CONNECT, ...) an empty verb: the request still goes
+            // through authentication, priority and fairness and authorization
+            // like any other, and only the handler refuses it (the last arm of
+            // `resource_request`).
+            _ => "",
         }
         .to_string(),
         None => parts.method.as_str().to_ascii_lowercase(),
@@ -637,6 +642,23 @@ async fn resource_request(
             allowed("deletecollection")?;
             rest::delete_collection(state, &ctx, &body).await
         }
+        // The empty verb of a method kube has none for. kube's custom-resource
+        // handler (`crdHandler.ServeHTTP`) hands a namespaced resource's
+        // all-namespaces path to its 404 delegate (only list and watch span
+        // namespaces), and `serveResource` answers anything else with
+        // MethodNotSupported naming the empty verb.
+        _ if info.is_crd() => {
+            if info.namespaced && rp.namespace.is_empty() {
+                return not_found(rp.core);
+            }
+            Err(ApiError::method_not_supported(
+                &info.group,
+                &info.resource,
+                verb,
+            ))
+        }
+        // Built-in resources: go-restful finds no route with the method
+        // (reference 102's 405).
         _ => Err(ApiError::method_not_allowed()),
     }
 }

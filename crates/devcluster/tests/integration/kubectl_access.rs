@@ -46,6 +46,11 @@ async fn apply(kc: &Path, args: &[&str], yaml: &str) -> test_support::KubectlOut
 
 async fn setup(kc: &Path) {
     ok(kc, &["create", "namespace", "demo"]).await;
+    install_crontabs(kc).await;
+}
+
+/// Creates the CronTab CRD ([`CRD`], namespaced) and waits until it is established.
+pub(crate) async fn install_crontabs(kc: &Path) {
     let out = apply(kc, &[], CRD).await;
     assert!(out.success(), "{out:?}");
     ok(

@@ -402,3 +402,88 @@ async fn relayed_answers_carry_the_fronts_headers() {
     assert_eq!(one(&h, NOSNIFF, "503"), "nosniff");
     assert!(h.get(FLOW_SCHEMA).is_some(), "503");
 }
+
+/// A method kube's RequestInfo has no verb for (OPTIONS, TRACE, CONNECT) on a
+/// resource path goes through the filters like any other request, and only the
+/// handler refuses it: a bad token gets 401 without flow UIDs; anonymous and
+/// alice get RBAC's 403 for the empty verb, classified; the admin gets the
+/// handler's 405, classified: go-restful's for a built-in resource (reference
+/// 102's body), `crdHandler`'s MethodNotSupported naming the empty verb for a
+/// custom resource, and its 404 delegate for a namespaced one's all-namespaces
+/// path. CONNECT goes over HTTP/1.1 only (HTTP/2 has no CONNECT to a path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn methods_without_a_verb_are_refused_after_the_filters() {
+    let test = test_support::devcluster("no-verb").await;
+    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
+    let alice = test
+        .cluster
+        .issue_token("alice", &["developers"])
+        .expect("token");
+    let configmaps = "/api/v1/namespaces/default/configmaps";
+    let crontabs = "/apis/stable.example.io/v1/namespaces/default/crontabs";
+    let go_restful_405 = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "the server does not allow this method on the requested resource",
+        "reason": "MethodNotAllowed", "details": {}, "code": 405,
+    });
+    let crd_405 = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": " is not supported on resources of kind \"crontabs.stable.example.io\"",
+        "reason": "MethodNotAllowed",
+        "details": {"group": "stable.example.io", "kind": "crontabs"}, "code": 405,
+    });
+    let json = |body: &Bytes, what: &str| -> serde_json::Value {
+        serde_json::from_slice(body).unwrap_or_else(|e| panic!("{what}: {e}: {body:?}"))
+    };
+    let cases = [
+        ("OPTIONS", Protocol::Http1),
+        ("OPTIONS", Protocol::Http2),
+        ("TRACE", Protocol::Http1),
+        ("TRACE", Protocol::Http2),
+        ("CONNECT", Protocol::Http1),
+    ];
+    for (method, protocol) in cases {
+        let what = |who: &str| format!("{method} as {who} over {protocol:?}");
+        let classified = |h: &http::HeaderMap, who: &str| {
+            one(h, FLOW_SCHEMA, &what(who));
+            one(h, PRIORITY_LEVEL, &what(who));
+        };
+
+        let bad = Some("not-a-real-token");
+        let (code, h, _) = request_as(&test, bad, method, configmaps, &[], protocol).await;
+        assert_eq!(code, 401, "{}", what("a bad token"));
+        for name in [FLOW_SCHEMA, PRIORITY_LEVEL] {
+            assert!(h.get(name).is_none(), "{}: {name}", what("a bad token"));
+        }
+
+        for (token, user) in [(None, "system:anonymous"), (Some(alice.as_str()), "alice")] {
+            let (code, h, body) = request_as(&test, token, method, configmaps, &[], protocol).await;
+            assert_eq!(code, 403, "{}", what(user));
+            classified(&h, user);
+            assert_eq!(
+                json(&body, &what(user))["message"],
+                format!(
+                    "configmaps is forbidden: User \"{user}\" cannot  resource \"configmaps\" \
+                     in API group \"\" in the namespace \"default\""
+                ),
+            );
+        }
+
+        let (code, h, body) = admin_request(&test, method, configmaps, &[], protocol).await;
+        assert_eq!(code, 405, "{}", what("admin"));
+        classified(&h, "admin");
+        assert_eq!(one(&h, "content-type", &what("admin")), "application/json");
+        assert_eq!(json(&body, &what("admin")), go_restful_405);
+
+        let (code, h, body) = admin_request(&test, method, crontabs, &[], protocol).await;
+        assert_eq!(code, 405, "{}", what("admin on crontabs"));
+        classified(&h, "admin on crontabs");
+        assert_eq!(json(&body, &what("admin on crontabs")), crd_405);
+
+        let everywhere = "/apis/stable.example.io/v1/crontabs";
+        let (code, h, body) = admin_request(&test, method, everywhere, &[], protocol).await;
+        assert_eq!(code, 404, "{}", what("admin on all crontabs"));
+        classified(&h, "admin on all crontabs");
+        assert_eq!(body, "404 page not found\n");
+    }
+}
