@@ -391,6 +391,18 @@ fn non_resource(
             &json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]}),
         )),
         ["version"] => Ok(h::json_response(200, &discovery::version_info())),
+        // kube's handleRootHealth (k8s.io/apiserver `server/healthz`) sets the
+        // content type and nosniff itself; one check's handler
+        // (adaptCheckToHandler) only writes "ok", which Go sniffs as
+        // text/plain, without nosniff.
+        ["healthz" | "livez" | "readyz"] => {
+            let mut r = h::text_response(200, "ok");
+            r.headers_mut().insert(
+                http::header::X_CONTENT_TYPE_OPTIONS,
+                http::HeaderValue::from_static("nosniff"),
+            );
+            Ok(r)
+        }
         ["healthz" | "livez" | "readyz", ..] => Ok(h::text_response(200, "ok")),
         ["metrics"] => {
             let mut r = h::text_response(200, &state.requests.render());

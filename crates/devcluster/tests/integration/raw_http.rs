@@ -487,3 +487,31 @@ async fn methods_without_a_verb_are_refused_after_the_filters() {
         assert_eq!(body, "404 page not found\n");
     }
 }
+
+/// The health endpoints answer as kube's healthz handlers do: `/healthz`,
+/// `/livez` and `/readyz` with `text/plain; charset=utf-8` and nosniff
+/// (`handleRootHealth`), one named check with only the type Go's server sniffs
+/// from `ok` (`adaptCheckToHandler`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_endpoints_carry_kubes_headers() {
+    let test = test_support::devcluster("health").await;
+    for endpoint in ["/healthz", "/livez", "/readyz"] {
+        for protocol in [Protocol::Http1, Protocol::Http2] {
+            let what = format!("{endpoint} over {protocol:?}");
+            let (code, h, body) = request_as(&test, None, "GET", endpoint, &[], protocol).await;
+            assert_eq!(code, 200, "{what}");
+            assert_eq!(body, "ok", "{what}");
+            assert_eq!(one(&h, "content-type", &what), "text/plain; charset=utf-8");
+            assert_eq!(one(&h, NOSNIFF, &what), "nosniff");
+
+            // Only `/healthz` itself is public (system:public-info-viewer).
+            let check = format!("{endpoint}/ping");
+            let what = format!("{check} over {protocol:?}");
+            let (code, h, body) = admin_request(&test, "GET", &check, &[], protocol).await;
+            assert_eq!(code, 200, "{what}");
+            assert_eq!(body, "ok", "{what}");
+            assert_eq!(one(&h, "content-type", &what), "text/plain; charset=utf-8");
+            assert!(h.get(NOSNIFF).is_none(), "{what}");
+        }
+    }
+}
