@@ -350,10 +350,11 @@ impl Aggregator {
         strip_request_headers(&mut headers, upgrade);
         set_identity_headers(&mut headers, user);
         set_forwarding_headers(&mut headers, peer, &original_host, parts.uri.path());
+        // The server's filters always set one (`Exchange::begin`); a direct
+        // caller such as the namespace controller's cleanup may not, and gets
+        // one made the same way.
         if !headers.contains_key("audit-id") {
-            if let Ok(v) = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string()) {
-                headers.insert("audit-id", v);
-            }
+            headers.insert("audit-id", crate::server::new_uuid());
         }
         if let Ok(v) = HeaderValue::from_str(&target.authority()) {
             headers.insert(header::HOST, v);

@@ -71,5 +71,8 @@ pub mod aggregation;
 // The dev environment's example extension API server (gateways.example.net).
 pub mod example_apiserver;
 
+#[cfg(test)]
+mod test_util;
+
 pub use error::{ApiError, Error};
 pub use server::{start, DevCluster, DevClusterConfig};

@@ -49,7 +49,7 @@ pub fn authorize(s: &RbacSnapshot, a: &RequestAttributes) -> Decision {
 /// (`RBAC: allowed by RoleBinding "b/ns" of Role "r" to User "u"`), used by the access
 /// reviews. The `system:masters` bypass has no reason, as in kube.
 pub fn authorize_with_reason(s: &RbacSnapshot, a: &RequestAttributes) -> (Decision, String) {
-    if a.user.groups.iter().any(|g| g == SYSTEM_MASTERS) {
+    if a.user.in_system_masters() {
         return (Decision::Allow, String::new());
     }
     let mut reason = None;

@@ -8,7 +8,7 @@
 //! whose `code` is the HTTP status.
 
 use crate::authn::{failure_status, Authenticator};
-use crate::rbac::{self, authorize_with_reason, Decision, RbacSnapshot, SYSTEM_MASTERS};
+use crate::rbac::{self, authorize_with_reason, Decision, RbacSnapshot};
 use crate::types::{RequestAttributes, UserInfo};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -314,7 +314,7 @@ fn self_subject_rules_review(
     }
     let mut resource_rules = Vec::new();
     let mut non_resource_rules = Vec::new();
-    if caller.groups.iter().any(|g| g == SYSTEM_MASTERS) {
+    if caller.in_system_masters() {
         // The privileged-group authorizer runs first and reports everything.
         resource_rules.push(json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}));
         non_resource_rules.push(json!({"verbs": ["*"], "nonResourceURLs": ["*"]}));

@@ -17,6 +17,7 @@ mod rest;
 pub(crate) mod seams;
 
 pub use auth::PeerCertificates;
+pub(crate) use filters::new_uuid;
 pub(crate) use http::{decode_yaml, query_parameters, watch_requested};
 
 use crate::error::Error;

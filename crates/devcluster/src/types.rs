@@ -14,6 +14,14 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
+impl UserInfo {
+    /// Whether the user is in `system:masters`, which RBAC and the access
+    /// reviews let do everything and priority and fairness exempts.
+    pub(crate) fn in_system_masters(&self) -> bool {
+        self.groups.iter().any(|g| g == crate::rbac::SYSTEM_MASTERS)
+    }
+}
+
 /// What a request asks to do, as kube-apiserver's `authorizer.Attributes`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestAttributes {

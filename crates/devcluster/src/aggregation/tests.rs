@@ -3,6 +3,7 @@
 //! like the devcluster pipeline would.
 
 use super::*;
+use crate::test_util::values;
 use crproxy_core::pki::CertificateAuthority;
 use http_body_util::StreamBody;
 use hyper::body::{Frame, Incoming};
@@ -497,14 +498,6 @@ async fn setup(aggregated: bool) -> Setup {
         backend,
         front,
     }
-}
-
-fn values(headers: &HeaderMap, name: &str) -> Vec<String> {
-    headers
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str().unwrap_or_default().to_string())
-        .collect()
 }
 
 #[tokio::test]

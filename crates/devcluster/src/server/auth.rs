@@ -214,12 +214,7 @@ impl PolicyCache {
 
     /// Whether RBAC allows the request (`system:masters` without a snapshot).
     pub fn allows(&self, store: &Store, attrs: &RequestAttributes) -> bool {
-        if attrs
-            .user
-            .groups
-            .iter()
-            .any(|g| g == crate::rbac::SYSTEM_MASTERS)
-        {
+        if attrs.user.in_system_masters() {
             return true;
         }
         crate::rbac::authorize(&self.rbac(store), attrs) == crate::rbac::Decision::Allow

@@ -34,8 +34,10 @@ const PRIORITY_LEVEL_UID: HeaderName = HeaderName::from_static("x-kubernetes-pf-
 /// answer is protected by authentication and authorization.
 const NO_CACHE_PRIVATE: HeaderValue = HeaderValue::from_static("no-cache, private");
 
-/// A new random UUID in Go's `uuid.New().String()` form, as objects' uids are.
-fn new_uuid() -> HeaderValue {
+/// A new random UUID in Go's `uuid.New().String()` form, as objects' uids are:
+/// the flow UIDs and every audit ID devcluster makes (here and in the
+/// aggregator, for a request that reached it without one).
+pub(crate) fn new_uuid() -> HeaderValue {
     HeaderValue::from_str(&super::objects::new_uid())
         .expect("hex digits and dashes are a valid header value")
 }
@@ -111,8 +113,7 @@ impl FlowSchemas {
         if long_running {
             return None;
         }
-        let in_group = |group: &str| attrs.user.groups.iter().any(|g| g == group);
-        let flow = if in_group(crate::rbac::SYSTEM_MASTERS) {
+        let flow = if attrs.user.in_system_masters() {
             &self.exempt
         } else if !attrs.resource_request
             && attrs.verb == "get"
@@ -130,8 +131,9 @@ impl FlowSchemas {
 #[derive(Debug)]
 pub(crate) struct Exchange {
     audit_id: HeaderValue,
-    /// Set once the request passed authentication and impersonation.
-    flow: Option<Flow>,
+    /// How priority and fairness classified the request; set once it passed
+    /// authentication and impersonation.
+    pub(super) flow: Option<Flow>,
 }
 
 impl Exchange {
@@ -151,11 +153,6 @@ impl Exchange {
             audit_id,
             flow: None,
         }
-    }
-
-    /// Records how priority and fairness classified the request.
-    pub(crate) fn classified(&mut self, flow: Option<Flow>) {
-        self.flow = flow;
     }
 }
 

@@ -106,7 +106,7 @@ pub async fn handle(state: Arc<State>, mut req: Request<hyper::body::Incoming>) 
 /// kube's authentication, impersonation, priority-and-fairness and
 /// authorization filters, in that order: the request's attributes once it may
 /// go on, its flow recorded in `exchange` once it passed impersonation.
-fn admit(
+fn authenticate_and_authorize(
     state: &State,
     headers: &http::HeaderMap,
     certs: Option<&auth::PeerCertificates>,
@@ -115,7 +115,7 @@ fn admit(
 ) -> Result<RequestAttributes, ApiError> {
     let user = auth::identify(&state.authn, &state.policy, &state.store, headers, certs)?;
     let attrs = attrs_for(user);
-    exchange.classified(state.flow_schemas.classify(&attrs));
+    exchange.flow = state.flow_schemas.classify(&attrs);
     auth::authorize(&state.policy, &state.store, attrs)
 }
 
@@ -203,14 +203,15 @@ async fn route(
         if let Some(api_route) = routed {
             let method = parts.method.as_str().to_string();
             let query = parts.uri.query().map(str::to_string);
-            let attrs = admit(&state, &parts.headers, certs, exchange, |user| {
-                crate::rbac::authorize_attributes_from_request(
-                    &method,
-                    &path,
-                    query.as_deref(),
-                    user,
-                )
-            })?;
+            let attrs =
+                authenticate_and_authorize(&state, &parts.headers, certs, exchange, |user| {
+                    crate::rbac::authorize_attributes_from_request(
+                        &method,
+                        &path,
+                        query.as_deref(),
+                        user,
+                    )
+                })?;
             let response = aggregator
                 .proxy(api_route, Request::from_parts(parts, body), &attrs.user)
                 .await;
@@ -264,7 +265,7 @@ async fn route(
     };
     // Authorization sees the request as kube's RequestInfo resolver does (for
     // example, a list with fieldSelector=metadata.name=x names x).
-    let attrs = admit(&state, &parts.headers, certs, exchange, |user| {
+    let attrs = authenticate_and_authorize(&state, &parts.headers, certs, exchange, |user| {
         crate::rbac::authorize_attributes_from_request(
             parts.method.as_str(),
             &path,

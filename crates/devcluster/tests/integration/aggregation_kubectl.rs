@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use crproxy_core::pki::CertificateAuthority;
 
-use crate::raw_http::{admin_request, Protocol};
+use crate::raw_http::{admin_request, values, Protocol};
 
 /// How many bytes the backend answers a Range request with.
 const RANGE_LEN: usize = 10;
@@ -28,7 +28,7 @@ const RANGE_LEN: usize = 10;
 #[derive(Clone, Debug, Default)]
 struct Seen {
     path: String,
-    headers: Vec<(String, String)>,
+    headers: http::HeaderMap,
     client_cert: bool,
 }
 
@@ -76,16 +76,9 @@ async fn backend(client_ca_pem: &str) -> (std::net::SocketAddr, String, Arc<Mute
                 let service = service_fn(move |request: http::Request<hyper::body::Incoming>| {
                     let log = Arc::clone(&log);
                     async move {
-                        let headers = request
-                            .headers()
-                            .iter()
-                            .map(|(k, v)| {
-                                (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())
-                            })
-                            .collect();
                         log.lock().expect("log").push(Seen {
                             path: request.uri().path().to_string(),
-                            headers,
+                            headers: request.headers().clone(),
                             client_cert,
                         });
                         let body = if request.uri().path() == "/apis/test.io/v1" {
@@ -127,14 +120,6 @@ async fn backend(client_ca_pem: &str) -> (std::net::SocketAddr, String, Arc<Mute
         }
     });
     (addr, ca.pem().cert.clone(), seen)
-}
-
-fn header_values<'a>(seen: &'a Seen, name: &str) -> Vec<&'a str> {
-    seen.headers
-        .iter()
-        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
-        .collect()
 }
 
 /// Starts [`backend`] and registers it for `test.io/v1` (an ExternalName Service
@@ -232,16 +217,16 @@ async fn kubectl_requests_reach_the_backend_as_the_caller_over_the_front_proxy()
         request.client_cert,
         "the front proxy presented a client certificate"
     );
-    assert_eq!(header_values(request, "x-remote-user"), ["alice"]);
-    let groups = header_values(request, "x-remote-group");
+    assert_eq!(values(&request.headers, "x-remote-user"), ["alice"]);
+    let groups = values(&request.headers, "x-remote-group");
     assert!(groups.contains(&"developers"), "{groups:?}");
     assert!(groups.contains(&"system:authenticated"), "{groups:?}");
     assert!(
-        header_values(request, "authorization").is_empty(),
+        values(&request.headers, "authorization").is_empty(),
         "caller credentials leak"
     );
     assert_eq!(
-        header_values(request, "x-forwarded-uri"),
+        values(&request.headers, "x-forwarded-uri"),
         ["/apis/test.io/v1/namespaces/default/things"]
     );
 
@@ -263,7 +248,7 @@ async fn kubectl_requests_reach_the_backend_as_the_caller_over_the_front_proxy()
         .lock()
         .expect("log")
         .iter()
-        .filter(|s| header_values(s, "x-remote-user") == ["mallory"])
+        .filter(|s| values(&s.headers, "x-remote-user") == ["mallory"])
         .count();
     assert_eq!(as_mallory, 0, "a forbidden request must not be forwarded");
 }
@@ -300,7 +285,7 @@ async fn a_proxied_group_version_document_passes_the_backends_status_through() {
         .lock()
         .expect("log")
         .iter()
-        .any(|s| s.path == "/apis/test.io/v1" && header_values(s, "range") == ["bytes=0-9"]);
+        .any(|s| s.path == "/apis/test.io/v1" && values(&s.headers, "range") == ["bytes=0-9"]);
     assert!(forwarded, "the Range header reaches the backend");
     assert_eq!(status, http::StatusCode::PARTIAL_CONTENT, "{body:?}");
     let content_range = headers

@@ -146,11 +146,11 @@ async fn a_head_is_answered_as_its_get_without_a_body() {
 }
 
 /// The values of header `name` in `headers`, as text.
-fn values(headers: &http::HeaderMap, name: &str) -> Vec<String> {
+pub fn values<'a>(headers: &'a http::HeaderMap, name: &str) -> Vec<&'a str> {
     headers
         .get_all(name)
         .iter()
-        .map(|v| v.to_str().expect("text header").to_string())
+        .map(|v| v.to_str().expect("text header"))
         .collect()
 }
 
@@ -158,7 +158,7 @@ fn values(headers: &http::HeaderMap, name: &str) -> Vec<String> {
 fn one(headers: &http::HeaderMap, name: &str, what: &str) -> String {
     let all = values(headers, name);
     assert_eq!(all.len(), 1, "{what}: {name} {all:?}");
-    all.into_iter().next().unwrap_or_default()
+    all.into_iter().next().unwrap_or_default().to_string()
 }
 
 const FLOW_SCHEMA: &str = "x-kubernetes-pf-flowschema-uid";
@@ -347,6 +347,26 @@ async fn cache_control_is_no_cache_private_except_on_aggregated_discovery() {
     }
 }
 
+/// The headers of the first answer with `status` to the admin's GET of `path`
+/// with `sent` headers, asked up to 100 times 100 ms apart (the aggregator follows
+/// the example server's start and stop with a delay); `None` if none came.
+async fn first_answer_with(
+    status: u16,
+    test: &test_support::TestCluster,
+    path: &str,
+    sent: &[(&str, &str)],
+    protocol: Protocol,
+) -> Option<http::HeaderMap> {
+    for _ in 0..100 {
+        let (code, h, _) = admin_request(test, "GET", path, sent, protocol).await;
+        if code == status {
+            return Some(h);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
 /// An answer relayed from an aggregated API server (the example server, which
 /// sends none of these headers itself) carries the front's: the caller's
 /// Audit-Id, Cache-Control and the flow UIDs, once each. The aggregator's own
@@ -364,16 +384,9 @@ async fn relayed_answers_carry_the_fronts_headers() {
     server.register(&test.cluster).await.expect("registered");
     let path = "/apis/example.net/v1/namespaces/default/gateways";
     let sent = [("Audit-Id", "relayed-by-the-test")];
-    let mut answer = None;
-    for _ in 0..100 {
-        let (code, h, _) = admin_request(&test, "GET", path, &sent, Protocol::Http2).await;
-        if code == 200 {
-            answer = Some(h);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let h = answer.expect("the example server answers through the aggregator");
+    let h = first_answer_with(200, &test, path, &sent, Protocol::Http2)
+        .await
+        .expect("the example server answers through the aggregator");
     let (_, local, _) = admin_request(&test, "GET", "/version", &[], Protocol::Http2).await;
     assert_eq!(one(&h, "audit-id", "relayed"), "relayed-by-the-test");
     assert_eq!(one(&h, "cache-control", "relayed"), "no-cache, private");
@@ -387,16 +400,9 @@ async fn relayed_answers_carry_the_fronts_headers() {
     );
 
     server.stop();
-    let mut unavailable = None;
-    for _ in 0..100 {
-        let (code, h, _) = admin_request(&test, "GET", path, &sent, Protocol::Http1).await;
-        if code == 503 {
-            unavailable = Some(h);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let h = unavailable.expect("503 once the example server stopped");
+    let h = first_answer_with(503, &test, path, &sent, Protocol::Http1)
+        .await
+        .expect("503 once the example server stopped");
     assert_eq!(one(&h, "audit-id", "503"), "relayed-by-the-test");
     assert_eq!(one(&h, "cache-control", "503"), "no-cache, private");
     assert_eq!(one(&h, NOSNIFF, "503"), "nosniff");

@@ -1,4 +1,5 @@
 use super::*;
+use crate::test_util::values;
 use crate::types::UserInfo;
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -10,13 +11,6 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         );
     }
     map
-}
-
-fn values(map: &HeaderMap, name: &str) -> Vec<String> {
-    map.get_all(name)
-        .iter()
-        .map(|v| v.to_str().expect("text").to_string())
-        .collect()
 }
 
 fn is_uuid(text: &str) -> bool {
@@ -168,7 +162,7 @@ fn requests_are_classified_into_kubes_bootstrap_flow_schemas() {
 fn stamped(answer: &[(&str, &str)], relayed: Option<Relayed>, flow: Option<Flow>) -> HeaderMap {
     let mut request = headers(&[("audit-id", "front")]);
     let mut exchange = Exchange::begin(&mut request);
-    exchange.classified(flow);
+    exchange.flow = flow;
     let mut response = Response::new(super::super::http::empty());
     *response.headers_mut() = headers(answer);
     if let Some(relayed) = relayed {
