@@ -30,6 +30,7 @@ use crate::fallback::{self, AggregatedAnswer};
 use crate::frontproxy::{FrontProxyTrust, PeerCertificate};
 use crate::metrics::TargetMetrics;
 use crate::namespaces::{ClientNamespaces, NamespaceState};
+use crate::not_found;
 use crate::ownership_cache::{Lookup, OwnershipCache};
 use crate::pool::ProxyBody;
 use crate::served_openapi;
@@ -1951,7 +1952,7 @@ impl GroupVersionProxy {
             Ok(read) => read,
             Err(outcome) => return outcome,
         };
-        if !names_missing_namespace(&answer, namespace) {
+        if !not_found::names_missing_namespace(&answer, namespace) {
             return Outcome::new(Response::from_parts(parts, transport::full(answer)), reason);
         }
         // `forward` forgot the namespace on the 404: this mirrors it again.
@@ -2050,7 +2051,10 @@ impl GroupVersionProxy {
             Ok(bytes) => bytes,
             Err(e) => return self.unavailable(e),
         };
-        if is_plain_json_object(&parts.headers) && !names_the_object(&bytes, path) {
+        let name = path.name.as_deref().unwrap_or_default();
+        if is_plain_json_object(&parts.headers)
+            && !not_found::may_be_about(&bytes, &path.resource, name)
+        {
             return Outcome::new(
                 Response::from_parts(parts, transport::full(bytes)),
                 outcome.reason,
@@ -2308,52 +2312,6 @@ fn requested_resource<'a>(
             request::path_resource(path, group, version).map(Cow::Owned)
         }
     }
-}
-
-/// What a 404 answer read as JSON says it is and what is missing: a `Status`'s
-/// `details` name the missing thing (kube leaves them empty for a resource it does
-/// not serve).
-#[derive(serde::Deserialize)]
-struct NotFoundAnswer {
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    details: MissingDetails,
-}
-
-#[derive(serde::Deserialize, Default)]
-struct MissingDetails {
-    #[serde(default)]
-    name: String,
-    /// The missing thing's resource, plural (`namespaces`, `widgets`).
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    group: String,
-}
-
-fn read_not_found(answer: &[u8]) -> Option<NotFoundAnswer> {
-    serde_json::from_slice(answer).ok()
-}
-
-/// Whether a 404 Status is kube's answer for a missing namespace `namespace`
-/// (`details: {name: <ns>, kind: namespaces}`), not for a missing object.
-fn names_missing_namespace(answer: &[u8], namespace: &str) -> bool {
-    read_not_found(answer).is_some_and(|answer| {
-        let details = answer.details;
-        details.kind == "namespaces" && details.name == namespace && details.group.is_empty()
-    })
-}
-
-/// Whether a 404 answer may be about the object `path` names: anything but a
-/// JSON `Status` whose `details` name another object, or none (kube's answer for
-/// a resource it does not serve has empty details).
-fn names_the_object(answer: &[u8], path: &ResourcePath) -> bool {
-    read_not_found(answer).is_none_or(|answer| {
-        answer.kind != "Status"
-            || (answer.details.name == path.name.as_deref().unwrap_or_default()
-                && answer.details.kind == path.resource)
-    })
 }
 
 /// A body or delete options the pin cannot go with (kube would refuse them too): 400.
@@ -2713,46 +2671,6 @@ mod tests {
         ] {
             assert!(!is_plain_json_object(&other), "{other:?}");
         }
-    }
-
-    #[test]
-    fn only_a_404_about_something_else_than_the_object_is_left_as_the_target_wrote_it() {
-        let path = ResourcePath {
-            namespace: Some("demo".into()),
-            resource: "widgets".into(),
-            name: Some("w".into()),
-            subresource: Some("status".into()),
-        };
-        let about = |answer: Value| names_the_object(answer.to_string().as_bytes(), &path);
-        let missing = status::not_found("widgets", "example.com", "w");
-        assert!(about(missing.clone()));
-        // Anything the proxy cannot read as a Status may be about the object.
-        assert!(names_the_object(b"kind: Status\ncode: 404\n", &path));
-        assert!(names_the_object(b"", &path));
-        assert!(about(
-            serde_json::json!({"kind": "Widget", "metadata": {"name": "w"}})
-        ));
-        // Another object, a namespace, or a resource the target does not serve.
-        assert!(!about(status::not_found("widgets", "example.com", "v")));
-        assert!(!about(status::not_found("gadgets", "example.com", "w")));
-        assert!(!about(status::namespace_not_found("w")));
-        let unserved = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": "Failure", "message": "the server could not find the requested resource",
-            "reason": "NotFound", "details": {}, "code": 404});
-        assert!(!about(unserved));
-    }
-
-    #[test]
-    fn only_a_404_for_the_namespace_itself_says_the_namespace_is_missing() {
-        let says = |answer: Value| names_missing_namespace(answer.to_string().as_bytes(), "demo");
-        assert!(says(status::namespace_not_found("demo")));
-        assert!(!says(status::namespace_not_found("other")));
-        // An object of a resource that happens to be called namespaces, elsewhere.
-        let mut grouped = status::namespace_not_found("demo");
-        grouped["details"]["group"] = "example.com".into();
-        assert!(!says(grouped));
-        assert!(!says(status::not_found("widgets", "example.com", "demo")));
-        assert!(!names_missing_namespace(b"404 page not found", "demo"));
     }
 
     #[test]

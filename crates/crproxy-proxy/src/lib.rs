@@ -16,6 +16,7 @@ pub mod handler;
 pub mod health;
 pub mod metrics;
 pub mod namespaces;
+pub mod not_found;
 pub mod ownership_cache;
 pub mod pool;
 pub mod resting_socket;
