@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
@@ -159,41 +160,61 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
     Ok(())
 }
 
-/// The client cluster is one identity with one credential provider: its
-/// kubeconfig's exec plugin runs once, and that token serves the proxy (its
-/// trust and namespace watches), the registration (Lease and APIService) and the
-/// sync's check of the tenant for an old write-through webhook.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_runs_the_client_identitys_exec_plugin_once() -> Result<()> {
+/// A kubeconfig for `cluster` whose user is an exec plugin that hands out a
+/// `system:masters` token and appends a line to the returned file on each run
+/// (appends from runs at once cannot lose a count). Both go in `dir`.
+fn counting_exec_kubeconfig(
+    cluster: &devcluster::DevCluster,
+    dir: &std::path::Path,
+) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    use base64::Engine as _;
     use std::os::unix::fs::PermissionsExt as _;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::tempdir()?;
-    let (client, target, _) = client_and_target(dir.path()).await?;
-    let plugin_dir = dir.path().join("plugin");
-    std::fs::create_dir(&plugin_dir)?;
-    let token = client.issue_token("crproxy-by-plugin", &["system:masters"])?;
-    std::fs::write(plugin_dir.join("token"), token)?;
-    // Appends one line a run: runs at once cannot lose a count.
-    let plugin = plugin_dir.join("plugin.sh");
+    std::fs::create_dir(dir)?;
+    let token = cluster.issue_token("crproxy-by-plugin", &["system:masters"])?;
+    std::fs::write(dir.join("token"), token)?;
+    let plugin = dir.join("plugin.sh");
     std::fs::write(
         &plugin,
         "#!/bin/sh\necho run >> \"$1/runs\"\nprintf '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"%s\"}}\\n' \"$(cat \"$1/token\")\"\n",
     )?;
     std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))?;
-    let client_kubeconfig = dir.path().join("client-exec.kubeconfig");
+    let kubeconfig = dir.join("exec.kubeconfig");
     std::fs::write(
-        &client_kubeconfig,
+        &kubeconfig,
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {plugin}\n      args: [{state}]\n      interactiveMode: Never\ncontexts:\n- name: ctx\n  context: {{cluster: c, user: u}}\ncurrent-context: ctx\n",
-            url = client.url(),
-            ca = {
-                use base64::Engine as _;
-                base64::engine::general_purpose::STANDARD.encode(client.ca_pem())
-            },
+            url = cluster.url(),
+            ca = base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem()),
             plugin = plugin.display(),
-            state = plugin_dir.display(),
+            state = dir.display(),
         ),
     )?;
+    Ok((kubeconfig, dir.join("runs")))
+}
+
+/// Each cluster is one identity with one credential provider, so each
+/// kubeconfig's exec plugin runs once. The client's token serves the proxy (its
+/// trust and namespace watches), the registration (Lease and APIService) and the
+/// sync's check of the tenant for an old write-through webhook; the target's
+/// serves the proxy's requests and the EndpointSlices its peers are read from
+/// (`peers.endpointSlices` without a kubeconfig of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_runs_each_identitys_exec_plugin_once() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let (client, target, _) = client_and_target(dir.path()).await?;
+    let (client_kubeconfig, client_runs) =
+        counting_exec_kubeconfig(&client, &dir.path().join("client-plugin"))?;
+    let (target_kubeconfig, target_runs) =
+        counting_exec_kubeconfig(&target, &dir.path().join("target-plugin"))?;
+    let peers = Api::<EndpointSlice>::namespaced(admin_client(&target)?, "default");
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "peers", "labels": {"kubernetes.io/service-name": "crproxy-peers"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "https", "port": target.addr().port()}],
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
+    }))?;
+    peers.create(&PostParams::default(), &slice).await?;
     let metrics_port = crproxy::devenv::free_port()?;
     let link = link(
         dir.path(),
@@ -203,19 +224,51 @@ async fn run_runs_the_client_identitys_exec_plugin_once() -> Result<()> {
         metrics_port,
     )
     .await?;
+    // The target's identity becomes the plugin's, and its peers the slice.
+    let config = std::fs::read_to_string(&link.config_path)?;
+    let identity = dir.path().join("link").join("target-identity.kubeconfig");
+    let config = config
+        .replace(
+            &format!("kubeconfig: \"{}\"", identity.display()),
+            &format!("kubeconfig: \"{}\"", target_kubeconfig.display()),
+        )
+        .replace(
+            &format!("static: [\"{}\"]", target.addr()),
+            "endpointSlices: {namespace: default, service: crproxy-peers, portName: https}",
+        );
+    ensure!(
+        config.contains("exec.kubeconfig") && config.contains("endpointSlices"),
+        "{config}"
+    );
+    std::fs::write(&link.config_path, config)?;
     let (mut child, stderr_reader) = spawn_run(&link.config_path, None)?;
 
     let api = admin_client(&client)?;
     wait_for_available(&api, "v1.example.com", Duration::from_secs(30)).await?;
     let metrics = format!("127.0.0.1:{metrics_port}");
     assert_eq!(http_get(&metrics, "/readyz")?, (200, "ok".to_string()));
+    // A request through the proxy: the target's credentials on the data path.
+    let list =
+        http::Request::get("/apis/example.com/v1/namespaces/default/widgets").body(Vec::new())?;
+    let listed: Value = api.request(list).await?;
+    assert_eq!(listed["kind"], "WidgetList");
     // The sync's check of the tenant starts with the process; give it time to
     // have asked for a token of its own, were it to.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let runs = std::fs::read_to_string(plugin_dir.join("runs"))?;
+    let runs = |file: &std::path::Path| std::fs::read_to_string(file).unwrap_or_default();
+    let (client_runs, target_runs) = (runs(&client_runs), runs(&target_runs));
     terminate(&mut child).await?;
     let stderr = stderr_reader.join().unwrap_or_default();
-    assert_eq!(runs.lines().count(), 1, "plugin runs: {runs:?}\n{stderr}");
+    assert_eq!(
+        client_runs.lines().count(),
+        1,
+        "client plugin: {client_runs:?}\n{stderr}"
+    );
+    assert_eq!(
+        target_runs.lines().count(),
+        1,
+        "target plugin: {target_runs:?}\n{stderr}"
+    );
     client.shutdown().await;
     target.shutdown().await;
     Ok(())
