@@ -1048,23 +1048,19 @@ fn random_u64() -> u64 {
 /// A kube-rs client for a devcluster with its admin credentials. Like kube-rs's own
 /// clients it retries 429, 503 and 504 answers.
 pub fn admin_client(cluster: &devcluster::DevCluster) -> Result<kube::Client> {
-    let config = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
-    let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&config, None)?;
-    let credentials = cluster.credentials()?;
-    Ok(crproxy_kube::kube_client(&cluster, credentials, "default")?)
+    Ok(admin_access(cluster)?.kube_client()?)
 }
 
 /// [`admin_client`] without the retries: for checks that every request succeeds,
 /// which a retry would hide.
 pub fn admin_client_without_retries(cluster: &devcluster::DevCluster) -> Result<kube::Client> {
+    Ok(admin_access(cluster)?.kube_client_without_retries()?)
+}
+
+fn admin_access(cluster: &devcluster::DevCluster) -> Result<crproxy_kube::ClusterAccess> {
     let config = crproxy_kube::Kubeconfig::from_yaml(&cluster.admin_kubeconfig())?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&config, None)?;
-    let credentials = cluster.credentials()?;
-    Ok(crproxy_kube::kube_client_without_retries(
-        &cluster,
-        credentials,
-        "default",
-    )?)
+    Ok(crproxy_kube::ClusterAccess::new(cluster)?)
 }
 
 /// Installs the resource's CRD on a cluster (namespaced, any `spec`, a status

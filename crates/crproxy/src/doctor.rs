@@ -218,14 +218,9 @@ fn client_from(path: &Path) -> Result<kube::Client> {
     let kubeconfig = crproxy_kube::Kubeconfig::load(path)?;
     let cluster = crproxy_kube::ClusterConfig::from_kubeconfig(&kubeconfig, None)
         .with_context(|| format!("using {}", path.display()))?;
-    let credentials = cluster.credentials()?;
     // No retries: the doctor reports what the cluster answers now, and every request
     // is bounded by REQUEST_TIMEOUT (see `bounded`). Every call names its namespace.
-    Ok(crproxy_kube::kube_client_without_retries(
-        &cluster,
-        credentials,
-        "default",
-    )?)
+    Ok(crproxy_kube::ClusterAccess::new(cluster)?.kube_client_without_retries()?)
 }
 
 /// One API request of the doctor, bounded by [`REQUEST_TIMEOUT`]; its error is
