@@ -293,7 +293,7 @@ async fn route(
             };
             Ok(counted(&state, labels, answer.await))
         }
-        None => non_resource(&state, &segs, &parts.headers, accept.as_deref()),
+        None => non_resource(&state, &segs, &query, &parts.headers, accept.as_deref()),
     }
 }
 
@@ -377,6 +377,7 @@ fn discovery_response(
 fn non_resource(
     state: &Arc<State>,
     segs: &[String],
+    query: &HashMap<String, String>,
     headers: &http::HeaderMap,
     accept: Option<&str>,
 ) -> Result<Response<Body>, ApiError> {
@@ -392,19 +393,10 @@ fn non_resource(
             &json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]}),
         )),
         ["version"] => Ok(h::json_response(200, &discovery::version_info())),
-        // kube's handleRootHealth (k8s.io/apiserver `server/healthz`) sets the
-        // content type and nosniff itself; one check's handler
-        // (adaptCheckToHandler) only writes "ok", which Go sniffs as
-        // text/plain, without nosniff.
-        ["healthz" | "livez" | "readyz"] => {
-            let mut r = h::text_response(200, "ok");
-            r.headers_mut().insert(
-                http::header::X_CONTENT_TYPE_OPTIONS,
-                http::HeaderValue::from_static("nosniff"),
-            );
-            Ok(r)
+        [endpoint @ ("healthz" | "livez" | "readyz")] => Ok(health(endpoint, query)),
+        [endpoint @ ("healthz" | "livez" | "readyz"), check @ ..] => {
+            Ok(health_check(endpoint, &check.join("/")))
         }
-        ["healthz" | "livez" | "readyz", ..] => Ok(h::text_response(200, "ok")),
         ["metrics"] => {
             let mut r = h::text_response(200, &state.requests.render());
             r.headers_mut().insert(
@@ -539,6 +531,99 @@ fn openapi_v3_index(state: &State) -> Value {
     crate::openapi::v3_index(&entries)
 }
 
+/// The checks a kube-apiserver registers on `/healthz`, `/livez` and `/readyz`
+/// alike, in the order its verbose answer lists them: the generic server's
+/// `ping` and `log` (`NewConfig`), `etcd` (the etcd options'
+/// `AddHealthChecks`), then one `poststarthook/<name>` per post-start hook of
+/// the aggregator chain (`AddPostStartHook`) and the aggregator's
+/// `autoregister-completion`. The hooks' names and order are those of a recorded
+/// 1.33 `/readyz?verbose` (no reference exchange covers them) less any that may
+/// be newer than 1.32: an approximation of 1.32's list, not a record of it.
+const HEALTH_CHECKS: &[&str] = &[
+    "ping",
+    "log",
+    "etcd",
+    "poststarthook/start-apiserver-admission-initializer",
+    "poststarthook/generic-apiserver-start-informers",
+    "poststarthook/priority-and-fairness-config-consumer",
+    "poststarthook/priority-and-fairness-filter",
+    "poststarthook/storage-object-count-tracker-hook",
+    "poststarthook/start-apiextensions-informers",
+    "poststarthook/start-apiextensions-controllers",
+    "poststarthook/crd-informer-synced",
+    "poststarthook/start-system-namespaces-controller",
+    "poststarthook/start-cluster-authentication-info-controller",
+    "poststarthook/start-kube-apiserver-identity-lease-controller",
+    "poststarthook/start-kube-apiserver-identity-lease-garbage-collector",
+    "poststarthook/start-legacy-token-tracking-controller",
+    "poststarthook/start-service-ip-repair-controllers",
+    "poststarthook/rbac/bootstrap-roles",
+    "poststarthook/scheduling/bootstrap-system-priority-classes",
+    "poststarthook/priority-and-fairness-config-producer",
+    "poststarthook/bootstrap-controller",
+    "poststarthook/aggregator-reload-proxy-client-cert",
+    "poststarthook/start-kube-aggregator-informers",
+    "poststarthook/apiservice-status-local-available-controller",
+    "poststarthook/apiservice-status-remote-available-controller",
+    "poststarthook/apiservice-registration-controller",
+    "poststarthook/apiservice-discovery-controller",
+    "poststarthook/kube-apiserver-autoregistration",
+    "autoregister-completion",
+    "poststarthook/apiservice-openapi-controller",
+    "poststarthook/apiservice-openapiv3-controller",
+];
+
+/// The checks of one health endpoint. `/readyz` has three more: the etcd
+/// options' `etcd-readiness` (`AddReadyzChecks`), the generic server's
+/// `informer-sync`, and `shutdown`, which `installReadyz` adds last.
+fn health_checks(endpoint: &str) -> Vec<&'static str> {
+    if endpoint != "readyz" {
+        return HEALTH_CHECKS.to_vec();
+    }
+    let (first, rest) = HEALTH_CHECKS.split_at(3);
+    let mut checks = first.to_vec();
+    checks.extend(["etcd-readiness", "informer-sync"]);
+    checks.extend(rest);
+    checks.push("shutdown");
+    checks
+}
+
+/// `/healthz`, `/livez` or `/readyz` itself, as kube's `handleRootHealth`
+/// answers when every check passes: it sets the content type and nosniff
+/// itself and writes `ok`, or, when the query names `verbose` (with any value),
+/// a `[+]<check> ok` line per check and `<endpoint> check passed`.
+fn health(endpoint: &str, query: &HashMap<String, String>) -> Response<Body> {
+    let text = if query.contains_key("verbose") {
+        let mut text: String = health_checks(endpoint)
+            .iter()
+            .map(|check| format!("[+]{check} ok\n"))
+            .collect();
+        text.push_str(&format!("{endpoint} check passed\n"));
+        text
+    } else {
+        "ok".to_string()
+    };
+    let mut r = h::text_response(200, &text);
+    r.headers_mut().insert(
+        http::header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+/// `/<endpoint>/<check>`: kube's healthz installs one exact path per check it
+/// registered (`InstallPathHandlerWithHealthyFunc`), whose handler
+/// (`adaptCheckToHandler`) only writes `ok`, which Go sniffs as text/plain,
+/// without nosniff. Any other name matches no path of any server in the chain
+/// and reaches the not-found handler's plain 404.
+fn health_check(endpoint: &str, check: &str) -> Response<Body> {
+    if health_checks(endpoint).contains(&check) {
+        h::text_response(200, "ok")
+    } else {
+        h::plain_not_found()
+    }
+}
+
 /// `/openapi/v3/api/v1` or `/openapi/v3/apis/<g>/<v>`.
 fn openapi_v3_gv(state: &State, group: &str, version: &str) -> Option<Value> {
     let resources = openapi_resources(state);
@@ -580,6 +665,14 @@ async fn resource_request(
     }
     if info.namespaced && rp.namespace.is_empty() && !rp.name.is_empty() {
         return not_found(rp.core);
+    }
+    // A method with no verb is refused before the Accept header is looked at:
+    // go-restful's router (RouterJSR311.detectRoute) matches the method (405)
+    // before the media types (406), and crdHandler's refusals go out through
+    // ErrorNegotiated, which writes an error status as JSON whatever the client
+    // accepts.
+    if verb.is_empty() {
+        return refusal_without_verb(&info, &rp, verb);
     }
     let output = h::negotiate(accept.as_deref()).ok_or_else(h::not_acceptable)?;
     let output = match output {
@@ -655,25 +748,38 @@ async fn resource_request(
             allowed("deletecollection")?;
             rest::delete_collection(state, &ctx, &body).await
         }
-        // The empty verb of a method kube has none for. kube's custom-resource
-        // handler (`crdHandler.ServeHTTP`) hands a namespaced resource's
-        // all-namespaces path to its 404 delegate (only list and watch span
-        // namespaces), and `serveResource` answers anything else with
-        // MethodNotSupported naming the empty verb.
-        _ if info.is_crd() => {
-            if info.namespaced && rp.namespace.is_empty() {
-                return not_found(rp.core);
-            }
-            Err(ApiError::method_not_supported(
-                &info.group,
-                &info.resource,
-                verb,
-            ))
-        }
+        _ => refusal_without_verb(&info, &rp, verb),
+    }
+}
+
+/// The refusal of the empty verb of a method kube has none for (OPTIONS,
+/// TRACE, CONNECT, ...).
+fn refusal_without_verb(
+    info: &ResourceInfo,
+    rp: &ResourcePath,
+    verb: &str,
+) -> Result<Response<Body>, ApiError> {
+    if !info.is_crd() {
         // Built-in resources: go-restful finds no route with the method
         // (reference 102's 405).
-        _ => Err(ApiError::method_not_allowed()),
+        return Err(ApiError::method_not_allowed());
     }
+    // kube's custom-resource handler (`crdHandler.ServeHTTP`) serves only the
+    // subresources a CRD declares, and those for get, update and patch only.
+    if !rp.subresource.is_empty() {
+        crd_subresource_serves(info, rp, verb)?;
+    }
+    // It hands a namespaced resource's all-namespaces path to its 404
+    // delegate (only list and watch span namespaces), and `serveResource`
+    // answers anything else with MethodNotSupported naming the empty verb.
+    if info.namespaced && rp.namespace.is_empty() {
+        return Ok(h::plain_not_found());
+    }
+    Err(ApiError::method_not_supported(
+        &info.group,
+        &info.resource,
+        verb,
+    ))
 }
 
 /// kube's custom-resource handler serves a CRD's `status` and `scale` (when the CRD

@@ -475,24 +475,40 @@ async fn methods_without_a_verb_are_refused_after_the_filters() {
             );
         }
 
-        let (code, h, body) = admin_request(&test, method, configmaps, &[], protocol).await;
-        assert_eq!(code, 405, "{}", what("admin"));
-        classified(&h, "admin");
-        assert_eq!(one(&h, "content-type", &what("admin")), "application/json");
-        assert_eq!(json(&body, &what("admin")), go_restful_405);
+        // The method is refused before the Accept header is negotiated:
+        // go-restful matches the method (405) before the media types (406),
+        // and crdHandler writes its errors as JSON whatever the client accepts.
+        for extra in [&[][..], &[("accept", UNACCEPTABLE)][..]] {
+            let what = |who: &str| format!("{} with {extra:?}", what(who));
+            let (code, h, body) = admin_request(&test, method, configmaps, extra, protocol).await;
+            assert_eq!(code, 405, "{}", what("admin"));
+            classified(&h, "admin");
+            assert_eq!(one(&h, "content-type", &what("admin")), "application/json");
+            assert_eq!(json(&body, &what("admin")), go_restful_405);
 
-        let (code, h, body) = admin_request(&test, method, crontabs, &[], protocol).await;
-        assert_eq!(code, 405, "{}", what("admin on crontabs"));
-        classified(&h, "admin on crontabs");
-        assert_eq!(json(&body, &what("admin on crontabs")), crd_405);
+            let (code, h, body) = admin_request(&test, method, crontabs, extra, protocol).await;
+            assert_eq!(code, 405, "{}", what("admin on crontabs"));
+            classified(&h, "admin on crontabs");
+            assert_eq!(json(&body, &what("admin on crontabs")), crd_405);
 
-        let everywhere = "/apis/stable.example.io/v1/crontabs";
-        let (code, h, body) = admin_request(&test, method, everywhere, &[], protocol).await;
-        assert_eq!(code, 404, "{}", what("admin on all crontabs"));
-        classified(&h, "admin on all crontabs");
-        assert_eq!(body, "404 page not found\n");
+            let everywhere = "/apis/stable.example.io/v1/crontabs";
+            let (code, h, body) = admin_request(&test, method, everywhere, extra, protocol).await;
+            assert_eq!(code, 404, "{}", what("admin on all crontabs"));
+            classified(&h, "admin on all crontabs");
+            assert_eq!(body, "404 page not found\n");
+        }
+    }
+    // The same Accept on a GET is refused, so the refusals above did not
+    // simply accept it.
+    for path in [configmaps, crontabs] {
+        let accept = [("accept", UNACCEPTABLE)];
+        let (code, _, _) = admin_request(&test, "GET", path, &accept, Protocol::Http1).await;
+        assert_eq!(code, 406, "GET {path} accepting only {UNACCEPTABLE}");
     }
 }
+
+/// A media type no kube serializer writes.
+const UNACCEPTABLE: &str = "application/x-unacceptable";
 
 /// The health endpoints answer as kube's healthz handlers do: `/healthz`,
 /// `/livez` and `/readyz` with `text/plain; charset=utf-8` and nosniff
@@ -511,13 +527,84 @@ async fn health_endpoints_carry_kubes_headers() {
             assert_eq!(one(&h, NOSNIFF, &what), "nosniff");
 
             // Only `/healthz` itself is public (system:public-info-viewer).
-            let check = format!("{endpoint}/ping");
-            let what = format!("{check} over {protocol:?}");
-            let (code, h, body) = admin_request(&test, "GET", &check, &[], protocol).await;
-            assert_eq!(code, 200, "{what}");
-            assert_eq!(body, "ok", "{what}");
-            assert_eq!(one(&h, "content-type", &what), "text/plain; charset=utf-8");
-            assert!(h.get(NOSNIFF).is_none(), "{what}");
+            for name in ["ping", "log", "etcd", "poststarthook/rbac/bootstrap-roles"] {
+                let check = format!("{endpoint}/{name}");
+                let what = format!("{check} over {protocol:?}");
+                let (code, h, body) = admin_request(&test, "GET", &check, &[], protocol).await;
+                assert_eq!(code, 200, "{what}");
+                assert_eq!(body, "ok", "{what}");
+                assert_eq!(one(&h, "content-type", &what), "text/plain; charset=utf-8");
+                assert!(h.get(NOSNIFF).is_none(), "{what}");
+            }
+        }
+    }
+}
+
+/// A check kube-apiserver does not register on an endpoint has no path there
+/// (kube's healthz installs one exact path per check): the not-found handler's
+/// plain 404. `/readyz` alone has `etcd-readiness`, `informer-sync` and
+/// `shutdown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_kube_does_not_have_are_not_found() {
+    let test = test_support::devcluster("health-404").await;
+    let readyz_only = ["etcd-readiness", "informer-sync", "shutdown"];
+    for endpoint in ["/healthz", "/livez", "/readyz"] {
+        for protocol in [Protocol::Http1, Protocol::Http2] {
+            for name in readyz_only.iter().chain(&["no-such-check", "ping/extra"]) {
+                let check = format!("{endpoint}/{name}");
+                let what = format!("{check} over {protocol:?}");
+                let (code, h, body) = admin_request(&test, "GET", &check, &[], protocol).await;
+                if endpoint == "/readyz" && readyz_only.contains(name) {
+                    assert_eq!(code, 200, "{what}");
+                    assert_eq!(body, "ok", "{what}");
+                    continue;
+                }
+                assert_eq!(code, 404, "{what}");
+                assert_eq!(body, "404 page not found\n", "{what}");
+                assert_eq!(one(&h, "content-type", &what), "text/plain; charset=utf-8");
+                assert_eq!(one(&h, NOSNIFF, &what), "nosniff");
+            }
+        }
+    }
+}
+
+/// `?verbose` (with any value or none) makes kube's handleRootHealth list
+/// each check as `[+]<name> ok` and end with `<endpoint> check passed`; every
+/// check it lists has its own path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbose_health_lists_each_check() {
+    let test = test_support::devcluster("health-verbose").await;
+    for endpoint in ["healthz", "livez", "readyz"] {
+        for query in ["verbose", "verbose=false"] {
+            let path = format!("/{endpoint}?{query}");
+            let (code, h, body) = admin_request(&test, "GET", &path, &[], Protocol::Http1).await;
+            assert_eq!(code, 200, "{path}");
+            assert_eq!(one(&h, "content-type", &path), "text/plain; charset=utf-8");
+            assert_eq!(one(&h, NOSNIFF, &path), "nosniff");
+            let text = std::str::from_utf8(&body).expect("text");
+            let last = format!("{endpoint} check passed\n");
+            let Some(lines) = text.strip_suffix(&last) else {
+                panic!("{path}: {text:?}");
+            };
+            assert!(
+                lines.starts_with("[+]ping ok\n[+]log ok\n[+]etcd ok\n"),
+                "{path}: {text}"
+            );
+            assert_eq!(
+                lines.contains("[+]shutdown ok\n"),
+                endpoint == "readyz",
+                "{path}: {text}"
+            );
+            for line in lines.lines() {
+                let name = line
+                    .strip_prefix("[+]")
+                    .and_then(|l| l.strip_suffix(" ok"))
+                    .unwrap_or_else(|| panic!("{path}: line {line:?}"));
+                let check = format!("/{endpoint}/{name}");
+                let (code, _, body) =
+                    admin_request(&test, "GET", &check, &[], Protocol::Http1).await;
+                assert_eq!((code.as_u16(), &body[..]), (200, &b"ok"[..]), "{check}");
+            }
         }
     }
 }
