@@ -75,23 +75,19 @@ pub struct WatchClient {
 impl WatchClient {
     /// Watches that live [`WATCH_TIMEOUT_SECONDS`], stalled after
     /// [`WATCH_IDLE_LIMIT`].
-    pub fn new(
-        cluster: &crproxy_kube::ClusterConfig,
-        credentials: Arc<crproxy_kube::Credentials>,
-    ) -> Result<Self, crproxy_kube::Error> {
-        Self::with_lifetime(cluster, credentials, WATCH_TIMEOUT_SECONDS)
+    pub fn new(access: &crproxy_kube::ClusterAccess) -> Result<Self, crproxy_kube::Error> {
+        Self::with_lifetime(access, WATCH_TIMEOUT_SECONDS)
     }
 
     /// Watches that live `lifetime_seconds`: for tests that must see a stall
     /// noticed within seconds.
     pub fn with_lifetime(
-        cluster: &crproxy_kube::ClusterConfig,
-        credentials: Arc<crproxy_kube::Credentials>,
+        access: &crproxy_kube::ClusterAccess,
         lifetime_seconds: u32,
     ) -> Result<Self, crproxy_kube::Error> {
         let client = crproxy_kube::kube_client_with_read_timeout(
-            cluster,
-            credentials,
+            &access.cluster,
+            Arc::clone(&access.credentials),
             "default",
             idle_limit(lifetime_seconds),
         )?;

@@ -202,10 +202,8 @@ async fn proxy_in_front_of_a_hung_target(stall: Stall) -> Hung {
         ClusterConfig::new(url::Url::parse(&client_api.cluster.url()).expect("url"));
     client_config.ca_pem = Some(client_api.cluster.ca_pem().into_bytes());
     client_config.auth = Auth::Token(client_api.cluster.admin_token());
-    let client_credentials = client_config.credentials().expect("credentials");
-    let client_admin =
-        crproxy_kube::kube_client(&client_config, Arc::clone(&client_credentials), "default")
-            .expect("client admin");
+    let client = crproxy_kube::ClusterAccess::new(client_config).expect("credentials");
+    let client_admin = client.kube_client().expect("client admin");
     let demo: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(json!({"metadata": {"name": "demo"}})).expect("namespace");
     Api::all(client_admin)
@@ -236,17 +234,8 @@ async fn proxy_in_front_of_a_hung_target(stall: Stall) -> Hung {
         }],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        client: crproxy_kube::kube_client_without_retries(
-            &client_config,
-            Arc::clone(&client_credentials),
-            "default",
-        )
-        .expect("client"),
-        client_watches: crproxy_proxy::watches::WatchClient::new(
-            &client_config,
-            client_credentials,
-        )
-        .expect("watch client"),
+        client: client.kube_client_without_retries().expect("client"),
+        client_watches: crproxy_proxy::watches::WatchClient::new(&client).expect("watch client"),
         targets: vec![TargetSetup {
             name: "target".into(),
             project: "default".into(),

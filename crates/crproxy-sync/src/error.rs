@@ -23,9 +23,6 @@ pub enum SyncError {
     /// The write-through webhook could not start.
     #[error("{0}")]
     WriteThrough(String),
-    /// The Lease client for leader election could not be built.
-    #[error("leader election: {0}")]
-    Leader(String),
 }
 
 impl SyncError {

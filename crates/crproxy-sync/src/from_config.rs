@@ -64,9 +64,8 @@ pub async fn start_from_config(
         message: "sync.host.kubeconfig is not set".into(),
     })?;
     // The elector retries on its own interval; see crproxy's start_wiring.
-    let lease_client = tenant
-        .kube_client_without_retries()
-        .map_err(|e| SyncError::Leader(e.to_string()))?;
+    let lease_client =
+        (tenant.kube_client_without_retries()).map_err(SyncError::cluster("tenant"))?;
     let leader = LeaderElector::spawn(
         lease_client,
         LeaseConfig {

@@ -564,8 +564,7 @@ pub fn setup(
     metrics: Arc<Metrics>,
 ) -> Result<ProxySetup> {
     let config = &loaded.config;
-    let client_watches =
-        crproxy_proxy::watches::WatchClient::new(&client.cluster, Arc::clone(&client.credentials))?;
+    let client_watches = crproxy_proxy::watches::WatchClient::new(client)?;
     let client = client.kube_client_without_retries()?;
     let mut targets = Vec::new();
     for (target, clusters) in config.targets.iter().zip(target_clusters) {
@@ -637,10 +636,7 @@ fn peer_source(
                 None => target.clone(),
             };
             PeerSourceConfig::EndpointSlices {
-                client: crproxy_proxy::watches::WatchClient::new(
-                    &access.cluster,
-                    access.credentials,
-                )?,
+                client: crproxy_proxy::watches::WatchClient::new(&access)?,
                 namespace: slices.namespace.clone(),
                 service: slices.service.clone(),
                 port_name: slices.port_name.clone(),

@@ -71,12 +71,8 @@ fn admin(cluster: &DevCluster) -> kube::Client {
 }
 
 fn watch_client(config: &ClusterConfig) -> WatchClient {
-    WatchClient::with_lifetime(
-        config,
-        config.credentials().expect("credentials"),
-        LIFETIME_SECONDS,
-    )
-    .expect("watch client")
+    let access = crproxy_kube::ClusterAccess::new(config.clone()).expect("credentials");
+    WatchClient::with_lifetime(&access, LIFETIME_SECONDS).expect("watch client")
 }
 
 async fn create_namespace(client: &kube::Client, name: &str) {

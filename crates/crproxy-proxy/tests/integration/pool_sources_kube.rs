@@ -93,8 +93,8 @@ impl FakeApi {
             dir,
         )
         .expect("cluster config");
-        let credentials = config.credentials().expect("credentials");
-        crproxy_proxy::watches::WatchClient::new(&config, credentials).expect("client")
+        let access = crproxy_kube::ClusterAccess::new(config).expect("credentials");
+        crproxy_proxy::watches::WatchClient::new(&access).expect("client")
     }
 }
 

@@ -188,11 +188,8 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
     // kube-system/extension-apiserver-authentication, as kube-apiserver does.
     let client_api = test_support::devcluster("client").await;
     let front_proxy_client = client_api.cluster.front_proxy_client();
-    let client_config = admin_config(&client_api);
-    let client_credentials = client_config.credentials().expect("credentials");
-    let client_admin =
-        crproxy_kube::kube_client(&client_config, Arc::clone(&client_credentials), "default")
-            .expect("client admin");
+    let client = crproxy_kube::ClusterAccess::new(admin_config(&client_api)).expect("credentials");
+    let client_admin = client.kube_client().expect("client admin");
     Api::all(client_admin.clone())
         .create(&PostParams::default(), &demo)
         .await
@@ -217,17 +214,8 @@ pub async fn harness_with(options: Options<'_>) -> Harness {
         }],
         bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
         metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        client: crproxy_kube::kube_client_without_retries(
-            &client_config,
-            Arc::clone(&client_credentials),
-            "default",
-        )
-        .expect("client"),
-        client_watches: crproxy_proxy::watches::WatchClient::new(
-            &client_config,
-            client_credentials,
-        )
-        .expect("watch client"),
+        client: client.kube_client_without_retries().expect("client"),
+        client_watches: crproxy_proxy::watches::WatchClient::new(&client).expect("watch client"),
         targets: vec![TargetSetup {
             name: "target".into(),
             project: "default".into(),
