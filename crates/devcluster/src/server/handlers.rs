@@ -576,16 +576,20 @@ const HEALTH_CHECKS: &[&str] = &[
 /// The checks of one health endpoint. `/readyz` has three more: the etcd
 /// options' `etcd-readiness` (`AddReadyzChecks`), the generic server's
 /// `informer-sync`, and `shutdown`, which `installReadyz` adds last.
-fn health_checks(endpoint: &str) -> Vec<&'static str> {
-    if endpoint != "readyz" {
-        return HEALTH_CHECKS.to_vec();
-    }
+fn health_checks(endpoint: &str) -> impl Iterator<Item = &'static str> {
+    let readyz = endpoint == "readyz";
     let (first, rest) = HEALTH_CHECKS.split_at(3);
-    let mut checks = first.to_vec();
-    checks.extend(["etcd-readiness", "informer-sync"]);
-    checks.extend(rest);
-    checks.push("shutdown");
-    checks
+    let (readiness, last): (&[&str], &[&str]) = if readyz {
+        (&["etcd-readiness", "informer-sync"], &["shutdown"])
+    } else {
+        (&[], &[])
+    };
+    first
+        .iter()
+        .chain(readiness)
+        .chain(rest)
+        .chain(last)
+        .copied()
 }
 
 /// `/healthz`, `/livez` or `/readyz` itself, as kube's `handleRootHealth`
@@ -595,7 +599,6 @@ fn health_checks(endpoint: &str) -> Vec<&'static str> {
 fn health(endpoint: &str, query: &HashMap<String, String>) -> Response<Body> {
     let text = if query.contains_key("verbose") {
         let mut text: String = health_checks(endpoint)
-            .iter()
             .map(|check| format!("[+]{check} ok\n"))
             .collect();
         text.push_str(&format!("{endpoint} check passed\n"));
@@ -603,12 +606,7 @@ fn health(endpoint: &str, query: &HashMap<String, String>) -> Response<Body> {
     } else {
         "ok".to_string()
     };
-    let mut r = h::text_response(200, &text);
-    r.headers_mut().insert(
-        http::header::X_CONTENT_TYPE_OPTIONS,
-        http::HeaderValue::from_static("nosniff"),
-    );
-    r
+    h::nosniff(h::text_response(200, &text))
 }
 
 /// `/<endpoint>/<check>`: kube's healthz installs one exact path per check it
@@ -617,7 +615,7 @@ fn health(endpoint: &str, query: &HashMap<String, String>) -> Response<Body> {
 /// without nosniff. Any other name matches no path of any server in the chain
 /// and reaches the not-found handler's plain 404.
 fn health_check(endpoint: &str, check: &str) -> Response<Body> {
-    if health_checks(endpoint).contains(&check) {
+    if health_checks(endpoint).any(|known| known == check) {
         h::text_response(200, "ok")
     } else {
         h::plain_not_found()
@@ -672,7 +670,7 @@ async fn resource_request(
     // ErrorNegotiated, which writes an error status as JSON whatever the client
     // accepts.
     if verb.is_empty() {
-        return refusal_without_verb(&info, &rp, verb);
+        return refusal_without_verb(&info, &rp);
     }
     let output = h::negotiate(accept.as_deref()).ok_or_else(h::not_acceptable)?;
     let output = match output {
@@ -748,7 +746,8 @@ async fn resource_request(
             allowed("deletecollection")?;
             rest::delete_collection(state, &ctx, &body).await
         }
-        _ => refusal_without_verb(&info, &rp, verb),
+        // `route` makes no other verb, and the empty one was refused above.
+        _ => Err(ApiError::method_not_allowed()),
     }
 }
 
@@ -757,7 +756,6 @@ async fn resource_request(
 fn refusal_without_verb(
     info: &ResourceInfo,
     rp: &ResourcePath,
-    verb: &str,
 ) -> Result<Response<Body>, ApiError> {
     if !info.is_crd() {
         // Built-in resources: go-restful finds no route with the method
@@ -767,7 +765,7 @@ fn refusal_without_verb(
     // kube's custom-resource handler (`crdHandler.ServeHTTP`) serves only the
     // subresources a CRD declares, and those for get, update and patch only.
     if !rp.subresource.is_empty() {
-        crd_subresource_serves(info, rp, verb)?;
+        crd_subresource_serves(info, rp, "")?;
     }
     // It hands a namespaced resource's all-namespaces path to its 404
     // delegate (only list and watch span namespaces), and `serveResource`
@@ -778,7 +776,7 @@ fn refusal_without_verb(
     Err(ApiError::method_not_supported(
         &info.group,
         &info.resource,
-        verb,
+        "",
     ))
 }
 

@@ -301,8 +301,14 @@ pub fn plain_not_found() -> Response<Body> {
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    nosniff(resp)
+}
+
+/// `resp` with `X-Content-Type-Options: nosniff`, as Go's `http.Error` and
+/// `http.NotFound` and kube's health endpoints send their text.
+pub fn nosniff(mut resp: Response<Body>) -> Response<Body> {
     resp.headers_mut().insert(
-        "x-content-type-options",
+        http::header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
     resp
