@@ -664,13 +664,30 @@ async fn resource_request(
     if info.namespaced && rp.namespace.is_empty() && !rp.name.is_empty() {
         return not_found(rp.core);
     }
+    // kube's custom-resource handler (`crdHandler.ServeHTTP`) hands a namespaced
+    // resource's all-namespaces path to its 404 delegate for every verb but list
+    // and watch (`possiblyAcrossAllNamespacesVerbs`), and refuses a subresource
+    // the CRD does not declare, or a verb a declared one does not serve, before
+    // any handler looks at the Accept header.
+    if info.is_crd() {
+        if info.namespaced && rp.namespace.is_empty() && verb != "list" && verb != "watch" {
+            return Ok(h::plain_not_found());
+        }
+        if !rp.subresource.is_empty() {
+            crd_subresource_serves(&info, &rp, verb)?;
+        }
+    }
     // A method with no verb is refused before the Accept header is looked at:
     // go-restful's router (RouterJSR311.detectRoute) matches the method (405)
-    // before the media types (406), and crdHandler's refusals go out through
-    // ErrorNegotiated, which writes an error status as JSON whatever the client
-    // accepts.
+    // before the media types (406), and the custom-resource handler's
+    // MethodNotSupported (naming the empty verb) goes out through
+    // ErrorNegotiated, as JSON whatever the client accepts.
     if verb.is_empty() {
-        return refusal_without_verb(&info, &rp);
+        return Err(if info.is_crd() {
+            ApiError::method_not_supported(&info.group, &info.resource, verb)
+        } else {
+            ApiError::method_not_allowed()
+        });
     }
     let output = h::negotiate(accept.as_deref()).ok_or_else(h::not_acceptable)?;
     let output = match output {
@@ -694,9 +711,6 @@ async fn resource_request(
         attrs,
         headers,
     };
-    if info.is_crd() && !rp.subresource.is_empty() {
-        crd_subresource_serves(&info, &rp, verb)?;
-    }
     if info.source == Source::Review {
         if method != Method::POST || !rp.name.is_empty() {
             return Err(ApiError::method_not_allowed());
@@ -749,35 +763,6 @@ async fn resource_request(
         // `route` makes no other verb, and the empty one was refused above.
         _ => Err(ApiError::method_not_allowed()),
     }
-}
-
-/// The refusal of the empty verb of a method kube has none for (OPTIONS,
-/// TRACE, CONNECT, ...).
-fn refusal_without_verb(
-    info: &ResourceInfo,
-    rp: &ResourcePath,
-) -> Result<Response<Body>, ApiError> {
-    if !info.is_crd() {
-        // Built-in resources: go-restful finds no route with the method
-        // (reference 102's 405).
-        return Err(ApiError::method_not_allowed());
-    }
-    // kube's custom-resource handler (`crdHandler.ServeHTTP`) serves only the
-    // subresources a CRD declares, and those for get, update and patch only.
-    if !rp.subresource.is_empty() {
-        crd_subresource_serves(info, rp, "")?;
-    }
-    // It hands a namespaced resource's all-namespaces path to its 404
-    // delegate (only list and watch span namespaces), and `serveResource`
-    // answers anything else with MethodNotSupported naming the empty verb.
-    if info.namespaced && rp.namespace.is_empty() {
-        return Ok(h::plain_not_found());
-    }
-    Err(ApiError::method_not_supported(
-        &info.group,
-        &info.resource,
-        "",
-    ))
 }
 
 /// kube's custom-resource handler serves a CRD's `status` and `scale` (when the CRD

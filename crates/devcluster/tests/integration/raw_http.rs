@@ -608,3 +608,36 @@ async fn verbose_health_lists_each_check() {
         }
     }
 }
+
+/// A namespaced custom resource's all-namespaces path serves list and watch
+/// only: kube's custom-resource handler hands every other verb to its 404
+/// delegate (`possiblyAcrossAllNamespacesVerbs`), so a DELETE there removes
+/// nothing, in any namespace, and a POST creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_list_and_watch_span_a_namespaced_custom_resources_namespaces() {
+    let test = test_support::devcluster("all-namespaces").await;
+    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
+    let crontab = "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: kept\n  namespace: default\nspec:\n  cronSpec: '* * * * */5'\n";
+    let out = test_support::kubectl_stdin_async(
+        &test.kubeconfig,
+        &["apply", "-f", "-"],
+        crontab,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(out.success(), "{out:?}");
+    let everywhere = "/apis/stable.example.io/v1/crontabs";
+    for method in ["DELETE", "POST"] {
+        for protocol in [Protocol::Http1, Protocol::Http2] {
+            let what = format!("{method} over {protocol:?}");
+            let (code, h, body) = admin_request(&test, method, everywhere, &[], protocol).await;
+            assert_eq!(code, 404, "{what}: {body:?}");
+            assert_eq!(body, "404 page not found\n", "{what}");
+            assert_eq!(one(&h, NOSNIFF, &what), "nosniff");
+        }
+    }
+    let (code, _, body) = admin_request(&test, "GET", everywhere, &[], Protocol::Http1).await;
+    assert_eq!(code, 200, "{body:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&body).expect("list");
+    assert_eq!(listed["items"][0]["metadata"]["name"], "kept", "{listed}");
+}
