@@ -113,15 +113,33 @@ impl PortRole {
         }
     }
 
+    /// What the number of ports this one's flag stands for follows.
+    fn spread(self) -> PortSpread {
+        match self {
+            PortRole::Target => PortSpread::PerTargetReplica,
+            PortRole::Client | PortRole::Proxy | PortRole::Metrics => PortSpread::PerClient,
+            PortRole::Host | PortRole::SyncMetrics => PortSpread::One,
+        }
+    }
+
     /// The flag that says how many ports this one's flag stands for, when it
     /// can be more than one.
     fn count_flag(self) -> Option<&'static str> {
-        match self {
-            PortRole::Target => Some("--target-replicas"),
-            PortRole::Client | PortRole::Proxy | PortRole::Metrics => Some("--clients"),
-            PortRole::Host | PortRole::SyncMetrics => None,
+        match self.spread() {
+            PortSpread::PerTargetReplica => Some("--target-replicas"),
+            PortSpread::PerClient => Some("--clients"),
+            PortSpread::One => None,
         }
     }
+}
+
+/// How many ports a [`PortRole`]'s flag stands for: one per target replica, one
+/// per client, or one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PortSpread {
+    PerTargetReplica,
+    PerClient,
+    One,
 }
 
 /// Ports of the environment that were already in use, found before anything was
@@ -239,10 +257,10 @@ impl DevOptions {
 
     /// How many ports `role`'s flag stands for.
     fn count(&self, role: PortRole) -> usize {
-        match role {
-            PortRole::Target => self.target_replicas,
-            PortRole::Client | PortRole::Proxy | PortRole::Metrics => self.clients,
-            PortRole::Host | PortRole::SyncMetrics => 1,
+        match role.spread() {
+            PortSpread::PerTargetReplica => self.target_replicas,
+            PortSpread::PerClient => self.clients,
+            PortSpread::One => 1,
         }
     }
 
@@ -300,28 +318,24 @@ impl DevOptions {
         let mut ports = Vec::new();
         // Only the flags that were given: 0 stands for any number of free picks,
         // and a flag that was given has at most 65535 ports before `port` refuses.
-        let given = |roles: &[PortRole]| -> Vec<PortRole> {
-            roles
-                .iter()
-                .copied()
-                .filter(|role| self.base(*role) != 0)
-                .collect()
-        };
-        for role in given(&[PortRole::Target]) {
-            for replica in 0..self.target_replicas {
-                ports.push((role, self.port(role, replica)?));
-            }
-        }
-        let per_client = given(&[PortRole::Client, PortRole::Proxy, PortRole::Metrics]);
-        if !per_client.is_empty() {
-            for index in 0..self.clients {
-                for role in &per_client {
+        // A client's ports are opened together, client by client.
+        for spread in [
+            PortSpread::PerTargetReplica,
+            PortSpread::PerClient,
+            PortSpread::One,
+        ] {
+            let roles: Vec<PortRole> = PortRole::ALL
+                .into_iter()
+                .filter(|role| role.spread() == spread && self.base(*role) != 0)
+                .collect();
+            let Some(first) = roles.first() else {
+                continue;
+            };
+            for index in 0..self.count(*first) {
+                for role in &roles {
                     ports.push((*role, self.port(*role, index)?));
                 }
             }
-        }
-        for role in given(&[PortRole::Host, PortRole::SyncMetrics]) {
-            ports.push((role, self.port(role, 0)?));
         }
         Ok(ports)
     }

@@ -130,3 +130,26 @@ fn the_plan_refuses_what_dev_cannot_run_with() {
         Some("--target-port and --host-port both take port 7444"),
     );
 }
+
+#[test]
+fn fixed_ports_are_listed_replica_by_replica_then_client_by_client() {
+    let mut options = DevOptions::ephemeral(Path::new("dev"), 2, 2);
+    options.target_port = 7443;
+    options.proxy_base_port = 9100;
+    options.metrics_port = 9090;
+    options.sync_metrics_port = 9190;
+    // The client port and the host port are left to free picks: not listed.
+    let ports = options.fixed_ports().expect("the plan's ports");
+    assert_eq!(
+        ports,
+        vec![
+            (PortRole::Target, 7443),
+            (PortRole::Target, 7444),
+            (PortRole::Proxy, 9100),
+            (PortRole::Metrics, 9090),
+            (PortRole::Proxy, 9110),
+            (PortRole::Metrics, 9091),
+            (PortRole::SyncMetrics, 9190),
+        ]
+    );
+}
