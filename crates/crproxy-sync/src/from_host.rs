@@ -8,6 +8,7 @@
 //! | exists | missing | create the copy (also after a tenant deleted it) |
 //! | exists | exists | three-way merge: the host's changed fields overwrite, tenant edits of other fields stay |
 //! | missing (confirmed live) | exists | delete it: a copy of a deleted host object, or created in the tenant |
+//! | no mapping covers the tenant's key | exists | leave it: a namespaced type's object outside every mapped namespace is the tenant's own |
 //!
 //! Host objects that are toHost mirrors of some tenant (they carry the `managed-by`
 //! label) are skipped. The copy keeps the host fields as last synced in an annotation:
@@ -239,10 +240,13 @@ impl FromHost {
     }
 
     async fn reconcile_key(&self, key: &Key) -> Result<Outcome, StepError> {
-        let host_ref = host_key(&self.ty.resource, key);
-        let host = host_ref
-            .as_ref()
-            .and_then(|(ns, name)| self.host_cached(ns.as_deref(), name))
+        // The tenant is watched cluster-wide; a namespaced type's objects outside
+        // every mapping are the tenant's own, never a copy, and never touched.
+        let Some((host_namespace, host_name)) = host_key(&self.ty.resource, key) else {
+            return Ok(Outcome::Done);
+        };
+        let host = self
+            .host_cached(host_namespace.as_deref(), &host_name)
             .filter(|h| !is_mirror(h))
             .map(|h| to_value(&h))
             .transpose()?;
@@ -255,13 +259,10 @@ impl FromHost {
             .get(&r)
             .map(|t| to_value(&t))
             .transpose()?;
-        let host_shown = host_ref
-            .as_ref()
-            .map(|(ns, n)| match ns {
-                Some(ns) => format!("{ns}/{n}"),
-                None => n.clone(),
-            })
-            .unwrap_or_else(|| "-".into());
+        let host_shown = match &host_namespace {
+            Some(ns) => format!("{ns}/{host_name}"),
+            None => host_name.clone(),
+        };
         too_deep(("host", &host), ("tenant", &tenant))?;
         match (host, tenant) {
             (None, None) => Ok(Outcome::Done),
@@ -270,12 +271,10 @@ impl FromHost {
                     return Ok(Outcome::Done);
                 }
                 // Confirm live that the host object is gone before deleting.
-                if let Some((ns, name)) = &host_ref {
-                    if let Some(live) = self.host_api(ns.as_deref()).get_opt(name).await? {
-                        if !is_mirror(&live) {
-                            return Ok(Outcome::Requeue(Duration::from_millis(500)));
-                        }
-                    }
+                let host_api = self.host_api(host_namespace.as_deref());
+                let live = host_api.get_opt(&host_name).await?;
+                if live.is_some_and(|live| !is_mirror(&live)) {
+                    return Ok(Outcome::Requeue(Duration::from_millis(500)));
                 }
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {

@@ -178,9 +178,20 @@ async fn reconcile_copy_against(
     host: &Value,
     tenant: Option<&Value>,
 ) -> (Result<Outcome, StepError>, Vec<crate::fake_api::Received>) {
+    reconcile_against(stores_type(), &key("", "store"), answer, host, tenant).await
+}
+
+/// One reconcile of `key` of `ty` against a tenant answering `answer`, with `host`
+/// and `tenant` (if any) in the caches: its result, and what the tenant was sent.
+async fn reconcile_against(
+    ty: ResolvedType,
+    key: &Key,
+    answer: impl crate::fake_api::Answer,
+    host: &Value,
+    tenant: Option<&Value>,
+) -> (Result<Outcome, StepError>, Vec<crate::fake_api::Received>) {
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher::Event;
-    let ty = stores_type();
     let api = crate::fake_api::FakeApi::start(answer).await;
     let cached = |object: Option<&Value>| {
         let mut writer = Writer::<DynamicObject>::new(ty.api.clone());
@@ -199,8 +210,34 @@ async fn reconcile_copy_against(
         host_stores: vec![(None, cached(Some(host)))],
         metrics: SyncMetrics::new(),
     };
-    let reconciled = syncer.reconcile_key(&key("", "store")).await;
+    let reconciled = syncer.reconcile_key(key).await;
     (reconciled, api.received())
+}
+
+/// A namespaced type's object in a tenant namespace that no mapping covers is the
+/// tenant's own: the syncer, watching the tenant cluster-wide, neither deletes
+/// it nor asks the host about it.
+#[tokio::test]
+async fn a_tenant_object_outside_every_mapped_namespace_is_left_alone() {
+    let mut ty = stores_type();
+    ty.resource = resource(
+        Scope::Namespaced,
+        vec![Mapping::Namespace {
+            host_namespace: "shared".into(),
+            tenant_namespace: "shared".into(),
+        }],
+    );
+    let host = host_store_object();
+    let mut own = host.clone();
+    own["metadata"] = json!({"name": "store", "namespace": "app", "uid": "t-1"});
+    let (reconciled, sent) =
+        reconcile_against(ty, &key("app", "store"), tenant_answers, &host, Some(&own)).await;
+    assert!(
+        matches!(reconciled, Ok(Outcome::Done)),
+        "{:?}",
+        reconciled.map_err(|e| e.to_string())
+    );
+    assert!(sent.is_empty(), "the tenant was written: {sent:?}");
 }
 
 /// The tenant refuses a copy's create with a 409 that no object under the name
