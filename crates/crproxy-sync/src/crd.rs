@@ -15,6 +15,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
+use crate::to_host::is_code;
 use crate::{aggregated, SyncError};
 
 /// Set on tenant CRDs the syncer created or updated.
@@ -53,6 +54,13 @@ fn apiservice_api() -> ApiResource {
     )
 }
 
+/// Where a synced type comes from, which decides the tenant CRD: a copy of the
+/// host's CRD, or one generated for a type the host serves through aggregation.
+enum Source {
+    Crd(Value),
+    Aggregated(aggregated::Discovered),
+}
+
 /// Resolves `resource` against the host and copies its CRD into the tenant.
 pub async fn resolve(
     host: &kube::Client,
@@ -75,11 +83,6 @@ pub async fn resolve(
         .map_err(SyncError::api(format!(
             "reading CRD {crd_name} on the host"
         )))?;
-    // Where the type comes from decides the tenant CRD: a copy, or a generated one.
-    enum Source {
-        Crd(Value),
-        Aggregated(aggregated::Discovered),
-    }
     let source = match host_crd {
         Some(crd) => {
             Source::Crd(serde_json::to_value(&crd).map_err(|e| fail(format!("host CRD: {e}")))?)
@@ -107,44 +110,30 @@ pub async fn resolve(
     let is_aggregated = matches!(source, Source::Aggregated(_));
 
     let tenant_crds: Api<DynamicObject> = Api::all_with(tenant.clone(), &crd_api());
-    let existing = tenant_crds
-        .get_opt(&crd_name)
-        .await
-        .map_err(SyncError::api(format!(
-            "reading CRD {crd_name} in the tenant"
-        )))?;
-    let existing = existing
-        .map(|e| serde_json::to_value(&e))
-        .transpose()
-        .map_err(|e| fail(format!("tenant CRD: {e}")))?;
-    let desired = match &source {
-        Source::Crd(crd) => tenant_crd(crd, &plan.version, existing.as_ref()),
-        Source::Aggregated(found) => aggregated::generated_crd(resource, found, existing.as_ref()),
-    }
-    .map_err(fail)?;
-    if existing.as_ref().map(|e| &e["spec"]) != Some(&desired["spec"]) {
-        let object: DynamicObject =
-            serde_json::from_value(desired).map_err(|e| fail(format!("tenant CRD: {e}")))?;
-        let action = if existing.is_some() {
-            "updated"
-        } else {
-            "created"
-        };
-        if existing.is_some() {
-            tenant_crds
-                .replace(&crd_name, &PostParams::default(), &object)
-                .await
-                .map_err(SyncError::api(format!(
-                    "updating CRD {crd_name} in the tenant"
-                )))?;
-        } else {
-            tenant_crds
-                .create(&PostParams::default(), &object)
-                .await
-                .map_err(SyncError::api(format!(
-                    "creating CRD {crd_name} in the tenant"
-                )))?;
+    // Replicas starting together race for the tenant CRD: the loser's create is
+    // refused as already there, or its replace as a conflict. It reads the
+    // winner's CRD and decides again, rather than failing `crproxy run`.
+    let mut attempt = 1;
+    let action = loop {
+        let written = write_tenant_crd(
+            &tenant_crds,
+            &crd_name,
+            &source,
+            &plan.version,
+            resource,
+            &fail,
+        )
+        .await;
+        match written {
+            Err(SyncError::Api { source, .. })
+                if is_code(&source, 409) && attempt < CRD_WRITE_ATTEMPTS =>
+            {
+                attempt += 1
+            }
+            written => break written?,
         }
+    };
+    if let Some(action) = action {
         if is_aggregated {
             tracing::info!(resource = %resource.key, crd = %crd_name, version = %plan.version, action, "generated a schemaless CRD in the tenant for a type the host serves through API aggregation");
         } else {
@@ -164,6 +153,60 @@ pub async fn resolve(
         status_subresource: plan.status_subresource,
         aggregated: is_aggregated,
     })
+}
+
+/// How many times a replica reads and writes the tenant CRD before another
+/// writer's conflicts fail it.
+const CRD_WRITE_ATTEMPTS: u32 = 3;
+
+/// Brings the tenant's CRD `crd_name` to what `source` says, from what the tenant
+/// holds now: `Some("created")` or `Some("updated")` when it was written, `None`
+/// when it already was.
+async fn write_tenant_crd(
+    tenant_crds: &Api<DynamicObject>,
+    crd_name: &str,
+    source: &Source,
+    version: &str,
+    resource: &SyncResource,
+    fail: &impl Fn(String) -> SyncError,
+) -> Result<Option<&'static str>, SyncError> {
+    let existing = tenant_crds
+        .get_opt(crd_name)
+        .await
+        .map_err(SyncError::api(format!(
+            "reading CRD {crd_name} in the tenant"
+        )))?;
+    let existing = existing
+        .map(|e| serde_json::to_value(&e))
+        .transpose()
+        .map_err(|e| fail(format!("tenant CRD: {e}")))?;
+    let desired = match source {
+        Source::Crd(crd) => tenant_crd(crd, version, existing.as_ref()),
+        Source::Aggregated(found) => aggregated::generated_crd(resource, found, existing.as_ref()),
+    }
+    .map_err(fail)?;
+    if existing.as_ref().map(|e| &e["spec"]) == Some(&desired["spec"]) {
+        return Ok(None);
+    }
+    let object: DynamicObject =
+        serde_json::from_value(desired).map_err(|e| fail(format!("tenant CRD: {e}")))?;
+    if existing.is_some() {
+        tenant_crds
+            .replace(crd_name, &PostParams::default(), &object)
+            .await
+            .map_err(SyncError::api(format!(
+                "updating CRD {crd_name} in the tenant"
+            )))?;
+        Ok(Some("updated"))
+    } else {
+        tenant_crds
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(SyncError::api(format!(
+                "creating CRD {crd_name} in the tenant"
+            )))?;
+        Ok(Some("created"))
+    }
 }
 
 async fn served_by_aggregation(host: &kube::Client, group: &str) -> Result<bool, SyncError> {

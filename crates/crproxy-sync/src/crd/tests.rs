@@ -226,3 +226,78 @@ async fn an_aggregated_type_has_a_status_subresource_only_when_the_host_has_one(
         );
     }
 }
+
+/// A tenant where another replica creates gateways.example.net while this one
+/// looks: the first read finds nothing, every create is refused as already there,
+/// and each read after it (when `winner_writes` is set) finds the winner's CRD,
+/// Established.
+fn tenant_racing_another_replica(winner_writes: bool) -> impl crate::fake_api::Answer {
+    let reads = std::sync::atomic::AtomicUsize::new(0);
+    move |method: &Method, path: &str, _: &Value| {
+        let crd_path =
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gateways.example.net";
+        match (method, path) {
+            (&Method::GET, p) if p == crd_path => {
+                let first = reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                if first || !winner_writes {
+                    return not_found();
+                }
+                let found = aggregated::Discovered {
+                    version: "v1".into(),
+                    kind: "Gateway".into(),
+                    scope: Scope::Namespaced,
+                    status_subresource: true,
+                };
+                let resource = crate::fake_api::gateways_resource();
+                let Ok(mut crd) = aggregated::generated_crd(&resource, &found, None) else {
+                    return not_found();
+                };
+                crd["metadata"]["resourceVersion"] = json!("7");
+                crd["status"] = json!({"conditions": [{"type": "Established", "status": "True"}]});
+                (200, crd)
+            }
+            (&Method::POST, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions") => (
+                409,
+                crproxy_core::status::status(409, "AlreadyExists", "already exists"),
+            ),
+            _ => not_found(),
+        }
+    }
+}
+
+/// Two replicas starting together: the one whose create of the tenant CRD is
+/// refused as already there reads the winner's CRD and goes on with it, and a
+/// tenant that keeps refusing fails the start after a bounded number of tries.
+#[tokio::test]
+async fn a_replica_that_loses_the_race_for_the_tenant_crd_takes_the_winners() {
+    let host = FakeApi::start(aggregated_host_with_status as AnswerFn).await;
+    let resource = crate::fake_api::gateways_resource();
+    let tenant = FakeApi::start(tenant_racing_another_replica(true)).await;
+    let ty = resolve(&host.client, &tenant.client, &resource)
+        .await
+        .expect("resolved with the winner's CRD");
+    assert!(ty.aggregated && ty.status_subresource);
+    assert_eq!(tenant.with_method(Method::POST).len(), 1);
+    assert!(
+        tenant.with_method(Method::PUT).is_empty(),
+        "{:?}",
+        tenant.received()
+    );
+
+    let tenant = FakeApi::start(tenant_racing_another_replica(false)).await;
+    let refused = resolve(&host.client, &tenant.client, &resource)
+        .await
+        .expect_err("refused every time");
+    assert!(
+        refused
+            .to_string()
+            .contains("creating CRD gateways.example.net"),
+        "{refused}"
+    );
+    assert_eq!(
+        tenant.with_method(Method::POST).len(),
+        3,
+        "{:?}",
+        tenant.received()
+    );
+}
