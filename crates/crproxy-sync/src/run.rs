@@ -33,6 +33,11 @@ const WORKERS: usize = 4;
 /// How often every object is looked at again even without a change, so anything a
 /// watch missed still converges.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
+/// How long one step of a key may take. A step is a few requests, each normally
+/// well under a second; a server that accepts a request and never answers would
+/// otherwise hold a worker for good (the sync's clients time out only connecting),
+/// and with every worker held the type stops syncing without a word.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A tenant-side object key: namespace (empty for cluster-scoped) and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,6 +70,10 @@ pub enum StepError {
     /// are left as they are.
     #[error("the {0} object nests deeper than {max} levels; it is not synced until it nests less", max = crproxy_core::deep_objects::MAX_OBJECT_NESTING)]
     TooDeep(&'static str),
+    /// The step had no answer within this long: a server that took a request and
+    /// went quiet. What it did so far is read again by the retry.
+    #[error("no answer within {0:?}")]
+    Stalled(Duration),
 }
 
 impl StepError {
@@ -77,7 +86,7 @@ impl StepError {
                 400 | 422 => "invalid",
                 _ => "api_error",
             },
-            StepError::Api(_) => "unavailable",
+            StepError::Api(_) | StepError::Stalled(_) => "unavailable",
             StepError::Foreign => "foreign_object",
             StepError::Encode(_) => "encode",
             StepError::TooDeep(_) => "too_deep",
@@ -883,7 +892,9 @@ async fn drive<R: Reconciler>(
             loop {
                 let (key, since) = queue.next().await;
                 let metrics = Arc::clone(r.metrics());
-                let result = r.reconcile(&key).await;
+                let result = tokio::time::timeout(STEP_TIMEOUT, r.reconcile(&key))
+                    .await
+                    .unwrap_or(Err(StepError::Stalled(STEP_TIMEOUT)));
                 if result.is_ok() {
                     // The step worked: a failure of a later one starts the backoff over.
                     queue.forget(&key);

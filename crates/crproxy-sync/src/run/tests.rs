@@ -283,6 +283,7 @@ impl Reconciler for Scripted {
             .unwrap_or_else(|p| p.into_inner())
             .pop_front();
         match next {
+            Some(Err(NEVER_ANSWERS)) => std::future::pending().await,
             None | Some(Ok(Outcome::Done)) => Ok(Outcome::Done),
             Some(Ok(other)) => Ok(other),
             Some(Err(code)) => Err(StepError::Api(kube::Error::Api(Box::new(
@@ -290,6 +291,39 @@ impl Reconciler for Scripted {
             )))),
         }
     }
+}
+
+/// A [`Scripted`] step that never finishes, as against a server that took the
+/// request and went quiet.
+const NEVER_ANSWERS: u16 = 0;
+
+/// A step that never finishes gives its worker back after the step timeout and
+/// is retried as a failure, counted as the host being unavailable.
+#[tokio::test(start_paused = true)]
+async fn a_step_without_an_answer_fails_after_the_step_timeout_and_is_retried() {
+    let r = Scripted::new(vec![Err(NEVER_ANSWERS), Ok(Outcome::Done)]);
+    let resync = Duration::from_secs(1000);
+    let _syncer = AbortOnDrop(tokio::spawn(drive(Arc::clone(&r), vec![], vec![], resync)));
+    // Paused time: the runtime jumps from timer to timer.
+    for _ in 0..10 {
+        if r.attempts().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+    let attempts = r.attempts();
+    assert_eq!(attempts.len(), 2, "attempts: {:?}", gaps_ms(&attempts));
+    assert_eq!(
+        attempts[1] - attempts[0],
+        STEP_TIMEOUT + Duration::from_millis(5),
+        "retried 5 ms after the step timed out"
+    );
+    let errors = r.metrics.exposition();
+    assert!(
+        errors.contains("vcluster_syncer_errors_total{")
+            && errors.contains("reason=\"unavailable\""),
+        "{errors}"
+    );
 }
 
 /// The gaps between consecutive attempts, in milliseconds.
