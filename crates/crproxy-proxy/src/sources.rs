@@ -111,7 +111,7 @@ pub enum SourceError {
         detail: String,
     },
     /// An entry is not `host:port`.
-    #[error("peer {entry:?} is not \"host:port\" with a numeric port")]
+    #[error("peer {entry:?} is not \"host:port\" with a host name or address and a port from 1 to 65535")]
     InvalidPeer {
         /// The offending entry.
         entry: String,
@@ -214,19 +214,31 @@ fn normalize(mut list: Vec<String>) -> Vec<String> {
     list
 }
 
-/// Checks `host:port` (IPv6 hosts in brackets).
+/// Checks `host:port`: a port from 1 to 65535 in digits, and a DNS name, an IPv4
+/// address or an IPv6 address in brackets. Anything else would only fail later,
+/// at every dial, as a peer that cannot be reached; refused here, it is named
+/// when the file is read (and by `crproxy check-config`).
 fn validate_peer(entry: &str) -> Result<(), SourceError> {
     let invalid = || SourceError::InvalidPeer {
         entry: entry.to_owned(),
     };
     let (host, port) = entry.rsplit_once(':').ok_or_else(invalid)?;
-    if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(invalid());
+    let port_valid =
+        port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok_and(|port| port != 0);
+    let host_valid = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(ipv6) => ipv6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+        }
+    };
+    if port_valid && host_valid {
+        Ok(())
+    } else {
+        Err(invalid())
     }
-    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
-        return Err(invalid());
-    }
-    Ok(())
 }
 
 // ---- DNS ----------------------------------------------------------------------------

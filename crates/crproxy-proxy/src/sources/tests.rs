@@ -115,7 +115,22 @@ fn peer_files_are_json_or_yaml_lists() {
     );
     check_file("[1, 2]", Err("is not \"host:port\""));
     check_file(r#"["10.0.0.1"]"#, Err("\"10.0.0.1\" is not \"host:port\""));
-    check_file(r#"["10.0.0.1:https"]"#, Err("numeric port"));
+    check_file(r#"["10.0.0.1:https"]"#, Err("a port from 1 to 65535"));
     check_file(r#"["fd00::1:443"]"#, Err("is not \"host:port\""));
     check_file(r#"[":443"]"#, Err("is not \"host:port\""));
+    // What a dial could only fail on, refused when the file is read.
+    check_file(r#"["10.0.0.1:0"]"#, Err("a port from 1 to 65535"));
+    check_file(r#"["10.0.0.1:+443"]"#, Err("a port from 1 to 65535"));
+    check_file(r#"["10.0.0.1:65536"]"#, Err("a port from 1 to 65535"));
+    check_file(r#"["api example:443"]"#, Err("is not \"host:port\""));
+    check_file(
+        r#"["https://api.example:443"]"#,
+        Err("is not \"host:port\""),
+    );
+    check_file(r#"["[api.example]:443"]"#, Err("is not \"host:port\""));
+    check_file(r#"["[::1:443"]"#, Err("is not \"host:port\""));
+    check_file(
+        r#"["[::1]:443", "api-0.example_x:65535"]"#,
+        Ok(&["[::1]:443", "api-0.example_x:65535"]),
+    );
 }
