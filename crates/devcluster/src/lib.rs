@@ -62,6 +62,7 @@ pub mod table;
 pub mod admission;
 pub mod authn;
 pub mod rbac;
+pub mod request_info;
 pub mod reviews;
 pub mod webhook;
 

@@ -569,105 +569,36 @@ pub fn snapshot_from_objects(objects: &[Value]) -> RbacSnapshot {
     s
 }
 
-/// Resolves a request into authorization attributes as kube's `RequestInfoFactory`.
-///
-/// `/api/<v>/...` and `/apis/<g>/<v>/...` are resource requests; everything else
-/// (including `/api`, `/apis` and `/apis/<g>`) is a non-resource request whose verb is
-/// the lower-cased HTTP method. For resources: POST → create, GET/HEAD → get (list
-/// without a name, watch with `?watch=true|1` or a `/watch/` segment), PUT → update,
-/// PATCH → patch, DELETE → delete (deletecollection without a name). A
-/// `fieldSelector=metadata.name=x` on list/watch names the object, as kube does.
+/// The authorization attributes of a request: what
+/// [`crate::request_info::resolve`] makes of it, for `user`. A path kube's
+/// resolver refuses (the server answers it with a 500 before authorizing
+/// anything) gets the attributes kube knows at that point.
 pub fn authorize_attributes_from_request(
     method: &str,
     path: &str,
     query: Option<&str>,
     user: UserInfo,
 ) -> RequestAttributes {
-    let non_resource = |user: UserInfo| RequestAttributes {
-        user,
-        verb: method.to_ascii_lowercase(),
-        resource_request: false,
-        path: path.to_string(),
-        ..Default::default()
-    };
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    // kube needs at least one segment after the version: `/api/v1` and
-    // `/apis/<g>/<v>` themselves are non-resource (discovery) paths.
-    let (group, version, mut rest) = match parts.as_slice() {
-        ["api", version, rest @ ..] if !version.is_empty() && !rest.is_empty() => {
-            ("", *version, rest)
-        }
-        ["apis", group, version, rest @ ..]
-            if !group.is_empty() && !version.is_empty() && !rest.is_empty() =>
-        {
-            (*group, *version, rest)
-        }
-        _ => return non_resource(user),
-    };
-    let mut verb = match method.to_ascii_uppercase().as_str() {
-        "POST" => "create",
-        "GET" | "HEAD" => "get",
-        "PUT" => "update",
-        "PATCH" => "patch",
-        "DELETE" => "delete",
-        _ => "",
-    }
-    .to_string();
-    if let Some(first) = rest.first() {
-        if (*first == "watch" || *first == "proxy") && rest.len() > 1 {
-            verb = first.to_string();
-            rest = &rest[1..];
-        }
-    }
-    let mut namespace = String::new();
-    if rest.first() == Some(&"namespaces") && rest.len() > 1 {
-        namespace = rest[1].to_string();
-        // `/namespaces/<ns>/status|finalize` are subresources of the namespace itself.
-        if rest.len() > 2 && rest[2] != "status" && rest[2] != "finalize" {
-            rest = &rest[2..];
-        }
-    }
-    let resource = rest.first().map(|s| s.to_string()).unwrap_or_default();
-    let mut name = rest.get(1).map(|s| s.to_string()).unwrap_or_default();
-    let subresource = if rest.len() >= 3 && verb != "proxy" {
-        rest[2].to_string()
-    } else {
-        String::new()
-    };
-    if name.is_empty() && verb == "get" {
-        let params = crate::server::query_parameters(query);
-        let param = |k: &str| params.get(k).map(String::as_str);
-        verb = if crate::server::watch_requested(&params) {
-            "watch"
-        } else {
-            "list"
-        }
-        .into();
-        if let Some(selector) = param("fieldSelector") {
-            for term in selector.split(',') {
-                let term = term.trim();
-                let value = term
-                    .strip_prefix("metadata.name==")
-                    .or_else(|| term.strip_prefix("metadata.name="));
-                if let Some(v) = value.filter(|v| !v.is_empty() && !v.contains('/')) {
-                    name = v.to_string();
-                }
-            }
-        }
-    }
-    if name.is_empty() && verb == "delete" {
-        verb = "deletecollection".into();
-    }
+    let info = crate::request_info::resolve(method, path, query).unwrap_or_else(|e| *e.partial);
+    attributes(info, path, user)
+}
+
+/// `info` as authorization attributes of `user`'s request for `path`.
+pub fn attributes(
+    info: crate::request_info::RequestInfo,
+    path: &str,
+    user: UserInfo,
+) -> RequestAttributes {
     RequestAttributes {
         user,
-        verb,
-        resource_request: true,
-        api_group: group.to_string(),
-        api_version: version.to_string(),
-        resource,
-        subresource,
-        namespace,
-        name,
+        verb: info.verb,
+        resource_request: info.resource_request,
+        api_group: info.api_group,
+        api_version: info.api_version,
+        resource: info.resource,
+        subresource: info.subresource,
+        namespace: info.namespace,
+        name: info.name,
         path: path.to_string(),
     }
 }

@@ -10,6 +10,7 @@ use super::State;
 use crate::discovery::{self, Extra};
 use crate::error::ApiError;
 use crate::registry::{ResourceInfo, Source};
+use crate::request_info::{RequestInfo, Unresolvable};
 use crate::store::{meta_str, Mutation};
 use crate::types::RequestAttributes;
 use crate::watch::write_value;
@@ -129,43 +130,53 @@ pub(crate) struct ResourcePath {
     pub resource: String,
     pub name: String,
     pub subresource: String,
-    pub watch_prefix: bool,
     pub extra_segments: bool,
 }
 
-fn parse_resource_path(segs: &[String]) -> Option<ResourcePath> {
-    let (core, group, version, rest) = match segs.first().map(String::as_str) {
-        Some("api") if segs.len() >= 3 => (true, String::new(), segs[1].clone(), &segs[2..]),
-        Some("apis") if segs.len() >= 4 => (false, segs[1].clone(), segs[2].clone(), &segs[3..]),
-        _ => return None,
-    };
-    let mut rest = rest.to_vec();
-    let mut watch_prefix = false;
-    if rest.first().map(String::as_str) == Some("watch") {
-        watch_prefix = true;
-        rest.remove(0);
+impl ResourcePath {
+    /// The resource path of a resource request, as kube's resolver split it.
+    fn of(info: &RequestInfo) -> Option<ResourcePath> {
+        info.resource_request.then(|| ResourcePath {
+            core: info.prefix == "api",
+            group: info.api_group.clone(),
+            version: info.api_version.clone(),
+            namespace: info.namespace.clone(),
+            resource: info.resource.clone(),
+            name: info.name.clone(),
+            subresource: info.subresource.clone(),
+            extra_segments: info.parts.len() > 3,
+        })
     }
-    let mut namespace = String::new();
-    if rest.first().map(String::as_str) == Some("namespaces") && rest.len() > 1 {
-        namespace = rest[1].clone();
-        if rest.len() > 2 && rest[2] != "status" && rest[2] != "finalize" {
-            rest.drain(..2);
+}
+
+/// kube's `WithRequestInfo` filter refusing a path its resolver cannot
+/// place, before authentication: `responsewriters.InternalError` through
+/// Go's `http.Error` (plain text, nosniff, a trailing newline), the request
+/// URI quoted as Go's `%q` does and `&`, `<`, `>` escaped for HTML.
+fn unresolvable(request_uri: &str, e: &Unresolvable) -> Response<Body> {
+    let text = format!(
+        "Internal Server Error: {}: failed to create RequestInfo: {e}",
+        go_quote(request_uri)
+    )
+    .replace('&', "&amp;")
+    .replace('<', "&lt;")
+    .replace('>', "&gt;");
+    h::nosniff(h::text_response(500, &format!("{text}\n")))
+}
+
+/// Go's `%q` of a request URI (printable ASCII as is, but for `"` and `\`).
+fn go_quote(s: &str) -> String {
+    let mut out = String::from('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            ' '..='~' => out.push(c),
+            c => out.extend(c.escape_default()),
         }
     }
-    if rest.is_empty() {
-        return None;
-    }
-    Some(ResourcePath {
-        core,
-        group,
-        version,
-        namespace,
-        resource: rest[0].clone(),
-        name: rest.get(1).cloned().unwrap_or_default(),
-        subresource: rest.get(2).cloned().unwrap_or_default(),
-        watch_prefix,
-        extra_segments: rest.len() > 3,
-    })
+    out.push('"');
+    out
 }
 
 async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
@@ -188,6 +199,19 @@ async fn route(
     let (parts, body) = req.into_parts();
     let certs = parts.extensions.get::<auth::PeerCertificates>();
     let path = parts.uri.path().to_string();
+    // kube's request-info filter runs before authentication and everything
+    // after it: routing, authorization and metrics all read this.
+    let info = match crate::request_info::resolve(parts.method.as_str(), &path, parts.uri.query()) {
+        Ok(info) => info,
+        Err(e) => {
+            let uri = parts
+                .uri
+                .path_and_query()
+                .map_or(path.as_str(), |pq| pq.as_str());
+            return Ok(unresolvable(uri, &e));
+        }
+    };
+    let attrs_for = |user| crate::rbac::attributes(info.clone(), &path, user);
 
     // Groups served by an APIService with a service go to their backend, after the
     // caller has been authorized here (kube-apiserver never forwards a request the
@@ -201,17 +225,8 @@ async fn route(
             None => aggregator.route(&path),
         };
         if let Some(api_route) = routed {
-            let method = parts.method.as_str().to_string();
-            let query = parts.uri.query().map(str::to_string);
             let attrs =
-                authenticate_and_authorize(&state, &parts.headers, certs, exchange, |user| {
-                    crate::rbac::authorize_attributes_from_request(
-                        &method,
-                        &path,
-                        query.as_deref(),
-                        user,
-                    )
-                })?;
+                authenticate_and_authorize(&state, &parts.headers, certs, exchange, attrs_for)?;
             let response = aggregator
                 .proxy(api_route, Request::from_parts(parts, body), &attrs.user)
                 .await;
@@ -236,43 +251,11 @@ async fn route(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
 
-    let resource_path = parse_resource_path(&segs);
-    let verb = match &resource_path {
-        Some(rp) => match parts.method {
-            Method::GET | Method::HEAD => {
-                if rp.watch_prefix || (rp.name.is_empty() && super::watch_requested(&query)) {
-                    "watch"
-                } else if rp.name.is_empty() {
-                    "list"
-                } else {
-                    "get"
-                }
-            }
-            Method::POST => "create",
-            Method::PUT => "update",
-            Method::PATCH => "patch",
-            Method::DELETE if rp.name.is_empty() => "deletecollection",
-            Method::DELETE => "delete",
-            // kube's RequestInfo resolver gives any other method (OPTIONS,
-            // TRACE, CONNECT, ...) an empty verb: the request still goes
-            // through authentication, priority and fairness and authorization
-            // like any other, and only the handler refuses it (the last arm of
-            // `resource_request`).
-            _ => "",
-        }
-        .to_string(),
-        None => parts.method.as_str().to_ascii_lowercase(),
-    };
     // Authorization sees the request as kube's RequestInfo resolver does (for
     // example, a list with fieldSelector=metadata.name=x names x).
-    let attrs = authenticate_and_authorize(&state, &parts.headers, certs, exchange, |user| {
-        crate::rbac::authorize_attributes_from_request(
-            parts.method.as_str(),
-            &path,
-            parts.uri.query(),
-            user,
-        )
-    })?;
+    let attrs = authenticate_and_authorize(&state, &parts.headers, certs, exchange, attrs_for)?;
+    let resource_path = ResourcePath::of(&info);
+    let verb = info.verb;
     match resource_path {
         Some(rp) => {
             let labels = RequestLabels::new(&verb, &rp, &parts.headers, &query);
@@ -677,6 +660,27 @@ async fn resource_request(
             crd_subresource_serves(&info, &rp, verb)?;
         }
     }
+    // kube 1.32 serves the `proxy` verb's paths (`/<prefix>/proxy/...`) nowhere:
+    // go-restful has no route for them, and the custom-resource handler
+    // (`serveResource`) refuses a verb it does not know as MethodNotSupported.
+    if verb == "proxy" {
+        return if info.is_crd() {
+            Err(ApiError::method_not_supported(
+                &info.group,
+                &info.resource,
+                verb,
+            ))
+        } else {
+            not_found(rp.core)
+        };
+    }
+    // A `/watch/` path is a watch whatever the method, but go-restful
+    // registers its routes for GET alone, so it refuses any other method (405)
+    // for a built-in resource; the custom-resource handler serves a watch by
+    // the verb alone.
+    if verb == "watch" && method != Method::GET && method != Method::HEAD && !info.is_crd() {
+        return Err(ApiError::method_not_allowed());
+    }
     // A method with no verb is refused before the Accept header is looked at:
     // go-restful's router (RouterJSR311.detectRoute) matches the method (405)
     // before the media types (406), and the custom-resource handler's
@@ -760,7 +764,8 @@ async fn resource_request(
             allowed("deletecollection")?;
             rest::delete_collection(state, &ctx, &body).await
         }
-        // `route` makes no other verb, and the empty one was refused above.
+        // kube's resolver makes no other verb, and the empty one and `proxy`
+        // were refused above.
         _ => Err(ApiError::method_not_allowed()),
     }
 }
@@ -898,17 +903,11 @@ fn reviews(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Result<Response<Bod
 mod tests {
     use super::*;
 
-    fn segs(p: &str) -> Vec<String> {
-        p.split('/')
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect()
-    }
-
     #[test]
     fn resource_paths_parse_like_kube_request_info() {
         let check = |p: &str, want: Option<(&str, &str, &str, &str, &str)>| {
-            let got = parse_resource_path(&segs(p))
+            let info = crate::request_info::resolve("GET", p, None).expect("resolvable");
+            let got = ResourcePath::of(&info)
                 .map(|r| (r.group, r.namespace, r.resource, r.name, r.subresource));
             let want = want.map(|(g, n, r, name, s)| {
                 (

@@ -11,28 +11,12 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use serde_json::Value;
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// Whether a collection GET with these query parameters is a watch, as
-/// kube-apiserver reads `watch` ([`crproxy_core::request::watch_value`]).
-pub(crate) fn watch_requested(query: &HashMap<String, String>) -> bool {
-    query
-        .get("watch")
-        .is_some_and(|v| crproxy_core::request::watch_value(v))
-}
-
-/// A query's parameters by name, each with its first value: kube-apiserver
-/// reads a parameter that is not a list with Go's `url.Values.Get`, which
-/// takes the first of repeated values.
-pub(crate) fn query_parameters(query: Option<&str>) -> HashMap<String, String> {
-    let mut parameters = HashMap::new();
-    for (name, value) in crproxy_core::request::query_pairs(query) {
-        parameters.entry(name).or_insert(value);
-    }
-    parameters
-}
+/// A query's parameters by name, each with its first value (see
+/// [`crate::request_info::query_parameters`]).
+pub(crate) use crate::request_info::query_parameters;
 
 /// Every response body: a full buffer or a stream (watches).
 pub type Body = BoxBody<Bytes, std::io::Error>;

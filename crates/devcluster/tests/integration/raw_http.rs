@@ -507,6 +507,68 @@ async fn methods_without_a_verb_are_refused_after_the_filters() {
     }
 }
 
+/// Routing, authorization and metrics share kube's RequestInfo resolution. A
+/// `watch` or `proxy` segment with nothing after it is refused by kube's
+/// request-info filter before authentication (500, `InternalError`'s text);
+/// a `/watch/` path is a watch whatever the method, which go-restful refuses
+/// for anything but GET on a built-in resource (405) where the custom-resource
+/// handler serves it; `/proxy/` paths are served nowhere (404); an empty
+/// namespace segment is kept, so the path names a list of every namespace's
+/// objects, not the namespace after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_resolved_as_kubes_request_info_resolves_them() {
+    let test = test_support::devcluster("request-info").await;
+    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
+    for (token, who) in [
+        (Some("not-a-real-token"), "a bad token"),
+        (None, "anonymous"),
+    ] {
+        let (code, h, body) = request_as(
+            &test,
+            token,
+            "GET",
+            "/api/v1/watch?a=1&b=2",
+            &[],
+            Protocol::Http1,
+        )
+        .await;
+        assert_eq!(code, 500, "{who}");
+        assert_eq!(one(&h, "content-type", who), "text/plain; charset=utf-8");
+        assert_eq!(one(&h, NOSNIFF, who), "nosniff");
+        assert_eq!(
+            body,
+            "Internal Server Error: \"/api/v1/watch?a=1&amp;b=2\": failed to create \
+             RequestInfo: unable to determine kind and namespace from url, \
+             /api/v1/watch?a=1&amp;b=2\n",
+            "{who}"
+        );
+    }
+
+    let watch = "/api/v1/watch/namespaces/default/configmaps?timeoutSeconds=1";
+    let (code, _, body) = admin_request(&test, "POST", watch, &[], Protocol::Http1).await;
+    assert_eq!(code, 405, "POST {watch}: {body:?}");
+    let crontabs = "/apis/stable.example.io/v1/watch/namespaces/default/crontabs?timeoutSeconds=1";
+    let (code, h, _) = admin_request(&test, "POST", crontabs, &[], Protocol::Http1).await;
+    assert_eq!(code, 200, "POST {crontabs}");
+    assert_eq!(one(&h, "content-type", crontabs), "application/json");
+
+    let proxy = "/api/v1/proxy/namespaces/default/configmaps/x";
+    let (code, _, body) = admin_request(&test, "GET", proxy, &[], Protocol::Http1).await;
+    assert_eq!(code, 404, "GET {proxy}: {body:?}");
+
+    let (code, _, body) = admin_request(
+        &test,
+        "GET",
+        "/api/v1/namespaces//configmaps",
+        &[],
+        Protocol::Http1,
+    )
+    .await;
+    assert_eq!(code, 200);
+    let list: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(list["kind"], "ConfigMapList", "{list}");
+}
+
 /// A media type no kube serializer writes.
 const UNACCEPTABLE: &str = "application/x-unacceptable";
 
