@@ -274,7 +274,11 @@ async fn route(
                 )
                 .await
             };
-            Ok(counted(&state, labels, answer.await))
+            let answer = answer.await;
+            Ok(match labels {
+                Some(labels) => counted(&state, labels, answer),
+                None => answer.unwrap_or_else(|e| h::error_response(&e)),
+            })
         }
         None => non_resource(&state, &segs, &query, &parts.headers, accept.as_deref()),
     }

@@ -7,6 +7,16 @@
 //! Simplifications: every authorized request for a resource path is counted,
 //! whether or not the resource is served (kube counts only the routes it
 //! installed), and requests refused by authentication or authorization are not.
+//!
+//! A request with no verb (OPTIONS, TRACE, CONNECT or any other method kube's
+//! RequestInfo resolver has no verb for) or with the `proxy` verb is never
+//! counted, as in kube: only the handlers kube installs count
+//! (`metrics.InstrumentRouteFunc` on go-restful's routes,
+//! `metrics.InstrumentHandlerFunc` on the handler `crdHandler.ServeHTTP` picks),
+//! and no handler serves such a request. go-restful's router refuses it with
+//! its 405 (or 404) before any route runs, and the custom-resource handler's
+//! `serveResource` writes its MethodNotSupported itself and returns no handler
+//! to instrument.
 
 use crproxy_core::locks;
 use std::collections::{BTreeMap, HashMap};
@@ -30,15 +40,16 @@ pub(crate) struct RequestLabels {
 }
 
 impl RequestLabels {
-    /// `verb` is devcluster's authorization verb (`get`, `list`, `watch`,
+    /// `verb` is the request's RequestInfo verb (`get`, `list`, `watch`,
     /// `create`, ...); kube reports the HTTP-style canonical one, and `APPLY` for
-    /// a server-side apply patch.
+    /// a server-side apply patch. `None` for a verb no handler serves (the
+    /// empty one, `proxy`): kube does not count such a request.
     pub(crate) fn new(
         verb: &str,
         path: &ResourcePath,
         headers: &HeaderMap,
         query: &HashMap<String, String>,
-    ) -> RequestLabels {
+    ) -> Option<RequestLabels> {
         let is_apply = headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -53,7 +64,7 @@ impl RequestLabels {
             "patch" => "PATCH",
             "delete" => "DELETE",
             "deletecollection" => "DELETECOLLECTION",
-            _ => "UNKNOWN",
+            _ => return None,
         };
         // kube reports an invalid dryRun value as such rather than echoing it.
         let dry_run = match query.get("dryRun").map(String::as_str) {
@@ -68,7 +79,7 @@ impl RequestLabels {
         } else {
             "cluster"
         };
-        RequestLabels {
+        Some(RequestLabels {
             verb,
             dry_run,
             group: path.group.clone(),
@@ -76,7 +87,7 @@ impl RequestLabels {
             resource: path.resource.clone(),
             subresource: path.subresource.clone(),
             scope,
-        }
+        })
     }
 
     pub(crate) fn is_watch(&self) -> bool {

@@ -569,6 +569,58 @@ async fn requests_are_resolved_as_kubes_request_info_resolves_them() {
     assert_eq!(list["kind"], "ConfigMapList", "{list}");
 }
 
+/// A request kube's RequestInfo gives no verb (or the `proxy` verb) is refused
+/// before any instrumented handler runs, so `apiserver_request_total` has no
+/// series for it; a GET of the same resources is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_a_verb_are_not_counted() {
+    let test = test_support::devcluster("no-verb-metrics").await;
+    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
+    let configmaps = "/api/v1/namespaces/default/configmaps";
+    let crontabs = "/apis/stable.example.io/v1/namespaces/default/crontabs";
+    for path in [configmaps, crontabs] {
+        for method in ["OPTIONS", "TRACE"] {
+            let (code, _, _) = admin_request(&test, method, path, &[], Protocol::Http1).await;
+            assert_eq!(code, 405, "{method} {path}");
+        }
+    }
+    for path in [
+        "/api/v1/proxy/namespaces/default/configmaps/x",
+        "/apis/stable.example.io/v1/proxy/namespaces/default/crontabs/x",
+    ] {
+        let (code, _, _) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
+        assert!(code == 404 || code == 405, "GET {path}: {code}");
+    }
+    for path in [configmaps, crontabs] {
+        let (code, _, _) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
+        assert_eq!(code, 200, "GET {path}");
+    }
+    let (code, _, body) = admin_request(&test, "GET", "/metrics", &[], Protocol::Http1).await;
+    assert_eq!(code, 200);
+    let text = String::from_utf8(body.to_vec()).expect("text");
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| l.contains("resource=\"configmaps\"") || l.contains("resource=\"crontabs\""))
+        .collect();
+    for resource in ["configmaps", "crontabs"] {
+        assert!(
+            series
+                .iter()
+                .any(|l| l.contains(&format!("resource=\"{resource}\""))
+                    && l.contains("verb=\"LIST\"")
+                    && l.contains("code=\"200\"")),
+            "{series:#?}"
+        );
+    }
+    for line in &series {
+        assert!(
+            line.contains("verb=\"LIST\"") && line.contains("code=\"200\""),
+            "only the GETs are counted: {line}"
+        );
+    }
+}
+
 /// A media type no kube serializer writes.
 const UNACCEPTABLE: &str = "application/x-unacceptable";
 

@@ -42,25 +42,42 @@ fn verbs_are_reported_as_kube_names_them() {
         ("deletecollection", "DELETECOLLECTION"),
     ];
     for (verb, reported) in cases {
-        let labels = RequestLabels::new(verb, &resource("demo", "a", ""), &plain, &query(&[]));
+        let labels = RequestLabels::new(verb, &resource("demo", "a", ""), &plain, &query(&[]))
+            .expect("counted");
         assert_eq!(labels.verb, reported, "{verb}");
     }
     let apply = headers("application/apply-patch+yaml");
-    let labels = RequestLabels::new("patch", &resource("demo", "a", ""), &apply, &query(&[]));
+    let labels = RequestLabels::new("patch", &resource("demo", "a", ""), &apply, &query(&[]))
+        .expect("counted");
     assert_eq!(labels.verb, "APPLY");
+}
+
+/// kube counts a request only in the handler that serves it, and none
+/// serves a method its RequestInfo has no verb for, or the `proxy` verb.
+#[test]
+fn requests_no_handler_serves_are_not_counted() {
+    let plain = HeaderMap::new();
+    for verb in ["", "proxy"] {
+        let labels = RequestLabels::new(verb, &resource("demo", "a", ""), &plain, &query(&[]));
+        assert_eq!(labels, None, "{verb:?}");
+    }
 }
 
 #[test]
 fn scope_and_dry_run_follow_the_request() {
     let plain = HeaderMap::new();
     let scope = |namespace, name| {
-        RequestLabels::new("get", &resource(namespace, name, ""), &plain, &query(&[])).scope
+        RequestLabels::new("get", &resource(namespace, name, ""), &plain, &query(&[]))
+            .expect("counted")
+            .scope
     };
     assert_eq!(scope("demo", "a"), "resource");
     assert_eq!(scope("demo", ""), "namespace");
     assert_eq!(scope("", ""), "cluster");
     let dry_run = |value| {
-        RequestLabels::new("create", &resource("demo", "", ""), &plain, &query(value)).dry_run
+        RequestLabels::new("create", &resource("demo", "", ""), &plain, &query(value))
+            .expect("counted")
+            .dry_run
     };
     assert_eq!(dry_run(&[]), "");
     assert_eq!(dry_run(&[("dryRun", "All")]), "All");
@@ -71,7 +88,8 @@ fn scope_and_dry_run_follow_the_request() {
 fn the_exposition_counts_each_series_by_code() {
     let metrics = RequestMetrics::default();
     let plain = HeaderMap::new();
-    let labels = RequestLabels::new("update", &resource("demo", "a", ""), &plain, &query(&[]));
+    let labels = RequestLabels::new("update", &resource("demo", "a", ""), &plain, &query(&[]))
+        .expect("counted");
     metrics.record(labels.clone(), 200);
     metrics.record(labels.clone(), 200);
     metrics.record(labels, 409);
@@ -80,7 +98,8 @@ fn the_exposition_counts_each_series_by_code() {
         &resource("demo", "a", "status"),
         &plain,
         &query(&[]),
-    );
+    )
+    .expect("counted");
     metrics.record(status, 200);
     let text = metrics.render();
     let put = "apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",\
@@ -106,7 +125,8 @@ fn the_exposition_counts_each_series_by_code() {
 fn a_watch_is_counted_when_its_guard_goes() {
     let metrics = Arc::new(RequestMetrics::default());
     let plain = HeaderMap::new();
-    let labels = RequestLabels::new("watch", &resource("demo", "", ""), &plain, &query(&[]));
+    let labels = RequestLabels::new("watch", &resource("demo", "", ""), &plain, &query(&[]))
+        .expect("counted");
     let guard = CountWhenDropped::new(metrics.clone(), labels, 200);
     assert!(!metrics.render().contains("verb=\"WATCH\""));
     drop(guard);
