@@ -392,28 +392,29 @@ impl Aggregator {
         // neither 101 nor an error (a status below 400) failed the upgrade, and
         // the aggregator's responder says so with `http.Error` and 503; an
         // error answer goes to the caller as the backend sent it.
-        let status = resp.status();
-        if upgrade && status != StatusCode::SWITCHING_PROTOCOLS && status.as_u16() < 400 {
-            return proxy_error(&format!(
-                "invalid upgrade response: status code {}",
-                status.as_u16()
-            ));
-        }
-        if upgrade && status == StatusCode::SWITCHING_PROTOCOLS {
-            let backend_upgrade = hyper::upgrade::on(&mut resp);
-            if let Some(client_upgrade) = client_upgrade {
-                tokio::spawn(async move {
-                    let (Ok(client), Ok(backend)) = (client_upgrade.await, backend_upgrade.await)
-                    else {
-                        return;
-                    };
-                    let mut client = TokioIo::new(client);
-                    let mut backend = TokioIo::new(backend);
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
-                });
+        match resp.status() {
+            StatusCode::SWITCHING_PROTOCOLS if upgrade => {
+                let backend_upgrade = hyper::upgrade::on(&mut resp);
+                if let Some(client_upgrade) = client_upgrade {
+                    tokio::spawn(async move {
+                        let (Ok(client), Ok(backend)) =
+                            (client_upgrade.await, backend_upgrade.await)
+                        else {
+                            return;
+                        };
+                        let mut client = TokioIo::new(client);
+                        let mut backend = TokioIo::new(backend);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+                    });
+                }
             }
-        } else {
-            strip_hop_by_hop(resp.headers_mut(), false);
+            status if upgrade && status.as_u16() < 400 => {
+                return proxy_error(&format!(
+                    "invalid upgrade response: status code {}",
+                    status.as_u16()
+                ));
+            }
+            _ => strip_hop_by_hop(resp.headers_mut(), false),
         }
         resp.extensions_mut().insert(if upgrade {
             Relayed::Upgrade
@@ -1422,11 +1423,7 @@ fn text_response(status: StatusCode, text: &str) -> Response<BoxBody> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    resp.headers_mut().insert(
-        "x-content-type-options",
-        HeaderValue::from_static("nosniff"),
-    );
-    resp
+    crate::server::nosniff(resp)
 }
 
 /// kube-aggregator's answer while an APIService is not Available: Go's `http.Error`

@@ -228,7 +228,7 @@ impl PolicyCache {
 fn refusal(status: &Value) -> ApiError {
     let error = ApiError::from_status(status);
     match error.code {
-        403 => error.header("X-Content-Type-Options", "nosniff"),
+        403 => super::http::nosniff_error(error),
         _ => error,
     }
 }

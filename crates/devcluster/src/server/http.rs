@@ -289,13 +289,20 @@ pub fn plain_not_found() -> Response<Body> {
 }
 
 /// `resp` with `X-Content-Type-Options: nosniff`, as Go's `http.Error` and
-/// `http.NotFound` and kube's health endpoints send their text.
-pub fn nosniff(mut resp: Response<Body>) -> Response<Body> {
+/// `http.NotFound` and kube's health endpoints send their text. Any body: the
+/// aggregator's answers use it too.
+pub fn nosniff<B>(mut resp: Response<B>) -> Response<B> {
     resp.headers_mut().insert(
         http::header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
     resp
+}
+
+/// `error` answered with [`nosniff`]'s header, as kube's Forbidden writer
+/// sends it.
+pub fn nosniff_error(error: ApiError) -> ApiError {
+    error.header(http::header::X_CONTENT_TYPE_OPTIONS.as_str(), "nosniff")
 }
 
 pub fn text_response(status: u16, text: &str) -> Response<Body> {
