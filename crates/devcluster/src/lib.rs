@@ -61,6 +61,7 @@ pub mod table;
 // Who may do what.
 pub mod admission;
 pub mod authn;
+pub(crate) mod health;
 pub mod rbac;
 pub mod request_info;
 pub mod reviews;

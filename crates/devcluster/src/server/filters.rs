@@ -19,7 +19,7 @@
 //! `X-Content-Type-Options: nosniff` is not a filter's: kube's Forbidden writer
 //! and Go's `http.Error` add it, and so do devcluster's equivalents (see
 //! `auth.rs` and `http::plain_not_found`), as do kube's health endpoints
-//! (`/healthz`, `/livez`, `/readyz` in `handlers.rs`).
+//! (`/healthz`, `/livez`, `/readyz` in `health.rs`).
 
 use crate::aggregation::Relayed;
 use crate::types::RequestAttributes;

@@ -156,27 +156,12 @@ impl ResourcePath {
 fn unresolvable(request_uri: &str, e: &Unresolvable) -> Response<Body> {
     let text = format!(
         "Internal Server Error: {}: failed to create RequestInfo: {e}",
-        go_quote(request_uri)
+        h::go_quoted(request_uri)
     )
     .replace('&', "&amp;")
     .replace('<', "&lt;")
     .replace('>', "&gt;");
     h::nosniff(h::text_response(500, &format!("{text}\n")))
-}
-
-/// Go's `%q` of a request URI (printable ASCII as is, but for `"` and `\`).
-fn go_quote(s: &str) -> String {
-    let mut out = String::from('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            ' '..='~' => out.push(c),
-            c => out.extend(c.escape_default()),
-        }
-    }
-    out.push('"');
-    out
 }
 
 async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
@@ -280,7 +265,13 @@ async fn route(
                 None => answer.unwrap_or_else(|e| h::error_response(&e)),
             })
         }
-        None => non_resource(&state, &segs, &query, &parts.headers, accept.as_deref()),
+        None => {
+            let checks = crate::health::kube_apiserver_checks;
+            match crate::health::answer(&path, parts.uri.query(), checks) {
+                Some(answer) => Ok(answer.map(h::full)),
+                None => non_resource(&state, &segs, &parts.headers, accept.as_deref()),
+            }
+        }
     }
 }
 
@@ -364,7 +355,6 @@ fn discovery_response(
 fn non_resource(
     state: &Arc<State>,
     segs: &[String],
-    query: &HashMap<String, String>,
     headers: &http::HeaderMap,
     accept: Option<&str>,
 ) -> Result<Response<Body>, ApiError> {
@@ -380,10 +370,6 @@ fn non_resource(
             &json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/openapi/v2", "/openapi/v3", "/readyz", "/version"]}),
         )),
         ["version"] => Ok(h::json_response(200, &discovery::version_info())),
-        [endpoint @ ("healthz" | "livez" | "readyz")] => Ok(health(endpoint, query)),
-        [endpoint @ ("healthz" | "livez" | "readyz"), check @ ..] => {
-            Ok(health_check(endpoint, &check.join("/")))
-        }
         ["metrics"] => {
             let mut r = h::text_response(200, &state.requests.render());
             r.headers_mut().insert(
@@ -516,97 +502,6 @@ fn openapi_v3_index(state: &State) -> Value {
         }
     }
     crate::openapi::v3_index(&entries)
-}
-
-/// The checks a kube-apiserver registers on `/healthz`, `/livez` and `/readyz`
-/// alike, in the order its verbose answer lists them: the generic server's
-/// `ping` and `log` (`NewConfig`), `etcd` (the etcd options'
-/// `AddHealthChecks`), then one `poststarthook/<name>` per post-start hook of
-/// the aggregator chain (`AddPostStartHook`) and the aggregator's
-/// `autoregister-completion`. The hooks' names and order are those of a recorded
-/// 1.33 `/readyz?verbose` (no reference exchange covers them) less any that may
-/// be newer than 1.32: an approximation of 1.32's list, not a record of it.
-const HEALTH_CHECKS: &[&str] = &[
-    "ping",
-    "log",
-    "etcd",
-    "poststarthook/start-apiserver-admission-initializer",
-    "poststarthook/generic-apiserver-start-informers",
-    "poststarthook/priority-and-fairness-config-consumer",
-    "poststarthook/priority-and-fairness-filter",
-    "poststarthook/storage-object-count-tracker-hook",
-    "poststarthook/start-apiextensions-informers",
-    "poststarthook/start-apiextensions-controllers",
-    "poststarthook/crd-informer-synced",
-    "poststarthook/start-system-namespaces-controller",
-    "poststarthook/start-cluster-authentication-info-controller",
-    "poststarthook/start-kube-apiserver-identity-lease-controller",
-    "poststarthook/start-kube-apiserver-identity-lease-garbage-collector",
-    "poststarthook/start-legacy-token-tracking-controller",
-    "poststarthook/start-service-ip-repair-controllers",
-    "poststarthook/rbac/bootstrap-roles",
-    "poststarthook/scheduling/bootstrap-system-priority-classes",
-    "poststarthook/priority-and-fairness-config-producer",
-    "poststarthook/bootstrap-controller",
-    "poststarthook/aggregator-reload-proxy-client-cert",
-    "poststarthook/start-kube-aggregator-informers",
-    "poststarthook/apiservice-status-local-available-controller",
-    "poststarthook/apiservice-status-remote-available-controller",
-    "poststarthook/apiservice-registration-controller",
-    "poststarthook/apiservice-discovery-controller",
-    "poststarthook/kube-apiserver-autoregistration",
-    "autoregister-completion",
-    "poststarthook/apiservice-openapi-controller",
-    "poststarthook/apiservice-openapiv3-controller",
-];
-
-/// The checks of one health endpoint. `/readyz` has three more: the etcd
-/// options' `etcd-readiness` (`AddReadyzChecks`), the generic server's
-/// `informer-sync`, and `shutdown`, which `installReadyz` adds last.
-fn health_checks(endpoint: &str) -> impl Iterator<Item = &'static str> {
-    let readyz = endpoint == "readyz";
-    let (first, rest) = HEALTH_CHECKS.split_at(3);
-    let (readiness, last): (&[&str], &[&str]) = if readyz {
-        (&["etcd-readiness", "informer-sync"], &["shutdown"])
-    } else {
-        (&[], &[])
-    };
-    first
-        .iter()
-        .chain(readiness)
-        .chain(rest)
-        .chain(last)
-        .copied()
-}
-
-/// `/healthz`, `/livez` or `/readyz` itself, as kube's `handleRootHealth`
-/// answers when every check passes: it sets the content type and nosniff
-/// itself and writes `ok`, or, when the query names `verbose` (with any value),
-/// a `[+]<check> ok` line per check and `<endpoint> check passed`.
-fn health(endpoint: &str, query: &HashMap<String, String>) -> Response<Body> {
-    let text = if query.contains_key("verbose") {
-        let mut text: String = health_checks(endpoint)
-            .map(|check| format!("[+]{check} ok\n"))
-            .collect();
-        text.push_str(&format!("{endpoint} check passed\n"));
-        text
-    } else {
-        "ok".to_string()
-    };
-    h::nosniff(h::text_response(200, &text))
-}
-
-/// `/<endpoint>/<check>`: kube's healthz installs one exact path per check it
-/// registered (`InstallPathHandlerWithHealthyFunc`), whose handler
-/// (`adaptCheckToHandler`) only writes `ok`, which Go sniffs as text/plain,
-/// without nosniff. Any other name matches no path of any server in the chain
-/// and reaches the not-found handler's plain 404.
-fn health_check(endpoint: &str, check: &str) -> Response<Body> {
-    if health_checks(endpoint).any(|known| known == check) {
-        h::text_response(200, "ok")
-    } else {
-        h::plain_not_found()
-    }
 }
 
 /// `/openapi/v3/api/v1` or `/openapi/v3/apis/<g>/<v>`.

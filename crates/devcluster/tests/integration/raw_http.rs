@@ -723,6 +723,33 @@ async fn verbose_health_lists_each_check() {
     }
 }
 
+/// Health paths match exactly, as kube's path mux does: a trailing or doubled
+/// slash reaches the not-found handler. `?exclude=<check>` skips a check, and a
+/// verbose answer says so and warns about names that match no check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_paths_match_exactly_and_checks_can_be_excluded() {
+    let test = test_support::devcluster("health-exact").await;
+    for path in ["/healthz/", "/livez//ping", "/readyz/ping/"] {
+        let (code, h, body) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
+        assert_eq!(code, 404, "{path}");
+        assert_eq!(body, "404 page not found\n", "{path}");
+        assert_eq!(one(&h, NOSNIFF, path), "nosniff");
+    }
+    let path = "/readyz?verbose&exclude=etcd&exclude=nope";
+    let (code, h, body) = request_as(&test, None, "GET", path, &[], Protocol::Http1).await;
+    assert_eq!(code, 200, "{path}");
+    assert_eq!(one(&h, NOSNIFF, path), "nosniff");
+    let text = std::str::from_utf8(&body).expect("text");
+    assert!(text.contains("[+]log ok\n[+]etcd excluded: ok\n"), "{text}");
+    assert!(
+        text.ends_with(
+            "warn: some health checks cannot be excluded: no matches for \"nope\"\n\
+             readyz check passed\n"
+        ),
+        "{text}"
+    );
+}
+
 /// A namespaced custom resource's all-namespaces path serves list and watch
 /// only: kube's custom-resource handler hands every other verb to its 404
 /// delegate (`possiblyAcrossAllNamespacesVerbs`), so a DELETE there removes
