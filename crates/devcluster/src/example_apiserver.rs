@@ -489,6 +489,11 @@ async fn store_saved(store: &Gateways, response: Response<Body>) -> Response<Bod
 
 async fn dispatch(store: &Gateways, request: Request<hyper::body::Incoming>) -> Response<Body> {
     let path = request.uri().path().to_string();
+    // A generic API server's health endpoints, with kube's headers.
+    let checks = crate::health::generic_server_checks;
+    if let Some(answer) = crate::health::answer(&path, request.uri().query(), checks) {
+        return answer.map(|text| Full::new(text).boxed());
+    }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let discovery = match segments.as_slice() {
         ["apis"] => {
@@ -515,9 +520,6 @@ async fn dispatch(store: &Gateways, request: Request<hyper::body::Incoming>) -> 
             VERSION,
             &[openapi_resource()],
         )),
-        ["healthz" | "livez" | "readyz"] => {
-            return Response::new(Full::new(Bytes::from_static(b"ok")).boxed())
-        }
         _ => None,
     };
     if let Some(document) = discovery {

@@ -78,6 +78,19 @@ pub(crate) fn kube_apiserver_checks(endpoint: &str) -> Vec<&'static str> {
         .collect()
 }
 
+/// The checks every generic API server registers (the example API server's):
+/// `ping` and `log` (`NewConfig`'s defaults) on each endpoint; `/readyz` adds
+/// `informer-sync` (`New`, with an informer factory) and `shutdown`
+/// (`installReadyz`). Its post-start hooks are left out: the example server
+/// has none of a generic server's.
+pub(crate) fn generic_server_checks(endpoint: &str) -> Vec<&'static str> {
+    if endpoint == "readyz" {
+        vec!["ping", "log", "informer-sync", "shutdown"]
+    } else {
+        vec!["ping", "log"]
+    }
+}
+
 /// The answer to `path?query` when `path` is a health endpoint or lies under
 /// one; `None` for any other path. `checks` names the checks of an endpoint.
 pub(crate) fn answer(

@@ -410,3 +410,101 @@ async fn gateways_survive_a_restart_with_a_state_file() {
     );
     assert!(!err.contains('\n'), "{err}");
 }
+
+/// `method path` sent straight to the example server with the front proxy's
+/// client certificate (what the aggregator presents); status, headers, body.
+async fn example_server_request(
+    test: &test_support::TestCluster,
+    server: &ExampleApiServer,
+    path: &str,
+) -> (http::StatusCode, http::HeaderMap, bytes::Bytes) {
+    use http_body_util::BodyExt;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let exchange = async {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(server.ca_pem().as_bytes()) {
+            roots.add(cert.expect("pem")).expect("root");
+        }
+        let client = test.cluster.front_proxy_client();
+        let chain = CertificateDer::pem_slice_iter(client.cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("client chain");
+        let key = PrivateKeyDer::from_pem_slice(client.key.as_bytes()).expect("client key");
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .expect("client auth");
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(server.addr())
+            .await
+            .expect("connect");
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .expect("tls");
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .expect("handshake");
+        tokio::spawn(conn);
+        let request = http::Request::get(path)
+            .header("host", server.addr().to_string())
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let response = sender.send_request(request).await.expect("response");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        (parts.status, parts.headers, body)
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .expect("the example server answers within 10 s")
+}
+
+/// The example server's health endpoints answer as kube's `handleRootHealth`
+/// does, headers included; its checks have their own paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_server_health_has_kubes_headers() {
+    let test = test_support::devcluster("example-health").await;
+    let server = ExampleApiServer::start(&test.cluster.front_proxy_ca_pem(), None)
+        .await
+        .expect("example server starts");
+    for endpoint in ["/healthz", "/livez", "/readyz"] {
+        let (code, h, body) = example_server_request(&test, &server, endpoint).await;
+        assert_eq!(code, 200, "{endpoint}");
+        assert_eq!(body, "ok", "{endpoint}");
+        let header = |name: &str| {
+            h.get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        assert_eq!(
+            header("content-type").as_deref(),
+            Some("text/plain; charset=utf-8"),
+            "{endpoint}"
+        );
+        assert_eq!(
+            header("x-content-type-options").as_deref(),
+            Some("nosniff"),
+            "{endpoint}"
+        );
+        let (code, _, body) =
+            example_server_request(&test, &server, &format!("{endpoint}/ping")).await;
+        assert_eq!(
+            (code.as_u16(), &body[..]),
+            (200, &b"ok"[..]),
+            "{endpoint}/ping"
+        );
+    }
+    let (_, _, body) = example_server_request(&test, &server, "/readyz?verbose").await;
+    assert_eq!(
+        body,
+        "[+]ping ok\n[+]log ok\n[+]informer-sync ok\n[+]shutdown ok\nreadyz check passed\n"
+    );
+    server.stop();
+}
