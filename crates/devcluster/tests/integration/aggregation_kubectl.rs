@@ -191,19 +191,16 @@ async fn kubectl_requests_reach_the_backend_as_the_caller_over_the_front_proxy()
     )
     .await;
     assert!(grant.success(), "{}", grant.stderr);
-    let mut listed = None;
-    for _ in 0..100 {
+    let alice_kubeconfig = &alice;
+    let listed = crate::poll(crate::Polling::USUAL, move || async move {
         let out = test_support::kubectl_async(
-            &alice,
+            alice_kubeconfig,
             &["get", "--raw", "/apis/test.io/v1/namespaces/default/things"],
         )
         .await;
-        if out.success() {
-            listed = Some(out.stdout);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        out.success().then_some(out.stdout)
+    })
+    .await;
     let listed: Value =
         serde_json::from_str(&listed.expect("the aggregated list answers")).expect("json");
     assert_eq!(listed["kind"], "ThingList");

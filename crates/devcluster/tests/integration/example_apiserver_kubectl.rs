@@ -63,18 +63,12 @@ async fn gateways_are_served_through_the_aggregator() {
         .expect("registered again");
 
     // The aggregator marks the APIService available and fetches its discovery.
-    let mut ready = false;
-    for _ in 0..100 {
-        if test_support::kubectl_async(admin, &["get", "gateways"])
-            .await
-            .success()
-        {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(ready, "gateways are served");
+    let ready = crate::poll(crate::Polling::USUAL, move || async move {
+        let out = test_support::kubectl_async(admin, &["get", "gateways"]).await;
+        out.success().then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "gateways are served");
 
     let out = create(admin, &gateway("web", json!(8080))).await;
     assert!(out.success(), "{}", out.stderr);
@@ -308,8 +302,11 @@ async fn gateways_are_served_through_the_aggregator() {
 
     // The server stops: the aggregator answers 503.
     server.stop();
-    let mut unavailable = String::new();
-    for _ in 0..50 {
+    let bounds = crate::Polling {
+        attempts: 50,
+        ..crate::Polling::USUAL
+    };
+    let unavailable = crate::poll(bounds, move || async move {
         let out = test_support::kubectl_async(
             admin,
             &[
@@ -319,12 +316,10 @@ async fn gateways_are_served_through_the_aggregator() {
             ],
         )
         .await;
-        if !out.success() {
-            unavailable = out.stderr;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (!out.success()).then_some(out.stderr)
+    })
+    .await
+    .unwrap_or_default();
     assert!(
         unavailable.contains("ServiceUnavailable") || unavailable.contains("503"),
         "{unavailable}"
@@ -341,16 +336,14 @@ async fn start_served(test: &test_support::TestCluster, state_file: &Path) -> Ex
     .await
     .expect("example server starts");
     server.register(&test.cluster).await.expect("registered");
-    for _ in 0..100 {
-        if test_support::kubectl_async(&test.kubeconfig, &["get", "gateways"])
-            .await
-            .success()
-        {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("gateways are not served");
+    let kubeconfig = &test.kubeconfig;
+    let served = crate::poll(crate::Polling::USUAL, move || async move {
+        let out = test_support::kubectl_async(kubeconfig, &["get", "gateways"]).await;
+        out.success().then_some(())
+    })
+    .await;
+    assert!(served.is_some(), "gateways are not served");
+    server
 }
 
 /// With a state file, a restarted server serves the Gateways it acknowledged (same

@@ -317,16 +317,15 @@ async fn a_namespace_held_by_a_metadata_finalizer_stays_terminating() {
     ok(kc, &["-n", "held", "create", "configmap", "c1"]).await;
     delete_held(kc, "held").await;
     // The content goes (bounded: 10 s).
-    let mut emptied = false;
-    for _ in 0..100 {
+    let emptied = crate::poll(crate::Polling::USUAL, move || async move {
         let out = kubectl_async(kc, &["-n", "held", "get", "configmap", "c1"]).await;
-        if out.stderr.contains("not found") {
-            emptied = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(emptied, "the namespace's content was never removed");
+        out.stderr.contains("not found").then_some(())
+    })
+    .await;
+    assert!(
+        emptied.is_some(),
+        "the namespace's content was never removed"
+    );
     // Past the controller's last pass, the namespace is still there, finalized.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let ns = kubectl_json_async(kc, &["get", "namespace", "held", "-o", "json"])

@@ -357,14 +357,11 @@ async fn first_answer_with(
     sent: &[(&str, &str)],
     protocol: Protocol,
 ) -> Option<http::HeaderMap> {
-    for _ in 0..100 {
+    crate::poll(crate::Polling::USUAL, move || async move {
         let (code, h, _) = admin_request(test, "GET", path, sent, protocol).await;
-        if code == status {
-            return Some(h);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    None
+        (code == status).then_some(h)
+    })
+    .await
 }
 
 /// An answer relayed from an aggregated API server (the example server, which
