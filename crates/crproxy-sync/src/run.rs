@@ -375,14 +375,14 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
 const REGISTRATION_RECHECK: Duration = Duration::from_secs(15);
 
 /// While this replica leads: every [`REGISTRATION_RECHECK`], puts back the
-/// leader's registration, or webhooks of it, that someone removed (another
-/// replica's cleanup, an administrator). Webhooks it does not have are left
-/// (a starting replica's of a newly synced type). Failures are logged and
+/// leader's registration, or webhooks of it, that someone removed or changed
+/// (another replica's cleanup, an administrator). Webhooks it does not have are
+/// left (a starting replica's of a newly synced type). Failures are logged and
 /// looked at again at the next recheck.
 async fn keep_registered(tenant: &kube::Client, configuration: &serde_json::Value) {
     loop {
         tokio::time::sleep(REGISTRATION_RECHECK).await;
-        if let Err(e) = writethrough::register_if_missing(tenant, configuration).await {
+        if let Err(e) = writethrough::keep_leaders_registration(tenant, configuration).await {
             tracing::warn!(error = %e, "checking the write-through webhook's registration in the tenant failed; retrying");
         }
     }

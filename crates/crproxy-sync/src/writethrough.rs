@@ -1265,6 +1265,29 @@ pub async fn register_if_missing(
     tenant: &kube::Client,
     configuration: &Value,
 ) -> Result<(), kube::Error> {
+    merge_registration(tenant, configuration, with_missing_webhooks).await
+}
+
+/// The leader's [`register_if_missing`]: besides the webhooks the configuration
+/// lacks, it puts back each of its own that someone changed (an administrator's
+/// edit of the address or the failure policy): until it did, the tenant's writes
+/// of that type would fail closed, or skip the host's validation. Webhooks of
+/// other names, and what the API server defaulted in its own, stay.
+pub async fn keep_leaders_registration(
+    tenant: &kube::Client,
+    configuration: &Value,
+) -> Result<(), kube::Error> {
+    merge_registration(tenant, configuration, with_leaders_webhooks).await
+}
+
+/// Creates `configuration` in the tenant when it is missing, or replaces the one
+/// there with what `merge` makes of it and `configuration` when `merge` names the
+/// webhooks it changed. A concurrent replace is read again, three attempts in all.
+async fn merge_registration(
+    tenant: &kube::Client,
+    configuration: &Value,
+    merge: fn(&mut Value, &Value) -> Option<Vec<String>>,
+) -> Result<(), kube::Error> {
     const ATTEMPTS: usize = 3;
     let api = configurations(tenant);
     let name = meta(configuration, "name");
@@ -1281,10 +1304,10 @@ pub async fn register_if_missing(
             Some(current) => {
                 let mut current =
                     serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
-                let Some(added) = with_missing_webhooks(&mut current, configuration) else {
+                let Some(changed) = merge(&mut current, configuration) else {
                     return Ok(());
                 };
-                tracing::info!(configuration = %name, webhooks = ?added, "adding missing write-through webhooks to the tenant's configuration");
+                tracing::info!(configuration = %name, webhooks = ?changed, "putting write-through webhooks into the tenant's configuration");
                 api.replace(name, &PostParams::default(), &object(current)?)
                     .await
             }
@@ -1317,6 +1340,44 @@ fn with_missing_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<Stri
         None => current["webhooks"] = Value::Array(missing),
     }
     Some(added)
+}
+
+/// [`with_missing_webhooks`], and each webhook of `current` named as one of
+/// `wanted` that no longer holds everything `wanted`'s does is replaced by it;
+/// the names added or replaced, `None` when none was.
+fn with_leaders_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<String>> {
+    let mut changed = Vec::new();
+    if let Some(webhooks) = current["webhooks"].as_array_mut() {
+        for webhook in webhooks.iter_mut() {
+            let name = webhook["name"].as_str().unwrap_or_default();
+            let leaders = wanted["webhooks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|w| w["name"].as_str() == Some(name));
+            if let Some(leaders) = leaders.filter(|w| !holds(webhook, w)) {
+                changed.push(name.to_owned());
+                *webhook = leaders.clone();
+            }
+        }
+    }
+    changed.extend(with_missing_webhooks(current, wanted).unwrap_or_default());
+    (!changed.is_empty()).then_some(changed)
+}
+
+/// Whether `have` holds everything `want` says: every member of an object (with
+/// others beside it, such as the API server's defaults), every item of a list of
+/// the same length, and equal scalars.
+fn holds(have: &Value, want: &Value) -> bool {
+    match (have, want) {
+        (Value::Object(have), Value::Object(want)) => want
+            .iter()
+            .all(|(key, want)| have.get(key).is_some_and(|have| holds(have, want))),
+        (Value::Array(have), Value::Array(want)) => {
+            have.len() == want.len() && have.iter().zip(want).all(|(h, w)| holds(h, w))
+        }
+        (have, want) => have == want,
+    }
 }
 
 /// The names of a webhook configuration's webhooks, in order.

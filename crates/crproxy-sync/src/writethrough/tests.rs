@@ -1719,6 +1719,51 @@ fn a_registration_gains_only_the_webhooks_it_lacks() {
     assert_eq!(bare["webhooks"], wanted["webhooks"]);
 }
 
+/// The leader's check puts back each of its webhooks that someone changed, and
+/// one that is missing; what the API server defaulted beside its fields, and a
+/// webhook of another name, are not a change and stay.
+#[test]
+fn the_leader_puts_back_its_changed_webhooks_and_keeps_the_servers_defaults() {
+    let ours = |name: &str, url: &str| {
+        json!({"name": name, "clientConfig": {"url": url},
+               "rules": [{"apiGroups": ["x"], "operations": ["CREATE"]}]})
+    };
+    let wanted =
+        json!({"webhooks": [ours("a.x", "https://leader"), ours("b.x", "https://leader")]});
+    let mut defaulted = ours("a.x", "https://leader");
+    defaulted["timeoutSeconds"] = json!(10);
+    defaulted["namespaceSelector"] = json!({});
+    defaulted["rules"][0]["scope"] = json!("*");
+    let other = json!({"name": "c.x", "clientConfig": {"url": "https://someone"}});
+    let mut current = json!({"metadata": {"name": "c"},
+        "webhooks": [defaulted.clone(), ours("b.x", "https://leader"), other.clone()]});
+    assert_eq!(with_leaders_webhooks(&mut current, &wanted), None);
+
+    let mut edited = current.clone();
+    edited["webhooks"][1]["clientConfig"]["url"] = json!("https://elsewhere");
+    assert_eq!(
+        with_leaders_webhooks(&mut edited, &wanted),
+        Some(vec!["b.x".to_owned()])
+    );
+    assert_eq!(edited, current);
+
+    let mut emptied = current.clone();
+    emptied["webhooks"][0]["rules"] = json!([]);
+    emptied["webhooks"].as_array_mut().map(|w| w.remove(1));
+    assert_eq!(
+        with_leaders_webhooks(&mut emptied, &wanted),
+        Some(vec!["a.x".to_owned(), "b.x".to_owned()])
+    );
+    assert_eq!(
+        emptied["webhooks"],
+        json!([
+            ours("a.x", "https://leader"),
+            other,
+            ours("b.x", "https://leader")
+        ])
+    );
+}
+
 /// A host object under the mirror's name that names this tenant object's uid but
 /// is not this tenant's mirror (another tenant's `managed-by`, or another tenant
 /// object's namespace) is never replaced: the host's own create decides, and its
