@@ -23,6 +23,11 @@ pub const OBJECT_HOST_NAME: &str = "vcluster.loft.sh/object-host-name";
 pub const OBJECT_HOST_NAMESPACE: &str = "vcluster.loft.sh/object-host-namespace";
 /// The tenant that owns a host mirror.
 pub const MANAGED_BY: &str = "vcluster.loft.sh/managed-by";
+/// On a host mirror: the Platform project of the tenant that owns it. Tenants
+/// are named per project, so two of one name may share a host namespace; with
+/// [`MANAGED_BY`] this says whose mirror it is. A mirror written before crproxy
+/// recorded it has none, and counts as its tenant's of any project.
+pub const TENANT_PROJECT: &str = "crproxy.dev/tenant-project";
 /// The tenant namespace of a host mirror's tenant object.
 pub const NAMESPACE_LABEL: &str = "vcluster.loft.sh/namespace";
 
@@ -88,6 +93,7 @@ pub fn kind_annotation(api_version: &str, kind: &str) -> String {
 /// The identity annotations and labels every host mirror carries.
 pub struct MirrorIdentity<'a> {
     pub tenant: &'a str,
+    pub project: &'a str,
     pub name: &'a str,
     pub namespace: &'a str,
     pub uid: &'a str,
@@ -104,14 +110,37 @@ pub struct MirrorIdentity<'a> {
 /// older incarnation's mirror) is never replaced.
 pub fn same_mirror(mirror: &Value, desired: &Value) -> bool {
     let wanted = identity(desired);
-    wanted.iter().all(|key| key.is_string()) && identity(mirror) == wanted
+    wanted.iter().all(|key| key.is_string())
+        && identity(mirror) == wanted
+        && projects_agree(project(mirror), project(desired))
 }
 
-/// Whether the host object `mirror` was written for `tenant` of its object
-/// `namespace/name`, in any incarnation (the uid is not compared).
-pub fn mirrors(mirror: &Value, tenant: &str, namespace: &str, name: &str) -> bool {
+/// Whether the host object `mirror` was written for `tenant` of `project`, of its
+/// object `namespace/name`, in any incarnation (the uid is not compared).
+pub fn mirrors(mirror: &Value, tenant: &str, project: &str, namespace: &str, name: &str) -> bool {
     let [managed_by, object_name, object_namespace, _uid] = identity(mirror);
-    *managed_by == label_value(tenant) && object_name == name && object_namespace == namespace
+    *managed_by == label_value(tenant)
+        && object_name == name
+        && object_namespace == namespace
+        && of_project(mirror, project)
+}
+
+/// Whether the host object `mirror` belongs to a tenant of `project` by its
+/// [`TENANT_PROJECT`]: another project's tenant of the same name may share the
+/// host namespace. A mirror without the annotation predates it.
+pub fn of_project(mirror: &Value, project: &str) -> bool {
+    projects_agree(self::project(mirror), &Value::from(project))
+}
+
+/// The [`TENANT_PROJECT`] an object records (`Null` when none).
+fn project(object: &Value) -> &Value {
+    &object["metadata"]["annotations"][TENANT_PROJECT]
+}
+
+/// Whether two recorded projects name the same one, an object recording none
+/// (written before the project was) agreeing with any.
+fn projects_agree(a: &Value, b: &Value) -> bool {
+    a.is_null() || b.is_null() || a == b
 }
 
 /// What says which tenant object a host object mirrors: the [`MANAGED_BY`] label
@@ -132,6 +161,7 @@ impl MirrorIdentity<'_> {
             (OBJECT_NAME.to_owned(), self.name.to_owned()),
             (OBJECT_NAMESPACE.to_owned(), self.namespace.to_owned()),
             (OBJECT_UID.to_owned(), self.uid.to_owned()),
+            (TENANT_PROJECT.to_owned(), self.project.to_owned()),
             (
                 OBJECT_KIND.to_owned(),
                 kind_annotation(self.api_version, self.kind),

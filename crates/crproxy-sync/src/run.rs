@@ -272,6 +272,7 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
         }
         let write_through = Arc::new(WriteThrough {
             tenant: options.plan.tenant.clone(),
+            tenant_project: options.plan.tenant_project.clone(),
             host_namespace: options.plan.host_namespace.clone(),
             host: (options.host.kube_client_without_retries())
                 .map_err(SyncError::cluster("host"))?,
@@ -745,6 +746,7 @@ impl Supervisor {
                 let r = Arc::new(ToHost {
                     ty: ty.clone(),
                     tenant: self.plan.tenant.clone(),
+                    tenant_project: self.plan.tenant_project.clone(),
                     host_namespace: self.plan.host_namespace.clone(),
                     tenant_client: self.tenant.clone(),
                     host_client: self.host.clone(),

@@ -45,6 +45,8 @@ use crate::SyncMetrics;
 pub struct ToHost {
     pub ty: ResolvedType,
     pub tenant: String,
+    /// The tenant's Platform project ([`names::TENANT_PROJECT`]).
+    pub tenant_project: String,
     pub host_namespace: String,
     pub tenant_client: kube::Client,
     pub host_client: kube::Client,
@@ -98,6 +100,7 @@ pub fn replacement(desired: &Value, mirror: &Value) -> Value {
 pub fn desired_mirror(
     ty: &ResolvedType,
     tenant: &str,
+    tenant_project: &str,
     host_namespace: &str,
     tenant_object: &Value,
 ) -> Value {
@@ -106,6 +109,7 @@ pub fn desired_mirror(
     let host_name = names::host_name(name, namespace, tenant);
     let identity = MirrorIdentity {
         tenant,
+        project: tenant_project,
         name,
         namespace,
         uid: meta(tenant_object, "uid"),
@@ -235,7 +239,13 @@ impl ToHost {
 
     /// Whether `mirror` belongs to the tenant object at `key` (any incarnation).
     fn is_ours(&self, key: &Key, mirror: &Value) -> bool {
-        names::mirrors(mirror, &self.tenant, &key.namespace, &key.name)
+        names::mirrors(
+            mirror,
+            &self.tenant,
+            &self.tenant_project,
+            &key.namespace,
+            &key.name,
+        )
     }
 
     fn log(&self, key: &Key, action: &'static str) {
@@ -380,7 +390,13 @@ impl ToHost {
                 }
             }
         }
-        let desired = desired_mirror(&self.ty, &self.tenant, &self.host_namespace, tenant);
+        let desired = desired_mirror(
+            &self.ty,
+            &self.tenant,
+            &self.tenant_project,
+            &self.host_namespace,
+            tenant,
+        );
         let object: DynamicObject = from_value(desired)?;
         match self
             .host_api()
@@ -466,7 +482,13 @@ impl ToHost {
             self.delete_mirror(key, mirror, "delete_stale_host").await?;
             return Ok(Outcome::Requeue(Duration::from_millis(100)));
         }
-        let desired = desired_mirror(&self.ty, &self.tenant, &self.host_namespace, tenant);
+        let desired = desired_mirror(
+            &self.ty,
+            &self.tenant,
+            &self.tenant_project,
+            &self.host_namespace,
+            tenant,
+        );
         let mut mirror = mirror.clone();
         if mirror_differs(&desired, &mirror) {
             let object: DynamicObject = from_value(replacement(&desired, &mirror))?;
@@ -543,6 +565,12 @@ impl Reconciler for ToHost {
 
     fn key_of_host(&self, object: &DynamicObject) -> Option<Key> {
         let a = object.metadata.annotations.as_ref()?;
+        // Another project's tenant of this name, sharing the host namespace.
+        if a.get(names::TENANT_PROJECT)
+            .is_some_and(|p| *p != self.tenant_project)
+        {
+            return None;
+        }
         Some(Key {
             namespace: a.get(names::OBJECT_NAMESPACE)?.clone(),
             name: a.get(names::OBJECT_NAME)?.clone(),

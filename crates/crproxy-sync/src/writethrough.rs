@@ -261,6 +261,8 @@ impl Drop for Waiting<'_> {
 /// The write-through of every toHost aggregated type of one tenant.
 pub struct WriteThrough {
     pub tenant: String,
+    /// The tenant's Platform project (`names::TENANT_PROJECT`).
+    pub tenant_project: String,
     pub host_namespace: String,
     pub host: kube::Client,
     /// The tenant, read live before a rollback deletes anything: the syncer's cache
@@ -486,7 +488,13 @@ impl WriteThrough {
             gate.release(&key);
             return Ok(());
         }
-        let desired = desired_mirror(ty, &self.tenant, &self.host_namespace, object);
+        let desired = desired_mirror(
+            ty,
+            &self.tenant,
+            &self.tenant_project,
+            &self.host_namespace,
+            object,
+        );
         // Whether the last attempt's create or replace went out (a replace
         // refused with 409 stored nothing, and the next attempt starts with a
         // read): a failure, or a deadline that ends the write, leaves only this
@@ -516,6 +524,7 @@ impl WriteThrough {
                         == desired_mirror(
                             ty,
                             &self.tenant,
+                            &self.tenant_project,
                             &self.host_namespace,
                             &request.old_object,
                         ) =>

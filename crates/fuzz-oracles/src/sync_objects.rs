@@ -59,6 +59,8 @@ const SEPARATOR: u8 = 0xFF;
 /// Longest object name (a DNS-1123 label) and label value Kubernetes accepts.
 const MAX_NAME: usize = 63;
 const HOST_NAMESPACE: &str = "vcluster-host";
+/// The tenant's Platform project the mirrors record.
+const PROJECT: &str = "default";
 const API_VERSION: &str = "example.com/v1";
 const KIND: &str = "Widget";
 const BOTH: [Keys; 2] = [Keys::Labels, Keys::Annotations];
@@ -285,9 +287,13 @@ fn identity(object: &Value) -> [&Value; 4] {
 
 fn check_same_mirror(x: &Value, y: &Value) {
     let strings = identity(y).iter().all(|v| v.is_string());
+    // A mirror that records no project predates the record, and is of any.
+    let px = &x["metadata"]["annotations"][names::TENANT_PROJECT];
+    let py = &y["metadata"]["annotations"][names::TENANT_PROJECT];
+    let projects = px.is_null() || py.is_null() || px == py;
     assert_eq!(
         same_mirror(x, y),
-        strings && identity(x) == identity(y),
+        strings && identity(x) == identity(y) && projects,
         "{x}\n{y}"
     );
     assert_eq!(same_mirror(x, y), same_mirror(y, x), "symmetric");
@@ -704,7 +710,7 @@ fn translated(
 }
 
 fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
-    let desired = desired_mirror(ty, tenant, HOST_NAMESPACE, object);
+    let desired = desired_mirror(ty, tenant, PROJECT, HOST_NAMESPACE, object);
     let (name, namespace, uid) = (
         meta(object, "name"),
         meta(object, "namespace"),
@@ -727,6 +733,7 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
         (names::OBJECT_NAME, name.to_owned()),
         (names::OBJECT_NAMESPACE, namespace.to_owned()),
         (names::OBJECT_UID, uid.to_owned()),
+        (names::TENANT_PROJECT, PROJECT.to_owned()),
         (names::OBJECT_KIND, kind_annotation(API_VERSION, KIND)),
         (names::OBJECT_HOST_NAME, host_name.clone()),
         (names::OBJECT_HOST_NAMESPACE, HOST_NAMESPACE.to_owned()),
@@ -799,11 +806,14 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
     if object["metadata"].is_object() {
         let mut reborn = object.clone();
         reborn["metadata"]["uid"] = json!(format!("{uid}-2"));
-        let reborn = desired_mirror(ty, tenant, HOST_NAMESPACE, &reborn);
+        let reborn = desired_mirror(ty, tenant, PROJECT, HOST_NAMESPACE, &reborn);
         assert!(!same_mirror(&desired, &reborn) && !same_mirror(&reborn, &desired));
     }
-    let other = desired_mirror(ty, &format!("{tenant}0"), HOST_NAMESPACE, object);
+    let other = desired_mirror(ty, &format!("{tenant}0"), PROJECT, HOST_NAMESPACE, object);
     assert!(!same_mirror(&desired, &other) && !same_mirror(&other, &desired));
+    // Nor that of the tenant of this name in another project.
+    let elsewhere = desired_mirror(ty, tenant, "other-project", HOST_NAMESPACE, object);
+    assert!(!same_mirror(&desired, &elsewhere) && !same_mirror(&elsewhere, &desired));
 
     // A replace of whatever the host has: the host's status stays, it is this
     // mirror, and it needs no further write.

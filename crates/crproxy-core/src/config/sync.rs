@@ -175,6 +175,9 @@ pub fn sync_entry_path(direction: Direction, key: &str) -> String {
 pub struct SyncPlan {
     /// The tenant's name (`client.name`), part of every mirror's name and label.
     pub tenant: String,
+    /// The tenant's Platform project (`client.project`), recorded on every mirror:
+    /// tenants of one name in two projects may share a host namespace.
+    pub tenant_project: String,
     /// Empty when only fromHost types are synced.
     pub host_namespace: String,
     /// Sorted by direction, then key.
@@ -685,6 +688,7 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
     };
     Ok(Some(SyncPlan {
         tenant: config.client.name.clone(),
+        tenant_project: config.client.project.clone(),
         host_namespace,
         resources,
         write_through,

@@ -38,9 +38,10 @@ fn long_label_values_are_hashed() {
 }
 
 #[test]
-fn identity_carries_the_six_annotations_and_two_labels() {
+fn identity_carries_the_seven_annotations_and_two_labels() {
     let id = MirrorIdentity {
         tenant: "client",
+        project: "default",
         name: "db",
         namespace: "team",
         uid: "u-1",
@@ -50,7 +51,8 @@ fn identity_carries_the_six_annotations_and_two_labels() {
         host_namespace: "vcluster-client",
     };
     let a = id.annotations();
-    assert_eq!(a.len(), 6);
+    assert_eq!(a.len(), 7);
+    assert_eq!(a[TENANT_PROJECT], "default");
     assert_eq!(a[OBJECT_KIND], "example.org/v1, Kind=Backup");
     assert_eq!(a[OBJECT_HOST_NAMESPACE], "vcluster-client");
     let l = id.labels();
@@ -58,10 +60,12 @@ fn identity_carries_the_six_annotations_and_two_labels() {
     assert_eq!(l[NAMESPACE_LABEL], "team");
 }
 
-/// A host object as crproxy writes the mirror of `namespace/name` for `tenant`.
+/// A host object as crproxy writes the mirror of `namespace/name` for `tenant`
+/// of the project `default`.
 fn mirror_of(tenant: &str, namespace: &str, name: &str, uid: &str) -> Value {
     let id = MirrorIdentity {
         tenant,
+        project: "default",
         name,
         namespace,
         uid,
@@ -78,22 +82,46 @@ fn a_mirror_is_known_by_its_tenant_and_tenant_object() {
     let long_tenant = "t".repeat(70);
     for tenant in ["client", long_tenant.as_str()] {
         let mirror = mirror_of(tenant, "team", "db", "u-1");
-        assert!(mirrors(&mirror, tenant, "team", "db"));
+        assert!(mirrors(&mirror, tenant, "default", "team", "db"));
         // Any incarnation: the uid is not compared.
         assert!(mirrors(
             &mirror_of(tenant, "team", "db", "u-2"),
             tenant,
+            "default",
             "team",
             "db"
         ));
-        assert!(!mirrors(&mirror, "other", "team", "db"));
-        assert!(!mirrors(&mirror, tenant, "other", "db"));
-        assert!(!mirrors(&mirror, tenant, "team", "other"));
+        assert!(!mirrors(&mirror, "other", "default", "team", "db"));
+        assert!(!mirrors(&mirror, tenant, "default", "other", "db"));
+        assert!(!mirrors(&mirror, tenant, "default", "team", "other"));
     }
     let mut unlabelled = mirror_of("client", "team", "db", "u-1");
     unlabelled["metadata"]["labels"] = Value::Null;
-    assert!(!mirrors(&unlabelled, "client", "team", "db"));
-    assert!(!mirrors(&Value::Null, "client", "team", "db"));
+    assert!(!mirrors(&unlabelled, "client", "default", "team", "db"));
+    assert!(!mirrors(&Value::Null, "client", "default", "team", "db"));
+}
+
+/// Tenants are named per project: the tenant of this name in another project,
+/// sharing the host namespace, does not take this one's mirror for its own (it
+/// would delete it as an orphan). A mirror written before the project was
+/// recorded is its tenant's in any project.
+#[test]
+fn a_mirror_is_its_tenants_in_its_project_only() {
+    let mirror = mirror_of("client", "team", "db", "u-1");
+    assert!(mirrors(&mirror, "client", "default", "team", "db"));
+    assert!(!mirrors(&mirror, "client", "other", "team", "db"));
+    let mut older = mirror.clone();
+    older["metadata"]["annotations"][TENANT_PROJECT] = Value::Null;
+    assert!(mirrors(&older, "client", "other", "team", "db"));
+    assert!(
+        same_mirror(&older, &mirror),
+        "replaced, it gains the project"
+    );
+
+    let mut elsewhere = mirror.clone();
+    elsewhere["metadata"]["annotations"][TENANT_PROJECT] = serde_json::json!("other");
+    assert!(!same_mirror(&elsewhere, &mirror));
+    assert!(!same_mirror(&mirror, &elsewhere));
 }
 
 #[test]

@@ -34,6 +34,7 @@ fn supervisor(tenant: kube::Client, metrics: &Arc<SyncMetrics>) -> Supervisor {
         tenant,
         plan: SyncPlan {
             tenant: "client".into(),
+            tenant_project: "default".into(),
             host_namespace: "vcluster-client".into(),
             resources: vec![],
             write_through: WriteThroughPlan {

@@ -43,7 +43,13 @@ fn tenant_object() -> Value {
 #[test]
 fn the_mirror_carries_identity_spec_and_rewritten_references() {
     let ty = backups(&["spec.secretRef.name"]);
-    let m = desired_mirror(&ty, "client", "vcluster-client", &tenant_object());
+    let m = desired_mirror(
+        &ty,
+        "client",
+        "default",
+        "vcluster-client",
+        &tenant_object(),
+    );
     assert_eq!(m["metadata"]["name"], "db-x-team-x-client");
     assert_eq!(m["metadata"]["namespace"], "vcluster-client");
     let a = &m["metadata"]["annotations"];
@@ -78,7 +84,7 @@ fn the_mirror_carries_identity_spec_and_rewritten_references() {
 #[test]
 fn differences_that_need_a_write() {
     let ty = backups(&[]);
-    let desired = desired_mirror(&ty, "client", "h", &tenant_object());
+    let desired = desired_mirror(&ty, "client", "default", "h", &tenant_object());
     let mut current = desired.clone();
     current["metadata"]["uid"] = json!("m-1");
     current["metadata"]["resourceVersion"] = json!("3");
@@ -133,7 +139,7 @@ fn with_others_keys(mut mirror: Value) -> Value {
 /// The mirror of `tenant_object()` as the host stores it (uid `m-1`, the uid its
 /// record names), with others' keys on it.
 fn stored_mirror(ty: &ResolvedType) -> Value {
-    let mut mirror = desired_mirror(ty, "client", "vcluster-client", &tenant_object());
+    let mut mirror = desired_mirror(ty, "client", "default", "vcluster-client", &tenant_object());
     mirror["metadata"]["uid"] = json!("m-1");
     mirror["metadata"]["resourceVersion"] = json!("3");
     mirror["status"] = json!({"phase": "Pending"});
@@ -143,7 +149,13 @@ fn stored_mirror(ty: &ResolvedType) -> Value {
 #[test]
 fn keys_others_put_on_a_mirror_need_no_write() {
     let ty = backups(&[]);
-    let desired = desired_mirror(&ty, "client", "vcluster-client", &tenant_object());
+    let desired = desired_mirror(
+        &ty,
+        "client",
+        "default",
+        "vcluster-client",
+        &tenant_object(),
+    );
     assert!(!mirror_differs(&desired, &stored_mirror(&ty)));
 }
 
@@ -167,6 +179,7 @@ fn to_host(ty: &ResolvedType, host: kube::Client) -> ToHost {
     ToHost {
         ty: ty.clone(),
         tenant: "client".into(),
+        tenant_project: "default".into(),
         host_namespace: "vcluster-client".into(),
         // The tenant is not needed: the record and status already agree.
         tenant_client: kube::Client::try_from(nowhere).expect("client"),
@@ -330,4 +343,27 @@ async fn a_create_refused_409_with_nothing_under_the_name_is_a_failure() {
         let methods: Vec<_> = host.received().into_iter().map(|r| r.method).collect();
         assert_eq!(methods, [http::Method::POST, http::Method::GET], "{read}");
     }
+}
+
+/// The mirror of the tenant of this name in another project, sharing the host
+/// namespace: with no tenant object here under its key, it is not taken for an
+/// orphan of this tenant's and deleted; nor is its key ever this syncer's.
+#[tokio::test]
+async fn another_projects_mirror_is_never_collected() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(host_answers).await;
+    let syncer = to_host(&ty, host.client.clone());
+    let mut theirs = stored_mirror(&ty);
+    theirs["metadata"]["annotations"][names::TENANT_PROJECT] = json!("other");
+    let outcome = syncer.collect(&key(), &theirs).await.expect("reconciled");
+    assert_eq!(outcome, Outcome::Done);
+    assert!(
+        host.received().is_empty(),
+        "the host was written: {:?}",
+        host.received()
+    );
+    let object: DynamicObject = serde_json::from_value(theirs).expect("object");
+    assert_eq!(syncer.key_of_host(&object), None);
+    let object: DynamicObject = serde_json::from_value(stored_mirror(&ty)).expect("object");
+    assert_eq!(syncer.key_of_host(&object), Some(key()));
 }

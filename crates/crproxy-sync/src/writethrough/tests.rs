@@ -23,6 +23,7 @@ fn write_through(permits: usize) -> (Arc<WriteThrough>, Arc<Gate>, Arc<SyncMetri
     let types = types_by_resource([(gateways_type(true), Arc::clone(&gate))]);
     let wt = Arc::new(WriteThrough {
         tenant: "client".into(),
+        tenant_project: "default".into(),
         host_namespace: "vcluster-client".into(),
         host: unreachable_api(),
         tenant_client: unreachable_api(),
@@ -901,6 +902,7 @@ fn stored_mirror() -> Value {
     let mut mirror = desired_mirror(
         &gateways_type(true),
         "client",
+        "default",
         "vcluster-client",
         &gateway(),
     );
