@@ -78,9 +78,13 @@ impl RetryBucket {
 /// The delay before the retry that follows `failures` earlier consecutive failures
 /// (0 for the first): `BACKOFF_BASE * 2^failures`, at most `BACKOFF_CAP`.
 pub fn backoff(failures: u32) -> Duration {
-    BACKOFF_BASE
-        .checked_mul(2u32.saturating_pow(failures.min(31)))
-        .map_or(BACKOFF_CAP, |d| d.min(BACKOFF_CAP))
+    doubling(BACKOFF_BASE, BACKOFF_CAP, failures)
+}
+
+/// `base * 2^failures`, at most `cap`.
+pub fn doubling(base: Duration, cap: Duration, failures: u32) -> Duration {
+    base.checked_mul(2u32.saturating_pow(failures.min(31)))
+        .map_or(cap, |d| d.min(cap))
 }
 
 pub struct WorkQueue<K> {

@@ -375,6 +375,14 @@ pub async fn start(options: SyncOptions) -> Result<SyncHandle, SyncError> {
 /// How often a leader looks at its registration again.
 const REGISTRATION_RECHECK: Duration = Duration::from_secs(15);
 
+/// The pause before a leader's next try at its set-up (the webhook's registration,
+/// the write-through Service's endpoint) after `failures` failed ones: 1 s
+/// doubling to 30 s, so a set-up that cannot work (a Service without the
+/// configured port) is not retried and logged every second of the term.
+fn setup_retry_pause(failures: u32) -> Duration {
+    crate::queue::doubling(Duration::from_secs(1), Duration::from_secs(30), failures)
+}
+
 /// While this replica leads: every [`REGISTRATION_RECHECK`], puts back the
 /// leader's registration, or webhooks of it, that someone removed or changed
 /// (another replica's cleanup, an administrator). Webhooks it does not have are
@@ -677,9 +685,9 @@ impl Supervisor {
                     )
                     .await
                     {
+                        tracing::warn!(error = %err, attempt = attempt + 1, service = %e.name, "pointing the write-through Service at this replica failed; retrying");
+                        tokio::time::sleep(setup_retry_pause(attempt)).await;
                         attempt += 1;
-                        tracing::warn!(error = %err, attempt, service = %e.name, "pointing the write-through Service at this replica failed; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                     tracing::info!(service = %format!("{}/{}", e.namespace, e.name), address = %e.ip, port = e.listen_port, "the write-through Service now leads to this replica");
                 }))
@@ -718,8 +726,8 @@ impl Supervisor {
         }
     }
 
-    /// Registers the write-through webhook in the tenant, retrying every second
-    /// until it is registered or `shutdown` says stop.
+    /// Registers the write-through webhook in the tenant, retrying
+    /// ([`setup_retry_pause`]) until it is registered or `shutdown` says stop.
     async fn register_webhook(
         &self,
         configuration: &serde_json::Value,
@@ -727,10 +735,11 @@ impl Supervisor {
     ) -> Registration {
         let mut attempt = 0u32;
         while let Err(e) = writethrough::register(&self.tenant, configuration).await {
+            tracing::warn!(error = %e, attempt = attempt + 1, "registering the write-through webhook in the tenant failed; retrying");
+            let pause = setup_retry_pause(attempt);
             attempt += 1;
-            tracing::warn!(error = %e, attempt, "registering the write-through webhook in the tenant failed; retrying");
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.wait_for(|s| *s) => return Registration::ShuttingDown,
             }
         }

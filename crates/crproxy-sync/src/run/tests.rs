@@ -449,3 +449,11 @@ async fn the_sync_is_led_while_its_lease_has_a_holder() {
         assert_eq!(api.received().len(), 1, "one read");
     }
 }
+
+/// A leader's failing set-up step is retried 1 s, 2 s, 4 s ... apart, at most 30 s.
+#[test]
+fn a_failing_set_up_is_retried_less_and_less_often() {
+    let pauses: Vec<u64> = (0..8).map(|n| setup_retry_pause(n).as_secs()).collect();
+    assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30, 30]);
+    assert_eq!(setup_retry_pause(u32::MAX), Duration::from_secs(30));
+}
