@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::aggregated::{self, AggregationLayer};
 use crate::child::{self, ChildProxy};
-use crproxy::doctor::parse_exposition;
+use crproxy_core::exposition;
 use crproxy_core::ownership::{OWNER_PROJECT_LABEL, OWNER_VCLUSTER_LABEL};
 
 use crate::driver::{self, closed_loop, Endpoint, Identity, Protocol, Sender, Workload};
@@ -1860,7 +1860,7 @@ async fn scrape(addr: SocketAddr) -> Result<String> {
 /// Dials crproxy has attempted to the target's peers since it started: every
 /// attempt is observed once in its dial-latency histogram.
 fn dial_attempts(exposition: &str) -> u64 {
-    parse_exposition(exposition)
+    exposition::parse(exposition)
         .iter()
         .filter(|s| s.name == "vcluster_proxy_peer_dial_duration_seconds_count")
         .map(|s| s.value as u64)
@@ -1881,7 +1881,7 @@ impl CacheLookups {
     fn parse(exposition: &str) -> Option<Self> {
         let mut lookups = CacheLookups::default();
         let mut seen = false;
-        let samples = parse_exposition(exposition);
+        let samples = exposition::parse(exposition);
         let lookups_total = samples
             .iter()
             .filter(|s| s.name == "crproxy_ownership_cache_lookups_total");

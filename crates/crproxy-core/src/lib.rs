@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod deep_objects;
+pub mod exposition;
 pub mod locks;
 pub mod names;
 pub mod ownership;

@@ -35,6 +35,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crproxy_core::exposition::{self, Sample};
 use crproxy_core::names;
 use crproxy_kube::Error as KubeError;
 
@@ -317,7 +318,7 @@ pub async fn diagnose(inputs: &Inputs) -> Result<Report> {
     checks.push(check_leader(client, inputs.client_name.as_deref()).await);
     let metrics = match &inputs.metrics_url {
         Some(url) => match fetch_metrics(url).await {
-            Ok(text) => Some(parse_exposition(&text)),
+            Ok(text) => Some(exposition::parse(&text)),
             Err(error) => {
                 checks.push(Check {
                     group_version: String::new(),
@@ -1137,73 +1138,6 @@ fn metrics_address(url: &str) -> std::result::Result<(&str, String), String> {
     }
 }
 
-/// One sample of a text exposition.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
-
-/// Parses the sample lines of a Prometheus or OpenMetrics text exposition;
-/// lines it cannot read are skipped.
-pub fn parse_exposition(text: &str) -> Vec<Sample> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(parse_sample)
-        .collect()
-}
-
-fn parse_sample(line: &str) -> Option<Sample> {
-    let Some(open) = line.find('{') else {
-        let mut parts = line.split_whitespace();
-        return Some(Sample {
-            name: parts.next()?.to_owned(),
-            labels: BTreeMap::new(),
-            value: parts.next()?.parse().ok()?,
-        });
-    };
-    let (labels, after) = parse_labels(&line[open + 1..])?;
-    Some(Sample {
-        name: line[..open].to_owned(),
-        labels,
-        value: after.split_whitespace().next()?.parse().ok()?,
-    })
-}
-
-/// Reads `k="v",...}` and returns the labels and what follows the `}`.
-fn parse_labels(mut rest: &str) -> Option<(BTreeMap<String, String>, &str)> {
-    let mut labels = BTreeMap::new();
-    loop {
-        rest = rest.trim_start_matches([',', ' ']);
-        if let Some(after) = rest.strip_prefix('}') {
-            return Some((labels, after));
-        }
-        let (key, tail) = rest.split_once("=\"")?;
-        let mut value = String::new();
-        let mut escaped = false;
-        let mut consumed = None;
-        for (i, c) in tail.char_indices() {
-            match (escaped, c) {
-                (true, 'n') => value.push('\n'),
-                (true, c) => value.push(c),
-                (false, '\\') => {
-                    escaped = true;
-                    continue;
-                }
-                (false, '"') => {
-                    consumed = Some(i + 1);
-                    break;
-                }
-                (false, c) => value.push(c),
-            }
-            escaped = false;
-        }
-        labels.insert(key.trim().to_owned(), value);
-        rest = &tail[consumed?..];
-    }
-}
-
 fn sum(samples: &[Sample], name: &str, filter: impl Fn(&Sample) -> bool) -> Option<f64> {
     let matching: Vec<f64> = samples
         .iter()
@@ -1538,21 +1472,9 @@ mod tests {
     }
 
     #[test]
-    fn parses_labels_values_and_escapes() {
-        let samples = parse_exposition(
-            "# TYPE x gauge\nx{a=\"1\",b=\"q\\\"uote\"} 2\ny 3.5\nz{a=\"1\",} 4 1700000000\n",
-        );
-        assert_eq!(samples.len(), 3);
-        assert_eq!(samples[0].labels["b"], "q\"uote");
-        assert_eq!(samples[0].value, 2.0);
-        assert_eq!(samples[1].name, "y");
-        assert_eq!(samples[2].value, 4.0);
-    }
-
-    #[test]
     fn an_unsynced_peer_cache_fails_and_decides_the_verdict() {
         let gv = "example.com/v1";
-        let samples = parse_exposition(&format!(
+        let samples = exposition::parse(&format!(
             "vcluster_proxy_peer_cache_synced{{group_version=\"{gv}\",target=\"p/t\"}} 0\n\
              vcluster_proxy_peers{{group_version=\"{gv}\",target=\"p/t\",state=\"healthy\"}} 1\n\
              vcluster_proxy_peer_list_age_seconds{{group_version=\"{gv}\",target=\"p/t\"}} 3\n"
@@ -1593,7 +1515,7 @@ mod tests {
     /// exposition lines; returns the request-deadline check and the verdict.
     fn deadline_check(extra: &str) -> (Check, String) {
         let gv = "example.com/v1";
-        let samples = parse_exposition(&format!(
+        let samples = exposition::parse(&format!(
             "vcluster_proxy_peer_cache_synced{{group_version=\"{gv}\",target=\"p/t\"}} 1\n\
              vcluster_proxy_peers{{group_version=\"{gv}\",target=\"p/t\",state=\"healthy\"}} 1\n\
              vcluster_proxy_peer_list_age_seconds{{group_version=\"{gv}\",target=\"p/t\"}} 3\n\
@@ -1695,7 +1617,7 @@ mod tests {
     /// nothing about this group/version.
     #[test]
     fn quarantines_are_scoped_to_the_group_versions_target() {
-        let samples = parse_exposition(
+        let samples = exposition::parse(
             "vcluster_proxy_peer_cache_synced{group_version=\"a.example.com/v1\",target=\"p/a\"} 1\n\
              vcluster_proxy_peer_cache_synced{group_version=\"b.example.com/v1\",target=\"p/b\"} 1\n\
              vcluster_proxy_peer_quarantines_total{target=\"p/a\"} 0\n\

@@ -10,6 +10,7 @@
 pub mod cbor_counter;
 pub mod config;
 pub mod deep_objects;
+pub mod exposition;
 pub mod not_found;
 pub mod ownership_watch;
 pub mod request_path;
@@ -26,10 +27,11 @@ pub mod write_body;
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target by name, with its check.
-pub const TARGETS: [(&str, Check); 14] = [
+pub const TARGETS: [(&str, Check); 15] = [
     ("cbor_counter", cbor_counter::check),
     ("config", config::check),
     ("deep_objects", deep_objects::check),
+    ("exposition", exposition::check),
     ("not_found", not_found::check),
     ("ownership_watch", ownership_watch::check),
     ("request_path", request_path::check),

@@ -391,24 +391,23 @@ impl Scrape {
                 if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
                     types.insert(name.to_owned(), kind.to_owned());
                 }
-                continue;
             }
-            if line.starts_with('#') || line.is_empty() {
-                continue;
-            }
-            let (series, value) = line.rsplit_once(' ').expect("sample line");
-            let value: f64 = match value {
-                "+Inf" => f64::INFINITY,
-                v => v.parse().expect("sample value"),
-            };
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => (name, parse_labels(rest.trim_end_matches('}'))),
-                None => (series, BTreeMap::new()),
-            };
+        }
+        let sample_lines = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .count();
+        let read = crproxy_core::exposition::parse(text);
+        assert_eq!(
+            read.len(),
+            sample_lines,
+            "an unreadable sample line in:\n{text}"
+        );
+        for sample in read {
             samples
-                .entry(name.to_owned())
+                .entry(sample.name)
                 .or_default()
-                .push((labels, value));
+                .push((sample.labels, sample.value));
         }
         Scrape {
             text: text.to_owned(),
@@ -459,35 +458,4 @@ impl Scrape {
         )
         .expect("peer gauge is always present")
     }
-}
-
-fn parse_labels(s: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut rest = s;
-    // Bounded by the input length: each round consumes at least `k="`.
-    while let Some((key, after)) = rest.split_once("=\"") {
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let mut end = after.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, n)) = chars.next() {
-                        value.push(match n {
-                            'n' => '\n',
-                            other => other,
-                        });
-                    }
-                }
-                '"' => {
-                    end = i;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        out.insert(key.trim_start_matches(',').to_owned(), value);
-        rest = &after[(end + 1).min(after.len())..];
-    }
-    out
 }

@@ -887,8 +887,8 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
     let evented = counters_after_one_event_each();
     let mut families = live;
     families.extend(self::families(&evented));
-    let mut samples = crproxy::doctor::parse_exposition(&exposition);
-    samples.extend(crproxy::doctor::parse_exposition(&evented));
+    let mut samples = crproxy_core::exposition::parse(&exposition);
+    samples.extend(crproxy_core::exposition::parse(&evented));
     // The sync panels' series come from the sync's registry: crproxy-sync's
     // metrics tests check those queries against it.
     let proxy_exprs = dashboard_expressions()?
