@@ -5,6 +5,7 @@
 pub mod config;
 pub mod deep_objects;
 pub mod exposition;
+pub mod go_text;
 pub mod locks;
 pub mod names;
 pub mod ownership;

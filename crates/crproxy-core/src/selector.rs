@@ -717,35 +717,12 @@ pub fn label_value_errors(value: &str) -> Vec<String> {
     errs
 }
 
-/// Go's `%q` for the characters that can reach a message here.
-fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            '\u{fffd}' => out.push_str("\\ufffd"),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// `field.Invalid(path, value, detail).Error()`.
 fn field_invalid(path: &str, value: &str, detail: &str) -> String {
-    format!("{path}: Invalid value: {}: {detail}", go_quote(value))
+    format!(
+        "{path}: Invalid value: {}: {detail}",
+        crate::go_text::quoted(value)
+    )
 }
 
 /// `utilerrors.NewAggregate(errs).Error()`: one message as is, several de-duplicated

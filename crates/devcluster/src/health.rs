@@ -141,7 +141,7 @@ fn root(endpoint: &str, checks: &[&str], query: Option<&str>) -> Response<Bytes>
         if !excluded.is_empty() {
             let names: Vec<String> = excluded
                 .iter()
-                .map(|name| crate::server::go_quoted(name))
+                .map(|name| crate::schema::go_quote(name))
                 .collect();
             text.push_str(&format!(
                 "warn: some health checks cannot be excluded: no matches for {}\n",

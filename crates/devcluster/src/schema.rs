@@ -1113,11 +1113,8 @@ fn json_equal(a: &Value, b: &Value) -> bool {
     }
 }
 
-/// Go's `%q` for a string (close enough: JSON escaping agrees for the
-/// characters that appear in Kubernetes names and messages).
-pub(crate) fn go_quote(s: &str) -> String {
-    Value::String(s.to_string()).to_string()
-}
+/// Go's `%q` for a string.
+pub(crate) use crproxy_core::go_text::quoted as go_quote;
 
 /// Go's `%v` for a float64: integral values print without a fraction.
 pub(crate) fn go_float(f: f64) -> String {

@@ -156,7 +156,7 @@ impl ResourcePath {
 fn unresolvable(request_uri: &str, e: &Unresolvable) -> Response<Body> {
     let text = format!(
         "Internal Server Error: {}: failed to create RequestInfo: {e}",
-        h::go_quoted(request_uri)
+        crate::schema::go_quote(request_uri)
     )
     .replace('&', "&amp;")
     .replace('<', "&lt;")

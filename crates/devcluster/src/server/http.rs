@@ -305,26 +305,6 @@ pub fn nosniff_error(error: ApiError) -> ApiError {
     error.header(http::header::X_CONTENT_TYPE_OPTIONS.as_str(), "nosniff")
 }
 
-/// `s` quoted as Go's `%q` (`strconv.Quote`) writes it: `"` and `\\` escaped,
-/// control characters as Go's escapes, anything else printable as is.
-pub fn go_quoted(s: &str) -> String {
-    let mut out = String::from('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", u32::from(c))),
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 pub fn text_response(status: u16, text: &str) -> Response<Body> {
     let mut resp = Response::new(full(text.to_string()));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
