@@ -142,7 +142,10 @@ impl ResourcePath {
             version: info.api_version.clone(),
             namespace: info.namespace.clone(),
             resource: info.resource.clone(),
-            name: info.name.clone(),
+            // The path's name: kube's resolver also names the object a list's
+            // `fieldSelector=metadata.name=` selects, for authorization and
+            // metrics, but such a list is still served as a list.
+            name: info.parts.get(1).cloned().unwrap_or_default(),
             subresource: info.subresource.clone(),
             extra_segments: info.parts.len() > 3,
         })

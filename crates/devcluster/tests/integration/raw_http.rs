@@ -564,6 +564,21 @@ async fn requests_are_resolved_as_kubes_request_info_resolves_them() {
     assert_eq!(code, 200);
     let list: serde_json::Value = serde_json::from_slice(&body).expect("json");
     assert_eq!(list["kind"], "ConfigMapList", "{list}");
+
+    // A list across namespaces that selects a name by field is still a list:
+    // the resolver names the object for authorization, not for the route.
+    for (path, kind) in [
+        ("/api/v1/configmaps", "ConfigMapList"),
+        ("/apis/stable.example.io/v1/crontabs", "CronTabList"),
+    ] {
+        let selected = format!("{path}?fieldSelector=metadata.name%3Dnone");
+        let (code, _, body) = admin_request(&test, "GET", &selected, &[], Protocol::Http1).await;
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(code, 200, "GET {selected}: {text}");
+        let list: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(list["kind"], kind, "{list}");
+        assert_eq!(list["items"], serde_json::json!([]), "{list}");
+    }
 }
 
 /// A request kube's RequestInfo gives no verb (or the `proxy` verb) is refused
