@@ -8,7 +8,8 @@
 //! | exists | missing | create the copy (also after a tenant deleted it) |
 //! | exists | exists | three-way merge: the host's changed fields overwrite, tenant edits of other fields stay |
 //! | missing (confirmed live) | exists | delete it: a copy of a deleted host object, or created in the tenant |
-//! | no mapping covers the tenant's key | exists | leave it: a namespaced type's object outside every mapped namespace is the tenant's own |
+//! | no mapping covers the tenant's key | a copy | delete it: an earlier mapping's copy (the mapping was removed, or an object mapping took the name) |
+//! | no mapping covers the tenant's key | the tenant's own | leave it: a namespaced type's object outside every mapped namespace is the tenant's |
 //!
 //! Host objects that are toHost mirrors of some tenant (they carry the `managed-by`
 //! label) are skipped. The copy keeps the host fields as last synced in an annotation:
@@ -239,17 +240,37 @@ impl FromHost {
             .synced(&self.ty.resource.key, "fromHost", action);
     }
 
-    async fn reconcile_key(&self, key: &Key) -> Result<Outcome, StepError> {
-        // The tenant is watched cluster-wide; a namespaced type's objects outside
-        // every mapping are the tenant's own, never a copy, and never touched.
-        let Some((host_namespace, host_name)) = host_key(&self.ty.resource, key) else {
-            return Ok(Outcome::Done);
+    /// Deletes the tenant object `tenant` at `key` (this incarnation only), whose
+    /// host object `host_shown` is gone: logged as a copy's deletion, or as that
+    /// of an object the tenant made under a host object's name.
+    async fn delete_tenant(
+        &self,
+        key: &Key,
+        tenant: &Value,
+        host_shown: &str,
+    ) -> Result<Outcome, StepError> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: tenant["metadata"]["uid"].as_str().map(str::to_owned),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
         };
-        let host = self
-            .host_cached(host_namespace.as_deref(), &host_name)
-            .filter(|h| !is_mirror(h))
-            .map(|h| to_value(&h))
-            .transpose()?;
+        match self.tenant_api(key).delete(&key.name, &params).await {
+            Ok(_) => {}
+            Err(e) if is_code(&e, 404) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let action = if is_copy(tenant) {
+            "delete_tenant"
+        } else {
+            "delete_tenant_created"
+        };
+        self.log(key, host_shown, action);
+        Ok(Outcome::Done)
+    }
+
+    async fn reconcile_key(&self, key: &Key) -> Result<Outcome, StepError> {
         let mut r = ObjectRef::new_with(&key.name, self.ty.api.clone());
         if !key.namespace.is_empty() {
             r = r.within(&key.namespace);
@@ -258,6 +279,22 @@ impl FromHost {
             .tenant_store
             .get(&r)
             .map(|t| to_value(&t))
+            .transpose()?;
+        // No mapping covers the key (the tenant is watched cluster-wide): a copy
+        // an earlier mapping made there has no host object any more and goes; any
+        // other object there is the tenant's own and is never touched.
+        let Some((host_namespace, host_name)) = host_key(&self.ty.resource, key) else {
+            return match tenant {
+                Some(copy) if is_copy(&copy) && copy["metadata"]["deletionTimestamp"].is_null() => {
+                    self.delete_tenant(key, &copy, "-").await
+                }
+                _ => Ok(Outcome::Done),
+            };
+        };
+        let host = self
+            .host_cached(host_namespace.as_deref(), &host_name)
+            .filter(|h| !is_mirror(h))
+            .map(|h| to_value(&h))
             .transpose()?;
         let host_shown = match &host_namespace {
             Some(ns) => format!("{ns}/{host_name}"),
@@ -276,29 +313,7 @@ impl FromHost {
                 if live.is_some_and(|live| !is_mirror(&live)) {
                     return Ok(Outcome::Requeue(Duration::from_millis(500)));
                 }
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: tenant["metadata"]["uid"].as_str().map(str::to_owned),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match self.tenant_api(key).delete(&key.name, &params).await {
-                    Ok(_) => {}
-                    Err(e) if is_code(&e, 404) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                let copied = !tenant["metadata"]["annotations"][names::LAST_HOST_STATE].is_null();
-                self.log(
-                    key,
-                    &host_shown,
-                    if copied {
-                        "delete_tenant"
-                    } else {
-                        "delete_tenant_created"
-                    },
-                );
-                Ok(Outcome::Done)
+                self.delete_tenant(key, &tenant, &host_shown).await
             }
             (Some(host), None) => {
                 if !key.namespace.is_empty() {
@@ -370,6 +385,12 @@ fn shown(key: &Key) -> String {
     } else {
         format!("{}/{}", key.namespace, key.name)
     }
+}
+
+/// Whether the tenant object `tenant` is a copy the syncer made (it keeps the
+/// host fields it was made from), not one the tenant made itself.
+fn is_copy(tenant: &Value) -> bool {
+    !tenant["metadata"]["annotations"][names::LAST_HOST_STATE].is_null()
 }
 
 fn is_mirror(object: &DynamicObject) -> bool {

@@ -216,7 +216,8 @@ async fn reconcile_against(
 
 /// A namespaced type's object in a tenant namespace that no mapping covers is the
 /// tenant's own: the syncer, watching the tenant cluster-wide, neither deletes
-/// it nor asks the host about it.
+/// it nor asks the host about it. A copy left there by an earlier mapping (since
+/// removed) has no host object any more, and is deleted.
 #[tokio::test]
 async fn a_tenant_object_outside_every_mapped_namespace_is_left_alone() {
     let mut ty = stores_type();
@@ -230,14 +231,33 @@ async fn a_tenant_object_outside_every_mapped_namespace_is_left_alone() {
     let host = host_store_object();
     let mut own = host.clone();
     own["metadata"] = json!({"name": "store", "namespace": "app", "uid": "t-1"});
-    let (reconciled, sent) =
-        reconcile_against(ty, &key("app", "store"), tenant_answers, &host, Some(&own)).await;
+    let (reconciled, sent) = reconcile_against(
+        ty.clone(),
+        &key("app", "store"),
+        tenant_answers,
+        &host,
+        Some(&own),
+    )
+    .await;
     assert!(
         matches!(reconciled, Ok(Outcome::Done)),
         "{:?}",
         reconciled.map_err(|e| e.to_string())
     );
     assert!(sent.is_empty(), "the tenant was written: {sent:?}");
+
+    let mut copy = stored_copy(&ty, &host);
+    copy["metadata"]["namespace"] = json!("app");
+    copy["metadata"]["uid"] = json!("t-2");
+    let (reconciled, sent) =
+        reconcile_against(ty, &key("app", "store"), tenant_answers, &host, Some(&copy)).await;
+    assert!(matches!(reconciled, Ok(Outcome::Done)));
+    let deletes: Vec<_> = sent
+        .iter()
+        .filter(|r| r.method == http::Method::DELETE)
+        .collect();
+    assert_eq!(deletes.len(), 1, "{sent:?}");
+    assert_eq!(deletes[0].body["preconditions"]["uid"], "t-2");
 }
 
 /// The tenant refuses a copy's create with a 409 that no object under the name
