@@ -26,7 +26,8 @@ pub const MANAGED_BY: &str = "vcluster.loft.sh/managed-by";
 /// On a host mirror: the Platform project of the tenant that owns it. Tenants
 /// are named per project, so two of one name may share a host namespace; with
 /// [`MANAGED_BY`] this says whose mirror it is. A mirror written before crproxy
-/// recorded it has none, and counts as its tenant's of any project.
+/// recorded it has none: its tenant of any project may replace it (and so record
+/// the project), but none deletes it ([`records_project`]).
 pub const TENANT_PROJECT: &str = "crproxy.dev/tenant-project";
 /// The tenant namespace of a host mirror's tenant object.
 pub const NAMESPACE_LABEL: &str = "vcluster.loft.sh/namespace";
@@ -130,6 +131,13 @@ pub fn mirrors(mirror: &Value, tenant: &str, project: &str, namespace: &str, nam
 /// host namespace. A mirror without the annotation predates it.
 pub fn of_project(mirror: &Value, project: &str) -> bool {
     projects_agree(self::project(mirror), &Value::from(project))
+}
+
+/// Whether the host object `mirror` records `project` as its tenant's: what a
+/// mirror must show before its tenant's syncer deletes it. One that records
+/// none, written before the record, may be a namesake's in another project.
+pub fn records_project(mirror: &Value, project: &str) -> bool {
+    *self::project(mirror) == project
 }
 
 /// The [`TENANT_PROJECT`] an object records (`Null` when none).

@@ -296,6 +296,11 @@ impl ToHost {
         if !self.is_ours(key, mirror) {
             return Ok(Outcome::Done);
         }
+        if !names::records_project(mirror, &self.tenant_project) {
+            // Written before mirrors recorded their project: maybe the orphan of a
+            // namesake tenant in another project. Left for an operator.
+            return Err(StepError::Foreign);
+        }
         let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
         let owner_uid = annotations(mirror).get(names::OBJECT_UID).cloned();
         if let Some(live) = live {
@@ -468,6 +473,20 @@ impl ToHost {
                 // deleting it again changes nothing, and its removal (a host watch
                 // event) brings the key back to create the new object's mirror.
                 return Ok(Outcome::Done);
+            }
+            if !names::records_project(mirror, &self.tenant_project) {
+                // Written before mirrors recorded their project: an earlier
+                // incarnation's, or a namesake tenant's in another project (or
+                // our cache is behind: looked at again, it is replaced).
+                tracing::warn!(
+                    resource = %self.ty.resource.key,
+                    direction = "toHost",
+                    tenant_object = %format!("{}/{}", key.namespace, key.name),
+                    host_object = %format!("{}/{}", self.host_namespace, meta(mirror, "name")),
+                    action = "skip",
+                    "a host object with the mirror's name records no tenant project and mirrors another object; leaving it alone"
+                );
+                return Err(StepError::Foreign);
             }
             let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
             let live_uid = live.as_ref().and_then(|l| l.metadata.uid.as_deref());

@@ -367,3 +367,41 @@ async fn another_projects_mirror_is_never_collected() {
     let object: DynamicObject = serde_json::from_value(stored_mirror(&ty)).expect("object");
     assert_eq!(syncer.key_of_host(&object), Some(key()));
 }
+
+/// A mirror written before mirrors recorded their project may be a namesake
+/// tenant's in another project: its tenant object's syncer stamps it when it
+/// replaces it, but never deletes it, neither as an orphan nor as an earlier
+/// incarnation's; it is left, counted as a foreign object.
+#[tokio::test]
+async fn a_mirror_that_records_no_project_is_never_deleted() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(host_answers).await;
+    let syncer = to_host(&ty, host.client.clone());
+    let mut older = stored_mirror(&ty);
+    older["metadata"]["annotations"]
+        .as_object_mut()
+        .map(|a| a.remove(names::TENANT_PROJECT));
+
+    let collected = syncer.collect(&key(), &older).await;
+    assert!(
+        matches!(collected, Err(StepError::Foreign)),
+        "{collected:?}"
+    );
+    let mut reborn = tenant_object();
+    reborn["metadata"]["uid"] = json!("t-2");
+    let stale = syncer.update(&key(), &reborn, &older).await;
+    assert!(matches!(stale, Err(StepError::Foreign)), "{stale:?}");
+    assert!(host.received().is_empty(), "{:?}", host.received());
+
+    // Its own tenant object's replace records the project.
+    let mut changed = tenant_object();
+    changed["spec"]["schedule"] = json!("@hourly");
+    syncer
+        .update(&key(), &changed, &older)
+        .await
+        .expect("replaced");
+    let puts = host.with_method(http::Method::PUT);
+    assert_eq!(puts.len(), 1, "{:?}", host.received());
+    let annotations = &puts[0].body["metadata"]["annotations"];
+    assert_eq!(annotations[names::TENANT_PROJECT], "default");
+}
