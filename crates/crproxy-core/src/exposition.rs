@@ -25,7 +25,10 @@ pub fn parse(text: &str) -> Vec<Sample> {
 }
 
 fn parse_sample(line: &str) -> Option<Sample> {
-    let (name, labels, after) = match line.find('{') {
+    // Only the series' own brace: an OpenMetrics exemplar (`# {trace_id="a"} 1`)
+    // may follow an unlabelled sample's value.
+    let name_end = line.find(|c: char| c == '{' || c.is_whitespace());
+    let (name, labels, after) = match name_end.filter(|&end| line[end..].starts_with('{')) {
         Some(open) => {
             let (labels, after) = parse_labels(&line[open + 1..])?;
             (&line[..open], labels, after)

@@ -21,6 +21,9 @@ fn lines_with_names_the_format_does_not_allow_are_skipped() {
     check("up 1", true);
     check("a:b_c9{le=\"+Inf\",_x=\"\"} 2", true);
     check("  indented 3", true);
+    // An OpenMetrics exemplar after the value belongs to the sample.
+    check("x_total 3 # {trace_id=\"a\"} 1", true);
+    check("x_total{a=\"b\"} 3 # {trace_id=\"a\"} 1", true);
     check("9lives 1", false);
     check("a-b 1", false);
     check("a b{x=\"1\"} 2", false);
