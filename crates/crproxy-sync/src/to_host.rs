@@ -444,6 +444,20 @@ impl ToHost {
         Ok(())
     }
 
+    /// [`StepError::Foreign`] for the host object `mirror` under `key`'s mirror
+    /// name, logged with `why` it is left alone.
+    fn foreign(&self, key: &Key, mirror: &Value, why: &'static str) -> StepError {
+        tracing::warn!(
+            resource = %self.ty.resource.key,
+            direction = "toHost",
+            tenant_object = %format!("{}/{}", key.namespace, key.name),
+            host_object = %format!("{}/{}", self.host_namespace, meta(mirror, "name")),
+            action = "skip",
+            "{why}"
+        );
+        StepError::Foreign
+    }
+
     async fn update(
         &self,
         key: &Key,
@@ -451,15 +465,11 @@ impl ToHost {
         mirror: &Value,
     ) -> Result<Outcome, StepError> {
         if !self.is_ours(key, mirror) {
-            tracing::warn!(
-                resource = %self.ty.resource.key,
-                direction = "toHost",
-                tenant_object = %format!("{}/{}", key.namespace, key.name),
-                host_object = %format!("{}/{}", self.host_namespace, meta(mirror, "name")),
-                action = "skip",
-                "a host object with the mirror's name exists and does not belong to this tenant object; leaving it alone"
-            );
-            return Err(StepError::Foreign);
+            return Err(self.foreign(
+                key,
+                mirror,
+                "a host object with the mirror's name exists and does not belong to this tenant object; leaving it alone",
+            ));
         }
         if annotations(mirror)
             .get(names::OBJECT_UID)
@@ -478,15 +488,11 @@ impl ToHost {
                 // Written before mirrors recorded their project: an earlier
                 // incarnation's, or a namesake tenant's in another project (or
                 // our cache is behind: looked at again, it is replaced).
-                tracing::warn!(
-                    resource = %self.ty.resource.key,
-                    direction = "toHost",
-                    tenant_object = %format!("{}/{}", key.namespace, key.name),
-                    host_object = %format!("{}/{}", self.host_namespace, meta(mirror, "name")),
-                    action = "skip",
-                    "a host object with the mirror's name records no tenant project and mirrors another object; leaving it alone"
-                );
-                return Err(StepError::Foreign);
+                return Err(self.foreign(
+                    key,
+                    mirror,
+                    "a host object with the mirror's name records no tenant project and mirrors another object; leaving it alone",
+                ));
             }
             let live = self.tenant_api(&key.namespace).get_opt(&key.name).await?;
             let live_uid = live.as_ref().and_then(|l| l.metadata.uid.as_deref());
