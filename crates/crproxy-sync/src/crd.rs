@@ -15,7 +15,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
-use crate::to_host::is_code;
+use crate::to_host::{again_on_conflict, is_code};
 use crate::{aggregated, SyncError};
 
 /// Set on tenant CRDs the syncer created or updated.
@@ -113,9 +113,8 @@ pub async fn resolve(
     // Replicas starting together race for the tenant CRD: the loser's create is
     // refused as already there, or its replace as a conflict. It reads the
     // winner's CRD and decides again, rather than failing `crproxy run`.
-    let mut attempt = 1;
-    let action = loop {
-        let written = write_tenant_crd(
+    let write = || {
+        write_tenant_crd(
             &tenant_crds,
             &crd_name,
             &source,
@@ -123,16 +122,10 @@ pub async fn resolve(
             resource,
             &fail,
         )
-        .await;
-        match written {
-            Err(SyncError::Api { source, .. })
-                if is_code(&source, 409) && attempt < CRD_WRITE_ATTEMPTS =>
-            {
-                attempt += 1
-            }
-            written => break written?,
-        }
     };
+    let conflict =
+        |e: &SyncError| matches!(e, SyncError::Api { source, .. } if is_code(source, 409));
+    let action = again_on_conflict(write, conflict).await?;
     if let Some(action) = action {
         if is_aggregated {
             tracing::info!(resource = %resource.key, crd = %crd_name, version = %plan.version, action, "generated a schemaless CRD in the tenant for a type the host serves through API aggregation");
@@ -154,10 +147,6 @@ pub async fn resolve(
         aggregated: is_aggregated,
     })
 }
-
-/// How many times a replica reads and writes the tenant CRD before another
-/// writer's conflicts fail it.
-const CRD_WRITE_ATTEMPTS: u32 = 3;
 
 /// Brings the tenant's CRD `crd_name` to what `source` says, from what the tenant
 /// holds now: `Some("created")` or `Some("updated")` when it was written, `None`

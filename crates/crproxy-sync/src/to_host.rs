@@ -635,6 +635,28 @@ pub(crate) fn is_code(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
+/// How many times [`again_on_conflict`] runs a write.
+const WRITE_ATTEMPTS: u32 = 3;
+
+/// Runs `write` (a read, a decision on it and a write) again while it fails with
+/// an error `conflict` calls a 409: another writer got in between the read and
+/// the write, and a fresh read decides again. Three attempts in all.
+pub(crate) async fn again_on_conflict<T, E, Fut>(
+    mut write: impl FnMut() -> Fut,
+    conflict: impl Fn(&E) -> bool,
+) -> Result<T, E>
+where
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut attempt = 1;
+    loop {
+        match write().await {
+            Err(e) if conflict(&e) && attempt < WRITE_ATTEMPTS => attempt += 1,
+            result => return result,
+        }
+    }
+}
+
 /// After a create of `name` was refused with `conflict` (a 409): the object that
 /// holds the name, by a live read. Nothing under the name means the 409 was about
 /// something else (an admission webhook's, say), so the refusal is the step's

@@ -1297,18 +1297,16 @@ async fn merge_registration(
     configuration: &Value,
     merge: fn(&mut Value, &Value) -> Option<Vec<String>>,
 ) -> Result<(), kube::Error> {
-    const ATTEMPTS: usize = 3;
-    let api = configurations(tenant);
+    let api = &configurations(tenant);
     let name = meta(configuration, "name");
     let object = |value: Value| -> Result<DynamicObject, kube::Error> {
         serde_json::from_value(value).map_err(kube::Error::SerdeError)
     };
-    let mut attempt = 1;
-    loop {
-        let written = match api.get_opt(name).await? {
+    let write = || async move {
+        match api.get_opt(name).await? {
             None => {
                 api.create(&PostParams::default(), &object(configuration.clone())?)
-                    .await
+                    .await?;
             }
             Some(current) => {
                 let mut current =
@@ -1318,14 +1316,12 @@ async fn merge_registration(
                 };
                 tracing::info!(configuration = %name, webhooks = ?changed, "putting write-through webhooks into the tenant's configuration");
                 api.replace(name, &PostParams::default(), &object(current)?)
-                    .await
+                    .await?;
             }
-        };
-        match written {
-            Err(e) if crate::to_host::is_code(&e, 409) && attempt < ATTEMPTS => attempt += 1,
-            written => return written.map(|_| ()),
         }
-    }
+        Ok(())
+    };
+    crate::to_host::again_on_conflict(write, |e| crate::to_host::is_code(e, 409)).await
 }
 
 /// Adds to the configuration `current` the webhooks of `wanted` it has none of
