@@ -9,8 +9,9 @@
 //! handler, `/healthz/` and `/healthz//ping` included: those reach the
 //! not-found handler. Every check here passes.
 
+use crate::server::{go_not_found, text_plain};
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 use std::collections::BTreeSet;
 
 /// The three health endpoints.
@@ -110,7 +111,7 @@ pub(crate) fn answer(
         Some(if checks(endpoint).contains(&check) {
             check_passed()
         } else {
-            not_found()
+            go_not_found()
         })
     })
 }
@@ -153,32 +154,13 @@ fn root(endpoint: &str, checks: &[&str], query: Option<&str>) -> Response<Bytes>
     } else {
         "ok".to_string()
     };
-    crate::server::nosniff(text_plain(StatusCode::OK, text))
+    crate::server::nosniff(text_plain(StatusCode::OK, &text))
 }
 
 /// `<endpoint>/<check>`: `adaptCheckToHandler` only writes `ok`, which Go's
 /// server sniffs as text/plain, without nosniff.
 fn check_passed() -> Response<Bytes> {
-    text_plain(StatusCode::OK, "ok".to_string())
-}
-
-/// Go's `http.NotFound`, which the not-found handler at the end of kube's
-/// server chain writes.
-fn not_found() -> Response<Bytes> {
-    crate::server::nosniff(text_plain(
-        StatusCode::NOT_FOUND,
-        "404 page not found\n".to_string(),
-    ))
-}
-
-fn text_plain(status: StatusCode, text: String) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(text));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
+    text_plain(StatusCode::OK, "ok")
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ pub(crate) mod seams;
 
 pub use auth::PeerCertificates;
 pub(crate) use filters::new_uuid;
-pub(crate) use http::{decode_yaml, nosniff, query_parameters};
+pub(crate) use http::{decode_yaml, go_not_found, nosniff, query_parameters, text_plain};
 
 use crate::error::Error;
 use crate::registry::Registry;

@@ -1,4 +1,5 @@
 use super::*;
+use http::header;
 
 /// Status, body and whether nosniff is set, for `path?query` on
 /// kube-apiserver's checks; `None` when the path is no health path.

@@ -279,13 +279,23 @@ pub fn error_response(err: &ApiError) -> Response<Body> {
 /// kube's plain-text 404 for paths nothing is registered at, as Go's
 /// `http.NotFound` writes it (with `X-Content-Type-Options: nosniff`).
 pub fn plain_not_found() -> Response<Body> {
-    let mut resp = Response::new(full("404 page not found\n"));
-    *resp.status_mut() = StatusCode::NOT_FOUND;
+    go_not_found().map(full)
+}
+
+/// Go's `http.NotFound`: the plain 404 at the end of kube's server chain.
+pub fn go_not_found() -> Response<Bytes> {
+    nosniff(text_plain(StatusCode::NOT_FOUND, "404 page not found\n"))
+}
+
+/// `text` as `text/plain; charset=utf-8` with `status`.
+pub fn text_plain(status: StatusCode, text: &str) -> Response<Bytes> {
+    let mut resp = Response::new(Bytes::from(text.to_owned()));
+    *resp.status_mut() = status;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    nosniff(resp)
+    resp
 }
 
 /// `resp` with `X-Content-Type-Options: nosniff`, as Go's `http.Error` and
@@ -306,13 +316,8 @@ pub fn nosniff_error(error: ApiError) -> ApiError {
 }
 
 pub fn text_response(status: u16, text: &str) -> Response<Body> {
-    let mut resp = Response::new(full(text.to_string()));
-    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    text_plain(status, text).map(full)
 }
 
 /// Adds a `Warning: 299 - "..."` header per message.
