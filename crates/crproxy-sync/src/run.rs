@@ -764,6 +764,7 @@ impl Supervisor {
                     metrics,
                     gate: self.gates.get(&ty.resource.key).map(Gate::open_term),
                     observed_host_deletes: Default::default(),
+                    last_writes: Default::default(),
                 });
                 let tenant_api = Api::all_with(self.tenant.clone(), &ty.api);
                 let host_api =

@@ -21,10 +21,14 @@
 //!
 //! A mirror is written whole, but only what crproxy sets is crproxy's: labels and
 //! annotations others add, finalizers and owner references survive every replace and
-//! never cause one ([`crate::managed`]).
+//! never cause one ([`crate::managed`]). Nor do fields the host fills in or changes
+//! on a write (its defaults, a mutating webhook): a mirror still as this syncer's
+//! last write left it is not written again ([`LastWrite`]).
 
 use crproxy_core::locks;
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -60,6 +64,32 @@ pub struct ToHost {
     /// watch delivered. The only evidence that the host deleted a mirror, as opposed
     /// to losing it (a restored backup, an extension server with a fresh store).
     pub observed_host_deletes: Mutex<HashMap<Key, String>>,
+    /// By key: this syncer's last write of the mirror.
+    pub last_writes: Mutex<HashMap<Key, LastWrite>>,
+}
+
+/// A write of a mirror: a digest of the mirror it was meant to make and the
+/// resourceVersion the host answered with. While the mirror still has that
+/// resourceVersion and the tenant object still asks for the same mirror, the mirror
+/// is as that write left it, even where it differs from what was sent: the host's
+/// defaults or a mutating webhook changed it. Writing it again would only be turned
+/// into the same object, once per resync and per status change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastWrite {
+    desired: u64,
+    resource_version: String,
+}
+
+impl LastWrite {
+    fn of(desired: &Value, mirror: &Value) -> LastWrite {
+        // serde_json's maps are ordered by key, so equal values print alike.
+        let mut hasher = DefaultHasher::new();
+        desired.to_string().hash(&mut hasher);
+        LastWrite {
+            desired: hasher.finish(),
+            resource_version: meta(mirror, "resourceVersion").to_owned(),
+        }
+    }
 }
 
 /// The label selector of the host watch: only this tenant's mirrors.
@@ -233,6 +263,15 @@ impl ToHost {
         self.observed_host_deletes().get(key).map(String::as_str) == Some(mirror_uid)
     }
 
+    fn last_writes(&self) -> MutexGuard<'_, HashMap<Key, LastWrite>> {
+        locks::lock(&self.last_writes)
+    }
+
+    /// Whether `mirror` is still as this syncer's last write of `desired` left it.
+    fn as_last_written(&self, key: &Key, desired: &Value, mirror: &Value) -> bool {
+        self.last_writes().get(key) == Some(&LastWrite::of(desired, mirror))
+    }
+
     fn host_name(&self, key: &Key) -> String {
         names::host_name(&key.name, &key.namespace, &self.tenant)
     }
@@ -282,6 +321,7 @@ impl ToHost {
         match (tenant, mirror) {
             (None, None) => {
                 self.observed_host_deletes().remove(key);
+                self.last_writes().remove(key);
                 Ok(Outcome::Done)
             }
             (None, Some(mirror)) => self.collect(key, &mirror).await,
@@ -402,7 +442,7 @@ impl ToHost {
             &self.host_namespace,
             tenant,
         );
-        let object: DynamicObject = from_value(desired)?;
+        let object: DynamicObject = from_value(desired.clone())?;
         match self
             .host_api()
             .create(&PostParams::default(), &object)
@@ -411,6 +451,8 @@ impl ToHost {
             Ok(created) => {
                 self.log(key, action);
                 let created = to_value(&created)?;
+                self.last_writes()
+                    .insert(key.clone(), LastWrite::of(&desired, &created));
                 self.remember_mirror(key, tenant, meta(&created, "uid"))
                     .await?;
                 if !created["status"].is_null() || !tenant["status"].is_null() {
@@ -515,13 +557,15 @@ impl ToHost {
             tenant,
         );
         let mut mirror = mirror.clone();
-        if mirror_differs(&desired, &mirror) {
+        if !self.as_last_written(key, &desired, &mirror) && mirror_differs(&desired, &mirror) {
             let object: DynamicObject = from_value(replacement(&desired, &mirror))?;
             let replaced = self
                 .host_api()
                 .replace(meta(&mirror, "name"), &PostParams::default(), &object)
                 .await?;
             mirror = to_value(&replaced)?;
+            self.last_writes()
+                .insert(key.clone(), LastWrite::of(&desired, &mirror));
             self.log(key, "update_host");
         }
         self.remember_mirror(key, tenant, meta(&mirror, "uid"))

@@ -189,6 +189,7 @@ fn to_host(ty: &ResolvedType, host: kube::Client) -> ToHost {
         metrics: SyncMetrics::new(),
         gate: None,
         observed_host_deletes: Default::default(),
+        last_writes: Default::default(),
     }
 }
 
@@ -272,6 +273,77 @@ async fn a_key_the_tenant_removed_leaves_the_mirror() {
     assert_eq!(m["labels"]["host.example/zone"], "a", "{m}");
     assert_eq!(m["annotations"]["host.example/audited"], "yes", "{m}");
     assert_eq!(m["labels"][names::MANAGED_BY], "client", "{m}");
+}
+
+/// A host that defaults `spec.retention` on every write. A write that changes
+/// nothing else is a no-op, as in kube: the resourceVersion sent comes back.
+fn defaulting_host(method: &http::Method, _path: &str, body: &Value) -> (u16, Value) {
+    match *method {
+        http::Method::PUT => {
+            let mut stored = body.clone();
+            stored["spec"]["retention"] = json!("7d");
+            stored["metadata"]["uid"] = json!("m-1");
+            stored["status"] = json!({"phase": "Pending"});
+            (200, stored)
+        }
+        _ => crate::fake_api::not_found(),
+    }
+}
+
+/// A field the host fills in on every write is not fought over: once a write has
+/// come back with it, the mirror is not written again (every resync and every
+/// status change would send the same replace), until the host object or the tenant
+/// object changes.
+#[tokio::test]
+async fn a_field_the_host_defaults_is_written_once() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(defaulting_host).await;
+    let syncer = to_host(&ty, host.client.clone());
+    let puts = || host.with_method(http::Method::PUT);
+    let mut created = stored_mirror(&ty);
+    created["spec"]["retention"] = json!("7d");
+
+    // Unknown to this syncer (written by another replica): one write finds out.
+    syncer
+        .update(&key(), &tenant_object(), &created)
+        .await
+        .expect("reconciled");
+    assert_eq!(puts().len(), 1, "{:?}", host.received());
+    let written = puts()[0].body.clone();
+    let (_, answered) = defaulting_host(&http::Method::PUT, "", &written);
+    for _ in 0..3 {
+        syncer
+            .update(&key(), &tenant_object(), &answered)
+            .await
+            .expect("reconciled");
+    }
+    assert_eq!(
+        puts().len(),
+        1,
+        "the mirror was written again: {:?}",
+        host.received()
+    );
+
+    // Someone edits the mirror on the host: put back.
+    let mut edited = answered.clone();
+    edited["spec"]["schedule"] = json!("@weekly");
+    edited["metadata"]["resourceVersion"] = json!("4");
+    syncer
+        .update(&key(), &tenant_object(), &edited)
+        .await
+        .expect("reconciled");
+    assert_eq!(puts().len(), 2, "{:?}", host.received());
+    assert_eq!(puts()[1].body["spec"]["schedule"], "@daily");
+
+    // The tenant changes its object: written down.
+    let mut tenant = tenant_object();
+    tenant["spec"]["schedule"] = json!("@hourly");
+    syncer
+        .update(&key(), &tenant, &edited)
+        .await
+        .expect("reconciled");
+    assert_eq!(puts().len(), 3, "{:?}", host.received());
+    assert_eq!(puts()[2].body["spec"]["schedule"], "@hourly");
 }
 
 /// The mirror of an earlier tenant object of the same name that a host
