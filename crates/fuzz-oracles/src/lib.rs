@@ -13,6 +13,7 @@ pub mod deep_objects;
 pub mod exposition;
 pub mod not_found;
 pub mod ownership_watch;
+pub mod peer_file;
 pub mod request_path;
 pub mod responses;
 pub mod selectors;
@@ -27,13 +28,14 @@ pub mod write_body;
 pub type Check = fn(&[u8]);
 
 /// Every fuzz target by name, with its check.
-pub const TARGETS: [(&str, Check); 15] = [
+pub const TARGETS: [(&str, Check); 16] = [
     ("cbor_counter", cbor_counter::check),
     ("config", config::check),
     ("deep_objects", deep_objects::check),
     ("exposition", exposition::check),
     ("not_found", not_found::check),
     ("ownership_watch", ownership_watch::check),
+    ("peer_file", peer_file::check),
     ("request_path", request_path::check),
     ("responses", responses::check),
     ("selectors", selectors::check),
