@@ -149,7 +149,7 @@ pub fn resolve(method: &str, path: &str, query: Option<&str>) -> Result<RequestI
             .is_some_and(|v| crproxy_core::request::watch_value(v));
         info.verb = if watch { "watch" } else { "list" }.to_string();
         if let Some(name) = params.get("fieldSelector").and_then(|s| selected_name(s)) {
-            info.name = name.to_string();
+            info.name = name;
         }
     }
     if info.name.is_empty() && info.verb == "delete" {
@@ -169,20 +169,16 @@ pub(crate) fn query_parameters(query: Option<&str>) -> HashMap<String, String> {
     parameters
 }
 
-/// The object a field selector requires by `metadata.name`, when that name
-/// could be a path segment.
-fn selected_name(selector: &str) -> Option<&str> {
-    let mut found = None;
-    for term in selector.split(',') {
-        let term = term.trim();
-        let value = term
-            .strip_prefix("metadata.name==")
-            .or_else(|| term.strip_prefix("metadata.name="));
-        if let Some(v) = value.filter(|v| !v.is_empty() && !v.contains('/')) {
-            found = Some(v);
-        }
-    }
-    found
+/// The object a field selector requires by `metadata.name`, read as kube reads
+/// it: a selector that does not parse names nothing; otherwise the first `=` or
+/// `==` clause on the field, in the sorted order of the clauses, names its
+/// (unescaped) value when that could be a path segment (not `.` or `..`, no `/` or
+/// `%`).
+fn selected_name(selector: &str) -> Option<String> {
+    let selector = crproxy_core::selector::FieldSelector::parse(selector).ok()?;
+    let name = selector.requires_exact_match("metadata.name")?;
+    let path_segment = !matches!(name, "." | "..") && !name.contains(['/', '%']);
+    path_segment.then(|| name.to_owned())
 }
 
 #[cfg(test)]

@@ -95,6 +95,33 @@ fn verbs_follow_the_method_and_the_name() {
     }
 }
 
+/// A list names the object its field selector requires as kube's resolver does:
+/// the first clause on `metadata.name` in sorted order, unescaped, when it could
+/// be a path segment; a selector that does not parse names nothing.
+#[test]
+fn a_list_names_the_object_its_field_selector_requires() {
+    let list = |selector: &str| {
+        let query = format!("fieldSelector={selector}");
+        resolve("GET", "/api/v1/namespaces/ns/configmaps", Some(&query))
+            .expect("resolved")
+            .name
+    };
+    assert_eq!(list("metadata.name%3Db,metadata.name%3Da"), "a");
+    assert_eq!(list("metadata.name%3D%3Db,metadata.name%3Da"), "b");
+    assert_eq!(list("metadata.namespace%3Dns,metadata.name%3Da"), "a");
+    assert_eq!(list("metadata.name%3Da%5C,b"), "a,b");
+    for selector in [
+        "metadata.name!%3Da",
+        "metadata.name%3D..",
+        "metadata.name%3Da%25b",
+        "metadata.name%3Da,no-operator",
+        "metadata.name%3Da%5Cb",
+        " metadata.name%3Da",
+    ] {
+        assert_eq!(list(selector), "", "{selector}");
+    }
+}
+
 /// Where `route` and the authorization attributes used to disagree, kube's
 /// resolver decides.
 #[test]
