@@ -16,7 +16,9 @@
 //! and no handler serves such a request. go-restful's router refuses it with
 //! its 405 (or 404) before any route runs, and the custom-resource handler's
 //! `serveResource` writes its MethodNotSupported itself and returns no handler
-//! to instrument.
+//! to instrument. For the same reason no 405 is counted: a verb a resource or
+//! subresource does not serve (a POST to a built-in resource's `/watch/` path,
+//! say) meets the same two refusals.
 
 use crproxy_core::locks;
 use std::collections::{BTreeMap, HashMap};

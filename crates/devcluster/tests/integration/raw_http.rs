@@ -583,9 +583,11 @@ async fn requests_are_resolved_as_kubes_request_info_resolves_them() {
 
 /// A request kube's RequestInfo gives no verb (or the `proxy` verb) is refused
 /// before any instrumented handler runs, so `apiserver_request_total` has no
-/// series for it; a GET of the same resources is counted.
+/// series for it; nor for a watch of a built-in resource by any method but GET,
+/// which go-restful's router refuses (405) before any route runs. A GET of the
+/// same resources is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_without_a_verb_are_not_counted() {
+async fn requests_no_handler_serves_are_not_counted() {
     let test = test_support::devcluster("no-verb-metrics").await;
     crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
     let configmaps = "/api/v1/namespaces/default/configmaps";
@@ -602,6 +604,11 @@ async fn requests_without_a_verb_are_not_counted() {
     ] {
         let (code, _, _) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
         assert!(code == 404 || code == 405, "GET {path}: {code}");
+    }
+    for method in ["POST", "DELETE"] {
+        let path = "/api/v1/watch/namespaces/default/configmaps";
+        let (code, _, _) = admin_request(&test, method, path, &[], Protocol::Http1).await;
+        assert_eq!(code, 405, "{method} {path}");
     }
     for path in [configmaps, crontabs] {
         let (code, _, _) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
