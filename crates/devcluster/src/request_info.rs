@@ -86,12 +86,13 @@ pub fn resolve(method: &str, path: &str, query: Option<&str>) -> Result<RequestI
     };
     let segs = segments(path);
     let (prefix, group, version, mut rest) = match segs.as_slice() {
-        [p, version, rest @ ..] if p == "api" && !version.is_empty() && !rest.is_empty() => {
+        // By the number of segments alone: kube takes an empty group or version
+        // (`/apis//v1/x`) as it comes, and answers it as a resource it does not
+        // serve.
+        [p, version, rest @ ..] if p == "api" && !rest.is_empty() => {
             ("api", "", version.as_str(), rest)
         }
-        [p, group, version, rest @ ..]
-            if p == "apis" && !group.is_empty() && !version.is_empty() && !rest.is_empty() =>
-        {
+        [p, group, version, rest @ ..] if p == "apis" && !rest.is_empty() => {
             ("apis", group.as_str(), version.as_str(), rest)
         }
         _ => return Ok(info),

@@ -189,6 +189,19 @@ fn empty_segments_are_kept_as_kube_splits_the_path() {
         None,
         ("get", true, "", "", "", "pods", ""),
     );
+    // An empty group or version is a segment like any other.
+    check(
+        "GET",
+        "/apis//v1/x",
+        None,
+        ("list", true, "", "", "x", "", ""),
+    );
+    check(
+        "DELETE",
+        "/api//pods/p",
+        None,
+        ("delete", true, "", "", "pods", "p", ""),
+    );
 }
 
 #[test]
@@ -223,7 +236,6 @@ fn non_resource_paths_have_the_methods_verb() {
         "/apis",
         "/apis/apps",
         "/apis/apps/v1",
-        "/apis//v1/x",
     ] {
         let info = resolve("GET", path, None).expect("resolvable");
         assert!(!info.resource_request, "{path}");
