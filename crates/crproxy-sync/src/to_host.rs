@@ -68,28 +68,58 @@ pub struct ToHost {
     pub last_writes: Mutex<HashMap<Key, LastWrite>>,
 }
 
-/// A write of a mirror: a digest of the mirror it was meant to make and the
-/// resourceVersion the host answered with. While the mirror still has that
-/// resourceVersion and the tenant object still asks for the same mirror, the mirror
-/// is as that write left it, even where it differs from what was sent: the host's
-/// defaults or a mutating webhook changed it. Writing it again would only be turned
-/// into the same object, once per resync and per status change.
+/// A write of a mirror: digests of the mirror it was meant to make and of the
+/// mirror the host answered with (its synced fields, labels and annotations). While
+/// the tenant object asks for the same mirror and the mirror still holds what the
+/// answer held, the mirror is as that write left it, even where it differs from
+/// what was sent: the host's defaults or a mutating webhook changed it. Writing it
+/// again would only be turned into the same object, at every resync and every
+/// change of the mirror's status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastWrite {
     desired: u64,
-    resource_version: String,
+    answered: u64,
 }
 
 impl LastWrite {
     fn of(desired: &Value, mirror: &Value) -> LastWrite {
-        // serde_json's maps are ordered by key, so equal values print alike.
-        let mut hasher = DefaultHasher::new();
-        desired.to_string().hash(&mut hasher);
+        let metadata = &mirror["metadata"];
+        let held = (
+            synced_fields(mirror),
+            &metadata["labels"],
+            &metadata["annotations"],
+        );
         LastWrite {
-            desired: hasher.finish(),
-            resource_version: meta(mirror, "resourceVersion").to_owned(),
+            desired: digest(desired),
+            answered: digest(&held),
         }
     }
+}
+
+fn digest(value: &impl serde::Serialize) -> u64 {
+    // serde_json's maps are ordered by key, so equal values print alike.
+    let mut hasher = DefaultHasher::new();
+    serde_json::to_vec(value)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The fields of an object that a mirror copies from its tenant object: all but
+/// apiVersion, kind, metadata and status.
+fn synced_fields(object: &Value) -> Map<String, Value> {
+    object
+        .as_object()
+        .map(|fields| {
+            fields
+                .iter()
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status")
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The label selector of the host watch: only this tenant's mirrors.
@@ -172,13 +202,7 @@ pub fn desired_mirror(
         "metadata".into(),
         json!({"name": host_name, "namespace": host_namespace, "labels": labels, "annotations": annotations}),
     );
-    if let Some(fields) = tenant_object.as_object() {
-        for (k, v) in fields {
-            if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
-                out.insert(k.clone(), v.clone());
-            }
-        }
-    }
+    out.extend(synced_fields(tenant_object));
     let mut out = Value::Object(out);
     for path in &ty.resource.patches {
         if !in_status(path) {
@@ -209,19 +233,7 @@ fn in_status(path: &FieldPath) -> bool {
 /// and status, and the labels and annotations crproxy sets (others' keys on the
 /// mirror do not count, see [`managed`]).
 pub fn mirror_differs(desired: &Value, current: &Value) -> bool {
-    let fields = |v: &Value| -> Map<String, Value> {
-        v.as_object()
-            .map(|m| {
-                m.iter()
-                    .filter(|(k, _)| {
-                        !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status")
-                    })
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    fields(desired) != fields(current) || managed::metadata_differs(desired, current)
+    synced_fields(desired) != synced_fields(current) || managed::metadata_differs(desired, current)
 }
 
 /// The tenant's status translated from the mirror's: `patches` under `status` map
@@ -267,7 +279,7 @@ impl ToHost {
         locks::lock(&self.last_writes)
     }
 
-    /// Whether `mirror` is still as this syncer's last write of `desired` left it.
+    /// Whether `mirror` still holds what this syncer's last write of `desired` left.
     fn as_last_written(&self, key: &Key, desired: &Value, mirror: &Value) -> bool {
         self.last_writes().get(key) == Some(&LastWrite::of(desired, mirror))
     }
@@ -557,7 +569,7 @@ impl ToHost {
             tenant,
         );
         let mut mirror = mirror.clone();
-        if !self.as_last_written(key, &desired, &mirror) && mirror_differs(&desired, &mirror) {
+        if mirror_differs(&desired, &mirror) && !self.as_last_written(key, &desired, &mirror) {
             let object: DynamicObject = from_value(replacement(&desired, &mirror))?;
             let replaced = self
                 .host_api()

@@ -275,75 +275,119 @@ async fn a_key_the_tenant_removed_leaves_the_mirror() {
     assert_eq!(m["labels"][names::MANAGED_BY], "client", "{m}");
 }
 
-/// A host that defaults `spec.retention` on every write. A write that changes
-/// nothing else is a no-op, as in kube: the resourceVersion sent comes back.
-fn defaulting_host(method: &http::Method, _path: &str, body: &Value) -> (u16, Value) {
-    match *method {
-        http::Method::PUT => {
-            let mut stored = body.clone();
-            stored["spec"]["retention"] = json!("7d");
-            stored["metadata"]["uid"] = json!("m-1");
-            stored["status"] = json!({"phase": "Pending"});
-            (200, stored)
+/// A host that defaults `spec.retention` on every write and keeps what it stored:
+/// a write that changes nothing is a no-op, as in kube (the same resourceVersion
+/// comes back); any other moves the resourceVersion. A created mirror's status is
+/// `Pending`; a replace keeps the status it carries (the mirror's). No mirror is
+/// found by a read.
+fn defaulting_host() -> impl crate::fake_api::Answer {
+    let stored: Mutex<Option<Value>> = Mutex::new(None);
+    move |method: &http::Method, _path: &str, body: &Value| {
+        let mut stored = locks::lock(&stored);
+        let mut next = body.clone();
+        next["spec"]["retention"] = json!("7d");
+        next["metadata"]["uid"] = json!("m-1");
+        if next["status"].is_null() {
+            next["status"] = json!({"phase": "Pending"});
         }
-        _ => crate::fake_api::not_found(),
+        match *method {
+            http::Method::POST => next["metadata"]["resourceVersion"] = json!("1"),
+            http::Method::PUT => {
+                let Some(before) = stored.as_ref() else {
+                    return crate::fake_api::not_found();
+                };
+                let version = meta(before, "resourceVersion").parse::<u64>().unwrap_or(0);
+                let mut unchanged = next.clone();
+                unchanged["metadata"]["resourceVersion"] =
+                    before["metadata"]["resourceVersion"].clone();
+                next = if unchanged == *before {
+                    unchanged
+                } else {
+                    next["metadata"]["resourceVersion"] = json!((version + 1).to_string());
+                    next
+                };
+            }
+            _ => return crate::fake_api::not_found(),
+        }
+        *stored = Some(next.clone());
+        (
+            if *method == http::Method::POST {
+                201
+            } else {
+                200
+            },
+            next,
+        )
     }
 }
 
 /// A field the host fills in on every write is not fought over: once a write has
-/// come back with it, the mirror is not written again (every resync and every
-/// status change would send the same replace), until the host object or the tenant
-/// object changes.
+/// come back with it, the mirror is not written again, neither at a resync nor
+/// when the host changes the mirror's status, until the mirror's synced fields or
+/// the tenant object change.
 #[tokio::test]
 async fn a_field_the_host_defaults_is_written_once() {
     let ty = backups(&[]);
-    let host = crate::fake_api::FakeApi::start(defaulting_host).await;
+    let host = crate::fake_api::FakeApi::start(defaulting_host()).await;
     let syncer = to_host(&ty, host.client.clone());
     let puts = || host.with_method(http::Method::PUT);
-    let mut created = stored_mirror(&ty);
-    created["spec"]["retention"] = json!("7d");
 
-    // Unknown to this syncer (written by another replica): one write finds out.
+    // The host lost the mirror (a tenant object that records one, no DELETED
+    // event seen): created again, with the host's default.
     syncer
-        .update(&key(), &tenant_object(), &created)
+        .mirror_missing(&key(), &tenant_object())
         .await
-        .expect("reconciled");
-    assert_eq!(puts().len(), 1, "{:?}", host.received());
-    let written = puts()[0].body.clone();
-    let (_, answered) = defaulting_host(&http::Method::PUT, "", &written);
+        .expect("created");
+    let posts = host.with_method(http::Method::POST);
+    assert_eq!(posts.len(), 1, "{:?}", host.received());
+    let (_, created) = defaulting_host()(&http::Method::POST, "", &posts[0].body);
     for _ in 0..3 {
         syncer
-            .update(&key(), &tenant_object(), &answered)
+            .update(&key(), &tenant_object(), &created)
             .await
             .expect("reconciled");
     }
-    assert_eq!(
-        puts().len(),
-        1,
-        "the mirror was written again: {:?}",
+    assert!(
+        puts().is_empty(),
+        "the created mirror was written: {:?}",
         host.received()
     );
 
-    // Someone edits the mirror on the host: put back.
-    let mut edited = answered.clone();
-    edited["spec"]["schedule"] = json!("@weekly");
-    edited["metadata"]["resourceVersion"] = json!("4");
+    // The host controller moves the mirror's status (copied up already).
+    let mut progressed = created.clone();
+    progressed["status"] = json!({"phase": "Done"});
+    progressed["metadata"]["resourceVersion"] = json!("2");
+    let mut tenant = tenant_object();
+    tenant["status"] = json!({"phase": "Done"});
     syncer
-        .update(&key(), &tenant_object(), &edited)
+        .update(&key(), &tenant, &progressed)
         .await
         .expect("reconciled");
-    assert_eq!(puts().len(), 2, "{:?}", host.received());
-    assert_eq!(puts()[1].body["spec"]["schedule"], "@daily");
+    assert!(
+        puts().is_empty(),
+        "a status change wrote the mirror: {:?}",
+        host.received()
+    );
 
-    // The tenant changes its object: written down.
-    let mut tenant = tenant_object();
-    tenant["spec"]["schedule"] = json!("@hourly");
+    // Someone edits the mirror's spec on the host: put back, once.
+    let mut edited = progressed.clone();
+    edited["spec"]["schedule"] = json!("@weekly");
+    edited["metadata"]["resourceVersion"] = json!("3");
     syncer
         .update(&key(), &tenant, &edited)
         .await
         .expect("reconciled");
-    assert_eq!(puts().len(), 3, "{:?}", host.received());
-    assert_eq!(puts()[2].body["spec"]["schedule"], "@hourly");
+    assert_eq!(puts().len(), 1, "{:?}", host.received());
+    assert_eq!(puts()[0].body["spec"]["schedule"], "@daily");
+
+    // The tenant changes its object: written down, once.
+    tenant["spec"]["schedule"] = json!("@hourly");
+    syncer
+        .update(&key(), &tenant, &progressed)
+        .await
+        .expect("reconciled");
+    assert_eq!(puts().len(), 2, "{:?}", host.received());
+    assert_eq!(puts()[1].body["spec"]["schedule"], "@hourly");
 }
 
 /// The mirror of an earlier tenant object of the same name that a host
