@@ -7,13 +7,10 @@
 //! all read the [`RequestInfo`] made here, so the attributes a request is
 //! authorized with are the ones it is served and counted with.
 //!
-//! Two deliberate departures from kube, both in how the path is split:
-//! segments are percent-decoded one by one (Go decodes the whole path before
-//! splitting, so an encoded `/` would split a segment there, while devcluster's
-//! handlers act on the segment as sent and must be authorized for the same
-//! names), and a path whose group or version segment is empty is not a
-//! resource request (kube would make it one for an empty group or version,
-//! which no route of its serves).
+//! One deliberate departure from kube, in how the path is split: segments are
+//! percent-decoded one by one (Go decodes the whole path before splitting, so
+//! an encoded `/` would split a segment there, while devcluster's handlers act
+//! on the segment as sent and must be authorized for the same names).
 
 use std::collections::HashMap;
 

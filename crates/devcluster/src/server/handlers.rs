@@ -541,7 +541,14 @@ async fn resource_request(
             Ok(h::plain_not_found())
         }
     };
-    let Some(info) = state.registry.lookup(&rp.group, &rp.version, &rp.resource) else {
+    // An empty group under `/apis` is no group: kube's director finds no
+    // webservice for it, nor its custom-resource handler a resource, whatever
+    // the resource is called (`/apis//v1/configmaps` is not the core group).
+    let group_named = rp.core || !rp.group.is_empty();
+    let found = group_named
+        .then(|| state.registry.lookup(&rp.group, &rp.version, &rp.resource))
+        .flatten();
+    let Some(info) = found else {
         return not_found(rp.core);
     };
     if rp.extra_segments {
