@@ -631,7 +631,12 @@ async fn resource_request(
         headers,
     };
     if info.source == Source::Review {
-        if method != Method::POST || !rp.name.is_empty() {
+        // go-restful's one route is a POST to the collection: a name is a path
+        // no route matches (404), another method the route's (405).
+        if !rp.name.is_empty() {
+            return Err(ApiError::resource_not_found());
+        }
+        if method != Method::POST {
             return Err(ApiError::method_not_allowed());
         }
         return reviews(state, &ctx, &body);
@@ -662,18 +667,21 @@ async fn resource_request(
                 Err(ApiError::method_not_allowed())
             }
         }
-        "update" => {
-            if rp.name.is_empty() {
-                return Err(ApiError::bad_request("name must be provided"));
-            }
-            rest::update(state, &ctx, &body).await
-        }
-        "patch" => {
-            if rp.name.is_empty() {
+        // On a collection, go-restful has no PUT or PATCH route (405), while
+        // the custom-resource handler runs UpdateResource or PatchResource,
+        // which find no name (400) after PatchResource checked the patch type.
+        "update" | "patch" if rp.name.is_empty() => {
+            if !info.is_crd() {
                 return Err(ApiError::method_not_allowed());
             }
-            rest::patch(state, &ctx, &body).await
+            if verb == "patch" {
+                let content_type = h::content_type(&ctx.headers);
+                super::seams::PatchKind::from_content_type(&content_type, true)?;
+            }
+            Err(ApiError::bad_request("name must be provided"))
         }
+        "update" => rest::update(state, &ctx, &body).await,
+        "patch" => rest::patch(state, &ctx, &body).await,
         "delete" => rest::delete(state, &ctx, &body).await,
         "deletecollection" => {
             allowed("deletecollection")?;

@@ -803,3 +803,60 @@ async fn only_list_and_watch_span_a_namespaced_custom_resources_namespaces() {
     let listed: serde_json::Value = serde_json::from_slice(&body).expect("list");
     assert_eq!(listed["items"][0]["metadata"]["name"], "kept", "{listed}");
 }
+
+/// A write to a collection with no name is refused where kube refuses it: for a
+/// built-in resource go-restful has no PUT or PATCH route there (405, never
+/// counted), for a custom resource the handler runs and finds no name (400,
+/// counted) after a PATCH's type was checked (415). A review takes a POST to
+/// its collection alone: a name is a path no route matches (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_to_a_collection_are_refused_where_kube_refuses_them() {
+    let test = test_support::devcluster("collection-writes").await;
+    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
+    let configmaps = "/api/v1/namespaces/default/configmaps";
+    let crontabs = "/apis/stable.example.io/v1/namespaces/default/crontabs";
+    let merge = [("content-type", "application/merge-patch+json")];
+    let strategic = [("content-type", "application/strategic-merge-patch+json")];
+    let reviews = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+    let named_review = format!("{reviews}/x");
+    let none: &[(&str, &str)] = &[];
+    let cases = [
+        ("PUT", configmaps, none, 405, "MethodNotAllowed"),
+        ("PATCH", configmaps, &merge[..], 405, "MethodNotAllowed"),
+        ("PUT", crontabs, none, 400, "BadRequest"),
+        ("PATCH", crontabs, &merge[..], 400, "BadRequest"),
+        (
+            "PATCH",
+            crontabs,
+            &strategic[..],
+            415,
+            "UnsupportedMediaType",
+        ),
+        ("POST", named_review.as_str(), none, 404, "NotFound"),
+        ("GET", reviews, none, 405, "MethodNotAllowed"),
+    ];
+    for (method, path, extra, status, reason) in &cases {
+        let what = format!("{method} {path} {extra:?}");
+        let (code, _, body) = admin_request(&test, method, path, extra, Protocol::Http1).await;
+        assert_eq!(code.as_u16(), *status, "{what}: {body:?}");
+        let answer: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
+        assert_eq!(answer["reason"], *reason, "{what}: {answer}");
+        if *status == 400 {
+            assert_eq!(answer["message"], "name must be provided", "{what}");
+        }
+    }
+    let (_, _, body) = admin_request(&test, "GET", "/metrics", &[], Protocol::Http1).await;
+    let text = String::from_utf8(body.to_vec()).expect("text");
+    let counted = |verb: &str, resource: &str, code: &str| {
+        text.lines().any(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(&format!("code=\"{code}\""))
+                && l.contains(&format!("resource=\"{resource}\""))
+                && l.contains(&format!("verb=\"{verb}\""))
+        })
+    };
+    assert!(counted("PUT", "crontabs", "400"), "{text}");
+    assert!(counted("PATCH", "crontabs", "400"), "{text}");
+    assert!(counted("PATCH", "crontabs", "415"), "{text}");
+    assert!(!counted("PUT", "configmaps", "405"), "{text}");
+}
