@@ -133,4 +133,23 @@ fn peer_files_are_json_or_yaml_lists() {
         r#"["[::1]:443", "api-0.example_x:65535"]"#,
         Ok(&["[::1]:443", "api-0.example_x:65535"]),
     );
+    // Numbers a resolver would read as some other IPv4 address.
+    for shorthand in [
+        "10.1",
+        "0x7f.1",
+        "010.0.0.1",
+        "999.1.1.1",
+        "1.2.3.4.5",
+        "127",
+        "0xa",
+    ] {
+        check_file(
+            &format!("[\"{shorthand}:443\"]"),
+            Err("is not \"host:port\""),
+        );
+    }
+    check_file(
+        r#"["0x7f.example:443", "1.2.3.example:443", "10.0.0.255:443"]"#,
+        Ok(&["0x7f.example:443", "1.2.3.example:443", "10.0.0.255:443"]),
+    );
 }
