@@ -1,9 +1,10 @@
 //! The peer file (`crproxy_proxy::sources::parse_peer_file`): a JSON array or YAML
 //! sequence of `host:port` strings that whoever manages the peers writes, read
 //! again on every change. Whatever the file holds, reading it never panics, and:
-//! - a list it accepts is one the proxy can dial and name: every entry is trimmed,
-//!   an HTTP authority with a port from 1 to 65535 (the pool uses it as the `Host`
-//!   of HTTP/1.1 requests), a bracketed host being an IPv6 address; sorted, without
+//! - a list it accepts holds only `host:port` entries, trimmed, each a valid HTTP
+//!   authority and header value with a port from 1 to 65535; a bracketed host is
+//!   an IPv6 address, and a host of numbers alone a four-part IPv4 address (never
+//!   a shorthand a resolver would read as another one); sorted, without
 //!   duplicates, so two files with the same peers compare equal;
 //! - the list written back out as JSON reads back as the same list;
 //! - a refusal is one line, for the log line that reports it.
@@ -19,7 +20,10 @@ pub fn check(data: &[u8]) {
         Ok(list) => list,
         Err(err) => {
             let message = err.to_string();
-            assert!(!message.contains('\n'), "{message:?}, from {data:?}");
+            assert!(
+                !message.contains(['\n', '\r']),
+                "{message:?}, from {data:?}"
+            );
             return;
         }
     };
@@ -34,11 +38,18 @@ pub fn check(data: &[u8]) {
             http::HeaderValue::from_str(entry).is_ok(),
             "{entry:?} is no header value, from {data:?}"
         );
-        if let Some(host) = authority.host().strip_prefix('[') {
-            let ipv6 = host.strip_suffix(']').unwrap_or(host);
+        let host = authority.host();
+        if let Some(bracketed) = host.strip_prefix('[') {
+            let ipv6 = bracketed.strip_suffix(']').unwrap_or(bracketed);
             assert!(
                 ipv6.parse::<std::net::Ipv6Addr>().is_ok(),
                 "{entry:?}, from {data:?}"
+            );
+        } else if host.split('.').all(inet_aton_number) {
+            // Numbers alone: taken only as a plain IPv4 address.
+            assert!(
+                host.parse::<std::net::Ipv4Addr>().is_ok(),
+                "{entry:?} could be read as another address, from {data:?}"
             );
         }
     }
@@ -50,4 +61,15 @@ pub fn check(data: &[u8]) {
     let again = parse_peer_file(path, &written)
         .unwrap_or_else(|e| panic!("{list:?} written out is refused: {e}"));
     assert_eq!(again, list, "from {data:?}");
+}
+
+/// A part `inet_aton` reads as a number: decimal digits (octal after a leading
+/// zero), or hex digits after `0x` or `0X`.
+fn inet_aton_number(part: &str) -> bool {
+    let hex = part.get(..2).is_some_and(|p| p.eq_ignore_ascii_case("0x"));
+    if hex {
+        part[2..].bytes().all(|b| b.is_ascii_hexdigit())
+    } else {
+        part.bytes().all(|b| b.is_ascii_digit())
+    }
 }
