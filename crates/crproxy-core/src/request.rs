@@ -334,15 +334,8 @@ pub fn is_dry_run(query: Option<&str>) -> bool {
     query_pairs(query).iter().any(|(name, _)| name == "dryRun")
 }
 
-/// Whether a `watch` value asks for a watch, as kube-apiserver reads it (where
-/// it names the verb it authorizes and where it serves the request alike,
-/// `Convert_Slice_string_To_bool`): anything but `0` and `false` in any case,
-/// `f`, `yes` and an empty value included.
-pub fn watch_value(v: &str) -> bool {
-    !(v == "0" || v.eq_ignore_ascii_case("false"))
-}
-
-/// Whether the query asks for a watch (see [`watch_value`]). Repeated
+/// Whether the query asks for a watch, as the target's parameter codec reads
+/// `watch` ([`query_bool`]: `f`, `yes` and an empty value are watches). Repeated
 /// parameters that disagree are refused rather than guessed (kube takes the
 /// first).
 fn watch_param(query: Option<&str>) -> Result<bool, PathError> {
@@ -351,7 +344,7 @@ fn watch_param(query: Option<&str>) -> Result<bool, PathError> {
         if k != "watch" {
             continue;
         }
-        let b = watch_value(&v);
+        let b = query_bool(&v);
         match result {
             Some(prev) if prev != b => {
                 return Err(bad("conflicting values for query parameter \"watch\""));

@@ -144,7 +144,7 @@ pub fn resolve(method: &str, path: &str, query: Option<&str>) -> Result<RequestI
         let params = query_parameters(query);
         let watch = params
             .get("watch")
-            .is_some_and(|v| crproxy_core::request::watch_value(v));
+            .is_some_and(|v| crproxy_core::request::query_bool(v));
         info.verb = if watch { "watch" } else { "list" }.to_string();
         if let Some(name) = params.get("fieldSelector").and_then(|s| selected_name(s)) {
             info.name = name;

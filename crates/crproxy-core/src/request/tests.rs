@@ -242,6 +242,16 @@ fn classification_table() {
             ),
             Res(List, None, "widgets", None, None),
         ),
+        // Go's EqualFold folds the long s to an `s`: kube serves a list.
+        (
+            (
+                "GET",
+                "/apis/example.com/v1/widgets",
+                Some("watch=fal%C5%BFe"),
+                false,
+            ),
+            Res(List, None, "widgets", None, None),
+        ),
         // Reads.
         (
             ("GET", "/apis/example.com/v1/widgets", None, false),

@@ -41,6 +41,14 @@ fn verbs_follow_the_method_and_the_name() {
         None,
         ("get", true, "", "ns", "pods", "p", ""),
     );
+    // The parameter codec reads `watch` with Go's EqualFold, which folds the
+    // long s to an `s`.
+    check(
+        "GET",
+        pods,
+        Some("watch=fal%C5%BFe"),
+        ("list", true, "", "ns", "pods", "", ""),
+    );
     // `?watch` only turns a collection GET into a watch.
     check(
         "GET",
