@@ -224,15 +224,7 @@ async fn route(
         }
     }
     let query = super::http::query_parameters(parts.uri.query());
-    let segs: Vec<String> = path
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-        .collect();
+    let segs = crate::request_info::segments(&path);
     let accept = parts
         .headers
         .get(http::header::ACCEPT)
@@ -415,14 +407,20 @@ fn non_resource(
             Some(doc) => Ok(h::json_response(200, &doc)),
             None => Ok(h::plain_not_found()),
         },
-        ["apis", g] => match discovery::api_group_doc(&state.registry, g, &extra) {
-            Some(doc) => Ok(h::json_response(200, &doc)),
-            None => Ok(h::plain_not_found()),
-        },
-        ["apis", g, v] => match discovery::api_resource_list(&state.registry, g, v) {
-            Some(doc) => Ok(h::json_response(200, &doc)),
-            None => Ok(h::plain_not_found()),
-        },
+        // An empty segment is a path no handler of kube's serves: `/apis//v1`
+        // is not the core group.
+        ["apis", g] if !g.is_empty() => {
+            match discovery::api_group_doc(&state.registry, g, &extra) {
+                Some(doc) => Ok(h::json_response(200, &doc)),
+                None => Ok(h::plain_not_found()),
+            }
+        }
+        ["apis", g, v] if !g.is_empty() => {
+            match discovery::api_resource_list(&state.registry, g, v) {
+                Some(doc) => Ok(h::json_response(200, &doc)),
+                None => Ok(h::plain_not_found()),
+            }
+        }
         ["openapi", "v2"] => Ok(h::with_content_length(
             crate::openapi::v2_response(
                 &crate::openapi::v2_document(&openapi_resources(state)),
@@ -442,7 +440,7 @@ fn non_resource(
             Some(doc) => Ok(h::with_content_length(h::json_response(200, &doc))),
             None => Ok(h::plain_not_found()),
         },
-        ["openapi", "v3", "apis", g, v] => match openapi_v3_gv(state, g, v) {
+        ["openapi", "v3", "apis", g, v] if !g.is_empty() => match openapi_v3_gv(state, g, v) {
             Some(doc) => Ok(h::with_content_length(h::json_response(200, &doc))),
             None => Ok(h::plain_not_found()),
         },

@@ -171,12 +171,17 @@ const NOSNIFF: &str = "x-content-type-options";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answer_carries_the_callers_audit_id_or_a_new_one() {
     let test = test_support::devcluster("audit-id").await;
-    let cases: [(Option<&str>, &str, &str, u16); 8] = [
+    let cases: [(Option<&str>, &str, &str, u16); 12] = [
         (None, "GET", "/api/v1/namespaces/default", 200),
         (None, "GET", "/api/v1/namespaces/missing", 404),
         (None, "GET", "/apis/nope.example.io/v1/things", 404),
+        // An empty group is none, whatever follows it.
         (None, "GET", "/apis//v1/things", 404),
         (None, "GET", "/apis//v1/namespaces/default/configmaps", 404),
+        (None, "GET", "/apis//v1", 404),
+        (None, "GET", "/apis//apps", 404),
+        (None, "GET", "/openapi/v3/apis//v1", 404),
+        (None, "GET", "/apis/apps", 200),
         (
             None,
             "GET",
