@@ -532,6 +532,12 @@ impl Registry {
         self.all().iter().any(|r| r.group == group)
     }
 
+    /// Whether a group has built-in resources (reviews included): kube serves
+    /// it with go-restful webservices rather than the custom-resource handler.
+    pub fn builtin_group(&self, group: &str) -> bool {
+        self.all().iter().any(|r| r.group == group && !r.is_crd())
+    }
+
     /// Serves (or re-serves, after an update) a CRD's resource.
     pub fn put_crd(&self, info: ResourceInfo) {
         let key = (info.group.clone(), info.resource.clone());

@@ -403,9 +403,11 @@ fn non_resource(
                 &discovery::api_group_list(&state.registry, &extra),
             )),
         },
+        // Under `/api` and a built-in group go-restful answers a version it does
+        // not serve (a JSON 404); elsewhere the not-found handler does.
         ["api", v] => match discovery::api_resource_list(&state.registry, "", v) {
             Some(doc) => Ok(h::json_response(200, &doc)),
-            None => Ok(h::plain_not_found()),
+            None => Err(ApiError::resource_not_found()),
         },
         // An empty segment is a path no handler of kube's serves: `/apis//v1`
         // is not the core group.
@@ -418,6 +420,7 @@ fn non_resource(
         ["apis", g, v] if !g.is_empty() => {
             match discovery::api_resource_list(&state.registry, g, v) {
                 Some(doc) => Ok(h::json_response(200, &doc)),
+                None if state.registry.builtin_group(g) => Err(ApiError::resource_not_found()),
                 None => Ok(h::plain_not_found()),
             }
         }
@@ -532,33 +535,37 @@ async fn resource_request(
     attrs: RequestAttributes,
     body: Bytes,
 ) -> Result<Response<Body>, ApiError> {
-    let not_found = |core: bool| {
-        if core {
+    // An empty group under `/apis` is no group: kube's director finds no
+    // webservice for it, nor its custom-resource handler a resource, whatever
+    // the resource is called (`/apis//v1/configmaps` is not the core group).
+    let group_named = rp.core || !rp.group.is_empty();
+    // The director hands a path under the core group's or a built-in group's
+    // webservices to go-restful, whose 404 is a JSON Status; any other path
+    // ends, past the custom-resource handler, at the plain 404.
+    let go_restful = rp.core || (group_named && state.registry.builtin_group(&rp.group));
+    let not_found = || {
+        if go_restful {
             Err(ApiError::resource_not_found())
         } else {
             Ok(h::plain_not_found())
         }
     };
-    // An empty group under `/apis` is no group: kube's director finds no
-    // webservice for it, nor its custom-resource handler a resource, whatever
-    // the resource is called (`/apis//v1/configmaps` is not the core group).
-    let group_named = rp.core || !rp.group.is_empty();
     let found = group_named
         .then(|| state.registry.lookup(&rp.group, &rp.version, &rp.resource))
         .flatten();
     let Some(info) = found else {
-        return not_found(rp.core);
+        return not_found();
     };
     if rp.extra_segments {
-        return not_found(rp.core);
+        return not_found();
     }
     // A cluster-scoped resource under a namespace path does not exist (the
     // namespace object's own path is the exception).
     if !info.namespaced && !rp.namespace.is_empty() && info.resource != "namespaces" {
-        return not_found(rp.core);
+        return not_found();
     }
     if info.namespaced && rp.namespace.is_empty() && !rp.name.is_empty() {
-        return not_found(rp.core);
+        return not_found();
     }
     // kube's custom-resource handler (`crdHandler.ServeHTTP`) hands a namespaced
     // resource's all-namespaces path to its 404 delegate for every verb but list
@@ -584,7 +591,7 @@ async fn resource_request(
                 verb,
             ))
         } else {
-            not_found(rp.core)
+            not_found()
         };
     }
     // A `/watch/` path is a watch whatever the method, but go-restful

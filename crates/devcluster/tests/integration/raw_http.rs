@@ -865,3 +865,42 @@ async fn writes_to_a_collection_are_refused_where_kube_refuses_them() {
     assert!(counted("PATCH", "crontabs", "415"), "{text}");
     assert!(!counted("PUT", "configmaps", "405"), "{text}");
 }
+
+/// A path under the core group or a built-in group that nothing serves is
+/// go-restful's: kube's director hands it the group's webservices, and its 404
+/// is a JSON Status. Under a custom resource's group, or no group, the answer is
+/// the not-found handler's plain 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unserved_path_is_answered_by_whoever_kube_hands_it_to() {
+    let test = test_support::devcluster("unserved-paths").await;
+    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
+    for path in [
+        "/api/v9",
+        "/api/v1/foos",
+        "/apis/apps/v9",
+        "/apis/apps/v9/deployments",
+        "/apis/apps/v1/foos",
+        "/apis/apps/v1/namespaces/default/deployments/d/status/extra",
+    ] {
+        let (code, h, body) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
+        assert_eq!(code, 404, "{path}");
+        assert_eq!(one(&h, "content-type", path), "application/json", "{path}");
+        let status: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
+        assert_eq!(status["reason"], "NotFound", "{path}: {status}");
+        assert_eq!(
+            status["message"], "the server could not find the requested resource",
+            "{path}"
+        );
+    }
+    for path in [
+        "/apis/stable.example.io/v2",
+        "/apis/stable.example.io/v2/crontabs",
+        "/apis/stable.example.io/v1/foos",
+        "/apis/nope.example.io/v1/foos",
+        "/apis//v1/configmaps",
+    ] {
+        let (code, _, body) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
+        assert_eq!(code, 404, "{path}");
+        assert_eq!(body, "404 page not found\n", "{path}");
+    }
+}
