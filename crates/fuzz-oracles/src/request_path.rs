@@ -40,13 +40,12 @@ pub fn check(data: &[u8]) {
         assert!(!resource.resource.contains('/'));
         if verb == Verb::List {
             // kube's handler reads the first `watch` value: false only for `0`
-            // and `false` in any case (Convert_Slice_string_To_bool).
+            // and `false` in any case, Go's EqualFold (Convert_Slice_string_To_bool).
             let first_watch = request::query_pairs(query)
                 .into_iter()
                 .find(|(name, _)| name == "watch")
                 .map(|(_, value)| value);
-            let served_as_watch =
-                first_watch.is_some_and(|v| !(v == "0" || v.eq_ignore_ascii_case("false")));
+            let served_as_watch = first_watch.is_some_and(|v| request::query_bool(&v));
             assert!(
                 !served_as_watch,
                 "a list kube would serve as a watch: {query:?}"
