@@ -99,6 +99,19 @@ pub fn metadata_differs(desired: &Value, current: &Value) -> bool {
     })
 }
 
+/// The labels and annotations of `current` at the keys `desired` sets, the
+/// records of crproxy's keys among them: others' keys are not, and a key added
+/// to a record changes the record.
+pub fn ours(desired: &Value, current: &Value) -> [Map<String, Value>; 2] {
+    [Keys::Labels, Keys::Annotations].map(|keys| {
+        let want = map(desired, keys);
+        map(current, keys)
+            .into_iter()
+            .filter(|(k, _)| want.contains_key(k))
+            .collect()
+    })
+}
+
 /// Turns `desired` into the replace of `current`: `current`'s resourceVersion (the
 /// write is pinned to what was read), finalizers and owner references, and the
 /// labels and annotations of `current` that crproxy did not record, with `desired`'s

@@ -68,31 +68,40 @@ pub struct ToHost {
     pub last_writes: Mutex<HashMap<Key, LastWrite>>,
 }
 
-/// A write of a mirror: digests of the mirror it was meant to make and of the
-/// mirror the host answered with (its synced fields, labels and annotations). While
-/// the tenant object asks for the same mirror and the mirror still holds what the
-/// answer held, the mirror is as that write left it, even where it differs from
-/// what was sent: the host's defaults or a mutating webhook changed it. Writing it
-/// again would only be turned into the same object, at every resync and every
-/// change of the mirror's status.
+/// A write of a mirror: a digest of the mirror it was meant to make, and the
+/// mirror the host answered with, by resourceVersion and by a digest of what
+/// decides whether it needs a write ([`mirror_differs`]: its synced fields and
+/// crproxy's labels and annotations, [`managed::ours`]). While the tenant object asks for the same
+/// mirror and the mirror is still the answer (by either measure), the mirror is as
+/// that write left it, even where it differs from what was sent: the host's
+/// defaults or a mutating webhook changed it. Writing it again would only be
+/// turned into the same object, at every resync and every change of the mirror's
+/// status or of others' keys on it.
+///
+/// Both measures, because each alone misses a case: a status write moves the
+/// resourceVersion, and an extension server may answer a write in another shape
+/// than it lists the object in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastWrite {
     desired: u64,
+    resource_version: String,
     answered: u64,
 }
 
 impl LastWrite {
     fn of(desired: &Value, mirror: &Value) -> LastWrite {
-        let metadata = &mirror["metadata"];
-        let held = (
-            synced_fields(mirror),
-            &metadata["labels"],
-            &metadata["annotations"],
-        );
+        let decides = (synced_fields(mirror), managed::ours(desired, mirror));
         LastWrite {
             desired: digest(desired),
-            answered: digest(&held),
+            resource_version: meta(mirror, "resourceVersion").to_owned(),
+            answered: digest(&decides),
         }
+    }
+
+    /// Whether `now` (of the mirror as it is) is still this write's.
+    fn holds(&self, now: &LastWrite) -> bool {
+        self.desired == now.desired
+            && (self.resource_version == now.resource_version || self.answered == now.answered)
     }
 }
 
@@ -281,7 +290,9 @@ impl ToHost {
 
     /// Whether `mirror` still holds what this syncer's last write of `desired` left.
     fn as_last_written(&self, key: &Key, desired: &Value, mirror: &Value) -> bool {
-        self.last_writes().get(key) == Some(&LastWrite::of(desired, mirror))
+        self.last_writes()
+            .get(key)
+            .is_some_and(|last| last.holds(&LastWrite::of(desired, mirror)))
     }
 
     fn host_name(&self, key: &Key) -> String {

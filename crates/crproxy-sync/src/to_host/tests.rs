@@ -323,8 +323,8 @@ fn defaulting_host() -> impl crate::fake_api::Answer {
 
 /// A field the host fills in on every write is not fought over: once a write has
 /// come back with it, the mirror is not written again, neither at a resync nor
-/// when the host changes the mirror's status, until the mirror's synced fields or
-/// the tenant object change.
+/// when the host changes the mirror's status or its own keys on it, until the
+/// mirror's synced fields, crproxy's keys on it or the tenant object change.
 #[tokio::test]
 async fn a_field_the_host_defaults_is_written_once() {
     let ty = backups(&[]);
@@ -353,9 +353,25 @@ async fn a_field_the_host_defaults_is_written_once() {
         host.received()
     );
 
-    // The host controller moves the mirror's status (copied up already).
+    // An extension server may list an object with a field its write's answer
+    // left out: the same resourceVersion is still the answer.
+    let mut listed = created.clone();
+    listed["spec"]["computedOnRead"] = json!(true);
+    syncer
+        .update(&key(), &tenant_object(), &listed)
+        .await
+        .expect("reconciled");
+    assert!(
+        puts().is_empty(),
+        "the listed mirror was written: {:?}",
+        host.received()
+    );
+
+    // The host controller moves the mirror's status (copied up already) and
+    // notes it in an annotation of its own.
     let mut progressed = created.clone();
     progressed["status"] = json!({"phase": "Done"});
+    progressed["metadata"]["annotations"]["host.example/checked"] = json!("at 2");
     progressed["metadata"]["resourceVersion"] = json!("2");
     let mut tenant = tenant_object();
     tenant["status"] = json!({"phase": "Done"});
@@ -380,14 +396,25 @@ async fn a_field_the_host_defaults_is_written_once() {
     assert_eq!(puts().len(), 1, "{:?}", host.received());
     assert_eq!(puts()[0].body["spec"]["schedule"], "@daily");
 
+    // Someone edits a label crproxy set: put back, once.
+    let mut relabelled = progressed.clone();
+    relabelled["metadata"]["labels"]["app"] = json!("other");
+    relabelled["metadata"]["resourceVersion"] = json!("5");
+    syncer
+        .update(&key(), &tenant, &relabelled)
+        .await
+        .expect("reconciled");
+    assert_eq!(puts().len(), 2, "{:?}", host.received());
+    assert_eq!(puts()[1].body["metadata"]["labels"]["app"], "db");
+
     // The tenant changes its object: written down, once.
     tenant["spec"]["schedule"] = json!("@hourly");
     syncer
         .update(&key(), &tenant, &progressed)
         .await
         .expect("reconciled");
-    assert_eq!(puts().len(), 2, "{:?}", host.received());
-    assert_eq!(puts()[1].body["spec"]["schedule"], "@hourly");
+    assert_eq!(puts().len(), 3, "{:?}", host.received());
+    assert_eq!(puts()[2].body["spec"]["schedule"], "@hourly");
 }
 
 /// The mirror of an earlier tenant object of the same name that a host
