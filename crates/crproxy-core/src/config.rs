@@ -21,6 +21,7 @@ use std::ops::RangeInclusive;
 
 use serde_json::{Map, Value};
 
+pub mod peer;
 mod source;
 pub mod sync;
 #[cfg(test)]
@@ -972,21 +973,6 @@ pub fn parse_entry_key(key: &str) -> Result<EntryKey, String> {
     })
 }
 
-fn is_host_port(s: &str) -> bool {
-    if s.parse::<SocketAddr>().is_ok() {
-        return true;
-    }
-    match s.rsplit_once(':') {
-        Some((host, port)) => {
-            !host.is_empty()
-                && !host.contains(':')
-                && !host.contains('/')
-                && port.parse::<u16>().is_ok_and(|p| p != 0)
-        }
-        None => false,
-    }
-}
-
 impl Config {
     /// Checks every rule and computes the proxy plan. All problems are reported.
     pub fn validate(&self) -> Result<ProxyPlan, Vec<ConfigError>> {
@@ -1121,7 +1107,7 @@ impl Config {
                     );
                 }
                 for (j, hp) in list.iter().enumerate() {
-                    if !is_host_port(hp) {
+                    if !peer::is_host_port(hp) {
                         err(
                             format!("{pp}.static[{j}]"),
                             format!("{hp:?} is not a host:port address"),
@@ -1132,6 +1118,11 @@ impl Config {
             if let Some(d) = &t.peers.dns {
                 if d.name.is_empty() {
                     err(format!("{pp}.dns.name"), "is required".into());
+                } else if !peer::is_host(&d.name) {
+                    err(
+                        format!("{pp}.dns.name"),
+                        format!("{:?} is not a host name", d.name),
+                    );
                 }
             }
             if let Some(e) = &t.peers.endpoint_slices {

@@ -214,46 +214,16 @@ fn normalize(mut list: Vec<String>) -> Vec<String> {
     list
 }
 
-/// Checks `host:port`: a port from 1 to 65535 in digits, and a DNS name, an IPv4
-/// address or an IPv6 address in brackets. Anything else would only fail later,
-/// at every dial, as a peer that cannot be reached; refused here, it is named
-/// when the file is read (and by `crproxy check-config`).
-///
-/// A host whose every label is a number (decimal, or hex after `0x`) is an IPv4
-/// address or nothing: the resolver would read `10.1`, `0x7f.1` or `010.0.0.1`
-/// as an address the list's reader never meant (C's `inet_aton` forms), so only
-/// the four-part decimal form is taken.
+/// Checks `host:port` as every peer source does
+/// ([`crproxy_core::config::peer::is_host_port`]), when the file is read (and by
+/// `crproxy check-config`).
 fn validate_peer(entry: &str) -> Result<(), SourceError> {
-    let invalid = || SourceError::InvalidPeer {
-        entry: entry.to_owned(),
-    };
-    let (host, port) = entry.rsplit_once(':').ok_or_else(invalid)?;
-    let port_valid =
-        port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok_and(|port| port != 0);
-    let host_valid = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        Some(ipv6) => ipv6.parse::<std::net::Ipv6Addr>().is_ok(),
-        None if host.split('.').all(is_numeric_label) => host.parse::<std::net::Ipv4Addr>().is_ok(),
-        None => host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_')),
-    };
-    if port_valid && host_valid {
+    if crproxy_core::config::peer::is_host_port(entry) {
         Ok(())
     } else {
-        Err(invalid())
-    }
-}
-
-/// Whether a host label is a number as `inet_aton` reads one: decimal (octal with
-/// a leading zero) or hex after `0x`. An empty label counts, so an empty host or
-/// one of dots is refused as no address.
-fn is_numeric_label(label: &str) -> bool {
-    match label
-        .strip_prefix("0x")
-        .or_else(|| label.strip_prefix("0X"))
-    {
-        Some(hex) => hex.bytes().all(|b| b.is_ascii_hexdigit()),
-        None => label.bytes().all(|b| b.is_ascii_digit()),
+        Err(SourceError::InvalidPeer {
+            entry: entry.to_owned(),
+        })
     }
 }
 

@@ -444,6 +444,13 @@ fn validation_rules() {
             ("targets[0].peers.static[0]", "is not a host:port address"),
             ("targets[0].peers.static[2]", "is not a host:port address"),
         ]),
+        // Shorthand a resolver reads as another address, and a name with a blank.
+        (edit("      static: [\"127.0.0.1:7443\"]", "      static: [\"0x7f.1:443\", \"api.example:443\", \"api example:443\", \"h:+443\"]"), vec![
+            ("targets[0].peers.static[0]", "is not a host:port address"),
+            ("targets[0].peers.static[2]", "is not a host:port address"),
+            ("targets[0].peers.static[3]", "is not a host:port address"),
+        ]),
+        (edit("      static: [\"127.0.0.1:7443\"]", "      dns: {name: '10.1', port: 443}"), vec![("targets[0].peers.dns.name", "\"10.1\" is not a host name")]),
         (edit("      static: [\"127.0.0.1:7443\"]", "      dns: {port: 0, intervalSeconds: 0}"), vec![
             // Reading errors come before the rules' errors.
             ("targets[0].peers.dns.port", "must be a whole number between 1 and 65535, found 0"),
