@@ -535,7 +535,7 @@ impl Registry {
     /// Whether a group has built-in resources (reviews included): kube serves
     /// it with go-restful webservices rather than the custom-resource handler.
     pub fn builtin_group(&self, group: &str) -> bool {
-        self.all().iter().any(|r| r.group == group && !r.is_crd())
+        self.builtins.keys().any(|(g, _)| g == group)
     }
 
     /// Serves (or re-serves, after an update) a CRD's resource.

@@ -542,9 +542,8 @@ async fn resource_request(
     // The director hands a path under the core group's or a built-in group's
     // webservices to go-restful, whose 404 is a JSON Status; any other path
     // ends, past the custom-resource handler, at the plain 404.
-    let go_restful = rp.core || (group_named && state.registry.builtin_group(&rp.group));
     let not_found = || {
-        if go_restful {
+        if rp.core || (group_named && state.registry.builtin_group(&rp.group)) {
             Err(ApiError::resource_not_found())
         } else {
             Ok(h::plain_not_found())
