@@ -612,6 +612,7 @@ async fn resource_request(
             ApiError::method_not_allowed()
         });
     }
+    refused_by_route(&info, &rp, verb, &method, &headers)?;
     let output = h::negotiate(accept.as_deref()).ok_or_else(h::not_acceptable)?;
     let output = match output {
         Output::Discovery(_) => return Err(h::not_acceptable()),
@@ -635,65 +636,68 @@ async fn resource_request(
         headers,
     };
     if info.source == Source::Review {
-        // go-restful's one route is a POST to the collection: a name is a path
-        // no route matches (404), another method the route's (405).
+        return reviews(state, &ctx, &body);
+    }
+    match verb {
+        "watch" => watch(state, &ctx),
+        "list" => rest::list(state, &ctx).await,
+        "get" => rest::get(state, &ctx),
+        "create" if rp.name.is_empty() => rest::create(state, &ctx, &body, None).await,
+        "create" => rest::create(state, &ctx, &body, Some(&rp.name)).await,
+        "update" => rest::update(state, &ctx, &body).await,
+        "patch" => rest::patch(state, &ctx, &body).await,
+        "delete" => rest::delete(state, &ctx, &body).await,
+        "deletecollection" => rest::delete_collection(state, &ctx, &body).await,
+        // kube's resolver makes no other verb, and the empty one and `proxy`
+        // were refused above.
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+/// What kube refuses before it negotiates the answer's media type, so that an
+/// unacceptable Accept header does not turn it into a 406: go-restful's router
+/// has no route for the path (404) or the method (405), or the custom-resource
+/// handler's UpdateResource or PatchResource finds no name on a collection
+/// (400, after PatchResource checked the patch type, 415).
+fn refused_by_route(
+    info: &ResourceInfo,
+    rp: &ResourcePath,
+    verb: &str,
+    method: &Method,
+    headers: &http::HeaderMap,
+) -> Result<(), ApiError> {
+    if info.source == Source::Review {
+        // The one route is a POST to the collection: a name is a path no route
+        // matches, another method the route's.
         if !rp.name.is_empty() {
             return Err(ApiError::resource_not_found());
         }
-        if method != Method::POST {
-            return Err(ApiError::method_not_allowed());
-        }
-        return reviews(state, &ctx, &body);
-    }
-    let allowed = |v: &str| -> Result<(), ApiError> {
-        if info.has_verb(v) {
+        return if *method == Method::POST {
             Ok(())
         } else {
             Err(ApiError::method_not_allowed())
-        }
-    };
-    match verb {
-        "watch" => {
-            allowed("watch")?;
-            watch(state, &ctx)
-        }
-        "list" => {
-            allowed("list")?;
-            rest::list(state, &ctx).await
-        }
-        "get" => rest::get(state, &ctx),
-        "create" => {
-            if rp.name.is_empty() {
-                rest::create(state, &ctx, &body, None).await
-            } else if info.is_crd() && rp.subresource.is_empty() {
-                rest::create(state, &ctx, &body, Some(&rp.name)).await
-            } else {
-                Err(ApiError::method_not_allowed())
-            }
-        }
-        // On a collection, go-restful has no PUT or PATCH route (405), while
-        // the custom-resource handler runs UpdateResource or PatchResource,
-        // which find no name (400) after PatchResource checked the patch type.
+        };
+    }
+    let routed = match verb {
+        "watch" | "list" | "deletecollection" => info.has_verb(verb),
+        // A create names its object in the body; only the custom-resource
+        // handler also takes a POST to an object's own path.
+        "create" => rp.name.is_empty() || (info.is_crd() && rp.subresource.is_empty()),
         "update" | "patch" if rp.name.is_empty() => {
             if !info.is_crd() {
                 return Err(ApiError::method_not_allowed());
             }
             if verb == "patch" {
-                let content_type = h::content_type(&ctx.headers);
-                super::seams::PatchKind::from_content_type(&content_type, true)?;
+                super::seams::PatchKind::from_content_type(&h::content_type(headers), true)?;
             }
-            Err(ApiError::bad_request("name must be provided"))
+            return Err(ApiError::bad_request("name must be provided"));
         }
-        "update" => rest::update(state, &ctx, &body).await,
-        "patch" => rest::patch(state, &ctx, &body).await,
-        "delete" => rest::delete(state, &ctx, &body).await,
-        "deletecollection" => {
-            allowed("deletecollection")?;
-            rest::delete_collection(state, &ctx, &body).await
-        }
-        // kube's resolver makes no other verb, and the empty one and `proxy`
-        // were refused above.
-        _ => Err(ApiError::method_not_allowed()),
+        _ => true,
+    };
+    if routed {
+        Ok(())
+    } else {
+        Err(ApiError::method_not_allowed())
     }
 }
 

@@ -840,14 +840,19 @@ async fn writes_to_a_collection_are_refused_where_kube_refuses_them() {
         ("POST", named_review.as_str(), none, 404, "NotFound"),
         ("GET", reviews, none, 405, "MethodNotAllowed"),
     ];
-    for (method, path, extra, status, reason) in &cases {
-        let what = format!("{method} {path} {extra:?}");
-        let (code, _, body) = admin_request(&test, method, path, extra, Protocol::Http1).await;
-        assert_eq!(code.as_u16(), *status, "{what}: {body:?}");
-        let answer: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
-        assert_eq!(answer["reason"], *reason, "{what}: {answer}");
-        if *status == 400 {
-            assert_eq!(answer["message"], "name must be provided", "{what}");
+    // The same whatever the client accepts: each refusal comes before the
+    // answer's media type is negotiated, and goes out as JSON.
+    for accept in [None, Some(("accept", UNACCEPTABLE))] {
+        for (method, path, extra, status, reason) in &cases {
+            let extra: Vec<(&str, &str)> = extra.iter().copied().chain(accept).collect();
+            let what = format!("{method} {path} {extra:?}");
+            let (code, _, body) = admin_request(&test, method, path, &extra, Protocol::Http1).await;
+            assert_eq!(code.as_u16(), *status, "{what}: {body:?}");
+            let answer: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
+            assert_eq!(answer["reason"], *reason, "{what}: {answer}");
+            if *status == 400 {
+                assert_eq!(answer["message"], "name must be provided", "{what}");
+            }
         }
     }
     let (_, _, body) = admin_request(&test, "GET", "/metrics", &[], Protocol::Http1).await;
