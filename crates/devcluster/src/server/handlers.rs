@@ -593,25 +593,6 @@ async fn resource_request(
             not_found()
         };
     }
-    // A `/watch/` path is a watch whatever the method, but go-restful
-    // registers its routes for GET alone, so it refuses any other method (405)
-    // for a built-in resource; the custom-resource handler serves a watch by
-    // the verb alone.
-    if verb == "watch" && method != Method::GET && method != Method::HEAD && !info.is_crd() {
-        return Err(ApiError::method_not_allowed());
-    }
-    // A method with no verb is refused before the Accept header is looked at:
-    // go-restful's router (RouterJSR311.detectRoute) matches the method (405)
-    // before the media types (406), and the custom-resource handler's
-    // MethodNotSupported (naming the empty verb) goes out through
-    // ErrorNegotiated, as JSON whatever the client accepts.
-    if verb.is_empty() {
-        return Err(if info.is_crd() {
-            ApiError::method_not_supported(&info.group, &info.resource, verb)
-        } else {
-            ApiError::method_not_allowed()
-        });
-    }
     refused_by_route(&info, &rp, verb, &method, &headers)?;
     let output = h::negotiate(accept.as_deref()).ok_or_else(h::not_acceptable)?;
     let output = match output {
@@ -666,6 +647,25 @@ fn refused_by_route(
     method: &Method,
     headers: &http::HeaderMap,
 ) -> Result<(), ApiError> {
+    // A `/watch/` path is a watch whatever the method, but go-restful
+    // registers its routes for GET alone, so it refuses any other method (405)
+    // for a built-in resource; the custom-resource handler serves a watch by
+    // the verb alone.
+    if verb == "watch" && *method != Method::GET && *method != Method::HEAD && !info.is_crd() {
+        return Err(ApiError::method_not_allowed());
+    }
+    // A method with no verb is refused before the Accept header is looked at:
+    // go-restful's router (RouterJSR311.detectRoute) matches the method (405)
+    // before the media types (406), and the custom-resource handler's
+    // MethodNotSupported (naming the empty verb) goes out through
+    // ErrorNegotiated, as JSON whatever the client accepts.
+    if verb.is_empty() {
+        return Err(if info.is_crd() {
+            ApiError::method_not_supported(&info.group, &info.resource, verb)
+        } else {
+            ApiError::method_not_allowed()
+        });
+    }
     if info.source == Source::Review {
         // The one route is a POST to the collection: a name is a path no route
         // matches, another method the route's.
