@@ -132,16 +132,9 @@ pub enum SourceError {
 pub fn spawn(config: PeerSourceConfig, pools: Vec<Arc<PeerPool>>) -> JoinHandle<()> {
     let publisher = Publisher::new(pools);
     match config {
+        // The configuration's checks (`config::peer`) already refused a bad entry.
         PeerSourceConfig::Static(list) => tokio::spawn(async move {
-            let list = normalize(list);
-            for entry in &list {
-                // Kept anyway: a bad entry fails its dials and is quarantined, which
-                // the metrics show; the line says why.
-                if let Err(err) = validate_peer(entry) {
-                    tracing::warn!(error = %err, "static peer list entry is not host:port");
-                }
-            }
-            publisher.publish(list);
+            publisher.publish(normalize(list));
         }),
         PeerSourceConfig::Dns {
             name,

@@ -81,7 +81,6 @@ pub struct ToHost {
 /// Both measures, because each alone misses a case: a status write moves the
 /// resourceVersion, and an extension server may answer a write in another shape
 /// than it lists the object in.
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastWrite {
     desired: u64,
     resource_version: String,
