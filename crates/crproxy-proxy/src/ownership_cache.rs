@@ -125,6 +125,12 @@ struct State {
     /// Listed at least once, and not out of step for longer than the idle limit.
     synced: bool,
     pins: HashMap<String, Pin>,
+    /// States this proxy has written or deleted past without learning the state
+    /// that followed (the answer was not plain JSON, or was a delete). The watch
+    /// may still bring them, and must not make them pins again: a pin to one is
+    /// sure to be refused. An entry goes when a later state of its object comes,
+    /// from the watch, a write's answer or a list.
+    superseded: HashMap<String, Pin>,
     /// When the cache was last known to follow the target (a list completed or a
     /// watch event arrived).
     in_step_at: Option<Instant>,
@@ -192,17 +198,16 @@ impl OwnershipCache {
                     state.record(key, pin);
                 }
             }
-            WriteAnswer::NotOwned { key } => {
-                state.pins.remove(&key);
-            }
+            WriteAnswer::NotOwned { key } => state.supersede(&key),
         }
     }
 
-    /// Drops what is known about an object this proxy just deleted.
+    /// Drops what is known about an object this proxy just deleted, or wrote
+    /// without reading the answer: its next write takes the checked path until a
+    /// later state of it arrives.
     pub fn forget(&self, resource: &str, namespace: Option<&str>, name: &str) {
         if let Some(objects) = self.running(resource) {
-            let mut state = locks::write(&objects.state);
-            state.pins.remove(&key(namespace, name));
+            locks::write(&objects.state).supersede(&key(namespace, name));
         }
     }
 
@@ -255,23 +260,89 @@ impl State {
 
     /// Keeps the newer of two states of an object, of one incarnation or of two
     /// (a late event of a deleted object's must not replace its successor's
-    /// remembered create). resourceVersions are opaque to clients; comparing
-    /// them as numbers (what etcd and devcluster hand out, one counter for every
-    /// object) only keeps a late watch event from replacing the answer of a newer
-    /// write. A wrong guess costs one refused write and the slow path, never
-    /// safety.
+    /// remembered create), and never a state known to be superseded.
     fn record(&mut self, key: String, pin: Pin) {
-        let older = |current: &Pin| {
-            matches!(
-                (current.resource_version.parse::<u64>(), pin.resource_version.parse::<u64>()),
-                (Ok(current), Ok(new)) if new < current
-            )
-        };
-        if self.pins.get(&key).is_some_and(older) {
+        if let Some(past) = self.superseded.get(&key) {
+            if is_no_later(&pin.resource_version, &past.resource_version) {
+                return;
+            }
+            self.superseded.remove(&key);
+        }
+        if self
+            .pins
+            .get(&key)
+            .is_some_and(|current| is_earlier(&pin.resource_version, &current.resource_version))
+        {
             return;
         }
         self.pins.insert(key, pin);
     }
+
+    /// Replaces the pins with those of a list completed at `listed_at`, and
+    /// marks the cache synced.
+    fn take_list(&mut self, mut listed: HashMap<String, Pin>, listed_at: &str) {
+        // A list that began before this proxy wrote past a state may still hold
+        // it; after a list at or past that state, every later one is a watch event.
+        for (key, past) in &self.superseded {
+            if listed
+                .get(key)
+                .is_some_and(|pin| is_no_later(&pin.resource_version, &past.resource_version))
+            {
+                listed.remove(key);
+            }
+        }
+        self.superseded
+            .retain(|_, past| is_earlier(listed_at, &past.resource_version));
+        // Keep what a write through this proxy recorded while the list ran.
+        let previous = std::mem::replace(&mut self.pins, listed);
+        for (key, pin) in previous {
+            if self
+                .pins
+                .get(&key)
+                .is_some_and(|listed| listed.uid == pin.uid)
+            {
+                self.record(key, pin);
+            }
+        }
+        self.synced = true;
+        self.in_step_at = Some(Instant::now());
+    }
+
+    /// The object under `key` has moved past what is known of it.
+    fn supersede(&mut self, key: &str) {
+        if let Some(pin) = self.pins.remove(key) {
+            self.superseded.insert(key.to_string(), pin);
+        }
+    }
+
+    /// A state of the object under `key` at `resource_version` arrived: a
+    /// superseded state it is later than can no longer come.
+    fn passed(&mut self, key: &str, resource_version: &str) {
+        if self
+            .superseded
+            .get(key)
+            .is_some_and(|past| !is_no_later(resource_version, &past.resource_version))
+        {
+            self.superseded.remove(key);
+        }
+    }
+}
+
+/// resourceVersions are opaque to clients; comparing them as numbers (what etcd
+/// and devcluster hand out, one counter for every object) only keeps late watch
+/// events from replacing what a newer write answered. A wrong guess costs one
+/// refused write and the checked path, never safety; versions that are not
+/// numbers are taken as later.
+fn is_earlier(resource_version: &str, than: &str) -> bool {
+    matches!(
+        (resource_version.parse::<u64>(), than.parse::<u64>()),
+        (Ok(a), Ok(b)) if a < b
+    )
+}
+
+/// `resource_version` is `than` or earlier (see [`is_earlier`]).
+fn is_no_later(resource_version: &str, than: &str) -> bool {
+    resource_version == than || is_earlier(resource_version, than)
 }
 
 fn key(namespace: Option<&str>, name: &str) -> String {
@@ -380,6 +451,7 @@ impl Objects {
         let mut state = locks::write(&self.state);
         state.synced = false;
         state.pins = HashMap::new();
+        state.superseded = HashMap::new();
     }
 
     fn unsync_if_out_of_step(&self) {
@@ -477,26 +549,11 @@ async fn list(
         }
         let next = page.metadata.continue_token.as_deref().unwrap_or("");
         if next.is_empty() {
-            let mut state = locks::write(&objects.state);
-            // Keep what a write through this proxy recorded while the list ran.
-            let previous = std::mem::take(&mut state.pins);
-            state.pins = pins;
-            for (key, pin) in previous {
-                if state
-                    .pins
-                    .get(&key)
-                    .is_some_and(|listed| listed.uid == pin.uid)
-                {
-                    state.record(key, pin);
-                }
-            }
-            state.synced = true;
-            state.in_step_at = Some(Instant::now());
-            return page
-                .metadata
-                .resource_version
-                .map(|rv| rv.into_owned())
-                .ok_or_else(|| SyncError::Decode("list without resourceVersion".into()));
+            let Some(listed_at) = page.metadata.resource_version.map(|rv| rv.into_owned()) else {
+                return Err(SyncError::Decode("list without resourceVersion".into()));
+            };
+            locks::write(&objects.state).take_list(pins, &listed_at);
+            return Ok(listed_at);
         }
         continue_token = next.to_string();
     }
@@ -705,6 +762,9 @@ fn apply(
         return Ok(());
     };
     let key = key(meta.namespace(), name);
+    if let Some(rv) = &meta.resource_version {
+        state.passed(&key, rv);
+    }
     match (event.event_type.as_ref(), meta.owned_pin(owner)) {
         ("ADDED" | "MODIFIED", Some(pin)) => {
             state.record(key, pin);

@@ -81,6 +81,76 @@ fn a_late_event_never_replaces_a_newer_state_of_the_object_under_the_name() {
     assert_eq!(state.pins["ns/a"], pin("v", "20"));
 }
 
+/// The race a write answered in YAML (or a delete) runs with the watch: the
+/// watch still brings states the write went past, and none of them may become a
+/// pin again; a later state may.
+#[test]
+fn a_state_written_past_never_becomes_a_pin_again() {
+    let mut state = State::default();
+    state.record("ns/a".into(), pin("u", "10"));
+    state.supersede("ns/a");
+    assert!(state.pins.is_empty());
+    state.record("ns/a".into(), pin("u", "9"));
+    state.record("ns/a".into(), pin("u", "10"));
+    assert!(state.pins.is_empty(), "{:?}", state.pins);
+    state.record("ns/a".into(), pin("u", "12"));
+    assert_eq!(state.pins["ns/a"], pin("u", "12"));
+    assert!(state.superseded.is_empty(), "a later state ends the entry");
+    // Nothing known, nothing to supersede.
+    state.supersede("ns/b");
+    assert!(state.superseded.is_empty());
+    // Versions that are not numbers cannot be ordered: taken as later.
+    state.record("ns/c".into(), pin("w", "x"));
+    state.supersede("ns/c");
+    state.record("ns/c".into(), pin("w", "y"));
+    assert_eq!(state.pins["ns/c"], pin("w", "y"));
+}
+
+#[test]
+fn a_watch_event_past_a_superseded_state_ends_it() {
+    let objects = Objects::default();
+    let mut rv = "1".to_string();
+    let mut feed = |line: String| {
+        apply(event(&line), &owner(), &objects, &mut rv).expect("applied");
+    };
+    feed(watch_line("MODIFIED", "a", "u", "10", OWNED));
+    objects.state.write().expect("lock").supersede("ns/a");
+    // The write's own event comes late, after an older one.
+    feed(watch_line("MODIFIED", "a", "u", "10", OWNED));
+    assert!(pins_of(&objects).is_empty());
+    feed(watch_line("MODIFIED", "a", "u", "11", OWNED));
+    assert_eq!(pins_of(&objects)["ns/a"], pin("u", "11"));
+    // A delete through the proxy, then its event: nothing is left behind.
+    objects.state.write().expect("lock").supersede("ns/a");
+    feed(watch_line("MODIFIED", "a", "u", "11", OWNED));
+    feed(watch_line("DELETED", "a", "u", "12", OWNED));
+    let state = objects.state.read().expect("lock");
+    assert!(state.pins.is_empty() && state.superseded.is_empty());
+}
+
+#[test]
+fn a_list_never_brings_back_a_state_written_past() {
+    let mut state = State::default();
+    state.record("ns/a".into(), pin("u", "10"));
+    state.record("ns/b".into(), pin("v", "20"));
+    state.supersede("ns/a");
+    state.supersede("ns/b");
+    // A list begun before the writes: the superseded states stay out, and stay
+    // superseded for the watch that follows it.
+    let listed = HashMap::from([
+        ("ns/a".to_string(), pin("u", "10")),
+        ("ns/b".to_string(), pin("v", "12")),
+        ("ns/c".to_string(), pin("w", "14")),
+    ]);
+    state.take_list(listed, "15");
+    assert!(state.synced);
+    assert_eq!(state.pins, HashMap::from([("ns/c".into(), pin("w", "14"))]));
+    assert_eq!(state.superseded.keys().collect::<Vec<_>>(), ["ns/b"]);
+    // A list at or past a superseded state leaves the watch nothing older.
+    state.take_list(HashMap::new(), "20");
+    assert!(state.superseded.is_empty());
+}
+
 #[test]
 fn watch_events_add_update_and_remove_owned_objects() {
     let objects = Objects::default();
@@ -486,6 +556,7 @@ async fn entries_outlive_an_interrupted_watch_until_the_idle_limit() {
         state.synced = true;
         state.in_step_at = Some(Instant::now());
         state.pins.insert("ns/a".into(), pin("u", "1"));
+        state.superseded.insert("ns/b".into(), pin("v", "1"));
     }
     tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
     objects.unsync_if_out_of_step();
@@ -510,7 +581,7 @@ async fn entries_outlive_an_interrupted_watch_until_the_idle_limit() {
     objects.unsync_if_out_of_step();
     let state = objects.state.read().expect("lock");
     assert!(
-        !state.synced && state.pins.is_empty(),
+        !state.synced && state.pins.is_empty() && state.superseded.is_empty(),
         "dropped once out of step too long"
     );
 }
