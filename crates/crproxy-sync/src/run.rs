@@ -142,7 +142,8 @@ pub trait Reconciler: Send + Sync + 'static {
     /// while this syncer watched (a relist that no longer shows an object is not
     /// such an event).
     fn host_deleted(&self, _object: &DynamicObject) {}
-    /// Every key either cache knows.
+    /// Every key either cache knows, and every key the reconciler keeps something
+    /// for (so that what it keeps goes once both sides are gone).
     fn all_keys(&self) -> Vec<Key>;
     fn reconcile(&self, key: &Key) -> impl Future<Output = Result<Outcome, StepError>> + Send;
 }

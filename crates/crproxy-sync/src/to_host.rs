@@ -681,6 +681,11 @@ impl Reconciler for ToHost {
                 .iter()
                 .filter_map(|o| self.key_of_host(o)),
         );
+        // An object removed from both clusters while a watch was down leaves no
+        // event behind, only a relist without it: looked at again, the key finds
+        // nothing on either side and its entries go.
+        keys.extend(self.observed_host_deletes().keys().cloned());
+        keys.extend(self.last_writes().keys().cloned());
         keys
     }
 

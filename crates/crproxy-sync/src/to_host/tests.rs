@@ -548,3 +548,27 @@ async fn a_mirror_that_records_no_project_is_never_deleted() {
     let annotations = &puts[0].body["metadata"]["annotations"];
     assert_eq!(annotations[names::TENANT_PROJECT], "default");
 }
+
+/// A tenant object and its mirror both removed while the watches were down leave
+/// no event, only relists without them: what the syncer kept for the key is still
+/// looked at by the resync, finds nothing on either side, and goes.
+#[tokio::test]
+async fn what_is_kept_for_a_key_gone_from_both_sides_goes_at_the_resync() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(host_answers).await;
+    let syncer = to_host(&ty, host.client.clone());
+    let mirror = stored_mirror(&ty);
+    syncer
+        .last_writes()
+        .insert(key(), LastWrite::of(&mirror, &mirror));
+    syncer
+        .observed_host_deletes()
+        .insert(key(), "m-1".to_string());
+    assert_eq!(syncer.all_keys(), [key(), key()]);
+    let outcome = syncer.reconcile(&key()).await.expect("reconciled");
+    assert_eq!(outcome, Outcome::Done);
+    assert!(syncer.last_writes().is_empty());
+    assert!(syncer.observed_host_deletes().is_empty());
+    assert!(syncer.all_keys().is_empty());
+    assert!(host.received().is_empty(), "{:?}", host.received());
+}
