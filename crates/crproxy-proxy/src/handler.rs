@@ -734,7 +734,7 @@ impl GroupVersionProxy {
     ) -> Outcome {
         let created = self.stamped_write(exchange, body, Stamp::Always).await;
         if self.access == AccessMode::Owned {
-            self.remember_write(exchange, Verb::Create, path, None, created)
+            self.remember_write(exchange, Verb::Create, path, None, None, created)
                 .await
         } else {
             created
@@ -1001,8 +1001,12 @@ impl GroupVersionProxy {
                 }
             }
             if last || !pin_may_have_refused(outcome.response.status()) || refused_for_its_uid {
+                let sent_with = match &checked {
+                    Checked::Owned(pin) => Some(pin),
+                    Checked::Absent => None,
+                };
                 return self
-                    .remember_write(exchange, verb, path, delete.as_ref(), outcome)
+                    .remember_write(exchange, verb, path, delete.as_ref(), sent_with, outcome)
                     .await;
             }
         }
@@ -1150,7 +1154,7 @@ impl GroupVersionProxy {
         }
         self.metrics.ownership_cache(&self.group_version, "hit");
         Some(
-            self.remember_write(exchange, verb, path, delete, outcome)
+            self.remember_write(exchange, verb, path, delete, Some(&pin), outcome)
                 .await,
         )
     }
@@ -1165,13 +1169,14 @@ impl GroupVersionProxy {
     /// state (read from the answer, which is passed on unchanged), so that a write
     /// right after it need not wait for the cache's watch. Dry runs change nothing:
     /// a delete's options (`delete`) say whether it is one, any other write's
-    /// query does.
+    /// query does. `sent_with` is the state the write was pinned to, if it was.
     async fn remember_write(
         &self,
         exchange: &Exchange,
         verb: Verb,
         path: &ResourcePath,
         delete: Option<&Result<DeleteOptions, PreconditionError>>,
+        sent_with: Option<&Pin>,
         outcome: Outcome,
     ) -> Outcome {
         // A create's path names no object: its answer does.
@@ -1191,7 +1196,8 @@ impl GroupVersionProxy {
         let namespace = path.namespace.as_deref();
         if verb == Verb::Delete {
             if let Some(name) = name {
-                self.ownership_cache.forget(&path.resource, namespace, name);
+                self.ownership_cache
+                    .forget(&path.resource, namespace, name, sent_with);
             }
             return outcome;
         }
@@ -1201,13 +1207,14 @@ impl GroupVersionProxy {
             Ok(read) => read,
             Err(outcome) => {
                 if let Some(name) = name {
-                    self.ownership_cache.forget(&path.resource, namespace, name);
+                    self.ownership_cache
+                        .forget(&path.resource, namespace, name, sent_with);
                 }
                 return outcome;
             }
         };
         self.ownership_cache
-            .remember(&path.resource, namespace, name, &bytes);
+            .remember(&path.resource, namespace, name, sent_with, &bytes);
         Outcome::new(Response::from_parts(parts, transport::full(bytes)), reason)
     }
 

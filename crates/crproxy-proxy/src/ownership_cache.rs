@@ -125,11 +125,13 @@ struct State {
     /// Listed at least once, and not out of step for longer than the idle limit.
     synced: bool,
     pins: HashMap<String, Pin>,
-    /// States this proxy has written or deleted past without learning the state
-    /// that followed (the answer was not plain JSON, or was a delete). The watch
-    /// may still bring them, and must not make them pins again: a pin to one is
-    /// sure to be refused. An entry goes when a later state of its object comes,
-    /// from the watch, a write's answer or a list.
+    /// For objects this proxy wrote or deleted without pinning what followed
+    /// (a delete, an answer in another form than JSON, an object no longer
+    /// owned): the latest state the write went past. The watch, behind the
+    /// writes, may still bring that state or an earlier one, and must not make it
+    /// a pin again: a pin to it is sure to be refused. An entry goes once the
+    /// watch is past it, a list at or past it completes, a write answers with a
+    /// state not earlier than it, or the cache unsyncs.
     superseded: HashMap<String, Pin>,
     /// When the cache was last known to follow the target (a list completed or a
     /// watch event arrived).
@@ -168,20 +170,20 @@ impl OwnershipCache {
     /// next write of it through this proxy then finds its new resourceVersion,
     /// without waiting for the watch to bring it. `name` is the object the write
     /// addressed; `None` for a create, whose object the answer names (it may have
-    /// asked for a generated name). An answer that cannot be read, or that names
-    /// another object, still says the addressed object changed: what was known
-    /// of it is dropped, so that its next write takes the checked path rather
-    /// than a pin that is sure to fail.
+    /// asked for a generated name). `sent_with` is the state the write was
+    /// pinned to, if it was. An answer that cannot be read, or that names another
+    /// object, still says the addressed object changed: see [`Self::forget`].
     pub fn remember(
         &self,
         resource: &str,
         namespace: Option<&str>,
         name: Option<&str>,
+        sent_with: Option<&Pin>,
         answer: &[u8],
     ) {
         let Some(answered) = read_write_answer(&self.shared.owner, namespace, name, answer) else {
             if let Some(name) = name {
-                self.forget(resource, namespace, name);
+                self.forget(resource, namespace, name, sent_with);
             }
             return;
         };
@@ -195,19 +197,26 @@ impl OwnershipCache {
             // nothing else would bound what creates add.
             WriteAnswer::Owned { key, pin } => {
                 if state.pins.contains_key(&key) || state.admits_new_entry() {
-                    state.record(key, pin);
+                    state.record_answer(key, pin);
                 }
             }
-            WriteAnswer::NotOwned { key } => state.supersede(&key),
+            WriteAnswer::NotOwned { key } => state.supersede(&key, sent_with),
         }
     }
 
     /// Drops what is known about an object this proxy just deleted, or wrote
-    /// without reading the answer: its next write takes the checked path until a
-    /// later state of it arrives.
-    pub fn forget(&self, resource: &str, namespace: Option<&str>, name: &str) {
+    /// without learning its new state (`sent_with`: the state the write was
+    /// pinned to, if it was). Its next write takes the checked path rather than a
+    /// pin that is sure to fail, until a later state of it arrives.
+    pub fn forget(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        name: &str,
+        sent_with: Option<&Pin>,
+    ) {
         if let Some(objects) = self.running(resource) {
-            locks::write(&objects.state).supersede(&key(namespace, name));
+            locks::write(&objects.state).supersede(&key(namespace, name), sent_with);
         }
     }
 
@@ -282,7 +291,8 @@ impl State {
     /// marks the cache synced.
     fn take_list(&mut self, mut listed: HashMap<String, Pin>, listed_at: &str) {
         // A list that began before this proxy wrote past a state may still hold
-        // it; after a list at or past that state, every later one is a watch event.
+        // it. The watch resumes from the list, so once the list is at or past
+        // the superseded state, no event can bring that state back.
         for (key, past) in &self.superseded {
             if listed
                 .get(key)
@@ -308,31 +318,58 @@ impl State {
         self.in_step_at = Some(Instant::now());
     }
 
-    /// The object under `key` has moved past what is known of it.
-    fn supersede(&mut self, key: &str) {
-        if let Some(pin) = self.pins.remove(key) {
-            self.superseded.insert(key.to_string(), pin);
+    /// Records a successful write's answer: the object's state right after the
+    /// write. A write that changed nothing answers with the state it found, so an
+    /// answer ends a superseded entry it is not earlier than.
+    fn record_answer(&mut self, key: String, pin: Pin) {
+        if self
+            .superseded
+            .get(&key)
+            .is_some_and(|past| !is_earlier(&pin.resource_version, &past.resource_version))
+        {
+            self.superseded.remove(&key);
+        }
+        self.record(key, pin);
+    }
+
+    /// The object under `key` has moved past what is known of it and past the
+    /// state a write was pinned to (`sent_with`), whichever is later. A known
+    /// state later than the pin may be what the write left (the watch brought it
+    /// first) or what it found (a JSON patch is pinned by its tests, not to a
+    /// resourceVersion): it is superseded too, at the cost of a hit.
+    fn supersede(&mut self, key: &str, sent_with: Option<&Pin>) {
+        let known = [
+            self.pins.remove(key),
+            sent_with.cloned(),
+            self.superseded.remove(key),
+        ];
+        let latest = known.into_iter().flatten().reduce(|a, b| {
+            if is_earlier(&a.resource_version, &b.resource_version) {
+                b
+            } else {
+                a
+            }
+        });
+        if let Some(past) = latest {
+            self.superseded.insert(key.to_string(), past);
         }
     }
 
-    /// A state of the object under `key` at `resource_version` arrived: a
-    /// superseded state it is later than can no longer come.
-    fn passed(&mut self, key: &str, resource_version: &str) {
-        if self
-            .superseded
-            .get(key)
-            .is_some_and(|past| !is_no_later(resource_version, &past.resource_version))
-        {
-            self.superseded.remove(key);
+    /// The watch has delivered everything up to `resource_version`: the states
+    /// superseded at or before it can no longer come from it.
+    fn watched_to(&mut self, resource_version: &str) {
+        if !self.superseded.is_empty() {
+            self.superseded
+                .retain(|_, past| is_earlier(resource_version, &past.resource_version));
         }
     }
 }
 
-/// resourceVersions are opaque to clients; comparing them as numbers (what etcd
-/// and devcluster hand out, one counter for every object) only keeps late watch
-/// events from replacing what a newer write answered. A wrong guess costs one
-/// refused write and the checked path, never safety; versions that are not
-/// numbers are taken as later.
+/// resourceVersions are opaque to clients; the cache compares them as numbers
+/// (what etcd and devcluster hand out, one counter for every object) only to
+/// order the states of one object it hears of from the watch, lists and write
+/// answers. A wrong guess costs one refused write and the checked path, or a
+/// lost hit, never safety; versions that are not numbers are taken as later.
 fn is_earlier(resource_version: &str, than: &str) -> bool {
     matches!(
         (resource_version.parse::<u64>(), than.parse::<u64>()),
@@ -758,32 +795,30 @@ fn apply(
     }
     let mut state = locks::write(&objects.state);
     state.in_step_at = Some(Instant::now());
-    let Some(name) = meta.name() else {
-        return Ok(());
-    };
-    let key = key(meta.namespace(), name);
-    if let Some(rv) = &meta.resource_version {
-        state.passed(&key, rv);
-    }
-    match (event.event_type.as_ref(), meta.owned_pin(owner)) {
-        ("ADDED" | "MODIFIED", Some(pin)) => {
-            state.record(key, pin);
-            if state.pins.len() > MAX_OBJECTS {
-                return Err(SyncError::TooMany);
+    if let Some(name) = meta.name() {
+        let key = key(meta.namespace(), name);
+        match (event.event_type.as_ref(), meta.owned_pin(owner)) {
+            ("ADDED" | "MODIFIED", Some(pin)) => {
+                state.record(key, pin);
+                if state.pins.len() > MAX_OBJECTS {
+                    return Err(SyncError::TooMany);
+                }
             }
+            // Deleted, or no longer carrying the owner labels. An entry of another
+            // incarnation (recreated meanwhile and remembered from a write) stays.
+            ("ADDED" | "MODIFIED" | "DELETED", _)
+                if state
+                    .pins
+                    .get(&key)
+                    .is_some_and(|pin| Some(pin.uid.as_str()) == meta.uid()) =>
+            {
+                state.pins.remove(&key);
+            }
+            _ => {}
         }
-        // Deleted, or no longer carrying the owner labels. An entry of another
-        // incarnation (recreated meanwhile and remembered from a write) stays.
-        ("ADDED" | "MODIFIED" | "DELETED", _)
-            if state
-                .pins
-                .get(&key)
-                .is_some_and(|pin| Some(pin.uid.as_str()) == meta.uid()) =>
-        {
-            state.pins.remove(&key);
-        }
-        _ => {}
     }
+    // Only once the event is judged: it may be a superseded state itself.
+    state.watched_to(resource_version);
     Ok(())
 }
 

@@ -81,14 +81,15 @@ fn a_late_event_never_replaces_a_newer_state_of_the_object_under_the_name() {
     assert_eq!(state.pins["ns/a"], pin("v", "20"));
 }
 
-/// The race a write answered in YAML (or a delete) runs with the watch: the
-/// watch still brings states the write went past, and none of them may become a
-/// pin again; a later state may.
+/// States a write went past (answered in YAML, say, or deleted) never become
+/// pins again, from the watch or a list: a pin to one is sure to be refused.
 #[test]
 fn a_state_written_past_never_becomes_a_pin_again() {
     let mut state = State::default();
-    state.record("ns/a".into(), pin("u", "10"));
-    state.supersede("ns/a");
+    // Known at 10 (a write's answer, ahead of the watch), then written again
+    // unpinned: 10 is superseded, and its late event is not taken.
+    state.record_answer("ns/a".into(), pin("u", "10"));
+    state.supersede("ns/a", None);
     assert!(state.pins.is_empty());
     state.record("ns/a".into(), pin("u", "9"));
     state.record("ns/a".into(), pin("u", "10"));
@@ -96,55 +97,102 @@ fn a_state_written_past_never_becomes_a_pin_again() {
     state.record("ns/a".into(), pin("u", "12"));
     assert_eq!(state.pins["ns/a"], pin("u", "12"));
     assert!(state.superseded.is_empty(), "a later state ends the entry");
-    // Nothing known, nothing to supersede.
-    state.supersede("ns/b");
+    // A write pinned to a state later than the one known supersedes that state.
+    state.supersede("ns/a", Some(&pin("u", "14")));
+    state.record("ns/a".into(), pin("u", "13"));
+    state.record("ns/a".into(), pin("u", "14"));
+    assert!(state.pins.is_empty(), "{:?}", state.pins);
+    // A known state later than the pin goes too (a JSON patch's pin does not say
+    // which state the write found).
+    state.record("ns/a".into(), pin("u", "16"));
+    state.supersede("ns/a", Some(&pin("u", "15")));
+    state.record("ns/a".into(), pin("u", "16"));
+    assert!(state.pins.is_empty(), "{:?}", state.pins);
+    // A write that changed nothing answers with the very state it found.
+    state.record_answer("ns/a".into(), pin("u", "16"));
+    assert_eq!(state.pins["ns/a"], pin("u", "16"));
     assert!(state.superseded.is_empty());
+    // Nothing known and no pin: nothing to supersede. A pin alone is enough.
+    state.supersede("ns/b", None);
+    assert!(state.superseded.is_empty());
+    state.supersede("ns/b", Some(&pin("v", "3")));
+    state.record("ns/b".into(), pin("v", "3"));
+    assert!(!state.pins.contains_key("ns/b"));
+    // Two writes, their answers told in the other order: the later state stays
+    // superseded.
+    state.supersede("ns/b", Some(&pin("v", "20")));
+    state.supersede("ns/b", Some(&pin("v", "14")));
+    state.record("ns/b".into(), pin("v", "17"));
+    assert!(!state.pins.contains_key("ns/b"));
     // Versions that are not numbers cannot be ordered: taken as later.
     state.record("ns/c".into(), pin("w", "x"));
-    state.supersede("ns/c");
+    state.supersede("ns/c", None);
     state.record("ns/c".into(), pin("w", "y"));
     assert_eq!(state.pins["ns/c"], pin("w", "y"));
 }
 
+/// The race of a write answered in YAML with the watch: the watch, behind the
+/// writes, brings the state the write went past, then the write's own.
 #[test]
-fn a_watch_event_past_a_superseded_state_ends_it() {
+fn the_watch_ends_what_it_can_no_longer_bring() {
     let objects = Objects::default();
-    let mut rv = "1".to_string();
-    let mut feed = |line: String| {
-        apply(event(&line), &owner(), &objects, &mut rv).expect("applied");
+    let mut rv = "9".to_string();
+    let mut feed = |line: &str| {
+        apply(event(line), &owner(), &objects, &mut rv).expect("applied");
     };
-    feed(watch_line("MODIFIED", "a", "u", "10", OWNED));
-    objects.state.write().expect("lock").supersede("ns/a");
-    // The write's own event comes late, after an older one.
-    feed(watch_line("MODIFIED", "a", "u", "10", OWNED));
+    let write = |f: &dyn Fn(&mut State)| f(&mut objects.state.write().expect("lock"));
+    write(&|state| state.record_answer("ns/a".into(), pin("u", "10")));
+    write(&|state| state.supersede("ns/a", Some(&pin("u", "10"))));
+    feed(&watch_line("MODIFIED", "a", "u", "10", OWNED));
     assert!(pins_of(&objects).is_empty());
-    feed(watch_line("MODIFIED", "a", "u", "11", OWNED));
+    feed(&watch_line("MODIFIED", "a", "u", "11", OWNED));
     assert_eq!(pins_of(&objects)["ns/a"], pin("u", "11"));
     // A delete through the proxy, then its event: nothing is left behind.
-    objects.state.write().expect("lock").supersede("ns/a");
-    feed(watch_line("MODIFIED", "a", "u", "11", OWNED));
-    feed(watch_line("DELETED", "a", "u", "12", OWNED));
+    write(&|state| state.supersede("ns/a", Some(&pin("u", "11"))));
+    feed(&watch_line("DELETED", "a", "u", "12", OWNED));
+    assert!(pins_of(&objects).is_empty());
+    assert!(objects.state.read().expect("lock").superseded.is_empty());
+    // Any event (a bookmark will do) past a superseded state ends it: the watch
+    // only brings later ones.
+    write(&|state| state.supersede("ns/b", Some(&pin("v", "13"))));
+    write(&|state| state.supersede("ns/c", Some(&pin("w", "15"))));
+    feed(r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"14"}}}"#);
     let state = objects.state.read().expect("lock");
-    assert!(state.pins.is_empty() && state.superseded.is_empty());
+    assert_eq!(state.superseded.keys().collect::<Vec<_>>(), ["ns/c"]);
 }
 
 #[test]
 fn a_list_never_brings_back_a_state_written_past() {
     let mut state = State::default();
-    state.record("ns/a".into(), pin("u", "10"));
-    state.record("ns/b".into(), pin("v", "20"));
-    state.supersede("ns/a");
-    state.supersede("ns/b");
-    // A list begun before the writes: the superseded states stay out, and stay
-    // superseded for the watch that follows it.
+    state.record_answer("ns/a".into(), pin("u", "10"));
+    state.record_answer("ns/b".into(), pin("v", "20"));
+    state.supersede("ns/a", None);
+    state.supersede("ns/b", None);
+    // Written through the proxy while the list ran: kept over an earlier state
+    // of the same object, never over another object of the name, and dropped
+    // when the list no longer has the object.
+    state.record_answer("ns/d".into(), pin("x", "17"));
+    state.record_answer("ns/e".into(), pin("y", "18"));
+    state.record_answer("ns/f".into(), pin("z", "19"));
+    // A list at 15, begun before the writes: the superseded states stay out,
+    // and what the watch from 15 could still bring stays superseded.
     let listed = HashMap::from([
         ("ns/a".to_string(), pin("u", "10")),
         ("ns/b".to_string(), pin("v", "12")),
         ("ns/c".to_string(), pin("w", "14")),
+        ("ns/d".to_string(), pin("x", "13")),
+        ("ns/e".to_string(), pin("other", "11")),
     ]);
     state.take_list(listed, "15");
     assert!(state.synced);
-    assert_eq!(state.pins, HashMap::from([("ns/c".into(), pin("w", "14"))]));
+    assert_eq!(
+        state.pins,
+        HashMap::from([
+            ("ns/c".into(), pin("w", "14")),
+            ("ns/d".into(), pin("x", "17")),
+            ("ns/e".into(), pin("other", "11")),
+        ])
+    );
     assert_eq!(state.superseded.keys().collect::<Vec<_>>(), ["ns/b"]);
     // A list at or past a superseded state leaves the watch nothing older.
     state.take_list(HashMap::new(), "20");
@@ -396,6 +444,7 @@ async fn a_resource_starts_on_first_use_and_is_dropped_when_idle() {
         "widgets",
         Some("ns"),
         Some("a"),
+        None,
         format!(r#"{{"metadata":{{"name":"a","namespace":"ns","uid":"u","resourceVersion":"1",{OWNED}}}}}"#)
             .as_bytes(),
     );
@@ -447,10 +496,11 @@ fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
     with_widgets_cache(|cache, objects| async move {
         objects.state.write().expect("lock").synced = true;
         let remember = |namespace: &str, name: Option<&str>, answer: &[u8]| {
-            cache.remember("widgets", Some(namespace), name, answer);
+            cache.remember("widgets", Some(namespace), name, None, answer);
         };
         let lookup = |namespace: &str, name: &str| cache.lookup("widgets", Some(namespace), name);
-        let owned = |name: &str| write_answer(name, "4", OWNED);
+        let owned_at = |name: &str, rv: &str| write_answer(name, rv, OWNED);
+        let owned = |name: &str| owned_at(name, "4");
         let unlabelled = |name: &str| write_answer(name, "4", r#""labels":{}"#);
         remember("ns", Some("a"), owned("a").as_bytes());
         assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "4")));
@@ -465,13 +515,22 @@ fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
         assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "4")));
         remember("ns", Some("a"), b"not json");
         assert_eq!(lookup("ns", "a"), Lookup::Miss);
-        remember("ns", Some("a"), owned("a").as_bytes());
+        remember("ns", Some("a"), owned_at("a", "5").as_bytes());
+        assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "5")));
         // A write whose answer no longer carries the labels drops the entry.
-        remember("ns", Some("a"), unlabelled("a").as_bytes());
+        remember(
+            "ns",
+            Some("a"),
+            write_answer("a", "6", r#""labels":{}"#).as_bytes(),
+        );
         assert_eq!(lookup("ns", "a"), Lookup::Miss);
-        remember("ns", Some("a"), owned("a").as_bytes());
-        cache.forget("widgets", Some("ns"), "a");
+        remember("ns", Some("a"), owned_at("a", "7").as_bytes());
+        assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "7")));
+        cache.forget("widgets", Some("ns"), "a", None);
         assert_eq!(lookup("ns", "a"), Lookup::Miss);
+        // The next write changed nothing: its answer is the state it found.
+        remember("ns", Some("a"), owned_at("a", "7").as_bytes());
+        assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "7")));
         // A create's answer names its object (a generated name, say) itself; it
         // is kept only for the namespace the create was sent to.
         remember("ns", None, owned("gen-x7").as_bytes());
@@ -723,7 +782,13 @@ fn a_write_answer_adds_no_entry_to_an_unsynced_or_full_cache() {
         let answer = |name: &str, rv: &str| write_answer(name, rv, OWNED);
         // Unsynced (as while it lists, or paused after outgrowing its limit): the
         // answers of creates are not kept.
-        cache.remember("widgets", Some("ns"), None, answer("a", "1").as_bytes());
+        cache.remember(
+            "widgets",
+            Some("ns"),
+            None,
+            None,
+            answer("a", "1").as_bytes(),
+        );
         assert!(objects.state.read().expect("lock").pins.is_empty());
         // Synced and full: no new entry, but an entry it has follows the write.
         {
@@ -736,11 +801,18 @@ fn a_write_answer_adds_no_entry_to_an_unsynced_or_full_cache() {
             }
             state.pins.insert(key(Some("ns"), "kept"), pin("u", "1"));
         }
-        cache.remember("widgets", Some("ns"), None, answer("new", "2").as_bytes());
+        cache.remember(
+            "widgets",
+            Some("ns"),
+            None,
+            None,
+            answer("new", "2").as_bytes(),
+        );
         cache.remember(
             "widgets",
             Some("ns"),
             Some("kept"),
+            None,
             answer("kept", "2").as_bytes(),
         );
         let state = objects.state.read().expect("lock");
