@@ -1165,7 +1165,8 @@ impl GroupVersionProxy {
     }
 
     /// Tells the ownership cache what a successful mutation left behind: a deleted
-    /// object is forgotten, an updated or created one is remembered in its new
+    /// object, or one written through a subresource, is forgotten (its pin is
+    /// superseded), an updated or created one is remembered in its new
     /// state (read from the answer, which is passed on unchanged), so that a write
     /// right after it need not wait for the cache's watch. Dry runs change nothing:
     /// a delete's options (`delete`) say whether it is one, any other write's
@@ -1181,7 +1182,7 @@ impl GroupVersionProxy {
     ) -> Outcome {
         // A create's path names no object: its answer does.
         let name = path.name.as_deref();
-        if path.subresource.is_some() || (name.is_none() && verb != Verb::Create) {
+        if name.is_none() && verb != Verb::Create {
             return outcome;
         }
         let dry_run = match delete {
@@ -1194,7 +1195,10 @@ impl GroupVersionProxy {
             return outcome;
         }
         let namespace = path.namespace.as_deref();
-        if verb == Verb::Delete {
+        // A delete leaves no state to pin, and a subresource's answer is not
+        // read (a status write answers with the object, a scale with a Scale):
+        // either way the object moved past what the cache knew.
+        if verb == Verb::Delete || path.subresource.is_some() {
             if let Some(name) = name {
                 self.ownership_cache
                     .forget(&path.resource, namespace, name, sent_with);

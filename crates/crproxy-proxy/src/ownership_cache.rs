@@ -125,14 +125,17 @@ struct State {
     /// Listed at least once, and not out of step for longer than the idle limit.
     synced: bool,
     pins: HashMap<String, Pin>,
-    /// For objects this proxy wrote or deleted without pinning what followed
-    /// (a delete, an answer in another form than JSON, an object no longer
-    /// owned): the latest state the write went past. The watch, behind the
-    /// writes, may still bring that state or an earlier one, and must not make it
-    /// a pin again: a pin to it is sure to be refused. An entry goes once the
-    /// watch is past it, a list at or past it completes, a write answers with a
-    /// state not earlier than it, or the cache unsyncs.
-    superseded: HashMap<String, Pin>,
+    /// For objects this proxy wrote or deleted without learning the state the
+    /// write left (a delete, an answer in another form than JSON, an object no
+    /// longer owned): the resourceVersion of the latest state the write went
+    /// past. The watch, behind the writes, may still bring that state or an
+    /// earlier one, and must not make it a pin again: a pin to it is sure to be
+    /// refused. (A JSON patch is pinned by its tests, not to a resourceVersion:
+    /// a state it found past its pin is not known here and may still become a
+    /// pin, for one refused write.) An entry goes once the watch is past it, a
+    /// list at or past it completes, a write answers with a later state, or the
+    /// cache unsyncs; at most [`MAX_OBJECTS`] are kept.
+    superseded: HashMap<String, String>,
     /// When the cache was last known to follow the target (a list completed or a
     /// watch event arrived).
     in_step_at: Option<Instant>,
@@ -197,7 +200,7 @@ impl OwnershipCache {
             // nothing else would bound what creates add.
             WriteAnswer::Owned { key, pin } => {
                 if state.pins.contains_key(&key) || state.admits_new_entry() {
-                    state.record_answer(key, pin);
+                    state.record_answer(key, pin, sent_with);
                 }
             }
             WriteAnswer::NotOwned { key } => state.supersede(&key, sent_with),
@@ -271,20 +274,17 @@ impl State {
     /// (a late event of a deleted object's must not replace its successor's
     /// remembered create), and never a state known to be superseded.
     fn record(&mut self, key: String, pin: Pin) {
-        if let Some(past) = self.superseded.get(&key) {
-            if is_no_later(&pin.resource_version, &past.resource_version) {
-                return;
-            }
-            self.superseded.remove(&key);
-        }
-        if self
+        let superseded = self
+            .superseded
+            .get(&key)
+            .is_some_and(|past| is_no_later(&pin.resource_version, past));
+        let older = self
             .pins
             .get(&key)
-            .is_some_and(|current| is_earlier(&pin.resource_version, &current.resource_version))
-        {
-            return;
+            .is_some_and(|current| is_earlier(&pin.resource_version, &current.resource_version));
+        if !superseded && !older {
+            self.pins.insert(key, pin);
         }
-        self.pins.insert(key, pin);
     }
 
     /// Replaces the pins with those of a list completed at `listed_at`, and
@@ -296,21 +296,19 @@ impl State {
         for (key, past) in &self.superseded {
             if listed
                 .get(key)
-                .is_some_and(|pin| is_no_later(&pin.resource_version, &past.resource_version))
+                .is_some_and(|pin| is_no_later(&pin.resource_version, past))
             {
                 listed.remove(key);
             }
         }
         self.superseded
-            .retain(|_, past| is_earlier(listed_at, &past.resource_version));
-        // Keep what a write through this proxy recorded while the list ran.
+            .retain(|_, past| is_earlier(listed_at, past));
+        // Keep only what is newer than the list: written through this proxy
+        // while it ran (a later state of a listed object, another incarnation
+        // of its name, an object created after the list began).
         let previous = std::mem::replace(&mut self.pins, listed);
         for (key, pin) in previous {
-            if self
-                .pins
-                .get(&key)
-                .is_some_and(|listed| listed.uid == pin.uid)
-            {
+            if is_earlier(listed_at, &pin.resource_version) {
                 self.record(key, pin);
             }
         }
@@ -318,15 +316,16 @@ impl State {
         self.in_step_at = Some(Instant::now());
     }
 
-    /// Records a successful write's answer: the object's state right after the
-    /// write. A write that changed nothing answers with the state it found, so an
-    /// answer ends a superseded entry it is not earlier than.
-    fn record_answer(&mut self, key: String, pin: Pin) {
-        if self
-            .superseded
-            .get(&key)
-            .is_some_and(|past| !is_earlier(&pin.resource_version, &past.resource_version))
-        {
+    /// Records a successful write's answer (`sent_with`: the state the write was
+    /// pinned to, if it was): the object's state right after the write. It ends
+    /// a superseded entry it is later than; a write that changed nothing answers
+    /// with the very state it was pinned to, which is then current. A late answer
+    /// of an earlier write, at a state since superseded, ends nothing.
+    fn record_answer(&mut self, key: String, pin: Pin, sent_with: Option<&Pin>) {
+        let unchanged = sent_with.is_some_and(|sent| sent.resource_version == pin.resource_version);
+        if self.superseded.get(&key).is_some_and(|past| {
+            is_earlier(past, &pin.resource_version) || (unchanged && *past == pin.resource_version)
+        }) {
             self.superseded.remove(&key);
         }
         self.record(key, pin);
@@ -339,18 +338,18 @@ impl State {
     /// resourceVersion): it is superseded too, at the cost of a hit.
     fn supersede(&mut self, key: &str, sent_with: Option<&Pin>) {
         let known = [
-            self.pins.remove(key),
-            sent_with.cloned(),
+            self.pins.remove(key).map(|pin| pin.resource_version),
+            sent_with.map(|pin| pin.resource_version.clone()),
             self.superseded.remove(key),
         ];
-        let latest = known.into_iter().flatten().reduce(|a, b| {
-            if is_earlier(&a.resource_version, &b.resource_version) {
-                b
-            } else {
-                a
-            }
-        });
-        if let Some(past) = latest {
+        let latest = known
+            .into_iter()
+            .flatten()
+            .reduce(|a, b| if is_earlier(&a, &b) { b } else { a });
+        // Past the bound (a resource written faster than its watch follows, or
+        // not watched while it is too large), a superseded state may become a
+        // pin again: one refused write.
+        if let Some(past) = latest.filter(|_| self.superseded.len() < MAX_OBJECTS) {
             self.superseded.insert(key.to_string(), past);
         }
     }
@@ -360,7 +359,7 @@ impl State {
     fn watched_to(&mut self, resource_version: &str) {
         if !self.superseded.is_empty() {
             self.superseded
-                .retain(|_, past| is_earlier(resource_version, &past.resource_version));
+                .retain(|_, past| is_earlier(resource_version, past));
         }
     }
 }
@@ -369,7 +368,9 @@ impl State {
 /// (what etcd and devcluster hand out, one counter for every object) only to
 /// order the states of one object it hears of from the watch, lists and write
 /// answers. A wrong guess costs one refused write and the checked path, or a
-/// lost hit, never safety; versions that are not numbers are taken as later.
+/// lost hit, never safety. A version that is not a number is never earlier nor
+/// later than another: recorded, it replaces what was known; superseded, it
+/// ends at the next watch event.
 fn is_earlier(resource_version: &str, than: &str) -> bool {
     matches!(
         (resource_version.parse::<u64>(), than.parse::<u64>()),
@@ -706,6 +707,10 @@ fn apply_lines(
         let event = Event::decode(&line).map_err(|e| SyncError::Decode(e.to_string()))?;
         apply(event, owner, objects, resource_version)?;
     }
+    // Once per read, after every event in it was judged (an event may be a
+    // superseded state itself): a later event of an object is later than any
+    // position before it, so no event in the read was judged differently.
+    locks::write(&objects.state).watched_to(resource_version);
     Ok(())
 }
 
@@ -795,30 +800,29 @@ fn apply(
     }
     let mut state = locks::write(&objects.state);
     state.in_step_at = Some(Instant::now());
-    if let Some(name) = meta.name() {
-        let key = key(meta.namespace(), name);
-        match (event.event_type.as_ref(), meta.owned_pin(owner)) {
-            ("ADDED" | "MODIFIED", Some(pin)) => {
-                state.record(key, pin);
-                if state.pins.len() > MAX_OBJECTS {
-                    return Err(SyncError::TooMany);
-                }
+    let Some(name) = meta.name() else {
+        return Ok(());
+    };
+    let key = key(meta.namespace(), name);
+    match (event.event_type.as_ref(), meta.owned_pin(owner)) {
+        ("ADDED" | "MODIFIED", Some(pin)) => {
+            state.record(key, pin);
+            if state.pins.len() > MAX_OBJECTS {
+                return Err(SyncError::TooMany);
             }
-            // Deleted, or no longer carrying the owner labels. An entry of another
-            // incarnation (recreated meanwhile and remembered from a write) stays.
-            ("ADDED" | "MODIFIED" | "DELETED", _)
-                if state
-                    .pins
-                    .get(&key)
-                    .is_some_and(|pin| Some(pin.uid.as_str()) == meta.uid()) =>
-            {
-                state.pins.remove(&key);
-            }
-            _ => {}
         }
+        // Deleted, or no longer carrying the owner labels. An entry of another
+        // incarnation (recreated meanwhile and remembered from a write) stays.
+        ("ADDED" | "MODIFIED" | "DELETED", _)
+            if state
+                .pins
+                .get(&key)
+                .is_some_and(|pin| Some(pin.uid.as_str()) == meta.uid()) =>
+        {
+            state.pins.remove(&key);
+        }
+        _ => {}
     }
-    // Only once the event is judged: it may be a superseded state itself.
-    state.watched_to(resource_version);
     Ok(())
 }
 

@@ -88,7 +88,7 @@ fn a_state_written_past_never_becomes_a_pin_again() {
     let mut state = State::default();
     // Known at 10 (a write's answer, ahead of the watch), then written again
     // unpinned: 10 is superseded, and its late event is not taken.
-    state.record_answer("ns/a".into(), pin("u", "10"));
+    state.record_answer("ns/a".into(), pin("u", "10"), None);
     state.supersede("ns/a", None);
     assert!(state.pins.is_empty());
     state.record("ns/a".into(), pin("u", "9"));
@@ -96,7 +96,7 @@ fn a_state_written_past_never_becomes_a_pin_again() {
     assert!(state.pins.is_empty(), "{:?}", state.pins);
     state.record("ns/a".into(), pin("u", "12"));
     assert_eq!(state.pins["ns/a"], pin("u", "12"));
-    assert!(state.superseded.is_empty(), "a later state ends the entry");
+    state.superseded.clear();
     // A write pinned to a state later than the one known supersedes that state.
     state.supersede("ns/a", Some(&pin("u", "14")));
     state.record("ns/a".into(), pin("u", "13"));
@@ -108,9 +108,18 @@ fn a_state_written_past_never_becomes_a_pin_again() {
     state.supersede("ns/a", Some(&pin("u", "15")));
     state.record("ns/a".into(), pin("u", "16"));
     assert!(state.pins.is_empty(), "{:?}", state.pins);
-    // A write that changed nothing answers with the very state it found.
-    state.record_answer("ns/a".into(), pin("u", "16"));
+    // A late answer of an earlier write, at the superseded state, ends nothing.
+    state.record_answer("ns/a".into(), pin("u", "16"), Some(&pin("u", "12")));
+    assert!(state.pins.is_empty(), "{:?}", state.pins);
+    // A write that changed nothing answers with the very state it was pinned
+    // to: current, whatever the cache thought.
+    state.record_answer("ns/a".into(), pin("u", "16"), Some(&pin("u", "16")));
     assert_eq!(state.pins["ns/a"], pin("u", "16"));
+    assert!(state.superseded.is_empty());
+    // An answer later than the superseded state ends it.
+    state.supersede("ns/a", None);
+    state.record_answer("ns/a".into(), pin("u", "17"), Some(&pin("u", "16")));
+    assert_eq!(state.pins["ns/a"], pin("u", "17"));
     assert!(state.superseded.is_empty());
     // Nothing known and no pin: nothing to supersede. A pin alone is enough.
     state.supersede("ns/b", None);
@@ -118,17 +127,30 @@ fn a_state_written_past_never_becomes_a_pin_again() {
     state.supersede("ns/b", Some(&pin("v", "3")));
     state.record("ns/b".into(), pin("v", "3"));
     assert!(!state.pins.contains_key("ns/b"));
-    // Two writes, their answers told in the other order: the later state stays
-    // superseded.
+    // Two writes, told in the other order: the later state stays superseded.
     state.supersede("ns/b", Some(&pin("v", "20")));
     state.supersede("ns/b", Some(&pin("v", "14")));
     state.record("ns/b".into(), pin("v", "17"));
     assert!(!state.pins.contains_key("ns/b"));
-    // Versions that are not numbers cannot be ordered: taken as later.
+    // Versions that are not numbers cannot be ordered: a new one is taken.
     state.record("ns/c".into(), pin("w", "x"));
     state.supersede("ns/c", None);
     state.record("ns/c".into(), pin("w", "y"));
     assert_eq!(state.pins["ns/c"], pin("w", "y"));
+}
+
+#[test]
+fn superseded_states_are_bounded() {
+    let mut state = State::default();
+    for i in 0..MAX_OBJECTS {
+        state.supersede(&format!("ns/{i}"), Some(&pin("u", "5")));
+    }
+    state.supersede("ns/one-more", Some(&pin("u", "5")));
+    assert_eq!(state.superseded.len(), MAX_OBJECTS);
+    assert!(!state.superseded.contains_key("ns/one-more"));
+    // An entry it has still moves on.
+    state.supersede("ns/0", Some(&pin("u", "9")));
+    assert_eq!(state.superseded["ns/0"], "9");
 }
 
 /// The race of a write answered in YAML with the watch: the watch, behind the
@@ -137,43 +159,62 @@ fn a_state_written_past_never_becomes_a_pin_again() {
 fn the_watch_ends_what_it_can_no_longer_bring() {
     let objects = Objects::default();
     let mut rv = "9".to_string();
-    let mut feed = |line: &str| {
-        apply(event(line), &owner(), &objects, &mut rv).expect("applied");
+    let mut lines = WatchLines::new(MAX_BUFFERED_BODY);
+    let mut read = |text: String| {
+        lines.push(text.as_bytes());
+        apply_lines(&mut lines, &owner(), &objects, &mut rv).expect("applied");
     };
     let write = |f: &dyn Fn(&mut State)| f(&mut objects.state.write().expect("lock"));
-    write(&|state| state.record_answer("ns/a".into(), pin("u", "10")));
+    write(&|state| state.record_answer("ns/a".into(), pin("u", "10"), None));
     write(&|state| state.supersede("ns/a", Some(&pin("u", "10"))));
-    feed(&watch_line("MODIFIED", "a", "u", "10", OWNED));
+    read(watch_line("MODIFIED", "a", "u", "10", OWNED) + "\n");
     assert!(pins_of(&objects).is_empty());
-    feed(&watch_line("MODIFIED", "a", "u", "11", OWNED));
+    read(watch_line("MODIFIED", "a", "u", "11", OWNED) + "\n");
     assert_eq!(pins_of(&objects)["ns/a"], pin("u", "11"));
     // A delete through the proxy, then its event: nothing is left behind.
     write(&|state| state.supersede("ns/a", Some(&pin("u", "11"))));
-    feed(&watch_line("DELETED", "a", "u", "12", OWNED));
+    read(watch_line("DELETED", "a", "u", "12", OWNED) + "\n");
     assert!(pins_of(&objects).is_empty());
     assert!(objects.state.read().expect("lock").superseded.is_empty());
+    // One read of several events: each is judged before the position moves
+    // past any of them.
+    write(&|state| state.supersede("ns/b", Some(&pin("v", "14"))));
+    read(
+        watch_line("MODIFIED", "c", "w", "13", OWNED)
+            + "\n"
+            + &watch_line("MODIFIED", "b", "v", "14", OWNED)
+            + "\n",
+    );
+    assert_eq!(pins_of(&objects).keys().collect::<Vec<_>>(), ["ns/c"]);
+    assert!(
+        objects.state.read().expect("lock").superseded.is_empty(),
+        "the watch brought the superseded state: it cannot come again"
+    );
     // Any event (a bookmark will do) past a superseded state ends it: the watch
     // only brings later ones.
-    write(&|state| state.supersede("ns/b", Some(&pin("v", "13"))));
-    write(&|state| state.supersede("ns/c", Some(&pin("w", "15"))));
-    feed(r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"14"}}}"#);
+    write(&|state| state.supersede("ns/d", Some(&pin("x", "16"))));
+    read(
+        r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"15"}}}"#.to_string() + "\n",
+    );
     let state = objects.state.read().expect("lock");
-    assert_eq!(state.superseded.keys().collect::<Vec<_>>(), ["ns/c"]);
+    assert_eq!(state.superseded.keys().collect::<Vec<_>>(), ["ns/d"]);
 }
 
 #[test]
 fn a_list_never_brings_back_a_state_written_past() {
     let mut state = State::default();
-    state.record_answer("ns/a".into(), pin("u", "10"));
-    state.record_answer("ns/b".into(), pin("v", "20"));
+    state.record_answer("ns/a".into(), pin("u", "10"), None);
+    state.record_answer("ns/b".into(), pin("v", "20"), None);
     state.supersede("ns/a", None);
     state.supersede("ns/b", None);
-    // Written through the proxy while the list ran: kept over an earlier state
-    // of the same object, never over another object of the name, and dropped
-    // when the list no longer has the object.
-    state.record_answer("ns/d".into(), pin("x", "17"));
-    state.record_answer("ns/e".into(), pin("y", "18"));
-    state.record_answer("ns/f".into(), pin("z", "19"));
+    // Known from before the list: an object it no longer has is gone.
+    state.record("ns/g".into(), pin("q", "12"));
+    // Written through the proxy while the list ran: a later state of a listed
+    // object, another incarnation of a listed name, an object the list began
+    // too early to see.
+    state.record_answer("ns/d".into(), pin("x", "17"), None);
+    state.record_answer("ns/e".into(), pin("y", "18"), None);
+    state.record_answer("ns/f".into(), pin("z", "19"), None);
     // A list at 15, begun before the writes: the superseded states stay out,
     // and what the watch from 15 could still bring stays superseded.
     let listed = HashMap::from([
@@ -190,12 +231,16 @@ fn a_list_never_brings_back_a_state_written_past() {
         HashMap::from([
             ("ns/c".into(), pin("w", "14")),
             ("ns/d".into(), pin("x", "17")),
-            ("ns/e".into(), pin("other", "11")),
+            ("ns/e".into(), pin("y", "18")),
+            ("ns/f".into(), pin("z", "19")),
         ])
     );
     assert_eq!(state.superseded.keys().collect::<Vec<_>>(), ["ns/b"]);
+    // A listed state later than what was known of the object is taken.
+    let listed = HashMap::from([("ns/c".to_string(), pin("w", "21"))]);
+    state.take_list(listed, "21");
+    assert_eq!(state.pins["ns/c"], pin("w", "21"));
     // A list at or past a superseded state leaves the watch nothing older.
-    state.take_list(HashMap::new(), "20");
     assert!(state.superseded.is_empty());
 }
 
@@ -528,8 +573,17 @@ fn a_write_answer_is_remembered_only_for_its_own_owned_object() {
         assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "7")));
         cache.forget("widgets", Some("ns"), "a", None);
         assert_eq!(lookup("ns", "a"), Lookup::Miss);
-        // The next write changed nothing: its answer is the state it found.
-        remember("ns", Some("a"), owned_at("a", "7").as_bytes());
+        // The next write changed nothing: its answer is the state it was
+        // pinned to.
+        let answer = owned_at("a", "7");
+        let sent_with = pin("u", "7");
+        cache.remember(
+            "widgets",
+            Some("ns"),
+            Some("a"),
+            Some(&sent_with),
+            answer.as_bytes(),
+        );
         assert_eq!(lookup("ns", "a"), Lookup::Hit(pin("u", "7")));
         // A create's answer names its object (a generated name, say) itself; it
         // is kept only for the namespace the create was sent to.
@@ -615,7 +669,7 @@ async fn entries_outlive_an_interrupted_watch_until_the_idle_limit() {
         state.synced = true;
         state.in_step_at = Some(Instant::now());
         state.pins.insert("ns/a".into(), pin("u", "1"));
-        state.superseded.insert("ns/b".into(), pin("v", "1"));
+        state.superseded.insert("ns/b".into(), "1".into());
     }
     tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
     objects.unsync_if_out_of_step();

@@ -478,6 +478,33 @@ async fn a_write_answered_in_another_form_leaves_no_stale_entry() {
     h.proxy.shutdown().await;
 }
 
+/// A write through a subresource (status here, or scale) moves the object past
+/// its pin, and the cache does not read its answer: the next write is a miss
+/// (or a hit on the state the watch delivered since), never a pin to the state
+/// before the status write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_write_leaves_no_stale_entry() {
+    let h = harness(AccessMode::Owned).await;
+    for round in 0..20 {
+        let name = format!("st{round}");
+        hot_owned_widget(&h, &name).await;
+        let status = send(
+            &h,
+            "PATCH",
+            &format!("{WIDGETS}/{name}/status"),
+            Some("application/merge-patch+json"),
+            json!({"status": {"round": round}}).to_string(),
+        )
+        .await;
+        assert_eq!(status.status, 200, "round {round}: {status:?}");
+        assert_eq!(status.body["status"]["round"], round);
+        let (patched, moved) = counted_patch(&h, &name).await;
+        assert_eq!(patched.status, 200, "round {round}: {patched:?}");
+        assert_eq!(moved.stale, 0, "round {round}: {moved:?}");
+    }
+    h.proxy.shutdown().await;
+}
+
 /// An object someone else deleted while the cache still knew it: a server-side
 /// apply creates it again, labelled, and a patch is the target's 404, exactly as
 /// without the cache.
