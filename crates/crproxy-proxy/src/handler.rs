@@ -1165,8 +1165,8 @@ impl GroupVersionProxy {
     }
 
     /// Tells the ownership cache what a successful mutation left behind: a deleted
-    /// object, or one written through a subresource, is forgotten (its pin is
-    /// superseded), an updated or created one is remembered in its new
+    /// object, or one written through a view of it (`/scale`), is forgotten (its
+    /// pin is superseded), an updated or created one is remembered in its new
     /// state (read from the answer, which is passed on unchanged), so that a write
     /// right after it need not wait for the cache's watch. Dry runs change nothing:
     /// a delete's options (`delete`) say whether it is one, any other write's
@@ -1195,10 +1195,10 @@ impl GroupVersionProxy {
             return outcome;
         }
         let namespace = path.namespace.as_deref();
-        // A delete leaves no state to pin, and a subresource's answer is not
-        // read (a status write answers with the object, a scale with a Scale):
-        // either way the object moved past what the cache knew.
-        if verb == Verb::Delete || path.subresource.is_some() {
+        // A delete leaves no state to pin, and a write through a view answers
+        // with the view (a Scale, without labels): either way the object moved
+        // past what the cache knew. A status write answers with the object.
+        if verb == Verb::Delete || !body_is_the_object(path) {
             if let Some(name) = name {
                 self.ownership_cache
                     .forget(&path.resource, namespace, name, sent_with);

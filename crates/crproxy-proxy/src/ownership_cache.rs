@@ -136,6 +136,10 @@ struct State {
     /// list at or past it completes, a write answers with a later state, or the
     /// cache unsyncs; at most [`MAX_OBJECTS`] are kept.
     superseded: HashMap<String, String>,
+    /// The resourceVersion the watch has delivered everything up to (the last
+    /// list's, then the last read's). A write's answer at or before it is older
+    /// news than the watch's.
+    watched_at: String,
     /// When the cache was last known to follow the target (a list completed or a
     /// watch event arrived).
     in_step_at: Option<Instant>,
@@ -303,12 +307,17 @@ impl State {
         }
         self.superseded
             .retain(|_, past| is_earlier(listed_at, past));
-        // Keep only what is newer than the list: written through this proxy
-        // while it ran (a later state of a listed object, another incarnation
-        // of its name, an object created after the list began).
+        listed_at.clone_into(&mut self.watched_at);
+        // Keep only what is newer than the list (which assumes one counter for
+        // the collection and its objects, as above): written through this
+        // proxy while it ran (a later state of a listed object, another
+        // incarnation of its name, an object created after the list began),
+        // within the bound on entries.
         let previous = std::mem::replace(&mut self.pins, listed);
         for (key, pin) in previous {
-            if is_earlier(listed_at, &pin.resource_version) {
+            if is_earlier(listed_at, &pin.resource_version)
+                && (self.pins.contains_key(&key) || self.pins.len() < MAX_OBJECTS)
+            {
                 self.record(key, pin);
             }
         }
@@ -317,11 +326,18 @@ impl State {
     }
 
     /// Records a successful write's answer (`sent_with`: the state the write was
-    /// pinned to, if it was): the object's state right after the write. It ends
-    /// a superseded entry it is later than; a write that changed nothing answers
-    /// with the very state it was pinned to, which is then current. A late answer
-    /// of an earlier write, at a state since superseded, ends nothing.
+    /// pinned to, if it was): the object's state right after the write, unless
+    /// the watch has already delivered it or a later state (a late answer; the
+    /// object may be gone since). It ends a superseded entry it is later than; a
+    /// write that changed nothing answers with the very state it was pinned to,
+    /// which is then current. That cannot be told from a late answer of a write
+    /// that changed nothing, superseded since by another write that has not yet
+    /// reached the watch: that case pins a superseded state, for one refused
+    /// write.
     fn record_answer(&mut self, key: String, pin: Pin, sent_with: Option<&Pin>) {
+        if is_no_later(&pin.resource_version, &self.watched_at) {
+            return;
+        }
         let unchanged = sent_with.is_some_and(|sent| sent.resource_version == pin.resource_version);
         if self.superseded.get(&key).is_some_and(|past| {
             is_earlier(past, &pin.resource_version) || (unchanged && *past == pin.resource_version)
@@ -357,6 +373,7 @@ impl State {
     /// The watch has delivered everything up to `resource_version`: the states
     /// superseded at or before it can no longer come from it.
     fn watched_to(&mut self, resource_version: &str) {
+        resource_version.clone_into(&mut self.watched_at);
         if !self.superseded.is_empty() {
             self.superseded
                 .retain(|_, past| is_earlier(resource_version, past));
@@ -370,7 +387,7 @@ impl State {
 /// answers. A wrong guess costs one refused write and the checked path, or a
 /// lost hit, never safety. A version that is not a number is never earlier nor
 /// later than another: recorded, it replaces what was known; superseded, it
-/// ends at the next watch event.
+/// ends after the watch's next read.
 fn is_earlier(resource_version: &str, than: &str) -> bool {
     matches!(
         (resource_version.parse::<u64>(), than.parse::<u64>()),
@@ -700,17 +717,20 @@ fn apply_lines(
     objects: &Objects,
     resource_version: &mut String,
 ) -> Result<(), SyncError> {
+    let mut applied = false;
     while let Some(line) = lines
         .next_line()
         .map_err(|e| SyncError::Decode(e.to_string()))?
     {
         let event = Event::decode(&line).map_err(|e| SyncError::Decode(e.to_string()))?;
         apply(event, owner, objects, resource_version)?;
+        applied = true;
     }
-    // Once per read, after every event in it was judged (an event may be a
-    // superseded state itself): a later event of an object is later than any
-    // position before it, so no event in the read was judged differently.
-    locks::write(&objects.state).watched_to(resource_version);
+    // Once per read, after its events were judged (an event may be a
+    // superseded state itself, so the position must not pass it first).
+    if applied {
+        locks::write(&objects.state).watched_to(resource_version);
+    }
     Ok(())
 }
 

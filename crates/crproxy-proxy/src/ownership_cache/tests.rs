@@ -96,7 +96,10 @@ fn a_state_written_past_never_becomes_a_pin_again() {
     assert!(state.pins.is_empty(), "{:?}", state.pins);
     state.record("ns/a".into(), pin("u", "12"));
     assert_eq!(state.pins["ns/a"], pin("u", "12"));
-    state.superseded.clear();
+    // The entry lasts until the watch's read is over.
+    assert_eq!(state.superseded["ns/a"], "10");
+    state.watched_to("12");
+    assert!(state.superseded.is_empty());
     // A write pinned to a state later than the one known supersedes that state.
     state.supersede("ns/a", Some(&pin("u", "14")));
     state.record("ns/a".into(), pin("u", "13"));
@@ -176,8 +179,8 @@ fn the_watch_ends_what_it_can_no_longer_bring() {
     read(watch_line("DELETED", "a", "u", "12", OWNED) + "\n");
     assert!(pins_of(&objects).is_empty());
     assert!(objects.state.read().expect("lock").superseded.is_empty());
-    // One read of several events: each is judged before the position moves
-    // past any of them.
+    // One read of several events: the position moves past them only once they
+    // are judged.
     write(&|state| state.supersede("ns/b", Some(&pin("v", "14"))));
     read(
         watch_line("MODIFIED", "c", "w", "13", OWNED)
@@ -196,8 +199,28 @@ fn the_watch_ends_what_it_can_no_longer_bring() {
     read(
         r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"15"}}}"#.to_string() + "\n",
     );
-    let state = objects.state.read().expect("lock");
-    assert_eq!(state.superseded.keys().collect::<Vec<_>>(), ["ns/d"]);
+    assert_eq!(
+        objects
+            .state
+            .read()
+            .expect("lock")
+            .superseded
+            .keys()
+            .collect::<Vec<_>>(),
+        ["ns/d"]
+    );
+    // A write's answer the watch has gone past is old news: the object, pinned
+    // at 17 by the watch, was deleted through the proxy by a second write, and
+    // the first write's answer (at 18) is read only after the DELETED at 19.
+    read(watch_line("MODIFIED", "e", "y", "17", OWNED) + "\n");
+    write(&|state| state.supersede("ns/e", Some(&pin("y", "18"))));
+    read(watch_line("MODIFIED", "e", "y", "18", OWNED) + "\n");
+    read(watch_line("DELETED", "e", "y", "19", OWNED) + "\n");
+    write(&|state| state.record_answer("ns/e".into(), pin("y", "18"), Some(&pin("y", "17"))));
+    assert!(!pins_of(&objects).contains_key("ns/e"));
+    // An answer the watch has not reached is taken.
+    write(&|state| state.record_answer("ns/f".into(), pin("z", "20"), None));
+    assert_eq!(pins_of(&objects)["ns/f"], pin("z", "20"));
 }
 
 #[test]
@@ -236,12 +259,39 @@ fn a_list_never_brings_back_a_state_written_past() {
         ])
     );
     assert_eq!(state.superseded.keys().collect::<Vec<_>>(), ["ns/b"]);
+    // An answer the list has gone past is old news.
+    state.record_answer("ns/i".into(), pin("s", "14"), None);
+    assert!(!state.pins.contains_key("ns/i"));
     // A listed state later than what was known of the object is taken.
     let listed = HashMap::from([("ns/c".to_string(), pin("w", "21"))]);
     state.take_list(listed, "21");
     assert_eq!(state.pins["ns/c"], pin("w", "21"));
     // A list at or past a superseded state leaves the watch nothing older.
     assert!(state.superseded.is_empty());
+    // A list at a version that is not a number cannot be ordered: it keeps
+    // nothing from before it.
+    state.supersede("ns/c", None);
+    state.record_answer("ns/h".into(), pin("r", "30"), None);
+    state.take_list(HashMap::new(), "opaque");
+    assert!(state.pins.is_empty() && state.superseded.is_empty());
+}
+
+#[test]
+fn a_list_keeps_what_is_newer_only_within_the_bound() {
+    let mut state = State::default();
+    state.record_answer("ns/new".into(), pin("n", "20"), None);
+    state.record_answer("ns/0".into(), pin("u", "20"), None);
+    let listed = (0..MAX_OBJECTS)
+        .map(|i| (format!("ns/{i}"), pin("u", "5")))
+        .collect();
+    state.take_list(listed, "10");
+    assert_eq!(state.pins.len(), MAX_OBJECTS);
+    assert!(!state.pins.contains_key("ns/new"));
+    assert_eq!(
+        state.pins["ns/0"],
+        pin("u", "20"),
+        "a listed object moves on"
+    );
 }
 
 #[test]

@@ -478,26 +478,33 @@ async fn a_write_answered_in_another_form_leaves_no_stale_entry() {
     h.proxy.shutdown().await;
 }
 
-/// A write through a subresource (status here, or scale) moves the object past
-/// its pin, and the cache does not read its answer: the next write is a miss
-/// (or a hit on the state the watch delivered since), never a pin to the state
-/// before the status write.
+/// A status write answers with the object: the next write is pinned to that
+/// state. A scale write answers with a Scale, which the cache does not read for
+/// a pin: the next write is a miss (or a hit on the state the watch delivered
+/// since), never a pin to the state before the scale write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_status_write_leaves_no_stale_entry() {
+async fn subresource_writes_leave_no_stale_entry() {
     let h = harness(AccessMode::Owned).await;
     for round in 0..20 {
         let name = format!("st{round}");
         hot_owned_widget(&h, &name).await;
-        let status = send(
-            &h,
-            "PATCH",
-            &format!("{WIDGETS}/{name}/status"),
-            Some("application/merge-patch+json"),
-            json!({"status": {"round": round}}).to_string(),
-        )
-        .await;
+        let subresource = |sub: &str, body: Value| {
+            let path = format!("{WIDGETS}/{name}/{sub}");
+            let h = &h;
+            async move {
+                let patch = Some("application/merge-patch+json");
+                send(h, "PATCH", &path, patch, body.to_string()).await
+            }
+        };
+        let status = subresource("status", json!({"status": {"round": round}})).await;
         assert_eq!(status.status, 200, "round {round}: {status:?}");
         assert_eq!(status.body["status"]["round"], round);
+        let (patched, moved) = counted_patch(&h, &name).await;
+        assert_eq!(patched.status, 200, "round {round}: {patched:?}");
+        assert_eq!(moved.hit, 1, "round {round}: {moved:?}");
+        let scale = subresource("scale", json!({"spec": {"replicas": 5}})).await;
+        assert_eq!(scale.status, 200, "round {round}: {scale:?}");
+        assert_eq!(scale.body["kind"], "Scale", "round {round}: {scale:?}");
         let (patched, moved) = counted_patch(&h, &name).await;
         assert_eq!(patched.status, 200, "round {round}: {patched:?}");
         assert_eq!(moved.stale, 0, "round {round}: {moved:?}");
