@@ -1274,6 +1274,10 @@ async fn walkthrough(overlay: &str) -> Result<()> {
     assert!(text.contains("bindAddress: 127.0.0.1"), "{text}");
     let parsed: Value = serde_saphyr::from_str(&text)?;
     let base_port = parsed["proxy"]["basePort"].as_u64().context("basePort")?;
+    let metrics_address = parsed["proxy"]["metricsAddress"]
+        .as_str()
+        .context("metricsAddress")?
+        .to_owned();
     for (from, to) in [
         (
             "  # No kubeconfig: the pod's service account (deploy/base/rbac.yaml) is used.\n"
@@ -1285,7 +1289,7 @@ async fn walkthrough(overlay: &str) -> Result<()> {
             format!("basePort: {proxy_port}"),
         ),
         (
-            "metricsAddress: 0.0.0.0:9090".to_owned(),
+            format!("metricsAddress: {metrics_address}"),
             format!("metricsAddress: 127.0.0.1:{metrics_port}"),
         ),
         (
@@ -1533,26 +1537,16 @@ async fn write_through_service_leads_to_the_leader(
     // The rights to point it at the leader come with the sync component
     // (the_client_rights_are_the_calls_the_code_makes).
     let container = &find(&docs, workload)?["spec"]["template"]["spec"]["containers"][0];
-    assert!(container["ports"]
-        .as_array()
-        .context("ports")?
-        .iter()
-        .any(|p| p["name"] == "writethrough" && p["containerPort"] == 9443));
     assert!(container["env"].as_array().context("env")?.iter().any(
         |e| e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     ));
     // The commented example, uncommented, is a valid sync section naming that
     // Service and port.
-    let example = sync_example(&docs)?;
-    let uncommented = format!(
-        "client: {{name: client, project: default}}\n{}\n",
-        example.replace("/etc/crproxy/host/kubeconfig", "host.kubeconfig")
+    let plan = example_sync_plan(&docs)?;
+    assert_eq!(
+        declared_port(container, "writethrough")?,
+        plan.write_through.listen.port()
     );
-    let parsed = crproxy_core::config::parse(&uncommented).map_err(|e| anyhow!("{e}"))?;
-    let plan = crproxy_core::config::sync::validate(&parsed)
-        .map_err(|e| anyhow!("{e:?}"))?
-        .context("the example enables a type")?;
-    assert_eq!(plan.write_through.listen.port(), 9443);
     assert_eq!(
         plan.write_through.endpoint,
         crproxy_core::config::sync::WebhookEndpoint::Service {
@@ -1561,5 +1555,133 @@ async fn write_through_service_leads_to_the_leader(
             port: 443
         }
     );
+    Ok(())
+}
+
+/// The overlay's commented sync example, uncommented, validated as crproxy
+/// validates a sync section.
+fn example_sync_plan(docs: &[Value]) -> Result<crproxy_core::config::sync::SyncPlan> {
+    let uncommented = format!(
+        "client: {{name: client, project: default}}\n{}\n",
+        sync_example(docs)?.replace("/etc/crproxy/host/kubeconfig", "host.kubeconfig")
+    );
+    let parsed = crproxy_core::config::parse(&uncommented).map_err(|e| anyhow!("{e}"))?;
+    crproxy_core::config::sync::validate(&parsed)
+        .map_err(|e| anyhow!("{e:?}"))?
+        .context("the example enables a type")
+}
+
+/// The number of the container port named `name`.
+fn declared_port(container: &Value, name: &str) -> Result<u16> {
+    let port = container["ports"]
+        .as_array()
+        .context("ports")?
+        .iter()
+        .find(|p| p["name"] == name)
+        .with_context(|| format!("no container port named {name}"))?;
+    let number = port["containerPort"].as_u64().context("containerPort")?;
+    Ok(u16::try_from(number)?)
+}
+
+/// Ports that node components commonly hold on a node's own network (the list
+/// in docs/operations.md, "Host ports beside the API server"). A pod on the host
+/// network that listens on one of them fails at start with `Address already in
+/// use`, or keeps the component from starting.
+const WELL_KNOWN_HOST_PORTS: &[(u16, &str)] = &[
+    (2379, "etcd"),
+    (2380, "etcd peers"),
+    (2381, "etcd metrics"),
+    (4240, "Cilium health"),
+    (4244, "Hubble"),
+    (6443, "the API server"),
+    (8132, "konnectivity"),
+    (8133, "konnectivity"),
+    (8134, "konnectivity"),
+    (9090, "Prometheus, and Cockpit on RHEL-family hosts"),
+    (9091, "Calico's Felix metrics"),
+    (9099, "Calico's health"),
+    (9100, "node-exporter"),
+    (9101, "node-exporter's kube-rbac-proxy"),
+    (9102, "node-exporter's kube-rbac-proxy"),
+    (9443, "admission webhooks on the host network"),
+    (9962, "Cilium's agent metrics"),
+    (9963, "Cilium's operator metrics"),
+    (9964, "Cilium's Envoy metrics"),
+    (10248, "the kubelet's health"),
+    (10249, "kube-proxy's metrics"),
+    (10250, "the kubelet"),
+    (10256, "kube-proxy's health"),
+    (10257, "kube-controller-manager"),
+    (10259, "kube-scheduler"),
+];
+
+/// Where the NodePort range starts; Linux's ephemeral ports (from 32768) lie
+/// above it, and a loopback connection may hold one of those.
+const NODE_PORT_RANGE_START: u16 = 30000;
+
+/// Each overlay's pods declare, by name, the ports its config.yaml listens on
+/// (metrics, the first proxy port, and the write-through port of the commented
+/// sync example); the probes and the metrics Service use the metrics port by
+/// name, so they follow the overlay's number. Where the pods share the node's
+/// network (beside-apiserver), none of those ports is one that node components
+/// commonly hold, and all lie below the NodePort range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_overlay_declares_the_ports_its_config_listens_on() -> Result<()> {
+    let cluster = test_support::devcluster("deploy-ports").await;
+    for (overlay, workload) in [
+        ("overlays/cluster-ip", "Deployment"),
+        ("overlays/beside-apiserver", "DaemonSet"),
+    ] {
+        let docs = documents(&render(&cluster.kubeconfig, overlay).await?)?;
+        let pod = &find(&docs, workload)?["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let config: Value = serde_saphyr::from_str(
+            find(&docs, "ConfigMap")?["data"]["config.yaml"]
+                .as_str()
+                .context("config.yaml")?,
+        )?;
+        let metrics: std::net::SocketAddr = config["proxy"]["metricsAddress"]
+            .as_str()
+            .context("metricsAddress")?
+            .parse()?;
+        let base_port = config["proxy"]["basePort"].as_u64().context("basePort")?;
+        let listens = [
+            ("metrics", metrics.port()),
+            ("proxy-0", u16::try_from(base_port)?),
+            (
+                "writethrough",
+                example_sync_plan(&docs)?.write_through.listen.port(),
+            ),
+        ];
+        for (name, port) in listens {
+            assert_eq!(declared_port(container, name)?, port, "{overlay}: {name}");
+        }
+        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+            assert_eq!(
+                container[probe]["httpGet"]["port"], "metrics",
+                "{overlay}: {probe}"
+            );
+        }
+        let service = docs
+            .iter()
+            .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == "crproxy-metrics")
+            .context("the crproxy-metrics Service")?;
+        assert_eq!(
+            service["spec"]["ports"][0]["targetPort"], "metrics",
+            "{overlay}"
+        );
+        if pod["hostNetwork"] != true {
+            continue;
+        }
+        for (name, port) in listens {
+            assert!(
+                port < NODE_PORT_RANGE_START,
+                "{overlay}: {name} port {port} is in the NodePort range"
+            );
+            if let Some((_, holder)) = WELL_KNOWN_HOST_PORTS.iter().find(|(p, _)| *p == port) {
+                panic!("{overlay}: {name} port {port} is commonly held on nodes by {holder}");
+            }
+        }
+    }
     Ok(())
 }
