@@ -270,8 +270,13 @@ impl Drop for OwnershipCache {
 }
 
 impl State {
+    /// Whether one more object stays within [`MAX_OBJECTS`].
+    fn has_room(&self) -> bool {
+        self.pins.len() < MAX_OBJECTS
+    }
+
     fn admits_new_entry(&self) -> bool {
-        self.synced && self.pins.len() < MAX_OBJECTS
+        self.synced && self.has_room()
     }
 
     /// Keeps the newer of two states of an object, of one incarnation or of two
@@ -316,7 +321,7 @@ impl State {
         let previous = std::mem::replace(&mut self.pins, listed);
         for (key, pin) in previous {
             if is_earlier(listed_at, &pin.resource_version)
-                && (self.pins.contains_key(&key) || self.pins.len() < MAX_OBJECTS)
+                && (self.pins.contains_key(&key) || self.has_room())
             {
                 self.record(key, pin);
             }
