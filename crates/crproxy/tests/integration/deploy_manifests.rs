@@ -1619,18 +1619,24 @@ const WELL_KNOWN_HOST_PORTS: &[(u16, &str)] = &[
 /// above it, and a loopback connection may hold one of those.
 const NODE_PORT_RANGE_START: u16 = 30000;
 
+/// The proxy ports from `proxy.basePort` that docs/operations.md keeps free for
+/// group/versions (one each).
+const PROXY_PORTS_KEPT_FREE: u16 = 100;
+
 /// Each overlay's pods declare, by name, the ports its config.yaml listens on
 /// (metrics, the first proxy port, and the write-through port of the commented
 /// sync example); the probes and the metrics Service use the metrics port by
 /// name, so they follow the overlay's number. Where the pods share the node's
-/// network (beside-apiserver), none of those ports is one that node components
-/// commonly hold, and all lie below the NodePort range.
+/// network (beside-apiserver), none of those ports, nor any of the proxy ports
+/// kept free for further group/versions, is one that node components commonly
+/// hold or lies in the NodePort range, and the metrics and write-through ports
+/// are not among the proxy ports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_overlay_declares_the_ports_its_config_listens_on() -> Result<()> {
     let cluster = test_support::devcluster("deploy-ports").await;
-    for (overlay, workload) in [
-        ("overlays/cluster-ip", "Deployment"),
-        ("overlays/beside-apiserver", "DaemonSet"),
+    for (overlay, workload, host_network) in [
+        ("overlays/cluster-ip", "Deployment", false),
+        ("overlays/beside-apiserver", "DaemonSet", true),
     ] {
         let docs = documents(&render(&cluster.kubeconfig, overlay).await?)?;
         let pod = &find(&docs, workload)?["spec"]["template"]["spec"];
@@ -1644,14 +1650,12 @@ async fn each_overlay_declares_the_ports_its_config_listens_on() -> Result<()> {
             .as_str()
             .context("metricsAddress")?
             .parse()?;
-        let base_port = config["proxy"]["basePort"].as_u64().context("basePort")?;
+        let base_port = u16::try_from(config["proxy"]["basePort"].as_u64().context("basePort")?)?;
+        let write_through = example_sync_plan(&docs)?.write_through.listen.port();
         let listens = [
             ("metrics", metrics.port()),
-            ("proxy-0", u16::try_from(base_port)?),
-            (
-                "writethrough",
-                example_sync_plan(&docs)?.write_through.listen.port(),
-            ),
+            ("proxy-0", base_port),
+            ("writethrough", write_through),
         ];
         for (name, port) in listens {
             assert_eq!(declared_port(container, name)?, port, "{overlay}: {name}");
@@ -1670,10 +1674,25 @@ async fn each_overlay_declares_the_ports_its_config_listens_on() -> Result<()> {
             service["spec"]["ports"][0]["targetPort"], "metrics",
             "{overlay}"
         );
-        if pod["hostNetwork"] != true {
+        assert_eq!(
+            pod["hostNetwork"] == true,
+            host_network,
+            "{overlay}: hostNetwork"
+        );
+        if !host_network {
             continue;
         }
-        for (name, port) in listens {
+        let proxy_ports = base_port..base_port + PROXY_PORTS_KEPT_FREE;
+        for (name, port) in [("metrics", metrics.port()), ("writethrough", write_through)] {
+            assert!(
+                !proxy_ports.contains(&port),
+                "{overlay}: {name} port {port} is among the proxy ports {proxy_ports:?}"
+            );
+        }
+        let host_ports = proxy_ports
+            .map(|port| ("a proxy", port))
+            .chain([("metrics", metrics.port()), ("writethrough", write_through)]);
+        for (name, port) in host_ports {
             assert!(
                 port < NODE_PORT_RANGE_START,
                 "{overlay}: {name} port {port} is in the NodePort range"
