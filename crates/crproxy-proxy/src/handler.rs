@@ -1404,7 +1404,11 @@ impl GroupVersionProxy {
             PreconditionError::Stale => self.stale(path, name),
             e => precondition_refused(&e),
         })?;
-        let Some(item_path) = self.item_path(path, item, name) else {
+        let item_namespace = item
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|namespace| !namespace.is_empty());
+        let Some(item_path) = self.item_path(path, item_namespace, name) else {
             return Ok(None);
         };
         // The options travel in the pinned body (kube reads the query's only
@@ -1421,6 +1425,12 @@ impl GroupVersionProxy {
             .map_err(|e| self.unavailable(e))?;
         match code {
             StatusCode::OK | StatusCode::ACCEPTED => {
+                // As after a single delete: the state the cache knew is gone (or
+                // is going, with a finalizer), before its watch says so.
+                if !options.is_dry_run() {
+                    self.ownership_cache
+                        .forget(&path.resource, item_namespace, name, Some(&pin));
+                }
                 let is_object = serde_json::from_slice::<Value>(&answer).is_ok_and(|a| {
                     a.is_object() && a.get("kind").and_then(Value::as_str) != Some("Status")
                 });
@@ -1437,16 +1447,18 @@ impl GroupVersionProxy {
         }
     }
 
-    /// Where the pinned delete of `name`, listed by a deletecollection, goes: next to
-    /// the collection the caller named, or, when that collection spans namespaces,
-    /// in the item's own namespace (a namespaced object has no path without one).
-    /// `None` for a name or namespace that cannot be one path segment (kube never
-    /// stores one; a target that did is not followed elsewhere).
-    fn item_path(&self, path: &ResourcePath, item: &Value, name: &str) -> Option<String> {
-        let item_namespace = item
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .filter(|namespace| !namespace.is_empty());
+    /// Where the pinned delete of `name`, listed by a deletecollection in
+    /// `item_namespace`, goes: next to the collection the caller named, or, when
+    /// that collection spans namespaces, in the item's own namespace (a namespaced
+    /// object has no path without one). `None` for a name or namespace that cannot
+    /// be one path segment (kube never stores one; a target that did is not
+    /// followed elsewhere).
+    fn item_path(
+        &self,
+        path: &ResourcePath,
+        item_namespace: Option<&str>,
+        name: &str,
+    ) -> Option<String> {
         if !is_path_segment(name) || !item_namespace.is_none_or(is_path_segment) {
             return None;
         }

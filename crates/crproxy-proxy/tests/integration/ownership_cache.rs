@@ -516,6 +516,53 @@ async fn subresource_writes_leave_no_stale_entry() {
     h.proxy.shutdown().await;
 }
 
+/// An owned deletecollection deletes each object pinned to its listed state and
+/// tells the cache, as a single delete does: an object created again under a
+/// deleted one's name, straight on the target, is written through the checked
+/// path (a miss, or a hit once the watch brought it), never pinned to the
+/// incarnation the collection deleted. A dry run leaves the cache as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletecollection_leaves_no_stale_entry() {
+    let h = harness(AccessMode::Owned).await;
+    for round in 0..20 {
+        let name = format!("dc{round}");
+        hot_owned_widget(&h, &name).await;
+        let rehearsed = send(
+            &h,
+            "DELETE",
+            &format!("{WIDGETS}?dryRun=All"),
+            None,
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(rehearsed.status, 200, "round {round}: {rehearsed:?}");
+        let moved = patched_without_a_stale_pin(&h, &name, round).await;
+        assert_eq!(
+            moved.hit, 1,
+            "round {round}: a dry run forgot the pin: {moved:?}"
+        );
+        let swept = send(&h, "DELETE", WIDGETS, None, Bytes::new()).await;
+        assert_eq!(swept.status, 200, "round {round}: {swept:?}");
+        assert!(
+            swept.body["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .any(|item| item["metadata"]["name"] == name.as_str()),
+            "round {round}: {swept:?}"
+        );
+        h.widgets
+            .create(
+                &PostParams::default(),
+                &widget_object(&name, owned_labels()),
+            )
+            .await
+            .expect("created again by an admin");
+        patched_without_a_stale_pin(&h, &name, round).await;
+    }
+    h.proxy.shutdown().await;
+}
+
 /// An object someone else deleted while the cache still knew it: a server-side
 /// apply creates it again, labelled, and a patch is the target's 404, exactly as
 /// without the cache.
