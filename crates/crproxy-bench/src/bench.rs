@@ -581,7 +581,7 @@ async fn measure_all(
             Err(e) => notes.push(format!("nginx column skipped: {e}")),
         }
     } else {
-        let note = "nginx is not installed (Debian package nginx): nginx column skipped";
+        let note = "nginx is not installed (Debian package nginx, which scripts/bench installs): nginx column skipped";
         eprintln!("note: {note}");
         notes.push(note.into());
     }

@@ -192,10 +192,20 @@ fn the_table_shows_missing_columns_as_dashes() {
         "{table}"
     );
     assert!(table.contains("[MISSED] get c=1 throughput"), "{table}");
+    assert!(
+        table.contains("  29 of them not measured in this run, so missed"),
+        "{table}"
+    );
     let json = serde_json::to_value(&report).expect("json");
     assert_eq!(json["rows"][0]["crproxy_ratio"]["p50"], 1.5);
     assert!(json["rows"][0]["nginx"].is_null());
     assert_eq!(json["cache_events"][0]["event_cpu_us"], 5.0);
+    // With every goal row measured, nothing is said of unmeasured ones.
+    let mut report = report;
+    report.goals.retain(|g| g.measured != "not measured");
+    let table = render_table(&report);
+    assert!(table.contains("this run): 1 of 1 met"), "{table}");
+    assert!(!table.contains("not measured"), "{table}");
 }
 
 fn with_cpu(mut row: Row, crproxy: f64, nginx: f64) -> Row {
