@@ -1404,11 +1404,7 @@ impl GroupVersionProxy {
             PreconditionError::Stale => self.stale(path, name),
             e => precondition_refused(&e),
         })?;
-        let item_namespace = item
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .filter(|namespace| !namespace.is_empty());
-        let Some(item_path) = self.item_path(path, item_namespace, name) else {
+        let Some((namespace, item_path)) = self.item_location(path, item, name) else {
             return Ok(None);
         };
         // The options travel in the pinned body (kube reads the query's only
@@ -1429,7 +1425,7 @@ impl GroupVersionProxy {
                 // is going, with a finalizer), before its watch says so.
                 if !options.is_dry_run() {
                     self.ownership_cache
-                        .forget(&path.resource, item_namespace, name, Some(&pin));
+                        .forget(&path.resource, namespace, name, Some(&pin));
                 }
                 let is_object = serde_json::from_slice::<Value>(&answer).is_ok_and(|a| {
                     a.is_object() && a.get("kind").and_then(Value::as_str) != Some("Status")
@@ -1447,30 +1443,35 @@ impl GroupVersionProxy {
         }
     }
 
-    /// Where the pinned delete of `name`, listed by a deletecollection in
-    /// `item_namespace`, goes: next to the collection the caller named, or, when
-    /// that collection spans namespaces, in the item's own namespace (a namespaced
+    /// Where the pinned delete of `name`, listed by a deletecollection, goes: its
+    /// namespace and path, next to the collection the caller named, or, when that
+    /// collection spans namespaces, in the item's own namespace (a namespaced
     /// object has no path without one). `None` for a name or namespace that cannot
     /// be one path segment (kube never stores one; a target that did is not
     /// followed elsewhere).
-    fn item_path(
+    fn item_location<'a>(
         &self,
-        path: &ResourcePath,
-        item_namespace: Option<&str>,
+        path: &'a ResourcePath,
+        item: &'a Value,
         name: &str,
-    ) -> Option<String> {
+    ) -> Option<(Option<&'a str>, String)> {
+        let item_namespace = item
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|namespace| !namespace.is_empty());
         if !is_path_segment(name) || !item_namespace.is_none_or(is_path_segment) {
             return None;
         }
         // The caller's namespace, or the item's when the collection spans them.
         let namespace = path.namespace.as_deref().or(item_namespace);
-        Some(resource_path(
+        let item_path = resource_path(
             &self.group,
             &self.version,
             namespace,
             &path.resource,
             Some(name),
-        ))
+        );
+        Some((namespace, item_path))
     }
 
     /// The preliminary GET of an owned-mode mutation: `Owned(pin)` for an owned
