@@ -614,8 +614,7 @@ pub fn render_table(report: &Report) -> String {
             .count();
         if unmeasured > 0 {
             out.push_str(&format!(
-                "  {unmeasured} of them not measured in this run, so missed (the notes say why; \
-                 scripts/bench installs nginx when it is missing)\n"
+                "  {unmeasured} of them not measured in this run, so missed (the notes say why)\n"
             ));
         }
         for check in &report.goals {
