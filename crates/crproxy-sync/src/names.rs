@@ -127,10 +127,22 @@ pub fn mirrors(mirror: &Value, tenant: &str, project: &str, namespace: &str, nam
 }
 
 /// Whether the host object `mirror` belongs to a tenant of `project` by its
-/// [`TENANT_PROJECT`]: another project's tenant of the same name may share the
-/// host namespace. A mirror without the annotation predates it.
+/// [`TENANT_PROJECT`] (see [`recorded_project_admits`]).
 pub fn of_project(mirror: &Value, project: &str) -> bool {
-    projects_agree(self::project(mirror), &Value::from(project))
+    match self::project(mirror) {
+        Value::Null => recorded_project_admits(None, project),
+        Value::String(recorded) => recorded_project_admits(Some(recorded), project),
+        // Not an annotation kube would store: never this project's.
+        _ => false,
+    }
+}
+
+/// Whether a host object recording `recorded` in its [`TENANT_PROJECT`] (`None`:
+/// no such annotation) may belong to a tenant of `project`: another project's
+/// tenant of the same name may share the host namespace, and a mirror without
+/// the annotation predates it.
+pub fn recorded_project_admits(recorded: Option<&str>, project: &str) -> bool {
+    recorded.is_none_or(|recorded| recorded == project)
 }
 
 /// Whether the host object `mirror` records `project` as its tenant's: what a

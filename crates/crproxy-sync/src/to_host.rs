@@ -656,10 +656,8 @@ impl Reconciler for ToHost {
 
     fn key_of_host(&self, object: &DynamicObject) -> Option<Key> {
         let a = object.metadata.annotations.as_ref()?;
-        // Another project's tenant of this name, sharing the host namespace.
-        if a.get(names::TENANT_PROJECT)
-            .is_some_and(|p| *p != self.tenant_project)
-        {
+        let recorded = a.get(names::TENANT_PROJECT).map(String::as_str);
+        if !names::recorded_project_admits(recorded, &self.tenant_project) {
             return None;
         }
         Some(Key {

@@ -122,6 +122,11 @@ fn a_mirror_is_its_tenants_in_its_project_only() {
     elsewhere["metadata"]["annotations"][TENANT_PROJECT] = serde_json::json!("other");
     assert!(!same_mirror(&elsewhere, &mirror));
     assert!(!same_mirror(&mirror, &elsewhere));
+
+    // An annotation kube would never store (not a string) is no project's.
+    let mut malformed = mirror.clone();
+    malformed["metadata"]["annotations"][TENANT_PROJECT] = serde_json::json!(7);
+    assert!(!mirrors(&malformed, "client", "default", "team", "db"));
 }
 
 #[test]
