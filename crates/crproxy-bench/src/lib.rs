@@ -21,7 +21,7 @@ pub mod workload;
 /// target replica, kept under `dir`, with the process's crypto provider set.
 #[cfg(test)]
 pub(crate) async fn test_env(dir: &std::path::Path) -> crproxy::devenv::DevEnv {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     crproxy::devenv::DevEnv::start(crproxy::devenv::DevOptions::ephemeral(
         &dir.join("dev"),
         1,
@@ -36,7 +36,7 @@ pub fn run_and_report(options: &bench::Options) -> anyhow::Result<()> {
     use anyhow::Context;
     // One crypto provider for the whole process: the proxy, the devclusters and
     // the driver all use rustls with ring.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     // crproxy's own builder: a bad TOKIO_WORKER_THREADS is an error, not tokio's panic.
     let runtime = crproxy::runtime::build().context("starting the tokio runtime")?;
     // On Ctrl-C or SIGTERM the run is dropped, and with it the crproxy child

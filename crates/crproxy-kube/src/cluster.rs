@@ -336,7 +336,7 @@ impl ClusterConfig {
         alpn: &[&[u8]],
         credentials: &Credentials,
     ) -> Result<rustls::ClientConfig, Error> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(crate::crypto_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::Tls(e.to_string()))?;

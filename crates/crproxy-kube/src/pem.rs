@@ -76,7 +76,7 @@ pub(crate) fn client_pair(
 ) -> Result<Arc<CertifiedKey>, PairProblem> {
     let certs = certificates(cert_pem, origin).map_err(PairProblem::Certificate)?;
     let key = private_key(key_pem, origin).map_err(PairProblem::Key)?;
-    let provider = rustls::crypto::ring::default_provider();
+    let provider = crate::crypto_provider();
     let key = provider
         .key_provider
         .load_private_key(key)

@@ -121,7 +121,7 @@ fn webpki_verifier(ca_pem: &str) -> Result<Arc<dyn ClientCertVerifier>, TrustErr
     }
     WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
-        Arc::new(rustls::crypto::ring::default_provider()),
+        Arc::new(crproxy_kube::crypto_provider()),
     )
     .allow_unauthenticated()
     .build()
@@ -158,7 +158,7 @@ impl FrontProxyTrust {
     pub fn verifier(self: &Arc<Self>) -> Arc<dyn ClientCertVerifier> {
         Arc::new(DynamicVerifier {
             trust: Arc::clone(self),
-            schemes: rustls::crypto::ring::default_provider()
+            schemes: crproxy_kube::crypto_provider()
                 .signature_verification_algorithms
                 .supported_schemes(),
         })
@@ -314,7 +314,7 @@ impl ClientCertVerifier for DynamicVerifier {
             message,
             cert,
             dss,
-            &rustls::crypto::ring::default_provider().signature_verification_algorithms,
+            &crproxy_kube::crypto_provider().signature_verification_algorithms,
         )
     }
 
@@ -328,7 +328,7 @@ impl ClientCertVerifier for DynamicVerifier {
             message,
             cert,
             dss,
-            &rustls::crypto::ring::default_provider().signature_verification_algorithms,
+            &crproxy_kube::crypto_provider().signature_verification_algorithms,
         )
     }
 

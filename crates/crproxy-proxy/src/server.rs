@@ -128,13 +128,12 @@ pub fn proxy_tls_config(
             .map_err(|e| ServerError::Certificate(e.to_string()))?;
     let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes())
         .map_err(|e| ServerError::Certificate(e.to_string()))?;
-    let mut config =
-        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ServerError::Certificate(e.to_string()))?
-            .with_client_cert_verifier(trust.verifier())
-            .with_single_cert(chain, key)
-            .map_err(|e| ServerError::Certificate(e.to_string()))?;
+    let mut config = ServerConfig::builder_with_provider(Arc::new(crproxy_kube::crypto_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServerError::Certificate(e.to_string()))?
+        .with_client_cert_verifier(trust.verifier())
+        .with_single_cert(chain, key)
+        .map_err(|e| ServerError::Certificate(e.to_string()))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -19,7 +19,7 @@ async fn start() -> (
     let leaf = ca
         .issue_server(&["localhost"], &["127.0.0.1".parse().expect("ip")])
         .expect("leaf");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(crproxy_kube::crypto_provider());
     let chain = CertificateDer::pem_slice_iter(leaf.cert.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .expect("chain");

@@ -1637,7 +1637,7 @@ impl WebhookServer {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| tls(&e))?;
         let key = PrivateKeyDer::from_pem_slice(serving.key.as_bytes()).map_err(|e| tls(&e))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(crproxy_kube::crypto_provider());
         let mut token = [0u8; 16];
         provider
             .secure_random

@@ -66,7 +66,7 @@ fn main() -> ExitCode {
     crproxy::logging::init(cli.human_logs);
     // One crypto provider for the whole process: rustls panics when it has to pick
     // between several.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let runtime = match crproxy::runtime::build() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -18,7 +18,7 @@ fn rate(what: &str, n: usize, elapsed: Duration) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let n: usize = std::env::var("DEVCLUSTER_BENCH_N")
         .ok()
         .and_then(|s| s.parse().ok())

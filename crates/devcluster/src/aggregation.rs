@@ -232,7 +232,7 @@ impl Aggregator {
             view,
             client_chain,
             client_key,
-            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            provider: Arc::new(crproxy_kube::crypto_provider()),
             discovery: Mutex::new(HashMap::new()),
             backends: Mutex::new(HashMap::new()),
         }))

@@ -102,7 +102,7 @@ impl ExampleApiServer {
         for cert in CertificateDer::pem_slice_iter(front_proxy_ca_pem.as_bytes()) {
             roots.add(cert.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(crproxy_kube::crypto_provider());
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
             provider.clone(),

@@ -172,7 +172,7 @@ fn tls_config(
     serving: &CertPem,
     client_cas: &[&CertPem],
 ) -> Result<Arc<rustls::ServerConfig>, Error> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(crproxy_kube::crypto_provider());
     let certs: Vec<CertificateDer<'static>> =
         CertificateDer::pem_slice_iter(serving.cert.as_bytes())
             .collect::<Result<_, _>>()

@@ -727,7 +727,7 @@ async fn post(hook: &Value, endpoint: &Endpoint, review: &Value) -> Result<Value
             .add(cert)
             .map_err(|e| transport(format!("caBundle: {e}")))?;
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(crproxy_kube::crypto_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| transport(e.to_string()))?

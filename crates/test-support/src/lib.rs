@@ -100,9 +100,10 @@ impl TestCluster {
     }
 }
 
-/// Installs the ring crypto provider once (rustls needs exactly one).
+/// Installs crproxy's crypto provider as the process default, once (rustls
+/// cannot choose between several compiled in).
 pub fn init_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
 }
 
 /// Starts an in-memory devcluster on an ephemeral 127.0.0.1 port.

@@ -23,7 +23,7 @@ impl Drop for EchoServer {
 }
 
 async fn echo_server() -> EchoServer {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let server_ca = CertificateAuthority::generate("echo-ca").expect("ca");
     let leaf = server_ca
         .issue_server(&["localhost"], &["127.0.0.1".parse().expect("ip")])

@@ -4,7 +4,7 @@ use crate::driver::{Identity, Protocol};
 use http_body_util::BodyExt;
 
 fn endpoint() -> Endpoint {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     Endpoint::new(
         "direct",
         "127.0.0.1:6443".parse().expect("addr"),

@@ -1087,14 +1087,13 @@ impl Backend {
             rustls_pki_types::CertificateDer::from_pem_slice(leaf.cert.as_bytes()).expect("cert");
         let key =
             rustls_pki_types::PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).expect("key");
-        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .expect("server config");
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(crproxy_kube::crypto_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_no_client_auth()
+                .with_single_cert(vec![cert], key)
+                .expect("server config");
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))

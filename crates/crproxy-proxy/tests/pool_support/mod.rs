@@ -27,7 +27,7 @@ pub const TARGET: &str = "p-default/target";
 pub const GROUP_VERSION: &str = "example.com/v1";
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(crproxy_kube::crypto_provider())
 }
 
 /// One CA for the test, issuing the peers' certificates and trusted by the dialer.

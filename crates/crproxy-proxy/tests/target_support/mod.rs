@@ -484,14 +484,13 @@ pub async fn caller_tls(
         .expect("root");
     let chain = vec![CertificateDer::from_pem_slice(front_proxy.cert.as_bytes()).expect("cert")];
     let key = PrivateKeyDer::from_pem_slice(front_proxy.key.as_bytes()).expect("key");
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_client_auth_cert(chain, key)
-    .expect("client config");
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(crproxy_kube::crypto_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .expect("client config");
     config.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     tokio_rustls::TlsConnector::from(Arc::new(config))

@@ -408,13 +408,12 @@ async fn https_as(
     for cert in CertificateDer::pem_slice_iter(server.ca_pem.as_bytes()) {
         roots.add(cert.expect("CA PEM")).expect("CA");
     }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(crproxy_kube::crypto_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(server.addr)
         .await

@@ -15,7 +15,7 @@ const OWNER_VCLUSTER: &str = "vcluster.com/owner-vcluster";
 const OWNER_PROJECT: &str = "vcluster.com/owner-project";
 
 async fn env(clients: usize, replicas: usize) -> Result<(DevEnv, tempfile::TempDir)> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let env = DevEnv::start(DevOptions::ephemeral(dir.path(), clients, replicas)).await?;
     Ok((env, dir))

@@ -61,7 +61,7 @@ fn custom(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_registers_and_leadership_moves_when_it_dies() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let mut env = DevEnv::start(DevOptions {
         share_ports: true,
@@ -167,7 +167,7 @@ async fn only_the_leader_registers_and_leadership_moves_when_it_dies() -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_can_proxy_each_other() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let start = |name: &str| {
         devcluster::start(devcluster::DevClusterConfig {
@@ -286,7 +286,7 @@ async fn scrape(url: &str) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_objects_cannot_be_deleted_but_can_be_updated() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let env = DevEnv::start(DevOptions::ephemeral(dir.path(), 1, 1)).await?;
     let kubeconfig = &env.clients[0].kubeconfig;
@@ -322,7 +322,7 @@ async fn proxy_objects_cannot_be_deleted_but_can_be_updated() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_backend_turns_the_apiservice_unavailable_and_requests_503() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let mut env = DevEnv::start(DevOptions::ephemeral(dir.path(), 1, 1)).await?;
     let api = admin(&env.clients[0].cluster)?;

@@ -103,7 +103,7 @@ async fn terminate(child: &mut test_support::KillOnDrop) -> Result<std::process:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     let metrics_port = crproxy::devenv::free_port()?;
@@ -200,7 +200,7 @@ fn counting_exec_kubeconfig(
 /// (`peers.endpointSlices` without a kubeconfig of its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_runs_each_identitys_exec_plugin_once() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let (client, target, _) = client_and_target(dir.path()).await?;
     let (client_kubeconfig, client_runs) =
@@ -276,7 +276,7 @@ async fn run_runs_each_identitys_exec_plugin_once() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     // The only peer is a port nobody listens on.
@@ -400,7 +400,7 @@ fn drain(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<Str
 /// reason and message, which say what to fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_availability_reports_the_aggregators_reason() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let client = devcluster::start(devcluster::DevClusterConfig {
         name: "client".into(),
         data_dir: None,
@@ -443,7 +443,7 @@ async fn waiting_for_availability_reports_the_aggregators_reason() -> Result<()>
 /// not replaced: its error stands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_picked_proxy_port_taken_before_the_proxy_listens_is_picked_again() -> Result<()> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crproxy_kube::install_crypto_provider();
     let dir = tempfile::tempdir()?;
     let (_client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
     let spec = |name: &str, proxy_port: u16| LinkSpec {

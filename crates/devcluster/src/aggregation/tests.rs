@@ -55,7 +55,7 @@ impl Backend {
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(crproxy_kube::crypto_provider())
 }
 
 struct Pki {

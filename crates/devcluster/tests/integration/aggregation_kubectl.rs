@@ -43,7 +43,7 @@ async fn backend(client_ca_pem: &str) -> (std::net::SocketAddr, String, Arc<Mute
     for cert in CertificateDer::pem_slice_iter(client_ca_pem.as_bytes()) {
         roots.add(cert.expect("pem")).expect("root");
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(crproxy_kube::crypto_provider());
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .expect("verifier");

@@ -424,7 +424,7 @@ async fn example_server_request(
             .collect::<Result<Vec<_>, _>>()
             .expect("client chain");
         let key = PrivateKeyDer::from_pem_slice(client.key.as_bytes()).expect("client key");
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let provider = std::sync::Arc::new(crproxy_kube::crypto_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .expect("versions")

@@ -46,7 +46,7 @@ pub async fn request_as(
         for cert in CertificateDer::pem_slice_iter(test.cluster.ca_pem().as_bytes()) {
             roots.add(cert.expect("pem")).expect("root");
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(crproxy_kube::crypto_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .expect("versions")

@@ -63,7 +63,7 @@ async fn webhook_server() -> (
             &["127.0.0.1".parse().expect("ip")],
         )
         .expect("serving cert");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(crproxy_kube::crypto_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("versions")
