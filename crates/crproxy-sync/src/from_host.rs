@@ -17,6 +17,7 @@
 //! controller added; those, and its finalizers and owner references, survive every
 //! replace and never cause one ([`crate::managed`]).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -428,8 +429,8 @@ impl Reconciler for FromHost {
         )
     }
 
-    fn all_keys(&self) -> Vec<Key> {
-        let mut keys: Vec<Key> = self
+    fn all_keys(&self) -> BTreeSet<Key> {
+        let mut keys: BTreeSet<Key> = self
             .tenant_store
             .state()
             .iter()

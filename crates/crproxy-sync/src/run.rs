@@ -2,7 +2,7 @@
 //! one syncer per type: two reflectors (tenant and host) feed a work queue of keys,
 //! and a few workers reconcile them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -143,8 +143,9 @@ pub trait Reconciler: Send + Sync + 'static {
     /// such an event).
     fn host_deleted(&self, _object: &DynamicObject) {}
     /// Every key either cache knows, and every key the reconciler keeps something
-    /// for (so that what it keeps goes once both sides are gone).
-    fn all_keys(&self) -> Vec<Key>;
+    /// for (so that what it keeps goes once both sides are gone), each once: a
+    /// key queued twice while a worker holds it is reconciled twice.
+    fn all_keys(&self) -> BTreeSet<Key>;
     fn reconcile(&self, key: &Key) -> impl Future<Output = Result<Outcome, StepError>> + Send;
 }
 

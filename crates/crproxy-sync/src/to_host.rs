@@ -27,7 +27,7 @@
 
 use crproxy_core::locks;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -666,8 +666,8 @@ impl Reconciler for ToHost {
         })
     }
 
-    fn all_keys(&self) -> Vec<Key> {
-        let mut keys: Vec<Key> = self
+    fn all_keys(&self) -> BTreeSet<Key> {
+        let mut keys: BTreeSet<Key> = self
             .tenant_store
             .state()
             .iter()

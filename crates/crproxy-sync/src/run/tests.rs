@@ -270,8 +270,8 @@ impl Reconciler for Scripted {
     fn key_of_host(&self, _: &DynamicObject) -> Option<Key> {
         Some(the_key())
     }
-    fn all_keys(&self) -> Vec<Key> {
-        vec![the_key()]
+    fn all_keys(&self) -> std::collections::BTreeSet<Key> {
+        [the_key()].into()
     }
     async fn reconcile(&self, _: &Key) -> Result<Outcome, StepError> {
         self.attempts

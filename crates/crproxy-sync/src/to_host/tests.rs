@@ -564,8 +564,7 @@ async fn what_is_kept_for_a_key_gone_from_both_sides_goes_at_the_resync() {
     syncer
         .observed_host_deletes()
         .insert(key(), "m-1".to_string());
-    let keys: std::collections::HashSet<Key> = syncer.all_keys().into_iter().collect();
-    assert_eq!(keys, [key()].into());
+    assert_eq!(syncer.all_keys(), [key()].into());
     let outcome = syncer.reconcile(&key()).await.expect("reconciled");
     assert_eq!(outcome, Outcome::Done);
     assert!(syncer.last_writes().is_empty());
