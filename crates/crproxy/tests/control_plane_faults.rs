@@ -103,12 +103,7 @@ async fn set_peer(client: &kube::Client, address: &str) {
 
 /// A pool fed by the EndpointSlice source over `watch`.
 fn peer_pool(watch: WatchClient) -> (Arc<PeerPool>, JoinHandle<()>) {
-    let tls =
-        rustls::ClientConfig::builder_with_provider(Arc::new(crproxy_kube::crypto_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
+    let tls = test_support::client_config_without_roots();
     let dialer = Dialer::new(
         Arc::new(tls),
         rustls::pki_types::ServerName::try_from("target.example").expect("name"),

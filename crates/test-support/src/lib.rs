@@ -106,6 +106,19 @@ pub fn init_crypto() {
     crproxy_kube::install_crypto_provider();
 }
 
+/// A TLS client configuration that trusts no certificate: for a dialer whose
+/// target is never reached (a name that does not resolve, a pool whose peers
+/// come from a source under test).
+pub fn client_config_without_roots() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(
+        std::sync::Arc::new(crproxy_kube::crypto_provider()),
+    )
+    .with_safe_default_protocol_versions()
+    .expect("rustls supports its own default protocol versions")
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth()
+}
+
 /// Starts an in-memory devcluster on an ephemeral 127.0.0.1 port.
 ///
 /// # Panics

@@ -6,12 +6,7 @@ use crproxy_core::pki::CertificateAuthority;
 use rustls::pki_types::ServerName;
 
 fn pool(target: &str) -> Arc<PeerPool> {
-    let config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(crproxy_kube::crypto_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
+    let config = test_support::client_config_without_roots();
     let dialer = Dialer::new(
         Arc::new(config),
         ServerName::try_from("target.example").expect("name"),

@@ -480,12 +480,7 @@ fn unreachable_target() -> TargetConnection {
     use crate::dial::Dialer;
     use crate::metrics::Metrics;
     use crate::pool::PeerPool;
-    let config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(crproxy_kube::crypto_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
+    let config = test_support::client_config_without_roots();
     let dialer = Dialer::new(
         Arc::new(config),
         rustls::pki_types::ServerName::try_from("target.example").expect("name"),

@@ -132,12 +132,7 @@ fn ages_read_like_durations() {
 /// it must stay out of line.
 #[test]
 fn acquiring_a_connection_does_not_carry_a_dial_inline() {
-    let tls =
-        rustls::ClientConfig::builder_with_provider(Arc::new(crproxy_kube::crypto_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
+    let tls = test_support::client_config_without_roots();
     let dialer = Dialer::new(
         Arc::new(tls),
         rustls_pki_types::ServerName::try_from("target.example").expect("name"),
