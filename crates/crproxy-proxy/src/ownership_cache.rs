@@ -141,7 +141,7 @@ struct State {
     /// news than the watch's.
     watched_at: String,
     /// When the cache was last known to follow the target (a list completed or a
-    /// watch event arrived).
+    /// read of the watch brought events).
     in_step_at: Option<Instant>,
 }
 
@@ -375,9 +375,11 @@ impl State {
         }
     }
 
-    /// The watch has delivered everything up to `resource_version`: the states
-    /// superseded at or before it can no longer come from it.
+    /// The watch has delivered everything up to `resource_version`: the cache is
+    /// in step now, and the states superseded at or before it can no longer come
+    /// from it.
     fn watched_to(&mut self, resource_version: &str) {
+        self.in_step_at = Some(Instant::now());
         resource_version.clone_into(&mut self.watched_at);
         if !self.superseded.is_empty() {
             self.superseded
@@ -824,7 +826,6 @@ fn apply(
         resource_version.replace_range(.., rv);
     }
     let mut state = locks::write(&objects.state);
-    state.in_step_at = Some(Instant::now());
     let Some(name) = meta.name() else {
         return Ok(());
     };

@@ -722,15 +722,12 @@ async fn entries_outlive_an_interrupted_watch_until_the_idle_limit() {
         Some(&pin("u", "1")),
         "still used while the watch is re-established"
     );
-    // A watch event (a bookmark will do) puts the cache back in step.
+    // A read of the watch that brings an event (a bookmark will do) puts the
+    // cache back in step.
     let mut rv = String::new();
-    apply(
-        event(r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}"#),
-        &owner(),
-        &objects,
-        &mut rv,
-    )
-    .expect("ok");
+    let mut lines = WatchLines::new(MAX_BUFFERED_BODY);
+    lines.push(b"{\"type\":\"BOOKMARK\",\"object\":{\"metadata\":{\"resourceVersion\":\"9\"}}}\n");
+    apply_lines(&mut lines, &owner(), &objects, &mut rv).expect("ok");
     tokio::time::advance(WATCH_IDLE_LIMIT - Duration::from_secs(1)).await;
     objects.unsync_if_out_of_step();
     assert!(objects.state.read().expect("lock").synced);
