@@ -1195,14 +1195,17 @@ impl GroupVersionProxy {
             return outcome;
         }
         let namespace = path.namespace.as_deref();
-        // A delete leaves no state to pin, and a write through a view answers
-        // with the view (a Scale, without labels): either way the object moved
-        // past what the cache knew. A status write answers with the object.
-        if verb == Verb::Delete || !body_is_the_object(path) {
+        let forget = || {
             if let Some(name) = name {
                 self.ownership_cache
                     .forget(&path.resource, namespace, name, sent_with);
             }
+        };
+        // A delete leaves no state to pin, and a write through a view answers
+        // with the view (a Scale, without labels): either way the object moved
+        // past what the cache knew. A status write answers with the object.
+        if verb == Verb::Delete || !body_is_the_object(path) {
+            forget();
             return outcome;
         }
         // Only an object in plain JSON can be read for the cache; what it knew of
@@ -1210,10 +1213,7 @@ impl GroupVersionProxy {
         let (parts, bytes, reason) = match self.read_json_answer(exchange, outcome).await {
             Ok(read) => read,
             Err(outcome) => {
-                if let Some(name) = name {
-                    self.ownership_cache
-                        .forget(&path.resource, namespace, name, sent_with);
-                }
+                forget();
                 return outcome;
             }
         };
