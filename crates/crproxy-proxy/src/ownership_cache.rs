@@ -310,8 +310,7 @@ impl State {
                 listed.remove(key);
             }
         }
-        self.superseded
-            .retain(|_, past| is_earlier(listed_at, past));
+        self.keep_superseded_past(listed_at);
         listed_at.clone_into(&mut self.watched_at);
         // Keep only what is newer than the list (which assumes one counter for
         // the collection and its objects, as above): written through this
@@ -381,9 +380,21 @@ impl State {
     fn watched_to(&mut self, resource_version: &str) {
         self.in_step_at = Some(Instant::now());
         resource_version.clone_into(&mut self.watched_at);
-        if !self.superseded.is_empty() {
-            self.superseded
-                .retain(|_, past| is_earlier(resource_version, past));
+        self.keep_superseded_past(resource_version);
+    }
+
+    /// Ends the superseded entries at or before `position` (the watch's or a
+    /// list's): what comes from there on is later. `position` is read once, not
+    /// once an entry (see [`is_earlier`]: one that is not a number ends them all).
+    fn keep_superseded_past(&mut self, position: &str) {
+        if self.superseded.is_empty() {
+            return;
+        }
+        match position.parse::<u64>() {
+            Ok(position) => self
+                .superseded
+                .retain(|_, past| past.parse::<u64>().is_ok_and(|past| position < past)),
+            Err(_) => self.superseded.clear(),
         }
     }
 }

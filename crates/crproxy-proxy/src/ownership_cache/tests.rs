@@ -140,6 +140,14 @@ fn a_state_written_past_never_becomes_a_pin_again() {
     state.supersede("ns/c", None);
     state.record("ns/c".into(), pin("w", "y"));
     assert_eq!(state.pins["ns/c"], pin("w", "y"));
+    // Superseded, such a version ends at the watch's next read; a later number
+    // stays.
+    state.supersede("ns/c", None);
+    state.watched_to("15");
+    assert_eq!(
+        state.superseded,
+        HashMap::from([("ns/b".to_string(), "20".to_string())])
+    );
 }
 
 #[test]
@@ -178,7 +186,7 @@ fn the_watch_ends_what_it_can_no_longer_bring() {
     write(&|state| state.supersede("ns/a", Some(&pin("u", "11"))));
     read(watch_line("DELETED", "a", "u", "12", OWNED) + "\n");
     assert!(pins_of(&objects).is_empty());
-    assert!(objects.state.read().expect("lock").superseded.is_empty());
+    assert!(superseded_of(&objects).is_empty());
     // One read of several events: the position moves past them only once they
     // are judged.
     write(&|state| state.supersede("ns/b", Some(&pin("v", "14"))));
@@ -190,7 +198,7 @@ fn the_watch_ends_what_it_can_no_longer_bring() {
     );
     assert_eq!(pins_of(&objects).keys().collect::<Vec<_>>(), ["ns/c"]);
     assert!(
-        objects.state.read().expect("lock").superseded.is_empty(),
+        superseded_of(&objects).is_empty(),
         "the watch brought the superseded state: it cannot come again"
     );
     // Any event (a bookmark will do) past a superseded state ends it: the watch
@@ -199,16 +207,7 @@ fn the_watch_ends_what_it_can_no_longer_bring() {
     read(
         r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"15"}}}"#.to_string() + "\n",
     );
-    assert_eq!(
-        objects
-            .state
-            .read()
-            .expect("lock")
-            .superseded
-            .keys()
-            .collect::<Vec<_>>(),
-        ["ns/d"]
-    );
+    assert_eq!(superseded_of(&objects).keys().collect::<Vec<_>>(), ["ns/d"]);
     // A write's answer the watch has gone past is old news: the object, pinned
     // at 17 by the watch, was deleted through the proxy by a second write, and
     // the first write's answer (at 18) is read only after the DELETED at 19.
@@ -759,6 +758,11 @@ async fn at_most_a_bounded_number_of_resources_is_watched() {
 /// The pins `objects` holds now.
 fn pins_of(objects: &Objects) -> HashMap<String, Pin> {
     objects.state.read().expect("state").pins.clone()
+}
+
+/// The superseded states held, keyed as [`pins_of`]'s pins.
+fn superseded_of(objects: &Objects) -> HashMap<String, String> {
+    objects.state.read().expect("state").superseded.clone()
 }
 
 /// A watch body fed by hand: each line sent is one frame of it.
