@@ -182,21 +182,30 @@ impl TargetConnection {
     /// connection is dialled for the watch ([`Lane::OwnWatch`]), and the answer
     /// carries a duplicate of its socket as a [`crate::pool::ConnectionSocket`]
     /// extension, for the reader to let it rest.
+    ///
+    /// The answer's head must come within [`REQUEST_DEADLINE`], or the watch
+    /// ends as [`ForwardError::Deadline`]: the target sends it as soon as the
+    /// watch has started. Nothing else would end the wait: HTTP/1.1 has no pings,
+    /// and the dial sets no `TCP_USER_TIMEOUT` (see `crate::dial`), so a target
+    /// that took the request and never answers would hold the connection, and
+    /// leave the cache trusting what it holds, for as long as the process lives.
+    /// The body is the reader's to bound.
     pub async fn send_own_watch(
         &self,
         path_and_query: TargetPath<'_>,
         caller_headers: &HeaderMap,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let headers = forwarded_headers(caller_headers, None, None);
-        self.exchange_unbounded(
-            None,
+        let deadline = Instant::now() + REQUEST_DEADLINE;
+        let sent = self.exchange_unbounded(
+            Some(deadline),
             Lane::OwnWatch,
             Method::GET,
             path_and_query,
             headers,
             full(Bytes::new()),
-        )
-        .await
+        );
+        within(deadline, sent).await
     }
 
     /// A bodiless GET with the caller's headers, changed as `inspected` says when

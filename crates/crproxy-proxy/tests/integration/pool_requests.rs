@@ -246,6 +246,30 @@ async fn the_proxys_own_watch_carries_its_connections_socket() {
     assert!(String::from_utf8_lossy(&body).contains("HTTP/1.1"));
 }
 
+/// The own watch's HTTP/1.1 connection has no pings and no limit on unanswered
+/// data, so a target that took the watch and never answers would hold the
+/// ownership cache's wait (and its pins) forever: the answer's head must come
+/// within the request deadline, and the watch ends as a deadline error.
+#[tokio::test(start_paused = true)]
+async fn the_proxys_own_watch_gives_up_on_a_target_that_never_answers() {
+    use crproxy_proxy::transport::{ForwardError, REQUEST_DEADLINE};
+    let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
+    let target = target_of(&h);
+    let no_headers = http::HeaderMap::new();
+    let started = tokio::time::Instant::now();
+    let watch = target.send_own_watch(TargetPath::Written(NEVER_ANSWERED), &no_headers);
+    let outcome = tokio::time::timeout(REQUEST_DEADLINE * 2, watch)
+        .await
+        .expect("the wait for the answer's head is bounded");
+    assert!(
+        matches!(outcome, Err(ForwardError::Deadline)),
+        "{:?}",
+        outcome.err()
+    );
+    assert_eq!(started.elapsed().as_secs(), REQUEST_DEADLINE.as_secs());
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 1, "the peer had it");
+}
+
 /// A bodiless GET of `path` through `target`, with a deadline or without.
 async fn get_through(
     target: &TargetConnection,

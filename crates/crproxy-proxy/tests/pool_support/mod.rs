@@ -91,9 +91,14 @@ pub enum Protocols {
 /// Request header asking a [`TlsPeer`] for an answer header of that many bytes.
 pub const FILLER_BYTES: &str = "x-filler-bytes";
 
+/// A path whose request a [`TlsPeer`] reads and never answers, like an API server
+/// that took the request and wedged.
+pub const NEVER_ANSWERED: &str = "/never-answered";
+
 /// A TLS + HTTP peer answering every request with
 /// `peer <port> <version> <path and query> host=<host>`, except `/empty`, answered with no
-/// body; [`FILLER_BYTES`] adds an `x-filler` header of that size to the answer.
+/// body, and [`NEVER_ANSWERED`]; [`FILLER_BYTES`] adds an `x-filler` header of that
+/// size to the answer.
 pub struct TlsPeer {
     pub addr: SocketAddr,
     /// TCP connections accepted so far.
@@ -158,6 +163,7 @@ impl TlsPeer {
                             .map(str::to_owned)
                             .or_else(|| req.uri().authority().map(|a| a.to_string()))
                             .unwrap_or_default();
+                        let never = req.uri().path() == NEVER_ANSWERED;
                         let body = if req.uri().path() == "/empty" {
                             String::new()
                         } else {
@@ -179,7 +185,13 @@ impl TlsPeer {
                                 .expect("filler value");
                             response.headers_mut().insert("x-filler", value);
                         }
-                        async move { Ok::<_, Infallible>(response) }
+                        async move {
+                            if never {
+                                // Ends with its connection, when the peer drops.
+                                std::future::pending::<()>().await;
+                            }
+                            Ok::<_, Infallible>(response)
+                        }
                     });
                     let builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
