@@ -70,6 +70,44 @@ pub fn host_name(name: &str, namespace: &str, tenant: &str) -> String {
     shorten_with_hash(&format!("{name}-x-{namespace}-x-{tenant}"))
 }
 
+/// Why `name` in `namespace` has no host name of its own, `None` when it has.
+///
+/// `<name>-x-<namespace>` reads back only when `-x-` occurs in it once: a name
+/// containing `-x-` or ending in `-x`, or a namespace containing `-x-` or starting
+/// with `x-`, makes it also the translation of another name in another namespace
+/// (`a` in `b-x-c` and `a-x-b` in `c` are both `a-x-b-x-c-x-<tenant>`). Without
+/// those, every `-x-` of the joined text is the separator, so the pair is the
+/// only one with that host name whatever the other object's names are. Names
+/// that Kubernetes accepts never start or end with `-`, so no `-x-` can span
+/// the separator otherwise.
+pub fn ambiguity(name: &str, namespace: &str) -> Option<&'static str> {
+    if name.contains("-x-") {
+        Some("the name contains \"-x-\"")
+    } else if name.ends_with("-x") {
+        Some("the name ends in \"-x\"")
+    } else if namespace.contains("-x-") {
+        Some("the namespace contains \"-x-\"")
+    } else if namespace.starts_with("x-") {
+        Some("the namespace starts with \"x-\"")
+    } else {
+        None
+    }
+}
+
+/// The host name of the object a `patches` field names: [`host_name`], unless the
+/// translation is [`ambiguity`]'s, when the host object could be another tenant
+/// namespace's (which the host controller would then read with its own rights).
+pub fn reference_host_name(
+    name: &str,
+    namespace: &str,
+    tenant: &str,
+) -> Result<String, &'static str> {
+    match ambiguity(name, namespace) {
+        Some(why) => Err(why),
+        None => Ok(host_name(name, namespace, tenant)),
+    }
+}
+
 /// The tenant name behind `host`, when `host` is an unshortened translation of an
 /// object in `namespace` (used to translate references back).
 pub fn tenant_name_of<'a>(host: &'a str, namespace: &str, tenant: &str) -> Option<&'a str> {

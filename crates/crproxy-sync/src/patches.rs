@@ -8,34 +8,51 @@ use serde_json::Value;
 /// Calls `rewrite` on every string the path reaches in `object` and stores its
 /// result there. Missing fields and non-string values are left alone.
 pub fn rewrite_strings(object: &mut Value, path: &FieldPath, rewrite: &dyn Fn(&str) -> String) {
-    visit(object, &path.steps, rewrite);
+    let infallible = |s: &str| Ok::<_, std::convert::Infallible>(rewrite(s));
+    let Ok(()) = try_rewrite_strings(object, path, &infallible);
 }
 
-fn visit(value: &mut Value, steps: &[PathStep], rewrite: &dyn Fn(&str) -> String) {
+/// [`rewrite_strings`] with a `rewrite` that may refuse a string: the first
+/// refusal is returned, and `object` is then only partly rewritten (its caller
+/// drops it).
+pub fn try_rewrite_strings<E>(
+    object: &mut Value,
+    path: &FieldPath,
+    rewrite: &dyn Fn(&str) -> Result<String, E>,
+) -> Result<(), E> {
+    visit(object, &path.steps, rewrite)
+}
+
+fn visit<E>(
+    value: &mut Value,
+    steps: &[PathStep],
+    rewrite: &dyn Fn(&str) -> Result<String, E>,
+) -> Result<(), E> {
     let Some((step, rest)) = steps.split_first() else {
         if let Value::String(s) = value {
-            *s = rewrite(s);
+            *s = rewrite(s)?;
         }
-        return;
+        return Ok(());
     };
     match (step, value) {
         (PathStep::Key(k), Value::Object(m)) => {
             if let Some(v) = m.get_mut(k) {
-                visit(v, rest, rewrite);
+                visit(v, rest, rewrite)?;
             }
         }
         (PathStep::Each, Value::Array(a)) => {
             for v in a {
-                visit(v, rest, rewrite);
+                visit(v, rest, rewrite)?;
             }
         }
         (PathStep::Index(i), Value::Array(a)) => {
             if let Some(v) = a.get_mut(*i) {
-                visit(v, rest, rewrite);
+                visit(v, rest, rewrite)?;
             }
         }
         _ => {}
     }
+    Ok(())
 }
 
 #[cfg(test)]

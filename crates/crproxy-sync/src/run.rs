@@ -70,6 +70,10 @@ pub enum StepError {
     /// are left as they are.
     #[error("the {0} object nests deeper than {max} levels; it is not synced until it nests less", max = crproxy_core::deep_objects::MAX_OBJECT_NESTING)]
     TooDeep(&'static str),
+    /// The tenant object names another object in a `patches` field whose host
+    /// name is ambiguous: nothing is written until the tenant object changes.
+    #[error(transparent)]
+    AmbiguousReference(#[from] crate::to_host::AmbiguousReference),
     /// The step had no answer within this long: a server that took a request and
     /// went quiet. What it did so far is read again by the retry.
     #[error("no answer within {0:?}")]
@@ -90,16 +94,20 @@ impl StepError {
             StepError::Foreign => "foreign_object",
             StepError::Encode(_) => "encode",
             StepError::TooDeep(_) => "too_deep",
+            StepError::AmbiguousReference(_) => "invalid",
         }
     }
 
     /// The shortest wait before a retry; the key's backoff ([`crate::queue`]) may be
     /// longer. A foreign object is not ours to fix: it changes only when someone
     /// renames or removes it, so it is looked at rarely from the start; nor is an
-    /// object nested too deeply, which its next change brings back at once.
+    /// object nested too deeply or naming an object ambiguously, which its next
+    /// change brings back at once.
     fn min_retry_after(&self) -> Duration {
         match self {
-            StepError::Foreign | StepError::TooDeep(_) => Duration::from_secs(30),
+            StepError::Foreign | StepError::TooDeep(_) | StepError::AmbiguousReference(_) => {
+                Duration::from_secs(30)
+            }
             _ => Duration::ZERO,
         }
     }

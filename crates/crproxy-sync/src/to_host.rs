@@ -40,7 +40,7 @@ use serde_json::{json, Map, Value};
 use crate::crd::ResolvedType;
 use crate::managed::{self, Keys};
 use crate::names::{self, MirrorIdentity};
-use crate::patches::rewrite_strings;
+use crate::patches::{rewrite_strings, try_rewrite_strings};
 use crate::run::{too_deep, Key, Outcome, Reconciler, StepError};
 use crate::writethrough::TermGate;
 use crate::SyncMetrics;
@@ -164,14 +164,32 @@ pub fn replacement(desired: &Value, mirror: &Value) -> Value {
     replacement
 }
 
+/// A `patches` field of a tenant object naming an object whose host name would
+/// also be another tenant namespace's object's ([`names::ambiguity`]): the object
+/// has no mirror until the field or the object moves.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{field}: the reference {value:?} in namespace {namespace:?} cannot be translated to a host name: {why}, \
+     so its host name could also be another namespace's object's; references need a name without \
+     \"-x-\" that does not end in \"-x\", in a namespace without \"-x-\" that does not start with \"x-\""
+)]
+pub struct AmbiguousReference {
+    /// The `patches` path, as configured.
+    pub field: String,
+    pub value: String,
+    pub namespace: String,
+    pub why: &'static str,
+}
+
 /// The mirror `tenant_object` should have on the host. Status is not part of it.
+/// Refused when a reference in it cannot be translated one-to-one.
 pub fn desired_mirror(
     ty: &ResolvedType,
     tenant: &str,
     tenant_project: &str,
     host_namespace: &str,
     tenant_object: &Value,
-) -> Value {
+) -> Result<Value, AmbiguousReference> {
     let name = meta(tenant_object, "name");
     let namespace = meta(tenant_object, "namespace");
     let host_name = names::host_name(name, namespace, tenant);
@@ -214,12 +232,19 @@ pub fn desired_mirror(
     let mut out = Value::Object(out);
     for path in &ty.resource.patches {
         if !in_status(path) {
-            rewrite_strings(&mut out, path, &|s| names::host_name(s, namespace, tenant));
+            try_rewrite_strings(&mut out, path, &|s| {
+                names::reference_host_name(s, namespace, tenant).map_err(|why| AmbiguousReference {
+                    field: path.text.clone(),
+                    value: s.to_owned(),
+                    namespace: namespace.to_owned(),
+                    why,
+                })
+            })?;
         }
     }
     managed::record(&mut out, Keys::Labels);
     managed::record(&mut out, Keys::Annotations);
-    out
+    Ok(out)
 }
 
 /// The mirror record of a tenant object, when it was mirrored as this very object: a
@@ -463,7 +488,7 @@ impl ToHost {
             &self.tenant_project,
             &self.host_namespace,
             tenant,
-        );
+        )?;
         let object: DynamicObject = from_value(desired.clone())?;
         match self
             .host_api()
@@ -577,7 +602,7 @@ impl ToHost {
             &self.tenant_project,
             &self.host_namespace,
             tenant,
-        );
+        )?;
         let mut mirror = mirror.clone();
         if mirror_differs(&desired, &mirror) && !self.as_last_written(key, &desired, &mirror) {
             let object: DynamicObject = from_value(replacement(&desired, &mirror))?;

@@ -459,6 +459,27 @@ impl WriteThrough {
                 ),
             ));
         }
+        // A reference that cannot be translated one-to-one is the tenant object's
+        // fault, whatever the host holds: refused before anything is held.
+        let desired = match desired_mirror(
+            ty,
+            &self.tenant,
+            &self.tenant_project,
+            &self.host_namespace,
+            object,
+        ) {
+            Ok(desired) => desired,
+            Err(ambiguous) => {
+                let message = format!("write-through of {}: {ambiguous}", ty.resource.key);
+                self.log_rejected(ty, &key, "translate_error", &message);
+                let mut denial = Denial::new(422, "Invalid", message.clone());
+                denial.details = Some(json!({
+                    "name": key.name, "group": ty.api.group, "kind": ty.api.kind,
+                    "causes": [{"reason": "FieldValueInvalid", "field": ambiguous.field, "message": message}],
+                }));
+                return Err(denial);
+            }
+        };
         // The key first, the place of a host write after: a write waiting for
         // another write of its object (up to the deadline, when the tenant never
         // stores an accepted write) takes no place of writes of other objects.
@@ -488,13 +509,6 @@ impl WriteThrough {
             gate.release(&key);
             return Ok(());
         }
-        let desired = desired_mirror(
-            ty,
-            &self.tenant,
-            &self.tenant_project,
-            &self.host_namespace,
-            object,
-        );
         // Whether the last attempt's create or replace went out (a replace
         // refused with 409 stored nothing, and the next attempt starts with a
         // read): a failure, or a deadline that ends the write, leaves only this
@@ -520,14 +534,14 @@ impl WriteThrough {
             // writes the same mirror, so there is nothing to wait for.
             Some(w)
                 if !w.created
-                    && desired
-                        == desired_mirror(
-                            ty,
-                            &self.tenant,
-                            &self.tenant_project,
-                            &self.host_namespace,
-                            &request.old_object,
-                        ) =>
+                    && desired_mirror(
+                        ty,
+                        &self.tenant,
+                        &self.tenant_project,
+                        &self.host_namespace,
+                        &request.old_object,
+                    )
+                    .is_ok_and(|old| old == desired) =>
             {
                 gate.release(&key)
             }

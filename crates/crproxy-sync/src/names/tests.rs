@@ -146,3 +146,71 @@ fn the_same_mirror_is_this_incarnations() {
     let bare = serde_json::json!({"metadata": {}});
     assert!(!same_mirror(&bare, &bare));
 }
+
+#[test]
+fn ambiguous_translations() {
+    let check = |name: &str, namespace: &str, want: Option<&str>| {
+        assert_eq!(ambiguity(name, namespace), want, "{name} in {namespace}");
+    };
+    check("a", "b", None);
+    check("x", "x", None);
+    check("ax", "xb", None);
+    check("a-xb", "bx-c", None);
+    check("a-x-b", "c", Some("the name contains \"-x-\""));
+    check("a-x", "b", Some("the name ends in \"-x\""));
+    check("a", "b-x-c", Some("the namespace contains \"-x-\""));
+    check("a", "x-b", Some("the namespace starts with \"x-\""));
+    assert_eq!(
+        reference_host_name("a", "b-x-c", "T"),
+        Err("the namespace contains \"-x-\"")
+    );
+    assert_eq!(
+        reference_host_name("a", "b", "T"),
+        Ok("a-x-b-x-T".to_owned())
+    );
+}
+
+/// Every name and namespace of up to five characters of `a`, `x` and `-` (not
+/// starting or ending in `-`): a pair `ambiguity` accepts shares its host name
+/// with no other pair, accepted or not; and every pair it refuses shares it with
+/// another one, so it refuses no more than it must (checked where the other
+/// pair's parts are short enough to be among them, six characters in all, and
+/// cannot end in `-`: without `--`).
+#[test]
+fn accepted_translations_are_one_to_one_and_refused_ones_are_not() {
+    let mut words = vec![String::new()];
+    for _ in 0..5 {
+        let longer: Vec<String> = words
+            .iter()
+            .flat_map(|w| ['a', 'x', '-'].map(|c| format!("{w}{c}")))
+            .collect();
+        words.extend(longer);
+    }
+    words.retain(|w| !w.is_empty() && !w.starts_with('-') && !w.ends_with('-'));
+    words.sort();
+    words.dedup();
+    let mut by_host_name: BTreeMap<String, Vec<(&str, &str)>> = BTreeMap::new();
+    for name in &words {
+        for namespace in &words {
+            by_host_name
+                .entry(host_name(name, namespace, "t"))
+                .or_default()
+                .push((name, namespace));
+        }
+    }
+    for pairs in by_host_name.values() {
+        for (name, namespace) in pairs {
+            let accepted = ambiguity(name, namespace).is_none();
+            let partner_listed = name.len() + namespace.len() <= 6
+                && !name.contains("--")
+                && !namespace.contains("--");
+            if accepted || partner_listed {
+                assert_eq!(
+                    accepted,
+                    pairs.len() == 1,
+                    "{name} in {namespace} shares its host name with {pairs:?}"
+                );
+            }
+        }
+    }
+}

@@ -49,7 +49,8 @@ fn the_mirror_carries_identity_spec_and_rewritten_references() {
         "default",
         "vcluster-client",
         &tenant_object(),
-    );
+    )
+    .expect("translatable");
     assert_eq!(m["metadata"]["name"], "db-x-team-x-client");
     assert_eq!(m["metadata"]["namespace"], "vcluster-client");
     let a = &m["metadata"]["annotations"];
@@ -84,7 +85,8 @@ fn the_mirror_carries_identity_spec_and_rewritten_references() {
 #[test]
 fn differences_that_need_a_write() {
     let ty = backups(&[]);
-    let desired = desired_mirror(&ty, "client", "default", "h", &tenant_object());
+    let desired =
+        desired_mirror(&ty, "client", "default", "h", &tenant_object()).expect("translatable");
     let mut current = desired.clone();
     current["metadata"]["uid"] = json!("m-1");
     current["metadata"]["resourceVersion"] = json!("3");
@@ -139,7 +141,8 @@ fn with_others_keys(mut mirror: Value) -> Value {
 /// The mirror of `tenant_object()` as the host stores it (uid `m-1`, the uid its
 /// record names), with others' keys on it.
 fn stored_mirror(ty: &ResolvedType) -> Value {
-    let mut mirror = desired_mirror(ty, "client", "default", "vcluster-client", &tenant_object());
+    let mut mirror = desired_mirror(ty, "client", "default", "vcluster-client", &tenant_object())
+        .expect("translatable");
     mirror["metadata"]["uid"] = json!("m-1");
     mirror["metadata"]["resourceVersion"] = json!("3");
     mirror["status"] = json!({"phase": "Pending"});
@@ -155,7 +158,8 @@ fn keys_others_put_on_a_mirror_need_no_write() {
         "default",
         "vcluster-client",
         &tenant_object(),
-    );
+    )
+    .expect("translatable");
     assert!(!mirror_differs(&desired, &stored_mirror(&ty)));
 }
 
@@ -571,4 +575,39 @@ async fn what_is_kept_for_a_key_gone_from_both_sides_goes_at_the_resync() {
     assert!(syncer.observed_host_deletes().is_empty());
     assert!(syncer.all_keys().is_empty());
     assert!(host.received().is_empty(), "{:?}", host.received());
+}
+
+/// A user who writes only in namespace `b-x-c` names Secret `a`: its host name,
+/// `a-x-b-x-c-x-client`, is also that of Secret `a-x-b` in namespace `c`, which
+/// the host controller would read for them. Such a reference has no mirror.
+#[test]
+fn a_reference_whose_host_name_is_ambiguous_is_refused() {
+    let ty = backups(&["spec.secretRef.name"]);
+    let refused = |namespace: &str, secret: &str| {
+        let mut object = tenant_object();
+        object["metadata"]["namespace"] = json!(namespace);
+        object["spec"]["secretRef"]["name"] = json!(secret);
+        desired_mirror(&ty, "client", "default", "vcluster-client", &object).err()
+    };
+    let error = refused("b-x-c", "a").expect("refused");
+    assert_eq!(error.field, "spec.secretRef.name");
+    assert_eq!(error.why, "the namespace contains \"-x-\"");
+    assert_eq!(StepError::from(error.clone()).reason(), "invalid");
+    let message = error.to_string();
+    assert!(
+        message.starts_with(
+            "spec.secretRef.name: the reference \"a\" in namespace \"b-x-c\" cannot be translated to a host name: the namespace contains \"-x-\""
+        ),
+        "{message}"
+    );
+    assert_eq!(
+        refused("b", "a-x").map(|e| e.why),
+        Some("the name ends in \"-x\"")
+    );
+    assert_eq!(refused("b", "a"), None);
+    // The object's own name is not a reference: its mirror's name is held by
+    // whichever object came first (the ownership annotations decide).
+    let mut own = tenant_object();
+    own["metadata"]["name"] = json!("a-x-b");
+    assert!(desired_mirror(&ty, "client", "default", "vcluster-client", &own).is_ok());
 }

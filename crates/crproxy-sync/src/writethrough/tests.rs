@@ -244,6 +244,47 @@ async fn an_untranslatable_object_gets_415_and_the_translate_error_log_line() {
     }));
 }
 
+/// A Gateway naming its Secret in `spec.secretRef.name`, in namespace `b-x-c`:
+/// the Secret's host name, `a-x-b-x-c-x-client`, is also that of Secret `a-x-b`
+/// in namespace `c`. The write is refused as invalid before the host is asked
+/// (127.0.0.1:1 would have answered 503) and nothing is held.
+#[tokio::test]
+async fn a_reference_whose_host_name_is_ambiguous_gets_422() {
+    let (wt, _, _) = write_through(MAX_IN_FLIGHT);
+    let gate = Gate::new();
+    let mut ty = gateways_type(true);
+    ty.resource.patches =
+        vec![crproxy_core::config::sync::FieldPath::parse("spec.secretRef.name").expect("a path")];
+    let wt = configured(wt, |wt| {
+        wt.types = types_by_resource([(ty, Arc::clone(&gate))]);
+    });
+    synced(&gate);
+    let mut object = gateway();
+    object["metadata"]["namespace"] = json!("b-x-c");
+    object["spec"]["secretRef"] = json!({"name": "a"});
+    let answer = wt.admit(review("CREATE", object)).await.expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 422, "{answer}");
+    assert_eq!(r["status"]["reason"], "Invalid");
+    let message = r["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("spec.secretRef.name: the reference \"a\" in namespace \"b-x-c\"")
+            && message.contains("the namespace contains \"-x-\""),
+        "{message}"
+    );
+    assert_eq!(
+        r["status"]["details"]["causes"][0]["field"],
+        "spec.secretRef.name"
+    );
+    assert!(!gate.is_pending(&key("b-x-c", "edge")));
+    // The same reference from an unambiguous namespace goes to the host.
+    let mut object = gateway();
+    object["spec"]["secretRef"] = json!({"name": "a"});
+    let answer = wt.admit(review("CREATE", object)).await.expect("a review");
+    assert_eq!(response(&answer)["status"]["code"], 503, "{answer}");
+}
+
 /// A host that cannot be reached fails the read before any write: the tenant
 /// gets a retryable 503, and nothing having been written, the key is free at
 /// once, with no mirror looked for and no rollback failure counted.
@@ -904,7 +945,8 @@ fn stored_mirror() -> Value {
         "default",
         "vcluster-client",
         &gateway(),
-    );
+    )
+    .expect("translatable");
     mirror["metadata"]["uid"] = json!("m-1");
     mirror
 }
