@@ -49,11 +49,15 @@ pub const MIRROR_UID: &str = "crproxy.dev/host-mirror";
 /// base of the three-way merge that keeps tenant edits until the host changes them.
 pub const LAST_HOST_STATE: &str = "crproxy.dev/last-synced-host-state";
 
-/// Annotations never copied between clusters: bookkeeping of one side only.
-pub const NOT_COPIED: [&str; 3] = [
+/// Annotations never copied between clusters: bookkeeping of one side only. The
+/// stand-in marker is crproxy's word that it read an object without its content;
+/// set by a tenant and copied, it would make the mirror look like a stand-in to
+/// every later step (`too_deep` for good, and write-through's 500).
+pub const NOT_COPIED: [&str; 4] = [
     MIRROR_UID,
     LAST_HOST_STATE,
     "kubectl.kubernetes.io/last-applied-configuration",
+    crproxy_core::deep_objects::TOO_DEEP_ANNOTATION,
 ];
 
 /// The [`MIRROR_UID`] value for a tenant object and its mirror.

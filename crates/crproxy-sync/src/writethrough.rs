@@ -459,6 +459,19 @@ impl WriteThrough {
                 ),
             ));
         }
+        // The stand-in marker is crproxy's own: a review's object is the object
+        // as sent, so one carrying it was marked by its writer, whose mirror
+        // would look unreadable (the marker itself is never copied; refusing it
+        // tells the writer so rather than storing what the host will not have).
+        if crproxy_core::deep_objects::is_stand_in(object) {
+            let message = format!(
+                "write-through of {}: metadata.annotations: the annotation {} is crproxy's own (it marks an object nested too deeply to be read) and cannot be set; remove it",
+                ty.resource.key,
+                crproxy_core::deep_objects::TOO_DEEP_ANNOTATION
+            );
+            self.log_rejected(ty, &key, "translate_error", &message);
+            return Err(Denial::new(422, "Invalid", message));
+        }
         // A reference that cannot be translated one-to-one is the tenant object's
         // fault, whatever the host holds: refused before anything is held.
         let desired = match desired_mirror(

@@ -611,3 +611,16 @@ fn a_reference_whose_host_name_is_ambiguous_is_refused() {
     own["metadata"]["name"] = json!("a-x-b");
     assert!(desired_mirror(&ty, "client", "default", "vcluster-client", &own).is_ok());
 }
+
+/// A tenant can write crproxy's stand-in marker on its object; copied, it would
+/// make the mirror look like a stand-in, and every later step fail `too_deep`.
+#[test]
+fn the_stand_in_marker_never_reaches_the_mirror() {
+    use crproxy_core::deep_objects::{is_stand_in, TOO_DEEP_ANNOTATION};
+    let mut object = tenant_object();
+    object["metadata"]["annotations"][TOO_DEEP_ANNOTATION] = json!("set by the tenant");
+    let mirror =
+        desired_mirror(&backups(&[]), "client", "default", "h", &object).expect("translatable");
+    assert!(!is_stand_in(&mirror), "{mirror}");
+    assert_eq!(mirror["metadata"]["annotations"]["note"], "x");
+}

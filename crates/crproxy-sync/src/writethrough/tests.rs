@@ -285,6 +285,90 @@ async fn a_reference_whose_host_name_is_ambiguous_gets_422() {
     assert_eq!(response(&answer)["status"]["code"], 503, "{answer}");
 }
 
+/// A host that stores the Gateway's mirror (at first as [`stored_mirror`]) as
+/// it is written, moving its resourceVersion.
+fn storing_host() -> (impl Answer, Arc<StdMutex<Value>>) {
+    let mut first = stored_mirror();
+    first["metadata"]["resourceVersion"] = json!("3");
+    let stored = Arc::new(StdMutex::new(first));
+    let held = Arc::clone(&stored);
+    let answer = move |method: &Method, path: &str, body: &Value| {
+        let mut stored = locks::lock(&held);
+        match *method {
+            Method::GET if path == MIRROR_OBJECT_PATH => (200, stored.clone()),
+            Method::PUT if path == MIRROR_OBJECT_PATH => {
+                let version = stored["metadata"]["resourceVersion"]
+                    .as_str()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or_default();
+                *stored = body.clone();
+                stored["metadata"]["resourceVersion"] = json!((version + 1).to_string());
+                (200, stored.clone())
+            }
+            _ => not_found(),
+        }
+    };
+    (answer, stored)
+}
+
+/// An UPDATE review of the gateway from `old` to `object`.
+fn update_of(old: Value, object: Value) -> Value {
+    let mut update = review("UPDATE", object);
+    update["request"]["oldObject"] = old;
+    update
+}
+
+/// A tenant writes crproxy's stand-in marker on its object and takes it off
+/// again. Adding it is refused (422) and never reaches the mirror; taking it
+/// off (from an object that carries it all the same, e.g. stored while the
+/// webhook was not registered) is written through, rather than refused for good
+/// as the update of a stand-in.
+#[tokio::test]
+async fn the_stand_in_marker_is_refused_and_taking_it_off_is_written_through() {
+    use crproxy_core::deep_objects::{is_stand_in, TOO_DEEP_ANNOTATION};
+    let (host_answer, stored) = storing_host();
+    let host = FakeApi::start(host_answer).await;
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    let wt = configured(writing_to(wt, host.client.clone()), |wt| {
+        wt.confirm_within = Duration::from_millis(100);
+    });
+    synced(&gate);
+    let mut plain = gateway();
+    plain["metadata"]["resourceVersion"] = json!("7");
+    let mut marked = plain.clone();
+    marked["metadata"]["annotations"] = json!({TOO_DEEP_ANNOTATION: "mine"});
+    marked["spec"]["port"] = json!(8443);
+
+    let answer = wt
+        .admit(update_of(plain.clone(), marked.clone()))
+        .await
+        .expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert_eq!(r["status"]["code"], 422, "{answer}");
+    let message = r["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(TOO_DEEP_ANNOTATION) && message.contains("cannot be set"),
+        "{message}"
+    );
+    assert!(
+        !is_stand_in(&locks::lock(&stored)),
+        "the marker reached the host"
+    );
+
+    let mut unmarked = plain.clone();
+    unmarked["spec"]["port"] = json!(9443);
+    marked["metadata"]["resourceVersion"] = json!("8");
+    let answer = wt
+        .admit(update_of(marked, unmarked))
+        .await
+        .expect("a review");
+    assert_eq!(response(&answer)["allowed"], true, "{answer}");
+    let mirror = locks::lock(&stored).clone();
+    assert_eq!(mirror["spec"]["port"], 9443, "{mirror}");
+    assert!(!is_stand_in(&mirror), "{mirror}");
+}
+
 /// A host that cannot be reached fails the read before any write: the tenant
 /// gets a retryable 503, and nothing having been written, the key is free at
 /// once, with no mirror looked for and no rollback failure counted.
