@@ -543,10 +543,12 @@ impl WriteThrough {
             // which the tenant stores without a new resourceVersion, so waiting for
             // one would hold the key for the whole confirmation time), whose mirror
             // was written only because the host keeps it otherwise (defaults its
-            // server adds): a syncer reading either version of the tenant object
-            // writes the same mirror, so there is nothing to wait for.
-            Some(w)
-                if !w.created
+            // server adds) or had lost it (created again): a syncer reading either
+            // version of the tenant object writes the same mirror, so there is
+            // nothing to wait for. Nor to roll back: the object being updated
+            // exists, and a rollback keeps the mirror of an object the tenant holds.
+            Some(_)
+                if request.operation == "UPDATE"
                     && desired_mirror(
                         ty,
                         &self.tenant,

@@ -1446,6 +1446,31 @@ async fn a_no_op_update_of_a_defaulted_mirror_does_not_hold_its_object() {
     }
 }
 
+/// A no-op update of an object whose mirror the host lost creates the mirror
+/// again, and, the tenant storing it without a new resourceVersion, does not
+/// hold the object's key waiting for one either.
+#[tokio::test]
+async fn a_no_op_update_that_creates_the_mirror_again_does_not_hold_its_object() {
+    let host = FakeApi::start(creating_host).await;
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    let wt = configured(writing_to(wt, host.client.clone()), |wt| {
+        wt.confirm_within = Duration::from_secs(30)
+    });
+    synced(&gate);
+    let answer = wt.admit(port_update(443)).await.expect("a review");
+    assert_eq!(response(&answer)["allowed"], true, "{answer}");
+    assert_eq!(
+        host.with_method(Method::POST).len(),
+        1,
+        "{:?}",
+        host.received()
+    );
+    assert!(
+        !gate.is_pending(&key("team", "edge")),
+        "the key is held for a resourceVersion that never comes"
+    );
+}
+
 #[test]
 fn a_syncer_of_a_closed_term_cannot_open_the_gate_again() {
     // An aborted syncer runs until its next await: it may report its caches
