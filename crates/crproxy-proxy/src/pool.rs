@@ -690,6 +690,17 @@ impl PeerPool {
         lane: Lane,
         deadline: Option<Instant>,
     ) -> Result<PeerSender, PoolError> {
+        let mut sender = self.select_or_dial(lane, deadline).await?;
+        sender.deadline = deadline;
+        Ok(sender)
+    }
+
+    /// [`acquire_in`](Self::acquire_in) but for the sender's deadline.
+    async fn select_or_dial(
+        &self,
+        lane: Lane,
+        deadline: Option<Instant>,
+    ) -> Result<PeerSender, PoolError> {
         let mut waits = 0;
         let ticket = loop {
             match self.select(None, waits < MAX_DIAL_WAITS, lane) {
@@ -812,6 +823,7 @@ impl PeerPool {
                     conn,
                     lane,
                     reused: true,
+                    deadline: None,
                     pool: self.self_ref.clone(),
                 };
                 st.next = idx + 1;
@@ -945,6 +957,7 @@ impl PeerPool {
                     conn,
                     lane: ticket.lane,
                     reused: false,
+                    deadline,
                     pool: self.self_ref.clone(),
                 })
             }
@@ -1305,6 +1318,9 @@ pub struct PeerSender {
     lane: Lane,
     /// Whether the connection came from the cache (and so may have died unnoticed).
     reused: bool,
+    /// The deadline it was acquired within; a resend on another connection (see
+    /// [`PeerSender::send`]) acquires that one within it too.
+    deadline: Option<Instant>,
     pool: Weak<PeerPool>,
 }
 
@@ -1350,12 +1366,19 @@ impl PeerSender {
     /// adapted to the connection's protocol. If a cached connection turns out dead
     /// before the request was written, the pool drops it and the request goes out on
     /// another connection (at most three tries), so callers need not
-    /// retry that case themselves.
+    /// retry that case themselves. That connection is acquired within the
+    /// deadline the sender was, and when none can be had the request fails as
+    /// [`SendError::Pool`] with the pool's reason.
     pub async fn send(self, req: Request<ProxyBody>) -> Result<Response<PeerBody>, SendError> {
         let mut sender = self;
         let mut req = req;
         for attempt in 1..=SEND_ATTEMPTS {
-            let (pool, peer_id, lane) = (sender.pool.clone(), sender.peer_id, sender.lane);
+            let (pool, peer_id, lane, deadline) = (
+                sender.pool.clone(),
+                sender.peer_id,
+                sender.lane,
+                sender.deadline,
+            );
             let h2 = sender.is_h2();
             match sender.send_once(req).await {
                 Attempt::Done(result) => return result,
@@ -1375,7 +1398,7 @@ impl PeerSender {
                     }
                     tracing::debug!(error = %err, "cached peer connection was dead; resending on another connection");
                     req = unsent;
-                    sender = pool.acquire_in(lane, None).await?;
+                    sender = pool.acquire_in(lane, deadline).await?;
                 }
             }
         }

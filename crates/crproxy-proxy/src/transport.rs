@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
-use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody};
+use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody, SendError};
 use crproxy_core::locks;
 use crproxy_core::reason::Reason;
 use std::sync::Arc;
@@ -65,7 +65,8 @@ const DROPPED_RESPONSE_HEADERS: [HeaderName; 7] = [
 /// A request could not be completed against the target.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
-    /// No peer could be used: the pool's precheck or every dial failed.
+    /// No peer could be used: the pool's precheck or every dial failed, for the
+    /// request or for its resend after a cached connection died under it.
     #[error("{0}")]
     Pool(#[from] PoolError),
     /// The request reached a connection but the exchange failed.
@@ -81,6 +82,19 @@ pub enum ForwardError {
     /// gone, an exec plugin failing).
     #[error("{0}")]
     Credentials(#[source] crproxy_kube::Error),
+}
+
+impl From<SendError> for ForwardError {
+    fn from(error: SendError) -> Self {
+        match error {
+            // A resend whose new connection could not be had failed as a dial
+            // (or a rejection) does: it keeps that reason.
+            SendError::Pool(error) => ForwardError::Pool(error),
+            SendError::InvalidRequest { .. } | SendError::Http { .. } => {
+                ForwardError::Send(error.to_string())
+            }
+        }
+    }
 }
 
 impl ForwardError {
@@ -270,10 +284,7 @@ impl TargetConnection {
         let sent_authorization = headers.get(http::header::AUTHORIZATION).cloned();
         *request.headers_mut() = headers;
         let sender = self.pool.acquire_in(lane, deadline).await?;
-        let response = sender
-            .send(request)
-            .await
-            .map_err(|e| ForwardError::Send(e.to_string()))?;
+        let response = sender.send(request).await?;
         if response.status() == StatusCode::UNAUTHORIZED {
             // The identity's token was refused: read its file or run its plugin again
             // for the next request instead of waiting for the next recheck.

@@ -270,6 +270,82 @@ async fn the_proxys_own_watch_gives_up_on_a_target_that_never_answers() {
     assert_eq!(peer.requests.load(Ordering::SeqCst), 1, "the peer had it");
 }
 
+/// How the peer turns away the connection a resend asks for.
+#[derive(Debug, Clone, Copy)]
+enum NextDial {
+    /// The peer's listener is closed.
+    Refused,
+    /// The peer accepts and never completes TLS.
+    Hangs,
+}
+
+/// A request on a cached connection that dies under it is sent again on
+/// another connection; when none can be had, the request fails with the pool's
+/// reason (the spec: a request failed by a dial carries that dial's reason), not
+/// as an exchange failure (`upstream`), and that connection is acquired within
+/// the request's deadline, so a dial it cuts counts as `deadline`, not
+/// `canceled`. A watch (no deadline) is sent as a stream on HTTP/2, a request
+/// with one as an exchange on HTTP/1.1. In real time: with the clock paused,
+/// the deadline's timer would let the runtime jump to it while the loopback
+/// exchange is momentarily not ready.
+#[tokio::test]
+async fn a_resend_that_gets_no_connection_fails_with_the_pools_reason() {
+    use crproxy_core::reason::Reason;
+    use std::time::Duration;
+    async fn check(next: NextDial, deadline: Option<Duration>, want: Reason) {
+        let (h, mut peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
+        let target = target_of(&h);
+        let lane = match deadline {
+            Some(_) => Lane::Exchange,
+            None => Lane::Stream,
+        };
+        h.get_in(lane).await.expect("a connection to reuse");
+        match next {
+            NextDial::Refused => peer.stop_accepting().await,
+            NextDial::Hangs => peer.hold_new_connections(),
+        }
+
+        let deadline = deadline.map(|after| tokio::time::Instant::now() + after);
+        let no_headers = http::HeaderMap::new();
+        let sent = target.send_before(
+            deadline,
+            http::Method::GET,
+            TargetPath::Written(DROPS_CONNECTIONS),
+            &no_headers,
+            None,
+            empty(),
+        );
+        let outcome = tokio::time::timeout(Duration::from_secs(30), sent)
+            .await
+            .expect("the resend ends");
+        let error = outcome.expect_err("no connection for the resend");
+        assert_eq!(error.reason(), want, "{next:?}: {error}");
+        // The warm-up and the request the peer dropped: it went out on the
+        // cached connection, and the connection that failed was the resend's.
+        assert_eq!(peer.requests.load(Ordering::SeqCst), 2, "{next:?}");
+        let accepted = match next {
+            NextDial::Refused => 1,
+            NextDial::Hangs => 2,
+        };
+        assert_eq!(
+            peer.connections.load(Ordering::SeqCst),
+            accepted,
+            "{next:?}"
+        );
+        let s = h.scrape();
+        assert_eq!(s.dial_failures(want.as_str()), 1.0, "{next:?}");
+        assert_eq!(s.dial_failures("canceled"), 0.0, "{next:?}");
+    }
+    check(NextDial::Refused, None, Reason::Error).await;
+    // Under the 5 s dial limit, so that the deadline ends the dial.
+    check(
+        NextDial::Hangs,
+        Some(Duration::from_secs(1)),
+        Reason::Deadline,
+    )
+    .await;
+}
+
 /// A bodiless GET of `path` through `target`, with a deadline or without.
 async fn get_through(
     target: &TargetConnection,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -95,10 +95,14 @@ pub const FILLER_BYTES: &str = "x-filler-bytes";
 /// that took the request and wedged.
 pub const NEVER_ANSWERED: &str = "/never-answered";
 
+/// A path whose request makes a [`TlsPeer`] drop every open connection (its own
+/// too, unanswered) as [`TlsPeer::kill_connections`] does.
+pub const DROPS_CONNECTIONS: &str = "/drops-connections";
+
 /// A TLS + HTTP peer answering every request with
 /// `peer <port> <version> <path and query> host=<host>`, except `/empty`, answered with no
-/// body, and [`NEVER_ANSWERED`]; [`FILLER_BYTES`] adds an `x-filler` header of that
-/// size to the answer.
+/// body, and [`NEVER_ANSWERED`] and [`DROPS_CONNECTIONS`]; [`FILLER_BYTES`] adds an
+/// `x-filler` header of that size to the answer.
 pub struct TlsPeer {
     pub addr: SocketAddr,
     /// TCP connections accepted so far.
@@ -107,6 +111,9 @@ pub struct TlsPeer {
     pub requests: Arc<AtomicUsize>,
     kill: tokio::sync::watch::Sender<u64>,
     freeze: tokio::sync::watch::Sender<u64>,
+    /// New connections are accepted and held, never answered (see
+    /// [`TlsPeer::hold_new_connections`]).
+    hold: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -137,15 +144,23 @@ impl TlsPeer {
         let killed = kill.clone();
         let freeze = tokio::sync::watch::channel(0u64).0;
         let frozen = freeze.clone();
+        let hold = Arc::new(AtomicBool::new(false));
+        let holding = hold.clone();
         let task = tokio::spawn(async move {
+            let mut held = Vec::new();
             // Bounded: the task is aborted when the TlsPeer drops.
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
                 conns.fetch_add(1, Ordering::SeqCst);
+                if holding.load(Ordering::SeqCst) {
+                    held.push(tcp);
+                    continue;
+                }
                 let acceptor = acceptor.clone();
                 let reqs = reqs.clone();
+                let killer = killed.clone();
                 let mut killed = killed.subscribe();
                 let generation = *killed.borrow();
                 let mut frozen = frozen.subscribe();
@@ -164,6 +179,9 @@ impl TlsPeer {
                             .or_else(|| req.uri().authority().map(|a| a.to_string()))
                             .unwrap_or_default();
                         let never = req.uri().path() == NEVER_ANSWERED;
+                        if req.uri().path() == DROPS_CONNECTIONS {
+                            killer.send_modify(|g| *g += 1);
+                        }
                         let body = if req.uri().path() == "/empty" {
                             String::new()
                         } else {
@@ -185,8 +203,9 @@ impl TlsPeer {
                                 .expect("filler value");
                             response.headers_mut().insert("x-filler", value);
                         }
+                        let dropped = req.uri().path() == DROPS_CONNECTIONS;
                         async move {
-                            if never {
+                            if never || dropped {
                                 // Ends with its connection, when the peer drops.
                                 std::future::pending::<()>().await;
                             }
@@ -217,8 +236,23 @@ impl TlsPeer {
             requests,
             kill,
             freeze,
+            hold,
             task,
         }
+    }
+
+    /// From now on, accepts connections and holds them without a TLS answer,
+    /// as a peer that hangs does, so that dials to it wait out their limit.
+    pub fn hold_new_connections(&self) {
+        self.hold.store(true, Ordering::SeqCst);
+    }
+
+    /// Closes the listener (open connections stay): dials are refused from
+    /// now on, once the port is not taken again.
+    pub async fn stop_accepting(&mut self) {
+        self.task.abort();
+        // The listener is closed once the aborted task has been dropped.
+        let _ = (&mut self.task).await;
     }
 
     /// Stops serving every open connection without closing it (the listener keeps
