@@ -690,17 +690,6 @@ impl PeerPool {
         lane: Lane,
         deadline: Option<Instant>,
     ) -> Result<PeerSender, PoolError> {
-        let mut sender = self.select_or_dial(lane, deadline).await?;
-        sender.deadline = deadline;
-        Ok(sender)
-    }
-
-    /// [`acquire_in`](Self::acquire_in) but for the sender's deadline.
-    async fn select_or_dial(
-        &self,
-        lane: Lane,
-        deadline: Option<Instant>,
-    ) -> Result<PeerSender, PoolError> {
         let mut waits = 0;
         let ticket = loop {
             match self.select(None, waits < MAX_DIAL_WAITS, lane) {
@@ -708,6 +697,7 @@ impl PeerPool {
                 // is dropped here, outside the lock; each such turn uses one up.
                 Selection::Cached(mut sender) => {
                     if sender.is_open() {
+                        sender.deadline = deadline;
                         return Ok(sender);
                     }
                 }
@@ -751,6 +741,7 @@ impl PeerPool {
         match self.select(exclude, false, lane) {
             Selection::Cached(mut sender) => {
                 if sender.is_open() {
+                    sender.deadline = deadline;
                     Ok(sender)
                 } else {
                     Err(first_error)
@@ -823,6 +814,7 @@ impl PeerPool {
                     conn,
                     lane,
                     reused: true,
+                    // Set by `acquire_in`, which knows it.
                     deadline: None,
                     pool: self.self_ref.clone(),
                 };
