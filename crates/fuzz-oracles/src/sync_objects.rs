@@ -710,12 +710,38 @@ fn translated(
 }
 
 fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
-    let desired = desired_mirror(ty, tenant, PROJECT, HOST_NAMESPACE, object);
     let (name, namespace, uid) = (
         meta(object, "name"),
         meta(object, "namespace"),
         meta(object, "uid"),
     );
+    // The mirror's own fields: the tenant's but metadata and status (the
+    // configuration refuses patches into metadata).
+    let mut own = Map::new();
+    own.insert("apiVersion".into(), json!(API_VERSION));
+    own.insert("kind".into(), json!(KIND));
+    for (k, v) in object.as_object().into_iter().flatten() {
+        if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
+            own.insert(k.clone(), v.clone());
+        }
+    }
+    let own = Value::Object(own);
+    // Refused exactly when a reference among them has no one-to-one host name.
+    let mut references = Vec::new();
+    translated(ty, &own, false, &|s| s.to_owned(), &mut references);
+    let ambiguous = references
+        .iter()
+        .any(|r| names::ambiguity(r, namespace).is_some());
+    let desired = match desired_mirror(ty, tenant, PROJECT, HOST_NAMESPACE, object) {
+        Ok(desired) => {
+            assert!(!ambiguous, "an ambiguous reference translated");
+            desired
+        }
+        Err(refused) => {
+            assert!(ambiguous, "refused without an ambiguous reference: {refused}");
+            return;
+        }
+    };
     let metadata = &desired["metadata"];
     let host_name = host_name(name, namespace, tenant);
     assert_eq!(metadata["name"], host_name);
@@ -779,18 +805,10 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
         );
     }
     // The fields: the tenant's but status, names translated on the paths outside it.
-    let mut own = Map::new();
-    own.insert("apiVersion".into(), json!(API_VERSION));
-    own.insert("kind".into(), json!(KIND));
-    for (k, v) in object.as_object().into_iter().flatten() {
-        if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
-            own.insert(k.clone(), v.clone());
-        }
-    }
     let to_host_name = |s: &str| names::host_name(s, namespace, tenant);
     let expected = translated(
         ty,
-        &Value::Object(own),
+        &own,
         false,
         &to_host_name,
         &mut Vec::new(),
@@ -806,13 +824,16 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
     if object["metadata"].is_object() {
         let mut reborn = object.clone();
         reborn["metadata"]["uid"] = json!(format!("{uid}-2"));
-        let reborn = desired_mirror(ty, tenant, PROJECT, HOST_NAMESPACE, &reborn);
+        let reborn = desired_mirror(ty, tenant, PROJECT, HOST_NAMESPACE, &reborn)
+            .expect("its references are the same");
         assert!(!same_mirror(&desired, &reborn) && !same_mirror(&reborn, &desired));
     }
-    let other = desired_mirror(ty, &format!("{tenant}0"), PROJECT, HOST_NAMESPACE, object);
+    let other = desired_mirror(ty, &format!("{tenant}0"), PROJECT, HOST_NAMESPACE, object)
+        .expect("the references do not depend on the tenant");
     assert!(!same_mirror(&desired, &other) && !same_mirror(&other, &desired));
     // Nor that of the tenant of this name in another project.
-    let elsewhere = desired_mirror(ty, tenant, "other-project", HOST_NAMESPACE, object);
+    let elsewhere = desired_mirror(ty, tenant, "other-project", HOST_NAMESPACE, object)
+        .expect("the references do not depend on the project");
     assert!(!same_mirror(&desired, &elsewhere) && !same_mirror(&elsewhere, &desired));
 
     // A replace of whatever the host has: the host's status stays, it is this
