@@ -76,8 +76,15 @@ const HTTP1_READY_WAIT: Duration = Duration::from_secs(5);
 const MAX_IDLE_HTTP1: usize = 8;
 /// How long an HTTP/1.1 connection may stay idle before it is closed rather than
 /// reused (Go's transport uses the same 90 s). Nobody reads an idle connection, so
-/// this also bounds how long one the peer closed keeps its socket and buffers.
+/// this also bounds how long one the peer closed keeps its socket and buffers:
+/// the pool's sweep closes it at most [`IDLE_SWEEP_SLACK`] later.
 pub const HTTP1_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long after the oldest idle HTTP/1.1 connection's [`HTTP1_IDLE_TIMEOUT`]
+/// the pool's sweep comes. Every connection idle long enough by then closes in
+/// the same sweep, so connections that went idle one after the other (a burst
+/// ending) cost one wake-up, not one each, and sweeps are at least this far
+/// apart.
+pub const IDLE_SWEEP_SLACK: Duration = Duration::from_secs(1);
 /// Default HTTP/2 ping interval on peer connections.
 pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// Default time to wait for a ping answer before the connection is closed.
@@ -453,6 +460,9 @@ struct State {
     down_since: Option<Instant>,
     /// The stale-list log line was written for the current outage.
     stale_logged: bool,
+    /// The idle sweep has a sweep due (see [`sweep_idle_http1`]); when not, the
+    /// next connection going idle wakes it.
+    idle_sweep_due: bool,
 }
 
 impl State {
@@ -484,7 +494,17 @@ pub struct PeerPool {
     default_authority: String,
     state: Mutex<State>,
     listed: watch::Sender<bool>,
+    /// Wakes the idle sweep ([`sweep_idle_http1`]) when it has nothing to wait
+    /// for: a connection went idle, or the pool is dropped.
+    idle_sweep: Arc<tokio::sync::Notify>,
     self_ref: Weak<PeerPool>,
+}
+
+impl Drop for PeerPool {
+    fn drop(&mut self) {
+        // The sweep holds the pool weakly: woken, it finds it gone and ends.
+        self.idle_sweep.notify_one();
+    }
 }
 
 impl std::fmt::Debug for PeerPool {
@@ -540,10 +560,19 @@ impl PeerPool {
             default_authority,
             state: Mutex::new(State::default()),
             listed: watch::channel(false).0,
+            idle_sweep: Arc::new(tokio::sync::Notify::new()),
             self_ref: me.clone(),
         });
         pool.metrics
             .register_pool(&pool.group_version, Arc::downgrade(&pool));
+        // Outside a runtime (some unit tests) there is nothing to sweep: no
+        // connection can be dialled either.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep_idle_http1(
+                Arc::downgrade(&pool),
+                Arc::clone(&pool.idle_sweep),
+            ));
+        }
         pool
     }
 
@@ -1108,12 +1137,47 @@ impl PeerPool {
             .count();
         let expired: Vec<Http1Conn> = peer.idle_http1.drain(..expired).collect();
         let room = conn.exchange.is_some() || peer.idle_http1.len() < MAX_IDLE_HTTP1;
+        let mut wake_sweep = false;
         if peer.health == Health::Healthy && room {
             conn.idle_since = now;
             peer.idle_http1.push(conn);
+            wake_sweep = !st.idle_sweep_due;
+            st.idle_sweep_due = true;
         }
         drop(st);
         drop(expired);
+        if wake_sweep {
+            self.idle_sweep.notify_one();
+        }
+    }
+
+    /// Closes the idle HTTP/1.1 connections idle for [`HTTP1_IDLE_TIMEOUT`] and
+    /// returns when the next sweep is due: [`IDLE_SWEEP_SLACK`] after the oldest
+    /// one left will have been idle that long. `None`, with no idle connection
+    /// left: the next one to go idle wakes the sweep.
+    fn close_idle_too_long(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let mut closing = Vec::new();
+        let mut oldest: Option<Instant> = None;
+        for peer in &mut st.peers {
+            // The oldest idle connections are at the bottom.
+            let expired = peer
+                .idle_http1
+                .iter()
+                .take_while(|c| c.idle_too_long(now))
+                .count();
+            closing.extend(peer.idle_http1.drain(..expired));
+            if let Some(conn) = peer.idle_http1.first() {
+                oldest = Some(oldest.map_or(conn.idle_since, |o| o.min(conn.idle_since)));
+            }
+        }
+        let next = oldest.map(|since| since + HTTP1_IDLE_TIMEOUT + IDLE_SWEEP_SLACK);
+        st.idle_sweep_due = next.is_some();
+        drop(st);
+        // Closed after the lock is released.
+        drop(closing);
+        next
     }
 
     /// The peer refused a connection offering HTTP/1.1 alone.
@@ -1191,6 +1255,31 @@ fn take_cached(peer: &mut Peer, lane: Lane, now: Instant) -> Option<Conn> {
     }
     // No HTTP/2 connection, or every one is full: the caller dials another.
     None
+}
+
+/// The pool's idle sweep: closes HTTP/1.1 connections idle for
+/// [`HTTP1_IDLE_TIMEOUT`] without waiting for a request to take them. Nobody
+/// reads an idle connection, so without it one the peer closed would keep its
+/// socket and buffers, and one still open its place among the peer's
+/// [`MAX_EXCHANGE_CONNECTIONS`], for as long as no request came. It
+/// holds the pool weakly and ends once the pool is dropped; it has a timer only
+/// while the pool has idle HTTP/1.1 connections.
+async fn sweep_idle_http1(pool: Weak<PeerPool>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        wake.notified().await;
+        // Bounded: each turn either sleeps until the next sweep or ends.
+        loop {
+            let Some(strong) = pool.upgrade() else {
+                return;
+            };
+            let next = strong.close_idle_too_long();
+            drop(strong);
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => break,
+            }
+        }
+    }
 }
 
 /// Formats an age the way operators read it in logs, e.g. `75.3s`.

@@ -150,3 +150,29 @@ fn acquiring_a_connection_does_not_carry_a_dial_inline() {
 fn the_quarantine_duration_is_the_specs_20_seconds() {
     assert_eq!(QUARANTINE_DURATION, Duration::from_secs(20));
 }
+
+/// The idle sweep holds its pool weakly and ends with it: a pool made and
+/// dropped (a target's pool replaced, a test's) leaves no task behind.
+#[tokio::test]
+async fn the_idle_sweep_ends_with_its_pool() {
+    async fn tasks_alive() -> usize {
+        // Bounded: a few turns for a woken task to end.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    }
+    let before = tasks_alive().await;
+    let tls = test_support::client_config_without_roots();
+    let dialer = Dialer::new(
+        Arc::new(tls),
+        rustls_pki_types::ServerName::try_from("target.example").expect("name"),
+    );
+    let metrics = crate::metrics::Metrics::new().target("default/target");
+    let pool = PeerPool::new("example.com/v1".into(), dialer, metrics);
+    assert_eq!(tasks_alive().await, before + 1, "the sweep runs");
+    drop(pool);
+    assert_eq!(tasks_alive().await, before, "and ends with the pool");
+}

@@ -524,6 +524,64 @@ async fn an_http1_connection_idle_too_long_is_closed_not_reused() {
     assert_eq!(peer.connections.load(Ordering::SeqCst), 2, "dialled anew");
 }
 
+/// Idle HTTP/1.1 connections are closed once idle for `HTTP1_IDLE_TIMEOUT` even
+/// when no request comes to take them: without that, one the peer closed would
+/// keep its socket, and one still open its place on the peer, for as long as
+/// the pool lives. Those that went idle together close in one sweep.
+#[tokio::test]
+async fn idle_http1_connections_are_closed_without_another_request() {
+    use std::time::Duration;
+    use tokio::time::{sleep, sleep_until, Instant};
+    const IDLE: usize = 10;
+    let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
+    // In real time until the connections are idle: with the clock paused, the
+    // sweep's timer (set when the first goes idle) would let the runtime jump
+    // to it while a loopback exchange is momentarily not ready.
+    let mut senders = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        senders.push(h.exchange().await);
+    }
+    let first_idle = Instant::now();
+    for sender in senders {
+        let answer = sender
+            .send(request("/apis/example.com/v1"))
+            .await
+            .expect("answer");
+        answer.into_body().collect().await.expect("body");
+    }
+    // Lets every connection reach the idle list.
+    sleep(Duration::from_millis(100)).await;
+    let last_idle = Instant::now();
+    assert_eq!(peer.connections.load(Ordering::SeqCst), IDLE);
+    assert_eq!(peer.open.load(Ordering::SeqCst), IDLE);
+    tokio::time::pause();
+
+    // Bounded, 20 ms on the paused clock: lets the peer read what closed.
+    let settle = || async {
+        for _ in 0..20 {
+            sleep(Duration::from_millis(1)).await;
+        }
+    };
+    sleep_until(first_idle + HTTP1_IDLE_TIMEOUT - Duration::from_secs(1)).await;
+    settle().await;
+    assert_eq!(peer.open.load(Ordering::SeqCst), IDLE, "none before 90 s");
+
+    sleep_until(last_idle + HTTP1_IDLE_TIMEOUT + Duration::from_secs(1)).await;
+    // Bounded: 3 s on the paused clock.
+    for _ in 0..300 {
+        if peer.open.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(peer.open.load(Ordering::SeqCst), 0, "all closed after 91 s");
+    assert_eq!(
+        peer.requests.load(Ordering::SeqCst),
+        IDLE,
+        "no other request"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn pings_retire_a_connection_to_a_peer_that_stopped_answering() {
     let h = Harness::with_options(crproxy_proxy::pool::PoolOptions::default());

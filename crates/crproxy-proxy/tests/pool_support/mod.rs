@@ -109,6 +109,8 @@ pub struct TlsPeer {
     pub connections: Arc<AtomicUsize>,
     /// Requests served so far.
     pub requests: Arc<AtomicUsize>,
+    /// Connections served now: past the TLS handshake and not yet closed.
+    pub open: Arc<AtomicUsize>,
     kill: tokio::sync::watch::Sender<u64>,
     freeze: tokio::sync::watch::Sender<u64>,
     /// New connections are accepted and held, never answered (see
@@ -139,7 +141,8 @@ impl TlsPeer {
         let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config(alpn));
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
-        let (conns, reqs) = (connections.clone(), requests.clone());
+        let open = Arc::new(AtomicUsize::new(0));
+        let (conns, reqs, opened) = (connections.clone(), requests.clone(), open.clone());
         let kill = tokio::sync::watch::channel(0u64).0;
         let killed = kill.clone();
         let freeze = tokio::sync::watch::channel(0u64).0;
@@ -160,6 +163,7 @@ impl TlsPeer {
                 }
                 let acceptor = acceptor.clone();
                 let reqs = reqs.clone();
+                let opened = opened.clone();
                 let killer = killed.clone();
                 let mut killed = killed.subscribe();
                 let generation = *killed.borrow();
@@ -169,6 +173,7 @@ impl TlsPeer {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
+                    let _open = Counted::add(opened);
                     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                         reqs.fetch_add(1, Ordering::SeqCst);
                         let host = req
@@ -234,6 +239,7 @@ impl TlsPeer {
             addr,
             connections,
             requests,
+            open,
             kill,
             freeze,
             hold,
@@ -275,6 +281,22 @@ impl Drop for TlsPeer {
     fn drop(&mut self) {
         self.kill.send_modify(|g| *g += 1);
         self.task.abort();
+    }
+}
+
+/// One in a count for as long as it lives.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn add(count: Arc<AtomicUsize>) -> Counted {
+        count.fetch_add(1, Ordering::SeqCst);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
