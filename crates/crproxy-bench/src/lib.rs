@@ -35,7 +35,7 @@ pub(crate) async fn test_env(dir: &std::path::Path) -> crproxy::devenv::DevEnv {
 pub fn run_and_report(options: &bench::Options) -> anyhow::Result<()> {
     use anyhow::Context;
     // One crypto provider for the whole process: the proxy, the devclusters and
-    // the driver all use rustls with ring.
+    // the driver all use rustls with crproxy_kube::crypto_provider().
     crproxy_kube::install_crypto_provider();
     // crproxy's own builder: a bad TOKIO_WORKER_THREADS is an error, not tokio's panic.
     let runtime = crproxy::runtime::build().context("starting the tokio runtime")?;

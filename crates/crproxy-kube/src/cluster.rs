@@ -329,7 +329,7 @@ impl ClusterConfig {
     }
 
     /// A rustls client config for this cluster with the given ALPN protocols, built on
-    /// the ring provider explicitly so no process-wide default provider is needed. The
+    /// [`crate::crypto_provider`] explicitly so no process-wide default provider is needed. The
     /// client certificate, if any, comes from `credentials` at each handshake.
     pub fn rustls_config(
         &self,

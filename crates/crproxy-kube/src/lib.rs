@@ -10,8 +10,8 @@
 //! optionally with a read timeout ([`ReadTimeoutLayer`]) that turns a watch stalled
 //! without closing into an error.
 //!
-//! TLS uses rustls with the ring provider passed explicitly, so nothing here depends on
-//! a process-wide default provider being installed. [`crypto_provider`] is the one
+//! TLS uses rustls with the aws-lc-rs provider passed explicitly, so nothing here
+//! depends on a process-wide default provider being installed. [`crypto_provider`] is the one
 //! place the workspace names that provider.
 
 mod cluster;
@@ -27,12 +27,14 @@ mod stand_ins;
 use std::time::Duration;
 
 /// The rustls crypto provider of every TLS configuration, key load and signature
-/// check in crproxy and devcluster: ring's. The one place it is named, so that
-/// moving to another is one change (rustls 0.23.48 deprecates ring's provider for
-/// its lack of post-quantum key exchange; Cargo.lock holds 0.23.46, and aws-lc-rs
-/// was measured and not kept: docs/performance.md, the ninth pass).
+/// check in crproxy and devcluster: aws-lc-rs's, whose key exchange offers the
+/// hybrid post-quantum group X25519MLKEM768 first (kube-apiservers built with Go
+/// 1.24 or later offer it too), so traffic recorded today cannot be decrypted
+/// later by a quantum computer. ring's provider has no such group, and rustls
+/// deprecates it from 0.23.48. The one place the provider is named, so that
+/// moving to another is one change.
 pub fn crypto_provider() -> rustls::crypto::CryptoProvider {
-    rustls::crypto::ring::default_provider()
+    rustls::crypto::aws_lc_rs::default_provider()
 }
 
 /// Installs [`crypto_provider`] as the process's default, for code that builds a

@@ -133,6 +133,20 @@ async fn answer_header_block(h: &crate::target_support::Harness, path: &str) -> 
         .expect("an answer within 30 s")
 }
 
+/// The listener agrees the hybrid post-quantum key exchange (X25519MLKEM768)
+/// with a caller that offers it, as the aggregators of kube-apiservers built with
+/// Go 1.24 or later do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_agrees_a_post_quantum_key_exchange() {
+    let h = harness(AccessMode::Owned).await;
+    let tls = caller_tls(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
+    let agreed = tls.get_ref().1.negotiated_key_exchange_group();
+    assert_eq!(
+        agreed.map(|group| group.name()),
+        Some(rustls::NamedGroup::X25519MLKEM768)
+    );
+}
+
 /// The target's `Audit-Id` is new on every answer: the proxy sends it as a
 /// literal never to be indexed, so that no HPACK table on the caller's
 /// connection fills with values no later answer repeats. The test decodes no

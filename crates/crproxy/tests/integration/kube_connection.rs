@@ -172,6 +172,29 @@ async fn the_server_certificate_is_verified_unless_insecure() -> Result<()> {
     Ok(())
 }
 
+/// A connection to an API server agrees the hybrid post-quantum key exchange
+/// (X25519MLKEM768) when the server offers it too, as kube-apiservers built with
+/// Go 1.24 or later do, and devcluster does: traffic recorded today cannot be
+/// decrypted later with a quantum computer.
+#[tokio::test]
+async fn connections_agree_a_post_quantum_key_exchange() -> Result<()> {
+    let cluster = test_support::devcluster("pq").await;
+    let cfg = config(&cluster, Auth::Token(cluster.cluster.admin_token()))?;
+    let tls = cfg.rustls_config(&[b"h2"], cfg.credentials()?.as_ref())?;
+    let host = cfg.server.host_str().context("server host")?.to_string();
+    let port = cfg.server.port().context("server port")?;
+    let tcp = timed(tokio::net::TcpStream::connect((host.as_str(), port))).await??;
+    let name = rustls_pki_types::ServerName::try_from(host)?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let stream = timed(connector.connect(name, tcp)).await??;
+    let agreed = stream.get_ref().1.negotiated_key_exchange_group();
+    assert_eq!(
+        agreed.map(|group| group.name()),
+        Some(rustls::NamedGroup::X25519MLKEM768)
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn kubeconfig_with_relative_files_connects() -> Result<()> {
     let cluster = test_support::devcluster("files").await;
