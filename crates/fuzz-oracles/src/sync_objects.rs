@@ -738,7 +738,10 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
             desired
         }
         Err(refused) => {
-            assert!(ambiguous, "refused without an ambiguous reference: {refused}");
+            assert!(
+                ambiguous,
+                "refused without an ambiguous reference: {refused}"
+            );
             return;
         }
     };
@@ -806,13 +809,7 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
     }
     // The fields: the tenant's but status, names translated on the paths outside it.
     let to_host_name = |s: &str| names::host_name(s, namespace, tenant);
-    let expected = translated(
-        ty,
-        &own,
-        false,
-        &to_host_name,
-        &mut Vec::new(),
-    );
+    let expected = translated(ty, &own, false, &to_host_name, &mut Vec::new());
     let mut got = desired.clone();
     if let Some(got) = got.as_object_mut() {
         got.remove("metadata");
