@@ -1389,7 +1389,7 @@ fn with_leaders_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<Stri
                 .into_iter()
                 .flatten()
                 .find(|w| w["name"].as_str() == Some(name));
-            if let Some(leaders) = leaders.filter(|w| !holds(webhook, w)) {
+            if let Some(leaders) = leaders.filter(|w| !holds(webhook, w) || narrowed(webhook, w)) {
                 changed.push(name.to_owned());
                 *webhook = leaders.clone();
             }
@@ -1397,6 +1397,35 @@ fn with_leaders_webhooks(current: &mut Value, wanted: &Value) -> Option<Vec<Stri
     }
     changed.extend(with_missing_webhooks(current, wanted).unwrap_or_default());
     (!changed.is_empty()).then_some(changed)
+}
+
+/// The members of a webhook that the leader leaves unset and the API server
+/// defaults to "every request": a value there narrows what the webhook is sent
+/// (an `objectSelector` no tenant object matches turns write-through off), so it
+/// is an edit to undo like a changed URL, which [`holds`] alone would not see.
+const NARROWING: [&str; 3] = ["namespaceSelector", "objectSelector", "matchConditions"];
+
+/// Whether `have` sets one of [`NARROWING`]'s members that `want` leaves unset to
+/// anything but what matches every request.
+fn narrowed(have: &Value, want: &Value) -> bool {
+    NARROWING
+        .iter()
+        .any(|key| want.get(key).is_none() && !matches_everything(&have[*key]))
+}
+
+/// Whether a selector or a list of match conditions excludes nothing: absent,
+/// empty, or a selector whose every member is empty.
+fn matches_everything(value: &Value) -> bool {
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Object(members) => members.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        _ => false,
+    };
+    match value {
+        Value::Object(members) => members.values().all(empty),
+        other => empty(other),
+    }
 }
 
 /// Whether `have` holds everything `want` says: every member of an object (with

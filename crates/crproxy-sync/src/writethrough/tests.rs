@@ -1885,6 +1885,8 @@ fn the_leader_puts_back_its_changed_webhooks_and_keeps_the_servers_defaults() {
     let mut defaulted = ours("a.x", "https://leader");
     defaulted["timeoutSeconds"] = json!(10);
     defaulted["namespaceSelector"] = json!({});
+    defaulted["objectSelector"] = json!({"matchLabels": {}, "matchExpressions": []});
+    defaulted["matchConditions"] = json!([]);
     defaulted["rules"][0]["scope"] = json!("*");
     let other = json!({"name": "c.x", "clientConfig": {"url": "https://someone"}});
     let mut current = json!({"metadata": {"name": "c"},
@@ -1898,6 +1900,35 @@ fn the_leader_puts_back_its_changed_webhooks_and_keeps_the_servers_defaults() {
         Some(vec!["b.x".to_owned()])
     );
     assert_eq!(edited, current);
+
+    // What narrows the requests a webhook is sent is an edit too.
+    let narrowings = [
+        ("objectSelector", json!({"matchLabels": {"never": "x"}})),
+        (
+            "namespaceSelector",
+            json!({"matchExpressions": [{"key": "k", "operator": "Exists"}]}),
+        ),
+        (
+            "matchConditions",
+            json!([{"name": "none", "expression": "false"}]),
+        ),
+    ];
+    for (key, narrowing) in narrowings {
+        let mut narrowed = current.clone();
+        narrowed["webhooks"][1][key] = narrowing;
+        assert_eq!(
+            with_leaders_webhooks(&mut narrowed, &wanted),
+            Some(vec!["b.x".to_owned()]),
+            "{key}"
+        );
+        assert_eq!(narrowed, current, "{key}");
+    }
+    // A selector the leader sets itself is held like any other member.
+    let mut selective = ours("a.x", "https://leader");
+    selective["objectSelector"] = json!({"matchLabels": {"tier": "gold"}});
+    let selective_wanted = json!({"webhooks": [selective.clone()]});
+    let mut holding = json!({"webhooks": [selective]});
+    assert_eq!(with_leaders_webhooks(&mut holding, &selective_wanted), None);
 
     let mut emptied = current.clone();
     emptied["webhooks"][0]["rules"] = json!([]);
