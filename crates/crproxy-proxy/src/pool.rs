@@ -445,6 +445,18 @@ impl Peer {
         self.h2.clear();
         self.idle_http1.clear();
     }
+
+    /// Takes the idle HTTP/1.1 connections idle for [`HTTP1_IDLE_TIMEOUT`] off
+    /// the list, for the caller to close once the lock is released.
+    fn take_idle_too_long(&mut self, now: Instant) -> std::vec::Drain<'_, Http1Conn> {
+        // The oldest idle connections are at the bottom.
+        let expired = self
+            .idle_http1
+            .iter()
+            .take_while(|c| c.idle_too_long(now))
+            .count();
+        self.idle_http1.drain(..expired)
+    }
 }
 
 #[derive(Default)]
@@ -482,6 +494,13 @@ impl State {
     fn peer_mut(&mut self, id: u64) -> Option<&mut Peer> {
         self.peers.iter_mut().find(|p| p.id == id)
     }
+
+    /// A connection was put on an idle list: a sweep is due from now on.
+    /// Returns whether none was, so the caller wakes the sweep (after releasing
+    /// the lock).
+    fn idle_listed(&mut self) -> bool {
+        !std::mem::replace(&mut self.idle_sweep_due, true)
+    }
 }
 
 /// The peers of one proxied group/version and their health.
@@ -494,8 +513,8 @@ pub struct PeerPool {
     default_authority: String,
     state: Mutex<State>,
     listed: watch::Sender<bool>,
-    /// Wakes the idle sweep ([`sweep_idle_http1`]) when it has nothing to wait
-    /// for: a connection went idle, or the pool is dropped.
+    /// Wakes the idle sweep ([`sweep_idle_http1`]): parked, when a connection
+    /// goes idle; parked or asleep, when the pool is dropped.
     idle_sweep: Arc<tokio::sync::Notify>,
     self_ref: Weak<PeerPool>,
 }
@@ -1113,10 +1132,26 @@ impl PeerPool {
             None => return,
         };
         idle.retain_mut(Http1Conn::is_open);
-        if let Some(peer) = self.lock().peer_mut(peer_id) {
-            // Connections returned meanwhile are the most recent: they stay on top.
-            idle.append(&mut peer.idle_http1);
-            peer.idle_http1 = idle;
+        self.relist_idle_http1(peer_id, idle);
+    }
+
+    /// Puts back the idle HTTP/1.1 connections [`forget_closed_http1`] took off
+    /// the list. A sweep that ran meanwhile found them gone and may have parked:
+    /// they wake it, as connections going idle do.
+    ///
+    /// [`forget_closed_http1`]: Self::forget_closed_http1
+    fn relist_idle_http1(&self, peer_id: u64, mut idle: Vec<Http1Conn>) {
+        let mut st = self.lock();
+        let Some(peer) = st.peer_mut(peer_id) else {
+            return;
+        };
+        // Connections returned meanwhile are the most recent: they stay on top.
+        idle.append(&mut peer.idle_http1);
+        peer.idle_http1 = idle;
+        let wake_sweep = !peer.idle_http1.is_empty() && st.idle_listed();
+        drop(st);
+        if wake_sweep {
+            self.idle_sweep.notify_one();
         }
     }
 
@@ -1128,21 +1163,14 @@ impl PeerPool {
         let Some(peer) = st.peer_mut(peer_id) else {
             return;
         };
-        // The oldest idle connections are at the bottom; those idle too long are
-        // closed after the lock is released.
-        let expired = peer
-            .idle_http1
-            .iter()
-            .take_while(|c| c.idle_too_long(now))
-            .count();
-        let expired: Vec<Http1Conn> = peer.idle_http1.drain(..expired).collect();
+        // Those idle too long are closed after the lock is released.
+        let expired: Vec<Http1Conn> = peer.take_idle_too_long(now).collect();
         let room = conn.exchange.is_some() || peer.idle_http1.len() < MAX_IDLE_HTTP1;
         let mut wake_sweep = false;
         if peer.health == Health::Healthy && room {
             conn.idle_since = now;
             peer.idle_http1.push(conn);
-            wake_sweep = !st.idle_sweep_due;
-            st.idle_sweep_due = true;
+            wake_sweep = st.idle_listed();
         }
         drop(st);
         drop(expired);
@@ -1161,13 +1189,8 @@ impl PeerPool {
         let mut closing = Vec::new();
         let mut oldest: Option<Instant> = None;
         for peer in &mut st.peers {
+            closing.extend(peer.take_idle_too_long(now));
             // The oldest idle connections are at the bottom.
-            let expired = peer
-                .idle_http1
-                .iter()
-                .take_while(|c| c.idle_too_long(now))
-                .count();
-            closing.extend(peer.idle_http1.drain(..expired));
             if let Some(conn) = peer.idle_http1.first() {
                 oldest = Some(oldest.map_or(conn.idle_since, |o| o.min(conn.idle_since)));
             }
@@ -1262,8 +1285,8 @@ fn take_cached(peer: &mut Peer, lane: Lane, now: Instant) -> Option<Conn> {
 /// reads an idle connection, so without it one the peer closed would keep its
 /// socket and buffers, and one still open its place among the peer's
 /// [`MAX_EXCHANGE_CONNECTIONS`], for as long as no request came. It
-/// holds the pool weakly and ends once the pool is dropped; it has a timer only
-/// while the pool has idle HTTP/1.1 connections.
+/// holds the pool weakly and ends once the pool is dropped, asleep or not; it
+/// has a timer only while the pool has idle HTTP/1.1 connections.
 async fn sweep_idle_http1(pool: Weak<PeerPool>, wake: Arc<tokio::sync::Notify>) {
     loop {
         wake.notified().await;
@@ -1274,9 +1297,16 @@ async fn sweep_idle_http1(pool: Weak<PeerPool>, wake: Arc<tokio::sync::Notify>) 
             };
             let next = strong.close_idle_too_long();
             drop(strong);
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => break,
+            let Some(at) = next else {
+                break;
+            };
+            // The pool's drop wakes it too: a dropped pool's sweep would
+            // otherwise linger, holding its timer, for up to a sweep's wait.
+            // Nothing else notifies while a sweep is due; were it woken
+            // early, it sweeps again, sooner.
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => {}
+                () = wake.notified() => {}
             }
         }
     }

@@ -151,19 +151,144 @@ fn the_quarantine_duration_is_the_specs_20_seconds() {
     assert_eq!(QUARANTINE_DURATION, Duration::from_secs(20));
 }
 
+/// The tasks alive on the test's runtime, after a few turns for a woken task to
+/// end.
+async fn tasks_alive() -> usize {
+    // Bounded: ten turns.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// A pool whose one peer (on 127.0.0.1, HTTP/1.1 only, serving one connection
+/// at a time from a single task) answered an exchange, whose connection is now
+/// idle. In real time: the dial and the exchange are loopback I/O.
+async fn pool_with_an_idle_http1_connection() -> (Arc<PeerPool>, tokio::task::JoinHandle<()>) {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(crproxy_kube::crypto_provider());
+    let ca = crproxy_core::pki::CertificateAuthority::generate("pool-unit-ca").expect("ca");
+    let leaf = ca
+        .issue_server(&["target.example"], &["127.0.0.1".parse().expect("ip")])
+        .expect("leaf");
+    let mut server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(leaf.cert.as_bytes()).expect("cert")],
+            PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).expect("key"),
+        )
+        .expect("server config");
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem().cert.as_bytes()).expect("ca cert"))
+        .expect("root");
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    // One task, serving each connection to its end: the test's task count does
+    // not move as connections come and go.
+    let peer = tokio::spawn(async move {
+        // Bounded: aborted by the test.
+        while let Ok((tcp, _)) = listener.accept().await {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                continue;
+            };
+            let answer = hyper::service::service_fn(|_req| async {
+                Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                    Bytes::from_static(b"ok"),
+                )))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), answer)
+                .await;
+        }
+    });
+
+    let dialer = Dialer::new(
+        Arc::new(client),
+        rustls_pki_types::ServerName::try_from("target.example").expect("name"),
+    );
+    let metrics = crate::metrics::Metrics::new().target("default/target");
+    let pool = PeerPool::new("example.com/v1".into(), dialer, metrics);
+    pool.publish(vec![addr.to_string()]);
+    let sender = pool
+        .acquire_in(Lane::Exchange, None)
+        .await
+        .expect("a sender");
+    let req = Request::builder().uri("/x").body(empty()).expect("request");
+    let answer = sender.send(req).await.expect("answer");
+    let body = answer.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"ok");
+    let idle =
+        |pool: &PeerPool| -> usize { pool.lock().peers.iter().map(|p| p.idle_http1.len()).sum() };
+    let listed_by = std::time::Instant::now() + Duration::from_secs(10);
+    // Bounded: 10 s in real time.
+    while idle(&pool) == 0 && std::time::Instant::now() < listed_by {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(idle(&pool), 1, "the exchange's connection is idle");
+    (pool, peer)
+}
+
+/// A resend checks a peer's idle HTTP/1.1 connections with the list off the
+/// lock ([`PeerPool::forget_closed_http1`]). A sweep in that window finds none
+/// and parks; putting the list back must wake it, or those connections stay
+/// open until another goes idle, however long they are idle.
+#[tokio::test]
+async fn idle_connections_put_back_after_a_sweep_found_none_are_still_swept() {
+    let (pool, peer) = pool_with_an_idle_http1_connection().await;
+    let peer_id = pool.lock().peers[0].id;
+    let idle = std::mem::take(&mut pool.lock().peer_mut(peer_id).expect("the peer").idle_http1);
+    // With nothing else pending (no I/O, the only timers the sweep's and the
+    // test's), the paused clock runs the sweep, then ends the test's sleep.
+    tokio::time::pause();
+    tokio::time::sleep(HTTP1_IDLE_TIMEOUT + IDLE_SWEEP_SLACK).await;
+    tasks_alive().await;
+    assert!(
+        !pool.lock().idle_sweep_due,
+        "the sweep found none and parked"
+    );
+
+    pool.relist_idle_http1(peer_id, idle);
+    tokio::time::sleep(HTTP1_IDLE_TIMEOUT + IDLE_SWEEP_SLACK).await;
+    tasks_alive().await;
+    assert!(
+        pool.lock().peers[0].idle_http1.is_empty(),
+        "closed, idle for longer than {HTTP1_IDLE_TIMEOUT:?}"
+    );
+    peer.abort();
+}
+
+/// A pool dropped while its sweep sleeps until the next sweep ends the sweep at
+/// once, not when the sleep would have ended.
+#[tokio::test]
+async fn a_sleeping_idle_sweep_ends_with_its_pool() {
+    let (pool, peer) = pool_with_an_idle_http1_connection().await;
+    let before = tasks_alive().await;
+    assert!(pool.lock().idle_sweep_due, "the sweep sleeps");
+    drop(pool);
+    assert_eq!(tasks_alive().await, before - 1, "the sweep ended");
+    peer.abort();
+}
+
 /// The idle sweep holds its pool weakly and ends with it: a pool made and
 /// dropped (a target's pool replaced, a test's) leaves no task behind.
 #[tokio::test]
 async fn the_idle_sweep_ends_with_its_pool() {
-    async fn tasks_alive() -> usize {
-        // Bounded: a few turns for a woken task to end.
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        tokio::runtime::Handle::current()
-            .metrics()
-            .num_alive_tasks()
-    }
     let before = tasks_alive().await;
     let tls = test_support::client_config_without_roots();
     let dialer = Dialer::new(
