@@ -250,14 +250,31 @@ async fn the_proxys_own_watch_carries_its_connections_socket() {
 /// data, so a target that took the watch and never answers would hold the
 /// ownership cache's wait (and its pins) forever: the answer's head must come
 /// within the request deadline, and the watch ends as a deadline error.
-#[tokio::test(start_paused = true)]
+///
+/// In real time until the peer has the request: with the clock paused, the dial
+/// timeout's and the deadline's timers would let the runtime jump to either
+/// while the loopback dial or exchange is momentarily not ready.
+#[tokio::test]
 async fn the_proxys_own_watch_gives_up_on_a_target_that_never_answers() {
     use crproxy_proxy::transport::{ForwardError, REQUEST_DEADLINE};
+    use std::time::Duration;
     let (h, peer) = Harness::with_peer(Protocols::H2AndHttp1).await;
     let target = target_of(&h);
     let no_headers = http::HeaderMap::new();
     let started = tokio::time::Instant::now();
-    let watch = target.send_own_watch(TargetPath::Written(NEVER_ANSWERED), &no_headers);
+    let mut watch =
+        std::pin::pin!(target.send_own_watch(TargetPath::Written(NEVER_ANSWERED), &no_headers));
+    let sent_by = std::time::Instant::now() + Duration::from_secs(10);
+    // Bounded: 10 s in real time, polling the watch meanwhile.
+    while peer.requests.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < sent_by {
+        tokio::select! {
+            outcome = watch.as_mut() => panic!("answered before the peer had it: {:?}", outcome.err()),
+            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+    }
+    assert_eq!(peer.requests.load(Ordering::SeqCst), 1, "the peer had it");
+    // Nothing else to wait for: the paused clock goes straight to the deadline.
+    tokio::time::pause();
     let outcome = tokio::time::timeout(REQUEST_DEADLINE * 2, watch)
         .await
         .expect("the wait for the answer's head is bounded");
@@ -267,7 +284,6 @@ async fn the_proxys_own_watch_gives_up_on_a_target_that_never_answers() {
         outcome.err()
     );
     assert_eq!(started.elapsed().as_secs(), REQUEST_DEADLINE.as_secs());
-    assert_eq!(peer.requests.load(Ordering::SeqCst), 1, "the peer had it");
 }
 
 /// How the peer turns away the connection a resend asks for.
@@ -567,11 +583,13 @@ async fn idle_http1_connections_are_closed_without_another_request() {
     assert_eq!(peer.open.load(Ordering::SeqCst), IDLE, "none before 90 s");
 
     sleep_until(last_idle + HTTP1_IDLE_TIMEOUT + Duration::from_secs(1)).await;
-    // Bounded: 3 s on the paused clock.
-    for _ in 0..300 {
-        if peer.open.load(Ordering::SeqCst) == 0 {
-            break;
-        }
+    // The sweep's timer has fired. The peer reads the closes over loopback, in
+    // real time: a paused sleep ends at once whenever that I/O is not ready,
+    // so on a loaded machine a wait on the paused clock could end first.
+    tokio::time::resume();
+    let closed_by = std::time::Instant::now() + Duration::from_secs(10);
+    // Bounded: 10 s in real time.
+    while peer.open.load(Ordering::SeqCst) != 0 && std::time::Instant::now() < closed_by {
         sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(peer.open.load(Ordering::SeqCst), 0, "all closed after 91 s");
