@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crproxy_core::config::sync::tenant_name_ambiguity;
 use crproxy_core::names::shorten_with_hash;
 
 /// Tenant object name, on the host mirror.
@@ -74,17 +75,23 @@ pub fn host_name(name: &str, namespace: &str, tenant: &str) -> String {
     shorten_with_hash(&format!("{name}-x-{namespace}-x-{tenant}"))
 }
 
-/// Why `name` in `namespace` has no host name of its own, `None` when it has.
+/// Why a reference to `name` in `namespace` of `tenant` has no host name of its
+/// own, `None` when it has.
 ///
-/// `<name>-x-<namespace>` reads back only when `-x-` occurs in it once: a name
-/// containing `-x-` or ending in `-x`, or a namespace containing `-x-` or starting
-/// with `x-`, makes it also the translation of another name in another namespace
-/// (`a` in `b-x-c` and `a-x-b` in `c` are both `a-x-b-x-c-x-<tenant>`). Without
-/// those, every `-x-` of the joined text is the separator, so the pair is the
-/// only one with that host name whatever the other object's names are. Names
-/// that Kubernetes accepts never start or end with `-`, so no `-x-` can span
-/// the separator otherwise.
-pub fn ambiguity(name: &str, namespace: &str) -> Option<&'static str> {
+/// `<name>-x-<namespace>-x-<tenant>` reads back only when it can be split one
+/// way, and tenants may share a host namespace, so the tenant part counts too:
+/// a name containing `-x-` or ending in `-x`, a namespace containing `-x-`,
+/// starting with `x-` or ending in `-x`, or a tenant name containing `-x-` or
+/// starting with `x-` ([`tenant_name_ambiguity`], which the configuration
+/// refuses with patches) makes it also the translation of another object (`a`
+/// in `b-x-c` and `a-x-b` in `c` are both `a-x-b-x-c-x-<tenant>`; `a` in `b-x`
+/// of tenant `d` is `a` in `b` of tenant `x-d`). Without those, every `-x-` of
+/// the joined text is a separator, so the triple is the only one with that host
+/// name whatever the other object's names are. Names that Kubernetes accepts
+/// never start or end with `-`, so no `-x-` can span a separator otherwise;
+/// nothing precedes the name or follows the tenant, so a name starting with
+/// `x-` or a tenant ending in `-x` is harmless.
+pub fn ambiguity(name: &str, namespace: &str, tenant: &str) -> Option<&'static str> {
     if name.contains("-x-") {
         Some("the name contains \"-x-\"")
     } else if name.ends_with("-x") {
@@ -93,30 +100,52 @@ pub fn ambiguity(name: &str, namespace: &str) -> Option<&'static str> {
         Some("the namespace contains \"-x-\"")
     } else if namespace.starts_with("x-") {
         Some("the namespace starts with \"x-\"")
+    } else if namespace.ends_with("-x") {
+        Some("the namespace ends in \"-x\"")
     } else {
-        None
+        tenant_name_ambiguity(tenant)
     }
 }
 
-/// The host name of the object a `patches` field names: [`host_name`], unless the
-/// translation is [`ambiguity`]'s, when the host object could be another tenant
+/// Why [`reference_host_name`] refuses: its host name would be cut to 52
+/// characters and a 40-bit hash, which a tenant can make meet another object's
+/// with about 2^40 hashes (minutes on a GPU).
+pub const SHORTENED: &str = "the host name would be shortened";
+
+/// The host name of the object a `patches` field names: [`host_name`], unless
+/// the translation is [`ambiguity`]'s or would be shortened ([`SHORTENED`]),
+/// when the host object could be another tenant's or another tenant
 /// namespace's (which the host controller would then read with its own rights).
 pub fn reference_host_name(
     name: &str,
     namespace: &str,
     tenant: &str,
 ) -> Result<String, &'static str> {
-    match ambiguity(name, namespace) {
-        Some(why) => Err(why),
-        None => Ok(host_name(name, namespace, tenant)),
+    if let Some(why) = ambiguity(name, namespace, tenant) {
+        return Err(why);
     }
+    let host = host_name(name, namespace, tenant);
+    if host != format!("{name}-x-{namespace}-x-{tenant}") {
+        return Err(SHORTENED);
+    }
+    Ok(host)
 }
 
 /// The tenant name behind `host`, when `host` is an unshortened translation of an
-/// object in `namespace` (used to translate references back).
+/// object in `namespace`.
 pub fn tenant_name_of<'a>(host: &'a str, namespace: &str, tenant: &str) -> Option<&'a str> {
     host.strip_suffix(&format!("-x-{namespace}-x-{tenant}"))
         .filter(|name| !name.is_empty())
+}
+
+/// The name a reference to `host` names in `namespace` (used to translate
+/// references back): [`tenant_name_of`], when [`reference_host_name`] would
+/// translate that name to `host`. So the way back never gives a name the way
+/// there refuses, e.g. tenant `c-x-d`'s `a` in `b` for tenant `d`'s host
+/// object `a-x-b-x-c-x-d`.
+pub fn reference_name_of<'a>(host: &'a str, namespace: &str, tenant: &str) -> Option<&'a str> {
+    tenant_name_of(host, namespace, tenant)
+        .filter(|name| reference_host_name(name, namespace, tenant).is_ok())
 }
 
 /// A label value: as is when it fits, else shortened with a hash suffix.

@@ -164,21 +164,49 @@ pub fn replacement(desired: &Value, mirror: &Value) -> Value {
     replacement
 }
 
-/// A `patches` field of a tenant object naming an object whose host name would
-/// also be another tenant namespace's object's ([`names::ambiguity`]): the object
-/// has no mirror until the field or the object moves.
+/// A `patches` field of a tenant object naming an object whose host name could
+/// also be another object's ([`names::reference_host_name`]: ambiguous, or
+/// shortened): the object has no mirror until the field or the object moves.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{field}: the reference {value:?} in namespace {namespace:?} cannot be translated to a host name: {why}, \
-     so its host name could also be another namespace's object's; references need a name without \
-     \"-x-\" that does not end in \"-x\", in a namespace without \"-x-\" that does not start with \"x-\""
-)]
+#[error("{field}: {}", self.detail())]
 pub struct AmbiguousReference {
     /// The `patches` path, as configured.
     pub field: String,
+    /// The reference, cut to [`MAX_ECHOED`] characters and `…`: the tenant
+    /// chooses it, and it is echoed in the answer and the log on every retry.
     pub value: String,
     pub namespace: String,
     pub why: &'static str,
+}
+
+impl AmbiguousReference {
+    /// What is wrong with the reference, without the field.
+    pub fn detail(&self) -> String {
+        let AmbiguousReference {
+            value,
+            namespace,
+            why,
+            ..
+        } = self;
+        format!(
+            "the reference {value:?} in namespace {namespace:?} cannot be translated to a host name: {why}, \
+             so its host name could also be another object's; references need a name without \"-x-\" that \
+             does not end in \"-x\", in a namespace without \"-x-\" that neither starts with \"x-\" nor ends \
+             in \"-x\", and a host name <name>-x-<namespace>-x-<tenant> of at most 63 characters"
+        )
+    }
+}
+
+/// Most characters of a tenant's reference an [`AmbiguousReference`] repeats:
+/// the longest object name Kubernetes accepts.
+pub const MAX_ECHOED: usize = 253;
+
+/// `value`, or its first [`MAX_ECHOED`] characters and `…`.
+fn echoed(value: &str) -> String {
+    match value.char_indices().nth(MAX_ECHOED) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_owned(),
+    }
 }
 
 /// The mirror `tenant_object` should have on the host. Status is not part of it.
@@ -235,7 +263,7 @@ pub fn desired_mirror(
             try_rewrite_strings(&mut out, path, &|s| {
                 names::reference_host_name(s, namespace, tenant).map_err(|why| AmbiguousReference {
                     field: path.text.clone(),
-                    value: s.to_owned(),
+                    value: echoed(s),
                     namespace: namespace.to_owned(),
                     why,
                 })
@@ -270,7 +298,8 @@ pub fn mirror_differs(desired: &Value, current: &Value) -> bool {
 }
 
 /// The tenant's status translated from the mirror's: `patches` under `status` map
-/// host names back to tenant names.
+/// host names back to tenant names, those [`names::reference_host_name`] would
+/// translate there (any other string stays as the host wrote it).
 pub fn status_from_mirror(
     ty: &ResolvedType,
     tenant: &str,
@@ -281,7 +310,7 @@ pub fn status_from_mirror(
     for path in &ty.resource.patches {
         if in_status(path) {
             rewrite_strings(&mut status, path, &|s| {
-                names::tenant_name_of(s, namespace, tenant)
+                names::reference_name_of(s, namespace, tenant)
                     .unwrap_or(s)
                     .to_owned()
             });

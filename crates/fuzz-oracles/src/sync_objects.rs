@@ -6,7 +6,9 @@
 //!   that fits, else its first 52 bytes (without a trailing `-` or `.`), `-` and 10
 //!   hex digits of a hash of the whole; valid DNS names give a valid DNS name;
 //!   `tenant_name_of` gives a name back from its unshortened host name, and any name
-//!   it gives translates to its input; a label value is at most 63 bytes, the value
+//!   it gives translates to its input; a reference is translated (`reference_host_name`)
+//!   exactly when `ambiguity` finds nothing and its host name is not shortened, and
+//!   comes back (`reference_name_of`) exactly when it was translated; a label value is at most 63 bytes, the value
 //!   itself when it fits, valid when the value is valid but for its length, and then
 //!   the host watch's selector matches it; the kind annotation and the mirror record
 //!   split back into their parts; `same_mirror` is symmetric and holds exactly when
@@ -25,7 +27,7 @@
 //! * toHost mirrors: named and labelled for this tenant, with the identity of the
 //!   tenant object (which the tenant's own labels and annotations cannot change), the
 //!   tenant's other keys and fields, the names on the patch paths translated, no
-//!   status; another incarnation's or another tenant's mirror is never the same
+//!   status; refused exactly when a reference on them is not translated; another incarnation's or another tenant's mirror is never the same
 //!   mirror; a replace of any host object keeps its status, is the same mirror and
 //!   needs no further write; the status comes back with host names translated back;
 //! * fromHost copies: the host's fields (merged with the tenant's edits), labels and
@@ -45,7 +47,8 @@ use crproxy_sync::from_host::{copy_differs, desired_copy, fields};
 use crproxy_sync::managed::{carry_over, metadata_differs, record, Keys};
 use crproxy_sync::merge::three_way;
 use crproxy_sync::names::{
-    self, host_name, kind_annotation, label_value, same_mirror, tenant_name_of,
+    self, host_name, kind_annotation, label_value, reference_host_name, reference_name_of,
+    same_mirror, tenant_name_of,
 };
 use crproxy_sync::patches::rewrite_strings;
 use crproxy_sync::run::Key;
@@ -165,10 +168,32 @@ fn check_names(name: &str, namespace: &str, tenant: &str) {
             "{host:?} back in {namespace:?}"
         );
     } else {
+        assert_eq!(
+            reference_host_name(name, namespace, tenant),
+            Err(names::SHORTENED)
+        );
         check_shortened(&full, &host);
         // The hash covers the whole name: the same name of another tenant is
         // another host name.
         assert_ne!(host, host_name(name, namespace, &format!("{tenant}0")));
+    }
+    // A reference: translated when its host name is one-to-one, and back.
+    match reference_host_name(name, namespace, tenant) {
+        Ok(translated) => {
+            assert!(names::ambiguity(name, namespace, tenant).is_none());
+            assert_eq!(translated, full);
+            if !name.is_empty() {
+                assert_eq!(reference_name_of(&full, namespace, tenant), Some(name));
+            }
+        }
+        Err(why) => {
+            let ambiguity = names::ambiguity(name, namespace, tenant);
+            assert!(
+                ambiguity == Some(why) || (ambiguity.is_none() && full.len() > MAX_NAME),
+                "{full:?} refused: {why}"
+            );
+            assert_eq!(reference_name_of(&full, namespace, tenant), None);
+        }
     }
     if is_dns_subdomain(name) && is_dns_label(namespace) && is_dns_label(tenant) {
         assert!(is_dns_subdomain(&host), "{host:?} is not a DNS subdomain");
@@ -201,9 +226,15 @@ fn check_shortened(full: &str, short: &str) {
 }
 
 /// `tenant_name_of` on any text: a name it gives translates back to the text, and
-/// it gives one whenever the text is a translation of a non-empty name.
+/// it gives one whenever the text is a translation of a non-empty name;
+/// `reference_name_of` gives the same name when the way there translates it.
 fn check_reverse(host: &str, namespace: &str, tenant: &str) {
     let suffix = format!("-x-{namespace}-x-{tenant}");
+    let back = tenant_name_of(host, namespace, tenant);
+    assert_eq!(
+        reference_name_of(host, namespace, tenant),
+        back.filter(|name| reference_host_name(name, namespace, tenant).as_deref() == Ok(host))
+    );
     match tenant_name_of(host, namespace, tenant) {
         Some(name) => {
             assert!(!name.is_empty());
@@ -633,15 +664,19 @@ fn reference_rewrite(
     }
 }
 
-/// Whether every string is a name whose host name is unshortened.
+/// Whether every string is a name a reference translates to the host.
 fn all_translate_back(reached: &[String], namespace: &str, tenant: &str) -> bool {
     reached
         .iter()
-        .all(|s| !s.is_empty() && format!("{s}-x-{namespace}-x-{tenant}").len() <= MAX_NAME)
+        .all(|s| !s.is_empty() && reference_host_name(s, namespace, tenant).is_ok())
 }
 
 fn to_tenant<'a>(namespace: &'a str, tenant: &'a str) -> impl Fn(&str) -> String + 'a {
-    move |s| tenant_name_of(s, namespace, tenant).unwrap_or(s).to_owned()
+    move |s| {
+        reference_name_of(s, namespace, tenant)
+            .unwrap_or(s)
+            .to_owned()
+    }
 }
 
 fn check_patch(object: &Value, path: &FieldPath, namespace: &str, tenant: &str) {
@@ -729,9 +764,12 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
     // Refused exactly when a reference among them has no one-to-one host name.
     let mut references = Vec::new();
     translated(ty, &own, false, &|s| s.to_owned(), &mut references);
-    let ambiguous = references
-        .iter()
-        .any(|r| names::ambiguity(r, namespace).is_some());
+    let refused_for = |tenant: &str| {
+        references
+            .iter()
+            .any(|r| reference_host_name(r, namespace, tenant).is_err())
+    };
+    let ambiguous = refused_for(tenant);
     let desired = match desired_mirror(ty, tenant, PROJECT, HOST_NAMESPACE, object) {
         Ok(desired) => {
             assert!(!ambiguous, "an ambiguous reference translated");
@@ -825,9 +863,15 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
             .expect("its references are the same");
         assert!(!same_mirror(&desired, &reborn) && !same_mirror(&reborn, &desired));
     }
-    let other = desired_mirror(ty, &format!("{tenant}0"), PROJECT, HOST_NAMESPACE, object)
-        .expect("the references do not depend on the tenant");
-    assert!(!same_mirror(&desired, &other) && !same_mirror(&other, &desired));
+    let other_tenant = format!("{tenant}0");
+    match desired_mirror(ty, &other_tenant, PROJECT, HOST_NAMESPACE, object) {
+        Ok(other) => {
+            assert!(!refused_for(&other_tenant));
+            assert!(!same_mirror(&desired, &other) && !same_mirror(&other, &desired));
+        }
+        // One character longer, a reference's host name may be shortened.
+        Err(refused) => assert!(refused_for(&other_tenant), "{refused}"),
+    }
     // Nor that of the tenant of this name in another project.
     let elsewhere = desired_mirror(ty, tenant, "other-project", HOST_NAMESPACE, object)
         .expect("the references do not depend on the project");

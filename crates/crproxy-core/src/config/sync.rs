@@ -654,6 +654,27 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
         }
     }
 
+    // A reference's host name ends in `-x-<tenant>`: for a tenant name of these
+    // shapes it could also be another tenant's object in the shared host
+    // namespace. Such a name is a valid virtual cluster name, so only the
+    // references are refused, here rather than on every object that has one.
+    let with_patches = resources
+        .iter()
+        .find(|r| r.direction == Direction::ToHost && !r.patches.is_empty());
+    let tenant = &config.client.name;
+    if let (Some(entry), Some(why)) = (with_patches, tenant_name_ambiguity(tenant)) {
+        let entry = sync_entry_path(Direction::ToHost, &entry.key);
+        err(
+            "client.name".into(),
+            format!(
+                "{tenant:?} cannot be used with patches ({entry} has some): {why}, so a \
+                 reference's host name <name>-x-<namespace>-x-{tenant} could also be another \
+                 tenant's object in the shared host namespace; remove the patches, or sync for \
+                 a virtual cluster whose name has no \"-x-\" and does not start with \"x-\""
+            ),
+        );
+    }
+
     let mut host_namespace = String::new();
     if !resources.is_empty() {
         // `crproxy run` loads it with every other kubeconfig, before the sync starts.
@@ -693,6 +714,23 @@ pub fn validate(config: &Config) -> Result<Option<SyncPlan>, Vec<ConfigError>> {
         resources,
         write_through,
     }))
+}
+
+/// Why `patches` references cannot be translated for a tenant named `tenant`,
+/// `None` when they can. Host names are `<name>-x-<namespace>-x-<tenant>`, and
+/// tenants may share a host namespace: a tenant name containing `-x-` or
+/// starting with `x-` makes a reference's host name also the host name of
+/// another tenant's object (tenant `c-x-d`'s `a` in `b` is tenant `d`'s `a` in
+/// `b-x-c`; tenant `x-d`'s is tenant `d`'s `a` in `b-x`). One ending in `-x` is
+/// harmless: nothing follows the tenant name.
+pub fn tenant_name_ambiguity(tenant: &str) -> Option<&'static str> {
+    if tenant.contains("-x-") {
+        Some("the tenant name contains \"-x-\"")
+    } else if tenant.starts_with("x-") {
+        Some("the tenant name starts with \"x-\"")
+    } else {
+        None
+    }
 }
 
 /// Checks `sync.writeThrough`; `None` when an error was pushed.

@@ -149,17 +149,28 @@ fn the_same_mirror_is_this_incarnations() {
 
 #[test]
 fn ambiguous_translations() {
-    let check = |name: &str, namespace: &str, want: Option<&str>| {
-        assert_eq!(ambiguity(name, namespace), want, "{name} in {namespace}");
+    let check = |name: &str, namespace: &str, tenant: &str, want: Option<&str>| {
+        assert_eq!(
+            ambiguity(name, namespace, tenant),
+            want,
+            "{name} in {namespace} of {tenant}"
+        );
     };
-    check("a", "b", None);
-    check("x", "x", None);
-    check("ax", "xb", None);
-    check("a-xb", "bx-c", None);
-    check("a-x-b", "c", Some("the name contains \"-x-\""));
-    check("a-x", "b", Some("the name ends in \"-x\""));
-    check("a", "b-x-c", Some("the namespace contains \"-x-\""));
-    check("a", "x-b", Some("the namespace starts with \"x-\""));
+    check("a", "b", "t", None);
+    check("x", "x", "x", None);
+    check("ax", "xb", "xt", None);
+    check("a-xb", "bx-c", "tx-u", None);
+    check("x-a", "b", "t-x", None);
+    check("a-x-b", "c", "t", Some("the name contains \"-x-\""));
+    check("a-x", "b", "t", Some("the name ends in \"-x\""));
+    check("a", "b-x-c", "t", Some("the namespace contains \"-x-\""));
+    check("a", "x-b", "t", Some("the namespace starts with \"x-\""));
+    // Tenant `d`'s namespace `b-x` naming `a` is tenant `x-d`'s `a` in `b`.
+    check("a", "b-x", "d", Some("the namespace ends in \"-x\""));
+    // Tenant `c-x-d`'s `a` in `b` is tenant `d`'s `a` in `b-x-c`; tenant
+    // `x-d`'s is tenant `d`'s `a` in `b-x`.
+    check("a", "b", "c-x-d", Some("the tenant name contains \"-x-\""));
+    check("a", "b", "x-d", Some("the tenant name starts with \"x-\""));
     assert_eq!(
         reference_host_name("a", "b-x-c", "T"),
         Err("the namespace contains \"-x-\"")
@@ -170,47 +181,115 @@ fn ambiguous_translations() {
     );
 }
 
-/// Every name and namespace of up to five characters of `a`, `x` and `-` (not
-/// starting or ending in `-`): a pair `ambiguity` accepts shares its host name
-/// with no other pair, accepted or not; and every pair it refuses shares it with
-/// another one, so it refuses no more than it must (checked where the other
-/// pair's parts are short enough to be among them, six characters in all, and
-/// cannot end in `-`: without `--`).
+/// A shortened host name keeps 40 bits of a hash: a tenant could search for a
+/// reference whose host name is another object's. References are translated
+/// only while the host name is the whole text, up to 63 characters.
+#[test]
+fn a_reference_whose_host_name_would_be_shortened_is_refused() {
+    let fits = "a".repeat(63 - "-x-ns-x-t".len());
+    assert_eq!(
+        reference_host_name(&fits, "ns", "t"),
+        Ok(format!("{fits}-x-ns-x-t"))
+    );
+    let over = format!("{fits}a");
+    assert_eq!(reference_host_name(&over, "ns", "t"), Err(SHORTENED));
+    assert_eq!(SHORTENED, "the host name would be shortened");
+    // The object's own host name is shortened all the same (its identity
+    // annotations guard it).
+    assert_eq!(host_name(&over, "ns", "t").len(), 63);
+}
+
+/// The way back gives only names the way there translates: not those of a
+/// tenant of an ambiguous name, nor ambiguous or over-long ones.
+#[test]
+fn references_translate_back_only_where_they_translate_there() {
+    let check = |host: &str, namespace: &str, tenant: &str, want: Option<&str>| {
+        assert_eq!(
+            reference_name_of(host, namespace, tenant),
+            want,
+            "{host} in {namespace} of {tenant}"
+        );
+    };
+    check("a-x-b-x-t", "b", "t", Some("a"));
+    check("a-x-b-x-t", "c", "t", None);
+    // Tenant `d`'s Secret `a` in `b-x-c`, not tenant `c-x-d`'s `a` in `b`.
+    check("a-x-b-x-c-x-d", "b", "c-x-d", None);
+    check("a-x-b-x-x-d", "b", "x-d", None);
+    check("a-x-b-x-x-d", "b-x", "d", None);
+    check("a-x-b-x-c-x-t", "c", "t", None);
+    check("a-x-x-b-x-t", "b", "t", None);
+    let long = format!("{}-x-ns-x-t", "a".repeat(60));
+    check(&long, "ns", "t", None);
+    assert_eq!(
+        tenant_name_of(&long, "ns", "t"),
+        Some("a".repeat(60).as_str())
+    );
+}
+
+/// Every name, namespace and tenant name of `a`, `x` and `-` (not starting or
+/// ending in `-`) of up to 10 characters in all: a triple `ambiguity` accepts
+/// shares its host name with no other triple, accepted or not; and every triple
+/// it refuses shares it with another one, so it refuses no more than it must.
+/// A triple sharing a host name has as many characters in all, so each one's
+/// partners are among them; one may need a part starting or ending in `-`,
+/// which is no name, where a refused triple's part has `--` (those are not
+/// checked for a partner).
 #[test]
 fn accepted_translations_are_one_to_one_and_refused_ones_are_not() {
-    let mut words = vec![String::new()];
-    for _ in 0..5 {
-        let longer: Vec<String> = words
+    const MOST: usize = 10;
+    // Words by length.
+    let mut words: Vec<Vec<String>> = vec![vec![String::new()]];
+    for len in 1..MOST - 1 {
+        let longer = words[len - 1]
             .iter()
             .flat_map(|w| ['a', 'x', '-'].map(|c| format!("{w}{c}")))
             .collect();
-        words.extend(longer);
+        words.push(longer);
     }
-    words.retain(|w| !w.is_empty() && !w.starts_with('-') && !w.ends_with('-'));
-    words.sort();
-    words.dedup();
-    let mut by_host_name: BTreeMap<String, Vec<(&str, &str)>> = BTreeMap::new();
-    for name in &words {
-        for namespace in &words {
-            by_host_name
-                .entry(host_name(name, namespace, "t"))
-                .or_default()
-                .push((name, namespace));
-        }
-    }
-    for pairs in by_host_name.values() {
-        for (name, namespace) in pairs {
-            let accepted = ambiguity(name, namespace).is_none();
-            let partner_listed = name.len() + namespace.len() <= 6
-                && !name.contains("--")
-                && !namespace.contains("--");
-            if accepted || partner_listed {
-                assert_eq!(
-                    accepted,
-                    pairs.len() == 1,
-                    "{name} in {namespace} shares its host name with {pairs:?}"
-                );
+    let names: Vec<Vec<&str>> = words
+        .iter()
+        .map(|ws| {
+            ws.iter()
+                .map(String::as_str)
+                .filter(|w| !w.is_empty() && !w.starts_with('-') && !w.ends_with('-'))
+                .collect()
+        })
+        .collect();
+    let mut by_host_name: BTreeMap<String, Vec<[&str; 3]>> = BTreeMap::new();
+    for (name_len, namespace_len, tenant_len) in (1..MOST)
+        .flat_map(|a| (1..MOST - a).flat_map(move |b| (1..=MOST - a - b).map(move |c| (a, b, c))))
+    {
+        for name in &names[name_len] {
+            for namespace in &names[namespace_len] {
+                for tenant in &names[tenant_len] {
+                    by_host_name
+                        .entry(host_name(name, namespace, tenant))
+                        .or_default()
+                        .push([name, namespace, tenant]);
+                }
             }
         }
     }
+    let (mut accepted_seen, mut refused_seen) = (0, 0);
+    for triples in by_host_name.values() {
+        for [name, namespace, tenant] in triples {
+            let accepted = ambiguity(name, namespace, tenant).is_none();
+            let partner_is_a_name = ![name, namespace, tenant]
+                .iter()
+                .any(|part| part.contains("--"));
+            if accepted || partner_is_a_name {
+                assert_eq!(
+                    accepted,
+                    triples.len() == 1,
+                    "{name} in {namespace} of {tenant} shares its host name with {triples:?}"
+                );
+            }
+            if accepted {
+                accepted_seen += 1;
+            } else {
+                refused_seen += 1;
+            }
+        }
+    }
+    assert!(accepted_seen > 10_000 && refused_seen > 10_000);
 }

@@ -114,6 +114,62 @@ fn status_comes_back_with_references_translated() {
     );
 }
 
+/// The way back gives no name the way there refuses: in namespace `b` of
+/// tenant `c-x-d`, `a-x-b-x-c-x-d` is tenant `d`'s object `a` of namespace
+/// `b-x-c`, not this tenant's `a`; an ambiguous or over-long name stays as the
+/// host wrote it too.
+#[test]
+fn status_comes_back_only_with_references_that_translate_there() {
+    let ty = backups(&["status.secretNames[*]"]);
+    let long = format!("{}-x-b-x-client", "s".repeat(60));
+    let check = |tenant: &str, host: &str, want: &str| {
+        let mirror = json!({"status": {"secretNames": [host]}});
+        let status = status_from_mirror(&ty, tenant, "b", &mirror);
+        assert_eq!(
+            status,
+            json!({"secretNames": [want]}),
+            "{host} of tenant {tenant}"
+        );
+    };
+    check("c-x-d", "a-x-b-x-c-x-d", "a-x-b-x-c-x-d");
+    check("x-d", "a-x-b-x-x-d", "a-x-b-x-x-d");
+    check("client", "a-x-b-x-client", "a");
+    check("client", "a-x-x-b-x-client", "a-x-x-b-x-client");
+    check("client", &long, &long);
+}
+
+/// A reference whose host name would be cut to 52 characters and a 40-bit hash
+/// is refused: a tenant could search for one meeting another object's host
+/// name. What the refusal repeats of the reference is capped, as a tenant
+/// chooses its length.
+#[test]
+fn a_reference_whose_host_name_would_be_shortened_is_refused() {
+    let ty = backups(&["spec.secretRef.name"]);
+    let with_secret = |secret: &str| {
+        let mut object = tenant_object();
+        object["spec"]["secretRef"]["name"] = json!(secret);
+        desired_mirror(&ty, "client", "default", "vcluster-client", &object)
+    };
+    let fits = "s".repeat(63 - "-x-team-x-client".len());
+    let mirror = with_secret(&fits).expect("63 characters fit");
+    assert_eq!(
+        mirror["spec"]["secretRef"]["name"],
+        format!("{fits}-x-team-x-client")
+    );
+    let error = with_secret(&format!("{fits}s")).expect_err("refused");
+    assert_eq!(error.why, "the host name would be shortened");
+    assert!(
+        error
+            .to_string()
+            .contains("cannot be translated to a host name: the host name would be shortened"),
+        "{error}"
+    );
+    let huge = format!("{}-x", "é".repeat(100_000));
+    let error = with_secret(&huge).expect_err("refused");
+    assert_eq!(error.value, format!("{}…", "é".repeat(253)));
+    assert!(error.to_string().len() < 2_000, "{error}");
+}
+
 #[test]
 fn a_mirror_record_counts_only_for_the_object_it_was_written_on() {
     let mut object = tenant_object();

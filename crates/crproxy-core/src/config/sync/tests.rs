@@ -223,6 +223,47 @@ fn every_rule_names_its_key() {
     }
 }
 
+/// A reference's host name is `<name>-x-<namespace>-x-<client.name>`: for a
+/// client name with `-x-` or starting with `x-` it could also be another
+/// tenant's object in the shared host namespace (tenant `c-x-d`'s Secret `a` in
+/// `b` is tenant `d`'s `a` in `b-x-c`). Such a name is still a valid virtual
+/// cluster name: only patches are refused with it.
+#[test]
+fn a_client_name_that_makes_references_ambiguous_is_refused_with_patches() {
+    let with_patches = |name: &str| {
+        edit(
+            "      backups.example.org/v1:\n        enabled: true\n",
+            "      backups.example.org/v1:\n        enabled: true\n        patches:\n          - path: spec.secretRef.name\n",
+        )
+        .replace("  name: tenant\n", &format!("  name: {name}\n"))
+    };
+    let plan = vec![
+        ("toHost", "backups.example.org/v1", Scope::Namespaced),
+        ("fromHost", "sharedstores.example.org", Scope::Cluster),
+    ];
+    for name in ["c-x-d", "x-d"] {
+        let why = if name.starts_with("x-") {
+            "the tenant name starts with \"x-\""
+        } else {
+            "the tenant name contains \"-x-\""
+        };
+        check(
+            &with_patches(name),
+            Err(vec![("client.name", leak(&format!(
+                "{name:?} cannot be used with patches ({TO} has some): {why}, so a reference's host name <name>-x-<namespace>-x-{name} could also be another tenant's object"
+            )))]),
+        );
+        // Without patches the name only names mirrors, which their identity
+        // annotations guard.
+        check(
+            &BASE.replace("  name: tenant\n", &format!("  name: {name}\n")),
+            Ok(plan.clone()),
+        );
+    }
+    // Nothing follows the tenant name: ending in `-x` is harmless.
+    check(&with_patches("d-x"), Ok(plan));
+}
+
 fn leak(s: &str) -> &'static str {
     Box::leak(s.to_owned().into_boxed_str())
 }
