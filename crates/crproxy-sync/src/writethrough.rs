@@ -464,13 +464,12 @@ impl WriteThrough {
         // would look unreadable (the marker itself is never copied; refusing it
         // tells the writer so rather than storing what the host will not have).
         if crproxy_core::deep_objects::is_stand_in(object) {
-            let message = format!(
-                "write-through of {}: metadata.annotations: the annotation {} is crproxy's own (it marks an object nested too deeply to be read) and cannot be set; remove it",
-                ty.resource.key,
+            let field = format!(
+                "metadata.annotations[{}]",
                 crproxy_core::deep_objects::TOO_DEEP_ANNOTATION
             );
-            self.log_rejected(ty, &key, "translate_error", &message);
-            return Err(Denial::new(422, "Invalid", message));
+            let detail = "the annotation is crproxy's own (it marks an object nested too deeply to be read) and cannot be set; remove it";
+            return Err(self.invalid(ty, &key, "FieldValueForbidden", &field, detail));
         }
         // A reference that cannot be translated one-to-one is the tenant object's
         // fault, whatever the host holds: refused before anything is held.
@@ -483,14 +482,8 @@ impl WriteThrough {
         ) {
             Ok(desired) => desired,
             Err(ambiguous) => {
-                let message = format!("write-through of {}: {ambiguous}", ty.resource.key);
-                self.log_rejected(ty, &key, "translate_error", &message);
-                let mut denial = Denial::new(422, "Invalid", message.clone());
-                denial.details = Some(json!({
-                    "name": key.name, "group": ty.api.group, "kind": ty.api.kind,
-                    "causes": [{"reason": "FieldValueInvalid", "field": ambiguous.field, "message": message}],
-                }));
-                return Err(denial);
+                let detail = ambiguous.detail();
+                return Err(self.invalid(ty, &key, "FieldValueInvalid", &ambiguous.field, &detail));
             }
         };
         // The key first, the place of a host write after: a write waiting for
@@ -755,6 +748,30 @@ impl WriteThrough {
             let details = serde_json::to_string(details).unwrap_or_default();
             denial.details = serde_json::from_str(&rewrite(&details)).ok();
         }
+        denial
+    }
+
+    /// The refusal of a tenant object with an invalid field, logged as a
+    /// `translate_error` (the write-through path cannot translate it; the host
+    /// was not asked): a 422 `Invalid` Status with the details kube-apiserver
+    /// gives a field error (the object's name, group and kind, and the field and
+    /// what is wrong with it, as a cause of type `cause`), so that clients show
+    /// it as they show the tenant API server's own.
+    fn invalid(
+        &self,
+        ty: &ResolvedType,
+        key: &Key,
+        cause: &str,
+        field: &str,
+        detail: &str,
+    ) -> Denial {
+        let message = format!("write-through of {}: {field}: {detail}", ty.resource.key);
+        self.log_rejected(ty, key, "translate_error", &message);
+        let mut denial = Denial::new(422, "Invalid", message);
+        denial.details = Some(json!({
+            "name": key.name, "group": ty.api.group, "kind": ty.api.kind,
+            "causes": [{"reason": cause, "field": field, "message": detail}],
+        }));
         denial
     }
 

@@ -273,9 +273,18 @@ async fn a_reference_whose_host_name_is_ambiguous_gets_422() {
             && message.contains("the namespace contains \"-x-\""),
         "{message}"
     );
+    let details = &r["status"]["details"];
     assert_eq!(
-        r["status"]["details"]["causes"][0]["field"],
-        "spec.secretRef.name"
+        (&details["name"], &details["kind"], &details["group"]),
+        (&json!("edge"), &json!("Gateway"), &json!("example.net")),
+        "{answer}"
+    );
+    assert_eq!(details["causes"][0]["field"], "spec.secretRef.name");
+    assert_eq!(details["causes"][0]["reason"], "FieldValueInvalid");
+    let cause = details["causes"][0]["message"].as_str().unwrap_or_default();
+    assert!(
+        cause.starts_with("the reference \"a\" in namespace \"b-x-c\""),
+        "{cause}"
     );
     assert!(!gate.is_pending(&key("b-x-c", "edge")));
     // The same reference from an unambiguous namespace goes to the host.
@@ -350,6 +359,18 @@ async fn the_stand_in_marker_is_refused_and_taking_it_off_is_written_through() {
     assert!(
         message.contains(TOO_DEEP_ANNOTATION) && message.contains("cannot be set"),
         "{message}"
+    );
+    // The details kube-apiserver gives a field error.
+    let details = &r["status"]["details"];
+    assert_eq!(details["name"], "edge", "{answer}");
+    assert_eq!(
+        details["causes"],
+        json!([{
+            "reason": "FieldValueForbidden",
+            "field": format!("metadata.annotations[{TOO_DEEP_ANNOTATION}]"),
+            "message": "the annotation is crproxy's own (it marks an object nested too deeply to be read) and cannot be set; remove it",
+        }]),
+        "{answer}"
     );
     assert!(
         !is_stand_in(&locks::lock(&stored)),
