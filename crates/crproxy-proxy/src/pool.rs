@@ -1148,7 +1148,11 @@ impl PeerPool {
         // Connections returned meanwhile are the most recent: they stay on top.
         idle.append(&mut peer.idle_http1);
         peer.idle_http1 = idle;
-        let wake_sweep = !peer.idle_http1.is_empty() && st.idle_listed();
+        // A sweep that ran while the list was out may be parked, or asleep until
+        // a newer connection's time: either way it looks again, as these may
+        // be the older ones.
+        let wake_sweep = !peer.idle_http1.is_empty();
+        st.idle_sweep_due |= wake_sweep;
         drop(st);
         if wake_sweep {
             self.idle_sweep.notify_one();

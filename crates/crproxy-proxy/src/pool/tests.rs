@@ -273,6 +273,37 @@ async fn idle_connections_put_back_after_a_sweep_found_none_are_still_swept() {
     peer.abort();
 }
 
+/// Putting the list back also wakes a sweep asleep until a newer connection's
+/// time: the connections put back may be older, and due long before.
+#[tokio::test]
+async fn idle_connections_put_back_under_a_sleeping_sweep_are_swept_in_time() {
+    let (pool, peer) = pool_with_an_idle_http1_connection().await;
+    let peer_id = pool.lock().peers[0].id;
+    let take = || std::mem::take(&mut pool.lock().peer_mut(peer_id).expect("the peer").idle_http1);
+    let mut idle = take();
+    let went_idle = idle[0].idle_since;
+    // As in the test above: the sweep runs, finds none and parks.
+    tokio::time::pause();
+    tokio::time::sleep(HTTP1_IDLE_TIMEOUT + IDLE_SWEEP_SLACK).await;
+    tasks_alive().await;
+    // Back as if it had just gone idle: the sweep sleeps until its time.
+    idle[0].idle_since = Instant::now();
+    pool.relist_idle_http1(peer_id, idle);
+    tasks_alive().await;
+    assert!(pool.lock().idle_sweep_due, "the sweep sleeps");
+    // Out again, and back with its real time, idle longer than the limit.
+    let mut idle = take();
+    idle[0].idle_since = went_idle;
+    pool.relist_idle_http1(peer_id, idle);
+    tokio::time::sleep(IDLE_SWEEP_SLACK).await;
+    tasks_alive().await;
+    assert!(
+        pool.lock().peers[0].idle_http1.is_empty(),
+        "closed at once, idle for longer than {HTTP1_IDLE_TIMEOUT:?}"
+    );
+    peer.abort();
+}
+
 /// A pool dropped while its sweep sleeps until the next sweep ends the sweep at
 /// once, not when the sleep would have ended.
 #[tokio::test]
