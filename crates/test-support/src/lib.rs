@@ -119,6 +119,17 @@ pub fn client_config_without_roots() -> rustls::ClientConfig {
     .with_no_client_auth()
 }
 
+/// The tasks alive on the calling test's runtime, after a few turns for a task
+/// just woken or aborted to end (bounded: ten yields).
+pub async fn tasks_alive() -> usize {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
 /// Starts an in-memory devcluster on an ephemeral 127.0.0.1 port.
 ///
 /// # Panics

@@ -1,5 +1,6 @@
 use super::*;
 use http_body_util::{BodyExt, Empty};
+use test_support::tasks_alive;
 
 fn empty() -> ProxyBody {
     Empty::<Bytes>::new()
@@ -149,18 +150,6 @@ fn acquiring_a_connection_does_not_carry_a_dial_inline() {
 #[test]
 fn the_quarantine_duration_is_the_specs_20_seconds() {
     assert_eq!(QUARANTINE_DURATION, Duration::from_secs(20));
-}
-
-/// The tasks alive on the test's runtime, after a few turns for a woken task to
-/// end.
-async fn tasks_alive() -> usize {
-    // Bounded: ten turns.
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
 }
 
 /// A pool whose one peer (on 127.0.0.1, HTTP/1.1 only, serving one connection

@@ -2,6 +2,7 @@ use super::*;
 use crate::metrics::Metrics;
 use futures_util::stream;
 use http_body_util::{BodyExt, StreamBody};
+use test_support::tasks_alive;
 
 fn pending_body() -> ProxyBody {
     StreamBody::new(stream::pending::<Result<Frame<Bytes>, BoxError>>()).boxed()
@@ -612,17 +613,6 @@ async fn a_chunked_answer_whose_end_is_late_is_watched_until_it_comes() {
     assert!(body.frame().await.is_none());
     assert_eq!(tasks_alive().await, 0, "the watchdog ends with the body");
     check_ended_once(&metrics, false);
-}
-
-/// The number of tasks alive on this test's runtime once the aborted ones have
-/// gone (bounded: a few yields).
-async fn tasks_alive() -> usize {
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
 }
 
 /// The watchdog is for bodies still streaming after their first chunk: an answer
