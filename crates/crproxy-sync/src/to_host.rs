@@ -180,7 +180,9 @@ pub struct AmbiguousReference {
 }
 
 impl AmbiguousReference {
-    /// What is wrong with the reference, without the field.
+    /// What is wrong with the reference, without the field, in the words of
+    /// kube-apiserver's field errors (`Invalid value: "<value>": <why>`), so
+    /// that it reads as the tenant API server's own refusals do.
     pub fn detail(&self) -> String {
         let AmbiguousReference {
             value,
@@ -189,7 +191,7 @@ impl AmbiguousReference {
             ..
         } = self;
         format!(
-            "the reference {value:?} in namespace {namespace:?} cannot be translated to a host name: {why}, \
+            "Invalid value: {value:?}: in namespace {namespace:?} the reference cannot be translated to a host name: {why}, \
              so its host name could also be another object's; references need a name without \"-x-\" that \
              does not end in \"-x\", in a namespace without \"-x-\" that neither starts with \"x-\" nor ends \
              in \"-x\", and a host name <name>-x-<namespace>-x-<tenant> of at most 63 characters"

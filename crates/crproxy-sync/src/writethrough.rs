@@ -468,7 +468,7 @@ impl WriteThrough {
                 "metadata.annotations[{}]",
                 crproxy_core::deep_objects::TOO_DEEP_ANNOTATION
             );
-            let detail = "the annotation is crproxy's own (it marks an object nested too deeply to be read) and cannot be set; remove it";
+            let detail = "Forbidden: the annotation is crproxy's own (it marks an object nested too deeply to be read) and cannot be set; remove it";
             return Err(self.invalid(ty, &key, "FieldValueForbidden", &field, detail));
         }
         // A reference that cannot be translated one-to-one is the tenant object's
@@ -765,7 +765,12 @@ impl WriteThrough {
         field: &str,
         detail: &str,
     ) -> Denial {
-        let message = format!("write-through of {}: {field}: {detail}", ty.resource.key);
+        // kube-apiserver's words for an invalid object: `<Kind>.<group> "<name>"
+        // is invalid: <field>: <detail>`.
+        let message = format!(
+            "{}.{} {:?} is invalid: {field}: {detail}",
+            ty.api.kind, ty.api.group, key.name
+        );
         self.log_rejected(ty, key, "translate_error", &message);
         let mut denial = Denial::new(422, "Invalid", message);
         denial.details = Some(json!({

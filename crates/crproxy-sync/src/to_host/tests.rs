@@ -652,7 +652,7 @@ fn a_reference_whose_host_name_is_ambiguous_is_refused() {
     let message = error.to_string();
     assert!(
         message.starts_with(
-            "spec.secretRef.name: the reference \"a\" in namespace \"b-x-c\" cannot be translated to a host name: the namespace contains \"-x-\""
+            "spec.secretRef.name: Invalid value: \"a\": in namespace \"b-x-c\" the reference cannot be translated to a host name: the namespace contains \"-x-\""
         ),
         "{message}"
     );

@@ -269,7 +269,9 @@ async fn a_reference_whose_host_name_is_ambiguous_gets_422() {
     assert_eq!(r["status"]["reason"], "Invalid");
     let message = r["status"]["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("spec.secretRef.name: the reference \"a\" in namespace \"b-x-c\"")
+        message.starts_with(
+            "Gateway.example.net \"edge\" is invalid: spec.secretRef.name: Invalid value: \"a\": in namespace \"b-x-c\""
+        )
             && message.contains("the namespace contains \"-x-\""),
         "{message}"
     );
@@ -283,7 +285,7 @@ async fn a_reference_whose_host_name_is_ambiguous_gets_422() {
     assert_eq!(details["causes"][0]["reason"], "FieldValueInvalid");
     let cause = details["causes"][0]["message"].as_str().unwrap_or_default();
     assert!(
-        cause.starts_with("the reference \"a\" in namespace \"b-x-c\""),
+        cause.starts_with("Invalid value: \"a\": in namespace \"b-x-c\""),
         "{cause}"
     );
     assert!(!gate.is_pending(&key("b-x-c", "edge")));
@@ -368,7 +370,7 @@ async fn the_stand_in_marker_is_refused_and_taking_it_off_is_written_through() {
         json!([{
             "reason": "FieldValueForbidden",
             "field": format!("metadata.annotations[{TOO_DEEP_ANNOTATION}]"),
-            "message": "the annotation is crproxy's own (it marks an object nested too deeply to be read) and cannot be set; remove it",
+            "message": "Forbidden: the annotation is crproxy's own (it marks an object nested too deeply to be read) and cannot be set; remove it",
         }]),
         "{answer}"
     );
