@@ -233,15 +233,19 @@ async fn pool_with_an_idle_http1_connection() -> (Arc<PeerPool>, tokio::task::Jo
     (pool, peer)
 }
 
-/// A resend checks a peer's idle HTTP/1.1 connections with the list off the
-/// lock ([`PeerPool::forget_closed_http1`]). A sweep in that window finds none
-/// and parks; putting the list back must wake it, or those connections stay
-/// open until another goes idle, however long they are idle.
-#[tokio::test]
-async fn idle_connections_put_back_after_a_sweep_found_none_are_still_swept() {
+/// [`pool_with_an_idle_http1_connection`] with its one idle connection taken off
+/// the list (as a check for closed connections does) and the clock paused while
+/// the sweep runs, finds none and parks: the pool, the peer's task, the peer's
+/// id and the list taken.
+async fn a_parked_sweep_with_the_list_out() -> (
+    Arc<PeerPool>,
+    tokio::task::JoinHandle<()>,
+    u64,
+    Vec<Http1Conn>,
+) {
     let (pool, peer) = pool_with_an_idle_http1_connection().await;
     let peer_id = pool.lock().peers[0].id;
-    let idle = std::mem::take(&mut pool.lock().peer_mut(peer_id).expect("the peer").idle_http1);
+    let idle = take_idle(&pool, peer_id);
     // With nothing else pending (no I/O, the only timers the sweep's and the
     // test's), the paused clock runs the sweep, then ends the test's sleep.
     tokio::time::pause();
@@ -251,7 +255,20 @@ async fn idle_connections_put_back_after_a_sweep_found_none_are_still_swept() {
         !pool.lock().idle_sweep_due,
         "the sweep found none and parked"
     );
+    (pool, peer, peer_id, idle)
+}
 
+fn take_idle(pool: &PeerPool, peer_id: u64) -> Vec<Http1Conn> {
+    std::mem::take(&mut pool.lock().peer_mut(peer_id).expect("the peer").idle_http1)
+}
+
+/// A resend checks a peer's idle HTTP/1.1 connections with the list off the
+/// lock ([`PeerPool::forget_closed_http1`]). A sweep in that window finds none
+/// and parks; putting the list back must wake it, or those connections stay
+/// open until another goes idle, however long they are idle.
+#[tokio::test]
+async fn idle_connections_put_back_after_a_sweep_found_none_are_still_swept() {
+    let (pool, peer, peer_id, idle) = a_parked_sweep_with_the_list_out().await;
     pool.relist_idle_http1(peer_id, idle);
     tokio::time::sleep(HTTP1_IDLE_TIMEOUT + IDLE_SWEEP_SLACK).await;
     tasks_alive().await;
@@ -266,22 +283,15 @@ async fn idle_connections_put_back_after_a_sweep_found_none_are_still_swept() {
 /// time: the connections put back may be older, and due long before.
 #[tokio::test]
 async fn idle_connections_put_back_under_a_sleeping_sweep_are_swept_in_time() {
-    let (pool, peer) = pool_with_an_idle_http1_connection().await;
-    let peer_id = pool.lock().peers[0].id;
-    let take = || std::mem::take(&mut pool.lock().peer_mut(peer_id).expect("the peer").idle_http1);
-    let mut idle = take();
+    let (pool, peer, peer_id, mut idle) = a_parked_sweep_with_the_list_out().await;
     let went_idle = idle[0].idle_since;
-    // As in the test above: the sweep runs, finds none and parks.
-    tokio::time::pause();
-    tokio::time::sleep(HTTP1_IDLE_TIMEOUT + IDLE_SWEEP_SLACK).await;
-    tasks_alive().await;
     // Back as if it had just gone idle: the sweep sleeps until its time.
     idle[0].idle_since = Instant::now();
     pool.relist_idle_http1(peer_id, idle);
     tasks_alive().await;
     assert!(pool.lock().idle_sweep_due, "the sweep sleeps");
     // Out again, and back with its real time, idle longer than the limit.
-    let mut idle = take();
+    let mut idle = take_idle(&pool, peer_id);
     idle[0].idle_since = went_idle;
     pool.relist_idle_http1(peer_id, idle);
     tokio::time::sleep(IDLE_SWEEP_SLACK).await;
