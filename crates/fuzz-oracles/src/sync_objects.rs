@@ -232,7 +232,7 @@ fn check_reverse(host: &str, namespace: &str, tenant: &str) {
         reference_name_of(host, namespace, tenant),
         back.filter(|name| reference_host_name(name, namespace, tenant).as_deref() == Ok(host))
     );
-    match tenant_name_of(host, namespace, tenant) {
+    match back {
         Some(name) => {
             assert!(!name.is_empty());
             assert_eq!(format!("{name}{suffix}"), host);
