@@ -310,8 +310,8 @@ impl State {
                 listed.remove(key);
             }
         }
-        self.keep_superseded_past(listed_at);
-        listed_at.clone_into(&mut self.watched_at);
+        // The watch goes on from the list.
+        self.watched_to(listed_at);
         // Keep only what is newer than the list (which assumes one counter for
         // the collection and its objects, as above): written through this
         // proxy while it ran (a later state of a listed object, another
@@ -326,7 +326,6 @@ impl State {
             }
         }
         self.synced = true;
-        self.in_step_at = Some(Instant::now());
     }
 
     /// Records a successful write's answer (`sent_with`: the state the write was
@@ -374,23 +373,18 @@ impl State {
         }
     }
 
-    /// The watch has delivered everything up to `resource_version`: the cache is
-    /// in step now, and the states superseded at or before it can no longer come
-    /// from it.
+    /// The watch has delivered everything up to `resource_version` (or a list
+    /// was taken there): the cache is in step now, and the states superseded at
+    /// or before it can no longer come from it. `resource_version` is read once,
+    /// not once an entry (see [`is_earlier`]: one that is not a number ends them
+    /// all).
     fn watched_to(&mut self, resource_version: &str) {
         self.in_step_at = Some(Instant::now());
         resource_version.clone_into(&mut self.watched_at);
-        self.keep_superseded_past(resource_version);
-    }
-
-    /// Ends the superseded entries at or before `position` (the watch's or a
-    /// list's): what comes from there on is later. `position` is read once, not
-    /// once an entry (see [`is_earlier`]: one that is not a number ends them all).
-    fn keep_superseded_past(&mut self, position: &str) {
         if self.superseded.is_empty() {
             return;
         }
-        match position.parse::<u64>() {
+        match resource_version.parse::<u64>() {
             Ok(position) => self
                 .superseded
                 .retain(|_, past| past.parse::<u64>().is_ok_and(|past| position < past)),
