@@ -185,7 +185,13 @@ impl TargetConnection {
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let headers = forwarded_headers(caller_headers, None, media_type);
-        self.exchange(deadline, method, path_and_query, headers, body)
+        // A request with a deadline ends within it and may have a connection of
+        // its own; one without (a watch) may last for hours and shares one.
+        let lane = match deadline {
+            Some(_) => Lane::Exchange,
+            None => Lane::Stream,
+        };
+        self.exchange(deadline, lane, method, path_and_query, headers, body)
             .await
     }
 
@@ -210,16 +216,15 @@ impl TargetConnection {
         caller_headers: &HeaderMap,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let headers = forwarded_headers(caller_headers, None, None);
-        let deadline = Instant::now() + REQUEST_DEADLINE;
-        let sent = self.exchange_unbounded(
-            Some(deadline),
+        self.exchange(
+            Some(Instant::now() + REQUEST_DEADLINE),
             Lane::OwnWatch,
             Method::GET,
             path_and_query,
             headers,
             full(Bytes::new()),
-        );
-        within(deadline, sent).await
+        )
+        .await
     }
 
     /// A bodiless GET with the caller's headers, changed as `inspected` says when
@@ -234,6 +239,7 @@ impl TargetConnection {
         let headers = forwarded_headers(caller_headers, inspected, None);
         self.exchange(
             Some(deadline),
+            Lane::Exchange,
             Method::GET,
             path_and_query,
             headers,
@@ -248,17 +254,12 @@ impl TargetConnection {
     async fn exchange(
         &self,
         deadline: Option<Instant>,
+        lane: Lane,
         method: Method,
         path_and_query: TargetPath<'_>,
         headers: HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        // A request with a deadline ends within it and may have a connection of its
-        // own; one without (a watch) may last for hours and shares one.
-        let lane = match deadline {
-            Some(_) => Lane::Exchange,
-            None => Lane::Stream,
-        };
         let sent = self.exchange_unbounded(deadline, lane, method, path_and_query, headers, body);
         match deadline {
             Some(deadline) => within(deadline, sent).await,
