@@ -740,12 +740,11 @@ impl PeerPool {
     ) -> Result<PeerSender, PoolError> {
         let mut waits = 0;
         let ticket = loop {
-            match self.select(None, waits < MAX_DIAL_WAITS, lane) {
+            match self.select(None, waits < MAX_DIAL_WAITS, lane, deadline) {
                 // A cached HTTP/1.1 connection the peer closed while it was idle
                 // is dropped here, outside the lock; each such turn uses one up.
                 Selection::Cached(mut sender) => {
                     if sender.is_open() {
-                        sender.deadline = deadline;
                         return Ok(sender);
                     }
                 }
@@ -786,10 +785,9 @@ impl PeerPool {
         // that only refused HTTP/1.1 alone can take it as a stream.
         let refused_http1 = matches!(&first_error, PoolError::Dial(err) if err.refused_protocol());
         let exclude = (!refused_http1).then_some(failed_peer);
-        match self.select(exclude, false, lane) {
+        match self.select(exclude, false, lane, deadline) {
             Selection::Cached(mut sender) => {
                 if sender.is_open() {
-                    sender.deadline = deadline;
                     Ok(sender)
                 } else {
                     Err(first_error)
@@ -803,7 +801,13 @@ impl PeerPool {
 
     /// Picks the next peer under the lock. Never waits itself; with `may_wait`,
     /// it may tell the caller to wait for a dial in flight (see [`PendingDial`]).
-    fn select(&self, exclude: Option<u64>, may_wait: bool, lane: Lane) -> Selection {
+    fn select(
+        &self,
+        exclude: Option<u64>,
+        may_wait: bool,
+        lane: Lane,
+        deadline: Option<Instant>,
+    ) -> Selection {
         let now = Instant::now();
         let mut st = self.lock();
         if st.last_publish.is_none() {
@@ -862,8 +866,7 @@ impl PeerPool {
                     conn,
                     lane,
                     reused: true,
-                    // Set by `acquire_in`, which knows it.
-                    deadline: None,
+                    deadline,
                     pool: self.self_ref.clone(),
                 };
                 st.next = idx + 1;
@@ -1306,8 +1309,9 @@ async fn sweep_idle_http1(pool: Weak<PeerPool>, wake: Arc<tokio::sync::Notify>) 
             };
             // The pool's drop wakes it too: a dropped pool's sweep would
             // otherwise linger, holding its timer, for up to a sweep's wait.
-            // Nothing else notifies while a sweep is due; were it woken
-            // early, it sweeps again, sooner.
+            // So does a list put back after a check for closed connections
+            // (`relist_idle_http1`), whose connections may be due before this
+            // sleep ends: woken early, it sweeps again, sooner.
             tokio::select! {
                 () = tokio::time::sleep_until(at) => {}
                 () = wake.notified() => {}
