@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher::Event;
 use kube::Api;
 use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
@@ -158,9 +159,7 @@ impl FrontProxyTrust {
     pub fn verifier(self: &Arc<Self>) -> Arc<dyn ClientCertVerifier> {
         Arc::new(DynamicVerifier {
             trust: Arc::clone(self),
-            schemes: crproxy_kube::crypto_provider()
-                .signature_verification_algorithms
-                .supported_schemes(),
+            algorithms: crproxy_kube::crypto_provider().signature_verification_algorithms,
         })
     }
 
@@ -271,7 +270,9 @@ fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
 #[derive(Debug)]
 struct DynamicVerifier {
     trust: Arc<FrontProxyTrust>,
-    schemes: Vec<SignatureScheme>,
+    /// Read once from the provider: a provider is two vectors built per call, and
+    /// these checks run on every handshake that presents a certificate.
+    algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl ClientCertVerifier for DynamicVerifier {
@@ -310,12 +311,7 @@ impl ClientCertVerifier for DynamicVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &crproxy_kube::crypto_provider().signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -324,16 +320,11 @@ impl ClientCertVerifier for DynamicVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &crproxy_kube::crypto_provider().signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.schemes.clone()
+        self.algorithms.supported_schemes()
     }
 }
 
