@@ -116,11 +116,16 @@ pub const SHORTENED: &str = "the host name would be shortened";
 /// the translation is [`ambiguity`]'s or would be shortened ([`SHORTENED`]),
 /// when the host object could be another tenant's or another tenant
 /// namespace's (which the host controller would then read with its own rights).
+/// An empty reference names no object (an unset `secretRef.name`, say) and
+/// stays empty, so the host controller reads it as the tenant meant it.
 pub fn reference_host_name(
     name: &str,
     namespace: &str,
     tenant: &str,
 ) -> Result<String, &'static str> {
+    if name.is_empty() {
+        return Ok(String::new());
+    }
     if let Some(why) = ambiguity(name, namespace, tenant) {
         return Err(why);
     }

@@ -6,7 +6,8 @@
 //!   that fits, else its first 52 bytes (without a trailing `-` or `.`), `-` and 10
 //!   hex digits of a hash of the whole; valid DNS names give a valid DNS name;
 //!   `tenant_name_of` gives a name back from its unshortened host name, and any name
-//!   it gives translates to its input; a reference is translated (`reference_host_name`)
+//!   it gives translates to its input; an empty reference stays empty; another is
+//!   translated (`reference_host_name`)
 //!   exactly when `ambiguity` finds nothing and its host name is not shortened, and
 //!   comes back (`reference_name_of`) exactly when it was translated; a label value is at most 63 bytes, the value
 //!   itself when it fits, valid when the value is valid but for its length, and then
@@ -176,12 +177,12 @@ fn check_names(name: &str, namespace: &str, tenant: &str) {
     }
     // A reference: translated when its host name is one-to-one, and back.
     match reference_host_name(name, namespace, tenant) {
+        // An empty reference names nothing and stays empty.
+        Ok(translated) if name.is_empty() => assert_eq!(translated, ""),
         Ok(translated) => {
             assert!(names::ambiguity(name, namespace, tenant).is_none());
             assert_eq!(translated, full);
-            if !name.is_empty() {
-                assert_eq!(reference_name_of(&full, namespace, tenant), Some(name));
-            }
+            assert_eq!(reference_name_of(&full, namespace, tenant), Some(name));
         }
         Err(why) => {
             let ambiguity = names::ambiguity(name, namespace, tenant);
@@ -843,7 +844,11 @@ fn check_mirror(ty: &ResolvedType, tenant: &str, object: &Value, host: &Value) {
         );
     }
     // The fields: the tenant's but status, names translated on the paths outside it.
-    let to_host_name = |s: &str| names::host_name(s, namespace, tenant);
+    // (An empty reference names nothing and stays empty.)
+    let to_host_name = |s: &str| match s {
+        "" => String::new(),
+        s => names::host_name(s, namespace, tenant),
+    };
     let expected = translated(ty, &own, false, &to_host_name, &mut Vec::new());
     let mut got = desired.clone();
     if let Some(got) = got.as_object_mut() {

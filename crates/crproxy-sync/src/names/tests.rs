@@ -179,6 +179,8 @@ fn ambiguous_translations() {
         reference_host_name("a", "b", "T"),
         Ok("a-x-b-x-T".to_owned())
     );
+    // An empty reference names nothing, whatever its namespace and tenant.
+    assert_eq!(reference_host_name("", "b-x-c", "c-x-d"), Ok(String::new()));
 }
 
 /// A shortened host name keeps 40 bits of a hash: a tenant could search for a

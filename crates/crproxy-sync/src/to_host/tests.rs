@@ -170,6 +170,22 @@ fn a_reference_whose_host_name_would_be_shortened_is_refused() {
     assert!(error.to_string().len() < 2_000, "{error}");
 }
 
+/// An empty reference is an unset one: the host controller must see it unset
+/// too, not a made-up name such as `-x-team-x-client`, and the way back keeps
+/// it empty.
+#[test]
+fn an_empty_reference_stays_empty_both_ways() {
+    let ty = backups(&["spec.secretRef.name", "status.secretName"]);
+    let mut object = tenant_object();
+    object["spec"]["secretRef"]["name"] = json!("");
+    let mirror = desired_mirror(&ty, "client", "default", "vcluster-client", &object)
+        .expect("nothing to translate");
+    assert_eq!(mirror["spec"]["secretRef"]["name"], "");
+    let mirror = json!({"status": {"secretName": ""}});
+    let status = status_from_mirror(&ty, "client", "team", &mirror);
+    assert_eq!(status, json!({"secretName": ""}));
+}
+
 #[test]
 fn a_mirror_record_counts_only_for_the_object_it_was_written_on() {
     let mut object = tenant_object();
