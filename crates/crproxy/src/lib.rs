@@ -1,6 +1,7 @@
 //! Library side of the `crproxy` command: the pieces the end-to-end tests start
 //! exactly as the command does.
 
+pub mod build_kind;
 #[cfg(feature = "dev")]
 pub mod devenv;
 #[cfg(feature = "dev")]

@@ -11,10 +11,19 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// `crproxy --version`: the version and how the compiler optimised the binary
+/// (`crproxy::build_kind`), e.g. `crproxy 0.1.0 (profile-guided build)`.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("CRPROXY_OPTIMISATION"),
+    " build)"
+);
+
 #[derive(Parser)]
 #[command(
     name = "crproxy",
-    version,
+    version = VERSION,
     about = "Use custom resources stored in another Kubernetes cluster"
 )]
 struct Cli {

@@ -718,6 +718,24 @@ fn usage_errors_are_one_line_with_exit_code_2() {
     }
 }
 
+/// `--version` says how the binary was optimised, as the build script read it
+/// from the compiler's flags; the benchmark's report repeats it.
+#[test]
+fn version_names_the_build() {
+    let output = crproxy_with_env(&["--version"], &[]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!(
+            "crproxy {} ({} build)\n",
+            env!("CARGO_PKG_VERSION"),
+            env!("CRPROXY_OPTIMISATION")
+        )
+    );
+    // Tests are built without profile flags.
+    assert_eq!(env!("CRPROXY_OPTIMISATION"), crproxy::build_kind::PLAIN);
+}
+
 /// `dev` options it cannot run with are refused in one line naming the flag,
 /// before any cluster starts or anything is written to `--dir`.
 #[test]
