@@ -521,6 +521,7 @@ async fn measure_all(
                             "crproxy child's tokio worker threads: {}",
                             c.worker_threads
                         ));
+                        notes.push(build_note(&c.build));
                         child_proxy = Some(c);
                     }
                     Err(e) => notes.push(format!(
@@ -894,6 +895,7 @@ async fn measure_all(
         "protocol": options.protocol,
         "crproxy": if proxy_pid.is_some() { "child process (crproxy run)" } else { "in-process" },
         "crproxy_worker_threads": child_proxy.as_ref().map(|c| &c.worker_threads),
+        "crproxy_build": child_proxy.as_ref().map(|c| &c.build),
         "access": "owned",
         "nginx": nginx_proc.as_ref().map(|_| nginx_version()),
         "cpu_clock": cpu_clock,
@@ -2099,6 +2101,20 @@ pub(crate) async fn create_namespace(client: &kube::Client, name: &str) -> Resul
 
 /// `cargo build --release -p crproxy` when the benchmark runs under cargo and the
 /// binary is missing, so `cargo run -p crproxy-bench` is enough.
+/// The report's note on how the child was optimised: the image ships a
+/// profile-guided build, so a run of any other says the rows are not for it.
+fn build_note(build: &str) -> String {
+    if build == crproxy::build_kind::PROFILE_GUIDED {
+        format!("crproxy child: a {build} build, as the image ships it (scripts/pgo-build)")
+    } else {
+        format!(
+            "crproxy child: a {build} build, not the profile-guided one the image ships \
+             (scripts/pgo-build; scripts/bench measures that unless told --plain-build): \
+             its rows, the goal rows too, say what that build does"
+        )
+    }
+}
+
 fn build_proxy_binary(notes: &mut Vec<String>) -> Option<PathBuf> {
     let cargo = std::env::var_os("CARGO")?;
     let mut command = std::process::Command::new(cargo);
@@ -2142,6 +2158,23 @@ fn git_commit() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run of anything but the shipped, profile-guided build says so beside
+    /// its rows.
+    #[test]
+    fn the_notes_say_whether_the_child_is_the_shipped_build() {
+        let shipped = build_note("profile-guided");
+        assert!(
+            shipped.contains("a profile-guided build, as the image ships it"),
+            "{shipped}"
+        );
+        let plain = build_note("plain");
+        assert!(
+            plain.starts_with("crproxy child: a plain build, not the profile-guided one"),
+            "{plain}"
+        );
+        assert!(plain.contains("--plain-build"), "{plain}");
+    }
 
     /// A lane of `column` whose endpoint is never connected to.
     fn test_lane(column: Column) -> Lane {

@@ -80,6 +80,8 @@ pub struct ChildProxy {
     pub log: PathBuf,
     /// Its tokio worker threads, as the report states them.
     pub worker_threads: String,
+    /// How it was optimised, as its `--version` says ([`build_of`]).
+    pub build: String,
 }
 
 impl ChildProxy {
@@ -153,6 +155,7 @@ impl ChildProxy {
             ca_pem,
             log,
             worker_threads: worker_threads_setting(worker_threads),
+            build: build_of(binary).await,
         })
     }
 
@@ -191,6 +194,33 @@ fn run_command(
         command.env(WORKER_THREADS_VAR, threads.to_string());
     }
     command
+}
+
+/// How `binary` says the compiler optimised it (`crproxy::build_kind`), from
+/// its `--version`; or why that could not be read.
+async fn build_of(binary: &Path) -> String {
+    let within = Duration::from_secs(10);
+    let asked = tokio::process::Command::new(binary)
+        .arg("--version")
+        .kill_on_drop(true)
+        .output();
+    let output = match tokio::time::timeout(within, asked).await {
+        Ok(Ok(output)) if output.status.success() => output,
+        Ok(Ok(output)) => return format!("unknown (--version exited {})", output.status),
+        Ok(Err(e)) => return format!("unknown (--version did not run: {e})"),
+        Err(_) => return format!("unknown (--version did not answer within {within:?})"),
+    };
+    let line = String::from_utf8_lossy(&output.stdout);
+    match build_in_version(&line) {
+        Some(kind) => kind.to_owned(),
+        None => format!("unknown (--version said {:?})", line.trim()),
+    }
+}
+
+/// The build in `crproxy 0.1.0 (profile-guided build)`.
+fn build_in_version(line: &str) -> Option<&str> {
+    let (_, kind) = line.trim().strip_suffix(" build)")?.rsplit_once(" (")?;
+    Some(kind)
 }
 
 /// How many worker threads the child runs, as the report states it.

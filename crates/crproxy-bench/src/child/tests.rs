@@ -64,3 +64,50 @@ fn the_child_gets_the_worker_threads_it_is_asked_for() {
 fn the_report_names_the_worker_threads_it_set() {
     assert_eq!(worker_threads_setting(NonZeroUsize::new(3)), "3");
 }
+
+#[test]
+fn the_build_is_read_from_the_version_line() {
+    let build = |line| build_in_version(line);
+    assert_eq!(
+        build("crproxy 0.1.0 (profile-guided build)\n"),
+        Some(crproxy::build_kind::PROFILE_GUIDED)
+    );
+    assert_eq!(build("crproxy 0.1.0 (plain build)"), Some("plain"));
+    // A binary from before the build was named.
+    assert_eq!(build("crproxy 0.1.0\n"), None);
+}
+
+/// A stand-in executable printing `stdout` and exiting with `code`.
+fn stand_in(dir: &Path, stdout: &str, code: i32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(format!("crproxy-{code}-{}", stdout.len()));
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\nprintf '{stdout}'\nexit {code}\n"),
+    )
+    .expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+#[tokio::test]
+async fn the_report_names_the_build_the_binary_states() {
+    // All written before any runs: an executable still open for writing in a
+    // forked child cannot be run (ETXTBSY).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let said = stand_in(dir.path(), "crproxy 0.1.0 (profile-guided build)\\n", 0);
+    let silent = stand_in(dir.path(), "", 0);
+    let failing = stand_in(dir.path(), "x", 3);
+    assert_eq!(build_of(&said).await, "profile-guided");
+    assert_eq!(build_of(&silent).await, "unknown (--version said \"\")");
+    assert_eq!(
+        build_of(&failing).await,
+        "unknown (--version exited exit status: 3)"
+    );
+    let missing = dir.path().join("missing");
+    let build = build_of(&missing).await;
+    assert!(
+        build.starts_with("unknown (--version did not run: "),
+        "{build}"
+    );
+}
