@@ -12,11 +12,22 @@
 FROM docker.io/library/rust:1.90-bookworm AS build
 WORKDIR /src
 COPY . .
+# Profile-guided (scripts/pgo-build): the benchmark drives an instrumented build
+# on loopback inside this stage, then crproxy is built again with that profile;
+# three release builds, some 25 minutes on 2 cores. `--build-arg PGO=0` builds
+# it once, plain (more CPU per request: docs/performance.md).
+ARG PGO=1
 # glibc linked statically (crt-static): the binary runs on `scratch`.
 RUN target="$(uname -m)-unknown-linux-gnu" \
- && RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked -p crproxy --no-default-features --bin crproxy --target "$target" \
- && cp "target/$target/release/crproxy" /crproxy
+ && export RUSTFLAGS="-C target-feature=+crt-static" \
+ && if [ "$PGO" = 1 ]; then \
+      scripts/pgo-build --locked --no-default-features \
+      && binary="target/pgo/$target/release/crproxy"; \
+    else \
+      cargo build --release --locked -p crproxy --no-default-features --bin crproxy --target "$target" \
+      && binary="target/$target/release/crproxy"; \
+    fi \
+ && cp "$binary" /crproxy
 
 FROM scratch
 COPY --from=build /crproxy /crproxy
