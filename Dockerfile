@@ -21,8 +21,7 @@ ARG PGO=1
 RUN target="$(uname -m)-unknown-linux-gnu" \
  && export RUSTFLAGS="-C target-feature=+crt-static" \
  && if [ "$PGO" = 1 ]; then \
-      scripts/pgo-build --locked --no-default-features \
-      && binary="target/pgo/$target/release/crproxy"; \
+      binary="$(scripts/pgo-build --locked --no-default-features)"; \
     else \
       cargo build --release --locked -p crproxy --no-default-features --bin crproxy --target "$target" \
       && binary="target/$target/release/crproxy"; \

@@ -18,8 +18,8 @@ cd "$root"
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
 export RUSTFLAGS
 if [ "${PGO:-1}" = 1 ]; then
-  scripts/pgo-build --locked --no-default-features
-  binary="${CARGO_TARGET_DIR:-$root/target}/pgo/$target/release/crproxy"
+  # Its only output is the binary's path.
+  binary=$(scripts/pgo-build --locked --no-default-features)
 else
   cargo build --release --locked -p crproxy --no-default-features --bin crproxy --target "$target"
   binary="${CARGO_TARGET_DIR:-$root/target}/$target/release/crproxy"
