@@ -3,8 +3,12 @@
 include!("src/build_kind.rs");
 
 fn main() {
-    // Cargo reruns build scripts when the flags change; this says so explicitly.
-    println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
+    // Only these two files decide the answer. Cargo gives each set of compiler
+    // flags a build-script run of its own, so a change of flags is seen too
+    // (`rerun-if-env-changed` cannot watch CARGO_ENCODED_RUSTFLAGS, which Cargo
+    // sets only for the script).
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/build_kind.rs");
     let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
     println!(
         "cargo:rustc-env=CRPROXY_OPTIMISATION={}",
