@@ -2099,22 +2099,22 @@ pub(crate) async fn create_namespace(client: &kube::Client, name: &str) -> Resul
     aggregated::create_object(client, &resource, &namespace).await
 }
 
-/// `cargo build --release -p crproxy` when the benchmark runs under cargo and the
-/// binary is missing, so `cargo run -p crproxy-bench` is enough.
 /// The report's note on how the child was optimised: the image ships a
 /// profile-guided build, so a run of any other says the rows are not for it.
 fn build_note(build: &str) -> String {
     if build == crproxy::build_kind::PROFILE_GUIDED {
-        format!("crproxy child: a {build} build, as the image ships it (scripts/pgo-build)")
+        format!("crproxy child: {build} build, as the image ships it (scripts/pgo-build)")
     } else {
         format!(
-            "crproxy child: a {build} build, not the profile-guided one the image ships \
+            "crproxy child: {build} build, not the profile-guided one the image ships \
              (scripts/pgo-build; scripts/bench measures that unless told --plain-build): \
-             its rows, the goal rows too, say what that build does"
+             its rows, the goal rows too, say what this build does"
         )
     }
 }
 
+/// `cargo build --release -p crproxy` when the benchmark runs under cargo and the
+/// binary is missing, so `cargo run -p crproxy-bench` is enough.
 fn build_proxy_binary(notes: &mut Vec<String>) -> Option<PathBuf> {
     let cargo = std::env::var_os("CARGO")?;
     let mut command = std::process::Command::new(cargo);
@@ -2165,12 +2165,12 @@ mod tests {
     fn the_notes_say_whether_the_child_is_the_shipped_build() {
         let shipped = build_note("profile-guided");
         assert!(
-            shipped.contains("a profile-guided build, as the image ships it"),
+            shipped.contains("profile-guided build, as the image ships it"),
             "{shipped}"
         );
         let plain = build_note("plain");
         assert!(
-            plain.starts_with("crproxy child: a plain build, not the profile-guided one"),
+            plain.starts_with("crproxy child: plain build, not the profile-guided one"),
             "{plain}"
         );
         assert!(plain.contains("--plain-build"), "{plain}");
