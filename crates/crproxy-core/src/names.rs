@@ -21,8 +21,9 @@ pub const SERVICE_NAMESPACE: &str = "kube-system";
 /// Where the registration Lease and the sync Leases live in their cluster.
 pub const LEASE_NAMESPACE: &str = "kube-system";
 
-/// Longest Service name Kubernetes accepts (an RFC 1035 label).
-const MAX_SERVICE_NAME: usize = 63;
+/// Longest name [`shorten_with_hash`] keeps whole: the longest Service name
+/// Kubernetes accepts (an RFC 1035 label).
+pub const MAX_WHOLE_NAME: usize = 63;
 /// Hex digits of the hash suffix used when a name is shortened.
 const HASH_HEX_LEN: usize = 10;
 
@@ -40,7 +41,7 @@ pub fn service_name(group: &str, version: &str) -> String {
 /// trailing `-` or `.`), `-` and the first 10 hex digits of the SHA-256 of `full`, so
 /// shortened names stay unique and every replica computes the same one.
 pub fn shorten_with_hash(full: &str) -> String {
-    if full.len() <= MAX_SERVICE_NAME {
+    if full.len() <= MAX_WHOLE_NAME {
         return full.to_owned();
     }
     let digest = Sha256::digest(full.as_bytes());
@@ -50,7 +51,7 @@ pub fn shorten_with_hash(full: &str) -> String {
         .take(HASH_HEX_LEN)
         .map(|n| char::from_digit(u32::from(n), 16).unwrap_or('0'))
         .collect();
-    let keep = MAX_SERVICE_NAME - HASH_HEX_LEN - 1;
+    let keep = MAX_WHOLE_NAME - HASH_HEX_LEN - 1;
     // Cut on a char boundary so odd input cannot cause a panic.
     let mut cut = keep;
     while !full.is_char_boundary(cut) {
@@ -112,7 +113,7 @@ mod tests {
     fn check(group: &str, version: &str, expected: &str) {
         let got = service_name(group, version);
         assert_eq!(got, expected, "{group}/{version}");
-        assert!(got.len() <= MAX_SERVICE_NAME);
+        assert!(got.len() <= MAX_WHOLE_NAME);
         assert!(!got.starts_with('-') && !got.ends_with('-'));
     }
 
@@ -167,7 +168,7 @@ mod tests {
     #[test]
     fn hashed_prefix_never_ends_with_dash() {
         // Arrange for the cut to land right after a dash.
-        let keep = MAX_SERVICE_NAME - HASH_HEX_LEN - 1;
+        let keep = MAX_WHOLE_NAME - HASH_HEX_LEN - 1;
         let head = "a".repeat(keep - "proxy-".len() - 1);
         let g = format!("{head}.bbbbbbbbbbbbbbbbbbbb");
         let name = service_name(&g, "v1");

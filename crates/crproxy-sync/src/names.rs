@@ -129,8 +129,9 @@ pub fn reference_host_name(
     if let Some(why) = ambiguity(name, namespace, tenant) {
         return Err(why);
     }
-    let host = host_name(name, namespace, tenant);
-    if host != format!("{name}-x-{namespace}-x-{tenant}") {
+    // What `host_name` gives when it keeps the text whole.
+    let host = format!("{name}-x-{namespace}-x-{tenant}");
+    if host.len() > crproxy_core::names::MAX_WHOLE_NAME {
         return Err(SHORTENED);
     }
     Ok(host)
