@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crproxy_core::config::sync::{FieldPath, PathStep};
+use crproxy_core::go_text::quoted;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{json, Map, Value};
@@ -181,8 +182,8 @@ pub struct AmbiguousReference {
 
 impl AmbiguousReference {
     /// What is wrong with the reference, without the field, in the words of
-    /// kube-apiserver's field errors (`Invalid value: "<value>": <why>`), so
-    /// that it reads as the tenant API server's own refusals do.
+    /// kube-apiserver's field errors (`Invalid value: "<value>": <why>`, quoted
+    /// as Go quotes), so that it reads as the tenant API server's own refusals do.
     pub fn detail(&self) -> String {
         let AmbiguousReference {
             value,
@@ -191,10 +192,12 @@ impl AmbiguousReference {
             ..
         } = self;
         format!(
-            "Invalid value: {value:?}: in namespace {namespace:?} the reference cannot be translated to a host name: {why}, \
+            "Invalid value: {}: in namespace {} the reference cannot be translated to a host name: {why}, \
              so its host name could also be another object's; references need a name without \"-x-\" that \
              does not end in \"-x\", in a namespace without \"-x-\" that neither starts with \"x-\" nor ends \
-             in \"-x\", and a host name <name>-x-<namespace>-x-<tenant> of at most 63 characters"
+             in \"-x\", and a host name <name>-x-<namespace>-x-<tenant> of at most 63 characters",
+            quoted(value),
+            quoted(namespace)
         )
     }
 }

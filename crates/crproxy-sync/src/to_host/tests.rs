@@ -164,6 +164,14 @@ fn a_reference_whose_host_name_would_be_shortened_is_refused() {
             .contains("cannot be translated to a host name: the host name would be shortened"),
         "{error}"
     );
+    // Quoted as kube-apiserver (Go's %q) quotes it, not as Rust's Debug does.
+    let error = with_secret("a\u{1}\u{7}-x").expect_err("refused");
+    assert!(
+        error
+            .to_string()
+            .contains(r#"Invalid value: "a\x01\a-x": in namespace "team""#),
+        "{error}"
+    );
     let huge = format!("{}-x", "é".repeat(100_000));
     let error = with_secret(&huge).expect_err("refused");
     assert_eq!(error.value, format!("{}…", "é".repeat(253)));
