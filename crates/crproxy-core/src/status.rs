@@ -42,8 +42,9 @@ pub fn status_with_details(
     v
 }
 
-/// `<resource>.<group>` or, for the core group, `<resource>`.
-fn qualified_resource(resource: &str, group: &str) -> String {
+/// `<resource>.<group>` or, for the core group, `<resource>` (kube-apiserver
+/// writes a kind this way too in an invalid object's message).
+pub fn qualified_resource(resource: &str, group: &str) -> String {
     if group.is_empty() {
         resource.to_owned()
     } else {

@@ -45,8 +45,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crproxy_core::config::sync::WebhookEndpoint;
+use crproxy_core::go_text::quoted;
 use crproxy_core::locks;
 use crproxy_core::pki::CertificateAuthority;
+use crproxy_core::status::qualified_resource;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
@@ -768,8 +770,9 @@ impl WriteThrough {
         // kube-apiserver's words for an invalid object: `<Kind>.<group> "<name>"
         // is invalid: <field>: <detail>`.
         let message = format!(
-            "{}.{} {:?} is invalid: {field}: {detail}",
-            ty.api.kind, ty.api.group, key.name
+            "{} {} is invalid: {field}: {detail}",
+            qualified_resource(&ty.api.kind, &ty.api.group),
+            quoted(&key.name)
         );
         self.log_rejected(ty, key, "translate_error", &message);
         let mut denial = Denial::new(422, "Invalid", message);
