@@ -409,8 +409,7 @@ async fn two_tenants_on_one_host_namespace_never_touch_each_others_mirrors() -> 
     // name another tenant's host objects): tenant c-x-d syncs Backups without
     // them, which is all this test needs of it.
     let patches = "        patches:\n          - path: spec.secretRef.name\n            reference: {apiVersion: v1, kind: Secret}\n";
-    let config = devsync::sync_only_config("c-x-d", b, host)
-        .replace(devsync::HOST_NAMESPACE, "shared-tenants");
+    let config = env.config_text("c-x-d", b, "shared-tenants");
     anyhow::ensure!(config.contains(patches), "the dev config's patches moved");
     let sync_b = env
         .start_with(
@@ -688,11 +687,13 @@ async fn a_disabled_entry_stops_its_syncer_at_the_next_start_and_deletes_nothing
     .await;
     sync.stop().await;
 
-    let yaml = crproxy::devsync::sync_only_config("client", tenant, host).replacen(
-        "      backups.example.org/v1:\n        enabled: true",
-        "      backups.example.org/v1:\n        enabled: false",
-        1,
-    );
+    let yaml = env
+        .config_text("client", tenant, "vcluster-client")
+        .replacen(
+            "      backups.example.org/v1:\n        enabled: true",
+            "      backups.example.org/v1:\n        enabled: false",
+            1,
+        );
     assert!(yaml.contains("enabled: false"));
     let sync = env
         .start_with("client", tenant, "vcluster-client", Some(yaml))
@@ -764,7 +765,8 @@ async fn a_version_upgrade_adds_the_version_and_moves_storage() -> Result<()> {
         .push(v2);
     apply(host, &serde_json::to_string(&crd)?);
 
-    let yaml = crproxy::devsync::sync_only_config("client", tenant, host)
+    let yaml = env
+        .config_text("client", tenant, "vcluster-client")
         .replace("backups.example.org/v1:", "backups.example.org/v2:");
     let sync = env
         .start_with("client", tenant, "vcluster-client", Some(yaml))

@@ -101,6 +101,19 @@ impl Env {
         Ok(crproxy_sync::start(options).await?)
     }
 
+    /// The dev environment's sync configuration for tenant `name`, its mirrors in
+    /// `host_namespace`: what [`Env::start_with`] runs without an override, and
+    /// what a test edits to make one.
+    pub fn config_text(
+        &self,
+        name: &str,
+        tenant_kubeconfig: &Path,
+        host_namespace: &str,
+    ) -> String {
+        devsync::sync_only_config(name, tenant_kubeconfig, &self.host.kubeconfig)
+            .replace(devsync::HOST_NAMESPACE, host_namespace)
+    }
+
     /// What [`Env::start_full`] starts the sync with (always leading, no Pod).
     pub fn options(
         &self,
@@ -110,10 +123,8 @@ impl Env {
         config_override: Option<String>,
         metrics: std::sync::Arc<SyncMetrics>,
     ) -> Result<SyncOptions> {
-        let yaml = config_override.unwrap_or_else(|| {
-            devsync::sync_only_config(name, tenant_kubeconfig, &self.host.kubeconfig)
-                .replace(devsync::HOST_NAMESPACE, host_namespace)
-        });
+        let yaml = config_override
+            .unwrap_or_else(|| self.config_text(name, tenant_kubeconfig, host_namespace));
         let config = crproxy_core::config::parse(&yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
         let plan = crproxy_core::config::sync::validate(&config)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?
