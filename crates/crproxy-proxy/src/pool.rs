@@ -827,7 +827,7 @@ impl PeerPool {
                     target = self.metrics.target_label(),
                     group_version = %self.group_version,
                     lastNetmapAge = %format_age(age),
-                    "peer watch subscription is down and no fresh netmap is available"
+                    "peer watch subscription is down and no fresh netmap is available; requests to the target fail with 503 until it recovers"
                 );
             }
             return Selection::Rejected(PoolError::StalePeers { down_for });
@@ -1081,7 +1081,7 @@ impl PeerPool {
             tracing::error!(
                 target = self.metrics.target_label(),
                 group_version = %self.group_version,
-                "all peer hosts for the proxy target are quarantined"
+                "all peer hosts for the proxy target are quarantined; requests fail fast with 503 until a peer becomes dialable"
             );
         }
     }

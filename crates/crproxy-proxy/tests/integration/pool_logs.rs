@@ -16,8 +16,9 @@ use test_support::RefusedPort;
 use tracing::Level;
 
 const QUARANTINE_LOG: &str = "quarantining proxy target peer host after consecutive dial failures";
-const ALL_QUARANTINED_LOG: &str = "all peer hosts for the proxy target are quarantined";
-const STALE_LOG: &str = "peer watch subscription is down and no fresh netmap is available";
+const ALL_QUARANTINED_LOG: &str = "all peer hosts for the proxy target are quarantined; requests fail fast with 503 until a peer becomes dialable";
+const STALE_LOG: &str =
+    "peer watch subscription is down and no fresh netmap is available; requests to the target fail with 503 until it recovers";
 
 #[tokio::test(start_paused = true)]
 async fn quarantine_lines_carry_host_failures_and_target() {
