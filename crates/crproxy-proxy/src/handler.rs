@@ -817,8 +817,20 @@ impl GroupVersionProxy {
             Ok(response) => response,
             Err(e) => return Ok(self.unavailable(e)),
         };
+        // An object that was not checked first (no subresource) may be shown
+        // only when owned, and so may a failure that kube-apiserver makes only
+        // after reading the object.
+        let must_be_owned =
+            checked.is_none() && !decided_before_the_object_is_read(response.status());
         if response.status().is_server_error() {
-            return Ok(self.server_error(response.status()));
+            let code = response.status();
+            drop(response);
+            if must_be_owned {
+                if let Err(outcome) = self.confirm_owned(exchange, path).await {
+                    return Ok(outcome);
+                }
+            }
+            return Ok(self.server_error(code));
         }
         let (parts, body) = response.into_parts();
         let read = transport::read_limited(body, MAX_BUFFERED_BODY);
@@ -827,6 +839,11 @@ impl GroupVersionProxy {
             Err(e) => return Ok(self.unavailable(e)),
         };
         if parts.status != StatusCode::OK {
+            if must_be_owned {
+                if let Err(outcome) = self.confirm_owned(exchange, path).await {
+                    return Ok(outcome);
+                }
+            }
             return Ok(Outcome::new(
                 Response::from_parts(parts, transport::full(bytes)),
                 Reason::Upstream,
@@ -1515,6 +1532,16 @@ impl GroupVersionProxy {
         Err(self.masked(path, Reason::OwnershipMasked))
     }
 
+    /// `Ok` when the object at `path` is owned, so that an answer about it may
+    /// be shown; otherwise what the caller gets instead, the same masked 404 for
+    /// another client's object as for a missing one.
+    async fn confirm_owned(&self, exchange: &Exchange, path: &ResourcePath) -> Result<(), Outcome> {
+        match self.check_ownership(exchange, path).await? {
+            Checked::Owned(_) => Ok(()),
+            Checked::Absent => Err(self.masked(path, Reason::OwnershipMasked)),
+        }
+    }
+
     /// The object at `path` read on the target, for a decision that depends on
     /// it. A target that answers 5xx or 429 says nothing about the object: that
     /// is a retryable 503 under `unanswered` (`check` names the decision in the
@@ -2176,6 +2203,26 @@ const DISCOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 /// Whether the target's answer to a pinned write may be the pin's refusal: a
 /// precondition that failed (409), or a uid the object no longer has (422, the
 /// uid is immutable).
+/// Whether kube-apiserver answers a named GET with `code` before it reads the
+/// object, so that the answer is the same whether the object exists or not:
+/// authentication (401), authorization (403), priority and fairness (429) and
+/// content negotiation (406) run first, and 200 and 404 are the read's own
+/// answers (judged by their labels, and masked, elsewhere). Every other code
+/// (a 400 for a Table's `includeObject`, a 500 for a list media type on one
+/// object) comes from turning the read object into the answer, and would tell a
+/// caller that another client's object exists.
+fn decided_before_the_object_is_read(code: StatusCode) -> bool {
+    matches!(
+        code,
+        StatusCode::OK
+            | StatusCode::NOT_FOUND
+            | StatusCode::UNAUTHORIZED
+            | StatusCode::FORBIDDEN
+            | StatusCode::NOT_ACCEPTABLE
+            | StatusCode::TOO_MANY_REQUESTS
+    )
+}
+
 fn pin_may_have_refused(code: StatusCode) -> bool {
     code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY
 }

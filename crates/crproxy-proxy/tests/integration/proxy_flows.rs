@@ -1549,6 +1549,152 @@ async fn an_ownership_check_failed_with_a_5xx_is_a_retryable_503() {
     h.proxy.shutdown().await;
 }
 
+/// Whatever 5xx the target answers a read or a list with, the caller gets the
+/// same retryable 503 (the cause is in the proxy's logs and metrics); a watch is
+/// streamed from the target as it answered, its own status included.
+#[tokio::test]
+async fn target_5xx_answers_are_a_retryable_503_but_a_watch_gets_the_targets_own() {
+    let h = harness(AccessMode::Owned).await;
+    let backend = widgets_failing_with(&h, "broken", 500).await;
+    for code in [500, 502, 504] {
+        backend.answer(code);
+        assert_target_answers(&h, "broken", code).await;
+        for path in [format!("{WIDGETS}/broken"), WIDGETS.to_string()] {
+            let reply = call(&h.aggregator, "GET", &path, None).await;
+            assert_retryable_503(&reply);
+            assert_eq!(
+                reply.body["message"],
+                "target tenant cluster \"target\" for example.com/v1 is unavailable",
+                "{code} {path}"
+            );
+        }
+        let watch = call(&h.aggregator, "GET", &format!("{WIDGETS}?watch=true"), None).await;
+        assert_eq!(watch.status, code, "watch: {}", watch.body);
+        assert_eq!(watch.body["code"], code, "watch: {}", watch.body);
+        assert_eq!(
+            watch.body["reason"], "InternalError",
+            "watch: {}",
+            watch.body
+        );
+    }
+    // A named GET answered 5xx is shown only for an owned object, and the
+    // check of its ownership failed too; a list is scoped, so it needs no check.
+    for (verb, reason) in [("GET", "ownership_check_failed"), ("LIST", "upstream")] {
+        let needle = format!("verb=\"{verb}\",code=\"503\",reason=\"{reason}\"");
+        assert!(
+            series(&h.metrics, "vcluster_proxy_request_total", &needle),
+            "{needle}"
+        );
+    }
+    h.proxy.shutdown().await;
+}
+
+/// kube-apiserver fails some named GETs only after it has read the object: a
+/// Table with an unknown `includeObject` is a 400, a list media type asked of
+/// one object a 500. Passed on, such an answer would tell a caller that an
+/// object of that name exists even when it is another client's. The object's
+/// ownership is checked first: another client's object gets the same 404 as a
+/// missing one, on GET and HEAD, and the caller's own object the target's answer.
+#[tokio::test]
+async fn failures_kube_makes_after_reading_an_object_do_not_reveal_another_clients() {
+    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    const LIST_METADATA: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+    let h = harness(AccessMode::Owned).await;
+    let backend = Backend::start(Arc::new(|request: &http::request::Parts, _: &[u8]| {
+        let path = request.uri.path();
+        if path == "/apis/example.com/v1" {
+            return json_answer(200, &widgets_discovery());
+        }
+        let Some(name) = path.strip_prefix(&format!("{WIDGETS}/")) else {
+            return failing_answer(path, 404, false);
+        };
+        let labels = match name {
+            "taken" => json!({"team": "other"}),
+            "mine" => owned_labels(),
+            _ => {
+                let missing = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "message": format!("widgets.example.com \"{name}\" not found"),
+                    "reason": "NotFound", "code": 404,
+                    "details": {"name": name, "group": "example.com", "kind": "widgets"}});
+                return json_answer(404, &missing);
+            }
+        };
+        let failure = |code: u16, reason: &str, message: &str| {
+            json_answer(
+                code,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "message": message, "reason": reason,
+                        "code": code}),
+            )
+        };
+        let accept = request
+            .headers
+            .get(http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if request.uri.query().unwrap_or_default().contains("includeObject=Bogus") {
+            return failure(
+                400,
+                "BadRequest",
+                "Unable to convert to Table as requested: includeObject: Unsupported value: \"Bogus\"",
+            );
+        }
+        if accept.contains("as=PartialObjectMetadataList") {
+            return failure(500, "InternalError", "content is not a list");
+        }
+        let mut object = widget(name, labels);
+        object["metadata"]["uid"] = json!(format!("u-{name}"));
+        object["metadata"]["resourceVersion"] = json!("7");
+        json_answer(200, &object)
+    }))
+    .await;
+    widgets_served_by(&h, &backend, ("blank", 404)).await;
+    let get =
+        |method: &'static str, name: &'static str, query: &'static str, accept: &'static str| {
+            let request = target_support::as_alice(method, &format!("{WIDGETS}/{name}{query}"))
+                .header("accept", accept)
+                .body(Bytes::new())
+                .expect("request");
+            target_support::exchange(&h.aggregator, request)
+        };
+    for (query, accept, own_code) in [
+        ("?includeObject=Bogus", TABLE, 400),
+        ("", LIST_METADATA, 503),
+    ] {
+        for method in ["GET", "HEAD"] {
+            let hidden = get(method, "taken", query, accept).await;
+            let missing = get(method, "blank", query, accept).await;
+            assert_eq!(hidden.status, 404, "{method} {accept}: {}", hidden.body);
+            assert_eq!(missing.status, 404, "{method} {accept}: {}", missing.body);
+            assert_eq!(
+                hidden.headers.get(http::header::CONTENT_LENGTH),
+                missing.headers.get(http::header::CONTENT_LENGTH),
+                "{method} {accept}: the same length for names of the same length"
+            );
+            if method == "GET" {
+                assert_eq!(
+                    hidden.body["message"], "widgets.example.com \"taken\" not found",
+                    "{accept}"
+                );
+                assert_eq!(hidden.body, {
+                    let mut body = missing.body.clone();
+                    body["message"] = json!("widgets.example.com \"taken\" not found");
+                    body["details"]["name"] = json!("taken");
+                    body
+                });
+            }
+            let own = get(method, "mine", query, accept).await;
+            assert_eq!(own.status, own_code, "{method} {accept}: {}", own.body);
+        }
+    }
+    let needle = "verb=\"GET\",code=\"404\",reason=\"ownership_masked\"";
+    assert!(
+        series(&h.metrics, "vcluster_proxy_request_total", needle),
+        "{needle}"
+    );
+    h.proxy.shutdown().await;
+}
+
 /// A 503 that tells the caller to retry in a second.
 fn assert_retryable_503(reply: &Reply) {
     assert_eq!(reply.status, 503, "{}", reply.body);
