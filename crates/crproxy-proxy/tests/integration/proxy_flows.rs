@@ -657,7 +657,7 @@ async fn writes_into_a_namespace_missing_on_the_client_are_404() {
     let path = "/apis/example.com/v1/namespaces/nowhere/widgets";
     let mut sent = widget("w", json!({}));
     sent["metadata"]["namespace"] = json!("nowhere");
-    let reply = call(&h.aggregator, "POST", path, Some(sent)).await;
+    let reply = call(&h.aggregator, "POST", path, Some(sent.clone())).await;
     assert_eq!(reply.status, 404);
     assert_eq!(reply.body["message"], "namespaces \"nowhere\" not found");
     // The write stopped before the target: the namespace was not mirrored there.
@@ -670,8 +670,38 @@ async fn writes_into_a_namespace_missing_on_the_client_are_404() {
     assert!(series(
         &h.metrics,
         "vcluster_proxy_request_total",
-        "reason=\"namespace_missing\""
+        "verb=\"POST\",code=\"404\",reason=\"namespace_missing\""
     ));
+    // A replace or a patch may create its object's namespace on the target just
+    // as a create does, so both are refused the same way.
+    let object = format!("{path}/w");
+    let replace = call(&h.aggregator, "PUT", &object, Some(sent)).await;
+    let patch = call_as(
+        &h.aggregator,
+        "PATCH",
+        &object,
+        Some(json!({"spec": {"replicas": 2}})),
+        "application/merge-patch+json",
+    )
+    .await;
+    for (verb, reply) in [("PUT", replace), ("PATCH", patch)] {
+        assert_eq!(reply.status, 404, "{verb}: {}", reply.body);
+        assert_eq!(reply.body["reason"], "NotFound", "{verb}");
+        assert_eq!(
+            reply.body["message"], "namespaces \"nowhere\" not found",
+            "{verb}"
+        );
+        let needle = format!("verb=\"{verb}\",code=\"404\",reason=\"namespace_missing\"");
+        assert!(
+            series(&h.metrics, "vcluster_proxy_request_total", &needle),
+            "{needle}"
+        );
+    }
+    assert!(target_namespaces
+        .get_opt("nowhere")
+        .await
+        .expect("get")
+        .is_none());
     h.proxy.shutdown().await;
 }
 
@@ -1586,6 +1616,45 @@ async fn target_5xx_answers_are_a_retryable_503_but_a_watch_gets_the_targets_own
             "{needle}"
         );
     }
+    h.proxy.shutdown().await;
+}
+
+/// A named GET whose answer cannot be read for its labels cannot be shown: the
+/// object is masked as missing, in kube's words, and counted as a failed check.
+#[tokio::test]
+async fn a_named_get_whose_answer_cannot_be_decoded_is_masked_as_a_404() {
+    let h = harness(AccessMode::Owned).await;
+    let backend = Backend::start(Arc::new(|request: &http::request::Parts, _: &[u8]| {
+        let path = request.uri.path();
+        if path == "/apis/example.com/v1" {
+            return json_answer(200, &widgets_discovery());
+        }
+        if path != format!("{WIDGETS}/garbled") {
+            return failing_answer(path, 404, false);
+        }
+        http::Response::builder()
+            .status(200)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(Bytes::from_static(
+                b"{\"kind\": \"Widget\", \"metadata\": {\"labels\": ",
+            )))
+            .expect("response")
+    }))
+    .await;
+    widgets_served_by(&h, &backend, ("absent", 404)).await;
+    let reply = call(&h.aggregator, "GET", &format!("{WIDGETS}/garbled"), None).await;
+    assert_eq!(reply.status, 404, "{}", reply.body);
+    assert_eq!(reply.body["reason"], "NotFound", "{}", reply.body);
+    assert_eq!(
+        reply.body["message"], "widgets.example.com \"garbled\" not found",
+        "{}",
+        reply.body
+    );
+    let needle = "verb=\"GET\",code=\"404\",reason=\"ownership_check_failed\"";
+    assert!(
+        series(&h.metrics, "vcluster_proxy_request_total", needle),
+        "{needle}"
+    );
     h.proxy.shutdown().await;
 }
 
