@@ -2205,12 +2205,12 @@ const DISCOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 /// uid is immutable).
 /// Whether kube-apiserver answers a named GET with `code` before it reads the
 /// object, so that the answer is the same whether the object exists or not:
-/// authentication (401), authorization (403), priority and fairness (429) and
-/// content negotiation (406) run first, and 200 and 404 are the read's own
-/// answers (judged by their labels, and masked, elsewhere). Every other code
-/// (a 400 for a Table's `includeObject`, a 500 for a list media type on one
-/// object) comes from turning the read object into the answer, and would tell a
-/// caller that another client's object exists.
+/// authentication (401), authorization (403) and priority and fairness (429) run
+/// first, and 200 and 404 are the read's own answers (judged by their labels,
+/// and masked, elsewhere). Any other code may come from turning the read object
+/// into the answer (a 400 for a Table's `includeObject`; for a list media type
+/// asked of one object, a 500 for a custom resource and a 406 for a typed one),
+/// and would tell a caller that another client's object exists.
 fn decided_before_the_object_is_read(code: StatusCode) -> bool {
     matches!(
         code,
@@ -2218,7 +2218,6 @@ fn decided_before_the_object_is_read(code: StatusCode) -> bool {
             | StatusCode::NOT_FOUND
             | StatusCode::UNAUTHORIZED
             | StatusCode::FORBIDDEN
-            | StatusCode::NOT_ACCEPTABLE
             | StatusCode::TOO_MANY_REQUESTS
     )
 }
