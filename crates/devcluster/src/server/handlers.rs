@@ -751,7 +751,10 @@ fn watch(state: &Arc<State>, ctx: &ReqCtx) -> Result<Response<Body>, ApiError> {
     let version = ctx.version.clone();
     let api_version = ctx.api_version();
     let output = ctx.output;
-    let include = ctx.include_object();
+    let include = match output {
+        Output::Table => ctx.include_object()?,
+        _ => crate::table::IncludeObject::default(),
+    };
     let filter_sel = selectors.clone();
     let render: crate::watch::Render =
         Arc::new(move |obj: &Value, out: &mut Vec<u8>| match output {

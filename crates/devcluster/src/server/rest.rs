@@ -51,10 +51,18 @@ impl ReqCtx {
         self.query.get("dryRun").is_some_and(|v| v == "All")
     }
 
-    /// `includeObject` of Table requests (kube's default: metadata only).
-    pub fn include_object(&self) -> crate::table::IncludeObject {
-        crate::table::IncludeObject::parse(self.q("includeObject").unwrap_or(""))
-            .unwrap_or_default()
+    /// `includeObject` of Table requests (kube's default: metadata only). Any
+    /// other value is kube's 400, which it gives only when it turns what it read
+    /// into the Table: after a read has found the object, or a list its items.
+    pub fn include_object(&self) -> Result<crate::table::IncludeObject, ApiError> {
+        let value = self.q("includeObject").unwrap_or("");
+        crate::table::IncludeObject::parse(value).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "Unable to convert to Table as requested: includeObject: Invalid value: {}: \
+                 must be 'Metadata', 'Object', 'None', or empty",
+                crproxy_core::go_text::quoted(value)
+            ))
+        })
     }
 
     pub fn q(&self, key: &str) -> Option<&str> {
@@ -100,13 +108,21 @@ type Resp = Result<Response<Body>, ApiError>;
 
 fn respond(ctx: &ReqCtx, status: u16, obj: &Value, extra_warnings: &[String]) -> Response<Body> {
     let body = match ctx.output {
-        Output::Table => output::table(
-            &ctx.info,
-            &ctx.version,
-            &[Arc::new(obj.clone())],
-            json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
-            ctx.include_object(),
-        ),
+        Output::Table => match ctx.include_object() {
+            Ok(include) => output::table(
+                &ctx.info,
+                &ctx.version,
+                &[Arc::new(obj.clone())],
+                json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
+                include,
+            ),
+            Err(e) => return h::error_response(&e),
+        },
+        // kube reads a custom resource as an unstructured object, which passes
+        // for a list until its items are looked for, after the read.
+        Output::PartialObjectMetadataList if ctx.info.is_crd() => {
+            return h::error_response(&ApiError::new(500, "", "content is not a list"));
+        }
         Output::PartialObjectMetadata | Output::PartialObjectMetadataList => output::partial(obj),
         _ if obj.get("apiVersion").and_then(Value::as_str) == Some(&ctx.api_version()) => {
             // Already in the requested version: serialize the stored object as is.
@@ -379,7 +395,7 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
                 &ctx.version,
                 &items,
                 Value::Object(tm),
-                ctx.include_object(),
+                ctx.include_object()?,
             );
             h::json_response(200, &t)
         }

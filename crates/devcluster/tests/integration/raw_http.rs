@@ -909,3 +909,89 @@ async fn an_unserved_path_is_answered_by_whoever_kube_hands_it_to() {
         assert_eq!(body, "404 page not found\n", "{path}");
     }
 }
+
+/// Some answers kube-apiserver makes only after it has read what was asked for,
+/// so a missing object is still a 404: a Table with an unknown `includeObject`
+/// (400, for a named GET, a list and a watch), and a list media type asked of
+/// one custom resource (500 without a reason: kube reads it as an unstructured
+/// object, which passes for a list until its items are looked for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_kube_makes_after_the_read_leave_a_missing_object_a_404() {
+    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    const LIST_METADATA: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+    let test = test_support::devcluster("after-the-read").await;
+    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
+    let crontab = "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: kept\n  namespace: default\nspec:\n  cronSpec: '* * * * */5'\n";
+    let out = test_support::kubectl_stdin_async(
+        &test.kubeconfig,
+        &["apply", "-f", "-"],
+        crontab,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(out.success(), "{out:?}");
+    let collection = "/apis/stable.example.io/v1/namespaces/default/crontabs";
+    let bogus = "?includeObject=Bogus";
+    let status =
+        |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("a Status") };
+
+    let table_refused = "Unable to convert to Table as requested: includeObject: Invalid value: \"Bogus\": must be 'Metadata', 'Object', 'None', or empty";
+    for path in [
+        format!("{collection}/kept{bogus}"),
+        format!("{collection}{bogus}"),
+        format!("{collection}{bogus}&watch=true"),
+    ] {
+        let (code, _, body) =
+            admin_request(&test, "GET", &path, &[("accept", TABLE)], Protocol::Http1).await;
+        assert_eq!(code, 400, "{path}: {body:?}");
+        let refused = status(&body);
+        assert_eq!(refused["reason"], "BadRequest", "{path}");
+        assert_eq!(refused["message"], table_refused, "{path}");
+    }
+    let (code, _, body) = admin_request(
+        &test,
+        "GET",
+        &format!("{collection}/gone{bogus}"),
+        &[("accept", TABLE)],
+        Protocol::Http1,
+    )
+    .await;
+    assert_eq!(code, 404, "{body:?}");
+    for accepted in ["None", "Metadata", "Object", ""] {
+        let path = format!("{collection}/kept?includeObject={accepted}");
+        let (code, _, body) =
+            admin_request(&test, "GET", &path, &[("accept", TABLE)], Protocol::Http1).await;
+        assert_eq!(code, 200, "{path}: {body:?}");
+    }
+
+    let (code, _, body) = admin_request(
+        &test,
+        "GET",
+        &format!("{collection}/kept"),
+        &[("accept", LIST_METADATA)],
+        Protocol::Http1,
+    )
+    .await;
+    assert_eq!(code, 500, "{body:?}");
+    let failed = status(&body);
+    assert_eq!(failed["message"], "content is not a list");
+    assert!(failed.get("reason").is_none(), "{failed}");
+    let (code, _, body) = admin_request(
+        &test,
+        "GET",
+        &format!("{collection}/gone"),
+        &[("accept", LIST_METADATA)],
+        Protocol::Http1,
+    )
+    .await;
+    assert_eq!(code, 404, "{body:?}");
+    let (code, _, body) = admin_request(
+        &test,
+        "GET",
+        collection,
+        &[("accept", LIST_METADATA)],
+        Protocol::Http1,
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+}
