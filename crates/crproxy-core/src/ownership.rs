@@ -224,20 +224,26 @@ pub enum ScopeError {
 
 /// Rewrites a query so every list or watch only sees this owner's objects.
 ///
-/// All `labelSelector` parameters (kube ANDs them) are parsed, ANDed together with the
-/// owner selector and replaced by one `labelSelector` at the position of the first;
-/// without one, it is appended. Other parameters keep their order and their original
-/// encoding; empty ones go. A caller selector that fails to parse is returned as the
-/// error kube would give (a 400 for the caller), never dropped, and so is a query
-/// longer than [`MAX_SCOPED_QUERY_PARAMS`].
+/// The caller's selector is the one kube reads: the first `labelSelector` parameter
+/// Go's query parser keeps ([`go_keeps_pair`]); kube ignores the others. It is
+/// ANDed with the owner selector, and every `labelSelector` parameter is replaced by
+/// that one at the position of the first; without one, it is appended. Other
+/// parameters keep their order and their original encoding; empty ones go. A caller
+/// selector that fails to parse is returned as the error kube would give (a 400 for
+/// the caller), never dropped, and so is a query longer than
+/// [`MAX_SCOPED_QUERY_PARAMS`].
 pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, ScopeError> {
     let mut combined = owner.selector();
+    let mut read_caller_selector = false;
     let mut parts: Vec<Option<&str>> = Vec::new();
     let mut slot: Option<usize> = None;
     for raw in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = raw.split_once('=').unwrap_or((raw, ""));
         if form_decode(k) == "labelSelector" {
-            combined = combined.and(LabelSelector::parse(&form_decode(v))?);
+            if !read_caller_selector && go_keeps_pair(raw) {
+                combined = combined.and(LabelSelector::parse(&form_decode(v))?);
+                read_caller_selector = true;
+            }
             if slot.is_none() {
                 slot = Some(parts.len());
                 parts.push(None);
@@ -264,6 +270,22 @@ pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, ScopeE
         .map(|p| p.unwrap_or(encoded.as_str()))
         .collect();
     Ok(out.join("&"))
+}
+
+/// Whether Go's `url.ParseQuery`, which kube reads a query with, keeps the pair
+/// `raw` (`name=value` as sent): it drops a pair holding a `;`, or a `%` not
+/// followed by two hex digits in its name or its value.
+fn go_keeps_pair(raw: &str) -> bool {
+    if raw.contains(';') {
+        return false;
+    }
+    let bytes = raw.as_bytes();
+    bytes.iter().enumerate().all(|(at, byte)| {
+        *byte != b'%'
+            || bytes
+                .get(at + 1..at + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    })
 }
 
 /// Whether a named GET response may be shown to the owner.
