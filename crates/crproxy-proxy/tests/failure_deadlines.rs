@@ -419,6 +419,14 @@ async fn one_apply_past_the_cap_is_one_deadline_termination() {
     let terminations = lines(&h.metrics, "vcluster_proxy_request_terminations_total");
     let requests = lines(&h.metrics, "vcluster_proxy_request_total");
     assert_eq!(answer.status(), 503, "after {elapsed:?}");
+    // The caller reads the cause as the runbook's log-based alerts match it.
+    let body = answer.into_body().collect().await.expect("body").to_bytes();
+    let refused: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(
+        message.ends_with("is unavailable: context deadline exceeded"),
+        "{message}"
+    );
     assert_eq!(
         metric_value(&h.metrics,
             "vcluster_proxy_request_terminations_total",
