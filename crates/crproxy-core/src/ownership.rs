@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use crate::request::form_decode;
+use crate::request::{form_decode, go_keeps_pair};
 use crate::request_body::{BodyError, CallerValue, ShapeError, WriteBody};
 use crate::selector::{LabelSelector, Operator, Requirement, SelectorError};
 
@@ -225,7 +225,8 @@ pub enum ScopeError {
 /// Rewrites a query so every list or watch only sees this owner's objects.
 ///
 /// The caller's selector is the one kube reads: the first `labelSelector` parameter
-/// Go's query parser keeps ([`go_keeps_pair`]); kube ignores the others. It is
+/// Go's query parser keeps ([`go_keeps_pair`]; the pairs it drops are left out);
+/// kube ignores the others. It is
 /// ANDed with the owner selector, and every `labelSelector` parameter is replaced by
 /// that one at the position of the first; without one, it is appended. Other
 /// parameters keep their order and their original encoding; empty ones go. A caller
@@ -237,10 +238,15 @@ pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, ScopeE
     let mut read_caller_selector = false;
     let mut parts: Vec<Option<&str>> = Vec::new();
     let mut slot: Option<usize> = None;
-    for raw in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for raw in query.unwrap_or("").split('&') {
+        // A pair the target's Go drops is not sent to it at all, so that nothing
+        // between the two can read it differently.
+        if !go_keeps_pair(raw) {
+            continue;
+        }
         let (k, v) = raw.split_once('=').unwrap_or((raw, ""));
         if form_decode(k) == "labelSelector" {
-            if !read_caller_selector && go_keeps_pair(raw) {
+            if !read_caller_selector {
                 combined = combined.and(LabelSelector::parse(&form_decode(v))?);
                 read_caller_selector = true;
             }
@@ -270,22 +276,6 @@ pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, ScopeE
         .map(|p| p.unwrap_or(encoded.as_str()))
         .collect();
     Ok(out.join("&"))
-}
-
-/// Whether Go's `url.ParseQuery`, which kube reads a query with, keeps the pair
-/// `raw` (`name=value` as sent): it drops a pair holding a `;`, or a `%` not
-/// followed by two hex digits in its name or its value.
-fn go_keeps_pair(raw: &str) -> bool {
-    if raw.contains(';') {
-        return false;
-    }
-    let bytes = raw.as_bytes();
-    bytes.iter().enumerate().all(|(at, byte)| {
-        *byte != b'%'
-            || bytes
-                .get(at + 1..at + 3)
-                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
-    })
 }
 
 /// Whether a named GET response may be shown to the owner.

@@ -23,7 +23,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::ownership::{self, BodyType, Owner};
-use crate::request::{encode_query_value, query_bool};
+use crate::request::{self, encode_query_value, query_bool};
 use crate::request_body::{CallerValue, ShapeError, WriteBody};
 
 /// What the ownership check saw.
@@ -419,7 +419,7 @@ fn without_preconditions(query: &str) -> String {
         .filter(|pair| {
             let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
             !matches!(
-                go_query_unescape(name).as_deref(),
+                request::go_query_unescape(name).as_deref(),
                 Some("uid" | "resourceVersion")
             )
         })
@@ -526,16 +526,7 @@ struct QueryDeleteOptions {
 impl QueryDeleteOptions {
     fn read(query: &str) -> Result<Self, PreconditionError> {
         let mut options = QueryDeleteOptions::default();
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            // Go's query parser drops a pair with a `;` or a malformed escape.
-            if pair.contains(';') {
-                continue;
-            }
-            let (Some(name), Some(value)) = (go_query_unescape(name), go_query_unescape(value))
-            else {
-                continue;
-            };
+        for (name, value) in request::query_pairs(Some(query)) {
             match name.as_str() {
                 "dryRun" => options.dry_run.push(value),
                 "uid" => {
@@ -593,30 +584,6 @@ impl QueryDeleteOptions {
         }
         Ok(text)
     }
-}
-
-/// Go's `url.QueryUnescape`: `+` is a space and every `%` starts two hex
-/// digits; `None` for a malformed escape.
-fn go_query_unescape(text: &str) -> Option<String> {
-    let mut bytes = Vec::with_capacity(text.len());
-    let mut rest = text.as_bytes();
-    while let Some((&byte, tail)) = rest.split_first() {
-        rest = tail;
-        match byte {
-            b'+' => bytes.push(b' '),
-            b'%' => {
-                let (hex, tail) = rest.split_at_checked(2)?;
-                if !hex.iter().all(u8::is_ascii_hexdigit) {
-                    return None;
-                }
-                let hex = std::str::from_utf8(hex).ok()?;
-                bytes.push(u8::from_str_radix(hex, 16).ok()?);
-                rest = tail;
-            }
-            _ => bytes.push(byte),
-        }
-    }
-    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 #[cfg(test)]

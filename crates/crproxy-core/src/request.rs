@@ -281,17 +281,54 @@ pub fn form_decode(s: &str) -> String {
     percent_decode_str(&spaced).decode_utf8_lossy().into_owned()
 }
 
-/// The decoded `(name, value)` pairs of a query string, in order.
+/// The decoded `(name, value)` pairs of a query string, in order, as Go's
+/// `url.ParseQuery` reads it, which kube-apiserver does: a pair Go drops
+/// ([`go_keeps_pair`]) is not among them.
 pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
     query
         .unwrap_or("")
         .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (form_decode(k), form_decode(v)),
-            None => (form_decode(p), String::new()),
-        })
+        .filter_map(go_decoded_pair)
         .collect()
+}
+
+/// Whether Go's `url.ParseQuery` keeps the pair `raw` (`name=value` as sent):
+/// it drops an empty one, one holding a `;`, and one whose name or value has a
+/// `%` not followed by two hex digits.
+pub fn go_keeps_pair(raw: &str) -> bool {
+    go_decoded_pair(raw).is_some()
+}
+
+fn go_decoded_pair(raw: &str) -> Option<(String, String)> {
+    if raw.is_empty() || raw.contains(';') {
+        return None;
+    }
+    let (name, value) = raw.split_once('=').unwrap_or((raw, ""));
+    Some((go_query_unescape(name)?, go_query_unescape(value)?))
+}
+
+/// Go's `url.QueryUnescape`: `+` is a space and every `%` starts two hex
+/// digits; `None` for a malformed escape.
+pub fn go_query_unescape(text: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        rest = tail;
+        match byte {
+            b'+' => bytes.push(b' '),
+            b'%' => {
+                let (hex, tail) = rest.split_at_checked(2)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                let hex = std::str::from_utf8(hex).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                rest = tail;
+            }
+            _ => bytes.push(byte),
+        }
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// A boolean query parameter as kube's parameter codec reads it: only `0` and

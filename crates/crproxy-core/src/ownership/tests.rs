@@ -323,7 +323,9 @@ fn scoped_queries() {
         // selector kube reads; the next one is. Neither goes to the target.
         (Some("labelSelector=x;y&labelSelector=app"), Ok(format!("labelSelector=app%2C{OWNER_SEL}"))),
         (Some("labelSelector=x%zz&labelSelector=app"), Ok(format!("labelSelector=app%2C{OWNER_SEL}"))),
-        (Some("label%5=y&labelSelector=app"), Ok(format!("label%5=y&labelSelector=app%2C{OWNER_SEL}"))),
+        (Some("label%53elector=x%zz&labelSelector=app"), Ok(format!("labelSelector=app%2C{OWNER_SEL}"))),
+        // Pairs Go drops are not forwarded, whatever their name.
+        (Some("label%5=y&limit=1;2&labelSelector=app"), Ok(format!("labelSelector=app%2C{OWNER_SEL}"))),
         (Some("labelSelector=app%2"), Ok(format!("labelSelector={OWNER_SEL}"))),
     ];
     for (input, want) in rows {

@@ -632,6 +632,27 @@ fn query_decoding() {
     assert!(query_pairs(None).is_empty());
 }
 
+/// Pairs Go's `url.ParseQuery` drops are not read: kube-apiserver never sees
+/// them, so a `watch` or `dryRun` among them changes nothing.
+#[test]
+fn pairs_go_drops_are_not_read() {
+    assert_eq!(
+        query_pairs(Some("watch=true;x&x=%zz&dryRun=%2&y=%41+b&z&q=a%3Bb")),
+        vec![
+            ("y".to_string(), "A b".to_string()),
+            ("z".to_string(), String::new()),
+            ("q".to_string(), "a;b".to_string()),
+        ]
+    );
+    assert!(!is_dry_run(Some("dryRun=All;x")));
+    for kept in ["a", "a=", "a=%41", "%61=b+c"] {
+        assert!(go_keeps_pair(kept), "{kept}");
+    }
+    for dropped in ["", "a;b", "a=b;", "a=%4", "a=%4g", "%zz=b", "a=%"] {
+        assert!(!go_keeps_pair(dropped), "{dropped}");
+    }
+}
+
 #[test]
 fn boolean_parameters_are_false_only_for_what_go_folds_to_false() {
     for value in ["0", "false", "FALSE", "fAlSe", "fal\u{17f}e", "FAL\u{17f}E"] {
