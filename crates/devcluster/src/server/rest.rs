@@ -107,34 +107,39 @@ impl ReqCtx {
 type Resp = Result<Response<Body>, ApiError>;
 
 fn respond(ctx: &ReqCtx, status: u16, obj: &Value, extra_warnings: &[String]) -> Response<Body> {
-    let body = match ctx.output {
+    let mut resp = match ctx.output {
         Output::Table => match ctx.include_object() {
-            Ok(include) => output::table(
-                &ctx.info,
-                &ctx.version,
-                &[Arc::new(obj.clone())],
-                json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
-                include,
-            ),
-            Err(e) => return h::error_response(&e),
+            Ok(include) => {
+                let table = output::table(
+                    &ctx.info,
+                    &ctx.version,
+                    &[Arc::new(obj.clone())],
+                    json!({"resourceVersion": meta_str(obj, "resourceVersion")}),
+                    include,
+                );
+                h::object_response(status, &table, ctx.output)
+            }
+            Err(e) => h::error_response(&e),
         },
         // kube reads a custom resource as an unstructured object, which passes
         // for a list until its items are looked for, after the read.
         Output::PartialObjectMetadataList if ctx.info.is_crd() => {
-            return h::error_response(&ApiError::new(500, "", "content is not a list"));
+            h::error_response(&ApiError::new(500, "", "content is not a list"))
         }
-        Output::PartialObjectMetadata | Output::PartialObjectMetadataList => output::partial(obj),
+        Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
+            h::object_response(status, &output::partial(obj), ctx.output)
+        }
+        // Already in the requested version: the stored object as it is.
         _ if obj.get("apiVersion").and_then(Value::as_str) == Some(&ctx.api_version()) => {
-            // Already in the requested version: serialize the stored object as is.
-            let mut resp = h::object_response(status, obj, ctx.output);
-            let mut warnings = ctx.warnings();
-            warnings.extend_from_slice(extra_warnings);
-            h::add_warnings(&mut resp, &warnings);
-            return resp;
+            h::object_response(status, obj, ctx.output)
         }
-        _ => output::convert(obj, &ctx.api_version()),
+        _ => h::object_response(
+            status,
+            &output::convert(obj, &ctx.api_version()),
+            ctx.output,
+        ),
     };
-    let mut resp = h::object_response(status, &body, ctx.output);
+    // kube writes the warnings it has recorded on every answer, a failed one too.
     let mut warnings = ctx.warnings();
     warnings.extend_from_slice(extra_warnings);
     h::add_warnings(&mut resp, &warnings);
