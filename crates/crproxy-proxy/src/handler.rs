@@ -2200,9 +2200,6 @@ impl Drop for Unanswered<'_> {
 /// stalls in its body) must not hold discovery for the whole request deadline.
 const DISCOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 
-/// Whether the target's answer to a pinned write may be the pin's refusal: a
-/// precondition that failed (409), or a uid the object no longer has (422, the
-/// uid is immutable).
 /// Whether kube-apiserver answers a named GET with `code` before it reads the
 /// object, so that the answer is the same whether the object exists or not:
 /// authentication (401), authorization (403) and priority and fairness (429) run
@@ -2222,6 +2219,9 @@ fn decided_before_the_object_is_read(code: StatusCode) -> bool {
     )
 }
 
+/// Whether the target's answer to a pinned write may be the pin's refusal: a
+/// precondition that failed (409), or a uid the object no longer has (422, the
+/// uid is immutable).
 fn pin_may_have_refused(code: StatusCode) -> bool {
     code == StatusCode::CONFLICT || code == StatusCode::UNPROCESSABLE_ENTITY
 }

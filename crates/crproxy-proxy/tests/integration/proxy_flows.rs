@@ -1705,7 +1705,7 @@ async fn failures_kube_makes_after_reading_an_object_do_not_reveal_another_clien
             return failure(
                 400,
                 "BadRequest",
-                "Unable to convert to Table as requested: includeObject: Unsupported value: \"Bogus\"",
+                "Unable to convert to Table as requested: includeObject: Invalid value: \"Bogus\": must be 'Metadata', 'Object', 'None', or empty",
             );
         }
         if accept.contains("as=PartialObjectMetadataList") {
