@@ -105,6 +105,23 @@ pub async fn request_as(
         .expect("the cluster answers within 10 s")
 }
 
+/// A devcluster named `name` serving the CronTab custom resource, with one
+/// CronTab, `default/kept`, applied through kubectl.
+async fn cluster_with_a_crontab(name: &str) -> test_support::TestCluster {
+    let test = test_support::devcluster(name).await;
+    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
+    let crontab = "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: kept\n  namespace: default\nspec:\n  cronSpec: '* * * * */5'\n";
+    let out = test_support::kubectl_stdin_async(
+        &test.kubeconfig,
+        &["apply", "-f", "-"],
+        crontab,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(out.success(), "{out:?}");
+    test
+}
+
 /// A HEAD is answered as kube's Go server answers it: the GET's status and
 /// headers, a Content-Length exactly where the GET has one (a short answer, or
 /// one whose length its handler named), and no body, over either protocol.
@@ -782,17 +799,7 @@ async fn health_paths_match_exactly_and_checks_can_be_excluded() {
 /// nothing, in any namespace, and a POST creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_list_and_watch_span_a_namespaced_custom_resources_namespaces() {
-    let test = test_support::devcluster("all-namespaces").await;
-    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
-    let crontab = "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: kept\n  namespace: default\nspec:\n  cronSpec: '* * * * */5'\n";
-    let out = test_support::kubectl_stdin_async(
-        &test.kubeconfig,
-        &["apply", "-f", "-"],
-        crontab,
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(out.success(), "{out:?}");
+    let test = cluster_with_a_crontab("all-namespaces").await;
     let everywhere = "/apis/stable.example.io/v1/crontabs";
     for method in ["DELETE", "POST"] {
         for protocol in [Protocol::Http1, Protocol::Http2] {
@@ -919,17 +926,7 @@ async fn an_unserved_path_is_answered_by_whoever_kube_hands_it_to() {
 async fn answers_kube_makes_after_the_read_leave_a_missing_object_a_404() {
     const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
     const LIST_METADATA: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
-    let test = test_support::devcluster("after-the-read").await;
-    crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
-    let crontab = "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: kept\n  namespace: default\nspec:\n  cronSpec: '* * * * */5'\n";
-    let out = test_support::kubectl_stdin_async(
-        &test.kubeconfig,
-        &["apply", "-f", "-"],
-        crontab,
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(out.success(), "{out:?}");
+    let test = cluster_with_a_crontab("after-the-read").await;
     let collection = "/apis/stable.example.io/v1/namespaces/default/crontabs";
     let bogus = "?includeObject=Bogus";
     let status =
