@@ -225,14 +225,13 @@ pub enum ScopeError {
 /// Rewrites a query so every list or watch only sees this owner's objects.
 ///
 /// The caller's selector is the one kube reads: the first `labelSelector` parameter
-/// Go's query parser keeps ([`go_keeps_pair`]; the pairs it drops are left out);
-/// kube ignores the others. It is
-/// ANDed with the owner selector, and every `labelSelector` parameter is replaced by
-/// that one at the position of the first; without one, it is appended. Other
-/// parameters keep their order and their original encoding; empty ones go. A caller
-/// selector that fails to parse is returned as the error kube would give (a 400 for
-/// the caller), never dropped, and so is a query longer than
-/// [`MAX_SCOPED_QUERY_PARAMS`].
+/// Go's query parser keeps ([`go_keeps_pair`]; the pairs it drops are left out), as
+/// kube ignores the others. It is ANDed with the owner selector, and every
+/// `labelSelector` parameter is replaced by that one at the position of the first;
+/// without one, it is appended. Other parameters keep their order and their original
+/// encoding; empty ones go. A caller selector that fails to parse is returned as the
+/// error kube would give (a 400 for the caller), never dropped, and so is a query
+/// longer than [`MAX_SCOPED_QUERY_PARAMS`].
 pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, ScopeError> {
     let mut combined = owner.selector();
     let mut read_caller_selector = false;
