@@ -3,7 +3,7 @@
 //! group/version and names the resource `path_resource` reads from the path
 //! (the one an explicit configuration is asked about), an owner-scoped query
 //! has no more parameters than the target reads, a query with a literal
-//! `dryRun` parameter is a dry run, and a collection GET classified as a list is
+//! `dryRun` parameter Go's query parser keeps is a dry run, and a collection GET classified as a list is
 //! one kube-apiserver's handler would not serve as a watch.
 
 use crproxy_core::ownership::{self, Owner};
@@ -52,10 +52,12 @@ pub fn check(data: &[u8]) {
             );
         }
     }
+    // A pair Go's query parser drops (a `;`, a malformed escape) never reaches
+    // kube-apiserver, so its `dryRun` makes no dry run.
     let names_dry_run = query
         .unwrap_or("")
         .split('&')
-        .any(|p| p == "dryRun" || p.starts_with("dryRun="));
+        .any(|p| request::go_keeps_pair(p) && (p == "dryRun" || p.starts_with("dryRun=")));
     if names_dry_run {
         assert!(request::is_dry_run(query));
     }
