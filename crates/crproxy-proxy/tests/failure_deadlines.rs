@@ -438,6 +438,77 @@ async fn one_apply_past_the_cap_is_one_deadline_termination() {
     h.proxy.shutdown().await;
 }
 
+/// A watch streams past the 60 s cap every other request gets, and the cap's
+/// accounting leaves it out: while open it is not in flight, and it ends in no
+/// `deadline` termination and no duration sample (the spec's fixed thresholds,
+/// and its notes on the duration and in-flight series).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "real-time group: scripts/test runs it beside the rest"]
+async fn a_watch_outlives_the_request_cap_and_stays_out_of_its_series() {
+    use crproxy_proxy::transport::REQUEST_DEADLINE;
+    let h = harness(AccessMode::Owned).await;
+    let mut sender = caller_h2(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
+    let request = http::Request::builder()
+        .method("GET")
+        .uri(format!("https://localhost{WIDGETS}?watch=true"))
+        .header("x-remote-user", "alice")
+        .header("x-remote-group", "system:authenticated")
+        .header("accept", "application/json")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+        .await
+        .expect("the watch's head within 10 s")
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    assert_eq!(
+        metric_value(&h.metrics, "vcluster_proxy_inflight_requests", ""),
+        0.0,
+        "{:?}",
+        lines(&h.metrics, "vcluster_proxy_inflight_requests")
+    );
+    tokio::time::sleep(REQUEST_DEADLINE + Duration::from_secs(2)).await;
+    // Still open past the cap: an object made now arrives on it.
+    let owned =
+        json!({"vcluster.com/owner-vcluster": "client", "vcluster.com/owner-project": "default"});
+    h.widgets
+        .create(&PostParams::default(), &widget_object("late", owned))
+        .await
+        .expect("created");
+    let arrived = async {
+        let mut seen = Vec::new();
+        // Bounded by the timeout below; each frame is one read.
+        while let Some(frame) = body.frame().await {
+            let frame = frame.expect("the watch is still open");
+            if let Some(data) = frame.data_ref() {
+                seen.extend_from_slice(data);
+                if String::from_utf8_lossy(&seen).contains("\"late\"") {
+                    return;
+                }
+            }
+        }
+        panic!("the watch ended: {}", String::from_utf8_lossy(&seen));
+    };
+    tokio::time::timeout(Duration::from_secs(10), arrived)
+        .await
+        .expect("the new object arrives within 10 s");
+    assert_eq!(
+        metric_value(
+            &h.metrics,
+            "vcluster_proxy_request_terminations_total",
+            "reason=\"deadline\""
+        ),
+        0.0
+    );
+    let watch_durations: Vec<String> = lines(&h.metrics, "vcluster_proxy_request_duration_seconds")
+        .into_iter()
+        .filter(|l| l.contains("verb=\"WATCH\""))
+        .collect();
+    assert!(watch_durations.is_empty(), "{watch_durations:?}");
+    h.proxy.shutdown().await;
+}
+
 /// A caller (the aggregator, behind it a slow kubectl) that stops reading a large
 /// list must not keep the request, its in-flight place and its target connection
 /// past the cap; the cut is one `deadline` termination (operate.txt:97).
