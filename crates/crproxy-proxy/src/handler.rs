@@ -817,33 +817,32 @@ impl GroupVersionProxy {
             Ok(response) => response,
             Err(e) => return Ok(self.unavailable(e)),
         };
+        let code = response.status();
+        // A 5xx is answered with the proxy's own 503: its body is not read, and
+        // its connection goes back before any check takes one.
+        let answer = if code.is_server_error() {
+            drop(response);
+            None
+        } else {
+            let (parts, body) = response.into_parts();
+            let read = transport::read_limited(body, MAX_BUFFERED_BODY);
+            match transport::within(exchange.deadline, read).await {
+                Ok(bytes) => Some((parts, bytes)),
+                Err(e) => return Ok(self.unavailable(e)),
+            }
+        };
         // An object that was not checked first (no subresource) may be shown
         // only when owned, and so may a failure that kube-apiserver makes only
         // after reading the object.
-        let must_be_owned =
-            checked.is_none() && !decided_before_the_object_is_read(response.status());
-        if response.status().is_server_error() {
-            let code = response.status();
-            drop(response);
-            if must_be_owned {
-                if let Err(outcome) = self.confirm_owned(exchange, path).await {
-                    return Ok(outcome);
-                }
+        if checked.is_none() && !decided_before_the_object_is_read(code) {
+            if let Err(outcome) = self.confirm_owned(exchange, path).await {
+                return Ok(outcome);
             }
-            return Ok(self.server_error(code));
         }
-        let (parts, body) = response.into_parts();
-        let read = transport::read_limited(body, MAX_BUFFERED_BODY);
-        let bytes = match transport::within(exchange.deadline, read).await {
-            Ok(bytes) => bytes,
-            Err(e) => return Ok(self.unavailable(e)),
+        let Some((parts, bytes)) = answer else {
+            return Ok(self.server_error(code));
         };
-        if parts.status != StatusCode::OK {
-            if must_be_owned {
-                if let Err(outcome) = self.confirm_owned(exchange, path).await {
-                    return Ok(outcome);
-                }
-            }
+        if code != StatusCode::OK {
             return Ok(Outcome::new(
                 Response::from_parts(parts, transport::full(bytes)),
                 Reason::Upstream,
