@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use crate::request::{form_decode, go_keeps_pair};
+use crate::request::go_query_pairs;
 use crate::request_body::{BodyError, CallerValue, ShapeError, WriteBody};
 use crate::selector::{LabelSelector, Operator, Requirement, SelectorError};
 
@@ -225,7 +225,7 @@ pub enum ScopeError {
 /// Rewrites a query so every list or watch only sees this owner's objects.
 ///
 /// The caller's selector is the one kube reads: the first `labelSelector` parameter
-/// Go's query parser keeps ([`go_keeps_pair`]; the pairs it drops are left out), as
+/// Go's query parser keeps ([`go_query_pairs`]; the pairs it drops are left out), as
 /// kube ignores the others. It is ANDed with the owner selector, and every
 /// `labelSelector` parameter is replaced by that one at the position of the first;
 /// without one, it is appended. Other parameters keep their order and their original
@@ -237,16 +237,12 @@ pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, ScopeE
     let mut read_caller_selector = false;
     let mut parts: Vec<Option<&str>> = Vec::new();
     let mut slot: Option<usize> = None;
-    for raw in query.unwrap_or("").split('&') {
-        // A pair the target's Go drops is not sent to it at all, so that nothing
-        // between the two can read it differently.
-        if !go_keeps_pair(raw) {
-            continue;
-        }
-        let (k, v) = raw.split_once('=').unwrap_or((raw, ""));
-        if form_decode(k) == "labelSelector" {
+    // A pair the target's Go drops is not sent to it at all, so that nothing
+    // between the two can read it differently.
+    for pair in go_query_pairs(query) {
+        if pair.name == "labelSelector" {
             if !read_caller_selector {
-                combined = combined.and(LabelSelector::parse(&form_decode(v))?);
+                combined = combined.and(LabelSelector::parse(&pair.value)?);
                 read_caller_selector = true;
             }
             if slot.is_none() {
@@ -254,7 +250,7 @@ pub fn scoped_query(query: Option<&str>, owner: &Owner) -> Result<String, ScopeE
                 parts.push(None);
             }
         } else {
-            parts.push(Some(raw));
+            parts.push(Some(pair.raw));
         }
     }
     let encoded = format!(

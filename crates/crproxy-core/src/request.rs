@@ -282,29 +282,36 @@ pub fn form_decode(s: &str) -> String {
 }
 
 /// The decoded `(name, value)` pairs of a query string, in order, as Go's
-/// `url.ParseQuery` reads it, which kube-apiserver does: a pair Go drops
-/// ([`go_keeps_pair`]) is not among them.
+/// `url.ParseQuery` reads it, which kube-apiserver does: a pair Go drops is not
+/// among them ([`go_query_pairs`]).
 pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
-    query
-        .unwrap_or("")
-        .split('&')
-        .filter_map(go_decoded_pair)
+    go_query_pairs(query)
+        .map(|pair| (pair.name, pair.value))
         .collect()
 }
 
-/// Whether Go's `url.ParseQuery` keeps the pair `raw` (`name=value` as sent):
-/// it drops an empty one, one holding a `;`, and one whose name or value has a
-/// `%` not followed by two hex digits.
-pub fn go_keeps_pair(raw: &str) -> bool {
-    go_decoded_pair(raw).is_some()
+/// One pair of a query, as it was written and as Go decodes it.
+pub struct QueryPair<'q> {
+    pub raw: &'q str,
+    pub name: String,
+    pub value: String,
 }
 
-fn go_decoded_pair(raw: &str) -> Option<(String, String)> {
-    if raw.is_empty() || raw.contains(';') {
-        return None;
-    }
-    let (name, value) = raw.split_once('=').unwrap_or((raw, ""));
-    Some((go_query_unescape(name)?, go_query_unescape(value)?))
+/// The pairs of `query` that Go's `url.ParseQuery` keeps, in order: it drops an
+/// empty one, one holding a `;`, and one whose name or value has a `%` not
+/// followed by two hex digits.
+pub fn go_query_pairs(query: Option<&str>) -> impl Iterator<Item = QueryPair<'_>> {
+    query.unwrap_or("").split('&').filter_map(|raw| {
+        if raw.is_empty() || raw.contains(';') {
+            return None;
+        }
+        let (name, value) = raw.split_once('=').unwrap_or((raw, ""));
+        Some(QueryPair {
+            raw,
+            name: go_query_unescape(name)?,
+            value: go_query_unescape(value)?,
+        })
+    })
 }
 
 /// Go's `url.QueryUnescape`: `+` is a space and every `%` starts two hex

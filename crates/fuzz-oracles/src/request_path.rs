@@ -54,10 +54,8 @@ pub fn check(data: &[u8]) {
     }
     // A pair Go's query parser drops (a `;`, a malformed escape) never reaches
     // kube-apiserver, so its `dryRun` makes no dry run.
-    let names_dry_run = query
-        .unwrap_or("")
-        .split('&')
-        .any(|p| request::go_keeps_pair(p) && (p == "dryRun" || p.starts_with("dryRun=")));
+    let names_dry_run = request::go_query_pairs(query)
+        .any(|pair| pair.raw == "dryRun" || pair.raw.starts_with("dryRun="));
     if names_dry_run {
         assert!(request::is_dry_run(query));
     }
