@@ -448,14 +448,7 @@ async fn a_watch_outlives_the_request_cap_and_stays_out_of_its_series() {
     use crproxy_proxy::transport::REQUEST_DEADLINE;
     let h = harness(AccessMode::Owned).await;
     let mut sender = caller_h2(h.addr, &h.serving_ca_pem, &h.front_proxy_client).await;
-    let request = http::Request::builder()
-        .method("GET")
-        .uri(format!("https://localhost{WIDGETS}?watch=true"))
-        .header("x-remote-user", "alice")
-        .header("x-remote-group", "system:authenticated")
-        .header("accept", "application/json")
-        .body(http_body_util::Full::new(Bytes::new()))
-        .expect("request");
+    let request = aggregator_get(&format!("{WIDGETS}?watch=true"));
     let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
         .await
         .expect("the watch's head within 10 s")
@@ -478,8 +471,11 @@ async fn a_watch_outlives_the_request_cap_and_stays_out_of_its_series() {
         .expect("created");
     let arrived = async {
         let mut seen = Vec::new();
-        // Bounded by the timeout below; each frame is one read.
-        while let Some(frame) = body.frame().await {
+        // Bounded: at most 100 frames, and the timeout below.
+        for _ in 0..100 {
+            let Some(frame) = body.frame().await else {
+                break;
+            };
             let frame = frame.expect("the watch is still open");
             if let Some(data) = frame.data_ref() {
                 seen.extend_from_slice(data);
@@ -488,7 +484,10 @@ async fn a_watch_outlives_the_request_cap_and_stays_out_of_its_series() {
                 }
             }
         }
-        panic!("the watch ended: {}", String::from_utf8_lossy(&seen));
+        panic!(
+            "the watch ended, or sent 100 frames without it: {}",
+            String::from_utf8_lossy(&seen)
+        );
     };
     tokio::time::timeout(Duration::from_secs(10), arrived)
         .await
