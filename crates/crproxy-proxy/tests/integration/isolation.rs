@@ -764,14 +764,15 @@ async fn a_hidden_object_and_a_missing_one_get_the_same_404() {
     ) -> Vec<Reply> {
         let mut replies = Vec::new();
         for (method, path, content_type, body, accept) in requests {
-            let mut request = target_support::as_alice(method, path).header("accept", *accept);
-            if let Some(content_type) = content_type {
-                request = request.header("content-type", *content_type);
-            }
-            let request = request
-                .body(Bytes::from(body.to_string()))
-                .expect("request");
-            let mut reply = target_support::exchange(&h.aggregator, request).await;
+            let mut reply = target_support::send_accepting(
+                &h.aggregator,
+                method,
+                path,
+                accept,
+                *content_type,
+                body.to_string(),
+            )
+            .await;
             reply.headers.remove(http::header::DATE);
             replies.push(reply);
         }

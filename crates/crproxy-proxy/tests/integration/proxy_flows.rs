@@ -1718,14 +1718,13 @@ async fn failures_kube_makes_after_reading_an_object_do_not_reveal_another_clien
     }))
     .await;
     widgets_served_by(&h, &backend, ("blank", 404)).await;
-    let get =
-        |method: &'static str, name: &'static str, query: &'static str, accept: &'static str| {
-            let request = target_support::as_alice(method, &format!("{WIDGETS}/{name}{query}"))
-                .header("accept", accept)
-                .body(Bytes::new())
-                .expect("request");
-            target_support::exchange(&h.aggregator, request)
-        };
+    let caller = &h.aggregator;
+    let get = |method: &'static str, name: &str, query: &str, accept: &'static str| {
+        let path = format!("{WIDGETS}/{name}{query}");
+        async move {
+            target_support::send_accepting(caller, method, &path, accept, None, Bytes::new()).await
+        }
+    };
     for (query, accept, own_code) in [
         ("?includeObject=Bogus", TABLE, 400),
         ("", LIST_METADATA, 503),

@@ -356,7 +356,19 @@ pub async fn send_as(
     content_type: Option<&str>,
     body: impl Into<Bytes>,
 ) -> Reply {
-    let mut request = as_alice(method, path).header("accept", "application/json");
+    send_accepting(caller, method, path, "application/json", content_type, body).await
+}
+
+/// [`send_as`] asking for `accept` instead of plain JSON.
+pub async fn send_accepting(
+    caller: &kube::Client,
+    method: &str,
+    path: &str,
+    accept: &str,
+    content_type: Option<&str>,
+    body: impl Into<Bytes>,
+) -> Reply {
+    let mut request = as_alice(method, path).header("accept", accept);
     if let Some(ct) = content_type {
         request = request.header("content-type", ct);
     }
