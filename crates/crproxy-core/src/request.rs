@@ -275,12 +275,6 @@ pub fn encode_query_value(value: &str) -> Cow<'_, str> {
     utf8_percent_encode(value, UNRESERVED).into()
 }
 
-/// Decodes `application/x-www-form-urlencoded` text (`+` is a space).
-pub fn form_decode(s: &str) -> String {
-    let spaced = s.replace('+', " ");
-    percent_decode_str(&spaced).decode_utf8_lossy().into_owned()
-}
-
 /// The decoded `(name, value)` pairs of a query string, in order, as Go's
 /// `url.ParseQuery` reads it, which kube-apiserver does: a pair Go drops is not
 /// among them ([`go_query_pairs`]).
@@ -353,17 +347,12 @@ pub fn query_bool(value: &str) -> bool {
     !(value == "0" || folds_to_false)
 }
 
-/// The pairs of `query` whose decoded name `keep` accepts, as they were written
-/// (still encoded), joined again with `&`.
+/// The pairs of `query` Go keeps ([`go_query_pairs`]) whose decoded name `keep`
+/// accepts, as they were written (still encoded), joined again with `&`.
 pub fn retain_query(query: &str, keep: impl Fn(&str) -> bool) -> String {
-    query
-        .split('&')
-        .filter(|raw| !raw.is_empty())
-        .filter(|raw| {
-            keep(&form_decode(
-                raw.split_once('=').map_or(*raw, |(name, _)| name),
-            ))
-        })
+    go_query_pairs(Some(query))
+        .filter(|pair| keep(&pair.name))
+        .map(|pair| pair.raw)
         .collect::<Vec<_>>()
         .join("&")
 }

@@ -386,7 +386,8 @@ fn caller_selector_cannot_widen() {
         );
         let scoped = scoped_query(Some(&q), &o).expect("valid");
         let (_, v) = scoped.split_once('=').expect("one param");
-        let sel = LabelSelector::parse(&crate::request::form_decode(v)).expect("parses");
+        let decoded = crate::request::go_query_unescape(v).expect("escaped as Go reads it");
+        let sel = LabelSelector::parse(&decoded).expect("parses");
         assert!(!sel.matches(&other.0), "{caller} widened to another owner");
         // Narrowing stays possible: mine matches only when the caller's selector does.
         let caller_sel = LabelSelector::parse(caller).expect("valid");
