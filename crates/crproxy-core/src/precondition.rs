@@ -401,7 +401,7 @@ pub const MAX_QUERY_PIN_PAIRS: usize = 4;
 pub const MAX_QUERY_PIN_BYTES: usize = 1024;
 
 /// Whether the caller's query (without its uid and resourceVersion, and without
-/// empty pairs) is short enough to carry the pin, see [`MAX_QUERY_PIN_PAIRS`].
+/// the pairs Go drops) is short enough to carry the pin, see [`MAX_QUERY_PIN_PAIRS`].
 fn fits_a_query_pin(rest: &str) -> bool {
     rest.len() <= MAX_QUERY_PIN_BYTES
         && (rest.is_empty()
@@ -409,22 +409,12 @@ fn fits_a_query_pin(rest: &str) -> bool {
 }
 
 /// `query` without the parameters Go's parser would read as `uid` or
-/// `resourceVersion`; every other pair stays as it was written. (The pin's
-/// parameters go first in any case, and kube reads a parameter's first value,
-/// so a pair this misses could not override them either.)
+/// `resourceVersion`, and without the pairs it drops (which the target would
+/// drop too); every other pair stays as it was written. (The pin's parameters go
+/// first in any case, and kube reads a parameter's first value, so a pair this
+/// misses could not override them either.)
 fn without_preconditions(query: &str) -> String {
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .filter(|pair| {
-            let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
-            !matches!(
-                request::go_query_unescape(name).as_deref(),
-                Some("uid" | "resourceVersion")
-            )
-        })
-        .collect();
-    kept.join("&")
+    request::retain_query(query, |name| !matches!(name, "uid" | "resourceVersion"))
 }
 
 /// A body's `dryRun`: an empty list or `null` asks for none; anything else is a
@@ -969,6 +959,15 @@ mod tests {
                 Some("&%75id=u1&pretty=1&&resourceVersion=&resourceVersion=6&")
             ),
             query("uid=u1&resourceVersion=7&pretty=1")
+        );
+        // Pairs Go drops (a `;`, a malformed escape) are not sent on: the target
+        // would drop them too, and they do not count towards the query's size.
+        assert_eq!(
+            pinned(
+                b"",
+                Some("pretty=1&a=1;b=2&uid%zz=u2&propagationPolicy=Orphan&;&;&;&;&;")
+            ),
+            query("uid=u1&resourceVersion=7&pretty=1&propagationPolicy=Orphan")
         );
         assert_eq!(
             pinned(b"", Some("uid=u2")),
