@@ -99,6 +99,7 @@ pub const PARSE_MEMORY_BUDGET: usize = request_body::MAX_EXPANDED_COST;
 const PINNED_ATTEMPTS: u32 = 2;
 
 /// What the ownership check of a named mutation found.
+#[derive(PartialEq)]
 enum Checked {
     /// Owned, in this state.
     Owned(Pin),
@@ -880,8 +881,8 @@ impl GroupVersionProxy {
     /// when the body names a uid other than the checked one: kube refuses that
     /// for the uid alone. (Should the object also change between check and
     /// write, a merge patch's refusal then reads 409 where kube's would read
-    /// 422; either way nothing is written.) A 409 on the last attempt is judged
-    /// by one more check ([`Self::last_conflict`]).
+    /// 422; either way nothing is written.) A refusal that ends the request is
+    /// judged by one more check ([`Self::final_refusal`]).
     async fn owned_mutation(
         &self,
         exchange: &Exchange,
@@ -943,6 +944,18 @@ impl GroupVersionProxy {
         }
         for attempt in 1..=PINNED_ATTEMPTS {
             let last = attempt == PINNED_ATTEMPTS;
+            // The first attempt pins the document read above; a second one reads
+            // the same bytes again (the same document) rather than keeping a copy,
+            // before its check, so that the parse does not widen the time between
+            // the check and the write.
+            let document = match (&delete, write.take()) {
+                (Some(_), _) => None,
+                (None, Some(document)) => Some(document),
+                (None, None) => match self.label(&exchange.headers, &bytes, stamp) {
+                    Ok(document) => Some(document),
+                    Err(error) => return refused_body(&error),
+                },
+            };
             let checked = match self.check_ownership(exchange, path).await {
                 Ok(checked) => checked,
                 Err(outcome) => return outcome,
@@ -950,22 +963,16 @@ impl GroupVersionProxy {
             // A body naming another uid than the checked one is refused for that
             // uid, whatever the pin: its first answer is final.
             let mut refused_for_its_uid = false;
-            let pinned = match &delete {
-                Some(options) => match &checked {
+            let pinned = match (&delete, document) {
+                (Some(options), _) => match &checked {
                     Checked::Owned(pin) => pinned_delete(options, pin),
                     Checked::Absent => return self.masked(path, Reason::OwnershipMasked),
                 },
-                None => {
-                    // The first attempt pins the document read above; a second one
-                    // reads the same bytes again (the same document) rather than
-                    // keeping a copy.
-                    let mut document = match write.take() {
-                        Some(document) => document,
-                        None => match self.label(&exchange.headers, &bytes, stamp) {
-                            Ok(document) => document,
-                            Err(error) => return refused_body(&error),
-                        },
-                    };
+                // Not reached: a write that is not a delete always has its document.
+                (None, None) => {
+                    return self.upstream_failure("a write without its document");
+                }
+                (None, Some(mut document)) => {
                     refused_for_its_uid = match &checked {
                         Checked::Owned(pin) => precondition::names_another_uid(&document, pin),
                         // An apply naming a uid finds no object to carry it.
@@ -1010,43 +1017,44 @@ impl GroupVersionProxy {
             if matches!(checked, Checked::Absent) && request::is_dry_run(exchange.query()) {
                 outcome = self.without_create_pin(exchange, outcome).await;
             }
-            if let Checked::Owned(pin) = &checked {
-                if last && outcome.response.status() == StatusCode::CONFLICT && !refused_for_its_uid
-                {
-                    return self.last_conflict(exchange, path, pin, outcome).await;
-                }
+            let status = outcome.response.status();
+            if !last && pin_may_have_refused(status) && !refused_for_its_uid {
+                continue;
             }
-            if last || !pin_may_have_refused(outcome.response.status()) || refused_for_its_uid {
-                let sent_with = match &checked {
-                    Checked::Owned(pin) => Some(pin),
-                    Checked::Absent => None,
-                };
-                return self
-                    .remember_write(exchange, verb, path, delete.as_ref(), sent_with, outcome)
-                    .await;
+            if may_describe_the_object_found(status) {
+                return self.final_refusal(exchange, path, &checked, outcome).await;
             }
+            let sent_with = match &checked {
+                Checked::Owned(pin) => Some(pin),
+                Checked::Absent => None,
+            };
+            return self
+                .remember_write(exchange, verb, path, delete.as_ref(), sent_with, outcome)
+                .await;
         }
         // The loop returns on its last attempt.
         self.upstream_failure("no attempt left for the pinned write")
     }
 
-    /// A pinned write refused with 409 on its last attempt. When the object is
-    /// still in the state the write was pinned to, the pin held and the refusal is
-    /// the request's own (an apply's conflict with another field manager, say):
-    /// it goes back as kube wrote it. Otherwise the pin may have refused it, and
-    /// kube's words for a failed uid precondition name the uid of whatever holds
-    /// the name now, which may be another tenant's object: the caller gets kube's
-    /// "the object has been modified" conflict in the proxy's words, or the 404
-    /// of an object no longer its own.
-    async fn last_conflict(
+    /// A pinned write's refusal that ends the request. kube judges a write on
+    /// the object it finds under the name (admission, field ownership,
+    /// validation, preconditions), which after the check may be another
+    /// client's: its words for a failed uid precondition name that object's
+    /// uid, an apply's conflicts name its field managers, a webhook's denial
+    /// may quote it. So the name is checked once more. Still in the checked
+    /// state (or still missing, for an apply that would create), the refusal
+    /// is the request's own and goes back as kube wrote it; otherwise the
+    /// caller gets kube's "the object has been modified" conflict in the
+    /// proxy's words, or the 404 of an object that is not its own.
+    async fn final_refusal(
         &self,
         exchange: &Exchange,
         path: &ResourcePath,
-        pin: &Pin,
+        checked: &Checked,
         refusal: Outcome,
     ) -> Outcome {
         match self.check_ownership(exchange, path).await {
-            Ok(Checked::Owned(now)) if now == *pin => refusal,
+            Ok(now) if now == *checked => refusal,
             Ok(_) => self.stale(path, path.name.as_deref().unwrap_or("")),
             Err(outcome) => outcome,
         }
@@ -2216,6 +2224,20 @@ fn decided_before_the_object_is_read(code: StatusCode) -> bool {
             | StatusCode::FORBIDDEN
             | StatusCode::TOO_MANY_REQUESTS
     )
+}
+
+/// Whether a pinned write's answer with `code` may describe the object the
+/// target found under the name rather than the request alone. Authentication
+/// (401) and priority and fairness (429) decide before any object is read; a
+/// 404 says only that there is none, as the masked answer does; a 5xx goes back
+/// as the proxy's own 503. Any other refusal may have been made on whatever
+/// held the name when the write arrived.
+fn may_describe_the_object_found(code: StatusCode) -> bool {
+    code.is_client_error()
+        && !matches!(
+            code,
+            StatusCode::UNAUTHORIZED | StatusCode::NOT_FOUND | StatusCode::TOO_MANY_REQUESTS
+        )
 }
 
 /// Whether the target's answer to a pinned write may be the pin's refusal: a

@@ -622,7 +622,7 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         target_exchanges(&h)
             .await
             .since(before)
-            .is_one_check("PUT", round);
+            .is_one_write("PUT", round);
         assert!(
             refused.body["message"]
                 .as_str()
@@ -644,7 +644,7 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         target_exchanges(&h)
             .await
             .since(before)
-            .is_one_check("PATCH", round);
+            .is_one_write("PATCH", round);
         let now = on_target(&h, &name).await.expect("still there");
         assert_eq!(now["metadata"]["uid"], current["metadata"]["uid"]);
         assert_eq!(
@@ -716,7 +716,7 @@ async fn a_callers_uid_from_an_earlier_incarnation_is_refused_as_by_kube() {
         target_exchanges(&h)
             .await
             .since(before)
-            .is_one_check("APPLY", round);
+            .is_one_write("APPLY", round);
         assert!(on_target(&h, &name).await.is_none(), "round {round}");
     }
     h.proxy.shutdown().await;
@@ -764,11 +764,12 @@ impl TargetExchanges {
 
     /// One ownership GET and one write of `verb` after it, plus at most the one
     /// write the cache's fast path sent when it had not yet seen the object
-    /// recreated. A refusal for the caller's uid is final: no second check.
-    fn is_one_check(&self, verb: &str, round: usize) {
+    /// recreated. A refusal for the caller's uid is not sent again, only
+    /// judged by one more GET (whether the name still holds the checked state).
+    fn is_one_write(&self, verb: &str, round: usize) {
         let get = self.0.get("GET").copied().unwrap_or(0);
         let writes = self.0.get(verb).copied().unwrap_or(0);
-        assert_eq!(get, 1, "round {round}: {self:?}");
+        assert_eq!(get, 2, "round {round}: {self:?}");
         assert!((1..=2).contains(&writes), "round {round}: {self:?}");
         assert_eq!(self.0.len(), 2, "round {round}: {self:?}");
     }

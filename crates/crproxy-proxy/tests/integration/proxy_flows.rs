@@ -1354,42 +1354,99 @@ async fn a_scale_read_is_checked_again_when_its_object_moved() {
     }
 }
 
-/// A pinned write refused with 409 on its last attempt too is looked at once
-/// more. Recreated by someone else in the meantime, the object is not the
-/// caller's and the target's refusal is not passed on (kube's words for a failed
-/// uid precondition name the uid of whatever holds the name now); unchanged, the
-/// refusal is the request's own (an apply's conflict with another field
-/// manager) and goes back as kube wrote it.
+/// What holds the name `busy` in [`a_refusal_that_ends_a_write_is_shown_only_for_the_checked_state`].
+#[derive(Clone, Copy, PartialEq)]
+enum Holder {
+    Nobody,
+    TheCaller,
+    AnotherTenant,
+}
+
+/// A pinned write's refusal that ends the request is looked at once more: kube
+/// judges a write on whatever holds the name when it arrives, so its words may
+/// be about another tenant's object that took the name after the check (a
+/// failed uid precondition names that object's uid, an apply's conflicts name
+/// its field managers, a webhook's denial may quote it). Taken by another
+/// tenant meanwhile, the name gets the masked 404, and none of the refusal
+/// reaches the caller; unchanged (the caller's object, or still nobody's for an
+/// apply that would create it), the refusal is the request's own and goes back
+/// as kube wrote it. A 409 or 422 is sent once more first; any other refusal
+/// ends the write at once.
 #[tokio::test]
-async fn a_write_refused_on_its_last_attempt_is_judged_by_one_more_check() {
+async fn a_refusal_that_ends_a_write_is_shown_only_for_the_checked_state() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let uid_refusal = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": "Precondition failed: UID in precondition: u-busy, UID in object meta: u-other-tenant",
-        "reason": "Conflict", "details": {"name": "busy", "group": "example.com", "kind": "widgets"},
-        "code": 409,
-    });
-    let apply_conflict = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": "Apply failed with 1 conflict: conflict with \"other\": .spec.size",
-        "reason": "Conflict",
-        "details": {"name": "busy", "group": "example.com", "kind": "widgets",
-                    "causes": [{"reason": "FieldManagerConflict", "message": "conflict with \"other\"", "field": ".spec.size"}]},
-        "code": 409,
-    });
+    let refusal = |code: u16, reason: &str, message: &str| {
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason,
+            "details": {"name": "busy", "group": "example.com", "kind": "widgets"},
+            "code": code,
+        })
+    };
+    let uid_refusal = refusal(
+        409,
+        "Conflict",
+        "Precondition failed: UID in precondition: u-busy, UID in object meta: u-other-tenant",
+    );
+    let apply_conflict = refusal(
+        409,
+        "Conflict",
+        "Apply failed with 1 conflict: conflict with \"other-tenant-manager\": .spec.size",
+    );
+    let invalid = refusal(
+        422,
+        "Invalid",
+        "Widget.example.com \"busy\" is invalid: spec.size: Invalid value: \"big\": must be a number",
+    );
+    let webhook = refusal(
+        403,
+        "Forbidden",
+        "admission webhook \"guard.example.com\" denied the request: owner other-tenant keeps spec.secret=hunter2",
+    );
     let apply = (
         "PATCH",
         Some("application/apply-patch+yaml"),
         "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: busy\nspec:\n  size: 2\n",
     );
-    for (recreated, (method, content_type, body), refusal) in [
-        (true, ("DELETE", None, ""), uid_refusal),
-        (false, apply, apply_conflict.clone()),
-    ] {
+    let merge = (
+        "PATCH",
+        Some("application/merge-patch+json"),
+        r#"{"spec":{"size":2}}"#,
+    );
+    let put_naming_a_uid = (
+        "PUT",
+        Some("application/json"),
+        r#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"busy","namespace":"demo","uid":"u-earlier","resourceVersion":"7"},"spec":{"size":2}}"#,
+    );
+    use Holder::{AnotherTenant, Nobody, TheCaller};
+    // (what the check finds, who holds the name from the `taken_after`-th write
+    // on, the request, the target's answer to every write, the writes sent)
+    let cases = [
+        (
+            TheCaller,
+            (AnotherTenant, 2),
+            ("DELETE", None, ""),
+            &uid_refusal,
+            2,
+        ),
+        (TheCaller, (TheCaller, 0), apply, &apply_conflict, 2),
+        (Nobody, (AnotherTenant, 2), apply, &apply_conflict, 2),
+        (Nobody, (Nobody, 0), apply, &invalid, 2),
+        (TheCaller, (AnotherTenant, 1), merge, &webhook, 1),
+        (TheCaller, (TheCaller, 0), merge, &webhook, 1),
+        (
+            TheCaller,
+            (AnotherTenant, 1),
+            put_naming_a_uid,
+            &uid_refusal,
+            1,
+        ),
+    ];
+    for (first, (then, taken_after), (method, content_type, body), answer, sent) in cases {
         let h = harness(AccessMode::Owned).await;
         let writes = Arc::new(AtomicUsize::new(0));
         let backend = Backend::start(Arc::new({
-            let (writes, refusal) = (Arc::clone(&writes), refusal.clone());
+            let (writes, answer) = (Arc::clone(&writes), answer.clone());
             move |request: &http::request::Parts, _: &[u8]| {
                 let path = request.uri.path();
                 if path == "/apis/example.com/v1" {
@@ -1400,13 +1457,17 @@ async fn a_write_refused_on_its_last_attempt_is_judged_by_one_more_check() {
                 }
                 if request.method != http::Method::GET {
                     writes.fetch_add(1, Ordering::SeqCst);
-                    return json_answer(409, &refusal);
+                    return json_answer(answer["code"].as_u64().unwrap_or(500) as u16, &answer);
                 }
-                // After the second write someone else holds the name.
-                let (uid, labels) = if recreated && writes.load(Ordering::SeqCst) >= 2 {
-                    ("u-other-tenant", json!({"app": "theirs"}))
+                let holder = if taken_after > 0 && writes.load(Ordering::SeqCst) >= taken_after {
+                    then
                 } else {
-                    ("u-busy", owned_labels())
+                    first
+                };
+                let (uid, labels) = match holder {
+                    Nobody => return failing_answer(path, 404, false),
+                    TheCaller => ("u-busy", owned_labels()),
+                    AnotherTenant => ("u-other-tenant", json!({"app": "theirs"})),
                 };
                 let mut widget = widget("busy", labels);
                 widget["metadata"]["uid"] = json!(uid);
@@ -1415,24 +1476,25 @@ async fn a_write_refused_on_its_last_attempt_is_judged_by_one_more_check() {
             }
         }))
         .await;
-        widgets_served_by(&h, &backend, ("busy", 200)).await;
+        widgets_served_by(
+            &h,
+            &backend,
+            ("busy", if first == Nobody { 404 } else { 200 }),
+        )
+        .await;
         let path = format!("{WIDGETS}/busy?fieldManager=me");
         let reply = send_as(&h.aggregator, method, &path, content_type, body).await;
-        assert_eq!(
-            writes.load(Ordering::SeqCst),
-            2,
-            "{method}: the write and its one retry"
-        );
-        if recreated {
-            assert_eq!(reply.status, 404, "{}", reply.body);
+        let case = format!("{method} {}", answer["message"]);
+        assert_eq!(writes.load(Ordering::SeqCst), sent, "{case}: writes sent");
+        if then == AnotherTenant {
+            assert_eq!(reply.status, 404, "{case}: {}", reply.body);
             assert!(
-                !reply.body.to_string().contains("u-other-tenant"),
-                "{}",
+                !reply.body.to_string().contains("other-tenant"),
+                "{case}: {}",
                 reply.body
             );
         } else {
-            assert_eq!(reply.status, 409, "{}", reply.body);
-            assert_eq!(reply.body, apply_conflict, "the target's own words");
+            assert_eq!(reply.body, *answer, "{case}: the target's own words");
         }
         h.proxy.shutdown().await;
     }
