@@ -113,6 +113,36 @@ impl ResourceInfo {
         self.versions.iter().find(|v| v.name == name)
     }
 
+    /// The Go type kube-apiserver holds one object of this resource in, as Go's
+    /// `%T` prints it: kube names it in the 406 it answers when a media type asks
+    /// for a list and the object is not one. Custom resources are unstructured;
+    /// built-ins are the internal type of their group's package, named as the kind.
+    pub fn go_type(&self) -> String {
+        match self.source {
+            Source::Crd(_) => "*unstructured.Unstructured".to_string(),
+            _ => format!("*{}.{}", self.go_package(), self.kind),
+        }
+    }
+
+    /// [`ResourceInfo::go_type`] of this resource's list.
+    pub fn go_list_type(&self) -> String {
+        match self.source {
+            Source::Crd(_) => "*unstructured.UnstructuredList".to_string(),
+            _ => format!("*{}.{}", self.go_package(), self.list_kind),
+        }
+    }
+
+    /// The Go package of a built-in group's internal types: the group's first
+    /// label (`rbac` for rbac.authorization.k8s.io), `core` for the core group.
+    fn go_package(&self) -> &str {
+        match self.group.as_str() {
+            // events.k8s.io serves core's Event storage.
+            "" | "events.k8s.io" => "core",
+            "internal.apiserver.k8s.io" => "apiserverinternal",
+            group => group.split('.').next().unwrap_or(group),
+        }
+    }
+
     /// Whether `version` serves the status subresource.
     pub fn has_status(&self, version: &str) -> bool {
         self.version(version).is_some_and(|v| v.status_subresource)

@@ -126,7 +126,9 @@ fn respond(ctx: &ReqCtx, status: u16, obj: &Value, extra_warnings: &[String]) ->
         Output::PartialObjectMetadataList if ctx.info.is_crd() => {
             h::error_response(&ApiError::new(500, "", "content is not a list"))
         }
-        Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
+        // A built-in object is typed: not a list, which kube says before anything.
+        Output::PartialObjectMetadataList => h::error_response(&not_a_list(&ctx.info.go_type())),
+        Output::PartialObjectMetadata => {
             h::object_response(status, &output::partial(obj), ctx.output)
         }
         // Already in the requested version: the stored object as it is.
@@ -144,6 +146,30 @@ fn respond(ctx: &ReqCtx, status: u16, obj: &Value, extra_warnings: &[String]) ->
     warnings.extend_from_slice(extra_warnings);
     h::add_warnings(&mut resp, &warnings);
     resp
+}
+
+/// kube's 406 for a one-object media type (`as=PartialObjectMetadata`) asked of
+/// a list; `go_type` is the list's Go type.
+fn a_list(go_type: &str) -> ApiError {
+    ApiError::new(
+        406,
+        "NotAcceptable",
+        format!(
+            "you requested PartialObjectMetadata, but the requested object is a list ({go_type})"
+        ),
+    )
+}
+
+/// kube's 406 for a list media type (`as=PartialObjectMetadataList`) asked of
+/// one object; `go_type` is the object's Go type.
+fn not_a_list(go_type: &str) -> ApiError {
+    ApiError::new(
+        406,
+        "NotAcceptable",
+        format!(
+            "you requested PartialObjectMetadataList, but the requested object is not a list ({go_type})"
+        ),
+    )
 }
 
 /// Parses `resourceVersion` as kube does (500 without a reason when malformed).
@@ -404,7 +430,9 @@ pub async fn list(state: &State, ctx: &ReqCtx) -> Resp {
             );
             h::json_response(200, &t)
         }
-        Output::PartialObjectMetadata | Output::PartialObjectMetadataList => {
+        // kube turns what it read into the asked-for kind only after the read.
+        Output::PartialObjectMetadata => h::error_response(&a_list(&ctx.info.go_list_type())),
+        Output::PartialObjectMetadataList => {
             let mut meta = meta;
             if cont.is_empty() {
                 if let Some(m) = meta.as_object_mut() {

@@ -992,3 +992,65 @@ async fn answers_kube_makes_after_the_read_leave_a_missing_object_a_404() {
     .await;
     assert_eq!(code, 200, "{body:?}");
 }
+
+/// kube turns what it read into `PartialObjectMetadata` or its list only when
+/// the shape fits: a list media type asked of one built-in (typed) object, or
+/// the one-object media type asked of a list, is a 406 naming the Go type kube
+/// read. It says so after the read, so a missing object is still a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_media_type_of_the_wrong_shape_is_not_acceptable() {
+    const ONE: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+    const LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+    let test = cluster_with_a_crontab("metadata-shapes").await;
+    let not_a_list =
+        "you requested PartialObjectMetadataList, but the requested object is not a list";
+    let a_list = "you requested PartialObjectMetadata, but the requested object is a list";
+    for (path, accept, message) in [
+        (
+            "/api/v1/namespaces/default",
+            LIST,
+            format!("{not_a_list} (*core.Namespace)"),
+        ),
+        (
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/cluster-admin",
+            LIST,
+            format!("{not_a_list} (*rbac.ClusterRole)"),
+        ),
+        (
+            "/api/v1/namespaces",
+            ONE,
+            format!("{a_list} (*core.NamespaceList)"),
+        ),
+        (
+            "/apis/stable.example.io/v1/namespaces/default/crontabs",
+            ONE,
+            format!("{a_list} (*unstructured.UnstructuredList)"),
+        ),
+    ] {
+        let (code, _, body) =
+            admin_request(&test, "GET", path, &[("accept", accept)], Protocol::Http1).await;
+        assert_eq!(code, 406, "{path} as {accept}: {body:?}");
+        let status: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
+        assert_eq!(status["reason"], "NotAcceptable", "{path}");
+        assert_eq!(status["message"], message, "{path}");
+        assert_eq!(status["code"], 406, "{path}");
+    }
+    // The shapes that fit are served.
+    for (path, accept) in [
+        ("/api/v1/namespaces/default", ONE),
+        ("/api/v1/namespaces", LIST),
+    ] {
+        let (code, _, body) =
+            admin_request(&test, "GET", path, &[("accept", accept)], Protocol::Http1).await;
+        assert_eq!(code, 200, "{path} as {accept}: {body:?}");
+    }
+    let (code, _, body) = admin_request(
+        &test,
+        "GET",
+        "/api/v1/namespaces/missing",
+        &[("accept", LIST)],
+        Protocol::Http1,
+    )
+    .await;
+    assert_eq!(code, 404, "{body:?}");
+}
