@@ -119,6 +119,52 @@ pub fn columns_for_crd_version(version: &Value) -> Vec<PrinterColumn> {
     out
 }
 
+/// The columns of a `/scale` subresource's Table. A custom resource's come from
+/// apiextensions-apiserver (Desired and Available, as the CRD declares the scale
+/// subresource, then Age); a built-in's from kube's printer for Scale.
+pub fn scale_columns(custom_resource: bool) -> Vec<PrinterColumn> {
+    if custom_resource {
+        return vec![
+            name_column(),
+            col(
+                "Desired",
+                "integer",
+                "Number of desired replicas",
+                ".spec.replicas",
+            ),
+            col(
+                "Available",
+                "integer",
+                "Number of actual replicas",
+                ".status.replicas",
+            ),
+            col(
+                "Age",
+                "date",
+                CREATION_TIMESTAMP_DESCRIPTION,
+                ".metadata.creationTimestamp",
+            ),
+        ];
+    }
+    vec![
+        // kube's Scale printer gives its Name column no format.
+        col("Name", "string", NAME_DESCRIPTION, ".metadata.name"),
+        col(
+            "Desired",
+            "integer",
+            "replicas is the desired number of instances for the scaled object.",
+            ".spec.replicas",
+        ),
+        col(
+            "Available",
+            "integer",
+            "replicas is the actual number of observed instances of the scaled object.",
+            ".status.replicas",
+        ),
+        age_column(),
+    ]
+}
+
 /// The columns kube-apiserver's built-in printers use for `resource` (plural,
 /// lower case). Resources without a dedicated printer get Name and Age.
 pub fn builtin_columns(resource: &str) -> Vec<PrinterColumn> {

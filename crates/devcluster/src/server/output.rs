@@ -105,6 +105,27 @@ pub fn partial_list(items: &[Arc<Value>], metadata: Value) -> Value {
     })
 }
 
+/// A `Table` of one `/scale` subresource's Scale.
+pub fn scale_table(
+    info: &ResourceInfo,
+    scale: &Value,
+    include: crate::table::IncludeObject,
+) -> Value {
+    let columns = crate::table::scale_columns(info.is_crd());
+    let rv = scale
+        .get("metadata")
+        .and_then(|m| m.get("resourceVersion"))
+        .cloned()
+        .unwrap_or_else(|| json!(""));
+    crate::table::render_table(
+        &columns,
+        std::slice::from_ref(scale),
+        include,
+        json!({"resourceVersion": rv}),
+        chrono::Utc::now(),
+    )
+}
+
 /// A `Table` of objects with the resource's columns (the CRD version's printer
 /// columns, or kube's built-in printer columns).
 pub fn table(

@@ -196,10 +196,7 @@ pub fn get(state: &State, ctx: &ReqCtx) -> Resp {
         .ok_or_else(|| ctx.not_found())?;
     match ctx.subresource.as_str() {
         "" | "status" => Ok(respond(ctx, 200, &obj, &[])),
-        "scale" => {
-            let scale = scale_of(ctx, &obj)?;
-            Ok(h::json_response(200, &scale))
-        }
+        "scale" => Ok(respond_scale(ctx, &scale_of(ctx, &obj)?)),
         _ => Err(ApiError::resource_not_found()),
     }
 }
@@ -1115,6 +1112,31 @@ fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
     }))
 }
 
+/// A Scale answered (200) as the request asked for it. kube's handlers turn the
+/// Scale into a Table or PartialObjectMetadata as they turn any object: with the
+/// scale columns (a custom resource's scale scope has its own table convertor;
+/// a built-in's printer has one for Scale), and a list media type is a 406
+/// naming the Scale's Go type.
+fn respond_scale(ctx: &ReqCtx, scale: &Value) -> Response<Body> {
+    match ctx.output {
+        Output::Table => match ctx.include_object() {
+            Ok(include) => h::json_response(200, &output::scale_table(&ctx.info, scale, include)),
+            Err(e) => h::error_response(&e),
+        },
+        Output::PartialObjectMetadata => h::json_response(200, &output::partial(scale)),
+        Output::PartialObjectMetadataList => {
+            // A custom resource's Scale is autoscaling/v1's; a built-in's the internal one.
+            let go_type = if ctx.info.is_crd() {
+                "*v1.Scale"
+            } else {
+                "*autoscaling.Scale"
+            };
+            h::error_response(&not_a_list(go_type))
+        }
+        _ => h::object_response(200, scale, ctx.output),
+    }
+}
+
 /// The Scale the change asks for, from the stored object and its current Scale.
 fn requested_scale(
     ctx: &ReqCtx,
@@ -1173,7 +1195,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
                 Ok(m)
             },
         )?;
-        return Ok(h::json_response(200, &scale_of(ctx, &written.object)?));
+        return Ok(respond_scale(ctx, &scale_of(ctx, &written.object)?));
     }
     // Webhooks see the Scale (autoscaling/v1), as kube sends it for `<resource>/scale`.
     for _ in 0..ADMITTED_UPDATE_ATTEMPTS {
@@ -1209,7 +1231,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
             decision,
         );
         if let Some(written) = stored {
-            let mut resp = h::json_response(200, &scale_of(ctx, &written.object)?);
+            let mut resp = respond_scale(ctx, &scale_of(ctx, &written.object)?);
             h::add_warnings(&mut resp, &warnings);
             return Ok(resp);
         }

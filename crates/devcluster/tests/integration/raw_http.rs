@@ -41,6 +41,19 @@ pub async fn request_as(
     extra: &[(&str, &str)],
     protocol: Protocol,
 ) -> (http::StatusCode, http::HeaderMap, Bytes) {
+    request_with_body(test, token, method, path, extra, protocol, Bytes::new()).await
+}
+
+/// [`request_as`] sending `body`.
+async fn request_with_body(
+    test: &test_support::TestCluster,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    protocol: Protocol,
+    body: Bytes,
+) -> (http::StatusCode, http::HeaderMap, Bytes) {
     let exchange = async {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(test.cluster.ca_pem().as_bytes()) {
@@ -77,7 +90,7 @@ pub async fn request_as(
         for (name, value) in extra {
             request = request.header(*name, *value);
         }
-        let request = request.body(Full::new(Bytes::new())).expect("request");
+        let request = request.body(Full::new(body)).expect("request");
         let response = match protocol {
             Protocol::Http1 => {
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
@@ -1053,4 +1066,185 @@ async fn a_metadata_media_type_of_the_wrong_shape_is_not_acceptable() {
     )
     .await;
     assert_eq!(code, 404, "{body:?}");
+}
+
+/// The `/scale` subresource answers in the form asked for, as kube's handlers
+/// answer for any object: a custom resource's Scale as a Table with the columns
+/// apiextensions-apiserver gives every scale (Name, Desired, Available, Age), as
+/// PartialObjectMetadata, and a list media type is a 406 naming the Scale's Go
+/// type. Reads and writes alike; a built-in's Scale uses kube's Scale printer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scale_subresource_answers_in_the_form_asked_for() {
+    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    const ONE: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+    const LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+    let test = test_support::devcluster("scale-forms").await;
+    let manifests = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.scale.example.io
+spec:
+  group: scale.example.io
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}
+    additionalPrinterColumns:
+    - {name: Kind, type: string, jsonPath: .kind}
+"#;
+    let out = test_support::kubectl_stdin_async(
+        &test.kubeconfig,
+        &["apply", "-f", "-"],
+        manifests,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(out.success(), "{out:?}");
+    let widget = "apiVersion: scale.example.io/v1\nkind: Widget\nmetadata:\n  name: w\n  namespace: default\nspec:\n  replicas: 2\n";
+    let mut applied = false;
+    for _ in 0..50 {
+        let out = test_support::kubectl_stdin_async(
+            &test.kubeconfig,
+            &["apply", "-f", "-"],
+            widget,
+            Duration::from_secs(60),
+        )
+        .await;
+        if out.success() {
+            applied = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(applied, "the Widget was applied");
+    let scale = "/apis/scale.example.io/v1/namespaces/default/widgets/w/scale";
+    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+
+    let (code, _, body) =
+        admin_request(&test, "GET", scale, &[("accept", TABLE)], Protocol::Http1).await;
+    assert_eq!(code, 200, "{body:?}");
+    let table = json(&body);
+    assert_eq!(table["kind"], "Table", "{table}");
+    let columns: Vec<_> = table["columnDefinitions"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_string(),
+                c["type"].as_str().unwrap_or_default().to_string(),
+                c["description"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let described = |name: &str, type_: &str, description: &str| {
+        (name.to_string(), type_.to_string(), description.to_string())
+    };
+    assert_eq!(
+        columns,
+        [
+            described("Name", "string", devcluster::table::NAME_DESCRIPTION),
+            described("Desired", "integer", "Number of desired replicas"),
+            described("Available", "integer", "Number of actual replicas"),
+            described(
+                "Age",
+                "date",
+                devcluster::table::CREATION_TIMESTAMP_DESCRIPTION
+            ),
+        ]
+    );
+    let row = &table["rows"][0];
+    assert_eq!(row["cells"][0], "w", "{table}");
+    assert_eq!(row["cells"][1], 2, "{table}");
+    assert_eq!(row["cells"][2], 0, "{table}");
+    assert_eq!(row["object"]["kind"], "PartialObjectMetadata", "{table}");
+    assert_eq!(row["object"]["metadata"]["name"], "w", "{table}");
+    assert!(table["metadata"]["resourceVersion"].is_string(), "{table}");
+
+    let (code, _, body) =
+        admin_request(&test, "GET", scale, &[("accept", ONE)], Protocol::Http1).await;
+    assert_eq!(code, 200, "{body:?}");
+    let partial = json(&body);
+    assert_eq!(partial["kind"], "PartialObjectMetadata", "{partial}");
+    assert_eq!(partial["metadata"]["name"], "w", "{partial}");
+    assert!(partial.get("spec").is_none(), "{partial}");
+
+    let (code, _, body) =
+        admin_request(&test, "GET", scale, &[("accept", LIST)], Protocol::Http1).await;
+    assert_eq!(code, 406, "{body:?}");
+    let refused = json(&body);
+    assert_eq!(refused["reason"], "NotAcceptable", "{refused}");
+    assert_eq!(
+        refused["message"],
+        "you requested PartialObjectMetadataList, but the requested object is not a list (*v1.Scale)"
+    );
+
+    // A write answers the same way.
+    let (code, _, body) = request_with_body(
+        &test,
+        Some(&test.cluster.admin_token()),
+        "PATCH",
+        scale,
+        &[
+            ("accept", TABLE),
+            ("content-type", "application/merge-patch+json"),
+        ],
+        Protocol::Http1,
+        Bytes::from_static(br#"{"spec":{"replicas":4}}"#),
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    let table = json(&body);
+    assert_eq!(table["kind"], "Table", "{table}");
+    assert_eq!(table["rows"][0]["cells"][1], 4, "{table}");
+    assert_eq!(table["columnDefinitions"][1]["name"], "Desired", "{table}");
+
+    // A Deployment's Scale: kube's Scale printer, Name without a format.
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 3\n  selector:\n    matchLabels: {app: d}\n  template:\n    metadata:\n      labels: {app: d}\n    spec:\n      containers:\n      - {name: c, image: nginx}\n";
+    let out = test_support::kubectl_stdin_async(
+        &test.kubeconfig,
+        &["apply", "-f", "-"],
+        deployment,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(out.success(), "{out:?}");
+    let path = "/apis/apps/v1/namespaces/default/deployments/d/scale";
+    let (code, _, body) =
+        admin_request(&test, "GET", path, &[("accept", TABLE)], Protocol::Http1).await;
+    assert_eq!(code, 200, "{body:?}");
+    let table = json(&body);
+    let names: Vec<_> = table["columnDefinitions"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .map(|c| (c["name"].clone(), c["format"].clone()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (serde_json::json!("Name"), serde_json::json!("")),
+            (serde_json::json!("Desired"), serde_json::json!("")),
+            (serde_json::json!("Available"), serde_json::json!("")),
+            (serde_json::json!("Age"), serde_json::json!("")),
+        ]
+    );
+    assert_eq!(table["rows"][0]["cells"][1], 3, "{table}");
+    let (code, _, body) =
+        admin_request(&test, "GET", path, &[("accept", LIST)], Protocol::Http1).await;
+    assert_eq!(code, 406, "{body:?}");
+    assert_eq!(
+        json(&body)["message"],
+        "you requested PartialObjectMetadataList, but the requested object is not a list (*autoscaling.Scale)"
+    );
 }
