@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
@@ -551,7 +551,9 @@ pub struct LinkSpec<'a> {
     pub target_name: String,
     pub target: &'a devcluster::DevCluster,
     pub target_peers: Vec<SocketAddr>,
-    pub resource: ProxiedResource,
+    /// At least one; each is its own entry of the configuration, so resources of
+    /// different group/versions make a proxy that serves several.
+    pub resources: Vec<ProxiedResource>,
     /// 0 picks a free port.
     pub proxy_port: u16,
     /// 0 picks a free port.
@@ -560,20 +562,27 @@ pub struct LinkSpec<'a> {
 
 impl Link {
     /// Grants the client's identity its rights on the target, installs the
-    /// resource's CRD there, and writes the proxy configuration.
+    /// resources' CRDs there, and writes the proxy configuration.
     pub async fn prepare(spec: LinkSpec<'_>) -> Result<Link> {
+        if spec.resources.is_empty() {
+            bail!("the link has no resource to proxy: give LinkSpec.resources at least one");
+        }
         std::fs::create_dir_all(&spec.dir)
             .with_context(|| format!("creating {}", spec.dir.display()))?;
         let project = "default";
         let project_namespace = "p-default";
         let target_admin = admin_client(spec.target)?;
-        install_crd(&target_admin, &spec.resource).await?;
+        for resource in &spec.resources {
+            install_crd(&target_admin, resource).await?;
+        }
         let identity = names::target_identity(project_namespace, &spec.client_name);
         let token = spec
             .target
             .issue_token(&identity, &[])
             .context("issuing the client identity's token on the target")?;
-        grant_target_access(&target_admin, &identity, &spec.resource.group).await?;
+        for resource in &spec.resources {
+            grant_target_access(&target_admin, &identity, &resource.group).await?;
+        }
         // The token lives in its own file, as a projected service-account token
         // does, so the proxy reads it again when it is rotated.
         let identity_token = spec.dir.join(IDENTITY_TOKEN_FILE);
@@ -609,7 +618,7 @@ impl Link {
                 peers: &peers,
                 base_port: proxy_port,
                 metrics_port: spec.metrics_port,
-                resource: &spec.resource,
+                resources: &spec.resources,
             }),
         )?;
         Ok(Link {
@@ -961,7 +970,7 @@ async fn start_client(
         target_name: "target".into(),
         target,
         target_peers: target_replicas.to_vec(),
-        resource: ProxiedResource::example(),
+        resources: vec![ProxiedResource::example()],
         proxy_port,
         metrics_port,
     })
@@ -1244,7 +1253,7 @@ struct ConfigValues<'a> {
     peers: &'a [String],
     base_port: u16,
     metrics_port: u16,
-    resource: &'a ProxiedResource,
+    resources: &'a [ProxiedResource],
 }
 
 fn config_yaml(v: &ConfigValues<'_>) -> String {
@@ -1254,12 +1263,26 @@ fn config_yaml(v: &ConfigValues<'_>) -> String {
         .map(|p| format!("\"{p}\""))
         .collect::<Vec<_>>()
         .join(", ");
+    let entries: String = v
+        .resources
+        .iter()
+        .map(|r| {
+            format!(
+                "      \"{plural}.{group}/{version}\":\n        enabled: true\n        targetVirtualCluster:\n          name: \"{target_name}\"\n          project: \"{project}\"\n        accessResources: owned\n",
+                plural = r.plural,
+                group = r.group,
+                version = r.version,
+                target_name = v.target_name,
+                project = v.project,
+            )
+        })
+        .collect();
     format!(
         "# Written by `crproxy dev`. The same file works with `crproxy run --config`.\n\
 client:\n  name: \"{name}\"\n  project: \"{project}\"\n  projectNamespace: \"{project_namespace}\"\n  kubeconfig: \"{client}\"\n\
 proxy:\n  bindAddress: 127.0.0.1\n  basePort: {base_port}\n  metricsAddress: \"127.0.0.1:{metrics_port}\"\n  registration:\n    serviceType: ExternalName\n    externalName: localhost\n\
 targets:\n  - name: \"{target_name}\"\n    project: \"{project}\"\n    kubeconfig: \"{target}\"\n    peers:\n      static: [{peers}]\n\
-experimental:\n  proxy:\n    customResources:\n      \"{plural}.{group}/{version}\":\n        enabled: true\n        targetVirtualCluster:\n          name: \"{target_name}\"\n          project: \"{project}\"\n        accessResources: owned\n",
+experimental:\n  proxy:\n    customResources:\n{entries}",
         name = v.name,
         project = v.project,
         project_namespace = v.project_namespace,
@@ -1268,9 +1291,6 @@ experimental:\n  proxy:\n    customResources:\n      \"{plural}.{group}/{version
         metrics_port = v.metrics_port,
         target_name = v.target_name,
         target = v.target_kubeconfig.display(),
-        plural = v.resource.plural,
-        group = v.resource.group,
-        version = v.resource.version,
     )
 }
 

@@ -806,7 +806,7 @@ async fn cluster_ip_registration_reaches_the_overlay_pods() -> Result<()> {
         target_name: "target".into(),
         target: &target.cluster,
         target_peers: vec![target.cluster.addr()],
-        resource: ProxiedResource::example(),
+        resources: vec![ProxiedResource::example()],
         proxy_port: 0,
         metrics_port: devenv::free_port()?,
     })

@@ -384,7 +384,7 @@ async fn dead_peers_are_named() -> Result<()> {
         target_name: "target".into(),
         target: &target.cluster,
         target_peers: vec![dead],
-        resource: ProxiedResource::example(),
+        resources: vec![ProxiedResource::example()],
         proxy_port: 0,
         metrics_port: devenv::free_port()?,
     })

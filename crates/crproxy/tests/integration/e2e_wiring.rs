@@ -197,7 +197,7 @@ async fn two_clusters_can_proxy_each_other() -> Result<()> {
         target_name: "y".into(),
         target: &y,
         target_peers: vec![y.addr()],
-        resource: ProxiedResource::example(),
+        resources: vec![ProxiedResource::example()],
         proxy_port: 0,
         metrics_port: 0,
     })
@@ -209,7 +209,7 @@ async fn two_clusters_can_proxy_each_other() -> Result<()> {
         target_name: "x".into(),
         target: &x,
         target_peers: vec![x.addr()],
-        resource: gadgets.clone(),
+        resources: vec![gadgets.clone()],
         proxy_port: 0,
         metrics_port: 0,
     })

@@ -55,7 +55,7 @@ async fn link(
         target_name: "target".into(),
         target,
         target_peers,
-        resource: ProxiedResource::example(),
+        resources: vec![ProxiedResource::example()],
         proxy_port: 0,
         metrics_port,
     })
@@ -453,7 +453,7 @@ async fn a_picked_proxy_port_taken_before_the_proxy_listens_is_picked_again() ->
         target_name: "target".into(),
         target: &target,
         target_peers: vec![target.addr()],
-        resource: ProxiedResource::example(),
+        resources: vec![ProxiedResource::example()],
         proxy_port,
         metrics_port: 0,
     };

@@ -388,7 +388,7 @@ async fn run_with_proxy_and_sync_keys_runs_both() -> Result<()> {
         target_name: "target".into(),
         target: &target.cluster,
         target_peers: vec![target.cluster.addr()],
-        resource: ProxiedResource::example(),
+        resources: vec![ProxiedResource::example()],
         proxy_port: 0,
         metrics_port: 0,
     })
