@@ -67,7 +67,7 @@ async fn link(
 fn spawn_run(
     config: &std::path::Path,
     log: Option<&str>,
-) -> Result<(test_support::KillOnDrop, std::thread::JoinHandle<String>)> {
+) -> Result<(test_support::KillOnDrop, Drained)> {
     let mut command = Command::new(env!("CARGO_BIN_EXE_crproxy"));
     if let Some(log) = log {
         command.env("CRPROXY_LOG", log);
@@ -155,6 +155,122 @@ async fn run_serves_from_a_config_file_and_stops_cleanly_on_sigterm() -> Result<
         .and_then(|spec| spec.holder_identity)
         .unwrap_or_default();
     assert!(holder.is_empty(), "lease still held by {holder:?}");
+    client.shutdown().await;
+    target.shutdown().await;
+    Ok(())
+}
+
+/// The spec's healthy startup, once for each group/version served: "Starting
+/// proxy server", then "Starting target transport", each naming its
+/// group/version, and at debug level "Connected to target" once that
+/// group/version's first probe succeeds. Two resources of different groups and
+/// versions make two sequences, one for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_logs_the_startup_sequence_once_per_group_version() -> Result<()> {
+    crproxy_kube::install_crypto_provider();
+    let dir = tempfile::tempdir()?;
+    let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
+    let gadgets = ProxiedResource {
+        group: "other.io".into(),
+        version: "v1alpha1".into(),
+        plural: "gadgets".into(),
+        kind: "Gadget".into(),
+    };
+    let link = Link::prepare(LinkSpec {
+        dir: dir.path().join("link"),
+        client_name: "client".into(),
+        client_kubeconfig,
+        target_name: "target".into(),
+        target: &target,
+        target_peers: vec![target.addr()],
+        resources: vec![ProxiedResource::example(), gadgets],
+        proxy_port: 0,
+        metrics_port: 0,
+    })
+    .await?;
+    let (mut child, stderr_reader) =
+        spawn_run(&link.config_path, Some("info,crproxy_proxy=debug"))?;
+
+    let api = admin_client(&client)?;
+    for (api_service, path, list_kind) in [
+        (
+            "v1.example.com",
+            "/apis/example.com/v1/namespaces/default/widgets",
+            "WidgetList",
+        ),
+        (
+            "v1alpha1.other.io",
+            "/apis/other.io/v1alpha1/namespaces/default/gadgets",
+            "GadgetList",
+        ),
+    ] {
+        wait_for_available(&api, api_service, Duration::from_secs(30)).await?;
+        let listed: Value = api
+            .request(http::Request::get(path).body(Vec::new())?)
+            .await?;
+        assert_eq!(listed["kind"], list_kind, "{path}");
+    }
+    // Each probe runs on its own after its server starts: wait (30 s at most)
+    // for both to have reported before stopping the process.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stderr_reader
+        .so_far()
+        .matches("\"Connected to target\"")
+        .count()
+        < 2
+        && Instant::now() < deadline
+        && child.try_wait()?.is_none()
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let exit = terminate(&mut child).await?;
+    let stderr = stderr_reader.join().unwrap_or_default();
+    assert!(exit.success(), "exit {exit:?}: {stderr}");
+
+    let events = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<Vec<Value>, _>>()?;
+    // Where `message` was logged for `group_version`, in the order written.
+    let at = |message: &str, group_version: &str| -> Vec<usize> {
+        (0..events.len())
+            .filter(|&i| {
+                events[i]["message"] == message && events[i]["group_version"] == group_version
+            })
+            .collect()
+    };
+    let mut ports = Vec::new();
+    for group_version in ["example.com/v1", "other.io/v1alpha1"] {
+        let server = at("Starting proxy server", group_version);
+        let transport = at("Starting target transport", group_version);
+        let connected = at("Connected to target", group_version);
+        for (message, lines) in [
+            ("Starting proxy server", &server),
+            ("Starting target transport", &transport),
+            ("Connected to target", &connected),
+        ] {
+            assert_eq!(lines.len(), 1, "{message} for {group_version}: {stderr}");
+        }
+        assert!(
+            server[0] < transport[0] && transport[0] < connected[0],
+            "{group_version}'s startup lines out of order: {stderr}"
+        );
+        for line in [server[0], transport[0]] {
+            assert_eq!(events[line]["target"], "default/target", "{stderr}");
+        }
+        ports.push(events[server[0]]["port"].clone());
+    }
+    assert_ne!(ports[0], ports[1], "one port per group/version: {stderr}");
+    // No sequence for anything else: one of each line per group/version.
+    for message in [
+        "Starting proxy server",
+        "Starting target transport",
+        "Connected to target",
+    ] {
+        let count = events.iter().filter(|e| e["message"] == message).count();
+        assert_eq!(count, 2, "{message}: {stderr}");
+    }
     client.shutdown().await;
     target.shutdown().await;
     Ok(())
@@ -383,17 +499,43 @@ fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
     Ok((code, body.to_string()))
 }
 
-/// Reads a child's stderr as it is written, so a chatty child never blocks on a
-/// full pipe; the text is returned when the child closes it.
-fn drain(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut text = String::new();
-        if let Some(mut pipe) = pipe {
-            let _ = pipe.read_to_string(&mut text);
+/// A child's stderr, read as it is written so a chatty child never blocks on a
+/// full pipe.
+struct Drained {
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Drained {
+    /// What the child has written so far.
+    fn so_far(&self) -> String {
+        self.text.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    /// All the child wrote, once it has closed the pipe.
+    fn join(self) -> std::thread::Result<String> {
+        let Drained { text, reader } = self;
+        reader.join()?;
+        Ok(text.lock().map(|t| t.clone()).unwrap_or_default())
+    }
+}
+
+fn drain(pipe: Option<std::process::ChildStderr>) -> Drained {
+    use std::io::BufRead;
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let written = std::sync::Arc::clone(&text);
+    let reader = std::thread::spawn(move || {
+        let Some(pipe) = pipe else { return };
+        let mut pipe = std::io::BufReader::new(pipe);
+        let mut line = Vec::new();
+        while matches!(pipe.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            if let Ok(mut text) = written.lock() {
+                text.push_str(&String::from_utf8_lossy(&line));
+            }
+            line.clear();
         }
-        text
-    })
+    });
+    Drained { text, reader }
 }
 
 /// When an APIService never turns Available, the error carries the aggregator's
