@@ -168,6 +168,27 @@ impl ApiError {
         ApiError::new(500, "InternalError", message)
     }
 
+    /// kube's `errors.NewInternalError(err)`: 500 `InternalError`, the message
+    /// prefixed, and the bare error as the one cause (no reason, no field).
+    pub fn internal_error(error: &str) -> Self {
+        let mut details = Map::new();
+        details.insert("causes".into(), json!([{ "message": error }]));
+        ApiError {
+            details: Some(details),
+            ..ApiError::new(
+                500,
+                "InternalError",
+                format!("Internal error occurred: {error}"),
+            )
+        }
+    }
+
+    /// What kube's handlers answer for an error a registry returned that is not
+    /// a Status (`ErrorToAPIStatus`): 500, reason `Unknown`, the error's text.
+    pub fn unknown(error: impl Into<String>) -> Self {
+        ApiError::new(500, "Unknown", error)
+    }
+
     /// A missing object: `crontabs.stable.example.io "x" not found`.
     pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
         ApiError::new(

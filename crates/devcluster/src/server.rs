@@ -14,6 +14,7 @@ mod output;
 mod protobuf;
 mod request_metrics;
 mod rest;
+mod scale;
 pub(crate) mod seams;
 
 pub use auth::PeerCertificates;

@@ -5,6 +5,7 @@ use super::admitted;
 use super::http::{self as h, Body, Output};
 use super::objects::{self as o, metadata_mut};
 use super::output;
+use super::scale;
 use super::seams;
 use super::State;
 use crate::error::{qualified, ApiError, Cause, Details};
@@ -1068,7 +1069,10 @@ enum ScaleChange {
     Patch(seams::PatchKind, Vec<u8>),
 }
 
-fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
+/// The Scale of `obj` as kube's registry makes it (`scaleFromCustomResource`),
+/// and whether `obj` has spec replicas. A field of the wrong type is the
+/// accessor's error, which kube's handlers answer as 500 `Unknown`.
+fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
     let Some(spec) = ctx.info.scale(&ctx.version) else {
         return Err(ApiError::resource_not_found());
     };
@@ -1086,30 +1090,55 @@ fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
             m.insert(k.into(), v);
         }
     }
-    let replicas = o::get_path(obj, &spec.spec_replicas_path)
-        .cloned()
-        .unwrap_or(json!(0));
+    let spec_replicas =
+        scale::nested_int64(obj, &spec.spec_replicas_path).map_err(ApiError::unknown)?;
+    let status_replicas =
+        scale::nested_int64(obj, &spec.status_replicas_path).map_err(ApiError::unknown)?;
+    let selector = match spec.label_selector_path.as_deref() {
+        Some(path) if !path.is_empty() => {
+            scale::nested_string(obj, path).map_err(ApiError::unknown)?
+        }
+        _ => None,
+    };
+    // A built-in's replicas are always set (defaulted); only a custom
+    // resource can lack them.
+    let found = spec_replicas.is_some() || !ctx.info.is_crd();
+    // kube puts the int64s in the Scale's int32 fields as Go converts them:
+    // wrapped, not refused.
     let mut status = serde_json::Map::new();
     status.insert(
         "replicas".into(),
-        o::get_path(obj, &spec.status_replicas_path)
-            .cloned()
-            .unwrap_or(json!(0)),
+        json!(status_replicas.unwrap_or_default() as i32),
     );
-    if let Some(sel) = spec
-        .label_selector_path
-        .as_ref()
-        .and_then(|p| o::get_path(obj, p))
-    {
-        status.insert("selector".into(), sel.clone());
+    if let Some(sel) = selector.filter(|s| !s.is_empty()) {
+        status.insert("selector".into(), json!(sel));
     }
-    Ok(json!({
+    let scale = json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
         "metadata": m,
-        "spec": {"replicas": replicas},
+        "spec": {"replicas": spec_replicas.unwrap_or_default() as i32},
         "status": status,
-    }))
+    });
+    Ok((scale, found))
+}
+
+/// The Scale a GET answers: kube's `ScaleREST.Get` refuses a custom resource
+/// without spec replicas with an internal error.
+fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
+    let (scale, found) = scale_from(ctx, obj)?;
+    if !found {
+        let path = ctx
+            .info
+            .scale(&ctx.version)
+            .map(|s| s.spec_replicas_path.as_str())
+            .unwrap_or_default();
+        return Err(ApiError::internal_error(&format!(
+            "the spec replicas field {} does not exist",
+            crate::schema::go_quote(path)
+        )));
+    }
+    Ok(scale)
 }
 
 /// A Scale answered (200) as the request asked for it. kube's handlers turn the
@@ -1188,14 +1217,14 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
                 let Some(cur) = cur else {
                     return Err(ctx.not_found());
                 };
-                let scale = scale_of(ctx, cur)?;
+                let (scale, _) = scale_from(ctx, cur)?;
                 let new_scale = requested_scale(ctx, &change, cur, &scale)?;
                 let new = scaled(&spec, cur, &new_scale);
                 let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
                 Ok(m)
             },
         )?;
-        return Ok(respond_scale(ctx, &scale_of(ctx, &written.object)?));
+        return Ok(respond_scale(ctx, &scale_from(ctx, &written.object)?.0));
     }
     // Webhooks see the Scale (autoscaling/v1), as kube sends it for `<resource>/scale`.
     for _ in 0..ADMITTED_UPDATE_ATTEMPTS {
@@ -1203,7 +1232,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
             .store
             .get(&ctx.gr(), ctx.ns(), &ctx.name)
             .ok_or_else(|| ctx.not_found())?;
-        let old_scale = scale_of(ctx, &current)?;
+        let (old_scale, _) = scale_from(ctx, &current)?;
         let mut object = Some(requested_scale(ctx, &change, &current, &old_scale)?);
         let mut warnings =
             admitted::mutate(state, &hooks, ctx, "UPDATE", &mut object, Some(&old_scale)).await?;
@@ -1231,7 +1260,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
             decision,
         );
         if let Some(written) = stored {
-            let mut resp = respond_scale(ctx, &scale_of(ctx, &written.object)?);
+            let mut resp = respond_scale(ctx, &scale_from(ctx, &written.object)?.0);
             h::add_warnings(&mut resp, &warnings);
             return Ok(resp);
         }

@@ -1248,3 +1248,147 @@ spec:
         "you requested PartialObjectMetadataList, but the requested object is not a list (*autoscaling.Scale)"
     );
 }
+
+/// The Widget CRD (`scale.example.io`, any fields kept), with a status and a
+/// scale subresource (selector at `.status.selector`) when `scale`.
+fn widget_crd(scale: bool) -> String {
+    let subresources = if scale {
+        "    subresources:\n      status: {}\n      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.scale.example.io
+spec:
+  group: scale.example.io
+  scope: Namespaced
+  names: {{plural: widgets, singular: widget, kind: Widget}}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+{subresources}"#
+    )
+}
+
+/// `kubectl apply` of `manifest`, retried while the server is not ready for it
+/// (a CRD just made is not served at once).
+async fn apply(test: &test_support::TestCluster, manifest: &str) {
+    let mut last = None;
+    for _ in 0..50 {
+        let out = test_support::kubectl_stdin_async(
+            &test.kubeconfig,
+            &["apply", "-f", "-"],
+            manifest,
+            Duration::from_secs(60),
+        )
+        .await;
+        if out.success() {
+            return;
+        }
+        last = Some(out);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{manifest} was not applied: {last:?}");
+}
+
+/// A Widget `default/<name>` with `fields` (YAML under the top level).
+fn widget(name: &str, fields: &str) -> String {
+    format!("apiVersion: scale.example.io/v1\nkind: Widget\nmetadata:\n  name: {name}\n  namespace: default\n{fields}")
+}
+
+/// The path of Widget `default/<name>`'s Scale.
+fn widget_scale(name: &str) -> String {
+    format!("/apis/scale.example.io/v1/namespaces/default/widgets/{name}/scale")
+}
+
+/// A custom resource's Scale is read as kube's `ScaleREST.Get` reads it
+/// (`scaleFromCustomResource`): without spec replicas it is kube's internal
+/// error; a replicas or selector of the wrong type is apimachinery's accessor
+/// error, answered as 500 `Unknown`; a value beyond int32 wraps as Go's
+/// conversion does; a missing status replicas or selector is 0 or left out.
+/// kube refuses the odd values on writes once the CRD has a scale
+/// subresource, so the Widgets are made before it has one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_resource_s_scale_is_read_as_kube_reads_it() {
+    let test = test_support::devcluster("scale-read").await;
+    apply(&test, &widget_crd(false)).await;
+    apply(&test, &widget("none", "spec: {size: 1}\n")).await;
+    apply(&test, &widget("text", "spec: {replicas: three}\n")).await;
+    apply(&test, &widget("big", "spec: {replicas: 4294967298}\n")).await;
+    apply(
+        &test,
+        &widget("selector", "spec: {replicas: 1}\nstatus: {selector: 5}\n"),
+    )
+    .await;
+    apply(&test, &widget("bare", "spec: {replicas: 1}\n")).await;
+    apply(&test, &widget_crd(true)).await;
+    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+    let get = |name: &str| {
+        let path = widget_scale(name);
+        let test = &test;
+        async move {
+            for _ in 0..50 {
+                let (code, _, body) = admin_request(test, "GET", &path, &[], Protocol::Http1).await;
+                if code != 404 {
+                    return (code, json(&body));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            panic!("{path} is not served");
+        }
+    };
+
+    let (code, body) = get("none").await;
+    assert_eq!(code, 500, "{body}");
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "Internal error occurred: the spec replicas field \".spec.replicas\" does not exist",
+            "reason": "InternalError",
+            "details": {"causes": [{"message": "the spec replicas field \".spec.replicas\" does not exist"}]},
+            "code": 500,
+        })
+    );
+
+    let (code, body) = get("text").await;
+    assert_eq!(code, 500, "{body}");
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": ".spec.replicas accessor error: three is of the type string, expected int64",
+            "reason": "Unknown",
+            "code": 500,
+        })
+    );
+
+    let (code, body) = get("selector").await;
+    assert_eq!(code, 500, "{body}");
+    assert_eq!(
+        body["message"],
+        ".status.selector accessor error: 5 is of the type int64, expected string"
+    );
+
+    let (code, body) = get("big").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["spec"], serde_json::json!({"replicas": 2}), "{body}");
+
+    let (code, body) = get("bare").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], serde_json::json!({"replicas": 0}), "{body}");
+}

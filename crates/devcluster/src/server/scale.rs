@@ -1,0 +1,125 @@
+//! A custom resource's replicas and selector as apiextensions-apiserver reads
+//! them for `/scale` (`scaleFromCustomResource` in
+//! `pkg/registry/customresource/etcd.go`): through apimachinery's
+//! `unstructured.NestedInt64` and `NestedString`, whose errors for a field of
+//! the wrong type reach the client as their Go text.
+
+use serde_json::Value;
+
+/// The integer at a JSON path like `.spec.replicas`, as `NestedInt64` reads it:
+/// `Ok(None)` when it is absent, an error naming the path when it (or an
+/// object on the way) has another type. kube decodes a JSON integer beyond
+/// int64 as a float64, so that is refused too.
+pub fn nested_int64(obj: &Value, path: &str) -> Result<Option<i64>, String> {
+    let fields = fields(path);
+    match nested_field(obj, &fields)? {
+        None => Ok(None),
+        Some(v) => v
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| accessor_error(&fields, v, "int64")),
+    }
+}
+
+/// The string at a JSON path, as `NestedString` reads it.
+pub fn nested_string(obj: &Value, path: &str) -> Result<Option<String>, String> {
+    let fields = fields(path);
+    match nested_field(obj, &fields)? {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(accessor_error(&fields, v, "string")),
+    }
+}
+
+/// kube's `splitReplicasPath`: the path without its leading period, split at
+/// every period (an empty segment is a field named "").
+fn fields(path: &str) -> Vec<&str> {
+    path.strip_prefix('.').unwrap_or(path).split('.').collect()
+}
+
+/// `NestedFieldNoCopy`: a null or missing field on the way means absent; a
+/// null at the end is found (and then of the wrong type).
+fn nested_field<'a>(obj: &'a Value, fields: &[&str]) -> Result<Option<&'a Value>, String> {
+    let mut val = obj;
+    for (i, field) in fields.iter().enumerate() {
+        if val.is_null() {
+            return Ok(None);
+        }
+        let Some(m) = val.as_object() else {
+            return Err(accessor_error(&fields[..=i], val, "map[string]interface{}"));
+        };
+        match m.get(*field) {
+            Some(v) => val = v,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(val))
+}
+
+/// `<path> accessor error: <%v> is of the type <%T>, expected <type>`.
+fn accessor_error(fields: &[&str], val: &Value, expected: &str) -> String {
+    format!(
+        ".{} accessor error: {} is of the type {}, expected {expected}",
+        fields.join("."),
+        go_print(val),
+        go_type(val)
+    )
+}
+
+/// Go's `%T` of a value decoded from JSON.
+fn go_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "<nil>",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_i64() => "int64",
+        Value::Number(_) => "float64",
+        Value::String(_) => "string",
+        Value::Array(_) => "[]interface {}",
+        Value::Object(_) => "map[string]interface {}",
+    }
+}
+
+/// Go's `%v` of a value decoded from JSON (maps print their keys sorted).
+fn go_print(v: &Value) -> String {
+    match v {
+        Value::Null => "<nil>".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => i.to_string(),
+            None => go_float(n.as_f64().unwrap_or_default()),
+        },
+        Value::String(s) => s.clone(),
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(go_print).collect();
+            format!("[{}]", items.join(" "))
+        }
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let entries: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{k}:{}", go_print(&m[k])))
+                .collect();
+            format!("map[{}]", entries.join(" "))
+        }
+    }
+}
+
+/// `%v` of a float64: the shortest digits, in exponent form (`1e+06`) when
+/// the exponent is below -4 or at least 6, as Go's `%g` does.
+fn go_float(f: f64) -> String {
+    let sci = format!("{f:e}");
+    let Some((mantissa, exp)) = sci.split_once('e') else {
+        return sci;
+    };
+    let exp: i32 = exp.parse().unwrap_or_default();
+    if f != 0.0 && !(-4..6).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.abs())
+    } else {
+        format!("{f}")
+    }
+}
+
+#[cfg(test)]
+mod tests;
