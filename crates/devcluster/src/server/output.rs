@@ -117,9 +117,18 @@ pub fn scale_table(
         .and_then(|m| m.get("resourceVersion"))
         .cloned()
         .unwrap_or_else(|| json!(""));
+    // A custom resource's scale columns are JSONPaths on the Scale, so 0
+    // replicas (left out) is an empty cell; kube's printer for a built-in's
+    // Scale reads the Go field, 0.
+    let mut scale = scale.clone();
+    if !info.is_crd() && scale.pointer("/spec/replicas").is_none() {
+        if let Some(spec) = scale.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert("replicas".into(), json!(0));
+        }
+    }
     crate::table::render_table(
         &columns,
-        std::slice::from_ref(scale),
+        std::slice::from_ref(&scale),
         include,
         json!({"resourceVersion": rv}),
         chrono::Utc::now(),

@@ -1113,11 +1113,17 @@ fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
     if let Some(sel) = selector.filter(|s| !s.is_empty()) {
         status.insert("selector".into(), json!(sel));
     }
+    // autoscaling/v1's ScaleSpec.replicas is `omitempty` (ScaleStatus's is not).
+    let mut scale_spec = serde_json::Map::new();
+    let replicas = spec_replicas.unwrap_or_default() as i32;
+    if replicas != 0 {
+        scale_spec.insert("replicas".into(), json!(replicas));
+    }
     let scale = json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
         "metadata": m,
-        "spec": {"replicas": spec_replicas.unwrap_or_default() as i32},
+        "spec": scale_spec,
         "status": status,
     });
     Ok((scale, found))

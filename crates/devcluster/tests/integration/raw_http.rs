@@ -1392,3 +1392,38 @@ async fn a_custom_resource_s_scale_is_read_as_kube_reads_it() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["status"], serde_json::json!({"replicas": 0}), "{body}");
 }
+
+/// autoscaling/v1's `ScaleSpec.replicas` is `omitempty` and `ScaleStatus.replicas`
+/// is not: a Scale of 0 replicas is `"spec": {}` with `"status": {"replicas": 0}`,
+/// for a custom resource and a built-in alike. In a Table, a custom resource's
+/// Desired column (a JSONPath on the Scale) is then empty; kube's printer for a
+/// built-in's Scale reads the Go field, 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_of_no_replicas_leaves_spec_replicas_out() {
+    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    let test = test_support::devcluster("scale-zero").await;
+    apply(&test, &widget_crd(true)).await;
+    apply(&test, &widget("zero", "spec: {replicas: 0}\n")).await;
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 0\n  selector:\n    matchLabels: {app: d}\n  template:\n    metadata:\n      labels: {app: d}\n    spec:\n      containers:\n      - {name: c, image: nginx}\n";
+    apply(&test, deployment).await;
+    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+    for (path, empty_cell) in [
+        (widget_scale("zero"), serde_json::Value::Null),
+        (
+            "/apis/apps/v1/namespaces/default/deployments/d/scale".to_string(),
+            serde_json::json!(0),
+        ),
+    ] {
+        let (code, _, body) = admin_request(&test, "GET", &path, &[], Protocol::Http1).await;
+        assert_eq!(code, 200, "{body:?}");
+        let scale = json(&body);
+        assert_eq!(scale["spec"], serde_json::json!({}), "{scale}");
+        assert_eq!(scale["status"]["replicas"], 0, "{scale}");
+        let (code, _, body) =
+            admin_request(&test, "GET", &path, &[("accept", TABLE)], Protocol::Http1).await;
+        assert_eq!(code, 200, "{body:?}");
+        let table = json(&body);
+        assert_eq!(table["rows"][0]["cells"][1], empty_cell, "{table}");
+        assert_eq!(table["rows"][0]["cells"][2], 0, "{table}");
+    }
+}
