@@ -1195,6 +1195,41 @@ fn requested_scale(
     }
 }
 
+/// The smallest int32: how kube's `scaleUpdatedObjectInfo` marks the Scale a
+/// write starts from when the custom resource has no spec replicas.
+const UNSET_REPLICAS: i32 = i32::MIN;
+
+/// The Scale a write to `/scale` starts from (a patch applies to it), and the
+/// one kube's validation compares with (spec replicas absent read as 0).
+fn scale_for_write(ctx: &ReqCtx, current: &Value) -> Result<(Value, Value), ApiError> {
+    let (scale, found) = scale_from(ctx, current)?;
+    let mut start = scale.clone();
+    if !found {
+        if let Some(spec) = start.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert("replicas".into(), json!(UNSET_REPLICAS));
+        }
+    }
+    Ok((start, scale))
+}
+
+/// kube refuses a write that leaves the mark of absent spec replicas: the
+/// custom resource would still have none.
+fn refuse_unset_replicas(ctx: &ReqCtx, new_scale: &Value) -> Result<(), ApiError> {
+    let replicas = new_scale.pointer("/spec/replicas").and_then(Value::as_i64);
+    if replicas != Some(i64::from(UNSET_REPLICAS)) {
+        return Ok(());
+    }
+    let path = ctx
+        .info
+        .scale(&ctx.version)
+        .map(|s| s.spec_replicas_path.as_str())
+        .unwrap_or_default();
+    Err(ApiError::bad_request(format!(
+        "the spec replicas field {} cannot be empty",
+        crate::schema::go_quote(path)
+    )))
+}
+
 /// The stored object with the Scale's replicas written to it.
 fn scaled(spec: &ScaleSpec, current: &Value, scale: &Value) -> Value {
     let replicas = scale
@@ -1223,8 +1258,9 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
                 let Some(cur) = cur else {
                     return Err(ctx.not_found());
                 };
-                let (scale, _) = scale_from(ctx, cur)?;
-                let new_scale = requested_scale(ctx, &change, cur, &scale)?;
+                let (start, _) = scale_for_write(ctx, cur)?;
+                let new_scale = requested_scale(ctx, &change, cur, &start)?;
+                refuse_unset_replicas(ctx, &new_scale)?;
                 let new = scaled(&spec, cur, &new_scale);
                 let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
                 Ok(m)
@@ -1238,12 +1274,15 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
             .store
             .get(&ctx.gr(), ctx.ns(), &ctx.name)
             .ok_or_else(|| ctx.not_found())?;
-        let (old_scale, _) = scale_from(ctx, &current)?;
-        let mut object = Some(requested_scale(ctx, &change, &current, &old_scale)?);
+        // Mutating webhooks see the Scale the write started from, validating
+        // ones the stored object's (kube's toScaleUpdateValidation).
+        let (start, old_scale) = scale_for_write(ctx, &current)?;
+        let mut object = Some(requested_scale(ctx, &change, &current, &start)?);
         let mut warnings =
-            admitted::mutate(state, &hooks, ctx, "UPDATE", &mut object, Some(&old_scale)).await?;
+            admitted::mutate(state, &hooks, ctx, "UPDATE", &mut object, Some(&start)).await?;
         let new_scale =
             object.ok_or_else(|| ApiError::internal("a mutating webhook removed the object"))?;
+        refuse_unset_replicas(ctx, &new_scale)?;
         let new = scaled(&spec, &current, &new_scale);
         let (decision, _) = commit_update(ctx, &current, new, "scale", false, adm.as_deref())?;
         warnings.extend(

@@ -1427,3 +1427,68 @@ async fn a_scale_of_no_replicas_leaves_spec_replicas_out() {
         assert_eq!(table["rows"][0]["cells"][2], 0, "{table}");
     }
 }
+
+/// A write to the Scale of a custom resource without spec replicas starts
+/// from kube's mark for them (the smallest int32): a patch that does not set
+/// replicas is kube's 400 `the spec replicas field ".spec.replicas" cannot be
+/// empty`; one that sets them, or a PUT, writes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_write_must_give_a_custom_resource_replicas_it_lacks() {
+    let test = test_support::devcluster("scale-unset").await;
+    apply(&test, &widget_crd(true)).await;
+    apply(&test, &widget("none", "spec: {size: 1}\n")).await;
+    let token = test.cluster.admin_token();
+    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+    let path = widget_scale("none");
+    let merge = [("content-type", "application/merge-patch+json")];
+    let (code, _, body) = request_with_body(
+        &test,
+        Some(&token),
+        "PATCH",
+        &path,
+        &merge,
+        Protocol::Http1,
+        Bytes::from_static(br#"{"metadata":{"labels":{"a":"b"}}}"#),
+    )
+    .await;
+    assert_eq!(code, 400, "{body:?}");
+    assert_eq!(
+        json(&body),
+        serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "the spec replicas field \".spec.replicas\" cannot be empty",
+            "reason": "BadRequest",
+            "code": 400,
+        })
+    );
+    let (code, _, body) = request_with_body(
+        &test,
+        Some(&token),
+        "PATCH",
+        &path,
+        &merge,
+        Protocol::Http1,
+        Bytes::from_static(br#"{"spec":{"replicas":2}}"#),
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 2}));
+
+    apply(&test, &widget("put", "spec: {size: 1}\n")).await;
+    let body = r#"{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{"name":"put","namespace":"default"},"spec":{"replicas":3}}"#;
+    let (code, _, body) = request_with_body(
+        &test,
+        Some(&token),
+        "PUT",
+        &widget_scale("put"),
+        &[("content-type", "application/json")],
+        Protocol::Http1,
+        Bytes::from(body),
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 3}));
+}
