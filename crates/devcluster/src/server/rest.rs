@@ -1172,25 +1172,10 @@ fn respond_scale(ctx: &ReqCtx, scale: &Value) -> Response<Body> {
     }
 }
 
-/// The Scale the change asks for, from the stored object and its current Scale.
-fn requested_scale(
-    ctx: &ReqCtx,
-    change: &ScaleChange,
-    current: &Value,
-    scale: &Value,
-) -> Result<Value, ApiError> {
+/// The Scale the change asks for: the one sent, or the patch applied to `scale`.
+fn requested_scale(ctx: &ReqCtx, change: &ScaleChange, scale: &Value) -> Result<Value, ApiError> {
     match change {
-        ScaleChange::Replace(v) => {
-            let rv = meta_str(v, "resourceVersion");
-            if !rv.is_empty() && rv != meta_str(current, "resourceVersion") {
-                return Err(ApiError::conflict_modified(
-                    &ctx.info.group,
-                    &ctx.info.resource,
-                    &ctx.name,
-                ));
-            }
-            Ok(v.clone())
-        }
+        ScaleChange::Replace(v) => Ok(v.clone()),
         ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, scale, body),
     }
 }
@@ -1230,6 +1215,21 @@ fn refuse_unset_replicas(ctx: &ReqCtx, new_scale: &Value) -> Result<(), ApiError
     )))
 }
 
+/// A resourceVersion in the changed Scale, sent or patched in, is a
+/// precondition on the stored object (kube sets it on the custom resource it
+/// writes, so a stale one is the registry's 409).
+fn check_scale_version(ctx: &ReqCtx, current: &Value, new_scale: &Value) -> Result<(), ApiError> {
+    let rv = meta_str(new_scale, "resourceVersion");
+    if !rv.is_empty() && rv != meta_str(current, "resourceVersion") {
+        return Err(ApiError::conflict_modified(
+            &ctx.info.group,
+            &ctx.info.resource,
+            &ctx.name,
+        ));
+    }
+    Ok(())
+}
+
 /// The stored object with the Scale's replicas written to it.
 fn scaled(spec: &ScaleSpec, current: &Value, scale: &Value) -> Value {
     let replicas = scale
@@ -1259,8 +1259,9 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
                     return Err(ctx.not_found());
                 };
                 let (start, _) = scale_for_write(ctx, cur)?;
-                let new_scale = requested_scale(ctx, &change, cur, &start)?;
+                let new_scale = requested_scale(ctx, &change, &start)?;
                 refuse_unset_replicas(ctx, &new_scale)?;
+                check_scale_version(ctx, cur, &new_scale)?;
                 let new = scaled(&spec, cur, &new_scale);
                 let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
                 Ok(m)
@@ -1277,12 +1278,13 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
         // Mutating webhooks see the Scale the write started from, validating
         // ones the stored object's (kube's toScaleUpdateValidation).
         let (start, old_scale) = scale_for_write(ctx, &current)?;
-        let mut object = Some(requested_scale(ctx, &change, &current, &start)?);
+        let mut object = Some(requested_scale(ctx, &change, &start)?);
         let mut warnings =
             admitted::mutate(state, &hooks, ctx, "UPDATE", &mut object, Some(&start)).await?;
         let new_scale =
             object.ok_or_else(|| ApiError::internal("a mutating webhook removed the object"))?;
         refuse_unset_replicas(ctx, &new_scale)?;
+        check_scale_version(ctx, &current, &new_scale)?;
         let new = scaled(&spec, &current, &new_scale);
         let (decision, _) = commit_update(ctx, &current, new, "scale", false, adm.as_deref())?;
         warnings.extend(

@@ -1492,3 +1492,59 @@ async fn a_scale_write_must_give_a_custom_resource_replicas_it_lacks() {
     assert_eq!(code, 200, "{body:?}");
     assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 3}));
 }
+
+/// A resourceVersion in the Scale a write makes, sent in a PUT or set by a
+/// patch, is a precondition on the custom resource (kube sets it on the object
+/// it writes): a stale one is the registry's 409, and the replicas stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_resource_version_in_a_scale_write_is_a_conflict() {
+    let test = test_support::devcluster("scale-conflict").await;
+    apply(&test, &widget_crd(true)).await;
+    apply(&test, &widget("w", "spec: {replicas: 1}\n")).await;
+    let token = test.cluster.admin_token();
+    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+    let path = widget_scale("w");
+    let conflict = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "Operation cannot be fulfilled on widgets.scale.example.io \"w\": the object has been modified; please apply your changes to the latest version and try again",
+        "reason": "Conflict",
+        "details": {"name": "w", "group": "scale.example.io", "kind": "widgets"},
+        "code": 409,
+    });
+    for (method, content_type, body) in [
+        (
+            "PATCH",
+            "application/merge-patch+json",
+            r#"{"metadata":{"resourceVersion":"1"},"spec":{"replicas":3}}"#,
+        ),
+        (
+            "PATCH",
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"/metadata/resourceVersion","value":"1"},{"op":"replace","path":"/spec/replicas","value":3}]"#,
+        ),
+        (
+            "PUT",
+            "application/json",
+            r#"{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{"name":"w","namespace":"default","resourceVersion":"1"},"spec":{"replicas":3}}"#,
+        ),
+    ] {
+        let (code, _, answer) = request_with_body(
+            &test,
+            Some(&token),
+            method,
+            &path,
+            &[("content-type", content_type)],
+            Protocol::Http1,
+            Bytes::from(body),
+        )
+        .await;
+        assert_eq!(code, 409, "{method} {body}: {answer:?}");
+        assert_eq!(json(&answer), conflict, "{method} {body}");
+    }
+    let (code, _, body) = admin_request(&test, "GET", &path, &[], Protocol::Http1).await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 1}));
+}
