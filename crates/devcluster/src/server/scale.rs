@@ -4,7 +4,45 @@
 //! `unstructured.NestedInt64` and `NestedString`, whose errors for a field of
 //! the wrong type reach the client as their Go text.
 
-use serde_json::Value;
+use crate::registry::ScaleSpec;
+use crate::schema::Cause;
+use serde_json::{json, Value};
+
+/// kube's `ValidateScaleSpec` and `ValidateScaleStatus` (apiextensions-apiserver
+/// `pkg/registry/customresource/validator.go`): every create and update of a
+/// custom resource with a scale subresource checks the replicas (and the
+/// selector) are of the right type and range; an update through `/status`
+/// checks the status ones only. Each cause names the path as the CRD wrote it.
+pub fn custom_resource_causes(obj: &Value, scale: &ScaleSpec, status_only: bool) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    if !status_only {
+        causes.extend(replicas_cause(obj, &scale.spec_replicas_path));
+    }
+    causes.extend(replicas_cause(obj, &scale.status_replicas_path));
+    if let Some(path) = &scale.label_selector_path {
+        if let Err(e) = nested_string(obj, path) {
+            causes.push(Cause::invalid(path, &json!(""), &e));
+        }
+    }
+    causes
+}
+
+fn replicas_cause(obj: &Value, path: &str) -> Option<Cause> {
+    match nested_int64(obj, path) {
+        Err(e) => Some(Cause::invalid(path, &json!(0), &e)),
+        Ok(Some(n)) if n < 0 => Some(Cause::invalid(
+            path,
+            &json!(n),
+            "should be a non-negative integer",
+        )),
+        Ok(Some(n)) if n > i64::from(i32::MAX) => Some(Cause::invalid(
+            path,
+            &json!(n),
+            &format!("should be less than or equal to {}", i32::MAX),
+        )),
+        _ => None,
+    }
+}
 
 /// The integer at a JSON path like `.spec.replicas`, as `NestedInt64` reads it:
 /// `Ok(None)` when it is absent, an error naming the path when it (or an

@@ -478,7 +478,15 @@ pub fn validate(
             }
         }
         schema.apply_defaults(obj);
-        let causes = schema.validate(obj);
+        let mut causes = schema.validate(obj);
+        if let Some(scale) = info.scale(&ctx.version) {
+            let status_only = ctx.subresource == "status";
+            causes.extend(super::scale::custom_resource_causes(
+                obj,
+                scale,
+                status_only,
+            ));
+        }
         if !causes.is_empty() {
             return Err(ApiError::from_status(&crate::schema::invalid_status(
                 &info.kind,

@@ -1548,3 +1548,106 @@ async fn a_stale_resource_version_in_a_scale_write_is_a_conflict() {
     assert_eq!(code, 200, "{body:?}");
     assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 1}));
 }
+
+/// A custom resource with a scale subresource has its replicas and selector
+/// checked on every write, as kube's `ValidateScaleSpec` and
+/// `ValidateScaleStatus` do: of the right type, and replicas within
+/// 0..=2147483647, each cause naming the path as the CRD wrote it. So negative
+/// replicas through `/scale` are the custom resource's 422, and `/status`
+/// checks the status fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_resource_s_scale_fields_are_validated_on_every_write() {
+    let test = test_support::devcluster("scale-valid").await;
+    apply(&test, &widget_crd(true)).await;
+    apply(&test, &widget("w", "spec: {replicas: 1}\n")).await;
+    let token = test.cluster.admin_token();
+    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+    let invalid = |name: &str, field: &str, message: &str| {
+        serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": format!("Widget.scale.example.io \"{name}\" is invalid: {field}: {message}"),
+            "reason": "Invalid",
+            "details": {
+                "name": name,
+                "group": "scale.example.io",
+                "kind": "Widget",
+                "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field}],
+            },
+            "code": 422,
+        })
+    };
+    let merge = [("content-type", "application/merge-patch+json")];
+
+    let (code, _, body) = request_with_body(
+        &test,
+        Some(&token),
+        "PATCH",
+        &widget_scale("w"),
+        &merge,
+        Protocol::Http1,
+        Bytes::from_static(br#"{"spec":{"replicas":-1}}"#),
+    )
+    .await;
+    assert_eq!(code, 422, "{body:?}");
+    assert_eq!(
+        json(&body),
+        invalid(
+            "w",
+            ".spec.replicas",
+            "Invalid value: -1: should be a non-negative integer"
+        )
+    );
+
+    let widgets = "/apis/scale.example.io/v1/namespaces/default/widgets";
+    for (name, replicas, message) in [
+        (
+            "text",
+            r#""three""#,
+            "Invalid value: 0: .spec.replicas accessor error: three is of the type string, expected int64",
+        ),
+        (
+            "big",
+            "4294967298",
+            "Invalid value: 4294967298: should be less than or equal to 2147483647",
+        ),
+    ] {
+        let widget = format!(
+            r#"{{"apiVersion":"scale.example.io/v1","kind":"Widget","metadata":{{"name":"{name}","namespace":"default"}},"spec":{{"replicas":{replicas}}}}}"#
+        );
+        let (code, _, body) = request_with_body(
+            &test,
+            Some(&token),
+            "POST",
+            widgets,
+            &[("content-type", "application/json")],
+            Protocol::Http1,
+            Bytes::from(widget),
+        )
+        .await;
+        assert_eq!(code, 422, "{name}: {body:?}");
+        assert_eq!(json(&body), invalid(name, ".spec.replicas", message), "{name}");
+    }
+
+    let (code, _, body) = request_with_body(
+        &test,
+        Some(&token),
+        "PATCH",
+        &format!("{widgets}/w/status"),
+        &merge,
+        Protocol::Http1,
+        Bytes::from_static(br#"{"status":{"replicas":1,"selector":5}}"#),
+    )
+    .await;
+    assert_eq!(code, 422, "{body:?}");
+    assert_eq!(
+        json(&body),
+        invalid(
+            "w",
+            ".status.selector",
+            "Invalid value: \"\": .status.selector accessor error: 5 is of the type int64, expected string"
+        )
+    );
+}
