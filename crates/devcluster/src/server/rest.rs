@@ -1215,6 +1215,33 @@ fn refuse_unset_replicas(ctx: &ReqCtx, new_scale: &Value) -> Result<(), ApiError
     )))
 }
 
+/// kube's registry for a built-in's Scale validates the changed Scale
+/// (`ValidateScale`) before writing, so negative replicas are the Scale's 422
+/// rather than the object's. A custom resource's are checked with the object
+/// (`ValidateScaleSpec`, in [`seams::validate`]).
+fn validate_builtin_scale(ctx: &ReqCtx, new_scale: &Value) -> Result<(), ApiError> {
+    if ctx.info.is_crd() {
+        return Ok(());
+    }
+    let replicas = new_scale
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or_default();
+    if replicas >= 0 {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        "autoscaling",
+        "Scale",
+        &ctx.name,
+        vec![Cause::new(
+            "FieldValueInvalid",
+            format!("Invalid value: {replicas}: must be greater than or equal to 0"),
+            "spec.replicas",
+        )],
+    ))
+}
+
 /// A resourceVersion in the changed Scale, sent or patched in, is a
 /// precondition on the stored object (kube sets it on the custom resource it
 /// writes, so a stale one is the registry's 409).
@@ -1261,6 +1288,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
                 let (start, _) = scale_for_write(ctx, cur)?;
                 let new_scale = requested_scale(ctx, &change, &start)?;
                 refuse_unset_replicas(ctx, &new_scale)?;
+                validate_builtin_scale(ctx, &new_scale)?;
                 check_scale_version(ctx, cur, &new_scale)?;
                 let new = scaled(&spec, cur, &new_scale);
                 let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
@@ -1284,6 +1312,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
         let new_scale =
             object.ok_or_else(|| ApiError::internal("a mutating webhook removed the object"))?;
         refuse_unset_replicas(ctx, &new_scale)?;
+        validate_builtin_scale(ctx, &new_scale)?;
         check_scale_version(ctx, &current, &new_scale)?;
         let new = scaled(&spec, &current, &new_scale);
         let (decision, _) = commit_update(ctx, &current, new, "scale", false, adm.as_deref())?;

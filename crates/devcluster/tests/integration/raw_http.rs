@@ -1651,3 +1651,60 @@ async fn a_custom_resource_s_scale_fields_are_validated_on_every_write() {
         )
     );
 }
+
+/// A built-in's Scale is validated before it is written, as kube's registry
+/// does with `ValidateScale`: negative replicas are the Scale's 422
+/// (`Scale.autoscaling`), through a patch or a PUT, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_replicas_in_a_built_in_s_scale_are_the_scale_s_422() {
+    let test = test_support::devcluster("scale-builtin").await;
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {app: d}\n  template:\n    metadata:\n      labels: {app: d}\n    spec:\n      containers:\n      - {name: c, image: nginx}\n";
+    apply(&test, deployment).await;
+    let token = test.cluster.admin_token();
+    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+    let path = "/apis/apps/v1/namespaces/default/deployments/d/scale";
+    let message = "Invalid value: -1: must be greater than or equal to 0";
+    let invalid = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("Scale.autoscaling \"d\" is invalid: spec.replicas: {message}"),
+        "reason": "Invalid",
+        "details": {
+            "name": "d",
+            "group": "autoscaling",
+            "kind": "Scale",
+            "causes": [{"reason": "FieldValueInvalid", "message": message, "field": "spec.replicas"}],
+        },
+        "code": 422,
+    });
+    for (method, content_type, body) in [
+        (
+            "PATCH",
+            "application/merge-patch+json",
+            r#"{"spec":{"replicas":-1}}"#,
+        ),
+        (
+            "PUT",
+            "application/json",
+            r#"{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{"name":"d","namespace":"default"},"spec":{"replicas":-1}}"#,
+        ),
+    ] {
+        let (code, _, answer) = request_with_body(
+            &test,
+            Some(&token),
+            method,
+            path,
+            &[("content-type", content_type)],
+            Protocol::Http1,
+            Bytes::from(body),
+        )
+        .await;
+        assert_eq!(code, 422, "{method}: {answer:?}");
+        assert_eq!(json(&answer), invalid, "{method}");
+    }
+    let (code, _, body) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 2}));
+}
