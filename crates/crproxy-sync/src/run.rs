@@ -150,6 +150,11 @@ pub trait Reconciler: Send + Sync + 'static {
     /// while this syncer watched (a relist that no longer shows an object is not
     /// such an event).
     fn host_deleted(&self, _object: &DynamicObject) {}
+    /// The host watch delivered `object` as added, changed or listed: whatever
+    /// [`Reconciler::host_deleted`] noted of it is not (or no longer) true. A
+    /// label-filtered watch also says DELETED when an object stops matching its
+    /// selector, and ADDED when it matches again.
+    fn host_seen(&self, _object: &DynamicObject) {}
     /// Every key either cache knows, and every key the reconciler keeps something
     /// for (so that what it keeps goes once both sides are gone), each once: a
     /// key queued twice while a worker holds it is reconciled twice.
@@ -856,8 +861,10 @@ async fn drive<R: Reconciler>(
             let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff();
             futures_util::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                if let (Side::Host, Ok(Event::Delete(o))) = (side, &event) {
-                    r.host_deleted(o);
+                match (side, &event) {
+                    (Side::Host, Ok(Event::Delete(o))) => r.host_deleted(o),
+                    (Side::Host, Ok(Event::Apply(o) | Event::InitApply(o))) => r.host_seen(o),
+                    _ => {}
                 }
                 let key_of = |o: &DynamicObject| match side {
                     Side::Tenant => r.key_of_tenant(o),

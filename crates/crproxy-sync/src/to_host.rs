@@ -342,6 +342,17 @@ impl ToHost {
         self.observed_host_deletes().get(key).map(String::as_str) == Some(mirror_uid)
     }
 
+    /// The mirror `mirror_uid` of `key` was seen on the host after its DELETED
+    /// event: that event was not its delete (the watch's label selector stopped
+    /// matching it, and matches again), so a later loss of that mirror must not
+    /// pass for a delete and take the tenant object with it.
+    fn forget_host_delete(&self, key: &Key, mirror_uid: &str) {
+        let mut observed = self.observed_host_deletes();
+        if observed.get(key).map(String::as_str) == Some(mirror_uid) {
+            observed.remove(key);
+        }
+    }
+
     fn last_writes(&self) -> MutexGuard<'_, HashMap<Key, LastWrite>> {
         locks::lock(&self.last_writes)
     }
@@ -466,6 +477,8 @@ impl ToHost {
             match self.host_api().get_opt(&host_name).await? {
                 Some(live) => {
                     let live = to_value(&live)?;
+                    // Still there: any DELETED event seen for it was not its delete.
+                    self.forget_host_delete(key, meta(&live, "uid"));
                     return self.update(key, tenant, &live).await;
                 }
                 None if !self.saw_host_delete(key, mirror_uid) => {
@@ -710,6 +723,12 @@ impl Reconciler for ToHost {
     fn host_deleted(&self, object: &DynamicObject) {
         if let (Some(key), Some(uid)) = (self.key_of_host(object), object.metadata.uid.clone()) {
             self.observed_host_deletes().insert(key, uid);
+        }
+    }
+
+    fn host_seen(&self, object: &DynamicObject) {
+        if let (Some(key), Some(uid)) = (self.key_of_host(object), object.metadata.uid.as_deref()) {
+            self.forget_host_delete(&key, uid);
         }
     }
 

@@ -704,3 +704,72 @@ fn the_stand_in_marker_never_reaches_the_mirror() {
     assert!(!is_stand_in(&mirror), "{mirror}");
     assert_eq!(mirror["metadata"]["annotations"]["note"], "x");
 }
+
+/// A host watch filtered by `managed-by` says DELETED when someone removes the
+/// label from a mirror, and ADDED when it is put back: the mirror was never
+/// deleted. Seen again (by the watch, or by a live read), it leaves no
+/// observation behind, so its loss weeks later (a restored backup) creates it
+/// again instead of deleting the tenant object.
+#[tokio::test]
+async fn a_mirror_seen_again_after_its_deleted_event_is_recreated_when_lost() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ty = backups(&[]);
+    let mirror: DynamicObject = serde_json::from_value(stored_mirror(&ty)).expect("object");
+    for seen_by in ["the watch", "a live read"] {
+        let on_host = Arc::new(AtomicBool::new(seen_by == "a live read"));
+        let present = Arc::clone(&on_host);
+        let stored = stored_mirror(&ty);
+        let host =
+            crate::fake_api::FakeApi::start(move |method: &http::Method, _: &str, body: &Value| {
+                match *method {
+                    http::Method::GET if present.load(Ordering::SeqCst) => (200, stored.clone()),
+                    http::Method::POST => {
+                        let mut created = body.clone();
+                        created["metadata"]["uid"] = json!("m-1");
+                        created["status"] = json!({"phase": "Pending"});
+                        (201, created)
+                    }
+                    _ => crate::fake_api::not_found(),
+                }
+            })
+            .await;
+        // The tenant client refuses connections: a tenant delete fails the step.
+        let syncer = to_host(&ty, host.client.clone());
+        syncer.host_deleted(&mirror);
+        if seen_by == "the watch" {
+            syncer.host_seen(&mirror);
+        } else {
+            syncer
+                .mirror_missing(&key(), &tenant_object())
+                .await
+                .expect("reconciled with the live mirror");
+        }
+        assert!(syncer.observed_host_deletes().is_empty(), "{seen_by}");
+        // Lost later: created again.
+        on_host.store(false, Ordering::SeqCst);
+        let outcome = syncer
+            .mirror_missing(&key(), &tenant_object())
+            .await
+            .expect("recreated, the tenant object left alone");
+        assert_eq!(outcome, Outcome::Done, "{seen_by}");
+        let posts = host.with_method(http::Method::POST);
+        assert_eq!(posts.len(), 1, "{seen_by}: {:?}", host.received());
+    }
+}
+
+/// The DELETED event of another mirror uid is no evidence about this one, and
+/// the mirror seen again under another uid leaves the observation as it was.
+#[tokio::test]
+async fn only_the_mirror_seen_again_ends_its_observed_delete() {
+    let ty = backups(&[]);
+    let syncer = to_host(&ty, crate::fake_api::unreachable_api());
+    let mirror: DynamicObject = serde_json::from_value(stored_mirror(&ty)).expect("object");
+    let mut other = stored_mirror(&ty);
+    other["metadata"]["uid"] = json!("m-2");
+    let other: DynamicObject = serde_json::from_value(other).expect("object");
+    syncer.host_deleted(&mirror);
+    syncer.host_seen(&other);
+    assert!(syncer.saw_host_delete(&key(), "m-1"));
+    syncer.host_seen(&mirror);
+    assert!(!syncer.saw_host_delete(&key(), "m-1"));
+}
