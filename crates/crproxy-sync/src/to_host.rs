@@ -507,10 +507,13 @@ impl ToHost {
                     {
                         return Ok(Outcome::Requeue(Duration::from_millis(200)));
                     }
+                    // Pinned to the version read too: a write-through of this key
+                    // may land between the pending check and here (it creates a
+                    // new mirror); its update must not be deleted with the object.
                     let params = DeleteParams {
                         preconditions: Some(Preconditions {
                             uid: live.metadata.uid.clone(),
-                            resource_version: None,
+                            resource_version: live.metadata.resource_version.clone(),
                         }),
                         ..DeleteParams::default()
                     };
@@ -521,6 +524,10 @@ impl ToHost {
                     {
                         Ok(_) => {}
                         Err(e) if is_code(&e, 404) => {}
+                        // The object changed since the read: the step decides again.
+                        Err(e) if is_code(&e, 409) => {
+                            return Ok(Outcome::Requeue(Duration::from_millis(100)));
+                        }
                         Err(e) => return Err(e.into()),
                     }
                     self.observed_host_deletes().remove(key);

@@ -773,3 +773,49 @@ async fn only_the_mirror_seen_again_ends_its_observed_delete() {
     syncer.host_seen(&mirror);
     assert!(!syncer.saw_host_delete(&key(), "m-1"));
 }
+
+/// The host deleted the mirror, and the step is about to delete the tenant
+/// object when a write-through of the key lands (it passed the pending check
+/// before): the delete is pinned to the version the step read, so the updated
+/// object is not deleted with its new mirror left orphaned; the step is looked at
+/// again instead.
+#[tokio::test]
+async fn a_tenant_object_updated_after_the_step_read_it_is_not_deleted() {
+    let ty = backups(&[]);
+    let host = crate::fake_api::FakeApi::start(host_answers).await;
+    // The tenant: the read answers version 7; by the delete, an update stored 8.
+    let read = tenant_object();
+    let tenant =
+        crate::fake_api::FakeApi::start(move |method: &http::Method, _: &str, body: &Value| {
+            match *method {
+                http::Method::GET => (200, read.clone()),
+                http::Method::DELETE => match body["preconditions"]["resourceVersion"].as_str() {
+                    None | Some("8") => crate::fake_api::success(),
+                    Some(_) => (
+                        409,
+                        crproxy_core::status::status(409, "Conflict", "Precondition failed"),
+                    ),
+                },
+                _ => crate::fake_api::not_found(),
+            }
+        })
+        .await;
+    let mut syncer = to_host(&ty, host.client.clone());
+    syncer.tenant_client = tenant.client.clone();
+    let mirror: DynamicObject = serde_json::from_value(stored_mirror(&ty)).expect("object");
+    syncer.host_deleted(&mirror);
+    let outcome = syncer
+        .mirror_missing(&key(), &tenant_object())
+        .await
+        .expect("reconciled");
+    assert!(matches!(outcome, Outcome::Requeue(_)), "{outcome:?}");
+    let deletes = tenant.with_method(http::Method::DELETE);
+    assert_eq!(deletes.len(), 1, "{:?}", tenant.received());
+    let preconditions = &deletes[0].body["preconditions"];
+    assert_eq!(preconditions["uid"], "tenant-uid");
+    assert_eq!(preconditions["resourceVersion"], "7");
+    assert!(
+        syncer.saw_host_delete(&key(), "m-1"),
+        "the next step still knows the host deleted the mirror"
+    );
+}
