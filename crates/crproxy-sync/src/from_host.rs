@@ -8,7 +8,7 @@
 //! | exists | missing | create the copy (also after a tenant deleted it) |
 //! | exists | exists | three-way merge: the host's changed fields overwrite, tenant edits of other fields stay |
 //! | missing (confirmed live) | exists | delete it: a copy of a deleted host object, or created in the tenant |
-//! | no mapping covers the tenant's key | a copy | delete it: an earlier mapping's copy (the mapping was removed, or an object mapping took the name) |
+//! | no mapping covers the tenant's key | a copy (confirmed live) | delete it, pinned to the version read: an earlier mapping's copy (the mapping was removed, or an object mapping took the name) |
 //! | no mapping covers the tenant's key | the tenant's own | leave it: a namespaced type's object outside every mapped namespace is the tenant's |
 //!
 //! Host objects that are toHost mirrors of some tenant (they carry the `managed-by`
@@ -271,6 +271,37 @@ impl FromHost {
         Ok(Outcome::Done)
     }
 
+    /// Deletes the copy at `key`, which no mapping covers any more, if a live read
+    /// still shows a copy there: the cache may be behind a tenant's removal of the
+    /// marker. The delete is pinned to that read (uid and resourceVersion), so an
+    /// object changed since (the marker removed, say) is decided on again. The
+    /// marker is all that tells a copy from the tenant's own object, and a tenant
+    /// user who may update the object can write it (docs/operations.md).
+    async fn delete_unmapped_copy(&self, key: &Key) -> Result<Outcome, StepError> {
+        let Some(live) = self.tenant_api(key).get_opt(&key.name).await? else {
+            return Ok(Outcome::Done);
+        };
+        if live.metadata.deletion_timestamp.is_some() || !is_copy(&to_value(&live)?) {
+            return Ok(Outcome::Done);
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: live.metadata.uid.clone(),
+                resource_version: live.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.tenant_api(key).delete(&key.name, &params).await {
+            Ok(_) => {}
+            Err(e) if is_code(&e, 404) => {}
+            // Changed since the read: looked at again.
+            Err(e) if is_code(&e, 409) => return Ok(Outcome::Requeue(Duration::from_millis(100))),
+            Err(e) => return Err(e.into()),
+        }
+        self.log(key, "-", "delete_tenant");
+        Ok(Outcome::Done)
+    }
+
     async fn reconcile_key(&self, key: &Key) -> Result<Outcome, StepError> {
         let mut r = ObjectRef::new_with(&key.name, self.ty.api.clone());
         if !key.namespace.is_empty() {
@@ -287,7 +318,7 @@ impl FromHost {
         let Some((host_namespace, host_name)) = host_key(&self.ty.resource, key) else {
             return match tenant {
                 Some(copy) if is_copy(&copy) && copy["metadata"]["deletionTimestamp"].is_null() => {
-                    self.delete_tenant(key, &copy, "-").await
+                    self.delete_unmapped_copy(key).await
                 }
                 _ => Ok(Outcome::Done),
             };

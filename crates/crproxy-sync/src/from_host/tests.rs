@@ -249,8 +249,15 @@ async fn a_tenant_object_outside_every_mapped_namespace_is_left_alone() {
     let mut copy = stored_copy(&ty, &host);
     copy["metadata"]["namespace"] = json!("app");
     copy["metadata"]["uid"] = json!("t-2");
-    let (reconciled, sent) =
-        reconcile_against(ty, &key("app", "store"), tenant_answers, &host, Some(&copy)).await;
+    // The live read finds the copy as cached.
+    let (reconciled, sent) = reconcile_against(
+        ty,
+        &key("app", "store"),
+        holding(copy.clone()),
+        &host,
+        Some(&copy),
+    )
+    .await;
     assert!(matches!(reconciled, Ok(Outcome::Done)));
     let deletes: Vec<_> = sent
         .iter()
@@ -258,6 +265,87 @@ async fn a_tenant_object_outside_every_mapped_namespace_is_left_alone() {
         .collect();
     assert_eq!(deletes.len(), 1, "{sent:?}");
     assert_eq!(deletes[0].body["preconditions"]["uid"], "t-2");
+    assert_eq!(deletes[0].body["preconditions"]["resourceVersion"], "9");
+}
+
+/// A tenant holding `object`: a read answers it, a delete pinned to its uid and
+/// resourceVersion succeeds, any other delete conflicts.
+fn holding(object: Value) -> impl crate::fake_api::Answer {
+    move |method: &http::Method, _: &str, body: &Value| match *method {
+        http::Method::GET => (200, object.clone()),
+        http::Method::DELETE
+            if body["preconditions"]["uid"] == object["metadata"]["uid"]
+                && body["preconditions"]["resourceVersion"]
+                    == object["metadata"]["resourceVersion"] =>
+        {
+            crate::fake_api::success()
+        }
+        http::Method::DELETE => (
+            409,
+            crproxy_core::status::status(409, "Conflict", "Precondition failed"),
+        ),
+        _ => crate::fake_api::not_found(),
+    }
+}
+
+/// Outside every mapped namespace only the copy marker tells a copy from the
+/// tenant's own object, and the cache may be behind: a tenant user who just
+/// removed the marker (or changed the object in any way since) does not see the
+/// object deleted; the delete waits for a live read that still shows a copy and
+/// is pinned to it.
+#[tokio::test]
+async fn an_unmapped_copy_is_deleted_only_as_a_live_read_shows_it() {
+    let mut ty = stores_type();
+    ty.resource = resource(
+        Scope::Namespaced,
+        vec![Mapping::Namespace {
+            host_namespace: "shared".into(),
+            tenant_namespace: "shared".into(),
+        }],
+    );
+    let host = host_store_object();
+    let mut cached = stored_copy(&ty, &host);
+    cached["metadata"]["namespace"] = json!("app");
+    // The tenant removed the marker; the cache has not seen it yet.
+    let mut unmarked = cached.clone();
+    unmarked["metadata"]["resourceVersion"] = json!("10");
+    unmarked["metadata"]["annotations"]
+        .as_object_mut()
+        .map(|a| a.remove(names::LAST_HOST_STATE));
+    let (reconciled, sent) = reconcile_against(
+        ty.clone(),
+        &key("app", "store"),
+        holding(unmarked),
+        &host,
+        Some(&cached),
+    )
+    .await;
+    assert!(matches!(reconciled, Ok(Outcome::Done)));
+    let methods: Vec<_> = sent.iter().map(|r| r.method.clone()).collect();
+    assert_eq!(methods, [http::Method::GET], "{sent:?}");
+
+    // Still a copy when read, changed before the delete: looked at again.
+    let read = cached.clone();
+    let changed = move |method: &http::Method, path: &str, body: &Value| match *method {
+        http::Method::DELETE => (
+            409,
+            crproxy_core::status::status(409, "Conflict", "Precondition failed"),
+        ),
+        _ => holding(read.clone())(method, path, body),
+    };
+    let (reconciled, sent) =
+        reconcile_against(ty, &key("app", "store"), changed, &host, Some(&cached)).await;
+    assert!(
+        matches!(reconciled, Ok(Outcome::Requeue(_))),
+        "{:?}",
+        reconciled.map_err(|e| e.to_string())
+    );
+    let deletes: Vec<_> = sent
+        .iter()
+        .filter(|r| r.method == http::Method::DELETE)
+        .collect();
+    assert_eq!(deletes.len(), 1, "{sent:?}");
+    assert_eq!(deletes[0].body["preconditions"]["resourceVersion"], "9");
 }
 
 /// The tenant refuses a copy's create with a 409 that no object under the name
