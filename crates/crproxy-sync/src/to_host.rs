@@ -7,8 +7,8 @@
 //! | tenant object | mirror | step |
 //! |---|---|---|
 //! | exists | missing, never mirrored | create the mirror, remember its uid on the tenant object |
-//! | exists, was mirrored | missing (confirmed live), its DELETED event seen | the host deleted it: delete the tenant object |
-//! | exists, was mirrored | missing (confirmed live), no DELETED event seen | the host lost it: create the mirror again |
+//! | exists, was mirrored | missing (confirmed live), its DELETED event seen and the mirror not seen since | the host deleted it: delete the tenant object |
+//! | exists, was mirrored | missing (confirmed live), no DELETED event seen (or the mirror seen again after it) | the host lost it: create the mirror again |
 //! | exists | this tenant object's | update spec down, status up |
 //! | exists | ours, older uid | stale mirror of a deleted object: delete it, then create |
 //! | exists | not ours | never touched; reported as `foreign_object` |

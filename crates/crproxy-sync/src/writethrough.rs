@@ -421,8 +421,23 @@ impl WriteThrough {
             return Ok(());
         }
         let resource = (request.group.clone(), request.plural.clone());
+        // Only a webhook this configuration did not register sends such a review:
+        // one a replica of a newer configuration added during a rollout (with the
+        // Service form, its reviews reach whichever replica leads), or one of a
+        // type just disabled that the leader has yet to remove. Neither may let a
+        // write go unvalidated to the tenant's generated CRD: it fails closed.
         let Some((ty, gate)) = self.types.get(&resource) else {
-            return Ok(());
+            let mut d = Denial::new(
+                503,
+                "ServiceUnavailable",
+                format!(
+                    "write-through of {}.{} is not configured on the leading replica (a \
+                     configuration being rolled out, or the type being disabled)",
+                    request.plural, request.group
+                ),
+            );
+            d.retry_after = Some(1);
+            return Err(d);
         };
         let Some(store) = gate.store() else {
             let mut d = Denial::new(

@@ -121,6 +121,26 @@ async fn before_the_caches_synced_writes_get_503_with_retry_after_1() {
         .is_some_and(|m| m.contains("not synced its caches")));
 }
 
+/// A review of a type this replica does not write through comes only from a
+/// webhook another configuration registered: the write fails closed, retryably,
+/// rather than reaching the tenant's store without the host's validation.
+#[tokio::test]
+async fn a_type_this_configuration_does_not_write_through_gets_503() {
+    let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
+    synced(&gate);
+    let mut other = review("CREATE", gateway());
+    other["request"]["resource"]["resource"] = json!("routes");
+    let answer = wt.admit(other).await.expect("a review");
+    let r = response(&answer);
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 503);
+    assert_eq!(r["status"]["reason"], "ServiceUnavailable");
+    assert_eq!(r["status"]["details"]["retryAfterSeconds"], 1);
+    assert!(r["status"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("routes.example.net is not configured")));
+}
+
 #[tokio::test]
 async fn past_the_in_flight_limit_writes_get_429() {
     let (wt, gate, _) = write_through(MAX_IN_FLIGHT);
