@@ -1017,11 +1017,11 @@ impl GroupVersionProxy {
             if matches!(checked, Checked::Absent) && request::is_dry_run(exchange.query()) {
                 outcome = self.without_create_pin(exchange, outcome).await;
             }
-            let status = outcome.response.status();
-            if !last && pin_may_have_refused(status) && !refused_for_its_uid {
+            if !last && pin_may_have_refused(outcome.response.status()) && !refused_for_its_uid {
                 continue;
             }
-            if may_describe_the_object_found(status) {
+            let (outcome, judged) = self.may_describe_the_object_found(exchange, outcome).await;
+            if judged {
                 return self.final_refusal(exchange, path, &checked, outcome).await;
             }
             let sent_with = match &checked {
@@ -1057,6 +1057,38 @@ impl GroupVersionProxy {
             Ok(now) if now == *checked => refusal,
             Ok(_) => self.stale(path, path.name.as_deref().unwrap_or("")),
             Err(outcome) => outcome,
+        }
+    }
+
+    /// Whether a pinned write's answer may describe the object the target found
+    /// under the name rather than the request alone, with the answer to pass on.
+    /// Any refusal may (unlike a GET's, see [`decided_before_the_object_is_read`],
+    /// a write's 403 may be a webhook's), but for three. A 401 is replaced by the
+    /// proxy's own answer; kube's own 404 says only that there is no object, as
+    /// the masked answer does, and its own 429 (priority and fairness) comes
+    /// before any object is read: neither needs another read of a target that may
+    /// be throttling. A webhook, though, may deny with any code from 400 up, and
+    /// kube words every such denial "admission webhook ... denied the request":
+    /// a 404 or 429 so worded (or one that cannot be read to tell) is judged too.
+    async fn may_describe_the_object_found(
+        &self,
+        exchange: &Exchange,
+        outcome: Outcome,
+    ) -> (Outcome, bool) {
+        let code = outcome.response.status();
+        if !code.is_client_error() || code == StatusCode::UNAUTHORIZED {
+            return (outcome, false);
+        }
+        if code != StatusCode::NOT_FOUND && code != StatusCode::TOO_MANY_REQUESTS {
+            return (outcome, true);
+        }
+        match self.read_json_answer(exchange, outcome).await {
+            Ok((parts, bytes, reason)) => {
+                let webhooks = is_a_webhooks_denial(&bytes);
+                let answer = Response::from_parts(parts, transport::full(bytes));
+                (Outcome::new(answer, reason), webhooks)
+            }
+            Err(outcome) => (outcome, true),
         }
     }
 
@@ -2214,7 +2246,8 @@ const DISCOVERY_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 /// and masked, elsewhere). Any other code may come from turning the read object
 /// into the answer (a 400 for a Table's `includeObject`; for a list media type
 /// asked of one object, a 500 for a custom resource and a 406 for a typed one),
-/// and would tell a caller that another client's object exists.
+/// and would tell a caller that another client's object exists. (A write's
+/// answers are judged otherwise: see `may_describe_the_object_found`.)
 fn decided_before_the_object_is_read(code: StatusCode) -> bool {
     matches!(
         code,
@@ -2226,18 +2259,14 @@ fn decided_before_the_object_is_read(code: StatusCode) -> bool {
     )
 }
 
-/// Whether a pinned write's answer with `code` may describe the object the
-/// target found under the name rather than the request alone. Authentication
-/// (401) and priority and fairness (429) decide before any object is read; a
-/// 404 says only that there is none, as the masked answer does; a 5xx goes back
-/// as the proxy's own 503. Any other refusal may have been made on whatever
-/// held the name when the write arrived.
-fn may_describe_the_object_found(code: StatusCode) -> bool {
-    code.is_client_error()
-        && !matches!(
-            code,
-            StatusCode::UNAUTHORIZED | StatusCode::NOT_FOUND | StatusCode::TOO_MANY_REQUESTS
-        )
+/// Whether `status` is a Status written by kube for an admission webhook's
+/// denial (`webhookerrors.ToStatusErr`), which keeps the webhook's own code.
+fn is_a_webhooks_denial(status: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(status).is_ok_and(|status| {
+        status["message"]
+            .as_str()
+            .is_some_and(|message| message.starts_with("admission webhook "))
+    })
 }
 
 /// Whether the target's answer to a pinned write may be the pin's refusal: a

@@ -1359,7 +1359,20 @@ async fn a_scale_read_is_checked_again_when_its_object_moved() {
 enum Holder {
     Nobody,
     TheCaller,
+    /// The caller's, changed since the check (resourceVersion 8).
+    TheCallerChanged,
     AnotherTenant,
+}
+
+/// What the caller gets in [`a_refusal_that_ends_a_write_is_shown_only_for_the_checked_state`].
+#[derive(Clone, Copy, Debug)]
+enum Shown {
+    /// The target's refusal, as it wrote it.
+    TheRefusal,
+    /// The masked 404.
+    Masked,
+    /// The proxy's "the object has been modified" conflict.
+    Stale,
 }
 
 /// A pinned write's refusal that ends the request is looked at once more: kube
@@ -1370,8 +1383,10 @@ enum Holder {
 /// tenant meanwhile, the name gets the masked 404, and none of the refusal
 /// reaches the caller; unchanged (the caller's object, or still nobody's for an
 /// apply that would create it), the refusal is the request's own and goes back
-/// as kube wrote it. A 409 or 422 is sent once more first; any other refusal
-/// ends the write at once.
+/// as kube wrote it; still the caller's but changed, it is the proxy's conflict.
+/// A 409 or 422 is sent once more first (but for a body naming another uid); any
+/// other refusal ends the write at once. kube's own 429 (priority and fairness)
+/// is passed on unjudged, a webhook's denial with that code or 404 is not.
 #[tokio::test]
 async fn a_refusal_that_ends_a_write_is_shown_only_for_the_checked_state() {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1398,10 +1413,22 @@ async fn a_refusal_that_ends_a_write_is_shown_only_for_the_checked_state() {
         "Invalid",
         "Widget.example.com \"busy\" is invalid: spec.size: Invalid value: \"big\": must be a number",
     );
-    let webhook = refusal(
-        403,
-        "Forbidden",
-        "admission webhook \"guard.example.com\" denied the request: owner other-tenant keeps spec.secret=hunter2",
+    let webhook = |code: u16, reason: &str| {
+        refusal(
+            code,
+            reason,
+            "admission webhook \"guard.example.com\" denied the request: owner other-tenant keeps spec.secret=hunter2",
+        )
+    };
+    let webhook_403 = webhook(403, "Forbidden");
+    // About another object, so that it is not masked as a 404 of this one.
+    let mut webhook_404 = webhook(404, "NotFound");
+    webhook_404["details"] = json!({"name": "guard", "kind": "policies"});
+    let webhook_429 = webhook(429, "TooManyRequests");
+    let throttled = refusal(
+        429,
+        "TooManyRequests",
+        "Too many requests, please try again later.",
     );
     let apply = (
         "PATCH",
@@ -1418,31 +1445,96 @@ async fn a_refusal_that_ends_a_write_is_shown_only_for_the_checked_state() {
         Some("application/json"),
         r#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"busy","namespace":"demo","uid":"u-earlier","resourceVersion":"7"},"spec":{"size":2}}"#,
     );
-    use Holder::{AnotherTenant, Nobody, TheCaller};
+    use Holder::{AnotherTenant, Nobody, TheCaller, TheCallerChanged};
+    use Shown::{Masked, Stale, TheRefusal};
+    let delete = ("DELETE", None, "");
     // (what the check finds, who holds the name from the `taken_after`-th write
-    // on, the request, the target's answer to every write, the writes sent)
+    // on, the request, the target's answer to every write, the writes sent, what
+    // the caller gets)
     let cases = [
         (
             TheCaller,
             (AnotherTenant, 2),
-            ("DELETE", None, ""),
+            delete,
             &uid_refusal,
             2,
+            Masked,
         ),
-        (TheCaller, (TheCaller, 0), apply, &apply_conflict, 2),
-        (Nobody, (AnotherTenant, 2), apply, &apply_conflict, 2),
-        (Nobody, (Nobody, 0), apply, &invalid, 2),
-        (TheCaller, (AnotherTenant, 1), merge, &webhook, 1),
-        (TheCaller, (TheCaller, 0), merge, &webhook, 1),
+        (
+            TheCaller,
+            (TheCaller, 0),
+            apply,
+            &apply_conflict,
+            2,
+            TheRefusal,
+        ),
+        (
+            Nobody,
+            (AnotherTenant, 2),
+            apply,
+            &apply_conflict,
+            2,
+            Masked,
+        ),
+        (Nobody, (Nobody, 0), apply, &invalid, 2, TheRefusal),
+        (
+            TheCaller,
+            (AnotherTenant, 1),
+            merge,
+            &webhook_403,
+            1,
+            Masked,
+        ),
+        (
+            TheCaller,
+            (TheCaller, 0),
+            merge,
+            &webhook_403,
+            1,
+            TheRefusal,
+        ),
+        (
+            TheCaller,
+            (TheCallerChanged, 1),
+            merge,
+            &webhook_403,
+            1,
+            Stale,
+        ),
+        (
+            TheCaller,
+            (AnotherTenant, 1),
+            merge,
+            &webhook_404,
+            1,
+            Masked,
+        ),
+        (
+            TheCaller,
+            (AnotherTenant, 1),
+            delete,
+            &webhook_429,
+            1,
+            Masked,
+        ),
+        (
+            TheCaller,
+            (AnotherTenant, 1),
+            merge,
+            &throttled,
+            1,
+            TheRefusal,
+        ),
         (
             TheCaller,
             (AnotherTenant, 1),
             put_naming_a_uid,
             &uid_refusal,
             1,
+            Masked,
         ),
     ];
-    for (first, (then, taken_after), (method, content_type, body), answer, sent) in cases {
+    for (first, (then, taken_after), (method, content_type, body), answer, sent, shown) in cases {
         let h = harness(AccessMode::Owned).await;
         let writes = Arc::new(AtomicUsize::new(0));
         let backend = Backend::start(Arc::new({
@@ -1464,14 +1556,15 @@ async fn a_refusal_that_ends_a_write_is_shown_only_for_the_checked_state() {
                 } else {
                     first
                 };
-                let (uid, labels) = match holder {
+                let (uid, version, labels) = match holder {
                     Nobody => return failing_answer(path, 404, false),
-                    TheCaller => ("u-busy", owned_labels()),
-                    AnotherTenant => ("u-other-tenant", json!({"app": "theirs"})),
+                    TheCaller => ("u-busy", "7", owned_labels()),
+                    TheCallerChanged => ("u-busy", "8", owned_labels()),
+                    AnotherTenant => ("u-other-tenant", "7", json!({"app": "theirs"})),
                 };
                 let mut widget = widget("busy", labels);
                 widget["metadata"]["uid"] = json!(uid);
-                widget["metadata"]["resourceVersion"] = json!("7");
+                widget["metadata"]["resourceVersion"] = json!(version);
                 json_answer(200, &widget)
             }
         }))
@@ -1484,17 +1577,22 @@ async fn a_refusal_that_ends_a_write_is_shown_only_for_the_checked_state() {
         .await;
         let path = format!("{WIDGETS}/busy?fieldManager=me");
         let reply = send_as(&h.aggregator, method, &path, content_type, body).await;
-        let case = format!("{method} {}", answer["message"]);
+        let case = format!("{method} {} ({shown:?})", answer["message"]);
         assert_eq!(writes.load(Ordering::SeqCst), sent, "{case}: writes sent");
-        if then == AnotherTenant {
-            assert_eq!(reply.status, 404, "{case}: {}", reply.body);
-            assert!(
-                !reply.body.to_string().contains("other-tenant"),
-                "{case}: {}",
-                reply.body
-            );
-        } else {
-            assert_eq!(reply.body, *answer, "{case}: the target's own words");
+        match shown {
+            TheRefusal => assert_eq!(reply.body, *answer, "{case}: the target's own words"),
+            Masked | Stale => {
+                let code = if matches!(shown, Masked) { 404 } else { 409 };
+                assert_eq!(reply.status, code, "{case}: {}", reply.body);
+                let text = reply.body.to_string();
+                assert!(
+                    !text.contains("other-tenant") && !text.contains("guard.example.com"),
+                    "{case}: {text}"
+                );
+                if matches!(shown, Stale) {
+                    assert!(text.contains("has been modified"), "{case}: {text}");
+                }
+            }
         }
         h.proxy.shutdown().await;
     }
