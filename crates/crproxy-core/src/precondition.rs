@@ -243,8 +243,8 @@ pub struct DeleteOptions {
     dry_run: bool,
     /// For options read from a short query (the caller sent no body, and at most
     /// [`MAX_QUERY_PIN_PAIRS`] other parameters): that query without its uid and
-    /// resourceVersion parameters, so that a named delete can be pinned in the
-    /// query and go without a body, as it came.
+    /// resourceVersion parameters and the pairs Go drops, so that a named delete
+    /// can be pinned in the query and go without a body, as it came.
     caller_query: Option<String>,
 }
 
