@@ -31,7 +31,7 @@ use crate::managed::{self, Keys};
 use crate::merge::three_way;
 use crate::names;
 use crate::run::{ensure_namespace, too_deep, Key, Outcome, Reconciler, StepError};
-use crate::to_host::{from_value, is_code, name_holder, to_value};
+use crate::to_host::{delete_as_read, from_value, is_code, name_holder, to_value};
 use crate::SyncMetrics;
 
 /// One fromHost type.
@@ -284,19 +284,9 @@ impl FromHost {
         if live.metadata.deletion_timestamp.is_some() || !is_copy(&to_value(&live)?) {
             return Ok(Outcome::Done);
         }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: live.metadata.uid.clone(),
-                resource_version: live.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
-        match self.tenant_api(key).delete(&key.name, &params).await {
-            Ok(_) => {}
-            Err(e) if is_code(&e, 404) => {}
-            // Changed since the read: looked at again.
-            Err(e) if is_code(&e, 409) => return Ok(Outcome::Requeue(Duration::from_millis(100))),
-            Err(e) => return Err(e.into()),
+        // Changed since the read: looked at again.
+        if !delete_as_read(&self.tenant_api(key), &key.name, &live.metadata).await? {
+            return Ok(Outcome::Requeue(Duration::from_millis(100)));
         }
         self.log(key, "-", "delete_tenant");
         Ok(Outcome::Done)

@@ -510,25 +510,9 @@ impl ToHost {
                     // Pinned to the version read too: a write-through of this key
                     // may land between the pending check and here (it creates a
                     // new mirror); its update must not be deleted with the object.
-                    let params = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            uid: live.metadata.uid.clone(),
-                            resource_version: live.metadata.resource_version.clone(),
-                        }),
-                        ..DeleteParams::default()
-                    };
-                    match self
-                        .tenant_api(&key.namespace)
-                        .delete(&key.name, &params)
-                        .await
-                    {
-                        Ok(_) => {}
-                        Err(e) if is_code(&e, 404) => {}
-                        // The object changed since the read: the step decides again.
-                        Err(e) if is_code(&e, 409) => {
-                            return Ok(Outcome::Requeue(Duration::from_millis(100)));
-                        }
-                        Err(e) => return Err(e.into()),
+                    let api = self.tenant_api(&key.namespace);
+                    if !delete_as_read(&api, &key.name, &live.metadata).await? {
+                        return Ok(Outcome::Requeue(Duration::from_millis(100)));
                     }
                     self.observed_host_deletes().remove(key);
                     self.log(key, "delete_tenant");
@@ -787,6 +771,29 @@ pub(crate) fn from_value(value: Value) -> Result<DynamicObject, StepError> {
 
 pub(crate) fn is_code(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// Deletes `name` through `api` pinned to the uid and resourceVersion of `read`,
+/// a live read of it: `Ok(true)` when it is gone (a 404 too), `Ok(false)` when
+/// it changed since the read (409), and the step decides again.
+pub(crate) async fn delete_as_read(
+    api: &Api<DynamicObject>,
+    name: &str,
+    read: &kube::api::ObjectMeta,
+) -> Result<bool, StepError> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: read.uid.clone(),
+            resource_version: read.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(e) if is_code(&e, 404) => Ok(true),
+        Err(e) if is_code(&e, 409) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// How many times [`again_on_conflict`] runs a write.
