@@ -214,12 +214,9 @@ async fn reconcile_against(
     (reconciled, api.received())
 }
 
-/// A namespaced type's object in a tenant namespace that no mapping covers is the
-/// tenant's own: the syncer, watching the tenant cluster-wide, neither deletes
-/// it nor asks the host about it. A copy left there by an earlier mapping (since
-/// removed) has no host object any more, and is deleted.
-#[tokio::test]
-async fn a_tenant_object_outside_every_mapped_namespace_is_left_alone() {
+/// The stores type, namespaced, with one mapping: host namespace `shared` to
+/// tenant namespace `shared`.
+fn mapping_only_shared() -> ResolvedType {
     let mut ty = stores_type();
     ty.resource = resource(
         Scope::Namespaced,
@@ -228,6 +225,16 @@ async fn a_tenant_object_outside_every_mapped_namespace_is_left_alone() {
             tenant_namespace: "shared".into(),
         }],
     );
+    ty
+}
+
+/// A namespaced type's object in a tenant namespace that no mapping covers is the
+/// tenant's own: the syncer, watching the tenant cluster-wide, neither deletes
+/// it nor asks the host about it. A copy left there by an earlier mapping (since
+/// removed) has no host object any more, and is deleted.
+#[tokio::test]
+async fn a_tenant_object_outside_every_mapped_namespace_is_left_alone() {
+    let ty = mapping_only_shared();
     let host = host_store_object();
     let mut own = host.clone();
     own["metadata"] = json!({"name": "store", "namespace": "app", "uid": "t-1"});
@@ -295,14 +302,7 @@ fn holding(object: Value) -> impl crate::fake_api::Answer {
 /// is pinned to it.
 #[tokio::test]
 async fn an_unmapped_copy_is_deleted_only_as_a_live_read_shows_it() {
-    let mut ty = stores_type();
-    ty.resource = resource(
-        Scope::Namespaced,
-        vec![Mapping::Namespace {
-            host_namespace: "shared".into(),
-            tenant_namespace: "shared".into(),
-        }],
-    );
+    let ty = mapping_only_shared();
     let host = host_store_object();
     let mut cached = stored_copy(&ty, &host);
     cached["metadata"]["namespace"] = json!("app");

@@ -111,14 +111,23 @@ async fn before_the_caches_synced_writes_get_503_with_retry_after_1() {
         .admit(review("CREATE", gateway()))
         .await
         .expect("a review");
-    let r = response(&answer);
+    assert_retryable_503(&answer, "not synced its caches");
+}
+
+/// `answer` denies the write with a 503 that asks for a retry in a second, and
+/// its message says `why`.
+fn assert_retryable_503(answer: &Value, why: &str) {
+    let r = response(answer);
     assert_eq!(r["allowed"], false);
     assert_eq!(r["status"]["code"], 503);
     assert_eq!(r["status"]["reason"], "ServiceUnavailable");
     assert_eq!(r["status"]["details"]["retryAfterSeconds"], 1);
-    assert!(r["status"]["message"]
-        .as_str()
-        .is_some_and(|m| m.contains("not synced its caches")));
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(why)),
+        "{r}"
+    );
 }
 
 /// A review of a type this replica does not write through comes only from a
@@ -131,14 +140,7 @@ async fn a_type_this_configuration_does_not_write_through_gets_503() {
     let mut other = review("CREATE", gateway());
     other["request"]["resource"]["resource"] = json!("routes");
     let answer = wt.admit(other).await.expect("a review");
-    let r = response(&answer);
-    assert_eq!(r["allowed"], false);
-    assert_eq!(r["status"]["code"], 503);
-    assert_eq!(r["status"]["reason"], "ServiceUnavailable");
-    assert_eq!(r["status"]["details"]["retryAfterSeconds"], 1);
-    assert!(r["status"]["message"]
-        .as_str()
-        .is_some_and(|m| m.contains("routes.example.net is not configured")));
+    assert_retryable_503(&answer, "routes.example.net is not configured");
 }
 
 #[tokio::test]
