@@ -124,14 +124,7 @@ async fn cluster_with_a_crontab(name: &str) -> test_support::TestCluster {
     let test = test_support::devcluster(name).await;
     crate::kubectl_access::install_crontabs(&test.kubeconfig).await;
     let crontab = "apiVersion: stable.example.io/v1\nkind: CronTab\nmetadata:\n  name: kept\n  namespace: default\nspec:\n  cronSpec: '* * * * */5'\n";
-    let out = test_support::kubectl_stdin_async(
-        &test.kubeconfig,
-        &["apply", "-f", "-"],
-        crontab,
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(out.success(), "{out:?}");
+    apply(&test, crontab).await;
     test
 }
 
@@ -1006,14 +999,119 @@ async fn answers_kube_makes_after_the_read_leave_a_missing_object_a_404() {
     assert_eq!(code, 200, "{body:?}");
 }
 
+/// kube's Table media type.
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+/// One object as `PartialObjectMetadata`.
+const PARTIAL: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+/// A list as `PartialObjectMetadataList`.
+const PARTIAL_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+/// The content type of a JSON merge patch.
+const MERGE_PATCH: (&str, &str) = ("content-type", "application/merge-patch+json");
+/// The path of Deployment `default/d`'s Scale.
+const DEPLOYMENT_SCALE: &str = "/apis/apps/v1/namespaces/default/deployments/d/scale";
+
+/// GET `path` as the admin over HTTP/1.1, accepting `accept` (`None`: no
+/// Accept header); the status and body.
+async fn get(
+    test: &test_support::TestCluster,
+    path: &str,
+    accept: Option<&str>,
+) -> (http::StatusCode, Bytes) {
+    let accept: Vec<_> = accept
+        .map(|accept| ("accept", accept))
+        .into_iter()
+        .collect();
+    let (code, _, body) = admin_request(test, "GET", path, &accept, Protocol::Http1).await;
+    (code, body)
+}
+
+/// `method` on `path` as the admin over HTTP/1.1 with `headers`, sending
+/// `body`; the status and body.
+async fn send(
+    test: &test_support::TestCluster,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (http::StatusCode, Bytes) {
+    let token = test.cluster.admin_token();
+    let body = Bytes::from(body.to_owned());
+    let (code, _, body) = request_with_body(
+        test,
+        Some(&token),
+        method,
+        path,
+        headers,
+        Protocol::Http1,
+        body,
+    )
+    .await;
+    (code, body)
+}
+
+/// Each of `writes` (method, content type, body) to the Scale at `path` is
+/// answered `code` with exactly `status`, and the Scale keeps `replicas`.
+async fn check_refused_scale_writes(
+    test: &test_support::TestCluster,
+    path: &str,
+    writes: &[(&str, &str, &str)],
+    code: u16,
+    status: &serde_json::Value,
+    replicas: i64,
+) {
+    for (method, content_type, body) in writes {
+        let (answered, answer) =
+            send(test, method, path, &[("content-type", content_type)], body).await;
+        assert_eq!(answered, code, "{method} {body}: {answer:?}");
+        assert_eq!(&json(&answer), status, "{method} {body}");
+    }
+    let (answered, body) = get(test, path, None).await;
+    assert_eq!(answered, 200, "{body:?}");
+    assert_eq!(
+        json(&body)["spec"],
+        serde_json::json!({ "replicas": replicas })
+    );
+}
+
+/// kube's `Status` for a failure: `code`, `reason` and `message`, with `details`
+/// where kube gives them.
+fn failure(
+    code: u16,
+    reason: &str,
+    message: &str,
+    details: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let mut status = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    });
+    if let Some(details) = details {
+        status["details"] = details;
+    }
+    status
+}
+
+/// An answer's body as JSON.
+fn json(body: &Bytes) -> serde_json::Value {
+    serde_json::from_slice(body).expect("json")
+}
+
+/// Deployment `default/d` of `replicas` nginx pods.
+fn deployment(replicas: u32) -> String {
+    format!("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: d}}\n  template:\n    metadata:\n      labels: {{app: d}}\n    spec:\n      containers:\n      - {{name: c, image: nginx}}\n")
+}
+
 /// kube turns what it read into `PartialObjectMetadata` or its list only when
 /// the shape fits: a list media type asked of one built-in (typed) object, or
 /// the one-object media type asked of a list, is a 406 naming the Go type kube
 /// read. It says so after the read, so a missing object is still a 404.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metadata_media_type_of_the_wrong_shape_is_not_acceptable() {
-    const ONE: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
-    const LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
     let test = cluster_with_a_crontab("metadata-shapes").await;
     let not_a_list =
         "you requested PartialObjectMetadataList, but the requested object is not a list";
@@ -1021,50 +1119,41 @@ async fn a_metadata_media_type_of_the_wrong_shape_is_not_acceptable() {
     for (path, accept, message) in [
         (
             "/api/v1/namespaces/default",
-            LIST,
+            PARTIAL_LIST,
             format!("{not_a_list} (*core.Namespace)"),
         ),
         (
             "/apis/rbac.authorization.k8s.io/v1/clusterroles/cluster-admin",
-            LIST,
+            PARTIAL_LIST,
             format!("{not_a_list} (*rbac.ClusterRole)"),
         ),
         (
             "/api/v1/namespaces",
-            ONE,
+            PARTIAL,
             format!("{a_list} (*core.NamespaceList)"),
         ),
         (
             "/apis/stable.example.io/v1/namespaces/default/crontabs",
-            ONE,
+            PARTIAL,
             format!("{a_list} (*unstructured.UnstructuredList)"),
         ),
     ] {
-        let (code, _, body) =
-            admin_request(&test, "GET", path, &[("accept", accept)], Protocol::Http1).await;
+        let (code, body) = get(&test, path, Some(accept)).await;
         assert_eq!(code, 406, "{path} as {accept}: {body:?}");
-        let status: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
+        let status = json(&body);
         assert_eq!(status["reason"], "NotAcceptable", "{path}");
         assert_eq!(status["message"], message, "{path}");
         assert_eq!(status["code"], 406, "{path}");
     }
     // The shapes that fit are served.
     for (path, accept) in [
-        ("/api/v1/namespaces/default", ONE),
-        ("/api/v1/namespaces", LIST),
+        ("/api/v1/namespaces/default", PARTIAL),
+        ("/api/v1/namespaces", PARTIAL_LIST),
     ] {
-        let (code, _, body) =
-            admin_request(&test, "GET", path, &[("accept", accept)], Protocol::Http1).await;
+        let (code, body) = get(&test, path, Some(accept)).await;
         assert_eq!(code, 200, "{path} as {accept}: {body:?}");
     }
-    let (code, _, body) = admin_request(
-        &test,
-        "GET",
-        "/api/v1/namespaces/missing",
-        &[("accept", LIST)],
-        Protocol::Http1,
-    )
-    .await;
+    let (code, body) = get(&test, "/api/v1/namespaces/missing", Some(PARTIAL_LIST)).await;
     assert_eq!(code, 404, "{body:?}");
 }
 
@@ -1075,63 +1164,12 @@ async fn a_metadata_media_type_of_the_wrong_shape_is_not_acceptable() {
 /// type. Reads and writes alike; a built-in's Scale uses kube's Scale printer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scale_subresource_answers_in_the_form_asked_for() {
-    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
-    const ONE: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
-    const LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
     let test = test_support::devcluster("scale-forms").await;
-    let manifests = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: widgets.scale.example.io
-spec:
-  group: scale.example.io
-  scope: Namespaced
-  names: {plural: widgets, singular: widget, kind: Widget}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        x-kubernetes-preserve-unknown-fields: true
-    subresources:
-      status: {}
-      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}
-    additionalPrinterColumns:
-    - {name: Kind, type: string, jsonPath: .kind}
-"#;
-    let out = test_support::kubectl_stdin_async(
-        &test.kubeconfig,
-        &["apply", "-f", "-"],
-        manifests,
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(out.success(), "{out:?}");
-    let widget = "apiVersion: scale.example.io/v1\nkind: Widget\nmetadata:\n  name: w\n  namespace: default\nspec:\n  replicas: 2\n";
-    let mut applied = false;
-    for _ in 0..50 {
-        let out = test_support::kubectl_stdin_async(
-            &test.kubeconfig,
-            &["apply", "-f", "-"],
-            widget,
-            Duration::from_secs(60),
-        )
-        .await;
-        if out.success() {
-            applied = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(applied, "the Widget was applied");
-    let scale = "/apis/scale.example.io/v1/namespaces/default/widgets/w/scale";
-    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+    apply(&test, &widget_crd(true)).await;
+    apply(&test, &widget("w", "spec: {replicas: 2}\n")).await;
+    let scale = &widget_scale("w");
 
-    let (code, _, body) =
-        admin_request(&test, "GET", scale, &[("accept", TABLE)], Protocol::Http1).await;
+    let (code, body) = get(&test, scale, Some(TABLE)).await;
     assert_eq!(code, 200, "{body:?}");
     let table = json(&body);
     assert_eq!(table["kind"], "Table", "{table}");
@@ -1171,16 +1209,14 @@ spec:
     assert_eq!(row["object"]["metadata"]["name"], "w", "{table}");
     assert!(table["metadata"]["resourceVersion"].is_string(), "{table}");
 
-    let (code, _, body) =
-        admin_request(&test, "GET", scale, &[("accept", ONE)], Protocol::Http1).await;
+    let (code, body) = get(&test, scale, Some(PARTIAL)).await;
     assert_eq!(code, 200, "{body:?}");
     let partial = json(&body);
     assert_eq!(partial["kind"], "PartialObjectMetadata", "{partial}");
     assert_eq!(partial["metadata"]["name"], "w", "{partial}");
     assert!(partial.get("spec").is_none(), "{partial}");
 
-    let (code, _, body) =
-        admin_request(&test, "GET", scale, &[("accept", LIST)], Protocol::Http1).await;
+    let (code, body) = get(&test, scale, Some(PARTIAL_LIST)).await;
     assert_eq!(code, 406, "{body:?}");
     let refused = json(&body);
     assert_eq!(refused["reason"], "NotAcceptable", "{refused}");
@@ -1190,17 +1226,12 @@ spec:
     );
 
     // A write answers the same way.
-    let (code, _, body) = request_with_body(
+    let (code, body) = send(
         &test,
-        Some(&test.cluster.admin_token()),
         "PATCH",
         scale,
-        &[
-            ("accept", TABLE),
-            ("content-type", "application/merge-patch+json"),
-        ],
-        Protocol::Http1,
-        Bytes::from_static(br#"{"spec":{"replicas":4}}"#),
+        &[("accept", TABLE), MERGE_PATCH],
+        r#"{"spec":{"replicas":4}}"#,
     )
     .await;
     assert_eq!(code, 200, "{body:?}");
@@ -1210,18 +1241,8 @@ spec:
     assert_eq!(table["columnDefinitions"][1]["name"], "Desired", "{table}");
 
     // A Deployment's Scale: kube's Scale printer, Name without a format.
-    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 3\n  selector:\n    matchLabels: {app: d}\n  template:\n    metadata:\n      labels: {app: d}\n    spec:\n      containers:\n      - {name: c, image: nginx}\n";
-    let out = test_support::kubectl_stdin_async(
-        &test.kubeconfig,
-        &["apply", "-f", "-"],
-        deployment,
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(out.success(), "{out:?}");
-    let path = "/apis/apps/v1/namespaces/default/deployments/d/scale";
-    let (code, _, body) =
-        admin_request(&test, "GET", path, &[("accept", TABLE)], Protocol::Http1).await;
+    apply(&test, &deployment(3)).await;
+    let (code, body) = get(&test, DEPLOYMENT_SCALE, Some(TABLE)).await;
     assert_eq!(code, 200, "{body:?}");
     let table = json(&body);
     let names: Vec<_> = table["columnDefinitions"]
@@ -1240,8 +1261,7 @@ spec:
         ]
     );
     assert_eq!(table["rows"][0]["cells"][1], 3, "{table}");
-    let (code, _, body) =
-        admin_request(&test, "GET", path, &[("accept", LIST)], Protocol::Http1).await;
+    let (code, body) = get(&test, DEPLOYMENT_SCALE, Some(PARTIAL_LIST)).await;
     assert_eq!(code, 406, "{body:?}");
     assert_eq!(
         json(&body)["message"],
@@ -1250,7 +1270,8 @@ spec:
 }
 
 /// The Widget CRD (`scale.example.io`, any fields kept), with a status and a
-/// scale subresource (selector at `.status.selector`) when `scale`.
+/// scale subresource (selector at `.status.selector`) when `scale`. Its printer
+/// column (Kind) is one a Scale's Table must not take.
 fn widget_crd(scale: bool) -> String {
     let subresources = if scale {
         "    subresources:\n      status: {}\n      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}\n"
@@ -1274,7 +1295,9 @@ spec:
       openAPIV3Schema:
         type: object
         x-kubernetes-preserve-unknown-fields: true
-{subresources}"#
+{subresources}    additionalPrinterColumns:
+    - {{name: Kind, type: string, jsonPath: .kind}}
+"#
     )
 }
 
@@ -1330,13 +1353,12 @@ async fn a_custom_resource_s_scale_is_read_as_kube_reads_it() {
     .await;
     apply(&test, &widget("bare", "spec: {replicas: 1}\n")).await;
     apply(&test, &widget_crd(true)).await;
-    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
-    let get = |name: &str| {
+    let read = |name: &str| {
         let path = widget_scale(name);
         let test = &test;
         async move {
             for _ in 0..50 {
-                let (code, _, body) = admin_request(test, "GET", &path, &[], Protocol::Http1).await;
+                let (code, body) = get(test, &path, None).await;
                 if code != 404 {
                     return (code, json(&body));
                 }
@@ -1346,49 +1368,44 @@ async fn a_custom_resource_s_scale_is_read_as_kube_reads_it() {
         }
     };
 
-    let (code, body) = get("none").await;
+    let (code, body) = read("none").await;
     assert_eq!(code, 500, "{body}");
     assert_eq!(
         body,
-        serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": "Internal error occurred: the spec replicas field \".spec.replicas\" does not exist",
-            "reason": "InternalError",
-            "details": {"causes": [{"message": "the spec replicas field \".spec.replicas\" does not exist"}]},
-            "code": 500,
-        })
+        failure(
+            500,
+            "InternalError",
+            "Internal error occurred: the spec replicas field \".spec.replicas\" does not exist",
+            Some(
+                serde_json::json!({"causes": [{"message": "the spec replicas field \".spec.replicas\" does not exist"}]})
+            )
+        )
     );
 
-    let (code, body) = get("text").await;
+    let (code, body) = read("text").await;
     assert_eq!(code, 500, "{body}");
     assert_eq!(
         body,
-        serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": ".spec.replicas accessor error: three is of the type string, expected int64",
-            "reason": "Unknown",
-            "code": 500,
-        })
+        failure(
+            500,
+            "Unknown",
+            ".spec.replicas accessor error: three is of the type string, expected int64",
+            None
+        )
     );
 
-    let (code, body) = get("selector").await;
+    let (code, body) = read("selector").await;
     assert_eq!(code, 500, "{body}");
     assert_eq!(
         body["message"],
         ".status.selector accessor error: 5 is of the type int64, expected string"
     );
 
-    let (code, body) = get("big").await;
+    let (code, body) = read("big").await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["spec"], serde_json::json!({"replicas": 2}), "{body}");
 
-    let (code, body) = get("bare").await;
+    let (code, body) = read("bare").await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["status"], serde_json::json!({"replicas": 0}), "{body}");
 }
@@ -1400,27 +1417,20 @@ async fn a_custom_resource_s_scale_is_read_as_kube_reads_it() {
 /// built-in's Scale reads the Go field, 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scale_of_no_replicas_leaves_spec_replicas_out() {
-    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
     let test = test_support::devcluster("scale-zero").await;
     apply(&test, &widget_crd(true)).await;
     apply(&test, &widget("zero", "spec: {replicas: 0}\n")).await;
-    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 0\n  selector:\n    matchLabels: {app: d}\n  template:\n    metadata:\n      labels: {app: d}\n    spec:\n      containers:\n      - {name: c, image: nginx}\n";
-    apply(&test, deployment).await;
-    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
+    apply(&test, &deployment(0)).await;
     for (path, empty_cell) in [
         (widget_scale("zero"), serde_json::Value::Null),
-        (
-            "/apis/apps/v1/namespaces/default/deployments/d/scale".to_string(),
-            serde_json::json!(0),
-        ),
+        (DEPLOYMENT_SCALE.to_string(), serde_json::json!(0)),
     ] {
-        let (code, _, body) = admin_request(&test, "GET", &path, &[], Protocol::Http1).await;
+        let (code, body) = get(&test, &path, None).await;
         assert_eq!(code, 200, "{body:?}");
         let scale = json(&body);
         assert_eq!(scale["spec"], serde_json::json!({}), "{scale}");
         assert_eq!(scale["status"]["replicas"], 0, "{scale}");
-        let (code, _, body) =
-            admin_request(&test, "GET", &path, &[("accept", TABLE)], Protocol::Http1).await;
+        let (code, body) = get(&test, &path, Some(TABLE)).await;
         assert_eq!(code, 200, "{body:?}");
         let table = json(&body);
         assert_eq!(table["rows"][0]["cells"][1], empty_cell, "{table}");
@@ -1437,41 +1447,31 @@ async fn a_scale_write_must_give_a_custom_resource_replicas_it_lacks() {
     let test = test_support::devcluster("scale-unset").await;
     apply(&test, &widget_crd(true)).await;
     apply(&test, &widget("none", "spec: {size: 1}\n")).await;
-    let token = test.cluster.admin_token();
-    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
     let path = widget_scale("none");
-    let merge = [("content-type", "application/merge-patch+json")];
-    let (code, _, body) = request_with_body(
+    let (code, body) = send(
         &test,
-        Some(&token),
         "PATCH",
         &path,
-        &merge,
-        Protocol::Http1,
-        Bytes::from_static(br#"{"metadata":{"labels":{"a":"b"}}}"#),
+        &[MERGE_PATCH],
+        r#"{"metadata":{"labels":{"a":"b"}}}"#,
     )
     .await;
     assert_eq!(code, 400, "{body:?}");
     assert_eq!(
         json(&body),
-        serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": "the spec replicas field \".spec.replicas\" cannot be empty",
-            "reason": "BadRequest",
-            "code": 400,
-        })
+        failure(
+            400,
+            "BadRequest",
+            "the spec replicas field \".spec.replicas\" cannot be empty",
+            None
+        )
     );
-    let (code, _, body) = request_with_body(
+    let (code, body) = send(
         &test,
-        Some(&token),
         "PATCH",
         &path,
-        &merge,
-        Protocol::Http1,
-        Bytes::from_static(br#"{"spec":{"replicas":2}}"#),
+        &[MERGE_PATCH],
+        r#"{"spec":{"replicas":2}}"#,
     )
     .await;
     assert_eq!(code, 200, "{body:?}");
@@ -1479,14 +1479,12 @@ async fn a_scale_write_must_give_a_custom_resource_replicas_it_lacks() {
 
     apply(&test, &widget("put", "spec: {size: 1}\n")).await;
     let body = r#"{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{"name":"put","namespace":"default"},"spec":{"replicas":3}}"#;
-    let (code, _, body) = request_with_body(
+    let (code, body) = send(
         &test,
-        Some(&token),
         "PUT",
         &widget_scale("put"),
         &[("content-type", "application/json")],
-        Protocol::Http1,
-        Bytes::from(body),
+        body,
     )
     .await;
     assert_eq!(code, 200, "{body:?}");
@@ -1501,20 +1499,14 @@ async fn a_stale_resource_version_in_a_scale_write_is_a_conflict() {
     let test = test_support::devcluster("scale-conflict").await;
     apply(&test, &widget_crd(true)).await;
     apply(&test, &widget("w", "spec: {replicas: 1}\n")).await;
-    let token = test.cluster.admin_token();
-    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
     let path = widget_scale("w");
-    let conflict = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": "Operation cannot be fulfilled on widgets.scale.example.io \"w\": the object has been modified; please apply your changes to the latest version and try again",
-        "reason": "Conflict",
-        "details": {"name": "w", "group": "scale.example.io", "kind": "widgets"},
-        "code": 409,
-    });
-    for (method, content_type, body) in [
+    let conflict = failure(
+        409,
+        "Conflict",
+        "Operation cannot be fulfilled on widgets.scale.example.io \"w\": the object has been modified; please apply your changes to the latest version and try again",
+        Some(serde_json::json!({"name": "w", "group": "scale.example.io", "kind": "widgets"})),
+    );
+    let writes = [
         (
             "PATCH",
             "application/merge-patch+json",
@@ -1530,23 +1522,8 @@ async fn a_stale_resource_version_in_a_scale_write_is_a_conflict() {
             "application/json",
             r#"{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{"name":"w","namespace":"default","resourceVersion":"1"},"spec":{"replicas":3}}"#,
         ),
-    ] {
-        let (code, _, answer) = request_with_body(
-            &test,
-            Some(&token),
-            method,
-            &path,
-            &[("content-type", content_type)],
-            Protocol::Http1,
-            Bytes::from(body),
-        )
-        .await;
-        assert_eq!(code, 409, "{method} {body}: {answer:?}");
-        assert_eq!(json(&answer), conflict, "{method} {body}");
-    }
-    let (code, _, body) = admin_request(&test, "GET", &path, &[], Protocol::Http1).await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 1}));
+    ];
+    check_refused_scale_writes(&test, &path, &writes, 409, &conflict, 1).await;
 }
 
 /// A custom resource with a scale subresource has its replicas and selector
@@ -1560,35 +1537,26 @@ async fn a_custom_resource_s_scale_fields_are_validated_on_every_write() {
     let test = test_support::devcluster("scale-valid").await;
     apply(&test, &widget_crd(true)).await;
     apply(&test, &widget("w", "spec: {replicas: 1}\n")).await;
-    let token = test.cluster.admin_token();
-    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
     let invalid = |name: &str, field: &str, message: &str| {
-        serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": format!("Widget.scale.example.io \"{name}\" is invalid: {field}: {message}"),
-            "reason": "Invalid",
-            "details": {
+        failure(
+            422,
+            "Invalid",
+            &format!("Widget.scale.example.io \"{name}\" is invalid: {field}: {message}"),
+            Some(serde_json::json!({
                 "name": name,
                 "group": "scale.example.io",
                 "kind": "Widget",
                 "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field}],
-            },
-            "code": 422,
-        })
+            })),
+        )
     };
-    let merge = [("content-type", "application/merge-patch+json")];
 
-    let (code, _, body) = request_with_body(
+    let (code, body) = send(
         &test,
-        Some(&token),
         "PATCH",
         &widget_scale("w"),
-        &merge,
-        Protocol::Http1,
-        Bytes::from_static(br#"{"spec":{"replicas":-1}}"#),
+        &[MERGE_PATCH],
+        r#"{"spec":{"replicas":-1}}"#,
     )
     .await;
     assert_eq!(code, 422, "{body:?}");
@@ -1617,28 +1585,24 @@ async fn a_custom_resource_s_scale_fields_are_validated_on_every_write() {
         let widget = format!(
             r#"{{"apiVersion":"scale.example.io/v1","kind":"Widget","metadata":{{"name":"{name}","namespace":"default"}},"spec":{{"replicas":{replicas}}}}}"#
         );
-        let (code, _, body) = request_with_body(
+        let (code, body) = send(
             &test,
-            Some(&token),
             "POST",
             widgets,
             &[("content-type", "application/json")],
-            Protocol::Http1,
-            Bytes::from(widget),
+            &widget,
         )
         .await;
         assert_eq!(code, 422, "{name}: {body:?}");
         assert_eq!(json(&body), invalid(name, ".spec.replicas", message), "{name}");
     }
 
-    let (code, _, body) = request_with_body(
+    let (code, body) = send(
         &test,
-        Some(&token),
         "PATCH",
         &format!("{widgets}/w/status"),
-        &merge,
-        Protocol::Http1,
-        Bytes::from_static(br#"{"status":{"replicas":1,"selector":5}}"#),
+        &[MERGE_PATCH],
+        r#"{"status":{"replicas":1,"selector":5}}"#,
     )
     .await;
     assert_eq!(code, 422, "{body:?}");
@@ -1658,28 +1622,21 @@ async fn a_custom_resource_s_scale_fields_are_validated_on_every_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_replicas_in_a_built_in_s_scale_are_the_scale_s_422() {
     let test = test_support::devcluster("scale-builtin").await;
-    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {app: d}\n  template:\n    metadata:\n      labels: {app: d}\n    spec:\n      containers:\n      - {name: c, image: nginx}\n";
-    apply(&test, deployment).await;
-    let token = test.cluster.admin_token();
-    let json = |body: &Bytes| -> serde_json::Value { serde_json::from_slice(body).expect("json") };
-    let path = "/apis/apps/v1/namespaces/default/deployments/d/scale";
+    apply(&test, &deployment(2)).await;
+    let path = DEPLOYMENT_SCALE;
     let message = "Invalid value: -1: must be greater than or equal to 0";
-    let invalid = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": format!("Scale.autoscaling \"d\" is invalid: spec.replicas: {message}"),
-        "reason": "Invalid",
-        "details": {
+    let invalid = failure(
+        422,
+        "Invalid",
+        &format!("Scale.autoscaling \"d\" is invalid: spec.replicas: {message}"),
+        Some(serde_json::json!({
             "name": "d",
             "group": "autoscaling",
             "kind": "Scale",
             "causes": [{"reason": "FieldValueInvalid", "message": message, "field": "spec.replicas"}],
-        },
-        "code": 422,
-    });
-    for (method, content_type, body) in [
+        })),
+    );
+    let writes = [
         (
             "PATCH",
             "application/merge-patch+json",
@@ -1690,21 +1647,6 @@ async fn negative_replicas_in_a_built_in_s_scale_are_the_scale_s_422() {
             "application/json",
             r#"{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{"name":"d","namespace":"default"},"spec":{"replicas":-1}}"#,
         ),
-    ] {
-        let (code, _, answer) = request_with_body(
-            &test,
-            Some(&token),
-            method,
-            path,
-            &[("content-type", content_type)],
-            Protocol::Http1,
-            Bytes::from(body),
-        )
-        .await;
-        assert_eq!(code, 422, "{method}: {answer:?}");
-        assert_eq!(json(&answer), invalid, "{method}");
-    }
-    let (code, _, body) = admin_request(&test, "GET", path, &[], Protocol::Http1).await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 2}));
+    ];
+    check_refused_scale_writes(&test, path, &writes, 422, &invalid, 2).await;
 }
