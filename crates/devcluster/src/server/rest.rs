@@ -745,6 +745,17 @@ fn storage_key(info: &ResourceInfo, namespace: &str, name: &str) -> String {
     }
 }
 
+/// kube's answer to a uid precondition the stored object does not meet: its
+/// storage checks the precondition and the registry wraps the storage error,
+/// which carries the object's etcd key, as a 409.
+fn uid_precondition_failed(ctx: &ReqCtx, uid: &str, current_uid: &str) -> ApiError {
+    let why = format!(
+        "StorageError: invalid object, Code: 4, Key: {}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: {uid}, UID in object meta: {current_uid}",
+        storage_key(&ctx.info, &ctx.namespace, &ctx.name),
+    );
+    ApiError::conflict(&ctx.info.group, &ctx.info.resource, &ctx.name, &why)
+}
+
 /// Finishes an update of `current` into `new` under the store lock: conflicts,
 /// server-owned fields, generation, finalizer completion, validation.
 fn commit_update(
@@ -763,18 +774,7 @@ fn commit_update(
     let current_uid = meta_str(current, "uid");
     let uid_changes = !body_uid.is_empty() && body_uid != current_uid;
     if uid_changes && require_rv {
-        // kube's storage checks the precondition and the registry wraps its
-        // error, which carries the object's etcd key.
-        let why = format!(
-            "StorageError: invalid object, Code: 4, Key: {}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: {body_uid}, UID in object meta: {current_uid}",
-            storage_key(info, &ctx.namespace, &ctx.name),
-        );
-        return Err(ApiError::conflict(
-            &info.group,
-            &info.resource,
-            &ctx.name,
-            &why,
-        ));
+        return Err(uid_precondition_failed(ctx, &body_uid, current_uid));
     }
     let body_rv = meta_str(&new, "resourceVersion").to_string();
     if body_rv.is_empty() {
@@ -1257,6 +1257,21 @@ fn check_scale_version(ctx: &ReqCtx, current: &Value, new_scale: &Value) -> Resu
     Ok(())
 }
 
+/// A uid in a PUT's Scale is a precondition on the stored object: kube's
+/// `scaleUpdatedObjectInfo.Preconditions` passes the request's on to storage
+/// (a patch carries none), which checks it before the Scale is worked out, so
+/// before any other refusal. The Scale itself never writes a uid.
+fn check_scale_uid(ctx: &ReqCtx, change: &ScaleChange, current: &Value) -> Result<(), ApiError> {
+    let ScaleChange::Replace(scale) = change else {
+        return Ok(());
+    };
+    let (uid, current_uid) = (meta_str(scale, "uid"), meta_str(current, "uid"));
+    if uid.is_empty() || uid == current_uid {
+        return Ok(());
+    }
+    Err(uid_precondition_failed(ctx, uid, current_uid))
+}
+
 /// The stored object with the Scale's replicas written to it.
 fn scaled(spec: &ScaleSpec, current: &Value, scale: &Value) -> Value {
     let replicas = scale
@@ -1285,6 +1300,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
                 let Some(cur) = cur else {
                     return Err(ctx.not_found());
                 };
+                check_scale_uid(ctx, &change, cur)?;
                 let (start, _) = scale_for_write(ctx, cur)?;
                 let new_scale = requested_scale(ctx, &change, &start)?;
                 refuse_unset_replicas(ctx, &new_scale)?;
@@ -1303,6 +1319,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
             .store
             .get(&ctx.gr(), ctx.ns(), &ctx.name)
             .ok_or_else(|| ctx.not_found())?;
+        check_scale_uid(ctx, &change, &current)?;
         // Mutating webhooks see the Scale the write started from, validating
         // ones the stored object's (kube's toScaleUpdateValidation).
         let (start, old_scale) = scale_for_write(ctx, &current)?;

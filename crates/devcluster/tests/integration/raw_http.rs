@@ -1650,3 +1650,68 @@ async fn negative_replicas_in_a_built_in_s_scale_are_the_scale_s_422() {
     ];
     check_refused_scale_writes(&test, path, &writes, 422, &invalid, 2).await;
 }
+
+/// A uid in a PUT's Scale is a precondition on the object, as kube's
+/// `scaleUpdatedObjectInfo.Preconditions` passes it on to storage, for a custom
+/// resource and a built-in alike: another uid is the registry's 409 wrapping
+/// the storage error (with the object's etcd key), checked before the Scale is
+/// validated, and the replicas stay. The object's own uid is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_put_naming_another_uid_is_a_conflict() {
+    let test = test_support::devcluster("scale-uid").await;
+    apply(&test, &widget_crd(true)).await;
+    apply(&test, &widget("w", "spec: {replicas: 1}\n")).await;
+    apply(&test, &deployment(2)).await;
+    let widget_path = widget_scale("w");
+    for (path, name, resource, group, key, replicas) in [
+        (
+            widget_path.as_str(),
+            "w",
+            "widgets",
+            "scale.example.io",
+            "/registry/scale.example.io/widgets/default/w",
+            1,
+        ),
+        (
+            DEPLOYMENT_SCALE,
+            "d",
+            "deployments",
+            "apps",
+            "/registry/deployments/default/d",
+            2,
+        ),
+    ] {
+        let (code, body) = get(&test, path, None).await;
+        assert_eq!(code, 200, "{body:?}");
+        let uid = json(&body)["metadata"]["uid"]
+            .as_str()
+            .expect("a uid")
+            .to_string();
+        let put = |uid: &str, replicas: i64| {
+            format!(
+                r#"{{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{{"name":"{name}","namespace":"default","uid":"{uid}"}},"spec":{{"replicas":{replicas}}}}}"#
+            )
+        };
+        let conflict = failure(
+            409,
+            "Conflict",
+            &format!("Operation cannot be fulfilled on {resource}.{group} \"{name}\": StorageError: invalid object, Code: 4, Key: {key}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: not-the-uid, UID in object meta: {uid}"),
+            Some(serde_json::json!({"name": name, "group": group, "kind": resource})),
+        );
+        // Negative replicas too: the precondition is checked first.
+        let other_uid = put("not-the-uid", -1);
+        let writes = [("PUT", "application/json", other_uid.as_str())];
+        check_refused_scale_writes(&test, path, &writes, 409, &conflict, replicas).await;
+
+        let (code, body) = send(
+            &test,
+            "PUT",
+            path,
+            &[("content-type", "application/json")],
+            &put(&uid, 5),
+        )
+        .await;
+        assert_eq!(code, 200, "{path}: {body:?}");
+        assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 5}));
+    }
+}
