@@ -119,11 +119,20 @@ pub fn columns_for_crd_version(version: &Value) -> Vec<PrinterColumn> {
     out
 }
 
+/// Whose `/scale` subresource a Scale is: kube prints the two differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleOf {
+    /// A custom resource's: apiextensions-apiserver's columns.
+    CustomResource,
+    /// A built-in's: kube's printer for Scale.
+    BuiltIn,
+}
+
 /// The columns of a `/scale` subresource's Table. A custom resource's come from
 /// apiextensions-apiserver (Desired and Available, as the CRD declares the scale
 /// subresource, then Age); a built-in's from kube's printer for Scale.
-pub fn scale_columns(custom_resource: bool) -> Vec<PrinterColumn> {
-    if custom_resource {
+pub fn scale_columns(of: ScaleOf) -> Vec<PrinterColumn> {
+    if of == ScaleOf::CustomResource {
         return vec![
             name_column(),
             col(

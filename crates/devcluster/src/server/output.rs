@@ -111,7 +111,11 @@ pub fn scale_table(
     scale: &Value,
     include: crate::table::IncludeObject,
 ) -> Value {
-    let columns = crate::table::scale_columns(info.is_crd());
+    let columns = crate::table::scale_columns(if info.is_crd() {
+        crate::table::ScaleOf::CustomResource
+    } else {
+        crate::table::ScaleOf::BuiltIn
+    });
     let rv = scale
         .get("metadata")
         .and_then(|m| m.get("resourceVersion"))

@@ -8,14 +8,24 @@ use crate::registry::ScaleSpec;
 use crate::schema::Cause;
 use serde_json::{json, Value};
 
+/// Which of a custom resource's scale fields a write has checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// Spec replicas, status replicas and the selector: a create or an update
+    /// of the object or its `/scale`.
+    SpecAndStatus,
+    /// Status replicas and the selector: an update through `/status`.
+    StatusOnly,
+}
+
 /// kube's `ValidateScaleSpec` and `ValidateScaleStatus` (apiextensions-apiserver
 /// `pkg/registry/customresource/validator.go`): every create and update of a
 /// custom resource with a scale subresource checks the replicas (and the
 /// selector) are of the right type and range; an update through `/status`
 /// checks the status ones only. Each cause names the path as the CRD wrote it.
-pub fn custom_resource_causes(obj: &Value, scale: &ScaleSpec, status_only: bool) -> Vec<Cause> {
+pub fn custom_resource_causes(obj: &Value, scale: &ScaleSpec, checked: Checked) -> Vec<Cause> {
     let mut causes = Vec::new();
-    if !status_only {
+    if checked == Checked::SpecAndStatus {
         causes.extend(replicas_cause(obj, &scale.spec_replicas_path));
     }
     causes.extend(replicas_cause(obj, &scale.status_replicas_path));

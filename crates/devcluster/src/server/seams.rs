@@ -480,12 +480,12 @@ pub fn validate(
         schema.apply_defaults(obj);
         let mut causes = schema.validate(obj);
         if let Some(scale) = info.scale(&ctx.version) {
-            let status_only = ctx.subresource == "status";
-            causes.extend(super::scale::custom_resource_causes(
-                obj,
-                scale,
-                status_only,
-            ));
+            let checked = if ctx.subresource == "status" {
+                super::scale::Checked::StatusOnly
+            } else {
+                super::scale::Checked::SpecAndStatus
+            };
+            causes.extend(super::scale::custom_resource_causes(obj, scale, checked));
         }
         if !causes.is_empty() {
             return Err(ApiError::from_status(&crate::schema::invalid_status(
