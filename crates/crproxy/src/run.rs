@@ -321,7 +321,7 @@ pub fn serving_identity(dir: &Path) -> Result<Serving> {
         // Half a CA may be another start's, half written: under the lock it is
         // whole. A directory that cannot be locked (a mounted Secret, say) is
         // being written by no one.
-        StoredCa::Half(error) => {
+        StoredCa::Unfinished(error) => {
             let Ok(_lock) = lock_serving_dir(dir) else {
                 return Err(error);
             };
@@ -389,8 +389,10 @@ const SERVING_CA_NAME: &str = "crproxy-serving-ca";
 enum StoredCa {
     Complete(Box<CertificateAuthority>),
     Missing,
-    /// One file without the other: why it is refused.
-    Half(anyhow::Error),
+    /// One file without the other, or a pair that does not load: why it is
+    /// refused, unless it was another start's CA still being written (its
+    /// certificate is created before its text is in it).
+    Unfinished(anyhow::Error),
 }
 
 fn stored_ca(dir: &Path) -> Result<StoredCa> {
@@ -402,27 +404,32 @@ fn stored_ca(dir: &Path) -> Result<StoredCa> {
     };
     Ok(match (exists(&cert_path)?, exists(&key_path)?) {
         (true, true) => {
-            let pem = CertPem {
-                cert: read_pem(&cert_path)?,
-                key: read_pem(&key_path)?,
-            };
-            let ca = CertificateAuthority::from_pem(&pem).with_context(|| {
-                format!(
-                    "serving CA: loading {} and {}",
-                    cert_path.display(),
-                    key_path.display()
-                )
-            })?;
-            StoredCa::Complete(Box::new(ca))
+            let loaded = read_pem(&cert_path).and_then(|cert| {
+                let pem = CertPem {
+                    cert,
+                    key: read_pem(&key_path)?,
+                };
+                CertificateAuthority::from_pem(&pem).with_context(|| {
+                    format!(
+                        "serving CA: loading {} and {}",
+                        cert_path.display(),
+                        key_path.display()
+                    )
+                })
+            });
+            match loaded {
+                Ok(ca) => StoredCa::Complete(Box::new(ca)),
+                Err(error) => StoredCa::Unfinished(error),
+            }
         }
         (false, false) => StoredCa::Missing,
-        (true, false) => StoredCa::Half(anyhow!(
+        (true, false) => StoredCa::Unfinished(anyhow!(
             "serving CA: {} exists but {} does not: restore the key or remove both to \
              generate a new CA",
             cert_path.display(),
             key_path.display()
         )),
-        (false, true) => StoredCa::Half(anyhow!(
+        (false, true) => StoredCa::Unfinished(anyhow!(
             "serving CA: {} exists but {} does not: restore the certificate or remove both \
              to generate a new CA",
             key_path.display(),
@@ -447,7 +454,7 @@ fn ca_under_lock(dir: &Path) -> Result<CertificateAuthority> {
 fn locked_ca(dir: &Path) -> Result<CertificateAuthority> {
     match stored_ca(dir)? {
         StoredCa::Complete(ca) => Ok(*ca),
-        StoredCa::Half(error) => Err(error),
+        StoredCa::Unfinished(error) => Err(error),
         StoredCa::Missing => {
             let ca = CertificateAuthority::generate(SERVING_CA_NAME)?;
             write_new_ca(dir, &ca)?;
@@ -989,26 +996,36 @@ mod tests {
     }
 
     /// A start that finds half a CA while another start holds the directory's lock
-    /// waits for the rest rather than refusing it.
+    /// waits for the rest rather than refusing it: the key alone, or both files
+    /// with the certificate created but not yet written (what a start that reads
+    /// without the lock may meet).
     #[test]
     fn half_a_serving_ca_being_written_is_waited_for() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let dir = tmp.path().join("serving-ca");
-        let ca = CertificateAuthority::generate("other start").expect("ca");
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        let lock = lock_serving_dir(&dir).expect("lock");
-        write(&dir.join("ca.key"), ca.pem().key.as_bytes());
-        let waiting = std::thread::spawn({
-            let dir = dir.clone();
-            move || serving_identity(&dir).map(|serving| serving.ca_pem)
-        });
-        // Long enough for the start to find the key alone.
-        std::thread::sleep(Duration::from_millis(200));
-        write(&dir.join("ca.crt"), ca.pem().cert.as_bytes());
-        drop(lock);
-        match waiting.join().expect("no panic") {
-            Ok(loaded) => assert_eq!(loaded, ca.pem().cert),
-            Err(e) => panic!("{}", crate::report::error_line(&e)),
+        for certificate_created_empty in [false, true] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let dir = tmp.path().join("serving-ca");
+            let ca = CertificateAuthority::generate("other start").expect("ca");
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            let lock = lock_serving_dir(&dir).expect("lock");
+            write(&dir.join("ca.key"), ca.pem().key.as_bytes());
+            if certificate_created_empty {
+                write(&dir.join("ca.crt"), b"");
+            }
+            let waiting = std::thread::spawn({
+                let dir = dir.clone();
+                move || serving_identity(&dir).map(|serving| serving.ca_pem)
+            });
+            // Long enough for the start to find the CA unfinished.
+            std::thread::sleep(Duration::from_millis(200));
+            write(&dir.join("ca.crt"), ca.pem().cert.as_bytes());
+            drop(lock);
+            match waiting.join().expect("no panic") {
+                Ok(loaded) => assert_eq!(loaded, ca.pem().cert, "{certificate_created_empty}"),
+                Err(e) => panic!(
+                    "{certificate_created_empty}: {}",
+                    crate::report::error_line(&e)
+                ),
+            }
         }
     }
 
