@@ -1134,14 +1134,9 @@ fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
 fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
     let (scale, found) = scale_from(ctx, obj)?;
     if !found {
-        let path = ctx
-            .info
-            .scale(&ctx.version)
-            .map(|s| s.spec_replicas_path.as_str())
-            .unwrap_or_default();
         return Err(ApiError::internal_error(&format!(
             "the spec replicas field {} does not exist",
-            crate::schema::go_quote(path)
+            quoted_spec_replicas_path(ctx)
         )));
     }
     Ok(scale)
@@ -1204,15 +1199,28 @@ fn refuse_unset_replicas(ctx: &ReqCtx, new_scale: &Value) -> Result<(), ApiError
     if replicas != Some(i64::from(UNSET_REPLICAS)) {
         return Ok(());
     }
+    Err(ApiError::bad_request(format!(
+        "the spec replicas field {} cannot be empty",
+        quoted_spec_replicas_path(ctx)
+    )))
+}
+
+/// The custom resource's spec replicas path as kube's messages quote it.
+fn quoted_spec_replicas_path(ctx: &ReqCtx) -> String {
     let path = ctx
         .info
         .scale(&ctx.version)
         .map(|s| s.spec_replicas_path.as_str())
         .unwrap_or_default();
-    Err(ApiError::bad_request(format!(
-        "the spec replicas field {} cannot be empty",
-        crate::schema::go_quote(path)
-    )))
+    crate::schema::go_quote(path)
+}
+
+/// What kube refuses of the Scale a write asks for, in kube's order: replicas
+/// left unset, a built-in Scale's validation, a stale resourceVersion.
+fn check_new_scale(ctx: &ReqCtx, current: &Value, new_scale: &Value) -> Result<(), ApiError> {
+    refuse_unset_replicas(ctx, new_scale)?;
+    validate_builtin_scale(ctx, new_scale)?;
+    check_scale_version(ctx, current, new_scale)
 }
 
 /// kube's registry for a built-in's Scale validates the changed Scale
@@ -1303,9 +1311,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
                 check_scale_uid(ctx, &change, cur)?;
                 let (start, _) = scale_for_write(ctx, cur)?;
                 let new_scale = requested_scale(ctx, &change, &start)?;
-                refuse_unset_replicas(ctx, &new_scale)?;
-                validate_builtin_scale(ctx, &new_scale)?;
-                check_scale_version(ctx, cur, &new_scale)?;
+                check_new_scale(ctx, cur, &new_scale)?;
                 let new = scaled(&spec, cur, &new_scale);
                 let (m, _) = commit_update(ctx, cur, new, "scale", false, adm.as_deref())?;
                 Ok(m)
@@ -1328,9 +1334,7 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
             admitted::mutate(state, &hooks, ctx, "UPDATE", &mut object, Some(&start)).await?;
         let new_scale =
             object.ok_or_else(|| ApiError::internal("a mutating webhook removed the object"))?;
-        refuse_unset_replicas(ctx, &new_scale)?;
-        validate_builtin_scale(ctx, &new_scale)?;
-        check_scale_version(ctx, &current, &new_scale)?;
+        check_new_scale(ctx, &current, &new_scale)?;
         let new = scaled(&spec, &current, &new_scale);
         let (decision, _) = commit_update(ctx, &current, new, "scale", false, adm.as_deref())?;
         warnings.extend(
