@@ -902,8 +902,8 @@ impl GroupVersionProxy {
         // budget) and kept as text for every attempt (the cached one, each checked
         // one): the budget's room is given back before the first round trip, and
         // the caller's headers go out as they came. A write's document stays a
-        // tree across attempts, and keeps its room.
-        let (media_type, mut write, _room, delete) = if verb == Verb::Delete {
+        // tree until an attempt takes it, and keeps its room.
+        let (mut mutation, _room) = if verb == Verb::Delete {
             let room = match self
                 .parse_room(exchange, request_body::parse_cost(&bytes))
                 .await
@@ -913,48 +913,37 @@ impl GroupVersionProxy {
             };
             let options = DeleteOptions::read(&bytes, exchange.query());
             drop(room);
-            // A pin in a body is the proxy's JSON, whatever the caller's
-            // Content-Type said of the body it did not send.
-            let media_type = Some(BodyType::Json.media_type());
-            (media_type, None, None, Some(options))
+            (Mutation::Delete(options), None)
         } else {
             match self.labelled_body(exchange, &bytes, stamp).await {
-                Ok(Ok((write, room))) => (
-                    Some(write.body_type.media_type()),
-                    Some(write),
-                    Some(room),
-                    None,
-                ),
+                Ok(Ok((document, room))) => {
+                    let mutation = Mutation::Write {
+                        media_type: document.body_type.media_type(),
+                        bytes,
+                        stamp,
+                        first: Some(document),
+                    };
+                    (mutation, Some(room))
+                }
                 Ok(Err(error)) => return refused_body(&error),
                 Err(outcome) => return outcome,
             }
         };
         if let Some(outcome) = self
-            .cached_mutation(
-                exchange,
-                verb,
-                path,
-                media_type,
-                delete.as_ref(),
-                &mut write,
-            )
+            .cached_mutation(exchange, verb, path, &mut mutation)
             .await
         {
             return outcome;
         }
+        let media_type = Some(mutation.media_type());
         for attempt in 1..=PINNED_ATTEMPTS {
             let last = attempt == PINNED_ATTEMPTS;
-            // The first attempt pins the document read above; a second one reads
-            // the same bytes again (the same document) rather than keeping a copy,
-            // before its check, so that the parse does not widen the time between
-            // the check and the write.
-            let document = match (&delete, write.take()) {
-                (Some(_), _) => None,
-                (None, Some(document)) => Some(document),
-                (None, None) => match self.label(&exchange.headers, &bytes, stamp) {
-                    Ok(document) => Some(document),
-                    Err(error) => return refused_body(&error),
-                },
+            // A write's second attempt reads its bytes again here, before its
+            // check, so that the parse does not widen the time between the check
+            // and the write.
+            let request = match self.attempt(&exchange.headers, &mut mutation) {
+                Ok(request) => request,
+                Err(error) => return refused_body(&error),
             };
             let checked = match self.check_ownership(exchange, path).await {
                 Ok(checked) => checked,
@@ -963,16 +952,12 @@ impl GroupVersionProxy {
             // A body naming another uid than the checked one is refused for that
             // uid, whatever the pin: its first answer is final.
             let mut refused_for_its_uid = false;
-            let pinned = match (&delete, document) {
-                (Some(options), _) => match &checked {
+            let pinned = match request {
+                Attempt::Delete(options) => match &checked {
                     Checked::Owned(pin) => pinned_delete(options, pin),
                     Checked::Absent => return self.masked(path, Reason::OwnershipMasked),
                 },
-                // Not reached: a write that is not a delete always has its document.
-                (None, None) => {
-                    return self.upstream_failure("a write without its document");
-                }
-                (None, Some(mut document)) => {
+                Attempt::Write(mut document) => {
                     refused_for_its_uid = match &checked {
                         Checked::Owned(pin) => precondition::names_another_uid(&document, pin),
                         // An apply naming a uid finds no object to carry it.
@@ -1029,11 +1014,40 @@ impl GroupVersionProxy {
                 Checked::Absent => None,
             };
             return self
-                .remember_write(exchange, verb, path, delete.as_ref(), sent_with, outcome)
+                .remember_write(
+                    exchange,
+                    verb,
+                    path,
+                    mutation.delete_options(),
+                    sent_with,
+                    outcome,
+                )
                 .await;
         }
         // The loop returns on its last attempt.
         self.upstream_failure("no attempt left for the pinned write")
+    }
+
+    /// What one attempt of an owned mutation pins: the delete's options, or the
+    /// write's document, the one read first and then the caller's bytes read
+    /// again for each later attempt (a document is consumed by its pin).
+    fn attempt<'m>(
+        &self,
+        headers: &HeaderMap,
+        mutation: &'m mut Mutation,
+    ) -> Result<Attempt<'m>, BodyError> {
+        match mutation {
+            Mutation::Delete(options) => Ok(Attempt::Delete(options)),
+            Mutation::Write {
+                bytes,
+                stamp,
+                first,
+                ..
+            } => match first.take() {
+                Some(document) => Ok(Attempt::Write(document)),
+                None => self.label(headers, bytes, *stamp).map(Attempt::Write),
+            },
+        }
     }
 
     /// A pinned write's refusal that ends the request. kube judges a write on
@@ -1161,9 +1175,7 @@ impl GroupVersionProxy {
         exchange: &Exchange,
         verb: Verb,
         path: &ResourcePath,
-        media_type: Option<&'static str>,
-        delete: Option<&Result<DeleteOptions, PreconditionError>>,
-        write: &mut Option<WriteBody>,
+        mutation: &mut Mutation,
     ) -> Option<Outcome> {
         let name = path
             .name
@@ -1177,24 +1189,31 @@ impl GroupVersionProxy {
             Lookup::Miss => return self.cache_result("miss"),
             Lookup::Unsynced => return self.cache_result("unsynced"),
         };
-        let pinned = match (delete, write.take()) {
-            (Some(options), _) => pinned_delete(options, &pin),
+        let request = match self.attempt(&exchange.headers, mutation) {
+            Ok(request) => request,
+            Err(error) => return Some(refused_body(&error)),
+        };
+        let pinned = match request {
+            Attempt::Delete(options) => pinned_delete(options, &pin),
             // A caller's uid other than the cached one: either the cache is behind
             // (the caller read a newer incarnation) or the target refuses the
             // write; a write pinned to the cached state would fail either way.
-            (None, Some(document)) if precondition::names_another_uid(&document, &pin) => {
+            Attempt::Write(document) if precondition::names_another_uid(&document, &pin) => {
                 return self.cache_result("stale");
             }
-            (None, Some(mut document)) => precondition::pin_write(&self.owner, &mut document, &pin)
-                .map(|()| PinnedRequest::Body(document.to_bytes())),
-            (None, None) => return self.cache_result("miss"),
+            Attempt::Write(mut document) => {
+                precondition::pin_write(&self.owner, &mut document, &pin)
+                    .map(|()| PinnedRequest::Body(document.to_bytes()))
+            }
         };
         // A caller precondition the cached state does not meet, or a body that
         // cannot carry the pin: the checked path answers it as it always did.
         let Ok(pinned) = pinned else {
             return self.cache_result("stale");
         };
-        let outcome = self.forward_pinned(exchange, media_type, pinned).await;
+        let outcome = self
+            .forward_pinned(exchange, Some(mutation.media_type()), pinned)
+            .await;
         let code = outcome.response.status();
         let refused = code.is_client_error() && code != StatusCode::TOO_MANY_REQUESTS;
         // Server-side apply is idempotent, so it may also be checked and sent again
@@ -1210,8 +1229,15 @@ impl GroupVersionProxy {
         }
         self.metrics.ownership_cache(&self.group_version, "hit");
         Some(
-            self.remember_write(exchange, verb, path, delete, Some(&pin), outcome)
-                .await,
+            self.remember_write(
+                exchange,
+                verb,
+                path,
+                mutation.delete_options(),
+                Some(&pin),
+                outcome,
+            )
+            .await,
         )
     }
 
@@ -2293,6 +2319,46 @@ enum Stamp {
     UnlessOwnerNamed,
     /// None: the body is a view of the object that has no labels (a Scale).
     Never,
+}
+
+/// An owned mutation's request as read, once, from the caller's body.
+enum Mutation {
+    /// A delete's options (or why they cannot be read), kept as text for every
+    /// attempt.
+    Delete(Result<DeleteOptions, PreconditionError>),
+    /// A write: the caller's bytes, how they are labelled and sent, and the
+    /// document read from them until an attempt takes it.
+    Write {
+        bytes: Bytes,
+        stamp: Stamp,
+        media_type: &'static str,
+        first: Option<WriteBody>,
+    },
+}
+
+impl Mutation {
+    /// The media type of what every attempt sends: a delete's pin is in the
+    /// proxy's JSON, whatever the caller's Content-Type said of the body it did
+    /// not send; a write goes as its document was read.
+    fn media_type(&self) -> &'static str {
+        match self {
+            Mutation::Delete(_) => BodyType::Json.media_type(),
+            Mutation::Write { media_type, .. } => media_type,
+        }
+    }
+
+    fn delete_options(&self) -> Option<&Result<DeleteOptions, PreconditionError>> {
+        match self {
+            Mutation::Delete(options) => Some(options),
+            Mutation::Write { .. } => None,
+        }
+    }
+}
+
+/// What one attempt of an owned mutation pins (see `GroupVersionProxy::attempt`).
+enum Attempt<'m> {
+    Delete(&'m Result<DeleteOptions, PreconditionError>),
+    Write(WriteBody),
 }
 
 /// Whether a write's body is the object itself, labels and all: a write of the
