@@ -106,3 +106,57 @@ fn files_and_dirs(dir: &Path) -> BTreeSet<String> {
         .map(|name| name.to_string_lossy().into_owned())
         .collect()
 }
+
+/// Each `[[package]]` of a lockfile: its name and version, once for each
+/// version it is locked at.
+fn locked_packages(path: &Path) -> BTreeSet<(String, String)> {
+    let lock: toml_edit::DocumentMut = fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .parse()
+        .unwrap_or_else(|e| panic!("{} is not TOML: {e}", path.display()));
+    let packages = lock
+        .get("package")
+        .and_then(|packages| packages.as_array_of_tables())
+        .unwrap_or_else(|| panic!("{} has no [[package]]", path.display()));
+    packages
+        .iter()
+        .map(|package| {
+            let field = |key: &str| {
+                package
+                    .get(key)
+                    .and_then(|value| value.as_str())
+                    .unwrap_or_else(|| panic!("{}: a package without {key}", path.display()))
+                    .to_owned()
+            };
+            (field("name"), field("version"))
+        })
+        .collect()
+}
+
+/// The fuzz workspace locks every crate it shares with the main workspace at
+/// the main workspace's version, so that a fuzz run exercises the parsers with
+/// the dependencies the tests and the shipped binary are built with. After a
+/// dependency update: `cp Cargo.lock fuzz/ && cd fuzz && cargo +nightly
+/// metadata --format-version 1 >/dev/null`, which prunes what fuzz does not use.
+#[test]
+fn the_fuzz_lockfile_agrees_with_the_workspaces() {
+    let main = locked_packages(&fuzz_dir().join("../Cargo.lock"));
+    let fuzz = locked_packages(&fuzz_dir().join("Cargo.lock"));
+    let main_names: BTreeSet<&str> = main.iter().map(|(name, _)| name.as_str()).collect();
+    let differing: Vec<String> = fuzz
+        .difference(&main)
+        .filter(|(name, _)| main_names.contains(name.as_str()))
+        .map(|(name, version)| format!("{name} {version}"))
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "fuzz/Cargo.lock locks these at other versions than Cargo.lock: {}",
+        differing.join(", ")
+    );
+    // A floor, so that an empty or unreadable lockfile does not pass quietly.
+    assert!(
+        fuzz.len() >= 100,
+        "fuzz/Cargo.lock has {} packages",
+        fuzz.len()
+    );
+}
