@@ -724,6 +724,91 @@ async fn subresource_answers_never_show_an_object_that_lost_its_labels() {
     h.proxy.shutdown().await;
 }
 
+/// An owned watch shows only this client's objects: neither the ones already
+/// there when it opens nor the ones created while it runs may show another
+/// client's object, one labelled for this client by half, or one without
+/// labels. The watch runs until the owned object created last arrives; the
+/// target sends events in the order of its writes, so an unfiltered watch
+/// would have shown the others before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owned_watch_shows_no_object_this_client_does_not_own() {
+    use http_body_util::BodyExt as _;
+    let h = harness(AccessMode::Owned).await;
+    let not_owned = [
+        ("unlabelled", json!({})),
+        (
+            "other-client",
+            json!({"vcluster.com/owner-vcluster": "other", "vcluster.com/owner-project": "default"}),
+        ),
+        (
+            "half-owned",
+            json!({"vcluster.com/owner-vcluster": "client"}),
+        ),
+    ];
+    for (name, labels) in &not_owned {
+        create_on_target(&h, &format!("{name}-before"), labels.clone()).await;
+    }
+    owned_widget(&h, "owned-before").await;
+
+    let mut sender = target_support::caller_h2::<http_body_util::Empty<Bytes>>(
+        h.addr,
+        &h.serving_ca_pem,
+        &h.front_proxy_client,
+    )
+    .await;
+    let request = target_support::aggregator_get(&format!("{WIDGETS}?watch=true"));
+    let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(request))
+        .await
+        .expect("watch answered within 20 s")
+        .expect("watch response");
+    assert_eq!(response.status(), 200);
+    for (name, labels) in &not_owned {
+        create_on_target(&h, &format!("{name}-after"), labels.clone()).await;
+    }
+    owned_widget(&h, "owned-after").await;
+
+    // Bounded: at most 200 frames, and 20 s.
+    let mut body = response.into_body();
+    let mut text = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        for _ in 0..200 {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        text.push_str(&String::from_utf8_lossy(&data));
+                    }
+                    if text.contains("\"owned-after\"") && text.ends_with('\n') {
+                        return;
+                    }
+                }
+                None | Some(Err(_)) => return,
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no event for owned-after within 20 s: {text}");
+    let shown: Vec<(String, String)> = text
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).expect("a watch event"))
+        .map(|event| {
+            let name = event["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default();
+            (
+                event["type"].as_str().unwrap_or_default().to_owned(),
+                name.to_owned(),
+            )
+        })
+        .collect();
+    let added = |name: &str| ("ADDED".to_owned(), name.to_owned());
+    assert_eq!(
+        shown,
+        [added("owned-before"), added("owned-after")],
+        "{text}"
+    );
+    h.proxy.shutdown().await;
+}
+
 /// Another tenant's object and no object at all get the same 404, byte for byte
 /// and header for header (but `date`), for every named verb: the target's own
 /// answer for a missing object would otherwise tell a caller which names other
