@@ -225,6 +225,54 @@ async fn a_target_identity_without_namespace_rights_writes_into_existing_ones() 
     h.proxy.shutdown().await;
 }
 
+/// The target's RBAC governs what the proxy's identity may read there, and its
+/// refusal reaches the caller as the target wrote it: a named GET, a list and a
+/// watch refused with 403 keep the code, the reason and the message that names
+/// the identity and the verb (a named GET's 403 is decided before any object is
+/// read, so it is neither masked nor checked).
+#[tokio::test]
+async fn the_targets_rbac_refusal_of_a_read_reaches_the_caller_as_it_was_written() {
+    let h = harness_with(Options {
+        target_rules: Some(json!([
+            {"apiGroups": ["example.com"], "resources": ["*"],
+             "verbs": ["create", "update", "patch", "delete"]},
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create"]},
+            {"nonResourceURLs": ["*"], "verbs": ["get"]},
+        ])),
+        ..Options::default()
+    })
+    .await;
+    let refusal = |name: &str, verb: &str| {
+        format!(
+            "widgets.example.com {name}is forbidden: User \"crproxy-under-test\" cannot \
+             {verb} resource \"widgets\" in API group \"example.com\" in the namespace \"demo\""
+        )
+    };
+    for (path, verb, name) in [
+        (format!("{WIDGETS}/w1"), "get", "\"w1\" "),
+        (WIDGETS.to_string(), "list", ""),
+        (format!("{WIDGETS}?watch=true"), "watch", ""),
+    ] {
+        let reply = call(&h.aggregator, "GET", &path, None).await;
+        assert_eq!(reply.status, 403, "{path}: {}", reply.body);
+        assert_eq!(reply.body["reason"], "Forbidden", "{path}: {}", reply.body);
+        assert_eq!(reply.body["code"], 403, "{path}: {}", reply.body);
+        assert_eq!(reply.body["message"], refusal(name, verb), "{path}");
+    }
+    // Counted as the target's answer.
+    let counted = h.metrics.encode();
+    assert_eq!(
+        metric_value(
+            &h.metrics,
+            "vcluster_proxy_request_total",
+            "code=\"403\",reason=\"upstream\""
+        ),
+        3.0,
+        "{counted}"
+    );
+    h.proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn creates_are_stamped_and_the_namespace_is_mirrored() {
     // A current-thread test: the proxy's events are this thread's.
@@ -803,6 +851,18 @@ async fn connection_upgrades_are_refused_with_501() {
         "vcluster_proxy_request_terminations_total",
         "reason=\"upgrade_rejected\""
     ));
+    // The request itself is counted with the proxy's own code and the same
+    // reason, not as the target's answer.
+    let counted = h.metrics.encode();
+    assert_eq!(
+        metric_value(
+            &h.metrics,
+            "vcluster_proxy_request_total",
+            "code=\"501\",reason=\"upgrade_rejected\""
+        ),
+        1.0,
+        "{counted}"
+    );
     h.proxy.shutdown().await;
 }
 
@@ -2532,6 +2592,17 @@ async fn discovery_answered_with_401_404_or_5xx_falls_back_as_upstream_error() {
         let counted = h.metrics.encode();
         assert_eq!(
             discovery_fallbacks(&h, "upstream_error"),
+            (round + 1) as f64,
+            "{code}: {counted}"
+        );
+        // The caller got a 200, and the request's own series names the
+        // fallback's reason, not the target's answer.
+        assert_eq!(
+            metric_value(
+                &h.metrics,
+                "vcluster_proxy_request_total",
+                "verb=\"GET\",code=\"200\",reason=\"upstream_error\""
+            ),
             (round + 1) as f64,
             "{code}: {counted}"
         );
