@@ -65,8 +65,10 @@ pub enum Operator {
     LessThan,
 }
 
-/// One clause of a label selector. Values are kept sorted and de-duplicated (kube
-/// stores them as a set), so two equal selectors compare equal.
+/// One clause of a label selector. Values are kept sorted. A parsed selector's are
+/// also de-duplicated (kube's parser reads them into a set), so two equal selectors
+/// compare equal; a LabelSelector object's keep any repeats, as kube's
+/// `LabelSelectorAsSelector` does ([`LabelSelector::from_object`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Requirement {
     pub key: String,
@@ -90,6 +92,26 @@ impl Requirement {
         if !errs.is_empty() {
             return Err(SelectorError::Label(aggregate(errs)));
         }
+        Ok(Requirement {
+            key,
+            operator,
+            values,
+        })
+    }
+
+    /// A requirement of a LabelSelector object, as `LabelSelectorAsSelector` hands it
+    /// to `labels.NewRequirement`: checked on the values in the order given, then
+    /// kept sorted (kube sorts them when it prints them) with any repeats.
+    fn from_object(
+        key: String,
+        operator: Operator,
+        mut values: Vec<String>,
+    ) -> Result<Requirement, SelectorError> {
+        let errs = requirement_errors(&key, operator, &values);
+        if !errs.is_empty() {
+            return Err(SelectorError::Label(aggregate(errs)));
+        }
+        values.sort();
         Ok(Requirement {
             key,
             operator,
@@ -167,6 +189,67 @@ impl LabelSelector {
         // canonical text re-parses to an identical selector.
         requirements.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(LabelSelector { requirements })
+    }
+
+    /// kube's `metav1.LabelSelectorAsSelector`: the selector a LabelSelector object
+    /// (`{"matchLabels": {..}, "matchExpressions": [..]}`) stands for. `None` for a
+    /// null one, kube's `Nothing()`: it matches nothing, yet prints as "" as
+    /// [`LabelSelector::everything`] (an object with no requirements) does.
+    ///
+    /// An error is the first requirement `labels.NewRequirement` refuses, in its
+    /// text, or an operator other than In, NotIn, Exists and DoesNotExist. kube
+    /// visits matchLabels in Go's map order (random: of several bad labels it may
+    /// name any), this in key order, both before matchExpressions. Members of
+    /// another JSON type are read as Go's zero value (kube's decoder refuses them
+    /// before any selector is made).
+    pub fn from_object(
+        selector: &serde_json::Value,
+    ) -> Result<Option<LabelSelector>, SelectorError> {
+        use serde_json::Value;
+        if selector.is_null() {
+            return Ok(None);
+        }
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_owned();
+        let mut requirements = Vec::new();
+        if let Some(labels) = selector.get("matchLabels").and_then(Value::as_object) {
+            for (key, value) in labels {
+                requirements.push(Requirement::from_object(
+                    key.clone(),
+                    Operator::Equals,
+                    vec![text(Some(value))],
+                )?);
+            }
+        }
+        let expressions = selector.get("matchExpressions").and_then(Value::as_array);
+        for expression in expressions.into_iter().flatten() {
+            let operator = match text(expression.get("operator")).as_str() {
+                "In" => Operator::In,
+                "NotIn" => Operator::NotIn,
+                "Exists" => Operator::Exists,
+                "DoesNotExist" => Operator::DoesNotExist,
+                other => {
+                    return Err(SelectorError::Label(format!(
+                        "{} is not a valid label selector operator",
+                        crate::go_text::quoted(other)
+                    )))
+                }
+            };
+            let values = expression.get("values").and_then(Value::as_array);
+            let values = values
+                .into_iter()
+                .flatten()
+                .map(|v| text(Some(v)))
+                .collect();
+            requirements.push(Requirement::from_object(
+                text(expression.get("key")),
+                operator,
+                values,
+            )?);
+        }
+        // kube's `Selector.Add` sorts by key with `sort.Sort`, which keeps the order
+        // of equal keys for the few requirements a selector has (insertion sort up
+        // to 12), as this stable sort does.
+        Ok(Some(LabelSelector::from_requirements(requirements)))
     }
 
     /// The selector that matches every label set.
@@ -743,6 +826,17 @@ fn aggregate(errs: Vec<String>) -> String {
     format!("[{}]", seen.join(", "))
 }
 
+/// Go's `%#v` of a `[]string`, as `field.Invalid` prints a requirement's values:
+/// `[]string{"a", "b"}`, and `[]string(nil)` for none (only a LabelSelector
+/// object's requirement can have none: the parser reads `in ()` as one empty value).
+fn go_string_slice(values: &[String]) -> String {
+    if values.is_empty() {
+        return "[]string(nil)".to_owned();
+    }
+    let quoted: Vec<String> = values.iter().map(|v| crate::go_text::quoted(v)).collect();
+    format!("[]string{{{}}}", quoted.join(", "))
+}
+
 /// `labels.NewRequirement`'s checks, with the field paths it reports when the parser
 /// calls it (no root path).
 fn requirement_errors(key: &str, op: Operator, values: &[String]) -> Vec<String> {
@@ -751,13 +845,13 @@ fn requirement_errors(key: &str, op: Operator, values: &[String]) -> Vec<String>
     if !key_errs.is_empty() {
         errs.push(field_invalid("key", key, &key_errs.join("; ")));
     }
-    let values_json = || serde_json::to_string(values).unwrap_or_default();
+    let values_text = || go_string_slice(values);
     match op {
         Operator::In | Operator::NotIn => {
             if values.is_empty() {
                 errs.push(format!(
                     "values: Invalid value: {}: for 'in', 'notin' operators, values set can't be empty",
-                    values_json()
+                    values_text()
                 ));
             }
         }
@@ -765,7 +859,7 @@ fn requirement_errors(key: &str, op: Operator, values: &[String]) -> Vec<String>
             if values.len() != 1 {
                 errs.push(format!(
                     "values: Invalid value: {}: exact-match compatibility requires one single value",
-                    values_json()
+                    values_text()
                 ));
             }
         }
@@ -773,7 +867,7 @@ fn requirement_errors(key: &str, op: Operator, values: &[String]) -> Vec<String>
             if !values.is_empty() {
                 errs.push(format!(
                     "values: Invalid value: {}: values set must be empty for exists and does not exist",
-                    values_json()
+                    values_text()
                 ));
             }
         }
@@ -781,7 +875,7 @@ fn requirement_errors(key: &str, op: Operator, values: &[String]) -> Vec<String>
             if values.len() != 1 {
                 errs.push(format!(
                     "values: Invalid value: {}: for 'Gt', 'Lt' operators, exactly one value is required",
-                    values_json()
+                    values_text()
                 ));
             }
             for (i, v) in values.iter().enumerate() {

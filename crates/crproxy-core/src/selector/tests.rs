@@ -224,6 +224,66 @@ fn requirement_new_validates() {
     assert_eq!(r.values, vec!["x".to_owned(), "y".to_owned()]);
 }
 
+/// What `LabelSelectorAsSelector(selector).String()` gives for a LabelSelector
+/// object: `Ok(None)` for kube's `Nothing()`.
+fn check_object(selector: serde_json::Value, expected: Result<Option<&str>, &str>) {
+    let got = LabelSelector::from_object(&selector)
+        .map(|s| s.map(|s| s.to_string()))
+        .map_err(|e| e.to_string());
+    let expected = expected
+        .map(|s| s.map(str::to_owned))
+        .map_err(str::to_owned);
+    assert_eq!(got, expected, "selector: {selector}");
+}
+
+#[test]
+fn label_selector_objects_read_as_kube_s_label_selector_as_selector() {
+    use serde_json::json;
+    check_object(json!(null), Ok(None));
+    check_object(json!({}), Ok(Some("")));
+    check_object(
+        json!({"matchLabels": {}, "matchExpressions": []}),
+        Ok(Some("")),
+    );
+    check_object(
+        json!({"matchLabels": {"tier": "web", "app": "d"}}),
+        Ok(Some("app=d,tier=web")),
+    );
+    check_object(
+        json!({"matchLabels": {"z": "1"}, "matchExpressions": [
+            {"key": "env", "operator": "NotIn", "values": ["prod", "dev"]},
+            {"key": "a", "operator": "In", "values": ["y", "x", "y"]},
+            {"key": "gone", "operator": "DoesNotExist"},
+            {"key": "z", "operator": "Exists"},
+        ]}),
+        Ok(Some("a in (x,y,y),env notin (dev,prod),!gone,z=1,z")),
+    );
+    check_object(
+        json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}),
+        Err("\"Gt\" is not a valid label selector operator"),
+    );
+    check_object(
+        json!({"matchExpressions": [{"key": "a", "operator": "In"}]}),
+        Err("values: Invalid value: []string(nil): for 'in', 'notin' operators, values set can't be empty"),
+    );
+    check_object(
+        json!({"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x", "y"]}]}),
+        Err("values: Invalid value: []string{\"x\", \"y\"}: values set must be empty for exists and does not exist"),
+    );
+    check_object(
+        json!({"matchLabels": {"bad key": "v"}}),
+        Err(&format!(
+            "key: Invalid value: \"bad key\": {NAME_PART_REGEX}"
+        )),
+    );
+    check_object(
+        json!({"matchLabels": {"k": "bad value!"}}),
+        Err(&format!(
+            "values[0][k]: Invalid value: \"bad value!\": {VALUE_REGEX}"
+        )),
+    );
+}
+
 fn check_field(input: &str, expected: Result<&str, &str>) {
     let got = FieldSelector::parse(input)
         .map(|s| s.to_string())
