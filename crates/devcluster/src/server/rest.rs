@@ -1069,9 +1069,11 @@ enum ScaleChange {
     Patch(seams::PatchKind, Vec<u8>),
 }
 
-/// The Scale of `obj` as kube's registry makes it (`scaleFromCustomResource`),
-/// and whether `obj` has spec replicas. A field of the wrong type is the
-/// accessor's error, which kube's handlers answer as 500 `Unknown`.
+/// The Scale of `obj` as kube's registry makes it (`scaleFromCustomResource`,
+/// `scaleFromDeployment`), and whether `obj` has spec replicas. A field of the
+/// wrong type is the accessor's error, and a built-in's selector kube cannot
+/// read is `LabelSelectorAsSelector`'s: kube's handlers answer either as 500
+/// `Unknown` (a GET answers the selector's otherwise, [`scale_of`]).
 fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
     let Some(spec) = ctx.info.scale(&ctx.version) else {
         return Err(ApiError::resource_not_found());
@@ -1094,11 +1096,15 @@ fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
         scale::nested_int64(obj, &spec.spec_replicas_path).map_err(ApiError::unknown)?;
     let status_replicas =
         scale::nested_int64(obj, &spec.status_replicas_path).map_err(ApiError::unknown)?;
-    let selector = match spec.label_selector_path.as_deref() {
-        Some(path) if !path.is_empty() => {
-            scale::nested_string(obj, path).map_err(ApiError::unknown)?
+    let selector = if !ctx.info.is_crd() {
+        Some(scale::builtin_selector(obj).map_err(ApiError::unknown)?)
+    } else {
+        match spec.label_selector_path.as_deref() {
+            Some(path) if !path.is_empty() => {
+                scale::nested_string(obj, path).map_err(ApiError::unknown)?
+            }
+            _ => None,
         }
-        _ => None,
     };
     // A built-in's replicas are always set (defaulted); only a custom
     // resource can lack them.
@@ -1130,8 +1136,13 @@ fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
 }
 
 /// The Scale a GET answers: kube's `ScaleREST.Get` refuses a custom resource
-/// without spec replicas with an internal error.
+/// without spec replicas with an internal error, and a built-in whose selector
+/// it cannot read with a 400 (kube's validation keeps such a selector out of
+/// storage; devcluster does not check a Deployment's spec).
 fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
+    if !ctx.info.is_crd() {
+        scale::builtin_selector(obj).map_err(ApiError::bad_request)?;
+    }
     let (scale, found) = scale_from(ctx, obj)?;
     if !found {
         return Err(ApiError::internal_error(&format!(

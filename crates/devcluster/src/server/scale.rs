@@ -1,12 +1,28 @@
-//! A custom resource's replicas and selector as apiextensions-apiserver reads
-//! them for `/scale` (`scaleFromCustomResource` in
+//! What `/scale` reads of an object. A custom resource's replicas and selector
+//! as apiextensions-apiserver reads them (`scaleFromCustomResource` in
 //! `pkg/registry/customresource/etcd.go`): through apimachinery's
 //! `unstructured.NestedInt64` and `NestedString`, whose errors for a field of
-//! the wrong type reach the client as their Go text.
+//! the wrong type reach the client as their Go text. A built-in's selector as
+//! its registry prints it (`scaleFromDeployment` in
+//! `pkg/registry/apps/deployment/storage/storage.go`).
 
 use crate::registry::ScaleSpec;
 use crate::schema::Cause;
+use crproxy_core::selector::LabelSelector;
 use serde_json::{json, Value};
+
+/// A built-in's Scale `status.selector`: kube's `scaleFromDeployment` (and the
+/// ReplicaSet and StatefulSet registries alike) prints `spec.selector` through
+/// `metav1.LabelSelectorAsSelector`, so requirements come sorted by key, and a
+/// missing or empty selector is "" (which the Scale then leaves out). A selector
+/// kube cannot turn into requirements is the error, in kube's text.
+pub fn builtin_selector(obj: &Value) -> Result<String, String> {
+    let selector = obj.pointer("/spec/selector").unwrap_or(&Value::Null);
+    match LabelSelector::from_object(selector) {
+        Ok(selector) => Ok(selector.map(|s| s.to_string()).unwrap_or_default()),
+        Err(e) => Err(e.message().to_string()),
+    }
+}
 
 /// Which of a custom resource's scale fields a write has checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

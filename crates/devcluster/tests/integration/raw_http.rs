@@ -1438,6 +1438,59 @@ async fn a_scale_of_no_replicas_leaves_spec_replicas_out() {
     }
 }
 
+/// A built-in's Scale carries its selector in `status.selector`, as kube's
+/// `scaleFromDeployment` prints `spec.selector` (`LabelSelectorAsSelector`):
+/// requirements sorted by key, on a read and in a write's answer. A selector
+/// kube could not read (its validation keeps one out of storage, devcluster's
+/// does not) is what kube's `ScaleREST` answers then: a GET's 400, a write's
+/// bare error (500 `Unknown`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_built_in_s_scale_carries_its_selector() {
+    let test = test_support::devcluster("scale-selector").await;
+    let selector = "  selector:\n    matchLabels: {tier: web, app: d}\n    matchExpressions:\n    - {key: env, operator: NotIn, values: [prod, dev]}\n    - {key: canary, operator: DoesNotExist}\n";
+    apply(&test, &deployment_with_selector(selector)).await;
+    let expected = serde_json::json!({
+        "replicas": 0,
+        "selector": "app=d,!canary,env notin (dev,prod),tier=web",
+    });
+    let (code, body) = get(&test, DEPLOYMENT_SCALE, None).await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["status"], expected);
+    let (code, body) = send(
+        &test,
+        "PATCH",
+        DEPLOYMENT_SCALE,
+        &[MERGE_PATCH],
+        r#"{"spec":{"replicas":4}}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["status"], expected);
+
+    let selector =
+        "  selector:\n    matchExpressions:\n    - {key: a, operator: Gt, values: ['1']}\n";
+    apply(&test, &deployment_with_selector(selector)).await;
+    let message = "\"Gt\" is not a valid label selector operator";
+    let (code, body) = get(&test, DEPLOYMENT_SCALE, None).await;
+    assert_eq!(code, 400, "{body:?}");
+    assert_eq!(json(&body), failure(400, "BadRequest", message, None));
+    let (code, body) = send(
+        &test,
+        "PATCH",
+        DEPLOYMENT_SCALE,
+        &[MERGE_PATCH],
+        r#"{"spec":{"replicas":5}}"#,
+    )
+    .await;
+    assert_eq!(code, 500, "{body:?}");
+    assert_eq!(json(&body), failure(500, "Unknown", message, None));
+}
+
+/// Deployment `default/d` of 4 replicas with `selector` (YAML under `spec`).
+fn deployment_with_selector(selector: &str) -> String {
+    format!("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 4\n{selector}  template:\n    metadata:\n      labels: {{app: d, tier: web}}\n    spec:\n      containers:\n      - {{name: c, image: nginx}}\n")
+}
+
 /// A write to the Scale of a custom resource without spec replicas starts
 /// from kube's mark for them (the smallest int32): a patch that does not set
 /// replicas is kube's 400 `the spec replicas field ".spec.replicas" cannot be

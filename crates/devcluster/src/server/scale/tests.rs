@@ -60,3 +60,29 @@ fn a_selector_is_read_as_kube_s_nested_string_reads_it() {
         Err(".status.n accessor error: 2 is of the type int64, expected string".into())
     );
 }
+
+#[test]
+fn a_built_in_s_selector_is_printed_as_kube_s_label_selector_as_selector_prints_it() {
+    let check = |selector: Value, expected: Result<&str, &str>| {
+        let obj = json!({"spec": {"replicas": 1, "selector": selector}});
+        let expected = expected.map(str::to_string).map_err(str::to_string);
+        assert_eq!(builtin_selector(&obj), expected, "{obj}");
+    };
+    check(Value::Null, Ok(""));
+    check(json!({}), Ok(""));
+    check(json!({"matchLabels": {"app": "d"}}), Ok("app=d"));
+    check(
+        json!({"matchLabels": {"tier": "web", "app": "d"},
+            "matchExpressions": [{"key": "env", "operator": "NotIn", "values": ["prod", "dev"]},
+                {"key": "canary", "operator": "DoesNotExist"}]}),
+        Ok("app=d,!canary,env notin (dev,prod),tier=web"),
+    );
+    check(
+        json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}),
+        Err("\"Gt\" is not a valid label selector operator"),
+    );
+    assert_eq!(
+        builtin_selector(&json!({"spec": {"replicas": 1}})),
+        Ok("".into())
+    );
+}
