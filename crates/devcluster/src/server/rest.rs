@@ -890,6 +890,13 @@ async fn update_admitted(
     let sub = ctx.subresource.clone();
     let adm = state.policy.admission(&state.store);
     let hooks = admitted::webhooks(state);
+    // kube defaults what an update sends, or a patch makes, as it decodes it:
+    // before the webhooks see it.
+    let build = |cur: &Arc<Value>| {
+        let mut new = build(cur)?;
+        seams::scheme_defaults(&ctx.info, &mut new);
+        Ok::<_, ApiError>(new)
+    };
     if hooks.is_none() {
         let mut warnings = Vec::new();
         let written = state.store.mutate_optimistic(

@@ -268,11 +268,24 @@ fn check_applied_metadata(ctx: &ReqCtx, applied: &Value) -> Result<(), ApiError>
 
 // ---------- defaults, validation, managedFields ----------
 
-/// Defaults kube's scheme applies while decoding (before managedFields are
-/// computed, so the writer owns them).
+/// Defaults kube's scheme applies while decoding what a create or an update
+/// sends, or a patch makes (before managedFields are computed, so the writer
+/// owns them).
 pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
     let Some(m) = obj.as_object_mut() else { return };
     match (info.group.as_str(), info.resource.as_str()) {
+        ("apps", "deployments") => {
+            // apps/v1's SetDefaults_Deployment: replicas unset (or null) are 1.
+            let spec = m.entry("spec").or_insert(Value::Null);
+            if spec.is_null() {
+                *spec = json!({});
+            }
+            if let Some(spec) = spec.as_object_mut() {
+                if spec.get("replicas").is_none_or(Value::is_null) {
+                    spec.insert("replicas".into(), json!(1));
+                }
+            }
+        }
         ("", "namespaces") => {
             let name = m
                 .get("metadata")
@@ -853,6 +866,25 @@ pub fn managed_fields_update(ctx: &ReqCtx, old: Option<&Value>, new: &mut Value,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deployment_s_replicas_default_to_one() {
+        let registry = crate::registry::Registry::new();
+        let deployments = registry.get("apps", "deployments").expect("deployments");
+        let check = |mut deployment: Value, replicas: Value| {
+            let sent = deployment.clone();
+            scheme_defaults(&deployments, &mut deployment);
+            assert_eq!(deployment["spec"]["replicas"], replicas, "{sent}");
+        };
+        check(json!({"metadata": {"name": "d"}}), json!(1));
+        check(json!({"spec": null}), json!(1));
+        check(
+            json!({"spec": {"replicas": null, "paused": true}}),
+            json!(1),
+        );
+        check(json!({"spec": {"replicas": 0}}), json!(0));
+        check(json!({"spec": {"replicas": 3}}), json!(3));
+    }
 
     #[test]
     fn a_new_storage_version_is_recorded_once() {

@@ -1491,6 +1491,72 @@ fn deployment_with_selector(selector: &str) -> String {
     format!("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 4\n{selector}  template:\n    metadata:\n      labels: {{app: d, tier: web}}\n    spec:\n      containers:\n      - {{name: c, image: nginx}}\n")
 }
 
+/// A Deployment whose write leaves replicas unset has 1, as kube's apps/v1
+/// defaulting (`SetDefaults_Deployment`) gives it while decoding: on create,
+/// on a PUT and from a patch, and its Scale says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_without_replicas_has_one() {
+    let test = test_support::devcluster("deployment-replicas").await;
+    let path = "/apis/apps/v1/namespaces/default/deployments/d";
+    let manifest = deployment(2).replace("  replicas: 2\n", "");
+    assert!(!manifest.contains("replicas"), "{manifest}");
+    apply(&test, &manifest).await;
+    let (code, body) = get(&test, path, None).await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"]["replicas"], 1);
+    let (code, body) = get(&test, DEPLOYMENT_SCALE, None).await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 1}));
+
+    let (code, body) = send(
+        &test,
+        "PATCH",
+        DEPLOYMENT_SCALE,
+        &[MERGE_PATCH],
+        r#"{"spec":{"replicas":3}}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    let (_, body) = get(&test, path, None).await;
+    let mut put = json(&body);
+    assert_eq!(put["spec"]["replicas"], 3);
+    if let Some(spec) = put["spec"].as_object_mut() {
+        spec.remove("replicas");
+    }
+    let (code, body) = send(
+        &test,
+        "PUT",
+        path,
+        &[("content-type", "application/json")],
+        &put.to_string(),
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"]["replicas"], 1);
+
+    let (code, body) = send(
+        &test,
+        "PATCH",
+        DEPLOYMENT_SCALE,
+        &[MERGE_PATCH],
+        r#"{"spec":{"replicas":3}}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    let (code, body) = send(
+        &test,
+        "PATCH",
+        path,
+        &[MERGE_PATCH],
+        r#"{"spec":{"replicas":null}}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"]["replicas"], 1);
+    let (_, body) = get(&test, DEPLOYMENT_SCALE, None).await;
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 1}));
+}
+
 /// A write to the Scale of a custom resource without spec replicas starts
 /// from kube's mark for them (the smallest int32): a patch that does not set
 /// replicas is kube's 400 `the spec replicas field ".spec.replicas" cannot be
