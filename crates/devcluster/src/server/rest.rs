@@ -967,6 +967,7 @@ pub async fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let mut obj = decode(ctx, body)?;
     if ctx.subresource == "scale" {
         check_type(ctx, &mut obj, "Scale", "autoscaling/v1")?;
+        hold_scale_to_request(ctx, &mut obj)?;
         return update_scale(state, ctx, ScaleChange::Replace(obj)).await;
     }
     seams::decode_metadata(ctx, &mut obj)?;
@@ -1185,12 +1186,46 @@ fn respond_scale(ctx: &ReqCtx, scale: &Value) -> Response<Body> {
     }
 }
 
-/// The Scale the change asks for: the one sent, or the patch applied to `scale`.
+/// The Scale the change asks for: the one sent, or the patch applied to `scale`
+/// (and then held to the request, as kube's patcher does after patching).
 fn requested_scale(ctx: &ReqCtx, change: &ScaleChange, scale: &Value) -> Result<Value, ApiError> {
     match change {
         ScaleChange::Replace(v) => Ok(v.clone()),
-        ScaleChange::Patch(kind, body) => seams::apply_patch(ctx, *kind, scale, body),
+        ScaleChange::Patch(kind, body) => {
+            let mut patched = seams::apply_patch(ctx, *kind, scale, body)?;
+            hold_scale_to_request(ctx, &mut patched)?;
+            Ok(patched)
+        }
     }
+}
+
+/// kube's handlers hold the Scale a PUT sends, or a patch makes, to the
+/// request before the registry sees it: `EnsureObjectNamespaceMatchesRequestNamespace`
+/// gives it the request's namespace when it has none (and takes a cluster-scoped
+/// one's away), then `checkName` refuses another namespace or name with a 400.
+fn hold_scale_to_request(ctx: &ReqCtx, scale: &mut Value) -> Result<(), ApiError> {
+    let namespace = meta_str(scale, "namespace").to_string();
+    if !ctx.info.namespaced {
+        if let Some(meta) = scale.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("namespace");
+        }
+    } else if namespace.is_empty() {
+        if let Some(meta) = metadata_mut(scale) {
+            meta.insert("namespace".into(), json!(ctx.namespace));
+        }
+    } else if namespace != ctx.namespace {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    let name = meta_str(scale, "name");
+    if name != ctx.name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({name}) does not match the name on the URL ({})",
+            ctx.name
+        )));
+    }
+    Ok(())
 }
 
 /// The smallest int32: how kube's `scaleUpdatedObjectInfo` marks the Scale a

@@ -1770,6 +1770,96 @@ async fn negative_replicas_in_a_built_in_s_scale_are_the_scale_s_422() {
     check_refused_scale_writes(&test, path, &writes, 422, &invalid, 2).await;
 }
 
+/// kube's handlers hold the Scale a write asks for to the request before its
+/// registry sees it: a Scale without a namespace takes the request's (a PUT
+/// or a patch that removes it is written), another namespace or another name
+/// is a 400 and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_write_is_held_to_the_request_s_name_and_namespace() {
+    let test = test_support::devcluster("scale-names").await;
+    apply(&test, &deployment(2)).await;
+    let put = |metadata: &str, replicas: i64| {
+        format!(
+            r#"{{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{{{metadata}}},"spec":{{"replicas":{replicas}}}}}"#
+        )
+    };
+    let (code, body) = send(
+        &test,
+        "PUT",
+        DEPLOYMENT_SCALE,
+        &[("content-type", "application/json")],
+        &put(r#""name":"d""#, 3),
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["metadata"]["namespace"], "default");
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 3}));
+    let (code, body) = send(
+        &test,
+        "PATCH",
+        DEPLOYMENT_SCALE,
+        &[MERGE_PATCH],
+        r#"{"metadata":{"namespace":null},"spec":{"replicas":2}}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 2}));
+
+    let namespace = failure(
+        400,
+        "BadRequest",
+        "the namespace of the provided object does not match the namespace sent on the request",
+        None,
+    );
+    let other_namespace = put(r#""name":"d","namespace":"kube-system""#, 5);
+    let writes = [
+        ("PUT", "application/json", other_namespace.as_str()),
+        (
+            "PATCH",
+            "application/merge-patch+json",
+            r#"{"metadata":{"namespace":"kube-system"},"spec":{"replicas":5}}"#,
+        ),
+    ];
+    check_refused_scale_writes(&test, DEPLOYMENT_SCALE, &writes, 400, &namespace, 2).await;
+    for (name, writes) in [
+        (
+            "other",
+            [
+                ("PUT", "application/json", put(r#""name":"other""#, 5)),
+                (
+                    "PATCH",
+                    "application/merge-patch+json",
+                    r#"{"metadata":{"name":"other"},"spec":{"replicas":5}}"#.to_string(),
+                ),
+            ],
+        ),
+        (
+            "",
+            [
+                (
+                    "PUT",
+                    "application/json",
+                    put(r#""namespace":"default""#, 5),
+                ),
+                (
+                    "PATCH",
+                    "application/json-patch+json",
+                    r#"[{"op":"remove","path":"/metadata/name"}]"#.to_string(),
+                ),
+            ],
+        ),
+    ] {
+        let message =
+            format!("the name of the object ({name}) does not match the name on the URL (d)");
+        let writes: Vec<_> = writes
+            .iter()
+            .map(|(m, c, b)| (*m, *c, b.as_str()))
+            .collect();
+        let refused = failure(400, "BadRequest", &message, None);
+        check_refused_scale_writes(&test, DEPLOYMENT_SCALE, &writes, 400, &refused, 2).await;
+    }
+}
+
 /// A uid in a PUT's Scale is a precondition on the object, as kube's
 /// `scaleUpdatedObjectInfo.Preconditions` passes it on to storage, for a custom
 /// resource and a built-in alike: another uid is the registry's 409 wrapping
