@@ -74,6 +74,44 @@ pub fn name_errors(info: &ResourceInfo, name: &str) -> Vec<String> {
     out
 }
 
+/// apimachinery's `NameIsDNSSubdomain(prefix, true)` for a `generateName`:
+/// `IsDNS1123Subdomain` of the prefix with a trailing dash masked. kube's
+/// `maskTrailingDash` drops the character before the dash too and puts one `a`
+/// in their place (`name[:len(name)-2] + "a"`), on bytes. A lone "-" makes
+/// kube's slice start before the string and the handler panic; devcluster
+/// checks it as it is.
+pub fn generate_name_errors(prefix: &str) -> Vec<String> {
+    let bytes = prefix.as_bytes();
+    match bytes.len().checked_sub(2) {
+        Some(kept) if bytes.ends_with(b"-") => {
+            let mut masked = bytes[..kept].to_vec();
+            masked.push(b'a');
+            dns1123_subdomain_errors(&masked)
+        }
+        _ => dns1123_subdomain_errors(bytes),
+    }
+}
+
+/// apimachinery's `IsDNS1123Subdomain`: at most 253 bytes, and matching
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*` (which
+/// bounds no label's length), each reported on its own.
+fn dns1123_subdomain_errors(name: &[u8]) -> Vec<String> {
+    let label = |l: &[u8]| {
+        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        l.first().is_some_and(alnum)
+            && l.last().is_some_and(alnum)
+            && l.iter().all(|c| alnum(c) || *c == b'-')
+    };
+    let mut out = Vec::new();
+    if name.len() > 253 {
+        out.push("must be no more than 253 characters".to_string());
+    }
+    if !name.split(|c| *c == b'.').all(label) {
+        out.push(SUBDOMAIN_MSG.to_string());
+    }
+    out
+}
+
 /// The random suffix kube appends to `generateName`.
 pub fn generate_name(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";

@@ -1277,30 +1277,24 @@ fn check_new_scale(ctx: &ReqCtx, current: &Value, new_scale: &Value) -> Result<(
 }
 
 /// kube's registry for a built-in's Scale validates the changed Scale
-/// (`ValidateScale`) before writing, so negative replicas are the Scale's 422
-/// rather than the object's. A custom resource's are checked with the object
-/// (`ValidateScaleSpec`, in [`seams::validate`]).
+/// (`ValidateScale`: its metadata, replicas of at least 0) before writing, so
+/// a refusal is the Scale's 422 rather than the object's. A custom resource's
+/// replicas are checked with the object (`ValidateScaleSpec`, in
+/// [`seams::validate`]).
 fn validate_builtin_scale(ctx: &ReqCtx, new_scale: &Value) -> Result<(), ApiError> {
     if ctx.info.is_crd() {
         return Ok(());
     }
-    let replicas = new_scale
-        .pointer("/spec/replicas")
-        .and_then(Value::as_i64)
-        .unwrap_or_default();
-    if replicas >= 0 {
+    let causes = scale::builtin_scale_causes(new_scale);
+    if causes.is_empty() {
         return Ok(());
     }
-    Err(ApiError::invalid(
-        "autoscaling",
+    Err(ApiError::from_status(&crate::schema::invalid_status(
         "Scale",
+        "autoscaling",
         &ctx.name,
-        vec![Cause::new(
-            "FieldValueInvalid",
-            format!("Invalid value: {replicas}: must be greater than or equal to 0"),
-            "spec.replicas",
-        )],
-    ))
+        &causes,
+    )))
 }
 
 /// A resourceVersion in the changed Scale, sent or patched in, is a

@@ -1,14 +1,16 @@
-//! What `/scale` reads of an object. A custom resource's replicas and selector
-//! as apiextensions-apiserver reads them (`scaleFromCustomResource` in
-//! `pkg/registry/customresource/etcd.go`): through apimachinery's
-//! `unstructured.NestedInt64` and `NestedString`, whose errors for a field of
-//! the wrong type reach the client as their Go text. A built-in's selector as
-//! its registry prints it (`scaleFromDeployment` in
-//! `pkg/registry/apps/deployment/storage/storage.go`).
+//! What `/scale` reads of an object, and what kube checks of the Scale a write
+//! asks for. A custom resource's replicas and selector as apiextensions-apiserver
+//! reads them (`scaleFromCustomResource` in `pkg/registry/customresource/etcd.go`):
+//! through apimachinery's `unstructured.NestedInt64` and `NestedString`, whose
+//! errors for a field of the wrong type reach the client as their Go text. A
+//! built-in's selector as its registry prints it (`scaleFromDeployment` in
+//! `pkg/registry/apps/deployment/storage/storage.go`), and the Scale its
+//! registry validates (`ValidateScale`).
 
 use crate::registry::ScaleSpec;
 use crate::schema::Cause;
-use crproxy_core::selector::LabelSelector;
+use crproxy_core::go_text;
+use crproxy_core::selector::{label_value_errors, qualified_name_errors, LabelSelector};
 use serde_json::{json, Value};
 
 /// A built-in's Scale `status.selector`: kube's `scaleFromDeployment` (and the
@@ -32,6 +34,150 @@ pub enum Checked {
     SpecAndStatus,
     /// Status replicas and the selector: an update through `/status`.
     StatusOnly,
+}
+
+/// kube's `ValidateScale` (`pkg/apis/autoscaling/validation`), which a built-in's
+/// registry runs on the Scale a write asks for before it writes anything: the
+/// Scale's metadata as `ValidateObjectMeta` checks a new namespaced object's
+/// (apimachinery's, then core's rule for finalizer names), then replicas of at
+/// least 0. Members of another JSON type are read as Go's zero value (kube's
+/// decoder refuses them before).
+///
+/// The name and namespace are the request's by then (kube's handlers hold the
+/// Scale to them first), so their checks always pass and are left out. So are
+/// those whose answer devcluster cannot give as kube does: managedFields (kube's
+/// field manager rewrites a Scale's before the registry sees them), the total
+/// size of the annotations (the text of 1.32's `field.TooLong` is not
+/// confirmed), and an Event as owner or a second controller owner (kube prints
+/// the owner references with Go's `%#v`, pointers and all).
+pub fn builtin_scale_causes(scale: &Value) -> Vec<Cause> {
+    let meta = scale.get("metadata").unwrap_or(&Value::Null);
+    let mut causes = Vec::new();
+    let generate_name = text(meta, "generateName");
+    if !generate_name.is_empty() {
+        for e in super::objects::generate_name_errors(generate_name) {
+            let value = json!(generate_name);
+            causes.push(Cause::invalid("metadata.generateName", &value, &e));
+        }
+    }
+    if let Some(generation) = meta.get("generation").and_then(Value::as_i64) {
+        if generation < 0 {
+            causes.push(Cause::invalid(
+                "metadata.generation",
+                &json!(generation),
+                NEGATIVE,
+            ));
+        }
+    }
+    let map = |key: &str| meta.get(key).and_then(Value::as_object);
+    for (key, value) in map("labels").into_iter().flatten() {
+        for e in qualified_name_errors(key) {
+            causes.push(Cause::invalid("metadata.labels", &json!(key), &e));
+        }
+        let value = value.as_str().unwrap_or_default();
+        for e in label_value_errors(value) {
+            causes.push(Cause::invalid("metadata.labels", &json!(value), &e));
+        }
+    }
+    for key in map("annotations").into_iter().flatten().map(|(k, _)| k) {
+        // Case does not matter in an annotation's key.
+        for e in qualified_name_errors(&key.to_lowercase()) {
+            causes.push(Cause::invalid("metadata.annotations", &json!(key), &e));
+        }
+    }
+    let owners = meta.get("ownerReferences").and_then(Value::as_array);
+    for owner in owners.into_iter().flatten() {
+        causes.extend(owner_reference_causes(owner));
+    }
+    causes.extend(finalizer_causes(meta));
+    let replicas = scale
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or_default();
+    if replicas < 0 {
+        causes.push(Cause::invalid("spec.replicas", &json!(replicas), NEGATIVE));
+    }
+    causes
+}
+
+/// apimachinery's `IsNegativeErrorMsg`.
+const NEGATIVE: &str = "must be greater than or equal to 0";
+
+/// The string at `key` of `v`, "" when it is missing or not a string.
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// apimachinery's `validateOwnerReference`, but for an Event as owner. Each
+/// cause names the member under `metadata.ownerReferences`, without an index.
+fn owner_reference_causes(owner: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let api_version = text(owner, "apiVersion");
+    // `schema.FromAPIVersionAndKind`: no version when apiVersion is empty,
+    // ends in a slash, or has more than one.
+    let version = match api_version.split('/').collect::<Vec<_>>().as_slice() {
+        [version] | [_, version] => *version,
+        _ => "",
+    };
+    if version.is_empty() {
+        causes.push(Cause::invalid(
+            "metadata.ownerReferences.apiVersion",
+            &json!(api_version),
+            "version must not be empty",
+        ));
+    }
+    for member in ["kind", "name", "uid"] {
+        if text(owner, member).is_empty() {
+            causes.push(Cause::invalid(
+                &format!("metadata.ownerReferences.{member}"),
+                &json!(""),
+                "must not be empty",
+            ));
+        }
+    }
+    causes
+}
+
+/// apimachinery's `ValidateFinalizers` (qualified names, not both orphan and
+/// foregroundDeletion), then core's `validateKubeFinalizerName` for each (a
+/// name without a `/` must be one of kube's own).
+fn finalizer_causes(meta: &Value) -> Vec<Cause> {
+    let finalizers: Vec<&str> = meta
+        .get("finalizers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|f| f.as_str().unwrap_or_default())
+        .collect();
+    let mut causes = Vec::new();
+    for finalizer in &finalizers {
+        for e in qualified_name_errors(finalizer) {
+            causes.push(Cause::invalid("metadata.finalizers", &json!(finalizer), &e));
+        }
+    }
+    if finalizers.contains(&"orphan") && finalizers.contains(&"foregroundDeletion") {
+        // `field.Invalid` prints the whole list as Go's `%#v` of a `[]string`.
+        let quoted: Vec<String> = finalizers.iter().map(|f| go_text::quoted(f)).collect();
+        causes.push(Cause {
+            reason: "FieldValueInvalid".into(),
+            message: format!(
+                "Invalid value: []string{{{}}}: finalizer orphan and foregroundDeletion cannot be both set",
+                quoted.join(", ")
+            ),
+            field: "metadata.finalizers".into(),
+        });
+    }
+    for (i, finalizer) in finalizers.iter().enumerate() {
+        let standard = ["kubernetes", "orphan", "foregroundDeletion"].contains(finalizer);
+        if !finalizer.contains('/') && !standard {
+            causes.push(Cause::invalid(
+                &format!("metadata.finalizers[{i}]"),
+                &json!(finalizer),
+                "name is neither a standard finalizer name nor is it fully qualified",
+            ));
+        }
+    }
+    causes
 }
 
 /// kube's `ValidateScaleSpec` and `ValidateScaleStatus` (apiextensions-apiserver

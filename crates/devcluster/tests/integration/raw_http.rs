@@ -1770,6 +1770,57 @@ async fn negative_replicas_in_a_built_in_s_scale_are_the_scale_s_422() {
     check_refused_scale_writes(&test, path, &writes, 422, &invalid, 2).await;
 }
 
+/// kube's `ValidateScale` checks a built-in's Scale's metadata too
+/// (`ValidateObjectMeta`), before anything is written: bad labels or
+/// finalizers, sent in a PUT or patched in, are the Scale's 422 with kube's
+/// causes, and the replicas stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_built_in_s_scale_metadata_is_validated() {
+    let test = test_support::devcluster("scale-metadata").await;
+    apply(&test, &deployment(2)).await;
+    let name_part = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+    let label = format!("Invalid value: \"bad key\": {name_part}");
+    let finalizer = "Invalid value: \"custom\": name is neither a standard finalizer name nor is it fully qualified";
+    let invalid = failure(
+        422,
+        "Invalid",
+        &format!("Scale.autoscaling \"d\" is invalid: [metadata.labels: {label}, metadata.finalizers[0]: {finalizer}]"),
+        Some(serde_json::json!({
+            "name": "d",
+            "group": "autoscaling",
+            "kind": "Scale",
+            "causes": [
+                {"reason": "FieldValueInvalid", "message": label, "field": "metadata.labels"},
+                {"reason": "FieldValueInvalid", "message": finalizer, "field": "metadata.finalizers[0]"},
+            ],
+        })),
+    );
+    let writes = [
+        (
+            "PATCH",
+            "application/merge-patch+json",
+            r#"{"metadata":{"labels":{"bad key":"v"},"finalizers":["custom"]},"spec":{"replicas":5}}"#,
+        ),
+        (
+            "PUT",
+            "application/json",
+            r#"{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{"name":"d","namespace":"default","labels":{"bad key":"v"},"finalizers":["custom"]},"spec":{"replicas":5}}"#,
+        ),
+    ];
+    check_refused_scale_writes(&test, DEPLOYMENT_SCALE, &writes, 422, &invalid, 2).await;
+
+    let (code, body) = send(
+        &test,
+        "PATCH",
+        DEPLOYMENT_SCALE,
+        &[MERGE_PATCH],
+        r#"{"metadata":{"labels":{"app":"d"},"finalizers":["example.com/f"]},"spec":{"replicas":5}}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{body:?}");
+    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 5}));
+}
+
 /// kube's handlers hold the Scale a write asks for to the request before its
 /// registry sees it: a Scale without a namespace takes the request's (a PUT
 /// or a patch that removes it is written), another namespace or another name

@@ -86,3 +86,100 @@ fn a_built_in_s_selector_is_printed_as_kube_s_label_selector_as_selector_prints_
         Ok("".into())
     );
 }
+
+/// `IsQualifiedName`'s complaint about a name part.
+const NAME_PART: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+/// `IsDNS1123Subdomain`'s complaint about the characters.
+const SUBDOMAIN: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+
+/// What `ValidateScale` finds in a built-in's Scale of `metadata` and
+/// `replicas`: each cause as `<field>: <message>`.
+fn check_scale(metadata: Value, replicas: i64, expected: &[String]) {
+    let scale = json!({"metadata": metadata, "spec": {"replicas": replicas}});
+    let got: Vec<String> = builtin_scale_causes(&scale)
+        .iter()
+        .map(Cause::full_message)
+        .collect();
+    assert_eq!(got, expected, "{scale}");
+}
+
+#[test]
+fn a_built_in_s_scale_is_validated_as_kube_s_validate_scale_validates_it() {
+    let valid = json!({"name": "d", "namespace": "default", "generateName": "d-",
+        "generation": 0, "labels": {"app": "d", "empty": ""},
+        "annotations": {"Example.com/Note": "anything at all"},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "K", "name": "n", "uid": "u"}],
+        "finalizers": ["kubernetes", "orphan", "example.com/f"]});
+    check_scale(valid, 0, &[]);
+    check_scale(json!({}), 2, &[]);
+    check_scale(
+        json!({}),
+        -1,
+        &["spec.replicas: Invalid value: -1: must be greater than or equal to 0".into()],
+    );
+    check_scale(
+        json!({"generation": -2}),
+        1,
+        &["metadata.generation: Invalid value: -2: must be greater than or equal to 0".into()],
+    );
+    check_scale(
+        json!({"labels": {"bad key": "bad value!"}, "annotations": {"Bad Key": "x", "OK": "y"}}),
+        1,
+        &[
+            format!("metadata.labels: Invalid value: \"bad key\": {NAME_PART}"),
+            format!(
+                "metadata.labels: Invalid value: \"bad value!\": {}",
+                crproxy_core::selector::label_value_errors("bad value!")[0]
+            ),
+            format!("metadata.annotations: Invalid value: \"Bad Key\": {NAME_PART}"),
+        ],
+    );
+    check_scale(
+        json!({"ownerReferences": [{}, {"apiVersion": "a/b/c", "kind": "K", "name": "n", "uid": "u"},
+            {"apiVersion": "apps/", "kind": "K", "name": "n", "uid": "u"}]}),
+        1,
+        &[
+            "metadata.ownerReferences.apiVersion: Invalid value: \"\": version must not be empty".into(),
+            "metadata.ownerReferences.kind: Invalid value: \"\": must not be empty".into(),
+            "metadata.ownerReferences.name: Invalid value: \"\": must not be empty".into(),
+            "metadata.ownerReferences.uid: Invalid value: \"\": must not be empty".into(),
+            "metadata.ownerReferences.apiVersion: Invalid value: \"a/b/c\": version must not be empty".into(),
+            "metadata.ownerReferences.apiVersion: Invalid value: \"apps/\": version must not be empty".into(),
+        ],
+    );
+    check_scale(
+        json!({"finalizers": ["orphan", "custom", "foregroundDeletion", "Bad/x"]}),
+        1,
+        &[
+            format!("metadata.finalizers: Invalid value: \"Bad/x\": prefix part {SUBDOMAIN}"),
+            "metadata.finalizers: Invalid value: []string{\"orphan\", \"custom\", \"foregroundDeletion\", \"Bad/x\"}: finalizer orphan and foregroundDeletion cannot be both set".into(),
+            "metadata.finalizers[1]: Invalid value: \"custom\": name is neither a standard finalizer name nor is it fully qualified".into(),
+        ],
+    );
+}
+
+#[test]
+fn a_generate_name_is_checked_with_its_trailing_dash_masked_as_kube_masks_it() {
+    let check = |prefix: &str, valid: bool| {
+        let metadata = json!({"generateName": prefix});
+        let expected: Vec<String> = if valid {
+            vec![]
+        } else {
+            vec![format!(
+                "metadata.generateName: Invalid value: {}: {SUBDOMAIN}",
+                go_text::quoted(prefix)
+            )]
+        };
+        check_scale(metadata, 1, &expected);
+    };
+    check("web-", true);
+    check("w-", true);
+    // kube masks the last two bytes: the dot before the dash goes too.
+    check("web.-", true);
+    check("Web-", false);
+    check("web--", true);
+    check("-", false);
+    check("we_b", false);
+    // The cut falls inside the é: kube checks the byte left of it, and refuses.
+    check("é-", false);
+}
