@@ -1645,6 +1645,97 @@ mod tests {
         );
     }
 
+    /// The request-reasons check of `example.com/v1` after the proxy answered
+    /// `code` with `reason` `count` times for each of `answers`, and served
+    /// `fallbacks` fallback discovery documents.
+    fn request_reasons(answers: &[(&str, &str, u32)], fallbacks: u32) -> Check {
+        let gv = "example.com/v1";
+        let mut text = format!(
+            "vcluster_proxy_peer_cache_synced{{group_version=\"{gv}\",target=\"p/t\"}} 1\n\
+             vcluster_proxy_discovery_fallbacks_total{{group_version=\"{gv}\",target=\"p/t\"}} {fallbacks}\n"
+        );
+        for (code, reason, count) in answers {
+            text.push_str(&format!(
+                "vcluster_proxy_request_total{{group_version=\"{gv}\",target=\"p/t\",verb=\"get\",code=\"{code}\",reason=\"{reason}\"}} {count}\n"
+            ));
+        }
+        check_metrics(&exposition::parse(&text), gv)
+            .into_iter()
+            .find(|c| c.check == "request-reasons")
+            .expect("a request-reasons check")
+    }
+
+    /// Each 5xx reason of the troubleshooting table points at its own runbook
+    /// step, word for word: an operator acts on that line. When several reasons
+    /// occurred, the one nearest the peer source decides (a target that went away
+    /// leaves `error` and then `all_quarantined`: the peers check says more).
+    #[test]
+    fn each_5xx_reason_gets_its_own_runbook_step() {
+        const NO_PEER: &str =
+            "no_peer/stale_peers: the proxy has no usable peer list; restore the peer source";
+        const ALL_QUARANTINED: &str =
+            "all_quarantined: every peer failed 3 dials; see the peers check";
+        const DIALS: &str =
+            "timeout/error: dials to the target fail; check network reachability of the peers";
+        const UPSTREAM: &str = "upstream: the target answered 5xx (or an unclassified proxy \
+                                failure); check the target API server and the proxy logs";
+        const TABLE: &str = "look up each reason in the runbook table of docs/operations.md";
+        let check = |answers: &[(&str, &str, u32)], fallbacks: u32, runbook: &str| {
+            let reasons = request_reasons(answers, fallbacks);
+            assert_eq!(reasons.status, Status::Warn, "{answers:?}");
+            assert_eq!(reasons.runbook, runbook, "{answers:?}");
+        };
+        check(&[("503", "no_peer", 2)], 0, NO_PEER);
+        check(&[("503", "stale_peers", 1)], 0, NO_PEER);
+        check(&[("503", "all_quarantined", 1)], 0, ALL_QUARANTINED);
+        check(&[("503", "timeout", 3)], 0, DIALS);
+        check(&[("503", "error", 3)], 0, DIALS);
+        check(&[("503", "upstream", 1)], 0, UPSTREAM);
+        check(&[("500", "upstream", 1)], 0, UPSTREAM);
+        // Reasons without a step of their own, and fallbacks without any 5xx.
+        check(&[("504", "deadline", 1)], 0, TABLE);
+        check(&[("503", "peer_departed", 1)], 0, TABLE);
+        check(&[], 2, TABLE);
+        // Several at once.
+        check(
+            &[
+                ("503", "upstream", 1),
+                ("503", "error", 1),
+                ("503", "all_quarantined", 1),
+                ("503", "stale_peers", 1),
+            ],
+            0,
+            NO_PEER,
+        );
+        check(
+            &[
+                ("503", "upstream", 1),
+                ("503", "error", 3),
+                ("503", "all_quarantined", 1),
+            ],
+            0,
+            ALL_QUARANTINED,
+        );
+        check(&[("503", "upstream", 1), ("503", "timeout", 1)], 0, DIALS);
+
+        // The evidence counts every reason; a 4xx is no failure of the proxy path.
+        let reasons = request_reasons(
+            &[
+                ("503", "error", 3),
+                ("503", "all_quarantined", 1),
+                ("404", "upstream", 5),
+            ],
+            1,
+        );
+        assert_eq!(
+            reasons.evidence,
+            "5xx by reason since start: all_quarantined=1, error=3; discovery fallbacks: 1"
+        );
+        let reasons = request_reasons(&[("404", "upstream", 5)], 0);
+        assert_eq!(reasons.status, Status::Ok, "{}", reasons.evidence);
+        assert_eq!(reasons.runbook, "");
+    }
+
     #[test]
     fn fallback_discovery_is_recognised() {
         assert!(is_fallback(&json!({"resources": []})));

@@ -52,6 +52,17 @@ impl Run {
             .to_owned()
     }
 
+    fn runbook_of(&self, group_version: &str, check: &str) -> String {
+        self.report["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["group_version"] == group_version && c["check"] == check)
+            .and_then(|c| c["runbook"].as_str())
+            .unwrap_or("absent")
+            .to_owned()
+    }
+
     fn not_ok(&self) -> Vec<String> {
         self.report["checks"]
             .as_array()
@@ -425,6 +436,13 @@ async fn dead_peers_are_named() -> Result<()> {
     );
     assert_eq!(run.status_of(&gv, "quarantines"), "warn");
     assert_eq!(run.status_of(&gv, "request-reasons"), "warn");
+    // No peer left: the runbook step is the quarantine's.
+    let evidence = run.evidence_of(&gv, "request-reasons");
+    assert!(evidence.contains("all_quarantined="), "{evidence}");
+    assert_eq!(
+        run.runbook_of(&gv, "request-reasons"),
+        "all_quarantined: every peer failed 3 dials; see the peers check"
+    );
     assert_eq!(run.status_of(&gv, "discovery"), "warn");
     // The target itself is fine: the doctor does not blame it.
     assert_eq!(run.status_of(&gv, "target-credentials"), "ok");
