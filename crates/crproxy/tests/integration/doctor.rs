@@ -25,6 +25,8 @@ use crproxy_core::names;
 /// What one run of the binary produced.
 struct Run {
     success: bool,
+    /// The exit code (`None`: killed by a signal).
+    code: Option<i32>,
     report: Value,
     stderr: String,
 }
@@ -112,6 +114,7 @@ async fn doctor_with(
         .with_context(|| format!("doctor printed no JSON: {stdout}"))?;
     Ok(Run {
         success: output.status.success(),
+        code: output.status.code(),
         report,
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     })
@@ -448,6 +451,84 @@ async fn dead_peers_are_named() -> Result<()> {
     assert_eq!(run.status_of(&gv, "target-credentials"), "ok");
     assert_eq!(run.status_of(&gv, "peer-cache"), "ok");
     replica.stop().await;
+    Ok(())
+}
+
+/// The verdict table's first row: the target is down. Its API server stops
+/// listening (dials are refused), so the doctor cannot reach it with the proxy's
+/// credentials and the proxy's peers are quarantined too; whatever the metrics
+/// say, the verdict is the target's, with the runbook step for an unreachable
+/// server rather than for rejected credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_target_is_the_target_down_verdict() -> Result<()> {
+    const TARGET_DOWN: &str =
+        "the target is down or refuses the proxy's credentials: fix the target or the Secret";
+    let dir = tempfile::tempdir()?;
+    let env = DevEnv::start(DevOptions::ephemeral(dir.path(), 1, 1)).await?;
+    let client_kubeconfig = env.clients[0].kubeconfig.clone();
+    let identity = identity_kubeconfig(&env.clients[0].link.config_path);
+    let metrics = env.clients[0].metrics_url();
+    let gv = gv();
+    env.target.stop_listener(env.target_replicas[0])?;
+    // Requests dial the stopped target until its only peer is quarantined (3
+    // failures), so the metrics show proxy-path degradation as well.
+    let admin = crproxy_kube::Kubeconfig::load(&client_kubeconfig)?;
+    let admin = crproxy_kube::ClusterConfig::from_kubeconfig(&admin, None)?;
+    let once = crproxy_kube::kube_client_without_retries(&admin, admin.credentials()?, "default")?;
+    for _ in 0..4 {
+        let request = http::Request::get("/apis/example.com/v1/namespaces/default/widgets")
+            .body(Vec::new())?;
+        let failed = once.request::<Value>(request).await;
+        assert!(failed.is_err(), "a request to a stopped target succeeded");
+    }
+
+    let run = doctor(&client_kubeconfig, Some(&identity), Some(&metrics)).await?;
+    assert_eq!(run.code, Some(1), "{}\n{:?}", run.stderr, run.not_ok());
+    assert_eq!(run.report["status"], "fail");
+    assert_eq!(run.report["verdict"], TARGET_DOWN, "{:?}", run.not_ok());
+    assert_eq!(run.status_of(&gv, "target-credentials"), "fail");
+    assert_eq!(
+        run.runbook_of(&gv, "target-credentials"),
+        "the target's API server is unreachable with these credentials: check the server URL \
+         and CA in the crproxy-target-kubeconfig Secret and the network"
+    );
+    assert!(
+        run.stderr.contains(&format!("{gv} target-credentials")),
+        "{}",
+        run.stderr
+    );
+    // The other column of the row: the peers are gone as well, and discovery is
+    // the fallback; the registration is fine.
+    assert_eq!(run.status_of(&gv, "peers"), "fail", "{:?}", run.not_ok());
+    assert_eq!(run.status_of(&gv, "discovery"), "warn");
+    assert_eq!(run.status_of(&gv, "apiservice"), "ok");
+    assert_eq!(run.status_of(&gv, "peer-cache"), "ok");
+
+    // The text form ends with the same verdict. (Off the runtime: the clusters
+    // and the proxy it asks run on it.)
+    let text = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_crproxy"))
+            .args(["doctor", "--kubeconfig"])
+            .arg(&client_kubeconfig)
+            .arg("--target-kubeconfig")
+            .arg(&identity)
+            .args(["--metrics-url", &metrics])
+            .env("CRPROXY_LOG", "error")
+            .output()
+    })
+    .await??;
+    let text_out = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(text.status.code(), Some(1), "{text_out}");
+    let verdict = text_out
+        .lines()
+        .find(|l| l.starts_with("verdict: "))
+        .unwrap_or_default();
+    assert!(
+        verdict.starts_with("verdict: fail (")
+            && verdict.ends_with(&format!(" failed): {TARGET_DOWN}")),
+        "{text_out}"
+    );
+    env.shutdown().await;
     Ok(())
 }
 
