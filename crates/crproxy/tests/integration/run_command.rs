@@ -421,6 +421,68 @@ async fn run_logs_a_failed_startup_probe_and_keeps_serving() -> Result<()> {
     Ok(())
 }
 
+/// The other way the startup probe fails: the target is reached but answers the
+/// probe's `GET /apis/<group>/<version>` with something other than 200 (here a
+/// 401, its token being one the target never issued). The spec's line is
+/// logged at warn, once, with the status code in place of an error, and the
+/// process keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_logs_a_startup_probe_the_target_answers_with_an_error_status() -> Result<()> {
+    const PROBE_FAILED: &str = "initial probe of proxy target failed, requests will keep retrying";
+    crproxy_kube::install_crypto_provider();
+    let dir = tempfile::tempdir()?;
+    let (client, target, client_kubeconfig) = client_and_target(dir.path()).await?;
+    let link = link(
+        dir.path(),
+        client_kubeconfig,
+        &target,
+        vec![target.addr()],
+        0,
+    )
+    .await?;
+    std::fs::write(
+        dir.path()
+            .join("link")
+            .join(crproxy::devenv::IDENTITY_TOKEN_FILE),
+        "not-a-token-the-target-issued\n",
+    )?;
+    let (mut child, stderr_reader) = spawn_run(&link.config_path, None)?;
+    // The probe runs on its own after the server starts: wait (30 s at most).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !stderr_reader.so_far().contains(PROBE_FAILED)
+        && Instant::now() < deadline
+        && child.try_wait()?.is_none()
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let running = child.try_wait()?.is_none();
+    let exit = terminate(&mut child).await?;
+    let stderr = stderr_reader.join().unwrap_or_default();
+    assert!(running, "crproxy run exited: {stderr}");
+    assert!(exit.success(), "exit {exit:?}: {stderr}");
+    let events = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<Vec<Value>, _>>()?;
+    let probes: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["message"] == PROBE_FAILED)
+        .collect();
+    assert_eq!(probes.len(), 1, "{stderr}");
+    let probe = probes[0];
+    assert_eq!(probe["level"], "WARN", "{probe}");
+    assert_eq!(probe["code"], 401, "{probe}");
+    assert_eq!(probe["group_version"], "example.com/v1", "{probe}");
+    // The target's name, as on `request to target failed` (the startup lines
+    // carry its `<project>/<name>` label instead).
+    assert_eq!(probe["target"], "target", "{probe}");
+    assert!(probe.get("error").is_none(), "{probe}");
+    client.shutdown().await;
+    target.shutdown().await;
+    Ok(())
+}
+
 /// Neither cluster reachable: the process runs, but `/readyz` and `/healthz`
 /// answer 503 and say why; `/livez` says it is alive.
 #[test]
