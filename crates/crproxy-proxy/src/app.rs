@@ -268,7 +268,7 @@ fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>, sync_timeout: Duration) ->
     tokio::spawn(async move {
         let group_version = proxy.group_version.clone();
         if !proxy.target.pool.wait_for_first_list(sync_timeout).await {
-            tracing::warn!(group_version = %group_version, target = %proxy.target_name, "peer cache did not sync in time for the startup probe, requests fail with 503 until the first netmap arrives");
+            tracing::warn!(group_version = %group_version, target = %proxy.metrics.target_label(), "peer cache did not sync in time for the startup probe, requests fail with 503 until the first netmap arrives");
             return;
         }
         let path = format!("/apis/{group_version}");
@@ -286,13 +286,13 @@ fn spawn_startup_probe(proxy: Arc<GroupVersionProxy>, sync_timeout: Duration) ->
             .await;
         match probe {
             Ok(response) if response.status() == StatusCode::OK => {
-                tracing::debug!(group_version = %group_version, target = %proxy.target_name, "Connected to target");
+                tracing::debug!(group_version = %group_version, target = %proxy.metrics.target_label(), "Connected to target");
             }
             Ok(response) => {
-                tracing::warn!(group_version = %group_version, target = %proxy.target_name, code = response.status().as_u16(), "initial probe of proxy target failed, requests will keep retrying");
+                tracing::warn!(group_version = %group_version, target = %proxy.metrics.target_label(), code = response.status().as_u16(), "initial probe of proxy target failed, requests will keep retrying");
             }
             Err(error) => {
-                tracing::warn!(group_version = %group_version, target = %proxy.target_name, %error, "initial probe of proxy target failed, requests will keep retrying");
+                tracing::warn!(group_version = %group_version, target = %proxy.metrics.target_label(), %error, "initial probe of proxy target failed, requests will keep retrying");
             }
         }
     })

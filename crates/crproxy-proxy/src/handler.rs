@@ -1973,10 +1973,10 @@ impl GroupVersionProxy {
             // Logged only when the namespace was made: after a GET the identity
             // may not make, the create's 409 says it was there all along.
             if created.is_success() {
-                tracing::info!(%namespace, target = %self.target_name, "creating namespace on target cluster");
+                tracing::info!(%namespace, target = %self.metrics.target_label(), "creating namespace on target cluster");
             }
             if !(created.is_success() || created == StatusCode::CONFLICT || neither_allowed) {
-                tracing::warn!(%namespace, code = created.as_u16(), body = %String::from_utf8_lossy(&body), "creating namespace on target cluster failed");
+                tracing::warn!(%namespace, target = %self.metrics.target_label(), code = created.as_u16(), body = %String::from_utf8_lossy(&body), "creating namespace on target cluster failed");
                 // The target refused the proxy's identity itself: said as any
                 // request's 401 is.
                 if created == StatusCode::UNAUTHORIZED {
@@ -2212,7 +2212,7 @@ impl GroupVersionProxy {
     /// placeholder upstream first, as the spec's alerting advice matches on it.
     fn log_failure(&self, reason: Reason, error: &dyn std::fmt::Display) {
         tracing::warn!(
-            target = %self.target_name,
+            target = %self.metrics.target_label(),
             group_version = %self.group_version,
             %reason,
             error = %format_args!("{}: {error}", self.upstream),

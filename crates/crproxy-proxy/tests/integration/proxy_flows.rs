@@ -319,7 +319,8 @@ async fn creates_are_stamped_and_the_namespace_is_mirrored() {
         logged
             .lines()
             .any(|l| l.contains("creating namespace on target cluster")
-                && l.contains("namespace=fresh")),
+                && l.contains("namespace=fresh")
+                && l.contains("target=default/target")),
         "{logged}"
     );
     assert!(series(
@@ -2019,7 +2020,7 @@ async fn an_unreachable_target_is_a_retryable_503_logged_at_warn() {
         .unwrap_or_else(|| panic!("no failure logged: {logged}"));
     assert!(line.contains(" WARN "), "{line}");
     for field in [
-        "target=target",
+        "target=default/target",
         "group_version=example.com/v1",
         "reason=",
         "error=kube.target.default.vcluster.invalid:443: ",

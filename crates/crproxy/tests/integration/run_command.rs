@@ -474,9 +474,8 @@ async fn run_logs_a_startup_probe_the_target_answers_with_an_error_status() -> R
     assert_eq!(probe["level"], "WARN", "{probe}");
     assert_eq!(probe["code"], 401, "{probe}");
     assert_eq!(probe["group_version"], "example.com/v1", "{probe}");
-    // The target's name, as on `request to target failed` (the startup lines
-    // carry its `<project>/<name>` label instead).
-    assert_eq!(probe["target"], "target", "{probe}");
+    // The target's `<project>/<name>`, as on every line and metric series.
+    assert_eq!(probe["target"], "default/target", "{probe}");
     assert!(probe.get("error").is_none(), "{probe}");
     client.shutdown().await;
     target.shutdown().await;
