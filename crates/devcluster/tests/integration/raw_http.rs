@@ -1101,6 +1101,27 @@ fn json(body: &Bytes) -> serde_json::Value {
     serde_json::from_slice(body).expect("json")
 }
 
+/// Sends a Scale write that must succeed; the Scale it answers with, whose
+/// spec must be `replicas` and nothing else.
+async fn scale_written(
+    test: &test_support::TestCluster,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    replicas: i64,
+) -> serde_json::Value {
+    let (code, answer) = send(test, method, path, headers, body).await;
+    assert_eq!(code, 200, "{method} {path} {body}: {answer:?}");
+    let scale = json(&answer);
+    assert_eq!(
+        scale["spec"],
+        serde_json::json!({"replicas": replicas}),
+        "{method} {path} {body}"
+    );
+    scale
+}
+
 /// Deployment `default/d` of `replicas` nginx pods.
 fn deployment(replicas: u32) -> String {
     format!("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: d}}\n  template:\n    metadata:\n      labels: {{app: d}}\n    spec:\n      containers:\n      - {{name: c, image: nginx}}\n")
@@ -1585,29 +1606,27 @@ async fn a_scale_write_must_give_a_custom_resource_replicas_it_lacks() {
             None
         )
     );
-    let (code, body) = send(
+    scale_written(
         &test,
         "PATCH",
         &path,
         &[MERGE_PATCH],
         r#"{"spec":{"replicas":2}}"#,
+        2,
     )
     .await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 2}));
 
     apply(&test, &widget("put", "spec: {size: 1}\n")).await;
     let body = r#"{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{"name":"put","namespace":"default"},"spec":{"replicas":3}}"#;
-    let (code, body) = send(
+    scale_written(
         &test,
         "PUT",
         &widget_scale("put"),
         &[("content-type", "application/json")],
         body,
+        3,
     )
     .await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 3}));
 }
 
 /// A resourceVersion in the Scale a write makes, sent in a PUT or set by a
@@ -1809,16 +1828,15 @@ async fn a_built_in_s_scale_metadata_is_validated() {
     ];
     check_refused_scale_writes(&test, DEPLOYMENT_SCALE, &writes, 422, &invalid, 2).await;
 
-    let (code, body) = send(
+    scale_written(
         &test,
         "PATCH",
         DEPLOYMENT_SCALE,
         &[MERGE_PATCH],
         r#"{"metadata":{"labels":{"app":"d"},"finalizers":["example.com/f"]},"spec":{"replicas":5}}"#,
+        5,
     )
     .await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 5}));
 }
 
 /// kube's handlers hold the Scale a write asks for to the request before its
@@ -1834,27 +1852,25 @@ async fn a_scale_write_is_held_to_the_request_s_name_and_namespace() {
             r#"{{"apiVersion":"autoscaling/v1","kind":"Scale","metadata":{{{metadata}}},"spec":{{"replicas":{replicas}}}}}"#
         )
     };
-    let (code, body) = send(
+    let scale = scale_written(
         &test,
         "PUT",
         DEPLOYMENT_SCALE,
         &[("content-type", "application/json")],
         &put(r#""name":"d""#, 3),
+        3,
     )
     .await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["metadata"]["namespace"], "default");
-    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 3}));
-    let (code, body) = send(
+    assert_eq!(scale["metadata"]["namespace"], "default");
+    scale_written(
         &test,
         "PATCH",
         DEPLOYMENT_SCALE,
         &[MERGE_PATCH],
         r#"{"metadata":{"namespace":null},"spec":{"replicas":2}}"#,
+        2,
     )
     .await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 2}));
 
     let namespace = failure(
         400,
@@ -1963,15 +1979,14 @@ async fn a_scale_put_naming_another_uid_is_a_conflict() {
         let writes = [("PUT", "application/json", other_uid.as_str())];
         check_refused_scale_writes(&test, path, &writes, 409, &conflict, replicas).await;
 
-        let (code, body) = send(
+        scale_written(
             &test,
             "PUT",
             path,
             &[("content-type", "application/json")],
             &put(&uid, 5),
+            5,
         )
         .await;
-        assert_eq!(code, 200, "{path}: {body:?}");
-        assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 5}));
     }
 }
