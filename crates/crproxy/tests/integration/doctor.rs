@@ -32,37 +32,29 @@ struct Run {
 }
 
 impl Run {
-    fn status_of(&self, group_version: &str, check: &str) -> String {
+    /// The `field` of the report's check `check` of `group_version`, "absent"
+    /// when there is none.
+    fn field_of(&self, group_version: &str, check: &str, field: &str) -> String {
         self.report["checks"]
             .as_array()
             .into_iter()
             .flatten()
             .find(|c| c["group_version"] == group_version && c["check"] == check)
-            .and_then(|c| c["status"].as_str())
+            .and_then(|c| c[field].as_str())
             .unwrap_or("absent")
             .to_owned()
+    }
+
+    fn status_of(&self, group_version: &str, check: &str) -> String {
+        self.field_of(group_version, check, "status")
     }
 
     fn evidence_of(&self, group_version: &str, check: &str) -> String {
-        self.report["checks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["group_version"] == group_version && c["check"] == check)
-            .and_then(|c| c["evidence"].as_str())
-            .unwrap_or("absent")
-            .to_owned()
+        self.field_of(group_version, check, "evidence")
     }
 
     fn runbook_of(&self, group_version: &str, check: &str) -> String {
-        self.report["checks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["group_version"] == group_version && c["check"] == check)
-            .and_then(|c| c["runbook"].as_str())
-            .unwrap_or("absent")
-            .to_owned()
+        self.field_of(group_version, check, "runbook")
     }
 
     fn not_ok(&self) -> Vec<String> {

@@ -82,6 +82,14 @@ fn spawn_run(
     Ok((test_support::KillOnDrop(child), stderr_reader))
 }
 
+/// The child's stderr as its JSON log lines, one event each.
+fn json_log_lines(stderr: &str) -> Result<Vec<Value>> {
+    let lines = stderr.lines().filter(|l| !l.trim().is_empty());
+    Ok(lines
+        .map(serde_json::from_str)
+        .collect::<Result<Vec<Value>, _>>()?)
+}
+
 /// Sends the child SIGTERM and waits up to 20 s for it to exit.
 async fn terminate(child: &mut test_support::KillOnDrop) -> Result<std::process::ExitStatus> {
     let status = Command::new("kill")
@@ -227,11 +235,7 @@ async fn run_logs_the_startup_sequence_once_per_group_version() -> Result<()> {
     let stderr = stderr_reader.join().unwrap_or_default();
     assert!(exit.success(), "exit {exit:?}: {stderr}");
 
-    let events = stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(serde_json::from_str)
-        .collect::<Result<Vec<Value>, _>>()?;
+    let events = json_log_lines(&stderr)?;
     // Where `message` was logged for `group_version`, in the order written.
     let at = |message: &str, group_version: &str| -> Vec<usize> {
         (0..events.len())
@@ -460,11 +464,7 @@ async fn run_logs_a_startup_probe_the_target_answers_with_an_error_status() -> R
     let stderr = stderr_reader.join().unwrap_or_default();
     assert!(running, "crproxy run exited: {stderr}");
     assert!(exit.success(), "exit {exit:?}: {stderr}");
-    let events = stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(serde_json::from_str)
-        .collect::<Result<Vec<Value>, _>>()?;
+    let events = json_log_lines(&stderr)?;
     let probes: Vec<&Value> = events
         .iter()
         .filter(|e| e["message"] == PROBE_FAILED)
