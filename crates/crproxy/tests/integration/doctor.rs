@@ -147,6 +147,25 @@ async fn add_unproxied_gadgets(target_admin: &kube::Client) -> Result<()> {
     anyhow::bail!("the target never listed gadgets in {path}")
 }
 
+/// Four widget lists through the client cluster, each of which must fail: the
+/// proxy dials its one peer, which does not answer, until it is quarantined
+/// (3 failures). Not kubectl, nor a retrying client: they repeat every 503.
+async fn quarantine_the_only_peer(client_kubeconfig: &Path) -> Result<()> {
+    let admin = crproxy_kube::Kubeconfig::load(client_kubeconfig)?;
+    let admin = crproxy_kube::ClusterConfig::from_kubeconfig(&admin, None)?;
+    let once = crproxy_kube::kube_client_without_retries(&admin, admin.credentials()?, "default")?;
+    for _ in 0..4 {
+        let request = http::Request::get("/apis/example.com/v1/namespaces/default/widgets")
+            .body(Vec::new())?;
+        let failed = once.request::<Value>(request).await;
+        assert!(
+            failed.is_err(),
+            "a request to an unanswering peer succeeded"
+        );
+    }
+    Ok(())
+}
+
 fn gv() -> String {
     format!("{}/{}", devenv::EXAMPLE_GROUP, devenv::EXAMPLE_VERSION)
 }
@@ -401,16 +420,7 @@ async fn dead_peers_are_named() -> Result<()> {
     // Discovery falls back locally, so the APIService still turns Available.
     devenv::wait_for_available(&api, &apiservice, Duration::from_secs(30)).await?;
     // Requests dial the dead peer until it is quarantined (3 failures).
-    // (Not kubectl, nor a retrying client: they repeat every 503.)
-    let admin = crproxy_kube::Kubeconfig::load(&client.kubeconfig)?;
-    let admin = crproxy_kube::ClusterConfig::from_kubeconfig(&admin, None)?;
-    let once = crproxy_kube::kube_client_without_retries(&admin, admin.credentials()?, "default")?;
-    for _ in 0..4 {
-        let request = http::Request::get("/apis/example.com/v1/namespaces/default/widgets")
-            .body(Vec::new())?;
-        let failed = once.request::<Value>(request).await;
-        assert!(failed.is_err(), "a request to a dead peer succeeded");
-    }
+    quarantine_the_only_peer(&client.kubeconfig).await?;
     let identity = identity_kubeconfig(&link.config_path);
     let run = doctor(
         &client.kubeconfig,
@@ -464,15 +474,7 @@ async fn a_stopped_target_is_the_target_down_verdict() -> Result<()> {
     env.target.stop_listener(env.target_replicas[0])?;
     // Requests dial the stopped target until its only peer is quarantined (3
     // failures), so the metrics show proxy-path degradation as well.
-    let admin = crproxy_kube::Kubeconfig::load(&client_kubeconfig)?;
-    let admin = crproxy_kube::ClusterConfig::from_kubeconfig(&admin, None)?;
-    let once = crproxy_kube::kube_client_without_retries(&admin, admin.credentials()?, "default")?;
-    for _ in 0..4 {
-        let request = http::Request::get("/apis/example.com/v1/namespaces/default/widgets")
-            .body(Vec::new())?;
-        let failed = once.request::<Value>(request).await;
-        assert!(failed.is_err(), "a request to a stopped target succeeded");
-    }
+    quarantine_the_only_peer(&client_kubeconfig).await?;
 
     let run = doctor(&client_kubeconfig, Some(&identity), Some(&metrics)).await?;
     assert_eq!(run.code, Some(1), "{}\n{:?}", run.stderr, run.not_ok());
