@@ -975,13 +975,7 @@ pub async fn update(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     if !matches!(ctx.subresource.as_str(), "" | "status" | "finalize") {
         return Err(ApiError::resource_not_found());
     }
-    let body_name = meta_str(&obj, "name");
-    if !body_name.is_empty() && body_name != ctx.name {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({})",
-            ctx.name
-        )));
-    }
+    check_name(ctx, &obj)?;
     let body_ns = meta_str(&obj, "namespace");
     if ctx.info.namespaced && !body_ns.is_empty() && body_ns != ctx.namespace {
         return Err(ApiError::bad_request(
@@ -1054,6 +1048,8 @@ pub async fn patch(state: &Arc<State>, ctx: &ReqCtx, body: &[u8]) -> Resp {
     let (written, warnings) = update_admitted(state, ctx, false, |cur| {
         let as_requested = output::convert(cur, &ctx.api_version());
         let mut patched = seams::apply_patch(ctx, kind, &as_requested, body)?;
+        // As kube's patcher checks what the patch made.
+        check_name(ctx, &patched)?;
         // A patch that does not mention resourceVersion is unconditional.
         if meta_str(&patched, "resourceVersion").is_empty() {
             if let Some(m) = metadata_mut(&mut patched) {
@@ -1218,7 +1214,19 @@ fn hold_scale_to_request(ctx: &ReqCtx, scale: &mut Value) -> Result<(), ApiError
             "the namespace of the provided object does not match the namespace sent on the request",
         ));
     }
-    let name = meta_str(scale, "name");
+    check_name(ctx, scale)
+}
+
+/// kube's `checkName` of what a PUT sends or a patch makes: the object must
+/// name itself, and by the URL's name.
+fn check_name(ctx: &ReqCtx, obj: &Value) -> Result<(), ApiError> {
+    let name = meta_str(obj, "name");
+    if name.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({} based on URL) was undeterminable: name must be provided",
+            ctx.name
+        )));
+    }
     if name != ctx.name {
         return Err(ApiError::bad_request(format!(
             "the name of the object ({name}) does not match the name on the URL ({})",

@@ -1916,8 +1916,12 @@ async fn a_scale_write_is_held_to_the_request_s_name_and_namespace() {
             ],
         ),
     ] {
-        let message =
-            format!("the name of the object ({name}) does not match the name on the URL (d)");
+        let message = if name.is_empty() {
+            "the name of the object (d based on URL) was undeterminable: name must be provided"
+                .to_owned()
+        } else {
+            format!("the name of the object ({name}) does not match the name on the URL (d)")
+        };
         let writes: Vec<_> = writes
             .iter()
             .map(|(m, c, b)| (*m, *c, b.as_str()))
@@ -1925,6 +1929,87 @@ async fn a_scale_write_is_held_to_the_request_s_name_and_namespace() {
         let refused = failure(400, "BadRequest", &message, None);
         check_refused_scale_writes(&test, DEPLOYMENT_SCALE, &writes, 400, &refused, 2).await;
     }
+}
+
+/// kube's `checkName` holds what a PUT sends, or a patch makes, to the URL's
+/// name: an object that names none is "undeterminable", another name a
+/// mismatch; both are 400s and nothing is written. A namespace so refused
+/// keeps its name label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_or_patch_that_leaves_the_object_nameless_is_refused() {
+    let test = test_support::devcluster("nameless-writes").await;
+    apply(
+        &test,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: default}\ndata: {k: v}\n",
+    )
+    .await;
+    apply(
+        &test,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: named}\n",
+    )
+    .await;
+    let nameless = |name: &str| {
+        format!(
+            "the name of the object ({name} based on URL) was undeterminable: name must be provided"
+        )
+    };
+    let mismatch = "the name of the object (other) does not match the name on the URL (c)";
+    let json_patch = ("content-type", "application/json-patch+json");
+    let configmap = "/api/v1/namespaces/default/configmaps/c";
+    let namespace = "/api/v1/namespaces/named";
+    let writes = [
+        (
+            "PUT",
+            configmap,
+            ("content-type", "application/json"),
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"default"},"data":{"k":"w"}}"#,
+            nameless("c"),
+        ),
+        (
+            "PUT",
+            configmap,
+            ("content-type", "application/json"),
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"other"},"data":{"k":"w"}}"#,
+            mismatch.to_owned(),
+        ),
+        (
+            "PATCH",
+            configmap,
+            MERGE_PATCH,
+            r#"{"metadata":{"name":null},"data":{"k":"w"}}"#,
+            nameless("c"),
+        ),
+        (
+            "PATCH",
+            configmap,
+            json_patch,
+            r#"[{"op":"remove","path":"/metadata/name"}]"#,
+            nameless("c"),
+        ),
+        (
+            "PATCH",
+            namespace,
+            json_patch,
+            r#"[{"op":"remove","path":"/metadata/name"}]"#,
+            nameless("named"),
+        ),
+    ];
+    for (method, path, header, body, message) in &writes {
+        let (code, answer) = send(&test, method, path, &[*header], body).await;
+        assert_eq!(code, 400, "{method} {path} {body}: {answer:?}");
+        assert_eq!(
+            json(&answer),
+            failure(400, "BadRequest", message, None),
+            "{method} {path} {body}"
+        );
+    }
+    let (_, stored) = get(&test, configmap, None).await;
+    assert_eq!(json(&stored)["data"], serde_json::json!({"k": "v"}));
+    let (_, stored) = get(&test, namespace, None).await;
+    assert_eq!(
+        json(&stored)["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        "named"
+    );
 }
 
 /// A uid in a PUT's Scale is a precondition on the object, as kube's
