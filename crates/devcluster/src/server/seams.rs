@@ -287,11 +287,14 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
             }
         }
         ("", "namespaces") => {
+            // SetDefaults_Namespace labels only a namespace with a name (one
+            // made by generateName is labelled once it has one).
             let name = m
                 .get("metadata")
                 .and_then(|x| x.get("name"))
-                .cloned()
-                .unwrap_or(json!(""));
+                .filter(|name| name.as_str().is_some_and(|name| !name.is_empty()))
+                .cloned();
+            let Some(name) = name else { return };
             if let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut) {
                 let labels = meta.entry("labels").or_insert_with(|| json!({}));
                 if let Some(l) = labels.as_object_mut() {
