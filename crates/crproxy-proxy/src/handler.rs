@@ -765,7 +765,7 @@ impl GroupVersionProxy {
             Ok((write, _room)) => (Some(write.body_type.media_type()), write.to_bytes()),
             Err(error) if owned => return refused_body(&error),
             Err(error) => {
-                tracing::warn!(group_version = %self.group_version, %error, "inject source labels failed");
+                tracing::warn!(group_version = %self.group_version, target = %self.metrics.target_label(), %error, "inject source labels failed");
                 (None, bytes.to_vec())
             }
         };
@@ -938,9 +938,10 @@ impl GroupVersionProxy {
         let media_type = Some(mutation.media_type());
         for attempt in 1..=PINNED_ATTEMPTS {
             let last = attempt == PINNED_ATTEMPTS;
-            // A write's second attempt reads its bytes again here, before its
-            // check, so that the parse does not widen the time between the check
-            // and the write.
+            // Every attempt after the one that pinned the first document (the
+            // cached one's, or the first checked one's) reads the bytes again
+            // here, before its check, so that the parse does not widen the time
+            // between the check and the write.
             let request = match self.attempt(&exchange.headers, &mut mutation) {
                 Ok(request) => request,
                 Err(error) => return refused_body(&error),

@@ -354,7 +354,11 @@ async fn all_mode_forwards_an_unlabellable_replace_and_logs_it() {
         put.body
     );
     let logged = logs.text();
-    assert!(logged.contains("inject source labels failed"), "{logged}");
+    let line = logged
+        .lines()
+        .find(|l| l.contains("inject source labels failed"))
+        .unwrap_or_else(|| panic!("not logged: {logged}"));
+    assert!(line.contains("target=default/target"), "{line}");
     let stored = on_target(&h, "m").await.expect("still there");
     assert_eq!(stored["spec"]["replicas"], 1, "{stored}");
     h.proxy.shutdown().await;
