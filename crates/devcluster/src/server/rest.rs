@@ -1076,9 +1076,14 @@ enum ScaleChange {
 /// The Scale of `obj` as kube's registry makes it (`scaleFromCustomResource`,
 /// `scaleFromDeployment`), and whether `obj` has spec replicas. A field of the
 /// wrong type is the accessor's error, and a built-in's selector kube cannot
-/// read is `LabelSelectorAsSelector`'s: kube's handlers answer either as 500
-/// `Unknown` (a GET answers the selector's otherwise, [`scale_of`]).
-fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
+/// read is `LabelSelectorAsSelector`'s. kube's handlers answer the accessor's
+/// as 500 `Unknown`; the selector's is `unreadable_selector`'s answer (a
+/// write's is `Unknown` too, a GET's a 400: [`scale_of`]).
+fn scale_from(
+    ctx: &ReqCtx,
+    obj: &Value,
+    unreadable_selector: fn(String) -> ApiError,
+) -> Result<(Value, bool), ApiError> {
     let Some(spec) = ctx.info.scale(&ctx.version) else {
         return Err(ApiError::resource_not_found());
     };
@@ -1101,7 +1106,7 @@ fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
     let status_replicas =
         scale::nested_int64(obj, &spec.status_replicas_path).map_err(ApiError::unknown)?;
     let selector = if !ctx.info.is_crd() {
-        Some(scale::builtin_selector(obj).map_err(ApiError::unknown)?)
+        Some(scale::builtin_selector(obj).map_err(unreadable_selector)?)
     } else {
         match spec.label_selector_path.as_deref() {
             Some(path) if !path.is_empty() => {
@@ -1144,10 +1149,7 @@ fn scale_from(ctx: &ReqCtx, obj: &Value) -> Result<(Value, bool), ApiError> {
 /// it cannot read with a 400 (kube's validation keeps such a selector out of
 /// storage; devcluster does not check a Deployment's spec).
 fn scale_of(ctx: &ReqCtx, obj: &Value) -> Result<Value, ApiError> {
-    if !ctx.info.is_crd() {
-        scale::builtin_selector(obj).map_err(ApiError::bad_request)?;
-    }
-    let (scale, found) = scale_from(ctx, obj)?;
+    let (scale, found) = scale_from(ctx, obj, ApiError::bad_request)?;
     if !found {
         return Err(ApiError::internal_error(&format!(
             "the spec replicas field {} does not exist",
@@ -1243,7 +1245,7 @@ const UNSET_REPLICAS: i32 = i32::MIN;
 /// The Scale a write to `/scale` starts from (a patch applies to it), and the
 /// one kube's validation compares with (spec replicas absent read as 0).
 fn scale_for_write(ctx: &ReqCtx, current: &Value) -> Result<(Value, Value), ApiError> {
-    let (scale, found) = scale_from(ctx, current)?;
+    let (scale, found) = scale_from(ctx, current, ApiError::unknown)?;
     let mut start = scale.clone();
     if !found {
         if let Some(spec) = start.get_mut("spec").and_then(Value::as_object_mut) {
@@ -1372,7 +1374,10 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
                 Ok(m)
             },
         )?;
-        return Ok(respond_scale(ctx, &scale_from(ctx, &written.object)?.0));
+        return Ok(respond_scale(
+            ctx,
+            &scale_from(ctx, &written.object, ApiError::unknown)?.0,
+        ));
     }
     // Webhooks see the Scale (autoscaling/v1), as kube sends it for `<resource>/scale`.
     for _ in 0..ADMITTED_UPDATE_ATTEMPTS {
@@ -1412,7 +1417,8 @@ async fn update_scale(state: &Arc<State>, ctx: &ReqCtx, change: ScaleChange) -> 
             decision,
         );
         if let Some(written) = stored {
-            let mut resp = respond_scale(ctx, &scale_from(ctx, &written.object)?.0);
+            let mut resp =
+                respond_scale(ctx, &scale_from(ctx, &written.object, ApiError::unknown)?.0);
             h::add_warnings(&mut resp, &warnings);
             return Ok(resp);
         }
