@@ -1474,37 +1474,34 @@ async fn a_built_in_s_scale_carries_its_selector() {
         "replicas": 0,
         "selector": "app=d,!canary,env notin (dev,prod),tier=web",
     });
-    let (code, body) = get(&test, DEPLOYMENT_SCALE, None).await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["status"], expected);
-    let (code, body) = send(
-        &test,
-        "PATCH",
-        DEPLOYMENT_SCALE,
-        &[MERGE_PATCH],
-        r#"{"spec":{"replicas":4}}"#,
-    )
-    .await;
-    assert_eq!(code, 200, "{body:?}");
-    assert_eq!(json(&body)["status"], expected);
+    for (code, answer) in read_and_patched_scale(&test, 4).await {
+        assert_eq!(code, 200, "{answer}");
+        assert_eq!(answer["status"], expected);
+    }
 
     let selector =
         "  selector:\n    matchExpressions:\n    - {key: a, operator: Gt, values: ['1']}\n";
     apply(&test, &deployment_with_selector(selector)).await;
     let message = "\"Gt\" is not a valid label selector operator";
-    let (code, body) = get(&test, DEPLOYMENT_SCALE, None).await;
-    assert_eq!(code, 400, "{body:?}");
-    assert_eq!(json(&body), failure(400, "BadRequest", message, None));
-    let (code, body) = send(
-        &test,
-        "PATCH",
-        DEPLOYMENT_SCALE,
-        &[MERGE_PATCH],
-        r#"{"spec":{"replicas":5}}"#,
-    )
-    .await;
-    assert_eq!(code, 500, "{body:?}");
-    assert_eq!(json(&body), failure(500, "Unknown", message, None));
+    let [read, patched] = read_and_patched_scale(&test, 5).await;
+    assert_eq!(read, (400, failure(400, "BadRequest", message, None)));
+    assert_eq!(patched, (500, failure(500, "Unknown", message, None)));
+}
+
+/// Deployment `default/d`'s Scale read, then patched to `replicas`: each
+/// answer's code and body.
+async fn read_and_patched_scale(
+    test: &test_support::TestCluster,
+    replicas: u32,
+) -> [(u16, serde_json::Value); 2] {
+    let (read_code, read) = get(test, DEPLOYMENT_SCALE, None).await;
+    let patch = format!(r#"{{"spec":{{"replicas":{replicas}}}}}"#);
+    let (patched_code, patched) =
+        send(test, "PATCH", DEPLOYMENT_SCALE, &[MERGE_PATCH], &patch).await;
+    [
+        (read_code.as_u16(), json(&read)),
+        (patched_code.as_u16(), json(&patched)),
+    ]
 }
 
 /// Deployment `default/d` of 4 replicas with `selector` (YAML under `spec`).
