@@ -1509,6 +1509,12 @@ fn deployment_with_selector(selector: &str) -> String {
     format!("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n  namespace: default\nspec:\n  replicas: 4\n{selector}  template:\n    metadata:\n      labels: {{app: d, tier: web}}\n    spec:\n      containers:\n      - {{name: c, image: nginx}}\n")
 }
 
+/// Deployment `default/d` scaled to 3 through its Scale.
+async fn scale_to_three(test: &test_support::TestCluster) {
+    let patch = r#"{"spec":{"replicas":3}}"#;
+    scale_written(test, "PATCH", DEPLOYMENT_SCALE, &[MERGE_PATCH], patch, 3).await;
+}
+
 /// A Deployment whose write leaves replicas unset has 1, as kube's apps/v1
 /// defaulting (`SetDefaults_Deployment`) gives it while decoding: on create,
 /// on a PUT and from a patch, and its Scale says so.
@@ -1526,15 +1532,7 @@ async fn a_deployment_without_replicas_has_one() {
     assert_eq!(code, 200, "{body:?}");
     assert_eq!(json(&body)["spec"], serde_json::json!({"replicas": 1}));
 
-    let (code, body) = send(
-        &test,
-        "PATCH",
-        DEPLOYMENT_SCALE,
-        &[MERGE_PATCH],
-        r#"{"spec":{"replicas":3}}"#,
-    )
-    .await;
-    assert_eq!(code, 200, "{body:?}");
+    scale_to_three(&test).await;
     let (_, body) = get(&test, path, None).await;
     let mut put = json(&body);
     assert_eq!(put["spec"]["replicas"], 3);
@@ -1552,15 +1550,7 @@ async fn a_deployment_without_replicas_has_one() {
     assert_eq!(code, 200, "{body:?}");
     assert_eq!(json(&body)["spec"]["replicas"], 1);
 
-    let (code, body) = send(
-        &test,
-        "PATCH",
-        DEPLOYMENT_SCALE,
-        &[MERGE_PATCH],
-        r#"{"spec":{"replicas":3}}"#,
-    )
-    .await;
-    assert_eq!(code, 200, "{body:?}");
+    scale_to_three(&test).await;
     let (code, body) = send(
         &test,
         "PATCH",
