@@ -28,10 +28,6 @@ fn is_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
-fn is_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_label)
-}
-
 /// Messages for an invalid object name of this resource (empty when valid).
 pub fn name_errors(info: &ResourceInfo, name: &str) -> Vec<String> {
     if info.group == "rbac.authorization.k8s.io" {
@@ -64,14 +60,13 @@ pub fn name_errors(info: &ResourceInfo, name: &str) -> Vec<String> {
         }
         return out;
     }
-    let mut out = Vec::new();
-    if name.len() > 253 {
-        out.push("must be no more than 253 characters".to_string());
-    }
-    if !is_subdomain(name) {
-        out.push(SUBDOMAIN_MSG.to_string());
-    }
-    out
+    // Everything else, custom resources included, is checked with
+    // apimachinery's `NameIsDNSSubdomain` (apiextensions-apiserver's
+    // `customResourceValidator.Validate` in `registry/customresource/validator.go`
+    // passes it for every custom resource), which is `IsDNS1123Subdomain`: a
+    // 253-byte bound on the whole name and the subdomain pattern, each reported
+    // on its own, and no bound on a single dot-separated label.
+    dns1123_subdomain_errors(name.as_bytes())
 }
 
 /// apimachinery's `NameIsDNSSubdomain(prefix, true)` for a `generateName`:
@@ -352,6 +347,45 @@ mod tests {
         check(&svc, &"a".repeat(64), false);
         check(&role, "a/b", false);
         assert_eq!(name_errors(&cm, "Bad")[0], SUBDOMAIN_MSG);
+    }
+
+    /// A custom resource as the registry would hold one from a CRD.
+    fn crontabs(r: &Registry) -> ResourceInfo {
+        let mut info = (*r.get("", "configmaps").expect("cm")).clone();
+        info.group = "stable.example.com".into();
+        info.resource = "crontabs".into();
+        info.kind = "CronTab".into();
+        info.source = crate::registry::Source::Crd("crontabs.stable.example.com".into());
+        info
+    }
+
+    #[test]
+    fn subdomain_names_bound_the_whole_name_and_no_single_label() {
+        let r = Registry::new();
+        let cm = r.get("", "configmaps").expect("cm");
+        let ct = crontabs(&r);
+        let check = |info: &ResourceInfo, name: &str, expected: &[&str]| {
+            assert_eq!(
+                name_errors(info, name),
+                expected,
+                "{}/{name}",
+                info.resource
+            )
+        };
+        // IsDNS1123Subdomain has no 63-byte bound on a label.
+        check(&ct, &"a".repeat(100), &[]);
+        check(&ct, &format!("{}.{}", "a".repeat(64), "b".repeat(188)), &[]);
+        check(&cm, &"a".repeat(253), &[]);
+        // Too long but well formed: the length alone, as kube reports it.
+        let too_long = "must be no more than 253 characters";
+        check(&ct, &"a".repeat(254), &[too_long]);
+        check(&cm, &format!("{}.b", "a".repeat(252)), &[too_long]);
+        check(
+            &ct,
+            &format!("{}-", "a".repeat(254)),
+            &[too_long, SUBDOMAIN_MSG],
+        );
+        check(&ct, "a..b", &[SUBDOMAIN_MSG]);
     }
 
     #[test]
