@@ -18,14 +18,53 @@ const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case a
 
 const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
 
-fn is_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
+/// Whether `s` matches the RFC 1123 label pattern `[a-z0-9]([-a-z0-9]*[a-z0-9])?`,
+/// whatever its length.
+fn matches_label(s: &[u8]) -> bool {
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    s.first().is_some_and(alnum)
+        && s.last().is_some_and(alnum)
+        && s.iter().all(|c| alnum(c) || *c == b'-')
+}
+
+/// Whether `s` matches the RFC 1123 subdomain pattern: labels joined by dots.
+fn matches_subdomain(s: &[u8]) -> bool {
+    s.split(|c| *c == b'.').all(matches_label)
+}
+
+/// apimachinery's `IsDNS1035Label` (`pkg/util/validation/validation.go`), which
+/// kube's `ValidateServiceName` is: the 63-byte bound and the pattern
+/// `[a-z]([-a-z0-9]*[a-z0-9])?` are checked apart and each failure reported on
+/// its own, so a well-formed 64-byte name gets the length message alone.
+fn dns1035_label_errors(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if name.len() > 63 {
+        out.push("must be no more than 63 characters".to_string());
+    }
+    if !matches_label(name.as_bytes()) || !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        out.push(DNS1035_MSG.to_string());
+    }
+    out
+}
+
+/// apimachinery's `IsDNS1123Label` (same file), which kube's
+/// `ValidateNamespaceName` is: the 63-byte bound and the label pattern checked
+/// apart; a name that fails the label pattern but is a well-formed subdomain
+/// can only be failing on its dots, and kube says just that instead of quoting
+/// the pattern.
+fn dns1123_label_errors(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if name.len() > 63 {
+        out.push("must be no more than 63 characters".to_string());
+    }
+    if !matches_label(name.as_bytes()) {
+        if matches_subdomain(name.as_bytes()) {
+            out.push("must not contain dots".to_string());
+        } else {
+            out.push(LABEL_MSG.to_string());
+        }
+    }
+    out
 }
 
 /// Messages for an invalid object name of this resource (empty when valid).
@@ -41,24 +80,12 @@ pub fn name_errors(info: &ResourceInfo, name: &str) -> Vec<String> {
         return vec![];
     }
     if info.group.is_empty() && info.resource == "services" {
-        let mut out = Vec::new();
-        if name.len() > 63 {
-            out.push("must be no more than 63 characters".to_string());
-        }
-        if !is_label(name) || !name.starts_with(|c: char| c.is_ascii_lowercase()) {
-            out.push(DNS1035_MSG.to_string());
-        }
-        return out;
+        return dns1035_label_errors(name);
     }
-    if info.resource == "namespaces" {
-        let mut out = Vec::new();
-        if name.len() > 63 {
-            out.push("must be no more than 63 characters".to_string());
-        }
-        if !is_label(name) {
-            out.push(LABEL_MSG.to_string());
-        }
-        return out;
+    // Only the core group's namespaces: a custom resource whose plural happens
+    // to be `namespaces` is named as any other custom resource.
+    if info.is_namespace() {
+        return dns1123_label_errors(name);
     }
     // Everything else, custom resources included, is checked with
     // apimachinery's `NameIsDNSSubdomain` (apiextensions-apiserver's
@@ -91,17 +118,11 @@ pub fn generate_name_errors(prefix: &str) -> Vec<String> {
 /// `[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*` (which
 /// bounds no label's length), each reported on its own.
 fn dns1123_subdomain_errors(name: &[u8]) -> Vec<String> {
-    let label = |l: &[u8]| {
-        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-        l.first().is_some_and(alnum)
-            && l.last().is_some_and(alnum)
-            && l.iter().all(|c| alnum(c) || *c == b'-')
-    };
     let mut out = Vec::new();
     if name.len() > 253 {
         out.push("must be no more than 253 characters".to_string());
     }
-    if !name.split(|c| *c == b'.').all(label) {
+    if !matches_subdomain(name) {
         out.push(SUBDOMAIN_MSG.to_string());
     }
     out
@@ -386,6 +407,45 @@ mod tests {
             &[too_long, SUBDOMAIN_MSG],
         );
         check(&ct, "a..b", &[SUBDOMAIN_MSG]);
+    }
+
+    #[test]
+    fn label_names_report_each_failure_as_kube_does() {
+        let r = Registry::new();
+        let ns = r.get("", "namespaces").expect("ns");
+        let svc = r.get("", "services").expect("svc");
+        let check = |info: &ResourceInfo, name: &str, expected: &[&str]| {
+            assert_eq!(
+                name_errors(info, name),
+                expected,
+                "{}/{name}",
+                info.resource
+            )
+        };
+        let too_long = "must be no more than 63 characters";
+        // Well formed but too long: the length alone.
+        check(&ns, &"a".repeat(64), &[too_long]);
+        check(&svc, &"a".repeat(64), &[too_long]);
+        // Both wrong: both messages, length first.
+        check(&ns, &format!("{}-", "a".repeat(63)), &[too_long, LABEL_MSG]);
+        check(
+            &svc,
+            &format!("1{}", "a".repeat(63)),
+            &[too_long, DNS1035_MSG],
+        );
+        // A namespace name that is a subdomain is told about its dots.
+        check(&ns, "a.b", &["must not contain dots"]);
+        check(
+            &ns,
+            &format!("{}.b", "a".repeat(63)),
+            &[too_long, "must not contain dots"],
+        );
+        check(&ns, "a..b", &[LABEL_MSG]);
+        check(&svc, "a.b", &[DNS1035_MSG]);
+        // A custom resource called `namespaces` is named as a subdomain.
+        let mut custom = crontabs(&r);
+        custom.resource = "namespaces".into();
+        check(&custom, "a.b", &[]);
     }
 
     #[test]
