@@ -309,26 +309,7 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
         {
             m.insert("type".into(), json!("Opaque"));
         }
-        ("", "services") => {
-            let spec = m.entry("spec").or_insert_with(|| json!({}));
-            if let Some(spec) = spec.as_object_mut() {
-                spec.entry("type").or_insert_with(|| json!("ClusterIP"));
-                if spec.get("type") != Some(&json!("ExternalName")) {
-                    spec.entry("sessionAffinity")
-                        .or_insert_with(|| json!("None"));
-                    spec.entry("internalTrafficPolicy")
-                        .or_insert_with(|| json!("Cluster"));
-                }
-                if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
-                    for p in ports.iter_mut().filter_map(Value::as_object_mut) {
-                        p.entry("protocol").or_insert_with(|| json!("TCP"));
-                        if let Some(port) = p.get("port").cloned() {
-                            p.entry("targetPort").or_insert(port);
-                        }
-                    }
-                }
-            }
-        }
+        ("", "services") => service_defaults(m),
         ("apiregistration.k8s.io", "apiservices") => {
             if let Some(service) = m
                 .get_mut("spec")
@@ -351,6 +332,112 @@ pub fn scheme_defaults(info: &ResourceInfo, obj: &mut Value) {
             }
         }
         _ => {}
+    }
+}
+
+/// core/v1's `SetDefaults_Service` (kube's `pkg/apis/core/v1/defaults.go`).
+/// Go decodes an absent field, a JSON null and (for a plain string) "" alike,
+/// so each counts as unset here. By type:
+/// - every type, ExternalName included: `sessionAffinity` None (which also
+///   drops `sessionAffinityConfig`; ClientIP without a timeout gets the
+///   10800 s one), `type` ClusterIP, and per port `protocol` TCP and a
+///   `targetPort` of 0 or "" made the port;
+/// - externally reachable ones (`service.ExternallyAccessible` in
+///   `pkg/api/v1/service/util.go`: LoadBalancer, NodePort, or ClusterIP with
+///   `externalIPs`): `externalTrafficPolicy` Cluster;
+/// - ClusterIP, NodePort and LoadBalancer only (not ExternalName):
+///   `internalTrafficPolicy` Cluster;
+/// - LoadBalancer: `allocateLoadBalancerNodePorts` true, and `ipMode` VIP on
+///   every status ingress with an IP (the LoadBalancerIPMode gate is on by
+///   default in 1.32).
+fn service_defaults(m: &mut serde_json::Map<String, Value>) {
+    fn unset(v: Option<&Value>) -> bool {
+        v.is_none_or(|v| v.is_null() || v.as_str() == Some(""))
+    }
+    fn absent(v: Option<&Value>) -> bool {
+        v.is_none_or(Value::is_null)
+    }
+    let spec = m.entry("spec").or_insert(Value::Null);
+    if spec.is_null() {
+        *spec = json!({});
+    }
+    let Some(spec) = spec.as_object_mut() else {
+        return;
+    };
+    if unset(spec.get("sessionAffinity")) {
+        spec.insert("sessionAffinity".into(), json!("None"));
+    }
+    match spec.get("sessionAffinity").and_then(Value::as_str) {
+        Some("None") => {
+            spec.remove("sessionAffinityConfig");
+        }
+        Some("ClientIP")
+            if absent(
+                spec.get("sessionAffinityConfig")
+                    .and_then(|c| c.get("clientIP"))
+                    .and_then(|c| c.get("timeoutSeconds")),
+            ) =>
+        {
+            spec.insert(
+                "sessionAffinityConfig".into(),
+                json!({"clientIP": {"timeoutSeconds": 10800}}),
+            );
+        }
+        _ => {}
+    }
+    if unset(spec.get("type")) {
+        spec.insert("type".into(), json!("ClusterIP"));
+    }
+    if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+            if unset(p.get("protocol")) {
+                p.insert("protocol".into(), json!("TCP"));
+            }
+            let target = p.get("targetPort");
+            if unset(target) || target.and_then(Value::as_i64) == Some(0) {
+                let port = p.get("port").filter(|v| v.is_i64()).cloned();
+                p.insert("targetPort".into(), port.unwrap_or(json!(0)));
+            }
+        }
+    }
+    let ty = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let external_ips = spec
+        .get("externalIPs")
+        .and_then(Value::as_array)
+        .is_some_and(|ips| !ips.is_empty());
+    let externally_accessible =
+        matches!(ty.as_str(), "LoadBalancer" | "NodePort") || (ty == "ClusterIP" && external_ips);
+    if externally_accessible && unset(spec.get("externalTrafficPolicy")) {
+        spec.insert("externalTrafficPolicy".into(), json!("Cluster"));
+    }
+    if matches!(ty.as_str(), "ClusterIP" | "NodePort" | "LoadBalancer")
+        && absent(spec.get("internalTrafficPolicy"))
+    {
+        spec.insert("internalTrafficPolicy".into(), json!("Cluster"));
+    }
+    if ty != "LoadBalancer" {
+        return;
+    }
+    if absent(spec.get("allocateLoadBalancerNodePorts")) {
+        spec.insert("allocateLoadBalancerNodePorts".into(), json!(true));
+    }
+    let ingress = m
+        .get_mut("status")
+        .and_then(|s| s.get_mut("loadBalancer"))
+        .and_then(|l| l.get_mut("ingress"))
+        .and_then(Value::as_array_mut);
+    for ing in ingress
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+    {
+        if !unset(ing.get("ip")) && absent(ing.get("ipMode")) {
+            ing.insert("ipMode".into(), json!("VIP"));
+        }
     }
 }
 
@@ -887,6 +974,90 @@ mod tests {
         );
         check(json!({"spec": {"replicas": 0}}), json!(0));
         check(json!({"spec": {"replicas": 3}}), json!(3));
+    }
+
+    #[test]
+    fn services_are_defaulted_per_type_as_kube_defaults_them() {
+        let registry = crate::registry::Registry::new();
+        let services = registry.get("", "services").expect("services");
+        let check = |mut service: Value, expected: Value| {
+            let sent = service.clone();
+            scheme_defaults(&services, &mut service);
+            assert_eq!(service, expected, "{sent}");
+        };
+        // ExternalName: a session affinity, no traffic policy.
+        check(
+            json!({"spec": {"type": "ExternalName", "externalName": "example.com"}}),
+            json!({"spec": {"type": "ExternalName", "externalName": "example.com",
+                            "sessionAffinity": "None"}}),
+        );
+        // No type is ClusterIP; ports get a protocol and their port as target.
+        check(
+            json!({"spec": {"ports": [{"port": 80}, {"port": 81, "targetPort": "http"}]}}),
+            json!({"spec": {"type": "ClusterIP", "sessionAffinity": "None",
+                            "internalTrafficPolicy": "Cluster",
+                            "ports": [{"port": 80, "protocol": "TCP", "targetPort": 80},
+                                      {"port": 81, "protocol": "TCP", "targetPort": "http"}]}}),
+        );
+        // Null and "" are unset, as Go decodes them; a target port of 0 too.
+        check(
+            json!({"spec": null}),
+            json!({"spec": {"type": "ClusterIP", "sessionAffinity": "None",
+                            "internalTrafficPolicy": "Cluster"}}),
+        );
+        check(
+            json!({"spec": {"type": "", "sessionAffinity": null, "internalTrafficPolicy": null,
+                            "ports": [{"port": 80, "targetPort": 0, "protocol": ""},
+                                      {"port": 81, "targetPort": ""}]}}),
+            json!({"spec": {"type": "ClusterIP", "sessionAffinity": "None",
+                            "internalTrafficPolicy": "Cluster",
+                            "ports": [{"port": 80, "targetPort": 80, "protocol": "TCP"},
+                                      {"port": 81, "targetPort": 81, "protocol": "TCP"}]}}),
+        );
+        // A ClusterIP with external IPs is reachable from outside.
+        check(
+            json!({"spec": {"type": "ClusterIP", "externalIPs": ["192.0.2.1"]}}),
+            json!({"spec": {"type": "ClusterIP", "externalIPs": ["192.0.2.1"],
+                            "sessionAffinity": "None", "externalTrafficPolicy": "Cluster",
+                            "internalTrafficPolicy": "Cluster"}}),
+        );
+        check(
+            json!({"spec": {"type": "NodePort", "internalTrafficPolicy": "Local"}}),
+            json!({"spec": {"type": "NodePort", "sessionAffinity": "None",
+                            "externalTrafficPolicy": "Cluster",
+                            "internalTrafficPolicy": "Local"}}),
+        );
+        check(
+            json!({"spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local"},
+                   "status": {"loadBalancer": {"ingress": [
+                       {"ip": "192.0.2.2"}, {"hostname": "lb.example.com"},
+                       {"ip": "192.0.2.3", "ipMode": "Proxy"}]}}}),
+            json!({"spec": {"type": "LoadBalancer", "sessionAffinity": "None",
+                            "externalTrafficPolicy": "Local",
+                            "internalTrafficPolicy": "Cluster",
+                            "allocateLoadBalancerNodePorts": true},
+                   "status": {"loadBalancer": {"ingress": [
+                       {"ip": "192.0.2.2", "ipMode": "VIP"}, {"hostname": "lb.example.com"},
+                       {"ip": "192.0.2.3", "ipMode": "Proxy"}]}}}),
+        );
+        // Session affinity: None drops a config; ClientIP gets a timeout.
+        let timeout = |seconds: u32| json!({"clientIP": {"timeoutSeconds": seconds}});
+        check(
+            json!({"spec": {"type": "ExternalName", "sessionAffinityConfig": timeout(60)}}),
+            json!({"spec": {"type": "ExternalName", "sessionAffinity": "None"}}),
+        );
+        check(
+            json!({"spec": {"type": "ExternalName", "sessionAffinity": "ClientIP",
+                            "sessionAffinityConfig": {"clientIP": {}}}}),
+            json!({"spec": {"type": "ExternalName", "sessionAffinity": "ClientIP",
+                            "sessionAffinityConfig": timeout(10800)}}),
+        );
+        check(
+            json!({"spec": {"type": "ExternalName", "sessionAffinity": "ClientIP",
+                            "sessionAffinityConfig": timeout(60)}}),
+            json!({"spec": {"type": "ExternalName", "sessionAffinity": "ClientIP",
+                            "sessionAffinityConfig": timeout(60)}}),
+        );
     }
 
     #[test]
