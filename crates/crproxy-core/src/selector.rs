@@ -77,8 +77,21 @@ pub struct Requirement {
 }
 
 impl Requirement {
-    /// Builds a validated requirement, with kube's checks and messages (the caller
-    /// decides whether a `unable to parse requirement: ` prefix applies; this does not add it).
+    /// Builds a validated requirement the way kube's selector *parser* does, not
+    /// the way a bare `labels.NewRequirement` call does.
+    ///
+    /// apimachinery's `Parser.parseRequirement` (`pkg/labels/selector.go`) reads
+    /// the values of `in (..)`, `notin (..)` and of an exact or `<`/`>` match into
+    /// a string set and hands `NewRequirement` that set's sorted list. So here the
+    /// values are sorted and de-duplicated *first*, and kube's checks and messages
+    /// then run on that list: a bad value is reported at its index in the sorted,
+    /// de-duplicated list (`values[0][key]`), as the parser reports it.
+    /// `NewRequirement` itself keeps its values as given, repeats and order
+    /// included; a LabelSelector object's requirements take that path
+    /// ([`LabelSelector::from_object`]), not this one.
+    ///
+    /// The caller decides whether the parser's `unable to parse requirement: `
+    /// prefix applies; this does not add it.
     pub fn new(
         key: impl Into<String>,
         operator: Operator,

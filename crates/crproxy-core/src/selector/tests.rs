@@ -222,6 +222,9 @@ fn requirement_new_validates() {
     let r = Requirement::new("a", Operator::In, vec!["y".into(), "x".into(), "y".into()])
         .expect("valid");
     assert_eq!(r.values, vec!["x".to_owned(), "y".to_owned()]);
+    // The parser's requirement: values read as a set, then checked.
+    let parsed = LabelSelector::parse("a in (y,x,y)").expect("valid");
+    assert_eq!(parsed.requirements(), [r]);
 }
 
 /// What `LabelSelectorAsSelector(selector).String()` gives for a LabelSelector
