@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -171,13 +171,14 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
             .cluster
             .server_name()
             .map_err(|e| target_error(e.to_string()))?;
-        let authority = target
+        let host = target
             .access
             .cluster
             .server
             .host_str()
-            .unwrap_or("localhost")
-            .to_string();
+            .unwrap_or("localhost");
+        let host = HeaderValue::from_str(host)
+            .map_err(|e| target_error(format!("invalid target host {host:?}: {e}")))?;
 
         tracing::info!(group_version = %group_version, target = %target_label, port = plan.port, "Starting proxy server");
         let pool = PeerPool::new(
@@ -187,7 +188,7 @@ pub async fn start(setup: ProxySetup, serve_metrics: bool) -> Result<RunningProx
         );
         let connection = TargetConnection {
             pool: Arc::clone(&pool),
-            authority,
+            host,
             credentials,
         };
         let upstream = names::placeholder_host(&target.name, &target.project);

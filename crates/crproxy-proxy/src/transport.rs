@@ -160,8 +160,10 @@ impl TargetPath<'_> {
 #[derive(Clone)]
 pub struct TargetConnection {
     pub pool: Arc<PeerPool>,
-    /// Value of the Host header: the name the target's certificate is issued for.
-    pub authority: String,
+    /// The Host header every request carries: the name the target's certificate is
+    /// issued for. Made once, when the target is configured, so that a request
+    /// shares it rather than copying and checking the name again.
+    pub host: HeaderValue,
     /// The client identity on the target. Asked before every request, so a rotated
     /// token is sent at once and a renewed client certificate is presented by the
     /// next connection the pool dials.
@@ -342,9 +344,7 @@ impl TargetConnection {
     }
 
     async fn stamp(&self, headers: &mut HeaderMap) -> Result<(), ForwardError> {
-        let host = HeaderValue::from_str(&self.authority)
-            .map_err(|e| ForwardError::Send(format!("invalid target host: {e}")))?;
-        headers.insert(http::header::HOST, host);
+        headers.insert(http::header::HOST, self.host.clone());
         let authorization = self
             .credentials
             .authorization()

@@ -490,7 +490,7 @@ fn unreachable_target() -> TargetConnection {
             dialer,
             Metrics::new().target("p/t"),
         ),
-        authority: "target.example".into(),
+        host: http::HeaderValue::from_static("target.example"),
         credentials: Arc::new(
             crproxy_kube::Credentials::new(
                 crproxy_kube::Auth::Token("t".into()),

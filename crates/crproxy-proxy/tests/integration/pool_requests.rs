@@ -206,7 +206,7 @@ async fn the_transport_sends_bounded_requests_as_exchanges_and_watches_as_stream
 fn target_of(h: &Harness) -> TargetConnection {
     TargetConnection {
         pool: Arc::clone(&h.pool),
-        authority: SERVER_NAME.to_string(),
+        host: http::HeaderValue::from_static(SERVER_NAME),
         credentials: Arc::new(
             crproxy_kube::Credentials::new(
                 crproxy_kube::Auth::Token("token".into()),
