@@ -270,7 +270,9 @@ enum Health {
 
 struct Peer {
     id: u64,
-    host: String,
+    /// Shared with every sender and dial to the peer: a request takes it without
+    /// a copy, and only an error makes it a `String`.
+    host: Arc<str>,
     consecutive_failures: u32,
     health: Health,
     /// Never sent on: dropping it (when the peer leaves the list) wakes every
@@ -415,7 +417,7 @@ impl Peer {
     fn new(id: u64, host: String) -> Peer {
         Peer {
             id,
-            host,
+            host: host.into(),
             consecutive_failures: 0,
             health: Health::Healthy,
             departed: watch::channel(()).0,
@@ -546,7 +548,7 @@ enum Selection {
     Dial(DialTicket),
     /// Another request's dial to `peer` will have room: wait until it ends.
     Wait {
-        peer: String,
+        peer: Arc<str>,
         done: watch::Receiver<()>,
     },
     Rejected(PoolError),
@@ -613,14 +615,14 @@ impl PeerPool {
     pub fn publish(&self, peers: Vec<String>) {
         let now = Instant::now();
         let mut st = self.lock();
-        let mut old: HashMap<String, Peer> =
+        let mut old: HashMap<Arc<str>, Peer> =
             st.peers.drain(..).map(|p| (p.host.clone(), p)).collect();
         let mut fresh = Vec::with_capacity(peers.len());
         for host in peers {
-            if fresh.iter().any(|p: &Peer| p.host == host) {
+            if fresh.iter().any(|p: &Peer| *p.host == *host) {
                 continue;
             }
-            let peer = match old.remove(&host) {
+            let peer = match old.remove(host.as_str()) {
                 Some(peer) => peer,
                 None => {
                     st.next_id += 1;
@@ -629,7 +631,7 @@ impl PeerPool {
             };
             fresh.push(peer);
         }
-        let removed: Vec<String> = old.into_keys().collect();
+        let removed: Vec<String> = old.into_keys().map(|host| host.to_string()).collect();
         st.next = if fresh.is_empty() {
             0
         } else {
@@ -709,7 +711,11 @@ impl PeerPool {
 
     /// The hosts of the current list, in publication order.
     pub fn hosts(&self) -> Vec<String> {
-        self.lock().peers.iter().map(|p| p.host.clone()).collect()
+        self.lock()
+            .peers
+            .iter()
+            .map(|p| p.host.to_string())
+            .collect()
     }
 
     // ---- request side -----------------------------------------------------------
@@ -761,7 +767,9 @@ impl PeerPool {
                     };
                     if !in_time {
                         self.metrics.dial_failure(Reason::Deadline);
-                        return Err(PoolError::Deadline { peer });
+                        return Err(PoolError::Deadline {
+                            peer: peer.to_string(),
+                        });
                     }
                 }
                 Selection::Rejected(err) => {
@@ -952,7 +960,7 @@ impl PeerPool {
                     self.abandon_trial(ticket.peer_id);
                 }
                 return Err(PoolError::Deadline {
-                    peer: ticket.host.clone(),
+                    peer: ticket.host.to_string(),
                 });
             }
             DialOutcome::Departed => None,
@@ -963,7 +971,7 @@ impl PeerPool {
                 // Never observed in the duration histogram: it is not a dial result.
                 self.metrics.dial_failure(Reason::PeerDeparted);
                 Err(PoolError::PeerDeparted {
-                    peer: ticket.host.clone(),
+                    peer: ticket.host.to_string(),
                 })
             }
             Some(Err(err)) if ticket.exchange.is_some() && err.refused_protocol() => {
@@ -987,7 +995,7 @@ impl PeerPool {
                     // The list changed between the handshake and now.
                     self.metrics.dial_failure(Reason::PeerDeparted);
                     return Err(PoolError::PeerDeparted {
-                        peer: ticket.host.clone(),
+                        peer: ticket.host.to_string(),
                     });
                 }
                 if let Conn::Http1(http1) = &mut conn {
@@ -1388,7 +1396,7 @@ async fn http_handshake(
 struct DialTicket {
     pool: Weak<PeerPool>,
     peer_id: u64,
-    host: String,
+    host: Arc<str>,
     trial: bool,
     departed: watch::Receiver<()>,
     armed: bool,
@@ -1431,7 +1439,7 @@ enum Conn {
 /// A connection to one peer, ready for one request.
 pub struct PeerSender {
     /// The peer (`host:port`) the request goes to.
-    pub peer: String,
+    pub peer: Arc<str>,
     peer_id: u64,
     conn: Conn,
     lane: Lane,
@@ -1534,7 +1542,7 @@ impl PeerSender {
             Ok(req) => req,
             Err(source) => {
                 return Attempt::Done(Err(SendError::InvalidRequest {
-                    peer: self.peer,
+                    peer: self.peer.to_string(),
                     source,
                 }))
             }
@@ -1704,13 +1712,13 @@ impl Drop for PeerBody {
 /// unsent, or one that is safe to replay, goes out again on another connection.
 fn failed(
     mut err: hyper::client::conn::TrySendError<Request<ProxyBody>>,
-    peer: String,
+    peer: Arc<str>,
     reused: bool,
     replay: Option<ReplayableHead>,
 ) -> Attempt {
     let unsent = err.take_message();
     let error = SendError::Http {
-        peer,
+        peer: peer.to_string(),
         source: err.into_error(),
         reused,
     };

@@ -135,7 +135,7 @@ async fn a_departed_peer_is_replaced_by_the_new_list_without_a_caller_error() {
         .await
         .expect("task")
         .expect("retried on the new peer");
-    assert_eq!(sender.peer, peer.host());
+    assert_eq!(*sender.peer, *peer.host());
     assert_eq!(h.scrape().dial_failures("peer_departed"), 1.0);
 }
 
