@@ -7,6 +7,8 @@
 //! set last, overriding whatever the caller sent; a response we cannot read is treated
 //! as not owned.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use crate::request::go_query_pairs;
@@ -297,28 +299,37 @@ pub fn response_visibility(owner: &Owner, body: &[u8]) -> Visibility {
 /// can inspect: JSON media ranges (including the `as=Table` and
 /// `as=PartialObjectMetadata` forms) are kept in order, everything else (protobuf,
 /// CBOR, YAML, wildcards) is dropped, and `application/json` is used when nothing
-/// remains.
-pub fn inspectable_accept(accept: Option<&str>) -> String {
+/// remains. Borrowed when nothing changes: most callers ask for JSON alone, written
+/// without spaces, and their value goes on as it came, without a copy.
+pub fn inspectable_accept(accept: Option<&str>) -> Cow<'_, str> {
+    let accept = accept.unwrap_or("");
+    if accept
+        .split(',')
+        .all(|range| range == range.trim() && is_inspectable_range(range))
+    {
+        return Cow::Borrowed(accept);
+    }
     let kept: Vec<&str> = accept
-        .unwrap_or("")
         .split(',')
         .map(str::trim)
-        .filter(|range| {
-            let mut params = range.split(';').map(str::trim);
-            let essence = params.next().unwrap_or("");
-            // `q=0` means "not acceptable"; keeping it would leave nothing usable.
-            let refused = params.any(|p| {
-                p.split_once('=').is_some_and(|(k, v)| {
-                    k.trim().eq_ignore_ascii_case("q")
-                        && v.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
-                })
-            });
-            essence.eq_ignore_ascii_case("application/json") && !refused
-        })
+        .filter(|range| is_inspectable_range(range))
         .collect();
     if kept.is_empty() {
-        "application/json".to_owned()
+        Cow::Borrowed("application/json")
     } else {
-        kept.join(",")
+        Cow::Owned(kept.join(","))
     }
+}
+
+/// Whether one media range of an `Accept` header asks for JSON and is acceptable.
+fn is_inspectable_range(range: &str) -> bool {
+    let mut params = range.split(';').map(str::trim);
+    let essence = params.next().unwrap_or("");
+    // `q=0` means "not acceptable"; keeping it would leave nothing usable.
+    let refused = params.any(|p| {
+        p.split_once('=').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("q") && v.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
+        })
+    });
+    essence.eq_ignore_ascii_case("application/json") && !refused
 }

@@ -807,11 +807,10 @@ impl GroupVersionProxy {
                 Err(outcome) => return Ok(outcome),
             },
         };
-        let inspectable = ownership::inspectable_accept(accept_of(&exchange.headers));
-        let accept = HeaderValue::from_str(&inspectable)
-            .unwrap_or_else(|_| HeaderValue::from_static("application/json"));
         let inspected = Inspected {
-            accept: Some(accept),
+            accept: Some(inspectable_accept_header(
+                exchange.headers.get(http::header::ACCEPT),
+            )),
             rewritten: false,
         };
         let response = match self.get_from_target(exchange, Some(&inspected)).await {
@@ -2738,6 +2737,22 @@ fn method_label(method: &Method) -> &'static str {
     }
 }
 
+/// The `Accept` a named GET asks the target with ([`ownership::inspectable_accept`]):
+/// the caller's own value, shared rather than copied, when it needs no change.
+fn inspectable_accept_header(caller: Option<&HeaderValue>) -> HeaderValue {
+    const JSON: &str = "application/json";
+    let text = caller.and_then(|value| value.to_str().ok());
+    match (ownership::inspectable_accept(text), caller) {
+        (Cow::Borrowed(kept), Some(caller)) if kept.as_bytes() == caller.as_bytes() => {
+            caller.clone()
+        }
+        (kept, _) if kept == JSON => HeaderValue::from_static(JSON),
+        (kept, _) => {
+            HeaderValue::from_str(&kept).unwrap_or_else(|_| HeaderValue::from_static(JSON))
+        }
+    }
+}
+
 fn accept_of(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(http::header::ACCEPT)
@@ -2826,6 +2841,34 @@ fn is_path_segment(segment: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_named_gets_accept_is_the_callers_own_value_when_it_needs_no_change() {
+        let sent =
+            HeaderValue::from_str("application/json;as=Table;v=v1;g=meta.k8s.io").expect("valid");
+        let asked = inspectable_accept_header(Some(&sent));
+        assert_eq!(asked, sent);
+        assert_eq!(
+            asked.as_bytes().as_ptr(),
+            sent.as_bytes().as_ptr(),
+            "shared, not copied"
+        );
+        for (sent, asked) in [
+            (
+                Some("application/vnd.kubernetes.protobuf, application/json"),
+                "application/json",
+            ),
+            (
+                Some("application/json, application/yaml;q=0.5, application/json;as=Table"),
+                "application/json,application/json;as=Table",
+            ),
+            (Some("*/*"), "application/json"),
+            (None, "application/json"),
+        ] {
+            let sent = sent.map(|text| HeaderValue::from_str(text).expect("valid"));
+            assert_eq!(inspectable_accept_header(sent.as_ref()), asked, "{sent:?}");
+        }
+    }
 
     #[test]
     fn only_uncompressed_json_objects_are_read_for_the_cache() {

@@ -634,6 +634,24 @@ fn accept_rewriting() {
     }
 }
 
+#[test]
+fn an_accept_that_needs_no_change_is_borrowed_as_it_came() {
+    let table = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    for unchanged in ["application/json", table, "Application/JSON;q=0.5"] {
+        let rewritten = inspectable_accept(Some(unchanged));
+        assert!(
+            matches!(rewritten, std::borrow::Cow::Borrowed(text) if std::ptr::eq(text, unchanged)),
+            "{unchanged:?} became {rewritten:?}"
+        );
+    }
+    // Spaces between ranges are tidied away, so the value is written anew.
+    let spaced = "application/json, application/json;as=Table;v=v1;g=meta.k8s.io";
+    assert!(matches!(
+        inspectable_accept(Some(spaced)),
+        std::borrow::Cow::Owned(_)
+    ));
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;
