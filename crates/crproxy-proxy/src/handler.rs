@@ -124,7 +124,9 @@ struct Exchange {
     method: Method,
     /// The raw path and query, still percent-encoded as the caller sent them.
     path_and_query: Option<PathAndQuery>,
-    /// The namespace the path names, decoded (as mirroring keys it).
+    /// The namespace a write's path names, decoded (as mirroring keys it); `None`
+    /// for a read (GET, and HEAD sent as GET), whose answer never changes what the
+    /// proxy knows of the target's namespaces.
     namespace: Option<String>,
     headers: HeaderMap,
     deadline: Instant,
@@ -247,7 +249,9 @@ impl GroupVersionProxy {
         let inflight = (!is_watch).then(|| self.metrics.inflight());
 
         let namespace = match &kind {
-            Ok(RequestKind::Resource { path, .. }) => path.namespace.clone(),
+            Ok(RequestKind::Resource { path, .. }) if parts.method != Method::GET => {
+                path.namespace.clone()
+            }
             _ => None,
         };
         let exchange = Exchange {
