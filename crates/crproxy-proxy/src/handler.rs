@@ -2035,7 +2035,7 @@ impl GroupVersionProxy {
             PinnedRequest::Query(query) => {
                 let path = with_query(exchange.path(), &query);
                 let path = TargetPath::Written(&path);
-                self.forward(exchange, None, path, transport::full(Bytes::new()), false)
+                self.forward(exchange, None, path, transport::empty(), false)
                     .await
             }
         }
@@ -2696,7 +2696,7 @@ fn json_response(code: StatusCode, body: &Value) -> Response<ProxyBody> {
 }
 
 fn fallback_500() -> Response<ProxyBody> {
-    let mut response = Response::new(transport::full(Bytes::new()));
+    let mut response = Response::new(transport::empty());
     *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
     response
 }
@@ -2726,7 +2726,7 @@ fn without_body_if(head: bool, response: Response<ProxyBody>) -> Response<ProxyB
             .entry(http::header::CONTENT_LENGTH)
             .or_insert_with(|| HeaderValue::from(length));
     }
-    Response::from_parts(parts, transport::full(Bytes::new()))
+    Response::from_parts(parts, transport::empty())
 }
 
 fn method_label(method: &Method) -> &'static str {

@@ -351,7 +351,7 @@ fn metrics_response<B>(
         .status(code)
         .header(http::header::CONTENT_TYPE, content_type)
         .body(transport::full(body))
-        .unwrap_or_else(|_| Response::new(transport::full(Bytes::new())))
+        .unwrap_or_else(|_| Response::new(transport::empty()))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
@@ -224,7 +224,7 @@ impl TargetConnection {
             Method::GET,
             path_and_query,
             headers,
-            full(Bytes::new()),
+            empty(),
         )
         .await
     }
@@ -245,7 +245,7 @@ impl TargetConnection {
             Method::GET,
             path_and_query,
             headers,
-            full(Bytes::new()),
+            empty(),
         )
         .await
     }
@@ -485,6 +485,15 @@ pub async fn read_limited(mut body: ProxyBody, limit: usize) -> Result<Bytes, Fo
         }
     }
     Ok(first.unwrap_or_else(|| buffer.freeze()))
+}
+
+/// A body with nothing in it, as a GET's or a HEAD answer's is: the same as
+/// `full(Bytes::new())` to hyper (ended, exactly 0 bytes), but boxed without an
+/// allocation, since nothing in it takes room.
+pub fn empty() -> ProxyBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| -> BoxError { match never {} })
+        .boxed()
 }
 
 /// A complete in-memory body.

@@ -678,3 +678,13 @@ async fn an_answer_written_at_the_deadline_goes_out_whole_and_uncounted() {
     assert_eq!(&bytes[..], b"{\"code\":504}");
     check_ended_once(&metrics, false);
 }
+
+#[tokio::test]
+async fn an_empty_body_ends_at_once_as_an_empty_full_body_does() {
+    for body in [empty(), full(Bytes::new())] {
+        assert!(body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(0));
+        let read = read_limited(body, 1).await.expect("read");
+        assert!(read.is_empty());
+    }
+}
