@@ -72,15 +72,18 @@ impl fmt::Display for Verb {
 /// The resource part of a URL, percent-decoded: a value goes back into a URL only
 /// through [`encode_segment`], or `default%3Fx` (the namespace `default?x`) becomes
 /// the namespace `default` with a query.
+///
+/// Each part borrows the request's path unless its segment was escaped, so
+/// classifying a request copies none of the usual ones.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ResourcePath {
-    pub namespace: Option<String>,
-    pub resource: String,
-    pub name: Option<String>,
-    pub subresource: Option<String>,
+pub struct ResourcePath<'a> {
+    pub namespace: Option<Cow<'a, str>>,
+    pub resource: Cow<'a, str>,
+    pub name: Option<Cow<'a, str>>,
+    pub subresource: Option<Cow<'a, str>>,
 }
 
-impl ResourcePath {
+impl ResourcePath<'_> {
     /// True for a collection URL (no object name).
     pub fn is_collection(&self) -> bool {
         self.name.is_none()
@@ -89,11 +92,11 @@ impl ResourcePath {
 
 /// What a request is, for the proxy's purposes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestKind {
+pub enum RequestKind<'a> {
     /// `GET /apis/<group>/<version>`: the APIResourceList.
     Discovery,
     /// A resource request under this group/version.
-    Resource { verb: Verb, path: ResourcePath },
+    Resource { verb: Verb, path: ResourcePath<'a> },
     /// A connection upgrade or a connect-style subresource (exec, attach,
     /// portforward, proxy); the proxy refuses these with 501.
     Upgrade,
@@ -393,14 +396,14 @@ fn watch_param(query: Option<&str>) -> Result<bool, PathError> {
 /// `path` is the raw request path (percent-encoded as received, without the query);
 /// `query` is the raw query string without `?`; `wants_upgrade` is true when the
 /// request carries `Connection: upgrade` or an `Upgrade` header.
-pub fn classify(
+pub fn classify<'a>(
     method: &str,
-    path: &str,
+    path: &'a str,
     query: Option<&str>,
     wants_upgrade: bool,
     group: &str,
     version: &str,
-) -> Result<RequestKind, PathError> {
+) -> Result<RequestKind<'a>, PathError> {
     let segs = segments(path)?;
     let (legacy_watch, path_parts) = match locate(&segs, path, group, version)? {
         Located::GroupVersion if wants_upgrade => return Ok(RequestKind::Upgrade),
@@ -461,13 +464,13 @@ pub fn classify(
             return Err(match subresource.as_deref() {
                 Some("status" | "scale") => PathError::VerbNotSupported {
                     verb: if method == "POST" { "create" } else { "delete" },
-                    resource,
+                    resource: resource.into_owned(),
                     group: group.to_owned(),
                 },
                 _ => PathError::ObjectNotFound {
-                    resource,
+                    resource: resource.into_owned(),
                     group: group.to_owned(),
-                    name: name.unwrap_or_default(),
+                    name: name.map(Cow::into_owned).unwrap_or_default(),
                 },
             });
         }
@@ -490,14 +493,14 @@ pub fn classify(
 }
 
 /// Where a path under `/apis/<group>/<version>` points.
-enum Located {
+enum Located<'a> {
     /// The group/version itself (its discovery document).
     GroupVersion,
     /// A resource, its collection or one of its objects; `legacy_watch` for a
     /// path under kube's `/watch/` prefix.
     Resource {
         legacy_watch: bool,
-        path: ResourcePath,
+        path: ResourcePath<'a>,
     },
 }
 
@@ -508,18 +511,18 @@ enum Located {
 pub fn path_resource(path: &str, group: &str, version: &str) -> Option<String> {
     let segs = segments(path).ok()?;
     match locate(&segs, path, group, version).ok()? {
-        Located::Resource { path, .. } => Some(path.resource),
+        Located::Resource { path, .. } => Some(path.resource.into_owned()),
         Located::GroupVersion => None,
     }
 }
 
 /// Reads the decoded segments of `path` as a place under `/apis/<group>/<version>`.
-fn locate(
-    segs: &[Cow<'_, str>],
+fn locate<'a>(
+    segs: &[Cow<'a, str>],
     path: &str,
     group: &str,
     version: &str,
-) -> Result<Located, PathError> {
+) -> Result<Located<'a>, PathError> {
     let rest = match segs {
         [apis, g, v, rest @ ..] if apis == "apis" && g == group && v == version => rest,
         _ => return Err(PathError::NotFound),
@@ -545,16 +548,16 @@ fn locate(
             // Namespaces, which this group does not serve.
             [_] | [_, _] => return Err(PathError::NotFound),
             [_, _, sub] if sub == "status" || sub == "finalize" => return Err(PathError::NotFound),
-            [_, ns, tail @ ..] => (Some(ns.to_string()), tail),
+            [_, ns, tail @ ..] => (Some(ns.clone()), tail),
             [] => return Err(PathError::NotFound),
         },
         _ => (None, rest),
     };
 
     let (resource, name, subresource) = match tail {
-        [r] => (r.to_string(), None, None),
-        [r, n] => (r.to_string(), Some(n.to_string()), None),
-        [r, n, s] => (r.to_string(), Some(n.to_string()), Some(s.to_string())),
+        [r] => (r.clone(), None, None),
+        [r, n] => (r.clone(), Some(n.clone()), None),
+        [r, n, s] => (r.clone(), Some(n.clone()), Some(s.clone())),
         _ => return Err(PathError::NotFound),
     };
     Ok(Located::Resource {

@@ -250,7 +250,7 @@ impl GroupVersionProxy {
 
         let namespace = match &kind {
             Ok(RequestKind::Resource { path, .. }) if parts.method != Method::GET => {
-                path.namespace.clone()
+                path.namespace.as_deref().map(str::to_owned)
             }
             _ => None,
         };
@@ -628,7 +628,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         verb: Verb,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         body: hyper::body::Incoming,
     ) -> Outcome {
         let owned = self.access == AccessMode::Owned;
@@ -734,7 +734,7 @@ impl GroupVersionProxy {
     async fn create(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         body: hyper::body::Incoming,
     ) -> Outcome {
         let created = self.stamped_write(exchange, body, Stamp::Always).await;
@@ -782,7 +782,7 @@ impl GroupVersionProxy {
     /// answer (a Scale, say) may carry no labels of its own: its object is checked
     /// first, and the answer is shown only when it is owned itself or is the very
     /// state that was checked (same uid and resourceVersion).
-    async fn named_get(&self, exchange: &Exchange, path: &ResourcePath) -> Outcome {
+    async fn named_get(&self, exchange: &Exchange, path: &ResourcePath<'_>) -> Outcome {
         let mut attempt = 1;
         loop {
             match self.named_get_once(exchange, path).await {
@@ -801,7 +801,7 @@ impl GroupVersionProxy {
     async fn named_get_once(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
     ) -> Result<Outcome, SubresourceMoved> {
         let checked = match &path.subresource {
             None => None,
@@ -890,7 +890,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         verb: Verb,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         body: hyper::body::Incoming,
         creates_refused: bool,
     ) -> Outcome {
@@ -1067,7 +1067,7 @@ impl GroupVersionProxy {
     async fn final_refusal(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         checked: &Checked,
         refusal: Outcome,
     ) -> Outcome {
@@ -1178,7 +1178,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         verb: Verb,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         mutation: &mut Mutation,
     ) -> Option<Outcome> {
         let name = path
@@ -1261,7 +1261,7 @@ impl GroupVersionProxy {
         &self,
         exchange: &Exchange,
         verb: Verb,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         delete: Option<&Result<DeleteOptions, PreconditionError>>,
         sent_with: Option<&Pin>,
         outcome: Outcome,
@@ -1325,7 +1325,7 @@ impl GroupVersionProxy {
     async fn owned_delete_collection(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         options: &[u8],
     ) -> Outcome {
         let (list_query, delete_query) = split_delete_collection_query(exchange.query());
@@ -1471,7 +1471,7 @@ impl GroupVersionProxy {
     async fn delete_listed(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         options: &DeleteOptions,
         item: &Value,
     ) -> Result<Option<Option<Bytes>>, Outcome> {
@@ -1537,7 +1537,7 @@ impl GroupVersionProxy {
     /// followed elsewhere).
     fn item_location<'a>(
         &self,
-        path: &'a ResourcePath,
+        path: &'a ResourcePath<'a>,
         item: &'a Value,
         name: &str,
     ) -> Option<(Option<&'a str>, String)> {
@@ -1566,7 +1566,7 @@ impl GroupVersionProxy {
     async fn check_ownership(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
     ) -> Result<Checked, Outcome> {
         let (code, bytes) = self
             .read_object(
@@ -1604,7 +1604,11 @@ impl GroupVersionProxy {
     /// `Ok` when the object at `path` is owned, so that an answer about it may
     /// be shown; otherwise what the caller gets instead, the same masked 404 for
     /// another client's object as for a missing one.
-    async fn confirm_owned(&self, exchange: &Exchange, path: &ResourcePath) -> Result<(), Outcome> {
+    async fn confirm_owned(
+        &self,
+        exchange: &Exchange,
+        path: &ResourcePath<'_>,
+    ) -> Result<(), Outcome> {
         match self.check_ownership(exchange, path).await? {
             Checked::Owned(_) => Ok(()),
             Checked::Absent => Err(self.masked(path, Reason::OwnershipMasked)),
@@ -1620,7 +1624,7 @@ impl GroupVersionProxy {
     async fn read_object(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         check: &str,
         unanswered: Reason,
     ) -> Result<(StatusCode, Bytes), Outcome> {
@@ -1663,7 +1667,7 @@ impl GroupVersionProxy {
     }
 
     /// kube's 422 for a replacement of a custom resource without a resourceVersion.
-    fn resource_version_required(&self, path: &ResourcePath) -> Outcome {
+    fn resource_version_required(&self, path: &ResourcePath<'_>) -> Outcome {
         let name = path.name.as_deref().unwrap_or_default();
         Outcome::new(
             json_response(
@@ -1676,7 +1680,7 @@ impl GroupVersionProxy {
 
     /// kube's 409 for a write whose caller's resourceVersion precondition (or,
     /// for a delete, uid precondition) is not the object's.
-    fn stale(&self, path: &ResourcePath, name: &str) -> Outcome {
+    fn stale(&self, path: &ResourcePath<'_>, name: &str) -> Outcome {
         let why = PreconditionError::Stale.to_string();
         Outcome::new(
             json_response(
@@ -1805,7 +1809,7 @@ impl GroupVersionProxy {
     async fn refuse_create_while_terminating(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         body: hyper::body::Incoming,
     ) -> Outcome {
         let bytes = match self.request_body(exchange, body).await {
@@ -1846,7 +1850,7 @@ impl GroupVersionProxy {
     async fn apply_while_terminating(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         body: hyper::body::Incoming,
     ) -> Outcome {
         let bytes = match self.request_body(exchange, body).await {
@@ -1916,11 +1920,11 @@ impl GroupVersionProxy {
 
     /// The 403 for a server-side apply that would create its object (named by the
     /// path) in a namespace being deleted.
-    fn apply_create_refused(&self, path: &ResourcePath) -> Outcome {
+    fn apply_create_refused(&self, path: &ResourcePath<'_>) -> Outcome {
         self.namespace_terminating(path, path.name.as_deref().unwrap_or_default())
     }
 
-    fn namespace_terminating(&self, path: &ResourcePath, name: &str) -> Outcome {
+    fn namespace_terminating(&self, path: &ResourcePath<'_>, name: &str) -> Outcome {
         let namespace = path.namespace.as_deref().unwrap_or_default();
         Outcome::new(
             json_response(
@@ -2137,7 +2141,7 @@ impl GroupVersionProxy {
         )
     }
 
-    fn masked(&self, path: &ResourcePath, reason: Reason) -> Outcome {
+    fn masked(&self, path: &ResourcePath<'_>, reason: Reason) -> Outcome {
         let name = path.name.as_deref().unwrap_or("");
         Outcome::new(
             json_response(
@@ -2158,7 +2162,7 @@ impl GroupVersionProxy {
     async fn not_found_as_masked(
         &self,
         exchange: &Exchange,
-        path: &ResourcePath,
+        path: &ResourcePath<'_>,
         outcome: Outcome,
     ) -> Outcome {
         if outcome.reason != Reason::Upstream || outcome.response.status() != StatusCode::NOT_FOUND
@@ -2368,7 +2372,7 @@ enum Attempt<'m> {
 /// Whether a write's body is the object itself, labels and all: a write of the
 /// resource or of its `/status`. Other subresources (`/scale`) take a view of
 /// the object, which carries its uid and resourceVersion and no labels.
-fn body_is_the_object(path: &ResourcePath) -> bool {
+fn body_is_the_object(path: &ResourcePath<'_>) -> bool {
     path.subresource
         .as_deref()
         .is_none_or(|sub| sub == "status")
@@ -2643,7 +2647,7 @@ fn split_delete_collection_query(query: Option<&str>) -> (String, String) {
 
 /// Whether the request is a server-side apply of an object (not of a subresource):
 /// the one PATCH that creates a missing object.
-fn is_apply(exchange: &Exchange, path: &ResourcePath) -> bool {
+fn is_apply(exchange: &Exchange, path: &ResourcePath<'_>) -> bool {
     exchange.method == Method::PATCH
         && path.subresource.is_none()
         && content_type(&exchange.headers).and_then(BodyType::from_content_type)
@@ -2802,7 +2806,7 @@ fn is_openapi_document_of(path: &str, group: &str, version: &str) -> bool {
 
 /// The object a named request is about, without any subresource: ownership is a
 /// property of the object, so `/status` and `/scale` are checked on the object.
-fn object_path(group: &str, version: &str, path: &ResourcePath) -> String {
+fn object_path(group: &str, version: &str, path: &ResourcePath<'_>) -> String {
     resource_path(
         group,
         version,

@@ -35,7 +35,7 @@ pub fn check(data: &[u8]) {
         verb,
     }) = classified
     {
-        assert_eq!(named.as_deref(), Some(resource.resource.as_str()));
+        assert_eq!(named.as_deref(), Some(resource.resource.as_ref()));
         assert!(!resource.resource.is_empty());
         assert!(!resource.resource.contains('/'));
         if verb == Verb::List {

@@ -31,10 +31,10 @@ fn check(input: Input, expected: Want) {
             Ok(RequestKind::Resource {
                 verb,
                 path: ResourcePath {
-                    namespace: ns.map(str::to_owned),
-                    resource: resource.to_owned(),
-                    name: name.map(str::to_owned),
-                    subresource: sub.map(str::to_owned),
+                    namespace: ns.map(Cow::Borrowed),
+                    resource: Cow::Borrowed(resource),
+                    name: name.map(Cow::Borrowed),
+                    subresource: sub.map(Cow::Borrowed),
                 },
             }),
             "{ctx}"
@@ -891,4 +891,20 @@ fn path_resource_reads_the_resource_of_every_resource_path() {
     ] {
         assert_eq!(path_resource(path, G, V).as_deref(), resource, "{path}");
     }
+}
+
+#[test]
+fn a_paths_parts_borrow_its_text_unless_a_segment_was_escaped() {
+    let path = "/apis/example.com/v1/namespaces/ns/widgets/my%2Dname/status";
+    let Ok(RequestKind::Resource { path: parts, .. }) = classify("GET", path, None, false, G, V)
+    else {
+        panic!("not a resource request");
+    };
+    let borrowed = |part: &Cow<'_, str>| matches!(part, Cow::Borrowed(_));
+    assert!(parts.namespace.as_ref().is_some_and(borrowed));
+    assert!(borrowed(&parts.resource));
+    assert!(parts.subresource.as_ref().is_some_and(borrowed));
+    // The escaped name is decoded, so it is a copy.
+    assert_eq!(parts.name.as_deref(), Some("my-name"));
+    assert!(!parts.name.as_ref().is_some_and(borrowed));
 }
