@@ -657,6 +657,55 @@ mod properties {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
+    /// The rewriting as it was written before it could borrow the caller's
+    /// text: every range trimmed, the JSON ones kept and joined.
+    fn accept_rewritten_by_joining(accept: Option<&str>) -> String {
+        let kept: Vec<&str> = accept
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|range| is_inspectable_range(range))
+            .collect();
+        if kept.is_empty() {
+            "application/json".to_owned()
+        } else {
+            kept.join(",")
+        }
+    }
+
+    /// Accept values made of ranges a caller may send, spaced or not.
+    fn accept_strategy() -> impl Strategy<Value = String> {
+        let range = prop::sample::select(vec![
+            "application/json",
+            " application/json",
+            "application/json ",
+            "Application/JSON",
+            "application/json;as=Table;v=v1;g=meta.k8s.io",
+            "application/json ; q=0.5",
+            "application/json;q=0",
+            "application/vnd.kubernetes.protobuf",
+            "*/*",
+            "",
+            " ",
+        ]);
+        prop::collection::vec(range, 0..5).prop_map(|ranges| ranges.join(","))
+    }
+
+    proptest! {
+        #[test]
+        fn a_borrowed_accept_is_what_joining_the_kept_ranges_gives(
+            accept in prop_oneof![accept_strategy(), ".{0,40}"],
+            absent in any::<bool>(),
+        ) {
+            let accept = (!absent).then_some(accept.as_str());
+            let rewritten = inspectable_accept(accept);
+            prop_assert_eq!(rewritten.as_ref(), accept_rewritten_by_joining(accept));
+            if let std::borrow::Cow::Borrowed(text) = &rewritten {
+                prop_assert!(Some(*text) == accept || *text == "application/json");
+            }
+        }
+    }
+
     const FRAGMENTS: [&str; 12] = [
         "vcluster.com/owner-vcluster!=client",
         "vcluster.com/owner-vcluster in (client,other)",
