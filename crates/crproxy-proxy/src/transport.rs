@@ -323,7 +323,7 @@ impl TargetConnection {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::ACCEPT, HeaderValue::from_static(accept));
         let media_type = body.is_some().then_some("application/json");
-        let body = full(body.unwrap_or_default());
+        let body = body.map_or_else(empty, full);
         let response = self
             .send_before(
                 Some(deadline),
