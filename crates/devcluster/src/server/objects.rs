@@ -87,12 +87,16 @@ pub fn name_errors(info: &ResourceInfo, name: &str) -> Vec<String> {
     if info.is_namespace() {
         return dns1123_label_errors(name);
     }
-    // Everything else, custom resources included, is checked with
-    // apimachinery's `NameIsDNSSubdomain` (apiextensions-apiserver's
-    // `customResourceValidator.Validate` in `registry/customresource/validator.go`
-    // passes it for every custom resource), which is `IsDNS1123Subdomain`: a
-    // 253-byte bound on the whole name and the subdomain pattern, each reported
-    // on its own, and no bound on a single dot-separated label.
+    // Custom resources, and the built-ins here whose kube validation names them
+    // as DNS subdomains, are checked with apimachinery's `NameIsDNSSubdomain`
+    // (apiextensions-apiserver's `customResourceValidator.Validate` in
+    // `registry/customresource/validator.go` passes it for every custom
+    // resource), which is `IsDNS1123Subdomain`: a 253-byte bound on the whole
+    // name and the subdomain pattern, each reported on its own, and no bound on
+    // a single dot-separated label. kube checks an APIService's name as a path
+    // segment that must read `version.group` instead; devcluster checks it as a
+    // subdomain too, so a name kube refuses for not being `version.group` gets
+    // the subdomain message here.
     dns1123_subdomain_errors(name.as_bytes())
 }
 
@@ -380,19 +384,21 @@ mod tests {
         info
     }
 
+    /// `name`'s messages as a name of `info`'s resource are `expected`.
+    fn check(info: &ResourceInfo, name: &str, expected: &[&str]) {
+        assert_eq!(
+            name_errors(info, name),
+            expected,
+            "{}/{name}",
+            info.resource
+        )
+    }
+
     #[test]
     fn subdomain_names_bound_the_whole_name_and_no_single_label() {
         let r = Registry::new();
         let cm = r.get("", "configmaps").expect("cm");
         let ct = crontabs(&r);
-        let check = |info: &ResourceInfo, name: &str, expected: &[&str]| {
-            assert_eq!(
-                name_errors(info, name),
-                expected,
-                "{}/{name}",
-                info.resource
-            )
-        };
         // IsDNS1123Subdomain has no 63-byte bound on a label.
         check(&ct, &"a".repeat(100), &[]);
         check(&ct, &format!("{}.{}", "a".repeat(64), "b".repeat(188)), &[]);
@@ -414,14 +420,6 @@ mod tests {
         let r = Registry::new();
         let ns = r.get("", "namespaces").expect("ns");
         let svc = r.get("", "services").expect("svc");
-        let check = |info: &ResourceInfo, name: &str, expected: &[&str]| {
-            assert_eq!(
-                name_errors(info, name),
-                expected,
-                "{}/{name}",
-                info.resource
-            )
-        };
         let too_long = "must be no more than 63 characters";
         // Well formed but too long: the length alone.
         check(&ns, &"a".repeat(64), &[too_long]);
