@@ -120,6 +120,16 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body type requests are sent with.
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
 
+/// A body with nothing in it, as a GET's or a HEAD answer's is: the same as an
+/// empty `Full` to hyper (ended, exactly 0 bytes), but boxed without an
+/// allocation, since nothing in it takes room.
+pub fn empty() -> ProxyBody {
+    use http_body_util::BodyExt as _;
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| -> BoxError { match never {} })
+        .boxed()
+}
+
 /// Why [`PeerPool::acquire`] could not provide a connection.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -1765,11 +1775,7 @@ impl ReplayableHead {
     }
 
     fn rebuild(self) -> Request<ProxyBody> {
-        use http_body_util::BodyExt as _;
-        let body = http_body_util::Empty::<Bytes>::new()
-            .map_err(|never| match never {})
-            .boxed();
-        let mut req = Request::new(body);
+        let mut req = Request::new(empty());
         *req.method_mut() = self.method;
         *req.uri_mut() = self.uri;
         *req.version_mut() = self.version;

@@ -11,10 +11,11 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{InflightGuard, TargetMetrics, WatchGuard};
+pub use crate::pool::empty;
 use crate::pool::{BoxError, Lane, PeerPool, PoolError, ProxyBody, SendError};
 use crproxy_core::locks;
 use crproxy_core::reason::Reason;
@@ -485,15 +486,6 @@ pub async fn read_limited(mut body: ProxyBody, limit: usize) -> Result<Bytes, Fo
         }
     }
     Ok(first.unwrap_or_else(|| buffer.freeze()))
-}
-
-/// A body with nothing in it, as a GET's or a HEAD answer's is: the same as
-/// `full(Bytes::new())` to hyper (ended, exactly 0 bytes), but boxed without an
-/// allocation, since nothing in it takes room.
-pub fn empty() -> ProxyBody {
-    Empty::<Bytes>::new()
-        .map_err(|never| -> BoxError { match never {} })
-        .boxed()
 }
 
 /// A complete in-memory body.
